@@ -1,0 +1,1 @@
+"""botmemory: a multi-tenant memory service for chat bots."""

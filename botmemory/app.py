@@ -1,0 +1,153 @@
+"""The Starlette application: GraphQL at /graphql, REST at /v1, /healthz and /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncGenerator
+from contextlib import asynccontextmanager
+from typing import Any, TypedDict
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import HTTPConnection, Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Mount, Route, WebSocketRoute
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from strawberry.asgi import GraphQL
+from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL
+
+from botmemory import metrics, rest
+from botmemory.bootstrap import open_runtime
+from botmemory.errors import ServiceError
+from botmemory.logs import configure_logging
+from botmemory.runtime import Runtime
+from botmemory.settings import Settings, load_settings
+from resolvers.schema import build_schema
+from schema.context import Context
+
+log = logging.getLogger("botmemory.api")
+
+
+class State(TypedDict):
+    runtime: Runtime
+
+
+class GraphQLApp(GraphQL[Context, None]):
+    async def get_context(self, request: HTTPConnection, response: Any) -> Context:
+        return Context(runtime=request.state.runtime, authorization=request.headers.get("authorization"))
+
+
+def error_json(code: str, message: str, status: int) -> JSONResponse:
+    """The REST error format of DESIGN §5."""
+    return JSONResponse({"error": {"code": code, "message": message}}, status_code=status)
+
+
+async def service_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ServiceError)
+    metrics.REQUESTS.labels(surface="rest", code=exc.code).inc()
+    return error_json(exc.code, exc.message, exc.status)
+
+
+async def http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    code = {401: "UNAUTHENTICATED", 403: "FORBIDDEN", 404: "NOT_FOUND", 409: "CONFLICT"}.get(
+        exc.status_code, "BAD_INPUT"
+    )
+    return error_json(code, str(exc.detail), exc.status_code)
+
+
+async def internal_error(request: Request, exc: Exception) -> Response:
+    log.error("internal error on %s %s: %s", request.method, request.url.path, type(exc).__name__)
+    return error_json("INTERNAL", "internal error", 500)
+
+
+async def healthz(request: Request) -> JSONResponse:
+    """Green only when Neo4j and Redis both answer."""
+    runtime: Runtime = request.state.runtime
+    checks: dict[str, str] = {}
+    try:
+        await asyncio.wait_for(runtime.driver.verify_connectivity(), timeout=5)
+        checks["neo4j"] = "ok"
+    except Exception as exc:  # health reports the failure instead of raising
+        checks["neo4j"] = f"error: {type(exc).__name__}"
+    try:
+        await asyncio.wait_for(runtime.redis.ping(), timeout=5)  # type: ignore[misc]
+        checks["redis"] = "ok"
+    except Exception as exc:
+        checks["redis"] = f"error: {type(exc).__name__}"
+    healthy = all(v == "ok" for v in checks.values())
+    return JSONResponse(
+        {"status": "ok" if healthy else "unavailable", **checks}, status_code=200 if healthy else 503
+    )
+
+
+async def metrics_endpoint(request: Request) -> Response:
+    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+
+class BodyLimit:
+    """Rejects request bodies over the configured size before any handler reads them."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await self._reject(scope, receive, send)
+            return
+        seen = 0
+
+        async def limited() -> Message:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.max_bytes:
+                raise HTTPException(413, f"request body over {self.max_bytes} bytes")
+            return message
+
+        await self.app(scope, limited, send)
+
+    async def _reject(self, scope: Scope, receive: Receive, send: Send) -> None:
+        response = error_json("BAD_INPUT", f"request body over {self.max_bytes} bytes", 413)
+        await response(scope, receive, send)
+
+
+def create_app(settings: Settings | None = None) -> Starlette:
+    """The ASGI app; ``uvicorn botmemory.app:create_app --factory``."""
+    settings = settings or load_settings()
+    configure_logging(settings.log_level)
+    graphql = GraphQLApp(
+        build_schema(settings),
+        subscription_protocols=[GRAPHQL_TRANSPORT_WS_PROTOCOL],
+    )
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncGenerator[State]:
+        async with open_runtime(settings) as runtime:
+            log.info("api ready")
+            yield {"runtime": runtime}
+
+    return Starlette(
+        routes=[
+            Route("/graphql", graphql, methods=["GET", "POST"]),
+            WebSocketRoute("/graphql", graphql),
+            Route("/healthz", healthz, methods=["GET"]),
+            Route("/metrics", metrics_endpoint, methods=["GET"]),
+            Mount("/v1", routes=rest.routes),
+        ],
+        middleware=[Middleware(BodyLimit, max_bytes=settings.max_body_bytes)],
+        exception_handlers={
+            ServiceError: service_error,
+            HTTPException: http_error,
+            Exception: internal_error,
+        },
+        lifespan=lifespan,
+    )

@@ -1,0 +1,34 @@
+"""Open and close the runtime of a process (API, worker, CLI) from its settings."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncGenerator
+from contextlib import asynccontextmanager
+
+from redis.asyncio import Redis
+
+from botmemory.crypto import Keyring
+from botmemory.runtime import Runtime
+from botmemory.settings import Settings
+from graph.driver import make_driver
+from graph.migrations import migrate
+
+log = logging.getLogger("botmemory")
+
+
+@asynccontextmanager
+async def open_runtime(settings: Settings, *, run_migrations: bool = True) -> AsyncGenerator[Runtime]:
+    """Connect to Neo4j and Redis, apply migrations, and close everything on exit."""
+    password = settings.neo4j_password.get_secret_value() if settings.neo4j_password else ""
+    driver = make_driver(settings.neo4j_uri, settings.neo4j_user, password)
+    redis = Redis.from_url(settings.redis_url)
+    try:
+        if run_migrations:
+            version = await migrate(driver)
+            log.info("schema version %s", version)
+        keyring = Keyring(settings.master_key_bytes(), settings.previous_master_key_bytes())
+        yield Runtime(settings=settings, driver=driver, redis=redis, keyring=keyring)
+    finally:
+        await redis.aclose()
+        await driver.close()

@@ -1,0 +1,300 @@
+"""Chats, Turns and Items: who may write them, who may read them (D9.6), and their encryption (E1)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from neo4j import AsyncManagedTransaction
+
+from botmemory.crypto import Cipher
+from botmemory.domain import Chat, Item, ItemKind, Page, Principal, Turn
+from botmemory.errors import BadInput, Conflict, Forbidden, NotFound
+from botmemory.ids import new_id
+from botmemory.runtime import Runtime, now_ms
+from botmemory.validation import check_id, check_page, check_text
+from graph import chats as q
+from graph import identity
+from graph.driver import read, write
+
+ITEM_KIND = "item"
+_MAX_ITEMS_PER_CALL = 100
+
+
+@dataclass(frozen=True, slots=True)
+class NewItem:
+    kind: ItemKind
+    text: str
+    app: str | None = None
+
+
+def _cipher(rt: Runtime, row: dict[str, Any]) -> Cipher:
+    return rt.cipher(row["chat"]["botId"], row["keyMaster"], row["keyWrapped"])
+
+
+def _item(row: dict[str, Any], cipher: Cipher) -> Item:
+    text = row.get("text")
+    return Item(
+        id=row["id"],
+        chat_id=row["chatId"],
+        turn_id=row["turnId"],
+        seq=row["seq"],
+        kind=ItemKind(row["kind"]),
+        text=None if text is None else cipher.decrypt(ITEM_KIND, row["uid"], bytes(text)),
+        app=row.get("app"),
+        speaker_id=row.get("speakerId"),
+        created_at=row["createdAt"],
+    )
+
+
+def _require_writer(principal: Principal, row: dict[str, Any] | None, what: str) -> None:
+    """People of the Chat, and platform tokens of its organization, may write to it."""
+    if row is None:
+        raise NotFound(f"{what} not found")
+    if principal.kind == "platform" and principal.organization_id == row["chat"]["organizationId"]:
+        return
+    if principal.kind == "person" and row["isPerson"]:
+        return
+    raise NotFound(f"{what} not found")
+
+
+async def create_chat(
+    rt: Runtime,
+    principal: Principal,
+    bot_id: str,
+    *,
+    channel_id: str | None,
+    review: bool,
+    owner_id: str | None,
+) -> Chat:
+    """A private chat (no channel), a group chat (with a channel) or a review chat, owned by a person.
+
+    A platform token names the owner (a person of its organization); a person owns their own chats.
+    The owner must use the Bot: it is owned by or linked into their organization and they hold a grant.
+    """
+    check_id(bot_id, "botId")
+    if principal.kind == "person":
+        assert principal.person_id is not None
+        if owner_id not in (None, principal.person_id):
+            raise Forbidden("a person creates chats only for themselves")
+        owner_id = principal.person_id
+    elif principal.kind == "platform":
+        if owner_id is None:
+            raise BadInput("a platform token must name the chat's owner", field="ownerId")
+        check_id(owner_id, "ownerId")
+    else:
+        raise Forbidden("chats are created by people or platforms")
+    owner = owner_id
+
+    async def work(tx: AsyncManagedTransaction) -> dict[str, Any] | None:
+        person = await identity.get_person(tx, id=owner)
+        if person is None or (
+            principal.kind == "platform" and person["organizationId"] != principal.organization_id
+        ):
+            raise NotFound("person not found")
+        org_id = await identity.bot_org_for_person(tx, bot_id=bot_id, person_id=owner)
+        if org_id is None:
+            raise NotFound("bot not found")
+        if await identity.grant_of(tx, bot_id=bot_id, person_id=owner) is None:
+            raise Forbidden("the owner has no grant on this Bot")
+        if channel_id is not None:
+            channel = await identity.get_channel(tx, id=check_id(channel_id, "channelId"))
+            if channel is None or channel["organizationId"] != org_id:
+                raise NotFound("channel not found")
+            if owner not in channel["memberIds"]:
+                raise Forbidden("the owner of a group chat must be a member of its channel")
+        return await q.create_chat(
+            tx,
+            id=new_id("chat"),
+            bot_id=bot_id,
+            owner_id=owner,
+            organization_id=org_id,
+            channel_id=channel_id,
+            review=review,
+            now=now_ms(),
+        )
+
+    row = await write(rt.driver, work)
+    assert row is not None
+    return Chat.of(row)
+
+
+async def get_chat(rt: Runtime, principal: Principal, chat_id: str) -> Chat | None:
+    """The Chat if the caller is one of its people (D9.6), else None (no existence oracle)."""
+    check_id(chat_id, "id")
+    row = await read(rt.driver, lambda tx: q.chat_for(tx, chat_id=chat_id, person_id=principal.person_id))
+    if row is None or principal.kind != "person" or not row["isPerson"]:
+        return None
+    return Chat.of(row["chat"])
+
+
+async def messages(rt: Runtime, principal: Principal, chat_id: str, *, limit: int, skip: int) -> Page[Item]:
+    """The Chat's Items in order, one page; only its people may read them (D9.6)."""
+    limit, skip = check_page(limit, skip, max_limit=rt.settings.max_page_size)
+    check_id(chat_id, "chatId")
+
+    async def work(tx: AsyncManagedTransaction) -> tuple[dict[str, Any] | None, list[dict[str, Any]], int]:
+        row = await q.chat_for(tx, chat_id=chat_id, person_id=principal.person_id)
+        if row is None or principal.kind != "person" or not row["isPerson"]:
+            return None, [], 0
+        return (
+            row,
+            await q.list_items(tx, chat_id=chat_id, skip=skip, limit=limit),
+            await q.count_items(tx, chat_id=chat_id),
+        )
+
+    row, items, total = await read(rt.driver, work)
+    if row is None:
+        raise NotFound("chat not found")
+    cipher = _cipher(rt, row)
+    return Page(tuple(_item(i, cipher) for i in items), total)
+
+
+async def start_turn(
+    rt: Runtime,
+    principal: Principal,
+    chat_id: str,
+    text: str,
+    *,
+    actor_id: str | None,
+    notice: bool,
+) -> Turn:
+    """Open a Turn whose first Item is the input; the Turn's actor is saved (V3).
+
+    The actor is the person of a person token, or for a platform token a named person of
+    the Chat (never anyone else), or a notice.
+    """
+    check_id(chat_id, "chatId")
+    text = check_text(text, "input", limit=rt.settings.max_text_chars)
+    if principal.kind == "person":
+        if notice or actor_id not in (None, principal.person_id):
+            raise Forbidden("a person starts Turns only as themselves")
+        actor_id = principal.person_id
+    elif principal.kind == "platform":
+        if notice == (actor_id is not None):
+            raise BadInput("name exactly one of actorId or notice", field="actorId")
+        if actor_id is not None:
+            check_id(actor_id, "actorId")
+    else:
+        raise Forbidden("Turns are started by people or platforms")
+    actor = actor_id
+    turn_id, now = new_id("turn"), now_ms()
+
+    async def work(tx: AsyncManagedTransaction) -> dict[str, Any]:
+        row = await q.chat_for(tx, chat_id=chat_id, person_id=principal.person_id)
+        _require_writer(principal, row, "chat")
+        assert row is not None
+        if actor is not None and not await q.is_person_of_chat(tx, chat_id=chat_id, person_id=actor):
+            raise Forbidden("the actor is not a person of this chat")
+        turn_seq, item_seq = await q.allocate_turn(tx, chat_id=chat_id)
+        turn = await q.create_turn(
+            tx,
+            id=turn_id,
+            chat_id=chat_id,
+            seq=turn_seq,
+            actor_kind="notice" if actor is None else "person",
+            actor_id=actor,
+            now=now,
+        )
+        kind = ItemKind.NOTICE if actor is None else ItemKind.PERSON_MESSAGE
+        await q.create_items(
+            tx, turn_id=turn_id, items=[_new_row(rt, row, item_seq, kind, text, None, actor)], now=now
+        )
+        return turn
+
+    turn = await write(rt.driver, work)
+    return Turn.of(turn, input=text, enriched_input=text)
+
+
+def _new_row(
+    rt: Runtime,
+    row: dict[str, Any],
+    seq: int,
+    kind: ItemKind,
+    text: str,
+    app: str | None,
+    speaker: str | None,
+) -> dict[str, Any]:
+    chat_id = row["chat"]["id"]
+    uid = f"{chat_id}/i-{seq}"
+    return {
+        "uid": uid,
+        "id": f"i-{seq}",
+        "seq": seq,
+        "kind": kind.value,
+        "text": _cipher(rt, row).encrypt(ITEM_KIND, uid, text),
+        "app": app,
+        "speakerId": speaker,
+    }
+
+
+def _speaker(kind: ItemKind, turn: dict[str, Any], chat: dict[str, Any], app: str | None) -> str | None:
+    if kind is ItemKind.PERSON_MESSAGE:
+        if turn["actorKind"] != "person":
+            raise BadInput("a notice Turn has no person to speak", field="items.kind")
+        return turn["actorId"]
+    if kind in (ItemKind.BOT_MESSAGE, ItemKind.TOOL_CALL):
+        return chat["botId"]
+    if kind is ItemKind.TOOL_RESULT:
+        return f"app:{app}"
+    return None
+
+
+async def add_items(rt: Runtime, principal: Principal, turn_id: str, items: list[NewItem]) -> list[Item]:
+    """Append Items to an open Turn, numbered within the Chat and encrypted (E1)."""
+    check_id(turn_id, "turnId")
+    if not items or len(items) > _MAX_ITEMS_PER_CALL:
+        raise BadInput(f"send between 1 and {_MAX_ITEMS_PER_CALL} items", field="items")
+    for n, item in enumerate(items):
+        check_text(item.text, f"items[{n}].text", limit=rt.settings.max_text_chars)
+        if (item.kind is ItemKind.TOOL_RESULT) != (item.app is not None):
+            raise BadInput("an App tool result, and only it, names its App", field=f"items[{n}].app")
+        if item.app is not None:
+            check_id(item.app, f"items[{n}].app")
+    now = now_ms()
+
+    async def work(tx: AsyncManagedTransaction) -> list[dict[str, Any]]:
+        row = await q.turn_for(tx, turn_id=turn_id, person_id=principal.person_id)
+        _require_writer(principal, row, "turn")
+        assert row is not None
+        if row["turn"]["status"] != "open":
+            raise Conflict("the Turn is already completed")
+        first = await q.allocate_items(tx, chat_id=row["chat"]["id"], count=len(items))
+        new_rows = [
+            _new_row(
+                rt, row, first + n, i.kind, i.text, i.app, _speaker(i.kind, row["turn"], row["chat"], i.app)
+            )
+            for n, i in enumerate(items)
+        ]
+        return await q.create_items(tx, turn_id=turn_id, items=new_rows, now=now)
+
+    created = await write(rt.driver, work)
+    return [
+        Item(
+            c["id"],
+            c["chatId"],
+            c["turnId"],
+            c["seq"],
+            ItemKind(c["kind"]),
+            i.text,
+            c.get("app"),
+            c.get("speakerId"),
+            now,
+        )
+        for c, i in zip(created, items, strict=True)
+    ]
+
+
+async def complete_turn(rt: Runtime, principal: Principal, turn_id: str) -> Turn:
+    """Mark a Turn completed (idempotent); this is what lets its learning run (L2)."""
+    check_id(turn_id, "turnId")
+    now = now_ms()
+
+    async def work(tx: AsyncManagedTransaction) -> dict[str, Any] | None:
+        row = await q.turn_for(tx, turn_id=turn_id, person_id=principal.person_id)
+        _require_writer(principal, row, "turn")
+        return await q.complete_turn(tx, turn_id=turn_id, now=now)
+
+    turn = await write(rt.driver, work)
+    assert turn is not None
+    return Turn.of(turn)

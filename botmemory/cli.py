@@ -1,0 +1,64 @@
+"""Operator commands: ``python -m botmemory.cli <command>`` (also installed as ``botmemory``)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import os
+import secrets
+import sys
+
+from botmemory.bootstrap import open_runtime
+from botmemory.rotation import rotate_data_keys
+from botmemory.settings import Settings, load_settings
+
+
+def new_master_key() -> str:
+    return base64.b64encode(secrets.token_bytes(32)).decode()
+
+
+def _replace_local_key(settings: Settings) -> None:
+    """Local stacks keep their key in the data dir: the old one becomes ``master-key.previous``."""
+    current = settings.data_dir / "master-key"
+    previous = settings.data_dir / "master-key.previous"
+    previous.write_text(current.read_text())
+    os.chmod(previous, 0o600)
+    current.write_text(new_master_key() + "\n")
+
+
+async def _rotate(generate: bool) -> int:
+    settings = Settings()
+    if generate:
+        if settings.env == "production" or settings.master_key is not None:
+            print("--generate is for local stacks whose key lives in the data dir", file=sys.stderr)
+            return 2
+        settings.resolved()  # make sure a key exists before it is replaced
+        _replace_local_key(settings)
+    settings = load_settings()
+    async with open_runtime(settings, run_migrations=False) as runtime:
+        changed = await rotate_data_keys(runtime.driver, runtime.keyring)
+    print(f"re-wrapped {changed} data keys with master key {runtime.keyring.current_id}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="botmemory")
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("new-master-key", help="print a fresh random master key (base64)")
+    rotate = commands.add_parser(
+        "rotate-master-key",
+        help="re-wrap every Bot data key with the current master key (previous keys must be configured)",
+    )
+    rotate.add_argument(
+        "--generate", action="store_true", help="local stacks: make a new key in the data dir first"
+    )
+    args = parser.parse_args(argv)
+    if args.command == "new-master-key":
+        print(new_master_key())
+        return 0
+    return asyncio.run(_rotate(args.generate))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,109 @@
+"""Envelope encryption at rest (E1): AES-256-GCM, one data key per Bot wrapped by the master key.
+
+A ciphertext is ``version(1) | nonce(12) | ciphertext+tag``. Its associated data is
+``kind:record_id``, so a ciphertext copied onto another record (or another kind of
+record) fails to decrypt. Data keys are wrapped with the master key and tagged with the
+master key's fingerprint; rotation re-wraps data keys and never touches content.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from botmemory import metrics
+
+_VERSION = b"\x01"
+_NONCE_BYTES = 12
+
+
+class DecryptionError(Exception):
+    """A ciphertext does not belong to this record, or its key is unknown."""
+
+
+@dataclass(frozen=True, slots=True)
+class WrappedKey:
+    """A Bot data key as stored in the graph: the master key's fingerprint and the wrapped bytes."""
+
+    master_id: str
+    wrapped: bytes
+
+
+def fingerprint(master_key: bytes) -> str:
+    """A non-secret id of a master key (first 16 hex chars of SHA-256 over a label and the key)."""
+    return hashlib.sha256(b"botmemory-master-key:" + master_key).hexdigest()[:16]
+
+
+def _aad(kind: str, record_id: str) -> bytes:
+    return f"{kind}:{record_id}".encode()
+
+
+class Keyring:
+    """The master keys a process knows: the current one, and older ones during a rotation."""
+
+    def __init__(self, current: bytes, previous: Iterable[bytes] = ()) -> None:
+        self._current_id = fingerprint(current)
+        self._masters = {fingerprint(k): AESGCM(k) for k in (current, *previous)}
+        # A Bot's data key never changes (rotation only re-wraps it), so it is cached per Bot.
+        self._data_keys: dict[str, AESGCM] = {}
+
+    @property
+    def current_id(self) -> str:
+        return self._current_id
+
+    def new_data_key(self, bot_id: str) -> WrappedKey:
+        """Make a fresh data key for a Bot, wrapped by the current master key."""
+        return self.wrap(bot_id, AESGCM.generate_key(bit_length=256))
+
+    def wrap(self, bot_id: str, data_key: bytes) -> WrappedKey:
+        nonce = os.urandom(_NONCE_BYTES)
+        sealed = self._masters[self._current_id].encrypt(nonce, data_key, _aad("data-key", bot_id))
+        return WrappedKey(self._current_id, _VERSION + nonce + sealed)
+
+    def unwrap(self, bot_id: str, key: WrappedKey) -> bytes:
+        master = self._masters.get(key.master_id)
+        if master is None:
+            raise DecryptionError("data key is wrapped by an unknown master key")
+        return _open(master, key.wrapped, _aad("data-key", bot_id))
+
+    def rewrap(self, bot_id: str, key: WrappedKey) -> WrappedKey:
+        """Wrap the same data key with the current master key (rotation; content is untouched)."""
+        if key.master_id == self._current_id:
+            return key
+        return self.wrap(bot_id, self.unwrap(bot_id, key))
+
+    def cipher(self, bot_id: str, key: WrappedKey) -> Cipher:
+        aes = self._data_keys.get(bot_id)
+        if aes is None:
+            aes = AESGCM(self.unwrap(bot_id, key))
+            self._data_keys[bot_id] = aes
+        return Cipher(aes)
+
+
+class Cipher:
+    """Encrypts and decrypts the records of one Bot with its data key."""
+
+    def __init__(self, aes: AESGCM) -> None:
+        self._aes = aes
+
+    def encrypt(self, kind: str, record_id: str, plaintext: str) -> bytes:
+        nonce = os.urandom(_NONCE_BYTES)
+        return _VERSION + nonce + self._aes.encrypt(nonce, plaintext.encode(), _aad(kind, record_id))
+
+    def decrypt(self, kind: str, record_id: str, blob: bytes) -> str:
+        metrics.DECRYPTIONS.labels(kind=kind).inc()
+        return _open(self._aes, blob, _aad(kind, record_id)).decode()
+
+
+def _open(aes: AESGCM, blob: bytes, aad: bytes) -> bytes:
+    if blob[:1] != _VERSION or len(blob) < 1 + _NONCE_BYTES + 16:
+        raise DecryptionError("unknown ciphertext format")
+    try:
+        return aes.decrypt(blob[1 : 1 + _NONCE_BYTES], blob[1 + _NONCE_BYTES :], aad)
+    except InvalidTag as exc:
+        raise DecryptionError("ciphertext does not match its record") from exc

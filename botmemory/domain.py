@@ -1,0 +1,165 @@
+"""Domain values handed from the services to the GraphQL and REST adapters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Generic, Literal, TypeVar
+
+T = TypeVar("T")
+
+
+class Access(Enum):
+    READ = "READ"
+    WRITE = "WRITE"
+    NONE = "NONE"
+
+
+class ItemKind(Enum):
+    PERSON_MESSAGE = "PERSON_MESSAGE"
+    BOT_MESSAGE = "BOT_MESSAGE"
+    TOOL_CALL = "TOOL_CALL"
+    TOOL_RESULT = "TOOL_RESULT"
+    NOTICE = "NOTICE"
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who makes a request: the operator (admin token), a person, or an organization's platform."""
+
+    kind: Literal["admin", "person", "platform"]
+    token_id: str | None = None
+    person_id: str | None = None
+    organization_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Organization:
+    id: str
+    name: str
+    bot_memory: bool
+    bot_memory_model: str | None
+    created_at: int
+
+    @classmethod
+    def of(cls, row: dict[str, Any]) -> Organization:
+        return cls(
+            row["id"], row["name"], bool(row["botMemory"]), row.get("botMemoryModel"), row["createdAt"]
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Person:
+    id: str
+    name: str
+    organization_id: str
+    created_at: int
+
+    @classmethod
+    def of(cls, row: dict[str, Any]) -> Person:
+        return cls(row["id"], row["name"], row["organizationId"], row["createdAt"])
+
+
+@dataclass(frozen=True, slots=True)
+class Channel:
+    id: str
+    name: str
+    organization_id: str
+    member_ids: tuple[str, ...]
+    created_at: int
+
+    @classmethod
+    def of(cls, row: dict[str, Any]) -> Channel:
+        return cls(row["id"], row["name"], row["organizationId"], tuple(row["memberIds"]), row["createdAt"])
+
+
+@dataclass(frozen=True, slots=True)
+class Bot:
+    id: str
+    name: str
+    organization_id: str
+    model: str | None
+    linked_organization_ids: tuple[str, ...]
+    created_at: int
+
+    @classmethod
+    def of(cls, row: dict[str, Any]) -> Bot:
+        return cls(
+            row["id"],
+            row["name"],
+            row["organizationId"],
+            row.get("model"),
+            tuple(row.get("linkedOrganizationIds") or ()),
+            row["createdAt"],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Chat:
+    id: str
+    bot_id: str
+    organization_id: str
+    owner_id: str
+    channel_id: str | None
+    review: bool
+    created_at: int
+
+    @classmethod
+    def of(cls, row: dict[str, Any]) -> Chat:
+        return cls(
+            row["id"],
+            row["botId"],
+            row["organizationId"],
+            row["ownerId"],
+            row.get("channelId"),
+            bool(row["review"]),
+            row["createdAt"],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    id: str
+    chat_id: str
+    turn_id: str
+    seq: int
+    kind: ItemKind
+    text: str | None
+    app: str | None
+    speaker_id: str | None
+    created_at: int
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    id: str
+    chat_id: str
+    seq: int
+    status: str
+    actor_kind: str
+    actor_id: str | None
+    created_at: int
+    completed_at: int | None
+    input: str | None = None
+    enriched_input: str | None = None
+
+    @classmethod
+    def of(cls, row: dict[str, Any], *, input: str | None = None, enriched_input: str | None = None) -> Turn:
+        return cls(
+            row["id"],
+            row["chatId"],
+            row["seq"],
+            row["status"],
+            row["actorKind"],
+            row.get("actorId"),
+            row["createdAt"],
+            row.get("completedAt"),
+            input,
+            enriched_input,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Page(Generic[T]):
+    items: tuple[T, ...]
+    total: int

@@ -1,0 +1,254 @@
+"""Identity and provisioning: organizations, people and tokens (D9.5), channels, Bots, grants, links."""
+
+from __future__ import annotations
+
+from botmemory.auth import require_admin, require_person
+from botmemory.domain import Access, Bot, Channel, Organization, Person, Principal
+from botmemory.errors import BadInput, Forbidden, NotFound
+from botmemory.ids import new_id, new_token
+from botmemory.runtime import Runtime, now_ms
+from botmemory.validation import check_id, check_ids, check_name
+from graph import identity
+from graph.driver import read, write
+
+_MAX_TOKEN_TTL_SECONDS = 366 * 24 * 3600
+
+
+async def create_organization(rt: Runtime, principal: Principal, name: str) -> Organization:
+    require_admin(principal)
+    org_id, name, now = new_id("org"), check_name(name), now_ms()
+    row = await write(rt.driver, lambda tx: identity.create_organization(tx, id=org_id, name=name, now=now))
+    return Organization.of(row)
+
+
+async def get_organization(rt: Runtime, principal: Principal, org_id: str) -> Organization:
+    check_id(org_id, "id")
+    if principal.kind != "admin" and principal.organization_id != org_id:
+        raise NotFound("organization not found")
+    row = await read(rt.driver, lambda tx: identity.get_organization(tx, id=org_id))
+    if row is None:
+        raise NotFound("organization not found")
+    return Organization.of(row)
+
+
+async def update_organization(
+    rt: Runtime,
+    principal: Principal,
+    org_id: str,
+    *,
+    bot_memory: bool | None,
+    set_model: bool,
+    bot_memory_model: str | None,
+) -> Organization:
+    """Change ``botMemory`` and/or ``botMemoryModel`` (``set_model`` distinguishes null from absent)."""
+    require_admin(principal)
+    check_id(org_id, "id")
+    if bot_memory_model is not None:
+        bot_memory_model = check_name(bot_memory_model, "botMemoryModel")
+    row = await write(
+        rt.driver,
+        lambda tx: identity.update_organization(
+            tx, id=org_id, bot_memory=bot_memory, set_model=set_model, bot_memory_model=bot_memory_model
+        ),
+    )
+    if row is None:
+        raise NotFound("organization not found")
+    return Organization.of(row)
+
+
+async def create_person(
+    rt: Runtime, principal: Principal, organization_id: str, name: str
+) -> tuple[Person, str]:
+    """Create a person and return their first token, shown only this once (D9.5)."""
+    require_admin(principal)
+    check_id(organization_id, "organizationId")
+    person_id, name, now = new_id("u"), check_name(name), now_ms()
+    token_id, token, token_hash = new_token("bmp")
+    row = await write(
+        rt.driver,
+        lambda tx: identity.create_person(
+            tx,
+            id=person_id,
+            organization_id=organization_id,
+            name=name,
+            token_id=token_id,
+            token_hash=token_hash,
+            now=now,
+        ),
+    )
+    if row is None:
+        raise NotFound("organization not found")
+    return Person.of(row), token
+
+
+async def me(rt: Runtime, principal: Principal) -> Person:
+    person_id = require_person(principal)
+    row = await read(rt.driver, lambda tx: identity.get_person(tx, id=person_id))
+    if row is None:
+        raise NotFound("person not found")
+    return Person.of(row)
+
+
+async def issue_token(rt: Runtime, principal: Principal, expires_in_seconds: int | None) -> tuple[str, str]:
+    """A person issues another token for themselves; nobody else can (D9.5, V7)."""
+    person_id = require_person(principal)
+    if expires_in_seconds is not None and not 60 <= expires_in_seconds <= _MAX_TOKEN_TTL_SECONDS:
+        raise BadInput(
+            f"expiresInSeconds must be between 60 and {_MAX_TOKEN_TTL_SECONDS}", field="expiresInSeconds"
+        )
+    token_id, token, token_hash = new_token("bmp")
+    now = now_ms()
+    expires_at = None if expires_in_seconds is None else now + expires_in_seconds * 1000
+    await write(
+        rt.driver,
+        lambda tx: identity.create_person_token(
+            tx, person_id=person_id, token_id=token_id, token_hash=token_hash, now=now, expires_at=expires_at
+        ),
+    )
+    return token_id, token
+
+
+async def create_platform_token(rt: Runtime, principal: Principal, organization_id: str) -> tuple[str, str]:
+    """A platform token of one organization (D9.5): acts for people of its Chats, reads no memory."""
+    require_admin(principal)
+    check_id(organization_id, "organizationId")
+    token_id, token, token_hash = new_token("bmk")
+    now = now_ms()
+    created = await write(
+        rt.driver,
+        lambda tx: identity.create_platform_token(
+            tx, organization_id=organization_id, token_id=token_id, token_hash=token_hash, now=now
+        ),
+    )
+    if not created:
+        raise NotFound("organization not found")
+    return token_id, token
+
+
+async def revoke_token(rt: Runtime, principal: Principal, token_id: str) -> str:
+    """The admin revokes any token; a person revokes their own. Unknown and foreign ids look alike."""
+    check_id(token_id, "tokenId")
+    owner = await read(rt.driver, lambda tx: identity.token_owner(tx, token_id=token_id))
+    mine = owner is not None and principal.kind == "person" and owner["ownerId"] == principal.person_id
+    if owner is None or not (principal.kind == "admin" or mine):
+        raise NotFound("token not found")
+    now = now_ms()
+    await write(rt.driver, lambda tx: identity.revoke_token(tx, token_id=token_id, now=now))
+    return token_id
+
+
+async def _check_members(rt: Runtime, organization_id: str, member_ids: list[str]) -> list[str]:
+    members = check_ids(member_ids, "memberIds")
+    found = await read(
+        rt.driver,
+        lambda tx: identity.count_people_in_org(tx, person_ids=members, organization_id=organization_id),
+    )
+    if found != len(members):
+        raise BadInput("every member must be a person of the channel's organization", field="memberIds")
+    return members
+
+
+async def create_channel(
+    rt: Runtime, principal: Principal, organization_id: str, name: str, member_ids: list[str]
+) -> Channel:
+    require_admin(principal)
+    check_id(organization_id, "organizationId")
+    if await read(rt.driver, lambda tx: identity.get_organization(tx, id=organization_id)) is None:
+        raise NotFound("organization not found")
+    members = await _check_members(rt, organization_id, member_ids)
+    channel_id, name, now = new_id("ch"), check_name(name), now_ms()
+    await write(
+        rt.driver,
+        lambda tx: identity.create_channel(
+            tx, id=channel_id, organization_id=organization_id, name=name, member_ids=members, now=now
+        ),
+    )
+    return await get_channel(rt, principal, channel_id)
+
+
+async def get_channel(rt: Runtime, principal: Principal, channel_id: str) -> Channel:
+    check_id(channel_id, "channelId")
+    row = await read(rt.driver, lambda tx: identity.get_channel(tx, id=channel_id))
+    if row is None or (principal.kind != "admin" and row["organizationId"] != principal.organization_id):
+        raise NotFound("channel not found")
+    return Channel.of(row)
+
+
+async def set_channel_members(
+    rt: Runtime, principal: Principal, channel_id: str, member_ids: list[str]
+) -> Channel:
+    require_admin(principal)
+    channel = await get_channel(rt, principal, channel_id)
+    members = await _check_members(rt, channel.organization_id, member_ids)
+    await write(rt.driver, lambda tx: identity.set_channel_members(tx, id=channel_id, member_ids=members))
+    return await get_channel(rt, principal, channel_id)
+
+
+async def create_bot(
+    rt: Runtime, principal: Principal, organization_id: str, name: str, model: str | None
+) -> Bot:
+    """Create a Bot, its Memory and its data key wrapped by the current master key (E1)."""
+    require_admin(principal)
+    check_id(organization_id, "organizationId")
+    bot_id, name, now = new_id("bot"), check_name(name), now_ms()
+    model = None if model is None else check_name(model, "model")
+    key = rt.keyring.new_data_key(bot_id)
+    row = await write(
+        rt.driver,
+        lambda tx: identity.create_bot(
+            tx,
+            id=bot_id,
+            organization_id=organization_id,
+            name=name,
+            model=model,
+            key_master=key.master_id,
+            key_wrapped=key.wrapped,
+            now=now,
+        ),
+    )
+    if row is None:
+        raise NotFound("organization not found")
+    return Bot.of({**row, "linkedOrganizationIds": []})
+
+
+async def get_bot(rt: Runtime, principal: Principal, bot_id: str) -> Bot:
+    """A Bot as seen from the caller's organization (owner or linked); others get NOT_FOUND."""
+    check_id(bot_id, "botId")
+    row = await read(rt.driver, lambda tx: identity.get_bot(tx, id=bot_id))
+    if row is None:
+        raise NotFound("bot not found")
+    bot = Bot.of(row)
+    org = principal.organization_id
+    if principal.kind != "admin" and org != bot.organization_id and org not in bot.linked_organization_ids:
+        raise NotFound("bot not found")
+    return bot
+
+
+async def grant_bot(rt: Runtime, principal: Principal, bot_id: str, person_id: str, access: Access) -> Bot:
+    """Give a person READ or WRITE on a Bot (NONE removes it); the person's organization must use the Bot."""
+    require_admin(principal)
+    bot = await get_bot(rt, principal, bot_id)
+    check_id(person_id, "personId")
+    person = await read(rt.driver, lambda tx: identity.get_person(tx, id=person_id))
+    if person is None:
+        raise NotFound("person not found")
+    if person["organizationId"] not in (bot.organization_id, *bot.linked_organization_ids):
+        raise Forbidden("the person's organization neither owns nor links this Bot")
+    await write(
+        rt.driver, lambda tx: identity.set_grant(tx, bot_id=bot_id, person_id=person_id, access=access.value)
+    )
+    return bot
+
+
+async def link_bot(rt: Runtime, principal: Principal, bot_id: str, organization_id: str) -> Bot:
+    """Share a Bot with another organization (a shared Bot)."""
+    require_admin(principal)
+    check_id(organization_id, "organizationId")
+    bot = await get_bot(rt, principal, bot_id)
+    if organization_id == bot.organization_id:
+        raise BadInput("a Bot cannot be linked into its own organization", field="organizationId")
+    if not await write(
+        rt.driver, lambda tx: identity.link_bot(tx, bot_id=bot_id, organization_id=organization_id)
+    ):
+        raise NotFound("organization not found")
+    return await get_bot(rt, principal, bot_id)

@@ -1,0 +1,31 @@
+"""Master-key rotation (E1): re-wrap every Bot data key with the current master key.
+
+Content ciphertexts never change. Run it after every process knows the new key as current
+and the old one as previous; reads keep working throughout (no downtime).
+"""
+
+from __future__ import annotations
+
+from neo4j import AsyncDriver
+
+from botmemory.crypto import Keyring, WrappedKey
+from graph import identity
+from graph.driver import read, write
+
+
+async def rotate_data_keys(driver: AsyncDriver, keyring: Keyring) -> int:
+    """Re-wrap each Bot data key not yet wrapped by the current master key; returns how many changed."""
+    changed = 0
+    for row in await read(driver, identity.all_bot_keys):
+        old = WrappedKey(row["master"], bytes(row["wrapped"]))
+        if old.master_id == keyring.current_id:
+            continue
+        new = keyring.rewrap(row["id"], old)
+        done = await write(
+            driver,
+            lambda tx, row=row, old=old, new=new: identity.rewrap_bot_key(
+                tx, id=row["id"], old_master=old.master_id, new_master=new.master_id, new_wrapped=new.wrapped
+            ),
+        )
+        changed += int(done)
+    return changed

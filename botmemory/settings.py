@@ -1,0 +1,117 @@
+"""Service settings, read once at start-up from ``BOTMEMORY_*`` environment variables.
+
+Secrets live in ``SecretStr`` so they never appear in a repr or a log line.
+Locally (``env != production``) missing secrets are generated into ``data_dir``
+on first start and read back afterwards; in production they must be given.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import secrets
+from collections.abc import Callable
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class ConfigurationError(RuntimeError):
+    """The settings cannot start the service (message never holds a secret)."""
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="BOTMEMORY_", extra="ignore")
+
+    env: Literal["local", "test", "production"] = "local"
+    data_dir: Path = Path(".data")
+
+    neo4j_uri: str = "bolt://127.0.0.1:7687"
+    neo4j_user: str = "neo4j"
+    neo4j_password: SecretStr | None = None
+    neo4j_bolt_port: int = 7687
+    neo4j_heap: str = "1g"
+    neo4j_pagecache: str = "512m"
+
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_port: int = 6379
+
+    api_host: str = "127.0.0.1"
+    api_port: int = 8000
+
+    master_key: SecretStr | None = Field(default=None, description="base64 of 32 random bytes")
+    previous_master_keys: list[SecretStr] = Field(
+        default_factory=list[SecretStr], description="older master keys still accepted while a rotation runs"
+    )
+    admin_token: SecretStr | None = None
+
+    openai_base_url: str | None = Field(default=None, validation_alias="OPENAI_BASE_URL")
+    openai_api_key: SecretStr | None = Field(default=None, validation_alias="OPENAI_API_KEY")
+
+    # Request limits (GraphQL and REST).
+    max_query_depth: int = 12
+    max_aliases: int = 30
+    max_query_tokens: int = 2000
+    max_body_bytes: int = 1_000_000
+    max_text_chars: int = 20_000
+    max_page_size: int = 200
+
+    log_level: str = "INFO"
+
+    def resolved(self) -> Settings:
+        """Fill missing local secrets from (or into) ``data_dir``; refuse in production."""
+        updates: dict[str, SecretStr] = {}
+        for name, path, make in (
+            ("master_key", "master-key", lambda: base64.b64encode(secrets.token_bytes(32)).decode()),
+            ("neo4j_password", "neo4j-password", lambda: secrets.token_urlsafe(24)),
+            ("admin_token", "admin-token", lambda: "adm_" + secrets.token_urlsafe(32)),
+        ):
+            if getattr(self, name) is not None:
+                continue
+            if self.env == "production":
+                raise ConfigurationError(
+                    f"BOTMEMORY_{name.upper()} is required when BOTMEMORY_ENV=production"
+                )
+            updates[name] = SecretStr(_read_or_create(self.data_dir / path, make))
+        return self.model_copy(update=updates) if updates else self
+
+    def master_key_bytes(self) -> bytes:
+        if self.master_key is None:
+            raise ConfigurationError("master key missing")
+        return decode_key(self.master_key, "BOTMEMORY_MASTER_KEY")
+
+    def previous_master_key_bytes(self) -> list[bytes]:
+        keys = [decode_key(k, "BOTMEMORY_PREVIOUS_MASTER_KEYS") for k in self.previous_master_keys]
+        previous_file = self.data_dir / "master-key.previous"
+        if self.env != "production" and previous_file.exists():
+            keys.append(decode_key(SecretStr(previous_file.read_text().strip()), "master-key.previous"))
+        return keys
+
+
+def decode_key(value: SecretStr, name: str) -> bytes:
+    """A master key: base64 of exactly 32 bytes."""
+    try:
+        key = base64.b64decode(value.get_secret_value(), validate=True)
+    except ValueError as exc:
+        raise ConfigurationError(f"{name} is not valid base64") from exc
+    if len(key) != 32:
+        raise ConfigurationError(f"{name} must decode to 32 bytes")
+    return key
+
+
+def _read_or_create(path: Path, make: Callable[[], str]) -> str:
+    if path.exists():
+        return path.read_text().strip()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    value = make()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(value + "\n")
+    return value
+
+
+def load_settings() -> Settings:
+    """Build the one settings object of a process."""
+    return Settings().resolved()

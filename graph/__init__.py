@@ -1,0 +1,1 @@
+"""The only place with Cypher: driver helpers, migrations and one module per aggregate."""

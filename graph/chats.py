@@ -1,0 +1,199 @@
+"""Chats, Turns and Items.
+
+Item numbers (``i-N``) and Turn numbers are allocated by incrementing counters on the
+Chat node, which also serialises concurrent writers of one Chat. Item text arrives
+already encrypted: callers encrypt between :func:`allocate_items` and :func:`create_items`,
+inside the same transaction.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from neo4j import AsyncManagedTransaction
+
+from graph.driver import rows, single
+
+CREATE_CHAT: Final = """
+MATCH (b:Bot {id: $botId}), (p:Person {id: $ownerId})-[:MEMBER_OF]->(o:Organization {id: $organizationId})
+OPTIONAL MATCH (c:Channel {id: $channelId})-[:IN]->(o)
+CREATE (ch:Chat {id: $id, botId: b.id, organizationId: o.id, ownerId: p.id, channelId: c.id,
+                 review: $review, createdAt: $now, nextItemSeq: 0, nextTurnSeq: 0})
+CREATE (ch)-[:WITH_BOT]->(b), (ch)-[:OWNED_BY]->(p), (ch)-[:IN_ORG]->(o)
+FOREACH (_ IN CASE WHEN c IS NULL THEN [] ELSE [1] END | CREATE (ch)-[:IN_CHANNEL]->(c))
+RETURN ch {.*} AS chat
+"""
+
+#: A Chat with its Bot's wrapped key and whether $personId is one of its people (D9.6):
+#: the owner, or in a group chat a current member of the channel.
+CHAT_FOR: Final = """
+MATCH (ch:Chat {id: $chatId})-[:WITH_BOT]->(b:Bot)
+OPTIONAL MATCH (ch)-[:IN_CHANNEL]->(c:Channel)
+RETURN ch {.*} AS chat, b.keyMaster AS keyMaster, b.keyWrapped AS keyWrapped,
+       ($personId IS NOT NULL AND (ch.ownerId = $personId
+         OR EXISTS { MATCH (:Person {id: $personId})-[:MEMBER]->(c) })) AS isPerson
+"""
+
+TURN_FOR: Final = """
+MATCH (t:Turn {id: $turnId})-[:IN_CHAT]->(ch:Chat)-[:WITH_BOT]->(b:Bot)
+OPTIONAL MATCH (ch)-[:IN_CHANNEL]->(c:Channel)
+RETURN t {.*} AS turn, ch {.*} AS chat, b.keyMaster AS keyMaster, b.keyWrapped AS keyWrapped,
+       ($personId IS NOT NULL AND (ch.ownerId = $personId
+         OR EXISTS { MATCH (:Person {id: $personId})-[:MEMBER]->(c) })) AS isPerson
+"""
+
+IS_PERSON_OF_CHAT: Final = """
+MATCH (ch:Chat {id: $chatId})
+OPTIONAL MATCH (ch)-[:IN_CHANNEL]->(c:Channel)
+RETURN ch.ownerId = $personId OR EXISTS { MATCH (:Person {id: $personId})-[:MEMBER]->(c) } AS ok
+"""
+
+ALLOCATE_TURN: Final = """
+MATCH (ch:Chat {id: $chatId})
+SET ch.nextTurnSeq = ch.nextTurnSeq + 1, ch.nextItemSeq = ch.nextItemSeq + 1
+RETURN ch.nextTurnSeq AS turnSeq, ch.nextItemSeq AS itemSeq
+"""
+
+CREATE_TURN: Final = """
+MATCH (ch:Chat {id: $chatId})
+CREATE (t:Turn {id: $id, chatId: ch.id, seq: $seq, status: 'open', actorKind: $actorKind,
+                actorId: $actorId, createdAt: $now, completedAt: null})-[:IN_CHAT]->(ch)
+RETURN t {.*} AS turn
+"""
+
+ALLOCATE_ITEMS: Final = """
+MATCH (ch:Chat {id: $chatId})
+SET ch.nextItemSeq = ch.nextItemSeq + $count
+RETURN ch.nextItemSeq - $count + 1 AS first
+"""
+
+CREATE_ITEMS: Final = """
+MATCH (t:Turn {id: $turnId})
+UNWIND $items AS item
+CREATE (i:Item {uid: item.uid, id: item.id, chatId: t.chatId, turnId: t.id, seq: item.seq, kind: item.kind,
+                text: item.text, app: item.app, speakerId: item.speakerId, createdAt: $now})-[:IN_TURN]->(t)
+RETURN i {.*} AS item ORDER BY i.seq
+"""
+
+COMPLETE_TURN: Final = """
+MATCH (t:Turn {id: $turnId})
+SET t.completedAt = coalesce(t.completedAt, $now), t.status = 'completed'
+RETURN t {.*} AS turn
+"""
+
+LIST_ITEMS: Final = """
+MATCH (i:Item {chatId: $chatId})
+RETURN i {.*} AS item ORDER BY i.seq SKIP $skip LIMIT $limit
+"""
+
+COUNT_ITEMS: Final = "MATCH (ch:Chat {id: $chatId}) RETURN ch.nextItemSeq AS n"
+
+FIRST_ITEM_OF_TURN: Final = """
+MATCH (i:Item {chatId: $chatId}) WHERE i.turnId = $turnId
+RETURN i {.*} AS item ORDER BY i.seq LIMIT 1
+"""
+
+
+async def create_chat(
+    tx: AsyncManagedTransaction,
+    *,
+    id: str,
+    bot_id: str,
+    owner_id: str,
+    organization_id: str,
+    channel_id: str | None,
+    review: bool,
+    now: int,
+) -> dict[str, Any] | None:
+    record = await single(
+        tx,
+        CREATE_CHAT,
+        id=id,
+        botId=bot_id,
+        ownerId=owner_id,
+        organizationId=organization_id,
+        channelId=channel_id,
+        review=review,
+        now=now,
+    )
+    return None if record is None else record["chat"]
+
+
+async def chat_for(
+    tx: AsyncManagedTransaction, *, chat_id: str, person_id: str | None
+) -> dict[str, Any] | None:
+    """The Chat, its Bot key and whether ``person_id`` is one of its people; None if unknown."""
+    return await single(tx, CHAT_FOR, chatId=chat_id, personId=person_id)
+
+
+async def turn_for(
+    tx: AsyncManagedTransaction, *, turn_id: str, person_id: str | None
+) -> dict[str, Any] | None:
+    return await single(tx, TURN_FOR, turnId=turn_id, personId=person_id)
+
+
+async def is_person_of_chat(tx: AsyncManagedTransaction, *, chat_id: str, person_id: str) -> bool:
+    record = await single(tx, IS_PERSON_OF_CHAT, chatId=chat_id, personId=person_id)
+    return bool(record and record["ok"])
+
+
+async def allocate_turn(tx: AsyncManagedTransaction, *, chat_id: str) -> tuple[int, int]:
+    """Reserve the next Turn number and the number of its first Item (locks the Chat)."""
+    record = await single(tx, ALLOCATE_TURN, chatId=chat_id)
+    assert record is not None
+    return int(record["turnSeq"]), int(record["itemSeq"])
+
+
+async def create_turn(
+    tx: AsyncManagedTransaction,
+    *,
+    id: str,
+    chat_id: str,
+    seq: int,
+    actor_kind: str,
+    actor_id: str | None,
+    now: int,
+) -> dict[str, Any]:
+    record = await single(
+        tx, CREATE_TURN, id=id, chatId=chat_id, seq=seq, actorKind=actor_kind, actorId=actor_id, now=now
+    )
+    assert record is not None
+    return record["turn"]
+
+
+async def allocate_items(tx: AsyncManagedTransaction, *, chat_id: str, count: int) -> int:
+    """Reserve ``count`` Item numbers in the Chat; returns the first."""
+    record = await single(tx, ALLOCATE_ITEMS, chatId=chat_id, count=count)
+    assert record is not None
+    return int(record["first"])
+
+
+async def create_items(
+    tx: AsyncManagedTransaction, *, turn_id: str, items: list[dict[str, Any]], now: int
+) -> list[dict[str, Any]]:
+    """Create Items (``uid, id, seq, kind, text, app, speakerId``; text already encrypted)."""
+    return [r["item"] for r in await rows(tx, CREATE_ITEMS, turnId=turn_id, items=items, now=now)]
+
+
+async def complete_turn(tx: AsyncManagedTransaction, *, turn_id: str, now: int) -> dict[str, Any] | None:
+    record = await single(tx, COMPLETE_TURN, turnId=turn_id, now=now)
+    return None if record is None else record["turn"]
+
+
+async def list_items(
+    tx: AsyncManagedTransaction, *, chat_id: str, skip: int, limit: int
+) -> list[dict[str, Any]]:
+    """Items of a Chat in order (``seq``), one page."""
+    return [r["item"] for r in await rows(tx, LIST_ITEMS, chatId=chat_id, skip=skip, limit=limit)]
+
+
+async def count_items(tx: AsyncManagedTransaction, *, chat_id: str) -> int:
+    record = await single(tx, COUNT_ITEMS, chatId=chat_id)
+    return 0 if record is None else int(record["n"])
+
+
+async def first_item_of_turn(
+    tx: AsyncManagedTransaction, *, chat_id: str, turn_id: str
+) -> dict[str, Any] | None:
+    record = await single(tx, FIRST_ITEM_OF_TURN, chatId=chat_id, turnId=turn_id)
+    return None if record is None else record["item"]

@@ -1,0 +1,73 @@
+"""Schema migrations: uniqueness constraints and indexes, applied idempotently at start.
+
+Each step is an ``IF NOT EXISTS`` statement; the highest applied version is recorded on
+the ``(:SchemaVersion {id: 'schema'})`` node, so a second run changes nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Final, LiteralString
+
+from neo4j import AsyncDriver
+
+MIGRATIONS: Final[tuple[tuple[int, tuple[LiteralString, ...]], ...]] = (
+    (
+        1,
+        (
+            "CREATE CONSTRAINT organization_id IF NOT EXISTS FOR (n:Organization) REQUIRE n.id IS UNIQUE",
+            "CREATE CONSTRAINT person_id IF NOT EXISTS FOR (n:Person) REQUIRE n.id IS UNIQUE",
+            "CREATE CONSTRAINT token_id IF NOT EXISTS FOR (n:Token) REQUIRE n.id IS UNIQUE",
+            "CREATE CONSTRAINT token_hash IF NOT EXISTS FOR (n:Token) REQUIRE n.hash IS UNIQUE",
+            "CREATE CONSTRAINT channel_id IF NOT EXISTS FOR (n:Channel) REQUIRE n.id IS UNIQUE",
+            "CREATE CONSTRAINT bot_id IF NOT EXISTS FOR (n:Bot) REQUIRE n.id IS UNIQUE",
+            "CREATE CONSTRAINT memory_id IF NOT EXISTS FOR (n:Memory) REQUIRE n.id IS UNIQUE",
+            "CREATE CONSTRAINT chat_id IF NOT EXISTS FOR (n:Chat) REQUIRE n.id IS UNIQUE",
+            "CREATE CONSTRAINT turn_id IF NOT EXISTS FOR (n:Turn) REQUIRE n.id IS UNIQUE",
+            "CREATE CONSTRAINT item_uid IF NOT EXISTS FOR (n:Item) REQUIRE n.uid IS UNIQUE",
+            "CREATE CONSTRAINT entry_id IF NOT EXISTS FOR (n:Entry) REQUIRE n.id IS UNIQUE",
+            "CREATE CONSTRAINT change_id IF NOT EXISTS FOR (n:Change) REQUIRE n.id IS UNIQUE",
+            "CREATE CONSTRAINT confession_id IF NOT EXISTS FOR (n:Confession) REQUIRE n.id IS UNIQUE",
+            "CREATE CONSTRAINT enrichment_id IF NOT EXISTS FOR (n:Enrichment) REQUIRE n.id IS UNIQUE",
+            "CREATE CONSTRAINT execution_id IF NOT EXISTS FOR (n:LearningExecution) REQUIRE n.id IS UNIQUE",
+            "CREATE CONSTRAINT model_call_id IF NOT EXISTS FOR (n:ModelCall) REQUIRE n.id IS UNIQUE",
+            "CREATE CONSTRAINT read_position_id IF NOT EXISTS FOR (n:ReadPosition) REQUIRE n.id IS UNIQUE",
+            "CREATE INDEX item_chat_seq IF NOT EXISTS FOR (n:Item) ON (n.chatId, n.seq)",
+            "CREATE INDEX turn_chat_seq IF NOT EXISTS FOR (n:Turn) ON (n.chatId, n.seq)",
+        ),
+    ),
+)
+
+LATEST: Final = MIGRATIONS[-1][0]
+
+_READ_VERSION: Final = "MATCH (s:SchemaVersion {id: 'schema'}) RETURN s.version AS version"
+_WRITE_VERSION: Final = """
+MERGE (s:SchemaVersion {id: 'schema'})
+SET s.version = $version, s.appliedAt = timestamp()
+"""
+
+
+async def current_version(driver: AsyncDriver) -> int:
+    """The schema version recorded in the graph (0 before any migration)."""
+    records, _, _ = await driver.execute_query(_READ_VERSION)
+    return int(records[0]["version"]) if records else 0
+
+
+async def migrate(driver: AsyncDriver) -> int:
+    """Apply every migration newer than the recorded version; return the version now recorded.
+
+    Schema statements run one per auto-commit transaction (Neo4j forbids mixing schema and
+    data writes in one transaction). Every statement is ``IF NOT EXISTS``, so a concurrent
+    start of two processes is harmless.
+    """
+    applied = await current_version(driver)
+    for version, statements in MIGRATIONS:
+        if version <= applied:
+            continue
+        for statement in statements:
+            await driver.execute_query(statement)
+        await driver.execute_query(_WRITE_VERSION, version=version)
+        applied = version
+    return applied
+
+
+__all__ = ["LATEST", "MIGRATIONS", "current_version", "migrate"]

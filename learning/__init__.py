@@ -1,0 +1,1 @@
+"""The memory Bot: model client, prompts and output models, the arq worker and its jobs."""

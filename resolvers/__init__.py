@@ -1,0 +1,1 @@
+"""Root Query, Mutation and Subscription types: thin resolvers over the services."""

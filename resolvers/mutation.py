@@ -1,0 +1,180 @@
+"""Root mutations: provisioning (admin), tokens (D9.5) and the platform's chat operations."""
+
+from __future__ import annotations
+
+import strawberry
+
+from botmemory import chats, provisioning
+from schema.context import Info
+from schema.types import (
+    Access,
+    Bot,
+    Channel,
+    Chat,
+    CreatePersonPayload,
+    IssuedToken,
+    Item,
+    ItemInput,
+    Organization,
+    Person,
+    TokenRef,
+    Turn,
+)
+
+
+@strawberry.type
+class Mutation:
+    @strawberry.mutation
+    async def create_organization(self, info: Info, name: str) -> Organization:
+        principal = await info.context.principal()
+        return Organization.of(await provisioning.create_organization(info.context.runtime, principal, name))
+
+    @strawberry.mutation
+    async def update_organization(
+        self,
+        info: Info,
+        id: strawberry.ID,
+        bot_memory: bool | None = strawberry.UNSET,
+        bot_memory_model: str | None = strawberry.UNSET,
+    ) -> Organization:
+        org = await provisioning.update_organization(
+            info.context.runtime,
+            await info.context.principal(),
+            str(id),
+            bot_memory=None if bot_memory is strawberry.UNSET else bot_memory,
+            set_model=bot_memory_model is not strawberry.UNSET,
+            bot_memory_model=None if bot_memory_model is strawberry.UNSET else bot_memory_model,
+        )
+        return Organization.of(org)
+
+    @strawberry.mutation
+    async def create_person(
+        self, info: Info, organization_id: strawberry.ID, name: str
+    ) -> CreatePersonPayload:
+        principal = await info.context.principal()
+        person, token = await provisioning.create_person(
+            info.context.runtime, principal, str(organization_id), name
+        )
+        return CreatePersonPayload(person=Person.of(person), token=token)
+
+    @strawberry.mutation(description="A person issues another token for themselves (D9.5).")
+    async def issue_token(self, info: Info, expires_in_seconds: int | None = None) -> IssuedToken:
+        principal = await info.context.principal()
+        token_id, token = await provisioning.issue_token(info.context.runtime, principal, expires_in_seconds)
+        return IssuedToken(id=strawberry.ID(token_id), token=token)
+
+    @strawberry.mutation(description="The admin revokes any token; a person revokes their own.")
+    async def revoke_token(self, info: Info, token_id: strawberry.ID) -> TokenRef:
+        principal = await info.context.principal()
+        return TokenRef(
+            id=strawberry.ID(await provisioning.revoke_token(info.context.runtime, principal, str(token_id)))
+        )
+
+    @strawberry.mutation(description="A platform token of one organization (admin).")
+    async def create_platform_token(self, info: Info, organization_id: strawberry.ID) -> IssuedToken:
+        principal = await info.context.principal()
+        token_id, token = await provisioning.create_platform_token(
+            info.context.runtime, principal, str(organization_id)
+        )
+        return IssuedToken(id=strawberry.ID(token_id), token=token)
+
+    @strawberry.mutation
+    async def create_channel(
+        self, info: Info, organization_id: strawberry.ID, name: str, member_ids: list[strawberry.ID]
+    ) -> Channel:
+        principal = await info.context.principal()
+        channel = await provisioning.create_channel(
+            info.context.runtime, principal, str(organization_id), name, [str(m) for m in member_ids]
+        )
+        return Channel.of(channel)
+
+    @strawberry.mutation
+    async def set_channel_members(
+        self, info: Info, channel_id: strawberry.ID, member_ids: list[strawberry.ID]
+    ) -> Channel:
+        principal = await info.context.principal()
+        channel = await provisioning.set_channel_members(
+            info.context.runtime, principal, str(channel_id), [str(m) for m in member_ids]
+        )
+        return Channel.of(channel)
+
+    @strawberry.mutation
+    async def create_bot(
+        self, info: Info, organization_id: strawberry.ID, name: str, model: str | None = None
+    ) -> Bot:
+        principal = await info.context.principal()
+        return Bot.of(
+            await provisioning.create_bot(info.context.runtime, principal, str(organization_id), name, model)
+        )
+
+    @strawberry.mutation
+    async def grant_bot(
+        self,
+        info: Info,
+        bot_id: strawberry.ID,
+        person_id: strawberry.ID,
+        access: Access,
+    ) -> Bot:
+        principal = await info.context.principal()
+        bot = await provisioning.grant_bot(
+            info.context.runtime, principal, str(bot_id), str(person_id), access
+        )
+        return Bot.of(bot)
+
+    @strawberry.mutation
+    async def link_bot(self, info: Info, bot_id: strawberry.ID, organization_id: strawberry.ID) -> Bot:
+        principal = await info.context.principal()
+        return Bot.of(
+            await provisioning.link_bot(info.context.runtime, principal, str(bot_id), str(organization_id))
+        )
+
+    @strawberry.mutation(description="A private chat, a group chat (with a channel) or a review chat.")
+    async def create_chat(
+        self,
+        info: Info,
+        bot_id: strawberry.ID,
+        channel_id: strawberry.ID | None = None,
+        review: bool = False,
+        owner_id: strawberry.ID | None = None,
+    ) -> Chat:
+        chat = await chats.create_chat(
+            info.context.runtime,
+            await info.context.principal(),
+            str(bot_id),
+            channel_id=None if channel_id is None else str(channel_id),
+            review=review,
+            owner_id=None if owner_id is None else str(owner_id),
+        )
+        return Chat.of(chat)
+
+    @strawberry.mutation(description="Open a Turn; the input is saved as its first Item.")
+    async def start_turn(
+        self,
+        info: Info,
+        chat_id: strawberry.ID,
+        input: str,
+        actor_id: strawberry.ID | None = None,
+        notice: bool = False,
+    ) -> Turn:
+        turn = await chats.start_turn(
+            info.context.runtime,
+            await info.context.principal(),
+            str(chat_id),
+            input,
+            actor_id=None if actor_id is None else str(actor_id),
+            notice=notice,
+        )
+        return Turn.of(turn)
+
+    @strawberry.mutation
+    async def add_items(self, info: Info, turn_id: strawberry.ID, items: list[ItemInput]) -> list[Item]:
+        new = [chats.NewItem(kind=i.kind, text=i.text, app=i.app) for i in items]
+        created = await chats.add_items(
+            info.context.runtime, await info.context.principal(), str(turn_id), new
+        )
+        return [Item.of(i) for i in created]
+
+    @strawberry.mutation
+    async def complete_turn(self, info: Info, turn_id: strawberry.ID) -> Turn:
+        turn = await chats.complete_turn(info.context.runtime, await info.context.principal(), str(turn_id))
+        return Turn.of(turn)

@@ -1,0 +1,46 @@
+"""The assembled schema, with limits, caches and error codes on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import strawberry
+from strawberry.extensions import (
+    MaxAliasesLimiter,
+    MaxTokensLimiter,
+    ParserCache,
+    QueryDepthLimiter,
+    SchemaExtension,
+    ValidationCache,
+)
+from strawberry.schema.config import StrawberryConfig
+
+from botmemory.settings import Settings
+from resolvers.mutation import Mutation
+from resolvers.query import Query
+from schema.errors import ErrorCodes
+from schema.types import LONG_SCALAR, Long
+
+SNAPSHOT = Path(__file__).resolve().parent.parent / "schema" / "schema.graphql"
+
+
+class Schema(strawberry.Schema):
+    def process_errors(self, errors, execution_context=None):  # type: ignore[no-untyped-def]
+        """Logging happens in ErrorCodes, without messages (they may quote user input)."""
+
+
+def build_schema(settings: Settings) -> strawberry.Schema:
+    extensions: list[type[SchemaExtension] | SchemaExtension] = [
+        QueryDepthLimiter(max_depth=settings.max_query_depth),
+        MaxAliasesLimiter(max_alias_count=settings.max_aliases),
+        MaxTokensLimiter(max_token_count=settings.max_query_tokens),
+        ParserCache(maxsize=256),
+        ValidationCache(maxsize=256),
+        ErrorCodes,
+    ]
+    return Schema(
+        query=Query,
+        mutation=Mutation,
+        config=StrawberryConfig(auto_camel_case=True, scalar_map={Long: LONG_SCALAR}),
+        extensions=extensions,  # type: ignore[arg-type]  # instances are accepted at runtime
+    )

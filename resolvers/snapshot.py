@@ -1,0 +1,10 @@
+"""Write the schema snapshot: ``python -m resolvers.snapshot``."""
+
+from __future__ import annotations
+
+from botmemory.settings import Settings
+from resolvers.schema import SNAPSHOT, build_schema
+
+if __name__ == "__main__":
+    SNAPSHOT.write_text(str(build_schema(Settings())) + "\n")
+    print(f"wrote {SNAPSHOT}")

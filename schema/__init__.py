@@ -1,0 +1,1 @@
+"""Strawberry types, inputs, errors and the request context."""

@@ -1,0 +1,28 @@
+"""The typed per-request GraphQL context."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from strawberry.types import Info as _Info
+
+from botmemory.auth import authenticate
+from botmemory.domain import Principal
+from botmemory.runtime import Runtime
+
+
+@dataclass(slots=True)
+class Context:
+    """Runtime dependencies plus the caller's credentials, authenticated lazily once per request."""
+
+    runtime: Runtime
+    authorization: str | None
+    _principal: Principal | None = field(default=None)
+
+    async def principal(self) -> Principal:
+        if self._principal is None:
+            self._principal = await authenticate(self.runtime, self.authorization)
+        return self._principal
+
+
+Info = _Info[Context, None]

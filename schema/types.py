@@ -1,0 +1,207 @@
+"""GraphQL object types, built from the services' domain values."""
+
+from __future__ import annotations
+
+from typing import NewType
+
+import strawberry
+
+from botmemory import chats, domain
+from schema.context import Info
+
+Long = NewType("Long", int)
+LONG_SCALAR = strawberry.scalar(
+    name="Long",
+    serialize=int,
+    parse_value=int,
+    description="A 64-bit integer (times are epoch milliseconds).",
+)
+
+# The domain enums are the GraphQL enums (registered once, here).
+Access = domain.Access
+ItemKind = domain.ItemKind
+strawberry.enum(Access, name="Access")
+strawberry.enum(ItemKind, name="ItemKind")
+
+
+@strawberry.type
+class Organization:
+    id: strawberry.ID
+    name: str
+    bot_memory: bool
+    bot_memory_model: str | None
+    created_at: Long
+
+    @classmethod
+    def of(cls, o: domain.Organization) -> Organization:
+        return cls(
+            id=strawberry.ID(o.id),
+            name=o.name,
+            bot_memory=o.bot_memory,
+            bot_memory_model=o.bot_memory_model,
+            created_at=Long(o.created_at),
+        )
+
+
+@strawberry.type
+class Person:
+    id: strawberry.ID
+    name: str
+    organization_id: strawberry.ID
+
+    @classmethod
+    def of(cls, p: domain.Person) -> Person:
+        return cls(id=strawberry.ID(p.id), name=p.name, organization_id=strawberry.ID(p.organization_id))
+
+
+@strawberry.type
+class CreatePersonPayload:
+    person: Person
+    token: str = strawberry.field(description="The person's first API token; shown only this once.")
+
+
+@strawberry.type
+class IssuedToken:
+    id: strawberry.ID
+    token: str = strawberry.field(description="The secret token; shown only this once.")
+
+
+@strawberry.type
+class TokenRef:
+    id: strawberry.ID
+
+
+@strawberry.type
+class Channel:
+    id: strawberry.ID
+    name: str
+    organization_id: strawberry.ID
+    member_ids: list[strawberry.ID]
+
+    @classmethod
+    def of(cls, c: domain.Channel) -> Channel:
+        return cls(
+            id=strawberry.ID(c.id),
+            name=c.name,
+            organization_id=strawberry.ID(c.organization_id),
+            member_ids=[strawberry.ID(m) for m in c.member_ids],
+        )
+
+
+@strawberry.type
+class Bot:
+    id: strawberry.ID
+    name: str
+    organization_id: strawberry.ID
+    model: str | None
+    linked_organization_ids: list[strawberry.ID]
+
+    @classmethod
+    def of(cls, b: domain.Bot) -> Bot:
+        return cls(
+            id=strawberry.ID(b.id),
+            name=b.name,
+            organization_id=strawberry.ID(b.organization_id),
+            model=b.model,
+            linked_organization_ids=[strawberry.ID(o) for o in b.linked_organization_ids],
+        )
+
+
+@strawberry.type
+class Item:
+    id: strawberry.ID = strawberry.field(description="Numbered within its chat: i-1, i-2, …")
+    chat_id: strawberry.ID
+    turn_id: strawberry.ID
+    sequence: int
+    kind: ItemKind
+    text: str | None = strawberry.field(description="Null once the chat's history is deleted.")
+    app: str | None
+    speaker_id: str | None
+    created_at: Long
+
+    @classmethod
+    def of(cls, i: domain.Item) -> Item:
+        return cls(
+            id=strawberry.ID(i.id),
+            chat_id=strawberry.ID(i.chat_id),
+            turn_id=strawberry.ID(i.turn_id),
+            sequence=i.seq,
+            kind=i.kind,
+            text=i.text,
+            app=i.app,
+            speaker_id=i.speaker_id,
+            created_at=Long(i.created_at),
+        )
+
+
+@strawberry.type
+class Turn:
+    id: strawberry.ID
+    chat_id: strawberry.ID
+    sequence: int
+    status: str
+    actor_kind: str
+    actor_id: strawberry.ID | None
+    input: str | None
+    enriched_input: str | None = strawberry.field(
+        description="The input the Bot should see; only ever returned to the startTurn caller."
+    )
+    created_at: Long
+    completed_at: Long | None
+
+    @classmethod
+    def of(cls, t: domain.Turn) -> Turn:
+        return cls(
+            id=strawberry.ID(t.id),
+            chat_id=strawberry.ID(t.chat_id),
+            sequence=t.seq,
+            status=t.status,
+            actor_kind=t.actor_kind,
+            actor_id=None if t.actor_id is None else strawberry.ID(t.actor_id),
+            input=t.input,
+            enriched_input=t.enriched_input,
+            created_at=Long(t.created_at),
+            completed_at=None if t.completed_at is None else Long(t.completed_at),
+        )
+
+
+@strawberry.type
+class Chat:
+    id: strawberry.ID
+    bot_id: strawberry.ID
+    organization_id: strawberry.ID
+    owner_id: strawberry.ID
+    channel_id: strawberry.ID | None
+    review: bool
+    created_at: Long
+
+    @strawberry.field(description="The chat's Items in order; readable by its people only (D9.6).")
+    async def messages(self, info: Info, limit: int = 50, skip: int = 0) -> list[Item]:
+        principal = await info.context.principal()
+        page = await chats.messages(info.context.runtime, principal, str(self.id), limit=limit, skip=skip)
+        return [Item.of(i) for i in page.items]
+
+    @strawberry.field(description="How many Items the chat has.")
+    async def message_count(self, info: Info) -> int:
+        principal = await info.context.principal()
+        page = await chats.messages(info.context.runtime, principal, str(self.id), limit=1, skip=0)
+        return page.total
+
+    @classmethod
+    def of(cls, c: domain.Chat) -> Chat:
+        return cls(
+            id=strawberry.ID(c.id),
+            bot_id=strawberry.ID(c.bot_id),
+            organization_id=strawberry.ID(c.organization_id),
+            owner_id=strawberry.ID(c.owner_id),
+            channel_id=None if c.channel_id is None else strawberry.ID(c.channel_id),
+            review=c.review,
+            created_at=Long(c.created_at),
+        )
+
+
+@strawberry.input
+class ItemInput:
+    kind: ItemKind
+    text: str
+    app: str | None = None

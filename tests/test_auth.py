@@ -1,0 +1,100 @@
+"""Authentication and the token rules of D9.5 (V7 against the operator's API too)."""
+
+from __future__ import annotations
+
+from botmemory.ids import hash_token
+from botmemory.runtime import Runtime, now_ms
+from tests.client import Api, make_world
+
+ME = "query { me { id } }"
+
+
+async def test_missing_malformed_and_wrong_tokens_are_unauthenticated(api: Api) -> None:
+    assert await api.codes(ME) == ["UNAUTHENTICATED"]
+    assert await api.codes(ME, token="not-a-token") == ["UNAUTHENTICATED"]
+    response = await api.http.post("/graphql", json={"query": ME}, headers={"Authorization": "Basic abc"})
+    assert response.json()["errors"][0]["extensions"]["code"] == "UNAUTHENTICATED"
+    rest = await api.http.get("/v1/chats/chat_x/messages")
+    assert rest.status_code == 401
+    assert rest.json() == {"error": {"code": "UNAUTHENTICATED", "message": "missing bearer token"}}
+
+
+async def test_person_token_identifies_the_person(api: Api) -> None:
+    world = await make_world(api, ("ann",))
+    data = await api.gql(ME, token=world.tokens["ann"])
+    assert data["me"]["id"] == world.people["ann"]
+
+
+async def test_revoked_token_stops_working_everywhere(api: Api) -> None:
+    world = await make_world(api, ("ann",))
+    issued = await api.gql("mutation { issueToken { id token } }", token=world.tokens["ann"])
+    second = issued["issueToken"]["token"]
+    assert (await api.gql(ME, token=second))["me"]["id"] == world.people["ann"]
+    await api.gql(
+        "mutation($t: ID!) { revokeToken(tokenId: $t) { id } }",
+        {"t": issued["issueToken"]["id"]},
+        world.tokens["ann"],
+    )
+    assert await api.codes(ME, token=second) == ["UNAUTHENTICATED"]
+    assert (
+        await api.http.get("/v1/chats/chat_x/messages", headers={"Authorization": f"Bearer {second}"})
+    ).status_code == 401
+    # The first token is untouched.
+    assert (await api.gql(ME, token=world.tokens["ann"]))["me"]["id"] == world.people["ann"]
+
+
+async def test_expired_token_is_refused(api: Api, runtime: Runtime) -> None:
+    world = await make_world(api, ("ann",))
+    issued = await api.gql(
+        "mutation { issueToken(expiresInSeconds: 60) { token } }", token=world.tokens["ann"]
+    )
+    token = issued["issueToken"]["token"]
+    assert (await api.gql(ME, token=token))["me"]["id"] == world.people["ann"]
+    await runtime.driver.execute_query(
+        "MATCH (t:Token {hash: $h}) SET t.expiresAt = $past", h=hash_token(token), past=now_ms() - 1
+    )
+    assert await api.codes(ME, token=token) == ["UNAUTHENTICATED"]
+
+
+async def test_admin_cannot_mint_for_an_existing_person_but_can_revoke(api: Api) -> None:
+    world = await make_world(api, ("ann",))
+    # issueToken is for the caller only; the admin is not a person.
+    assert await api.codes("mutation { issueToken { token } }", token=api.admin_token) == ["FORBIDDEN"]
+    issued = await api.gql("mutation { issueToken { id token } }", token=world.tokens["ann"])
+    await api.admin(
+        "mutation($t: ID!) { revokeToken(tokenId: $t) { id } }", {"t": issued["issueToken"]["id"]}
+    )
+    assert await api.codes(ME, token=issued["issueToken"]["token"]) == ["UNAUTHENTICATED"]
+
+
+async def test_a_person_cannot_revoke_someone_elses_token(api: Api) -> None:
+    world = await make_world(api, ("ann", "bob"))
+    issued = await api.gql("mutation { issueToken { id token } }", token=world.tokens["bob"])
+    codes = await api.codes(
+        "mutation($t: ID!) { revokeToken(tokenId: $t) { id } }",
+        {"t": issued["issueToken"]["id"]},
+        world.tokens["ann"],
+    )
+    assert codes == ["NOT_FOUND"]
+    assert (await api.gql(ME, token=issued["issueToken"]["token"]))["me"]["id"] == world.people["bob"]
+
+
+async def test_provisioning_needs_the_admin_token(api: Api) -> None:
+    world = await make_world(api, ("ann",))
+    platform = await api.platform_token(world.org)
+    for token in (world.tokens["ann"], platform):
+        assert await api.codes('mutation { createOrganization(name: "x") { id } }', token=token) == [
+            "FORBIDDEN"
+        ]
+        assert await api.codes(
+            'mutation($o: ID!) { createPerson(organizationId: $o, name: "x") { token } }',
+            {"o": world.org},
+            token,
+        ) == ["FORBIDDEN"]
+
+
+async def test_platform_token_is_not_a_person(api: Api) -> None:
+    world = await make_world(api, ("ann",))
+    platform = await api.platform_token(world.org)
+    assert await api.codes(ME, token=platform) == ["FORBIDDEN"]
+    assert await api.codes("mutation { issueToken { token } }", token=platform) == ["FORBIDDEN"]

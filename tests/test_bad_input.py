@@ -1,0 +1,109 @@
+"""Bad input gets a clear error with a stable code and changes nothing."""
+
+from __future__ import annotations
+
+from botmemory.runtime import Runtime
+from tests.client import Api, make_world
+
+
+async def count_nodes(runtime: Runtime, org: str) -> int:
+    records, _, _ = await runtime.driver.execute_query(
+        "MATCH (o:Organization {id: $o}) OPTIONAL MATCH (o)<-[*1..3]-(n) RETURN count(DISTINCT n) AS n", o=org
+    )
+    return int(records[0]["n"])
+
+
+async def test_malformed_graphql_and_json(api: Api) -> None:
+    world = await make_world(api, ("ann",))
+    token = world.tokens["ann"]
+    assert await api.codes("query { me { id ", token=token) == ["BAD_INPUT"]
+    assert await api.codes("query { me { nope } }", token=token) == ["BAD_INPUT"]
+    response = await api.http.post(
+        "/graphql",
+        content=b"{not json",
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )
+    assert response.status_code == 400
+
+
+async def test_wrong_types_unknown_and_invalid_ids(api: Api, runtime: Runtime) -> None:
+    world = await make_world(api, ("ann",))
+    token = world.tokens["ann"]
+    before = await count_nodes(runtime, world.org)
+    start = "mutation($c: ID!, $t: String!) { startTurn(chatId: $c, input: $t) { id } }"
+    assert await api.codes(start, {"c": "chat_" + "0" * 32, "t": "hi"}, token) == ["NOT_FOUND"]
+    assert await api.codes(start, {"c": "../../etc", "t": "hi"}, token) == ["BAD_INPUT"]
+    assert await api.codes(start, {"c": {"a": 1}, "t": "hi"}, token) == ["BAD_INPUT"]
+    assert await api.codes(start, {"c": "chat_x", "t": 5}, token) == ["BAD_INPUT"]
+    assert await api.codes(
+        'mutation($b: ID!) { grantBot(botId: $b, personId: "u_x", access: ROOT) { id } }',
+        {"b": world.bot},
+        api.admin_token,
+    ) == ["BAD_INPUT"]
+    rest = await api.http.get(
+        "/v1/chats/chat_x/messages?limit=abc", headers={"Authorization": f"Bearer {token}"}
+    )
+    assert rest.status_code == 422
+    assert rest.json()["error"]["code"] == "BAD_INPUT"
+    assert await count_nodes(runtime, world.org) == before
+
+
+async def test_oversized_and_empty_text_is_refused_and_saves_nothing(api: Api, runtime: Runtime) -> None:
+    world = await make_world(api, ("ann",))
+    token = world.tokens["ann"]
+    chat = await api.chat(token, world.bot)
+    before = await count_nodes(runtime, world.org)
+    start = "mutation($c: ID!, $t: String!) { startTurn(chatId: $c, input: $t) { id } }"
+    response = await api.raw(start, {"c": chat, "t": "x" * 20_001}, token)
+    assert response["errors"][0]["extensions"] == {"code": "BAD_INPUT", "field": "input"}
+    assert "20000" in response["errors"][0]["message"]
+    assert await api.codes(start, {"c": chat, "t": "   "}, token) == ["BAD_INPUT"]
+    huge = await api.http.post(
+        "/graphql",
+        json={"query": start, "variables": {"c": chat, "t": "y" * 2_000_000}},
+        headers={"Authorization": f"Bearer {token}"},
+    )
+    assert huge.status_code == 413
+    assert huge.json()["error"]["code"] == "BAD_INPUT"
+    assert await count_nodes(runtime, world.org) == before
+
+
+async def test_bad_items_reject_the_whole_call(api: Api, runtime: Runtime) -> None:
+    world = await make_world(api, ("ann",))
+    token = world.tokens["ann"]
+    chat = await api.chat(token, world.bot)
+    turn = await api.turn(token, chat, "hello")
+    before = await count_nodes(runtime, world.org)
+    add = "mutation($t: ID!, $i: [ItemInput!]!) { addItems(turnId: $t, items: $i) { id } }"
+    assert await api.codes(
+        add,
+        {
+            "t": turn["id"],
+            "i": [{"kind": "BOT_MESSAGE", "text": "ok"}, {"kind": "TOOL_RESULT", "text": "no app"}],
+        },
+        token,
+    ) == ["BAD_INPUT"]
+    assert await api.codes(
+        add, {"t": turn["id"], "i": [{"kind": "BOT_MESSAGE", "text": "x", "app": "calendar"}]}, token
+    ) == ["BAD_INPUT"]
+    assert await api.codes(add, {"t": turn["id"], "i": []}, token) == ["BAD_INPUT"]
+    assert await count_nodes(runtime, world.org) == before
+    page = await api.gql("query($c: ID!) { chat(id: $c) { messageCount } }", {"c": chat}, token)
+    assert page["chat"]["messageCount"] == 1
+
+
+async def test_query_limits(api: Api) -> None:
+    world = await make_world(api, ("ann",))
+    token = world.tokens["ann"]
+    aliases = " ".join(f"a{n}: me {{ id }}" for n in range(40))
+    assert await api.codes("query { " + aliases + " }", token=token) == ["BAD_INPUT"]
+    deep = "query { __schema { types { fields { type { ofType { ofType { ofType { ofType { ofType { ofType { ofType { name } } } } } } } } } } } }"
+    assert "BAD_INPUT" in await api.codes(deep, token=token)
+    many_tokens = "query { " + " ".join("me { id name organizationId }" for _ in range(300)) + " }"
+    assert "BAD_INPUT" in await api.codes(many_tokens, token=token)
+
+
+async def test_unknown_rest_route_and_method(api: Api) -> None:
+    missing = await api.http.get("/v1/nope")
+    assert missing.status_code == 404
+    assert missing.json()["error"]["code"] == "NOT_FOUND"

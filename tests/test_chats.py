@@ -1,0 +1,203 @@
+"""Chats, Turns, Items: ingestion, ordering, paging and who may read or write (D9.5, D9.6, V3)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.client import Api, make_world
+
+MESSAGES = "query($c: ID!, $l: Int!, $s: Int!) { chat(id: $c) { id messageCount messages(limit: $l, skip: $s) { id kind text app speakerId turnId } } }"
+ADD = "mutation($t: ID!, $i: [ItemInput!]!) { addItems(turnId: $t, items: $i) { id kind } }"
+
+
+async def messages(api: Api, token: str, chat: str, limit: int = 50, skip: int = 0) -> dict[str, Any] | None:
+    return (await api.gql(MESSAGES, {"c": chat, "l": limit, "s": skip}, token))["chat"]
+
+
+async def test_private_chat_turn_items_in_order_with_paging(api: Api) -> None:
+    world = await make_world(api, ("ann",))
+    ann = world.tokens["ann"]
+    chat = await api.chat(ann, world.bot)
+    assert chat.startswith("chat_")
+    turn = await api.turn(ann, chat, "Please book the train")
+    assert turn["input"] == "Please book the train"
+    assert turn["enrichedInput"] == "Please book the train"
+    assert (turn["actorKind"], turn["actorId"], turn["status"]) == ("person", world.people["ann"], "open")
+    items = [
+        {"kind": "BOT_MESSAGE", "text": "Which day?"},
+        {"kind": "TOOL_CALL", "text": "calendar.lookup()"},
+        {"kind": "TOOL_RESULT", "text": "free on Friday", "app": "calendar"},
+        {"kind": "NOTICE", "text": "the chat was shared"},
+    ]
+    created = (await api.gql(ADD, {"t": turn["id"], "i": items}, ann))["addItems"]
+    assert [c["id"] for c in created] == ["i-2", "i-3", "i-4", "i-5"]
+    done = await api.gql(
+        "mutation($t: ID!) { completeTurn(turnId: $t) { status completedAt } }", {"t": turn["id"]}, ann
+    )
+    assert done["completeTurn"]["status"] == "completed"
+    second = await api.turn(ann, chat, "Friday works")
+
+    page = await messages(api, ann, chat)
+    assert page is not None
+    assert page["messageCount"] == 6
+    assert [m["id"] for m in page["messages"]] == ["i-1", "i-2", "i-3", "i-4", "i-5", "i-6"]
+    assert [m["kind"] for m in page["messages"]] == [
+        "PERSON_MESSAGE",
+        "BOT_MESSAGE",
+        "TOOL_CALL",
+        "TOOL_RESULT",
+        "NOTICE",
+        "PERSON_MESSAGE",
+    ]
+    assert page["messages"][0]["speakerId"] == world.people["ann"]
+    assert page["messages"][3]["app"] == "calendar"
+    assert page["messages"][5]["turnId"] == second["id"]
+    assert page["messages"][5]["text"] == "Friday works"
+
+    middle = await messages(api, ann, chat, limit=2, skip=2)
+    assert middle is not None
+    assert [m["id"] for m in middle["messages"]] == ["i-3", "i-4"]
+    rest = await api.http.get(
+        f"/v1/chats/{chat}/messages?limit=2&skip=4", headers={"Authorization": f"Bearer {ann}"}
+    )
+    assert rest.status_code == 200
+    assert [m["id"] for m in rest.json()["messages"]] == ["i-5", "i-6"]
+    assert rest.json()["total"] == 6
+
+
+async def test_completed_turn_takes_no_more_items(api: Api) -> None:
+    world = await make_world(api, ("ann",))
+    chat = await api.chat(world.tokens["ann"], world.bot)
+    turn = await api.turn(world.tokens["ann"], chat, "hi")
+    await api.gql(
+        "mutation($t: ID!) { completeTurn(turnId: $t) { id } }", {"t": turn["id"]}, world.tokens["ann"]
+    )
+    codes = await api.codes(
+        ADD, {"t": turn["id"], "i": [{"kind": "BOT_MESSAGE", "text": "late"}]}, world.tokens["ann"]
+    )
+    assert codes == ["CONFLICT"]
+
+
+async def test_private_chat_is_readable_by_its_owner_only(api: Api) -> None:
+    world = await make_world(api, ("ann", "bob"))
+    chat = await api.chat(world.tokens["ann"], world.bot)
+    await api.turn(world.tokens["ann"], chat, "secret plans")
+    assert await messages(api, world.tokens["bob"], chat) is None
+    rest = await api.http.get(
+        f"/v1/chats/{chat}/messages", headers={"Authorization": f"Bearer {world.tokens['bob']}"}
+    )
+    assert rest.status_code == 404
+    assert rest.json()["error"]["code"] == "NOT_FOUND"
+    # Bob cannot write into Ann's chat either.
+    assert await api.codes(
+        'mutation($c: ID!) { startTurn(chatId: $c, input: "x") { id } }', {"c": chat}, world.tokens["bob"]
+    ) == ["NOT_FOUND"]
+
+
+async def test_group_chat_is_readable_by_current_channel_members(api: Api) -> None:
+    world = await make_world(api, ("ann", "bob", "cat"), channel=("ann", "bob"))
+    chat = await api.chat(world.tokens["ann"], world.bot, channel=world.channel)
+    await api.turn(world.tokens["ann"], chat, "team news")
+    bob_turn = await api.turn(world.tokens["bob"], chat, "bob here")
+    assert bob_turn["actorId"] == world.people["bob"]
+    page = await messages(api, world.tokens["bob"], chat)
+    assert page is not None
+    assert [m["text"] for m in page["messages"]] == ["team news", "bob here"]
+    assert await messages(api, world.tokens["cat"], chat) is None
+    # Membership is evaluated at read time: Bob leaves, Cat joins.
+    await api.admin(
+        "mutation($c: ID!, $m: [ID!]!) { setChannelMembers(channelId: $c, memberIds: $m) { id } }",
+        {"c": world.channel, "m": [world.people["ann"], world.people["cat"]]},
+    )
+    assert await messages(api, world.tokens["bob"], chat) is None
+    assert await messages(api, world.tokens["cat"], chat) is not None
+
+
+async def test_other_organization_sees_nothing(api: Api) -> None:
+    world = await make_world(api, ("ann",))
+    other = await make_world(api, ("zed",))
+    chat = await api.chat(world.tokens["ann"], world.bot)
+    await api.turn(world.tokens["ann"], chat, "ours")
+    assert await messages(api, other.tokens["zed"], chat) is None
+    other_platform = await api.platform_token(other.org)
+    assert await api.codes(
+        'mutation($c: ID!, $a: ID!) { startTurn(chatId: $c, input: "x", actorId: $a) { id } }',
+        {"c": chat, "a": world.people["ann"]},
+        other_platform,
+    ) == ["NOT_FOUND"]
+    # A Bot of another organization cannot be used.
+    assert await api.codes(
+        "mutation($b: ID!) { createChat(botId: $b) { id } }", {"b": world.bot}, other.tokens["zed"]
+    ) == ["NOT_FOUND"]
+
+
+async def test_platform_acts_for_people_of_the_chat_only(api: Api) -> None:
+    world = await make_world(api, ("ann", "bob"))
+    platform = await api.platform_token(world.org)
+    created = await api.gql(
+        "mutation($b: ID!, $o: ID!) { createChat(botId: $b, ownerId: $o) { id ownerId } }",
+        {"b": world.bot, "o": world.people["ann"]},
+        platform,
+    )
+    chat = created["createChat"]["id"]
+    assert created["createChat"]["ownerId"] == world.people["ann"]
+    turn = await api.turn(platform, chat, "as ann", actor=world.people["ann"])
+    assert (turn["actorKind"], turn["actorId"]) == ("person", world.people["ann"])
+    # Bob is in the organization but not a person of Ann's private chat.
+    assert await api.codes(
+        'mutation($c: ID!, $a: ID!) { startTurn(chatId: $c, input: "x", actorId: $a) { id } }',
+        {"c": chat, "a": world.people["bob"]},
+        platform,
+    ) == ["FORBIDDEN"]
+    notice = await api.turn(platform, chat, "reminder: meeting", notice=True)
+    assert (notice["actorKind"], notice["actorId"]) == ("notice", None)
+    # A platform cannot read the chat (D9.6) and a person cannot act as someone else.
+    assert (await api.gql(MESSAGES, {"c": chat, "l": 5, "s": 0}, platform))["chat"] is None
+    assert await api.codes(
+        'mutation($c: ID!, $a: ID!) { startTurn(chatId: $c, input: "x", actorId: $a) { id } }',
+        {"c": chat, "a": world.people["bob"]},
+        world.tokens["ann"],
+    ) == ["FORBIDDEN"]
+    page = await messages(api, world.tokens["ann"], chat)
+    assert page is not None
+    assert [(m["kind"], m["speakerId"]) for m in page["messages"]] == [
+        ("PERSON_MESSAGE", world.people["ann"]),
+        ("NOTICE", None),
+    ]
+
+
+async def test_chat_needs_a_grant_and_a_channel_the_owner_is_in(api: Api) -> None:
+    world = await make_world(api, ("ann", "bob"), channel=("bob",))
+    await api.grant(world.bot, world.people["ann"], "NONE")
+    assert await api.codes(
+        "mutation($b: ID!) { createChat(botId: $b) { id } }", {"b": world.bot}, world.tokens["ann"]
+    ) == ["FORBIDDEN"]
+    await api.grant(world.bot, world.people["ann"], "READ")
+    assert await api.codes(
+        "mutation($b: ID!, $c: ID!) { createChat(botId: $b, channelId: $c) { id } }",
+        {"b": world.bot, "c": world.channel},
+        world.tokens["ann"],
+    ) == ["FORBIDDEN"]
+    review = await api.gql(
+        "mutation($b: ID!) { createChat(botId: $b, review: true) { id review channelId } }",
+        {"b": world.bot},
+        world.tokens["ann"],
+    )
+    assert review["createChat"]["review"] is True
+
+
+async def test_shared_bot_chat_belongs_to_the_callers_organization(api: Api) -> None:
+    world = await make_world(api, ("ann",))
+    guest = await make_world(api, ("gus",))
+    await api.admin(
+        "mutation($b: ID!, $o: ID!) { linkBot(botId: $b, organizationId: $o) { id } }",
+        {"b": world.bot, "o": guest.org},
+    )
+    await api.grant(world.bot, guest.people["gus"], "READ")
+    data = await api.gql(
+        "mutation($b: ID!) { createChat(botId: $b) { id organizationId botId } }",
+        {"b": world.bot},
+        guest.tokens["gus"],
+    )
+    assert data["createChat"]["organizationId"] == guest.org
+    assert data["createChat"]["botId"] == world.bot

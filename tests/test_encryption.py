@@ -1,0 +1,174 @@
+"""Encryption at rest (E1): no plaintext in Neo4j files, Redis or logs; AAD binding; rotation; counter."""
+
+from __future__ import annotations
+
+import re
+import secrets
+from pathlib import Path
+
+import pytest
+
+from botmemory.crypto import DecryptionError, Keyring
+from botmemory.rotation import rotate_data_keys
+from botmemory.runtime import Runtime
+from botmemory.settings import Settings
+from tests.client import Api, make_world
+from tests.conftest import ApiProcess, WorkerProcess
+
+
+def files_containing(root: Path, needle: bytes) -> list[Path]:
+    found: list[Path] = []
+    for path in root.rglob("*"):
+        if path.is_file():
+            try:
+                if needle in path.read_bytes():
+                    found.append(path)
+            except OSError:
+                continue
+    return found
+
+
+async def force_checkpoint(runtime: Runtime) -> None:
+    """Flush the page cache to the store files so the scan sees the stores, not only the tx logs."""
+    await runtime.driver.execute_query("CALL db.checkpoint()")
+
+
+async def test_item_text_is_nowhere_in_plaintext(
+    api: Api, runtime: Runtime, settings: Settings, api_process: ApiProcess, worker_process: WorkerProcess
+) -> None:
+    marker = "MARKER" + secrets.token_hex(12)
+    control = "CONTROL" + secrets.token_hex(12)
+    world = await make_world(api, ("ann",))
+    # Positive control: organization names are not content, so they are stored as they are.
+    await api.admin("mutation($n: String!) { createOrganization(name: $n) { id } }", {"n": control})
+    chat = await api.chat(world.tokens["ann"], world.bot)
+    turn = await api.turn(world.tokens["ann"], chat, f"my code is {marker} please keep it")
+    await api.gql(
+        "mutation($t: ID!, $i: [ItemInput!]!) { addItems(turnId: $t, items: $i) { id } }",
+        {"t": turn["id"], "i": [{"kind": "BOT_MESSAGE", "text": f"noted {marker}"}]},
+        world.tokens["ann"],
+    )
+    # Malformed requests carrying the marker must not write it to the logs either.
+    await api.raw(
+        'mutation { startTurn(chatId: 1, input: "' + marker + '") { id } }', token=world.tokens["ann"]
+    )
+    await api.raw("mutation($t: Int!) { me }", {"t": marker}, world.tokens["ann"])
+    await api.http.get(
+        f"/v1/chats/{chat}/messages?limit={marker}",
+        headers={"Authorization": f"Bearer {world.tokens['ann']}"},
+    )
+    await api.gql(
+        "mutation($t: ID!) { completeTurn(turnId: $t) { id } }", {"t": turn["id"]}, world.tokens["ann"]
+    )
+    await force_checkpoint(runtime)
+
+    neo4j_dir = settings.data_dir / "neo4j"
+    assert files_containing(neo4j_dir, control.encode()), "the scan must see what Neo4j stores"
+    assert files_containing(neo4j_dir, marker.encode()) == []
+    assert files_containing(neo4j_dir, marker.encode("utf-16-le")) == []
+
+    for key in await runtime.redis.keys("*"):
+        assert marker.encode() not in key
+        kind = await runtime.redis.type(key)
+        if kind == b"string":
+            assert marker.encode() not in (await runtime.redis.get(key) or b"")
+        dumped = await runtime.redis.dump(key)
+        assert dumped is None or marker.encode() not in dumped
+
+    logs = settings.data_dir / "logs"
+    assert api_process.log_path.exists()
+    assert worker_process.log_path.exists()
+    assert files_containing(logs, marker.encode()) == []
+
+    # And the owner still reads the text back.
+    page = await api.gql(
+        "query($c: ID!) { chat(id: $c) { messages { text } } }", {"c": chat}, world.tokens["ann"]
+    )
+    assert [m["text"] for m in page["chat"]["messages"]] == [
+        f"my code is {marker} please keep it",
+        f"noted {marker}",
+    ]
+
+
+async def test_stored_item_text_is_aes_gcm_ciphertext_bound_to_its_record(api: Api, runtime: Runtime) -> None:
+    world = await make_world(api, ("ann",))
+    chat = await api.chat(world.tokens["ann"], world.bot)
+    await api.turn(world.tokens["ann"], chat, "first words")
+    await api.turn(world.tokens["ann"], chat, "second words")
+    records, _, _ = await runtime.driver.execute_query(
+        "MATCH (i:Item {chatId: $c}) RETURN i.uid AS uid, i.text AS text ORDER BY i.seq", c=chat
+    )
+    first, second = (dict(r) for r in records)
+    assert isinstance(first["text"], bytes)
+    assert b"first words" not in first["text"]
+    # Copy the ciphertext of i-1 onto i-2: it must fail to decrypt (associated data = kind + id).
+    await runtime.driver.execute_query(
+        "MATCH (i:Item {uid: $uid}) SET i.text = $text", uid=second["uid"], text=first["text"]
+    )
+    response = await api.raw(
+        "query($c: ID!) { chat(id: $c) { messages { text } } }", {"c": chat}, world.tokens["ann"]
+    )
+    assert response["errors"][0]["extensions"]["code"] == "INTERNAL"
+    assert "first words" not in str(response)
+    rows, _, _ = await runtime.driver.execute_query(
+        "MATCH (b:Bot {id: $b}) RETURN b.keyMaster AS m, b.keyWrapped AS w", b=world.bot
+    )
+    cipher = runtime.cipher(world.bot, rows[0]["m"], rows[0]["w"])
+    assert cipher.decrypt("item", first["uid"], first["text"]) == "first words"
+    with pytest.raises(DecryptionError):
+        cipher.decrypt("item", second["uid"], first["text"])
+    with pytest.raises(DecryptionError):
+        cipher.decrypt("entry", first["uid"], first["text"])
+
+
+async def test_decryptions_are_counted_on_metrics(api: Api) -> None:
+    world = await make_world(api, ("ann",))
+    chat = await api.chat(world.tokens["ann"], world.bot)
+    for n in range(3):
+        await api.turn(world.tokens["ann"], chat, f"message {n}")
+
+    async def item_decryptions() -> float:
+        text = (await api.http.get("/metrics")).text
+        match = re.search(r'^botmemory_decryptions_total\{kind="item"\} (\S+)$', text, re.M)
+        return float(match.group(1)) if match else 0.0
+
+    before = await item_decryptions()
+    await api.gql(
+        "query($c: ID!) { chat(id: $c) { messages(limit: 2) { text } } }", {"c": chat}, world.tokens["ann"]
+    )
+    assert await item_decryptions() - before == 2
+
+
+async def test_master_key_rotation_rewraps_data_keys_and_leaves_content_byte_identical(
+    api: Api, runtime: Runtime
+) -> None:
+    world = await make_world(api, ("ann",))
+    chat = await api.chat(world.tokens["ann"], world.bot)
+    await api.turn(world.tokens["ann"], chat, "kept across rotation")
+    query = (
+        "MATCH (b:Bot {id: $b}) MATCH (i:Item {chatId: $c}) "
+        "RETURN b.keyMaster AS m, b.keyWrapped AS w, i.uid AS uid, i.text AS text"
+    )
+    before = dict((await runtime.driver.execute_query(query, b=world.bot, c=chat)).records[0])
+    old_key = runtime.settings.master_key_bytes()
+    new_key = secrets.token_bytes(32)
+    rotating = Keyring(new_key, [old_key])
+    assert await rotate_data_keys(runtime.driver, rotating) >= 1
+    after = dict((await runtime.driver.execute_query(query, b=world.bot, c=chat)).records[0])
+    assert after["text"] == before["text"]
+    assert after["m"] == rotating.current_id != before["m"]
+    only_new = Keyring(new_key)
+    assert (
+        only_new.cipher(world.bot, _wrapped(after)).decrypt("item", after["uid"], after["text"])
+        == "kept across rotation"
+    )
+    with pytest.raises(DecryptionError):
+        Keyring(old_key).unwrap(world.bot, _wrapped(after))
+    # Put every Bot back under the test stack's master key for the other tests.
+    assert await rotate_data_keys(runtime.driver, Keyring(old_key, [new_key])) >= 1
+
+
+def _wrapped(row: dict[str, object]):  # type: ignore[no-untyped-def]
+    from botmemory.crypto import WrappedKey
+
+    return WrappedKey(str(row["m"]), bytes(row["w"]))  # type: ignore[arg-type]
