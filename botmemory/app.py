@@ -17,7 +17,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from strawberry.asgi import GraphQL
+from strawberry.http import GraphQLHTTPResponse
 from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL
+from strawberry.types import ExecutionResult
 
 from botmemory import metrics, rest
 from botmemory.bootstrap import open_runtime
@@ -27,6 +29,7 @@ from botmemory.runtime import Runtime
 from botmemory.settings import Settings, load_settings
 from resolvers.schema import build_schema
 from schema.context import Context
+from schema.errors import with_code
 
 log = logging.getLogger("botmemory.api")
 
@@ -38,6 +41,12 @@ class State(TypedDict):
 class GraphQLApp(GraphQL[Context, None]):
     async def get_context(self, request: HTTPConnection, response: Any) -> Context:
         return Context(runtime=request.state.runtime, authorization=request.headers.get("authorization"))
+
+    async def process_result(self, request: Request, result: ExecutionResult) -> GraphQLHTTPResponse:
+        """Parse errors end before the operation's extensions; give them their code here."""
+        if result.errors:
+            result.errors = [with_code(e) for e in result.errors]
+        return await super().process_result(request, result)
 
 
 def error_json(code: str, message: str, status: int) -> JSONResponse:

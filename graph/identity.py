@@ -86,7 +86,8 @@ GET_CHANNEL: Final = """
 MATCH (c:Channel {id: $id})-[:IN]->(o:Organization)
 OPTIONAL MATCH (p:Person)-[:MEMBER]->(c)
 WITH c, o, p ORDER BY p.id
-RETURN c {.*, organizationId: o.id, memberIds: collect(p.id)} AS channel
+WITH c, o, collect(p.id) AS memberIds
+RETURN c {.*, organizationId: o.id, memberIds: memberIds} AS channel
 """
 
 SET_CHANNEL_MEMBERS: Final = """
@@ -120,7 +121,8 @@ GET_BOT: Final = """
 MATCH (b:Bot {id: $id})-[:OWNED_BY]->(o:Organization)
 OPTIONAL MATCH (b)-[:LINKED]->(l:Organization)
 WITH b, o, l ORDER BY l.id
-RETURN b {.id, .name, .model, .createdAt, organizationId: o.id, linkedOrganizationIds: collect(l.id)} AS bot
+WITH b, o, collect(l.id) AS linked
+RETURN b {.id, .name, .model, .createdAt, organizationId: o.id, linkedOrganizationIds: linked} AS bot
 """
 
 BOT_KEY: Final = "MATCH (b:Bot {id: $id}) RETURN b.keyMaster AS master, b.keyWrapped AS wrapped"
@@ -138,11 +140,9 @@ SET_GRANT: Final = """
 MATCH (b:Bot {id: $botId}), (p:Person {id: $personId})
 OPTIONAL MATCH (p)-[g:GRANT]->(b)
 DELETE g
-WITH b, p
-CALL (b, p) {
-  WITH b, p WHERE $access IN ['READ', 'WRITE']
-  CREATE (p)-[:GRANT {access: $access}]->(b)
-}
+WITH DISTINCT b, p
+FOREACH (_ IN CASE WHEN $access IN ['READ', 'WRITE'] THEN [1] ELSE [] END |
+  CREATE (p)-[:GRANT {access: $access}]->(b))
 RETURN b.id AS id
 """
 

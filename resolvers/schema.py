@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import strawberry
@@ -30,17 +31,17 @@ class Schema(strawberry.Schema):
 
 
 def build_schema(settings: Settings) -> strawberry.Schema:
-    extensions: list[type[SchemaExtension] | SchemaExtension] = [
-        QueryDepthLimiter(max_depth=settings.max_query_depth),
-        MaxAliasesLimiter(max_alias_count=settings.max_aliases),
-        MaxTokensLimiter(max_token_count=settings.max_query_tokens),
-        ParserCache(maxsize=256),
-        ValidationCache(maxsize=256),
+    extensions: list[Callable[[], SchemaExtension]] = [
+        lambda: QueryDepthLimiter(max_depth=settings.max_query_depth),
+        lambda: MaxAliasesLimiter(max_alias_count=settings.max_aliases),
+        lambda: MaxTokensLimiter(max_token_count=settings.max_query_tokens),
+        lambda: ParserCache(maxsize=256),
+        lambda: ValidationCache(maxsize=256),
         ErrorCodes,
     ]
     return Schema(
         query=Query,
         mutation=Mutation,
         config=StrawberryConfig(auto_camel_case=True, scalar_map={Long: LONG_SCALAR}),
-        extensions=extensions,  # type: ignore[arg-type]  # instances are accepted at runtime
+        extensions=extensions,
     )

@@ -19,13 +19,15 @@ def code_of(error: GraphQLError) -> str:
     original = error.original_error
     if isinstance(original, ServiceError):
         return original.code
-    if original is None:
+    if error.path is None or original is None:
         return "BAD_INPUT"  # syntax, validation, variable coercion and limit errors
     return "INTERNAL"
 
 
 def with_code(error: GraphQLError) -> GraphQLError:
     """The error the client sees: our message and code, or a masked internal error."""
+    if error.extensions and "code" in error.extensions:
+        return error
     code = code_of(error)
     original = error.original_error
     message = error.message if code != "INTERNAL" else "internal error"

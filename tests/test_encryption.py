@@ -28,11 +28,6 @@ def files_containing(root: Path, needle: bytes) -> list[Path]:
     return found
 
 
-async def force_checkpoint(runtime: Runtime) -> None:
-    """Flush the page cache to the store files so the scan sees the stores, not only the tx logs."""
-    await runtime.driver.execute_query("CALL db.checkpoint()")
-
-
 async def test_item_text_is_nowhere_in_plaintext(
     api: Api, runtime: Runtime, settings: Settings, api_process: ApiProcess, worker_process: WorkerProcess
 ) -> None:
@@ -60,7 +55,6 @@ async def test_item_text_is_nowhere_in_plaintext(
     await api.gql(
         "mutation($t: ID!) { completeTurn(turnId: $t) { id } }", {"t": turn["id"]}, world.tokens["ann"]
     )
-    await force_checkpoint(runtime)
 
     neo4j_dir = settings.data_dir / "neo4j"
     assert files_containing(neo4j_dir, control.encode()), "the scan must see what Neo4j stores"

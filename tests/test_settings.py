@@ -38,5 +38,9 @@ def test_production_refuses_to_start_without_a_master_key(tmp_path: Path) -> Non
 def test_bad_master_key_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigurationError, match="32 bytes"):
         Settings(
-            env="production", data_dir=tmp_path, master_key=SecretStr("c2hvcnQ=")
+            env="production",
+            data_dir=tmp_path,
+            master_key=SecretStr("c2hvcnQ="),
+            admin_token=SecretStr("a" * 40),
+            neo4j_password=SecretStr("p" * 12),
         ).resolved().master_key_bytes()
