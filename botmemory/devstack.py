@@ -1,7 +1,7 @@
 """Local stack manager: ``python -m botmemory.devstack services|up|down|status``.
 
 Runs, for the profile of the current settings (``BOTMEMORY_*``), detached background processes:
-Neo4j Community (the Java launcher in ``launcher/``), Redis, the API (uvicorn) and one arq worker.
+Neo4j Community (the Java launcher in ``launcher/``), Redis, the API (uvicorn) and one arq worker (``python -m learning.worker``).
 Pid files live in ``<data_dir>/run/``, logs in ``<data_dir>/logs/``. ``down`` stops only processes
 that a pid file names and whose command line is the one we started. Secrets are never printed.
 """
@@ -82,7 +82,7 @@ def procs(s: Settings) -> dict[str, Proc]:
         # redis-server rewrites its title to "redis-server 127.0.0.1:PORT".
         "redis": proc("redis", ("redis-server", f"127.0.0.1:{s.redis_port} ")),
         "api": proc("api", ("botmemory.app:create_app", f"--port {s.api_port} ")),
-        "worker": proc("worker", ("arq", "learning.worker.WorkerSettings")),
+        "worker": proc("worker", ("-m learning.worker",)),
     }
 
 
@@ -232,6 +232,7 @@ def ensure_neo4j(s: Settings) -> None:
     password = s.neo4j_password.get_secret_value() if s.neo4j_password else ""
     host, port = host_port(s.neo4j_uri, 7687)
     child: Popen | None = None
+    log_start = p.log_file.stat().st_size if p.log_file.exists() else 0
     if (pid := running_pid(p)) is not None:
         print(f"neo4j: already running (pid {pid})")
     elif port_open(host, port):
@@ -250,8 +251,18 @@ def ensure_neo4j(s: Settings) -> None:
             "--plugins", str(TARGET / "plugins"), "--pagecache", s.neo4j_pagecache,
         ]  # fmt: skip
         child = spawn(p, cmd, child_env(s))
+
+    def ready() -> bool:
+        # A launcher we just started is ready once it has set the password and printed NEO4J_READY.
+        if child is not None:
+            with p.log_file.open("rb") as log:
+                log.seek(log_start)
+                if b"NEO4J_READY" not in log.read():
+                    return False
+        return neo4j_ready(s, password)
+
     started = time.monotonic()
-    wait_until(p, lambda: neo4j_ready(s, password), NEO4J_TIMEOUT, child)
+    wait_until(p, ready, NEO4J_TIMEOUT, child)
     print(f"neo4j: ready on {s.neo4j_uri} ({time.monotonic() - started:.1f}s)")
 
 
@@ -335,7 +346,7 @@ def ensure_app(s: Settings) -> None:
         app = ["-m", "uvicorn", "botmemory.app:create_app", "--factory"]
         api = spawn(ps["api"], [py, *app, "--host", s.api_host, "--port", str(s.api_port)], env)
     if running_pid(ps["worker"]) is None:
-        spawn(ps["worker"], [py, "-m", "arq", "learning.worker.WorkerSettings"], env)
+        spawn(ps["worker"], [py, "-m", "learning.worker"], env)
     wait_until(ps["api"], lambda: healthz(s.api_host, s.api_port), API_TIMEOUT, api)
     worker = ps["worker"]
     if running_pid(worker) is None:

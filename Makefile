@@ -1,0 +1,55 @@
+# Developer and CI entry points. Everything runs from the project venv (.venv).
+#   make install    create .venv (if missing) and install the package with its dev extra
+#   make up         local stack: Neo4j + Redis + API + worker (python -m botmemory.devstack up)
+#   make down       stop the local stack and the test stack
+#   make test       start the test-profile Neo4j/Redis, then pytest (extra flags: make test ARGS='-k foo')
+#   make lint       ruff check + ruff format --check
+#   make typecheck  pyright (strict, see pyproject.toml)
+
+SHELL := /bin/bash
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+ARGS ?=
+
+# The test profile: own data dir and ports, so it runs beside the local stack.
+TEST_ENV := BOTMEMORY_ENV=test BOTMEMORY_DATA_DIR=.data/test \
+	BOTMEMORY_NEO4J_BOLT_PORT=17687 BOTMEMORY_NEO4J_URI=bolt://127.0.0.1:17687 \
+	BOTMEMORY_REDIS_PORT=16379 BOTMEMORY_REDIS_URL=redis://127.0.0.1:16379/0 \
+	BOTMEMORY_API_PORT=18000
+
+.PHONY: install up down test lint typecheck status
+
+install:
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -e '.[dev]'
+
+# Order-only prerequisite of the targets below: install once when the venv is missing.
+$(PY):
+	$(MAKE) install
+
+up: | $(PY)
+	$(PY) -m botmemory.devstack up
+
+down:
+	@if [ -x $(PY) ]; then \
+		rc=0; \
+		$(PY) -m botmemory.devstack down || rc=1; \
+		$(TEST_ENV) $(PY) -m botmemory.devstack down || rc=1; \
+		exit $$rc; \
+	fi
+
+status: | $(PY)
+	$(PY) -m botmemory.devstack status
+	$(TEST_ENV) $(PY) -m botmemory.devstack status
+
+test: | $(PY)
+	$(TEST_ENV) $(PY) -m botmemory.devstack services
+	$(TEST_ENV) $(VENV)/bin/pytest $(ARGS)
+
+lint: | $(PY)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: | $(PY)
+	$(VENV)/bin/pyright
