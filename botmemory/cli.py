@@ -5,11 +5,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import json
 import os
 import secrets
 import sys
+from pathlib import Path
 
 from botmemory.bootstrap import open_runtime
+from botmemory.changes import LegacyEntry, import_legacy
 from botmemory.rotation import rotate_data_keys
 from botmemory.settings import Settings, load_settings
 
@@ -42,6 +45,24 @@ async def _rotate(generate: bool) -> int:
     return 0
 
 
+async def _import(bot_id: str, path: str) -> int:
+    """One JSON object per line: ``{"content": ..., "tags": [...], "layer": "fact"}``."""
+    lines = Path(path).read_text(encoding="utf-8").splitlines()  # a CLI: blocking read before any I/O
+    rows = [json.loads(line) for line in lines if line.strip()]
+    legacy = [
+        LegacyEntry(
+            content=str(r["content"]),
+            tags=tuple(str(t) for t in r.get("tags", [])),
+            layer=str(r.get("layer", "fact")),
+        )
+        for r in rows
+    ]
+    async with open_runtime(load_settings(), run_migrations=False) as runtime:
+        applied = await import_legacy(runtime, bot_id, legacy)
+    print(f"imported {len(applied.entry_ids)} legacy entries (hidden until rebuilt from provable sources)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="botmemory")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -53,10 +74,15 @@ def main(argv: list[str] | None = None) -> int:
     rotate.add_argument(
         "--generate", action="store_true", help="local stacks: make a new key in the data dir first"
     )
+    imp = commands.add_parser("import-legacy", help="load legacy entries without access proof (V9)")
+    imp.add_argument("bot_id")
+    imp.add_argument("file", help="JSON lines: content, tags, layer")
     args = parser.parse_args(argv)
     if args.command == "new-master-key":
         print(new_master_key())
         return 0
+    if args.command == "import-legacy":
+        return asyncio.run(_import(args.bot_id, args.file))
     return asyncio.run(_rotate(args.generate))
 
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from botmemory import chats
+from botmemory import chats, commands, memory
 from botmemory.auth import authenticate
 from botmemory.domain import Item, Principal
 from botmemory.errors import BadInput
@@ -58,6 +58,90 @@ async def chat_messages(request: Request) -> JSONResponse:
     return JSONResponse({"messages": [item_json(i) for i in page.items], "total": page.total})
 
 
+async def json_body(request: Request) -> dict[str, Any]:
+    try:
+        body = await request.json()
+    except ValueError:
+        raise BadInput("the body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise BadInput("the body must be a JSON object")
+    return cast(dict[str, Any], body)
+
+
+def string_field(body: dict[str, Any], name: str, *, required: bool = True) -> str | None:
+    value = body.get(name)
+    if value is None and not required:
+        return None
+    if not isinstance(value, str):
+        raise BadInput(f"{name} must be a string", field=name)
+    return value
+
+
+def string_list(body: dict[str, Any], name: str) -> list[str]:
+    value = body.get(name, [])
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in cast(list[Any], value)):
+        raise BadInput(f"{name} must be a list of strings", field=name)
+    return cast(list[str], value)
+
+
+async def get_memory(request: Request) -> JSONResponse:
+    """``GET /v1/bots/{botId}/memory?tags=a,b`` — entries for you, in your organization (seed)."""
+    raw = request.query_params.get("tags")
+    tags = [t.strip() for t in raw.split(",") if t.strip()] if raw else []
+    found, version = await memory.list_entries(
+        runtime_of(request), await principal_of(request), request.path_params["bot_id"], tags
+    )
+    return JSONResponse({"entries": [e.json() for e in found], "version": version})
+
+
+async def post_memory(request: Request) -> JSONResponse:
+    """``POST /v1/bots/{botId}/memory`` with a ``Remember`` or ``Forget`` command (D9.19)."""
+    principal = await principal_of(request)
+    body = await json_body(request)
+    command = body.get("command")
+    if not isinstance(command, dict):
+        raise BadInput('expected {"command": {"_tag": ...}}', field="command")
+    command = cast(dict[str, Any], command)
+    bot_id = request.path_params["bot_id"]
+    rt = runtime_of(request)
+    match command.get("_tag"):
+        case "Remember":
+            content = string_field(command, "content")
+            assert content is not None
+            entry, version = await commands.remember(
+                rt, principal, bot_id, content, string_list(command, "tags")
+            )
+            return JSONResponse({"entry": entry.json(), "version": version}, status_code=201)
+        case "Forget":
+            entry_id = string_field(command, "id")
+            assert entry_id is not None
+            return JSONResponse({"version": await commands.forget(rt, principal, bot_id, entry_id)})
+        case _:
+            raise BadInput("command._tag is Remember or Forget", field="command._tag")
+
+
+async def get_log(request: Request) -> JSONResponse:
+    """``GET /v1/bots/{botId}/memory/log`` — changes of entries you may see (D9.19)."""
+    changes, version = await memory.change_log(
+        runtime_of(request), await principal_of(request), request.path_params["bot_id"]
+    )
+    rows = [{"version": c.version, "at": c.at, "actor": c.actor, "ids": list(c.ids)} for c in changes]
+    return JSONResponse({"changes": rows, "version": version})
+
+
+async def post_purge(request: Request) -> JSONResponse:
+    """``POST /v1/bots/{botId}/memory/purge`` with ``{"tag": "chat:…"}`` → ``{"removed": n}``."""
+    principal = await principal_of(request)
+    tag = string_field(await json_body(request), "tag")
+    assert tag is not None
+    removed = await commands.purge(runtime_of(request), principal, request.path_params["bot_id"], tag)
+    return JSONResponse({"removed": removed})
+
+
 routes = [
     Route("/chats/{chat_id}/messages", chat_messages, methods=["GET"]),
+    Route("/bots/{bot_id}/memory", get_memory, methods=["GET"]),
+    Route("/bots/{bot_id}/memory", post_memory, methods=["POST"]),
+    Route("/bots/{bot_id}/memory/log", get_log, methods=["GET"]),
+    Route("/bots/{bot_id}/memory/purge", post_purge, methods=["POST"]),
 ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import strawberry
 
 from botmemory import chats, provisioning
+from resolvers.memory import MemoryMutation
 from schema.context import Info
 from schema.types import (
     Access,
@@ -23,7 +24,7 @@ from schema.types import (
 
 
 @strawberry.type
-class Mutation:
+class Mutation(MemoryMutation):
     @strawberry.mutation
     async def create_organization(self, info: Info, name: str) -> Organization:
         principal = await info.context.principal()

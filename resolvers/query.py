@@ -5,12 +5,13 @@ from __future__ import annotations
 import strawberry
 
 from botmemory import chats, provisioning
+from resolvers.memory import MemoryQuery
 from schema.context import Info
 from schema.types import Bot, Channel, Chat, Organization, Person
 
 
 @strawberry.type
-class Query:
+class Query(MemoryQuery):
     @strawberry.field(description="The person of the token.")
     async def me(self, info: Info) -> Person:
         return Person.of(await provisioning.me(info.context.runtime, await info.context.principal()))

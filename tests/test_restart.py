@@ -5,13 +5,20 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from typing import Any
 
 from tests.client import Api, make_world
 from tests.conftest import ROOT
 
 
 def devstack(command: str) -> None:
-    subprocess.run([sys.executable, "-m", "botmemory.devstack", command], cwd=ROOT, env=os.environ, check=True, timeout=240)
+    subprocess.run(
+        [sys.executable, "-m", "botmemory.devstack", command],
+        cwd=ROOT,
+        env=os.environ,
+        check=True,
+        timeout=240,
+    )
 
 
 async def test_data_survives_a_neo4j_restart(api: Api) -> None:
@@ -21,8 +28,11 @@ async def test_data_survives_a_neo4j_restart(api: Api) -> None:
     devstack("down")
     devstack("services")
     # The API process reconnects on its own; token, chat and encrypted text are all intact.
+    response: dict[str, Any] = {}
     for _ in range(50):
-        response = await api.raw("query($c: ID!) { chat(id: $c) { messages { text } } }", {"c": chat}, world.tokens["ann"])
+        response = await api.raw(
+            "query($c: ID!) { chat(id: $c) { messages { text } } }", {"c": chat}, world.tokens["ann"]
+        )
         if "data" in response and response["data"] and response["data"]["chat"]:
             break
     assert response["data"]["chat"]["messages"] == [{"text": "remember the blue door"}]

@@ -1,0 +1,439 @@
+"""The one write path of a Bot's memory: :func:`apply_changes` (C1, C2, C7, E3, V6, V8, V11).
+
+Each call takes the exclusive Memory lock first (by bumping the version), re-checks the latest
+state of every source under it, applies all changes or none, and writes the change-log row with
+an encrypted payload in the same transaction.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from neo4j import AsyncManagedTransaction
+
+from botmemory.crypto import Cipher
+from botmemory.errors import BadInput, Conflict, NotFound
+from botmemory.ids import new_id
+from botmemory.memory import ENTRY_KIND, TOPIC, Reader
+from botmemory.runtime import Runtime, now_ms
+from graph import entries, identity
+from graph import memory as q
+from graph.driver import read, write
+
+Actor = Literal["memory_bot", "person", "promotion"]
+PROVENANCE = ("from:", "chat:", "channel:", "org:")
+MAX_CONTENT_CHARS = 4000
+MAX_TOPICS = 20
+
+
+@dataclass(frozen=True, slots=True)
+class ItemRef:
+    chat: str
+    item: str
+
+
+@dataclass(frozen=True, slots=True)
+class AddFact:
+    content: str
+    sources: tuple[ItemRef, ...]
+    topics: tuple[str, ...] = ()
+    id: str = field(default_factory=lambda: new_id("mem"))
+
+
+@dataclass(frozen=True, slots=True)
+class AddObservation:
+    content: str
+    source_entry_ids: tuple[str, ...]
+    confidence: float
+    topics: tuple[str, ...] = ()
+    id: str = field(default_factory=lambda: new_id("mem"))
+
+
+@dataclass(frozen=True, slots=True)
+class Remember:
+    content: str
+    person_id: str
+    org: str
+    topics: tuple[str, ...] = ()
+    id: str = field(default_factory=lambda: new_id("mem"))
+
+
+@dataclass(frozen=True, slots=True)
+class Invalidate:
+    entry_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class SetTopics:
+    entry_id: str
+    topics: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RenameTopic:
+    old: str
+    new: str
+
+
+@dataclass(frozen=True, slots=True)
+class Share:
+    """Replace the ``for:`` tags with a wider audience, only within every source rule (V6, D9.3)."""
+
+    entry_id: str
+    audience: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Forget:
+    entry_id: str
+    person_id: str
+
+
+MemoryChange = AddFact | AddObservation | Remember | Invalidate | SetTopics | RenameTopic | Share | Forget
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    version: int
+    entry_ids: tuple[str, ...]
+
+
+def check_topics(topics: tuple[str, ...], field_name: str = "topics") -> tuple[str, ...]:
+    """Topics only (V8): callers and the model never write colon tags."""
+    if len(topics) > MAX_TOPICS:
+        raise BadInput(f"at most {MAX_TOPICS} topics", field=field_name)
+    for topic in topics:
+        if ":" in topic:
+            raise BadInput("tags with a colon belong to OpenBot", field=field_name)
+        if not TOPIC.match(topic) or len(topic) > 64:
+            raise BadInput("a topic has lowercase letters, numbers and dashes", field=field_name)
+    return tuple(dict.fromkeys(topics))
+
+
+def check_content(content: str) -> str:
+    if not content.strip():
+        raise BadInput("content must not be empty", field="content")
+    if len(content) > MAX_CONTENT_CHARS:
+        raise BadInput(f"content is longer than {MAX_CONTENT_CHARS} characters", field="content")
+    return content
+
+
+def _for_tag(rule: str) -> str:
+    return "for:" + rule
+
+
+def _validate(change: MemoryChange) -> None:
+    match change:
+        case AddFact() | AddObservation() | Remember():
+            check_content(change.content)
+            check_topics(change.topics)
+        case SetTopics():
+            check_topics(change.topics)
+        case RenameTopic():
+            check_topics((change.old, change.new))
+        case _:
+            pass
+    if isinstance(change, AddObservation) and not 0 <= change.confidence <= 1:
+        raise BadInput("confidence is between 0 and 1", field="confidence")
+    if isinstance(change, AddFact) and not change.sources:
+        raise BadInput("a fact needs source items", field="sources")
+    if isinstance(change, AddObservation) and not change.source_entry_ids:
+        raise BadInput("an observation needs source entries", field="sourceEntryIds")
+
+
+class _Step:
+    """One apply_changes transaction: the lock is held; every check reads the latest state (C7)."""
+
+    def __init__(
+        self, tx: AsyncManagedTransaction, bot_id: str, version: int, cipher: Cipher, now: int
+    ) -> None:
+        self.tx, self.bot_id, self.version, self.cipher, self.now = tx, bot_id, version, cipher, now
+        self.touched: list[str] = []
+        self.order = 0
+
+    def next_order_key(self) -> int:
+        self.order += 1
+        return self.version * 10_000 + self.order
+
+    async def add_fact(self, c: AddFact) -> None:
+        refs = [{"chat": r.chat, "item": r.item} for r in c.sources]
+        items = await entries.source_items(self.tx, bot_id=self.bot_id, refs=refs)
+        if len(items) != len({(r.chat, r.item) for r in c.sources}):
+            raise Conflict("a source item does not exist in this Bot's chats")
+        tags: list[str] = []
+        for item in items:
+            if item["review"]:
+                raise Conflict("review chats are not evidence")
+            if not item["hasText"]:
+                raise Conflict("a source item's history was deleted")
+            if item["kind"] == "PERSON_MESSAGE":
+                tags.append("from:" + item["actorId"])
+            elif item["kind"] == "TOOL_RESULT":
+                tags.append("app:" + item["app"])
+            else:
+                raise Conflict("facts rest only on people's messages, supported by App results (L3)")
+            tags += [_for_tag(item["rule"]), "org:" + item["org"], "chat:" + item["chat"]]
+            if item["channel"]:
+                tags.append("channel:" + item["channel"])
+        if not any(i["kind"] == "PERSON_MESSAGE" for i in items):
+            raise Conflict("an App result never becomes memory by itself (L3)")
+        sources = [{"uid": i["uid"], "rule": i["rule"], "org": i["org"]} for i in items]
+        await self._create(c.id, "fact", c.content, tags + list(c.topics), None, sources, [], None)
+
+    async def add_observation(self, c: AddObservation) -> None:
+        ids = list(dict.fromkeys(c.source_entry_ids))
+        found = await entries.source_entries(self.tx, bot_id=self.bot_id, ids=ids)
+        if len(found) != len(ids):
+            raise Conflict("a source entry does not exist")
+        tags: list[str] = []
+        for source in found:
+            if source["status"] != "active" or source["legacy"]:
+                raise Conflict("observations rest only on active entries with access proof (V5, V9)")
+            tags += [t for t in source["tags"] if t.startswith(("for:", *PROVENANCE))]
+        await self._create(c.id, "observation", c.content, tags + list(c.topics), c.confidence, [], ids, None)
+
+    async def remember(self, c: Remember) -> None:
+        tags = ["from:" + c.person_id, "for:person:" + c.person_id, "org:" + c.org, *c.topics]
+        await self._create(c.id, "pinned", c.content, tags, None, [], [], c.person_id)
+
+    async def _create(
+        self,
+        id: str,
+        layer: str,
+        content: str,
+        tags: list[str],
+        confidence: float | None,
+        item_sources: list[dict[str, str]],
+        entry_sources: list[str],
+        author: str | None,
+    ) -> None:
+        await entries.create_entry(
+            self.tx,
+            bot_id=self.bot_id,
+            id=id,
+            layer=layer,
+            content=self.cipher.encrypt(ENTRY_KIND, id, content),
+            content_length=len(content),
+            tags=list(dict.fromkeys(tags)),
+            confidence=confidence,
+            order_key=self.next_order_key(),
+            now=self.now,
+            item_sources=item_sources,
+            entry_sources=entry_sources,
+            author=author,
+        )
+        self.touched.append(id)
+
+    async def entry(self, entry_id: str) -> dict[str, Any]:
+        row = await q.entry_for_edit(self.tx, bot_id=self.bot_id, id=entry_id)
+        if row is None or row["status"] == "retracted":
+            raise Conflict("no such entry")
+        return row
+
+    async def invalidate(self, c: Invalidate) -> None:
+        row = await self.entry(c.entry_id)
+        if row["status"] == "active":
+            await entries.set_status(
+                self.tx, bot_id=self.bot_id, id=c.entry_id, status="invalidated", now=self.now
+            )
+            self.touched.append(c.entry_id)
+
+    async def set_topics(self, c: SetTopics) -> None:
+        row = await self.entry(c.entry_id)
+        tags = [t for t in row["tags"] if ":" in t] + list(c.topics)
+        await entries.set_tags(self.tx, bot_id=self.bot_id, id=c.entry_id, tags=tags, now=self.now)
+        self.touched.append(c.entry_id)
+
+    async def rename_topic(self, c: RenameTopic) -> None:
+        self.touched += await entries.rename_topic(
+            self.tx, bot_id=self.bot_id, old=c.old, new=c.new, now=self.now
+        )
+
+    async def share(self, c: Share) -> None:
+        row = await self.entry(c.entry_id)
+        audience = list(dict.fromkeys(c.audience))
+        if not audience or not all(
+            a == "for:bot" or a.startswith(("for:person:", "for:channel:")) for a in audience
+        ):
+            raise BadInput("an audience is for:person:<id>, for:channel:<id> or for:bot", field="audience")
+        orgs = [t[4:] for t in row["tags"] if t.startswith("org:")]
+        people = await entries.audience_people(self.tx, bot_id=self.bot_id, for_tags=audience, orgs=orgs)
+        allowed: list[set[str]]
+        if row["layer"] == "pinned":
+            allowed = [{row["author"]}]
+        else:
+            rules = await entries.rules_below(self.tx, bot_id=self.bot_id, id=c.entry_id)
+            allowed = await entries.rule_people(self.tx, rules=rules) if rules else [set()]
+        if people is None or any(not people <= admitted for admitted in allowed):
+            raise Conflict("the new audience is not within every source's access rule (V6)")
+        tags = [t for t in row["tags"] if not t.startswith("for:")] + audience
+        await entries.set_tags(self.tx, bot_id=self.bot_id, id=c.entry_id, tags=tags, now=self.now)
+        self.touched.append(c.entry_id)
+
+    async def forget(self, c: Forget) -> None:
+        row = await self.entry(c.entry_id)
+        behind = {t[5:] for t in row["tags"] if t.startswith("from:")}
+        if row["layer"] == "pinned" and row["author"]:
+            behind.add(row["author"])
+        if behind == {c.person_id}:
+            await entries.set_status(
+                self.tx, bot_id=self.bot_id, id=c.entry_id, status="retracted", now=self.now
+            )
+        else:
+            await entries.forget_for(
+                self.tx, bot_id=self.bot_id, id=c.entry_id, person_id=c.person_id, now=self.now
+            )
+        self.touched.append(c.entry_id)
+
+    async def apply(self, change: MemoryChange) -> None:
+        match change:
+            case AddFact():
+                await self.add_fact(change)
+            case AddObservation():
+                await self.add_observation(change)
+            case Remember():
+                await self.remember(change)
+            case Invalidate():
+                await self.invalidate(change)
+            case SetTopics():
+                await self.set_topics(change)
+            case RenameTopic():
+                await self.rename_topic(change)
+            case Share():
+                await self.share(change)
+            case Forget():
+                await self.forget(change)
+
+
+def _payload(changes: list[MemoryChange]) -> str:
+    return json.dumps([{"kind": type(c).__name__, **asdict(c)} for c in changes], default=str)
+
+
+async def bot_cipher(rt: Runtime, bot_id: str) -> Cipher:
+    key = await read(rt.driver, lambda tx: identity.bot_key(tx, id=bot_id))
+    if key is None or key["master"] is None:
+        raise NotFound("bot not found")
+    return rt.cipher(bot_id, key["master"], key["wrapped"])
+
+
+async def apply_changes(
+    rt: Runtime,
+    bot_id: str,
+    changes: list[MemoryChange],
+    actor: Actor,
+    *,
+    precheck: Any = None,
+) -> Applied:
+    """Apply all ``changes`` or none, under the exclusive lock, with one log row (C2).
+
+    ``precheck(tx)`` runs under the lock before anything is written (e.g. a visibility check
+    of the entry a person edits, or a learning execution's compare-and-set).
+    """
+    for change in changes:
+        _validate(change)
+    cipher = await bot_cipher(rt, bot_id)
+    change_id, now = new_id("chg"), now_ms()
+
+    async def work(tx: AsyncManagedTransaction) -> Applied:
+        version = await q.bump_version(tx, bot_id=bot_id)
+        if version is None:
+            raise NotFound("bot not found")
+        if precheck is not None:
+            await precheck(tx)
+        step = _Step(tx, bot_id, version, cipher, now)
+        for change in changes:
+            await step.apply(change)
+        touched = list(dict.fromkeys(step.touched))
+        payload = cipher.encrypt("change", change_id, _payload(changes))
+        await q.write_change(
+            tx,
+            id=change_id,
+            bot_id=bot_id,
+            version=version,
+            at=now,
+            actor=actor,
+            entry_ids=touched,
+            payload=payload,
+        )
+        return Applied(version, tuple(touched))
+
+    applied = await write(rt.driver, work)
+    await publish_change(rt, bot_id, applied)
+    return applied
+
+
+async def publish_change(rt: Runtime, bot_id: str, applied: Applied) -> None:
+    """Tell every API process (Redis pub/sub) which entries changed: ids only, never content (E4)."""
+    if applied.entry_ids:
+        message = json.dumps({"botId": bot_id, "version": applied.version, "ids": list(applied.entry_ids)})
+        await rt.redis.publish(f"botmemory:changes:{bot_id}", message)
+
+
+async def require_visible(tx: AsyncManagedTransaction, bot_id: str, reader: Reader, entry_id: str) -> None:
+    """The entry must be for the caller now (under the lock); else the same 409 for all cases (D9.4)."""
+    seen = await q.visible_ids(tx, bot_id=bot_id, ids=[entry_id], active_only=False, **reader.params)
+    if entry_id not in seen:
+        raise Conflict("this entry is not for you")
+
+
+@dataclass(frozen=True, slots=True)
+class LegacyEntry:
+    """An entry from an older version without access proof (V9)."""
+
+    content: str
+    tags: tuple[str, ...]
+    layer: str = "fact"
+    id: str = field(default_factory=lambda: new_id("mem"))
+
+
+async def import_legacy(rt: Runtime, bot_id: str, legacy: list[LegacyEntry]) -> Applied:
+    """Load legacy entries: kept hidden, out of learning, never widened (V9); logged as ``promotion``.
+
+    They keep their tags but get no SOURCE edges; a declared source count they cannot meet
+    (and the legacy flag) makes the visibility check fail closed for them and anything above.
+    """
+    cipher = await bot_cipher(rt, bot_id)
+    change_id, now = new_id("chg"), now_ms()
+    for entry in legacy:
+        check_content(entry.content)
+
+    async def work(tx: AsyncManagedTransaction) -> Applied:
+        version = await q.bump_version(tx, bot_id=bot_id)
+        if version is None:
+            raise NotFound("bot not found")
+        step = _Step(tx, bot_id, version, cipher, now)
+        for entry in legacy:
+            await entries.create_entry(
+                tx,
+                bot_id=bot_id,
+                id=entry.id,
+                layer=entry.layer if entry.layer in ("fact", "observation", "pinned") else "fact",
+                content=cipher.encrypt(ENTRY_KIND, entry.id, entry.content),
+                content_length=len(entry.content),
+                tags=list(entry.tags),
+                confidence=None,
+                order_key=step.next_order_key(),
+                now=now,
+                item_sources=[],
+                entry_sources=[],
+                author=None,
+                legacy=True,
+                source_count=1,
+            )
+            step.touched.append(entry.id)
+        payload = cipher.encrypt("change", change_id, json.dumps({"kind": "import", "count": len(legacy)}))
+        await q.write_change(
+            tx,
+            id=change_id,
+            bot_id=bot_id,
+            version=version,
+            at=now,
+            actor="promotion",
+            entry_ids=step.touched,
+            payload=payload,
+        )
+        return Applied(version, tuple(step.touched))
+
+    return await write(rt.driver, work)

@@ -1,0 +1,155 @@
+"""What people do to memory: Remember, Forget (V11, D9.4), share (V6, D9.3), purge (D9.13, D9.20)
+and deleting a Chat's history (V13). All changes go through :func:`apply_changes`, except purge
+and history deletion, which remove data and keep their own log row.
+"""
+
+from __future__ import annotations
+
+from neo4j import AsyncManagedTransaction
+
+from botmemory.auth import require_person
+from botmemory.changes import (
+    Applied,
+    Forget,
+    Remember,
+    Share,
+    apply_changes,
+    check_topics,
+    publish_change,
+    require_visible,
+)
+from botmemory.domain import Principal
+from botmemory.errors import BadInput, Conflict, Forbidden, NotFound
+from botmemory.ids import new_id
+from botmemory.memory import Entry, Reader, person_reader
+from botmemory.runtime import Runtime, now_ms
+from botmemory.validation import check_id
+from graph import chats, entries, identity
+from graph import memory as q
+from graph.driver import write
+
+PURGE_PREFIXES = ("from:", "chat:", "org:", "channel:")
+
+
+async def _reader(tx: AsyncManagedTransaction, principal: Principal, bot_id: str) -> Reader:
+    person_id = require_person(principal)
+    assert principal.organization_id is not None
+    reader = await person_reader(tx, bot_id=bot_id, person_id=person_id, org=principal.organization_id)
+    if reader is None or not reader["usesBot"]:
+        raise NotFound("bot not found")
+    return Reader(principal.organization_id, (reader,))
+
+
+async def remember(
+    rt: Runtime, principal: Principal, bot_id: str, content: str, tags: list[str]
+) -> tuple[Entry, int]:
+    """A pinned entry only the caller sees (``for:person:<you>``), in their organization."""
+    person_id = require_person(principal)
+    check_id(bot_id, "botId")
+    topics = check_topics(tuple(tags), "tags")
+    assert principal.organization_id is not None
+    change = Remember(content=content, person_id=person_id, org=principal.organization_id, topics=topics)
+
+    async def precheck(tx: AsyncManagedTransaction) -> None:
+        await _reader(tx, principal, bot_id)
+
+    applied = await apply_changes(rt, bot_id, [change], "person", precheck=precheck)
+    now = now_ms()
+    tags_out = ("from:" + person_id, "for:person:" + person_id, "org:" + principal.organization_id, *topics)
+    return Entry(change.id, "pinned", content, tags_out, (), "active", None, now, now, None), applied.version
+
+
+async def forget(rt: Runtime, principal: Principal, bot_id: str, entry_id: str) -> int:
+    """Take back the caller's part (V11). Anything not for the caller is the same 409 (D9.4)."""
+    person_id = require_person(principal)
+    check_id(bot_id, "botId")
+    if not isinstance(entry_id, str) or not entry_id or len(entry_id) > 100:  # pyright: ignore[reportUnnecessaryIsInstance]
+        raise BadInput("id is required", field="id")
+
+    async def precheck(tx: AsyncManagedTransaction) -> None:
+        reader = await _reader(tx, principal, bot_id)
+        await require_visible(tx, bot_id, reader, entry_id)
+
+    try:
+        applied = await apply_changes(rt, bot_id, [Forget(entry_id, person_id)], "person", precheck=precheck)
+    except NotFound:
+        raise Conflict("this entry is not for you") from None
+    return applied.version
+
+
+async def share(
+    rt: Runtime, principal: Principal, bot_id: str, entry_id: str, audience: list[str]
+) -> Applied:
+    """Share an entry more widely: the caller must see it and be one of the people behind it (V6)."""
+    person_id = require_person(principal)
+    check_id(bot_id, "botId")
+
+    async def precheck(tx: AsyncManagedTransaction) -> None:
+        reader = await _reader(tx, principal, bot_id)
+        await require_visible(tx, bot_id, reader, entry_id)
+        row = await q.entry_for_edit(tx, bot_id=bot_id, id=entry_id)
+        assert row is not None
+        if "from:" + person_id not in row["tags"] and row["author"] != person_id:
+            raise Conflict("only the people behind an entry share it")
+
+    return await apply_changes(rt, bot_id, [Share(entry_id, tuple(audience))], "person", precheck=precheck)
+
+
+async def _require_owner_writer(tx: AsyncManagedTransaction, principal: Principal, bot_id: str) -> None:
+    """Write on a Bot that is not linked: WRITE grant and membership of the owner organization (D9.13)."""
+    person_id = require_person(principal)
+    bot = await identity.get_bot(tx, id=bot_id)
+    org = principal.organization_id
+    if bot is None or (bot["organizationId"] != org and org not in bot["linkedOrganizationIds"]):
+        raise NotFound("bot not found")
+    if (
+        bot["organizationId"] != org
+        or await identity.grant_of(tx, bot_id=bot_id, person_id=person_id) != "WRITE"
+    ):
+        raise Forbidden("you need write on a Bot that is not linked")
+
+
+async def purge(rt: Runtime, principal: Principal, bot_id: str, tag: str) -> int:
+    """Remove every entry with an OpenBot tag ``from:``/``chat:``/``org:``/``channel:`` without reading it."""
+    check_id(bot_id, "botId")
+    if not isinstance(tag, str) or not tag.startswith(PURGE_PREFIXES) or len(tag) > 200:  # pyright: ignore[reportUnnecessaryIsInstance]
+        raise BadInput("purge takes one from:, chat:, org: or channel: tag", field="tag")
+    change_id, now = new_id("chg"), now_ms()
+
+    async def work(tx: AsyncManagedTransaction) -> tuple[int, list[str]]:
+        version = await q.bump_version(tx, bot_id=bot_id)
+        if version is None:
+            raise NotFound("bot not found")
+        await _require_owner_writer(tx, principal, bot_id)
+        removed = await entries.purge(tx, bot_id=bot_id, tag=tag)
+        await q.write_change(
+            tx,
+            id=change_id,
+            bot_id=bot_id,
+            version=version,
+            at=now,
+            actor="person",
+            entry_ids=[],
+            payload=None,
+        )
+        return version, removed
+
+    version, removed = await write(rt.driver, work)
+    await publish_change(rt, bot_id, Applied(version, tuple(removed)))
+    return len(removed)
+
+
+async def delete_chat_history(rt: Runtime, principal: Principal, chat_id: str) -> int:
+    """The Chat's owner removes its Items' content; ids and saved rules stay, and so does memory (V13)."""
+    person_id = require_person(principal)
+    check_id(chat_id, "chatId")
+
+    async def work(tx: AsyncManagedTransaction) -> int:
+        row = await chats.chat_for(tx, chat_id=chat_id, person_id=person_id)
+        if row is None or not row["isPerson"]:
+            raise NotFound("chat not found")
+        if row["chat"]["ownerId"] != person_id:
+            raise Forbidden("only the chat's owner deletes its history")
+        return await entries.delete_chat_history(tx, chat_id=chat_id)
+
+    return await write(rt.driver, work)

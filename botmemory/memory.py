@@ -1,0 +1,251 @@
+"""Reading a Bot's memory: list, change log, context, hasEntries, validateReferences.
+
+Every read is one transaction that takes the shared Memory lock first (C1, D9.8), applies the
+one visibility check of :mod:`graph.access` inside its queries (V10), and decrypts after commit
+only the entries it returns (E2).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from neo4j import AsyncManagedTransaction
+
+from botmemory.auth import require_person
+from botmemory.crypto import Cipher
+from botmemory.domain import Principal
+from botmemory.errors import BadInput, Forbidden, NotFound
+from botmemory.runtime import Runtime
+from botmemory.validation import check_id
+from graph import access, identity
+from graph import memory as q
+from graph.driver import read, single
+
+ENTRY_KIND = "entry"
+TOPIC = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
+_TAG = re.compile(r"^(?:[a-z]+:)*[A-Za-z0-9_\-]+$")
+_MAX_FILTER_TAGS = 20
+
+
+@dataclass(frozen=True, slots=True)
+class Reader:
+    """Who reads: people (all must pass, D9.15) in one organization."""
+
+    org: str
+    readers: tuple[dict[str, Any], ...]
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return {"org": self.org, "readers": list(self.readers)}
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    id: str
+    layer: str
+    content: str
+    tags: tuple[str, ...]
+    sources: tuple[dict[str, str], ...]
+    status: str
+    confidence: float | None
+    created_at: int
+    updated_at: int
+    invalidated_at: int | None
+
+    def json(self) -> dict[str, Any]:
+        """The seed's entry shape (D9.19)."""
+        body: dict[str, Any] = {
+            "id": self.id,
+            "layer": self.layer,
+            "content": self.content,
+            "tags": list(self.tags),
+            "sources": [dict(s) for s in self.sources],
+            "status": self.status,
+            "createdAt": self.created_at,
+            "updatedAt": self.updated_at,
+        }
+        if self.confidence is not None:
+            body["confidence"] = self.confidence
+        if self.invalidated_at is not None:
+            body["invalidatedAt"] = self.invalidated_at
+        return body
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    version: int
+    at: int
+    actor: str
+    ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    text: str
+    ids: tuple[str, ...]
+
+
+def decrypt_entry(cipher: Cipher, row: dict[str, Any]) -> Entry:
+    return Entry(
+        id=row["id"],
+        layer=row["layer"],
+        content=cipher.decrypt(ENTRY_KIND, row["id"], bytes(row["content"])),
+        tags=tuple(row["tags"]),
+        sources=tuple(row["sources"]),
+        status=row["status"],
+        confidence=row.get("confidence"),
+        created_at=row["createdAt"],
+        updated_at=row["updatedAt"],
+        invalidated_at=row.get("invalidatedAt"),
+    )
+
+
+def check_filter_tags(tags: list[str]) -> list[str]:
+    if len(tags) > _MAX_FILTER_TAGS:
+        raise BadInput(f"at most {_MAX_FILTER_TAGS} tags", field="tags")
+    for tag in tags:
+        if not _TAG.match(tag) or len(tag) > 200:
+            raise BadInput("tags must be topics or OpenBot tags like chat:<id>", field="tags")
+    return tags
+
+
+async def person_reader(
+    tx: AsyncManagedTransaction, *, bot_id: str, person_id: str, org: str
+) -> dict[str, Any] | None:
+    record = await single(tx, access.READER, botId=bot_id, personId=person_id, org=org)
+    return None if record is None else record["reader"]
+
+
+async def _cipher_of(rt: Runtime, tx: AsyncManagedTransaction, bot_id: str) -> Cipher:
+    key = await identity.bot_key(tx, id=bot_id)
+    if key is None:
+        raise NotFound("bot not found")
+    return rt.cipher(bot_id, key["master"], key["wrapped"])
+
+
+async def open_read(
+    rt: Runtime, tx: AsyncManagedTransaction, principal: Principal, bot_id: str
+) -> tuple[int, Reader, Cipher]:
+    """Shared lock first (C1), then the caller as a reader; needs read on the Bot (a grant)."""
+    person_id = require_person(principal)
+    assert principal.organization_id is not None
+    version = await q.shared_lock(tx, bot_id=bot_id)
+    if version is None:
+        raise NotFound("bot not found")
+    reader = await person_reader(tx, bot_id=bot_id, person_id=person_id, org=principal.organization_id)
+    if reader is None:
+        raise NotFound("bot not found")
+    if not reader["usesBot"]:
+        bot = await identity.get_bot(tx, id=bot_id)
+        org = principal.organization_id
+        if bot is None or (bot["organizationId"] != org and org not in bot["linkedOrganizationIds"]):
+            raise NotFound("bot not found")
+        raise Forbidden("you need read on this Bot")
+    return version, Reader(principal.organization_id, (reader,)), await _cipher_of(rt, tx, bot_id)
+
+
+async def list_entries(
+    rt: Runtime, principal: Principal, bot_id: str, tags: list[str]
+) -> tuple[list[Entry], int]:
+    """GET memory: the entries for the caller in their organization, history included, never retracted."""
+    check_id(bot_id, "botId")
+    tags = check_filter_tags(tags)
+
+    async def work(tx: AsyncManagedTransaction) -> tuple[int, list[dict[str, Any]], Cipher]:
+        version, reader, cipher = await open_read(rt, tx, principal, bot_id)
+        found = await q.list_visible(
+            tx, bot_id=bot_id, statuses=["active", "invalidated"], tags=tags, **reader.params
+        )
+        return version, found, cipher
+
+    version, found, cipher = await read(rt.driver, work)
+    return [decrypt_entry(cipher, row) for row in found], version
+
+
+async def change_log(
+    rt: Runtime, principal: Principal, bot_id: str, limit: int = 1000
+) -> tuple[list[Change], int]:
+    """The change log restricted to entries the caller may see (V10); rows with none are left out."""
+    check_id(bot_id, "botId")
+
+    async def work(tx: AsyncManagedTransaction) -> tuple[int, list[Change]]:
+        version, reader, _ = await open_read(rt, tx, principal, bot_id)
+        log = await q.log_rows(tx, bot_id=bot_id, limit=limit)
+        all_ids = sorted({i for row in log for i in row["ids"]})
+        seen = await q.visible_ids(tx, bot_id=bot_id, ids=all_ids, active_only=False, **reader.params)
+        changes = [
+            Change(row["version"], row["at"], row["actor"], tuple(i for i in row["ids"] if i in seen))
+            for row in log
+        ]
+        return version, [c for c in changes if c.ids]
+
+    version, changes = await read(rt.driver, work)
+    return changes, version
+
+
+async def context(rt: Runtime, bot_id: str, reader: Reader, limit: int) -> Context:
+    """Visible active text in memory order, stopping at the first entry that does not fit (N3).
+
+    Lengths are stored, so nothing is decrypted to decide what fits; only returned entries are.
+    """
+
+    async def work(tx: AsyncManagedTransaction) -> tuple[list[dict[str, Any]], Cipher]:
+        await q.shared_lock(tx, bot_id=bot_id)
+        rows = await q.context_candidates(tx, bot_id=bot_id, limit=max(1, limit // 2 + 1), **reader.params)
+        return rows, await _cipher_of(rt, tx, bot_id)
+
+    rows, cipher = await read(rt.driver, work)
+    used: list[dict[str, Any]] = []
+    size = 0
+    for row in rows:
+        cost = row["length"] + (3 if used else 2)  # "- " prefix and the newline between lines
+        if size + cost > limit:
+            break
+        used.append(row)
+        size += cost
+    lines = ["- " + cipher.decrypt(ENTRY_KIND, row["id"], bytes(row["content"])) for row in used]
+    return Context("\n".join(lines), tuple(row["id"] for row in used))
+
+
+async def has_entries(rt: Runtime, bot_id: str, reader: Reader) -> bool:
+    """True when any active entry is visible to every reader, even if none would fit (N3)."""
+
+    async def work(tx: AsyncManagedTransaction) -> bool:
+        await q.shared_lock(tx, bot_id=bot_id)
+        return await q.has_visible(tx, bot_id=bot_id, **reader.params)
+
+    return await read(rt.driver, work)
+
+
+async def validate_references(rt: Runtime, bot_id: str, reader: Reader, ids: list[str]) -> bool:
+    """A saved answer stays valid while every entry it used is still visible and active (N4); no decryption."""
+    if not ids:
+        return True
+
+    async def work(tx: AsyncManagedTransaction) -> set[str]:
+        await q.shared_lock(tx, bot_id=bot_id)
+        return await q.visible_ids(tx, bot_id=bot_id, ids=ids, active_only=True, **reader.params)
+
+    return set(ids) <= await read(rt.driver, work)
+
+
+async def chat_reader(rt: Runtime, chat_id: str) -> Reader | None:
+    """Every reader of an answer in a Chat (D9.15): the owner, or each current channel member."""
+
+    async def work(tx: AsyncManagedTransaction) -> dict[str, Any] | None:
+        return await single(tx, access.CHAT_READERS, chatId=chat_id)
+
+    record = await read(rt.driver, work)
+    if record is None:
+        return None
+    return Reader(record["org"], tuple(record["readers"]))
+
+
+async def person_reader_of(rt: Runtime, bot_id: str, person_id: str, org: str) -> Reader | None:
+    async def work(tx: AsyncManagedTransaction) -> dict[str, Any] | None:
+        return await person_reader(tx, bot_id=bot_id, person_id=person_id, org=org)
+
+    reader = await read(rt.driver, work)
+    return None if reader is None else Reader(org, (reader,))

@@ -1,0 +1,250 @@
+"""Entry writes: create with SOURCE edges, tag and status changes, Forget, purge.
+
+All of them run inside a change transaction that already holds the exclusive Memory lock
+(:func:`graph.memory.bump_version`). Tag and status changes never touch ``content`` (E3).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from neo4j import AsyncManagedTransaction
+
+from graph.driver import rows, single
+
+#: Source Items of a fact as they are now (C7): kind, chat audience and the Turn's saved actor
+#: (V3). ``rule`` is the Item's private access rule: the Channel of a group chat, else the person
+#: of the Turn (the chat's owner when the Turn's actor was a notice).
+SOURCE_ITEMS: Final = """
+UNWIND $refs AS ref
+MATCH (i:Item {uid: ref.chat + '/' + ref.item})-[:IN_TURN]->(t:Turn)-[:IN_CHAT]->(ch:Chat)
+WHERE ch.botId = $botId
+RETURN ref.chat AS chat, ref.item AS item, i.uid AS uid, i.kind AS kind, i.app AS app,
+       i.text IS NOT NULL AS hasText, ch.review AS review, ch.organizationId AS org,
+       ch.channelId AS channel, t.actorKind AS actorKind, t.actorId AS actorId,
+       CASE WHEN ch.channelId IS NOT NULL THEN 'channel:' + ch.channelId
+            WHEN t.actorKind = 'person' THEN 'person:' + t.actorId
+            ELSE 'person:' + ch.ownerId END AS rule
+"""
+
+#: Source entries of an observation as they are now (C7), with their provenance tags (V12).
+SOURCE_ENTRIES: Final = """
+UNWIND $ids AS entryId
+MATCH (s:Entry {id: entryId, botId: $botId})
+RETURN s.id AS id, s.status AS status, coalesce(s.legacy, false) AS legacy, s.tags AS tags, s.layer AS layer
+"""
+
+CREATE_ENTRY: Final = """
+MATCH (m:Memory {id: $botId})
+CREATE (e:Entry {id: $id, botId: $botId, layer: $layer, content: $content, contentLength: $contentLength,
+                 tags: $tags, status: 'active', confidence: $confidence, createdAt: $now, updatedAt: $now,
+                 invalidatedAt: null, orderKey: $orderKey, pinned: $layer = 'pinned', sourceCount: $sourceCount,
+                 author: $author, excluded: [], legacy: $legacy})-[:IN_MEMORY]->(m)
+WITH e
+UNWIND $itemSources AS src
+MATCH (i:Item {uid: src.uid})
+CREATE (e)-[:SOURCE {rule: src.rule, org: src.org}]->(i)
+"""
+
+LINK_ENTRY_SOURCES: Final = """
+MATCH (e:Entry {id: $id, botId: $botId})
+UNWIND $sourceIds AS sourceId
+MATCH (s:Entry {id: sourceId, botId: $botId})
+CREATE (e)-[:SOURCE]->(s)
+"""
+
+SET_STATUS: Final = """
+MATCH (e:Entry {id: $id, botId: $botId})
+SET e.status = $status, e.updatedAt = $now,
+    e.invalidatedAt = CASE WHEN $status = 'invalidated' THEN coalesce(e.invalidatedAt, $now) ELSE e.invalidatedAt END
+"""
+
+SET_TAGS: Final = """
+MATCH (e:Entry {id: $id, botId: $botId})
+SET e.tags = $tags, e.updatedAt = $now
+"""
+
+#: Every entry of the Bot carrying topic ``$from`` — all of them, not the first 300 (L4).
+RENAME_TOPIC: Final = """
+MATCH (e:Entry {botId: $botId})
+WHERE $from IN e.tags
+SET e.tags = [t IN e.tags WHERE t <> $from AND t <> $to] + [$to], e.updatedAt = $now
+RETURN e.id AS id
+"""
+
+FORGET_FOR: Final = """
+MATCH (e:Entry {id: $id, botId: $botId})
+SET e.tags = [t IN e.tags WHERE t <> 'from:' + $personId],
+    e.excluded = [p IN coalesce(e.excluded, []) WHERE p <> $personId] + [$personId],
+    e.updatedAt = $now
+"""
+
+#: Entries carrying the purge tag (observations carry their sources' provenance, V12).
+PURGE_ENTRIES: Final = """
+MATCH (e:Entry {botId: $botId})
+WHERE $tag IN e.tags
+WITH collect(e) AS doomed, collect(e.id) AS ids
+FOREACH (e IN doomed | DETACH DELETE e)
+RETURN ids
+"""
+
+#: Change-log rows that embed purged entries lose their payload and those ids (D9.20).
+PURGE_CHANGES: Final = """
+MATCH (c:Change {botId: $botId})
+WHERE any(i IN c.entryIds WHERE i IN $ids)
+SET c.payload = null, c.entryIds = [i IN c.entryIds WHERE NOT i IN $ids]
+RETURN count(c) AS n
+"""
+
+#: The current audience of a set of ``for:`` tags, as people (for share, V6 / D9.3).
+AUDIENCE_PEOPLE: Final = """
+MATCH (b:Bot {id: $botId})
+UNWIND $forTags AS tag
+CALL (tag, b) {
+  MATCH (p:Person) WHERE tag = 'for:person:' + p.id
+  RETURN p
+  UNION
+  MATCH (p:Person)-[:MEMBER]->(c:Channel) WHERE tag = 'for:channel:' + c.id
+  RETURN p
+  UNION
+  MATCH (p:Person)-[:GRANT]->(b) WHERE tag = 'for:bot'
+    AND EXISTS { MATCH (p)-[:MEMBER_OF]->(o:Organization) WHERE o.id IN $orgs }
+  RETURN p
+}
+WITH tag, collect(DISTINCT p.id) AS people
+RETURN collect(people) AS sets
+"""
+
+#: Every Item rule below an entry (its own edges and those of sources, transitively).
+RULES_BELOW: Final = """
+MATCH (e:Entry {id: $id, botId: $botId})
+OPTIONAL MATCH (e)-[:SOURCE*0..7]->(:Entry)-[r:SOURCE]->(:Item)
+RETURN collect(DISTINCT r.rule) AS rules
+"""
+
+RULE_PEOPLE: Final = """
+UNWIND $rules AS rule
+CALL (rule) {
+  MATCH (p:Person) WHERE rule = 'person:' + p.id
+  RETURN p
+  UNION
+  MATCH (p:Person)-[:MEMBER]->(c:Channel) WHERE rule = 'channel:' + c.id
+  RETURN p
+}
+WITH rule, collect(DISTINCT p.id) AS people
+RETURN collect(people) AS sets
+"""
+
+DELETE_CHAT_HISTORY: Final = """
+MATCH (i:Item {chatId: $chatId})
+SET i.text = null
+RETURN count(i) AS n
+"""
+
+
+async def source_items(
+    tx: AsyncManagedTransaction, *, bot_id: str, refs: list[dict[str, str]]
+) -> list[dict[str, Any]]:
+    return await rows(tx, SOURCE_ITEMS, botId=bot_id, refs=refs)
+
+
+async def source_entries(tx: AsyncManagedTransaction, *, bot_id: str, ids: list[str]) -> list[dict[str, Any]]:
+    return await rows(tx, SOURCE_ENTRIES, botId=bot_id, ids=ids)
+
+
+async def create_entry(
+    tx: AsyncManagedTransaction,
+    *,
+    bot_id: str,
+    id: str,
+    layer: str,
+    content: bytes,
+    content_length: int,
+    tags: list[str],
+    confidence: float | None,
+    order_key: int,
+    now: int,
+    item_sources: list[dict[str, str]],
+    entry_sources: list[str],
+    author: str | None,
+    legacy: bool = False,
+    source_count: int | None = None,
+) -> None:
+    """Create an entry with its SOURCE edges; each Item edge keeps the Item's rule (V3)."""
+    await tx.run(
+        CREATE_ENTRY,
+        botId=bot_id,
+        id=id,
+        layer=layer,
+        content=content,
+        contentLength=content_length,
+        tags=tags,
+        confidence=confidence,
+        orderKey=order_key,
+        now=now,
+        itemSources=item_sources,
+        sourceCount=len(item_sources) + len(entry_sources) if source_count is None else source_count,
+        author=author,
+        legacy=legacy,
+    )
+    if entry_sources:
+        await tx.run(LINK_ENTRY_SOURCES, botId=bot_id, id=id, sourceIds=entry_sources)
+
+
+async def set_status(tx: AsyncManagedTransaction, *, bot_id: str, id: str, status: str, now: int) -> None:
+    await tx.run(SET_STATUS, botId=bot_id, id=id, status=status, now=now)
+
+
+async def set_tags(tx: AsyncManagedTransaction, *, bot_id: str, id: str, tags: list[str], now: int) -> None:
+    await tx.run(SET_TAGS, botId=bot_id, id=id, tags=tags, now=now)
+
+
+async def rename_topic(
+    tx: AsyncManagedTransaction, *, bot_id: str, old: str, new: str, now: int
+) -> list[str]:
+    return [r["id"] for r in await rows(tx, RENAME_TOPIC, botId=bot_id, **{"from": old, "to": new}, now=now)]
+
+
+async def forget_for(tx: AsyncManagedTransaction, *, bot_id: str, id: str, person_id: str, now: int) -> None:
+    """Remove the person's ``from:`` and exclude the entry (and so its dependents) for them (V11)."""
+    await tx.run(FORGET_FOR, botId=bot_id, id=id, personId=person_id, now=now)
+
+
+async def purge(tx: AsyncManagedTransaction, *, bot_id: str, tag: str) -> list[str]:
+    """Delete the entries carrying ``tag`` and strip what embeds them from the change log (D9.20)."""
+    record = await single(tx, PURGE_ENTRIES, botId=bot_id, tag=tag)
+    ids: list[str] = [] if record is None else list(record["ids"])
+    if ids:
+        await tx.run(PURGE_CHANGES, botId=bot_id, ids=ids)
+    return ids
+
+
+async def audience_people(
+    tx: AsyncManagedTransaction, *, bot_id: str, for_tags: list[str], orgs: list[str]
+) -> set[str] | None:
+    """The people admitted now by all of ``for_tags`` (conjunctive); None when there are none."""
+    record = await single(tx, AUDIENCE_PEOPLE, botId=bot_id, forTags=for_tags, orgs=orgs)
+    sets: list[list[str]] = [] if record is None else record["sets"]
+    if len(sets) != len(for_tags) or not sets:
+        return set() if for_tags else None
+    result = set(sets[0])
+    for people in sets[1:]:
+        result &= set(people)
+    return result
+
+
+async def rules_below(tx: AsyncManagedTransaction, *, bot_id: str, id: str) -> list[str]:
+    record = await single(tx, RULES_BELOW, botId=bot_id, id=id)
+    return [] if record is None else list(record["rules"])
+
+
+async def rule_people(tx: AsyncManagedTransaction, *, rules: list[str]) -> list[set[str]]:
+    """For each rule, the people it admits now."""
+    record = await single(tx, RULE_PEOPLE, rules=rules)
+    return [] if record is None else [set(s) for s in record["sets"]]
+
+
+async def delete_chat_history(tx: AsyncManagedTransaction, *, chat_id: str) -> int:
+    """Remove the content of a Chat's Items; ids and the rules saved on SOURCE edges stay (V13)."""
+    record = await single(tx, DELETE_CHAT_HISTORY, chatId=chat_id)
+    return 0 if record is None else int(record["n"])

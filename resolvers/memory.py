@@ -1,0 +1,80 @@
+"""Memory queries and mutations (DESIGN §5): the same services as the REST routes."""
+
+from __future__ import annotations
+
+import strawberry
+
+from botmemory import commands, memory
+from schema.context import Info
+from schema.memory import (
+    HistoryDeleted,
+    MemoryChange,
+    MemoryEntry,
+    MemoryLog,
+    MemoryPage,
+    PurgePayload,
+    RememberPayload,
+    VersionPayload,
+)
+from schema.types import Long
+
+
+@strawberry.type
+class MemoryQuery:
+    @strawberry.field(description="Entries for you in your organization; tags are all-of.")
+    async def memory(self, info: Info, bot_id: strawberry.ID, tags: list[str] | None = None) -> MemoryPage:
+        principal = await info.context.principal()
+        found, version = await memory.list_entries(info.context.runtime, principal, str(bot_id), tags or [])
+        return MemoryPage(entries=[MemoryEntry.of(e) for e in found], version=version)
+
+    @strawberry.field(description="Changes of entries you may see.")
+    async def memory_log(self, info: Info, bot_id: strawberry.ID) -> MemoryLog:
+        principal = await info.context.principal()
+        changes, version = await memory.change_log(info.context.runtime, principal, str(bot_id))
+        rows = [
+            MemoryChange(
+                version=c.version, at=Long(c.at), actor=c.actor, ids=[strawberry.ID(i) for i in c.ids]
+            )
+            for c in changes
+        ]
+        return MemoryLog(changes=rows, version=version)
+
+
+@strawberry.type
+class MemoryMutation:
+    @strawberry.mutation(description="A pinned entry only you see.")
+    async def remember(
+        self, info: Info, bot_id: strawberry.ID, content: str, tags: list[str] | None = None
+    ) -> RememberPayload:
+        principal = await info.context.principal()
+        entry, version = await commands.remember(
+            info.context.runtime, principal, str(bot_id), content, tags or []
+        )
+        return RememberPayload(entry=MemoryEntry.of(entry), version=version)
+
+    @strawberry.mutation(description="Take back your part of an entry (CONFLICT when it is not for you).")
+    async def forget(self, info: Info, bot_id: strawberry.ID, id: strawberry.ID) -> VersionPayload:
+        principal = await info.context.principal()
+        return VersionPayload(
+            version=await commands.forget(info.context.runtime, principal, str(bot_id), str(id))
+        )
+
+    @strawberry.mutation(description="Share an entry with a wider audience, within every source rule (V6).")
+    async def share_entry(
+        self, info: Info, bot_id: strawberry.ID, id: strawberry.ID, audience: list[str]
+    ) -> VersionPayload:
+        principal = await info.context.principal()
+        applied = await commands.share(info.context.runtime, principal, str(bot_id), str(id), audience)
+        return VersionPayload(version=applied.version)
+
+    @strawberry.mutation(description="Remove every entry carrying a from:, chat:, org: or channel: tag.")
+    async def purge(self, info: Info, bot_id: strawberry.ID, tag: str) -> PurgePayload:
+        principal = await info.context.principal()
+        return PurgePayload(removed=await commands.purge(info.context.runtime, principal, str(bot_id), tag))
+
+    @strawberry.mutation(description="Remove the content of a Chat's Items; what was learned stays (V13).")
+    async def delete_chat_history(self, info: Info, chat_id: strawberry.ID) -> HistoryDeleted:
+        principal = await info.context.principal()
+        return HistoryDeleted(
+            items=await commands.delete_chat_history(info.context.runtime, principal, str(chat_id))
+        )

@@ -1,0 +1,96 @@
+"""GraphQL types of a Bot's memory."""
+
+from __future__ import annotations
+
+import strawberry
+
+from botmemory import memory
+from schema.types import Long
+
+
+@strawberry.type
+class EntrySource:
+    chat: strawberry.ID | None = None
+    item: strawberry.ID | None = None
+    entry: strawberry.ID | None = None
+
+
+@strawberry.type
+class MemoryEntry:
+    id: strawberry.ID
+    layer: str
+    content: str
+    tags: list[str]
+    sources: list[EntrySource]
+    status: str
+    confidence: float | None
+    created_at: Long
+    updated_at: Long
+    invalidated_at: Long | None
+
+    @classmethod
+    def of(cls, e: memory.Entry) -> MemoryEntry:
+        return cls(
+            id=strawberry.ID(e.id),
+            layer=e.layer,
+            content=e.content,
+            tags=list(e.tags),
+            sources=[
+                EntrySource(
+                    chat=_id(s.get("chat")),
+                    item=_id(s.get("item")),
+                    entry=_id(s.get("entry")),
+                )
+                for s in e.sources
+            ],
+            status=e.status,
+            confidence=e.confidence,
+            created_at=Long(e.created_at),
+            updated_at=Long(e.updated_at),
+            invalidated_at=None if e.invalidated_at is None else Long(e.invalidated_at),
+        )
+
+
+def _id(value: str | None) -> strawberry.ID | None:
+    return None if value is None else strawberry.ID(value)
+
+
+@strawberry.type
+class MemoryPage:
+    entries: list[MemoryEntry]
+    version: int
+
+
+@strawberry.type
+class MemoryChange:
+    version: int
+    at: Long
+    actor: str
+    ids: list[strawberry.ID]
+
+
+@strawberry.type
+class MemoryLog:
+    changes: list[MemoryChange]
+    version: int
+
+
+@strawberry.type
+class RememberPayload:
+    entry: MemoryEntry
+    version: int
+
+
+@strawberry.type
+class VersionPayload:
+    version: int
+
+
+@strawberry.type
+class PurgePayload:
+    removed: int
+
+
+@strawberry.type
+class HistoryDeleted:
+    items: int = strawberry.field(description="Items whose content was removed; ids and rules stay (V13).")
