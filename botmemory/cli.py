@@ -45,11 +45,11 @@ async def _rotate(generate: bool) -> int:
     return 0
 
 
-async def _import(bot_id: str, path: str) -> int:
+def _read_legacy(path: str) -> list[LegacyEntry]:
     """One JSON object per line: ``{"content": ..., "tags": [...], "layer": "fact"}``."""
-    lines = Path(path).read_text(encoding="utf-8").splitlines()  # a CLI: blocking read before any I/O
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
     rows = [json.loads(line) for line in lines if line.strip()]
-    legacy = [
+    return [
         LegacyEntry(
             content=str(r["content"]),
             tags=tuple(str(t) for t in r.get("tags", [])),
@@ -57,6 +57,9 @@ async def _import(bot_id: str, path: str) -> int:
         )
         for r in rows
     ]
+
+
+async def _import(bot_id: str, legacy: list[LegacyEntry]) -> int:
     async with open_runtime(load_settings(), run_migrations=False) as runtime:
         applied = await import_legacy(runtime, bot_id, legacy)
     print(f"imported {len(applied.entry_ids)} legacy entries (hidden until rebuilt from provable sources)")
@@ -82,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         print(new_master_key())
         return 0
     if args.command == "import-legacy":
-        return asyncio.run(_import(args.bot_id, args.file))
+        return asyncio.run(_import(args.bot_id, _read_legacy(args.file)))
     return asyncio.run(_rotate(args.generate))
 
 
