@@ -1,0 +1,45 @@
+"""Helpers for memory tests: learned facts and observations go through the real apply_changes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from botmemory.changes import AddFact, AddObservation, Applied, ItemRef, MemoryChange, apply_changes
+from botmemory.runtime import Runtime
+from tests.client import Api
+
+
+async def said(api: Api, token: str, chat: str, text: str) -> tuple[str, str]:
+    """A person's message as a completed Turn; returns (chat id, item id)."""
+    turn = await api.turn(token, chat, text)
+    await api.gql("mutation($t: ID!) { completeTurn(turnId: $t) { id } }", {"t": turn["id"]}, token)
+    page = await api.gql("query($c: ID!) { chat(id: $c) { messageCount } }", {"c": chat}, token)
+    return chat, f"i-{page['chat']['messageCount']}" if page["chat"] else "i-0"
+
+
+async def fact(rt: Runtime, bot: str, content: str, *sources: tuple[str, str], topics: tuple[str, ...] = ()) -> str:
+    change = AddFact(content=content, sources=tuple(ItemRef(c, i) for c, i in sources), topics=topics)
+    await apply_changes(rt, bot, [change], "memory_bot")
+    return change.id
+
+
+async def observation(rt: Runtime, bot: str, content: str, *source_ids: str, confidence: float = 0.8) -> str:
+    change = AddObservation(content=content, source_entry_ids=source_ids, confidence=confidence)
+    await apply_changes(rt, bot, [change], "memory_bot")
+    return change.id
+
+
+async def apply(rt: Runtime, bot: str, *changes: MemoryChange) -> Applied:
+    return await apply_changes(rt, bot, list(changes), "memory_bot")
+
+
+async def visible(api: Api, token: str, bot: str, tags: str | None = None) -> dict[str, Any]:
+    """GET memory over REST: {id: entry}."""
+    query = f"?tags={tags}" if tags else ""
+    response = await api.http.get(f"/v1/bots/{bot}/memory{query}", headers={"Authorization": f"Bearer {token}"})
+    assert response.status_code == 200, response.text
+    return {e["id"]: e for e in response.json()["entries"]}
+
+
+async def command(api: Api, token: str, bot: str, body: dict[str, Any]) -> Any:
+    return await api.http.post(f"/v1/bots/{bot}/memory", json={"command": body}, headers={"Authorization": f"Bearer {token}"})
