@@ -17,7 +17,9 @@ async def said(api: Api, token: str, chat: str, text: str) -> tuple[str, str]:
     return chat, f"i-{page['chat']['messageCount']}" if page["chat"] else "i-0"
 
 
-async def fact(rt: Runtime, bot: str, content: str, *sources: tuple[str, str], topics: tuple[str, ...] = ()) -> str:
+async def fact(
+    rt: Runtime, bot: str, content: str, *sources: tuple[str, str], topics: tuple[str, ...] = ()
+) -> str:
     change = AddFact(content=content, sources=tuple(ItemRef(c, i) for c, i in sources), topics=topics)
     await apply_changes(rt, bot, [change], "memory_bot")
     return change.id
@@ -36,10 +38,14 @@ async def apply(rt: Runtime, bot: str, *changes: MemoryChange) -> Applied:
 async def visible(api: Api, token: str, bot: str, tags: str | None = None) -> dict[str, Any]:
     """GET memory over REST: {id: entry}."""
     query = f"?tags={tags}" if tags else ""
-    response = await api.http.get(f"/v1/bots/{bot}/memory{query}", headers={"Authorization": f"Bearer {token}"})
+    response = await api.http.get(
+        f"/v1/bots/{bot}/memory{query}", headers={"Authorization": f"Bearer {token}"}
+    )
     assert response.status_code == 200, response.text
     return {e["id"]: e for e in response.json()["entries"]}
 
 
 async def command(api: Api, token: str, bot: str, body: dict[str, Any]) -> Any:
-    return await api.http.post(f"/v1/bots/{bot}/memory", json={"command": body}, headers={"Authorization": f"Bearer {token}"})
+    return await api.http.post(
+        f"/v1/bots/{bot}/memory", json={"command": body}, headers={"Authorization": f"Bearer {token}"}
+    )

@@ -16,7 +16,9 @@ QUERIES = [
     (f"{module.name}.{name}", value)
     for module in pkgutil.iter_modules(graph.__path__, "graph.")
     for name, value in vars(importlib.import_module(module.name)).items()
-    if name.isupper() and isinstance(value, str) and re.match(r"\s*(MATCH|CREATE|MERGE|UNWIND|CALL|WITH|OPTIONAL)\b", value)
+    if name.isupper()
+    and isinstance(value, str)
+    and re.match(r"\s*(MATCH|CREATE|MERGE|UNWIND|CALL|WITH|OPTIONAL)\b", value)
 ]
 
 

@@ -18,7 +18,11 @@ async def test_private_fact_is_for_its_person_only_even_against_write(api: Api, 
     got = mine[entry]
     assert got["layer"] == "fact" and got["status"] == "active" and got["content"] == "Ann prefers trains"
     assert set(got["tags"]) == {
-        f"from:{w.people['ann']}", f"for:person:{w.people['ann']}", f"org:{w.org}", f"chat:{chat}", "travel"
+        f"from:{w.people['ann']}",
+        f"for:person:{w.people['ann']}",
+        f"org:{w.org}",
+        f"chat:{chat}",
+        "travel",
     }
     assert got["sources"] == [{"chat": chat, "item": src[1]}]
     # Bob holds WRITE on the Bot and still reads nothing about Ann (V7).
@@ -28,12 +32,18 @@ async def test_private_fact_is_for_its_person_only_even_against_write(api: Api, 
 async def test_group_fact_follows_current_channel_membership(api: Api, runtime: Runtime) -> None:
     w = await make_world(api, ("ann", "bob", "cat"), channel=("ann", "bob"))
     chat = await api.chat(w.tokens["ann"], w.bot, channel=w.channel)
-    entry = await fact(runtime, w.bot, "The team ships on Fridays", await said(api, w.tokens["bob"], chat, "we ship fridays"))
+    entry = await fact(
+        runtime, w.bot, "The team ships on Fridays", await said(api, w.tokens["bob"], chat, "we ship fridays")
+    )
     assert entry in await visible(api, w.tokens["ann"], w.bot)
     assert entry in await visible(api, w.tokens["bob"], w.bot)
     assert entry not in await visible(api, w.tokens["cat"], w.bot)
     tags = (await visible(api, w.tokens["ann"], w.bot))[entry]["tags"]
-    assert f"for:channel:{w.channel}" in tags and f"channel:{w.channel}" in tags and f"from:{w.people['bob']}" in tags
+    assert (
+        f"for:channel:{w.channel}" in tags
+        and f"channel:{w.channel}" in tags
+        and f"from:{w.people['bob']}" in tags
+    )
     await api.admin(
         "mutation($c: ID!, $m: [ID!]!) { setChannelMembers(channelId: $c, memberIds: $m) { id } }",
         {"c": w.channel, "m": [w.people["ann"], w.people["cat"]]},
@@ -46,16 +56,28 @@ async def test_observation_needs_every_source_and_an_active_chain(api: Api, runt
     w = await make_world(api, ("ann", "bob"), channel=("ann", "bob"))
     private = await api.chat(w.tokens["ann"], w.bot)
     group = await api.chat(w.tokens["ann"], w.bot, channel=w.channel)
-    a = await fact(runtime, w.bot, "Ann is vegetarian", await said(api, w.tokens["ann"], private, "I'm vegetarian"))
-    g = await fact(runtime, w.bot, "Team dinner on Thursday", await said(api, w.tokens["bob"], group, "dinner thursday"))
+    a = await fact(
+        runtime, w.bot, "Ann is vegetarian", await said(api, w.tokens["ann"], private, "I'm vegetarian")
+    )
+    g = await fact(
+        runtime, w.bot, "Team dinner on Thursday", await said(api, w.tokens["bob"], group, "dinner thursday")
+    )
     o = await observation(runtime, w.bot, "Pick a vegetarian place for Thursday", a, g)
     assert o in await visible(api, w.tokens["ann"], w.bot)
     # Bob sees the group source but not Ann's private one: nothing of the combination (V4).
     bob = await visible(api, w.tokens["bob"], w.bot)
     assert g in bob and o not in bob and a not in bob
     ann = await visible(api, w.tokens["ann"], w.bot)
-    assert set(ann[o]["tags"]) >= {f"for:person:{w.people['ann']}", f"for:channel:{w.channel}", f"chat:{private}", f"chat:{group}"}
-    assert ann[o]["sources"] == [{"entry": a}, {"entry": g}] or ann[o]["sources"] == [{"entry": g}, {"entry": a}]
+    assert set(ann[o]["tags"]) >= {
+        f"for:person:{w.people['ann']}",
+        f"for:channel:{w.channel}",
+        f"chat:{private}",
+        f"chat:{group}",
+    }
+    assert ann[o]["sources"] == [{"entry": a}, {"entry": g}] or ann[o]["sources"] == [
+        {"entry": g},
+        {"entry": a},
+    ]
     # An invalidated source hides every conclusion above it (V5); the source stays as history.
     await apply(runtime, w.bot, Invalidate(a))
     ann = await visible(api, w.tokens["ann"], w.bot)
@@ -67,7 +89,9 @@ async def test_second_level_observation_and_missing_source(api: Api, runtime: Ru
     w = await make_world(api, ("ann",))
     chat = await api.chat(w.tokens["ann"], w.bot)
     f1 = await fact(runtime, w.bot, "likes tea", await said(api, w.tokens["ann"], chat, "I like tea"))
-    f2 = await fact(runtime, w.bot, "likes mornings", await said(api, w.tokens["ann"], chat, "mornings are best"))
+    f2 = await fact(
+        runtime, w.bot, "likes mornings", await said(api, w.tokens["ann"], chat, "mornings are best")
+    )
     o1 = await observation(runtime, w.bot, "tea in the morning", f1, f2)
     o2 = await observation(runtime, w.bot, "schedule calls after tea", o1)
     seen = await visible(api, w.tokens["ann"], w.bot)
@@ -93,7 +117,9 @@ async def test_loops_and_over_deep_chains_fail_closed(api: Api, runtime: Runtime
     y = await observation(runtime, w.bot, "y", x)
     assert {x, y} <= set(await visible(api, w.tokens["ann"], w.bot))
     await runtime.driver.execute_query(
-        "MATCH (x:Entry {id: $x}), (y:Entry {id: $y}) CREATE (x)-[:SOURCE]->(y) SET x.sourceCount = 2", x=x, y=y
+        "MATCH (x:Entry {id: $x}), (y:Entry {id: $y}) CREATE (x)-[:SOURCE]->(y) SET x.sourceCount = 2",
+        x=x,
+        y=y,
     )
     seen = await visible(api, w.tokens["ann"], w.bot)
     assert x not in seen and y not in seen and base in seen
@@ -102,15 +128,21 @@ async def test_loops_and_over_deep_chains_fail_closed(api: Api, runtime: Runtime
 async def test_forget_by_the_only_person_retracts_for_everyone(api: Api, runtime: Runtime) -> None:
     w = await make_world(api, ("ann", "bob"), channel=("ann", "bob"))
     group = await api.chat(w.tokens["ann"], w.bot, channel=w.channel)
-    entry = await fact(runtime, w.bot, "Ann is moving to Lyon", await said(api, w.tokens["ann"], group, "moving to Lyon"))
+    entry = await fact(
+        runtime, w.bot, "Ann is moving to Lyon", await said(api, w.tokens["ann"], group, "moving to Lyon")
+    )
     assert entry in await visible(api, w.tokens["bob"], w.bot)
     response = await command(api, w.tokens["ann"], w.bot, {"_tag": "Forget", "id": entry})
     assert response.status_code == 200 and isinstance(response.json()["version"], int)
     assert entry not in await visible(api, w.tokens["ann"], w.bot)
     assert entry not in await visible(api, w.tokens["bob"], w.bot)
-    log = await api.http.get(f"/v1/bots/{w.bot}/memory/log", headers={"Authorization": f"Bearer {w.tokens['bob']}"})
+    log = await api.http.get(
+        f"/v1/bots/{w.bot}/memory/log", headers={"Authorization": f"Bearer {w.tokens['bob']}"}
+    )
     assert all(entry not in c["ids"] for c in log.json()["changes"])
-    records, _, _ = await runtime.driver.execute_query("MATCH (e:Entry {id: $id}) RETURN e.status AS s", id=entry)
+    records, _, _ = await runtime.driver.execute_query(
+        "MATCH (e:Entry {id: $id}) RETURN e.status AS s", id=entry
+    )
     assert records[0]["s"] == "retracted"
 
 
@@ -146,7 +178,12 @@ async def test_forget_conflict_has_no_existence_oracle(api: Api, runtime: Runtim
         response = await command(api, w.tokens["bob"], w.bot, {"_tag": "Forget", "id": entry_id})
         assert response.status_code == 409
         bodies.append(response.json())
-    assert bodies[0] == bodies[1] == bodies[2] == {"error": {"code": "CONFLICT", "message": "this entry is not for you"}}
+    assert (
+        bodies[0]
+        == bodies[1]
+        == bodies[2]
+        == {"error": {"code": "CONFLICT", "message": "this entry is not for you"}}
+    )
     assert anns in await visible(api, w.tokens["ann"], w.bot)
 
 
@@ -154,20 +191,26 @@ async def test_remember_is_pinned_first_and_only_for_you(api: Api, runtime: Runt
     w = await make_world(api, ("ann", "bob"))
     chat = await api.chat(w.tokens["ann"], w.bot)
     learned = await fact(runtime, w.bot, "learned", await said(api, w.tokens["ann"], chat, "x"))
-    response = await command(api, w.tokens["ann"], w.bot, {"_tag": "Remember", "content": "Call me Annie", "tags": ["names"]})
+    response = await command(
+        api, w.tokens["ann"], w.bot, {"_tag": "Remember", "content": "Call me Annie", "tags": ["names"]}
+    )
     assert response.status_code == 201
     body = response.json()
     pinned = body["entry"]["id"]
-    assert pinned.startswith("mem_") and body["entry"]["layer"] == "pinned" and isinstance(body["version"], int)
+    assert (
+        pinned.startswith("mem_") and body["entry"]["layer"] == "pinned" and isinstance(body["version"], int)
+    )
     mine = list(await visible(api, w.tokens["ann"], w.bot))
     assert mine == [pinned, learned]  # memory order: pinned first
     assert pinned not in await visible(api, w.tokens["bob"], w.bot)
     assert list(await visible(api, w.tokens["ann"], w.bot, tags="names")) == [pinned]
-    colon = await command(api, w.tokens["ann"], w.bot, {"_tag": "Remember", "content": "x", "tags": ["for:bot"]})
+    colon = await command(
+        api, w.tokens["ann"], w.bot, {"_tag": "Remember", "content": "x", "tags": ["for:bot"]}
+    )
     assert colon.status_code == 422 and colon.json()["error"]["code"] == "BAD_INPUT"
     # Sharing a pinned entry beyond its author breaks its own rule (V9: Remember keeps its rule).
     share = await api.raw(
-        "mutation($b: ID!, $id: ID!) { shareEntry(botId: $b, id: $id, audience: [\"for:bot\"]) { version } }",
+        'mutation($b: ID!, $id: ID!) { shareEntry(botId: $b, id: $id, audience: ["for:bot"]) { version } }',
         {"b": w.bot, "id": pinned},
         w.tokens["ann"],
     )
@@ -207,7 +250,10 @@ async def test_share_must_pass_every_source_rule(api: Api, runtime: Runtime) -> 
 async def test_purge_cascades_to_observations_and_needs_unlinked_write(api: Api, runtime: Runtime) -> None:
     w = await make_world(api, ("ann", "bob"))
     guest = await make_world(api, ("gus",))
-    await api.admin("mutation($b: ID!, $o: ID!) { linkBot(botId: $b, organizationId: $o) { id } }", {"b": w.bot, "o": guest.org})
+    await api.admin(
+        "mutation($b: ID!, $o: ID!) { linkBot(botId: $b, organizationId: $o) { id } }",
+        {"b": w.bot, "o": guest.org},
+    )
     await api.grant(w.bot, guest.people["gus"], "WRITE")
     c1 = await api.chat(w.tokens["ann"], w.bot)
     c2 = await api.chat(w.tokens["ann"], w.bot)
@@ -218,11 +264,17 @@ async def test_purge_cascades_to_observations_and_needs_unlinked_write(api: Api,
     # READ only, a linked organization's WRITE, and a platform cannot purge (D9.13).
     await api.grant(w.bot, w.people["bob"], "READ")
     for token in (w.tokens["bob"], guest.tokens["gus"]):
-        denied = await api.http.post(f"/v1/bots/{w.bot}/memory/purge", json={"tag": f"chat:{c1}"}, headers={"Authorization": f"Bearer {token}"})
+        denied = await api.http.post(
+            f"/v1/bots/{w.bot}/memory/purge",
+            json={"tag": f"chat:{c1}"},
+            headers={"Authorization": f"Bearer {token}"},
+        )
         assert denied.status_code == 403
     bad = await api.http.post(f"/v1/bots/{w.bot}/memory/purge", json={"tag": "travel"}, headers=headers)
     assert bad.status_code == 422
-    response = await api.http.post(f"/v1/bots/{w.bot}/memory/purge", json={"tag": f"chat:{c1}"}, headers=headers)
+    response = await api.http.post(
+        f"/v1/bots/{w.bot}/memory/purge", json={"tag": f"chat:{c1}"}, headers=headers
+    )
     assert response.status_code == 200 and response.json() == {"removed": 2}
     assert set(await visible(api, w.tokens["ann"], w.bot)) == {f2}
     records, _, _ = await runtime.driver.execute_query(
@@ -241,7 +293,10 @@ async def test_purge_cascades_to_observations_and_needs_unlinked_write(api: Api,
 async def test_linked_bot_is_scoped_by_organization(api: Api, runtime: Runtime) -> None:
     w = await make_world(api, ("ann",), channel=("ann",))
     guest = await make_world(api, ("gus",))
-    await api.admin("mutation($b: ID!, $o: ID!) { linkBot(botId: $b, organizationId: $o) { id } }", {"b": w.bot, "o": guest.org})
+    await api.admin(
+        "mutation($b: ID!, $o: ID!) { linkBot(botId: $b, organizationId: $o) { id } }",
+        {"b": w.bot, "o": guest.org},
+    )
     await api.grant(w.bot, guest.people["gus"], "READ")
     home = await api.chat(w.tokens["ann"], w.bot, channel=w.channel)
     team = await fact(runtime, w.bot, "home team fact", await said(api, w.tokens["ann"], home, "home"))
@@ -260,10 +315,14 @@ async def test_legacy_entries_stay_hidden_and_are_never_widened(api: Api, runtim
     from botmemory.changes import LegacyEntry, import_legacy
 
     w = await make_world(api, ("ann",))
-    legacy = LegacyEntry(content="old memory", tags=(f"for:person:{w.people['ann']}", f"org:{w.org}", "for:bot"))
+    legacy = LegacyEntry(
+        content="old memory", tags=(f"for:person:{w.people['ann']}", f"org:{w.org}", "for:bot")
+    )
     applied = await import_legacy(runtime, w.bot, [legacy])
     assert legacy.id not in await visible(api, w.tokens["ann"], w.bot)
-    records, _, _ = await runtime.driver.execute_query("MATCH (c:Change {version: $v, botId: $b}) RETURN c.actor AS a", v=applied.version, b=w.bot)
+    records, _, _ = await runtime.driver.execute_query(
+        "MATCH (c:Change {version: $v, botId: $b}) RETURN c.actor AS a", v=applied.version, b=w.bot
+    )
     assert records[0]["a"] == "promotion"
     try:
         await apply(runtime, w.bot, Share(legacy.id, (f"for:person:{w.people['ann']}",)))
@@ -280,25 +339,38 @@ async def test_legacy_entries_stay_hidden_and_are_never_widened(api: Api, runtim
 async def test_deleting_history_keeps_memory_and_purge_chat_removes_it(api: Api, runtime: Runtime) -> None:
     w = await make_world(api, ("ann",))
     chat = await api.chat(w.tokens["ann"], w.bot)
-    entry = await fact(runtime, w.bot, "kept after history deletion", await said(api, w.tokens["ann"], chat, "x"))
-    deleted = await api.gql("mutation($c: ID!) { deleteChatHistory(chatId: $c) { items } }", {"c": chat}, w.tokens["ann"])
+    entry = await fact(
+        runtime, w.bot, "kept after history deletion", await said(api, w.tokens["ann"], chat, "x")
+    )
+    deleted = await api.gql(
+        "mutation($c: ID!) { deleteChatHistory(chatId: $c) { items } }", {"c": chat}, w.tokens["ann"]
+    )
     assert deleted["deleteChatHistory"]["items"] == 1
-    page = await api.gql("query($c: ID!) { chat(id: $c) { messages { id text } } }", {"c": chat}, w.tokens["ann"])
+    page = await api.gql(
+        "query($c: ID!) { chat(id: $c) { messages { id text } } }", {"c": chat}, w.tokens["ann"]
+    )
     assert page["chat"]["messages"] == [{"id": "i-1", "text": None}]
     assert entry in await visible(api, w.tokens["ann"], w.bot)
-    purged = await api.gql("mutation($b: ID!, $t: String!) { purge(botId: $b, tag: $t) { removed } }", {"b": w.bot, "t": f"chat:{chat}"}, w.tokens["ann"])
+    purged = await api.gql(
+        "mutation($b: ID!, $t: String!) { purge(botId: $b, tag: $t) { removed } }",
+        {"b": w.bot, "t": f"chat:{chat}"},
+        w.tokens["ann"],
+    )
     assert purged["purge"]["removed"] == 1
     assert await visible(api, w.tokens["ann"], w.bot) == {}
 
 
-async def test_tag_and_status_changes_keep_ciphertext_and_log_every_change(api: Api, runtime: Runtime) -> None:
+async def test_tag_and_status_changes_keep_ciphertext_and_log_every_change(
+    api: Api, runtime: Runtime
+) -> None:
     w = await make_world(api, ("ann",))
     chat = await api.chat(w.tokens["ann"], w.bot)
     entry = await fact(runtime, w.bot, "stable bytes", await said(api, w.tokens["ann"], chat, "x"))
 
     async def stored() -> tuple[bytes, int]:
         records, _, _ = await runtime.driver.execute_query(
-            "MATCH (e:Entry {id: $id})-[:IN_MEMORY]->(m:Memory) RETURN e.content AS c, m.version AS v", id=entry
+            "MATCH (e:Entry {id: $id})-[:IN_MEMORY]->(m:Memory) RETURN e.content AS c, m.version AS v",
+            id=entry,
         )
         return bytes(records[0]["c"]), int(records[0]["v"])
 
@@ -307,7 +379,11 @@ async def test_tag_and_status_changes_keep_ciphertext_and_log_every_change(api: 
     await apply(runtime, w.bot, Invalidate(entry))
     after, v2 = await stored()
     assert after == before and v2 == v0 + 2  # E3, C2
-    log = await api.gql("query($b: ID!) { memoryLog(botId: $b) { version changes { version actor ids } } }", {"b": w.bot}, w.tokens["ann"])
+    log = await api.gql(
+        "query($b: ID!) { memoryLog(botId: $b) { version changes { version actor ids } } }",
+        {"b": w.bot},
+        w.tokens["ann"],
+    )
     versions = [c["version"] for c in log["memoryLog"]["changes"]]
     assert versions[:3] == [v2, v2 - 1, v2 - 2] and log["memoryLog"]["version"] == v2
     assert {c["actor"] for c in log["memoryLog"]["changes"]} == {"memory_bot"}

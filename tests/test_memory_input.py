@@ -1,0 +1,71 @@
+"""Bad input on the memory routes: clear errors, stable codes, nothing changed."""
+
+from __future__ import annotations
+
+from botmemory.runtime import Runtime
+from tests.client import Api, make_world
+from tests.memory_helpers import visible
+
+
+async def memory_version(runtime: Runtime, bot: str) -> int:
+    records, _, _ = await runtime.driver.execute_query(
+        "MATCH (m:Memory {id: $b}) RETURN m.version AS v", b=bot
+    )
+    return int(records[0]["v"])
+
+
+async def test_bad_commands_change_nothing(api: Api, runtime: Runtime) -> None:
+    w = await make_world(api, ("ann",))
+    headers = {"Authorization": f"Bearer {w.tokens['ann']}"}
+    url = f"/v1/bots/{w.bot}/memory"
+    before = await memory_version(runtime, w.bot)
+    cases = [
+        (b"{oops", 422),
+        (b"[]", 422),
+        (b'{"command": "Remember"}', 422),
+        (b'{"command": {"_tag": "Delete", "id": "x"}}', 422),
+        (b'{"command": {"_tag": "Remember"}}', 422),
+        (b'{"command": {"_tag": "Remember", "content": 5}}', 422),
+        (b'{"command": {"_tag": "Remember", "content": "x", "tags": ["chat:abc"]}}', 422),
+        (b'{"command": {"_tag": "Remember", "content": "x", "tags": ["Not A Topic"]}}', 422),
+        (b'{"command": {"_tag": "Remember", "content": "   "}}', 422),
+        (('{"command": {"_tag": "Remember", "content": "' + "x" * 5000 + '"}}').encode(), 422),
+        (b'{"command": {"_tag": "Forget"}}', 422),
+    ]
+    for body, status in cases:
+        response = await api.http.post(
+            url, content=body, headers={**headers, "Content-Type": "application/json"}
+        )
+        assert response.status_code == status, (body[:60], response.text)
+        assert response.json()["error"]["code"] == "BAD_INPUT"
+    assert await memory_version(runtime, w.bot) == before
+    assert await visible(api, w.tokens["ann"], w.bot) == {}
+
+
+async def test_unknown_foreign_and_invalid_bot_ids(api: Api) -> None:
+    w = await make_world(api, ("ann",))
+    other = await make_world(api, ("zed",))
+    headers = {"Authorization": f"Bearer {w.tokens['ann']}"}
+    for bot in ("bot_" + "0" * 32, other.bot):
+        response = await api.http.get(f"/v1/bots/{bot}/memory", headers=headers)
+        assert response.status_code == 404 and response.json()["error"]["code"] == "NOT_FOUND"
+    bad = await api.http.get("/v1/bots/bot%20x/memory", headers=headers)
+    assert bad.status_code == 422
+    filtered = await api.http.get(f"/v1/bots/{w.bot}/memory?tags=a,B%20C", headers=headers)
+    assert filtered.status_code == 422
+
+
+async def test_read_needs_a_grant_and_a_person(api: Api) -> None:
+    w = await make_world(api, ("ann", "bob"))
+    await api.grant(w.bot, w.people["bob"], "NONE")
+    bob = await api.http.get(
+        f"/v1/bots/{w.bot}/memory", headers={"Authorization": f"Bearer {w.tokens['bob']}"}
+    )
+    assert bob.status_code == 403
+    platform = await api.platform_token(w.org)
+    response = await api.http.get(f"/v1/bots/{w.bot}/memory", headers={"Authorization": f"Bearer {platform}"})
+    assert response.status_code == 403  # a platform token cannot read memory (D9.5)
+    admin = await api.http.get(
+        f"/v1/bots/{w.bot}/memory", headers={"Authorization": f"Bearer {api.admin_token}"}
+    )
+    assert admin.status_code == 403  # nor can the operator (V7)

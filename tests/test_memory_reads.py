@@ -1,0 +1,88 @@
+"""context, hasEntries, validateReferences (N3, N4) and decrypting only what is returned (E2)."""
+
+from __future__ import annotations
+
+from prometheus_client import REGISTRY
+
+from botmemory import memory
+from botmemory.changes import Invalidate
+from botmemory.domain import Principal
+from botmemory.runtime import Runtime
+from tests.client import Api, make_world
+from tests.memory_helpers import apply, command, fact, said
+
+
+def entry_decryptions() -> float:
+    return REGISTRY.get_sample_value("botmemory_decryptions_total", {"kind": "entry"}) or 0.0
+
+
+async def test_context_stops_at_the_first_entry_that_does_not_fit(api: Api, runtime: Runtime) -> None:
+    w = await make_world(api, ("ann", "bob"))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    src = await said(api, w.tokens["ann"], chat, "facts")
+    oldest = await fact(runtime, w.bot, "a" * 10, src)
+    middle = await fact(runtime, w.bot, "b" * 50, src)
+    newest = await fact(runtime, w.bot, "c" * 10, src)
+    reader = await memory.person_reader_of(runtime, w.bot, w.people["ann"], w.org)
+    assert reader is not None
+    before = entry_decryptions()
+    ctx = await memory.context(runtime, w.bot, reader, limit=40)
+    # Memory order is newest first; the 50-character entry does not fit, so the oldest is not
+    # reached even though it would fit (N3), and nothing past the stop is decrypted (E2).
+    assert ctx.ids == (newest,)
+    assert ctx.text == "- " + "c" * 10
+    assert entry_decryptions() - before == 1
+    full = await memory.context(runtime, w.bot, reader, limit=1000)
+    assert full.ids == (newest, middle, oldest)
+    assert await memory.has_entries(runtime, w.bot, reader)
+    tiny = await memory.context(runtime, w.bot, reader, limit=3)
+    assert tiny.ids == () and tiny.text == ""
+    assert await memory.has_entries(runtime, w.bot, reader)  # visible even when none fits
+    bob = await memory.person_reader_of(runtime, w.bot, w.people["bob"], w.org)
+    assert bob is not None and not await memory.has_entries(runtime, w.bot, bob)
+
+
+async def test_validate_references_reads_no_content(api: Api, runtime: Runtime) -> None:
+    w = await make_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    src = await said(api, w.tokens["ann"], chat, "facts")
+    used = await fact(runtime, w.bot, "used in an answer", src)
+    reader = await memory.person_reader_of(runtime, w.bot, w.people["ann"], w.org)
+    assert reader is not None
+    before = entry_decryptions()
+    assert await memory.validate_references(runtime, w.bot, reader, [used])
+    await fact(runtime, w.bot, "a newer entry " + "x" * 3000, src)
+    assert await memory.validate_references(runtime, w.bot, reader, [used])  # new entries never invalidate it
+    await apply(runtime, w.bot, Invalidate(used))
+    assert not await memory.validate_references(runtime, w.bot, reader, [used])  # a revoked source does
+    assert entry_decryptions() == before
+
+
+async def test_group_readers_must_all_pass(api: Api, runtime: Runtime) -> None:
+    w = await make_world(api, ("ann", "bob"), channel=("ann", "bob"))
+    private = await api.chat(w.tokens["ann"], w.bot)
+    group = await api.chat(w.tokens["ann"], w.bot, channel=w.channel)
+    mine = await fact(runtime, w.bot, "Ann only", await said(api, w.tokens["ann"], private, "mine"))
+    team = await fact(runtime, w.bot, "Team", await said(api, w.tokens["bob"], group, "team"))
+    readers = await memory.chat_reader(runtime, group)
+    assert readers is not None and {r["id"] for r in readers.readers} == {w.people["ann"], w.people["bob"]}
+    ctx = await memory.context(runtime, w.bot, readers, limit=1000)
+    assert ctx.ids == (team,) and mine not in ctx.ids
+    # Forgotten by one member: not sent for a group that includes that member.
+    assert (await command(api, w.tokens["bob"], w.bot, {"_tag": "Forget", "id": team})).status_code == 200
+    assert team not in (await memory.context(runtime, w.bot, readers, limit=1000)).ids
+
+
+async def test_listing_decrypts_exactly_what_it_returns(api: Api, runtime: Runtime) -> None:
+    w = await make_world(api, ("ann", "bob"))
+    ann_chat = await api.chat(w.tokens["ann"], w.bot)
+    bob_chat = await api.chat(w.tokens["bob"], w.bot)
+    for n in range(3):
+        await fact(runtime, w.bot, f"ann {n}", await said(api, w.tokens["ann"], ann_chat, f"a{n}"))
+    for n in range(4):
+        await fact(runtime, w.bot, f"bob {n}", await said(api, w.tokens["bob"], bob_chat, f"b{n}"))
+    principal = Principal("person", person_id=w.people["ann"], organization_id=w.org)
+    before = entry_decryptions()
+    found, _ = await memory.list_entries(runtime, principal, w.bot, [])
+    assert len(found) == 3
+    assert entry_decryptions() - before == 3
