@@ -17,12 +17,15 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from strawberry.asgi import GraphQL
+from strawberry.exceptions import ConnectionRejectionError
 from strawberry.http import GraphQLHTTPResponse
 from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL
 from strawberry.types import ExecutionResult
+from strawberry.types.unset import UNSET, UnsetType
 
 from botmemory import metrics, rest
 from botmemory.bootstrap import open_runtime
+from botmemory.changefeed import ChangeHub
 from botmemory.errors import ServiceError
 from botmemory.logs import configure_logging
 from botmemory.runtime import Runtime
@@ -36,11 +39,24 @@ log = logging.getLogger("botmemory.api")
 
 class State(TypedDict):
     runtime: Runtime
+    hub: ChangeHub
 
 
 class GraphQLApp(GraphQL[Context, None]):
     async def get_context(self, request: HTTPConnection, response: Any) -> Context:
-        return Context(runtime=request.state.runtime, authorization=request.headers.get("authorization"))
+        return Context(
+            runtime=request.state.runtime,
+            authorization=request.headers.get("authorization"),
+            hub=request.state.hub,
+        )
+
+    async def on_ws_connect(self, context: Context) -> UnsetType | dict[str, object] | None:
+        """Authenticate subscriptions once, on ``connection_init``; a bad token closes with 4403."""
+        try:
+            await context.authenticate_connection()
+        except ServiceError:
+            raise ConnectionRejectionError({"code": "UNAUTHENTICATED"}) from None
+        return UNSET
 
     async def process_result(self, request: Request, result: ExecutionResult) -> GraphQLHTTPResponse:
         """Parse errors end before the operation's extensions; give them their code here."""
@@ -141,8 +157,13 @@ def create_app(settings: Settings | None = None) -> Starlette:
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncGenerator[State]:
         async with open_runtime(settings) as runtime:
+            hub = ChangeHub(runtime)
+            await hub.start()
             log.info("api ready")
-            yield {"runtime": runtime}
+            try:
+                yield {"runtime": runtime, "hub": hub}
+            finally:
+                await hub.stop()
 
     return Starlette(
         routes=[

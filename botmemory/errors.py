@@ -14,6 +14,11 @@ class ServiceError(Exception):
         self.message = message
         self.field = field
 
+    @property
+    def extensions(self) -> dict[str, str]:
+        """graphql-core copies this onto the GraphQLError, on every path (queries and subscriptions)."""
+        return {"code": self.code} | ({"field": self.field} if self.field else {})
+
 
 class Unauthenticated(ServiceError):
     code = "UNAUTHENTICATED"

@@ -146,6 +146,16 @@ async def open_read(
     return version, Reader(principal.organization_id, (reader,)), await _cipher_of(rt, tx, bot_id)
 
 
+async def require_reader(rt: Runtime, principal: Principal, bot_id: str) -> None:
+    """Raise unless the caller may read this Bot's memory (a person with a grant, D9.5)."""
+    check_id(bot_id, "botId")
+
+    async def work(tx: AsyncManagedTransaction) -> None:
+        await open_read(rt, tx, principal, bot_id)
+
+    await read(rt.driver, work)
+
+
 async def list_entries(
     rt: Runtime, principal: Principal, bot_id: str, tags: list[str]
 ) -> tuple[list[Entry], int]:

@@ -2,8 +2,9 @@
 
 ``VISIBLE`` is a predicate over a candidate entry ``e``. It is spliced into every read query
 (list, log, context, subscriptions, source graph, validateReferences, edits), never run as a
-separate pre-check. Parameters: ``$org`` (the request's organization) and ``$readers``, a list
-of ``{id, channels, usesBot}`` maps — one reader for a person's own read, every reader of the
+separate pre-check. It reads two variables that the query binds first (``WITH $readers AS
+readers, $org AS org``, or per subscriber in a batched check): ``org``, the request's
+organization, and ``readers``, a list of ``{id, channels, usesBot}`` maps — one reader for a person's own read, every reader of the
 answer for a group chat (D9.15). Channel membership and grants are read at request time, so a
 removal from a channel hides at once.
 
@@ -44,22 +45,22 @@ AND all(t IN x.tags WHERE
         OR t = 'for:person:' + rd.id
         OR (t STARTS WITH 'for:channel:' AND substring(t, 12) IN rd.channels)
         OR (t = 'for:bot' AND rd.usesBot))
-      AND (NOT t STARTS WITH 'org:' OR t = 'org:' + $org))
+      AND (NOT t STARTS WITH 'org:' OR t = 'org:' + org))
 AND NOT rd.id IN coalesce(x.excluded, [])
 """
 
 _RULE_OK: Final = """
-r.org = $org
+r.org = org
 AND (r.rule = 'person:' + rd.id OR (r.rule STARTS WITH 'channel:' AND substring(r.rule, 8) IN rd.channels))
 """
 
-#: Predicate on ``e`` (see the module docstring). Needs ``$readers`` and ``$org``.
+#: Predicate on ``e`` (see the module docstring). Needs the variables ``readers`` and ``org``.
 VISIBLE: Final = (
     """
-(size($readers) > 0
+(size(readers) > 0
  AND NOT EXISTS { (e)-[:SOURCE*9]->() }
  AND NOT EXISTS { MATCH (e)-[:SOURCE*0..8]->(y:Entry)-[:SOURCE*1..8]->(y) }
- AND all(rd IN $readers WHERE
+ AND all(rd IN readers WHERE
    all(x IN [e] + [(e)-[:SOURCE*1..8]->(s:Entry) | s] WHERE """
     + _ENTRY_OK
     + """)

@@ -39,6 +39,7 @@ CREATE (c:Change {id: $id, botId: $botId, version: $version, at: $at, actor: $ac
 #: ``$tags`` (all-of) narrows the list. Returns ciphertext for decryption after commit.
 LIST_VISIBLE: Final = (
     """
+WITH $readers AS readers, $org AS org
 MATCH (e:Entry {botId: $botId})
 WHERE e.status IN $statuses AND all(t IN $tags WHERE t IN e.tags) AND """
     + VISIBLE
@@ -56,6 +57,7 @@ SKIP $skip LIMIT $limit
 #: first entry that does not fit and decrypts only what it returns.
 CONTEXT_CANDIDATES: Final = (
     """
+WITH $readers AS readers, $org AS org
 MATCH (e:Entry {botId: $botId})
 WHERE e.status = 'active' AND """
     + VISIBLE
@@ -68,6 +70,7 @@ LIMIT $limit
 
 HAS_VISIBLE: Final = (
     """
+WITH $readers AS readers, $org AS org
 MATCH (e:Entry {botId: $botId})
 WHERE e.status = 'active' AND """
     + VISIBLE
@@ -79,6 +82,7 @@ RETURN e.id AS id LIMIT 1
 #: Which of ``$ids`` are visible (and active when ``$activeOnly``) — no content read (N4, E2).
 VISIBLE_IDS: Final = (
     """
+WITH $readers AS readers, $org AS org
 UNWIND $ids AS entryId
 MATCH (e:Entry {id: entryId, botId: $botId})
 WHERE (NOT $activeOnly OR e.status = 'active') AND e.status <> 'retracted' AND """

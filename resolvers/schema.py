@@ -19,6 +19,7 @@ from strawberry.schema.config import StrawberryConfig
 from botmemory.settings import Settings
 from resolvers.mutation import Mutation
 from resolvers.query import Query
+from resolvers.subscription import Subscription
 from schema.errors import ErrorCodes
 from schema.types import LONG_SCALAR, Long
 
@@ -42,6 +43,7 @@ def build_schema(settings: Settings) -> strawberry.Schema:
     return Schema(
         query=Query,
         mutation=Mutation,
+        subscription=Subscription,
         config=StrawberryConfig(auto_camel_case=True, scalar_map={Long: LONG_SCALAR}),
         extensions=extensions,
     )

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from strawberry.types import Info as _Info
 
 from botmemory.auth import authenticate
+from botmemory.changefeed import ChangeHub
 from botmemory.domain import Principal
 from botmemory.runtime import Runtime
 
@@ -17,12 +18,22 @@ class Context:
 
     runtime: Runtime
     authorization: str | None
+    hub: ChangeHub | None = None
+    connection_params: dict[str, object] | None = None
     _principal: Principal | None = field(default=None)
 
     async def principal(self) -> Principal:
         if self._principal is None:
             self._principal = await authenticate(self.runtime, self.authorization)
         return self._principal
+
+    async def authenticate_connection(self) -> None:
+        """graphql-transport-ws: the token comes in ``connection_init`` (or the upgrade request)."""
+        params = self.connection_params or {}
+        token = params.get("Authorization") or params.get("authorization")
+        if isinstance(token, str):
+            self.authorization = token
+        self._principal = await authenticate(self.runtime, self.authorization)
 
 
 Info = _Info[Context, None]

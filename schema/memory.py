@@ -94,3 +94,9 @@ class PurgePayload:
 @strawberry.type
 class HistoryDeleted:
     items: int = strawberry.field(description="Items whose content was removed; ids and rules stay (V13).")
+
+
+@strawberry.type
+class MemoryChangeEvent:
+    version: int
+    entries: list[MemoryEntry] = strawberry.field(description="Changed entries you may see now.")

@@ -1,0 +1,140 @@
+"""Memory change events for subscribers of one API process (``memoryChanges``, V10, E4).
+
+Writers publish ``{botId, version, ids}`` on Redis after commit (ids only). Each API process
+listens once; per event it runs one batched visibility check for all its local subscribers of
+that Bot (current membership, live token), decrypts the union of what anyone may see once,
+and hands each subscriber the same immutable entry objects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from neo4j import AsyncManagedTransaction
+
+from botmemory.memory import Entry, decrypt_entry
+from botmemory.runtime import Runtime, now_ms
+from graph import changefeed, identity
+from graph import memory as q
+from graph.driver import read
+
+log = logging.getLogger("botmemory.changefeed")
+
+CHANNEL_PATTERN = "botmemory:changes:*"
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeEvent:
+    version: int
+    entries: tuple[Entry, ...]
+
+
+@dataclass(eq=False, slots=True)
+class Subscriber:
+    key: str
+    bot_id: str
+    person_id: str
+    org: str
+    token_id: str
+    queue: asyncio.Queue[ChangeEvent | None] = field(
+        default_factory=lambda: asyncio.Queue[ChangeEvent | None](100)
+    )
+
+
+class ChangeHub:
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        self.subscribers: dict[str, dict[str, Subscriber]] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._counter = 0
+        self.ready = asyncio.Event()
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._listen(), name="changefeed")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _listen(self) -> None:
+        while True:
+            pubsub = self.rt.redis.pubsub()
+            try:
+                await pubsub.psubscribe(CHANNEL_PATTERN)
+                self.ready.set()
+                async for message in cast(AsyncIterator[dict[str, Any]], pubsub.listen()):
+                    if message.get("type") == "pmessage":
+                        await self.deliver(json.loads(message["data"]))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # keep listening: a lost Redis connection must not end the feed
+                log.warning("change feed interrupted: %s; reconnecting", type(exc).__name__)
+                await asyncio.sleep(0.5)
+            finally:
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()
+
+    @contextlib.asynccontextmanager
+    async def subscribe(
+        self, bot_id: str, person_id: str, org: str, token_id: str
+    ) -> AsyncGenerator[Subscriber]:
+        self._counter += 1
+        sub = Subscriber(f"s{self._counter}", bot_id, person_id, org, token_id)
+        self.subscribers.setdefault(bot_id, {})[sub.key] = sub
+        try:
+            yield sub
+        finally:
+            subs = self.subscribers.get(bot_id, {})
+            subs.pop(sub.key, None)
+            if not subs:
+                self.subscribers.pop(bot_id, None)
+
+    async def deliver(self, event: dict[str, Any]) -> None:
+        """One batched check per event for every local subscriber of the Bot."""
+        bot_id, ids, version = str(event["botId"]), [str(i) for i in event["ids"]], int(event["version"])
+        local = list(self.subscribers.get(bot_id, {}).values())
+        if not local:
+            return
+        subs = [{"key": s.key, "person": s.person_id, "org": s.org, "token": s.token_id} for s in local]
+        now = now_ms()
+
+        async def work(tx: AsyncManagedTransaction) -> tuple[dict[str, list[dict[str, Any]]], Any]:
+            await q.shared_lock(tx, bot_id=bot_id)
+            found = await changefeed.deliveries(tx, bot_id=bot_id, ids=ids, subs=subs, now=now)
+            return found, await identity.bot_key(tx, id=bot_id)
+
+        found, key = await read(self.rt.driver, work)
+        if key is None:
+            return
+        cipher = self.rt.cipher(bot_id, key["master"], key["wrapped"])
+        decrypted: dict[str, Entry] = {}
+        for rows in found.values():
+            for row in rows:
+                if row["id"] not in decrypted:
+                    decrypted[row["id"]] = decrypt_entry(cipher, row)
+        events: dict[tuple[str, ...], ChangeEvent] = {}
+        for sub in local:
+            if sub.key not in found:
+                _offer(sub, None)  # token revoked or read on the Bot lost: end the subscription
+                continue
+            visible = tuple(sorted(row["id"] for row in found[sub.key]))
+            if not visible:
+                continue
+            if visible not in events:
+                events[visible] = ChangeEvent(version, tuple(decrypted[i] for i in visible))
+            _offer(sub, events[visible])
+
+
+def _offer(sub: Subscriber, event: ChangeEvent | None) -> None:
+    try:
+        sub.queue.put_nowait(event)
+    except asyncio.QueueFull:
+        log.warning("subscriber %s is too slow; dropping an event", sub.key)

@@ -1,0 +1,132 @@
+"""memoryChanges over graphql-transport-ws: authenticated on connect, filtered at delivery (V10, E4)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+import websockets
+from websockets.asyncio.client import ClientConnection
+
+from botmemory.runtime import Runtime
+from botmemory.settings import Settings
+from tests.client import Api, make_world
+from tests.conftest import ApiProcess
+from tests.memory_helpers import command, fact, said
+
+SUBSCRIBE = "subscription($b: ID!) { memoryChanges(botId: $b) { version entries { id content status } } }"
+
+
+def ws_url(api: Api) -> str:
+    return str(api.http.base_url).replace("http://", "ws://").rstrip("/") + "/graphql"
+
+
+@asynccontextmanager
+async def subscription(url: str, token: str, bot: str) -> AsyncIterator[ClientConnection]:
+    async with websockets.connect(url, subprotocols=["graphql-transport-ws"]) as ws:  # type: ignore[list-item]
+        await ws.send(
+            json.dumps({"type": "connection_init", "payload": {"Authorization": f"Bearer {token}"}})
+        )
+        assert json.loads(await asyncio.wait_for(ws.recv(), 5))["type"] == "connection_ack"
+        await ws.send(
+            json.dumps(
+                {"id": "1", "type": "subscribe", "payload": {"query": SUBSCRIBE, "variables": {"b": bot}}}
+            )
+        )
+        await asyncio.sleep(0.5)  # let the server register the subscriber
+        yield ws
+
+
+async def next_event(ws: ClientConnection, timeout: float = 5) -> dict[str, Any]:
+    message = json.loads(await asyncio.wait_for(ws.recv(), timeout))
+    assert message["type"] == "next", message
+    return message["payload"]["data"]["memoryChanges"]
+
+
+async def test_each_subscriber_gets_only_what_it_may_see(api: Api, runtime: Runtime) -> None:
+    w = await make_world(api, ("ann", "bob", "cat"), channel=("ann", "bob", "cat"))
+    ann_chat = await api.chat(w.tokens["ann"], w.bot)
+    group = await api.chat(w.tokens["ann"], w.bot, channel=w.channel)
+    src_private = await said(api, w.tokens["ann"], ann_chat, "private")
+    src_group = await said(api, w.tokens["ann"], group, "team")
+    async with (
+        subscription(ws_url(api), w.tokens["ann"], w.bot) as ann,
+        subscription(ws_url(api), w.tokens["bob"], w.bot) as bob,
+        subscription(ws_url(api), w.tokens["cat"], w.bot) as cat,
+    ):
+        private = await fact(runtime, w.bot, "Ann's private fact", src_private)
+        got = await next_event(ann)
+        assert [e["id"] for e in got["entries"]] == [private] and got["entries"][0][
+            "content"
+        ] == "Ann's private fact"
+        # Bob is removed from the channel: he stops receiving at once; Cat still receives.
+        await api.admin(
+            "mutation($c: ID!, $m: [ID!]!) { setChannelMembers(channelId: $c, memberIds: $m) { id } }",
+            {"c": w.channel, "m": [w.people["ann"], w.people["cat"]]},
+        )
+        team = await fact(runtime, w.bot, "Team fact", src_group)
+        assert [e["id"] for e in (await next_event(ann))["entries"]] == [team]
+        assert [e["id"] for e in (await next_event(cat))["entries"]] == [team]
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(bob.recv(), 1.5)  # neither the private nor the team fact
+
+
+async def test_connection_needs_a_valid_token_and_the_legacy_protocol_is_off(api: Api) -> None:
+    w = await make_world(api, ("ann",))
+    async with websockets.connect(ws_url(api), subprotocols=["graphql-transport-ws"]) as ws:  # type: ignore[list-item]
+        await ws.send(json.dumps({"type": "connection_init", "payload": {"Authorization": "Bearer nope"}}))
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            await asyncio.wait_for(ws.recv(), 5)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 4403
+    async with websockets.connect(ws_url(api), subprotocols=["graphql-ws"]) as legacy:  # type: ignore[list-item]
+        with pytest.raises(websockets.ConnectionClosed) as refused:
+            await legacy.send(
+                json.dumps(
+                    {"type": "connection_init", "payload": {"Authorization": f"Bearer {w.tokens['ann']}"}}
+                )
+            )
+            await asyncio.wait_for(legacy.recv(), 5)
+        assert refused.value.rcvd is not None and refused.value.rcvd.code == 4406
+
+
+async def test_revoked_token_ends_the_subscription(api: Api, runtime: Runtime) -> None:
+    w = await make_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    src = await said(api, w.tokens["ann"], chat, "x")
+    issued = await api.gql("mutation { issueToken { id token } }", token=w.tokens["ann"])
+    async with subscription(ws_url(api), issued["issueToken"]["token"], w.bot) as ws:
+        await api.gql(
+            "mutation($t: ID!) { revokeToken(tokenId: $t) { id } }",
+            {"t": issued["issueToken"]["id"]},
+            w.tokens["ann"],
+        )
+        await fact(runtime, w.bot, "after revocation", src)
+        message = json.loads(await asyncio.wait_for(ws.recv(), 5))
+        assert (
+            message["type"] == "next"
+            and message["payload"]["errors"][0]["extensions"]["code"] == "UNAUTHENTICATED"
+        )
+        assert "after revocation" not in json.dumps(message)
+
+
+async def test_changes_made_on_another_api_process_are_delivered(api: Api, settings: Settings) -> None:
+    w = await make_world(api, ("ann",))
+    other = ApiProcess(settings, settings.data_dir / "logs" / "pytest-api-2.log")
+    try:
+        async with subscription(ws_url(api), w.tokens["ann"], w.bot) as ws:
+            import httpx
+
+            async with httpx.AsyncClient(base_url=other.url) as http:
+                second = Api(http, api.admin_token)
+                response = await command(
+                    second, w.tokens["ann"], w.bot, {"_tag": "Remember", "content": "via process two"}
+                )
+                assert response.status_code == 201
+            got = await next_event(ws)
+            assert [e["content"] for e in got["entries"]] == ["via process two"]
+    finally:
+        other.stop()
