@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -26,7 +26,7 @@ def ws_url(api: Api) -> str:
 
 
 @asynccontextmanager
-async def subscription(url: str, token: str, bot: str) -> AsyncIterator[ClientConnection]:
+async def subscription(url: str, token: str, bot: str) -> AsyncGenerator[ClientConnection]:
     async with websockets.connect(url, subprotocols=["graphql-transport-ws"]) as ws:  # type: ignore[list-item]
         await ws.send(
             json.dumps({"type": "connection_init", "payload": {"Authorization": f"Bearer {token}"}})
@@ -41,8 +41,8 @@ async def subscription(url: str, token: str, bot: str) -> AsyncIterator[ClientCo
         yield ws
 
 
-async def next_event(ws: ClientConnection, timeout: float = 5) -> dict[str, Any]:
-    message = json.loads(await asyncio.wait_for(ws.recv(), timeout))
+async def next_event(ws: ClientConnection) -> dict[str, Any]:
+    message = json.loads(await asyncio.wait_for(ws.recv(), 5))
     assert message["type"] == "next", message
     return message["payload"]["data"]["memoryChanges"]
 
