@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import strawberry
 
-from botmemory import commands, memory
+from botmemory import commands, memory, sourcegraph
 from schema.context import Info
 from schema.memory import (
     HistoryDeleted,
@@ -14,13 +14,54 @@ from schema.memory import (
     MemoryPage,
     PurgePayload,
     RememberPayload,
+    SourceItem,
+    SourceNeighbour,
+    SourceNeighbourhood,
     VersionPayload,
 )
 from schema.types import Long
 
 
 @strawberry.type
+class ExploredEntry:
+    """An entry for source-graph exploration; neighbours are resolved with the caller's rights."""
+
+    bot_id: strawberry.Private[str]
+    entry: MemoryEntry
+
+    async def _hood(self, info: Info, direction: sourcegraph.Direction, depth: int) -> SourceNeighbourhood:
+        principal = await info.context.principal()
+        hood = await sourcegraph.neighbourhood(
+            info.context.runtime, principal, self.bot_id, str(self.entry.id), direction, depth
+        )
+        return SourceNeighbourhood(
+            entries=[
+                SourceNeighbour(entry=MemoryEntry.of(n.entry), distance=n.distance) for n in hood.entries
+            ],
+            items=[
+                SourceItem(chat=strawberry.ID(i.chat), item=strawberry.ID(i.item), distance=i.distance)
+                for i in hood.items
+            ],
+            hidden=hood.hidden,
+        )
+
+    @strawberry.field(description="What this entry rests on, within depth hops (max 8).")
+    async def sources(self, info: Info, depth: int = 1) -> SourceNeighbourhood:
+        return await self._hood(info, "sources", depth)
+
+    @strawberry.field(description="Observations that rest on this entry, within depth hops (max 8).")
+    async def dependents(self, info: Info, depth: int = 1) -> SourceNeighbourhood:
+        return await self._hood(info, "dependents", depth)
+
+
+@strawberry.type
 class MemoryQuery:
+    @strawberry.field(description="One entry you may see, for source-graph exploration.")
+    async def entry(self, info: Info, bot_id: strawberry.ID, id: strawberry.ID) -> ExploredEntry:
+        principal = await info.context.principal()
+        found = await sourcegraph.entry(info.context.runtime, principal, str(bot_id), str(id))
+        return ExploredEntry(bot_id=str(bot_id), entry=MemoryEntry.of(found))
+
     @strawberry.field(description="Entries for you in your organization; tags are all-of.")
     async def memory(self, info: Info, bot_id: strawberry.ID, tags: list[str] | None = None) -> MemoryPage:
         principal = await info.context.principal()

@@ -100,3 +100,23 @@ class HistoryDeleted:
 class MemoryChangeEvent:
     version: int
     entries: list[MemoryEntry] = strawberry.field(description="Changed entries you may see now.")
+
+
+@strawberry.type
+class SourceNeighbour:
+    entry: MemoryEntry
+    distance: int
+
+
+@strawberry.type
+class SourceItem:
+    chat: strawberry.ID
+    item: strawberry.ID
+    distance: int
+
+
+@strawberry.type
+class SourceNeighbourhood:
+    entries: list[SourceNeighbour]
+    items: list[SourceItem]
+    hidden: int = strawberry.field(description="Neighbours you may not see: only their number (D9.7).")
