@@ -18,7 +18,7 @@ from botmemory.errors import BadInput, Conflict, NotFound
 from botmemory.ids import new_id
 from botmemory.memory import ENTRY_KIND, TOPIC, Reader
 from botmemory.runtime import Runtime, now_ms
-from graph import entries, identity
+from graph import access, entries, identity
 from graph import memory as q
 from graph.driver import read, write
 
@@ -26,6 +26,8 @@ Actor = Literal["memory_bot", "person", "promotion"]
 PROVENANCE = ("from:", "chat:", "channel:", "org:")
 MAX_CONTENT_CHARS = 4000
 MAX_TOPICS = 20
+MAX_CHANGES = 10_000
+_ORDER_SLOTS = 1_000_000  # orderKey = version * slots + position within the change
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,12 +88,22 @@ class Share:
 
 
 @dataclass(frozen=True, slots=True)
+class Revise:
+    """New content for an active entry (a content change bumps its place in memory order, D9.14)."""
+
+    entry_id: str
+    content: str
+
+
+@dataclass(frozen=True, slots=True)
 class Forget:
     entry_id: str
     person_id: str
 
 
-MemoryChange = AddFact | AddObservation | Remember | Invalidate | SetTopics | RenameTopic | Share | Forget
+MemoryChange = (
+    AddFact | AddObservation | Remember | Invalidate | SetTopics | RenameTopic | Share | Revise | Forget
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +141,8 @@ def _validate(change: MemoryChange) -> None:
         case AddFact() | AddObservation() | Remember():
             check_content(change.content)
             check_topics(change.topics)
+        case Revise():
+            check_content(change.content)
         case SetTopics():
             check_topics(change.topics)
         case RenameTopic():
@@ -155,7 +169,7 @@ class _Step:
 
     def next_order_key(self) -> int:
         self.order += 1
-        return self.version * 10_000 + self.order
+        return self.version * _ORDER_SLOTS + self.order
 
     async def add_fact(self, c: AddFact) -> None:
         refs = [{"chat": r.chat, "item": r.item} for r in c.sources]
@@ -272,6 +286,22 @@ class _Step:
         await entries.set_tags(self.tx, bot_id=self.bot_id, id=c.entry_id, tags=tags, now=self.now)
         self.touched.append(c.entry_id)
 
+    async def revise(self, c: Revise) -> None:
+        row = await self.entry(c.entry_id)
+        if row["status"] != "active":
+            raise Conflict("only active entries are revised")
+        content = self.cipher.encrypt(ENTRY_KIND, c.entry_id, c.content)
+        await entries.set_content(
+            self.tx,
+            bot_id=self.bot_id,
+            id=c.entry_id,
+            content=content,
+            content_length=len(c.content),
+            order_key=self.next_order_key(),
+            now=self.now,
+        )
+        self.touched.append(c.entry_id)
+
     async def forget(self, c: Forget) -> None:
         row = await self.entry(c.entry_id)
         behind = {t[5:] for t in row["tags"] if t.startswith("from:")}
@@ -303,6 +333,8 @@ class _Step:
                 await self.rename_topic(change)
             case Share():
                 await self.share(change)
+            case Revise():
+                await self.revise(change)
             case Forget():
                 await self.forget(change)
 
@@ -331,6 +363,8 @@ async def apply_changes(
     ``precheck(tx)`` runs under the lock before anything is written (e.g. a visibility check
     of the entry a person edits, or a learning execution's compare-and-set).
     """
+    if len(changes) > MAX_CHANGES:
+        raise BadInput(f"at most {MAX_CHANGES} changes at once", field="changes")
     for change in changes:
         _validate(change)
     cipher = await bot_cipher(rt, bot_id)
@@ -346,6 +380,7 @@ async def apply_changes(
         for change in changes:
             await step.apply(change)
         touched = list(dict.fromkeys(step.touched))
+        await access.relabel(tx, bot_id=bot_id, ids=touched)
         payload = cipher.encrypt("change", change_id, _payload(changes))
         await q.write_change(
             tx,
@@ -423,6 +458,7 @@ async def import_legacy(rt: Runtime, bot_id: str, legacy: list[LegacyEntry]) -> 
                 source_count=1,
             )
             step.touched.append(entry.id)
+        await access.relabel(tx, bot_id=bot_id, ids=step.touched)
         payload = cipher.encrypt("change", change_id, json.dumps({"kind": "import", "count": len(legacy)}))
         await q.write_change(
             tx,
@@ -435,5 +471,18 @@ async def import_legacy(rt: Runtime, bot_id: str, legacy: list[LegacyEntry]) -> 
             payload=payload,
         )
         return Applied(version, tuple(step.touched))
+
+    return await write(rt.driver, work)
+
+
+async def relabel_all(rt: Runtime, bot_id: str) -> int:
+    """Recompute every label of a Bot from the path query (after manual surgery on the graph)."""
+
+    async def work(tx: AsyncManagedTransaction) -> int:
+        if await q.bump_version(tx, bot_id=bot_id) is None:
+            raise NotFound("bot not found")
+        ids = await entries.all_ids(tx, bot_id=bot_id)
+        await access.compute_labels(tx, bot_id=bot_id, ids=ids)
+        return len(ids)
 
     return await write(rt.driver, work)

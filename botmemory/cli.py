@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from botmemory.bootstrap import open_runtime
-from botmemory.changes import LegacyEntry, import_legacy
+from botmemory.changes import LegacyEntry, import_legacy, relabel_all
 from botmemory.rotation import rotate_data_keys
 from botmemory.settings import Settings, load_settings
 
@@ -59,6 +59,13 @@ def _read_legacy(path: str) -> list[LegacyEntry]:
     ]
 
 
+async def _relabel(bot_id: str) -> int:
+    async with open_runtime(load_settings(), run_migrations=False) as runtime:
+        count = await relabel_all(runtime, bot_id)
+    print(f"relabelled {count} entries")
+    return 0
+
+
 async def _import(bot_id: str, legacy: list[LegacyEntry]) -> int:
     async with open_runtime(load_settings(), run_migrations=False) as runtime:
         applied = await import_legacy(runtime, bot_id, legacy)
@@ -77,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     rotate.add_argument(
         "--generate", action="store_true", help="local stacks: make a new key in the data dir first"
     )
+    relabel = commands.add_parser("relabel", help="recompute a Bot's visibility labels from the path query")
+    relabel.add_argument("bot_id")
     imp = commands.add_parser("import-legacy", help="load legacy entries without access proof (V9)")
     imp.add_argument("bot_id")
     imp.add_argument("file", help="JSON lines: content, tags, layer")
@@ -84,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "new-master-key":
         print(new_master_key())
         return 0
+    if args.command == "relabel":
+        return asyncio.run(_relabel(args.bot_id))
     if args.command == "import-legacy":
         return asyncio.run(_import(args.bot_id, _read_legacy(args.file)))
     return asyncio.run(_rotate(args.generate))

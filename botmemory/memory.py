@@ -24,6 +24,8 @@ from graph import memory as q
 from graph.driver import read, single
 
 ENTRY_KIND = "entry"
+_TOP_RANK = 2**62
+_CONTEXT_PAGE = 64
 TOPIC = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
 _TAG = re.compile(r"^(?:[a-z]+:)*[A-Za-z0-9_\-]+$")
 _MAX_FILTER_TAGS = 20
@@ -201,22 +203,29 @@ async def context(rt: Runtime, bot_id: str, reader: Reader, limit: int) -> Conte
     Lengths are stored, so nothing is decrypted to decide what fits; only returned entries are.
     """
 
-    async def work(tx: AsyncManagedTransaction) -> tuple[list[dict[str, Any]], Cipher]:
+    async def work(tx: AsyncManagedTransaction) -> tuple[list[str], dict[str, bytes], Cipher]:
         await q.shared_lock(tx, bot_id=bot_id)
-        rows = await q.context_candidates(tx, bot_id=bot_id, limit=max(1, limit // 2 + 1), **reader.params)
-        return rows, await _cipher_of(rt, tx, bot_id)
+        used: list[str] = []
+        size, after = 0, _TOP_RANK
+        while True:
+            page = await q.context_page(tx, bot_id=bot_id, after=after, limit=_CONTEXT_PAGE, **reader.params)
+            for row in page:
+                cost = row["length"] + (3 if used else 2)  # "- " before each line, newlines between
+                if size + cost > limit:
+                    return (
+                        used,
+                        await q.contents(tx, bot_id=bot_id, ids=used),
+                        await _cipher_of(rt, tx, bot_id),
+                    )
+                used.append(row["id"])
+                size += cost
+            if len(page) < _CONTEXT_PAGE:
+                return used, await q.contents(tx, bot_id=bot_id, ids=used), await _cipher_of(rt, tx, bot_id)
+            after = page[-1]["rank"]
 
-    rows, cipher = await read(rt.driver, work)
-    used: list[dict[str, Any]] = []
-    size = 0
-    for row in rows:
-        cost = row["length"] + (3 if used else 2)  # "- " prefix and the newline between lines
-        if size + cost > limit:
-            break
-        used.append(row)
-        size += cost
-    lines = ["- " + cipher.decrypt(ENTRY_KIND, row["id"], bytes(row["content"])) for row in used]
-    return Context("\n".join(lines), tuple(row["id"] for row in used))
+    used, blobs, cipher = await read(rt.driver, work)
+    lines = ["- " + cipher.decrypt(ENTRY_KIND, entry_id, blobs[entry_id]) for entry_id in used]
+    return Context("\n".join(lines), tuple(used))
 
 
 async def has_entries(rt: Runtime, bot_id: str, reader: Reader) -> bool:

@@ -1,5 +1,11 @@
 """The one visibility check (V1–V5, V7, V9, V11, V12, D9.1, D9.2, D9.4) as Cypher fragments.
 
+``PATH_VISIBLE`` is the check written as a path query over SOURCE edges; it is the oracle.
+``COMPUTE_LABELS`` runs the same closure logic once per change, under the exclusive lock, and
+stores its reader-independent result on each entry (DESIGN §8); ``VISIBLE``, used by every
+read, combines that label with the reader's current channels and grants. A property test
+proves ``VISIBLE`` equal to ``PATH_VISIBLE`` after every kind of change.
+
 ``VISIBLE`` is a predicate over a candidate entry ``e``. It is spliced into every read query
 (list, log, context, subscriptions, source graph, validateReferences, edits), never run as a
 separate pre-check. It reads two variables that the query binds first (``WITH $readers AS
@@ -26,10 +32,14 @@ from __future__ import annotations
 
 from typing import Final
 
+from neo4j import AsyncManagedTransaction
+
+from graph.driver import single
+
 #: Hop bound of source chains (D9.2); the fragments below spell it out as literals.
 MAX_SOURCE_DEPTH: Final = 8
 
-_ENTRY_OK: Final = """
+_STRUCTURE_OK: Final = """
 NOT coalesce(x.legacy, false)
 AND (x = e OR x.status = 'active')
 AND x.sourceCount = COUNT { (x)-[:SOURCE]->() }
@@ -40,6 +50,11 @@ AND CASE x.layer
       ELSE false
     END
 AND any(t IN x.tags WHERE t STARTS WITH 'for:')
+"""
+
+_ENTRY_OK: Final = (
+    _STRUCTURE_OK
+    + """
 AND all(t IN x.tags WHERE
       (NOT t STARTS WITH 'for:'
         OR t = 'for:person:' + rd.id
@@ -48,14 +63,16 @@ AND all(t IN x.tags WHERE
       AND (NOT t STARTS WITH 'org:' OR t = 'org:' + org))
 AND NOT rd.id IN coalesce(x.excluded, [])
 """
+)
 
 _RULE_OK: Final = """
 r.org = org
 AND (r.rule = 'person:' + rd.id OR (r.rule STARTS WITH 'channel:' AND substring(r.rule, 8) IN rd.channels))
 """
 
-#: Predicate on ``e`` (see the module docstring). Needs the variables ``readers`` and ``org``.
-VISIBLE: Final = (
+#: The path query (the oracle): predicate on ``e`` as described in the module docstring.
+#: Needs the variables ``readers`` and ``org``. Hop bound 8 (D9.2).
+PATH_VISIBLE: Final = (
     """
 (size(readers) > 0
  AND NOT EXISTS { (e)-[:SOURCE*9]->() }
@@ -69,6 +86,69 @@ VISIBLE: Final = (
     + """)))
 """
 )
+
+#: The derived label of DESIGN §8, computed by the same path query without a reader, for the
+#: entries ``$ids`` (callers pass the changed entries plus every dependent, see DEPENDENTS).
+#: ``lblAtoms``: every audience condition of the closure (own ``for:`` tags of each entry and
+#: every Item rule below, as ``person:<id>``, ``channel:<id>``, ``bot``); ``lblOrgs``: every
+#: organization they name; ``lblExcluded``: every Forget exclusion in the closure;
+#: ``lblProved``: the reader-independent part (proof, activity of sources, depth, loops).
+#: ``audienceKey`` is the most selective atom (an index seek key, null when unprovable) and
+#: ``memoryRank`` the memory order as one indexed number (pinned first, then ``orderKey``).
+#: Maintained under the exclusive lock by every change (C1). Hop bound 8 (D9.2).
+COMPUTE_LABELS: Final = (
+    """
+UNWIND $ids AS entryId
+MATCH (e:Entry {id: entryId, botId: $botId})
+WITH e, [e] + [(e)-[:SOURCE*1..8]->(s:Entry) | s] AS closure,
+     [(e)-[:SOURCE*0..7]->(:Entry)-[r:SOURCE]->(:Item) | r] AS rules
+WITH e, closure, rules,
+     NOT EXISTS { (e)-[:SOURCE*9]->() }
+     AND NOT EXISTS { MATCH (e)-[:SOURCE*0..8]->(y:Entry)-[:SOURCE*1..8]->(y) }
+     AND all(x IN closure WHERE """
+    + _STRUCTURE_OK
+    + """) AS proved
+WITH e, proved,
+     reduce(acc = [], x IN closure | acc + [t IN x.tags WHERE t STARTS WITH 'for:' | substring(t, 4)])
+       + [r IN rules | r.rule] AS atoms,
+     reduce(acc = [], x IN closure | acc + [t IN x.tags WHERE t STARTS WITH 'org:' | substring(t, 4)])
+       + [r IN rules | r.org] AS orgs,
+     reduce(acc = [], x IN closure | acc + coalesce(x.excluded, [])) AS excluded
+WITH e, proved,
+     reduce(acc = [], a IN atoms | CASE WHEN a IN acc THEN acc ELSE acc + a END) AS atoms,
+     reduce(acc = [], o IN orgs | CASE WHEN o IN acc THEN acc ELSE acc + o END) AS orgs,
+     reduce(acc = [], p IN excluded | CASE WHEN p IN acc THEN acc ELSE acc + p END) AS excluded
+SET e.lblProved = proved, e.lblAtoms = atoms, e.lblOrgs = orgs, e.lblExcluded = excluded,
+    e.memoryRank = CASE WHEN e.layer = 'pinned' THEN 1125899906842624 ELSE 0 END + e.orderKey,
+    e.audienceKey = CASE WHEN NOT proved THEN null
+      ELSE coalesce(head([a IN atoms WHERE a STARTS WITH 'person:']),
+                    head([a IN atoms WHERE a STARTS WITH 'channel:']),
+                    head([a IN atoms WHERE a = 'bot'])) END
+"""
+)
+
+#: The entries ``$ids`` and everything resting on them within 8 hops (whose labels they feed).
+DEPENDENTS: Final = """
+UNWIND $ids AS entryId
+MATCH (s:Entry {id: entryId, botId: $botId})
+OPTIONAL MATCH (d:Entry)-[:SOURCE*1..8]->(s)
+WITH collect(DISTINCT s.id) + collect(DISTINCT d.id) AS ids
+UNWIND ids AS id
+RETURN collect(DISTINCT id) AS ids
+"""
+
+#: The label check (DESIGN §8): equal to PATH_VISIBLE after every change (a property test
+#: proves it). Channel membership and grants are still read per request through ``readers``.
+VISIBLE: Final = """
+(size(readers) > 0
+ AND e.lblProved
+ AND all(o IN e.lblOrgs WHERE o = org)
+ AND all(rd IN readers WHERE
+   NOT rd.id IN e.lblExcluded
+   AND all(a IN e.lblAtoms WHERE a = 'person:' + rd.id
+        OR (a STARTS WITH 'channel:' AND substring(a, 8) IN rd.channels)
+        OR (a = 'bot' AND rd.usesBot))))
+"""
 
 #: The reader map of one person for ``$readers``: current channels and whether they use the Bot
 #: (a READ/WRITE grant, with the Bot owned by or linked into the request's organization, D9.1).
@@ -98,3 +178,22 @@ RETURN collect({id: p.id, channels: channels,
         usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))}) AS readers,
        o.id AS org
 """
+
+
+async def relabel(tx: AsyncManagedTransaction, *, bot_id: str, ids: list[str]) -> None:
+    """Recompute the labels of ``ids`` and of everything resting on them (under the exclusive lock)."""
+    if not ids:
+        return
+    record = await single(tx, DEPENDENTS, botId=bot_id, ids=ids)
+    targets: list[str] = [] if record is None else list(record["ids"])
+    await tx.run(COMPUTE_LABELS, botId=bot_id, ids=targets)
+
+
+async def dependents_of(tx: AsyncManagedTransaction, *, bot_id: str, ids: list[str]) -> list[str]:
+    """``ids`` and every entry resting on them within 8 hops."""
+    record = await single(tx, DEPENDENTS, botId=bot_id, ids=ids)
+    return [] if record is None else list(record["ids"])
+
+
+async def compute_labels(tx: AsyncManagedTransaction, *, bot_id: str, ids: list[str]) -> None:
+    await tx.run(COMPUTE_LABELS, botId=bot_id, ids=ids)

@@ -48,8 +48,12 @@ OPTIONAL MATCH (ch)-[:IN_CHANNEL]->(c:Channel)
 RETURN ch.ownerId = $personId OR EXISTS { MATCH (:Person {id: $personId})-[:MEMBER]->(c) } AS ok
 """
 
+#: Counters are incremented after an explicit exclusive lock: a read-then-write SET would
+#: take a shared lock and upgrade, and concurrent writers of one Chat would deadlock.
 ALLOCATE_TURN: Final = """
 MATCH (ch:Chat {id: $chatId})
+CALL apoc.lock.nodes([ch])
+WITH ch
 SET ch.nextTurnSeq = ch.nextTurnSeq + 1, ch.nextItemSeq = ch.nextItemSeq + 1
 RETURN ch.nextTurnSeq AS turnSeq, ch.nextItemSeq AS itemSeq
 """
@@ -63,6 +67,8 @@ RETURN t {.*} AS turn
 
 ALLOCATE_ITEMS: Final = """
 MATCH (ch:Chat {id: $chatId})
+CALL apoc.lock.nodes([ch])
+WITH ch
 SET ch.nextItemSeq = ch.nextItemSeq + $count
 RETURN ch.nextItemSeq - $count + 1 AS first
 """

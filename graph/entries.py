@@ -10,6 +10,7 @@ from typing import Any, Final
 
 from neo4j import AsyncManagedTransaction
 
+from graph import access
 from graph.driver import rows, single
 
 #: Source Items of a fact as they are now (C7): kind, chat audience and the Turn's saved actor
@@ -59,6 +60,12 @@ SET e.status = $status, e.updatedAt = $now,
     e.invalidatedAt = CASE WHEN $status = 'invalidated' THEN coalesce(e.invalidatedAt, $now) ELSE e.invalidatedAt END
 """
 
+#: New content (already encrypted) and a new place in memory order (D9.14).
+SET_CONTENT: Final = """
+MATCH (e:Entry {id: $id, botId: $botId})
+SET e.content = $content, e.contentLength = $contentLength, e.orderKey = $orderKey, e.updatedAt = $now
+"""
+
 SET_TAGS: Final = """
 MATCH (e:Entry {id: $id, botId: $botId})
 SET e.tags = $tags, e.updatedAt = $now
@@ -79,6 +86,12 @@ SET e.tags = [t IN e.tags WHERE t <> 'from:' + $personId],
     e.updatedAt = $now
 """
 
+TAGGED_IDS: Final = """
+MATCH (e:Entry {botId: $botId})
+WHERE $tag IN e.tags
+RETURN collect(e.id) AS ids
+"""
+
 #: Entries carrying the purge tag (observations carry their sources' provenance, V12).
 PURGE_ENTRIES: Final = """
 MATCH (e:Entry {botId: $botId})
@@ -96,23 +109,20 @@ SET c.payload = null, c.entryIds = [i IN c.entryIds WHERE NOT i IN $ids]
 RETURN count(c) AS n
 """
 
-#: The current audience of a set of ``for:`` tags, as people (for share, V6 / D9.3).
-AUDIENCE_PEOPLE: Final = """
-MATCH (b:Bot {id: $botId})
-UNWIND $forTags AS tag
-CALL (tag, b) {
-  MATCH (p:Person) WHERE tag = 'for:person:' + p.id
-  RETURN p
-  UNION
-  MATCH (p:Person)-[:MEMBER]->(c:Channel) WHERE tag = 'for:channel:' + c.id
-  RETURN p
-  UNION
-  MATCH (p:Person)-[:GRANT]->(b) WHERE tag = 'for:bot'
-    AND EXISTS { MATCH (p)-[:MEMBER_OF]->(o:Organization) WHERE o.id IN $orgs }
-  RETURN p
-}
-WITH tag, collect(DISTINCT p.id) AS people
-RETURN collect(people) AS sets
+#: Current members of channels (index seeks by channel id).
+CHANNEL_MEMBERS: Final = """
+UNWIND $channelIds AS channelId
+MATCH (c:Channel {id: channelId})
+OPTIONAL MATCH (p:Person)-[:MEMBER]->(c)
+RETURN channelId, collect(p.id) AS people
+"""
+
+#: People holding a grant on the Bot in the given organizations (``for:bot``, D9.1).
+BOT_USERS: Final = """
+MATCH (p:Person)-[:GRANT]->(:Bot {id: $botId})
+MATCH (p)-[:MEMBER_OF]->(o:Organization)
+WHERE o.id IN $orgs
+RETURN collect(p.id) AS people
 """
 
 #: Every Item rule below an entry (its own edges and those of sources, transitively).
@@ -122,18 +132,7 @@ OPTIONAL MATCH (e)-[:SOURCE*0..7]->(:Entry)-[r:SOURCE]->(:Item)
 RETURN collect(DISTINCT r.rule) AS rules
 """
 
-RULE_PEOPLE: Final = """
-UNWIND $rules AS rule
-CALL (rule) {
-  MATCH (p:Person) WHERE rule = 'person:' + p.id
-  RETURN p
-  UNION
-  MATCH (p:Person)-[:MEMBER]->(c:Channel) WHERE rule = 'channel:' + c.id
-  RETURN p
-}
-WITH rule, collect(DISTINCT p.id) AS people
-RETURN collect(people) AS sets
-"""
+ALL_IDS: Final = "MATCH (e:Entry {botId: $botId}) RETURN collect(e.id) AS ids"
 
 DELETE_CHAT_HISTORY: Final = """
 MATCH (i:Item {chatId: $chatId})
@@ -195,6 +194,27 @@ async def set_status(tx: AsyncManagedTransaction, *, bot_id: str, id: str, statu
     await tx.run(SET_STATUS, botId=bot_id, id=id, status=status, now=now)
 
 
+async def set_content(
+    tx: AsyncManagedTransaction,
+    *,
+    bot_id: str,
+    id: str,
+    content: bytes,
+    content_length: int,
+    order_key: int,
+    now: int,
+) -> None:
+    await tx.run(
+        SET_CONTENT,
+        botId=bot_id,
+        id=id,
+        content=content,
+        contentLength=content_length,
+        orderKey=order_key,
+        now=now,
+    )
+
+
 async def set_tags(tx: AsyncManagedTransaction, *, bot_id: str, id: str, tags: list[str], now: int) -> None:
     await tx.run(SET_TAGS, botId=bot_id, id=id, tags=tags, now=now)
 
@@ -211,25 +231,48 @@ async def forget_for(tx: AsyncManagedTransaction, *, bot_id: str, id: str, perso
 
 
 async def purge(tx: AsyncManagedTransaction, *, bot_id: str, tag: str) -> list[str]:
-    """Delete the entries carrying ``tag`` and strip what embeds them from the change log (D9.20)."""
+    """Delete the entries carrying ``tag`` and strip what embeds them from the change log (D9.20).
+
+    Entries resting on removed ones (without the tag, e.g. narrowed by a later edit) lose a
+    source, so their labels are recomputed: a missing source hides them (V4).
+    """
+    doomed = await single(tx, TAGGED_IDS, botId=bot_id, tag=tag)
+    doomed_ids: list[str] = [] if doomed is None else list(doomed["ids"])
+    if not doomed_ids:
+        return []
+    above = [
+        i for i in await access.dependents_of(tx, bot_id=bot_id, ids=doomed_ids) if i not in set(doomed_ids)
+    ]
     record = await single(tx, PURGE_ENTRIES, botId=bot_id, tag=tag)
     ids: list[str] = [] if record is None else list(record["ids"])
-    if ids:
-        await tx.run(PURGE_CHANGES, botId=bot_id, ids=ids)
+    await tx.run(PURGE_CHANGES, botId=bot_id, ids=ids)
+    await access.compute_labels(tx, bot_id=bot_id, ids=above)
     return ids
+
+
+async def _channel_members(tx: AsyncManagedTransaction, channel_ids: list[str]) -> dict[str, set[str]]:
+    found = await rows(tx, CHANNEL_MEMBERS, channelIds=channel_ids)
+    return {r["channelId"]: set(r["people"]) for r in found}
 
 
 async def audience_people(
     tx: AsyncManagedTransaction, *, bot_id: str, for_tags: list[str], orgs: list[str]
 ) -> set[str] | None:
     """The people admitted now by all of ``for_tags`` (conjunctive); None when there are none."""
-    record = await single(tx, AUDIENCE_PEOPLE, botId=bot_id, forTags=for_tags, orgs=orgs)
-    sets: list[list[str]] = [] if record is None else record["sets"]
-    if len(sets) != len(for_tags) or not sets:
-        return set() if for_tags else None
-    result = set(sets[0])
-    for people in sets[1:]:
-        result &= set(people)
+    if not for_tags:
+        return None
+    members = await _channel_members(tx, [t[12:] for t in for_tags if t.startswith("for:channel:")])
+    result: set[str] | None = None
+    for tag in for_tags:
+        people: set[str]
+        if tag.startswith("for:person:"):
+            people = {tag[11:]}
+        elif tag.startswith("for:channel:"):
+            people = members.get(tag[12:], set())
+        else:
+            record = await single(tx, BOT_USERS, botId=bot_id, orgs=orgs)
+            people = set() if record is None else {str(p) for p in record["people"]}
+        result = people if result is None else result & people
     return result
 
 
@@ -239,9 +282,14 @@ async def rules_below(tx: AsyncManagedTransaction, *, bot_id: str, id: str) -> l
 
 
 async def rule_people(tx: AsyncManagedTransaction, *, rules: list[str]) -> list[set[str]]:
-    """For each rule, the people it admits now."""
-    record = await single(tx, RULE_PEOPLE, rules=rules)
-    return [] if record is None else [set(s) for s in record["sets"]]
+    """For each rule (``person:<id>`` or ``channel:<id>``), the people it admits now."""
+    members = await _channel_members(tx, [r[8:] for r in rules if r.startswith("channel:")])
+    return [{r[7:]} if r.startswith("person:") else members.get(r[8:], set()) for r in rules]
+
+
+async def all_ids(tx: AsyncManagedTransaction, *, bot_id: str) -> list[str]:
+    record = await single(tx, ALL_IDS, botId=bot_id)
+    return [] if record is None else list(record["ids"])
 
 
 async def delete_chat_history(tx: AsyncManagedTransaction, *, chat_id: str) -> int:

@@ -21,7 +21,16 @@ CALL apoc.lock.read.nodes([m])
 RETURN m.version AS version
 """
 
-#: The first statement of every change: writing the Memory node takes its exclusive lock.
+#: The first statement of every change takes the Memory node's exclusive lock explicitly.
+#: Starting with ``SET m.version = m.version + 1`` instead deadlocks under load (measured: two
+#: writers and four readers): the write is preceded by a shared lock that is then upgraded,
+#: and D9.8 forbids upgrades.
+EXCLUSIVE_LOCK: Final = """
+MATCH (m:Memory {id: $botId})
+CALL apoc.lock.nodes([m])
+RETURN count(m) AS n
+"""
+
 BUMP_VERSION: Final = """
 MATCH (m:Memory {id: $botId})
 SET m.version = m.version + 1
@@ -35,12 +44,15 @@ CREATE (c:Change {id: $id, botId: $botId, version: $version, at: $at, actor: $ac
 """
 
 #: The entries of a Bot a set of readers may see, in memory order (pinned first, then
-#: ``orderKey`` descending, then ``id``). ``$statuses`` picks active only or history too;
-#: ``$tags`` (all-of) narrows the list. Returns ciphertext for decryption after commit.
+#: ``orderKey`` descending, then ``id``). Candidates come from the ``entry_audience`` index,
+#: one seek per audience key the reader holds (``$keys``: ``person:<id>``, each
+#: ``channel:<id>``, ``bot``), never from a filter over the pool. ``$statuses`` picks active
+#: only or history too; ``$tags`` (all-of) narrows the list. Returns ciphertext.
 LIST_VISIBLE: Final = (
     """
 WITH $readers AS readers, $org AS org
-MATCH (e:Entry {botId: $botId})
+UNWIND $keys AS key
+MATCH (e:Entry {botId: $botId, audienceKey: key})
 WHERE e.status IN $statuses AND all(t IN $tags WHERE t IN e.tags) AND """
     + VISIBLE
     + """
@@ -48,34 +60,48 @@ OPTIONAL MATCH (e)-[:SOURCE]->(src)
 WITH e, collect(CASE WHEN src:Item THEN {chat: src.chatId, item: src.id} ELSE {entry: src.id} END) AS sources
 RETURN e {.id, .layer, .tags, .status, .confidence, .createdAt, .updatedAt, .invalidatedAt, .content,
           .contentLength, .orderKey, sources: sources} AS entry
-ORDER BY e.pinned DESC, e.orderKey DESC, e.id
-SKIP $skip LIMIT $limit
+ORDER BY e.memoryRank DESC, e.id
 """
 )
 
-#: Ids, lengths and ciphertexts in memory order for ``context`` (N3); the caller stops at the
-#: first entry that does not fit and decrypts only what it returns.
-CONTEXT_CANDIDATES: Final = (
+#: One page of active candidates for ``context`` (N3) in memory order below ``$after``: ids and
+#: stored lengths only, so deciding what fits reads no content. Per key, an index-ordered seek
+#: with a limit; then the pages of all keys are merged.
+CONTEXT_PAGE: Final = (
     """
 WITH $readers AS readers, $org AS org
-MATCH (e:Entry {botId: $botId})
-WHERE e.status = 'active' AND """
+UNWIND $keys AS key
+CALL (key, readers, org) {
+  MATCH (e:Entry {botId: $botId, audienceKey: key})
+  WHERE e.memoryRank < $after AND e.status = 'active' AND """
     + VISIBLE
     + """
-RETURN e.id AS id, e.contentLength AS length, e.content AS content
-ORDER BY e.pinned DESC, e.orderKey DESC, e.id
+  RETURN e ORDER BY e.memoryRank DESC LIMIT $limit
+}
+RETURN e.id AS id, e.contentLength AS length, e.memoryRank AS rank
+ORDER BY e.memoryRank DESC, e.id
 LIMIT $limit
 """
 )
 
+CONTENTS: Final = """
+UNWIND $ids AS entryId
+MATCH (e:Entry {id: entryId, botId: $botId})
+RETURN e.id AS id, e.content AS content
+"""
+
 HAS_VISIBLE: Final = (
     """
 WITH $readers AS readers, $org AS org
-MATCH (e:Entry {botId: $botId})
-WHERE e.status = 'active' AND """
+UNWIND $keys AS key
+CALL (key, readers, org) {
+  MATCH (e:Entry {botId: $botId, audienceKey: key})
+  WHERE e.status = 'active' AND """
     + VISIBLE
     + """
-RETURN e.id AS id LIMIT 1
+  RETURN e.id AS id LIMIT 1
+}
+RETURN id LIMIT 1
 """
 )
 
@@ -114,6 +140,9 @@ async def shared_lock(tx: AsyncManagedTransaction, *, bot_id: str) -> int | None
 
 async def bump_version(tx: AsyncManagedTransaction, *, bot_id: str) -> int | None:
     """Take the exclusive lock of a Bot's memory (the first statement of every change) and bump its version."""
+    locked = await single(tx, EXCLUSIVE_LOCK, botId=bot_id)
+    if locked is None or locked["n"] == 0:
+        return None
     record = await single(tx, BUMP_VERSION, botId=bot_id)
     return None if record is None else int(record["version"])
 
@@ -142,6 +171,17 @@ async def write_change(
     )
 
 
+def reader_keys(readers: list[dict[str, Any]]) -> list[str]:
+    """Index keys to seek: those of the reader with the fewest (an entry must pass every reader)."""
+    if not readers:
+        return []
+    keysets = [
+        [f"person:{r['id']}", *(f"channel:{c}" for c in r["channels"]), *(["bot"] if r["usesBot"] else [])]
+        for r in readers
+    ]
+    return min(keysets, key=len)
+
+
 async def list_visible(
     tx: AsyncManagedTransaction,
     *,
@@ -150,8 +190,6 @@ async def list_visible(
     readers: list[dict[str, Any]],
     statuses: list[str],
     tags: list[str],
-    skip: int = 0,
-    limit: int = 100_000,
 ) -> list[dict[str, Any]]:
     result = await rows(
         tx,
@@ -159,24 +197,44 @@ async def list_visible(
         botId=bot_id,
         org=org,
         readers=readers,
+        keys=reader_keys(readers),
         statuses=statuses,
         tags=tags,
-        skip=skip,
-        limit=limit,
     )
     return [r["entry"] for r in result]
 
 
-async def context_candidates(
-    tx: AsyncManagedTransaction, *, bot_id: str, org: str, readers: list[dict[str, Any]], limit: int
+async def context_page(
+    tx: AsyncManagedTransaction,
+    *,
+    bot_id: str,
+    org: str,
+    readers: list[dict[str, Any]],
+    after: int,
+    limit: int,
 ) -> list[dict[str, Any]]:
-    return await rows(tx, CONTEXT_CANDIDATES, botId=bot_id, org=org, readers=readers, limit=limit)
+    """Up to ``limit`` visible active candidates ranked below ``after``: id, length, rank."""
+    return await rows(
+        tx,
+        CONTEXT_PAGE,
+        botId=bot_id,
+        org=org,
+        readers=readers,
+        keys=reader_keys(readers),
+        after=after,
+        limit=limit,
+    )
+
+
+async def contents(tx: AsyncManagedTransaction, *, bot_id: str, ids: list[str]) -> dict[str, bytes]:
+    return {r["id"]: bytes(r["content"]) for r in await rows(tx, CONTENTS, botId=bot_id, ids=ids)}
 
 
 async def has_visible(
     tx: AsyncManagedTransaction, *, bot_id: str, org: str, readers: list[dict[str, Any]]
 ) -> bool:
-    return await single(tx, HAS_VISIBLE, botId=bot_id, org=org, readers=readers) is not None
+    record = await single(tx, HAS_VISIBLE, botId=bot_id, org=org, readers=readers, keys=reader_keys(readers))
+    return record is not None
 
 
 async def visible_ids(

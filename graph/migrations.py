@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from typing import Final, LiteralString
 
-from neo4j import AsyncDriver
+from neo4j import AsyncDriver, AsyncManagedTransaction
+
+from graph import access
 
 MIGRATIONS: Final[tuple[tuple[int, tuple[LiteralString, ...]], ...]] = (
     (
@@ -35,7 +37,21 @@ MIGRATIONS: Final[tuple[tuple[int, tuple[LiteralString, ...]], ...]] = (
             "CREATE INDEX turn_chat_seq IF NOT EXISTS FOR (n:Turn) ON (n.chatId, n.seq)",
         ),
     ),
+    (
+        2,
+        (
+            # Candidates of every memory read: one seek per audience key, in memory order (§8).
+            "CREATE INDEX entry_audience IF NOT EXISTS FOR (n:Entry) ON (n.botId, n.audienceKey, n.memoryRank)",
+            "CREATE INDEX change_bot_version IF NOT EXISTS FOR (n:Change) ON (n.botId, n.version)",
+            "CREATE INDEX entry_bot IF NOT EXISTS FOR (n:Entry) ON (n.botId)",
+        ),
+    ),
 )
+
+_UNLABELLED: Final = """
+MATCH (e:Entry) WHERE e.memoryRank IS NULL
+RETURN e.botId AS botId, collect(e.id) AS ids
+"""
 
 LATEST: Final = MIGRATIONS[-1][0]
 
@@ -65,9 +81,25 @@ async def migrate(driver: AsyncDriver) -> int:
             continue
         for statement in statements:
             await driver.execute_query(statement)
+        if version == 2:
+            await _label_existing_entries(driver)
         await driver.execute_query(_WRITE_VERSION, version=version)
         applied = version
     return applied
+
+
+async def _label_existing_entries(driver: AsyncDriver) -> None:
+    """Entries written before labels existed get theirs (one transaction per Bot, under its lock)."""
+    records, _, _ = await driver.execute_query(_UNLABELLED)
+    for record in records:
+        bot_id, ids = record["botId"], list(record["ids"])
+
+        async def work(tx: AsyncManagedTransaction, bot_id: str = bot_id, ids: list[str] = ids) -> None:
+            await tx.run("MATCH (m:Memory {id: $botId}) CALL apoc.lock.nodes([m])", botId=bot_id)
+            await access.compute_labels(tx, bot_id=bot_id, ids=ids)
+
+        async with driver.session() as session:
+            await session.execute_write(work)
 
 
 __all__ = ["LATEST", "MIGRATIONS", "current_version", "migrate"]

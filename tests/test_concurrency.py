@@ -1,0 +1,87 @@
+"""C1: a read never mixes old access rules with new content, across API processes.
+
+Writers flip an entry's audience and its content in one change (the content names the rule it
+was written under); readers on two API processes check every decrypted text against the tags
+and the audience they were shown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import time
+
+import httpx
+import pytest
+
+from botmemory.changes import Revise, Share, apply_changes
+from botmemory.runtime import Runtime
+from botmemory.settings import Settings
+from tests.client import Api, make_world
+from tests.conftest import ApiProcess
+from tests.memory_helpers import fact, said
+
+READS = int(os.environ.get("BOTMEMORY_C1_READS", "10000"))
+
+
+@pytest.mark.timeout(900)
+async def test_reads_never_mix_rules_and_content(api: Api, runtime: Runtime, settings: Settings) -> None:
+    w = await make_world(api, ("ann", "bob"), channel=("ann", "bob"))
+    group = await api.chat(w.tokens["ann"], w.bot, channel=w.channel)
+    entry = await fact(runtime, w.bot, "rule=channel v=0", await said(api, w.tokens["ann"], group, "x"))
+    narrow, wide = (f"for:person:{w.people['ann']}",), (f"for:channel:{w.channel}",)
+    second = ApiProcess(settings, settings.data_dir / "logs" / "pytest-api-c1.log")
+    done = asyncio.Event()
+    waits: list[float] = []
+    counts = {"reads": 0, "bob_saw": 0, "ann_saw": 0, "flips": 0}
+
+    async def writer() -> None:
+        version = 0
+        while not done.is_set():
+            version += 1
+            audience, rule = (narrow, "person") if version % 2 else (wide, "channel")
+            started = time.perf_counter()
+            await apply_changes(
+                runtime,
+                w.bot,
+                [Share(entry, audience), Revise(entry, f"rule={rule} v={version}")],
+                "memory_bot",
+            )
+            waits.append(time.perf_counter() - started)
+            counts["flips"] += 1
+            await asyncio.sleep(0.05)  # a busy Bot, not a write storm: let reads through between flips
+
+    async def reader(http: httpx.AsyncClient, name: str) -> None:
+        headers = {"Authorization": f"Bearer {w.tokens[name]}"}
+        while counts["reads"] < READS:
+            response = await http.get(f"/v1/bots/{w.bot}/memory", headers=headers)
+            assert response.status_code == 200
+            counts["reads"] += 1
+            for e in response.json()["entries"]:
+                if e["id"] != entry:
+                    continue
+                counts[f"{name}_saw"] += 1
+                rule = e["content"].split()[0]
+                if f"for:channel:{w.channel}" in e["tags"]:
+                    assert rule == "rule=channel", e
+                else:
+                    assert rule == "rule=person" and narrow[0] in e["tags"], e
+                    assert name == "ann", "Bob saw content written for Ann alone"
+
+    try:
+        async with httpx.AsyncClient(base_url=second.url, timeout=30) as other:
+            writers = [asyncio.create_task(writer()) for _ in range(2)]
+            readers = [reader(client, name) for client in (api.http, other) for name in ("ann", "bob", "bob")]
+            await asyncio.gather(*readers)
+            done.set()
+            await asyncio.gather(*writers)
+    finally:
+        second.stop()
+    assert counts["reads"] >= READS and counts["flips"] > 10
+    assert counts["bob_saw"] > 0 and counts["ann_saw"] > 0
+    waits.sort()
+    print(
+        f"\nC1: {counts['reads']} reads on 2 API processes, {counts['flips']} flips; writer wait "
+        f"median {statistics.median(waits) * 1000:.1f} ms, p95 {waits[int(len(waits) * 0.95)] * 1000:.1f} ms"
+    )
