@@ -31,7 +31,11 @@ async def test_sources_and_dependents_with_hidden_counts(api: Api, runtime: Runt
 
     ann = await api.gql(EXPLORE, {"b": w.bot, "id": top, "d": 3}, w.tokens["ann"])
     sources = ann["entry"]["sources"]
-    assert {(e["entry"]["id"], e["distance"]) for e in sources["entries"]} == {(shared, 1), (team, 2), (mine, 2)}
+    assert {(e["entry"]["id"], e["distance"]) for e in sources["entries"]} == {
+        (shared, 1),
+        (team, 2),
+        (mine, 2),
+    }
     assert len(sources["items"]) == 2 and sources["hidden"] == 0
     one_hop = await api.gql(EXPLORE, {"b": w.bot, "id": top, "d": 1}, w.tokens["ann"])
     assert [e["entry"]["id"] for e in one_hop["entry"]["sources"]["entries"]] == [shared]
