@@ -166,16 +166,33 @@ class _Step:
         self.tx, self.bot_id, self.version, self.cipher, self.now = tx, bot_id, version, cipher, now
         self.touched: list[str] = []
         self.order = 0
+        self.pending: list[dict[str, Any]] = []
+        self.items: dict[tuple[str, str], dict[str, Any]] = {}
+
+    async def prepare(self, changes: list[MemoryChange]) -> None:
+        """Read the latest state of every source Item of the step in one query (C7)."""
+        refs = {(r.chat, r.item) for c in changes if isinstance(c, AddFact) for r in c.sources}
+        if refs:
+            found = await entries.source_items(
+                self.tx, bot_id=self.bot_id, refs=[{"chat": c, "item": i} for c, i in sorted(refs)]
+            )
+            self.items = {(row["chat"], row["item"]): row for row in found}
+
+    async def flush(self) -> None:
+        """Write buffered new entries (before anything reads entries, and at the end)."""
+        if self.pending:
+            await entries.create_entries(self.tx, bot_id=self.bot_id, rows=self.pending, now=self.now)
+            self.pending = []
 
     def next_order_key(self) -> int:
         self.order += 1
         return self.version * _ORDER_SLOTS + self.order
 
     async def add_fact(self, c: AddFact) -> None:
-        refs = [{"chat": r.chat, "item": r.item} for r in c.sources]
-        items = await entries.source_items(self.tx, bot_id=self.bot_id, refs=refs)
-        if len(items) != len({(r.chat, r.item) for r in c.sources}):
+        keys = list(dict.fromkeys((r.chat, r.item) for r in c.sources))
+        if any(k not in self.items for k in keys):
             raise Conflict("a source item does not exist in this Bot's chats")
+        items = [self.items[k] for k in keys]
         tags: list[str] = []
         for item in items:
             if item["review"]:
@@ -223,20 +240,21 @@ class _Step:
         entry_sources: list[str],
         author: str | None,
     ) -> None:
-        await entries.create_entry(
-            self.tx,
-            bot_id=self.bot_id,
-            id=id,
-            layer=layer,
-            content=self.cipher.encrypt(ENTRY_KIND, id, content),
-            content_length=len(content),
-            tags=list(dict.fromkeys(tags)),
-            confidence=confidence,
-            order_key=self.next_order_key(),
-            now=self.now,
-            item_sources=item_sources,
-            entry_sources=entry_sources,
-            author=author,
+        self.pending.append(
+            {
+                "id": id,
+                "layer": layer,
+                "content": self.cipher.encrypt(ENTRY_KIND, id, content),
+                "contentLength": len(content),
+                "tags": list(dict.fromkeys(tags)),
+                "confidence": confidence,
+                "orderKey": self.next_order_key(),
+                "sourceCount": len(item_sources) + len(entry_sources),
+                "author": author,
+                "legacy": False,
+                "itemSources": item_sources,
+                "entrySources": entry_sources,
+            }
         )
         self.touched.append(id)
 
@@ -318,6 +336,8 @@ class _Step:
         self.touched.append(c.entry_id)
 
     async def apply(self, change: MemoryChange) -> None:
+        if not isinstance(change, AddFact | Remember):
+            await self.flush()  # everything else reads entries, possibly ones added just before
         match change:
             case AddFact():
                 await self.add_fact(change)
@@ -344,6 +364,9 @@ def _payload(changes: list[MemoryChange]) -> str:
 
 
 async def bot_cipher(rt: Runtime, bot_id: str) -> Cipher:
+    cached = rt.keyring.cached(bot_id)
+    if cached is not None:
+        return cached
     key = await read(rt.driver, lambda tx: identity.bot_key(tx, id=bot_id))
     if key is None or key["master"] is None:
         raise NotFound("bot not found")
@@ -377,8 +400,10 @@ async def apply_changes(
         if precheck is not None:
             await precheck(tx)
         step = _Step(tx, bot_id, version, cipher, now)
+        await step.prepare(changes)
         for change in changes:
             await step.apply(change)
+        await step.flush()
         touched = list(dict.fromkeys(step.touched))
         await access.relabel(tx, bot_id=bot_id, ids=touched)
         payload = cipher.encrypt("change", change_id, _payload(changes))

@@ -77,6 +77,11 @@ class Keyring:
             return key
         return self.wrap(bot_id, self.unwrap(bot_id, key))
 
+    def cached(self, bot_id: str) -> Cipher | None:
+        """The Bot's cipher if its data key was unwrapped before (data keys never change)."""
+        aes = self._data_keys.get(bot_id)
+        return None if aes is None else Cipher(aes)
+
     def cipher(self, bot_id: str, key: WrappedKey) -> Cipher:
         aes = self._data_keys.get(bot_id)
         if aes is None:

@@ -47,6 +47,29 @@ MATCH (i:Item {uid: src.uid})
 CREATE (e)-[:SOURCE {rule: src.rule, org: src.org}]->(i)
 """
 
+#: Many new entries at once (``$rows``: the fields of CREATE_ENTRY plus ``itemSources`` and
+#: ``entrySources``), with their SOURCE edges; one round trip for a whole learning step.
+CREATE_ENTRIES: Final = """
+MATCH (m:Memory {id: $botId})
+UNWIND $rows AS row
+CREATE (e:Entry {id: row.id, botId: $botId, layer: row.layer, content: row.content,
+                 contentLength: row.contentLength, tags: row.tags, status: 'active', confidence: row.confidence,
+                 createdAt: $now, updatedAt: $now, invalidatedAt: null, orderKey: row.orderKey,
+                 pinned: row.layer = 'pinned', sourceCount: row.sourceCount, author: row.author, excluded: [],
+                 legacy: row.legacy})-[:IN_MEMORY]->(m)
+WITH e, row
+CALL (e, row) {
+  UNWIND row.itemSources AS src
+  MATCH (i:Item {uid: src.uid})
+  CREATE (e)-[:SOURCE {rule: src.rule, org: src.org}]->(i)
+}
+CALL (e, row) {
+  UNWIND row.entrySources AS sourceId
+  MATCH (s:Entry {id: sourceId, botId: $botId})
+  CREATE (e)-[:SOURCE]->(s)
+}
+"""
+
 LINK_ENTRY_SOURCES: Final = """
 MATCH (e:Entry {id: $id, botId: $botId})
 UNWIND $sourceIds AS sourceId
@@ -188,6 +211,13 @@ async def create_entry(
     )
     if entry_sources:
         await tx.run(LINK_ENTRY_SOURCES, botId=bot_id, id=id, sourceIds=entry_sources)
+
+
+async def create_entries(
+    tx: AsyncManagedTransaction, *, bot_id: str, rows: list[dict[str, Any]], now: int
+) -> None:
+    """Create entries with their SOURCE edges in one statement (rows as for :func:`create_entry`)."""
+    await tx.run(CREATE_ENTRIES, botId=bot_id, rows=rows, now=now)
 
 
 async def set_status(tx: AsyncManagedTransaction, *, bot_id: str, id: str, status: str, now: int) -> None:

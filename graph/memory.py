@@ -25,14 +25,10 @@ RETURN m.version AS version
 #: Starting with ``SET m.version = m.version + 1`` instead deadlocks under load (measured: two
 #: writers and four readers): the write is preceded by a shared lock that is then upgraded,
 #: and D9.8 forbids upgrades.
-EXCLUSIVE_LOCK: Final = """
-MATCH (m:Memory {id: $botId})
-CALL apoc.lock.nodes([m])
-RETURN count(m) AS n
-"""
-
 BUMP_VERSION: Final = """
 MATCH (m:Memory {id: $botId})
+CALL apoc.lock.nodes([m])
+WITH m
 SET m.version = m.version + 1
 RETURN m.version AS version
 """
@@ -140,9 +136,6 @@ async def shared_lock(tx: AsyncManagedTransaction, *, bot_id: str) -> int | None
 
 async def bump_version(tx: AsyncManagedTransaction, *, bot_id: str) -> int | None:
     """Take the exclusive lock of a Bot's memory (the first statement of every change) and bump its version."""
-    locked = await single(tx, EXCLUSIVE_LOCK, botId=bot_id)
-    if locked is None or locked["n"] == 0:
-        return None
     record = await single(tx, BUMP_VERSION, botId=bot_id)
     return None if record is None else int(record["version"])
 
