@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, LiteralString, cast
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from botmemory import chats, commands, provisioning
@@ -184,6 +184,10 @@ async def step(rt: Runtime, world: World, op: str, a: int, b: int, c: int) -> No
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 @given(program=OPS)
+# Always run: a change below an observation must reach its label (status, exclusion, audience).
+@example(program=[("fact", 0, 0, 0), ("observation", 0, 0, 0), ("invalidate", 0, 0, 0)])
+@example(program=[("fact", 3, 0, 0), ("observation", 0, 0, 0), ("forget", 1, 0, 0)])
+@example(program=[("fact", 3, 0, 0), ("observation", 0, 0, 0), ("share", 0, 0, 0)])
 async def test_label_equals_path_query_after_every_change(runtime: Runtime, program: list[Any]) -> None:
     world = await make_world(runtime)
     await compare(runtime, world)
