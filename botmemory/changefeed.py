@@ -106,26 +106,24 @@ class ChangeHub:
         subs = [{"key": s.key, "person": s.person_id, "org": s.org, "token": s.token_id} for s in local]
         now = now_ms()
 
-        async def work(tx: AsyncManagedTransaction) -> tuple[dict[str, list[dict[str, Any]]], Any]:
+        async def work(tx: AsyncManagedTransaction) -> tuple[dict[str, list[str]], list[dict[str, Any]], Any]:
             await q.shared_lock(tx, bot_id=bot_id)
             found = await changefeed.deliveries(tx, bot_id=bot_id, ids=ids, subs=subs, now=now)
-            return found, await identity.bot_key(tx, id=bot_id)
+            union = sorted({i for seen in found.values() for i in seen})
+            changed = await changefeed.changed_entries(tx, bot_id=bot_id, ids=union) if union else []
+            return found, changed, await identity.bot_key(tx, id=bot_id)
 
-        found, key = await read(self.rt.driver, work)
+        found, changed, key = await read(self.rt.driver, work)
         if key is None:
             return
         cipher = self.rt.cipher(bot_id, key["master"], key["wrapped"])
-        decrypted: dict[str, Entry] = {}
-        for rows in found.values():
-            for row in rows:
-                if row["id"] not in decrypted:
-                    decrypted[row["id"]] = decrypt_entry(cipher, row)
+        decrypted = {row["id"]: decrypt_entry(cipher, row) for row in changed}  # once per event
         events: dict[tuple[str, ...], ChangeEvent] = {}
         for sub in local:
             if sub.key not in found:
                 _offer(sub, None)  # token revoked or read on the Bot lost: end the subscription
                 continue
-            visible = tuple(sorted(row["id"] for row in found[sub.key]))
+            visible = tuple(sorted(i for i in found[sub.key] if i in decrypted))
             if not visible:
                 continue
             if visible not in events:
