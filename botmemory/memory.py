@@ -24,7 +24,6 @@ from graph import memory as q
 from graph.driver import read, single
 
 ENTRY_KIND = "entry"
-_TOP_RANK = 2**62
 _CONTEXT_PAGE = 64
 TOPIC = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
 _TAG = re.compile(r"^(?:[a-z]+:)*[A-Za-z0-9_\-]+$")
@@ -206,7 +205,7 @@ async def context(rt: Runtime, bot_id: str, reader: Reader, limit: int) -> Conte
     async def work(tx: AsyncManagedTransaction) -> tuple[list[str], dict[str, bytes], Cipher]:
         await q.shared_lock(tx, bot_id=bot_id)
         used: list[str] = []
-        size, after = 0, _TOP_RANK
+        size, after = 0, q.TOP_RANK
         while True:
             page = await q.context_page(tx, bot_id=bot_id, after=after, limit=_CONTEXT_PAGE, **reader.params)
             for row in page:

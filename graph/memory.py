@@ -15,6 +15,9 @@ from neo4j import AsyncManagedTransaction
 from graph.access import VISIBLE
 from graph.driver import rows, single
 
+#: Above every ``memoryRank`` (pinned entries rank from 2**50); bounds index range seeks.
+TOP_RANK: Final = 2**62
+
 SHARED_LOCK: Final = """
 MATCH (m:Memory {id: $botId})
 CALL apoc.lock.read.nodes([m])
@@ -48,8 +51,9 @@ LIST_VISIBLE: Final = (
     """
 WITH $readers AS readers, $org AS org
 UNWIND $keys AS key
-MATCH (e:Entry {botId: $botId, audienceKey: key})
-WHERE e.status IN $statuses AND all(t IN $tags WHERE t IN e.tags) AND """
+MATCH (e:Entry)
+WHERE e.botId = $botId AND e.audienceKey = key AND e.memoryRank < $top
+  AND e.status IN $statuses AND all(t IN $tags WHERE t IN e.tags) AND """
     + VISIBLE
     + """
 OPTIONAL MATCH (e)-[:SOURCE]->(src)
@@ -68,11 +72,11 @@ CONTEXT_PAGE: Final = (
 WITH $readers AS readers, $org AS org
 UNWIND $keys AS key
 CALL (key, readers, org) {
-  MATCH (e:Entry {botId: $botId, audienceKey: key})
-  WHERE e.memoryRank < $after AND e.status = 'active' AND """
+  MATCH (e:Entry)
+  WHERE e.botId = $botId AND e.audienceKey = key AND e.memoryRank < $after AND e.status = 'active' AND """
     + VISIBLE
     + """
-  RETURN e ORDER BY e.memoryRank DESC LIMIT $limit
+  RETURN e ORDER BY e.botId DESC, e.audienceKey DESC, e.memoryRank DESC LIMIT $limit
 }
 RETURN e.id AS id, e.contentLength AS length, e.memoryRank AS rank
 ORDER BY e.memoryRank DESC, e.id
@@ -91,8 +95,8 @@ HAS_VISIBLE: Final = (
 WITH $readers AS readers, $org AS org
 UNWIND $keys AS key
 CALL (key, readers, org) {
-  MATCH (e:Entry {botId: $botId, audienceKey: key})
-  WHERE e.status = 'active' AND """
+  MATCH (e:Entry)
+  WHERE e.botId = $botId AND e.audienceKey = key AND e.memoryRank < $top AND e.status = 'active' AND """
     + VISIBLE
     + """
   RETURN e.id AS id LIMIT 1
@@ -191,6 +195,7 @@ async def list_visible(
         org=org,
         readers=readers,
         keys=reader_keys(readers),
+        top=TOP_RANK,
         statuses=statuses,
         tags=tags,
     )
@@ -226,7 +231,9 @@ async def contents(tx: AsyncManagedTransaction, *, bot_id: str, ids: list[str]) 
 async def has_visible(
     tx: AsyncManagedTransaction, *, bot_id: str, org: str, readers: list[dict[str, Any]]
 ) -> bool:
-    record = await single(tx, HAS_VISIBLE, botId=bot_id, org=org, readers=readers, keys=reader_keys(readers))
+    record = await single(
+        tx, HAS_VISIBLE, botId=bot_id, org=org, readers=readers, keys=reader_keys(readers), top=TOP_RANK
+    )
     return record is not None
 
 
