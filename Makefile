@@ -12,11 +12,15 @@ VENV := .venv
 PY := $(VENV)/bin/python
 ARGS ?=
 
-# The test profile: own data dir and ports, so it runs beside the local stack.
+# The test profile: own data dir and ports, so it runs beside the local stack (override the
+# ports to run two checkouts' suites at once, e.g. `TEST_BOLT_PORT=27687 make test`).
+TEST_BOLT_PORT ?= 17687
+TEST_REDIS_PORT ?= 16379
+TEST_API_PORT ?= 18000
 TEST_ENV := BOTMEMORY_ENV=test BOTMEMORY_DATA_DIR=.data/test \
-	BOTMEMORY_NEO4J_BOLT_PORT=17687 BOTMEMORY_NEO4J_URI=bolt://127.0.0.1:17687 \
-	BOTMEMORY_REDIS_PORT=16379 BOTMEMORY_REDIS_URL=redis://127.0.0.1:16379/0 \
-	BOTMEMORY_API_PORT=18000
+	BOTMEMORY_NEO4J_BOLT_PORT=$(TEST_BOLT_PORT) BOTMEMORY_NEO4J_URI=bolt://127.0.0.1:$(TEST_BOLT_PORT) \
+	BOTMEMORY_REDIS_PORT=$(TEST_REDIS_PORT) BOTMEMORY_REDIS_URL=redis://127.0.0.1:$(TEST_REDIS_PORT)/0 \
+	BOTMEMORY_API_PORT=$(TEST_API_PORT)
 
 .PHONY: install up down test lint typecheck status
 
