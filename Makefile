@@ -22,7 +22,7 @@ TEST_ENV := BOTMEMORY_ENV=test BOTMEMORY_DATA_DIR=.data/test \
 	BOTMEMORY_REDIS_PORT=$(TEST_REDIS_PORT) BOTMEMORY_REDIS_URL=redis://127.0.0.1:$(TEST_REDIS_PORT)/0 \
 	BOTMEMORY_API_PORT=$(TEST_API_PORT)
 
-.PHONY: install up down test lint typecheck status
+.PHONY: install up down test bench lint typecheck status
 
 install:
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -50,6 +50,11 @@ status: | $(PY)
 test: | $(PY)
 	$(TEST_ENV) $(PY) -m botmemory.devstack services
 	$(TEST_ENV) $(VENV)/bin/pytest $(ARGS)
+
+# Benchmarks against the test-profile stack (own ids, cleaned up after): make bench ARGS='--quick'
+bench: | $(PY)
+	$(TEST_ENV) $(PY) -m botmemory.devstack services
+	$(TEST_ENV) $(PY) -m bench.memory_bench $(ARGS)
 
 lint: | $(PY)
 	$(VENV)/bin/ruff check .

@@ -1,0 +1,1 @@
+"""Benchmarks of the memory service (``python -m bench.memory_bench``); see ``bench/README.md``."""

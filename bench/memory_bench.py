@@ -1,0 +1,1309 @@
+"""Memory benchmark: pools of 1k/10k/100k entries with realistic provenance, read and written
+through the service functions, against the real Neo4j and Redis of the current settings.
+
+Run (test-profile stack, see bench/README.md)::
+
+    python -m bench.memory_bench                       # sizes 1000,10000,100000
+    python -m bench.memory_bench --quick               # 1000,10000 with few runs (< 3 minutes)
+    python -m bench.memory_bench --sizes 1000 --runs 10
+
+Each pool gets its own Organization, people, channels and Bot (fresh random ids), so it never
+touches anyone else's data; by default the pool is deleted after it was measured (``--keep``
+leaves it). What is measured, per pool and per reader kind (``most``, ``1%``, ``none``):
+
+* GET memory (``memory.list_entries``), ``memory.context(limit=4000)``, ``memory.has_entries``,
+  each side by side with an unchecked raw Cypher read of the same rows in the same loop
+  (alternating order), plus decryptions per call vs entries returned and a round-trip breakdown;
+* Remember and Forget (``botmemory.commands``), ``apply_changes`` of 10 new entries, and an
+  Invalidate of one fact that has dependents;
+* a change event delivered by ``ChangeHub.deliver`` to 1,000 open subscriptions of mixed readers.
+
+Results: a markdown table printed and written to ``bench/results.md`` (and into the marked section
+of ``bench/README.md``), with medians, p95/p99, targets and PASS/FAIL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import math
+import os
+import platform
+import random
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable, Generator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import neo4j
+from neo4j import AsyncManagedTransaction
+from prometheus_client import REGISTRY
+
+from botmemory import chats, commands, memory, provisioning
+from botmemory.bootstrap import open_runtime
+from botmemory.changefeed import ChangeHub
+from botmemory.changes import (
+    AddFact,
+    AddObservation,
+    Invalidate,
+    ItemRef,
+    MemoryChange,
+    Remember,
+    apply_changes,
+)
+from botmemory.crypto import Cipher
+from botmemory.domain import Access, Principal
+from botmemory.errors import Conflict
+from botmemory.runtime import Runtime
+from botmemory.settings import load_settings
+from graph.driver import read, rows, single, write
+
+BENCH_DIR = Path(__file__).resolve().parent
+ORG_PREFIX = "botmemory-bench-"
+ADMIN = Principal("admin")
+READER_KINDS = ("most", "1%", "none")
+ENTRY_KIND = getattr(memory, "ENTRY_KIND", "entry")
+CONTEXT_LIMIT = 4000
+
+# Targets from the issue (milliseconds unless noted).
+T_CONTEXT_MEDIAN = 5.0
+T_CONTEXT_P95 = 15.0
+T_SCALE = 1.3
+T_RATIO = 2.0
+T_APPLY10_MEDIAN = 10.0
+T_FANOUT_MEDIAN = 50.0
+T_FANOUT_P99 = 200.0
+
+# --- pool shape --------------------------------------------------------------------------------
+
+N_OTHERS = 40  # people besides the three readers
+BIG_MEMBERS = range(0, 24)  # others in the big channel (plus the "most" reader)
+SMALL_MEMBERS = range(20, 36)  # others in the small channel (20..23 are in both)
+MOST_PRIVATE_CHATS, MOST_TURNS = 4, 20
+SPARSE_TURNS = 10
+OTHER_TURNS = 2
+BIG_CHATS, BIG_TURNS = 4, 15
+SMALL_CHATS, SMALL_TURNS = 2, 8
+
+#: What each new entry of a pool is, with its share of the pool. Facts: ``big`` (group chats of
+#: the big channel), ``mp`` (private chats of the "most" reader), ``mpb`` (one private and one big
+#: source), ``op`` (other people's private chats), ``small`` (group chats of the small channel),
+#: ``sp`` (the "1%" reader's private chat); ``pin_*`` are Remember entries. Observations
+#: (``obs:*``) rest on entries of the same audience, 1–3 levels deep; ``obs:big+small`` and
+#: ``obs:sp+big`` mix audiences (visible only to members of both).
+MIX: tuple[tuple[str, float], ...] = (
+    ("big", 0.397),
+    ("mp", 0.120),
+    ("mpb", 0.030),
+    ("op", 0.090),
+    ("small", 0.045),
+    ("sp", 0.009),
+    ("pin_m", 0.006),
+    ("pin_o", 0.004),
+    ("obs:big", 0.140),
+    ("obs:mp", 0.060),
+    ("obs:big+small", 0.020),
+    ("obs:op", 0.040),
+    ("obs:small", 0.030),
+    ("obs:sp", 0.004),
+    ("obs:sp+big", 0.002),
+)
+#: Entry groups an observation of each class rests on (one source from each group at depth 1).
+OBS_BASE: dict[str, tuple[tuple[str, ...], ...]] = {
+    "big": (("big",),),
+    "mp": (("mp", "mpb"),),
+    "big+small": (("big",), ("small",)),
+    "small": (("small",),),
+    "sp": (("sp",),),
+    "sp+big": (("sp",), ("big",)),
+}
+DEPTHS = ((1, 0.60), (2, 0.28), (3, 0.12))
+INVALIDATE_RATE = 0.045  # per new entry: invalidate one earlier fact/observation
+RECENT = 400  # sources are drawn from the most recent entries of a group
+
+# fmt: off
+WORDS = (
+    "prefers", "tea", "mornings", "standup", "sprint", "release", "deploy", "invoice", "customer",
+    "report", "meeting", "deadline", "budget", "travel", "berlin", "london", "office", "remote",
+    "weekly", "review", "design", "database", "migration", "incident", "on-call", "holiday",
+    "birthday", "project", "alpha", "beta", "gamma", "roadmap", "feedback", "hiring", "onboarding",
+    "laptop", "password", "vpn", "printer", "coffee", "lunch", "allergy", "vegetarian", "dentist",
+    "train", "flight", "hotel", "conference", "python", "graph", "search", "latency", "metrics",
+    "dashboard", "alert", "backup", "restore", "quarterly",
+)
+TOPICS = (
+    "work", "travel", "food", "health", "family", "projects", "preferences", "schedule", "tools",
+    "team", "finance", "hiring",
+)
+# fmt: on
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+# --- statistics --------------------------------------------------------------------------------
+
+
+def pct(values: list[float], q: float) -> float:
+    """Percentile with linear interpolation between closest ranks (q in 0..1)."""
+    if not values:
+        return math.nan
+    s = sorted(values)
+    k = (len(s) - 1) * q
+    lo = math.floor(k)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def fmt_ms(v: float | None) -> str:
+    if v is None or math.isnan(v):
+        return "–"
+    if v < 10:
+        return f"{v:.2f}"
+    if v < 1000:
+        return f"{v:.1f}"
+    return f"{v:,.0f}"
+
+
+def fmt_ratio(v: float | None) -> str:
+    return "–" if v is None or math.isnan(v) or math.isinf(v) else f"{v:.2f}×"
+
+
+# --- the pool ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Pool:
+    size: int
+    org: str = ""
+    bot: str = ""
+    most: str = ""
+    sparse: str = ""
+    none: str = ""
+    others: list[str] = field(default_factory=list[str])
+    tokens: dict[str, str] = field(default_factory=dict[str, str])  # person id -> a live token id
+    channels: list[str] = field(default_factory=list[str])
+    chats: list[str] = field(default_factory=list[str])
+    items: dict[str, list[ItemRef]] = field(default_factory=dict[str, list[ItemRef]])
+    # plan state: what every entry is, by id
+    status: dict[str, str] = field(default_factory=dict[str, str])
+    kind: dict[str, str] = field(default_factory=dict[str, str])
+    groups: dict[tuple[str, int], list[str]] = field(default_factory=dict[tuple[str, int], list[str]])
+    created: list[str] = field(default_factory=list[str])
+    cited: set[str] = field(default_factory=set[str])
+    composition: dict[str, int] = field(default_factory=dict[str, int])
+    built: dict[str, int] = field(default_factory=dict[str, int])  # composition right after the build
+    build_seconds: float = 0.0
+    setup_seconds: float = 0.0
+
+    def person_of(self, kind: str) -> str:
+        return {"most": self.most, "1%": self.sparse, "none": self.none}[kind]
+
+    def principal(self, person_id: str) -> Principal:
+        return Principal(
+            "person", token_id=self.tokens.get(person_id), person_id=person_id, organization_id=self.org
+        )
+
+    def people(self) -> list[str]:
+        return [self.most, self.sparse, self.none, *self.others]
+
+
+class Planner:
+    """Builds the changes of a pool in order, keeping track of what each entry rests on."""
+
+    def __init__(self, pool: Pool, rng: random.Random) -> None:
+        self.pool, self.rng = pool, rng
+
+    def content(self) -> str:
+        target = int(min(400, max(30, self.rng.lognormvariate(math.log(110), 0.45))))
+        words: list[str] = []
+        while sum(len(w) + 1 for w in words) < target:
+            words.append(self.rng.choice(WORDS))
+        return " ".join(words)[:target].strip() or "note"
+
+    def topics(self) -> tuple[str, ...]:
+        return tuple(self.rng.sample(TOPICS, self.rng.choice((0, 1, 1, 2))))
+
+    def pick(self, group: str, depth: int = 0, exclude: set[str] | None = None) -> str | None:
+        """A recent active entry of a group at a depth (0 = facts), or None."""
+        ids = self.pool.groups.get((group, depth), [])
+        if not ids:
+            return None
+        window = ids[-RECENT:]
+        for _ in range(12):
+            cand = self.rng.choice(window)
+            if self.pool.status.get(cand) == "active" and (exclude is None or cand not in exclude):
+                return cand
+        for cand in reversed(window):
+            if self.pool.status.get(cand) == "active" and (exclude is None or cand not in exclude):
+                return cand
+        return None
+
+    def item(self, group: str) -> ItemRef:
+        return self.rng.choice(self.pool.items[group])
+
+    def record(self, entry_id: str, kind: str, group: str, depth: int) -> None:
+        p = self.pool
+        p.status[entry_id] = "active"
+        p.kind[entry_id] = kind
+        p.groups.setdefault((group, depth), []).append(entry_id)
+        p.created.append(entry_id)
+        p.composition[kind] = p.composition.get(kind, 0) + 1
+        if depth:
+            p.composition[f"depth {depth}"] = p.composition.get(f"depth {depth}", 0) + 1
+
+    def fact(self, kind: str) -> MemoryChange:
+        p, rng = self.pool, self.rng
+        if kind == "pin_m" or kind == "pin_o":
+            who = p.most if kind == "pin_m" else rng.choice(p.others)
+            change: MemoryChange = Remember(self.content(), who, p.org, self.topics())
+            self.record(change.id, kind, kind, 0)
+            return change
+        group = kind
+        if kind == "big":
+            sources = [self.item("big")] + ([self.item("big")] if rng.random() < 0.2 else [])
+        elif kind == "mpb":
+            sources = [self.item("mp"), self.item("big")]
+        elif kind == "op":
+            n = rng.randrange(N_OTHERS)
+            group = f"op:{n}"
+            sources = [self.item(group)]
+        else:
+            sources = [self.item(kind)]
+        fact = AddFact(self.content(), tuple(dict.fromkeys(sources)), self.topics())
+        self.record(fact.id, kind, group, 0)
+        return fact
+
+    def observation(self, cls: str) -> MemoryChange | None:
+        rng = self.rng
+        if cls == "op":
+            n = rng.randrange(N_OTHERS)
+            base: tuple[tuple[str, ...], ...] = ((f"op:{n}",),)
+            group = f"obs:op:{n}"
+        else:
+            base = OBS_BASE[cls]
+            group = f"obs:{cls}"
+        depth = rng.choices([d for d, _ in DEPTHS], [w for _, w in DEPTHS])[0]
+        sources: list[str] = []
+        while depth > 1 and not sources:
+            below = self.pick(group, depth - 1)
+            if below is not None:
+                sources.append(below)
+            else:
+                depth -= 1
+        for options in base if depth == 1 else base[:1]:
+            s = self.pick(rng.choice(options), 0, set(sources))
+            if s is None:
+                if depth == 1:
+                    return None
+                continue
+            sources.append(s)
+        for _ in range(rng.choice((0, 0, 1, 2))):  # extra support from the first group
+            s = self.pick(rng.choice(base[0]), 0, set(sources))
+            if s is not None:
+                sources.append(s)
+        if not sources:
+            return None
+        obs = AddObservation(self.content(), tuple(sources), round(rng.uniform(0.4, 0.95), 2), self.topics())
+        self.pool.cited.update(sources)
+        self.record(obs.id, f"obs:{cls}", group, depth)
+        return obs
+
+    def invalidate(self) -> MemoryChange | None:
+        p = self.pool
+        for _ in range(8):
+            cand = self.rng.choice(p.created)
+            if p.status[cand] == "active" and not p.kind[cand].startswith("pin"):
+                p.status[cand] = "invalidated"
+                p.composition["invalidated"] = p.composition.get("invalidated", 0) + 1
+                return Invalidate(cand)
+        return None
+
+    def plan(self, n: int) -> list[MemoryChange]:
+        kinds = [k for k, _ in MIX]
+        weights = [w for _, w in MIX]
+        out: list[MemoryChange] = []
+        made = 0
+        while made < n:
+            kind = self.rng.choices(kinds, weights)[0]
+            change = self.observation(kind[4:]) if kind.startswith("obs:") else None
+            if change is None:
+                base_kind = kind[4:].split("+")[0] if kind.startswith("obs:") else kind
+                change = self.fact(base_kind if base_kind in ("big", "mp", "op", "small", "sp") else kind)
+            out.append(change)
+            made += 1
+            if made > 50 and self.rng.random() < INVALIDATE_RATE:
+                inv = self.invalidate()
+                if inv is not None:
+                    out.append(inv)
+        return out
+
+
+# --- provisioning --------------------------------------------------------------------------------
+
+TOKENS_OF = "MATCH (t:Token)-[:FOR]->(p:Person) WHERE p.id IN $ids RETURN p.id AS person, t.id AS token"
+PERSON_ITEMS = """
+MATCH (i:Item {chatId: $chatId}) WHERE i.kind = 'PERSON_MESSAGE'
+RETURN i.id AS id ORDER BY i.seq
+"""
+
+
+async def bounded(limit: int, jobs: list[Callable[[], Awaitable[Any]]]) -> list[Any]:
+    sem = asyncio.Semaphore(limit)
+
+    async def run(job: Callable[[], Awaitable[Any]]) -> Any:
+        async with sem:
+            return await job()
+
+    return await asyncio.gather(*(run(j) for j in jobs))
+
+
+async def provision(rt: Runtime, pool: Pool, rng: random.Random) -> None:
+    started = time.perf_counter()
+    tag = f"{pool.size}-{rng.getrandbits(32):08x}"
+    org = await provisioning.create_organization(rt, ADMIN, f"{ORG_PREFIX}{tag}")
+    pool.org = org.id
+
+    async def person(name: str) -> str:
+        p, _token = await provisioning.create_person(rt, ADMIN, pool.org, name)
+        return p.id
+
+    ids = await bounded(8, [lambda n=n: person(n) for n in ("most", "sparse", "none")])
+    pool.most, pool.sparse, pool.none = ids
+    pool.others = list(await bounded(8, [lambda i=i: person(f"other-{i}") for i in range(N_OTHERS)]))
+    bot = await provisioning.create_bot(rt, ADMIN, pool.org, f"bench-bot-{tag}", None)
+    pool.bot = bot.id
+    grants = [(pool.most, Access.WRITE), (pool.sparse, Access.READ), (pool.none, Access.READ)]
+    grants += [(o, Access.WRITE if i % 2 else Access.READ) for i, o in enumerate(pool.others)]
+    await bounded(8, [lambda p=p, a=a: provisioning.grant_bot(rt, ADMIN, pool.bot, p, a) for p, a in grants])
+    big_members = [pool.most, *(pool.others[i] for i in BIG_MEMBERS)]
+    small_members = [pool.others[i] for i in SMALL_MEMBERS]
+    big = await provisioning.create_channel(rt, ADMIN, pool.org, "big", big_members)
+    small = await provisioning.create_channel(rt, ADMIN, pool.org, "small", small_members)
+    pool.channels = [big.id, small.id]
+    found = await read(rt.driver, lambda tx: rows(tx, TOKENS_OF, ids=pool.people()))
+    for r in found:
+        pool.tokens[r["person"]] = r["token"]
+
+    # Chats: (group key, owner, channel, turns, speakers)
+    plan: list[tuple[str, str, str | None, int, list[str]]] = []
+    plan += [("mp", pool.most, None, MOST_TURNS, [pool.most]) for _ in range(MOST_PRIVATE_CHATS)]
+    plan.append(("sp", pool.sparse, None, SPARSE_TURNS, [pool.sparse]))
+    plan += [(f"op:{i}", o, None, OTHER_TURNS, [o]) for i, o in enumerate(pool.others)]
+    plan += [("big", big_members[c], big.id, BIG_TURNS, big_members) for c in range(BIG_CHATS)]
+    plan += [("small", small_members[c], small.id, SMALL_TURNS, small_members) for c in range(SMALL_CHATS)]
+
+    base = rng.getrandbits(48)
+
+    async def chat(
+        k: int, owner: str, channel: str | None, turns: int, speakers: list[str]
+    ) -> tuple[str, list[ItemRef]]:
+        crng = random.Random(base + k)  # one generator per chat: the pool does not depend on timing
+        c = await chats.create_chat(
+            rt, pool.principal(owner), pool.bot, channel_id=channel, review=False, owner_id=None
+        )
+        for n in range(turns):
+            who = pool.principal(speakers[(n + crng.randrange(len(speakers))) % len(speakers)])
+            text = f"message {n}: " + " ".join(crng.choice(WORDS) for _ in range(12))
+            turn = await chats.start_turn(rt, who, c.id, text, actor_id=None, notice=False)
+            await chats.complete_turn(rt, who, turn.id)
+        item_ids = await read(rt.driver, lambda tx: rows(tx, PERSON_ITEMS, chatId=c.id))
+        return c.id, [ItemRef(c.id, r["id"]) for r in item_ids]
+
+    made = await bounded(6, [lambda k=k, a=a: chat(k, *a[1:]) for k, a in enumerate(plan)])
+    for (group, *_), (chat_id, refs) in zip(plan, made, strict=True):
+        pool.chats.append(chat_id)
+        pool.items.setdefault(group, []).extend(refs)
+    pool.setup_seconds = time.perf_counter() - started
+
+
+async def build(rt: Runtime, pool: Pool, planner: Planner, batch: int) -> None:
+    changes = planner.plan(pool.size)
+    started = time.perf_counter()
+    last = started
+    for start in range(0, len(changes), batch):
+        await apply_changes(rt, pool.bot, changes[start : start + batch], "memory_bot")
+        if time.perf_counter() - last > 15:
+            last = time.perf_counter()
+            log(f"  pool {pool.size}: {start + batch:,}/{len(changes):,} changes applied")
+    pool.build_seconds = time.perf_counter() - started
+    pool.built = dict(pool.composition)
+
+
+# --- cleanup -----------------------------------------------------------------------------------
+
+DELETE_BATCH = 5000
+
+
+async def _delete_loop(rt: Runtime, query: str, **params: Any) -> int:
+    total = 0
+    while True:
+
+        async def work(tx: AsyncManagedTransaction) -> int:
+            record = await single(tx, query, batch=DELETE_BATCH, **params)
+            return 0 if record is None else int(record["n"])
+
+        n = await write(rt.driver, work)
+        total += n
+        if n < DELETE_BATCH:
+            return total
+
+
+async def delete_bot_data(rt: Runtime, org_id: str) -> None:
+    """DETACH DELETE everything the benchmark created for one Organization (bots, chats, people)."""
+    q_bots = "MATCH (b:Bot)-[:OWNED_BY]->(:Organization {id: $org}) RETURN collect(b.id) AS ids"
+    record = await read(rt.driver, lambda tx: single(tx, q_bots, org=org_id))
+    bots: list[str] = [] if record is None else list(record["ids"])
+    q_chats = "MATCH (c:Chat {botId: $bot}) RETURN collect(c.id) AS ids"
+    for bot in bots:
+        record = await read(rt.driver, lambda tx, bot=bot: single(tx, q_chats, bot=bot))
+        chat_ids: list[str] = [] if record is None else list(record["ids"])
+        await _delete_loop(
+            rt,
+            "MATCH (e:Entry {botId: $bot}) WITH e LIMIT $batch DETACH DELETE e RETURN count(*) AS n",
+            bot=bot,
+        )
+        await _delete_loop(
+            rt,
+            "MATCH (c:Change {botId: $bot}) WITH c LIMIT $batch DETACH DELETE c RETURN count(*) AS n",
+            bot=bot,
+        )
+        for label in ("Item", "Turn"):
+            await _delete_loop(
+                rt,
+                f"MATCH (n:{label}) WHERE n.chatId IN $chats WITH n LIMIT $batch DETACH DELETE n RETURN count(*) AS n",
+                chats=chat_ids,
+            )
+        await _delete_loop(
+            rt,
+            "MATCH (c:Chat) WHERE c.id IN $chats WITH c LIMIT $batch DETACH DELETE c RETURN count(*) AS n",
+            chats=chat_ids,
+        )
+        await _delete_loop(
+            rt,
+            "MATCH (b:Bot {id: $bot}) OPTIONAL MATCH (b)-[:HAS_MEMORY]->(m:Memory) "
+            "WITH b, m LIMIT $batch DETACH DELETE b, m RETURN count(*) AS n",
+            bot=bot,
+        )
+    await _delete_loop(
+        rt,
+        "MATCH (p:Person)-[:MEMBER_OF]->(:Organization {id: $org}) OPTIONAL MATCH (t:Token)-[:FOR]->(p) "
+        "WITH p, collect(t) AS ts LIMIT $batch FOREACH (t IN ts | DETACH DELETE t) DETACH DELETE p "
+        "RETURN count(*) AS n",
+        org=org_id,
+    )
+    await _delete_loop(
+        rt,
+        "MATCH (c:Channel)-[:IN]->(:Organization {id: $org}) WITH c LIMIT $batch DETACH DELETE c "
+        "RETURN count(*) AS n",
+        org=org_id,
+    )
+    await _delete_loop(
+        rt,
+        "MATCH (o:Organization {id: $org}) OPTIONAL MATCH (t:Token)-[:FOR]->(o) "
+        "WITH o, collect(t) AS ts LIMIT $batch FOREACH (t IN ts | DETACH DELETE t) DETACH DELETE o "
+        "RETURN count(*) AS n",
+        org=org_id,
+    )
+
+
+async def purge_leftovers(rt: Runtime) -> int:
+    """Delete the data of earlier benchmark runs (Organizations named ``botmemory-bench-…``)."""
+    q = "MATCH (o:Organization) WHERE o.name STARTS WITH $prefix RETURN collect(o.id) AS ids"
+    record = await read(rt.driver, lambda tx: single(tx, q, prefix=ORG_PREFIX))
+    orgs: list[str] = [] if record is None else list(record["ids"])
+    for org in orgs:
+        await delete_bot_data(rt, org)
+    return len(orgs)
+
+
+# --- instrumentation (round-trip breakdown) -------------------------------------------------------
+
+
+@dataclass
+class Probe:
+    results: list[Any] = field(default_factory=list[Any])
+    transactions: int = 0
+    decrypt_seconds: float = 0.0
+    decrypts: int = 0
+
+    def server_ms(self) -> float:
+        total = 0.0
+        for r in self.results:
+            md: dict[str, Any] = getattr(r, "_metadata", {}) or {}
+            total += float(md.get("t_first", 0) or 0) + float(md.get("t_last", 0) or 0)
+        return total
+
+
+@contextlib.contextmanager
+def probing() -> Generator[Probe]:
+    """Count Bolt queries and transactions, sum Neo4j's own time from the result summaries
+    (``result_available_after`` + ``result_consumed_after``), and time decryptions."""
+    from neo4j._async.work import transaction as txmod  # the driver's transaction class
+
+    probe = Probe()
+    base: Any = txmod.AsyncTransactionBase
+    orig_run, orig_begin = base.run, base._begin
+    orig_decrypt = Cipher.decrypt
+
+    async def run(self: Any, query: Any, parameters: Any = None, **kwargs: Any) -> Any:
+        result = await orig_run(self, query, parameters, **kwargs)
+        probe.results.append(result)
+        return result
+
+    async def begin(self: Any, *args: Any, **kwargs: Any) -> Any:
+        probe.transactions += 1
+        return await orig_begin(self, *args, **kwargs)
+
+    def decrypt(self: Cipher, kind: str, record_id: str, blob: bytes) -> str:
+        t = time.perf_counter()
+        try:
+            return orig_decrypt(self, kind, record_id, blob)
+        finally:
+            probe.decrypt_seconds += time.perf_counter() - t
+            probe.decrypts += 1
+
+    base.run, base._begin = run, begin
+    Cipher.decrypt = decrypt  # type: ignore[method-assign]
+    try:
+        yield probe
+    finally:
+        base.run, base._begin = orig_run, orig_begin
+        Cipher.decrypt = orig_decrypt  # type: ignore[method-assign]
+
+
+@dataclass
+class Breakdown:
+    total_ms: float
+    queries: float
+    transactions: float
+    server_ms: float
+    decrypt_ms: float
+
+    @property
+    def other_ms(self) -> float:
+        return max(0.0, self.total_ms - self.server_ms - self.decrypt_ms)
+
+
+async def breakdown(call: Callable[[], Awaitable[Any]], times: int) -> Breakdown:
+    parts: list[Breakdown] = []
+    for _ in range(times):
+        with probing() as probe:
+            t = time.perf_counter()
+            await call()
+            total = (time.perf_counter() - t) * 1000
+        parts.append(
+            Breakdown(
+                total,
+                len(probe.results),
+                probe.transactions,
+                probe.server_ms(),
+                probe.decrypt_seconds * 1000,
+            )
+        )
+    mid = sorted(parts, key=lambda b: b.total_ms)[len(parts) // 2]
+    return mid
+
+
+# --- measurements --------------------------------------------------------------------------------
+
+
+def entry_decryptions() -> float:
+    return REGISTRY.get_sample_value("botmemory_decryptions_total", {"kind": "entry"}) or 0.0
+
+
+@dataclass
+class Row:
+    size: int
+    op: str
+    reader: str
+    samples: list[float]
+    returned: list[int] = field(default_factory=list[int])
+    decrypts: list[float] = field(default_factory=list[float])
+    unchecked: list[float] = field(default_factory=list[float])
+    checked_bd: Breakdown | None = None
+    unchecked_bd: Breakdown | None = None
+    note: str = ""
+
+    @property
+    def n(self) -> int:
+        return len(self.samples)
+
+    @property
+    def median(self) -> float:
+        return pct(self.samples, 0.5)
+
+    @property
+    def p95(self) -> float:
+        return pct(self.samples, 0.95)
+
+    @property
+    def p99(self) -> float:
+        return pct(self.samples, 0.99)
+
+    @property
+    def ratio(self) -> float | None:
+        if not self.unchecked:
+            return None
+        u = pct(self.unchecked, 0.5)
+        return math.inf if u <= 0 else self.median / u
+
+    @property
+    def decrypt_mismatches(self) -> int:
+        return sum(1 for r, d in zip(self.returned, self.decrypts, strict=False) if r != d)
+
+
+@dataclass
+class BenchSettings:
+    runs: int
+    fanout_runs: int
+    budget: float
+    min_runs: int
+    warmup: int
+    profile_calls: int
+    subscribers: int
+
+    def keep_going(self, n: int, runs: int, elapsed: float, factor: float = 1.0) -> bool:
+        """Up to ``runs`` samples within the time budget; at least ``min_runs`` unless that takes
+        more than three budgets (very slow calls)."""
+        if n >= runs:
+            return False
+        if n < self.min_runs:
+            return n == 0 or elapsed < 3 * self.budget * factor
+        return elapsed < self.budget * factor
+
+
+async def measure_pair(
+    size: int,
+    op: str,
+    reader: str,
+    checked: Callable[[], Awaitable[int]],
+    unchecked: Callable[[], Awaitable[Any]] | None,
+    s: BenchSettings,
+) -> Row:
+    """Alternate the checked read and the unchecked raw read in one loop (same run, same cache)."""
+    for _ in range(s.warmup):
+        t = time.perf_counter()
+        await checked()
+        if unchecked is not None:
+            await unchecked()
+        if time.perf_counter() - t > 1.0:  # slow calls: one warm-up is enough
+            break
+    row = Row(size, op, reader, [])
+    started = time.perf_counter()
+    i = 0
+    while s.keep_going(row.n, s.runs, time.perf_counter() - started):
+        order = (0, 1) if i % 2 == 0 else (1, 0)
+        for which in order:
+            if which == 0:
+                before = entry_decryptions()
+                t = time.perf_counter()
+                returned = await checked()
+                row.samples.append((time.perf_counter() - t) * 1000)
+                row.decrypts.append(entry_decryptions() - before)
+                row.returned.append(returned)
+            elif unchecked is not None:
+                t = time.perf_counter()
+                await unchecked()
+                row.unchecked.append((time.perf_counter() - t) * 1000)
+        i += 1
+    times = s.profile_calls if row.median < 1000 else 1
+    row.checked_bd = await breakdown(checked, times)
+    if unchecked is not None:
+        row.unchecked_bd = await breakdown(unchecked, times)
+    return row
+
+
+async def measure_calls(
+    size: int, op: str, call: Callable[[int], Awaitable[Any]], s: BenchSettings, runs: int | None = None
+) -> Row:
+    for k in range(s.warmup):
+        await call(-1 - k)
+    row = Row(size, op, "most", [])
+    started = time.perf_counter()
+    limit = runs or s.runs
+    while s.keep_going(row.n, limit, time.perf_counter() - started):
+        t = time.perf_counter()
+        await call(row.n)
+        row.samples.append((time.perf_counter() - t) * 1000)
+    row.checked_bd = await breakdown(lambda: call(10_000 + row.n), s.profile_calls)
+    return row
+
+
+RAW_LIST = """
+MATCH (e:Entry) WHERE e.id IN $ids AND e.botId = $botId
+OPTIONAL MATCH (e)-[:SOURCE]->(src)
+WITH e, collect(CASE WHEN src:Item THEN {chat: src.chatId, item: src.id} ELSE {entry: src.id} END) AS sources
+RETURN e {.id, .layer, .tags, .status, .confidence, .createdAt, .updatedAt, .invalidatedAt, .content,
+          .contentLength, .orderKey, sources: sources} AS entry
+ORDER BY e.pinned DESC, e.orderKey DESC, e.id
+"""
+RAW_CONTEXT = """
+MATCH (e:Entry) WHERE e.id IN $ids AND e.botId = $botId
+RETURN e.id AS id, e.contentLength AS length, e.content AS content
+ORDER BY e.pinned DESC, e.orderKey DESC, e.id
+"""
+RAW_ANY = "MATCH (e:Entry {botId: $botId}) WHERE e.status = 'active' RETURN e.id AS id LIMIT 1"
+BOT_KEY = "MATCH (b:Bot {id: $id}) RETURN b.keyMaster AS master, b.keyWrapped AS wrapped"
+ACTIVE_COUNT = "MATCH (e:Entry {botId: $botId}) WHERE e.status = 'active' RETURN count(e) AS n"
+
+
+async def measure_reads(rt: Runtime, pool: Pool, s: BenchSettings, out: list[Row]) -> dict[str, list[str]]:
+    """GET memory, context and hasEntries for each reader kind; returns visible active ids by kind."""
+    key = await read(rt.driver, lambda tx: single(tx, BOT_KEY, id=pool.bot))
+    assert key is not None
+    cipher = rt.cipher(pool.bot, key["master"], key["wrapped"])
+    visible: dict[str, list[str]] = {}
+    for kind in READER_KINDS:
+        person = pool.person_of(kind)
+        principal = pool.principal(person)
+        reader = await memory.person_reader_of(rt, pool.bot, person, pool.org)
+        assert reader is not None, f"no reader for {kind}"
+        listed, _ = await memory.list_entries(rt, principal, pool.bot, [])
+        list_ids = [e.id for e in listed]
+        visible[kind] = [e.id for e in listed if e.status == "active"]
+        ctx = await memory.context(rt, pool.bot, reader, limit=CONTEXT_LIMIT)
+        ctx_ids = list(ctx.ids)
+
+        async def get_memory(principal: Principal = principal) -> int:
+            entries, _ = await memory.list_entries(rt, principal, pool.bot, [])
+            return len(entries)
+
+        async def raw_list(ids: list[str] = list_ids) -> int:
+            async def work(tx: AsyncManagedTransaction) -> list[dict[str, Any]]:
+                return await rows(tx, RAW_LIST, ids=ids, botId=pool.bot)
+
+            found = await read(rt.driver, work)
+            for r in found:
+                e = r["entry"]
+                cipher.decrypt(ENTRY_KIND, e["id"], bytes(e["content"]))
+            return len(found)
+
+        async def context(reader: memory.Reader = reader) -> int:
+            return len((await memory.context(rt, pool.bot, reader, limit=CONTEXT_LIMIT)).ids)
+
+        async def raw_context(ids: list[str] = ctx_ids) -> int:
+            async def work(tx: AsyncManagedTransaction) -> list[dict[str, Any]]:
+                return await rows(tx, RAW_CONTEXT, ids=ids, botId=pool.bot)
+
+            found = await read(rt.driver, work)
+            text = "\n".join("- " + cipher.decrypt(ENTRY_KIND, r["id"], bytes(r["content"])) for r in found)
+            assert len(text) <= CONTEXT_LIMIT
+            return len(found)
+
+        answers: set[bool] = set()
+
+        async def has_entries(reader: memory.Reader = reader, answers: set[bool] = answers) -> int:
+            answers.add(await memory.has_entries(rt, pool.bot, reader))
+            return 0  # returns no entries, so decrypts nothing
+
+        async def raw_any() -> int:
+            await read(rt.driver, lambda tx: single(tx, RAW_ANY, botId=pool.bot))
+            return 0
+
+        for op, checked, unchecked in (
+            ("GET memory", get_memory, raw_list),
+            ("context(4000)", context, raw_context),
+            ("hasEntries", has_entries, raw_any),
+        ):
+            row = await measure_pair(pool.size, op, kind, checked, unchecked, s)
+            if op == "hasEntries":
+                row.note = "answered " + " and ".join(sorted(str(a).lower() for a in answers))
+            out.append(row)
+            log(
+                f"  {pool.size:>7,} {op:<14} {kind:<5} n={row.n:<3} median {fmt_ms(row.median)} ms "
+                f"p95 {fmt_ms(row.p95)} ms returned {row.returned[0] if row.returned else '-'} "
+                f"checked/unchecked {fmt_ratio(row.ratio)}"
+            )
+    return visible
+
+
+async def measure_fanout(
+    rt: Runtime, pool: Pool, s: BenchSettings, rng: random.Random, out: list[Row]
+) -> None:
+    """ChangeHub.deliver of one change event to ``s.subscribers`` open subscriptions (mixed readers)."""
+    hub = ChangeHub(rt)
+    people: list[str] = [pool.most] * 150 + [pool.sparse] * 100 + [pool.none] * 100
+    people += [pool.others[i % len(pool.others)] for i in range(max(0, s.subscribers - len(people)))]
+    people = people[: s.subscribers]
+    version_q = "MATCH (m:Memory {id: $id}) RETURN m.version AS v"
+    record = await read(rt.driver, lambda tx: single(tx, version_q, id=pool.bot))
+    version = 0 if record is None else int(record["v"])
+    async with contextlib.AsyncExitStack() as stack:
+        subs = [
+            await stack.enter_async_context(hub.subscribe(pool.bot, p, pool.org, pool.tokens[p]))
+            for p in people
+        ]
+        receivers: list[int] = []
+        ended = 0
+
+        def event() -> dict[str, Any]:
+            ids = rng.sample(pool.created, rng.randint(1, 5))
+            return {"botId": pool.bot, "version": version, "ids": ids}
+
+        def drain() -> tuple[int, set[str]]:
+            nonlocal ended
+            got, ids = 0, set[str]()
+            for sub in subs:
+                if not sub.queue.empty():
+                    got += 1
+                while not sub.queue.empty():
+                    ev = sub.queue.get_nowait()
+                    if ev is None:
+                        ended += 1
+                    else:
+                        ids.update(e.id for e in ev.entries)
+            return got, ids
+
+        row = Row(pool.size, f"fan-out to {len(subs):,}", "mixed", [])
+        for _ in range(s.warmup):
+            await hub.deliver(event())
+            drain()
+        started = time.perf_counter()
+        while s.keep_going(row.n, s.fanout_runs, time.perf_counter() - started, factor=2):
+            ev = event()
+            before = entry_decryptions()
+            t = time.perf_counter()
+            await hub.deliver(ev)
+            row.samples.append((time.perf_counter() - t) * 1000)
+            row.decrypts.append(entry_decryptions() - before)
+            got, ids = drain()
+            receivers.append(got)
+            row.returned.append(len(ids))
+        ev = event()
+        row.checked_bd = await breakdown(lambda: hub.deliver(ev), min(3, s.profile_calls))
+        drain()
+        row.note = (
+            f"median {pct([float(r) for r in receivers], 0.5):.0f} of {len(subs):,} subscribers got an event; "
+            f"{ended} ended"
+        )
+        out.append(row)
+        log(
+            f"  {pool.size:>7,} fan-out        n={row.n:<3} median {fmt_ms(row.median)} ms "
+            f"p99 {fmt_ms(row.p99)} ms ({row.note})"
+        )
+
+
+async def measure_writes(
+    rt: Runtime, pool: Pool, planner: Planner, s: BenchSettings, visible_most: list[str], out: list[Row]
+) -> None:
+    rng = planner.rng
+    most = pool.principal(pool.most)
+
+    async def remember(_: int) -> None:
+        await commands.remember(rt, most, pool.bot, planner.content(), ["bench"])
+
+    row = await measure_calls(pool.size, "Remember", remember, s)
+    out.append(row)
+    log(f"  {pool.size:>7,} Remember       median {fmt_ms(row.median)} ms p95 {fmt_ms(row.p95)} ms")
+
+    async def apply10(_: int) -> None:
+        changes: list[MemoryChange] = [planner.fact(rng.choice(("big", "big", "mp"))) for _ in range(8)]
+        for _ in range(2):
+            obs = planner.observation(rng.choice(("big", "mp")))
+            changes.append(obs if obs is not None else planner.fact("big"))
+        await apply_changes(rt, pool.bot, changes, "memory_bot")
+
+    row = await measure_calls(pool.size, "apply_changes(10)", apply10, s)
+    row.reader = "memory_bot"
+    out.append(row)
+    log(f"  {pool.size:>7,} apply_changes  median {fmt_ms(row.median)} ms p95 {fmt_ms(row.p95)} ms")
+
+    with_deps = [i for i in pool.created if i in pool.cited and not pool.kind[i].startswith("obs")]
+    rng.shuffle(with_deps)
+
+    async def invalidate(_: int) -> None:
+        while with_deps:
+            target = with_deps.pop()
+            if pool.status[target] == "active":
+                pool.status[target] = "invalidated"
+                await apply_changes(rt, pool.bot, [Invalidate(target)], "memory_bot")
+                return
+
+    row = await measure_calls(
+        pool.size, "Invalidate(1 fact w/ dependents)", invalidate, s, runs=min(s.runs, 20)
+    )
+    row.reader = "memory_bot"
+    out.append(row)
+    log(f"  {pool.size:>7,} Invalidate     median {fmt_ms(row.median)} ms p95 {fmt_ms(row.p95)} ms")
+
+    # Facts (and pinned entries) of the "most" reader: no invalidation below them can hide them.
+    fact_kinds = ("big", "mp", "mpb", "pin_m")
+    targets = [i for i in visible_most if pool.status.get(i) == "active" and pool.kind.get(i) in fact_kinds]
+    rng.shuffle(targets)
+    conflicts = 0
+
+    async def forget(_: int) -> None:
+        nonlocal conflicts
+        while targets:
+            target = targets.pop()
+            if pool.status.get(target) != "active":
+                continue
+            try:
+                await commands.forget(rt, most, pool.bot, target)
+            except Conflict:
+                conflicts += 1
+                continue
+            pool.status[target] = "forgotten"
+            return
+
+    row = await measure_calls(pool.size, "Forget", forget, s, runs=min(s.runs, 30))
+    row.note = f"{conflicts} targets no longer visible (409, skipped)" if conflicts else ""
+    out.append(row)
+    log(f"  {pool.size:>7,} Forget         median {fmt_ms(row.median)} ms p95 {fmt_ms(row.p95)} ms")
+
+
+# --- report ------------------------------------------------------------------------------------
+
+
+def sh(*cmd: str) -> str:
+    try:
+        return subprocess.run(
+            cmd, capture_output=True, text=True, check=False, cwd=BENCH_DIR.parent
+        ).stdout.strip()
+    except OSError:
+        return ""
+
+
+def machine() -> dict[str, str]:
+    cpu = "?"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    mem = "?"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                mem = f"{int(line.split()[1]) / 1024 / 1024:.1f} GiB"
+    commit = sh("git", "rev-parse", "--short", "HEAD") or "?"
+    dirty = sh("git", "status", "--porcelain", "--untracked-files=no") if commit != "?" else ""
+    return {
+        "cpu": f"{cpu}, {os.cpu_count()} cores",
+        "memory": mem,
+        "os": f"{platform.system()} {platform.release()}",
+        "python": platform.python_version(),
+        "driver": f"neo4j {neo4j.__version__}",
+        "commit": commit + (" (with uncommitted changes)" if dirty else ""),
+    }
+
+
+def verdict(ok: bool | None) -> str:
+    return "n/a" if ok is None else ("PASS" if ok else "**FAIL**")
+
+
+def find(rows_: list[Row], size: int, op: str, reader: str | None = None) -> Row | None:
+    for r in rows_:
+        if r.size == size and r.op.startswith(op) and (reader is None or r.reader == reader):
+            return r
+    return None
+
+
+def report(
+    rows_: list[Row],
+    pools: list[Pool],
+    sizes: list[int],
+    info: dict[str, str],
+    args: argparse.Namespace,
+    elapsed: float,
+    extra: dict[str, Any],
+) -> str:
+    lines: list[str] = []
+    add = lines.append
+    add(
+        f"Run {time.strftime('%Y-%m-%d %H:%M:%S %Z')} · `{' '.join(['python -m bench.memory_bench', *sys.argv[1:]])}`"
+    )
+    add("")
+    add(
+        f"Machine: {info['cpu']}, {info['memory']} RAM, {info['os']}; Python {info['python']}, "
+        f"{info['driver']}, Neo4j {extra.get('neo4j', '?')}; code: {args.label or 'commit ' + info['commit']}. "
+        f"Load average before/after: {extra.get('load_before', '?')} / {extra.get('load_after', '?')}. "
+        f"Total run time {elapsed / 60:.1f} min."
+    )
+    add("")
+    big = 100_000 if any(p.size == 100_000 for p in pools) else None
+    small = 1000 if any(p.size == 1000 for p in pools) else None
+
+    # Targets ----------------------------------------------------------------------------------
+    add("### Targets")
+    add("")
+    add("| target | pool | reader | measured | result |")
+    add("|---|---|---|---|---|")
+    for kind in READER_KINDS:
+        r = find(rows_, big, "context", kind) if big else None
+        add(
+            f"| `context` median ≤ {T_CONTEXT_MEDIAN:g} ms | 100k | {kind} | "
+            f"{fmt_ms(r.median) + ' ms' if r else 'not run'} | {verdict(r.median <= T_CONTEXT_MEDIAN if r else None)} |"
+        )
+    for kind in READER_KINDS:
+        r = find(rows_, big, "context", kind) if big else None
+        add(
+            f"| `context` p95 ≤ {T_CONTEXT_P95:g} ms | 100k | {kind} | "
+            f"{fmt_ms(r.p95) + ' ms' if r else 'not run'} | {verdict(r.p95 <= T_CONTEXT_P95 if r else None)} |"
+        )
+    for kind in READER_KINDS:
+        hi = find(rows_, big, "context", kind) if big else None
+        lo = find(rows_, small, "context", kind) if small else None
+        ratio = hi.median / lo.median if hi and lo else None
+        add(
+            f"| `context` median 100k ≤ {T_SCALE:g}× 1k | 100k/1k | {kind} | "
+            f"{fmt_ratio(ratio) if ratio else 'not run'} | {verdict(ratio <= T_SCALE if ratio else None)} |"
+        )
+    for size in sizes:
+        for op in ("GET memory", "context", "hasEntries"):
+            cands = [r for r in rows_ if r.size == size and r.op.startswith(op) and r.ratio is not None]
+            if not cands:
+                continue
+            worst = max(cands, key=lambda r: r.ratio or 0)
+            add(
+                f"| checked/unchecked ≤ {T_RATIO:g}× (worst reader) | {size:,} | {worst.reader} | "
+                f"{fmt_ratio(worst.ratio)} ({op}) | {verdict((worst.ratio or 0) <= T_RATIO)} |"
+            )
+    for size in sizes:
+        r = find(rows_, size, "apply_changes")
+        if r:
+            add(
+                f"| `apply_changes` of 10 entries median ≤ {T_APPLY10_MEDIAN:g} ms | {size:,} | memory_bot | "
+                f"{fmt_ms(r.median)} ms | {verdict(r.median <= T_APPLY10_MEDIAN)} |"
+            )
+    for size in sizes:
+        r = find(rows_, size, "fan-out")
+        if r:
+            add(
+                f"| fan-out to 1,000 subscribers median ≤ {T_FANOUT_MEDIAN:g} ms | {size:,} | mixed | "
+                f"{fmt_ms(r.median)} ms | {verdict(r.median <= T_FANOUT_MEDIAN)} |"
+            )
+            add(
+                f"| fan-out to 1,000 subscribers p99 ≤ {T_FANOUT_P99:g} ms | {size:,} | mixed | "
+                f"{fmt_ms(r.p99)} ms (n={r.n}) | {verdict(r.p99 <= T_FANOUT_P99)} |"
+            )
+    for size in sizes:
+        rs = [r for r in rows_ if r.size == size and r.decrypts]
+        if rs:
+            calls = sum(len(r.decrypts) for r in rs)
+            bad = sum(r.decrypt_mismatches for r in rs)
+            add(
+                f"| decryptions per call = entries returned | {size:,} | all | "
+                f"{bad} of {calls:,} calls differ | {verdict(bad == 0)} |"
+            )
+    add("")
+
+    # Latencies --------------------------------------------------------------------------------
+    add("### Latency (ms) per pool")
+    add("")
+    add(
+        "Checked = the service call; unchecked = a raw Cypher read of the same rows (by id, same order, same "
+        "decryption) timed in the same loop, alternating order. `returned` = entries returned per call "
+        "(median); `decrypts` = entry decryptions per call (median)."
+    )
+    add("")
+    add(
+        "| pool | operation | reader | n | median | p95 | p99 | returned | decrypts | unchecked median | checked/unchecked |"
+    )
+    add("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows_:
+        ret = f"{pct([float(x) for x in r.returned], 0.5):,.0f}" if r.returned else "–"
+        dec = f"{pct(r.decrypts, 0.5):,.0f}" if r.decrypts else "–"
+        um = fmt_ms(pct(r.unchecked, 0.5)) if r.unchecked else "–"
+        add(
+            f"| {r.size:,} | {r.op} | {r.reader} | {r.n} | {fmt_ms(r.median)} | {fmt_ms(r.p95)} | "
+            f"{fmt_ms(r.p99)} | {ret} | {dec} | {um} | {fmt_ratio(r.ratio)} |"
+        )
+    add("")
+
+    # Breakdown --------------------------------------------------------------------------------
+    add("### Round-trip breakdown (one profiled call, median of a few)")
+    add("")
+    add(
+        "`queries` = Cypher statements sent (`tx.run`), `tx` = explicit transactions begun; `Neo4j` = sum of "
+        "the server's `result_available_after` + `result_consumed_after`; `decrypt` = AES-GCM time; "
+        "`rest` = Bolt round trips, driver record decoding and Python. The server reports whole "
+        "milliseconds per statement. Write operations show one profiled call of the same kind."
+    )
+    add("")
+    add("| pool | operation | reader | path | queries | tx | total | Neo4j | decrypt | rest |")
+    add("|---:|---|---|---|---:|---:|---:|---:|---:|---:|")
+    for r in rows_:
+        first = "checked" if r.unchecked_bd is not None else "call"
+        for path, bd in ((first, r.checked_bd), ("unchecked", r.unchecked_bd)):
+            if bd is None:
+                continue
+            add(
+                f"| {r.size:,} | {r.op} | {r.reader} | {path} | {bd.queries:.0f} | {bd.transactions:.0f} | "
+                f"{fmt_ms(bd.total_ms)} | {fmt_ms(bd.server_ms)} | {fmt_ms(bd.decrypt_ms)} | {fmt_ms(bd.other_ms)} |"
+            )
+    add("")
+
+    # Pools ----------------------------------------------------------------------------------------
+    add("### Pools")
+    add("")
+    add(
+        "| pool | setup (people, chats, turns) | build via apply_changes | entries/s | facts | observations (d1/d2/d3) | pinned | invalidated | visible active: most / 1% / none |"
+    )
+    add("|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    for p in pools:
+        c = p.built
+        facts = sum(v for k, v in c.items() if k in ("big", "mp", "mpb", "op", "small", "sp"))
+        obs = sum(v for k, v in c.items() if k.startswith("obs:"))
+        pins = c.get("pin_m", 0) + c.get("pin_o", 0)
+        vis = extra.get("visible", {}).get(p.size, {})
+        active = extra.get("active", {}).get(p.size, 0)
+        share = " / ".join(
+            f"{vis.get(k, 0):,} ({100 * vis.get(k, 0) / active:.1f}%)" if active else "?"
+            for k in READER_KINDS
+        )
+        add(
+            f"| {p.size:,} | {p.setup_seconds:.1f} s | {p.build_seconds:.1f} s | "
+            f"{p.size / p.build_seconds if p.build_seconds else 0:,.0f} | {facts:,} | "
+            f"{obs:,} ({c.get('depth 1', 0):,}/{c.get('depth 2', 0):,}/{c.get('depth 3', 0):,}) | {pins:,} | "
+            f"{c.get('invalidated', 0):,} | {share} of {active:,} |"
+        )
+    add("")
+    notes = [r for r in rows_ if r.note]
+    if notes or extra.get("notes"):
+        add("Notes:")
+        for r in notes:
+            add(f"- {r.size:,} {r.op} ({r.reader}): {r.note}")
+        for n in extra.get("notes", []):
+            add(f"- {n}")
+        add("")
+    return "\n".join(lines)
+
+
+README_START = "<!-- results:start -->"
+README_END = "<!-- results:end -->"
+
+
+def write_outputs(table: str, out: Path, update_readme: bool) -> None:
+    out.write_text("# Memory benchmark results\n\n" + table + "\n")
+    readme = BENCH_DIR / "README.md"
+    if update_readme and readme.exists():
+        text = readme.read_text()
+        if README_START in text and README_END in text:
+            head, rest = text.split(README_START, 1)
+            _, tail = rest.split(README_END, 1)
+            readme.write_text(f"{head}{README_START}\n{table}\n{README_END}{tail}")
+
+
+# --- main --------------------------------------------------------------------------------------
+
+
+async def run(args: argparse.Namespace) -> int:
+    started = time.perf_counter()
+    sizes = [int(x) for x in args.sizes.split(",") if x.strip()]
+    s = BenchSettings(
+        runs=args.runs,
+        fanout_runs=args.fanout_runs,
+        budget=args.budget,
+        min_runs=args.min_runs,
+        warmup=args.warmup,
+        profile_calls=args.profile_calls,
+        subscribers=args.subscribers,
+    )
+    rng = random.Random(args.seed)
+    settings = load_settings()
+    info = machine()
+    extra: dict[str, Any] = {
+        "load_before": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+        "visible": {},
+        "active": {},
+        "notes": [],
+    }
+    rows_: list[Row] = []
+    pools: list[Pool] = []
+    async with open_runtime(settings) as rt:
+        comp = await read(
+            rt.driver, lambda tx: single(tx, "CALL dbms.components() YIELD versions RETURN versions[0] AS v")
+        )
+        extra["neo4j"] = "?" if comp is None else comp["v"]
+        log(f"Neo4j {extra['neo4j']} at {settings.neo4j_uri}; sizes {sizes}; runs {s.runs}")
+        if args.purge_leftovers:
+            n = await purge_leftovers(rt)
+            log(f"deleted the data of {n} earlier benchmark organization(s)")
+        for size in sizes:
+            pool = Pool(size)
+            pools.append(pool)
+            pool_seed = rng.getrandbits(64)
+            planner = Planner(pool, random.Random(pool_seed))
+            try:
+                log(f"pool {size:,}: provisioning")
+                await provision(rt, pool, random.Random(pool_seed ^ 0x5EED))
+                log(f"pool {size:,}: setup {pool.setup_seconds:.1f} s; building entries")
+                await build(rt, pool, planner, args.batch)
+                log(
+                    f"pool {size:,}: built in {pool.build_seconds:.1f} s ({size / pool.build_seconds:,.0f}/s)"
+                )
+                rec = await read(rt.driver, lambda tx, b=pool.bot: single(tx, ACTIVE_COUNT, botId=b))
+                extra["active"][size] = 0 if rec is None else int(rec["n"])
+                visible = await measure_reads(rt, pool, s, rows_)
+                extra["visible"][size] = {k: len(v) for k, v in visible.items()}
+                await measure_fanout(rt, pool, s, planner.rng, rows_)
+                await measure_writes(rt, pool, planner, s, visible["most"], rows_)
+            finally:
+                if args.keep:
+                    log(f"pool {size:,}: kept (organization {pool.org}, bot {pool.bot})")
+                elif pool.org:
+                    t = time.perf_counter()
+                    await delete_bot_data(rt, pool.org)
+                    log(f"pool {size:,}: deleted in {time.perf_counter() - t:.1f} s")
+    extra["load_after"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    elapsed = time.perf_counter() - started
+    table = report(rows_, pools, sizes, info, args, elapsed, extra)
+    out = Path(args.out)
+    write_outputs(table, out, not args.no_readme)
+    print(table)
+    log(f"done in {elapsed / 60:.1f} min; results in {out}")
+    return 0
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m bench.memory_bench", description=(__doc__ or "").split("\n\n")[0]
+    )
+    p.add_argument("--sizes", default="1000,10000,100000", help="pool sizes, comma separated")
+    p.add_argument("--runs", type=int, default=40, help="timed runs per operation and reader")
+    p.add_argument("--fanout-runs", type=int, default=200, help="timed change events for the fan-out")
+    p.add_argument("--subscribers", type=int, default=1000, help="open subscriptions for the fan-out")
+    p.add_argument(
+        "--budget",
+        type=float,
+        default=20.0,
+        help="seconds per measurement after which runs stop early (never below --min-runs)",
+    )
+    p.add_argument("--min-runs", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--profile-calls", type=int, default=3, help="profiled calls for the round-trip breakdown")
+    p.add_argument("--batch", type=int, default=1000, help="changes per apply_changes call while building")
+    p.add_argument(
+        "--label", default="", help="what code is measured (shown in the header instead of the commit)"
+    )
+    p.add_argument("--seed", type=int, default=20240601)
+    p.add_argument("--quick", action="store_true", help="sizes 1000,10000, few runs (< 3 minutes)")
+    p.add_argument("--keep", action="store_true", help="keep each pool's data (default: delete it)")
+    p.add_argument("--purge-leftovers", action="store_true", help="first delete data of earlier bench runs")
+    p.add_argument("--out", default=str(BENCH_DIR / "results.md"))
+    p.add_argument("--no-readme", action="store_true", help="do not update the table in bench/README.md")
+    args = p.parse_args(argv)
+    if args.quick:
+        if "--sizes" not in (argv if argv is not None else sys.argv[1:]):
+            args.sizes = "1000,10000"
+        args.runs = min(args.runs, 10)
+        args.fanout_runs = min(args.fanout_runs, 40)
+        args.budget = min(args.budget, 5.0)
+        args.warmup = 1
+        args.profile_calls = 1
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    return asyncio.run(run(parse(argv)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
