@@ -103,7 +103,12 @@ class ChangeHub:
         local = list(self.subscribers.get(bot_id, {}).values())
         if not local:
             return
-        subs = [{"key": s.key, "person": s.person_id, "org": s.org, "token": s.token_id} for s in local]
+        # One check per distinct (person, organization, token), however many streams they hold.
+        identities = {_identity(s): s for s in local}
+        subs = [
+            {"key": k, "person": s.person_id, "org": s.org, "token": s.token_id}
+            for k, s in identities.items()
+        ]
         now = now_ms()
 
         async def work(tx: AsyncManagedTransaction) -> tuple[dict[str, list[str]], list[dict[str, Any]], Any]:
@@ -120,15 +125,20 @@ class ChangeHub:
         decrypted = {row["id"]: decrypt_entry(cipher, row) for row in changed}  # once per event
         events: dict[tuple[str, ...], ChangeEvent] = {}
         for sub in local:
-            if sub.key not in found:
+            seen = found.get(_identity(sub))
+            if seen is None:
                 _offer(sub, None)  # token revoked or read on the Bot lost: end the subscription
                 continue
-            visible = tuple(sorted(i for i in found[sub.key] if i in decrypted))
+            visible = tuple(sorted(i for i in seen if i in decrypted))
             if not visible:
                 continue
             if visible not in events:
                 events[visible] = ChangeEvent(version, tuple(decrypted[i] for i in visible))
             _offer(sub, events[visible])
+
+
+def _identity(sub: Subscriber) -> str:
+    return f"{sub.person_id}|{sub.org}|{sub.token_id}"
 
 
 def _offer(sub: Subscriber, event: ChangeEvent | None) -> None:
