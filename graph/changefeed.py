@@ -8,6 +8,7 @@ from neo4j import AsyncManagedTransaction
 
 from graph.access import VISIBLE
 from graph.driver import rows
+from graph.memory import ENTRY_ROW
 
 #: For each local subscriber (``$subs``: ``{key, person, org, token}``) the ids among the changed
 #: entries (``$ids``) it may see now: current membership, a live token, read on the Bot (V10).
@@ -36,15 +37,14 @@ RETURN sub.key AS key, visible
 )
 
 #: The changed entries themselves, read once for all subscribers (content as ciphertext).
-CHANGED_ENTRIES: Final = """
+CHANGED_ENTRIES: Final = (
+    """
 UNWIND $ids AS entryId
 MATCH (e:Entry {id: entryId})
 WHERE e.botId = $botId
-OPTIONAL MATCH (e)-[:SOURCE]->(src)
-WITH e, collect(CASE WHEN src:Item THEN {chat: src.chatId, item: src.id} ELSE {entry: src.id} END) AS sources
-RETURN e {.id, .layer, .tags, .status, .confidence, .createdAt, .updatedAt, .invalidatedAt, .content,
-          sources: sources} AS entry
 """
+    + ENTRY_ROW
+)
 
 
 async def deliveries(

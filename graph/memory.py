@@ -15,6 +15,14 @@ from neo4j import AsyncManagedTransaction
 from graph.access import VISIBLE
 from graph.driver import rows, single
 
+#: The API's view of an entry ``e`` as ``entry``: fields, sources as ids, content as ciphertext.
+ENTRY_ROW: Final = """
+OPTIONAL MATCH (e)-[:SOURCE]->(src)
+WITH e, collect(CASE WHEN src:Item THEN {chat: src.chatId, item: src.id} ELSE {entry: src.id} END) AS sources
+RETURN e {.id, .layer, .tags, .status, .confidence, .createdAt, .updatedAt, .invalidatedAt, .content,
+          .contentLength, .orderKey, sources: sources} AS entry
+"""
+
 #: Above every ``memoryRank`` (pinned entries rank from 2**50); bounds index range seeks.
 TOP_RANK: Final = 2**62
 
@@ -55,11 +63,8 @@ MATCH (e:Entry)
 WHERE e.botId = $botId AND e.audienceKey = key AND e.memoryRank < $top
   AND e.status IN $statuses AND all(t IN $tags WHERE t IN e.tags) AND """
     + VISIBLE
+    + ENTRY_ROW
     + """
-OPTIONAL MATCH (e)-[:SOURCE]->(src)
-WITH e, collect(CASE WHEN src:Item THEN {chat: src.chatId, item: src.id} ELSE {entry: src.id} END) AS sources
-RETURN e {.id, .layer, .tags, .status, .confidence, .createdAt, .updatedAt, .invalidatedAt, .content,
-          .contentLength, .orderKey, sources: sources} AS entry
 ORDER BY e.memoryRank DESC, e.id
 """
 )
@@ -283,12 +288,9 @@ UNWIND $ids AS entryId
 MATCH (e:Entry {id: entryId, botId: $botId})
 WHERE e.status IN $statuses AND """
     + VISIBLE
+    + ENTRY_ROW
     + """
-OPTIONAL MATCH (e)-[:SOURCE]->(src)
-WITH e, collect(CASE WHEN src:Item THEN {chat: src.chatId, item: src.id} ELSE {entry: src.id} END) AS sources
-RETURN e {.id, .layer, .tags, .status, .confidence, .createdAt, .updatedAt, .invalidatedAt, .content,
-          .contentLength, .orderKey, sources: sources} AS entry
-ORDER BY e.pinned DESC, e.orderKey DESC, e.id
+ORDER BY e.memoryRank DESC, e.id
 """
 )
 
