@@ -120,6 +120,9 @@ async def person_reader(
 
 
 async def _cipher_of(rt: Runtime, tx: AsyncManagedTransaction, bot_id: str) -> Cipher:
+    cached = rt.keyring.cached(bot_id)
+    if cached is not None:
+        return cached
     key = await identity.bot_key(tx, id=bot_id)
     if key is None:
         raise NotFound("bot not found")
@@ -202,29 +205,25 @@ async def context(rt: Runtime, bot_id: str, reader: Reader, limit: int) -> Conte
     Lengths are stored, so nothing is decrypted to decide what fits; only returned entries are.
     """
 
-    async def work(tx: AsyncManagedTransaction) -> tuple[list[str], dict[str, bytes], Cipher]:
+    async def work(tx: AsyncManagedTransaction) -> tuple[list[dict[str, Any]], Cipher]:
         await q.shared_lock(tx, bot_id=bot_id)
-        used: list[str] = []
+        used: list[dict[str, Any]] = []
         size, after = 0, q.TOP_RANK
         while True:
             page = await q.context_page(tx, bot_id=bot_id, after=after, limit=_CONTEXT_PAGE, **reader.params)
             for row in page:
                 cost = row["length"] + (3 if used else 2)  # "- " before each line, newlines between
                 if size + cost > limit:
-                    return (
-                        used,
-                        await q.contents(tx, bot_id=bot_id, ids=used),
-                        await _cipher_of(rt, tx, bot_id),
-                    )
-                used.append(row["id"])
+                    return used, await _cipher_of(rt, tx, bot_id)
+                used.append(row)
                 size += cost
             if len(page) < _CONTEXT_PAGE:
-                return used, await q.contents(tx, bot_id=bot_id, ids=used), await _cipher_of(rt, tx, bot_id)
+                return used, await _cipher_of(rt, tx, bot_id)
             after = page[-1]["rank"]
 
-    used, blobs, cipher = await read(rt.driver, work)
-    lines = ["- " + cipher.decrypt(ENTRY_KIND, entry_id, blobs[entry_id]) for entry_id in used]
-    return Context("\n".join(lines), tuple(used))
+    used, cipher = await read(rt.driver, work)
+    lines = ["- " + cipher.decrypt(ENTRY_KIND, row["id"], bytes(row["content"])) for row in used]
+    return Context("\n".join(lines), tuple(row["id"] for row in used))
 
 
 async def has_entries(rt: Runtime, bot_id: str, reader: Reader) -> bool:

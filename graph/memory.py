@@ -69,8 +69,9 @@ ORDER BY e.memoryRank DESC, e.id
 """
 )
 
-#: One page of active candidates for ``context`` (N3) in memory order below ``$after``: ids and
-#: stored lengths only, so deciding what fits reads no content. Per key, an index-ordered seek
+#: One page of active candidates for ``context`` (N3) in memory order below ``$after``: ids,
+#: stored lengths (deciding what fits decrypts nothing) and ciphertexts (a page is small, and
+#: a second round trip for the ones that fit costs more than carrying them). Per key, an index-ordered seek
 #: with a limit; then the pages of all keys are merged.
 CONTEXT_PAGE: Final = (
     """
@@ -83,17 +84,11 @@ CALL (key, readers, org) {
     + """
   RETURN e ORDER BY e.botId DESC, e.audienceKey DESC, e.memoryRank DESC LIMIT $limit
 }
-RETURN e.id AS id, e.contentLength AS length, e.memoryRank AS rank
+RETURN e.id AS id, e.contentLength AS length, e.memoryRank AS rank, e.content AS content
 ORDER BY e.memoryRank DESC, e.id
 LIMIT $limit
 """
 )
-
-CONTENTS: Final = """
-UNWIND $ids AS entryId
-MATCH (e:Entry {id: entryId, botId: $botId})
-RETURN e.id AS id, e.content AS content
-"""
 
 HAS_VISIBLE: Final = (
     """
@@ -227,10 +222,6 @@ async def context_page(
         after=after,
         limit=limit,
     )
-
-
-async def contents(tx: AsyncManagedTransaction, *, bot_id: str, ids: list[str]) -> dict[str, bytes]:
-    return {r["id"]: bytes(r["content"]) for r in await rows(tx, CONTENTS, botId=bot_id, ids=ids)}
 
 
 async def has_visible(
