@@ -292,13 +292,13 @@ class _Step:
             raise BadInput("an audience is for:person:<id>, for:channel:<id> or for:bot", field="audience")
         orgs = [t[4:] for t in row["tags"] if t.startswith("org:")]
         people = await entries.audience_people(self.tx, bot_id=self.bot_id, for_tags=audience, orgs=orgs)
-        allowed: list[set[str]]
-        if row["layer"] == "pinned":
-            allowed = [{row["author"]}]
-        else:
-            rules = await entries.rules_below(self.tx, bot_id=self.bot_id, id=c.entry_id)
-            allowed = await entries.rule_people(self.tx, rules=rules) if rules else [set()]
-        if people is None or any(not people <= admitted for admitted in allowed):
+        await self.flush()
+        basis = await access.share_basis(self.tx, bot_id=self.bot_id, id=c.entry_id)
+        if basis is None or not basis["proved"]:
+            raise Conflict("an entry without provable sources is never widened (V9)")
+        rules = sorted(set(basis["rules"]))
+        allowed = await entries.rule_people(self.tx, rules=rules) + [{a} for a in set(basis["authors"])]
+        if people is None or not allowed or any(not people <= admitted for admitted in allowed):
             raise Conflict("the new audience is not within every source's access rule (V6)")
         tags = [t for t in row["tags"] if not t.startswith("for:")] + audience
         await entries.set_tags(self.tx, bot_id=self.bot_id, id=c.entry_id, tags=tags, now=self.now)

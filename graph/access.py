@@ -30,7 +30,7 @@ closures containing a loop fail closed (V4, D9.2).
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Any, Final
 
 from neo4j import AsyncManagedTransaction
 
@@ -87,6 +87,22 @@ PATH_VISIBLE: Final = (
 """
 )
 
+#: The source closure of ``e`` (itself and every entry below, 8 hops), every Item edge below
+#: it, and ``proved``: the reader-independent half of PATH_VISIBLE (proof, active sources,
+#: depth bound, no loop). Shared by the labels and the share check.
+_CLOSURE: Final = (
+    """
+WITH e, [e] + [(e)-[:SOURCE*1..8]->(s:Entry) | s] AS closure,
+     [(e)-[:SOURCE*0..7]->(:Entry)-[r:SOURCE]->(:Item) | r] AS rules
+WITH e, closure, rules,
+     NOT EXISTS { (e)-[:SOURCE*9]->() }
+     AND NOT EXISTS { MATCH (e)-[:SOURCE*0..8]->(y:Entry)-[:SOURCE*1..8]->(y) }
+     AND all(x IN closure WHERE """
+    + _STRUCTURE_OK
+    + """) AS proved
+"""
+)
+
 #: The derived label of DESIGN §8, computed by the same path query without a reader, for the
 #: entries ``$ids`` (callers pass the changed entries plus every dependent, see DEPENDENTS).
 #: ``lblAtoms``: every audience condition of the closure (own ``for:`` tags of each entry and
@@ -100,14 +116,9 @@ COMPUTE_LABELS: Final = (
     """
 UNWIND $ids AS entryId
 MATCH (e:Entry {id: entryId, botId: $botId})
-WITH e, [e] + [(e)-[:SOURCE*1..8]->(s:Entry) | s] AS closure,
-     [(e)-[:SOURCE*0..7]->(:Entry)-[r:SOURCE]->(:Item) | r] AS rules
-WITH e, closure, rules,
-     NOT EXISTS { (e)-[:SOURCE*9]->() }
-     AND NOT EXISTS { MATCH (e)-[:SOURCE*0..8]->(y:Entry)-[:SOURCE*1..8]->(y) }
-     AND all(x IN closure WHERE """
-    + _STRUCTURE_OK
-    + """) AS proved
+"""
+    + _CLOSURE
+    + """
 WITH e, proved,
      reduce(acc = [], x IN closure | acc + [t IN x.tags WHERE t STARTS WITH 'for:' | substring(t, 4)])
        + [r IN rules | r.rule] AS atoms,
@@ -124,6 +135,18 @@ SET e.lblProved = proved, e.lblAtoms = atoms, e.lblOrgs = orgs, e.lblExcluded = 
       ELSE coalesce(head([a IN atoms WHERE a STARTS WITH 'person:']),
                     head([a IN atoms WHERE a STARTS WITH 'channel:']),
                     head([a IN atoms WHERE a = 'bot'])) END
+"""
+)
+
+#: What a wider audience must stay within (V6, D9.3): every Item rule below the entry and the
+#: author of every pinned entry in its closure; an entry without proof is never widened (V9, D9.2).
+SHARE_BASIS: Final = (
+    """
+MATCH (e:Entry {id: $id, botId: $botId})
+"""
+    + _CLOSURE
+    + """
+RETURN proved, [r IN rules | r.rule] AS rules, [x IN closure WHERE x.layer = 'pinned' | x.author] AS authors
 """
 )
 
@@ -178,6 +201,10 @@ RETURN collect({id: p.id, channels: channels,
         usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))}) AS readers,
        o.id AS org
 """
+
+
+async def share_basis(tx: AsyncManagedTransaction, *, bot_id: str, id: str) -> dict[str, Any] | None:
+    return await single(tx, SHARE_BASIS, botId=bot_id, id=id)
 
 
 async def relabel(tx: AsyncManagedTransaction, *, bot_id: str, ids: list[str]) -> None:

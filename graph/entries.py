@@ -148,13 +148,6 @@ WHERE o.id IN $orgs
 RETURN collect(p.id) AS people
 """
 
-#: Every Item rule below an entry (its own edges and those of sources, transitively).
-RULES_BELOW: Final = """
-MATCH (e:Entry {id: $id, botId: $botId})
-OPTIONAL MATCH (e)-[:SOURCE*0..7]->(:Entry)-[r:SOURCE]->(:Item)
-RETURN collect(DISTINCT r.rule) AS rules
-"""
-
 ALL_IDS: Final = "MATCH (e:Entry {botId: $botId}) RETURN collect(e.id) AS ids"
 
 DELETE_CHAT_HISTORY: Final = """
@@ -304,11 +297,6 @@ async def audience_people(
             people = set() if record is None else {str(p) for p in record["people"]}
         result = people if result is None else result & people
     return result
-
-
-async def rules_below(tx: AsyncManagedTransaction, *, bot_id: str, id: str) -> list[str]:
-    record = await single(tx, RULES_BELOW, botId=bot_id, id=id)
-    return [] if record is None else list(record["rules"])
 
 
 async def rule_people(tx: AsyncManagedTransaction, *, rules: list[str]) -> list[set[str]]:

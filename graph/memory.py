@@ -18,7 +18,8 @@ from graph.driver import rows, single
 #: The API's view of an entry ``e`` as ``entry``: fields, sources as ids, content as ciphertext.
 ENTRY_ROW: Final = """
 OPTIONAL MATCH (e)-[:SOURCE]->(src)
-WITH e, collect(CASE WHEN src:Item THEN {chat: src.chatId, item: src.id} ELSE {entry: src.id} END) AS sources
+WITH e, collect(CASE WHEN src IS NULL THEN null WHEN src:Item THEN {chat: src.chatId, item: src.id}
+                     ELSE {entry: src.id} END) AS sources
 RETURN e {.id, .layer, .tags, .status, .confidence, .createdAt, .updatedAt, .invalidatedAt, .content,
           .contentLength, .orderKey, sources: sources} AS entry
 """
