@@ -103,22 +103,8 @@ WITH e, closure, rules,
 """
 )
 
-#: The derived label of DESIGN §8, computed by the same path query without a reader, for the
-#: entries ``$ids`` (callers pass the changed entries plus every dependent, see DEPENDENTS).
-#: ``lblAtoms``: every audience condition of the closure (own ``for:`` tags of each entry and
-#: every Item rule below, as ``person:<id>``, ``channel:<id>``, ``bot``); ``lblOrgs``: every
-#: organization they name; ``lblExcluded``: every Forget exclusion in the closure;
-#: ``lblProved``: the reader-independent part (proof, activity of sources, depth, loops).
-#: ``audienceKey`` is the most selective atom (an index seek key, null when unprovable) and
-#: ``memoryRank`` the memory order as one indexed number (pinned first, then ``orderKey``).
-#: Maintained under the exclusive lock by every change (C1). Hop bound 8 (D9.2).
-COMPUTE_LABELS: Final = (
-    """
-UNWIND $ids AS entryId
-MATCH (e:Entry {id: entryId, botId: $botId})
-"""
-    + _CLOSURE
-    + """
+#: Stores the label computed by _CLOSURE for ``e`` (see COMPUTE_LABELS).
+_SET_LABELS: Final = """
 WITH e, proved,
      reduce(acc = [], x IN closure | acc + [t IN x.tags WHERE t STARTS WITH 'for:' | substring(t, 4)])
        + [r IN rules | r.rule] AS atoms,
@@ -136,6 +122,23 @@ SET e.lblProved = proved, e.lblAtoms = atoms, e.lblOrgs = orgs, e.lblExcluded = 
                     head([a IN atoms WHERE a STARTS WITH 'channel:']),
                     head([a IN atoms WHERE a = 'bot'])) END
 """
+
+#: The derived label of DESIGN §8, computed by the same path query without a reader, for the
+#: entries ``$ids`` (callers pass the changed entries plus every dependent, see DEPENDENTS).
+#: ``lblAtoms``: every audience condition of the closure (own ``for:`` tags of each entry and
+#: every Item rule below, as ``person:<id>``, ``channel:<id>``, ``bot``); ``lblOrgs``: every
+#: organization they name; ``lblExcluded``: every Forget exclusion in the closure;
+#: ``lblProved``: the reader-independent part (proof, activity of sources, depth, loops).
+#: ``audienceKey`` is the most selective atom (an index seek key, null when unprovable) and
+#: ``memoryRank`` the memory order as one indexed number (pinned first, then ``orderKey``).
+#: Maintained under the exclusive lock by every change (C1). Hop bound 8 (D9.2).
+COMPUTE_LABELS: Final = (
+    """
+UNWIND $ids AS entryId
+MATCH (e:Entry {id: entryId, botId: $botId})
+"""
+    + _CLOSURE
+    + _SET_LABELS
 )
 
 #: What a wider audience must stay within (V6, D9.3): every Item rule below the entry and the
@@ -148,6 +151,22 @@ MATCH (e:Entry {id: $id, botId: $botId})
     + """
 RETURN proved, [r IN rules | r.rule] AS rules, [x IN closure WHERE x.layer = 'pinned' | x.author] AS authors
 """
+)
+
+
+#: Labels of the changed entries ``$ids`` and of everything resting on them within 8 hops
+#: (whose labels they feed), in one statement under the exclusive lock.
+RELABEL: Final = (
+    """
+UNWIND $ids AS entryId
+MATCH (s:Entry {id: entryId, botId: $botId})
+OPTIONAL MATCH (d:Entry)-[:SOURCE*1..8]->(s)
+WITH collect(DISTINCT s) + collect(DISTINCT d) AS targets
+UNWIND targets AS e
+WITH DISTINCT e
+"""
+    + _CLOSURE
+    + _SET_LABELS
 )
 
 #: The entries ``$ids`` and everything resting on them within 8 hops (whose labels they feed).
@@ -211,9 +230,7 @@ async def relabel(tx: AsyncManagedTransaction, *, bot_id: str, ids: list[str]) -
     """Recompute the labels of ``ids`` and of everything resting on them (under the exclusive lock)."""
     if not ids:
         return
-    record = await single(tx, DEPENDENTS, botId=bot_id, ids=ids)
-    targets: list[str] = [] if record is None else list(record["ids"])
-    await tx.run(COMPUTE_LABELS, botId=bot_id, ids=targets)
+    await tx.run(RELABEL, botId=bot_id, ids=ids)
 
 
 async def dependents_of(tx: AsyncManagedTransaction, *, bot_id: str, ids: list[str]) -> list[str]:

@@ -17,6 +17,7 @@ QUERIES = [
     for module in pkgutil.iter_modules(graph.__path__, "graph.")
     for name, value in vars(importlib.import_module(module.name)).items()
     if name.isupper()
+    and not name.startswith("_")  # fragments, not whole queries
     and isinstance(value, str)
     and re.match(r"\s*(MATCH|CREATE|MERGE|UNWIND|CALL|WITH|OPTIONAL)\b", value)
 ]
