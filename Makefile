@@ -3,6 +3,8 @@
 #   make up         local stack: Neo4j + Redis + API + worker (python -m botmemory.devstack up)
 #   make down       stop the local stack and the test stack
 #   make test       start the test-profile Neo4j/Redis, then pytest (extra flags: make test ARGS='-k foo')
+#   make test-deep  the Hypothesis access-model and label tests with 200 examples
+#   make bench      the memory benchmark (bench/memory_bench.py)
 #   make lint       ruff check + ruff format --check
 #   make typecheck  pyright (strict, see pyproject.toml)
 
@@ -22,7 +24,7 @@ TEST_ENV := BOTMEMORY_ENV=test BOTMEMORY_DATA_DIR=.data/test \
 	BOTMEMORY_REDIS_PORT=$(TEST_REDIS_PORT) BOTMEMORY_REDIS_URL=redis://127.0.0.1:$(TEST_REDIS_PORT)/0 \
 	BOTMEMORY_API_PORT=$(TEST_API_PORT)
 
-.PHONY: install up down test bench lint typecheck status
+.PHONY: install up down test test-deep bench lint typecheck status
 
 install:
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -50,6 +52,12 @@ status: | $(PY)
 test: | $(PY)
 	$(TEST_ENV) $(PY) -m botmemory.devstack services
 	$(TEST_ENV) $(VENV)/bin/pytest $(ARGS)
+
+# The property tests run deeper than in CI (about 5–10 minutes here).
+test-deep: | $(PY)
+	$(TEST_ENV) $(PY) -m botmemory.devstack services
+	BOTMEMORY_HYPOTHESIS_EXAMPLES=200 BOTMEMORY_HYPOTHESIS_STEPS=40 $(TEST_ENV) $(VENV)/bin/pytest -q \
+		tests/test_access_model.py tests/test_label_equivalence.py $(ARGS)
 
 # Benchmarks against the test-profile stack (own ids, cleaned up after): make bench ARGS='--quick'
 bench: | $(PY)
