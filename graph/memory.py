@@ -15,14 +15,19 @@ from neo4j import AsyncManagedTransaction
 from graph.access import VISIBLE
 from graph.driver import rows, single
 
-#: The API's view of an entry ``e`` as ``entry``: fields, sources as ids, content as ciphertext.
-ENTRY_ROW: Final = """
+#: The sources of an entry ``e`` as ids (``sources``), for the API's view of it.
+_ENTRY_SOURCES: Final = """
 OPTIONAL MATCH (e)-[:SOURCE]->(src)
 WITH e, collect(CASE WHEN src IS NULL THEN null WHEN src:Item THEN {chat: src.chatId, item: src.id}
                      ELSE {entry: src.id} END) AS sources
-RETURN e {.id, .layer, .tags, .status, .confidence, .createdAt, .updatedAt, .invalidatedAt, .content,
-          .contentLength, .orderKey, sources: sources} AS entry
 """
+
+#: The API's view of an entry ``e``: fields, sources as ids, content as ciphertext.
+_ENTRY_MAP: Final = """e {.id, .layer, .tags, .status, .confidence, .createdAt, .updatedAt, .invalidatedAt,
+     .content, .contentLength, .orderKey, sources: sources}"""
+
+#: ``e`` as one ``entry`` row.
+ENTRY_ROW: Final = _ENTRY_SOURCES + "RETURN " + _ENTRY_MAP + " AS entry\n"
 
 #: Above every ``memoryRank`` (pinned entries rank from 2**50); bounds index range seeks.
 TOP_RANK: Final = 2**62
@@ -55,7 +60,8 @@ CREATE (c:Change {id: $id, botId: $botId, version: $version, at: $at, actor: $ac
 #: ``orderKey`` descending, then ``id``). Candidates come from the ``entry_audience`` index,
 #: one seek per audience key the reader holds (``$keys``: ``person:<id>``, each
 #: ``channel:<id>``, ``bot``), never from a filter over the pool. ``$statuses`` picks active
-#: only or history too; ``$tags`` (all-of) narrows the list. Returns ciphertext.
+#: only or history too; ``$tags`` (all-of) narrows the list. Returns ciphertext, as one list
+#: in one record (the driver decodes one list far faster than many records).
 LIST_VISIBLE: Final = (
     """
 WITH $readers AS readers, $org AS org
@@ -64,10 +70,10 @@ MATCH (e:Entry)
 WHERE e.botId = $botId AND e.audienceKey = key AND e.memoryRank < $top
   AND e.status IN $statuses AND all(t IN $tags WHERE t IN e.tags) AND """
     + VISIBLE
-    + ENTRY_ROW
-    + """
-ORDER BY e.memoryRank DESC, e.id
-"""
+    + _ENTRY_SOURCES
+    + "WITH e, sources ORDER BY e.memoryRank DESC, e.id\nRETURN collect("
+    + _ENTRY_MAP
+    + ") AS entries\n"
 )
 
 #: One page of active candidates for ``context`` (N3) in memory order below ``$after``: ids,
@@ -85,9 +91,8 @@ CALL (key, readers, org) {
     + """
   RETURN e ORDER BY e.botId DESC, e.audienceKey DESC, e.memoryRank DESC LIMIT $limit
 }
-RETURN e.id AS id, e.contentLength AS length, e.memoryRank AS rank, e.content AS content
-ORDER BY e.memoryRank DESC, e.id
-LIMIT $limit
+WITH e ORDER BY e.memoryRank DESC, e.id LIMIT $limit
+RETURN collect({id: e.id, length: e.contentLength, rank: e.memoryRank, content: e.content}) AS page
 """
 )
 
@@ -189,7 +194,7 @@ async def list_visible(
     statuses: list[str],
     tags: list[str],
 ) -> list[dict[str, Any]]:
-    result = await rows(
+    record = await single(
         tx,
         LIST_VISIBLE,
         botId=bot_id,
@@ -200,7 +205,7 @@ async def list_visible(
         statuses=statuses,
         tags=tags,
     )
-    return [r["entry"] for r in result]
+    return [] if record is None else list(record["entries"])
 
 
 async def context_page(
@@ -212,8 +217,11 @@ async def context_page(
     after: int,
     limit: int,
 ) -> list[dict[str, Any]]:
-    """Up to ``limit`` visible active candidates ranked below ``after``: id, length, rank."""
-    return await rows(
+    """Up to ``limit`` visible active candidates ranked below ``after``: id, length, rank, content.
+
+    One record holding a list: the driver decodes one list far faster than many records.
+    """
+    record = await single(
         tx,
         CONTEXT_PAGE,
         botId=bot_id,
@@ -223,6 +231,7 @@ async def context_page(
         after=after,
         limit=limit,
     )
+    return [] if record is None else list(record["page"])
 
 
 async def has_visible(
