@@ -135,10 +135,12 @@ async def open_read(
     """Shared lock first (C1), then the caller as a reader; needs read on the Bot (a grant)."""
     person_id = require_person(principal)
     assert principal.organization_id is not None
-    version = await q.shared_lock(tx, bot_id=bot_id)
-    if version is None:
+    locked = await single(
+        tx, access.LOCK_AND_READER, botId=bot_id, personId=person_id, org=principal.organization_id
+    )
+    if locked is None:
         raise NotFound("bot not found")
-    reader = await person_reader(tx, bot_id=bot_id, person_id=person_id, org=principal.organization_id)
+    version, reader = int(locked["version"]), locked["reader"]
     if reader is None:
         raise NotFound("bot not found")
     if not reader["usesBot"]:

@@ -203,6 +203,21 @@ RETURN {id: p.id, channels: channels,
         usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))} AS reader
 """
 
+#: The first statement of a person's read (C1, D9.8): the shared lock of the Bot's memory,
+#: then, under it and in the same round trip, that person as a reader (see READER).
+LOCK_AND_READER: Final = """
+MATCH (m:Memory {id: $botId})
+CALL apoc.lock.read.nodes([m])
+WITH m
+OPTIONAL MATCH (p:Person {id: $personId})-[:MEMBER_OF]->(o:Organization {id: $org})
+OPTIONAL MATCH (b:Bot {id: $botId})
+OPTIONAL MATCH (p)-[:MEMBER]->(c:Channel)-[:IN]->(o)
+WITH m, p, o, b, collect(c.id) AS channels
+RETURN m.version AS version,
+       CASE WHEN p IS NULL THEN null ELSE {id: p.id, channels: channels,
+         usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))} END AS reader
+"""
+
 #: Reader maps of a Chat's audience (D9.15): its owner in a private chat, every current member
 #: of its channel in a group chat.
 CHAT_READERS: Final = """
