@@ -405,9 +405,8 @@ async def apply_changes(
             await step.apply(change)
         await step.flush()
         touched = list(dict.fromkeys(step.touched))
-        await access.relabel(tx, bot_id=bot_id, ids=touched)
         payload = cipher.encrypt("change", change_id, _payload(changes))
-        await q.write_change(
+        await q.write_change_and_relabel(
             tx,
             id=change_id,
             bot_id=bot_id,

@@ -12,7 +12,7 @@ from typing import Any, Final
 
 from neo4j import AsyncManagedTransaction
 
-from graph.access import VISIBLE
+from graph.access import RELABEL, VISIBLE
 from graph.driver import rows, single
 
 #: The sources of an entry ``e`` as ids (``sources``), for the API's view of it.
@@ -55,6 +55,10 @@ MATCH (m:Memory {id: $botId})
 CREATE (c:Change {id: $id, botId: $botId, version: $version, at: $at, actor: $actor,
                   entryIds: $entryIds, payload: $payload})-[:OF]->(m)
 """
+
+#: The end of a change in one round trip: its log row (C2), then the labels of the changed
+#: entries and of everything resting on them (``$ids`` = ``$entryIds``).
+WRITE_CHANGE_AND_RELABEL: Final = WRITE_CHANGE + "WITH count(*) AS written\n" + RELABEL
 
 #: The entries of a Bot a set of readers may see, in memory order (pinned first, then
 #: ``orderKey`` descending, then ``id``). Candidates come from the ``entry_audience`` index,
@@ -183,6 +187,31 @@ def reader_keys(readers: list[dict[str, Any]]) -> list[str]:
         for r in readers
     ]
     return min(keysets, key=len)
+
+
+async def write_change_and_relabel(
+    tx: AsyncManagedTransaction,
+    *,
+    id: str,
+    bot_id: str,
+    version: int,
+    at: int,
+    actor: str,
+    entry_ids: list[str],
+    payload: bytes | None,
+) -> None:
+    """The log row of a change (C2) and the labels it affects (DESIGN §8), in one statement."""
+    await tx.run(
+        WRITE_CHANGE_AND_RELABEL,
+        id=id,
+        botId=bot_id,
+        version=version,
+        at=at,
+        actor=actor,
+        entryIds=entry_ids,
+        ids=entry_ids,
+        payload=payload,
+    )
 
 
 async def list_visible(
