@@ -406,7 +406,7 @@ async def apply_changes(
         await step.flush()
         touched = list(dict.fromkeys(step.touched))
         payload = cipher.encrypt("change", change_id, _payload(changes))
-        await q.write_change_and_relabel(
+        await q.log_change(
             tx,
             id=change_id,
             bot_id=bot_id,
@@ -464,27 +464,26 @@ async def import_legacy(rt: Runtime, bot_id: str, legacy: list[LegacyEntry]) -> 
             raise NotFound("bot not found")
         step = _Step(tx, bot_id, version, cipher, now)
         for entry in legacy:
-            await entries.create_entry(
-                tx,
-                bot_id=bot_id,
-                id=entry.id,
-                layer=entry.layer if entry.layer in ("fact", "observation", "pinned") else "fact",
-                content=cipher.encrypt(ENTRY_KIND, entry.id, entry.content),
-                content_length=len(entry.content),
-                tags=list(entry.tags),
-                confidence=None,
-                order_key=step.next_order_key(),
-                now=now,
-                item_sources=[],
-                entry_sources=[],
-                author=None,
-                legacy=True,
-                source_count=1,
+            step.pending.append(
+                {
+                    "id": entry.id,
+                    "layer": entry.layer if entry.layer in ("fact", "observation", "pinned") else "fact",
+                    "content": cipher.encrypt(ENTRY_KIND, entry.id, entry.content),
+                    "contentLength": len(entry.content),
+                    "tags": list(entry.tags),
+                    "confidence": None,
+                    "orderKey": step.next_order_key(),
+                    "sourceCount": 1,  # declared but absent: no access proof
+                    "author": None,
+                    "legacy": True,
+                    "itemSources": [],
+                    "entrySources": [],
+                }
             )
             step.touched.append(entry.id)
-        await access.relabel(tx, bot_id=bot_id, ids=step.touched)
+        await step.flush()
         payload = cipher.encrypt("change", change_id, json.dumps({"kind": "import", "count": len(legacy)}))
-        await q.write_change(
+        await q.log_change(
             tx,
             id=change_id,
             bot_id=bot_id,

@@ -122,7 +122,7 @@ async def purge(rt: Runtime, principal: Principal, bot_id: str, tag: str) -> int
             raise NotFound("bot not found")
         await _require_owner_writer(tx, principal, bot_id)
         removed = await entries.purge(tx, bot_id=bot_id, tag=tag)
-        await q.write_change(
+        await q.log_change(
             tx,
             id=change_id,
             bot_id=bot_id,

@@ -35,20 +35,9 @@ MATCH (s:Entry {id: entryId, botId: $botId})
 RETURN s.id AS id, s.status AS status, coalesce(s.legacy, false) AS legacy, s.tags AS tags, s.layer AS layer
 """
 
-CREATE_ENTRY: Final = """
-MATCH (m:Memory {id: $botId})
-CREATE (e:Entry {id: $id, botId: $botId, layer: $layer, content: $content, contentLength: $contentLength,
-                 tags: $tags, status: 'active', confidence: $confidence, createdAt: $now, updatedAt: $now,
-                 invalidatedAt: null, orderKey: $orderKey, pinned: $layer = 'pinned', sourceCount: $sourceCount,
-                 author: $author, excluded: [], legacy: $legacy})-[:IN_MEMORY]->(m)
-WITH e
-UNWIND $itemSources AS src
-MATCH (i:Item {uid: src.uid})
-CREATE (e)-[:SOURCE {rule: src.rule, org: src.org}]->(i)
-"""
-
-#: Many new entries at once (``$rows``: the fields of CREATE_ENTRY plus ``itemSources`` and
-#: ``entrySources``), with their SOURCE edges; one round trip for a whole learning step.
+#: Many new entries at once with their SOURCE edges, one round trip for a whole step
+#: (``$rows``: id, layer, content, contentLength, tags, confidence, orderKey, sourceCount,
+#: author, legacy, ``itemSources`` and ``entrySources``). Item edges keep the Item's rule (V3).
 CREATE_ENTRIES: Final = """
 MATCH (m:Memory {id: $botId})
 UNWIND $rows AS row
@@ -68,13 +57,6 @@ CALL (e, row) {
   MATCH (s:Entry {id: sourceId, botId: $botId})
   CREATE (e)-[:SOURCE]->(s)
 }
-"""
-
-LINK_ENTRY_SOURCES: Final = """
-MATCH (e:Entry {id: $id, botId: $botId})
-UNWIND $sourceIds AS sourceId
-MATCH (s:Entry {id: sourceId, botId: $botId})
-CREATE (e)-[:SOURCE]->(s)
 """
 
 SET_STATUS: Final = """
@@ -167,49 +149,10 @@ async def source_entries(tx: AsyncManagedTransaction, *, bot_id: str, ids: list[
     return await rows(tx, SOURCE_ENTRIES, botId=bot_id, ids=ids)
 
 
-async def create_entry(
-    tx: AsyncManagedTransaction,
-    *,
-    bot_id: str,
-    id: str,
-    layer: str,
-    content: bytes,
-    content_length: int,
-    tags: list[str],
-    confidence: float | None,
-    order_key: int,
-    now: int,
-    item_sources: list[dict[str, str]],
-    entry_sources: list[str],
-    author: str | None,
-    legacy: bool = False,
-    source_count: int | None = None,
-) -> None:
-    """Create an entry with its SOURCE edges; each Item edge keeps the Item's rule (V3)."""
-    await tx.run(
-        CREATE_ENTRY,
-        botId=bot_id,
-        id=id,
-        layer=layer,
-        content=content,
-        contentLength=content_length,
-        tags=tags,
-        confidence=confidence,
-        orderKey=order_key,
-        now=now,
-        itemSources=item_sources,
-        sourceCount=len(item_sources) + len(entry_sources) if source_count is None else source_count,
-        author=author,
-        legacy=legacy,
-    )
-    if entry_sources:
-        await tx.run(LINK_ENTRY_SOURCES, botId=bot_id, id=id, sourceIds=entry_sources)
-
-
 async def create_entries(
     tx: AsyncManagedTransaction, *, bot_id: str, rows: list[dict[str, Any]], now: int
 ) -> None:
-    """Create entries with their SOURCE edges in one statement (rows as for :func:`create_entry`)."""
+    """Create entries with their SOURCE edges in one statement; each Item edge keeps its rule (V3)."""
     await tx.run(CREATE_ENTRIES, botId=bot_id, rows=rows, now=now)
 
 

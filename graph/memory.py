@@ -56,9 +56,9 @@ CREATE (c:Change {id: $id, botId: $botId, version: $version, at: $at, actor: $ac
                   entryIds: $entryIds, payload: $payload})-[:OF]->(m)
 """
 
-#: The end of a change in one round trip: its log row (C2), then the labels of the changed
-#: entries and of everything resting on them (``$ids`` = ``$entryIds``).
-WRITE_CHANGE_AND_RELABEL: Final = WRITE_CHANGE + "WITH count(*) AS written\n" + RELABEL
+#: The end of a change in one round trip: its log row (C2), then the labels of the logged
+#: entries and of everything resting on them (``$ids`` = ``$entryIds``; none for a purge).
+LOG_CHANGE: Final = WRITE_CHANGE + "WITH count(*) AS written\n" + RELABEL
 
 #: The entries of a Bot a set of readers may see, in memory order (pinned first, then
 #: ``orderKey`` descending, then ``id``). Candidates come from the ``entry_audience`` index,
@@ -154,30 +154,6 @@ async def bump_version(tx: AsyncManagedTransaction, *, bot_id: str) -> int | Non
     return None if record is None else int(record["version"])
 
 
-async def write_change(
-    tx: AsyncManagedTransaction,
-    *,
-    id: str,
-    bot_id: str,
-    version: int,
-    at: int,
-    actor: str,
-    entry_ids: list[str],
-    payload: bytes | None,
-) -> None:
-    """The change-log row of one change (C2); the payload is encrypted by the caller (E1)."""
-    await tx.run(
-        WRITE_CHANGE,
-        id=id,
-        botId=bot_id,
-        version=version,
-        at=at,
-        actor=actor,
-        entryIds=entry_ids,
-        payload=payload,
-    )
-
-
 def reader_keys(readers: list[dict[str, Any]]) -> list[str]:
     """Index keys to seek: those of the reader with the fewest (an entry must pass every reader)."""
     if not readers:
@@ -189,7 +165,7 @@ def reader_keys(readers: list[dict[str, Any]]) -> list[str]:
     return min(keysets, key=len)
 
 
-async def write_change_and_relabel(
+async def log_change(
     tx: AsyncManagedTransaction,
     *,
     id: str,
@@ -202,7 +178,7 @@ async def write_change_and_relabel(
 ) -> None:
     """The log row of a change (C2) and the labels it affects (DESIGN §8), in one statement."""
     await tx.run(
-        WRITE_CHANGE_AND_RELABEL,
+        LOG_CHANGE,
         id=id,
         botId=bot_id,
         version=version,

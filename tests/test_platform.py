@@ -15,7 +15,7 @@ async def test_healthz_checks_neo4j_and_redis(api: Api) -> None:
     assert response.json() == {"status": "ok", "neo4j": "ok", "redis": "ok"}
 
 
-async def test_graphiql_loads_and_legacy_ws_protocol_is_off(api: Api) -> None:
+async def test_graphiql_loads(api: Api) -> None:
     page = await api.http.get("/graphql", headers={"Accept": "text/html"})
     assert page.status_code == 200
     assert "graphiql" in page.text.lower()
