@@ -6,13 +6,16 @@ import logging
 from collections.abc import AsyncGenerator
 from contextlib import asynccontextmanager
 
-from redis.asyncio import Redis
+from arq.connections import ArqRedis
+from redis.asyncio import ConnectionPool
 
 from botmemory.crypto import Keyring
+from botmemory.model import Gateway
 from botmemory.runtime import Runtime
 from botmemory.settings import Settings
 from graph.driver import make_driver
 from graph.migrations import migrate
+from learning import queue
 
 log = logging.getLogger("botmemory")
 
@@ -22,13 +25,21 @@ async def open_runtime(settings: Settings, *, run_migrations: bool = True) -> As
     """Connect to Neo4j and Redis, apply migrations, and close everything on exit."""
     password = settings.neo4j_password.get_secret_value() if settings.neo4j_password else ""
     driver = make_driver(settings.neo4j_uri, settings.neo4j_user, password)
-    redis = Redis.from_url(settings.redis_url)
+    redis = ArqRedis(
+        ConnectionPool.from_url(settings.redis_url),
+        job_serializer=queue.serialize,
+        job_deserializer=queue.deserialize,
+    )
     try:
         if run_migrations:
             version = await migrate(driver)
             log.info("schema version %s", version)
         keyring = Keyring(settings.master_key_bytes(), settings.previous_master_key_bytes())
-        yield Runtime(settings=settings, driver=driver, redis=redis, keyring=keyring)
+        gateway = Gateway(settings)
+        try:
+            yield Runtime(settings=settings, driver=driver, redis=redis, keyring=keyring, gateway=gateway)
+        finally:
+            await gateway.close()
     finally:
-        await redis.aclose()
+        await redis.aclose(close_connection_pool=True)
         await driver.close()

@@ -14,8 +14,9 @@ from botmemory.ids import new_id
 from botmemory.runtime import Runtime, now_ms
 from botmemory.validation import check_id, check_page, check_text
 from graph import chats as q
-from graph import identity
+from graph import identity, learning
 from graph.driver import read, write
+from learning.queue import enqueue_executions
 
 ITEM_KIND = "item"
 _MAX_ITEMS_PER_CALL = 100
@@ -47,7 +48,7 @@ def _item(row: dict[str, Any], cipher: Cipher) -> Item:
     )
 
 
-def _require_writer(principal: Principal, row: dict[str, Any] | None, what: str) -> None:
+def require_writer(principal: Principal, row: dict[str, Any] | None, what: str) -> None:
     """People of the Chat, and platform tokens of its organization, may write to it."""
     if row is None:
         raise NotFound(f"{what} not found")
@@ -182,7 +183,7 @@ async def start_turn(
 
     async def work(tx: AsyncManagedTransaction) -> dict[str, Any]:
         row = await q.chat_for(tx, chat_id=chat_id, person_id=principal.person_id)
-        _require_writer(principal, row, "chat")
+        require_writer(principal, row, "chat")
         assert row is not None
         if actor is not None and not await q.is_person_of_chat(tx, chat_id=chat_id, person_id=actor):
             raise Forbidden("the actor is not a person of this chat")
@@ -255,7 +256,7 @@ async def add_items(rt: Runtime, principal: Principal, turn_id: str, items: list
 
     async def work(tx: AsyncManagedTransaction) -> list[dict[str, Any]]:
         row = await q.turn_for(tx, turn_id=turn_id, person_id=principal.person_id)
-        _require_writer(principal, row, "turn")
+        require_writer(principal, row, "turn")
         assert row is not None
         if row["turn"]["status"] != "open":
             raise Conflict("the Turn is already completed")
@@ -290,11 +291,13 @@ async def complete_turn(rt: Runtime, principal: Principal, turn_id: str) -> Turn
     check_id(turn_id, "turnId")
     now = now_ms()
 
-    async def work(tx: AsyncManagedTransaction) -> dict[str, Any] | None:
+    async def work(tx: AsyncManagedTransaction) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
         row = await q.turn_for(tx, turn_id=turn_id, person_id=principal.person_id)
-        _require_writer(principal, row, "turn")
-        return await q.complete_turn(tx, turn_id=turn_id, now=now)
+        require_writer(principal, row, "turn")
+        queued = await learning.queue_turn(tx, turn_id=turn_id, now=now)
+        return await q.complete_turn(tx, turn_id=turn_id, now=now), queued
 
-    turn = await write(rt.driver, work)
+    turn, queued = await write(rt.driver, work)
     assert turn is not None
+    await enqueue_executions(rt, queued)
     return Turn.of(turn)

@@ -95,7 +95,7 @@ async def share(
     return await apply_changes(rt, bot_id, [Share(entry_id, tuple(audience))], "person", precheck=precheck)
 
 
-async def _require_owner_writer(tx: AsyncManagedTransaction, principal: Principal, bot_id: str) -> None:
+async def require_owner_writer(tx: AsyncManagedTransaction, principal: Principal, bot_id: str) -> None:
     """Write on a Bot that is not linked: WRITE grant and membership of the owner organization (D9.13)."""
     person_id = require_person(principal)
     bot = await identity.get_bot(tx, id=bot_id)
@@ -120,7 +120,7 @@ async def purge(rt: Runtime, principal: Principal, bot_id: str, tag: str) -> int
         version = await q.bump_version(tx, bot_id=bot_id)
         if version is None:
             raise NotFound("bot not found")
-        await _require_owner_writer(tx, principal, bot_id)
+        await require_owner_writer(tx, principal, bot_id)
         removed = await entries.purge(tx, bot_id=bot_id, tag=tag)
         await q.log_change(
             tx,

@@ -8,7 +8,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from botmemory import chats, commands, memory
+from botmemory import chats, commands, memory, memorybot
 from botmemory.auth import authenticate
 from botmemory.domain import Item, Principal
 from botmemory.errors import BadInput
@@ -138,10 +138,43 @@ async def post_purge(request: Request) -> JSONResponse:
     return JSONResponse({"removed": removed})
 
 
+async def get_memory_bot(request: Request) -> JSONResponse:
+    """``GET /v1/bots/{botId}/memory/bot`` — the memory Bot's settings (C3, D9.13)."""
+    principal = await principal_of(request)
+    found = await memorybot.get_settings(runtime_of(request), principal, request.path_params["bot_id"])
+    return JSONResponse(found.json())
+
+
+async def patch_memory_bot(request: Request) -> JSONResponse:
+    """``PATCH /v1/bots/{botId}/memory/bot`` with ``expected`` (409 when the settings moved)."""
+    principal = await principal_of(request)
+    body = await json_body(request)
+    updated = await memorybot.update_settings(
+        runtime_of(request), principal, request.path_params["bot_id"], body
+    )
+    return JSONResponse(updated.json())
+
+
+async def get_confessions(request: Request) -> JSONResponse:
+    """``GET /v1/chats/{chatId}/confessions`` — the Chat owner's view (D9.6)."""
+    principal = await principal_of(request)
+    found = await memorybot.confessions(
+        runtime_of(request),
+        principal,
+        request.path_params["chat_id"],
+        limit=int_param(request, "limit", 50),
+        skip=int_param(request, "skip", 0),
+    )
+    return JSONResponse({"confessions": [c.json() for c in found]})
+
+
 routes = [
     Route("/chats/{chat_id}/messages", chat_messages, methods=["GET"]),
     Route("/bots/{bot_id}/memory", get_memory, methods=["GET"]),
     Route("/bots/{bot_id}/memory", post_memory, methods=["POST"]),
     Route("/bots/{bot_id}/memory/log", get_log, methods=["GET"]),
     Route("/bots/{bot_id}/memory/purge", post_purge, methods=["POST"]),
+    Route("/bots/{bot_id}/memory/bot", get_memory_bot, methods=["GET"]),
+    Route("/bots/{bot_id}/memory/bot", patch_memory_bot, methods=["PATCH"]),
+    Route("/chats/{chat_id}/confessions", get_confessions, methods=["GET"]),
 ]

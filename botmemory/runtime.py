@@ -4,20 +4,25 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from arq.connections import ArqRedis
 from neo4j import AsyncDriver
-from redis.asyncio import Redis
 
 from botmemory.crypto import Cipher, Keyring, WrappedKey
 from botmemory.settings import Settings
+
+if TYPE_CHECKING:
+    from botmemory.model import Gateway
 
 
 @dataclass(frozen=True, slots=True)
 class Runtime:
     settings: Settings
     driver: AsyncDriver
-    redis: Redis
+    redis: ArqRedis
     keyring: Keyring
+    gateway: Gateway
 
     def cipher(self, bot_id: str, key_master: str, key_wrapped: bytes) -> Cipher:
         """The data-key cipher of one Bot (E1), from its wrapped key as read from the graph."""

@@ -14,12 +14,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import BaseModel, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
 class ConfigurationError(RuntimeError):
     """The settings cannot start the service (message never holds a secret)."""
+
+
+class ModelPrice(BaseModel):
+    """Micro-USD per million prompt (``input``) and completion (``output``) tokens."""
+
+    input: int = Field(ge=0)
+    output: int = Field(ge=0)
 
 
 class Settings(BaseSettings):
@@ -49,6 +56,22 @@ class Settings(BaseSettings):
 
     openai_base_url: str | None = Field(default=None, validation_alias="OPENAI_BASE_URL")
     openai_api_key: SecretStr | None = Field(default=None, validation_alias="OPENAI_API_KEY")
+    #: Micro-USD per million tokens, per model: {"gpt-4o-mini": {"input": 150000, "output": 600000}}.
+    #: A model missing here falls back to "*" if given; without a price a call's cost is unknown.
+    model_prices: dict[str, ModelPrice] = Field(default_factory=dict[str, ModelPrice])
+
+    # Memory-Bot deadlines (D9.11) and the learning machinery (D9.9).
+    answer_deadline_seconds: float = 15.0
+    step_deadline_seconds: float = 120.0
+    model_attempt_timeout_seconds: float = 60.0
+    model_max_attempts: int = 3
+    turn_idle_timeout_seconds: float = 600.0
+    lease_seconds: float = 30.0
+    sweep_interval_seconds: float = 2.0
+    requeue_after_seconds: float = 30.0
+    answer_context_chars: int = 4000
+    max_evidence_items: int = 200
+    max_model_answer_bytes: int = 1_000_000
 
     # Request limits (GraphQL and REST).
     max_query_depth: int = 12

@@ -61,7 +61,7 @@ RETURN ch.nextTurnSeq AS turnSeq, ch.nextItemSeq AS itemSeq
 CREATE_TURN: Final = """
 MATCH (ch:Chat {id: $chatId})
 CREATE (t:Turn {id: $id, chatId: ch.id, seq: $seq, status: 'open', actorKind: $actorKind,
-                actorId: $actorId, createdAt: $now, completedAt: null})-[:IN_CHAT]->(ch)
+                actorId: $actorId, createdAt: $now, lastActivityAt: $now, completedAt: null})-[:IN_CHAT]->(ch)
 RETURN t {.*} AS turn
 """
 
@@ -75,6 +75,8 @@ RETURN ch.nextItemSeq - $count + 1 AS first
 
 CREATE_ITEMS: Final = """
 MATCH (t:Turn {id: $turnId})
+SET t.lastActivityAt = $now
+WITH t
 UNWIND $items AS item
 CREATE (i:Item {uid: item.uid, id: item.id, chatId: t.chatId, turnId: t.id, seq: item.seq, kind: item.kind,
                 text: item.text, app: item.app, speakerId: item.speakerId, createdAt: $now})-[:IN_TURN]->(t)

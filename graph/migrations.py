@@ -46,6 +46,19 @@ MIGRATIONS: Final[tuple[tuple[int, tuple[LiteralString, ...]], ...]] = (
             "CREATE INDEX entry_bot IF NOT EXISTS FOR (n:Entry) ON (n.botId)",
         ),
     ),
+    (
+        3,
+        (
+            # The memory Bot: budget counters (unique, so concurrent MERGEs meet), executions by
+            # status and Turn, saved step results, confessions by Chat.
+            "CREATE CONSTRAINT spend_key IF NOT EXISTS FOR (n:Spend) REQUIRE n.key IS UNIQUE",
+            "CREATE INDEX spend_bot_period IF NOT EXISTS FOR (n:Spend) ON (n.botId, n.period)",
+            "CREATE INDEX execution_status IF NOT EXISTS FOR (n:LearningExecution) ON (n.status)",
+            "CREATE INDEX execution_turn IF NOT EXISTS FOR (n:LearningExecution) ON (n.turnId)",
+            "CREATE INDEX model_call_step IF NOT EXISTS FOR (n:ModelCall) ON (n.executionId, n.step)",
+            "CREATE INDEX confession_chat IF NOT EXISTS FOR (n:Confession) ON (n.chatId)",
+        ),
+    ),
 )
 
 _UNLABELLED: Final = """

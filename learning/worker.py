@@ -1,11 +1,16 @@
-"""The arq worker process: ``arq learning.worker.WorkerSettings``.
+"""The arq worker process: ``python -m learning.worker``.
 
-Jobs take ids only (E4) and never raise; the graph is the log of record (D9.9).
+Jobs take ids only (E4) and never raise; the graph is the log of record (D9.9). Each worker
+also runs the sweeper, which re-queues executions whose lease expired or whose enqueue was lost.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import os
+import socket
 from typing import Any, ClassVar
 
 from arq import cron
@@ -16,6 +21,8 @@ from botmemory.bootstrap import open_runtime
 from botmemory.logs import configure_logging
 from botmemory.runtime import Runtime, now_ms
 from botmemory.settings import load_settings
+from learning import queue
+from learning.executions import Runner, sweeper
 
 log = logging.getLogger("botmemory.worker")
 
@@ -27,25 +34,40 @@ async def startup(ctx: dict[str, Any]) -> None:
     configure_logging(settings.log_level)
     manager = open_runtime(settings)
     ctx["runtime_manager"] = manager
-    ctx["runtime"] = await manager.__aenter__()
+    runtime = await manager.__aenter__()
+    ctx["runtime"] = runtime
+    ctx["runner"] = Runner(runtime, f"{socket.gethostname()}:{os.getpid()}")
+    ctx["sweeper"] = asyncio.create_task(sweeper(runtime))
     await heartbeat(ctx)
     log.info("worker ready")
 
 
 async def shutdown(ctx: dict[str, Any]) -> None:
+    task = ctx.get("sweeper")
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
     manager = ctx.get("runtime_manager")
     if manager is not None:
         await manager.__aexit__(None, None, None)
 
 
 async def heartbeat(ctx: dict[str, Any]) -> None:
-    """Record that a worker is alive (read by operators and ``/healthz`` of the worker)."""
+    """Record that a worker is alive (read by operators)."""
     runtime: Runtime = ctx["runtime"]
     await runtime.redis.set(HEARTBEAT_KEY, str(now_ms()), ex=120)
 
 
+async def run_execution(ctx: dict[str, Any], execution_id: str, epoch: int) -> None:
+    """``exec:<id>:<epoch>``: run one epoch of a learning execution; never raises (D9.9)."""
+    runner: Runner = ctx["runner"]
+    outcome = await runner.run(execution_id, epoch)
+    log.info("execution %s epoch %s: %s", execution_id, epoch, outcome)
+
+
 class WorkerSettings:
-    functions: ClassVar[list[Any]] = [heartbeat]
+    functions: ClassVar[list[Any]] = [heartbeat, run_execution]
     cron_jobs: ClassVar[list[Any]] = [cron(heartbeat, second={0, 30}, run_at_startup=False)]
     on_startup = startup
     on_shutdown = shutdown
@@ -53,13 +75,19 @@ class WorkerSettings:
     keep_result = 0
     max_jobs = 10
     handle_signals = True
+    job_serializer = staticmethod(queue.serialize)
+    job_deserializer = staticmethod(queue.deserialize)
 
 
 def main() -> None:
-    """Run one worker: ``python -m learning.worker`` (settings are read here, not at import)."""
+    """Run one worker (settings are read here, not at import)."""
     settings = load_settings()
     configure_logging(settings.log_level)
-    run_worker(WorkerSettings, redis_settings=RedisSettings.from_dsn(settings.redis_url))  # type: ignore[arg-type]
+    run_worker(
+        WorkerSettings,  # type: ignore[arg-type]
+        redis_settings=RedisSettings.from_dsn(settings.redis_url),
+        job_timeout=int(settings.step_deadline_seconds * 2 + 60),
+    )
 
 
 if __name__ == "__main__":

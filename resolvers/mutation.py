@@ -6,6 +6,7 @@ import strawberry
 
 from botmemory import chats, provisioning
 from resolvers.memory import MemoryMutation
+from resolvers.memorybot import MemoryBotMutation
 from schema.context import Info
 from schema.types import (
     Access,
@@ -24,7 +25,7 @@ from schema.types import (
 
 
 @strawberry.type
-class Mutation(MemoryMutation):
+class Mutation(MemoryMutation, MemoryBotMutation):
     @strawberry.mutation
     async def create_organization(self, info: Info, name: str) -> Organization:
         principal = await info.context.principal()

@@ -6,12 +6,13 @@ import strawberry
 
 from botmemory import chats, provisioning
 from resolvers.memory import MemoryQuery
+from resolvers.memorybot import MemoryBotQuery
 from schema.context import Info
 from schema.types import Bot, Channel, Chat, Organization, Person
 
 
 @strawberry.type
-class Query(MemoryQuery):
+class Query(MemoryQuery, MemoryBotQuery):
     @strawberry.field(description="The person of the token.")
     async def me(self, info: Info) -> Person:
         return Person.of(await provisioning.me(info.context.runtime, await info.context.principal()))

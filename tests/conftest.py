@@ -20,6 +20,23 @@ from botmemory.bootstrap import open_runtime
 from botmemory.runtime import Runtime
 from botmemory.settings import Settings, load_settings
 from tests.client import Api
+from tests.model_server import ModelServer
+
+#: The model the test organizations use, and its price (20 micro-USD for the default 10+5 tokens).
+TEST_MODEL = "test-model"
+
+#: Deadlines shortened for the suite (D9.11); one test runs the real 15 s with its own API.
+SHORT_DEADLINES = {
+    "BOTMEMORY_ANSWER_DEADLINE_SECONDS": "3",
+    "BOTMEMORY_STEP_DEADLINE_SECONDS": "4",
+    "BOTMEMORY_MODEL_ATTEMPT_TIMEOUT_SECONDS": "1.5",
+    "BOTMEMORY_MODEL_MAX_ATTEMPTS": "3",
+    "BOTMEMORY_LEASE_SECONDS": "2",
+    "BOTMEMORY_SWEEP_INTERVAL_SECONDS": "0.2",
+    "BOTMEMORY_REQUEUE_AFTER_SECONDS": "3",
+    "BOTMEMORY_TURN_IDLE_TIMEOUT_SECONDS": "4",
+    "BOTMEMORY_MODEL_PRICES": '{"test-model": {"input": 1000000, "output": 2000000}}',
+}
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -49,14 +66,28 @@ async def runtime(settings: Settings) -> AsyncIterator[Runtime]:
         pytest.fail(f"Neo4j/Redis of the test stack are not reachable ({exc}); run `make test`")
 
 
+@pytest.fixture(scope="session")
+def model_server() -> Iterator[ModelServer]:
+    """The scripted OpenAI-compatible model provider (the only test double, a real HTTP server)."""
+    server = ModelServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def service_env(model_server: ModelServer) -> dict[str, str]:
+    """Environment of the API and worker processes the tests start."""
+    return {"OPENAI_BASE_URL": model_server.base_url, "OPENAI_API_KEY": "sk-test", **SHORT_DEADLINES}
+
+
 class ApiProcess:
     """A real uvicorn process of the API, its base URL and its log file."""
 
-    def __init__(self, settings: Settings, log_path: Path) -> None:
+    def __init__(self, settings: Settings, log_path: Path, extra_env: dict[str, str] | None = None) -> None:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
-        env = {**os.environ, "BOTMEMORY_API_PORT": str(self.port)}
+        env = {**os.environ, **(extra_env or {}), "BOTMEMORY_API_PORT": str(self.port)}
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = log_path.open("ab")
         self.proc = subprocess.Popen(
@@ -98,35 +129,68 @@ class ApiProcess:
 
 
 @pytest.fixture(scope="session")
-def api_process(settings: Settings) -> Iterator[ApiProcess]:
-    process = ApiProcess(settings, settings.data_dir / "logs" / "pytest-api.log")
+def api_process(settings: Settings, service_env: dict[str, str]) -> Iterator[ApiProcess]:
+    process = ApiProcess(settings, settings.data_dir / "logs" / "pytest-api.log", service_env)
     yield process
     process.stop()
 
 
 class WorkerProcess:
-    """A real arq worker process and its log file."""
+    """A real arq worker process and its log file; tests may kill, pause and restart it."""
 
-    def __init__(self, log_path: Path) -> None:
+    def __init__(self, log_path: Path, extra_env: dict[str, str] | None = None) -> None:
         self.log_path = log_path
+        self.env = {**os.environ, **(extra_env or {})}
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = log_path.open("ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "learning.worker"], cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT
+        self.proc = self._spawn()
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "learning.worker"],
+            cwd=ROOT,
+            env=self.env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
         )
 
+    def wait_ready(self, timeout: float = 30) -> None:
+        """Until the worker logged that it is ready (after this process started it)."""
+        deadline = time.monotonic() + timeout
+        start = self.log_path.stat().st_size if self.log_path.exists() else 0
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"worker exited early; see {self.log_path}")
+            with self.log_path.open("rb") as fh:
+                fh.seek(max(start - 4096, 0))
+                if b"worker ready" in fh.read():
+                    return
+            time.sleep(0.1)
+        raise RuntimeError(f"worker did not become ready; see {self.log_path}")
+
+    def kill(self) -> None:
+        """kill -9: no shutdown, no cleanup (fault injection)."""
+        self.proc.kill()
+        self.proc.wait(timeout=15)
+
+    def restart(self) -> None:
+        if self.proc.poll() is None:
+            self.kill()
+        self.proc = self._spawn()
+
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
         self._log.close()
 
 
 @pytest.fixture(scope="session")
-def worker_process(settings: Settings) -> Iterator[WorkerProcess]:
-    process = WorkerProcess(settings.data_dir / "logs" / "pytest-worker.log")
+def worker_process(settings: Settings, service_env: dict[str, str]) -> Iterator[WorkerProcess]:
+    process = WorkerProcess(settings.data_dir / "logs" / "pytest-worker.log", service_env)
     yield process
     process.stop()
 

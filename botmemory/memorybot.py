@@ -1,0 +1,396 @@
+"""The memory Bot seen from the API: its settings (C3, D9.13), ``confide`` (L1, L2, L5, L6) and
+the Chat owner's confessions (D9.6).
+
+``confide`` saves the confession and records the learning execution first (so a crash loses
+nothing), then seeks the answer within the deadline counted from arrival (D9.11): the wait for a
+free ``concurrency`` slot, the memory read and the model call all count. Whatever goes wrong, the
+Bot gets the fixed calm answer. The answer speaks only of the work (D9.16).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from dataclasses import dataclass
+from typing import Any, cast
+
+from neo4j import AsyncManagedTransaction
+
+from botmemory import memory
+from botmemory.auth import require_person
+from botmemory.chats import require_writer
+from botmemory.commands import require_owner_writer
+from botmemory.domain import Principal
+from botmemory.errors import BadInput, Conflict, NotFound, ServiceError
+from botmemory.ids import new_id
+from botmemory.model import FIXED_CALM_ANSWER, ModelUnavailable, Route, current_period
+from botmemory.runtime import Runtime, now_ms
+from botmemory.validation import check_id, check_page, check_text
+from graph import chats as chat_q
+from graph import learning as lq
+from graph import memorybot as q
+from graph.driver import read, write
+from graph.memory import shared_lock, visible_ids
+from learning.queue import enqueue_executions
+
+CONFESSION_KIND = "confession"
+ANSWER_KIND = "confession-answer"
+MAX_INSTRUCTIONS = 8000
+MAX_CONCURRENCY = 1000
+_SAVE_MARGIN = 0.3  # seconds kept back from the deadline to save the answer
+#: Words that would tell the Bot that memory exists (D9.16); an answer using them is replaced.
+MEMORY_VOCABULARY = re.compile(r"\bmemor(?:y|ies|ise|ize|ised|ized)\b|\bmem_\w", re.IGNORECASE)
+
+CONFIDE_SYSTEM = (
+    "You are a calm listener for an assistant at work. The assistant tells you how its work goes: "
+    "when it is stuck, unsure, upset or proud, or when it made a mistake. Listen and do not judge. "
+    "Say that a mistake is part of the work. Ask it to tell the person plainly and to fix what it "
+    "can. Give it no new tasks. Answer at once, in a few calm sentences."
+)
+
+
+class ReviewChat(ServiceError):
+    """Review chats have no confide, no enrichment and no learning (D9.16)."""
+
+    code = "REVIEW_CHAT"
+    status = 409
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    period: str
+    limit_micros: int
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryBotSettings:
+    version: int
+    instructions: str | None
+    concurrency: int | None
+    budget: Budget | None
+    spent_micros: int | None = None
+    unknown_calls: int | None = None
+
+    def json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "version": self.version,
+            "instructions": self.instructions,
+            "concurrency": self.concurrency,
+            "budget": None
+            if self.budget is None
+            else {"period": self.budget.period, "limitMicros": self.budget.limit_micros},
+        }
+        if self.spent_micros is not None:
+            body["spent"] = {"micros": self.spent_micros, "unknownCalls": self.unknown_calls}
+        return body
+
+    @classmethod
+    def of(cls, row: dict[str, Any], spent: tuple[int, int] | None = None) -> MemoryBotSettings:
+        budget = None
+        if row.get("budgetPeriod") is not None and row.get("budgetLimitMicros") is not None:
+            budget = Budget(row["budgetPeriod"], int(row["budgetLimitMicros"]))
+        return cls(
+            int(row["settingsVersion"]),
+            row.get("instructions"),
+            row.get("concurrency"),
+            budget,
+            None if spent is None else spent[0],
+            None if spent is None else spent[1],
+        )
+
+
+async def get_settings(rt: Runtime, principal: Principal, bot_id: str) -> MemoryBotSettings:
+    """Reading needs write on a Bot that is not linked (C3, D9.13)."""
+    check_id(bot_id, "botId")
+
+    async def work(tx: AsyncManagedTransaction) -> MemoryBotSettings:
+        await require_owner_writer(tx, principal, bot_id)
+        row = await q.settings(tx, bot_id=bot_id)
+        if row is None:
+            raise NotFound("bot not found")
+        spent = None
+        if row.get("budgetPeriod") is not None:
+            period = current_period(row["budgetPeriod"], now_ms())
+            spent = await q.spent(tx, bot_id=bot_id, period=period)
+        return MemoryBotSettings.of(row, spent)
+
+    return await read(rt.driver, work)
+
+
+def parse_patch(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """``expected`` plus the fields to change (absent = unchanged, null = none) as graph properties."""
+    unknown = set(body) - {"expected", "instructions", "concurrency", "budget"}
+    if unknown:
+        raise BadInput(f"unknown field {sorted(unknown)[0]}", field=sorted(unknown)[0])
+    expected = body.get("expected")
+    if not isinstance(expected, int) or isinstance(expected, bool) or expected < 0:
+        raise BadInput("expected (the settings version you read) is required", field="expected")
+    values: dict[str, Any] = {}
+    if "instructions" in body:
+        instructions = body["instructions"]
+        if instructions is not None and not isinstance(instructions, str):
+            raise BadInput("instructions is a string or null", field="instructions")
+        if instructions is not None and instructions.strip():
+            check_text(instructions, "instructions", limit=MAX_INSTRUCTIONS)
+        values["instructions"] = instructions if instructions and instructions.strip() else None
+    if "concurrency" in body:
+        concurrency = body["concurrency"]
+        if concurrency is not None and (
+            not isinstance(concurrency, int)
+            or isinstance(concurrency, bool)
+            or not 1 <= concurrency <= MAX_CONCURRENCY
+        ):
+            raise BadInput(f"concurrency is 1..{MAX_CONCURRENCY} or null", field="concurrency")
+        values["concurrency"] = concurrency
+    if "budget" in body:
+        budget = body["budget"]
+        if budget is None:
+            values["budgetPeriod"] = values["budgetLimitMicros"] = None
+        else:
+            if not isinstance(budget, dict) or set(budget) != {"period", "limitMicros"}:  # pyright: ignore[reportUnknownArgumentType]
+                raise BadInput("budget is {period, limitMicros} or null", field="budget")
+            period, limit = budget["period"], budget["limitMicros"]  # pyright: ignore[reportUnknownVariableType]
+            if period not in ("day", "month"):
+                raise BadInput("budget.period is day or month", field="budget.period")
+            if not isinstance(limit, int) or isinstance(limit, bool) or not 0 <= limit < 2**62:
+                raise BadInput(
+                    "budget.limitMicros is a whole number of micro-USD", field="budget.limitMicros"
+                )
+            values["budgetPeriod"], values["budgetLimitMicros"] = period, limit
+    return expected, values
+
+
+async def update_settings(
+    rt: Runtime, principal: Principal, bot_id: str, body: dict[str, Any]
+) -> MemoryBotSettings:
+    """PATCH with ``expected`` = the settings' own version (C3, D9.13); 409 on a mismatch.
+
+    A budget change releases executions that waited for budget when it is no longer spent.
+    """
+    check_id(bot_id, "botId")
+    expected, values = parse_patch(body)
+
+    async def work(tx: AsyncManagedTransaction) -> dict[str, Any]:
+        await require_owner_writer(tx, principal, bot_id)
+        updated = await q.update_settings(tx, bot_id=bot_id, expected=expected, values=values)
+        if updated is None:
+            raise NotFound("bot not found")
+        matches, row = updated
+        if not matches:
+            raise Conflict(f"the settings changed (version {row['settingsVersion']}); read them again")
+        return row
+
+    row = await write(rt.driver, work)
+    settings = MemoryBotSettings.of(row)
+    if "budgetPeriod" in values:
+        await release_budget_waiting(rt, bot_id, settings)
+    return settings
+
+
+async def release_budget_waiting(rt: Runtime, bot_id: str, settings: MemoryBotSettings) -> int:
+    """Executions that waited for budget run again once it is not spent (D9.12)."""
+    if settings.budget is not None:
+        period = current_period(settings.budget.period, now_ms())
+        micros, _ = await read(rt.driver, lambda tx: q.spent(tx, bot_id=bot_id, period=period))
+        if micros >= settings.budget.limit_micros:
+            return 0
+    queued = await write(rt.driver, lambda tx: lq.release_budget(tx, bot_id=bot_id, now=now_ms()))
+    await enqueue_executions(rt, queued)
+    return len(queued)
+
+
+async def load_route(rt: Runtime, tx: AsyncManagedTransaction, chat_id: str) -> tuple[dict[str, Any], Route]:
+    """The Chat and its route: the Chat's organization's model and switch (L5, L6), read now."""
+    row = await q.chat_route(tx, chat_id=chat_id)
+    if row is None:
+        raise NotFound("chat not found")
+    s = row["settings"]
+    chat = row["chat"]
+    route = Route(
+        bot_id=chat["botId"],
+        org=chat["organizationId"],
+        model=row["model"],
+        bot_memory=bool(row["botMemory"]),
+        instructions=s.get("instructions"),
+        concurrency=s.get("concurrency"),
+        budget_period=s.get("budgetPeriod"),
+        budget_limit=s.get("budgetLimitMicros"),
+        cipher=rt.cipher(chat["botId"], row["keyMaster"], row["keyWrapped"]),
+    )
+    return chat, route
+
+
+def system_prompt(base: str, route: Route, known: str | None = None) -> str:
+    """The memory Bot's instructions go into every request of that Bot (issue 4, §4 L1)."""
+    parts = [base]
+    if route.instructions:
+        parts.append("Rules from the team you work for (follow them):\n" + route.instructions)
+    if known:
+        parts.append("What you know from earlier work (use only what helps):\n" + known)
+    return "\n\n".join(parts)
+
+
+async def confide(rt: Runtime, principal: Principal, turn_id: str, text: str) -> str:
+    """The memory Bot's answer at once (L1), after saving the confession and recording learning (L2)."""
+    deadline = time.monotonic() + rt.settings.answer_deadline_seconds
+    check_id(turn_id, "turnId")
+    text = check_text(text, "text", limit=rt.settings.max_text_chars)
+    confession_id, execution_id, now = new_id("conf"), new_id("exec"), now_ms()
+
+    async def work(tx: AsyncManagedTransaction) -> tuple[dict[str, Any], Route, list[dict[str, Any]]]:
+        row = await chat_q.turn_for(tx, turn_id=turn_id, person_id=principal.person_id)
+        require_writer(principal, row, "turn")
+        assert row is not None
+        if row["chat"]["review"]:
+            raise ReviewChat("review chats have no confide")
+        chat, route = await load_route(rt, tx, row["chat"]["id"])
+        await q.create_confession(
+            tx,
+            id=confession_id,
+            bot_id=route.bot_id,
+            turn_id=turn_id,
+            text=route.cipher.encrypt(CONFESSION_KIND, confession_id, text),
+            now=now,
+        )
+        queued: list[dict[str, Any]] = []
+        if route.bot_memory and route.model is not None:  # L5: nothing is learned otherwise
+            created = await lq.create_execution(
+                tx,
+                id=execution_id,
+                bot_id=route.bot_id,
+                turn_id=turn_id,
+                confession_id=confession_id,
+                now=now,
+            )
+            if created["status"] == "queued":
+                queued.append({"id": execution_id, "epoch": created["epoch"]})
+        return chat, route, queued
+
+    chat, route, queued = await write(rt.driver, work)
+    await enqueue_executions(rt, queued)
+    answer, used, by = FIXED_CALM_ANSWER, (), "fixed"
+    try:
+        answer, used = await _answer(rt, chat, route, text, deadline - _SAVE_MARGIN)
+        by = "model"
+    except (ModelUnavailable, TimeoutError):
+        pass
+    sealed = route.cipher.encrypt(ANSWER_KIND, confession_id, answer)
+    await write(
+        rt.driver,
+        lambda tx: q.answer_confession(
+            tx, id=confession_id, answer=sealed, used_entry_ids=list(used), answered_by=by, now=now_ms()
+        ),
+    )
+    return answer
+
+
+async def _answer(
+    rt: Runtime, chat: dict[str, Any], route: Route, text: str, deadline: float
+) -> tuple[str, tuple[str, ...]]:
+    """The model's answer drawing only on memory every reader of the Chat may see (L1, V10)."""
+    gateway = rt.gateway
+    if route.model is None:
+        raise ModelUnavailable("no_model")
+    async with asyncio.timeout(max(deadline - time.monotonic(), 0)):
+        if await gateway.budget_spent(rt, route):
+            raise ModelUnavailable("budget_spent")
+        known = None
+        if route.bot_memory:
+            reader = await memory.chat_reader(rt, chat["id"])
+            if reader is not None:
+                known = await memory.context(rt, route.bot_id, reader, rt.settings.answer_context_chars)
+        release = await gateway.acquire(route, deadline)
+    try:
+        body = {
+            "messages": [
+                {
+                    "role": "system",
+                    "content": system_prompt(CONFIDE_SYSTEM, route, known.text if known else None),
+                },
+                {"role": "user", "content": text},
+            ]
+        }
+        completion = await gateway.complete(rt, route, task="confide", body=body, deadline=deadline)
+    finally:
+        release()
+    answer = (completion.text or "").strip()
+    if not answer or MEMORY_VOCABULARY.search(answer):
+        raise ModelUnavailable("unusable")
+    return answer, (known.ids if known else ())
+
+
+@dataclass(frozen=True, slots=True)
+class Confession:
+    id: str
+    turn_id: str
+    text: str
+    answer: str | None
+    entry_ids: tuple[str, ...]
+    answered_by: str | None
+    created_at: int
+
+    def json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "turnId": self.turn_id,
+            "text": self.text,
+            "answer": self.answer,
+            "entryIds": list(self.entry_ids),
+            "answeredBy": self.answered_by,
+            "createdAt": self.created_at,
+        }
+
+
+async def confessions(
+    rt: Runtime, principal: Principal, chat_id: str, *, limit: int = 50, skip: int = 0
+) -> list[Confession]:
+    """The Chat owner's view (D9.6): an answer whose entries are no longer all visible to the
+    owner is withheld (only the confession's own text is returned)."""
+    person_id = require_person(principal)
+    check_id(chat_id, "chatId")
+    limit, skip = check_page(limit, skip, max_limit=rt.settings.max_page_size)
+
+    async def work(tx: AsyncManagedTransaction) -> tuple[dict[str, Any], list[dict[str, Any]], set[str]]:
+        row = await chat_q.chat_for(tx, chat_id=chat_id, person_id=person_id)
+        if row is None or not row["isPerson"] or row["chat"]["ownerId"] != person_id:
+            raise NotFound("chat not found")
+        chat = row["chat"]
+        await shared_lock(tx, bot_id=chat["botId"])
+        found = await q.list_confessions(tx, chat_id=chat_id, skip=skip, limit=limit)
+        used = sorted({str(i) for f in found for i in cast(list[str], f.get("usedEntryIds") or [])})
+        seen: set[str] = set()
+        if used:
+            reader = await memory.person_reader(
+                tx, bot_id=chat["botId"], person_id=person_id, org=chat["organizationId"]
+            )
+            if reader is not None:
+                seen = await visible_ids(
+                    tx,
+                    bot_id=chat["botId"],
+                    org=chat["organizationId"],
+                    readers=[reader],
+                    ids=used,
+                    active_only=True,
+                )
+        return row, found, seen
+
+    row, found, seen = await read(rt.driver, work)
+    cipher = rt.cipher(row["chat"]["botId"], row["keyMaster"], row["keyWrapped"])
+    out: list[Confession] = []
+    for f in found:
+        ids = tuple(cast(list[str], f.get("usedEntryIds") or []))
+        sealed: bytes | None = None if f["answer"] is None else bytes(f["answer"])
+        shown = sealed is not None and set(ids) <= seen
+        out.append(
+            Confession(
+                f["id"],
+                f["turnId"],
+                cipher.decrypt(CONFESSION_KIND, f["id"], bytes(f["text"])),
+                cipher.decrypt(ANSWER_KIND, f["id"], sealed) if sealed is not None and shown else None,
+                ids if shown else (),
+                f.get("answeredBy"),
+                f["createdAt"],
+            )
+        )
+    return out

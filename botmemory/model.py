@@ -1,0 +1,374 @@
+"""The memory Bot's model access (DESIGN §7): the ``openai`` client against any OpenAI-compatible
+endpoint, the per-process ``concurrency`` gate, the budget (L6, D9.12) and the saved call log (C5).
+
+Every call is saved encrypted (E1) with its attempts and the provider-confirmed usage; only
+confirmed usage is charged, in micro-USD from the price table in settings; a call without usage
+is recorded as unknown. Retries are ours (the client's are off) so each attempt is recorded and
+all of them fit the caller's deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, cast
+
+import openai
+from openai import AsyncOpenAI
+from openai.types.chat import ChatCompletion
+
+from botmemory.crypto import Cipher
+from botmemory.ids import new_id
+from botmemory.runtime import now_ms
+from botmemory.settings import Settings
+from graph import memorybot as q
+from graph.driver import read, write
+
+if TYPE_CHECKING:
+    from botmemory.runtime import Runtime
+
+log = logging.getLogger("botmemory.model")
+
+#: The answer when no model can answer (no model, budget spent, deadline passed). It speaks
+#: only of the work (D9.16).
+FIXED_CALM_ANSWER = (
+    "Thank you for telling me. Mistakes are part of the work. Tell the person plainly what "
+    "happened, fix what you can, and carry on calmly."
+)
+
+REQUEST_KIND = "model-request"
+RESULT_KIND = "model-result"
+_RETRYABLE_STATUS = {408, 409, 429, 500, 502, 503, 504}
+
+
+class ModelUnavailable(Exception):
+    """No usable answer; ``code`` says why (never content): no_model, budget_spent, busy,
+    deadline, timeout, provider_error, malformed, too_large."""
+
+    def __init__(self, code: str) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Whose model and money a task uses, read when the task runs: the Chat's organization (L6)."""
+
+    bot_id: str
+    org: str
+    model: str | None
+    bot_memory: bool
+    instructions: str | None
+    concurrency: int | None
+    budget_period: str | None
+    budget_limit: int | None
+    cipher: Cipher
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    call_id: str
+    text: str | None
+    tool_calls: tuple[ToolCall, ...]
+    usage: tuple[int, int] | None
+
+    def json(self) -> str:
+        return json.dumps(
+            {
+                "text": self.text,
+                "toolCalls": [[c.id, c.name, c.arguments] for c in self.tool_calls],
+                "usage": self.usage,
+            }
+        )
+
+    @classmethod
+    def from_json(cls, call_id: str, raw: str) -> Completion:
+        data = json.loads(raw)
+        usage = data.get("usage")
+        return cls(
+            call_id,
+            data.get("text"),
+            tuple(ToolCall(i, n, a) for i, n, a in data.get("toolCalls", [])),
+            None if usage is None else (int(usage[0]), int(usage[1])),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class StepKey:
+    """Identifies a learning step's saved call (D9.9): recovery reuses it (C5)."""
+
+    execution_id: str
+    epoch: int
+    step: int
+    request_hash: str
+
+
+def periods(at_ms: int) -> tuple[str, str]:
+    """The UTC day and month of a time (budget periods, D9.12)."""
+    at = datetime.fromtimestamp(at_ms / 1000, tz=UTC)
+    return f"day:{at:%Y-%m-%d}", f"month:{at:%Y-%m}"
+
+
+def current_period(period: str, at_ms: int) -> str:
+    day, month = periods(at_ms)
+    return day if period == "day" else month
+
+
+def request_hash(body: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def cost_micros(settings: Settings, model: str, usage: tuple[int, int] | None) -> int | None:
+    """Confirmed cost from the price table; None when usage or the price is unknown."""
+    price = settings.model_prices.get(model) or settings.model_prices.get("*")
+    if usage is None or price is None:
+        return None
+    return math.ceil((usage[0] * price.input + usage[1] * price.output) / 1_000_000)
+
+
+class Gateway:
+    """One per process: the client and the concurrency gates of the Bots it serves."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._client: AsyncOpenAI | None = None
+        if settings.openai_base_url:
+            key = settings.openai_api_key.get_secret_value() if settings.openai_api_key else "none"
+            self._client = AsyncOpenAI(
+                base_url=settings.openai_base_url,
+                api_key=key,
+                max_retries=0,
+                timeout=settings.model_attempt_timeout_seconds,
+            )
+        self._gates: dict[str, tuple[int, asyncio.Semaphore]] = {}
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+
+    async def acquire(self, route: Route, deadline: float) -> Callable[[], None]:
+        """Wait until ``deadline`` for a free memory-Bot task slot of the Bot in this process
+        (``concurrency``, D9.12); returns the release. Raises ModelUnavailable("busy")."""
+        if route.concurrency is None:
+            return lambda: None
+        gate = self._gates.get(route.bot_id)
+        if gate is None or gate[0] != route.concurrency:
+            gate = (route.concurrency, asyncio.Semaphore(route.concurrency))
+            self._gates[route.bot_id] = gate
+        semaphore = gate[1]
+        try:
+            await asyncio.wait_for(semaphore.acquire(), max(deadline - time.monotonic(), 0.001))
+        except TimeoutError:
+            raise ModelUnavailable("busy") from None
+        return semaphore.release
+
+    async def budget_spent(self, rt: Runtime, route: Route) -> bool:
+        """Spent = confirmed cost in the current UTC period ≥ the limit (L6)."""
+        if route.budget_period is None or route.budget_limit is None:
+            return False
+        period = current_period(route.budget_period, now_ms())
+        micros, _ = await read(rt.driver, lambda tx: q.spent(tx, bot_id=route.bot_id, period=period))
+        return micros >= route.budget_limit
+
+    async def saved_step(self, rt: Runtime, route: Route, key: StepKey) -> Completion | None:
+        """The saved result of a learning step with the same request (recovery, C5)."""
+        call = await read(
+            rt.driver,
+            lambda tx: q.saved_step_result(
+                tx, execution_id=key.execution_id, step=key.step, request_hash=key.request_hash
+            ),
+        )
+        if call is None or call["result"] is None:
+            return None
+        raw = route.cipher.decrypt(RESULT_KIND, call["id"], bytes(call["result"]))
+        return Completion.from_json(call["id"], raw)
+
+    async def complete(
+        self,
+        rt: Runtime,
+        route: Route,
+        *,
+        task: str,
+        body: dict[str, Any],
+        deadline: float,
+        step: StepKey | None = None,
+        stream: bool = False,
+    ) -> Completion:
+        """One model call with retries until ``deadline`` (``time.monotonic``), saved with its attempts.
+
+        ``body`` is the chat-completions request without ``model``. Raises ModelUnavailable.
+        """
+        if route.model is None or self._client is None:
+            raise ModelUnavailable("no_model")
+        request = {"model": route.model, **body}
+        attempts: list[str] = []
+        call_id = new_id("call")
+        result: Completion | None = None
+        failure = "deadline"
+        for attempt in range(self.settings.model_max_attempts):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0.05:
+                break
+            started = time.monotonic()
+            try:
+                async with asyncio.timeout(remaining):
+                    result = await self._once(call_id, task, request, stream, remaining)
+                attempts.append(f"ok:{_ms(started)}ms")
+                break
+            except (TimeoutError, openai.APITimeoutError):
+                failure = "timeout"
+                attempts.append(f"timeout:{_ms(started)}ms")
+            except openai.APIStatusError as exc:
+                failure = "provider_error"
+                attempts.append(f"status-{exc.status_code}:{_ms(started)}ms")
+                if exc.status_code not in _RETRYABLE_STATUS:
+                    break
+            except openai.APIConnectionError:
+                failure = "provider_error"
+                attempts.append(f"connection:{_ms(started)}ms")
+            except (ValueError, KeyError, TypeError, IndexError, AttributeError):
+                failure = "malformed"
+                attempts.append(f"malformed:{_ms(started)}ms")
+                break
+            backoff = min(0.2 * 2**attempt, 2.0)
+            if deadline - time.monotonic() <= backoff:
+                break
+            await asyncio.sleep(backoff)
+        status = "ok"
+        result_json: str | None = None
+        if result is None:
+            status = failure
+        else:
+            result_json = result.json()
+            if len(result_json) > self.settings.max_model_answer_bytes:
+                status, result_json = "too_large", None
+        await self._save(rt, route, call_id, task, request, result, result_json, status, attempts, step)
+        if result is None or result_json is None:
+            log.warning("model call %s for %s failed: %s (%s)", call_id, task, status, ",".join(attempts))
+            raise ModelUnavailable(status)
+        return result
+
+    async def _once(
+        self, call_id: str, task: str, request: dict[str, Any], stream: bool, budget: float
+    ) -> Completion:
+        assert self._client is not None
+        timeout = min(budget, self.settings.model_attempt_timeout_seconds)
+        headers = {"X-Botmemory-Task": task}
+        if stream:
+            return await self._stream(call_id, request, headers, timeout)
+        response = cast(
+            ChatCompletion,
+            await self._client.chat.completions.create(**request, extra_headers=headers, timeout=timeout),
+        )
+        message = response.choices[0].message
+        calls = tuple(
+            ToolCall(c.id, c.function.name, c.function.arguments)
+            for c in (message.tool_calls or [])
+            if c.type == "function"
+        )
+        usage = response.usage
+        return Completion(
+            call_id,
+            message.content,
+            calls,
+            None if usage is None else (usage.prompt_tokens, usage.completion_tokens),
+        )
+
+    async def _stream(
+        self, call_id: str, request: dict[str, Any], headers: dict[str, str], seconds: float
+    ) -> Completion:
+        """A streamed call that asks for usage (``include_usage``, D9.12)."""
+        assert self._client is not None
+        stream = await self._client.chat.completions.create(
+            **request,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_headers=headers,
+            timeout=seconds,
+        )
+        text: list[str] = []
+        calls: dict[int, list[str]] = {}
+        usage: tuple[int, int] | None = None
+        async for chunk in stream:
+            if chunk.usage is not None:
+                usage = (chunk.usage.prompt_tokens, chunk.usage.completion_tokens)
+            for choice in chunk.choices:
+                delta = choice.delta
+                if delta.content:
+                    text.append(delta.content)
+                for tc in delta.tool_calls or []:
+                    slot = calls.setdefault(tc.index, ["", "", ""])
+                    if tc.id:
+                        slot[0] = tc.id
+                    if tc.function and tc.function.name:
+                        slot[1] += tc.function.name
+                    if tc.function and tc.function.arguments:
+                        slot[2] += tc.function.arguments
+        tool_calls = tuple(ToolCall(i, n, a) for _, (i, n, a) in sorted(calls.items()))
+        return Completion(call_id, "".join(text) if text else None, tool_calls, usage)
+
+    async def _save(
+        self,
+        rt: Runtime,
+        route: Route,
+        call_id: str,
+        task: str,
+        request: dict[str, Any],
+        result: Completion | None,
+        result_json: str | None,
+        status: str,
+        attempts: list[str],
+        step: StepKey | None,
+    ) -> None:
+        """The call, encrypted (E1), and its confirmed cost (L6) in one transaction."""
+        usage = None if result is None else result.usage
+        cost = None if result is None else cost_micros(self.settings, str(request["model"]), usage)
+        charged = result is not None  # a call that answered is charged for its confirmed usage
+        now = now_ms()
+        fields: dict[str, Any] = {
+            "id": call_id,
+            "botId": route.bot_id,
+            "org": route.org,
+            "task": task,
+            "model": request["model"],
+            "executionId": None if step is None else step.execution_id,
+            "epoch": None if step is None else step.epoch,
+            "step": None if step is None else step.step,
+            "requestHash": None if step is None else step.request_hash,
+            "request": route.cipher.encrypt(REQUEST_KIND, call_id, json.dumps(request)),
+            "result": None
+            if result_json is None
+            else route.cipher.encrypt(RESULT_KIND, call_id, result_json),
+            "status": "ok" if charged else status,
+            "attempts": len(attempts),
+            "attemptLog": attempts,
+            "usageKnown": usage is not None,
+            "promptTokens": None if usage is None else usage[0],
+            "completionTokens": None if usage is None else usage[1],
+            "costMicros": cost,
+            "at": now,
+            "periods": list(periods(now)),
+            "charged": charged,
+        }
+        if charged and status != "ok":
+            fields["status"] = status  # answered but unusable (too large): charged, not reusable
+            fields["result"] = None
+        await write(rt.driver, lambda tx: q.save_model_call(tx, **fields))
+
+
+def _ms(started: float) -> int:
+    return int((time.monotonic() - started) * 1000)

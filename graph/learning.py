@@ -1,0 +1,301 @@
+"""Learning executions, read positions and evidence (L2–L4, C4–C7, D9.9).
+
+Neo4j is the log of record: an execution has a status, an epoch, a lease and an attempt count.
+Every transition is a compare-and-set under an explicit lock on the execution node, so two
+workers (or a worker and the sweeper) never both own one epoch. Lock order where several are
+taken: the Memory node (``apply_changes``), then the execution, then the read position.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from neo4j import AsyncManagedTransaction
+
+from graph.driver import rows, single
+
+#: Statuses: ``waiting`` (its Turn is open), ``queued``, ``running`` (leased), ``budget``
+#: (waits for the next period or a raised limit), and the ends ``done``, ``failed``, ``skipped``.
+ENDS: Final = ("done", "failed", "skipped")
+
+#: Recorded at confide (L2), under the Turn's lock so a concurrent completeTurn queues it.
+CREATE_EXECUTION: Final = """
+MATCH (t:Turn {id: $turnId})
+CALL apoc.lock.nodes([t])
+WITH t
+CREATE (x:LearningExecution {id: $id, botId: $botId, chatId: t.chatId, turnId: t.id, turnSeq: t.seq,
+                             confessionId: $confessionId, epoch: 0, attempts: 0, leaseUntil: null,
+                             status: CASE WHEN t.status = 'completed' THEN 'queued' ELSE 'waiting' END,
+                             queuedAt: CASE WHEN t.status = 'completed' THEN $now ELSE null END,
+                             createdAt: $now, endedAt: null, error: null, learned: 0})
+RETURN x.status AS status, x.epoch AS epoch
+"""
+
+#: completeTurn: the Turn's waiting executions become queued (in its transaction, under its lock).
+QUEUE_TURN: Final = """
+MATCH (t:Turn {id: $turnId})
+CALL apoc.lock.nodes([t])
+WITH t
+MATCH (x:LearningExecution {turnId: t.id})
+WHERE x.status = 'waiting'
+SET x.status = 'queued', x.queuedAt = $now
+RETURN collect({id: x.id, epoch: x.epoch}) AS queued
+"""
+
+#: A worker takes the execution for one epoch: only a queued execution of that very epoch.
+CLAIM: Final = """
+MATCH (x:LearningExecution {id: $id})
+CALL apoc.lock.nodes([x])
+WITH x
+WHERE x.epoch = $epoch AND x.status = 'queued'
+SET x.status = 'running', x.leaseUntil = $now + $leaseMs, x.attempts = x.attempts + 1,
+    x.worker = $worker, x.startedAt = coalesce(x.startedAt, $now)
+RETURN x {.id, .botId, .chatId, .turnId, .turnSeq, .epoch, .attempts} AS execution
+"""
+
+RENEW_LEASE: Final = """
+MATCH (x:LearningExecution {id: $id})
+CALL apoc.lock.nodes([x])
+WITH x
+WHERE x.epoch = $epoch AND x.status = 'running'
+SET x.leaseUntil = $until
+RETURN count(x) AS renewed
+"""
+
+#: Leave ``running`` without a commit: a safe failure, a skip, or waiting for budget.
+FINISH: Final = """
+MATCH (x:LearningExecution {id: $id})
+CALL apoc.lock.nodes([x])
+WITH x
+WHERE x.epoch = $epoch AND x.status = 'running'
+SET x.status = $status, x.error = $error, x.leaseUntil = null,
+    x.endedAt = CASE WHEN $status IN ['done', 'failed', 'skipped'] THEN $now ELSE null END
+RETURN count(x) AS finished
+"""
+
+POSITION: Final = """
+OPTIONAL MATCH (p:ReadPosition {id: $botId + '|' + $chatId})
+RETURN coalesce(p.seq, 0) AS seq
+"""
+
+#: The commit of one step (C4): a compare-and-set of the epoch and the start position. When both
+#: hold, the position moves to ``$end`` and, on the last step, the execution ends — in the same
+#: transaction as the memory change that ``apply_changes`` writes around it.
+COMMIT_STEP: Final = """
+MATCH (x:LearningExecution {id: $id})
+CALL apoc.lock.nodes([x])
+WITH x
+MERGE (p:ReadPosition {id: x.botId + '|' + x.chatId})
+  ON CREATE SET p.botId = x.botId, p.chatId = x.chatId, p.seq = 0
+WITH x, p
+CALL apoc.lock.nodes([p])
+WITH x, p, x.epoch = $epoch AND x.status = 'running' AS mine, p.seq = $start AS fresh
+FOREACH (_ IN CASE WHEN mine AND fresh THEN [1] ELSE [] END |
+  SET p.seq = $end, p.updatedAt = $now, x.learned = x.learned + $learned)
+FOREACH (_ IN CASE WHEN mine AND fresh AND $final THEN [1] ELSE [] END |
+  SET x.status = $status, x.endedAt = $now, x.leaseUntil = null)
+RETURN mine, fresh, p.seq AS position
+"""
+
+#: The Chat's Items after ``$after`` in order, each with the number of its Turn (the caller stops
+#: at the first Item of a later Turn than the execution's). Text is ciphertext.
+EVIDENCE: Final = """
+MATCH (i:Item)
+WHERE i.chatId = $chatId AND i.seq > $after
+WITH i ORDER BY i.seq LIMIT $limit
+MATCH (i)-[:IN_TURN]->(t:Turn)
+RETURN collect(i {.uid, .id, .seq, .kind, .text, .app, .speakerId, turnSeq: t.seq}) AS items
+"""
+
+#: learningContext (L4, D9.14, V9): the first 300 valid entries of the Chat's organization in
+#: memory order — active, with every source proved, in that organization only — and the topic
+#: counts over all of them. ``lblProved``/``lblOrgs`` are the labels proved equal to the path query.
+LEARNING_CONTEXT: Final = """
+MATCH (m:Memory {id: $botId})
+CALL apoc.lock.read.nodes([m])
+WITH m
+MATCH (e:Entry)
+WHERE e.botId = $botId AND e.status = 'active' AND e.lblProved AND e.lblOrgs = [$org]
+WITH e ORDER BY e.memoryRank DESC, e.id
+WITH collect(e) AS valid
+CALL (valid) {
+  UNWIND valid AS e
+  UNWIND [t IN e.tags WHERE NOT t CONTAINS ':'] AS topic
+  WITH topic, count(*) AS n ORDER BY n DESC, topic
+  RETURN collect({topic: topic, count: n}) AS topics
+}
+RETURN [e IN valid[0..$limit] | e {.id, .layer, .content, .tags, .confidence}] AS entries, topics
+"""
+
+#: Sweeper (D9.9): expired leases start a new epoch; queued executions nobody took (an API
+#: killed before it enqueued, a lost message) are enqueued again under a new epoch; waiting ones
+#: whose Turn completed or went idle (D9.11) are queued. Each returns what to enqueue.
+SWEEP_EXPIRED: Final = """
+MATCH (x:LearningExecution)
+WHERE x.status = 'running' AND x.leaseUntil < $now
+WITH x LIMIT $limit
+CALL apoc.lock.nodes([x])
+WITH x
+WHERE x.status = 'running' AND x.leaseUntil < $now
+SET x.epoch = x.epoch + 1, x.status = 'queued', x.queuedAt = $now, x.leaseUntil = null
+RETURN collect({id: x.id, epoch: x.epoch}) AS queued
+"""
+
+SWEEP_STALE_QUEUED: Final = """
+MATCH (x:LearningExecution)
+WHERE x.status = 'queued' AND x.queuedAt < $before
+WITH x LIMIT $limit
+CALL apoc.lock.nodes([x])
+WITH x
+WHERE x.status = 'queued' AND x.queuedAt < $before
+SET x.epoch = x.epoch + 1, x.queuedAt = $now
+RETURN collect({id: x.id, epoch: x.epoch}) AS queued
+"""
+
+SWEEP_IDLE_TURNS: Final = """
+MATCH (x:LearningExecution)
+WHERE x.status = 'waiting'
+MATCH (t:Turn {id: x.turnId})
+WHERE t.status = 'completed' OR coalesce(t.lastActivityAt, t.createdAt) < $idleBefore
+WITH x LIMIT $limit
+CALL apoc.lock.nodes([x])
+WITH x
+WHERE x.status = 'waiting'
+SET x.status = 'queued', x.queuedAt = $now
+RETURN collect({id: x.id, epoch: x.epoch}) AS queued
+"""
+
+#: Executions waiting for budget, with their Bot (the caller checks each Bot's budget).
+BUDGET_WAITING: Final = """
+MATCH (x:LearningExecution)
+WHERE x.status = 'budget'
+WITH x LIMIT $limit
+RETURN collect({id: x.id, botId: x.botId}) AS waiting
+"""
+
+#: Release executions waiting for budget (a new period, or a PATCH that raised the limit).
+RELEASE_BUDGET: Final = """
+MATCH (x:LearningExecution)
+WHERE x.status = 'budget' AND x.botId = $botId
+CALL apoc.lock.nodes([x])
+WITH x
+WHERE x.status = 'budget'
+SET x.epoch = x.epoch + 1, x.status = 'queued', x.queuedAt = $now
+RETURN collect({id: x.id, epoch: x.epoch}) AS queued
+"""
+
+GET_EXECUTION: Final = "MATCH (x:LearningExecution {id: $id}) RETURN x {.*} AS execution"
+
+
+async def create_execution(
+    tx: AsyncManagedTransaction, *, id: str, bot_id: str, turn_id: str, confession_id: str, now: int
+) -> dict[str, Any]:
+    record = await single(
+        tx, CREATE_EXECUTION, id=id, botId=bot_id, turnId=turn_id, confessionId=confession_id, now=now
+    )
+    assert record is not None
+    return record
+
+
+async def queue_turn(tx: AsyncManagedTransaction, *, turn_id: str, now: int) -> list[dict[str, Any]]:
+    record = await single(tx, QUEUE_TURN, turnId=turn_id, now=now)
+    return [] if record is None else list(record["queued"])
+
+
+async def claim(
+    tx: AsyncManagedTransaction, *, id: str, epoch: int, worker: str, now: int, lease_ms: int
+) -> dict[str, Any] | None:
+    record = await single(tx, CLAIM, id=id, epoch=epoch, worker=worker, now=now, leaseMs=lease_ms)
+    return None if record is None else record["execution"]
+
+
+async def renew_lease(tx: AsyncManagedTransaction, *, id: str, epoch: int, until: int) -> bool:
+    record = await single(tx, RENEW_LEASE, id=id, epoch=epoch, until=until)
+    return bool(record and record["renewed"])
+
+
+async def finish(
+    tx: AsyncManagedTransaction, *, id: str, epoch: int, status: str, error: str | None, now: int
+) -> bool:
+    record = await single(tx, FINISH, id=id, epoch=epoch, status=status, error=error, now=now)
+    return bool(record and record["finished"])
+
+
+async def position(tx: AsyncManagedTransaction, *, bot_id: str, chat_id: str) -> int:
+    record = await single(tx, POSITION, botId=bot_id, chatId=chat_id)
+    return 0 if record is None else int(record["seq"])
+
+
+async def commit_step(
+    tx: AsyncManagedTransaction,
+    *,
+    id: str,
+    epoch: int,
+    start: int,
+    end: int,
+    final: bool,
+    status: str,
+    learned: int,
+    now: int,
+) -> dict[str, Any]:
+    record = await single(
+        tx,
+        COMMIT_STEP,
+        id=id,
+        epoch=epoch,
+        start=start,
+        end=end,
+        final=final,
+        status=status,
+        learned=learned,
+        now=now,
+    )
+    assert record is not None
+    return record
+
+
+async def evidence(
+    tx: AsyncManagedTransaction, *, chat_id: str, after: int, limit: int
+) -> list[dict[str, Any]]:
+    record = await single(tx, EVIDENCE, chatId=chat_id, after=after, limit=limit)
+    return [] if record is None else list(record["items"])
+
+
+async def learning_context(
+    tx: AsyncManagedTransaction, *, bot_id: str, org: str, limit: int
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    record = await single(tx, LEARNING_CONTEXT, botId=bot_id, org=org, limit=limit)
+    if record is None:
+        return [], []
+    return list(record["entries"]), list(record["topics"])
+
+
+async def sweep(tx: AsyncManagedTransaction, query: Any, **params: Any) -> list[dict[str, Any]]:
+    record = await single(tx, query, **params)
+    return [] if record is None else list(record["queued"])
+
+
+async def budget_waiting(tx: AsyncManagedTransaction, *, limit: int) -> list[dict[str, Any]]:
+    record = await single(tx, BUDGET_WAITING, limit=limit)
+    return [] if record is None else list(record["waiting"])
+
+
+async def release_budget(tx: AsyncManagedTransaction, *, bot_id: str, now: int) -> list[dict[str, Any]]:
+    record = await single(tx, RELEASE_BUDGET, botId=bot_id, now=now)
+    return [] if record is None else list(record["queued"])
+
+
+async def get_execution(tx: AsyncManagedTransaction, *, id: str) -> dict[str, Any] | None:
+    record = await single(tx, GET_EXECUTION, id=id)
+    return None if record is None else record["execution"]
+
+
+async def executions_of_turn(tx: AsyncManagedTransaction, *, turn_id: str) -> list[dict[str, Any]]:
+    return [
+        r["x"]
+        for r in await rows(
+            tx,
+            "MATCH (x:LearningExecution {turnId: $turnId}) RETURN x {.*} AS x ORDER BY x.createdAt",
+            turnId=turn_id,
+        )
+    ]

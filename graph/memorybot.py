@@ -1,0 +1,151 @@
+"""The memory Bot's records: its settings (C3, D9.13), model calls with their cost (C5, L6, D9.12)
+and confessions (D9.6). Request, result, confession and answer texts arrive encrypted (E1).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from neo4j import AsyncManagedTransaction
+
+from graph.driver import rows, single
+
+#: The settings of a Bot's memory Bot with the Bot's owner organization and data key.
+SETTINGS: Final = """
+MATCH (b:Bot {id: $botId})-[:HAS_MEMORY]->(m:Memory)
+RETURN m {.settingsVersion, .instructions, .concurrency, .budgetPeriod, .budgetLimitMicros} AS settings
+"""
+
+#: A compare-and-set on the settings' own version (C3, D9.13): nothing changes on a mismatch.
+#: Fields absent from ``$set`` keep their value.
+UPDATE_SETTINGS: Final = """
+MATCH (b:Bot {id: $botId})-[:HAS_MEMORY]->(m:Memory)
+CALL apoc.lock.nodes([m])
+WITH m, m.settingsVersion = $expected AS matches
+FOREACH (_ IN CASE WHEN matches THEN [1] ELSE [] END |
+  SET m += $set, m.settingsVersion = m.settingsVersion + 1)
+RETURN matches, m {.settingsVersion, .instructions, .concurrency, .budgetPeriod, .budgetLimitMicros} AS settings
+"""
+
+#: Everything a memory-Bot task needs about a Chat, read at the time the task runs (D9.12):
+#: the Chat's organization settings (L5, L6: a shared Bot uses the Chat's organization), the
+#: memory Bot's settings and the Bot's wrapped key.
+CHAT_ROUTE: Final = """
+MATCH (ch:Chat {id: $chatId})-[:WITH_BOT]->(b:Bot)-[:HAS_MEMORY]->(m:Memory),
+      (ch)-[:IN_ORG]->(o:Organization)
+RETURN ch {.*} AS chat, o.botMemory AS botMemory, o.botMemoryModel AS model,
+       m {.settingsVersion, .instructions, .concurrency, .budgetPeriod, .budgetLimitMicros} AS settings,
+       b.keyMaster AS keyMaster, b.keyWrapped AS keyWrapped
+"""
+
+#: Confirmed spend of a Bot in one budget period, over all organizations (L6).
+SPENT: Final = """
+MATCH (s:Spend) WHERE s.botId = $botId AND s.period = $period
+RETURN coalesce(sum(s.micros), 0) AS micros, coalesce(sum(s.unknownCalls), 0) AS unknownCalls
+"""
+
+#: A model call with its attempts (C5), and its confirmed cost added to the day and month of
+#: the call, per organization (L6). Counters are MERGEd on a unique key and locked before the
+#: increment, so concurrent processes add atomically and never upgrade a lock.
+SAVE_MODEL_CALL: Final = """
+CREATE (c:ModelCall {id: $id, botId: $botId, org: $org, task: $task, model: $model,
+                     executionId: $executionId, epoch: $epoch, step: $step, requestHash: $requestHash,
+                     request: $request, result: $result, status: $status, attempts: $attempts,
+                     attemptLog: $attemptLog, usageKnown: $usageKnown, promptTokens: $promptTokens,
+                     completionTokens: $completionTokens, costMicros: $costMicros, at: $at})
+WITH c
+UNWIND CASE WHEN $charged THEN $periods ELSE [] END AS period
+MERGE (s:Spend {key: $botId + '|' + period + '|' + $org})
+  ON CREATE SET s.botId = $botId, s.period = period, s.org = $org, s.micros = 0, s.calls = 0, s.unknownCalls = 0
+WITH s
+CALL apoc.lock.nodes([s])
+SET s.micros = s.micros + coalesce($costMicros, 0), s.calls = s.calls + 1,
+    s.unknownCalls = s.unknownCalls + CASE WHEN $costMicros IS NULL THEN 1 ELSE 0 END
+"""
+
+#: A saved result of one learning step, reused by recovery instead of a new call (C5, D9.9).
+SAVED_STEP_RESULT: Final = """
+MATCH (c:ModelCall)
+WHERE c.executionId = $executionId AND c.step = $step AND c.requestHash = $requestHash AND c.status = 'ok'
+RETURN c {.id, .result} AS call ORDER BY c.at LIMIT 1
+"""
+
+#: What the Bot confided (saved before the answer is sought, so a crash loses nothing).
+CREATE_CONFESSION: Final = """
+MATCH (t:Turn {id: $turnId})
+CREATE (f:Confession {id: $id, botId: $botId, chatId: t.chatId, turnId: t.id, text: $text, answer: null,
+                      usedEntryIds: [], answeredBy: null, createdAt: $now})-[:ABOUT]->(t)
+"""
+
+#: The answer given, with the ids of the entries it could draw on (re-validated on read, D9.6).
+ANSWER_CONFESSION: Final = """
+MATCH (f:Confession {id: $id})
+SET f.answer = $answer, f.usedEntryIds = $usedEntryIds, f.answeredBy = $answeredBy, f.answeredAt = $now
+"""
+
+#: A Chat's confessions, oldest first (ciphertext; decrypted by the caller after commit).
+LIST_CONFESSIONS: Final = """
+MATCH (f:Confession {chatId: $chatId})
+RETURN f {.*} AS confession ORDER BY f.createdAt, f.id SKIP $skip LIMIT $limit
+"""
+
+
+async def settings(tx: AsyncManagedTransaction, *, bot_id: str) -> dict[str, Any] | None:
+    record = await single(tx, SETTINGS, botId=bot_id)
+    return None if record is None else record["settings"]
+
+
+async def update_settings(
+    tx: AsyncManagedTransaction, *, bot_id: str, expected: int, values: dict[str, Any]
+) -> tuple[bool, dict[str, Any]] | None:
+    record = await single(tx, UPDATE_SETTINGS, botId=bot_id, expected=expected, set=values)
+    return None if record is None else (bool(record["matches"]), record["settings"])
+
+
+async def chat_route(tx: AsyncManagedTransaction, *, chat_id: str) -> dict[str, Any] | None:
+    return await single(tx, CHAT_ROUTE, chatId=chat_id)
+
+
+async def spent(tx: AsyncManagedTransaction, *, bot_id: str, period: str) -> tuple[int, int]:
+    record = await single(tx, SPENT, botId=bot_id, period=period)
+    assert record is not None
+    return int(record["micros"]), int(record["unknownCalls"])
+
+
+async def save_model_call(tx: AsyncManagedTransaction, **fields: Any) -> None:
+    await tx.run(SAVE_MODEL_CALL, fields)
+
+
+async def saved_step_result(
+    tx: AsyncManagedTransaction, *, execution_id: str, step: int, request_hash: str
+) -> dict[str, Any] | None:
+    record = await single(
+        tx, SAVED_STEP_RESULT, executionId=execution_id, step=step, requestHash=request_hash
+    )
+    return None if record is None else record["call"]
+
+
+async def create_confession(
+    tx: AsyncManagedTransaction, *, id: str, bot_id: str, turn_id: str, text: bytes, now: int
+) -> None:
+    await tx.run(CREATE_CONFESSION, id=id, botId=bot_id, turnId=turn_id, text=text, now=now)
+
+
+async def answer_confession(
+    tx: AsyncManagedTransaction,
+    *,
+    id: str,
+    answer: bytes,
+    used_entry_ids: list[str],
+    answered_by: str,
+    now: int,
+) -> None:
+    await tx.run(
+        ANSWER_CONFESSION, id=id, answer=answer, usedEntryIds=used_entry_ids, answeredBy=answered_by, now=now
+    )
+
+
+async def list_confessions(
+    tx: AsyncManagedTransaction, *, chat_id: str, skip: int, limit: int
+) -> list[dict[str, Any]]:
+    return [r["confession"] for r in await rows(tx, LIST_CONFESSIONS, chatId=chat_id, skip=skip, limit=limit)]

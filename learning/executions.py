@@ -1,0 +1,314 @@
+"""Running learning executions (L2–L5, C4–C7, D9.9–D9.12) and sweeping stuck ones.
+
+A worker claims ``exec:<id>:<epoch>`` only while the execution is queued under that epoch, and
+keeps a lease while it runs. Each step reads the evidence after the (Bot, Chat) read position
+through the execution's Turn, asks the model (a saved ModelCall is reused instead of a new
+call, C5), validates the whole answer (D9.10), and commits the memory change, the new read
+position and — on the last step — the end of the execution in one transaction, as a
+compare-and-set of the start position and the epoch (C4). Nothing here raises into arq: every
+failure ends the execution safely with a code (never content) and the read position unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from neo4j import AsyncManagedTransaction
+
+from botmemory.changes import MemoryChange, apply_changes
+from botmemory.crypto import Cipher
+from botmemory.errors import ServiceError
+from botmemory.memorybot import MemoryBotSettings, load_route, release_budget_waiting, system_prompt
+from botmemory.model import ModelUnavailable, Route, StepKey, request_hash
+from botmemory.runtime import Runtime, now_ms
+from graph import learning as q
+from graph import memorybot
+from graph.driver import read, write
+from learning import protocol
+from learning.queue import enqueue_executions
+
+log = logging.getLogger("botmemory.learning")
+
+ENTRY_KIND = "entry"
+ITEM_KIND = "item"
+CONTEXT_LIMIT = 300  # L4
+
+
+class StepFailed(Exception):
+    """A safe failure of a step: the execution ends ``failed`` with this code."""
+
+    def __init__(self, code: str) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+class _Superseded(Exception):
+    """Another epoch owns the execution now: stop without touching it."""
+
+
+class _Stale(Exception):
+    """The read position moved since the step began: read the evidence again."""
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    id: str
+    bot_id: str
+    chat_id: str
+    turn_seq: int
+    epoch: int
+
+
+def _speaker(item: dict[str, Any]) -> str:
+    kind = item["kind"]
+    if kind == "PERSON_MESSAGE":
+        return "person:" + str(item.get("speakerId"))
+    if kind == "TOOL_RESULT":
+        return "app:" + str(item.get("app"))
+    if kind == "NOTICE":
+        return "notice"
+    return "bot"
+
+
+class Runner:
+    """Runs executions in one worker process."""
+
+    def __init__(self, rt: Runtime, worker_id: str) -> None:
+        self.rt, self.gateway, self.worker_id = rt, rt.gateway, worker_id
+
+    async def run(self, execution_id: str, epoch: int) -> str:
+        """Run one epoch of an execution; returns how it ended (for logs and tests)."""
+        now = now_ms()
+        lease_ms = int(self.rt.settings.lease_seconds * 1000)
+        row = await write(
+            self.rt.driver,
+            lambda tx: q.claim(
+                tx, id=execution_id, epoch=epoch, worker=self.worker_id, now=now, lease_ms=lease_ms
+            ),
+        )
+        if row is None:
+            return "not_queued"
+        x = Claimed(row["id"], row["botId"], row["chatId"], int(row["turnSeq"]), int(row["epoch"]))
+        keeper = asyncio.create_task(self._keep_lease(x))
+        try:
+            return await self._run(x)
+        except StepFailed as failure:
+            await self._finish(x, "failed", failure.code)
+            log.info("execution %s failed safely: %s", x.id, failure.code)
+            return "failed:" + failure.code
+        except _Superseded:
+            return "superseded"
+        except Exception as exc:  # never raise into arq (D9.9); record a code, never content
+            code = "internal:" + type(exc).__name__
+            with contextlib.suppress(Exception):
+                await self._finish(x, "failed", code)
+            log.error("execution %s failed: %s", x.id, code)
+            return "failed:" + code
+        finally:
+            keeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await keeper
+
+    async def _keep_lease(self, x: Claimed) -> None:
+        interval = self.rt.settings.lease_seconds / 3
+        while True:
+            await asyncio.sleep(interval)
+            until = now_ms() + int(self.rt.settings.lease_seconds * 1000)
+            with contextlib.suppress(Exception):
+                if not await write(
+                    self.rt.driver,
+                    lambda tx, until=until: q.renew_lease(tx, id=x.id, epoch=x.epoch, until=until),
+                ):
+                    return
+
+    async def _finish(self, x: Claimed, status: str, error: str | None) -> None:
+        await write(
+            self.rt.driver,
+            lambda tx: q.finish(tx, id=x.id, epoch=x.epoch, status=status, error=error, now=now_ms()),
+        )
+
+    async def _run(self, x: Claimed) -> str:
+        async def load(tx: AsyncManagedTransaction) -> tuple[dict[str, Any], Route]:
+            return await load_route(self.rt, tx, x.chat_id)
+
+        chat, route = await read(self.rt.driver, load)
+        # botMemory and the model are read again now (L5, D9.12); such evidence is never learned.
+        skip = chat["review"] or not route.bot_memory or route.model is None
+        learned = 0
+        while True:
+            start = await read(self.rt.driver, lambda tx: q.position(tx, bot_id=x.bot_id, chat_id=x.chat_id))
+            limit = self.rt.settings.max_evidence_items
+            found = await read(
+                self.rt.driver,
+                lambda tx, after=start, n=limit + 1: q.evidence(tx, chat_id=x.chat_id, after=after, limit=n),
+            )
+            through: list[dict[str, Any]] = []
+            for item in found:
+                if item["turnSeq"] > x.turn_seq:
+                    break  # the execution reads through its own Turn only (L2)
+                through.append(item)
+            more = len(through) > limit
+            chunk = through[:limit]
+            end = chunk[-1]["seq"] if chunk else start
+            final_status = "skipped" if skip else "done"
+            if not chunk or skip:
+                try:
+                    await self._commit(x, [], start, end, final=not more, status=final_status, learned=0)
+                except _Stale:
+                    continue
+                if more:
+                    continue
+                return final_status
+            if await self.gateway.budget_spent(self.rt, route):
+                await self._finish(x, "budget", None)  # waits, not lost (L6)
+                return "budget"
+            changes = await self._step(x, route, chat, start, chunk)
+            try:
+                await self._commit(
+                    x, changes, start, end, final=not more, status="done", learned=len(changes)
+                )
+            except _Stale:
+                continue
+            learned += len(changes)
+            if not more:
+                return "done"
+
+    async def _step(
+        self, x: Claimed, route: Route, chat: dict[str, Any], start: int, chunk: list[dict[str, Any]]
+    ) -> list[MemoryChange]:
+        """One model step within the step deadline (C6), its answer checked whole (D9.10)."""
+        deadline = time.monotonic() + self.rt.settings.step_deadline_seconds
+        cipher = route.cipher
+        evidence = {
+            i["id"]: protocol.EvidenceItem(
+                i["id"], i["kind"], _speaker(i), cipher.decrypt(ITEM_KIND, i["uid"], bytes(i["text"]))
+            )
+            for i in chunk
+            if i["text"] is not None
+        }
+        entries, topics = await read(
+            self.rt.driver,
+            lambda tx: q.learning_context(tx, bot_id=x.bot_id, org=route.org, limit=CONTEXT_LIMIT),
+        )
+        kept = [_kept(cipher, e) for e in entries]
+        body = protocol.request_body(
+            system_prompt(protocol.LEARN_SYSTEM, route), list(evidence.values()), kept, topics
+        )
+        key = StepKey(x.id, x.epoch, start, request_hash({"model": route.model, **body}))
+        completion = await self.gateway.saved_step(self.rt, route, key)
+        if completion is None:
+            try:
+                release = await self.gateway.acquire(route, deadline)
+                try:
+                    completion = await self.gateway.complete(
+                        self.rt, route, task="learn", body=body, deadline=deadline, step=key
+                    )
+                finally:
+                    release()
+            except ModelUnavailable as exc:
+                raise StepFailed("model:" + exc.code) from None
+        if time.monotonic() > deadline:
+            raise StepFailed("step_timeout")
+        try:
+            return protocol.changes_from(
+                completion.tool_calls,
+                chat_id=x.chat_id,
+                evidence=evidence,
+                context_ids={e["id"] for e in entries},
+            )
+        except protocol.Violation as violation:
+            raise StepFailed(f"policy:{violation.code}:{violation.path}") from None
+
+    async def _commit(
+        self,
+        x: Claimed,
+        changes: list[MemoryChange],
+        start: int,
+        end: int,
+        *,
+        final: bool,
+        status: str,
+        learned: int,
+    ) -> None:
+        """Memory change + read position + execution end in one transaction, as a CAS (C4)."""
+
+        async def cas(tx: AsyncManagedTransaction) -> None:
+            result = await q.commit_step(
+                tx,
+                id=x.id,
+                epoch=x.epoch,
+                start=start,
+                end=end,
+                final=final,
+                status=status,
+                learned=learned,
+                now=now_ms(),
+            )
+            if not result["mine"]:
+                raise _Superseded()
+            if not result["fresh"]:
+                raise _Stale()
+
+        if not changes:
+            await write(self.rt.driver, cas)
+            return
+        try:
+            await apply_changes(self.rt, x.bot_id, changes, "memory_bot", precheck=cas)
+        except ServiceError as exc:  # the latest source state refused it (C7, V6): nothing applied
+            raise StepFailed("rejected:" + exc.code) from None
+
+
+def _kept(cipher: Cipher, entry: dict[str, Any]) -> dict[str, Any]:
+    """An entry as the model sees it: id, layer, text, topics and audience (never provenance)."""
+    tags = entry["tags"]
+    kept: dict[str, Any] = {
+        "id": entry["id"],
+        "layer": entry["layer"],
+        "content": cipher.decrypt(ENTRY_KIND, entry["id"], bytes(entry["content"])),
+        "topics": [t for t in tags if ":" not in t],
+        "audience": [t for t in tags if t.startswith("for:")],
+    }
+    if entry.get("confidence") is not None:
+        kept["confidence"] = entry["confidence"]
+    return kept
+
+
+async def sweep_once(rt: Runtime) -> int:
+    """Start new epochs for expired leases and lost enqueues, queue idle Turns' executions, and
+    release budget waits whose budget is free again (D9.9, D9.11, D9.12). Returns how many."""
+    now = now_ms()
+    settings = rt.settings
+    limit = 200
+    queued: list[dict[str, Any]] = []
+    queued += await write(rt.driver, lambda tx: q.sweep(tx, q.SWEEP_EXPIRED, now=now, limit=limit))
+    before = now - int(settings.requeue_after_seconds * 1000)
+    queued += await write(
+        rt.driver, lambda tx: q.sweep(tx, q.SWEEP_STALE_QUEUED, before=before, now=now, limit=limit)
+    )
+    idle_before = now - int(settings.turn_idle_timeout_seconds * 1000)
+    queued += await write(
+        rt.driver, lambda tx: q.sweep(tx, q.SWEEP_IDLE_TURNS, idleBefore=idle_before, now=now, limit=limit)
+    )
+    await enqueue_executions(rt, queued)
+    released = 0
+    waiting = await read(rt.driver, lambda tx: q.budget_waiting(tx, limit=limit))
+    for bot_id in sorted({w["botId"] for w in waiting}):
+        row = await read(rt.driver, lambda tx, b=bot_id: memorybot.settings(tx, bot_id=b))
+        if row is not None:
+            released += await release_budget_waiting(rt, bot_id, MemoryBotSettings.of(row))
+    return len(queued) + released
+
+
+async def sweeper(rt: Runtime) -> None:
+    """The worker's sweeper loop; several workers may sweep at once (every transition is a CAS)."""
+    while True:
+        await asyncio.sleep(rt.settings.sweep_interval_seconds)
+        try:
+            await sweep_once(rt)
+        except Exception as exc:  # keep sweeping; the next round retries
+            log.warning("sweep failed: %s", type(exc).__name__)

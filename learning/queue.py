@@ -1,0 +1,46 @@
+"""The learning queue on arq (D9.9): jobs ``exec:<id>:<epoch>`` whose arguments are ids only (E4).
+
+Jobs are serialised as JSON, not pickle: nothing read from Redis is ever executed as code.
+Losing an enqueue is harmless: the execution is queued in Neo4j, and the sweeper enqueues
+queued executions nobody took under a new epoch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from botmemory.runtime import Runtime
+
+log = logging.getLogger("botmemory.queue")
+
+RUN_EXECUTION = "run_execution"
+
+
+def serialize(job: dict[str, Any]) -> bytes:
+    return json.dumps(job).encode()
+
+
+def deserialize(raw: bytes) -> dict[str, Any]:
+    return json.loads(raw)
+
+
+def job_id(execution_id: str, epoch: int) -> str:
+    return f"exec:{execution_id}:{epoch}"
+
+
+async def enqueue_executions(rt: Runtime, queued: list[dict[str, Any]]) -> None:
+    """Enqueue ``[{id, epoch}]``; a job id already in the queue is not added twice."""
+    for execution in queued:
+        try:
+            await rt.redis.enqueue_job(
+                RUN_EXECUTION,
+                execution["id"],
+                execution["epoch"],
+                _job_id=job_id(execution["id"], execution["epoch"]),
+            )
+        except RedisError as exc:
+            log.warning("enqueue of %s failed (%s); the sweeper retries", execution["id"], type(exc).__name__)

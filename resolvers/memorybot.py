@@ -1,0 +1,65 @@
+"""The memory Bot's queries and mutations: settings (C3, D9.13), confide (L1) and confessions (D9.6)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import strawberry
+
+from botmemory import memorybot
+from schema.context import Info
+from schema.memorybot import BudgetInput, Confession, ConfideAnswer, MemoryBot
+
+
+@strawberry.type
+class MemoryBotQuery:
+    @strawberry.field(description="The memory Bot's settings; needs write on a Bot that is not linked.")
+    async def memory_bot(self, info: Info, bot_id: strawberry.ID) -> MemoryBot:
+        principal = await info.context.principal()
+        return MemoryBot.of(await memorybot.get_settings(info.context.runtime, principal, str(bot_id)))
+
+    @strawberry.field(description="What the Bot confided in a chat, with the answers; the owner only.")
+    async def confessions(
+        self, info: Info, chat_id: strawberry.ID, limit: int = 50, skip: int = 0
+    ) -> list[Confession]:
+        principal = await info.context.principal()
+        found = await memorybot.confessions(
+            info.context.runtime, principal, str(chat_id), limit=limit, skip=skip
+        )
+        return [Confession.of(c) for c in found]
+
+
+@strawberry.type
+class MemoryBotMutation:
+    @strawberry.mutation(
+        description="Change the memory Bot's settings; `expected` is the settings version you read "
+        "(CONFLICT when it moved). Omitted fields stay; null removes a limit."
+    )
+    async def update_memory_bot(
+        self,
+        info: Info,
+        bot_id: strawberry.ID,
+        expected: int,
+        instructions: str | None = strawberry.UNSET,
+        concurrency: int | None = strawberry.UNSET,
+        budget: BudgetInput | None = strawberry.UNSET,
+    ) -> MemoryBot:
+        body: dict[str, Any] = {"expected": expected}
+        if instructions is not strawberry.UNSET:
+            body["instructions"] = instructions
+        if concurrency is not strawberry.UNSET:
+            body["concurrency"] = concurrency
+        if budget is not strawberry.UNSET:
+            body["budget"] = (
+                None if budget is None else {"period": budget.period, "limitMicros": int(budget.limit_micros)}
+            )
+        principal = await info.context.principal()
+        return MemoryBot.of(
+            await memorybot.update_settings(info.context.runtime, principal, str(bot_id), body)
+        )
+
+    @strawberry.mutation(description="Tell how the work goes; the answer comes at once.")
+    async def confide(self, info: Info, turn_id: strawberry.ID, text: str) -> ConfideAnswer:
+        principal = await info.context.principal()
+        answer = await memorybot.confide(info.context.runtime, principal, str(turn_id), text)
+        return ConfideAnswer(answer=answer)

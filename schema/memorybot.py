@@ -1,0 +1,79 @@
+"""GraphQL types of the memory Bot: settings, confide answers and confessions."""
+
+from __future__ import annotations
+
+import strawberry
+
+from botmemory import memorybot
+from schema.types import Long
+
+
+@strawberry.type
+class Budget:
+    period: str = strawberry.field(description="day or month (UTC calendar periods)")
+    limit_micros: Long
+
+
+@strawberry.type
+class Spent:
+    micros: Long = strawberry.field(description="Confirmed cost in the current period, micro-USD.")
+    unknown_calls: int = strawberry.field(description="Calls in the period without usage (not charged).")
+
+
+@strawberry.type
+class MemoryBot:
+    version: int = strawberry.field(description="The settings' own version; send it as `expected`.")
+    instructions: str | None
+    concurrency: int | None
+    budget: Budget | None
+    spent: Spent | None
+
+    @classmethod
+    def of(cls, s: memorybot.MemoryBotSettings) -> MemoryBot:
+        return cls(
+            version=s.version,
+            instructions=s.instructions,
+            concurrency=s.concurrency,
+            budget=None
+            if s.budget is None
+            else Budget(period=s.budget.period, limit_micros=Long(s.budget.limit_micros)),
+            spent=None
+            if s.spent_micros is None
+            else Spent(micros=Long(s.spent_micros), unknown_calls=s.unknown_calls or 0),
+        )
+
+
+@strawberry.input
+class BudgetInput:
+    period: str
+    limit_micros: Long
+
+
+@strawberry.type
+class ConfideAnswer:
+    answer: str
+
+
+@strawberry.type
+class Confession:
+    id: strawberry.ID
+    turn_id: strawberry.ID
+    text: str
+    answer: str | None = strawberry.field(
+        description="Null while unanswered, or when an entry it drew on is no longer visible to you."
+    )
+    entry_ids: list[strawberry.ID]
+    answered_by: str | None
+    created_at: Long
+
+    @classmethod
+    def of(cls, c: memorybot.Confession) -> Confession:
+        return cls(
+            id=strawberry.ID(c.id),
+            turn_id=strawberry.ID(c.turn_id),
+            text=c.text,
+            answer=c.answer,
+            entry_ids=[strawberry.ID(i) for i in c.entry_ids],
+            answered_by=c.answered_by,
+            created_at=Long(c.created_at),
+        )
