@@ -146,6 +146,8 @@ class WorkerProcess:
         self.proc = self._spawn()
 
     def _spawn(self) -> subprocess.Popen[bytes]:
+        self._log.flush()
+        self._spawned_at = self.log_path.stat().st_size
         return subprocess.Popen(
             [sys.executable, "-m", "learning.worker"],
             cwd=ROOT,
@@ -157,12 +159,11 @@ class WorkerProcess:
     def wait_ready(self, timeout: float = 30) -> None:
         """Until the worker logged that it is ready (after this process started it)."""
         deadline = time.monotonic() + timeout
-        start = self.log_path.stat().st_size if self.log_path.exists() else 0
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"worker exited early; see {self.log_path}")
             with self.log_path.open("rb") as fh:
-                fh.seek(max(start - 4096, 0))
+                fh.seek(self._spawned_at)
                 if b"worker ready" in fh.read():
                     return
             time.sleep(0.1)

@@ -1,0 +1,112 @@
+"""Helpers for the memory-Bot tests: a world whose organization has a model, the platform's
+calls (startTurn, addItems, confide, completeTurn) and waiting for learning to end."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from botmemory.runtime import Runtime
+from tests.client import Api, World, make_world
+from tests.conftest import TEST_MODEL
+from tests.model_server import Reply, ToolCall
+
+ENDS = ("done", "failed", "skipped")
+
+
+async def memory_world(
+    api: Api,
+    names: tuple[str, ...] = ("ann", "bob"),
+    *,
+    channel: tuple[str, ...] = (),
+    model: str | None = TEST_MODEL,
+) -> World:
+    """A world whose organization uses ``model`` for its memory Bot (L5: no default)."""
+    w = await make_world(api, names, channel=channel)
+    await set_org(api, w.org, model=model)
+    return w
+
+
+async def set_org(api: Api, org: str, *, model: str | None = TEST_MODEL, bot_memory: bool = True) -> None:
+    await api.admin(
+        "mutation($o: ID!, $m: String, $b: Boolean) { updateOrganization(id: $o, botMemoryModel: $m, botMemory: $b) { id } }",
+        {"o": org, "m": model, "b": bot_memory},
+    )
+
+
+async def add_items(
+    api: Api, token: str, turn: str, *items: tuple[str, str] | tuple[str, str, str]
+) -> list[str]:
+    """Items as (kind, text) or (kind, text, app); returns their ids (i-N)."""
+    data = await api.gql(
+        "mutation($t: ID!, $i: [ItemInput!]!) { addItems(turnId: $t, items: $i) { id } }",
+        {"t": turn, "i": [{"kind": i[0], "text": i[1], "app": i[2] if len(i) > 2 else None} for i in items]},
+        token,
+    )
+    return [i["id"] for i in data["addItems"]]
+
+
+async def confide(api: Api, token: str, turn: str, text: str = "I got the dates wrong.") -> str:
+    data = await api.gql(
+        "mutation($t: ID!, $x: String!) { confide(turnId: $t, text: $x) { answer } }",
+        {"t": turn, "x": text},
+        token,
+    )
+    return data["confide"]["answer"]
+
+
+async def complete(api: Api, token: str, turn: str) -> None:
+    await api.gql("mutation($t: ID!) { completeTurn(turnId: $t) { id } }", {"t": turn}, token)
+
+
+async def first_item(api: Api, token: str, chat: str) -> str:
+    data = await api.gql("query($c: ID!) { chat(id: $c) { messageCount } }", {"c": chat}, token)
+    return f"i-{data['chat']['messageCount']}"
+
+
+async def executions(rt: Runtime, turn: str) -> list[dict[str, Any]]:
+    records, _, _ = await rt.driver.execute_query(
+        "MATCH (x:LearningExecution {turnId: $t}) RETURN x {.*} AS x ORDER BY x.createdAt", t=turn
+    )
+    return [dict(r["x"]) for r in records]
+
+
+async def wait_executions(
+    rt: Runtime, turn: str, statuses: tuple[str, ...] = ENDS, within: float = 20
+) -> list[dict[str, Any]]:
+    """Until every execution of the Turn is in one of ``statuses``."""
+    deadline = time.monotonic() + within
+    found: list[dict[str, Any]] = []
+    while time.monotonic() < deadline:
+        found = await executions(rt, turn)
+        if found and all(x["status"] in statuses for x in found):
+            return found
+        await asyncio.sleep(0.05)
+    raise AssertionError(
+        f"executions did not reach {statuses}: {[(x['status'], x.get('error')) for x in found]}"
+    )
+
+
+async def position(rt: Runtime, bot: str, chat: str) -> int:
+    records, _, _ = await rt.driver.execute_query(
+        "OPTIONAL MATCH (p:ReadPosition {id: $id}) RETURN coalesce(p.seq, 0) AS seq", id=f"{bot}|{chat}"
+    )
+    return int(records[0]["seq"])
+
+
+async def memory_bot_changes(rt: Runtime, bot: str) -> list[dict[str, Any]]:
+    records, _, _ = await rt.driver.execute_query(
+        "MATCH (c:Change {botId: $b, actor: 'memory_bot'}) RETURN c {.version, .entryIds} AS c ORDER BY c.version",
+        b=bot,
+    )
+    return [dict(r["c"]) for r in records]
+
+
+def learn(*calls: tuple[str, dict[str, Any] | str], **reply: Any) -> Reply:
+    """A learning answer made of tool calls (name, arguments)."""
+    return Reply(tool_calls=[ToolCall(name, args) for name, args in calls], **reply)
+
+
+def fact_call(content: str, *items: str, topics: tuple[str, ...] = ()) -> tuple[str, dict[str, Any]]:
+    return ("add_fact", {"content": content, "source_item_ids": list(items), "topics": list(topics)})

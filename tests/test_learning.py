@@ -1,0 +1,295 @@
+"""Learning end to end (L2–L5, C4–C7, D9.2, D9.9, D9.10, D9.18): confide → the Turn completes →
+the real worker asks the scripted model and applies what passes the server's checks."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from botmemory.runtime import Runtime
+from tests.client import Api
+from tests.conftest import WorkerProcess
+from tests.learning_helpers import (
+    add_items,
+    complete,
+    confide,
+    fact_call,
+    first_item,
+    learn,
+    memory_bot_changes,
+    memory_world,
+    position,
+    set_org,
+    wait_executions,
+)
+from tests.memory_helpers import visible
+from tests.model_server import ModelServer, Reply
+
+
+@pytest.fixture(autouse=True)
+def _learning(worker_process: WorkerProcess, model_server: ModelServer) -> None:
+    if worker_process.proc.poll() is not None:
+        worker_process.restart()
+    worker_process.wait_ready()
+    model_server.reset()
+
+
+async def test_private_chat_learns_a_fact_for_its_person(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    w = await memory_world(api, ("ann", "bob"))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    turn = await api.turn(w.tokens["ann"], chat, "Please always run the tests before saying done.")
+    item = await first_item(api, w.tokens["ann"], chat)
+    await add_items(api, w.tokens["ann"], turn["id"], ("BOT_MESSAGE", "I said done before testing, sorry."))
+    model_server.script("confide", Reply(text="That happens. Tell Ann plainly and run the tests now."))
+    model_server.script(
+        "learn", learn(fact_call("Run the tests before reporting done.", item, topics=("testing",)))
+    )
+    answer = await confide(api, w.tokens["ann"], turn["id"], "I reported done without running the tests.")
+    assert answer == "That happens. Tell Ann plainly and run the tests now."
+    assert model_server.requests_for("learn") == []  # learning waits for the Turn (L2)
+    await complete(api, w.tokens["ann"], turn["id"])
+    [x] = await wait_executions(runtime, turn["id"])
+    assert x["status"] == "done" and x["learned"] == 1
+    mine = await visible(api, w.tokens["ann"], w.bot)
+    [entry] = mine.values()
+    assert entry["content"] == "Run the tests before reporting done."
+    assert set(entry["tags"]) == {
+        f"from:{w.people['ann']}",
+        f"for:person:{w.people['ann']}",
+        f"org:{w.org}",
+        f"chat:{chat}",
+        "testing",
+    }
+    assert entry["sources"] == [{"chat": chat, "item": item}]
+    assert await visible(api, w.tokens["bob"], w.bot) == {}
+    # The request listed the new Items with ids, kinds and speakers (§7) and carried the task header.
+    [request] = model_server.requests_for("learn")
+    assert request.body["model"] == "test-model"
+    listed = json.loads(request.body["messages"][1]["content"])["newItems"]
+    assert [(i["id"], i["kind"], i["speaker"]) for i in listed] == [
+        (item, "person_message", f"person:{w.people['ann']}"),
+        (f"i-{int(item[2:]) + 1}", "bot_message", "bot"),
+    ]
+    assert {t["function"]["name"] for t in request.body["tools"]} == {
+        "add_fact",
+        "add_observation",
+        "invalidate",
+        "set_topics",
+        "rename_topic",
+        "share",
+    }
+    assert await position(runtime, w.bot, chat) == int(item[2:]) + 1
+    # The log names the memory Bot as the actor (C2).
+    log = await api.http.get(
+        f"/v1/bots/{w.bot}/memory/log", headers={"Authorization": f"Bearer {w.tokens['ann']}"}
+    )
+    assert [c["actor"] for c in log.json()["changes"]] == ["memory_bot"]
+    # Learning creates no Chat, Turn or Item (D9.18).
+    records, _, _ = await runtime.driver.execute_query(
+        "MATCH (i:Item {chatId: $c}) RETURN count(i) AS items", c=chat
+    )
+    assert records[0]["items"] == 2
+
+
+async def test_group_chat_fact_is_for_the_channel_from_the_saved_actor(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    """A platform token starts the Turn as Bob and adds the Items: `from:` comes from the saved actor (V3)."""
+    w = await memory_world(api, ("ann", "bob", "cat"), channel=("ann", "bob"))
+    platform = await api.platform_token(w.org)
+    chat = await api.chat(w.tokens["ann"], w.bot, channel=w.channel)
+    turn = await api.turn(platform, chat, "ann: the release moved to Tuesday", actor=w.people["bob"])
+    item = await first_item(api, w.tokens["ann"], chat)
+    model_server.script("learn", learn(fact_call("The release is on Tuesday.", item, topics=("release",))))
+    await confide(api, platform, turn["id"])
+    await complete(api, platform, turn["id"])
+    [x] = await wait_executions(runtime, turn["id"])
+    assert x["status"] == "done"
+    [entry] = (await visible(api, w.tokens["ann"], w.bot)).values()
+    assert f"from:{w.people['bob']}" in entry["tags"] and f"from:{w.people['ann']}" not in entry["tags"]
+    assert f"for:channel:{w.channel}" in entry["tags"] and f"channel:{w.channel}" in entry["tags"]
+    assert list(await visible(api, w.tokens["bob"], w.bot)) == [entry["id"]]
+    assert await visible(api, w.tokens["cat"], w.bot) == {}
+
+
+async def test_observation_cites_an_earlier_call_and_the_context(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    w = await memory_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    turn = await api.turn(w.tokens["ann"], chat, "I like short answers")
+    item = await first_item(api, w.tokens["ann"], chat)
+    model_server.script(
+        "learn",
+        learn(
+            ("add_fact", {"content": "Ann likes short answers", "source_item_ids": [item]}),
+        ),
+    )
+    await confide(api, w.tokens["ann"], turn["id"])
+    await complete(api, w.tokens["ann"], turn["id"])
+    await wait_executions(runtime, turn["id"])
+    [first] = await visible(api, w.tokens["ann"], w.bot)
+    # Second Turn: the context lists the kept entry; an observation cites it and a new fact (by call id).
+    turn2 = await api.turn(w.tokens["ann"], chat, "and no emojis please")
+    item2 = await first_item(api, w.tokens["ann"], chat)
+    reply = learn(
+        ("add_fact", {"content": "Ann wants no emojis", "source_item_ids": [item2]}),
+        (
+            "add_observation",
+            {
+                "content": "Ann prefers terse plain text",
+                "source_entry_ids": [first, "call_fact"],
+                "confidence": 0.7,
+                "topics": ["style"],
+            },
+        ),
+    )
+    reply.tool_calls[0].id = "call_fact"
+    model_server.script("learn", reply)
+    await confide(api, w.tokens["ann"], turn2["id"])
+    await complete(api, w.tokens["ann"], turn2["id"])
+    [x] = await wait_executions(runtime, turn2["id"])
+    assert x["status"] == "done", x.get("error")
+    request = model_server.requests_for("learn")[-1]
+    kept = json.loads(request.body["messages"][1]["content"])["keptEntries"]
+    assert [e["id"] for e in kept] == [first] and kept[0]["content"] == "Ann likes short answers"
+    seen = await visible(api, w.tokens["ann"], w.bot)
+    [obs] = [e for e in seen.values() if e["layer"] == "observation"]
+    assert obs["confidence"] == 0.7 and "style" in obs["tags"]
+    assert {s["entry"] for s in obs["sources"]} == {
+        first,
+        next(i for i, e in seen.items() if e["content"] == "Ann wants no emojis"),
+    }
+
+
+async def test_nothing_to_learn_moves_the_read_position(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    w = await memory_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    turn = await api.turn(w.tokens["ann"], chat, "hello")
+    model_server.script("learn", Reply(text="nothing here"))
+    await confide(api, w.tokens["ann"], turn["id"])
+    await complete(api, w.tokens["ann"], turn["id"])
+    [x] = await wait_executions(runtime, turn["id"])
+    assert x["status"] == "done" and x["learned"] == 0
+    assert await position(runtime, w.bot, chat) == 1
+    assert await memory_bot_changes(runtime, w.bot) == []
+
+
+async def test_a_bot_that_never_confides_learns_nothing(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    w = await memory_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    turn = await api.turn(w.tokens["ann"], chat, "remember that I am vegetarian")
+    await complete(api, w.tokens["ann"], turn["id"])
+    records, _, _ = await runtime.driver.execute_query(
+        "MATCH (x:LearningExecution {turnId: $t}) RETURN count(x) AS n", t=turn["id"]
+    )
+    assert records[0]["n"] == 0
+    assert model_server.requests_for("learn") == []
+
+
+async def test_bot_memory_off_answers_and_learns_nothing(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    w = await memory_world(api, ("ann",))
+    await set_org(api, w.org, bot_memory=False)
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    turn = await api.turn(w.tokens["ann"], chat, "I am allergic to nuts")
+    model_server.script("confide", Reply(text="Thank you. Carry on."))
+    assert await confide(api, w.tokens["ann"], turn["id"]) == "Thank you. Carry on."
+    await complete(api, w.tokens["ann"], turn["id"])
+    records, _, _ = await runtime.driver.execute_query(
+        "MATCH (x:LearningExecution {turnId: $t}) RETURN count(x) AS n", t=turn["id"]
+    )
+    assert records[0]["n"] == 0
+
+
+async def test_bot_memory_switched_off_while_waiting_skips(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    """`botMemory` is read again when the execution runs (D9.12)."""
+    w = await memory_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    turn = await api.turn(w.tokens["ann"], chat, "I am allergic to nuts")
+    item = await first_item(api, w.tokens["ann"], chat)
+    model_server.default("learn", learn(fact_call("Ann is allergic to nuts", item)))
+    await confide(api, w.tokens["ann"], turn["id"])
+    await set_org(api, w.org, bot_memory=False)
+    await complete(api, w.tokens["ann"], turn["id"])
+    [x] = await wait_executions(runtime, turn["id"])
+    assert x["status"] == "skipped"
+    assert model_server.requests_for("learn") == []
+    await set_org(api, w.org, bot_memory=True)
+    assert await visible(api, w.tokens["ann"], w.bot) == {}
+
+
+async def test_model_null_gives_the_fixed_calm_answer_and_learns_nothing(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    w = await memory_world(api, ("ann",), model=None)
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    turn = await api.turn(w.tokens["ann"], chat, "hi")
+    answer = await confide(api, w.tokens["ann"], turn["id"])
+    assert answer.startswith("Thank you for telling me.")
+    await complete(api, w.tokens["ann"], turn["id"])
+    assert model_server.requests == []
+    records, _, _ = await runtime.driver.execute_query(
+        "MATCH (x:LearningExecution {turnId: $t}) RETURN count(x) AS n", t=turn["id"]
+    )
+    assert records[0]["n"] == 0
+
+
+async def test_review_chats_have_no_confide(api: Api, model_server: ModelServer) -> None:
+    w = await memory_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot, review=True)
+    turn = await api.turn(w.tokens["ann"], chat, "review this")
+    codes = await api.codes(
+        'mutation($t: ID!) { confide(turnId: $t, text: "hm") { answer } }', {"t": turn["id"]}, w.tokens["ann"]
+    )
+    assert codes == ["REVIEW_CHAT"]
+    assert model_server.requests == []
+
+
+async def test_the_turn_idle_timeout_counts_as_completed(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    """An unfinished Turn counts as completed after the idle timeout (D9.11; 4 s in the suite)."""
+    w = await memory_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    turn = await api.turn(w.tokens["ann"], chat, "I work from Lisbon")
+    item = await first_item(api, w.tokens["ann"], chat)
+    model_server.script("learn", learn(fact_call("Ann works from Lisbon", item)))
+    await confide(api, w.tokens["ann"], turn["id"])
+    [x] = await wait_executions(runtime, turn["id"], within=15)
+    assert x["status"] == "done"
+    assert [e["content"] for e in (await visible(api, w.tokens["ann"], w.bot)).values()] == [
+        "Ann works from Lisbon"
+    ]
+
+
+async def test_instructions_reach_every_request(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    w = await memory_world(api, ("ann",))
+    rule = "Decisions of the team may be shared with the team. Marker-7731."
+    response = await api.http.patch(
+        f"/v1/bots/{w.bot}/memory/bot",
+        json={"expected": 0, "instructions": rule},
+        headers={"Authorization": f"Bearer {w.tokens['ann']}"},
+    )
+    assert response.status_code == 200, response.text
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    turn = await api.turn(w.tokens["ann"], chat, "hello")
+    await confide(api, w.tokens["ann"], turn["id"])
+    await complete(api, w.tokens["ann"], turn["id"])
+    await wait_executions(runtime, turn["id"])
+    tasks = [r.task for r in model_server.requests]
+    assert tasks == ["confide", "learn"]
+    for request in model_server.requests:
+        assert rule in request.body["messages"][0]["content"]
