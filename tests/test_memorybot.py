@@ -1,0 +1,509 @@
+"""The memory Bot's settings (C3, D9.13), budget (L6, D9.12), model calls (C5, §7), confide
+deadlines (L1, D9.11) and confessions (D9.6), end to end on the real stack."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+from botmemory.model import FIXED_CALM_ANSWER, Gateway, Route, StepKey
+from botmemory.runtime import Runtime
+from botmemory.settings import Settings
+from tests.client import Api
+from tests.conftest import ApiProcess, WorkerProcess
+from tests.learning_helpers import (
+    complete,
+    confide,
+    fact_call,
+    learn,
+    memory_world,
+    position,
+    set_org,
+    wait_executions,
+)
+from tests.memory_helpers import command, fact, said
+from tests.model_server import ModelServer, Reply
+
+
+@pytest.fixture(autouse=True)
+def _learning(worker_process: WorkerProcess, model_server: ModelServer) -> None:
+    if worker_process.proc.poll() is not None:
+        worker_process.restart()
+    worker_process.wait_ready()
+    model_server.reset()
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+async def settings_of(api: Api, token: str, bot: str) -> dict[str, Any]:
+    response = await api.http.get(f"/v1/bots/{bot}/memory/bot", headers=bearer(token))
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+async def patch(api: Api, token: str, bot: str, body: Any) -> Any:
+    return await api.http.patch(f"/v1/bots/{bot}/memory/bot", json=body, headers=bearer(token))
+
+
+async def model_calls(rt: Runtime, bot: str) -> list[dict[str, Any]]:
+    records, _, _ = await rt.driver.execute_query(
+        "MATCH (c:ModelCall {botId: $b}) RETURN c {.*} AS c ORDER BY c.at", b=bot
+    )
+    return [dict(r["c"]) for r in records]
+
+
+# Settings ---------------------------------------------------------------------------------
+
+
+async def test_settings_patch_with_expected_version(api: Api) -> None:
+    w = await memory_world(api, ("ann",))
+    assert await settings_of(api, w.tokens["ann"], w.bot) == {
+        "version": 0,
+        "instructions": None,
+        "concurrency": None,
+        "budget": None,
+    }
+    body = {
+        "expected": 0,
+        "instructions": "Decisions of the team may be shared with the team.",
+        "concurrency": 2,
+        "budget": {"period": "month", "limitMicros": 5000000},
+    }
+    response = await patch(api, w.tokens["ann"], w.bot, body)
+    assert response.status_code == 200, response.text
+    assert response.json()["version"] == 1
+    # The same expected again: the settings moved, nothing changes (C3).
+    stale = await patch(api, w.tokens["ann"], w.bot, {"expected": 0, "concurrency": 5})
+    assert stale.status_code == 409 and stale.json()["error"]["code"] == "CONFLICT"
+    got = await settings_of(api, w.tokens["ann"], w.bot)
+    assert got["concurrency"] == 2 and got["budget"] == {"period": "month", "limitMicros": 5000000}
+    assert got["spent"] == {"micros": 0, "unknownCalls": 0}
+    # Absent fields stay; null removes a limit.
+    response = await patch(api, w.tokens["ann"], w.bot, {"expected": 1, "budget": None, "concurrency": None})
+    assert response.json() == {
+        "version": 2,
+        "instructions": "Decisions of the team may be shared with the team.",
+        "concurrency": None,
+        "budget": None,
+    }
+    # The same through GraphQL.
+    data = await api.gql(
+        "mutation($b: ID!) { updateMemoryBot(botId: $b, expected: 2, concurrency: 3,"
+        ' budget: {period: "day", limitMicros: 7}) { version concurrency budget { period limitMicros } } }',
+        {"b": w.bot},
+        w.tokens["ann"],
+    )
+    assert data["updateMemoryBot"] == {
+        "version": 3,
+        "concurrency": 3,
+        "budget": {"period": "day", "limitMicros": 7},
+    }
+    codes = await api.codes(
+        "mutation($b: ID!) { updateMemoryBot(botId: $b, expected: 2, concurrency: 4) { version } }",
+        {"b": w.bot},
+        w.tokens["ann"],
+    )
+    assert codes == ["CONFLICT"]
+    data = await api.gql(
+        "query($b: ID!) { memoryBot(botId: $b) { version concurrency } }", {"b": w.bot}, w.tokens["ann"]
+    )
+    assert data["memoryBot"] == {"version": 3, "concurrency": 3}
+
+
+async def test_settings_need_write_on_a_bot_that_is_not_linked(api: Api) -> None:
+    w = await memory_world(api, ("ann", "bob"))
+    await api.grant(w.bot, w.people["bob"], "READ")
+    other = await api.organization("linked-org")
+    eve, eve_token = await api.person(other, "eve")
+    await api.admin(
+        "mutation($b: ID!, $o: ID!) { linkBot(botId: $b, organizationId: $o) { id } }",
+        {"b": w.bot, "o": other},
+    )
+    await api.grant(w.bot, eve, "WRITE")
+    stranger_org = await api.organization("stranger")
+    _, stranger = await api.person(stranger_org, "sam")
+    for token, status in ((w.tokens["bob"], 403), (eve_token, 403), (stranger, 404)):
+        got = await api.http.get(f"/v1/bots/{w.bot}/memory/bot", headers=bearer(token))
+        assert got.status_code == status, got.text
+        changed = await patch(api, token, w.bot, {"expected": 0, "concurrency": 1})
+        assert changed.status_code == status
+    assert (await settings_of(api, w.tokens["ann"], w.bot))["version"] == 0
+    assert (await api.http.get(f"/v1/bots/{w.bot}/memory/bot")).status_code == 401
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"concurrency": 1}, "expected"),
+        ({"expected": "0"}, "expected"),
+        ({"expected": 0, "concurrency": 0}, "concurrency"),
+        ({"expected": 0, "concurrency": True}, "concurrency"),
+        ({"expected": 0, "budget": {"period": "week", "limitMicros": 1}}, "budget.period"),
+        ({"expected": 0, "budget": {"period": "day", "limitMicros": -1}}, "budget.limitMicros"),
+        ({"expected": 0, "budget": {"period": "day"}}, "budget"),
+        ({"expected": 0, "instructions": 5}, "instructions"),
+        ({"expected": 0, "instructions": "x" * 9000}, "instructions"),
+        ({"expected": 0, "colour": "red"}, "colour"),
+    ],
+)
+async def test_bad_settings_are_refused_and_change_nothing(
+    api: Api, body: dict[str, Any], field: str
+) -> None:
+    w = await memory_world(api, ("ann",))
+    response = await patch(api, w.tokens["ann"], w.bot, body)
+    assert response.status_code == 422, response.text
+    assert response.json()["error"]["code"] == "BAD_INPUT"
+    assert (await settings_of(api, w.tokens["ann"], w.bot))["version"] == 0
+    malformed = await api.http.patch(
+        f"/v1/bots/{w.bot}/memory/bot", content=b"{not json", headers=bearer(w.tokens["ann"])
+    )
+    assert malformed.status_code == 422
+
+
+# Budget and usage -------------------------------------------------------------------------
+
+
+async def test_spent_budget_gives_the_calm_answer_and_learning_waits_for_a_raised_limit(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    w = await memory_world(api, ("ann",))
+    # One call of the scripted model costs 20 micro-USD (10 + 5 tokens at the test price).
+    assert (
+        await patch(
+            api, w.tokens["ann"], w.bot, {"expected": 0, "budget": {"period": "day", "limitMicros": 20}}
+        )
+    ).status_code == 200
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    turn = await api.turn(w.tokens["ann"], chat, "I moved to Berlin")
+    model_server.script("confide", Reply(text="Noted, carry on calmly."))
+    assert await confide(api, w.tokens["ann"], turn["id"]) == "Noted, carry on calmly."
+    assert (await settings_of(api, w.tokens["ann"], w.bot))["spent"] == {"micros": 20, "unknownCalls": 0}
+    # Spent: the fixed calm answer without a call; learning waits (not lost).
+    assert await confide(api, w.tokens["ann"], turn["id"], "again") == FIXED_CALM_ANSWER
+    model_server.default("learn", learn(fact_call("Ann lives in Berlin", "i-1")))
+    await complete(api, w.tokens["ann"], turn["id"])
+    waiting = await wait_executions(runtime, turn["id"], ("budget",))
+    assert len(waiting) == 2
+    await asyncio.sleep(1)  # sweeps pass; still waiting while spent
+    assert {x["status"] for x in await wait_executions(runtime, turn["id"], ("budget",))} == {"budget"}
+    assert [r.task for r in model_server.requests] == ["confide"]
+    assert await position(runtime, w.bot, chat) == 0
+    # A PATCH that raises the limit releases them (D9.12); the evidence is applied once.
+    raised = await patch(
+        api, w.tokens["ann"], w.bot, {"expected": 1, "budget": {"period": "day", "limitMicros": 1000}}
+    )
+    assert raised.status_code == 200
+    done = await wait_executions(runtime, turn["id"])
+    assert sorted(x["status"] for x in done) == ["done", "done"]
+    assert sum(x["learned"] for x in done) == 1
+    assert await position(runtime, w.bot, chat) == 1
+
+
+async def test_learning_waiting_for_budget_resumes_next_period(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    w = await memory_world(api, ("ann",))
+    assert (
+        await patch(
+            api, w.tokens["ann"], w.bot, {"expected": 0, "budget": {"period": "month", "limitMicros": 20}}
+        )
+    ).status_code == 200
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    turn = await api.turn(w.tokens["ann"], chat, "I moved to Berlin")
+    await confide(api, w.tokens["ann"], turn["id"])  # spends the month's budget
+    model_server.default("learn", learn(fact_call("Ann lives in Berlin", "i-1")))
+    await complete(api, w.tokens["ann"], turn["id"])
+    await wait_executions(runtime, turn["id"], ("budget",))
+    # The calendar moves on: this month's spend becomes last month's (UTC periods).
+    await runtime.driver.execute_query(
+        "MATCH (s:Spend {botId: $b}) WHERE s.period STARTS WITH 'month:' "
+        "SET s.period = 'month:2000-01', s.key = s.botId + '|month:2000-01|' + s.org",
+        b=w.bot,
+    )
+    [x] = await wait_executions(runtime, turn["id"], within=10)
+    assert x["status"] == "done" and x["learned"] == 1
+
+
+async def test_missing_usage_is_recorded_unknown_and_not_charged(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    w = await memory_world(api, ("ann",))
+    await patch(
+        api, w.tokens["ann"], w.bot, {"expected": 0, "budget": {"period": "day", "limitMicros": 1000}}
+    )
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    turn = await api.turn(w.tokens["ann"], chat, "hello")
+    model_server.script(
+        "confide", Reply(text="Thank you.", usage=None), Reply(text="Thanks again.", usage=(100, 50))
+    )
+    await confide(api, w.tokens["ann"], turn["id"])
+    await confide(api, w.tokens["ann"], turn["id"])
+    assert (await settings_of(api, w.tokens["ann"], w.bot))["spent"] == {"micros": 200, "unknownCalls": 1}
+    first, second = await model_calls(runtime, w.bot)
+    assert first["usageKnown"] is False and first.get("costMicros") is None and first["status"] == "ok"
+    assert second["usageKnown"] is True and second["costMicros"] == 200
+    assert (second["promptTokens"], second["completionTokens"]) == (100, 50)
+    # Saved encrypted with its attempts (C5, E1).
+    assert isinstance(first["request"], bytes) and b"hello" not in first["request"]
+    assert first["attempts"] == 1 and first["attemptLog"][0].startswith("ok:")
+
+
+async def test_a_shared_bot_uses_the_model_and_budget_of_the_chats_organization(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    w = await memory_world(api, ("ann",))
+    guest_org = await api.organization("guest")
+    await set_org(api, guest_org, model="guest-model")
+    await api.admin(
+        "mutation($b: ID!, $o: ID!) { linkBot(botId: $b, organizationId: $o) { id } }",
+        {"b": w.bot, "o": guest_org},
+    )
+    gus, gus_token = await api.person(guest_org, "gus")
+    await api.grant(w.bot, gus, "WRITE")
+    chat = await api.chat(gus_token, w.bot)
+    turn = await api.turn(gus_token, chat, "hi")
+    await confide(api, gus_token, turn["id"])
+    [request] = model_server.requests_for("confide")
+    assert request.body["model"] == "guest-model"
+    [call] = await model_calls(runtime, w.bot)
+    assert call["org"] == guest_org and call["model"] == "guest-model"
+    records, _, _ = await runtime.driver.execute_query(
+        "MATCH (s:Spend {botId: $b}) RETURN collect(DISTINCT s.org) AS orgs", b=w.bot
+    )
+    assert records[0]["orgs"] == [guest_org]
+
+
+# Retries and failures ---------------------------------------------------------------------
+
+
+async def test_provider_errors_are_retried_then_fail_safely(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    w = await memory_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    turn = await api.turn(w.tokens["ann"], chat, "I moved to Berlin")
+    model_server.script("learn", Reply(status=500), Reply(status=503), Reply(status=500))
+    await confide(api, w.tokens["ann"], turn["id"])
+    await complete(api, w.tokens["ann"], turn["id"])
+    [x] = await wait_executions(runtime, turn["id"])
+    assert (x["status"], x["error"]) == ("failed", "model:provider_error")
+    assert len(model_server.requests_for("learn")) == 3
+    call = next(c for c in await model_calls(runtime, w.bot) if c["task"] == "learn")
+    assert call["attempts"] == 3 and call["status"] == "provider_error" and call.get("result") is None
+    assert [a.split(":")[0] for a in call["attemptLog"]] == ["status-500", "status-503", "status-500"]
+    assert await position(runtime, w.bot, chat) == 0
+    # A retry that succeeds is one call with two attempts.
+    turn2 = await api.turn(w.tokens["ann"], chat, "and I like jazz")
+    model_server.script("learn", Reply(status=502), learn(fact_call("Ann lives in Berlin", "i-1")))
+    await confide(api, w.tokens["ann"], turn2["id"])
+    await complete(api, w.tokens["ann"], turn2["id"])
+    [y] = await wait_executions(runtime, turn2["id"])
+    assert y["status"] == "done"
+    last = [c for c in await model_calls(runtime, w.bot) if c["task"] == "learn"][-1]
+    assert last["attempts"] == 2 and last["status"] == "ok"
+
+
+async def test_a_step_over_its_deadline_fails_safely(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    """C6: timeouts are retried within the step deadline (4 s in the suite), then a safe failure."""
+    w = await memory_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    turn = await api.turn(w.tokens["ann"], chat, "I moved to Berlin")
+    model_server.default("learn", Reply(delay=10, text="too late"))
+    await confide(api, w.tokens["ann"], turn["id"])
+    started = time.monotonic()
+    await complete(api, w.tokens["ann"], turn["id"])
+    [x] = await wait_executions(runtime, turn["id"], within=15)
+    elapsed = time.monotonic() - started
+    assert (x["status"], x["error"]) == ("failed", "model:timeout")
+    assert elapsed < 6, elapsed
+    assert len(model_server.requests_for("learn")) >= 2
+    assert await position(runtime, w.bot, chat) == 0
+
+
+async def test_streamed_calls_ask_for_usage(
+    runtime: Runtime, settings: Settings, model_server: ModelServer, api: Api
+) -> None:
+    w = await memory_world(api, ("ann",))
+    priced = Settings.model_validate(
+        {
+            **settings.model_dump(),
+            "openai_base_url": model_server.base_url,
+            "model_prices": {"test-model": {"input": 1_000_000, "output": 2_000_000}},
+        }
+    )
+    gateway = Gateway(priced)
+    records, _, _ = await runtime.driver.execute_query(
+        "MATCH (b:Bot {id: $b}) RETURN b.keyMaster AS m, b.keyWrapped AS k", b=w.bot
+    )
+    route = Route(
+        w.bot,
+        w.org,
+        "test-model",
+        True,
+        None,
+        None,
+        None,
+        None,
+        runtime.cipher(w.bot, records[0]["m"], records[0]["k"]),
+    )
+    model_server.script("stream", Reply(text="streamed answer", usage=(7, 3)))
+    try:
+        done = await gateway.complete(
+            runtime,
+            route,
+            task="stream",
+            body={"messages": [{"role": "user", "content": "hi"}]},
+            deadline=time.monotonic() + 5,
+            stream=True,
+            step=StepKey("exec_test", 0, 1, "h"),
+        )
+    finally:
+        await gateway.close()
+    assert (done.text, done.usage) == ("streamed answer", (7, 3))
+    [request] = model_server.requests_for("stream")
+    assert request.body["stream"] is True and request.body["stream_options"] == {"include_usage": True}
+    [call] = await model_calls(runtime, w.bot)
+    assert call["costMicros"] == 7 + 6 and call["usageKnown"] is True
+
+
+# Confide and confessions ------------------------------------------------------------------
+
+
+async def test_confide_draws_only_on_what_every_reader_may_see(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    w = await memory_world(api, ("ann", "bob"), channel=("ann", "bob"))
+    private_chat = await api.chat(w.tokens["ann"], w.bot)
+    private = await fact(
+        runtime,
+        w.bot,
+        "Ann is planning a surprise party",
+        await said(api, w.tokens["ann"], private_chat, "party"),
+    )
+    group_chat = await api.chat(w.tokens["ann"], w.bot, channel=w.channel)
+    shared = await fact(
+        runtime, w.bot, "The team deploys on Fridays", await said(api, w.tokens["bob"], group_chat, "fridays")
+    )
+    turn = await api.turn(w.tokens["ann"], group_chat, "deploy please")
+    model_server.script("confide", Reply(text="You can fix it. Tell them plainly."))
+    await confide(api, w.tokens["ann"], turn["id"], "I deployed on a Thursday by mistake.")
+    [request] = model_server.requests_for("confide")
+    system = request.body["messages"][0]["content"]
+    assert "The team deploys on Fridays" in system
+    assert "surprise party" not in str(request.body)
+    [confession] = (
+        await api.http.get(f"/v1/chats/{group_chat}/confessions", headers=bearer(w.tokens["ann"]))
+    ).json()["confessions"]
+    assert confession["text"] == "I deployed on a Thursday by mistake."
+    assert confession["answer"] == "You can fix it. Tell them plainly."
+    assert confession["entryIds"] == [shared] and private not in confession["entryIds"]
+    # Owner only (D9.6): Bob is a member of the group chat but not its owner.
+    other = await api.http.get(f"/v1/chats/{group_chat}/confessions", headers=bearer(w.tokens["bob"]))
+    assert other.status_code == 404
+    assert await api.codes(
+        "query($c: ID!) { confessions(chatId: $c) { id } }", {"c": group_chat}, w.tokens["bob"]
+    ) == ["NOT_FOUND"]
+    # No memory vocabulary in the request the memory Bot makes for the answer (D9.16).
+    assert "memory" not in system.lower()
+
+
+async def test_confession_answers_are_revalidated_on_every_read(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    w = await memory_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    entry = await fact(
+        runtime, w.bot, "Ann prefers mornings", await said(api, w.tokens["ann"], chat, "mornings")
+    )
+    turn = await api.turn(w.tokens["ann"], chat, "book a call")
+    model_server.script("confide", Reply(text="Calm down, pick a morning slot."))
+    await confide(api, w.tokens["ann"], turn["id"], "I booked an evening call.")
+    data = await api.gql(
+        "query($c: ID!) { confessions(chatId: $c) { text answer entryIds answeredBy } }",
+        {"c": chat},
+        w.tokens["ann"],
+    )
+    assert data["confessions"] == [
+        {
+            "text": "I booked an evening call.",
+            "answer": "Calm down, pick a morning slot.",
+            "entryIds": [entry],
+            "answeredBy": "model",
+        }
+    ]
+    assert (await command(api, w.tokens["ann"], w.bot, {"_tag": "Forget", "id": entry})).status_code == 200
+    data = await api.gql(
+        "query($c: ID!) { confessions(chatId: $c) { text answer entryIds } }", {"c": chat}, w.tokens["ann"]
+    )
+    assert data["confessions"] == [{"text": "I booked an evening call.", "answer": None, "entryIds": []}]
+
+
+async def test_an_answer_with_memory_words_is_replaced_by_the_calm_answer(
+    api: Api, model_server: ModelServer
+) -> None:
+    w = await memory_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    turn = await api.turn(w.tokens["ann"], chat, "hi")
+    model_server.script("confide", Reply(text="From my memory of you, that is fine."))
+    assert await confide(api, w.tokens["ann"], turn["id"]) == FIXED_CALM_ANSWER
+
+
+async def test_the_wait_for_a_free_slot_counts_toward_the_deadline(
+    api: Api, model_server: ModelServer
+) -> None:
+    """concurrency 1: the second confide waits for the slot past its deadline (3 s in the suite)."""
+    w = await memory_world(api, ("ann",))
+    await patch(api, w.tokens["ann"], w.bot, {"expected": 0, "concurrency": 1})
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    turn = await api.turn(w.tokens["ann"], chat, "hi")
+    model_server.default("confide", Reply(text="late", delay=10))
+    started = time.monotonic()
+    first = asyncio.create_task(confide(api, w.tokens["ann"], turn["id"], "first"))
+    await model_server.wait_for_requests("confide", 1)
+    second = await confide(api, w.tokens["ann"], turn["id"], "second")
+    assert second == FIXED_CALM_ANSWER
+    assert await first == FIXED_CALM_ANSWER
+    assert time.monotonic() - started < 4.5
+    assert all(r.body["messages"][1]["content"] == "first" for r in model_server.requests_for("confide"))
+
+
+async def test_confide_answers_within_the_real_15_seconds(
+    settings: Settings, service_env: dict[str, str], model_server: ModelServer, api: Api
+) -> None:
+    """The one test at the real deadline (D9.11): a model that never answers → the calm answer at 15 s."""
+    real = ApiProcess(
+        settings,
+        settings.data_dir / "logs" / "pytest-api-15s.log",
+        {
+            **service_env,
+            "BOTMEMORY_ANSWER_DEADLINE_SECONDS": "15",
+            "BOTMEMORY_MODEL_ATTEMPT_TIMEOUT_SECONDS": "60",
+        },
+    )
+    try:
+        w = await memory_world(api, ("ann",))
+        chat = await api.chat(w.tokens["ann"], w.bot)
+        turn = await api.turn(w.tokens["ann"], chat, "hi")
+        model_server.default("confide", Reply(text="far too late", delay=40))
+        async with __import__("httpx").AsyncClient(base_url=real.url, timeout=30) as http:
+            started = time.monotonic()
+            response = await http.post(
+                "/graphql",
+                json={
+                    "query": 'mutation($t: ID!) { confide(turnId: $t, text: "stuck") { answer } }',
+                    "variables": {"t": turn["id"]},
+                },
+                headers=bearer(w.tokens["ann"]),
+            )
+            elapsed = time.monotonic() - started
+        assert response.json()["data"]["confide"]["answer"] == FIXED_CALM_ANSWER
+        assert 14.0 <= elapsed <= 15.5, elapsed
+    finally:
+        real.stop()
