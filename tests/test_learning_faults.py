@@ -1,0 +1,192 @@
+"""Fault injection on the real processes (C4, C5, D9.9): kill -9 and SIGSTOP of workers and the
+API never lose work and never apply the same evidence twice."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from botmemory.runtime import Runtime
+from botmemory.settings import Settings
+from tests.client import Api
+from tests.conftest import SHORT_DEADLINES, ApiProcess, WorkerProcess
+from tests.learning_helpers import (
+    complete,
+    confide,
+    executions,
+    fact_call,
+    learn,
+    memory_bot_changes,
+    memory_world,
+    wait_executions,
+)
+from tests.memory_helpers import visible
+from tests.model_server import ModelServer
+
+LEASE = float(SHORT_DEADLINES["BOTMEMORY_LEASE_SECONDS"])
+POLL = float(SHORT_DEADLINES["BOTMEMORY_SWEEP_INTERVAL_SECONDS"])
+
+
+@pytest.fixture(autouse=True)
+def _learning(worker_process: WorkerProcess, model_server: ModelServer) -> Iterator[None]:
+    if worker_process.proc.poll() is not None:
+        worker_process.restart()
+    worker_process.wait_ready()
+    model_server.reset()
+    yield
+    if worker_process.proc.poll() is not None:  # leave a live worker for the next test
+        worker_process.restart()
+        worker_process.wait_ready()
+
+
+@pytest.fixture
+def second_worker(settings: Settings, service_env: dict[str, str]) -> Iterator[WorkerProcess]:
+    worker = WorkerProcess(settings.data_dir / "logs" / "pytest-worker-2.log", service_env)
+    yield worker
+    if worker.proc.poll() is None:
+        os.kill(worker.proc.pid, signal.SIGCONT)
+    worker.stop()
+
+
+async def saved_learn_calls(rt: Runtime, bot: str) -> int:
+    records, _, _ = await rt.driver.execute_query(
+        "MATCH (c:ModelCall {botId: $b, task: 'learn', status: 'ok'}) RETURN count(c) AS n", b=bot
+    )
+    return int(records[0]["n"])
+
+
+async def test_worker_killed_after_the_model_call_recovers_without_calling_again(
+    api: Api, runtime: Runtime, model_server: ModelServer, worker_process: WorkerProcess
+) -> None:
+    w = await memory_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    turn = await api.turn(w.tokens["ann"], chat, "I speak Portuguese")
+    model_server.default(
+        "learn", learn(fact_call("Ann speaks Portuguese", "i-1", topics=("languages",)), delay=1.0)
+    )
+    await confide(api, w.tokens["ann"], turn["id"])
+    await complete(api, w.tokens["ann"], turn["id"])
+    await model_server.wait_for_requests("learn", 1)
+    # While the model answers, lock the execution node: the worker then saves its ModelCall (C5)
+    # and stops inside its commit transaction, which locks the execution for the compare-and-set.
+    async with runtime.driver.session() as session:
+        blocker = await session.begin_transaction()
+        await blocker.run(
+            "MATCH (x:LearningExecution {turnId: $t}) CALL apoc.lock.nodes([x]) RETURN 1", t=turn["id"]
+        )
+        deadline = time.monotonic() + 15
+        while await saved_learn_calls(runtime, w.bot) == 0:
+            assert time.monotonic() < deadline, "the worker never saved its model call"
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.3)  # now it waits for the lock inside apply_changes
+        worker_process.kill()
+        killed = time.monotonic()
+        await blocker.rollback()
+    [x] = await executions(runtime, turn["id"])
+    assert x["status"] == "running" and x["epoch"] == 0
+    worker_process.restart()
+    worker_process.wait_ready()
+    started = time.monotonic() - killed
+    [x] = await wait_executions(runtime, turn["id"], within=20)
+    finished = time.monotonic() - killed
+    assert x["status"] == "done" and x["epoch"] >= 1 and x["learned"] == 1
+    # Within the lease plus two sweeps of the restarted worker (its start-up time aside).
+    assert finished <= max(LEASE, started) + 2 * POLL + 1.0, (started, finished)
+    assert len(model_server.requests_for("learn")) == 1  # the saved result was reused
+    assert await saved_learn_calls(runtime, w.bot) == 1
+    assert len(await memory_bot_changes(runtime, w.bot)) == 1
+    assert [e["content"] for e in (await visible(api, w.tokens["ann"], w.bot)).values()] == [
+        "Ann speaks Portuguese"
+    ]
+
+
+async def test_api_killed_between_confide_and_completion_loses_nothing(
+    api: Api, runtime: Runtime, settings: Settings, service_env: dict[str, str], model_server: ModelServer
+) -> None:
+    w = await memory_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    turn = await api.turn(w.tokens["ann"], chat, "My daughter is called Rita")
+    doomed = ApiProcess(settings, settings.data_dir / "logs" / "pytest-api-doomed.log", service_env)
+    try:
+        import httpx
+
+        async with httpx.AsyncClient(base_url=doomed.url, timeout=30) as http:
+            response = await http.post(
+                "/graphql",
+                json={
+                    "query": 'mutation($t: ID!) { confide(turnId: $t, text: "I forgot her name") { answer } }',
+                    "variables": {"t": turn["id"]},
+                },
+                headers={"Authorization": f"Bearer {w.tokens['ann']}"},
+            )
+            assert response.json()["data"]["confide"]["answer"]
+    finally:
+        doomed.proc.kill()
+        doomed.proc.wait(timeout=10)
+        doomed.stop()
+    [x] = await executions(runtime, turn["id"])
+    assert x["status"] == "waiting"
+    model_server.script("learn", learn(fact_call("Ann's daughter is Rita", "i-1")))
+    await complete(api, w.tokens["ann"], turn["id"])
+    [x] = await wait_executions(runtime, turn["id"])
+    assert x["status"] == "done" and x["learned"] == 1
+    confessions = await api.http.get(
+        f"/v1/chats/{chat}/confessions", headers={"Authorization": f"Bearer {w.tokens['ann']}"}
+    )
+    assert [c["text"] for c in confessions.json()["confessions"]] == ["I forgot her name"]
+
+
+async def test_a_stopped_worker_past_its_lease_never_commits_after_the_takeover(
+    api: Api,
+    runtime: Runtime,
+    model_server: ModelServer,
+    worker_process: WorkerProcess,
+    second_worker: WorkerProcess,
+) -> None:
+    second_worker.kill()  # only the first worker may take the job
+    w = await memory_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    turn = await api.turn(w.tokens["ann"], chat, "I drink my coffee black")
+    model_server.default("learn", learn(fact_call("Ann drinks black coffee", "i-1"), delay=0.8))
+    await confide(api, w.tokens["ann"], turn["id"])
+    await complete(api, w.tokens["ann"], turn["id"])
+    await model_server.wait_for_requests("learn", 1)
+    os.kill(worker_process.proc.pid, signal.SIGSTOP)  # mid-call, holding the lease of epoch 0
+    try:
+        second_worker.restart()
+        second_worker.wait_ready()
+        [x] = await wait_executions(runtime, turn["id"], within=20)
+        assert x["status"] == "done" and x["epoch"] >= 1
+    finally:
+        os.kill(worker_process.proc.pid, signal.SIGCONT)
+    await asyncio.sleep(LEASE + 1)  # the first worker wakes up, gets its answer and tries to commit
+    [x] = await executions(runtime, turn["id"])
+    assert x["status"] == "done" and x["learned"] == 1
+    assert len(await memory_bot_changes(runtime, w.bot)) == 1
+    assert [e["content"] for e in (await visible(api, w.tokens["ann"], w.bot)).values()] == [
+        "Ann drinks black coffee"
+    ]
+
+
+async def test_two_workers_racing_on_the_same_evidence_apply_it_once(
+    api: Api, runtime: Runtime, model_server: ModelServer, second_worker: WorkerProcess
+) -> None:
+    second_worker.wait_ready()
+    w = await memory_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    turn = await api.turn(w.tokens["ann"], chat, "I run marathons")
+    model_server.default("learn", learn(fact_call("Ann runs marathons", "i-1"), delay=0.3))
+    for text in ("one", "two", "three", "four"):
+        await confide(api, w.tokens["ann"], turn["id"], text)
+    await complete(api, w.tokens["ann"], turn["id"])
+    done = await wait_executions(runtime, turn["id"])
+    assert [x["status"] for x in done] == ["done"] * 4
+    assert sum(x["learned"] for x in done) == 1
+    assert len(await memory_bot_changes(runtime, w.bot)) == 1
+    assert len(await visible(api, w.tokens["ann"], w.bot)) == 1
+    assert len(model_server.requests_for("learn")) >= 2  # they did race: several read the same start
