@@ -311,7 +311,9 @@ async def _answer(
                 {"role": "user", "content": text},
             ]
         }
-        completion = await gateway.complete(rt, route, task="confide", body=body, deadline=deadline)
+        completion = await gateway.complete(
+            rt, route, task="confide", body=body, deadline=deadline, entry_ids=known.ids if known else ()
+        )
     finally:
         release()
     answer = (completion.text or "").strip()
@@ -380,7 +382,7 @@ async def confessions(
     out: list[Confession] = []
     for f in found:
         ids = tuple(cast(list[str], f.get("usedEntryIds") or []))
-        sealed: bytes | None = None if f["answer"] is None else bytes(f["answer"])
+        sealed: bytes | None = None if f.get("answer") is None else bytes(f["answer"])
         shown = sealed is not None and set(ids) <= seen
         out.append(
             Confession(

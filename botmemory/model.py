@@ -207,10 +207,13 @@ class Gateway:
         deadline: float,
         step: StepKey | None = None,
         stream: bool = False,
+        entry_ids: tuple[str, ...] = (),
     ) -> Completion:
         """One model call with retries until ``deadline`` (``time.monotonic``), saved with its attempts.
 
-        ``body`` is the chat-completions request without ``model``. Raises ModelUnavailable.
+        ``body`` is the chat-completions request without ``model``; ``entry_ids`` are the entries
+        whose content it embeds (a purge of any of them removes the saved texts, D9.20).
+        Raises ModelUnavailable.
         """
         if route.model is None or self._client is None:
             raise ModelUnavailable("no_model")
@@ -256,7 +259,9 @@ class Gateway:
             result_json = result.json()
             if len(result_json) > self.settings.max_model_answer_bytes:
                 status, result_json = "too_large", None
-        await self._save(rt, route, call_id, task, request, result, result_json, status, attempts, step)
+        await self._save(
+            rt, route, call_id, task, request, result, result_json, status, attempts, step, entry_ids
+        )
         if result is None or result_json is None:
             log.warning("model call %s for %s failed: %s (%s)", call_id, task, status, ",".join(attempts))
             raise ModelUnavailable(status)
@@ -333,6 +338,7 @@ class Gateway:
         status: str,
         attempts: list[str],
         step: StepKey | None,
+        entry_ids: tuple[str, ...],
     ) -> None:
         """The call, encrypted (E1), and its confirmed cost (L6) in one transaction."""
         usage = None if result is None else result.usage
@@ -349,6 +355,7 @@ class Gateway:
             "epoch": None if step is None else step.epoch,
             "step": None if step is None else step.step,
             "requestHash": None if step is None else step.request_hash,
+            "entryIds": list(entry_ids),
             "request": route.cipher.encrypt(REQUEST_KIND, call_id, json.dumps(request)),
             "result": None
             if result_json is None

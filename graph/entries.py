@@ -114,6 +114,24 @@ SET c.payload = null, c.entryIds = [i IN c.entryIds WHERE NOT i IN $ids]
 RETURN count(c) AS n
 """
 
+#: Saved model calls and confession answers that embed purged entries lose their texts (D9.20);
+#: usage and cost stay for the budget.
+PURGE_EMBEDDINGS: Final = """
+CALL (){
+  MATCH (c:ModelCall {botId: $botId})
+  WHERE any(i IN coalesce(c.entryIds, []) + coalesce(c.producedIds, []) WHERE i IN $ids)
+  SET c.request = null, c.result = null, c.purgedAt = timestamp()
+  RETURN count(c) AS calls
+}
+CALL (){
+  MATCH (f:Confession {botId: $botId})
+  WHERE any(i IN f.usedEntryIds WHERE i IN $ids)
+  SET f.answer = null, f.answerPurged = true
+  RETURN count(f) AS answers
+}
+RETURN calls, answers
+"""
+
 #: Current members of channels (index seeks by channel id).
 CHANNEL_MEMBERS: Final = """
 UNWIND $channelIds AS channelId
@@ -212,6 +230,8 @@ async def purge(tx: AsyncManagedTransaction, *, bot_id: str, tag: str) -> list[s
     record = await single(tx, PURGE_ENTRIES, botId=bot_id, tag=tag)
     ids: list[str] = [] if record is None else list(record["ids"])
     await tx.run(PURGE_CHANGES, botId=bot_id, ids=ids)
+    if ids:
+        await tx.run(PURGE_EMBEDDINGS, botId=bot_id, ids=ids)
     await access.compute_labels(tx, bot_id=bot_id, ids=above)
     return ids
 

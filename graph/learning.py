@@ -80,7 +80,8 @@ RETURN coalesce(p.seq, 0) AS seq
 
 #: The commit of one step (C4): a compare-and-set of the epoch and the start position. When both
 #: hold, the position moves to ``$end`` and, on the last step, the execution ends — in the same
-#: transaction as the memory change that ``apply_changes`` writes around it.
+#: transaction as the memory change that ``apply_changes`` writes around it. The step's saved
+#: ModelCall records the entries made from its answer (a purge of them removes it, D9.20).
 COMMIT_STEP: Final = """
 MATCH (x:LearningExecution {id: $id})
 CALL apoc.lock.nodes([x])
@@ -94,6 +95,10 @@ FOREACH (_ IN CASE WHEN mine AND fresh THEN [1] ELSE [] END |
   SET p.seq = $end, p.updatedAt = $now, x.learned = x.learned + $learned)
 FOREACH (_ IN CASE WHEN mine AND fresh AND $final THEN [1] ELSE [] END |
   SET x.status = $status, x.endedAt = $now, x.leaseUntil = null)
+WITH x, p, mine, fresh
+OPTIONAL MATCH (c:ModelCall {id: $callId})
+FOREACH (_ IN CASE WHEN mine AND fresh AND c IS NOT NULL THEN [1] ELSE [] END |
+  SET c.producedIds = coalesce(c.producedIds, []) + $produced)
 RETURN mine, fresh, p.seq AS position
 """
 
@@ -237,10 +242,14 @@ async def commit_step(
     status: str,
     learned: int,
     now: int,
+    call_id: str | None = None,
+    produced: list[str] | None = None,
 ) -> dict[str, Any]:
     record = await single(
         tx,
         COMMIT_STEP,
+        callId=call_id,
+        produced=produced or [],
         id=id,
         epoch=epoch,
         start=start,

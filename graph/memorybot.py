@@ -50,6 +50,7 @@ RETURN coalesce(sum(s.micros), 0) AS micros, coalesce(sum(s.unknownCalls), 0) AS
 SAVE_MODEL_CALL: Final = """
 CREATE (c:ModelCall {id: $id, botId: $botId, org: $org, task: $task, model: $model,
                      executionId: $executionId, epoch: $epoch, step: $step, requestHash: $requestHash,
+                     entryIds: $entryIds,
                      request: $request, result: $result, status: $status, attempts: $attempts,
                      attemptLog: $attemptLog, usageKnown: $usageKnown, promptTokens: $promptTokens,
                      completionTokens: $completionTokens, costMicros: $costMicros, at: $at})

@@ -59,6 +59,14 @@ MIGRATIONS: Final[tuple[tuple[int, tuple[LiteralString, ...]], ...]] = (
             "CREATE INDEX confession_chat IF NOT EXISTS FOR (n:Confession) ON (n.chatId)",
         ),
     ),
+    (
+        4,
+        (
+            # Purge finds the saved model calls and answers that embed a Bot's entries (D9.20).
+            "CREATE INDEX model_call_bot IF NOT EXISTS FOR (n:ModelCall) ON (n.botId)",
+            "CREATE INDEX confession_bot IF NOT EXISTS FOR (n:Confession) ON (n.botId)",
+        ),
+    ),
 )
 
 _UNLABELLED: Final = """

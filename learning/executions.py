@@ -20,7 +20,7 @@ from typing import Any
 
 from neo4j import AsyncManagedTransaction
 
-from botmemory.changes import MemoryChange, apply_changes
+from botmemory.changes import AddFact, AddObservation, MemoryChange, apply_changes
 from botmemory.crypto import Cipher
 from botmemory.errors import ServiceError
 from botmemory.memorybot import MemoryBotSettings, load_route, release_budget_waiting, system_prompt
@@ -167,10 +167,17 @@ class Runner:
             if await self.gateway.budget_spent(self.rt, route):
                 await self._finish(x, "budget", None)  # waits, not lost (L6)
                 return "budget"
-            changes = await self._step(x, route, chat, start, chunk)
+            changes, call_id = await self._step(x, route, chunk, start)
             try:
                 await self._commit(
-                    x, changes, start, end, final=not more, status="done", learned=len(changes)
+                    x,
+                    changes,
+                    start,
+                    end,
+                    final=not more,
+                    status="done",
+                    learned=len(changes),
+                    call_id=call_id,
                 )
             except _Stale:
                 continue
@@ -179,8 +186,8 @@ class Runner:
                 return "done"
 
     async def _step(
-        self, x: Claimed, route: Route, chat: dict[str, Any], start: int, chunk: list[dict[str, Any]]
-    ) -> list[MemoryChange]:
+        self, x: Claimed, route: Route, chunk: list[dict[str, Any]], start: int
+    ) -> tuple[list[MemoryChange], str]:
         """One model step within the step deadline (C6), its answer checked whole (D9.10)."""
         deadline = time.monotonic() + self.rt.settings.step_deadline_seconds
         cipher = route.cipher
@@ -206,7 +213,13 @@ class Runner:
                 release = await self.gateway.acquire(route, deadline)
                 try:
                     completion = await self.gateway.complete(
-                        self.rt, route, task="learn", body=body, deadline=deadline, step=key
+                        self.rt,
+                        route,
+                        task="learn",
+                        body=body,
+                        deadline=deadline,
+                        step=key,
+                        entry_ids=tuple(e["id"] for e in entries),
                     )
                 finally:
                     release()
@@ -215,12 +228,13 @@ class Runner:
         if time.monotonic() > deadline:
             raise StepFailed("step_timeout")
         try:
-            return protocol.changes_from(
+            changes = protocol.changes_from(
                 completion.tool_calls,
                 chat_id=x.chat_id,
                 evidence=evidence,
                 context_ids={e["id"] for e in entries},
             )
+            return changes, completion.call_id
         except protocol.Violation as violation:
             raise StepFailed(f"policy:{violation.code}:{violation.path}") from None
 
@@ -234,8 +248,10 @@ class Runner:
         final: bool,
         status: str,
         learned: int,
+        call_id: str | None = None,
     ) -> None:
         """Memory change + read position + execution end in one transaction, as a CAS (C4)."""
+        produced = [c.id for c in changes if isinstance(c, AddFact | AddObservation)]
 
         async def cas(tx: AsyncManagedTransaction) -> None:
             result = await q.commit_step(
@@ -248,6 +264,8 @@ class Runner:
                 status=status,
                 learned=learned,
                 now=now_ms(),
+                call_id=call_id,
+                produced=produced,
             )
             if not result["mine"]:
                 raise _Superseded()

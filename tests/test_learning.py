@@ -293,3 +293,98 @@ async def test_instructions_reach_every_request(
     assert tasks == ["confide", "learn"]
     for request in model_server.requests:
         assert rule in request.body["messages"][0]["content"]
+
+
+async def test_purge_removes_saved_model_texts_and_answers_that_embed_the_entries(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    """D9.20: purge removes the entries, the saved model-call payloads and answers that embed them."""
+    w = await memory_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    turn = await api.turn(w.tokens["ann"], chat, "My dog is called Bolt")
+    item = await first_item(api, w.tokens["ann"], chat)
+    model_server.script("learn", learn(fact_call("Ann's dog is Bolt", item)))
+    await confide(api, w.tokens["ann"], turn["id"])
+    await complete(api, w.tokens["ann"], turn["id"])
+    await wait_executions(runtime, turn["id"])
+    [entry] = await visible(api, w.tokens["ann"], w.bot)
+    # A later answer draws on it, and a later learning request embeds it.
+    turn2 = await api.turn(w.tokens["ann"], chat, "walk the dog")
+    model_server.script("confide", Reply(text="Take Bolt out calmly."))
+    await confide(api, w.tokens["ann"], turn2["id"], "I forgot the walk")
+    await complete(api, w.tokens["ann"], turn2["id"])
+    await wait_executions(runtime, turn2["id"])
+    records, _, _ = await runtime.driver.execute_query(
+        "MATCH (c:ModelCall {botId: $b}) RETURN c.task AS task, c.entryIds AS used, c.producedIds AS made,"
+        " c.request IS NOT NULL AS kept ORDER BY c.at",
+        b=w.bot,
+    )
+    calls = [dict(r) for r in records]
+    assert [(c["task"], entry in (c["used"] or []) + (c["made"] or [])) for c in calls] == [
+        ("confide", False),
+        ("learn", True),
+        ("confide", True),
+        ("learn", True),
+    ]
+    assert all(c["kept"] for c in calls)
+    purged = await api.http.post(
+        f"/v1/bots/{w.bot}/memory/purge",
+        json={"tag": f"chat:{chat}"},
+        headers={"Authorization": f"Bearer {w.tokens['ann']}"},
+    )
+    assert purged.json() == {"removed": 1}
+    records, _, _ = await runtime.driver.execute_query(
+        "MATCH (c:ModelCall {botId: $b}) RETURN c.request IS NULL AS gone, c.result IS NULL AS noResult,"
+        " c.costMicros AS cost ORDER BY c.at",
+        b=w.bot,
+    )
+    assert [r["gone"] for r in records] == [False, True, True, True]
+    assert all(r["cost"] == 20 for r in records)  # usage and cost stay for the budget
+    confessions = await api.http.get(
+        f"/v1/chats/{chat}/confessions", headers={"Authorization": f"Bearer {w.tokens['ann']}"}
+    )
+    assert [(c["text"], c["answer"]) for c in confessions.json()["confessions"]] == [
+        ("I got the dates wrong.", confessions.json()["confessions"][0]["answer"]),
+        ("I forgot the walk", None),
+    ]
+    records, _, _ = await runtime.driver.execute_query(
+        "MATCH (f:Confession {chatId: $c}) WHERE f.answerPurged RETURN count(f) AS n", c=chat
+    )
+    assert records[0]["n"] == 1
+
+
+async def test_queue_and_change_messages_carry_ids_only(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    """E4: arq jobs are JSON with ids only; change events name ids, never content."""
+    w = await memory_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    turn = await api.turn(w.tokens["ann"], chat, "My secret word is PELICAN-42")
+    item = await first_item(api, w.tokens["ann"], chat)
+    model_server.script("learn", learn(fact_call("Ann's secret word is PELICAN-42", item)))
+    pubsub = runtime.redis.pubsub()
+    await pubsub.subscribe(f"botmemory:changes:{w.bot}")
+    try:
+        await confide(api, w.tokens["ann"], turn["id"])
+        await complete(api, w.tokens["ann"], turn["id"])
+        await wait_executions(runtime, turn["id"])
+        message = None
+        for _ in range(100):
+            message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.1)
+            if message is not None:
+                break
+        assert message is not None
+        event = json.loads(message["data"])
+        assert set(event) == {"botId", "version", "ids"} and b"PELICAN" not in message["data"]
+    finally:
+        await pubsub.aclose()  # type: ignore[no-untyped-call]
+    # A job as the API enqueues it, on a queue no worker reads: JSON of ids, never pickle or content.
+    job = await runtime.redis.enqueue_job(
+        "run_execution", "exec_e4check", 3, _job_id="exec:exec_e4check:3", _queue_name="botmemory:e4-check"
+    )
+    assert job is not None
+    raw = await runtime.redis.get("arq:job:exec:exec_e4check:3")
+    assert raw is not None
+    body = json.loads(raw)
+    assert body["f"] == "run_execution" and body["a"] == ["exec_e4check", 3] and body["k"] == {}
+    await runtime.redis.delete("arq:job:exec:exec_e4check:3", "botmemory:e4-check")

@@ -4,7 +4,7 @@ nothing is applied, the read position stays, and the output's text is nowhere in
 from __future__ import annotations
 
 import secrets
-from typing import Any
+from collections.abc import Callable
 
 import pytest
 
@@ -55,7 +55,7 @@ async def test_hostile_answers_are_rejected_whole(
     )
     before = await memory_bot_changes(runtime, w.bot)
 
-    cases: list[tuple[str, Any]] = [
+    cases: list[tuple[str, Callable[[dict[str, str]], Reply]]] = [
         ("policy:colon_tag", lambda i: learn(fact_call(CANARY, i["person"], topics=("for:bot",)))),
         ("policy:bad_topic", lambda i: learn(fact_call(CANARY, i["person"], topics=("Not A Topic",)))),
         ("policy:not_evidence", lambda i: learn(fact_call(CANARY, i["bot"]))),
