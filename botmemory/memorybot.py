@@ -17,7 +17,7 @@ from typing import Any, cast
 
 from neo4j import AsyncManagedTransaction
 
-from botmemory import memory
+from botmemory import memory, metrics
 from botmemory.auth import require_person
 from botmemory.chats import require_writer
 from botmemory.commands import require_owner_writer
@@ -275,6 +275,7 @@ async def confide(rt: Runtime, principal: Principal, turn_id: str, text: str) ->
         by = "model"
     except (ModelUnavailable, TimeoutError):
         pass
+    metrics.CONFIDE_ANSWERS.labels(by=by).inc()
     sealed = route.cipher.encrypt(ANSWER_KIND, confession_id, answer)
     await write(
         rt.driver,

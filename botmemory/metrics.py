@@ -9,3 +9,14 @@ REQUESTS = Counter(
     "botmemory_requests_total", "API requests, by surface and outcome code", ["surface", "code"]
 )
 REQUEST_SECONDS = Histogram("botmemory_request_seconds", "API request latency", ["surface"])
+MODEL_CALLS = Counter(
+    "botmemory_model_calls_total", "Memory-Bot model calls, by task and outcome", ["task", "status"]
+)
+MODEL_SECONDS = Histogram(
+    "botmemory_model_call_seconds", "Memory-Bot model call time, retries included", ["task"]
+)
+MODEL_COST = Counter("botmemory_model_cost_micros_total", "Confirmed model cost, micro-USD", ["task"])
+EXECUTIONS = Counter(
+    "botmemory_learning_executions_total", "Learning execution epochs, by how they ended", ["outcome"]
+)
+CONFIDE_ANSWERS = Counter("botmemory_confide_answers_total", "Confide answers, by who answered", ["by"])

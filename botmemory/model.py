@@ -24,6 +24,7 @@ import openai
 from openai import AsyncOpenAI
 from openai.types.chat import ChatCompletion
 
+from botmemory import metrics
 from botmemory.crypto import Cipher
 from botmemory.ids import new_id
 from botmemory.runtime import now_ms
@@ -218,6 +219,7 @@ class Gateway:
         if route.model is None or self._client is None:
             raise ModelUnavailable("no_model")
         request = {"model": route.model, **body}
+        began = time.monotonic()
         attempts: list[str] = []
         call_id = new_id("call")
         result: Completion | None = None
@@ -259,9 +261,13 @@ class Gateway:
             result_json = result.json()
             if len(result_json) > self.settings.max_model_answer_bytes:
                 status, result_json = "too_large", None
-        await self._save(
+        cost = await self._save(
             rt, route, call_id, task, request, result, result_json, status, attempts, step, entry_ids
         )
+        metrics.MODEL_CALLS.labels(task=task, status=status).inc()
+        metrics.MODEL_SECONDS.labels(task=task).observe(time.monotonic() - began)
+        if cost:
+            metrics.MODEL_COST.labels(task=task).inc(cost)
         if result is None or result_json is None:
             log.warning("model call %s for %s failed: %s (%s)", call_id, task, status, ",".join(attempts))
             raise ModelUnavailable(status)
@@ -339,8 +345,8 @@ class Gateway:
         attempts: list[str],
         step: StepKey | None,
         entry_ids: tuple[str, ...],
-    ) -> None:
-        """The call, encrypted (E1), and its confirmed cost (L6) in one transaction."""
+    ) -> int | None:
+        """The call, encrypted (E1), and its confirmed cost (L6) in one transaction; the cost."""
         usage = None if result is None else result.usage
         cost = None if result is None else cost_micros(self.settings, str(request["model"]), usage)
         charged = result is not None  # a call that answered is charged for its confirmed usage
@@ -375,6 +381,7 @@ class Gateway:
             fields["status"] = status  # answered but unusable (too large): charged, not reusable
             fields["result"] = None
         await write(rt.driver, lambda tx: q.save_model_call(tx, **fields))
+        return cost
 
 
 def _ms(started: float) -> int:

@@ -17,6 +17,7 @@ from arq import cron
 from arq.connections import RedisSettings
 from arq.worker import run_worker
 
+from botmemory import metrics
 from botmemory.bootstrap import open_runtime
 from botmemory.logs import configure_logging
 from botmemory.runtime import Runtime, now_ms
@@ -63,6 +64,7 @@ async def run_execution(ctx: dict[str, Any], execution_id: str, epoch: int) -> N
     """``exec:<id>:<epoch>``: run one epoch of a learning execution; never raises (D9.9)."""
     runner: Runner = ctx["runner"]
     outcome = await runner.run(execution_id, epoch)
+    metrics.EXECUTIONS.labels(outcome=outcome.split(":")[0]).inc()
     log.info("execution %s epoch %s: %s", execution_id, epoch, outcome)
 
 

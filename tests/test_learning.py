@@ -4,9 +4,11 @@ the real worker asks the scripted model and applies what passes the server's che
 from __future__ import annotations
 
 import json
+from typing import Any, cast
 
 import pytest
 
+from botmemory.changes import LegacyEntry, Remember, apply_changes, import_legacy
 from botmemory.runtime import Runtime
 from tests.client import Api
 from tests.conftest import WorkerProcess
@@ -368,14 +370,17 @@ async def test_queue_and_change_messages_carry_ids_only(
         await confide(api, w.tokens["ann"], turn["id"])
         await complete(api, w.tokens["ann"], turn["id"])
         await wait_executions(runtime, turn["id"])
-        message = None
+        data: bytes | None = None
         for _ in range(100):
-            message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.1)
+            message = cast(
+                dict[str, Any] | None, await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.1)
+            )
             if message is not None:
+                data = message["data"]
                 break
-        assert message is not None
-        event = json.loads(message["data"])
-        assert set(event) == {"botId", "version", "ids"} and b"PELICAN" not in message["data"]
+        assert data is not None
+        event = json.loads(data)
+        assert set(event) == {"botId", "version", "ids"} and b"PELICAN" not in data
     finally:
         await pubsub.aclose()  # type: ignore[no-untyped-call]
     # A job as the API enqueues it, on a queue no worker reads: JSON of ids, never pickle or content.
@@ -388,3 +393,39 @@ async def test_queue_and_change_messages_carry_ids_only(
     body = json.loads(raw)
     assert body["f"] == "run_execution" and body["a"] == ["exec_e4check", 3] and body["k"] == {}
     await runtime.redis.delete("arq:job:exec:exec_e4check:3", "botmemory:e4-check")
+
+
+async def test_learning_context_is_the_first_300_valid_entries_of_the_chats_organization(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    """L4, D9.14, V9: 300 entries in memory order, topic counts over all valid ones, never legacy
+    entries or another organization's."""
+    w = await memory_world(api, ("ann",))
+    guest_org = await api.organization("guest")
+    await api.admin(
+        "mutation($b: ID!, $o: ID!) { linkBot(botId: $b, organizationId: $o) { id } }",
+        {"b": w.bot, "o": guest_org},
+    )
+    ann = w.people["ann"]
+    await apply_changes(
+        runtime,
+        w.bot,
+        [Remember(f"note {n}", ann, w.org, ("bulk",)) for n in range(305)]
+        + [Remember("guest note", "p_guest", guest_org, ("bulk", "guest"))],
+        "person",
+    )
+    await import_legacy(
+        runtime, w.bot, [LegacyEntry("legacy note", ("for:bot", f"org:{w.org}", "bulk", "old"))]
+    )
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    turn = await api.turn(w.tokens["ann"], chat, "hello")
+    await confide(api, w.tokens["ann"], turn["id"])
+    await complete(api, w.tokens["ann"], turn["id"])
+    await wait_executions(runtime, turn["id"])
+    [request] = model_server.requests_for("learn")
+    body = json.loads(request.body["messages"][1]["content"])
+    assert [e["content"] for e in body["keptEntries"]] == [f"note {n}" for n in range(304, 4, -1)]
+    assert body["topicCounts"] == [{"topic": "bulk", "count": 305}]
+    assert all(
+        set(e) <= {"id", "layer", "content", "topics", "audience", "confidence"} for e in body["keptEntries"]
+    )
