@@ -132,9 +132,9 @@ CALL (valid) {
 RETURN [e IN valid[0..$limit] | e {.id, .layer, .content, .tags, .confidence}] AS entries, topics
 """
 
-#: Sweeper (D9.9): expired leases start a new epoch; queued executions nobody took (an API
-#: killed before it enqueued, a lost message) are enqueued again under a new epoch; waiting ones
-#: whose Turn completed or went idle (D9.11) are queued. Each returns what to enqueue.
+#: Sweeper (D9.9): expired leases start a new epoch; queued executions nobody took are enqueued
+#: again; waiting ones whose Turn completed or went idle (D9.11) are queued. Each returns what to
+#: enqueue.
 SWEEP_EXPIRED: Final = """
 MATCH (x:LearningExecution)
 WHERE x.status = 'running' AND x.leaseUntil < $now
@@ -146,6 +146,9 @@ SET x.epoch = x.epoch + 1, x.status = 'queued', x.queuedAt = $now, x.leaseUntil 
 RETURN collect({id: x.id, epoch: x.epoch}) AS queued
 """
 
+#: Queued executions nobody took for a while are enqueued again under the same epoch: arq keeps
+#: one job per id, so a job still waiting in the queue is not doubled (no churn under backlog),
+#: and a lost one (an API killed before it enqueued) comes back.
 SWEEP_STALE_QUEUED: Final = """
 MATCH (x:LearningExecution)
 WHERE x.status = 'queued' AND x.queuedAt < $before
@@ -153,7 +156,7 @@ WITH x LIMIT $limit
 CALL apoc.lock.nodes([x])
 WITH x
 WHERE x.status = 'queued' AND x.queuedAt < $before
-SET x.epoch = x.epoch + 1, x.queuedAt = $now
+SET x.queuedAt = $now
 RETURN collect({id: x.id, epoch: x.epoch}) AS queued
 """
 

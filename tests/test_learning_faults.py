@@ -190,3 +190,21 @@ async def test_two_workers_racing_on_the_same_evidence_apply_it_once(
     assert len(await memory_bot_changes(runtime, w.bot)) == 1
     assert len(await visible(api, w.tokens["ann"], w.bot)) == 1
     assert len(model_server.requests_for("learn")) >= 2  # they did race: several read the same start
+
+
+async def test_a_lost_enqueue_is_recovered_by_the_sweeper(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    """completeTurn committed the queued execution, but the API died before its enqueue reached Redis."""
+    w = await memory_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    turn = await api.turn(w.tokens["ann"], chat, "I take the 8:15 train")
+    model_server.default("learn", learn(fact_call("Ann takes the 8:15 train", "i-1")))
+    await confide(api, w.tokens["ann"], turn["id"])
+    await runtime.driver.execute_query(
+        "MATCH (t:Turn {id: $t}) SET t.status = 'completed', t.completedAt = timestamp() "
+        "WITH t MATCH (x:LearningExecution {turnId: t.id}) SET x.status = 'queued', x.queuedAt = 0",
+        t=turn["id"],
+    )
+    [x] = await wait_executions(runtime, turn["id"], within=15)
+    assert x["status"] == "done" and x["epoch"] == 0 and x["learned"] == 1
