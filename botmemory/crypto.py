@@ -9,6 +9,7 @@ master key's fingerprint; rotation re-wraps data keys and never touches content.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -49,8 +50,8 @@ class Keyring:
     def __init__(self, current: bytes, previous: Iterable[bytes] = ()) -> None:
         self._current_id = fingerprint(current)
         self._masters = {fingerprint(k): AESGCM(k) for k in (current, *previous)}
-        # A Bot's data key never changes (rotation only re-wraps it), so it is cached per Bot.
-        self._data_keys: dict[str, AESGCM] = {}
+        # A Bot's data key never changes (rotation only re-wraps it), so its cipher is cached per Bot.
+        self._data_keys: dict[str, Cipher] = {}
 
     @property
     def current_id(self) -> str:
@@ -79,22 +80,27 @@ class Keyring:
 
     def cached(self, bot_id: str) -> Cipher | None:
         """The Bot's cipher if its data key was unwrapped before (data keys never change)."""
-        aes = self._data_keys.get(bot_id)
-        return None if aes is None else Cipher(aes)
+        return self._data_keys.get(bot_id)
 
     def cipher(self, bot_id: str, key: WrappedKey) -> Cipher:
-        aes = self._data_keys.get(bot_id)
-        if aes is None:
-            aes = AESGCM(self.unwrap(bot_id, key))
-            self._data_keys[bot_id] = aes
-        return Cipher(aes)
+        cipher = self._data_keys.get(bot_id)
+        if cipher is None:
+            data_key = self.unwrap(bot_id, key)
+            cipher = Cipher(AESGCM(data_key), hashlib.sha256(b"botmemory-digest:" + data_key).digest())
+            self._data_keys[bot_id] = cipher
+        return cipher
 
 
 class Cipher:
-    """Encrypts and decrypts the records of one Bot with its data key."""
+    """Encrypts and decrypts the records of one Bot with its data key, and keyed digests."""
 
-    def __init__(self, aes: AESGCM) -> None:
+    def __init__(self, aes: AESGCM, digest_key: bytes) -> None:
         self._aes = aes
+        self._digest_key = digest_key
+
+    def digest(self, kind: str, text: str) -> str:
+        """A keyed digest (HMAC-SHA256) to find equal texts without storing them (no dictionary attack)."""
+        return hmac.new(self._digest_key, f"{kind}:{text}".encode(), hashlib.sha256).hexdigest()
 
     def encrypt(self, kind: str, record_id: str, plaintext: str) -> bytes:
         nonce = os.urandom(_NONCE_BYTES)

@@ -86,6 +86,7 @@ class Change:
 class Context:
     text: str
     ids: tuple[str, ...]
+    contents: tuple[str, ...] = ()  # the entries' texts, in the order of ``ids``
 
 
 def decrypt_entry(cipher: Cipher, row: dict[str, Any]) -> Entry:
@@ -224,8 +225,8 @@ async def context(rt: Runtime, bot_id: str, reader: Reader, limit: int) -> Conte
             after = page[-1]["rank"]
 
     used, cipher = await read(rt.driver, work)
-    lines = ["- " + cipher.decrypt(ENTRY_KIND, row["id"], bytes(row["content"])) for row in used]
-    return Context("\n".join(lines), tuple(row["id"] for row in used))
+    contents = [cipher.decrypt(ENTRY_KIND, row["id"], bytes(row["content"])) for row in used]
+    return Context("\n".join("- " + c for c in contents), tuple(row["id"] for row in used), tuple(contents))
 
 
 async def has_entries(rt: Runtime, bot_id: str, reader: Reader) -> bool:

@@ -20,3 +20,6 @@ EXECUTIONS = Counter(
     "botmemory_learning_executions_total", "Learning execution epochs, by how they ended", ["outcome"]
 )
 CONFIDE_ANSWERS = Counter("botmemory_confide_answers_total", "Confide answers, by who answered", ["by"])
+ENRICHMENTS = Counter(
+    "botmemory_enrichments_total", "Turn inputs, by what the memory Bot did with them", ["outcome"]
+)

@@ -8,7 +8,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from botmemory import chats, commands, memory, memorybot
+from botmemory import chats, commands, enrichment, memory, memorybot
 from botmemory.auth import authenticate
 from botmemory.domain import Item, Principal
 from botmemory.errors import BadInput
@@ -168,6 +168,19 @@ async def get_confessions(request: Request) -> JSONResponse:
     return JSONResponse({"confessions": [c.json() for c in found]})
 
 
+async def get_enrichments(request: Request) -> JSONResponse:
+    """``GET /v1/chats/{chatId}/enrichments`` — the Chat owner's view, re-validated (D9.6)."""
+    principal = await principal_of(request)
+    found = await enrichment.enrichments(
+        runtime_of(request),
+        principal,
+        request.path_params["chat_id"],
+        limit=int_param(request, "limit", 50),
+        skip=int_param(request, "skip", 0),
+    )
+    return JSONResponse({"enrichments": [e.json() for e in found]})
+
+
 routes = [
     Route("/chats/{chat_id}/messages", chat_messages, methods=["GET"]),
     Route("/bots/{bot_id}/memory", get_memory, methods=["GET"]),
@@ -177,4 +190,5 @@ routes = [
     Route("/bots/{bot_id}/memory/bot", get_memory_bot, methods=["GET"]),
     Route("/bots/{bot_id}/memory/bot", patch_memory_bot, methods=["PATCH"]),
     Route("/chats/{chat_id}/confessions", get_confessions, methods=["GET"]),
+    Route("/chats/{chat_id}/enrichments", get_enrichments, methods=["GET"]),
 ]

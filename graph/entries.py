@@ -114,8 +114,8 @@ SET c.payload = null, c.entryIds = [i IN c.entryIds WHERE NOT i IN $ids]
 RETURN count(c) AS n
 """
 
-#: Saved model calls and confession answers that embed purged entries lose their texts (D9.20);
-#: usage and cost stay for the budget.
+#: Saved model calls, confession answers and input rewrites that embed purged entries lose their
+#: texts (D9.20); usage and cost stay for the budget, the person's original words stay.
 PURGE_EMBEDDINGS: Final = """
 CALL (){
   MATCH (c:ModelCall {botId: $botId})
@@ -129,7 +129,13 @@ CALL (){
   SET f.answer = null, f.answerPurged = true
   RETURN count(f) AS answers
 }
-RETURN calls, answers
+CALL (){
+  MATCH (n:Enrichment {botId: $botId})
+  WHERE any(i IN n.usedEntryIds WHERE i IN $ids)
+  SET n.text = null, n.rewritePurged = true
+  RETURN count(n) AS rewrites
+}
+RETURN calls, answers, rewrites
 """
 
 #: Current members of channels (index seeks by channel id).

@@ -150,3 +150,42 @@ async def list_confessions(
     tx: AsyncManagedTransaction, *, chat_id: str, skip: int, limit: int
 ) -> list[dict[str, Any]]:
     return [r["confession"] for r in await rows(tx, LIST_CONFESSIONS, chatId=chat_id, skip=skip, limit=limit)]
+
+
+#: A rewrite of a Turn's input (N2): new text and original encrypted, the entries it used, and a
+#: keyed digest of the input so an equal input can reuse it while its references hold.
+CREATE_ENRICHMENT: Final = """
+MATCH (t:Turn {id: $turnId})
+CREATE (n:Enrichment {id: $id, botId: $botId, chatId: t.chatId, turnId: t.id, text: $text,
+                      original: $original, usedEntryIds: $usedEntryIds, inputDigest: $inputDigest,
+                      createdAt: $now})-[:FOR_TURN]->(t)
+"""
+
+#: The latest rewrite of an equal input in the same Chat (same audience), for reuse.
+SAVED_REWRITE: Final = """
+MATCH (n:Enrichment {chatId: $chatId})
+WHERE n.inputDigest = $inputDigest AND n.text IS NOT NULL
+RETURN n {.id, .text, .usedEntryIds} AS enrichment ORDER BY n.createdAt DESC LIMIT 1
+"""
+
+LIST_ENRICHMENTS: Final = """
+MATCH (n:Enrichment {chatId: $chatId})
+RETURN n {.*} AS enrichment ORDER BY n.createdAt, n.id SKIP $skip LIMIT $limit
+"""
+
+
+async def create_enrichment(tx: AsyncManagedTransaction, **fields: Any) -> None:
+    await tx.run(CREATE_ENRICHMENT, fields)
+
+
+async def saved_rewrite(
+    tx: AsyncManagedTransaction, *, chat_id: str, input_digest: str
+) -> dict[str, Any] | None:
+    record = await single(tx, SAVED_REWRITE, chatId=chat_id, inputDigest=input_digest)
+    return None if record is None else record["enrichment"]
+
+
+async def list_enrichments(
+    tx: AsyncManagedTransaction, *, chat_id: str, skip: int, limit: int
+) -> list[dict[str, Any]]:
+    return [r["enrichment"] for r in await rows(tx, LIST_ENRICHMENTS, chatId=chat_id, skip=skip, limit=limit)]

@@ -67,6 +67,15 @@ MIGRATIONS: Final[tuple[tuple[int, tuple[LiteralString, ...]], ...]] = (
             "CREATE INDEX confession_bot IF NOT EXISTS FOR (n:Confession) ON (n.botId)",
         ),
     ),
+    (
+        5,
+        (
+            # Input rewrites by Chat (reuse, the owner's route) and by Bot (purge, D9.20).
+            "CREATE INDEX enrichment_chat IF NOT EXISTS FOR (n:Enrichment) ON (n.chatId)",
+            "CREATE INDEX enrichment_bot IF NOT EXISTS FOR (n:Enrichment) ON (n.botId)",
+            "CREATE CONSTRAINT chat_summary_id IF NOT EXISTS FOR (n:ChatSummary) REQUIRE n.chatId IS UNIQUE",
+        ),
+    ),
 )
 
 _UNLABELLED: Final = """

@@ -6,9 +6,9 @@ from typing import Any
 
 import strawberry
 
-from botmemory import memorybot
+from botmemory import enrichment, memorybot
 from schema.context import Info
-from schema.memorybot import BudgetInput, Confession, ConfideAnswer, MemoryBot
+from schema.memorybot import BudgetInput, Confession, ConfideAnswer, Enrichment, MemoryBot
 
 
 @strawberry.type
@@ -27,6 +27,16 @@ class MemoryBotQuery:
             info.context.runtime, principal, str(chat_id), limit=limit, skip=skip
         )
         return [Confession.of(c) for c in found]
+
+    @strawberry.field(description="How the memory Bot rewrote the inputs of a chat; the owner only.")
+    async def enrichments(
+        self, info: Info, chat_id: strawberry.ID, limit: int = 50, skip: int = 0
+    ) -> list[Enrichment]:
+        principal = await info.context.principal()
+        found = await enrichment.enrichments(
+            info.context.runtime, principal, str(chat_id), limit=limit, skip=skip
+        )
+        return [Enrichment.of(e) for e in found]
 
 
 @strawberry.type

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import time
+
 import strawberry
 
-from botmemory import chats, provisioning
+from botmemory import chats, enrichment, provisioning
 from resolvers.memory import MemoryMutation
 from resolvers.memorybot import MemoryBotMutation
 from schema.context import Info
@@ -149,7 +151,10 @@ class Mutation(MemoryMutation, MemoryBotMutation):
         )
         return Chat.of(chat)
 
-    @strawberry.mutation(description="Open a Turn; the input is saved as its first Item.")
+    @strawberry.mutation(
+        description="Open a Turn; the input is saved as its first Item. `enrichedInput` is what "
+        "the Bot should see (returned only here)."
+    )
     async def start_turn(
         self,
         info: Info,
@@ -158,13 +163,15 @@ class Mutation(MemoryMutation, MemoryBotMutation):
         actor_id: strawberry.ID | None = None,
         notice: bool = False,
     ) -> Turn:
-        turn = await chats.start_turn(
+        arrived = time.monotonic()
+        turn = await enrichment.start_turn(
             info.context.runtime,
             await info.context.principal(),
             str(chat_id),
             input,
             actor_id=None if actor_id is None else str(actor_id),
             notice=notice,
+            arrived=arrived,
         )
         return Turn.of(turn)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import strawberry
 
-from botmemory import memorybot
+from botmemory import enrichment, memorybot
 from schema.types import Long
 
 
@@ -76,4 +76,27 @@ class Confession:
             entry_ids=[strawberry.ID(i) for i in c.entry_ids],
             answered_by=c.answered_by,
             created_at=Long(c.created_at),
+        )
+
+
+@strawberry.type
+class Enrichment:
+    id: strawberry.ID
+    turn_id: strawberry.ID
+    text: str | None = strawberry.field(
+        description="The rewritten input; null when an entry it used is no longer visible to you."
+    )
+    original: str | None = strawberry.field(description="The person's words (older records have none).")
+    entry_ids: list[strawberry.ID]
+    created_at: Long
+
+    @classmethod
+    def of(cls, e: enrichment.Enrichment) -> Enrichment:
+        return cls(
+            id=strawberry.ID(e.id),
+            turn_id=strawberry.ID(e.turn_id),
+            text=e.text,
+            original=e.original,
+            entry_ids=[strawberry.ID(i) for i in e.entry_ids],
+            created_at=Long(e.created_at),
         )

@@ -8,7 +8,7 @@ from typing import Any, cast
 
 import pytest
 
-from botmemory.changes import LegacyEntry, Remember, apply_changes, import_legacy
+from botmemory.changes import LegacyEntry, MemoryChange, Remember, apply_changes, import_legacy
 from botmemory.runtime import Runtime
 from tests.client import Api
 from tests.conftest import WorkerProcess
@@ -407,13 +407,9 @@ async def test_learning_context_is_the_first_300_valid_entries_of_the_chats_orga
         {"b": w.bot, "o": guest_org},
     )
     ann = w.people["ann"]
-    await apply_changes(
-        runtime,
-        w.bot,
-        [Remember(f"note {n}", ann, w.org, ("bulk",)) for n in range(305)]
-        + [Remember("guest note", "p_guest", guest_org, ("bulk", "guest"))],
-        "person",
-    )
+    notes: list[MemoryChange] = [Remember(f"note {n}", ann, w.org, ("bulk",)) for n in range(305)]
+    notes.append(Remember("guest note", "p_guest", guest_org, ("bulk", "guest")))
+    await apply_changes(runtime, w.bot, notes, "person")
     await import_legacy(
         runtime, w.bot, [LegacyEntry("legacy note", ("for:bot", f"org:{w.org}", "bulk", "old"))]
     )

@@ -1,0 +1,280 @@
+"""Input additions at Turn start (N1–N5, D9.15, D9.16) and the Chat owner's enrichments (D9.6).
+
+``start_turn`` saves the person's words as the Turn's first Item, then asks the memory Bot to
+rewrite them with entries that every reader of the answer may see (the person of a private
+chat, every current member of a group chat). The model is sent only those entries; its
+``used_entry_ids`` must be among them; ``validateReferences`` runs again before the rewrite is
+returned or saved. Anything else — a notice, a review chat, ``botMemory`` off, no model, budget
+spent, nothing visible, no answer within the deadline — leaves the input as it is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass
+from typing import Any, cast
+
+from neo4j import AsyncManagedTransaction
+
+from botmemory import chats, memory, metrics
+from botmemory.auth import require_person
+from botmemory.domain import Principal, Turn
+from botmemory.errors import NotFound
+from botmemory.ids import new_id
+from botmemory.memorybot import MEMORY_VOCABULARY, load_route, system_prompt
+from botmemory.model import ModelUnavailable, Route
+from botmemory.runtime import Runtime, now_ms
+from botmemory.validation import check_id, check_page
+from graph import chats as chat_q
+from graph import memorybot as q
+from graph.driver import read, write
+from graph.memory import shared_lock, visible_ids
+
+REWRITE_KIND = "enrichment"
+ORIGINAL_KIND = "enrichment-original"
+DIGEST_KIND = "input"
+_SAVE_MARGIN = 0.3
+
+REWRITE_SYSTEM = (
+    "You help an assistant understand the message a person just sent it. You get the message and "
+    "notes that may help, each with an id. When notes help, rewrite the message so that it carries "
+    "what helps from them, in the person's voice, keeping everything the person says and asks; then "
+    "call rewrite_input with the new text and the ids of the notes you used. Never mention the notes "
+    "as such. When nothing helps, call no tool."
+)
+
+REWRITE_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "rewrite_input",
+        "description": "The person's message rewritten with what helps from the notes.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "text": {"type": "string"},
+                "used_entry_ids": {"type": "array", "items": {"type": "string"}},
+            },
+            "required": ["text", "used_entry_ids"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+async def start_turn(
+    rt: Runtime,
+    principal: Principal,
+    chat_id: str,
+    text: str,
+    *,
+    actor_id: str | None,
+    notice: bool,
+    arrived: float | None = None,
+) -> Turn:
+    """``startTurn``: the Turn with its input saved, and ``enriched_input`` for the caller only (D9.16)."""
+    deadline = (arrived or time.monotonic()) + rt.settings.answer_deadline_seconds
+    turn = await chats.start_turn(rt, principal, chat_id, text, actor_id=actor_id, notice=notice)
+    enriched = await rewrite(rt, turn, deadline)
+    return Turn(
+        turn.id,
+        turn.chat_id,
+        turn.seq,
+        turn.status,
+        turn.actor_kind,
+        turn.actor_id,
+        turn.created_at,
+        turn.completed_at,
+        text,
+        enriched,
+    )
+
+
+async def rewrite(rt: Runtime, turn: Turn, deadline: float) -> str:
+    """The input with what helps from memory, or the input as it is (N1)."""
+    original = turn.input or ""
+    if turn.actor_kind != "person":  # notices are not a person's words
+        return original
+    outcome = "kept"
+    try:
+        enriched, outcome = await _rewrite(rt, turn, original, deadline - _SAVE_MARGIN)
+    except (ModelUnavailable, TimeoutError):
+        enriched = original
+    metrics.ENRICHMENTS.labels(outcome=outcome).inc()
+    return enriched
+
+
+async def _rewrite(rt: Runtime, turn: Turn, original: str, deadline: float) -> tuple[str, str]:
+    async with asyncio.timeout(max(deadline - time.monotonic(), 0)):
+
+        async def load(tx: AsyncManagedTransaction) -> tuple[dict[str, Any], Route]:
+            return await load_route(rt, tx, turn.chat_id)
+
+        chat, route = await read(rt.driver, load)
+        if chat["review"] or not route.bot_memory or route.model is None:
+            return original, "off"
+        reader = await memory.chat_reader(rt, turn.chat_id)
+        if reader is None or not await memory.has_entries(rt, route.bot_id, reader):
+            return original, "nothing_visible"  # N3: no model call
+        digest = route.cipher.digest(DIGEST_KIND, original)
+        saved = await read(
+            rt.driver, lambda tx: q.saved_rewrite(tx, chat_id=turn.chat_id, input_digest=digest)
+        )
+        if saved is not None:
+            ids = list(saved["usedEntryIds"])
+            if await memory.validate_references(rt, route.bot_id, reader, ids):
+                text = route.cipher.decrypt(REWRITE_KIND, saved["id"], bytes(saved["text"]))
+                await _save(rt, route, turn, text, original, ids, digest)
+                return text, "reused"
+        if await rt.gateway.budget_spent(rt, route):
+            return original, "budget_spent"
+        known = await memory.context(rt, route.bot_id, reader, rt.settings.answer_context_chars)
+        if not known.ids:
+            return original, "nothing_fits"
+        release = await rt.gateway.acquire(route, deadline)
+    try:
+        notes = [{"id": i, "text": c} for i, c in zip(known.ids, known.contents, strict=True)]
+        body = {
+            "messages": [
+                {"role": "system", "content": system_prompt(REWRITE_SYSTEM, route)},
+                {
+                    "role": "user",
+                    "content": json.dumps({"message": original, "notes": notes}, ensure_ascii=False),
+                },
+            ],
+            "tools": [REWRITE_TOOL],
+            "tool_choice": "auto",
+        }
+        completion = await rt.gateway.complete(
+            rt, route, task="rewrite", body=body, deadline=deadline, entry_ids=known.ids
+        )
+    finally:
+        release()
+    parsed = _parse(completion.tool_calls, set(known.ids), rt.settings.max_text_chars)
+    if parsed is None:
+        return original, "refused"
+    text, used = parsed
+    # Sources may have changed while the model thought: check again before returning (D9.15).
+    if not await memory.validate_references(rt, route.bot_id, reader, used):
+        return original, "stale"
+    await _save(rt, route, turn, text, original, used, digest)
+    return text, "rewritten"
+
+
+def _parse(calls: Any, sent: set[str], limit: int) -> tuple[str, list[str]] | None:
+    """``rewrite_input(text, used_entry_ids)`` citing only what was sent; else None (keep the input)."""
+    found = [c for c in calls if c.name == "rewrite_input"]
+    if len(found) != 1 or len(calls) != 1:
+        return None
+    try:
+        args = json.loads(found[0].arguments)
+    except ValueError:
+        return None
+    if not isinstance(args, dict):
+        return None
+    args = cast(dict[str, Any], args)
+    text, used = args.get("text"), args.get("used_entry_ids")
+    if not isinstance(text, str) or not text.strip() or len(text) > limit or "\x00" in text:
+        return None
+    if not isinstance(used, list) or not used:
+        return None
+    ids = [u for u in cast(list[Any], used) if isinstance(u, str)]
+    if len(ids) != len(cast(list[Any], used)) or not set(ids) <= sent:
+        return None  # D9.15: citing anything that was not sent refuses the rewrite
+    if MEMORY_VOCABULARY.search(text):
+        return None  # D9.16
+    return text, list(dict.fromkeys(ids))
+
+
+async def _save(
+    rt: Runtime, route: Route, turn: Turn, text: str, original: str, used: list[str], digest: str
+) -> None:
+    enrichment_id = new_id("enr")
+    fields = {
+        "id": enrichment_id,
+        "botId": route.bot_id,
+        "turnId": turn.id,
+        "text": route.cipher.encrypt(REWRITE_KIND, enrichment_id, text),
+        "original": route.cipher.encrypt(ORIGINAL_KIND, enrichment_id, original),
+        "usedEntryIds": used,
+        "inputDigest": digest,
+        "now": now_ms(),
+    }
+    await write(rt.driver, lambda tx: q.create_enrichment(tx, **fields))
+
+
+@dataclass(frozen=True, slots=True)
+class Enrichment:
+    id: str
+    turn_id: str
+    text: str | None
+    original: str | None
+    entry_ids: tuple[str, ...]
+    created_at: int
+
+    def json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "turnId": self.turn_id,
+            "text": self.text,
+            "original": self.original,
+            "entryIds": list(self.entry_ids),
+            "createdAt": self.created_at,
+        }
+
+
+async def enrichments(
+    rt: Runtime, principal: Principal, chat_id: str, *, limit: int = 50, skip: int = 0
+) -> list[Enrichment]:
+    """The Chat owner's view (D9.6): a rewrite whose entries are no longer all visible to the
+    owner is withheld; only the original words are returned."""
+    person_id = require_person(principal)
+    check_id(chat_id, "chatId")
+    limit, skip = check_page(limit, skip, max_limit=rt.settings.max_page_size)
+
+    async def work(tx: AsyncManagedTransaction) -> tuple[dict[str, Any], list[dict[str, Any]], set[str]]:
+        row = await chat_q.chat_for(tx, chat_id=chat_id, person_id=person_id)
+        if row is None or not row["isPerson"] or row["chat"]["ownerId"] != person_id:
+            raise NotFound("chat not found")
+        chat = row["chat"]
+        await shared_lock(tx, bot_id=chat["botId"])
+        found = await q.list_enrichments(tx, chat_id=chat_id, skip=skip, limit=limit)
+        used = sorted({str(i) for f in found for i in cast(list[str], f.get("usedEntryIds") or [])})
+        seen: set[str] = set()
+        if used:
+            reader = await memory.person_reader(
+                tx, bot_id=chat["botId"], person_id=person_id, org=chat["organizationId"]
+            )
+            if reader is not None:
+                seen = await visible_ids(
+                    tx,
+                    bot_id=chat["botId"],
+                    org=chat["organizationId"],
+                    readers=[reader],
+                    ids=used,
+                    active_only=True,
+                )
+        return row, found, seen
+
+    row, found, seen = await read(rt.driver, work)
+    cipher = rt.cipher(row["chat"]["botId"], row["keyMaster"], row["keyWrapped"])
+    out: list[Enrichment] = []
+    for f in found:
+        ids = tuple(cast(list[str], f.get("usedEntryIds") or []))
+        sealed = f.get("text")
+        shown = sealed is not None and set(ids) <= seen
+        original = f.get("original")
+        out.append(
+            Enrichment(
+                f["id"],
+                f["turnId"],
+                cipher.decrypt(REWRITE_KIND, f["id"], bytes(sealed))
+                if shown and sealed is not None
+                else None,
+                None if original is None else cipher.decrypt(ORIGINAL_KIND, f["id"], bytes(original)),
+                ids if shown else (),
+                f["createdAt"],
+            )
+        )
+    return out

@@ -1,0 +1,219 @@
+"""Input additions at Turn start (N1–N5, D9.15, D9.16, D9.6): what the model is sent, what comes
+back, what is saved and who reads it — asserted on the scripted model's recorded requests."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+
+from botmemory.changes import Invalidate
+from botmemory.runtime import Runtime
+from tests.client import Api
+from tests.conftest import WorkerProcess
+from tests.learning_helpers import memory_world, set_org
+from tests.memory_helpers import apply, command, fact, said
+from tests.model_server import ModelServer, Recorded, Reply, ToolCall
+
+
+@pytest.fixture(autouse=True)
+def _fresh(model_server: ModelServer) -> None:
+    model_server.reset()
+
+
+def rewrite(text: str, *ids: str) -> Reply:
+    return Reply(tool_calls=[ToolCall("rewrite_input", {"text": text, "used_entry_ids": list(ids)})])
+
+
+def notes_sent(request: Recorded) -> dict[str, str]:
+    body = json.loads(request.body["messages"][1]["content"])
+    return {n["id"]: n["text"] for n in body["notes"]}
+
+
+async def enrichments(api: Api, token: str, chat: str) -> Any:
+    return await api.http.get(f"/v1/chats/{chat}/enrichments", headers={"Authorization": f"Bearer {token}"})
+
+
+async def test_private_chat_rewrite_with_what_the_person_may_see(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    w = await memory_world(api, ("ann", "bob"))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    trains = await fact(
+        runtime, w.bot, "Ann prefers trains to planes", await said(api, w.tokens["ann"], chat, "trains")
+    )
+    bobs = await api.chat(w.tokens["bob"], w.bot)
+    await fact(runtime, w.bot, "Bob is afraid of flying", await said(api, w.tokens["bob"], bobs, "flying"))
+    model_server.script("rewrite", rewrite("Book me a trip to Paris (I prefer trains to planes).", trains))
+    turn = await api.turn(w.tokens["ann"], chat, "Book me a trip to Paris.")
+    assert turn["input"] == "Book me a trip to Paris."
+    assert turn["enrichedInput"] == "Book me a trip to Paris (I prefer trains to planes)."
+    [request] = model_server.requests_for("rewrite")
+    assert notes_sent(request) == {trains: "Ann prefers trains to planes"}
+    assert "afraid of flying" not in json.dumps(request.body)
+    # The history keeps the person's words (N2); enrichedInput never shows up there (D9.16).
+    data = await api.gql(
+        "query($c: ID!) { chat(id: $c) { messages { text } } }", {"c": chat}, w.tokens["ann"]
+    )
+    assert data["chat"]["messages"][-1]["text"] == "Book me a trip to Paris."
+    assert "prefer trains" not in json.dumps(data)
+    # The owner's enrichments route (encrypted record: new text, original, entries used).
+    [record] = (await enrichments(api, w.tokens["ann"], chat)).json()["enrichments"]
+    assert record["turnId"] == turn["id"]
+    assert record["text"] == "Book me a trip to Paris (I prefer trains to planes)."
+    assert record["original"] == "Book me a trip to Paris."
+    assert record["entryIds"] == [trains]
+    assert (await enrichments(api, w.tokens["bob"], chat)).status_code == 404
+    rows, _, _ = await runtime.driver.execute_query(
+        "MATCH (n:Enrichment {chatId: $c}) RETURN n.text AS text, n.original AS original", c=chat
+    )
+    assert b"Paris" not in rows[0]["text"] and b"Paris" not in rows[0]["original"]
+    # Forget revokes the source: the record shows only the original words (D9.6).
+    assert (await command(api, w.tokens["ann"], w.bot, {"_tag": "Forget", "id": trains})).status_code == 200
+    [record] = (await enrichments(api, w.tokens["ann"], chat)).json()["enrichments"]
+    assert (record["text"], record["original"], record["entryIds"]) == (None, "Book me a trip to Paris.", [])
+
+
+async def test_group_chat_sends_only_what_every_member_may_see(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    w = await memory_world(api, ("ann", "bob", "cat"), channel=("ann", "bob"))
+    private = await api.chat(w.tokens["ann"], w.bot)
+    secret = await fact(
+        runtime, w.bot, "Ann is job hunting", await said(api, w.tokens["ann"], private, "job")
+    )
+    group = await api.chat(w.tokens["ann"], w.bot, channel=w.channel)
+    team = await fact(
+        runtime, w.bot, "The team ships on Fridays", await said(api, w.tokens["bob"], group, "fridays")
+    )
+    forgotten = await fact(
+        runtime, w.bot, "The team uses tabs", await said(api, w.tokens["ann"], group, "tabs")
+    )
+    # Bob forgets his part of a group entry: it stops being for Bob, so a group with Bob gets nothing of it.
+    assert (
+        await command(api, w.tokens["bob"], w.bot, {"_tag": "Forget", "id": forgotten})
+    ).status_code == 200
+    model_server.reset()  # setting up spoke in the chats, which asked for rewrites too
+    model_server.script("rewrite", rewrite("When do we ship? (we ship on Fridays)", team))
+    turn = await api.turn(w.tokens["ann"], group, "When do we ship?")
+    [request] = model_server.requests_for("rewrite")
+    assert notes_sent(request) == {team: "The team ships on Fridays"}
+    body = json.dumps(request.body)
+    assert secret not in body and "job hunting" not in body and "tabs" not in body
+    assert turn["enrichedInput"] == "When do we ship? (we ship on Fridays)"
+    # In Ann's private chat everything Ann may see is sent: hers, and her channel's (V2).
+    model_server.reset()
+    await api.turn(w.tokens["ann"], private, "What do I do?")
+    [request] = model_server.requests_for("rewrite")
+    assert set(notes_sent(request)) == {secret, forgotten, team}
+
+
+async def test_a_rewrite_citing_an_entry_that_was_not_sent_is_refused(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    w = await memory_world(api, ("ann", "bob"), channel=("ann", "bob"))
+    private = await api.chat(w.tokens["ann"], w.bot)
+    secret = await fact(
+        runtime, w.bot, "Ann is job hunting", await said(api, w.tokens["ann"], private, "job")
+    )
+    group = await api.chat(w.tokens["ann"], w.bot, channel=w.channel)
+    team = await fact(
+        runtime, w.bot, "The team ships on Fridays", await said(api, w.tokens["bob"], group, "fridays")
+    )
+    for reply in (
+        rewrite("When do we ship? Ann is job hunting.", team, secret),
+        rewrite("When do we ship?", "mem_unknown"),
+        rewrite("When do we ship? My memory says Fridays.", team),  # memory words (D9.16)
+        Reply(tool_calls=[ToolCall("rewrite_input", '{"text": "broken')]),
+        Reply(text="When do we ship? Fridays."),  # no tool call = keep the input
+    ):
+        model_server.script("rewrite", reply)
+        turn = await api.turn(w.tokens["ann"], group, "When do we ship?")
+        assert turn["enrichedInput"] == "When do we ship?"
+    assert (await enrichments(api, w.tokens["ann"], group)).json()["enrichments"] == []
+
+
+@pytest.mark.parametrize("case", ["notice", "nothing_visible", "review", "off", "no_model", "budget"])
+async def test_the_input_stays_as_it_is(
+    api: Api, runtime: Runtime, model_server: ModelServer, case: str
+) -> None:
+    w = await memory_world(api, ("ann",), model=None if case == "no_model" else "test-model")
+    chat = await api.chat(w.tokens["ann"], w.bot, review=case == "review")
+    if case != "nothing_visible":
+        other = await api.chat(w.tokens["ann"], w.bot)
+        await fact(runtime, w.bot, "Ann likes tea", await said(api, w.tokens["ann"], other, "tea"))
+    if case == "off":
+        await set_org(api, w.org, bot_memory=False)
+    if case == "budget":
+        await api.http.patch(
+            f"/v1/bots/{w.bot}/memory/bot",
+            json={"expected": 0, "budget": {"period": "day", "limitMicros": 0}},
+            headers={"Authorization": f"Bearer {w.tokens['ann']}"},
+        )
+    model_server.default("rewrite", rewrite("Make me a drink (I like tea).", "mem_x"))
+    if case == "notice":
+        platform = await api.platform_token(w.org)
+        turn = await api.turn(platform, chat, "Make me a drink", notice=True)
+    else:
+        turn = await api.turn(w.tokens["ann"], chat, "Make me a drink")
+    assert turn["enrichedInput"] == "Make me a drink"
+    assert model_server.requests_for("rewrite") == []
+
+
+async def test_no_answer_within_the_deadline_keeps_the_input(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    w = await memory_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    tea = await fact(runtime, w.bot, "Ann likes tea", await said(api, w.tokens["ann"], chat, "tea"))
+    model_server.default(
+        "rewrite",
+        Reply(tool_calls=[ToolCall("rewrite_input", {"text": "x", "used_entry_ids": [tea]})], delay=10),
+    )
+    started = time.monotonic()
+    turn = await api.turn(w.tokens["ann"], chat, "Make me a drink")
+    assert turn["enrichedInput"] == "Make me a drink"
+    assert time.monotonic() - started < 3.5  # 3 s in the suite (D9.11)
+
+
+async def test_a_saved_rewrite_is_reused_while_its_references_hold(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    w = await memory_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    tea = await fact(runtime, w.bot, "Ann likes tea", await said(api, w.tokens["ann"], chat, "tea"))
+    model_server.default("rewrite", rewrite("Make me a drink (tea, as I like it).", tea))
+    first = await api.turn(w.tokens["ann"], chat, "Make me a drink")
+    second = await api.turn(w.tokens["ann"], chat, "Make me a drink")
+    assert first["enrichedInput"] == second["enrichedInput"] == "Make me a drink (tea, as I like it)."
+    assert len(model_server.requests_for("rewrite")) == 1
+    assert len((await enrichments(api, w.tokens["ann"], chat)).json()["enrichments"]) == 2
+    # New entries never invalidate it (N4); an invalidated source does.
+    await fact(runtime, w.bot, "Ann dislikes coffee", await said(api, w.tokens["ann"], chat, "coffee"))
+    model_server.reset()
+    model_server.default("rewrite", rewrite("Make me a drink (tea, as I like it).", tea))
+    again = await api.turn(w.tokens["ann"], chat, "Make me a drink")
+    assert again["enrichedInput"] == "Make me a drink (tea, as I like it)."
+    assert model_server.requests_for("rewrite") == []
+    await apply(runtime, w.bot, Invalidate(tea))
+    third = await api.turn(w.tokens["ann"], chat, "Make me a drink")
+    assert third["enrichedInput"] == "Make me a drink"  # the model cited tea, which is no longer sent
+    assert len(model_server.requests_for("rewrite")) == 1
+
+
+async def test_instructions_reach_the_rewrite_request(
+    api: Api, runtime: Runtime, model_server: ModelServer, worker_process: WorkerProcess
+) -> None:
+    w = await memory_world(api, ("ann",))
+    await api.http.patch(
+        f"/v1/bots/{w.bot}/memory/bot",
+        json={"expected": 0, "instructions": "Use British spelling. Marker-5521."},
+        headers={"Authorization": f"Bearer {w.tokens['ann']}"},
+    )
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    await fact(runtime, w.bot, "Ann likes tea", await said(api, w.tokens["ann"], chat, "tea"))
+    await api.turn(w.tokens["ann"], chat, "Make me a drink")
+    [request] = model_server.requests_for("rewrite")
+    assert "Marker-5521" in request.body["messages"][0]["content"]
