@@ -30,6 +30,7 @@ from botmemory.errors import ServiceError
 from botmemory.logs import configure_logging
 from botmemory.runtime import Runtime
 from botmemory.settings import Settings, load_settings
+from botmemory.turnfeed import TurnHub
 from resolvers.schema import build_schema
 from schema.context import Context
 from schema.errors import with_code
@@ -40,6 +41,7 @@ log = logging.getLogger("botmemory.api")
 class State(TypedDict):
     runtime: Runtime
     hub: ChangeHub
+    turn_hub: TurnHub
 
 
 class GraphQLApp(GraphQL[Context, None]):
@@ -48,6 +50,7 @@ class GraphQLApp(GraphQL[Context, None]):
             runtime=request.state.runtime,
             authorization=request.headers.get("authorization"),
             hub=request.state.hub,
+            turn_hub=request.state.turn_hub,
         )
 
     async def on_ws_connect(self, context: Context) -> UnsetType | dict[str, object] | None:
@@ -158,11 +161,14 @@ def create_app(settings: Settings | None = None) -> Starlette:
     async def lifespan(app: Starlette) -> AsyncGenerator[State]:
         async with open_runtime(settings) as runtime:
             hub = ChangeHub(runtime)
+            turn_hub = TurnHub(runtime)
             await hub.start()
+            await turn_hub.start()
             log.info("api ready")
             try:
-                yield {"runtime": runtime, "hub": hub}
+                yield {"runtime": runtime, "hub": hub, "turn_hub": turn_hub}
             finally:
+                await turn_hub.stop()
                 await hub.stop()
 
     return Starlette(

@@ -142,6 +142,7 @@ class Turn:
     completed_at: int | None
     input: str | None = None
     enriched_input: str | None = None
+    reply: str | None = None
 
     @classmethod
     def of(cls, row: dict[str, Any], *, input: str | None = None, enriched_input: str | None = None) -> Turn:

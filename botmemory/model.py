@@ -15,7 +15,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, cast
@@ -209,11 +209,15 @@ class Gateway:
         step: StepKey | None = None,
         stream: bool = False,
         entry_ids: tuple[str, ...] = (),
+        on_text: Callable[[str], Awaitable[None]] | None = None,
+        charge: bool = True,
     ) -> Completion:
         """One model call with retries until ``deadline`` (``time.monotonic``), saved with its attempts.
 
         ``body`` is the chat-completions request without ``model``; ``entry_ids`` are the entries
-        whose content it embeds (a purge of any of them removes the saved texts, D9.20).
+        whose content it embeds (a purge of any of them removes the saved texts, D9.20);
+        ``on_text`` receives streamed text as it arrives; ``charge=False`` records the cost on the
+        call without counting it against the memory Bot's budget (the Bot's own chat model).
         Raises ModelUnavailable.
         """
         if route.model is None or self._client is None:
@@ -231,7 +235,7 @@ class Gateway:
             started = time.monotonic()
             try:
                 async with asyncio.timeout(remaining):
-                    result = await self._once(call_id, task, request, stream, remaining)
+                    result = await self._once(call_id, task, request, stream, remaining, on_text)
                 attempts.append(f"ok:{_ms(started)}ms")
                 break
             except (TimeoutError, openai.APITimeoutError):
@@ -262,7 +266,7 @@ class Gateway:
             if len(result_json) > self.settings.max_model_answer_bytes:
                 status, result_json = "too_large", None
         cost = await self._save(
-            rt, route, call_id, task, request, result, result_json, status, attempts, step, entry_ids
+            rt, route, call_id, task, request, result, result_json, status, attempts, step, entry_ids, charge
         )
         metrics.MODEL_CALLS.labels(task=task, status=status).inc()
         metrics.MODEL_SECONDS.labels(task=task).observe(time.monotonic() - began)
@@ -274,13 +278,19 @@ class Gateway:
         return result
 
     async def _once(
-        self, call_id: str, task: str, request: dict[str, Any], stream: bool, budget: float
+        self,
+        call_id: str,
+        task: str,
+        request: dict[str, Any],
+        stream: bool,
+        budget: float,
+        on_text: Callable[[str], Awaitable[None]] | None,
     ) -> Completion:
         assert self._client is not None
         timeout = min(budget, self.settings.model_attempt_timeout_seconds)
         headers = {"X-Botmemory-Task": task}
         if stream:
-            return await self._stream(call_id, request, headers, timeout)
+            return await self._stream(call_id, request, headers, timeout, on_text)
         response = cast(
             ChatCompletion,
             await self._client.chat.completions.create(**request, extra_headers=headers, timeout=timeout),
@@ -300,7 +310,12 @@ class Gateway:
         )
 
     async def _stream(
-        self, call_id: str, request: dict[str, Any], headers: dict[str, str], seconds: float
+        self,
+        call_id: str,
+        request: dict[str, Any],
+        headers: dict[str, str],
+        seconds: float,
+        on_text: Callable[[str], Awaitable[None]] | None,
     ) -> Completion:
         """A streamed call that asks for usage (``include_usage``, D9.12)."""
         assert self._client is not None
@@ -321,6 +336,8 @@ class Gateway:
                 delta = choice.delta
                 if delta.content:
                     text.append(delta.content)
+                    if on_text is not None:
+                        await on_text(delta.content)
                 for tc in delta.tool_calls or []:
                     slot = calls.setdefault(tc.index, ["", "", ""])
                     if tc.id:
@@ -345,6 +362,7 @@ class Gateway:
         attempts: list[str],
         step: StepKey | None,
         entry_ids: tuple[str, ...],
+        charge: bool,
     ) -> int | None:
         """The call, encrypted (E1), and its confirmed cost (L6) in one transaction; the cost."""
         usage = None if result is None else result.usage
@@ -375,7 +393,7 @@ class Gateway:
             "costMicros": cost,
             "at": now,
             "periods": list(periods(now)),
-            "charged": charged,
+            "charged": charged and charge,
         }
         if charged and status != "ok":
             fields["status"] = status  # answered but unusable (too large): charged, not reusable

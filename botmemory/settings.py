@@ -70,6 +70,9 @@ class Settings(BaseSettings):
     sweep_interval_seconds: float = 2.0
     requeue_after_seconds: float = 30.0
     answer_context_chars: int = 4000
+    chat_deadline_seconds: float = 60.0
+    runner_history_items: int = 20
+    summary_threshold_chars: int = 20_000
     max_evidence_items: int = 200
     max_model_answer_bytes: int = 1_000_000
 

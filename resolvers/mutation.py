@@ -6,7 +6,7 @@ import time
 
 import strawberry
 
-from botmemory import chats, enrichment, provisioning
+from botmemory import chats, enrichment, provisioning, runner
 from resolvers.memory import MemoryMutation
 from resolvers.memorybot import MemoryBotMutation
 from schema.context import Info
@@ -186,4 +186,15 @@ class Mutation(MemoryMutation, MemoryBotMutation):
     @strawberry.mutation
     async def complete_turn(self, info: Info, turn_id: strawberry.ID) -> Turn:
         turn = await chats.complete_turn(info.context.runtime, await info.context.principal(), str(turn_id))
+        return Turn.of(turn)
+
+    @strawberry.mutation(
+        description="Run a whole Turn with the Bot's own chat model (the built-in runner); the reply "
+        "also streams to turnEvents subscribers."
+    )
+    async def send_message(self, info: Info, chat_id: strawberry.ID, text: str) -> Turn:
+        principal = await info.context.principal()
+        turn = await runner.send_message(
+            info.context.runtime, info.context.turn_hub, principal, str(chat_id), text
+        )
         return Turn.of(turn)

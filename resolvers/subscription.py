@@ -6,10 +6,11 @@ from collections.abc import AsyncGenerator
 
 import strawberry
 
-from botmemory import memory
-from botmemory.errors import Unauthenticated
+from botmemory import chats, memory
+from botmemory.errors import Forbidden, NotFound, Unauthenticated
 from schema.context import Info
 from schema.memory import MemoryChangeEvent, MemoryEntry
+from schema.types import TurnEvent
 
 
 @strawberry.type
@@ -29,4 +30,29 @@ class Subscription:
                     raise Unauthenticated("the token or the read grant is gone")
                 yield MemoryChangeEvent(
                     version=event.version, entries=[MemoryEntry.of(e) for e in event.entries]
+                )
+
+    @strawberry.subscription(
+        description="Events of the chat's Turns run by the built-in runner: the reply as it streams, "
+        "saved Items, the end of the Turn. For the chat's people; never the rewritten input."
+    )
+    async def turn_events(self, info: Info, chat_id: strawberry.ID) -> AsyncGenerator[TurnEvent]:
+        principal = await info.context.principal()
+        chat = await chats.get_chat(info.context.runtime, principal, str(chat_id))
+        hub = info.context.turn_hub
+        if chat is None:
+            raise NotFound("chat not found")
+        if hub is None or principal.person_id is None:
+            raise Unauthenticated("subscriptions need a person's token")
+        async with hub.subscribe(chat.id, principal.person_id) as sub:
+            while True:
+                event = await sub.queue.get()
+                if event is None:
+                    raise Forbidden("you are no longer one of the chat's people")
+                yield TurnEvent(
+                    turn_id=strawberry.ID(event.turn_id),
+                    kind=event.kind,
+                    text=event.text,
+                    item_id=None if event.item_id is None else strawberry.ID(event.item_id),
+                    item_kind=event.item_kind,
                 )

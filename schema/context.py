@@ -10,6 +10,7 @@ from botmemory.auth import authenticate
 from botmemory.changefeed import ChangeHub
 from botmemory.domain import Principal
 from botmemory.runtime import Runtime
+from botmemory.turnfeed import TurnHub
 
 
 @dataclass(slots=True)
@@ -19,6 +20,7 @@ class Context:
     runtime: Runtime
     authorization: str | None
     hub: ChangeHub | None = None
+    turn_hub: TurnHub | None = None
     connection_params: dict[str, object] | None = None
     _principal: Principal | None = field(default=None)
 

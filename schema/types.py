@@ -146,6 +146,7 @@ class Turn:
     enriched_input: str | None = strawberry.field(
         description="The input the Bot should see; only ever returned to the startTurn caller."
     )
+    reply: str | None = strawberry.field(description="The built-in runner's reply (sendMessage).")
     created_at: Long
     completed_at: Long | None
 
@@ -160,6 +161,7 @@ class Turn:
             actor_id=None if t.actor_id is None else strawberry.ID(t.actor_id),
             input=t.input,
             enriched_input=t.enriched_input,
+            reply=t.reply,
             created_at=Long(t.created_at),
             completed_at=None if t.completed_at is None else Long(t.completed_at),
         )
@@ -205,3 +207,14 @@ class ItemInput:
     kind: ItemKind
     text: str
     app: str | None = None
+
+
+@strawberry.type
+class TurnEvent:
+    turn_id: strawberry.ID
+    kind: str = strawberry.field(description="REPLY_DELTA, ITEM_ADDED or TURN_COMPLETED")
+    text: str | None = strawberry.field(
+        description="Reply text (REPLY_DELTA) or the Item's text (ITEM_ADDED)."
+    )
+    item_id: strawberry.ID | None
+    item_kind: str | None

@@ -1,0 +1,219 @@
+"""The built-in Bot runner (``sendMessage``): a whole Turn with the Bot's own chat model.
+
+The person's words open the Turn (and the memory Bot may rewrite them for the Bot, N1); the Bot
+sees the Chat's history and the (rewritten) input, and — outside review chats — a ``confide``
+tool described only as a place to say how its work goes (L1, D9.16: no memory vocabulary
+anywhere the Bot can see). Tool calls are answered, Items saved, the reply streamed to
+``turnEvents`` subscribers, and the Turn completed, which lets learning run (L2).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from neo4j import AsyncManagedTransaction
+
+from botmemory import chats, enrichment, memorybot
+from botmemory.auth import require_person
+from botmemory.chats import NewItem
+from botmemory.domain import ItemKind, Principal, Turn
+from botmemory.errors import BadInput, NotFound
+from botmemory.memorybot import load_route
+from botmemory.model import ModelUnavailable, Route
+from botmemory.runtime import Runtime
+from botmemory.turnfeed import TurnEvent, TurnHub
+from botmemory.validation import check_id, check_text
+from graph import memorybot as q
+from graph.driver import read
+
+MAX_TOOL_ROUNDS = 3
+UNAVAILABLE_REPLY = "Sorry, I cannot answer just now. Please try again in a moment."
+
+CONFIDE_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "confide",
+        "description": (
+            "A place to say how your work goes: when you are stuck, unsure, upset or proud, or when "
+            "you made a mistake. You get a short answer."
+        ),
+        "parameters": {
+            "type": "object",
+            "properties": {"text": {"type": "string"}},
+            "required": ["text"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+def _system(bot_name: str) -> str:
+    return (
+        f"You are {bot_name}, an assistant in a chat. Answer the person's latest message helpfully "
+        "and plainly."
+    )
+
+
+async def send_message(
+    rt: Runtime, hub: TurnHub | None, principal: Principal, chat_id: str, text: str
+) -> Turn:
+    """Run a Turn of the Bot for the person's message; returns the Turn with the reply."""
+    arrived = time.monotonic()
+    require_person(principal)
+    check_id(chat_id, "chatId")
+    check_text(text, "text", limit=rt.settings.max_text_chars)
+    if await chats.get_chat(rt, principal, chat_id) is None:
+        raise NotFound("chat not found")
+
+    async def load(tx: AsyncManagedTransaction) -> tuple[dict[str, Any], Route, dict[str, Any]]:
+        chat, route = await load_route(rt, tx, chat_id)
+        row = await q.chat_route(tx, chat_id=chat_id)
+        assert row is not None
+        return chat, route, row
+
+    chat, memory_route, row = await read(rt.driver, load)
+    if row["botModel"] is None:
+        raise BadInput("this Bot has no chat model; set one with createBot(model:)", field="chatId")
+    route = Route(
+        memory_route.bot_id,
+        memory_route.org,
+        row["botModel"],
+        memory_route.bot_memory,
+        None,
+        None,
+        None,
+        None,
+        memory_route.cipher,
+    )
+    turn = await enrichment.start_turn(
+        rt, principal, chat_id, text, actor_id=None, notice=False, arrived=arrived
+    )
+    history = await _history(rt, principal, chat_id, turn.id)
+    await _publish(hub, chat_id, TurnEvent(turn.id, "ITEM_ADDED", text, f"i-{history[1]}", "PERSON_MESSAGE"))
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": _system(row["botName"])},
+        *history[0],
+        {"role": "user", "content": turn.enriched_input or text},
+    ]
+    tools = [] if chat["review"] else [CONFIDE_TOOL]  # review chats have no confide (L1)
+    reply = await _converse(rt, hub, principal, route, chat_id, turn, messages, tools)
+    [item] = await chats.add_items(rt, principal, turn.id, [NewItem(ItemKind.BOT_MESSAGE, reply)])
+    await _publish(hub, chat_id, TurnEvent(turn.id, "ITEM_ADDED", reply, item.id, "BOT_MESSAGE"))
+    done = await chats.complete_turn(rt, principal, turn.id)
+    await _publish(hub, chat_id, TurnEvent(turn.id, "TURN_COMPLETED"))
+    return Turn(
+        done.id,
+        done.chat_id,
+        done.seq,
+        done.status,
+        done.actor_kind,
+        done.actor_id,
+        done.created_at,
+        done.completed_at,
+        text,
+        None,
+        reply,
+    )
+
+
+async def _converse(
+    rt: Runtime,
+    hub: TurnHub | None,
+    principal: Principal,
+    route: Route,
+    chat_id: str,
+    turn: Turn,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]],
+) -> str:
+    """Ask the Bot's model, answering its tool calls, until it replies in words."""
+
+    async def stream(delta: str) -> None:
+        await _publish(hub, chat_id, TurnEvent(turn.id, "REPLY_DELTA", delta))
+
+    for _ in range(MAX_TOOL_ROUNDS + 1):
+        body: dict[str, Any] = {"messages": messages}
+        if tools:
+            body["tools"] = tools
+        try:
+            completion = await rt.gateway.complete(
+                rt,
+                route,
+                task="chat",
+                body=body,
+                deadline=time.monotonic() + rt.settings.chat_deadline_seconds,
+                stream=True,
+                on_text=stream,
+                charge=False,  # the Bot's own model, not the memory Bot's budget
+            )
+        except ModelUnavailable:
+            return UNAVAILABLE_REPLY
+        if not completion.tool_calls or not tools:
+            return (completion.text or "").strip() or UNAVAILABLE_REPLY
+        messages.append(
+            {
+                "role": "assistant",
+                "content": completion.text,
+                "tool_calls": [
+                    {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                    for c in completion.tool_calls
+                ],
+            }
+        )
+        for call in completion.tool_calls:
+            answer = await _tool(rt, hub, principal, chat_id, turn, call.name, call.arguments)
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": answer})
+    return UNAVAILABLE_REPLY
+
+
+async def _tool(
+    rt: Runtime,
+    hub: TurnHub | None,
+    principal: Principal,
+    chat_id: str,
+    turn: Turn,
+    name: str,
+    arguments: str,
+) -> str:
+    """The Bot used a tool: the call is an Item of the Turn (its name only — what it confided is
+    in the owner's confessions), and the memory Bot answers."""
+    if name != "confide":
+        return "There is no such tool."
+    try:
+        said = json.loads(arguments).get("text")
+    except (ValueError, AttributeError):
+        said = None
+    if not isinstance(said, str) or not said.strip():
+        return "Say in a few words how your work goes."
+    [item] = await chats.add_items(rt, principal, turn.id, [NewItem(ItemKind.TOOL_CALL, "confide")])
+    await _publish(hub, chat_id, TurnEvent(turn.id, "ITEM_ADDED", "confide", item.id, "TOOL_CALL"))
+    return await memorybot.confide(rt, principal, turn.id, said[: rt.settings.max_text_chars])
+
+
+async def _history(
+    rt: Runtime, principal: Principal, chat_id: str, turn_id: str
+) -> tuple[list[dict[str, Any]], int]:
+    """The Chat's last messages before this Turn as chat messages, and the Turn's first Item number."""
+    limit = rt.settings.runner_history_items
+    total = (await chats.messages(rt, principal, chat_id, limit=1, skip=0)).total
+    page = await chats.messages(rt, principal, chat_id, limit=limit + 1, skip=max(total - limit - 1, 0))
+    before = [i for i in page.items if i.turn_id != turn_id]
+    first = min((i.seq for i in page.items if i.turn_id == turn_id), default=total)
+    out: list[dict[str, Any]] = []
+    for item in before[-limit:]:
+        if item.text is None:
+            continue
+        if item.kind is ItemKind.PERSON_MESSAGE:
+            out.append({"role": "user", "content": item.text})
+        elif item.kind is ItemKind.BOT_MESSAGE:
+            out.append({"role": "assistant", "content": item.text})
+        elif item.kind is ItemKind.NOTICE:
+            out.append({"role": "user", "content": f"[notice] {item.text}"})
+    return out, first
+
+
+async def _publish(hub: TurnHub | None, chat_id: str, event: TurnEvent) -> None:
+    if hub is not None:
+        await hub.publish(chat_id, event)

@@ -1,0 +1,172 @@
+"""Turn events for subscribers of a Chat (``turnEvents``): the built-in runner's reply as it streams.
+
+Reply text streams only to subscribers on the API process that runs the Turn. Other processes
+learn of saved Items and of the Turn's end through Redis pub/sub, which carries ids only (E4);
+they read the Item themselves. Events never carry the enriched input (D9.16): the person's Item
+is their own words. Subscribers are the Chat's people (D9.6), checked again on every saved Item.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import secrets
+from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from neo4j import AsyncManagedTransaction
+
+from botmemory.chats import ITEM_KIND
+from botmemory.runtime import Runtime
+from graph import chats as q
+from graph.driver import read, single
+
+log = logging.getLogger("botmemory.turnfeed")
+
+CHANNEL_PATTERN = "botmemory:turns:*"
+
+#: The Chat's people now (the owner, or the channel's current members).
+CHAT_PEOPLE = """
+MATCH (ch:Chat {id: $chatId})
+OPTIONAL MATCH (ch)-[:IN_CHANNEL]->(c:Channel)
+OPTIONAL MATCH (p:Person)-[:MEMBER]->(c)
+RETURN ch.ownerId AS owner, collect(p.id) AS members
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class TurnEvent:
+    turn_id: str
+    kind: str  # REPLY_DELTA | ITEM_ADDED | TURN_COMPLETED
+    text: str | None = None
+    item_id: str | None = None
+    item_kind: str | None = None
+
+
+@dataclass(eq=False, slots=True)
+class Subscriber:
+    chat_id: str
+    person_id: str
+    queue: asyncio.Queue[TurnEvent | None] = field(
+        default_factory=lambda: asyncio.Queue[TurnEvent | None](1000)
+    )
+
+
+class TurnHub:
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        self.origin = secrets.token_hex(8)
+        self.subscribers: dict[str, set[Subscriber]] = {}
+        self._task: asyncio.Task[None] | None = None
+        self.ready = asyncio.Event()
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._listen(), name="turnfeed")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    @contextlib.asynccontextmanager
+    async def subscribe(self, chat_id: str, person_id: str) -> AsyncGenerator[Subscriber]:
+        sub = Subscriber(chat_id, person_id)
+        self.subscribers.setdefault(chat_id, set()).add(sub)
+        try:
+            yield sub
+        finally:
+            subs = self.subscribers.get(chat_id, set())
+            subs.discard(sub)
+            if not subs:
+                self.subscribers.pop(chat_id, None)
+
+    async def publish(self, chat_id: str, event: TurnEvent) -> None:
+        """Deliver here with content; tell other processes the ids (deltas stay local)."""
+        if event.kind == "ITEM_ADDED":
+            await self._recheck(chat_id)
+        for sub in list(self.subscribers.get(chat_id, ())):
+            _offer(sub, event)
+        if event.kind != "REPLY_DELTA":
+            message = {
+                "origin": self.origin,
+                "chatId": chat_id,
+                "turnId": event.turn_id,
+                "kind": event.kind,
+                "itemId": event.item_id,
+            }
+            with contextlib.suppress(Exception):
+                await self.rt.redis.publish(f"botmemory:turns:{chat_id}", json.dumps(message))
+
+    async def _recheck(self, chat_id: str) -> None:
+        """End the streams of people who are no longer people of the Chat."""
+        subs = self.subscribers.get(chat_id)
+        if not subs:
+            return
+        record = await read(self.rt.driver, lambda tx: single(tx, CHAT_PEOPLE, chatId=chat_id))
+        people: set[str] = set() if record is None else {record["owner"], *record["members"]}
+        for sub in list(subs):
+            if sub.person_id not in people:
+                _offer(sub, None)
+                subs.discard(sub)
+
+    async def _listen(self) -> None:
+        while True:
+            pubsub = self.rt.redis.pubsub()
+            try:
+                await pubsub.psubscribe(CHANNEL_PATTERN)
+                self.ready.set()
+                async for message in cast(AsyncIterator[dict[str, Any]], pubsub.listen()):
+                    if message.get("type") == "pmessage":
+                        await self._remote(json.loads(message["data"]))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # keep listening across Redis hiccups
+                log.warning("turn feed interrupted: %s; reconnecting", type(exc).__name__)
+                await asyncio.sleep(0.5)
+            finally:
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()
+
+    async def _remote(self, message: dict[str, Any]) -> None:
+        """An event of another process: ids only; read the Item here."""
+        chat_id = str(message["chatId"])
+        if message.get("origin") == self.origin or chat_id not in self.subscribers:
+            return
+        event = TurnEvent(str(message["turnId"]), str(message["kind"]), item_id=message.get("itemId"))
+        if event.kind == "ITEM_ADDED" and event.item_id:
+            item_id = str(event.item_id)
+
+            async def work(tx: AsyncManagedTransaction) -> dict[str, Any] | None:
+                row = await q.chat_for(tx, chat_id=chat_id, person_id=None)
+                item = await single(
+                    tx, "MATCH (i:Item {uid: $uid}) RETURN i {.*} AS item", uid=f"{chat_id}/{item_id}"
+                )
+                return None if row is None or item is None else {**row, "item": item["item"]}
+
+            found = await read(self.rt.driver, work)
+            if found is None:
+                return
+            cipher = self.rt.cipher(found["chat"]["botId"], found["keyMaster"], found["keyWrapped"])
+            item = found["item"]
+            text = item.get("text")
+            event = TurnEvent(
+                event.turn_id,
+                event.kind,
+                None if text is None else cipher.decrypt(ITEM_KIND, item["uid"], bytes(text)),
+                item_id,
+                item["kind"],
+            )
+            await self._recheck(chat_id)
+        for sub in list(self.subscribers.get(chat_id, ())):
+            _offer(sub, event)
+
+
+def _offer(sub: Subscriber, event: TurnEvent | None) -> None:
+    try:
+        sub.queue.put_nowait(event)
+    except asyncio.QueueFull:
+        log.warning("a turn-event subscriber is too slow; dropping an event")

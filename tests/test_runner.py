@@ -1,0 +1,188 @@
+"""The built-in runner (sendMessage) and turnEvents: a whole Turn with the Bot's chat model, the
+confide tool, the reply streamed, learning from that Turn (L1, L2, N1, D9.16)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncGenerator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+import websockets
+from websockets.asyncio.client import ClientConnection
+
+from botmemory.runtime import Runtime
+from tests.client import Api, World
+from tests.conftest import WorkerProcess
+from tests.learning_helpers import fact_call, learn, memory_world, wait_executions
+from tests.memory_helpers import fact, said, visible
+from tests.model_server import ModelServer, Reply, ToolCall
+
+SEND = (
+    "mutation($c: ID!, $t: String!) { sendMessage(chatId: $c, text: $t) { id reply enrichedInput status } }"
+)
+EVENTS = "subscription($c: ID!) { turnEvents(chatId: $c) { turnId kind text itemId itemKind } }"
+MEMORY_WORDS = ("memory", "memories", "remember", "entry", "entries")
+
+
+@pytest.fixture(autouse=True)
+def _learning(worker_process: WorkerProcess, model_server: ModelServer) -> None:
+    if worker_process.proc.poll() is not None:
+        worker_process.restart()
+    worker_process.wait_ready()
+    model_server.reset()
+
+
+async def runner_world(
+    api: Api, names: tuple[str, ...] = ("ann", "bob"), channel: tuple[str, ...] = ()
+) -> World:
+    w = await memory_world(api, names, channel=channel)
+    data = await api.admin(
+        'mutation($o: ID!) { createBot(organizationId: $o, name: "Ada", model: "chat-model") { id } }',
+        {"o": w.org},
+    )
+    w.bot = data["createBot"]["id"]
+    for person in w.people.values():
+        await api.grant(w.bot, person)
+    return w
+
+
+def ws_url(api: Api) -> str:
+    return str(api.http.base_url).replace("http://", "ws://").rstrip("/") + "/graphql"
+
+
+@asynccontextmanager
+async def turn_events(api: Api, token: str, chat: str) -> AsyncGenerator[ClientConnection]:
+    async with websockets.connect(ws_url(api), subprotocols=["graphql-transport-ws"]) as ws:  # type: ignore[list-item]
+        await ws.send(
+            json.dumps({"type": "connection_init", "payload": {"Authorization": f"Bearer {token}"}})
+        )
+        assert json.loads(await asyncio.wait_for(ws.recv(), 5))["type"] == "connection_ack"
+        await ws.send(
+            json.dumps(
+                {"id": "1", "type": "subscribe", "payload": {"query": EVENTS, "variables": {"c": chat}}}
+            )
+        )
+        await asyncio.sleep(0.5)
+        yield ws
+
+
+async def events_until_completed(ws: ClientConnection) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    while True:
+        message = json.loads(await asyncio.wait_for(ws.recv(), 10))
+        assert message["type"] == "next", message
+        event = message["payload"]["data"]["turnEvents"]
+        out.append(event)
+        if event["kind"] == "TURN_COMPLETED":
+            return out
+
+
+async def test_runner_turn_with_confide_then_learning(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    w = await runner_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    trains = await fact(
+        runtime, w.bot, "Ann prefers trains", await said(api, w.tokens["ann"], chat, "trains please")
+    )
+    model_server.reset()
+    model_server.script(
+        "rewrite",
+        Reply(
+            tool_calls=[
+                ToolCall(
+                    "rewrite_input",
+                    {"text": "Plan my trip to Lyon (I prefer trains).", "used_entry_ids": [trains]},
+                )
+            ]
+        ),
+    )
+    model_server.script(
+        "chat",
+        Reply(tool_calls=[ToolCall("confide", {"text": "I am unsure I booked the right date."})]),
+        Reply(text="Here is your train plan to Lyon."),
+    )
+    model_server.script("confide", Reply(text="That is fine. Check the date and tell Ann plainly."))
+    model_server.script("learn", learn(fact_call("Ann is travelling to Lyon", "i-2", topics=("travel",))))
+    async with turn_events(api, w.tokens["ann"], chat) as ws:
+        data = await api.gql(SEND, {"c": chat, "t": "Plan my trip to Lyon."}, w.tokens["ann"])
+        events = await events_until_completed(ws)
+    turn = data["sendMessage"]
+    assert turn["reply"] == "Here is your train plan to Lyon." and turn["status"] == "completed"
+    assert turn["enrichedInput"] is None  # only startTurn's caller gets it (D9.16)
+    # The Bot saw the rewritten input, its history, and a confide tool without memory words.
+    first, second = model_server.requests_for("chat")
+    assert first.body["model"] == "chat-model"
+    assert first.body["messages"][-1] == {
+        "role": "user",
+        "content": "Plan my trip to Lyon (I prefer trains).",
+    }
+    assert {"role": "user", "content": "trains please"} in first.body["messages"]
+    [tool] = first.body["tools"]
+    assert tool["function"]["name"] == "confide"
+    assert not any(word in json.dumps(first.body).lower() for word in MEMORY_WORDS)
+    assert second.body["messages"][-1] == {
+        "role": "tool",
+        "tool_call_id": second.body["messages"][-2]["tool_calls"][0]["id"],
+        "content": "That is fine. Check the date and tell Ann plainly.",
+    }
+    assert first.body["stream"] is True and first.body["stream_options"] == {"include_usage": True}
+    # Items: the person's own words, the tool call (name only), the reply.
+    data = await api.gql(
+        "query($c: ID!) { chat(id: $c) { messages { id kind text } } }", {"c": chat}, w.tokens["ann"]
+    )
+    assert [(m["kind"], m["text"]) for m in data["chat"]["messages"][-3:]] == [
+        ("PERSON_MESSAGE", "Plan my trip to Lyon."),
+        ("TOOL_CALL", "confide"),
+        ("BOT_MESSAGE", "Here is your train plan to Lyon."),
+    ]
+    # The stream: the person's words, the reply in pieces, the saved reply, the end; never the rewrite.
+    kinds = [e["kind"] for e in events]
+    assert (
+        kinds[0] == "ITEM_ADDED"
+        and events[0]["text"] == "Plan my trip to Lyon."
+        and kinds[-1] == "TURN_COMPLETED"
+    )
+    assert (
+        "".join(e["text"] for e in events if e["kind"] == "REPLY_DELTA") == "Here is your train plan to Lyon."
+    )
+    assert ("BOT_MESSAGE", "Here is your train plan to Lyon.") in [(e["itemKind"], e["text"]) for e in events]
+    assert "I prefer trains" not in json.dumps(events)
+    # Completing the Turn started learning from it (L2).
+    await wait_executions(runtime, turn["id"])
+    learned = await visible(api, w.tokens["ann"], w.bot)
+    assert "Ann is travelling to Lyon" in [e["content"] for e in learned.values()]
+
+
+async def test_review_chats_get_no_confide_tool(api: Api, model_server: ModelServer) -> None:
+    w = await runner_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot, review=True)
+    model_server.script("chat", Reply(text="Reviewed."))
+    data = await api.gql(SEND, {"c": chat, "t": "Review this please."}, w.tokens["ann"])
+    assert data["sendMessage"]["reply"] == "Reviewed."
+    [request] = model_server.requests_for("chat")
+    assert "tools" not in request.body
+
+
+async def test_only_the_chats_people_follow_its_turns(api: Api) -> None:
+    w = await runner_world(api, ("ann", "bob"))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    async with websockets.connect(ws_url(api), subprotocols=["graphql-transport-ws"]) as ws:  # type: ignore[list-item]
+        await ws.send(
+            json.dumps({"type": "connection_init", "payload": {"Authorization": f"Bearer {w.tokens['bob']}"}})
+        )
+        assert json.loads(await asyncio.wait_for(ws.recv(), 5))["type"] == "connection_ack"
+        await ws.send(
+            json.dumps(
+                {"id": "1", "type": "subscribe", "payload": {"query": EVENTS, "variables": {"c": chat}}}
+            )
+        )
+        message = json.loads(await asyncio.wait_for(ws.recv(), 5))
+        assert (
+            message["type"] == "error" or message["payload"]["errors"][0]["extensions"]["code"] == "NOT_FOUND"
+        )
+    codes = await api.codes(SEND, {"c": chat, "t": "hi"}, w.tokens["bob"])
+    assert codes == ["NOT_FOUND"]
