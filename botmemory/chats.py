@@ -16,7 +16,7 @@ from botmemory.validation import check_id, check_page, check_text
 from graph import chats as q
 from graph import identity, learning
 from graph.driver import read, write
-from learning.queue import enqueue_executions
+from learning.queue import enqueue_executions, enqueue_summary_if_due
 
 ITEM_KIND = "item"
 _MAX_ITEMS_PER_CALL = 100
@@ -224,6 +224,7 @@ def _new_row(
         "seq": seq,
         "kind": kind.value,
         "text": _cipher(rt, row).encrypt(ITEM_KIND, uid, text),
+        "textLength": len(text),
         "app": app,
         "speakerId": speaker,
     }
@@ -300,4 +301,5 @@ async def complete_turn(rt: Runtime, principal: Principal, turn_id: str) -> Turn
     turn, queued = await write(rt.driver, work)
     assert turn is not None
     await enqueue_executions(rt, queued)
+    await enqueue_summary_if_due(rt, turn["chatId"])
     return Turn.of(turn)

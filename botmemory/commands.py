@@ -24,7 +24,7 @@ from botmemory.ids import new_id
 from botmemory.memory import Entry, Reader, person_reader
 from botmemory.runtime import Runtime, now_ms
 from botmemory.validation import check_id
-from graph import chats, entries, identity
+from graph import chats, conversation, entries, identity
 from graph import memory as q
 from graph.driver import write
 
@@ -150,6 +150,7 @@ async def delete_chat_history(rt: Runtime, principal: Principal, chat_id: str) -
             raise NotFound("chat not found")
         if row["chat"]["ownerId"] != person_id:
             raise Forbidden("only the chat's owner deletes its history")
+        await conversation.delete_summary(tx, chat_id=chat_id)  # the summary is history too
         return await entries.delete_chat_history(tx, chat_id=chat_id)
 
     return await write(rt.driver, work)

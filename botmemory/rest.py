@@ -8,7 +8,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from botmemory import chats, commands, enrichment, memory, memorybot
+from botmemory import chats, commands, conversation, enrichment, memory, memorybot
 from botmemory.auth import authenticate
 from botmemory.domain import Item, Principal
 from botmemory.errors import BadInput
@@ -168,6 +168,13 @@ async def get_confessions(request: Request) -> JSONResponse:
     return JSONResponse({"confessions": [c.json() for c in found]})
 
 
+async def get_context(request: Request) -> JSONResponse:
+    """``GET /v1/chats/{chatId}/context`` — the context pack for the chat's audience (D9.17)."""
+    principal = await principal_of(request)
+    pack = await conversation.context_pack(runtime_of(request), principal, request.path_params["chat_id"])
+    return JSONResponse(pack.json(item_json))
+
+
 async def get_enrichments(request: Request) -> JSONResponse:
     """``GET /v1/chats/{chatId}/enrichments`` — the Chat owner's view, re-validated (D9.6)."""
     principal = await principal_of(request)
@@ -191,4 +198,5 @@ routes = [
     Route("/bots/{bot_id}/memory/bot", patch_memory_bot, methods=["PATCH"]),
     Route("/chats/{chat_id}/confessions", get_confessions, methods=["GET"]),
     Route("/chats/{chat_id}/enrichments", get_enrichments, methods=["GET"]),
+    Route("/chats/{chat_id}/context", get_context, methods=["GET"]),
 ]

@@ -79,7 +79,8 @@ SET t.lastActivityAt = $now
 WITH t
 UNWIND $items AS item
 CREATE (i:Item {uid: item.uid, id: item.id, chatId: t.chatId, turnId: t.id, seq: item.seq, kind: item.kind,
-                text: item.text, app: item.app, speakerId: item.speakerId, createdAt: $now})-[:IN_TURN]->(t)
+                text: item.text, textLength: item.textLength, app: item.app, speakerId: item.speakerId,
+                createdAt: $now})-[:IN_TURN]->(t)
 RETURN i {.*} AS item ORDER BY i.seq
 """
 

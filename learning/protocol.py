@@ -42,6 +42,8 @@ LEARN_SYSTEM = (
     "- invalidate: an entry that stopped being true. set_topics / rename_topic: keep topics tidy "
     "(lowercase words joined by dashes). share: show an entry to a wider audience, only when the "
     "rules of the team say so.\n"
+    "A person's preferences (how they like to be answered, worked with or addressed) get the topic "
+    "preferences.\n"
     "The Bot's own words and tool calls only show where to look: they never become facts. A notice "
     "is never a person's words. If there is nothing worth keeping, call no tool."
 )

@@ -14,10 +14,13 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from botmemory.runtime import Runtime
+from graph import conversation
+from graph.driver import read
 
 log = logging.getLogger("botmemory.queue")
 
 RUN_EXECUTION = "run_execution"
+SUMMARIZE_CHAT = "summarize_chat"
 
 
 def serialize(job: dict[str, Any]) -> bytes:
@@ -44,3 +47,15 @@ async def enqueue_executions(rt: Runtime, queued: list[dict[str, Any]]) -> None:
             )
         except RedisError as exc:
             log.warning("enqueue of %s failed (%s); the sweeper retries", execution["id"], type(exc).__name__)
+
+
+async def enqueue_summary_if_due(rt: Runtime, chat_id: str) -> bool:
+    """Queue ``summary:<chatId>`` when the Chat's history passed the summary threshold (D9.17)."""
+    _, chars = await read(rt.driver, lambda tx: conversation.unsummarized(tx, chat_id=chat_id))
+    if chars <= rt.settings.summary_threshold_chars:
+        return False
+    try:
+        await rt.redis.enqueue_job(SUMMARIZE_CHAT, chat_id, _job_id=f"summary:{chat_id}")
+    except RedisError as exc:
+        log.warning("enqueue of a summary failed (%s); the next Turn retries", type(exc).__name__)
+    return True

@@ -17,7 +17,7 @@ from arq import cron
 from arq.connections import RedisSettings
 from arq.worker import run_worker
 
-from botmemory import metrics
+from botmemory import conversation, metrics
 from botmemory.bootstrap import open_runtime
 from botmemory.logs import configure_logging
 from botmemory.runtime import Runtime, now_ms
@@ -68,8 +68,17 @@ async def run_execution(ctx: dict[str, Any], execution_id: str, epoch: int) -> N
     log.info("execution %s epoch %s: %s", execution_id, epoch, outcome)
 
 
+async def summarize_chat(ctx: dict[str, Any], chat_id: str) -> None:
+    """``summary:<chatId>``: compress a Chat's history past the threshold (D9.17); never raises."""
+    try:
+        outcome = await conversation.summarize(ctx["runtime"], chat_id)
+    except Exception as exc:  # recorded as a code; the next completed Turn asks again
+        outcome = "failed:" + type(exc).__name__
+    log.info("summary of %s: %s", chat_id, outcome)
+
+
 class WorkerSettings:
-    functions: ClassVar[list[Any]] = [heartbeat, run_execution]
+    functions: ClassVar[list[Any]] = [heartbeat, run_execution, summarize_chat]
     cron_jobs: ClassVar[list[Any]] = [cron(heartbeat, second={0, 30}, run_at_startup=False)]
     on_startup = startup
     on_shutdown = shutdown

@@ -4,11 +4,21 @@ from __future__ import annotations
 
 import strawberry
 
-from botmemory import chats, provisioning
+from botmemory import chats, conversation, provisioning
 from resolvers.memory import MemoryQuery
 from resolvers.memorybot import MemoryBotQuery
 from schema.context import Info
-from schema.types import Bot, Channel, Chat, Organization, Person
+from schema.types import (
+    Bot,
+    Channel,
+    Chat,
+    ContextPack,
+    Item,
+    MemoryContext,
+    Organization,
+    Person,
+    Preference,
+)
 
 
 @strawberry.type
@@ -23,6 +33,22 @@ class Query(MemoryQuery, MemoryBotQuery):
     async def chat(self, info: Info, id: strawberry.ID) -> Chat | None:
         chat = await chats.get_chat(info.context.runtime, await info.context.principal(), str(id))
         return None if chat is None else Chat.of(chat)
+
+    @strawberry.field(
+        description="Summary, preferences, the last 10 messages and memory, built for the chat's "
+        "audience (every reader of an answer in it); for the chat's people."
+    )
+    async def context_pack(self, info: Info, chat_id: strawberry.ID) -> ContextPack:
+        pack = await conversation.context_pack(
+            info.context.runtime, await info.context.principal(), str(chat_id)
+        )
+        return ContextPack(
+            chat_id=strawberry.ID(pack.chat_id),
+            summary=pack.summary,
+            preferences=[Preference(id=strawberry.ID(e.id), content=e.content) for e in pack.preferences],
+            last_messages=[Item.of(i) for i in pack.last_messages],
+            memory=MemoryContext(text=pack.memory.text, ids=[strawberry.ID(i) for i in pack.memory.ids]),
+        )
 
     @strawberry.field
     async def organization(self, info: Info, id: strawberry.ID) -> Organization:

@@ -218,3 +218,28 @@ class TurnEvent:
     )
     item_id: strawberry.ID | None
     item_kind: str | None
+
+
+@strawberry.type
+class Preference:
+    id: strawberry.ID
+    content: str
+
+
+@strawberry.type
+class MemoryContext:
+    text: str
+    ids: list[strawberry.ID]
+
+
+@strawberry.type
+class ContextPack:
+    chat_id: strawberry.ID
+    summary: str | None = strawberry.field(description="The rolling summary of the chat's history.")
+    preferences: list[Preference] = strawberry.field(
+        description="Entries with the topic `preferences` that every reader of the chat may see."
+    )
+    last_messages: list[Item]
+    memory: MemoryContext = strawberry.field(
+        description="Memory every reader of the chat may see, in memory order (no rewritten inputs)."
+    )

@@ -1,0 +1,168 @@
+"""Conversation context (DESIGN §6, D9.17): the rolling summary at the threshold and under a spent
+budget, preferences as entries, and contextPack built for the chat's audience."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import pytest
+
+from botmemory.runtime import Runtime
+from tests.client import Api
+from tests.conftest import WorkerProcess
+from tests.learning_helpers import complete, memory_world
+from tests.memory_helpers import fact, said
+from tests.model_server import ModelServer, Reply, ToolCall
+
+
+@pytest.fixture(autouse=True)
+def _worker(worker_process: WorkerProcess, model_server: ModelServer) -> None:
+    if worker_process.proc.poll() is not None:
+        worker_process.restart()
+    worker_process.wait_ready()
+    model_server.reset()
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+async def pack(api: Api, token: str, chat: str) -> Any:
+    return await api.http.get(f"/v1/chats/{chat}/context", headers=bearer(token))
+
+
+async def long_turn(api: Api, token: str, chat: str, letter: str) -> None:
+    turn = await api.turn(token, chat, f"{letter} " + letter * 10_500)
+    await complete(api, token, turn["id"])
+
+
+async def wait_summary(api: Api, token: str, chat: str, within: float = 10) -> str | None:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        summary = (await pack(api, token, chat)).json()["summary"]
+        if summary is not None:
+            return summary
+        await asyncio.sleep(0.1)
+    return None
+
+
+async def test_the_summary_is_compressed_past_20000_characters(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    w = await memory_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    model_server.default("summary", Reply(text="Ann sent two long letters, A and B."))
+    await long_turn(api, w.tokens["ann"], chat, "A")
+    await asyncio.sleep(0.5)
+    assert model_server.requests_for("summary") == []  # 10,502 characters: not due
+    await long_turn(api, w.tokens["ann"], chat, "B")
+    assert await wait_summary(api, w.tokens["ann"], chat) == "Ann sent two long letters, A and B."
+    [request] = model_server.requests_for("summary")
+    sent = json.loads(request.body["messages"][1]["content"])
+    assert [m["speaker"] for m in sent["messages"]] == ["person", "person"] and sent["summary"] is None
+    # History, not memory: no entries, no memory change (D9.17); the call is logged and charged.
+    records, _, _ = await runtime.driver.execute_query(
+        "MATCH (m:Memory {id: $b}) OPTIONAL MATCH (e:Entry {botId: $b}) "
+        "OPTIONAL MATCH (c:ModelCall {botId: $b, task: 'summary'}) "
+        "RETURN m.version AS version, count(DISTINCT e) AS entries, count(DISTINCT c) AS calls",
+        b=w.bot,
+    )
+    assert dict(records[0]) == {"version": 0, "entries": 0, "calls": 1}
+    rows, _, _ = await runtime.driver.execute_query(
+        "MATCH (s:ChatSummary {chatId: $c}) RETURN s.text AS t", c=chat
+    )
+    assert b"long letters" not in rows[0]["t"]  # encrypted (E1)
+    # Deleting the chat's history deletes its summary too (V13).
+    await api.gql("mutation($c: ID!) { deleteChatHistory(chatId: $c) { items } }", {"c": chat}, w.tokens["ann"])
+    assert (await pack(api, w.tokens["ann"], chat)).json()["summary"] is None
+
+
+async def test_no_summary_while_the_budget_is_spent(api: Api, model_server: ModelServer) -> None:
+    w = await memory_world(api, ("ann",))
+    await api.http.patch(
+        f"/v1/bots/{w.bot}/memory/bot",
+        json={"expected": 0, "budget": {"period": "day", "limitMicros": 0}},
+        headers=bearer(w.tokens["ann"]),
+    )
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    model_server.default("summary", Reply(text="Two letters."))
+    await long_turn(api, w.tokens["ann"], chat, "A")
+    await long_turn(api, w.tokens["ann"], chat, "B")
+    await asyncio.sleep(1.5)
+    assert model_server.requests_for("summary") == []
+    assert (await pack(api, w.tokens["ann"], chat)).json()["summary"] is None
+    await api.http.patch(
+        f"/v1/bots/{w.bot}/memory/bot", json={"expected": 1, "budget": None}, headers=bearer(w.tokens["ann"])
+    )
+    await long_turn(api, w.tokens["ann"], chat, "C")
+    assert await wait_summary(api, w.tokens["ann"], chat) == "Two letters."
+
+
+async def test_context_pack_is_built_for_the_chats_audience(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    w = await memory_world(api, ("ann", "bob", "cat"), channel=("ann", "bob"))
+    private = await api.chat(w.tokens["ann"], w.bot)
+    await fact(
+        runtime,
+        w.bot,
+        "Ann wants answers in French",
+        await said(api, w.tokens["ann"], private, "fr"),
+        topics=("preferences",),
+    )
+    secret = await fact(
+        runtime, w.bot, "Ann is job hunting", await said(api, w.tokens["ann"], private, "job")
+    )
+    group = await api.chat(w.tokens["ann"], w.bot, channel=w.channel)
+    liked = await fact(
+        runtime,
+        w.bot,
+        "The team likes bullet points",
+        await said(api, w.tokens["bob"], group, "bullets"),
+        topics=("preferences",),
+    )
+    ships = await fact(
+        runtime, w.bot, "The team ships on Fridays", await said(api, w.tokens["bob"], group, "fridays")
+    )
+    model_server.reset()
+    model_server.script(
+        "rewrite",
+        Reply(
+            tool_calls=[
+                ToolCall(
+                    "rewrite_input",
+                    {"text": "When do we ship? (Fridays, in bullets)", "used_entry_ids": [ships]},
+                )
+            ]
+        ),
+    )
+    turn = await api.turn(w.tokens["ann"], group, "When do we ship?")
+    assert turn["enrichedInput"] == "When do we ship? (Fridays, in bullets)"
+    for name in ("ann", "bob"):
+        got = (await pack(api, w.tokens[name], group)).json()
+        assert [p["id"] for p in got["preferences"]] == [liked]
+        assert set(got["memory"]["ids"]) == {liked, ships}
+        assert (
+            secret not in got["memory"]["ids"]
+            and "French" not in json.dumps(got)
+            and "job" not in got["memory"]["text"]
+        )
+        assert [m["text"] for m in got["lastMessages"]][-1] == "When do we ship?"
+        assert "Fridays, in bullets" not in json.dumps(got)  # never the rewritten input (D9.16)
+    # In Ann's private chat the pack is built for Ann: her preference and the team's.
+    mine = (await pack(api, w.tokens["ann"], private)).json()
+    assert {p["content"] for p in mine["preferences"]} == {
+        "Ann wants answers in French",
+        "The team likes bullet points",
+    }
+    assert (await pack(api, w.tokens["cat"], group)).status_code == 404
+    data = await api.gql(
+        "query($c: ID!) { contextPack(chatId: $c) { summary preferences { id } lastMessages { text } memory { ids } } }",
+        {"c": group},
+        w.tokens["bob"],
+    )
+    assert [p["id"] for p in data["contextPack"]["preferences"]] == [liked]
+    assert len(data["contextPack"]["lastMessages"]) == 3
