@@ -5,8 +5,10 @@
 #   make test       start the test-profile Neo4j/Redis, then pytest (extra flags: make test ARGS='-k foo')
 #   make test-deep  the Hypothesis access-model and label tests with 200 examples
 #   make bench      the memory benchmark (bench/memory_bench.py)
+#   make bench-learning  the learning benchmark (bench/learning_bench.py; own Redis db 5)
 #   make lint       ruff check + ruff format --check
 #   make typecheck  pyright (strict, see pyproject.toml)
+#   make demo       a guided tour against the running stack (make demo DEMO_MODEL=gpt-4o-mini)
 
 SHELL := /bin/bash
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
@@ -24,7 +26,7 @@ TEST_ENV := BOTMEMORY_ENV=test BOTMEMORY_DATA_DIR=.data/test \
 	BOTMEMORY_REDIS_PORT=$(TEST_REDIS_PORT) BOTMEMORY_REDIS_URL=redis://127.0.0.1:$(TEST_REDIS_PORT)/0 \
 	BOTMEMORY_API_PORT=$(TEST_API_PORT)
 
-.PHONY: install up down test test-deep bench lint typecheck status
+.PHONY: install up down test test-deep bench bench-learning lint typecheck status demo
 
 install:
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -64,9 +66,19 @@ bench: | $(PY)
 	$(TEST_ENV) $(PY) -m botmemory.devstack services
 	$(TEST_ENV) $(PY) -m bench.memory_bench $(ARGS)
 
+# Learning overhead (latency and throughput, scripted model) with its own workers on Redis db 5,
+# apart from a test suite's queue on db 0: make bench-learning ARGS='--quick'
+bench-learning: | $(PY)
+	$(TEST_ENV) $(PY) -m botmemory.devstack services
+	$(TEST_ENV) BOTMEMORY_REDIS_URL=redis://127.0.0.1:$(TEST_REDIS_PORT)/5 $(PY) -m bench.learning_bench $(ARGS)
+
 lint: | $(PY)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
 typecheck: | $(PY)
 	$(VENV)/bin/pyright
+
+# A guided tour against the running stack (`make up`): make demo [DEMO_MODEL=gpt-4o-mini]
+demo: | $(PY)
+	$(PY) -m botmemory.demo $(if $(DEMO_MODEL),--model $(DEMO_MODEL),)

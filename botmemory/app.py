@@ -107,8 +107,11 @@ async def healthz(request: Request) -> JSONResponse:
     except Exception as exc:
         checks["redis"] = f"error: {type(exc).__name__}"
     healthy = all(v == "ok" for v in checks.values())
+    # Whether a model endpoint is set (never which one): the demo and operators read it.
+    model = "configured" if runtime.settings.openai_base_url else "missing"
     return JSONResponse(
-        {"status": "ok" if healthy else "unavailable", **checks}, status_code=200 if healthy else 503
+        {"status": "ok" if healthy else "unavailable", **checks, "model": model},
+        status_code=200 if healthy else 503,
     )
 
 

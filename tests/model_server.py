@@ -69,6 +69,7 @@ class ModelServer:
         self._lock = threading.Lock()
         self._queues: dict[str | None, deque[Reply]] = {}
         self._defaults: dict[str | None, Reply] = {}
+        self._responders: dict[str, Callable[[Recorded], Reply]] = {}
         self._record: list[Recorded] = []
         self._ids = itertools.count(1)
         self._stopping = threading.Event()
@@ -113,6 +114,12 @@ class ModelServer:
         with self._lock:
             self._defaults[task] = reply
 
+    def respond(self, task: str, responder: Callable[[Recorded], Reply]) -> None:
+        """Compute the reply of a task's requests from the request itself (after its queue, before
+        defaults): a scripted model that can cite the ids it was sent."""
+        with self._lock:
+            self._responders[task] = responder
+
     @property
     def requests(self) -> list[Recorded]:
         """A copy of the recorded requests, in arrival order."""
@@ -128,6 +135,7 @@ class ModelServer:
         with self._lock:
             self._queues.clear()
             self._defaults.clear()
+            self._responders.clear()
             self._record.clear()
 
     async def wait_for_requests(  # the API takes a timeout; it bounds polling, not one await
@@ -160,6 +168,10 @@ class ModelServer:
                 queue = self._queues.get(key)
                 if queue:
                     return queue.popleft()
+            responder = None if task is None else self._responders.get(task)
+        if responder is not None:
+            return responder(recorded)
+        with self._lock:
             if task is not None and task in self._defaults:
                 return self._defaults[task]
             return self._defaults.get(None, Reply(text=DEFAULT_REPLY_TEXT))

@@ -76,7 +76,9 @@ async def test_the_summary_is_compressed_past_20000_characters(
     )
     assert b"long letters" not in rows[0]["t"]  # encrypted (E1)
     # Deleting the chat's history deletes its summary too (V13).
-    await api.gql("mutation($c: ID!) { deleteChatHistory(chatId: $c) { items } }", {"c": chat}, w.tokens["ann"])
+    await api.gql(
+        "mutation($c: ID!) { deleteChatHistory(chatId: $c) { items } }", {"c": chat}, w.tokens["ann"]
+    )
     assert (await pack(api, w.tokens["ann"], chat)).json()["summary"] is None
 
 

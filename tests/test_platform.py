@@ -12,7 +12,7 @@ from tests.client import Api
 async def test_healthz_checks_neo4j_and_redis(api: Api) -> None:
     response = await api.http.get("/healthz")
     assert response.status_code == 200
-    assert response.json() == {"status": "ok", "neo4j": "ok", "redis": "ok"}
+    assert response.json() == {"status": "ok", "neo4j": "ok", "redis": "ok", "model": "configured"}
 
 
 async def test_graphiql_loads(api: Api) -> None:
