@@ -7,6 +7,7 @@ import asyncio
 import time
 from typing import Any
 
+import httpx
 import pytest
 
 from botmemory.model import FIXED_CALM_ANSWER, Gateway, Route, StepKey
@@ -474,10 +475,11 @@ async def test_the_wait_for_a_free_slot_counts_toward_the_deadline(
     assert all(r.body["messages"][1]["content"] == "first" for r in model_server.requests_for("confide"))
 
 
-async def test_confide_answers_within_the_real_15_seconds(
-    settings: Settings, service_env: dict[str, str], model_server: ModelServer, api: Api
+async def test_confide_and_rewrite_answer_within_the_real_15_seconds(
+    settings: Settings, service_env: dict[str, str], model_server: ModelServer, api: Api, runtime: Runtime
 ) -> None:
-    """The one test at the real deadline (D9.11): a model that never answers → the calm answer at 15 s."""
+    """The one test at the real deadline (D9.11): a model that never answers → the calm answer, and
+    the input as it is, at 15 s from arrival."""
     real = ApiProcess(
         settings,
         settings.data_dir / "logs" / "pytest-api-15s.log",
@@ -491,19 +493,31 @@ async def test_confide_answers_within_the_real_15_seconds(
         w = await memory_world(api, ("ann",))
         chat = await api.chat(w.tokens["ann"], w.bot)
         turn = await api.turn(w.tokens["ann"], chat, "hi")
+        await fact(runtime, w.bot, "Ann likes tea", (chat, "i-1"))
         model_server.default("confide", Reply(text="far too late", delay=40))
-        async with __import__("httpx").AsyncClient(base_url=real.url, timeout=30) as http:
-            started = time.monotonic()
-            response = await http.post(
-                "/graphql",
-                json={
-                    "query": 'mutation($t: ID!) { confide(turnId: $t, text: "stuck") { answer } }',
-                    "variables": {"t": turn["id"]},
-                },
-                headers=bearer(w.tokens["ann"]),
-            )
-            elapsed = time.monotonic() - started
-        assert response.json()["data"]["confide"]["answer"] == FIXED_CALM_ANSWER
-        assert 14.0 <= elapsed <= 15.5, elapsed
+        model_server.default("rewrite", Reply(text="far too late", delay=40))
+        async with httpx.AsyncClient(base_url=real.url, timeout=30) as http:
+            for query, variables, field, expected in (
+                (
+                    'mutation($t: ID!) { confide(turnId: $t, text: "stuck") { answer } }',
+                    {"t": turn["id"]},
+                    "confide",
+                    {"answer": FIXED_CALM_ANSWER},
+                ),
+                (
+                    'mutation($c: ID!) { startTurn(chatId: $c, input: "Make tea") { enrichedInput } }',
+                    {"c": chat},
+                    "startTurn",
+                    {"enrichedInput": "Make tea"},
+                ),
+            ):
+                started = time.monotonic()
+                response = await http.post(
+                    "/graphql", json={"query": query, "variables": variables}, headers=bearer(w.tokens["ann"])
+                )
+                elapsed = time.monotonic() - started
+                assert response.json()["data"][field] == expected
+                assert 14.0 <= elapsed <= 15.5, (field, elapsed)
+        assert len(model_server.requests_for("rewrite")) == 1
     finally:
         real.stop()
