@@ -26,7 +26,7 @@ from tests.learning_helpers import (
     wait_executions,
 )
 from tests.memory_helpers import visible
-from tests.model_server import ModelServer, Reply
+from tests.model_server import ModelServer, Reply, ToolCall
 
 
 @pytest.fixture(autouse=True)
@@ -311,7 +311,14 @@ async def test_purge_removes_saved_model_texts_and_answers_that_embed_the_entrie
     await wait_executions(runtime, turn["id"])
     [entry] = await visible(api, w.tokens["ann"], w.bot)
     # A later answer draws on it, and a later learning request embeds it.
+    model_server.script(
+        "rewrite",
+        Reply(
+            tool_calls=[ToolCall("rewrite_input", {"text": "walk Bolt the dog", "used_entry_ids": [entry]})]
+        ),
+    )
     turn2 = await api.turn(w.tokens["ann"], chat, "walk the dog")
+    assert turn2["enrichedInput"] == "walk Bolt the dog"
     model_server.script("confide", Reply(text="Take Bolt out calmly."))
     await confide(api, w.tokens["ann"], turn2["id"], "I forgot the walk")
     await complete(api, w.tokens["ann"], turn2["id"])
@@ -325,6 +332,7 @@ async def test_purge_removes_saved_model_texts_and_answers_that_embed_the_entrie
     assert [(c["task"], entry in (c["used"] or []) + (c["made"] or [])) for c in calls] == [
         ("confide", False),
         ("learn", True),
+        ("rewrite", True),
         ("confide", True),
         ("learn", True),
     ]
@@ -340,7 +348,7 @@ async def test_purge_removes_saved_model_texts_and_answers_that_embed_the_entrie
         " c.costMicros AS cost ORDER BY c.at",
         b=w.bot,
     )
-    assert [r["gone"] for r in records] == [False, True, True, True]
+    assert [r["gone"] for r in records] == [False, True, True, True, True]
     assert all(r["cost"] == 20 for r in records)  # usage and cost stay for the budget
     confessions = await api.http.get(
         f"/v1/chats/{chat}/confessions", headers={"Authorization": f"Bearer {w.tokens['ann']}"}
@@ -353,6 +361,15 @@ async def test_purge_removes_saved_model_texts_and_answers_that_embed_the_entrie
         "MATCH (f:Confession {chatId: $c}) WHERE f.answerPurged RETURN count(f) AS n", c=chat
     )
     assert records[0]["n"] == 1
+    # The rewrite that embedded it is gone; the person's own words stay (D9.20).
+    rewrites = await api.http.get(
+        f"/v1/chats/{chat}/enrichments", headers={"Authorization": f"Bearer {w.tokens['ann']}"}
+    )
+    assert [(e["text"], e["original"]) for e in rewrites.json()["enrichments"]] == [(None, "walk the dog")]
+    records, _, _ = await runtime.driver.execute_query(
+        "MATCH (n:Enrichment {chatId: $c}) RETURN n.text IS NULL AS gone", c=chat
+    )
+    assert [r["gone"] for r in records] == [True]
 
 
 async def test_queue_and_change_messages_carry_ids_only(
