@@ -169,14 +169,9 @@ class _Step:
         self.pending: list[dict[str, Any]] = []
         self.items: dict[tuple[str, str], dict[str, Any]] = {}
 
-    async def prepare(self, changes: list[MemoryChange]) -> None:
-        """Read the latest state of every source Item of the step in one query (C7)."""
-        refs = {(r.chat, r.item) for c in changes if isinstance(c, AddFact) for r in c.sources}
-        if refs:
-            found = await entries.source_items(
-                self.tx, bot_id=self.bot_id, refs=[{"chat": c, "item": i} for c, i in sorted(refs)]
-            )
-            self.items = {(row["chat"], row["item"]): row for row in found}
+    def prepare(self, found: list[dict[str, Any]]) -> None:
+        """The latest state of every source Item of the step, read under the lock (C7)."""
+        self.items = {(row["chat"], row["item"]): row for row in found}
 
     async def flush(self) -> None:
         """Write buffered new entries (before anything reads entries, and at the end)."""
@@ -393,20 +388,25 @@ async def apply_changes(
     cipher = await bot_cipher(rt, bot_id)
     change_id, now = new_id("chg"), now_ms()
 
+    refs = sorted({(r.chat, r.item) for c in changes if isinstance(c, AddFact) for r in c.sources})
+
     async def work(tx: AsyncManagedTransaction) -> Applied:
-        version = await q.bump_version(tx, bot_id=bot_id)
-        if version is None:
+        # The exclusive lock first; with it, in the same round trip, the sources' latest state (C7).
+        bumped = await q.bump_version_with_sources(
+            tx, bot_id=bot_id, refs=[{"chat": c, "item": i} for c, i in refs]
+        )
+        if bumped is None:
             raise NotFound("bot not found")
+        version, found = bumped
         if precheck is not None:
             await precheck(tx)
         step = _Step(tx, bot_id, version, cipher, now)
-        await step.prepare(changes)
+        step.prepare(found)
         for change in changes:
             await step.apply(change)
-        await step.flush()
         touched = list(dict.fromkeys(step.touched))
         payload = cipher.encrypt("change", change_id, _payload(changes))
-        await q.log_change(
+        await q.log_change(  # the last new entries, the log row and the labels: one round trip
             tx,
             id=change_id,
             bot_id=bot_id,
@@ -415,6 +415,7 @@ async def apply_changes(
             actor=actor,
             entry_ids=touched,
             payload=payload,
+            new_rows=step.pending,
         )
         return Applied(version, tuple(touched))
 

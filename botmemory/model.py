@@ -185,19 +185,6 @@ class Gateway:
         micros, _ = await read(rt.driver, lambda tx: q.spent(tx, bot_id=route.bot_id, period=period))
         return micros >= route.budget_limit
 
-    async def saved_step(self, rt: Runtime, route: Route, key: StepKey) -> Completion | None:
-        """The saved result of a learning step with the same request (recovery, C5)."""
-        call = await read(
-            rt.driver,
-            lambda tx: q.saved_step_result(
-                tx, execution_id=key.execution_id, step=key.step, request_hash=key.request_hash
-            ),
-        )
-        if call is None or call["result"] is None:
-            return None
-        raw = route.cipher.decrypt(RESULT_KIND, call["id"], bytes(call["result"]))
-        return Completion.from_json(call["id"], raw)
-
     async def complete(
         self,
         rt: Runtime,

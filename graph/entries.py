@@ -13,21 +13,6 @@ from neo4j import AsyncManagedTransaction
 from graph import access
 from graph.driver import rows, single
 
-#: Source Items of a fact as they are now (C7): kind, chat audience and the Turn's saved actor
-#: (V3). ``rule`` is the Item's private access rule: the Channel of a group chat, else the person
-#: of the Turn (the chat's owner when the Turn's actor was a notice).
-SOURCE_ITEMS: Final = """
-UNWIND $refs AS ref
-MATCH (i:Item {uid: ref.chat + '/' + ref.item})-[:IN_TURN]->(t:Turn)-[:IN_CHAT]->(ch:Chat)
-WHERE ch.botId = $botId
-RETURN ref.chat AS chat, ref.item AS item, i.uid AS uid, i.kind AS kind, i.app AS app,
-       i.text IS NOT NULL AS hasText, ch.review AS review, ch.organizationId AS org,
-       ch.channelId AS channel, t.actorKind AS actorKind, t.actorId AS actorId,
-       CASE WHEN ch.channelId IS NOT NULL THEN 'channel:' + ch.channelId
-            WHEN t.actorKind = 'person' THEN 'person:' + t.actorId
-            ELSE 'person:' + ch.ownerId END AS rule
-"""
-
 #: Source entries of an observation as they are now (C7), with their provenance tags (V12).
 SOURCE_ENTRIES: Final = """
 UNWIND $ids AS entryId
@@ -161,12 +146,6 @@ MATCH (i:Item {chatId: $chatId})
 SET i.text = null
 RETURN count(i) AS n
 """
-
-
-async def source_items(
-    tx: AsyncManagedTransaction, *, bot_id: str, refs: list[dict[str, str]]
-) -> list[dict[str, Any]]:
-    return await rows(tx, SOURCE_ITEMS, botId=bot_id, refs=refs)
 
 
 async def source_entries(tx: AsyncManagedTransaction, *, bot_id: str, ids: list[str]) -> list[dict[str, Any]]:

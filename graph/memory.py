@@ -14,6 +14,7 @@ from neo4j import AsyncManagedTransaction
 
 from graph.access import RELABEL, VISIBLE
 from graph.driver import rows, single
+from graph.entries import CREATE_ENTRIES
 
 #: The sources of an entry ``e`` as ids (``sources``), for the API's view of it.
 _ENTRY_SOURCES: Final = """
@@ -50,6 +51,30 @@ SET m.version = m.version + 1
 RETURN m.version AS version
 """
 
+#: BUMP_VERSION, then — under the lock just taken, in the same round trip — the latest state of
+#: the source Items a change rests on (C7): kind, chat audience and the Turn's saved actor (V3).
+#: ``rule`` is the Item's private access rule: the Channel of a group chat, else the person of
+#: the Turn (the chat's owner when the Turn's actor was a notice). ``$refs``: ``[{chat, item}]``.
+BUMP_VERSION_WITH_SOURCES: Final = """
+MATCH (m:Memory {id: $botId})
+CALL apoc.lock.nodes([m])
+WITH m
+SET m.version = m.version + 1
+WITH m.version AS version
+CALL () {
+  UNWIND $refs AS ref
+  MATCH (i:Item {uid: ref.chat + '/' + ref.item})-[:IN_TURN]->(t:Turn)-[:IN_CHAT]->(ch:Chat)
+  WHERE ch.botId = $botId
+  RETURN collect({chat: ref.chat, item: ref.item, uid: i.uid, kind: i.kind, app: i.app,
+          hasText: i.text IS NOT NULL, review: ch.review, org: ch.organizationId, channel: ch.channelId,
+          actorKind: t.actorKind, actorId: t.actorId,
+          rule: CASE WHEN ch.channelId IS NOT NULL THEN 'channel:' + ch.channelId
+                     WHEN t.actorKind = 'person' THEN 'person:' + t.actorId
+                     ELSE 'person:' + ch.ownerId END}) AS items
+}
+RETURN version, items
+"""
+
 WRITE_CHANGE: Final = """
 MATCH (m:Memory {id: $botId})
 CREATE (c:Change {id: $id, botId: $botId, version: $version, at: $at, actor: $actor,
@@ -59,6 +84,9 @@ CREATE (c:Change {id: $id, botId: $botId, version: $version, at: $at, actor: $ac
 #: The end of a change in one round trip: its log row (C2), then the labels of the logged
 #: entries and of everything resting on them (``$ids`` = ``$entryIds``; none for a purge).
 LOG_CHANGE: Final = WRITE_CHANGE + "WITH count(*) AS written\n" + RELABEL
+
+#: The last new entries of a change, then LOG_CHANGE — one round trip for the end of a step.
+CREATE_AND_LOG_CHANGE: Final = CREATE_ENTRIES + "WITH count(*) AS created\n" + LOG_CHANGE
 
 #: The entries of a Bot a set of readers may see, in memory order (pinned first, then
 #: ``orderKey`` descending, then ``id``). Candidates come from the ``entry_audience`` index,
@@ -165,6 +193,14 @@ def reader_keys(readers: list[dict[str, Any]]) -> list[str]:
     return min(keysets, key=len)
 
 
+async def bump_version_with_sources(
+    tx: AsyncManagedTransaction, *, bot_id: str, refs: list[dict[str, str]]
+) -> tuple[int, list[dict[str, Any]]] | None:
+    """bump_version, and the source Items of ``refs`` as they are under the lock (C7)."""
+    record = await single(tx, BUMP_VERSION_WITH_SOURCES, botId=bot_id, refs=refs)
+    return None if record is None else (int(record["version"]), list(record["items"]))
+
+
 async def log_change(
     tx: AsyncManagedTransaction,
     *,
@@ -175,18 +211,22 @@ async def log_change(
     actor: str,
     entry_ids: list[str],
     payload: bytes | None,
+    new_rows: list[dict[str, Any]] | None = None,
 ) -> None:
-    """The log row of a change (C2) and the labels it affects (DESIGN §8), in one statement."""
+    """The log row of a change (C2) and the labels it affects (DESIGN §8), in one statement —
+    with ``new_rows``, the change's last new entries are created first in the same statement."""
     await tx.run(
-        LOG_CHANGE,
+        CREATE_AND_LOG_CHANGE if new_rows else LOG_CHANGE,
         id=id,
         botId=bot_id,
         version=version,
         at=at,
+        now=at,
         actor=actor,
         entryIds=entry_ids,
         ids=entry_ids,
         payload=payload,
+        rows=new_rows or [],
     )
 
 

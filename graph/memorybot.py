@@ -64,11 +64,13 @@ SET s.micros = s.micros + coalesce($costMicros, 0), s.calls = s.calls + 1,
     s.unknownCalls = s.unknownCalls + CASE WHEN $costMicros IS NULL THEN 1 ELSE 0 END
 """
 
-#: A saved result of one learning step, reused by recovery instead of a new call (C5, D9.9).
-SAVED_STEP_RESULT: Final = """
+#: Saved results of one learning step, reused by recovery instead of a new call (C5, D9.9); the
+#: caller picks the one whose request hash matches the request it would send now.
+SAVED_STEP_RESULTS: Final = """
 MATCH (c:ModelCall)
-WHERE c.executionId = $executionId AND c.step = $step AND c.requestHash = $requestHash AND c.status = 'ok'
-RETURN c {.id, .result} AS call ORDER BY c.at LIMIT 1
+WHERE c.executionId = $executionId AND c.step = $step AND c.status = 'ok' AND c.result IS NOT NULL
+WITH c ORDER BY c.at
+RETURN collect(c {.id, .result, .requestHash}) AS calls
 """
 
 #: What the Bot confided (saved before the answer is sought, so a crash loses nothing).
@@ -117,13 +119,11 @@ async def save_model_call(tx: AsyncManagedTransaction, **fields: Any) -> None:
     await tx.run(SAVE_MODEL_CALL, fields)
 
 
-async def saved_step_result(
-    tx: AsyncManagedTransaction, *, execution_id: str, step: int, request_hash: str
-) -> dict[str, Any] | None:
-    record = await single(
-        tx, SAVED_STEP_RESULT, executionId=execution_id, step=step, requestHash=request_hash
-    )
-    return None if record is None else record["call"]
+async def saved_step_results(
+    tx: AsyncManagedTransaction, *, execution_id: str, step: int
+) -> list[dict[str, Any]]:
+    record = await single(tx, SAVED_STEP_RESULTS, executionId=execution_id, step=step)
+    return [] if record is None else list(record["calls"])
 
 
 async def create_confession(

@@ -24,11 +24,20 @@ from botmemory.changes import AddFact, AddObservation, MemoryChange, apply_chang
 from botmemory.crypto import Cipher
 from botmemory.errors import ServiceError
 from botmemory.memorybot import MemoryBotSettings, load_route, release_budget_waiting, system_prompt
-from botmemory.model import ModelUnavailable, Route, StepKey, request_hash
+from botmemory.model import (
+    RESULT_KIND,
+    Completion,
+    ModelUnavailable,
+    Route,
+    StepKey,
+    current_period,
+    request_hash,
+)
 from botmemory.runtime import Runtime, now_ms
 from graph import learning as q
 from graph import memorybot
 from graph.driver import read, write
+from graph.memory import shared_lock
 from learning import protocol
 from learning.queue import enqueue_executions
 
@@ -53,6 +62,18 @@ class _Superseded(Exception):
 
 class _Stale(Exception):
     """The read position moved since the step began: read the evidence again."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Inputs:
+    chat: dict[str, Any]
+    route: Route
+    start: int
+    found: list[dict[str, Any]]
+    entries: list[dict[str, Any]]
+    topics: list[dict[str, Any]]
+    spent: int | None
+    saved: list[dict[str, Any]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,30 +153,44 @@ class Runner:
             lambda tx: q.finish(tx, id=x.id, epoch=x.epoch, status=status, error=error, now=now_ms()),
         )
 
-    async def _run(self, x: Claimed) -> str:
-        async def load(tx: AsyncManagedTransaction) -> tuple[dict[str, Any], Route]:
-            return await load_route(self.rt, tx, x.chat_id)
+    async def _inputs(self, x: Claimed) -> _Inputs:
+        """Everything a step reads, in one transaction: the route (botMemory and the model read
+        again now, L5, D9.12), the learningContext under the shared lock (C1, L4), the read
+        position, the evidence after it, the spend of the period and the saved results (C5)."""
+        limit = self.rt.settings.max_evidence_items
 
-        chat, route = await read(self.rt.driver, load)
-        # botMemory and the model are read again now (L5, D9.12); such evidence is never learned.
-        skip = chat["review"] or not route.bot_memory or route.model is None
-        learned = 0
-        while True:
-            start = await read(self.rt.driver, lambda tx: q.position(tx, bot_id=x.bot_id, chat_id=x.chat_id))
-            limit = self.rt.settings.max_evidence_items
-            found = await read(
-                self.rt.driver,
-                lambda tx, after=start, n=limit + 1: q.evidence(tx, chat_id=x.chat_id, after=after, limit=n),
+        async def work(tx: AsyncManagedTransaction) -> _Inputs:
+            await shared_lock(tx, bot_id=x.bot_id)  # the first statement of a read (C1, D9.8)
+            chat, route = await load_route(self.rt, tx, x.chat_id)
+            entries, topics = await q.learning_context(
+                tx, bot_id=x.bot_id, org=route.org, limit=CONTEXT_LIMIT
             )
+            start = await q.position(tx, bot_id=x.bot_id, chat_id=x.chat_id)
+            found = await q.evidence(tx, chat_id=x.chat_id, after=start, limit=limit + 1)
+            spent = None
+            if route.budget_period is not None and route.budget_limit is not None:
+                period = current_period(route.budget_period, now_ms())
+                spent = (await memorybot.spent(tx, bot_id=x.bot_id, period=period))[0]
+            saved = await memorybot.saved_step_results(tx, execution_id=x.id, step=start)
+            return _Inputs(chat, route, start, found, entries, topics, spent, saved)
+
+        return await read(self.rt.driver, work)
+
+    async def _run(self, x: Claimed) -> str:
+        while True:
+            inputs = await self._inputs(x)
+            route, start = inputs.route, inputs.start
+            skip = inputs.chat["review"] or not route.bot_memory or route.model is None
+            limit = self.rt.settings.max_evidence_items
             through: list[dict[str, Any]] = []
-            for item in found:
+            for item in inputs.found:
                 if item["turnSeq"] > x.turn_seq:
                     break  # the execution reads through its own Turn only (L2)
                 through.append(item)
             more = len(through) > limit
             chunk = through[:limit]
             end = chunk[-1]["seq"] if chunk else start
-            final_status = "skipped" if skip else "done"
+            final_status = "skipped" if skip else "done"  # such evidence is never learned (L5)
             if not chunk or skip:
                 try:
                     await self._commit(x, [], start, end, final=not more, status=final_status, learned=0)
@@ -164,10 +199,10 @@ class Runner:
                 if more:
                     continue
                 return final_status
-            if await self.gateway.budget_spent(self.rt, route):
+            changes, call_id = await self._step(x, inputs, chunk)
+            if call_id is None:
                 await self._finish(x, "budget", None)  # waits, not lost (L6)
                 return "budget"
-            changes, call_id = await self._step(x, route, chunk, start)
             try:
                 await self._commit(
                     x,
@@ -181,15 +216,16 @@ class Runner:
                 )
             except _Stale:
                 continue
-            learned += len(changes)
             if not more:
                 return "done"
 
     async def _step(
-        self, x: Claimed, route: Route, chunk: list[dict[str, Any]], start: int
-    ) -> tuple[list[MemoryChange], str]:
-        """One model step within the step deadline (C6), its answer checked whole (D9.10)."""
+        self, x: Claimed, inputs: _Inputs, chunk: list[dict[str, Any]]
+    ) -> tuple[list[MemoryChange], str | None]:
+        """One model step within the step deadline (C6), its answer checked whole (D9.10).
+        No call id back = the budget is spent and no saved result could be reused."""
         deadline = time.monotonic() + self.rt.settings.step_deadline_seconds
+        route, start, entries = inputs.route, inputs.start, inputs.entries
         cipher = route.cipher
         evidence = {
             i["id"]: protocol.EvidenceItem(
@@ -198,16 +234,21 @@ class Runner:
             for i in chunk
             if i["text"] is not None
         }
-        entries, topics = await read(
-            self.rt.driver,
-            lambda tx: q.learning_context(tx, bot_id=x.bot_id, org=route.org, limit=CONTEXT_LIMIT),
-        )
         kept = [_kept(cipher, e) for e in entries]
         body = protocol.request_body(
-            system_prompt(protocol.LEARN_SYSTEM, route), list(evidence.values()), kept, topics
+            system_prompt(protocol.LEARN_SYSTEM, route), list(evidence.values()), kept, inputs.topics
         )
         key = StepKey(x.id, x.epoch, start, request_hash({"model": route.model, **body}))
-        completion = await self.gateway.saved_step(self.rt, route, key)
+        saved = next((c for c in inputs.saved if c["requestHash"] == key.request_hash), None)
+        completion = None
+        if saved is not None:
+            completion = Completion.from_json(
+                saved["id"], cipher.decrypt(RESULT_KIND, saved["id"], bytes(saved["result"]))
+            )
+        elif (
+            inputs.spent is not None and route.budget_limit is not None and inputs.spent >= route.budget_limit
+        ):
+            return [], None
         if completion is None:
             try:
                 release = await self.gateway.acquire(route, deadline)
