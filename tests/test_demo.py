@@ -63,6 +63,7 @@ async def test_demo_shows_memory_learned_and_used(
     model_server.respond("rewrite", rewrite)
     model_server.default("confide", Reply(text="Thank you. Ask them plainly and carry on."))
     code, out = await run_demo(api_process.url)
+    print(out)  # what a user sees (shown with -s and in CI logs of failures)
     assert code == 0, out
     lines = out.splitlines()
     sees = {line.split(" sees:")[0].strip(): line for line in lines if " sees: [" in line}
