@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 from neo4j import AsyncManagedTransaction
 
+from botmemory import pubsub
 from botmemory.memory import Entry, decrypt_entry
 from botmemory.runtime import Runtime, now_ms
 from graph import changefeed, identity
@@ -56,31 +56,15 @@ class ChangeHub:
         self.ready = asyncio.Event()
 
     async def start(self) -> None:
-        self._task = asyncio.create_task(self._listen(), name="changefeed")
+        self._task = asyncio.create_task(
+            pubsub.listen(self.rt.redis, CHANNEL_PATTERN, self.deliver, self.ready), name="changefeed"
+        )
 
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-
-    async def _listen(self) -> None:
-        while True:
-            pubsub = self.rt.redis.pubsub()
-            try:
-                await pubsub.psubscribe(CHANNEL_PATTERN)
-                self.ready.set()
-                async for message in cast(AsyncIterator[dict[str, Any]], pubsub.listen()):
-                    if message.get("type") == "pmessage":
-                        await self.deliver(json.loads(message["data"]))
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # keep listening: a lost Redis connection must not end the feed
-                log.warning("change feed interrupted: %s; reconnecting", type(exc).__name__)
-                await asyncio.sleep(0.5)
-            finally:
-                with contextlib.suppress(Exception):
-                    await pubsub.aclose()
 
     @contextlib.asynccontextmanager
     async def subscribe(

@@ -19,18 +19,13 @@ from typing import Any, cast
 from neo4j import AsyncManagedTransaction
 
 from botmemory import chats, memory, metrics
-from botmemory.auth import require_person
 from botmemory.domain import Principal, Turn
-from botmemory.errors import NotFound
 from botmemory.ids import new_id
-from botmemory.memorybot import MEMORY_VOCABULARY, load_route, system_prompt
+from botmemory.memorybot import MEMORY_VOCABULARY, load_route, owner_records, system_prompt
 from botmemory.model import ModelUnavailable, Route
 from botmemory.runtime import Runtime, now_ms
-from botmemory.validation import check_id, check_page
-from graph import chats as chat_q
 from graph import memorybot as q
 from graph.driver import read, write
-from graph.memory import shared_lock, visible_ids
 
 REWRITE_KIND = "enrichment"
 ORIGINAL_KIND = "enrichment-original"
@@ -229,51 +224,24 @@ async def enrichments(
 ) -> list[Enrichment]:
     """The Chat owner's view (D9.6): a rewrite whose entries are no longer all visible to the
     owner is withheld; only the original words are returned."""
-    person_id = require_person(principal)
-    check_id(chat_id, "chatId")
-    limit, skip = check_page(limit, skip, max_limit=rt.settings.max_page_size)
 
-    async def work(tx: AsyncManagedTransaction) -> tuple[dict[str, Any], list[dict[str, Any]], set[str]]:
-        row = await chat_q.chat_for(tx, chat_id=chat_id, person_id=person_id)
-        if row is None or not row["isPerson"] or row["chat"]["ownerId"] != person_id:
-            raise NotFound("chat not found")
-        chat = row["chat"]
-        await shared_lock(tx, bot_id=chat["botId"])
-        found = await q.list_enrichments(tx, chat_id=chat_id, skip=skip, limit=limit)
-        used = sorted({str(i) for f in found for i in cast(list[str], f.get("usedEntryIds") or [])})
-        seen: set[str] = set()
-        if used:
-            reader = await memory.person_reader(
-                tx, bot_id=chat["botId"], person_id=person_id, org=chat["organizationId"]
-            )
-            if reader is not None:
-                seen = await visible_ids(
-                    tx,
-                    bot_id=chat["botId"],
-                    org=chat["organizationId"],
-                    readers=[reader],
-                    ids=used,
-                    active_only=True,
-                )
-        return row, found, seen
+    async def fetch(tx: AsyncManagedTransaction, chat: str, skip: int, limit: int) -> list[dict[str, Any]]:
+        return await q.list_enrichments(tx, chat_id=chat, skip=skip, limit=limit)
 
-    row, found, seen = await read(rt.driver, work)
-    cipher = rt.cipher(row["chat"]["botId"], row["keyMaster"], row["keyWrapped"])
+    view = await owner_records(rt, principal, chat_id, fetch, limit=limit, skip=skip)
     out: list[Enrichment] = []
-    for f in found:
-        ids = tuple(cast(list[str], f.get("usedEntryIds") or []))
-        sealed = f.get("text")
-        shown = sealed is not None and set(ids) <= seen
-        original = f.get("original")
+    for f in view.records:
+        ids = view.shown(f)
+        sealed, original = f.get("text"), f.get("original")
         out.append(
             Enrichment(
                 f["id"],
                 f["turnId"],
-                cipher.decrypt(REWRITE_KIND, f["id"], bytes(sealed))
-                if shown and sealed is not None
-                else None,
-                None if original is None else cipher.decrypt(ORIGINAL_KIND, f["id"], bytes(original)),
-                ids if shown else (),
+                None
+                if sealed is None or ids is None
+                else view.cipher.decrypt(REWRITE_KIND, f["id"], bytes(sealed)),
+                None if original is None else view.cipher.decrypt(ORIGINAL_KIND, f["id"], bytes(original)),
+                () if sealed is None or ids is None else ids,
                 f["createdAt"],
             )
         )

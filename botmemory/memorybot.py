@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -21,6 +22,7 @@ from botmemory import memory, metrics
 from botmemory.auth import require_person
 from botmemory.chats import require_writer
 from botmemory.commands import require_owner_writer
+from botmemory.crypto import Cipher
 from botmemory.domain import Principal
 from botmemory.errors import BadInput, Conflict, NotFound, ServiceError
 from botmemory.ids import new_id
@@ -345,11 +347,29 @@ class Confession:
         }
 
 
-async def confessions(
-    rt: Runtime, principal: Principal, chat_id: str, *, limit: int = 50, skip: int = 0
-) -> list[Confession]:
-    """The Chat owner's view (D9.6): an answer whose entries are no longer all visible to the
-    owner is withheld (only the confession's own text is returned)."""
+@dataclass(frozen=True, slots=True)
+class OwnerRecords:
+    """A Chat owner's records that used entries, with the entries the owner may see now."""
+
+    cipher: Cipher
+    records: list[dict[str, Any]]
+    visible: set[str]
+
+    def shown(self, record: dict[str, Any]) -> tuple[str, ...] | None:
+        """The record's entry ids when every one is still visible to the owner (D9.6), else None."""
+        ids = tuple(cast(list[str], record.get("usedEntryIds") or []))
+        return ids if set(ids) <= self.visible else None
+
+
+RecordList = Callable[[AsyncManagedTransaction, str, int, int], Awaitable[list[dict[str, Any]]]]
+
+
+async def owner_records(
+    rt: Runtime, principal: Principal, chat_id: str, fetch: RecordList, *, limit: int, skip: int
+) -> OwnerRecords:
+    """The one read behind the confessions and enrichments routes: the Chat's owner only, the
+    records and, in the same transaction under the shared lock, which entries they used the owner
+    may still see (the one visibility check, V10)."""
     person_id = require_person(principal)
     check_id(chat_id, "chatId")
     limit, skip = check_page(limit, skip, max_limit=rt.settings.max_page_size)
@@ -360,7 +380,7 @@ async def confessions(
             raise NotFound("chat not found")
         chat = row["chat"]
         await shared_lock(tx, bot_id=chat["botId"])
-        found = await q.list_confessions(tx, chat_id=chat_id, skip=skip, limit=limit)
+        found = await fetch(tx, chat_id, skip, limit)
         used = sorted({str(i) for f in found for i in cast(list[str], f.get("usedEntryIds") or [])})
         seen: set[str] = set()
         if used:
@@ -379,19 +399,32 @@ async def confessions(
         return row, found, seen
 
     row, found, seen = await read(rt.driver, work)
-    cipher = rt.cipher(row["chat"]["botId"], row["keyMaster"], row["keyWrapped"])
+    return OwnerRecords(rt.cipher(row["chat"]["botId"], row["keyMaster"], row["keyWrapped"]), found, seen)
+
+
+async def confessions(
+    rt: Runtime, principal: Principal, chat_id: str, *, limit: int = 50, skip: int = 0
+) -> list[Confession]:
+    """The Chat owner's view (D9.6): an answer whose entries are no longer all visible to the
+    owner is withheld (only the confession's own text is returned)."""
+
+    async def fetch(tx: AsyncManagedTransaction, chat: str, skip: int, limit: int) -> list[dict[str, Any]]:
+        return await q.list_confessions(tx, chat_id=chat, skip=skip, limit=limit)
+
+    view = await owner_records(rt, principal, chat_id, fetch, limit=limit, skip=skip)
+    cipher = view.cipher
     out: list[Confession] = []
-    for f in found:
-        ids = tuple(cast(list[str], f.get("usedEntryIds") or []))
+    for f in view.records:
+        ids = view.shown(f)
         sealed: bytes | None = None if f.get("answer") is None else bytes(f["answer"])
-        shown = sealed is not None and set(ids) <= seen
+        shown = sealed is not None and ids is not None
         out.append(
             Confession(
                 f["id"],
                 f["turnId"],
                 cipher.decrypt(CONFESSION_KIND, f["id"], bytes(f["text"])),
                 cipher.decrypt(ANSWER_KIND, f["id"], sealed) if sealed is not None and shown else None,
-                ids if shown else (),
+                ids if ids is not None and shown else (),
                 f.get("answeredBy"),
                 f["createdAt"],
             )

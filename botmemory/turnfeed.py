@@ -13,12 +13,13 @@ import contextlib
 import json
 import logging
 import secrets
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 from neo4j import AsyncManagedTransaction
 
+from botmemory import pubsub
 from botmemory.chats import ITEM_KIND
 from botmemory.runtime import Runtime
 from graph import chats as q
@@ -64,7 +65,9 @@ class TurnHub:
         self.ready = asyncio.Event()
 
     async def start(self) -> None:
-        self._task = asyncio.create_task(self._listen(), name="turnfeed")
+        self._task = asyncio.create_task(
+            pubsub.listen(self.rt.redis, CHANNEL_PATTERN, self._remote, self.ready), name="turnfeed"
+        )
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -112,24 +115,6 @@ class TurnHub:
             if sub.person_id not in people:
                 _offer(sub, None)
                 subs.discard(sub)
-
-    async def _listen(self) -> None:
-        while True:
-            pubsub = self.rt.redis.pubsub()
-            try:
-                await pubsub.psubscribe(CHANNEL_PATTERN)
-                self.ready.set()
-                async for message in cast(AsyncIterator[dict[str, Any]], pubsub.listen()):
-                    if message.get("type") == "pmessage":
-                        await self._remote(json.loads(message["data"]))
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # keep listening across Redis hiccups
-                log.warning("turn feed interrupted: %s; reconnecting", type(exc).__name__)
-                await asyncio.sleep(0.5)
-            finally:
-                with contextlib.suppress(Exception):
-                    await pubsub.aclose()
 
     async def _remote(self, message: dict[str, Any]) -> None:
         """An event of another process: ids only; read the Item here."""

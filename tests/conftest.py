@@ -201,3 +201,17 @@ async def api(api_process: ApiProcess, settings: Settings) -> AsyncIterator[Api]
     assert settings.admin_token is not None
     async with httpx.AsyncClient(base_url=api_process.url, timeout=30) as http:
         yield Api(http, settings.admin_token.get_secret_value())
+
+
+@pytest.fixture
+def learning_worker(worker_process: WorkerProcess, model_server: ModelServer) -> Iterator[WorkerProcess]:
+    """A live worker and a model server with nothing scripted; a test that killed the worker
+    leaves a live one behind for the next."""
+    if worker_process.proc.poll() is not None:
+        worker_process.restart()
+    worker_process.wait_ready()
+    model_server.reset()
+    yield worker_process
+    if worker_process.proc.poll() is not None:
+        worker_process.restart()
+        worker_process.wait_ready()

@@ -12,18 +12,11 @@ import pytest
 
 from botmemory.runtime import Runtime
 from tests.client import Api
-from tests.conftest import WorkerProcess
 from tests.learning_helpers import complete, memory_world
 from tests.memory_helpers import fact, said
 from tests.model_server import ModelServer, Reply, ToolCall
 
-
-@pytest.fixture(autouse=True)
-def _worker(worker_process: WorkerProcess, model_server: ModelServer) -> None:
-    if worker_process.proc.poll() is not None:
-        worker_process.restart()
-    worker_process.wait_ready()
-    model_server.reset()
+pytestmark = pytest.mark.usefixtures("learning_worker")
 
 
 def bearer(token: str) -> dict[str, str]:

@@ -11,7 +11,6 @@ import pytest
 from botmemory.changes import LegacyEntry, MemoryChange, Remember, apply_changes, import_legacy
 from botmemory.runtime import Runtime
 from tests.client import Api
-from tests.conftest import WorkerProcess
 from tests.learning_helpers import (
     add_items,
     complete,
@@ -28,13 +27,7 @@ from tests.learning_helpers import (
 from tests.memory_helpers import visible
 from tests.model_server import ModelServer, Reply, ToolCall
 
-
-@pytest.fixture(autouse=True)
-def _learning(worker_process: WorkerProcess, model_server: ModelServer) -> None:
-    if worker_process.proc.poll() is not None:
-        worker_process.restart()
-    worker_process.wait_ready()
-    model_server.reset()
+pytestmark = pytest.mark.usefixtures("learning_worker")
 
 
 async def test_private_chat_learns_a_fact_for_its_person(

@@ -32,16 +32,7 @@ LEASE = float(SHORT_DEADLINES["BOTMEMORY_LEASE_SECONDS"])
 POLL = float(SHORT_DEADLINES["BOTMEMORY_SWEEP_INTERVAL_SECONDS"])
 
 
-@pytest.fixture(autouse=True)
-def _learning(worker_process: WorkerProcess, model_server: ModelServer) -> Iterator[None]:
-    if worker_process.proc.poll() is not None:
-        worker_process.restart()
-    worker_process.wait_ready()
-    model_server.reset()
-    yield
-    if worker_process.proc.poll() is not None:  # leave a live worker for the next test
-        worker_process.restart()
-        worker_process.wait_ready()
+pytestmark = pytest.mark.usefixtures("learning_worker")
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ import pytest
 from botmemory.runtime import Runtime
 from botmemory.settings import Settings
 from tests.client import Api
-from tests.conftest import WorkerProcess
 from tests.learning_helpers import (
     add_items,
     complete,
@@ -30,12 +29,7 @@ from tests.test_encryption import files_containing
 CANARY = "CANARY" + secrets.token_hex(10)
 
 
-@pytest.fixture(autouse=True)
-def _learning(worker_process: WorkerProcess, model_server: ModelServer) -> None:
-    if worker_process.proc.poll() is not None:
-        worker_process.restart()
-    worker_process.wait_ready()
-    model_server.reset()
+pytestmark = pytest.mark.usefixtures("learning_worker")
 
 
 async def test_hostile_answers_are_rejected_whole(

@@ -14,7 +14,7 @@ from botmemory.model import FIXED_CALM_ANSWER, Gateway, Route, StepKey
 from botmemory.runtime import Runtime
 from botmemory.settings import Settings
 from tests.client import Api
-from tests.conftest import ApiProcess, WorkerProcess
+from tests.conftest import ApiProcess
 from tests.learning_helpers import (
     complete,
     confide,
@@ -28,13 +28,7 @@ from tests.learning_helpers import (
 from tests.memory_helpers import command, fact, said
 from tests.model_server import ModelServer, Reply
 
-
-@pytest.fixture(autouse=True)
-def _learning(worker_process: WorkerProcess, model_server: ModelServer) -> None:
-    if worker_process.proc.poll() is not None:
-        worker_process.restart()
-    worker_process.wait_ready()
-    model_server.reset()
+pytestmark = pytest.mark.usefixtures("learning_worker")
 
 
 def bearer(token: str) -> dict[str, str]:

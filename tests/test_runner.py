@@ -15,7 +15,6 @@ from websockets.asyncio.client import ClientConnection
 
 from botmemory.runtime import Runtime
 from tests.client import Api, World
-from tests.conftest import WorkerProcess
 from tests.learning_helpers import fact_call, learn, memory_world, wait_executions
 from tests.memory_helpers import fact, said, visible
 from tests.model_server import ModelServer, Reply, ToolCall
@@ -27,12 +26,7 @@ EVENTS = "subscription($c: ID!) { turnEvents(chatId: $c) { turnId kind text item
 MEMORY_WORDS = ("memory", "memories", "remember", "entry", "entries")
 
 
-@pytest.fixture(autouse=True)
-def _learning(worker_process: WorkerProcess, model_server: ModelServer) -> None:
-    if worker_process.proc.poll() is not None:
-        worker_process.restart()
-    worker_process.wait_ready()
-    model_server.reset()
+pytestmark = pytest.mark.usefixtures("learning_worker")
 
 
 async def runner_world(
