@@ -213,16 +213,21 @@ async def context(rt: Runtime, bot_id: str, reader: Reader, limit: int) -> Conte
         used: list[dict[str, Any]] = []
         size, after = 0, q.TOP_RANK
         while True:
-            page = await q.context_page(tx, bot_id=bot_id, after=after, limit=_CONTEXT_PAGE, **reader.params)
-            for row in page:
-                cost = row["length"] + (3 if used else 2)  # "- " before each line, newlines between
-                if size + cost > limit:
-                    return used, await _cipher_of(rt, tx, bot_id)
-                used.append(row)
-                size += cost
-            if len(page) < _CONTEXT_PAGE:
+            page = await q.context_page(
+                tx,
+                bot_id=bot_id,
+                after=after,
+                limit=_CONTEXT_PAGE,
+                size=size,
+                count=len(used),
+                max_size=limit,
+                **reader.params,
+            )
+            used += page["page"]
+            size = int(page["size"])
+            if not page["open"] or page["candidates"] < _CONTEXT_PAGE:
                 return used, await _cipher_of(rt, tx, bot_id)
-            after = page[-1]["rank"]
+            after = used[-1]["rank"]
 
     used, cipher = await read(rt.driver, work)
     contents = [cipher.decrypt(ENTRY_KIND, row["id"], bytes(row["content"])) for row in used]

@@ -108,10 +108,12 @@ WHERE e.botId = $botId AND e.audienceKey = key AND e.memoryRank < $top
     + ") AS entries\n"
 )
 
-#: One page of active candidates for ``context`` (N3) in memory order below ``$after``: ids,
-#: stored lengths (deciding what fits decrypts nothing) and ciphertexts (a page is small, and
-#: a second round trip for the ones that fit costs more than carrying them). Per key, an index-ordered seek
-#: with a limit; then the pages of all keys are merged.
+#: One page of active candidates for ``context`` (N3) in memory order below ``$after``. Per key,
+#: an index-ordered seek with a limit; then the pages of all keys are merged. What fits is decided
+#: here from the stored lengths (``$size`` characters and ``$count`` entries already used, at most
+#: ``$max``; each line costs its length + 2 for "- ", + 1 for the newline before all but the
+#: first): only the entries that fit, up to the first one that does not, come back with their
+#: ciphertext; ``open`` is false once an entry did not fit, ``candidates`` tells a full page.
 CONTEXT_PAGE: Final = (
     """
 WITH $readers AS readers, $org AS org
@@ -124,7 +126,15 @@ CALL (key, readers, org) {
   RETURN e ORDER BY e.botId DESC, e.audienceKey DESC, e.memoryRank DESC LIMIT $limit
 }
 WITH e ORDER BY e.memoryRank DESC, e.id LIMIT $limit
-RETURN collect({id: e.id, length: e.contentLength, rank: e.memoryRank, content: e.content}) AS page
+WITH collect(e) AS page
+WITH page, reduce(fit = {size: $size, n: 0, open: true}, x IN page |
+  CASE WHEN fit.open
+        AND fit.size + x.contentLength + 2 + CASE WHEN $count + fit.n > 0 THEN 1 ELSE 0 END <= $max
+       THEN {size: fit.size + x.contentLength + 2 + CASE WHEN $count + fit.n > 0 THEN 1 ELSE 0 END,
+             n: fit.n + 1, open: true}
+       ELSE {size: fit.size, n: fit.n, open: false} END) AS fit
+RETURN [x IN page[0..fit.n] | {id: x.id, rank: x.memoryRank, content: x.content}] AS page,
+       size(page) AS candidates, fit.open AS open, fit.size AS size
 """
 )
 
@@ -261,8 +271,12 @@ async def context_page(
     readers: list[dict[str, Any]],
     after: int,
     limit: int,
-) -> list[dict[str, Any]]:
-    """Up to ``limit`` visible active candidates ranked below ``after``: id, length, rank, content.
+    size: int,
+    count: int,
+    max_size: int,
+) -> dict[str, Any]:
+    """Of up to ``limit`` visible active candidates ranked below ``after``, the ones that fit
+    (id, rank, content), whether all did (``open``), how many candidates there were, the new size.
 
     One record holding a list: the driver decodes one list far faster than many records.
     """
@@ -275,8 +289,12 @@ async def context_page(
         keys=reader_keys(readers),
         after=after,
         limit=limit,
+        size=size,
+        count=count,
+        max=max_size,
     )
-    return [] if record is None else list(record["page"])
+    assert record is not None
+    return record
 
 
 async def has_visible(

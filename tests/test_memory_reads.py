@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import REGISTRY
 
 from botmemory import memory
-from botmemory.changes import Invalidate
+from botmemory.changes import AddFact, Invalidate, ItemRef
 from botmemory.domain import Principal
 from botmemory.runtime import Runtime
 from tests.client import Api, make_world
@@ -86,3 +86,22 @@ async def test_listing_decrypts_exactly_what_it_returns(api: Api, runtime: Runti
     found, _ = await memory.list_entries(runtime, principal, w.bot, [])
     assert len(found) == 3
     assert entry_decryptions() - before == 3
+
+
+async def test_context_fits_exactly_across_pages(api: Api, runtime: Runtime) -> None:
+    """N3 over several pages of candidates: the limit is met to the character, in memory order."""
+    w = await make_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    src = await said(api, w.tokens["ann"], chat, "facts")
+    changes = [AddFact(content=f"e{n:03d}", sources=(ItemRef(*src),)) for n in range(150)]
+    await apply(runtime, w.bot, *changes)
+    reader = await memory.person_reader_of(runtime, w.bot, w.people["ann"], w.org)
+    assert reader is not None
+    newest_first = [c.id for c in reversed(changes)]
+    # Each line is "- " + 4 characters, joined by newlines: 6 for the first, 7 for each next one.
+    exact = await memory.context(runtime, w.bot, reader, limit=6 + 7 * 99)
+    assert exact.ids == tuple(newest_first[:100]) and len(exact.text) == 6 + 7 * 99
+    short = await memory.context(runtime, w.bot, reader, limit=6 + 7 * 99 - 1)
+    assert short.ids == tuple(newest_first[:99])
+    everything = await memory.context(runtime, w.bot, reader, limit=10_000)
+    assert everything.ids == tuple(newest_first) and everything.text.splitlines()[0] == "- e149"
