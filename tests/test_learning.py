@@ -11,6 +11,7 @@ import pytest
 from botmemory.changes import LegacyEntry, MemoryChange, Remember, apply_changes, import_legacy
 from botmemory.runtime import Runtime
 from tests.client import Api
+from tests.conftest import WorkerProcess
 from tests.learning_helpers import (
     add_items,
     complete,
@@ -31,7 +32,7 @@ pytestmark = pytest.mark.usefixtures("learning_worker")
 
 
 async def test_private_chat_learns_a_fact_for_its_person(
-    api: Api, runtime: Runtime, model_server: ModelServer
+    api: Api, runtime: Runtime, model_server: ModelServer, learning_worker: WorkerProcess
 ) -> None:
     w = await memory_world(api, ("ann", "bob"))
     chat = await api.chat(w.tokens["ann"], w.bot)
@@ -87,6 +88,8 @@ async def test_private_chat_learns_a_fact_for_its_person(
         "MATCH (i:Item {chatId: $c}) RETURN count(i) AS items", c=chat
     )
     assert records[0]["items"] == 2
+    # The model endpoint (it may carry credentials) is not in the worker's log (HTTP clients quiet).
+    assert model_server.base_url.split("//")[1] not in learning_worker.log_path.read_text()
 
 
 async def test_group_chat_fact_is_for_the_channel_from_the_saved_actor(
