@@ -58,6 +58,7 @@ from botmemory.domain import Access, Principal
 from botmemory.runtime import Runtime
 from botmemory.settings import Settings, load_settings
 from graph.driver import read, rows, single, write
+from graph.learning import ENDS
 from tests.model_server import ModelServer, Reply, ToolCall
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -66,7 +67,6 @@ ORG_PREFIX = "botmemory-learnbench-"
 ADMIN = Principal("admin")
 MODEL = "bench-model"
 CHANGES_PATTERN = "botmemory:changes:*"
-ENDS = ("done", "failed", "skipped")
 
 #: Target from the issue: completeTurn → committed memory change, median (ms).
 T_LATENCY_MEDIAN = 100.0

@@ -110,8 +110,8 @@ async def _rewrite(rt: Runtime, turn: Turn, original: str, deadline: float) -> t
         if chat["review"] or not route.bot_memory or route.model is None:
             return original, "off"
         reader = await memory.chat_reader(rt, turn.chat_id)
-        if reader is None or not await memory.has_entries(rt, route.bot_id, reader):
-            return original, "nothing_visible"  # N3: no model call
+        if reader is None:
+            return original, "nothing_visible"
         digest = route.cipher.digest(DIGEST_KIND, original)
         saved = await read(
             rt.driver, lambda tx: q.saved_rewrite(tx, chat_id=turn.chat_id, input_digest=digest)
@@ -124,9 +124,10 @@ async def _rewrite(rt: Runtime, turn: Turn, original: str, deadline: float) -> t
                 return text, "reused"
         if await rt.gateway.budget_spent(rt, route):
             return original, "budget_spent"
+        # One read decides: nothing visible (or nothing that fits) → no model call (N3).
         known = await memory.context(rt, route.bot_id, reader, rt.settings.answer_context_chars)
         if not known.ids:
-            return original, "nothing_fits"
+            return original, "nothing_visible"
         release = await rt.gateway.acquire(route, deadline)
     try:
         notes = [{"id": i, "text": c} for i, c in zip(known.ids, known.contents, strict=True)]

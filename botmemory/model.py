@@ -354,7 +354,7 @@ class Gateway:
         """The call, encrypted (E1), and its confirmed cost (L6) in one transaction; the cost."""
         usage = None if result is None else result.usage
         cost = None if result is None else cost_micros(self.settings, str(request["model"]), usage)
-        charged = result is not None  # a call that answered is charged for its confirmed usage
+        answered = result is not None  # a call that answered is charged for its confirmed usage
         now = now_ms()
         fields: dict[str, Any] = {
             "id": call_id,
@@ -371,7 +371,7 @@ class Gateway:
             "result": None
             if result_json is None
             else route.cipher.encrypt(RESULT_KIND, call_id, result_json),
-            "status": "ok" if charged else status,
+            "status": status,  # ok, or why not: a failure, or too_large (answered, not reusable)
             "attempts": len(attempts),
             "attemptLog": attempts,
             "usageKnown": usage is not None,
@@ -380,11 +380,8 @@ class Gateway:
             "costMicros": cost,
             "at": now,
             "periods": list(periods(now)),
-            "charged": charged and charge,
+            "charged": answered and charge,
         }
-        if charged and status != "ok":
-            fields["status"] = status  # answered but unusable (too large): charged, not reusable
-            fields["result"] = None
         await write(rt.driver, lambda tx: q.save_model_call(tx, **fields))
         return cost
 

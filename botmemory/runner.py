@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from typing import Any
 
 from neo4j import AsyncManagedTransaction
@@ -25,7 +26,6 @@ from botmemory.model import ModelUnavailable, Route
 from botmemory.runtime import Runtime
 from botmemory.turnfeed import TurnEvent, TurnHub
 from botmemory.validation import check_id, check_text
-from graph import memorybot as q
 from graph.driver import read
 
 MAX_TOOL_ROUNDS = 3
@@ -67,25 +67,20 @@ async def send_message(
     if await chats.get_chat(rt, principal, chat_id) is None:
         raise NotFound("chat not found")
 
-    async def load(tx: AsyncManagedTransaction) -> tuple[dict[str, Any], Route, dict[str, Any]]:
-        chat, route = await load_route(rt, tx, chat_id)
-        row = await q.chat_route(tx, chat_id=chat_id)
-        assert row is not None
-        return chat, route, row
+    async def load(tx: AsyncManagedTransaction) -> tuple[dict[str, Any], Route]:
+        return await load_route(rt, tx, chat_id)
 
-    chat, memory_route, row = await read(rt.driver, load)
-    if row["botModel"] is None:
+    chat, memory_route = await read(rt.driver, load)
+    if chat["botModel"] is None:
         raise BadInput("this Bot has no chat model; set one with createBot(model:)", field="chatId")
-    route = Route(
-        memory_route.bot_id,
-        memory_route.org,
-        row["botModel"],
-        memory_route.bot_memory,
-        None,
-        None,
-        None,
-        None,
-        memory_route.cipher,
+    # The Bot's own model: none of the memory Bot's instructions, gate or budget apply to it.
+    route = replace(
+        memory_route,
+        model=chat["botModel"],
+        instructions=None,
+        concurrency=None,
+        budget_period=None,
+        budget_limit=None,
     )
     turn = await enrichment.start_turn(
         rt, principal, chat_id, text, actor_id=None, notice=False, arrived=arrived
@@ -93,7 +88,7 @@ async def send_message(
     history = await _history(rt, principal, chat_id, turn.id)
     await _publish(hub, chat_id, TurnEvent(turn.id, "ITEM_ADDED", text, f"i-{history[1]}", "PERSON_MESSAGE"))
     messages: list[dict[str, Any]] = [
-        {"role": "system", "content": _system(row["botName"])},
+        {"role": "system", "content": _system(chat["botName"])},
         *history[0],
         {"role": "user", "content": turn.enriched_input or text},
     ]

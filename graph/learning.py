@@ -12,7 +12,7 @@ from typing import Any, Final
 
 from neo4j import AsyncManagedTransaction
 
-from graph.driver import rows, single
+from graph.driver import single
 
 #: Statuses: ``waiting`` (its Turn is open), ``queued``, ``running`` (leased), ``budget``
 #: (waits for the next period or a raised limit), and the ends ``done``, ``failed``, ``skipped``.
@@ -192,8 +192,6 @@ SET x.epoch = x.epoch + 1, x.status = 'queued', x.queuedAt = $now
 RETURN collect({id: x.id, epoch: x.epoch}) AS queued
 """
 
-GET_EXECUTION: Final = "MATCH (x:LearningExecution {id: $id}) RETURN x {.*} AS execution"
-
 
 async def create_execution(
     tx: AsyncManagedTransaction, *, id: str, bot_id: str, turn_id: str, confession_id: str, now: int
@@ -295,19 +293,3 @@ async def budget_waiting(tx: AsyncManagedTransaction, *, limit: int) -> list[dic
 async def release_budget(tx: AsyncManagedTransaction, *, bot_id: str, now: int) -> list[dict[str, Any]]:
     record = await single(tx, RELEASE_BUDGET, botId=bot_id, now=now)
     return [] if record is None else list(record["queued"])
-
-
-async def get_execution(tx: AsyncManagedTransaction, *, id: str) -> dict[str, Any] | None:
-    record = await single(tx, GET_EXECUTION, id=id)
-    return None if record is None else record["execution"]
-
-
-async def executions_of_turn(tx: AsyncManagedTransaction, *, turn_id: str) -> list[dict[str, Any]]:
-    return [
-        r["x"]
-        for r in await rows(
-            tx,
-            "MATCH (x:LearningExecution {turnId: $turnId}) RETURN x {.*} AS x ORDER BY x.createdAt",
-            turnId=turn_id,
-        )
-    ]

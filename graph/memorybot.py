@@ -33,9 +33,10 @@ RETURN matches, m {.settingsVersion, .instructions, .concurrency, .budgetPeriod,
 CHAT_ROUTE: Final = """
 MATCH (ch:Chat {id: $chatId})-[:WITH_BOT]->(b:Bot)-[:HAS_MEMORY]->(m:Memory),
       (ch)-[:IN_ORG]->(o:Organization)
-RETURN ch {.*} AS chat, o.botMemory AS botMemory, o.botMemoryModel AS model,
+RETURN ch {.*, botModel: b.model, botName: b.name} AS chat, o.botMemory AS botMemory,
+       o.botMemoryModel AS model,
        m {.settingsVersion, .instructions, .concurrency, .budgetPeriod, .budgetLimitMicros} AS settings,
-       b.keyMaster AS keyMaster, b.keyWrapped AS keyWrapped, b.model AS botModel, b.name AS botName
+       b.keyMaster AS keyMaster, b.keyWrapped AS keyWrapped
 """
 
 #: Confirmed spend of a Bot in one budget period, over all organizations (L6).

@@ -8,11 +8,10 @@ import time
 from typing import Any
 
 from botmemory.runtime import Runtime
+from graph.learning import ENDS
 from tests.client import Api, World, make_world
 from tests.conftest import TEST_MODEL
 from tests.model_server import Reply, ToolCall
-
-ENDS = ("done", "failed", "skipped")
 
 
 async def memory_world(

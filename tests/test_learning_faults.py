@@ -25,7 +25,7 @@ from tests.learning_helpers import (
     memory_world,
     wait_executions,
 )
-from tests.memory_helpers import visible
+from tests.memory_helpers import command, visible
 from tests.model_server import ModelServer
 
 LEASE = float(SHORT_DEADLINES["BOTMEMORY_LEASE_SECONDS"])
@@ -199,3 +199,48 @@ async def test_a_lost_enqueue_is_recovered_by_the_sweeper(
     )
     [x] = await wait_executions(runtime, turn["id"], within=15)
     assert x["status"] == "done" and x["epoch"] == 0 and x["learned"] == 1
+
+
+async def test_the_model_call_runs_outside_the_memory_lock(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    """C1: while a learning step waits for the model, reads and changes of that memory go on."""
+    w = await memory_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    turn = await api.turn(w.tokens["ann"], chat, "I play the cello")
+    model_server.default("learn", learn(fact_call("Ann plays the cello", "i-1"), delay=1.2))
+    await confide(api, w.tokens["ann"], turn["id"])
+    await complete(api, w.tokens["ann"], turn["id"])
+    await model_server.wait_for_requests("learn", 1)
+    started = time.monotonic()
+    remembered = await command(
+        api, w.tokens["ann"], w.bot, {"_tag": "Remember", "content": "cello on Tuesdays"}
+    )
+    assert remembered.status_code == 201
+    assert time.monotonic() - started < 0.8  # not waiting for the model's 1.2 s
+    [x] = await wait_executions(runtime, turn["id"])
+    assert x["status"] == "done"
+    assert sorted(e["content"] for e in (await visible(api, w.tokens["ann"], w.bot)).values()) == [
+        "Ann plays the cello",
+        "cello on Tuesdays",
+    ]
+
+
+async def test_the_latest_source_state_is_checked_under_the_write_lock(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    """C7: the chat's history is deleted while the model thinks → the step is refused at commit."""
+    w = await memory_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    turn = await api.turn(w.tokens["ann"], chat, "My passport number is in the drawer")
+    model_server.default("learn", learn(fact_call("Ann keeps her passport in the drawer", "i-1"), delay=1.0))
+    await confide(api, w.tokens["ann"], turn["id"])
+    await complete(api, w.tokens["ann"], turn["id"])
+    await model_server.wait_for_requests("learn", 1)
+    await api.gql(
+        "mutation($c: ID!) { deleteChatHistory(chatId: $c) { items } }", {"c": chat}, w.tokens["ann"]
+    )
+    [x] = await wait_executions(runtime, turn["id"])
+    assert (x["status"], x["error"]) == ("failed", "rejected:CONFLICT")
+    assert await memory_bot_changes(runtime, w.bot) == []
+    assert await visible(api, w.tokens["ann"], w.bot) == {}
