@@ -52,6 +52,7 @@ import redis.asyncio as aioredis
 from neo4j import AsyncManagedTransaction
 
 from bench.memory_bench import delete_bot_data, fmt_ms, machine, pct, verdict
+from bench.report import write_results
 from botmemory import chats, memorybot, provisioning
 from botmemory.bootstrap import open_runtime
 from botmemory.domain import Access, Principal
@@ -861,21 +862,6 @@ def report(
     return "\n".join(lines)
 
 
-README_START = "<!-- learning-bench:start -->"
-README_END = "<!-- learning-bench:end -->"
-
-
-def write_outputs(table: str, out: Path, update_readme: bool) -> None:
-    out.write_text("# Learning benchmark results\n\n" + table + "\n")
-    readme = BENCH_DIR / "README.md"
-    if update_readme and readme.exists():
-        text = readme.read_text()
-        if README_START in text and README_END in text:
-            head, rest = text.split(README_START, 1)
-            _, tail = rest.split(README_END, 1)
-            readme.write_text(f"{head}{README_START}\n{table}\n{README_END}{tail}")
-
-
 # --- main --------------------------------------------------------------------------------------------------
 
 
@@ -1011,7 +997,13 @@ async def run(args: argparse.Namespace) -> int:
     elapsed = time.perf_counter() - started
     table = report(seg, runs, info, args, elapsed, extra)
     out = Path(args.out)
-    write_outputs(table, out, not args.no_readme)
+    write_results(
+        table,
+        out,
+        title="Learning benchmark results",
+        section="learning-bench",
+        update_readme=not args.no_readme,
+    )
     print(table)
     log(f"done in {elapsed / 60:.1f} min; results in {out}")
     return 0

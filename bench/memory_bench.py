@@ -43,6 +43,7 @@ import neo4j
 from neo4j import AsyncManagedTransaction
 from prometheus_client import REGISTRY
 
+from bench.report import write_results
 from botmemory import chats, commands, memory, provisioning
 from botmemory.bootstrap import open_runtime
 from botmemory.changefeed import ChangeHub
@@ -1176,21 +1177,6 @@ def report(
     return "\n".join(lines)
 
 
-README_START = "<!-- results:start -->"
-README_END = "<!-- results:end -->"
-
-
-def write_outputs(table: str, out: Path, update_readme: bool) -> None:
-    out.write_text("# Memory benchmark results\n\n" + table + "\n")
-    readme = BENCH_DIR / "README.md"
-    if update_readme and readme.exists():
-        text = readme.read_text()
-        if README_START in text and README_END in text:
-            head, rest = text.split(README_START, 1)
-            _, tail = rest.split(README_END, 1)
-            readme.write_text(f"{head}{README_START}\n{table}\n{README_END}{tail}")
-
-
 # --- main --------------------------------------------------------------------------------------
 
 
@@ -1256,7 +1242,9 @@ async def run(args: argparse.Namespace) -> int:
     elapsed = time.perf_counter() - started
     table = report(rows_, pools, sizes, info, args, elapsed, extra)
     out = Path(args.out)
-    write_outputs(table, out, not args.no_readme)
+    write_results(
+        table, out, title="Memory benchmark results", section="results", update_readme=not args.no_readme
+    )
     print(table)
     log(f"done in {elapsed / 60:.1f} min; results in {out}")
     return 0
