@@ -20,7 +20,7 @@ RUN pip install . \
     && mkdir -p /app/data && chown botmemory /app/data
 
 USER botmemory
-ENV BOTMEMORY_DATA_DIR=/app/data
+ENV BOTMEMORY_DATA_DIR=/app/data BOTMEMORY_API_HOST=0.0.0.0 BOTMEMORY_API_PORT=8000
 EXPOSE 8000
 
-CMD ["uvicorn", "botmemory.app:create_app", "--factory", "--host", "0.0.0.0", "--port", "8000"]
+CMD ["python", "-m", "botmemory.serve"]

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import math
 import os
 import platform
@@ -43,6 +44,7 @@ import neo4j
 from neo4j import AsyncManagedTransaction
 from prometheus_client import REGISTRY
 
+from bench import fanout
 from bench.report import write_results
 from botmemory import chats, commands, memory, provisioning
 from botmemory.bootstrap import open_runtime
@@ -188,6 +190,7 @@ class Pool:
     none: str = ""
     others: list[str] = field(default_factory=list[str])
     tokens: dict[str, str] = field(default_factory=dict[str, str])  # person id -> a live token id
+    secrets: dict[str, str] = field(default_factory=dict[str, str])  # person id -> that bearer token
     channels: list[str] = field(default_factory=list[str])
     chats: list[str] = field(default_factory=list[str])
     items: dict[str, list[ItemRef]] = field(default_factory=dict[str, list[ItemRef]])
@@ -371,7 +374,8 @@ async def provision(rt: Runtime, pool: Pool, rng: random.Random) -> None:
     pool.org = org.id
 
     async def person(name: str) -> str:
-        p, _token = await provisioning.create_person(rt, ADMIN, pool.org, name)
+        p, token = await provisioning.create_person(rt, ADMIN, pool.org, name)
+        pool.secrets[p.id] = token
         return p.id
 
     ids = await bounded(8, [lambda n=n: person(n) for n in ("most", "sparse", "none")])
@@ -824,14 +828,19 @@ async def measure_reads(rt: Runtime, pool: Pool, s: BenchSettings, out: list[Row
     return visible
 
 
+def fanout_people(pool: Pool, s: BenchSettings) -> list[str]:
+    """Who holds the ``s.subscribers`` subscriptions: the three reader kinds, then everyone else."""
+    people: list[str] = [pool.most] * 150 + [pool.sparse] * 100 + [pool.none] * 100
+    people += [pool.others[i % len(pool.others)] for i in range(max(0, s.subscribers - len(people)))]
+    return people[: s.subscribers]
+
+
 async def measure_fanout(
     rt: Runtime, pool: Pool, s: BenchSettings, rng: random.Random, out: list[Row]
 ) -> None:
     """ChangeHub.deliver of one change event to ``s.subscribers`` open subscriptions (mixed readers)."""
     hub = ChangeHub(rt)
-    people: list[str] = [pool.most] * 150 + [pool.sparse] * 100 + [pool.none] * 100
-    people += [pool.others[i % len(pool.others)] for i in range(max(0, s.subscribers - len(people)))]
-    people = people[: s.subscribers]
+    people = fanout_people(pool, s)
     version_q = "MATCH (m:Memory {id: $id}) RETURN m.version AS v"
     record = await read(rt.driver, lambda tx: single(tx, version_q, id=pool.bot))
     version = 0 if record is None else int(record["v"])
@@ -888,6 +897,71 @@ async def measure_fanout(
             f"  {pool.size:>7,} fan-out        n={row.n:<3} median {fmt_ms(row.median)} ms "
             f"p99 {fmt_ms(row.p99)} ms ({row.note})"
         )
+
+
+async def measure_fanout_ws(
+    rt: Runtime, pool: Pool, s: BenchSettings, rng: random.Random, out: list[Row]
+) -> None:
+    """A change event published on Redis → the last of ``s.subscribers`` GraphQL subscriptions
+    (graphql-transport-ws, a real API process) has its message: once with every subscriber on
+    the same operation (executions and encodings shared), once with each on its own operation
+    text (nothing shareable), side by side on the same API process."""
+    people = fanout_people(pool, s)
+    api = fanout.ApiServer(rt.settings.data_dir / "logs" / "bench-fanout-api.log")
+    channel = f"botmemory:changes:{pool.bot}"
+    probe_ids = pool.created[:30]
+
+    async def publish(version: int, ids: list[str]) -> float:
+        t = time.monotonic()
+        await rt.redis.publish(channel, json.dumps({"botId": pool.bot, "version": version, "ids": ids}))
+        return t
+
+    try:
+        for mode, query_of in (
+            ("same operation", fanout.same_operation),
+            ("own operation each", fanout.own_operation),
+        ):
+            subs = [
+                {"token": pool.secrets[p], "bot": pool.bot, "query": query_of(i)}
+                for i, p in enumerate(people)
+            ]
+            t = time.perf_counter()
+            clients = await fanout.Clients.open(api.ws_url, subs)
+            opened = time.perf_counter() - t
+            try:
+                # Every subscription is registered once a probe reaches the same number of them 3 times.
+                counts: list[int] = []
+                while len(counts) < 3 or len(set(counts[-3:])) > 1 or not counts[-1]:
+                    version = next(fanout.VERSIONS)
+                    await publish(version, probe_ids)
+                    counts.append((await fanout.wait_quiet(clients, version))[0])
+                row = Row(pool.size, f"fan-out to {len(subs):,} over WebSockets ({mode})", "mixed", [])
+                receivers: list[float] = []
+                started = time.perf_counter()
+                for k in range(s.warmup + s.fanout_runs):
+                    if k >= s.warmup and not s.keep_going(
+                        row.n, s.fanout_runs, time.perf_counter() - started, 2
+                    ):
+                        break
+                    version = next(fanout.VERSIONS)
+                    sent = await publish(version, rng.sample(pool.created, rng.randint(1, 5)))
+                    count, last = await fanout.wait_quiet(clients, version)
+                    if k >= s.warmup and count:
+                        row.samples.append((last - sent) * 1000)
+                        receivers.append(float(count))
+                row.note = (
+                    f"median {pct(receivers, 0.5):.0f} of {len(subs):,} subscriptions got a message; "
+                    f"{len(subs):,} opened in {opened:.1f} s"
+                )
+                out.append(row)
+                log(
+                    f"  {pool.size:>7,} fan-out ws ({mode}) n={row.n:<3} median {fmt_ms(row.median)} ms "
+                    f"p99 {fmt_ms(row.p99)} ms ({row.note})"
+                )
+            finally:
+                await clients.close()
+    finally:
+        api.stop()
 
 
 async def measure_writes(
@@ -1230,6 +1304,7 @@ async def run(args: argparse.Namespace) -> int:
                 visible = await measure_reads(rt, pool, s, rows_)
                 extra["visible"][size] = {k: len(v) for k, v in visible.items()}
                 await measure_fanout(rt, pool, s, planner.rng, rows_)
+                await measure_fanout_ws(rt, pool, s, planner.rng, rows_)
                 await measure_writes(rt, pool, planner, s, visible["most"], rows_)
             finally:
                 if args.keep:

@@ -34,6 +34,7 @@ from botmemory.turnfeed import TurnHub
 from resolvers.schema import build_schema
 from schema.context import Context
 from schema.errors import with_code
+from schema.fanout import encode_next
 
 log = logging.getLogger("botmemory.api")
 
@@ -60,6 +61,11 @@ class GraphQLApp(GraphQL[Context, None]):
         except ServiceError:
             raise ConnectionRejectionError({"code": "UNAUTHENTICATED"}) from None
         return UNSET
+
+    def encode_json(self, data: object) -> str | bytes:
+        """Subscription payloads shared by several subscribers are serialised once (schema.fanout)."""
+        shared = encode_next(data)
+        return super().encode_json(data) if shared is None else shared
 
     async def process_result(self, request: Request, result: ExecutionResult) -> GraphQLHTTPResponse:
         """Parse errors end before the operation's extensions; give them their code here."""

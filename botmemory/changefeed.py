@@ -29,8 +29,11 @@ log = logging.getLogger("botmemory.changefeed")
 CHANNEL_PATTERN = "botmemory:changes:*"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False, weakref_slot=True)
 class ChangeEvent:
+    """One event for every local subscriber with the same visible entries (compared by identity:
+    the transport keys its once-per-event work on it, see ``schema.fanout``)."""
+
     version: int
     entries: tuple[Entry, ...]
 
@@ -42,9 +45,14 @@ class Subscriber:
     person_id: str
     org: str
     token_id: str
+    #: Who reads: one visibility check per distinct identity, however many streams it holds.
+    identity: str = field(init=False)
     queue: asyncio.Queue[ChangeEvent | None] = field(
         default_factory=lambda: asyncio.Queue[ChangeEvent | None](100)
     )
+
+    def __post_init__(self) -> None:
+        self.identity = f"{self.person_id}|{self.org}|{self.token_id}"
 
 
 class ChangeHub:
@@ -88,7 +96,7 @@ class ChangeHub:
         if not local:
             return
         # One check per distinct (person, organization, token), however many streams they hold.
-        identities = {_identity(s): s for s in local}
+        identities = {s.identity: s for s in local}
         subs = [
             {"key": k, "person": s.person_id, "org": s.org, "token": s.token_id}
             for k, s in identities.items()
@@ -107,22 +115,23 @@ class ChangeHub:
             return
         cipher = self.rt.cipher(bot_id, key["master"], key["wrapped"])
         decrypted = {row["id"]: decrypt_entry(cipher, row) for row in changed}  # once per event
+        # Per identity: the event (one per distinct visible set), or None = end the subscription
+        # (token revoked or read on the Bot lost); absent = nothing to send.
+        outcome: dict[str, ChangeEvent | None] = {}
         events: dict[tuple[str, ...], ChangeEvent] = {}
-        for sub in local:
-            seen = found.get(_identity(sub))
+        for ident in identities:
+            seen = found.get(ident)
             if seen is None:
-                _offer(sub, None)  # token revoked or read on the Bot lost: end the subscription
+                outcome[ident] = None
                 continue
             visible = tuple(sorted(i for i in seen if i in decrypted))
-            if not visible:
-                continue
-            if visible not in events:
-                events[visible] = ChangeEvent(version, tuple(decrypted[i] for i in visible))
-            _offer(sub, events[visible])
-
-
-def _identity(sub: Subscriber) -> str:
-    return f"{sub.person_id}|{sub.org}|{sub.token_id}"
+            if visible:
+                if visible not in events:
+                    events[visible] = ChangeEvent(version, tuple(decrypted[i] for i in visible))
+                outcome[ident] = events[visible]
+        for sub in local:
+            if sub.identity in outcome:
+                _offer(sub, outcome[sub.identity])
 
 
 def _offer(sub: Subscriber, event: ChangeEvent | None) -> None:

@@ -343,8 +343,7 @@ def ensure_app(s: Settings) -> None:
     if running_pid(ps["api"]) is None:
         if port_open(s.api_host, s.api_port):
             raise StackError(f"{s.api_host}:{s.api_port} is already in use by another process")
-        app = ["-m", "uvicorn", "botmemory.app:create_app", "--factory"]
-        api = spawn(ps["api"], [py, *app, "--host", s.api_host, "--port", str(s.api_port)], env)
+        api = spawn(ps["api"], [py, "-m", "botmemory.serve"], env)
     if running_pid(ps["worker"]) is None:
         spawn(ps["worker"], [py, "-m", "learning.worker"], env)
     wait_until(ps["api"], lambda: healthz(s.api_host, s.api_port), API_TIMEOUT, api)

@@ -23,3 +23,13 @@ CONFIDE_ANSWERS = Counter("botmemory_confide_answers_total", "Confide answers, b
 ENRICHMENTS = Counter(
     "botmemory_enrichments_total", "Turn inputs, by what the memory Bot did with them", ["outcome"]
 )
+SUBSCRIPTION_EXECUTIONS = Counter(
+    "botmemory_subscription_executions_total",
+    "Subscription events executed, once per event and distinct operation (shared by its subscribers)",
+)
+SUBSCRIPTION_ENCODINGS = Counter(
+    "botmemory_subscription_encodings_total", "Shared subscription payloads serialised to JSON"
+)
+SUBSCRIPTION_MESSAGES = Counter(
+    "botmemory_subscription_messages_total", "Subscription messages sent with a shared payload"
+)

@@ -21,6 +21,7 @@ from resolvers.mutation import Mutation
 from resolvers.query import Query
 from resolvers.subscription import Subscription
 from schema.errors import ErrorCodes
+from schema.fanout import EventExecutor
 from schema.types import LONG_SCALAR, Long
 
 SNAPSHOT = Path(__file__).resolve().parent.parent / "schema" / "schema.graphql"
@@ -46,4 +47,5 @@ def build_schema(settings: Settings) -> strawberry.Schema:
         subscription=Subscription,
         config=StrawberryConfig(auto_camel_case=True, scalar_map={Long: LONG_SCALAR}),
         extensions=extensions,
+        execution_context_class=EventExecutor,
     )

@@ -3,14 +3,26 @@
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator
+from weakref import WeakKeyDictionary
 
 import strawberry
 
 from botmemory import chats, memory
+from botmemory.changefeed import ChangeEvent
 from botmemory.errors import Forbidden, NotFound, Unauthenticated
 from schema.context import Info
-from schema.memory import MemoryChangeEvent, MemoryEntry
+from schema.memory import MemoryChangeEvent
 from schema.types import TurnEvent
+
+#: One GraphQL view per change event, for every local subscriber it goes to (schema.fanout).
+_VIEWS: WeakKeyDictionary[ChangeEvent, MemoryChangeEvent] = WeakKeyDictionary()
+
+
+def _view_of(event: ChangeEvent) -> MemoryChangeEvent:
+    view = _VIEWS.get(event)
+    if view is None:
+        view = _VIEWS[event] = MemoryChangeEvent.of(event)
+    return view
 
 
 @strawberry.type
@@ -28,9 +40,7 @@ class Subscription:
                 event = await sub.queue.get()
                 if event is None:
                     raise Unauthenticated("the token or the read grant is gone")
-                yield MemoryChangeEvent(
-                    version=event.version, entries=[MemoryEntry.of(e) for e in event.entries]
-                )
+                yield _view_of(event)
 
     @strawberry.subscription(
         description="Events of the chat's Turns run by the built-in runner: the reply as it streams, "

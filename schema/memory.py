@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import strawberry
+from graphql import ExecutionResult
 
 from botmemory import memory
+from botmemory.changefeed import ChangeEvent
+from schema.fanout import OperationKey
 from schema.types import Long
 
 
@@ -100,6 +105,14 @@ class HistoryDeleted:
 class MemoryChangeEvent:
     version: int
     entries: list[MemoryEntry] = strawberry.field(description="Changed entries you may see now.")
+    #: Results per operation, shared by every subscriber this event goes to (schema.fanout).
+    shared_results: strawberry.Private[dict[OperationKey, ExecutionResult]] = dataclasses.field(
+        default_factory=dict[OperationKey, ExecutionResult]
+    )
+
+    @classmethod
+    def of(cls, event: ChangeEvent) -> MemoryChangeEvent:
+        return cls(version=event.version, entries=[MemoryEntry.of(e) for e in event.entries])
 
 
 @strawberry.type

@@ -87,21 +87,16 @@ class ApiProcess:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
-        env = {**os.environ, **(extra_env or {}), "BOTMEMORY_API_PORT": str(self.port)}
+        env = {
+            **os.environ,
+            **(extra_env or {}),
+            "BOTMEMORY_API_HOST": "127.0.0.1",
+            "BOTMEMORY_API_PORT": str(self.port),
+        }
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = log_path.open("ab")
         self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "uvicorn",
-                "botmemory.app:create_app",
-                "--factory",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-            ],
+            [sys.executable, "-m", "botmemory.serve"],
             cwd=ROOT,
             env=env,
             stdout=self._log,

@@ -27,16 +27,16 @@ def ws_url(api: Api) -> str:
 
 
 @asynccontextmanager
-async def subscription(url: str, token: str, bot: str) -> AsyncGenerator[ClientConnection]:
+async def subscription(
+    url: str, token: str, bot: str, query: str = SUBSCRIBE, id: str = "1"
+) -> AsyncGenerator[ClientConnection]:
     async with websockets.connect(url, subprotocols=["graphql-transport-ws"]) as ws:  # type: ignore[list-item]
         await ws.send(
             json.dumps({"type": "connection_init", "payload": {"Authorization": f"Bearer {token}"}})
         )
         assert json.loads(await asyncio.wait_for(ws.recv(), 5))["type"] == "connection_ack"
         await ws.send(
-            json.dumps(
-                {"id": "1", "type": "subscribe", "payload": {"query": SUBSCRIBE, "variables": {"b": bot}}}
-            )
+            json.dumps({"id": id, "type": "subscribe", "payload": {"query": query, "variables": {"b": bot}}})
         )
         await asyncio.sleep(0.5)  # let the server register the subscriber
         yield ws
@@ -129,3 +129,61 @@ async def test_changes_made_on_another_api_process_are_delivered(api: Api, setti
             assert [e["content"] for e in got["entries"]] == ["via process two"]
     finally:
         other.stop()
+
+
+async def fanout_counts(api: Api) -> dict[str, float]:
+    """The API process's counters of shared subscription work (schema.fanout)."""
+    text = (await api.http.get("/metrics")).text
+    names = ("executions", "encodings", "messages")
+    counts: dict[str, float] = dict.fromkeys(names, 0.0)
+    for line in text.splitlines():
+        for name in names:
+            if line.startswith(f"botmemory_subscription_{name}_total "):
+                counts[name] = float(line.split()[1])
+    return counts
+
+
+async def test_each_payload_is_executed_and_serialised_once_per_event_and_operation(
+    api: Api, runtime: Runtime
+) -> None:
+    """Issue 3 §7: subscribers of one event with the same visible entries and the same operation
+    share one execution and one JSON encoding; each still gets its own message id, and another
+    selection or another visible set gets its own payload."""
+    w = await make_world(api, ("ann", "bob", "cat"), channel=("ann", "bob", "cat"))
+    ann_chat = await api.chat(w.tokens["ann"], w.bot)
+    group = await api.chat(w.tokens["ann"], w.bot, channel=w.channel)
+    src_private = await said(api, w.tokens["ann"], ann_chat, "private")
+    src_group = await said(api, w.tokens["ann"], group, "team")
+    ids_only = "subscription($b: ID!) { memoryChanges(botId: $b) { entries { id } } }"
+    url = ws_url(api)
+    async with (
+        subscription(url, w.tokens["ann"], w.bot, id="a1") as ann1,
+        subscription(url, w.tokens["ann"], w.bot, id="a2") as ann2,
+        subscription(url, w.tokens["bob"], w.bot, id="b1") as bob,
+        subscription(url, w.tokens["cat"], w.bot, query=ids_only, id="c1") as cat,
+    ):
+        before = await fanout_counts(api)
+        team = await fact(runtime, w.bot, "Team fact", src_group)
+        raw = {
+            name: json.loads(await asyncio.wait_for(ws.recv(), 5))
+            for name, ws in (("ann1", ann1), ("ann2", ann2), ("bob", bob), ("cat", cat))
+        }
+        assert [raw[n]["id"] for n in ("ann1", "ann2", "bob", "cat")] == ["a1", "a2", "b1", "c1"]
+        full = [raw[n]["payload"] for n in ("ann1", "ann2", "bob")]
+        assert full[0] == full[1] == full[2]
+        assert full[0]["data"]["memoryChanges"]["entries"] == [
+            {"id": team, "content": "Team fact", "status": "active"}
+        ]
+        assert raw["cat"]["payload"] == {"data": {"memoryChanges": {"entries": [{"id": team}]}}}
+        after = await fanout_counts(api)
+        assert {k: after[k] - before[k] for k in after} == {"executions": 2, "encodings": 2, "messages": 4}
+
+        # Ann's private fact goes to her two subscriptions only: one execution, one encoding.
+        private = await fact(runtime, w.bot, "Ann's private fact", src_private)
+        for ws in (ann1, ann2):
+            assert [e["id"] for e in (await next_event(ws))["entries"]] == [private]
+        for ws in (bob, cat):
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(ws.recv(), 1.0)
+        final = await fanout_counts(api)
+        assert {k: final[k] - after[k] for k in after} == {"executions": 1, "encodings": 1, "messages": 2}
