@@ -139,11 +139,18 @@ async def open_read(
     locked = await single(
         tx, access.LOCK_AND_READER, botId=bot_id, personId=person_id, org=principal.organization_id
     )
-    if locked is None:
+    return await _as_reader(rt, tx, principal, bot_id, locked)
+
+
+async def _as_reader(
+    rt: Runtime, tx: AsyncManagedTransaction, principal: Principal, bot_id: str, locked: dict[str, Any] | None
+) -> tuple[int, Reader, Cipher]:
+    """The caller as a reader from the first statement's ``{version, reader}``, or the error:
+    404 when the Bot is not theirs to know of, 403 when they know it but may not read it."""
+    assert principal.organization_id is not None
+    if locked is None or locked["reader"] is None:
         raise NotFound("bot not found")
     version, reader = int(locked["version"]), locked["reader"]
-    if reader is None:
-        raise NotFound("bot not found")
     if not reader["usesBot"]:
         bot = await identity.get_bot(tx, id=bot_id)
         org = principal.organization_id
@@ -170,12 +177,22 @@ async def list_entries(
     check_id(bot_id, "botId")
     tags = check_filter_tags(tags)
 
+    person_id, org = require_person(principal), principal.organization_id
+    assert org is not None
+
     async def work(tx: AsyncManagedTransaction) -> tuple[int, list[dict[str, Any]], Cipher]:
-        version, reader, cipher = await open_read(rt, tx, principal, bot_id)
-        found = await q.list_visible(
-            tx, bot_id=bot_id, statuses=["active", "invalidated"], tags=tags, **reader.params
+        # One statement: the shared lock, the caller as a reader, and what they see (C1).
+        locked = await q.lock_reader_and_list(
+            tx,
+            bot_id=bot_id,
+            person_id=person_id,
+            org=org,
+            statuses=["active", "invalidated"],
+            tags=tags,
         )
-        return version, found, cipher
+        version, _, cipher = await _as_reader(rt, tx, principal, bot_id, locked)
+        assert locked is not None
+        return version, list(locked["entries"]), cipher
 
     version, found, cipher = await read(rt.driver, work)
     return [decrypt_entry(cipher, row) for row in found], version
@@ -209,7 +226,6 @@ async def context(rt: Runtime, bot_id: str, reader: Reader, limit: int) -> Conte
     """
 
     async def work(tx: AsyncManagedTransaction) -> tuple[list[dict[str, Any]], Cipher]:
-        await q.shared_lock(tx, bot_id=bot_id)
         used: list[dict[str, Any]] = []
         size, after = 0, q.TOP_RANK
         while True:
@@ -221,6 +237,7 @@ async def context(rt: Runtime, bot_id: str, reader: Reader, limit: int) -> Conte
                 size=size,
                 count=len(used),
                 max_size=limit,
+                locked=after == q.TOP_RANK,  # the shared lock heads the first statement (C1)
                 **reader.params,
             )
             used += page["page"]
@@ -238,8 +255,7 @@ async def has_entries(rt: Runtime, bot_id: str, reader: Reader) -> bool:
     """True when any active entry is visible to every reader, even if none would fit (N3)."""
 
     async def work(tx: AsyncManagedTransaction) -> bool:
-        await q.shared_lock(tx, bot_id=bot_id)
-        return await q.has_visible(tx, bot_id=bot_id, **reader.params)
+        return await q.has_visible(tx, bot_id=bot_id, locked=True, **reader.params)
 
     return await read(rt.driver, work)
 
@@ -250,8 +266,7 @@ async def validate_references(rt: Runtime, bot_id: str, reader: Reader, ids: lis
         return True
 
     async def work(tx: AsyncManagedTransaction) -> set[str]:
-        await q.shared_lock(tx, bot_id=bot_id)
-        return await q.visible_ids(tx, bot_id=bot_id, ids=ids, active_only=True, **reader.params)
+        return await q.visible_ids(tx, bot_id=bot_id, ids=ids, active_only=True, locked=True, **reader.params)
 
     return set(ids) <= await read(rt.driver, work)
 

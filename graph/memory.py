@@ -12,7 +12,7 @@ from typing import Any, Final
 
 from neo4j import AsyncManagedTransaction
 
-from graph.access import RELABEL, VISIBLE
+from graph.access import LOCK_AND_READER_HEAD, RELABEL, VISIBLE
 from graph.driver import rows, single
 from graph.entries import CREATE_ENTRIES
 
@@ -75,6 +75,15 @@ CALL () {
 RETURN version, items
 """
 
+#: SHARED_LOCK as the head of a read's first query: the lock is taken on the Memory node's one
+#: row before the rest of the statement runs (the read part is planned on top of it), so a
+#: read needs no round trip of its own for the lock. No Memory node → no rows.
+LOCKED: Final = """
+MATCH (m:Memory {id: $botId})
+CALL apoc.lock.read.nodes([m])
+WITH m
+"""
+
 WRITE_CHANGE: Final = """
 MATCH (m:Memory {id: $botId})
 CREATE (c:Change {id: $id, botId: $botId, version: $version, at: $at, actor: $actor,
@@ -94,10 +103,9 @@ CREATE_AND_LOG_CHANGE: Final = CREATE_ENTRIES + "WITH count(*) AS created\n" + L
 #: ``channel:<id>``, ``bot``), never from a filter over the pool. ``$statuses`` picks active
 #: only or history too; ``$tags`` (all-of) narrows the list. Returns ciphertext, as one list
 #: in one record (the driver decodes one list far faster than many records).
-LIST_VISIBLE: Final = (
+_LIST_OF_KEYS: Final = (
     """
-WITH $readers AS readers, $org AS org
-UNWIND $keys AS key
+UNWIND keys AS key
 MATCH (e:Entry)
 WHERE e.botId = $botId AND e.audienceKey = key AND e.memoryRank < $top
   AND e.status IN $statuses AND all(t IN $tags WHERE t IN e.tags) AND """
@@ -106,6 +114,22 @@ WHERE e.botId = $botId AND e.audienceKey = key AND e.memoryRank < $top
     + "WITH e, sources ORDER BY e.memoryRank DESC, e.id\nRETURN collect("
     + _ENTRY_MAP
     + ") AS entries\n"
+)
+LIST_VISIBLE: Final = "WITH $readers AS readers, $org AS org, $keys AS keys" + _LIST_OF_KEYS
+
+#: GET memory in one statement: the shared lock and the caller as a reader (LOCK_AND_READER),
+#: then — only when that person reads the Bot (``usesBot``) — LIST_VISIBLE for them, seeking
+#: their own keys (see ``reader_keys``). ``entries`` is empty otherwise; the caller raises.
+LOCK_READER_AND_LIST: Final = (
+    LOCK_AND_READER_HEAD
+    + """CALL (reader) {
+  WITH reader WHERE reader IS NOT NULL AND reader.usesBot
+  WITH [reader] AS readers, $org AS org,
+       ['person:' + reader.id] + [c IN reader.channels | 'channel:' + c] + ['bot'] AS keys"""
+    + _LIST_OF_KEYS
+    + """}
+RETURN version, reader, entries
+"""
 )
 
 #: One page of active candidates for ``context`` (N3) in memory order below ``$after``. Per key,
@@ -263,6 +287,28 @@ async def list_visible(
     return [] if record is None else list(record["entries"])
 
 
+async def lock_reader_and_list(
+    tx: AsyncManagedTransaction,
+    *,
+    bot_id: str,
+    person_id: str,
+    org: str,
+    statuses: list[str],
+    tags: list[str],
+) -> dict[str, Any] | None:
+    """LOCK_READER_AND_LIST: ``{version, reader, entries}``, or None when the Bot has no memory."""
+    return await single(
+        tx,
+        LOCK_READER_AND_LIST,
+        botId=bot_id,
+        personId=person_id,
+        org=org,
+        top=TOP_RANK,
+        statuses=statuses,
+        tags=tags,
+    )
+
+
 async def context_page(
     tx: AsyncManagedTransaction,
     *,
@@ -274,15 +320,17 @@ async def context_page(
     size: int,
     count: int,
     max_size: int,
+    locked: bool = False,
 ) -> dict[str, Any]:
     """Of up to ``limit`` visible active candidates ranked below ``after``, the ones that fit
     (id, rank, content), whether all did (``open``), how many candidates there were, the new size.
+    ``locked``: take the shared lock first, in the same statement (the first page of a read).
 
     One record holding a list: the driver decodes one list far faster than many records.
     """
     record = await single(
         tx,
-        CONTEXT_PAGE,
+        (LOCKED + CONTEXT_PAGE) if locked else CONTEXT_PAGE,
         botId=bot_id,
         org=org,
         readers=readers,
@@ -298,10 +346,17 @@ async def context_page(
 
 
 async def has_visible(
-    tx: AsyncManagedTransaction, *, bot_id: str, org: str, readers: list[dict[str, Any]]
+    tx: AsyncManagedTransaction, *, bot_id: str, org: str, readers: list[dict[str, Any]], locked: bool = False
 ) -> bool:
+    """Whether any active entry is visible to every reader; ``locked``: take the shared lock first."""
     record = await single(
-        tx, HAS_VISIBLE, botId=bot_id, org=org, readers=readers, keys=reader_keys(readers), top=TOP_RANK
+        tx,
+        (LOCKED + HAS_VISIBLE) if locked else HAS_VISIBLE,
+        botId=bot_id,
+        org=org,
+        readers=readers,
+        keys=reader_keys(readers),
+        top=TOP_RANK,
     )
     return record is not None
 
@@ -314,9 +369,17 @@ async def visible_ids(
     readers: list[dict[str, Any]],
     ids: list[str],
     active_only: bool,
+    locked: bool = False,
 ) -> set[str]:
+    """Which of ``ids`` are visible; ``locked``: take the shared lock first, in the same statement."""
     record = await single(
-        tx, VISIBLE_IDS, botId=bot_id, org=org, readers=readers, ids=ids, activeOnly=active_only
+        tx,
+        (LOCKED + VISIBLE_IDS) if locked else VISIBLE_IDS,
+        botId=bot_id,
+        org=org,
+        readers=readers,
+        ids=ids,
+        activeOnly=active_only,
     )
     return set() if record is None else set(record["ids"])
 

@@ -15,6 +15,7 @@ import time
 import httpx
 import pytest
 
+from botmemory import memory
 from botmemory.changes import Revise, Share, apply_changes
 from botmemory.runtime import Runtime
 from botmemory.settings import Settings
@@ -34,7 +35,7 @@ async def test_reads_never_mix_rules_and_content(api: Api, runtime: Runtime, set
     second = ApiProcess(settings, settings.data_dir / "logs" / "pytest-api-c1.log")
     done = asyncio.Event()
     waits: list[float] = []
-    counts = {"reads": 0, "bob_saw": 0, "ann_saw": 0, "flips": 0}
+    counts = {"reads": 0, "bob_saw": 0, "ann_saw": 0, "flips": 0, "context_reads": 0, "context_saw": 0}
 
     async def writer() -> None:
         version = 0
@@ -69,19 +70,33 @@ async def test_reads_never_mix_rules_and_content(api: Api, runtime: Runtime, set
                     assert rule == "rule=person" and narrow[0] in e["tags"], e
                     assert name == "ann", "Bob saw content written for Ann alone"
 
+    async def context_reader() -> None:
+        """Enrichment's read (``context``, its lock in its first statement) for Bob, who may see
+        the entry only while it is the channel's, and then only its channel text."""
+        bob = await memory.person_reader_of(runtime, w.bot, w.people["bob"], w.org)
+        assert bob is not None
+        while counts["reads"] < READS:
+            got = await memory.context(runtime, w.bot, bob, 4000)
+            counts["context_reads"] += 1
+            for entry_id, content in zip(got.ids, got.contents, strict=True):
+                if entry_id == entry:
+                    counts["context_saw"] += 1
+                    assert content.split()[0] == "rule=channel", content
+
     try:
         async with httpx.AsyncClient(base_url=second.url, timeout=30) as other:
             writers = [asyncio.create_task(writer()) for _ in range(2)]
             readers = [reader(client, name) for client in (api.http, other) for name in ("ann", "bob", "bob")]
-            await asyncio.gather(*readers)
+            await asyncio.gather(*readers, context_reader())
             done.set()
             await asyncio.gather(*writers)
     finally:
         second.stop()
     assert counts["reads"] >= READS and counts["flips"] > 10
-    assert counts["bob_saw"] > 0 and counts["ann_saw"] > 0
+    assert counts["bob_saw"] > 0 and counts["ann_saw"] > 0 and counts["context_saw"] > 0
     waits.sort()
     print(
-        f"\nC1: {counts['reads']} reads on 2 API processes, {counts['flips']} flips; writer wait "
+        f"\nC1: {counts['reads']} reads on 2 API processes and {counts['context_reads']} context reads, "
+        f"{counts['flips']} flips; writer wait "
         f"median {statistics.median(waits) * 1000:.1f} ms, p95 {waits[int(len(waits) * 0.95)] * 1000:.1f} ms"
     )
