@@ -168,10 +168,15 @@ class _Step:
         self.order = 0
         self.pending: list[dict[str, Any]] = []
         self.items: dict[tuple[str, str], dict[str, Any]] = {}
+        #: Entries observations rest on as they are now: those read with the lock, and the ones
+        #: this step created. Valid while the step has only added entries (``adds_only``).
+        self.sources: dict[str, dict[str, Any]] = {}
+        self.adds_only = True
 
-    def prepare(self, found: list[dict[str, Any]]) -> None:
-        """The latest state of every source Item of the step, read under the lock (C7)."""
+    def prepare(self, found: list[dict[str, Any]], cited: list[dict[str, Any]]) -> None:
+        """The latest state of every source Item and cited entry of the step, read under the lock (C7)."""
         self.items = {(row["chat"], row["item"]): row for row in found}
+        self.sources = {row["id"]: row for row in cited}
 
     async def flush(self) -> None:
         """Write buffered new entries (before anything reads entries, and at the end)."""
@@ -210,7 +215,11 @@ class _Step:
 
     async def add_observation(self, c: AddObservation) -> None:
         ids = list(dict.fromkeys(c.source_entry_ids))
-        found = await entries.source_entries(self.tx, bot_id=self.bot_id, ids=ids)
+        if self.adds_only:  # nothing has changed an existing entry since the lock's read
+            found = [self.sources[i] for i in ids if i in self.sources]
+        else:
+            await self.flush()
+            found = await entries.source_entries(self.tx, bot_id=self.bot_id, ids=ids)
         if len(found) != len(ids):
             raise Conflict("a source entry does not exist")
         tags: list[str] = []
@@ -235,13 +244,15 @@ class _Step:
         entry_sources: list[str],
         author: str | None,
     ) -> None:
+        tags = list(dict.fromkeys(tags))
+        self.sources[id] = {"id": id, "status": "active", "legacy": False, "tags": tags, "layer": layer}
         self.pending.append(
             {
                 "id": id,
                 "layer": layer,
                 "content": self.cipher.encrypt(ENTRY_KIND, id, content),
                 "contentLength": len(content),
-                "tags": list(dict.fromkeys(tags)),
+                "tags": tags,
                 "confidence": confidence,
                 "orderKey": self.next_order_key(),
                 "sourceCount": len(item_sources) + len(entry_sources),
@@ -331,8 +342,10 @@ class _Step:
         self.touched.append(c.entry_id)
 
     async def apply(self, change: MemoryChange) -> None:
-        if not isinstance(change, AddFact | Remember):
-            await self.flush()  # everything else reads entries, possibly ones added just before
+        if not isinstance(change, AddFact | AddObservation | Remember):
+            # Everything else reads and changes existing entries, possibly ones added just before.
+            self.adds_only = False
+            await self.flush()
         match change:
             case AddFact():
                 await self.add_fact(change)
@@ -389,19 +402,23 @@ async def apply_changes(
     change_id, now = new_id("chg"), now_ms()
 
     refs = sorted({(r.chat, r.item) for c in changes if isinstance(c, AddFact) for r in c.sources})
+    created = {c.id for c in changes if isinstance(c, AddFact | AddObservation | Remember)}
+    cited = sorted(
+        {i for c in changes if isinstance(c, AddObservation) for i in c.source_entry_ids} - created
+    )
 
     async def work(tx: AsyncManagedTransaction) -> Applied:
         # The exclusive lock first; with it, in the same round trip, the sources' latest state (C7).
         bumped = await q.bump_version_with_sources(
-            tx, bot_id=bot_id, refs=[{"chat": c, "item": i} for c, i in refs]
+            tx, bot_id=bot_id, refs=[{"chat": c, "item": i} for c, i in refs], entry_ids=cited
         )
         if bumped is None:
             raise NotFound("bot not found")
-        version, found = bumped
+        version, found, cited_entries = bumped
         if precheck is not None:
             await precheck(tx)
         step = _Step(tx, bot_id, version, cipher, now)
-        step.prepare(found)
+        step.prepare(found, cited_entries)
         for change in changes:
             await step.apply(change)
         touched = list(dict.fromkeys(step.touched))

@@ -137,7 +137,7 @@ async def open_read(
     person_id = require_person(principal)
     assert principal.organization_id is not None
     locked = await single(
-        tx, access.LOCK_AND_READER, botId=bot_id, personId=person_id, org=principal.organization_id
+        tx, q.LOCK_AND_READER, botId=bot_id, personId=person_id, org=principal.organization_id
     )
     return await _as_reader(rt, tx, principal, bot_id, locked)
 

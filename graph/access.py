@@ -203,26 +203,6 @@ RETURN {id: p.id, channels: channels,
         usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))} AS reader
 """
 
-#: The first statement of a person's read (C1, D9.8): the shared lock of the Bot's memory,
-#: then, under it and in the same round trip, that person as a reader (see READER).
-_LOCK_AND_READER_ROW: Final = """
-MATCH (m:Memory {id: $botId})
-CALL apoc.lock.read.nodes([m])
-WITH m
-OPTIONAL MATCH (p:Person {id: $personId})-[:MEMBER_OF]->(o:Organization {id: $org})
-OPTIONAL MATCH (b:Bot {id: $botId})
-OPTIONAL MATCH (p)-[:MEMBER]->(c:Channel)-[:IN]->(o)
-WITH m, p, o, b, collect(c.id) AS channels
-"""
-_READER_OF_ROW: Final = """m.version AS version,
-       CASE WHEN p IS NULL THEN null ELSE {id: p.id, channels: channels,
-         usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))} END AS reader
-"""
-LOCK_AND_READER: Final = _LOCK_AND_READER_ROW + "RETURN " + _READER_OF_ROW
-
-#: LOCK_AND_READER as the head of a longer statement: binds ``version`` and ``reader``.
-LOCK_AND_READER_HEAD: Final = _LOCK_AND_READER_ROW + "WITH " + _READER_OF_ROW
-
 #: Reader maps of a Chat's audience (D9.15): its owner in a private chat, every current member
 #: of its channel in a group chat.
 CHAT_READERS: Final = """

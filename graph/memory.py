@@ -12,7 +12,7 @@ from typing import Any, Final
 
 from neo4j import AsyncManagedTransaction
 
-from graph.access import LOCK_AND_READER_HEAD, RELABEL, VISIBLE
+from graph.access import RELABEL, VISIBLE
 from graph.driver import rows, single
 from graph.entries import CREATE_ENTRIES
 
@@ -55,6 +55,7 @@ RETURN m.version AS version
 #: the source Items a change rests on (C7): kind, chat audience and the Turn's saved actor (V3).
 #: ``rule`` is the Item's private access rule: the Channel of a group chat, else the person of
 #: the Turn (the chat's owner when the Turn's actor was a notice). ``$refs``: ``[{chat, item}]``.
+#: ``$entryIds``: the existing entries new observations rest on, as SOURCE_ENTRIES reads them.
 BUMP_VERSION_WITH_SOURCES: Final = """
 MATCH (m:Memory {id: $botId})
 CALL apoc.lock.nodes([m])
@@ -72,17 +73,43 @@ CALL () {
                      WHEN t.actorKind = 'person' THEN 'person:' + t.actorId
                      ELSE 'person:' + ch.ownerId END}) AS items
 }
-RETURN version, items
+CALL () {
+  UNWIND $entryIds AS entryId
+  MATCH (s:Entry {id: entryId, botId: $botId})
+  RETURN collect({id: s.id, status: s.status, legacy: coalesce(s.legacy, false), tags: s.tags,
+                  layer: s.layer}) AS entries
+}
+RETURN version, items, entries
 """
 
 #: SHARED_LOCK as the head of a read's first query: the lock is taken on the Memory node's one
 #: row before the rest of the statement runs (the read part is planned on top of it), so a
 #: read needs no round trip of its own for the lock. No Memory node → no rows.
-LOCKED: Final = """
+_LOCKED: Final = """
 MATCH (m:Memory {id: $botId})
 CALL apoc.lock.read.nodes([m])
 WITH m
 """
+
+#: The first statement of a person's read (C1, D9.8): the shared lock of the Bot's memory,
+#: then, under it and in the same round trip, that person as a reader (see READER).
+_LOCK_AND_READER_ROW: Final = """
+MATCH (m:Memory {id: $botId})
+CALL apoc.lock.read.nodes([m])
+WITH m
+OPTIONAL MATCH (p:Person {id: $personId})-[:MEMBER_OF]->(o:Organization {id: $org})
+OPTIONAL MATCH (b:Bot {id: $botId})
+OPTIONAL MATCH (p)-[:MEMBER]->(c:Channel)-[:IN]->(o)
+WITH m, p, o, b, collect(c.id) AS channels
+"""
+_READER_OF_ROW: Final = """m.version AS version,
+       CASE WHEN p IS NULL THEN null ELSE {id: p.id, channels: channels,
+         usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))} END AS reader
+"""
+LOCK_AND_READER: Final = _LOCK_AND_READER_ROW + "RETURN " + _READER_OF_ROW
+
+#: LOCK_AND_READER as the head of a longer statement: binds ``version`` and ``reader``.
+_LOCK_AND_READER_HEAD: Final = _LOCK_AND_READER_ROW + "WITH " + _READER_OF_ROW
 
 WRITE_CHANGE: Final = """
 MATCH (m:Memory {id: $botId})
@@ -121,7 +148,7 @@ LIST_VISIBLE: Final = "WITH $readers AS readers, $org AS org, $keys AS keys" + _
 #: then — only when that person reads the Bot (``usesBot``) — LIST_VISIBLE for them, seeking
 #: their own keys (see ``reader_keys``). ``entries`` is empty otherwise; the caller raises.
 LOCK_READER_AND_LIST: Final = (
-    LOCK_AND_READER_HEAD
+    _LOCK_AND_READER_HEAD
     + """CALL (reader) {
   WITH reader WHERE reader IS NOT NULL AND reader.usesBot
   WITH [reader] AS readers, $org AS org,
@@ -190,6 +217,11 @@ RETURN collect(e.id) AS ids
 """
 )
 
+#: The same reads as the first statement of a read: the shared lock heads them (C1).
+LOCKED_CONTEXT_PAGE: Final = _LOCKED + CONTEXT_PAGE
+LOCKED_HAS_VISIBLE: Final = _LOCKED + HAS_VISIBLE
+LOCKED_VISIBLE_IDS: Final = _LOCKED + VISIBLE_IDS
+
 LOG_ROWS: Final = """
 MATCH (c:Change {botId: $botId})
 WHERE size(c.entryIds) > 0
@@ -228,11 +260,14 @@ def reader_keys(readers: list[dict[str, Any]]) -> list[str]:
 
 
 async def bump_version_with_sources(
-    tx: AsyncManagedTransaction, *, bot_id: str, refs: list[dict[str, str]]
-) -> tuple[int, list[dict[str, Any]]] | None:
-    """bump_version, and the source Items of ``refs`` as they are under the lock (C7)."""
-    record = await single(tx, BUMP_VERSION_WITH_SOURCES, botId=bot_id, refs=refs)
-    return None if record is None else (int(record["version"]), list(record["items"]))
+    tx: AsyncManagedTransaction, *, bot_id: str, refs: list[dict[str, str]], entry_ids: list[str]
+) -> tuple[int, list[dict[str, Any]], list[dict[str, Any]]] | None:
+    """bump_version, and the source Items of ``refs`` and the entries ``entry_ids`` as they are
+    under the lock (C7)."""
+    record = await single(tx, BUMP_VERSION_WITH_SOURCES, botId=bot_id, refs=refs, entryIds=entry_ids)
+    if record is None:
+        return None
+    return int(record["version"]), list(record["items"]), list(record["entries"])
 
 
 async def log_change(
@@ -330,7 +365,7 @@ async def context_page(
     """
     record = await single(
         tx,
-        (LOCKED + CONTEXT_PAGE) if locked else CONTEXT_PAGE,
+        LOCKED_CONTEXT_PAGE if locked else CONTEXT_PAGE,
         botId=bot_id,
         org=org,
         readers=readers,
@@ -351,7 +386,7 @@ async def has_visible(
     """Whether any active entry is visible to every reader; ``locked``: take the shared lock first."""
     record = await single(
         tx,
-        (LOCKED + HAS_VISIBLE) if locked else HAS_VISIBLE,
+        LOCKED_HAS_VISIBLE if locked else HAS_VISIBLE,
         botId=bot_id,
         org=org,
         readers=readers,
@@ -374,7 +409,7 @@ async def visible_ids(
     """Which of ``ids`` are visible; ``locked``: take the shared lock first, in the same statement."""
     record = await single(
         tx,
-        (LOCKED + VISIBLE_IDS) if locked else VISIBLE_IDS,
+        LOCKED_VISIBLE_IDS if locked else VISIBLE_IDS,
         botId=bot_id,
         org=org,
         readers=readers,
