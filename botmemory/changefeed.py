@@ -47,6 +47,8 @@ class Subscriber:
     token_id: str
     #: Who reads: one visibility check per distinct identity, however many streams it holds.
     identity: str = field(init=False)
+    #: Set when its queue overflowed: the stream ends (None) instead of skipping an event.
+    too_slow: bool = False
     queue: asyncio.Queue[ChangeEvent | None] = field(
         default_factory=lambda: asyncio.Queue[ChangeEvent | None](100)
     )
@@ -135,7 +137,14 @@ class ChangeHub:
 
 
 def _offer(sub: Subscriber, event: ChangeEvent | None) -> None:
+    if sub.too_slow:
+        return
     try:
         sub.queue.put_nowait(event)
     except asyncio.QueueFull:
-        log.warning("subscriber %s is too slow; dropping an event", sub.key)
+        # Never skip an event silently: end the stream (the client re-subscribes and re-reads).
+        log.warning("subscriber %s is too slow; ending its stream", sub.key)
+        sub.too_slow = True
+        while not sub.queue.empty():
+            sub.queue.get_nowait()
+        sub.queue.put_nowait(None)

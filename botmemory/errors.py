@@ -40,6 +40,14 @@ class Conflict(ServiceError):
     status = 409
 
 
+class TooSlow(ServiceError):
+    """A subscriber fell too far behind its events: the stream ends rather than skip any (the
+    client subscribes again and re-reads)."""
+
+    code = "TOO_SLOW"
+    status = 503
+
+
 class BadInput(ServiceError):
     code = "BAD_INPUT"
     status = 422

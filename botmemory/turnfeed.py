@@ -54,6 +54,8 @@ class Subscriber:
     queue: asyncio.Queue[TurnEvent | None] = field(
         default_factory=lambda: asyncio.Queue[TurnEvent | None](1000)
     )
+    #: Set when its queue overflowed: the stream ends (None) instead of skipping an event.
+    too_slow: bool = False
 
 
 class TurnHub:
@@ -151,7 +153,14 @@ class TurnHub:
 
 
 def _offer(sub: Subscriber, event: TurnEvent | None) -> None:
+    if sub.too_slow:
+        return
     try:
         sub.queue.put_nowait(event)
     except asyncio.QueueFull:
-        log.warning("a turn-event subscriber is too slow; dropping an event")
+        # Never skip an event silently: end the stream (the client re-subscribes and re-reads).
+        log.warning("a turn-event subscriber is too slow; ending its stream")
+        sub.too_slow = True
+        while not sub.queue.empty():
+            sub.queue.get_nowait()
+        sub.queue.put_nowait(None)

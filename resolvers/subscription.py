@@ -9,7 +9,7 @@ import strawberry
 
 from botmemory import chats, memory
 from botmemory.changefeed import ChangeEvent
-from botmemory.errors import Forbidden, NotFound, Unauthenticated
+from botmemory.errors import Forbidden, NotFound, TooSlow, Unauthenticated
 from schema.context import Info
 from schema.memory import MemoryChangeEvent
 from schema.types import TurnEvent
@@ -38,6 +38,8 @@ class Subscription:
         async with hub.subscribe(str(bot_id), person, org, token) as sub:
             while True:
                 event = await sub.queue.get()
+                if event is None and sub.too_slow:
+                    raise TooSlow("this subscription fell more than 100 events behind; subscribe again")
                 if event is None:
                     raise Unauthenticated("the token or the read grant is gone")
                 yield _view_of(event)
@@ -57,6 +59,8 @@ class Subscription:
         async with hub.subscribe(chat.id, principal.person_id) as sub:
             while True:
                 event = await sub.queue.get()
+                if event is None and sub.too_slow:
+                    raise TooSlow("this subscription fell more than 1,000 events behind; subscribe again")
                 if event is None:
                     raise Forbidden("you are no longer one of the chat's people")
                 yield TurnEvent(

@@ -13,6 +13,7 @@ import pytest
 import websockets
 from websockets.asyncio.client import ClientConnection
 
+from botmemory.changefeed import ChangeHub
 from botmemory.runtime import Runtime
 from botmemory.settings import Settings
 from tests.client import Api, make_world
@@ -187,3 +188,21 @@ async def test_each_payload_is_executed_and_serialised_once_per_event_and_operat
                 await asyncio.wait_for(ws.recv(), 1.0)
         final = await fanout_counts(api)
         assert {k: final[k] - after[k] for k in after} == {"executions": 1, "encodings": 1, "messages": 2}
+
+
+async def test_a_subscriber_too_slow_for_its_events_is_ended_not_skipped(api: Api, runtime: Runtime) -> None:
+    """A stream never silently skips a change: when a subscriber's queue (100 events) is full,
+    the next event ends it (TOO_SLOW) so the client subscribes again and re-reads."""
+    w = await make_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    entry = await fact(runtime, w.bot, "a fact", await said(api, w.tokens["ann"], chat, "x"))
+    issued = (await api.gql("mutation { issueToken { id token } }", token=w.tokens["ann"]))["issueToken"]
+    hub = ChangeHub(runtime)
+    async with hub.subscribe(w.bot, w.people["ann"], w.org, issued["id"]) as sub:
+        for version in range(1, 101):
+            await hub.deliver({"botId": w.bot, "version": version, "ids": [entry]})
+        assert sub.queue.full() and not sub.too_slow
+        await hub.deliver({"botId": w.bot, "version": 101, "ids": [entry]})
+        assert sub.too_slow and sub.queue.qsize() == 1 and sub.queue.get_nowait() is None
+        await hub.deliver({"botId": w.bot, "version": 102, "ids": [entry]})
+        assert sub.queue.empty()  # nothing after the end
