@@ -18,16 +18,12 @@ import asyncio
 import contextlib
 import itertools
 import json
-import os
-import socket
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
-import httpx
 import websockets
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,54 +47,6 @@ def same_operation(i: int) -> str:
 def own_operation(i: int) -> str:
     """The same selection with its own text (a comment): no two subscribers share an execution."""
     return f"# subscriber {i}\n{SUBSCRIBE}"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class ApiServer:
-    """A real uvicorn process of the API on a free port, with the current settings."""
-
-    def __init__(self, log_path: Path) -> None:
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = log_path.open("ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "botmemory.serve"],
-            cwd=ROOT,
-            env={**os.environ, "BOTMEMORY_API_HOST": "127.0.0.1", "BOTMEMORY_API_PORT": str(self.port)},
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-        )
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"API exited early; see {log_path}")
-            try:
-                if httpx.get(self.url + "/healthz", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise RuntimeError(f"API did not become healthy; see {log_path}")
-
-    @property
-    def ws_url(self) -> str:
-        return self.url.replace("http://", "ws://") + "/graphql"
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self._log.close()
 
 
 @dataclass

@@ -21,7 +21,6 @@ from botmemory import pubsub
 from botmemory.memory import Entry, decrypt_entry
 from botmemory.runtime import Runtime, now_ms
 from graph import changefeed, identity
-from graph import memory as q
 from graph.driver import read
 
 log = logging.getLogger("botmemory.changefeed")
@@ -105,17 +104,19 @@ class ChangeHub:
         ]
         now = now_ms()
 
+        cipher = self.rt.keyring.cached(bot_id)
+
         async def work(tx: AsyncManagedTransaction) -> tuple[dict[str, list[str]], list[dict[str, Any]], Any]:
-            await q.shared_lock(tx, bot_id=bot_id)
-            found = await changefeed.deliveries(tx, bot_id=bot_id, ids=ids, subs=subs, now=now)
+            found = await changefeed.deliveries(tx, bot_id=bot_id, ids=ids, subs=subs, now=now)  # lock first
             union = sorted({i for seen in found.values() for i in seen})
             changed = await changefeed.changed_entries(tx, bot_id=bot_id, ids=union) if union else []
-            return found, changed, await identity.bot_key(tx, id=bot_id)
+            return found, changed, None if cipher is not None else await identity.bot_key(tx, id=bot_id)
 
         found, changed, key = await read(self.rt.driver, work)
-        if key is None:
-            return
-        cipher = self.rt.cipher(bot_id, key["master"], key["wrapped"])
+        if cipher is None:
+            if key is None:
+                return
+            cipher = self.rt.cipher(bot_id, key["master"], key["wrapped"])
         decrypted = {row["id"]: decrypt_entry(cipher, row) for row in changed}  # once per event
         # Per identity: the event (one per distinct visible set), or None = end the subscription
         # (token revoked or read on the Bot lost); absent = nothing to send.

@@ -8,7 +8,7 @@ from neo4j import AsyncManagedTransaction
 
 from graph.access import VISIBLE
 from graph.driver import rows
-from graph.memory import ENTRY_ROW
+from graph.memory import ENTRY_ROW, READ_LOCK
 
 #: For each local subscriber (``$subs``: ``{key, person, org, token}``) the ids among the changed
 #: entries (``$ids``) it may see now: current membership, a live token, read on the Bot (V10).
@@ -47,11 +47,16 @@ WHERE e.botId = $botId
 )
 
 
+#: DELIVERY under the shared lock, taken in the same statement (the first of the read, C1).
+LOCKED_DELIVERY: Final = READ_LOCK + "WITH m\n" + DELIVERY
+
+
 async def deliveries(
     tx: AsyncManagedTransaction, *, bot_id: str, ids: list[str], subs: list[dict[str, str]], now: int
 ) -> dict[str, list[str]]:
-    """Visible changed entry ids per subscriber key; subscribers that lost access are absent."""
-    found = await rows(tx, DELIVERY, botId=bot_id, ids=ids, subs=subs, now=now)
+    """Visible changed entry ids per subscriber key; subscribers that lost access are absent.
+    The shared lock of the Bot's memory heads the statement (the first of the read, C1)."""
+    found = await rows(tx, LOCKED_DELIVERY, botId=bot_id, ids=ids, subs=subs, now=now)
     return {r["key"]: list(r["visible"]) for r in found}
 
 

@@ -82,14 +82,15 @@ CALL () {
 RETURN version, items, entries
 """
 
-#: SHARED_LOCK as the head of a read's first query: the lock is taken on the Memory node's one
-#: row before the rest of the statement runs (the read part is planned on top of it), so a
-#: read needs no round trip of its own for the lock. No Memory node → no rows.
-_LOCKED: Final = """
+#: The shared lock as the head of a read's first query (``READ_LOCK + "WITH m" + …``): it is
+#: taken on the Memory node's one row before the rest of the statement runs (the read part is
+#: planned on top of it), so a read needs no round trip of its own for the lock. No Memory
+#: node → no rows.
+READ_LOCK: Final = """
 MATCH (m:Memory {id: $botId})
 CALL apoc.lock.read.nodes([m])
-WITH m
 """
+_LOCKED: Final = READ_LOCK + "WITH m\n"
 
 #: The first statement of a person's read (C1, D9.8): the shared lock of the Bot's memory,
 #: then, under it and in the same round trip, that person as a reader (see READER).

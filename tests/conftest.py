@@ -6,7 +6,6 @@ Nothing here mocks a database. A missing service is a failure with a clear messa
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ import pytest
 
 from botmemory.bootstrap import open_runtime
 from botmemory.runtime import Runtime
+from botmemory.serve import ServerProcess
 from botmemory.settings import Settings, load_settings
 from tests.client import Api
 from tests.model_server import ModelServer
@@ -49,12 +49,6 @@ def settings() -> Settings:
     return s
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="session")
 async def runtime(settings: Settings) -> AsyncIterator[Runtime]:
     try:
@@ -80,47 +74,11 @@ def service_env(model_server: ModelServer) -> dict[str, str]:
     return {"OPENAI_BASE_URL": model_server.base_url, "OPENAI_API_KEY": "sk-test", **SHORT_DEADLINES}
 
 
-class ApiProcess:
-    """A real uvicorn process of the API, its base URL and its log file."""
+class ApiProcess(ServerProcess):
+    """A real API process (``python -m botmemory.serve``) with the test settings, and its log."""
 
     def __init__(self, settings: Settings, log_path: Path, extra_env: dict[str, str] | None = None) -> None:
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = log_path
-        env = {
-            **os.environ,
-            **(extra_env or {}),
-            "BOTMEMORY_API_HOST": "127.0.0.1",
-            "BOTMEMORY_API_PORT": str(self.port),
-        }
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = log_path.open("ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "botmemory.serve"],
-            cwd=ROOT,
-            env=env,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-        )
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"API exited early; see {log_path}")
-            try:
-                if httpx.get(self.url + "/healthz", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError(f"API did not become healthy; see {log_path}")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self._log.close()
+        super().__init__(log_path, extra_env, cwd=ROOT)
 
 
 @pytest.fixture(scope="session")
