@@ -81,7 +81,7 @@ def procs(s: Settings) -> dict[str, Proc]:
         "neo4j": proc("neo4j", (MAIN_CLASS, f"--home {d / 'neo4j'} "), 90.0),
         # redis-server rewrites its title to "redis-server 127.0.0.1:PORT".
         "redis": proc("redis", ("redis-server", f"127.0.0.1:{s.redis_port} ")),
-        "api": proc("api", ("botmemory.app:create_app", f"--port {s.api_port} ")),
+        "api": proc("api", ("-m botmemory.serve ", f"--port {s.api_port} ")),
         "worker": proc("worker", ("-m learning.worker",)),
     }
 
@@ -343,7 +343,9 @@ def ensure_app(s: Settings) -> None:
     if running_pid(ps["api"]) is None:
         if port_open(s.api_host, s.api_port):
             raise StackError(f"{s.api_host}:{s.api_port} is already in use by another process")
-        api = spawn(ps["api"], [py, "-m", "botmemory.serve"], env)
+        api = spawn(
+            ps["api"], [py, "-m", "botmemory.serve", "--host", s.api_host, "--port", str(s.api_port)], env
+        )
     if running_pid(ps["worker"]) is None:
         spawn(ps["worker"], [py, "-m", "learning.worker"], env)
     wait_until(ps["api"], lambda: healthz(s.api_host, s.api_port), API_TIMEOUT, api)

@@ -1,4 +1,5 @@
-"""The API server: ``python -m botmemory.serve`` runs uvicorn on the settings' host and port.
+"""The API server: ``python -m botmemory.serve [--host H] [--port P]`` runs uvicorn on the
+settings' host and port (``BOTMEMORY_API_HOST``/``_PORT``) unless given.
 
 Every place that starts the API (``make up``, the tests, the benchmark, the container) goes
 through here, so they all run the same server options. WebSocket per-message deflate is off:
@@ -9,12 +10,13 @@ with ``make bench``; see bench/README.md).
 
 from __future__ import annotations
 
+import argparse
 import os
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import httpx
@@ -23,13 +25,17 @@ import uvicorn
 from botmemory.settings import load_settings
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     settings = load_settings()
+    parser = argparse.ArgumentParser(prog="python -m botmemory.serve", description="Run the API server.")
+    parser.add_argument("--host", default=settings.api_host)
+    parser.add_argument("--port", type=int, default=settings.api_port)
+    args = parser.parse_args(argv)
     uvicorn.run(
         "botmemory.app:create_app",
         factory=True,
-        host=settings.api_host,
-        port=settings.api_port,
+        host=args.host,
+        port=args.port,
         ws_per_message_deflate=False,
     )
 
@@ -57,7 +63,7 @@ class ServerProcess:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = log_path.open("ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "botmemory.serve"],
+            [sys.executable, "-m", "botmemory.serve", "--host", "127.0.0.1", "--port", str(self.port)],
             cwd=cwd,
             env={
                 **os.environ,
