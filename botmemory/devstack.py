@@ -336,18 +336,25 @@ def python_exe() -> str:
     return str(venv) if venv.exists() else sys.executable
 
 
+def app_commands(s: Settings) -> dict[str, list[str]]:
+    """How the API and the worker are started (their markers in ``procs`` must match these)."""
+    py = python_exe()
+    return {
+        "api": [py, "-m", "botmemory.serve", "--host", s.api_host, "--port", str(s.api_port)],
+        "worker": [py, "-m", "learning.worker"],
+    }
+
+
 def ensure_app(s: Settings) -> None:
     """Start the API and one worker (unless running) and wait for ``/healthz``."""
-    ps, env, py = procs(s), child_env(s), python_exe()
+    ps, env, cmds = procs(s), child_env(s), app_commands(s)
     api: Popen | None = None
     if running_pid(ps["api"]) is None:
         if port_open(s.api_host, s.api_port):
             raise StackError(f"{s.api_host}:{s.api_port} is already in use by another process")
-        api = spawn(
-            ps["api"], [py, "-m", "botmemory.serve", "--host", s.api_host, "--port", str(s.api_port)], env
-        )
+        api = spawn(ps["api"], cmds["api"], env)
     if running_pid(ps["worker"]) is None:
-        spawn(ps["worker"], [py, "-m", "learning.worker"], env)
+        spawn(ps["worker"], cmds["worker"], env)
     wait_until(ps["api"], lambda: healthz(s.api_host, s.api_port), API_TIMEOUT, api)
     worker = ps["worker"]
     if running_pid(worker) is None:

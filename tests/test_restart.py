@@ -7,6 +7,8 @@ import subprocess
 import sys
 from typing import Any
 
+from botmemory.devstack import app_commands, procs
+from botmemory.settings import Settings
 from tests.client import Api, make_world
 from tests.conftest import ROOT
 
@@ -36,3 +38,12 @@ async def test_data_survives_a_neo4j_restart(api: Api) -> None:
         if "data" in response and response["data"] and response["data"]["chat"]:
             break
     assert response["data"]["chat"]["messages"] == [{"text": "remember the blue door"}]
+
+
+def test_the_stack_recognises_the_processes_it_starts(settings: Settings) -> None:
+    """`make down` finds the API and the worker by markers on their command lines: every marker
+    must be on the command line `make up` uses, or they would be left running."""
+    stack = procs(settings)
+    for name, command in app_commands(settings).items():
+        cmdline = " ".join(command) + " "
+        assert all(marker in cmdline for marker in stack[name].markers), (name, cmdline)
