@@ -37,9 +37,6 @@ import json
 import math
 import os
 import re
-import signal
-import socket
-import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -51,8 +48,8 @@ from urllib.parse import urlsplit, urlunsplit
 import redis.asyncio as aioredis
 from neo4j import AsyncManagedTransaction
 
-from bench.memory_bench import delete_bot_data, fmt_ms, machine, pct, verdict
-from bench.report import write_results
+from bench.memory_bench import delete_bot_data, fmt_ms, log, machine, pct, verdict
+from bench.report import run_header, write_results
 from botmemory import chats, memorybot, provisioning
 from botmemory.bootstrap import open_runtime
 from botmemory.domain import Access, Principal
@@ -60,6 +57,7 @@ from botmemory.runtime import Runtime
 from botmemory.settings import Settings, load_settings
 from graph.driver import read, rows, single, write
 from graph.learning import ENDS
+from learning.worker import WorkerProcess
 from tests.model_server import ModelServer, Reply, ToolCall
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -92,10 +90,6 @@ CONFESSION = "I told the bot about my preferences for reports."
 T = TypeVar("T")
 
 
-def log(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
 def with_db(url: str, db: int) -> str:
     """The Redis URL with its database number replaced."""
     parts = urlsplit(url)
@@ -116,58 +110,12 @@ async def bounded(limit: int, jobs: list[Callable[[], Awaitable[T]]]) -> list[T]
 # --- workers -------------------------------------------------------------------------------------
 
 
-class Worker:
-    """One ``python -m learning.worker`` process started by the bench, with its log file."""
-
-    def __init__(self, number: int, env: dict[str, str], log_dir: Path) -> None:
-        self.log_path = log_dir / f"learning-bench-worker-{number}.log"
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = self.log_path.open("ab")
-        self._log.flush()
-        self._offset = self.log_path.stat().st_size
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "learning.worker"],
-            cwd=ROOT,
-            env=env,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-        )
-
-    @property
-    def worker_id(self) -> str:
-        """The id the worker writes on the executions it claims (``host:pid``)."""
-        return f"{socket.gethostname()}:{self.proc.pid}"
-
-    async def wait_ready(self, timeout: float = 60) -> None:  # noqa: ASYNC109
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"worker exited early; see {self.log_path}")
-            with self.log_path.open("rb") as fh:
-                fh.seek(self._offset)
-                if b"worker ready" in fh.read():
-                    return
-            await asyncio.sleep(0.1)
-        raise RuntimeError(f"worker did not become ready; see {self.log_path}")
-
-    def stop(self) -> None:
-        """SIGTERM (arq shuts down gracefully), then SIGKILL after 15 s."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=15)
-        self._log.close()
-
-
 class Workers:
     """The bench's worker processes; ``ensure(n)`` starts or stops workers until n run."""
 
     def __init__(self, env: dict[str, str], log_dir: Path) -> None:
         self.env, self.log_dir = env, log_dir
-        self.running: list[Worker] = []
+        self.running: list[WorkerProcess] = []
         self.started = 0
 
     async def ensure(self, n: int) -> None:
@@ -175,14 +123,19 @@ class Workers:
             w = self.running.pop()
             w.stop()
             log(f"  stopped worker pid {w.proc.pid}")
-        fresh: list[Worker] = []
+        fresh: list[WorkerProcess] = []
         while len(self.running) + len(fresh) < n:
             self.started += 1
-            w = Worker(self.started, self.env, self.log_dir)
+            log_path = self.log_dir / f"learning-bench-worker-{self.started}.log"
+            w = WorkerProcess(log_path, self.env, cwd=ROOT)
             fresh.append(w)
             self.running.append(w)  # stopped by stop_all even if it never becomes ready
         for w in fresh:
-            await w.wait_ready()
+            deadline = time.monotonic() + 60
+            while not w.ready():  # polled without blocking the bench's event loop
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"worker did not become ready; see {w.log_path}")
+                await asyncio.sleep(0.1)
             log(f"  worker pid {w.proc.pid} ready (log {w.log_path})")
 
     def ids(self) -> set[str]:
@@ -701,18 +654,15 @@ def report(
     lines: list[str] = []
     add = lines.append
     add(
-        f"Run {time.strftime('%Y-%m-%d %H:%M:%S %Z')} · "
-        f"`{' '.join(['python -m bench.learning_bench', *sys.argv[1:]])}`"
+        run_header(
+            "bench.learning_bench",
+            info,
+            f"Neo4j {extra.get('neo4j', '?')}, Redis {extra.get('redis', '?')}",
+            args.label,
+            extra,
+            elapsed,
+        )
     )
-    add("")
-    add(
-        f"Machine: {info['cpu']}, {info['memory']} RAM, {info['os']}; Python {info['python']}, "
-        f"{info['driver']}, Neo4j {extra.get('neo4j', '?')}, Redis {extra.get('redis', '?')}; "
-        f"code: {args.label or 'commit ' + info['commit']}. "
-        f"Load average before/after: {extra.get('load_before', '?')} / {extra.get('load_after', '?')}. "
-        f"Total run time {elapsed / 60:.1f} min."
-    )
-    add("")
 
     total = seg.get("total", [])
     add("### Target")

@@ -45,7 +45,7 @@ from neo4j import AsyncManagedTransaction
 from prometheus_client import REGISTRY
 
 from bench import fanout
-from bench.report import write_results
+from bench.report import run_header, write_results
 from botmemory import chats, commands, memory, provisioning
 from botmemory.bootstrap import open_runtime
 from botmemory.changefeed import ChangeHub
@@ -1122,16 +1122,8 @@ def report(
     lines: list[str] = []
     add = lines.append
     add(
-        f"Run {time.strftime('%Y-%m-%d %H:%M:%S %Z')} · `{' '.join(['python -m bench.memory_bench', *sys.argv[1:]])}`"
+        run_header("bench.memory_bench", info, f"Neo4j {extra.get('neo4j', '?')}", args.label, extra, elapsed)
     )
-    add("")
-    add(
-        f"Machine: {info['cpu']}, {info['memory']} RAM, {info['os']}; Python {info['python']}, "
-        f"{info['driver']}, Neo4j {extra.get('neo4j', '?')}; code: {args.label or 'commit ' + info['commit']}. "
-        f"Load average before/after: {extra.get('load_before', '?')} / {extra.get('load_after', '?')}. "
-        f"Total run time {elapsed / 60:.1f} min."
-    )
-    add("")
     big = 100_000 if any(p.size == 100_000 for p in pools) else None
     small = 1000 if any(p.size == 1000 for p in pools) else None
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+import time
 from pathlib import Path
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -18,3 +20,22 @@ def write_results(table: str, out: Path, *, title: str, section: str, update_rea
             head, rest = text.split(start, 1)
             _, tail = rest.split(end, 1)
             readme.write_text(f"{head}{start}\n{table}\n{end}{tail}")
+
+
+def run_header(
+    module: str,
+    info: dict[str, str],
+    services: str,
+    label: str | None,
+    extra: dict[str, object],
+    elapsed: float,
+) -> str:
+    """The first lines of a results file: when, the command, the machine, the code and the load.
+    ``services``: the server versions (e.g. ``Neo4j 5.26.19, Redis 7.0.15``)."""
+    return (
+        f"Run {time.strftime('%Y-%m-%d %H:%M:%S %Z')} · `{' '.join(['python -m ' + module, *sys.argv[1:]])}`\n\n"
+        f"Machine: {info['cpu']}, {info['memory']} RAM, {info['os']}; Python {info['python']}, "
+        f"{info['driver']}, {services}; code: {label or 'commit ' + info['commit']}. "
+        f"Load average before/after: {extra.get('load_before', '?')} / {extra.get('load_after', '?')}. "
+        f"Total run time {elapsed / 60:.1f} min.\n"
+    )

@@ -14,11 +14,19 @@ from graph import access
 from graph.driver import rows, single
 
 #: Source entries of an observation as they are now (C7), with their provenance tags (V12).
-SOURCE_ENTRIES: Final = """
+#: What an observation needs to know of an entry ``s`` it rests on (a map expression).
+SOURCE_ENTRY_MAP: Final = (
+    "{id: s.id, status: s.status, legacy: coalesce(s.legacy, false), tags: s.tags, layer: s.layer}"
+)
+
+SOURCE_ENTRIES: Final = (
+    """
 UNWIND $ids AS entryId
 MATCH (s:Entry {id: entryId, botId: $botId})
-RETURN s.id AS id, s.status AS status, coalesce(s.legacy, false) AS legacy, s.tags AS tags, s.layer AS layer
-"""
+RETURN """
+    + SOURCE_ENTRY_MAP
+    + " AS entry\n"
+)
 
 #: Many new entries at once with their SOURCE edges, one round trip for a whole step
 #: (``$rows``: id, layer, content, contentLength, tags, confidence, orderKey, sourceCount,
@@ -149,7 +157,7 @@ RETURN count(i) AS n
 
 
 async def source_entries(tx: AsyncManagedTransaction, *, bot_id: str, ids: list[str]) -> list[dict[str, Any]]:
-    return await rows(tx, SOURCE_ENTRIES, botId=bot_id, ids=ids)
+    return [r["entry"] for r in await rows(tx, SOURCE_ENTRIES, botId=bot_id, ids=ids)]
 
 
 async def create_entries(

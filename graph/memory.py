@@ -14,7 +14,7 @@ from neo4j import AsyncManagedTransaction
 
 from graph.access import RELABEL, VISIBLE
 from graph.driver import rows, single
-from graph.entries import CREATE_ENTRIES
+from graph.entries import CREATE_ENTRIES, SOURCE_ENTRY_MAP
 
 #: The sources of an entry ``e`` as ids (``sources``), for the API's view of it.
 _ENTRY_SOURCES: Final = """
@@ -33,11 +33,17 @@ ENTRY_ROW: Final = _ENTRY_SOURCES + "RETURN " + _ENTRY_MAP + " AS entry\n"
 #: Above every ``memoryRank`` (pinned entries rank from 2**50); bounds index range seeks.
 TOP_RANK: Final = 2**62
 
-SHARED_LOCK: Final = """
+#: The shared lock as the head of a read's first query (``READ_LOCK + "WITH m" + …``): it is
+#: taken on the Memory node's one row before the rest of the statement runs (the read part is
+#: planned on top of it), so a read needs no round trip of its own for the lock. No Memory
+#: node → no rows.
+READ_LOCK: Final = """
 MATCH (m:Memory {id: $botId})
 CALL apoc.lock.read.nodes([m])
-RETURN m.version AS version
 """
+_LOCKED: Final = READ_LOCK + "WITH m\n"
+
+SHARED_LOCK: Final = READ_LOCK + "RETURN m.version AS version\n"
 
 #: The first statement of every change takes the Memory node's exclusive lock explicitly.
 #: Starting with ``SET m.version = m.version + 1`` instead deadlocks under load (measured: two
@@ -56,7 +62,8 @@ RETURN m.version AS version
 #: ``rule`` is the Item's private access rule: the Channel of a group chat, else the person of
 #: the Turn (the chat's owner when the Turn's actor was a notice). ``$refs``: ``[{chat, item}]``.
 #: ``$entryIds``: the existing entries new observations rest on, as SOURCE_ENTRIES reads them.
-BUMP_VERSION_WITH_SOURCES: Final = """
+BUMP_VERSION_WITH_SOURCES: Final = (
+    """
 MATCH (m:Memory {id: $botId})
 CALL apoc.lock.nodes([m])
 WITH m
@@ -76,33 +83,24 @@ CALL () {
 CALL () {
   UNWIND $entryIds AS entryId
   MATCH (s:Entry {id: entryId, botId: $botId})
-  RETURN collect({id: s.id, status: s.status, legacy: coalesce(s.legacy, false), tags: s.tags,
-                  layer: s.layer}) AS entries
+  RETURN collect("""
+    + SOURCE_ENTRY_MAP
+    + """) AS entries
 }
 RETURN version, items, entries
 """
-
-#: The shared lock as the head of a read's first query (``READ_LOCK + "WITH m" + …``): it is
-#: taken on the Memory node's one row before the rest of the statement runs (the read part is
-#: planned on top of it), so a read needs no round trip of its own for the lock. No Memory
-#: node → no rows.
-READ_LOCK: Final = """
-MATCH (m:Memory {id: $botId})
-CALL apoc.lock.read.nodes([m])
-"""
-_LOCKED: Final = READ_LOCK + "WITH m\n"
+)
 
 #: The first statement of a person's read (C1, D9.8): the shared lock of the Bot's memory,
 #: then, under it and in the same round trip, that person as a reader (see READER).
-_LOCK_AND_READER_ROW: Final = """
-MATCH (m:Memory {id: $botId})
-CALL apoc.lock.read.nodes([m])
-WITH m
-OPTIONAL MATCH (p:Person {id: $personId})-[:MEMBER_OF]->(o:Organization {id: $org})
+_LOCK_AND_READER_ROW: Final = (
+    _LOCKED
+    + """OPTIONAL MATCH (p:Person {id: $personId})-[:MEMBER_OF]->(o:Organization {id: $org})
 OPTIONAL MATCH (b:Bot {id: $botId})
 OPTIONAL MATCH (p)-[:MEMBER]->(c:Channel)-[:IN]->(o)
 WITH m, p, o, b, collect(c.id) AS channels
 """
+)
 _READER_OF_ROW: Final = """m.version AS version,
        CASE WHEN p IS NULL THEN null ELSE {id: p.id, channels: channels,
          usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))} END AS reader

@@ -5,10 +5,6 @@ Nothing here mocks a database. A missing service is a failure with a clear messa
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -19,6 +15,7 @@ from botmemory.bootstrap import open_runtime
 from botmemory.runtime import Runtime
 from botmemory.serve import ServerProcess
 from botmemory.settings import Settings, load_settings
+from learning.worker import WorkerProcess as _WorkerProcess
 from tests.client import Api
 from tests.model_server import ModelServer
 
@@ -88,58 +85,11 @@ def api_process(settings: Settings, service_env: dict[str, str]) -> Iterator[Api
     process.stop()
 
 
-class WorkerProcess:
-    """A real arq worker process and its log file; tests may kill, pause and restart it."""
+class WorkerProcess(_WorkerProcess):
+    """A real arq worker process with the test settings, and its log file."""
 
     def __init__(self, log_path: Path, extra_env: dict[str, str] | None = None) -> None:
-        self.log_path = log_path
-        self.env = {**os.environ, **(extra_env or {})}
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = log_path.open("ab")
-        self.proc = self._spawn()
-
-    def _spawn(self) -> subprocess.Popen[bytes]:
-        self._log.flush()
-        self._spawned_at = self.log_path.stat().st_size
-        return subprocess.Popen(
-            [sys.executable, "-m", "learning.worker"],
-            cwd=ROOT,
-            env=self.env,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-        )
-
-    def wait_ready(self, timeout: float = 30) -> None:
-        """Until the worker logged that it is ready (after this process started it)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"worker exited early; see {self.log_path}")
-            with self.log_path.open("rb") as fh:
-                fh.seek(self._spawned_at)
-                if b"worker ready" in fh.read():
-                    return
-            time.sleep(0.1)
-        raise RuntimeError(f"worker did not become ready; see {self.log_path}")
-
-    def kill(self) -> None:
-        """kill -9: no shutdown, no cleanup (fault injection)."""
-        self.proc.kill()
-        self.proc.wait(timeout=15)
-
-    def restart(self) -> None:
-        if self.proc.poll() is None:
-            self.kill()
-        self.proc = self._spawn()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        self._log.close()
+        super().__init__(log_path, extra_env, cwd=ROOT)
 
 
 @pytest.fixture(scope="session")
