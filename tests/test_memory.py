@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from botmemory.changes import Invalidate, SetTopics, Share, relabel_all
+from botmemory.changes import AddFact, AddObservation, Invalidate, ItemRef, SetTopics, Share, relabel_all
 from botmemory.errors import Conflict
 from botmemory.runtime import Runtime
 from tests.client import Api, make_world
@@ -86,6 +86,30 @@ async def test_observation_needs_every_source_and_an_active_chain(api: Api, runt
     ann = await visible(api, w.tokens["ann"], w.bot)
     assert o not in ann
     assert ann[a]["status"] == "invalidated" and ann[a]["invalidatedAt"] >= ann[a]["createdAt"]
+
+
+async def test_one_step_observations_see_the_step_so_far(api: Api, runtime: Runtime) -> None:
+    """apply_changes reads the entries observations rest on with the lock (C7) and knows those it
+    creates: an observation may rest on a fact of the same step; once the step has changed an
+    existing entry, a source is read again (an entry invalidated earlier in the step is refused)."""
+    w = await make_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    src = await said(api, w.tokens["ann"], chat, "I'm vegetarian and I cycle to work")
+    new_fact = AddFact(content="Ann is vegetarian", sources=(ItemRef(*src),))
+    on_new = AddObservation(
+        content="Suggest vegetarian places", source_entry_ids=(new_fact.id,), confidence=0.7
+    )
+    await apply(runtime, w.bot, new_fact, on_new)
+    ann = await visible(api, w.tokens["ann"], w.bot)
+    assert on_new.id in ann and ann[on_new.id]["sources"] == [{"entry": new_fact.id}]
+    assert f"for:person:{w.people['ann']}" in ann[on_new.id]["tags"]
+    # An existing entry invalidated earlier in the same step is no source: nothing is applied.
+    cycles = await fact(runtime, w.bot, "Ann cycles to work", src)
+    late = AddObservation(content="Ann likes bikes", source_entry_ids=(cycles,), confidence=0.5)
+    with pytest.raises(Conflict):
+        await apply(runtime, w.bot, Invalidate(cycles), late)
+    ann = await visible(api, w.tokens["ann"], w.bot)
+    assert ann[cycles]["status"] == "active" and late.id not in ann
 
 
 async def test_second_level_observation_and_missing_source(api: Api, runtime: Runtime) -> None:
