@@ -664,6 +664,10 @@ class Row:
         return sum(1 for r, d in zip(self.returned, self.decrypts, strict=False) if r != d)
 
 
+#: The measurements of a run, in order; ``--phases`` picks some (for experiments).
+PHASES = ("reads", "writes", "fanout", "fanout-ws", "interleaved")
+
+
 @dataclass
 class BenchSettings:
     runs: int
@@ -673,6 +677,7 @@ class BenchSettings:
     warmup: int
     profile_calls: int
     subscribers: int
+    same_operation_only: bool = False
 
     def keep_going(self, n: int, runs: int, elapsed: float, factor: float = 1.0) -> bool:
         """Up to ``runs`` samples within the time budget; at least ``min_runs`` unless that takes
@@ -950,7 +955,7 @@ async def measure_fanout_ws(
         for mode, query_of in (
             ("same operation", fanout.same_operation),
             ("own operation each", fanout.own_operation),
-        ):
+        )[: 1 if s.same_operation_only else 2]:
             subs = [
                 {"token": pool.secrets[p], "bot": pool.bot, "query": query_of(i)}
                 for i, p in enumerate(people)
@@ -1312,6 +1317,9 @@ async def drop_pools(rt: Runtime, pools: list[Pool], keep: bool) -> None:
 async def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     sizes = [int(x) for x in args.sizes.split(",") if x.strip()]
+    phases = set(args.phases.split(","))
+    if phases - set(PHASES):
+        raise SystemExit(f"unknown phases {sorted(phases - set(PHASES))}; known: {','.join(PHASES)}")
     s = BenchSettings(
         runs=args.runs,
         fanout_runs=args.fanout_runs,
@@ -1320,6 +1328,7 @@ async def run(args: argparse.Namespace) -> int:
         warmup=args.warmup,
         profile_calls=args.profile_calls,
         subscribers=args.subscribers,
+        same_operation_only=args.same_operation_only,
     )
     rng = random.Random(args.seed)
     settings = load_settings()
@@ -1356,17 +1365,22 @@ async def run(args: argparse.Namespace) -> int:
                 )
                 rec = await read(rt.driver, lambda tx, b=pool.bot: single(tx, ACTIVE_COUNT, botId=b))
                 extra["active"][size] = 0 if rec is None else int(rec["n"])
-                visible = await measure_reads(rt, pool, s, rows_)
-                extra["visible"][size] = {k: len(v) for k, v in visible.items()}
-                await measure_writes(rt, pool, planner, s, visible["most"], rows_)
+                visible: dict[str, list[str]] = {}
+                if phases & {"reads", "writes"}:
+                    visible = await measure_reads(rt, pool, s, rows_)
+                    extra["visible"][size] = {k: len(v) for k, v in visible.items()}
+                if "writes" in phases:
+                    await measure_writes(rt, pool, planner, s, visible["most"], rows_)
                 # The fan-out last: 1,000 WebSocket connections opening and closing disturb the
                 # machine for a while (writes measured just after them ran ~1.5-2x slower).
-                await measure_fanout(rt, pool, s, planner.rng, rows_)
-                await measure_fanout_ws(rt, pool, s, planner.rng, rows_)
+                if "fanout" in phases:
+                    await measure_fanout(rt, pool, s, planner.rng, rows_)
+                if "fanout-ws" in phases:
+                    await measure_fanout_ws(rt, pool, s, planner.rng, rows_)
             except BaseException:
                 await drop_pools(rt, pools, args.keep)
                 raise
-        if len(pools) > 1:
+        if len(pools) > 1 and "interleaved" in phases:
             log("context on every pool, interleaved")
             await measure_context_side_by_side(rt, pools, s, rows_)
         await drop_pools(rt, pools, args.keep)
@@ -1391,10 +1405,20 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fanout-runs", type=int, default=200, help="timed change events for the fan-out")
     p.add_argument("--subscribers", type=int, default=1000, help="open subscriptions for the fan-out")
     p.add_argument(
+        "--same-operation-only",
+        action="store_true",
+        help="WebSocket fan-out: skip the mode with every subscriber on its own operation",
+    )
+    p.add_argument(
         "--budget",
         type=float,
         default=20.0,
         help="seconds per measurement after which runs stop early (never below --min-runs)",
+    )
+    p.add_argument(
+        "--phases",
+        default=",".join(PHASES),
+        help="what to measure on each pool (comma separated; writes also run the reads)",
     )
     p.add_argument("--min-runs", type=int, default=3)
     p.add_argument("--warmup", type=int, default=2)

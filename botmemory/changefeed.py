@@ -107,9 +107,7 @@ class ChangeHub:
         cipher = self.rt.keyring.cached(bot_id)
 
         async def work(tx: AsyncManagedTransaction) -> tuple[dict[str, list[str]], list[dict[str, Any]], Any]:
-            found = await changefeed.deliveries(tx, bot_id=bot_id, ids=ids, subs=subs, now=now)  # lock first
-            union = sorted({i for seen in found.values() for i in seen})
-            changed = await changefeed.changed_entries(tx, bot_id=bot_id, ids=union) if union else []
+            found, changed = await changefeed.deliveries(tx, bot_id=bot_id, ids=ids, subs=subs, now=now)
             return found, changed, None if cipher is not None else await identity.bot_key(tx, id=bot_id)
 
         found, changed, key = await read(self.rt.driver, work)

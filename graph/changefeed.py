@@ -7,14 +7,18 @@ from typing import Any, Final
 from neo4j import AsyncManagedTransaction
 
 from graph.access import VISIBLE
-from graph.driver import rows
-from graph.memory import ENTRY_ROW, READ_LOCK
+from graph.driver import single
+from graph.memory import ENTRY_LIST, READ_LOCK
 
 #: For each local subscriber (``$subs``: ``{key, person, org, token}``) the ids among the changed
-#: entries (``$ids``) it may see now: current membership, a live token, read on the Bot (V10).
-#: One query per event per API process; subscribers that lost access are absent.
-DELIVERY: Final = (
-    """
+#: entries (``$ids``) it may see now: current membership, a live token, read on the Bot (V10);
+#: subscribers that lost access are absent. Then the entries anyone may see, read once for all
+#: (content as ciphertext). One statement per event per API process, under the shared lock
+#: taken first in the same statement (the first of the read, C1).
+LOCKED_DELIVERY: Final = (
+    READ_LOCK
+    + """
+WITH m
 MATCH (b:Bot {id: $botId})
 UNWIND $subs AS sub
 MATCH (t:Token {id: sub.token})-[:FOR]->(p:Person {id: sub.person})-[:MEMBER_OF]->(o:Organization {id: sub.org})
@@ -32,35 +36,27 @@ CALL (org, readers) {
     + """
   RETURN collect(e.id) AS visible
 }
-RETURN sub.key AS key, visible
+WITH collect({key: sub.key, visible: visible}) AS found
+CALL (found) {
+  UNWIND found AS f
+  UNWIND f.visible AS entryId
+  WITH DISTINCT entryId
+  MATCH (e:Entry {id: entryId})
+  WHERE e.botId = $botId
+"""
+    + ENTRY_LIST
+    + """}
+RETURN found, entries
 """
 )
-
-#: The changed entries themselves, read once for all subscribers (content as ciphertext).
-CHANGED_ENTRIES: Final = (
-    """
-UNWIND $ids AS entryId
-MATCH (e:Entry {id: entryId})
-WHERE e.botId = $botId
-"""
-    + ENTRY_ROW
-)
-
-
-#: DELIVERY under the shared lock, taken in the same statement (the first of the read, C1).
-LOCKED_DELIVERY: Final = READ_LOCK + "WITH m\n" + DELIVERY
 
 
 async def deliveries(
     tx: AsyncManagedTransaction, *, bot_id: str, ids: list[str], subs: list[dict[str, str]], now: int
-) -> dict[str, list[str]]:
-    """Visible changed entry ids per subscriber key; subscribers that lost access are absent.
-    The shared lock of the Bot's memory heads the statement (the first of the read, C1)."""
-    found = await rows(tx, LOCKED_DELIVERY, botId=bot_id, ids=ids, subs=subs, now=now)
-    return {r["key"]: list(r["visible"]) for r in found}
-
-
-async def changed_entries(
-    tx: AsyncManagedTransaction, *, bot_id: str, ids: list[str]
-) -> list[dict[str, Any]]:
-    return [r["entry"] for r in await rows(tx, CHANGED_ENTRIES, botId=bot_id, ids=ids)]
+) -> tuple[dict[str, list[str]], list[dict[str, Any]]]:
+    """Visible changed entry ids per subscriber key (subscribers that lost access are absent),
+    and the rows of the entries among them (content as ciphertext)."""
+    row = await single(tx, LOCKED_DELIVERY, botId=bot_id, ids=ids, subs=subs, now=now)
+    if row is None:
+        return {}, []
+    return {f["key"]: list(f["visible"]) for f in row["found"]}, list(row["entries"])

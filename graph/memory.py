@@ -30,6 +30,9 @@ _ENTRY_MAP: Final = """e {.id, .layer, .tags, .status, .confidence, .createdAt, 
 #: ``e`` as one ``entry`` row.
 ENTRY_ROW: Final = _ENTRY_SOURCES + "RETURN " + _ENTRY_MAP + " AS entry\n"
 
+#: The rows of ``e`` collected as one ``entries`` list (the end of a subquery).
+ENTRY_LIST: Final = _ENTRY_SOURCES + "RETURN collect(" + _ENTRY_MAP + ") AS entries\n"
+
 #: Above every ``memoryRank`` (pinned entries rank from 2**50); bounds index range seeks.
 TOP_RANK: Final = 2**62
 

@@ -14,14 +14,16 @@ from strawberry.extensions import (
     SchemaExtension,
     ValidationCache,
 )
+from strawberry.extensions.runner import SchemaExtensionsRunner
 from strawberry.schema.config import StrawberryConfig
+from strawberry.types import ExecutionContext
 
 from botmemory.settings import Settings
 from resolvers.mutation import Mutation
 from resolvers.query import Query
 from resolvers.subscription import Subscription
 from schema.errors import ErrorCodes
-from schema.fanout import EventExecutor
+from schema.fanout import EventExecutor, ExtensionsRunner
 from schema.types import LONG_SCALAR, Long
 
 SNAPSHOT = Path(__file__).resolve().parent.parent / "schema" / "schema.graphql"
@@ -30,6 +32,11 @@ SNAPSHOT = Path(__file__).resolve().parent.parent / "schema" / "schema.graphql"
 class Schema(strawberry.Schema):
     def process_errors(self, errors, execution_context=None):  # type: ignore[no-untyped-def]
         """Logging happens in ErrorCodes, without messages (they may quote user input)."""
+
+    def create_extensions_runner(
+        self, execution_context: ExecutionContext, extensions: list[SchemaExtension]
+    ) -> SchemaExtensionsRunner:
+        return ExtensionsRunner(execution_context, extensions)
 
 
 def build_schema(settings: Settings) -> strawberry.Schema:

@@ -5,17 +5,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
+import strawberry
 import websockets
+from strawberry.extensions import SchemaExtension
+from strawberry.types import ExecutionResult, StreamExecutionResult
 from websockets.asyncio.client import ClientConnection
 
 from botmemory.changefeed import ChangeHub
 from botmemory.runtime import Runtime
 from botmemory.settings import Settings
+from resolvers.schema import Schema
+from schema.fanout import ExtensionsRunner
 from tests.client import Api, make_world
 from tests.conftest import ApiProcess
 from tests.memory_helpers import command, fact, said
@@ -206,3 +211,60 @@ async def test_a_subscriber_too_slow_for_its_events_is_ended_not_skipped(api: Ap
         assert sub.too_slow and sub.queue.qsize() == 1 and sub.queue.get_nowait() is None
         await hub.deliver({"botId": w.bot, "version": 102, "ids": [entry]})
         assert sub.queue.empty()  # nothing after the end
+
+
+# --- the schema's extensions runner (schema.fanout.ExtensionsRunner) ----------------------------
+
+
+@strawberry.type
+class _Query:
+    @strawberry.field
+    def ok(self) -> bool:
+        return True
+
+
+@strawberry.type
+class _Subscription:
+    @strawberry.subscription
+    async def ticks(self) -> AsyncGenerator[int]:
+        for i in range(3):
+            yield i
+
+
+class _Plain(SchemaExtension):
+    """Neither a per-result hook nor results: what all our extensions are."""
+
+
+class _PerResult(SchemaExtension):
+    def on_stream_result(self, result: StreamExecutionResult) -> Iterator[None]:
+        assert isinstance(result, ExecutionResult)
+        result.extensions = {**(result.extensions or {}), "streamed": True}
+        yield
+
+    def get_results(self) -> dict[str, Any]:
+        return {"counted": 1}
+
+
+def _tiny_schema(*extensions: type[SchemaExtension]) -> Schema:
+    return Schema(query=_Query, subscription=_Subscription, extensions=list(extensions))
+
+
+async def test_extensions_without_per_result_hooks_cost_nothing_and_others_still_run() -> None:
+    """The runner skips the per-result hooks and results only for extensions without them:
+    an extension that has them still sees every streamed result and adds its results."""
+    plain = _tiny_schema(_Plain)
+    assert type(plain.create_extensions_runner(None, [])) is ExtensionsRunner  # type: ignore[arg-type]
+    stream = await plain.subscribe("subscription { ticks }")
+    assert not isinstance(stream, ExecutionResult)
+    got = [r async for r in stream]
+    assert [(r.data, r.extensions) for r in got] == [({"ticks": i}, {}) for i in range(3)]
+
+    both = _tiny_schema(_Plain, _PerResult)
+    answer = await both.execute("{ ok }")
+    assert answer.data == {"ok": True} and answer.extensions == {"counted": 1}
+    stream = await both.subscribe("subscription { ticks }")
+    assert not isinstance(stream, ExecutionResult)
+    got = [r async for r in stream]
+    assert [(r.data, r.extensions) for r in got] == [
+        ({"ticks": i}, {"counted": 1, "streamed": True}) for i in range(3)
+    ]
