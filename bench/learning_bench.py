@@ -49,7 +49,7 @@ import redis.asyncio as aioredis
 from neo4j import AsyncManagedTransaction
 
 from bench.memory_bench import delete_bot_data, fmt_ms, log, machine, pct, verdict
-from bench.report import run_header, write_results
+from bench.report import machine_state, run_header, write_results
 from botmemory import chats, memorybot, provisioning
 from botmemory.bootstrap import open_runtime
 from botmemory.domain import Access, Principal
@@ -846,7 +846,7 @@ async def run(args: argparse.Namespace) -> int:
     settings = load_settings()
     info = machine()
     extra: dict[str, Any] = {
-        "load_before": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+        "load_before": machine_state(),
         "notes": [],
         "quiet": [],
     }
@@ -943,7 +943,7 @@ async def run(args: argparse.Namespace) -> int:
     finally:
         workers.stop_all()
         server.stop()
-    extra["load_after"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    extra["load_after"] = machine_state()
     elapsed = time.perf_counter() - started
     table = report(seg, runs, info, args, elapsed, extra)
     out = Path(args.out)

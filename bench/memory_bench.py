@@ -45,7 +45,7 @@ from neo4j import AsyncManagedTransaction
 from prometheus_client import REGISTRY
 
 from bench import fanout
-from bench.report import run_header, write_results
+from bench.report import machine_state, run_header, write_results
 from botmemory import chats, commands, memory, provisioning
 from botmemory.bootstrap import open_runtime
 from botmemory.changefeed import ChangeHub
@@ -1334,7 +1334,7 @@ async def run(args: argparse.Namespace) -> int:
     settings = load_settings()
     info = machine()
     extra: dict[str, Any] = {
-        "load_before": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+        "load_before": machine_state(),
         "visible": {},
         "active": {},
         "notes": [],
@@ -1384,7 +1384,7 @@ async def run(args: argparse.Namespace) -> int:
             log("context on every pool, interleaved")
             await measure_context_side_by_side(rt, pools, s, rows_)
         await drop_pools(rt, pools, args.keep)
-    extra["load_after"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    extra["load_after"] = machine_state()
     elapsed = time.perf_counter() - started
     table = report(rows_, pools, sizes, info, args, elapsed, extra)
     out = Path(args.out)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -22,6 +23,21 @@ def write_results(table: str, out: Path, *, title: str, section: str, update_rea
             readme.write_text(f"{head}{start}\n{table}\n{end}{tail}")
 
 
+def machine_state() -> str:
+    """The load average and a CPU probe: how long a fixed pure-Python loop takes now (median of
+    5, in ms). The machine is shared, and its speed drifts by up to 2-3x over a day; the probe
+    says how fast it was while the numbers were taken (compare runs by it)."""
+    times: list[float] = []
+    for _ in range(5):
+        t = time.perf_counter()
+        x = 0
+        for i in range(1_000_000):
+            x += i
+        times.append((time.perf_counter() - t) * 1000)
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    return f"{load} (CPU probe {sorted(times)[2]:.0f} ms)"
+
+
 def run_header(
     module: str,
     info: dict[str, str],
@@ -36,6 +52,6 @@ def run_header(
         f"Run {time.strftime('%Y-%m-%d %H:%M:%S %Z')} · `{' '.join(['python -m ' + module, *sys.argv[1:]])}`\n\n"
         f"Machine: {info['cpu']}, {info['memory']} RAM, {info['os']}; Python {info['python']}, "
         f"{info['driver']}, {services}; code: {label or 'commit ' + info['commit']}. "
-        f"Load average before/after: {extra.get('load_before', '?')} / {extra.get('load_after', '?')}. "
+        f"Load average (and CPU probe, see bench/report.py) before/after: {extra.get('load_before', '?')} / {extra.get('load_after', '?')}. "
         f"Total run time {elapsed / 60:.1f} min.\n"
     )
