@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 from collections.abc import AsyncGenerator, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -17,6 +18,7 @@ from strawberry.types import ExecutionResult, StreamExecutionResult
 from websockets.asyncio.client import ClientConnection
 
 from botmemory.changefeed import ChangeHub
+from botmemory.changes import AddFact, ItemRef, MemoryChange, apply_changes
 from botmemory.runtime import Runtime
 from botmemory.settings import Settings
 from resolvers.schema import Schema
@@ -34,9 +36,9 @@ def ws_url(api: Api) -> str:
 
 @asynccontextmanager
 async def subscription(
-    url: str, token: str, bot: str, query: str = SUBSCRIBE, id: str = "1"
+    url: str, token: str, bot: str, query: str = SUBSCRIBE, id: str = "1", **connect: Any
 ) -> AsyncGenerator[ClientConnection]:
-    async with websockets.connect(url, subprotocols=["graphql-transport-ws"]) as ws:  # type: ignore[list-item]
+    async with websockets.connect(url, subprotocols=["graphql-transport-ws"], **connect) as ws:  # type: ignore[list-item]
         await ws.send(
             json.dumps({"type": "connection_init", "payload": {"Authorization": f"Bearer {token}"}})
         )
@@ -211,6 +213,56 @@ async def test_a_subscriber_too_slow_for_its_events_is_ended_not_skipped(api: Ap
         assert sub.too_slow and sub.queue.qsize() == 1 and sub.queue.get_nowait() is None
         await hub.deliver({"botId": w.bot, "version": 102, "ids": [entry]})
         assert sub.queue.empty()  # nothing after the end
+
+
+async def test_a_client_that_stops_reading_is_ended_with_too_slow_and_holds_up_nobody(
+    api: Api, runtime: Runtime
+) -> None:
+    """Over real sockets: Ann holds two subscriptions and stops reading one. The other gets
+    every event, in order. The stalled one, once read again, has what was already on its way,
+    in order and without a gap, and then its end with TOO_SLOW; the events after that are not
+    sent to it."""
+    w = await make_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    src = ItemRef(*await said(api, w.tokens["ann"], chat, "x"))
+    # 50 entries of 4,000 characters: every event is a ~200 KB message, so the socket buffers
+    # between the API and a client that does not read fill after a few events.
+    changes = [AddFact(content=f"{i:04d}" + "x" * 3996, sources=(src,)) for i in range(50)]
+    await apply_changes(runtime, w.bot, list[MemoryChange](changes), "memory_bot")
+    ids = [c.id for c in changes]
+    url = ws_url(api)
+    host, port = url.split("//", 1)[1].split("/", 1)[0].split(":")
+    stalled_socket = socket.socket()
+    stalled_socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    stalled_socket.connect((host, int(port)))
+    versions = list(range(1_000_000, 1_000_200))
+
+    async def read_all(ws: ClientConnection) -> list[int]:
+        return [(await next_event(ws))["version"] for _ in versions]
+
+    async with (
+        subscription(url, w.tokens["ann"], w.bot, id="reads") as reading,
+        subscription(url, w.tokens["ann"], w.bot, id="stalls", sock=stalled_socket, max_queue=1) as stalled,
+    ):
+        received = asyncio.create_task(read_all(reading))
+        for version in versions:  # as a writer announces its commits (ids only)
+            await runtime.redis.publish(
+                f"botmemory:changes:{w.bot}", json.dumps({"botId": w.bot, "version": version, "ids": ids})
+            )
+        assert await asyncio.wait_for(received, 120) == versions
+        before_end: list[int] = []
+        while True:
+            message = json.loads(await asyncio.wait_for(stalled.recv(), 30))
+            assert message["id"] == "stalls" and message["type"] == "next"
+            if "errors" in message["payload"]:
+                break
+            before_end.append(message["payload"]["data"]["memoryChanges"]["version"])
+        assert message["payload"]["errors"][0]["extensions"]["code"] == "TOO_SLOW"
+        assert 0 < len(before_end) < 100 and before_end == versions[: len(before_end)]
+        # The operation is complete; none of the events after its end follows.
+        assert json.loads(await asyncio.wait_for(stalled.recv(), 5)) == {"id": "stalls", "type": "complete"}
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(stalled.recv(), 1)
 
 
 # --- the schema's extensions runner (schema.fanout.ExtensionsRunner) ----------------------------
