@@ -105,6 +105,9 @@ public final class Neo4jLauncher {
         .setConfig(GraphDatabaseSettings.default_listen_address, new SocketAddress("127.0.0.1"))
         .setConfig(GraphDatabaseSettings.default_advertised_address, new SocketAddress("127.0.0.1"))
         .setConfig(GraphDatabaseSettings.pagecache_memory, pagecache)
+        // A local stack keeps at most 512 MiB of transaction logs (the default keeps 2 days of them:
+        // over 4 GB after a day of benchmarks); recovery needs only those since the last checkpoint.
+        .setConfig(GraphDatabaseSettings.keep_logical_logs, "512M size")
         .setConfig(GraphDatabaseSettings.plugin_dir, plugins)
         .setConfig(GraphDatabaseSettings.procedure_unrestricted, List.of("apoc.*"))
         .setConfig(GraphDatabaseSettings.procedure_allowlist, List.of("apoc.*"))
