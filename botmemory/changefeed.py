@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,8 +21,6 @@ from botmemory.memory import Entry, decrypt_entry
 from botmemory.runtime import Runtime, now_ms
 from graph import changefeed, identity
 from graph.driver import read
-
-log = logging.getLogger("botmemory.changefeed")
 
 CHANNEL_PATTERN = "botmemory:changes:*"
 
@@ -132,18 +129,4 @@ class ChangeHub:
                 outcome[ident] = events[visible]
         for sub in local:
             if sub.identity in outcome:
-                _offer(sub, outcome[sub.identity])
-
-
-def _offer(sub: Subscriber, event: ChangeEvent | None) -> None:
-    if sub.too_slow:
-        return
-    try:
-        sub.queue.put_nowait(event)
-    except asyncio.QueueFull:
-        # Never skip an event silently: end the stream (the client re-subscribes and re-reads).
-        log.warning("subscriber %s is too slow; ending its stream", sub.key)
-        sub.too_slow = True
-        while not sub.queue.empty():
-            sub.queue.get_nowait()
-        sub.queue.put_nowait(None)
+                pubsub.offer(sub, outcome[sub.identity])

@@ -7,7 +7,7 @@ import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, cast
+from typing import Any, Protocol, TypeVar, cast
 
 from arq.connections import ArqRedis
 
@@ -38,3 +38,29 @@ async def listen(
         finally:
             with contextlib.suppress(Exception):
                 await pubsub.aclose()
+
+
+E = TypeVar("E")
+
+
+class Stream(Protocol[E]):
+    """A local subscriber of a hub: its bounded queue (None ends the stream) and whether it was
+    ended for falling behind."""
+
+    queue: asyncio.Queue[E | None]
+    too_slow: bool
+
+
+def offer(stream: Stream[E], event: E | None) -> None:
+    """Queue ``event`` (None: end the stream). A full queue never skips an event silently: the
+    stream ends (``too_slow``; the client subscribes again and re-reads) and gets nothing more."""
+    if stream.too_slow:
+        return
+    try:
+        stream.queue.put_nowait(event)
+    except asyncio.QueueFull:
+        log.warning("a subscriber is too slow for its events; ending its stream")
+        stream.too_slow = True
+        while not stream.queue.empty():
+            stream.queue.get_nowait()
+        stream.queue.put_nowait(None)

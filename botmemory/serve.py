@@ -65,12 +65,7 @@ class ServerProcess:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "botmemory.serve", "--host", "127.0.0.1", "--port", str(self.port)],
             cwd=cwd,
-            env={
-                **os.environ,
-                **(env or {}),
-                "BOTMEMORY_API_HOST": "127.0.0.1",
-                "BOTMEMORY_API_PORT": str(self.port),
-            },
+            env={**os.environ, **(env or {})},
             stdout=self._log,
             stderr=subprocess.STDOUT,
         )

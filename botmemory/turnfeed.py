@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import logging
 import secrets
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
@@ -24,8 +23,6 @@ from botmemory.chats import ITEM_KIND
 from botmemory.runtime import Runtime
 from graph import chats as q
 from graph.driver import read, single
-
-log = logging.getLogger("botmemory.turnfeed")
 
 CHANNEL_PATTERN = "botmemory:turns:*"
 
@@ -94,7 +91,7 @@ class TurnHub:
         if event.kind == "ITEM_ADDED":
             await self._recheck(chat_id)
         for sub in list(self.subscribers.get(chat_id, ())):
-            _offer(sub, event)
+            pubsub.offer(sub, event)
         if event.kind != "REPLY_DELTA":
             message = {
                 "origin": self.origin,
@@ -115,7 +112,7 @@ class TurnHub:
         people: set[str] = set() if record is None else {record["owner"], *record["members"]}
         for sub in list(subs):
             if sub.person_id not in people:
-                _offer(sub, None)
+                pubsub.offer(sub, None)
                 subs.discard(sub)
 
     async def _remote(self, message: dict[str, Any]) -> None:
@@ -149,18 +146,4 @@ class TurnHub:
             )
             await self._recheck(chat_id)
         for sub in list(self.subscribers.get(chat_id, ())):
-            _offer(sub, event)
-
-
-def _offer(sub: Subscriber, event: TurnEvent | None) -> None:
-    if sub.too_slow:
-        return
-    try:
-        sub.queue.put_nowait(event)
-    except asyncio.QueueFull:
-        # Never skip an event silently: end the stream (the client re-subscribes and re-reads).
-        log.warning("a turn-event subscriber is too slow; ending its stream")
-        sub.too_slow = True
-        while not sub.queue.empty():
-            sub.queue.get_nowait()
-        sub.queue.put_nowait(None)
+            pubsub.offer(sub, event)
