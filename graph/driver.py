@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from neo4j import AsyncDriver, AsyncGraphDatabase, AsyncManagedTransaction
+from neo4j.exceptions import TransientError
 
 T = TypeVar("T")
 
@@ -34,6 +36,31 @@ async def write(driver: AsyncDriver, work: Callable[[AsyncManagedTransaction], A
     """Run ``work`` in one managed write transaction (retried by the driver on transient errors)."""
     async with driver.session() as session:
         return await session.execute_write(work)
+
+
+#: Attempts of an auto-commit transaction that Neo4j rolled back with a transient error.
+AUTOCOMMIT_ATTEMPTS = 5
+
+
+async def autocommit(driver: AsyncDriver, query: Any, **params: Any) -> dict[str, Any] | None:
+    """Run one statement as an auto-commit transaction and return its only record (or None).
+
+    BEGIN, the statement and COMMIT are one round trip, where a managed transaction needs three.
+    Neo4j rolls the statement back on any error; a transient one (a lock timeout, a deadlock) is
+    retried with a growing pause, like a managed transaction, every other error raised.
+    """
+    attempt = 1
+    while True:
+        try:
+            async with driver.session() as session:
+                result = await session.run(query, params)
+                record = await result.single()
+                return None if record is None else dict(record)
+        except TransientError:
+            if attempt == AUTOCOMMIT_ATTEMPTS:
+                raise
+            await asyncio.sleep(0.05 * 2**attempt)
+            attempt += 1
 
 
 async def single(tx: AsyncManagedTransaction, query: Any, **params: Any) -> dict[str, Any] | None:

@@ -13,44 +13,133 @@ from neo4j import AsyncManagedTransaction
 from graph import access
 from graph.driver import rows, single
 
-#: Source entries of an observation as they are now (C7), with their provenance tags (V12).
-#: What an observation needs to know of an entry ``s`` it rests on (a map expression).
-SOURCE_ENTRY_MAP: Final = (
-    "{id: s.id, status: s.status, legacy: coalesce(s.legacy, false), tags: s.tags, layer: s.layer}"
-)
+#: The properties of a new Entry ``e`` in memory ``m``, from ``row`` and the bound ``tags``,
+#: ``orderKey``, ``sourceCount`` and ``legacy`` (shared by ADD_ENTRIES and CREATE_LEGACY).
+_NEW_ENTRY: Final = """(e:Entry {id: row.id, botId: $botId, layer: row.layer, content: row.content,
+  contentLength: row.contentLength, tags: tags, status: 'active', confidence: row.confidence,
+  createdAt: $now, updatedAt: $now, invalidatedAt: null, orderKey: orderKey, pinned: row.layer = 'pinned',
+  sourceCount: sourceCount, author: row.author, excluded: [], legacy: legacy})-[:IN_MEMORY]->(m)
+"""
 
-SOURCE_ENTRIES: Final = (
+#: Entries of a legacy import: the tags they came with, no SOURCE edges, and a declared source
+#: count they cannot meet (V9). ``$rows``: id, layer, content, contentLength, tags, orderKey.
+CREATE_LEGACY: Final = (
     """
-UNWIND $ids AS entryId
-MATCH (s:Entry {id: entryId, botId: $botId})
-RETURN """
-    + SOURCE_ENTRY_MAP
-    + " AS entry\n"
-)
-
-#: Many new entries at once with their SOURCE edges, one round trip for a whole step
-#: (``$rows``: id, layer, content, contentLength, tags, confidence, orderKey, sourceCount,
-#: author, legacy, ``itemSources`` and ``entrySources``). Item edges keep the Item's rule (V3).
-CREATE_ENTRIES: Final = """
 MATCH (m:Memory {id: $botId})
 UNWIND $rows AS row
-CREATE (e:Entry {id: row.id, botId: $botId, layer: row.layer, content: row.content,
-                 contentLength: row.contentLength, tags: row.tags, status: 'active', confidence: row.confidence,
-                 createdAt: $now, updatedAt: $now, invalidatedAt: null, orderKey: row.orderKey,
-                 pinned: row.layer = 'pinned', sourceCount: row.sourceCount, author: row.author, excluded: [],
-                 legacy: row.legacy})-[:IN_MEMORY]->(m)
-WITH e, row
-CALL (e, row) {
-  UNWIND row.itemSources AS src
-  MATCH (i:Item {uid: src.uid})
-  CREATE (e)-[:SOURCE {rule: src.rule, org: src.org}]->(i)
+WITH m, row, row.tags AS tags, row.orderKey AS orderKey, 1 AS sourceCount, true AS legacy
+CREATE """
+    + _NEW_ENTRY
+)
+
+#: Why ADD_ENTRIES refused a change (its first refused new entry), by the code it returns.
+REFUSALS: Final = {
+    "item_missing": "a source item does not exist in this Bot's chats",
+    "review_chat": "review chats are not evidence",
+    "history_deleted": "a source item's history was deleted",
+    "not_evidence": "facts rest only on people's messages, supported by App results (L3)",
+    "app_only": "an App result never becomes memory by itself (L3)",
+    "entry_missing": "a source entry does not exist",
+    "entry_inactive": "observations rest only on active entries with access proof (V5, V9)",
 }
-CALL (e, row) {
-  UNWIND row.entrySources AS sourceId
-  MATCH (s:Entry {id: sourceId, botId: $botId})
-  CREATE (e)-[:SOURCE]->(s)
+
+#: The new entries of a change, checked against the latest state of their sources and created
+#: with tags derived from them, under the exclusive lock already held (C7). Binds ``problem``:
+#: null when every entry was created, else the code (REFUSALS) of the first refused one, and
+#: then nothing is written. Needs ``m`` (the Memory) and ``version`` bound (``orderKey`` =
+#: version * 10**6 + position).
+#:
+#: ``$adds``, in the change's order: id, layer, content (ciphertext), contentLength, topics,
+#: tags (a pinned entry's own; facts and observations derive theirs), confidence, author,
+#: position, ``items`` ([{chat, item}] a fact rests on), ``entries`` (ids an observation rests
+#: on) and ``earlier`` (those of ``entries`` that an earlier row of ``$adds`` creates).
+#:
+#: A fact rests on Items of this Bot's chats that still have their text, none of a review chat
+#: (D9.16): people's messages, and App results only beside a message (L3). It gets ``from:``
+#: (``app:``), ``for:`` the Item's rule, ``org:``, ``chat:`` and ``channel:`` of each, and its
+#: Item edges keep the rule (V3). An observation rests on active entries with access proof
+#: (V5, V9) and carries their ``for:`` and provenance tags (V12). The rows are created in
+#: order, so an observation sees the entries of earlier rows.
+ADD_ENTRIES: Final = (
+    """
+CALL (version) {
+  UNWIND $adds AS row
+  CALL (row) {
+    UNWIND row.items AS ref
+    OPTIONAL MATCH (i:Item {uid: ref.chat + '/' + ref.item})-[:IN_TURN]->(t:Turn)-[:IN_CHAT]->(ch:Chat)
+    WHERE ch.botId = $botId
+    RETURN collect(CASE WHEN ch IS NOT NULL THEN {item: i, chat: ref.chat, kind: i.kind, app: i.app,
+        hasText: i.text IS NOT NULL, review: coalesce(ch.review, false), org: ch.organizationId,
+        channel: ch.channelId, actorId: t.actorId,
+        rule: CASE WHEN ch.channelId IS NOT NULL THEN 'channel:' + ch.channelId
+                   WHEN t.actorKind = 'person' THEN 'person:' + t.actorId
+                   ELSE 'person:' + ch.ownerId END} END) AS items
+  }
+  CALL (row) {
+    UNWIND row.entries AS sourceId
+    OPTIONAL MATCH (s:Entry {id: sourceId, botId: $botId})
+    RETURN collect(CASE WHEN sourceId IN row.earlier THEN 'ok' WHEN s IS NULL THEN 'entry_missing'
+                        WHEN s.status = 'active' AND NOT coalesce(s.legacy, false) THEN 'ok'
+                        ELSE 'entry_inactive' END) AS cited
+  }
+  WITH row, items,
+       CASE row.layer
+         WHEN 'fact' THEN CASE
+           WHEN size(items) < size(row.items) THEN 'item_missing'
+           ELSE coalesce(
+             head([i IN items WHERE i.review OR NOT i.hasText OR NOT i.kind IN ['PERSON_MESSAGE', 'TOOL_RESULT']
+                   | CASE WHEN i.review THEN 'review_chat' WHEN NOT i.hasText THEN 'history_deleted'
+                          ELSE 'not_evidence' END]),
+             CASE WHEN none(i IN items WHERE i.kind = 'PERSON_MESSAGE') THEN 'app_only' END)
+         END
+         WHEN 'observation' THEN CASE WHEN 'entry_missing' IN cited THEN 'entry_missing'
+                                      WHEN 'entry_inactive' IN cited THEN 'entry_inactive' END
+       END AS problem
+  RETURN collect(problem)[0] AS problem, collect({row: row, items: items}) AS checked
+}
+CALL (m, version, problem, checked) {
+  WITH m, version, checked WHERE problem IS NULL
+  UNWIND checked AS c
+  CALL (m, c, version) {
+    WITH m, c.row AS row, c.items AS items, version
+    CALL (row) {
+      UNWIND row.entries AS sourceId
+      MATCH (s:Entry {id: sourceId, botId: $botId})
+      RETURN collect(s) AS sources
+    }
+    WITH m, row, items, sources, version * 1000000 + row.position AS orderKey,
+         size(items) + size(sources) AS sourceCount, false AS legacy,
+         CASE row.layer
+           WHEN 'fact' THEN reduce(acc = [], i IN items | acc
+             + [CASE WHEN i.kind = 'PERSON_MESSAGE' THEN 'from:' + i.actorId ELSE 'app:' + i.app END,
+                'for:' + i.rule, 'org:' + i.org, 'chat:' + i.chat]
+             + CASE WHEN i.channel IS NULL THEN [] ELSE ['channel:' + i.channel] END)
+           WHEN 'observation' THEN reduce(acc = [], s IN sources | acc
+             + [t IN s.tags WHERE t STARTS WITH 'for:' OR t STARTS WITH 'from:' OR t STARTS WITH 'chat:'
+                                  OR t STARTS WITH 'channel:' OR t STARTS WITH 'org:'])
+           ELSE row.tags
+         END + row.topics AS tags
+    WITH m, row, items, sources, orderKey, sourceCount, legacy,
+         reduce(acc = [], t IN tags | CASE WHEN t IN acc THEN acc ELSE acc + t END) AS tags
+    CREATE """
+    + _NEW_ENTRY
+    + """    WITH e, items, sources
+    CALL (e, items) {
+      UNWIND items AS source
+      WITH e, source, source.item AS i
+      CREATE (e)-[:SOURCE {rule: source.rule, org: source.org}]->(i)
+    }
+    CALL (e, sources) {
+      UNWIND sources AS s
+      CREATE (e)-[:SOURCE]->(s)
+    }
+  }
 }
 """
+)
+
+#: ADD_ENTRIES on its own, inside a change that holds the lock (version ``$version``).
+ADD: Final = "MATCH (m:Memory {id: $botId})\nWITH m, $version AS version\n" + ADD_ENTRIES + "RETURN problem\n"
 
 SET_STATUS: Final = """
 MATCH (e:Entry {id: $id, botId: $botId})
@@ -156,15 +245,18 @@ RETURN count(i) AS n
 """
 
 
-async def source_entries(tx: AsyncManagedTransaction, *, bot_id: str, ids: list[str]) -> list[dict[str, Any]]:
-    return [r["entry"] for r in await rows(tx, SOURCE_ENTRIES, botId=bot_id, ids=ids)]
+async def add(
+    tx: AsyncManagedTransaction, *, bot_id: str, version: int, adds: list[dict[str, Any]], now: int
+) -> str | None:
+    """ADD_ENTRIES: None once all are created, else the code of the first refused (nothing written)."""
+    record = await single(tx, ADD, botId=bot_id, version=version, adds=adds, now=now)
+    return None if record is None else record["problem"]
 
 
-async def create_entries(
+async def create_legacy(
     tx: AsyncManagedTransaction, *, bot_id: str, rows: list[dict[str, Any]], now: int
 ) -> None:
-    """Create entries with their SOURCE edges in one statement; each Item edge keeps its rule (V3)."""
-    await tx.run(CREATE_ENTRIES, botId=bot_id, rows=rows, now=now)
+    await tx.run(CREATE_LEGACY, botId=bot_id, rows=rows, now=now)
 
 
 async def set_status(tx: AsyncManagedTransaction, *, bot_id: str, id: str, status: str, now: int) -> None:

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from neo4j import AsyncManagedTransaction
+from neo4j import AsyncDriver, AsyncManagedTransaction
 
 from graph.access import RELABEL, VISIBLE
-from graph.driver import rows, single
-from graph.entries import CREATE_ENTRIES, SOURCE_ENTRY_MAP
+from graph.driver import autocommit, rows, single
+from graph.entries import ADD_ENTRIES
 
 #: The sources of an entry ``e`` as ids (``sources``), for the API's view of it.
 _ENTRY_SOURCES: Final = """
@@ -60,40 +60,6 @@ SET m.version = m.version + 1
 RETURN m.version AS version
 """
 
-#: BUMP_VERSION, then — under the lock just taken, in the same round trip — the latest state of
-#: the source Items a change rests on (C7): kind, chat audience and the Turn's saved actor (V3).
-#: ``rule`` is the Item's private access rule: the Channel of a group chat, else the person of
-#: the Turn (the chat's owner when the Turn's actor was a notice). ``$refs``: ``[{chat, item}]``.
-#: ``$entryIds``: the existing entries new observations rest on, as SOURCE_ENTRIES reads them.
-BUMP_VERSION_WITH_SOURCES: Final = (
-    """
-MATCH (m:Memory {id: $botId})
-CALL apoc.lock.nodes([m])
-WITH m
-SET m.version = m.version + 1
-WITH m.version AS version
-CALL () {
-  UNWIND $refs AS ref
-  MATCH (i:Item {uid: ref.chat + '/' + ref.item})-[:IN_TURN]->(t:Turn)-[:IN_CHAT]->(ch:Chat)
-  WHERE ch.botId = $botId
-  RETURN collect({chat: ref.chat, item: ref.item, uid: i.uid, kind: i.kind, app: i.app,
-          hasText: i.text IS NOT NULL, review: ch.review, org: ch.organizationId, channel: ch.channelId,
-          actorKind: t.actorKind, actorId: t.actorId,
-          rule: CASE WHEN ch.channelId IS NOT NULL THEN 'channel:' + ch.channelId
-                     WHEN t.actorKind = 'person' THEN 'person:' + t.actorId
-                     ELSE 'person:' + ch.ownerId END}) AS items
-}
-CALL () {
-  UNWIND $entryIds AS entryId
-  MATCH (s:Entry {id: entryId, botId: $botId})
-  RETURN collect("""
-    + SOURCE_ENTRY_MAP
-    + """) AS entries
-}
-RETURN version, items, entries
-"""
-)
-
 #: The first statement of a person's read (C1, D9.8): the shared lock of the Bot's memory,
 #: then, under it and in the same round trip, that person as a reader (see READER).
 _LOCK_AND_READER_ROW: Final = (
@@ -113,18 +79,45 @@ LOCK_AND_READER: Final = _LOCK_AND_READER_ROW + "RETURN " + _READER_OF_ROW
 #: LOCK_AND_READER as the head of a longer statement: binds ``version`` and ``reader``.
 _LOCK_AND_READER_HEAD: Final = _LOCK_AND_READER_ROW + "WITH " + _READER_OF_ROW
 
-WRITE_CHANGE: Final = """
-MATCH (m:Memory {id: $botId})
-CREATE (c:Change {id: $id, botId: $botId, version: $version, at: $at, actor: $actor,
+#: The log row of a change (C2), then the labels of the logged entries and of everything
+#: resting on them (``$ids`` = ``$entryIds``; none for a purge). Needs ``m`` and ``version``.
+_LOG: Final = (
+    """
+CREATE (c:Change {id: $id, botId: $botId, version: version, at: $at, actor: $actor,
                   entryIds: $entryIds, payload: $payload})-[:OF]->(m)
+WITH count(*) AS written
 """
+    + RELABEL
+)
 
-#: The end of a change in one round trip: its log row (C2), then the labels of the logged
-#: entries and of everything resting on them (``$ids`` = ``$entryIds``; none for a purge).
-LOG_CHANGE: Final = WRITE_CHANGE + "WITH count(*) AS written\n" + RELABEL
+#: The end of a change in one round trip: the log row and the labels (version ``$version``).
+LOG_CHANGE: Final = "MATCH (m:Memory {id: $botId})\nWITH m, $version AS version\n" + _LOG
 
-#: The last new entries of a change, then LOG_CHANGE — one round trip for the end of a step.
-CREATE_AND_LOG_CHANGE: Final = CREATE_ENTRIES + "WITH count(*) AS created\n" + LOG_CHANGE
+#: The end of a change that adds entries, in one round trip: ADD_ENTRIES, then LOG_CHANGE
+#: unless an entry was refused (``problem``; the caller then rolls the whole change back).
+ADD_AND_LOG_CHANGE: Final = (
+    "MATCH (m:Memory {id: $botId})\nWITH m, $version AS version\n"
+    + ADD_ENTRIES
+    + "CALL (m, version, problem) {\n  WITH m, version WHERE problem IS NULL\n"
+    + _LOG
+    + "}\nRETURN problem\n"
+)
+
+#: A whole change that only adds entries, as one statement (an auto-commit transaction, one
+#: round trip): the exclusive lock first (C1), then ADD_ENTRIES under it (C7), then — unless an
+#: entry was refused — the new version and the log row (C2) with the labels. When ``problem``
+#: is set, nothing was written (the version stays).
+ADD_ONLY_CHANGE: Final = (
+    """
+MATCH (m:Memory {id: $botId})
+CALL apoc.lock.nodes([m])
+WITH m, m.version + 1 AS version
+"""
+    + ADD_ENTRIES
+    + "CALL (m, version, problem) {\n  WITH m, version WHERE problem IS NULL\n  SET m.version = version\n"
+    + _LOG
+    + "}\nRETURN version, problem\n"
+)
 
 #: The entries of a Bot a set of readers may see, in memory order (pinned first, then
 #: ``orderKey`` descending, then ``id``). Candidates come from the ``entry_audience`` index,
@@ -261,17 +254,6 @@ def reader_keys(readers: list[dict[str, Any]]) -> list[str]:
     return min(keysets, key=len)
 
 
-async def bump_version_with_sources(
-    tx: AsyncManagedTransaction, *, bot_id: str, refs: list[dict[str, str]], entry_ids: list[str]
-) -> tuple[int, list[dict[str, Any]], list[dict[str, Any]]] | None:
-    """bump_version, and the source Items of ``refs`` and the entries ``entry_ids`` as they are
-    under the lock (C7)."""
-    record = await single(tx, BUMP_VERSION_WITH_SOURCES, botId=bot_id, refs=refs, entryIds=entry_ids)
-    if record is None:
-        return None
-    return int(record["version"]), list(record["items"]), list(record["entries"])
-
-
 async def log_change(
     tx: AsyncManagedTransaction,
     *,
@@ -282,23 +264,47 @@ async def log_change(
     actor: str,
     entry_ids: list[str],
     payload: bytes | None,
-    new_rows: list[dict[str, Any]] | None = None,
-) -> None:
+    adds: list[dict[str, Any]] | None = None,
+) -> str | None:
     """The log row of a change (C2) and the labels it affects (DESIGN §8), in one statement —
-    with ``new_rows``, the change's last new entries are created first in the same statement."""
-    await tx.run(
-        CREATE_AND_LOG_CHANGE if new_rows else LOG_CHANGE,
+    with ``adds``, the change's last new entries are added first (ADD_ENTRIES) in the same
+    statement. Returns the code of a refused new entry (nothing written), else None."""
+    params = dict(id=id, botId=bot_id, version=version, at=at, now=at, actor=actor, payload=payload)
+    params |= dict(entryIds=entry_ids, ids=entry_ids)
+    if not adds:
+        await tx.run(LOG_CHANGE, params)
+        return None
+    record = await single(tx, ADD_AND_LOG_CHANGE, adds=adds, **params)
+    return None if record is None else record["problem"]
+
+
+async def add_only_change(
+    driver: AsyncDriver,
+    *,
+    id: str,
+    bot_id: str,
+    at: int,
+    actor: str,
+    entry_ids: list[str],
+    payload: bytes,
+    adds: list[dict[str, Any]],
+) -> tuple[int, str | None] | None:
+    """ADD_ONLY_CHANGE as an auto-commit transaction: (new version, None) once applied,
+    (version, code of the first refused entry) when nothing was written, None without the Bot."""
+    record = await autocommit(
+        driver,
+        ADD_ONLY_CHANGE,
         id=id,
         botId=bot_id,
-        version=version,
         at=at,
         now=at,
         actor=actor,
         entryIds=entry_ids,
         ids=entry_ids,
         payload=payload,
-        rows=new_rows or [],
+        adds=adds,
     )
+    return None if record is None else (int(record["version"]), record["problem"])
 
 
 async def list_visible(

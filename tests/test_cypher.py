@@ -20,6 +20,7 @@ QUERIES = [
     and not name.startswith("_")  # fragments, not whole queries
     and isinstance(value, str)
     and re.match(r"\s*(MATCH|CREATE|MERGE|UNWIND|CALL|WITH|OPTIONAL)\b", value)
+    and not re.match(r"\s*CALL \(\w", value)  # a subquery importing variables is a fragment
 ]
 
 

@@ -4,9 +4,22 @@ from __future__ import annotations
 
 import pytest
 
-from botmemory.changes import AddFact, AddObservation, Invalidate, ItemRef, SetTopics, Share, relabel_all
+from botmemory.changes import (
+    AddFact,
+    AddObservation,
+    Invalidate,
+    ItemRef,
+    LegacyEntry,
+    MemoryChange,
+    Remember,
+    SetTopics,
+    Share,
+    import_legacy,
+    relabel_all,
+)
 from botmemory.errors import Conflict
 from botmemory.runtime import Runtime
+from graph.entries import REFUSALS
 from tests.client import Api, make_world
 from tests.memory_helpers import apply, command, fact, observation, said, visible
 
@@ -338,8 +351,6 @@ async def test_linked_bot_is_scoped_by_organization(api: Api, runtime: Runtime) 
 
 
 async def test_legacy_entries_stay_hidden_and_are_never_widened(api: Api, runtime: Runtime) -> None:
-    from botmemory.changes import LegacyEntry, import_legacy
-
     w = await make_world(api, ("ann",))
     legacy = LegacyEntry(
         content="old memory", tags=(f"for:person:{w.people['ann']}", f"org:{w.org}", "for:bot")
@@ -407,3 +418,91 @@ async def test_tag_and_status_changes_keep_ciphertext_and_log_every_change(
     versions = [c["version"] for c in log["memoryLog"]["changes"]]
     assert versions[:3] == [v2, v2 - 1, v2 - 2] and log["memoryLog"]["version"] == v2
     assert {c["actor"] for c in log["memoryLog"]["changes"]} == {"memory_bot"}
+
+
+async def test_a_refused_new_entry_writes_nothing_of_its_change(api: Api, runtime: Runtime) -> None:
+    """Each way a new entry's sources can refuse it (C7, L3, D9.16, V5, V9, V13) ends the whole
+    change with its 409 and writes nothing: no entry, no version, no log row. Checked for a change
+    of new entries only (one auto-commit statement) and for one that also edits an entry (an
+    explicit transaction), with the good entries before the refused one."""
+    w = await make_world(api, ("ann",))
+    token = w.tokens["ann"]
+    chat = await api.chat(token, w.bot)
+    message = await said(api, token, chat, "book us a table")
+    turn = await api.turn(token, chat, "and a taxi")
+    added = await api.gql(
+        "mutation($t: ID!) { addItems(turnId: $t, items: ["
+        '{kind: BOT_MESSAGE, text: "sure"}, {kind: TOOL_RESULT, text: "booked", app: "restaurants"}'
+        "]) { id } }",
+        {"t": turn["id"]},
+        token,
+    )
+    bot_said, tool = (ItemRef(chat, i["id"]) for i in added["addItems"])
+    review = await api.chat(token, w.bot, review=True)
+    in_review = ItemRef(*await said(api, token, review, "between us"))
+    gone_chat = await api.chat(token, w.bot)
+    gone = ItemRef(*await said(api, token, gone_chat, "forget this chat"))
+    await api.gql("mutation($c: ID!) { deleteChatHistory(chatId: $c) { items } }", {"c": gone_chat}, token)
+    other = await make_world(api, ("bob",))
+    foreign = ItemRef(
+        *await said(api, other.tokens["bob"], await api.chat(other.tokens["bob"], other.bot), "x")
+    )
+    base = await fact(runtime, w.bot, "Ann books tables", message)
+    old = await fact(runtime, w.bot, "Ann booked before", message)
+    await apply(runtime, w.bot, Invalidate(old))
+    legacy = (await import_legacy(runtime, w.bot, [LegacyEntry("from before", ("for:bot",))])).entry_ids[0]
+    later = AddFact("comes later", (ItemRef(*message),))
+
+    refused: list[tuple[str, list[MemoryChange]]] = [
+        ("item_missing", [AddFact("no such item", (ItemRef(chat, "i-99"),))]),
+        ("item_missing", [AddFact("another Bot's item", (foreign,))]),
+        ("review_chat", [AddFact("from a review", (in_review,))]),
+        ("history_deleted", [AddFact("from deleted history", (gone,))]),
+        ("not_evidence", [AddFact("the bot said so", (ItemRef(*message), bot_said))]),
+        ("app_only", [AddFact("the app said so", (tool,))]),
+        ("entry_missing", [AddObservation("on nothing", ("mem_missing",), 0.5)]),
+        ("entry_missing", [AddObservation("before its source", (later.id,), 0.5), later]),
+        ("entry_inactive", [AddObservation("on history", (old,), 0.5)]),
+        ("entry_inactive", [AddObservation("on legacy", (legacy,), 0.5)]),
+    ]
+
+    async def state() -> tuple[int, int, int]:
+        records, _, _ = await runtime.driver.execute_query(
+            "MATCH (m:Memory {id: $b}) RETURN m.version AS v, COUNT { (:Entry)-[:IN_MEMORY]->(m) } AS e,"
+            " COUNT { (:Change)-[:OF]->(m) } AS c",
+            b=w.bot,
+        )
+        return records[0]["v"], records[0]["e"], records[0]["c"]
+
+    for code, bad in refused:
+        good: list[MemoryChange] = [
+            AddFact("a good fact first", (ItemRef(*message), tool)),
+            Remember("a pinned note", w.people["ann"], w.org),
+        ]
+        for edit in ([], [SetTopics(base, ("edited",))]):
+            before = await state()
+            with pytest.raises(Conflict) as refusal:
+                await apply(runtime, w.bot, *edit, *good, *bad)
+            assert refusal.value.message == REFUSALS[code], (code, edit)
+            assert await state() == before, (code, edit)
+    assert "edited" not in (await visible(api, token, w.bot))[base]["tags"]
+    # The same entries without the refused one are applied, tags derived from the sources.
+    good_fact = AddFact("a good fact", (ItemRef(*message), tool))
+    on_it = AddObservation("on the good fact", (good_fact.id, base), 0.6, ("plans",))
+    await apply(runtime, w.bot, good_fact, on_it)
+    seen = await visible(api, token, w.bot)
+    ann = w.people["ann"]
+    assert seen[good_fact.id]["tags"] == [
+        f"from:{ann}",
+        f"for:person:{ann}",
+        f"org:{w.org}",
+        f"chat:{chat}",
+        "app:restaurants",
+    ]
+    assert seen[on_it.id]["tags"] == [
+        f"from:{ann}",
+        f"for:person:{ann}",
+        f"org:{w.org}",
+        f"chat:{chat}",
+        "plans",
+    ]
