@@ -548,13 +548,16 @@ class Probe:
 
 @contextlib.contextmanager
 def probing() -> Generator[Probe]:
-    """Count Bolt queries and transactions, sum Neo4j's own time from the result summaries
-    (``result_available_after`` + ``result_consumed_after``), and time decryptions."""
+    """Count Bolt queries and transactions (explicit and auto-commit), sum Neo4j's own time from
+    the result summaries (``result_available_after`` + ``result_consumed_after``), and time
+    decryptions."""
+    from neo4j import AsyncSession
     from neo4j._async.work import transaction as txmod  # the driver's transaction class
 
     probe = Probe()
     base: Any = txmod.AsyncTransactionBase
-    orig_run, orig_begin = base.run, base._begin
+    session: Any = AsyncSession
+    orig_run, orig_begin, orig_autocommit = base.run, base._begin, session.run
     orig_decrypt = Cipher.decrypt
 
     async def run(self: Any, query: Any, parameters: Any = None, **kwargs: Any) -> Any:
@@ -566,6 +569,12 @@ def probing() -> Generator[Probe]:
         probe.transactions += 1
         return await orig_begin(self, *args, **kwargs)
 
+    async def autocommit(self: Any, query: Any, parameters: Any = None, **kwargs: Any) -> Any:
+        probe.transactions += 1
+        result = await orig_autocommit(self, query, parameters, **kwargs)
+        probe.results.append(result)
+        return result
+
     def decrypt(self: Cipher, kind: str, record_id: str, blob: bytes) -> str:
         t = time.perf_counter()
         try:
@@ -574,12 +583,12 @@ def probing() -> Generator[Probe]:
             probe.decrypt_seconds += time.perf_counter() - t
             probe.decrypts += 1
 
-    base.run, base._begin = run, begin
+    base.run, base._begin, session.run = run, begin, autocommit
     Cipher.decrypt = decrypt  # type: ignore[method-assign]
     try:
         yield probe
     finally:
-        base.run, base._begin = orig_run, orig_begin
+        base.run, base._begin, session.run = orig_run, orig_begin, orig_autocommit
         Cipher.decrypt = orig_decrypt  # type: ignore[method-assign]
 
 
@@ -1245,7 +1254,8 @@ def report(
     add("### Round-trip breakdown (one profiled call, median of a few)")
     add("")
     add(
-        "`queries` = Cypher statements sent (`tx.run`), `tx` = explicit transactions begun; `Neo4j` = sum of "
+        "`queries` = Cypher statements sent (`tx.run`; `session.run` for an auto-commit transaction), "
+        "`tx` = transactions (explicit or auto-commit); `Neo4j` = sum of "
         "the server's `result_available_after` + `result_consumed_after`; `decrypt` = AES-GCM time; "
         "`rest` = Bolt round trips, driver record decoding and Python. The server reports whole "
         "milliseconds per statement. Write operations show one profiled call of the same kind."
