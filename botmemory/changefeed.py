@@ -20,7 +20,7 @@ from botmemory import pubsub
 from botmemory.memory import Entry, decrypt_entry
 from botmemory.runtime import Runtime, now_ms
 from graph import changefeed, identity
-from graph.driver import read
+from graph.driver import autocommit, read
 
 CHANNEL_PATTERN = "botmemory:changes:*"
 
@@ -105,10 +105,16 @@ class ChangeHub:
 
         async def work(tx: AsyncManagedTransaction) -> tuple[dict[str, list[str]], list[dict[str, Any]], Any]:
             found, changed = await changefeed.deliveries(tx, bot_id=bot_id, ids=ids, subs=subs, now=now)
-            return found, changed, None if cipher is not None else await identity.bot_key(tx, id=bot_id)
+            return found, changed, await identity.bot_key(tx, id=bot_id)
 
-        found, changed, key = await read(self.rt.driver, work)
-        if cipher is None:
+        if cipher is not None:  # one statement, the shared lock at its head (C1): auto-commit
+            found, changed = await autocommit(
+                self.rt.driver,
+                lambda session: changefeed.deliveries(session, bot_id=bot_id, ids=ids, subs=subs, now=now),
+                write=False,
+            )
+        else:  # the Bot's key too: both in one explicit transaction
+            found, changed, key = await read(self.rt.driver, work)
             if key is None:
                 return
             cipher = self.rt.cipher(bot_id, key["master"], key["wrapped"])

@@ -8,6 +8,7 @@ only the entries it returns (E2).
 from __future__ import annotations
 
 import re
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +22,7 @@ from botmemory.runtime import Runtime
 from botmemory.validation import check_id
 from graph import access, identity
 from graph import memory as q
-from graph.driver import read, single
+from graph.driver import Runner, autocommit, read, single
 
 ENTRY_KIND = "entry"
 _CONTEXT_PAGE = 64
@@ -223,52 +224,71 @@ async def context(rt: Runtime, bot_id: str, reader: Reader, limit: int) -> Conte
     """Visible active text in memory order, stopping at the first entry that does not fit (N3).
 
     Lengths are stored, so nothing is decrypted to decide what fits; only returned entries are.
+    The first page usually decides: it is one statement that takes the shared lock first (C1),
+    run as an auto-commit transaction (one round trip). When more pages are needed, the whole
+    read runs again in one explicit transaction (D9.8).
     """
+
+    def page(tx: Runner, after: int, size: int, count: int) -> Awaitable[dict[str, Any]]:
+        return q.context_page(
+            tx,
+            bot_id=bot_id,
+            after=after,
+            limit=_CONTEXT_PAGE,
+            size=size,
+            count=count,
+            max_size=limit,
+            locked=after == q.TOP_RANK,  # the shared lock heads the first statement (C1)
+            **reader.params,
+        )
+
+    def last(found: dict[str, Any]) -> bool:
+        return not found["open"] or found["candidates"] < _CONTEXT_PAGE
 
     async def work(tx: AsyncManagedTransaction) -> tuple[list[dict[str, Any]], Cipher]:
         used: list[dict[str, Any]] = []
         size, after = 0, q.TOP_RANK
         while True:
-            page = await q.context_page(
-                tx,
-                bot_id=bot_id,
-                after=after,
-                limit=_CONTEXT_PAGE,
-                size=size,
-                count=len(used),
-                max_size=limit,
-                locked=after == q.TOP_RANK,  # the shared lock heads the first statement (C1)
-                **reader.params,
-            )
-            used += page["page"]
-            size = int(page["size"])
-            if not page["open"] or page["candidates"] < _CONTEXT_PAGE:
+            found = await page(tx, after, size, len(used))
+            used += found["page"]
+            size = int(found["size"])
+            if last(found):
                 return used, await _cipher_of(rt, tx, bot_id)
             after = used[-1]["rank"]
 
-    used, cipher = await read(rt.driver, work)
+    first = await autocommit(rt.driver, lambda session: page(session, q.TOP_RANK, 0, 0), write=False)
+    cipher = rt.keyring.cached(bot_id)
+    if cipher is not None and last(first):
+        used = list(first["page"])
+    else:
+        used, cipher = await read(rt.driver, work)
     contents = [cipher.decrypt(ENTRY_KIND, row["id"], bytes(row["content"])) for row in used]
     return Context("\n".join("- " + c for c in contents), tuple(row["id"] for row in used), tuple(contents))
 
 
 async def has_entries(rt: Runtime, bot_id: str, reader: Reader) -> bool:
-    """True when any active entry is visible to every reader, even if none would fit (N3)."""
-
-    async def work(tx: AsyncManagedTransaction) -> bool:
-        return await q.has_visible(tx, bot_id=bot_id, locked=True, **reader.params)
-
-    return await read(rt.driver, work)
+    """True when any active entry is visible to every reader, even if none would fit (N3).
+    One statement that takes the shared lock first (C1): an auto-commit transaction."""
+    return await autocommit(
+        rt.driver,
+        lambda session: q.has_visible(session, bot_id=bot_id, locked=True, **reader.params),
+        write=False,
+    )
 
 
 async def validate_references(rt: Runtime, bot_id: str, reader: Reader, ids: list[str]) -> bool:
-    """A saved answer stays valid while every entry it used is still visible and active (N4); no decryption."""
+    """A saved answer stays valid while every entry it used is still visible and active (N4); no
+    decryption. One statement that takes the shared lock first (C1): an auto-commit transaction."""
     if not ids:
         return True
-
-    async def work(tx: AsyncManagedTransaction) -> set[str]:
-        return await q.visible_ids(tx, bot_id=bot_id, ids=ids, active_only=True, locked=True, **reader.params)
-
-    return set(ids) <= await read(rt.driver, work)
+    visible = await autocommit(
+        rt.driver,
+        lambda session: q.visible_ids(
+            session, bot_id=bot_id, ids=ids, active_only=True, locked=True, **reader.params
+        ),
+        write=False,
+    )
+    return set(ids) <= visible
 
 
 async def chat_reader(rt: Runtime, chat_id: str) -> Reader | None:

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from neo4j import AsyncManagedTransaction
-
 from graph.access import VISIBLE
-from graph.driver import single
+from graph.driver import Runner, single
 from graph.memory import ENTRY_LIST, READ_LOCK
 
 #: For each local subscriber (``$subs``: ``{key, person, org, token}``) the ids among the changed
@@ -52,7 +50,7 @@ RETURN found, entries
 
 
 async def deliveries(
-    tx: AsyncManagedTransaction, *, bot_id: str, ids: list[str], subs: list[dict[str, str]], now: int
+    tx: Runner, *, bot_id: str, ids: list[str], subs: list[dict[str, str]], now: int
 ) -> tuple[dict[str, list[str]], list[dict[str, Any]]]:
     """Visible changed entry ids per subscriber key (subscribers that lost access are absent),
     and the rows of the entries among them (content as ciphertext)."""

@@ -6,12 +6,23 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from neo4j import AsyncDriver, AsyncGraphDatabase, AsyncManagedTransaction
+from neo4j import (
+    READ_ACCESS,
+    WRITE_ACCESS,
+    AsyncDriver,
+    AsyncGraphDatabase,
+    AsyncManagedTransaction,
+    AsyncSession,
+)
 from neo4j.exceptions import TransientError
 
 T = TypeVar("T")
 
 Work = Callable[[AsyncManagedTransaction], Awaitable[T]]
+
+#: Where a statement runs: a managed transaction, or a session for an auto-commit transaction
+#: (see :func:`autocommit`).
+Runner = AsyncManagedTransaction | AsyncSession
 
 
 def make_driver(uri: str, user: str, password: str) -> AsyncDriver:
@@ -42,20 +53,22 @@ async def write(driver: AsyncDriver, work: Callable[[AsyncManagedTransaction], A
 AUTOCOMMIT_ATTEMPTS = 5
 
 
-async def autocommit(driver: AsyncDriver, query: Any, **params: Any) -> dict[str, Any] | None:
-    """Run one statement as an auto-commit transaction and return its only record (or None).
+async def autocommit(
+    driver: AsyncDriver, work: Callable[[AsyncSession], Awaitable[T]], *, write: bool = True
+) -> T:
+    """Run ``work``, which runs exactly one statement, as an auto-commit transaction.
 
-    BEGIN, the statement and COMMIT are one round trip, where a managed transaction needs three.
-    Neo4j rolls the statement back on any error; a transient one (a lock timeout, a deadlock) is
-    retried with a growing pause, like a managed transaction, every other error raised.
+    BEGIN, the statement and COMMIT take one round trip, where a managed transaction takes three;
+    the transaction (and any lock its statement takes) lasts until the result is consumed. A
+    statement that fails is rolled back by Neo4j: a transient failure (a lock timeout, a
+    deadlock) is retried after a growing pause, like a managed transaction; any other is raised.
     """
+    mode = WRITE_ACCESS if write else READ_ACCESS
     attempt = 1
     while True:
         try:
-            async with driver.session() as session:
-                result = await session.run(query, params)
-                record = await result.single()
-                return None if record is None else dict(record)
+            async with driver.session(default_access_mode=mode) as session:
+                return await work(session)
         except TransientError:
             if attempt == AUTOCOMMIT_ATTEMPTS:
                 raise
@@ -63,14 +76,14 @@ async def autocommit(driver: AsyncDriver, query: Any, **params: Any) -> dict[str
             attempt += 1
 
 
-async def single(tx: AsyncManagedTransaction, query: Any, **params: Any) -> dict[str, Any] | None:
+async def single(tx: Runner, query: Any, **params: Any) -> dict[str, Any] | None:
     """The only record of ``query`` as a dict, or None; the result is consumed inside the transaction."""
     result = await tx.run(query, params)
     record = await result.single()
     return None if record is None else dict(record)
 
 
-async def rows(tx: AsyncManagedTransaction, query: Any, **params: Any) -> list[dict[str, Any]]:
+async def rows(tx: Runner, query: Any, **params: Any) -> list[dict[str, Any]]:
     """All records of ``query`` as dicts, consumed inside the transaction."""
     result = await tx.run(query, params)
     return [dict(r) async for r in result]

@@ -13,7 +13,7 @@ from typing import Any, Final
 from neo4j import AsyncDriver, AsyncManagedTransaction
 
 from graph.access import RELABEL, VISIBLE
-from graph.driver import autocommit, rows, single
+from graph.driver import Runner, autocommit, rows, single
 from graph.entries import ADD_ENTRIES
 
 #: The sources of an entry ``e`` as ids (``sources``), for the API's view of it.
@@ -291,19 +291,9 @@ async def add_only_change(
 ) -> tuple[int, str | None] | None:
     """ADD_ONLY_CHANGE as an auto-commit transaction: (new version, None) once applied,
     (version, code of the first refused entry) when nothing was written, None without the Bot."""
-    record = await autocommit(
-        driver,
-        ADD_ONLY_CHANGE,
-        id=id,
-        botId=bot_id,
-        at=at,
-        now=at,
-        actor=actor,
-        entryIds=entry_ids,
-        ids=entry_ids,
-        payload=payload,
-        adds=adds,
-    )
+    params = dict(id=id, botId=bot_id, at=at, now=at, actor=actor, payload=payload, adds=adds)
+    params |= dict(entryIds=entry_ids, ids=entry_ids)
+    record = await autocommit(driver, lambda session: single(session, ADD_ONLY_CHANGE, **params))
     return None if record is None else (int(record["version"]), record["problem"])
 
 
@@ -353,7 +343,7 @@ async def lock_reader_and_list(
 
 
 async def context_page(
-    tx: AsyncManagedTransaction,
+    tx: Runner,
     *,
     bot_id: str,
     org: str,
@@ -389,7 +379,7 @@ async def context_page(
 
 
 async def has_visible(
-    tx: AsyncManagedTransaction, *, bot_id: str, org: str, readers: list[dict[str, Any]], locked: bool = False
+    tx: Runner, *, bot_id: str, org: str, readers: list[dict[str, Any]], locked: bool = False
 ) -> bool:
     """Whether any active entry is visible to every reader; ``locked``: take the shared lock first."""
     record = await single(
@@ -405,7 +395,7 @@ async def has_visible(
 
 
 async def visible_ids(
-    tx: AsyncManagedTransaction,
+    tx: Runner,
     *,
     bot_id: str,
     org: str,
