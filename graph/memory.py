@@ -154,33 +154,74 @@ RETURN version, reader, entries
 """
 )
 
-#: One page of active candidates for ``context`` (N3) in memory order below ``$after``. Per key,
-#: an index-ordered seek with a limit; then the pages of all keys are merged. What fits is decided
-#: here from the stored lengths (``$size`` characters and ``$count`` entries already used, at most
-#: ``$max``; each line costs its length + 2 for "- ", + 1 for the newline before all but the
-#: first): only the entries that fit, up to the first one that does not, come back with their
-#: ciphertext; ``open`` is false once an entry did not fit, ``candidates`` tells a full page.
-CONTEXT_PAGE: Final = (
-    """
-WITH $readers AS readers, $org AS org
+
+def _context_page(after: str, limit: str, size: str, count: str) -> str:
+    """One page of active candidates for ``context`` (N3) in memory order below ``after``: per
+    key, an index-ordered seek with at most ``limit``; then the pages of all keys are merged. What
+    fits is decided here from the stored lengths (``size`` characters and ``count`` entries used
+    before, at most ``$max``; a line costs its length + 2 for "- ", + 1 for the newline before all
+    but the first). Binds ``page`` (the candidates) and ``fit`` ({size, n: how many fit, open:
+    false once one did not}); needs ``readers`` and ``org``. ``limit`` is a parameter."""
+    line = f"x.contentLength + 2 + CASE WHEN {count} + fit.n > 0 THEN 1 ELSE 0 END"
+    return (
+        """
 UNWIND $keys AS key
 CALL (key, readers, org) {
   MATCH (e:Entry)
-  WHERE e.botId = $botId AND e.audienceKey = key AND e.memoryRank < $after AND e.status = 'active' AND """
-    + VISIBLE
-    + """
-  RETURN e ORDER BY e.botId DESC, e.audienceKey DESC, e.memoryRank DESC LIMIT $limit
-}
-WITH e ORDER BY e.memoryRank DESC, e.id LIMIT $limit
+  WHERE e.botId = $botId AND e.audienceKey = key AND e.memoryRank < """
+        + after
+        + " AND e.status = 'active' AND "
+        + VISIBLE
+        + f"""
+  RETURN e ORDER BY e.botId DESC, e.audienceKey DESC, e.memoryRank DESC LIMIT {limit}
+}}
+WITH e ORDER BY e.memoryRank DESC, e.id LIMIT {limit}
 WITH collect(e) AS page
-WITH page, reduce(fit = {size: $size, n: 0, open: true}, x IN page |
-  CASE WHEN fit.open
-        AND fit.size + x.contentLength + 2 + CASE WHEN $count + fit.n > 0 THEN 1 ELSE 0 END <= $max
-       THEN {size: fit.size + x.contentLength + 2 + CASE WHEN $count + fit.n > 0 THEN 1 ELSE 0 END,
-             n: fit.n + 1, open: true}
-       ELSE {size: fit.size, n: fit.n, open: false} END) AS fit
-RETURN [x IN page[0..fit.n] | {id: x.id, rank: x.memoryRank, content: x.content}] AS page,
-       size(page) AS candidates, fit.open AS open, fit.size AS size
+WITH page, reduce(fit = {{size: {size}, n: 0, open: true}}, x IN page |
+  CASE WHEN fit.open AND fit.size + {line} <= $max
+       THEN {{size: fit.size + {line}, n: fit.n + 1, open: true}}
+       ELSE {{size: fit.size, n: fit.n, open: false}} END) AS fit
+"""
+    )
+
+
+#: The entries of a page that fit: id, rank and ciphertext.
+_FITTING: Final = "[x IN page[0..fit.n] | {id: x.id, rank: x.memoryRank, content: x.content}]"
+
+#: One page (see _context_page) below ``$after`` after ``$size`` characters and ``$count``
+#: entries: the entries that fit come back with their ciphertext; ``open`` is false once one did
+#: not fit, ``candidates`` tells a full page.
+CONTEXT_PAGE: Final = (
+    "WITH $readers AS readers, $org AS org\n"
+    + _context_page("$after", "$limit", "$size", "$count")
+    + "RETURN "
+    + _FITTING
+    + " AS page, size(page) AS candidates, fit.open AS open, fit.size AS size\n"
+)
+
+#: ``context`` in one statement, as a read's only statement: the shared lock first (C1), a page
+#: of ``$limit`` candidates per key and — only when every one of them fit — a second page of
+#: ``$more`` below it, in the same statement. ``complete`` is false when even that was not
+#: enough (the caller then pages in one explicit transaction, D9.8).
+LOCKED_CONTEXT: Final = (
+    _LOCKED
+    + "WITH $readers AS readers, $org AS org\nCALL (readers, org) {"
+    + _context_page("$after", "$limit", "0", "0")
+    + "RETURN "
+    + _FITTING
+    + """ AS first, fit.open AND size(page) = $limit AS full, fit.size AS firstSize
+}
+OPTIONAL CALL (readers, org, first, full, firstSize) {
+  WITH readers, org, first, firstSize WHERE full"""
+    + _context_page("last(first).rank", "$more", "firstSize", "size(first)")
+    .replace("CALL (key, readers, org) {", "CALL (key, readers, org, first) {")
+    .replace("WITH e ORDER BY", "WITH e, first, firstSize ORDER BY")
+    .replace("WITH collect(e) AS page", "WITH first, firstSize, collect(e) AS page")
+    + "RETURN "
+    + _FITTING
+    + """ AS rest, fit.open AND size(page) = $more AS more
+}
+RETURN first + coalesce(rest, []) AS page, NOT coalesce(more, false) AS complete
 """
 )
 
@@ -372,6 +413,34 @@ async def context_page(
         limit=limit,
         size=size,
         count=count,
+        max=max_size,
+    )
+    assert record is not None
+    return record
+
+
+async def context(
+    tx: Runner,
+    *,
+    bot_id: str,
+    org: str,
+    readers: list[dict[str, Any]],
+    limit: int,
+    more: int,
+    max_size: int,
+) -> dict[str, Any]:
+    """LOCKED_CONTEXT: the entries that fit (id, rank, content) in a page of ``limit`` and, when
+    all of them fit, a second of ``more``; ``complete`` is false when that was not enough."""
+    record = await single(
+        tx,
+        LOCKED_CONTEXT,
+        botId=bot_id,
+        org=org,
+        readers=readers,
+        keys=reader_keys(readers),
+        after=TOP_RANK,
+        limit=limit,
+        more=more,
         max=max_size,
     )
     assert record is not None

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
 from prometheus_client import REGISTRY
 
 from botmemory import memory
@@ -88,8 +91,15 @@ async def test_listing_decrypts_exactly_what_it_returns(api: Api, runtime: Runti
     assert entry_decryptions() - before == 3
 
 
-async def test_context_fits_exactly_across_pages(api: Api, runtime: Runtime) -> None:
-    """N3 over several pages of candidates: the limit is met to the character, in memory order."""
+@pytest.mark.parametrize(("page", "more", "explicit"), [(64, 192, False), (4, 8, True)])
+async def test_context_fits_exactly_across_pages(
+    api: Api, runtime: Runtime, monkeypatch: pytest.MonkeyPatch, page: int, more: int, explicit: bool
+) -> None:
+    """N3 over several pages of candidates: the limit is met to the character, in memory order —
+    within context's one statement (a first page and a second), and, with pages too small for
+    that, page by page in one explicit transaction (D9.8)."""
+    monkeypatch.setattr(memory, "_CONTEXT_PAGE", page)
+    monkeypatch.setattr(memory, "_CONTEXT_MORE", more)
     w = await make_world(api, ("ann",))
     chat = await api.chat(w.tokens["ann"], w.bot)
     src = await said(api, w.tokens["ann"], chat, "facts")
@@ -97,6 +107,14 @@ async def test_context_fits_exactly_across_pages(api: Api, runtime: Runtime) -> 
     await apply(runtime, w.bot, *changes)
     reader = await memory.person_reader_of(runtime, w.bot, w.people["ann"], w.org)
     assert reader is not None
+    explicit_reads: list[object] = []
+    real_read = memory.read
+
+    async def read(driver: Any, work: Any) -> Any:
+        explicit_reads.append(work)
+        return await real_read(driver, work)
+
+    monkeypatch.setattr(memory, "read", read)
     newest_first = [c.id for c in reversed(changes)]
     # Each line is "- " + 4 characters, joined by newlines: 6 for the first, 7 for each next one.
     exact = await memory.context(runtime, w.bot, reader, limit=6 + 7 * 99)
@@ -105,3 +123,4 @@ async def test_context_fits_exactly_across_pages(api: Api, runtime: Runtime) -> 
     assert short.ids == tuple(newest_first[:99])
     everything = await memory.context(runtime, w.bot, reader, limit=10_000)
     assert everything.ids == tuple(newest_first) and everything.text.splitlines()[0] == "- e149"
+    assert bool(explicit_reads) == explicit
