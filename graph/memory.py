@@ -155,18 +155,21 @@ RETURN version, reader, entries
 )
 
 
-def _context_page(after: str, limit: str, size: str, count: str) -> str:
+def _context_page(after: str, limit: str, size: str, count: str, carry: str = "") -> str:
     """One page of active candidates for ``context`` (N3) in memory order below ``after``: per
     key, an index-ordered seek with at most ``limit``; then the pages of all keys are merged. What
     fits is decided here from the stored lengths (``size`` characters and ``count`` entries used
     before, at most ``$max``; a line costs its length + 2 for "- ", + 1 for the newline before all
     but the first). Binds ``page`` (the candidates) and ``fit`` ({size, n: how many fit, open:
-    false once one did not}); needs ``readers`` and ``org``. ``limit`` is a parameter."""
+    false once one did not}); needs ``readers`` and ``org``. ``limit`` is a parameter; ``carry``
+    (", a, b") names variables the expressions use, kept through the page."""
     line = f"x.contentLength + 2 + CASE WHEN {count} + fit.n > 0 THEN 1 ELSE 0 END"
     return (
         """
 UNWIND $keys AS key
-CALL (key, readers, org) {
+CALL (key, readers, org"""
+        + carry
+        + """) {
   MATCH (e:Entry)
   WHERE e.botId = $botId AND e.audienceKey = key AND e.memoryRank < """
         + after
@@ -175,8 +178,8 @@ CALL (key, readers, org) {
         + f"""
   RETURN e ORDER BY e.botId DESC, e.audienceKey DESC, e.memoryRank DESC LIMIT {limit}
 }}
-WITH e ORDER BY e.memoryRank DESC, e.id LIMIT {limit}
-WITH collect(e) AS page
+WITH e{carry} ORDER BY e.memoryRank DESC, e.id LIMIT {limit}
+WITH {carry[2:] + ", " if carry else ""}collect(e) AS page
 WITH page, reduce(fit = {{size: {size}, n: 0, open: true}}, x IN page |
   CASE WHEN fit.open AND fit.size + {line} <= $max
        THEN {{size: fit.size + {line}, n: fit.n + 1, open: true}}
@@ -213,10 +216,7 @@ LOCKED_CONTEXT: Final = (
 }
 OPTIONAL CALL (readers, org, first, full, firstSize) {
   WITH readers, org, first, firstSize WHERE full"""
-    + _context_page("last(first).rank", "$more", "firstSize", "size(first)")
-    .replace("CALL (key, readers, org) {", "CALL (key, readers, org, first) {")
-    .replace("WITH e ORDER BY", "WITH e, first, firstSize ORDER BY")
-    .replace("WITH collect(e) AS page", "WITH first, firstSize, collect(e) AS page")
+    + _context_page("last(first).rank", "$more", "firstSize", "size(first)", carry=", first, firstSize")
     + "RETURN "
     + _FITTING
     + """ AS rest, fit.open AND size(page) = $more AS more
