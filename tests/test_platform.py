@@ -1,9 +1,14 @@
-"""Health, metrics, migrations, GraphiQL and the schema snapshot."""
+"""Health, metrics, migrations, GraphiQL, the schema snapshot and the auto-commit helper."""
 
 from __future__ import annotations
 
+import pytest
+from neo4j import AsyncSession
+from neo4j.exceptions import ClientError, TransientError
+
 from botmemory.runtime import Runtime
 from botmemory.settings import Settings
+from graph.driver import AUTOCOMMIT_ATTEMPTS, autocommit, single
 from graph.migrations import LATEST, current_version, migrate
 from resolvers.schema import SNAPSHOT, build_schema
 from tests.client import Api
@@ -37,3 +42,40 @@ async def test_migrations_are_idempotent_and_recorded(runtime: Runtime) -> None:
 def test_schema_snapshot_is_current(settings: Settings) -> None:
     """Regenerate with `python -m resolvers.snapshot` when the schema changes on purpose."""
     assert str(build_schema(settings)).strip() == SNAPSHOT.read_text().strip()
+
+
+async def test_autocommit_retries_what_neo4j_rolled_back_as_transient_and_nothing_else(
+    runtime: Runtime,
+) -> None:
+    """graph.driver.autocommit: a transient failure (Neo4j rolled the statement back) is run
+    again on a new session, like a managed transaction; any other error is raised at once; a
+    transient one that keeps coming is raised after the last attempt (the pauses add up to 1.5 s)."""
+    calls: list[str] = []
+
+    async def flaky(session: AsyncSession) -> int:
+        calls.append("flaky")
+        if len(calls) < 3:
+            raise TransientError("deadlock detected")  # what Neo4j reports for a rolled-back statement
+        record = await single(session, "RETURN 41 + 1 AS n")
+        assert record is not None
+        return int(record["n"])
+
+    assert await autocommit(runtime.driver, flaky, write=False) == 42 and len(calls) == 3
+
+    async def refused(session: AsyncSession) -> None:
+        calls.append("refused")
+        await single(session, "RETURN 1 / 0 AS n")
+
+    calls.clear()
+    with pytest.raises(ClientError):
+        await autocommit(runtime.driver, refused)
+    assert calls == ["refused"]
+
+    async def always(session: AsyncSession) -> None:
+        calls.append("always")
+        raise TransientError("lock timeout")
+
+    calls.clear()
+    with pytest.raises(TransientError):
+        await autocommit(runtime.driver, always)
+    assert len(calls) == AUTOCOMMIT_ATTEMPTS
