@@ -90,18 +90,18 @@ WITH count(*) AS written
     + RELABEL
 )
 
+#: The head of a change's later statements: the Memory (already locked) at ``$version``.
+_AT_VERSION: Final = "MATCH (m:Memory {id: $botId})\nWITH m, $version AS version\n"
+
+#: After ADD_ENTRIES: ``then`` runs only when no new entry was refused.
+_UNLESS_REFUSED: Final = "CALL (m, version, problem) {\n  WITH m, version WHERE problem IS NULL\n"
+
 #: The end of a change in one round trip: the log row and the labels (version ``$version``).
-LOG_CHANGE: Final = "MATCH (m:Memory {id: $botId})\nWITH m, $version AS version\n" + _LOG
+LOG_CHANGE: Final = _AT_VERSION + _LOG
 
 #: The end of a change that adds entries, in one round trip: ADD_ENTRIES, then LOG_CHANGE
 #: unless an entry was refused (``problem``; the caller then rolls the whole change back).
-ADD_AND_LOG_CHANGE: Final = (
-    "MATCH (m:Memory {id: $botId})\nWITH m, $version AS version\n"
-    + ADD_ENTRIES
-    + "CALL (m, version, problem) {\n  WITH m, version WHERE problem IS NULL\n"
-    + _LOG
-    + "}\nRETURN problem\n"
-)
+ADD_AND_LOG_CHANGE: Final = _AT_VERSION + ADD_ENTRIES + _UNLESS_REFUSED + _LOG + "}\nRETURN problem\n"
 
 #: A whole change that only adds entries, as one statement (an auto-commit transaction, one
 #: round trip): the exclusive lock first (C1), then ADD_ENTRIES under it (C7), then — unless an
@@ -114,7 +114,8 @@ CALL apoc.lock.nodes([m])
 WITH m, m.version + 1 AS version
 """
     + ADD_ENTRIES
-    + "CALL (m, version, problem) {\n  WITH m, version WHERE problem IS NULL\n  SET m.version = version\n"
+    + _UNLESS_REFUSED
+    + "  SET m.version = version\n"
     + _LOG
     + "}\nRETURN version, problem\n"
 )
@@ -295,6 +296,22 @@ def reader_keys(readers: list[dict[str, Any]]) -> list[str]:
     return min(keysets, key=len)
 
 
+def _log_params(
+    id: str, bot_id: str, at: int, actor: str, entry_ids: list[str], payload: bytes | None
+) -> dict[str, Any]:
+    """The parameters of _LOG (and of new entries' ``$now``)."""
+    return {
+        "id": id,
+        "botId": bot_id,
+        "at": at,
+        "now": at,
+        "actor": actor,
+        "payload": payload,
+        "entryIds": entry_ids,
+        "ids": entry_ids,
+    }
+
+
 async def log_change(
     tx: AsyncManagedTransaction,
     *,
@@ -310,8 +327,7 @@ async def log_change(
     """The log row of a change (C2) and the labels it affects (DESIGN §8), in one statement —
     with ``adds``, the change's last new entries are added first (ADD_ENTRIES) in the same
     statement. Returns the code of a refused new entry (nothing written), else None."""
-    params = dict(id=id, botId=bot_id, version=version, at=at, now=at, actor=actor, payload=payload)
-    params |= dict(entryIds=entry_ids, ids=entry_ids)
+    params = _log_params(id, bot_id, at, actor, entry_ids, payload) | {"version": version}
     if not adds:
         await tx.run(LOG_CHANGE, params)
         return None
@@ -332,8 +348,7 @@ async def add_only_change(
 ) -> tuple[int, str | None] | None:
     """ADD_ONLY_CHANGE as an auto-commit transaction: (new version, None) once applied,
     (version, code of the first refused entry) when nothing was written, None without the Bot."""
-    params = dict(id=id, botId=bot_id, at=at, now=at, actor=actor, payload=payload, adds=adds)
-    params |= dict(entryIds=entry_ids, ids=entry_ids)
+    params = _log_params(id, bot_id, at, actor, entry_ids, payload) | {"adds": adds}
     record = await autocommit(driver, lambda session: single(session, ADD_ONLY_CHANGE, **params))
     return None if record is None else (int(record["version"]), record["problem"])
 
@@ -384,7 +399,7 @@ async def lock_reader_and_list(
 
 
 async def context_page(
-    tx: Runner,
+    tx: AsyncManagedTransaction,
     *,
     bot_id: str,
     org: str,
