@@ -7,6 +7,7 @@ only the entries it returns (E2).
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Awaitable
 from dataclasses import dataclass
@@ -25,12 +26,17 @@ from graph import memory as q
 from graph.driver import autocommit, read, single
 
 ENTRY_KIND = "entry"
+#: Candidates per key of a page of context, and of the first page of its one statement until
+#: this process has seen the Bot's lines (see _first_page).
 _CONTEXT_PAGE = 64
 #: Candidates per key of the second page in context's one statement, read when all of the first
 #: fit: up to three pages' worth of entries in one round trip; more are paged in one explicit
 #: transaction. Measured with 96 entries returned (1k pool): 9.5 ms, against 10.5 ms paging in an
 #: explicit transaction; a second page of three pages' worth cost more than it saved (10.8 vs 10.1).
 _CONTEXT_MORE = 2 * _CONTEXT_PAGE
+#: The first page holds what is expected to fit with this much to spare; at least _MIN_PAGE.
+_PAGE_MARGIN = 1.25
+_MIN_PAGE = 8
 TOPIC = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
 _TAG = re.compile(r"^(?:[a-z]+:)*[A-Za-z0-9_\-]+$")
 _MAX_FILTER_TAGS = 20
@@ -261,10 +267,11 @@ async def context(rt: Runtime, bot_id: str, reader: Reader, limit: int) -> Conte
                 return used, await _cipher_of(rt, tx, bot_id)
             after = used[-1]["rank"]
 
+    first_page = _first_page(rt.line_lengths.mean(bot_id), limit)
     first = await autocommit(
         rt.driver,
         lambda session: q.context(
-            session, limit=_CONTEXT_PAGE, more=_CONTEXT_MORE, max_size=limit, bot_id=bot_id, **reader.params
+            session, limit=first_page, more=_CONTEXT_MORE, max_size=limit, bot_id=bot_id, **reader.params
         ),
         write=False,
     )
@@ -274,7 +281,19 @@ async def context(rt: Runtime, bot_id: str, reader: Reader, limit: int) -> Conte
     else:
         used, cipher = await read(rt.driver, work)
     contents = [cipher.decrypt(ENTRY_KIND, row["id"], bytes(row["content"])) for row in used]
-    return Context("\n".join("- " + c for c in contents), tuple(row["id"] for row in used), tuple(contents))
+    text = "\n".join("- " + c for c in contents)
+    rt.line_lengths.observe(bot_id, len(text) + 1, len(contents))
+    return Context(text, tuple(row["id"] for row in used), tuple(contents))
+
+
+def _first_page(mean_line: float | None, limit: int) -> int:
+    """Candidates per key of the first page of context's statement: every candidate costs the
+    server a visibility check, so the page holds the lines expected to fit in ``limit`` (by the
+    mean length of this Bot's lines so far) with a margin, rather than a fixed number. A page that
+    all fits is followed by a second one in the same statement, so a short guess costs time only."""
+    if mean_line is None:
+        return _CONTEXT_PAGE
+    return max(_MIN_PAGE, min(_CONTEXT_MORE, math.ceil(limit / mean_line * _PAGE_MARGIN)))
 
 
 async def has_entries(rt: Runtime, bot_id: str, reader: Reader) -> bool:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from arq.connections import ArqRedis
@@ -16,6 +16,27 @@ if TYPE_CHECKING:
     from botmemory.model import Gateway
 
 
+class LineLengths:
+    """How long a line of ``context`` has been, per Bot, as this process returned them: a moving
+    mean that sizes the first page of context's statement (only speed depends on it)."""
+
+    #: Answers with fewer lines say too little about the next one.
+    MIN_LINES = 4
+
+    def __init__(self) -> None:
+        self._mean: dict[str, float] = {}
+
+    def mean(self, bot_id: str) -> float | None:
+        return self._mean.get(bot_id)
+
+    def observe(self, bot_id: str, characters: int, lines: int) -> None:
+        """An answer of ``lines`` lines that took ``characters`` (newlines included)."""
+        if lines < self.MIN_LINES:
+            return
+        seen, before = characters / lines, self._mean.get(bot_id)
+        self._mean[bot_id] = seen if before is None else before + (seen - before) / 4
+
+
 @dataclass(frozen=True, slots=True)
 class Runtime:
     settings: Settings
@@ -23,6 +44,7 @@ class Runtime:
     redis: ArqRedis
     keyring: Keyring
     gateway: Gateway
+    line_lengths: LineLengths = field(default_factory=LineLengths)
 
     def cipher(self, bot_id: str, key_master: str, key_wrapped: bytes) -> Cipher:
         """The data-key cipher of one Bot (E1), from its wrapped key as read from the graph."""

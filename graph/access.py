@@ -10,9 +10,9 @@ proves ``VISIBLE`` equal to ``PATH_VISIBLE`` after every kind of change.
 (list, log, context, subscriptions, source graph, validateReferences, edits), never run as a
 separate pre-check. It reads two variables that the query binds first (``WITH $readers AS
 readers, $org AS org``, or per subscriber in a batched check): ``org``, the request's
-organization, and ``readers``, a list of ``{id, channels, usesBot}`` maps — one reader for a person's own read, every reader of the
-answer for a group chat (D9.15). Channel membership and grants are read at request time, so a
-removal from a channel hides at once.
+organization, and ``readers``, a list of READER_MAP maps — one reader for a person's own read,
+every reader of the answer for a group chat (D9.15). Channel membership and grants are read at
+request time, so a removal from a channel hides at once.
 
 For every reader, every entry ``x`` in the source closure of ``e`` (``e`` itself included, at
 most 8 SOURCE hops, D9.2) must:
@@ -180,32 +180,49 @@ RETURN collect(DISTINCT id) AS ids
 """
 
 #: The label check (DESIGN §8): equal to PATH_VISIBLE after every change (a property test
-#: proves it). Channel membership and grants are still read per request through ``readers``.
+#: proves it). Channel membership and grants are still read per request through ``readers``:
+#: an entry's audience atoms must all be among the atoms the reader meets (READER_MAP).
 VISIBLE: Final = """
 (size(readers) > 0
  AND e.lblProved
  AND all(o IN e.lblOrgs WHERE o = org)
- AND all(rd IN readers WHERE
-   NOT rd.id IN e.lblExcluded
-   AND all(a IN e.lblAtoms WHERE a = 'person:' + rd.id
-        OR (a STARTS WITH 'channel:' AND substring(a, 8) IN rd.channels)
-        OR (a = 'bot' AND rd.usesBot))))
+ AND all(rd IN readers WHERE NOT rd.id IN e.lblExcluded AND all(a IN e.lblAtoms WHERE a IN rd.atoms)))
 """
 
-#: The reader map of one person for ``$readers``: current channels and whether they use the Bot
-#: (a READ/WRITE grant, with the Bot owned by or linked into the request's organization, D9.1).
-READER: Final = """
+#: Whether the Person ``p`` uses the Bot ``b`` in the Organization ``o``: a READ/WRITE grant,
+#: with the Bot owned by or linked into that organization (D9.1).
+_USES_BOT: Final = "EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))"
+
+#: A reader as the checks read it, for the Person ``p`` with the ids of their current channels
+#: in the Organization ``o`` (``channels``) and the Bot ``b``: ``id``, ``channels``, ``usesBot``
+#: (what PATH_VISIBLE reads) and ``atoms``, the audience conditions they meet as VISIBLE and the
+#: candidate seeks read them (``person:<id>``, ``channel:<id>`` each, ``bot`` when they use it).
+READER_MAP: Final = (
+    "{id: p.id, channels: channels, usesBot: "
+    + _USES_BOT
+    + """,
+  atoms: ['person:' + p.id] + [cid IN channels | 'channel:' + cid]
+         + CASE WHEN """
+    + _USES_BOT
+    + " THEN ['bot'] ELSE [] END}"
+)
+
+#: The reader map of one person for ``$readers`` (READER_MAP).
+READER: Final = (
+    """
 MATCH (p:Person {id: $personId})-[:MEMBER_OF]->(o:Organization {id: $org})
 MATCH (b:Bot {id: $botId})
 OPTIONAL MATCH (p)-[:MEMBER]->(c:Channel)-[:IN]->(o)
 WITH p, o, b, collect(c.id) AS channels
-RETURN {id: p.id, channels: channels,
-        usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))} AS reader
-"""
+RETURN """
+    + READER_MAP
+    + " AS reader\n"
+)
 
 #: Reader maps of a Chat's audience (D9.15): its owner in a private chat, every current member
 #: of its channel in a group chat.
-CHAT_READERS: Final = """
+CHAT_READERS: Final = (
+    """
 MATCH (ch:Chat {id: $chatId})-[:WITH_BOT]->(b:Bot)
 MATCH (ch)-[:IN_ORG]->(o:Organization)
 OPTIONAL MATCH (ch)-[:IN_CHANNEL]->(c:Channel)
@@ -216,10 +233,11 @@ WITH b, o, CASE WHEN c IS NULL THEN [owner] ELSE members END AS people
 UNWIND people AS p
 OPTIONAL MATCH (p)-[:MEMBER]->(pc:Channel)-[:IN]->(o)
 WITH b, o, p, collect(pc.id) AS channels
-RETURN collect({id: p.id, channels: channels,
-        usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))}) AS readers,
-       o.id AS org
+RETURN collect("""
+    + READER_MAP
+    + """) AS readers, o.id AS org
 """
+)
 
 
 async def share_basis(tx: AsyncManagedTransaction, *, bot_id: str, id: str) -> dict[str, Any] | None:

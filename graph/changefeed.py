@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from graph.access import VISIBLE
+from graph.access import READER_MAP, VISIBLE
 from graph.driver import Runner, single
 from graph.memory import ENTRY_LIST, READ_LOCK
 
@@ -23,8 +23,9 @@ MATCH (t:Token {id: sub.token})-[:FOR]->(p:Person {id: sub.person})-[:MEMBER_OF]
 WHERE t.revokedAt IS NULL AND (t.expiresAt IS NULL OR t.expiresAt > $now)
 OPTIONAL MATCH (p)-[:MEMBER]->(c:Channel)-[:IN]->(o)
 WITH sub, o, b, p, collect(c.id) AS channels
-WITH sub, o.id AS org, [{id: p.id, channels: channels,
-      usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))}] AS readers
+WITH sub, o.id AS org, ["""
+    + READER_MAP
+    + """] AS readers
 WHERE readers[0].usesBot
 CALL (org, readers) {
   UNWIND $ids AS entryId

@@ -12,7 +12,7 @@ from typing import Any, Final
 
 from neo4j import AsyncDriver, AsyncManagedTransaction
 
-from graph.access import RELABEL, VISIBLE
+from graph.access import READER_MAP, RELABEL, VISIBLE
 from graph.driver import Runner, autocommit, rows, single
 from graph.entries import ADD_ENTRIES
 
@@ -70,10 +70,9 @@ OPTIONAL MATCH (p)-[:MEMBER]->(c:Channel)-[:IN]->(o)
 WITH m, p, o, b, collect(c.id) AS channels
 """
 )
-_READER_OF_ROW: Final = """m.version AS version,
-       CASE WHEN p IS NULL THEN null ELSE {id: p.id, channels: channels,
-         usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))} END AS reader
-"""
+_READER_OF_ROW: Final = (
+    "m.version AS version, CASE WHEN p IS NULL THEN null ELSE " + READER_MAP + " END AS reader\n"
+)
 LOCK_AND_READER: Final = _LOCK_AND_READER_ROW + "RETURN " + _READER_OF_ROW
 
 #: LOCK_AND_READER as the head of a longer statement: binds ``version`` and ``reader``.
@@ -147,8 +146,7 @@ LOCK_READER_AND_LIST: Final = (
     _LOCK_AND_READER_HEAD
     + """CALL (reader) {
   WITH reader WHERE reader IS NOT NULL AND reader.usesBot
-  WITH [reader] AS readers, $org AS org,
-       ['person:' + reader.id] + [c IN reader.channels | 'channel:' + c] + ['bot'] AS keys"""
+  WITH [reader] AS readers, $org AS org, reader.atoms AS keys"""
     + _LIST_OF_KEYS
     + """}
 RETURN version, reader, entries
@@ -289,11 +287,7 @@ def reader_keys(readers: list[dict[str, Any]]) -> list[str]:
     """Index keys to seek: those of the reader with the fewest (an entry must pass every reader)."""
     if not readers:
         return []
-    keysets = [
-        [f"person:{r['id']}", *(f"channel:{c}" for c in r["channels"]), *(["bot"] if r["usesBot"] else [])]
-        for r in readers
-    ]
-    return min(keysets, key=len)
+    return list(min((r["atoms"] for r in readers), key=len))
 
 
 def _log_params(

@@ -30,7 +30,7 @@ from botmemory.changes import (
 from botmemory.domain import Access, Principal
 from botmemory.errors import ServiceError
 from botmemory.runtime import Runtime
-from graph.access import PATH_VISIBLE, VISIBLE
+from graph.access import PATH_VISIBLE, READER_MAP, VISIBLE
 
 COMPARE = cast(
     LiteralString,
@@ -39,8 +39,9 @@ MATCH (p:Person {id: $personId})-[:MEMBER_OF]->(o:Organization)
 MATCH (b:Bot {id: $botId})
 OPTIONAL MATCH (p)-[:MEMBER]->(c:Channel)-[:IN]->(o)
 WITH p, o, b, collect(c.id) AS channels
-WITH o.id AS org, [{id: p.id, channels: channels,
-      usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))}] AS readers
+WITH o.id AS org, ["""
+    + READER_MAP
+    + """] AS readers
 MATCH (e:Entry {botId: $botId})
 RETURN e.id AS id, """
     + PATH_VISIBLE
