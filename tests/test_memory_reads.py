@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -124,3 +125,32 @@ async def test_context_fits_exactly_across_pages(
     everything = await memory.context(runtime, w.bot, reader, limit=10_000)
     assert everything.ids == tuple(newest_first) and everything.text.splitlines()[0] == "- e149"
     assert bool(explicit_reads) == explicit
+
+
+async def test_context_sizes_its_first_page_by_the_lines_it_returned(
+    api: Api, runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first page of context's statement holds what this Bot's lines say will fit (with a
+    quarter to spare): 64 candidates per key before any answer, then budget / mean line. The
+    answer is the same whatever the page."""
+    w = await make_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    src = await said(api, w.tokens["ann"], chat, "facts")
+    changes = [AddFact(content=f"e{n:03d}", sources=(ItemRef(*src),)) for n in range(150)]
+    await apply(runtime, w.bot, *changes)
+    reader = await memory.person_reader_of(runtime, w.bot, w.people["ann"], w.org)
+    assert reader is not None
+    pages: list[int] = []
+    real_context = memory.q.context
+
+    async def context(tx: Any, *, limit: int, **params: Any) -> Any:
+        pages.append(limit)
+        return await real_context(tx, limit=limit, **params)
+
+    monkeypatch.setattr(memory.q, "context", context)
+    first = await memory.context(runtime, w.bot, reader, limit=6 + 7 * 79)  # 80 lines of 7
+    again = await memory.context(runtime, w.bot, reader, limit=6 + 7 * 79)
+    assert first == again and len(first.ids) == 80
+    assert pages == [64, math.ceil((6 + 7 * 79) / 7 * 1.25)]
+    small = await memory.context(runtime, w.bot, reader, limit=20)  # never below 8
+    assert pages[-1] == 8 and len(small.ids) == 3
