@@ -7,6 +7,7 @@ only the entries it returns (E2).
 
 from __future__ import annotations
 
+import base64
 import math
 import re
 from collections.abc import Awaitable
@@ -186,6 +187,56 @@ async def list_entries(
     rt: Runtime, principal: Principal, bot_id: str, tags: list[str]
 ) -> tuple[list[Entry], int]:
     """GET memory: the entries for the caller in their organization, history included, never retracted."""
+    found, version, cipher = await _listing(rt, principal, bot_id, tags, None)
+    return [decrypt_entry(cipher, row) for row in found], version
+
+
+async def list_page(
+    rt: Runtime, principal: Principal, bot_id: str, tags: list[str], limit: int, after: str | None
+) -> tuple[list[Entry], int, str | None]:
+    """One page of ``list_entries``: at most ``limit`` entries after the cursor ``after`` (None:
+    from the start), and the cursor of the next page (None after a short, last page). Each page
+    is read under its own shared lock, so ``version`` may differ between pages."""
+    if not 1 <= limit <= MAX_PAGE:
+        raise BadInput(f"limit is between 1 and {MAX_PAGE}", field="limit")
+    found, version, cipher = await _listing(rt, principal, bot_id, tags, (limit, _parse_cursor(after)))
+    entries = [decrypt_entry(cipher, row) for row in found]
+    last = found[-1] if len(found) == limit else None
+    return entries, version, None if last is None else _cursor(last["memoryRank"], last["id"])
+
+
+#: The most entries one page of GET memory holds.
+MAX_PAGE = 1000
+
+
+def _cursor(rank: int, entry_id: str) -> str:
+    """An opaque position in memory order: after the entry ``entry_id`` of rank ``rank``."""
+    return base64.urlsafe_b64encode(f"{rank}:{entry_id}".encode()).decode().rstrip("=")
+
+
+def _parse_cursor(after: str | None) -> tuple[int, str] | None:
+    if after is None:
+        return None
+    try:
+        if len(after) > 200:
+            raise ValueError(after)
+        rank, _, entry_id = base64.urlsafe_b64decode(after + "=" * (-len(after) % 4)).decode().partition(":")
+        check_id(entry_id, "after")
+        if not 0 <= int(rank) < q.TOP_RANK:
+            raise ValueError(rank)
+        return int(rank), entry_id
+    except (ValueError, BadInput):
+        raise BadInput("after is not a cursor of this listing", field="after") from None
+
+
+async def _listing(
+    rt: Runtime,
+    principal: Principal,
+    bot_id: str,
+    tags: list[str],
+    page: tuple[int, tuple[int, str] | None] | None,
+) -> tuple[list[dict[str, Any]], int, Cipher]:
+    """The rows (ciphertext) of GET memory or of one page of it, the version and the cipher."""
     check_id(bot_id, "botId")
     tags = check_filter_tags(tags)
 
@@ -201,13 +252,14 @@ async def list_entries(
             org=org,
             statuses=["active", "invalidated"],
             tags=tags,
+            page=page,
         )
         version, _, cipher = await _as_reader(rt, tx, principal, bot_id, locked)
         assert locked is not None
         return version, list(locked["entries"]), cipher
 
     version, found, cipher = await read(rt.driver, work)
-    return [decrypt_entry(cipher, row) for row in found], version
+    return found, version, cipher
 
 
 async def change_log(

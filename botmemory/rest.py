@@ -85,13 +85,23 @@ def string_list(body: dict[str, Any], name: str) -> list[str]:
 
 
 async def get_memory(request: Request) -> JSONResponse:
-    """``GET /v1/bots/{botId}/memory?tags=a,b`` — entries for you, in your organization (seed)."""
-    raw = request.query_params.get("tags")
+    """``GET /v1/bots/{botId}/memory?tags=a,b`` — entries for you, in your organization (seed).
+    With ``limit`` (1–1000) and ``after``: one page in memory order and ``next``, the cursor of
+    the page after it (null after the last)."""
+    params = request.query_params
+    raw = params.get("tags")
     tags = [t.strip() for t in raw.split(",") if t.strip()] if raw else []
-    found, version = await memory.list_entries(
-        runtime_of(request), await principal_of(request), request.path_params["bot_id"], tags
+    rt, principal, bot_id = runtime_of(request), await principal_of(request), request.path_params["bot_id"]
+    if "limit" not in params and "after" not in params:
+        found, version = await memory.list_entries(rt, principal, bot_id, tags)
+        return JSONResponse({"entries": [e.json() for e in found], "version": version})
+    limit = params.get("limit", str(memory.MAX_PAGE))
+    if not limit.isdigit() or len(limit) > 6:
+        raise BadInput("limit must be a whole number", field="limit")
+    page, version, next_page = await memory.list_page(
+        rt, principal, bot_id, tags, int(limit), params.get("after")
     )
-    return JSONResponse({"entries": [e.json() for e in found], "version": version})
+    return JSONResponse({"entries": [e.json() for e in page], "version": version, "next": next_page})
 
 
 async def post_memory(request: Request) -> JSONResponse:

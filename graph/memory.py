@@ -25,7 +25,7 @@ WITH e, collect(CASE WHEN src IS NULL THEN null WHEN src:Item THEN {chat: src.ch
 
 #: The API's view of an entry ``e``: fields, sources as ids, content as ciphertext.
 _ENTRY_MAP: Final = """e {.id, .layer, .tags, .status, .confidence, .createdAt, .updatedAt, .invalidatedAt,
-     .content, .contentLength, .orderKey, sources: sources}"""
+     .content, .contentLength, .orderKey, .memoryRank, sources: sources}"""
 
 #: ``e`` as one ``entry`` row.
 ENTRY_ROW: Final = _ENTRY_SOURCES + "RETURN " + _ENTRY_MAP + " AS entry\n"
@@ -137,21 +137,46 @@ WHERE e.botId = $botId AND e.audienceKey = key AND e.memoryRank < $top
     + _ENTRY_MAP
     + ") AS entries\n"
 )
+
+#: One page of _LIST_OF_KEYS: the first ``$limit`` entries after the one at ``$afterRank`` /
+#: ``$afterId`` in memory order (``$top`` / ``''`` for the first page). Each key's seek stops at
+#: ``$limit`` visible entries in index order, so a page costs the same at any depth of the pool.
+#: (Ties on the rank are a CASE, not an OR: the planner splits an OR into two seeks whose union
+#: loses the index order, and then sorts every visible entry — measured 1 s at 100k.)
+_PAGE_OF_KEYS: Final = (
+    """
+UNWIND keys AS key
+CALL (key, readers, org) {
+  MATCH (e:Entry)
+  WHERE e.botId = $botId AND e.audienceKey = key AND e.memoryRank <= $afterRank
+    AND CASE WHEN e.memoryRank = $afterRank THEN e.id > $afterId ELSE true END
+    AND e.status IN $statuses AND all(t IN $tags WHERE t IN e.tags) AND """
+    + VISIBLE
+    + """
+  RETURN e ORDER BY e.botId DESC, e.audienceKey DESC, e.memoryRank DESC, e.id LIMIT $limit
+}
+WITH e ORDER BY e.memoryRank DESC, e.id LIMIT $limit
+"""
+    + _ENTRY_SOURCES
+    + "WITH e, sources ORDER BY e.memoryRank DESC, e.id\nRETURN collect("
+    + _ENTRY_MAP
+    + ") AS entries\n"
+)
 LIST_VISIBLE: Final = "WITH $readers AS readers, $org AS org, $keys AS keys" + _LIST_OF_KEYS
 
 #: GET memory in one statement: the shared lock and the caller as a reader (LOCK_AND_READER),
 #: then — only when that person reads the Bot (``usesBot``) — LIST_VISIBLE for them, seeking
 #: their own keys (see ``reader_keys``). ``entries`` is empty otherwise; the caller raises.
-LOCK_READER_AND_LIST: Final = (
+_LOCK_READER_AND: Final = (
     _LOCK_AND_READER_HEAD
     + """CALL (reader) {
   WITH reader WHERE reader IS NOT NULL AND reader.usesBot
   WITH [reader] AS readers, $org AS org, reader.atoms AS keys"""
-    + _LIST_OF_KEYS
-    + """}
-RETURN version, reader, entries
-"""
 )
+LOCK_READER_AND_LIST: Final = _LOCK_READER_AND + _LIST_OF_KEYS + "}\nRETURN version, reader, entries\n"
+
+#: LOCK_READER_AND_LIST for one page (see _PAGE_OF_KEYS).
+LOCK_READER_AND_PAGE: Final = _LOCK_READER_AND + _PAGE_OF_KEYS + "}\nRETURN version, reader, entries\n"
 
 
 def _context_page(after: str, limit: str, size: str, count: str, carry: str = "") -> str:
@@ -378,17 +403,25 @@ async def lock_reader_and_list(
     org: str,
     statuses: list[str],
     tags: list[str],
+    page: tuple[int, tuple[int, str] | None] | None = None,
 ) -> dict[str, Any] | None:
-    """LOCK_READER_AND_LIST: ``{version, reader, entries}``, or None when the Bot has no memory."""
+    """LOCK_READER_AND_LIST: ``{version, reader, entries}``, or None when the Bot has no memory.
+    With ``page`` — ``(limit, after)``, ``after`` the (memoryRank, id) of the entry before the
+    page or None for the first — one page of them (LOCK_READER_AND_PAGE)."""
+    params = {"botId": bot_id, "personId": person_id, "org": org, "top": TOP_RANK}
+    if page is None:
+        return await single(tx, LOCK_READER_AND_LIST, **params, statuses=statuses, tags=tags)
+    limit, after = page
+    after_rank, after_id = after or (TOP_RANK, "")
     return await single(
         tx,
-        LOCK_READER_AND_LIST,
-        botId=bot_id,
-        personId=person_id,
-        org=org,
-        top=TOP_RANK,
+        LOCK_READER_AND_PAGE,
+        **params,
         statuses=statuses,
         tags=tags,
+        limit=limit,
+        afterRank=after_rank,
+        afterId=after_id,
     )
 
 

@@ -62,11 +62,27 @@ class MemoryQuery:
         found = await sourcegraph.entry(info.context.runtime, principal, str(bot_id), str(id))
         return ExploredEntry(bot_id=str(bot_id), entry=MemoryEntry.of(found))
 
-    @strawberry.field(description="Entries for you in your organization; tags are all-of.")
-    async def memory(self, info: Info, bot_id: strawberry.ID, tags: list[str] | None = None) -> MemoryPage:
+    @strawberry.field(
+        description="Entries for you in your organization; tags are all-of. With limit (1–1000), "
+        "one page in memory order after the cursor after, and the next page's cursor."
+    )
+    async def memory(
+        self,
+        info: Info,
+        bot_id: strawberry.ID,
+        tags: list[str] | None = None,
+        limit: int | None = None,
+        after: str | None = None,
+    ) -> MemoryPage:
         principal = await info.context.principal()
-        found, version = await memory.list_entries(info.context.runtime, principal, str(bot_id), tags or [])
-        return MemoryPage(entries=[MemoryEntry.of(e) for e in found], version=version)
+        rt, bot, tags = info.context.runtime, str(bot_id), tags or []
+        if limit is None and after is None:
+            found, version = await memory.list_entries(rt, principal, bot, tags)
+            return MemoryPage(entries=[MemoryEntry.of(e) for e in found], version=version)
+        page, version, next_page = await memory.list_page(
+            rt, principal, bot, tags, memory.MAX_PAGE if limit is None else limit, after
+        )
+        return MemoryPage(entries=[MemoryEntry.of(e) for e in page], version=version, next=next_page)
 
     @strawberry.field(description="Changes of entries you may see.")
     async def memory_log(self, info: Info, bot_id: strawberry.ID) -> MemoryLog:

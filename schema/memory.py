@@ -64,6 +64,9 @@ def _id(value: str | None) -> strawberry.ID | None:
 class MemoryPage:
     entries: list[MemoryEntry]
     version: int
+    next: str | None = strawberry.field(
+        default=None, description="With limit: the cursor of the next page (after), null after the last."
+    )
 
 
 @strawberry.type

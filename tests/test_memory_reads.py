@@ -13,7 +13,7 @@ from botmemory.changes import AddFact, Invalidate, ItemRef
 from botmemory.domain import Principal
 from botmemory.runtime import Runtime
 from tests.client import Api, make_world
-from tests.memory_helpers import apply, command, fact, said
+from tests.memory_helpers import apply, command, fact, said, visible
 
 
 def entry_decryptions() -> float:
@@ -154,3 +154,66 @@ async def test_context_sizes_its_first_page_by_the_lines_it_returned(
     assert pages == [64, math.ceil((6 + 7 * 79) / 7 * 1.25)]
     small = await memory.context(runtime, w.bot, reader, limit=20)  # never below 8
     assert pages[-1] == 8 and len(small.ids) == 3
+
+
+async def test_get_memory_pages_walk_the_same_list_in_memory_order(api: Api, runtime: Runtime) -> None:
+    """GET memory with ``limit``/``after`` (REST and GraphQL): the pages, walked to the end, are
+    the unpaged list in the same order — pinned first, history included, others' entries never —
+    also with a tag filter; a bad limit or cursor is a 422 / BAD_INPUT naming the field."""
+    w = await make_world(api, ("ann", "bob"), channel=("ann", "bob"))
+    ann, bob = w.tokens["ann"], w.tokens["bob"]
+    own = await said(api, ann, await api.chat(ann, w.bot), "mine")
+    group = await said(api, bob, await api.chat(bob, w.bot, channel=w.channel), "ours")
+    theirs = await said(api, bob, await api.chat(bob, w.bot), "bob's")
+    changes = [
+        AddFact(content=f"{kind} {n}", sources=(ItemRef(*src),), topics=("travel",) if n % 2 else ())
+        for n in range(5)
+        for kind, src in (("own", own), ("group", group), ("theirs", theirs))
+    ]
+    await apply(runtime, w.bot, *changes)
+    await apply(runtime, w.bot, Invalidate(changes[3].id))  # "own 1": history, still listed
+    assert (await command(api, ann, w.bot, {"_tag": "Remember", "content": "pinned"})).status_code == 201
+
+    async def rest_pages(limit: int, tags: str | None = None) -> list[str]:
+        ids: list[str] = []
+        after: str | None = None
+        while True:
+            params = (
+                {"limit": str(limit)} | ({"after": after} if after else {}) | ({"tags": tags} if tags else {})
+            )
+            response = await api.http.get(
+                f"/v1/bots/{w.bot}/memory", params=params, headers={"Authorization": f"Bearer {ann}"}
+            )
+            assert response.status_code == 200, response.text
+            body = response.json()
+            assert len(body["entries"]) <= limit
+            ids += [e["id"] for e in body["entries"]]
+            after = body["next"]
+            if after is None:
+                return ids
+
+    everything = list(await visible(api, ann, w.bot))
+    assert len(everything) == 11 and everything[0] not in {c.id for c in changes}  # pinned first
+    assert everything[1:] == [c.id for c in reversed(changes) if not c.content.startswith("theirs")]
+    for limit in (1, 3, 10, 11, 1000):
+        assert await rest_pages(limit) == everything
+    assert await rest_pages(2, tags="travel") == list(await visible(api, ann, w.bot, tags="travel"))
+
+    query = "query($b: ID!, $l: Int, $a: String) { memory(botId: $b, limit: $l, after: $a) { entries { id } next } }"
+    walked: list[str] = []
+    after = None
+    while True:
+        page = (await api.gql(query, {"b": w.bot, "l": 4, "a": after}, ann))["memory"]
+        walked += [e["id"] for e in page["entries"]]
+        if (after := page["next"]) is None:
+            break
+    assert walked == everything
+
+    for bad in ({"limit": "0"}, {"limit": "1001"}, {"limit": "ten"}, {"limit": "3", "after": "not a cursor"}):
+        response = await api.http.get(
+            f"/v1/bots/{w.bot}/memory", params=bad, headers={"Authorization": f"Bearer {ann}"}
+        )
+        assert response.status_code == 422, response.text
+        assert response.json()["error"]["code"] == "BAD_INPUT"
+    assert await api.codes(query, {"b": w.bot, "l": 0}, ann) == ["BAD_INPUT"]
+    assert await api.codes(query, {"b": w.bot, "l": 2, "a": "bm90IGFuIGlk"}, ann) == ["BAD_INPUT"]
