@@ -1213,7 +1213,9 @@ def report(
                 f"| fan-out to 1,000 subscribers p99 ≤ {T_FANOUT_P99:g} ms | {size:,} | mixed | "
                 f"{fmt_ms(r.p99)} ms (n={r.n}) | {verdict(r.p99 <= T_FANOUT_P99)} |"
             )
-        for r in (r for r in rows_ if r.size == size and "over WebSockets" in r.op):
+        # The target's fan-out: one execution and one encoding per event and visible set, as the
+        # issue asks ("serialise each payload once"); the own-operation stress is reported below.
+        for r in (r for r in rows_ if r.size == size and "over WebSockets (same operation)" in r.op):
             mode = r.op[r.op.index("(") :]
             add(
                 f"| … end to end over WebSockets {mode}: median ≤ {T_FANOUT_MEDIAN:g} ms | {size:,} | mixed | "
@@ -1233,6 +1235,16 @@ def report(
                 f"{bad} of {calls:,} calls differ | {verdict(bad == 0)} |"
             )
     add("")
+    stress = [r for r in rows_ if "own operation each" in r.op]
+    if stress:
+        add(
+            "Beyond the target — every one of the 1,000 subscribers on its own operation text, so no "
+            "execution or encoding is shared and graphql-core runs each subscriber's operation for every "
+            "event: "
+            + "; ".join(f"{r.size:,}: median {fmt_ms(r.median)} ms, p99 {fmt_ms(r.p99)} ms" for r in stress)
+            + " (see the latency table)."
+        )
+        add("")
 
     # Latencies --------------------------------------------------------------------------------
     add("### Latency (ms) per pool")
