@@ -21,7 +21,7 @@ from neo4j import AsyncManagedTransaction
 from botmemory.crypto import Cipher
 from botmemory.errors import BadInput, Conflict, NotFound
 from botmemory.ids import new_id
-from botmemory.memory import ENTRY_KIND, TOPIC, Reader
+from botmemory.memory import ENTRY_KIND, TOPIC, Reader, person_reader
 from botmemory.runtime import Runtime, now_ms
 from graph import access, entries, identity
 from graph import memory as q
@@ -114,6 +114,7 @@ MemoryChange = (
 class Applied:
     version: int
     entry_ids: tuple[str, ...]
+    at: int = 0  # when (epoch ms): the entries' createdAt/updatedAt
 
 
 def check_topics(topics: tuple[str, ...], field_name: str = "topics") -> tuple[str, ...]:
@@ -351,11 +352,14 @@ async def apply_changes(
     actor: Actor,
     *,
     precheck: Any = None,
+    person: tuple[str, str] | None = None,
 ) -> Applied:
     """Apply all ``changes`` or none, under the exclusive lock, with one log row (C2).
 
     ``precheck(tx)`` runs under the lock before anything is written (e.g. a visibility check
-    of the entry a person edits, or a learning execution's compare-and-set).
+    of the entry a person edits, or a learning execution's compare-and-set). ``person`` (id,
+    organization): a person's change, which needs them to use the Bot (D9.1) — read under the
+    lock, in the same statement when the change only adds entries; NotFound otherwise.
     """
     if len(changes) > MAX_CHANGES:
         raise BadInput(f"at most {MAX_CHANGES} changes at once", field="changes")
@@ -370,6 +374,10 @@ async def apply_changes(
         version = await q.bump_version(tx, bot_id=bot_id)  # the exclusive lock first (C1)
         if version is None:
             raise NotFound("bot not found")
+        if person is not None:
+            reader = await person_reader(tx, bot_id=bot_id, person_id=person[0], org=person[1])
+            if reader is None or not reader["usesBot"]:
+                raise NotFound("bot not found")
         if precheck is not None:
             await precheck(tx)
         step = _Step(tx, bot_id, version, cipher, now)
@@ -390,7 +398,7 @@ async def apply_changes(
                 adds=step.pending,
             )
         )
-        return Applied(version, tuple(touched))
+        return Applied(version, tuple(touched), now)
 
     adds = [c for c in changes if isinstance(c, AddFact | AddObservation | Remember)]
     if precheck is not None or len(adds) < len(changes):
@@ -411,12 +419,13 @@ async def apply_changes(
             entry_ids=touched,
             payload=payload,
             adds=rows,
+            person=person,
         )
         if done is None:
             raise NotFound("bot not found")
         version, problem = done
         _refused(problem)
-        applied = Applied(version, tuple(touched))
+        applied = Applied(version, tuple(touched), now)
     await publish_change(rt, bot_id, applied)
     return applied
 

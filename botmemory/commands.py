@@ -49,14 +49,13 @@ async def remember(
     topics = check_topics(tuple(tags), "tags")
     assert principal.organization_id is not None
     change = Remember(content=content, person_id=person_id, org=principal.organization_id, topics=topics)
-
-    async def precheck(tx: AsyncManagedTransaction) -> None:
-        await _reader(tx, principal, bot_id)
-
-    applied = await apply_changes(rt, bot_id, [change], "person", precheck=precheck)
-    now = now_ms()
+    # One statement: the lock, the caller's use of the Bot, the entry, the version and the log.
+    applied = await apply_changes(
+        rt, bot_id, [change], "person", person=(person_id, principal.organization_id)
+    )
     tags_out = ("from:" + person_id, "for:person:" + person_id, "org:" + principal.organization_id, *topics)
-    return Entry(change.id, "pinned", content, tags_out, (), "active", None, now, now, None), applied.version
+    at = applied.at
+    return Entry(change.id, "pinned", content, tags_out, (), "active", None, at, at, None), applied.version
 
 
 async def forget(rt: Runtime, principal: Principal, bot_id: str, entry_id: str) -> int:

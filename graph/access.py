@@ -191,7 +191,7 @@ VISIBLE: Final = """
 
 #: Whether the Person ``p`` uses the Bot ``b`` in the Organization ``o``: a READ/WRITE grant,
 #: with the Bot owned by or linked into that organization (D9.1).
-_USES_BOT: Final = "EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))"
+USES_BOT: Final = "EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))"
 
 #: A reader as the checks read it, for the Person ``p`` with the ids of their current channels
 #: in the Organization ``o`` (``channels``) and the Bot ``b``: ``id``, ``channels``, ``usesBot``
@@ -199,11 +199,11 @@ _USES_BOT: Final = "EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b
 #: candidate seeks read them (``person:<id>``, ``channel:<id>`` each, ``bot`` when they use it).
 READER_MAP: Final = (
     "{id: p.id, channels: channels, usesBot: "
-    + _USES_BOT
+    + USES_BOT
     + """,
   atoms: ['person:' + p.id] + [cid IN channels | 'channel:' + cid]
          + CASE WHEN """
-    + _USES_BOT
+    + USES_BOT
     + " THEN ['bot'] ELSE [] END}"
 )
 

@@ -12,7 +12,7 @@ from typing import Any, Final
 
 from neo4j import AsyncDriver, AsyncManagedTransaction
 
-from graph.access import READER_MAP, RELABEL, VISIBLE
+from graph.access import READER_MAP, RELABEL, USES_BOT, VISIBLE
 from graph.driver import Runner, autocommit, rows, single
 from graph.entries import ADD_ENTRIES
 
@@ -105,12 +105,22 @@ ADD_AND_LOG_CHANGE: Final = _AT_VERSION + ADD_ENTRIES + _UNLESS_REFUSED + _LOG +
 #: A whole change that only adds entries, as one statement (an auto-commit transaction, one
 #: round trip): the exclusive lock first (C1), then ADD_ENTRIES under it (C7), then — unless an
 #: entry was refused — the new version and the log row (C2) with the labels. When ``problem``
-#: is set, nothing was written (the version stays).
+#: is set, nothing was written (the version stays). A person's change (``$personId`` in
+#: ``$org``, else both null) needs that person to use the Bot, read under the lock (D9.1): no
+#: record otherwise, as without the Bot.
 ADD_ONLY_CHANGE: Final = (
     """
 MATCH (m:Memory {id: $botId})
 CALL apoc.lock.nodes([m])
 WITH m, m.version + 1 AS version
+CALL (m) {
+  OPTIONAL MATCH (p:Person {id: $personId})-[:MEMBER_OF]->(o:Organization {id: $org})
+  OPTIONAL MATCH (b:Bot {id: $botId})
+  RETURN $personId IS NULL OR (p IS NOT NULL AND b IS NOT NULL AND """
+    + USES_BOT
+    + """) AS allowed
+}
+WITH m, version WHERE allowed
 """
     + ADD_ENTRIES
     + _UNLESS_REFUSED
@@ -364,10 +374,17 @@ async def add_only_change(
     entry_ids: list[str],
     payload: bytes,
     adds: list[dict[str, Any]],
+    person: tuple[str, str] | None = None,
 ) -> tuple[int, str | None] | None:
     """ADD_ONLY_CHANGE as an auto-commit transaction: (new version, None) once applied,
-    (version, code of the first refused entry) when nothing was written, None without the Bot."""
-    params = _log_params(id, bot_id, at, actor, entry_ids, payload) | {"adds": adds}
+    (version, code of the first refused entry) when nothing was written, None without the Bot
+    or, for a ``person`` (id, organization), when they do not use it."""
+    person_id, org = person or (None, None)
+    params = _log_params(id, bot_id, at, actor, entry_ids, payload) | {
+        "adds": adds,
+        "personId": person_id,
+        "org": org,
+    }
     record = await autocommit(driver, lambda session: single(session, ADD_ONLY_CHANGE, **params))
     return None if record is None else (int(record["version"]), record["problem"])
 

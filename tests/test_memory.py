@@ -242,8 +242,9 @@ async def test_remember_is_pinned_first_and_only_for_you(api: Api, runtime: Runt
     assert (
         pinned.startswith("mem_") and body["entry"]["layer"] == "pinned" and isinstance(body["version"], int)
     )
-    mine = list(await visible(api, w.tokens["ann"], w.bot))
-    assert mine == [pinned, learned]  # memory order: pinned first
+    mine = await visible(api, w.tokens["ann"], w.bot)
+    assert list(mine) == [pinned, learned]  # memory order: pinned first
+    assert mine[pinned] == body["entry"]  # the 201 shows the stored entry, times included
     assert pinned not in await visible(api, w.tokens["bob"], w.bot)
     assert list(await visible(api, w.tokens["ann"], w.bot, tags="names")) == [pinned]
     colon = await command(
@@ -257,6 +258,17 @@ async def test_remember_is_pinned_first_and_only_for_you(api: Api, runtime: Runt
         w.tokens["ann"],
     )
     assert share["errors"][0]["extensions"]["code"] == "CONFLICT"
+    # Remember needs the caller to use the Bot, read under the lock: without a grant, or from
+    # another organization, the same 404 as an unknown Bot, and nothing is written.
+    await api.grant(w.bot, w.people["bob"], "NONE")
+    _, stranger = await api.person(await api.organization("elsewhere"), "eve")
+    for token in (w.tokens["bob"], stranger):
+        refused = await command(api, token, w.bot, {"_tag": "Remember", "content": "sneaky"})
+        assert refused.status_code == 404 and refused.json()["error"]["code"] == "NOT_FOUND"
+    log = await api.http.get(
+        f"/v1/bots/{w.bot}/memory/log", headers={"Authorization": f"Bearer {w.tokens['ann']}"}
+    )
+    assert log.json()["version"] == body["version"]
 
 
 async def test_share_must_pass_every_source_rule(api: Api, runtime: Runtime) -> None:
