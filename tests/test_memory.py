@@ -14,10 +14,11 @@ from botmemory.changes import (
     Remember,
     SetTopics,
     Share,
+    apply_changes,
     import_legacy,
     relabel_all,
 )
-from botmemory.errors import Conflict
+from botmemory.errors import Conflict, NotFound
 from botmemory.runtime import Runtime
 from graph.entries import REFUSALS
 from tests.client import Api, make_world
@@ -269,6 +270,13 @@ async def test_remember_is_pinned_first_and_only_for_you(api: Api, runtime: Runt
         f"/v1/bots/{w.bot}/memory/log", headers={"Authorization": f"Bearer {w.tokens['ann']}"}
     )
     assert log.json()["version"] == body["version"]
+    # The same guard in a change's explicit transaction (a change that edits as well as adds).
+    bob = (w.people["bob"], w.org)
+    with pytest.raises(NotFound):
+        await apply_changes(
+            runtime, w.bot, [Remember("x", bob[0], w.org), Invalidate(learned)], "person", person=bob
+        )
+    assert (await visible(api, w.tokens["ann"], w.bot))[learned]["status"] == "active"
 
 
 async def test_share_must_pass_every_source_rule(api: Api, runtime: Runtime) -> None:
