@@ -38,6 +38,8 @@ _CONTEXT_MORE = 2 * _CONTEXT_PAGE
 #: The first page holds what is expected to fit with this much to spare; at least _MIN_PAGE.
 _PAGE_MARGIN = 1.25
 _MIN_PAGE = 8
+#: The most entries one page of GET memory holds (``limit``).
+MAX_PAGE = 1000
 TOPIC = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
 _TAG = re.compile(r"^(?:[a-z]+:)*[A-Za-z0-9_\-]+$")
 _MAX_FILTER_TAGS = 20
@@ -203,10 +205,6 @@ async def list_page(
     entries = [decrypt_entry(cipher, row) for row in found]
     last = found[-1] if len(found) == limit else None
     return entries, version, None if last is None else _cursor(last["memoryRank"], last["id"])
-
-
-#: The most entries one page of GET memory holds.
-MAX_PAGE = 1000
 
 
 def _cursor(rank: int, entry_id: str) -> str:

@@ -129,6 +129,14 @@ WITH m, version WHERE allowed
     + "}\nRETURN version, problem\n"
 )
 
+#: The rows of the entries ``e`` as one ``entries`` list in memory order.
+_IN_ORDER: Final = (
+    _ENTRY_SOURCES
+    + "WITH e, sources ORDER BY e.memoryRank DESC, e.id\nRETURN collect("
+    + _ENTRY_MAP
+    + ") AS entries\n"
+)
+
 #: The entries of a Bot a set of readers may see, in memory order (pinned first, then
 #: ``orderKey`` descending, then ``id``). Candidates come from the ``entry_audience`` index,
 #: one seek per audience key the reader holds (``$keys``: ``person:<id>``, each
@@ -142,10 +150,7 @@ MATCH (e:Entry)
 WHERE e.botId = $botId AND e.audienceKey = key AND e.memoryRank < $top
   AND e.status IN $statuses AND all(t IN $tags WHERE t IN e.tags) AND """
     + VISIBLE
-    + _ENTRY_SOURCES
-    + "WITH e, sources ORDER BY e.memoryRank DESC, e.id\nRETURN collect("
-    + _ENTRY_MAP
-    + ") AS entries\n"
+    + _IN_ORDER
 )
 
 #: One page of _LIST_OF_KEYS: the first ``$limit`` entries after the one at ``$afterRank`` /
@@ -167,10 +172,7 @@ CALL (key, readers, org) {
 }
 WITH e ORDER BY e.memoryRank DESC, e.id LIMIT $limit
 """
-    + _ENTRY_SOURCES
-    + "WITH e, sources ORDER BY e.memoryRank DESC, e.id\nRETURN collect("
-    + _ENTRY_MAP
-    + ") AS entries\n"
+    + _IN_ORDER
 )
 LIST_VISIBLE: Final = "WITH $readers AS readers, $org AS org, $keys AS keys" + _LIST_OF_KEYS
 
