@@ -261,14 +261,22 @@ async def _listing(
 
 
 async def change_log(
-    rt: Runtime, principal: Principal, bot_id: str, limit: int = 1000
-) -> tuple[list[Change], int]:
-    """The change log restricted to entries the caller may see (V10); rows with none are left out."""
+    rt: Runtime, principal: Principal, bot_id: str, limit: int = MAX_PAGE, before: int | None = None
+) -> tuple[list[Change], int, int | None]:
+    """The change log restricted to entries the caller may see (V10); rows with none are left out.
+    Newest first, ``limit`` rows of versions below ``before`` (None: the latest); also returns the
+    ``before`` of the next page (None after the last), so a page may show fewer rows than ``limit``."""
     check_id(bot_id, "botId")
+    if not 1 <= limit <= MAX_PAGE:
+        raise BadInput(f"limit is between 1 and {MAX_PAGE}", field="limit")
+    if before is not None and not 1 <= before < q.TOP_RANK:
+        raise BadInput("before is a version of the log", field="before")
+    scanned: list[int] = []
 
     async def work(tx: AsyncManagedTransaction) -> tuple[int, list[Change]]:
         version, reader, _ = await open_read(rt, tx, principal, bot_id)
-        log = await q.log_rows(tx, bot_id=bot_id, limit=limit)
+        log = await q.log_rows(tx, bot_id=bot_id, limit=limit, before=before)
+        scanned[:] = [row["version"] for row in log]
         all_ids = sorted({i for row in log for i in row["ids"]})
         seen = await q.visible_ids(tx, bot_id=bot_id, ids=all_ids, active_only=False, **reader.params)
         changes = [
@@ -278,7 +286,7 @@ async def change_log(
         return version, [c for c in changes if c.ids]
 
     version, changes = await read(rt.driver, work)
-    return changes, version
+    return changes, version, scanned[-1] if len(scanned) == limit else None
 
 
 async def context(rt: Runtime, bot_id: str, reader: Reader, limit: int) -> Context:

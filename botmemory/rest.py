@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, cast
 
+from starlette.datastructures import QueryParams
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
@@ -95,12 +96,9 @@ async def get_memory(request: Request) -> JSONResponse:
     if "limit" not in params and "after" not in params:
         found, version = await memory.list_entries(rt, principal, bot_id, tags)
         return JSONResponse({"entries": [e.json() for e in found], "version": version})
-    limit = params.get("limit", str(memory.MAX_PAGE))
-    if not limit.isdigit() or len(limit) > 6:
-        raise BadInput("limit must be a whole number", field="limit")
-    page, version, next_page = await memory.list_page(
-        rt, principal, bot_id, tags, int(limit), params.get("after")
-    )
+    limit = whole_number(params, "limit")
+    limit = memory.MAX_PAGE if limit is None else limit
+    page, version, next_page = await memory.list_page(rt, principal, bot_id, tags, limit, params.get("after"))
     return JSONResponse({"entries": [e.json() for e in page], "version": version, "next": next_page})
 
 
@@ -131,12 +129,30 @@ async def post_memory(request: Request) -> JSONResponse:
 
 
 async def get_log(request: Request) -> JSONResponse:
-    """``GET /v1/bots/{botId}/memory/log`` — changes of entries you may see (D9.19)."""
-    changes, version = await memory.change_log(
-        runtime_of(request), await principal_of(request), request.path_params["bot_id"]
+    """``GET /v1/bots/{botId}/memory/log`` — changes of entries you may see (D9.19), newest
+    first; ``?limit=`` (1–1000, default 1000) and ``?before=<version>`` page back through it,
+    ``next`` is the ``before`` of the next page (null after the last)."""
+    params = request.query_params
+    limit = whole_number(params, "limit")
+    changes, version, next_page = await memory.change_log(
+        runtime_of(request),
+        await principal_of(request),
+        request.path_params["bot_id"],
+        memory.MAX_PAGE if limit is None else limit,
+        whole_number(params, "before"),
     )
     rows = [{"version": c.version, "at": c.at, "actor": c.actor, "ids": list(c.ids)} for c in changes]
-    return JSONResponse({"changes": rows, "version": version})
+    return JSONResponse({"changes": rows, "version": version, "next": next_page})
+
+
+def whole_number(params: QueryParams, name: str) -> int | None:
+    """A query parameter that must be a whole number when given."""
+    raw = params.get(name)
+    if raw is None:
+        return None
+    if not raw.isdigit() or len(raw) > 18:
+        raise BadInput(f"{name} must be a whole number", field=name)
+    return int(raw)
 
 
 async def post_purge(request: Request) -> JSONResponse:

@@ -294,12 +294,13 @@ LOCKED_CONTEXT_PAGE: Final = _LOCKED + CONTEXT_PAGE
 LOCKED_HAS_VISIBLE: Final = _LOCKED + HAS_VISIBLE
 LOCKED_VISIBLE_IDS: Final = _LOCKED + VISIBLE_IDS
 
+#: The latest ``$limit`` change-log rows with entries, of versions below ``$before``, newest first
+#: (a seek of the ``change_bot_version`` index in its order).
 LOG_ROWS: Final = """
 MATCH (c:Change {botId: $botId})
-WHERE size(c.entryIds) > 0
+WHERE c.version < $before AND size(c.entryIds) > 0
+WITH c ORDER BY c.botId DESC, c.version DESC LIMIT $limit
 RETURN c.version AS version, c.at AS at, c.actor AS actor, c.entryIds AS ids
-ORDER BY c.version DESC
-LIMIT $limit
 """
 
 ENTRY_FOR_EDIT: Final = """
@@ -547,8 +548,10 @@ async def visible_ids(
     return set() if record is None else set(record["ids"])
 
 
-async def log_rows(tx: AsyncManagedTransaction, *, bot_id: str, limit: int) -> list[dict[str, Any]]:
-    return await rows(tx, LOG_ROWS, botId=bot_id, limit=limit)
+async def log_rows(
+    tx: AsyncManagedTransaction, *, bot_id: str, limit: int, before: int | None = None
+) -> list[dict[str, Any]]:
+    return await rows(tx, LOG_ROWS, botId=bot_id, limit=limit, before=TOP_RANK if before is None else before)
 
 
 async def entry_for_edit(tx: AsyncManagedTransaction, *, bot_id: str, id: str) -> dict[str, Any] | None:

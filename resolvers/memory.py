@@ -5,6 +5,7 @@ from __future__ import annotations
 import strawberry
 
 from botmemory import commands, memory, sourcegraph
+from botmemory.memory import MAX_PAGE
 from schema.context import Info
 from schema.memory import (
     HistoryDeleted,
@@ -84,17 +85,24 @@ class MemoryQuery:
         )
         return MemoryPage(entries=[MemoryEntry.of(e) for e in page], version=version, next=next_page)
 
-    @strawberry.field(description="Changes of entries you may see.")
-    async def memory_log(self, info: Info, bot_id: strawberry.ID) -> MemoryLog:
+    @strawberry.field(
+        description="Changes of entries you may see, newest first: limit (1–1000) rows of versions "
+        "below before."
+    )
+    async def memory_log(
+        self, info: Info, bot_id: strawberry.ID, limit: int = MAX_PAGE, before: int | None = None
+    ) -> MemoryLog:
         principal = await info.context.principal()
-        changes, version = await memory.change_log(info.context.runtime, principal, str(bot_id))
+        changes, version, next_page = await memory.change_log(
+            info.context.runtime, principal, str(bot_id), limit, before
+        )
         rows = [
             MemoryChange(
                 version=c.version, at=Long(c.at), actor=c.actor, ids=[strawberry.ID(i) for i in c.ids]
             )
             for c in changes
         ]
-        return MemoryLog(changes=rows, version=version)
+        return MemoryLog(changes=rows, version=version, next=next_page)
 
 
 @strawberry.type

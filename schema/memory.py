@@ -81,6 +81,9 @@ class MemoryChange:
 class MemoryLog:
     changes: list[MemoryChange]
     version: int
+    next: int | None = strawberry.field(
+        default=None, description="The before of the next page (older changes), null after the last."
+    )
 
 
 @strawberry.type

@@ -217,3 +217,48 @@ async def test_get_memory_pages_walk_the_same_list_in_memory_order(api: Api, run
         assert response.json()["error"]["code"] == "BAD_INPUT"
     assert await api.codes(query, {"b": w.bot, "l": 0}, ann) == ["BAD_INPUT"]
     assert await api.codes(query, {"b": w.bot, "l": 2, "a": "bm90IGFuIGlk"}, ann) == ["BAD_INPUT"]
+
+
+async def test_the_log_pages_back_through_every_change_you_may_see(api: Api, runtime: Runtime) -> None:
+    """GET log with ``limit``/``before`` (REST and GraphQL): newest first, the pages walked to
+    the end are the unpaged log (rows with nothing the caller may see are left out, so a page may
+    be short while ``next`` leads on); a bad limit or version is a 422 / BAD_INPUT."""
+    w = await make_world(api, ("ann", "bob"))
+    ann, bob = w.tokens["ann"], w.tokens["bob"]
+    own = await said(api, ann, await api.chat(ann, w.bot), "mine")
+    theirs = await said(api, bob, await api.chat(bob, w.bot), "bob's")
+    for n in range(7):
+        await fact(runtime, w.bot, f"fact {n}", own if n % 3 else theirs)
+
+    async def log(params: dict[str, str]) -> dict[str, Any]:
+        response = await api.http.get(
+            f"/v1/bots/{w.bot}/memory/log", params=params, headers={"Authorization": f"Bearer {ann}"}
+        )
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    whole = await log({})
+    versions = [c["version"] for c in whole["changes"]]
+    assert len(versions) == 4 and versions == sorted(versions, reverse=True) and whole["next"] is None
+    for limit in (1, 2, 3, 7):
+        walked: list[dict[str, Any]] = []
+        params = {"limit": str(limit)}
+        while True:
+            page = await log(params)
+            walked += page["changes"]
+            if page["next"] is None:
+                break
+            params = {"limit": str(limit), "before": str(page["next"])}
+        assert walked == whole["changes"]
+
+    query = "query($b: ID!, $l: Int!, $v: Int) { memoryLog(botId: $b, limit: $l, before: $v) { changes { version } next } }"
+    first = (await api.gql(query, {"b": w.bot, "l": 3, "v": None}, ann))["memoryLog"]
+    rest = (await api.gql(query, {"b": w.bot, "l": 3, "v": first["next"]}, ann))["memoryLog"]
+    assert [c["version"] for c in first["changes"] + rest["changes"]] == versions
+
+    for bad in ({"limit": "0"}, {"limit": "1001"}, {"before": "soon"}, {"before": "0"}):
+        response = await api.http.get(
+            f"/v1/bots/{w.bot}/memory/log", params=bad, headers={"Authorization": f"Bearer {ann}"}
+        )
+        assert response.status_code == 422 and response.json()["error"]["code"] == "BAD_INPUT", bad
+    assert await api.codes(query, {"b": w.bot, "l": 0, "v": None}, ann) == ["BAD_INPUT"]
