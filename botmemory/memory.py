@@ -271,22 +271,21 @@ async def change_log(
         raise BadInput(f"limit is between 1 and {MAX_PAGE}", field="limit")
     if before is not None and not 1 <= before < q.TOP_RANK:
         raise BadInput("before is a version of the log", field="before")
-    scanned: list[int] = []
 
-    async def work(tx: AsyncManagedTransaction) -> tuple[int, list[Change]]:
+    async def work(tx: AsyncManagedTransaction) -> tuple[int, list[Change], int | None]:
         version, reader, _ = await open_read(rt, tx, principal, bot_id)
         log = await q.log_rows(tx, bot_id=bot_id, limit=limit, before=before)
-        scanned[:] = [row["version"] for row in log]
+        next_page = log[-1]["version"] if len(log) == limit else None
         all_ids = sorted({i for row in log for i in row["ids"]})
         seen = await q.visible_ids(tx, bot_id=bot_id, ids=all_ids, active_only=False, **reader.params)
         changes = [
             Change(row["version"], row["at"], row["actor"], tuple(i for i in row["ids"] if i in seen))
             for row in log
         ]
-        return version, [c for c in changes if c.ids]
+        return version, [c for c in changes if c.ids], next_page
 
-    version, changes = await read(rt.driver, work)
-    return changes, version, scanned[-1] if len(scanned) == limit else None
+    version, changes, next_page = await read(rt.driver, work)
+    return changes, version, next_page
 
 
 async def context(rt: Runtime, bot_id: str, reader: Reader, limit: int) -> Context:

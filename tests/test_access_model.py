@@ -10,7 +10,8 @@ against :mod:`tests.reference_model` (stdlib only, written from the seed and DES
 After every step, every person's listing of every Bot (service layer ``list_entries``) must
 equal the model's: ids in memory order, layer, status, tags and sources. Refusals must be
 predicted (with an acceptable error code) and leave everything unchanged. At the end of each
-example the REST and GraphQL listings of every person are compared as well.
+example the REST and GraphQL listings of every person are compared as well, and the REST
+listing walked in pages of 2 (``?limit=2&after=``).
 
 The regression tests at the end pin down disagreements this machine found (a pinned entry
 listed with a null source; a share check that ignored pinned sources and the depth bound).
@@ -837,7 +838,24 @@ class AccessMachine(RuleBasedStateMachine):
                 return "GraphQL", person, bot, None
             return "GraphQL", person, bot, [json_view(e) for e in body["data"]["memory"]["entries"]]
 
-        calls = [f(p, b) for p in self.people for b in self.bots for f in (rest, gql)]
+        async def pages(person: str, bot: str) -> tuple[str, str, str, list[View] | None]:
+            """The same listing walked in pages of 2 (``?limit=2&after=``)."""
+            views: list[View] = []
+            params = {"limit": "2"}
+            while True:
+                response = await api.http.get(
+                    f"/v1/bots/{bot}/memory", params=params, headers=self.headers(person)
+                )
+                if response.status_code in (403, 404):
+                    return "REST pages", person, bot, None
+                assert response.status_code == 200, response.text
+                body = response.json()
+                views += [json_view(e) for e in body["entries"]]
+                if body["next"] is None:
+                    return "REST pages", person, bot, views
+                params = {"limit": "2", "after": body["next"]}
+
+        calls = [f(p, b) for p in self.people for b in self.bots for f in (rest, gql, pages)]
         return list(await asyncio.gather(*calls))
 
     def check_http(self) -> None:
