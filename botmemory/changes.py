@@ -21,7 +21,7 @@ from neo4j import AsyncManagedTransaction
 from botmemory.crypto import Cipher
 from botmemory.errors import BadInput, Conflict, NotFound
 from botmemory.ids import new_id
-from botmemory.memory import ENTRY_KIND, TOPIC, Reader, person_reader
+from botmemory.memory import ENTRY_KIND, TOPIC, Reader, user_reader
 from botmemory.runtime import Runtime, now_ms
 from graph import access, entries, identity
 from graph import memory as q
@@ -375,9 +375,7 @@ async def apply_changes(
         if version is None:
             raise NotFound("bot not found")
         if person is not None:
-            reader = await person_reader(tx, bot_id=bot_id, person_id=person[0], org=person[1])
-            if reader is None or not reader["usesBot"]:
-                raise NotFound("bot not found")
+            await user_reader(tx, bot_id=bot_id, person_id=person[0], org=person[1])
         if precheck is not None:
             await precheck(tx)
         step = _Step(tx, bot_id, version, cipher, now)

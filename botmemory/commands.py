@@ -21,7 +21,7 @@ from botmemory.changes import (
 from botmemory.domain import Principal
 from botmemory.errors import BadInput, Conflict, Forbidden, NotFound
 from botmemory.ids import new_id
-from botmemory.memory import Entry, Reader, person_reader
+from botmemory.memory import Entry, Reader, user_reader
 from botmemory.runtime import Runtime, now_ms
 from botmemory.validation import check_id
 from graph import chats, conversation, entries, identity
@@ -34,10 +34,7 @@ PURGE_PREFIXES = ("from:", "chat:", "org:", "channel:")
 async def _reader(tx: AsyncManagedTransaction, principal: Principal, bot_id: str) -> Reader:
     person_id = require_person(principal)
     assert principal.organization_id is not None
-    reader = await person_reader(tx, bot_id=bot_id, person_id=person_id, org=principal.organization_id)
-    if reader is None or not reader["usesBot"]:
-        raise NotFound("bot not found")
-    return Reader(principal.organization_id, (reader,))
+    return await user_reader(tx, bot_id=bot_id, person_id=person_id, org=principal.organization_id)
 
 
 async def remember(

@@ -135,6 +135,15 @@ async def person_reader(
     return None if record is None else record["reader"]
 
 
+async def user_reader(tx: AsyncManagedTransaction, *, bot_id: str, person_id: str, org: str) -> Reader:
+    """That person as the reader of a change they make: they must use the Bot (a grant, D9.1),
+    else the same NotFound as an unknown Bot."""
+    reader = await person_reader(tx, bot_id=bot_id, person_id=person_id, org=org)
+    if reader is None or not reader["usesBot"]:
+        raise NotFound("bot not found")
+    return Reader(org, (reader,))
+
+
 async def _cipher_of(rt: Runtime, tx: AsyncManagedTransaction, bot_id: str) -> Cipher:
     cached = rt.keyring.cached(bot_id)
     if cached is not None:

@@ -137,6 +137,9 @@ _IN_ORDER: Final = (
     + ") AS entries\n"
 )
 
+#: What a listed entry ``e`` must be: of ``$statuses``, with every tag of ``$tags``, visible.
+_LISTED: Final = "e.status IN $statuses AND all(t IN $tags WHERE t IN e.tags) AND " + VISIBLE
+
 #: The entries of a Bot a set of readers may see, in memory order (pinned first, then
 #: ``orderKey`` descending, then ``id``). Candidates come from the ``entry_audience`` index,
 #: one seek per audience key the reader holds (``$keys``: ``person:<id>``, each
@@ -147,9 +150,8 @@ _LIST_OF_KEYS: Final = (
     """
 UNWIND keys AS key
 MATCH (e:Entry)
-WHERE e.botId = $botId AND e.audienceKey = key AND e.memoryRank < $top
-  AND e.status IN $statuses AND all(t IN $tags WHERE t IN e.tags) AND """
-    + VISIBLE
+WHERE e.botId = $botId AND e.audienceKey = key AND e.memoryRank < $top AND """
+    + _LISTED
     + _IN_ORDER
 )
 
@@ -164,9 +166,8 @@ UNWIND keys AS key
 CALL (key, readers, org) {
   MATCH (e:Entry)
   WHERE e.botId = $botId AND e.audienceKey = key AND e.memoryRank <= $afterRank
-    AND CASE WHEN e.memoryRank = $afterRank THEN e.id > $afterId ELSE true END
-    AND e.status IN $statuses AND all(t IN $tags WHERE t IN e.tags) AND """
-    + VISIBLE
+    AND CASE WHEN e.memoryRank = $afterRank THEN e.id > $afterId ELSE true END AND """
+    + _LISTED
     + """
   RETURN e ORDER BY e.botId DESC, e.audienceKey DESC, e.memoryRank DESC, e.id LIMIT $limit
 }

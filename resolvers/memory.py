@@ -81,7 +81,7 @@ class MemoryQuery:
             found, version = await memory.list_entries(rt, principal, bot, tags)
             return MemoryPage(entries=[MemoryEntry.of(e) for e in found], version=version)
         page, version, next_page = await memory.list_page(
-            rt, principal, bot, tags, memory.MAX_PAGE if limit is None else limit, after
+            rt, principal, bot, tags, MAX_PAGE if limit is None else limit, after
         )
         return MemoryPage(entries=[MemoryEntry.of(e) for e in page], version=version, next=next_page)
 

@@ -12,7 +12,7 @@ from botmemory import memory
 from botmemory.changes import AddFact, Invalidate, ItemRef
 from botmemory.domain import Principal
 from botmemory.runtime import Runtime
-from tests.client import Api, make_world
+from tests.client import Api, World, make_world
 from tests.memory_helpers import apply, command, fact, said, visible
 
 
@@ -92,6 +92,18 @@ async def test_listing_decrypts_exactly_what_it_returns(api: Api, runtime: Runti
     assert entry_decryptions() - before == 3
 
 
+async def hundred_and_fifty_facts(api: Api, runtime: Runtime) -> tuple[World, list[AddFact], memory.Reader]:
+    """Ann's world with 150 facts "e000".."e149" (4 characters each) and Ann as the reader."""
+    w = await make_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    src = await said(api, w.tokens["ann"], chat, "facts")
+    changes = [AddFact(content=f"e{n:03d}", sources=(ItemRef(*src),)) for n in range(150)]
+    await apply(runtime, w.bot, *changes)
+    reader = await memory.person_reader_of(runtime, w.bot, w.people["ann"], w.org)
+    assert reader is not None
+    return w, changes, reader
+
+
 @pytest.mark.parametrize(("page", "more", "explicit"), [(64, 192, False), (4, 8, True)])
 async def test_context_fits_exactly_across_pages(
     api: Api, runtime: Runtime, monkeypatch: pytest.MonkeyPatch, page: int, more: int, explicit: bool
@@ -101,13 +113,7 @@ async def test_context_fits_exactly_across_pages(
     that, page by page in one explicit transaction (D9.8)."""
     monkeypatch.setattr(memory, "_CONTEXT_PAGE", page)
     monkeypatch.setattr(memory, "_CONTEXT_MORE", more)
-    w = await make_world(api, ("ann",))
-    chat = await api.chat(w.tokens["ann"], w.bot)
-    src = await said(api, w.tokens["ann"], chat, "facts")
-    changes = [AddFact(content=f"e{n:03d}", sources=(ItemRef(*src),)) for n in range(150)]
-    await apply(runtime, w.bot, *changes)
-    reader = await memory.person_reader_of(runtime, w.bot, w.people["ann"], w.org)
-    assert reader is not None
+    w, changes, reader = await hundred_and_fifty_facts(api, runtime)
     explicit_reads: list[object] = []
     real_read = memory.read
 
@@ -133,13 +139,7 @@ async def test_context_sizes_its_first_page_by_the_lines_it_returned(
     """The first page of context's statement holds what this Bot's lines say will fit (with a
     quarter to spare): 64 candidates per key before any answer, then budget / mean line. The
     answer is the same whatever the page."""
-    w = await make_world(api, ("ann",))
-    chat = await api.chat(w.tokens["ann"], w.bot)
-    src = await said(api, w.tokens["ann"], chat, "facts")
-    changes = [AddFact(content=f"e{n:03d}", sources=(ItemRef(*src),)) for n in range(150)]
-    await apply(runtime, w.bot, *changes)
-    reader = await memory.person_reader_of(runtime, w.bot, w.people["ann"], w.org)
-    assert reader is not None
+    w, _, reader = await hundred_and_fifty_facts(api, runtime)
     pages: list[int] = []
     real_context = memory.q.context
 
