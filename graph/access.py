@@ -115,23 +115,32 @@ WITH e, proved,
      reduce(acc = [], a IN atoms | CASE WHEN a IN acc THEN acc ELSE acc + a END) AS atoms,
      reduce(acc = [], o IN orgs | CASE WHEN o IN acc THEN acc ELSE acc + o END) AS orgs,
      reduce(acc = [], p IN excluded | CASE WHEN p IN acc THEN acc ELSE acc + p END) AS excluded
-SET e.lblProved = proved, e.lblAtoms = atoms, e.lblOrgs = orgs, e.lblExcluded = excluded,
+WITH e, proved, atoms, orgs, excluded,
+     CASE WHEN NOT proved THEN null
+       ELSE coalesce(head([a IN atoms WHERE a STARTS WITH 'person:']),
+                     head([a IN atoms WHERE a STARTS WITH 'channel:']),
+                     head([a IN atoms WHERE a = 'bot'])) END AS audienceKey
+SET e.lblProved = proved, e.lblOrgs = orgs, e.lblExcluded = excluded,
+    e.lblRequires = CASE WHEN NOT proved OR size(atoms) = 0 THEN ['#unproved']
+      ELSE atoms + [o IN orgs | '#org:' + o] + CASE WHEN size(excluded) > 0 THEN ['#excluded'] ELSE [] END END,
     e.memoryRank = CASE WHEN e.layer = 'pinned' THEN 1125899906842624 ELSE 0 END + e.orderKey,
-    e.audienceKey = CASE WHEN NOT proved THEN null
-      ELSE coalesce(head([a IN atoms WHERE a STARTS WITH 'person:']),
-                    head([a IN atoms WHERE a STARTS WITH 'channel:']),
-                    head([a IN atoms WHERE a = 'bot'])) END
+    e.audienceKey = audienceKey,
+    e.activeKey = CASE WHEN e.status = 'active' THEN audienceKey END
 """
 
 #: The derived label of DESIGN §8, computed by the same path query without a reader, for the
 #: entries ``$ids`` (callers pass the changed entries plus every dependent, see DEPENDENTS).
-#: ``lblAtoms``: every audience condition of the closure (own ``for:`` tags of each entry and
-#: every Item rule below, as ``person:<id>``, ``channel:<id>``, ``bot``); ``lblOrgs``: every
-#: organization they name; ``lblExcluded``: every Forget exclusion in the closure;
-#: ``lblProved``: the reader-independent part (proof, activity of sources, depth, loops).
-#: ``audienceKey`` is the most selective atom (an index seek key, null when unprovable) and
-#: ``memoryRank`` the memory order as one indexed number (pinned first, then ``orderKey``).
-#: Maintained under the exclusive lock by every change (C1). Hop bound 8 (D9.2).
+#: ``lblRequires``, what VISIBLE reads — one property, so a candidate costs one property read:
+#: every audience condition of the closure (the ``for:`` tags of each entry and every Item rule
+#: below, as ``person:<id>``, ``channel:<id>``, ``bot``), ``#org:<id>`` for every organization
+#: they name, ``#excluded`` when the closure holds a Forget exclusion (listed in
+#: ``lblExcluded``), and only ``#unproved`` when the reader-independent part fails (``lblProved``:
+#: proof, activity of sources, depth, loops). ``lblOrgs``: the organizations alone.
+#: ``audienceKey`` is the most selective atom (an index seek key, null when unprovable),
+#: ``activeKey`` the same for active entries only (null otherwise: the ``entry_active`` index
+#: holds just what ``context`` may return), and ``memoryRank`` the memory order as one indexed
+#: number (pinned first, then ``orderKey``). Maintained under the exclusive lock by every change
+#: (C1), which relabels every entry whose status, order or closure it touches. Hop bound 8 (D9.2).
 COMPUTE_LABELS: Final = (
     """
 UNWIND $ids AS entryId
@@ -181,12 +190,14 @@ RETURN collect(DISTINCT id) AS ids
 
 #: The label check (DESIGN §8): equal to PATH_VISIBLE after every change (a property test
 #: proves it). Channel membership and grants are still read per request through ``readers``:
-#: an entry's audience atoms must all be among the atoms the reader meets (READER_MAP).
+#: every condition of ``lblRequires`` must be met by every reader — an atom among the atoms the
+#: reader meets (READER_MAP), an organization that is the request's, no Forget exclusion of the
+#: reader; ``#unproved`` is met by no one. One property read per candidate (``lblExcluded`` only
+#: when the closure holds an exclusion): reading a property is most of a candidate's cost.
 VISIBLE: Final = """
 (size(readers) > 0
- AND e.lblProved
- AND all(o IN e.lblOrgs WHERE o = org)
- AND all(rd IN readers WHERE NOT rd.id IN e.lblExcluded AND all(a IN e.lblAtoms WHERE a IN rd.atoms)))
+ AND all(rd IN readers WHERE all(a IN e.lblRequires WHERE
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
 """
 
 #: Whether the Person ``p`` uses the Bot ``b`` in the Organization ``o``: a READ/WRITE grant,

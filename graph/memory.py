@@ -192,15 +192,25 @@ LOCK_READER_AND_LIST: Final = _LOCK_READER_AND + _LIST_OF_KEYS + "}\nRETURN vers
 LOCK_READER_AND_PAGE: Final = _LOCK_READER_AND + _PAGE_OF_KEYS + "}\nRETURN version, reader, entries\n"
 
 
+#: The seek of ``context``'s candidates: the ``entry_active`` index (active entries only, in
+#: memory order per audience key) gives rank, id and stored length without reading the node —
+#: the planner uses a composite index only with a predicate on each of its properties.
+_ACTIVE_SEEK: Final = (
+    "e.botId = $botId AND e.activeKey = key AND e.contentLength IS NOT NULL AND e.id IS NOT NULL"
+    " AND e.memoryRank < "
+)
+
+
 def _context_page(after: str, limit: str, size: str, count: str, carry: str = "") -> str:
     """One page of active candidates for ``context`` (N3) in memory order below ``after``: per
     key, an index-ordered seek with at most ``limit``; then the pages of all keys are merged. What
     fits is decided here from the stored lengths (``size`` characters and ``count`` entries used
     before, at most ``$max``; a line costs its length + 2 for "- ", + 1 for the newline before all
-    but the first). Binds ``page`` (the candidates) and ``fit`` ({size, n: how many fit, open:
-    false once one did not}); needs ``readers`` and ``org``. ``limit`` is a parameter; ``carry``
-    (", a, b") names variables the expressions use, kept through the page."""
-    line = f"x.contentLength + 2 + CASE WHEN {count} + fit.n > 0 THEN 1 ELSE 0 END"
+    but the first). Binds ``page`` (the candidates as {e, rank, id, length}) and ``fit`` ({size,
+    n: how many fit, open: false once one did not}); needs ``readers`` and ``org``. ``limit`` is
+    a parameter; ``carry`` (", a, b") names variables the expressions use, kept through the page.
+    Of a candidate only its label is read from the node; of an entry that fits, its content."""
+    line = f"x.length + 2 + CASE WHEN {count} + fit.n > 0 THEN 1 ELSE 0 END"
     return (
         """
 UNWIND $keys AS key
@@ -208,15 +218,17 @@ CALL (key, readers, org"""
         + carry
         + """) {
   MATCH (e:Entry)
-  WHERE e.botId = $botId AND e.audienceKey = key AND e.memoryRank < """
+  WHERE """
+        + _ACTIVE_SEEK
         + after
-        + " AND e.status = 'active' AND "
+        + " AND "
         + VISIBLE
         + f"""
-  RETURN e ORDER BY e.botId DESC, e.audienceKey DESC, e.memoryRank DESC LIMIT {limit}
+  RETURN e, e.memoryRank AS rank, e.id AS id, e.contentLength AS length
+  ORDER BY e.botId DESC, e.activeKey DESC, e.memoryRank DESC LIMIT {limit}
 }}
-WITH e{carry} ORDER BY e.memoryRank DESC, e.id LIMIT {limit}
-WITH {carry[2:] + ", " if carry else ""}collect(e) AS page
+WITH e, rank, id, length{carry} ORDER BY rank DESC, id LIMIT {limit}
+WITH {carry[2:] + ", " if carry else ""}collect({{e: e, rank: rank, id: id, length: length}}) AS page
 WITH page, reduce(fit = {{size: {size}, n: 0, open: true}}, x IN page |
   CASE WHEN fit.open AND fit.size + {line} <= $max
        THEN {{size: fit.size + {line}, n: fit.n + 1, open: true}}
@@ -226,7 +238,7 @@ WITH page, reduce(fit = {{size: {size}, n: 0, open: true}}, x IN page |
 
 
 #: The entries of a page that fit: id, rank and ciphertext.
-_FITTING: Final = "[x IN page[0..fit.n] | {id: x.id, rank: x.memoryRank, content: x.content}]"
+_FITTING: Final = "[x IN page[0..fit.n] | {id: x.id, rank: x.rank, content: x.e.content}]"
 
 #: One page (see _context_page) below ``$after`` after ``$size`` characters and ``$count``
 #: entries: the entries that fit come back with their ciphertext; ``open`` is false once one did
@@ -268,7 +280,9 @@ WITH $readers AS readers, $org AS org
 UNWIND $keys AS key
 CALL (key, readers, org) {
   MATCH (e:Entry)
-  WHERE e.botId = $botId AND e.audienceKey = key AND e.memoryRank < $top AND e.status = 'active' AND """
+  WHERE """
+    + _ACTIVE_SEEK
+    + "$top AND "
     + VISIBLE
     + """
   RETURN e.id AS id LIMIT 1

@@ -76,12 +76,26 @@ MIGRATIONS: Final[tuple[tuple[int, tuple[LiteralString, ...]], ...]] = (
             "CREATE CONSTRAINT chat_summary_id IF NOT EXISTS FOR (n:ChatSummary) REQUIRE n.chatId IS UNIQUE",
         ),
     ),
+    (
+        6,
+        (
+            # context's candidates: active entries only, per audience key in memory order, with
+            # the id and stored length a candidate needs read from the index, not the node (§8).
+            "CREATE INDEX entry_active IF NOT EXISTS FOR (n:Entry)"
+            " ON (n.botId, n.activeKey, n.memoryRank, n.contentLength, n.id)",
+        ),
+    ),
 )
 
+#: Entries whose labels predate the current label properties: without ``memoryRank`` (before
+#: version 2) or without ``lblRequires`` (before version 6).
 _UNLABELLED: Final = """
-MATCH (e:Entry) WHERE e.memoryRank IS NULL
+MATCH (e:Entry) WHERE e.lblRequires IS NULL
 RETURN e.botId AS botId, collect(e.id) AS ids
 """
+
+#: The label property that ``lblRequires`` replaced (version 6).
+_DROP_OLD_LABEL: Final = "MATCH (e:Entry {botId: $botId}) WHERE e.lblAtoms IS NOT NULL REMOVE e.lblAtoms"
 
 LATEST: Final = MIGRATIONS[-1][0]
 
@@ -111,7 +125,7 @@ async def migrate(driver: AsyncDriver) -> int:
             continue
         for statement in statements:
             await driver.execute_query(statement)
-        if version == 2:
+        if version in (2, 6):
             await _label_existing_entries(driver)
         await driver.execute_query(_WRITE_VERSION, version=version)
         applied = version
@@ -119,7 +133,8 @@ async def migrate(driver: AsyncDriver) -> int:
 
 
 async def _label_existing_entries(driver: AsyncDriver) -> None:
-    """Entries written before labels existed get theirs (one transaction per Bot, under its lock)."""
+    """Entries labelled before the current label properties existed (or not at all) get them,
+    one transaction per Bot under its lock."""
     records, _, _ = await driver.execute_query(_UNLABELLED)
     for record in records:
         bot_id, ids = record["botId"], list(record["ids"])
@@ -127,6 +142,7 @@ async def _label_existing_entries(driver: AsyncDriver) -> None:
         async def work(tx: AsyncManagedTransaction, bot_id: str = bot_id, ids: list[str] = ids) -> None:
             await tx.run("MATCH (m:Memory {id: $botId}) CALL apoc.lock.nodes([m])", botId=bot_id)
             await access.compute_labels(tx, bot_id=bot_id, ids=ids)
+            await tx.run(_DROP_OLD_LABEL, botId=bot_id)
 
         async with driver.session() as session:
             await session.execute_write(work)

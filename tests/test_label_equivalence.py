@@ -43,7 +43,8 @@ WITH o.id AS org, ["""
     + READER_MAP
     + """] AS readers
 MATCH (e:Entry {botId: $botId})
-RETURN e.id AS id, """
+RETURN e.id AS id, e.status = 'active' AS active, e.audienceKey AS audienceKey, e.activeKey AS activeKey,
+       e.memoryRank = CASE WHEN e.layer = 'pinned' THEN 1125899906842624 ELSE 0 END + e.orderKey AS ranked, """
     + PATH_VISIBLE
     + " AS path, "
     + VISIBLE
@@ -99,6 +100,9 @@ async def compare(rt: Runtime, world: World) -> None:
         records, _, _ = await rt.driver.execute_query(COMPARE, personId=principal.person_id, botId=world.bot)
         for record in records:
             assert record["path"] == record["label"], (principal.person_id, record["id"], dict(record))
+            # The seek keys follow every change too: context's index holds active entries only.
+            assert record["activeKey"] == (record["audienceKey"] if record["active"] else None), dict(record)
+            assert record["ranked"], dict(record)
 
 
 OPS = st.lists(

@@ -6,12 +6,15 @@ import pytest
 from neo4j import AsyncSession
 from neo4j.exceptions import ClientError, TransientError
 
+from botmemory import memory
+from botmemory.changes import Invalidate
 from botmemory.runtime import Runtime
 from botmemory.settings import Settings
 from graph.driver import AUTOCOMMIT_ATTEMPTS, autocommit, single
 from graph.migrations import LATEST, current_version, migrate
 from resolvers.schema import SNAPSHOT, build_schema
-from tests.client import Api
+from tests.client import Api, make_world
+from tests.memory_helpers import apply, fact, said
 
 
 async def test_healthz_checks_neo4j_and_redis(api: Api) -> None:
@@ -37,6 +40,37 @@ async def test_migrations_are_idempotent_and_recorded(runtime: Runtime) -> None:
     assert first == second == LATEST == await current_version(runtime.driver)
     assert await constraints() == names
     assert {"entry_id", "chat_id", "item_uid", "token_hash", "bot_id"} <= names
+
+
+async def test_migration_6_relabels_entries_that_carry_the_older_labels(api: Api, runtime: Runtime) -> None:
+    """Entries labelled before version 6 (``lblAtoms``, no ``lblRequires`` nor ``activeKey``)
+    are invisible to the current check until the migration relabels them; after it, context
+    finds the active one and not the invalidated one, and the old property is gone."""
+    w = await make_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    src = await said(api, w.tokens["ann"], chat, "facts")
+    kept = await fact(runtime, w.bot, "kept", src)
+    gone = await fact(runtime, w.bot, "gone", src)
+    await apply(runtime, w.bot, Invalidate(gone))
+    await runtime.driver.execute_query(
+        "MATCH (e:Entry {botId: $botId}) SET e.lblAtoms = e.lblRequires REMOVE e.lblRequires, e.activeKey",
+        botId=w.bot,
+    )
+    await runtime.driver.execute_query("MATCH (s:SchemaVersion {id: 'schema'}) SET s.version = 5")
+    reader = await memory.person_reader_of(runtime, w.bot, w.people["ann"], w.org)
+    assert reader is not None
+    assert not await memory.has_entries(runtime, w.bot, reader)
+
+    assert await migrate(runtime.driver) == LATEST
+    assert (await memory.context(runtime, w.bot, reader, limit=100)).ids == (kept,)
+    records, _, _ = await runtime.driver.execute_query(
+        "MATCH (e:Entry {botId: $botId}) RETURN e.id AS id, e.lblAtoms AS old, e.activeKey AS key",
+        botId=w.bot,
+    )
+    assert {r["id"]: (r["old"], r["key"]) for r in records} == {
+        kept: (None, f"person:{w.people['ann']}"),
+        gone: (None, None),
+    }
 
 
 def test_schema_snapshot_is_current(settings: Settings) -> None:
