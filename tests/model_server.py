@@ -43,6 +43,7 @@ class Reply:
     tool_calls: list[ToolCall] = field(default_factory=list[ToolCall])
     usage: tuple[int, int] | None = (10, 5)
     delay: float = 0.0
+    hold: threading.Event | None = None  # when given, the answer waits until the test sets it
     status: int = 200
     body: bytes | None = None
     model: str | None = None
@@ -237,6 +238,9 @@ class _Handler(BaseHTTPRequestHandler):
         reply = server.take(Recorded(headers.get(TASK_HEADER.lower()), path, headers, body, time.monotonic()))
         if reply.delay > 0 and server.stopping.wait(reply.delay):
             return  # the server is stopping
+        while reply.hold is not None and not reply.hold.wait(0.05):
+            if server.stopping.is_set():
+                return
         if reply.body is not None:
             self._send(reply.status, reply.body)
         elif reply.status != 200:

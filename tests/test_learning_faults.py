@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 
@@ -208,16 +209,20 @@ async def test_the_model_call_runs_outside_the_memory_lock(
     w = await memory_world(api, ("ann",))
     chat = await api.chat(w.tokens["ann"], w.bot)
     turn = await api.turn(w.tokens["ann"], chat, "I play the cello")
-    model_server.default("learn", learn(fact_call("Ann plays the cello", "i-1"), delay=1.2))
+    answer = threading.Event()
+    model_server.default("learn", learn(fact_call("Ann plays the cello", "i-1"), hold=answer))
     await confide(api, w.tokens["ann"], turn["id"])
     await complete(api, w.tokens["ann"], turn["id"])
     await model_server.wait_for_requests("learn", 1)
-    started = time.monotonic()
-    remembered = await command(
-        api, w.tokens["ann"], w.bot, {"_tag": "Remember", "content": "cello on Tuesdays"}
-    )
-    assert remembered.status_code == 201
-    assert time.monotonic() - started < 0.8  # not waiting for the model's 1.2 s
+    try:  # the model does not answer until the Remember is through: a lock held across the call would stall it
+        remembered = await asyncio.wait_for(
+            command(api, w.tokens["ann"], w.bot, {"_tag": "Remember", "content": "cello on Tuesdays"}), 30
+        )
+        assert remembered.status_code == 201
+        now = await visible(api, w.tokens["ann"], w.bot)
+        assert [e["content"] for e in now.values()] == ["cello on Tuesdays"]
+    finally:
+        answer.set()
     [x] = await wait_executions(runtime, turn["id"])
     assert x["status"] == "done"
     assert sorted(e["content"] for e in (await visible(api, w.tokens["ann"], w.bot)).values()) == [
