@@ -12,13 +12,14 @@ from botmemory.changes import (
     LegacyEntry,
     MemoryChange,
     Remember,
+    RenameTopic,
     SetTopics,
     Share,
     apply_changes,
     import_legacy,
     relabel_all,
 )
-from botmemory.errors import Conflict, NotFound
+from botmemory.errors import BadInput, Conflict, NotFound
 from botmemory.runtime import Runtime
 from graph.entries import REFUSALS
 from tests.client import Api, make_world
@@ -438,6 +439,62 @@ async def test_tag_and_status_changes_keep_ciphertext_and_log_every_change(
     versions = [c["version"] for c in log["memoryLog"]["changes"]]
     assert versions[:3] == [v2, v2 - 1, v2 - 2] and log["memoryLog"]["version"] == v2
     assert {c["actor"] for c in log["memoryLog"]["changes"]} == {"memory_bot"}
+
+
+async def test_topics_are_set_and_a_rename_covers_every_matching_entry(api: Api, runtime: Runtime) -> None:
+    """L4: a topic rename covers every matching entry, far beyond learningContext's 300; V8:
+    only topics, never colon tags; E3: the ciphertext stays; C2: one version, one log row."""
+    w = await make_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    src = await said(api, w.tokens["ann"], chat, "trips")
+    trips: list[MemoryChange] = [
+        AddFact(content=f"trip {n}", sources=(ItemRef(*src),), topics=("trip",)) for n in range(340)
+    ]
+    both = AddFact(content="trip and travel", sources=(ItemRef(*src),), topics=("trip", "travel"))
+    other = AddFact(content="not a trip", sources=(ItemRef(*src),), topics=("work",))
+    await apply_changes(runtime, w.bot, [*trips, both, other], "memory_bot")
+    renamed = {c.id for c in trips} | {both.id}
+
+    async def stored() -> tuple[dict[str, tuple[bytes, list[str]]], int]:
+        records, _, _ = await runtime.driver.execute_query(
+            "MATCH (m:Memory {id: $b})<-[:IN_MEMORY]-(e:Entry) RETURN m.version AS v, e.id AS id, e.content AS c, e.tags AS t",
+            b=w.bot,
+        )
+        return {r["id"]: (bytes(r["c"]), list(r["t"])) for r in records}, int(records[0]["v"])
+
+    before, v0 = await stored()
+    # Bad topics are refused before anything is written (V8).
+    for bad in (
+        RenameTopic("trip", "for:bot"),
+        RenameTopic("trip", "Not A Topic"),
+        SetTopics(other.id, ("org:x",)),
+    ):
+        with pytest.raises(BadInput):
+            await apply(runtime, w.bot, bad)
+    assert await stored() == (before, v0)
+
+    applied = await apply(runtime, w.bot, RenameTopic("trip", "travel"))
+    after, v1 = await stored()
+    assert set(applied.entry_ids) == renamed and v1 == v0 + 1 == applied.version
+    for entry_id, (blob, tags) in after.items():
+        assert blob == before[entry_id][0]  # E3: byte-identical
+        colon = [t for t in before[entry_id][1] if ":" in t]
+        assert [t for t in tags if ":" in t] == colon  # who sees it is untouched
+        topics = [t for t in tags if ":" not in t]
+        assert topics == (["travel"] if entry_id in renamed else ["work"]), (entry_id, tags)
+    listed = await visible(api, w.tokens["ann"], w.bot, tags="travel")
+    assert set(listed) == renamed and await visible(api, w.tokens["ann"], w.bot, tags="trip") == {}
+    log = await api.http.get(
+        f"/v1/bots/{w.bot}/memory/log", headers={"Authorization": f"Bearer {w.tokens['ann']}"}
+    )
+    newest = log.json()["changes"][0]
+    assert newest["version"] == v1 and set(newest["ids"]) == renamed
+
+    # set_topics replaces an entry's topics and keeps its colon tags.
+    await apply(runtime, w.bot, SetTopics(other.id, ("work", "plans")))
+    tags = (await visible(api, w.tokens["ann"], w.bot))[other.id]["tags"]
+    assert [t for t in tags if ":" not in t] == ["work", "plans"]
+    assert [t for t in tags if ":" in t] == [t for t in before[other.id][1] if ":" in t]
 
 
 async def test_a_refused_new_entry_writes_nothing_of_its_change(api: Api, runtime: Runtime) -> None:
