@@ -447,9 +447,7 @@ async def test_topics_are_set_and_a_rename_covers_every_matching_entry(api: Api,
     w = await make_world(api, ("ann",))
     chat = await api.chat(w.tokens["ann"], w.bot)
     src = await said(api, w.tokens["ann"], chat, "trips")
-    trips: list[MemoryChange] = [
-        AddFact(content=f"trip {n}", sources=(ItemRef(*src),), topics=("trip",)) for n in range(340)
-    ]
+    trips = [AddFact(content=f"trip {n}", sources=(ItemRef(*src),), topics=("trip",)) for n in range(340)]
     both = AddFact(content="trip and travel", sources=(ItemRef(*src),), topics=("trip", "travel"))
     other = AddFact(content="not a trip", sources=(ItemRef(*src),), topics=("work",))
     await apply_changes(runtime, w.bot, [*trips, both, other], "memory_bot")
