@@ -23,6 +23,9 @@ from botmemory.changes import (
     ItemRef,
     LegacyEntry,
     Remember,
+    RenameTopic,
+    Revise,
+    SetTopics,
     Share,
     apply_changes,
     import_legacy,
@@ -119,6 +122,9 @@ OPS = st.lists(
                 "members",
                 "grant",
                 "legacy",
+                "revise",
+                "topics",
+                "history",
             ]
         ),
         st.integers(0, 100),
@@ -177,6 +183,15 @@ async def step(rt: Runtime, world: World, op: str, a: int, b: int, c: int) -> No
                 legacy = LegacyEntry(content="old", tags=(f"for:person:{pid}", f"org:{world.org}"))
                 await import_legacy(rt, world.bot, [legacy])
                 world.entries.append(legacy.id)
+            case "revise":  # new content moves the entry in memory order (memoryRank, D9.14)
+                await apply_changes(rt, world.bot, [Revise(pick, f"revised {a}")], "memory_bot")
+            case "topics":
+                change = SetTopics(pick, ("plans",)) if c % 2 else RenameTopic("plans", "trips")
+                await apply_changes(rt, world.bot, [change], "memory_bot")
+            case "history":  # V13: the Items' text goes, their rules and what was learned stay
+                key = list(world.chats)[a % len(world.chats)]
+                owner = world.people[key.split("-")[0]]
+                await commands.delete_chat_history(rt, owner, world.chats[key])
             case _:
                 pass
     except ServiceError:
@@ -193,6 +208,7 @@ async def step(rt: Runtime, world: World, op: str, a: int, b: int, c: int) -> No
 @example(program=[("fact", 0, 0, 0), ("observation", 0, 0, 0), ("invalidate", 0, 0, 0)])
 @example(program=[("fact", 3, 0, 0), ("observation", 0, 0, 0), ("forget", 1, 0, 0)])
 @example(program=[("fact", 3, 0, 0), ("observation", 0, 0, 0), ("share", 0, 0, 0)])
+@example(program=[("fact", 0, 0, 0), ("revise", 0, 2, 0), ("topics", 0, 2, 1), ("history", 0, 0, 0)])
 async def test_label_equals_path_query_after_every_change(runtime: Runtime, program: list[Any]) -> None:
     world = await make_world(runtime)
     await compare(runtime, world)
