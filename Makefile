@@ -1,6 +1,6 @@
 # Developer and CI entry points. Everything runs from the project venv (.venv).
 #   make install    create .venv (if missing) and install the package with its dev extra
-#   make up         local stack: Neo4j + Redis + API + worker (python -m botmemory.devstack up)
+#   make up         local stack: Neo4j + Redis + API + worker (python -m tools.devstack up)
 #   make down       stop the local stack and the test stack
 #   make test       start the test-profile Neo4j/Redis, then pytest (extra flags: make test ARGS='-k foo')
 #   make test-deep  the Hypothesis access-model and label tests with 200 examples
@@ -37,39 +37,39 @@ $(PY):
 	$(MAKE) install
 
 up: | $(PY)
-	$(PY) -m botmemory.devstack up
+	$(PY) -m tools.devstack up
 
 down:
 	@if [ -x $(PY) ]; then \
 		rc=0; \
-		$(PY) -m botmemory.devstack down || rc=1; \
-		$(TEST_ENV) $(PY) -m botmemory.devstack down || rc=1; \
+		$(PY) -m tools.devstack down || rc=1; \
+		$(TEST_ENV) $(PY) -m tools.devstack down || rc=1; \
 		exit $$rc; \
 	fi
 
 status: | $(PY)
-	$(PY) -m botmemory.devstack status
-	$(TEST_ENV) $(PY) -m botmemory.devstack status
+	$(PY) -m tools.devstack status
+	$(TEST_ENV) $(PY) -m tools.devstack status
 
 test: | $(PY)
-	$(TEST_ENV) $(PY) -m botmemory.devstack services
+	$(TEST_ENV) $(PY) -m tools.devstack services
 	$(TEST_ENV) $(VENV)/bin/pytest $(ARGS)
 
 # The property tests run deeper than in CI (about 5–10 minutes here).
 test-deep: | $(PY)
-	$(TEST_ENV) $(PY) -m botmemory.devstack services
+	$(TEST_ENV) $(PY) -m tools.devstack services
 	BOTMEMORY_HYPOTHESIS_EXAMPLES=200 BOTMEMORY_HYPOTHESIS_STEPS=40 $(TEST_ENV) $(VENV)/bin/pytest -q \
 		tests/test_access_model.py tests/test_label_equivalence.py $(ARGS)
 
 # Benchmarks against the test-profile stack (own ids, cleaned up after): make bench ARGS='--quick'
 bench: | $(PY)
-	$(TEST_ENV) $(PY) -m botmemory.devstack services
+	$(TEST_ENV) $(PY) -m tools.devstack services
 	$(TEST_ENV) $(PY) -m bench.memory_bench $(ARGS)
 
 # Learning overhead (latency and throughput, scripted model) with its own workers on Redis db 5,
 # apart from a test suite's queue on db 0: make bench-learning ARGS='--quick'
 bench-learning: | $(PY)
-	$(TEST_ENV) $(PY) -m botmemory.devstack services
+	$(TEST_ENV) $(PY) -m tools.devstack services
 	$(TEST_ENV) BOTMEMORY_REDIS_URL=redis://127.0.0.1:$(TEST_REDIS_PORT)/5 $(PY) -m bench.learning_bench $(ARGS)
 
 lint: | $(PY)
@@ -81,4 +81,4 @@ typecheck: | $(PY)
 
 # A guided tour against the running stack (`make up`): make demo [DEMO_MODEL=gpt-4o-mini]
 demo: | $(PY)
-	$(PY) -m botmemory.demo $(if $(DEMO_MODEL),--model $(DEMO_MODEL),)
+	$(PY) -m tools.demo $(if $(DEMO_MODEL),--model $(DEMO_MODEL),)

@@ -50,14 +50,15 @@ from neo4j import AsyncManagedTransaction
 
 from bench.memory_bench import delete_bot_data, fmt_ms, log, machine, pct, verdict
 from bench.report import machine_state, run_header, write_results
-from botmemory import chats, memorybot, provisioning
-from botmemory.bootstrap import open_runtime
-from botmemory.domain import Access, Principal
-from botmemory.runtime import Runtime
-from botmemory.settings import Settings, load_settings
 from graph.driver import read, rows, single, write
 from graph.learning import ENDS
+from learning import memorybot
 from learning.worker import WorkerProcess
+from services import chats, provisioning
+from services.bootstrap import open_runtime
+from services.domain import Access, Principal
+from services.runtime import Runtime
+from services.settings import Settings, load_settings
 from tests.model_server import ModelServer, Reply, ToolCall
 
 BENCH_DIR = Path(__file__).resolve().parent

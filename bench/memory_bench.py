@@ -14,7 +14,7 @@ leaves it). What is measured, per pool and per reader kind (``most``, ``1%``, ``
 * GET memory (``memory.list_entries``), ``memory.context(limit=4000)``, ``memory.has_entries``,
   each side by side with an unchecked raw Cypher read of the same rows in the same loop
   (alternating order), plus decryptions per call vs entries returned and a round-trip breakdown;
-* Remember and Forget (``botmemory.commands``), ``apply_changes`` of 10 new entries, and an
+* Remember and Forget (``services.commands``), ``apply_changes`` of 10 new entries, and an
   Invalidate of one fact that has dependents;
 * a change event delivered by ``ChangeHub.deliver`` to 1,000 open subscriptions of mixed readers.
 
@@ -49,10 +49,12 @@ from prometheus_client import REGISTRY
 
 from bench import fanout
 from bench.report import machine_state, run_header, write_results
-from botmemory import chats, commands, memory, provisioning
-from botmemory.bootstrap import open_runtime
-from botmemory.changefeed import ChangeHub
-from botmemory.changes import (
+from botmemory.serve import ServerProcess
+from graph.driver import autocommit, read, rows, single, write
+from services import chats, commands, memory, provisioning
+from services.bootstrap import open_runtime
+from services.changefeed import ChangeHub
+from services.changes import (
     AddFact,
     AddObservation,
     Invalidate,
@@ -61,13 +63,11 @@ from botmemory.changes import (
     Remember,
     apply_changes,
 )
-from botmemory.crypto import Cipher
-from botmemory.domain import Access, Principal
-from botmemory.errors import Conflict
-from botmemory.runtime import Runtime
-from botmemory.serve import ServerProcess
-from botmemory.settings import load_settings
-from graph.driver import autocommit, read, rows, single, write
+from services.crypto import Cipher
+from services.domain import Access, Principal
+from services.errors import Conflict
+from services.runtime import Runtime
+from services.settings import load_settings
 
 BENCH_DIR = Path(__file__).resolve().parent
 ORG_PREFIX = "botmemory-bench-"

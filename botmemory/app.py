@@ -23,18 +23,19 @@ from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL
 from strawberry.types import ExecutionResult
 from strawberry.types.unset import UNSET, UnsetType
 
-from botmemory import metrics, rest
-from botmemory.bootstrap import open_runtime
-from botmemory.changefeed import ChangeHub
-from botmemory.errors import ServiceError
-from botmemory.logs import configure_logging
-from botmemory.runtime import Runtime
-from botmemory.settings import Settings, load_settings
-from botmemory.turnfeed import TurnHub
+from botmemory import rest
 from resolvers.schema import build_schema
 from schema.context import Context
 from schema.errors import with_code
 from schema.fanout import encode_next
+from services import metrics
+from services.bootstrap import open_runtime
+from services.changefeed import ChangeHub
+from services.errors import ServiceError
+from services.logs import configure_logging
+from services.runtime import Runtime
+from services.settings import Settings, load_settings
+from services.turnfeed import TurnHub
 
 log = logging.getLogger("botmemory.api")
 

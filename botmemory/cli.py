@@ -11,10 +11,10 @@ import secrets
 import sys
 from pathlib import Path
 
-from botmemory.bootstrap import open_runtime
-from botmemory.changes import LegacyEntry, import_legacy, relabel_all
-from botmemory.rotation import rotate_data_keys
-from botmemory.settings import Settings, load_settings
+from services.bootstrap import open_runtime
+from services.changes import LegacyEntry, import_legacy, relabel_all
+from services.rotation import rotate_data_keys
+from services.settings import Settings, load_settings
 
 
 def new_master_key() -> str:

@@ -9,11 +9,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from botmemory import chats, commands, conversation, enrichment, memory, memorybot
-from botmemory.auth import authenticate
-from botmemory.domain import Item, Principal
-from botmemory.errors import BadInput
-from botmemory.runtime import Runtime
+from learning import conversation, enrichment, memorybot
+from services import chats, commands, memory
+from services.auth import authenticate
+from services.domain import Item, Principal
+from services.errors import BadInput
+from services.runtime import Runtime
 
 
 def runtime_of(request: Request) -> Runtime:

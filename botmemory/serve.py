@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 import uvicorn
 
-from botmemory.settings import load_settings
+from services.settings import load_settings
 
 
 def main(argv: Sequence[str] | None = None) -> None:

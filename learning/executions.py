@@ -20,11 +20,13 @@ from typing import Any
 
 from neo4j import AsyncManagedTransaction
 
-from botmemory.changes import AddFact, AddObservation, MemoryChange, apply_changes
-from botmemory.crypto import Cipher
-from botmemory.errors import ServiceError
-from botmemory.memorybot import MemoryBotSettings, load_route, release_budget_waiting, system_prompt
-from botmemory.model import (
+from graph import learning as q
+from graph import memorybot
+from graph.driver import read, write
+from graph.memory import shared_lock
+from learning import protocol
+from learning.memorybot import MemoryBotSettings, load_route, release_budget_waiting, system_prompt
+from learning.model import (
     RESULT_KIND,
     Completion,
     ModelUnavailable,
@@ -33,13 +35,11 @@ from botmemory.model import (
     current_period,
     request_hash,
 )
-from botmemory.runtime import Runtime, now_ms
-from graph import learning as q
-from graph import memorybot
-from graph.driver import read, write
-from graph.memory import shared_lock
-from learning import protocol
-from learning.queue import enqueue_executions
+from services.changes import AddFact, AddObservation, MemoryChange, apply_changes
+from services.crypto import Cipher
+from services.errors import ServiceError
+from services.queue import enqueue_executions
+from services.runtime import Runtime, now_ms
 
 log = logging.getLogger("botmemory.learning")
 

@@ -13,7 +13,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, cast
 
-from botmemory.changes import (
+from learning.model import ToolCall
+from services.changes import (
     MAX_CONTENT_CHARS,
     MAX_TOPICS,
     AddFact,
@@ -25,9 +26,8 @@ from botmemory.changes import (
     SetTopics,
     Share,
 )
-from botmemory.ids import new_id
-from botmemory.memory import TOPIC
-from botmemory.model import ToolCall
+from services.ids import new_id
+from services.memory import TOPIC
 
 MAX_TOOL_CALLS = 200
 

@@ -22,13 +22,13 @@ from arq import cron
 from arq.connections import RedisSettings
 from arq.worker import run_worker
 
-from botmemory import conversation, metrics
-from botmemory.bootstrap import open_runtime
-from botmemory.logs import configure_logging
-from botmemory.runtime import Runtime, now_ms
-from botmemory.settings import load_settings
-from learning import queue
+from learning import conversation
 from learning.executions import Runner, sweeper
+from services import metrics, queue
+from services.bootstrap import open_runtime
+from services.logs import configure_logging
+from services.runtime import Runtime, now_ms
+from services.settings import load_settings
 
 log = logging.getLogger("botmemory.worker")
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import strawberry
 
-from botmemory import commands, memory, sourcegraph
-from botmemory.memory import MAX_PAGE
 from schema.context import Info
 from schema.memory import (
     HistoryDeleted,
@@ -21,6 +19,8 @@ from schema.memory import (
     VersionPayload,
 )
 from schema.types import Long
+from services import commands, memory, sourcegraph
+from services.memory import MAX_PAGE
 
 
 @strawberry.type

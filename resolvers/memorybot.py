@@ -6,7 +6,7 @@ from typing import Any
 
 import strawberry
 
-from botmemory import enrichment, memorybot
+from learning import enrichment, memorybot
 from schema.context import Info
 from schema.memorybot import BudgetInput, Confession, ConfideAnswer, Enrichment, MemoryBot
 

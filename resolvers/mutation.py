@@ -6,7 +6,7 @@ import time
 
 import strawberry
 
-from botmemory import chats, enrichment, provisioning, runner
+from learning import enrichment, runner
 from resolvers.memory import MemoryMutation
 from resolvers.memorybot import MemoryBotMutation
 from schema.context import Info
@@ -24,6 +24,7 @@ from schema.types import (
     TokenRef,
     Turn,
 )
+from services import chats, provisioning
 
 
 @strawberry.type

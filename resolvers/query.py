@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import strawberry
 
-from botmemory import chats, conversation, provisioning
+from learning import conversation
 from resolvers.memory import MemoryQuery
 from resolvers.memorybot import MemoryBotQuery
 from schema.context import Info
@@ -19,6 +19,7 @@ from schema.types import (
     Person,
     Preference,
 )
+from services import chats, provisioning
 
 
 @strawberry.type

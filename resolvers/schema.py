@@ -18,13 +18,13 @@ from strawberry.extensions.runner import SchemaExtensionsRunner
 from strawberry.schema.config import StrawberryConfig
 from strawberry.types import ExecutionContext
 
-from botmemory.settings import Settings
 from resolvers.mutation import Mutation
 from resolvers.query import Query
 from resolvers.subscription import Subscription
 from schema.errors import ErrorCodes
 from schema.fanout import EventExecutor, ExtensionsRunner
 from schema.types import LONG_SCALAR, Long
+from services.settings import Settings
 
 SNAPSHOT = Path(__file__).resolve().parent.parent / "schema" / "schema.graphql"
 

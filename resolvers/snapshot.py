@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from botmemory.settings import Settings
 from resolvers.schema import SNAPSHOT, build_schema
+from services.settings import Settings
 
 if __name__ == "__main__":
     SNAPSHOT.write_text(str(build_schema(Settings())) + "\n")

@@ -7,12 +7,12 @@ from weakref import WeakKeyDictionary
 
 import strawberry
 
-from botmemory import chats, memory
-from botmemory.changefeed import ChangeEvent
-from botmemory.errors import Forbidden, NotFound, TooSlow, Unauthenticated
 from schema.context import Info
 from schema.memory import MemoryChangeEvent
 from schema.types import TurnEvent
+from services import chats, memory
+from services.changefeed import ChangeEvent
+from services.errors import Forbidden, NotFound, TooSlow, Unauthenticated
 
 #: One GraphQL view per change event, for every local subscriber it goes to (schema.fanout).
 _VIEWS: WeakKeyDictionary[ChangeEvent, MemoryChangeEvent] = WeakKeyDictionary()

@@ -6,11 +6,11 @@ from dataclasses import dataclass, field
 
 from strawberry.types import Info as _Info
 
-from botmemory.auth import authenticate
-from botmemory.changefeed import ChangeHub
-from botmemory.domain import Principal
-from botmemory.runtime import Runtime
-from botmemory.turnfeed import TurnHub
+from services.auth import authenticate
+from services.changefeed import ChangeHub
+from services.domain import Principal
+from services.runtime import Runtime
+from services.turnfeed import TurnHub
 
 
 @dataclass(slots=True)

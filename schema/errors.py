@@ -9,8 +9,8 @@ from collections.abc import Iterator
 from graphql import GraphQLError
 from strawberry.extensions import SchemaExtension
 
-from botmemory import metrics
-from botmemory.errors import ServiceError
+from services import metrics
+from services.errors import ServiceError
 
 log = logging.getLogger("botmemory.graphql")
 

@@ -1,7 +1,7 @@
 """Subscription events executed and serialised once for all the subscribers they go to.
 
 The change feed hands every local subscriber with the same visible entries the same event
-object (``botmemory.changefeed``). Each subscription still runs graphql-core's per-event
+object (``services.changefeed``). Each subscription still runs graphql-core's per-event
 execution, but ``EventExecutor`` keys the result on the event: subscribers of one event with
 the same operation (document text, operation name, variable values) share one execution, and
 its ``data`` is a ``SharedData`` whose JSON is encoded once, on first send
@@ -25,7 +25,7 @@ from strawberry.schema.schema import StrawberryGraphQLCoreExecutionContext
 from strawberry.types import ExecutionContext, StreamExecutionResult
 from strawberry.utils.await_maybe import await_maybe
 
-from botmemory import metrics
+from services import metrics
 
 OperationKey = tuple[str, str | None, str]
 

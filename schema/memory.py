@@ -7,10 +7,10 @@ import dataclasses
 import strawberry
 from graphql import ExecutionResult
 
-from botmemory import memory
-from botmemory.changefeed import ChangeEvent
 from schema.fanout import OperationKey
 from schema.types import Long
+from services import memory
+from services.changefeed import ChangeEvent
 
 
 @strawberry.type

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import strawberry
 
-from botmemory import enrichment, memorybot
+from learning import enrichment, memorybot
 from schema.types import Long
 
 

@@ -6,8 +6,8 @@ from typing import NewType
 
 import strawberry
 
-from botmemory import chats, domain
 from schema.context import Info
+from services import chats, domain
 
 Long = NewType("Long", int)
 LONG_SCALAR = strawberry.scalar(

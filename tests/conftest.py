@@ -11,11 +11,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from botmemory.bootstrap import open_runtime
-from botmemory.runtime import Runtime
 from botmemory.serve import ServerProcess
-from botmemory.settings import Settings, load_settings
 from learning.worker import WorkerProcess as _WorkerProcess
+from services.bootstrap import open_runtime
+from services.runtime import Runtime
+from services.settings import Settings, load_settings
 from tests.client import Api
 from tests.model_server import ModelServer
 

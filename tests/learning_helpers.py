@@ -7,8 +7,8 @@ import asyncio
 import time
 from typing import Any
 
-from botmemory.runtime import Runtime
 from graph.learning import ENDS
+from services.runtime import Runtime
 from tests.client import Api, World, make_world
 from tests.conftest import TEST_MODEL
 from tests.model_server import Reply, ToolCall

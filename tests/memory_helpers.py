@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from botmemory.changes import AddFact, AddObservation, Applied, ItemRef, MemoryChange, apply_changes
-from botmemory.runtime import Runtime
+from services.changes import AddFact, AddObservation, Applied, ItemRef, MemoryChange, apply_changes
+from services.runtime import Runtime
 from tests.client import Api
 
 

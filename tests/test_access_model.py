@@ -47,7 +47,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from botmemory.changes import (
+from services.changes import (
     AddFact,
     AddObservation,
     Invalidate,
@@ -58,10 +58,10 @@ from botmemory.changes import (
     apply_changes,
     import_legacy,
 )
-from botmemory.domain import Principal
-from botmemory.errors import Conflict, ServiceError
-from botmemory.memory import Entry, list_entries
-from botmemory.runtime import Runtime
+from services.domain import Principal
+from services.errors import Conflict, ServiceError
+from services.memory import Entry, list_entries
+from services.runtime import Runtime
 from tests.client import Api, GraphQLErrors, make_world
 from tests.memory_helpers import command, said
 from tests.reference_model import Model, Refused, View

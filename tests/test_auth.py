@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from botmemory.ids import hash_token
-from botmemory.runtime import Runtime, now_ms
+from services.ids import hash_token
+from services.runtime import Runtime, now_ms
 from tests.client import Api, make_world
 
 ME = "query { me { id } }"

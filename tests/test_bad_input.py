@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from botmemory.runtime import Runtime
-from botmemory.settings import Settings
 from resolvers.schema import build_schema
+from services.runtime import Runtime
+from services.settings import Settings
 from tests.client import Api, make_world
 
 

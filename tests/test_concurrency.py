@@ -15,10 +15,10 @@ import time
 import httpx
 import pytest
 
-from botmemory import memory
-from botmemory.changes import Revise, Share, apply_changes
-from botmemory.runtime import Runtime
-from botmemory.settings import Settings
+from services import memory
+from services.changes import Revise, Share, apply_changes
+from services.runtime import Runtime
+from services.settings import Settings
 from tests.client import Api, make_world
 from tests.conftest import ApiProcess
 from tests.memory_helpers import fact, said

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from botmemory.runtime import Runtime
+from services.runtime import Runtime
 from tests.client import Api
 from tests.learning_helpers import complete, memory_world
 from tests.memory_helpers import fact, said

@@ -10,7 +10,7 @@ from typing import LiteralString, cast
 import pytest
 
 import graph
-from botmemory.runtime import Runtime
+from services.runtime import Runtime
 
 QUERIES = [
     (f"{module.name}.{name}", value)

@@ -35,7 +35,7 @@ async def run_demo(api_url: str, *extra: str) -> tuple[int, str]:
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "botmemory.demo",
+        "tools.demo",
         "--api",
         api_url,
         "--model",
@@ -76,7 +76,7 @@ async def test_demo_shows_memory_learned_and_used(
 
 
 async def test_demo_without_a_model_says_what_to_set(api: object, model_server: ModelServer) -> None:
-    from botmemory.settings import load_settings
+    from services.settings import load_settings
 
     settings = load_settings()
     bare = ApiProcess(

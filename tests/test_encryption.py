@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from botmemory.crypto import DecryptionError, Keyring
-from botmemory.rotation import rotate_data_keys
-from botmemory.runtime import Runtime
-from botmemory.settings import Settings
+from services.crypto import DecryptionError, Keyring
+from services.rotation import rotate_data_keys
+from services.runtime import Runtime
+from services.settings import Settings
 from tests.client import Api, make_world
 from tests.conftest import ApiProcess, WorkerProcess
 
@@ -164,6 +164,6 @@ async def test_master_key_rotation_rewraps_data_keys_and_leaves_content_byte_ide
 
 
 def _wrapped(row: dict[str, object]):  # type: ignore[no-untyped-def]
-    from botmemory.crypto import WrappedKey
+    from services.crypto import WrappedKey
 
     return WrappedKey(str(row["m"]), bytes(row["w"]))  # type: ignore[arg-type]

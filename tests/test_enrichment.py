@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from botmemory.changes import Invalidate
-from botmemory.runtime import Runtime
+from services.changes import Invalidate
+from services.runtime import Runtime
 from tests.client import Api
 from tests.conftest import WorkerProcess
 from tests.learning_helpers import memory_world, set_org

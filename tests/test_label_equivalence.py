@@ -14,8 +14,9 @@ from typing import Any, LiteralString, cast
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from botmemory import chats, commands, provisioning
-from botmemory.changes import (
+from graph.access import PATH_VISIBLE, READER_MAP, VISIBLE
+from services import chats, commands, provisioning
+from services.changes import (
     AddFact,
     AddObservation,
     Forget,
@@ -30,10 +31,9 @@ from botmemory.changes import (
     apply_changes,
     import_legacy,
 )
-from botmemory.domain import Access, Principal
-from botmemory.errors import ServiceError
-from botmemory.runtime import Runtime
-from graph.access import PATH_VISIBLE, READER_MAP, VISIBLE
+from services.domain import Access, Principal
+from services.errors import ServiceError
+from services.runtime import Runtime
 
 COMPARE = cast(
     LiteralString,

@@ -8,8 +8,8 @@ from typing import Any, cast
 
 import pytest
 
-from botmemory.changes import LegacyEntry, MemoryChange, Remember, apply_changes, import_legacy
-from botmemory.runtime import Runtime
+from services.changes import LegacyEntry, MemoryChange, Remember, apply_changes, import_legacy
+from services.runtime import Runtime
 from tests.client import Api
 from tests.conftest import WorkerProcess
 from tests.learning_helpers import (

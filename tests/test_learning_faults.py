@@ -12,8 +12,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from botmemory.runtime import Runtime
-from botmemory.settings import Settings
+from services.runtime import Runtime
+from services.settings import Settings
 from tests.client import Api
 from tests.conftest import SHORT_DEADLINES, ApiProcess, WorkerProcess
 from tests.learning_helpers import (

@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 import pytest
 
-from botmemory.runtime import Runtime
-from botmemory.settings import Settings
+from services.runtime import Runtime
+from services.settings import Settings
 from tests.client import Api
 from tests.learning_helpers import (
     add_items,

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from botmemory.changes import (
+from graph.entries import REFUSALS
+from services.changes import (
     AddFact,
     AddObservation,
     Invalidate,
@@ -19,9 +20,8 @@ from botmemory.changes import (
     import_legacy,
     relabel_all,
 )
-from botmemory.errors import BadInput, Conflict, NotFound
-from botmemory.runtime import Runtime
-from graph.entries import REFUSALS
+from services.errors import BadInput, Conflict, NotFound
+from services.runtime import Runtime
 from tests.client import Api, make_world
 from tests.memory_helpers import apply, command, fact, observation, said, visible
 

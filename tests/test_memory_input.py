@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from botmemory.runtime import Runtime
+from services.runtime import Runtime
 from tests.client import Api, make_world
 from tests.memory_helpers import visible
 

@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
-from botmemory import memory
-from botmemory.changes import AddFact, Invalidate, ItemRef
-from botmemory.domain import Principal
-from botmemory.runtime import Runtime
+from services import memory
+from services.changes import AddFact, Invalidate, ItemRef
+from services.domain import Principal
+from services.runtime import Runtime
 from tests.client import Api, World, make_world
 from tests.memory_helpers import apply, command, fact, said, visible
 

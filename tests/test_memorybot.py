@@ -10,9 +10,9 @@ from typing import Any
 import httpx
 import pytest
 
-from botmemory.model import FIXED_CALM_ANSWER, Gateway, Route, StepKey
-from botmemory.runtime import Runtime
-from botmemory.settings import Settings
+from learning.model import FIXED_CALM_ANSWER, Gateway, Route, StepKey
+from services.runtime import Runtime
+from services.settings import Settings
 from tests.client import Api
 from tests.conftest import ApiProcess
 from tests.learning_helpers import (

@@ -6,13 +6,13 @@ import pytest
 from neo4j import AsyncSession
 from neo4j.exceptions import ClientError, TransientError
 
-from botmemory import memory
-from botmemory.changes import Invalidate
-from botmemory.runtime import Runtime
-from botmemory.settings import Settings
 from graph.driver import AUTOCOMMIT_ATTEMPTS, autocommit, single
 from graph.migrations import LATEST, current_version, migrate
 from resolvers.schema import SNAPSHOT, build_schema
+from services import memory
+from services.changes import Invalidate
+from services.runtime import Runtime
+from services.settings import Settings
 from tests.client import Api, make_world
 from tests.memory_helpers import apply, fact, said
 

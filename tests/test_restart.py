@@ -7,15 +7,15 @@ import subprocess
 import sys
 from typing import Any
 
-from botmemory.devstack import app_commands, procs
-from botmemory.settings import Settings
+from services.settings import Settings
 from tests.client import Api, make_world
 from tests.conftest import ROOT
+from tools.devstack import app_commands, procs
 
 
 def devstack(command: str) -> None:
     subprocess.run(
-        [sys.executable, "-m", "botmemory.devstack", command],
+        [sys.executable, "-m", "tools.devstack", command],
         cwd=ROOT,
         env=os.environ,
         check=True,

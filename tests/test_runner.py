@@ -13,7 +13,7 @@ import pytest
 import websockets
 from websockets.asyncio.client import ClientConnection
 
-from botmemory.runtime import Runtime
+from services.runtime import Runtime
 from tests.client import Api, World
 from tests.learning_helpers import fact_call, learn, memory_world, wait_executions
 from tests.memory_helpers import fact, said, visible

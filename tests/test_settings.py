@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
-from botmemory.settings import ConfigurationError, Settings
+from services.settings import ConfigurationError, Settings
 
 
 def test_local_secrets_are_generated_once_and_kept(tmp_path: Path) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from botmemory.runtime import Runtime
+from services.runtime import Runtime
 from tests.client import Api, make_world
 from tests.memory_helpers import fact, observation, said
 

@@ -17,12 +17,12 @@ from strawberry.extensions import SchemaExtension
 from strawberry.types import ExecutionResult, StreamExecutionResult
 from websockets.asyncio.client import ClientConnection
 
-from botmemory.changefeed import ChangeHub
-from botmemory.changes import AddFact, ItemRef, MemoryChange, apply_changes
-from botmemory.runtime import Runtime
-from botmemory.settings import Settings
 from resolvers.schema import Schema
 from schema.fanout import ExtensionsRunner
+from services.changefeed import ChangeHub
+from services.changes import AddFact, ItemRef, MemoryChange, apply_changes
+from services.runtime import Runtime
+from services.settings import Settings
 from tests.client import Api, make_world
 from tests.conftest import ApiProcess
 from tests.memory_helpers import command, fact, said

@@ -16,17 +16,18 @@ from typing import Any
 
 from neo4j import AsyncManagedTransaction
 
-from botmemory import chats, enrichment, memorybot
-from botmemory.auth import require_person
-from botmemory.chats import NewItem
-from botmemory.domain import ItemKind, Principal, Turn
-from botmemory.errors import BadInput, NotFound
-from botmemory.memorybot import load_route
-from botmemory.model import ModelUnavailable, Route
-from botmemory.runtime import Runtime
-from botmemory.turnfeed import TurnEvent, TurnHub
-from botmemory.validation import check_id, check_text
 from graph.driver import read
+from learning import enrichment, memorybot
+from learning.memorybot import load_route
+from learning.model import ModelUnavailable, Route
+from services import chats
+from services.auth import require_person
+from services.chats import NewItem
+from services.domain import ItemKind, Principal, Turn
+from services.errors import BadInput, NotFound
+from services.runtime import Runtime
+from services.turnfeed import TurnEvent, TurnHub
+from services.validation import check_id, check_text
 
 MAX_TOOL_ROUNDS = 3
 UNAVAILABLE_REPLY = "Sorry, I cannot answer just now. Please try again in a moment."

@@ -11,7 +11,7 @@ from typing import Any, Protocol, TypeVar, cast
 
 from arq.connections import ArqRedis
 
-log = logging.getLogger("botmemory.pubsub")
+log = logging.getLogger("services.pubsub")
 
 
 async def listen(

@@ -5,7 +5,7 @@ step by step: memory learned in one chat and used in another, what a group membe
 see, and the context pack of a group chat. Everything goes through the public API (GraphQL and
 REST) with the tokens a platform and its people would hold.
 
-    python -m botmemory.demo [--api http://127.0.0.1:8000] [--model gpt-4o-mini]
+    python -m tools.demo [--api http://127.0.0.1:8000] [--model gpt-4o-mini]
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from botmemory.settings import load_settings
+from services.settings import load_settings
 
 NO_MODEL = """The stack has no model endpoint, so the memory Bot cannot learn or rewrite anything.
 

@@ -1,4 +1,4 @@
-"""Local stack manager: ``python -m botmemory.devstack services|up|down|status``.
+"""Local stack manager: ``python -m tools.devstack services|up|down|status``.
 
 Runs, for the profile of the current settings (``BOTMEMORY_*``), detached background processes:
 Neo4j Community (the Java launcher in ``launcher/``), Redis, the API (uvicorn) and one arq worker (``python -m learning.worker``).
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from botmemory.settings import Settings, load_settings
+from services.settings import Settings, load_settings
 
 REPO = Path(__file__).resolve().parent.parent
 LAUNCHER = REPO / "launcher"
@@ -411,7 +411,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: ``services``, ``up``, ``down`` or ``status``."""
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 1 or args[0] not in ("services", "up", "down", "status"):
-        print("usage: python -m botmemory.devstack services|up|down|status", file=sys.stderr)
+        print("usage: python -m tools.devstack services|up|down|status", file=sys.stderr)
         return 2
     s = load_settings()  # also generates the local secrets into the data dir on first start
     try:

@@ -19,7 +19,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from prometheus_client import Counter
 
-from botmemory import metrics
+from services import metrics
 
 _VERSION = b"\x01"
 _NONCE_BYTES = 12

@@ -11,15 +11,15 @@ from typing import Any, Literal
 
 from neo4j import AsyncManagedTransaction
 
-from botmemory.crypto import Cipher
-from botmemory.domain import Principal
-from botmemory.errors import BadInput, NotFound
-from botmemory.memory import Entry, decrypt_entry, open_read
-from botmemory.runtime import Runtime
-from botmemory.validation import check_id
 from graph import memory as q
 from graph.access import MAX_SOURCE_DEPTH
 from graph.driver import read
+from services.crypto import Cipher
+from services.domain import Principal
+from services.errors import BadInput, NotFound
+from services.memory import Entry, decrypt_entry, open_read
+from services.runtime import Runtime
+from services.validation import check_id
 
 _SHOWN = ["active", "invalidated"]
 Direction = Literal["sources", "dependents"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from botmemory.errors import BadInput
+from services.errors import BadInput
 
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,99}$")
 

@@ -16,16 +16,16 @@ from typing import Any
 
 from neo4j import AsyncManagedTransaction
 
-from botmemory import chats, memory
-from botmemory.domain import Item, Principal
-from botmemory.errors import NotFound
-from botmemory.memorybot import load_route, system_prompt
-from botmemory.model import ModelUnavailable, Route
-from botmemory.runtime import Runtime, now_ms
-from botmemory.validation import check_id
 from graph import conversation as q
 from graph import memory as memory_q
 from graph.driver import read, write
+from learning.memorybot import load_route, system_prompt
+from learning.model import ModelUnavailable, Route
+from services import chats, memory
+from services.domain import Item, Principal
+from services.errors import NotFound
+from services.runtime import Runtime, now_ms
+from services.validation import check_id
 
 SUMMARY_KIND = "chat-summary"
 PREFERENCES = "preferences"

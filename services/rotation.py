@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from neo4j import AsyncDriver
 
-from botmemory.crypto import Keyring, WrappedKey
 from graph import identity
 from graph.driver import read, write
+from services.crypto import Keyring, WrappedKey
 
 
 async def rotate_data_keys(driver: AsyncDriver, keyring: Keyring) -> int:

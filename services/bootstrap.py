@@ -9,13 +9,13 @@ from contextlib import asynccontextmanager
 from arq.connections import ArqRedis
 from redis.asyncio import ConnectionPool
 
-from botmemory.crypto import Keyring
-from botmemory.model import Gateway
-from botmemory.runtime import Runtime
-from botmemory.settings import Settings
 from graph.driver import make_driver
 from graph.migrations import migrate
-from learning import queue
+from learning.model import Gateway
+from services import queue
+from services.crypto import Keyring
+from services.runtime import Runtime
+from services.settings import Settings
 
 log = logging.getLogger("botmemory")
 

@@ -7,8 +7,11 @@ from __future__ import annotations
 
 from neo4j import AsyncManagedTransaction
 
-from botmemory.auth import require_person
-from botmemory.changes import (
+from graph import chats, conversation, entries, identity
+from graph import memory as q
+from graph.driver import write
+from services.auth import require_person
+from services.changes import (
     Applied,
     Forget,
     Remember,
@@ -18,15 +21,12 @@ from botmemory.changes import (
     publish_change,
     require_visible,
 )
-from botmemory.domain import Principal
-from botmemory.errors import BadInput, Conflict, Forbidden, NotFound
-from botmemory.ids import new_id
-from botmemory.memory import Entry, Reader, user_reader
-from botmemory.runtime import Runtime, now_ms
-from botmemory.validation import check_id
-from graph import chats, conversation, entries, identity
-from graph import memory as q
-from graph.driver import write
+from services.domain import Principal
+from services.errors import BadInput, Conflict, Forbidden, NotFound
+from services.ids import new_id
+from services.memory import Entry, Reader, user_reader
+from services.runtime import Runtime, now_ms
+from services.validation import check_id
 
 PURGE_PREFIXES = ("from:", "chat:", "org:", "channel:")
 

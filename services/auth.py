@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import hmac
 
-from botmemory.domain import Principal
-from botmemory.errors import Forbidden, Unauthenticated
-from botmemory.ids import hash_token
-from botmemory.runtime import Runtime, now_ms
 from graph import identity
 from graph.driver import read
+from services.domain import Principal
+from services.errors import Forbidden, Unauthenticated
+from services.ids import hash_token
+from services.runtime import Runtime, now_ms
 
 
 async def authenticate(runtime: Runtime, authorization: str | None) -> Principal:

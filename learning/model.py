@@ -24,18 +24,18 @@ import openai
 from openai import AsyncOpenAI
 from openai.types.chat import ChatCompletion
 
-from botmemory import metrics
-from botmemory.crypto import Cipher
-from botmemory.ids import new_id
-from botmemory.runtime import now_ms
-from botmemory.settings import Settings
 from graph import memorybot as q
 from graph.driver import read, write
+from services import metrics
+from services.crypto import Cipher
+from services.ids import new_id
+from services.runtime import now_ms
+from services.settings import Settings
 
 if TYPE_CHECKING:
-    from botmemory.runtime import Runtime
+    from services.runtime import Runtime
 
-log = logging.getLogger("botmemory.model")
+log = logging.getLogger("learning.model")
 
 #: The answer when no model can answer (no model, budget spent, deadline passed). It speaks
 #: only of the work (D9.16).

@@ -18,23 +18,23 @@ from typing import Any, cast
 
 from neo4j import AsyncManagedTransaction
 
-from botmemory import memory, metrics
-from botmemory.auth import require_person
-from botmemory.chats import require_writer
-from botmemory.commands import require_owner_writer
-from botmemory.crypto import Cipher
-from botmemory.domain import Principal
-from botmemory.errors import BadInput, Conflict, NotFound, ServiceError
-from botmemory.ids import new_id
-from botmemory.model import FIXED_CALM_ANSWER, ModelUnavailable, Route, current_period
-from botmemory.runtime import Runtime, now_ms
-from botmemory.validation import check_id, check_page, check_text
 from graph import chats as chat_q
 from graph import learning as lq
 from graph import memorybot as q
 from graph.driver import read, write
 from graph.memory import shared_lock, visible_ids
-from learning.queue import enqueue_executions
+from learning.model import FIXED_CALM_ANSWER, ModelUnavailable, Route, current_period
+from services import memory, metrics
+from services.auth import require_person
+from services.chats import require_writer
+from services.commands import require_owner_writer
+from services.crypto import Cipher
+from services.domain import Principal
+from services.errors import BadInput, Conflict, NotFound, ServiceError
+from services.ids import new_id
+from services.queue import enqueue_executions
+from services.runtime import Runtime, now_ms
+from services.validation import check_id, check_page, check_text
 
 CONFESSION_KIND = "confession"
 ANSWER_KIND = "confession-answer"

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from botmemory.auth import require_admin, require_person
-from botmemory.domain import Access, Bot, Channel, Organization, Person, Principal
-from botmemory.errors import BadInput, Forbidden, NotFound
-from botmemory.ids import new_id, new_token
-from botmemory.runtime import Runtime, now_ms
-from botmemory.validation import check_id, check_ids, check_name
 from graph import identity
 from graph.driver import read, write
+from services.auth import require_admin, require_person
+from services.domain import Access, Bot, Channel, Organization, Person, Principal
+from services.errors import BadInput, Forbidden, NotFound
+from services.ids import new_id, new_token
+from services.runtime import Runtime, now_ms
+from services.validation import check_id, check_ids, check_name
 
 _MAX_TOKEN_TTL_SECONDS = 366 * 24 * 3600
 

@@ -16,15 +16,15 @@ from typing import Any
 
 from neo4j import AsyncManagedTransaction
 
-from botmemory.auth import require_person
-from botmemory.crypto import Cipher
-from botmemory.domain import Principal
-from botmemory.errors import BadInput, Forbidden, NotFound
-from botmemory.runtime import Runtime
-from botmemory.validation import check_id
 from graph import access, identity
 from graph import memory as q
 from graph.driver import autocommit, read, single
+from services.auth import require_person
+from services.crypto import Cipher
+from services.domain import Principal
+from services.errors import BadInput, Forbidden, NotFound
+from services.runtime import Runtime
+from services.validation import check_id
 
 ENTRY_KIND = "entry"
 #: Candidates per key of a page of context, and of the first page of its one statement until

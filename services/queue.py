@@ -13,9 +13,9 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from botmemory.runtime import Runtime
 from graph import conversation
 from graph.driver import read
+from services.runtime import Runtime
 
 log = logging.getLogger("botmemory.queue")
 

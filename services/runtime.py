@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING
 from arq.connections import ArqRedis
 from neo4j import AsyncDriver
 
-from botmemory.crypto import Cipher, Keyring, WrappedKey
-from botmemory.settings import Settings
+from services.crypto import Cipher, Keyring, WrappedKey
+from services.settings import Settings
 
 if TYPE_CHECKING:
-    from botmemory.model import Gateway
+    from learning.model import Gateway
 
 
 class LineLengths:

@@ -18,14 +18,14 @@ from typing import Any, cast
 
 from neo4j import AsyncManagedTransaction
 
-from botmemory import chats, memory, metrics
-from botmemory.domain import Principal, Turn
-from botmemory.ids import new_id
-from botmemory.memorybot import MEMORY_VOCABULARY, load_route, owner_records, system_prompt
-from botmemory.model import ModelUnavailable, Route
-from botmemory.runtime import Runtime, now_ms
 from graph import memorybot as q
 from graph.driver import read, write
+from learning.memorybot import MEMORY_VOCABULARY, load_route, owner_records, system_prompt
+from learning.model import ModelUnavailable, Route
+from services import chats, memory, metrics
+from services.domain import Principal, Turn
+from services.ids import new_id
+from services.runtime import Runtime, now_ms
 
 REWRITE_KIND = "enrichment"
 ORIGINAL_KIND = "enrichment-original"

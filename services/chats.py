@@ -7,16 +7,16 @@ from typing import Any
 
 from neo4j import AsyncManagedTransaction
 
-from botmemory.crypto import Cipher
-from botmemory.domain import Chat, Item, ItemKind, Page, Principal, Turn
-from botmemory.errors import BadInput, Conflict, Forbidden, NotFound
-from botmemory.ids import new_id
-from botmemory.runtime import Runtime, now_ms
-from botmemory.validation import check_id, check_page, check_text
 from graph import chats as q
 from graph import identity, learning
 from graph.driver import read, write
-from learning.queue import enqueue_executions, enqueue_summary_if_due
+from services.crypto import Cipher
+from services.domain import Chat, Item, ItemKind, Page, Principal, Turn
+from services.errors import BadInput, Conflict, Forbidden, NotFound
+from services.ids import new_id
+from services.queue import enqueue_executions, enqueue_summary_if_due
+from services.runtime import Runtime, now_ms
+from services.validation import check_id, check_page, check_text
 
 ITEM_KIND = "item"
 _MAX_ITEMS_PER_CALL = 100

@@ -16,11 +16,11 @@ from typing import Any
 
 from neo4j import AsyncManagedTransaction
 
-from botmemory import pubsub
-from botmemory.memory import Entry, decrypt_entry
-from botmemory.runtime import Runtime, now_ms
 from graph import changefeed, identity
 from graph.driver import autocommit, read
+from services import pubsub
+from services.memory import Entry, decrypt_entry
+from services.runtime import Runtime, now_ms
 
 CHANNEL_PATTERN = "botmemory:changes:*"
 

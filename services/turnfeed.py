@@ -18,11 +18,11 @@ from typing import Any
 
 from neo4j import AsyncManagedTransaction
 
-from botmemory import pubsub
-from botmemory.chats import ITEM_KIND
-from botmemory.runtime import Runtime
 from graph import chats as q
 from graph.driver import read, single
+from services import pubsub
+from services.chats import ITEM_KIND
+from services.runtime import Runtime
 
 CHANNEL_PATTERN = "botmemory:turns:*"
 

@@ -18,14 +18,14 @@ from typing import Any, Literal
 
 from neo4j import AsyncManagedTransaction
 
-from botmemory.crypto import Cipher
-from botmemory.errors import BadInput, Conflict, NotFound
-from botmemory.ids import new_id
-from botmemory.memory import ENTRY_KIND, TOPIC, Reader, user_reader
-from botmemory.runtime import Runtime, now_ms
 from graph import access, entries, identity
 from graph import memory as q
 from graph.driver import read, write
+from services.crypto import Cipher
+from services.errors import BadInput, Conflict, NotFound
+from services.ids import new_id
+from services.memory import ENTRY_KIND, TOPIC, Reader, user_reader
+from services.runtime import Runtime, now_ms
 
 Actor = Literal["memory_bot", "person", "promotion"]
 MAX_CONTENT_CHARS = 4000
