@@ -52,7 +52,8 @@ from bench.memory_bench import delete_bot_data, fmt_ms, log, machine, pct, verdi
 from bench.report import machine_state, run_header, write_results
 from graph.driver import read, rows, single, write
 from graph.learning import ENDS
-from learning import memorybot
+from learning.confide import confide
+from learning.gateway import Gateway
 from learning.worker import WorkerProcess
 from services import chats, provisioning
 from services.bootstrap import open_runtime
@@ -225,6 +226,7 @@ def drain(queue: asyncio.Queue[Arrival]) -> int:
 class World:
     """An Organization with a model, one person with WRITE on the Bots the bench creates."""
 
+    gateway: Gateway
     org: str = ""
     person: str = ""
     bots: list[str] = field(default_factory=list[str])
@@ -234,8 +236,8 @@ class World:
         return Principal("person", person_id=self.person, organization_id=self.org)
 
 
-async def make_world(rt: Runtime, tag: str) -> World:
-    world = World()
+async def make_world(rt: Runtime, gateway: Gateway, tag: str) -> World:
+    world = World(gateway)
     org = await provisioning.create_organization(rt, ADMIN, f"{ORG_PREFIX}{tag}")
     world.org = org.id
     await provisioning.update_organization(
@@ -265,7 +267,7 @@ async def prepare(rt: Runtime, world: World, bot: str) -> Prepared:
     principal = world.principal
     chat = await chats.create_chat(rt, principal, bot, channel_id=None, review=False, owner_id=None)
     turn = await chats.start_turn(rt, principal, chat.id, MESSAGE, actor_id=None, notice=False)
-    await memorybot.confide(rt, principal, turn.id, CONFESSION)
+    await confide(rt, world.gateway, principal, turn.id, CONFESSION)
     return Prepared(bot, chat.id, turn.id)
 
 
@@ -858,7 +860,7 @@ async def run(args: argparse.Namespace) -> int:
     runs: list[ThroughputRun] = []
     worlds: list[World] = []
     try:
-        async with open_runtime(settings) as rt:
+        async with open_runtime(settings) as rt, Gateway(settings) as gateway:
             comp = await read(
                 rt.driver,
                 lambda tx: single(tx, "CALL dbms.components() YIELD versions RETURN versions[0] AS v"),
@@ -880,7 +882,7 @@ async def run(args: argparse.Namespace) -> int:
                 log(f"deleted the data of {n} earlier learning-bench organization(s)")
             await listener.start()
             tag = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
-            world = await make_world(rt, tag)
+            world = await make_world(rt, gateway, tag)
             worlds.append(world)
             try:
                 if args.latency_samples > 0:

@@ -24,6 +24,7 @@ from strawberry.types import ExecutionResult
 from strawberry.types.unset import UNSET, UnsetType
 
 from botmemory import rest
+from learning.gateway import Gateway
 from resolvers.schema import build_schema
 from schema.context import Context
 from schema.errors import with_code
@@ -42,6 +43,7 @@ log = logging.getLogger("botmemory.api")
 
 class State(TypedDict):
     runtime: Runtime
+    gateway: Gateway
     hub: ChangeHub
     turn_hub: TurnHub
 
@@ -50,6 +52,7 @@ class GraphQLApp(GraphQL[Context, None]):
     async def get_context(self, request: HTTPConnection, response: Any) -> Context:
         return Context(
             runtime=request.state.runtime,
+            gateway=request.state.gateway,
             authorization=request.headers.get("authorization"),
             hub=request.state.hub,
             turn_hub=request.state.turn_hub,
@@ -169,14 +172,14 @@ def create_app(settings: Settings | None = None) -> Starlette:
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncGenerator[State]:
-        async with open_runtime(settings) as runtime:
+        async with open_runtime(settings) as runtime, Gateway(settings) as gateway:
             hub = ChangeHub(runtime)
             turn_hub = TurnHub(runtime)
             await hub.start()
             await turn_hub.start()
             log.info("api ready")
             try:
-                yield {"runtime": runtime, "hub": hub, "turn_hub": turn_hub}
+                yield {"runtime": runtime, "gateway": gateway, "hub": hub, "turn_hub": turn_hub}
             finally:
                 await turn_hub.stop()
                 await hub.stop()

@@ -9,8 +9,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from learning import conversation, enrichment, memorybot
-from services import chats, commands, memory
+from services import chats, commands, conversation, enrichments, memory, memorybot
 from services.auth import authenticate
 from services.domain import Item, Principal
 from services.errors import BadInput
@@ -205,7 +204,7 @@ async def get_context(request: Request) -> JSONResponse:
 async def get_enrichments(request: Request) -> JSONResponse:
     """``GET /v1/chats/{chatId}/enrichments`` — the Chat owner's view, re-validated (D9.6)."""
     principal = await principal_of(request)
-    found = await enrichment.enrichments(
+    found = await enrichments.enrichments(
         runtime_of(request),
         principal,
         request.path_params["chat_id"],

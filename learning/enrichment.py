@@ -13,22 +13,21 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from dataclasses import dataclass
 from typing import Any, cast
 
 from neo4j import AsyncManagedTransaction
 
-from graph import memorybot as q
+from graph import memorybot as memorybot_q
 from graph.driver import read, write
-from learning.memorybot import MEMORY_VOCABULARY, load_route, owner_records, system_prompt
-from learning.model import ModelUnavailable, Route
+from learning.gateway import Gateway, ModelUnavailable
+from learning.prompts import MEMORY_VOCABULARY, system_prompt
 from services import chats, memory, metrics
 from services.domain import Principal, Turn
+from services.enrichments import ORIGINAL_KIND, REWRITE_KIND
 from services.ids import new_id
+from services.memorybot import Route, load_route
 from services.runtime import Runtime, now_ms
 
-REWRITE_KIND = "enrichment"
-ORIGINAL_KIND = "enrichment-original"
 DIGEST_KIND = "input"
 _SAVE_MARGIN = 0.3
 
@@ -60,6 +59,7 @@ REWRITE_TOOL: dict[str, Any] = {
 
 async def start_turn(
     rt: Runtime,
+    gateway: Gateway,
     principal: Principal,
     chat_id: str,
     text: str,
@@ -71,7 +71,7 @@ async def start_turn(
     """``startTurn``: the Turn with its input saved, and ``enriched_input`` for the caller only (D9.16)."""
     deadline = (arrived or time.monotonic()) + rt.settings.answer_deadline_seconds
     turn = await chats.start_turn(rt, principal, chat_id, text, actor_id=actor_id, notice=notice)
-    enriched = await rewrite(rt, turn, deadline)
+    enriched = await rewrite(rt, gateway, turn, deadline)
     return Turn(
         turn.id,
         turn.chat_id,
@@ -86,21 +86,23 @@ async def start_turn(
     )
 
 
-async def rewrite(rt: Runtime, turn: Turn, deadline: float) -> str:
+async def rewrite(rt: Runtime, gateway: Gateway, turn: Turn, deadline: float) -> str:
     """The input with what helps from memory, or the input as it is (N1)."""
     original = turn.input or ""
     if turn.actor_kind != "person":  # notices are not a person's words
         return original
     outcome = "kept"
     try:
-        enriched, outcome = await _rewrite(rt, turn, original, deadline - _SAVE_MARGIN)
+        enriched, outcome = await _rewrite(rt, gateway, turn, original, deadline - _SAVE_MARGIN)
     except (ModelUnavailable, TimeoutError):
         enriched = original
     metrics.ENRICHMENTS.labels(outcome=outcome).inc()
     return enriched
 
 
-async def _rewrite(rt: Runtime, turn: Turn, original: str, deadline: float) -> tuple[str, str]:
+async def _rewrite(
+    rt: Runtime, gateway: Gateway, turn: Turn, original: str, deadline: float
+) -> tuple[str, str]:
     async with asyncio.timeout(max(deadline - time.monotonic(), 0)):
 
         async def load(tx: AsyncManagedTransaction) -> tuple[dict[str, Any], Route]:
@@ -114,7 +116,7 @@ async def _rewrite(rt: Runtime, turn: Turn, original: str, deadline: float) -> t
             return original, "nothing_visible"
         digest = route.cipher.digest(DIGEST_KIND, original)
         saved = await read(
-            rt.driver, lambda tx: q.saved_rewrite(tx, chat_id=turn.chat_id, input_digest=digest)
+            rt.driver, lambda tx: memorybot_q.saved_rewrite(tx, chat_id=turn.chat_id, input_digest=digest)
         )
         if saved is not None:
             ids = list(saved["usedEntryIds"])
@@ -122,13 +124,13 @@ async def _rewrite(rt: Runtime, turn: Turn, original: str, deadline: float) -> t
                 text = route.cipher.decrypt(REWRITE_KIND, saved["id"], bytes(saved["text"]))
                 await _save(rt, route, turn, text, original, ids, digest)
                 return text, "reused"
-        if await rt.gateway.budget_spent(rt, route):
+        if await gateway.budget_spent(rt, route):
             return original, "budget_spent"
         # One read decides: nothing visible (or nothing that fits) → no model call (N3).
         known = await memory.context(rt, route.bot_id, reader, rt.settings.answer_context_chars)
         if not known.ids:
             return original, "nothing_visible"
-        release = await rt.gateway.acquire(route, deadline)
+        release = await gateway.acquire(route, deadline)
     try:
         notes = [{"id": i, "text": c} for i, c in zip(known.ids, known.contents, strict=True)]
         body = {
@@ -142,7 +144,7 @@ async def _rewrite(rt: Runtime, turn: Turn, original: str, deadline: float) -> t
             "tools": [REWRITE_TOOL],
             "tool_choice": "auto",
         }
-        completion = await rt.gateway.complete(
+        completion = await gateway.complete(
             rt, route, task="rewrite", body=body, deadline=deadline, entry_ids=known.ids
         )
     finally:
@@ -197,53 +199,4 @@ async def _save(
         "inputDigest": digest,
         "now": now_ms(),
     }
-    await write(rt.driver, lambda tx: q.create_enrichment(tx, **fields))
-
-
-@dataclass(frozen=True, slots=True)
-class Enrichment:
-    id: str
-    turn_id: str
-    text: str | None
-    original: str | None
-    entry_ids: tuple[str, ...]
-    created_at: int
-
-    def json(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "turnId": self.turn_id,
-            "text": self.text,
-            "original": self.original,
-            "entryIds": list(self.entry_ids),
-            "createdAt": self.created_at,
-        }
-
-
-async def enrichments(
-    rt: Runtime, principal: Principal, chat_id: str, *, limit: int = 50, skip: int = 0
-) -> list[Enrichment]:
-    """The Chat owner's view (D9.6): a rewrite whose entries are no longer all visible to the
-    owner is withheld; only the original words are returned."""
-
-    async def fetch(tx: AsyncManagedTransaction, chat: str, skip: int, limit: int) -> list[dict[str, Any]]:
-        return await q.list_enrichments(tx, chat_id=chat, skip=skip, limit=limit)
-
-    view = await owner_records(rt, principal, chat_id, fetch, limit=limit, skip=skip)
-    out: list[Enrichment] = []
-    for f in view.records:
-        ids = view.shown(f)
-        sealed, original = f.get("text"), f.get("original")
-        out.append(
-            Enrichment(
-                f["id"],
-                f["turnId"],
-                None
-                if sealed is None or ids is None
-                else view.cipher.decrypt(REWRITE_KIND, f["id"], bytes(sealed)),
-                None if original is None else view.cipher.decrypt(ORIGINAL_KIND, f["id"], bytes(original)),
-                () if sealed is None or ids is None else ids,
-                f["createdAt"],
-            )
-        )
-    return out
+    await write(rt.driver, lambda tx: memorybot_q.create_enrichment(tx, **fields))

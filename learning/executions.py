@@ -20,25 +20,27 @@ from typing import Any
 
 from neo4j import AsyncManagedTransaction
 
-from graph import learning as q
+from graph import learning as learning_q
 from graph import memorybot
 from graph.driver import read, write
 from graph.memory import shared_lock
 from learning import protocol
-from learning.memorybot import MemoryBotSettings, load_route, release_budget_waiting, system_prompt
-from learning.model import (
+from learning.gateway import (
     RESULT_KIND,
     Completion,
+    Gateway,
     ModelUnavailable,
     Route,
     StepKey,
     current_period,
     request_hash,
 )
+from learning.prompts import system_prompt
 from services.changes import AddFact, AddObservation, MemoryChange, apply_changes
 from services.crypto import Cipher
 from services.errors import ServiceError
-from services.queue import enqueue_executions
+from services.jobs import enqueue_executions
+from services.memorybot import MemoryBotSettings, load_route, release_budget_waiting
 from services.runtime import Runtime, now_ms
 
 log = logging.getLogger("botmemory.learning")
@@ -96,11 +98,11 @@ def _speaker(item: dict[str, Any]) -> str:
     return "bot"
 
 
-class Runner:
+class ExecutionRunner:
     """Runs executions in one worker process."""
 
-    def __init__(self, rt: Runtime, worker_id: str) -> None:
-        self.rt, self.gateway, self.worker_id = rt, rt.gateway, worker_id
+    def __init__(self, rt: Runtime, gateway: Gateway, worker_id: str) -> None:
+        self.rt, self.gateway, self.worker_id = rt, gateway, worker_id
 
     async def run(self, execution_id: str, epoch: int) -> str:
         """Run one epoch of an execution; returns how it ended (for logs and tests)."""
@@ -108,7 +110,7 @@ class Runner:
         lease_ms = int(self.rt.settings.lease_seconds * 1000)
         row = await write(
             self.rt.driver,
-            lambda tx: q.claim(
+            lambda tx: learning_q.claim(
                 tx, id=execution_id, epoch=epoch, worker=self.worker_id, now=now, lease_ms=lease_ms
             ),
         )
@@ -143,14 +145,16 @@ class Runner:
             with contextlib.suppress(Exception):
                 if not await write(
                     self.rt.driver,
-                    lambda tx, until=until: q.renew_lease(tx, id=x.id, epoch=x.epoch, until=until),
+                    lambda tx, until=until: learning_q.renew_lease(tx, id=x.id, epoch=x.epoch, until=until),
                 ):
                     return
 
     async def _finish(self, x: Claimed, status: str, error: str | None) -> None:
         await write(
             self.rt.driver,
-            lambda tx: q.finish(tx, id=x.id, epoch=x.epoch, status=status, error=error, now=now_ms()),
+            lambda tx: learning_q.finish(
+                tx, id=x.id, epoch=x.epoch, status=status, error=error, now=now_ms()
+            ),
         )
 
     async def _inputs(self, x: Claimed) -> _Inputs:
@@ -162,11 +166,11 @@ class Runner:
         async def work(tx: AsyncManagedTransaction) -> _Inputs:
             await shared_lock(tx, bot_id=x.bot_id)  # the first statement of a read (C1, D9.8)
             chat, route = await load_route(self.rt, tx, x.chat_id)
-            entries, topics = await q.learning_context(
+            entries, topics = await learning_q.learning_context(
                 tx, bot_id=x.bot_id, org=route.org, limit=CONTEXT_LIMIT
             )
-            start = await q.position(tx, bot_id=x.bot_id, chat_id=x.chat_id)
-            found = await q.evidence(tx, chat_id=x.chat_id, after=start, limit=limit + 1)
+            start = await learning_q.position(tx, bot_id=x.bot_id, chat_id=x.chat_id)
+            found = await learning_q.evidence(tx, chat_id=x.chat_id, after=start, limit=limit + 1)
             spent = None
             if route.budget_period is not None and route.budget_limit is not None:
                 period = current_period(route.budget_period, now_ms())
@@ -295,7 +299,7 @@ class Runner:
         produced = [c.id for c in changes if isinstance(c, AddFact | AddObservation)]
 
         async def cas(tx: AsyncManagedTransaction) -> None:
-            result = await q.commit_step(
+            result = await learning_q.commit_step(
                 tx,
                 id=x.id,
                 epoch=x.epoch,
@@ -344,18 +348,24 @@ async def sweep_once(rt: Runtime) -> int:
     settings = rt.settings
     limit = 200
     queued: list[dict[str, Any]] = []
-    queued += await write(rt.driver, lambda tx: q.sweep(tx, q.SWEEP_EXPIRED, now=now, limit=limit))
+    queued += await write(
+        rt.driver, lambda tx: learning_q.sweep(tx, learning_q.SWEEP_EXPIRED, now=now, limit=limit)
+    )
     before = now - int(settings.requeue_after_seconds * 1000)
     queued += await write(
-        rt.driver, lambda tx: q.sweep(tx, q.SWEEP_STALE_QUEUED, before=before, now=now, limit=limit)
+        rt.driver,
+        lambda tx: learning_q.sweep(tx, learning_q.SWEEP_STALE_QUEUED, before=before, now=now, limit=limit),
     )
     idle_before = now - int(settings.turn_idle_timeout_seconds * 1000)
     queued += await write(
-        rt.driver, lambda tx: q.sweep(tx, q.SWEEP_IDLE_TURNS, idleBefore=idle_before, now=now, limit=limit)
+        rt.driver,
+        lambda tx: learning_q.sweep(
+            tx, learning_q.SWEEP_IDLE_TURNS, idleBefore=idle_before, now=now, limit=limit
+        ),
     )
     await enqueue_executions(rt, queued)
     released = 0
-    waiting = await read(rt.driver, lambda tx: q.budget_waiting(tx, limit=limit))
+    waiting = await read(rt.driver, lambda tx: learning_q.budget_waiting(tx, limit=limit))
     for bot_id in sorted({w["botId"] for w in waiting}):
         row = await read(rt.driver, lambda tx, b=bot_id: memorybot.settings(tx, bot_id=b))
         if row is not None:

@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, cast
 
-from learning.model import ToolCall
+from learning.gateway import ToolCall
 from services.changes import (
     MAX_CONTENT_CHARS,
     MAX_TOPICS,

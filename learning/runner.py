@@ -17,14 +17,15 @@ from typing import Any
 from neo4j import AsyncManagedTransaction
 
 from graph.driver import read
-from learning import enrichment, memorybot
-from learning.memorybot import load_route
-from learning.model import ModelUnavailable, Route
+from learning import enrichment
+from learning.confide import confide
+from learning.gateway import Gateway, ModelUnavailable
 from services import chats
 from services.auth import require_person
 from services.chats import NewItem
 from services.domain import ItemKind, Principal, Turn
 from services.errors import BadInput, NotFound
+from services.memorybot import Route, load_route
 from services.runtime import Runtime
 from services.turnfeed import TurnEvent, TurnHub
 from services.validation import check_id, check_text
@@ -58,7 +59,7 @@ def _system(bot_name: str) -> str:
 
 
 async def send_message(
-    rt: Runtime, hub: TurnHub | None, principal: Principal, chat_id: str, text: str
+    rt: Runtime, gateway: Gateway, hub: TurnHub | None, principal: Principal, chat_id: str, text: str
 ) -> Turn:
     """Run a Turn of the Bot for the person's message; returns the Turn with the reply."""
     arrived = time.monotonic()
@@ -84,7 +85,7 @@ async def send_message(
         budget_limit=None,
     )
     turn = await enrichment.start_turn(
-        rt, principal, chat_id, text, actor_id=None, notice=False, arrived=arrived
+        rt, gateway, principal, chat_id, text, actor_id=None, notice=False, arrived=arrived
     )
     history = await _history(rt, principal, chat_id, turn.id)
     await _publish(hub, chat_id, TurnEvent(turn.id, "ITEM_ADDED", text, f"i-{history[1]}", "PERSON_MESSAGE"))
@@ -94,7 +95,7 @@ async def send_message(
         {"role": "user", "content": turn.enriched_input or text},
     ]
     tools = [] if chat["review"] else [CONFIDE_TOOL]  # review chats have no confide (L1)
-    reply = await _converse(rt, hub, principal, route, chat_id, turn, messages, tools)
+    reply = await _converse(rt, gateway, hub, principal, route, chat_id, turn, messages, tools)
     [item] = await chats.add_items(rt, principal, turn.id, [NewItem(ItemKind.BOT_MESSAGE, reply)])
     await _publish(hub, chat_id, TurnEvent(turn.id, "ITEM_ADDED", reply, item.id, "BOT_MESSAGE"))
     done = await chats.complete_turn(rt, principal, turn.id)
@@ -116,6 +117,7 @@ async def send_message(
 
 async def _converse(
     rt: Runtime,
+    gateway: Gateway,
     hub: TurnHub | None,
     principal: Principal,
     route: Route,
@@ -134,7 +136,7 @@ async def _converse(
         if tools:
             body["tools"] = tools
         try:
-            completion = await rt.gateway.complete(
+            completion = await gateway.complete(
                 rt,
                 route,
                 task="chat",
@@ -159,13 +161,14 @@ async def _converse(
             }
         )
         for call in completion.tool_calls:
-            answer = await _tool(rt, hub, principal, chat_id, turn, call.name, call.arguments)
+            answer = await _tool(rt, gateway, hub, principal, chat_id, turn, call.name, call.arguments)
             messages.append({"role": "tool", "tool_call_id": call.id, "content": answer})
     return UNAVAILABLE_REPLY
 
 
 async def _tool(
     rt: Runtime,
+    gateway: Gateway,
     hub: TurnHub | None,
     principal: Principal,
     chat_id: str,
@@ -185,7 +188,7 @@ async def _tool(
         return "Say in a few words how your work goes."
     [item] = await chats.add_items(rt, principal, turn.id, [NewItem(ItemKind.TOOL_CALL, "confide")])
     await _publish(hub, chat_id, TurnEvent(turn.id, "ITEM_ADDED", "confide", item.id, "TOOL_CALL"))
-    return await memorybot.confide(rt, principal, turn.id, said[: rt.settings.max_text_chars])
+    return await confide(rt, gateway, principal, turn.id, said[: rt.settings.max_text_chars])
 
 
 async def _history(

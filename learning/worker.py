@@ -18,13 +18,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
-from arq import cron
+from arq import cron, func
 from arq.connections import RedisSettings
 from arq.worker import run_worker
 
-from learning import conversation
-from learning.executions import Runner, sweeper
-from services import metrics, queue
+from learning import summary
+from learning.executions import ExecutionRunner, sweeper
+from learning.gateway import Gateway
+from services import jobs, metrics
 from services.bootstrap import open_runtime
 from services.logs import configure_logging
 from services.runtime import Runtime, now_ms
@@ -38,11 +39,12 @@ HEARTBEAT_KEY = "botmemory:worker:heartbeat"
 async def startup(ctx: dict[str, Any]) -> None:
     settings = load_settings()
     configure_logging(settings.log_level)
-    manager = open_runtime(settings)
-    ctx["runtime_manager"] = manager
-    runtime = await manager.__aenter__()
-    ctx["runtime"] = runtime
-    ctx["runner"] = Runner(runtime, f"{socket.gethostname()}:{os.getpid()}")
+    stack = contextlib.AsyncExitStack()
+    ctx["stack"] = stack
+    runtime = await stack.enter_async_context(open_runtime(settings))
+    gateway = await stack.enter_async_context(Gateway(settings))
+    ctx["runtime"], ctx["gateway"] = runtime, gateway
+    ctx["runner"] = ExecutionRunner(runtime, gateway, f"{socket.gethostname()}:{os.getpid()}")
     ctx["sweeper"] = asyncio.create_task(sweeper(runtime))
     await heartbeat(ctx)
     log.info("worker ready")
@@ -54,9 +56,9 @@ async def shutdown(ctx: dict[str, Any]) -> None:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-    manager = ctx.get("runtime_manager")
-    if manager is not None:
-        await manager.__aexit__(None, None, None)
+    stack: contextlib.AsyncExitStack | None = ctx.get("stack")
+    if stack is not None:
+        await stack.aclose()
 
 
 async def heartbeat(ctx: dict[str, Any]) -> None:
@@ -67,7 +69,7 @@ async def heartbeat(ctx: dict[str, Any]) -> None:
 
 async def run_execution(ctx: dict[str, Any], execution_id: str, epoch: int) -> None:
     """``exec:<id>:<epoch>``: run one epoch of a learning execution; never raises (D9.9)."""
-    runner: Runner = ctx["runner"]
+    runner: ExecutionRunner = ctx["runner"]
     outcome = await runner.run(execution_id, epoch)
     metrics.EXECUTIONS.labels(outcome=outcome.split(":")[0]).inc()
     log.info("execution %s epoch %s: %s", execution_id, epoch, outcome)
@@ -76,14 +78,18 @@ async def run_execution(ctx: dict[str, Any], execution_id: str, epoch: int) -> N
 async def summarize_chat(ctx: dict[str, Any], chat_id: str) -> None:
     """``summary:<chatId>``: compress a Chat's history past the threshold (D9.17); never raises."""
     try:
-        outcome = await conversation.summarize(ctx["runtime"], chat_id)
+        outcome = await summary.summarize(ctx["runtime"], ctx["gateway"], chat_id)
     except Exception as exc:  # recorded as a code; the next completed Turn asks again
         outcome = "failed:" + type(exc).__name__
     log.info("summary of %s: %s", chat_id, outcome)
 
 
 class WorkerSettings:
-    functions: ClassVar[list[Any]] = [heartbeat, run_execution, summarize_chat]
+    functions: ClassVar[list[Any]] = [
+        heartbeat,
+        func(run_execution, name=jobs.RUN_EXECUTION),
+        func(summarize_chat, name=jobs.SUMMARIZE_CHAT),
+    ]
     cron_jobs: ClassVar[list[Any]] = [cron(heartbeat, second={0, 30}, run_at_startup=False)]
     on_startup = startup
     on_shutdown = shutdown
@@ -91,8 +97,8 @@ class WorkerSettings:
     keep_result = 0
     max_jobs = 10
     handle_signals = True
-    job_serializer = staticmethod(queue.serialize)
-    job_deserializer = staticmethod(queue.deserialize)
+    job_serializer = staticmethod(jobs.serialize)
+    job_deserializer = staticmethod(jobs.deserialize)
 
 
 def main() -> None:

@@ -6,9 +6,10 @@ from typing import Any
 
 import strawberry
 
-from learning import enrichment, memorybot
+from learning.confide import confide
 from schema.context import Info
 from schema.memorybot import BudgetInput, Confession, ConfideAnswer, Enrichment, MemoryBot
+from services import enrichments, memorybot
 
 
 @strawberry.type
@@ -33,7 +34,7 @@ class MemoryBotQuery:
         self, info: Info, chat_id: strawberry.ID, limit: int = 50, skip: int = 0
     ) -> list[Enrichment]:
         principal = await info.context.principal()
-        found = await enrichment.enrichments(
+        found = await enrichments.enrichments(
             info.context.runtime, principal, str(chat_id), limit=limit, skip=skip
         )
         return [Enrichment.of(e) for e in found]
@@ -71,5 +72,5 @@ class MemoryBotMutation:
     @strawberry.mutation(description="Tell how the work goes; the answer comes at once.")
     async def confide(self, info: Info, turn_id: strawberry.ID, text: str) -> ConfideAnswer:
         principal = await info.context.principal()
-        answer = await memorybot.confide(info.context.runtime, principal, str(turn_id), text)
+        answer = await confide(info.context.runtime, info.context.gateway, principal, str(turn_id), text)
         return ConfideAnswer(answer=answer)

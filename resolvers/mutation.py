@@ -167,6 +167,7 @@ class Mutation(MemoryMutation, MemoryBotMutation):
         arrived = time.monotonic()
         turn = await enrichment.start_turn(
             info.context.runtime,
+            info.context.gateway,
             await info.context.principal(),
             str(chat_id),
             input,
@@ -196,6 +197,6 @@ class Mutation(MemoryMutation, MemoryBotMutation):
     async def send_message(self, info: Info, chat_id: strawberry.ID, text: str) -> Turn:
         principal = await info.context.principal()
         turn = await runner.send_message(
-            info.context.runtime, info.context.turn_hub, principal, str(chat_id), text
+            info.context.runtime, info.context.gateway, info.context.turn_hub, principal, str(chat_id), text
         )
         return Turn.of(turn)

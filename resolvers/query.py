@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import strawberry
 
-from learning import conversation
 from resolvers.memory import MemoryQuery
 from resolvers.memorybot import MemoryBotQuery
 from schema.context import Info
@@ -19,7 +18,7 @@ from schema.types import (
     Person,
     Preference,
 )
-from services import chats, provisioning
+from services import chats, conversation, provisioning
 
 
 @strawberry.type

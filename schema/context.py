@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from strawberry.types import Info as _Info
 
+from learning.gateway import Gateway
 from services.auth import authenticate
 from services.changefeed import ChangeHub
 from services.domain import Principal
@@ -15,9 +16,10 @@ from services.turnfeed import TurnHub
 
 @dataclass(slots=True)
 class Context:
-    """Runtime dependencies plus the caller's credentials, authenticated lazily once per request."""
+    """Runtime dependencies, the model gateway, plus the caller's credentials, authenticated lazily once per request."""
 
     runtime: Runtime
+    gateway: Gateway
     authorization: str | None
     hub: ChangeHub | None = None
     turn_hub: TurnHub | None = None

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import strawberry
 
-from learning import enrichment, memorybot
 from schema.types import Long
+from services import enrichments, memorybot
 
 
 @strawberry.type
@@ -91,7 +91,7 @@ class Enrichment:
     created_at: Long
 
     @classmethod
-    def of(cls, e: enrichment.Enrichment) -> Enrichment:
+    def of(cls, e: enrichments.Enrichment) -> Enrichment:
         return cls(
             id=strawberry.ID(e.id),
             turn_id=strawberry.ID(e.turn_id),

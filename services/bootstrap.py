@@ -11,8 +11,7 @@ from redis.asyncio import ConnectionPool
 
 from graph.driver import make_driver
 from graph.migrations import migrate
-from learning.model import Gateway
-from services import queue
+from services import jobs
 from services.crypto import Keyring
 from services.runtime import Runtime
 from services.settings import Settings
@@ -27,19 +26,15 @@ async def open_runtime(settings: Settings, *, run_migrations: bool = True) -> As
     driver = make_driver(settings.neo4j_uri, settings.neo4j_user, password)
     redis = ArqRedis(
         ConnectionPool.from_url(settings.redis_url),
-        job_serializer=queue.serialize,
-        job_deserializer=queue.deserialize,
+        job_serializer=jobs.serialize,
+        job_deserializer=jobs.deserialize,
     )
     try:
         if run_migrations:
             version = await migrate(driver)
             log.info("schema version %s", version)
         keyring = Keyring(settings.master_key_bytes(), settings.previous_master_key_bytes())
-        gateway = Gateway(settings)
-        try:
-            yield Runtime(settings=settings, driver=driver, redis=redis, keyring=keyring, gateway=gateway)
-        finally:
-            await gateway.close()
+        yield Runtime(settings=settings, driver=driver, redis=redis, keyring=keyring)
     finally:
         await redis.aclose(close_connection_pool=True)
         await driver.close()

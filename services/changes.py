@@ -19,7 +19,7 @@ from typing import Any, Literal
 from neo4j import AsyncManagedTransaction
 
 from graph import access, entries, identity
-from graph import memory as q
+from graph import memory as memory_q
 from graph.driver import read, write
 from services.crypto import Cipher
 from services.errors import BadInput, Conflict, NotFound
@@ -229,7 +229,7 @@ class _Step:
         self.touched.append(change.id)
 
     async def entry(self, entry_id: str) -> dict[str, Any]:
-        row = await q.entry_for_edit(self.tx, bot_id=self.bot_id, id=entry_id)
+        row = await memory_q.entry_for_edit(self.tx, bot_id=self.bot_id, id=entry_id)
         if row is None or row["status"] == "retracted":
             raise Conflict("no such entry")
         return row
@@ -371,7 +371,7 @@ async def apply_changes(
     payload = cipher.encrypt("change", change_id, _payload(changes))
 
     async def work(tx: AsyncManagedTransaction) -> Applied:
-        version = await q.bump_version(tx, bot_id=bot_id)  # the exclusive lock first (C1)
+        version = await memory_q.bump_version(tx, bot_id=bot_id)  # the exclusive lock first (C1)
         if version is None:
             raise NotFound("bot not found")
         if person is not None:
@@ -384,7 +384,7 @@ async def apply_changes(
         touched = list(dict.fromkeys(step.touched))
         # The last new entries, the log row and the labels: one round trip.
         _refused(
-            await q.log_change(
+            await memory_q.log_change(
                 tx,
                 id=change_id,
                 bot_id=bot_id,
@@ -408,7 +408,7 @@ async def apply_changes(
             rows.append(_new_entry(cipher, change, position, ids))
             ids.add(change.id)
         touched = list(dict.fromkeys(c.id for c in adds))
-        done = await q.add_only_change(
+        done = await memory_q.add_only_change(
             rt.driver,
             id=change_id,
             bot_id=bot_id,
@@ -437,7 +437,7 @@ async def publish_change(rt: Runtime, bot_id: str, applied: Applied) -> None:
 
 async def require_visible(tx: AsyncManagedTransaction, bot_id: str, reader: Reader, entry_id: str) -> None:
     """The entry must be for the caller now (under the lock); else the same 409 for all cases (D9.4)."""
-    seen = await q.visible_ids(tx, bot_id=bot_id, ids=[entry_id], active_only=False, **reader.params)
+    seen = await memory_q.visible_ids(tx, bot_id=bot_id, ids=[entry_id], active_only=False, **reader.params)
     if entry_id not in seen:
         raise Conflict("this entry is not for you")
 
@@ -464,7 +464,7 @@ async def import_legacy(rt: Runtime, bot_id: str, legacy: list[LegacyEntry]) -> 
         check_content(entry.content)
 
     async def work(tx: AsyncManagedTransaction) -> Applied:
-        version = await q.bump_version(tx, bot_id=bot_id)
+        version = await memory_q.bump_version(tx, bot_id=bot_id)
         if version is None:
             raise NotFound("bot not found")
         rows = [
@@ -481,7 +481,7 @@ async def import_legacy(rt: Runtime, bot_id: str, legacy: list[LegacyEntry]) -> 
         await entries.create_legacy(tx, bot_id=bot_id, rows=rows, now=now)
         ids = [entry.id for entry in legacy]
         payload = cipher.encrypt("change", change_id, json.dumps({"kind": "import", "count": len(legacy)}))
-        await q.log_change(
+        await memory_q.log_change(
             tx,
             id=change_id,
             bot_id=bot_id,
@@ -500,7 +500,7 @@ async def relabel_all(rt: Runtime, bot_id: str) -> int:
     """Recompute every label of a Bot from the path query (after manual surgery on the graph)."""
 
     async def work(tx: AsyncManagedTransaction) -> int:
-        if await q.bump_version(tx, bot_id=bot_id) is None:
+        if await memory_q.bump_version(tx, bot_id=bot_id) is None:
             raise NotFound("bot not found")
         ids = await entries.all_ids(tx, bot_id=bot_id)
         await access.compute_labels(tx, bot_id=bot_id, ids=ids)

@@ -7,14 +7,14 @@ from typing import Any
 
 from neo4j import AsyncManagedTransaction
 
-from graph import chats as q
+from graph import chats as chats_q
 from graph import identity, learning
 from graph.driver import read, write
 from services.crypto import Cipher
 from services.domain import Chat, Item, ItemKind, Page, Principal, Turn
 from services.errors import BadInput, Conflict, Forbidden, NotFound
 from services.ids import new_id
-from services.queue import enqueue_executions, enqueue_summary_if_due
+from services.jobs import enqueue_executions, enqueue_summary_if_due
 from services.runtime import Runtime, now_ms
 from services.validation import check_id, check_page, check_text
 
@@ -104,7 +104,7 @@ async def create_chat(
                 raise NotFound("channel not found")
             if owner not in channel["memberIds"]:
                 raise Forbidden("the owner of a group chat must be a member of its channel")
-        return await q.create_chat(
+        return await chats_q.create_chat(
             tx,
             id=new_id("chat"),
             bot_id=bot_id,
@@ -123,7 +123,9 @@ async def create_chat(
 async def get_chat(rt: Runtime, principal: Principal, chat_id: str) -> Chat | None:
     """The Chat if the caller is one of its people (D9.6), else None (no existence oracle)."""
     check_id(chat_id, "id")
-    row = await read(rt.driver, lambda tx: q.chat_for(tx, chat_id=chat_id, person_id=principal.person_id))
+    row = await read(
+        rt.driver, lambda tx: chats_q.chat_for(tx, chat_id=chat_id, person_id=principal.person_id)
+    )
     if row is None or principal.kind != "person" or not row["isPerson"]:
         return None
     return Chat.of(row["chat"])
@@ -135,13 +137,13 @@ async def messages(rt: Runtime, principal: Principal, chat_id: str, *, limit: in
     check_id(chat_id, "chatId")
 
     async def work(tx: AsyncManagedTransaction) -> tuple[dict[str, Any] | None, list[dict[str, Any]], int]:
-        row = await q.chat_for(tx, chat_id=chat_id, person_id=principal.person_id)
+        row = await chats_q.chat_for(tx, chat_id=chat_id, person_id=principal.person_id)
         if row is None or principal.kind != "person" or not row["isPerson"]:
             return None, [], 0
         return (
             row,
-            await q.list_items(tx, chat_id=chat_id, skip=skip, limit=limit),
-            await q.count_items(tx, chat_id=chat_id),
+            await chats_q.list_items(tx, chat_id=chat_id, skip=skip, limit=limit),
+            await chats_q.count_items(tx, chat_id=chat_id),
         )
 
     row, items, total = await read(rt.driver, work)
@@ -182,13 +184,13 @@ async def start_turn(
     turn_id, now = new_id("turn"), now_ms()
 
     async def work(tx: AsyncManagedTransaction) -> dict[str, Any]:
-        row = await q.chat_for(tx, chat_id=chat_id, person_id=principal.person_id)
+        row = await chats_q.chat_for(tx, chat_id=chat_id, person_id=principal.person_id)
         require_writer(principal, row, "chat")
         assert row is not None
-        if actor is not None and not await q.is_person_of_chat(tx, chat_id=chat_id, person_id=actor):
+        if actor is not None and not await chats_q.is_person_of_chat(tx, chat_id=chat_id, person_id=actor):
             raise Forbidden("the actor is not a person of this chat")
-        turn_seq, item_seq = await q.allocate_turn(tx, chat_id=chat_id)
-        turn = await q.create_turn(
+        turn_seq, item_seq = await chats_q.allocate_turn(tx, chat_id=chat_id)
+        turn = await chats_q.create_turn(
             tx,
             id=turn_id,
             chat_id=chat_id,
@@ -198,7 +200,7 @@ async def start_turn(
             now=now,
         )
         kind = ItemKind.NOTICE if actor is None else ItemKind.PERSON_MESSAGE
-        await q.create_items(
+        await chats_q.create_items(
             tx, turn_id=turn_id, items=[_new_row(rt, row, item_seq, kind, text, None, actor)], now=now
         )
         return turn
@@ -256,19 +258,19 @@ async def add_items(rt: Runtime, principal: Principal, turn_id: str, items: list
     now = now_ms()
 
     async def work(tx: AsyncManagedTransaction) -> list[dict[str, Any]]:
-        row = await q.turn_for(tx, turn_id=turn_id, person_id=principal.person_id)
+        row = await chats_q.turn_for(tx, turn_id=turn_id, person_id=principal.person_id)
         require_writer(principal, row, "turn")
         assert row is not None
         if row["turn"]["status"] != "open":
             raise Conflict("the Turn is already completed")
-        first = await q.allocate_items(tx, chat_id=row["chat"]["id"], count=len(items))
+        first = await chats_q.allocate_items(tx, chat_id=row["chat"]["id"], count=len(items))
         new_rows = [
             _new_row(
                 rt, row, first + n, i.kind, i.text, i.app, _speaker(i.kind, row["turn"], row["chat"], i.app)
             )
             for n, i in enumerate(items)
         ]
-        return await q.create_items(tx, turn_id=turn_id, items=new_rows, now=now)
+        return await chats_q.create_items(tx, turn_id=turn_id, items=new_rows, now=now)
 
     created = await write(rt.driver, work)
     return [
@@ -293,10 +295,10 @@ async def complete_turn(rt: Runtime, principal: Principal, turn_id: str) -> Turn
     now = now_ms()
 
     async def work(tx: AsyncManagedTransaction) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
-        row = await q.turn_for(tx, turn_id=turn_id, person_id=principal.person_id)
+        row = await chats_q.turn_for(tx, turn_id=turn_id, person_id=principal.person_id)
         require_writer(principal, row, "turn")
         queued = await learning.queue_turn(tx, turn_id=turn_id, now=now)
-        return await q.complete_turn(tx, turn_id=turn_id, now=now), queued
+        return await chats_q.complete_turn(tx, turn_id=turn_id, now=now), queued
 
     turn, queued = await write(rt.driver, work)
     assert turn is not None

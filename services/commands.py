@@ -8,7 +8,7 @@ from __future__ import annotations
 from neo4j import AsyncManagedTransaction
 
 from graph import chats, conversation, entries, identity
-from graph import memory as q
+from graph import memory as memory_q
 from graph.driver import write
 from services.auth import require_person
 from services.changes import (
@@ -83,7 +83,7 @@ async def share(
     async def precheck(tx: AsyncManagedTransaction) -> None:
         reader = await _reader(tx, principal, bot_id)
         await require_visible(tx, bot_id, reader, entry_id)
-        row = await q.entry_for_edit(tx, bot_id=bot_id, id=entry_id)
+        row = await memory_q.entry_for_edit(tx, bot_id=bot_id, id=entry_id)
         assert row is not None
         if "from:" + person_id not in row["tags"] and row["author"] != person_id:
             raise Conflict("only the people behind an entry share it")
@@ -113,12 +113,12 @@ async def purge(rt: Runtime, principal: Principal, bot_id: str, tag: str) -> int
     change_id, now = new_id("chg"), now_ms()
 
     async def work(tx: AsyncManagedTransaction) -> tuple[int, list[str]]:
-        version = await q.bump_version(tx, bot_id=bot_id)
+        version = await memory_q.bump_version(tx, bot_id=bot_id)
         if version is None:
             raise NotFound("bot not found")
         await require_owner_writer(tx, principal, bot_id)
         removed = await entries.purge(tx, bot_id=bot_id, tag=tag)
-        await q.log_change(
+        await memory_q.log_change(
             tx,
             id=change_id,
             bot_id=bot_id,

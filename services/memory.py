@@ -17,7 +17,7 @@ from typing import Any
 from neo4j import AsyncManagedTransaction
 
 from graph import access, identity
-from graph import memory as q
+from graph import memory as memory_q
 from graph.driver import autocommit, read, single
 from services.auth import require_person
 from services.crypto import Cipher
@@ -161,7 +161,7 @@ async def open_read(
     person_id = require_person(principal)
     assert principal.organization_id is not None
     locked = await single(
-        tx, q.LOCK_AND_READER, botId=bot_id, personId=person_id, org=principal.organization_id
+        tx, memory_q.LOCK_AND_READER, botId=bot_id, personId=person_id, org=principal.organization_id
     )
     return await _as_reader(rt, tx, principal, bot_id, locked)
 
@@ -229,7 +229,7 @@ def _parse_cursor(after: str | None) -> tuple[int, str] | None:
             raise ValueError(after)
         rank, _, entry_id = base64.urlsafe_b64decode(after + "=" * (-len(after) % 4)).decode().partition(":")
         check_id(entry_id, "after")
-        if not 0 <= int(rank) < q.TOP_RANK:
+        if not 0 <= int(rank) < memory_q.TOP_RANK:
             raise ValueError(rank)
         return int(rank), entry_id
     except (ValueError, BadInput):
@@ -252,7 +252,7 @@ async def _listing(
 
     async def work(tx: AsyncManagedTransaction) -> tuple[int, list[dict[str, Any]], Cipher]:
         # One statement: the shared lock, the caller as a reader, and what they see (C1).
-        locked = await q.lock_reader_and_list(
+        locked = await memory_q.lock_reader_and_list(
             tx,
             bot_id=bot_id,
             person_id=person_id,
@@ -278,15 +278,15 @@ async def change_log(
     check_id(bot_id, "botId")
     if not 1 <= limit <= MAX_PAGE:
         raise BadInput(f"limit is between 1 and {MAX_PAGE}", field="limit")
-    if before is not None and not 1 <= before < q.TOP_RANK:
+    if before is not None and not 1 <= before < memory_q.TOP_RANK:
         raise BadInput("before is a version of the log", field="before")
 
     async def work(tx: AsyncManagedTransaction) -> tuple[int, list[Change], int | None]:
         version, reader, _ = await open_read(rt, tx, principal, bot_id)
-        log = await q.log_rows(tx, bot_id=bot_id, limit=limit, before=before)
+        log = await memory_q.log_rows(tx, bot_id=bot_id, limit=limit, before=before)
         next_page = log[-1]["version"] if len(log) == limit else None
         all_ids = sorted({i for row in log for i in row["ids"]})
-        seen = await q.visible_ids(tx, bot_id=bot_id, ids=all_ids, active_only=False, **reader.params)
+        seen = await memory_q.visible_ids(tx, bot_id=bot_id, ids=all_ids, active_only=False, **reader.params)
         changes = [
             Change(row["version"], row["at"], row["actor"], tuple(i for i in row["ids"] if i in seen))
             for row in log
@@ -307,7 +307,7 @@ async def context(rt: Runtime, bot_id: str, reader: Reader, limit: int) -> Conte
     """
 
     def page(tx: AsyncManagedTransaction, after: int, size: int, count: int) -> Awaitable[dict[str, Any]]:
-        return q.context_page(
+        return memory_q.context_page(
             tx,
             bot_id=bot_id,
             after=after,
@@ -315,7 +315,7 @@ async def context(rt: Runtime, bot_id: str, reader: Reader, limit: int) -> Conte
             size=size,
             count=count,
             max_size=limit,
-            locked=after == q.TOP_RANK,  # the shared lock heads the first statement (C1)
+            locked=after == memory_q.TOP_RANK,  # the shared lock heads the first statement (C1)
             **reader.params,
         )
 
@@ -324,7 +324,7 @@ async def context(rt: Runtime, bot_id: str, reader: Reader, limit: int) -> Conte
 
     async def work(tx: AsyncManagedTransaction) -> tuple[list[dict[str, Any]], Cipher]:
         used: list[dict[str, Any]] = []
-        size, after = 0, q.TOP_RANK
+        size, after = 0, memory_q.TOP_RANK
         while True:
             found = await page(tx, after, size, len(used))
             used += found["page"]
@@ -336,7 +336,7 @@ async def context(rt: Runtime, bot_id: str, reader: Reader, limit: int) -> Conte
     first_page = _first_page(rt.line_lengths.mean(bot_id), limit)
     first = await autocommit(
         rt.driver,
-        lambda session: q.context(
+        lambda session: memory_q.context(
             session, limit=first_page, more=_CONTEXT_MORE, max_size=limit, bot_id=bot_id, **reader.params
         ),
         write=False,
@@ -367,7 +367,7 @@ async def has_entries(rt: Runtime, bot_id: str, reader: Reader) -> bool:
     One statement that takes the shared lock first (C1): an auto-commit transaction."""
     return await autocommit(
         rt.driver,
-        lambda session: q.has_visible(session, bot_id=bot_id, locked=True, **reader.params),
+        lambda session: memory_q.has_visible(session, bot_id=bot_id, locked=True, **reader.params),
         write=False,
     )
 
@@ -379,7 +379,7 @@ async def validate_references(rt: Runtime, bot_id: str, reader: Reader, ids: lis
         return True
     visible = await autocommit(
         rt.driver,
-        lambda session: q.visible_ids(
+        lambda session: memory_q.visible_ids(
             session, bot_id=bot_id, ids=ids, active_only=True, locked=True, **reader.params
         ),
         write=False,

@@ -4,16 +4,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from arq.connections import ArqRedis
 from neo4j import AsyncDriver
 
 from services.crypto import Cipher, Keyring, WrappedKey
 from services.settings import Settings
-
-if TYPE_CHECKING:
-    from learning.model import Gateway
 
 
 class LineLengths:
@@ -43,7 +39,6 @@ class Runtime:
     driver: AsyncDriver
     redis: ArqRedis
     keyring: Keyring
-    gateway: Gateway
     line_lengths: LineLengths = field(default_factory=LineLengths)
 
     def cipher(self, bot_id: str, key_master: str, key_wrapped: bytes) -> Cipher:

@@ -18,7 +18,7 @@ from typing import Any
 
 from neo4j import AsyncManagedTransaction
 
-from graph import chats as q
+from graph import chats as chats_q
 from graph.driver import read, single
 from services import pubsub
 from services.chats import ITEM_KIND
@@ -125,7 +125,7 @@ class TurnHub:
             item_id = str(event.item_id)
 
             async def work(tx: AsyncManagedTransaction) -> dict[str, Any] | None:
-                row = await q.chat_for(tx, chat_id=chat_id, person_id=None)
+                row = await chats_q.chat_for(tx, chat_id=chat_id, person_id=None)
                 item = await single(
                     tx, "MATCH (i:Item {uid: $uid}) RETURN i {.*} AS item", uid=f"{chat_id}/{item_id}"
                 )

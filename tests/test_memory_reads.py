@@ -141,13 +141,13 @@ async def test_context_sizes_its_first_page_by_the_lines_it_returned(
     answer is the same whatever the page."""
     w, _, reader = await hundred_and_fifty_facts(api, runtime)
     pages: list[int] = []
-    real_context = memory.q.context
+    real_context = memory.memory_q.context
 
     async def context(tx: Any, *, limit: int, **params: Any) -> Any:
         pages.append(limit)
         return await real_context(tx, limit=limit, **params)
 
-    monkeypatch.setattr(memory.q, "context", context)
+    monkeypatch.setattr(memory.memory_q, "context", context)
     first = await memory.context(runtime, w.bot, reader, limit=6 + 7 * 79)  # 80 lines of 7
     again = await memory.context(runtime, w.bot, reader, limit=6 + 7 * 79)
     assert first == again and len(first.ids) == 80

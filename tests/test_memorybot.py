@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from learning.model import FIXED_CALM_ANSWER, Gateway, Route, StepKey
+from learning.gateway import FIXED_CALM_ANSWER, Gateway, Route, StepKey
 from services.runtime import Runtime
 from services.settings import Settings
 from tests.client import Api

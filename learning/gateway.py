@@ -17,25 +17,24 @@ import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, cast
 
 import openai
 from openai import AsyncOpenAI
 from openai.types.chat import ChatCompletion
 
-from graph import memorybot as q
+from graph import memorybot as memorybot_q
 from graph.driver import read, write
 from services import metrics
-from services.crypto import Cipher
 from services.ids import new_id
+from services.memorybot import Route, current_period, periods
 from services.runtime import now_ms
 from services.settings import Settings
 
 if TYPE_CHECKING:
     from services.runtime import Runtime
 
-log = logging.getLogger("learning.model")
+log = logging.getLogger("learning.gateway")
 
 #: The answer when no model can answer (no model, budget spent, deadline passed). It speaks
 #: only of the work (D9.16).
@@ -56,21 +55,6 @@ class ModelUnavailable(Exception):
     def __init__(self, code: str) -> None:
         super().__init__(code)
         self.code = code
-
-
-@dataclass(frozen=True, slots=True)
-class Route:
-    """Whose model and money a task uses, read when the task runs: the Chat's organization (L6)."""
-
-    bot_id: str
-    org: str
-    model: str | None
-    bot_memory: bool
-    instructions: str | None
-    concurrency: int | None
-    budget_period: str | None
-    budget_limit: int | None
-    cipher: Cipher
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,17 +102,6 @@ class StepKey:
     request_hash: str
 
 
-def periods(at_ms: int) -> tuple[str, str]:
-    """The UTC day and month of a time (budget periods, D9.12)."""
-    at = datetime.fromtimestamp(at_ms / 1000, tz=UTC)
-    return f"day:{at:%Y-%m-%d}", f"month:{at:%Y-%m}"
-
-
-def current_period(period: str, at_ms: int) -> str:
-    day, month = periods(at_ms)
-    return day if period == "day" else month
-
-
 def request_hash(body: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
@@ -161,6 +134,12 @@ class Gateway:
         if self._client is not None:
             await self._client.close()
 
+    async def __aenter__(self) -> Gateway:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
     async def acquire(self, route: Route, deadline: float) -> Callable[[], None]:
         """Wait until ``deadline`` for a free memory-Bot task slot of the Bot in this process
         (``concurrency``, D9.12); returns the release. Raises ModelUnavailable("busy")."""
@@ -182,7 +161,9 @@ class Gateway:
         if route.budget_period is None or route.budget_limit is None:
             return False
         period = current_period(route.budget_period, now_ms())
-        micros, _ = await read(rt.driver, lambda tx: q.spent(tx, bot_id=route.bot_id, period=period))
+        micros, _ = await read(
+            rt.driver, lambda tx: memorybot_q.spent(tx, bot_id=route.bot_id, period=period)
+        )
         return micros >= route.budget_limit
 
     async def complete(
@@ -382,7 +363,7 @@ class Gateway:
             "periods": list(periods(now)),
             "charged": answered and charge,
         }
-        await write(rt.driver, lambda tx: q.save_model_call(tx, **fields))
+        await write(rt.driver, lambda tx: memorybot_q.save_model_call(tx, **fields))
         return cost
 
 

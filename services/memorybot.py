@@ -1,55 +1,40 @@
-"""The memory Bot seen from the API: its settings (C3, D9.13), ``confide`` (L1, L2, L5, L6) and
-the Chat owner's confessions (D9.6).
-
-``confide`` saves the confession and records the learning execution first (so a crash loses
-nothing), then seeks the answer within the deadline counted from arrival (D9.11): the wait for a
-free ``concurrency`` slot, the memory read and the model call all count. Whatever goes wrong, the
-Bot gets the fixed calm answer. The answer speaks only of the work (D9.16).
-"""
+"""The memory Bot's settings (C3, D9.13), its route (whose model and budget a task uses, L6), and
+the Chat owner's confessions (D9.6)."""
 
 from __future__ import annotations
 
-import asyncio
-import re
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, cast
 
 from neo4j import AsyncManagedTransaction
 
-from graph import chats as chat_q
-from graph import learning as lq
-from graph import memorybot as q
+from graph import chats as chats_q
+from graph import learning as learning_q
+from graph import memorybot as memorybot_q
 from graph.driver import read, write
 from graph.memory import shared_lock, visible_ids
-from learning.model import FIXED_CALM_ANSWER, ModelUnavailable, Route, current_period
-from services import memory, metrics
+from services import memory
 from services.auth import require_person
-from services.chats import require_writer
 from services.commands import require_owner_writer
 from services.crypto import Cipher
 from services.domain import Principal
 from services.errors import BadInput, Conflict, NotFound, ServiceError
-from services.ids import new_id
-from services.queue import enqueue_executions
+from services.jobs import enqueue_executions
 from services.runtime import Runtime, now_ms
 from services.validation import check_id, check_page, check_text
 
 CONFESSION_KIND = "confession"
-ANSWER_KIND = "confession-answer"
-MAX_INSTRUCTIONS = 8000
-MAX_CONCURRENCY = 1000
-_SAVE_MARGIN = 0.3  # seconds kept back from the deadline to save the answer
-#: Words that would tell the Bot that memory exists (D9.16); an answer using them is replaced.
-MEMORY_VOCABULARY = re.compile(r"\bmemor(?:y|ies|ise|ize|ised|ized)\b|\bmem_\w", re.IGNORECASE)
 
-CONFIDE_SYSTEM = (
-    "You are a calm listener for an assistant at work. The assistant tells you how its work goes: "
-    "when it is stuck, unsure, upset or proud, or when it made a mistake. Listen and do not judge. "
-    "Say that a mistake is part of the work. Ask it to tell the person plainly and to fix what it "
-    "can. Give it no new tasks. Answer at once, in a few calm sentences."
-)
+
+ANSWER_KIND = "confession-answer"
+
+
+MAX_INSTRUCTIONS = 8000
+
+
+MAX_CONCURRENCY = 1000
 
 
 class ReviewChat(ServiceError):
@@ -108,13 +93,13 @@ async def get_settings(rt: Runtime, principal: Principal, bot_id: str) -> Memory
 
     async def work(tx: AsyncManagedTransaction) -> MemoryBotSettings:
         await require_owner_writer(tx, principal, bot_id)
-        row = await q.settings(tx, bot_id=bot_id)
+        row = await memorybot_q.settings(tx, bot_id=bot_id)
         if row is None:
             raise NotFound("bot not found")
         spent = None
         if row.get("budgetPeriod") is not None:
             period = current_period(row["budgetPeriod"], now_ms())
-            spent = await q.spent(tx, bot_id=bot_id, period=period)
+            spent = await memorybot_q.spent(tx, bot_id=bot_id, period=period)
         return MemoryBotSettings.of(row, spent)
 
     return await read(rt.driver, work)
@@ -175,7 +160,7 @@ async def update_settings(
 
     async def work(tx: AsyncManagedTransaction) -> dict[str, Any]:
         await require_owner_writer(tx, principal, bot_id)
-        updated = await q.update_settings(tx, bot_id=bot_id, expected=expected, values=values)
+        updated = await memorybot_q.update_settings(tx, bot_id=bot_id, expected=expected, values=values)
         if updated is None:
             raise NotFound("bot not found")
         matches, row = updated
@@ -194,17 +179,17 @@ async def release_budget_waiting(rt: Runtime, bot_id: str, settings: MemoryBotSe
     """Executions that waited for budget run again once it is not spent (D9.12)."""
     if settings.budget is not None:
         period = current_period(settings.budget.period, now_ms())
-        micros, _ = await read(rt.driver, lambda tx: q.spent(tx, bot_id=bot_id, period=period))
+        micros, _ = await read(rt.driver, lambda tx: memorybot_q.spent(tx, bot_id=bot_id, period=period))
         if micros >= settings.budget.limit_micros:
             return 0
-    queued = await write(rt.driver, lambda tx: lq.release_budget(tx, bot_id=bot_id, now=now_ms()))
+    queued = await write(rt.driver, lambda tx: learning_q.release_budget(tx, bot_id=bot_id, now=now_ms()))
     await enqueue_executions(rt, queued)
     return len(queued)
 
 
 async def load_route(rt: Runtime, tx: AsyncManagedTransaction, chat_id: str) -> tuple[dict[str, Any], Route]:
     """The Chat and its route: the Chat's organization's model and switch (L5, L6), read now."""
-    row = await q.chat_route(tx, chat_id=chat_id)
+    row = await memorybot_q.chat_route(tx, chat_id=chat_id)
     if row is None:
         raise NotFound("chat not found")
     s = row["settings"]
@@ -221,108 +206,6 @@ async def load_route(rt: Runtime, tx: AsyncManagedTransaction, chat_id: str) -> 
         cipher=rt.cipher(chat["botId"], row["keyMaster"], row["keyWrapped"]),
     )
     return chat, route
-
-
-def system_prompt(base: str, route: Route, known: str | None = None) -> str:
-    """The memory Bot's instructions go into every request of that Bot (issue 4, §4 L1)."""
-    parts = [base]
-    if route.instructions:
-        parts.append("Rules from the team you work for (follow them):\n" + route.instructions)
-    if known:
-        parts.append("What you know from earlier work (use only what helps):\n" + known)
-    return "\n\n".join(parts)
-
-
-async def confide(rt: Runtime, principal: Principal, turn_id: str, text: str) -> str:
-    """The memory Bot's answer at once (L1), after saving the confession and recording learning (L2)."""
-    deadline = time.monotonic() + rt.settings.answer_deadline_seconds
-    check_id(turn_id, "turnId")
-    text = check_text(text, "text", limit=rt.settings.max_text_chars)
-    confession_id, execution_id, now = new_id("conf"), new_id("exec"), now_ms()
-
-    async def work(tx: AsyncManagedTransaction) -> tuple[dict[str, Any], Route, list[dict[str, Any]]]:
-        row = await chat_q.turn_for(tx, turn_id=turn_id, person_id=principal.person_id)
-        require_writer(principal, row, "turn")
-        assert row is not None
-        if row["chat"]["review"]:
-            raise ReviewChat("review chats have no confide")
-        chat, route = await load_route(rt, tx, row["chat"]["id"])
-        await q.create_confession(
-            tx,
-            id=confession_id,
-            bot_id=route.bot_id,
-            turn_id=turn_id,
-            text=route.cipher.encrypt(CONFESSION_KIND, confession_id, text),
-            now=now,
-        )
-        queued: list[dict[str, Any]] = []
-        if route.bot_memory and route.model is not None:  # L5: nothing is learned otherwise
-            created = await lq.create_execution(
-                tx,
-                id=execution_id,
-                bot_id=route.bot_id,
-                turn_id=turn_id,
-                confession_id=confession_id,
-                now=now,
-            )
-            if created["status"] == "queued":
-                queued.append({"id": execution_id, "epoch": created["epoch"]})
-        return chat, route, queued
-
-    chat, route, queued = await write(rt.driver, work)
-    await enqueue_executions(rt, queued)
-    answer, used, by = FIXED_CALM_ANSWER, (), "fixed"
-    try:
-        answer, used = await _answer(rt, chat, route, text, deadline - _SAVE_MARGIN)
-        by = "model"
-    except (ModelUnavailable, TimeoutError):
-        pass
-    metrics.CONFIDE_ANSWERS.labels(by=by).inc()
-    sealed = route.cipher.encrypt(ANSWER_KIND, confession_id, answer)
-    await write(
-        rt.driver,
-        lambda tx: q.answer_confession(
-            tx, id=confession_id, answer=sealed, used_entry_ids=list(used), answered_by=by, now=now_ms()
-        ),
-    )
-    return answer
-
-
-async def _answer(
-    rt: Runtime, chat: dict[str, Any], route: Route, text: str, deadline: float
-) -> tuple[str, tuple[str, ...]]:
-    """The model's answer drawing only on memory every reader of the Chat may see (L1, V10)."""
-    gateway = rt.gateway
-    if route.model is None:
-        raise ModelUnavailable("no_model")
-    async with asyncio.timeout(max(deadline - time.monotonic(), 0)):
-        if await gateway.budget_spent(rt, route):
-            raise ModelUnavailable("budget_spent")
-        known = None
-        if route.bot_memory:
-            reader = await memory.chat_reader(rt, chat["id"])
-            if reader is not None:
-                known = await memory.context(rt, route.bot_id, reader, rt.settings.answer_context_chars)
-        release = await gateway.acquire(route, deadline)
-    try:
-        body = {
-            "messages": [
-                {
-                    "role": "system",
-                    "content": system_prompt(CONFIDE_SYSTEM, route, known.text if known else None),
-                },
-                {"role": "user", "content": text},
-            ]
-        }
-        completion = await gateway.complete(
-            rt, route, task="confide", body=body, deadline=deadline, entry_ids=known.ids if known else ()
-        )
-    finally:
-        release()
-    answer = (completion.text or "").strip()
-    if not answer or MEMORY_VOCABULARY.search(answer):
-        raise ModelUnavailable("unusable")
-    return answer, (known.ids if known else ())
 
 
 @dataclass(frozen=True, slots=True)
@@ -375,7 +258,7 @@ async def owner_records(
     limit, skip = check_page(limit, skip, max_limit=rt.settings.max_page_size)
 
     async def work(tx: AsyncManagedTransaction) -> tuple[dict[str, Any], list[dict[str, Any]], set[str]]:
-        row = await chat_q.chat_for(tx, chat_id=chat_id, person_id=person_id)
+        row = await chats_q.chat_for(tx, chat_id=chat_id, person_id=person_id)
         if row is None or not row["isPerson"] or row["chat"]["ownerId"] != person_id:
             raise NotFound("chat not found")
         chat = row["chat"]
@@ -409,7 +292,7 @@ async def confessions(
     owner is withheld (only the confession's own text is returned)."""
 
     async def fetch(tx: AsyncManagedTransaction, chat: str, skip: int, limit: int) -> list[dict[str, Any]]:
-        return await q.list_confessions(tx, chat_id=chat, skip=skip, limit=limit)
+        return await memorybot_q.list_confessions(tx, chat_id=chat, skip=skip, limit=limit)
 
     view = await owner_records(rt, principal, chat_id, fetch, limit=limit, skip=skip)
     cipher = view.cipher
@@ -430,3 +313,29 @@ async def confessions(
             )
         )
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Whose model and money a task uses, read when the task runs: the Chat's organization (L6)."""
+
+    bot_id: str
+    org: str
+    model: str | None
+    bot_memory: bool
+    instructions: str | None
+    concurrency: int | None
+    budget_period: str | None
+    budget_limit: int | None
+    cipher: Cipher
+
+
+def periods(at_ms: int) -> tuple[str, str]:
+    """The UTC day and month of a time (budget periods, D9.12)."""
+    at = datetime.fromtimestamp(at_ms / 1000, tz=UTC)
+    return f"day:{at:%Y-%m-%d}", f"month:{at:%Y-%m}"
+
+
+def current_period(period: str, at_ms: int) -> str:
+    day, month = periods(at_ms)
+    return day if period == "day" else month

@@ -1,0 +1,130 @@
+"""``confide`` (L1, L2, L5, L6): the memory Bot's answer to the Bot's own account of its work.
+
+``confide`` saves the confession and records the learning execution first (so a crash loses
+nothing), then seeks the answer within the deadline counted from arrival (D9.11): the wait for a
+free ``concurrency`` slot, the memory read and the model call all count. Whatever goes wrong, the
+Bot gets the fixed calm answer. The answer speaks only of the work (D9.16).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from neo4j import AsyncManagedTransaction
+
+from graph import chats as chats_q
+from graph import learning as learning_q
+from graph import memorybot as memorybot_q
+from graph.driver import write
+from learning.gateway import FIXED_CALM_ANSWER, Gateway, ModelUnavailable
+from learning.prompts import MEMORY_VOCABULARY, system_prompt
+from services import memory, metrics
+from services.chats import require_writer
+from services.domain import Principal
+from services.ids import new_id
+from services.jobs import enqueue_executions
+from services.memorybot import ANSWER_KIND, CONFESSION_KIND, ReviewChat, Route, load_route
+from services.runtime import Runtime, now_ms
+from services.validation import check_id, check_text
+
+_SAVE_MARGIN = 0.3  # seconds kept back from the deadline to save the answer
+
+CONFIDE_SYSTEM = (
+    "You are a calm listener for an assistant at work. The assistant tells you how its work goes: "
+    "when it is stuck, unsure, upset or proud, or when it made a mistake. Listen and do not judge. "
+    "Say that a mistake is part of the work. Ask it to tell the person plainly and to fix what it "
+    "can. Give it no new tasks. Answer at once, in a few calm sentences."
+)
+
+
+async def confide(rt: Runtime, gateway: Gateway, principal: Principal, turn_id: str, text: str) -> str:
+    """The memory Bot's answer at once (L1), after saving the confession and recording learning (L2)."""
+    deadline = time.monotonic() + rt.settings.answer_deadline_seconds
+    check_id(turn_id, "turnId")
+    text = check_text(text, "text", limit=rt.settings.max_text_chars)
+    confession_id, execution_id, now = new_id("conf"), new_id("exec"), now_ms()
+
+    async def work(tx: AsyncManagedTransaction) -> tuple[dict[str, Any], Route, list[dict[str, Any]]]:
+        row = await chats_q.turn_for(tx, turn_id=turn_id, person_id=principal.person_id)
+        require_writer(principal, row, "turn")
+        assert row is not None
+        if row["chat"]["review"]:
+            raise ReviewChat("review chats have no confide")
+        chat, route = await load_route(rt, tx, row["chat"]["id"])
+        await memorybot_q.create_confession(
+            tx,
+            id=confession_id,
+            bot_id=route.bot_id,
+            turn_id=turn_id,
+            text=route.cipher.encrypt(CONFESSION_KIND, confession_id, text),
+            now=now,
+        )
+        queued: list[dict[str, Any]] = []
+        if route.bot_memory and route.model is not None:  # L5: nothing is learned otherwise
+            created = await learning_q.create_execution(
+                tx,
+                id=execution_id,
+                bot_id=route.bot_id,
+                turn_id=turn_id,
+                confession_id=confession_id,
+                now=now,
+            )
+            if created["status"] == "queued":
+                queued.append({"id": execution_id, "epoch": created["epoch"]})
+        return chat, route, queued
+
+    chat, route, queued = await write(rt.driver, work)
+    await enqueue_executions(rt, queued)
+    answer, used, by = FIXED_CALM_ANSWER, (), "fixed"
+    try:
+        answer, used = await _answer(rt, gateway, chat, route, text, deadline - _SAVE_MARGIN)
+        by = "model"
+    except (ModelUnavailable, TimeoutError):
+        pass
+    metrics.CONFIDE_ANSWERS.labels(by=by).inc()
+    sealed = route.cipher.encrypt(ANSWER_KIND, confession_id, answer)
+    await write(
+        rt.driver,
+        lambda tx: memorybot_q.answer_confession(
+            tx, id=confession_id, answer=sealed, used_entry_ids=list(used), answered_by=by, now=now_ms()
+        ),
+    )
+    return answer
+
+
+async def _answer(
+    rt: Runtime, gateway: Gateway, chat: dict[str, Any], route: Route, text: str, deadline: float
+) -> tuple[str, tuple[str, ...]]:
+    """The model's answer drawing only on memory every reader of the Chat may see (L1, V10)."""
+    if route.model is None:
+        raise ModelUnavailable("no_model")
+    async with asyncio.timeout(max(deadline - time.monotonic(), 0)):
+        if await gateway.budget_spent(rt, route):
+            raise ModelUnavailable("budget_spent")
+        known = None
+        if route.bot_memory:
+            reader = await memory.chat_reader(rt, chat["id"])
+            if reader is not None:
+                known = await memory.context(rt, route.bot_id, reader, rt.settings.answer_context_chars)
+        release = await gateway.acquire(route, deadline)
+    try:
+        body = {
+            "messages": [
+                {
+                    "role": "system",
+                    "content": system_prompt(CONFIDE_SYSTEM, route, known.text if known else None),
+                },
+                {"role": "user", "content": text},
+            ]
+        }
+        completion = await gateway.complete(
+            rt, route, task="confide", body=body, deadline=deadline, entry_ids=known.ids if known else ()
+        )
+    finally:
+        release()
+    answer = (completion.text or "").strip()
+    if not answer or MEMORY_VOCABULARY.search(answer):
+        raise ModelUnavailable("unusable")
+    return answer, (known.ids if known else ())

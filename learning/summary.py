@@ -1,0 +1,105 @@
+"""The rolling summary of a Chat (DESIGN §6, D9.17).
+
+The summary is part of the Chat's history (encrypted, readable by the Chat's people); the worker
+compresses it when the Chat passes the threshold (~20,000 characters), through the memory Bot's
+model, budget, concurrency gate and call log, and it creates no entries.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from neo4j import AsyncManagedTransaction
+
+from graph import conversation as conversation_q
+from graph.driver import read, write
+from learning.gateway import Gateway, ModelUnavailable
+from learning.prompts import system_prompt
+from services import chats
+from services.conversation import SUMMARY_KIND
+from services.errors import NotFound
+from services.memorybot import Route, load_route
+from services.runtime import Runtime, now_ms
+
+_MAX_ITEMS = 500
+_SPEAKER = {
+    "PERSON_MESSAGE": "person",
+    "BOT_MESSAGE": "assistant",
+    "TOOL_RESULT": "app",
+    "NOTICE": "notice",
+}
+
+SUMMARY_SYSTEM = (
+    "You keep the running summary of a chat between people and an assistant. You get the summary so "
+    "far and the messages after it. Write the new summary: what was asked, said and decided, by whom, "
+    "and what is still open. Plain text, as short as it can be while keeping that."
+)
+
+
+async def summarize(rt: Runtime, gateway: Gateway, chat_id: str) -> str:
+    """Compress the Chat's history when it is due (the worker's job); returns what happened."""
+
+    async def load(tx: AsyncManagedTransaction) -> tuple[dict[str, Any], Route]:
+        return await load_route(rt, tx, chat_id)
+
+    try:
+        _, route = await read(rt.driver, load)
+    except NotFound:
+        return "gone"
+    if route.model is None:
+        return "no_model"
+    after, chars = await read(rt.driver, lambda tx: conversation_q.unsummarized(tx, chat_id=chat_id))
+    if chars <= rt.settings.summary_threshold_chars:
+        return "not_due"
+    if await gateway.budget_spent(rt, route):
+        return "budget_spent"  # the next completed Turn asks again
+    previous = await read(rt.driver, lambda tx: conversation_q.summary(tx, chat_id=chat_id))
+    items = await read(
+        rt.driver, lambda tx: conversation_q.items_after(tx, chat_id=chat_id, after=after, limit=_MAX_ITEMS)
+    )
+    if not items:
+        return "not_due"
+    cipher = route.cipher
+    lines = [
+        {"speaker": _SPEAKER[i["kind"]], "text": cipher.decrypt(chats.ITEM_KIND, i["uid"], bytes(i["text"]))}
+        for i in items
+        if i["text"] is not None and i["kind"] in _SPEAKER
+    ]
+    old = None
+    if previous is not None and previous.get("text") is not None:
+        old = cipher.decrypt(SUMMARY_KIND, chat_id, bytes(previous["text"]))
+    body = {
+        "messages": [
+            {"role": "system", "content": system_prompt(SUMMARY_SYSTEM, route)},
+            {"role": "user", "content": json.dumps({"summary": old, "messages": lines}, ensure_ascii=False)},
+        ]
+    }
+    deadline = time.monotonic() + rt.settings.step_deadline_seconds
+    try:
+        release = await gateway.acquire(route, deadline)
+        try:
+            completion = await gateway.complete(rt, route, task="summary", body=body, deadline=deadline)
+        finally:
+            release()
+    except ModelUnavailable as exc:
+        return "model:" + exc.code
+    text = (completion.text or "").strip()
+    if not text:
+        return "empty"
+    text = text[: rt.settings.summary_threshold_chars // 2]
+    saved = await write(
+        rt.driver,
+        lambda tx: conversation_q.save_summary(
+            tx,
+            chatId=chat_id,
+            botId=route.bot_id,
+            after=after,
+            through=items[-1]["seq"],
+            text=cipher.encrypt(SUMMARY_KIND, chat_id, text),
+            chars=len(text),
+            now=now_ms(),
+        ),
+    )
+    return "saved" if saved else "superseded"

@@ -1,0 +1,87 @@
+"""``contextPack`` (DESIGN §6, D9.17): summary, preferences, the last messages and the visible
+memory ``context`` of a Chat, built for the Chat's audience — every reader of an answer in it —
+never for the caller alone, and never holding a rewritten input. Preferences are memory entries
+with the topic ``preferences``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from neo4j import AsyncManagedTransaction
+
+from graph import conversation as conversation_q
+from graph import memory as memory_q
+from graph.driver import read
+from services import chats, memory
+from services.domain import Item, Principal
+from services.errors import NotFound
+from services.memorybot import Route, load_route
+from services.runtime import Runtime
+from services.validation import check_id
+
+SUMMARY_KIND = "chat-summary"
+
+
+PREFERENCES = "preferences"
+
+
+LAST_MESSAGES = 10
+
+
+@dataclass(frozen=True, slots=True)
+class ContextPack:
+    chat_id: str
+    summary: str | None
+    preferences: tuple[memory.Entry, ...]
+    last_messages: tuple[Item, ...]
+    memory: memory.Context
+
+    def json(self, item_json: Any) -> dict[str, Any]:
+        return {
+            "chatId": self.chat_id,
+            "summary": self.summary,
+            "preferences": [{"id": e.id, "content": e.content} for e in self.preferences],
+            "lastMessages": [item_json(i) for i in self.last_messages],
+            "memory": {"text": self.memory.text, "ids": list(self.memory.ids)},
+        }
+
+
+async def context_pack(rt: Runtime, principal: Principal, chat_id: str) -> ContextPack:
+    """Summary, preferences, the last 10 messages and the visible memory ``context`` (D9.17)."""
+    check_id(chat_id, "chatId")
+    chat = await chats.get_chat(rt, principal, chat_id)
+    if chat is None:
+        raise NotFound("chat not found")
+    total = (await chats.messages(rt, principal, chat_id, limit=1, skip=0)).total
+    last = await chats.messages(
+        rt, principal, chat_id, limit=LAST_MESSAGES, skip=max(total - LAST_MESSAGES, 0)
+    )
+
+    async def load(tx: AsyncManagedTransaction) -> tuple[dict[str, Any], Route, dict[str, Any] | None]:
+        row, route = await load_route(rt, tx, chat_id)
+        return row, route, await conversation_q.summary(tx, chat_id=chat_id)
+
+    _, route, saved = await read(rt.driver, load)
+    summary = None
+    if saved is not None and saved.get("text") is not None:
+        summary = route.cipher.decrypt(SUMMARY_KIND, chat_id, bytes(saved["text"]))
+    preferences: tuple[memory.Entry, ...] = ()
+    known = memory.Context("", ())
+    reader = await memory.chat_reader(rt, chat_id)
+    # Memory for the Chat's audience; none in review chats or with botMemory off (D9.16, L5).
+    if reader is not None and route.bot_memory and not chat.review:
+        preferences = tuple(await _preferences(rt, route, reader))
+        known = await memory.context(rt, route.bot_id, reader, rt.settings.answer_context_chars)
+    return ContextPack(chat_id, summary, preferences, tuple(i for i in last.items), known)
+
+
+async def _preferences(rt: Runtime, route: Route, reader: memory.Reader) -> list[memory.Entry]:
+    async def work(tx: AsyncManagedTransaction) -> list[dict[str, Any]]:
+        await memory_q.shared_lock(tx, bot_id=route.bot_id)
+        return await memory_q.list_visible(
+            tx, bot_id=route.bot_id, statuses=["active"], tags=[PREFERENCES], **reader.params
+        )
+
+    rows = await read(rt.driver, work)
+    return [memory.decrypt_entry(route.cipher, row) for row in rows]

@@ -1,0 +1,68 @@
+"""The Chat owner's enrichments (N2, D9.6): each rewrite with its original words, withheld when an
+entry it used is no longer visible to the owner."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from neo4j import AsyncManagedTransaction
+
+from graph import memorybot as memorybot_q
+from services.domain import Principal
+from services.memorybot import owner_records
+from services.runtime import Runtime
+
+REWRITE_KIND = "enrichment"
+
+
+ORIGINAL_KIND = "enrichment-original"
+
+
+@dataclass(frozen=True, slots=True)
+class Enrichment:
+    id: str
+    turn_id: str
+    text: str | None
+    original: str | None
+    entry_ids: tuple[str, ...]
+    created_at: int
+
+    def json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "turnId": self.turn_id,
+            "text": self.text,
+            "original": self.original,
+            "entryIds": list(self.entry_ids),
+            "createdAt": self.created_at,
+        }
+
+
+async def enrichments(
+    rt: Runtime, principal: Principal, chat_id: str, *, limit: int = 50, skip: int = 0
+) -> list[Enrichment]:
+    """The Chat owner's view (D9.6): a rewrite whose entries are no longer all visible to the
+    owner is withheld; only the original words are returned."""
+
+    async def fetch(tx: AsyncManagedTransaction, chat: str, skip: int, limit: int) -> list[dict[str, Any]]:
+        return await memorybot_q.list_enrichments(tx, chat_id=chat, skip=skip, limit=limit)
+
+    view = await owner_records(rt, principal, chat_id, fetch, limit=limit, skip=skip)
+    out: list[Enrichment] = []
+    for f in view.records:
+        ids = view.shown(f)
+        sealed, original = f.get("text"), f.get("original")
+        out.append(
+            Enrichment(
+                f["id"],
+                f["turnId"],
+                None
+                if sealed is None or ids is None
+                else view.cipher.decrypt(REWRITE_KIND, f["id"], bytes(sealed)),
+                None if original is None else view.cipher.decrypt(ORIGINAL_KIND, f["id"], bytes(original)),
+                () if sealed is None or ids is None else ids,
+                f["createdAt"],
+            )
+        )
+    return out
