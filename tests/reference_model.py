@@ -1,7 +1,7 @@
 """An independent reference model of who sees which Bot-memory entry.
 
 Written from the seed (``seeds/000_e6fcde1d31481dd4.txt``: "Entries and tags", "Who sees an
-entry", "Read and change it") and DESIGN.md §3, §4 (V1–V13) and §9 (D9.1–D9.4, D9.13) only.
+entry", "Read and change it") and the design (``docs/design.md``) §3, §4 (V1–V13) and §9 (D9.1–D9.4, D9.13) only.
 It imports nothing from the project (stdlib only), so a bug in the service's Cypher cannot hide
 in the oracle. ``tests/test_access_model.py`` drives the real service and this model with the
 same operations and compares what every person sees after every step.
