@@ -154,7 +154,7 @@ async def fanout_counts(api: Api) -> dict[str, float]:
 async def test_each_payload_is_executed_and_serialised_once_per_event_and_operation(
     api: Api, runtime: Runtime
 ) -> None:
-    """design §7: subscribers of one event with the same visible entries and the same operation
+    """Subscribers of one event with the same visible entries and the same operation
     share one execution and one JSON encoding; each still gets its own message id, and another
     selection or another visible set gets its own payload."""
     w = await make_world(api, ("ann", "bob", "cat"), channel=("ann", "bob", "cat"))
