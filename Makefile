@@ -6,7 +6,7 @@
 #   make test-deep  the Hypothesis access-model and label tests with 200 examples
 #   make bench      the memory benchmark (bench/memory_bench.py)
 #   make bench-learning  the learning benchmark (bench/learning_bench.py; own Redis db 5)
-#   make lint       ruff check + ruff format --check
+#   make lint       ruff check + ruff format --check + the layer contract (lint-imports)
 #   make typecheck  pyright (strict, see pyproject.toml)
 #   make demo       a guided tour against the running stack (make demo DEMO_MODEL=gpt-4o-mini)
 
@@ -75,6 +75,7 @@ bench-learning: | $(PY)
 lint: | $(PY)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
 
 typecheck: | $(PY)
 	$(VENV)/bin/pyright

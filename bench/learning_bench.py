@@ -54,13 +54,13 @@ from graph.driver import read, rows, single, write
 from graph.learning import ENDS
 from learning.confide import confide
 from learning.gateway import Gateway
-from learning.worker import WorkerProcess
 from services import chats, provisioning
 from services.bootstrap import open_runtime
 from services.domain import Access, Principal
 from services.runtime import Runtime
 from services.settings import Settings, load_settings
 from tests.model_server import ModelServer, Reply, ToolCall
+from tools.processes import WorkerProcess
 
 BENCH_DIR = Path(__file__).resolve().parent
 ROOT = BENCH_DIR.parent

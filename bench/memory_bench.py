@@ -49,7 +49,6 @@ from prometheus_client import REGISTRY
 
 from bench import fanout
 from bench.report import machine_state, run_header, write_results
-from botmemory.serve import ServerProcess
 from graph.driver import autocommit, read, rows, single, write
 from services import chats, commands, memory, provisioning
 from services.bootstrap import open_runtime
@@ -68,6 +67,7 @@ from services.domain import Access, Principal
 from services.errors import Conflict
 from services.runtime import Runtime
 from services.settings import load_settings
+from tools.processes import ServerProcess
 
 BENCH_DIR = Path(__file__).resolve().parent
 ORG_PREFIX = "botmemory-bench-"

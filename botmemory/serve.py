@@ -11,15 +11,8 @@ with ``make bench``; see bench/README.md).
 from __future__ import annotations
 
 import argparse
-import os
-import socket
-import subprocess
-import sys
-import time
-from collections.abc import Mapping, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 
-import httpx
 import uvicorn
 
 from services.settings import load_settings
@@ -38,63 +31,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         port=args.port,
         ws_per_message_deflate=False,
     )
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class ServerProcess:
-    """This server as a child process on a free local port, healthy once constructed: how the
-    tests and the benchmarks start their API processes. ``env`` is added to ours."""
-
-    def __init__(
-        self,
-        log_path: Path,
-        env: Mapping[str, str] | None = None,
-        cwd: Path | None = None,
-        timeout: float = 60,
-    ) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = log_path
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = log_path.open("ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "botmemory.serve", "--host", "127.0.0.1", "--port", str(self.port)],
-            cwd=cwd,
-            env={**os.environ, **(env or {})},
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-        )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                self._log.close()
-                raise RuntimeError(f"API exited early; see {log_path}")
-            try:
-                if httpx.get(self.url + "/healthz", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise RuntimeError(f"API did not become healthy; see {log_path}")
-
-    @property
-    def ws_url(self) -> str:
-        return self.url.replace("http://", "ws://") + "/graphql"
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self._log.close()
 
 
 if __name__ == "__main__":

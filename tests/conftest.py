@@ -11,13 +11,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from botmemory.serve import ServerProcess
-from learning.worker import WorkerProcess as _WorkerProcess
 from services.bootstrap import open_runtime
 from services.runtime import Runtime
 from services.settings import Settings, load_settings
 from tests.client import Api
 from tests.model_server import ModelServer
+from tools.processes import ServerProcess
+from tools.processes import WorkerProcess as _WorkerProcess
 
 #: The model the test organizations use, and its price (20 micro-USD for the default 10+5 tokens).
 TEST_MODEL = "test-model"
