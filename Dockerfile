@@ -15,6 +15,8 @@ COPY schema ./schema
 COPY graph ./graph
 COPY resolvers ./resolvers
 COPY learning ./learning
+COPY services ./services
+COPY tools ./tools
 RUN pip install . \
     && useradd --system --create-home --uid 10001 botmemory \
     && mkdir -p /app/data && chown botmemory /app/data
