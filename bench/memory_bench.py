@@ -11,7 +11,7 @@ Each pool gets its own Organization, people, channels and Bot (fresh random ids)
 touches anyone else's data; by default the pool is deleted after it was measured (``--keep``
 leaves it). What is measured, per pool and per reader kind (``most``, ``1%``, ``none``):
 
-* GET memory (``memory.list_entries``), ``memory.context(limit=4000)``, ``memory.has_entries``,
+* GET memory (``memory.list_entries``), ``retrieval.context(limit=4000)``, ``retrieval.has_entries``,
   each side by side with an unchecked raw Cypher read of the same rows in the same loop
   (alternating order), plus decryptions per call vs entries returned and a round-trip breakdown;
 * Remember and Forget (``services.commands``), ``apply_changes`` of 10 new entries, and an
@@ -50,23 +50,16 @@ from prometheus_client import REGISTRY
 from bench import fanout
 from bench.report import machine_state, run_header, write_results
 from graph.driver import autocommit, read, rows, single, write
-from services import chats, commands, memory, provisioning
+from services import chats, commands, memory, provisioning, retrieval
 from services.bootstrap import open_runtime
 from services.changefeed import ChangeHub
-from services.changes import (
-    AddFact,
-    AddObservation,
-    Invalidate,
-    ItemRef,
-    MemoryChange,
-    Remember,
-    apply_changes,
-)
+from services.changes import AddFact, AddObservation, Invalidate, ItemRef, MemoryChange, Remember
 from services.crypto import Cipher
 from services.domain import Access, Principal
 from services.errors import Conflict
 from services.runtime import Runtime
 from services.settings import load_settings
+from services.writepath import apply_changes
 from tools.processes import ServerProcess
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -795,7 +788,7 @@ async def measure_reads(rt: Runtime, pool: Pool, s: BenchSettings, out: list[Row
         listed, _ = await memory.list_entries(rt, principal, pool.bot, [])
         list_ids = [e.id for e in listed]
         visible[kind] = [e.id for e in listed if e.status == "active"]
-        ctx = await memory.context(rt, pool.bot, reader, limit=CONTEXT_LIMIT)
+        ctx = await retrieval.context(rt, pool.bot, reader, limit=CONTEXT_LIMIT)
         ctx_ids = list(ctx.ids)
 
         async def get_memory(principal: Principal = principal) -> int:
@@ -820,7 +813,7 @@ async def measure_reads(rt: Runtime, pool: Pool, s: BenchSettings, out: list[Row
             return await raw_list(ids)
 
         async def context(reader: memory.Reader = reader) -> int:
-            return len((await memory.context(rt, pool.bot, reader, limit=CONTEXT_LIMIT)).ids)
+            return len((await retrieval.context(rt, pool.bot, reader, limit=CONTEXT_LIMIT)).ids)
 
         # Transported as the checked reads are: context and hasEntries are one auto-commit statement.
         async def raw_context(ids: list[str] = ctx_ids) -> int:
@@ -835,7 +828,7 @@ async def measure_reads(rt: Runtime, pool: Pool, s: BenchSettings, out: list[Row
         answers: set[bool] = set()
 
         async def has_entries(reader: memory.Reader = reader, answers: set[bool] = answers) -> int:
-            answers.add(await memory.has_entries(rt, pool.bot, reader))
+            answers.add(await retrieval.has_entries(rt, pool.bot, reader))
             return 0  # returns no entries, so decrypts nothing
 
         async def raw_any() -> int:
@@ -880,7 +873,7 @@ async def measure_context_side_by_side(
         for size, kind in order:
             pool = next(p for p in pools if p.size == size)
             t = time.perf_counter()
-            got = await memory.context(rt, pool.bot, readers[size, kind], limit=CONTEXT_LIMIT)
+            got = await retrieval.context(rt, pool.bot, readers[size, kind], limit=CONTEXT_LIMIT)
             if round_ >= s.warmup:
                 rows_[size, kind].samples.append((time.perf_counter() - t) * 1000)
                 rows_[size, kind].returned.append(len(got.ids))

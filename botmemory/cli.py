@@ -12,9 +12,9 @@ import sys
 from pathlib import Path
 
 from services.bootstrap import open_runtime
-from services.changes import LegacyEntry, import_legacy, relabel_all
 from services.rotation import rotate_data_keys
 from services.settings import Settings, load_settings
+from services.writepath import LegacyEntry, import_legacy, relabel_all
 
 
 def new_master_key() -> str:

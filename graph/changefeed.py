@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from graph.access import READER_MAP, VISIBLE
-from graph.driver import Runner, single
+from graph.driver import QueryTarget, single
 from graph.memory import ENTRY_LIST, READ_LOCK
 
 #: For each local subscriber (``$subs``: ``{key, person, org, token}``) the ids among the changed
@@ -51,7 +51,7 @@ RETURN found, entries
 
 
 async def deliveries(
-    tx: Runner, *, bot_id: str, ids: list[str], subs: list[dict[str, str]], now: int
+    tx: QueryTarget, *, bot_id: str, ids: list[str], subs: list[dict[str, str]], now: int
 ) -> tuple[dict[str, list[str]], list[dict[str, Any]]]:
     """Visible changed entry ids per subscriber key (subscribers that lost access are absent),
     and the rows of the entries among them (content as ciphertext)."""

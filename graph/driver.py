@@ -22,7 +22,7 @@ Work = Callable[[AsyncManagedTransaction], Awaitable[T]]
 
 #: Where a statement runs: a managed transaction, or a session for an auto-commit transaction
 #: (see :func:`autocommit`).
-Runner = AsyncManagedTransaction | AsyncSession
+QueryTarget = AsyncManagedTransaction | AsyncSession
 
 
 def make_driver(uri: str, user: str, password: str) -> AsyncDriver:
@@ -76,14 +76,14 @@ async def autocommit(
             attempt += 1
 
 
-async def single(tx: Runner, query: Any, **params: Any) -> dict[str, Any] | None:
+async def single(tx: QueryTarget, query: Any, **params: Any) -> dict[str, Any] | None:
     """The only record of ``query`` as a dict, or None; the result is consumed inside the transaction."""
     result = await tx.run(query, params)
     record = await result.single()
     return None if record is None else dict(record)
 
 
-async def rows(tx: Runner, query: Any, **params: Any) -> list[dict[str, Any]]:
+async def rows(tx: QueryTarget, query: Any, **params: Any) -> list[dict[str, Any]]:
     """All records of ``query`` as dicts, consumed inside the transaction."""
     result = await tx.run(query, params)
     return [dict(r) async for r in result]

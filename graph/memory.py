@@ -13,7 +13,7 @@ from typing import Any, Final
 from neo4j import AsyncDriver, AsyncManagedTransaction
 
 from graph.access import READER_MAP, RELABEL, USES_BOT, VISIBLE
-from graph.driver import Runner, autocommit, rows, single
+from graph.driver import autocommit, rows, single
 from graph.entries import ADD_ENTRIES
 
 #: The sources of an entry ``e`` as ids (``sources``), for the API's view of it.
@@ -44,7 +44,7 @@ READ_LOCK: Final = """
 MATCH (m:Memory {id: $botId})
 CALL apoc.lock.read.nodes([m])
 """
-_LOCKED: Final = READ_LOCK + "WITH m\n"
+LOCKED: Final = READ_LOCK + "WITH m\n"
 
 SHARED_LOCK: Final = READ_LOCK + "RETURN m.version AS version\n"
 
@@ -63,7 +63,7 @@ RETURN m.version AS version
 #: The first statement of a person's read (C1, D9.8): the shared lock of the Bot's memory,
 #: then, under it and in the same round trip, that person as a reader (see READER).
 _LOCK_AND_READER_ROW: Final = (
-    _LOCKED
+    LOCKED
     + """OPTIONAL MATCH (p:Person {id: $personId})-[:MEMBER_OF]->(o:Organization {id: $org})
 OPTIONAL MATCH (b:Bot {id: $botId})
 OPTIONAL MATCH (p)-[:MEMBER]->(c:Channel)-[:IN]->(o)
@@ -191,123 +191,6 @@ LOCK_READER_AND_LIST: Final = _LOCK_READER_AND + _LIST_OF_KEYS + "}\nRETURN vers
 #: LOCK_READER_AND_LIST for one page (see _PAGE_OF_KEYS).
 LOCK_READER_AND_PAGE: Final = _LOCK_READER_AND + _PAGE_OF_KEYS + "}\nRETURN version, reader, entries\n"
 
-
-#: The seek of ``context``'s candidates: the ``entry_active`` index (active entries only, in
-#: memory order per audience key) gives rank, id and stored length without reading the node —
-#: the planner uses a composite index only with a predicate on each of its properties.
-_ACTIVE_SEEK: Final = (
-    "e.botId = $botId AND e.activeKey = key AND e.contentLength IS NOT NULL AND e.id IS NOT NULL"
-    " AND e.memoryRank < "
-)
-
-
-def _context_page(after: str, limit: str, size: str, count: str, carry: str = "") -> str:
-    """One page of active candidates for ``context`` (N3) in memory order below ``after``: per
-    key, an index-ordered seek with at most ``limit``; then the pages of all keys are merged. What
-    fits is decided here from the stored lengths (``size`` characters and ``count`` entries used
-    before, at most ``$max``; a line costs its length + 2 for "- ", + 1 for the newline before all
-    but the first). Binds ``page`` (the candidates as {e, rank, id, length}) and ``fit`` ({size,
-    n: how many fit, open: false once one did not}); needs ``readers`` and ``org``. ``limit`` is
-    a parameter; ``carry`` (", a, b") names variables the expressions use, kept through the page.
-    Of a candidate only its label is read from the node; of an entry that fits, its content."""
-    line = f"x.length + 2 + CASE WHEN {count} + fit.n > 0 THEN 1 ELSE 0 END"
-    return (
-        """
-UNWIND $keys AS key
-CALL (key, readers, org"""
-        + carry
-        + """) {
-  MATCH (e:Entry)
-  WHERE """
-        + _ACTIVE_SEEK
-        + after
-        + " AND "
-        + VISIBLE
-        + f"""
-  RETURN e, e.memoryRank AS rank, e.id AS id, e.contentLength AS length
-  ORDER BY e.botId DESC, e.activeKey DESC, e.memoryRank DESC LIMIT {limit}
-}}
-WITH e, rank, id, length{carry} ORDER BY rank DESC, id LIMIT {limit}
-WITH {carry[2:] + ", " if carry else ""}collect({{e: e, rank: rank, id: id, length: length}}) AS page
-WITH page, reduce(fit = {{size: {size}, n: 0, open: true}}, x IN page |
-  CASE WHEN fit.open AND fit.size + {line} <= $max
-       THEN {{size: fit.size + {line}, n: fit.n + 1, open: true}}
-       ELSE {{size: fit.size, n: fit.n, open: false}} END) AS fit
-"""
-    )
-
-
-#: The entries of a page that fit: id, rank and ciphertext.
-_FITTING: Final = "[x IN page[0..fit.n] | {id: x.id, rank: x.rank, content: x.e.content}]"
-
-#: One page (see _context_page) below ``$after`` after ``$size`` characters and ``$count``
-#: entries: the entries that fit come back with their ciphertext; ``open`` is false once one did
-#: not fit, ``candidates`` tells a full page.
-CONTEXT_PAGE: Final = (
-    "WITH $readers AS readers, $org AS org\n"
-    + _context_page("$after", "$limit", "$size", "$count")
-    + "RETURN "
-    + _FITTING
-    + " AS page, size(page) AS candidates, fit.open AS open, fit.size AS size\n"
-)
-
-#: ``context`` in one statement, as a read's only statement: the shared lock first (C1), a page
-#: of ``$limit`` candidates per key and — only when every one of them fit — a second page of
-#: ``$more`` below it, in the same statement. ``complete`` is false when even that was not
-#: enough (the caller then pages in one explicit transaction, D9.8).
-LOCKED_CONTEXT: Final = (
-    _LOCKED
-    + "WITH $readers AS readers, $org AS org\nCALL (readers, org) {"
-    + _context_page("$after", "$limit", "0", "0")
-    + "RETURN "
-    + _FITTING
-    + """ AS first, fit.open AND size(page) = $limit AS full, fit.size AS firstSize
-}
-OPTIONAL CALL (readers, org, first, full, firstSize) {
-  WITH readers, org, first, firstSize WHERE full"""
-    + _context_page("last(first).rank", "$more", "firstSize", "size(first)", carry=", first, firstSize")
-    + "RETURN "
-    + _FITTING
-    + """ AS rest, fit.open AND size(page) = $more AS more
-}
-RETURN first + coalesce(rest, []) AS page, NOT coalesce(more, false) AS complete
-"""
-)
-
-HAS_VISIBLE: Final = (
-    """
-WITH $readers AS readers, $org AS org
-UNWIND $keys AS key
-CALL (key, readers, org) {
-  MATCH (e:Entry)
-  WHERE """
-    + _ACTIVE_SEEK
-    + "$top AND "
-    + VISIBLE
-    + """
-  RETURN e.id AS id LIMIT 1
-}
-RETURN id LIMIT 1
-"""
-)
-
-#: Which of ``$ids`` are visible (and active when ``$activeOnly``) — no content read (N4, E2).
-VISIBLE_IDS: Final = (
-    """
-WITH $readers AS readers, $org AS org
-UNWIND $ids AS entryId
-MATCH (e:Entry {id: entryId, botId: $botId})
-WHERE (NOT $activeOnly OR e.status = 'active') AND e.status <> 'retracted' AND """
-    + VISIBLE
-    + """
-RETURN collect(e.id) AS ids
-"""
-)
-
-#: The same reads as the first statement of a read: the shared lock heads them (C1).
-LOCKED_CONTEXT_PAGE: Final = _LOCKED + CONTEXT_PAGE
-LOCKED_HAS_VISIBLE: Final = _LOCKED + HAS_VISIBLE
-LOCKED_VISIBLE_IDS: Final = _LOCKED + VISIBLE_IDS
 
 #: The latest ``$limit`` change-log rows with entries, of versions below ``$before``, newest first
 #: (a seek of the ``change_bot_version`` index in its order).
@@ -460,109 +343,6 @@ async def lock_reader_and_list(
     )
 
 
-async def context_page(
-    tx: AsyncManagedTransaction,
-    *,
-    bot_id: str,
-    org: str,
-    readers: list[dict[str, Any]],
-    after: int,
-    limit: int,
-    size: int,
-    count: int,
-    max_size: int,
-    locked: bool = False,
-) -> dict[str, Any]:
-    """Of up to ``limit`` visible active candidates ranked below ``after``, the ones that fit
-    (id, rank, content), whether all did (``open``), how many candidates there were, the new size.
-    ``locked``: take the shared lock first, in the same statement (the first page of a read).
-
-    One record holding a list: the driver decodes one list far faster than many records.
-    """
-    record = await single(
-        tx,
-        LOCKED_CONTEXT_PAGE if locked else CONTEXT_PAGE,
-        botId=bot_id,
-        org=org,
-        readers=readers,
-        keys=reader_keys(readers),
-        after=after,
-        limit=limit,
-        size=size,
-        count=count,
-        max=max_size,
-    )
-    assert record is not None
-    return record
-
-
-async def context(
-    tx: Runner,
-    *,
-    bot_id: str,
-    org: str,
-    readers: list[dict[str, Any]],
-    limit: int,
-    more: int,
-    max_size: int,
-) -> dict[str, Any]:
-    """LOCKED_CONTEXT: the entries that fit (id, rank, content) in a page of ``limit`` and, when
-    all of them fit, a second of ``more``; ``complete`` is false when that was not enough."""
-    record = await single(
-        tx,
-        LOCKED_CONTEXT,
-        botId=bot_id,
-        org=org,
-        readers=readers,
-        keys=reader_keys(readers),
-        after=TOP_RANK,
-        limit=limit,
-        more=more,
-        max=max_size,
-    )
-    assert record is not None
-    return record
-
-
-async def has_visible(
-    tx: Runner, *, bot_id: str, org: str, readers: list[dict[str, Any]], locked: bool = False
-) -> bool:
-    """Whether any active entry is visible to every reader; ``locked``: take the shared lock first."""
-    record = await single(
-        tx,
-        LOCKED_HAS_VISIBLE if locked else HAS_VISIBLE,
-        botId=bot_id,
-        org=org,
-        readers=readers,
-        keys=reader_keys(readers),
-        top=TOP_RANK,
-    )
-    return record is not None
-
-
-async def visible_ids(
-    tx: Runner,
-    *,
-    bot_id: str,
-    org: str,
-    readers: list[dict[str, Any]],
-    ids: list[str],
-    active_only: bool,
-    locked: bool = False,
-) -> set[str]:
-    """Which of ``ids`` are visible; ``locked``: take the shared lock first, in the same statement."""
-    record = await single(
-        tx,
-        LOCKED_VISIBLE_IDS if locked else VISIBLE_IDS,
-        botId=bot_id,
-        org=org,
-        readers=readers,
-        ids=ids,
-        activeOnly=active_only,
-    )
-    return set() if record is None else set(record["ids"])
-
-
 async def log_rows(
     tx: AsyncManagedTransaction, *, bot_id: str, limit: int, before: int | None = None
 ) -> list[dict[str, Any]]:
@@ -572,53 +352,3 @@ async def log_rows(
 async def entry_for_edit(tx: AsyncManagedTransaction, *, bot_id: str, id: str) -> dict[str, Any] | None:
     record = await single(tx, ENTRY_FOR_EDIT, botId=bot_id, id=id)
     return None if record is None else record["entry"]
-
-
-#: Entries and Items around one entry, each with its nearest distance (D9.7 filters them after).
-#: Hop bound: 8, the source-chain bound (D9.2).
-SOURCES_OF: Final = """
-MATCH p = (e:Entry {id: $id, botId: $botId})-[:SOURCE*1..8]->(n)
-WITH n, min(length(p)) AS depth
-RETURN CASE WHEN n:Item THEN 'item' ELSE 'entry' END AS kind, n.id AS id, n.chatId AS chat, depth
-"""
-
-DEPENDENTS_OF: Final = """
-MATCH p = (d:Entry {botId: $botId})-[:SOURCE*1..8]->(e:Entry {id: $id, botId: $botId})
-WITH d, min(length(p)) AS depth
-RETURN 'entry' AS kind, d.id AS id, null AS chat, depth
-"""
-
-#: Visible entries by id with everything the API returns (content as ciphertext).
-ENTRIES_BY_ID: Final = (
-    """
-WITH $readers AS readers, $org AS org
-UNWIND $ids AS entryId
-MATCH (e:Entry {id: entryId, botId: $botId})
-WHERE e.status IN $statuses AND """
-    + VISIBLE
-    + ENTRY_ROW
-    + """
-ORDER BY e.memoryRank DESC, e.id
-"""
-)
-
-
-async def neighbours(
-    tx: AsyncManagedTransaction, *, bot_id: str, id: str, direction: str
-) -> list[dict[str, Any]]:
-    """Sources (``direction='sources'``) or dependents of an entry with their distance."""
-    query = SOURCES_OF if direction == "sources" else DEPENDENTS_OF
-    return await rows(tx, query, botId=bot_id, id=id)
-
-
-async def entries_by_id(
-    tx: AsyncManagedTransaction,
-    *,
-    bot_id: str,
-    org: str,
-    readers: list[dict[str, Any]],
-    ids: list[str],
-    statuses: list[str],
-) -> list[dict[str, Any]]:
-    result = await rows(tx, ENTRIES_BY_ID, botId=bot_id, org=org, readers=readers, ids=ids, statuses=statuses)
-    return [r["entry"] for r in result]

@@ -20,7 +20,7 @@ from graph import memorybot as memorybot_q
 from graph.driver import write
 from learning.gateway import FIXED_CALM_ANSWER, Gateway, ModelUnavailable
 from learning.prompts import MEMORY_VOCABULARY, system_prompt
-from services import memory, metrics
+from services import memory, metrics, retrieval
 from services.chats import require_writer
 from services.domain import Principal
 from services.ids import new_id
@@ -107,7 +107,7 @@ async def _answer(
         if route.bot_memory:
             reader = await memory.chat_reader(rt, chat["id"])
             if reader is not None:
-                known = await memory.context(rt, route.bot_id, reader, rt.settings.answer_context_chars)
+                known = await retrieval.context(rt, route.bot_id, reader, rt.settings.answer_context_chars)
         release = await gateway.acquire(route, deadline)
     try:
         body = {

@@ -21,7 +21,7 @@ from graph import memorybot as memorybot_q
 from graph.driver import read, write
 from learning.gateway import Gateway, ModelUnavailable
 from learning.prompts import MEMORY_VOCABULARY, system_prompt
-from services import chats, memory, metrics
+from services import chats, memory, metrics, retrieval
 from services.domain import Principal, Turn
 from services.enrichments import ORIGINAL_KIND, REWRITE_KIND
 from services.ids import new_id
@@ -120,14 +120,14 @@ async def _rewrite(
         )
         if saved is not None:
             ids = list(saved["usedEntryIds"])
-            if await memory.validate_references(rt, route.bot_id, reader, ids):
+            if await retrieval.validate_references(rt, route.bot_id, reader, ids):
                 text = route.cipher.decrypt(REWRITE_KIND, saved["id"], bytes(saved["text"]))
                 await _save(rt, route, turn, text, original, ids, digest)
                 return text, "reused"
         if await gateway.budget_spent(rt, route):
             return original, "budget_spent"
         # One read decides: nothing visible (or nothing that fits) → no model call (N3).
-        known = await memory.context(rt, route.bot_id, reader, rt.settings.answer_context_chars)
+        known = await retrieval.context(rt, route.bot_id, reader, rt.settings.answer_context_chars)
         if not known.ids:
             return original, "nothing_visible"
         release = await gateway.acquire(route, deadline)
@@ -154,7 +154,7 @@ async def _rewrite(
         return original, "refused"
     text, used = parsed
     # Sources may have changed while the model thought: check again before returning (D9.15).
-    if not await memory.validate_references(rt, route.bot_id, reader, used):
+    if not await retrieval.validate_references(rt, route.bot_id, reader, used):
         return original, "stale"
     await _save(rt, route, turn, text, original, used, digest)
     return text, "rewritten"

@@ -36,12 +36,13 @@ from learning.gateway import (
     request_hash,
 )
 from learning.prompts import system_prompt
-from services.changes import AddFact, AddObservation, MemoryChange, apply_changes
+from services.changes import AddFact, AddObservation, MemoryChange
 from services.crypto import Cipher
 from services.errors import ServiceError
 from services.jobs import enqueue_executions
 from services.memorybot import MemoryBotSettings, load_route, release_budget_waiting
 from services.runtime import Runtime, now_ms
+from services.writepath import apply_changes
 
 log = logging.getLogger("botmemory.learning")
 

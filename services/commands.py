@@ -11,22 +11,14 @@ from graph import chats, conversation, entries, identity
 from graph import memory as memory_q
 from graph.driver import write
 from services.auth import require_person
-from services.changes import (
-    Applied,
-    Forget,
-    Remember,
-    Share,
-    apply_changes,
-    check_topics,
-    publish_change,
-    require_visible,
-)
+from services.changes import Applied, Forget, Remember, Share, check_topics
 from services.domain import Principal
 from services.errors import BadInput, Conflict, Forbidden, NotFound
 from services.ids import new_id
 from services.memory import Entry, Reader, user_reader
 from services.runtime import Runtime, now_ms
 from services.validation import check_id
+from services.writepath import apply_changes, publish_change, require_visible
 
 PURGE_PREFIXES = ("from:", "chat:", "org:", "channel:")
 

@@ -13,7 +13,7 @@ from neo4j import AsyncManagedTransaction
 from graph import conversation as conversation_q
 from graph import memory as memory_q
 from graph.driver import read
-from services import chats, memory
+from services import chats, memory, retrieval
 from services.domain import Item, Principal
 from services.errors import NotFound
 from services.memorybot import Route, load_route
@@ -35,7 +35,7 @@ class ContextPack:
     summary: str | None
     preferences: tuple[memory.Entry, ...]
     last_messages: tuple[Item, ...]
-    memory: memory.Context
+    memory: retrieval.Context
 
     def json(self, item_json: Any) -> dict[str, Any]:
         return {
@@ -67,12 +67,12 @@ async def context_pack(rt: Runtime, principal: Principal, chat_id: str) -> Conte
     if saved is not None and saved.get("text") is not None:
         summary = route.cipher.decrypt(SUMMARY_KIND, chat_id, bytes(saved["text"]))
     preferences: tuple[memory.Entry, ...] = ()
-    known = memory.Context("", ())
+    known = retrieval.Context("", ())
     reader = await memory.chat_reader(rt, chat_id)
     # Memory for the Chat's audience; none in review chats or with botMemory off (D9.16, L5).
     if reader is not None and route.bot_memory and not chat.review:
         preferences = tuple(await _preferences(rt, route, reader))
-        known = await memory.context(rt, route.bot_id, reader, rt.settings.answer_context_chars)
+        known = await retrieval.context(rt, route.bot_id, reader, rt.settings.answer_context_chars)
     return ContextPack(chat_id, summary, preferences, tuple(i for i in last.items), known)
 
 

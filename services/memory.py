@@ -1,4 +1,4 @@
-"""Reading a Bot's memory: list, change log, context, hasEntries, validateReferences.
+"""Reading a Bot's memory: readers, the entry list in pages, the change log.
 
 Every read is one transaction that takes the shared Memory lock first (C1, D9.8), applies the
 one visibility check of :mod:`graph.access` inside its queries (V10), and decrypts after commit
@@ -8,17 +8,16 @@ only the entries it returns (E2).
 from __future__ import annotations
 
 import base64
-import math
 import re
-from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 
 from neo4j import AsyncManagedTransaction
 
 from graph import access, identity
+from graph import context as context_q
 from graph import memory as memory_q
-from graph.driver import autocommit, read, single
+from graph.driver import read, single
 from services.auth import require_person
 from services.crypto import Cipher
 from services.domain import Principal
@@ -27,17 +26,6 @@ from services.runtime import Runtime
 from services.validation import check_id
 
 ENTRY_KIND = "entry"
-#: Candidates per key of a page of context, and of the first page of its one statement until
-#: this process has seen the Bot's lines (see _first_page).
-_CONTEXT_PAGE = 64
-#: Candidates per key of the second page in context's one statement, read when all of the first
-#: fit: up to three pages' worth of entries in one round trip; more are paged in one explicit
-#: transaction. Measured with 96 entries returned (1k pool): 9.5 ms, against 10.5 ms paging in an
-#: explicit transaction; a second page of three pages' worth cost more than it saved (10.8 vs 10.1).
-_CONTEXT_MORE = 2 * _CONTEXT_PAGE
-#: The first page holds what is expected to fit with this much to spare; at least _MIN_PAGE.
-_PAGE_MARGIN = 1.25
-_MIN_PAGE = 8
 #: The most entries one page of GET memory holds (``limit``).
 MAX_PAGE = 1000
 TOPIC = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
@@ -97,13 +85,6 @@ class Change:
     ids: tuple[str, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class Context:
-    text: str
-    ids: tuple[str, ...]
-    contents: tuple[str, ...] = ()  # the entries' texts, in the order of ``ids``
-
-
 def decrypt_entry(cipher: Cipher, row: dict[str, Any]) -> Entry:
     return Entry(
         id=row["id"],
@@ -144,7 +125,7 @@ async def user_reader(tx: AsyncManagedTransaction, *, bot_id: str, person_id: st
     return Reader(org, (reader,))
 
 
-async def _cipher_of(rt: Runtime, tx: AsyncManagedTransaction, bot_id: str) -> Cipher:
+async def cipher_of(rt: Runtime, tx: AsyncManagedTransaction, bot_id: str) -> Cipher:
     cached = rt.keyring.cached(bot_id)
     if cached is not None:
         return cached
@@ -181,7 +162,7 @@ async def _as_reader(
         if bot is None or (bot["organizationId"] != org and org not in bot["linkedOrganizationIds"]):
             raise NotFound("bot not found")
         raise Forbidden("you need read on this Bot")
-    return version, Reader(principal.organization_id, (reader,)), await _cipher_of(rt, tx, bot_id)
+    return version, Reader(principal.organization_id, (reader,)), await cipher_of(rt, tx, bot_id)
 
 
 async def require_reader(rt: Runtime, principal: Principal, bot_id: str) -> None:
@@ -286,7 +267,7 @@ async def change_log(
         log = await memory_q.log_rows(tx, bot_id=bot_id, limit=limit, before=before)
         next_page = log[-1]["version"] if len(log) == limit else None
         all_ids = sorted({i for row in log for i in row["ids"]})
-        seen = await memory_q.visible_ids(tx, bot_id=bot_id, ids=all_ids, active_only=False, **reader.params)
+        seen = await context_q.visible_ids(tx, bot_id=bot_id, ids=all_ids, active_only=False, **reader.params)
         changes = [
             Change(row["version"], row["at"], row["actor"], tuple(i for i in row["ids"] if i in seen))
             for row in log
@@ -295,96 +276,6 @@ async def change_log(
 
     version, changes, next_page = await read(rt.driver, work)
     return changes, version, next_page
-
-
-async def context(rt: Runtime, bot_id: str, reader: Reader, limit: int) -> Context:
-    """Visible active text in memory order, stopping at the first entry that does not fit (N3).
-
-    Lengths are stored, so nothing is decrypted to decide what fits; only returned entries are.
-    One statement (LOCKED_CONTEXT) reads up to two pages and usually decides: it takes the shared
-    lock first (C1) and runs as an auto-commit transaction, one round trip. When that was not
-    enough, the whole read runs again in one explicit transaction, page by page (D9.8).
-    """
-
-    def page(tx: AsyncManagedTransaction, after: int, size: int, count: int) -> Awaitable[dict[str, Any]]:
-        return memory_q.context_page(
-            tx,
-            bot_id=bot_id,
-            after=after,
-            limit=_CONTEXT_PAGE,
-            size=size,
-            count=count,
-            max_size=limit,
-            locked=after == memory_q.TOP_RANK,  # the shared lock heads the first statement (C1)
-            **reader.params,
-        )
-
-    def last(found: dict[str, Any]) -> bool:
-        return not found["open"] or found["candidates"] < _CONTEXT_PAGE
-
-    async def work(tx: AsyncManagedTransaction) -> tuple[list[dict[str, Any]], Cipher]:
-        used: list[dict[str, Any]] = []
-        size, after = 0, memory_q.TOP_RANK
-        while True:
-            found = await page(tx, after, size, len(used))
-            used += found["page"]
-            size = int(found["size"])
-            if last(found):
-                return used, await _cipher_of(rt, tx, bot_id)
-            after = used[-1]["rank"]
-
-    first_page = _first_page(rt.line_lengths.mean(bot_id), limit)
-    first = await autocommit(
-        rt.driver,
-        lambda session: memory_q.context(
-            session, limit=first_page, more=_CONTEXT_MORE, max_size=limit, bot_id=bot_id, **reader.params
-        ),
-        write=False,
-    )
-    cipher = rt.keyring.cached(bot_id)
-    if cipher is not None and first["complete"]:
-        used = list(first["page"])
-    else:
-        used, cipher = await read(rt.driver, work)
-    contents = cipher.decrypt_all(ENTRY_KIND, [(row["id"], bytes(row["content"])) for row in used])
-    text = "\n".join("- " + c for c in contents)
-    rt.line_lengths.observe(bot_id, len(text) + 1, len(contents))
-    return Context(text, tuple(row["id"] for row in used), tuple(contents))
-
-
-def _first_page(mean_line: float | None, limit: int) -> int:
-    """Candidates per key of the first page of context's statement: every candidate costs the
-    server a visibility check, so the page holds the lines expected to fit in ``limit`` (by the
-    mean length of this Bot's lines so far) with a margin, rather than a fixed number. A page that
-    all fits is followed by a second one in the same statement, so a short guess costs time only."""
-    if mean_line is None:
-        return _CONTEXT_PAGE
-    return max(_MIN_PAGE, min(_CONTEXT_MORE, math.ceil(limit / mean_line * _PAGE_MARGIN)))
-
-
-async def has_entries(rt: Runtime, bot_id: str, reader: Reader) -> bool:
-    """True when any active entry is visible to every reader, even if none would fit (N3).
-    One statement that takes the shared lock first (C1): an auto-commit transaction."""
-    return await autocommit(
-        rt.driver,
-        lambda session: memory_q.has_visible(session, bot_id=bot_id, locked=True, **reader.params),
-        write=False,
-    )
-
-
-async def validate_references(rt: Runtime, bot_id: str, reader: Reader, ids: list[str]) -> bool:
-    """A saved answer stays valid while every entry it used is still visible and active (N4); no
-    decryption. One statement that takes the shared lock first (C1): an auto-commit transaction."""
-    if not ids:
-        return True
-    visible = await autocommit(
-        rt.driver,
-        lambda session: memory_q.visible_ids(
-            session, bot_id=bot_id, ids=ids, active_only=True, locked=True, **reader.params
-        ),
-        write=False,
-    )
-    return set(ids) <= visible
 
 
 async def chat_reader(rt: Runtime, chat_id: str) -> Reader | None:

@@ -13,8 +13,9 @@ from neo4j import AsyncManagedTransaction
 from graph import chats as chats_q
 from graph import learning as learning_q
 from graph import memorybot as memorybot_q
+from graph.context import visible_ids
 from graph.driver import read, write
-from graph.memory import shared_lock, visible_ids
+from graph.memory import shared_lock
 from services import memory
 from services.auth import require_person
 from services.commands import require_owner_writer

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from neo4j import AsyncManagedTransaction
 
-from graph import memory as memory_q
+from graph import sourcegraph as sourcegraph_q
 from graph.access import MAX_SOURCE_DEPTH
 from graph.driver import read
 from services.crypto import Cipher
@@ -52,7 +52,7 @@ async def entry(rt: Runtime, principal: Principal, bot_id: str, entry_id: str) -
 
     async def work(tx: AsyncManagedTransaction) -> tuple[list[dict[str, Any]], Cipher]:
         _, reader, cipher = await open_read(rt, tx, principal, bot_id)
-        return await memory_q.entries_by_id(
+        return await sourcegraph_q.entries_by_id(
             tx, bot_id=bot_id, ids=[entry_id], statuses=_SHOWN, **reader.params
         ), cipher
 
@@ -75,17 +75,19 @@ async def neighbourhood(
         tx: AsyncManagedTransaction,
     ) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]], Cipher]:
         _, reader, cipher = await open_read(rt, tx, principal, bot_id)
-        if not await memory_q.entries_by_id(
+        if not await sourcegraph_q.entries_by_id(
             tx, bot_id=bot_id, ids=[entry_id], statuses=_SHOWN, **reader.params
         ):
             raise NotFound("entry not found")
         near = [
             n
-            for n in await memory_q.neighbours(tx, bot_id=bot_id, id=entry_id, direction=direction)
+            for n in await sourcegraph_q.neighbours(tx, bot_id=bot_id, id=entry_id, direction=direction)
             if n["depth"] <= depth
         ]
         ids = [n["id"] for n in near if n["kind"] == "entry"]
-        shown = await memory_q.entries_by_id(tx, bot_id=bot_id, ids=ids, statuses=_SHOWN, **reader.params)
+        shown = await sourcegraph_q.entries_by_id(
+            tx, bot_id=bot_id, ids=ids, statuses=_SHOWN, **reader.params
+        )
         return near, {row["id"]: row for row in shown}, cipher
 
     near, shown, cipher = await read(rt.driver, work)

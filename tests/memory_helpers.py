@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.changes import AddFact, AddObservation, Applied, ItemRef, MemoryChange, apply_changes
+from services.changes import AddFact, AddObservation, Applied, ItemRef, MemoryChange
 from services.runtime import Runtime
+from services.writepath import apply_changes
 from tests.client import Api
 
 

@@ -15,10 +15,11 @@ import time
 import httpx
 import pytest
 
-from services import memory
-from services.changes import Revise, Share, apply_changes
+from services import memory, retrieval
+from services.changes import Revise, Share
 from services.runtime import Runtime
 from services.settings import Settings
+from services.writepath import apply_changes
 from tests.client import Api, make_world
 from tests.conftest import ApiProcess
 from tests.memory_helpers import fact, said
@@ -76,7 +77,7 @@ async def test_reads_never_mix_rules_and_content(api: Api, runtime: Runtime, set
         bob = await memory.person_reader_of(runtime, w.bot, w.people["bob"], w.org)
         assert bob is not None
         while counts["reads"] < READS:
-            got = await memory.context(runtime, w.bot, bob, 4000)
+            got = await retrieval.context(runtime, w.bot, bob, 4000)
             counts["context_reads"] += 1
             for entry_id, content in zip(got.ids, got.contents, strict=True):
                 if entry_id == entry:

@@ -22,18 +22,16 @@ from services.changes import (
     Forget,
     Invalidate,
     ItemRef,
-    LegacyEntry,
     Remember,
     RenameTopic,
     Revise,
     SetTopics,
     Share,
-    apply_changes,
-    import_legacy,
 )
 from services.domain import Access, Principal
 from services.errors import ServiceError
 from services.runtime import Runtime
+from services.writepath import LegacyEntry, apply_changes, import_legacy
 
 COMPARE = cast(
     LiteralString,

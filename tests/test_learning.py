@@ -8,8 +8,9 @@ from typing import Any, cast
 
 import pytest
 
-from services.changes import LegacyEntry, MemoryChange, Remember, apply_changes, import_legacy
+from services.changes import MemoryChange, Remember
 from services.runtime import Runtime
+from services.writepath import LegacyEntry, apply_changes, import_legacy
 from tests.client import Api
 from tests.conftest import WorkerProcess
 from tests.learning_helpers import (

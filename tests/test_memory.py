@@ -10,18 +10,15 @@ from services.changes import (
     AddObservation,
     Invalidate,
     ItemRef,
-    LegacyEntry,
     MemoryChange,
     Remember,
     RenameTopic,
     SetTopics,
     Share,
-    apply_changes,
-    import_legacy,
-    relabel_all,
 )
 from services.errors import BadInput, Conflict, NotFound
 from services.runtime import Runtime
+from services.writepath import LegacyEntry, apply_changes, import_legacy, relabel_all
 from tests.client import Api, make_world
 from tests.memory_helpers import apply, command, fact, observation, said, visible
 

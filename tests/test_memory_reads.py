@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
-from services import memory
+from services import memory, retrieval
 from services.changes import AddFact, Invalidate, ItemRef
 from services.domain import Principal
 from services.runtime import Runtime
@@ -30,20 +30,20 @@ async def test_context_stops_at_the_first_entry_that_does_not_fit(api: Api, runt
     reader = await memory.person_reader_of(runtime, w.bot, w.people["ann"], w.org)
     assert reader is not None
     before = entry_decryptions()
-    ctx = await memory.context(runtime, w.bot, reader, limit=40)
+    ctx = await retrieval.context(runtime, w.bot, reader, limit=40)
     # Memory order is newest first; the 50-character entry does not fit, so the oldest is not
     # reached even though it would fit (N3), and nothing past the stop is decrypted (E2).
     assert ctx.ids == (newest,)
     assert ctx.text == "- " + "c" * 10
     assert entry_decryptions() - before == 1
-    full = await memory.context(runtime, w.bot, reader, limit=1000)
+    full = await retrieval.context(runtime, w.bot, reader, limit=1000)
     assert full.ids == (newest, middle, oldest)
-    assert await memory.has_entries(runtime, w.bot, reader)
-    tiny = await memory.context(runtime, w.bot, reader, limit=3)
+    assert await retrieval.has_entries(runtime, w.bot, reader)
+    tiny = await retrieval.context(runtime, w.bot, reader, limit=3)
     assert tiny.ids == () and tiny.text == ""
-    assert await memory.has_entries(runtime, w.bot, reader)  # visible even when none fits
+    assert await retrieval.has_entries(runtime, w.bot, reader)  # visible even when none fits
     bob = await memory.person_reader_of(runtime, w.bot, w.people["bob"], w.org)
-    assert bob is not None and not await memory.has_entries(runtime, w.bot, bob)
+    assert bob is not None and not await retrieval.has_entries(runtime, w.bot, bob)
 
 
 async def test_validate_references_reads_no_content(api: Api, runtime: Runtime) -> None:
@@ -54,11 +54,13 @@ async def test_validate_references_reads_no_content(api: Api, runtime: Runtime) 
     reader = await memory.person_reader_of(runtime, w.bot, w.people["ann"], w.org)
     assert reader is not None
     before = entry_decryptions()
-    assert await memory.validate_references(runtime, w.bot, reader, [used])
+    assert await retrieval.validate_references(runtime, w.bot, reader, [used])
     await fact(runtime, w.bot, "a newer entry " + "x" * 3000, src)
-    assert await memory.validate_references(runtime, w.bot, reader, [used])  # new entries never invalidate it
+    assert await retrieval.validate_references(
+        runtime, w.bot, reader, [used]
+    )  # new entries never invalidate it
     await apply(runtime, w.bot, Invalidate(used))
-    assert not await memory.validate_references(runtime, w.bot, reader, [used])  # a revoked source does
+    assert not await retrieval.validate_references(runtime, w.bot, reader, [used])  # a revoked source does
     assert entry_decryptions() == before
 
 
@@ -70,11 +72,11 @@ async def test_group_readers_must_all_pass(api: Api, runtime: Runtime) -> None:
     team = await fact(runtime, w.bot, "Team", await said(api, w.tokens["bob"], group, "team"))
     readers = await memory.chat_reader(runtime, group)
     assert readers is not None and {r["id"] for r in readers.readers} == {w.people["ann"], w.people["bob"]}
-    ctx = await memory.context(runtime, w.bot, readers, limit=1000)
+    ctx = await retrieval.context(runtime, w.bot, readers, limit=1000)
     assert ctx.ids == (team,) and mine not in ctx.ids
     # Forgotten by one member: not sent for a group that includes that member.
     assert (await command(api, w.tokens["bob"], w.bot, {"_tag": "Forget", "id": team})).status_code == 200
-    assert team not in (await memory.context(runtime, w.bot, readers, limit=1000)).ids
+    assert team not in (await retrieval.context(runtime, w.bot, readers, limit=1000)).ids
 
 
 async def test_listing_decrypts_exactly_what_it_returns(api: Api, runtime: Runtime) -> None:
@@ -124,11 +126,11 @@ async def test_context_fits_exactly_across_pages(
     monkeypatch.setattr(memory, "read", read)
     newest_first = [c.id for c in reversed(changes)]
     # Each line is "- " + 4 characters, joined by newlines: 6 for the first, 7 for each next one.
-    exact = await memory.context(runtime, w.bot, reader, limit=6 + 7 * 99)
+    exact = await retrieval.context(runtime, w.bot, reader, limit=6 + 7 * 99)
     assert exact.ids == tuple(newest_first[:100]) and len(exact.text) == 6 + 7 * 99
-    short = await memory.context(runtime, w.bot, reader, limit=6 + 7 * 99 - 1)
+    short = await retrieval.context(runtime, w.bot, reader, limit=6 + 7 * 99 - 1)
     assert short.ids == tuple(newest_first[:99])
-    everything = await memory.context(runtime, w.bot, reader, limit=10_000)
+    everything = await retrieval.context(runtime, w.bot, reader, limit=10_000)
     assert everything.ids == tuple(newest_first) and everything.text.splitlines()[0] == "- e149"
     assert bool(explicit_reads) == explicit
 
@@ -141,18 +143,18 @@ async def test_context_sizes_its_first_page_by_the_lines_it_returned(
     answer is the same whatever the page."""
     w, _, reader = await hundred_and_fifty_facts(api, runtime)
     pages: list[int] = []
-    real_context = memory.memory_q.context
+    real_context = retrieval.context_q.context
 
     async def context(tx: Any, *, limit: int, **params: Any) -> Any:
         pages.append(limit)
         return await real_context(tx, limit=limit, **params)
 
-    monkeypatch.setattr(memory.memory_q, "context", context)
-    first = await memory.context(runtime, w.bot, reader, limit=6 + 7 * 79)  # 80 lines of 7
-    again = await memory.context(runtime, w.bot, reader, limit=6 + 7 * 79)
+    monkeypatch.setattr(retrieval.context_q, "context", context)
+    first = await retrieval.context(runtime, w.bot, reader, limit=6 + 7 * 79)  # 80 lines of 7
+    again = await retrieval.context(runtime, w.bot, reader, limit=6 + 7 * 79)
     assert first == again and len(first.ids) == 80
     assert pages == [64, math.ceil((6 + 7 * 79) / 7 * 1.25)]
-    small = await memory.context(runtime, w.bot, reader, limit=20)  # never below 8
+    small = await retrieval.context(runtime, w.bot, reader, limit=20)  # never below 8
     assert pages[-1] == 8 and len(small.ids) == 3
 
 

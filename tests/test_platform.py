@@ -9,7 +9,7 @@ from neo4j.exceptions import ClientError, TransientError
 from graph.driver import AUTOCOMMIT_ATTEMPTS, autocommit, single
 from graph.migrations import LATEST, current_version, migrate
 from resolvers.schema import SNAPSHOT, build_schema
-from services import memory
+from services import memory, retrieval
 from services.changes import Invalidate
 from services.runtime import Runtime
 from services.settings import Settings
@@ -59,10 +59,10 @@ async def test_migration_6_relabels_entries_that_carry_the_older_labels(api: Api
     await runtime.driver.execute_query("MATCH (s:SchemaVersion {id: 'schema'}) SET s.version = 5")
     reader = await memory.person_reader_of(runtime, w.bot, w.people["ann"], w.org)
     assert reader is not None
-    assert not await memory.has_entries(runtime, w.bot, reader)
+    assert not await retrieval.has_entries(runtime, w.bot, reader)
 
     assert await migrate(runtime.driver) == LATEST
-    assert (await memory.context(runtime, w.bot, reader, limit=100)).ids == (kept,)
+    assert (await retrieval.context(runtime, w.bot, reader, limit=100)).ids == (kept,)
     records, _, _ = await runtime.driver.execute_query(
         "MATCH (e:Entry {botId: $botId}) RETURN e.id AS id, e.lblAtoms AS old, e.activeKey AS key",
         botId=w.bot,

@@ -20,9 +20,10 @@ from websockets.asyncio.client import ClientConnection
 from resolvers.schema import Schema
 from schema.fanout import ExtensionsRunner
 from services.changefeed import ChangeHub
-from services.changes import AddFact, ItemRef, MemoryChange, apply_changes
+from services.changes import AddFact, ItemRef, MemoryChange
 from services.runtime import Runtime
 from services.settings import Settings
+from services.writepath import apply_changes
 from tests.client import Api, make_world
 from tests.conftest import ApiProcess
 from tests.memory_helpers import command, fact, said

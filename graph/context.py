@@ -1,0 +1,242 @@
+"""The reads that pick what the memory Bot is offered (N3, N4, D9.14): ``context`` pages in memory
+order that stop at the first entry that does not fit, ``hasEntries`` and ``validateReferences``;
+each seeks the ``entry_active`` index per audience key and applies the one visibility check."""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from neo4j import AsyncManagedTransaction
+
+from graph.access import VISIBLE
+from graph.driver import QueryTarget, single
+from graph.memory import LOCKED, TOP_RANK, reader_keys
+
+#: The seek of ``context``'s candidates: the ``entry_active`` index (active entries only, in
+#: memory order per audience key) gives rank, id and stored length without reading the node —
+#: the planner uses a composite index only with a predicate on each of its properties.
+_ACTIVE_SEEK: Final = (
+    "e.botId = $botId AND e.activeKey = key AND e.contentLength IS NOT NULL AND e.id IS NOT NULL"
+    " AND e.memoryRank < "
+)
+
+
+def _context_page(after: str, limit: str, size: str, count: str, carry: str = "") -> str:
+    """One page of active candidates for ``context`` (N3) in memory order below ``after``: per
+    key, an index-ordered seek with at most ``limit``; then the pages of all keys are merged. What
+    fits is decided here from the stored lengths (``size`` characters and ``count`` entries used
+    before, at most ``$max``; a line costs its length + 2 for "- ", + 1 for the newline before all
+    but the first). Binds ``page`` (the candidates as {e, rank, id, length}) and ``fit`` ({size,
+    n: how many fit, open: false once one did not}); needs ``readers`` and ``org``. ``limit`` is
+    a parameter; ``carry`` (", a, b") names variables the expressions use, kept through the page.
+    Of a candidate only its label is read from the node; of an entry that fits, its content."""
+    line = f"x.length + 2 + CASE WHEN {count} + fit.n > 0 THEN 1 ELSE 0 END"
+    return (
+        """
+UNWIND $keys AS key
+CALL (key, readers, org"""
+        + carry
+        + """) {
+  MATCH (e:Entry)
+  WHERE """
+        + _ACTIVE_SEEK
+        + after
+        + " AND "
+        + VISIBLE
+        + f"""
+  RETURN e, e.memoryRank AS rank, e.id AS id, e.contentLength AS length
+  ORDER BY e.botId DESC, e.activeKey DESC, e.memoryRank DESC LIMIT {limit}
+}}
+WITH e, rank, id, length{carry} ORDER BY rank DESC, id LIMIT {limit}
+WITH {carry[2:] + ", " if carry else ""}collect({{e: e, rank: rank, id: id, length: length}}) AS page
+WITH page, reduce(fit = {{size: {size}, n: 0, open: true}}, x IN page |
+  CASE WHEN fit.open AND fit.size + {line} <= $max
+       THEN {{size: fit.size + {line}, n: fit.n + 1, open: true}}
+       ELSE {{size: fit.size, n: fit.n, open: false}} END) AS fit
+"""
+    )
+
+
+#: The entries of a page that fit: id, rank and ciphertext.
+_FITTING: Final = "[x IN page[0..fit.n] | {id: x.id, rank: x.rank, content: x.e.content}]"
+
+
+#: One page (see _context_page) below ``$after`` after ``$size`` characters and ``$count``
+#: entries: the entries that fit come back with their ciphertext; ``open`` is false once one did
+#: not fit, ``candidates`` tells a full page.
+CONTEXT_PAGE: Final = (
+    "WITH $readers AS readers, $org AS org\n"
+    + _context_page("$after", "$limit", "$size", "$count")
+    + "RETURN "
+    + _FITTING
+    + " AS page, size(page) AS candidates, fit.open AS open, fit.size AS size\n"
+)
+
+
+#: ``context`` in one statement, as a read's only statement: the shared lock first (C1), a page
+#: of ``$limit`` candidates per key and — only when every one of them fit — a second page of
+#: ``$more`` below it, in the same statement. ``complete`` is false when even that was not
+#: enough (the caller then pages in one explicit transaction, D9.8).
+LOCKED_CONTEXT: Final = (
+    LOCKED
+    + "WITH $readers AS readers, $org AS org\nCALL (readers, org) {"
+    + _context_page("$after", "$limit", "0", "0")
+    + "RETURN "
+    + _FITTING
+    + """ AS first, fit.open AND size(page) = $limit AS full, fit.size AS firstSize
+}
+OPTIONAL CALL (readers, org, first, full, firstSize) {
+  WITH readers, org, first, firstSize WHERE full"""
+    + _context_page("last(first).rank", "$more", "firstSize", "size(first)", carry=", first, firstSize")
+    + "RETURN "
+    + _FITTING
+    + """ AS rest, fit.open AND size(page) = $more AS more
+}
+RETURN first + coalesce(rest, []) AS page, NOT coalesce(more, false) AS complete
+"""
+)
+
+
+HAS_VISIBLE: Final = (
+    """
+WITH $readers AS readers, $org AS org
+UNWIND $keys AS key
+CALL (key, readers, org) {
+  MATCH (e:Entry)
+  WHERE """
+    + _ACTIVE_SEEK
+    + "$top AND "
+    + VISIBLE
+    + """
+  RETURN e.id AS id LIMIT 1
+}
+RETURN id LIMIT 1
+"""
+)
+
+
+#: Which of ``$ids`` are visible (and active when ``$activeOnly``) — no content read (N4, E2).
+VISIBLE_IDS: Final = (
+    """
+WITH $readers AS readers, $org AS org
+UNWIND $ids AS entryId
+MATCH (e:Entry {id: entryId, botId: $botId})
+WHERE (NOT $activeOnly OR e.status = 'active') AND e.status <> 'retracted' AND """
+    + VISIBLE
+    + """
+RETURN collect(e.id) AS ids
+"""
+)
+
+
+#: The same reads as the first statement of a read: the shared lock heads them (C1).
+LOCKED_CONTEXT_PAGE: Final = LOCKED + CONTEXT_PAGE
+
+
+LOCKED_HAS_VISIBLE: Final = LOCKED + HAS_VISIBLE
+
+
+LOCKED_VISIBLE_IDS: Final = LOCKED + VISIBLE_IDS
+
+
+async def context_page(
+    tx: AsyncManagedTransaction,
+    *,
+    bot_id: str,
+    org: str,
+    readers: list[dict[str, Any]],
+    after: int,
+    limit: int,
+    size: int,
+    count: int,
+    max_size: int,
+    locked: bool = False,
+) -> dict[str, Any]:
+    """Of up to ``limit`` visible active candidates ranked below ``after``, the ones that fit
+    (id, rank, content), whether all did (``open``), how many candidates there were, the new size.
+    ``locked``: take the shared lock first, in the same statement (the first page of a read).
+
+    One record holding a list: the driver decodes one list far faster than many records.
+    """
+    record = await single(
+        tx,
+        LOCKED_CONTEXT_PAGE if locked else CONTEXT_PAGE,
+        botId=bot_id,
+        org=org,
+        readers=readers,
+        keys=reader_keys(readers),
+        after=after,
+        limit=limit,
+        size=size,
+        count=count,
+        max=max_size,
+    )
+    assert record is not None
+    return record
+
+
+async def context(
+    tx: QueryTarget,
+    *,
+    bot_id: str,
+    org: str,
+    readers: list[dict[str, Any]],
+    limit: int,
+    more: int,
+    max_size: int,
+) -> dict[str, Any]:
+    """LOCKED_CONTEXT: the entries that fit (id, rank, content) in a page of ``limit`` and, when
+    all of them fit, a second of ``more``; ``complete`` is false when that was not enough."""
+    record = await single(
+        tx,
+        LOCKED_CONTEXT,
+        botId=bot_id,
+        org=org,
+        readers=readers,
+        keys=reader_keys(readers),
+        after=TOP_RANK,
+        limit=limit,
+        more=more,
+        max=max_size,
+    )
+    assert record is not None
+    return record
+
+
+async def has_visible(
+    tx: QueryTarget, *, bot_id: str, org: str, readers: list[dict[str, Any]], locked: bool = False
+) -> bool:
+    """Whether any active entry is visible to every reader; ``locked``: take the shared lock first."""
+    record = await single(
+        tx,
+        LOCKED_HAS_VISIBLE if locked else HAS_VISIBLE,
+        botId=bot_id,
+        org=org,
+        readers=readers,
+        keys=reader_keys(readers),
+        top=TOP_RANK,
+    )
+    return record is not None
+
+
+async def visible_ids(
+    tx: QueryTarget,
+    *,
+    bot_id: str,
+    org: str,
+    readers: list[dict[str, Any]],
+    ids: list[str],
+    active_only: bool,
+    locked: bool = False,
+) -> set[str]:
+    """Which of ``ids`` are visible; ``locked``: take the shared lock first, in the same statement."""
+    record = await single(
+        tx,
+        LOCKED_VISIBLE_IDS if locked else VISIBLE_IDS,
+        botId=bot_id,
+        org=org,
+        readers=readers,
+        ids=ids,
+        activeOnly=active_only,
+    )
+    return set() if record is None else set(record["ids"])

@@ -1,0 +1,400 @@
+"""The one write path of a Bot's memory: :func:`apply_changes` (C1, C2, C7, E3, V6, V8, V11).
+
+Each call takes the exclusive Memory lock first (by bumping the version), re-checks the latest
+state of every source under it, applies all changes or none, and writes the change-log row with
+an encrypted payload in the same transaction.
+
+New entries are checked and get their tags in Cypher (``graph.entries.ADD_ENTRIES``), from their
+sources as they are under the lock. A change of new entries only (what learning mostly writes)
+is therefore one statement in an auto-commit transaction: lock, checks, entries, version, log
+row and labels in one round trip. Any other change is an explicit transaction of a few.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from neo4j import AsyncManagedTransaction
+
+from graph import access, entries, identity
+from graph import context as context_q
+from graph import memory as memory_q
+from graph.driver import read, write
+from services.changes import (
+    MAX_CHANGES,
+    Actor,
+    AddFact,
+    AddObservation,
+    Applied,
+    Forget,
+    Invalidate,
+    ItemRef,
+    MemoryChange,
+    Remember,
+    RenameTopic,
+    Revise,
+    SetTopics,
+    Share,
+    check_content,
+    validate,
+)
+from services.crypto import Cipher
+from services.errors import BadInput, Conflict, NotFound
+from services.ids import new_id
+from services.memory import ENTRY_KIND, Reader, user_reader
+from services.runtime import Runtime, now_ms
+
+_ORDER_SLOTS = 1_000_000  # orderKey = version * slots + position within the change
+
+
+def _new_entry(
+    cipher: Cipher, change: AddFact | AddObservation | Remember, position: int, earlier: set[str]
+) -> dict[str, Any]:
+    """A row of ``graph.entries.ADD_ENTRIES``, which checks the sources under the lock (C7) and
+    derives the tags of facts and observations from them; ``earlier``: ids of the rows before."""
+    row: dict[str, Any] = {
+        "id": change.id,
+        "content": cipher.encrypt(ENTRY_KIND, change.id, change.content),
+        "contentLength": len(change.content),
+        "topics": list(change.topics),
+        "tags": [],
+        "confidence": None,
+        "author": None,
+        "position": position,
+        "items": [],
+        "entries": [],
+        "earlier": [],
+    }
+    match change:
+        case AddFact():
+            refs = dict.fromkeys((r.chat, r.item) for r in change.sources)
+            row |= {"layer": "fact", "items": [{"chat": c, "item": i} for c, i in refs]}
+        case AddObservation():
+            ids = list(dict.fromkeys(change.source_entry_ids))
+            row |= {"layer": "observation", "confidence": change.confidence, "entries": ids}
+            row["earlier"] = [i for i in ids if i in earlier]
+        case Remember():
+            row |= {"layer": "pinned", "author": change.person_id}
+            row["tags"] = ["from:" + change.person_id, "for:person:" + change.person_id, "org:" + change.org]
+    return row
+
+
+def _refused(problem: str | None) -> None:
+    if problem is not None:
+        raise Conflict(entries.REFUSALS[problem])
+
+
+class _Step:
+    """One apply_changes transaction: the lock is held; every check reads the latest state (C7)."""
+
+    def __init__(
+        self, tx: AsyncManagedTransaction, bot_id: str, version: int, cipher: Cipher, now: int
+    ) -> None:
+        self.tx, self.bot_id, self.version, self.cipher, self.now = tx, bot_id, version, cipher, now
+        self.touched: list[str] = []
+        self.order = 0
+        #: New entries not written yet (ADD_ENTRIES rows) and their ids.
+        self.pending: list[dict[str, Any]] = []
+        self.pending_ids: set[str] = set()
+
+    async def flush(self) -> None:
+        """Write buffered new entries (before anything reads entries; the last ones with the log)."""
+        if self.pending:
+            _refused(
+                await entries.add(
+                    self.tx, bot_id=self.bot_id, version=self.version, adds=self.pending, now=self.now
+                )
+            )
+            self.pending, self.pending_ids = [], set()
+
+    def next_order_key(self) -> int:
+        self.order += 1
+        return self.version * _ORDER_SLOTS + self.order
+
+    def add(self, change: AddFact | AddObservation | Remember) -> None:
+        self.order += 1
+        self.pending.append(_new_entry(self.cipher, change, self.order, self.pending_ids))
+        self.pending_ids.add(change.id)
+        self.touched.append(change.id)
+
+    async def entry(self, entry_id: str) -> dict[str, Any]:
+        row = await memory_q.entry_for_edit(self.tx, bot_id=self.bot_id, id=entry_id)
+        if row is None or row["status"] == "retracted":
+            raise Conflict("no such entry")
+        return row
+
+    async def invalidate(self, c: Invalidate) -> None:
+        row = await self.entry(c.entry_id)
+        if row["status"] == "active":
+            await entries.set_status(
+                self.tx, bot_id=self.bot_id, id=c.entry_id, status="invalidated", now=self.now
+            )
+            self.touched.append(c.entry_id)
+
+    async def set_topics(self, c: SetTopics) -> None:
+        row = await self.entry(c.entry_id)
+        tags = [t for t in row["tags"] if ":" in t] + list(c.topics)
+        await entries.set_tags(self.tx, bot_id=self.bot_id, id=c.entry_id, tags=tags, now=self.now)
+        self.touched.append(c.entry_id)
+
+    async def rename_topic(self, c: RenameTopic) -> None:
+        self.touched += await entries.rename_topic(
+            self.tx, bot_id=self.bot_id, old=c.old, new=c.new, now=self.now
+        )
+
+    async def share(self, c: Share) -> None:
+        row = await self.entry(c.entry_id)
+        audience = list(dict.fromkeys(c.audience))
+        if not audience or not all(
+            a == "for:bot" or a.startswith(("for:person:", "for:channel:")) for a in audience
+        ):
+            raise BadInput("an audience is for:person:<id>, for:channel:<id> or for:bot", field="audience")
+        orgs = [t[4:] for t in row["tags"] if t.startswith("org:")]
+        people = await entries.audience_people(self.tx, bot_id=self.bot_id, for_tags=audience, orgs=orgs)
+        basis = await access.share_basis(self.tx, bot_id=self.bot_id, id=c.entry_id)
+        if basis is None or not basis["proved"]:
+            raise Conflict("an entry without provable sources is never widened (V9)")
+        rules = sorted(set(basis["rules"]))
+        allowed = await entries.rule_people(self.tx, rules=rules) + [{a} for a in set(basis["authors"])]
+        if people is None or not allowed or any(not people <= admitted for admitted in allowed):
+            raise Conflict("the new audience is not within every source's access rule (V6)")
+        tags = [t for t in row["tags"] if not t.startswith("for:")] + audience
+        await entries.set_tags(self.tx, bot_id=self.bot_id, id=c.entry_id, tags=tags, now=self.now)
+        self.touched.append(c.entry_id)
+
+    async def revise(self, c: Revise) -> None:
+        row = await self.entry(c.entry_id)
+        if row["status"] != "active":
+            raise Conflict("only active entries are revised")
+        content = self.cipher.encrypt(ENTRY_KIND, c.entry_id, c.content)
+        await entries.set_content(
+            self.tx,
+            bot_id=self.bot_id,
+            id=c.entry_id,
+            content=content,
+            content_length=len(c.content),
+            order_key=self.next_order_key(),
+            now=self.now,
+        )
+        self.touched.append(c.entry_id)
+
+    async def forget(self, c: Forget) -> None:
+        row = await self.entry(c.entry_id)
+        behind = {t[5:] for t in row["tags"] if t.startswith("from:")}
+        if row["layer"] == "pinned" and row["author"]:
+            behind.add(row["author"])
+        if behind == {c.person_id}:
+            await entries.set_status(
+                self.tx, bot_id=self.bot_id, id=c.entry_id, status="retracted", now=self.now
+            )
+        else:
+            await entries.forget_for(
+                self.tx, bot_id=self.bot_id, id=c.entry_id, person_id=c.person_id, now=self.now
+            )
+        self.touched.append(c.entry_id)
+
+    async def apply(self, change: MemoryChange) -> None:
+        if isinstance(change, AddFact | AddObservation | Remember):
+            self.add(change)
+            return
+        await self.flush()  # everything else reads and changes existing entries, maybe new ones
+        match change:
+            case Invalidate():
+                await self.invalidate(change)
+            case SetTopics():
+                await self.set_topics(change)
+            case RenameTopic():
+                await self.rename_topic(change)
+            case Share():
+                await self.share(change)
+            case Revise():
+                await self.revise(change)
+            case Forget():
+                await self.forget(change)
+
+
+def _payload(changes: list[MemoryChange]) -> str:
+    """The changes as JSON for the log row: kind and fields of each (what ``asdict`` gives, without
+    its deep copies: a third of the time)."""
+    plain = [{"kind": type(c).__name__, **{f.name: getattr(c, f.name) for f in fields(c)}} for c in changes]
+    return json.dumps(plain, default=_item_ref)
+
+
+def _item_ref(ref: ItemRef) -> dict[str, str]:
+    return {"chat": ref.chat, "item": ref.item}
+
+
+async def bot_cipher(rt: Runtime, bot_id: str) -> Cipher:
+    cached = rt.keyring.cached(bot_id)
+    if cached is not None:
+        return cached
+    key = await read(rt.driver, lambda tx: identity.bot_key(tx, id=bot_id))
+    if key is None or key["master"] is None:
+        raise NotFound("bot not found")
+    return rt.cipher(bot_id, key["master"], key["wrapped"])
+
+
+async def apply_changes(
+    rt: Runtime,
+    bot_id: str,
+    changes: list[MemoryChange],
+    actor: Actor,
+    *,
+    precheck: Any = None,
+    person: tuple[str, str] | None = None,
+) -> Applied:
+    """Apply all ``changes`` or none, under the exclusive lock, with one log row (C2).
+
+    ``precheck(tx)`` runs under the lock before anything is written (e.g. a visibility check
+    of the entry a person edits, or a learning execution's compare-and-set). ``person`` (id,
+    organization): a person's change, which needs them to use the Bot (D9.1) — read under the
+    lock, in the same statement when the change only adds entries; NotFound otherwise.
+    """
+    if len(changes) > MAX_CHANGES:
+        raise BadInput(f"at most {MAX_CHANGES} changes at once", field="changes")
+    for change in changes:
+        validate(change)
+    cipher = await bot_cipher(rt, bot_id)
+    change_id, now = new_id("chg"), now_ms()
+
+    payload = cipher.encrypt("change", change_id, _payload(changes))
+
+    async def work(tx: AsyncManagedTransaction) -> Applied:
+        version = await memory_q.bump_version(tx, bot_id=bot_id)  # the exclusive lock first (C1)
+        if version is None:
+            raise NotFound("bot not found")
+        if person is not None:
+            await user_reader(tx, bot_id=bot_id, person_id=person[0], org=person[1])
+        if precheck is not None:
+            await precheck(tx)
+        step = _Step(tx, bot_id, version, cipher, now)
+        for change in changes:
+            await step.apply(change)
+        touched = list(dict.fromkeys(step.touched))
+        # The last new entries, the log row and the labels: one round trip.
+        _refused(
+            await memory_q.log_change(
+                tx,
+                id=change_id,
+                bot_id=bot_id,
+                version=version,
+                at=now,
+                actor=actor,
+                entry_ids=touched,
+                payload=payload,
+                adds=step.pending,
+            )
+        )
+        return Applied(version, tuple(touched), now)
+
+    adds = [c for c in changes if isinstance(c, AddFact | AddObservation | Remember)]
+    if precheck is not None or len(adds) < len(changes):
+        applied = await write(rt.driver, work)
+    else:  # only new entries: the whole change is one statement, one round trip
+        rows: list[dict[str, Any]] = []
+        ids: set[str] = set()
+        for position, change in enumerate(adds, 1):
+            rows.append(_new_entry(cipher, change, position, ids))
+            ids.add(change.id)
+        touched = list(dict.fromkeys(c.id for c in adds))
+        done = await memory_q.add_only_change(
+            rt.driver,
+            id=change_id,
+            bot_id=bot_id,
+            at=now,
+            actor=actor,
+            entry_ids=touched,
+            payload=payload,
+            adds=rows,
+            person=person,
+        )
+        if done is None:
+            raise NotFound("bot not found")
+        version, problem = done
+        _refused(problem)
+        applied = Applied(version, tuple(touched), now)
+    await publish_change(rt, bot_id, applied)
+    return applied
+
+
+async def publish_change(rt: Runtime, bot_id: str, applied: Applied) -> None:
+    """Tell every API process (Redis pub/sub) which entries changed: ids only, never content (E4)."""
+    if applied.entry_ids:
+        message = json.dumps({"botId": bot_id, "version": applied.version, "ids": list(applied.entry_ids)})
+        await rt.redis.publish(f"botmemory:changes:{bot_id}", message)
+
+
+async def require_visible(tx: AsyncManagedTransaction, bot_id: str, reader: Reader, entry_id: str) -> None:
+    """The entry must be for the caller now (under the lock); else the same 409 for all cases (D9.4)."""
+    seen = await context_q.visible_ids(tx, bot_id=bot_id, ids=[entry_id], active_only=False, **reader.params)
+    if entry_id not in seen:
+        raise Conflict("this entry is not for you")
+
+
+@dataclass(frozen=True, slots=True)
+class LegacyEntry:
+    """An entry from an older version without access proof (V9)."""
+
+    content: str
+    tags: tuple[str, ...]
+    layer: str = "fact"
+    id: str = field(default_factory=lambda: new_id("mem"))
+
+
+async def import_legacy(rt: Runtime, bot_id: str, legacy: list[LegacyEntry]) -> Applied:
+    """Load legacy entries: kept hidden, out of learning, never widened (V9); logged as ``promotion``.
+
+    They keep their tags but get no SOURCE edges; a declared source count they cannot meet
+    (and the legacy flag) makes the visibility check fail closed for them and anything above.
+    """
+    cipher = await bot_cipher(rt, bot_id)
+    change_id, now = new_id("chg"), now_ms()
+    for entry in legacy:
+        check_content(entry.content)
+
+    async def work(tx: AsyncManagedTransaction) -> Applied:
+        version = await memory_q.bump_version(tx, bot_id=bot_id)
+        if version is None:
+            raise NotFound("bot not found")
+        rows = [
+            {
+                "id": entry.id,
+                "layer": entry.layer if entry.layer in ("fact", "observation", "pinned") else "fact",
+                "content": cipher.encrypt(ENTRY_KIND, entry.id, entry.content),
+                "contentLength": len(entry.content),
+                "tags": list(entry.tags),
+                "orderKey": version * _ORDER_SLOTS + position,
+            }
+            for position, entry in enumerate(legacy, 1)
+        ]
+        await entries.create_legacy(tx, bot_id=bot_id, rows=rows, now=now)
+        ids = [entry.id for entry in legacy]
+        payload = cipher.encrypt("change", change_id, json.dumps({"kind": "import", "count": len(legacy)}))
+        await memory_q.log_change(
+            tx,
+            id=change_id,
+            bot_id=bot_id,
+            version=version,
+            at=now,
+            actor="promotion",
+            entry_ids=ids,
+            payload=payload,
+        )
+        return Applied(version, tuple(ids))
+
+    return await write(rt.driver, work)
+
+
+async def relabel_all(rt: Runtime, bot_id: str) -> int:
+    """Recompute every label of a Bot from the path query (after manual surgery on the graph)."""
+
+    async def work(tx: AsyncManagedTransaction) -> int:
+        if await memory_q.bump_version(tx, bot_id=bot_id) is None:
+            raise NotFound("bot not found")
+        ids = await entries.all_ids(tx, bot_id=bot_id)
+        await access.compute_labels(tx, bot_id=bot_id, ids=ids)
+        return len(ids)
+
+    return await write(rt.driver, work)
