@@ -54,7 +54,7 @@ from services import chats, commands, memory, provisioning, retrieval
 from services.bootstrap import open_runtime
 from services.changefeed import ChangeHub
 from services.changes import AddFact, AddObservation, Invalidate, ItemRef, MemoryChange, Remember
-from services.crypto import Cipher
+from services.crypto import Cipher, Kind
 from services.domain import Access, Principal
 from services.errors import Conflict
 from services.runtime import Runtime
@@ -66,7 +66,6 @@ BENCH_DIR = Path(__file__).resolve().parent
 ORG_PREFIX = "botmemory-bench-"
 ADMIN = Principal("admin")
 READER_KINDS = ("most", "1%", "none")
-ENTRY_KIND = getattr(memory, "ENTRY_KIND", "entry")
 CONTEXT_LIMIT = 4000
 PAGE = 100  # entries per page of GET memory ?limit=
 
@@ -572,7 +571,7 @@ def probing() -> Generator[Probe]:
         probe.results.append(result)
         return result
 
-    def decrypt(self: Cipher, kind: str, record_id: str, blob: bytes) -> str:
+    def decrypt(self: Cipher, kind: Kind, record_id: str, blob: bytes) -> str:
         t = time.perf_counter()
         try:
             return orig_decrypt(self, kind, record_id, blob)
@@ -802,7 +801,7 @@ async def measure_reads(rt: Runtime, pool: Pool, s: BenchSettings, out: list[Row
 
             found = await read(rt.driver, work)
             for e in found:
-                cipher.decrypt(ENTRY_KIND, e["id"], bytes(e["content"]))
+                cipher.decrypt(Kind.ENTRY, e["id"], bytes(e["content"]))
             return len(found)
 
         async def get_page(principal: Principal = principal) -> int:
@@ -821,7 +820,7 @@ async def measure_reads(rt: Runtime, pool: Pool, s: BenchSettings, out: list[Row
                 rt.driver, lambda session: single(session, RAW_CONTEXT, ids=ids, botId=pool.bot), write=False
             )
             found = [] if record is None else list(record["entries"])
-            text = "\n".join("- " + cipher.decrypt(ENTRY_KIND, r["id"], bytes(r["content"])) for r in found)
+            text = "\n".join("- " + cipher.decrypt(Kind.ENTRY, r["id"], bytes(r["content"])) for r in found)
             assert len(text) <= CONTEXT_LIMIT
             return len(found)
 

@@ -10,7 +10,7 @@ from neo4j import AsyncManagedTransaction
 
 from graph.access import VISIBLE
 from graph.driver import QueryTarget, single
-from graph.memory import LOCKED, TOP_RANK, reader_keys
+from graph.memory import READ_LOCK, TOP_RANK, reader_keys
 
 #: The seek of ``context``'s candidates: the ``entry_active`` index (active entries only, in
 #: memory order per audience key) gives rank, id and stored length without reading the node —
@@ -19,6 +19,9 @@ _ACTIVE_SEEK: Final = (
     "e.botId = $botId AND e.activeKey = key AND e.contentLength IS NOT NULL AND e.id IS NOT NULL"
     " AND e.memoryRank < "
 )
+
+#: The shared lock (C1, D9.8) at the head of a statement that goes on with ``m``.
+_LOCKED: Final = READ_LOCK + "WITH m\n"
 
 
 def _context_page(after: str, limit: str, size: str, count: str, carry: str = "") -> str:
@@ -78,7 +81,7 @@ CONTEXT_PAGE: Final = (
 #: ``$more`` below it, in the same statement. ``complete`` is false when even that was not
 #: enough (the caller then pages in one explicit transaction, D9.8).
 LOCKED_CONTEXT: Final = (
-    LOCKED
+    _LOCKED
     + "WITH $readers AS readers, $org AS org\nCALL (readers, org) {"
     + _context_page("$after", "$limit", "0", "0")
     + "RETURN "
@@ -130,13 +133,13 @@ RETURN collect(e.id) AS ids
 
 
 #: The same reads as the first statement of a read: the shared lock heads them (C1).
-LOCKED_CONTEXT_PAGE: Final = LOCKED + CONTEXT_PAGE
+LOCKED_CONTEXT_PAGE: Final = _LOCKED + CONTEXT_PAGE
 
 
-LOCKED_HAS_VISIBLE: Final = LOCKED + HAS_VISIBLE
+LOCKED_HAS_VISIBLE: Final = _LOCKED + HAS_VISIBLE
 
 
-LOCKED_VISIBLE_IDS: Final = LOCKED + VISIBLE_IDS
+LOCKED_VISIBLE_IDS: Final = _LOCKED + VISIBLE_IDS
 
 
 async def context_page(

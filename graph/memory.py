@@ -44,7 +44,7 @@ READ_LOCK: Final = """
 MATCH (m:Memory {id: $botId})
 CALL apoc.lock.read.nodes([m])
 """
-LOCKED: Final = READ_LOCK + "WITH m\n"
+_LOCKED: Final = READ_LOCK + "WITH m\n"
 
 SHARED_LOCK: Final = READ_LOCK + "RETURN m.version AS version\n"
 
@@ -63,7 +63,7 @@ RETURN m.version AS version
 #: The first statement of a person's read (C1, D9.8): the shared lock of the Bot's memory,
 #: then, under it and in the same round trip, that person as a reader (see READER).
 _LOCK_AND_READER_ROW: Final = (
-    LOCKED
+    _LOCKED
     + """OPTIONAL MATCH (p:Person {id: $personId})-[:MEMBER_OF]->(o:Organization {id: $org})
 OPTIONAL MATCH (b:Bot {id: $botId})
 OPTIONAL MATCH (p)-[:MEMBER]->(c:Channel)-[:IN]->(o)

@@ -22,10 +22,11 @@ from learning.gateway import FIXED_CALM_ANSWER, Gateway, ModelUnavailable
 from learning.prompts import MEMORY_VOCABULARY, system_prompt
 from services import memory, metrics, retrieval
 from services.chats import require_writer
+from services.crypto import Kind
 from services.domain import Principal
 from services.ids import new_id
 from services.jobs import enqueue_executions
-from services.memorybot import ANSWER_KIND, CONFESSION_KIND, ReviewChat, Route, load_route
+from services.memorybot import ReviewChat, Route, load_route
 from services.runtime import Runtime, now_ms
 from services.validation import check_id, check_text
 
@@ -58,7 +59,7 @@ async def confide(rt: Runtime, gateway: Gateway, principal: Principal, turn_id: 
             id=confession_id,
             bot_id=route.bot_id,
             turn_id=turn_id,
-            text=route.cipher.encrypt(CONFESSION_KIND, confession_id, text),
+            text=route.cipher.encrypt(Kind.CONFESSION, confession_id, text),
             now=now,
         )
         queued: list[dict[str, Any]] = []
@@ -84,7 +85,7 @@ async def confide(rt: Runtime, gateway: Gateway, principal: Principal, turn_id: 
     except (ModelUnavailable, TimeoutError):
         pass
     metrics.CONFIDE_ANSWERS.labels(by=by).inc()
-    sealed = route.cipher.encrypt(ANSWER_KIND, confession_id, answer)
+    sealed = route.cipher.encrypt(Kind.CONFESSION_ANSWER, confession_id, answer)
     await write(
         rt.driver,
         lambda tx: memorybot_q.answer_confession(

@@ -22,13 +22,12 @@ from graph.driver import read, write
 from learning.gateway import Gateway, ModelUnavailable
 from learning.prompts import MEMORY_VOCABULARY, system_prompt
 from services import chats, memory, metrics, retrieval
+from services.crypto import Kind
 from services.domain import Principal, Turn
-from services.enrichments import ORIGINAL_KIND, REWRITE_KIND
 from services.ids import new_id
 from services.memorybot import Route, load_route
 from services.runtime import Runtime, now_ms
 
-DIGEST_KIND = "input"
 _SAVE_MARGIN = 0.3
 
 REWRITE_SYSTEM = (
@@ -114,14 +113,14 @@ async def _rewrite(
         reader = await memory.chat_reader(rt, turn.chat_id)
         if reader is None:
             return original, "nothing_visible"
-        digest = route.cipher.digest(DIGEST_KIND, original)
+        digest = route.cipher.digest(Kind.INPUT_DIGEST, original)
         saved = await read(
             rt.driver, lambda tx: memorybot_q.saved_rewrite(tx, chat_id=turn.chat_id, input_digest=digest)
         )
         if saved is not None:
             ids = list(saved["usedEntryIds"])
             if await retrieval.validate_references(rt, route.bot_id, reader, ids):
-                text = route.cipher.decrypt(REWRITE_KIND, saved["id"], bytes(saved["text"]))
+                text = route.cipher.decrypt(Kind.ENRICHMENT, saved["id"], bytes(saved["text"]))
                 await _save(rt, route, turn, text, original, ids, digest)
                 return text, "reused"
         if await gateway.budget_spent(rt, route):
@@ -193,8 +192,8 @@ async def _save(
         "id": enrichment_id,
         "botId": route.bot_id,
         "turnId": turn.id,
-        "text": route.cipher.encrypt(REWRITE_KIND, enrichment_id, text),
-        "original": route.cipher.encrypt(ORIGINAL_KIND, enrichment_id, original),
+        "text": route.cipher.encrypt(Kind.ENRICHMENT, enrichment_id, text),
+        "original": route.cipher.encrypt(Kind.ENRICHMENT_ORIGINAL, enrichment_id, original),
         "usedEntryIds": used,
         "inputDigest": digest,
         "now": now_ms(),

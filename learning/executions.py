@@ -26,7 +26,6 @@ from graph.driver import read, write
 from graph.memory import shared_lock
 from learning import protocol
 from learning.gateway import (
-    RESULT_KIND,
     Completion,
     Gateway,
     ModelUnavailable,
@@ -37,7 +36,7 @@ from learning.gateway import (
 )
 from learning.prompts import system_prompt
 from services.changes import AddFact, AddObservation, MemoryChange
-from services.crypto import Cipher
+from services.crypto import Cipher, Kind
 from services.errors import ServiceError
 from services.jobs import enqueue_executions
 from services.memorybot import MemoryBotSettings, load_route, release_budget_waiting
@@ -46,8 +45,6 @@ from services.writepath import apply_changes
 
 log = logging.getLogger("botmemory.learning")
 
-ENTRY_KIND = "entry"
-ITEM_KIND = "item"
 CONTEXT_LIMIT = 300  # L4
 
 
@@ -234,7 +231,7 @@ class ExecutionRunner:
         cipher = route.cipher
         evidence = {
             i["id"]: protocol.EvidenceItem(
-                i["id"], i["kind"], _speaker(i), cipher.decrypt(ITEM_KIND, i["uid"], bytes(i["text"]))
+                i["id"], i["kind"], _speaker(i), cipher.decrypt(Kind.ITEM, i["uid"], bytes(i["text"]))
             )
             for i in chunk
             if i["text"] is not None
@@ -248,7 +245,7 @@ class ExecutionRunner:
         completion = None
         if saved is not None:
             completion = Completion.from_json(
-                saved["id"], cipher.decrypt(RESULT_KIND, saved["id"], bytes(saved["result"]))
+                saved["id"], cipher.decrypt(Kind.MODEL_RESULT, saved["id"], bytes(saved["result"]))
             )
         elif (
             inputs.spent is not None and route.budget_limit is not None and inputs.spent >= route.budget_limit
@@ -333,7 +330,7 @@ def _kept(cipher: Cipher, entry: dict[str, Any]) -> dict[str, Any]:
     kept: dict[str, Any] = {
         "id": entry["id"],
         "layer": entry["layer"],
-        "content": cipher.decrypt(ENTRY_KIND, entry["id"], bytes(entry["content"])),
+        "content": cipher.decrypt(Kind.ENTRY, entry["id"], bytes(entry["content"])),
         "topics": [t for t in tags if ":" not in t],
         "audience": [t for t in tags if t.startswith("for:")],
     }

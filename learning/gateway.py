@@ -26,6 +26,7 @@ from openai.types.chat import ChatCompletion
 from graph import memorybot as memorybot_q
 from graph.driver import read, write
 from services import metrics
+from services.crypto import Kind
 from services.ids import new_id
 from services.memorybot import Route, current_period, periods
 from services.runtime import now_ms
@@ -43,8 +44,6 @@ FIXED_CALM_ANSWER = (
     "happened, fix what you can, and carry on calmly."
 )
 
-REQUEST_KIND = "model-request"
-RESULT_KIND = "model-result"
 _RETRYABLE_STATUS = {408, 409, 429, 500, 502, 503, 504}
 
 
@@ -348,10 +347,10 @@ class Gateway:
             "step": None if step is None else step.step,
             "requestHash": None if step is None else step.request_hash,
             "entryIds": list(entry_ids),
-            "request": route.cipher.encrypt(REQUEST_KIND, call_id, json.dumps(request)),
+            "request": route.cipher.encrypt(Kind.MODEL_REQUEST, call_id, json.dumps(request)),
             "result": None
             if result_json is None
-            else route.cipher.encrypt(RESULT_KIND, call_id, result_json),
+            else route.cipher.encrypt(Kind.MODEL_RESULT, call_id, result_json),
             "status": status,  # ok, or why not: a failure, or too_large (answered, not reusable)
             "attempts": len(attempts),
             "attemptLog": attempts,

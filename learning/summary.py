@@ -17,8 +17,7 @@ from graph import conversation as conversation_q
 from graph.driver import read, write
 from learning.gateway import Gateway, ModelUnavailable
 from learning.prompts import system_prompt
-from services import chats
-from services.conversation import SUMMARY_KIND
+from services.crypto import Kind
 from services.errors import NotFound
 from services.memorybot import Route, load_route
 from services.runtime import Runtime, now_ms
@@ -63,13 +62,13 @@ async def summarize(rt: Runtime, gateway: Gateway, chat_id: str) -> str:
         return "not_due"
     cipher = route.cipher
     lines = [
-        {"speaker": _SPEAKER[i["kind"]], "text": cipher.decrypt(chats.ITEM_KIND, i["uid"], bytes(i["text"]))}
+        {"speaker": _SPEAKER[i["kind"]], "text": cipher.decrypt(Kind.ITEM, i["uid"], bytes(i["text"]))}
         for i in items
         if i["text"] is not None and i["kind"] in _SPEAKER
     ]
     old = None
     if previous is not None and previous.get("text") is not None:
-        old = cipher.decrypt(SUMMARY_KIND, chat_id, bytes(previous["text"]))
+        old = cipher.decrypt(Kind.CHAT_SUMMARY, chat_id, bytes(previous["text"]))
     body = {
         "messages": [
             {"role": "system", "content": system_prompt(SUMMARY_SYSTEM, route)},
@@ -97,7 +96,7 @@ async def summarize(rt: Runtime, gateway: Gateway, chat_id: str) -> str:
             botId=route.bot_id,
             after=after,
             through=items[-1]["seq"],
-            text=cipher.encrypt(SUMMARY_KIND, chat_id, text),
+            text=cipher.encrypt(Kind.CHAT_SUMMARY, chat_id, text),
             chars=len(text),
             now=now_ms(),
         ),

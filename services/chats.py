@@ -10,7 +10,7 @@ from neo4j import AsyncManagedTransaction
 from graph import chats as chats_q
 from graph import identity, learning
 from graph.driver import read, write
-from services.crypto import Cipher
+from services.crypto import Cipher, Kind
 from services.domain import Chat, Item, ItemKind, Page, Principal, Turn
 from services.errors import BadInput, Conflict, Forbidden, NotFound
 from services.ids import new_id
@@ -18,7 +18,6 @@ from services.jobs import enqueue_executions, enqueue_summary_if_due
 from services.runtime import Runtime, now_ms
 from services.validation import check_id, check_page, check_text
 
-ITEM_KIND = "item"
 _MAX_ITEMS_PER_CALL = 100
 
 
@@ -41,7 +40,7 @@ def _item(row: dict[str, Any], cipher: Cipher) -> Item:
         turn_id=row["turnId"],
         seq=row["seq"],
         kind=ItemKind(row["kind"]),
-        text=None if text is None else cipher.decrypt(ITEM_KIND, row["uid"], bytes(text)),
+        text=None if text is None else cipher.decrypt(Kind.ITEM, row["uid"], bytes(text)),
         app=row.get("app"),
         speaker_id=row.get("speakerId"),
         created_at=row["createdAt"],
@@ -225,7 +224,7 @@ def _new_row(
         "id": f"i-{seq}",
         "seq": seq,
         "kind": kind.value,
-        "text": _cipher(rt, row).encrypt(ITEM_KIND, uid, text),
+        "text": _cipher(rt, row).encrypt(Kind.ITEM, uid, text),
         "textLength": len(text),
         "app": app,
         "speakerId": speaker,

@@ -14,14 +14,12 @@ from graph import conversation as conversation_q
 from graph import memory as memory_q
 from graph.driver import read
 from services import chats, memory, retrieval
+from services.crypto import Kind
 from services.domain import Item, Principal
 from services.errors import NotFound
 from services.memorybot import Route, load_route
 from services.runtime import Runtime
 from services.validation import check_id
-
-SUMMARY_KIND = "chat-summary"
-
 
 PREFERENCES = "preferences"
 
@@ -65,7 +63,7 @@ async def context_pack(rt: Runtime, principal: Principal, chat_id: str) -> Conte
     _, route, saved = await read(rt.driver, load)
     summary = None
     if saved is not None and saved.get("text") is not None:
-        summary = route.cipher.decrypt(SUMMARY_KIND, chat_id, bytes(saved["text"]))
+        summary = route.cipher.decrypt(Kind.CHAT_SUMMARY, chat_id, bytes(saved["text"]))
     preferences: tuple[memory.Entry, ...] = ()
     known = retrieval.Context("", ())
     reader = await memory.chat_reader(rt, chat_id)

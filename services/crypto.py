@@ -14,6 +14,7 @@ import hmac
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -23,6 +24,25 @@ from services import metrics
 
 _VERSION = b"\x01"
 _NONCE_BYTES = 12
+
+
+class Kind(StrEnum):
+    """What a ciphertext is: part of its associated data (``kind:record_id``, E1), so a ciphertext
+    moved onto another kind of record fails to open. The one list of them; a value never changes."""
+
+    DATA_KEY = "data-key"
+    ENTRY = "entry"
+    ITEM = "item"
+    CHANGE = "change"
+    CONFESSION = "confession"
+    CONFESSION_ANSWER = "confession-answer"
+    ENRICHMENT = "enrichment"
+    ENRICHMENT_ORIGINAL = "enrichment-original"
+    CHAT_SUMMARY = "chat-summary"
+    MODEL_REQUEST = "model-request"
+    MODEL_RESULT = "model-result"
+    #: Keyed digests of a person's input (the rewrite cache), not a ciphertext.
+    INPUT_DIGEST = "input"
 
 
 class DecryptionError(Exception):
@@ -42,7 +62,7 @@ def fingerprint(master_key: bytes) -> str:
     return hashlib.sha256(b"botmemory-master-key:" + master_key).hexdigest()[:16]
 
 
-def _aad(kind: str, record_id: str) -> bytes:
+def _aad(kind: Kind, record_id: str) -> bytes:
     return f"{kind}:{record_id}".encode()
 
 
@@ -65,14 +85,14 @@ class Keyring:
 
     def wrap(self, bot_id: str, data_key: bytes) -> WrappedKey:
         nonce = os.urandom(_NONCE_BYTES)
-        sealed = self._masters[self._current_id].encrypt(nonce, data_key, _aad("data-key", bot_id))
+        sealed = self._masters[self._current_id].encrypt(nonce, data_key, _aad(Kind.DATA_KEY, bot_id))
         return WrappedKey(self._current_id, _VERSION + nonce + sealed)
 
     def unwrap(self, bot_id: str, key: WrappedKey) -> bytes:
         master = self._masters.get(key.master_id)
         if master is None:
             raise DecryptionError("data key is wrapped by an unknown master key")
-        return _open(master, key.wrapped, _aad("data-key", bot_id))
+        return _open(master, key.wrapped, _aad(Kind.DATA_KEY, bot_id))
 
     def rewrap(self, bot_id: str, key: WrappedKey) -> WrappedKey:
         """Wrap the same data key with the current master key (rotation; content is untouched)."""
@@ -100,26 +120,26 @@ class Cipher:
         self._aes = aes
         self._digest_key = digest_key
 
-    def digest(self, kind: str, text: str) -> str:
+    def digest(self, kind: Kind, text: str) -> str:
         """A keyed digest (HMAC-SHA256) to find equal texts without storing them (no dictionary attack)."""
         return hmac.new(self._digest_key, f"{kind}:{text}".encode(), hashlib.sha256).hexdigest()
 
-    def encrypt(self, kind: str, record_id: str, plaintext: str) -> bytes:
+    def encrypt(self, kind: Kind, record_id: str, plaintext: str) -> bytes:
         nonce = os.urandom(_NONCE_BYTES)
         return _VERSION + nonce + self._aes.encrypt(nonce, plaintext.encode(), _aad(kind, record_id))
 
-    def decrypt(self, kind: str, record_id: str, blob: bytes) -> str:
+    def decrypt(self, kind: Kind, record_id: str, blob: bytes) -> str:
         _decryptions(kind).inc()
         return _open(self._aes, blob, _aad(kind, record_id)).decode()
 
-    def decrypt_all(self, kind: str, records: Sequence[tuple[str, bytes]]) -> list[str]:
+    def decrypt_all(self, kind: Kind, records: Sequence[tuple[str, bytes]]) -> list[str]:
         """``decrypt`` of many (record id, ciphertext) of one kind, counted at once."""
         _decryptions(kind).inc(len(records))
         return [_open(self._aes, blob, _aad(kind, record_id)).decode() for record_id, blob in records]
 
 
 @functools.cache
-def _decryptions(kind: str) -> Counter:
+def _decryptions(kind: Kind) -> Counter:
     """The decryption counter of one record kind (looked up once: ``labels`` costs more than ``inc``)."""
     return metrics.DECRYPTIONS.labels(kind=kind)
 

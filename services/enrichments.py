@@ -9,14 +9,10 @@ from typing import Any
 from neo4j import AsyncManagedTransaction
 
 from graph import memorybot as memorybot_q
+from services.crypto import Kind
 from services.domain import Principal
 from services.memorybot import owner_records
 from services.runtime import Runtime
-
-REWRITE_KIND = "enrichment"
-
-
-ORIGINAL_KIND = "enrichment-original"
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,8 +55,10 @@ async def enrichments(
                 f["turnId"],
                 None
                 if sealed is None or ids is None
-                else view.cipher.decrypt(REWRITE_KIND, f["id"], bytes(sealed)),
-                None if original is None else view.cipher.decrypt(ORIGINAL_KIND, f["id"], bytes(original)),
+                else view.cipher.decrypt(Kind.ENRICHMENT, f["id"], bytes(sealed)),
+                None
+                if original is None
+                else view.cipher.decrypt(Kind.ENRICHMENT_ORIGINAL, f["id"], bytes(original)),
                 () if sealed is None or ids is None else ids,
                 f["createdAt"],
             )

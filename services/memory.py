@@ -19,13 +19,12 @@ from graph import context as context_q
 from graph import memory as memory_q
 from graph.driver import read, single
 from services.auth import require_person
-from services.crypto import Cipher
+from services.crypto import Cipher, Kind
 from services.domain import Principal
 from services.errors import BadInput, Forbidden, NotFound
 from services.runtime import Runtime
 from services.validation import check_id
 
-ENTRY_KIND = "entry"
 #: The most entries one page of GET memory holds (``limit``).
 MAX_PAGE = 1000
 TOPIC = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
@@ -89,7 +88,7 @@ def decrypt_entry(cipher: Cipher, row: dict[str, Any]) -> Entry:
     return Entry(
         id=row["id"],
         layer=row["layer"],
-        content=cipher.decrypt(ENTRY_KIND, row["id"], bytes(row["content"])),
+        content=cipher.decrypt(Kind.ENTRY, row["id"], bytes(row["content"])),
         tags=tuple(row["tags"]),
         sources=tuple(row["sources"]),
         status=row["status"],
@@ -125,12 +124,17 @@ async def user_reader(tx: AsyncManagedTransaction, *, bot_id: str, person_id: st
     return Reader(org, (reader,))
 
 
-async def cipher_of(rt: Runtime, tx: AsyncManagedTransaction, bot_id: str) -> Cipher:
+async def cipher_of(rt: Runtime, bot_id: str, tx: AsyncManagedTransaction | None = None) -> Cipher:
+    """The Bot's data-key cipher (E1): the keyring's, once its data key was unwrapped in this
+    process (data keys never change); else its wrapped key is read in ``tx`` or on its own."""
     cached = rt.keyring.cached(bot_id)
     if cached is not None:
         return cached
-    key = await identity.bot_key(tx, id=bot_id)
-    if key is None:
+    if tx is not None:
+        key = await identity.bot_key(tx, id=bot_id)
+    else:
+        key = await read(rt.driver, lambda t: identity.bot_key(t, id=bot_id))
+    if key is None or key["master"] is None:
         raise NotFound("bot not found")
     return rt.cipher(bot_id, key["master"], key["wrapped"])
 
@@ -162,7 +166,7 @@ async def _as_reader(
         if bot is None or (bot["organizationId"] != org and org not in bot["linkedOrganizationIds"]):
             raise NotFound("bot not found")
         raise Forbidden("you need read on this Bot")
-    return version, Reader(principal.organization_id, (reader,)), await cipher_of(rt, tx, bot_id)
+    return version, Reader(principal.organization_id, (reader,)), await cipher_of(rt, bot_id, tx)
 
 
 async def require_reader(rt: Runtime, principal: Principal, bot_id: str) -> None:

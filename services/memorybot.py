@@ -19,18 +19,12 @@ from graph.memory import shared_lock
 from services import memory
 from services.auth import require_person
 from services.commands import require_owner_writer
-from services.crypto import Cipher
+from services.crypto import Cipher, Kind
 from services.domain import Principal
 from services.errors import BadInput, Conflict, NotFound, ServiceError
 from services.jobs import enqueue_executions
 from services.runtime import Runtime, now_ms
 from services.validation import check_id, check_page, check_text
-
-CONFESSION_KIND = "confession"
-
-
-ANSWER_KIND = "confession-answer"
-
 
 MAX_INSTRUCTIONS = 8000
 
@@ -306,8 +300,10 @@ async def confessions(
             Confession(
                 f["id"],
                 f["turnId"],
-                cipher.decrypt(CONFESSION_KIND, f["id"], bytes(f["text"])),
-                cipher.decrypt(ANSWER_KIND, f["id"], sealed) if sealed is not None and shown else None,
+                cipher.decrypt(Kind.CONFESSION, f["id"], bytes(f["text"])),
+                cipher.decrypt(Kind.CONFESSION_ANSWER, f["id"], sealed)
+                if sealed is not None and shown
+                else None,
                 ids if ids is not None and shown else (),
                 f.get("answeredBy"),
                 f["createdAt"],

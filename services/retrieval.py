@@ -15,8 +15,8 @@ from neo4j import AsyncManagedTransaction
 from graph import context as context_q
 from graph import memory as memory_q
 from graph.driver import autocommit, read
-from services.crypto import Cipher
-from services.memory import ENTRY_KIND, Reader, cipher_of
+from services.crypto import Cipher, Kind
+from services.memory import Reader, cipher_of
 from services.runtime import Runtime
 
 #: Candidates per key of a page of context, and of the first page of its one statement until
@@ -77,7 +77,7 @@ async def context(rt: Runtime, bot_id: str, reader: Reader, limit: int) -> Conte
             used += found["page"]
             size = int(found["size"])
             if last(found):
-                return used, await cipher_of(rt, tx, bot_id)
+                return used, await cipher_of(rt, bot_id, tx)
             after = used[-1]["rank"]
 
     first_page = _first_page(rt.line_lengths.mean(bot_id), limit)
@@ -93,7 +93,7 @@ async def context(rt: Runtime, bot_id: str, reader: Reader, limit: int) -> Conte
         used = list(first["page"])
     else:
         used, cipher = await read(rt.driver, work)
-    contents = cipher.decrypt_all(ENTRY_KIND, [(row["id"], bytes(row["content"])) for row in used])
+    contents = cipher.decrypt_all(Kind.ENTRY, [(row["id"], bytes(row["content"])) for row in used])
     text = "\n".join("- " + c for c in contents)
     rt.line_lengths.observe(bot_id, len(text) + 1, len(contents))
     return Context(text, tuple(row["id"] for row in used), tuple(contents))

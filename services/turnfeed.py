@@ -21,7 +21,7 @@ from neo4j import AsyncManagedTransaction
 from graph import chats as chats_q
 from graph.driver import read, single
 from services import pubsub
-from services.chats import ITEM_KIND
+from services.crypto import Kind
 from services.runtime import Runtime
 
 CHANNEL_PATTERN = "botmemory:turns:*"
@@ -140,7 +140,7 @@ class TurnHub:
             event = TurnEvent(
                 event.turn_id,
                 event.kind,
-                None if text is None else cipher.decrypt(ITEM_KIND, item["uid"], bytes(text)),
+                None if text is None else cipher.decrypt(Kind.ITEM, item["uid"], bytes(text)),
                 item_id,
                 item["kind"],
             )

@@ -18,10 +18,10 @@ from typing import Any
 
 from neo4j import AsyncManagedTransaction
 
-from graph import access, entries, identity
+from graph import access, entries
 from graph import context as context_q
 from graph import memory as memory_q
-from graph.driver import read, write
+from graph.driver import write
 from services.changes import (
     MAX_CHANGES,
     Actor,
@@ -40,10 +40,10 @@ from services.changes import (
     check_content,
     validate,
 )
-from services.crypto import Cipher
+from services.crypto import Cipher, Kind
 from services.errors import BadInput, Conflict, NotFound
 from services.ids import new_id
-from services.memory import ENTRY_KIND, Reader, user_reader
+from services.memory import Reader, cipher_of, user_reader
 from services.runtime import Runtime, now_ms
 
 _ORDER_SLOTS = 1_000_000  # orderKey = version * slots + position within the change
@@ -56,7 +56,7 @@ def _new_entry(
     derives the tags of facts and observations from them; ``earlier``: ids of the rows before."""
     row: dict[str, Any] = {
         "id": change.id,
-        "content": cipher.encrypt(ENTRY_KIND, change.id, change.content),
+        "content": cipher.encrypt(Kind.ENTRY, change.id, change.content),
         "contentLength": len(change.content),
         "topics": list(change.topics),
         "tags": [],
@@ -168,7 +168,7 @@ class _Step:
         row = await self.entry(c.entry_id)
         if row["status"] != "active":
             raise Conflict("only active entries are revised")
-        content = self.cipher.encrypt(ENTRY_KIND, c.entry_id, c.content)
+        content = self.cipher.encrypt(Kind.ENTRY, c.entry_id, c.content)
         await entries.set_content(
             self.tx,
             bot_id=self.bot_id,
@@ -226,16 +226,6 @@ def _item_ref(ref: ItemRef) -> dict[str, str]:
     return {"chat": ref.chat, "item": ref.item}
 
 
-async def bot_cipher(rt: Runtime, bot_id: str) -> Cipher:
-    cached = rt.keyring.cached(bot_id)
-    if cached is not None:
-        return cached
-    key = await read(rt.driver, lambda tx: identity.bot_key(tx, id=bot_id))
-    if key is None or key["master"] is None:
-        raise NotFound("bot not found")
-    return rt.cipher(bot_id, key["master"], key["wrapped"])
-
-
 async def apply_changes(
     rt: Runtime,
     bot_id: str,
@@ -256,10 +246,10 @@ async def apply_changes(
         raise BadInput(f"at most {MAX_CHANGES} changes at once", field="changes")
     for change in changes:
         validate(change)
-    cipher = await bot_cipher(rt, bot_id)
+    cipher = await cipher_of(rt, bot_id)
     change_id, now = new_id("chg"), now_ms()
 
-    payload = cipher.encrypt("change", change_id, _payload(changes))
+    payload = cipher.encrypt(Kind.CHANGE, change_id, _payload(changes))
 
     async def work(tx: AsyncManagedTransaction) -> Applied:
         version = await memory_q.bump_version(tx, bot_id=bot_id)  # the exclusive lock first (C1)
@@ -349,7 +339,7 @@ async def import_legacy(rt: Runtime, bot_id: str, legacy: list[LegacyEntry]) -> 
     They keep their tags but get no SOURCE edges; a declared source count they cannot meet
     (and the legacy flag) makes the visibility check fail closed for them and anything above.
     """
-    cipher = await bot_cipher(rt, bot_id)
+    cipher = await cipher_of(rt, bot_id)
     change_id, now = new_id("chg"), now_ms()
     for entry in legacy:
         check_content(entry.content)
@@ -362,7 +352,7 @@ async def import_legacy(rt: Runtime, bot_id: str, legacy: list[LegacyEntry]) -> 
             {
                 "id": entry.id,
                 "layer": entry.layer if entry.layer in ("fact", "observation", "pinned") else "fact",
-                "content": cipher.encrypt(ENTRY_KIND, entry.id, entry.content),
+                "content": cipher.encrypt(Kind.ENTRY, entry.id, entry.content),
                 "contentLength": len(entry.content),
                 "tags": list(entry.tags),
                 "orderKey": version * _ORDER_SLOTS + position,
@@ -371,7 +361,7 @@ async def import_legacy(rt: Runtime, bot_id: str, legacy: list[LegacyEntry]) -> 
         ]
         await entries.create_legacy(tx, bot_id=bot_id, rows=rows, now=now)
         ids = [entry.id for entry in legacy]
-        payload = cipher.encrypt("change", change_id, json.dumps({"kind": "import", "count": len(legacy)}))
+        payload = cipher.encrypt(Kind.CHANGE, change_id, json.dumps({"kind": "import", "count": len(legacy)}))
         await memory_q.log_change(
             tx,
             id=change_id,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from services.crypto import DecryptionError, Keyring
+from services.crypto import DecryptionError, Keyring, Kind
 from services.rotation import rotate_data_keys
 from services.runtime import Runtime
 from services.settings import Settings
@@ -109,11 +109,11 @@ async def test_stored_item_text_is_aes_gcm_ciphertext_bound_to_its_record(api: A
         "MATCH (b:Bot {id: $b}) RETURN b.keyMaster AS m, b.keyWrapped AS w", b=world.bot
     )
     cipher = runtime.cipher(world.bot, rows[0]["m"], rows[0]["w"])
-    assert cipher.decrypt("item", first["uid"], first["text"]) == "first words"
+    assert cipher.decrypt(Kind.ITEM, first["uid"], first["text"]) == "first words"
     with pytest.raises(DecryptionError):
-        cipher.decrypt("item", second["uid"], first["text"])
+        cipher.decrypt(Kind.ITEM, second["uid"], first["text"])
     with pytest.raises(DecryptionError):
-        cipher.decrypt("entry", first["uid"], first["text"])
+        cipher.decrypt(Kind.ENTRY, first["uid"], first["text"])
 
 
 async def test_decryptions_are_counted_on_metrics(api: Api) -> None:
@@ -154,7 +154,7 @@ async def test_master_key_rotation_rewraps_data_keys_and_leaves_content_byte_ide
     assert after["m"] == rotating.current_id != before["m"]
     only_new = Keyring(new_key)
     assert (
-        only_new.cipher(world.bot, _wrapped(after)).decrypt("item", after["uid"], after["text"])
+        only_new.cipher(world.bot, _wrapped(after)).decrypt(Kind.ITEM, after["uid"], after["text"])
         == "kept across rotation"
     )
     with pytest.raises(DecryptionError):

@@ -113,17 +113,17 @@ async def test_context_fits_exactly_across_pages(
     """N3 over several pages of candidates: the limit is met to the character, in memory order —
     within context's one statement (a first page and a second), and, with pages too small for
     that, page by page in one explicit transaction (D9.8)."""
-    monkeypatch.setattr(memory, "_CONTEXT_PAGE", page)
-    monkeypatch.setattr(memory, "_CONTEXT_MORE", more)
+    monkeypatch.setattr(retrieval, "_CONTEXT_PAGE", page)
+    monkeypatch.setattr(retrieval, "_CONTEXT_MORE", more)
     w, changes, reader = await hundred_and_fifty_facts(api, runtime)
     explicit_reads: list[object] = []
-    real_read = memory.read
+    real_read = retrieval.read
 
     async def read(driver: Any, work: Any) -> Any:
         explicit_reads.append(work)
         return await real_read(driver, work)
 
-    monkeypatch.setattr(memory, "read", read)
+    monkeypatch.setattr(retrieval, "read", read)
     newest_first = [c.id for c in reversed(changes)]
     # Each line is "- " + 4 characters, joined by newlines: 6 for the first, 7 for each next one.
     exact = await retrieval.context(runtime, w.bot, reader, limit=6 + 7 * 99)
