@@ -32,6 +32,7 @@ from schema.fanout import encode_next
 from services import metrics
 from services.bootstrap import open_runtime
 from services.changefeed import ChangeHub
+from services.embedding import Embedder
 from services.errors import ServiceError
 from services.logs import configure_logging
 from services.runtime import Runtime
@@ -44,6 +45,7 @@ log = logging.getLogger("botmemory.api")
 class State(TypedDict):
     runtime: Runtime
     gateway: Gateway
+    embedder: Embedder | None
     hub: ChangeHub
     turn_hub: TurnHub
 
@@ -53,6 +55,7 @@ class GraphQLApp(GraphQL[Context, None]):
         return Context(
             runtime=request.state.runtime,
             gateway=request.state.gateway,
+            embedder=request.state.embedder,
             authorization=request.headers.get("authorization"),
             hub=request.state.hub,
             turn_hub=request.state.turn_hub,
@@ -179,7 +182,13 @@ def create_app(settings: Settings | None = None) -> Starlette:
             await turn_hub.start()
             log.info("api ready")
             try:
-                yield {"runtime": runtime, "gateway": gateway, "hub": hub, "turn_hub": turn_hub}
+                yield {
+                    "runtime": runtime,
+                    "gateway": gateway,
+                    "embedder": gateway.embedder,
+                    "hub": hub,
+                    "turn_hub": turn_hub,
+                }
             finally:
                 await turn_hub.stop()
                 await hub.stop()

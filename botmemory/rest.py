@@ -9,7 +9,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from services import chats, commands, conversation, enrichments, memory, memorybot
+from services import chats, commands, conversation, enrichments, memory, memorybot, search
 from services.auth import authenticate
 from services.domain import Item, Principal
 from services.errors import BadInput
@@ -102,6 +102,21 @@ async def get_memory(request: Request) -> JSONResponse:
     return JSONResponse({"entries": [e.json() for e in page], "version": version, "next": next_page})
 
 
+async def search_memory(request: Request) -> JSONResponse:
+    """``GET /v1/bots/{botId}/memory/search?q=…&limit=…`` — the visible active entries most
+    relevant to ``q``, best first, each with its score (design §10)."""
+    principal = await principal_of(request)
+    hits = await search.person_search(
+        runtime_of(request),
+        request.state.embedder,
+        principal,
+        request.path_params["bot_id"],
+        request.query_params.get("q", ""),
+        int_param(request, "limit", 10),
+    )
+    return JSONResponse({"results": [{"score": h.score, "entry": h.entry.json()} for h in hits]})
+
+
 async def post_memory(request: Request) -> JSONResponse:
     """``POST /v1/bots/{botId}/memory`` with a ``Remember`` or ``Forget`` command (D9.19)."""
     principal = await principal_of(request)
@@ -117,7 +132,7 @@ async def post_memory(request: Request) -> JSONResponse:
             content = string_field(command, "content")
             assert content is not None
             entry, version = await commands.remember(
-                rt, principal, bot_id, content, string_list(command, "tags")
+                rt, principal, bot_id, content, string_list(command, "tags"), request.state.embedder
             )
             return JSONResponse({"entry": entry.json(), "version": version}, status_code=201)
         case "Forget":
@@ -197,7 +212,9 @@ async def get_confessions(request: Request) -> JSONResponse:
 async def get_context(request: Request) -> JSONResponse:
     """``GET /v1/chats/{chatId}/context`` — the context pack for the chat's audience (D9.17)."""
     principal = await principal_of(request)
-    pack = await conversation.context_pack(runtime_of(request), principal, request.path_params["chat_id"])
+    pack = await conversation.context_pack(
+        runtime_of(request), principal, request.path_params["chat_id"], request.state.embedder
+    )
     return JSONResponse(pack.json(item_json))
 
 
@@ -218,6 +235,7 @@ routes = [
     Route("/chats/{chat_id}/messages", chat_messages, methods=["GET"]),
     Route("/bots/{bot_id}/memory", get_memory, methods=["GET"]),
     Route("/bots/{bot_id}/memory", post_memory, methods=["POST"]),
+    Route("/bots/{bot_id}/memory/search", search_memory, methods=["GET"]),
     Route("/bots/{bot_id}/memory/log", get_log, methods=["GET"]),
     Route("/bots/{bot_id}/memory/purge", post_purge, methods=["POST"]),
     Route("/bots/{bot_id}/memory/bot", get_memory_bot, methods=["GET"]),

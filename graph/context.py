@@ -15,7 +15,7 @@ from graph.memory import READ_LOCK, TOP_RANK, reader_keys
 #: The seek of ``context``'s candidates: the ``entry_active`` index (active entries only, in
 #: memory order per audience key) gives rank, id and stored length without reading the node —
 #: the planner uses a composite index only with a predicate on each of its properties.
-_ACTIVE_SEEK: Final = (
+ACTIVE_SEEK: Final = (
     "e.botId = $botId AND e.activeKey = key AND e.contentLength IS NOT NULL AND e.id IS NOT NULL"
     " AND e.memoryRank < "
 )
@@ -42,7 +42,7 @@ CALL (key, readers, org"""
         + """) {
   MATCH (e:Entry)
   WHERE """
-        + _ACTIVE_SEEK
+        + ACTIVE_SEEK
         + after
         + " AND "
         + VISIBLE
@@ -107,7 +107,7 @@ UNWIND $keys AS key
 CALL (key, readers, org) {
   MATCH (e:Entry)
   WHERE """
-    + _ACTIVE_SEEK
+    + ACTIVE_SEEK
     + "$top AND "
     + VISIBLE
     + """

@@ -14,11 +14,15 @@ from graph import access
 from graph.driver import rows, single
 
 #: The properties of a new Entry ``e`` in memory ``m``, from ``row`` and the bound ``tags``,
-#: ``orderKey``, ``sourceCount`` and ``legacy`` (shared by ADD_ENTRIES and CREATE_LEGACY).
+#: ``orderKey``, ``sourceCount`` and ``legacy`` (shared by ADD_ENTRIES and CREATE_LEGACY); what is
+#: derived from its content to find it (design §10) comes in the row, and a vector is stamped with
+#: the version of the change that wrote it (``vecVersion``, so each process's index catches up).
 _NEW_ENTRY: Final = """(e:Entry {id: row.id, botId: $botId, layer: row.layer, content: row.content,
   contentLength: row.contentLength, tags: tags, status: 'active', confidence: row.confidence,
   createdAt: $now, updatedAt: $now, invalidatedAt: null, orderKey: orderKey, pinned: row.layer = 'pinned',
-  sourceCount: sourceCount, author: row.author, excluded: [], legacy: legacy})-[:IN_MEMORY]->(m)
+  sourceCount: sourceCount, author: row.author, excluded: [], legacy: legacy,
+  kwBlind: row.kwBlind, vec: row.vec, vecModel: row.vecModel,
+  vecVersion: CASE WHEN row.vec IS NULL THEN null ELSE orderKey / 1000000 END})-[:IN_MEMORY]->(m)
 """
 
 #: Entries of a legacy import: the tags they came with, no SOURCE edges, and a declared source
@@ -150,7 +154,9 @@ SET e.status = $status, e.updatedAt = $now,
 #: New content (already encrypted) and a new place in memory order (D9.14).
 SET_CONTENT: Final = """
 MATCH (e:Entry {id: $id, botId: $botId})
-SET e.content = $content, e.contentLength = $contentLength, e.orderKey = $orderKey, e.updatedAt = $now
+SET e.content = $content, e.contentLength = $contentLength, e.orderKey = $orderKey, e.updatedAt = $now,
+    e.kwBlind = $derived.kwBlind, e.vec = $derived.vec, e.vecModel = $derived.vecModel,
+    e.vecVersion = CASE WHEN $derived.vec IS NULL THEN null ELSE $orderKey / 1000000 END
 """
 
 SET_TAGS: Final = """
@@ -272,9 +278,12 @@ async def set_content(
     content_length: int,
     order_key: int,
     now: int,
+    derived: dict[str, Any],
 ) -> None:
+    """New content with what is derived from it (blind keywords, the sealed vector, design §10)."""
     await tx.run(
         SET_CONTENT,
+        derived=derived,
         botId=bot_id,
         id=id,
         content=content,

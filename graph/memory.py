@@ -23,15 +23,18 @@ WITH e, collect(CASE WHEN src IS NULL THEN null WHEN src:Item THEN {chat: src.ch
                      ELSE {entry: src.id} END) AS sources
 """
 
+#: The sources of ``e`` as a subquery binding ``sources`` (for a statement that goes on with ``e``).
+SOURCES_OF_E: Final = "CALL (e) {" + _ENTRY_SOURCES + "  RETURN sources\n}\n"
+
 #: The API's view of an entry ``e``: fields, sources as ids, content as ciphertext.
-_ENTRY_MAP: Final = """e {.id, .layer, .tags, .status, .confidence, .createdAt, .updatedAt, .invalidatedAt,
+ENTRY_MAP: Final = """e {.id, .layer, .tags, .status, .confidence, .createdAt, .updatedAt, .invalidatedAt,
      .content, .contentLength, .orderKey, .memoryRank, sources: sources}"""
 
 #: ``e`` as one ``entry`` row.
-ENTRY_ROW: Final = _ENTRY_SOURCES + "RETURN " + _ENTRY_MAP + " AS entry\n"
+ENTRY_ROW: Final = _ENTRY_SOURCES + "RETURN " + ENTRY_MAP + " AS entry\n"
 
 #: The rows of ``e`` collected as one ``entries`` list (the end of a subquery).
-ENTRY_LIST: Final = _ENTRY_SOURCES + "RETURN collect(" + _ENTRY_MAP + ") AS entries\n"
+ENTRY_LIST: Final = _ENTRY_SOURCES + "RETURN collect(" + ENTRY_MAP + ") AS entries\n"
 
 #: Above every ``memoryRank`` (pinned entries rank from 2**50); bounds index range seeks.
 TOP_RANK: Final = 2**62
@@ -133,7 +136,7 @@ WITH m, version WHERE allowed
 _IN_ORDER: Final = (
     _ENTRY_SOURCES
     + "WITH e, sources ORDER BY e.memoryRank DESC, e.id\nRETURN collect("
-    + _ENTRY_MAP
+    + ENTRY_MAP
     + ") AS entries\n"
 )
 

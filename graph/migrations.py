@@ -85,6 +85,17 @@ MIGRATIONS: Final[tuple[tuple[int, tuple[LiteralString, ...]], ...]] = (
             " ON (n.botId, n.activeKey, n.memoryRank, n.contentLength, n.id)",
         ),
     ),
+    (
+        7,
+        (
+            # Retrieval by meaning (design §10): keywords as blind tokens (keyed hashes, one token
+            # each for the whitespace analyzer, scored by Lucene's BM25), and the seek of the
+            # vectors a process's index lacks (written after a memory version).
+            "CREATE FULLTEXT INDEX entry_keywords IF NOT EXISTS FOR (n:Entry) ON EACH [n.kwBlind]"
+            " OPTIONS {indexConfig: {`fulltext.analyzer`: 'whitespace'}}",
+            "CREATE INDEX entry_vec_version IF NOT EXISTS FOR (n:Entry) ON (n.botId, n.vecVersion)",
+        ),
+    ),
 )
 
 #: Entries whose labels predate the current label properties: without ``memoryRank`` (before

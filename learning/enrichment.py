@@ -21,7 +21,7 @@ from graph import memorybot as memorybot_q
 from graph.driver import read, write
 from learning.gateway import Gateway, ModelUnavailable
 from learning.prompts import MEMORY_VOCABULARY, system_prompt
-from services import chats, memory, metrics, retrieval
+from services import chats, memory, metrics, retrieval, search
 from services.crypto import Kind
 from services.domain import Principal, Turn
 from services.ids import new_id
@@ -126,7 +126,9 @@ async def _rewrite(
         if await gateway.budget_spent(rt, route):
             return original, "budget_spent"
         # One read decides: nothing visible (or nothing that fits) → no model call (N3).
-        known = await retrieval.context(rt, route.bot_id, reader, rt.settings.answer_context_chars)
+        known = await search.context(
+            rt, gateway.embedder, route.bot_id, reader, rt.settings.answer_context_chars, query=original
+        )
         if not known.ids:
             return original, "nothing_visible"
         release = await gateway.acquire(route, deadline)

@@ -319,7 +319,9 @@ class ExecutionRunner:
             await write(self.rt.driver, cas)
             return
         try:
-            await apply_changes(self.rt, x.bot_id, changes, "memory_bot", precheck=cas)
+            await apply_changes(
+                self.rt, x.bot_id, changes, "memory_bot", precheck=cas, embedder=self.gateway.embedder
+            )
         except ServiceError as exc:  # the latest source state refused it (C7, V6): nothing applied
             raise StepFailed("rejected:" + exc.code) from None
 

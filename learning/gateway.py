@@ -25,8 +25,10 @@ from openai.types.chat import ChatCompletion
 
 from graph import memorybot as memorybot_q
 from graph.driver import read, write
+from learning.embedders import make_embedder
 from services import metrics
 from services.crypto import Kind
+from services.embedding import Embedder
 from services.ids import new_id
 from services.memorybot import Route, current_period, periods
 from services.runtime import now_ms
@@ -128,10 +130,14 @@ class Gateway:
                 timeout=settings.model_attempt_timeout_seconds,
             )
         self._gates: dict[str, tuple[int, asyncio.Semaphore]] = {}
+        #: The embedder of this process (design §10): vectors of new entries and of queries.
+        self.embedder: Embedder | None = make_embedder(settings)
 
     async def close(self) -> None:
         if self._client is not None:
             await self._client.close()
+        if self.embedder is not None:
+            await self.embedder.aclose()
 
     async def __aenter__(self) -> Gateway:
         return self

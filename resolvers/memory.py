@@ -13,13 +13,14 @@ from schema.memory import (
     MemoryPage,
     PurgePayload,
     RememberPayload,
+    SearchHit,
     SourceItem,
     SourceNeighbour,
     SourceNeighbourhood,
     VersionPayload,
 )
 from schema.types import Long
-from services import commands, memory, sourcegraph
+from services import commands, memory, search, sourcegraph
 from services.memory import MAX_PAGE
 
 
@@ -86,6 +87,17 @@ class MemoryQuery:
         return MemoryPage(entries=[MemoryEntry.of(e) for e in page], version=version, next=next_page)
 
     @strawberry.field(
+        description="The active entries you may see that are most relevant to query (meaning and "
+        "keywords), best first, at most limit (1–100)."
+    )
+    async def search(self, info: Info, bot_id: strawberry.ID, query: str, limit: int = 10) -> list[SearchHit]:
+        principal = await info.context.principal()
+        hits = await search.person_search(
+            info.context.runtime, info.context.embedder, principal, str(bot_id), query, limit
+        )
+        return [SearchHit(score=h.score, entry=MemoryEntry.of(h.entry)) for h in hits]
+
+    @strawberry.field(
         description="Changes of entries you may see, newest first: limit (1–1000) rows of versions "
         "below before."
     )
@@ -113,7 +125,7 @@ class MemoryMutation:
     ) -> RememberPayload:
         principal = await info.context.principal()
         entry, version = await commands.remember(
-            info.context.runtime, principal, str(bot_id), content, tags or []
+            info.context.runtime, principal, str(bot_id), content, tags or [], info.context.embedder
         )
         return RememberPayload(entry=MemoryEntry.of(entry), version=version)
 

@@ -40,7 +40,7 @@ class Query(MemoryQuery, MemoryBotQuery):
     )
     async def context_pack(self, info: Info, chat_id: strawberry.ID) -> ContextPack:
         pack = await conversation.context_pack(
-            info.context.runtime, await info.context.principal(), str(chat_id)
+            info.context.runtime, await info.context.principal(), str(chat_id), info.context.embedder
         )
         return ContextPack(
             chat_id=strawberry.ID(pack.chat_id),

@@ -10,16 +10,18 @@ from learning.gateway import Gateway
 from services.auth import authenticate
 from services.changefeed import ChangeHub
 from services.domain import Principal
+from services.embedding import Embedder
 from services.runtime import Runtime
 from services.turnfeed import TurnHub
 
 
 @dataclass(slots=True)
 class Context:
-    """Runtime dependencies, the model gateway, plus the caller's credentials, authenticated lazily once per request."""
+    """Runtime dependencies, the model gateway and embedder, plus the caller's credentials, authenticated lazily once per request."""
 
     runtime: Runtime
     gateway: Gateway
+    embedder: Embedder | None
     authorization: str | None
     hub: ChangeHub | None = None
     turn_hub: TurnHub | None = None

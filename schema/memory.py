@@ -20,6 +20,12 @@ class EntrySource:
     entry: strawberry.ID | None = None
 
 
+@strawberry.type(description="An entry found by search, with its relevance (higher is more relevant).")
+class SearchHit:
+    score: float
+    entry: MemoryEntry
+
+
 @strawberry.type
 class MemoryEntry:
     id: strawberry.ID

@@ -13,6 +13,7 @@ from graph.driver import write
 from services.auth import require_person
 from services.changes import Applied, Forget, Remember, Share, check_topics
 from services.domain import Principal
+from services.embedding import Embedder
 from services.errors import BadInput, Conflict, Forbidden, NotFound
 from services.ids import new_id
 from services.memory import Entry, Reader, user_reader
@@ -30,9 +31,15 @@ async def _reader(tx: AsyncManagedTransaction, principal: Principal, bot_id: str
 
 
 async def remember(
-    rt: Runtime, principal: Principal, bot_id: str, content: str, tags: list[str]
+    rt: Runtime,
+    principal: Principal,
+    bot_id: str,
+    content: str,
+    tags: list[str],
+    embedder: Embedder | None = None,
 ) -> tuple[Entry, int]:
-    """A pinned entry only the caller sees (``for:person:<you>``), in their organization."""
+    """A pinned entry only the caller sees (``for:person:<you>``), in their organization;
+    searchable by its words, and by its meaning with ``embedder`` (design §10)."""
     person_id = require_person(principal)
     check_id(bot_id, "botId")
     topics = check_topics(tuple(tags), "tags")
@@ -40,7 +47,7 @@ async def remember(
     change = Remember(content=content, person_id=person_id, org=principal.organization_id, topics=topics)
     # One statement: the lock, the caller's use of the Bot, the entry, the version and the log.
     applied = await apply_changes(
-        rt, bot_id, [change], "person", person=(person_id, principal.organization_id)
+        rt, bot_id, [change], "person", person=(person_id, principal.organization_id), embedder=embedder
     )
     tags_out = ("from:" + person_id, "for:person:" + person_id, "org:" + principal.organization_id, *topics)
     at = applied.at

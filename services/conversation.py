@@ -13,9 +13,10 @@ from neo4j import AsyncManagedTransaction
 from graph import conversation as conversation_q
 from graph import memory as memory_q
 from graph.driver import read
-from services import chats, memory, retrieval
+from services import chats, memory, retrieval, search
 from services.crypto import Kind
-from services.domain import Item, Principal
+from services.domain import Item, ItemKind, Principal
+from services.embedding import Embedder
 from services.errors import NotFound
 from services.memorybot import Route, load_route
 from services.runtime import Runtime
@@ -45,8 +46,11 @@ class ContextPack:
         }
 
 
-async def context_pack(rt: Runtime, principal: Principal, chat_id: str) -> ContextPack:
-    """Summary, preferences, the last 10 messages and the visible memory ``context`` (D9.17)."""
+async def context_pack(
+    rt: Runtime, principal: Principal, chat_id: str, embedder: Embedder | None = None
+) -> ContextPack:
+    """Summary, preferences, the last 10 messages and the visible memory ``context`` (D9.17),
+    chosen by relevance to the latest person message (design §10)."""
     check_id(chat_id, "chatId")
     chat = await chats.get_chat(rt, principal, chat_id)
     if chat is None:
@@ -70,7 +74,15 @@ async def context_pack(rt: Runtime, principal: Principal, chat_id: str) -> Conte
     # Memory for the Chat's audience; none in review chats or with botMemory off (D9.16, L5).
     if reader is not None and route.bot_memory and not chat.review:
         preferences = tuple(await _preferences(rt, route, reader))
-        known = await retrieval.context(rt, route.bot_id, reader, rt.settings.answer_context_chars)
+        said = [i.text for i in last.items if i.kind is ItemKind.PERSON_MESSAGE and i.text]
+        known = await search.context(
+            rt,
+            embedder,
+            route.bot_id,
+            reader,
+            rt.settings.answer_context_chars,
+            query=said[-1] if said else None,
+        )
     return ContextPack(chat_id, summary, preferences, tuple(i for i in last.items), known)
 
 

@@ -41,6 +41,8 @@ class Kind(StrEnum):
     CHAT_SUMMARY = "chat-summary"
     MODEL_REQUEST = "model-request"
     MODEL_RESULT = "model-result"
+    #: An entry's embedding (id = entry id): the bytes of ``services.embedding.encode_vector``.
+    ENTRY_VECTOR = "entry-vector"
     #: Keyed digests of a person's input (the rewrite cache), not a ciphertext.
     INPUT_DIGEST = "input"
 
@@ -108,7 +110,11 @@ class Keyring:
         cipher = self._data_keys.get(bot_id)
         if cipher is None:
             data_key = self.unwrap(bot_id, key)
-            cipher = Cipher(AESGCM(data_key), hashlib.sha256(b"botmemory-digest:" + data_key).digest())
+            cipher = Cipher(
+                AESGCM(data_key),
+                hashlib.sha256(b"botmemory-digest:" + data_key).digest(),
+                hashlib.sha256(b"botmemory-blind-index:" + data_key).digest(),
+            )
             self._data_keys[bot_id] = cipher
         return cipher
 
@@ -116,13 +122,20 @@ class Keyring:
 class Cipher:
     """Encrypts and decrypts the records of one Bot with its data key, and keyed digests."""
 
-    def __init__(self, aes: AESGCM, digest_key: bytes) -> None:
+    def __init__(self, aes: AESGCM, digest_key: bytes, blind_key: bytes) -> None:
         self._aes = aes
         self._digest_key = digest_key
+        self._blind_key = blind_key
 
     def digest(self, kind: Kind, text: str) -> str:
         """A keyed digest (HMAC-SHA256) to find equal texts without storing them (no dictionary attack)."""
         return hmac.new(self._digest_key, f"{kind}:{text}".encode(), hashlib.sha256).hexdigest()
+
+    def blind(self, token: str) -> str:
+        """One keyword of the per-Bot blind index (DESIGN §10): ``k`` and 12 hex characters of an
+        HMAC-SHA256 under a key of its own, so Lucene's whitespace analyzer keeps it one token and
+        it never reads as a word. Equal tokens give equal outputs within one Bot only."""
+        return "k" + hmac.new(self._blind_key, token.encode(), hashlib.sha256).hexdigest()[:12]
 
     def encrypt(self, kind: Kind, record_id: str, plaintext: str) -> bytes:
         nonce = os.urandom(_NONCE_BYTES)
@@ -136,6 +149,21 @@ class Cipher:
         """``decrypt`` of many (record id, ciphertext) of one kind, counted at once."""
         _decryptions(kind).inc(len(records))
         return [_open(self._aes, blob, _aad(kind, record_id)).decode() for record_id, blob in records]
+
+    def encrypt_bytes(self, kind: Kind, record_id: str, data: bytes) -> bytes:
+        """``encrypt`` of bytes (same format and associated data)."""
+        nonce = os.urandom(_NONCE_BYTES)
+        return _VERSION + nonce + self._aes.encrypt(nonce, data, _aad(kind, record_id))
+
+    def decrypt_bytes(self, kind: Kind, record_id: str, blob: bytes) -> bytes:
+        """``decrypt`` to bytes, counted like every decryption (E2)."""
+        _decryptions(kind).inc()
+        return _open(self._aes, blob, _aad(kind, record_id))
+
+    def decrypt_bytes_all(self, kind: Kind, records: Sequence[tuple[str, bytes]]) -> list[bytes]:
+        """``decrypt_bytes`` of many (record id, ciphertext) of one kind, counted at once."""
+        _decryptions(kind).inc(len(records))
+        return [_open(self._aes, blob, _aad(kind, record_id)) for record_id, blob in records]
 
 
 @functools.cache

@@ -10,6 +10,7 @@ from neo4j import AsyncDriver
 
 from services.crypto import Cipher, Keyring, WrappedKey
 from services.settings import Settings
+from services.vectorindex import VectorIndexes
 
 
 class LineLengths:
@@ -40,6 +41,7 @@ class Runtime:
     redis: ArqRedis
     keyring: Keyring
     line_lengths: LineLengths = field(default_factory=LineLengths)
+    vectors: VectorIndexes = field(default_factory=VectorIndexes)
 
     def cipher(self, bot_id: str, key_master: str, key_wrapped: bytes) -> Cipher:
         """The data-key cipher of one Bot (E1), from its wrapped key as read from the graph."""

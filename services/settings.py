@@ -76,6 +76,22 @@ class Settings(BaseSettings):
     max_evidence_items: int = 200
     max_model_answer_bytes: int = 1_000_000
 
+    # Retrieval by meaning (DESIGN §10): "local" runs the shipped MiniLM in this process,
+    # "openai" calls an OpenAI-compatible /v1/embeddings endpoint, "none" turns embedding off.
+    embedder: Literal["local", "openai", "none"] = "local"
+    #: The embeddings endpoint; None uses ``openai_base_url``.
+    embedding_base_url: str | None = None
+    #: The embeddings model; required when ``embedder`` is "openai".
+    embedding_model: str | None = None
+    #: Requested vector size (the endpoint's ``dimensions``); None takes the model's own.
+    embedding_dimensions: int | None = Field(default=None, gt=0)
+    #: The embeddings endpoint's key; None falls back to ``openai_api_key`` (OPENAI_API_KEY).
+    embedding_api_key: SecretStr | None = None
+    #: CPU threads of the local embedder (onnxruntime intra-op threads).
+    embedding_threads: int = Field(default=1, ge=1)
+    #: Texts per embedder call (one ONNX run, or one /v1/embeddings request).
+    embedding_batch: int = Field(default=64, ge=1)
+
     # Request limits (GraphQL and REST).
     max_query_depth: int = 12
     max_aliases: int = 30

@@ -41,6 +41,8 @@ from services.changes import (
     validate,
 )
 from services.crypto import Cipher, Kind
+from services.derived import Derived, derive
+from services.embedding import Embedder
 from services.errors import BadInput, Conflict, NotFound
 from services.ids import new_id
 from services.memory import Reader, cipher_of, user_reader
@@ -50,11 +52,16 @@ _ORDER_SLOTS = 1_000_000  # orderKey = version * slots + position within the cha
 
 
 def _new_entry(
-    cipher: Cipher, change: AddFact | AddObservation | Remember, position: int, earlier: set[str]
+    cipher: Cipher,
+    change: AddFact | AddObservation | Remember,
+    position: int,
+    earlier: set[str],
+    derived: dict[str, Derived],
 ) -> dict[str, Any]:
     """A row of ``graph.entries.ADD_ENTRIES``, which checks the sources under the lock (C7) and
     derives the tags of facts and observations from them; ``earlier``: ids of the rows before."""
     row: dict[str, Any] = {
+        **derived[change.id].row,
         "id": change.id,
         "content": cipher.encrypt(Kind.ENTRY, change.id, change.content),
         "contentLength": len(change.content),
@@ -90,9 +97,16 @@ class _Step:
     """One apply_changes transaction: the lock is held; every check reads the latest state (C7)."""
 
     def __init__(
-        self, tx: AsyncManagedTransaction, bot_id: str, version: int, cipher: Cipher, now: int
+        self,
+        tx: AsyncManagedTransaction,
+        bot_id: str,
+        version: int,
+        cipher: Cipher,
+        now: int,
+        derived: dict[str, Derived],
     ) -> None:
         self.tx, self.bot_id, self.version, self.cipher, self.now = tx, bot_id, version, cipher, now
+        self.derived = derived
         self.touched: list[str] = []
         self.order = 0
         #: New entries not written yet (ADD_ENTRIES rows) and their ids.
@@ -115,7 +129,7 @@ class _Step:
 
     def add(self, change: AddFact | AddObservation | Remember) -> None:
         self.order += 1
-        self.pending.append(_new_entry(self.cipher, change, self.order, self.pending_ids))
+        self.pending.append(_new_entry(self.cipher, change, self.order, self.pending_ids, self.derived))
         self.pending_ids.add(change.id)
         self.touched.append(change.id)
 
@@ -177,6 +191,7 @@ class _Step:
             content_length=len(c.content),
             order_key=self.next_order_key(),
             now=self.now,
+            derived=self.derived[c.entry_id].row,
         )
         self.touched.append(c.entry_id)
 
@@ -215,6 +230,15 @@ class _Step:
                 await self.forget(change)
 
 
+def _contents(changes: list[MemoryChange]) -> dict[str, str]:
+    """The new texts of a change by entry id: new entries and revised ones."""
+    return {
+        (c.entry_id if isinstance(c, Revise) else c.id): c.content
+        for c in changes
+        if isinstance(c, AddFact | AddObservation | Remember | Revise)
+    }
+
+
 def _payload(changes: list[MemoryChange]) -> str:
     """The changes as JSON for the log row: kind and fields of each (what ``asdict`` gives, without
     its deep copies: a third of the time)."""
@@ -234,6 +258,7 @@ async def apply_changes(
     *,
     precheck: Any = None,
     person: tuple[str, str] | None = None,
+    embedder: Embedder | None = None,
 ) -> Applied:
     """Apply all ``changes`` or none, under the exclusive lock, with one log row (C2).
 
@@ -241,6 +266,9 @@ async def apply_changes(
     of the entry a person edits, or a learning execution's compare-and-set). ``person`` (id,
     organization): a person's change, which needs them to use the Bot (D9.1) — read under the
     lock, in the same statement when the change only adds entries; NotFound otherwise.
+
+    New content is made searchable in the same commit (design §10): its blind keywords, and its
+    vector when ``embedder`` is given — embedded here, before the lock is taken.
     """
     if len(changes) > MAX_CHANGES:
         raise BadInput(f"at most {MAX_CHANGES} changes at once", field="changes")
@@ -248,7 +276,7 @@ async def apply_changes(
         validate(change)
     cipher = await cipher_of(rt, bot_id)
     change_id, now = new_id("chg"), now_ms()
-
+    derived = await derive(cipher, embedder, _contents(changes))
     payload = cipher.encrypt(Kind.CHANGE, change_id, _payload(changes))
 
     async def work(tx: AsyncManagedTransaction) -> Applied:
@@ -259,7 +287,7 @@ async def apply_changes(
             await user_reader(tx, bot_id=bot_id, person_id=person[0], org=person[1])
         if precheck is not None:
             await precheck(tx)
-        step = _Step(tx, bot_id, version, cipher, now)
+        step = _Step(tx, bot_id, version, cipher, now, derived)
         for change in changes:
             await step.apply(change)
         touched = list(dict.fromkeys(step.touched))
@@ -286,7 +314,7 @@ async def apply_changes(
         rows: list[dict[str, Any]] = []
         ids: set[str] = set()
         for position, change in enumerate(adds, 1):
-            rows.append(_new_entry(cipher, change, position, ids))
+            rows.append(_new_entry(cipher, change, position, ids, derived))
             ids.add(change.id)
         touched = list(dict.fromkeys(c.id for c in adds))
         done = await memory_q.add_only_change(

@@ -103,6 +103,7 @@ async def test_api_killed_between_confide_and_completion_loses_nothing(
     w = await memory_world(api, ("ann",))
     chat = await api.chat(w.tokens["ann"], w.bot)
     turn = await api.turn(w.tokens["ann"], chat, "My daughter is called Rita")
+    model_server.script("learn", learn(fact_call("Ann's daughter is Rita", "i-1")))
     doomed = ApiProcess(settings, settings.data_dir / "logs" / "pytest-api-doomed.log", service_env)
     try:
         import httpx
@@ -121,9 +122,10 @@ async def test_api_killed_between_confide_and_completion_loses_nothing(
         doomed.proc.kill()
         doomed.proc.wait(timeout=10)
         doomed.stop()
+    # The execution was recorded before the API died. It waits for the Turn's completion, unless
+    # the Turn idle timeout (seconds in the test profile) has completed the Turn already.
     [x] = await executions(runtime, turn["id"])
-    assert x["status"] == "waiting"
-    model_server.script("learn", learn(fact_call("Ann's daughter is Rita", "i-1")))
+    assert x["status"] in ("waiting", "queued", "running", "done")
     await complete(api, w.tokens["ann"], turn["id"])
     [x] = await wait_executions(runtime, turn["id"])
     assert x["status"] == "done" and x["learned"] == 1

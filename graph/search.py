@@ -1,0 +1,224 @@
+"""Retrieval by meaning (design §10): the statements behind ``search`` and ``context(query)``.
+
+Similarity proposes, the one visibility check decides: the dense candidates come from the
+per-process vector index as ids, the keyword candidates from the ``entry_keywords`` full-text
+index over blind tokens (keyed hashes, never words, E1); every candidate passes VISIBLE for every
+reader under the shared lock (C1, V10) before it is ranked or returned. The vectors themselves
+are stored encrypted (``Entry.vec``, E1) with the embedder that made them (``vecModel``) and the
+memory version that wrote them (``vecVersion``), so each process's index catches up by version.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from neo4j import AsyncManagedTransaction
+
+from graph.access import VISIBLE
+from graph.context import ACTIVE_SEEK
+from graph.driver import QueryTarget, rows, single
+from graph.memory import ENTRY_MAP, READ_LOCK, SHARED_LOCK, SOURCES_OF_E, TOP_RANK, reader_keys
+
+#: The full-text index of the blind keyword tokens (whitespace analyzer: a token is one keyed hash).
+KEYWORD_INDEX: Final = "entry_keywords"
+
+#: Vectors of one embedder written after memory version ``$after`` (an index seek on
+#: ``entry_vec_version``): what a process's index lacks. Runs after SHARED_LOCK in one read.
+VECTORS_SINCE: Final = """
+MATCH (e:Entry)
+WHERE e.botId = $botId AND e.vecVersion > $after AND e.vecModel = $model
+RETURN e.id AS id, e.vec AS vec
+"""
+
+#: The vectors a process's index lacks, as the head of the search statement (empty when current).
+_FRESH: Final = """
+CALL (m) {
+  MATCH (f:Entry)
+  WHERE f.botId = $botId AND f.vecVersion > $after AND f.vecModel = $model
+  RETURN collect([f.id, f.vec]) AS fresh
+}
+"""
+
+#: The visible active entries among ``$dense`` (ids in order of similarity), in that order.
+_DENSE: Final = (
+    """
+CALL (readers, org) {
+  UNWIND range(0, size($dense) - 1) AS i
+  MATCH (e:Entry {id: $dense[i]})
+  WHERE e.botId = $botId AND e.activeKey IS NOT NULL AND """
+    + VISIBLE
+    + """
+  WITH e, i ORDER BY i
+  RETURN collect(e) AS dense
+}
+"""
+)
+
+#: The visible active entries matching the blind query ``$keywords`` in BM25 order (none when the
+#: query has no keyword). Another Bot's entries never match: its tokens are hashed with its key.
+_KEYWORD: Final = (
+    """
+CALL (readers, org) {
+  WITH readers, org WHERE $keywords <> ''
+  CALL db.index.fulltext.queryNodes('"""
+    + KEYWORD_INDEX
+    + """', $keywords, {limit: $keywordLimit}) YIELD node AS e, score
+  WHERE e.botId = $botId AND e.activeKey IS NOT NULL AND """
+    + VISIBLE
+    + """
+  RETURN collect(e) AS keyword
+}
+"""
+)
+
+#: Up to ``$fill`` visible active entries per key in memory order (none when ``$fill`` is 0): what
+#: fills a context that relevance leaves room in (entries without a vector yet, a small memory).
+_RECENT: Final = (
+    """
+CALL (readers, org) {
+  WITH readers, org WHERE $fill > 0
+  UNWIND $keys AS key
+  CALL (key, readers, org) {
+    MATCH (e:Entry)
+    WHERE """
+    + ACTIVE_SEEK
+    + "$top AND "
+    + VISIBLE
+    + """
+    RETURN e ORDER BY e.botId DESC, e.activeKey DESC, e.memoryRank DESC LIMIT $fill
+  }
+  RETURN collect(e) AS recent
+}
+"""
+)
+
+#: Reciprocal-rank fusion of the two lists (``$k``; the memory-order fill adds nothing but its
+#: place after every relevant entry), plus the prior: ``$pinned`` for a pinned
+#: entry and at most ``$recency`` for the newest, fading with the versions since it was written.
+#: The ``$limit`` best as the API's view of an entry (ciphertext included) with their score.
+_FUSED: Final = (
+    """
+WITH m, fresh, dense, keyword, recent,
+     [i IN range(0, size(dense) - 1) | [dense[i], 1.0 / ($k + i + 1)]]
+     + [i IN range(0, size(keyword) - 1) | [keyword[i], 1.0 / ($k + i + 1)]]
+     + [e IN recent | [e, 0.0]] AS parts
+CALL (m, parts) {
+  UNWIND parts AS part
+  WITH m, part[0] AS e, sum(part[1]) AS relevance
+  WITH e, relevance
+       + CASE WHEN e.layer = 'pinned' THEN $pinned ELSE 0.0 END
+       + $recency / (1.0 + (m.version - e.orderKey / 1000000) / $halfLife) AS score
+  ORDER BY score DESC, e.memoryRank DESC, e.id
+  LIMIT $limit
+"""
+    + SOURCES_OF_E
+    + """  RETURN collect({score: score, entry: """
+    + ENTRY_MAP
+    + """}) AS ranked
+}
+RETURN m.version AS version, fresh, ranked, size(dense) AS denseVisible, size(keyword) AS keywordVisible
+"""
+)
+
+
+#: One search as one statement (an auto-commit transaction): the shared lock first (C1), the
+#: vectors the caller's index lacks since ``$after``, the visible dense and keyword candidates
+#: (and the memory-order fill), fused. A caller whose index lacked vectors catches up and asks again.
+SEARCH: Final = (
+    READ_LOCK + "WITH m, $readers AS readers, $org AS org\n" + _FRESH + _DENSE + _KEYWORD + _RECENT + _FUSED
+)
+
+#: Up to ``$cap`` ids of the active entries visible to every reader, seeking ``entry_active`` per
+#: key (the pre-filter of a reader who sees few entries: similarity then ranks only these).
+VISIBLE_ACTIVE: Final = (
+    READ_LOCK
+    + """WITH m, $readers AS readers, $org AS org
+CALL (readers, org) {
+  UNWIND $keys AS key
+  CALL (key, readers, org) {
+    MATCH (e:Entry)
+    WHERE """
+    + ACTIVE_SEEK
+    + "$top AND "
+    + VISIBLE
+    + """
+    RETURN e.id AS id
+    ORDER BY e.botId DESC, e.activeKey DESC, e.memoryRank DESC LIMIT $cap
+  }
+  RETURN collect(id) AS ids
+}
+RETURN m.version AS version, ids
+"""
+)
+
+
+async def vectors_since(
+    tx: AsyncManagedTransaction, *, bot_id: str, model: str, after: int
+) -> tuple[int | None, list[tuple[str, bytes]]]:
+    """Under the shared lock, the memory version and every vector of ``model`` written after
+    ``after`` (``-1``: all of them) as (entry id, ciphertext); version None: no such Bot."""
+    locked = await single(tx, SHARED_LOCK, botId=bot_id)
+    if locked is None:
+        return None, []
+    found = await rows(tx, VECTORS_SINCE, botId=bot_id, model=model, after=after)
+    return int(locked["version"]), [(r["id"], bytes(r["vec"])) for r in found]
+
+
+async def search(
+    tx: QueryTarget,
+    *,
+    bot_id: str,
+    org: str,
+    readers: list[dict[str, Any]],
+    dense: list[str],
+    keywords: str,
+    keyword_limit: int,
+    model: str,
+    after: int,
+    limit: int,
+    fill: int,
+    k: float,
+    pinned: float,
+    recency: float,
+    half_life: float,
+) -> dict[str, Any] | None:
+    """SEARCH; None when the Bot does not exist."""
+    return await single(
+        tx,
+        SEARCH,
+        botId=bot_id,
+        org=org,
+        readers=readers,
+        dense=dense,
+        keywords=keywords,
+        keywordLimit=keyword_limit,
+        model=model,
+        after=after,
+        limit=limit,
+        fill=fill,
+        keys=reader_keys(readers),
+        top=TOP_RANK,
+        k=k,
+        pinned=pinned,
+        recency=recency,
+        halfLife=half_life,
+    )
+
+
+async def visible_active(
+    tx: QueryTarget, *, bot_id: str, org: str, readers: list[dict[str, Any]], cap: int
+) -> tuple[int, list[str]] | None:
+    """VISIBLE_ACTIVE: the memory version and up to ``cap`` visible active ids per key."""
+    record = await single(
+        tx,
+        VISIBLE_ACTIVE,
+        botId=bot_id,
+        org=org,
+        readers=readers,
+        keys=reader_keys(readers),
+        top=TOP_RANK,
+        cap=cap,
+    )
+    if record is None:
+        return None
+    return int(record["version"]), list(dict.fromkeys(record["ids"]))

@@ -1,0 +1,55 @@
+"""What is derived from an entry's text so that it can be found by meaning (design §10): its
+keywords as blind tokens (keyed hashes, never words) and its vector, sealed like content (E1).
+
+Both are made before a change takes the memory lock (embedding is model work, C1) and written
+with the entry in the same commit, so an entry is searchable from the commit that creates it.
+Without an embedder, or when it fails, the entry is written with its keywords only; the backfill
+embeds it later.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from services.crypto import Cipher, Kind
+from services.embedding import Embedder, EmbedderUnavailable, encode_vector
+from services.keywords import blind_text
+
+log = logging.getLogger("botmemory.derived")
+
+
+@dataclass(frozen=True, slots=True)
+class Derived:
+    kw_blind: str
+    vec: bytes | None
+    vec_model: str | None
+
+    @property
+    def row(self) -> dict[str, Any]:
+        """The entry properties (``kwBlind``, ``vec``, ``vecModel``) as a statement takes them."""
+        return {"kwBlind": self.kw_blind, "vec": self.vec, "vecModel": self.vec_model}
+
+
+async def derive(cipher: Cipher, embedder: Embedder | None, texts: dict[str, str]) -> dict[str, Derived]:
+    """Keywords and sealed vectors of ``texts`` (entry id → text), in one embedding batch."""
+    if not texts:
+        return {}
+    vectors = None
+    if embedder is not None:
+        try:
+            vectors = await embedder.embed(list(texts.values()))
+        except EmbedderUnavailable as exc:
+            log.warning("embedding failed (%s); the backfill embeds these entries later", exc.code)
+    model = None if vectors is None or embedder is None else embedder.id
+    derived: dict[str, Derived] = {}
+    for i, (entry_id, text) in enumerate(texts.items()):
+        sealed = None if vectors is None else seal_vector(cipher, entry_id, vectors[i])
+        derived[entry_id] = Derived(blind_text(cipher, text), sealed, model)
+    return derived
+
+
+def seal_vector(cipher: Cipher, entry_id: str, vector: Any) -> bytes:
+    """An entry's vector as stored: quantised, then encrypted bound to the entry (E1)."""
+    return cipher.encrypt_bytes(Kind.ENTRY_VECTOR, entry_id, encode_vector(vector))

@@ -1,0 +1,78 @@
+"""Embeddings as the services layer sees them (DESIGN §10): the ``Embedder`` protocol that
+``learning.embedders`` implements, and the stored form of a vector.
+
+A stored vector is int8 with one float32 scale: ``scale = max|v| / 127``, ``q = round(v / scale)``
+clipped to ±127, serialised as the little-endian float32 scale followed by the int8 values
+(``dims + 4`` bytes). It is encrypted (``Kind.ENTRY_VECTOR``, E1) before it leaves the process.
+A decoded vector is used as ``q * scale``; for cosine ranking of L2-normalised vectors the int8
+dot product times the scale is enough.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+_SCALE: Final = np.dtype("<f4")
+_SCALE_BYTES: Final = 4
+_QMAX: Final = 127.0
+
+
+class EmbedderUnavailable(Exception):
+    """No vectors; ``code`` says why (never content): model_mismatch, model_missing, no_model,
+    timeout, provider_error, malformed."""
+
+    def __init__(self, code: str) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+class Embedder(Protocol):
+    """Turns texts into L2-normalised vectors of one fixed size."""
+
+    @property
+    def id(self) -> str:
+        """Stored with each vector: a vector of another embedder is never compared with it."""
+        ...
+
+    @property
+    def dims(self) -> int: ...
+
+    async def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+        """Shape ``(len(texts), dims)``, each row of length 1. Raises EmbedderUnavailable."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+def encode_vector(vector: npt.NDArray[np.float32]) -> bytes:
+    """The stored form of one vector: float32 scale (little-endian), then the int8 values."""
+    v = np.asarray(vector, dtype=np.float32).ravel()
+    if not np.isfinite(v).all():
+        raise ValueError("vector has a non-finite value")
+    top = float(np.abs(v).max()) if v.size else 0.0
+    scale = top / _QMAX if top > 0.0 else 1.0
+    q = np.clip(np.rint(v / scale), -_QMAX, _QMAX).astype(np.int8)
+    return np.array([scale], dtype=_SCALE).tobytes() + q.tobytes()
+
+
+def decode_vector(raw: bytes) -> tuple[npt.NDArray[np.int8], float]:
+    """The int8 values and the scale of one stored vector."""
+    if len(raw) <= _SCALE_BYTES:
+        raise ValueError("stored vector too short")
+    scale = float(np.frombuffer(raw, dtype=_SCALE, count=1)[0])
+    return np.frombuffer(raw, dtype=np.int8, offset=_SCALE_BYTES), scale
+
+
+def decode_vectors(raws: Sequence[bytes], dims: int) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.float32]]:
+    """Many stored vectors of ``dims`` values at once: an ``(n, dims)`` int8 matrix and the
+    ``(n,)`` float32 scales. Raises ValueError when a vector has another size."""
+    width = dims + _SCALE_BYTES
+    if any(len(raw) != width for raw in raws):
+        raise ValueError(f"stored vector is not {dims} values")
+    rows = np.frombuffer(b"".join(raws), dtype=np.uint8).reshape(len(raws), width)
+    scales = rows[:, :_SCALE_BYTES].copy().view(_SCALE).ravel().astype(np.float32)
+    return np.ascontiguousarray(rows[:, _SCALE_BYTES:]).view(np.int8), scales

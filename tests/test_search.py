@@ -1,0 +1,129 @@
+"""Retrieval by meaning (design §10): ``search`` and ``context(query)`` through the real API and
+services, with the default local embedder, under the one visibility check (C1, V10, E1, E2)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import REGISTRY
+
+from learning.embedders import LocalMiniLM
+from services import memory, search
+from services.runtime import Runtime
+from services.settings import Settings
+from tests.client import Api, make_world
+from tests.memory_helpers import command, fact, said
+
+SEARCH = "query($b: ID!, $q: String!, $l: Int!) { search(botId: $b, query: $q, limit: $l) { score entry { id content } } }"
+
+FACTS = (
+    "Ann has a dog called Rex",
+    "Ann works as a baker in Lisbon",
+    "Ann's favourite film is Casablanca",
+    "Ann is learning to play the cello",
+    "Ann visited Zanzibar last spring",
+    "Ann is allergic to peanuts",
+)
+
+
+async def remember(api: Api, token: str, bot: str, content: str) -> str:
+    response = await command(api, token, bot, {"_tag": "Remember", "content": content, "tags": []})
+    assert response.status_code == 201, response.text
+    return response.json()["entry"]["id"]
+
+
+async def rest_search(api: Api, token: str, bot: str, q: str, limit: int = 10) -> Any:
+    return await api.http.get(
+        f"/v1/bots/{bot}/memory/search",
+        params={"q": q, "limit": limit},
+        headers={"Authorization": f"Bearer {token}"},
+    )
+
+
+async def test_search_ranks_by_meaning_and_finds_rare_words(api: Api) -> None:
+    w = await make_world(api, ("ann", "bob"))
+    ids = {c: await remember(api, w.tokens["ann"], w.bot, c) for c in FACTS}
+    found = await api.gql(SEARCH, {"b": w.bot, "q": "What pet does she have?", "l": 3}, w.tokens["ann"])
+    hits = found["search"]
+    assert hits[0]["entry"]["id"] == ids["Ann has a dog called Rex"]
+    assert [h["score"] for h in hits] == sorted((h["score"] for h in hits), reverse=True)
+    # A rare word no sentence encoder knows well is found by its keyword (blind index).
+    response = await rest_search(api, w.tokens["ann"], w.bot, "zanzibar", 1)
+    assert response.status_code == 200
+    assert [r["entry"]["id"] for r in response.json()["results"]] == [ids["Ann visited Zanzibar last spring"]]
+    assert response.json()["results"][0]["entry"]["content"] == "Ann visited Zanzibar last spring"
+
+
+async def test_search_shows_nobody_an_entry_they_may_not_see(api: Api, runtime: Runtime) -> None:
+    w = await make_world(api, ("ann", "bob"), channel=("ann", "bob"))
+    mine = await remember(api, w.tokens["ann"], w.bot, "Ann keeps her spare key under the blue flowerpot")
+    group = await api.chat(w.tokens["ann"], w.bot, w.channel)
+    chat, item = await said(api, w.tokens["ann"], group, "the team offsite is in the flowerpot museum")
+    shared = await fact(runtime, w.bot, "The team offsite is at the flowerpot museum", (chat, item))
+    seen = await rest_search(api, w.tokens["bob"], w.bot, "where is the flowerpot?", 10)
+    assert [r["entry"]["id"] for r in seen.json()["results"]] == [shared]  # V7: not Ann's pinned entry
+    ann = await rest_search(api, w.tokens["ann"], w.bot, "where is the flowerpot?", 10)
+    assert {r["entry"]["id"] for r in ann.json()["results"]} == {mine, shared}
+    # Removed from the channel: the shared fact is gone at once (membership read at query time).
+    await api.admin(
+        "mutation($c: ID!, $m: [ID!]!) { setChannelMembers(channelId: $c, memberIds: $m) { id } }",
+        {"c": w.channel, "m": [w.people["ann"]]},
+    )
+    gone = await rest_search(api, w.tokens["bob"], w.bot, "where is the flowerpot?", 10)
+    assert gone.json()["results"] == []
+    # Forget by the only person behind it: retracted, gone from search at once.
+    assert (await command(api, w.tokens["ann"], w.bot, {"_tag": "Forget", "id": mine})).status_code == 200
+    after = await rest_search(api, w.tokens["ann"], w.bot, "where is the spare key?", 10)
+    assert mine not in [r["entry"]["id"] for r in after.json()["results"]]
+
+
+async def test_search_refuses_bad_input_with_clear_codes(api: Api) -> None:
+    w = await make_world(api, ("ann",))
+    token = w.tokens["ann"]
+    for params, field in (
+        ({"q": "   "}, "query"),
+        ({"q": "x" * 2001}, "query"),
+        ({"q": "dog", "limit": 0}, "limit"),
+        ({"q": "dog", "limit": 101}, "limit"),
+    ):
+        response = await api.http.get(
+            f"/v1/bots/{w.bot}/memory/search", params=params, headers={"Authorization": f"Bearer {token}"}
+        )
+        assert response.status_code == 422, (params, response.text)
+        assert response.json()["error"]["code"] == "BAD_INPUT"
+        assert field in response.json()["error"]["message"]
+    unknown = await rest_search(api, token, "bot_" + "0" * 32, "dog")
+    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "NOT_FOUND"
+    assert await api.codes(SEARCH, {"b": w.bot, "q": "", "l": 5}, token) == ["BAD_INPUT"]
+    assert (await rest_search(api, "nope", w.bot, "dog")).status_code == 401
+
+
+def _decryptions(kind: str) -> float:
+    return REGISTRY.get_sample_value("botmemory_decryptions_total", {"kind": kind}) or 0.0
+
+
+async def test_context_with_a_query_offers_what_answers_it_in_memory_order(
+    api: Api, runtime: Runtime, settings: Settings
+) -> None:
+    w = await make_world(api, ("ann",))
+    ids = {c: await remember(api, w.tokens["ann"], w.bot, c) for c in FACTS}
+    reader = await memory.person_reader_of(runtime, w.bot, w.people["ann"], w.org)
+    assert reader is not None
+    embedder = LocalMiniLM()
+    try:
+        # Room for two lines: relevance chooses them, memory order (newest first) presents them.
+        room = len("- Ann has a dog called Rex\n- Ann is allergic to peanuts")
+        before = _decryptions("entry")
+        got = await search.context(
+            runtime, embedder, w.bot, reader, room, query="Which animal lives with Ann?"
+        )
+        assert ids["Ann has a dog called Rex"] in got.ids
+        assert len(got.ids) <= 2 and len(got.text) <= room
+        assert _decryptions("entry") - before == len(got.ids)  # E2: only what is returned
+        order = [i for i in reversed(list(ids.values())) if i in got.ids]
+        assert list(got.ids) == order  # chosen by relevance, shown in memory order
+        # Without a query it is the memory-order context, newest first.
+        plain = await search.context(runtime, embedder, w.bot, reader, room, query=None)
+        assert plain.ids[0] == ids[FACTS[-1]]
+    finally:
+        await embedder.aclose()
