@@ -193,7 +193,7 @@ def _topic(value: Any, path: str) -> str:
         raise Violation("bad_topic", path)
     if ":" in value:
         raise Violation("colon_tag", path)  # V1, V8: colon tags belong to the server
-    if not TOPIC.match(value) or len(value) > 64:
+    if not TOPIC.fullmatch(value) or len(value) > 64:
         raise Violation("bad_topic", path)
     return value
 

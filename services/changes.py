@@ -107,7 +107,7 @@ def check_topics(topics: tuple[str, ...], field_name: str = "topics") -> tuple[s
     for topic in topics:
         if ":" in topic:
             raise BadInput("tags with a colon belong to OpenBot", field=field_name)
-        if not TOPIC.match(topic) or len(topic) > 64:
+        if not TOPIC.fullmatch(topic) or len(topic) > 64:
             raise BadInput("a topic has lowercase letters, numbers and dashes", field=field_name)
     return tuple(dict.fromkeys(topics))
 

@@ -103,7 +103,7 @@ def check_filter_tags(tags: list[str]) -> list[str]:
     if len(tags) > _MAX_FILTER_TAGS:
         raise BadInput(f"at most {_MAX_FILTER_TAGS} tags", field="tags")
     for tag in tags:
-        if not _TAG.match(tag) or len(tag) > 200:
+        if not _TAG.fullmatch(tag) or len(tag) > 200:
             raise BadInput("tags must be topics or OpenBot tags like chat:<id>", field="tags")
     return tags
 

@@ -11,7 +11,7 @@ _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,99}$")
 
 def check_id(value: str, field: str) -> str:
     """An id must look like one of ours; anything else is BAD_INPUT (unknown ones are NOT_FOUND later)."""
-    if not _ID.match(value):
+    if not _ID.fullmatch(value):
         raise BadInput(f"{field} is not a valid id", field=field)
     return value
 

@@ -1,0 +1,144 @@
+"""Settings parsed from ``BOTMEMORY_*`` variables (services/settings.py): JSON-valued settings,
+bounds, master keys and the local secret files. Every test starts from an environment without
+any ``BOTMEMORY_*`` or ``OPENAI_*`` variable, so the caller's shell cannot change the outcome."""
+
+from __future__ import annotations
+
+import base64
+import os
+from pathlib import Path
+
+import pytest
+from pydantic import SecretStr, ValidationError
+from pydantic_settings import SettingsError
+
+from services.settings import ConfigurationError, ModelPrice, Settings, decode_key
+
+KEY = base64.b64encode(bytes(range(32))).decode()
+OLD_KEY = base64.b64encode(b"\x09" * 32).decode()
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for name in list(os.environ):
+        if name.upper().startswith(("BOTMEMORY_", "OPENAI_")):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("BOTMEMORY_DATA_DIR", str(tmp_path))
+
+
+def test_the_documented_deadlines_are_the_defaults() -> None:
+    s = Settings()
+    assert (s.env, s.answer_deadline_seconds, s.step_deadline_seconds) == ("local", 15.0, 120.0)  # D9.11
+    assert s.model_prices == {} and s.previous_master_keys == []
+    assert s.embedder == "local" and s.embedding_dimensions is None
+
+
+def test_variables_are_read_with_their_prefix_and_types(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BOTMEMORY_ENV", "production")
+    monkeypatch.setenv("BOTMEMORY_API_PORT", "18000")
+    monkeypatch.setenv("BOTMEMORY_ANSWER_DEADLINE_SECONDS", "3.5")
+    monkeypatch.setenv("BOTMEMORY_EMBEDDER", "none")
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")  # no prefix: the OpenAI client's names
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-secret")
+    monkeypatch.setenv("BOTMEMORY_NOT_A_SETTING", "ignored")
+    s = Settings()
+    assert (s.env, s.api_port, s.answer_deadline_seconds, s.embedder) == ("production", 18000, 3.5, "none")
+    assert s.openai_base_url == "http://127.0.0.1:9/v1"
+    assert s.openai_api_key is not None and s.openai_api_key.get_secret_value() == "sk-secret"
+    assert "sk-secret" not in repr(s)
+
+
+def test_model_prices_are_json_per_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(
+        "BOTMEMORY_MODEL_PRICES",
+        '{"gpt-4o-mini": {"input": 150000, "output": 600000}, "*": {"input": 0, "output": 1}}',
+    )
+    assert Settings().model_prices == {
+        "gpt-4o-mini": ModelPrice(input=150000, output=600000),
+        "*": ModelPrice(input=0, output=1),
+    }
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("BOTMEMORY_ENV", "staging"),
+        ("BOTMEMORY_API_PORT", "http"),
+        ("BOTMEMORY_MODEL_PRICES", '{"m": {"input": -1, "output": 0}}'),
+        ("BOTMEMORY_MODEL_PRICES", '{"m": {"input": 1}}'),
+        ("BOTMEMORY_MODEL_PRICES", "not json"),
+        ("BOTMEMORY_EMBEDDER", "remote"),
+        ("BOTMEMORY_EMBEDDING_DIMENSIONS", "0"),
+        ("BOTMEMORY_EMBEDDING_THREADS", "0"),
+        ("BOTMEMORY_EMBEDDING_BATCH", "0"),
+    ],
+)
+def test_bad_values_refuse_to_start(monkeypatch: pytest.MonkeyPatch, name: str, value: str) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises((ValidationError, SettingsError)):  # SettingsError: not JSON at all
+        Settings()
+
+
+def test_previous_master_keys_are_a_json_list_of_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BOTMEMORY_MASTER_KEY", KEY)
+    monkeypatch.setenv("BOTMEMORY_PREVIOUS_MASTER_KEYS", f'["{OLD_KEY}"]')
+    s = Settings()
+    assert s.master_key_bytes() == bytes(range(32))
+    assert s.previous_master_key_bytes() == [b"\x09" * 32]
+    assert KEY not in repr(s) and OLD_KEY not in repr(s)
+
+
+def test_a_local_previous_key_file_joins_the_keyring_but_not_in_production(tmp_path: Path) -> None:
+    (tmp_path / "master-key.previous").write_text(OLD_KEY + "\n")
+    assert Settings(env="local", data_dir=tmp_path).previous_master_key_bytes() == [b"\x09" * 32]
+    assert Settings(env="production", data_dir=tmp_path).previous_master_key_bytes() == []
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("not base64!", "not valid base64"),
+        (base64.b64encode(b"\x01" * 16).decode(), "32 bytes"),
+        (base64.b64encode(b"\x01" * 33).decode(), "32 bytes"),
+        ("", "32 bytes"),
+    ],
+)
+def test_decode_key_refuses_and_never_echoes_the_key(value: str, message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message) as caught:
+        decode_key(SecretStr(value), "BOTMEMORY_MASTER_KEY")
+    assert "BOTMEMORY_MASTER_KEY" in str(caught.value)
+    assert not value or value not in str(caught.value)
+
+
+def test_decode_key_accepts_32_bytes() -> None:
+    assert decode_key(SecretStr(KEY), "k") == bytes(range(32))
+
+
+def test_a_missing_master_key_is_a_configuration_error() -> None:
+    with pytest.raises(ConfigurationError, match="missing"):
+        Settings().master_key_bytes()
+
+
+def test_local_secrets_are_generated_private_and_given_ones_are_kept(tmp_path: Path) -> None:
+    s = Settings(env="local", data_dir=tmp_path / "new", master_key=SecretStr(KEY)).resolved()
+    assert s.master_key_bytes() == bytes(range(32))
+    assert not (tmp_path / "new" / "master-key").exists()  # a given secret is never written
+    for name in ("neo4j-password", "admin-token"):
+        assert (tmp_path / "new" / name).stat().st_mode & 0o777 == 0o600
+    assert s.admin_token is not None and s.admin_token.get_secret_value().startswith("adm_")
+    assert (tmp_path / "new" / "admin-token").read_text() == s.admin_token.get_secret_value() + "\n"
+
+
+@pytest.mark.parametrize("missing", ["master_key", "neo4j_password", "admin_token"])
+def test_production_needs_every_secret(tmp_path: Path, missing: str) -> None:
+    complete = Settings(
+        env="production",
+        data_dir=tmp_path,
+        master_key=SecretStr(KEY),
+        neo4j_password=SecretStr("pw"),
+        admin_token=SecretStr("adm_x"),
+    )
+    assert complete.resolved() == complete
+    with pytest.raises(ConfigurationError, match=f"BOTMEMORY_{missing.upper()}"):
+        complete.model_copy(update={missing: None}).resolved()
+    assert list(tmp_path.iterdir()) == []
