@@ -3,9 +3,11 @@
 #   make up         local stack: Neo4j + Redis + API + worker (python -m tools.devstack up)
 #   make down       stop the local stack and the test stack
 #   make test       start the test-profile Neo4j/Redis, then pytest (extra flags: make test ARGS='-k foo')
+#   make test-unit  the unit tier: pure functions in seconds, no services (tests/unit; ARGS as for test)
 #   make test-deep  the Hypothesis access-model and label tests with 200 examples
 #   make bench      the memory benchmark (bench/memory_bench.py)
 #   make bench-learning  the learning benchmark (bench/learning_bench.py; own Redis db 5)
+#   make eval       LoCoMo retrieval recall through the public API (eval/locomo.py; own Redis db 6)
 #   make lint       ruff check + ruff format --check + the layer contract (lint-imports)
 #   make typecheck  pyright (strict, see pyproject.toml)
 #   make demo       a guided tour against the running stack (make demo DEMO_MODEL=gpt-4o-mini)
@@ -26,7 +28,7 @@ TEST_ENV := BOTMEMORY_ENV=test BOTMEMORY_DATA_DIR=.data/test \
 	BOTMEMORY_REDIS_PORT=$(TEST_REDIS_PORT) BOTMEMORY_REDIS_URL=redis://127.0.0.1:$(TEST_REDIS_PORT)/0 \
 	BOTMEMORY_API_PORT=$(TEST_API_PORT)
 
-.PHONY: install up down test test-deep bench bench-learning lint typecheck status demo
+.PHONY: install up down test test-unit test-deep bench bench-learning eval lint typecheck status demo
 
 install:
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -55,6 +57,10 @@ test: | $(PY)
 	$(TEST_ENV) $(PY) -m tools.devstack services
 	$(TEST_ENV) $(VENV)/bin/pytest $(ARGS)
 
+# Pure functions only: no Neo4j, Redis, API or model server (tests/unit/conftest.py refuses their fixtures).
+test-unit: | $(PY)
+	$(VENV)/bin/pytest -q tests/unit $(ARGS)
+
 # The property tests run deeper than in CI (about 5–10 minutes here).
 test-deep: | $(PY)
 	$(TEST_ENV) $(PY) -m tools.devstack services
@@ -71,6 +77,12 @@ bench: | $(PY)
 bench-learning: | $(PY)
 	$(TEST_ENV) $(PY) -m tools.devstack services
 	$(TEST_ENV) BOTMEMORY_REDIS_URL=redis://127.0.0.1:$(TEST_REDIS_PORT)/5 $(PY) -m bench.learning_bench $(ARGS)
+
+# Retrieval recall on LoCoMo conversations replayed through the public API (scripted model; own API,
+# worker and Redis db 6): make eval ARGS='--conversations conv-41 --questions 20' | '--all' | '--leak-check'
+eval: | $(PY)
+	$(TEST_ENV) $(PY) -m tools.devstack services
+	$(TEST_ENV) BOTMEMORY_REDIS_URL=redis://127.0.0.1:$(TEST_REDIS_PORT)/6 $(PY) -m eval.locomo $(ARGS)
 
 lint: | $(PY)
 	$(VENV)/bin/ruff check .
