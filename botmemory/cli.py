@@ -9,8 +9,11 @@ import json
 import os
 import secrets
 import sys
+import time
 from pathlib import Path
 
+from learning import backfill
+from learning.embedders import make_embedder
 from services.bootstrap import open_runtime
 from services.rotation import rotate_data_keys
 from services.settings import Settings, load_settings
@@ -59,6 +62,64 @@ def _read_legacy(path: str) -> list[LegacyEntry]:
     ]
 
 
+class _Bar:
+    """A progress bar on stderr (a line per tenth when stderr is not a terminal)."""
+
+    def __init__(self, phase: str, done: int, total: int) -> None:
+        self.phase, self.done, self.total = phase, done, max(total, 1)
+        self.started, self.shown = time.monotonic(), -1
+        self.tty = sys.stderr.isatty()
+        self.show()
+
+    def advance(self, n: int) -> None:
+        self.done = min(self.total, self.done + n)
+        self.show()
+
+    def show(self) -> None:
+        tenth = self.done * 10 // self.total
+        if not self.tty and tenth == self.shown:
+            return
+        self.shown = tenth
+        filled = self.done * 30 // self.total
+        rate = self.done / max(time.monotonic() - self.started, 1e-3)
+        line = f"{self.phase:9} [{'#' * filled}{'-' * (30 - filled)}] {self.done}/{self.total} ({rate:.0f}/s)"
+        print(("\r" + line) if self.tty else line, end="" if self.tty else "\n", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.tty:
+            print(file=sys.stderr)
+
+
+async def _reindex(bot_id: str) -> int:
+    """Keywords and vectors of the current embedder for every entry of the Bot that lacks them,
+    with a progress bar; run it again after a kill and it goes on where it stopped."""
+    settings = load_settings()
+    embedder = make_embedder(settings)
+    try:
+        async with open_runtime(settings, run_migrations=False) as runtime:
+            model = embedder.id if embedder is not None else "-"
+            start = await backfill.progress(runtime, bot_id, model)
+            bars: dict[str, _Bar] = {}
+
+            def on_batch(phase: str, n: int) -> None:
+                if phase not in bars:
+                    for bar in bars.values():
+                        bar.close()
+                    done = start.keyworded if phase == "keywords" else start.embedded
+                    bars[phase] = _Bar(phase, done, start.total)
+                bars[phase].advance(n)
+
+            done = await backfill.run(runtime, bot_id, embedder, on_batch=on_batch)
+            for bar in bars.values():
+                bar.close()
+            end = await backfill.progress(runtime, bot_id, model)
+    finally:
+        if embedder is not None:
+            await embedder.aclose()
+    print(f"{end.embedded}/{end.total} entries have a vector of {model}; {end.keyworded} have keywords")
+    return 0 if done else 1
+
+
 async def _relabel(bot_id: str) -> int:
     async with open_runtime(load_settings(), run_migrations=False) as runtime:
         count = await relabel_all(runtime, bot_id)
@@ -86,6 +147,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     relabel = commands.add_parser("relabel", help="recompute a Bot's visibility labels from the path query")
     relabel.add_argument("bot_id")
+    reindex = commands.add_parser(
+        "reindex", help="keywords and vectors of the current embedder for a Bot's entries that lack them"
+    )
+    reindex.add_argument("bot_id")
     imp = commands.add_parser("import-legacy", help="load legacy entries without access proof (V9)")
     imp.add_argument("bot_id")
     imp.add_argument("file", help="JSON lines: content, tags, layer")
@@ -93,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "new-master-key":
         print(new_master_key())
         return 0
+    if args.command == "reindex":
+        return asyncio.run(_reindex(args.bot_id))
     if args.command == "relabel":
         return asyncio.run(_relabel(args.bot_id))
     if args.command == "import-legacy":

@@ -16,13 +16,13 @@ from graph.driver import rows, single
 #: The properties of a new Entry ``e`` in memory ``m``, from ``row`` and the bound ``tags``,
 #: ``orderKey``, ``sourceCount`` and ``legacy`` (shared by ADD_ENTRIES and CREATE_LEGACY); what is
 #: derived from its content to find it (design §10) comes in the row, and a vector is stamped with
-#: the version of the change that wrote it (``vecVersion``, so each process's index catches up).
+#: the Memory's next ``vecSeq`` (ADD_ENTRIES then counts it), so each process's index catches up.
 _NEW_ENTRY: Final = """(e:Entry {id: row.id, botId: $botId, layer: row.layer, content: row.content,
   contentLength: row.contentLength, tags: tags, status: 'active', confidence: row.confidence,
   createdAt: $now, updatedAt: $now, invalidatedAt: null, orderKey: orderKey, pinned: row.layer = 'pinned',
   sourceCount: sourceCount, author: row.author, excluded: [], legacy: legacy,
   kwBlind: row.kwBlind, vec: row.vec, vecModel: row.vecModel,
-  vecVersion: CASE WHEN row.vec IS NULL THEN null ELSE orderKey / 1000000 END})-[:IN_MEMORY]->(m)
+  vecSeq: CASE WHEN row.vec IS NULL THEN null ELSE coalesce(m.vecSeq, 0) + 1 END})-[:IN_MEMORY]->(m)
 """
 
 #: Entries of a legacy import: the tags they came with, no SOURCE edges, and a declared source
@@ -139,6 +139,10 @@ CALL (m, version, problem, checked) {
     }
   }
 }
+CALL (m, problem) {
+  WITH m WHERE problem IS NULL AND any(r IN $adds WHERE r.vec IS NOT NULL)
+  SET m.vecSeq = coalesce(m.vecSeq, 0) + 1
+}
 """
 )
 
@@ -153,10 +157,13 @@ SET e.status = $status, e.updatedAt = $now,
 
 #: New content (already encrypted) and a new place in memory order (D9.14).
 SET_CONTENT: Final = """
+MATCH (m:Memory {id: $botId})
+SET m.vecSeq = coalesce(m.vecSeq, 0) + CASE WHEN $derived.vec IS NULL THEN 0 ELSE 1 END
+WITH m
 MATCH (e:Entry {id: $id, botId: $botId})
 SET e.content = $content, e.contentLength = $contentLength, e.orderKey = $orderKey, e.updatedAt = $now,
     e.kwBlind = $derived.kwBlind, e.vec = $derived.vec, e.vecModel = $derived.vecModel,
-    e.vecVersion = CASE WHEN $derived.vec IS NULL THEN null ELSE $orderKey / 1000000 END
+    e.vecSeq = CASE WHEN $derived.vec IS NULL THEN null ELSE m.vecSeq END
 """
 
 SET_TAGS: Final = """

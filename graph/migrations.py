@@ -90,10 +90,12 @@ MIGRATIONS: Final[tuple[tuple[int, tuple[LiteralString, ...]], ...]] = (
         (
             # Retrieval by meaning (design §10): keywords as blind tokens (keyed hashes, one token
             # each for the whitespace analyzer, scored by Lucene's BM25), and the seek of the
-            # vectors a process's index lacks (written after a memory version).
+            # vectors a process's index lacks (stamped after its ``vecSeq``).
             "CREATE FULLTEXT INDEX entry_keywords IF NOT EXISTS FOR (n:Entry) ON EACH [n.kwBlind]"
             " OPTIONS {indexConfig: {`fulltext.analyzer`: 'whitespace'}}",
-            "CREATE INDEX entry_vec_version IF NOT EXISTS FOR (n:Entry) ON (n.botId, n.vecVersion)",
+            "CREATE INDEX entry_vec_seq IF NOT EXISTS FOR (n:Entry) ON (n.botId, n.vecSeq)",
+            # The backfill pages through a Bot's entries in id order.
+            "CREATE INDEX entry_bot_id IF NOT EXISTS FOR (n:Entry) ON (n.botId, n.id)",
         ),
     ),
 )

@@ -4,8 +4,9 @@ Similarity proposes, the one visibility check decides: the dense candidates come
 per-process vector index as ids, the keyword candidates from the ``entry_keywords`` full-text
 index over blind tokens (keyed hashes, never words, E1); every candidate passes VISIBLE for every
 reader under the shared lock (C1, V10) before it is ranked or returned. The vectors themselves
-are stored encrypted (``Entry.vec``, E1) with the embedder that made them (``vecModel``) and the
-memory version that wrote them (``vecVersion``), so each process's index catches up by version.
+are stored encrypted (``Entry.vec``, E1) with the embedder that made them (``vecModel``) and a
+stamp of the Memory's vector sequence (``vecSeq``, counted by every write of vectors under the
+exclusive lock), so each process's index catches up from its last stamp.
 """
 
 from __future__ import annotations
@@ -17,24 +18,27 @@ from neo4j import AsyncManagedTransaction
 from graph.access import VISIBLE
 from graph.context import ACTIVE_SEEK
 from graph.driver import QueryTarget, rows, single
-from graph.memory import ENTRY_MAP, READ_LOCK, SHARED_LOCK, SOURCES_OF_E, TOP_RANK, reader_keys
+from graph.memory import ENTRY_MAP, READ_LOCK, SOURCES_OF_E, TOP_RANK, reader_keys
 
 #: The full-text index of the blind keyword tokens (whitespace analyzer: a token is one keyed hash).
 KEYWORD_INDEX: Final = "entry_keywords"
 
-#: Vectors of one embedder written after memory version ``$after`` (an index seek on
-#: ``entry_vec_version``): what a process's index lacks. Runs after SHARED_LOCK in one read.
+#: Vectors of one embedder stamped after ``$after`` (an index seek on ``entry_vec_seq``): what a
+#: process's index lacks. Runs after VECTOR_SEQ, the shared lock, in the same read.
 VECTORS_SINCE: Final = """
 MATCH (e:Entry)
-WHERE e.botId = $botId AND e.vecVersion > $after AND e.vecModel = $model
+WHERE e.botId = $botId AND e.vecSeq > $after AND e.vecModel = $model
 RETURN e.id AS id, e.vec AS vec
 """
+
+#: The shared lock, then the Memory's vector sequence (no row: no such Bot).
+VECTOR_SEQ: Final = READ_LOCK + "RETURN coalesce(m.vecSeq, 0) AS seq\n"
 
 #: The vectors a process's index lacks, as the head of the search statement (empty when current).
 _FRESH: Final = """
 CALL (m) {
   MATCH (f:Entry)
-  WHERE f.botId = $botId AND f.vecVersion > $after AND f.vecModel = $model
+  WHERE f.botId = $botId AND f.vecSeq > $after AND f.vecModel = $model
   RETURN collect([f.id, f.vec]) AS fresh
 }
 """
@@ -116,7 +120,7 @@ CALL (m, parts) {
     + ENTRY_MAP
     + """}) AS ranked
 }
-RETURN m.version AS version, fresh, ranked, size(dense) AS denseVisible, size(keyword) AS keywordVisible
+RETURN coalesce(m.vecSeq, 0) AS seq, fresh, ranked, size(dense) AS denseVisible, size(keyword) AS keywordVisible
 """
 )
 
@@ -147,7 +151,7 @@ CALL (readers, org) {
   }
   RETURN collect(id) AS ids
 }
-RETURN m.version AS version, ids
+RETURN coalesce(m.vecSeq, 0) AS seq, ids
 """
 )
 
@@ -155,13 +159,13 @@ RETURN m.version AS version, ids
 async def vectors_since(
     tx: AsyncManagedTransaction, *, bot_id: str, model: str, after: int
 ) -> tuple[int | None, list[tuple[str, bytes]]]:
-    """Under the shared lock, the memory version and every vector of ``model`` written after
-    ``after`` (``-1``: all of them) as (entry id, ciphertext); version None: no such Bot."""
-    locked = await single(tx, SHARED_LOCK, botId=bot_id)
+    """Under the shared lock, the Memory's vector sequence and every vector of ``model`` stamped
+    after ``after`` (``-1``: all of them) as (entry id, ciphertext); sequence None: no such Bot."""
+    locked = await single(tx, VECTOR_SEQ, botId=bot_id)
     if locked is None:
         return None, []
     found = await rows(tx, VECTORS_SINCE, botId=bot_id, model=model, after=after)
-    return int(locked["version"]), [(r["id"], bytes(r["vec"])) for r in found]
+    return int(locked["seq"]), [(r["id"], bytes(r["vec"])) for r in found]
 
 
 async def search(
@@ -208,7 +212,7 @@ async def search(
 async def visible_active(
     tx: QueryTarget, *, bot_id: str, org: str, readers: list[dict[str, Any]], cap: int
 ) -> tuple[int, list[str]] | None:
-    """VISIBLE_ACTIVE: the memory version and up to ``cap`` visible active ids per key."""
+    """VISIBLE_ACTIVE: the vector sequence and up to ``cap`` visible active ids per key."""
     record = await single(
         tx,
         VISIBLE_ACTIVE,
@@ -221,4 +225,4 @@ async def visible_active(
     )
     if record is None:
         return None
-    return int(record["version"]), list(dict.fromkeys(record["ids"]))
+    return int(record["seq"]), list(dict.fromkeys(record["ids"]))

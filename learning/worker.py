@@ -17,7 +17,7 @@ from arq import cron, func
 from arq.connections import RedisSettings
 from arq.worker import run_worker
 
-from learning import summary
+from learning import backfill, summary
 from learning.executions import ExecutionRunner, sweeper
 from learning.gateway import Gateway
 from services import jobs, metrics
@@ -29,6 +29,8 @@ from services.settings import load_settings
 log = logging.getLogger("botmemory.worker")
 
 HEARTBEAT_KEY = "botmemory:worker:heartbeat"
+#: How long one backfill job works before it queues the next part (well within the job timeout).
+BACKFILL_SECONDS = 60.0
 
 
 async def startup(ctx: dict[str, Any]) -> None:
@@ -70,6 +72,34 @@ async def run_execution(ctx: dict[str, Any], execution_id: str, epoch: int) -> N
     log.info("execution %s epoch %s: %s", execution_id, epoch, outcome)
 
 
+async def backfill_bot(ctx: dict[str, Any], bot_id: str, part: int) -> None:
+    """``backfill:<botId>:<part>``: keywords and vectors of the Bot's entries that lack them, for
+    a bounded time; queues the next part while work is left (design §10). Never raises."""
+    runtime: Runtime = ctx["runtime"]
+    gateway: Gateway = ctx["gateway"]
+    try:
+        done = await backfill.run(runtime, bot_id, gateway.embedder, seconds=BACKFILL_SECONDS)
+    except Exception as exc:  # recorded as a code; the next sweep queues it again
+        log.warning("backfill of %s failed: %s", bot_id, type(exc).__name__)
+        return
+    if not done:
+        await jobs.enqueue_backfill(runtime, bot_id, part=part + 1)
+    log.info("backfill of %s part %s: %s", bot_id, part, "done" if done else "continues")
+
+
+async def backfill_sweep(ctx: dict[str, Any]) -> None:
+    """Queue a backfill for every Bot whose entries lack keywords or a vector of this embedder."""
+    runtime: Runtime = ctx["runtime"]
+    gateway: Gateway = ctx["gateway"]
+    if not runtime.settings.backfill:
+        return
+    try:
+        for bot_id in await backfill.bots_to_backfill(runtime, gateway.embedder):
+            await jobs.enqueue_backfill(runtime, bot_id)
+    except Exception as exc:  # the next sweep retries
+        log.warning("backfill sweep failed: %s", type(exc).__name__)
+
+
 async def summarize_chat(ctx: dict[str, Any], chat_id: str) -> None:
     """``summary:<chatId>``: compress a Chat's history past the threshold (D9.17); never raises."""
     try:
@@ -84,8 +114,12 @@ class WorkerSettings:
         heartbeat,
         func(run_execution, name=jobs.RUN_EXECUTION),
         func(summarize_chat, name=jobs.SUMMARIZE_CHAT),
+        func(backfill_bot, name=jobs.BACKFILL_BOT),
     ]
-    cron_jobs: ClassVar[list[Any]] = [cron(heartbeat, second={0, 30}, run_at_startup=False)]
+    cron_jobs: ClassVar[list[Any]] = [
+        cron(heartbeat, second={0, 30}, run_at_startup=False),
+        cron(backfill_sweep, minute={0, 10, 20, 30, 40, 50}, second=0, run_at_startup=True),
+    ]
     on_startup = startup
     on_shutdown = shutdown
     poll_delay = 0.05

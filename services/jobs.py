@@ -21,6 +21,7 @@ log = logging.getLogger("botmemory.queue")
 
 RUN_EXECUTION = "run_execution"
 SUMMARIZE_CHAT = "summarize_chat"
+BACKFILL_BOT = "backfill_bot"
 
 
 def serialize(job: dict[str, Any]) -> bytes:
@@ -47,6 +48,15 @@ async def enqueue_executions(rt: Runtime, queued: list[dict[str, Any]]) -> None:
             )
         except RedisError as exc:
             log.warning("enqueue of %s failed (%s); the sweeper retries", execution["id"], type(exc).__name__)
+
+
+async def enqueue_backfill(rt: Runtime, bot_id: str, *, part: int = 0) -> None:
+    """Queue ``backfill:<botId>:<part>``: keywords and vectors for a Bot's entries that lack them
+    (design §10). A run does a bounded part and queues the next one while work is left."""
+    try:
+        await rt.redis.enqueue_job(BACKFILL_BOT, bot_id, part, _job_id=f"backfill:{bot_id}:{part}")
+    except RedisError as exc:
+        log.warning("enqueue of a backfill failed (%s); the next sweep retries", type(exc).__name__)
 
 
 async def enqueue_summary_if_due(rt: Runtime, chat_id: str) -> bool:

@@ -181,7 +181,7 @@ async def _ranked(
             )
         else:
             dense = [] if index is None or vector is None else index.top(vector, dense_k)
-            after = _NO_VECTORS if index is None else index.version
+            after = _NO_VECTORS if index is None else index.seq
             found = await autocommit(
                 rt.driver,
                 lambda s, dense=dense, after=after: search_q.search(
@@ -192,10 +192,10 @@ async def _ranked(
             if found is None:
                 raise NotFound("bot not found")
             if index is not None and found["fresh"]:
-                _absorb(index, cipher, [(i, bytes(v)) for i, v in found["fresh"]], int(found["version"]))
+                _absorb(index, cipher, [(i, bytes(v)) for i, v in found["fresh"]], int(found["seq"]))
                 continue  # the nearest vectors may have changed: ask again with the current index
             if index is not None:
-                index.version = max(index.version, int(found["version"]))
+                index.seq = max(index.seq, int(found["seq"]))
                 if len(dense) == dense_k and found["denseVisible"] < wanted and len(index) > dense_k:
                     rt.vectors.observe(bot_id, keys, sparse=True)
                     continue  # too few of the nearest are visible: this reader needs the pre-filter
@@ -222,19 +222,17 @@ async def _prefiltered(
     )
     if visible is None:
         raise NotFound("bot not found")
-    version, ids = visible
+    seq, ids = visible
     if not ids:  # nothing visible and active: no keyword hit either
-        return {"version": version, "fresh": [], "ranked": [], "denseVisible": 0, "keywordVisible": 0}
-    if version > index.version:
-        _, fresh = await search_q.vectors_since(tx, bot_id=bot_id, model=index.model, after=index.version)
-        _absorb(index, cipher, fresh, version)
+        return {"seq": seq, "fresh": [], "ranked": [], "denseVisible": 0, "keywordVisible": 0}
+    if seq > index.seq:
+        _, fresh = await search_q.vectors_since(tx, bot_id=bot_id, model=index.model, after=index.seq)
+        _absorb(index, cipher, fresh, seq)
     keys = tuple(reader_keys(list(params["readers"])))
     if len(ids) >= PRE_CAP or len(ids) > SPARSE_SHARE * len(index):
         rt.vectors.observe(bot_id, keys, sparse=False)
     dense = index.top_among(ids, vector, dense_k)
-    found = await search_q.search(
-        tx, dense=dense, keyword_limit=2 * KEYWORD_LIMIT, after=index.version, **params
-    )
+    found = await search_q.search(tx, dense=dense, keyword_limit=2 * KEYWORD_LIMIT, after=index.seq, **params)
     if found is None:
         raise NotFound("bot not found")
     return found
@@ -242,24 +240,24 @@ async def _prefiltered(
 
 async def _load(rt: Runtime, index: BotVectors, bot_id: str, cipher: Cipher) -> None:
     """The first use of a Bot's index in this process reads every vector of its embedder."""
-    if index.version >= 0:
+    if index.seq >= 0:
         return
     async with index.lock:
-        if index.version >= 0:
+        if index.seq >= 0:
             return
-        version, rows = await read(
+        seq, rows = await read(
             rt.driver, lambda tx: search_q.vectors_since(tx, bot_id=bot_id, model=index.model, after=-1)
         )
-        if version is None:
+        if seq is None:
             raise NotFound("bot not found")
-        _absorb(index, cipher, rows, version)
+        _absorb(index, cipher, rows, seq)
 
 
-def _absorb(index: BotVectors, cipher: Cipher, rows: list[tuple[str, bytes]], version: int) -> None:
-    """Vectors read from the graph into the index, which then holds everything through ``version``."""
+def _absorb(index: BotVectors, cipher: Cipher, rows: list[tuple[str, bytes]], seq: int) -> None:
+    """Vectors read from the graph into the index, which then holds everything through ``seq``."""
     if rows:
         raws = cipher.decrypt_bytes_all(Kind.ENTRY_VECTOR, rows)
         dims = len(raws[0]) - 4
         q, scales = decode_vectors(raws, dims)
         index.upsert([r[0] for r in rows], q, scales)
-    index.version = max(index.version, version)
+    index.seq = max(index.seq, seq)

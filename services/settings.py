@@ -91,6 +91,9 @@ class Settings(BaseSettings):
     embedding_threads: int = Field(default=1, ge=1)
     #: Texts per embedder call (one ONNX run, or one /v1/embeddings request).
     embedding_batch: int = Field(default=64, ge=1)
+    #: Workers sweep for entries that lack keywords or a vector of the current embedder (after an
+    #: upgrade, an embedder change or an outage) and backfill them in the background.
+    backfill: bool = True
 
     # Request limits (GraphQL and REST).
     max_query_depth: int = 12

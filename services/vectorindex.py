@@ -3,9 +3,10 @@
 It only proposes: every id it returns is checked by the one visibility check under the shared
 lock before anything is ranked or shown (C1, V10), so an id of an entry that was since hidden or
 purged costs a lookup and nothing else. What it must never be is incomplete: it records the
-memory version through which it holds every vector of its embedder (``version``), and search
-catches it up from the entries written after that version before trusting it (no staleness
-across a version, in every API process alike).
+last stamp of the Memory's vector sequence through which it holds every vector of its embedder
+(``seq``; every write of vectors counts the sequence under the exclusive lock), and search
+catches it up from the vectors stamped after it before trusting it (no staleness across a
+memory version, in every API process alike).
 
 Vectors are held quantised (int8 with one scale per vector, as stored). A small pool is ranked
 exactly against its dequantised vectors. A large one keeps a coarse copy projected on its
@@ -41,8 +42,8 @@ class BotVectors:
 
     def __init__(self, model: str) -> None:
         self.model = model
-        #: Every vector written at or before this memory version is held (-1: none loaded yet).
-        self.version = -1
+        #: Every vector stamped at or before this vector sequence is held (-1: none loaded yet).
+        self.seq = -1
         #: Serialises loading and catching up.
         self.lock = asyncio.Lock()
         self._ids: list[str] = []

@@ -1,0 +1,87 @@
+"""The backfill of what retrieval derives from entries (design §10): blind keywords and vectors
+for entries written before retrieval existed, or while the embedder was down, or by another
+embedder. Pages through a Bot's entries in id order (``entry_bot_id``), so a killed run resumes
+by starting again: what was written stays written.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from neo4j import AsyncManagedTransaction
+
+from graph.driver import QueryTarget, rows, single
+
+#: Entries after ``$after`` in id order that lack keywords (``$model`` null) or a vector of
+#: ``$model``: id, ciphertext and what identifies the content read (length and order key).
+#: Retracted entries are never shown again (D9.4), so they get nothing. Up to ``$limit``.
+MISSING: Final = """
+MATCH (e:Entry)
+WHERE e.botId = $botId AND e.id > $after AND e.status <> 'retracted'
+  AND (e.kwBlind IS NULL OR ($model IS NOT NULL AND coalesce(e.vecModel, '') <> $model))
+RETURN e.id AS id, e.content AS content, e.contentLength AS contentLength, e.orderKey AS orderKey
+ORDER BY e.id
+LIMIT $limit
+"""
+
+#: How many of a Bot's entries (not retracted) there are, and how many have a vector of ``$model``.
+PROGRESS: Final = """
+MATCH (e:Entry {botId: $botId})
+WHERE e.status <> 'retracted'
+RETURN count(e) AS total, count(CASE WHEN e.vecModel = $model THEN 1 END) AS embedded,
+       count(CASE WHEN e.kwBlind IS NOT NULL THEN 1 END) AS keyworded
+"""
+
+#: Bots with entries that lack keywords or a vector of ``$model`` (the worker's sweep).
+BOTS_MISSING: Final = """
+MATCH (e:Entry)
+WHERE e.status <> 'retracted' AND (e.kwBlind IS NULL OR coalesce(e.vecModel, '') <> $model)
+RETURN DISTINCT e.botId AS botId
+"""
+
+#: One batch under the exclusive lock (C1): keywords and sealed vectors of the entries whose
+#: content is still the one read (an entry revised since keeps its own), each vector stamped with
+#: the Memory's next ``vecSeq`` so every process's index catches up. Nothing a reader sees
+#: changes, so the memory version and the log stay as they are (C2 counts changes of entries).
+WRITE: Final = """
+MATCH (m:Memory {id: $botId})
+CALL apoc.lock.nodes([m])
+WITH m
+SET m.vecSeq = coalesce(m.vecSeq, 0) + 1
+WITH m, m.vecSeq AS seq
+CALL (seq) {
+  UNWIND $rows AS row
+  MATCH (e:Entry {id: row.id, botId: $botId})
+  WHERE e.contentLength = row.contentLength AND e.orderKey = row.orderKey
+  SET e.kwBlind = coalesce(row.kwBlind, e.kwBlind)
+  FOREACH (_ IN CASE WHEN row.vec IS NULL THEN [] ELSE [1] END |
+    SET e.vec = row.vec, e.vecModel = row.vecModel, e.vecSeq = seq)
+  RETURN count(e) AS written
+}
+RETURN seq, written
+"""
+
+
+async def missing(
+    tx: QueryTarget, *, bot_id: str, model: str | None, after: str, limit: int
+) -> list[dict[str, Any]]:
+    """MISSING: up to ``limit`` entries after ``after`` lacking keywords (or a vector of ``model``)."""
+    return await rows(tx, MISSING, botId=bot_id, model=model, after=after, limit=limit)
+
+
+async def progress(tx: QueryTarget, *, bot_id: str, model: str) -> dict[str, int]:
+    """PROGRESS: ``total``, ``embedded`` and ``keyworded`` entries of the Bot."""
+    found = await single(tx, PROGRESS, botId=bot_id, model=model)
+    assert found is not None
+    return {k: int(v) for k, v in found.items()}
+
+
+async def bots_missing(tx: QueryTarget, *, model: str) -> list[str]:
+    """BOTS_MISSING: the Bots whose entries need the backfill."""
+    return [r["botId"] for r in await rows(tx, BOTS_MISSING, model=model)]
+
+
+async def write(tx: AsyncManagedTransaction, *, bot_id: str, batch: list[dict[str, Any]]) -> int | None:
+    """WRITE: how many entries were written, or None when the Bot is gone."""
+    found = await single(tx, WRITE, botId=bot_id, rows=batch)
+    return None if found is None else int(found["written"])

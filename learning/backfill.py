@@ -1,0 +1,119 @@
+"""The backfill of retrieval's derived data (design §10): blind keywords first for every entry
+that lacks them (no model: a Bot's whole memory is keyword-searchable within seconds), then
+vectors of the current embedder, in batches — embedded outside the memory lock, each batch
+written as one short change. Progress lives in the graph (what still lacks keywords or a vector),
+so a killed run simply starts again and does only what is left.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final
+
+from graph import backfill as backfill_q
+from graph.driver import read, write
+from services.crypto import Cipher, Kind
+from services.derived import seal_vector
+from services.embedding import Embedder, EmbedderUnavailable
+from services.keywords import blind_text
+from services.memory import cipher_of
+from services.runtime import Runtime
+
+log = logging.getLogger("learning.backfill")
+
+#: Entries per batch: keywords only (cheap), and with embedding.
+KEYWORD_BATCH: Final = 500
+VECTOR_BATCH: Final = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    total: int
+    embedded: int
+    keyworded: int
+
+    @property
+    def done(self) -> bool:
+        return self.embedded >= self.total and self.keyworded >= self.total
+
+
+async def progress(rt: Runtime, bot_id: str, model: str) -> Progress:
+    found = await read(rt.driver, lambda tx: backfill_q.progress(tx, bot_id=bot_id, model=model))
+    return Progress(found["total"], found["embedded"], found["keyworded"])
+
+
+async def bots_to_backfill(rt: Runtime, embedder: Embedder | None) -> list[str]:
+    """Bots with entries lacking keywords or a vector of this embedder."""
+    model = embedder.id if embedder is not None else "-"
+    return await read(rt.driver, lambda tx: backfill_q.bots_missing(tx, model=model))
+
+
+async def run(
+    rt: Runtime,
+    bot_id: str,
+    embedder: Embedder | None,
+    *,
+    seconds: float | None = None,
+    on_batch: Callable[[str, int], None] | None = None,
+) -> bool:
+    """Backfill one Bot: keywords for all, then vectors (with an embedder). Stops after about
+    ``seconds`` (None: when done); True when nothing is left. ``on_batch(phase, n)`` reports
+    progress: ``n`` entries written in phase ``keywords`` or ``vectors``."""
+    started = time.monotonic()
+    cipher = await cipher_of(rt, bot_id)
+    for model, batch in ((None, KEYWORD_BATCH), (embedder.id if embedder else None, VECTOR_BATCH)):
+        if batch == VECTOR_BATCH and embedder is None:
+            break
+        after = ""
+        while True:
+            if seconds is not None and time.monotonic() - started > seconds:
+                return False
+            found = await read(
+                rt.driver,
+                lambda tx, after=after, model=model, batch=batch: backfill_q.missing(
+                    tx, bot_id=bot_id, model=model, after=after, limit=batch
+                ),
+            )
+            if not found:
+                break
+            rows = await _derive(cipher, embedder if model else None, found)
+            if rows is None:
+                return False  # the embedder is down: the next run goes on
+            written = await write(
+                rt.driver,
+                lambda tx, rows=rows: backfill_q.write(tx, bot_id=bot_id, batch=rows),
+            )
+            if written is None:
+                return True  # the Bot is gone
+            if on_batch is not None:
+                on_batch("vectors" if model else "keywords", written)
+            after = found[-1]["id"]
+    return True
+
+
+async def _derive(
+    cipher: Cipher, embedder: Embedder | None, found: list[dict[str, Any]]
+) -> list[dict[str, Any]] | None:
+    """Keywords (and sealed vectors with ``embedder``) of the entries read; None if embedding failed."""
+    texts = cipher.decrypt_all(Kind.ENTRY, [(f["id"], bytes(f["content"])) for f in found])
+    vectors = None
+    if embedder is not None:
+        try:
+            vectors = await embedder.embed(texts)
+        except EmbedderUnavailable as exc:
+            log.warning("backfill paused: embedding failed (%s)", exc.code)
+            return None
+    return [
+        {
+            "id": f["id"],
+            "contentLength": f["contentLength"],
+            "orderKey": f["orderKey"],
+            "kwBlind": blind_text(cipher, text),
+            "vec": None if vectors is None else seal_vector(cipher, f["id"], vectors[i]),
+            "vecModel": None if embedder is None else embedder.id,
+        }
+        for i, (f, text) in enumerate(zip(found, texts, strict=True))
+    ]

@@ -1,0 +1,150 @@
+"""What retrieval stores (design §10, E1): vectors only sealed, keywords only as blind tokens —
+nowhere in Neo4j's files, Redis or the logs in the clear; and the backfill that gives older
+entries keywords and vectors (``botmemory reindex``), resumable after a kill -9."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+from typing import Any
+
+from learning.embedders import LocalMiniLM
+from services import memory
+from services.changes import Remember
+from services.embedding import encode_vector
+from services.keywords import tokens
+from services.runtime import Runtime
+from services.settings import Settings
+from services.writepath import apply_changes
+from tests.client import Api, make_world
+from tests.conftest import ROOT, ApiProcess, WorkerProcess
+from tests.memory_helpers import command
+from tests.test_encryption import files_containing
+
+
+async def entry_row(runtime: Runtime, entry_id: str) -> dict[str, Any]:
+    rows, _, _ = await runtime.driver.execute_query(
+        "MATCH (e:Entry {id: $id}) RETURN e.vec AS vec, e.vecModel AS model, e.kwBlind AS kw, e.vecSeq AS seq",
+        id=entry_id,
+    )
+    return dict(rows[0])
+
+
+async def test_vectors_and_keywords_are_nowhere_in_the_clear(
+    api: Api, runtime: Runtime, settings: Settings, api_process: ApiProcess, worker_process: WorkerProcess
+) -> None:
+    canary = "zqcanary" + secrets.token_hex(4)
+    content = f"Ann hides the {canary} under the old oak tree in the garden"
+    w = await make_world(api, ("ann",))
+    response = await command(
+        api, w.tokens["ann"], w.bot, {"_tag": "Remember", "content": content, "tags": []}
+    )
+    assert response.status_code == 201
+    entry_id = response.json()["entry"]["id"]
+    found = await api.http.get(
+        f"/v1/bots/{w.bot}/memory/search",
+        params={"q": canary},
+        headers={"Authorization": f"Bearer {w.tokens['ann']}"},
+    )
+    assert [r["entry"]["id"] for r in found.json()["results"]] == [entry_id]
+
+    row = await entry_row(runtime, entry_id)
+    assert row["model"] == "local:all-MiniLM-L6-v2-int8" and row["seq"] is not None
+    embedder = LocalMiniLM()
+    try:
+        plain = encode_vector((await embedder.embed([content]))[0])
+    finally:
+        await embedder.aclose()
+    neo4j_dir = settings.data_dir / "neo4j"
+    # Positive controls: the scan sees the sealed vector and the blind tokens where Neo4j keeps them.
+    assert files_containing(neo4j_dir, bytes(row["vec"])[-32:])
+    assert files_containing(neo4j_dir, row["kw"].split()[0].encode())
+    words = {canary, *tokens(content)} - {"ann"}
+    for word in words:
+        assert files_containing(neo4j_dir, f" {word} ".encode()) == [], word
+    assert files_containing(neo4j_dir, canary.encode()) == []
+    for start in range(4, len(plain) - 24, 96):  # windows of the plaintext vector (scale, values)
+        assert files_containing(neo4j_dir, plain[start : start + 24]) == []
+
+    for key in await runtime.redis.keys("*"):
+        dumped = await runtime.redis.dump(key)
+        assert dumped is None or (canary.encode() not in dumped and plain[4:28] not in dumped)
+    logs = settings.data_dir / "logs"
+    assert files_containing(logs, canary.encode()) == []
+
+
+def reindex(settings: Settings, bot: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "botmemory.cli", "reindex", bot],
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+        stderr=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+async def test_reindex_backfills_keywords_and_vectors_and_resumes_after_a_kill(
+    api: Api, runtime: Runtime, settings: Settings
+) -> None:
+    w = await make_world(api, ("ann",))
+    person, org = w.people["ann"], w.org
+    # Written without an embedder (keywords only), then made to look older still: no keywords.
+    changes = [
+        Remember(content=f"note {i} about the harbour lighthouse {i}", person_id=person, org=org)
+        for i in range(300)
+    ]
+    await apply_changes(runtime, w.bot, list(changes), "person")
+    await runtime.driver.execute_query(
+        "MATCH (e:Entry {botId: $b}) REMOVE e.kwBlind, e.vec, e.vecModel, e.vecSeq", b=w.bot
+    )
+    reader = await memory.person_reader_of(runtime, w.bot, person, org)
+    assert reader is not None
+    missing = await api.http.get(
+        f"/v1/bots/{w.bot}/memory/search",
+        params={"q": "lighthouse"},
+        headers={"Authorization": f"Bearer {w.tokens['ann']}"},
+    )
+    assert missing.json()["results"] == []  # no keywords, no vectors: nothing to find them by
+
+    first = reindex(settings, w.bot)
+    assert first.stderr is not None
+    for line in first.stderr:  # wait until the vectors phase has written a batch, then kill -9
+        if line.startswith("vectors") and " 0/" not in line:
+            break
+    first.kill()
+    first.communicate(timeout=30)  # reaps it and closes its pipes
+    row = await runtime.driver.execute_query(
+        "MATCH (e:Entry {botId: $b}) RETURN count(e.kwBlind) AS kw, count(e.vec) AS vec", b=w.bot
+    )
+    kw, vec = row.records[0]["kw"], row.records[0]["vec"]
+    assert kw == 300 and 0 < vec < 300  # keywords first for all; the kill left vectors half done
+
+    # Keywords alone already find them while the vectors are missing.
+    found = await api.http.get(
+        f"/v1/bots/{w.bot}/memory/search",
+        params={"q": "lighthouse", "limit": 100},
+        headers={"Authorization": f"Bearer {w.tokens['ann']}"},
+    )
+    assert len(found.json()["results"]) == 100
+
+    second = reindex(settings, w.bot)
+    out, err = second.communicate(timeout=300)
+    assert second.returncode == 0, err
+    assert f"{vec}/300" in err  # it resumed where the killed run stopped
+    assert "300/300 entries have a vector of local:all-MiniLM-L6-v2-int8" in out
+    done = await runtime.driver.execute_query(
+        "MATCH (e:Entry {botId: $b}) RETURN count(e.vec) AS vec, collect(DISTINCT e.vecModel) AS models",
+        b=w.bot,
+    )
+    assert done.records[0]["vec"] == 300 and done.records[0]["models"] == ["local:all-MiniLM-L6-v2-int8"]
+    # And the vectors are found by meaning now: the query shares no keyword with any entry, so
+    # without vectors it would find nothing.
+    meaning = await api.http.get(
+        f"/v1/bots/{w.bot}/memory/search",
+        params={"q": "beacon on the coast", "limit": 5},
+        headers={"Authorization": f"Bearer {w.tokens['ann']}"},
+    )
+    assert len(meaning.json()["results"]) == 5
