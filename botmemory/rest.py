@@ -9,7 +9,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from services import chats, commands, conversation, enrichments, memory, memorybot, search
+from services import chatmemory, chats, commands, conversation, enrichments, memory, memorybot, search
 from services.auth import authenticate
 from services.domain import Item, Principal
 from services.errors import BadInput
@@ -111,6 +111,53 @@ async def search_memory(request: Request) -> JSONResponse:
         request.state.embedder,
         principal,
         request.path_params["bot_id"],
+        request.query_params.get("q", ""),
+        int_param(request, "limit", 10),
+    )
+    return JSONResponse({"results": [{"score": h.score, "entry": h.entry.json()} for h in hits]})
+
+
+async def chat_memory_context(request: Request) -> JSONResponse:
+    """``GET /v1/chats/{chatId}/memory/context?limit=&q=`` — server callers (D9.26): the visible
+    memory of the chat's readers as text, chosen by relevance to ``q`` when given, and the ids."""
+    found = await chatmemory.context(
+        runtime_of(request),
+        request.state.embedder,
+        await principal_of(request),
+        request.path_params["chat_id"],
+        int_param(request, "limit", 4000),
+        request.query_params.get("q"),
+    )
+    return JSONResponse({"text": found.text, "ids": list(found.ids)})
+
+
+async def chat_memory_has_entries(request: Request) -> JSONResponse:
+    """``GET /v1/chats/{chatId}/memory/has-entries`` — server callers (D9.26)."""
+    found = await chatmemory.has_entries(
+        runtime_of(request), await principal_of(request), request.path_params["chat_id"]
+    )
+    return JSONResponse({"hasEntries": found})
+
+
+async def chat_memory_validate(request: Request) -> JSONResponse:
+    """``POST /v1/chats/{chatId}/memory/validate-references`` ``{"ids": [...]}`` — server callers
+    (D9.26): whether an answer that used these entries may still be shown (N4)."""
+    principal = await principal_of(request)
+    ids = string_list(await json_body(request), "ids")
+    valid = await chatmemory.validate_references(
+        runtime_of(request), principal, request.path_params["chat_id"], ids
+    )
+    return JSONResponse({"valid": valid})
+
+
+async def chat_memory_search(request: Request) -> JSONResponse:
+    """``GET /v1/chats/{chatId}/memory/search?q=&limit=`` — server callers (D9.26): search for
+    every reader of an answer in the chat."""
+    hits = await chatmemory.chat_search(
+        runtime_of(request),
+        request.state.embedder,
+        await principal_of(request),
+        request.path_params["chat_id"],
         request.query_params.get("q", ""),
         int_param(request, "limit", 10),
     )
@@ -243,4 +290,8 @@ routes = [
     Route("/chats/{chat_id}/confessions", get_confessions, methods=["GET"]),
     Route("/chats/{chat_id}/enrichments", get_enrichments, methods=["GET"]),
     Route("/chats/{chat_id}/context", get_context, methods=["GET"]),
+    Route("/chats/{chat_id}/memory/context", chat_memory_context, methods=["GET"]),
+    Route("/chats/{chat_id}/memory/has-entries", chat_memory_has_entries, methods=["GET"]),
+    Route("/chats/{chat_id}/memory/validate-references", chat_memory_validate, methods=["POST"]),
+    Route("/chats/{chat_id}/memory/search", chat_memory_search, methods=["GET"]),
 ]

@@ -19,8 +19,8 @@ from schema.memory import (
     SourceNeighbourhood,
     VersionPayload,
 )
-from schema.types import Long
-from services import commands, memory, search, sourcegraph
+from schema.types import Long, MemoryContext
+from services import chatmemory, commands, memory, search, sourcegraph
 from services.memory import MAX_PAGE
 
 
@@ -90,12 +90,54 @@ class MemoryQuery:
         description="The active entries you may see that are most relevant to query (meaning and "
         "keywords), best first, at most limit (1–100)."
     )
-    async def search(self, info: Info, bot_id: strawberry.ID, query: str, limit: int = 10) -> list[SearchHit]:
+    async def search(
+        self,
+        info: Info,
+        bot_id: strawberry.ID,
+        query: str,
+        limit: int = 10,
+        chat_id: strawberry.ID | None = None,
+    ) -> list[SearchHit]:
         principal = await info.context.principal()
-        hits = await search.person_search(
-            info.context.runtime, info.context.embedder, principal, str(bot_id), query, limit
-        )
+        rt, embedder = info.context.runtime, info.context.embedder
+        if chat_id is None:
+            hits = await search.person_search(rt, embedder, principal, str(bot_id), query, limit)
+        else:
+            hits = await chatmemory.chat_search(
+                rt, embedder, principal, str(chat_id), query, limit, bot_id=str(bot_id)
+            )
         return [SearchHit(score=h.score, entry=MemoryEntry.of(h.entry)) for h in hits]
+
+    @strawberry.field(
+        description="Server callers (a platform token of the chat's organization): the visible "
+        "memory of every reader of an answer in the chat as text within limit characters, chosen "
+        "by relevance to query when given, with the ids of the entries used."
+    )
+    async def context(
+        self, info: Info, chat_id: strawberry.ID, limit: int = 4000, query: str | None = None
+    ) -> MemoryContext:
+        principal = await info.context.principal()
+        found = await chatmemory.context(
+            info.context.runtime, info.context.embedder, principal, str(chat_id), limit, query
+        )
+        return MemoryContext(text=found.text, ids=[strawberry.ID(i) for i in found.ids])
+
+    @strawberry.field(
+        description="Server callers: whether any active entry is visible to the chat's readers."
+    )
+    async def has_entries(self, info: Info, chat_id: strawberry.ID) -> bool:
+        principal = await info.context.principal()
+        return await chatmemory.has_entries(info.context.runtime, principal, str(chat_id))
+
+    @strawberry.field(
+        description="Server callers: whether a saved answer that used these entry ids may still be "
+        "shown to the chat's readers (no content is read)."
+    )
+    async def validate_references(self, info: Info, chat_id: strawberry.ID, ids: list[strawberry.ID]) -> bool:
+        principal = await info.context.principal()
+        return await chatmemory.validate_references(
+            info.context.runtime, principal, str(chat_id), [str(i) for i in ids]
+        )
 
     @strawberry.field(
         description="Changes of entries you may see, newest first: limit (1–1000) rows of versions "

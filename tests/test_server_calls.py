@@ -1,0 +1,101 @@
+"""Server callers (D9.26, N4, N5): a platform token of the Chat's organization asks for context,
+hasEntries, validateReferences and search on behalf of every reader of an answer in that Chat —
+over GraphQL and REST, never for anyone else, never with a person's or another platform's token."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from services.runtime import Runtime
+from tests.client import Api, make_world
+from tests.memory_helpers import fact, said
+
+CONTEXT = "query($c: ID!, $l: Int!, $q: String) { context(chatId: $c, limit: $l, query: $q) { text ids } }"
+HAS = "query($c: ID!) { hasEntries(chatId: $c) }"
+VALID = "query($c: ID!, $i: [ID!]!) { validateReferences(chatId: $c, ids: $i) }"
+SEARCH = "query($b: ID!, $c: ID, $q: String!) { search(botId: $b, chatId: $c, query: $q) { entry { id } } }"
+
+
+async def rest(api: Api, token: str, method: str, path: str, **kwargs: Any) -> Any:
+    return await api.http.request(method, path, headers={"Authorization": f"Bearer {token}"}, **kwargs)
+
+
+async def test_server_callers_read_for_the_chats_readers_only(api: Api, runtime: Runtime) -> None:
+    w = await make_world(api, ("ann", "bob"), channel=("ann", "bob"))
+    platform = await api.platform_token(w.org)
+    group = await api.chat(w.tokens["ann"], w.bot, w.channel)
+    private = await api.chat(w.tokens["ann"], w.bot)
+    bobs = await api.chat(w.tokens["bob"], w.bot)
+    shared = await fact(
+        runtime,
+        w.bot,
+        "The team meets on Tuesdays",
+        await said(api, w.tokens["bob"], group, "we meet on tuesdays"),
+    )
+    secret = await fact(
+        runtime,
+        w.bot,
+        "Ann is planning a surprise party",
+        await said(api, w.tokens["ann"], private, "I plan a surprise party"),
+    )
+
+    in_group = (await api.gql(CONTEXT, {"c": group, "l": 4000, "q": "when do we meet?"}, platform))["context"]
+    assert in_group["ids"] == [shared] and "Tuesdays" in in_group["text"]
+    for_ann = (await api.gql(CONTEXT, {"c": private, "l": 4000, "q": None}, platform))["context"]
+    assert set(for_ann["ids"]) == {shared, secret}
+    for_bob = (await api.gql(CONTEXT, {"c": bobs, "l": 4000, "q": "party"}, platform))["context"]
+    assert secret not in for_bob["ids"]  # V7: Bob's chat never offers Ann's words
+
+    assert (await api.gql(HAS, {"c": group}, platform))["hasEntries"] is True
+    assert (await api.gql(VALID, {"c": group, "i": [shared]}, platform))["validateReferences"] is True
+    assert (await api.gql(VALID, {"c": group, "i": [shared, secret]}, platform))[
+        "validateReferences"
+    ] is False
+    found = await api.gql(SEARCH, {"b": w.bot, "c": group, "q": "surprise party tuesdays"}, platform)
+    assert [h["entry"]["id"] for h in found["search"]] == [shared]
+
+    # REST, the same answers.
+    ctx = await rest(api, platform, "GET", f"/v1/chats/{group}/memory/context", params={"q": "meeting day"})
+    assert ctx.status_code == 200 and ctx.json()["ids"] == [shared]
+    has = await rest(api, platform, "GET", f"/v1/chats/{bobs}/memory/has-entries")
+    assert has.json() == {"hasEntries": True}
+    valid = await rest(
+        api, platform, "POST", f"/v1/chats/{private}/memory/validate-references", json={"ids": [secret]}
+    )
+    assert valid.json() == {"valid": True}
+    hits = await rest(api, platform, "GET", f"/v1/chats/{bobs}/memory/search", params={"q": "party"})
+    assert secret not in [r["entry"]["id"] for r in hits.json()["results"]]
+
+    # A source taken back: references to it no longer validate (N4), and it leaves the context.
+    await api.http.post(
+        f"/v1/bots/{w.bot}/memory",
+        json={"command": {"_tag": "Forget", "id": secret}},
+        headers={"Authorization": f"Bearer {w.tokens['ann']}"},
+    )
+    assert (await api.gql(VALID, {"c": private, "i": [secret]}, platform))["validateReferences"] is False
+    assert (
+        secret
+        not in (await api.gql(CONTEXT, {"c": private, "l": 4000, "q": "party"}, platform))["context"]["ids"]
+    )
+
+
+async def test_only_a_platform_of_the_chats_organization_may_ask(api: Api) -> None:
+    w = await make_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    other = await make_world(api, ("zed",))
+    foreign = await api.platform_token(other.org)
+    platform = await api.platform_token(w.org)
+    assert await api.codes(HAS, {"c": chat}, w.tokens["ann"]) == ["FORBIDDEN"]
+    assert await api.codes(HAS, {"c": chat}, foreign) == ["NOT_FOUND"]
+    assert await api.codes(HAS, {"c": "chat_" + "0" * 32}, platform) == ["NOT_FOUND"]
+    assert await api.codes(HAS, {"c": chat}, None) == ["UNAUTHENTICATED"]
+    assert await api.codes(CONTEXT, {"c": chat, "l": 0, "q": None}, platform) == ["BAD_INPUT"]
+    assert await api.codes(VALID, {"c": chat, "i": ["not an id"]}, platform) == ["BAD_INPUT"]
+    assert await api.codes(SEARCH, {"b": other.bot, "c": chat, "q": "x"}, platform) == ["NOT_FOUND"]
+    forbidden = await rest(api, w.tokens["ann"], "GET", f"/v1/chats/{chat}/memory/context")
+    assert forbidden.status_code == 403 and forbidden.json()["error"]["code"] == "FORBIDDEN"
+    bad = await rest(api, platform, "POST", f"/v1/chats/{chat}/memory/validate-references", content=b"{")
+    assert bad.status_code == 422
+    review = await api.chat(w.tokens["ann"], w.bot, review=True)
+    empty = await rest(api, platform, "GET", f"/v1/chats/{review}/memory/context")
+    assert empty.json() == {"text": "", "ids": []}  # review chats get no memory (D9.16)
