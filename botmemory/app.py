@@ -180,6 +180,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
             turn_hub = TurnHub(runtime)
             await hub.start()
             await turn_hub.start()
+            await gateway.warm_up()
             log.info("api ready")
             try:
                 yield {

@@ -28,7 +28,7 @@ from graph.driver import read, write
 from learning.embedders import make_embedder
 from services import metrics
 from services.crypto import Kind
-from services.embedding import Embedder
+from services.embedding import Embedder, EmbedderUnavailable
 from services.ids import new_id
 from services.memorybot import Route, current_period, periods
 from services.runtime import now_ms
@@ -132,6 +132,16 @@ class Gateway:
         self._gates: dict[str, tuple[int, asyncio.Semaphore]] = {}
         #: The embedder of this process (design §10): vectors of new entries and of queries.
         self.embedder: Embedder | None = make_embedder(settings)
+
+    async def warm_up(self) -> None:
+        """Load the embedder's model now, so the first Turn does not wait for it (its deadline
+        counts from arrival, D9.11); a failure is logged and left to the first real call."""
+        if self.embedder is None:
+            return
+        try:
+            await self.embedder.embed(["ready"])
+        except EmbedderUnavailable as exc:
+            log.warning("the embedder is not ready (%s); search falls back to keywords", exc.code)
 
     async def close(self) -> None:
         if self._client is not None:

@@ -40,6 +40,7 @@ async def startup(ctx: dict[str, Any]) -> None:
     ctx["stack"] = stack
     runtime = await stack.enter_async_context(open_runtime(settings))
     gateway = await stack.enter_async_context(Gateway(settings))
+    await gateway.warm_up()
     ctx["runtime"], ctx["gateway"] = runtime, gateway
     ctx["runner"] = ExecutionRunner(runtime, gateway, f"{socket.gethostname()}:{os.getpid()}")
     ctx["sweeper"] = asyncio.create_task(sweeper(runtime))
