@@ -5,14 +5,17 @@ from __future__ import annotations
 
 from typing import Any
 
+import httpx
 from prometheus_client import REGISTRY
 
 from learning.embedders import LocalMiniLM
 from services import memory, search
+from services.changes import Invalidate
 from services.runtime import Runtime
 from services.settings import Settings
 from tests.client import Api, make_world
-from tests.memory_helpers import command, fact, said
+from tests.conftest import ApiProcess
+from tests.memory_helpers import apply, command, fact, said
 
 SEARCH = "query($b: ID!, $q: String!, $l: Int!) { search(botId: $b, query: $q, limit: $l) { score entry { id content } } }"
 
@@ -127,3 +130,57 @@ async def test_context_with_a_query_offers_what_answers_it_in_memory_order(
         assert plain.ids[0] == ids[FACTS[-1]]
     finally:
         await embedder.aclose()
+
+
+async def test_two_api_processes_agree_at_once_after_every_kind_of_change(
+    api: Api, runtime: Runtime, settings: Settings, service_env: dict[str, str]
+) -> None:
+    """Each API process keeps its own vector index; neither is ever stale across a memory version:
+    an entry written through one process is found by the other at once, and Forget, invalidation,
+    purge and a removal from a channel take effect in both at once (C1, design §10)."""
+    w = await make_world(api, ("ann", "bob"), channel=("ann", "bob"))
+    other = ApiProcess(settings, settings.data_dir / "logs" / "pytest-api-second.log", service_env)
+    try:
+        async with httpx.AsyncClient(base_url=other.url, timeout=30) as http:
+            second = Api(http, api.admin_token)
+
+            async def ids(on: Api, name: str, q: str) -> list[str]:
+                response = await rest_search(on, w.tokens[name], w.bot, q, 10)
+                assert response.status_code == 200, response.text
+                return [r["entry"]["id"] for r in response.json()["results"]]
+
+            first_note = await remember(api, w.tokens["ann"], w.bot, "Ann parks her bicycle by the river")
+            assert await ids(second, "ann", "where is the bike?") == [first_note]  # cold load of B
+            # Written through A after B loaded its index: B finds it at once, by meaning.
+            new = await remember(api, w.tokens["ann"], w.bot, "Ann's violin lessons are on Fridays")
+            assert (await ids(second, "ann", "when does she practise music?"))[0] == new
+            # Forget through B: gone on A at once.
+            assert (
+                await command(second, w.tokens["ann"], w.bot, {"_tag": "Forget", "id": new})
+            ).status_code == 200
+            assert new not in await ids(api, "ann", "when does she practise music?")
+            # A group fact, then invalidation (written by the memory Bot) and a channel removal.
+            group = await api.chat(w.tokens["ann"], w.bot, w.channel)
+            source = await said(api, w.tokens["bob"], group, "the kayak club meets at the lake")
+            kayak = await fact(runtime, w.bot, "The kayak club meets at the lake", source)
+            assert await ids(second, "bob", "kayak") == [kayak]
+            await apply(runtime, w.bot, Invalidate(kayak))
+            assert await ids(api, "bob", "kayak") == [] and await ids(second, "bob", "kayak") == []
+            again = await fact(runtime, w.bot, "The kayak club moved to the harbour", source)
+            assert again in await ids(second, "ann", "kayak")
+            await second.admin(
+                "mutation($c: ID!, $m: [ID!]!) { setChannelMembers(channelId: $c, memberIds: $m) { id } }",
+                {"c": w.channel, "m": [w.people["bob"]]},
+            )
+            assert again not in await ids(api, "ann", "kayak")
+            assert await ids(api, "bob", "kayak") == [again]
+            # Purge by the chat's tag through A: gone on B.
+            purged = await api.http.post(
+                f"/v1/bots/{w.bot}/memory/purge",
+                json={"tag": f"chat:{group}"},
+                headers={"Authorization": f"Bearer {w.tokens['bob']}"},
+            )
+            assert purged.status_code == 200, purged.text
+            assert await ids(second, "bob", "kayak") == []
+    finally:
+        other.stop()
