@@ -4,11 +4,17 @@ entries keywords and vectors (``botmemory reindex``), resumable after a kill -9.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import secrets
 import subprocess
 import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+import httpx
 
 from learning.embedders import LocalMiniLM
 from services import memory
@@ -148,3 +154,80 @@ async def test_reindex_backfills_keywords_and_vectors_and_resumes_after_a_kill(
         headers={"Authorization": f"Bearer {w.tokens['ann']}"},
     )
     assert len(meaning.json()["results"]) == 5
+
+
+class _Embeddings(BaseHTTPRequestHandler):
+    """A real OpenAI-compatible ``/v1/embeddings`` provider (the one test double allowed: a model
+    provider) whose vectors are MiniLM's, under another model name."""
+
+    embedder = LocalMiniLM()
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        vectors = asyncio.run(self.embedder.embed(list(body["input"])))
+        data = [{"object": "embedding", "index": i, "embedding": v.tolist()} for i, v in enumerate(vectors)]
+        raw = json.dumps(
+            {
+                "object": "list",
+                "model": body["model"],
+                "data": data,
+                "usage": {"prompt_tokens": 1, "total_tokens": 1},
+            }
+        ).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(raw)))
+        self.end_headers()
+        self.wfile.write(raw)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet."""
+
+
+async def test_an_embedder_swap_reembeds_and_search_works_throughout(
+    api: Api, runtime: Runtime, settings: Settings, service_env: dict[str, str]
+) -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Embeddings)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    swapped = {
+        "BOTMEMORY_EMBEDDER": "openai",
+        "BOTMEMORY_EMBEDDING_BASE_URL": f"http://127.0.0.1:{server.server_address[1]}/v1",
+        "BOTMEMORY_EMBEDDING_MODEL": "swap-model",
+        "BOTMEMORY_EMBEDDING_DIMENSIONS": "384",
+    }
+    w = await make_world(api, ("ann",))
+    notes = ["Ann's cat is called Miso", "Ann grows tomatoes on her balcony", "Ann drives an old red van"]
+    for note in notes:
+        assert (
+            await command(api, w.tokens["ann"], w.bot, {"_tag": "Remember", "content": note, "tags": []})
+        ).status_code == 201
+    other = ApiProcess(
+        settings, settings.data_dir / "logs" / "pytest-api-swapped.log", {**service_env, **swapped}
+    )
+    try:
+        async with httpx.AsyncClient(base_url=other.url, timeout=30) as http:
+
+            async def found(q: str) -> list[str]:
+                response = await http.get(
+                    f"/v1/bots/{w.bot}/memory/search",
+                    params={"q": q, "limit": 1},
+                    headers={"Authorization": f"Bearer {w.tokens['ann']}"},
+                )
+                assert response.status_code == 200, response.text
+                return [r["entry"]["content"] for r in response.json()["results"]]
+
+            # Before the re-embedding: no vector of the new embedder, keywords still find.
+            assert await found("tomatoes") == ["Ann grows tomatoes on her balcony"]
+            assert await found("which pet does she have?") == []
+            done = reindex(settings, w.bot, swapped)
+            out, err = done.communicate(timeout=300)
+            assert done.returncode == 0, err
+            assert "3/3 entries have a vector of openai:swap-model:384" in out
+            assert await found("which pet does she have?") == ["Ann's cat is called Miso"]
+            assert await found("what vehicle?") == ["Ann drives an old red van"]
+    finally:
+        other.stop()
+        server.shutdown()
+        server.server_close()
+        thread.join()
