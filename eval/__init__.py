@@ -1,0 +1,2 @@
+"""Retrieval evaluation against a real stack: LoCoMo conversations replayed through the public API
+(``make eval``; see eval/README.md)."""

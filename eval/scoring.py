@@ -1,0 +1,143 @@
+"""Scores of one question and their summaries: candidate recall (an offered entry rests on one of
+the question's evidence turns), its ceiling (any entry the asker may see does), search recall at
+5 and 10, the size of what was offered, and leaks (entries of another person's chat offered)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from eval.dataset import CATEGORIES, Question
+from eval.scripted import Offer
+
+#: Characters per token for the size of what is offered.
+CHARS_PER_TOKEN = 4
+
+
+@dataclass(frozen=True, slots=True)
+class Learned:
+    """An entry as listed by ``GET /v1/bots/{bot}/memory``: the dialog turns its Items hold."""
+
+    id: str
+    content: str
+    chat: str  # the chat of its source Items
+    evidence: frozenset[str]  # dia ids
+
+
+@dataclass(frozen=True, slots=True)
+class QuestionRow:
+    conversation: str
+    mode: str  # "group" or "leak-check"
+    index: int
+    category: int
+    question: str
+    answer: str
+    evidence: tuple[str, ...]
+    offered: tuple[str, ...]  # entry ids, in the order offered
+    offered_chars: int
+    candidate_hit: bool
+    ceiling_hit: bool
+    search: tuple[str, ...] | None  # entry ids by relevance; None when search is not available
+    search_hit5: bool | None
+    search_hit10: bool | None
+    leaks: tuple[str, ...]  # entries of a chat the asker is not in, offered or found
+
+    @property
+    def tokens(self) -> float:
+        return self.offered_chars / CHARS_PER_TOKEN
+
+
+def _rests_on(ids: Iterable[str], entries: Mapping[str, Learned], evidence: frozenset[str]) -> bool:
+    return any(i in entries and entries[i].evidence & evidence for i in ids)
+
+
+def score(
+    conversation: str,
+    mode: str,
+    question: Question,
+    offered: Sequence[Offer],
+    search: Sequence[str] | None,
+    entries: Mapping[str, Learned],
+    visible: Iterable[str],
+    foreign_chats: frozenset[str],
+) -> QuestionRow:
+    """One question's row; ``visible`` = the entries the asker may see (the ceiling's pool)."""
+    evidence = frozenset(question.evidence)
+    ids = tuple(o.id for o in offered)
+    leaks = [i for i in (*ids, *(search or ())) if i in entries and entries[i].chat in foreign_chats]
+    return QuestionRow(
+        conversation,
+        mode,
+        question.index,
+        question.category,
+        question.text,
+        question.answer,
+        question.evidence,
+        ids,
+        sum(len(o.text) for o in offered),
+        _rests_on(ids, entries, evidence),
+        _rests_on(visible, entries, evidence),
+        None if search is None else tuple(search),
+        None if search is None else _rests_on(search[:5], entries, evidence),
+        None if search is None else _rests_on(search[:10], entries, evidence),
+        tuple(dict.fromkeys(leaks)),
+    )
+
+
+def pct(values: Sequence[float], q: float) -> float:
+    """Percentile with linear interpolation between closest ranks (q in 0..1); NaN when empty."""
+    if not values:
+        return math.nan
+    s = sorted(values)
+    k = (len(s) - 1) * q
+    lo = math.floor(k)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def _share(flags: Sequence[bool | None]) -> str:
+    known = [f for f in flags if f is not None]
+    if not flags:
+        return "–"
+    if len(known) < len(flags):
+        return "n/a"
+    return f"{100 * sum(known) / len(known):.1f} %"
+
+
+def _tokens(rows: Sequence[QuestionRow]) -> str:
+    t = [r.tokens for r in rows]
+    if not t:
+        return "– / –"
+    return f"{sum(t) / len(t):,.0f} / {pct(t, 0.95):,.0f}"
+
+
+HEADER = (
+    "| conversation | category | questions | candidate recall | ceiling | search recall@5 | "
+    "search recall@10 | tokens offered mean / p95 | leaks |\n"
+    "|---|---|---:|---:|---:|---:|---:|---:|---:|"
+)
+
+
+def line(conversation: str, category: str, rows: Sequence[QuestionRow]) -> str:
+    return (
+        f"| {conversation} | {category} | {len(rows)} | {_share([r.candidate_hit for r in rows])} | "
+        f"{_share([r.ceiling_hit for r in rows])} | {_share([r.search_hit5 for r in rows])} | "
+        f"{_share([r.search_hit10 for r in rows])} | {_tokens(rows)} | {sum(len(r.leaks) for r in rows)} |"
+    )
+
+
+def table(rows: Sequence[QuestionRow]) -> str:
+    """Per conversation and category, then all conversations together."""
+    out = [HEADER]
+    names = list(dict.fromkeys(r.conversation for r in rows))
+    groups = [(n, [r for r in rows if r.conversation == n]) for n in names]
+    if len(names) > 1:
+        groups.append(("**all**", list(rows)))
+    for name, mine in groups:
+        for category, label in CATEGORIES.items():
+            subset = [r for r in mine if r.category == category]
+            if subset:
+                out.append(line(name, f"{category} {label}", subset))
+        out.append(line(name, "**1–4**", mine))
+    return "\n".join(out)
