@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Final, LiteralString
 
 from neo4j import AsyncDriver, AsyncManagedTransaction
+from neo4j.exceptions import ClientError
 
 from graph import access
 
@@ -129,20 +130,40 @@ async def migrate(driver: AsyncDriver) -> int:
     """Apply every migration newer than the recorded version; return the version now recorded.
 
     Schema statements run one per auto-commit transaction (Neo4j forbids mixing schema and
-    data writes in one transaction). Every statement is ``IF NOT EXISTS``, so a concurrent
-    start of two processes is harmless.
+    data writes in one transaction). Every statement is ``IF NOT EXISTS``, and a rule another
+    process created at the same moment counts as done, so processes may start together.
     """
     applied = await current_version(driver)
     for version, statements in MIGRATIONS:
         if version <= applied:
             continue
         for statement in statements:
-            await driver.execute_query(statement)
+            await _apply(driver, statement)
         if version in (2, 6):
             await _label_existing_entries(driver)
         await driver.execute_query(_WRITE_VERSION, version=version)
         applied = version
     return applied
+
+
+#: What Neo4j answers when another process created the same index or constraint a moment before,
+#: although the statement says IF NOT EXISTS (two processes starting at once).
+_CREATED_ELSEWHERE: Final = frozenset(
+    {
+        "Neo.ClientError.Schema.EquivalentSchemaRuleAlreadyExists",
+        "Neo.ClientError.Schema.IndexAlreadyExists",
+        "Neo.ClientError.Schema.ConstraintAlreadyExists",
+    }
+)
+
+
+async def _apply(driver: AsyncDriver, statement: LiteralString) -> None:
+    """One schema statement; an index or constraint another starter just created counts as done."""
+    try:
+        await driver.execute_query(statement)
+    except ClientError as exc:
+        if exc.code not in _CREATED_ELSEWHERE:
+            raise
 
 
 async def _label_existing_entries(driver: AsyncDriver) -> None:
