@@ -8,7 +8,6 @@ import asyncio
 from graph.migrations import LATEST, current_version, migrate
 from services.runtime import Runtime
 
-
 DROPS = (
     "DROP INDEX entry_bot_id IF EXISTS",
     "DROP INDEX entry_vec_seq IF EXISTS",
