@@ -137,8 +137,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args[0] == "up":
                 ensure_app(s)
             elif args[0] == "down":
-                for p in reversed(procs(s).values()):
-                    stop(p)
+                stopped = [p.name for p in reversed(procs(s).values()) if stop(p)]
+                print(
+                    f"stopped {', '.join(stopped)} of profile {s.env}"
+                    if stopped
+                    else f"nothing of profile {s.env} was running"
+                )
             elif args[0] == "status":
                 status(s)
     except (StackError, subprocess.CalledProcessError) as exc:

@@ -316,8 +316,9 @@ def ensure_redis(s: Settings) -> None:
     print(f"redis: ready on {host}:{port}")
 
 
-def stop(p: Proc) -> None:
-    """SIGTERM the process of ``p`` (SIGKILL after its timeout) and remove its pid file."""
+def stop(p: Proc) -> bool:
+    """SIGTERM the process of ``p`` (SIGKILL after its timeout) and remove its pid file; whether
+    it was running."""
     pid = running_pid(p)
     if pid is not None:
         print(f"{p.name}: stopping (pid {pid})")
@@ -329,3 +330,4 @@ def stop(p: Proc) -> None:
             print(f"{p.name}: still running after {p.stop_timeout:.0f}s, sending SIGKILL")
             os.kill(pid, signal.SIGKILL)
     p.pid_file.unlink(missing_ok=True)
+    return pid is not None
