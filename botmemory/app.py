@@ -59,6 +59,7 @@ class GraphQLApp(GraphQL[Context, None]):
             authorization=request.headers.get("authorization"),
             hub=request.state.hub,
             turn_hub=request.state.turn_hub,
+            cache_loaders=request.scope["type"] != "websocket",
         )
 
     async def on_ws_connect(self, context: Context) -> UnsetType | dict[str, object] | None:

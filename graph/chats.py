@@ -34,6 +34,36 @@ RETURN ch {.*} AS chat, b.keyMaster AS keyMaster, b.keyWrapped AS keyWrapped,
          OR EXISTS { MATCH (:Person {id: $personId})-[:MEMBER]->(c) })) AS isPerson
 """
 
+#: For each id of $chatIds that names a Chat (unknown ids give no row): CHAT_FOR's columns, so
+#: the Chat, its Bot's wrapped key and whether $personId is one of its people (D9.6). Hops: the
+#: Chat's Bot and channel only.
+CHATS_FOR: Final = """
+UNWIND $chatIds AS chatId
+MATCH (ch:Chat {id: chatId})-[:WITH_BOT]->(b:Bot)
+OPTIONAL MATCH (ch)-[:IN_CHANNEL]->(c:Channel)
+RETURN ch {.*} AS chat, b.keyMaster AS keyMaster, b.keyWrapped AS keyWrapped,
+       ($personId IS NOT NULL AND (ch.ownerId = $personId
+         OR EXISTS { MATCH (:Person {id: $personId})-[:MEMBER]->(c) })) AS isPerson
+"""
+
+#: CHATS_FOR plus one page of each Chat's Items in ``seq`` order (SKIP $skip LIMIT $limit, the
+#: same for every Chat), read only where $personId is one of the Chat's people (D9.6); any other
+#: Chat gets no Items. Its number of Items is the Chat's ``nextItemSeq``. Hops: as CHATS_FOR.
+CHAT_PAGES: Final = """
+UNWIND $chatIds AS chatId
+MATCH (ch:Chat {id: chatId})-[:WITH_BOT]->(b:Bot)
+OPTIONAL MATCH (ch)-[:IN_CHANNEL]->(c:Channel)
+WITH ch, b, ($personId IS NOT NULL AND (ch.ownerId = $personId
+         OR EXISTS { MATCH (:Person {id: $personId})-[:MEMBER]->(c) })) AS isPerson
+CALL (ch, isPerson) {
+  MATCH (i:Item {chatId: ch.id})
+  WHERE isPerson
+  WITH i ORDER BY i.seq SKIP $skip LIMIT $limit
+  RETURN collect(i {.*}) AS items
+}
+RETURN ch {.*} AS chat, b.keyMaster AS keyMaster, b.keyWrapped AS keyWrapped, isPerson, items
+"""
+
 TURN_FOR: Final = """
 MATCH (t:Turn {id: $turnId})-[:IN_CHAT]->(ch:Chat)-[:WITH_BOT]->(b:Bot)
 OPTIONAL MATCH (ch)-[:IN_CHANNEL]->(c:Channel)
@@ -90,13 +120,6 @@ SET t.completedAt = coalesce(t.completedAt, $now), t.status = 'completed'
 RETURN t {.*} AS turn
 """
 
-LIST_ITEMS: Final = """
-MATCH (i:Item {chatId: $chatId})
-RETURN i {.*} AS item ORDER BY i.seq SKIP $skip LIMIT $limit
-"""
-
-COUNT_ITEMS: Final = "MATCH (ch:Chat {id: $chatId}) RETURN ch.nextItemSeq AS n"
-
 FIRST_ITEM_OF_TURN: Final = """
 MATCH (i:Item {chatId: $chatId}) WHERE i.turnId = $turnId
 RETURN i {.*} AS item ORDER BY i.seq LIMIT 1
@@ -133,6 +156,22 @@ async def chat_for(
 ) -> dict[str, Any] | None:
     """The Chat, its Bot key and whether ``person_id`` is one of its people; None if unknown."""
     return await single(tx, CHAT_FOR, chatId=chat_id, personId=person_id)
+
+
+async def chats_for(
+    tx: AsyncManagedTransaction, *, chat_ids: list[str], person_id: str | None
+) -> dict[str, dict[str, Any]]:
+    """:func:`chat_for` of many Chats in one statement, by Chat id; unknown ids are left out."""
+    found = await rows(tx, CHATS_FOR, chatIds=chat_ids, personId=person_id)
+    return {r["chat"]["id"]: r for r in found}
+
+
+async def chat_pages(
+    tx: AsyncManagedTransaction, *, chat_ids: list[str], person_id: str | None, skip: int, limit: int
+) -> dict[str, dict[str, Any]]:
+    """:func:`chats_for` with one page of Items (``items``) of each Chat ``person_id`` may read."""
+    found = await rows(tx, CHAT_PAGES, chatIds=chat_ids, personId=person_id, skip=skip, limit=limit)
+    return {r["chat"]["id"]: r for r in found}
 
 
 async def turn_for(
@@ -187,18 +226,6 @@ async def create_items(
 async def complete_turn(tx: AsyncManagedTransaction, *, turn_id: str, now: int) -> dict[str, Any] | None:
     record = await single(tx, COMPLETE_TURN, turnId=turn_id, now=now)
     return None if record is None else record["turn"]
-
-
-async def list_items(
-    tx: AsyncManagedTransaction, *, chat_id: str, skip: int, limit: int
-) -> list[dict[str, Any]]:
-    """Items of a Chat in order (``seq``), one page."""
-    return [r["item"] for r in await rows(tx, LIST_ITEMS, chatId=chat_id, skip=skip, limit=limit)]
-
-
-async def count_items(tx: AsyncManagedTransaction, *, chat_id: str) -> int:
-    record = await single(tx, COUNT_ITEMS, chatId=chat_id)
-    return 0 if record is None else int(record["n"])
 
 
 async def first_item_of_turn(

@@ -18,7 +18,7 @@ from schema.types import (
     Person,
     Preference,
 )
-from services import chats, conversation, provisioning
+from services import conversation, provisioning
 
 
 @strawberry.type
@@ -31,7 +31,7 @@ class Query(MemoryQuery, MemoryBotQuery):
         description="A chat, or null when it is unknown or the caller is not one of its people."
     )
     async def chat(self, info: Info, id: strawberry.ID) -> Chat | None:
-        chat = await chats.get_chat(info.context.runtime, await info.context.principal(), str(id))
+        chat = await info.context.loaders.chat.load(str(id))
         return None if chat is None else Chat.of(chat)
 
     @strawberry.field(
@@ -57,9 +57,7 @@ class Query(MemoryQuery, MemoryBotQuery):
 
     @strawberry.field
     async def bot(self, info: Info, id: strawberry.ID) -> Bot:
-        return Bot.of(
-            await provisioning.get_bot(info.context.runtime, await info.context.principal(), str(id))
-        )
+        return Bot.of(await info.context.loaders.bot.load(str(id)))
 
     @strawberry.field
     async def channel(self, info: Info, id: strawberry.ID) -> Channel:

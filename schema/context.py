@@ -2,22 +2,26 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 
 from strawberry.types import Info as _Info
 
 from learning.gateway import Gateway
+from schema.loaders import Loaders
 from services.auth import authenticate
 from services.changefeed import ChangeHub
 from services.domain import Principal
 from services.embedding import Embedder
+from services.errors import ServiceError
 from services.runtime import Runtime
 from services.turnfeed import TurnHub
 
 
 @dataclass(slots=True)
 class Context:
-    """Runtime dependencies, the model gateway and embedder, plus the caller's credentials, authenticated lazily once per request."""
+    """Runtime dependencies, the model gateway and embedder, the caller's credentials (authenticated
+    once per request or WebSocket connection) and the DataLoaders of the request."""
 
     runtime: Runtime
     gateway: Gateway
@@ -26,12 +30,30 @@ class Context:
     hub: ChangeHub | None = None
     turn_hub: TurnHub | None = None
     connection_params: dict[str, object] | None = None
-    _principal: Principal | None = field(default=None)
+    #: False for a WebSocket connection: its context serves every operation on it (see Loaders).
+    cache_loaders: bool = True
+    loaders: Loaders = field(init=False)
+    _auth: Principal | ServiceError | None = field(default=None)
+    _authenticating: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def __post_init__(self) -> None:
+        self.loaders = Loaders(self.runtime, self.principal, cache=self.cache_loaders)
 
     async def principal(self) -> Principal:
-        if self._principal is None:
-            self._principal = await authenticate(self.runtime, self.authorization)
-        return self._principal
+        """The caller: the first call authenticates, concurrent and later calls share its outcome."""
+        outcome = self._auth
+        if outcome is None:
+            async with self._authenticating:
+                outcome = self._auth
+                if outcome is None:
+                    try:
+                        outcome = await authenticate(self.runtime, self.authorization)
+                    except ServiceError as exc:
+                        outcome = exc
+                    self._auth = outcome
+        if isinstance(outcome, ServiceError):
+            raise type(outcome)(outcome.message, field=outcome.field)
+        return outcome
 
     async def authenticate_connection(self) -> None:
         """graphql-transport-ws: the token comes in ``connection_init`` (or the upgrade request)."""
@@ -39,7 +61,7 @@ class Context:
         token = params.get("Authorization") or params.get("authorization")
         if isinstance(token, str):
             self.authorization = token
-        self._principal = await authenticate(self.runtime, self.authorization)
+        await self.principal()
 
 
 Info = _Info[Context, None]

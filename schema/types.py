@@ -7,7 +7,7 @@ from typing import NewType
 import strawberry
 
 from schema.context import Info
-from services import chats, domain
+from services import domain
 
 Long = NewType("Long", int)
 LONG_SCALAR = strawberry.scalar(
@@ -179,15 +179,12 @@ class Chat:
 
     @strawberry.field(description="The chat's Items in order; readable by its people only (D9.6).")
     async def messages(self, info: Info, limit: int = 50, skip: int = 0) -> list[Item]:
-        principal = await info.context.principal()
-        page = await chats.messages(info.context.runtime, principal, str(self.id), limit=limit, skip=skip)
+        page = await info.context.loaders.messages(limit, skip).load(str(self.id))
         return [Item.of(i) for i in page.items]
 
     @strawberry.field(description="How many Items the chat has.")
     async def message_count(self, info: Info) -> int:
-        principal = await info.context.principal()
-        page = await chats.messages(info.context.runtime, principal, str(self.id), limit=1, skip=0)
-        return page.total
+        return await info.context.loaders.message_count.load(str(self.id))
 
     @classmethod
     def of(cls, c: domain.Chat) -> Chat:

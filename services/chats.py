@@ -12,7 +12,7 @@ from graph import identity, learning
 from graph.driver import read, write
 from services.crypto import Cipher, Kind
 from services.domain import Chat, Item, ItemKind, Page, Principal, Turn
-from services.errors import BadInput, Conflict, Forbidden, NotFound
+from services.errors import BadInput, Conflict, Forbidden, NotFound, ServiceError
 from services.ids import new_id
 from services.jobs import enqueue_executions, enqueue_summary_if_due
 from services.runtime import Runtime, now_ms
@@ -119,37 +119,106 @@ async def create_chat(
     return Chat.of(row)
 
 
+def _checked_ids(ids: list[str], field: str) -> tuple[list[str], dict[str, BadInput]]:
+    """The distinct well-formed ids, in order, and the error of each malformed one."""
+    valid: dict[str, None] = {}
+    errors: dict[str, BadInput] = {}
+    for chat_id in ids:
+        try:
+            valid[check_id(chat_id, field)] = None
+        except BadInput as exc:
+            errors[chat_id] = exc
+    return list(valid), errors
+
+
+def _readable(principal: Principal, row: dict[str, Any] | None) -> bool:
+    """Only the Chat's people read it (D9.6): its owner, or a current member of its channel."""
+    return row is not None and principal.kind == "person" and bool(row["isPerson"])
+
+
+async def get_chats(rt: Runtime, principal: Principal, chat_ids: list[str]) -> list[Chat | BadInput | None]:
+    """:func:`get_chat` of each id, in one statement: the Chat, None, or the id's BAD_INPUT."""
+    valid, errors = _checked_ids(chat_ids, "id")
+    found = (
+        await read(rt.driver, lambda tx: chats_q.chats_for(tx, chat_ids=valid, person_id=principal.person_id))
+        if valid
+        else {}
+    )
+    result: list[Chat | BadInput | None] = []
+    for chat_id in chat_ids:
+        row = found.get(chat_id)
+        if chat_id in errors:
+            result.append(errors[chat_id])
+        else:
+            result.append(Chat.of(row["chat"]) if row is not None and _readable(principal, row) else None)
+    return result
+
+
 async def get_chat(rt: Runtime, principal: Principal, chat_id: str) -> Chat | None:
     """The Chat if the caller is one of its people (D9.6), else None (no existence oracle)."""
-    check_id(chat_id, "id")
-    row = await read(
-        rt.driver, lambda tx: chats_q.chat_for(tx, chat_id=chat_id, person_id=principal.person_id)
+    (chat,) = await get_chats(rt, principal, [chat_id])
+    if isinstance(chat, BadInput):
+        raise chat
+    return chat
+
+
+async def message_pages(
+    rt: Runtime, principal: Principal, chat_ids: list[str], *, limit: int, skip: int
+) -> list[Page[Item] | ServiceError]:
+    """:func:`messages` of each Chat, one page each, in one statement; a Chat the caller may not
+    read gives NOT_FOUND, a malformed id BAD_INPUT (per id); bad paging fails them all."""
+    limit, skip = check_page(limit, skip, max_limit=rt.settings.max_page_size)
+    valid, errors = _checked_ids(chat_ids, "chatId")
+    found = (
+        await read(
+            rt.driver,
+            lambda tx: chats_q.chat_pages(
+                tx, chat_ids=valid, person_id=principal.person_id, skip=skip, limit=limit
+            ),
+        )
+        if valid
+        else {}
     )
-    if row is None or principal.kind != "person" or not row["isPerson"]:
-        return None
-    return Chat.of(row["chat"])
+    result: list[Page[Item] | ServiceError] = []
+    for chat_id in chat_ids:
+        row = found.get(chat_id)
+        if chat_id in errors:
+            result.append(errors[chat_id])
+        elif row is None or not _readable(principal, row):
+            result.append(NotFound("chat not found"))
+        else:
+            cipher = _cipher(rt, row)
+            items = tuple(_item(i, cipher) for i in row["items"])
+            result.append(Page(items, int(row["chat"]["nextItemSeq"])))
+    return result
 
 
 async def messages(rt: Runtime, principal: Principal, chat_id: str, *, limit: int, skip: int) -> Page[Item]:
     """The Chat's Items in order, one page; only its people may read them (D9.6)."""
-    limit, skip = check_page(limit, skip, max_limit=rt.settings.max_page_size)
-    check_id(chat_id, "chatId")
+    (page,) = await message_pages(rt, principal, [chat_id], limit=limit, skip=skip)
+    if isinstance(page, ServiceError):
+        raise page
+    return page
 
-    async def work(tx: AsyncManagedTransaction) -> tuple[dict[str, Any] | None, list[dict[str, Any]], int]:
-        row = await chats_q.chat_for(tx, chat_id=chat_id, person_id=principal.person_id)
-        if row is None or principal.kind != "person" or not row["isPerson"]:
-            return None, [], 0
-        return (
-            row,
-            await chats_q.list_items(tx, chat_id=chat_id, skip=skip, limit=limit),
-            await chats_q.count_items(tx, chat_id=chat_id),
-        )
 
-    row, items, total = await read(rt.driver, work)
-    if row is None:
-        raise NotFound("chat not found")
-    cipher = _cipher(rt, row)
-    return Page(tuple(_item(i, cipher) for i in items), total)
+async def message_counts(rt: Runtime, principal: Principal, chat_ids: list[str]) -> list[int | ServiceError]:
+    """How many Items each Chat has, in one statement; NOT_FOUND (or BAD_INPUT) as :func:`messages`."""
+    valid, errors = _checked_ids(chat_ids, "chatId")
+    found = (
+        await read(rt.driver, lambda tx: chats_q.chats_for(tx, chat_ids=valid, person_id=principal.person_id))
+        if valid
+        else {}
+    )
+    result: list[int | ServiceError] = []
+    for chat_id in chat_ids:
+        row = found.get(chat_id)
+        if chat_id in errors:
+            result.append(errors[chat_id])
+        elif row is None or not _readable(principal, row):
+            result.append(NotFound("chat not found"))
+        else:
+            result.append(int(row["chat"]["nextItemSeq"]))
+    return result
 
 
 async def start_turn(

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from graph import identity
 from graph.driver import read, write
 from services.auth import require_admin, require_person
 from services.domain import Access, Bot, Channel, Organization, Person, Principal
-from services.errors import BadInput, Forbidden, NotFound
+from services.errors import BadInput, Forbidden, NotFound, ServiceError
 from services.ids import new_id, new_token
 from services.runtime import Runtime, now_ms
 from services.validation import check_id, check_ids, check_name
@@ -211,16 +213,34 @@ async def create_bot(
     return Bot.of({**row, "linkedOrganizationIds": []})
 
 
+def _visible_bot(principal: Principal, row: dict[str, Any] | None) -> Bot | NotFound:
+    """The Bot when the caller's organization owns or links it (or the caller is the admin)."""
+    if row is None:
+        return NotFound("bot not found")
+    bot, org = Bot.of(row), principal.organization_id
+    if principal.kind != "admin" and org != bot.organization_id and org not in bot.linked_organization_ids:
+        return NotFound("bot not found")
+    return bot
+
+
+async def get_bots(rt: Runtime, principal: Principal, bot_ids: list[str]) -> list[Bot | ServiceError]:
+    """:func:`get_bot` of each id, in one statement: the Bot, or that id's NOT_FOUND or BAD_INPUT."""
+    errors: dict[str, BadInput] = {}
+    for bot_id in bot_ids:
+        try:
+            check_id(bot_id, "botId")
+        except BadInput as exc:
+            errors[bot_id] = exc
+    ids = [b for b in dict.fromkeys(bot_ids) if b not in errors]
+    found = await read(rt.driver, lambda tx: identity.get_bots(tx, ids=ids)) if ids else {}
+    return [errors.get(b) or _visible_bot(principal, found.get(b)) for b in bot_ids]
+
+
 async def get_bot(rt: Runtime, principal: Principal, bot_id: str) -> Bot:
     """A Bot as seen from the caller's organization (owner or linked); others get NOT_FOUND."""
-    check_id(bot_id, "botId")
-    row = await read(rt.driver, lambda tx: identity.get_bot(tx, id=bot_id))
-    if row is None:
-        raise NotFound("bot not found")
-    bot = Bot.of(row)
-    org = principal.organization_id
-    if principal.kind != "admin" and org != bot.organization_id and org not in bot.linked_organization_ids:
-        raise NotFound("bot not found")
+    (bot,) = await get_bots(rt, principal, [bot_id])
+    if isinstance(bot, ServiceError):
+        raise bot
     return bot
 
 
