@@ -65,7 +65,7 @@ test-unit: | $(PY)
 test-deep: | $(PY)
 	$(TEST_ENV) $(PY) -m tools.devstack services
 	BOTMEMORY_HYPOTHESIS_EXAMPLES=200 BOTMEMORY_HYPOTHESIS_STEPS=40 $(TEST_ENV) $(VENV)/bin/pytest -q \
-		tests/test_access_model.py tests/test_label_equivalence.py $(ARGS)
+		tests/test_access_model.py tests/test_search_access.py tests/test_label_equivalence.py $(ARGS)
 
 # Benchmarks against the test-profile stack (own ids, cleaned up after): make bench ARGS='--quick'
 bench: | $(PY)

@@ -13,6 +13,9 @@ predicted (with an acceptable error code) and leave everything unchanged. At the
 example the REST and GraphQL listings of every person are compared as well, and the REST
 listing walked in pages of 2 (``?limit=2&after=``).
 
+``tests/test_search_access.py`` runs a subclass that plants words in the entries (``content``)
+and checks ``search`` against the same model.
+
 The regression tests at the end pin down disagreements this machine found (a pinned entry
 listed with a null source; a share check that ignored pinned sources and the depth bound).
 
@@ -172,6 +175,7 @@ class AccessMachine(RuleBasedStateMachine):
         self.created = 0
         self.names: dict[str, str] = {}
         self.counters: dict[str, int] = {}
+        self.contents: dict[str, str] = {}  # the content of every entry ever created
 
     # Helpers -----------------------------------------------------------------------------------
 
@@ -261,9 +265,14 @@ class AccessMachine(RuleBasedStateMachine):
         )
         return list(dict.fromkeys(pick(options, i) for i in picks))
 
-    def new_entry(self, entry_id: str, bot: str) -> None:
+    def content(self, text: str) -> str:
+        """The content of a new entry (a subclass may plant words in it)."""
+        return text
+
+    def new_entry(self, entry_id: str, bot: str, content: str) -> None:
         self.entry_ids.append(entry_id)
         self.entry_bot[entry_id] = bot
+        self.contents[entry_id] = content
         self.label(entry_id, "e")
         self.created += 1
 
@@ -463,7 +472,9 @@ class AccessMachine(RuleBasedStateMachine):
 
     def _fact(self, bot: str, refs: list[tuple[str, str]], topic: bool) -> None:
         topics = ("travel",) if topic else ()
-        change = AddFact(content="a fact", sources=tuple(ItemRef(c, i) for c, i in refs), topics=topics)
+        change = AddFact(
+            content=self.content("a fact"), sources=tuple(ItemRef(c, i) for c, i in refs), topics=topics
+        )
         predicted: Refused | None = None
         try:
             self.model.add_fact(bot, change.id, refs, topics)
@@ -472,7 +483,7 @@ class AccessMachine(RuleBasedStateMachine):
         _, code = self.run(_code_of(self._apply(bot, [change])))
         self.expect("fact", self.describe(f"add_fact {change.id} on {bot} from {refs}"), predicted, code)
         if code is None:
-            self.new_entry(change.id, bot)
+            self.new_entry(change.id, bot, change.content)
             self.say(f"add_fact {change.id} on {bot} from {refs} -> {self.model.entries[change.id].tags}")
 
     @precondition(lambda self: self.chats)
@@ -521,7 +532,9 @@ class AccessMachine(RuleBasedStateMachine):
     # The memory Bot's changes -------------------------------------------------------------------
 
     def _observe(self, bot: str, ids: list[str]) -> None:
-        change = AddObservation(content="an observation", source_entry_ids=tuple(ids), confidence=0.5)
+        change = AddObservation(
+            content=self.content("an observation"), source_entry_ids=tuple(ids), confidence=0.5
+        )
         predicted: Refused | None = None
         try:
             self.model.add_observation(bot, change.id, ids)
@@ -532,7 +545,7 @@ class AccessMachine(RuleBasedStateMachine):
             "observation", self.describe(f"add_observation {change.id} on {bot} from {ids}"), predicted, code
         )
         if code is None:
-            self.new_entry(change.id, bot)
+            self.new_entry(change.id, bot, change.content)
             self.say(
                 f"add_observation {change.id} on {bot} from {ids} -> {self.model.entries[change.id].tags}"
             )
@@ -576,7 +589,9 @@ class AccessMachine(RuleBasedStateMachine):
         changes: list[AddObservation] = []
         below = base
         for n in range(levels):
-            changes.append(AddObservation(content=f"level {n}", source_entry_ids=(below,), confidence=0.5))
+            changes.append(
+                AddObservation(content=self.content(f"level {n}"), source_entry_ids=(below,), confidence=0.5)
+            )
             below = changes[-1].id
         predicted: Refused | None = None
         try:
@@ -588,10 +603,10 @@ class AccessMachine(RuleBasedStateMachine):
             "observation chain", self.describe(f"{levels} observations above {base} at once"), predicted, code
         )
         if code is None:
-            self.new_entry(changes[0].id, bot)
+            self.new_entry(changes[0].id, bot, changes[0].content)
             for prev, change in itertools.pairwise(changes):
                 self.model.add_observation(bot, change.id, [prev.id])
-                self.new_entry(change.id, bot)
+                self.new_entry(change.id, bot, change.content)
             self.say(f"{levels} observations above {base} at once: {[c.id for c in changes]}")
 
     @rule(entry=idx, wrong=st.integers(0, 9))
@@ -645,10 +660,10 @@ class AccessMachine(RuleBasedStateMachine):
             "bot": ["for:bot", f"org:{org}"],
             "channel": [f"for:channel:{self.channels[0]}", f"channel:{self.channels[0]}", f"org:{org}"],
         }[tags]
-        legacy = LegacyEntry(content="old memory", tags=tuple(chosen))
+        legacy = LegacyEntry(content=self.content("old memory"), tags=tuple(chosen))
         self.run(import_legacy(self.bridge.runtime, b, [legacy]))
         self.model.import_legacy(b, legacy.id, chosen)
-        self.new_entry(legacy.id, b)
+        self.new_entry(legacy.id, b, legacy.content)
         self.say(f"import legacy {legacy.id} on {b} with {chosen}")
 
     # A person's commands -----------------------------------------------------------------------------
@@ -661,6 +676,7 @@ class AccessMachine(RuleBasedStateMachine):
         users = [x for x in self.people if self.model.uses_bot(x, b)]
         p = pick(users, person) if users and person % 4 != 3 else pick(self.people, person // 4)
         topics = ["names"] if topic else []
+        content = self.content("remember me")
         predicted: Refused | None = None
         try:
             self.model.check_remember(p, b)
@@ -671,7 +687,7 @@ class AccessMachine(RuleBasedStateMachine):
                 self.bridge.api,
                 self.tokens[p],
                 b,
-                {"_tag": "Remember", "content": "remember me", "tags": topics},
+                {"_tag": "Remember", "content": content, "tags": topics},
             )
         )
         code = None if response.status_code == 201 else response.json()["error"]["code"]
@@ -679,7 +695,7 @@ class AccessMachine(RuleBasedStateMachine):
         if code is None:
             entry_id = response.json()["entry"]["id"]
             self.model.remember(p, b, entry_id, tuple(topics))
-            self.new_entry(entry_id, b)
+            self.new_entry(entry_id, b, content)
             self.say(f"{p} remembers {entry_id} on {b}")
 
     @rule(person=idx, entry=idx, wrong=st.integers(0, 9), not_alone=st.booleans())
@@ -863,25 +879,30 @@ class AccessMachine(RuleBasedStateMachine):
 async def test_visibility_matches_the_reference_model(api: Api, runtime: Runtime) -> None:
     bridge = Bridge(api, runtime, asyncio.get_running_loop())
     AccessMachine.bridge = bridge
-    started = time.monotonic()
-    await asyncio.to_thread(
-        run_state_machine_as_test,
-        AccessMachine,
-        settings=settings(
-            max_examples=EXAMPLES,
-            stateful_step_count=STEPS,
-            deadline=None,
-            phases=tuple(Phase) if SHRINK else tuple(p for p in Phase if p is not Phase.shrink),
-            suppress_health_check=[
-                HealthCheck.too_slow,
-                HealthCheck.data_too_large,
-                HealthCheck.filter_too_much,
-            ],
-        ),
+    await run_machine(AccessMachine, EXAMPLES, "access model")
+
+
+def machine_settings(examples: int) -> settings:
+    return settings(
+        max_examples=examples,
+        stateful_step_count=STEPS,
+        deadline=None,
+        phases=tuple(Phase) if SHRINK else tuple(p for p in Phase if p is not Phase.shrink),
+        suppress_health_check=[
+            HealthCheck.too_slow,
+            HealthCheck.data_too_large,
+            HealthCheck.filter_too_much,
+        ],
     )
-    print(f"\naccess model: {time.monotonic() - started:.1f}s")
-    for key, n in sorted(bridge.stats.items()):
-        print(f"  {key:28} {n:5}  {bridge.seconds.get(key, 0.0):7.2f}s")
+
+
+async def run_machine(machine: type[AccessMachine], examples: int, title: str) -> None:
+    """Run the machine (its ``bridge`` set) in a worker thread; print step statistics (``-s``)."""
+    started = time.monotonic()
+    await asyncio.to_thread(run_state_machine_as_test, machine, settings=machine_settings(examples))
+    print(f"\n{title}: {time.monotonic() - started:.1f}s")
+    for key, n in sorted(machine.bridge.stats.items()):
+        print(f"  {key:28} {n:5}  {machine.bridge.seconds.get(key, 0.0):7.2f}s")
 
 
 async def test_pinned_entry_lists_no_sources(api: Api, runtime: Runtime) -> None:
