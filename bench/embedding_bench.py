@@ -30,11 +30,12 @@ import statistics
 import time
 
 import numpy as np
+import numpy.typing as npt
 import onnxruntime as ort
 
 from learning.embedders import LocalMiniLM
 from services.crypto import Keyring
-from services.embedding import decode_vectors, encode_vector
+from services.embedding import Embedder, decode_vectors, encode_vector
 from services.keywords import blind_text
 
 _NAMES = ["Caroline", "Melanie", "Jon", "Gina", "Maria", "John", "Audrey", "Andrew", "Nate", "Joanna"]
@@ -60,6 +61,27 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1000:.2f}"
 
 
+async def query_latency(embedder: Embedder, questions: list[str], warmup: int = 20) -> list[float]:
+    """Seconds per ``embed`` call of one question each (as a search embeds its query), after
+    ``warmup`` unrecorded calls."""
+    for q in questions[:warmup]:
+        await embedder.embed([q])
+    timings: list[float] = []
+    for q in questions:
+        started = time.perf_counter()
+        await embedder.embed([q])
+        timings.append(time.perf_counter() - started)
+    return timings
+
+
+async def batch_throughput(embedder: Embedder, texts: list[str]) -> tuple[float, npt.NDArray[np.float32]]:
+    """Entries per second of one ``embed`` call of all ``texts`` (the embedder batches them), and
+    the vectors."""
+    started = time.perf_counter()
+    vectors = await embedder.embed(texts)
+    return len(texts) / (time.perf_counter() - started), vectors
+
+
 async def _run(args: argparse.Namespace) -> list[tuple[str, str]]:
     embedder = LocalMiniLM(threads=args.threads, batch=args.batch)
     questions = _texts(_QUESTIONS, args.queries, seed=1)
@@ -70,22 +92,15 @@ async def _run(args: argparse.Namespace) -> list[tuple[str, str]]:
     await embedder.embed(["load"])
     rows.append(("load (first call), ms", _ms(time.perf_counter() - started)))
 
-    for q in questions[:20]:
-        await embedder.embed([q])
-    timings: list[float] = []
-    for q in questions:
-        started = time.perf_counter()
-        await embedder.embed([q])
-        timings.append(time.perf_counter() - started)
+    timings = await query_latency(embedder, questions)
     cuts = statistics.quantiles(timings, n=100)
     latency = f"{_ms(cuts[49])} / {_ms(cuts[94])} / {_ms(max(timings))}"
     rows.append((f"query p50 / p95 / max, ms ({len(questions)} calls)", latency))
 
-    started = time.perf_counter()
-    vectors = await embedder.embed(entries)
-    elapsed = time.perf_counter() - started
-    throughput = f"{len(entries) / elapsed:.0f}"
-    rows.append((f"batch throughput, entries/s (batch {args.batch}, {len(entries)} entries)", throughput))
+    throughput, vectors = await batch_throughput(embedder, entries)
+    rows.append(
+        (f"batch throughput, entries/s (batch {args.batch}, {len(entries)} entries)", f"{throughput:.0f}")
+    )
 
     stored = [encode_vector(vectors[i % len(vectors)]) for i in range(args.vectors)]
     started = time.perf_counter()

@@ -4,7 +4,7 @@ through the service functions, against the real Neo4j and Redis of the current s
 Run (test-profile stack, see bench/README.md)::
 
     python -m bench.memory_bench                       # sizes 1000,10000,100000
-    python -m bench.memory_bench --quick               # 1000,10000 with few runs (< 3 minutes)
+    python -m bench.memory_bench --quick               # 1000,10000 with few runs (a few minutes)
     python -m bench.memory_bench --sizes 1000 --runs 10
 
 Each pool gets its own Organization, people, channels and Bot (fresh random ids), so it never
@@ -16,7 +16,10 @@ leaves it). What is measured, per pool and per reader kind (``most``, ``1%``, ``
   (alternating order), plus decryptions per call vs entries returned and a round-trip breakdown;
 * Remember and Forget (``services.commands``), ``apply_changes`` of 10 new entries, and an
   Invalidate of one fact that has dependents;
-* a change event delivered by ``ChangeHub.deliver`` to 1,000 open subscriptions of mixed readers.
+* a change event delivered by ``ChangeHub.deliver`` to 1,000 open subscriptions of mixed readers;
+* retrieval by meaning (``bench/search_bench.py``): ``search`` and ``context(query)`` beside their
+  unchecked reads, the cold load and memory of a Bot's vector index, its quality, the query and
+  write-side embedding, ``apply_changes`` with the real embedder, and an enriched Turn's memory part.
 
 First, unrecorded, a throwaway pool of 1,000 goes once through the reads and writes, so the
 first pool is not measured on a cold server (``--no-warm-up`` skips it).
@@ -38,24 +41,39 @@ import random
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import neo4j
 from neo4j import AsyncManagedTransaction
-from prometheus_client import REGISTRY
 
-from bench import fanout
+from bench import fanout, search_bench
+from bench.measure import (
+    BenchSettings,
+    Row,
+    breakdown,
+    entry_decryptions,
+    find,
+    fmt_ms,
+    fmt_ratio,
+    log,
+    measure_calls,
+    measure_pair,
+    pct,
+    verdict,
+)
 from bench.report import machine_state, run_header, write_results
 from graph.driver import autocommit, read, rows, single, write
+from learning.embedders import LocalMiniLM
 from services import chats, commands, memory, provisioning, retrieval
 from services.bootstrap import open_runtime
 from services.changefeed import ChangeHub
 from services.changes import AddFact, AddObservation, Invalidate, ItemRef, MemoryChange, Remember
-from services.crypto import Cipher, Kind
+from services.crypto import Kind
 from services.domain import Access, Principal
+from services.embedding import Embedder
 from services.errors import Conflict
 from services.runtime import Runtime
 from services.settings import load_settings
@@ -142,38 +160,6 @@ TOPICS = (
 # fmt: on
 
 
-def log(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-# --- statistics --------------------------------------------------------------------------------
-
-
-def pct(values: list[float], q: float) -> float:
-    """Percentile with linear interpolation between closest ranks (q in 0..1)."""
-    if not values:
-        return math.nan
-    s = sorted(values)
-    k = (len(s) - 1) * q
-    lo = math.floor(k)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
-
-
-def fmt_ms(v: float | None) -> str:
-    if v is None or math.isnan(v):
-        return "–"
-    if v < 10:
-        return f"{v:.2f}"
-    if v < 1000:
-        return f"{v:.1f}"
-    return f"{v:,.0f}"
-
-
-def fmt_ratio(v: float | None) -> str:
-    return "–" if v is None or math.isnan(v) or math.isinf(v) else f"{v:.2f}×"
-
-
 # --- the pool ----------------------------------------------------------------------------------
 
 
@@ -217,15 +203,14 @@ class Pool:
 class Planner:
     """Builds the changes of a pool in order, keeping track of what each entry rests on."""
 
-    def __init__(self, pool: Pool, rng: random.Random) -> None:
-        self.pool, self.rng = pool, rng
+    def __init__(self, pool: Pool, rng: random.Random, corpus: search_bench.Corpus) -> None:
+        self.pool, self.rng, self.corpus = pool, rng, corpus
 
     def content(self) -> str:
+        """Sentences of the corpus (names, events, places: keywords and vectors to search by) of
+        30–400 characters, about 110 in the median."""
         target = int(min(400, max(30, self.rng.lognormvariate(math.log(110), 0.45))))
-        words: list[str] = []
-        while sum(len(w) + 1 for w in words) < target:
-            words.append(self.rng.choice(WORDS))
-        return " ".join(words)[:target].strip() or "note"
+        return self.corpus.content(self.rng, target)
 
     def topics(self) -> tuple[str, ...]:
         return tuple(self.rng.sample(TOPICS, self.rng.choice((0, 1, 1, 2))))
@@ -424,12 +409,14 @@ async def provision(rt: Runtime, pool: Pool, rng: random.Random) -> None:
     pool.setup_seconds = time.perf_counter() - started
 
 
-async def build(rt: Runtime, pool: Pool, planner: Planner, batch: int) -> None:
+async def build(rt: Runtime, pool: Pool, planner: Planner, batch: int, embedder: Embedder | None) -> None:
+    """The pool's changes through ``apply_changes``, which derives each entry's keywords and, with
+    an ``embedder``, its sealed vector as every write does (design §10)."""
     changes = planner.plan(pool.size)
     started = time.perf_counter()
     last = started
     for start in range(0, len(changes), batch):
-        await apply_changes(rt, pool.bot, changes[start : start + batch], "memory_bot")
+        await apply_changes(rt, pool.bot, changes[start : start + batch], "memory_bot", embedder=embedder)
         if time.perf_counter() - last > 15:
             last = time.perf_counter()
             log(f"  pool {pool.size}: {start + batch:,}/{len(changes):,} changes applied")
@@ -524,231 +511,7 @@ async def purge_leftovers(rt: Runtime) -> int:
     return len(orgs)
 
 
-# --- instrumentation (round-trip breakdown) -------------------------------------------------------
-
-
-@dataclass
-class Probe:
-    results: list[Any] = field(default_factory=list[Any])
-    transactions: int = 0
-    decrypt_seconds: float = 0.0
-    decrypts: int = 0
-
-    def server_ms(self) -> float:
-        total = 0.0
-        for r in self.results:
-            md: dict[str, Any] = getattr(r, "_metadata", {}) or {}
-            total += float(md.get("t_first", 0) or 0) + float(md.get("t_last", 0) or 0)
-        return total
-
-
-@contextlib.contextmanager
-def probing() -> Generator[Probe]:
-    """Count Bolt queries and transactions (explicit and auto-commit), sum Neo4j's own time from
-    the result summaries (``result_available_after`` + ``result_consumed_after``), and time
-    decryptions."""
-    from neo4j import AsyncSession
-    from neo4j._async.work import transaction as txmod  # the driver's transaction class
-
-    probe = Probe()
-    base: Any = txmod.AsyncTransactionBase
-    session: Any = AsyncSession
-    orig_run, orig_begin, orig_autocommit = base.run, base._begin, session.run
-    orig_decrypt = Cipher.decrypt
-
-    async def run(self: Any, query: Any, parameters: Any = None, **kwargs: Any) -> Any:
-        result = await orig_run(self, query, parameters, **kwargs)
-        probe.results.append(result)
-        return result
-
-    async def begin(self: Any, *args: Any, **kwargs: Any) -> Any:
-        probe.transactions += 1
-        return await orig_begin(self, *args, **kwargs)
-
-    async def autocommit(self: Any, query: Any, parameters: Any = None, **kwargs: Any) -> Any:
-        probe.transactions += 1
-        result = await orig_autocommit(self, query, parameters, **kwargs)
-        probe.results.append(result)
-        return result
-
-    def decrypt(self: Cipher, kind: Kind, record_id: str, blob: bytes) -> str:
-        t = time.perf_counter()
-        try:
-            return orig_decrypt(self, kind, record_id, blob)
-        finally:
-            probe.decrypt_seconds += time.perf_counter() - t
-            probe.decrypts += 1
-
-    base.run, base._begin, session.run = run, begin, autocommit
-    Cipher.decrypt = decrypt  # type: ignore[method-assign]
-    try:
-        yield probe
-    finally:
-        base.run, base._begin, session.run = orig_run, orig_begin, orig_autocommit
-        Cipher.decrypt = orig_decrypt  # type: ignore[method-assign]
-
-
-@dataclass
-class Breakdown:
-    total_ms: float
-    queries: float
-    transactions: float
-    server_ms: float
-    decrypt_ms: float
-
-    @property
-    def other_ms(self) -> float:
-        return max(0.0, self.total_ms - self.server_ms - self.decrypt_ms)
-
-
-async def breakdown(call: Callable[[], Awaitable[Any]], times: int) -> Breakdown:
-    parts: list[Breakdown] = []
-    for _ in range(times):
-        with probing() as probe:
-            t = time.perf_counter()
-            await call()
-            total = (time.perf_counter() - t) * 1000
-        parts.append(
-            Breakdown(
-                total,
-                len(probe.results),
-                probe.transactions,
-                probe.server_ms(),
-                probe.decrypt_seconds * 1000,
-            )
-        )
-    mid = sorted(parts, key=lambda b: b.total_ms)[len(parts) // 2]
-    return mid
-
-
-# --- measurements --------------------------------------------------------------------------------
-
-
-def entry_decryptions() -> float:
-    return REGISTRY.get_sample_value("botmemory_decryptions_total", {"kind": "entry"}) or 0.0
-
-
-@dataclass
-class Row:
-    size: int
-    op: str
-    reader: str
-    samples: list[float]
-    returned: list[int] = field(default_factory=list[int])
-    decrypts: list[float] = field(default_factory=list[float])
-    unchecked: list[float] = field(default_factory=list[float])
-    checked_bd: Breakdown | None = None
-    unchecked_bd: Breakdown | None = None
-    note: str = ""
-
-    @property
-    def n(self) -> int:
-        return len(self.samples)
-
-    @property
-    def median(self) -> float:
-        return pct(self.samples, 0.5)
-
-    @property
-    def p95(self) -> float:
-        return pct(self.samples, 0.95)
-
-    @property
-    def p99(self) -> float:
-        return pct(self.samples, 0.99)
-
-    @property
-    def ratio(self) -> float | None:
-        if not self.unchecked:
-            return None
-        u = pct(self.unchecked, 0.5)
-        return math.inf if u <= 0 else self.median / u
-
-    @property
-    def decrypt_mismatches(self) -> int:
-        return sum(1 for r, d in zip(self.returned, self.decrypts, strict=False) if r != d)
-
-
-#: The measurements of a run, in order; ``--phases`` picks some (for experiments).
-PHASES = ("reads", "writes", "fanout", "fanout-ws", "interleaved")
-
-
-@dataclass
-class BenchSettings:
-    runs: int
-    fanout_runs: int
-    budget: float
-    min_runs: int
-    warmup: int
-    profile_calls: int
-    subscribers: int
-    same_operation_only: bool = False
-
-    def keep_going(self, n: int, runs: int, elapsed: float, factor: float = 1.0) -> bool:
-        """Up to ``runs`` samples within the time budget; at least ``min_runs`` unless that takes
-        more than three budgets (very slow calls)."""
-        if n >= runs:
-            return False
-        if n < self.min_runs:
-            return n == 0 or elapsed < 3 * self.budget * factor
-        return elapsed < self.budget * factor
-
-
-async def measure_pair(
-    size: int,
-    op: str,
-    reader: str,
-    checked: Callable[[], Awaitable[int]],
-    unchecked: Callable[[], Awaitable[Any]] | None,
-    s: BenchSettings,
-) -> Row:
-    """Alternate the checked read and the unchecked raw read in one loop (same run, same cache)."""
-    for _ in range(s.warmup):
-        t = time.perf_counter()
-        await checked()
-        if unchecked is not None:
-            await unchecked()
-        if time.perf_counter() - t > 1.0:  # slow calls: one warm-up is enough
-            break
-    row = Row(size, op, reader, [])
-    started = time.perf_counter()
-    i = 0
-    while s.keep_going(row.n, s.runs, time.perf_counter() - started):
-        order = (0, 1) if i % 2 == 0 else (1, 0)
-        for which in order:
-            if which == 0:
-                before = entry_decryptions()
-                t = time.perf_counter()
-                returned = await checked()
-                row.samples.append((time.perf_counter() - t) * 1000)
-                row.decrypts.append(entry_decryptions() - before)
-                row.returned.append(returned)
-            elif unchecked is not None:
-                t = time.perf_counter()
-                await unchecked()
-                row.unchecked.append((time.perf_counter() - t) * 1000)
-        i += 1
-    times = s.profile_calls if row.median < 1000 else 1
-    row.checked_bd = await breakdown(checked, times)
-    if unchecked is not None:
-        row.unchecked_bd = await breakdown(unchecked, times)
-    return row
-
-
-async def measure_calls(
-    size: int, op: str, call: Callable[[int], Awaitable[Any]], s: BenchSettings, runs: int | None = None
-) -> Row:
-    for k in range(s.warmup):
-        await call(-1 - k)
-    row = Row(size, op, "most", [])
-    started = time.perf_counter()
-    limit = runs or s.runs
-    while s.keep_going(row.n, limit, time.perf_counter() - started):
-        t = time.perf_counter()
-        await call(row.n)
-        row.samples.append((time.perf_counter() - t) * 1000)
-    row.checked_bd = await breakdown(lambda: call(10_000 + row.n), s.profile_calls)
-    return row
+PHASES = ("reads", "search", "writes", "fanout", "fanout-ws", "interleaved")
 
 
 # The raw reads seek each id (as the checked reads seek their index) and return one list in one
@@ -1018,7 +781,13 @@ async def measure_fanout_ws(
 
 
 async def measure_writes(
-    rt: Runtime, pool: Pool, planner: Planner, s: BenchSettings, visible_most: list[str], out: list[Row]
+    rt: Runtime,
+    pool: Pool,
+    planner: Planner,
+    s: BenchSettings,
+    visible_most: list[str],
+    out: list[Row],
+    embedder: LocalMiniLM | None = None,
 ) -> None:
     rng = planner.rng
     most = pool.principal(pool.most)
@@ -1041,6 +810,29 @@ async def measure_writes(
     row.reader = "memory_bot"
     out.append(row)
     log(f"  {pool.size:>7,} apply_changes  median {fmt_ms(row.median)} ms p95 {fmt_ms(row.p95)} ms")
+    if embedder is not None:
+        plain_median = row.median
+
+        async def apply10_embedded(_: int) -> None:
+            changes: list[MemoryChange] = [planner.fact(rng.choice(("big", "big", "mp"))) for _ in range(8)]
+            for _ in range(2):
+                obs = planner.observation(rng.choice(("big", "mp")))
+                changes.append(obs if obs is not None else planner.fact("big"))
+            await apply_changes(rt, pool.bot, changes, "memory_bot", embedder=embedder)
+
+        # The new entries are embedded before the lock is taken (services.derived.derive).
+        row = await measure_calls(
+            pool.size, "apply_changes(10), embedding included (LocalMiniLM)", apply10_embedded, s
+        )
+        row.reader = "memory_bot"
+        row.note = (
+            f"the 10 texts embedded in one batch before the lock; median {fmt_ms(row.median - plain_median)} ms "
+            "above `apply_changes(10)` without an embedder"
+        )
+        out.append(row)
+        log(
+            f"  {pool.size:>7,} apply_changes+embedding median {fmt_ms(row.median)} ms p95 {fmt_ms(row.p95)} ms"
+        )
 
     with_deps = [i for i in pool.created if i in pool.cited and not pool.kind[i].startswith("obs")]
     rng.shuffle(with_deps)
@@ -1122,17 +914,6 @@ def machine() -> dict[str, str]:
     }
 
 
-def verdict(ok: bool | None) -> str:
-    return "n/a" if ok is None else ("PASS" if ok else "**FAIL**")
-
-
-def find(rows_: list[Row], size: int, op: str, reader: str | None = None) -> Row | None:
-    for r in rows_:
-        if r.size == size and r.op.startswith(op) and (reader is None or r.reader == reader):
-            return r
-    return None
-
-
 def report(
     rows_: list[Row],
     pools: list[Pool],
@@ -1157,8 +938,8 @@ def report(
     add("|---|---|---|---|---|")
     # `context` targets from the interleaved loop when it ran (steady state, every pool under the
     # same machine conditions); else from each pool's own phase, just after its build.
-    interleaved = big is not None and find(rows_, big, "interleaved context") is not None
-    op, how = ("interleaved context", " (interleaved)") if interleaved else ("context", "")
+    interleaved = big is not None and find(rows_, big, "interleaved context(4000)") is not None
+    op, how = ("interleaved context(4000)", " (interleaved)") if interleaved else ("context(4000)", "")
     for kind in READER_KINDS:
         r = find(rows_, big, op, kind) if big else None
         add(
@@ -1181,7 +962,7 @@ def report(
             f"| {verdict(ratio <= T_SCALE if ratio else None)} |"
         )
     for size in sizes:
-        for op in ("GET memory", "context", "hasEntries"):
+        for op in ("GET memory", "context(4000)", "hasEntries"):
             cands = [r for r in rows_ if r.size == size and r.op.startswith(op) and r.ratio is not None]
             if not cands:
                 continue
@@ -1191,7 +972,7 @@ def report(
                 f"{fmt_ratio(worst.ratio)} ({worst.op}) | {verdict((worst.ratio or 0) <= T_RATIO)} |"
             )
     for size in sizes:
-        r = find(rows_, size, "apply_changes")
+        r = find(rows_, size, "apply_changes(10)")
         if r:
             add(
                 f"| `apply_changes` of 10 entries median ≤ {T_APPLY10_MEDIAN:g} ms | {size:,} | memory_bot | "
@@ -1220,6 +1001,9 @@ def report(
                 f"| … end to end over WebSockets {mode}: p99 ≤ {T_FANOUT_P99:g} ms | {size:,} | mixed | "
                 f"{fmt_ms(r.p99)} ms (n={r.n}) | {verdict(r.p99 <= T_FANOUT_P99)} |"
             )
+    search_stats: dict[int, search_bench.IndexStats] = extra.get("search", {})
+    if search_stats:
+        lines += search_bench.target_lines(rows_, search_stats, sizes, extra.get("embedding"))
     for size in sizes:
         rs = [r for r in rows_ if r.size == size and r.decrypts]
         if rs:
@@ -1296,6 +1080,8 @@ def report(
             )
     add("")
 
+    lines += search_bench.section(search_stats, extra.get("embedding"), extra.get("corpus"))
+
     # Pools ----------------------------------------------------------------------------------------
     add("### Pools")
     add("")
@@ -1346,19 +1132,32 @@ async def drop_pools(rt: Runtime, pools: list[Pool], keep: bool) -> None:
             pool.org = ""
 
 
-async def warm_up(rt: Runtime, s: BenchSettings, seed: int, batch: int) -> None:
+@dataclass
+class Retrieval:
+    """What the search phase needs: the corpus entries are made of, the real embedder, and the
+    pools' embedder (None when the search phase does not run: entries get keywords only)."""
+
+    corpus: search_bench.Corpus
+    minilm: LocalMiniLM
+    pool_embedder: Embedder | None
+    cold_runs: int
+
+
+async def warm_up(rt: Runtime, s: BenchSettings, seed: int, batch: int, retrieval_: Retrieval) -> None:
     """Every read and write once through on a throwaway pool of 1,000, nothing recorded: a server
     JVM started minutes before (the suite restarts Neo4j) ran the first pool's phase 1.5–2.5×
     slower than the same phase run warm (build 336/s vs 774/s, apply_changes(10) 12.9 vs 4.6 ms)."""
     started = time.perf_counter()
     pool = Pool(1000)
-    planner = Planner(pool, random.Random(seed))
+    planner = Planner(pool, random.Random(seed), retrieval_.corpus)
     try:
         await provision(rt, pool, random.Random(seed ^ 0x5EED))
-        await build(rt, pool, planner, batch)
+        await build(rt, pool, planner, batch, retrieval_.pool_embedder)
         discarded: list[Row] = []
         visible = await measure_reads(rt, pool, s, discarded)
-        await measure_writes(rt, pool, planner, s, visible["most"], discarded)
+        if retrieval_.pool_embedder is not None:
+            await search_bench.measure_search(rt, pool, s, retrieval_.corpus, retrieval_.minilm, 1, discarded)
+        await measure_writes(rt, pool, planner, s, visible["most"], discarded, retrieval_.minilm)
     finally:
         await drop_pools(rt, [pool], keep=False)
     log(f"warm-up done in {time.perf_counter() - started:.1f} s (not recorded)")
@@ -1391,6 +1190,24 @@ async def run(args: argparse.Namespace) -> int:
     }
     rows_: list[Row] = []
     pools: list[Pool] = []
+    searching = "search" in phases
+    corpus = search_bench.Corpus(
+        args.seed ^ 0xC0DE, args.corpus, queries=max(64, search_bench.QUALITY_QUERIES)
+    )
+    minilm = LocalMiniLM(threads=1, batch=64)  # the default embedder (settings: 1 thread, batch 64)
+    retrieval_ = Retrieval(
+        corpus, minilm, search_bench.PoolEmbedder(corpus, minilm.id) if searching else None, args.cold_runs
+    )
+    extra["search"] = {}
+    if searching:
+        log(f"LocalMiniLM: embedding a corpus of {args.corpus:,} sentences, query latency, write throughput")
+        texts_rng = random.Random(args.seed ^ 0x7E47)
+        texts = [
+            corpus.content(texts_rng, int(min(400, max(30, texts_rng.lognormvariate(math.log(110), 0.45)))))
+            for _ in range(args.embed_texts)
+        ]
+        extra["embedding"] = await search_bench.measure_embedding(corpus, minilm, texts, args.embed_queries)
+        extra["corpus"] = corpus
     async with open_runtime(settings) as rt:
         comp = await read(
             rt.driver, lambda tx: single(tx, "CALL dbms.components() YIELD versions RETURN versions[0] AS v")
@@ -1402,17 +1219,17 @@ async def run(args: argparse.Namespace) -> int:
             log(f"deleted the data of {n} earlier benchmark organization(s)")
         if not args.no_warm_up:
             log("warm-up: a throwaway pool of 1,000 through reads and writes")
-            await warm_up(rt, s, args.seed ^ 0xC01D, args.batch)
+            await warm_up(rt, s, args.seed ^ 0xC01D, args.batch, retrieval_)
         for size in sizes:
             pool = Pool(size)
             pools.append(pool)
             pool_seed = rng.getrandbits(64)
-            planner = Planner(pool, random.Random(pool_seed))
+            planner = Planner(pool, random.Random(pool_seed), corpus)
             try:
                 log(f"pool {size:,}: provisioning")
                 await provision(rt, pool, random.Random(pool_seed ^ 0x5EED))
                 log(f"pool {size:,}: setup {pool.setup_seconds:.1f} s; building entries")
-                await build(rt, pool, planner, args.batch)
+                await build(rt, pool, planner, args.batch, retrieval_.pool_embedder)
                 log(
                     f"pool {size:,}: built in {pool.build_seconds:.1f} s ({size / pool.build_seconds:,.0f}/s)"
                 )
@@ -1422,8 +1239,14 @@ async def run(args: argparse.Namespace) -> int:
                 if phases & {"reads", "writes"}:
                     visible = await measure_reads(rt, pool, s, rows_)
                     extra["visible"][size] = {k: len(v) for k, v in visible.items()}
+                if searching:
+                    extra["search"][size] = await search_bench.measure_search(
+                        rt, pool, s, corpus, minilm, args.cold_runs, rows_
+                    )
                 if "writes" in phases:
-                    await measure_writes(rt, pool, planner, s, visible["most"], rows_)
+                    await measure_writes(
+                        rt, pool, planner, s, visible["most"], rows_, minilm if searching else None
+                    )
                 # The fan-out last: 1,000 WebSocket connections opening and closing disturb the
                 # machine for a while (writes measured just after them ran ~1.5-2x slower).
                 if "fanout" in phases:
@@ -1436,6 +1259,9 @@ async def run(args: argparse.Namespace) -> int:
         if len(pools) > 1 and "interleaved" in phases:
             log("context on every pool, interleaved")
             await measure_context_side_by_side(rt, pools, s, rows_)
+            if searching:
+                log("search and context(query) on every pool, interleaved")
+                await search_bench.measure_interleaved(rt, pools, s, corpus, rows_)
         await drop_pools(rt, pools, args.keep)
     extra["load_after"] = machine_state()
     elapsed = time.perf_counter() - started
@@ -1483,10 +1309,19 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--profile-calls", type=int, default=3, help="profiled calls for the round-trip breakdown")
     p.add_argument("--batch", type=int, default=1000, help="changes per apply_changes call while building")
     p.add_argument(
+        "--corpus",
+        type=int,
+        default=3000,
+        help="sentences embedded with LocalMiniLM that entries are made of",
+    )
+    p.add_argument("--cold-runs", type=int, default=3, help="first searches on a fresh index per pool")
+    p.add_argument("--embed-queries", type=int, default=200, help="timed query embeddings (LocalMiniLM)")
+    p.add_argument("--embed-texts", type=int, default=512, help="entry texts of the write throughput")
+    p.add_argument(
         "--label", default="", help="what code is measured (shown in the header instead of the commit)"
     )
     p.add_argument("--seed", type=int, default=20240601)
-    p.add_argument("--quick", action="store_true", help="sizes 1000,10000, few runs (< 3 minutes)")
+    p.add_argument("--quick", action="store_true", help="sizes 1000,10000, few runs (a few minutes)")
     p.add_argument("--keep", action="store_true", help="keep each pool's data (default: delete it)")
     p.add_argument("--purge-leftovers", action="store_true", help="first delete data of earlier bench runs")
     p.add_argument("--out", default=str(BENCH_DIR / "results.md"))
@@ -1500,6 +1335,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         args.budget = min(args.budget, 5.0)
         args.warmup = 1
         args.profile_calls = 1
+        args.corpus = min(args.corpus, 1000)
+        args.cold_runs = min(args.cold_runs, 2)
+        args.embed_queries = min(args.embed_queries, 50)
+        args.embed_texts = min(args.embed_texts, 128)
     return args
 
 
