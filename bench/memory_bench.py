@@ -564,7 +564,7 @@ async def measure_reads(rt: Runtime, pool: Pool, s: BenchSettings, out: list[Row
 
             found = await read(rt.driver, work)
             for e in found:
-                cipher.decrypt(Kind.ENTRY, e["id"], bytes(e["content"]))
+                cipher.decrypt(Kind.ENTRY, e["id"], e["content"])
             return len(found)
 
         async def get_page(principal: Principal = principal) -> int:
@@ -583,7 +583,7 @@ async def measure_reads(rt: Runtime, pool: Pool, s: BenchSettings, out: list[Row
                 rt.driver, lambda session: single(session, RAW_CONTEXT, ids=ids, botId=pool.bot), write=False
             )
             found = [] if record is None else list(record["entries"])
-            text = "\n".join("- " + cipher.decrypt(Kind.ENTRY, r["id"], bytes(r["content"])) for r in found)
+            text = "\n".join("- " + cipher.decrypt(Kind.ENTRY, r["id"], r["content"]) for r in found)
             assert len(text) <= CONTEXT_LIMIT
             return len(found)
 

@@ -270,6 +270,7 @@ CALL () {
   UNWIND $keys AS key
   CALL (key) {
     MATCH (e:Entry)
+    USING INDEX e:Entry(botId, activeKey, memoryRank, contentLength, id)
     WHERE """
     + ACTIVE_SEEK
     + """$top
@@ -622,7 +623,7 @@ async def _measure_reader(
                 chosen.append(r["entry"])
                 size += line
         chosen.sort(key=lambda e: (-int(e["memoryRank"]), str(e["id"])))
-        texts = cipher.decrypt_all(Kind.ENTRY, [(e["id"], bytes(e["content"])) for e in chosen])
+        texts = cipher.decrypt_all(Kind.ENTRY, [(e["id"], e["content"]) for e in chosen])
         assert len("\n".join("- " + c for c in texts)) <= CONTEXT_LIMIT
         return len(texts)
 

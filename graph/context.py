@@ -41,6 +41,7 @@ CALL (key, readers, org"""
         + carry
         + """) {
   MATCH (e:Entry)
+  USING INDEX e:Entry(botId, activeKey, memoryRank, contentLength, id)
   WHERE """
         + ACTIVE_SEEK
         + after
@@ -106,6 +107,7 @@ WITH $readers AS readers, $org AS org
 UNWIND $keys AS key
 CALL (key, readers, org) {
   MATCH (e:Entry)
+  USING INDEX e:Entry(botId, activeKey, memoryRank, contentLength, id)
   WHERE """
     + ACTIVE_SEEK
     + "$top AND "

@@ -281,7 +281,7 @@ async def set_content(
     *,
     bot_id: str,
     id: str,
-    content: bytes,
+    content: str,
     content_length: int,
     order_key: int,
     now: int,

@@ -230,7 +230,7 @@ def reader_keys(readers: list[dict[str, Any]]) -> list[str]:
 
 
 def _log_params(
-    id: str, bot_id: str, at: int, actor: str, entry_ids: list[str], payload: bytes | None
+    id: str, bot_id: str, at: int, actor: str, entry_ids: list[str], payload: str | None
 ) -> dict[str, Any]:
     """The parameters of _LOG (and of new entries' ``$now``)."""
     return {
@@ -254,7 +254,7 @@ async def log_change(
     at: int,
     actor: str,
     entry_ids: list[str],
-    payload: bytes | None,
+    payload: str | None,
     adds: list[dict[str, Any]] | None = None,
 ) -> str | None:
     """The log row of a change (C2) and the labels it affects (DESIGN §8), in one statement —
@@ -276,7 +276,7 @@ async def add_only_change(
     at: int,
     actor: str,
     entry_ids: list[str],
-    payload: bytes,
+    payload: str,
     adds: list[dict[str, Any]],
     person: tuple[str, str] | None = None,
 ) -> tuple[int, str | None] | None:

@@ -128,7 +128,7 @@ async def saved_step_results(
 
 
 async def create_confession(
-    tx: AsyncManagedTransaction, *, id: str, bot_id: str, turn_id: str, text: bytes, now: int
+    tx: AsyncManagedTransaction, *, id: str, bot_id: str, turn_id: str, text: str, now: int
 ) -> None:
     await tx.run(CREATE_CONFESSION, id=id, botId=bot_id, turnId=turn_id, text=text, now=now)
 
@@ -137,7 +137,7 @@ async def answer_confession(
     tx: AsyncManagedTransaction,
     *,
     id: str,
-    answer: bytes,
+    answer: str,
     used_entry_ids: list[str],
     answered_by: str,
     now: int,

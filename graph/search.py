@@ -75,15 +75,17 @@ CALL (readers, org) {
 """
 )
 
-#: Up to ``$fill`` visible active entries per key in memory order (none when ``$fill`` is 0): what
-#: fills a context that relevance leaves room in (entries without a vector yet, a small memory).
+#: Up to ``$fill`` visible active entries per key in memory order, only when the relevant ones are
+#: fewer than ``$fill`` (never when it is 0): what fills a context that relevance leaves room in
+#: (entries without a vector yet, a small memory).
 _RECENT: Final = (
     """
-CALL (readers, org) {
-  WITH readers, org WHERE $fill > 0
+CALL (readers, org, dense, keyword) {
+  WITH readers, org WHERE $fill > size(dense) + size([e IN keyword WHERE NOT e IN dense])
   UNWIND $keys AS key
   CALL (key, readers, org) {
     MATCH (e:Entry)
+    USING INDEX e:Entry(botId, activeKey, memoryRank, contentLength, id)
     WHERE """
     + ACTIVE_SEEK
     + "$top AND "
@@ -99,9 +101,8 @@ CALL (readers, org) {
 #: Reciprocal-rank fusion of the two lists (``$k``; the memory-order fill adds nothing but its
 #: place after every relevant entry), plus the prior: ``$pinned`` for a pinned
 #: entry and at most ``$recency`` for the newest, fading with the versions since it was written.
-#: The ``$limit`` best as the API's view of an entry (ciphertext included) with their score.
-_FUSED: Final = (
-    """
+#: The ``$limit`` best, ``ranked`` as ``{score, entry}``; the entry map follows.
+_FUSED_HEAD: Final = """
 WITH m, fresh, dense, keyword, recent,
      [i IN range(0, size(dense) - 1) | [dense[i], 1.0 / ($k + i + 1)]]
      + [i IN range(0, size(keyword) - 1) | [keyword[i], 1.0 / ($k + i + 1)]]
@@ -115,22 +116,37 @@ CALL (m, parts) {
   ORDER BY score DESC, e.memoryRank DESC, e.id
   LIMIT $limit
 """
-    + SOURCES_OF_E
-    + """  RETURN collect({score: score, entry: """
-    + ENTRY_MAP
-    + """}) AS ranked
+
+_FUSED_TAIL: Final = """}) AS ranked
 }
-RETURN coalesce(m.vecSeq, 0) AS seq, fresh, ranked, size(dense) AS denseVisible, size(keyword) AS keywordVisible
+RETURN coalesce(m.vecSeq, 0) AS seq, m.version AS version, fresh, ranked,
+       size(dense) AS denseVisible, size(keyword) AS keywordVisible
 """
+
+#: ``search``: the API's view of each entry (sources included, content as ciphertext).
+_FUSED: Final = (
+    _FUSED_HEAD + SOURCES_OF_E + "  RETURN collect({score: score, entry: " + ENTRY_MAP + _FUSED_TAIL
+)
+
+#: ``context(query)``: of each entry only what choosing and presenting it needs.
+_FUSED_CONTEXT: Final = (
+    _FUSED_HEAD
+    + "  RETURN collect({score: score, entry: e {.id, .memoryRank, .contentLength, .content}"
+    + _FUSED_TAIL
 )
 
 
 #: One search as one statement (an auto-commit transaction): the shared lock first (C1), the
 #: vectors the caller's index lacks since ``$after``, the visible dense and keyword candidates
 #: (and the memory-order fill), fused. A caller whose index lacked vectors catches up and asks again.
-SEARCH: Final = (
-    READ_LOCK + "WITH m, $readers AS readers, $org AS org\n" + _FRESH + _DENSE + _KEYWORD + _RECENT + _FUSED
+_CANDIDATES: Final = (
+    READ_LOCK + "WITH m, $readers AS readers, $org AS org\n" + _FRESH + _DENSE + _KEYWORD + _RECENT
 )
+SEARCH: Final = _CANDIDATES + _FUSED
+
+#: SEARCH for ``context(query)``: the same candidates and ranking, each entry as id, rank, stored
+#: length and ciphertext.
+SEARCH_CONTEXT: Final = _CANDIDATES + _FUSED_CONTEXT
 
 #: Up to ``$cap`` ids of the active entries visible to every reader, seeking ``entry_active`` per
 #: key (the pre-filter of a reader who sees few entries: similarity then ranks only these).
@@ -141,6 +157,7 @@ CALL (readers, org) {
   UNWIND $keys AS key
   CALL (key, readers, org) {
     MATCH (e:Entry)
+    USING INDEX e:Entry(botId, activeKey, memoryRank, contentLength, id)
     WHERE """
     + ACTIVE_SEEK
     + "$top AND "
@@ -151,7 +168,7 @@ CALL (readers, org) {
   }
   RETURN collect(id) AS ids
 }
-RETURN coalesce(m.vecSeq, 0) AS seq, ids
+RETURN coalesce(m.vecSeq, 0) AS seq, m.version AS version, ids
 """
 )
 
@@ -165,7 +182,7 @@ async def vectors_since(
     if locked is None:
         return None, []
     found = await rows(tx, VECTORS_SINCE, botId=bot_id, model=model, after=after)
-    return int(locked["seq"]), [(r["id"], bytes(r["vec"])) for r in found]
+    return int(locked["seq"]), [(r["id"], r["vec"]) for r in found]
 
 
 async def search(
@@ -185,11 +202,12 @@ async def search(
     pinned: float,
     recency: float,
     half_life: float,
+    for_context: bool = False,
 ) -> dict[str, Any] | None:
-    """SEARCH; None when the Bot does not exist."""
+    """SEARCH (SEARCH_CONTEXT with ``for_context``); None when the Bot does not exist."""
     return await single(
         tx,
-        SEARCH,
+        SEARCH_CONTEXT if for_context else SEARCH,
         botId=bot_id,
         org=org,
         readers=readers,
@@ -211,8 +229,9 @@ async def search(
 
 async def visible_active(
     tx: QueryTarget, *, bot_id: str, org: str, readers: list[dict[str, Any]], cap: int
-) -> tuple[int, list[str]] | None:
-    """VISIBLE_ACTIVE: the vector sequence and up to ``cap`` visible active ids per key."""
+) -> tuple[int, int, list[str]] | None:
+    """VISIBLE_ACTIVE: the vector sequence, the memory version and up to ``cap`` visible active
+    ids per key."""
     record = await single(
         tx,
         VISIBLE_ACTIVE,
@@ -225,4 +244,4 @@ async def visible_active(
     )
     if record is None:
         return None
-    return int(record["seq"]), list(dict.fromkeys(record["ids"]))
+    return int(record["seq"]), int(record["version"]), list(dict.fromkeys(record["ids"]))

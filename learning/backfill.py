@@ -98,7 +98,7 @@ async def _derive(
     cipher: Cipher, embedder: Embedder | None, found: list[dict[str, Any]]
 ) -> list[dict[str, Any]] | None:
     """Keywords (and sealed vectors with ``embedder``) of the entries read; None if embedding failed."""
-    texts = cipher.decrypt_all(Kind.ENTRY, [(f["id"], bytes(f["content"])) for f in found])
+    texts = cipher.decrypt_all(Kind.ENTRY, [(f["id"], f["content"]) for f in found])
     vectors = None
     if embedder is not None:
         try:

@@ -120,7 +120,7 @@ async def _rewrite(
         if saved is not None:
             ids = list(saved["usedEntryIds"])
             if await retrieval.validate_references(rt, route.bot_id, reader, ids):
-                text = route.cipher.decrypt(Kind.ENRICHMENT, saved["id"], bytes(saved["text"]))
+                text = route.cipher.decrypt(Kind.ENRICHMENT, saved["id"], saved["text"])
                 await _save(rt, route, turn, text, original, ids, digest)
                 return text, "reused"
         if await gateway.budget_spent(rt, route):

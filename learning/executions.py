@@ -231,7 +231,7 @@ class ExecutionRunner:
         cipher = route.cipher
         evidence = {
             i["id"]: protocol.EvidenceItem(
-                i["id"], i["kind"], _speaker(i), cipher.decrypt(Kind.ITEM, i["uid"], bytes(i["text"]))
+                i["id"], i["kind"], _speaker(i), cipher.decrypt(Kind.ITEM, i["uid"], i["text"])
             )
             for i in chunk
             if i["text"] is not None
@@ -245,7 +245,7 @@ class ExecutionRunner:
         completion = None
         if saved is not None:
             completion = Completion.from_json(
-                saved["id"], cipher.decrypt(Kind.MODEL_RESULT, saved["id"], bytes(saved["result"]))
+                saved["id"], cipher.decrypt(Kind.MODEL_RESULT, saved["id"], saved["result"])
             )
         elif (
             inputs.spent is not None and route.budget_limit is not None and inputs.spent >= route.budget_limit
@@ -332,7 +332,7 @@ def _kept(cipher: Cipher, entry: dict[str, Any]) -> dict[str, Any]:
     kept: dict[str, Any] = {
         "id": entry["id"],
         "layer": entry["layer"],
-        "content": cipher.decrypt(Kind.ENTRY, entry["id"], bytes(entry["content"])),
+        "content": cipher.decrypt(Kind.ENTRY, entry["id"], entry["content"]),
         "topics": [t for t in tags if ":" not in t],
         "audience": [t for t in tags if t.startswith("for:")],
     }

@@ -62,13 +62,13 @@ async def summarize(rt: Runtime, gateway: Gateway, chat_id: str) -> str:
         return "not_due"
     cipher = route.cipher
     lines = [
-        {"speaker": _SPEAKER[i["kind"]], "text": cipher.decrypt(Kind.ITEM, i["uid"], bytes(i["text"]))}
+        {"speaker": _SPEAKER[i["kind"]], "text": cipher.decrypt(Kind.ITEM, i["uid"], i["text"])}
         for i in items
         if i["text"] is not None and i["kind"] in _SPEAKER
     ]
     old = None
     if previous is not None and previous.get("text") is not None:
-        old = cipher.decrypt(Kind.CHAT_SUMMARY, chat_id, bytes(previous["text"]))
+        old = cipher.decrypt(Kind.CHAT_SUMMARY, chat_id, previous["text"])
     body = {
         "messages": [
             {"role": "system", "content": system_prompt(SUMMARY_SYSTEM, route)},

@@ -40,7 +40,7 @@ def _item(row: dict[str, Any], cipher: Cipher) -> Item:
         turn_id=row["turnId"],
         seq=row["seq"],
         kind=ItemKind(row["kind"]),
-        text=None if text is None else cipher.decrypt(Kind.ITEM, row["uid"], bytes(text)),
+        text=None if text is None else cipher.decrypt(Kind.ITEM, row["uid"], text),
         app=row.get("app"),
         speaker_id=row.get("speakerId"),
         created_at=row["createdAt"],

@@ -67,7 +67,7 @@ async def context_pack(
     _, route, saved = await read(rt.driver, load)
     summary = None
     if saved is not None and saved.get("text") is not None:
-        summary = route.cipher.decrypt(Kind.CHAT_SUMMARY, chat_id, bytes(saved["text"]))
+        summary = route.cipher.decrypt(Kind.CHAT_SUMMARY, chat_id, saved["text"])
     preferences: tuple[memory.Entry, ...] = ()
     known = retrieval.Context("", ())
     reader = await memory.chat_reader(rt, chat_id)

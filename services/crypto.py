@@ -1,6 +1,10 @@
 """Envelope encryption at rest (E1): AES-256-GCM, one data key per Bot wrapped by the master key.
 
-A ciphertext is ``version(1) | nonce(12) | ciphertext+tag``. Its associated data is
+A ciphertext is ``version(1) | nonce(12) | ciphertext+tag``, stored as its base64 text (a
+``Sealed`` string): Neo4j hands a string property back to a driver in a fraction of the time it
+takes for the same bytes as a byte array (measured: 55 ciphertexts of 300 bytes, 0.6 ms as
+strings vs 16 ms as byte arrays — the byte array goes out a byte at a time), which is most of
+a ranked read's cost. Records written before as byte arrays still open. Its associated data is
 ``kind:record_id``, so a ciphertext copied onto another record (or another kind of
 record) fails to decrypt. Data keys are wrapped with the master key and tagged with the
 master key's fingerprint; rotation re-wraps data keys and never touches content.
@@ -8,6 +12,8 @@ master key's fingerprint; rotation re-wraps data keys and never touches content.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import functools
 import hashlib
 import hmac
@@ -24,6 +30,12 @@ from services import metrics
 
 _VERSION = b"\x01"
 _NONCE_BYTES = 12
+
+#: A ciphertext as stored: the base64 text of ``version | nonce | ciphertext+tag``.
+Sealed = str
+#: What a read hands to ``decrypt``: a ``Sealed`` text, or the raw bytes of a record stored
+#: before ciphertexts were stored as text.
+Stored = str | bytes
 
 
 class Kind(StrEnum):
@@ -137,30 +149,30 @@ class Cipher:
         it never reads as a word. Equal tokens give equal outputs within one Bot only."""
         return "k" + hmac.new(self._blind_key, token.encode(), hashlib.sha256).hexdigest()[:12]
 
-    def encrypt(self, kind: Kind, record_id: str, plaintext: str) -> bytes:
-        nonce = os.urandom(_NONCE_BYTES)
-        return _VERSION + nonce + self._aes.encrypt(nonce, plaintext.encode(), _aad(kind, record_id))
+    def encrypt(self, kind: Kind, record_id: str, plaintext: str) -> Sealed:
+        return self.encrypt_bytes(kind, record_id, plaintext.encode())
 
-    def decrypt(self, kind: Kind, record_id: str, blob: bytes) -> str:
+    def decrypt(self, kind: Kind, record_id: str, blob: Stored) -> str:
         _decryptions(kind).inc()
         return _open(self._aes, blob, _aad(kind, record_id)).decode()
 
-    def decrypt_all(self, kind: Kind, records: Sequence[tuple[str, bytes]]) -> list[str]:
+    def decrypt_all(self, kind: Kind, records: Sequence[tuple[str, Stored]]) -> list[str]:
         """``decrypt`` of many (record id, ciphertext) of one kind, counted at once."""
         _decryptions(kind).inc(len(records))
         return [_open(self._aes, blob, _aad(kind, record_id)).decode() for record_id, blob in records]
 
-    def encrypt_bytes(self, kind: Kind, record_id: str, data: bytes) -> bytes:
+    def encrypt_bytes(self, kind: Kind, record_id: str, data: bytes) -> Sealed:
         """``encrypt`` of bytes (same format and associated data)."""
         nonce = os.urandom(_NONCE_BYTES)
-        return _VERSION + nonce + self._aes.encrypt(nonce, data, _aad(kind, record_id))
+        blob = _VERSION + nonce + self._aes.encrypt(nonce, data, _aad(kind, record_id))
+        return base64.b64encode(blob).decode("ascii")
 
-    def decrypt_bytes(self, kind: Kind, record_id: str, blob: bytes) -> bytes:
+    def decrypt_bytes(self, kind: Kind, record_id: str, blob: Stored) -> bytes:
         """``decrypt`` to bytes, counted like every decryption (E2)."""
         _decryptions(kind).inc()
         return _open(self._aes, blob, _aad(kind, record_id))
 
-    def decrypt_bytes_all(self, kind: Kind, records: Sequence[tuple[str, bytes]]) -> list[bytes]:
+    def decrypt_bytes_all(self, kind: Kind, records: Sequence[tuple[str, Stored]]) -> list[bytes]:
         """``decrypt_bytes`` of many (record id, ciphertext) of one kind, counted at once."""
         _decryptions(kind).inc(len(records))
         return [_open(self._aes, blob, _aad(kind, record_id)) for record_id, blob in records]
@@ -172,7 +184,14 @@ def _decryptions(kind: Kind) -> Counter:
     return metrics.DECRYPTIONS.labels(kind=kind)
 
 
-def _open(aes: AESGCM, blob: bytes, aad: bytes) -> bytes:
+def _open(aes: AESGCM, stored: Stored, aad: bytes) -> bytes:
+    if isinstance(stored, bytes):
+        blob = stored
+    else:
+        try:
+            blob = base64.b64decode(stored, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise DecryptionError("unknown ciphertext format") from exc
     if blob[:1] != _VERSION or len(blob) < 1 + _NONCE_BYTES + 16:
         raise DecryptionError("unknown ciphertext format")
     try:

@@ -13,7 +13,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from services.crypto import Cipher, Kind
+from services.crypto import Cipher, Kind, Sealed
 from services.embedding import Embedder, EmbedderUnavailable, encode_vector
 from services.keywords import blind_text
 
@@ -23,7 +23,7 @@ log = logging.getLogger("botmemory.derived")
 @dataclass(frozen=True, slots=True)
 class Derived:
     kw_blind: str
-    vec: bytes | None
+    vec: Sealed | None
     vec_model: str | None
 
     @property
@@ -50,6 +50,6 @@ async def derive(cipher: Cipher, embedder: Embedder | None, texts: dict[str, str
     return derived
 
 
-def seal_vector(cipher: Cipher, entry_id: str, vector: Any) -> bytes:
+def seal_vector(cipher: Cipher, entry_id: str, vector: Any) -> Sealed:
     """An entry's vector as stored: quantised, then encrypted bound to the entry (E1)."""
     return cipher.encrypt_bytes(Kind.ENTRY_VECTOR, entry_id, encode_vector(vector))

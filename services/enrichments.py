@@ -55,10 +55,10 @@ async def enrichments(
                 f["turnId"],
                 None
                 if sealed is None or ids is None
-                else view.cipher.decrypt(Kind.ENRICHMENT, f["id"], bytes(sealed)),
+                else view.cipher.decrypt(Kind.ENRICHMENT, f["id"], sealed),
                 None
                 if original is None
-                else view.cipher.decrypt(Kind.ENRICHMENT_ORIGINAL, f["id"], bytes(original)),
+                else view.cipher.decrypt(Kind.ENRICHMENT_ORIGINAL, f["id"], original),
                 () if sealed is None or ids is None else ids,
                 f["createdAt"],
             )

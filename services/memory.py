@@ -88,7 +88,7 @@ def decrypt_entry(cipher: Cipher, row: dict[str, Any]) -> Entry:
     return Entry(
         id=row["id"],
         layer=row["layer"],
-        content=cipher.decrypt(Kind.ENTRY, row["id"], bytes(row["content"])),
+        content=cipher.decrypt(Kind.ENTRY, row["id"], row["content"]),
         tags=tuple(row["tags"]),
         sources=tuple(row["sources"]),
         status=row["status"],

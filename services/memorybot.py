@@ -294,13 +294,13 @@ async def confessions(
     out: list[Confession] = []
     for f in view.records:
         ids = view.shown(f)
-        sealed: bytes | None = None if f.get("answer") is None else bytes(f["answer"])
+        sealed: bytes | None = None if f.get("answer") is None else f["answer"]
         shown = sealed is not None and ids is not None
         out.append(
             Confession(
                 f["id"],
                 f["turnId"],
-                cipher.decrypt(Kind.CONFESSION, f["id"], bytes(f["text"])),
+                cipher.decrypt(Kind.CONFESSION, f["id"], f["text"]),
                 cipher.decrypt(Kind.CONFESSION_ANSWER, f["id"], sealed)
                 if sealed is not None and shown
                 else None,

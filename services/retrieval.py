@@ -93,7 +93,7 @@ async def context(rt: Runtime, bot_id: str, reader: Reader, limit: int) -> Conte
         used = list(first["page"])
     else:
         used, cipher = await read(rt.driver, work)
-    contents = cipher.decrypt_all(Kind.ENTRY, [(row["id"], bytes(row["content"])) for row in used])
+    contents = cipher.decrypt_all(Kind.ENTRY, [(row["id"], row["content"]) for row in used])
     text = "\n".join("- " + c for c in contents)
     rt.line_lengths.observe(bot_id, len(text) + 1, len(contents))
     return Context(text, tuple(row["id"] for row in used), tuple(contents))

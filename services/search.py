@@ -34,7 +34,7 @@ from services.keywords import blind_query
 from services.memory import Entry, Reader, cipher_of, decrypt_entry, open_read
 from services.runtime import Runtime
 from services.validation import check_id
-from services.vectorindex import F32, BotVectors
+from services.vectorindex import F32, BotVectors, ReaderKey, VisibleIds
 
 log = logging.getLogger("botmemory.search")
 
@@ -124,7 +124,7 @@ async def context(
             chosen.append(r["entry"])
             size += line
     chosen.sort(key=lambda e: (-int(e["memoryRank"]), str(e["id"])))
-    contents = cipher.decrypt_all(Kind.ENTRY, [(e["id"], bytes(e["content"])) for e in chosen])
+    contents = cipher.decrypt_all(Kind.ENTRY, [(e["id"], e["content"]) for e in chosen])
     text = "\n".join("- " + c for c in contents)
     if contents:
         rt.line_lengths.observe(bot_id, len(text) + 1, len(contents))
@@ -171,38 +171,64 @@ async def _ranked(
         "pinned": PINNED_PRIOR,
         "recency": RECENCY_PRIOR,
         "half_life": RECENCY_HALF_LIFE,
+        "for_context": fill,
         **reader.params,
     }
+    who = reader_key(bot_id, reader)
     found: dict[str, Any] | None = None
     for _ in range(_ATTEMPTS):
-        if index is not None and vector is not None and rt.vectors.sparse(bot_id, keys):
+        sparse = index is not None and vector is not None and rt.vectors.sparse(bot_id, keys)
+        known = rt.vectors.visible(who) if sparse else None
+        if index is not None and vector is not None and sparse and known is None:
             found = await read(
-                rt.driver, lambda tx: _prefiltered(rt, tx, index, cipher, vector, dense_k, params)
+                rt.driver, lambda tx: _prefiltered(rt, tx, index, cipher, vector, dense_k, who, params)
             )
+            break
+        if index is None or vector is None:
+            dense: list[str] = []
+        elif known is not None:
+            dense = index.top_among(known.ids, vector, dense_k)
         else:
-            dense = [] if index is None or vector is None else index.top(vector, dense_k)
-            after = _NO_VECTORS if index is None else index.seq
-            found = await autocommit(
-                rt.driver,
-                lambda s, dense=dense, after=after: search_q.search(
-                    s, dense=dense, keyword_limit=KEYWORD_LIMIT, after=after, **params
-                ),
-                write=False,
-            )
-            if found is None:
-                raise NotFound("bot not found")
-            if index is not None and found["fresh"]:
-                _absorb(index, cipher, [(i, bytes(v)) for i, v in found["fresh"]], int(found["seq"]))
-                continue  # the nearest vectors may have changed: ask again with the current index
-            if index is not None:
-                index.seq = max(index.seq, int(found["seq"]))
-                if len(dense) == dense_k and found["denseVisible"] < wanted and len(index) > dense_k:
-                    rt.vectors.observe(bot_id, keys, sparse=True)
-                    continue  # too few of the nearest are visible: this reader needs the pre-filter
+            dense = index.top(vector, dense_k)
+        after = _NO_VECTORS if index is None else index.seq
+        # A reader known to see nothing active needs no keyword query: the statement then only
+        # confirms the memory version under the shared lock.
+        asked: dict[str, Any] = params if known is None or known.ids else {**params, "keywords": ""}
+        found = await autocommit(
+            rt.driver,
+            lambda s, dense=dense, after=after, sparse=sparse, asked=asked: search_q.search(
+                s, dense=dense, keyword_limit=(2 if sparse else 1) * KEYWORD_LIMIT, after=after, **asked
+            ),
+            write=False,
+        )
+        if found is None:
+            raise NotFound("bot not found")
+        if index is not None and found["fresh"]:
+            _absorb(index, cipher, [(i, v) for i, v in found["fresh"]], int(found["seq"]))
+            continue  # the nearest vectors may have changed: ask again with the current index
+        if index is not None:
+            index.seq = max(index.seq, int(found["seq"]))
+        if known is not None:
+            if int(found["version"]) != known.version:
+                rt.vectors.drop_visible(who)
+                continue  # the memory changed since the visible ids were read: read them again
+        elif (
+            index is not None
+            and len(dense) == dense_k
+            and found["denseVisible"] < wanted
+            and len(index) > dense_k
+        ):
+            rt.vectors.observe(bot_id, keys, sparse=True)
+            continue  # too few of the nearest are visible: this reader needs the pre-filter
         break
     assert found is not None
     ranked = sorted(found["ranked"], key=lambda r: (-float(r["score"]), -int(r["entry"]["memoryRank"])))
     return ranked, cipher
+
+
+def reader_key(bot_id: str, reader: Reader) -> ReaderKey:
+    """Who a search is for, as the visibility check reads it (the key of kept visible ids)."""
+    return bot_id, reader.org, tuple((str(r["id"]), tuple(r["atoms"])) for r in reader.readers)
 
 
 async def _prefiltered(
@@ -212,17 +238,20 @@ async def _prefiltered(
     cipher: Cipher,
     vector: F32,
     dense_k: int,
+    who: ReaderKey,
     params: dict[str, Any],
 ) -> dict[str, Any]:
     """One read (D9.8): the reader's visible active ids under the shared lock, the index caught up
-    under the same lock, similarity among those ids only, then the ranking statement."""
+    under the same lock, similarity among those ids only, then the ranking statement. The ids
+    are kept with the memory version they were read at, for the next search of this reader."""
     bot_id = str(params["bot_id"])
     visible = await search_q.visible_active(
         tx, bot_id=bot_id, org=params["org"], readers=params["readers"], cap=PRE_CAP
     )
     if visible is None:
         raise NotFound("bot not found")
-    seq, ids = visible
+    seq, version, ids = visible
+    rt.vectors.keep_visible(who, VisibleIds(version, ids))
     if not ids:  # nothing visible and active: no keyword hit either
         return {"seq": seq, "fresh": [], "ranked": [], "denseVisible": 0, "keywordVisible": 0}
     if seq > index.seq:

@@ -140,7 +140,7 @@ class TurnHub:
             event = TurnEvent(
                 event.turn_id,
                 event.kind,
-                None if text is None else cipher.decrypt(Kind.ITEM, item["uid"], bytes(text)),
+                None if text is None else cipher.decrypt(Kind.ITEM, item["uid"], text),
                 item_id,
                 item["kind"],
             )

@@ -139,15 +139,39 @@ class BotVectors:
         self._coarse = coarse
 
 
+#: Readers whose visible ids a process keeps (the oldest kept is dropped first).
+VISIBLE_KEPT: Final = 1_024
+
+
+@dataclass(frozen=True, slots=True)
+class VisibleIds:
+    """The visible active ids of a reader as read at one memory version (the pre-filter's input)."""
+
+    version: int
+    ids: list[str]
+
+
+#: Who a visibility check is for: the Bot, the request's organization and each reader as VISIBLE
+#: reads them (id and atoms).
+ReaderKey = tuple[str, str, tuple[tuple[str, tuple[str, ...]], ...]]
+
+
 @dataclass(slots=True)
 class VectorIndexes:
-    """The vector indexes of this process, one per (Bot, embedder), and how sparse each set of
-    reader keys has proven (which decides between post- and pre-filtering, design §10)."""
+    """The vector indexes of this process, one per (Bot, embedder), how sparse each set of
+    reader keys has proven (which decides between post- and pre-filtering, design §10), and the
+    visible ids of the readers served by the pre-filter, by memory version.
+
+    Visible ids are only a proposal too: a search that uses them still checks every candidate
+    under the shared lock, and uses its result only when the memory version it ran at is the one
+    the ids were read at (what a reader may see changes only with the memory version, or with
+    the reader's atoms, which are part of the key); otherwise it reads them again."""
 
     _bots: dict[tuple[str, str], BotVectors] = field(default_factory=dict[tuple[str, str], BotVectors])
     _sparse: dict[tuple[str, tuple[str, ...]], bool] = field(
         default_factory=dict[tuple[str, tuple[str, ...]], bool]
     )
+    _visible: dict[ReaderKey, VisibleIds] = field(default_factory=dict[ReaderKey, VisibleIds])
 
     def of(self, bot_id: str, model: str) -> BotVectors:
         found = self._bots.get((bot_id, model))
@@ -161,3 +185,16 @@ class VectorIndexes:
 
     def observe(self, bot_id: str, keys: tuple[str, ...], sparse: bool) -> None:
         self._sparse[(bot_id, keys)] = sparse
+
+    def visible(self, key: ReaderKey) -> VisibleIds | None:
+        """The visible active ids last read for this reader (any memory version), if kept."""
+        return self._visible.get(key)
+
+    def keep_visible(self, key: ReaderKey, found: VisibleIds) -> None:
+        self._visible.pop(key, None)
+        self._visible[key] = found
+        while len(self._visible) > VISIBLE_KEPT:
+            del self._visible[next(iter(self._visible))]
+
+    def drop_visible(self, key: ReaderKey) -> None:
+        self._visible.pop(key, None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import re
 import secrets
 from pathlib import Path
@@ -14,6 +15,7 @@ from services.runtime import Runtime
 from services.settings import Settings
 from tests.client import Api, make_world
 from tests.conftest import ApiProcess, WorkerProcess
+from tests.memory_helpers import command
 
 
 def files_containing(root: Path, needle: bytes) -> list[Path]:
@@ -94,8 +96,8 @@ async def test_stored_item_text_is_aes_gcm_ciphertext_bound_to_its_record(api: A
         "MATCH (i:Item {chatId: $c}) RETURN i.uid AS uid, i.text AS text ORDER BY i.seq", c=chat
     )
     first, second = (dict(r) for r in records)
-    assert isinstance(first["text"], bytes)
-    assert b"first words" not in first["text"]
+    assert isinstance(first["text"], str)  # the sealed blob's base64 text (services.crypto.Sealed)
+    assert b"first words" not in base64.b64decode(first["text"], validate=True)
     # Copy the ciphertext of i-1 onto i-2: it must fail to decrypt (associated data = kind + id).
     await runtime.driver.execute_query(
         "MATCH (i:Item {uid: $uid}) SET i.text = $text", uid=second["uid"], text=first["text"]
@@ -114,6 +116,52 @@ async def test_stored_item_text_is_aes_gcm_ciphertext_bound_to_its_record(api: A
         cipher.decrypt(Kind.ITEM, second["uid"], first["text"])
     with pytest.raises(DecryptionError):
         cipher.decrypt(Kind.ENTRY, first["uid"], first["text"])
+
+
+async def test_ciphertexts_stored_as_byte_arrays_before_still_open(api: Api, runtime: Runtime) -> None:
+    """Ciphertexts are stored as base64 text (services.crypto.Sealed); an Item and an Entry whose
+    ciphertext a previous version stored as a byte array still read through the API."""
+    world = await make_world(api, ("ann",))
+    chat = await api.chat(world.tokens["ann"], world.bot)
+    await api.turn(world.tokens["ann"], chat, "words of old")
+    response = await command(
+        api, world.tokens["ann"], world.bot, {"_tag": "Remember", "content": "an entry of old", "tags": []}
+    )
+    entry = response.json()["entry"]["id"]
+    await runtime.driver.execute_query(
+        "MATCH (i:Item {chatId: $c}) WHERE i.text IS :: STRING SET i.text = $raw",
+        c=chat,
+        raw=base64.b64decode(await _stored_item_text(runtime, chat)),
+    )
+    records, _, _ = await runtime.driver.execute_query(
+        "MATCH (e:Entry {id: $id}) RETURN e.content AS c", id=entry
+    )
+    await runtime.driver.execute_query(
+        "MATCH (e:Entry {id: $id}) SET e.content = $raw", id=entry, raw=base64.b64decode(records[0]["c"])
+    )
+    kinds, _, _ = await runtime.driver.execute_query(
+        "MATCH (e:Entry {id: $id}), (i:Item {chatId: $c}) RETURN valueType(e.content) AS e, valueType(i.text) AS i",
+        id=entry,
+        c=chat,
+    )
+    assert kinds[0]["e"].startswith("LIST<INTEGER") or kinds[0]["e"].startswith("BYTE")
+    messages = await api.gql(
+        "query($c: ID!) { chat(id: $c) { messages { text } } }", {"c": chat}, world.tokens["ann"]
+    )
+    assert [m["text"] for m in messages["chat"]["messages"]] == ["words of old"]
+    listed = await api.gql(
+        "query($b: ID!) { memory(botId: $b) { entries { id content } } }",
+        {"b": world.bot},
+        world.tokens["ann"],
+    )
+    assert {"id": entry, "content": "an entry of old"} in listed["memory"]["entries"]
+
+
+async def _stored_item_text(runtime: Runtime, chat: str) -> str:
+    records, _, _ = await runtime.driver.execute_query(
+        "MATCH (i:Item {chatId: $c}) RETURN i.text AS t", c=chat
+    )
+    return str(records[0]["t"])
 
 
 async def test_decryptions_are_counted_on_metrics(api: Api) -> None:

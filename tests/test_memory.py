@@ -416,12 +416,12 @@ async def test_tag_and_status_changes_keep_ciphertext_and_log_every_change(
     chat = await api.chat(w.tokens["ann"], w.bot)
     entry = await fact(runtime, w.bot, "stable bytes", await said(api, w.tokens["ann"], chat, "x"))
 
-    async def stored() -> tuple[bytes, int]:
+    async def stored() -> tuple[str, int]:
         records, _, _ = await runtime.driver.execute_query(
             "MATCH (e:Entry {id: $id})-[:IN_MEMORY]->(m:Memory) RETURN e.content AS c, m.version AS v",
             id=entry,
         )
-        return bytes(records[0]["c"]), int(records[0]["v"])
+        return str(records[0]["c"]), int(records[0]["v"])
 
     before, v0 = await stored()
     await apply(runtime, w.bot, SetTopics(entry, ("bytes",)))

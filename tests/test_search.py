@@ -10,9 +10,10 @@ from prometheus_client import REGISTRY
 
 from learning.embedders import LocalMiniLM
 from services import memory, search
-from services.changes import Invalidate
+from services.changes import AddFact, Invalidate, ItemRef
 from services.runtime import Runtime
 from services.settings import Settings
+from services.writepath import apply_changes
 from tests.client import Api, make_world
 from tests.conftest import ApiProcess
 from tests.memory_helpers import apply, command, fact, said
@@ -184,3 +185,59 @@ async def test_two_api_processes_agree_at_once_after_every_kind_of_change(
             assert await ids(second, "bob", "kayak") == []
     finally:
         other.stop()
+
+
+async def test_a_reader_who_sees_few_entries_is_served_from_visible_ids_never_stale(
+    api: Api, runtime: Runtime
+) -> None:
+    """The pre-filter (design §10): Bob sees 2 of 62 entries, so the nearest vectors of the whole
+    pool hold too few of his and his searches rank among his visible ids, which the process keeps
+    with the memory version they were read at. Every change — a new fact, an invalidation, a
+    removal from the channel — shows at once: kept ids of an older version are read again."""
+    w = await make_world(api, ("ann", "bob"), channel=("ann", "bob"))
+    private = await api.chat(w.tokens["ann"], w.bot)
+    mine = await said(api, w.tokens["ann"], private, "notes to self")
+    group = await api.chat(w.tokens["ann"], w.bot, w.channel)
+    ours = await said(api, w.tokens["ann"], group, "team news")
+    embedder = LocalMiniLM()
+    try:
+
+        async def facts(*contents: str, source: tuple[str, str]) -> list[str]:
+            changes = [AddFact(content=c, sources=(ItemRef(*source),)) for c in contents]
+            await apply_changes(runtime, w.bot, list(changes), "memory_bot", embedder=embedder)
+            return [c.id for c in changes]
+
+        await facts(*(f"Ann's errand number {n} is about the bakery" for n in range(60)), source=mine)
+        cake, lunch = await facts("The team cake is on Friday", "The team lunch is at noon", source=ours)
+        bob = await memory.person_reader_of(runtime, w.bot, w.people["bob"], w.org)
+        assert bob is not None
+        who = search.reader_key(w.bot, bob)
+
+        async def found(query: str) -> list[str]:
+            reader = await memory.person_reader_of(runtime, w.bot, w.people["bob"], w.org)
+            assert reader is not None  # read per search, as a request does
+            return [h.entry.id for h in await search.search(runtime, embedder, w.bot, reader, query, 10)]
+
+        assert set(await found("bakery errand")) == {cake, lunch}
+        kept = runtime.vectors.visible(who)
+        assert kept is not None and set(kept.ids) == {cake, lunch}  # the pre-filter's ids, kept
+        assert set(await found("cake")) == {cake, lunch}
+        assert runtime.vectors.visible(who) == kept  # served from the kept ids
+        # A new fact he may see: found at once (the kept ids were of an older memory version).
+        (party,) = await facts("The team party is in the garden", source=ours)
+        assert party in await found("party")
+        kept = runtime.vectors.visible(who)
+        assert kept is not None and party in kept.ids
+        # Invalidated: gone at once.
+        await apply(runtime, w.bot, Invalidate(cake))
+        assert cake not in await found("cake")
+        # Out of the channel: his atoms change, so do the kept ids he is served from.
+        await api.admin(
+            "mutation($c: ID!, $m: [ID!]!) { setChannelMembers(channelId: $c, memberIds: $m) { id } }",
+            {"c": w.channel, "m": [w.people["ann"]]},
+        )
+        bob = await memory.person_reader_of(runtime, w.bot, w.people["bob"], w.org)
+        assert bob is not None and search.reader_key(w.bot, bob) != who
+        assert await found("party") == []
+    finally:
+        await embedder.aclose()

@@ -3,6 +3,7 @@ ciphertext to its kind and record, data keys wrapped per Bot, and master-key rot
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import os
@@ -56,7 +57,9 @@ def test_stored_format_is_version_nonce_and_gcm_over_kind_and_record_id() -> Non
     nonce = b"\x07" * 12
     blob = b"\x01" + nonce + AESGCM(DATA_KEY).encrypt(nonce, "héllo".encode(), b"entry:mem_1")
     assert cipher.decrypt(Kind.ENTRY, "mem_1", blob) == "héllo"
-    mine = cipher.encrypt(Kind.ENTRY, "mem_1", "héllo")
+    assert cipher.decrypt(Kind.ENTRY, "mem_1", base64.b64encode(blob).decode()) == "héllo"
+    sealed = cipher.encrypt(Kind.ENTRY, "mem_1", "héllo")  # stored as the blob's base64 text
+    mine = base64.b64decode(sealed, validate=True)
     assert mine[:1] == b"\x01" and len(mine) == 1 + 12 + len("héllo".encode()) + 16
     assert AESGCM(DATA_KEY).decrypt(mine[1:13], mine[13:], b"entry:mem_1") == "héllo".encode()
 
@@ -95,14 +98,19 @@ def test_a_ciphertext_moved_to_another_record_kind_or_bot_fails() -> None:
 
 @pytest.mark.parametrize("position", [0, 1, 12, 13, -1])
 def test_a_tampered_or_truncated_ciphertext_fails(position: int) -> None:
-    blob = bytearray(CIPHER.encrypt(Kind.CHANGE, "v1", "payload"))
+    blob = bytearray(base64.b64decode(CIPHER.encrypt(Kind.CHANGE, "v1", "payload")))
     blob[position] ^= 0x01
     with pytest.raises(DecryptionError):
         CIPHER.decrypt(Kind.CHANGE, "v1", bytes(blob))
+    with pytest.raises(DecryptionError):
+        CIPHER.decrypt(Kind.CHANGE, "v1", base64.b64encode(blob).decode())
 
 
-@pytest.mark.parametrize("blob", [b"", b"\x01", b"\x01" + b"\x00" * 27, b"\x02" + b"\x00" * 40])
-def test_malformed_ciphertexts_are_decryption_errors(blob: bytes) -> None:
+@pytest.mark.parametrize(
+    "blob",
+    [b"", b"\x01", b"\x01" + b"\x00" * 27, b"\x02" + b"\x00" * 40, "", "not base64!", "AQ==", "A" * 41],
+)
+def test_malformed_ciphertexts_are_decryption_errors(blob: str | bytes) -> None:
     with pytest.raises(DecryptionError):
         CIPHER.decrypt(Kind.ITEM, "i-1", blob)
 
