@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 from services.changes import AddFact, AddObservation, Applied, ItemRef, MemoryChange
@@ -50,3 +51,10 @@ async def command(api: Api, token: str, bot: str, body: dict[str, Any]) -> Any:
     return await api.http.post(
         f"/v1/bots/{bot}/memory", json={"command": body}, headers={"Authorization": f"Bearer {token}"}
     )
+
+
+def sealed(stored: Any) -> bytes:
+    """The bytes of a ciphertext as stored (``services.crypto.Sealed``: base64 text), to check
+    that no plaintext is in it."""
+    assert isinstance(stored, str), f"a ciphertext is stored as text, not {type(stored).__name__}"
+    return base64.b64decode(stored, validate=True)

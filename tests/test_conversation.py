@@ -13,7 +13,7 @@ import pytest
 from services.runtime import Runtime
 from tests.client import Api
 from tests.learning_helpers import complete, memory_world
-from tests.memory_helpers import fact, said
+from tests.memory_helpers import fact, said, sealed
 from tests.model_server import ModelServer, Reply, ToolCall
 
 pytestmark = pytest.mark.usefixtures("learning_worker")
@@ -67,7 +67,7 @@ async def test_the_summary_is_compressed_past_20000_characters(
     rows, _, _ = await runtime.driver.execute_query(
         "MATCH (s:ChatSummary {chatId: $c}) RETURN s.text AS t", c=chat
     )
-    assert b"long letters" not in rows[0]["t"]  # encrypted (E1)
+    assert b"long letters" not in sealed(rows[0]["t"])  # encrypted (E1)
     # Deleting the chat's history deletes its summary too (V13).
     await api.gql(
         "mutation($c: ID!) { deleteChatHistory(chatId: $c) { items } }", {"c": chat}, w.tokens["ann"]

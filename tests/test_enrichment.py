@@ -14,7 +14,7 @@ from services.runtime import Runtime
 from tests.client import Api
 from tests.conftest import WorkerProcess
 from tests.learning_helpers import memory_world, set_org
-from tests.memory_helpers import apply, command, fact, said
+from tests.memory_helpers import apply, command, fact, said, sealed
 from tests.model_server import ModelServer, Recorded, Reply, ToolCall
 
 
@@ -69,7 +69,7 @@ async def test_private_chat_rewrite_with_what_the_person_may_see(
     rows, _, _ = await runtime.driver.execute_query(
         "MATCH (n:Enrichment {chatId: $c}) RETURN n.text AS text, n.original AS original", c=chat
     )
-    assert b"Paris" not in rows[0]["text"] and b"Paris" not in rows[0]["original"]
+    assert b"Paris" not in sealed(rows[0]["text"]) and b"Paris" not in sealed(rows[0]["original"])
     # Forget revokes the source: the record shows only the original words (D9.6).
     assert (await command(api, w.tokens["ann"], w.bot, {"_tag": "Forget", "id": trains})).status_code == 200
     [record] = (await enrichments(api, w.tokens["ann"], chat)).json()["enrichments"]

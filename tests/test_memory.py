@@ -450,12 +450,12 @@ async def test_topics_are_set_and_a_rename_covers_every_matching_entry(api: Api,
     await apply_changes(runtime, w.bot, [*trips, both, other], "memory_bot")
     renamed = {c.id for c in trips} | {both.id}
 
-    async def stored() -> tuple[dict[str, tuple[bytes, list[str]]], int]:
+    async def stored() -> tuple[dict[str, tuple[str, list[str]]], int]:
         records, _, _ = await runtime.driver.execute_query(
             "MATCH (m:Memory {id: $b})<-[:IN_MEMORY]-(e:Entry) RETURN m.version AS v, e.id AS id, e.content AS c, e.tags AS t",
             b=w.bot,
         )
-        return {r["id"]: (bytes(r["c"]), list(r["t"])) for r in records}, int(records[0]["v"])
+        return {r["id"]: (str(r["c"]), list(r["t"])) for r in records}, int(records[0]["v"])
 
     before, v0 = await stored()
     # Bad topics are refused before anything is written (V8).

@@ -25,7 +25,7 @@ from tests.learning_helpers import (
     set_org,
     wait_executions,
 )
-from tests.memory_helpers import command, fact, said
+from tests.memory_helpers import command, fact, said, sealed
 from tests.model_server import ModelServer, Reply
 
 pytestmark = pytest.mark.usefixtures("learning_worker")
@@ -244,7 +244,7 @@ async def test_missing_usage_is_recorded_unknown_and_not_charged(
     assert second["usageKnown"] is True and second["costMicros"] == 200
     assert (second["promptTokens"], second["completionTokens"]) == (100, 50)
     # Saved encrypted with its attempts (C5, E1).
-    assert isinstance(first["request"], bytes) and b"hello" not in first["request"]
+    assert b"hello" not in sealed(first["request"])
     assert first["attempts"] == 1 and first["attemptLog"][0].startswith("ok:")
 
 
