@@ -17,7 +17,7 @@ from neo4j import AsyncManagedTransaction
 
 from graph.access import VISIBLE
 from graph.context import ACTIVE_SEEK
-from graph.driver import QueryTarget, rows, single
+from graph.driver import QueryTarget, single
 from graph.memory import ENTRY_MAP, READ_LOCK, SOURCES_OF_E, TOP_RANK, reader_keys
 
 #: The full-text index of the blind keyword tokens (whitespace analyzer: a token is one keyed hash).
@@ -28,7 +28,7 @@ KEYWORD_INDEX: Final = "entry_keywords"
 VECTORS_SINCE: Final = """
 MATCH (e:Entry)
 WHERE e.botId = $botId AND e.vecSeq > $after AND e.vecModel = $model
-RETURN e.id AS id, e.vec AS vec
+RETURN collect(e.id) AS ids, collect(e.vec) AS vecs
 """
 
 #: The shared lock, then the Memory's vector sequence (no row: no such Bot).
@@ -175,14 +175,16 @@ RETURN coalesce(m.vecSeq, 0) AS seq, m.version AS version, ids
 
 async def vectors_since(
     tx: AsyncManagedTransaction, *, bot_id: str, model: str, after: int
-) -> tuple[int | None, list[tuple[str, bytes]]]:
+) -> tuple[int | None, list[tuple[str, str | bytes]]]:
     """Under the shared lock, the Memory's vector sequence and every vector of ``model`` stamped
     after ``after`` (``-1``: all of them) as (entry id, ciphertext); sequence None: no such Bot."""
     locked = await single(tx, VECTOR_SEQ, botId=bot_id)
     if locked is None:
         return None, []
-    found = await rows(tx, VECTORS_SINCE, botId=bot_id, model=model, after=after)
-    return int(locked["seq"]), [(r["id"], r["vec"]) for r in found]
+    # One record of two lists: the driver decodes it far faster than a record per vector.
+    found = await single(tx, VECTORS_SINCE, botId=bot_id, model=model, after=after)
+    assert found is not None
+    return int(locked["seq"]), list(zip(found["ids"], found["vecs"], strict=True))
 
 
 async def search(

@@ -15,6 +15,7 @@ switches them back.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 from dataclasses import dataclass
@@ -279,10 +280,12 @@ async def _load(rt: Runtime, index: BotVectors, bot_id: str, cipher: Cipher) -> 
         )
         if seq is None:
             raise NotFound("bot not found")
-        _absorb(index, cipher, rows, seq)
+        # Decrypting and decoding every vector takes a while on a large Bot: off the event loop
+        # (searches of this Bot wait on the index's lock meanwhile; others go on).
+        await asyncio.to_thread(_absorb, index, cipher, rows, seq)
 
 
-def _absorb(index: BotVectors, cipher: Cipher, rows: list[tuple[str, bytes]], seq: int) -> None:
+def _absorb(index: BotVectors, cipher: Cipher, rows: list[tuple[str, str | bytes]], seq: int) -> None:
     """Vectors read from the graph into the index, which then holds everything through ``seq``."""
     if rows:
         raws = cipher.decrypt_bytes_all(Kind.ENTRY_VECTOR, rows)

@@ -130,8 +130,11 @@ class BotVectors:
         n = len(self._ids)
         sample = np.random.default_rng(0).choice(n, size=min(n, _FIT_ROWS), replace=False)
         x = self._q[sample].astype(np.float32) * self._scale[sample, None]
-        _, _, vt = np.linalg.svd(x - x.mean(axis=0), full_matrices=False)
-        self._basis = np.ascontiguousarray(vt[:COARSE_DIMS].T.astype(np.float32))
+        x -= x.mean(axis=0)
+        # The leading eigenvectors of the covariance (dims × dims) are the principal axes: far
+        # cheaper than an SVD of the sample itself.
+        _, axes = np.linalg.eigh(x.T @ x)
+        self._basis = np.ascontiguousarray(axes[:, ::-1][:, :COARSE_DIMS].astype(np.float32))
         coarse = np.zeros((self._q.shape[0], COARSE_DIMS), np.float32)
         for start in range(0, n, _CHUNK):
             stop = min(n, start + _CHUNK)
