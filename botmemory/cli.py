@@ -42,7 +42,7 @@ async def _rotate(generate: bool) -> int:
         settings.resolved()  # make sure a key exists before it is replaced
         _replace_local_key(settings)
     settings = load_settings()
-    async with open_runtime(settings, run_migrations=False) as runtime:
+    async with open_runtime(settings, schema="none") as runtime:
         changed = await rotate_data_keys(runtime.driver, runtime.keyring)
     print(f"re-wrapped {changed} data keys with master key {runtime.keyring.current_id}")
     return 0
@@ -96,7 +96,7 @@ async def _reindex(bot_id: str) -> int:
     settings = load_settings()
     embedder = make_embedder(settings)
     try:
-        async with open_runtime(settings, run_migrations=False) as runtime:
+        async with open_runtime(settings, schema="none") as runtime:
             model = embedder.id if embedder is not None else "-"
             start = await backfill.progress(runtime, bot_id, model)
             bars: dict[str, _Bar] = {}
@@ -121,14 +121,14 @@ async def _reindex(bot_id: str) -> int:
 
 
 async def _relabel(bot_id: str) -> int:
-    async with open_runtime(load_settings(), run_migrations=False) as runtime:
+    async with open_runtime(load_settings(), schema="none") as runtime:
         count = await relabel_all(runtime, bot_id)
     print(f"relabelled {count} entries")
     return 0
 
 
 async def _import(bot_id: str, legacy: list[LegacyEntry]) -> int:
-    async with open_runtime(load_settings(), run_migrations=False) as runtime:
+    async with open_runtime(load_settings(), schema="none") as runtime:
         applied = await import_legacy(runtime, bot_id, legacy)
     print(f"imported {len(applied.entry_ids)} legacy entries (hidden until rebuilt from provable sources)")
     return 0

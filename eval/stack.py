@@ -118,7 +118,7 @@ async def running(settings: Settings, budget: int | None, code: Path = ROOT) -> 
         worker = WorkerProcess(logs / "eval-worker.log", env, cwd=code)
         await asyncio.to_thread(worker.wait_ready, 60)
         async with (
-            open_runtime(settings, run_migrations=False) as rt,
+            open_runtime(settings, schema="none") as rt,
             httpx.AsyncClient(base_url=api_process.url, timeout=60) as http,
         ):
             yield Stack(

@@ -38,7 +38,8 @@ async def startup(ctx: dict[str, Any]) -> None:
     configure_logging(settings.log_level)
     stack = contextlib.AsyncExitStack()
     ctx["stack"] = stack
-    runtime = await stack.enter_async_context(open_runtime(settings))
+    # The API applies the migrations; the worker waits for their version (one migrating process).
+    runtime = await stack.enter_async_context(open_runtime(settings, schema="wait"))
     gateway = await stack.enter_async_context(Gateway(settings))
     await gateway.warm_up()
     ctx["runtime"], ctx["gateway"] = runtime, gateway

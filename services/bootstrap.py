@@ -2,26 +2,68 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from collections.abc import AsyncGenerator
 from contextlib import asynccontextmanager
+from typing import Final, Literal
 
 from arq.connections import ArqRedis
+from neo4j import AsyncDriver
 from redis.asyncio import ConnectionPool
 
 from graph.driver import make_driver
-from graph.migrations import migrate
+from graph.migrations import LATEST, current_version, migrate
 from services import jobs
 from services.crypto import Keyring
 from services.runtime import Runtime
-from services.settings import Settings
+from services.settings import ConfigurationError, Settings
 
 log = logging.getLogger("botmemory")
 
 
+#: How often a process that waits for the schema reads its version, and logs that it waits.
+SCHEMA_POLL_SECONDS: Final = 0.5
+SCHEMA_LOG_SECONDS: Final = 10.0
+
+#: What a process does about the schema at start: apply the migrations (the API), wait until
+#: another process has (the worker: one migrating process at a time), or nothing (the CLI).
+Schema = Literal["migrate", "wait", "none"]
+
+
+class SchemaTooNew(ConfigurationError):
+    """The database was migrated by newer code than this process runs."""
+
+    def __init__(self, version: int) -> None:
+        super().__init__(
+            f"the database schema is version {version}, newer than this code's {LATEST}: upgrade this process"
+        )
+
+
+async def wait_for_schema(driver: AsyncDriver) -> int:
+    """Until the schema version is this code's (``LATEST``), reading it every half second and
+    saying at once, then every ten seconds, that it waits; a newer version is refused."""
+    said: float | None = None
+    while True:
+        version = await current_version(driver)
+        if version > LATEST:
+            raise SchemaTooNew(version)
+        if version == LATEST:
+            return version
+        if said is None or time.monotonic() - said >= SCHEMA_LOG_SECONDS:
+            said = time.monotonic()
+            log.info(
+                "waiting for schema version %s (the database has %s); the API applies it at start",
+                LATEST,
+                version,
+            )
+        await asyncio.sleep(SCHEMA_POLL_SECONDS)
+
+
 @asynccontextmanager
-async def open_runtime(settings: Settings, *, run_migrations: bool = True) -> AsyncGenerator[Runtime]:
-    """Connect to Neo4j and Redis, apply migrations, and close everything on exit."""
+async def open_runtime(settings: Settings, *, schema: Schema = "migrate") -> AsyncGenerator[Runtime]:
+    """Connect to Neo4j and Redis, see to the schema (``schema``), and close everything on exit."""
     password = settings.neo4j_password.get_secret_value() if settings.neo4j_password else ""
     driver = make_driver(settings.neo4j_uri, settings.neo4j_user, password)
     redis = ArqRedis(
@@ -30,9 +72,13 @@ async def open_runtime(settings: Settings, *, run_migrations: bool = True) -> As
         job_deserializer=jobs.deserialize,
     )
     try:
-        if run_migrations:
+        if schema == "migrate":
             version = await migrate(driver)
+            if version > LATEST:
+                raise SchemaTooNew(version)
             log.info("schema version %s", version)
+        elif schema == "wait":
+            log.info("schema version %s", await wait_for_schema(driver))
         keyring = Keyring(settings.master_key_bytes(), settings.previous_master_key_bytes())
         yield Runtime(settings=settings, driver=driver, redis=redis, keyring=keyring)
     finally:

@@ -4,9 +4,13 @@ agree on the schema version (the API and the worker start together on a fresh da
 from __future__ import annotations
 
 import asyncio
+import secrets
+from pathlib import Path
 
 from graph.migrations import LATEST, current_version, migrate
 from services.runtime import Runtime
+from services.settings import Settings
+from tools.processes import WorkerProcess
 
 DROPS = (
     "DROP INDEX entry_bot_id IF EXISTS",
@@ -27,3 +31,52 @@ async def test_concurrent_starters_all_migrate_to_the_latest_version(runtime: Ru
         versions = await asyncio.gather(*(migrate(driver) for _ in range(4)))
         assert versions == [LATEST] * 4
         assert await current_version(driver) == LATEST
+
+
+def _log_of(path: Path) -> bytes:
+    return path.read_bytes() if path.exists() else b""
+
+
+async def _logged(path: Path, text: bytes, worker: WorkerProcess) -> None:
+    """Until ``text`` is in the worker's log (or it exited: then it must be there)."""
+    for _ in range(600):
+        if text in _log_of(path):
+            return
+        if worker.proc.poll() is not None:
+            break
+        await asyncio.sleep(0.1)
+    assert text in _log_of(path), _log_of(path)[-2000:].decode(errors="replace")
+
+
+async def test_the_worker_waits_for_the_schema_the_api_applies(
+    runtime: Runtime, settings: Settings, service_env: dict[str, str]
+) -> None:
+    """One process migrates: the worker starts only once the schema has this code's version, and
+    refuses one that newer code wrote, in a sentence."""
+    driver = runtime.driver
+    older = settings.data_dir / "logs" / f"pytest-worker-schema-{secrets.token_hex(3)}.log"
+    await driver.execute_query(_SET_VERSION, version=LATEST - 1)
+    worker = WorkerProcess(older, service_env)
+    try:
+        await _logged(older, f"waiting for schema version {LATEST}".encode(), worker)
+        assert not worker.ready()
+        assert await migrate(driver) == LATEST  # what the API does at start
+        await asyncio.to_thread(worker.wait_ready, 60)
+    finally:
+        worker.stop()
+        await driver.execute_query(_SET_VERSION, version=LATEST)
+
+    newer = older.with_name(older.stem + "-newer.log")
+    await driver.execute_query(_SET_VERSION, version=LATEST + 1)
+    try:
+        worker = WorkerProcess(newer, service_env)
+        try:
+            await _logged(newer, f"newer than this code's {LATEST}: upgrade this process".encode(), worker)
+            assert await asyncio.to_thread(worker.proc.wait, 60) != 0
+        finally:
+            worker.stop()
+    finally:
+        await driver.execute_query(_SET_VERSION, version=LATEST)
+
+
+_SET_VERSION = "MATCH (s:SchemaVersion {id: 'schema'}) SET s.version = $version"

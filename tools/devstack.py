@@ -25,6 +25,7 @@ from tools.stores import (
     data_dir,
     ensure_neo4j,
     ensure_redis,
+    failure,
     host_port,
     port_open,
     procs,
@@ -32,7 +33,6 @@ from tools.stores import (
     running_pid,
     spawn,
     stop,
-    tail,
     wait_until,
 )
 
@@ -88,7 +88,7 @@ def ensure_app(s: Settings) -> None:
     wait_until(ps["api"], lambda: healthz(s.api_host, s.api_port), API_TIMEOUT, api)
     worker = ps["worker"]
     if running_pid(worker) is None:
-        raise StackError(f"worker exited; last lines of {worker.log_file}:\n{tail(worker.log_file)}")
+        raise failure("worker", "exited", worker.log_file)
     token = "BOTMEMORY_ADMIN_TOKEN" if "BOTMEMORY_ADMIN_TOKEN" in os.environ else data_dir(s) / "admin-token"
     print(f"api: ready. GraphiQL: http://{s.api_host}:{s.api_port}/graphql")
     print(f"admin token: in {token}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -16,6 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 from urllib.parse import urlsplit
 
 from services.settings import Settings
@@ -127,14 +129,36 @@ def tail(path: Path, lines: int = 40) -> str:
         return ""
 
 
+#: The last line of a Python traceback: ``package.module.SomeError: what went wrong``.
+_RAISED: Final = re.compile(
+    r"^(?:[A-Za-z_][\w.]*\.)?([A-Za-z_]\w*(?:Error|Exception|Exit|TooNew|Unavailable)): (.+)$"
+)
+
+
+def why_it_failed(path: Path) -> str:
+    """What a process's log says it failed of, in one line: the message of the exception it died
+    of (not the traceback), else its last line; empty when the log says nothing."""
+    lines = [line.strip() for line in tail(path, 200).splitlines() if line.strip()]
+    for line in reversed(lines):
+        found = _RAISED.match(line)
+        if found:
+            return found.group(2)
+    return lines[-1][:300] if lines else ""
+
+
+def failure(name: str, what: str, log_file: Path) -> StackError:
+    """``<name> <what>: <why>; log: <file>`` — one sentence instead of a log tail."""
+    why = why_it_failed(log_file)
+    return StackError(f"{name} {what}{': ' + why if why else ''} (log: {log_file})")
+
+
 def wait_until(p: Proc, ready: Callable[[], bool], timeout: float, child: Popen | None) -> None:
     """Poll ``ready`` until true; fail early with the log tail when the process dies."""
     deadline = time.monotonic() + timeout
     while not ready():
         died = child.poll() is not None if child is not None else running_pid(p) is None
         if died or time.monotonic() > deadline:
-            why = "exited" if died else f"not ready after {timeout:.0f}s"
-            raise StackError(f"{p.name} {why}; last lines of {p.log_file}:\n{tail(p.log_file)}")
+            raise failure(p.name, "exited" if died else f"not ready after {timeout:.0f}s", p.log_file)
         time.sleep(0.5)
 
 

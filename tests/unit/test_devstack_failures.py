@@ -1,0 +1,42 @@
+"""``make up`` says why a process failed in one sentence, with where its log is (issue 17)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tools.stores import failure, why_it_failed
+
+TRACEBACK = """\
+12:00:01 INFO botmemory schema version 7
+Traceback (most recent call last):
+  File "/app/learning/worker.py", line 41, in startup
+    runtime = await stack.enter_async_context(open_runtime(settings, schema="wait"))
+  File "/app/services/bootstrap.py", line 52, in wait_for_schema
+    raise SchemaTooNew(version)
+services.bootstrap.SchemaTooNew: the database schema is version 9, newer than this code's 8: upgrade this process
+"""
+
+
+def test_the_exception_a_process_died_of_is_the_sentence(tmp_path: Path) -> None:
+    log = tmp_path / "worker.log"
+    log.write_text(TRACEBACK)
+    assert (
+        why_it_failed(log)
+        == "the database schema is version 9, newer than this code's 8: upgrade this process"
+    )
+    message = str(failure("worker", "exited", log))
+    assert message == (
+        "worker exited: the database schema is version 9, newer than this code's 8: upgrade this process"
+        f" (log: {log})"
+    )
+    assert "Traceback" not in message and "\n" not in message
+
+
+def test_without_an_exception_the_last_line_and_without_a_log_nothing(tmp_path: Path) -> None:
+    log = tmp_path / "neo4j.log"
+    log.write_text("starting\nERROR Address already in use: 127.0.0.1:7687\n\n")
+    assert why_it_failed(log) == "ERROR Address already in use: 127.0.0.1:7687"
+    assert why_it_failed(tmp_path / "missing.log") == ""
+    assert str(failure("api", "not ready after 120s", tmp_path / "missing.log")) == (
+        f"api not ready after 120s (log: {tmp_path / 'missing.log'})"
+    )
