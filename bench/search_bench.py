@@ -247,7 +247,7 @@ class QueryEmbedder(PoolEmbedder):
 #: ``graph.search.SEARCH`` without the shared lock, the vectors-since seek and VISIBLE: the same
 #: seek of the dense ids by id, the same full-text query, the same memory-order fill seek per key
 #: of the reader (unchecked) and the same fusion, one auto-commit statement.
-RAW_SEARCH: Final = (
+_RAW_HEAD: Final = (
     """
 MATCH (m:Memory {id: $botId})
 CALL () {
@@ -265,8 +265,8 @@ CALL () {
   WHERE e.botId = $botId AND e.activeKey IS NOT NULL
   RETURN collect(e) AS keyword
 }
-CALL () {
-  WITH 1 AS go WHERE $fill > 0
+CALL (dense, keyword) {
+  WITH 1 AS go WHERE $fill > size(dense) + size([e IN keyword WHERE NOT e IN dense])
   UNWIND $keys AS key
   CALL (key) {
     MATCH (e:Entry)
@@ -291,13 +291,19 @@ CALL (m, parts) {
   ORDER BY score DESC, e.memoryRank DESC, e.id
   LIMIT $limit
 """
-    + SOURCES_OF_E
-    + "  RETURN collect({score: score, entry: "
-    + ENTRY_MAP
-    + """}) AS ranked
+)
+_RAW_TAIL: Final = """}) AS ranked
 }
 RETURN ranked
 """
+RAW_SEARCH: Final = (
+    _RAW_HEAD + SOURCES_OF_E + "  RETURN collect({score: score, entry: " + ENTRY_MAP + _RAW_TAIL
+)
+#: RAW_SEARCH as ``context(query)`` reads it (``graph.search.SEARCH_CONTEXT``): id, rank, length, ciphertext.
+RAW_SEARCH_CONTEXT: Final = (
+    _RAW_HEAD
+    + "  RETURN collect({score: score, entry: e {.id, .memoryRank, .contentLength, .content}"
+    + _RAW_TAIL
 )
 
 
@@ -330,7 +336,8 @@ async def raw_ranked(
         "recency": search.RECENCY_PRIOR,
         "halfLife": search.RECENCY_HALF_LIFE,
     }
-    record = await autocommit(rt.driver, lambda s: single(s, RAW_SEARCH, **params), write=False)
+    statement = RAW_SEARCH_CONTEXT if fill else RAW_SEARCH
+    record = await autocommit(rt.driver, lambda s: single(s, statement, **params), write=False)
     found: list[dict[str, Any]] = [] if record is None else list(record["ranked"])
     return sorted(found, key=lambda r: (-float(r["score"]), -int(r["entry"]["memoryRank"])))
 
