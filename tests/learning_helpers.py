@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 from typing import Any
 
 from graph.learning import ENDS
@@ -109,3 +110,24 @@ def learn(*calls: tuple[str, dict[str, Any] | str], **reply: Any) -> Reply:
 
 def fact_call(content: str, *items: str, topics: tuple[str, ...] = ()) -> tuple[str, dict[str, Any]]:
     return ("add_fact", {"content": content, "source_item_ids": list(items), "topics": list(topics)})
+
+
+async def until_logged(path: Path, text: str, within: float = 30) -> None:
+    """Until a process's log holds ``text`` (the event that shows the work was considered)."""
+    deadline = time.monotonic() + within
+    while text.encode() not in await asyncio.to_thread(path.read_bytes):
+        assert time.monotonic() < deadline, f"{text!r} never logged in {path}"
+        await asyncio.sleep(0.05)
+
+
+async def until_a_transaction_waits_for_a_lock(rt: Runtime, within: float = 30) -> None:
+    """Until Neo4j shows a transaction blocked on a lock."""
+    deadline = time.monotonic() + within
+    while True:
+        records, _, _ = await rt.driver.execute_query(
+            "SHOW TRANSACTIONS YIELD status WHERE status STARTS WITH 'Blocked' RETURN count(*) AS n"
+        )
+        if records[0]["n"] > 0:
+            return
+        assert time.monotonic() < deadline, "no transaction ever waited for the lock"
+        await asyncio.sleep(0.05)

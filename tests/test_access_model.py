@@ -926,7 +926,19 @@ async def test_share_observation_over_pinned_within_its_author(api: Api, runtime
     above = AddObservation(content="cook vegan food for Ann", source_entry_ids=(pinned,), confidence=0.9)
     await apply_changes(runtime, w.bot, [above], "memory_bot")
     # The pinned source's rule is its author (V9), so Ann's own audience passes every source rule (V6).
-    await apply_changes(runtime, w.bot, [Share(above.id, (f"for:person:{w.people['ann']}",))], "memory_bot")
+    shared = await apply_changes(
+        runtime, w.bot, [Share(above.id, (f"for:person:{w.people['ann']}",))], "memory_bot"
+    )
+    assert shared.entry_ids == (above.id,)
+    records, _, _ = await runtime.driver.execute_query(
+        "MATCH (e:Entry {id: $id}) RETURN e.tags AS tags", id=above.id
+    )
+    assert f"for:person:{w.people['ann']}" in records[0]["tags"]
+    # And Ann still sees it: the share widened nothing past its pinned source.
+    listed = await api.http.get(
+        f"/v1/bots/{w.bot}/memory", headers={"Authorization": f"Bearer {w.tokens['ann']}"}
+    )
+    assert above.id in [e["id"] for e in listed.json()["entries"]]
 
 
 async def test_share_observation_past_its_pinned_source_is_refused(api: Api, runtime: Runtime) -> None:

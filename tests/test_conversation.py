@@ -12,7 +12,8 @@ import pytest
 
 from services.runtime import Runtime
 from tests.client import Api
-from tests.learning_helpers import complete, memory_world
+from tests.conftest import WorkerProcess
+from tests.learning_helpers import complete, memory_world, until_logged
 from tests.memory_helpers import fact, said, sealed
 from tests.model_server import ModelServer, Reply, ToolCall
 
@@ -49,8 +50,10 @@ async def test_the_summary_is_compressed_past_20000_characters(
     chat = await api.chat(w.tokens["ann"], w.bot)
     model_server.default("summary", Reply(text="Ann sent two long letters, A and B."))
     await long_turn(api, w.tokens["ann"], chat, "A")
-    await asyncio.sleep(0.5)
-    assert model_server.requests_for("summary") == []  # 10,502 characters: not due
+    # 10,502 characters: not due. completeTurn decides before it answers: no summary job was
+    # queued, none runs, none was asked.
+    assert await runtime.redis.exists(f"arq:job:summary:{chat}", f"arq:in-progress:summary:{chat}") == 0
+    assert model_server.requests_for("summary") == []
     await long_turn(api, w.tokens["ann"], chat, "B")
     assert await wait_summary(api, w.tokens["ann"], chat) == "Ann sent two long letters, A and B."
     [request] = model_server.requests_for("summary")
@@ -75,7 +78,9 @@ async def test_the_summary_is_compressed_past_20000_characters(
     assert (await pack(api, w.tokens["ann"], chat)).json()["summary"] is None
 
 
-async def test_no_summary_while_the_budget_is_spent(api: Api, model_server: ModelServer) -> None:
+async def test_no_summary_while_the_budget_is_spent(
+    api: Api, model_server: ModelServer, learning_worker: WorkerProcess
+) -> None:
     w = await memory_world(api, ("ann",))
     await api.http.patch(
         f"/v1/bots/{w.bot}/memory/bot",
@@ -86,7 +91,8 @@ async def test_no_summary_while_the_budget_is_spent(api: Api, model_server: Mode
     model_server.default("summary", Reply(text="Two letters."))
     await long_turn(api, w.tokens["ann"], chat, "A")
     await long_turn(api, w.tokens["ann"], chat, "B")
-    await asyncio.sleep(1.5)
+    # Due, but the budget is spent: the worker's job says so, and asked no model.
+    await until_logged(learning_worker.log_path, f"summary of {chat}: budget_spent")
     assert model_server.requests_for("summary") == []
     assert (await pack(api, w.tokens["ann"], chat)).json()["summary"] is None
     await api.http.patch(

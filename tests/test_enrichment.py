@@ -4,7 +4,6 @@ back, what is saved and who reads it — asserted on the scripted model's record
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 import pytest
@@ -172,10 +171,11 @@ async def test_no_answer_within_the_deadline_keeps_the_input(
         "rewrite",
         Reply(tool_calls=[ToolCall("rewrite_input", {"text": "x", "used_entry_ids": [tea]})], delay=10),
     )
-    started = time.monotonic()
     turn = await api.turn(w.tokens["ann"], chat, "Make me a drink")
+    # Every attempt is answered "x" only after 10 s: the input as it is shows that the deadline
+    # (3 s in the suite, D9.11) ended the wait, not an answer.
     assert turn["enrichedInput"] == "Make me a drink"
-    assert time.monotonic() - started < 3.5  # 3 s in the suite (D9.11)
+    assert model_server.requests_for("rewrite")
 
 
 async def test_a_saved_rewrite_is_reused_while_its_references_hold(

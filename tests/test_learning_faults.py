@@ -24,6 +24,8 @@ from tests.learning_helpers import (
     learn,
     memory_bot_changes,
     memory_world,
+    until_a_transaction_waits_for_a_lock,
+    until_logged,
     wait_executions,
 )
 from tests.memory_helpers import command, visible
@@ -75,20 +77,16 @@ async def test_worker_killed_after_the_model_call_recovers_without_calling_again
         while await saved_learn_calls(runtime, w.bot) == 0:
             assert time.monotonic() < deadline, "the worker never saved its model call"
             await asyncio.sleep(0.05)
-        await asyncio.sleep(0.3)  # now it waits for the lock inside apply_changes
+        await until_a_transaction_waits_for_a_lock(runtime)  # the worker's, inside apply_changes
         worker_process.kill()
-        killed = time.monotonic()
         await blocker.rollback()
     [x] = await executions(runtime, turn["id"])
     assert x["status"] == "running" and x["epoch"] == 0
     worker_process.restart()
     worker_process.wait_ready()
-    started = time.monotonic() - killed
+    # Taken over once the lease expired (how soon is the learning benchmark's to say).
     [x] = await wait_executions(runtime, turn["id"], within=20)
-    finished = time.monotonic() - killed
     assert x["status"] == "done" and x["epoch"] >= 1 and x["learned"] == 1
-    # Within the lease plus two sweeps of the restarted worker (its start-up time aside).
-    assert finished <= max(LEASE, started) + 2 * POLL + 1.0, (started, finished)
     assert len(model_server.requests_for("learn")) == 1  # the saved result was reused
     assert await saved_learn_calls(runtime, w.bot) == 1
     assert len(await memory_bot_changes(runtime, w.bot)) == 1
@@ -158,7 +156,9 @@ async def test_a_stopped_worker_past_its_lease_never_commits_after_the_takeover(
         assert x["status"] == "done" and x["epoch"] >= 1
     finally:
         os.kill(worker_process.proc.pid, signal.SIGCONT)
-    await asyncio.sleep(LEASE + 1)  # the first worker wakes up, gets its answer and tries to commit
+    # The first worker wakes up, gets its answer and tries to commit epoch 0: wait until it says
+    # how that ended (its log line for the epoch), then nothing of it may show.
+    await until_logged(worker_process.log_path, f"execution {x['id']} epoch 0: ")
     [x] = await executions(runtime, turn["id"])
     assert x["status"] == "done" and x["learned"] == 1
     assert len(await memory_bot_changes(runtime, w.bot)) == 1
