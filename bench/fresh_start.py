@@ -74,7 +74,12 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m bench.fresh_start", description=(__doc__ or "").split("\n\n")[0]
     )
     p.add_argument("--runs", type=int, default=20)
-    p.add_argument("--port", type=int, default=47687, help="first of three ports (bolt, redis, api)")
+    p.add_argument(
+        "--port",
+        type=int,
+        default=21687,
+        help="first of three ports (bolt, redis, api), below the ephemeral range",
+    )
     args = p.parse_args(argv)
     ok, times = 0, list[float]()
     for run in range(1, args.runs + 1):
