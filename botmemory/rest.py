@@ -9,7 +9,17 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from services import chatmemory, chats, commands, conversation, enrichments, memory, memorybot, search
+from services import (
+    chatmemory,
+    chats,
+    commands,
+    conversation,
+    enrichments,
+    learninglog,
+    memory,
+    memorybot,
+    search,
+)
 from services.auth import authenticate
 from services.domain import Item, Principal
 from services.errors import BadInput
@@ -278,6 +288,19 @@ async def get_enrichments(request: Request) -> JSONResponse:
     return JSONResponse({"enrichments": [e.json() for e in found]})
 
 
+async def get_learning(request: Request) -> JSONResponse:
+    """``GET /v1/chats/{chatId}/learning`` — the Chat owner's learning executions (D9.21)."""
+    principal = await principal_of(request)
+    found = await learninglog.executions(
+        runtime_of(request),
+        principal,
+        request.path_params["chat_id"],
+        limit=int_param(request, "limit", 50),
+        skip=int_param(request, "skip", 0),
+    )
+    return JSONResponse({"executions": [x.json() for x in found]})
+
+
 routes = [
     Route("/chats/{chat_id}/messages", chat_messages, methods=["GET"]),
     Route("/bots/{bot_id}/memory", get_memory, methods=["GET"]),
@@ -289,6 +312,7 @@ routes = [
     Route("/bots/{bot_id}/memory/bot", patch_memory_bot, methods=["PATCH"]),
     Route("/chats/{chat_id}/confessions", get_confessions, methods=["GET"]),
     Route("/chats/{chat_id}/enrichments", get_enrichments, methods=["GET"]),
+    Route("/chats/{chat_id}/learning", get_learning, methods=["GET"]),
     Route("/chats/{chat_id}/context", get_context, methods=["GET"]),
     Route("/chats/{chat_id}/memory/context", chat_memory_context, methods=["GET"]),
     Route("/chats/{chat_id}/memory/has-entries", chat_memory_has_entries, methods=["GET"]),

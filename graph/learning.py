@@ -12,7 +12,7 @@ from typing import Any, Final
 
 from neo4j import AsyncManagedTransaction
 
-from graph.driver import single
+from graph.driver import rows, single
 
 #: Statuses: ``waiting`` (its Turn is open), ``queued``, ``running`` (leased), ``budget``
 #: (waits for the next period or a raised limit), and the ends ``done``, ``failed``, ``skipped``.
@@ -81,7 +81,8 @@ RETURN coalesce(p.seq, 0) AS seq
 #: The commit of one step (C4): a compare-and-set of the epoch and the start position. When both
 #: hold, the position moves to ``$end`` and, on the last step, the execution ends — in the same
 #: transaction as the memory change that ``apply_changes`` writes around it. The step's saved
-#: ModelCall records the entries made from its answer (a purge of them removes it, D9.20).
+#: ModelCall records the entries made from its answer (a purge of them removes it, D9.20). A step
+#: whose answers were refused records its range and codes in ``setAside`` (D9.21).
 COMMIT_STEP: Final = """
 MATCH (x:LearningExecution {id: $id})
 CALL apoc.lock.nodes([x])
@@ -93,6 +94,8 @@ CALL apoc.lock.nodes([p])
 WITH x, p, x.epoch = $epoch AND x.status = 'running' AS mine, p.seq = $start AS fresh
 FOREACH (_ IN CASE WHEN mine AND fresh THEN [1] ELSE [] END |
   SET p.seq = $end, p.updatedAt = $now, x.learned = x.learned + $learned)
+FOREACH (_ IN CASE WHEN mine AND fresh AND $setAside IS NOT NULL THEN [1] ELSE [] END |
+  SET x.setAside = coalesce(x.setAside, []) + [$setAside])
 FOREACH (_ IN CASE WHEN mine AND fresh AND $final THEN [1] ELSE [] END |
   SET x.status = $status, x.endedAt = $now, x.leaseUntil = null)
 WITH x, p, mine, fresh
@@ -245,10 +248,12 @@ async def commit_step(
     now: int,
     call_id: str | None = None,
     produced: list[str] | None = None,
+    set_aside: str | None = None,
 ) -> dict[str, Any]:
     record = await single(
         tx,
         COMMIT_STEP,
+        setAside=set_aside,
         callId=call_id,
         produced=produced or [],
         id=id,
@@ -293,3 +298,19 @@ async def budget_waiting(tx: AsyncManagedTransaction, *, limit: int) -> list[dic
 async def release_budget(tx: AsyncManagedTransaction, *, bot_id: str, now: int) -> list[dict[str, Any]]:
     record = await single(tx, RELEASE_BUDGET, botId=bot_id, now=now)
     return [] if record is None else list(record["queued"])
+
+
+#: The learning executions of a Chat for its owner, newest first: status, entries learned, the
+#: error code, and the evidence set aside with its refusal codes (D9.21) — codes, never content.
+LIST_EXECUTIONS: Final = """
+MATCH (x:LearningExecution {chatId: $chatId})
+RETURN x {.id, .turnId, .status, .error, .learned, .setAside, .createdAt, .endedAt} AS execution
+ORDER BY x.createdAt DESC, x.id SKIP $skip LIMIT $limit
+"""
+
+
+async def list_executions(
+    tx: AsyncManagedTransaction, *, chat_id: str, skip: int, limit: int
+) -> list[dict[str, Any]]:
+    found = await rows(tx, LIST_EXECUTIONS, chatId=chat_id, skip=skip, limit=limit)
+    return [r["execution"] for r in found]

@@ -99,6 +99,13 @@ MIGRATIONS: Final[tuple[tuple[int, tuple[LiteralString, ...]], ...]] = (
             "CREATE INDEX entry_bot_id IF NOT EXISTS FOR (n:Entry) ON (n.botId, n.id)",
         ),
     ),
+    (
+        8,
+        (
+            # The Chat owner's view of its learning executions (D9.21: what was set aside).
+            "CREATE INDEX execution_chat IF NOT EXISTS FOR (n:LearningExecution) ON (n.chatId)",
+        ),
+    ),
 )
 
 #: Entries whose labels predate the current label properties: without ``memoryRank`` (before

@@ -35,11 +35,11 @@ from learning.gateway import (
     request_hash,
 )
 from learning.prompts import system_prompt
+from services import metrics
 from services.changes import AddFact, AddObservation, MemoryChange
 from services.crypto import Cipher, Kind
 from services.errors import ServiceError
-from services.jobs import enqueue_executions
-from services.memorybot import MemoryBotSettings, load_route, release_budget_waiting
+from services.memorybot import load_route
 from services.runtime import Runtime, now_ms
 from services.writepath import apply_changes
 
@@ -54,6 +54,14 @@ class StepFailed(Exception):
     def __init__(self, code: str) -> None:
         super().__init__(code)
         self.code = code
+
+
+class StepRefused(Exception):
+    """Every answer of a step was refused (D9.21): its evidence is set aside with these codes."""
+
+    def __init__(self, codes: list[str]) -> None:
+        super().__init__(",".join(codes))
+        self.codes = codes
 
 
 class _Superseded(Exception):
@@ -201,7 +209,20 @@ class ExecutionRunner:
                 if more:
                     continue
                 return final_status
-            changes, call_id = await self._step(x, inputs, chunk)
+            try:
+                changes, call_id = await self._step(x, inputs, chunk)
+            except StepRefused as refused:  # D9.21: set aside, never learned; read on past it
+                aside = f"{start + 1}-{end}:{','.join(refused.codes)}"
+                try:
+                    await self._commit(
+                        x, [], start, end, final=not more, status="done", learned=0, aside=aside
+                    )
+                except _Stale:
+                    continue
+                log.info("execution %s set evidence aside: %s", x.id, aside)
+                if more:
+                    continue
+                return "done"
             if call_id is None:
                 await self._finish(x, "budget", None)  # waits, not lost (L6)
                 return "budget"
@@ -240,46 +261,66 @@ class ExecutionRunner:
         body = protocol.request_body(
             system_prompt(protocol.LEARN_SYSTEM, route), list(evidence.values()), kept, inputs.topics
         )
-        key = StepKey(x.id, x.epoch, start, request_hash({"model": route.model, **body}))
-        saved = next((c for c in inputs.saved if c["requestHash"] == key.request_hash), None)
-        completion = None
-        if saved is not None:
-            completion = Completion.from_json(
-                saved["id"], cipher.decrypt(Kind.MODEL_RESULT, saved["id"], saved["result"])
-            )
-        elif (
-            inputs.spent is not None and route.budget_limit is not None and inputs.spent >= route.budget_limit
-        ):
-            return [], None
-        if completion is None:
-            try:
-                release = await self.gateway.acquire(route, deadline)
+        refusals: list[str] = []
+        for attempt in range(1 + protocol.MAX_REASKS):
+            key = StepKey(x.id, x.epoch, start, request_hash({"model": route.model, **body}))
+            saved = next((c for c in inputs.saved if c["requestHash"] == key.request_hash), None)
+            if saved is not None:  # a re-ask's answer is saved under its own request, too (C5)
+                completion = Completion.from_json(
+                    saved["id"], cipher.decrypt(Kind.MODEL_RESULT, saved["id"], saved["result"])
+                )
+            elif (
+                attempt == 0
+                and inputs.spent is not None
+                and route.budget_limit is not None
+                and inputs.spent >= route.budget_limit
+            ):
+                return [], None
+            else:
                 try:
-                    completion = await self.gateway.complete(
-                        self.rt,
-                        route,
-                        task="learn",
-                        body=body,
-                        deadline=deadline,
-                        step=key,
-                        entry_ids=tuple(e["id"] for e in entries),
-                    )
-                finally:
-                    release()
-            except ModelUnavailable as exc:
-                raise StepFailed("model:" + exc.code) from None
-        if time.monotonic() > deadline:
-            raise StepFailed("step_timeout")
+                    completion = await self._ask(route, body, deadline, key, entries)
+                except ModelUnavailable as exc:
+                    if not refusals:
+                        raise StepFailed("model:" + exc.code) from None
+                    raise StepRefused([*refusals, "reask:" + exc.code]) from None
+            if time.monotonic() > deadline:
+                raise (
+                    StepFailed("step_timeout") if not refusals else StepRefused([*refusals, "reask:timeout"])
+                )
+            try:
+                changes = protocol.changes_from(
+                    completion.tool_calls,
+                    chat_id=x.chat_id,
+                    evidence=evidence,
+                    context_ids={e["id"] for e in entries},
+                )
+                return changes, completion.call_id
+            except protocol.Violation as violation:
+                refusals.append(f"policy:{violation.code}:{violation.path}")
+                last = attempt == protocol.MAX_REASKS
+                metrics.STEP_REFUSALS.labels(
+                    code=violation.code, then="set_aside" if last else "reasked"
+                ).inc()
+                body = protocol.reask_body(body, completion.text, completion.tool_calls, violation)
+        raise StepRefused(refusals)
+
+    async def _ask(
+        self, route: Route, body: dict[str, Any], deadline: float, key: StepKey, entries: list[dict[str, Any]]
+    ) -> Completion:
+        """One model call of a step under the concurrency limit (D9.25) and the step deadline."""
+        release = await self.gateway.acquire(route, deadline)
         try:
-            changes = protocol.changes_from(
-                completion.tool_calls,
-                chat_id=x.chat_id,
-                evidence=evidence,
-                context_ids={e["id"] for e in entries},
+            return await self.gateway.complete(
+                self.rt,
+                route,
+                task="learn",
+                body=body,
+                deadline=deadline,
+                step=key,
+                entry_ids=tuple(e["id"] for e in entries),
             )
-            return changes, completion.call_id
-        except protocol.Violation as violation:
-            raise StepFailed(f"policy:{violation.code}:{violation.path}") from None
+        finally:
+            release()
 
     async def _commit(
         self,
@@ -292,8 +333,10 @@ class ExecutionRunner:
         status: str,
         learned: int,
         call_id: str | None = None,
+        aside: str | None = None,
     ) -> None:
-        """Memory change + read position + execution end in one transaction, as a CAS (C4)."""
+        """Memory change + read position + execution end in one transaction, as a CAS (C4);
+        ``aside``: the range and codes of evidence set aside (D9.21)."""
         produced = [c.id for c in changes if isinstance(c, AddFact | AddObservation)]
 
         async def cas(tx: AsyncManagedTransaction) -> None:
@@ -309,6 +352,7 @@ class ExecutionRunner:
                 now=now_ms(),
                 call_id=call_id,
                 produced=produced,
+                set_aside=aside,
             )
             if not result["mine"]:
                 raise _Superseded()
@@ -339,45 +383,3 @@ def _kept(cipher: Cipher, entry: dict[str, Any]) -> dict[str, Any]:
     if entry.get("confidence") is not None:
         kept["confidence"] = entry["confidence"]
     return kept
-
-
-async def sweep_once(rt: Runtime) -> int:
-    """Start new epochs for expired leases and lost enqueues, queue idle Turns' executions, and
-    release budget waits whose budget is free again (D9.9, D9.11, D9.12). Returns how many."""
-    now = now_ms()
-    settings = rt.settings
-    limit = 200
-    queued: list[dict[str, Any]] = []
-    queued += await write(
-        rt.driver, lambda tx: learning_q.sweep(tx, learning_q.SWEEP_EXPIRED, now=now, limit=limit)
-    )
-    before = now - int(settings.requeue_after_seconds * 1000)
-    queued += await write(
-        rt.driver,
-        lambda tx: learning_q.sweep(tx, learning_q.SWEEP_STALE_QUEUED, before=before, now=now, limit=limit),
-    )
-    idle_before = now - int(settings.turn_idle_timeout_seconds * 1000)
-    queued += await write(
-        rt.driver,
-        lambda tx: learning_q.sweep(
-            tx, learning_q.SWEEP_IDLE_TURNS, idleBefore=idle_before, now=now, limit=limit
-        ),
-    )
-    await enqueue_executions(rt, queued)
-    released = 0
-    waiting = await read(rt.driver, lambda tx: learning_q.budget_waiting(tx, limit=limit))
-    for bot_id in sorted({w["botId"] for w in waiting}):
-        row = await read(rt.driver, lambda tx, b=bot_id: memorybot.settings(tx, bot_id=b))
-        if row is not None:
-            released += await release_budget_waiting(rt, bot_id, MemoryBotSettings.of(row))
-    return len(queued) + released
-
-
-async def sweeper(rt: Runtime) -> None:
-    """The worker's sweeper loop; several workers may sweep at once (every transition is a CAS)."""
-    while True:
-        await asyncio.sleep(rt.settings.sweep_interval_seconds)
-        try:
-            await sweep_once(rt)
-        except Exception as exc:  # keep sweeping; the next round retries
-            log.warning("sweep failed: %s", type(exc).__name__)

@@ -159,6 +159,51 @@ def request_body(
     }
 
 
+#: Re-asks of a refused step (D9.21): the violation goes back to the model as a tool error.
+MAX_REASKS = 2
+
+
+def reask_body(
+    body: dict[str, Any], text: str | None, calls: tuple[ToolCall, ...], violation: Violation
+) -> dict[str, Any]:
+    """The request after a refused answer (D9.21): the answer as the assistant's turn, then for
+    each of its tool calls a tool message — the refused one names the rule (code and field
+    path, never content), the others say they were not applied either (one violation refuses
+    the whole answer, D9.10)."""
+    refused = (
+        f"refused: {violation.code} at {violation.path}. Nothing of this answer was applied; answer again."
+    )
+    answer: dict[str, Any] = {"role": "assistant", "content": text}
+    follow: list[dict[str, Any]] = []
+    if calls:
+        answer["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in calls
+        ]
+        culprit = _culprit(violation.path, len(calls))
+        follow = [
+            {
+                "role": "tool",
+                "tool_call_id": c.id,
+                "content": refused
+                if i == culprit
+                else "not applied: another call of this answer was refused",
+            }
+            for i, c in enumerate(calls)
+        ]
+    else:
+        follow = [{"role": "user", "content": refused}]
+    return {**body, "messages": [*body["messages"], answer, *follow]}
+
+
+def _culprit(path: str, calls: int) -> int:
+    """Which tool call a violation's path (``tool_calls[i]…``) names; the first when none."""
+    head = path.split(".", 1)[0]
+    if head.startswith("tool_calls[") and head.endswith("]") and head[11:-1].isdigit():
+        return min(int(head[11:-1]), calls - 1)
+    return 0
+
+
 def _str(args: dict[str, Any], key: str, path: str) -> str:
     value = args.get(key)
     if not isinstance(value, str) or not value.strip():

@@ -18,8 +18,9 @@ from arq.connections import RedisSettings
 from arq.worker import run_worker
 
 from learning import backfill, summary
-from learning.executions import ExecutionRunner, sweeper
+from learning.executions import ExecutionRunner
 from learning.gateway import Gateway
+from learning.sweeper import sweeper
 from services import jobs, metrics
 from services.bootstrap import open_runtime
 from services.logs import configure_logging

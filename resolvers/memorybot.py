@@ -8,8 +8,8 @@ import strawberry
 
 from learning.confide import confide
 from schema.context import Info
-from schema.memorybot import BudgetInput, Confession, ConfideAnswer, Enrichment, MemoryBot
-from services import enrichments, memorybot
+from schema.memorybot import BudgetInput, Confession, ConfideAnswer, Enrichment, LearningExecution, MemoryBot
+from services import enrichments, learninglog, memorybot
 
 
 @strawberry.type
@@ -38,6 +38,19 @@ class MemoryBotQuery:
             info.context.runtime, principal, str(chat_id), limit=limit, skip=skip
         )
         return [Enrichment.of(e) for e in found]
+
+    @strawberry.field(
+        description="How the memory Bot learned from a chat, newest first: each execution's status, "
+        "entries learned, error code and the evidence it set aside with the refusal codes; the owner only."
+    )
+    async def learning(
+        self, info: Info, chat_id: strawberry.ID, limit: int = 50, skip: int = 0
+    ) -> list[LearningExecution]:
+        principal = await info.context.principal()
+        found = await learninglog.executions(
+            info.context.runtime, principal, str(chat_id), limit=limit, skip=skip
+        )
+        return [LearningExecution.of(x) for x in found]
 
 
 @strawberry.type

@@ -5,7 +5,7 @@ from __future__ import annotations
 import strawberry
 
 from schema.types import Long
-from services import enrichments, memorybot
+from services import enrichments, learninglog, memorybot
 
 
 @strawberry.type
@@ -99,4 +99,38 @@ class Enrichment:
             original=e.original,
             entry_ids=[strawberry.ID(i) for i in e.entry_ids],
             created_at=Long(e.created_at),
+        )
+
+
+@strawberry.type(description="Evidence a refused learning step never learned (D9.21).")
+class SetAside:
+    first: int = strawberry.field(description="The first Item's sequence number in the chat.")
+    last: int = strawberry.field(description="The last Item's sequence number in the chat.")
+    codes: list[str] = strawberry.field(
+        description="Why each answer was refused: rule and field, never content."
+    )
+
+
+@strawberry.type(description="One learning execution of a chat (its Turn's evidence).")
+class LearningExecution:
+    id: strawberry.ID
+    turn_id: strawberry.ID
+    status: str
+    learned: int
+    error: str | None
+    set_aside: list[SetAside]
+    created_at: Long
+    ended_at: Long | None
+
+    @classmethod
+    def of(cls, x: learninglog.Execution) -> LearningExecution:
+        return cls(
+            id=strawberry.ID(x.id),
+            turn_id=strawberry.ID(x.turn_id),
+            status=x.status,
+            learned=x.learned,
+            error=x.error,
+            set_aside=[SetAside(first=a.first, last=a.last, codes=list(a.codes)) for a in x.set_aside],
+            created_at=Long(x.created_at),
+            ended_at=None if x.ended_at is None else Long(x.ended_at),
         )

@@ -33,3 +33,9 @@ SUBSCRIPTION_ENCODINGS = Counter(
 SUBSCRIPTION_MESSAGES = Counter(
     "botmemory_subscription_messages_total", "Subscription messages sent with a shared payload"
 )
+STEP_REFUSALS = Counter(
+    "botmemory_learning_refusals_total",
+    "Model answers of a learning step refused by the protocol, by rule code and what followed"
+    " (reasked: asked again with the violation; set_aside: the evidence range was set aside)",
+    ["code", "then"],
+)

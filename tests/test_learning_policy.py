@@ -1,5 +1,8 @@
-"""Hostile model output (L3, V1, V6, V8, D9.2, D9.10): one violation rejects the whole step,
-nothing is applied, the read position stays, and the output's text is nowhere in the clear."""
+"""Hostile model output (L3, V1, V6, V8, D9.2, D9.10, D9.21): one violation rejects the whole
+answer and nothing of it is applied; the model is asked again with the violation (code and field
+only) at most twice, then the evidence is set aside with the codes and the read position moves
+past it (no poison pill); a failure that is not the answer's (the provider, the commit's latest
+state) leaves the position for a later execution; the output's text is nowhere in the clear."""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ from collections.abc import Callable
 
 import pytest
 
+from learning.protocol import MAX_REASKS
 from services.runtime import Runtime
 from services.settings import Settings
 from tests.client import Api
@@ -104,16 +108,26 @@ async def test_hostile_answers_are_rejected_whole(
             ("TOOL_RESULT", "booked at 8pm", "restaurants"),
         )
         items = {"notice": "i-1", "person": "i-2", "bot": ids[0], "tool_call": ids[1], "app": ids[2]}
-        model_server.script("learn", reply(items))
+        refused = expected.startswith("policy:")
+        model_server.script("learn", *[reply(items)] * (1 + MAX_REASKS if refused else 1))
+        asked_before = len(model_server.requests_for("learn"))
         await confide(api, platform, turn["id"])
         await complete(api, platform, turn["id"])
         [x] = await wait_executions(runtime, turn["id"])
-        assert x["status"] == "failed", (expected, x)
-        assert x["error"].startswith(expected), (expected, x["error"])
-        assert CANARY not in x["error"]
-        assert await position(runtime, w.bot, chat) == 0  # unchanged: a later confide learns it again
+        if refused:  # asked again twice with the violation, then set aside; read on past it
+            assert (x["status"], x["learned"], x.get("error")) == ("done", 0, None), (expected, x)
+            [aside] = x["setAside"]
+            codes = aside.split(":", 1)[1].split(",")
+            assert len(codes) == 1 + MAX_REASKS and all(c.startswith(expected) for c in codes), aside
+            assert CANARY not in aside
+            assert len(model_server.requests_for("learn")) - asked_before == 1 + MAX_REASKS
+            assert await position(runtime, w.bot, chat) == 5
+        else:
+            assert x["status"] == "failed", (expected, x)
+            assert x["error"].startswith(expected), (expected, x["error"])
+            assert CANARY not in x["error"]
+            assert await position(runtime, w.bot, chat) == 0  # unchanged: a later confide learns it again
 
-    assert len(model_server.requests_for("learn")) == len(cases)
     assert await memory_bot_changes(runtime, w.bot) == before
     assert list(await visible(api, w.tokens["ann"], w.bot)) == [kept]
     # The canary is in no log, no Redis key or value, and not in Neo4j's files in the clear.
@@ -128,15 +142,16 @@ async def test_hostile_answers_are_rejected_whole(
 async def test_a_failed_step_is_learned_again_by_a_later_confide(
     api: Api, runtime: Runtime, model_server: ModelServer
 ) -> None:
-    """C6: the read position stays after a safe failure; the next execution reads that evidence."""
+    """C6: the read position stays after a failure of the provider; the next execution reads that
+    evidence again."""
     w = await memory_world(api, ("ann",))
     chat = await api.chat(w.tokens["ann"], w.bot)
     turn = await api.turn(w.tokens["ann"], chat, "I live in Porto")
-    model_server.script("learn", learn(fact_call("x", "i-1", topics=("Bad:Topic",))))
+    model_server.script("learn", Reply(status=500), Reply(status=500), Reply(status=500))
     await confide(api, w.tokens["ann"], turn["id"])
     await complete(api, w.tokens["ann"], turn["id"])
     [x] = await wait_executions(runtime, turn["id"])
-    assert x["status"] == "failed"
+    assert x["status"] == "failed" and x["error"].startswith("model:")
     turn2 = await api.turn(w.tokens["ann"], chat, "and I cycle to work")
     model_server.script(
         "learn", learn(fact_call("Ann lives in Porto", "i-1"), fact_call("Ann cycles to work", "i-2"))
@@ -152,3 +167,78 @@ async def test_a_failed_step_is_learned_again_by_a_later_confide(
         "Ann lives in Porto",
     ]
     assert await position(runtime, w.bot, chat) == 2
+
+
+LEARNING = (
+    "query($c: ID!) { learning(chatId: $c) { turnId status learned error setAside { first last codes } } }"
+)
+
+
+async def test_a_refused_answer_is_asked_again_then_set_aside_and_learning_goes_on(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    """D9.21, the poison pill: a refused answer is asked again with the violation as a tool error
+    (code and field, no content); a corrected answer is learned. Refused three times, the evidence
+    is set aside with its codes, the read position moves past it and a later plain fact in the
+    same chat is learned. The chat's owner sees it (GraphQL and REST); another person does not."""
+    w = await memory_world(api, ("ann", "bob"))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    # 1. Refused once, then corrected.
+    turn = await api.turn(w.tokens["ann"], chat, "I play the oboe")
+    model_server.script(
+        "learn",
+        learn(fact_call("Ann plays the oboe " + CANARY, "i-9")),
+        learn(fact_call("Ann plays the oboe", "i-1")),
+    )
+    await confide(api, w.tokens["ann"], turn["id"])
+    await complete(api, w.tokens["ann"], turn["id"])
+    [x] = await wait_executions(runtime, turn["id"])
+    assert (x["status"], x["learned"], x.get("setAside")) == ("done", 1, None)
+    first, again = model_server.requests_for("learn")[-2:]
+    assert again.body["messages"][: len(first.body["messages"])] == first.body["messages"]
+    answer, error = again.body["messages"][-2:]
+    assert answer["role"] == "assistant" and answer["tool_calls"][0]["function"]["name"] == "add_fact"
+    assert error == {
+        "role": "tool",
+        "tool_call_id": answer["tool_calls"][0]["id"],
+        "content": "refused: unknown_item at tool_calls[0].source_item_ids[0]. "
+        "Nothing of this answer was applied; answer again.",
+    }
+    # 2. Refused every time (it cites the Bot's own message): set aside, never learned.
+    platform = await api.platform_token(w.org)
+    poison = await api.turn(platform, chat, "Remember what you said", actor=w.people["ann"])
+    [bot_item] = await add_items(api, platform, poison["id"], ("BOT_MESSAGE", "I am a bot"))
+    model_server.script("learn", *[learn(fact_call("The bot is " + CANARY, bot_item))] * (1 + MAX_REASKS))
+    await confide(api, platform, poison["id"])
+    await complete(api, platform, poison["id"])
+    [y] = await wait_executions(runtime, poison["id"])
+    assert (y["status"], y["learned"]) == ("done", 0)
+    assert await position(runtime, w.bot, chat) == 3
+    # 3. A later plain fact in the same chat is learned (the refused evidence is not re-read).
+    later = await api.turn(w.tokens["ann"], chat, "I moved to Lyon")
+    model_server.script("learn", learn(fact_call("Ann moved to Lyon", "i-4")))
+    await confide(api, w.tokens["ann"], later["id"])
+    await complete(api, w.tokens["ann"], later["id"])
+    [z] = await wait_executions(runtime, later["id"])
+    assert (z["status"], z["learned"]) == ("done", 1)
+    assert (
+        "Remember what you said" not in model_server.requests_for("learn")[-1].body["messages"][1]["content"]
+    )
+    assert sorted(e["content"] for e in (await visible(api, w.tokens["ann"], w.bot)).values()) == [
+        "Ann moved to Lyon",
+        "Ann plays the oboe",
+    ]
+    # The owner's view: which evidence was set aside and why; codes only, no content.
+    seen = await api.gql(LEARNING, {"c": chat}, w.tokens["ann"])
+    by_turn = {e["turnId"]: e for e in seen["learning"]}
+    assert by_turn[poison["id"]]["setAside"] == [
+        {"first": 2, "last": 3, "codes": ["policy:not_evidence:tool_calls[0].source_item_ids[0]"] * 3}
+    ]
+    assert by_turn[turn["id"]]["setAside"] == [] and by_turn[turn["id"]]["learned"] == 1
+    rest = await api.http.get(
+        f"/v1/chats/{chat}/learning", headers={"Authorization": f"Bearer {w.tokens['ann']}"}
+    )
+    assert rest.status_code == 200
+    assert {x["turnId"]: x["setAside"] for x in rest.json()["executions"]}[poison["id"]][0]["first"] == 2
+    assert CANARY not in rest.text and CANARY not in str(seen)
+    assert await api.codes(LEARNING, {"c": chat}, w.tokens["bob"]) == ["NOT_FOUND"]

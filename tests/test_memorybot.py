@@ -10,8 +10,8 @@ from typing import Any
 import httpx
 import pytest
 
-from learning.executions import sweep_once
 from learning.gateway import FIXED_CALM_ANSWER, Gateway, Route, StepKey
+from learning.sweeper import sweep_once
 from services.crypto import Kind
 from services.memory import cipher_of
 from services.runtime import Runtime

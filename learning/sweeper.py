@@ -1,0 +1,59 @@
+"""The sweeper every worker runs (D9.9, D9.11, D9.12): new epochs for expired leases, lost enqueues
+queued again, idle Turns' executions queued, budget waits released when the budget is free."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from graph import learning as learning_q
+from graph import memorybot
+from graph.driver import read, write
+from services.jobs import enqueue_executions
+from services.memorybot import MemoryBotSettings, release_budget_waiting
+from services.runtime import Runtime, now_ms
+
+log = logging.getLogger("botmemory.learning")
+
+
+async def sweep_once(rt: Runtime) -> int:
+    """Start new epochs for expired leases and lost enqueues, queue idle Turns' executions, and
+    release budget waits whose budget is free again (D9.9, D9.11, D9.12). Returns how many."""
+    now = now_ms()
+    settings = rt.settings
+    limit = 200
+    queued: list[dict[str, Any]] = []
+    queued += await write(
+        rt.driver, lambda tx: learning_q.sweep(tx, learning_q.SWEEP_EXPIRED, now=now, limit=limit)
+    )
+    before = now - int(settings.requeue_after_seconds * 1000)
+    queued += await write(
+        rt.driver,
+        lambda tx: learning_q.sweep(tx, learning_q.SWEEP_STALE_QUEUED, before=before, now=now, limit=limit),
+    )
+    idle_before = now - int(settings.turn_idle_timeout_seconds * 1000)
+    queued += await write(
+        rt.driver,
+        lambda tx: learning_q.sweep(
+            tx, learning_q.SWEEP_IDLE_TURNS, idleBefore=idle_before, now=now, limit=limit
+        ),
+    )
+    await enqueue_executions(rt, queued)
+    released = 0
+    waiting = await read(rt.driver, lambda tx: learning_q.budget_waiting(tx, limit=limit))
+    for bot_id in sorted({w["botId"] for w in waiting}):
+        row = await read(rt.driver, lambda tx, b=bot_id: memorybot.settings(tx, bot_id=b))
+        if row is not None:
+            released += await release_budget_waiting(rt, bot_id, MemoryBotSettings.of(row))
+    return len(queued) + released
+
+
+async def sweeper(rt: Runtime) -> None:
+    """The worker's sweeper loop; several workers may sweep at once (every transition is a CAS)."""
+    while True:
+        await asyncio.sleep(rt.settings.sweep_interval_seconds)
+        try:
+            await sweep_once(rt)
+        except Exception as exc:  # keep sweeping; the next round retries
+            log.warning("sweep failed: %s", type(exc).__name__)
