@@ -230,8 +230,13 @@ RETURN """
     + " AS reader\n"
 )
 
-#: Reader maps of a Chat's audience (D9.15): its owner in a private chat, every current member
-#: of its channel in a group chat.
+#: The reader a group chat adds for itself (D9.22): it meets only the channel's atom and ``bot``,
+#: so an answer there draws only on entries for the group or for everyone — never on a member's
+#: personal entries, also in a channel of one. No Forget exclusion names it.
+GROUP_READER: Final = "{id: '#group', channels: [c.id], usesBot: true, atoms: ['channel:' + c.id, 'bot']}"
+
+#: Reader maps of a Chat's audience (D9.15): its owner in a private chat; in a group chat every
+#: current member of its channel, and the group itself (GROUP_READER, D9.22).
 CHAT_READERS: Final = (
     """
 MATCH (ch:Chat {id: $chatId})-[:WITH_BOT]->(b:Bot)
@@ -240,13 +245,16 @@ OPTIONAL MATCH (ch)-[:IN_CHANNEL]->(c:Channel)
 OPTIONAL MATCH (m:Person)-[:MEMBER]->(c)
 WITH ch, b, o, c, collect(m) AS members
 MATCH (owner:Person {id: ch.ownerId})
-WITH b, o, CASE WHEN c IS NULL THEN [owner] ELSE members END AS people
+WITH b, o, c, CASE WHEN c IS NULL THEN [owner] ELSE members END AS people
 UNWIND people AS p
 OPTIONAL MATCH (p)-[:MEMBER]->(pc:Channel)-[:IN]->(o)
-WITH b, o, p, collect(pc.id) AS channels
-RETURN collect("""
+WITH b, o, c, p, collect(pc.id) AS channels
+WITH o, c, collect("""
     + READER_MAP
-    + """) AS readers, o.id AS org
+    + """) AS members
+RETURN members + CASE WHEN c IS NULL OR size(members) = 0 THEN [] ELSE ["""
+    + GROUP_READER
+    + """] END AS readers, o.id AS org
 """
 )
 

@@ -99,3 +99,30 @@ async def test_only_a_platform_of_the_chats_organization_may_ask(api: Api) -> No
     review = await api.chat(w.tokens["ann"], w.bot, review=True)
     empty = await rest(api, platform, "GET", f"/v1/chats/{review}/memory/context")
     assert empty.json() == {"text": "", "ids": []}  # review chats get no memory (D9.16)
+
+
+async def test_a_group_chat_offers_only_entries_for_the_group_or_for_everyone(
+    api: Api, runtime: Runtime
+) -> None:
+    """D9.22, the seed literally: in a group chat, answers draw only on entries for the group or for
+    everyone — not on a member's personal entries, also when the member is the channel's only one.
+    The same entries stay offered in that member's private chat."""
+    w = await make_world(api, ("ann",), channel=("ann",))
+    platform = await api.platform_token(w.org)
+    group = await api.chat(w.tokens["ann"], w.bot, w.channel)
+    private = await api.chat(w.tokens["ann"], w.bot)
+    ours = await fact(
+        runtime, w.bot, "The band rehearses on Sundays", await said(api, w.tokens["ann"], group, "sundays")
+    )
+    mine = await fact(
+        runtime, w.bot, "Ann's door code is 4711", await said(api, w.tokens["ann"], private, "4711")
+    )
+    in_group = (await api.gql(CONTEXT, {"c": group, "l": 4000, "q": None}, platform))["context"]
+    assert in_group["ids"] == [ours] and "4711" not in in_group["text"]
+    assert (await api.gql(VALID, {"c": group, "i": [mine]}, platform))["validateReferences"] is False
+    found = await api.gql(SEARCH, {"b": w.bot, "c": group, "q": "door code"}, platform)
+    assert mine not in [h["entry"]["id"] for h in found["search"]]
+    pack = await rest(api, w.tokens["ann"], "GET", f"/v1/chats/{group}/context")
+    assert pack.status_code == 200 and "4711" not in pack.text
+    in_private = (await api.gql(CONTEXT, {"c": private, "l": 4000, "q": None}, platform))["context"]
+    assert mine in in_private["ids"]
