@@ -251,10 +251,40 @@ RETURN collect(p.id) AS people
 
 ALL_IDS: Final = "MATCH (e:Entry {botId: $botId}) RETURN collect(e.id) AS ids"
 
+#: A Chat's history deleted (V13, D9.23): the words of its people wherever they are kept — the
+#: Items' text, the input rewrites (rewrite, original words and the digest the rewrite cache finds
+#: them by), the confessions with their answers, and the requests and results of the model calls
+#: made for the Chat (learning steps found by their execution, calls saved before model calls
+#: recorded their Chat included). Ids, rules, usage and cost stay; what was learned stays.
 DELETE_CHAT_HISTORY: Final = """
-MATCH (i:Item {chatId: $chatId})
-SET i.text = null
-RETURN count(i) AS n
+CALL () {
+  MATCH (i:Item {chatId: $chatId})
+  SET i.text = null
+  RETURN count(i) AS n
+}
+CALL () {
+  MATCH (n:Enrichment {chatId: $chatId})
+  SET n.text = null, n.original = null, n.inputDigest = null
+  RETURN count(n) AS enrichments
+}
+CALL () {
+  MATCH (f:Confession {chatId: $chatId})
+  SET f.text = null, f.answer = null
+  RETURN count(f) AS confessions
+}
+CALL () {
+  CALL () {
+    MATCH (c:ModelCall {chatId: $chatId})
+    RETURN c
+    UNION
+    MATCH (x:LearningExecution {chatId: $chatId})
+    MATCH (c:ModelCall {executionId: x.id})
+    RETURN c
+  }
+  SET c.request = null, c.result = null, c.historyDeletedAt = timestamp()
+  RETURN count(c) AS calls
+}
+RETURN n
 """
 
 

@@ -49,7 +49,7 @@ RETURN coalesce(sum(s.micros), 0) AS micros, coalesce(sum(s.unknownCalls), 0) AS
 #: the call, per organization (L6). Counters are MERGEd on a unique key and locked before the
 #: increment, so concurrent processes add atomically and never upgrade a lock.
 SAVE_MODEL_CALL: Final = """
-CREATE (c:ModelCall {id: $id, botId: $botId, org: $org, task: $task, model: $model,
+CREATE (c:ModelCall {id: $id, botId: $botId, chatId: $chatId, org: $org, task: $task, model: $model,
                      executionId: $executionId, epoch: $epoch, step: $step, requestHash: $requestHash,
                      entryIds: $entryIds,
                      request: $request, result: $result, status: $status, attempts: $attempts,

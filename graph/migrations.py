@@ -104,6 +104,9 @@ MIGRATIONS: Final[tuple[tuple[int, tuple[LiteralString, ...]], ...]] = (
         (
             # The Chat owner's view of its learning executions (D9.21: what was set aside).
             "CREATE INDEX execution_chat IF NOT EXISTS FOR (n:LearningExecution) ON (n.chatId)",
+            # History deletion finds a Chat's saved model calls (D9.23).
+            "CREATE INDEX model_call_chat IF NOT EXISTS FOR (n:ModelCall) ON (n.chatId)",
+            "CREATE INDEX model_call_execution IF NOT EXISTS FOR (n:ModelCall) ON (n.executionId)",
         ),
     ),
 )

@@ -355,6 +355,7 @@ class Gateway:
         fields: dict[str, Any] = {
             "id": call_id,
             "botId": route.bot_id,
+            "chatId": route.chat_id,
             "org": route.org,
             "task": task,
             "model": request["model"],

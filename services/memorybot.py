@@ -199,6 +199,7 @@ async def load_route(rt: Runtime, tx: AsyncManagedTransaction, chat_id: str) -> 
         budget_period=s.get("budgetPeriod"),
         budget_limit=s.get("budgetLimitMicros"),
         cipher=rt.cipher(chat["botId"], row["keyMaster"], row["keyWrapped"]),
+        chat_id=chat["id"],
     )
     return chat, route
 
@@ -325,6 +326,9 @@ class Route:
     budget_period: str | None
     budget_limit: int | None
     cipher: Cipher
+    #: The Chat the task runs for: saved model calls record it, so deleting its history finds them
+    #: (D9.23). None for a call that belongs to no Chat.
+    chat_id: str | None = None
 
 
 def periods(at_ms: int) -> tuple[str, str]:

@@ -1,0 +1,120 @@
+"""Deleting a Chat's history removes its people's words everywhere they are kept (V13, D9.23):
+Items, the summary, input rewrites and their originals, the rewrite cache's digests, confessions
+and their answers, and the saved requests and results of the model calls made for the Chat. A scan
+of every property of every node of the Bot and the Chat — decrypting every ciphertext it can with
+the Bot's key — finds the chat's words before, and nowhere after (what was learned stays)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import secrets
+from typing import Any, cast
+
+import pytest
+
+from services.crypto import Cipher, DecryptionError, Kind
+from services.memory import cipher_of
+from services.runtime import Runtime
+from tests.client import Api
+from tests.learning_helpers import complete, confide, fact_call, learn, memory_world, wait_executions
+from tests.memory_helpers import visible
+from tests.model_server import ModelServer, Reply, ToolCall
+
+pytestmark = pytest.mark.usefixtures("learning_worker")
+
+
+def _opened(cipher: Cipher, value: str, ids: set[str]) -> list[str]:
+    """The plaintexts of ``value`` if it is a ciphertext of this Bot under any kind and record id."""
+    try:
+        blob = base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        return []
+    if blob[:1] != b"\x01" or len(blob) < 29:
+        return []
+    for kind in Kind:
+        for record in ids:
+            try:
+                return [cipher.decrypt_bytes(kind, record, value).decode(errors="replace")]
+            except DecryptionError:
+                continue
+    return []
+
+
+async def _where(runtime: Runtime, cipher: Cipher, bot: str, chat: str, word: str) -> tuple[list[str], int]:
+    """Where ``word`` is (label.property), in the clear or in a ciphertext opened with the Bot's
+    key, over every node of the Bot and the Chat; and how many ciphertexts were opened."""
+    records, _, _ = await runtime.driver.execute_query(
+        "MATCH (n) WHERE n.botId = $b OR n.chatId = $c RETURN labels(n)[0] AS label, n {.*} AS props",
+        b=bot,
+        c=chat,
+    )
+    found: list[str] = []
+    opened = 0
+    for record in records:
+        props: dict[str, Any] = dict(record["props"])
+        ids = {str(props[k]) for k in ("id", "uid", "chatId") if props.get(k) is not None}
+        for key, value in props.items():
+            for v in cast(list[Any], value) if isinstance(value, list) else [value]:
+                if not isinstance(v, str):
+                    continue
+                texts = _opened(cipher, v, ids)
+                opened += len(texts)
+                if any(word in t for t in [v, *texts]):
+                    found.append(f"{record['label']}.{key}")
+    return sorted(set(found)), opened
+
+
+async def test_deleting_a_chats_history_removes_its_words_everywhere(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    w = await memory_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    canary = "zq" + secrets.token_hex(5)
+    turn = await api.turn(w.tokens["ann"], chat, f"I keep my bike at {canary} street")
+    model_server.script("learn", learn(fact_call("Ann keeps a bike in town", "i-1")))
+    await confide(api, w.tokens["ann"], turn["id"], f"the person said {canary} street")
+    await complete(api, w.tokens["ann"], turn["id"])
+    [x] = await wait_executions(runtime, turn["id"])
+    assert x["status"] == "done"
+    [bike] = list(await visible(api, w.tokens["ann"], w.bot))
+    model_server.script(
+        "rewrite",
+        Reply(
+            tool_calls=[ToolCall("rewrite_input", {"text": f"Bike at {canary}?", "used_entry_ids": [bike]})]
+        ),
+    )
+    again = await api.turn(w.tokens["ann"], chat, f"where is my bike near {canary}")
+    assert again["enrichedInput"] == f"Bike at {canary}?"
+    cipher = await cipher_of(runtime, w.bot)
+
+    before, _ = await _where(runtime, cipher, w.bot, chat, canary)
+    # The scan sees the words where they are kept (a positive control for each place).
+    for place in (
+        "Item.text",
+        "Enrichment.text",
+        "Enrichment.original",
+        "Confession.text",
+        "ModelCall.request",
+    ):
+        assert place in before, (place, before)
+
+    deleted = await api.gql(
+        "mutation($c: ID!) { deleteChatHistory(chatId: $c) { items } }", {"c": chat}, w.tokens["ann"]
+    )
+    assert deleted["deleteChatHistory"]["items"] >= 2
+    after, opened = await _where(runtime, cipher, w.bot, chat, canary)
+    assert after == []
+    assert opened > 0  # the learned entry and the change log still open: they stay (V13)
+    assert [e["content"] for e in (await visible(api, w.tokens["ann"], w.bot)).values()] == [
+        "Ann keeps a bike in town"
+    ]
+    # The rewrite cache no longer finds the input: the same words are rewritten anew.
+    model_server.script(
+        "rewrite",
+        Reply(
+            tool_calls=[ToolCall("rewrite_input", {"text": "Where is the bike?", "used_entry_ids": [bike]})]
+        ),
+    )
+    anew = await api.turn(w.tokens["ann"], chat, f"where is my bike near {canary}")
+    assert anew["enrichedInput"] == "Where is the bike?"
