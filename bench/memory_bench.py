@@ -580,7 +580,7 @@ async def measure_reads(rt: Runtime, pool: Pool, s: BenchSettings, out: list[Row
         # Transported as the checked reads are: context and hasEntries are one auto-commit statement.
         async def raw_context(ids: list[str] = ctx_ids) -> int:
             record = await autocommit(
-                rt.driver, lambda session: single(session, RAW_CONTEXT, ids=ids, botId=pool.bot), write=False
+                rt.driver, lambda session: single(session, RAW_CONTEXT, ids=ids, botId=pool.bot)
             )
             found = [] if record is None else list(record["entries"])
             text = "\n".join("- " + cipher.decrypt(Kind.ENTRY, r["id"], r["content"]) for r in found)
@@ -594,7 +594,7 @@ async def measure_reads(rt: Runtime, pool: Pool, s: BenchSettings, out: list[Row
             return 0  # returns no entries, so decrypts nothing
 
         async def raw_any() -> int:
-            await autocommit(rt.driver, lambda session: single(session, RAW_ANY, botId=pool.bot), write=False)
+            await autocommit(rt.driver, lambda session: single(session, RAW_ANY, botId=pool.bot))
             return 0
 
         for op, checked, unchecked in (

@@ -337,7 +337,7 @@ async def raw_ranked(
         "halfLife": search.RECENCY_HALF_LIFE,
     }
     statement = RAW_SEARCH_CONTEXT if fill else RAW_SEARCH
-    record = await autocommit(rt.driver, lambda s: single(s, statement, **params), write=False)
+    record = await autocommit(rt.driver, lambda s: single(s, statement, **params))
     found: list[dict[str, Any]] = [] if record is None else list(record["ranked"])
     return sorted(found, key=lambda r: (-float(r["score"]), -int(r["entry"]["memoryRank"])))
 

@@ -7,7 +7,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from neo4j import (
-    READ_ACCESS,
     WRITE_ACCESS,
     AsyncDriver,
     AsyncGraphDatabase,
@@ -38,9 +37,13 @@ def make_driver(uri: str, user: str, password: str) -> AsyncDriver:
 
 
 async def read(driver: AsyncDriver, work: Callable[[AsyncManagedTransaction], Awaitable[T]]) -> T:
-    """Run ``work`` in one managed read transaction (retried by the driver on transient errors)."""
-    async with driver.session() as session:
-        return await session.execute_read(work)
+    """Run ``work``, which only reads, in one managed transaction (retried by the driver on
+    transient errors) — on the leader, in write access mode: every read takes the Bot's shared
+    lock first (C1), and a lock taken on a cluster follower would not exclude the writers on the
+    leader (D9.27). Reading on the leader also sees every committed write, so reads need no
+    bookmarks across processes. On one server both modes are the same."""
+    async with driver.session(default_access_mode=WRITE_ACCESS) as session:
+        return await session.execute_write(work)
 
 
 async def write(driver: AsyncDriver, work: Callable[[AsyncManagedTransaction], Awaitable[T]]) -> T:
@@ -53,21 +56,19 @@ async def write(driver: AsyncDriver, work: Callable[[AsyncManagedTransaction], A
 AUTOCOMMIT_ATTEMPTS = 5
 
 
-async def autocommit(
-    driver: AsyncDriver, work: Callable[[AsyncSession], Awaitable[T]], *, write: bool = True
-) -> T:
+async def autocommit(driver: AsyncDriver, work: Callable[[AsyncSession], Awaitable[T]]) -> T:
     """Run ``work``, which runs exactly one statement, as an auto-commit transaction.
 
     BEGIN, the statement and COMMIT take one round trip, where a managed transaction takes three;
     the transaction (and any lock its statement takes) lasts until the result is consumed. A
     statement that fails is rolled back by Neo4j: a transient failure (a lock timeout, a
     deadlock) is retried after a growing pause, like a managed transaction; any other is raised.
+    Reads too run in write access mode, on the leader (see :func:`read`, D9.27).
     """
-    mode = WRITE_ACCESS if write else READ_ACCESS
     attempt = 1
     while True:
         try:
-            async with driver.session(default_access_mode=mode) as session:
+            async with driver.session(default_access_mode=WRITE_ACCESS) as session:
                 return await work(session)
         except TransientError:
             if attempt == AUTOCOMMIT_ATTEMPTS:

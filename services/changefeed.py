@@ -111,7 +111,6 @@ class ChangeHub:
             found, changed = await autocommit(
                 self.rt.driver,
                 lambda session: changefeed.deliveries(session, bot_id=bot_id, ids=ids, subs=subs, now=now),
-                write=False,
             )
         else:  # the Bot's key too: both in one explicit transaction
             found, changed, key = await read(self.rt.driver, work)

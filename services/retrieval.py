@@ -86,7 +86,6 @@ async def context(rt: Runtime, bot_id: str, reader: Reader, limit: int) -> Conte
         lambda session: context_q.context(
             session, limit=first_page, more=_CONTEXT_MORE, max_size=limit, bot_id=bot_id, **reader.params
         ),
-        write=False,
     )
     cipher = rt.keyring.cached(bot_id)
     if cipher is not None and first["complete"]:
@@ -115,7 +114,6 @@ async def has_entries(rt: Runtime, bot_id: str, reader: Reader) -> bool:
     return await autocommit(
         rt.driver,
         lambda session: context_q.has_visible(session, bot_id=bot_id, locked=True, **reader.params),
-        write=False,
     )
 
 
@@ -129,6 +127,5 @@ async def validate_references(rt: Runtime, bot_id: str, reader: Reader, ids: lis
         lambda session: context_q.visible_ids(
             session, bot_id=bot_id, ids=ids, active_only=True, locked=True, **reader.params
         ),
-        write=False,
     )
     return set(ids) <= visible

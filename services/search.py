@@ -200,7 +200,6 @@ async def _ranked(
             lambda s, dense=dense, after=after, sparse=sparse, asked=asked: search_q.search(
                 s, dense=dense, keyword_limit=(2 if sparse else 1) * KEYWORD_LIMIT, after=after, **asked
             ),
-            write=False,
         )
         if found is None:
             raise NotFound("bot not found")

@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, cast
+
 import pytest
-from neo4j import AsyncSession
+from neo4j import WRITE_ACCESS, AsyncSession
 from neo4j.exceptions import ClientError, TransientError
 
 from graph.driver import AUTOCOMMIT_ATTEMPTS, autocommit, single
 from graph.migrations import LATEST, current_version, migrate
 from resolvers.schema import SNAPSHOT, build_schema
-from services import memory, retrieval
+from services import memory, retrieval, search
 from services.changes import Invalidate
+from services.domain import Principal
 from services.runtime import Runtime
 from services.settings import Settings
 from tests.client import Api, make_world
-from tests.memory_helpers import apply, fact, said
+from tests.memory_helpers import apply, command, fact, said
 
 
 async def test_healthz_checks_neo4j_and_redis(api: Api) -> None:
@@ -94,7 +98,7 @@ async def test_autocommit_retries_what_neo4j_rolled_back_as_transient_and_nothin
         assert record is not None
         return int(record["n"])
 
-    assert await autocommit(runtime.driver, flaky, write=False) == 42 and len(calls) == 3
+    assert await autocommit(runtime.driver, flaky) == 42 and len(calls) == 3
 
     async def refused(session: AsyncSession) -> None:
         calls.append("refused")
@@ -113,3 +117,35 @@ async def test_autocommit_retries_what_neo4j_rolled_back_as_transient_and_nothin
     with pytest.raises(TransientError):
         await autocommit(runtime.driver, always)
     assert len(calls) == AUTOCOMMIT_ATTEMPTS
+
+
+async def test_every_read_runs_on_the_leader_in_write_access_mode(
+    api: Api, runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """D9.27: every read takes the Bot's shared lock first (C1), and in a cluster a lock taken on
+    a follower would not exclude the leader's writers — so reads ask for write access (the
+    leader), in managed and auto-commit transactions alike. Recorded at the driver's session."""
+    w = await make_world(api, ("ann",))
+    response = await command(
+        api, w.tokens["ann"], w.bot, {"_tag": "Remember", "content": "Ann sails", "tags": []}
+    )
+    assert response.status_code == 201
+    reader = await memory.person_reader_of(runtime, w.bot, w.people["ann"], w.org)
+    assert reader is not None
+    modes: list[str] = []
+    opened = cast(Callable[..., AsyncSession], runtime.driver.session)
+
+    def session(**config: Any) -> AsyncSession:
+        modes.append(str(config.get("default_access_mode", "unset")))
+        return opened(**config)
+
+    monkeypatch.setattr(runtime.driver, "session", session)
+    principal = Principal("person", person_id=w.people["ann"], organization_id=w.org)
+    listed, _ = await memory.list_entries(runtime, principal, w.bot, [])
+    assert [e.content for e in listed] == ["Ann sails"]
+    assert (await retrieval.context(runtime, w.bot, reader, 4000)).text == "- Ann sails"
+    assert await retrieval.has_entries(runtime, w.bot, reader)
+    assert [h.entry.content for h in await search.search(runtime, None, w.bot, reader, "sails", 5)] == [
+        "Ann sails"
+    ]
+    assert len(modes) >= 4 and set(modes) == {WRITE_ACCESS}, modes
