@@ -99,6 +99,20 @@ async def settings(tx: AsyncManagedTransaction, *, bot_id: str) -> dict[str, Any
     return None if record is None else record["settings"]
 
 
+#: The models the Bot's organizations use for its memory Bot (its owner's and those it is linked
+#: into), none for an organization without one.
+BOT_MODELS: Final = """
+MATCH (b:Bot {id: $botId})
+OPTIONAL MATCH (b)-[:OWNED_BY|LINKED]->(o:Organization)
+RETURN [m IN collect(DISTINCT o.botMemoryModel) WHERE m IS NOT NULL] AS models
+"""
+
+
+async def bot_models(tx: AsyncManagedTransaction, *, bot_id: str) -> list[str]:
+    record = await single(tx, BOT_MODELS, botId=bot_id)
+    return [] if record is None else [str(m) for m in record["models"]]
+
+
 async def update_settings(
     tx: AsyncManagedTransaction, *, bot_id: str, expected: int, values: dict[str, Any]
 ) -> tuple[bool, dict[str, Any]] | None:

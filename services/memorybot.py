@@ -143,6 +143,19 @@ def parse_patch(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     return expected, values
 
 
+def check_priced(rt: Runtime, models: list[str]) -> None:
+    """A budget is counted from the price of each model call (L6): refuse one that no price could
+    count (D9.25) — with no price for a model its calls cost "unknown", so the budget would
+    never bind, silently."""
+    prices = rt.settings.model_prices
+    unpriced = sorted(m for m in models if m not in prices and "*" not in prices)
+    if unpriced:
+        raise BadInput(
+            f"no price for model {unpriced[0]} in BOTMEMORY_MODEL_PRICES: a budget could not be counted",
+            field="budget",
+        )
+
+
 async def update_settings(
     rt: Runtime, principal: Principal, bot_id: str, body: dict[str, Any]
 ) -> MemoryBotSettings:
@@ -155,6 +168,8 @@ async def update_settings(
 
     async def work(tx: AsyncManagedTransaction) -> dict[str, Any]:
         await require_owner_writer(tx, principal, bot_id)
+        if values.get("budgetLimitMicros") is not None:
+            check_priced(rt, await memorybot_q.bot_models(tx, bot_id=bot_id))
         updated = await memorybot_q.update_settings(tx, bot_id=bot_id, expected=expected, values=values)
         if updated is None:
             raise NotFound("bot not found")

@@ -167,6 +167,26 @@ async def test_bad_settings_are_refused_and_change_nothing(
 # Budget and usage -------------------------------------------------------------------------
 
 
+async def test_a_budget_no_price_could_count_is_refused(api: Api) -> None:
+    """D9.25: with no price for the organization's model every call costs "unknown", so a budget
+    would never bind — setting one is refused, and nothing changes; removing one is allowed."""
+    w = await memory_world(api, ("ann",))
+    await set_org(api, w.org, model="a-model-without-a-price")
+    response = await patch(
+        api, w.tokens["ann"], w.bot, {"expected": 0, "budget": {"period": "day", "limitMicros": 5}}
+    )
+    assert response.status_code == 422, response.text
+    error = response.json()["error"]
+    assert error["code"] == "BAD_INPUT" and "a-model-without-a-price" in error["message"]
+    assert (await settings_of(api, w.tokens["ann"], w.bot))["version"] == 0
+    assert (await patch(api, w.tokens["ann"], w.bot, {"expected": 0, "budget": None})).status_code == 200
+    await set_org(api, w.org)  # the priced test model
+    priced = await patch(
+        api, w.tokens["ann"], w.bot, {"expected": 1, "budget": {"period": "day", "limitMicros": 5}}
+    )
+    assert priced.status_code == 200, priced.text
+
+
 async def test_spent_budget_gives_the_calm_answer_and_learning_waits_for_a_raised_limit(
     api: Api, runtime: Runtime, model_server: ModelServer
 ) -> None:
