@@ -8,7 +8,7 @@ import contextlib
 import math
 import sys
 import time
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Awaitable, Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +24,7 @@ def log(message: str) -> None:
 # --- statistics --------------------------------------------------------------------------------
 
 
-def pct(values: list[float], q: float) -> float:
+def pct(values: Sequence[float], q: float) -> float:
     """Percentile with linear interpolation between closest ranks (q in 0..1)."""
     if not values:
         return math.nan

@@ -4,10 +4,10 @@ the question's evidence turns), its ceiling (any entry the asker may see does), 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from bench.measure import pct
 from eval.dataset import CATEGORIES, Question
 from eval.scripted import Offer
 
@@ -83,17 +83,6 @@ def score(
         None if search is None else _rests_on(search[:10], entries, evidence),
         tuple(dict.fromkeys(leaks)),
     )
-
-
-def pct(values: Sequence[float], q: float) -> float:
-    """Percentile with linear interpolation between closest ranks (q in 0..1); NaN when empty."""
-    if not values:
-        return math.nan
-    s = sorted(values)
-    k = (len(s) - 1) * q
-    lo = math.floor(k)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
 def _share(flags: Sequence[bool | None]) -> str:
