@@ -50,7 +50,7 @@ from bench.measure import (
 from graph import search as search_q
 from graph.context import ACTIVE_SEEK
 from graph.driver import autocommit, read, single
-from graph.memory import TOP_RANK, reader_keys
+from graph.memory import ENTRY_MAP, SOURCES_OF_E, TOP_RANK, reader_keys
 from learning.embedders import LocalMiniLM
 from services import memory, retrieval, search
 from services.crypto import Cipher, Kind
@@ -244,9 +244,9 @@ class QueryEmbedder(PoolEmbedder):
 
 # --- the unchecked retrieval -----------------------------------------------------------------------
 
-#: ``graph.search.SEARCH``'s candidates without the shared lock, the vectors-since seek and
-#: VISIBLE: the same seek of the dense ids by id, the same full-text query, the same memory-order
-#: fill seek per key of the reader (unchecked); the fusion is ``graph.search``'s own.
+#: ``graph.search.SEARCH`` without the shared lock, the vectors-since seek and VISIBLE: the same
+#: seek of the dense ids by id, the same full-text query, the same memory-order fill seek per key
+#: of the reader (unchecked) and the same fusion, one auto-commit statement.
 _RAW_HEAD: Final = (
     """
 MATCH (m:Memory {id: $botId})
@@ -278,13 +278,33 @@ CALL (dense, keyword) {
   }
   RETURN collect(e) AS recent
 }
-WITH m, [] AS fresh, dense, keyword, recent
+WITH m, dense, keyword, recent,
+     [i IN range(0, size(dense) - 1) | [dense[i], 1.0 / ($k + i + 1)]]
+     + [i IN range(0, size(keyword) - 1) | [keyword[i], 1.0 / ($k + i + 1)]]
+     + [e IN recent | [e, 0.0]] AS parts
+CALL (m, parts) {
+  UNWIND parts AS part
+  WITH m, part[0] AS e, sum(part[1]) AS relevance
+  WITH e, relevance
+       + CASE WHEN e.layer = 'pinned' THEN $pinned ELSE 0.0 END
+       + $recency / (1.0 + (m.version - e.orderKey / 1000000) / $halfLife) AS score
+  ORDER BY score DESC, e.memoryRank DESC, e.id
+  LIMIT $limit
 """
 )
-#: The unchecked candidates fused exactly as ``search`` fuses them (``graph.search.FUSED``).
-RAW_SEARCH: Final = _RAW_HEAD + search_q.FUSED
-#: RAW_SEARCH as ``context(query)`` reads it (``graph.search.FUSED_CONTEXT``): id, rank, length, ciphertext.
-RAW_SEARCH_CONTEXT: Final = _RAW_HEAD + search_q.FUSED_CONTEXT
+_RAW_TAIL: Final = """}) AS ranked
+}
+RETURN ranked
+"""
+RAW_SEARCH: Final = (
+    _RAW_HEAD + SOURCES_OF_E + "  RETURN collect({score: score, entry: " + ENTRY_MAP + _RAW_TAIL
+)
+#: RAW_SEARCH as ``context(query)`` reads it (``graph.search.SEARCH_CONTEXT``): id, rank, length, ciphertext.
+RAW_SEARCH_CONTEXT: Final = (
+    _RAW_HEAD
+    + "  RETURN collect({score: score, entry: e {.id, .memoryRank, .contentLength, .content}"
+    + _RAW_TAIL
+)
 
 
 async def raw_ranked(

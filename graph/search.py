@@ -124,12 +124,12 @@ RETURN coalesce(m.vecSeq, 0) AS seq, m.version AS version, fresh, ranked,
 """
 
 #: ``search``: the API's view of each entry (sources included, content as ciphertext).
-FUSED: Final = (
+_FUSED: Final = (
     _FUSED_HEAD + SOURCES_OF_E + "  RETURN collect({score: score, entry: " + ENTRY_MAP + _FUSED_TAIL
 )
 
 #: ``context(query)``: of each entry only what choosing and presenting it needs.
-FUSED_CONTEXT: Final = (
+_FUSED_CONTEXT: Final = (
     _FUSED_HEAD
     + "  RETURN collect({score: score, entry: e {.id, .memoryRank, .contentLength, .content}"
     + _FUSED_TAIL
@@ -142,11 +142,11 @@ FUSED_CONTEXT: Final = (
 _CANDIDATES: Final = (
     READ_LOCK + "WITH m, $readers AS readers, $org AS org\n" + _FRESH + _DENSE + _KEYWORD + _RECENT
 )
-SEARCH: Final = _CANDIDATES + FUSED
+SEARCH: Final = _CANDIDATES + _FUSED
 
 #: SEARCH for ``context(query)``: the same candidates and ranking, each entry as id, rank, stored
 #: length and ciphertext.
-SEARCH_CONTEXT: Final = _CANDIDATES + FUSED_CONTEXT
+SEARCH_CONTEXT: Final = _CANDIDATES + _FUSED_CONTEXT
 
 #: Up to ``$cap`` ids of the active entries visible to every reader, seeking ``entry_active`` per
 #: key (the pre-filter of a reader who sees few entries: similarity then ranks only these).
