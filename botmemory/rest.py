@@ -213,7 +213,10 @@ async def get_log(request: Request) -> JSONResponse:
         memory.MAX_PAGE if limit is None else limit,
         whole_number(params, "before"),
     )
-    rows = [{"version": c.version, "at": c.at, "actor": c.actor, "ids": list(c.ids)} for c in changes]
+    rows = [
+        {"version": c.version, "at": c.at, "actor": c.actor, "ids": list(c.ids), "removed": list(c.removed)}
+        for c in changes
+    ]
     return JSONResponse({"changes": rows, "version": version, "next": next_page})
 
 

@@ -178,6 +178,45 @@ WITH DISTINCT e
     + _SET_LABELS
 )
 
+#: RELABEL as part of a change's log row ``c`` at ``version`` (a fragment: ``CALL (c, version)``),
+#: recording what the change hid (D9.24): every relabelled entry whose label narrowed or that
+#: the change retracted gets a ``(:Removal)`` with its label before and after (after: seen by no
+#: one when retracted), and ``$gone`` adds entries deleted by the change (purge), given with their
+#: label before. Whether a reader lost an entry is decided when it is read — VISIBLE on the label
+#: before and not on the label after, for that reader (``REMOVED_FOR``) — so the rows hold ids
+#: and access atoms only (E4). New entries have no label before and are never removals; entries
+#: already retracted before the change are not either. Sets ``c.removedIds``.
+RELABEL_RECORDING_REMOVALS: Final = (
+    """CALL (c, version) {
+  UNWIND $ids AS entryId
+  MATCH (s:Entry {id: entryId, botId: $botId})
+  OPTIONAL MATCH (d:Entry)-[:SOURCE*1..8]->(s)
+  WITH collect(DISTINCT s) + collect(DISTINCT d) AS targets
+  UNWIND targets AS e
+  WITH DISTINCT e
+  WITH collect(e) AS targets,
+       collect(CASE WHEN e.lblRequires IS NOT NULL AND (e.status <> 'retracted' OR e.id IN $ids)
+         THEN {entry: e, requires: e.lblRequires, excluded: coalesce(e.lblExcluded, [])} END) AS before
+  CALL (targets) {
+    UNWIND targets AS e
+"""
+    + _CLOSURE
+    + _SET_LABELS
+    + """  }
+  WITH c, version, [b IN before | b {
+         .requires, .excluded, id: b.entry.id,
+         afterRequires: CASE WHEN b.entry.status = 'retracted' THEN ['#unproved'] ELSE b.entry.lblRequires END,
+         afterExcluded: coalesce(b.entry.lblExcluded, [])}] AS relabelled
+  UNWIND [r IN relabelled WHERE r.afterRequires <> r.requires OR r.afterExcluded <> r.excluded] + $gone AS r
+  CREATE (c)-[:REMOVED]->(:Removal {botId: $botId, version: version, entryId: r.id,
+    beforeRequires: r.requires, beforeExcluded: r.excluded,
+    afterRequires: r.afterRequires, afterExcluded: r.afterExcluded})
+  RETURN collect(r.id) AS removed
+}
+SET c.removedIds = removed
+"""
+)
+
 #: The entries ``$ids`` and everything resting on them within 8 hops (whose labels they feed).
 DEPENDENTS: Final = """
 UNWIND $ids AS entryId
@@ -199,6 +238,27 @@ VISIBLE: Final = """
  AND all(rd IN readers WHERE all(a IN e.lblRequires WHERE
        a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
 """
+
+#: The entries removed for the reader (D9.24) by the changes of versions ``$versions``: their
+#: label before the change admitted the reader and their label after does not (VISIBLE on each).
+#: Needs ``readers`` and ``org``; a fragment (``CALL (readers, org)``) that returns ``removed``, a
+#: list of ``{version, id}``.
+REMOVED_FOR: Final = (
+    """CALL (readers, org) {
+  UNWIND $versions AS v
+  MATCH (r:Removal {botId: $botId, version: v})
+  WITH readers, org, r, {lblRequires: r.beforeRequires, lblExcluded: r.beforeExcluded} AS e
+  WHERE """
+    + VISIBLE
+    + """
+  WITH readers, org, r, {lblRequires: r.afterRequires, lblExcluded: r.afterExcluded} AS e
+  WHERE NOT """
+    + VISIBLE
+    + """
+  RETURN collect({version: r.version, id: r.entryId}) AS removed
+}
+"""
+)
 
 #: Whether the Person ``p`` uses the Bot ``b`` in the Organization ``o``: a READ/WRITE grant,
 #: with the Bot owned by or linked into that organization (D9.1).

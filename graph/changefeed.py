@@ -1,15 +1,18 @@
-"""The batched visibility check of change events for the subscribers of one API process."""
+"""The batched visibility check of change events for the subscribers of one API process, and
+the change log they catch up from (D9.24)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Final
 
-from graph.access import READER_MAP, VISIBLE
-from graph.driver import QueryTarget, single
+from graph.access import READER_MAP, REMOVED_FOR, VISIBLE
+from graph.driver import QueryTarget, rows, single
 from graph.memory import ENTRY_LIST, READ_LOCK
 
 #: For each local subscriber (``$subs``: ``{key, person, org, token}``) the ids among the changed
 #: entries (``$ids``) it may see now: current membership, a live token, read on the Bot (V10);
+#: and what the changes of ``$versions`` hid from it (D9.24, REMOVED_FOR: ``{version, id}``);
 #: subscribers that lost access are absent. Then the entries anyone may see, read once for all
 #: (content as ciphertext). One statement per event per API process, under the shared lock
 #: taken first in the same statement (the first of the read, C1).
@@ -35,7 +38,10 @@ CALL (org, readers) {
     + """
   RETURN collect(e.id) AS visible
 }
-WITH collect({key: sub.key, visible: visible}) AS found
+"""
+    + REMOVED_FOR
+    + """
+WITH collect({key: sub.key, visible: visible, removed: removed}) AS found
 CALL (found) {
   UNWIND found AS f
   UNWIND f.visible AS entryId
@@ -49,13 +55,75 @@ RETURN found, entries
 """
 )
 
+#: The memory version and the first ``$limit`` change-log rows with entries (changed or hidden)
+#: after version ``$after``, oldest first, under the shared lock taken first (C1): every change up
+#: to ``memoryVersion`` is in the log. The replay of ``memoryChanges(after:)`` and a hub's
+#: catch-up after a missed event (D9.24); a seek of the ``change_bot_version`` index in its order.
+LOCKED_LOG_AFTER: Final = (
+    READ_LOCK
+    + """
+WITH m
+CALL () {
+  MATCH (c:Change {botId: $botId})
+  WHERE c.version > $after AND (size(c.entryIds) > 0 OR size(coalesce(c.removedIds, [])) > 0)
+  WITH c ORDER BY c.botId, c.version LIMIT $limit
+  RETURN collect({version: c.version, ids: c.entryIds, removed: coalesce(c.removedIds, [])}) AS rows
+}
+RETURN m.version AS memoryVersion, rows
+"""
+)
+
+#: The current memory version of each of the Bots ``$botIds`` (a hub's catch-up after its Redis
+#: connection came back); no lock: a version is one property, and the catch-up locks.
+VERSIONS: Final = """
+UNWIND $botIds AS botId
+MATCH (m:Memory {id: botId})
+RETURN m.id AS botId, m.version AS version
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    """Per subscriber key: the ids it may see among the changed ones and ``(version, id)`` of what
+    the changes hid from it; subscribers that lost access are absent. ``entries``: the rows of
+    the visible ones (content as ciphertext)."""
+
+    visible: dict[str, list[str]]
+    removed: dict[str, list[tuple[int, str]]]
+    entries: list[dict[str, Any]]
+
 
 async def deliveries(
-    tx: QueryTarget, *, bot_id: str, ids: list[str], subs: list[dict[str, str]], now: int
-) -> tuple[dict[str, list[str]], list[dict[str, Any]]]:
-    """Visible changed entry ids per subscriber key (subscribers that lost access are absent),
-    and the rows of the entries among them (content as ciphertext)."""
-    row = await single(tx, LOCKED_DELIVERY, botId=bot_id, ids=ids, subs=subs, now=now)
+    tx: QueryTarget,
+    *,
+    bot_id: str,
+    ids: list[str],
+    versions: list[int],
+    subs: list[dict[str, str]],
+    now: int,
+) -> Found:
+    """LOCKED_DELIVERY for the changed ``ids`` and the removals of the changes ``versions``."""
+    row = await single(tx, LOCKED_DELIVERY, botId=bot_id, ids=ids, versions=versions, subs=subs, now=now)
     if row is None:
-        return {}, []
-    return {f["key"]: list(f["visible"]) for f in row["found"]}, list(row["entries"])
+        return Found({}, {}, [])
+    return Found(
+        {f["key"]: list(f["visible"]) for f in row["found"]},
+        {f["key"]: [(int(r["version"]), str(r["id"])) for r in f["removed"]] for f in row["found"]},
+        list(row["entries"]),
+    )
+
+
+async def log_after(
+    tx: QueryTarget, *, bot_id: str, after: int, limit: int
+) -> tuple[int, list[dict[str, Any]]] | None:
+    """LOCKED_LOG_AFTER: the memory version and the rows ``{version, ids, removed}`` after
+    ``after``, oldest first; None without the Bot's memory."""
+    row = await single(tx, LOCKED_LOG_AFTER, botId=bot_id, after=after, limit=limit)
+    if row is None:
+        return None
+    return int(row["memoryVersion"]), list(row["rows"])
+
+
+async def versions(tx: QueryTarget, *, bot_ids: list[str]) -> dict[str, int]:
+    """VERSIONS: the current memory version of each Bot."""
+    return {r["botId"]: int(r["version"]) for r in await rows(tx, VERSIONS, botIds=bot_ids)}

@@ -6,6 +6,7 @@ All of them run inside a change transaction that already holds the exclusive Mem
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Final
 
 from neo4j import AsyncManagedTransaction
@@ -186,10 +187,15 @@ SET e.tags = [t IN e.tags WHERE t <> 'from:' + $personId],
     e.updatedAt = $now
 """
 
+#: The entries carrying the purge tag, and the label of those someone may see now (``gone``, the
+#: removals of the purge, D9.24: after it, no one sees them).
 TAGGED_IDS: Final = """
 MATCH (e:Entry {botId: $botId})
 WHERE $tag IN e.tags
-RETURN collect(e.id) AS ids
+RETURN collect(e.id) AS ids,
+       collect(CASE WHEN e.status <> 'retracted' AND e.lblRequires IS NOT NULL
+         THEN {id: e.id, requires: e.lblRequires, excluded: coalesce(e.lblExcluded, []),
+               afterRequires: ['#unproved'], afterExcluded: []} END) AS gone
 """
 
 #: Entries carrying the purge tag (observations carry their sources' provenance, V12).
@@ -201,12 +207,23 @@ FOREACH (e IN doomed | DETACH DELETE e)
 RETURN ids
 """
 
-#: Change-log rows that embed purged entries lose their payload and those ids (D9.20).
+#: Change-log rows that embed purged entries lose their payload and those ids (D9.20), and
+#: earlier removals of them (D9.24) go: the purge's own row names them for who saw them.
 PURGE_CHANGES: Final = """
-MATCH (c:Change {botId: $botId})
-WHERE any(i IN c.entryIds WHERE i IN $ids)
-SET c.payload = null, c.entryIds = [i IN c.entryIds WHERE NOT i IN $ids]
-RETURN count(c) AS n
+CALL () {
+  MATCH (c:Change {botId: $botId})
+  WHERE any(i IN c.entryIds WHERE i IN $ids)
+  SET c.payload = null, c.entryIds = [i IN c.entryIds WHERE NOT i IN $ids]
+  RETURN count(c) AS rows
+}
+CALL () {
+  MATCH (c:Change)-[:REMOVED]->(r:Removal {botId: $botId})
+  WHERE r.entryId IN $ids
+  SET c.removedIds = [i IN c.removedIds WHERE NOT i IN $ids]
+  DETACH DELETE r
+  RETURN count(r) AS removals
+}
+RETURN rows, removals
 """
 
 #: Saved model calls, confession answers and input rewrites that embed purged entries lose their
@@ -345,16 +362,24 @@ async def forget_for(tx: AsyncManagedTransaction, *, bot_id: str, id: str, perso
     await tx.run(FORGET_FOR, botId=bot_id, id=id, personId=person_id, now=now)
 
 
-async def purge(tx: AsyncManagedTransaction, *, bot_id: str, tag: str) -> list[str]:
-    """Delete the entries carrying ``tag`` and strip what embeds them from the change log (D9.20).
+@dataclass(frozen=True, slots=True)
+class Purged:
+    """What :func:`purge` deleted (``ids``), the entries resting on them whose labels the purge's
+    log row recomputes (``above``: a missing source hides them, V4), and the labels of the deleted
+    ones someone could see (``gone``, for the log row's removals, D9.24)."""
 
-    Entries resting on removed ones (without the tag, e.g. narrowed by a later edit) lose a
-    source, so their labels are recomputed: a missing source hides them (V4).
-    """
+    ids: list[str]
+    above: list[str]
+    gone: list[dict[str, Any]]
+
+
+async def purge(tx: AsyncManagedTransaction, *, bot_id: str, tag: str) -> Purged:
+    """Delete the entries carrying ``tag`` and strip what embeds them from the change log (D9.20).
+    The caller writes the purge's log row with ``above`` and ``gone`` (``graph.memory.log_change``)."""
     doomed = await single(tx, TAGGED_IDS, botId=bot_id, tag=tag)
-    doomed_ids: list[str] = [] if doomed is None else list(doomed["ids"])
-    if not doomed_ids:
-        return []
+    if doomed is None or not doomed["ids"]:
+        return Purged([], [], [])
+    doomed_ids: list[str] = list(doomed["ids"])
     above = [
         i for i in await access.dependents_of(tx, bot_id=bot_id, ids=doomed_ids) if i not in set(doomed_ids)
     ]
@@ -363,8 +388,7 @@ async def purge(tx: AsyncManagedTransaction, *, bot_id: str, tag: str) -> list[s
     await tx.run(PURGE_CHANGES, botId=bot_id, ids=ids)
     if ids:
         await tx.run(PURGE_EMBEDDINGS, botId=bot_id, ids=ids)
-    await access.compute_labels(tx, bot_id=bot_id, ids=above)
-    return ids
+    return Purged(ids, above, list(doomed["gone"]))
 
 
 async def _channel_members(tx: AsyncManagedTransaction, channel_ids: list[str]) -> dict[str, set[str]]:

@@ -12,8 +12,8 @@ from typing import Any, Final
 
 from neo4j import AsyncDriver, AsyncManagedTransaction
 
-from graph.access import READER_MAP, RELABEL, USES_BOT, VISIBLE
-from graph.driver import autocommit, rows, single
+from graph.access import READER_MAP, RELABEL_RECORDING_REMOVALS, REMOVED_FOR, USES_BOT, VISIBLE
+from graph.driver import QueryTarget, autocommit, rows, single
 from graph.entries import ADD_ENTRIES
 
 #: The sources of an entry ``e`` as ids (``sources``), for the API's view of it.
@@ -81,15 +81,17 @@ LOCK_AND_READER: Final = _LOCK_AND_READER_ROW + "RETURN " + _READER_OF_ROW
 #: LOCK_AND_READER as the head of a longer statement: binds ``version`` and ``reader``.
 _LOCK_AND_READER_HEAD: Final = _LOCK_AND_READER_ROW + "WITH " + _READER_OF_ROW
 
-#: The log row of a change (C2), then the labels of the logged entries and of everything
-#: resting on them (``$ids`` = ``$entryIds``; none for a purge). Needs ``m`` and ``version``.
+#: The log row of a change (C2), then the labels of the relabelled entries (``$ids``: the logged
+#: ones, or for a purge the entries resting on the deleted ones) and of everything resting on
+#: them, recording what the change hid (``$gone``: deleted entries with their labels, D9.24).
+#: Needs ``m`` and ``version``; binds ``c`` and ``removed``.
 _LOG: Final = (
     """
 CREATE (c:Change {id: $id, botId: $botId, version: version, at: $at, actor: $actor,
                   entryIds: $entryIds, payload: $payload})-[:OF]->(m)
-WITH count(*) AS written
+WITH c, version
 """
-    + RELABEL
+    + RELABEL_RECORDING_REMOVALS
 )
 
 #: The head of a change's later statements: the Memory (already locked) at ``$version``.
@@ -98,12 +100,19 @@ _AT_VERSION: Final = "MATCH (m:Memory {id: $botId})\nWITH m, $version AS version
 #: After ADD_ENTRIES: ``then`` runs only when no new entry was refused.
 _UNLESS_REFUSED: Final = "CALL (m, version, problem) {\n  WITH m, version WHERE problem IS NULL\n"
 
-#: The end of a change in one round trip: the log row and the labels (version ``$version``).
-LOG_CHANGE: Final = _AT_VERSION + _LOG
+#: The end of a change in one round trip: the log row and the labels (version ``$version``);
+#: returns the ids of what it hid from someone (D9.24).
+LOG_CHANGE: Final = _AT_VERSION + _LOG + "RETURN removed\n"
 
 #: The end of a change that adds entries, in one round trip: ADD_ENTRIES, then LOG_CHANGE
 #: unless an entry was refused (``problem``; the caller then rolls the whole change back).
-ADD_AND_LOG_CHANGE: Final = _AT_VERSION + ADD_ENTRIES + _UNLESS_REFUSED + _LOG + "}\nRETURN problem\n"
+ADD_AND_LOG_CHANGE: Final = (
+    _AT_VERSION
+    + ADD_ENTRIES
+    + _UNLESS_REFUSED
+    + _LOG
+    + "}\nOPTIONAL MATCH (c:Change {id: $id})\nRETURN problem, coalesce(c.removedIds, []) AS removed\n"
+)
 
 #: A whole change that only adds entries, as one statement (an auto-commit transaction, one
 #: round trip): the exclusive lock first (C1), then ADD_ENTRIES under it (C7), then — unless an
@@ -195,14 +204,18 @@ LOCK_READER_AND_LIST: Final = _LOCK_READER_AND + _LIST_OF_KEYS + "}\nRETURN vers
 LOCK_READER_AND_PAGE: Final = _LOCK_READER_AND + _PAGE_OF_KEYS + "}\nRETURN version, reader, entries\n"
 
 
-#: The latest ``$limit`` change-log rows with entries, of versions below ``$before``, newest first
-#: (a seek of the ``change_bot_version`` index in its order).
+#: The latest ``$limit`` change-log rows with entries (changed or removed, D9.24), of versions
+#: below ``$before``, newest first (a seek of the ``change_bot_version`` index in its order).
 LOG_ROWS: Final = """
 MATCH (c:Change {botId: $botId})
-WHERE c.version < $before AND size(c.entryIds) > 0
+WHERE c.version < $before AND (size(c.entryIds) > 0 OR size(coalesce(c.removedIds, [])) > 0)
 WITH c ORDER BY c.botId DESC, c.version DESC LIMIT $limit
-RETURN c.version AS version, c.at AS at, c.actor AS actor, c.entryIds AS ids
+RETURN c.version AS version, c.at AS at, c.actor AS actor, c.entryIds AS ids,
+       coalesce(c.removedIds, []) AS removed
 """
+
+#: What the changes of ``$versions`` hid from the readers ``$readers`` in ``$org`` (D9.24).
+REMOVED_FOR_READERS: Final = "WITH $readers AS readers, $org AS org\n" + REMOVED_FOR + "RETURN removed\n"
 
 ENTRY_FOR_EDIT: Final = """
 MATCH (e:Entry {id: $id, botId: $botId})
@@ -242,6 +255,7 @@ def _log_params(
         "payload": payload,
         "entryIds": entry_ids,
         "ids": entry_ids,
+        "gone": [],
     }
 
 
@@ -256,16 +270,25 @@ async def log_change(
     entry_ids: list[str],
     payload: str | None,
     adds: list[dict[str, Any]] | None = None,
-) -> str | None:
+    relabel: list[str] | None = None,
+    gone: list[dict[str, Any]] | None = None,
+) -> tuple[str | None, list[str]]:
     """The log row of a change (C2) and the labels it affects (DESIGN §8), in one statement —
     with ``adds``, the change's last new entries are added first (ADD_ENTRIES) in the same
-    statement. Returns the code of a refused new entry (nothing written), else None."""
+    statement. ``relabel``: the entries whose labels the change affects when they are not the
+    logged ones (a purge), ``gone``: the entries it deleted, from :func:`graph.entries.purge`.
+    Returns the code of a refused new entry (nothing written) or None, and the ids of what the
+    change hid from someone (D9.24)."""
     params = _log_params(id, bot_id, at, actor, entry_ids, payload) | {"version": version}
+    if relabel is not None:
+        params["ids"] = relabel
+    if gone:
+        params["gone"] = gone
     if not adds:
-        await tx.run(LOG_CHANGE, params)
-        return None
+        record = await single(tx, LOG_CHANGE, **params)
+        return None, [] if record is None else list(record["removed"])
     record = await single(tx, ADD_AND_LOG_CHANGE, adds=adds, **params)
-    return None if record is None else record["problem"]
+    return (None, []) if record is None else (record["problem"], list(record["removed"]))
 
 
 async def add_only_change(
@@ -350,6 +373,17 @@ async def log_rows(
     tx: AsyncManagedTransaction, *, bot_id: str, limit: int, before: int | None = None
 ) -> list[dict[str, Any]]:
     return await rows(tx, LOG_ROWS, botId=bot_id, limit=limit, before=TOP_RANK if before is None else before)
+
+
+async def removed_for(
+    tx: QueryTarget, *, bot_id: str, org: str, readers: list[dict[str, Any]], versions: list[int]
+) -> list[dict[str, Any]]:
+    """REMOVED_FOR_READERS: ``{version, id}`` of what the changes of ``versions`` hid from the
+    readers (D9.24)."""
+    if not versions:
+        return []
+    record = await single(tx, REMOVED_FOR_READERS, botId=bot_id, org=org, readers=readers, versions=versions)
+    return [] if record is None else list(record["removed"])
 
 
 async def entry_for_edit(tx: AsyncManagedTransaction, *, bot_id: str, id: str) -> dict[str, Any] | None:

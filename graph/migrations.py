@@ -109,6 +109,13 @@ MIGRATIONS: Final[tuple[tuple[int, tuple[LiteralString, ...]], ...]] = (
             "CREATE INDEX model_call_execution IF NOT EXISTS FOR (n:ModelCall) ON (n.executionId)",
         ),
     ),
+    (
+        9,
+        (
+            # What a change hid from its readers, by change (D9.24: the log and the change feed).
+            "CREATE INDEX removal_bot_version IF NOT EXISTS FOR (n:Removal) ON (n.botId, n.version)",
+        ),
+    ),
 )
 
 #: Entries whose labels predate the current label properties: without ``memoryRank`` (before

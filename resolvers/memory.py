@@ -152,7 +152,11 @@ class MemoryQuery:
         )
         rows = [
             MemoryChange(
-                version=c.version, at=Long(c.at), actor=c.actor, ids=[strawberry.ID(i) for i in c.ids]
+                version=c.version,
+                at=Long(c.at),
+                actor=c.actor,
+                ids=[strawberry.ID(i) for i in c.ids],
+                removed=[strawberry.ID(i) for i in c.removed],
             )
             for c in changes
         ]

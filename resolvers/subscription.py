@@ -11,8 +11,8 @@ from schema.context import Info
 from schema.memory import MemoryChangeEvent
 from schema.types import TurnEvent
 from services import chats, memory
-from services.changefeed import ChangeEvent
-from services.errors import Forbidden, NotFound, TooSlow, Unauthenticated
+from services.changefeed import CaughtUp, ChangeEvent
+from services.errors import BadInput, Forbidden, NotFound, TooSlow, Unauthenticated
 
 #: One GraphQL view per change event, for every local subscriber it goes to (schema.fanout).
 _VIEWS: WeakKeyDictionary[ChangeEvent, MemoryChangeEvent] = WeakKeyDictionary()
@@ -27,22 +27,40 @@ def _view_of(event: ChangeEvent) -> MemoryChangeEvent:
 
 @strawberry.type
 class Subscription:
-    @strawberry.subscription(description="Changes to entries you may see at delivery time (V10).")
-    async def memory_changes(self, info: Info, bot_id: strawberry.ID) -> AsyncGenerator[MemoryChangeEvent]:
+    @strawberry.subscription(
+        description="Changes to entries you may see at delivery time (V10), and the ids of entries a "
+        "change hid from you (D9.24). With after (the last version you saw), the changes since then "
+        "come first, from the log, then the live ones: a reconnecting client misses nothing."
+    )
+    async def memory_changes(
+        self, info: Info, bot_id: strawberry.ID, after: int | None = None
+    ) -> AsyncGenerator[MemoryChangeEvent]:
         principal = await info.context.principal()
         await memory.require_reader(info.context.runtime, principal, str(bot_id))
         hub = info.context.hub
         person, org, token = principal.person_id, principal.organization_id, principal.token_id
         if hub is None or person is None or org is None or token is None:
             raise Unauthenticated("subscriptions need a person's token")
+        if after is not None and not 0 <= after < 2**53:
+            raise BadInput("after is a version of the memory", field="after")
         async with hub.subscribe(str(bot_id), person, org, token) as sub:
+            floor = -1  # live events at or below it came in the replay
+            if after is not None:
+                async for replayed in hub.replay(sub, after):
+                    if isinstance(replayed, CaughtUp):
+                        floor = replayed.version
+                        break
+                    if replayed is None:
+                        raise Unauthenticated("the token or the read grant is gone")
+                    yield MemoryChangeEvent.of(replayed)
             while True:
                 event = await sub.queue.get()
                 if event is None and sub.too_slow:
                     raise TooSlow("this subscription fell more than 100 events behind; subscribe again")
                 if event is None:
                     raise Unauthenticated("the token or the read grant is gone")
-                yield _view_of(event)
+                if event.version > floor:
+                    yield _view_of(event)
 
     @strawberry.subscription(
         description="Events of the chat's Turns run by the built-in runner: the reply as it streams, "

@@ -80,7 +80,10 @@ class MemoryChange:
     version: int
     at: Long
     actor: str
-    ids: list[strawberry.ID]
+    ids: list[strawberry.ID] = strawberry.field(description="Changed entries you may see now.")
+    removed: list[strawberry.ID] = strawberry.field(
+        description="Entries this change hid from you: you saw them before it (ids only)."
+    )
 
 
 @strawberry.type
@@ -117,6 +120,9 @@ class HistoryDeleted:
 class MemoryChangeEvent:
     version: int
     entries: list[MemoryEntry] = strawberry.field(description="Changed entries you may see now.")
+    removed: list[strawberry.ID] = strawberry.field(
+        description="Entries this change hid from you: you saw them before it (ids only, D9.24)."
+    )
     #: Results per operation, shared by every subscriber this event goes to (schema.fanout).
     shared_results: strawberry.Private[dict[OperationKey, ExecutionResult]] = dataclasses.field(
         default_factory=dict[OperationKey, ExecutionResult]
@@ -124,7 +130,11 @@ class MemoryChangeEvent:
 
     @classmethod
     def of(cls, event: ChangeEvent) -> MemoryChangeEvent:
-        return cls(version=event.version, entries=[MemoryEntry.of(e) for e in event.entries])
+        return cls(
+            version=event.version,
+            entries=[MemoryEntry.of(e) for e in event.entries],
+            removed=[strawberry.ID(i) for i in event.removed],
+        )
 
 
 @strawberry.type

@@ -1,16 +1,23 @@
-"""Memory change events for subscribers of one API process (``memoryChanges``, V10, E4).
+"""Memory change events for subscribers of one API process (``memoryChanges``, V10, E4, D9.24).
 
-Writers publish ``{botId, version, ids}`` on Redis after commit (ids only). Each API process
-listens once; per event it runs one batched visibility check for all its local subscribers of
-that Bot (current membership, live token), decrypts the union of what anyone may see once,
-and hands each subscriber the same immutable entry objects.
+Writers publish ``{botId, version, ids, removed}`` on Redis after commit (ids only). Each API
+process listens once; per event it runs one batched visibility check for all its local
+subscribers of that Bot (current membership, live token), decrypts the union of what anyone may
+see once, and hands each subscriber the same immutable entry objects, with the ids the change
+hid from it (its label before the change admitted the subscriber, its label after does not).
+
+Nothing is lost to Redis: pub/sub only says "look". The hub keeps, per Bot with local
+subscribers, the last version it considered; an event past a gap, and every reconnection of its
+Redis connection, first reads what it missed from the change log (the same check per row). A
+subscriber that reconnects passes ``after`` (the last version it saw) and gets the log from
+there before the live events (:meth:`ChangeHub.replay`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,20 +25,26 @@ from neo4j import AsyncManagedTransaction
 
 from graph import changefeed, identity
 from graph.driver import autocommit, read
-from services import pubsub
+from services import metrics, pubsub
 from services.memory import Entry, decrypt_entry
 from services.runtime import Runtime, now_ms
 
 CHANNEL_PATTERN = "botmemory:changes:*"
 
 
+#: Log rows read per statement when catching up or replaying.
+LOG_PAGE = 200
+
+
 @dataclass(frozen=True, slots=True, eq=False, weakref_slot=True)
 class ChangeEvent:
-    """One event for every local subscriber with the same visible entries (compared by identity:
-    the transport keys its once-per-event work on it, see ``schema.fanout``)."""
+    """One event for every local subscriber with the same visible entries and removals (compared
+    by identity: the transport keys its once-per-event work on it, see ``schema.fanout``)."""
 
     version: int
     entries: tuple[Entry, ...]
+    #: Entries the change hid from these subscribers, who saw them before it (ids only).
+    removed: tuple[str, ...] = ()
 
 
 @dataclass(eq=False, slots=True)
@@ -53,17 +66,32 @@ class Subscriber:
         self.identity = f"{self.person_id}|{self.org}|{self.token_id}"
 
 
+@dataclass(frozen=True, slots=True)
+class CaughtUp:
+    """The end of a replay: every change up to ``version`` was considered."""
+
+    version: int
+
+
+#: Per identity: the event, or None = end its subscriptions (token revoked or read on the Bot
+#: lost); absent = nothing to send.
+Outcome = dict[str, ChangeEvent | None]
+
+
 class ChangeHub:
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
         self.subscribers: dict[str, dict[str, Subscriber]] = {}
+        #: Per Bot with local subscribers: the last version this process considered.
+        self.versions: dict[str, int] = {}
         self._task: asyncio.Task[None] | None = None
         self._counter = 0
         self.ready = asyncio.Event()
 
     async def start(self) -> None:
         self._task = asyncio.create_task(
-            pubsub.listen(self.rt.redis, CHANNEL_PATTERN, self.deliver, self.ready), name="changefeed"
+            pubsub.listen(self.rt.redis, CHANNEL_PATTERN, self.deliver, self.ready, self.reconnected),
+            name="changefeed",
         )
 
     async def stop(self) -> None:
@@ -80,58 +108,166 @@ class ChangeHub:
         sub = Subscriber(f"s{self._counter}", bot_id, person_id, org, token_id)
         self.subscribers.setdefault(bot_id, {})[sub.key] = sub
         try:
+            if bot_id not in self.versions:  # from here on, a missed event is noticed
+                current = await read(self.rt.driver, lambda tx: changefeed.versions(tx, bot_ids=[bot_id]))
+                if bot_id in current and bot_id in self.subscribers:
+                    self.versions.setdefault(bot_id, current[bot_id])
+            metrics.SUBSCRIPTIONS_OPENED.labels("memoryChanges").inc()
             yield sub
         finally:
             subs = self.subscribers.get(bot_id, {})
             subs.pop(sub.key, None)
             if not subs:
                 self.subscribers.pop(bot_id, None)
+                self.versions.pop(bot_id, None)
 
     async def deliver(self, event: dict[str, Any]) -> None:
-        """One batched check per event for every local subscriber of the Bot."""
-        bot_id, ids, version = str(event["botId"]), [str(i) for i in event["ids"]], int(event["version"])
-        local = list(self.subscribers.get(bot_id, {}).values())
-        if not local:
+        """One batched check per event for every local subscriber of the Bot; an event past a gap
+        first delivers what was missed, from the log (D9.24)."""
+        bot_id, version = str(event["botId"]), int(event["version"])
+        if bot_id not in self.subscribers:
             return
-        # One check per distinct (person, organization, token), however many streams they hold.
+        known = self.versions.get(bot_id)
+        if known is not None and version <= known:
+            return  # considered already (caught up from the log, or a late duplicate)
+        if known is not None and version > known + 1:
+            metrics.CHANGE_CATCH_UPS.labels("gap").inc()
+            await self.catch_up(bot_id)
+            if version <= self.versions.get(bot_id, version - 1):
+                return
+        ids = [str(i) for i in event["ids"]]
+        removed = [str(i) for i in event.get("removed", [])]
+        local = list(self.subscribers.get(bot_id, {}).values())
+        if local:
+            change = {"version": version, "ids": ids}
+            outcomes = await self._check(bot_id, local, [change], [version] if removed else [])
+            self._hand_out(local, outcomes.get(version, {}))
+        if bot_id in self.subscribers:
+            self.versions[bot_id] = max(version, self.versions.get(bot_id, version))
+
+    async def reconnected(self) -> None:
+        """After the Redis connection came back: every Bot with local subscribers catches up."""
+        bots = [b for b in self.subscribers if b in self.versions]
+        if not bots:
+            return
+        current = await read(self.rt.driver, lambda tx: changefeed.versions(tx, bot_ids=bots))
+        for bot_id in bots:
+            if current.get(bot_id, 0) > self.versions.get(bot_id, current.get(bot_id, 0)):
+                metrics.CHANGE_CATCH_UPS.labels("reconnect").inc()
+                await self.catch_up(bot_id)
+
+    async def catch_up(self, bot_id: str) -> None:
+        """Deliver, from the log, every change after the last version this process considered."""
+        while bot_id in self.versions and bot_id in self.subscribers:
+            local = list(self.subscribers[bot_id].values())
+            after = self.versions[bot_id]
+            page = await self._from_log(bot_id, local, after)
+            if page is None:
+                return
+            memory_version, outcomes = page
+            for version in sorted(outcomes):
+                self._hand_out(local, outcomes[version])
+            if bot_id in self.versions:
+                self.versions[bot_id] = max(memory_version, after)
+            if len(outcomes) < LOG_PAGE:
+                return
+
+    async def replay(self, sub: Subscriber, after: int) -> AsyncIterator[ChangeEvent | CaughtUp | None]:
+        """The changes after version ``after`` for one subscriber, read from the log oldest first
+        (a reconnecting client's ``memoryChanges(after:)``), then :class:`CaughtUp` with the
+        version reached: live events at or below it are already covered. None: access lost."""
+        while True:
+            page = await self._from_log(sub.bot_id, [sub], after)
+            if page is None:
+                return
+            memory_version, outcomes = page
+            for version in sorted(outcomes):
+                outcome = outcomes[version]
+                if sub.identity in outcome:
+                    yield outcome[sub.identity]
+            if len(outcomes) < LOG_PAGE:
+                yield CaughtUp(memory_version)
+                return
+            after = max(outcomes)
+
+    async def _from_log(
+        self, bot_id: str, local: list[Subscriber], after: int
+    ) -> tuple[int, dict[int, Outcome]] | None:
+        """The next page of log rows after ``after``, each checked for ``local`` like a live event,
+        in one read transaction: (memory version, outcome per row version)."""
+        page = await read(
+            self.rt.driver, lambda tx: changefeed.log_after(tx, bot_id=bot_id, after=after, limit=LOG_PAGE)
+        )
+        if page is None:
+            return None
+        memory_version, rows = page
+        if not rows:
+            return memory_version, {}
+        versions = [int(row["version"]) for row in rows if row["removed"]]
+        outcomes = await self._check(bot_id, local, rows, versions)
+        return memory_version, {int(row["version"]): outcomes.get(int(row["version"]), {}) for row in rows}
+
+    async def _check(
+        self,
+        bot_id: str,
+        local: list[Subscriber],
+        changes: list[dict[str, Any]],
+        versions: list[int],
+    ) -> dict[int, Outcome]:
+        """One batched check for ``local`` (once per distinct identity) of the changed entries of
+        ``changes`` (``{version, ids}``: the live event or log rows) and of the removals of the
+        changes ``versions`` (those that hid something), split per change."""
+        ids = sorted({str(i) for change in changes for i in change["ids"]})
         identities = {s.identity: s for s in local}
         subs = [
             {"key": k, "person": s.person_id, "org": s.org, "token": s.token_id}
             for k, s in identities.items()
         ]
         now = now_ms()
-
         cipher = self.rt.keyring.cached(bot_id)
 
-        async def work(tx: AsyncManagedTransaction) -> tuple[dict[str, list[str]], list[dict[str, Any]], Any]:
-            found, changed = await changefeed.deliveries(tx, bot_id=bot_id, ids=ids, subs=subs, now=now)
-            return found, changed, await identity.bot_key(tx, id=bot_id)
+        async def work(tx: AsyncManagedTransaction) -> tuple[changefeed.Found, Any]:
+            found = await changefeed.deliveries(
+                tx, bot_id=bot_id, ids=ids, versions=versions, subs=subs, now=now
+            )
+            return found, await identity.bot_key(tx, id=bot_id)
 
         if cipher is not None:  # one statement, the shared lock at its head (C1): auto-commit
-            found, changed = await autocommit(
+            found = await autocommit(
                 self.rt.driver,
-                lambda session: changefeed.deliveries(session, bot_id=bot_id, ids=ids, subs=subs, now=now),
+                lambda session: changefeed.deliveries(
+                    session, bot_id=bot_id, ids=ids, versions=versions, subs=subs, now=now
+                ),
             )
         else:  # the Bot's key too: both in one explicit transaction
-            found, changed, key = await read(self.rt.driver, work)
+            found, key = await read(self.rt.driver, work)
             if key is None:
-                return
+                return {}
             cipher = self.rt.cipher(bot_id, key["master"], key["wrapped"])
-        decrypted = {row["id"]: decrypt_entry(cipher, row) for row in changed}  # once per event
-        # Per identity: the event (one per distinct visible set), or None = end the subscription
-        # (token revoked or read on the Bot lost); absent = nothing to send.
-        outcome: dict[str, ChangeEvent | None] = {}
-        events: dict[tuple[str, ...], ChangeEvent] = {}
-        for ident in identities:
-            seen = found.get(ident)
-            if seen is None:
-                outcome[ident] = None
-                continue
-            visible = tuple(sorted(i for i in seen if i in decrypted))
-            if visible:
-                if visible not in events:
-                    events[visible] = ChangeEvent(version, tuple(decrypted[i] for i in visible))
-                outcome[ident] = events[visible]
+        decrypted = {row["id"]: decrypt_entry(cipher, row) for row in found.entries}  # once per event
+        outcomes: dict[int, Outcome] = {}
+        for change in changes:
+            row_ids = set(change["ids"])
+            version = int(change["version"])
+            outcome: Outcome = {}
+            events: dict[tuple[tuple[str, ...], tuple[str, ...]], ChangeEvent] = {}
+            for ident in identities:
+                seen = found.visible.get(ident)
+                if seen is None:
+                    outcome[ident] = None
+                    continue
+                gone = tuple(sorted(i for v, i in found.removed.get(ident, []) if v == version))
+                visible = tuple(sorted(i for i in seen if i in decrypted and i in row_ids and i not in gone))
+                if visible or gone:
+                    shape = (visible, gone)
+                    if shape not in events:
+                        events[shape] = ChangeEvent(version, tuple(decrypted[i] for i in visible), gone)
+                    outcome[ident] = events[shape]
+            outcomes[version] = outcome
+        return outcomes
+
+    @staticmethod
+    def _hand_out(local: list[Subscriber], outcome: Outcome) -> None:
         for sub in local:
             if sub.identity in outcome:
                 pubsub.offer(sub, outcome[sub.identity])

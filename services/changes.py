@@ -11,7 +11,7 @@ from services.errors import BadInput
 from services.ids import new_id
 from services.memory import TOPIC
 
-Actor = Literal["memory_bot", "person", "promotion"]
+Actor = Literal["memory_bot", "person", "promotion", "system"]
 MAX_CONTENT_CHARS = 4000
 MAX_TOPICS = 20
 MAX_CHANGES = 10_000
@@ -98,6 +98,8 @@ class Applied:
     version: int
     entry_ids: tuple[str, ...]
     at: int = 0  # when (epoch ms): the entries' createdAt/updatedAt
+    #: Entries the change hid from someone who saw them (D9.24): readers are told at delivery.
+    removed: tuple[str, ...] = ()
 
 
 def check_topics(topics: tuple[str, ...], field_name: str = "topics") -> tuple[str, ...]:

@@ -111,13 +111,15 @@ async def purge(rt: Runtime, principal: Principal, bot_id: str, tag: str) -> int
         raise BadInput("purge takes one from:, chat:, org: or channel: tag", field="tag")
     change_id, now = new_id("chg"), now_ms()
 
-    async def work(tx: AsyncManagedTransaction) -> tuple[int, list[str]]:
+    async def work(tx: AsyncManagedTransaction) -> tuple[int, Applied]:
         version = await memory_q.bump_version(tx, bot_id=bot_id)
         if version is None:
             raise NotFound("bot not found")
         await require_owner_writer(tx, principal, bot_id)
-        removed = await entries.purge(tx, bot_id=bot_id, tag=tag)
-        await memory_q.log_change(
+        purged = await entries.purge(tx, bot_id=bot_id, tag=tag)
+        # The row names no changed entry; its removals are the purged entries and those resting
+        # on them, each for the readers who saw it (D9.24).
+        _, removed = await memory_q.log_change(
             tx,
             id=change_id,
             bot_id=bot_id,
@@ -126,12 +128,14 @@ async def purge(rt: Runtime, principal: Principal, bot_id: str, tag: str) -> int
             actor="person",
             entry_ids=[],
             payload=None,
+            relabel=purged.above,
+            gone=purged.gone,
         )
-        return version, removed
+        return len(purged.ids), Applied(version, (), now, tuple(removed))
 
-    version, removed = await write(rt.driver, work)
-    await publish_change(rt, bot_id, Applied(version, tuple(removed)))
-    return len(removed)
+    count, applied = await write(rt.driver, work)
+    await publish_change(rt, bot_id, applied)
+    return count
 
 
 async def delete_chat_history(rt: Runtime, principal: Principal, chat_id: str) -> int:

@@ -81,7 +81,10 @@ class Change:
     version: int
     at: int
     actor: str
+    #: Changed entries the reader may see now.
     ids: tuple[str, ...]
+    #: Entries the change hid from the reader, who saw them before it (D9.24).
+    removed: tuple[str, ...] = ()
 
 
 def decrypt_entry(cipher: Cipher, row: dict[str, Any]) -> Entry:
@@ -270,16 +273,32 @@ async def change_log(
         version, reader, _ = await open_read(rt, tx, principal, bot_id)
         log = await memory_q.log_rows(tx, bot_id=bot_id, limit=limit, before=before)
         next_page = log[-1]["version"] if len(log) == limit else None
-        all_ids = sorted({i for row in log for i in row["ids"]})
-        seen = await context_q.visible_ids(tx, bot_id=bot_id, ids=all_ids, active_only=False, **reader.params)
-        changes = [
-            Change(row["version"], row["at"], row["actor"], tuple(i for i in row["ids"] if i in seen))
-            for row in log
-        ]
-        return version, [c for c in changes if c.ids], next_page
+        return version, await readable_changes(tx, bot_id, reader, log), next_page
 
     version, changes, next_page = await read(rt.driver, work)
     return changes, version, next_page
+
+
+async def readable_changes(
+    tx: AsyncManagedTransaction, bot_id: str, reader: Reader, log: list[dict[str, Any]]
+) -> list[Change]:
+    """Log rows as one reader may read them (V10, D9.24): the changed entries it may see now and
+    the entries each change hid from it; rows with neither are left out. Under the shared lock."""
+    all_ids = sorted({i for row in log for i in row["ids"]})
+    seen = await context_q.visible_ids(tx, bot_id=bot_id, ids=all_ids, active_only=False, **reader.params)
+    lost: dict[int, set[str]] = {}
+    for r in await memory_q.removed_for(
+        tx, bot_id=bot_id, versions=[row["version"] for row in log if row["removed"]], **reader.params
+    ):
+        lost.setdefault(r["version"], set()).add(r["id"])
+    changes: list[Change] = []
+    for row in log:
+        gone = lost.get(row["version"], set())
+        ids = tuple(i for i in row["ids"] if i in seen and i not in gone)
+        removed = tuple(i for i in row["removed"] if i in gone)
+        if ids or removed:
+            changes.append(Change(row["version"], row["at"], row["actor"], ids, removed))
+    return changes
 
 
 async def chat_reader(rt: Runtime, chat_id: str) -> Reader | None:

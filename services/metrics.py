@@ -39,3 +39,13 @@ STEP_REFUSALS = Counter(
     " (reasked: asked again with the violation; set_aside: the evidence range was set aside)",
     ["code", "then"],
 )
+SUBSCRIPTIONS_OPENED = Counter(
+    "botmemory_subscriptions_opened_total",
+    "Subscriptions registered with this process's hubs (the subscriber gets every later event)",
+    ["feed"],
+)
+CHANGE_CATCH_UPS = Counter(
+    "botmemory_change_catch_ups_total",
+    "Times this process read missed change events from the change log (D9.24), by cause",
+    ["cause"],
+)

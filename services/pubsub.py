@@ -19,13 +19,17 @@ async def listen(
     pattern: str,
     handle: Callable[[dict[str, Any]], Awaitable[None]],
     ready: asyncio.Event,
+    subscribed: Callable[[], Awaitable[None]] | None = None,
 ) -> None:
     """Hand every JSON message on channels matching ``pattern`` to ``handle``, for ever; a lost
-    Redis connection is re-established (events published meanwhile are missed, never replayed)."""
+    Redis connection is re-established. Messages published meanwhile are missed: ``subscribed``,
+    called after every (re)subscription before the next message, is where a hub catches up."""
     while True:
         pubsub = redis.pubsub()
         try:
             await pubsub.psubscribe(pattern)
+            if subscribed is not None:
+                await subscribed()
             ready.set()
             async for message in cast(AsyncIterator[dict[str, Any]], pubsub.listen()):
                 if message.get("type") == "pmessage":

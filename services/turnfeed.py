@@ -20,7 +20,7 @@ from neo4j import AsyncManagedTransaction
 
 from graph import chats as chats_q
 from graph.driver import read, single
-from services import pubsub
+from services import metrics, pubsub
 from services.crypto import Kind
 from services.runtime import Runtime
 
@@ -78,6 +78,7 @@ class TurnHub:
     async def subscribe(self, chat_id: str, person_id: str) -> AsyncGenerator[Subscriber]:
         sub = Subscriber(chat_id, person_id)
         self.subscribers.setdefault(chat_id, set()).add(sub)
+        metrics.SUBSCRIPTIONS_OPENED.labels("turnEvents").inc()
         try:
             yield sub
         finally:

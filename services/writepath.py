@@ -13,6 +13,7 @@ row and labels in one round trip. Any other change is an explicit transaction of
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -47,6 +48,8 @@ from services.errors import BadInput, Conflict, NotFound
 from services.ids import new_id
 from services.memory import Reader, cipher_of, user_reader
 from services.runtime import Runtime, now_ms
+
+log = logging.getLogger("services.writepath")
 
 _ORDER_SLOTS = 1_000_000  # orderKey = version * slots + position within the change
 
@@ -292,20 +295,19 @@ async def apply_changes(
             await step.apply(change)
         touched = list(dict.fromkeys(step.touched))
         # The last new entries, the log row and the labels: one round trip.
-        _refused(
-            await memory_q.log_change(
-                tx,
-                id=change_id,
-                bot_id=bot_id,
-                version=version,
-                at=now,
-                actor=actor,
-                entry_ids=touched,
-                payload=payload,
-                adds=step.pending,
-            )
+        problem, removed = await memory_q.log_change(
+            tx,
+            id=change_id,
+            bot_id=bot_id,
+            version=version,
+            at=now,
+            actor=actor,
+            entry_ids=touched,
+            payload=payload,
+            adds=step.pending,
         )
-        return Applied(version, tuple(touched), now)
+        _refused(problem)
+        return Applied(version, tuple(touched), now, tuple(removed))
 
     adds = [c for c in changes if isinstance(c, AddFact | AddObservation | Remember)]
     if precheck is not None or len(adds) < len(changes):
@@ -338,10 +340,28 @@ async def apply_changes(
 
 
 async def publish_change(rt: Runtime, bot_id: str, applied: Applied) -> None:
-    """Tell every API process (Redis pub/sub) which entries changed: ids only, never content (E4)."""
-    if applied.entry_ids:
-        message = json.dumps({"botId": bot_id, "version": applied.version, "ids": list(applied.entry_ids)})
+    """Tell every API process (Redis pub/sub) which entries changed or were hidden from someone:
+    ids only, never content (E4). The change is committed: a lost message (Redis away) is logged,
+    not raised, and every API process fills the gap from the change log — at its next event of
+    the Bot or when its own Redis connection comes back (``services.changefeed``, D9.24)."""
+    if not applied.entry_ids and not applied.removed:
+        return
+    message = json.dumps(
+        {
+            "botId": bot_id,
+            "version": applied.version,
+            "ids": list(applied.entry_ids),
+            "removed": list(applied.removed),
+        }
+    )
+    try:
         await rt.redis.publish(f"botmemory:changes:{bot_id}", message)
+    except Exception as exc:  # the change stands; subscribers get it from the log
+        log.warning(
+            "change %s of a Bot not announced (%s); subscribers catch up from the log",
+            applied.version,
+            type(exc).__name__,
+        )
 
 
 async def require_visible(tx: AsyncManagedTransaction, bot_id: str, reader: Reader, entry_id: str) -> None:
@@ -390,7 +410,7 @@ async def import_legacy(rt: Runtime, bot_id: str, legacy: list[LegacyEntry]) -> 
         await entries.create_legacy(tx, bot_id=bot_id, rows=rows, now=now)
         ids = [entry.id for entry in legacy]
         payload = cipher.encrypt(Kind.CHANGE, change_id, json.dumps({"kind": "import", "count": len(legacy)}))
-        await memory_q.log_change(
+        _, removed = await memory_q.log_change(
             tx,
             id=change_id,
             bot_id=bot_id,
@@ -400,19 +420,34 @@ async def import_legacy(rt: Runtime, bot_id: str, legacy: list[LegacyEntry]) -> 
             entry_ids=ids,
             payload=payload,
         )
-        return Applied(version, tuple(ids))
+        return Applied(version, tuple(ids), now, tuple(removed))
 
     return await write(rt.driver, work)
 
 
 async def relabel_all(rt: Runtime, bot_id: str) -> int:
-    """Recompute every label of a Bot from the path query (after manual surgery on the graph)."""
+    """Recompute every label of a Bot from the path query (after manual surgery on the graph), as
+    a change of actor ``system``: its log row names what the new labels hide from someone (D9.24)."""
+    change_id, now = new_id("chg"), now_ms()
 
-    async def work(tx: AsyncManagedTransaction) -> int:
-        if await memory_q.bump_version(tx, bot_id=bot_id) is None:
+    async def work(tx: AsyncManagedTransaction) -> tuple[int, Applied]:
+        version = await memory_q.bump_version(tx, bot_id=bot_id)
+        if version is None:
             raise NotFound("bot not found")
         ids = await entries.all_ids(tx, bot_id=bot_id)
-        await access.compute_labels(tx, bot_id=bot_id, ids=ids)
-        return len(ids)
+        _, removed = await memory_q.log_change(
+            tx,
+            id=change_id,
+            bot_id=bot_id,
+            version=version,
+            at=now,
+            actor="system",
+            entry_ids=[],
+            payload=None,
+            relabel=ids,
+        )
+        return len(ids), Applied(version, (), now, tuple(removed))
 
-    return await write(rt.driver, work)
+    count, applied = await write(rt.driver, work)
+    await publish_change(rt, bot_id, applied)
+    return count

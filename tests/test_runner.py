@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncGenerator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
@@ -15,6 +13,7 @@ from websockets.asyncio.client import ClientConnection
 
 from services.runtime import Runtime
 from tests.client import Api, World
+from tests.feed_helpers import subscribed, ws_url
 from tests.learning_helpers import fact_call, learn, memory_world, wait_executions
 from tests.memory_helpers import fact, said, visible
 from tests.model_server import ModelServer, Reply, ToolCall
@@ -43,24 +42,9 @@ async def runner_world(
     return w
 
 
-def ws_url(api: Api) -> str:
-    return str(api.http.base_url).replace("http://", "ws://").rstrip("/") + "/graphql"
-
-
-@asynccontextmanager
-async def turn_events(api: Api, token: str, chat: str) -> AsyncGenerator[ClientConnection]:
-    async with websockets.connect(ws_url(api), subprotocols=["graphql-transport-ws"]) as ws:  # type: ignore[list-item]
-        await ws.send(
-            json.dumps({"type": "connection_init", "payload": {"Authorization": f"Bearer {token}"}})
-        )
-        assert json.loads(await asyncio.wait_for(ws.recv(), 5))["type"] == "connection_ack"
-        await ws.send(
-            json.dumps(
-                {"id": "1", "type": "subscribe", "payload": {"query": EVENTS, "variables": {"c": chat}}}
-            )
-        )
-        await asyncio.sleep(0.5)
-        yield ws
+def turn_events(api: Api, token: str, chat: str) -> Any:
+    """``turnEvents(chatId: chat)``, registered by the server."""
+    return subscribed(api, token, EVENTS, {"c": chat}, "turnEvents")
 
 
 async def events_until_completed(ws: ClientConnection) -> list[dict[str, Any]]:

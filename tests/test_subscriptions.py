@@ -7,7 +7,6 @@ import contextlib
 import json
 import socket
 from collections.abc import AsyncGenerator, Iterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
@@ -26,35 +25,8 @@ from services.settings import Settings
 from services.writepath import apply_changes
 from tests.client import Api, make_world
 from tests.conftest import ApiProcess
+from tests.feed_helpers import next_event, subscription, ws_url
 from tests.memory_helpers import command, fact, said
-
-SUBSCRIBE = "subscription($b: ID!) { memoryChanges(botId: $b) { version entries { id content status } } }"
-
-
-def ws_url(api: Api) -> str:
-    return str(api.http.base_url).replace("http://", "ws://").rstrip("/") + "/graphql"
-
-
-@asynccontextmanager
-async def subscription(
-    url: str, token: str, bot: str, query: str = SUBSCRIBE, id: str = "1", **connect: Any
-) -> AsyncGenerator[ClientConnection]:
-    async with websockets.connect(url, subprotocols=["graphql-transport-ws"], **connect) as ws:  # type: ignore[list-item]
-        await ws.send(
-            json.dumps({"type": "connection_init", "payload": {"Authorization": f"Bearer {token}"}})
-        )
-        assert json.loads(await asyncio.wait_for(ws.recv(), 5))["type"] == "connection_ack"
-        await ws.send(
-            json.dumps({"id": id, "type": "subscribe", "payload": {"query": query, "variables": {"b": bot}}})
-        )
-        await asyncio.sleep(0.5)  # let the server register the subscriber
-        yield ws
-
-
-async def next_event(ws: ClientConnection) -> dict[str, Any]:
-    message = json.loads(await asyncio.wait_for(ws.recv(), 5))
-    assert message["type"] == "next", message
-    return message["payload"]["data"]["memoryChanges"]
 
 
 async def test_each_subscriber_gets_only_what_it_may_see(api: Api, runtime: Runtime) -> None:
@@ -64,9 +36,9 @@ async def test_each_subscriber_gets_only_what_it_may_see(api: Api, runtime: Runt
     src_private = await said(api, w.tokens["ann"], ann_chat, "private")
     src_group = await said(api, w.tokens["ann"], group, "team")
     async with (
-        subscription(ws_url(api), w.tokens["ann"], w.bot) as ann,
-        subscription(ws_url(api), w.tokens["bob"], w.bot) as bob,
-        subscription(ws_url(api), w.tokens["cat"], w.bot) as cat,
+        subscription(api, w.tokens["ann"], w.bot) as ann,
+        subscription(api, w.tokens["bob"], w.bot) as bob,
+        subscription(api, w.tokens["cat"], w.bot) as cat,
     ):
         private = await fact(runtime, w.bot, "Ann's private fact", src_private)
         got = await next_event(ann)
@@ -106,7 +78,7 @@ async def test_revoked_token_ends_the_subscription(api: Api, runtime: Runtime) -
     chat = await api.chat(w.tokens["ann"], w.bot)
     src = await said(api, w.tokens["ann"], chat, "x")
     issued = await api.gql("mutation { issueToken { id token } }", token=w.tokens["ann"])
-    async with subscription(ws_url(api), issued["issueToken"]["token"], w.bot) as ws:
+    async with subscription(api, issued["issueToken"]["token"], w.bot) as ws:
         await api.gql(
             "mutation($t: ID!) { revokeToken(tokenId: $t) { id } }",
             {"t": issued["issueToken"]["id"]},
@@ -125,7 +97,7 @@ async def test_changes_made_on_another_api_process_are_delivered(api: Api, setti
     w = await make_world(api, ("ann",))
     other = ApiProcess(settings, settings.data_dir / "logs" / "pytest-api-2.log")
     try:
-        async with subscription(ws_url(api), w.tokens["ann"], w.bot) as ws:
+        async with subscription(api, w.tokens["ann"], w.bot) as ws:
             import httpx
 
             async with httpx.AsyncClient(base_url=other.url) as http:
@@ -164,12 +136,11 @@ async def test_each_payload_is_executed_and_serialised_once_per_event_and_operat
     src_private = await said(api, w.tokens["ann"], ann_chat, "private")
     src_group = await said(api, w.tokens["ann"], group, "team")
     ids_only = "subscription($b: ID!) { memoryChanges(botId: $b) { entries { id } } }"
-    url = ws_url(api)
     async with (
-        subscription(url, w.tokens["ann"], w.bot, id="a1") as ann1,
-        subscription(url, w.tokens["ann"], w.bot, id="a2") as ann2,
-        subscription(url, w.tokens["bob"], w.bot, id="b1") as bob,
-        subscription(url, w.tokens["cat"], w.bot, query=ids_only, id="c1") as cat,
+        subscription(api, w.tokens["ann"], w.bot, id="a1") as ann1,
+        subscription(api, w.tokens["ann"], w.bot, id="a2") as ann2,
+        subscription(api, w.tokens["bob"], w.bot, id="b1") as bob,
+        subscription(api, w.tokens["cat"], w.bot, query=ids_only, id="c1") as cat,
     ):
         before = await fanout_counts(api)
         team = await fact(runtime, w.bot, "Team fact", src_group)
@@ -207,12 +178,13 @@ async def test_a_subscriber_too_slow_for_its_events_is_ended_not_skipped(api: Ap
     issued = (await api.gql("mutation { issueToken { id token } }", token=w.tokens["ann"]))["issueToken"]
     hub = ChangeHub(runtime)
     async with hub.subscribe(w.bot, w.people["ann"], w.org, issued["id"]) as sub:
-        for version in range(1, 101):
+        base = hub.versions[w.bot]  # the memory version when it subscribed: events follow it
+        for version in range(base + 1, base + 101):
             await hub.deliver({"botId": w.bot, "version": version, "ids": [entry]})
         assert sub.queue.full() and not sub.too_slow
-        await hub.deliver({"botId": w.bot, "version": 101, "ids": [entry]})
+        await hub.deliver({"botId": w.bot, "version": base + 101, "ids": [entry]})
         assert sub.too_slow and sub.queue.qsize() == 1 and sub.queue.get_nowait() is None
-        await hub.deliver({"botId": w.bot, "version": 102, "ids": [entry]})
+        await hub.deliver({"botId": w.bot, "version": base + 102, "ids": [entry]})
         assert sub.queue.empty()  # nothing after the end
 
 
@@ -231,8 +203,7 @@ async def test_a_client_that_stops_reading_is_ended_with_too_slow_and_holds_up_n
     changes = [AddFact(content=f"{i:04d}" + "x" * 3996, sources=(src,)) for i in range(50)]
     await apply_changes(runtime, w.bot, list[MemoryChange](changes), "memory_bot")
     ids = [c.id for c in changes]
-    url = ws_url(api)
-    host, port = url.split("//", 1)[1].split("/", 1)[0].split(":")
+    host, port = ws_url(api).split("//", 1)[1].split("/", 1)[0].split(":")
     stalled_socket = socket.socket()
     stalled_socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     stalled_socket.connect((host, int(port)))
@@ -242,8 +213,8 @@ async def test_a_client_that_stops_reading_is_ended_with_too_slow_and_holds_up_n
         return [(await next_event(ws))["version"] for _ in versions]
 
     async with (
-        subscription(url, w.tokens["ann"], w.bot, id="reads") as reading,
-        subscription(url, w.tokens["ann"], w.bot, id="stalls", sock=stalled_socket, max_queue=1) as stalled,
+        subscription(api, w.tokens["ann"], w.bot, id="reads") as reading,
+        subscription(api, w.tokens["ann"], w.bot, id="stalls", sock=stalled_socket, max_queue=1) as stalled,
     ):
         received = asyncio.create_task(read_all(reading))
         for version in versions:  # as a writer announces its commits (ids only)
