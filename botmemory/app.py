@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncGenerator
 from contextlib import asynccontextmanager
@@ -29,7 +30,7 @@ from resolvers.schema import build_schema
 from schema.context import Context
 from schema.errors import with_code
 from schema.fanout import encode_next
-from services import metrics
+from services import memorybot, metrics
 from services.bootstrap import open_runtime
 from services.changefeed import ChangeHub
 from services.embedding import Embedder
@@ -123,10 +124,11 @@ async def healthz(request: Request) -> JSONResponse:
     healthy = all(v == "ok" for v in checks.values())
     # Whether a model endpoint is set (never which one): the demo and operators read it.
     model = "configured" if runtime.settings.openai_base_url else "missing"
-    return JSONResponse(
-        {"status": "ok" if healthy else "unavailable", **checks, "model": model},
-        status_code=200 if healthy else 503,
-    )
+    body = {"status": "ok" if healthy else "unavailable", **checks, "model": model}
+    if checks["neo4j"] == "ok":  # whether every budget can bind (D9.25); a warning, not an outage
+        with contextlib.suppress(Exception):
+            body["budget"] = await asyncio.wait_for(memorybot.budget_state(runtime), timeout=5)
+    return JSONResponse(body, status_code=200 if healthy else 503)
 
 
 async def metrics_endpoint(request: Request) -> Response:

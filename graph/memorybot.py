@@ -8,7 +8,7 @@ from typing import Any, Final
 
 from neo4j import AsyncManagedTransaction
 
-from graph.driver import rows, single
+from graph.driver import QueryTarget, rows, single
 
 #: The settings of a Bot's memory Bot with the Bot's owner organization and data key.
 SETTINGS: Final = """
@@ -106,6 +106,20 @@ MATCH (b:Bot {id: $botId})
 OPTIONAL MATCH (b)-[:OWNED_BY|LINKED]->(o:Organization)
 RETURN [m IN collect(DISTINCT o.botMemoryModel) WHERE m IS NOT NULL] AS models
 """
+
+
+#: The models of every organization of a Bot that has a budget (``/healthz``, D9.25), and how
+#: many Bots have one.
+BUDGETED_MODELS: Final = """
+MATCH (m:Memory) WHERE m.budgetLimitMicros IS NOT NULL
+OPTIONAL MATCH (:Bot {id: m.id})-[:OWNED_BY|LINKED]->(o:Organization)
+RETURN count(DISTINCT m) AS budgets, [x IN collect(DISTINCT o.botMemoryModel) WHERE x IS NOT NULL] AS models
+"""
+
+
+async def budgeted_models(tx: QueryTarget) -> tuple[int, list[str]]:
+    record = await single(tx, BUDGETED_MODELS)
+    return (0, []) if record is None else (int(record["budgets"]), [str(m) for m in record["models"]])
 
 
 async def bot_models(tx: AsyncManagedTransaction, *, bot_id: str) -> list[str]:

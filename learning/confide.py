@@ -109,7 +109,7 @@ async def _answer(
             reader = await memory.chat_reader(rt, chat["id"])
             if reader is not None:
                 known = await retrieval.context(rt, route.bot_id, reader, rt.settings.answer_context_chars)
-        release = await gateway.acquire(route, deadline)
+        release = await gateway.acquire(rt, route, deadline)
     try:
         body = {
             "messages": [
@@ -124,7 +124,7 @@ async def _answer(
             rt, route, task="confide", body=body, deadline=deadline, entry_ids=known.ids if known else ()
         )
     finally:
-        release()
+        await release()
     answer = (completion.text or "").strip()
     if not answer or MEMORY_VOCABULARY.search(answer):
         raise ModelUnavailable("unusable")

@@ -131,7 +131,7 @@ async def _rewrite(
         )
         if not known.ids:
             return original, "nothing_visible"
-        release = await gateway.acquire(route, deadline)
+        release = await gateway.acquire(rt, route, deadline)
     try:
         notes = [{"id": i, "text": c} for i, c in zip(known.ids, known.contents, strict=True)]
         body = {
@@ -149,7 +149,7 @@ async def _rewrite(
             rt, route, task="rewrite", body=body, deadline=deadline, entry_ids=known.ids
         )
     finally:
-        release()
+        await release()
     parsed = _parse(completion.tool_calls, set(known.ids), rt.settings.max_text_chars)
     if parsed is None:
         return original, "refused"

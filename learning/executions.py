@@ -308,7 +308,7 @@ class ExecutionRunner:
         self, route: Route, body: dict[str, Any], deadline: float, key: StepKey, entries: list[dict[str, Any]]
     ) -> Completion:
         """One model call of a step under the concurrency limit (D9.25) and the step deadline."""
-        release = await self.gateway.acquire(route, deadline)
+        release = await self.gateway.acquire(self.rt, route, deadline)
         try:
             return await self.gateway.complete(
                 self.rt,
@@ -320,7 +320,7 @@ class ExecutionRunner:
                 entry_ids=tuple(e["id"] for e in entries),
             )
         finally:
-            release()
+            await release()
 
     async def _commit(
         self,

@@ -1,5 +1,5 @@
 """The memory Bot's model access (DESIGN §7): the ``openai`` client against any OpenAI-compatible
-endpoint, the per-process ``concurrency`` gate, the budget (L6, D9.12) and the saved call log (C5).
+endpoint, the deployment-wide ``concurrency`` slots (D9.25), the budget (L6, D9.12) and the saved call log (C5).
 
 Every call is saved encrypted (E1) with its attempts and the provider-confirmed usage; only
 confirmed usage is charged, in micro-USD from the price table in settings; a call without usage
@@ -22,11 +22,12 @@ from typing import TYPE_CHECKING, Any, cast
 import openai
 from openai import AsyncOpenAI
 from openai.types.chat import ChatCompletion
+from redis.exceptions import RedisError
 
 from graph import memorybot as memorybot_q
 from graph.driver import read, write
 from learning.embedders import make_embedder
-from services import metrics
+from services import metrics, slots
 from services.crypto import Kind
 from services.embedding import Embedder, EmbedderUnavailable
 from services.ids import new_id
@@ -115,6 +116,10 @@ def cost_micros(settings: Settings, model: str, usage: tuple[int, int] | None) -
     return math.ceil((usage[0] * price.input + usage[1] * price.output) / 1_000_000)
 
 
+async def _nothing_to_release() -> None:
+    return None
+
+
 class Gateway:
     """One per process: the client and the concurrency gates of the Bots it serves."""
 
@@ -129,7 +134,6 @@ class Gateway:
                 max_retries=0,
                 timeout=settings.model_attempt_timeout_seconds,
             )
-        self._gates: dict[str, tuple[int, asyncio.Semaphore]] = {}
         #: The embedder of this process (design §10): vectors of new entries and of queries.
         self.embedder: Embedder | None = make_embedder(settings)
 
@@ -155,21 +159,21 @@ class Gateway:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def acquire(self, route: Route, deadline: float) -> Callable[[], None]:
-        """Wait until ``deadline`` for a free memory-Bot task slot of the Bot in this process
-        (``concurrency``, D9.12); returns the release. Raises ModelUnavailable("busy")."""
+    async def acquire(self, rt: Runtime, route: Route, deadline: float) -> Callable[[], Awaitable[None]]:
+        """Wait until ``deadline`` for a free memory-Bot task slot of the Bot, counted across every
+        process of the deployment (``concurrency``, D9.25: leases in Redis); returns the release.
+        Raises ModelUnavailable("busy") at the deadline or without Redis."""
         if route.concurrency is None:
-            return lambda: None
-        gate = self._gates.get(route.bot_id)
-        if gate is None or gate[0] != route.concurrency:
-            gate = (route.concurrency, asyncio.Semaphore(route.concurrency))
-            self._gates[route.bot_id] = gate
-        semaphore = gate[1]
+            return _nothing_to_release
         try:
-            await asyncio.wait_for(semaphore.acquire(), max(deadline - time.monotonic(), 0.001))
-        except TimeoutError:
+            return await slots.take(
+                rt.redis, route.bot_id, route.concurrency, deadline, rt.settings.slot_lease_seconds
+            )
+        except slots.Busy:
             raise ModelUnavailable("busy") from None
-        return semaphore.release
+        except RedisError as exc:
+            log.warning("no task slot: Redis is not answering (%s)", type(exc).__name__)
+            raise ModelUnavailable("busy") from None
 
     async def budget_spent(self, rt: Runtime, route: Route) -> bool:
         """Spent = confirmed cost in the current UTC period ≥ the limit (L6)."""

@@ -77,11 +77,11 @@ async def summarize(rt: Runtime, gateway: Gateway, chat_id: str) -> str:
     }
     deadline = time.monotonic() + rt.settings.step_deadline_seconds
     try:
-        release = await gateway.acquire(route, deadline)
+        release = await gateway.acquire(rt, route, deadline)
         try:
             completion = await gateway.complete(rt, route, task="summary", body=body, deadline=deadline)
         finally:
-            release()
+            await release()
     except ModelUnavailable as exc:
         return "model:" + exc.code
     text = (completion.text or "").strip()

@@ -147,13 +147,30 @@ def check_priced(rt: Runtime, models: list[str]) -> None:
     """A budget is counted from the price of each model call (L6): refuse one that no price could
     count (D9.25) — with no price for a model its calls cost "unknown", so the budget would
     never bind, silently."""
-    prices = rt.settings.model_prices
-    unpriced = sorted(m for m in models if m not in prices and "*" not in prices)
-    if unpriced:
+    missing = unpriced(rt, models)
+    if missing:
         raise BadInput(
-            f"no price for model {unpriced[0]} in BOTMEMORY_MODEL_PRICES: a budget could not be counted",
+            f"no price for model {missing[0]} in BOTMEMORY_MODEL_PRICES: a budget could not be counted",
             field="budget",
         )
+
+
+def unpriced(rt: Runtime, models: list[str]) -> list[str]:
+    """The models no price in ``BOTMEMORY_MODEL_PRICES`` (or ``*``) counts."""
+    prices = rt.settings.model_prices
+    return sorted(m for m in models if m not in prices and "*" not in prices)
+
+
+async def budget_state(rt: Runtime) -> str:
+    """For ``/healthz`` (D9.25): ``none`` (no Bot has a budget), ``counted`` (every budgeted Bot's
+    models have a price), or ``unpriced`` (the price table lost a model after a budget was set:
+    those budgets cannot bind until a price is given)."""
+    if "*" in rt.settings.model_prices:
+        return "counted"
+    budgets, models = await read(rt.driver, memorybot_q.budgeted_models)
+    if not budgets:
+        return "none"
+    return "unpriced" if unpriced(rt, models) else "counted"
 
 
 async def update_settings(

@@ -67,6 +67,9 @@ class Settings(BaseSettings):
     model_max_attempts: int = 3
     turn_idle_timeout_seconds: float = 600.0
     lease_seconds: float = 30.0
+    #: A memory-Bot task slot (``concurrency``, D9.25) is a lease renewed every third of this;
+    #: the slots of a killed process come back within it.
+    slot_lease_seconds: float = 15.0
     sweep_interval_seconds: float = 2.0
     requeue_after_seconds: float = 30.0
     answer_context_chars: int = 4000

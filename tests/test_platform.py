@@ -24,7 +24,29 @@ from tests.memory_helpers import apply, command, fact, said
 async def test_healthz_checks_neo4j_and_redis(api: Api) -> None:
     response = await api.http.get("/healthz")
     assert response.status_code == 200
-    assert response.json() == {"status": "ok", "neo4j": "ok", "redis": "ok", "model": "configured"}
+    body = response.json()
+    assert body.pop("budget") in ("none", "counted")
+    assert body == {"status": "ok", "neo4j": "ok", "redis": "ok", "model": "configured"}
+
+
+async def test_healthz_says_when_a_budget_cannot_bind(api: Api, runtime: Runtime) -> None:
+    """D9.25: a budget is refused for a model without a price; when the price table loses a model
+    after its budget was set, /healthz says `budget: unpriced` (and stays up: a warning)."""
+    w = await make_world(api, ("ann",))
+    await runtime.driver.execute_query(
+        "MATCH (o:Organization {id: $o}), (m:Memory {id: $b}) "
+        "SET o.botMemoryModel = 'a-model-nobody-priced', m.budgetLimitMicros = 1000, m.budgetPeriod = 'day'",
+        o=w.org,
+        b=w.bot,
+    )
+    try:
+        response = await api.http.get("/healthz")
+        assert response.status_code == 200 and response.json()["budget"] == "unpriced"
+    finally:
+        await runtime.driver.execute_query(
+            "MATCH (m:Memory {id: $b}) REMOVE m.budgetLimitMicros, m.budgetPeriod", b=w.bot
+        )
+    assert (await api.http.get("/healthz")).json()["budget"] in ("none", "counted")
 
 
 async def test_graphiql_loads(api: Api) -> None:

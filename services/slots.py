@@ -1,0 +1,112 @@
+"""Memory-Bot task slots per Bot, shared by every process of a deployment (``concurrency``, D9.25).
+
+A slot is a lease in one Redis sorted set per Bot (member: the lease id, score: when it expires,
+in Redis server time, so process clocks do not matter). Taking one drops the expired leases and
+adds ours only while fewer than the limit are held, in one script (atomic). The holder renews its
+lease every third of its length; a process that dies (kill -9) stops renewing, and its slots come
+back when their leases expire. The limit is passed on every take, so a settings change applies to
+the next task; lowering it lets the running ones finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from typing import Final
+
+from redis.asyncio import Redis
+
+log = logging.getLogger("services.slots")
+
+#: KEYS[1] the Bot's set; ARGV: lease id, limit, lease length (ms). 1 = taken, 0 = all taken.
+_TAKE: Final = """
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[2]) then
+  redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
+  redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[3]) * 2)
+  return 1
+end
+return 0
+"""
+
+#: Extends a lease still held; 0 when it had expired (and may have been taken by someone else).
+_RENEW: Final = """
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+if redis.call('ZSCORE', KEYS[1], ARGV[1]) then
+  redis.call('ZADD', KEYS[1], 'XX', now + tonumber(ARGV[2]), ARGV[1])
+  redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]) * 2)
+  return 1
+end
+return 0
+"""
+
+#: Waiting for a slot polls Redis, from this pause doubling to the longest.
+_FIRST_PAUSE, _LONGEST_PAUSE = 0.01, 0.2
+
+
+class Busy(Exception):
+    """No slot came free before the deadline."""
+
+
+def key_of(bot_id: str) -> str:
+    return f"botmemory:slots:{bot_id}"
+
+
+async def take(
+    redis: Redis, bot_id: str, limit: int, deadline: float, lease_seconds: float
+) -> Callable[[], Awaitable[None]]:
+    """Wait until ``deadline`` (``time.monotonic``) for one of the Bot's ``limit`` slots; returns
+    the release (call it once). Raises Busy at the deadline, or a Redis error."""
+    lease = secrets.token_hex(8)
+    lease_ms = max(int(lease_seconds * 1000), 1)
+    key = key_of(bot_id)
+    pause = _FIRST_PAUSE
+    while not await redis.eval(_TAKE, 1, key, lease, limit, lease_ms):  # type: ignore[misc]
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise Busy
+        await asyncio.sleep(min(pause, left))
+        pause = min(pause * 2, _LONGEST_PAUSE)
+
+    async def renew() -> None:
+        while True:
+            await asyncio.sleep(lease_seconds / 3)
+            try:
+                held = await redis.eval(_RENEW, 1, key, lease, lease_ms)  # type: ignore[misc]
+            except Exception as exc:  # Redis away: try again; the lease may lapse meanwhile
+                log.warning("could not renew a task slot (%s)", type(exc).__name__)
+                continue
+            if not held:
+                log.warning(
+                    "a task slot lapsed while its task ran; the Bot may briefly exceed its concurrency"
+                )
+                return
+
+    renewing = asyncio.create_task(renew(), name="slot-lease")
+
+    async def release() -> None:
+        renewing.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await renewing
+        try:
+            await redis.zrem(key, lease)
+        except Exception as exc:  # its lease expires on its own
+            log.warning(
+                "could not give a task slot back (%s); it frees when its lease ends", type(exc).__name__
+            )
+
+    return release
+
+
+async def held(redis: Redis, bot_id: str) -> int:
+    """How many of the Bot's slots are held now (expired leases not counted)."""
+    server = await redis.time()  # type: ignore[misc]
+    now_ms = int(server[0]) * 1000 + int(server[1]) // 1000
+    return int(await redis.zcount(key_of(bot_id), now_ms, "+inf"))

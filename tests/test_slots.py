@@ -1,0 +1,130 @@
+"""``concurrency`` is one limit per Bot across every process of a deployment (D9.25, D9.12):
+slots are leases in Redis, renewed while held, given back by a process that is killed."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+from redis.asyncio import Redis
+
+from learning.gateway import FIXED_CALM_ANSWER
+from services import slots
+from services.ids import new_id
+from services.runtime import Runtime
+from services.settings import Settings
+from tests.client import Api
+from tests.conftest import ROOT, ApiProcess
+from tests.learning_helpers import confide, memory_world
+from tests.model_server import ModelServer, Reply
+
+#: Another process of the deployment: takes two slots of a Bot with a one-second lease, says so,
+#: keeps them past two and a half lease lengths (renewing), says so again, then holds on.
+HOLDER = """
+import asyncio, sys, time
+from redis.asyncio import Redis
+from services import slots
+
+async def main() -> None:
+    redis = Redis.from_url(sys.argv[1])
+    for _ in range(2):
+        await slots.take(redis, sys.argv[2], 2, time.monotonic() + 10, 1.0)
+    print("held", flush=True)
+    await asyncio.sleep(2.5)
+    print("still holding", flush=True)
+    await asyncio.sleep(3600)
+
+asyncio.run(main())
+"""
+
+
+async def line_of(proc: asyncio.subprocess.Process) -> str:
+    assert proc.stdout is not None
+    return (await asyncio.wait_for(proc.stdout.readline(), 30)).decode().strip()
+
+
+async def test_slots_are_shared_renewed_and_given_back_by_a_killed_process(
+    runtime: Runtime, settings: Settings
+) -> None:
+    redis: Redis = runtime.redis
+    bot = new_id("bot")
+    holder = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        HOLDER,
+        settings.redis_url,
+        bot,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert await line_of(holder) == "held"
+        assert await slots.held(redis, bot) == 2
+        with pytest.raises(slots.Busy):  # both of the limit are held by the other process
+            await slots.take(redis, bot, 2, time.monotonic() + 0.2, 1.0)
+        assert await line_of(holder) == "still holding"  # 2.5 lease lengths later: renewed
+        with pytest.raises(slots.Busy):
+            await slots.take(redis, bot, 2, time.monotonic() + 0.2, 1.0)
+        # The limit is the caller's at each take: raised to 3, one is free at once.
+        release = await slots.take(redis, bot, 3, time.monotonic() + 0.2, 1.0)
+        assert await slots.held(redis, bot) == 3
+        await release()
+        assert await slots.held(redis, bot) == 2
+    finally:
+        holder.send_signal(signal.SIGKILL)  # kill -9
+        await holder.wait()
+    # Killed: it renews no more, and its slots come back when their leases end.
+    release = await slots.take(redis, bot, 2, time.monotonic() + 10, 1.0)
+    second = await slots.take(redis, bot, 2, time.monotonic() + 10, 1.0)
+    assert await slots.held(redis, bot) == 2
+    await release()
+    await second()
+    assert await slots.held(redis, bot) == 0
+
+
+@pytest.mark.usefixtures("learning_worker")
+async def test_a_bots_concurrency_binds_across_api_processes(
+    api: Api, settings: Settings, service_env: dict[str, str], model_server: ModelServer, runtime: Runtime
+) -> None:
+    """concurrency 1: a confide answered by one API process holds the Bot's only slot, so a
+    confide on another process waits for it until its own deadline and never asks the model."""
+    gate = threading.Event()
+    patient = ApiProcess(
+        settings,
+        settings.data_dir / "logs" / "pytest-api-patient.log",
+        {**service_env, "BOTMEMORY_ANSWER_DEADLINE_SECONDS": "60"},
+    )
+    try:
+        w = await memory_world(api, ("ann",))
+        response = await api.http.patch(
+            f"/v1/bots/{w.bot}/memory/bot",
+            json={"expected": 0, "concurrency": 1},
+            headers={"Authorization": f"Bearer {w.tokens['ann']}"},
+        )
+        assert response.status_code == 200, response.text
+        chat = await api.chat(w.tokens["ann"], w.bot)
+        turn = await api.turn(w.tokens["ann"], chat, "hi")
+        model_server.default("confide", Reply(text="The first one, answered.", hold=gate))
+        async with httpx.AsyncClient(base_url=patient.url, timeout=90) as http:
+            first = asyncio.create_task(
+                confide(Api(http, api.admin_token), w.tokens["ann"], turn["id"], "first")
+            )
+            await model_server.wait_for_requests("confide", 1)
+            assert await slots.held(runtime.redis, w.bot) == 1
+            # The suite's API process (a 3 s answer deadline) finds the one slot taken until then.
+            assert await confide(api, w.tokens["ann"], turn["id"], "second") == FIXED_CALM_ANSWER
+            gate.set()
+            assert await first == "The first one, answered."
+        asked = [r.body["messages"][1]["content"] for r in model_server.requests_for("confide")]
+        assert "second" not in asked and set(asked) == {"first"}  # (its attempts may time out and retry)
+        assert await slots.held(runtime.redis, w.bot) == 0
+    finally:
+        gate.set()
+        patient.stop()
