@@ -7,6 +7,7 @@
 #   make test-deep  the Hypothesis access-model and label tests with 200 examples
 #   make bench      the memory benchmark (bench/memory_bench.py)
 #   make bench-learning  the learning benchmark (bench/learning_bench.py; own Redis db 5)
+#   make soak       10 minutes of mixed traffic, a worker kill -9 and a Redis restart (own stores; not in CI)
 #   make eval       LoCoMo retrieval recall through the public API (eval/locomo.py; own Redis db 6)
 #   make lint       ruff check + ruff format --check + the layer contract (lint-imports)
 #   make typecheck  pyright (strict, see pyproject.toml)
@@ -28,7 +29,12 @@ TEST_ENV := BOTMEMORY_ENV=test BOTMEMORY_DATA_DIR=.data/test \
 	BOTMEMORY_REDIS_PORT=$(TEST_REDIS_PORT) BOTMEMORY_REDIS_URL=redis://127.0.0.1:$(TEST_REDIS_PORT)/0 \
 	BOTMEMORY_API_PORT=$(TEST_API_PORT)
 
-.PHONY: install up down test test-unit test-deep bench bench-learning eval lint typecheck status demo
+# The soak's own stores: it restarts its Redis, so nothing else may use them.
+SOAK_ENV := BOTMEMORY_ENV=test BOTMEMORY_DATA_DIR=.data/soak \
+	BOTMEMORY_NEO4J_BOLT_PORT=19687 BOTMEMORY_NEO4J_URI=bolt://127.0.0.1:19687 \
+	BOTMEMORY_REDIS_PORT=19379 BOTMEMORY_REDIS_URL=redis://127.0.0.1:19379/0 BOTMEMORY_API_PORT=19000
+
+.PHONY: install up down test test-unit test-deep bench bench-learning soak eval lint typecheck status demo
 
 install:
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -77,6 +83,12 @@ bench: | $(PY)
 bench-learning: | $(PY)
 	$(TEST_ENV) $(PY) -m tools.devstack services
 	$(TEST_ENV) BOTMEMORY_REDIS_URL=redis://127.0.0.1:$(TEST_REDIS_PORT)/5 $(PY) -m bench.learning_bench $(ARGS)
+
+# Mixed traffic for 10 minutes with a worker kill -9 and a Redis restart (bench/soak.py): make soak
+# [ARGS='--minutes 3']; results in bench/soak-results.md. Its stores stop with it.
+soak: | $(PY)
+	$(SOAK_ENV) $(PY) -m tools.devstack services
+	$(SOAK_ENV) $(PY) -m bench.soak $(ARGS); rc=$$?; $(SOAK_ENV) $(PY) -m tools.devstack down; exit $$rc
 
 # Retrieval recall on LoCoMo conversations replayed through the public API (scripted model; own API,
 # worker and Redis db 6): make eval ARGS='--conversations conv-41 --questions 20' | '--all' | '--leak-check'

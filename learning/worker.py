@@ -11,11 +11,14 @@ import contextlib
 import logging
 import os
 import socket
+import sys
+import time
 from typing import Any, ClassVar
 
 from arq import cron, func
 from arq.connections import RedisSettings
 from arq.worker import run_worker
+from redis.exceptions import RedisError
 
 from learning import backfill, summary
 from learning.executions import ExecutionRunner
@@ -30,6 +33,8 @@ from services.settings import load_settings
 log = logging.getLogger("botmemory.worker")
 
 HEARTBEAT_KEY = "botmemory:worker:heartbeat"
+#: The pause before a worker that lost Redis starts itself again.
+REDIS_RETRY_SECONDS = 1.0
 #: How long one backfill job works before it queues the next part (well within the job timeout).
 BACKFILL_SECONDS = 60.0
 
@@ -134,14 +139,21 @@ class WorkerSettings:
 
 
 def main() -> None:
-    """Run one worker (settings are read here, not at import)."""
+    """Run one worker (settings are read here, not at import). A lost Redis connection ends
+    arq's run with an error; the process then starts itself afresh (same pid, nothing left of the
+    old run) once a second until Redis answers — what the queue held is re-queued by the sweeper."""
     settings = load_settings()
     configure_logging(settings.log_level)
-    run_worker(
-        WorkerSettings,  # type: ignore[arg-type]
-        redis_settings=RedisSettings.from_dsn(settings.redis_url),
-        job_timeout=int(settings.step_deadline_seconds * 2 + 60),
-    )
+    try:
+        run_worker(
+            WorkerSettings,  # type: ignore[arg-type]
+            redis_settings=RedisSettings.from_dsn(settings.redis_url),
+            job_timeout=int(settings.step_deadline_seconds * 2 + 60),
+        )
+    except (RedisError, OSError) as exc:
+        log.warning("worker lost Redis (%s); starting again", type(exc).__name__)
+        time.sleep(REDIS_RETRY_SECONDS)
+        os.execv(sys.executable, [sys.executable, "-m", "learning.worker"])  # noqa: S606 (this very program)
 
 
 if __name__ == "__main__":

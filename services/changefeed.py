@@ -167,9 +167,10 @@ class ChangeHub:
             memory_version, outcomes = page
             for version in sorted(outcomes):
                 self._hand_out(local, outcomes[version])
+            full = len(outcomes) == LOG_PAGE  # more rows may follow the page: go on from its last
             if bot_id in self.versions:
-                self.versions[bot_id] = max(memory_version, after)
-            if len(outcomes) < LOG_PAGE:
+                self.versions[bot_id] = max(max(outcomes) if full else memory_version, after)
+            if not full:
                 return
 
     async def replay(self, sub: Subscriber, after: int) -> AsyncIterator[ChangeEvent | CaughtUp | None]:

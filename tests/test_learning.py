@@ -394,7 +394,7 @@ async def test_queue_and_change_messages_carry_ids_only(
                 break
         assert data is not None
         event = json.loads(data)
-        assert set(event) == {"botId", "version", "ids"} and b"PELICAN" not in data
+        assert set(event) == {"botId", "version", "ids", "removed"} and b"PELICAN" not in data
     finally:
         await pubsub.aclose()  # type: ignore[no-untyped-call]
     # A job as the API enqueues it, on a queue no worker reads: JSON of ids, never pickle or content.

@@ -15,8 +15,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from arq.connections import ArqRedis
 
+from services import changefeed
 from services.changes import Invalidate, Remember
 from services.runtime import Runtime
 from services.writepath import apply_changes, relabel_all
@@ -264,3 +266,21 @@ async def test_after_must_be_a_version(api: Api) -> None:
         message = json.loads(await asyncio.wait_for(ws.recv(), 10))
     errors = message["payload"] if message["type"] == "error" else message["payload"]["errors"]
     assert errors[0]["extensions"]["code"] == "BAD_INPUT", message
+
+
+async def test_a_catch_up_longer_than_a_page_delivers_every_row(
+    api: Api, runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hub reads what it missed a page at a time (pages of 2 here): every row, in order."""
+    monkeypatch.setattr(changefeed, "LOG_PAGE", 2)
+    w = await make_world(api, ("ann",))
+    issued = (await api.gql("mutation { issueToken { id token } }", token=w.tokens["ann"]))["issueToken"]
+    unannounced = dataclasses.replace(runtime, redis=ArqRedis(host="127.0.0.1", port=1))
+    hub = changefeed.ChangeHub(runtime)
+    async with hub.subscribe(w.bot, w.people["ann"], w.org, issued["id"]) as sub:
+        missed = [Remember(content=f"missed {n}", person_id=w.people["ann"], org=w.org) for n in range(5)]
+        for change in missed:
+            await apply_changes(unannounced, w.bot, [change], "person")
+        await hub.catch_up(w.bot)
+        got = [sub.queue.get_nowait() for _ in range(sub.queue.qsize())]
+    assert [[e.id for e in event.entries] for event in got if event is not None] == [[c.id] for c in missed]
