@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import math
 import os
@@ -668,9 +669,11 @@ async def measure_fanout(
         receivers: list[int] = []
         ended = 0
 
+        versions = itertools.count(version + 1)  # each event a new version, as writers publish them
+
         def event() -> dict[str, Any]:
             ids = rng.sample(pool.created, rng.randint(1, 5))
-            return {"botId": pool.bot, "version": version, "ids": ids}
+            return {"botId": pool.bot, "version": next(versions), "ids": ids}
 
         def drain() -> tuple[int, set[str]]:
             nonlocal ended
