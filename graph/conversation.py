@@ -35,8 +35,10 @@ RETURN collect(i {.uid, .id, .seq, .kind, .text, .app, .speakerId}) AS items
 SAVE_SUMMARY: Final = """
 MERGE (s:ChatSummary {chatId: $chatId})
   ON CREATE SET s.coversThroughSeq = 0, s.version = 0, s.chars = 0, s.botId = $botId
-WITH s
-CALL apoc.lock.nodes([s])
+WITH s AS held
+CALL apoc.lock.nodes([held])
+WITH held
+MATCH (s:ChatSummary) WHERE elementId(s) = elementId(held)
 WITH s, s.coversThroughSeq = $after AS fresh
 FOREACH (_ IN CASE WHEN fresh THEN [1] ELSE [] END |
   SET s.text = $text, s.coversThroughSeq = $through, s.chars = $chars, s.version = s.version + 1,

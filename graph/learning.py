@@ -20,9 +20,10 @@ ENDS: Final = ("done", "failed", "skipped")
 
 #: Recorded at confide (L2), under the Turn's lock so a concurrent completeTurn queues it.
 CREATE_EXECUTION: Final = """
-MATCH (t:Turn {id: $turnId})
-CALL apoc.lock.nodes([t])
-WITH t
+MATCH (held:Turn {id: $turnId})
+CALL apoc.lock.nodes([held])
+WITH held
+MATCH (t:Turn) WHERE elementId(t) = elementId(held)
 CREATE (x:LearningExecution {id: $id, botId: $botId, chatId: t.chatId, turnId: t.id, turnSeq: t.seq,
                              confessionId: $confessionId, epoch: 0, attempts: 0, leaseUntil: null,
                              status: CASE WHEN t.status = 'completed' THEN 'queued' ELSE 'waiting' END,
@@ -44,8 +45,10 @@ RETURN collect({id: x.id, epoch: x.epoch}) AS queued
 
 #: A worker takes the execution for one epoch: only a queued execution of that very epoch.
 CLAIM: Final = """
-MATCH (x:LearningExecution {id: $id})
-CALL apoc.lock.nodes([x])
+MATCH (held:LearningExecution {id: $id})
+CALL apoc.lock.nodes([held])
+WITH held
+MATCH (x:LearningExecution) WHERE elementId(x) = elementId(held)
 WITH x
 WHERE x.epoch = $epoch AND x.status = 'queued'
 SET x.status = 'running', x.leaseUntil = $now + $leaseMs, x.attempts = x.attempts + 1,
@@ -54,8 +57,10 @@ RETURN x {.id, .botId, .chatId, .turnId, .turnSeq, .epoch, .attempts} AS executi
 """
 
 RENEW_LEASE: Final = """
-MATCH (x:LearningExecution {id: $id})
-CALL apoc.lock.nodes([x])
+MATCH (held:LearningExecution {id: $id})
+CALL apoc.lock.nodes([held])
+WITH held
+MATCH (x:LearningExecution) WHERE elementId(x) = elementId(held)
 WITH x
 WHERE x.epoch = $epoch AND x.status = 'running'
 SET x.leaseUntil = $until
@@ -64,8 +69,10 @@ RETURN count(x) AS renewed
 
 #: Leave ``running`` without a commit: a safe failure, a skip, or waiting for budget.
 FINISH: Final = """
-MATCH (x:LearningExecution {id: $id})
-CALL apoc.lock.nodes([x])
+MATCH (held:LearningExecution {id: $id})
+CALL apoc.lock.nodes([held])
+WITH held
+MATCH (x:LearningExecution) WHERE elementId(x) = elementId(held)
 WITH x
 WHERE x.epoch = $epoch AND x.status = 'running'
 SET x.status = $status, x.error = $error, x.leaseUntil = null,
@@ -84,13 +91,16 @@ RETURN coalesce(p.seq, 0) AS seq
 #: ModelCall records the entries made from its answer (a purge of them removes it, D9.20). A step
 #: whose answers were refused records its range and codes in ``setAside`` (D9.21).
 COMMIT_STEP: Final = """
-MATCH (x:LearningExecution {id: $id})
-CALL apoc.lock.nodes([x])
-WITH x
-MERGE (p:ReadPosition {id: x.botId + '|' + x.chatId})
-  ON CREATE SET p.botId = x.botId, p.chatId = x.chatId, p.seq = 0
-WITH x, p
-CALL apoc.lock.nodes([p])
+MATCH (heldX:LearningExecution {id: $id})
+CALL apoc.lock.nodes([heldX])
+WITH heldX
+MERGE (heldP:ReadPosition {id: heldX.botId + '|' + heldX.chatId})
+  ON CREATE SET heldP.botId = heldX.botId, heldP.chatId = heldX.chatId, heldP.seq = 0
+WITH heldX, heldP
+CALL apoc.lock.nodes([heldP])
+WITH heldX, heldP
+MATCH (x:LearningExecution) WHERE elementId(x) = elementId(heldX)
+MATCH (p:ReadPosition) WHERE elementId(p) = elementId(heldP)
 WITH x, p, x.epoch = $epoch AND x.status = 'running' AS mine, p.seq = $start AS fresh
 FOREACH (_ IN CASE WHEN mine AND fresh THEN [1] ELSE [] END |
   SET p.seq = $end, p.updatedAt = $now, x.learned = x.learned + $learned)
@@ -141,8 +151,10 @@ RETURN [e IN valid[0..$limit] | e {.id, .layer, .content, .tags, .confidence}] A
 SWEEP_EXPIRED: Final = """
 MATCH (x:LearningExecution)
 WHERE x.status = 'running' AND x.leaseUntil < $now
-WITH x LIMIT $limit
-CALL apoc.lock.nodes([x])
+WITH x AS held LIMIT $limit
+CALL apoc.lock.nodes([held])
+WITH held
+MATCH (x:LearningExecution) WHERE elementId(x) = elementId(held)
 WITH x
 WHERE x.status = 'running' AND x.leaseUntil < $now
 SET x.epoch = x.epoch + 1, x.status = 'queued', x.queuedAt = $now, x.leaseUntil = null
@@ -155,8 +167,10 @@ RETURN collect({id: x.id, epoch: x.epoch}) AS queued
 SWEEP_STALE_QUEUED: Final = """
 MATCH (x:LearningExecution)
 WHERE x.status = 'queued' AND x.queuedAt < $before
-WITH x LIMIT $limit
-CALL apoc.lock.nodes([x])
+WITH x AS held LIMIT $limit
+CALL apoc.lock.nodes([held])
+WITH held
+MATCH (x:LearningExecution) WHERE elementId(x) = elementId(held)
 WITH x
 WHERE x.status = 'queued' AND x.queuedAt < $before
 SET x.queuedAt = $now
@@ -168,8 +182,10 @@ MATCH (x:LearningExecution)
 WHERE x.status = 'waiting'
 MATCH (t:Turn {id: x.turnId})
 WHERE t.status = 'completed' OR coalesce(t.lastActivityAt, t.createdAt) < $idleBefore
-WITH x LIMIT $limit
-CALL apoc.lock.nodes([x])
+WITH x AS held LIMIT $limit
+CALL apoc.lock.nodes([held])
+WITH held
+MATCH (x:LearningExecution) WHERE elementId(x) = elementId(held)
 WITH x
 WHERE x.status = 'waiting'
 SET x.status = 'queued', x.queuedAt = $now
@@ -188,7 +204,10 @@ RETURN collect({id: x.id, botId: x.botId}) AS waiting
 RELEASE_BUDGET: Final = """
 MATCH (x:LearningExecution)
 WHERE x.status = 'budget' AND x.botId = $botId
-CALL apoc.lock.nodes([x])
+WITH x AS held
+CALL apoc.lock.nodes([held])
+WITH held
+MATCH (x:LearningExecution) WHERE elementId(x) = elementId(held)
 WITH x
 WHERE x.status = 'budget'
 SET x.epoch = x.epoch + 1, x.status = 'queued', x.queuedAt = $now

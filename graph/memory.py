@@ -44,8 +44,10 @@ TOP_RANK: Final = 2**62
 #: planned on top of it), so a read needs no round trip of its own for the lock. No Memory
 #: node → no rows.
 READ_LOCK: Final = """
-MATCH (m:Memory {id: $botId})
-CALL apoc.lock.read.nodes([m])
+MATCH (held:Memory {id: $botId})
+CALL apoc.lock.read.nodes([held])
+WITH held
+MATCH (m:Memory) WHERE elementId(m) = elementId(held)
 """
 _LOCKED: Final = READ_LOCK + "WITH m\n"
 
@@ -122,8 +124,10 @@ ADD_AND_LOG_CHANGE: Final = (
 #: record otherwise, as without the Bot.
 ADD_ONLY_CHANGE: Final = (
     """
-MATCH (m:Memory {id: $botId})
-CALL apoc.lock.nodes([m])
+MATCH (held:Memory {id: $botId})
+CALL apoc.lock.nodes([held])
+WITH held
+MATCH (m:Memory) WHERE elementId(m) = elementId(held)
 WITH m, m.version + 1 AS version
 CALL (m) {
   OPTIONAL MATCH (p:Person {id: $personId})-[:MEMBER_OF]->(o:Organization {id: $org})

@@ -19,8 +19,10 @@ RETURN m {.settingsVersion, .instructions, .concurrency, .budgetPeriod, .budgetL
 #: A compare-and-set on the settings' own version (C3, D9.13): nothing changes on a mismatch.
 #: Fields absent from ``$set`` keep their value.
 UPDATE_SETTINGS: Final = """
-MATCH (b:Bot {id: $botId})-[:HAS_MEMORY]->(m:Memory)
-CALL apoc.lock.nodes([m])
+MATCH (b:Bot {id: $botId})-[:HAS_MEMORY]->(held:Memory)
+CALL apoc.lock.nodes([held])
+WITH held
+MATCH (m:Memory) WHERE elementId(m) = elementId(held)
 WITH m, m.settingsVersion = $expected AS matches
 FOREACH (_ IN CASE WHEN matches THEN [1] ELSE [] END |
   SET m += $set, m.settingsVersion = m.settingsVersion + 1)
