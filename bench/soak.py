@@ -383,7 +383,7 @@ async def run(args: argparse.Namespace) -> int:
 
 def render(
     soak: Soak,
-    logs_of: dict[str, dict[int, tuple[list[str], list[str]]]],
+    logs_of: dict[str, dict[int, dict[str, Any]]],
     pending: int,
     header: str,
     seconds: float,

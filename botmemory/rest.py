@@ -249,9 +249,9 @@ async def get_memory_bot(request: Request) -> JSONResponse:
 async def patch_memory_bot(request: Request) -> JSONResponse:
     """``PATCH /v1/bots/{botId}/memory/bot`` with ``expected`` (409 when the settings moved)."""
     principal = await principal_of(request)
-    body = await json_body(request)
+    patch = memorybot.SettingsPatch.of_body(await json_body(request))
     updated = await memorybot.update_settings(
-        runtime_of(request), principal, request.path_params["bot_id"], body
+        runtime_of(request), principal, request.path_params["bot_id"], patch
     )
     return JSONResponse(updated.json())
 

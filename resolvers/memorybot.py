@@ -68,18 +68,21 @@ class MemoryBotMutation:
         concurrency: int | None = strawberry.UNSET,
         budget: BudgetInput | None = strawberry.UNSET,
     ) -> MemoryBot:
-        body: dict[str, Any] = {"expected": expected}
+        changes: dict[str, Any] = {}  # only the arguments given: absent = unchanged
         if instructions is not strawberry.UNSET:
-            body["instructions"] = instructions
+            changes["instructions"] = instructions
         if concurrency is not strawberry.UNSET:
-            body["concurrency"] = concurrency
+            changes["concurrency"] = concurrency
         if budget is not strawberry.UNSET:
-            body["budget"] = (
-                None if budget is None else {"period": budget.period, "limitMicros": int(budget.limit_micros)}
+            changes["budget"] = (
+                None
+                if budget is None
+                else memorybot.BudgetPatch(period=budget.period, limitMicros=int(budget.limit_micros))  # pyright: ignore[reportArgumentType]
             )
+        patch = memorybot.SettingsPatch.checked(expected=expected, **changes)
         principal = await info.context.principal()
         return MemoryBot.of(
-            await memorybot.update_settings(info.context.runtime, principal, str(bot_id), body)
+            await memorybot.update_settings(info.context.runtime, principal, str(bot_id), patch)
         )
 
     @strawberry.mutation(description="Tell how the work goes; the answer comes at once.")

@@ -6,9 +6,10 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any, Final, Literal, cast
 
 from neo4j import AsyncManagedTransaction
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from graph import chats as chats_q
 from graph import learning as learning_q
@@ -100,47 +101,96 @@ async def get_settings(rt: Runtime, principal: Principal, bot_id: str) -> Memory
     return await read(rt.driver, work)
 
 
+class BudgetPatch(BaseModel):
+    """A budget in a settings PATCH: a UTC period and its limit in micro-USD (L6)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    period: Literal["day", "month"]
+    limit_micros: int = Field(alias="limitMicros", ge=0, lt=2**62)
+
+
+#: What a refused field of a settings PATCH is told (``field`` → message).
+_PATCH_MESSAGES: Final = {
+    "expected": "expected (the settings version you read) is required",
+    "instructions": "instructions is a string or null",
+    "concurrency": f"concurrency is 1..{MAX_CONCURRENCY} or null",
+    "budget": "budget is {period, limitMicros} or null",
+    "budget.period": "budget.period is day or month",
+    "budget.limitMicros": "budget.limitMicros is a whole number of micro-USD",
+}
+
+
+class SettingsPatch(BaseModel):
+    """The memory-Bot settings PATCH (C3, D9.13): ``expected`` = the settings' own version; a field
+    left out stays as it is, a null one removes the limit or the instructions. One model for REST
+    (:meth:`of_body`, the JSON body) and GraphQL (:meth:`checked`, the typed arguments)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    expected: int = Field(ge=0)
+    instructions: str | None = None
+    concurrency: int | None = Field(default=None, ge=1, le=MAX_CONCURRENCY)
+    budget: BudgetPatch | None = None
+
+    @field_validator("instructions")
+    @classmethod
+    def _instructions(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None  # blank instructions are none
+        return check_text(value, "instructions", limit=MAX_INSTRUCTIONS)
+
+    @classmethod
+    def of_body(cls, body: dict[str, Any]) -> SettingsPatch:
+        """The PATCH from a JSON body; BadInput names the first refused field."""
+        try:
+            return cls.model_validate(body)
+        except ValidationError as exc:
+            raise _refused(exc) from None
+
+    @classmethod
+    def checked(cls, **fields: Any) -> SettingsPatch:
+        """The PATCH from typed arguments (only those given); BadInput as :meth:`of_body`."""
+        try:
+            return cls(**fields)
+        except ValidationError as exc:
+            raise _refused(exc) from None
+
+    def values(self) -> dict[str, Any]:
+        """The graph properties of the fields the PATCH names (absent = unchanged, null = none)."""
+        named = self.model_fields_set
+        values: dict[str, Any] = {k: getattr(self, k) for k in ("instructions", "concurrency") if k in named}
+        if "budget" in named:
+            values["budgetPeriod"] = None if self.budget is None else self.budget.period
+            values["budgetLimitMicros"] = None if self.budget is None else self.budget.limit_micros
+        return values
+
+
+def _refused(exc: ValidationError) -> BadInput:
+    """The first refused field of a PATCH: an unknown one first (the first by name), else the first
+    error in field order; a budget's own field when the budget has the right shape."""
+    errors = exc.errors()
+    unknown = sorted(
+        str(e["loc"][0]) for e in errors if e["type"] == "extra_forbidden" and len(e["loc"]) == 1
+    )
+    if unknown:
+        return BadInput(f"unknown field {unknown[0]}", field=unknown[0])
+    loc = errors[0]["loc"]
+    field = str(loc[0])
+    if (
+        field == "budget"
+        and len(loc) > 1
+        and loc[1] in ("period", "limitMicros")
+        and errors[0]["type"] != "missing"
+    ):
+        field = f"budget.{loc[1]}"
+    return BadInput(_PATCH_MESSAGES.get(field, f"{field} is not valid"), field=field)
+
+
 def parse_patch(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     """``expected`` plus the fields to change (absent = unchanged, null = none) as graph properties."""
-    unknown = set(body) - {"expected", "instructions", "concurrency", "budget"}
-    if unknown:
-        raise BadInput(f"unknown field {sorted(unknown)[0]}", field=sorted(unknown)[0])
-    expected = body.get("expected")
-    if not isinstance(expected, int) or isinstance(expected, bool) or expected < 0:
-        raise BadInput("expected (the settings version you read) is required", field="expected")
-    values: dict[str, Any] = {}
-    if "instructions" in body:
-        instructions = body["instructions"]
-        if instructions is not None and not isinstance(instructions, str):
-            raise BadInput("instructions is a string or null", field="instructions")
-        if instructions is not None and instructions.strip():
-            check_text(instructions, "instructions", limit=MAX_INSTRUCTIONS)
-        values["instructions"] = instructions if instructions and instructions.strip() else None
-    if "concurrency" in body:
-        concurrency = body["concurrency"]
-        if concurrency is not None and (
-            not isinstance(concurrency, int)
-            or isinstance(concurrency, bool)
-            or not 1 <= concurrency <= MAX_CONCURRENCY
-        ):
-            raise BadInput(f"concurrency is 1..{MAX_CONCURRENCY} or null", field="concurrency")
-        values["concurrency"] = concurrency
-    if "budget" in body:
-        budget = body["budget"]
-        if budget is None:
-            values["budgetPeriod"] = values["budgetLimitMicros"] = None
-        else:
-            if not isinstance(budget, dict) or set(budget) != {"period", "limitMicros"}:  # pyright: ignore[reportUnknownArgumentType]
-                raise BadInput("budget is {period, limitMicros} or null", field="budget")
-            period, limit = budget["period"], budget["limitMicros"]  # pyright: ignore[reportUnknownVariableType]
-            if period not in ("day", "month"):
-                raise BadInput("budget.period is day or month", field="budget.period")
-            if not isinstance(limit, int) or isinstance(limit, bool) or not 0 <= limit < 2**62:
-                raise BadInput(
-                    "budget.limitMicros is a whole number of micro-USD", field="budget.limitMicros"
-                )
-            values["budgetPeriod"], values["budgetLimitMicros"] = period, limit
-    return expected, values
+    patch = SettingsPatch.of_body(body)
+    return patch.expected, patch.values()
 
 
 def check_priced(rt: Runtime, models: list[str]) -> None:
@@ -174,14 +224,14 @@ async def budget_state(rt: Runtime) -> str:
 
 
 async def update_settings(
-    rt: Runtime, principal: Principal, bot_id: str, body: dict[str, Any]
+    rt: Runtime, principal: Principal, bot_id: str, patch: SettingsPatch
 ) -> MemoryBotSettings:
     """PATCH with ``expected`` = the settings' own version (C3, D9.13); 409 on a mismatch.
 
     A budget change releases executions that waited for budget when it is no longer spent.
     """
     check_id(bot_id, "botId")
-    expected, values = parse_patch(body)
+    expected, values = patch.expected, patch.values()
 
     async def work(tx: AsyncManagedTransaction) -> dict[str, Any]:
         await require_owner_writer(tx, principal, bot_id)
