@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import secrets
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
@@ -23,6 +24,8 @@ from graph.driver import read, single
 from services import metrics, pubsub
 from services.crypto import Kind
 from services.runtime import Runtime
+
+log = logging.getLogger("services.turnfeed")
 
 CHANNEL_PATTERN = "botmemory:turns:*"
 
@@ -101,8 +104,10 @@ class TurnHub:
                 "kind": event.kind,
                 "itemId": event.item_id,
             }
-            with contextlib.suppress(Exception):
+            try:
                 await self.rt.redis.publish(f"botmemory:turns:{chat_id}", json.dumps(message))
+            except Exception as exc:  # live-only: the Turn's Items are in the chat for anyone who missed it
+                log.warning("a turn event was not announced to other API processes (%s)", type(exc).__name__)
 
     async def _recheck(self, chat_id: str) -> None:
         """End the streams of people who are no longer people of the Chat."""
