@@ -163,10 +163,9 @@ RETURN proved, [r IN rules | r.rule] AS rules, [x IN closure WHERE x.layer = 'pi
 )
 
 
-#: Labels of the changed entries ``$ids`` and of everything resting on them within 8 hops
-#: (whose labels they feed), in one statement under the exclusive lock.
-RELABEL: Final = (
-    """
+#: The entries ``$ids`` and everything resting on them within 8 hops (whose labels they feed),
+#: each once as ``e``.
+_RELABELLED: Final = """
 UNWIND $ids AS entryId
 MATCH (s:Entry {id: entryId, botId: $botId})
 OPTIONAL MATCH (d:Entry)-[:SOURCE*1..8]->(s)
@@ -174,9 +173,10 @@ WITH collect(DISTINCT s) + collect(DISTINCT d) AS targets
 UNWIND targets AS e
 WITH DISTINCT e
 """
-    + _CLOSURE
-    + _SET_LABELS
-)
+
+#: Labels of the changed entries ``$ids`` and of everything resting on them within 8 hops
+#: (whose labels they feed), in one statement under the exclusive lock.
+RELABEL: Final = _RELABELLED + _CLOSURE + _SET_LABELS
 
 #: RELABEL as part of a change's log row ``c`` at ``version`` (a fragment: ``CALL (c, version)``),
 #: recording what the change hid (D9.24): every relabelled entry whose label narrowed or that
@@ -187,14 +187,9 @@ WITH DISTINCT e
 #: and access atoms only (E4). New entries have no label before and are never removals; entries
 #: already retracted before the change are not either. Sets ``c.removedIds``.
 RELABEL_RECORDING_REMOVALS: Final = (
-    """CALL (c, version) {
-  UNWIND $ids AS entryId
-  MATCH (s:Entry {id: entryId, botId: $botId})
-  OPTIONAL MATCH (d:Entry)-[:SOURCE*1..8]->(s)
-  WITH collect(DISTINCT s) + collect(DISTINCT d) AS targets
-  UNWIND targets AS e
-  WITH DISTINCT e
-  WITH collect(e) AS targets,
+    "CALL (c, version) {"
+    + _RELABELLED
+    + """WITH collect(e) AS targets,
        collect(CASE WHEN e.lblRequires IS NOT NULL AND (e.status <> 'retracted' OR e.id IN $ids)
          THEN {entry: e, requires: e.lblRequires, excluded: coalesce(e.lblExcluded, [])} END) AS before
   CALL (targets) {
