@@ -42,7 +42,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, LiteralString, TypeVar, cast
 from urllib.parse import urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
@@ -613,7 +613,9 @@ async def delete_world(rt: Runtime, org_id: str) -> None:
         for query in LEARNING_NODES:
             while True:
 
-                async def work(tx: AsyncManagedTransaction, query: str = query, bot: str = bot) -> int:
+                async def work(
+                    tx: AsyncManagedTransaction, query: LiteralString = query, bot: str = bot
+                ) -> int:
                     r = await single(tx, query, bot=bot, batch=DELETE_BATCH)
                     return 0 if r is None else int(r["n"])
 

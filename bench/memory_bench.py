@@ -45,7 +45,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, LiteralString
 
 import neo4j
 from neo4j import AsyncManagedTransaction
@@ -430,7 +430,7 @@ async def build(rt: Runtime, pool: Pool, planner: Planner, batch: int, embedder:
 DELETE_BATCH = 5000
 
 
-async def _delete_loop(rt: Runtime, query: str, **params: Any) -> int:
+async def _delete_loop(rt: Runtime, query: LiteralString, **params: Any) -> int:
     total = 0
     while True:
 

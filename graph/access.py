@@ -30,7 +30,7 @@ closures containing a loop fail closed (V4, D9.2).
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Any, Final, LiteralString
 
 from neo4j import AsyncManagedTransaction
 
@@ -39,7 +39,7 @@ from graph.driver import single
 #: Hop bound of source chains (D9.2); the fragments below spell it out as literals.
 MAX_SOURCE_DEPTH: Final = 8
 
-_STRUCTURE_OK: Final = """
+_STRUCTURE_OK: Final[LiteralString] = """
 NOT coalesce(x.legacy, false)
 AND (x = e OR x.status = 'active')
 AND x.sourceCount = COUNT { (x)-[:SOURCE]->() }
@@ -52,7 +52,7 @@ AND CASE x.layer
 AND any(t IN x.tags WHERE t STARTS WITH 'for:')
 """
 
-_ENTRY_OK: Final = (
+_ENTRY_OK: Final[LiteralString] = (
     _STRUCTURE_OK
     + """
 AND all(t IN x.tags WHERE
@@ -65,14 +65,14 @@ AND NOT rd.id IN coalesce(x.excluded, [])
 """
 )
 
-_RULE_OK: Final = """
+_RULE_OK: Final[LiteralString] = """
 r.org = org
 AND (r.rule = 'person:' + rd.id OR (r.rule STARTS WITH 'channel:' AND substring(r.rule, 8) IN rd.channels))
 """
 
 #: The path query (the oracle): predicate on ``e`` as described in the module docstring.
 #: Needs the variables ``readers`` and ``org``. Hop bound 8 (D9.2).
-PATH_VISIBLE: Final = (
+PATH_VISIBLE: Final[LiteralString] = (
     """
 (size(readers) > 0
  AND NOT EXISTS { (e)-[:SOURCE*9]->() }
@@ -90,7 +90,7 @@ PATH_VISIBLE: Final = (
 #: The source closure of ``e`` (itself and every entry below, 8 hops), every Item edge below
 #: it, and ``proved``: the reader-independent half of PATH_VISIBLE (proof, active sources,
 #: depth bound, no loop). Shared by the labels and the share check.
-_CLOSURE: Final = (
+_CLOSURE: Final[LiteralString] = (
     """
 WITH e, [e] + [(e)-[:SOURCE*1..8]->(s:Entry) | s] AS closure,
      [(e)-[:SOURCE*0..7]->(:Entry)-[r:SOURCE]->(:Item) | r] AS rules
@@ -104,7 +104,7 @@ WITH e, closure, rules,
 )
 
 #: Stores the label computed by _CLOSURE for ``e`` (see COMPUTE_LABELS).
-_SET_LABELS: Final = """
+_SET_LABELS: Final[LiteralString] = """
 WITH e, proved,
      reduce(acc = [], x IN closure | acc + [t IN x.tags WHERE t STARTS WITH 'for:' | substring(t, 4)])
        + [r IN rules | r.rule] AS atoms,
@@ -141,7 +141,7 @@ SET e.lblProved = proved, e.lblOrgs = orgs, e.lblExcluded = excluded,
 #: holds just what ``context`` may return), and ``memoryRank`` the memory order as one indexed
 #: number (pinned first, then ``orderKey``). Maintained under the exclusive lock by every change
 #: (C1), which relabels every entry whose status, order or closure it touches. Hop bound 8 (D9.2).
-COMPUTE_LABELS: Final = (
+COMPUTE_LABELS: Final[LiteralString] = (
     """
 UNWIND $ids AS entryId
 MATCH (e:Entry {id: entryId, botId: $botId})
@@ -152,7 +152,7 @@ MATCH (e:Entry {id: entryId, botId: $botId})
 
 #: What a wider audience must stay within (V6, D9.3): every Item rule below the entry and the
 #: author of every pinned entry in its closure; an entry without proof is never widened (V9, D9.2).
-SHARE_BASIS: Final = (
+SHARE_BASIS: Final[LiteralString] = (
     """
 MATCH (e:Entry {id: $id, botId: $botId})
 """
@@ -165,7 +165,7 @@ RETURN proved, [r IN rules | r.rule] AS rules, [x IN closure WHERE x.layer = 'pi
 
 #: The entries ``$ids`` and everything resting on them within 8 hops (whose labels they feed),
 #: each once as ``e``.
-_RELABELLED: Final = """
+_RELABELLED: Final[LiteralString] = """
 UNWIND $ids AS entryId
 MATCH (s:Entry {id: entryId, botId: $botId})
 OPTIONAL MATCH (d:Entry)-[:SOURCE*1..8]->(s)
@@ -176,7 +176,7 @@ WITH DISTINCT e
 
 #: Labels of the changed entries ``$ids`` and of everything resting on them within 8 hops
 #: (whose labels they feed), in one statement under the exclusive lock.
-RELABEL: Final = _RELABELLED + _CLOSURE + _SET_LABELS
+RELABEL: Final[LiteralString] = _RELABELLED + _CLOSURE + _SET_LABELS
 
 #: RELABEL as part of a change's log row ``c`` at ``version`` (a fragment: ``CALL (c, version)``),
 #: recording what the change hid (D9.24): every relabelled entry whose label narrowed or that
@@ -186,7 +186,7 @@ RELABEL: Final = _RELABELLED + _CLOSURE + _SET_LABELS
 #: before and not on the label after, for that reader (``REMOVED_FOR``) — so the rows hold ids
 #: and access atoms only (E4). New entries have no label before and are never removals; entries
 #: already retracted before the change are not either. Sets ``c.removedIds``.
-RELABEL_RECORDING_REMOVALS: Final = (
+RELABEL_RECORDING_REMOVALS: Final[LiteralString] = (
     "CALL (c, version) {"
     + _RELABELLED
     + """WITH collect(e) AS targets,
@@ -213,7 +213,7 @@ SET c.removedIds = removed
 )
 
 #: The entries ``$ids`` and everything resting on them within 8 hops (whose labels they feed).
-DEPENDENTS: Final = """
+DEPENDENTS: Final[LiteralString] = """
 UNWIND $ids AS entryId
 MATCH (s:Entry {id: entryId, botId: $botId})
 OPTIONAL MATCH (d:Entry)-[:SOURCE*1..8]->(s)
@@ -228,7 +228,7 @@ RETURN collect(DISTINCT id) AS ids
 #: reader meets (READER_MAP), an organization that is the request's, no Forget exclusion of the
 #: reader; ``#unproved`` is met by no one. One property read per candidate (``lblExcluded`` only
 #: when the closure holds an exclusion): reading a property is most of a candidate's cost.
-VISIBLE: Final = """
+VISIBLE: Final[LiteralString] = """
 (size(readers) > 0
  AND all(rd IN readers WHERE all(a IN e.lblRequires WHERE
        a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
@@ -238,7 +238,7 @@ VISIBLE: Final = """
 #: label before the change admitted the reader and their label after does not (VISIBLE on each).
 #: Needs ``readers`` and ``org``; a fragment (``CALL (readers, org)``) that returns ``removed``, a
 #: list of ``{version, id}``.
-REMOVED_FOR: Final = (
+REMOVED_FOR: Final[LiteralString] = (
     """CALL (readers, org) {
   UNWIND $versions AS v
   MATCH (r:Removal {botId: $botId, version: v})
@@ -257,13 +257,15 @@ REMOVED_FOR: Final = (
 
 #: Whether the Person ``p`` uses the Bot ``b`` in the Organization ``o``: a READ/WRITE grant,
 #: with the Bot owned by or linked into that organization (D9.1).
-USES_BOT: Final = "EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))"
+USES_BOT: Final[LiteralString] = (
+    "EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))"
+)
 
 #: A reader as the checks read it, for the Person ``p`` with the ids of their current channels
 #: in the Organization ``o`` (``channels``) and the Bot ``b``: ``id``, ``channels``, ``usesBot``
 #: (what PATH_VISIBLE reads) and ``atoms``, the audience conditions they meet as VISIBLE and the
 #: candidate seeks read them (``person:<id>``, ``channel:<id>`` each, ``bot`` when they use it).
-READER_MAP: Final = (
+READER_MAP: Final[LiteralString] = (
     "{id: p.id, channels: channels, usesBot: "
     + USES_BOT
     + """,
@@ -274,7 +276,7 @@ READER_MAP: Final = (
 )
 
 #: The reader map of one person for ``$readers`` (READER_MAP).
-READER: Final = (
+READER: Final[LiteralString] = (
     """
 MATCH (p:Person {id: $personId})-[:MEMBER_OF]->(o:Organization {id: $org})
 MATCH (b:Bot {id: $botId})
@@ -288,11 +290,13 @@ RETURN """
 #: The reader a group chat adds for itself (D9.22): it meets only the channel's atom and ``bot``,
 #: so an answer there draws only on entries for the group or for everyone — never on a member's
 #: personal entries, also in a channel of one. No Forget exclusion names it.
-GROUP_READER: Final = "{id: '#group', channels: [c.id], usesBot: true, atoms: ['channel:' + c.id, 'bot']}"
+GROUP_READER: Final[LiteralString] = (
+    "{id: '#group', channels: [c.id], usesBot: true, atoms: ['channel:' + c.id, 'bot']}"
+)
 
 #: Reader maps of a Chat's audience (D9.15): its owner in a private chat; in a group chat every
 #: current member of its channel, and the group itself (GROUP_READER, D9.22).
-CHAT_READERS: Final = (
+CHAT_READERS: Final[LiteralString] = (
     """
 MATCH (ch:Chat {id: $chatId})-[:WITH_BOT]->(b:Bot)
 MATCH (ch)-[:IN_ORG]->(o:Organization)

@@ -6,7 +6,7 @@ by starting again: what was written stays written.
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Any, Final, LiteralString
 
 from neo4j import AsyncManagedTransaction
 
@@ -15,7 +15,7 @@ from graph.driver import QueryTarget, rows, single
 #: Entries after ``$after`` in id order that lack keywords (``$model`` null) or a vector of
 #: ``$model``: id, ciphertext and what identifies the content read (length and order key).
 #: Retracted entries are never shown again (D9.4), so they get nothing. Up to ``$limit``.
-MISSING: Final = """
+MISSING: Final[LiteralString] = """
 MATCH (e:Entry)
 WHERE e.botId = $botId AND e.id > $after AND e.status <> 'retracted'
   AND (e.kwBlind IS NULL OR ($model IS NOT NULL AND coalesce(e.vecModel, '') <> $model))
@@ -25,7 +25,7 @@ LIMIT $limit
 """
 
 #: How many of a Bot's entries (not retracted) there are, and how many have a vector of ``$model``.
-PROGRESS: Final = """
+PROGRESS: Final[LiteralString] = """
 MATCH (e:Entry {botId: $botId})
 WHERE e.status <> 'retracted'
 RETURN count(e) AS total, count(CASE WHEN e.vecModel = $model THEN 1 END) AS embedded,
@@ -33,7 +33,7 @@ RETURN count(e) AS total, count(CASE WHEN e.vecModel = $model THEN 1 END) AS emb
 """
 
 #: Bots with entries that lack keywords or a vector of ``$model`` (the worker's sweep).
-BOTS_MISSING: Final = """
+BOTS_MISSING: Final[LiteralString] = """
 MATCH (e:Entry)
 WHERE e.status <> 'retracted' AND (e.kwBlind IS NULL OR coalesce(e.vecModel, '') <> $model)
 RETURN DISTINCT e.botId AS botId
@@ -43,7 +43,7 @@ RETURN DISTINCT e.botId AS botId
 #: content is still the one read (an entry revised since keeps its own), each vector stamped with
 #: the Memory's next ``vecSeq`` so every process's index catches up. Nothing a reader sees
 #: changes, so the memory version and the log stay as they are (C2 counts changes of entries).
-WRITE: Final = """
+WRITE: Final[LiteralString] = """
 MATCH (m:Memory {id: $botId})
 CALL apoc.lock.nodes([m])
 WITH m

@@ -4,7 +4,7 @@ the change log they catch up from (D9.24)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, LiteralString
 
 from graph.access import READER_MAP, REMOVED_FOR, VISIBLE
 from graph.driver import QueryTarget, rows, single
@@ -16,7 +16,7 @@ from graph.memory import ENTRY_LIST, READ_LOCK
 #: subscribers that lost access are absent. Then the entries anyone may see, read once for all
 #: (content as ciphertext). One statement per event per API process, under the shared lock
 #: taken first in the same statement (the first of the read, C1).
-LOCKED_DELIVERY: Final = (
+LOCKED_DELIVERY: Final[LiteralString] = (
     READ_LOCK
     + """
 WITH m
@@ -59,7 +59,7 @@ RETURN found, entries
 #: after version ``$after``, oldest first, under the shared lock taken first (C1): every change up
 #: to ``memoryVersion`` is in the log. The replay of ``memoryChanges(after:)`` and a hub's
 #: catch-up after a missed event (D9.24); a seek of the ``change_bot_version`` index in its order.
-LOCKED_LOG_AFTER: Final = (
+LOCKED_LOG_AFTER: Final[LiteralString] = (
     READ_LOCK
     + """
 WITH m
@@ -75,7 +75,7 @@ RETURN m.version AS memoryVersion, rows
 
 #: The current memory version of each of the Bots ``$botIds`` (a hub's catch-up after its Redis
 #: connection came back); no lock: a version is one property, and the catch-up locks.
-VERSIONS: Final = """
+VERSIONS: Final[LiteralString] = """
 UNWIND $botIds AS botId
 MATCH (m:Memory {id: botId})
 RETURN m.id AS botId, m.version AS version

@@ -8,13 +8,13 @@ inside the same transaction.
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Any, Final, LiteralString
 
 from neo4j import AsyncManagedTransaction
 
 from graph.driver import rows, single
 
-CREATE_CHAT: Final = """
+CREATE_CHAT: Final[LiteralString] = """
 MATCH (b:Bot {id: $botId}), (p:Person {id: $ownerId})-[:MEMBER_OF]->(o:Organization {id: $organizationId})
 OPTIONAL MATCH (c:Channel {id: $channelId})-[:IN]->(o)
 CREATE (ch:Chat {id: $id, botId: b.id, organizationId: o.id, ownerId: p.id, channelId: c.id,
@@ -26,7 +26,7 @@ RETURN ch {.*} AS chat
 
 #: A Chat with its Bot's wrapped key and whether $personId is one of its people (D9.6):
 #: the owner, or in a group chat a current member of the channel.
-CHAT_FOR: Final = """
+CHAT_FOR: Final[LiteralString] = """
 MATCH (ch:Chat {id: $chatId})-[:WITH_BOT]->(b:Bot)
 OPTIONAL MATCH (ch)-[:IN_CHANNEL]->(c:Channel)
 RETURN ch {.*} AS chat, b.keyMaster AS keyMaster, b.keyWrapped AS keyWrapped,
@@ -37,7 +37,7 @@ RETURN ch {.*} AS chat, b.keyMaster AS keyMaster, b.keyWrapped AS keyWrapped,
 #: For each id of $chatIds that names a Chat (unknown ids give no row): CHAT_FOR's columns, so
 #: the Chat, its Bot's wrapped key and whether $personId is one of its people (D9.6). Hops: the
 #: Chat's Bot and channel only.
-CHATS_FOR: Final = """
+CHATS_FOR: Final[LiteralString] = """
 UNWIND $chatIds AS chatId
 MATCH (ch:Chat {id: chatId})-[:WITH_BOT]->(b:Bot)
 OPTIONAL MATCH (ch)-[:IN_CHANNEL]->(c:Channel)
@@ -49,7 +49,7 @@ RETURN ch {.*} AS chat, b.keyMaster AS keyMaster, b.keyWrapped AS keyWrapped,
 #: CHATS_FOR plus one page of each Chat's Items in ``seq`` order (SKIP $skip LIMIT $limit, the
 #: same for every Chat), read only where $personId is one of the Chat's people (D9.6); any other
 #: Chat gets no Items. Its number of Items is the Chat's ``nextItemSeq``. Hops: as CHATS_FOR.
-CHAT_PAGES: Final = """
+CHAT_PAGES: Final[LiteralString] = """
 UNWIND $chatIds AS chatId
 MATCH (ch:Chat {id: chatId})-[:WITH_BOT]->(b:Bot)
 OPTIONAL MATCH (ch)-[:IN_CHANNEL]->(c:Channel)
@@ -64,7 +64,7 @@ CALL (ch, isPerson) {
 RETURN ch {.*} AS chat, b.keyMaster AS keyMaster, b.keyWrapped AS keyWrapped, isPerson, items
 """
 
-TURN_FOR: Final = """
+TURN_FOR: Final[LiteralString] = """
 MATCH (t:Turn {id: $turnId})-[:IN_CHAT]->(ch:Chat)-[:WITH_BOT]->(b:Bot)
 OPTIONAL MATCH (ch)-[:IN_CHANNEL]->(c:Channel)
 RETURN t {.*} AS turn, ch {.*} AS chat, b.keyMaster AS keyMaster, b.keyWrapped AS keyWrapped,
@@ -72,7 +72,7 @@ RETURN t {.*} AS turn, ch {.*} AS chat, b.keyMaster AS keyMaster, b.keyWrapped A
          OR EXISTS { MATCH (:Person {id: $personId})-[:MEMBER]->(c) })) AS isPerson
 """
 
-IS_PERSON_OF_CHAT: Final = """
+IS_PERSON_OF_CHAT: Final[LiteralString] = """
 MATCH (ch:Chat {id: $chatId})
 OPTIONAL MATCH (ch)-[:IN_CHANNEL]->(c:Channel)
 RETURN ch.ownerId = $personId OR EXISTS { MATCH (:Person {id: $personId})-[:MEMBER]->(c) } AS ok
@@ -80,7 +80,7 @@ RETURN ch.ownerId = $personId OR EXISTS { MATCH (:Person {id: $personId})-[:MEMB
 
 #: Counters are incremented after an explicit exclusive lock: a read-then-write SET would
 #: take a shared lock and upgrade, and concurrent writers of one Chat would deadlock.
-ALLOCATE_TURN: Final = """
+ALLOCATE_TURN: Final[LiteralString] = """
 MATCH (ch:Chat {id: $chatId})
 CALL apoc.lock.nodes([ch])
 WITH ch
@@ -88,14 +88,14 @@ SET ch.nextTurnSeq = ch.nextTurnSeq + 1, ch.nextItemSeq = ch.nextItemSeq + 1
 RETURN ch.nextTurnSeq AS turnSeq, ch.nextItemSeq AS itemSeq
 """
 
-CREATE_TURN: Final = """
+CREATE_TURN: Final[LiteralString] = """
 MATCH (ch:Chat {id: $chatId})
 CREATE (t:Turn {id: $id, chatId: ch.id, seq: $seq, status: 'open', actorKind: $actorKind,
                 actorId: $actorId, createdAt: $now, lastActivityAt: $now, completedAt: null})-[:IN_CHAT]->(ch)
 RETURN t {.*} AS turn
 """
 
-ALLOCATE_ITEMS: Final = """
+ALLOCATE_ITEMS: Final[LiteralString] = """
 MATCH (ch:Chat {id: $chatId})
 CALL apoc.lock.nodes([ch])
 WITH ch
@@ -103,7 +103,7 @@ SET ch.nextItemSeq = ch.nextItemSeq + $count
 RETURN ch.nextItemSeq - $count + 1 AS first
 """
 
-CREATE_ITEMS: Final = """
+CREATE_ITEMS: Final[LiteralString] = """
 MATCH (t:Turn {id: $turnId})
 SET t.lastActivityAt = $now
 WITH t
@@ -114,13 +114,13 @@ CREATE (i:Item {uid: item.uid, id: item.id, chatId: t.chatId, turnId: t.id, seq:
 RETURN i {.*} AS item ORDER BY i.seq
 """
 
-COMPLETE_TURN: Final = """
+COMPLETE_TURN: Final[LiteralString] = """
 MATCH (t:Turn {id: $turnId})
 SET t.completedAt = coalesce(t.completedAt, $now), t.status = 'completed'
 RETURN t {.*} AS turn
 """
 
-FIRST_ITEM_OF_TURN: Final = """
+FIRST_ITEM_OF_TURN: Final[LiteralString] = """
 MATCH (i:Item {chatId: $chatId}) WHERE i.turnId = $turnId
 RETURN i {.*} AS item ORDER BY i.seq LIMIT 1
 """

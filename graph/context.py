@@ -4,7 +4,7 @@ each seeks the ``entry_active`` index per audience key and applies the one visib
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Any, Final, LiteralString
 
 from neo4j import AsyncManagedTransaction
 
@@ -15,16 +15,22 @@ from graph.memory import READ_LOCK, TOP_RANK, reader_keys
 #: The seek of ``context``'s candidates: the ``entry_active`` index (active entries only, in
 #: memory order per audience key) gives rank, id and stored length without reading the node —
 #: the planner uses a composite index only with a predicate on each of its properties.
-ACTIVE_SEEK: Final = (
+ACTIVE_SEEK: Final[LiteralString] = (
     "e.botId = $botId AND e.activeKey = key AND e.contentLength IS NOT NULL AND e.id IS NOT NULL"
     " AND e.memoryRank < "
 )
 
 #: The shared lock (C1, D9.8) at the head of a statement that goes on with ``m``.
-_LOCKED: Final = READ_LOCK + "WITH m\n"
+_LOCKED: Final[LiteralString] = READ_LOCK + "WITH m\n"
 
 
-def _context_page(after: str, limit: str, size: str, count: str, carry: str = "") -> str:
+def _context_page(
+    after: LiteralString,
+    limit: LiteralString,
+    size: LiteralString,
+    count: LiteralString,
+    carry: LiteralString = "",
+) -> LiteralString:
     """One page of active candidates for ``context`` (N3) in memory order below ``after``: per
     key, an index-ordered seek with at most ``limit``; then the pages of all keys are merged. What
     fits is decided here from the stored lengths (``size`` characters and ``count`` entries used
@@ -32,8 +38,10 @@ def _context_page(after: str, limit: str, size: str, count: str, carry: str = ""
     but the first). Binds ``page`` (the candidates as {e, rank, id, length}) and ``fit`` ({size,
     n: how many fit, open: false once one did not}); needs ``readers`` and ``org``. ``limit`` is
     a parameter; ``carry`` (", a, b") names variables the expressions use, kept through the page.
-    Of a candidate only its label is read from the node; of an entry that fits, its content."""
-    line = f"x.length + 2 + CASE WHEN {count} + fit.n > 0 THEN 1 ELSE 0 END"
+    Of a candidate only its label is read from the node; of an entry that fits, its content.
+    Called only at import, to build the named statements below (their text: graph/statements.cypher)."""
+    line = "x.length + 2 + CASE WHEN " + count + " + fit.n > 0 THEN 1 ELSE 0 END"
+    kept = carry[2:] + ", " if carry else ""
     return (
         """
 UNWIND $keys AS key
@@ -47,28 +55,42 @@ CALL (key, readers, org"""
         + after
         + " AND "
         + VISIBLE
-        + f"""
+        + """
   RETURN e, e.memoryRank AS rank, e.id AS id, e.contentLength AS length
-  ORDER BY e.botId DESC, e.activeKey DESC, e.memoryRank DESC LIMIT {limit}
-}}
-WITH e, rank, id, length{carry} ORDER BY rank DESC, id LIMIT {limit}
-WITH {carry[2:] + ", " if carry else ""}collect({{e: e, rank: rank, id: id, length: length}}) AS page
-WITH page, reduce(fit = {{size: {size}, n: 0, open: true}}, x IN page |
-  CASE WHEN fit.open AND fit.size + {line} <= $max
-       THEN {{size: fit.size + {line}, n: fit.n + 1, open: true}}
-       ELSE {{size: fit.size, n: fit.n, open: false}} END) AS fit
+  ORDER BY e.botId DESC, e.activeKey DESC, e.memoryRank DESC LIMIT """
+        + limit
+        + """
+}
+WITH e, rank, id, length"""
+        + carry
+        + " ORDER BY rank DESC, id LIMIT "
+        + limit
+        + """
+WITH """
+        + kept
+        + """collect({e: e, rank: rank, id: id, length: length}) AS page
+WITH page, reduce(fit = {size: """
+        + size
+        + """, n: 0, open: true}, x IN page |
+  CASE WHEN fit.open AND fit.size + """
+        + line
+        + """ <= $max
+       THEN {size: fit.size + """
+        + line
+        + """, n: fit.n + 1, open: true}
+       ELSE {size: fit.size, n: fit.n, open: false} END) AS fit
 """
     )
 
 
 #: The entries of a page that fit: id, rank and ciphertext.
-_FITTING: Final = "[x IN page[0..fit.n] | {id: x.id, rank: x.rank, content: x.e.content}]"
+_FITTING: Final[LiteralString] = "[x IN page[0..fit.n] | {id: x.id, rank: x.rank, content: x.e.content}]"
 
 
 #: One page (see _context_page) below ``$after`` after ``$size`` characters and ``$count``
 #: entries: the entries that fit come back with their ciphertext; ``open`` is false once one did
 #: not fit, ``candidates`` tells a full page.
-CONTEXT_PAGE: Final = (
+CONTEXT_PAGE: Final[LiteralString] = (
     "WITH $readers AS readers, $org AS org\n"
     + _context_page("$after", "$limit", "$size", "$count")
     + "RETURN "
@@ -81,7 +103,7 @@ CONTEXT_PAGE: Final = (
 #: of ``$limit`` candidates per key and — only when every one of them fit — a second page of
 #: ``$more`` below it, in the same statement. ``complete`` is false when even that was not
 #: enough (the caller then pages in one explicit transaction, D9.8).
-LOCKED_CONTEXT: Final = (
+LOCKED_CONTEXT: Final[LiteralString] = (
     _LOCKED
     + "WITH $readers AS readers, $org AS org\nCALL (readers, org) {"
     + _context_page("$after", "$limit", "0", "0")
@@ -101,7 +123,7 @@ RETURN first + coalesce(rest, []) AS page, NOT coalesce(more, false) AS complete
 )
 
 
-HAS_VISIBLE: Final = (
+HAS_VISIBLE: Final[LiteralString] = (
     """
 WITH $readers AS readers, $org AS org
 UNWIND $keys AS key
@@ -121,7 +143,7 @@ RETURN id LIMIT 1
 
 
 #: Which of ``$ids`` are visible (and active when ``$activeOnly``) — no content read (N4, E2).
-VISIBLE_IDS: Final = (
+VISIBLE_IDS: Final[LiteralString] = (
     """
 WITH $readers AS readers, $org AS org
 UNWIND $ids AS entryId
@@ -135,13 +157,13 @@ RETURN collect(e.id) AS ids
 
 
 #: The same reads as the first statement of a read: the shared lock heads them (C1).
-LOCKED_CONTEXT_PAGE: Final = _LOCKED + CONTEXT_PAGE
+LOCKED_CONTEXT_PAGE: Final[LiteralString] = _LOCKED + CONTEXT_PAGE
 
 
-LOCKED_HAS_VISIBLE: Final = _LOCKED + HAS_VISIBLE
+LOCKED_HAS_VISIBLE: Final[LiteralString] = _LOCKED + HAS_VISIBLE
 
 
-LOCKED_VISIBLE_IDS: Final = _LOCKED + VISIBLE_IDS
+LOCKED_VISIBLE_IDS: Final[LiteralString] = _LOCKED + VISIBLE_IDS
 
 
 async def context_page(

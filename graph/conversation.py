@@ -6,16 +6,16 @@ store their text length so "is it due" needs no decryption.
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Any, Final, LiteralString
 
 from neo4j import AsyncManagedTransaction
 
 from graph.driver import single
 
-SUMMARY: Final = "MATCH (s:ChatSummary {chatId: $chatId}) RETURN s {.*} AS summary"
+SUMMARY: Final[LiteralString] = "MATCH (s:ChatSummary {chatId: $chatId}) RETURN s {.*} AS summary"
 
 #: Characters the summary would hold: the summary itself plus every Item after it.
-UNSUMMARIZED: Final = """
+UNSUMMARIZED: Final[LiteralString] = """
 OPTIONAL MATCH (s:ChatSummary {chatId: $chatId})
 WITH coalesce(s.coversThroughSeq, 0) AS after, coalesce(s.chars, 0) AS chars
 OPTIONAL MATCH (i:Item) WHERE i.chatId = $chatId AND i.seq > after
@@ -24,7 +24,7 @@ RETURN after, chars + later AS total
 """
 
 #: Items after the summary, oldest first (ciphertext), at most ``$limit``.
-ITEMS_AFTER: Final = """
+ITEMS_AFTER: Final[LiteralString] = """
 MATCH (i:Item)
 WHERE i.chatId = $chatId AND i.seq > $after
 WITH i ORDER BY i.seq LIMIT $limit
@@ -32,7 +32,7 @@ RETURN collect(i {.uid, .id, .seq, .kind, .text, .app, .speakerId}) AS items
 """
 
 #: A new summary as a compare-and-set on what the old one covered (two compressions never mix).
-SAVE_SUMMARY: Final = """
+SAVE_SUMMARY: Final[LiteralString] = """
 MERGE (s:ChatSummary {chatId: $chatId})
   ON CREATE SET s.coversThroughSeq = 0, s.version = 0, s.chars = 0, s.botId = $botId
 WITH s AS held
@@ -46,7 +46,7 @@ FOREACH (_ IN CASE WHEN fresh THEN [1] ELSE [] END |
 RETURN fresh, s.version AS version
 """
 
-DELETE_SUMMARY: Final = "MATCH (s:ChatSummary {chatId: $chatId}) DETACH DELETE s"
+DELETE_SUMMARY: Final[LiteralString] = "MATCH (s:ChatSummary {chatId: $chatId}) DETACH DELETE s"
 
 
 async def summary(tx: AsyncManagedTransaction, *, chat_id: str) -> dict[str, Any] | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, LiteralString, TypeVar
 
 from neo4j import (
     WRITE_ACCESS,
@@ -77,14 +77,14 @@ async def autocommit(driver: AsyncDriver, work: Callable[[AsyncSession], Awaitab
             attempt += 1
 
 
-async def single(tx: QueryTarget, query: Any, **params: Any) -> dict[str, Any] | None:
+async def single(tx: QueryTarget, query: LiteralString, **params: Any) -> dict[str, Any] | None:
     """The only record of ``query`` as a dict, or None; the result is consumed inside the transaction."""
     result = await tx.run(query, params)
     record = await result.single()
     return None if record is None else dict(record)
 
 
-async def rows(tx: QueryTarget, query: Any, **params: Any) -> list[dict[str, Any]]:
+async def rows(tx: QueryTarget, query: LiteralString, **params: Any) -> list[dict[str, Any]]:
     """All records of ``query`` as dicts, consumed inside the transaction."""
     result = await tx.run(query, params)
     return [dict(r) async for r in result]

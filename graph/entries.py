@@ -7,7 +7,7 @@ All of them run inside a change transaction that already holds the exclusive Mem
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, LiteralString
 
 from neo4j import AsyncManagedTransaction
 
@@ -18,17 +18,19 @@ from graph.driver import rows, single
 #: ``orderKey``, ``sourceCount`` and ``legacy`` (shared by ADD_ENTRIES and CREATE_LEGACY); what is
 #: derived from its content to find it (design §10) comes in the row, and a vector is stamped with
 #: the Memory's next ``vecSeq`` (ADD_ENTRIES then counts it), so each process's index catches up.
-_NEW_ENTRY: Final = """(e:Entry {id: row.id, botId: $botId, layer: row.layer, content: row.content,
-  contentLength: row.contentLength, tags: tags, status: 'active', confidence: row.confidence,
+_NEW_ENTRY: Final[LiteralString] = (
+    "(e:Entry {id: row.id, botId: $botId, layer: row.layer, content: row.content,\n"
+    """  contentLength: row.contentLength, tags: tags, status: 'active', confidence: row.confidence,
   createdAt: $now, updatedAt: $now, invalidatedAt: null, orderKey: orderKey, pinned: row.layer = 'pinned',
   sourceCount: sourceCount, author: row.author, excluded: [], legacy: legacy,
   kwBlind: row.kwBlind, vec: row.vec, vecModel: row.vecModel,
   vecSeq: CASE WHEN row.vec IS NULL THEN null ELSE coalesce(m.vecSeq, 0) + 1 END})-[:IN_MEMORY]->(m)
 """
+)
 
 #: Entries of a legacy import: the tags they came with, no SOURCE edges, and a declared source
 #: count they cannot meet (V9). ``$rows``: id, layer, content, contentLength, tags, orderKey.
-CREATE_LEGACY: Final = (
+CREATE_LEGACY: Final[LiteralString] = (
     """
 MATCH (m:Memory {id: $botId})
 UNWIND $rows AS row
@@ -65,7 +67,7 @@ REFUSALS: Final = {
 #: Item edges keep the rule (V3). An observation rests on active entries with access proof
 #: (V5, V9) and carries their ``for:`` and provenance tags (V12). The rows are created in
 #: order, so an observation sees the entries of earlier rows.
-ADD_ENTRIES: Final = (
+ADD_ENTRIES: Final[LiteralString] = (
     """
 CALL (version) {
   UNWIND $adds AS row
@@ -148,16 +150,18 @@ CALL (m, problem) {
 )
 
 #: ADD_ENTRIES on its own, inside a change that holds the lock (version ``$version``).
-ADD: Final = "MATCH (m:Memory {id: $botId})\nWITH m, $version AS version\n" + ADD_ENTRIES + "RETURN problem\n"
+ADD: Final[LiteralString] = (
+    "MATCH (m:Memory {id: $botId})\nWITH m, $version AS version\n" + ADD_ENTRIES + "RETURN problem\n"
+)
 
-SET_STATUS: Final = """
+SET_STATUS: Final[LiteralString] = """
 MATCH (e:Entry {id: $id, botId: $botId})
 SET e.status = $status, e.updatedAt = $now,
     e.invalidatedAt = CASE WHEN $status = 'invalidated' THEN coalesce(e.invalidatedAt, $now) ELSE e.invalidatedAt END
 """
 
 #: New content (already encrypted) and a new place in memory order (D9.14).
-SET_CONTENT: Final = """
+SET_CONTENT: Final[LiteralString] = """
 MATCH (m:Memory {id: $botId})
 SET m.vecSeq = coalesce(m.vecSeq, 0) + CASE WHEN $derived.vec IS NULL THEN 0 ELSE 1 END
 WITH m
@@ -167,20 +171,20 @@ SET e.content = $content, e.contentLength = $contentLength, e.orderKey = $orderK
     e.vecSeq = CASE WHEN $derived.vec IS NULL THEN null ELSE m.vecSeq END
 """
 
-SET_TAGS: Final = """
+SET_TAGS: Final[LiteralString] = """
 MATCH (e:Entry {id: $id, botId: $botId})
 SET e.tags = $tags, e.updatedAt = $now
 """
 
 #: Every entry of the Bot carrying topic ``$from`` — all of them, not the first 300 (L4).
-RENAME_TOPIC: Final = """
+RENAME_TOPIC: Final[LiteralString] = """
 MATCH (e:Entry {botId: $botId})
 WHERE $from IN e.tags
 SET e.tags = [t IN e.tags WHERE t <> $from AND t <> $to] + [$to], e.updatedAt = $now
 RETURN e.id AS id
 """
 
-FORGET_FOR: Final = """
+FORGET_FOR: Final[LiteralString] = """
 MATCH (e:Entry {id: $id, botId: $botId})
 SET e.tags = [t IN e.tags WHERE t <> 'from:' + $personId],
     e.excluded = [p IN coalesce(e.excluded, []) WHERE p <> $personId] + [$personId],
@@ -189,7 +193,7 @@ SET e.tags = [t IN e.tags WHERE t <> 'from:' + $personId],
 
 #: The entries carrying the purge tag, and the label of those someone may see now (``gone``, the
 #: removals of the purge, D9.24: after it, no one sees them).
-TAGGED_IDS: Final = """
+TAGGED_IDS: Final[LiteralString] = """
 MATCH (e:Entry {botId: $botId})
 WHERE $tag IN e.tags
 RETURN collect(e.id) AS ids,
@@ -199,7 +203,7 @@ RETURN collect(e.id) AS ids,
 """
 
 #: Entries carrying the purge tag (observations carry their sources' provenance, V12).
-PURGE_ENTRIES: Final = """
+PURGE_ENTRIES: Final[LiteralString] = """
 MATCH (e:Entry {botId: $botId})
 WHERE $tag IN e.tags
 WITH collect(e) AS doomed, collect(e.id) AS ids
@@ -209,7 +213,7 @@ RETURN ids
 
 #: Change-log rows that embed purged entries lose their payload and those ids (D9.20), and
 #: earlier removals of them (D9.24) go: the purge's own row names them for who saw them.
-PURGE_CHANGES: Final = """
+PURGE_CHANGES: Final[LiteralString] = """
 CALL () {
   MATCH (c:Change {botId: $botId})
   WHERE any(i IN c.entryIds WHERE i IN $ids)
@@ -228,7 +232,7 @@ RETURN rows, removals
 
 #: Saved model calls, confession answers and input rewrites that embed purged entries lose their
 #: texts (D9.20); usage and cost stay for the budget, the person's original words stay.
-PURGE_EMBEDDINGS: Final = """
+PURGE_EMBEDDINGS: Final[LiteralString] = """
 CALL (){
   MATCH (c:ModelCall {botId: $botId})
   WHERE any(i IN coalesce(c.entryIds, []) + coalesce(c.producedIds, []) WHERE i IN $ids)
@@ -251,7 +255,7 @@ RETURN calls, answers, rewrites
 """
 
 #: Current members of channels (index seeks by channel id).
-CHANNEL_MEMBERS: Final = """
+CHANNEL_MEMBERS: Final[LiteralString] = """
 UNWIND $channelIds AS channelId
 MATCH (c:Channel {id: channelId})
 OPTIONAL MATCH (p:Person)-[:MEMBER]->(c)
@@ -259,21 +263,21 @@ RETURN channelId, collect(p.id) AS people
 """
 
 #: People holding a grant on the Bot in the given organizations (``for:bot``, D9.1).
-BOT_USERS: Final = """
+BOT_USERS: Final[LiteralString] = """
 MATCH (p:Person)-[:GRANT]->(:Bot {id: $botId})
 MATCH (p)-[:MEMBER_OF]->(o:Organization)
 WHERE o.id IN $orgs
 RETURN collect(p.id) AS people
 """
 
-ALL_IDS: Final = "MATCH (e:Entry {botId: $botId}) RETURN collect(e.id) AS ids"
+ALL_IDS: Final[LiteralString] = "MATCH (e:Entry {botId: $botId}) RETURN collect(e.id) AS ids"
 
 #: A Chat's history deleted (V13, D9.23): the words of its people wherever they are kept — the
 #: Items' text, the input rewrites (rewrite, original words and the digest the rewrite cache finds
 #: them by), the confessions with their answers, and the requests and results of the model calls
 #: made for the Chat (learning steps found by their execution, calls saved before model calls
 #: recorded their Chat included). Ids, rules, usage and cost stay; what was learned stays.
-DELETE_CHAT_HISTORY: Final = """
+DELETE_CHAT_HISTORY: Final[LiteralString] = """
 CALL () {
   MATCH (i:Item {chatId: $chatId})
   SET i.text = null

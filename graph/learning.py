@@ -8,7 +8,7 @@ taken: the Memory node (``apply_changes``), then the execution, then the read po
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Any, Final, LiteralString
 
 from neo4j import AsyncManagedTransaction
 
@@ -19,7 +19,7 @@ from graph.driver import rows, single
 ENDS: Final = ("done", "failed", "skipped")
 
 #: Recorded at confide (L2), under the Turn's lock so a concurrent completeTurn queues it.
-CREATE_EXECUTION: Final = """
+CREATE_EXECUTION: Final[LiteralString] = """
 MATCH (held:Turn {id: $turnId})
 CALL apoc.lock.nodes([held])
 WITH held
@@ -33,7 +33,7 @@ RETURN x.status AS status, x.epoch AS epoch
 """
 
 #: completeTurn: the Turn's waiting executions become queued (in its transaction, under its lock).
-QUEUE_TURN: Final = """
+QUEUE_TURN: Final[LiteralString] = """
 MATCH (t:Turn {id: $turnId})
 CALL apoc.lock.nodes([t])
 WITH t
@@ -44,7 +44,7 @@ RETURN collect({id: x.id, epoch: x.epoch}) AS queued
 """
 
 #: A worker takes the execution for one epoch: only a queued execution of that very epoch.
-CLAIM: Final = """
+CLAIM: Final[LiteralString] = """
 MATCH (held:LearningExecution {id: $id})
 CALL apoc.lock.nodes([held])
 WITH held
@@ -56,7 +56,7 @@ SET x.status = 'running', x.leaseUntil = $now + $leaseMs, x.attempts = x.attempt
 RETURN x {.id, .botId, .chatId, .turnId, .turnSeq, .epoch, .attempts} AS execution
 """
 
-RENEW_LEASE: Final = """
+RENEW_LEASE: Final[LiteralString] = """
 MATCH (held:LearningExecution {id: $id})
 CALL apoc.lock.nodes([held])
 WITH held
@@ -68,7 +68,7 @@ RETURN count(x) AS renewed
 """
 
 #: Leave ``running`` without a commit: a safe failure, a skip, or waiting for budget.
-FINISH: Final = """
+FINISH: Final[LiteralString] = """
 MATCH (held:LearningExecution {id: $id})
 CALL apoc.lock.nodes([held])
 WITH held
@@ -80,7 +80,7 @@ SET x.status = $status, x.error = $error, x.leaseUntil = null,
 RETURN count(x) AS finished
 """
 
-POSITION: Final = """
+POSITION: Final[LiteralString] = """
 OPTIONAL MATCH (p:ReadPosition {id: $botId + '|' + $chatId})
 RETURN coalesce(p.seq, 0) AS seq
 """
@@ -90,7 +90,7 @@ RETURN coalesce(p.seq, 0) AS seq
 #: transaction as the memory change that ``apply_changes`` writes around it. The step's saved
 #: ModelCall records the entries made from its answer (a purge of them removes it, D9.20). A step
 #: whose answers were refused records its range and codes in ``setAside`` (D9.21).
-COMMIT_STEP: Final = """
+COMMIT_STEP: Final[LiteralString] = """
 MATCH (heldX:LearningExecution {id: $id})
 CALL apoc.lock.nodes([heldX])
 WITH heldX
@@ -117,7 +117,7 @@ RETURN mine, fresh, p.seq AS position
 
 #: The Chat's Items after ``$after`` in order, each with the number of its Turn (the caller stops
 #: at the first Item of a later Turn than the execution's). Text is ciphertext.
-EVIDENCE: Final = """
+EVIDENCE: Final[LiteralString] = """
 MATCH (i:Item)
 WHERE i.chatId = $chatId AND i.seq > $after
 WITH i ORDER BY i.seq LIMIT $limit
@@ -128,7 +128,7 @@ RETURN collect(i {.uid, .id, .seq, .kind, .text, .app, .speakerId, turnSeq: t.se
 #: learningContext (L4, D9.14, V9): the first 300 valid entries of the Chat's organization in
 #: memory order — active, with every source proved, in that organization only — and the topic
 #: counts over all of them. ``lblProved``/``lblOrgs`` are the labels proved equal to the path query.
-LEARNING_CONTEXT: Final = """
+LEARNING_CONTEXT: Final[LiteralString] = """
 MATCH (m:Memory {id: $botId})
 CALL apoc.lock.read.nodes([m])
 WITH m
@@ -148,7 +148,7 @@ RETURN [e IN valid[0..$limit] | e {.id, .layer, .content, .tags, .confidence}] A
 #: Sweeper (D9.9): expired leases start a new epoch; queued executions nobody took are enqueued
 #: again; waiting ones whose Turn completed or went idle (D9.11) are queued. Each returns what to
 #: enqueue.
-SWEEP_EXPIRED: Final = """
+SWEEP_EXPIRED: Final[LiteralString] = """
 MATCH (x:LearningExecution)
 WHERE x.status = 'running' AND x.leaseUntil < $now
 WITH x AS held LIMIT $limit
@@ -164,7 +164,7 @@ RETURN collect({id: x.id, epoch: x.epoch}) AS queued
 #: Queued executions nobody took for a while are enqueued again under the same epoch: arq keeps
 #: one job per id, so a job still waiting in the queue is not doubled (no churn under backlog),
 #: and a lost one (an API killed before it enqueued) comes back.
-SWEEP_STALE_QUEUED: Final = """
+SWEEP_STALE_QUEUED: Final[LiteralString] = """
 MATCH (x:LearningExecution)
 WHERE x.status = 'queued' AND x.queuedAt < $before
 WITH x AS held LIMIT $limit
@@ -177,7 +177,7 @@ SET x.queuedAt = $now
 RETURN collect({id: x.id, epoch: x.epoch}) AS queued
 """
 
-SWEEP_IDLE_TURNS: Final = """
+SWEEP_IDLE_TURNS: Final[LiteralString] = """
 MATCH (x:LearningExecution)
 WHERE x.status = 'waiting'
 MATCH (t:Turn {id: x.turnId})
@@ -193,7 +193,7 @@ RETURN collect({id: x.id, epoch: x.epoch}) AS queued
 """
 
 #: Executions waiting for budget, with their Bot (the caller checks each Bot's budget).
-BUDGET_WAITING: Final = """
+BUDGET_WAITING: Final[LiteralString] = """
 MATCH (x:LearningExecution)
 WHERE x.status = 'budget'
 WITH x LIMIT $limit
@@ -201,7 +201,7 @@ RETURN collect({id: x.id, botId: x.botId}) AS waiting
 """
 
 #: Release executions waiting for budget (a new period, or a PATCH that raised the limit).
-RELEASE_BUDGET: Final = """
+RELEASE_BUDGET: Final[LiteralString] = """
 MATCH (x:LearningExecution)
 WHERE x.status = 'budget' AND x.botId = $botId
 WITH x AS held
@@ -304,7 +304,7 @@ async def learning_context(
     return list(record["entries"]), list(record["topics"])
 
 
-async def sweep(tx: AsyncManagedTransaction, query: Any, **params: Any) -> list[dict[str, Any]]:
+async def sweep(tx: AsyncManagedTransaction, query: LiteralString, **params: Any) -> list[dict[str, Any]]:
     record = await single(tx, query, **params)
     return [] if record is None else list(record["queued"])
 
@@ -321,7 +321,7 @@ async def release_budget(tx: AsyncManagedTransaction, *, bot_id: str, now: int) 
 
 #: The learning executions of a Chat for its owner, newest first: status, entries learned, the
 #: error code, and the evidence set aside with its refusal codes (D9.21) — codes, never content.
-LIST_EXECUTIONS: Final = """
+LIST_EXECUTIONS: Final[LiteralString] = """
 MATCH (x:LearningExecution {chatId: $chatId})
 RETURN x {.id, .turnId, .status, .error, .learned, .setAside, .createdAt, .endedAt} AS execution
 ORDER BY x.createdAt DESC, x.id SKIP $skip LIMIT $limit

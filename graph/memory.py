@@ -8,7 +8,7 @@ decrypted by the caller after commit.
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Any, Final, LiteralString
 
 from neo4j import AsyncDriver, AsyncManagedTransaction
 
@@ -17,24 +17,26 @@ from graph.driver import QueryTarget, autocommit, rows, single
 from graph.entries import ADD_ENTRIES
 
 #: The sources of an entry ``e`` as ids (``sources``), for the API's view of it.
-_ENTRY_SOURCES: Final = """
+_ENTRY_SOURCES: Final[LiteralString] = """
 OPTIONAL MATCH (e)-[:SOURCE]->(src)
 WITH e, collect(CASE WHEN src IS NULL THEN null WHEN src:Item THEN {chat: src.chatId, item: src.id}
                      ELSE {entry: src.id} END) AS sources
 """
 
 #: The sources of ``e`` as a subquery binding ``sources`` (for a statement that goes on with ``e``).
-SOURCES_OF_E: Final = "CALL (e) {" + _ENTRY_SOURCES + "  RETURN sources\n}\n"
+SOURCES_OF_E: Final[LiteralString] = "CALL (e) {" + _ENTRY_SOURCES + "  RETURN sources\n}\n"
 
 #: The API's view of an entry ``e``: fields, sources as ids, content as ciphertext.
-ENTRY_MAP: Final = """e {.id, .layer, .tags, .status, .confidence, .createdAt, .updatedAt, .invalidatedAt,
-     .content, .contentLength, .orderKey, .memoryRank, sources: sources}"""
+ENTRY_MAP: Final[LiteralString] = (
+    "e {.id, .layer, .tags, .status, .confidence, .createdAt, .updatedAt, .invalidatedAt,\n"
+    """     .content, .contentLength, .orderKey, .memoryRank, sources: sources}"""
+)
 
 #: ``e`` as one ``entry`` row.
-ENTRY_ROW: Final = _ENTRY_SOURCES + "RETURN " + ENTRY_MAP + " AS entry\n"
+ENTRY_ROW: Final[LiteralString] = _ENTRY_SOURCES + "RETURN " + ENTRY_MAP + " AS entry\n"
 
 #: The rows of ``e`` collected as one ``entries`` list (the end of a subquery).
-ENTRY_LIST: Final = _ENTRY_SOURCES + "RETURN collect(" + ENTRY_MAP + ") AS entries\n"
+ENTRY_LIST: Final[LiteralString] = _ENTRY_SOURCES + "RETURN collect(" + ENTRY_MAP + ") AS entries\n"
 
 #: Above every ``memoryRank`` (pinned entries rank from 2**50); bounds index range seeks.
 TOP_RANK: Final = 2**62
@@ -43,21 +45,21 @@ TOP_RANK: Final = 2**62
 #: taken on the Memory node's one row before the rest of the statement runs (the read part is
 #: planned on top of it), so a read needs no round trip of its own for the lock. No Memory
 #: node → no rows.
-READ_LOCK: Final = """
+READ_LOCK: Final[LiteralString] = """
 MATCH (held:Memory {id: $botId})
 CALL apoc.lock.read.nodes([held])
 WITH held
 MATCH (m:Memory) WHERE elementId(m) = elementId(held)
 """
-_LOCKED: Final = READ_LOCK + "WITH m\n"
+_LOCKED: Final[LiteralString] = READ_LOCK + "WITH m\n"
 
-SHARED_LOCK: Final = READ_LOCK + "RETURN m.version AS version\n"
+SHARED_LOCK: Final[LiteralString] = READ_LOCK + "RETURN m.version AS version\n"
 
 #: The first statement of every change takes the Memory node's exclusive lock explicitly.
 #: Starting with ``SET m.version = m.version + 1`` instead deadlocks under load (measured: two
 #: writers and four readers): the write is preceded by a shared lock that is then upgraded,
 #: and D9.8 forbids upgrades.
-BUMP_VERSION: Final = """
+BUMP_VERSION: Final[LiteralString] = """
 MATCH (m:Memory {id: $botId})
 CALL apoc.lock.nodes([m])
 WITH m
@@ -67,7 +69,7 @@ RETURN m.version AS version
 
 #: The first statement of a person's read (C1, D9.8): the shared lock of the Bot's memory,
 #: then, under it and in the same round trip, that person as a reader (see READER).
-_LOCK_AND_READER_ROW: Final = (
+_LOCK_AND_READER_ROW: Final[LiteralString] = (
     _LOCKED
     + """OPTIONAL MATCH (p:Person {id: $personId})-[:MEMBER_OF]->(o:Organization {id: $org})
 OPTIONAL MATCH (b:Bot {id: $botId})
@@ -75,19 +77,19 @@ OPTIONAL MATCH (p)-[:MEMBER]->(c:Channel)-[:IN]->(o)
 WITH m, p, o, b, collect(c.id) AS channels
 """
 )
-_READER_OF_ROW: Final = (
+_READER_OF_ROW: Final[LiteralString] = (
     "m.version AS version, CASE WHEN p IS NULL THEN null ELSE " + READER_MAP + " END AS reader\n"
 )
-LOCK_AND_READER: Final = _LOCK_AND_READER_ROW + "RETURN " + _READER_OF_ROW
+LOCK_AND_READER: Final[LiteralString] = _LOCK_AND_READER_ROW + "RETURN " + _READER_OF_ROW
 
 #: LOCK_AND_READER as the head of a longer statement: binds ``version`` and ``reader``.
-_LOCK_AND_READER_HEAD: Final = _LOCK_AND_READER_ROW + "WITH " + _READER_OF_ROW
+_LOCK_AND_READER_HEAD: Final[LiteralString] = _LOCK_AND_READER_ROW + "WITH " + _READER_OF_ROW
 
 #: The log row of a change (C2), then the labels of the relabelled entries (``$ids``: the logged
 #: ones, or for a purge the entries resting on the deleted ones) and of everything resting on
 #: them, recording what the change hid (``$gone``: deleted entries with their labels, D9.24).
 #: Needs ``m`` and ``version``; binds ``c`` and ``removed``.
-_LOG: Final = (
+_LOG: Final[LiteralString] = (
     """
 CREATE (c:Change {id: $id, botId: $botId, version: version, at: $at, actor: $actor,
                   entryIds: $entryIds, payload: $payload})-[:OF]->(m)
@@ -97,18 +99,20 @@ WITH c, version
 )
 
 #: The head of a change's later statements: the Memory (already locked) at ``$version``.
-_AT_VERSION: Final = "MATCH (m:Memory {id: $botId})\nWITH m, $version AS version\n"
+_AT_VERSION: Final[LiteralString] = "MATCH (m:Memory {id: $botId})\nWITH m, $version AS version\n"
 
 #: After ADD_ENTRIES: ``then`` runs only when no new entry was refused.
-_UNLESS_REFUSED: Final = "CALL (m, version, problem) {\n  WITH m, version WHERE problem IS NULL\n"
+_UNLESS_REFUSED: Final[LiteralString] = (
+    "CALL (m, version, problem) {\n  WITH m, version WHERE problem IS NULL\n"
+)
 
 #: The end of a change in one round trip: the log row and the labels (version ``$version``);
 #: returns the ids of what it hid from someone (D9.24).
-LOG_CHANGE: Final = _AT_VERSION + _LOG + "RETURN removed\n"
+LOG_CHANGE: Final[LiteralString] = _AT_VERSION + _LOG + "RETURN removed\n"
 
 #: The end of a change that adds entries, in one round trip: ADD_ENTRIES, then LOG_CHANGE
 #: unless an entry was refused (``problem``; the caller then rolls the whole change back).
-ADD_AND_LOG_CHANGE: Final = (
+ADD_AND_LOG_CHANGE: Final[LiteralString] = (
     _AT_VERSION
     + ADD_ENTRIES
     + _UNLESS_REFUSED
@@ -122,7 +126,7 @@ ADD_AND_LOG_CHANGE: Final = (
 #: is set, nothing was written (the version stays). A person's change (``$personId`` in
 #: ``$org``, else both null) needs that person to use the Bot, read under the lock (D9.1): no
 #: record otherwise, as without the Bot.
-ADD_ONLY_CHANGE: Final = (
+ADD_ONLY_CHANGE: Final[LiteralString] = (
     """
 MATCH (held:Memory {id: $botId})
 CALL apoc.lock.nodes([held])
@@ -146,7 +150,7 @@ WITH m, version WHERE allowed
 )
 
 #: The rows of the entries ``e`` as one ``entries`` list in memory order.
-_IN_ORDER: Final = (
+_IN_ORDER: Final[LiteralString] = (
     _ENTRY_SOURCES
     + "WITH e, sources ORDER BY e.memoryRank DESC, e.id\nRETURN collect("
     + ENTRY_MAP
@@ -154,7 +158,7 @@ _IN_ORDER: Final = (
 )
 
 #: What a listed entry ``e`` must be: of ``$statuses``, with every tag of ``$tags``, visible.
-_LISTED: Final = "e.status IN $statuses AND all(t IN $tags WHERE t IN e.tags) AND " + VISIBLE
+_LISTED: Final[LiteralString] = "e.status IN $statuses AND all(t IN $tags WHERE t IN e.tags) AND " + VISIBLE
 
 #: The entries of a Bot a set of readers may see, in memory order (pinned first, then
 #: ``orderKey`` descending, then ``id``). Candidates come from the ``entry_audience`` index,
@@ -162,7 +166,7 @@ _LISTED: Final = "e.status IN $statuses AND all(t IN $tags WHERE t IN e.tags) AN
 #: ``channel:<id>``, ``bot``), never from a filter over the pool. ``$statuses`` picks active
 #: only or history too; ``$tags`` (all-of) narrows the list. Returns ciphertext, as one list
 #: in one record (the driver decodes one list far faster than many records).
-_LIST_OF_KEYS: Final = (
+_LIST_OF_KEYS: Final[LiteralString] = (
     """
 UNWIND keys AS key
 MATCH (e:Entry)
@@ -176,7 +180,7 @@ WHERE e.botId = $botId AND e.audienceKey = key AND e.memoryRank < $top AND """
 #: ``$limit`` visible entries in index order, so a page costs the same at any depth of the pool.
 #: (Ties on the rank are a CASE, not an OR: the planner splits an OR into two seeks whose union
 #: loses the index order, and then sorts every visible entry — measured 1 s at 100k.)
-_PAGE_OF_KEYS: Final = (
+_PAGE_OF_KEYS: Final[LiteralString] = (
     """
 UNWIND keys AS key
 CALL (key, readers, org) {
@@ -191,26 +195,30 @@ WITH e ORDER BY e.memoryRank DESC, e.id LIMIT $limit
 """
     + _IN_ORDER
 )
-LIST_VISIBLE: Final = "WITH $readers AS readers, $org AS org, $keys AS keys" + _LIST_OF_KEYS
+LIST_VISIBLE: Final[LiteralString] = "WITH $readers AS readers, $org AS org, $keys AS keys" + _LIST_OF_KEYS
 
 #: GET memory in one statement: the shared lock and the caller as a reader (LOCK_AND_READER),
 #: then — only when that person reads the Bot (``usesBot``) — LIST_VISIBLE for them, seeking
 #: their own keys (see ``reader_keys``). ``entries`` is empty otherwise; the caller raises.
-_LOCK_READER_AND: Final = (
+_LOCK_READER_AND: Final[LiteralString] = (
     _LOCK_AND_READER_HEAD
     + """CALL (reader) {
   WITH reader WHERE reader IS NOT NULL AND reader.usesBot
   WITH [reader] AS readers, $org AS org, reader.atoms AS keys"""
 )
-LOCK_READER_AND_LIST: Final = _LOCK_READER_AND + _LIST_OF_KEYS + "}\nRETURN version, reader, entries\n"
+LOCK_READER_AND_LIST: Final[LiteralString] = (
+    _LOCK_READER_AND + _LIST_OF_KEYS + "}\nRETURN version, reader, entries\n"
+)
 
 #: LOCK_READER_AND_LIST for one page (see _PAGE_OF_KEYS).
-LOCK_READER_AND_PAGE: Final = _LOCK_READER_AND + _PAGE_OF_KEYS + "}\nRETURN version, reader, entries\n"
+LOCK_READER_AND_PAGE: Final[LiteralString] = (
+    _LOCK_READER_AND + _PAGE_OF_KEYS + "}\nRETURN version, reader, entries\n"
+)
 
 
 #: The latest ``$limit`` change-log rows with entries (changed or removed, D9.24), of versions
 #: below ``$before``, newest first (a seek of the ``change_bot_version`` index in its order).
-LOG_ROWS: Final = """
+LOG_ROWS: Final[LiteralString] = """
 MATCH (c:Change {botId: $botId})
 WHERE c.version < $before AND (size(c.entryIds) > 0 OR size(coalesce(c.removedIds, [])) > 0)
 WITH c ORDER BY c.botId DESC, c.version DESC LIMIT $limit
@@ -219,9 +227,11 @@ RETURN c.version AS version, c.at AS at, c.actor AS actor, c.entryIds AS ids,
 """
 
 #: What the changes of ``$versions`` hid from the readers ``$readers`` in ``$org`` (D9.24).
-REMOVED_FOR_READERS: Final = "WITH $readers AS readers, $org AS org\n" + REMOVED_FOR + "RETURN removed\n"
+REMOVED_FOR_READERS: Final[LiteralString] = (
+    "WITH $readers AS readers, $org AS org\n" + REMOVED_FOR + "RETURN removed\n"
+)
 
-ENTRY_FOR_EDIT: Final = """
+ENTRY_FOR_EDIT: Final[LiteralString] = """
 MATCH (e:Entry {id: $id, botId: $botId})
 RETURN e {.id, .layer, .tags, .status, .author, .excluded, .orderKey} AS entry
 """

@@ -4,21 +4,21 @@ and confessions (D9.6). Request, result, confession and answer texts arrive encr
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Any, Final, LiteralString
 
 from neo4j import AsyncManagedTransaction
 
 from graph.driver import QueryTarget, rows, single
 
 #: The settings of a Bot's memory Bot with the Bot's owner organization and data key.
-SETTINGS: Final = """
+SETTINGS: Final[LiteralString] = """
 MATCH (b:Bot {id: $botId})-[:HAS_MEMORY]->(m:Memory)
 RETURN m {.settingsVersion, .instructions, .concurrency, .budgetPeriod, .budgetLimitMicros} AS settings
 """
 
 #: A compare-and-set on the settings' own version (C3, D9.13): nothing changes on a mismatch.
 #: Fields absent from ``$set`` keep their value.
-UPDATE_SETTINGS: Final = """
+UPDATE_SETTINGS: Final[LiteralString] = """
 MATCH (b:Bot {id: $botId})-[:HAS_MEMORY]->(held:Memory)
 CALL apoc.lock.nodes([held])
 WITH held
@@ -32,7 +32,7 @@ RETURN matches, m {.settingsVersion, .instructions, .concurrency, .budgetPeriod,
 #: Everything a memory-Bot task needs about a Chat, read at the time the task runs (D9.12):
 #: the Chat's organization settings (L5, L6: a shared Bot uses the Chat's organization), the
 #: memory Bot's settings and the Bot's wrapped key.
-CHAT_ROUTE: Final = """
+CHAT_ROUTE: Final[LiteralString] = """
 MATCH (ch:Chat {id: $chatId})-[:WITH_BOT]->(b:Bot)-[:HAS_MEMORY]->(m:Memory),
       (ch)-[:IN_ORG]->(o:Organization)
 RETURN ch {.*, botModel: b.model, botName: b.name} AS chat, o.botMemory AS botMemory,
@@ -42,7 +42,7 @@ RETURN ch {.*, botModel: b.model, botName: b.name} AS chat, o.botMemory AS botMe
 """
 
 #: Confirmed spend of a Bot in one budget period, over all organizations (L6).
-SPENT: Final = """
+SPENT: Final[LiteralString] = """
 MATCH (s:Spend) WHERE s.botId = $botId AND s.period = $period
 RETURN coalesce(sum(s.micros), 0) AS micros, coalesce(sum(s.unknownCalls), 0) AS unknownCalls
 """
@@ -50,7 +50,7 @@ RETURN coalesce(sum(s.micros), 0) AS micros, coalesce(sum(s.unknownCalls), 0) AS
 #: A model call with its attempts (C5), and its confirmed cost added to the day and month of
 #: the call, per organization (L6). Counters are MERGEd on a unique key and locked before the
 #: increment, so concurrent processes add atomically and never upgrade a lock.
-SAVE_MODEL_CALL: Final = """
+SAVE_MODEL_CALL: Final[LiteralString] = """
 CREATE (c:ModelCall {id: $id, botId: $botId, chatId: $chatId, org: $org, task: $task, model: $model,
                      executionId: $executionId, epoch: $epoch, step: $step, requestHash: $requestHash,
                      entryIds: $entryIds,
@@ -69,7 +69,7 @@ SET s.micros = s.micros + coalesce($costMicros, 0), s.calls = s.calls + 1,
 
 #: Saved results of one learning step, reused by recovery instead of a new call (C5, D9.9); the
 #: caller picks the one whose request hash matches the request it would send now.
-SAVED_STEP_RESULTS: Final = """
+SAVED_STEP_RESULTS: Final[LiteralString] = """
 MATCH (c:ModelCall)
 WHERE c.executionId = $executionId AND c.step = $step AND c.status = 'ok' AND c.result IS NOT NULL
 WITH c ORDER BY c.at
@@ -77,20 +77,20 @@ RETURN collect(c {.id, .result, .requestHash}) AS calls
 """
 
 #: What the Bot confided (saved before the answer is sought, so a crash loses nothing).
-CREATE_CONFESSION: Final = """
+CREATE_CONFESSION: Final[LiteralString] = """
 MATCH (t:Turn {id: $turnId})
 CREATE (f:Confession {id: $id, botId: $botId, chatId: t.chatId, turnId: t.id, text: $text, answer: null,
                       usedEntryIds: [], answeredBy: null, createdAt: $now})-[:ABOUT]->(t)
 """
 
 #: The answer given, with the ids of the entries it could draw on (re-validated on read, D9.6).
-ANSWER_CONFESSION: Final = """
+ANSWER_CONFESSION: Final[LiteralString] = """
 MATCH (f:Confession {id: $id})
 SET f.answer = $answer, f.usedEntryIds = $usedEntryIds, f.answeredBy = $answeredBy, f.answeredAt = $now
 """
 
 #: A Chat's confessions, oldest first (ciphertext; decrypted by the caller after commit).
-LIST_CONFESSIONS: Final = """
+LIST_CONFESSIONS: Final[LiteralString] = """
 MATCH (f:Confession {chatId: $chatId})
 RETURN f {.*} AS confession ORDER BY f.createdAt, f.id SKIP $skip LIMIT $limit
 """
@@ -103,7 +103,7 @@ async def settings(tx: AsyncManagedTransaction, *, bot_id: str) -> dict[str, Any
 
 #: The models the Bot's organizations use for its memory Bot (its owner's and those it is linked
 #: into), none for an organization without one.
-BOT_MODELS: Final = """
+BOT_MODELS: Final[LiteralString] = """
 MATCH (b:Bot {id: $botId})
 OPTIONAL MATCH (b)-[:OWNED_BY|LINKED]->(o:Organization)
 RETURN [m IN collect(DISTINCT o.botMemoryModel) WHERE m IS NOT NULL] AS models
@@ -112,7 +112,7 @@ RETURN [m IN collect(DISTINCT o.botMemoryModel) WHERE m IS NOT NULL] AS models
 
 #: The models of every organization of a Bot that has a budget (``/healthz``, D9.25), and how
 #: many Bots have one.
-BUDGETED_MODELS: Final = """
+BUDGETED_MODELS: Final[LiteralString] = """
 MATCH (m:Memory) WHERE m.budgetLimitMicros IS NOT NULL
 OPTIONAL MATCH (:Bot {id: m.id})-[:OWNED_BY|LINKED]->(o:Organization)
 RETURN count(DISTINCT m) AS budgets, [x IN collect(DISTINCT o.botMemoryModel) WHERE x IS NOT NULL] AS models
@@ -185,7 +185,7 @@ async def list_confessions(
 
 #: A rewrite of a Turn's input (N2): new text and original encrypted, the entries it used, and a
 #: keyed digest of the input so an equal input can reuse it while its references hold.
-CREATE_ENRICHMENT: Final = """
+CREATE_ENRICHMENT: Final[LiteralString] = """
 MATCH (t:Turn {id: $turnId})
 CREATE (n:Enrichment {id: $id, botId: $botId, chatId: t.chatId, turnId: t.id, text: $text,
                       original: $original, usedEntryIds: $usedEntryIds, inputDigest: $inputDigest,
@@ -193,13 +193,13 @@ CREATE (n:Enrichment {id: $id, botId: $botId, chatId: t.chatId, turnId: t.id, te
 """
 
 #: The latest rewrite of an equal input in the same Chat (same audience), for reuse.
-SAVED_REWRITE: Final = """
+SAVED_REWRITE: Final[LiteralString] = """
 MATCH (n:Enrichment {chatId: $chatId})
 WHERE n.inputDigest = $inputDigest AND n.text IS NOT NULL
 RETURN n {.id, .text, .usedEntryIds} AS enrichment ORDER BY n.createdAt DESC LIMIT 1
 """
 
-LIST_ENRICHMENTS: Final = """
+LIST_ENRICHMENTS: Final[LiteralString] = """
 MATCH (n:Enrichment {chatId: $chatId})
 RETURN n {.*} AS enrichment ORDER BY n.createdAt, n.id SKIP $skip LIMIT $limit
 """

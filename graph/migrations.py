@@ -120,18 +120,20 @@ MIGRATIONS: Final[tuple[tuple[int, tuple[LiteralString, ...]], ...]] = (
 
 #: Entries whose labels predate the current label properties: without ``memoryRank`` (before
 #: version 2) or without ``lblRequires`` (before version 6).
-_UNLABELLED: Final = """
+_UNLABELLED: Final[LiteralString] = """
 MATCH (e:Entry) WHERE e.lblRequires IS NULL
 RETURN e.botId AS botId, collect(e.id) AS ids
 """
 
 #: The label property that ``lblRequires`` replaced (version 6).
-_DROP_OLD_LABEL: Final = "MATCH (e:Entry {botId: $botId}) WHERE e.lblAtoms IS NOT NULL REMOVE e.lblAtoms"
+_DROP_OLD_LABEL: Final[LiteralString] = (
+    "MATCH (e:Entry {botId: $botId}) WHERE e.lblAtoms IS NOT NULL REMOVE e.lblAtoms"
+)
 
 LATEST: Final = MIGRATIONS[-1][0]
 
-_READ_VERSION: Final = "MATCH (s:SchemaVersion {id: 'schema'}) RETURN s.version AS version"
-_WRITE_VERSION: Final = """
+_READ_VERSION: Final[LiteralString] = "MATCH (s:SchemaVersion {id: 'schema'}) RETURN s.version AS version"
+_WRITE_VERSION: Final[LiteralString] = """
 MERGE (s:SchemaVersion {id: 'schema'})
 SET s.version = $version, s.appliedAt = timestamp()
 """

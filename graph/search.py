@@ -11,7 +11,7 @@ exclusive lock), so each process's index catches up from its last stamp.
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Any, Final, LiteralString
 
 from neo4j import AsyncManagedTransaction
 
@@ -21,21 +21,21 @@ from graph.driver import QueryTarget, single
 from graph.memory import ENTRY_MAP, READ_LOCK, SOURCES_OF_E, TOP_RANK, reader_keys
 
 #: The full-text index of the blind keyword tokens (whitespace analyzer: a token is one keyed hash).
-KEYWORD_INDEX: Final = "entry_keywords"
+KEYWORD_INDEX: Final[LiteralString] = "entry_keywords"
 
 #: Vectors of one embedder stamped after ``$after`` (an index seek on ``entry_vec_seq``): what a
 #: process's index lacks. Runs after VECTOR_SEQ, the shared lock, in the same read.
-VECTORS_SINCE: Final = """
+VECTORS_SINCE: Final[LiteralString] = """
 MATCH (e:Entry)
 WHERE e.botId = $botId AND e.vecSeq > $after AND e.vecModel = $model
 RETURN collect(e.id) AS ids, collect(e.vec) AS vecs
 """
 
 #: The shared lock, then the Memory's vector sequence (no row: no such Bot).
-VECTOR_SEQ: Final = READ_LOCK + "RETURN coalesce(m.vecSeq, 0) AS seq\n"
+VECTOR_SEQ: Final[LiteralString] = READ_LOCK + "RETURN coalesce(m.vecSeq, 0) AS seq\n"
 
 #: The vectors a process's index lacks, as the head of the search statement (empty when current).
-_FRESH: Final = """
+_FRESH: Final[LiteralString] = """
 CALL (m) {
   MATCH (f:Entry)
   WHERE f.botId = $botId AND f.vecSeq > $after AND f.vecModel = $model
@@ -44,7 +44,7 @@ CALL (m) {
 """
 
 #: The visible active entries among ``$dense`` (ids in order of similarity), in that order.
-_DENSE: Final = (
+_DENSE: Final[LiteralString] = (
     """
 CALL (readers, org) {
   UNWIND range(0, size($dense) - 1) AS i
@@ -60,7 +60,7 @@ CALL (readers, org) {
 
 #: The visible active entries matching the blind query ``$keywords`` in BM25 order (none when the
 #: query has no keyword). Another Bot's entries never match: its tokens are hashed with its key.
-_KEYWORD: Final = (
+_KEYWORD: Final[LiteralString] = (
     """
 CALL (readers, org) {
   WITH readers, org WHERE $keywords <> ''
@@ -78,7 +78,7 @@ CALL (readers, org) {
 #: Up to ``$fill`` visible active entries per key in memory order, only when the relevant ones are
 #: fewer than ``$fill`` (never when it is 0): what fills a context that relevance leaves room in
 #: (entries without a vector yet, a small memory).
-_RECENT: Final = (
+_RECENT: Final[LiteralString] = (
     """
 CALL (readers, org, dense, keyword) {
   WITH readers, org WHERE $fill > size(dense) + size([e IN keyword WHERE NOT e IN dense])
@@ -102,7 +102,7 @@ CALL (readers, org, dense, keyword) {
 #: place after every relevant entry), plus the prior: ``$pinned`` for a pinned
 #: entry and at most ``$recency`` for the newest, fading with the versions since it was written.
 #: The ``$limit`` best, ``ranked`` as ``{score, entry}``; the entry map follows.
-_FUSED_HEAD: Final = """
+_FUSED_HEAD: Final[LiteralString] = """
 WITH m, fresh, dense, keyword, recent,
      [i IN range(0, size(dense) - 1) | [dense[i], 1.0 / ($k + i + 1)]]
      + [i IN range(0, size(keyword) - 1) | [keyword[i], 1.0 / ($k + i + 1)]]
@@ -117,19 +117,19 @@ CALL (m, parts) {
   LIMIT $limit
 """
 
-_FUSED_TAIL: Final = """}) AS ranked
+_FUSED_TAIL: Final[LiteralString] = """}) AS ranked
 }
 RETURN coalesce(m.vecSeq, 0) AS seq, m.version AS version, fresh, ranked,
        size(dense) AS denseVisible, size(keyword) AS keywordVisible
 """
 
 #: ``search``: the API's view of each entry (sources included, content as ciphertext).
-_FUSED: Final = (
+_FUSED: Final[LiteralString] = (
     _FUSED_HEAD + SOURCES_OF_E + "  RETURN collect({score: score, entry: " + ENTRY_MAP + _FUSED_TAIL
 )
 
 #: ``context(query)``: of each entry only what choosing and presenting it needs.
-_FUSED_CONTEXT: Final = (
+_FUSED_CONTEXT: Final[LiteralString] = (
     _FUSED_HEAD
     + "  RETURN collect({score: score, entry: e {.id, .memoryRank, .contentLength, .content}"
     + _FUSED_TAIL
@@ -139,18 +139,18 @@ _FUSED_CONTEXT: Final = (
 #: One search as one statement (an auto-commit transaction): the shared lock first (C1), the
 #: vectors the caller's index lacks since ``$after``, the visible dense and keyword candidates
 #: (and the memory-order fill), fused. A caller whose index lacked vectors catches up and asks again.
-_CANDIDATES: Final = (
+_CANDIDATES: Final[LiteralString] = (
     READ_LOCK + "WITH m, $readers AS readers, $org AS org\n" + _FRESH + _DENSE + _KEYWORD + _RECENT
 )
-SEARCH: Final = _CANDIDATES + _FUSED
+SEARCH: Final[LiteralString] = _CANDIDATES + _FUSED
 
 #: SEARCH for ``context(query)``: the same candidates and ranking, each entry as id, rank, stored
 #: length and ciphertext.
-SEARCH_CONTEXT: Final = _CANDIDATES + _FUSED_CONTEXT
+SEARCH_CONTEXT: Final[LiteralString] = _CANDIDATES + _FUSED_CONTEXT
 
 #: Up to ``$cap`` ids of the active entries visible to every reader, seeking ``entry_active`` per
 #: key (the pre-filter of a reader who sees few entries: similarity then ranks only these).
-VISIBLE_ACTIVE: Final = (
+VISIBLE_ACTIVE: Final[LiteralString] = (
     READ_LOCK
     + """WITH m, $readers AS readers, $org AS org
 CALL (readers, org) {

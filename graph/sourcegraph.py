@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Any, Final, LiteralString
 
 from neo4j import AsyncManagedTransaction
 
@@ -12,14 +12,14 @@ from graph.memory import ENTRY_ROW
 
 #: Entries and Items around one entry, each with its nearest distance (D9.7 filters them after).
 #: Hop bound: 8, the source-chain bound (D9.2).
-SOURCES_OF: Final = """
+SOURCES_OF: Final[LiteralString] = """
 MATCH p = (e:Entry {id: $id, botId: $botId})-[:SOURCE*1..8]->(n)
 WITH n, min(length(p)) AS depth
 RETURN CASE WHEN n:Item THEN 'item' ELSE 'entry' END AS kind, n.id AS id, n.chatId AS chat, depth
 """
 
 
-DEPENDENTS_OF: Final = """
+DEPENDENTS_OF: Final[LiteralString] = """
 MATCH p = (d:Entry {botId: $botId})-[:SOURCE*1..8]->(e:Entry {id: $id, botId: $botId})
 WITH d, min(length(p)) AS depth
 RETURN 'entry' AS kind, d.id AS id, null AS chat, depth
@@ -27,7 +27,7 @@ RETURN 'entry' AS kind, d.id AS id, null AS chat, depth
 
 
 #: Visible entries by id with everything the API returns (content as ciphertext).
-ENTRIES_BY_ID: Final = (
+ENTRIES_BY_ID: Final[LiteralString] = (
     """
 WITH $readers AS readers, $org AS org
 UNWIND $ids AS entryId

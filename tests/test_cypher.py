@@ -2,24 +2,18 @@
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 import re
 from typing import LiteralString, cast
 
 import pytest
 
-import graph
+from graph.snapshot import statements
 from services.runtime import Runtime
 
 QUERIES = [
-    (f"{module.name}.{name}", value)
-    for module in pkgutil.iter_modules(graph.__path__, "graph.")
-    for name, value in vars(importlib.import_module(module.name)).items()
-    if name.isupper()
-    and not name.startswith("_")  # fragments, not whole queries
-    and isinstance(value, str)
-    and re.match(r"\s*(MATCH|CREATE|MERGE|UNWIND|CALL|WITH|OPTIONAL)\b", value)
+    (name, value)
+    for name, value in statements().items()
+    if re.match(r"\s*(MATCH|CREATE|MERGE|UNWIND|CALL|WITH|OPTIONAL)\b", value)
     and not re.match(r"\s*CALL \(\w", value)  # a subquery importing variables is a fragment
 ]
 

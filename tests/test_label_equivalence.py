@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any, LiteralString, cast
+from typing import Any
 
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -33,8 +33,7 @@ from services.errors import ServiceError
 from services.runtime import Runtime
 from services.writepath import LegacyEntry, apply_changes, import_legacy
 
-COMPARE = cast(
-    LiteralString,
+COMPARE = (
     """
 MATCH (p:Person {id: $personId})-[:MEMBER_OF]->(o:Organization)
 MATCH (b:Bot {id: $botId})
@@ -49,7 +48,7 @@ RETURN e.id AS id, e.status = 'active' AS active, e.audienceKey AS audienceKey, 
     + PATH_VISIBLE
     + " AS path, "
     + VISIBLE
-    + " AS label",
+    + " AS label"
 )
 
 ADMIN = Principal("admin")
