@@ -13,13 +13,14 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import Any, cast
+from typing import Any, Final
 
 from neo4j import AsyncManagedTransaction
 
 from graph import memorybot as memorybot_q
 from graph.driver import read, write
-from learning.gateway import Gateway, ModelUnavailable
+from learning import toolcalls
+from learning.gateway import Gateway, ModelUnavailable, ToolCall
 from learning.prompts import MEMORY_VOCABULARY, system_prompt
 from services import chats, memory, metrics, retrieval, search
 from services.crypto import Kind
@@ -38,22 +39,7 @@ REWRITE_SYSTEM = (
     "as such. When nothing helps, call no tool."
 )
 
-REWRITE_TOOL: dict[str, Any] = {
-    "type": "function",
-    "function": {
-        "name": "rewrite_input",
-        "description": "The person's message rewritten with what helps from the notes.",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "text": {"type": "string"},
-                "used_entry_ids": {"type": "array", "items": {"type": "string"}},
-            },
-            "required": ["text", "used_entry_ids"],
-            "additionalProperties": False,
-        },
-    },
-}
+REWRITE_TOOL: Final = toolcalls.tool("rewrite_input", toolcalls.RewriteInput)
 
 
 async def start_turn(
@@ -161,25 +147,18 @@ async def _rewrite(
     return text, "rewritten"
 
 
-def _parse(calls: Any, sent: set[str], limit: int) -> tuple[str, list[str]] | None:
+def _parse(calls: tuple[ToolCall, ...], sent: set[str], limit: int) -> tuple[str, list[str]] | None:
     """``rewrite_input(text, used_entry_ids)`` citing only what was sent; else None (keep the input)."""
     found = [c for c in calls if c.name == "rewrite_input"]
     if len(found) != 1 or len(calls) != 1:
         return None
-    try:
-        args = json.loads(found[0].arguments)
-    except ValueError:
+    args = toolcalls.checked(toolcalls.RewriteInput, found[0].arguments)
+    if args is None:
         return None
-    if not isinstance(args, dict):
+    text, ids = args.text, args.used_entry_ids
+    if len(text) > limit or "\x00" in text:
         return None
-    args = cast(dict[str, Any], args)
-    text, used = args.get("text"), args.get("used_entry_ids")
-    if not isinstance(text, str) or not text.strip() or len(text) > limit or "\x00" in text:
-        return None
-    if not isinstance(used, list) or not used:
-        return None
-    ids = [u for u in cast(list[Any], used) if isinstance(u, str)]
-    if len(ids) != len(cast(list[Any], used)) or not set(ids) <= sent:
+    if not set(ids) <= sent:
         return None  # D9.15: citing anything that was not sent refuses the rewrite
     if MEMORY_VOCABULARY.search(text):
         return None  # D9.16

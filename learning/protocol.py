@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
+from learning import toolcalls
 from learning.gateway import ToolCall
+from learning.toolcalls import TOOLS as TOOLS  # re-exported: the request offers them
+from learning.toolcalls import Violation as Violation  # re-exported: the runner catches it
 from services.changes import (
-    MAX_CONTENT_CHARS,
-    MAX_TOPICS,
     AddFact,
     AddObservation,
     Invalidate,
@@ -27,7 +28,6 @@ from services.changes import (
     Share,
 )
 from services.ids import new_id
-from services.memory import TOPIC
 
 MAX_TOOL_CALLS = 200
 
@@ -47,87 +47,6 @@ LEARN_SYSTEM = (
     "The Bot's own words and tool calls only show where to look: they never become facts. A notice "
     "is never a person's words. If there is nothing worth keeping, call no tool."
 )
-
-_TOPICS_SCHEMA = {"type": "array", "items": {"type": "string"}, "description": "lowercase-with-dashes topics"}
-
-
-def _tool(name: str, description: str, properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
-    return {
-        "type": "function",
-        "function": {
-            "name": name,
-            "description": description,
-            "parameters": {
-                "type": "object",
-                "properties": properties,
-                "required": required,
-                "additionalProperties": False,
-            },
-        },
-    }
-
-
-TOOLS: list[dict[str, Any]] = [
-    _tool(
-        "add_fact",
-        "Keep something a person said or did.",
-        {
-            "content": {"type": "string"},
-            "source_item_ids": {"type": "array", "items": {"type": "string"}},
-            "topics": _TOPICS_SCHEMA,
-        },
-        ["content", "source_item_ids"],
-    ),
-    _tool(
-        "add_observation",
-        "Keep a conclusion drawn from kept entries.",
-        {
-            "content": {"type": "string"},
-            "source_entry_ids": {"type": "array", "items": {"type": "string"}},
-            "confidence": {"type": "number", "minimum": 0, "maximum": 1},
-            "topics": _TOPICS_SCHEMA,
-        },
-        ["content", "source_entry_ids", "confidence"],
-    ),
-    _tool(
-        "invalidate", "Mark a kept entry as no longer true.", {"entry_id": {"type": "string"}}, ["entry_id"]
-    ),
-    _tool(
-        "set_topics",
-        "Replace the topics of a kept entry.",
-        {"entry_id": {"type": "string"}, "topics": _TOPICS_SCHEMA},
-        ["entry_id", "topics"],
-    ),
-    _tool(
-        "rename_topic",
-        "Rename a topic on every entry that has it.",
-        {"from": {"type": "string"}, "to": {"type": "string"}},
-        ["from", "to"],
-    ),
-    _tool(
-        "share",
-        "Show a kept entry to a wider audience: for:person:<id>, for:channel:<id> or for:bot.",
-        {"entry_id": {"type": "string"}, "audience": {"type": "array", "items": {"type": "string"}}},
-        ["entry_id", "audience"],
-    ),
-]
-
-_FIELDS = {
-    "add_fact": ({"content", "source_item_ids"}, {"topics"}),
-    "add_observation": ({"content", "source_entry_ids", "confidence"}, {"topics"}),
-    "invalidate": ({"entry_id"}, set[str]()),
-    "set_topics": ({"entry_id", "topics"}, set[str]()),
-    "rename_topic": ({"from", "to"}, set[str]()),
-    "share": ({"entry_id", "audience"}, set[str]()),
-}
-
-
-class Violation(Exception):
-    """A model answer breaks a rule; ``code`` and ``path`` name it without any content."""
-
-    def __init__(self, code: str, path: str) -> None:
-        super().__init__(f"{code} at {path}")
-        self.code, self.path = code, path
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,52 +123,6 @@ def _culprit(path: str, calls: int) -> int:
     return 0
 
 
-def _str(args: dict[str, Any], key: str, path: str) -> str:
-    value = args.get(key)
-    if not isinstance(value, str) or not value.strip():
-        raise Violation("bad_string", f"{path}.{key}")
-    return value
-
-
-def _content(args: dict[str, Any], path: str) -> str:
-    value = _str(args, "content", path)
-    if len(value) > MAX_CONTENT_CHARS:
-        raise Violation("too_long", f"{path}.content")
-    return value
-
-
-def _str_list(args: dict[str, Any], key: str, path: str, *, allow_empty: bool = False) -> list[str]:
-    raw = args.get(key, [] if allow_empty else None)
-    if not isinstance(raw, list):
-        raise Violation("bad_list", f"{path}.{key}")
-    value = cast(list[Any], raw)
-    if (not value and not allow_empty) or len(value) > 100:
-        raise Violation("bad_list", f"{path}.{key}")
-    out: list[str] = []
-    for n, v in enumerate(value):
-        if not isinstance(v, str) or not v or len(v) > 200:
-            raise Violation("bad_string", f"{path}.{key}[{n}]")
-        out.append(v)
-    return out
-
-
-def _topic(value: Any, path: str) -> str:
-    if not isinstance(value, str):
-        raise Violation("bad_topic", path)
-    if ":" in value:
-        raise Violation("colon_tag", path)  # V1, V8: colon tags belong to the server
-    if not TOPIC.fullmatch(value) or len(value) > 64:
-        raise Violation("bad_topic", path)
-    return value
-
-
-def _topics(args: dict[str, Any], path: str) -> tuple[str, ...]:
-    topics = _str_list(args, "topics", path, allow_empty=True) if "topics" in args else []
-    if len(topics) > MAX_TOPICS:
-        raise Violation("too_many_topics", f"{path}.topics")
-    return tuple(dict.fromkeys(_topic(t, f"{path}.topics[{n}]") for n, t in enumerate(topics)))
-
-
 def changes_from(
     calls: tuple[ToolCall, ...],
     *,
@@ -270,21 +143,7 @@ def changes_from(
     added: dict[str, str] = {}  # tool-call id -> new entry id
     for n, call in enumerate(calls):
         path = f"tool_calls[{n}]"
-        if call.name not in _FIELDS:
-            raise Violation("unknown_tool", f"{path}.name")
-        try:
-            parsed = json.loads(call.arguments)
-        except (ValueError, RecursionError):
-            raise Violation("malformed_arguments", f"{path}.arguments") from None
-        if not isinstance(parsed, dict):
-            raise Violation("malformed_arguments", f"{path}.arguments")
-        args = cast(dict[str, Any], parsed)
-        required, optional = _FIELDS[call.name]
-        keys = set(args)
-        if not required <= keys:
-            raise Violation("missing_field", f"{path}.{sorted(required - keys)[0]}")
-        if keys - required - optional:
-            raise Violation("unknown_field", f"{path}.{sorted(keys - required - optional)[0]}")
+        args = toolcalls.parse(call.name, call.arguments, path)
 
         def entry_ref(value: str, where: str) -> str:
             if value in added:
@@ -293,12 +152,10 @@ def changes_from(
                 raise Violation("unknown_entry", where)
             return value
 
-        match call.name:
-            case "add_fact":
-                content = _content(args, path)
-                refs = _str_list(args, "source_item_ids", path)
+        match args:
+            case toolcalls.AddFact():
                 kinds: list[str] = []
-                for m, ref in enumerate(refs):
+                for m, ref in enumerate(args.source_item_ids):
                     item = evidence.get(ref)
                     if item is None:
                         raise Violation("unknown_item", f"{path}.source_item_ids[{m}]")
@@ -308,49 +165,37 @@ def changes_from(
                 if "PERSON_MESSAGE" not in kinds:
                     raise Violation("app_result_alone", f"{path}.source_item_ids")
                 fact = AddFact(
-                    content,
-                    tuple(ItemRef(chat_id, r) for r in dict.fromkeys(refs)),
-                    _topics(args, path),
+                    args.content,
+                    tuple(ItemRef(chat_id, r) for r in dict.fromkeys(args.source_item_ids)),
+                    tuple(dict.fromkeys(args.topics)),
                     id=new_id("mem"),
                 )
                 added[call.id] = fact.id
                 changes.append(fact)
-            case "add_observation":
-                content = _content(args, path)
-                refs = _str_list(args, "source_entry_ids", path)
+            case toolcalls.AddObservation():
                 ids = tuple(
-                    dict.fromkeys(entry_ref(r, f"{path}.source_entry_ids[{m}]") for m, r in enumerate(refs))
+                    dict.fromkeys(
+                        entry_ref(r, f"{path}.source_entry_ids[{m}]")
+                        for m, r in enumerate(args.source_entry_ids)
+                    )
                 )
-                confidence = args.get("confidence")
-                if (
-                    not isinstance(confidence, int | float)
-                    or isinstance(confidence, bool)
-                    or not 0 <= confidence <= 1
-                ):
-                    raise Violation("bad_confidence", f"{path}.confidence")
                 observation = AddObservation(
-                    content,
+                    args.content,
                     ids,
-                    float(confidence),
-                    _topics(args, path),
+                    float(args.confidence),
+                    tuple(dict.fromkeys(args.topics)),
                     id=new_id("mem"),
                 )
                 added[call.id] = observation.id
                 changes.append(observation)
-            case "invalidate":
-                changes.append(Invalidate(entry_ref(_str(args, "entry_id", path), f"{path}.entry_id")))
-            case "set_topics":
-                entry = entry_ref(_str(args, "entry_id", path), f"{path}.entry_id")
-                changes.append(SetTopics(entry, _topics(args, path)))
-            case "rename_topic":
-                changes.append(
-                    RenameTopic(_topic(args["from"], f"{path}.from"), _topic(args["to"], f"{path}.to"))
-                )
-            case _:  # share
-                entry = entry_ref(_str(args, "entry_id", path), f"{path}.entry_id")
-                audience = _str_list(args, "audience", path)
-                for m, a in enumerate(audience):
-                    if not (a == "for:bot" or a.startswith(("for:person:", "for:channel:"))):
-                        raise Violation("bad_audience", f"{path}.audience[{m}]")
-                changes.append(Share(entry, tuple(audience)))
+            case toolcalls.Invalidate():
+                changes.append(Invalidate(entry_ref(args.entry_id, f"{path}.entry_id")))
+            case toolcalls.SetTopics():
+                entry = entry_ref(args.entry_id, f"{path}.entry_id")
+                changes.append(SetTopics(entry, tuple(dict.fromkeys(args.topics))))
+            case toolcalls.RenameTopic():
+                changes.append(RenameTopic(args.from_, args.to))
+            case toolcalls.Share():
+                entry = entry_ref(args.entry_id, f"{path}.entry_id")
+                changes.append(Share(entry, tuple(args.audience)))
     return changes

@@ -9,15 +9,14 @@ anywhere the Bot can see). Tool calls are answered, Items saved, the reply strea
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import replace
-from typing import Any
+from typing import Any, Final
 
 from neo4j import AsyncManagedTransaction
 
 from graph.driver import read
-from learning import enrichment
+from learning import enrichment, toolcalls
 from learning.confide import confide
 from learning.gateway import Gateway, ModelUnavailable
 from services import chats
@@ -33,22 +32,7 @@ from services.validation import check_id, check_text
 MAX_TOOL_ROUNDS = 3
 UNAVAILABLE_REPLY = "Sorry, I cannot answer just now. Please try again in a moment."
 
-CONFIDE_TOOL: dict[str, Any] = {
-    "type": "function",
-    "function": {
-        "name": "confide",
-        "description": (
-            "A place to say how your work goes: when you are stuck, unsure, upset or proud, or when "
-            "you made a mistake. You get a short answer."
-        ),
-        "parameters": {
-            "type": "object",
-            "properties": {"text": {"type": "string"}},
-            "required": ["text"],
-            "additionalProperties": False,
-        },
-    },
-}
+CONFIDE_TOOL: Final = toolcalls.tool("confide", toolcalls.Confide)
 
 
 def _system(bot_name: str) -> str:
@@ -180,12 +164,10 @@ async def _tool(
     in the owner's confessions), and the memory Bot answers."""
     if name != "confide":
         return "There is no such tool."
-    try:
-        said = json.loads(arguments).get("text")
-    except (ValueError, AttributeError):
-        said = None
-    if not isinstance(said, str) or not said.strip():
+    args = toolcalls.checked(toolcalls.Confide, arguments)
+    if args is None:
         return "Say in a few words how your work goes."
+    said = args.text
     [item] = await chats.add_items(rt, principal, turn.id, [NewItem(ItemKind.TOOL_CALL, "confide")])
     await _publish(hub, chat_id, TurnEvent(turn.id, "ITEM_ADDED", "confide", item.id, "TOOL_CALL"))
     return await confide(rt, gateway, principal, turn.id, said[: rt.settings.max_text_chars])

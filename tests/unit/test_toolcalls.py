@@ -1,0 +1,68 @@
+"""The tools' arguments are pydantic models (issue 15 item 4): each model is both the schema the
+model is offered and the check of its answer (D9.10, D9.15)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from learning import toolcalls
+from learning.enrichment import REWRITE_TOOL, _parse  # pyright: ignore[reportPrivateUsage]
+from learning.gateway import ToolCall
+from learning.runner import CONFIDE_TOOL
+
+
+def test_each_offered_schema_is_its_model() -> None:
+    for tool in toolcalls.TOOLS:
+        name = tool["function"]["name"]
+        model = toolcalls.MODELS[name]
+        parameters = tool["function"]["parameters"]
+        assert parameters["additionalProperties"] is False
+        aliases = {f.alias or n for n, f in model.model_fields.items()}
+        required = {f.alias or n for n, f in model.model_fields.items() if f.is_required()}
+        assert set(parameters["properties"]) == aliases
+        assert set(parameters["required"]) == required
+        assert "title" not in json.dumps(tool)
+    assert REWRITE_TOOL["function"]["parameters"]["required"] == ["text", "used_entry_ids"]
+    assert CONFIDE_TOOL["function"]["parameters"]["additionalProperties"] is False
+
+
+def rewrite(arguments: object, name: str = "rewrite_input") -> tuple[str, list[str]] | None:
+    text = arguments if isinstance(arguments, str) else json.dumps(arguments)
+    return _parse((ToolCall("c1", name, text),), {"mem_a", "mem_b"}, 100)
+
+
+def test_a_rewrite_citing_what_was_sent_is_taken() -> None:
+    assert rewrite({"text": "Tea, as always?", "used_entry_ids": ["mem_a", "mem_a", "mem_b"]}) == (
+        "Tea, as always?",
+        ["mem_a", "mem_b"],
+    )
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        {"text": "x", "used_entry_ids": ["mem_c"]},  # not sent (D9.15)
+        {"text": "x", "used_entry_ids": []},
+        {"text": " ", "used_entry_ids": ["mem_a"]},
+        {"text": "x" * 101, "used_entry_ids": ["mem_a"]},
+        {"text": "a\x00b", "used_entry_ids": ["mem_a"]},
+        {"text": 7, "used_entry_ids": ["mem_a"]},
+        {"text": "x", "used_entry_ids": [1]},
+        {"text": "x", "used_entry_ids": ["mem_a"], "why": "extra"},
+        {"text": "x"},
+        "{not json",
+        "[1]",
+    ],
+)
+def test_a_rewrite_of_another_shape_keeps_the_input(arguments: object) -> None:
+    assert rewrite(arguments) is None
+
+
+def test_confide_takes_text_and_ignores_other_fields() -> None:
+    assert toolcalls.checked(toolcalls.Confide, '{"text": "stuck", "mood": 3}') == toolcalls.Confide(
+        text="stuck"
+    )
+    for bad in ('{"text": ""}', '{"text": 3}', "{}", "nope", '"text"'):
+        assert toolcalls.checked(toolcalls.Confide, bad) is None
