@@ -23,11 +23,11 @@ import anyio
 import httpx
 import uvicorn
 from mcp.server.mcpserver import Context, MCPServer
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from botmemory.mcp_api import FORGET, REMEMBER, SEARCH, Api, ApiError
+from botmemory.mcp_api import FORGET, REMEMBER, SEARCH, WHY, Api, ApiError
 
 DEFAULT_API_URL: Final = "http://127.0.0.1:8000"
 
@@ -66,6 +66,21 @@ class Found(BaseModel):
 class MemoryText(BaseModel):
     text: str
     ids: list[str]
+
+
+class Step(BaseModel):
+    entry: str
+    chat: str | None
+    item: str | None
+    rule: str
+    admitted_by: str = Field(alias="admittedBy")
+    reason: str
+
+
+class Proof(BaseModel):
+    entry: Entry
+    summary: str
+    steps: list[Step]
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +166,15 @@ def build_server(config: McpConfig, api: Api) -> MCPServer:
         if limit < 1:
             raise ApiError("BAD_INPUT", "limit is at least 1")
         return fit(await ranked(input, _CONTEXT_CANDIDATES, ctx, bot_id), limit)
+
+    @server.tool(
+        description="Why you may see an entry (by entry_id): each access rule of it and of its sources, "
+        "with your own membership that meets it (NOT_FOUND when you may not see it)."
+    )
+    async def why(entry_id: str, ctx: Ctx, bot_id: str | None = None) -> Proof:
+        data = await api.call(WHY, {"b": bot(bot_id), "id": entry_id}, token(ctx))
+        found = data["entry"]
+        return Proof.model_validate({"entry": found["entry"], **found["why"]})
 
     return server
 

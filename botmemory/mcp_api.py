@@ -20,6 +20,10 @@ REMEMBER: Final = (
     "mutation($b: ID!, $c: String!, $t: [String!]) {"
     f" remember(botId: $b, content: $c, tags: $t) {{ version entry {{ {_ENTRY} }} }} }}"
 )
+WHY: Final = (
+    "query($b: ID!, $id: ID!) { entry(botId: $b, id: $id) {"
+    f" entry {{ {_ENTRY} }} why {{ summary steps {{ entry chat item rule admittedBy reason }} }} }} }}"
+)
 FORGET: Final = "mutation($b: ID!, $id: ID!) { forget(botId: $b, id: $id) { version } }"
 SEARCH: Final = (
     "query($b: ID!, $q: String!, $l: Int!) {"

@@ -21,12 +21,14 @@ from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.types import CallToolResult, TextContent
 
+from services.runtime import Runtime
 from services.settings import Settings
 from tests.client import Api, make_world
 from tests.conftest import ROOT, ApiProcess
+from tests.memory_helpers import fact, said
 from tools.processes import free_port
 
-TOOLS = {"remember", "forget", "search", "context"}
+TOOLS = {"remember", "forget", "search", "context", "why"}
 
 
 def _env(api_url: str, **extra: str) -> dict[str, str]:
@@ -200,6 +202,31 @@ async def test_http_passes_each_requests_token_through(api: Api, mcp_http: str) 
         assert hit_ids(await call(ann, "search", query="where do I park", bot_id=w.bot)) == []
     async with http(mcp_http, "bm_" + "1" * 40) as nobody:
         assert (await error(nobody, "search", query="x", bot_id=w.bot)).startswith("UNAUTHENTICATED: ")
+
+
+async def test_why_lists_the_callers_steps_for_pinned_and_learned_entries(
+    api: Api, runtime: Runtime, mcp_http: str
+) -> None:
+    w = await make_world(api, ("ann", "bob"))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    source = await said(api, w.tokens["ann"], chat, "I take the 7:40 train every morning")
+    learned = await fact(runtime, w.bot, "Ann commutes by the 7:40 train", source)
+    ann_atom = f"person:{w.people['ann']}"
+    async with http(mcp_http, w.tokens["ann"]) as ann, http(mcp_http, w.tokens["bob"]) as bob:
+        pinned = (await call(ann, "remember", content="Call me Annie", bot_id=w.bot))["entry"]["id"]
+        proof = await call(ann, "why", entry_id=pinned, bot_id=w.bot)
+        assert proof["entry"]["id"] == pinned and "pinned" in proof["summary"]
+        assert {(s["entry"], s["rule"], s["admittedBy"]) for s in proof["steps"]} >= {
+            (pinned, "PERSON", ann_atom)
+        }
+
+        proof = await call(ann, "why", entry_id=learned, bot_id=w.bot)
+        assert proof["entry"]["content"] == "Ann commutes by the 7:40 train"
+        steps = {(s["entry"], s["chat"], s["item"], s["rule"], s["admittedBy"]) for s in proof["steps"]}
+        assert (learned, *source, "PERSON", ann_atom) in steps
+        assert (learned, *source, "ORGANIZATION", f"org:{w.org}") in steps
+        # D9.7: an entry Bob may not see has no proof for him, only NOT_FOUND.
+        assert (await error(bob, "why", entry_id=learned, bot_id=w.bot)).startswith("NOT_FOUND: ")
 
 
 def test_http_refuses_a_request_without_a_bearer_token(mcp_http: str) -> None:
