@@ -12,6 +12,7 @@
 #   make lint       ruff check + ruff format --check + the layer contract (lint-imports)
 #   make typecheck  pyright (strict, see pyproject.toml)
 #   make demo       a guided tour against the running stack (make demo DEMO_MODEL=gpt-4o-mini)
+#   make mcp        the MCP server over streamable HTTP for the running stack (MCP_PORT, default 8765)
 
 SHELL := /bin/bash
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
@@ -34,7 +35,7 @@ SOAK_ENV := BOTMEMORY_ENV=test BOTMEMORY_DATA_DIR=.data/soak \
 	BOTMEMORY_NEO4J_BOLT_PORT=19687 BOTMEMORY_NEO4J_URI=bolt://127.0.0.1:19687 \
 	BOTMEMORY_REDIS_PORT=19379 BOTMEMORY_REDIS_URL=redis://127.0.0.1:19379/0 BOTMEMORY_API_PORT=19000
 
-.PHONY: install up down test test-unit test-deep bench bench-learning soak eval lint typecheck status demo
+.PHONY: install up down test test-unit test-deep bench bench-learning soak eval lint typecheck status demo mcp
 
 install:
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -107,3 +108,8 @@ typecheck: | $(PY)
 # A guided tour against the running stack (`make up`): make demo [DEMO_MODEL=gpt-4o-mini]
 demo: | $(PY)
 	$(PY) -m tools.demo $(if $(DEMO_MODEL),--model $(DEMO_MODEL),)
+
+# Agents' tools at http://127.0.0.1:$(MCP_PORT)/mcp; each request brings its person token.
+MCP_PORT ?= 8765
+mcp: | $(PY)
+	$(PY) -m botmemory.mcp --http --port $(MCP_PORT)

@@ -1,0 +1,250 @@
+"""The MCP server: ``python -m botmemory.mcp`` (stdio) or ``python -m botmemory.mcp --http``.
+
+An edge process an agent's host starts: it gives the agent the tools ``remember``, ``forget``,
+``search``, ``context`` and ``why`` for one person, by calling the running API over HTTP with
+that person's token (``botmemory.mcp_api``), so every answer is access-checked there (V7).
+
+Configuration: ``BOTMEMORY_API_URL`` (default http://127.0.0.1:8000), ``BOTMEMORY_BOT_ID`` (the
+Bot when a tool is given none) and, over stdio, ``BOTMEMORY_TOKEN`` (required). Over streamable
+HTTP each request brings its own ``Authorization: Bearer`` token, which is passed through; the
+server keeps none and refuses requests without one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import anyio
+import httpx
+import uvicorn
+from mcp.server.mcpserver import Context, MCPServer
+from pydantic import BaseModel, Field
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from botmemory.mcp_api import FORGET, REMEMBER, SEARCH, WHY, Api, ApiError
+
+DEFAULT_API_URL: Final = "http://127.0.0.1:8000"
+
+#: Hits a ``context`` call ranks before it fills the budget (the API's largest search).
+_CONTEXT_CANDIDATES: Final = 100
+
+Ctx = Context[Any, Any]
+
+
+class Entry(BaseModel):
+    id: str
+    layer: str
+    content: str
+    tags: list[str]
+
+
+class Remembered(BaseModel):
+    entry: Entry
+    version: int
+
+
+class Forgotten(BaseModel):
+    id: str
+    version: int
+
+
+class Hit(BaseModel):
+    score: float
+    entry: Entry
+
+
+class Found(BaseModel):
+    hits: list[Hit]
+
+
+class MemoryText(BaseModel):
+    text: str
+    ids: list[str]
+
+
+class Step(BaseModel):
+    entry: str
+    chat: str | None
+    item: str | None
+    rule: str
+    admitted_by: str = Field(alias="admittedBy")
+    reason: str
+
+
+class Proof(BaseModel):
+    entry: Entry
+    summary: str
+    steps: list[Step]
+
+
+@dataclass(frozen=True, slots=True)
+class McpConfig:
+    """Read once at start-up; ``token`` is None over HTTP (each request brings its own)."""
+
+    api_url: str
+    bot_id: str | None
+    token: str | None
+
+
+def bearer(headers: Mapping[str, str] | None) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header, if there is one."""
+    value = (headers or {}).get("authorization", "")
+    scheme, _, token = value.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    return token.strip()
+
+
+def fit(hits: Sequence[Hit], limit: int) -> MemoryText:
+    """The best hits as ``- content`` lines within ``limit`` characters, best first; a hit that
+    does not fit is passed over for smaller ones below it."""
+    lines: list[str] = []
+    ids: list[str] = []
+    size = 0
+    for hit in hits:
+        line = len(hit.entry.content) + 2 + (1 if lines else 0)
+        if size + line <= limit:
+            lines.append("- " + hit.entry.content)
+            ids.append(hit.entry.id)
+            size += line
+    return MemoryText(text="\n".join(lines), ids=ids)
+
+
+def build_server(config: McpConfig, api: Api) -> MCPServer:
+    """The MCP server with its five tools, calling ``api`` with the caller's token."""
+    server: MCPServer = MCPServer("botmemory", instructions="Access-checked memory of one person.")
+
+    def token(ctx: Ctx) -> str:
+        found = config.token or bearer(ctx.headers)
+        if found is None:
+            raise ApiError("UNAUTHENTICATED", "send the person's token as 'Authorization: Bearer <token>'")
+        return found
+
+    def bot(bot_id: str | None) -> str:
+        found = bot_id or config.bot_id
+        if not found:
+            raise ApiError("BAD_INPUT", "give bot_id, or start the server with BOTMEMORY_BOT_ID")
+        return found
+
+    @server.tool(description="Pin a fact the person states, as an entry only they see. Returns its id.")
+    async def remember(
+        content: str, ctx: Ctx, tags: list[str] | None = None, bot_id: str | None = None
+    ) -> Remembered:
+        data = await api.call(REMEMBER, {"b": bot(bot_id), "c": content, "t": tags}, token(ctx))
+        return Remembered.model_validate(data["remember"])
+
+    @server.tool(
+        description="Remove an entry for you (by entry_id): it is gone for everyone when you are the only "
+        "person behind it, else only for you (V11)."
+    )
+    async def forget(entry_id: str, ctx: Ctx, bot_id: str | None = None) -> Forgotten:
+        data = await api.call(FORGET, {"b": bot(bot_id), "id": entry_id}, token(ctx))
+        return Forgotten(id=entry_id, version=data["forget"]["version"])
+
+    async def ranked(query: str, limit: int, ctx: Ctx, bot_id: str | None) -> list[Hit]:
+        data = await api.call(SEARCH, {"b": bot(bot_id), "q": query, "l": limit}, token(ctx))
+        return [Hit.model_validate(h) for h in data["search"]]
+
+    @server.tool(
+        description="The entries you may see that are most relevant to query (meaning and keywords), "
+        "best first, with their ids and scores; limit is 1-100."
+    )
+    async def search(query: str, ctx: Ctx, limit: int = 10, bot_id: str | None = None) -> Found:
+        return Found(hits=await ranked(query, limit, ctx, bot_id))
+
+    @server.tool(
+        description="The memory you may see about an input, as text lines of at most limit characters "
+        "in all (most relevant first), with the ids of the entries used."
+    )
+    async def context(input: str, ctx: Ctx, limit: int = 4000, bot_id: str | None = None) -> MemoryText:
+        if limit < 1:
+            raise ApiError("BAD_INPUT", "limit is at least 1")
+        return fit(await ranked(input, _CONTEXT_CANDIDATES, ctx, bot_id), limit)
+
+    @server.tool(
+        description="Why you may see an entry (by entry_id): each access rule of it and of its sources, "
+        "with your own membership that meets it (NOT_FOUND when you may not see it)."
+    )
+    async def why(entry_id: str, ctx: Ctx, bot_id: str | None = None) -> Proof:
+        data = await api.call(WHY, {"b": bot(bot_id), "id": entry_id}, token(ctx))
+        found = data["entry"]
+        return Proof.model_validate({"entry": found["entry"], **found["why"]})
+
+    return server
+
+
+class RequireBearer:
+    """Refuses an HTTP request without a bearer token before the MCP transport sees it."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+            if bearer(headers) is None:
+                refusal = JSONResponse(
+                    {
+                        "error": {
+                            "code": "UNAUTHENTICATED",
+                            "message": "send the person's token as 'Authorization: Bearer <token>'",
+                        }
+                    },
+                    status_code=401,
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
+                await refusal(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+async def _with_api(config: McpConfig, run: Callable[[Api], Awaitable[None]]) -> None:
+    async with httpx.AsyncClient(base_url=config.api_url, timeout=30) as http:
+        await run(Api(http))
+
+
+async def _stdio(config: McpConfig) -> None:
+    async def run(api: Api) -> None:
+        await build_server(config, api).run_stdio_async()
+
+    await _with_api(config, run)
+
+
+async def _http(config: McpConfig, host: str, port: int) -> None:
+    async def run(api: Api) -> None:
+        app = build_server(config, api).streamable_http_app(stateless_http=True, host=host)
+        server = uvicorn.Server(uvicorn.Config(RequireBearer(app), host=host, port=port, log_level="info"))
+        await server.serve()
+
+    await _with_api(config, run)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m botmemory.mcp", description="Serve botmemory's tools to an MCP host."
+    )
+    parser.add_argument("--http", action="store_true", help="streamable HTTP at /mcp instead of stdio")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8765)
+    args = parser.parse_args(argv)
+    api_url = os.environ.get("BOTMEMORY_API_URL") or DEFAULT_API_URL
+    bot_id = os.environ.get("BOTMEMORY_BOT_ID") or None
+    if args.http:
+        anyio.run(_http, McpConfig(api_url, bot_id, None), args.host, args.port)
+        return 0
+    token = os.environ.get("BOTMEMORY_TOKEN", "").strip()
+    if not token:
+        print("botmemory.mcp: set BOTMEMORY_TOKEN to the person's API token (or use --http)", file=sys.stderr)
+        return 2
+    anyio.run(_stdio, McpConfig(api_url, bot_id, token))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""The API as the MCP server reaches it: GraphQL POSTs over HTTP with the caller's person token.
+
+The MCP server holds no database credentials and no master key; every read it makes goes through
+the API and so through the one visibility check (V7, V10). An API error becomes an MCP tool error
+that carries the API's code and message, never a traceback or the token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Final, cast
+
+import httpx
+from mcp.server.mcpserver.exceptions import ToolError
+
+#: Entry fields every tool shows the model.
+_ENTRY: Final = "id layer content tags"
+
+REMEMBER: Final = (
+    "mutation($b: ID!, $c: String!, $t: [String!]) {"
+    f" remember(botId: $b, content: $c, tags: $t) {{ version entry {{ {_ENTRY} }} }} }}"
+)
+WHY: Final = (
+    "query($b: ID!, $id: ID!) { entry(botId: $b, id: $id) {"
+    f" entry {{ {_ENTRY} }} why {{ summary steps {{ entry chat item rule admittedBy reason }} }} }} }}"
+)
+FORGET: Final = "mutation($b: ID!, $id: ID!) { forget(botId: $b, id: $id) { version } }"
+SEARCH: Final = (
+    "query($b: ID!, $q: String!, $l: Int!) {"
+    f" search(botId: $b, query: $q, limit: $l) {{ score entry {{ {_ENTRY} }} }} }}"
+)
+
+
+class ApiError(ToolError):
+    """A failed call, shown to the model as ``CODE: message`` (the API's stable codes)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+
+
+def _failure(body: object, status: int) -> ApiError | None:
+    """The first error of a GraphQL answer (or of the REST error shape), if any."""
+    if not isinstance(body, dict):
+        return ApiError("UNAVAILABLE", f"the botmemory API answered HTTP {status} without a JSON object")
+    answer = cast(dict[str, Any], body)
+    errors: Any = answer.get("errors") or ([answer["error"]] if answer.get("error") else [])
+    if errors:
+        first: dict[str, Any] = errors[0]
+        extensions: dict[str, Any] = first.get("extensions") or {}
+        code = first.get("code") or extensions.get("code") or "BAD_INPUT"
+        return ApiError(str(code), str(first.get("message") or ""))
+    if not isinstance(answer.get("data"), dict):
+        return ApiError("UNAVAILABLE", f"the botmemory API answered HTTP {status} without data")
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Api:
+    """One HTTP client for the API at ``base_url``; each call carries the token it is given."""
+
+    http: httpx.AsyncClient
+
+    async def call(self, query: str, variables: dict[str, Any], token: str) -> dict[str, Any]:
+        """The data of a successful operation; raises ApiError otherwise."""
+        try:
+            response = await self.http.post(
+                "/graphql",
+                json={"query": query, "variables": variables},
+                headers={"Authorization": f"Bearer {token}"},
+            )
+        except httpx.HTTPError as exc:
+            raise ApiError(
+                "UNAVAILABLE",
+                f"the botmemory API at {self.http.base_url} is not reachable ({type(exc).__name__})",
+            ) from None
+        try:
+            body: Any = response.json()
+        except ValueError:
+            body = None
+        failure = _failure(body, response.status_code)
+        if failure is not None:
+            raise failure
+        data: dict[str, Any] = body["data"]
+        return data

@@ -1,0 +1,235 @@
+"""The MCP server (``python -m botmemory.mcp``) through the SDK's own clients, over stdio and
+streamable HTTP, against the real API: it reads only as the token's person (V7, V10) and forgets
+through the API's checked path (V11)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import AsyncGenerator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import httpx2
+import pytest
+from mcp import Client, StdioServerParameters
+from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.types import CallToolResult, TextContent
+
+from services.runtime import Runtime
+from services.settings import Settings
+from tests.client import Api, make_world
+from tests.conftest import ROOT, ApiProcess
+from tests.memory_helpers import fact, said
+from tools.processes import free_port
+
+TOOLS = {"remember", "forget", "search", "context", "why"}
+
+
+def _env(api_url: str, **extra: str) -> dict[str, str]:
+    return {"BOTMEMORY_API_URL": api_url, "PYTHONPATH": str(ROOT), **extra}
+
+
+@pytest.fixture(scope="module")
+def mcp_log(settings: Settings) -> Path:
+    path = settings.data_dir / "logs" / "pytest-mcp.log"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@asynccontextmanager
+async def stdio(api_url: str, log: Path, **env: str) -> AsyncGenerator[Client]:
+    """A client of ``python -m botmemory.mcp`` spawned over stdio with this environment."""
+    params = StdioServerParameters(
+        command=sys.executable, args=["-m", "botmemory.mcp"], env=_env(api_url, **env), cwd=ROOT
+    )
+    with log.open("a") as errlog:
+        async with Client(stdio_client(params, errlog=errlog)) as client:
+            yield client
+
+
+@pytest.fixture(scope="module")
+def mcp_http(api_process: ApiProcess, mcp_log: Path) -> Iterator[str]:
+    """``python -m botmemory.mcp --http`` on a free port; its MCP endpoint's URL once it answers."""
+    port = free_port()
+    with mcp_log.open("ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "botmemory.mcp", "--http", "--port", str(port)],
+            cwd=ROOT,
+            env={**os.environ, **_env(api_process.url)},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}/mcp"
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # poll until it answers (a refusal without a token is an answer)
+            assert proc.poll() is None, f"the MCP server exited early; see {mcp_log}"
+            assert time.monotonic() < deadline, f"the MCP server did not start; see {mcp_log}"
+            try:
+                httpx.post(url, timeout=1)
+                break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
+
+
+@asynccontextmanager
+async def http(url: str, token: str | None) -> AsyncGenerator[Client]:
+    """A client of the HTTP server sending ``token`` as its bearer on every request."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with (
+        httpx2.AsyncClient(headers=headers, timeout=30) as transport_http,
+        Client(streamable_http_client(url, http_client=transport_http)) as client,
+    ):
+        yield client
+
+
+def text(result: CallToolResult) -> str:
+    return "\n".join(c.text for c in result.content if isinstance(c, TextContent))
+
+
+async def call(client: Client, tool: str, **arguments: Any) -> dict[str, Any]:
+    """The structured result of a successful tool call."""
+    result = await client.call_tool(tool, arguments)
+    assert not result.is_error, text(result)
+    assert result.structured_content is not None
+    return result.structured_content
+
+
+async def error(client: Client, tool: str, **arguments: Any) -> str:
+    """The message of a failed tool call, ``CODE: message``, after the SDK's prefix."""
+    result = await client.call_tool(tool, arguments)
+    assert result.is_error, text(result)
+    prefix = f"Error executing tool {tool}: "
+    assert text(result).startswith(prefix), text(result)
+    return text(result).removeprefix(prefix)
+
+
+def hit_ids(found: dict[str, Any]) -> list[str]:
+    return [h["entry"]["id"] for h in found["hits"]]
+
+
+async def test_stdio_tools_read_and_forget_as_the_token_person(
+    api: Api, api_process: ApiProcess, mcp_log: Path
+) -> None:
+    w = await make_world(api, ("ann", "bob"))
+    outsider = await make_world(api, ("eve",))
+    fact = "Ann's locker code is 4711 and it sticks in winter"
+    async with stdio(
+        api_process.url, mcp_log, BOTMEMORY_TOKEN=w.tokens["ann"], BOTMEMORY_BOT_ID=w.bot
+    ) as ann:
+        assert {t.name for t in (await ann.list_tools()).tools} == TOOLS
+        remembered = await call(ann, "remember", content=fact, tags=["work"])
+        entry = remembered["entry"]
+        assert (entry["content"], entry["layer"]) == (fact, "pinned") and "work" in entry["tags"]
+        assert hit_ids(await call(ann, "search", query="locker code")) == [entry["id"]]
+        context = await call(ann, "context", input="what is my locker code?", limit=200)
+        assert context == {"text": f"- {fact}", "ids": [entry["id"]]}
+        # A budget too small for the line leaves it out rather than cutting it (N3).
+        assert await call(ann, "context", input="locker code", limit=len(fact)) == {"text": "", "ids": []}
+
+        # V7: the same Bot through another person's MCP server shows nothing of Ann's pinned entry.
+        async with stdio(api_process.url, mcp_log, BOTMEMORY_TOKEN=w.tokens["bob"]) as bob:
+            assert hit_ids(await call(bob, "search", query="locker code", bot_id=w.bot)) == []
+            message = await error(bob, "forget", entry_id=entry["id"], bot_id=w.bot)
+            assert message.startswith("CONFLICT: ")
+        # An outsider of another organization finds nothing and learns nothing of it.
+        async with stdio(api_process.url, mcp_log, BOTMEMORY_TOKEN=outsider.tokens["eve"]) as eve:
+            result = await eve.call_tool("search", {"query": "locker code", "bot_id": w.bot})
+            assert fact not in text(result) and entry["id"] not in text(result)
+            assert result.is_error or hit_ids(result.structured_content or {}) == []
+
+        assert (await call(ann, "forget", entry_id=entry["id"]))["id"] == entry["id"]
+        assert hit_ids(await call(ann, "search", query="locker code")) == []
+        assert (await call(ann, "context", input="locker code"))["ids"] == []
+
+
+async def test_stdio_errors_carry_the_api_code(api: Api, api_process: ApiProcess, mcp_log: Path) -> None:
+    w = await make_world(api, ("ann",))
+    async with stdio(api_process.url, mcp_log, BOTMEMORY_TOKEN=w.tokens["ann"]) as ann:
+        assert (await error(ann, "search", query="anything")).startswith("BAD_INPUT: give bot_id")
+        colon = await error(ann, "remember", content="x", tags=["for:bot"], bot_id=w.bot)
+        assert colon.startswith("BAD_INPUT: ")
+        assert (await error(ann, "search", query=" ", bot_id=w.bot)).startswith("BAD_INPUT: ")
+        assert (await error(ann, "context", input="x", limit=0, bot_id=w.bot)).startswith("BAD_INPUT: ")
+    bad = "bm_" + "0" * 40
+    async with stdio(api_process.url, mcp_log, BOTMEMORY_TOKEN=bad, BOTMEMORY_BOT_ID=w.bot) as nobody:
+        message = await error(nobody, "search", query="anything")
+        assert message.startswith("UNAUTHENTICATED: ") and bad not in message
+    # The API is not there: a clear tool error, not a traceback.
+    gone = f"http://127.0.0.1:{free_port()}"
+    async with stdio(gone, mcp_log, BOTMEMORY_TOKEN=w.tokens["ann"], BOTMEMORY_BOT_ID=w.bot) as ann:
+        message = await error(ann, "search", query="anything")
+        assert message.startswith("UNAVAILABLE: ") and "Traceback" not in message
+
+
+def test_stdio_without_a_token_stops_with_one_line(api_process: ApiProcess) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "botmemory.mcp"],
+        cwd=ROOT,
+        env={**os.environ, **_env(api_process.url), "BOTMEMORY_TOKEN": ""},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "botmemory.mcp: set BOTMEMORY_TOKEN to the person's API token (or use --http)"
+    ]
+
+
+async def test_http_passes_each_requests_token_through(api: Api, mcp_http: str) -> None:
+    w = await make_world(api, ("ann", "bob"))
+    fact = "Ann parks on level minus three, bay 42"
+    async with http(mcp_http, w.tokens["ann"]) as ann, http(mcp_http, w.tokens["bob"]) as bob:
+        assert {t.name for t in (await ann.list_tools()).tools} == TOOLS
+        entry = (await call(ann, "remember", content=fact, bot_id=w.bot))["entry"]
+        assert hit_ids(await call(ann, "search", query="where do I park", bot_id=w.bot)) == [entry["id"]]
+        assert fact in (await call(ann, "context", input="parking bay", bot_id=w.bot))["text"]
+        # One server, two people: each request reads as its own bearer (V7).
+        assert hit_ids(await call(bob, "search", query="where do I park", bot_id=w.bot)) == []
+        await call(ann, "forget", entry_id=entry["id"], bot_id=w.bot)
+        assert hit_ids(await call(ann, "search", query="where do I park", bot_id=w.bot)) == []
+    async with http(mcp_http, "bm_" + "1" * 40) as nobody:
+        assert (await error(nobody, "search", query="x", bot_id=w.bot)).startswith("UNAUTHENTICATED: ")
+
+
+async def test_why_lists_the_callers_steps_for_pinned_and_learned_entries(
+    api: Api, runtime: Runtime, mcp_http: str
+) -> None:
+    w = await make_world(api, ("ann", "bob"))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    source = await said(api, w.tokens["ann"], chat, "I take the 7:40 train every morning")
+    learned = await fact(runtime, w.bot, "Ann commutes by the 7:40 train", source)
+    ann_atom = f"person:{w.people['ann']}"
+    async with http(mcp_http, w.tokens["ann"]) as ann, http(mcp_http, w.tokens["bob"]) as bob:
+        pinned = (await call(ann, "remember", content="Call me Annie", bot_id=w.bot))["entry"]["id"]
+        proof = await call(ann, "why", entry_id=pinned, bot_id=w.bot)
+        assert proof["entry"]["id"] == pinned and "pinned" in proof["summary"]
+        assert {(s["entry"], s["rule"], s["admittedBy"]) for s in proof["steps"]} >= {
+            (pinned, "PERSON", ann_atom)
+        }
+
+        proof = await call(ann, "why", entry_id=learned, bot_id=w.bot)
+        assert proof["entry"]["content"] == "Ann commutes by the 7:40 train"
+        steps = {(s["entry"], s["chat"], s["item"], s["rule"], s["admittedBy"]) for s in proof["steps"]}
+        assert (learned, *source, "PERSON", ann_atom) in steps
+        assert (learned, *source, "ORGANIZATION", f"org:{w.org}") in steps
+        # D9.7: an entry Bob may not see has no proof for him, only NOT_FOUND.
+        assert (await error(bob, "why", entry_id=learned, bot_id=w.bot)).startswith("NOT_FOUND: ")
+
+
+def test_http_refuses_a_request_without_a_bearer_token(mcp_http: str) -> None:
+    response = httpx.post(mcp_http, json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"}, timeout=10)
+    assert response.status_code == 401
+    assert response.json()["error"]["code"] == "UNAUTHENTICATED"

@@ -1,0 +1,29 @@
+"""Pure parts of the MCP server: the bearer header and the ``context`` budget (N3's line rule)."""
+
+from __future__ import annotations
+
+from botmemory.mcp import Entry, Hit, bearer, fit
+
+
+def hit(entry_id: str, content: str, score: float = 1.0) -> Hit:
+    return Hit(score=score, entry=Entry(id=entry_id, layer="pinned", content=content, tags=[]))
+
+
+def test_bearer_takes_only_a_bearer_token() -> None:
+    assert bearer({"authorization": "Bearer abc"}) == "abc"
+    assert bearer({"authorization": "bearer  abc "}) == "abc"
+    assert bearer({"authorization": "Basic abc"}) is None
+    assert bearer({"authorization": "Bearer "}) is None
+    assert bearer({}) is None
+    assert bearer(None) is None
+
+
+def test_fit_keeps_whole_lines_best_first_within_the_budget() -> None:
+    hits = [hit("a", "x" * 10), hit("b", "y" * 50), hit("c", "z" * 5)]
+    # "- " + 10, then "\n- " + 5 = 12 + 8 = 20 characters; the 50-character line does not fit.
+    found = fit(hits, 20)
+    assert (found.text, found.ids) == (f"- {'x' * 10}\n- {'z' * 5}", ["a", "c"])
+    assert len(found.text) == 20
+    assert fit(hits, 19).ids == ["a"]
+    assert fit(hits, 11).ids == ["c"]
+    assert (fit([], 100).text, fit([], 100).ids) == ("", [])
