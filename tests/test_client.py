@@ -66,6 +66,7 @@ def test_quickstart_with_the_sync_client(api_process: ApiProcess, settings: Sett
         person = admin.create_person(organization_id=org.id, name="ann")
         bot = admin.create_bot(organization_id=org.id, name="Ada")
         assert admin.grant_bot(bot_id=bot.id, person_id=person.person.id, access=Access.WRITE).id == bot.id
+        platform = admin.create_platform_token(organization_id=org.id).token
     with BotMemory(api_process.url, person.token) as ann:
         assert ann.me().id == person.person.id
         chat = ann.create_chat(bot_id=bot.id)
@@ -88,6 +89,11 @@ def test_quickstart_with_the_sync_client(api_process: ApiProcess, settings: Sett
         explored = ann.entry(bot_id=bot.id, id=entry.id, depth=2)
         assert explored.entry.content == entry.content
         assert explored.dependents.entries == [] and explored.dependents.hidden == 0
+
+        pack = ann.context_pack(chat_id=chat.id)
+        assert pack.memory.ids == [entry.id] and [m.text for m in pack.last_messages][-1] == "Hi!"
+        with BotMemory(api_process.url, platform) as server:
+            assert server.context(chat_id=chat.id, query="cat").ids == [entry.id]
 
         assert ann.forget(bot_id=bot.id, id=entry.id).version > remembered.version
         assert ann.memory(bot_id=bot.id).entries == []
