@@ -13,11 +13,15 @@
 #   make typecheck  pyright (strict, see pyproject.toml)
 #   make demo       a guided tour against the running stack (make demo DEMO_MODEL=gpt-4o-mini)
 #   make mcp        the MCP server over streamable HTTP for the running stack (MCP_PORT, default 8765)
+#   make client     regenerate the Python client (client/) from the schema snapshot and client/queries
 
 SHELL := /bin/bash
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
+# ariadne-codegen needs graphql-core < 3.3, Strawberry >= 3.3: the generator has a venv of its own.
+CODEGEN_VENV := .venv-codegen
+CODEGEN := $(CODEGEN_VENV)/bin/ariadne-codegen
 ARGS ?=
 
 # The test profile: own data dir and ports, so it runs beside the local stack (override the
@@ -35,11 +39,24 @@ SOAK_ENV := BOTMEMORY_ENV=test BOTMEMORY_DATA_DIR=.data/soak \
 	BOTMEMORY_NEO4J_BOLT_PORT=19687 BOTMEMORY_NEO4J_URI=bolt://127.0.0.1:19687 \
 	BOTMEMORY_REDIS_PORT=19379 BOTMEMORY_REDIS_URL=redis://127.0.0.1:19379/0 BOTMEMORY_API_PORT=19000
 
-.PHONY: install up down test test-unit test-deep bench bench-learning soak eval lint typecheck status demo mcp
+.PHONY: install up down test test-unit test-deep bench bench-learning soak eval lint typecheck status demo mcp client
 
-install:
+# The project with its dev extra, the Python client (its own distribution, used by the demo and
+# tests/test_client.py) and the client's code generator (tests/test_client.py checks its output).
+install: $(CODEGEN)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -e '.[dev]'
+	$(PY) -m pip install -e '.[dev]' -e ./client
+
+$(CODEGEN): client/requirements-codegen.txt
+	@test -x $(CODEGEN_VENV)/bin/python || $(PYTHON) -m venv $(CODEGEN_VENV)
+	$(CODEGEN_VENV)/bin/pip install -q -r client/requirements-codegen.txt
+	@touch $@
+
+# The client's generated packages, written anew from schema/schema.graphql and client/queries
+# (run after a schema or operation change; tests/test_client.py fails while they are stale).
+client: $(CODEGEN)
+	rm -rf client/botmemory_client/generated_async client/botmemory_client/generated_sync
+	cd client && ../$(CODEGEN) --config codegen-async.toml >/dev/null && ../$(CODEGEN) --config codegen-sync.toml >/dev/null
 
 # Order-only prerequisite of the targets below: install once when the venv is missing.
 $(PY):

@@ -2,8 +2,9 @@
 
 It provisions an organization with three people, a channel of two of them and a Bot, then shows
 step by step: memory learned in one chat and used in another, what a group member can and cannot
-see, and the context pack of a group chat. Everything goes through the public API (GraphQL and
-REST) with the tokens a platform and its people would hold.
+see, and the context pack of a group chat. Everything goes through the public API with the tokens
+a platform and its people would hold: GraphQL through the Python client (``botmemory_client``),
+REST with httpx.
 
     python -m tools.demo [--api http://127.0.0.1:8000] [--model gpt-4o-mini]
 """
@@ -19,6 +20,10 @@ from typing import Any
 
 import httpx
 
+from botmemory_client import BotMemory
+from botmemory_client.generated_sync.enums import Access, ItemKind
+from botmemory_client.generated_sync.exceptions import GraphQLClientError, GraphQLClientGraphQLMultiError
+from botmemory_client.generated_sync.input_types import ItemInput
 from services.settings import load_settings
 
 NO_MODEL = """The stack has no model endpoint, so the memory Bot cannot learn or rewrite anything.
@@ -38,27 +43,37 @@ and run the demo with the model name your endpoint serves:
 class Demo:
     def __init__(self, api: str, admin_token: str, model: str, wait: float) -> None:
         self.http = httpx.Client(base_url=api, timeout=60)
+        self.api = api
         self.admin_token = admin_token
         self.model = model
         self.wait = wait
         self.step_no = 0
+        self.clients: dict[str, BotMemory] = {}
+        self.tty = sys.stdout.isatty()
 
     def step(self, title: str) -> None:
         self.step_no += 1
         print(f"\n== {self.step_no}. {title}")
 
-    def gql(
-        self, query: str, variables: dict[str, Any] | None = None, token: str | None = None
-    ) -> dict[str, Any]:
-        response = self.http.post(
-            "/graphql",
-            json={"query": query, "variables": variables or {}},
-            headers={"Authorization": f"Bearer {token or self.admin_token}"},
-        )
-        body = response.json()
-        if body.get("errors"):
-            raise SystemExit(f"GraphQL error: {body['errors'][0].get('message')}")
-        return body["data"]
+    def graphql(self, token: str | None = None) -> BotMemory:
+        """The GraphQL client of one token (the admin's by default)."""
+        token = token or self.admin_token
+        if token not in self.clients:
+            self.clients[token] = BotMemory(self.api, token, timeout=60)
+        return self.clients[token]
+
+    def close(self) -> None:
+        for client in self.clients.values():
+            client.http_client.close()
+        self.http.close()
+
+    def progress(self, text: str | None) -> None:
+        """A status line rewritten in place on a terminal (one line each elsewhere); None clears it."""
+        if self.tty:
+            sys.stdout.write("\r\x1b[K" + (text or ""))
+            sys.stdout.flush()
+        elif text:
+            print(text, flush=True)
 
     def rest(self, path: str, token: str) -> Any:
         response = self.http.get(path, headers={"Authorization": f"Bearer {token}"})
@@ -71,33 +86,29 @@ class Demo:
     def learn_from(self, platform: str, chat: str, actor: str, words: str, bot_words: str) -> str:
         """What a platform does for one Turn of its Bot: the person's words, the Bot's reply, the
         Bot confiding (its tool), the Turn completed — then the memory Bot learns in the background."""
-        turn = self.gql(
-            "mutation($c: ID!, $t: String!, $a: ID) { startTurn(chatId: $c, input: $t, actorId: $a) { id } }",
-            {"c": chat, "t": words, "a": actor},
-            platform,
-        )["startTurn"]["id"]
-        self.gql(
-            "mutation($t: ID!, $x: String!) { addItems(turnId: $t, items: [{kind: BOT_MESSAGE, text: $x}]) { id } }",
-            {"t": turn, "x": bot_words},
-            platform,
-        )
-        answer = self.gql(
-            'mutation($t: ID!) { confide(turnId: $t, text: "I am not sure I understood what matters to them.") { answer } }',
-            {"t": turn},
-            platform,
-        )["confide"]["answer"]
+        client = self.graphql(platform)
+        turn = client.start_turn(chat_id=chat, input=words, actor_id=actor).id
+        client.add_items(turn_id=turn, items=[ItemInput(kind=ItemKind.BOT_MESSAGE, text=bot_words)])
+        answer = client.confide(turn_id=turn, text="I am not sure I understood what matters to them.").answer
         print(f"   the Bot confided; the memory Bot answered: {answer!r}")
-        self.gql("mutation($t: ID!) { completeTurn(turnId: $t) { id } }", {"t": turn}, platform)
+        client.complete_turn(turn_id=turn)
         return turn
 
     def wait_for(self, token: str, bot: str, count: int) -> list[str]:
-        deadline = time.monotonic() + self.wait
-        found: list[str] = []
-        while time.monotonic() < deadline:
-            found = self.memory_of(token, bot)
-            if len(found) >= count:
-                return found
+        """The memory of ``token`` once it has ``count`` entries (or at the deadline), with the
+        seconds waited so far on a status line."""
+        started = time.monotonic()
+        shown = -1
+        found = self.memory_of(token, bot)
+        while len(found) < count and time.monotonic() - started < self.wait:
+            waited = int(time.monotonic() - started)
+            if waited != shown:
+                self.progress(f"   waiting for the memory Bot to learn… {waited} s")
+                shown = waited
             time.sleep(0.2)
+            found = self.memory_of(token, bot)
+        if shown >= 0:
+            self.progress(None)
         return found
 
     def run(self) -> int:
@@ -111,45 +122,29 @@ class Demo:
         tag = secrets.token_hex(3)
 
         self.step("Provision an organization, three people, a channel of two and a Bot")
-        org = self.gql("mutation($n: String!) { createOrganization(name: $n) { id } }", {"n": f"demo-{tag}"})[
-            "createOrganization"
-        ]["id"]
-        self.gql(
-            "mutation($o: ID!, $m: String) { updateOrganization(id: $o, botMemoryModel: $m) { id } }",
-            {"o": org, "m": self.model},
-        )
+        admin = self.graphql()
+        org = admin.create_organization(name=f"demo-{tag}").id
+        admin.update_organization(id=org, bot_memory_model=self.model)
         people: dict[str, tuple[str, str]] = {}
-        bot = self.gql(
-            'mutation($o: ID!, $m: String) { createBot(organizationId: $o, name: "Ada", model: $m) { id } }',
-            {"o": org, "m": self.model},
-        )["createBot"]["id"]
+        bot = admin.create_bot(organization_id=org, name="Ada", model=self.model).id
         for name in ("ann", "bob", "cat"):
-            created = self.gql(
-                "mutation($o: ID!, $n: String!) { createPerson(organizationId: $o, name: $n) { person { id } token } }",
-                {"o": org, "n": name},
-            )["createPerson"]
-            people[name] = (created["person"]["id"], created["token"])
-            self.gql(
-                "mutation($b: ID!, $p: ID!) { grantBot(botId: $b, personId: $p, access: WRITE) { id } }",
-                {"b": bot, "p": people[name][0]},
-            )
-        channel = self.gql(
-            'mutation($o: ID!, $m: [ID!]!) { createChannel(organizationId: $o, name: "team", memberIds: $m) { id } }',
-            {"o": org, "m": [people["ann"][0], people["bob"][0]]},
-        )["createChannel"]["id"]
-        platform = self.gql(
-            "mutation($o: ID!) { createPlatformToken(organizationId: $o) { token } }", {"o": org}
-        )["createPlatformToken"]["token"]
+            created = admin.create_person(organization_id=org, name=name)
+            people[name] = (created.person.id, created.token)
+            admin.grant_bot(bot_id=bot, person_id=people[name][0], access=Access.WRITE)
+        channel = admin.create_channel(
+            organization_id=org, name="team", member_ids=[people["ann"][0], people["bob"][0]]
+        ).id
+        platform = admin.create_platform_token(organization_id=org).token
         print(
             f"   organization {org} (model {self.model}), Bot {bot}; ann and bob are in channel 'team', cat is not"
         )
 
         def chat_of(owner: str, group: bool = False) -> str:
-            return self.gql(
-                "mutation($b: ID!, $c: ID) { createChat(botId: $b, channelId: $c) { id } }",
-                {"b": bot, "c": channel if group else None},
-                people[owner][1],
-            )["createChat"]["id"]
+            return (
+                self.graphql(people[owner][1])
+                .create_chat(bot_id=bot, channel_id=channel if group else None)
+                .id
+            )
 
         self.step("Ann tells the Bot something about herself in a private chat")
         private = chat_of("ann")
@@ -161,13 +156,9 @@ class Demo:
 
         self.step("In another chat, Ann's input is rewritten with what she may see")
         other = chat_of("ann")
-        turn = self.gql(
-            'mutation($c: ID!) { startTurn(chatId: $c, input: "Suggest a dinner for tonight.") { input enrichedInput } }',
-            {"c": other},
-            people["ann"][1],
-        )["startTurn"]
-        print(f"   ann wrote:        {turn['input']}")
-        print(f"   the Bot receives: {turn['enrichedInput']}")
+        turn = self.graphql(people["ann"][1]).start_turn(chat_id=other, input="Suggest a dinner for tonight.")
+        print(f"   ann wrote:        {turn.input}")
+        print(f"   the Bot receives: {turn.enriched_input}")
         print("   (the chat's history keeps Ann's own words; only the startTurn caller sees the rewrite)")
 
         self.step("Bob says something in the team's group chat")
@@ -185,13 +176,11 @@ class Demo:
         )
 
         self.step("A group member's input is enriched only with what every member may see")
-        turn = self.gql(
-            'mutation($c: ID!) { startTurn(chatId: $c, input: "When is standup, and what should we order for lunch?") { input enrichedInput } }',
-            {"c": group},
-            people["bob"][1],
-        )["startTurn"]
-        print(f"   bob wrote:        {turn['input']}")
-        print(f"   the Bot receives: {turn['enrichedInput']}")
+        turn = self.graphql(people["bob"][1]).start_turn(
+            chat_id=group, input="When is standup, and what should we order for lunch?"
+        )
+        print(f"   bob wrote:        {turn.input}")
+        print(f"   the Bot receives: {turn.enriched_input}")
         print("   (Ann's private entry is never sent to the model for the group)")
 
         self.step("The group chat's context pack (built for its audience)")
@@ -215,11 +204,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--wait", type=float, default=60.0, help="seconds to wait for learning")
     args = parser.parse_args(argv)
     assert settings.admin_token is not None
+    demo = Demo(args.api, settings.admin_token.get_secret_value(), args.model, args.wait)
     try:
-        return Demo(args.api, settings.admin_token.get_secret_value(), args.model, args.wait).run()
+        return demo.run()
     except httpx.HTTPError as exc:
         print(f"Cannot reach the API at {args.api} ({type(exc).__name__}); start the stack with `make up`.")
         return 2
+    except GraphQLClientGraphQLMultiError as exc:
+        raise SystemExit(f"GraphQL error: {exc.errors[0].message}") from None
+    except GraphQLClientError as exc:
+        raise SystemExit(f"GraphQL error: {exc}") from None
+    finally:
+        demo.close()
 
 
 if __name__ == "__main__":
