@@ -38,7 +38,7 @@ from .entry import (
     EntryEntryEntry,
     EntryEntrySources,
 )
-from .enums import Access, ItemKind
+from .enums import Access, AccessRule, ItemKind
 from .exceptions import (
     GraphQLClientError,
     GraphQLClientGraphQLError,
@@ -74,6 +74,7 @@ from .update_organization import (
 
 __all__ = [
     "Access",
+    "AccessRule",
     "AddItems",
     "AddItemsAddItems",
     "BaseClient",

@@ -10,6 +10,14 @@ class Access(str, Enum):
     NONE = "NONE"
 
 
+class AccessRule(str, Enum):
+    PERSON = "PERSON"
+    CHANNEL = "CHANNEL"
+    BOT = "BOT"
+    ORGANIZATION = "ORGANIZATION"
+    NOT_EXCLUDED = "NOT_EXCLUDED"
+
+
 class ItemKind(str, Enum):
     PERSON_MESSAGE = "PERSON_MESSAGE"
     BOT_MESSAGE = "BOT_MESSAGE"
