@@ -60,3 +60,63 @@ async def entries_by_id(
 ) -> list[dict[str, Any]]:
     result = await rows(tx, ENTRIES_BY_ID, botId=bot_id, org=org, readers=readers, ids=ids, statuses=statuses)
     return [r["entry"] for r in result]
+
+
+#: Why the reader may see the entry ``$id`` (D9.28): if VISIBLE admits the one reader of
+#: ``$readers``, one row per entry of the closure (``depth`` from the root, nearest first) with
+#: ``steps``: each rule of that entry and of its Item edges mapped to the reader's own atom that
+#: satisfies it. A rule the reader does not meet maps to nothing and is dropped (it cannot occur
+#: while VISIBLE holds: ``why`` explains, it never decides), so no other reader's atom and no
+#: hidden neighbour is ever named. No rows when the entry is not visible. Hop bound 8 (D9.2).
+WHY_STEPS: Final = (
+    """
+WITH $readers AS readers, $org AS org
+MATCH (e:Entry {id: $id, botId: $botId})
+WHERE e.status IN $statuses AND """
+    + VISIBLE
+    + """
+WITH e, org, readers[0] AS rd
+CALL (rd) {
+  MATCH (c:Channel) WHERE c.id IN rd.channels
+  RETURN apoc.map.fromPairs(collect([c.id, c.name])) AS names
+}
+CALL (e) {
+  MATCH p = (e)-[:SOURCE*0..8]->(x:Entry)
+  RETURN x, min(length(p)) AS depth
+}
+WITH x, depth, org, rd, names,
+     [t IN x.tags WHERE t STARTS WITH 'for:' OR t STARTS WITH 'org:' | CASE
+        WHEN t = 'for:person:' + rd.id THEN {rule: 'PERSON', atom: 'person:' + rd.id}
+        WHEN t STARTS WITH 'for:channel:' AND substring(t, 12) IN rd.channels
+          THEN {rule: 'CHANNEL', atom: 'channel:' + substring(t, 12),
+                name: names[substring(t, 12)]}
+        WHEN t = 'for:bot' AND rd.usesBot THEN {rule: 'BOT', atom: 'bot'}
+        WHEN t = 'org:' + org THEN {rule: 'ORGANIZATION', atom: 'org:' + org}
+      END] AS own,
+     CASE WHEN size(coalesce(x.excluded, [])) > 0 AND NOT rd.id IN x.excluded
+       THEN [{rule: 'NOT_EXCLUDED', atom: 'person:' + rd.id}] ELSE [] END AS kept,
+     [(x)-[r:SOURCE]->(i:Item) | [CASE
+        WHEN r.rule = 'person:' + rd.id THEN {rule: 'PERSON', atom: r.rule, chat: i.chatId, item: i.id}
+        WHEN r.rule STARTS WITH 'channel:' AND substring(r.rule, 8) IN rd.channels
+          THEN {rule: 'CHANNEL', atom: r.rule, chat: i.chatId, item: i.id,
+                name: names[substring(r.rule, 8)]}
+      END, CASE WHEN r.org = org
+        THEN {rule: 'ORGANIZATION', atom: 'org:' + org, chat: i.chatId, item: i.id} END]] AS edges
+RETURN x.id AS entry, x.layer AS layer, depth,
+       [s IN own + kept + reduce(acc = [], pair IN edges | acc + pair) WHERE s IS NOT NULL] AS steps
+ORDER BY depth, entry
+"""
+)
+
+
+async def why_steps(
+    tx: AsyncManagedTransaction,
+    *,
+    bot_id: str,
+    id: str,
+    org: str,
+    readers: list[dict[str, Any]],
+    statuses: list[str],
+) -> list[dict[str, Any]]:
+    """The closure of a visible entry with each rule mapped to the reader's atom (WHY_STEPS)."""
+    return await rows(tx, WHY_STEPS, botId=bot_id, id=id, org=org, readers=readers, statuses=statuses)

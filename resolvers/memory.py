@@ -6,6 +6,7 @@ import strawberry
 
 from schema.context import Info
 from schema.memory import (
+    AccessProof,
     HistoryDeleted,
     MemoryChange,
     MemoryEntry,
@@ -54,6 +55,14 @@ class ExploredEntry:
     @strawberry.field(description="Observations that rest on this entry, within depth hops (max 8).")
     async def dependents(self, info: Info, depth: int = 1) -> SourceNeighbourhood:
         return await self._hood(info, "dependents", depth)
+
+    @strawberry.field(
+        description="Why you can see this entry: each rule of it and of its sources, met by you."
+    )
+    async def why(self, info: Info) -> AccessProof:
+        principal = await info.context.principal()
+        proof = await sourcegraph.why(info.context.runtime, principal, self.bot_id, str(self.entry.id))
+        return AccessProof.of(proof)
 
 
 @strawberry.type

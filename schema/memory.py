@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+from enum import Enum
 
 import strawberry
 from graphql import ExecutionResult
 
 from schema.fanout import OperationKey
 from schema.types import Long
-from services import memory
+from services import memory, sourcegraph
 from services.changefeed import ChangeEvent
 
 
@@ -155,3 +156,45 @@ class SourceNeighbourhood:
     entries: list[SourceNeighbour]
     items: list[SourceItem]
     hidden: int = strawberry.field(description="Neighbours you may not see: only their number (D9.7).")
+
+
+@strawberry.enum(description="The kind of rule an access step proves (D9.28).")
+class AccessRule(Enum):
+    PERSON = "PERSON"
+    CHANNEL = "CHANNEL"
+    BOT = "BOT"
+    ORGANIZATION = "ORGANIZATION"
+    NOT_EXCLUDED = "NOT_EXCLUDED"
+
+
+@strawberry.type(description="One rule of the entry or of a source, and your own atom that meets it.")
+class AccessStep:
+    entry: strawberry.ID = strawberry.field(description="The entry of the closure this rule belongs to.")
+    chat: strawberry.ID | None = strawberry.field(description="Set when the rule is a source Item's.")
+    item: strawberry.ID | None
+    rule: AccessRule
+    admitted_by: str = strawberry.field(
+        description='Your atom: "person:<your id>", "channel:<id>", "bot" or "org:<id>".'
+    )
+    reason: str
+
+    @classmethod
+    def of(cls, s: sourcegraph.AccessStep) -> AccessStep:
+        return cls(
+            entry=strawberry.ID(s.entry),
+            chat=_id(s.chat),
+            item=_id(s.item),
+            rule=AccessRule(s.rule),
+            admitted_by=s.admitted_by,
+            reason=s.reason,
+        )
+
+
+@strawberry.type(description="Why you may see an entry: only your own atoms, never another reader's (D9.28).")
+class AccessProof:
+    summary: str
+    steps: list[AccessStep]
+
+    @classmethod
+    def of(cls, proof: sourcegraph.AccessProof) -> AccessProof:
+        return cls(summary=proof.summary, steps=[AccessStep.of(s) for s in proof.steps])

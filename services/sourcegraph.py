@@ -1,7 +1,8 @@
 """Source-graph exploration for analysts (D9.7): an entry, its sources and its dependents.
 
 Only what the caller may see is shown; hidden neighbours appear at most as a count, never
-with ids, rules or shapes. Saved per-Item rules are never returned.
+with ids, rules or shapes. Saved per-Item rules are never returned, except as ``why`` shows
+them to a reader they admit: only the reader's own atom that meets each rule (D9.28).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from services.validation import check_id
 
 _SHOWN = ["active", "invalidated"]
 Direction = Literal["sources", "dependents"]
+Rule = Literal["PERSON", "CHANNEL", "BOT", "ORGANIZATION", "NOT_EXCLUDED"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +45,24 @@ class Neighbourhood:
     entries: tuple[Neighbour, ...]
     items: tuple[ItemSource, ...]
     hidden: int
+
+
+@dataclass(frozen=True, slots=True)
+class AccessStep:
+    """One rule of the closure and the caller's own atom that meets it (D9.28)."""
+
+    entry: str
+    rule: Rule
+    admitted_by: str
+    reason: str
+    chat: str | None = None
+    item: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AccessProof:
+    summary: str
+    steps: tuple[AccessStep, ...]
 
 
 async def entry(rt: Runtime, principal: Principal, bot_id: str, entry_id: str) -> Entry:
@@ -99,3 +119,57 @@ async def neighbourhood(
     items = tuple(ItemSource(n["chat"], n["id"], n["depth"]) for n in near if n["kind"] == "item")
     hidden = sum(1 for n in near if n["kind"] == "entry" and n["id"] not in shown)
     return Neighbourhood(entries, items, hidden)
+
+
+async def why(rt: Runtime, principal: Principal, bot_id: str, entry_id: str) -> AccessProof:
+    """Why the caller may see an entry (D9.28): every rule of its closure with the caller's own
+    atom that meets it. VISIBLE decides (NOT_FOUND when it does not admit the caller)."""
+    check_id(bot_id, "botId")
+    check_id(entry_id, "id")
+
+    async def work(tx: AsyncManagedTransaction) -> list[dict[str, Any]]:
+        _, reader, _ = await open_read(rt, tx, principal, bot_id)
+        return await sourcegraph_q.why_steps(tx, bot_id=bot_id, id=entry_id, statuses=_SHOWN, **reader.params)
+
+    closure = await read(rt.driver, work)
+    if not closure:
+        raise NotFound("entry not found")
+    steps = tuple(
+        AccessStep(
+            entry=row["entry"],
+            rule=s["rule"],
+            admitted_by=s["atom"],
+            reason=_reason(s),
+            chat=s.get("chat"),
+            item=s.get("item"),
+        )
+        for row in closure
+        for s in row["steps"]
+    )
+    return AccessProof(_summary(closure), steps)
+
+
+def _reason(step: dict[str, Any]) -> str:
+    evidence = f" (the source message {step['item']} in chat {step['chat']})" if step.get("item") else ""
+    match step["rule"]:
+        case "PERSON":
+            return f"It is for you{evidence}."
+        case "CHANNEL":
+            name = f"{step['name']!r} ({step['atom'][8:]})" if step.get("name") else step["atom"][8:]
+            return f"You are a member of channel {name}{evidence}."
+        case "BOT":
+            return "You use the Bot (grant)."
+        case "ORGANIZATION":
+            return f"You read in its organization {step['atom'][4:]}{evidence}."
+        case _:
+            return "You did not forget it."
+
+
+def _summary(closure: list[dict[str, Any]]) -> str:
+    root, sources = closure[0], closure[1:]
+    if root["layer"] == "pinned":
+        return "You can see this entry because it is pinned and its own rules admit you."
+    items = {(s["chat"], s["item"]) for row in closure for s in row["steps"] if s.get("item")}
+    count = len(sources) + len(items)
+    noun = "source" if count == 1 else "sources"
+    return f"You can see this entry because it and every one of its {count} {noun} admit you."
