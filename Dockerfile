@@ -1,4 +1,11 @@
 # Image for the botmemory API and worker (same image, different command; see docker-compose.yml).
+
+# The vendored browser assets, pinned by web/package-lock.json (copied below by tools.assets).
+FROM node:20-slim AS assets
+WORKDIR /web
+COPY web/package.json web/package-lock.json ./
+RUN npm ci --no-audit --no-fund --ignore-scripts
+
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -17,7 +24,10 @@ COPY resolvers ./resolvers
 COPY learning ./learning
 COPY services ./services
 COPY tools ./tools
-RUN pip install . \
+COPY web/package-lock.json ./web/
+COPY --from=assets /web/node_modules ./web/node_modules
+RUN python -m tools.assets --no-npm && rm -rf web/node_modules \
+    && pip install . \
     && useradd --system --create-home --uid 10001 botmemory \
     && mkdir -p /app/data && chown botmemory /app/data
 

@@ -1,5 +1,6 @@
 # Developer and CI entry points. Everything runs from the project venv (.venv).
-#   make install    create .venv (if missing) and install the package with its dev extra
+#   make install    create .venv (if missing), install the package with its dev extra, build the assets
+#   make assets     the vendored browser files (npm ci --prefix web, copied to botmemory/static/vendor)
 #   make up         local stack: Neo4j + Redis + API + worker (python -m tools.devstack up)
 #   make down       stop the local stack and the test stack
 #   make test       start the test-profile Neo4j/Redis, then pytest (extra flags: make test ARGS='-k foo')
@@ -39,13 +40,18 @@ SOAK_ENV := BOTMEMORY_ENV=test BOTMEMORY_DATA_DIR=.data/soak \
 	BOTMEMORY_NEO4J_BOLT_PORT=19687 BOTMEMORY_NEO4J_URI=bolt://127.0.0.1:19687 \
 	BOTMEMORY_REDIS_PORT=19379 BOTMEMORY_REDIS_URL=redis://127.0.0.1:19379/0 BOTMEMORY_API_PORT=19000
 
-.PHONY: install up down test test-unit test-deep bench bench-learning soak eval lint typecheck status demo mcp client
+.PHONY: install assets up down test test-unit test-deep bench bench-learning soak eval lint typecheck status demo mcp client
 
 # The project with its dev extra, the Python client (its own distribution, used by the demo and
 # tests/test_client.py) and the client's code generator (tests/test_client.py checks its output).
 install: $(CODEGEN)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -e '.[dev]' -e ./client
+	$(PY) -m tools.assets
+
+# Skips npm while botmemory/static/vendor matches web/package-lock.json (a stamp).
+assets: | $(PY)
+	$(PY) -m tools.assets
 
 $(CODEGEN): client/requirements-codegen.txt
 	@test -x $(CODEGEN_VENV)/bin/python || $(PYTHON) -m venv $(CODEGEN_VENV)

@@ -1,4 +1,5 @@
-"""The Starlette application: GraphQL at /graphql, REST at /v1, /healthz and /metrics."""
+"""The Starlette application: GraphQL at /graphql (GraphiQL for browsers), REST at /v1, the pages
+(/explore, /static), /healthz and /metrics."""
 
 from __future__ import annotations
 
@@ -21,10 +22,12 @@ from strawberry.asgi import GraphQL
 from strawberry.exceptions import ConnectionRejectionError
 from strawberry.http import GraphQLHTTPResponse
 from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL
+from strawberry.subscriptions.protocols.graphql_transport_ws.handlers import BaseGraphQLTransportWSHandler
+from strawberry.subscriptions.protocols.graphql_transport_ws.types import ConnectionInitMessage
 from strawberry.types import ExecutionResult
 from strawberry.types.unset import UNSET, UnsetType
 
-from botmemory import rest
+from botmemory import pages, rest
 from learning.gateway import Gateway
 from resolvers.schema import build_schema
 from schema.context import Context
@@ -51,7 +54,32 @@ class State(TypedDict):
     turn_hub: TurnHub
 
 
+#: The close reason of a refused ``connection_init`` (4403): the payload shapes we accept.
+WS_AUTH_REASON = (
+    'unauthenticated: connection_init payload is {"Authorization": "Bearer <token>"} or {"token": "<token>"}'
+)
+
+
+class TransportWSHandler(BaseGraphQLTransportWSHandler[Context, None]):
+    async def handle_connection_init(self, message: ConnectionInitMessage) -> None:
+        """Refuse a bad token with a reason that states the expected payload; ``on_ws_connect``
+        then finds the caller already authenticated (the context keeps the outcome)."""
+        payload = message.get("payload", {})
+        if isinstance(payload, dict) and not self.connection_init_received and not self.connection_timed_out:
+            self.context.connection_params = payload
+            try:
+                await self.context.authenticate_connection()
+            except ServiceError:
+                if self.connection_init_timeout_task:
+                    self.connection_init_timeout_task.cancel()
+                await self.websocket.close(code=4403, reason=WS_AUTH_REASON)
+                return
+        await super().handle_connection_init(message)
+
+
 class GraphQLApp(GraphQL[Context, None]):
+    graphql_transport_ws_handler_class = TransportWSHandler
+
     async def get_context(self, request: HTTPConnection, response: Any) -> Context:
         return Context(
             runtime=request.state.runtime,
@@ -70,6 +98,9 @@ class GraphQLApp(GraphQL[Context, None]):
         except ServiceError:
             raise ConnectionRejectionError({"code": "UNAUTHENTICATED"}) from None
         return UNSET
+
+    async def render_graphql_ide(self, request: Request) -> Response:
+        return pages.render("graphiql.html")
 
     def encode_json(self, data: object) -> str | bytes:
         """Subscription payloads shared by several subscribers are serialised once (schema.fanout)."""
@@ -201,6 +232,8 @@ def create_app(settings: Settings | None = None) -> Starlette:
         routes=[
             Route("/graphql", graphql, methods=["GET", "POST"]),
             WebSocketRoute("/graphql", graphql),
+            Route("/explore", pages.explore, methods=["GET"]),
+            Mount("/static", app=pages.static_files(), name="static"),
             Route("/healthz", healthz, methods=["GET"]),
             Route("/metrics", metrics_endpoint, methods=["GET"]),
             Mount("/v1", routes=rest.routes),

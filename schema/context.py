@@ -56,12 +56,26 @@ class Context:
         return outcome
 
     async def authenticate_connection(self) -> None:
-        """graphql-transport-ws: the token comes in ``connection_init`` (or the upgrade request)."""
-        params = self.connection_params or {}
-        token = params.get("Authorization") or params.get("authorization")
-        if isinstance(token, str):
-            self.authorization = token
+        """graphql-transport-ws: the token comes in ``connection_init`` (or the upgrade request) as
+        ``{"Authorization": "Bearer <t>"}`` (any case), ``{"token": "<t>"}`` or those headers
+        under ``"headers"`` (what GraphiQL's header editor sends)."""
+        authorization = _authorization(self.connection_params or {})
+        if authorization is not None:
+            self.authorization = authorization
         await self.principal()
+
+
+def _authorization(params: dict[str, object]) -> str | None:
+    headers = params.get("headers")
+    sources: list[dict[str, object]] = [params]
+    if isinstance(headers, dict):
+        sources.append({str(k): v for k, v in headers.items()})  # pyright: ignore[reportUnknownVariableType, reportUnknownArgumentType]
+    for source in sources:
+        for key, value in source.items():
+            if key.lower() == "authorization" and isinstance(value, str):
+                return value
+    token = params.get("token")
+    return f"Bearer {token}" if isinstance(token, str) else None
 
 
 Info = _Info[Context, None]
