@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncGenerator
 from contextlib import asynccontextmanager
 from typing import Any, TypedDict
@@ -31,7 +32,7 @@ from botmemory import pages, rest
 from learning.gateway import Gateway
 from resolvers.schema import build_schema
 from schema.context import Context
-from schema.errors import with_code
+from schema.errors import code_of, with_code
 from schema.fanout import encode_next
 from services import memorybot, metrics
 from services.bootstrap import open_runtime
@@ -108,9 +109,15 @@ class GraphQLApp(GraphQL[Context, None]):
         return super().encode_json(data) if shared is None else shared
 
     async def process_result(self, request: Request, result: ExecutionResult) -> GraphQLHTTPResponse:
-        """Parse errors end before the operation's extensions; give them their code here."""
+        """Parse errors end before the operation's extensions; give them their code here (and
+        count them, as ErrorCodes counts the others). An operation without errors counts as OK."""
         if result.errors:
+            for e in result.errors:
+                if not (e.extensions and "code" in e.extensions):
+                    metrics.REQUESTS.labels(surface="graphql", code=code_of(e)).inc()
             result.errors = [with_code(e) for e in result.errors]
+        else:
+            metrics.REQUESTS.labels(surface="graphql", code="OK").inc()
         return await super().process_result(request, result)
 
 
@@ -121,15 +128,23 @@ def error_json(code: str, message: str, status: int) -> JSONResponse:
 
 async def service_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ServiceError)
-    metrics.REQUESTS.labels(surface="rest", code=exc.code).inc()
     return error_json(exc.code, exc.message, exc.status)
+
+
+#: The code of a REST error status (DESIGN §5); other 4xx are BAD_INPUT.
+STATUS_CODES = {401: "UNAUTHENTICATED", 403: "FORBIDDEN", 404: "NOT_FOUND", 409: "CONFLICT", 503: "TOO_SLOW"}
+
+
+def code_of_status(status: int) -> str:
+    """The code of a REST response's status: OK below 400, else as its error body says."""
+    if status < 400:
+        return "OK"
+    return STATUS_CODES.get(status, "BAD_INPUT" if status < 500 else "INTERNAL")
 
 
 async def http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
-    code = {401: "UNAUTHENTICATED", 403: "FORBIDDEN", 404: "NOT_FOUND", 409: "CONFLICT"}.get(
-        exc.status_code, "BAD_INPUT"
-    )
+    code = STATUS_CODES.get(exc.status_code, "BAD_INPUT")
     return error_json(code, str(exc.detail), exc.status_code)
 
 
@@ -164,6 +179,37 @@ async def healthz(request: Request) -> JSONResponse:
 
 async def metrics_endpoint(request: Request) -> Response:
     return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+
+class RequestMetrics:
+    """``botmemory_request_seconds{surface}`` of every HTTP request, and for REST
+    ``botmemory_requests_total{surface="rest",code}`` (OK or the error's code, from its status;
+    GraphQL counts its operations in GraphQLApp and ErrorCodes). Surfaces, never paths."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path: str = scope["path"]
+        surface = "graphql" if path == "/graphql" else "rest" if path.startswith("/v1/") else "other"
+        status = 500  # unless a response starts: an exception the outermost handler answers
+
+        async def observed(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        began = time.perf_counter()
+        try:
+            await self.app(scope, receive, observed)
+        finally:
+            metrics.REQUEST_SECONDS.labels(surface=surface).observe(time.perf_counter() - began)
+            if surface == "rest":
+                metrics.REQUESTS.labels(surface=surface, code=code_of_status(status)).inc()
 
 
 class BodyLimit:
@@ -238,7 +284,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
             Route("/metrics", metrics_endpoint, methods=["GET"]),
             Mount("/v1", routes=rest.routes),
         ],
-        middleware=[Middleware(BodyLimit, max_bytes=settings.max_body_bytes)],
+        middleware=[Middleware(RequestMetrics), Middleware(BodyLimit, max_bytes=settings.max_body_bytes)],
         exception_handlers={
             ServiceError: service_error,
             HTTPException: http_error,

@@ -1,4 +1,9 @@
-"""Operator commands: ``python -m botmemory.cli <command>`` (also installed as ``botmemory``)."""
+"""Operator commands: ``python -m botmemory.cli <command>`` (also installed as ``botmemory``).
+
+A failure is one line on stderr, ``botmemory: <CODE>: <message>``, and exit status 2 for bad
+input (arguments, ids, files) or 1 otherwise; ``--debug`` or ``BOTMEMORY_DEBUG=1`` shows the
+traceback instead.
+"""
 
 from __future__ import annotations
 
@@ -10,14 +15,30 @@ import os
 import secrets
 import sys
 import time
+from collections.abc import AsyncGenerator
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import NoReturn
+
+from neo4j.exceptions import DriverError, Neo4jError
+from redis.exceptions import RedisError
 
 from learning import backfill
 from learning.embedders import make_embedder
 from services.bootstrap import open_runtime
+from services.errors import ServiceError
 from services.rotation import rotate_data_keys
-from services.settings import Settings, load_settings
+from services.runtime import Runtime
+from services.settings import ConfigurationError, Settings, load_settings
 from services.writepath import LegacyEntry, import_legacy, relabel_all
+
+
+@asynccontextmanager
+async def _runtime(settings: Settings) -> AsyncGenerator[Runtime]:
+    """The stores, checked once: a stopped Neo4j fails at once, not after the driver's retries."""
+    async with open_runtime(settings, schema="none") as runtime:
+        await runtime.driver.verify_connectivity()
+        yield runtime
 
 
 def new_master_key() -> str:
@@ -37,12 +58,11 @@ async def _rotate(generate: bool) -> int:
     settings = Settings()
     if generate:
         if settings.env == "production" or settings.master_key is not None:
-            print("--generate is for local stacks whose key lives in the data dir", file=sys.stderr)
-            return 2
+            raise CommandFailed("BAD_INPUT", "--generate is for local stacks whose key lives in the data dir")
         settings.resolved()  # make sure a key exists before it is replaced
         _replace_local_key(settings)
     settings = load_settings()
-    async with open_runtime(settings, schema="none") as runtime:
+    async with _runtime(settings) as runtime:
         changed = await rotate_data_keys(runtime.driver, runtime.keyring)
     print(f"re-wrapped {changed} data keys with master key {runtime.keyring.current_id}")
     return 0
@@ -96,7 +116,7 @@ async def _reindex(bot_id: str) -> int:
     settings = load_settings()
     embedder = make_embedder(settings)
     try:
-        async with open_runtime(settings, schema="none") as runtime:
+        async with _runtime(settings) as runtime:
             model = embedder.id if embedder is not None else "-"
             start = await backfill.progress(runtime, bot_id, model)
             bars: dict[str, _Bar] = {}
@@ -121,21 +141,79 @@ async def _reindex(bot_id: str) -> int:
 
 
 async def _relabel(bot_id: str) -> int:
-    async with open_runtime(load_settings(), schema="none") as runtime:
+    async with _runtime(load_settings()) as runtime:
         count = await relabel_all(runtime, bot_id)
     print(f"relabelled {count} entries")
     return 0
 
 
 async def _import(bot_id: str, legacy: list[LegacyEntry]) -> int:
-    async with open_runtime(load_settings(), schema="none") as runtime:
+    async with _runtime(load_settings()) as runtime:
         applied = await import_legacy(runtime, bot_id, legacy)
     print(f"imported {len(applied.entry_ids)} legacy entries (hidden until rebuilt from provable sources)")
     return 0
 
 
+class CommandFailed(Exception):
+    """A failure already described for the operator: ``botmemory: <code>: <message>``."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code, self.message = code, message
+
+
+class _Parser(argparse.ArgumentParser):
+    """Argument errors are one line too (argparse prints the usage and exits otherwise)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise CommandFailed("BAD_INPUT", f"{message} (see botmemory --help)")
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text[:300] if text else type(exc).__name__
+
+
+def describe(exc: Exception) -> CommandFailed:
+    """The one line an operator sees for ``exc`` (messages of drivers, never a secret of ours)."""
+    match exc:
+        case CommandFailed():
+            return exc
+        case ServiceError():
+            return CommandFailed(exc.code, exc.message)
+        case ConfigurationError():
+            return CommandFailed("CONFIGURATION", str(exc))
+        case Neo4jError() | DriverError():
+            return CommandFailed("UNAVAILABLE", f"Neo4j (BOTMEMORY_NEO4J_URI): {_one_line(exc)}")
+        case RedisError():
+            return CommandFailed("UNAVAILABLE", f"Redis (BOTMEMORY_REDIS_URL): {_one_line(exc)}")
+        case json.JSONDecodeError() | KeyError() | UnicodeDecodeError():
+            return CommandFailed("BAD_INPUT", f"the file is not JSON lines as expected ({_one_line(exc)})")
+        case ConnectionError() | TimeoutError():
+            return CommandFailed("UNAVAILABLE", _one_line(exc))
+        case OSError():
+            return CommandFailed("BAD_INPUT", _one_line(exc))
+        case _:
+            return CommandFailed("INTERNAL", f"{type(exc).__name__} (run with --debug for the traceback)")
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="botmemory")
+    """Run one command; a failure prints one line (or the traceback with --debug)."""
+    debug = os.environ.get("BOTMEMORY_DEBUG", "") not in ("", "0")
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        return _main(args)
+    except Exception as exc:
+        if debug or "--debug" in args:
+            raise
+        failed = describe(exc)
+        print(f"botmemory: {failed.code}: {failed.message}", file=sys.stderr)
+        return 2 if failed.code == "BAD_INPUT" else 1
+
+
+def _main(argv: list[str]) -> int:
+    parser = _Parser(prog="botmemory")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of a failure")
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("new-master-key", help="print a fresh random master key (base64)")
     rotate = commands.add_parser(

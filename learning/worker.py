@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 from arq import cron, func
 from arq.connections import RedisSettings
 from arq.worker import run_worker
+from prometheus_client import start_http_server
 from redis.exceptions import RedisError
 
 from learning import backfill, summary
@@ -28,7 +29,7 @@ from services import jobs, metrics
 from services.bootstrap import open_runtime
 from services.logs import configure_logging
 from services.runtime import Runtime, now_ms
-from services.settings import load_settings
+from services.settings import Settings, load_settings
 
 log = logging.getLogger("botmemory.worker")
 
@@ -75,7 +76,11 @@ async def heartbeat(ctx: dict[str, Any]) -> None:
 async def run_execution(ctx: dict[str, Any], execution_id: str, epoch: int) -> None:
     """``exec:<id>:<epoch>``: run one epoch of a learning execution; never raises (D9.9)."""
     runner: ExecutionRunner = ctx["runner"]
-    outcome = await runner.run(execution_id, epoch)
+    try:
+        outcome = await runner.run(execution_id, epoch)
+    except asyncio.CancelledError:  # arq's job timeout or a shutdown; the sweeper queues it again
+        metrics.EXECUTIONS.labels(outcome="cancelled").inc()
+        raise
     metrics.EXECUTIONS.labels(outcome=outcome.split(":")[0]).inc()
     log.info("execution %s epoch %s: %s", execution_id, epoch, outcome)
 
@@ -138,12 +143,29 @@ class WorkerSettings:
     job_deserializer = staticmethod(jobs.deserialize)
 
 
+def serve_metrics(settings: Settings) -> None:
+    """This process's Prometheus metrics at ``http://<host>:<port>/metrics`` (a daemon thread;
+    port 0: none). A port in use ends the worker with one line, like the API's port."""
+    if settings.worker_metrics_port == 0:
+        return
+    try:
+        start_http_server(settings.worker_metrics_port, addr=settings.worker_metrics_host)
+    except OSError as exc:
+        where = f"{settings.worker_metrics_host}:{settings.worker_metrics_port}"
+        log.error("worker metrics cannot listen on %s (%s); set BOTMEMORY_WORKER_METRICS_PORT", where, exc)
+        raise SystemExit(2) from None
+    log.info(
+        "worker metrics on http://%s:%s/metrics", settings.worker_metrics_host, settings.worker_metrics_port
+    )
+
+
 def main() -> None:
     """Run one worker (settings are read here, not at import). A lost Redis connection ends
     arq's run with an error; the process then starts itself afresh (same pid, nothing left of the
     old run) once a second until Redis answers — what the queue held is re-queued by the sweeper."""
     settings = load_settings()
     configure_logging(settings.log_level)
+    serve_metrics(settings)
     try:
         run_worker(
             WorkerSettings,  # type: ignore[arg-type]

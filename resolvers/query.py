@@ -28,7 +28,8 @@ class Query(MemoryQuery, MemoryBotQuery):
         return Person.of(await provisioning.me(info.context.runtime, await info.context.principal()))
 
     @strawberry.field(
-        description="A chat, or null when it is unknown or the caller is not one of its people."
+        description="A chat, or null when it is unknown or the caller is not one of its people "
+        "(a platform token of its organization gets FORBIDDEN: it reads memory, not messages, D9.26)."
     )
     async def chat(self, info: Info, id: strawberry.ID) -> Chat | None:
         chat = await info.context.loaders.chat.load(str(id))

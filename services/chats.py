@@ -136,28 +136,52 @@ def _readable(principal: Principal, row: dict[str, Any] | None) -> bool:
     return row is not None and principal.kind == "person" and bool(row["isPerson"])
 
 
-async def get_chats(rt: Runtime, principal: Principal, chat_ids: list[str]) -> list[Chat | BadInput | None]:
-    """:func:`get_chat` of each id, in one statement: the Chat, None, or the id's BAD_INPUT."""
+#: What a platform token of the Chat's organization is told when it asks for the people's view.
+PLATFORM_READS = (
+    "platform tokens read a chat through /v1/chats/{id}/memory/context, …/has-entries, "
+    "…/validate-references and …/search (GraphQL: context, hasEntries, validateReferences and "
+    "search with chatId); messages need the person token of a chat member"
+)
+
+
+def _unreadable(principal: Principal, row: dict[str, Any] | None) -> ServiceError:
+    """NOT_FOUND (no existence oracle), except for a platform token of the Chat's own organization:
+    FORBIDDEN, saying what it may call instead (D9.26)."""
+    of_its_org = row is not None and row["chat"]["organizationId"] == principal.organization_id
+    if principal.kind == "platform" and of_its_org:
+        return Forbidden(PLATFORM_READS)
+    return NotFound("chat not found")
+
+
+async def get_chats(
+    rt: Runtime, principal: Principal, chat_ids: list[str]
+) -> list[Chat | ServiceError | None]:
+    """:func:`get_chat` of each id, in one statement: the Chat, None, the id's BAD_INPUT, or for a
+    platform token of the Chat's organization FORBIDDEN (what it may call instead)."""
     valid, errors = _checked_ids(chat_ids, "id")
     found = (
         await read(rt.driver, lambda tx: chats_q.chats_for(tx, chat_ids=valid, person_id=principal.person_id))
         if valid
         else {}
     )
-    result: list[Chat | BadInput | None] = []
+    result: list[Chat | ServiceError | None] = []
     for chat_id in chat_ids:
         row = found.get(chat_id)
         if chat_id in errors:
             result.append(errors[chat_id])
+        elif row is not None and _readable(principal, row):
+            result.append(Chat.of(row["chat"]))
         else:
-            result.append(Chat.of(row["chat"]) if row is not None and _readable(principal, row) else None)
+            refused = _unreadable(principal, row)
+            result.append(refused if isinstance(refused, Forbidden) else None)
     return result
 
 
 async def get_chat(rt: Runtime, principal: Principal, chat_id: str) -> Chat | None:
-    """The Chat if the caller is one of its people (D9.6), else None (no existence oracle)."""
+    """The Chat if the caller is one of its people (D9.6), else None (no existence oracle); a
+    platform token of the Chat's organization gets FORBIDDEN saying what it may call."""
     (chat,) = await get_chats(rt, principal, [chat_id])
-    if isinstance(chat, BadInput):
+    if isinstance(chat, ServiceError):
         raise chat
     return chat
 
@@ -166,7 +190,8 @@ async def message_pages(
     rt: Runtime, principal: Principal, chat_ids: list[str], *, limit: int, skip: int
 ) -> list[Page[Item] | ServiceError]:
     """:func:`messages` of each Chat, one page each, in one statement; a Chat the caller may not
-    read gives NOT_FOUND, a malformed id BAD_INPUT (per id); bad paging fails them all."""
+    read gives NOT_FOUND (a platform token of its organization FORBIDDEN), a malformed id
+    BAD_INPUT (per id); bad paging fails them all."""
     limit, skip = check_page(limit, skip, max_limit=rt.settings.max_page_size)
     valid, errors = _checked_ids(chat_ids, "chatId")
     found = (
@@ -185,7 +210,7 @@ async def message_pages(
         if chat_id in errors:
             result.append(errors[chat_id])
         elif row is None or not _readable(principal, row):
-            result.append(NotFound("chat not found"))
+            result.append(_unreadable(principal, row))
         else:
             cipher = _cipher(rt, row)
             items = tuple(_item(i, cipher) for i in row["items"])
@@ -202,7 +227,7 @@ async def messages(rt: Runtime, principal: Principal, chat_id: str, *, limit: in
 
 
 async def message_counts(rt: Runtime, principal: Principal, chat_ids: list[str]) -> list[int | ServiceError]:
-    """How many Items each Chat has, in one statement; NOT_FOUND (or BAD_INPUT) as :func:`messages`."""
+    """How many Items each Chat has, in one statement; errors as :func:`messages`."""
     valid, errors = _checked_ids(chat_ids, "chatId")
     found = (
         await read(rt.driver, lambda tx: chats_q.chats_for(tx, chat_ids=valid, person_id=principal.person_id))
@@ -215,7 +240,7 @@ async def message_counts(rt: Runtime, principal: Principal, chat_ids: list[str])
         if chat_id in errors:
             result.append(errors[chat_id])
         elif row is None or not _readable(principal, row):
-            result.append(NotFound("chat not found"))
+            result.append(_unreadable(principal, row))
         else:
             result.append(int(row["chat"]["nextItemSeq"]))
     return result

@@ -47,6 +47,9 @@ class Settings(BaseSettings):
 
     api_host: str = "127.0.0.1"
     api_port: int = 8000
+    #: Where a worker serves its Prometheus ``/metrics`` (0: not served).
+    worker_metrics_host: str = "127.0.0.1"
+    worker_metrics_port: int = Field(default=9464, ge=0, le=65535)
 
     master_key: SecretStr | None = Field(default=None, description="base64 of 32 random bytes")
     previous_master_keys: list[SecretStr] = Field(

@@ -151,8 +151,9 @@ async def test_platform_acts_for_people_of_the_chat_only(api: Api) -> None:
     ) == ["FORBIDDEN"]
     notice = await api.turn(platform, chat, "reminder: meeting", notice=True)
     assert (notice["actorKind"], notice["actorId"]) == ("notice", None)
-    # A platform cannot read the chat (D9.6) and a person cannot act as someone else.
-    assert (await api.gql(MESSAGES, {"c": chat, "l": 5, "s": 0}, platform))["chat"] is None
+    # A platform cannot read the chat (D9.6; it is told what it may call) and a person cannot act
+    # as someone else.
+    assert await api.codes(MESSAGES, {"c": chat, "l": 5, "s": 0}, platform) == ["FORBIDDEN"]
     assert await api.codes(
         'mutation($c: ID!, $a: ID!) { startTurn(chatId: $c, input: "x", actorId: $a) { id } }',
         {"c": chat, "a": world.people["bob"]},

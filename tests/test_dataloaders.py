@@ -21,7 +21,7 @@ from schema.context import Context
 from services import chats, provisioning
 from services.auth import authenticate
 from services.domain import Page
-from services.errors import BadInput, NotFound
+from services.errors import BadInput, Forbidden, NotFound
 from services.runtime import Runtime
 from services.settings import Settings
 from tests.client import Api, make_world
@@ -137,9 +137,11 @@ async def test_each_key_gets_what_its_single_lookup_gives(
     assert isinstance(pages[2], BadInput) and pages[2].field == "chatId"
     counts = await chats.message_counts(runtime, as_bob, [bobs, group])
     assert counts[0] == 1 and isinstance(counts[1], NotFound)
+    # A platform token of the Chat's organization is told what it may call instead (D9.26).
     platform = await authenticate(runtime, f"Bearer {await api.platform_token(world.org)}")
     assert all(
-        isinstance(p, NotFound) for p in await chats.message_pages(runtime, platform, [mine], limit=5, skip=0)
+        isinstance(p, Forbidden)
+        for p in await chats.message_pages(runtime, platform, [mine], limit=5, skip=0)
     )
 
 

@@ -84,6 +84,9 @@ def ensure_app(s: Settings) -> None:
             raise StackError(f"{s.api_host}:{s.api_port} is already in use by another process")
         api = spawn(ps["api"], cmds["api"], env)
     if running_pid(ps["worker"]) is None:
+        if s.worker_metrics_port and port_open(s.worker_metrics_host, s.worker_metrics_port):
+            where = f"{s.worker_metrics_host}:{s.worker_metrics_port}"
+            raise StackError(f"{where} (BOTMEMORY_WORKER_METRICS_PORT) is already in use by another process")
         spawn(ps["worker"], cmds["worker"], env)
     wait_until(ps["api"], lambda: healthz(s.api_host, s.api_port), API_TIMEOUT, api)
     worker = ps["worker"]
@@ -91,6 +94,8 @@ def ensure_app(s: Settings) -> None:
         raise failure("worker", "exited", worker.log_file)
     token = "BOTMEMORY_ADMIN_TOKEN" if "BOTMEMORY_ADMIN_TOKEN" in os.environ else data_dir(s) / "admin-token"
     print(f"api: ready. GraphiQL: http://{s.api_host}:{s.api_port}/graphql")
+    if s.worker_metrics_port:
+        print(f"worker metrics: http://{s.worker_metrics_host}:{s.worker_metrics_port}/metrics")
     print(f"admin token: in {token}")
 
 
@@ -113,7 +118,9 @@ def status(s: Settings) -> None:
         "neo4j": lambda: port_open(*host_port(s.neo4j_uri, 7687)),
         "redis": lambda: redis_ping(*host_port(s.redis_url, 6379)),
         "api": lambda: healthz(s.api_host, s.api_port),
-        "worker": lambda: False,
+        "worker": lambda: (
+            s.worker_metrics_port > 0 and port_open(s.worker_metrics_host, s.worker_metrics_port)
+        ),
     }
     print(f"profile {s.env}, data dir {data_dir(s)}")
     for name, p in procs(s).items():

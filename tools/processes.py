@@ -73,11 +73,17 @@ class ServerProcess:
 
 class WorkerProcess:
     """This worker as a child process with its log file: how the tests and the learning benchmark
-    start theirs. ``env`` is added to ours; tests may kill (-9) and restart it."""
+    start theirs. ``env`` is added to ours; tests may kill (-9) and restart it. Its metrics are
+    served on a free local port (kept across restarts) unless ``env`` names one."""
 
     def __init__(self, log_path: Path, env: Mapping[str, str] | None = None, cwd: Path | None = None) -> None:
         self.log_path, self.cwd = log_path, cwd
-        self.env = {**os.environ, **(env or {})}
+        self.env = {
+            **os.environ,
+            "BOTMEMORY_WORKER_METRICS_HOST": "127.0.0.1",
+            "BOTMEMORY_WORKER_METRICS_PORT": str(free_port()),
+            **(env or {}),
+        }
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = log_path.open("ab")
         self.proc = self._spawn()
@@ -92,6 +98,12 @@ class WorkerProcess:
             stdout=self._log,
             stderr=subprocess.STDOUT,
         )
+
+    @property
+    def metrics_url(self) -> str:
+        """Its Prometheus ``/metrics``."""
+        host, port = self.env["BOTMEMORY_WORKER_METRICS_HOST"], self.env["BOTMEMORY_WORKER_METRICS_PORT"]
+        return f"http://{host}:{port}/metrics"
 
     @property
     def worker_id(self) -> str:
