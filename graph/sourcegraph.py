@@ -68,7 +68,7 @@ async def entries_by_id(
 #: satisfies it. A rule the reader does not meet maps to nothing and is dropped (it cannot occur
 #: while VISIBLE holds: ``why`` explains, it never decides), so no other reader's atom and no
 #: hidden neighbour is ever named. No rows when the entry is not visible. Hop bound 8 (D9.2).
-WHY_STEPS: Final = (
+WHY_STEPS: Final[LiteralString] = (
     """
 WITH $readers AS readers, $org AS org
 MATCH (e:Entry {id: $id, botId: $botId})

@@ -2449,3 +2449,42 @@ RETURN CASE WHEN n:Item THEN 'item' ELSE 'entry' END AS kind, n.id AS id, n.chat
 (size(readers) > 0
  AND all(rd IN readers WHERE all(a IN e.lblRequires WHERE
        a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
+
+// ---- graph.sourcegraph.WHY_STEPS
+WITH $readers AS readers, $org AS org
+MATCH (e:Entry {id: $id, botId: $botId})
+WHERE e.status IN $statuses AND
+(size(readers) > 0
+ AND all(rd IN readers WHERE all(a IN e.lblRequires WHERE
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
+
+WITH e, org, readers[0] AS rd
+CALL (rd) {
+  MATCH (c:Channel) WHERE c.id IN rd.channels
+  RETURN apoc.map.fromPairs(collect([c.id, c.name])) AS names
+}
+CALL (e) {
+  MATCH p = (e)-[:SOURCE*0..8]->(x:Entry)
+  RETURN x, min(length(p)) AS depth
+}
+WITH x, depth, org, rd, names,
+     [t IN x.tags WHERE t STARTS WITH 'for:' OR t STARTS WITH 'org:' | CASE
+        WHEN t = 'for:person:' + rd.id THEN {rule: 'PERSON', atom: 'person:' + rd.id}
+        WHEN t STARTS WITH 'for:channel:' AND substring(t, 12) IN rd.channels
+          THEN {rule: 'CHANNEL', atom: 'channel:' + substring(t, 12),
+                name: names[substring(t, 12)]}
+        WHEN t = 'for:bot' AND rd.usesBot THEN {rule: 'BOT', atom: 'bot'}
+        WHEN t = 'org:' + org THEN {rule: 'ORGANIZATION', atom: 'org:' + org}
+      END] AS own,
+     CASE WHEN size(coalesce(x.excluded, [])) > 0 AND NOT rd.id IN x.excluded
+       THEN [{rule: 'NOT_EXCLUDED', atom: 'person:' + rd.id}] ELSE [] END AS kept,
+     [(x)-[r:SOURCE]->(i:Item) | [CASE
+        WHEN r.rule = 'person:' + rd.id THEN {rule: 'PERSON', atom: r.rule, chat: i.chatId, item: i.id}
+        WHEN r.rule STARTS WITH 'channel:' AND substring(r.rule, 8) IN rd.channels
+          THEN {rule: 'CHANNEL', atom: r.rule, chat: i.chatId, item: i.id,
+                name: names[substring(r.rule, 8)]}
+      END, CASE WHEN r.org = org
+        THEN {rule: 'ORGANIZATION', atom: 'org:' + org, chat: i.chatId, item: i.id} END]] AS edges
+RETURN x.id AS entry, x.layer AS layer, depth,
+       [s IN own + kept + reduce(acc = [], pair IN edges | acc + pair) WHERE s IS NOT NULL] AS steps
+ORDER BY depth, entry
