@@ -1,7 +1,9 @@
 # Developer and CI entry points. Everything runs from the project venv (.venv).
 #   make install    create .venv (if missing), install the package with its dev extra, build the assets
 #   make assets     the vendored browser files (npm ci --prefix web, copied to botmemory/static/vendor)
-#   make up         local stack: Neo4j + Redis + API + worker (python -m tools.devstack up)
+#   make up         local stack: Neo4j + Redis + API + worker (python -m tools.devstack up), and the
+#                   offline model stub when OPENAI_BASE_URL is not set
+#   make model      the offline model stub in the foreground (python -m tools.model_stub; ARGS='--port 8099')
 #   make down       stop the local stack and the test stack
 #   make test       start the test-profile Neo4j/Redis, then pytest (extra flags: make test ARGS='-k foo')
 #   make test-unit  the unit tier: pure functions in seconds, no services (tests/unit; ARGS as for test)
@@ -12,7 +14,8 @@
 #   make eval       LoCoMo retrieval recall through the public API (eval/locomo.py; own Redis db 6)
 #   make lint       ruff check + ruff format --check + the layer contract (lint-imports)
 #   make typecheck  pyright (strict, see pyproject.toml)
-#   make demo       a guided tour against the running stack (make demo DEMO_MODEL=gpt-4o-mini)
+#   make demo       a guided tour against the running stack (make demo DEMO_MODEL=gpt-4o-mini; without
+#                   OPENAI_BASE_URL it uses the offline model stub)
 #   make mcp        the MCP server over streamable HTTP for the running stack (MCP_PORT, default 8765)
 #   make client     regenerate the Python client (client/) from the schema snapshot and client/queries
 
@@ -40,7 +43,7 @@ SOAK_ENV := BOTMEMORY_ENV=test BOTMEMORY_DATA_DIR=.data/soak \
 	BOTMEMORY_NEO4J_BOLT_PORT=19687 BOTMEMORY_NEO4J_URI=bolt://127.0.0.1:19687 \
 	BOTMEMORY_REDIS_PORT=19379 BOTMEMORY_REDIS_URL=redis://127.0.0.1:19379/0 BOTMEMORY_API_PORT=19000
 
-.PHONY: install assets up down test test-unit test-deep bench bench-learning soak eval lint typecheck status demo mcp client
+.PHONY: install assets up down test test-unit test-deep bench bench-learning soak eval lint typecheck status demo mcp client model
 
 # The project with its dev extra, the Python client (its own distribution, used by the demo and
 # tests/test_client.py) and the client's code generator (tests/test_client.py checks its output).
@@ -128,7 +131,14 @@ lint: | $(PY)
 typecheck: | $(PY)
 	$(VENV)/bin/pyright
 
-# A guided tour against the running stack (`make up`): make demo [DEMO_MODEL=gpt-4o-mini]
+# The offline model stub in the foreground, for an API run some other way (point it at
+# http://127.0.0.1:8099/v1 with OPENAI_BASE_URL): make model [ARGS='--port 8099']
+model: | $(PY)
+	$(PY) -m tools.model_stub $(ARGS)
+
+# A guided tour against the running stack (`make up`): make demo [DEMO_MODEL=gpt-4o-mini]. Without
+# OPENAI_BASE_URL the stack runs the offline model stub, which serves any model name.
+DEMO_MODEL ?= $(if $(OPENAI_BASE_URL),,botmemory-stub)
 demo: | $(PY)
 	$(PY) -m tools.demo $(if $(DEMO_MODEL),--model $(DEMO_MODEL),)
 

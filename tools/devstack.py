@@ -1,7 +1,9 @@
 """Local stack manager: ``python -m tools.devstack services|up|down|status``.
 
 Runs, for the profile of the current settings (``BOTMEMORY_*``), detached background processes:
-Neo4j Community (the Java launcher in ``launcher/``), Redis, the API (uvicorn) and one arq worker (``python -m learning.worker``).
+Neo4j Community (the Java launcher in ``launcher/``), Redis, the API (uvicorn) and one arq worker (``python -m learning.worker``);
+without ``OPENAI_BASE_URL`` also the offline model (``python -m tools.model_stub``), which the API
+and the worker then use.
 Pid files live in ``<data_dir>/run/``, logs in ``<data_dir>/logs/``. ``down`` stops only processes
 that a pid file names and whose command line is the one we started. Secrets are never printed.
 """
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import fcntl
 import http.client
+import json
 import os
 import subprocess
 import sys
@@ -19,6 +22,7 @@ from contextlib import contextmanager
 from services.settings import Settings, load_settings
 from tools.stores import (
     REPO,
+    STUB_MODEL,
     Popen,
     StackError,
     child_env,
@@ -33,16 +37,48 @@ from tools.stores import (
     running_pid,
     spawn,
     stop,
+    stub_port,
     wait_until,
 )
 
 API_TIMEOUT = 120.0
+MODEL_TIMEOUT = 60.0
+STUB_LINE = "model: offline stub (learns plain 'I …' sentences) — set OPENAI_BASE_URL for a real model"
 
 
-# --- Neo4j ---------------------------------------------------------------------------------------
+# --- the offline model ---------------------------------------------------------------------------
 
 
-# --- Redis ---------------------------------------------------------------------------------------
+def model_env(s: Settings) -> dict[str, str]:
+    """What the API and the worker need to use the offline model: nothing when ``OPENAI_BASE_URL``
+    is set; else its URL, a placeholder key and a price of 0 for its calls (so a budget can be
+    set), the price table's own entries kept."""
+    if s.openai_base_url:
+        return {}
+    free = {"input": 0, "output": 0}
+    prices = {"*": free, **{m: p.model_dump() for m, p in s.model_prices.items()}, STUB_MODEL: free}
+    return {
+        "OPENAI_BASE_URL": f"http://127.0.0.1:{stub_port(s)}/v1",
+        "OPENAI_API_KEY": "offline-stub",
+        "BOTMEMORY_MODEL_PRICES": json.dumps(prices),
+    }
+
+
+def ensure_model(s: Settings) -> None:
+    """Without ``OPENAI_BASE_URL``, start the offline model (unless running) and wait for its port."""
+    if s.openai_base_url:
+        return
+    p, port = procs(s)["model"], stub_port(s)
+    child: Popen | None = None
+    if running_pid(p) is None:
+        if port_open("127.0.0.1", port):
+            raise StackError(
+                f"127.0.0.1:{port} (the offline model's port) is already in use by another process; "
+                "set BOTMEMORY_MODEL_STUB_PORT or OPENAI_BASE_URL"
+            )
+        child = spawn(p, [python_exe(), "-m", "tools.model_stub", "--port", str(port)], child_env(s))
+    wait_until(p, lambda: port_open("127.0.0.1", port), MODEL_TIMEOUT, child)
+    print(STUB_LINE)
 
 
 # --- API and worker ------------------------------------------------------------------------------
@@ -77,7 +113,7 @@ def app_commands(s: Settings) -> dict[str, list[str]]:
 
 def ensure_app(s: Settings) -> None:
     """Start the API and one worker (unless running) and wait for ``/healthz``."""
-    ps, env, cmds = procs(s), child_env(s), app_commands(s)
+    ps, env, cmds = procs(s), {**child_env(s), **model_env(s)}, app_commands(s)
     api: Popen | None = None
     if running_pid(ps["api"]) is None:
         if port_open(s.api_host, s.api_port):
@@ -117,6 +153,7 @@ def status(s: Settings) -> None:
     checks = {
         "neo4j": lambda: port_open(*host_port(s.neo4j_uri, 7687)),
         "redis": lambda: redis_ping(*host_port(s.redis_url, 6379)),
+        "model": lambda: port_open("127.0.0.1", stub_port(s)),
         "api": lambda: healthz(s.api_host, s.api_port),
         "worker": lambda: (
             s.worker_metrics_port > 0 and port_open(s.worker_metrics_host, s.worker_metrics_port)
@@ -126,6 +163,8 @@ def status(s: Settings) -> None:
     for name, p in procs(s).items():
         pid = running_pid(p)
         state = f"running (pid {pid})" if pid is not None else "not started by devstack"
+        if name == "model" and pid is None and s.openai_base_url:
+            state = "OPENAI_BASE_URL is set (no offline model)"
         print(f"  {name:7} {state}{', answering' if checks[name]() else ''}")
 
 
@@ -142,6 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 ensure_neo4j(s)
                 ensure_redis(s)
             if args[0] == "up":
+                ensure_model(s)
                 ensure_app(s)
             elif args[0] == "down":
                 stopped = [p.name for p in reversed(procs(s).values()) if stop(p)]

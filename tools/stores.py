@@ -56,6 +56,19 @@ NEO4J_TIMEOUT = 180.0
 REDIS_TIMEOUT = 30.0
 
 
+#: The offline model (``tools.model_stub``) listens beside the API: its port + 99 (8099), or this.
+STUB_PORT_ENV = "BOTMEMORY_MODEL_STUB_PORT"
+
+
+#: The model name the local stack and the demo give the offline model (it serves any name).
+STUB_MODEL = "botmemory-stub"
+
+
+def stub_port(s: Settings) -> int:
+    """The offline model's port: ``BOTMEMORY_MODEL_STUB_PORT``, else the API's port + 99."""
+    return int(os.environ.get(STUB_PORT_ENV) or s.api_port + 99)
+
+
 Popen = subprocess.Popen[bytes]
 
 
@@ -90,6 +103,7 @@ def procs(s: Settings) -> dict[str, Proc]:
         "neo4j": proc("neo4j", (MAIN_CLASS, f"--home {d / 'neo4j'} "), 90.0),
         # redis-server rewrites its title to "redis-server 127.0.0.1:PORT".
         "redis": proc("redis", ("redis-server", f"127.0.0.1:{s.redis_port} ")),
+        "model": proc("model", ("-m tools.model_stub ", f"--port {stub_port(s)} ")),
         "api": proc("api", ("-m botmemory.serve ", f"--port {s.api_port} ")),
         "worker": proc("worker", ("-m learning.worker",)),
     }
