@@ -25,8 +25,10 @@ from botmemory_client.generated_sync.enums import Access, ItemKind
 from botmemory_client.generated_sync.exceptions import GraphQLClientError, GraphQLClientGraphQLMultiError
 from botmemory_client.generated_sync.input_types import ItemInput
 from services.settings import load_settings
+from tools.stores import STUB_MODEL
 
 NO_MODEL = """The stack has no model endpoint, so the memory Bot cannot learn or rewrite anything.
+(`make up` without OPENAI_BASE_URL starts the offline model stub; this stack was started otherwise.)
 
 Set these in the environment of `make up`, then restart it:
 
@@ -159,6 +161,8 @@ class Demo:
         turn = self.graphql(people["ann"][1]).start_turn(chat_id=other, input="Suggest a dinner for tonight.")
         print(f"   ann wrote:        {turn.input}")
         print(f"   the Bot receives: {turn.enriched_input}")
+        if self.model == STUB_MODEL:
+            print("   (the offline stub keeps inputs as they are; a real model rewrites them with the notes)")
         print("   (the chat's history keeps Ann's own words; only the startTurn caller sees the rewrite)")
 
         self.step("Bob says something in the team's group chat")
@@ -201,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         default=os.environ.get("BOTMEMORY_DEMO_API", f"http://{settings.api_host}:{settings.api_port}"),
     )
     parser.add_argument("--model", default=os.environ.get("DEMO_MODEL") or "gpt-4o-mini")
-    parser.add_argument("--wait", type=float, default=60.0, help="seconds to wait for learning")
+    parser.add_argument("--wait", type=float, default=120.0, help="seconds to wait for learning")
     args = parser.parse_args(argv)
     assert settings.admin_token is not None
     demo = Demo(args.api, settings.admin_token.get_secret_value(), args.model, args.wait)
