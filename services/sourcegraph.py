@@ -171,5 +171,8 @@ def _summary(closure: list[dict[str, Any]]) -> str:
         return "You can see this entry because it is pinned and its own rules admit you."
     items = {(s["chat"], s["item"]) for row in closure for s in row["steps"] if s.get("item")}
     count = len(sources) + len(items)
-    noun = "source" if count == 1 else "sources"
-    return f"You can see this entry because it and every one of its {count} {noun} admit you."
+    if count == 0:
+        return "You can see this entry because its own audience admits you."
+    if count == 1:
+        return "You can see this entry because it and its one source admit you."
+    return f"You can see this entry because it and every one of its {count} sources admit you."
