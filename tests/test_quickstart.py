@@ -31,7 +31,9 @@ def quickstart() -> str:
 async def test_the_readme_quickstart_runs_end_to_end(
     api: Api, api_process: ApiProcess, model_server: ModelServer
 ) -> None:
-    assert shutil.which("jq") and shutil.which("curl"), "the quickstart needs jq and curl (.ci/run installs them)"
+    assert shutil.which("jq") and shutil.which("curl"), (
+        "the quickstart needs jq and curl (.ci/run installs them)"
+    )
     install(model_server)  # the offline stub, as `make up` runs it without OPENAI_BASE_URL
     env = {**os.environ, "API": api_process.url, "ADMIN": api.admin_token}
     process = await asyncio.create_subprocess_exec(
