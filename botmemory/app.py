@@ -1,4 +1,5 @@
-"""The Starlette application: GraphQL at /graphql, REST at /v1, /healthz and /metrics."""
+"""The Starlette application: GraphQL at /graphql, REST at /v1 (described at /openapi.json and
+/docs), /healthz and /metrics."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL
 from strawberry.types import ExecutionResult
 from strawberry.types.unset import UNSET, UnsetType
 
-from botmemory import rest
+from botmemory import openapi, rest
+from botmemory.rest_models import ErrorBody, respond
 from learning.gateway import Gateway
 from resolvers.schema import build_schema
 from schema.context import Context
@@ -83,9 +85,9 @@ class GraphQLApp(GraphQL[Context, None]):
         return await super().process_result(request, result)
 
 
-def error_json(code: str, message: str, status: int) -> JSONResponse:
+def error_json(code: str, message: str, status: int) -> Response:
     """The REST error format of DESIGN §5."""
-    return JSONResponse({"error": {"code": code, "message": message}}, status_code=status)
+    return respond(ErrorBody.model_validate({"error": {"code": code, "message": message}}), status)
 
 
 async def service_error(request: Request, exc: Exception) -> Response:
@@ -204,6 +206,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
             Route("/healthz", healthz, methods=["GET"]),
             Route("/metrics", metrics_endpoint, methods=["GET"]),
             Mount("/v1", routes=rest.routes),
+            *openapi.routes(rest.operations, "/v1"),
         ],
         middleware=[Middleware(BodyLimit, max_bytes=settings.max_body_bytes)],
         exception_handlers={
