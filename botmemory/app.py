@@ -1,5 +1,5 @@
-"""The Starlette application: GraphQL at /graphql (GraphiQL for browsers), REST at /v1, the pages
-(/explore, /static), /healthz and /metrics."""
+"""The Starlette application: GraphQL at /graphql (GraphiQL for browsers), REST at /v1 (described
+at /openapi.json and /docs), the pages (/explore, /static), /healthz and /metrics."""
 
 from __future__ import annotations
 
@@ -28,7 +28,8 @@ from strawberry.subscriptions.protocols.graphql_transport_ws.types import Connec
 from strawberry.types import ExecutionResult
 from strawberry.types.unset import UNSET, UnsetType
 
-from botmemory import pages, rest
+from botmemory import openapi, pages, rest
+from botmemory.rest_models import ErrorBody, respond
 from learning.gateway import Gateway
 from resolvers.schema import build_schema
 from schema.context import Context
@@ -121,9 +122,9 @@ class GraphQLApp(GraphQL[Context, None]):
         return await super().process_result(request, result)
 
 
-def error_json(code: str, message: str, status: int) -> JSONResponse:
+def error_json(code: str, message: str, status: int) -> Response:
     """The REST error format of DESIGN §5."""
-    return JSONResponse({"error": {"code": code, "message": message}}, status_code=status)
+    return respond(ErrorBody.model_validate({"error": {"code": code, "message": message}}), status)
 
 
 async def service_error(request: Request, exc: Exception) -> Response:
@@ -283,6 +284,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
             Route("/healthz", healthz, methods=["GET"]),
             Route("/metrics", metrics_endpoint, methods=["GET"]),
             Mount("/v1", routes=rest.routes),
+            *openapi.routes(rest.operations, "/v1"),
         ],
         middleware=[Middleware(RequestMetrics), Middleware(BodyLimit, max_bytes=settings.max_body_bytes)],
         exception_handlers={

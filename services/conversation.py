@@ -36,15 +36,6 @@ class ContextPack:
     last_messages: tuple[Item, ...]
     memory: retrieval.Context
 
-    def json(self, item_json: Any) -> dict[str, Any]:
-        return {
-            "chatId": self.chat_id,
-            "summary": self.summary,
-            "preferences": [{"id": e.id, "content": e.content} for e in self.preferences],
-            "lastMessages": [item_json(i) for i in self.last_messages],
-            "memory": {"text": self.memory.text, "ids": list(self.memory.ids)},
-        }
-
 
 async def context_pack(
     rt: Runtime, principal: Principal, chat_id: str, embedder: Embedder | None = None

@@ -24,16 +24,6 @@ class Enrichment:
     entry_ids: tuple[str, ...]
     created_at: int
 
-    def json(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "turnId": self.turn_id,
-            "text": self.text,
-            "original": self.original,
-            "entryIds": list(self.entry_ids),
-            "createdAt": self.created_at,
-        }
-
 
 async def enrichments(
     rt: Runtime, principal: Principal, chat_id: str, *, limit: int = 50, skip: int = 0

@@ -29,9 +29,6 @@ class SetAside:
         first, last = span.split("-", 1)
         return cls(int(first), int(last), tuple(codes.split(",")))
 
-    def json(self) -> dict[str, Any]:
-        return {"first": self.first, "last": self.last, "codes": list(self.codes)}
-
 
 @dataclass(frozen=True, slots=True)
 class Execution:
@@ -43,18 +40,6 @@ class Execution:
     set_aside: tuple[SetAside, ...]
     created_at: int
     ended_at: int | None
-
-    def json(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "turnId": self.turn_id,
-            "status": self.status,
-            "learned": self.learned,
-            "error": self.error,
-            "setAside": [a.json() for a in self.set_aside],
-            "createdAt": self.created_at,
-            "endedAt": self.ended_at,
-        }
 
 
 async def executions(

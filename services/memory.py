@@ -57,24 +57,6 @@ class Entry:
     updated_at: int
     invalidated_at: int | None
 
-    def json(self) -> dict[str, Any]:
-        """The seed's entry shape (D9.19)."""
-        body: dict[str, Any] = {
-            "id": self.id,
-            "layer": self.layer,
-            "content": self.content,
-            "tags": list(self.tags),
-            "sources": [dict(s) for s in self.sources],
-            "status": self.status,
-            "createdAt": self.created_at,
-            "updatedAt": self.updated_at,
-        }
-        if self.confidence is not None:
-            body["confidence"] = self.confidence
-        if self.invalidated_at is not None:
-            body["invalidatedAt"] = self.invalidated_at
-        return body
-
 
 @dataclass(frozen=True, slots=True)
 class Change:

@@ -55,19 +55,6 @@ class MemoryBotSettings:
     spent_micros: int | None = None
     unknown_calls: int | None = None
 
-    def json(self) -> dict[str, Any]:
-        body: dict[str, Any] = {
-            "version": self.version,
-            "instructions": self.instructions,
-            "concurrency": self.concurrency,
-            "budget": None
-            if self.budget is None
-            else {"period": self.budget.period, "limitMicros": self.budget.limit_micros},
-        }
-        if self.spent_micros is not None:
-            body["spent"] = {"micros": self.spent_micros, "unknownCalls": self.unknown_calls}
-        return body
-
     @classmethod
     def of(cls, row: dict[str, Any], spent: tuple[int, int] | None = None) -> MemoryBotSettings:
         budget = None
@@ -124,7 +111,7 @@ _PATCH_MESSAGES: Final = {
 class SettingsPatch(BaseModel):
     """The memory-Bot settings PATCH (C3, D9.13): ``expected`` = the settings' own version; a field
     left out stays as it is, a null one removes the limit or the instructions. One model for REST
-    (:meth:`of_body`, the JSON body) and GraphQL (:meth:`checked`, the typed arguments)."""
+    (the JSON body, validated by the REST edge) and GraphQL (:meth:`checked`, the typed arguments)."""
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
@@ -295,17 +282,6 @@ class Confession:
     entry_ids: tuple[str, ...]
     answered_by: str | None
     created_at: int
-
-    def json(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "turnId": self.turn_id,
-            "text": self.text,
-            "answer": self.answer,
-            "entryIds": list(self.entry_ids),
-            "answeredBy": self.answered_by,
-            "createdAt": self.created_at,
-        }
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,168 @@
+"""The REST route table and the OpenAPI 3.1 document made from it: each :class:`Operation` is one
+Starlette route and one operation of the document, with its body, query and response models
+(JSON Schema from pydantic). Served at ``/openapi.json``; ``/docs`` renders it with Swagger UI
+from the app's own static files (no external URL)."""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any, Final, Literal
+
+from pydantic import BaseModel
+from pydantic.json_schema import JsonSchemaMode, models_json_schema
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.routing import Route
+
+from botmemory.rest_models import ErrorBody
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+#: The errors every operation may answer (DESIGN §5); an operation adds its own (409).
+COMMON_ERRORS: Final = (401, 403, 404, 422)
+
+_ERRORS: Final = {
+    401: "UNAUTHENTICATED: no valid bearer token",
+    403: "FORBIDDEN: the token may not do this",
+    404: "NOT_FOUND: no such bot or chat for you",
+    409: "CONFLICT: the state moved or the id is not yours",
+    422: "BAD_INPUT: a refused value, named in the message",
+}
+
+_PARAM: Final = re.compile(r"{(\w+)}")
+
+
+@dataclass(frozen=True, slots=True)
+class Operation:
+    """One REST operation: ``method`` and ``path`` (a Starlette template under the prefix),
+    its handler (whose docstring gives the summary and description) and its models."""
+
+    method: Literal["GET", "POST", "PATCH"]
+    path: str
+    handler: Handler
+    responses: Mapping[int, type[BaseModel]]
+    body: type[BaseModel] | None = None
+    query: type[BaseModel] | None = None
+    errors: tuple[int, ...] = COMMON_ERRORS
+
+    def route(self) -> Route:
+        return Route(self.path, self.handler, methods=[self.method])
+
+
+def document(operations: Sequence[Operation], prefix: str) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of ``operations`` mounted at ``prefix``."""
+    wanted: dict[tuple[type[BaseModel], JsonSchemaMode], None] = {(ErrorBody, "serialization"): None}
+    for op in operations:
+        for model in op.responses.values():
+            wanted[model, "serialization"] = None
+        if op.body is not None:
+            wanted[op.body, "validation"] = None
+    refs, defs = models_json_schema(list(wanted), ref_template="#/components/schemas/{model}")
+    paths: dict[str, dict[str, Any]] = {}
+    for op in operations:
+        paths.setdefault(prefix + op.path, {})[op.method.lower()] = _operation(
+            op, lambda m, mode: refs[m, mode]
+        )
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "botmemory REST", "version": "1"},
+        "paths": paths,
+        "components": {
+            "schemas": defs.get("$defs", {}),
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+        "security": [{"bearer": []}],
+    }
+
+
+#: The ``$ref`` of a model's schema in a mode.
+Refs = Callable[[type[BaseModel], JsonSchemaMode], Any]
+
+
+def _operation(op: Operation, refs: Refs) -> dict[str, Any]:
+    summary, _, description = inspect.cleandoc(op.handler.__doc__ or op.handler.__name__).partition("\n")
+    found: dict[str, Any] = {
+        "operationId": op.handler.__name__,
+        "summary": summary.strip(),
+        "tags": [op.path.split("/")[1]],
+        "parameters": [
+            {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+            for name in _PARAM.findall(op.path)
+        ]
+        + _query_parameters(op.query),
+        "responses": {
+            str(status): _response(HTTPStatus(status).phrase, refs(model, "serialization"))
+            for status, model in op.responses.items()
+        }
+        | {str(status): _response(_ERRORS[status], refs(ErrorBody, "serialization")) for status in op.errors},
+    }
+    if description.strip():
+        found["description"] = description.strip()
+    if op.body is not None:
+        found["requestBody"] = {
+            "required": True,
+            "content": {"application/json": {"schema": refs(op.body, "validation")}},
+        }
+    return found
+
+
+def _response(description: str, schema: Any) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _query_parameters(model: type[BaseModel] | None) -> list[dict[str, Any]]:
+    if model is None:
+        return []
+    schema = model.model_json_schema()
+    required = set(schema.get("required", []))
+    out: list[dict[str, Any]] = []
+    for name, prop in schema["properties"].items():
+        param: dict[str, Any] = {"name": name, "in": "query", "required": name in required}
+        if "description" in prop:
+            param["description"] = prop["description"]
+        # A query parameter is left out rather than null: describe the value it has when given.
+        given = [s for s in prop.get("anyOf", [prop]) if s.get("type") != "null"]
+        param["schema"] = {k: v for k, v in given[0].items() if k not in ("title", "description")}
+        if prop.get("default") is not None:
+            param["schema"]["default"] = prop["default"]
+        out.append(param)
+    return out
+
+
+#: Swagger UI from the app's static files; ``validatorUrl: null`` keeps it from calling out.
+DOCS_PAGE: Final = """<!doctype html>
+<html lang="en">
+<head>
+  <meta charset="utf-8">
+  <title>botmemory REST API</title>
+  <link rel="stylesheet" href="/static/vendor/swagger-ui/swagger-ui.css">
+</head>
+<body>
+  <div id="swagger-ui"></div>
+  <script src="/static/vendor/swagger-ui/swagger-ui-bundle.js"></script>
+  <script>
+    window.ui = SwaggerUIBundle({url: "/openapi.json", dom_id: "#swagger-ui", validatorUrl: null});
+  </script>
+</body>
+</html>
+"""
+
+
+def routes(operations: Sequence[Operation], prefix: str) -> list[Route]:
+    """``GET /openapi.json`` (built once, here) and ``GET /docs``."""
+    spec = document(operations, prefix)
+
+    async def openapi_json(request: Request) -> Response:
+        return JSONResponse(spec)
+
+    async def docs(request: Request) -> Response:
+        return HTMLResponse(DOCS_PAGE)
+
+    return [
+        Route("/openapi.json", openapi_json, methods=["GET"]),
+        Route("/docs", docs, methods=["GET"]),
+    ]

@@ -1,0 +1,256 @@
+"""The response bodies of ``/v1`` (DESIGN §5, D9.19) as pydantic models: camelCase on the wire,
+built from the services' domain values, serialised by :func:`respond` and described by the
+OpenAPI document (botmemory.openapi)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+from starlette.responses import Response
+
+from services.domain import ItemKind
+from services.memorybot import MemoryBotSettings
+
+
+def _absent(value: object) -> bool:
+    return value is None
+
+
+class Out(BaseModel):
+    """A response body: built from a domain value's attributes, written with camelCase names."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel, validate_by_name=True, from_attributes=True, frozen=True, extra="forbid"
+    )
+
+
+def respond(body: Out, status: int = 200) -> Response:
+    """The one serialiser of REST responses: fields left out when built stay out of the JSON."""
+    return Response(
+        body.model_dump_json(by_alias=True, exclude_unset=True),
+        status_code=status,
+        media_type="application/json",
+    )
+
+
+class ErrorDetail(Out):
+    code: str = Field(description="BAD_INPUT, UNAUTHENTICATED, FORBIDDEN, NOT_FOUND, CONFLICT, …")
+    message: str = Field(description="Safe to show: never content or secrets.")
+
+
+class ErrorBody(Out):
+    """Every REST error (DESIGN §5)."""
+
+    error: ErrorDetail
+
+
+class ItemOut(Out):
+    """An Item of a Chat (D9.19)."""
+
+    id: str
+    turn_id: str
+    kind: ItemKind
+    text: str | None
+    app: str | None
+    speaker_id: str | None
+    created_at: int
+
+
+class MessagesPage(Out):
+    messages: list[ItemOut]
+    total: int
+
+
+class ItemSource(Out):
+    """An entry learned from an Item of a Chat."""
+
+    chat: str
+    item: str
+
+
+class EntrySource(Out):
+    """An entry derived from another entry."""
+
+    entry: str
+
+
+class EntryOut(Out):
+    """A memory entry (the seed's shape, D9.19); ``confidence`` and ``invalidatedAt`` only when set."""
+
+    id: str
+    layer: str
+    content: str
+    tags: list[str]
+    sources: list[ItemSource | EntrySource]
+    status: str
+    created_at: int
+    updated_at: int
+    confidence: float | None = Field(default=None, exclude_if=_absent)
+    invalidated_at: int | None = Field(default=None, exclude_if=_absent)
+
+
+class EntryList(Out):
+    """The entries for you; ``next`` (the cursor of the following page, null after the last) only
+    when a page was asked for with ``limit`` or ``after``."""
+
+    entries: list[EntryOut]
+    version: int
+    next: str | None = None
+
+
+class ScoredEntry(Out):
+    score: float
+    entry: EntryOut
+
+
+class SearchResults(Out):
+    """Best first (design §10)."""
+
+    results: list[ScoredEntry]
+
+
+class MemoryContext(Out):
+    """The visible memory as text and the ids of the entries in it (N3)."""
+
+    text: str
+    ids: list[str]
+
+
+class HasEntries(Out):
+    has_entries: bool
+
+
+class Validity(Out):
+    valid: bool
+
+
+class Remembered(Out):
+    entry: EntryOut
+    version: int
+
+
+class Forgotten(Out):
+    version: int
+
+
+class ChangeOut(Out):
+    version: int
+    at: int
+    actor: str
+    ids: list[str]
+    removed: list[str]
+
+
+class ChangeLog(Out):
+    """Newest first; ``next`` is the ``before`` of the next page (null after the last)."""
+
+    changes: list[ChangeOut]
+    version: int
+    next: int | None
+
+
+class Purged(Out):
+    removed: int
+
+
+class BudgetOut(Out):
+    period: str = Field(description="day or month (UTC)")
+    limit_micros: int
+
+
+class SpentOut(Out):
+    """What the current budget period has cost so far, and the calls whose cost is unknown."""
+
+    micros: int
+    unknown_calls: int
+
+
+class SettingsOut(Out):
+    """The memory Bot's settings (C3, D9.13); ``spent`` only while a budget is set."""
+
+    version: int
+    instructions: str | None
+    concurrency: int | None
+    budget: BudgetOut | None
+    spent: SpentOut | None = None
+
+    @classmethod
+    def of(cls, found: MemoryBotSettings) -> SettingsOut:
+        fields: dict[str, Any] = {
+            "version": found.version,
+            "instructions": found.instructions,
+            "concurrency": found.concurrency,
+            "budget": found.budget,
+        }
+        if found.spent_micros is not None:
+            fields["spent"] = SpentOut(micros=found.spent_micros, unknown_calls=found.unknown_calls or 0)
+        return cls.model_validate(fields)
+
+
+class ConfessionOut(Out):
+    id: str
+    turn_id: str
+    text: str
+    answer: str | None
+    entry_ids: list[str]
+    answered_by: str | None
+    created_at: int
+
+
+class Confessions(Out):
+    confessions: list[ConfessionOut]
+
+
+class EnrichmentOut(Out):
+    """A rewrite with its original words; ``text`` is null when withheld (D9.6)."""
+
+    id: str
+    turn_id: str
+    text: str | None
+    original: str | None
+    entry_ids: list[str]
+    created_at: int
+
+
+class Enrichments(Out):
+    enrichments: list[EnrichmentOut]
+
+
+class SetAsideOut(Out):
+    """Evidence a refused step never learned: Items ``first``..``last`` and the refusal codes."""
+
+    first: int
+    last: int
+    codes: list[str]
+
+
+class ExecutionOut(Out):
+    id: str
+    turn_id: str
+    status: str
+    learned: int
+    error: str | None
+    set_aside: list[SetAsideOut]
+    created_at: int
+    ended_at: int | None
+
+
+class Executions(Out):
+    executions: list[ExecutionOut]
+
+
+class Preference(Out):
+    id: str
+    content: str
+
+
+class ContextPackOut(Out):
+    """Summary, preferences, the last messages and the visible memory of a Chat (D9.17)."""
+
+    chat_id: str
+    summary: str | None
+    preferences: list[Preference]
+    last_messages: list[ItemOut]
+    memory: MemoryContext
