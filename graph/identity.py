@@ -384,3 +384,36 @@ async def bot_org_for_person(tx: AsyncManagedTransaction, *, bot_id: str, person
 
 async def link_bot(tx: AsyncManagedTransaction, *, bot_id: str, organization_id: str) -> bool:
     return await single(tx, LINK_BOT, botId=bot_id, organizationId=organization_id) is not None
+
+
+#: The Bots a person may use: granted to them and owned by or linked into their organization.
+PERSON_BOTS: Final[LiteralString] = """
+MATCH (:Person {id: $personId})-[:GRANT]->(b:Bot)-[:OWNED_BY]->(o:Organization)
+WHERE o.id = $org OR EXISTS { (b)-[:LINKED]->(:Organization {id: $org}) }
+OPTIONAL MATCH (b)-[:LINKED]->(l:Organization)
+WITH b, o, l ORDER BY l.id
+WITH b, o, collect(l.id) AS linked
+RETURN b {.id, .name, .model, .createdAt, organizationId: o.id, linkedOrganizationIds: linked} AS bot
+ORDER BY bot.name, bot.id
+"""
+
+#: The Bots owned by or linked into an organization (every Bot when ``$org`` is null: the admin).
+ORGANIZATION_BOTS: Final[LiteralString] = """
+MATCH (b:Bot)-[:OWNED_BY]->(o:Organization)
+WHERE $org IS NULL OR o.id = $org OR EXISTS { (b)-[:LINKED]->(:Organization {id: $org}) }
+OPTIONAL MATCH (b)-[:LINKED]->(l:Organization)
+WITH b, o, l ORDER BY l.id
+WITH b, o, collect(l.id) AS linked
+RETURN b {.id, .name, .model, .createdAt, organizationId: o.id, linkedOrganizationIds: linked} AS bot
+ORDER BY bot.name, bot.id
+LIMIT 1000
+"""
+
+
+async def usable_bots(
+    tx: AsyncManagedTransaction, *, person_id: str | None, org: str | None
+) -> list[dict[str, Any]]:
+    """The Bots of :data:`PERSON_BOTS` for a person, else of :data:`ORGANIZATION_BOTS`."""
+    if person_id is not None:
+        return [r["bot"] for r in await rows(tx, PERSON_BOTS, personId=person_id, org=org)]
+    return [r["bot"] for r in await rows(tx, ORGANIZATION_BOTS, org=org)]

@@ -1138,6 +1138,25 @@ WHERE NOT (b)-[:OWNED_BY]->(o)
 MERGE (b)-[:LINKED]->(o)
 RETURN b.id AS id
 
+// ---- graph.identity.ORGANIZATION_BOTS
+MATCH (b:Bot)-[:OWNED_BY]->(o:Organization)
+WHERE $org IS NULL OR o.id = $org OR EXISTS { (b)-[:LINKED]->(:Organization {id: $org}) }
+OPTIONAL MATCH (b)-[:LINKED]->(l:Organization)
+WITH b, o, l ORDER BY l.id
+WITH b, o, collect(l.id) AS linked
+RETURN b {.id, .name, .model, .createdAt, organizationId: o.id, linkedOrganizationIds: linked} AS bot
+ORDER BY bot.name, bot.id
+LIMIT 1000
+
+// ---- graph.identity.PERSON_BOTS
+MATCH (:Person {id: $personId})-[:GRANT]->(b:Bot)-[:OWNED_BY]->(o:Organization)
+WHERE o.id = $org OR EXISTS { (b)-[:LINKED]->(:Organization {id: $org}) }
+OPTIONAL MATCH (b)-[:LINKED]->(l:Organization)
+WITH b, o, l ORDER BY l.id
+WITH b, o, collect(l.id) AS linked
+RETURN b {.id, .name, .model, .createdAt, organizationId: o.id, linkedOrganizationIds: linked} AS bot
+ORDER BY bot.name, bot.id
+
 // ---- graph.identity.PERSON_USES_BOT
 MATCH (p:Person {id: $personId})-[:MEMBER_OF]->(o:Organization)
 MATCH (b:Bot {id: $botId})

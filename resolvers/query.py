@@ -60,6 +60,14 @@ class Query(MemoryQuery, MemoryBotQuery):
     async def bot(self, info: Info, id: strawberry.ID) -> Bot:
         return Bot.of(await info.context.loaders.bot.load(str(id)))
 
+    @strawberry.field(
+        description="The Bots you can use: a person's granted Bots in their organization (owned or"
+        " linked), a platform token's organization's Bots; by name."
+    )
+    async def bots(self, info: Info) -> list[Bot]:
+        principal = await info.context.principal()
+        return [Bot.of(b) for b in await provisioning.usable_bots(info.context.runtime, principal)]
+
     @strawberry.field
     async def channel(self, info: Info, id: strawberry.ID) -> Channel:
         principal = await info.context.principal()

@@ -244,6 +244,15 @@ async def get_bot(rt: Runtime, principal: Principal, bot_id: str) -> Bot:
     return bot
 
 
+async def usable_bots(rt: Runtime, principal: Principal) -> list[Bot]:
+    """The Bots the caller can use: a person's granted Bots of their organization (owned or
+    linked); a platform token's organization's Bots; every Bot for the admin."""
+    person = principal.person_id if principal.kind == "person" else None
+    org = None if principal.kind == "admin" else principal.organization_id
+    found = await read(rt.driver, lambda tx: identity.usable_bots(tx, person_id=person, org=org))
+    return [Bot.of(row) for row in found]
+
+
 async def grant_bot(rt: Runtime, principal: Principal, bot_id: str, person_id: str, access: Access) -> Bot:
     """Give a person READ or WRITE on a Bot (NONE removes it); the person's organization must use the Bot."""
     require_admin(principal)

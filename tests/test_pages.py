@@ -165,6 +165,9 @@ async def test_explorer_draws_the_source_graph_and_why(api: Api, runtime: Runtim
 
     async with browser_page() as page:
         await _explore(page, base, w.tokens["ann"], w.bot)
+        # The Bot field offers the Bots Ann can use (the `bots` query).
+        await page.wait_for("document.querySelectorAll('#bots option').length > 0")
+        assert await page.js("[...document.querySelectorAll('#bots option')].map(o => o.value)") == [w.bot]
         listed = await page.js("[...document.querySelectorAll('#entries li')].map(li => li.dataset.id)")
         assert set(listed) == {top, team, mine}
         await _open(page, top)

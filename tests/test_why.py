@@ -114,3 +114,18 @@ async def test_why_of_a_pinned_entry_is_its_own_rules(api: Api) -> None:
     assert {e for e, *_ in steps_of(data)} == {pid}
     assert "pinned" in data["entry"]["why"]["summary"]
     assert await api.codes(WHY, {"b": w.bot, "id": pid}, w.tokens["bob"]) == ["NOT_FOUND"]
+
+
+async def test_bots_lists_what_each_caller_can_use(api: Api) -> None:
+    """`bots`: a person's granted Bots of their organization; a platform token's organization's."""
+    w = await make_world(api, ("ann", "bob"))
+    other = await api.bot(w.org, "other")  # in Ann's organization, not granted to her
+    query = "{ bots { id name organizationId } }"
+    assert [b["id"] for b in (await api.gql(query, token=w.tokens["ann"]))["bots"]] == [w.bot]
+    await api.grant(w.bot, w.people["bob"], "NONE")
+    assert (await api.gql(query, token=w.tokens["bob"]))["bots"] == []
+    platform = await api.platform_token(w.org)
+    assert {b["id"] for b in (await api.gql(query, token=platform))["bots"]} == {w.bot, other}
+    outsider_org = await api.organization("elsewhere")
+    _, outsider = await api.person(outsider_org, "eve")
+    assert (await api.gql(query, token=outsider))["bots"] == []

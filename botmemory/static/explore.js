@@ -11,12 +11,30 @@
     why { summary steps { entry chat item rule admittedBy reason } } } }`;
   const LIST = `query($b: ID!) { memory(botId: $b, limit: 100) { entries { ${ENTRY} } } }`;
   const SEARCH = `query($b: ID!, $q: String!) { search(botId: $b, query: $q, limit: 50) { entry { ${ENTRY} } } }`;
+  const BOTS = "{ bots { id name } }";
   let graph = null;
 
   for (const id of ["token", "bot"]) {
     $(id).value = sessionStorage.getItem("botmemory." + id) || "";
     $(id).addEventListener("change", () => sessionStorage.setItem("botmemory." + id, $(id).value.trim()));
   }
+
+  // The Bots the token can use, offered as choices of the Bot field (the status line is the list's).
+  async function bots() {
+    $("bots").replaceChildren();
+    if (!$("token").value.trim()) return;
+    try {
+      for (const b of (await gql(BOTS, {})).bots) {
+        const option = document.createElement("option");
+        option.value = b.id;
+        option.label = b.name;
+        $("bots").append(option);
+      }
+    } catch (err) {
+      // A wrong token shows its error when the entries are asked for.
+    }
+  }
+  $("token").addEventListener("change", bots);
 
   function status(text, error) {
     $("status").textContent = text;
@@ -141,6 +159,8 @@
       }),
     );
   }
+
+  bots();
 
   // /explore#<entry id> opens that entry after listing.
   $("go").addEventListener("click", async () => {
