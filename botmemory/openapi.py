@@ -139,6 +139,7 @@ DOCS_PAGE: Final = """<!doctype html>
 <head>
   <meta charset="utf-8">
   <title>botmemory REST API</title>
+  <link rel="icon" href="data:,">
   <link rel="stylesheet" href="/static/vendor/swagger-ui/swagger-ui.css">
 </head>
 <body>

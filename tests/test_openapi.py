@@ -117,6 +117,7 @@ async def test_docs_page_uses_only_local_assets(api: Api) -> None:
     assert "/static/vendor/swagger-ui/swagger-ui.css" in page
     assert "/openapi.json" in page
     assert re.findall(r"(?:src|href)=\"([^\"]+)\"", page) == [
+        "data:,",  # no favicon request
         "/static/vendor/swagger-ui/swagger-ui.css",
         "/static/vendor/swagger-ui/swagger-ui-bundle.js",
     ]

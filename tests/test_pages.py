@@ -211,3 +211,17 @@ async def test_explorer_draws_the_source_graph_and_why(api: Api, runtime: Runtim
         assert page.hosts <= {"127.0.0.1", "localhost", ""}, page.hosts
         assert not page.errors, page.errors
         await page.screenshot("explore-outsider.png")
+
+
+async def test_docs_render_the_openapi_of_every_rest_route_offline(api: Api) -> None:
+    """/docs (issue 18 item 4): Swagger UI from the vendored files draws every /v1 operation."""
+    spec = (await api.http.get("/openapi.json")).json()
+    operations = sum(len(methods) for methods in spec["paths"].values())
+    base = str(api.http.base_url).rstrip("/")
+    async with browser_page() as page:
+        await page.goto(f"{base}/docs")
+        await page.wait_for(f"document.querySelectorAll('.opblock').length === {operations}")
+        assert "/v1/bots/{bot_id}/memory/search" in await page.js("document.body.innerText")
+        await page.screenshot("docs.png")
+        assert page.hosts <= {"127.0.0.1", "localhost", ""}, page.hosts
+        assert not page.errors, page.errors
