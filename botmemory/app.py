@@ -11,6 +11,7 @@ from collections.abc import AsyncGenerator
 from contextlib import asynccontextmanager
 from typing import Any, TypedDict
 
+from graphql import GraphQLError, OperationType, get_operation_ast, parse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -21,7 +22,7 @@ from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from strawberry.asgi import GraphQL
 from strawberry.exceptions import ConnectionRejectionError
-from strawberry.http import GraphQLHTTPResponse
+from strawberry.http import GraphQLHTTPResponse, GraphQLRequestData
 from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL
 from strawberry.subscriptions.protocols.graphql_transport_ws.handlers import BaseGraphQLTransportWSHandler
 from strawberry.subscriptions.protocols.graphql_transport_ws.types import ConnectionInitMessage
@@ -79,6 +80,19 @@ class TransportWSHandler(BaseGraphQLTransportWSHandler[Context, None]):
         await super().handle_connection_init(message)
 
 
+def _is_subscription(request_data: GraphQLRequestData) -> bool:
+    """Whether the operation a request selects is a subscription (parsed only when it may be)."""
+    query = request_data.query
+    if not query or "subscription" not in query:
+        return False
+    try:
+        document = parse(query)
+    except GraphQLError:
+        return False  # the execution reports the syntax error
+    operation = get_operation_ast(document, request_data.operation_name)
+    return operation is not None and operation.operation is OperationType.SUBSCRIPTION
+
+
 class GraphQLApp(GraphQL[Context, None]):
     graphql_transport_ws_handler_class = TransportWSHandler
 
@@ -108,6 +122,28 @@ class GraphQLApp(GraphQL[Context, None]):
         """Subscription payloads shared by several subscribers are serialised once (schema.fanout)."""
         shared = encode_next(data)
         return super().encode_json(data) if shared is None else shared
+
+    async def execute_single(
+        self,
+        request: Request,
+        request_adapter: Any,  # strawberry's adapter (of its cross_web dependency), passed on
+        sub_response: Response,
+        context: Context,
+        root_value: None,
+        request_data: GraphQLRequestData,
+    ) -> ExecutionResult:
+        """A subscription sent as a plain HTTP request gets BAD_INPUT saying where subscriptions are
+        served (Strawberry would run its resolver as a query and fail inside it)."""
+        if _is_subscription(request_data):
+            error = GraphQLError(
+                "subscriptions are served over WebSocket at /graphql (graphql-transport-ws; "
+                'connection_init payload {"Authorization": "Bearer <token>"})',
+                extensions={"code": "BAD_INPUT"},
+            )
+            return ExecutionResult(data=None, errors=[error])
+        return await super().execute_single(
+            request, request_adapter, sub_response, context, root_value, request_data
+        )
 
     async def process_result(self, request: Request, result: ExecutionResult) -> GraphQLHTTPResponse:
         """Parse errors end before the operation's extensions; give them their code here (and

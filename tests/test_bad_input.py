@@ -115,3 +115,16 @@ async def test_depth_limit_is_enforced(settings: Settings) -> None:
     result = await schema.execute('query { chat(id: "chat_x") { messages { id } } }')
     assert result.errors is not None
     assert "exceeds maximum operation depth" in result.errors[0].message
+
+
+async def test_a_subscription_over_plain_http_says_where_subscriptions_are(api: Api) -> None:
+    """Not INTERNAL: BAD_INPUT naming the WebSocket endpoint and the connection_init payload."""
+    w = await make_world(api, ("ann",))
+    query = f'subscription {{ memoryChanges(botId: "{w.bot}") {{ version }} }}'
+    body = await api.raw(query, token=w.tokens["ann"])
+    [error] = body["errors"]
+    assert error["extensions"]["code"] == "BAD_INPUT"
+    assert "WebSocket" in error["message"] and "connection_init" in error["message"]
+    # A query that only mentions the word is run as usual.
+    data = await api.gql("query subscription { me { id } }", token=w.tokens["ann"])
+    assert data["me"]["id"] == w.people["ann"]
