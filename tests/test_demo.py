@@ -7,6 +7,7 @@ import json
 import os
 import sys
 
+from services.settings import Settings
 from tests.conftest import ROOT, ApiProcess, WorkerProcess
 from tests.model_server import ModelServer, Recorded, Reply, ToolCall
 
@@ -41,7 +42,7 @@ async def run_demo(api_url: str, *extra: str) -> tuple[int, str]:
         "--model",
         "test-model",
         "--wait",
-        "20",
+        "60",
         *extra,
         cwd=ROOT,
         env=os.environ.copy(),
@@ -53,7 +54,7 @@ async def run_demo(api_url: str, *extra: str) -> tuple[int, str]:
 
 
 async def test_demo_shows_memory_learned_and_used(
-    api_process: ApiProcess, worker_process: WorkerProcess, model_server: ModelServer
+    settings: Settings, service_env: dict[str, str], worker_process: WorkerProcess, model_server: ModelServer
 ) -> None:
     if worker_process.proc.poll() is not None:
         worker_process.restart()
@@ -62,7 +63,21 @@ async def test_demo_shows_memory_learned_and_used(
     model_server.respond("learn", learn)
     model_server.respond("rewrite", rewrite)
     model_server.default("confide", Reply(text="Thank you. Ask them plainly and carry on."))
-    code, out = await run_demo(api_process.url)
+    # The demo shows rewrites: its API gets the real answer deadline, not the suite's 3 s, so a
+    # busy machine does not turn a rewrite into the kept input.
+    patient = ApiProcess(
+        settings,
+        settings.data_dir / "logs" / "pytest-api-demo.log",
+        {
+            **service_env,
+            "BOTMEMORY_ANSWER_DEADLINE_SECONDS": "15",
+            "BOTMEMORY_MODEL_ATTEMPT_TIMEOUT_SECONDS": "15",
+        },
+    )
+    try:
+        code, out = await run_demo(patient.url)
+    finally:
+        patient.stop()
     print(out)  # what a user sees (shown with -s and in CI logs of failures)
     assert code == 0, out
     lines = out.splitlines()
