@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Final, LiteralString
+from typing import Final, LiteralString, TypedDict
 
 from neo4j import AsyncManagedTransaction
 
-from graph.access import VISIBLE
+from graph.access import VISIBLE, ReaderMap
 from graph.driver import rows
-from graph.memory import ENTRY_ROW
+from graph.memory import ENTRY_ROW, EntryMap, EntryRow
 
 #: Entries and Items around one entry, each with its nearest distance (D9.7 filters them after).
 #: Hop bound: 8, the source-chain bound (D9.2).
@@ -24,6 +24,15 @@ MATCH p = (d:Entry {botId: $botId})-[:SOURCE*1..8]->(e:Entry {id: $id, botId: $b
 WITH d, min(length(p)) AS depth
 RETURN 'entry' AS kind, d.id AS id, null AS chat, depth
 """
+
+
+class NeighbourRow(TypedDict):
+    """SOURCES_OF, DEPENDENTS_OF: ``chat`` is an Item's Chat (None for an entry)."""
+
+    kind: str
+    id: str
+    chat: str | None
+    depth: int
 
 
 #: Visible entries by id with everything the API returns (content as ciphertext).
@@ -43,10 +52,10 @@ ORDER BY e.memoryRank DESC, e.id
 
 async def neighbours(
     tx: AsyncManagedTransaction, *, bot_id: str, id: str, direction: str
-) -> list[dict[str, Any]]:
+) -> list[NeighbourRow]:
     """Sources (``direction='sources'``) or dependents of an entry with their distance."""
     query = SOURCES_OF if direction == "sources" else DEPENDENTS_OF
-    return await rows(tx, query, botId=bot_id, id=id)
+    return await rows(tx, query, NeighbourRow, botId=bot_id, id=id)
 
 
 async def entries_by_id(
@@ -54,9 +63,11 @@ async def entries_by_id(
     *,
     bot_id: str,
     org: str,
-    readers: list[dict[str, Any]],
+    readers: list[ReaderMap],
     ids: list[str],
     statuses: list[str],
-) -> list[dict[str, Any]]:
-    result = await rows(tx, ENTRIES_BY_ID, botId=bot_id, org=org, readers=readers, ids=ids, statuses=statuses)
+) -> list[EntryMap]:
+    result = await rows(
+        tx, ENTRIES_BY_ID, EntryRow, botId=bot_id, org=org, readers=readers, ids=ids, statuses=statuses
+    )
     return [r["entry"] for r in result]

@@ -87,7 +87,7 @@ async def context_pack(
 
 
 async def _preferences(rt: Runtime, route: Route, reader: memory.Reader) -> list[memory.Entry]:
-    async def work(tx: AsyncManagedTransaction) -> list[dict[str, Any]]:
+    async def work(tx: AsyncManagedTransaction) -> list[memory_q.EntryMap]:
         await memory_q.shared_lock(tx, bot_id=route.bot_id)
         return await memory_q.list_visible(
             tx, bot_id=route.bot_id, statuses=["active"], tags=[PREFERENCES], **reader.params

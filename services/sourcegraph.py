@@ -7,13 +7,14 @@ with ids, rules or shapes. Saved per-Item rules are never returned.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from neo4j import AsyncManagedTransaction
 
 from graph import sourcegraph as sourcegraph_q
 from graph.access import MAX_SOURCE_DEPTH
 from graph.driver import read
+from graph.memory import EntryMap
 from services.crypto import Cipher
 from services.domain import Principal
 from services.errors import BadInput, NotFound
@@ -50,7 +51,7 @@ async def entry(rt: Runtime, principal: Principal, bot_id: str, entry_id: str) -
     check_id(bot_id, "botId")
     check_id(entry_id, "id")
 
-    async def work(tx: AsyncManagedTransaction) -> tuple[list[dict[str, Any]], Cipher]:
+    async def work(tx: AsyncManagedTransaction) -> tuple[list[EntryMap], Cipher]:
         _, reader, cipher = await open_read(rt, tx, principal, bot_id)
         return await sourcegraph_q.entries_by_id(
             tx, bot_id=bot_id, ids=[entry_id], statuses=_SHOWN, **reader.params
@@ -73,7 +74,7 @@ async def neighbourhood(
 
     async def work(
         tx: AsyncManagedTransaction,
-    ) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]], Cipher]:
+    ) -> tuple[list[sourcegraph_q.NeighbourRow], dict[str, EntryMap], Cipher]:
         _, reader, cipher = await open_read(rt, tx, principal, bot_id)
         if not await sourcegraph_q.entries_by_id(
             tx, bot_id=bot_id, ids=[entry_id], statuses=_SHOWN, **reader.params
@@ -96,6 +97,10 @@ async def neighbourhood(
         for n in near
         if n["kind"] == "entry" and n["id"] in shown
     )
-    items = tuple(ItemSource(n["chat"], n["id"], n["depth"]) for n in near if n["kind"] == "item")
+    items = tuple(
+        ItemSource(n["chat"], n["id"], n["depth"])
+        for n in near
+        if n["kind"] == "item" and n["chat"] is not None  # an Item always has its Chat
+    )
     hidden = sum(1 for n in near if n["kind"] == "entry" and n["id"] not in shown)
     return Neighbourhood(entries, items, hidden)
