@@ -104,7 +104,7 @@ async def _rewrite(
 ) -> tuple[str, str]:
     async with asyncio.timeout(max(deadline - time.monotonic(), 0)):
 
-        async def load(tx: AsyncManagedTransaction) -> tuple[dict[str, Any], Route]:
+        async def load(tx: AsyncManagedTransaction) -> tuple[memorybot_q.RouteChat, Route]:
             return await load_route(rt, tx, turn.chat_id)
 
         chat, route = await read(rt.driver, load)

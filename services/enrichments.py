@@ -41,7 +41,9 @@ async def enrichments(
     """The Chat owner's view (D9.6): a rewrite whose entries are no longer all visible to the
     owner is withheld; only the original words are returned."""
 
-    async def fetch(tx: AsyncManagedTransaction, chat: str, skip: int, limit: int) -> list[dict[str, Any]]:
+    async def fetch(
+        tx: AsyncManagedTransaction, chat: str, skip: int, limit: int
+    ) -> list[memorybot_q.EnrichmentNode]:
         return await memorybot_q.list_enrichments(tx, chat_id=chat, skip=skip, limit=limit)
 
     view = await owner_records(rt, principal, chat_id, fetch, limit=limit, skip=skip)

@@ -144,7 +144,7 @@ async def cipher_of(rt: Runtime, bot_id: str, tx: AsyncManagedTransaction | None
         key = await identity.bot_key(tx, id=bot_id)
     else:
         key = await read(rt.driver, lambda t: identity.bot_key(t, id=bot_id))
-    if key is None or key["master"] is None:
+    if key is None:
         raise NotFound("bot not found")
     return rt.cipher(bot_id, key["master"], key["wrapped"])
 
