@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, LiteralString, TypeAlias, TypeVar, cast, overload
+from typing import Any, LiteralString, TypeAlias, TypeVar, cast
 
 from neo4j import (
     WRITE_ACCESS,
@@ -84,13 +84,7 @@ async def autocommit(driver: AsyncDriver, work: Callable[[AsyncSession], Awaitab
             attempt += 1
 
 
-@overload
-async def single(tx: QueryTarget, query: LiteralString, /, **params: Any) -> dict[str, Any] | None: ...
-@overload
-async def single(tx: QueryTarget, query: LiteralString, row: type[R], /, **params: Any) -> R | None: ...
-async def single(
-    tx: QueryTarget, query: LiteralString, row: type[R] | None = None, /, **params: Any
-) -> R | dict[str, Any] | None:
+async def single(tx: QueryTarget, query: LiteralString, row: type[R], /, **params: Any) -> R | None:
     """The only record of ``query`` as a ``row``, or None; the result is consumed inside the
     transaction. ``row`` is the TypedDict of the statement's RETURN clause: the driver's records
     are untyped, and this is the one place they are taken to have that shape."""
@@ -99,13 +93,7 @@ async def single(
     return None if record is None else cast(R, dict(record))
 
 
-@overload
-async def rows(tx: QueryTarget, query: LiteralString, /, **params: Any) -> list[dict[str, Any]]: ...
-@overload
-async def rows(tx: QueryTarget, query: LiteralString, row: type[R], /, **params: Any) -> list[R]: ...
-async def rows(
-    tx: QueryTarget, query: LiteralString, row: type[R] | None = None, /, **params: Any
-) -> list[R] | list[dict[str, Any]]:
+async def rows(tx: QueryTarget, query: LiteralString, row: type[R], /, **params: Any) -> list[R]:
     """All records of ``query`` as ``row``s (see :func:`single`), consumed inside the transaction."""
     result = await tx.run(query, params)
     return [cast(R, dict(r)) async for r in result]
