@@ -42,15 +42,17 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, LiteralString, TypeVar, cast
+from typing import Any, LiteralString, TypedDict, TypeVar, cast
 from urllib.parse import urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
 from neo4j import AsyncManagedTransaction
 
-from bench.memory_bench import delete_bot_data, fmt_ms, log, machine, pct, verdict
+from bench.memory_bench import ServerVersion, delete_bot_data, fmt_ms, log, machine, pct, verdict
 from bench.report import machine_state, run_header, write_results
+from graph.access import IdsRow
 from graph.driver import read, rows, single, write
+from graph.entries import CountRow
 from graph.learning import ENDS
 from learning.confide import confide
 from learning.gateway import Gateway
@@ -292,8 +294,35 @@ RETURN x.status AS status, count(*) AS n
 """
 
 
-async def executions(rt: Runtime, turns: list[str]) -> dict[str, dict[str, Any]]:
-    found = await read(rt.driver, lambda tx: rows(tx, EXECUTIONS, turns=turns))
+class ExecutionTimes(TypedDict):
+    """EXECUTIONS: what is not set yet is None (``worker`` until claimed, ``modelAt`` and
+    ``attemptLog`` without a learning call)."""
+
+    turn: str
+    status: str
+    error: str | None
+    epoch: int
+    worker: str | None
+    queuedAt: int | None
+    startedAt: int | None
+    endedAt: int | None
+    completedAt: int | None
+    modelAt: int | None
+    attemptLog: list[str] | None
+
+
+class _ChangeAt(TypedDict):
+    version: int
+    at: int
+
+
+class _Ended(TypedDict):
+    status: str
+    n: int
+
+
+async def executions(rt: Runtime, turns: list[str]) -> dict[str, ExecutionTimes]:
+    found = await read(rt.driver, lambda tx: rows(tx, EXECUTIONS, ExecutionTimes, turns=turns))
     return {r["turn"]: r for r in found}
 
 
@@ -377,7 +406,9 @@ async def measure_latency(
         notes.append(f"latency: {missing} execution(s) published no change within 15 s")
     found = await executions(rt, [s.turn for s in taken])
     versions = [s.version for s in taken]
-    change_rows = await read(rt.driver, lambda tx: rows(tx, CHANGES_AT, botId=bot, versions=versions))
+    change_rows = await read(
+        rt.driver, lambda tx: rows(tx, CHANGES_AT, _ChangeAt, botId=bot, versions=versions)
+    )
     change_at = {int(r["version"]): float(r["at"]) for r in change_rows}
     seg: dict[str, list[float]] = {name: [] for name, _ in SEGMENTS}
     not_done = 0
@@ -560,7 +591,7 @@ async def measure_throughput(
         if now >= next_check and run.published < run.executions:
             # Executions that fail, or that another worker ran, publish nothing: stop when all ended.
             next_check = now + 0.5
-            ended = await read(rt.driver, lambda tx: rows(tx, ENDED, turns=turns, ends=list(ENDS)))
+            ended = await read(rt.driver, lambda tx: rows(tx, ENDED, _Ended, turns=turns, ends=list(ENDS)))
             if sum(int(r["n"]) for r in ended) >= run.executions:
                 await asyncio.sleep(0.05)
                 collect()
@@ -607,7 +638,7 @@ LEARNING_NODES = (
 async def delete_world(rt: Runtime, org_id: str) -> None:
     """Delete the learning nodes of the Organization's Bots, then everything else (as memory_bench)."""
     q_bots = "MATCH (b:Bot)-[:OWNED_BY]->(:Organization {id: $org}) RETURN collect(b.id) AS ids"
-    record = await read(rt.driver, lambda tx: single(tx, q_bots, org=org_id))
+    record = await read(rt.driver, lambda tx: single(tx, q_bots, IdsRow, org=org_id))
     bots: list[str] = [] if record is None else list(record["ids"])
     for bot in bots:
         for query in LEARNING_NODES:
@@ -616,7 +647,7 @@ async def delete_world(rt: Runtime, org_id: str) -> None:
                 async def work(
                     tx: AsyncManagedTransaction, query: LiteralString = query, bot: str = bot
                 ) -> int:
-                    r = await single(tx, query, bot=bot, batch=DELETE_BATCH)
+                    r = await single(tx, query, CountRow, bot=bot, batch=DELETE_BATCH)
                     return 0 if r is None else int(r["n"])
 
                 if await write(rt.driver, work) < DELETE_BATCH:
@@ -626,7 +657,7 @@ async def delete_world(rt: Runtime, org_id: str) -> None:
 
 async def purge_leftovers(rt: Runtime) -> int:
     q = "MATCH (o:Organization) WHERE o.name STARTS WITH $prefix RETURN collect(o.id) AS ids"
-    record = await read(rt.driver, lambda tx: single(tx, q, prefix=ORG_PREFIX))
+    record = await read(rt.driver, lambda tx: single(tx, q, IdsRow, prefix=ORG_PREFIX))
     orgs: list[str] = [] if record is None else list(record["ids"])
     for org in orgs:
         await delete_world(rt, org)
@@ -865,7 +896,9 @@ async def run(args: argparse.Namespace) -> int:
         async with open_runtime(settings) as rt, Gateway(settings) as gateway:
             comp = await read(
                 rt.driver,
-                lambda tx: single(tx, "CALL dbms.components() YIELD versions RETURN versions[0] AS v"),
+                lambda tx: single(
+                    tx, "CALL dbms.components() YIELD versions RETURN versions[0] AS v", ServerVersion
+                ),
             )
             extra["neo4j"] = "?" if comp is None else comp["v"]
             server_info: dict[str, Any] = await rt.redis.info("server")

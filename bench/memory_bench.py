@@ -45,7 +45,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, LiteralString
+from typing import Any, LiteralString, TypedDict
 
 import neo4j
 from neo4j import AsyncManagedTransaction
@@ -66,7 +66,10 @@ from bench.measure import (
     verdict,
 )
 from bench.report import machine_state, run_header, write_results
-from graph.driver import autocommit, read, rows, single, write
+from graph.access import IdsRow
+from graph.driver import Ciphertext, autocommit, read, rows, single, write
+from graph.entries import CountRow, IdRow
+from graph.identity import BotKeyRow
 from learning.embedders import LocalMiniLM
 from services import chats, commands, memory, provisioning, retrieval
 from services.bootstrap import open_runtime
@@ -334,6 +337,13 @@ class Planner:
 # --- provisioning --------------------------------------------------------------------------------
 
 TOKENS_OF = "MATCH (t:Token)-[:FOR]->(p:Person) WHERE p.id IN $ids RETURN p.id AS person, t.id AS token"
+
+
+class _TokenOf(TypedDict):
+    person: str
+    token: str
+
+
 PERSON_ITEMS = """
 MATCH (i:Item {chatId: $chatId}) WHERE i.kind = 'PERSON_MESSAGE'
 RETURN i.id AS id ORDER BY i.seq
@@ -374,7 +384,7 @@ async def provision(rt: Runtime, pool: Pool, rng: random.Random) -> None:
     big = await provisioning.create_channel(rt, ADMIN, pool.org, "big", big_members)
     small = await provisioning.create_channel(rt, ADMIN, pool.org, "small", small_members)
     pool.channels = [big.id, small.id]
-    found = await read(rt.driver, lambda tx: rows(tx, TOKENS_OF, ids=pool.people()))
+    found = await read(rt.driver, lambda tx: rows(tx, TOKENS_OF, _TokenOf, ids=pool.people()))
     for r in found:
         pool.tokens[r["person"]] = r["token"]
 
@@ -400,7 +410,7 @@ async def provision(rt: Runtime, pool: Pool, rng: random.Random) -> None:
             text = f"message {n}: " + " ".join(crng.choice(WORDS) for _ in range(12))
             turn = await chats.start_turn(rt, who, c.id, text, actor_id=None, notice=False)
             await chats.complete_turn(rt, who, turn.id)
-        item_ids = await read(rt.driver, lambda tx: rows(tx, PERSON_ITEMS, chatId=c.id))
+        item_ids = await read(rt.driver, lambda tx: rows(tx, PERSON_ITEMS, IdRow, chatId=c.id))
         return c.id, [ItemRef(c.id, r["id"]) for r in item_ids]
 
     made = await bounded(6, [lambda k=k, a=a: chat(k, *a[1:]) for k, a in enumerate(plan)])
@@ -435,8 +445,8 @@ async def _delete_loop(rt: Runtime, query: LiteralString, **params: Any) -> int:
     while True:
 
         async def work(tx: AsyncManagedTransaction) -> int:
-            record = await single(tx, query, batch=DELETE_BATCH, **params)
-            return 0 if record is None else int(record["n"])
+            record = await single(tx, query, CountRow, batch=DELETE_BATCH, **params)
+            return 0 if record is None else record["n"]
 
         n = await write(rt.driver, work)
         total += n
@@ -447,11 +457,11 @@ async def _delete_loop(rt: Runtime, query: LiteralString, **params: Any) -> int:
 async def delete_bot_data(rt: Runtime, org_id: str) -> None:
     """DETACH DELETE everything the benchmark created for one Organization (bots, chats, people)."""
     q_bots = "MATCH (b:Bot)-[:OWNED_BY]->(:Organization {id: $org}) RETURN collect(b.id) AS ids"
-    record = await read(rt.driver, lambda tx: single(tx, q_bots, org=org_id))
+    record = await read(rt.driver, lambda tx: single(tx, q_bots, IdsRow, org=org_id))
     bots: list[str] = [] if record is None else list(record["ids"])
     q_chats = "MATCH (c:Chat {botId: $bot}) RETURN collect(c.id) AS ids"
     for bot in bots:
-        record = await read(rt.driver, lambda tx, bot=bot: single(tx, q_chats, bot=bot))
+        record = await read(rt.driver, lambda tx, bot=bot: single(tx, q_chats, IdsRow, bot=bot))
         chat_ids: list[str] = [] if record is None else list(record["ids"])
         await _delete_loop(
             rt,
@@ -505,7 +515,7 @@ async def delete_bot_data(rt: Runtime, org_id: str) -> None:
 async def purge_leftovers(rt: Runtime) -> int:
     """Delete the data of earlier benchmark runs (Organizations named ``botmemory-bench-…``)."""
     q = "MATCH (o:Organization) WHERE o.name STARTS WITH $prefix RETURN collect(o.id) AS ids"
-    record = await read(rt.driver, lambda tx: single(tx, q, prefix=ORG_PREFIX))
+    record = await read(rt.driver, lambda tx: single(tx, q, IdsRow, prefix=ORG_PREFIX))
     orgs: list[str] = [] if record is None else list(record["ids"])
     for org in orgs:
         await delete_bot_data(rt, org)
@@ -533,13 +543,36 @@ WITH e ORDER BY e.pinned DESC, e.orderKey DESC, e.id
 RETURN collect({id: e.id, length: e.contentLength, content: e.content}) AS entries
 """
 RAW_ANY = "MATCH (e:Entry {botId: $botId}) WHERE e.status = 'active' RETURN e.id AS id LIMIT 1"
+
+
+class _RawEntry(TypedDict):
+    """What the raw reads use of an entry (RAW_LIST returns more)."""
+
+    id: str
+    content: Ciphertext
+
+
+class _RawEntries(TypedDict):
+    entries: list[_RawEntry]
+
+
+class _Version(TypedDict):
+    v: int
+
+
+class ServerVersion(TypedDict):
+    """``CALL dbms.components() YIELD versions RETURN versions[0] AS v``."""
+
+    v: str
+
+
 BOT_KEY = "MATCH (b:Bot {id: $id}) RETURN b.keyMaster AS master, b.keyWrapped AS wrapped"
 ACTIVE_COUNT = "MATCH (e:Entry {botId: $botId}) WHERE e.status = 'active' RETURN count(e) AS n"
 
 
 async def measure_reads(rt: Runtime, pool: Pool, s: BenchSettings, out: list[Row]) -> dict[str, list[str]]:
     """GET memory, context and hasEntries for each reader kind; returns visible active ids by kind."""
-    key = await read(rt.driver, lambda tx: single(tx, BOT_KEY, id=pool.bot))
+    key = await read(rt.driver, lambda tx: single(tx, BOT_KEY, BotKeyRow, id=pool.bot))
     assert key is not None
     cipher = rt.cipher(pool.bot, key["master"], key["wrapped"])
     visible: dict[str, list[str]] = {}
@@ -559,9 +592,9 @@ async def measure_reads(rt: Runtime, pool: Pool, s: BenchSettings, out: list[Row
             return len(entries)
 
         async def raw_list(ids: list[str] = list_ids) -> int:
-            async def work(tx: AsyncManagedTransaction) -> list[dict[str, Any]]:
-                record = await single(tx, RAW_LIST, ids=ids, botId=pool.bot)
-                return [] if record is None else list(record["entries"])
+            async def work(tx: AsyncManagedTransaction) -> list[_RawEntry]:
+                record = await single(tx, RAW_LIST, _RawEntries, ids=ids, botId=pool.bot)
+                return [] if record is None else record["entries"]
 
             found = await read(rt.driver, work)
             for e in found:
@@ -581,7 +614,7 @@ async def measure_reads(rt: Runtime, pool: Pool, s: BenchSettings, out: list[Row
         # Transported as the checked reads are: context and hasEntries are one auto-commit statement.
         async def raw_context(ids: list[str] = ctx_ids) -> int:
             record = await autocommit(
-                rt.driver, lambda session: single(session, RAW_CONTEXT, ids=ids, botId=pool.bot)
+                rt.driver, lambda session: single(session, RAW_CONTEXT, _RawEntries, ids=ids, botId=pool.bot)
             )
             found = [] if record is None else list(record["entries"])
             text = "\n".join("- " + cipher.decrypt(Kind.ENTRY, r["id"], r["content"]) for r in found)
@@ -595,7 +628,7 @@ async def measure_reads(rt: Runtime, pool: Pool, s: BenchSettings, out: list[Row
             return 0  # returns no entries, so decrypts nothing
 
         async def raw_any() -> int:
-            await autocommit(rt.driver, lambda session: single(session, RAW_ANY, botId=pool.bot))
+            await autocommit(rt.driver, lambda session: single(session, RAW_ANY, IdRow, botId=pool.bot))
             return 0
 
         for op, checked, unchecked in (
@@ -659,8 +692,8 @@ async def measure_fanout(
     hub = ChangeHub(rt)
     people = fanout_people(pool, s)
     version_q = "MATCH (m:Memory {id: $id}) RETURN m.version AS v"
-    record = await read(rt.driver, lambda tx: single(tx, version_q, id=pool.bot))
-    version = 0 if record is None else int(record["v"])
+    record = await read(rt.driver, lambda tx: single(tx, version_q, _Version, id=pool.bot))
+    version = 0 if record is None else record["v"]
     async with contextlib.AsyncExitStack() as stack:
         subs = [
             await stack.enter_async_context(hub.subscribe(pool.bot, p, pool.org, pool.tokens[p]))
@@ -1213,7 +1246,10 @@ async def run(args: argparse.Namespace) -> int:
         extra["corpus"] = corpus
     async with open_runtime(settings) as rt:
         comp = await read(
-            rt.driver, lambda tx: single(tx, "CALL dbms.components() YIELD versions RETURN versions[0] AS v")
+            rt.driver,
+            lambda tx: single(
+                tx, "CALL dbms.components() YIELD versions RETURN versions[0] AS v", ServerVersion
+            ),
         )
         extra["neo4j"] = "?" if comp is None else comp["v"]
         log(f"Neo4j {extra['neo4j']} at {settings.neo4j_uri}; sizes {sizes}; runs {s.runs}")
@@ -1236,8 +1272,10 @@ async def run(args: argparse.Namespace) -> int:
                 log(
                     f"pool {size:,}: built in {pool.build_seconds:.1f} s ({size / pool.build_seconds:,.0f}/s)"
                 )
-                rec = await read(rt.driver, lambda tx, b=pool.bot: single(tx, ACTIVE_COUNT, botId=b))
-                extra["active"][size] = 0 if rec is None else int(rec["n"])
+                rec = await read(
+                    rt.driver, lambda tx, b=pool.bot: single(tx, ACTIVE_COUNT, CountRow, botId=b)
+                )
+                extra["active"][size] = 0 if rec is None else rec["n"]
                 visible: dict[str, list[str]] = {}
                 if phases & {"reads", "writes"}:
                     visible = await measure_reads(rt, pool, s, rows_)

@@ -29,7 +29,7 @@ import tracemalloc
 import zlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, Protocol
+from typing import Any, Final, Generic, Literal, Protocol, TypedDict, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -307,6 +307,38 @@ RAW_SEARCH_CONTEXT: Final = (
 )
 
 
+class _RawRanked(TypedDict, Generic[search_q.H]):
+    """RAW_SEARCH (``_RawRanked[RankedEntry]``) and RAW_SEARCH_CONTEXT (``[RankedContext]``)."""
+
+    ranked: list[search_q.H]
+
+
+@overload
+async def raw_ranked(
+    rt: Runtime,
+    cipher: Cipher,
+    index: BotVectors,
+    bot_id: str,
+    keys: list[str],
+    vector: F32,
+    query: str,
+    wanted: int,
+    *,
+    fill: Literal[False],
+) -> list[search_q.RankedEntry]: ...
+@overload
+async def raw_ranked(
+    rt: Runtime,
+    cipher: Cipher,
+    index: BotVectors,
+    bot_id: str,
+    keys: list[str],
+    vector: F32,
+    query: str,
+    wanted: int,
+    *,
+    fill: Literal[True],
+) -> list[search_q.RankedContext]: ...
 async def raw_ranked(
     rt: Runtime,
     cipher: Cipher,
@@ -318,7 +350,7 @@ async def raw_ranked(
     wanted: int,
     *,
     fill: bool,
-) -> list[dict[str, Any]]:
+) -> list[search_q.RankedEntry] | list[search_q.RankedContext]:
     """``search._ranked`` without the visibility check: the index's nearest vectors of the whole
     pool (the post-filter's candidates), the keyword hits, fused; best first."""
     dense = index.top(vector, max(search.DENSE_MIN, search.DENSE_FACTOR * wanted))
@@ -336,10 +368,19 @@ async def raw_ranked(
         "recency": search.RECENCY_PRIOR,
         "halfLife": search.RECENCY_HALF_LIFE,
     }
-    statement = RAW_SEARCH_CONTEXT if fill else RAW_SEARCH
-    record = await autocommit(rt.driver, lambda s: single(s, statement, **params))
-    found: list[dict[str, Any]] = [] if record is None else list(record["ranked"])
-    return sorted(found, key=lambda r: (-float(r["score"]), -int(r["entry"]["memoryRank"])))
+    found: list[search_q.RankedEntry] | list[search_q.RankedContext]
+    if fill:
+        ctx = await autocommit(
+            rt.driver, lambda s: single(s, RAW_SEARCH_CONTEXT, _RawRanked[search_q.RankedContext], **params)
+        )
+        found = [] if ctx is None else ctx["ranked"]
+    else:
+        hits = await autocommit(
+            rt.driver, lambda s: single(s, RAW_SEARCH, _RawRanked[search_q.RankedEntry], **params)
+        )
+        found = [] if hits is None else hits["ranked"]
+    found.sort(key=lambda r: (-float(r["score"]), -int(r["entry"]["memoryRank"])))
+    return found
 
 
 def context_wanted(rt: Runtime, bot_id: str, limit: int) -> int:
@@ -622,7 +663,7 @@ async def _measure_reader(
         ranked = await raw_ranked(
             rt, cipher, index, pool.bot, keys, corpus.queries[text], text, wanted, fill=True
         )
-        chosen: list[dict[str, Any]] = []
+        chosen: list[search_q.ContextEntry] = []
         size = 0
         for r in ranked:
             line = int(r["entry"]["contentLength"]) + 2 + (1 if chosen else 0)

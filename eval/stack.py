@@ -12,14 +12,16 @@ import tarfile
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final, LiteralString
+from typing import Final, LiteralString, TypedDict
 
 import httpx
 from neo4j import AsyncManagedTransaction
 
 from bench.learning_bench import delete_world, with_db
 from eval.scripted import ScriptedModel
+from graph.access import IdsRow
 from graph.driver import read, single, write
+from graph.entries import CountRow
 from services.bootstrap import open_runtime
 from services.runtime import Runtime
 from services.settings import Settings
@@ -42,6 +44,13 @@ OPTIONAL MATCH (b:Bot)-[:OWNED_BY]->(o)
 OPTIONAL MATCH (c:Chat {botId: b.id})
 RETURN collect(DISTINCT b.id) AS bots, collect(DISTINCT c.id) AS chats
 """
+
+
+class _OrgChats(TypedDict):
+    bots: list[str]
+    chats: list[str]
+
+
 ORGS_NAMED: Final[LiteralString] = (
     "MATCH (o:Organization) WHERE o.name STARTS WITH $prefix RETURN collect(o.id) AS ids"
 )
@@ -138,14 +147,14 @@ async def running(settings: Settings, budget: int | None, code: Path = ROOT) -> 
 
 async def delete_org(rt: Runtime, org: str) -> None:
     """Everything of one Organization: its Bots' learning records, chats, entries, people."""
-    found = await read(rt.driver, lambda tx: single(tx, ORG_CHATS, org=org))
+    found = await read(rt.driver, lambda tx: single(tx, ORG_CHATS, _OrgChats, org=org))
     bots: list[str] = [] if found is None else list(found["bots"])
     chats: list[str] = [] if found is None else list(found["chats"])
     for query in (DELETE_SUMMARIES, DELETE_ENRICHMENTS):
         while True:
 
             async def work(tx: AsyncManagedTransaction, query: LiteralString = query) -> int:
-                r = await single(tx, query, chats=chats, bots=bots)
+                r = await single(tx, query, CountRow, chats=chats, bots=bots)
                 return 0 if r is None else int(r["n"])
 
             if await write(rt.driver, work) < 5000:
@@ -154,5 +163,5 @@ async def delete_org(rt: Runtime, org: str) -> None:
 
 
 async def orgs_named(rt: Runtime, prefix: str) -> list[str]:
-    found = await read(rt.driver, lambda tx: single(tx, ORGS_NAMED, prefix=prefix))
+    found = await read(rt.driver, lambda tx: single(tx, ORGS_NAMED, IdsRow, prefix=prefix))
     return [] if found is None else list(found["ids"])

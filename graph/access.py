@@ -30,7 +30,7 @@ closures containing a loop fail closed (V4, D9.2).
 
 from __future__ import annotations
 
-from typing import Any, Final, LiteralString
+from typing import Final, LiteralString, TypedDict
 
 from neo4j import AsyncManagedTransaction
 
@@ -150,6 +150,16 @@ MATCH (e:Entry {id: entryId, botId: $botId})
     + _SET_LABELS
 )
 
+
+class ShareBasisRow(TypedDict):
+    """SHARE_BASIS. ``authors``: of the pinned entries of the closure; one that passes the proof
+    (``proved``) was remembered by a person, so it has one."""
+
+    proved: bool
+    rules: list[str]
+    authors: list[str]
+
+
 #: What a wider audience must stay within (V6, D9.3): every Item rule below the entry and the
 #: author of every pinned entry in its closure; an entry without proof is never widened (V9, D9.2).
 SHARE_BASIS: Final[LiteralString] = (
@@ -212,6 +222,13 @@ SET c.removedIds = removed
 """
 )
 
+
+class IdsRow(TypedDict):
+    """One list of ids (DEPENDENTS and the other statements that return ``ids``)."""
+
+    ids: list[str]
+
+
 #: The entries ``$ids`` and everything resting on them within 8 hops (whose labels they feed).
 DEPENDENTS: Final[LiteralString] = """
 UNWIND $ids AS entryId
@@ -255,6 +272,14 @@ REMOVED_FOR: Final[LiteralString] = (
 """
 )
 
+
+class RemovedEntry(TypedDict):
+    """One of REMOVED_FOR's ``removed``: an entry the change of ``version`` hid from the readers."""
+
+    version: int
+    id: str
+
+
 #: Whether the Person ``p`` uses the Bot ``b`` in the Organization ``o``: a READ/WRITE grant,
 #: with the Bot owned by or linked into that organization (D9.1).
 USES_BOT: Final[LiteralString] = (
@@ -274,6 +299,20 @@ READER_MAP: Final[LiteralString] = (
     + USES_BOT
     + " THEN ['bot'] ELSE [] END}"
 )
+
+
+class ReaderMap(TypedDict):
+    """A reader as READER_MAP (or GROUP_READER) builds it and the checks read it in ``$readers``."""
+
+    id: str
+    channels: list[str]
+    usesBot: bool
+    atoms: list[str]
+
+
+class ReaderRow(TypedDict):
+    reader: ReaderMap
+
 
 #: The reader map of one person for ``$readers`` (READER_MAP).
 READER: Final[LiteralString] = (
@@ -318,8 +357,13 @@ RETURN members + CASE WHEN c IS NULL OR size(members) = 0 THEN [] ELSE ["""
 )
 
 
-async def share_basis(tx: AsyncManagedTransaction, *, bot_id: str, id: str) -> dict[str, Any] | None:
-    return await single(tx, SHARE_BASIS, botId=bot_id, id=id)
+class ChatReadersRow(TypedDict):
+    readers: list[ReaderMap]
+    org: str
+
+
+async def share_basis(tx: AsyncManagedTransaction, *, bot_id: str, id: str) -> ShareBasisRow | None:
+    return await single(tx, SHARE_BASIS, ShareBasisRow, botId=bot_id, id=id)
 
 
 async def relabel(tx: AsyncManagedTransaction, *, bot_id: str, ids: list[str]) -> None:
@@ -331,8 +375,8 @@ async def relabel(tx: AsyncManagedTransaction, *, bot_id: str, ids: list[str]) -
 
 async def dependents_of(tx: AsyncManagedTransaction, *, bot_id: str, ids: list[str]) -> list[str]:
     """``ids`` and every entry resting on them within 8 hops."""
-    record = await single(tx, DEPENDENTS, botId=bot_id, ids=ids)
-    return [] if record is None else list(record["ids"])
+    record = await single(tx, DEPENDENTS, IdsRow, botId=bot_id, ids=ids)
+    return [] if record is None else record["ids"]
 
 
 async def compute_labels(tx: AsyncManagedTransaction, *, bot_id: str, ids: list[str]) -> None:

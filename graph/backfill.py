@@ -6,11 +6,11 @@ by starting again: what was written stays written.
 
 from __future__ import annotations
 
-from typing import Any, Final, LiteralString
+from typing import Any, Final, LiteralString, TypedDict
 
 from neo4j import AsyncManagedTransaction
 
-from graph.driver import QueryTarget, rows, single
+from graph.driver import Ciphertext, QueryTarget, rows, single
 
 #: Entries after ``$after`` in id order that lack keywords (``$model`` null) or a vector of
 #: ``$model``: id, ciphertext and what identifies the content read (length and order key).
@@ -24,6 +24,14 @@ ORDER BY e.id
 LIMIT $limit
 """
 
+
+class MissingRow(TypedDict):
+    id: str
+    content: Ciphertext
+    contentLength: int
+    orderKey: int
+
+
 #: How many of a Bot's entries (not retracted) there are, and how many have a vector of ``$model``.
 PROGRESS: Final[LiteralString] = """
 MATCH (e:Entry {botId: $botId})
@@ -32,12 +40,24 @@ RETURN count(e) AS total, count(CASE WHEN e.vecModel = $model THEN 1 END) AS emb
        count(CASE WHEN e.kwBlind IS NOT NULL THEN 1 END) AS keyworded
 """
 
+
+class ProgressRow(TypedDict):
+    total: int
+    embedded: int
+    keyworded: int
+
+
 #: Bots with entries that lack keywords or a vector of ``$model`` (the worker's sweep).
 BOTS_MISSING: Final[LiteralString] = """
 MATCH (e:Entry)
 WHERE e.status <> 'retracted' AND (e.kwBlind IS NULL OR coalesce(e.vecModel, '') <> $model)
 RETURN DISTINCT e.botId AS botId
 """
+
+
+class BotIdRow(TypedDict):
+    botId: str
+
 
 #: One batch under the exclusive lock (C1): keywords and sealed vectors of the entries whose
 #: content is still the one read (an entry revised since keeps its own), each vector stamped with
@@ -62,26 +82,31 @@ RETURN seq, written
 """
 
 
+class WrittenRow(TypedDict):
+    seq: int
+    written: int
+
+
 async def missing(
     tx: QueryTarget, *, bot_id: str, model: str | None, after: str, limit: int
-) -> list[dict[str, Any]]:
+) -> list[MissingRow]:
     """MISSING: up to ``limit`` entries after ``after`` lacking keywords (or a vector of ``model``)."""
-    return await rows(tx, MISSING, botId=bot_id, model=model, after=after, limit=limit)
+    return await rows(tx, MISSING, MissingRow, botId=bot_id, model=model, after=after, limit=limit)
 
 
-async def progress(tx: QueryTarget, *, bot_id: str, model: str) -> dict[str, int]:
+async def progress(tx: QueryTarget, *, bot_id: str, model: str) -> ProgressRow:
     """PROGRESS: ``total``, ``embedded`` and ``keyworded`` entries of the Bot."""
-    found = await single(tx, PROGRESS, botId=bot_id, model=model)
+    found = await single(tx, PROGRESS, ProgressRow, botId=bot_id, model=model)
     assert found is not None
-    return {k: int(v) for k, v in found.items()}
+    return found
 
 
 async def bots_missing(tx: QueryTarget, *, model: str) -> list[str]:
     """BOTS_MISSING: the Bots whose entries need the backfill."""
-    return [r["botId"] for r in await rows(tx, BOTS_MISSING, model=model)]
+    return [r["botId"] for r in await rows(tx, BOTS_MISSING, BotIdRow, model=model)]
 
 
 async def write(tx: AsyncManagedTransaction, *, bot_id: str, batch: list[dict[str, Any]]) -> int | None:
     """WRITE: how many entries were written, or None when the Bot is gone."""
-    found = await single(tx, WRITE, botId=bot_id, rows=batch)
-    return None if found is None else int(found["written"])
+    found = await single(tx, WRITE, WrittenRow, botId=bot_id, rows=batch)
+    return None if found is None else found["written"]

@@ -4,11 +4,11 @@ the change log they catch up from (D9.24)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Final, LiteralString
+from typing import Final, LiteralString, TypedDict
 
-from graph.access import READER_MAP, REMOVED_FOR, VISIBLE
+from graph.access import READER_MAP, REMOVED_FOR, VISIBLE, RemovedEntry
 from graph.driver import QueryTarget, rows, single
-from graph.memory import ENTRY_LIST, READ_LOCK
+from graph.memory import ENTRY_LIST, READ_LOCK, EntryMap
 
 #: For each local subscriber (``$subs``: ``{key, person, org, token}``) the ids among the changed
 #: entries (``$ids``) it may see now: current membership, a live token, read on the Bot (V10);
@@ -55,6 +55,20 @@ RETURN found, entries
 """
 )
 
+
+class Delivery(TypedDict):
+    """One of LOCKED_DELIVERY's ``found``: a subscriber that may still read."""
+
+    key: str
+    visible: list[str]
+    removed: list[RemovedEntry]
+
+
+class DeliveryRow(TypedDict):
+    found: list[Delivery]
+    entries: list[EntryMap]
+
+
 #: The memory version and the first ``$limit`` change-log rows with entries (changed or hidden)
 #: after version ``$after``, oldest first, under the shared lock taken first (C1): every change up
 #: to ``memoryVersion`` is in the log. The replay of ``memoryChanges(after:)`` and a hub's
@@ -73,6 +87,25 @@ RETURN m.version AS memoryVersion, rows
 """
 )
 
+
+class ChangedIds(TypedDict):
+    """A change as a delivery checks it: its version and the entries it changed."""
+
+    version: int
+    ids: list[str]
+
+
+class LoggedChange(ChangedIds):
+    """One of LOCKED_LOG_AFTER's ``rows``: a ChangedIds with what the change hid (D9.24)."""
+
+    removed: list[str]
+
+
+class LogAfterRow(TypedDict):
+    memoryVersion: int
+    rows: list[LoggedChange]
+
+
 #: The current memory version of each of the Bots ``$botIds`` (a hub's catch-up after its Redis
 #: connection came back); no lock: a version is one property, and the catch-up locks.
 VERSIONS: Final[LiteralString] = """
@@ -80,6 +113,11 @@ UNWIND $botIds AS botId
 MATCH (m:Memory {id: botId})
 RETURN m.id AS botId, m.version AS version
 """
+
+
+class BotVersionRow(TypedDict):
+    botId: str
+    version: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +128,7 @@ class Found:
 
     visible: dict[str, list[str]]
     removed: dict[str, list[tuple[int, str]]]
-    entries: list[dict[str, Any]]
+    entries: list[EntryMap]
 
 
 async def deliveries(
@@ -103,27 +141,29 @@ async def deliveries(
     now: int,
 ) -> Found:
     """LOCKED_DELIVERY for the changed ``ids`` and the removals of the changes ``versions``."""
-    row = await single(tx, LOCKED_DELIVERY, botId=bot_id, ids=ids, versions=versions, subs=subs, now=now)
+    row = await single(
+        tx, LOCKED_DELIVERY, DeliveryRow, botId=bot_id, ids=ids, versions=versions, subs=subs, now=now
+    )
     if row is None:
         return Found({}, {}, [])
     return Found(
-        {f["key"]: list(f["visible"]) for f in row["found"]},
-        {f["key"]: [(int(r["version"]), str(r["id"])) for r in f["removed"]] for f in row["found"]},
-        list(row["entries"]),
+        {f["key"]: f["visible"] for f in row["found"]},
+        {f["key"]: [(r["version"], r["id"]) for r in f["removed"]] for f in row["found"]},
+        row["entries"],
     )
 
 
 async def log_after(
     tx: QueryTarget, *, bot_id: str, after: int, limit: int
-) -> tuple[int, list[dict[str, Any]]] | None:
+) -> tuple[int, list[LoggedChange]] | None:
     """LOCKED_LOG_AFTER: the memory version and the rows ``{version, ids, removed}`` after
     ``after``, oldest first; None without the Bot's memory."""
-    row = await single(tx, LOCKED_LOG_AFTER, botId=bot_id, after=after, limit=limit)
+    row = await single(tx, LOCKED_LOG_AFTER, LogAfterRow, botId=bot_id, after=after, limit=limit)
     if row is None:
         return None
-    return int(row["memoryVersion"]), list(row["rows"])
+    return row["memoryVersion"], row["rows"]
 
 
 async def versions(tx: QueryTarget, *, bot_ids: list[str]) -> dict[str, int]:
     """VERSIONS: the current memory version of each Bot."""
-    return {r["botId"]: int(r["version"]) for r in await rows(tx, VERSIONS, botIds=bot_ids)}
+    return {r["botId"]: r["version"] for r in await rows(tx, VERSIONS, BotVersionRow, botIds=bot_ids)}

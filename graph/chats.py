@@ -8,11 +8,11 @@ inside the same transaction.
 
 from __future__ import annotations
 
-from typing import Any, Final, LiteralString
+from typing import Any, Final, LiteralString, NotRequired, TypedDict
 
 from neo4j import AsyncManagedTransaction
 
-from graph.driver import rows, single
+from graph.driver import Ciphertext, rows, single
 
 CREATE_CHAT: Final[LiteralString] = """
 MATCH (b:Bot {id: $botId}), (p:Person {id: $ownerId})-[:MEMBER_OF]->(o:Organization {id: $organizationId})
@@ -24,6 +24,25 @@ FOREACH (_ IN CASE WHEN c IS NULL THEN [] ELSE [1] END | CREATE (ch)-[:IN_CHANNE
 RETURN ch {.*} AS chat
 """
 
+
+class ChatNode(TypedDict):
+    """A Chat's properties (``ch {.*}``): a private chat has no ``channelId``."""
+
+    id: str
+    botId: str
+    organizationId: str
+    ownerId: str
+    channelId: NotRequired[str]
+    review: bool
+    createdAt: int
+    nextItemSeq: int
+    nextTurnSeq: int
+
+
+class ChatRow(TypedDict):
+    chat: ChatNode
+
+
 #: A Chat with its Bot's wrapped key and whether $personId is one of its people (D9.6):
 #: the owner, or in a group chat a current member of the channel.
 CHAT_FOR: Final[LiteralString] = """
@@ -33,6 +52,16 @@ RETURN ch {.*} AS chat, b.keyMaster AS keyMaster, b.keyWrapped AS keyWrapped,
        ($personId IS NOT NULL AND (ch.ownerId = $personId
          OR EXISTS { MATCH (:Person {id: $personId})-[:MEMBER]->(c) })) AS isPerson
 """
+
+
+class ChatForRow(TypedDict):
+    """CHAT_FOR, CHATS_FOR."""
+
+    chat: ChatNode
+    keyMaster: str
+    keyWrapped: bytes
+    isPerson: bool
+
 
 #: For each id of $chatIds that names a Chat (unknown ids give no row): CHAT_FOR's columns, so
 #: the Chat, its Bot's wrapped key and whether $personId is one of its people (D9.6). Hops: the
@@ -64,6 +93,51 @@ CALL (ch, isPerson) {
 RETURN ch {.*} AS chat, b.keyMaster AS keyMaster, b.keyWrapped AS keyWrapped, isPerson, items
 """
 
+
+class ItemNode(TypedDict):
+    """An Item's properties (``i {.*}``): text is ciphertext, gone once the Chat's history was
+    deleted (V13); ``app`` only on App results, ``speakerId`` only where a person spoke."""
+
+    uid: str
+    id: str
+    chatId: str
+    turnId: str
+    seq: int
+    kind: str
+    text: NotRequired[Ciphertext]
+    textLength: int
+    app: NotRequired[str]
+    speakerId: NotRequired[str]
+    createdAt: int
+
+
+class ChatPageRow(ChatForRow):
+    items: list[ItemNode]
+
+
+class TurnNode(TypedDict):
+    """A Turn's properties (``t {.*}``): ``actorId`` unless the actor is anonymous,
+    ``completedAt`` once completed."""
+
+    id: str
+    chatId: str
+    seq: int
+    status: str
+    actorKind: str
+    actorId: NotRequired[str]
+    createdAt: int
+    lastActivityAt: int
+    completedAt: NotRequired[int]
+
+
+class TurnRow(TypedDict):
+    turn: TurnNode
+
+
+class TurnForRow(ChatForRow):
+    turn: TurnNode
+
+
 TURN_FOR: Final[LiteralString] = """
 MATCH (t:Turn {id: $turnId})-[:IN_CHAT]->(ch:Chat)-[:WITH_BOT]->(b:Bot)
 OPTIONAL MATCH (ch)-[:IN_CHANNEL]->(c:Channel)
@@ -78,6 +152,11 @@ OPTIONAL MATCH (ch)-[:IN_CHANNEL]->(c:Channel)
 RETURN ch.ownerId = $personId OR EXISTS { MATCH (:Person {id: $personId})-[:MEMBER]->(c) } AS ok
 """
 
+
+class OkRow(TypedDict):
+    ok: bool
+
+
 #: Counters are incremented after an explicit exclusive lock: a read-then-write SET would
 #: take a shared lock and upgrade, and concurrent writers of one Chat would deadlock.
 ALLOCATE_TURN: Final[LiteralString] = """
@@ -87,6 +166,12 @@ WITH ch
 SET ch.nextTurnSeq = ch.nextTurnSeq + 1, ch.nextItemSeq = ch.nextItemSeq + 1
 RETURN ch.nextTurnSeq AS turnSeq, ch.nextItemSeq AS itemSeq
 """
+
+
+class AllocatedTurnRow(TypedDict):
+    turnSeq: int
+    itemSeq: int
+
 
 CREATE_TURN: Final[LiteralString] = """
 MATCH (ch:Chat {id: $chatId})
@@ -103,6 +188,11 @@ SET ch.nextItemSeq = ch.nextItemSeq + $count
 RETURN ch.nextItemSeq - $count + 1 AS first
 """
 
+
+class FirstRow(TypedDict):
+    first: int
+
+
 CREATE_ITEMS: Final[LiteralString] = """
 MATCH (t:Turn {id: $turnId})
 SET t.lastActivityAt = $now
@@ -113,6 +203,11 @@ CREATE (i:Item {uid: item.uid, id: item.id, chatId: t.chatId, turnId: t.id, seq:
                 createdAt: $now})-[:IN_TURN]->(t)
 RETURN i {.*} AS item ORDER BY i.seq
 """
+
+
+class ItemRow(TypedDict):
+    item: ItemNode
+
 
 COMPLETE_TURN: Final[LiteralString] = """
 MATCH (t:Turn {id: $turnId})
@@ -136,10 +231,11 @@ async def create_chat(
     channel_id: str | None,
     review: bool,
     now: int,
-) -> dict[str, Any] | None:
+) -> ChatNode | None:
     record = await single(
         tx,
         CREATE_CHAT,
+        ChatRow,
         id=id,
         botId=bot_id,
         ownerId=owner_id,
@@ -151,43 +247,41 @@ async def create_chat(
     return None if record is None else record["chat"]
 
 
-async def chat_for(
-    tx: AsyncManagedTransaction, *, chat_id: str, person_id: str | None
-) -> dict[str, Any] | None:
+async def chat_for(tx: AsyncManagedTransaction, *, chat_id: str, person_id: str | None) -> ChatForRow | None:
     """The Chat, its Bot key and whether ``person_id`` is one of its people; None if unknown."""
-    return await single(tx, CHAT_FOR, chatId=chat_id, personId=person_id)
+    return await single(tx, CHAT_FOR, ChatForRow, chatId=chat_id, personId=person_id)
 
 
 async def chats_for(
     tx: AsyncManagedTransaction, *, chat_ids: list[str], person_id: str | None
-) -> dict[str, dict[str, Any]]:
+) -> dict[str, ChatForRow]:
     """:func:`chat_for` of many Chats in one statement, by Chat id; unknown ids are left out."""
-    found = await rows(tx, CHATS_FOR, chatIds=chat_ids, personId=person_id)
+    found = await rows(tx, CHATS_FOR, ChatForRow, chatIds=chat_ids, personId=person_id)
     return {r["chat"]["id"]: r for r in found}
 
 
 async def chat_pages(
     tx: AsyncManagedTransaction, *, chat_ids: list[str], person_id: str | None, skip: int, limit: int
-) -> dict[str, dict[str, Any]]:
+) -> dict[str, ChatPageRow]:
     """:func:`chats_for` with one page of Items (``items``) of each Chat ``person_id`` may read."""
-    found = await rows(tx, CHAT_PAGES, chatIds=chat_ids, personId=person_id, skip=skip, limit=limit)
+    found = await rows(
+        tx, CHAT_PAGES, ChatPageRow, chatIds=chat_ids, personId=person_id, skip=skip, limit=limit
+    )
     return {r["chat"]["id"]: r for r in found}
 
 
-async def turn_for(
-    tx: AsyncManagedTransaction, *, turn_id: str, person_id: str | None
-) -> dict[str, Any] | None:
-    return await single(tx, TURN_FOR, turnId=turn_id, personId=person_id)
+async def turn_for(tx: AsyncManagedTransaction, *, turn_id: str, person_id: str | None) -> TurnForRow | None:
+    return await single(tx, TURN_FOR, TurnForRow, turnId=turn_id, personId=person_id)
 
 
 async def is_person_of_chat(tx: AsyncManagedTransaction, *, chat_id: str, person_id: str) -> bool:
-    record = await single(tx, IS_PERSON_OF_CHAT, chatId=chat_id, personId=person_id)
+    record = await single(tx, IS_PERSON_OF_CHAT, OkRow, chatId=chat_id, personId=person_id)
     return bool(record and record["ok"])
 
 
 async def allocate_turn(tx: AsyncManagedTransaction, *, chat_id: str) -> tuple[int, int]:
     """Reserve the next Turn number and the number of its first Item (locks the Chat)."""
-    record = await single(tx, ALLOCATE_TURN, chatId=chat_id)
+    record = await single(tx, ALLOCATE_TURN, AllocatedTurnRow, chatId=chat_id)
     assert record is not None
     return int(record["turnSeq"]), int(record["itemSeq"])
 
@@ -201,9 +295,17 @@ async def create_turn(
     actor_kind: str,
     actor_id: str | None,
     now: int,
-) -> dict[str, Any]:
+) -> TurnNode:
     record = await single(
-        tx, CREATE_TURN, id=id, chatId=chat_id, seq=seq, actorKind=actor_kind, actorId=actor_id, now=now
+        tx,
+        CREATE_TURN,
+        TurnRow,
+        id=id,
+        chatId=chat_id,
+        seq=seq,
+        actorKind=actor_kind,
+        actorId=actor_id,
+        now=now,
     )
     assert record is not None
     return record["turn"]
@@ -211,25 +313,23 @@ async def create_turn(
 
 async def allocate_items(tx: AsyncManagedTransaction, *, chat_id: str, count: int) -> int:
     """Reserve ``count`` Item numbers in the Chat; returns the first."""
-    record = await single(tx, ALLOCATE_ITEMS, chatId=chat_id, count=count)
+    record = await single(tx, ALLOCATE_ITEMS, FirstRow, chatId=chat_id, count=count)
     assert record is not None
     return int(record["first"])
 
 
 async def create_items(
     tx: AsyncManagedTransaction, *, turn_id: str, items: list[dict[str, Any]], now: int
-) -> list[dict[str, Any]]:
+) -> list[ItemNode]:
     """Create Items (``uid, id, seq, kind, text, app, speakerId``; text already encrypted)."""
-    return [r["item"] for r in await rows(tx, CREATE_ITEMS, turnId=turn_id, items=items, now=now)]
+    return [r["item"] for r in await rows(tx, CREATE_ITEMS, ItemRow, turnId=turn_id, items=items, now=now)]
 
 
-async def complete_turn(tx: AsyncManagedTransaction, *, turn_id: str, now: int) -> dict[str, Any] | None:
-    record = await single(tx, COMPLETE_TURN, turnId=turn_id, now=now)
+async def complete_turn(tx: AsyncManagedTransaction, *, turn_id: str, now: int) -> TurnNode | None:
+    record = await single(tx, COMPLETE_TURN, TurnRow, turnId=turn_id, now=now)
     return None if record is None else record["turn"]
 
 
-async def first_item_of_turn(
-    tx: AsyncManagedTransaction, *, chat_id: str, turn_id: str
-) -> dict[str, Any] | None:
-    record = await single(tx, FIRST_ITEM_OF_TURN, chatId=chat_id, turnId=turn_id)
+async def first_item_of_turn(tx: AsyncManagedTransaction, *, chat_id: str, turn_id: str) -> ItemNode | None:
+    record = await single(tx, FIRST_ITEM_OF_TURN, ItemRow, chatId=chat_id, turnId=turn_id)
     return None if record is None else record["item"]

@@ -4,12 +4,13 @@ each seeks the ``entry_active`` index per audience key and applies the one visib
 
 from __future__ import annotations
 
-from typing import Any, Final, LiteralString
+from typing import Final, LiteralString, TypedDict
 
 from neo4j import AsyncManagedTransaction
 
-from graph.access import VISIBLE
-from graph.driver import QueryTarget, single
+from graph.access import VISIBLE, IdsRow, ReaderMap
+from graph.driver import Ciphertext, QueryTarget, single
+from graph.entries import IdRow
 from graph.memory import READ_LOCK, TOP_RANK, reader_keys
 
 #: The seek of ``context``'s candidates: the ``entry_active`` index (active entries only, in
@@ -87,6 +88,14 @@ WITH page, reduce(fit = {size: """
 _FITTING: Final[LiteralString] = "[x IN page[0..fit.n] | {id: x.id, rank: x.rank, content: x.e.content}]"
 
 
+class FittingRow(TypedDict):
+    """An entry that fits (_FITTING)."""
+
+    id: str
+    rank: int
+    content: Ciphertext
+
+
 #: One page (see _context_page) below ``$after`` after ``$size`` characters and ``$count``
 #: entries: the entries that fit come back with their ciphertext; ``open`` is false once one did
 #: not fit, ``candidates`` tells a full page.
@@ -97,6 +106,13 @@ CONTEXT_PAGE: Final[LiteralString] = (
     + _FITTING
     + " AS page, size(page) AS candidates, fit.open AS open, fit.size AS size\n"
 )
+
+
+class ContextPageRow(TypedDict):
+    page: list[FittingRow]
+    candidates: int
+    open: bool
+    size: int
 
 
 #: ``context`` in one statement, as a read's only statement: the shared lock first (C1), a page
@@ -121,6 +137,11 @@ OPTIONAL CALL (readers, org, first, full, firstSize) {
 RETURN first + coalesce(rest, []) AS page, NOT coalesce(more, false) AS complete
 """
 )
+
+
+class ContextRow(TypedDict):
+    page: list[FittingRow]
+    complete: bool
 
 
 HAS_VISIBLE: Final[LiteralString] = (
@@ -171,14 +192,14 @@ async def context_page(
     *,
     bot_id: str,
     org: str,
-    readers: list[dict[str, Any]],
+    readers: list[ReaderMap],
     after: int,
     limit: int,
     size: int,
     count: int,
     max_size: int,
     locked: bool = False,
-) -> dict[str, Any]:
+) -> ContextPageRow:
     """Of up to ``limit`` visible active candidates ranked below ``after``, the ones that fit
     (id, rank, content), whether all did (``open``), how many candidates there were, the new size.
     ``locked``: take the shared lock first, in the same statement (the first page of a read).
@@ -188,6 +209,7 @@ async def context_page(
     record = await single(
         tx,
         LOCKED_CONTEXT_PAGE if locked else CONTEXT_PAGE,
+        ContextPageRow,
         botId=bot_id,
         org=org,
         readers=readers,
@@ -207,16 +229,17 @@ async def context(
     *,
     bot_id: str,
     org: str,
-    readers: list[dict[str, Any]],
+    readers: list[ReaderMap],
     limit: int,
     more: int,
     max_size: int,
-) -> dict[str, Any]:
+) -> ContextRow:
     """LOCKED_CONTEXT: the entries that fit (id, rank, content) in a page of ``limit`` and, when
     all of them fit, a second of ``more``; ``complete`` is false when that was not enough."""
     record = await single(
         tx,
         LOCKED_CONTEXT,
+        ContextRow,
         botId=bot_id,
         org=org,
         readers=readers,
@@ -231,12 +254,13 @@ async def context(
 
 
 async def has_visible(
-    tx: QueryTarget, *, bot_id: str, org: str, readers: list[dict[str, Any]], locked: bool = False
+    tx: QueryTarget, *, bot_id: str, org: str, readers: list[ReaderMap], locked: bool = False
 ) -> bool:
     """Whether any active entry is visible to every reader; ``locked``: take the shared lock first."""
     record = await single(
         tx,
         LOCKED_HAS_VISIBLE if locked else HAS_VISIBLE,
+        IdRow,
         botId=bot_id,
         org=org,
         readers=readers,
@@ -251,7 +275,7 @@ async def visible_ids(
     *,
     bot_id: str,
     org: str,
-    readers: list[dict[str, Any]],
+    readers: list[ReaderMap],
     ids: list[str],
     active_only: bool,
     locked: bool = False,
@@ -260,6 +284,7 @@ async def visible_ids(
     record = await single(
         tx,
         LOCKED_VISIBLE_IDS if locked else VISIBLE_IDS,
+        IdsRow,
         botId=bot_id,
         org=org,
         readers=readers,

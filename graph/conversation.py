@@ -6,13 +6,31 @@ store their text length so "is it due" needs no decryption.
 
 from __future__ import annotations
 
-from typing import Any, Final, LiteralString
+from typing import Any, Final, LiteralString, NotRequired, TypedDict
 
 from neo4j import AsyncManagedTransaction
 
-from graph.driver import single
+from graph.driver import Ciphertext, single
 
 SUMMARY: Final[LiteralString] = "MATCH (s:ChatSummary {chatId: $chatId}) RETURN s {.*} AS summary"
+
+
+class SummaryNode(TypedDict):
+    """A ChatSummary's properties (``s {.*}``): ``text`` (ciphertext) and ``updatedAt`` once one
+    was saved."""
+
+    chatId: str
+    botId: str
+    coversThroughSeq: int
+    version: int
+    chars: int
+    text: NotRequired[Ciphertext]
+    updatedAt: NotRequired[int]
+
+
+class SummaryRow(TypedDict):
+    summary: SummaryNode
+
 
 #: Characters the summary would hold: the summary itself plus every Item after it.
 UNSUMMARIZED: Final[LiteralString] = """
@@ -23,6 +41,12 @@ WITH after, chars, coalesce(sum(i.textLength), 0) AS later
 RETURN after, chars + later AS total
 """
 
+
+class UnsummarizedRow(TypedDict):
+    after: int
+    total: int
+
+
 #: Items after the summary, oldest first (ciphertext), at most ``$limit``.
 ITEMS_AFTER: Final[LiteralString] = """
 MATCH (i:Item)
@@ -30,6 +54,24 @@ WHERE i.chatId = $chatId AND i.seq > $after
 WITH i ORDER BY i.seq LIMIT $limit
 RETURN collect(i {.uid, .id, .seq, .kind, .text, .app, .speakerId}) AS items
 """
+
+
+class ItemMap(TypedDict):
+    """An Item as ITEMS_AFTER reads it: ``text`` None once the history was deleted (V13), ``app``
+    None but on App results, ``speakerId`` None where no person spoke."""
+
+    uid: str
+    id: str
+    seq: int
+    kind: str
+    text: Ciphertext | None
+    app: str | None
+    speakerId: str | None
+
+
+class ItemsRow(TypedDict):
+    items: list[ItemMap]
+
 
 #: A new summary as a compare-and-set on what the old one covered (two compressions never mix).
 SAVE_SUMMARY: Final[LiteralString] = """
@@ -46,30 +88,34 @@ FOREACH (_ IN CASE WHEN fresh THEN [1] ELSE [] END |
 RETURN fresh, s.version AS version
 """
 
+
+class SavedSummaryRow(TypedDict):
+    fresh: bool
+    version: int
+
+
 DELETE_SUMMARY: Final[LiteralString] = "MATCH (s:ChatSummary {chatId: $chatId}) DETACH DELETE s"
 
 
-async def summary(tx: AsyncManagedTransaction, *, chat_id: str) -> dict[str, Any] | None:
-    record = await single(tx, SUMMARY, chatId=chat_id)
+async def summary(tx: AsyncManagedTransaction, *, chat_id: str) -> SummaryNode | None:
+    record = await single(tx, SUMMARY, SummaryRow, chatId=chat_id)
     return None if record is None else record["summary"]
 
 
 async def unsummarized(tx: AsyncManagedTransaction, *, chat_id: str) -> tuple[int, int]:
     """(the last Item the summary covers, characters of summary + later Items)."""
-    record = await single(tx, UNSUMMARIZED, chatId=chat_id)
+    record = await single(tx, UNSUMMARIZED, UnsummarizedRow, chatId=chat_id)
     assert record is not None
     return int(record["after"]), int(record["total"])
 
 
-async def items_after(
-    tx: AsyncManagedTransaction, *, chat_id: str, after: int, limit: int
-) -> list[dict[str, Any]]:
-    record = await single(tx, ITEMS_AFTER, chatId=chat_id, after=after, limit=limit)
-    return [] if record is None else list(record["items"])
+async def items_after(tx: AsyncManagedTransaction, *, chat_id: str, after: int, limit: int) -> list[ItemMap]:
+    record = await single(tx, ITEMS_AFTER, ItemsRow, chatId=chat_id, after=after, limit=limit)
+    return [] if record is None else record["items"]
 
 
 async def save_summary(tx: AsyncManagedTransaction, **fields: Any) -> bool:
-    record = await single(tx, SAVE_SUMMARY, **fields)
+    record = await single(tx, SAVE_SUMMARY, SavedSummaryRow, **fields)
     return bool(record and record["fresh"])
 
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
-from typing import Any, LiteralString, TypeVar
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, LiteralString, TypeAlias, TypeVar, cast
 
 from neo4j import (
     WRITE_ACCESS,
@@ -16,6 +16,13 @@ from neo4j import (
 from neo4j.exceptions import TransientError
 
 T = TypeVar("T")
+
+#: The shape of one record: the ``TypedDict`` of a statement's RETURN clause, defined next to it.
+R = TypeVar("R", bound=Mapping[str, object])
+
+#: A ciphertext as a record holds it (E1): base64 text, or raw bytes in a record stored before
+#: ciphertexts were stored as text.
+Ciphertext: TypeAlias = str | bytes
 
 Work = Callable[[AsyncManagedTransaction], Awaitable[T]]
 
@@ -77,14 +84,16 @@ async def autocommit(driver: AsyncDriver, work: Callable[[AsyncSession], Awaitab
             attempt += 1
 
 
-async def single(tx: QueryTarget, query: LiteralString, **params: Any) -> dict[str, Any] | None:
-    """The only record of ``query`` as a dict, or None; the result is consumed inside the transaction."""
+async def single(tx: QueryTarget, query: LiteralString, row: type[R], /, **params: Any) -> R | None:
+    """The only record of ``query`` as a ``row``, or None; the result is consumed inside the
+    transaction. ``row`` is the TypedDict of the statement's RETURN clause: the driver's records
+    are untyped, and this is the one place they are taken to have that shape."""
     result = await tx.run(query, params)
     record = await result.single()
-    return None if record is None else dict(record)
+    return None if record is None else cast(R, dict(record))
 
 
-async def rows(tx: QueryTarget, query: LiteralString, **params: Any) -> list[dict[str, Any]]:
-    """All records of ``query`` as dicts, consumed inside the transaction."""
+async def rows(tx: QueryTarget, query: LiteralString, row: type[R], /, **params: Any) -> list[R]:
+    """All records of ``query`` as ``row``s (see :func:`single`), consumed inside the transaction."""
     result = await tx.run(query, params)
-    return [dict(r) async for r in result]
+    return [cast(R, dict(r)) async for r in result]

@@ -7,11 +7,12 @@ All of them run inside a change transaction that already holds the exclusive Mem
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Final, LiteralString
+from typing import Any, Final, LiteralString, TypedDict
 
 from neo4j import AsyncManagedTransaction
 
 from graph import access
+from graph.access import IdsRow
 from graph.driver import rows, single
 
 #: The properties of a new Entry ``e`` in memory ``m``, from ``row`` and the bound ``tags``,
@@ -154,6 +155,13 @@ ADD: Final[LiteralString] = (
     "MATCH (m:Memory {id: $botId})\nWITH m, $version AS version\n" + ADD_ENTRIES + "RETURN problem\n"
 )
 
+
+class ProblemRow(TypedDict):
+    """ADD: a code of REFUSALS, or None once every entry was created."""
+
+    problem: str | None
+
+
 SET_STATUS: Final[LiteralString] = """
 MATCH (e:Entry {id: $id, botId: $botId})
 SET e.status = $status, e.updatedAt = $now,
@@ -184,6 +192,11 @@ SET e.tags = [t IN e.tags WHERE t <> $from AND t <> $to] + [$to], e.updatedAt = 
 RETURN e.id AS id
 """
 
+
+class IdRow(TypedDict):
+    id: str
+
+
 FORGET_FOR: Final[LiteralString] = """
 MATCH (e:Entry {id: $id, botId: $botId})
 SET e.tags = [t IN e.tags WHERE t <> 'from:' + $personId],
@@ -201,6 +214,23 @@ RETURN collect(e.id) AS ids,
          THEN {id: e.id, requires: e.lblRequires, excluded: coalesce(e.lblExcluded, []),
                afterRequires: ['#unproved'], afterExcluded: []} END) AS gone
 """
+
+
+class GoneLabel(TypedDict):
+    """One of TAGGED_IDS's ``gone``: a deleted entry with its label before and after (the
+    ``$gone`` of RELABEL_RECORDING_REMOVALS)."""
+
+    id: str
+    requires: list[str]
+    excluded: list[str]
+    afterRequires: list[str]
+    afterExcluded: list[str]
+
+
+class TaggedRow(TypedDict):
+    ids: list[str]
+    gone: list[GoneLabel]
+
 
 #: Entries carrying the purge tag (observations carry their sources' provenance, V12).
 PURGE_ENTRIES: Final[LiteralString] = """
@@ -262,6 +292,12 @@ OPTIONAL MATCH (p:Person)-[:MEMBER]->(c)
 RETURN channelId, collect(p.id) AS people
 """
 
+
+class ChannelMembersRow(TypedDict):
+    channelId: str
+    people: list[str]
+
+
 #: People holding a grant on the Bot in the given organizations (``for:bot``, D9.1).
 BOT_USERS: Final[LiteralString] = """
 MATCH (p:Person)-[:GRANT]->(:Bot {id: $botId})
@@ -269,6 +305,11 @@ MATCH (p)-[:MEMBER_OF]->(o:Organization)
 WHERE o.id IN $orgs
 RETURN collect(p.id) AS people
 """
+
+
+class PeopleRow(TypedDict):
+    people: list[str]
+
 
 ALL_IDS: Final[LiteralString] = "MATCH (e:Entry {botId: $botId}) RETURN collect(e.id) AS ids"
 
@@ -309,11 +350,17 @@ RETURN n
 """
 
 
+class CountRow(TypedDict):
+    """How many (DELETE_CHAT_HISTORY: Items)."""
+
+    n: int
+
+
 async def add(
     tx: AsyncManagedTransaction, *, bot_id: str, version: int, adds: list[dict[str, Any]], now: int
 ) -> str | None:
     """ADD_ENTRIES: None once all are created, else the code of the first refused (nothing written)."""
-    record = await single(tx, ADD, botId=bot_id, version=version, adds=adds, now=now)
+    record = await single(tx, ADD, ProblemRow, botId=bot_id, version=version, adds=adds, now=now)
     return None if record is None else record["problem"]
 
 
@@ -358,7 +405,10 @@ async def set_tags(tx: AsyncManagedTransaction, *, bot_id: str, id: str, tags: l
 async def rename_topic(
     tx: AsyncManagedTransaction, *, bot_id: str, old: str, new: str, now: int
 ) -> list[str]:
-    return [r["id"] for r in await rows(tx, RENAME_TOPIC, botId=bot_id, **{"from": old, "to": new}, now=now)]
+    return [
+        r["id"]
+        for r in await rows(tx, RENAME_TOPIC, IdRow, botId=bot_id, **{"from": old, "to": new}, now=now)
+    ]
 
 
 async def forget_for(tx: AsyncManagedTransaction, *, bot_id: str, id: str, person_id: str, now: int) -> None:
@@ -374,20 +424,20 @@ class Purged:
 
     ids: list[str]
     above: list[str]
-    gone: list[dict[str, Any]]
+    gone: list[GoneLabel]
 
 
 async def purge(tx: AsyncManagedTransaction, *, bot_id: str, tag: str) -> Purged:
     """Delete the entries carrying ``tag`` and strip what embeds them from the change log (D9.20).
     The caller writes the purge's log row with ``above`` and ``gone`` (``graph.memory.log_change``)."""
-    doomed = await single(tx, TAGGED_IDS, botId=bot_id, tag=tag)
+    doomed = await single(tx, TAGGED_IDS, TaggedRow, botId=bot_id, tag=tag)
     if doomed is None or not doomed["ids"]:
         return Purged([], [], [])
     doomed_ids: list[str] = list(doomed["ids"])
     above = [
         i for i in await access.dependents_of(tx, bot_id=bot_id, ids=doomed_ids) if i not in set(doomed_ids)
     ]
-    record = await single(tx, PURGE_ENTRIES, botId=bot_id, tag=tag)
+    record = await single(tx, PURGE_ENTRIES, IdsRow, botId=bot_id, tag=tag)
     ids: list[str] = [] if record is None else list(record["ids"])
     await tx.run(PURGE_CHANGES, botId=bot_id, ids=ids)
     if ids:
@@ -396,7 +446,7 @@ async def purge(tx: AsyncManagedTransaction, *, bot_id: str, tag: str) -> Purged
 
 
 async def _channel_members(tx: AsyncManagedTransaction, channel_ids: list[str]) -> dict[str, set[str]]:
-    found = await rows(tx, CHANNEL_MEMBERS, channelIds=channel_ids)
+    found = await rows(tx, CHANNEL_MEMBERS, ChannelMembersRow, channelIds=channel_ids)
     return {r["channelId"]: set(r["people"]) for r in found}
 
 
@@ -415,8 +465,8 @@ async def audience_people(
         elif tag.startswith("for:channel:"):
             people = members.get(tag[12:], set())
         else:
-            record = await single(tx, BOT_USERS, botId=bot_id, orgs=orgs)
-            people = set() if record is None else {str(p) for p in record["people"]}
+            record = await single(tx, BOT_USERS, PeopleRow, botId=bot_id, orgs=orgs)
+            people = set() if record is None else set(record["people"])
         result = people if result is None else result & people
     return result
 
@@ -428,11 +478,11 @@ async def rule_people(tx: AsyncManagedTransaction, *, rules: list[str]) -> list[
 
 
 async def all_ids(tx: AsyncManagedTransaction, *, bot_id: str) -> list[str]:
-    record = await single(tx, ALL_IDS, botId=bot_id)
+    record = await single(tx, ALL_IDS, IdsRow, botId=bot_id)
     return [] if record is None else list(record["ids"])
 
 
 async def delete_chat_history(tx: AsyncManagedTransaction, *, chat_id: str) -> int:
     """Remove the content of a Chat's Items; ids and the rules saved on SOURCE edges stay (V13)."""
-    record = await single(tx, DELETE_CHAT_HISTORY, chatId=chat_id)
-    return 0 if record is None else int(record["n"])
+    record = await single(tx, DELETE_CHAT_HISTORY, CountRow, chatId=chat_id)
+    return 0 if record is None else record["n"]

@@ -8,11 +8,11 @@ taken: the Memory node (``apply_changes``), then the execution, then the read po
 
 from __future__ import annotations
 
-from typing import Any, Final, LiteralString
+from typing import Any, Final, LiteralString, TypedDict
 
 from neo4j import AsyncManagedTransaction
 
-from graph.driver import rows, single
+from graph.driver import Ciphertext, rows, single
 
 #: Statuses: ``waiting`` (its Turn is open), ``queued``, ``running`` (leased), ``budget``
 #: (waits for the next period or a raised limit), and the ends ``done``, ``failed``, ``skipped``.
@@ -31,6 +31,25 @@ CREATE (x:LearningExecution {id: $id, botId: $botId, chatId: t.chatId, turnId: t
                              createdAt: $now, endedAt: null, error: null, learned: 0})
 RETURN x.status AS status, x.epoch AS epoch
 """
+
+
+class CreatedRow(TypedDict):
+    status: str
+    epoch: int
+
+
+class Queued(TypedDict):
+    """An execution to enqueue at its epoch."""
+
+    id: str
+    epoch: int
+
+
+class QueuedRow(TypedDict):
+    """QUEUE_TURN, the sweeps (SWEEP_EXPIRED, SWEEP_STALE_QUEUED, SWEEP_IDLE_TURNS), RELEASE_BUDGET."""
+
+    queued: list[Queued]
+
 
 #: completeTurn: the Turn's waiting executions become queued (in its transaction, under its lock).
 QUEUE_TURN: Final[LiteralString] = """
@@ -56,6 +75,21 @@ SET x.status = 'running', x.leaseUntil = $now + $leaseMs, x.attempts = x.attempt
 RETURN x {.id, .botId, .chatId, .turnId, .turnSeq, .epoch, .attempts} AS execution
 """
 
+
+class ClaimMap(TypedDict):
+    id: str
+    botId: str
+    chatId: str
+    turnId: str
+    turnSeq: int
+    epoch: int
+    attempts: int
+
+
+class ClaimRow(TypedDict):
+    execution: ClaimMap
+
+
 RENEW_LEASE: Final[LiteralString] = """
 MATCH (held:LearningExecution {id: $id})
 CALL apoc.lock.nodes([held])
@@ -66,6 +100,11 @@ WHERE x.epoch = $epoch AND x.status = 'running'
 SET x.leaseUntil = $until
 RETURN count(x) AS renewed
 """
+
+
+class RenewedRow(TypedDict):
+    renewed: int
+
 
 #: Leave ``running`` without a commit: a safe failure, a skip, or waiting for budget.
 FINISH: Final[LiteralString] = """
@@ -80,10 +119,20 @@ SET x.status = $status, x.error = $error, x.leaseUntil = null,
 RETURN count(x) AS finished
 """
 
+
+class FinishedRow(TypedDict):
+    finished: int
+
+
 POSITION: Final[LiteralString] = """
 OPTIONAL MATCH (p:ReadPosition {id: $botId + '|' + $chatId})
 RETURN coalesce(p.seq, 0) AS seq
 """
+
+
+class PositionRow(TypedDict):
+    seq: int
+
 
 #: The commit of one step (C4): a compare-and-set of the epoch and the start position. When both
 #: hold, the position moves to ``$end`` and, on the last step, the execution ends — in the same
@@ -115,6 +164,15 @@ FOREACH (_ IN CASE WHEN mine AND fresh AND c IS NOT NULL THEN [1] ELSE [] END |
 RETURN mine, fresh, p.seq AS position
 """
 
+
+class CommittedRow(TypedDict):
+    """COMMIT_STEP: ``mine`` (the epoch held), ``fresh`` (the start position held), the position now."""
+
+    mine: bool
+    fresh: bool
+    position: int
+
+
 #: The Chat's Items after ``$after`` in order, each with the number of its Turn (the caller stops
 #: at the first Item of a later Turn than the execution's). Text is ciphertext.
 EVIDENCE: Final[LiteralString] = """
@@ -124,6 +182,25 @@ WITH i ORDER BY i.seq LIMIT $limit
 MATCH (i)-[:IN_TURN]->(t:Turn)
 RETURN collect(i {.uid, .id, .seq, .kind, .text, .app, .speakerId, turnSeq: t.seq}) AS items
 """
+
+
+class EvidenceMap(TypedDict):
+    """One of EVIDENCE's ``items``: ``text`` (ciphertext) None once the history was deleted (V13),
+    ``app`` None but on App results, ``speakerId`` None where no person spoke."""
+
+    uid: str
+    id: str
+    seq: int
+    kind: str
+    text: Ciphertext | None
+    app: str | None
+    speakerId: str | None
+    turnSeq: int
+
+
+class EvidenceRow(TypedDict):
+    items: list[EvidenceMap]
+
 
 #: learningContext (L4, D9.14, V9): the first 300 valid entries of the Chat's organization in
 #: memory order — active, with every source proved, in that organization only — and the topic
@@ -144,6 +221,27 @@ CALL (valid) {
 }
 RETURN [e IN valid[0..$limit] | e {.id, .layer, .content, .tags, .confidence}] AS entries, topics
 """
+
+
+class LearnedEntry(TypedDict):
+    """One of LEARNING_CONTEXT's ``entries``: ``confidence`` None but on observations."""
+
+    id: str
+    layer: str
+    content: Ciphertext
+    tags: list[str]
+    confidence: float | None
+
+
+class TopicCount(TypedDict):
+    topic: str
+    count: int
+
+
+class LearningContextRow(TypedDict):
+    entries: list[LearnedEntry]
+    topics: list[TopicCount]
+
 
 #: Sweeper (D9.9): expired leases start a new epoch; queued executions nobody took are enqueued
 #: again; waiting ones whose Turn completed or went idle (D9.11) are queued. Each returns what to
@@ -200,6 +298,16 @@ WITH x LIMIT $limit
 RETURN collect({id: x.id, botId: x.botId}) AS waiting
 """
 
+
+class Waiting(TypedDict):
+    id: str
+    botId: str
+
+
+class WaitingRow(TypedDict):
+    waiting: list[Waiting]
+
+
 #: Release executions waiting for budget (a new period, or a PATCH that raised the limit).
 RELEASE_BUDGET: Final[LiteralString] = """
 MATCH (x:LearningExecution)
@@ -217,41 +325,48 @@ RETURN collect({id: x.id, epoch: x.epoch}) AS queued
 
 async def create_execution(
     tx: AsyncManagedTransaction, *, id: str, bot_id: str, turn_id: str, confession_id: str, now: int
-) -> dict[str, Any]:
+) -> CreatedRow:
     record = await single(
-        tx, CREATE_EXECUTION, id=id, botId=bot_id, turnId=turn_id, confessionId=confession_id, now=now
+        tx,
+        CREATE_EXECUTION,
+        CreatedRow,
+        id=id,
+        botId=bot_id,
+        turnId=turn_id,
+        confessionId=confession_id,
+        now=now,
     )
     assert record is not None
     return record
 
 
-async def queue_turn(tx: AsyncManagedTransaction, *, turn_id: str, now: int) -> list[dict[str, Any]]:
-    record = await single(tx, QUEUE_TURN, turnId=turn_id, now=now)
-    return [] if record is None else list(record["queued"])
+async def queue_turn(tx: AsyncManagedTransaction, *, turn_id: str, now: int) -> list[Queued]:
+    record = await single(tx, QUEUE_TURN, QueuedRow, turnId=turn_id, now=now)
+    return [] if record is None else record["queued"]
 
 
 async def claim(
     tx: AsyncManagedTransaction, *, id: str, epoch: int, worker: str, now: int, lease_ms: int
-) -> dict[str, Any] | None:
-    record = await single(tx, CLAIM, id=id, epoch=epoch, worker=worker, now=now, leaseMs=lease_ms)
+) -> ClaimMap | None:
+    record = await single(tx, CLAIM, ClaimRow, id=id, epoch=epoch, worker=worker, now=now, leaseMs=lease_ms)
     return None if record is None else record["execution"]
 
 
 async def renew_lease(tx: AsyncManagedTransaction, *, id: str, epoch: int, until: int) -> bool:
-    record = await single(tx, RENEW_LEASE, id=id, epoch=epoch, until=until)
+    record = await single(tx, RENEW_LEASE, RenewedRow, id=id, epoch=epoch, until=until)
     return bool(record and record["renewed"])
 
 
 async def finish(
     tx: AsyncManagedTransaction, *, id: str, epoch: int, status: str, error: str | None, now: int
 ) -> bool:
-    record = await single(tx, FINISH, id=id, epoch=epoch, status=status, error=error, now=now)
+    record = await single(tx, FINISH, FinishedRow, id=id, epoch=epoch, status=status, error=error, now=now)
     return bool(record and record["finished"])
 
 
 async def position(tx: AsyncManagedTransaction, *, bot_id: str, chat_id: str) -> int:
-    record = await single(tx, POSITION, botId=bot_id, chatId=chat_id)
-    return 0 if record is None else int(record["seq"])
+    record = await single(tx, POSITION, PositionRow, botId=bot_id, chatId=chat_id)
+    return 0 if record is None else record["seq"]
 
 
 async def commit_step(
@@ -268,10 +383,11 @@ async def commit_step(
     call_id: str | None = None,
     produced: list[str] | None = None,
     set_aside: str | None = None,
-) -> dict[str, Any]:
+) -> CommittedRow:
     record = await single(
         tx,
         COMMIT_STEP,
+        CommittedRow,
         setAside=set_aside,
         callId=call_id,
         produced=produced or [],
@@ -288,35 +404,34 @@ async def commit_step(
     return record
 
 
-async def evidence(
-    tx: AsyncManagedTransaction, *, chat_id: str, after: int, limit: int
-) -> list[dict[str, Any]]:
-    record = await single(tx, EVIDENCE, chatId=chat_id, after=after, limit=limit)
-    return [] if record is None else list(record["items"])
+async def evidence(tx: AsyncManagedTransaction, *, chat_id: str, after: int, limit: int) -> list[EvidenceMap]:
+    record = await single(tx, EVIDENCE, EvidenceRow, chatId=chat_id, after=after, limit=limit)
+    return [] if record is None else record["items"]
 
 
 async def learning_context(
     tx: AsyncManagedTransaction, *, bot_id: str, org: str, limit: int
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    record = await single(tx, LEARNING_CONTEXT, botId=bot_id, org=org, limit=limit)
+) -> tuple[list[LearnedEntry], list[TopicCount]]:
+    record = await single(tx, LEARNING_CONTEXT, LearningContextRow, botId=bot_id, org=org, limit=limit)
     if record is None:
         return [], []
-    return list(record["entries"]), list(record["topics"])
+    return record["entries"], record["topics"]
 
 
-async def sweep(tx: AsyncManagedTransaction, query: LiteralString, **params: Any) -> list[dict[str, Any]]:
-    record = await single(tx, query, **params)
-    return [] if record is None else list(record["queued"])
+async def sweep(tx: AsyncManagedTransaction, query: LiteralString, **params: Any) -> list[Queued]:
+    """One of the sweeps (``query``: SWEEP_EXPIRED, SWEEP_STALE_QUEUED, SWEEP_IDLE_TURNS)."""
+    record = await single(tx, query, QueuedRow, **params)
+    return [] if record is None else record["queued"]
 
 
-async def budget_waiting(tx: AsyncManagedTransaction, *, limit: int) -> list[dict[str, Any]]:
-    record = await single(tx, BUDGET_WAITING, limit=limit)
-    return [] if record is None else list(record["waiting"])
+async def budget_waiting(tx: AsyncManagedTransaction, *, limit: int) -> list[Waiting]:
+    record = await single(tx, BUDGET_WAITING, WaitingRow, limit=limit)
+    return [] if record is None else record["waiting"]
 
 
-async def release_budget(tx: AsyncManagedTransaction, *, bot_id: str, now: int) -> list[dict[str, Any]]:
-    record = await single(tx, RELEASE_BUDGET, botId=bot_id, now=now)
-    return [] if record is None else list(record["queued"])
+async def release_budget(tx: AsyncManagedTransaction, *, bot_id: str, now: int) -> list[Queued]:
+    record = await single(tx, RELEASE_BUDGET, QueuedRow, botId=bot_id, now=now)
+    return [] if record is None else record["queued"]
 
 
 #: The learning executions of a Chat for its owner, newest first: status, entries learned, the
@@ -328,8 +443,25 @@ ORDER BY x.createdAt DESC, x.id SKIP $skip LIMIT $limit
 """
 
 
+class ExecutionMap(TypedDict):
+    """LIST_EXECUTIONS's ``execution``: ``setAside`` None until evidence was set aside."""
+
+    id: str
+    turnId: str
+    status: str
+    error: str | None
+    learned: int
+    setAside: list[str] | None
+    createdAt: int
+    endedAt: int | None
+
+
+class ExecutionRow(TypedDict):
+    execution: ExecutionMap
+
+
 async def list_executions(
     tx: AsyncManagedTransaction, *, chat_id: str, skip: int, limit: int
-) -> list[dict[str, Any]]:
-    found = await rows(tx, LIST_EXECUTIONS, chatId=chat_id, skip=skip, limit=limit)
+) -> list[ExecutionMap]:
+    found = await rows(tx, LIST_EXECUTIONS, ExecutionRow, chatId=chat_id, skip=skip, limit=limit)
     return [r["execution"] for r in found]

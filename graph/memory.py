@@ -8,13 +8,21 @@ decrypted by the caller after commit.
 
 from __future__ import annotations
 
-from typing import Any, Final, LiteralString
+from typing import Any, Final, LiteralString, TypedDict
 
 from neo4j import AsyncDriver, AsyncManagedTransaction
 
-from graph.access import READER_MAP, RELABEL_RECORDING_REMOVALS, REMOVED_FOR, USES_BOT, VISIBLE
-from graph.driver import QueryTarget, autocommit, rows, single
-from graph.entries import ADD_ENTRIES
+from graph.access import (
+    READER_MAP,
+    RELABEL_RECORDING_REMOVALS,
+    REMOVED_FOR,
+    USES_BOT,
+    VISIBLE,
+    ReaderMap,
+    RemovedEntry,
+)
+from graph.driver import Ciphertext, QueryTarget, autocommit, rows, single
+from graph.entries import ADD_ENTRIES, GoneLabel
 
 #: The sources of an entry ``e`` as ids (``sources``), for the API's view of it.
 _ENTRY_SOURCES: Final[LiteralString] = """
@@ -22,6 +30,19 @@ OPTIONAL MATCH (e)-[:SOURCE]->(src)
 WITH e, collect(CASE WHEN src IS NULL THEN null WHEN src:Item THEN {chat: src.chatId, item: src.id}
                      ELSE {entry: src.id} END) AS sources
 """
+
+
+class ItemSourceMap(TypedDict):
+    chat: str
+    item: str
+
+
+class EntrySourceMap(TypedDict):
+    entry: str
+
+
+#: One of ``sources``: an Item of a Chat, or an entry.
+SourceMap = ItemSourceMap | EntrySourceMap
 
 #: The sources of ``e`` as a subquery binding ``sources`` (for a statement that goes on with ``e``).
 SOURCES_OF_E: Final[LiteralString] = "CALL (e) {" + _ENTRY_SOURCES + "  RETURN sources\n}\n"
@@ -31,6 +52,34 @@ ENTRY_MAP: Final[LiteralString] = (
     "e {.id, .layer, .tags, .status, .confidence, .createdAt, .updatedAt, .invalidatedAt,\n"
     """     .content, .contentLength, .orderKey, .memoryRank, sources: sources}"""
 )
+
+
+class EntryMap(TypedDict):
+    """ENTRY_MAP. Properties stored as null (``confidence`` but on observations,
+    ``invalidatedAt`` until invalidated) come back as None."""
+
+    id: str
+    layer: str
+    tags: list[str]
+    status: str
+    confidence: float | None
+    createdAt: int
+    updatedAt: int
+    invalidatedAt: int | None
+    content: Ciphertext
+    contentLength: int
+    orderKey: int
+    memoryRank: int
+    sources: list[SourceMap]
+
+
+class EntryRow(TypedDict):
+    entry: EntryMap
+
+
+class EntriesRow(TypedDict):
+    entries: list[EntryMap]
+
 
 #: ``e`` as one ``entry`` row.
 ENTRY_ROW: Final[LiteralString] = _ENTRY_SOURCES + "RETURN " + ENTRY_MAP + " AS entry\n"
@@ -54,6 +103,13 @@ MATCH (m:Memory) WHERE elementId(m) = elementId(held)
 _LOCKED: Final[LiteralString] = READ_LOCK + "WITH m\n"
 
 SHARED_LOCK: Final[LiteralString] = READ_LOCK + "RETURN m.version AS version\n"
+
+
+class VersionRow(TypedDict):
+    """SHARED_LOCK, BUMP_VERSION."""
+
+    version: int
+
 
 #: The first statement of every change takes the Memory node's exclusive lock explicitly.
 #: Starting with ``SET m.version = m.version + 1`` instead deadlocks under load (measured: two
@@ -81,6 +137,14 @@ _READER_OF_ROW: Final[LiteralString] = (
     "m.version AS version, CASE WHEN p IS NULL THEN null ELSE " + READER_MAP + " END AS reader\n"
 )
 LOCK_AND_READER: Final[LiteralString] = _LOCK_AND_READER_ROW + "RETURN " + _READER_OF_ROW
+
+
+class LockAndReaderRow(TypedDict):
+    """LOCK_AND_READER; ``reader`` is None when the person is not in the organization."""
+
+    version: int
+    reader: ReaderMap | None
+
 
 #: LOCK_AND_READER as the head of a longer statement: binds ``version`` and ``reader``.
 _LOCK_AND_READER_HEAD: Final[LiteralString] = _LOCK_AND_READER_ROW + "WITH " + _READER_OF_ROW
@@ -110,6 +174,11 @@ _UNLESS_REFUSED: Final[LiteralString] = (
 #: returns the ids of what it hid from someone (D9.24).
 LOG_CHANGE: Final[LiteralString] = _AT_VERSION + _LOG + "RETURN removed\n"
 
+
+class LoggedRow(TypedDict):
+    removed: list[str]
+
+
 #: The end of a change that adds entries, in one round trip: ADD_ENTRIES, then LOG_CHANGE
 #: unless an entry was refused (``problem``; the caller then rolls the whole change back).
 ADD_AND_LOG_CHANGE: Final[LiteralString] = (
@@ -119,6 +188,14 @@ ADD_AND_LOG_CHANGE: Final[LiteralString] = (
     + _LOG
     + "}\nOPTIONAL MATCH (c:Change {id: $id})\nRETURN problem, coalesce(c.removedIds, []) AS removed\n"
 )
+
+
+class AddedAndLoggedRow(TypedDict):
+    """ADD_AND_LOG_CHANGE: ``problem`` is a code of REFUSALS, or None once all were added."""
+
+    problem: str | None
+    removed: list[str]
+
 
 #: A whole change that only adds entries, as one statement (an auto-commit transaction, one
 #: round trip): the exclusive lock first (C1), then ADD_ENTRIES under it (C7), then — unless an
@@ -148,6 +225,14 @@ WITH m, version WHERE allowed
     + _LOG
     + "}\nRETURN version, problem\n"
 )
+
+
+class AddOnlyRow(TypedDict):
+    """ADD_ONLY_CHANGE (see AddedAndLoggedRow)."""
+
+    version: int
+    problem: str | None
+
 
 #: The rows of the entries ``e`` as one ``entries`` list in memory order.
 _IN_ORDER: Final[LiteralString] = (
@@ -216,6 +301,14 @@ LOCK_READER_AND_PAGE: Final[LiteralString] = (
 )
 
 
+class ReaderAndEntriesRow(TypedDict):
+    """LOCK_READER_AND_LIST, LOCK_READER_AND_PAGE: ``entries`` is empty unless ``reader`` uses the Bot."""
+
+    version: int
+    reader: ReaderMap | None
+    entries: list[EntryMap]
+
+
 #: The latest ``$limit`` change-log rows with entries (changed or removed, D9.24), of versions
 #: below ``$before``, newest first (a seek of the ``change_bot_version`` index in its order).
 LOG_ROWS: Final[LiteralString] = """
@@ -225,6 +318,19 @@ WITH c ORDER BY c.botId DESC, c.version DESC LIMIT $limit
 RETURN c.version AS version, c.at AS at, c.actor AS actor, c.entryIds AS ids,
        coalesce(c.removedIds, []) AS removed
 """
+
+
+class LogRow(TypedDict):
+    version: int
+    at: int
+    actor: str
+    ids: list[str]
+    removed: list[str]
+
+
+class RemovedRow(TypedDict):
+    removed: list[RemovedEntry]
+
 
 #: What the changes of ``$versions`` hid from the readers ``$readers`` in ``$org`` (D9.24).
 REMOVED_FOR_READERS: Final[LiteralString] = (
@@ -237,19 +343,35 @@ RETURN e {.id, .layer, .tags, .status, .author, .excluded, .orderKey} AS entry
 """
 
 
+class EditedEntry(TypedDict):
+    """ENTRY_FOR_EDIT's ``entry``: ``author`` only on pinned entries."""
+
+    id: str
+    layer: str
+    tags: list[str]
+    status: str
+    author: str | None
+    excluded: list[str]
+    orderKey: int
+
+
+class EditedEntryRow(TypedDict):
+    entry: EditedEntry
+
+
 async def shared_lock(tx: AsyncManagedTransaction, *, bot_id: str) -> int | None:
     """Take the shared lock of a Bot's memory (the first statement of every read); its version."""
-    record = await single(tx, SHARED_LOCK, botId=bot_id)
+    record = await single(tx, SHARED_LOCK, VersionRow, botId=bot_id)
     return None if record is None else int(record["version"])
 
 
 async def bump_version(tx: AsyncManagedTransaction, *, bot_id: str) -> int | None:
     """Take the exclusive lock of a Bot's memory (the first statement of every change) and bump its version."""
-    record = await single(tx, BUMP_VERSION, botId=bot_id)
+    record = await single(tx, BUMP_VERSION, VersionRow, botId=bot_id)
     return None if record is None else int(record["version"])
 
 
-def reader_keys(readers: list[dict[str, Any]]) -> list[str]:
+def reader_keys(readers: list[ReaderMap]) -> list[str]:
     """Index keys to seek: those of the reader with the fewest (an entry must pass every reader)."""
     if not readers:
         return []
@@ -285,7 +407,7 @@ async def log_change(
     payload: str | None,
     adds: list[dict[str, Any]] | None = None,
     relabel: list[str] | None = None,
-    gone: list[dict[str, Any]] | None = None,
+    gone: list[GoneLabel] | None = None,
 ) -> tuple[str | None, list[str]]:
     """The log row of a change (C2) and the labels it affects (DESIGN §8), in one statement —
     with ``adds``, the change's last new entries are added first (ADD_ENTRIES) in the same
@@ -299,10 +421,10 @@ async def log_change(
     if gone:
         params["gone"] = gone
     if not adds:
-        record = await single(tx, LOG_CHANGE, **params)
-        return None, [] if record is None else list(record["removed"])
-    record = await single(tx, ADD_AND_LOG_CHANGE, adds=adds, **params)
-    return (None, []) if record is None else (record["problem"], list(record["removed"]))
+        record = await single(tx, LOG_CHANGE, LoggedRow, **params)
+        return None, [] if record is None else record["removed"]
+    record = await single(tx, ADD_AND_LOG_CHANGE, AddedAndLoggedRow, adds=adds, **params)
+    return (None, []) if record is None else (record["problem"], record["removed"])
 
 
 async def add_only_change(
@@ -326,8 +448,8 @@ async def add_only_change(
         "personId": person_id,
         "org": org,
     }
-    record = await autocommit(driver, lambda session: single(session, ADD_ONLY_CHANGE, **params))
-    return None if record is None else (int(record["version"]), record["problem"])
+    record = await autocommit(driver, lambda session: single(session, ADD_ONLY_CHANGE, AddOnlyRow, **params))
+    return None if record is None else (record["version"], record["problem"])
 
 
 async def list_visible(
@@ -335,13 +457,14 @@ async def list_visible(
     *,
     bot_id: str,
     org: str,
-    readers: list[dict[str, Any]],
+    readers: list[ReaderMap],
     statuses: list[str],
     tags: list[str],
-) -> list[dict[str, Any]]:
+) -> list[EntryMap]:
     record = await single(
         tx,
         LIST_VISIBLE,
+        EntriesRow,
         botId=bot_id,
         org=org,
         readers=readers,
@@ -350,7 +473,7 @@ async def list_visible(
         statuses=statuses,
         tags=tags,
     )
-    return [] if record is None else list(record["entries"])
+    return [] if record is None else record["entries"]
 
 
 async def lock_reader_and_list(
@@ -362,18 +485,21 @@ async def lock_reader_and_list(
     statuses: list[str],
     tags: list[str],
     page: tuple[int, tuple[int, str] | None] | None = None,
-) -> dict[str, Any] | None:
+) -> ReaderAndEntriesRow | None:
     """LOCK_READER_AND_LIST: ``{version, reader, entries}``, or None when the Bot has no memory.
     With ``page`` — ``(limit, after)``, ``after`` the (memoryRank, id) of the entry before the
     page or None for the first — one page of them (LOCK_READER_AND_PAGE)."""
     params = {"botId": bot_id, "personId": person_id, "org": org, "top": TOP_RANK}
     if page is None:
-        return await single(tx, LOCK_READER_AND_LIST, **params, statuses=statuses, tags=tags)
+        return await single(
+            tx, LOCK_READER_AND_LIST, ReaderAndEntriesRow, **params, statuses=statuses, tags=tags
+        )
     limit, after = page
     after_rank, after_id = after or (TOP_RANK, "")
     return await single(
         tx,
         LOCK_READER_AND_PAGE,
+        ReaderAndEntriesRow,
         **params,
         statuses=statuses,
         tags=tags,
@@ -385,21 +511,25 @@ async def lock_reader_and_list(
 
 async def log_rows(
     tx: AsyncManagedTransaction, *, bot_id: str, limit: int, before: int | None = None
-) -> list[dict[str, Any]]:
-    return await rows(tx, LOG_ROWS, botId=bot_id, limit=limit, before=TOP_RANK if before is None else before)
+) -> list[LogRow]:
+    return await rows(
+        tx, LOG_ROWS, LogRow, botId=bot_id, limit=limit, before=TOP_RANK if before is None else before
+    )
 
 
 async def removed_for(
-    tx: QueryTarget, *, bot_id: str, org: str, readers: list[dict[str, Any]], versions: list[int]
-) -> list[dict[str, Any]]:
+    tx: QueryTarget, *, bot_id: str, org: str, readers: list[ReaderMap], versions: list[int]
+) -> list[RemovedEntry]:
     """REMOVED_FOR_READERS: ``{version, id}`` of what the changes of ``versions`` hid from the
     readers (D9.24)."""
     if not versions:
         return []
-    record = await single(tx, REMOVED_FOR_READERS, botId=bot_id, org=org, readers=readers, versions=versions)
-    return [] if record is None else list(record["removed"])
+    record = await single(
+        tx, REMOVED_FOR_READERS, RemovedRow, botId=bot_id, org=org, readers=readers, versions=versions
+    )
+    return [] if record is None else record["removed"]
 
 
-async def entry_for_edit(tx: AsyncManagedTransaction, *, bot_id: str, id: str) -> dict[str, Any] | None:
-    record = await single(tx, ENTRY_FOR_EDIT, botId=bot_id, id=id)
+async def entry_for_edit(tx: AsyncManagedTransaction, *, bot_id: str, id: str) -> EditedEntry | None:
+    record = await single(tx, ENTRY_FOR_EDIT, EditedEntryRow, botId=bot_id, id=id)
     return None if record is None else record["entry"]

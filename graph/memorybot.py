@@ -4,17 +4,33 @@ and confessions (D9.6). Request, result, confession and answer texts arrive encr
 
 from __future__ import annotations
 
-from typing import Any, Final, LiteralString
+from typing import Any, Final, LiteralString, NotRequired, TypedDict
 
 from neo4j import AsyncManagedTransaction
 
-from graph.driver import QueryTarget, rows, single
+from graph.chats import ChatNode
+from graph.driver import Ciphertext, QueryTarget, rows, single
 
 #: The settings of a Bot's memory Bot with the Bot's owner organization and data key.
 SETTINGS: Final[LiteralString] = """
 MATCH (b:Bot {id: $botId})-[:HAS_MEMORY]->(m:Memory)
 RETURN m {.settingsVersion, .instructions, .concurrency, .budgetPeriod, .budgetLimitMicros} AS settings
 """
+
+
+class SettingsMap(TypedDict):
+    """The memory Bot's settings: None where the Bot keeps the default."""
+
+    settingsVersion: int
+    instructions: str | None
+    concurrency: int | None
+    budgetPeriod: str | None
+    budgetLimitMicros: int | None
+
+
+class SettingsRow(TypedDict):
+    settings: SettingsMap
+
 
 #: A compare-and-set on the settings' own version (C3, D9.13): nothing changes on a mismatch.
 #: Fields absent from ``$set`` keep their value.
@@ -29,6 +45,11 @@ FOREACH (_ IN CASE WHEN matches THEN [1] ELSE [] END |
 RETURN matches, m {.settingsVersion, .instructions, .concurrency, .budgetPeriod, .budgetLimitMicros} AS settings
 """
 
+
+class UpdatedSettingsRow(SettingsRow):
+    matches: bool
+
+
 #: Everything a memory-Bot task needs about a Chat, read at the time the task runs (D9.12):
 #: the Chat's organization settings (L5, L6: a shared Bot uses the Chat's organization), the
 #: memory Bot's settings and the Bot's wrapped key.
@@ -41,11 +62,36 @@ RETURN ch {.*, botModel: b.model, botName: b.name} AS chat, o.botMemory AS botMe
        b.keyMaster AS keyMaster, b.keyWrapped AS keyWrapped
 """
 
+
+class RouteChat(ChatNode):
+    """CHAT_ROUTE's ``chat``: the Chat with its Bot's model (None: none named) and name."""
+
+    botModel: str | None
+    botName: str
+
+
+class RouteRow(TypedDict):
+    """CHAT_ROUTE: ``model`` is the organization's memory-Bot model, None when it has none."""
+
+    chat: RouteChat
+    botMemory: bool
+    model: str | None
+    settings: SettingsMap
+    keyMaster: str
+    keyWrapped: bytes
+
+
 #: Confirmed spend of a Bot in one budget period, over all organizations (L6).
 SPENT: Final[LiteralString] = """
 MATCH (s:Spend) WHERE s.botId = $botId AND s.period = $period
 RETURN coalesce(sum(s.micros), 0) AS micros, coalesce(sum(s.unknownCalls), 0) AS unknownCalls
 """
+
+
+class SpentRow(TypedDict):
+    micros: int
+    unknownCalls: int
+
 
 #: A model call with its attempts (C5), and its confirmed cost added to the day and month of
 #: the call, per organization (L6). Counters are MERGEd on a unique key and locked before the
@@ -76,6 +122,19 @@ WITH c ORDER BY c.at
 RETURN collect(c {.id, .result, .requestHash}) AS calls
 """
 
+
+class SavedCall(TypedDict):
+    """One of SAVED_STEP_RESULTS's ``calls``: the result is ciphertext."""
+
+    id: str
+    result: Ciphertext
+    requestHash: str
+
+
+class SavedCallsRow(TypedDict):
+    calls: list[SavedCall]
+
+
 #: What the Bot confided (saved before the answer is sought, so a crash loses nothing).
 CREATE_CONFESSION: Final[LiteralString] = """
 MATCH (t:Turn {id: $turnId})
@@ -96,8 +155,30 @@ RETURN f {.*} AS confession ORDER BY f.createdAt, f.id SKIP $skip LIMIT $limit
 """
 
 
-async def settings(tx: AsyncManagedTransaction, *, bot_id: str) -> dict[str, Any] | None:
-    record = await single(tx, SETTINGS, botId=bot_id)
+class ConfessionNode(TypedDict):
+    """A Confession's properties (``f {.*}``), ciphertext texts: ``answer``, ``answeredBy`` and
+    ``answeredAt`` once answered; ``text`` and ``answer`` gone after a history deletion (V13) or
+    a purge of what the answer used (D9.20, ``answerPurged``)."""
+
+    id: str
+    botId: str
+    chatId: str
+    turnId: str
+    text: NotRequired[Ciphertext]
+    answer: NotRequired[Ciphertext]
+    usedEntryIds: list[str]
+    answeredBy: NotRequired[str]
+    answeredAt: NotRequired[int]
+    answerPurged: NotRequired[bool]
+    createdAt: int
+
+
+class ConfessionRow(TypedDict):
+    confession: ConfessionNode
+
+
+async def settings(tx: AsyncManagedTransaction, *, bot_id: str) -> SettingsMap | None:
+    record = await single(tx, SETTINGS, SettingsRow, botId=bot_id)
     return None if record is None else record["settings"]
 
 
@@ -110,6 +191,10 @@ RETURN [m IN collect(DISTINCT o.botMemoryModel) WHERE m IS NOT NULL] AS models
 """
 
 
+class ModelsRow(TypedDict):
+    models: list[str]
+
+
 #: The models of every organization of a Bot that has a budget (``/healthz``, D9.25), and how
 #: many Bots have one.
 BUDGETED_MODELS: Final[LiteralString] = """
@@ -119,42 +204,46 @@ RETURN count(DISTINCT m) AS budgets, [x IN collect(DISTINCT o.botMemoryModel) WH
 """
 
 
+class BudgetedModelsRow(ModelsRow):
+    budgets: int
+
+
 async def budgeted_models(tx: QueryTarget) -> tuple[int, list[str]]:
-    record = await single(tx, BUDGETED_MODELS)
-    return (0, []) if record is None else (int(record["budgets"]), [str(m) for m in record["models"]])
+    record = await single(tx, BUDGETED_MODELS, BudgetedModelsRow)
+    return (0, []) if record is None else (record["budgets"], record["models"])
 
 
 async def bot_models(tx: AsyncManagedTransaction, *, bot_id: str) -> list[str]:
-    record = await single(tx, BOT_MODELS, botId=bot_id)
-    return [] if record is None else [str(m) for m in record["models"]]
+    record = await single(tx, BOT_MODELS, ModelsRow, botId=bot_id)
+    return [] if record is None else record["models"]
 
 
 async def update_settings(
     tx: AsyncManagedTransaction, *, bot_id: str, expected: int, values: dict[str, Any]
-) -> tuple[bool, dict[str, Any]] | None:
-    record = await single(tx, UPDATE_SETTINGS, botId=bot_id, expected=expected, set=values)
-    return None if record is None else (bool(record["matches"]), record["settings"])
+) -> tuple[bool, SettingsMap] | None:
+    record = await single(
+        tx, UPDATE_SETTINGS, UpdatedSettingsRow, botId=bot_id, expected=expected, set=values
+    )
+    return None if record is None else (record["matches"], record["settings"])
 
 
-async def chat_route(tx: AsyncManagedTransaction, *, chat_id: str) -> dict[str, Any] | None:
-    return await single(tx, CHAT_ROUTE, chatId=chat_id)
+async def chat_route(tx: AsyncManagedTransaction, *, chat_id: str) -> RouteRow | None:
+    return await single(tx, CHAT_ROUTE, RouteRow, chatId=chat_id)
 
 
 async def spent(tx: AsyncManagedTransaction, *, bot_id: str, period: str) -> tuple[int, int]:
-    record = await single(tx, SPENT, botId=bot_id, period=period)
+    record = await single(tx, SPENT, SpentRow, botId=bot_id, period=period)
     assert record is not None
-    return int(record["micros"]), int(record["unknownCalls"])
+    return record["micros"], record["unknownCalls"]
 
 
 async def save_model_call(tx: AsyncManagedTransaction, **fields: Any) -> None:
     await tx.run(SAVE_MODEL_CALL, fields)
 
 
-async def saved_step_results(
-    tx: AsyncManagedTransaction, *, execution_id: str, step: int
-) -> list[dict[str, Any]]:
-    record = await single(tx, SAVED_STEP_RESULTS, executionId=execution_id, step=step)
-    return [] if record is None else list(record["calls"])
+async def saved_step_results(tx: AsyncManagedTransaction, *, execution_id: str, step: int) -> list[SavedCall]:
+    record = await single(tx, SAVED_STEP_RESULTS, SavedCallsRow, executionId=execution_id, step=step)
+    return [] if record is None else record["calls"]
 
 
 async def create_confession(
@@ -179,8 +268,11 @@ async def answer_confession(
 
 async def list_confessions(
     tx: AsyncManagedTransaction, *, chat_id: str, skip: int, limit: int
-) -> list[dict[str, Any]]:
-    return [r["confession"] for r in await rows(tx, LIST_CONFESSIONS, chatId=chat_id, skip=skip, limit=limit)]
+) -> list[ConfessionNode]:
+    return [
+        r["confession"]
+        for r in await rows(tx, LIST_CONFESSIONS, ConfessionRow, chatId=chat_id, skip=skip, limit=limit)
+    ]
 
 
 #: A rewrite of a Turn's input (N2): new text and original encrypted, the entries it used, and a
@@ -199,10 +291,44 @@ WHERE n.inputDigest = $inputDigest AND n.text IS NOT NULL
 RETURN n {.id, .text, .usedEntryIds} AS enrichment ORDER BY n.createdAt DESC LIMIT 1
 """
 
+
+class SavedRewrite(TypedDict):
+    """SAVED_REWRITE's ``enrichment``: the rewrite (ciphertext) and the entries it used."""
+
+    id: str
+    text: Ciphertext
+    usedEntryIds: list[str]
+
+
+class SavedRewriteRow(TypedDict):
+    enrichment: SavedRewrite
+
+
 LIST_ENRICHMENTS: Final[LiteralString] = """
 MATCH (n:Enrichment {chatId: $chatId})
 RETURN n {.*} AS enrichment ORDER BY n.createdAt, n.id SKIP $skip LIMIT $limit
 """
+
+
+class EnrichmentNode(TypedDict):
+    """An Enrichment's properties (``n {.*}``): ``text``, ``original`` (ciphertexts) and
+    ``inputDigest`` gone after a history deletion (V13), ``text`` after a purge of what it used
+    (D9.20, ``rewritePurged``)."""
+
+    id: str
+    botId: str
+    chatId: str
+    turnId: str
+    text: NotRequired[Ciphertext]
+    original: NotRequired[Ciphertext]
+    usedEntryIds: list[str]
+    inputDigest: NotRequired[str]
+    rewritePurged: NotRequired[bool]
+    createdAt: int
+
+
+class EnrichmentRow(TypedDict):
+    enrichment: EnrichmentNode
 
 
 async def create_enrichment(tx: AsyncManagedTransaction, **fields: Any) -> None:
@@ -211,12 +337,15 @@ async def create_enrichment(tx: AsyncManagedTransaction, **fields: Any) -> None:
 
 async def saved_rewrite(
     tx: AsyncManagedTransaction, *, chat_id: str, input_digest: str
-) -> dict[str, Any] | None:
-    record = await single(tx, SAVED_REWRITE, chatId=chat_id, inputDigest=input_digest)
+) -> SavedRewrite | None:
+    record = await single(tx, SAVED_REWRITE, SavedRewriteRow, chatId=chat_id, inputDigest=input_digest)
     return None if record is None else record["enrichment"]
 
 
 async def list_enrichments(
     tx: AsyncManagedTransaction, *, chat_id: str, skip: int, limit: int
-) -> list[dict[str, Any]]:
-    return [r["enrichment"] for r in await rows(tx, LIST_ENRICHMENTS, chatId=chat_id, skip=skip, limit=limit)]
+) -> list[EnrichmentNode]:
+    return [
+        r["enrichment"]
+        for r in await rows(tx, LIST_ENRICHMENTS, EnrichmentRow, chatId=chat_id, skip=skip, limit=limit)
+    ]

@@ -11,14 +11,14 @@ exclusive lock), so each process's index catches up from its last stamp.
 
 from __future__ import annotations
 
-from typing import Any, Final, LiteralString
+from typing import Final, Generic, Literal, LiteralString, TypedDict, TypeVar, overload
 
 from neo4j import AsyncManagedTransaction
 
-from graph.access import VISIBLE
+from graph.access import VISIBLE, ReaderMap
 from graph.context import ACTIVE_SEEK
-from graph.driver import QueryTarget, single
-from graph.memory import ENTRY_MAP, READ_LOCK, SOURCES_OF_E, TOP_RANK, reader_keys
+from graph.driver import Ciphertext, QueryTarget, single
+from graph.memory import ENTRY_MAP, READ_LOCK, SOURCES_OF_E, TOP_RANK, EntryMap, reader_keys
 
 #: The full-text index of the blind keyword tokens (whitespace analyzer: a token is one keyed hash).
 KEYWORD_INDEX: Final[LiteralString] = "entry_keywords"
@@ -31,8 +31,19 @@ WHERE e.botId = $botId AND e.vecSeq > $after AND e.vecModel = $model
 RETURN collect(e.id) AS ids, collect(e.vec) AS vecs
 """
 
+
+class VectorsRow(TypedDict):
+    ids: list[str]
+    vecs: list[Ciphertext]
+
+
 #: The shared lock, then the Memory's vector sequence (no row: no such Bot).
 VECTOR_SEQ: Final[LiteralString] = READ_LOCK + "RETURN coalesce(m.vecSeq, 0) AS seq\n"
+
+
+class SeqRow(TypedDict):
+    seq: int
+
 
 #: The vectors a process's index lacks, as the head of the search statement (empty when current).
 _FRESH: Final[LiteralString] = """
@@ -136,6 +147,45 @@ _FUSED_CONTEXT: Final[LiteralString] = (
 )
 
 
+class RankedEntry(TypedDict):
+    """One of SEARCH's ``ranked``."""
+
+    score: float
+    entry: EntryMap
+
+
+class ContextEntry(TypedDict):
+    """What SEARCH_CONTEXT returns of an entry."""
+
+    id: str
+    memoryRank: int
+    contentLength: int
+    content: Ciphertext
+
+
+class RankedContext(TypedDict):
+    """One of SEARCH_CONTEXT's ``ranked``."""
+
+    score: float
+    entry: ContextEntry
+
+
+H = TypeVar("H", RankedEntry, RankedContext)
+
+
+class SearchRow(TypedDict, Generic[H]):
+    """SEARCH (``SearchRow[RankedEntry]``) and SEARCH_CONTEXT (``SearchRow[RankedContext]``).
+    ``fresh``: the vectors the caller's index lacks, each a two-item list ``[id, ciphertext]``
+    (typed as the pair it is unpacked into)."""
+
+    seq: int
+    version: int
+    fresh: list[tuple[str, Ciphertext]]
+    ranked: list[H]
+    denseVisible: int
+    keywordVisible: int
+
+
 #: One search as one statement (an auto-commit transaction): the shared lock first (C1), the
 #: vectors the caller's index lacks since ``$after``, the visible dense and keyword candidates
 #: (and the memory-order fill), fused. A caller whose index lacked vectors catches up and asks again.
@@ -173,26 +223,92 @@ RETURN coalesce(m.vecSeq, 0) AS seq, m.version AS version, ids
 )
 
 
+class VisibleActiveRow(TypedDict):
+    seq: int
+    version: int
+    ids: list[str]
+
+
 async def vectors_since(
     tx: AsyncManagedTransaction, *, bot_id: str, model: str, after: int
 ) -> tuple[int | None, list[tuple[str, str | bytes]]]:
     """Under the shared lock, the Memory's vector sequence and every vector of ``model`` stamped
     after ``after`` (``-1``: all of them) as (entry id, ciphertext); sequence None: no such Bot."""
-    locked = await single(tx, VECTOR_SEQ, botId=bot_id)
+    locked = await single(tx, VECTOR_SEQ, SeqRow, botId=bot_id)
     if locked is None:
         return None, []
     # One record of two lists: the driver decodes it far faster than a record per vector.
-    found = await single(tx, VECTORS_SINCE, botId=bot_id, model=model, after=after)
+    found = await single(tx, VECTORS_SINCE, VectorsRow, botId=bot_id, model=model, after=after)
     assert found is not None
-    return int(locked["seq"]), list(zip(found["ids"], found["vecs"], strict=True))
+    return locked["seq"], list(zip(found["ids"], found["vecs"], strict=True))
 
 
+@overload
 async def search(
     tx: QueryTarget,
     *,
     bot_id: str,
     org: str,
-    readers: list[dict[str, Any]],
+    readers: list[ReaderMap],
+    dense: list[str],
+    keywords: str,
+    keyword_limit: int,
+    model: str,
+    after: int,
+    limit: int,
+    fill: int,
+    k: float,
+    pinned: float,
+    recency: float,
+    half_life: float,
+    for_context: Literal[False] = False,
+) -> SearchRow[RankedEntry] | None: ...
+@overload
+async def search(
+    tx: QueryTarget,
+    *,
+    bot_id: str,
+    org: str,
+    readers: list[ReaderMap],
+    dense: list[str],
+    keywords: str,
+    keyword_limit: int,
+    model: str,
+    after: int,
+    limit: int,
+    fill: int,
+    k: float,
+    pinned: float,
+    recency: float,
+    half_life: float,
+    for_context: Literal[True],
+) -> SearchRow[RankedContext] | None: ...
+@overload
+async def search(
+    tx: QueryTarget,
+    *,
+    bot_id: str,
+    org: str,
+    readers: list[ReaderMap],
+    dense: list[str],
+    keywords: str,
+    keyword_limit: int,
+    model: str,
+    after: int,
+    limit: int,
+    fill: int,
+    k: float,
+    pinned: float,
+    recency: float,
+    half_life: float,
+    for_context: bool,
+) -> SearchRow[RankedEntry] | SearchRow[RankedContext] | None: ...
+async def search(
+    tx: QueryTarget,
+    *,
+    bot_id: str,
+    org: str,
+    readers: list[ReaderMap],
     dense: list[str],
     keywords: str,
     keyword_limit: int,
@@ -205,11 +321,9 @@ async def search(
     recency: float,
     half_life: float,
     for_context: bool = False,
-) -> dict[str, Any] | None:
+) -> SearchRow[RankedEntry] | SearchRow[RankedContext] | None:
     """SEARCH (SEARCH_CONTEXT with ``for_context``); None when the Bot does not exist."""
-    return await single(
-        tx,
-        SEARCH_CONTEXT if for_context else SEARCH,
+    params = dict(
         botId=bot_id,
         org=org,
         readers=readers,
@@ -227,16 +341,20 @@ async def search(
         recency=recency,
         halfLife=half_life,
     )
+    if for_context:
+        return await single(tx, SEARCH_CONTEXT, SearchRow[RankedContext], **params)
+    return await single(tx, SEARCH, SearchRow[RankedEntry], **params)
 
 
 async def visible_active(
-    tx: QueryTarget, *, bot_id: str, org: str, readers: list[dict[str, Any]], cap: int
+    tx: QueryTarget, *, bot_id: str, org: str, readers: list[ReaderMap], cap: int
 ) -> tuple[int, int, list[str]] | None:
     """VISIBLE_ACTIVE: the vector sequence, the memory version and up to ``cap`` visible active
     ids per key."""
     record = await single(
         tx,
         VISIBLE_ACTIVE,
+        VisibleActiveRow,
         botId=bot_id,
         org=org,
         readers=readers,
@@ -246,4 +364,4 @@ async def visible_active(
     )
     if record is None:
         return None
-    return int(record["seq"]), int(record["version"]), list(dict.fromkeys(record["ids"]))
+    return record["seq"], record["version"], list(dict.fromkeys(record["ids"]))

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Final, LiteralString
+from typing import Final, Literal, LiteralString, NotRequired, TypedDict
 
 from neo4j import AsyncManagedTransaction
 
-from graph.access import VISIBLE
+from graph.access import VISIBLE, ReaderMap
 from graph.driver import rows
-from graph.memory import ENTRY_ROW
+from graph.memory import ENTRY_ROW, EntryMap, EntryRow
 
 #: Entries and Items around one entry, each with its nearest distance (D9.7 filters them after).
 #: Hop bound: 8, the source-chain bound (D9.2).
@@ -24,6 +24,15 @@ MATCH p = (d:Entry {botId: $botId})-[:SOURCE*1..8]->(e:Entry {id: $id, botId: $b
 WITH d, min(length(p)) AS depth
 RETURN 'entry' AS kind, d.id AS id, null AS chat, depth
 """
+
+
+class NeighbourRow(TypedDict):
+    """SOURCES_OF, DEPENDENTS_OF: ``chat`` is an Item's Chat (None for an entry)."""
+
+    kind: str
+    id: str
+    chat: str | None
+    depth: int
 
 
 #: Visible entries by id with everything the API returns (content as ciphertext).
@@ -43,10 +52,10 @@ ORDER BY e.memoryRank DESC, e.id
 
 async def neighbours(
     tx: AsyncManagedTransaction, *, bot_id: str, id: str, direction: str
-) -> list[dict[str, Any]]:
+) -> list[NeighbourRow]:
     """Sources (``direction='sources'``) or dependents of an entry with their distance."""
     query = SOURCES_OF if direction == "sources" else DEPENDENTS_OF
-    return await rows(tx, query, botId=bot_id, id=id)
+    return await rows(tx, query, NeighbourRow, botId=bot_id, id=id)
 
 
 async def entries_by_id(
@@ -54,11 +63,13 @@ async def entries_by_id(
     *,
     bot_id: str,
     org: str,
-    readers: list[dict[str, Any]],
+    readers: list[ReaderMap],
     ids: list[str],
     statuses: list[str],
-) -> list[dict[str, Any]]:
-    result = await rows(tx, ENTRIES_BY_ID, botId=bot_id, org=org, readers=readers, ids=ids, statuses=statuses)
+) -> list[EntryMap]:
+    result = await rows(
+        tx, ENTRIES_BY_ID, EntryRow, botId=bot_id, org=org, readers=readers, ids=ids, statuses=statuses
+    )
     return [r["entry"] for r in result]
 
 
@@ -109,14 +120,36 @@ ORDER BY depth, entry
 )
 
 
+#: The rules WHY_STEPS names.
+WhyRule = Literal["PERSON", "CHANNEL", "BOT", "ORGANIZATION", "NOT_EXCLUDED"]
+
+
+class WhyStep(TypedDict):
+    """One of WHY_STEPS's ``steps``: a rule and the reader's atom that meets it; ``chat`` and
+    ``item`` for a source Item's rule, ``name`` for a channel's."""
+
+    rule: WhyRule
+    atom: str
+    chat: NotRequired[str]
+    item: NotRequired[str]
+    name: NotRequired[str | None]
+
+
+class WhyRow(TypedDict):
+    entry: str
+    layer: str
+    depth: int
+    steps: list[WhyStep]
+
+
 async def why_steps(
     tx: AsyncManagedTransaction,
     *,
     bot_id: str,
     id: str,
     org: str,
-    readers: list[dict[str, Any]],
+    readers: list[ReaderMap],
     statuses: list[str],
-) -> list[dict[str, Any]]:
+) -> list[WhyRow]:
     """The closure of a visible entry with each rule mapped to the reader's atom (WHY_STEPS)."""
-    return await rows(tx, WHY_STEPS, botId=bot_id, id=id, org=org, readers=readers, statuses=statuses)
+    return await rows(tx, WHY_STEPS, WhyRow, botId=bot_id, id=id, org=org, readers=readers, statuses=statuses)

@@ -95,7 +95,7 @@ async def run(
 
 
 async def _derive(
-    cipher: Cipher, embedder: Embedder | None, found: list[dict[str, Any]]
+    cipher: Cipher, embedder: Embedder | None, found: list[backfill_q.MissingRow]
 ) -> list[dict[str, Any]] | None:
     """Keywords (and sealed vectors with ``embedder``) of the entries read; None if embedding failed."""
     texts = cipher.decrypt_all(Kind.ENTRY, [(f["id"], f["content"]) for f in found])

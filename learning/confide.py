@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
 
 from neo4j import AsyncManagedTransaction
 
@@ -47,7 +46,9 @@ async def confide(rt: Runtime, gateway: Gateway, principal: Principal, turn_id: 
     text = check_text(text, "text", limit=rt.settings.max_text_chars)
     confession_id, execution_id, now = new_id("conf"), new_id("exec"), now_ms()
 
-    async def work(tx: AsyncManagedTransaction) -> tuple[dict[str, Any], Route, list[dict[str, Any]]]:
+    async def work(
+        tx: AsyncManagedTransaction,
+    ) -> tuple[memorybot_q.RouteChat, Route, list[learning_q.Queued]]:
         row = await chats_q.turn_for(tx, turn_id=turn_id, person_id=principal.person_id)
         require_writer(principal, row, "turn")
         assert row is not None
@@ -62,7 +63,7 @@ async def confide(rt: Runtime, gateway: Gateway, principal: Principal, turn_id: 
             text=route.cipher.encrypt(Kind.CONFESSION, confession_id, text),
             now=now,
         )
-        queued: list[dict[str, Any]] = []
+        queued: list[learning_q.Queued] = []
         if route.bot_memory and route.model is not None:  # L5: nothing is learned otherwise
             created = await learning_q.create_execution(
                 tx,
@@ -96,7 +97,7 @@ async def confide(rt: Runtime, gateway: Gateway, principal: Principal, turn_id: 
 
 
 async def _answer(
-    rt: Runtime, gateway: Gateway, chat: dict[str, Any], route: Route, text: str, deadline: float
+    rt: Runtime, gateway: Gateway, chat: memorybot_q.RouteChat, route: Route, text: str, deadline: float
 ) -> tuple[str, tuple[str, ...]]:
     """The model's answer drawing only on memory every reader of the Chat may see (L1, V10)."""
     if route.model is None:

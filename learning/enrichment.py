@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import Any, Final
+from typing import Final
 
 from neo4j import AsyncManagedTransaction
 
@@ -90,7 +90,7 @@ async def _rewrite(
 ) -> tuple[str, str]:
     async with asyncio.timeout(max(deadline - time.monotonic(), 0)):
 
-        async def load(tx: AsyncManagedTransaction) -> tuple[dict[str, Any], Route]:
+        async def load(tx: AsyncManagedTransaction) -> tuple[memorybot_q.RouteChat, Route]:
             return await load_route(rt, tx, turn.chat_id)
 
         chat, route = await read(rt.driver, load)

@@ -74,14 +74,14 @@ class _Stale(Exception):
 
 @dataclass(frozen=True, slots=True)
 class _Inputs:
-    chat: dict[str, Any]
+    chat: memorybot.RouteChat
     route: Route
     start: int
-    found: list[dict[str, Any]]
-    entries: list[dict[str, Any]]
-    topics: list[dict[str, Any]]
+    found: list[learning_q.EvidenceMap]
+    entries: list[learning_q.LearnedEntry]
+    topics: list[learning_q.TopicCount]
     spent: int | None
-    saved: list[dict[str, Any]]
+    saved: list[memorybot.SavedCall]
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +93,7 @@ class Claimed:
     epoch: int
 
 
-def _speaker(item: dict[str, Any]) -> str:
+def _speaker(item: learning_q.EvidenceMap) -> str:
     kind = item["kind"]
     if kind == "PERSON_MESSAGE":
         return "person:" + str(item.get("speakerId"))
@@ -192,7 +192,7 @@ class ExecutionRunner:
             route, start = inputs.route, inputs.start
             skip = inputs.chat["review"] or not route.bot_memory or route.model is None
             limit = self.rt.settings.max_evidence_items
-            through: list[dict[str, Any]] = []
+            through: list[learning_q.EvidenceMap] = []
             for item in inputs.found:
                 if item["turnSeq"] > x.turn_seq:
                     break  # the execution reads through its own Turn only (L2)
@@ -243,7 +243,7 @@ class ExecutionRunner:
                 return "done"
 
     async def _step(
-        self, x: Claimed, inputs: _Inputs, chunk: list[dict[str, Any]]
+        self, x: Claimed, inputs: _Inputs, chunk: list[learning_q.EvidenceMap]
     ) -> tuple[list[MemoryChange], str | None]:
         """One model step within the step deadline (C6), its answer checked whole (D9.10).
         No call id back = the budget is spent and no saved result could be reused."""
@@ -305,7 +305,12 @@ class ExecutionRunner:
         raise StepRefused(refusals)
 
     async def _ask(
-        self, route: Route, body: dict[str, Any], deadline: float, key: StepKey, entries: list[dict[str, Any]]
+        self,
+        route: Route,
+        body: dict[str, Any],
+        deadline: float,
+        key: StepKey,
+        entries: list[learning_q.LearnedEntry],
     ) -> Completion:
         """One model call of a step under the concurrency limit (D9.25) and the step deadline."""
         release = await self.gateway.acquire(self.rt, route, deadline)
@@ -370,7 +375,7 @@ class ExecutionRunner:
             raise StepFailed("rejected:" + exc.code) from None
 
 
-def _kept(cipher: Cipher, entry: dict[str, Any]) -> dict[str, Any]:
+def _kept(cipher: Cipher, entry: learning_q.LearnedEntry) -> dict[str, Any]:
     """An entry as the model sees it: id, layer, text, topics and audience (never provenance)."""
     tags = entry["tags"]
     kept: dict[str, Any] = {

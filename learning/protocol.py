@@ -10,6 +10,7 @@ step. A violation carries a code and a field path only, never the model's text.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,7 +65,7 @@ def request_body(
     system: str,
     items: list[EvidenceItem],
     entries: list[dict[str, Any]],
-    topics: list[dict[str, Any]],
+    topics: Sequence[Mapping[str, object]],
 ) -> dict[str, Any]:
     """The learning request (§7): deterministic, so recovery finds the saved call by its hash."""
     user = json.dumps(

@@ -16,6 +16,7 @@ from typing import Any, Final
 from neo4j import AsyncManagedTransaction
 
 from graph.driver import read
+from graph.memorybot import RouteChat
 from learning import enrichment, toolcalls
 from learning.confide import confide
 from learning.gateway import Gateway, ModelUnavailable
@@ -53,7 +54,7 @@ async def send_message(
     if await chats.get_chat(rt, principal, chat_id) is None:
         raise NotFound("chat not found")
 
-    async def load(tx: AsyncManagedTransaction) -> tuple[dict[str, Any], Route]:
+    async def load(tx: AsyncManagedTransaction) -> tuple[RouteChat, Route]:
         return await load_route(rt, tx, chat_id)
 
     chat, memory_route = await read(rt.driver, load)

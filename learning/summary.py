@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
 
 from neo4j import AsyncManagedTransaction
 
 from graph import conversation as conversation_q
 from graph.driver import read, write
+from graph.memorybot import RouteChat
 from learning.gateway import Gateway, ModelUnavailable
 from learning.prompts import system_prompt
 from services.crypto import Kind
@@ -40,7 +40,7 @@ SUMMARY_SYSTEM = (
 async def summarize(rt: Runtime, gateway: Gateway, chat_id: str) -> str:
     """Compress the Chat's history when it is due (the worker's job); returns what happened."""
 
-    async def load(tx: AsyncManagedTransaction) -> tuple[dict[str, Any], Route]:
+    async def load(tx: AsyncManagedTransaction) -> tuple[RouteChat, Route]:
         return await load_route(rt, tx, chat_id)
 
     try:
@@ -67,7 +67,7 @@ async def summarize(rt: Runtime, gateway: Gateway, chat_id: str) -> str:
         if i["text"] is not None and i["kind"] in _SPEAKER
     ]
     old = None
-    if previous is not None and previous.get("text") is not None:
+    if previous is not None and "text" in previous:
         old = cipher.decrypt(Kind.CHAT_SUMMARY, chat_id, previous["text"])
     body = {
         "messages": [

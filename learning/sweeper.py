@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
 
 from graph import learning as learning_q
 from graph import memorybot
@@ -23,7 +22,7 @@ async def sweep_once(rt: Runtime) -> int:
     now = now_ms()
     settings = rt.settings
     limit = 200
-    queued: list[dict[str, Any]] = []
+    queued: list[learning_q.Queued] = []
     queued += await write(
         rt.driver, lambda tx: learning_q.sweep(tx, learning_q.SWEEP_EXPIRED, now=now, limit=limit)
     )

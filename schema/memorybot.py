@@ -58,7 +58,9 @@ class ConfideAnswer:
 class Confession:
     id: strawberry.ID
     turn_id: strawberry.ID
-    text: str
+    text: str | None = strawberry.field(
+        description="What the Bot confided; null once the chat's history was deleted."
+    )
     answer: str | None = strawberry.field(
         description="Null while unanswered, or when an entry it drew on is no longer visible to you."
     )

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -139,7 +139,7 @@ class ChangeHub:
         removed = [str(i) for i in event.get("removed", [])]
         local = list(self.subscribers.get(bot_id, {}).values())
         if local:
-            change = {"version": version, "ids": ids}
+            change: changefeed.ChangedIds = {"version": version, "ids": ids}
             outcomes = await self._check(bot_id, local, [change], [version] if removed else [])
             self._hand_out(local, outcomes.get(version, {}))
         if bot_id in self.subscribers:
@@ -212,7 +212,7 @@ class ChangeHub:
         self,
         bot_id: str,
         local: list[Subscriber],
-        changes: list[dict[str, Any]],
+        changes: Sequence[changefeed.ChangedIds],
         versions: list[int],
     ) -> dict[int, Outcome]:
         """One batched check for ``local`` (once per distinct identity) of the changed entries of

@@ -8,11 +8,12 @@ or with ``botMemory`` off (D9.16, L5).
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Final
 
 from neo4j import AsyncManagedTransaction
 
 from graph.driver import read
+from graph.memorybot import RouteChat
 from services import retrieval, search
 from services.domain import Principal
 from services.embedding import Embedder
@@ -34,7 +35,7 @@ async def audience(rt: Runtime, principal: Principal, chat_id: str) -> tuple[str
         raise Forbidden("server calls need a platform token of the chat's organization")
     check_id(chat_id, "chatId")
 
-    async def work(tx: AsyncManagedTransaction) -> tuple[dict[str, Any], bool, str]:
+    async def work(tx: AsyncManagedTransaction) -> tuple[RouteChat, bool, str]:
         chat, route = await load_route(rt, tx, chat_id)
         return chat, route.bot_memory, route.bot_id
 

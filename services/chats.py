@@ -9,6 +9,7 @@ from neo4j import AsyncManagedTransaction
 
 from graph import chats as chats_q
 from graph import identity, learning
+from graph.chats import ChatForRow
 from graph.driver import read, write
 from services.crypto import Cipher, Kind
 from services.domain import Chat, Item, ItemKind, Page, Principal, Turn
@@ -28,11 +29,11 @@ class NewItem:
     app: str | None = None
 
 
-def _cipher(rt: Runtime, row: dict[str, Any]) -> Cipher:
+def _cipher(rt: Runtime, row: chats_q.ChatForRow) -> Cipher:
     return rt.cipher(row["chat"]["botId"], row["keyMaster"], row["keyWrapped"])
 
 
-def _item(row: dict[str, Any], cipher: Cipher) -> Item:
+def _item(row: chats_q.ItemNode, cipher: Cipher) -> Item:
     text = row.get("text")
     return Item(
         id=row["id"],
@@ -47,7 +48,7 @@ def _item(row: dict[str, Any], cipher: Cipher) -> Item:
     )
 
 
-def require_writer(principal: Principal, row: dict[str, Any] | None, what: str) -> None:
+def require_writer(principal: Principal, row: chats_q.ChatForRow | None, what: str) -> None:
     """People of the Chat, and platform tokens of its organization, may write to it."""
     if row is None:
         raise NotFound(f"{what} not found")
@@ -86,7 +87,7 @@ async def create_chat(
         raise Forbidden("chats are created by people or platforms")
     owner = owner_id
 
-    async def work(tx: AsyncManagedTransaction) -> dict[str, Any] | None:
+    async def work(tx: AsyncManagedTransaction) -> chats_q.ChatNode | None:
         person = await identity.get_person(tx, id=owner)
         if person is None or (
             principal.kind == "platform" and person["organizationId"] != principal.organization_id
@@ -131,7 +132,7 @@ def _checked_ids(ids: list[str], field: str) -> tuple[list[str], dict[str, BadIn
     return list(valid), errors
 
 
-def _readable(principal: Principal, row: dict[str, Any] | None) -> bool:
+def _readable(principal: Principal, row: chats_q.ChatForRow | None) -> bool:
     """Only the Chat's people read it (D9.6): its owner, or a current member of its channel."""
     return row is not None and principal.kind == "person" and bool(row["isPerson"])
 
@@ -144,7 +145,7 @@ PLATFORM_READS = (
 )
 
 
-def _unreadable(principal: Principal, row: dict[str, Any] | None) -> ServiceError:
+def _unreadable(principal: Principal, row: ChatForRow | None) -> ServiceError:
     """NOT_FOUND (no existence oracle), except for a platform token of the Chat's own organization:
     FORBIDDEN, saying what it may call instead (D9.26)."""
     of_its_org = row is not None and row["chat"]["organizationId"] == principal.organization_id
@@ -276,7 +277,7 @@ async def start_turn(
     actor = actor_id
     turn_id, now = new_id("turn"), now_ms()
 
-    async def work(tx: AsyncManagedTransaction) -> dict[str, Any]:
+    async def work(tx: AsyncManagedTransaction) -> chats_q.TurnNode:
         row = await chats_q.chat_for(tx, chat_id=chat_id, person_id=principal.person_id)
         require_writer(principal, row, "chat")
         assert row is not None
@@ -304,7 +305,7 @@ async def start_turn(
 
 def _new_row(
     rt: Runtime,
-    row: dict[str, Any],
+    row: chats_q.ChatForRow,
     seq: int,
     kind: ItemKind,
     text: str,
@@ -325,11 +326,11 @@ def _new_row(
     }
 
 
-def _speaker(kind: ItemKind, turn: dict[str, Any], chat: dict[str, Any], app: str | None) -> str | None:
+def _speaker(kind: ItemKind, turn: chats_q.TurnNode, chat: chats_q.ChatNode, app: str | None) -> str | None:
     if kind is ItemKind.PERSON_MESSAGE:
         if turn["actorKind"] != "person":
             raise BadInput("a notice Turn has no person to speak", field="items.kind")
-        return turn["actorId"]
+        return turn.get("actorId")
     if kind in (ItemKind.BOT_MESSAGE, ItemKind.TOOL_CALL):
         return chat["botId"]
     if kind is ItemKind.TOOL_RESULT:
@@ -350,7 +351,7 @@ async def add_items(rt: Runtime, principal: Principal, turn_id: str, items: list
             check_id(item.app, f"items[{n}].app")
     now = now_ms()
 
-    async def work(tx: AsyncManagedTransaction) -> list[dict[str, Any]]:
+    async def work(tx: AsyncManagedTransaction) -> list[chats_q.ItemNode]:
         row = await chats_q.turn_for(tx, turn_id=turn_id, person_id=principal.person_id)
         require_writer(principal, row, "turn")
         assert row is not None
@@ -387,7 +388,7 @@ async def complete_turn(rt: Runtime, principal: Principal, turn_id: str) -> Turn
     check_id(turn_id, "turnId")
     now = now_ms()
 
-    async def work(tx: AsyncManagedTransaction) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    async def work(tx: AsyncManagedTransaction) -> tuple[chats_q.TurnNode | None, list[learning.Queued]]:
         row = await chats_q.turn_for(tx, turn_id=turn_id, person_id=principal.person_id)
         require_writer(principal, row, "turn")
         queued = await learning.queue_turn(tx, turn_id=turn_id, now=now)

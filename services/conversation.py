@@ -6,13 +6,13 @@ with the topic ``preferences``."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from neo4j import AsyncManagedTransaction
 
 from graph import conversation as conversation_q
 from graph import memory as memory_q
 from graph.driver import read
+from graph.memorybot import RouteChat
 from services import chats, memory, retrieval, search
 from services.crypto import Kind
 from services.domain import Item, ItemKind, Principal
@@ -51,13 +51,15 @@ async def context_pack(
         rt, principal, chat_id, limit=LAST_MESSAGES, skip=max(total - LAST_MESSAGES, 0)
     )
 
-    async def load(tx: AsyncManagedTransaction) -> tuple[dict[str, Any], Route, dict[str, Any] | None]:
+    async def load(
+        tx: AsyncManagedTransaction,
+    ) -> tuple[RouteChat, Route, conversation_q.SummaryNode | None]:
         row, route = await load_route(rt, tx, chat_id)
         return row, route, await conversation_q.summary(tx, chat_id=chat_id)
 
     _, route, saved = await read(rt.driver, load)
     summary = None
-    if saved is not None and saved.get("text") is not None:
+    if saved is not None and "text" in saved:
         summary = route.cipher.decrypt(Kind.CHAT_SUMMARY, chat_id, saved["text"])
     preferences: tuple[memory.Entry, ...] = ()
     known = retrieval.Context("", ())
@@ -78,7 +80,7 @@ async def context_pack(
 
 
 async def _preferences(rt: Runtime, route: Route, reader: memory.Reader) -> list[memory.Entry]:
-    async def work(tx: AsyncManagedTransaction) -> list[dict[str, Any]]:
+    async def work(tx: AsyncManagedTransaction) -> list[memory_q.EntryMap]:
         await memory_q.shared_lock(tx, bot_id=route.bot_id)
         return await memory_q.list_visible(
             tx, bot_id=route.bot_id, statuses=["active"], tags=[PREFERENCES], **reader.params

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Generic, Literal, TypeVar
+from typing import Generic, Literal, TypeVar
+
+from graph.chats import ChatNode, TurnNode
+from graph.identity import BotMap, ChannelMap, OrganizationNode, PersonMap
 
 T = TypeVar("T")
 
@@ -42,7 +45,7 @@ class Organization:
     created_at: int
 
     @classmethod
-    def of(cls, row: dict[str, Any]) -> Organization:
+    def of(cls, row: OrganizationNode) -> Organization:
         return cls(
             row["id"], row["name"], bool(row["botMemory"]), row.get("botMemoryModel"), row["createdAt"]
         )
@@ -56,7 +59,7 @@ class Person:
     created_at: int
 
     @classmethod
-    def of(cls, row: dict[str, Any]) -> Person:
+    def of(cls, row: PersonMap) -> Person:
         return cls(row["id"], row["name"], row["organizationId"], row["createdAt"])
 
 
@@ -69,7 +72,7 @@ class Channel:
     created_at: int
 
     @classmethod
-    def of(cls, row: dict[str, Any]) -> Channel:
+    def of(cls, row: ChannelMap) -> Channel:
         return cls(row["id"], row["name"], row["organizationId"], tuple(row["memberIds"]), row["createdAt"])
 
 
@@ -83,7 +86,7 @@ class Bot:
     created_at: int
 
     @classmethod
-    def of(cls, row: dict[str, Any]) -> Bot:
+    def of(cls, row: BotMap) -> Bot:
         return cls(
             row["id"],
             row["name"],
@@ -105,7 +108,7 @@ class Chat:
     created_at: int
 
     @classmethod
-    def of(cls, row: dict[str, Any]) -> Chat:
+    def of(cls, row: ChatNode) -> Chat:
         return cls(
             row["id"],
             row["botId"],
@@ -145,7 +148,7 @@ class Turn:
     reply: str | None = None
 
     @classmethod
-    def of(cls, row: dict[str, Any], *, input: str | None = None, enriched_input: str | None = None) -> Turn:
+    def of(cls, row: TurnNode, *, input: str | None = None, enriched_input: str | None = None) -> Turn:
         return cls(
             row["id"],
             row["chatId"],

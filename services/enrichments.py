@@ -4,7 +4,6 @@ entry it used is no longer visible to the owner."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from neo4j import AsyncManagedTransaction
 
@@ -31,7 +30,9 @@ async def enrichments(
     """The Chat owner's view (D9.6): a rewrite whose entries are no longer all visible to the
     owner is withheld; only the original words are returned."""
 
-    async def fetch(tx: AsyncManagedTransaction, chat: str, skip: int, limit: int) -> list[dict[str, Any]]:
+    async def fetch(
+        tx: AsyncManagedTransaction, chat: str, skip: int, limit: int
+    ) -> list[memorybot_q.EnrichmentNode]:
         return await memorybot_q.list_enrichments(tx, chat_id=chat, skip=skip, limit=limit)
 
     view = await owner_records(rt, principal, chat_id, fetch, limit=limit, skip=skip)

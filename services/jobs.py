@@ -15,6 +15,7 @@ from redis.exceptions import RedisError
 
 from graph import conversation
 from graph.driver import read
+from graph.learning import Queued
 from services.runtime import Runtime
 
 log = logging.getLogger("botmemory.queue")
@@ -36,7 +37,7 @@ def job_id(execution_id: str, epoch: int) -> str:
     return f"exec:{execution_id}:{epoch}"
 
 
-async def enqueue_executions(rt: Runtime, queued: list[dict[str, Any]]) -> None:
+async def enqueue_executions(rt: Runtime, queued: list[Queued]) -> None:
     """Enqueue ``[{id, epoch}]``; a job id already in the queue is not added twice."""
     for execution in queued:
         try:

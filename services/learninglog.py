@@ -47,7 +47,9 @@ async def executions(
 ) -> list[Execution]:
     """The Chat owner's learning executions, newest first (the same owner check as confessions)."""
 
-    async def fetch(tx: AsyncManagedTransaction, chat: str, skip: int, limit: int) -> list[dict[str, Any]]:
+    async def fetch(
+        tx: AsyncManagedTransaction, chat: str, skip: int, limit: int
+    ) -> list[learning_q.ExecutionMap]:
         return await learning_q.list_executions(tx, chat_id=chat, skip=skip, limit=limit)
 
     view = await owner_records(rt, principal, chat_id, fetch, limit=limit, skip=skip)
@@ -60,7 +62,7 @@ async def executions(
             f.get("error"),
             tuple(SetAside.parse(str(a)) for a in cast(list[Any], f.get("setAside") or [])),
             int(f["createdAt"]),
-            None if f.get("endedAt") is None else int(f["endedAt"]),
+            None if f["endedAt"] is None else int(f["endedAt"]),
         )
         for f in view.records
     ]

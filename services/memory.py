@@ -10,7 +10,7 @@ from __future__ import annotations
 import base64
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 from neo4j import AsyncManagedTransaction
 
@@ -32,15 +32,22 @@ _TAG = re.compile(r"^(?:[a-z]+:)*[A-Za-z0-9_\-]+$")
 _MAX_FILTER_TAGS = 20
 
 
+class ReaderParams(TypedDict):
+    """The reader as the keyword arguments of the graph reads."""
+
+    org: str
+    readers: list[access.ReaderMap]
+
+
 @dataclass(frozen=True, slots=True)
 class Reader:
     """Who reads: people (all must pass, D9.15) in one organization."""
 
     org: str
-    readers: tuple[dict[str, Any], ...]
+    readers: tuple[access.ReaderMap, ...]
 
     @property
-    def params(self) -> dict[str, Any]:
+    def params(self) -> ReaderParams:
         return {"org": self.org, "readers": list(self.readers)}
 
 
@@ -50,7 +57,7 @@ class Entry:
     layer: str
     content: str
     tags: tuple[str, ...]
-    sources: tuple[dict[str, str], ...]
+    sources: tuple[memory_q.SourceMap, ...]
     status: str
     confidence: float | None
     created_at: int
@@ -69,7 +76,7 @@ class Change:
     removed: tuple[str, ...] = ()
 
 
-def decrypt_entry(cipher: Cipher, row: dict[str, Any]) -> Entry:
+def decrypt_entry(cipher: Cipher, row: memory_q.EntryMap) -> Entry:
     return Entry(
         id=row["id"],
         layer=row["layer"],
@@ -95,8 +102,8 @@ def check_filter_tags(tags: list[str]) -> list[str]:
 
 async def person_reader(
     tx: AsyncManagedTransaction, *, bot_id: str, person_id: str, org: str
-) -> dict[str, Any] | None:
-    record = await single(tx, access.READER, botId=bot_id, personId=person_id, org=org)
+) -> access.ReaderMap | None:
+    record = await single(tx, access.READER, access.ReaderRow, botId=bot_id, personId=person_id, org=org)
     return None if record is None else record["reader"]
 
 
@@ -119,7 +126,7 @@ async def cipher_of(rt: Runtime, bot_id: str, tx: AsyncManagedTransaction | None
         key = await identity.bot_key(tx, id=bot_id)
     else:
         key = await read(rt.driver, lambda t: identity.bot_key(t, id=bot_id))
-    if key is None or key["master"] is None:
+    if key is None:
         raise NotFound("bot not found")
     return rt.cipher(bot_id, key["master"], key["wrapped"])
 
@@ -131,13 +138,22 @@ async def open_read(
     person_id = require_person(principal)
     assert principal.organization_id is not None
     locked = await single(
-        tx, memory_q.LOCK_AND_READER, botId=bot_id, personId=person_id, org=principal.organization_id
+        tx,
+        memory_q.LOCK_AND_READER,
+        memory_q.LockAndReaderRow,
+        botId=bot_id,
+        personId=person_id,
+        org=principal.organization_id,
     )
     return await _as_reader(rt, tx, principal, bot_id, locked)
 
 
 async def _as_reader(
-    rt: Runtime, tx: AsyncManagedTransaction, principal: Principal, bot_id: str, locked: dict[str, Any] | None
+    rt: Runtime,
+    tx: AsyncManagedTransaction,
+    principal: Principal,
+    bot_id: str,
+    locked: memory_q.LockAndReaderRow | None,
 ) -> tuple[int, Reader, Cipher]:
     """The caller as a reader from the first statement's ``{version, reader}``, or the error:
     404 when the Bot is not theirs to know of, 403 when they know it but may not read it."""
@@ -212,7 +228,7 @@ async def _listing(
     bot_id: str,
     tags: list[str],
     page: tuple[int, tuple[int, str] | None] | None,
-) -> tuple[list[dict[str, Any]], int, Cipher]:
+) -> tuple[list[memory_q.EntryMap], int, Cipher]:
     """The rows (ciphertext) of GET memory or of one page of it, the version and the cipher."""
     check_id(bot_id, "botId")
     tags = check_filter_tags(tags)
@@ -220,7 +236,7 @@ async def _listing(
     person_id, org = require_person(principal), principal.organization_id
     assert org is not None
 
-    async def work(tx: AsyncManagedTransaction) -> tuple[int, list[dict[str, Any]], Cipher]:
+    async def work(tx: AsyncManagedTransaction) -> tuple[int, list[memory_q.EntryMap], Cipher]:
         # One statement: the shared lock, the caller as a reader, and what they see (C1).
         locked = await memory_q.lock_reader_and_list(
             tx,
@@ -262,7 +278,7 @@ async def change_log(
 
 
 async def readable_changes(
-    tx: AsyncManagedTransaction, bot_id: str, reader: Reader, log: list[dict[str, Any]]
+    tx: AsyncManagedTransaction, bot_id: str, reader: Reader, log: list[memory_q.LogRow]
 ) -> list[Change]:
     """Log rows as one reader may read them (V10, D9.24): the changed entries it may see now and
     the entries each change hid from it; rows with neither are left out. Under the shared lock."""
@@ -286,8 +302,8 @@ async def readable_changes(
 async def chat_reader(rt: Runtime, chat_id: str) -> Reader | None:
     """Every reader of an answer in a Chat (D9.15): the owner, or each current channel member."""
 
-    async def work(tx: AsyncManagedTransaction) -> dict[str, Any] | None:
-        return await single(tx, access.CHAT_READERS, chatId=chat_id)
+    async def work(tx: AsyncManagedTransaction) -> access.ChatReadersRow | None:
+        return await single(tx, access.CHAT_READERS, access.ChatReadersRow, chatId=chat_id)
 
     record = await read(rt.driver, work)
     if record is None:
@@ -296,7 +312,7 @@ async def chat_reader(rt: Runtime, chat_id: str) -> Reader | None:
 
 
 async def person_reader_of(rt: Runtime, bot_id: str, person_id: str, org: str) -> Reader | None:
-    async def work(tx: AsyncManagedTransaction) -> dict[str, Any] | None:
+    async def work(tx: AsyncManagedTransaction) -> access.ReaderMap | None:
         return await person_reader(tx, bot_id=bot_id, person_id=person_id, org=org)
 
     reader = await read(rt.driver, work)

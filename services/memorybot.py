@@ -3,10 +3,10 @@ the Chat owner's confessions (D9.6)."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Final, Literal, cast
+from typing import Any, Final, Generic, Literal, TypeVar, cast
 
 from neo4j import AsyncManagedTransaction
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -56,9 +56,9 @@ class MemoryBotSettings:
     unknown_calls: int | None = None
 
     @classmethod
-    def of(cls, row: dict[str, Any], spent: tuple[int, int] | None = None) -> MemoryBotSettings:
+    def of(cls, row: memorybot_q.SettingsMap, spent: tuple[int, int] | None = None) -> MemoryBotSettings:
         budget = None
-        if row.get("budgetPeriod") is not None and row.get("budgetLimitMicros") is not None:
+        if row["budgetPeriod"] is not None and row["budgetLimitMicros"] is not None:
             budget = Budget(row["budgetPeriod"], int(row["budgetLimitMicros"]))
         return cls(
             int(row["settingsVersion"]),
@@ -80,7 +80,7 @@ async def get_settings(rt: Runtime, principal: Principal, bot_id: str) -> Memory
         if row is None:
             raise NotFound("bot not found")
         spent = None
-        if row.get("budgetPeriod") is not None:
+        if row["budgetPeriod"] is not None:
             period = current_period(row["budgetPeriod"], now_ms())
             spent = await memorybot_q.spent(tx, bot_id=bot_id, period=period)
         return MemoryBotSettings.of(row, spent)
@@ -220,7 +220,7 @@ async def update_settings(
     check_id(bot_id, "botId")
     expected, values = patch.expected, patch.values()
 
-    async def work(tx: AsyncManagedTransaction) -> dict[str, Any]:
+    async def work(tx: AsyncManagedTransaction) -> memorybot_q.SettingsMap:
         await require_owner_writer(tx, principal, bot_id)
         if values.get("budgetLimitMicros") is not None:
             check_priced(rt, await memorybot_q.bot_models(tx, bot_id=bot_id))
@@ -251,7 +251,9 @@ async def release_budget_waiting(rt: Runtime, bot_id: str, settings: MemoryBotSe
     return len(queued)
 
 
-async def load_route(rt: Runtime, tx: AsyncManagedTransaction, chat_id: str) -> tuple[dict[str, Any], Route]:
+async def load_route(
+    rt: Runtime, tx: AsyncManagedTransaction, chat_id: str
+) -> tuple[memorybot_q.RouteChat, Route]:
     """The Chat and its route: the Chat's organization's model and switch (L5, L6), read now."""
     row = await memorybot_q.chat_route(tx, chat_id=chat_id)
     if row is None:
@@ -277,33 +279,38 @@ async def load_route(rt: Runtime, tx: AsyncManagedTransaction, chat_id: str) -> 
 class Confession:
     id: str
     turn_id: str
-    text: str
+    #: None once the Chat's history was deleted (V13).
+    text: str | None
     answer: str | None
     entry_ids: tuple[str, ...]
     answered_by: str | None
     created_at: int
 
 
+#: A record of a Chat (a confession, an enrichment, an execution) as its statement returns it.
+Rec = TypeVar("Rec", bound=Mapping[str, object])
+
+
 @dataclass(frozen=True, slots=True)
-class OwnerRecords:
+class OwnerRecords(Generic[Rec]):
     """A Chat owner's records that used entries, with the entries the owner may see now."""
 
     cipher: Cipher
-    records: list[dict[str, Any]]
+    records: list[Rec]
     visible: set[str]
 
-    def shown(self, record: dict[str, Any]) -> tuple[str, ...] | None:
+    def shown(self, record: Rec) -> tuple[str, ...] | None:
         """The record's entry ids when every one is still visible to the owner (D9.6), else None."""
         ids = tuple(cast(list[str], record.get("usedEntryIds") or []))
         return ids if set(ids) <= self.visible else None
 
 
-RecordList = Callable[[AsyncManagedTransaction, str, int, int], Awaitable[list[dict[str, Any]]]]
+RecordList = Callable[[AsyncManagedTransaction, str, int, int], Awaitable[list[Rec]]]
 
 
 async def owner_records(
-    rt: Runtime, principal: Principal, chat_id: str, fetch: RecordList, *, limit: int, skip: int
-) -> OwnerRecords:
+    rt: Runtime, principal: Principal, chat_id: str, fetch: RecordList[Rec], *, limit: int, skip: int
+) -> OwnerRecords[Rec]:
     """The one read behind the confessions and enrichments routes: the Chat's owner only, the
     records and, in the same transaction under the shared lock, which entries they used the owner
     may still see (the one visibility check, V10)."""
@@ -311,7 +318,7 @@ async def owner_records(
     check_id(chat_id, "chatId")
     limit, skip = check_page(limit, skip, max_limit=rt.settings.max_page_size)
 
-    async def work(tx: AsyncManagedTransaction) -> tuple[dict[str, Any], list[dict[str, Any]], set[str]]:
+    async def work(tx: AsyncManagedTransaction) -> tuple[chats_q.ChatForRow, list[Rec], set[str]]:
         row = await chats_q.chat_for(tx, chat_id=chat_id, person_id=person_id)
         if row is None or not row["isPerson"] or row["chat"]["ownerId"] != person_id:
             raise NotFound("chat not found")
@@ -345,7 +352,9 @@ async def confessions(
     """The Chat owner's view (D9.6): an answer whose entries are no longer all visible to the
     owner is withheld (only the confession's own text is returned)."""
 
-    async def fetch(tx: AsyncManagedTransaction, chat: str, skip: int, limit: int) -> list[dict[str, Any]]:
+    async def fetch(
+        tx: AsyncManagedTransaction, chat: str, skip: int, limit: int
+    ) -> list[memorybot_q.ConfessionNode]:
         return await memorybot_q.list_confessions(tx, chat_id=chat, skip=skip, limit=limit)
 
     view = await owner_records(rt, principal, chat_id, fetch, limit=limit, skip=skip)
@@ -353,13 +362,13 @@ async def confessions(
     out: list[Confession] = []
     for f in view.records:
         ids = view.shown(f)
-        sealed: bytes | None = None if f.get("answer") is None else f["answer"]
+        sealed, text = f.get("answer"), f.get("text")
         shown = sealed is not None and ids is not None
         out.append(
             Confession(
                 f["id"],
                 f["turnId"],
-                cipher.decrypt(Kind.CONFESSION, f["id"], f["text"]),
+                None if text is None else cipher.decrypt(Kind.CONFESSION, f["id"], text),
                 cipher.decrypt(Kind.CONFESSION_ANSWER, f["id"], sealed)
                 if sealed is not None and shown
                 else None,

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from graph import identity
 from graph.driver import read, write
 from services.auth import require_admin, require_person
@@ -213,7 +211,7 @@ async def create_bot(
     return Bot.of({**row, "linkedOrganizationIds": []})
 
 
-def _visible_bot(principal: Principal, row: dict[str, Any] | None) -> Bot | NotFound:
+def _visible_bot(principal: Principal, row: identity.BotMap | None) -> Bot | NotFound:
     """The Bot when the caller's organization owns or links it (or the caller is the admin)."""
     if row is None:
         return NotFound("bot not found")

@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import Any
 
 from neo4j import AsyncManagedTransaction
 
@@ -53,7 +52,9 @@ async def context(rt: Runtime, bot_id: str, reader: Reader, limit: int) -> Conte
     enough, the whole read runs again in one explicit transaction, page by page (D9.8).
     """
 
-    def page(tx: AsyncManagedTransaction, after: int, size: int, count: int) -> Awaitable[dict[str, Any]]:
+    def page(
+        tx: AsyncManagedTransaction, after: int, size: int, count: int
+    ) -> Awaitable[context_q.ContextPageRow]:
         return context_q.context_page(
             tx,
             bot_id=bot_id,
@@ -66,11 +67,11 @@ async def context(rt: Runtime, bot_id: str, reader: Reader, limit: int) -> Conte
             **reader.params,
         )
 
-    def last(found: dict[str, Any]) -> bool:
+    def last(found: context_q.ContextPageRow) -> bool:
         return not found["open"] or found["candidates"] < _CONTEXT_PAGE
 
-    async def work(tx: AsyncManagedTransaction) -> tuple[list[dict[str, Any]], Cipher]:
-        used: list[dict[str, Any]] = []
+    async def work(tx: AsyncManagedTransaction) -> tuple[list[context_q.FittingRow], Cipher]:
+        used: list[context_q.FittingRow] = []
         size, after = 0, memory_q.TOP_RANK
         while True:
             found = await page(tx, after, size, len(used))

@@ -19,7 +19,7 @@ import asyncio
 import logging
 import math
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Literal, overload
 
 from neo4j import AsyncManagedTransaction
 
@@ -117,7 +117,7 @@ async def context(
     mean = rt.line_lengths.mean(bot_id) or 100.0
     wanted = max(8, min(MAX_LIMIT, math.ceil(limit / mean * 1.5)))
     ranked, cipher = await _ranked(rt, embedder, bot_id, reader, query, wanted, fill=True)
-    chosen: list[dict[str, Any]] = []
+    chosen: list[search_q.ContextEntry] = []
     size = 0
     for r in ranked:
         line = int(r["entry"]["contentLength"]) + 2 + (1 if chosen else 0)
@@ -142,6 +142,32 @@ async def _embed(embedder: Embedder | None, query: str) -> F32 | None:
         return None
 
 
+#: What a search finds: SEARCH's rows, or SEARCH_CONTEXT's for ``context(query)``.
+_Found = search_q.SearchRow[search_q.RankedEntry] | search_q.SearchRow[search_q.RankedContext]
+
+
+@overload
+async def _ranked(
+    rt: Runtime,
+    embedder: Embedder | None,
+    bot_id: str,
+    reader: Reader,
+    query: str,
+    wanted: int,
+    *,
+    fill: Literal[False],
+) -> tuple[list[search_q.RankedEntry], Cipher]: ...
+@overload
+async def _ranked(
+    rt: Runtime,
+    embedder: Embedder | None,
+    bot_id: str,
+    reader: Reader,
+    query: str,
+    wanted: int,
+    *,
+    fill: Literal[True],
+) -> tuple[list[search_q.RankedContext], Cipher]: ...
 async def _ranked(
     rt: Runtime,
     embedder: Embedder | None,
@@ -151,7 +177,7 @@ async def _ranked(
     wanted: int,
     *,
     fill: bool,
-) -> tuple[list[dict[str, Any]], Cipher]:
+) -> tuple[list[search_q.RankedEntry] | list[search_q.RankedContext], Cipher]:
     """The best ``wanted`` candidates as ``{score, entry}`` rows, best first; with ``fill``, the
     newest visible entries follow the relevant ones when there are fewer than ``wanted``."""
     cipher = await cipher_of(rt, bot_id)
@@ -172,17 +198,16 @@ async def _ranked(
         "pinned": PINNED_PRIOR,
         "recency": RECENCY_PRIOR,
         "half_life": RECENCY_HALF_LIFE,
-        "for_context": fill,
         **reader.params,
     }
     who = reader_key(bot_id, reader)
-    found: dict[str, Any] | None = None
+    found: _Found | None = None
     for _ in range(_ATTEMPTS):
         sparse = index is not None and vector is not None and rt.vectors.sparse(bot_id, keys)
         known = rt.vectors.visible(who) if sparse else None
         if index is not None and vector is not None and sparse and known is None:
             found = await read(
-                rt.driver, lambda tx: _prefiltered(rt, tx, index, cipher, vector, dense_k, who, params)
+                rt.driver, lambda tx: _prefiltered(rt, tx, index, cipher, vector, dense_k, who, params, fill)
             )
             break
         if index is None or vector is None:
@@ -198,7 +223,12 @@ async def _ranked(
         found = await autocommit(
             rt.driver,
             lambda s, dense=dense, after=after, sparse=sparse, asked=asked: search_q.search(
-                s, dense=dense, keyword_limit=(2 if sparse else 1) * KEYWORD_LIMIT, after=after, **asked
+                s,
+                dense=dense,
+                keyword_limit=(2 if sparse else 1) * KEYWORD_LIMIT,
+                after=after,
+                for_context=fill,
+                **asked,
             ),
         )
         if found is None:
@@ -222,7 +252,8 @@ async def _ranked(
             continue  # too few of the nearest are visible: this reader needs the pre-filter
         break
     assert found is not None
-    ranked = sorted(found["ranked"], key=lambda r: (-float(r["score"]), -int(r["entry"]["memoryRank"])))
+    ranked = found["ranked"]
+    ranked.sort(key=lambda r: (-float(r["score"]), -int(r["entry"]["memoryRank"])))
     return ranked, cipher
 
 
@@ -240,7 +271,8 @@ async def _prefiltered(
     dense_k: int,
     who: ReaderKey,
     params: dict[str, Any],
-) -> dict[str, Any]:
+    for_context: bool,
+) -> _Found:
     """One read (D9.8): the reader's visible active ids under the shared lock, the index caught up
     under the same lock, similarity among those ids only, then the ranking statement. The ids
     are kept with the memory version they were read at, for the next search of this reader."""
@@ -253,7 +285,14 @@ async def _prefiltered(
     seq, version, ids = visible
     rt.vectors.keep_visible(who, VisibleIds(version, ids))
     if not ids:  # nothing visible and active: no keyword hit either
-        return {"seq": seq, "fresh": [], "ranked": [], "denseVisible": 0, "keywordVisible": 0}
+        return {
+            "seq": seq,
+            "version": version,
+            "fresh": [],
+            "ranked": [],
+            "denseVisible": 0,
+            "keywordVisible": 0,
+        }
     if seq > index.seq:
         _, fresh = await search_q.vectors_since(tx, bot_id=bot_id, model=index.model, after=index.seq)
         _absorb(index, cipher, fresh, seq)
@@ -261,7 +300,9 @@ async def _prefiltered(
     if len(ids) >= PRE_CAP or len(ids) > SPARSE_SHARE * len(index):
         rt.vectors.observe(bot_id, keys, sparse=False)
     dense = index.top_among(ids, vector, dense_k)
-    found = await search_q.search(tx, dense=dense, keyword_limit=2 * KEYWORD_LIMIT, after=index.seq, **params)
+    found = await search_q.search(
+        tx, dense=dense, keyword_limit=2 * KEYWORD_LIMIT, after=index.seq, for_context=for_context, **params
+    )
     if found is None:
         raise NotFound("bot not found")
     return found

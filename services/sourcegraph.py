@@ -8,13 +8,15 @@ them to a reader they admit: only the reader's own atom that meets each rule (D9
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from neo4j import AsyncManagedTransaction
 
 from graph import sourcegraph as sourcegraph_q
 from graph.access import MAX_SOURCE_DEPTH
 from graph.driver import read
+from graph.memory import EntryMap
+from graph.sourcegraph import WhyRow, WhyRule, WhyStep
 from services.crypto import Cipher
 from services.domain import Principal
 from services.errors import BadInput, NotFound
@@ -24,7 +26,7 @@ from services.validation import check_id
 
 _SHOWN = ["active", "invalidated"]
 Direction = Literal["sources", "dependents"]
-Rule = Literal["PERSON", "CHANNEL", "BOT", "ORGANIZATION", "NOT_EXCLUDED"]
+Rule = WhyRule
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +72,7 @@ async def entry(rt: Runtime, principal: Principal, bot_id: str, entry_id: str) -
     check_id(bot_id, "botId")
     check_id(entry_id, "id")
 
-    async def work(tx: AsyncManagedTransaction) -> tuple[list[dict[str, Any]], Cipher]:
+    async def work(tx: AsyncManagedTransaction) -> tuple[list[EntryMap], Cipher]:
         _, reader, cipher = await open_read(rt, tx, principal, bot_id)
         return await sourcegraph_q.entries_by_id(
             tx, bot_id=bot_id, ids=[entry_id], statuses=_SHOWN, **reader.params
@@ -93,7 +95,7 @@ async def neighbourhood(
 
     async def work(
         tx: AsyncManagedTransaction,
-    ) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]], Cipher]:
+    ) -> tuple[list[sourcegraph_q.NeighbourRow], dict[str, EntryMap], Cipher]:
         _, reader, cipher = await open_read(rt, tx, principal, bot_id)
         if not await sourcegraph_q.entries_by_id(
             tx, bot_id=bot_id, ids=[entry_id], statuses=_SHOWN, **reader.params
@@ -116,7 +118,11 @@ async def neighbourhood(
         for n in near
         if n["kind"] == "entry" and n["id"] in shown
     )
-    items = tuple(ItemSource(n["chat"], n["id"], n["depth"]) for n in near if n["kind"] == "item")
+    items = tuple(
+        ItemSource(n["chat"], n["id"], n["depth"])
+        for n in near
+        if n["kind"] == "item" and n["chat"] is not None  # an Item always has its Chat
+    )
     hidden = sum(1 for n in near if n["kind"] == "entry" and n["id"] not in shown)
     return Neighbourhood(entries, items, hidden)
 
@@ -127,7 +133,7 @@ async def why(rt: Runtime, principal: Principal, bot_id: str, entry_id: str) -> 
     check_id(bot_id, "botId")
     check_id(entry_id, "id")
 
-    async def work(tx: AsyncManagedTransaction) -> list[dict[str, Any]]:
+    async def work(tx: AsyncManagedTransaction) -> list[WhyRow]:
         _, reader, _ = await open_read(rt, tx, principal, bot_id)
         return await sourcegraph_q.why_steps(tx, bot_id=bot_id, id=entry_id, statuses=_SHOWN, **reader.params)
 
@@ -149,13 +155,15 @@ async def why(rt: Runtime, principal: Principal, bot_id: str, entry_id: str) -> 
     return AccessProof(_summary(closure), steps)
 
 
-def _reason(step: dict[str, Any]) -> str:
-    evidence = f" (the source message {step['item']} in chat {step['chat']})" if step.get("item") else ""
+def _reason(step: WhyStep) -> str:
+    item, chat = step.get("item"), step.get("chat")
+    evidence = f" (the source message {item} in chat {chat})" if item else ""
     match step["rule"]:
         case "PERSON":
             return f"It is for you{evidence}."
         case "CHANNEL":
-            name = f"{step['name']!r} ({step['atom'][8:]})" if step.get("name") else step["atom"][8:]
+            label = step.get("name")
+            name = f"{label!r} ({step['atom'][8:]})" if label else step["atom"][8:]
             return f"You are a member of channel {name}{evidence}."
         case "BOT":
             return "You use the Bot (grant)."
@@ -165,11 +173,11 @@ def _reason(step: dict[str, Any]) -> str:
             return "You did not forget it."
 
 
-def _summary(closure: list[dict[str, Any]]) -> str:
+def _summary(closure: list[WhyRow]) -> str:
     root, sources = closure[0], closure[1:]
     if root["layer"] == "pinned":
         return "You can see this entry because it is pinned and its own rules admit you."
-    items = {(s["chat"], s["item"]) for row in closure for s in row["steps"] if s.get("item")}
+    items = {(s.get("chat"), item) for row in closure for s in row["steps"] if (item := s.get("item"))}
     count = len(sources) + len(items)
     if count == 0:
         return "You can see this entry because its own audience admits you."

@@ -15,7 +15,7 @@ import logging
 import secrets
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from neo4j import AsyncManagedTransaction
 
@@ -36,6 +36,15 @@ OPTIONAL MATCH (ch)-[:IN_CHANNEL]->(c:Channel)
 OPTIONAL MATCH (p:Person)-[:MEMBER]->(c)
 RETURN ch.ownerId AS owner, collect(p.id) AS members
 """
+
+
+class _ChatPeople(TypedDict):
+    owner: str
+    members: list[str]
+
+
+class _ItemOfChat(chats_q.ChatForRow):
+    item: chats_q.ItemNode
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +123,7 @@ class TurnHub:
         subs = self.subscribers.get(chat_id)
         if not subs:
             return
-        record = await read(self.rt.driver, lambda tx: single(tx, CHAT_PEOPLE, chatId=chat_id))
+        record = await read(self.rt.driver, lambda tx: single(tx, CHAT_PEOPLE, _ChatPeople, chatId=chat_id))
         people: set[str] = set() if record is None else {record["owner"], *record["members"]}
         for sub in list(subs):
             if sub.person_id not in people:
@@ -130,10 +139,13 @@ class TurnHub:
         if event.kind == "ITEM_ADDED" and event.item_id:
             item_id = str(event.item_id)
 
-            async def work(tx: AsyncManagedTransaction) -> dict[str, Any] | None:
+            async def work(tx: AsyncManagedTransaction) -> _ItemOfChat | None:
                 row = await chats_q.chat_for(tx, chat_id=chat_id, person_id=None)
                 item = await single(
-                    tx, "MATCH (i:Item {uid: $uid}) RETURN i {.*} AS item", uid=f"{chat_id}/{item_id}"
+                    tx,
+                    "MATCH (i:Item {uid: $uid}) RETURN i {.*} AS item",
+                    chats_q.ItemRow,
+                    uid=f"{chat_id}/{item_id}",
                 )
                 return None if row is None or item is None else {**row, "item": item["item"]}
 

@@ -136,7 +136,7 @@ class _Step:
         self.pending_ids.add(change.id)
         self.touched.append(change.id)
 
-    async def entry(self, entry_id: str) -> dict[str, Any]:
+    async def entry(self, entry_id: str) -> memory_q.EditedEntry:
         row = await memory_q.entry_for_edit(self.tx, bot_id=self.bot_id, id=entry_id)
         if row is None or row["status"] == "retracted":
             raise Conflict("no such entry")

@@ -106,6 +106,12 @@ async def test_deleting_a_chats_history_removes_its_words_everywhere(
     after, opened = await _where(runtime, cipher, w.bot, chat, canary)
     assert after == []
     assert opened > 0  # the learned entry and the change log still open: they stay (V13)
+    # The owner still lists the Chat's confessions: their text is gone (null), not an error.
+    listed = await api.http.get(
+        f"/v1/chats/{chat}/confessions", headers={"Authorization": f"Bearer {w.tokens['ann']}"}
+    )
+    assert listed.status_code == 200, listed.text
+    assert [c["text"] for c in listed.json()["confessions"]] == [None]
     assert [e["content"] for e in (await visible(api, w.tokens["ann"], w.bot)).values()] == [
         "Ann keeps a bike in town"
     ]

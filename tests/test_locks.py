@@ -9,7 +9,6 @@ serial order allows happened."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 from graph import learning as learning_q
 from graph import memorybot as memorybot_q
@@ -52,7 +51,7 @@ async def test_one_of_many_concurrent_claims_of_an_execution_wins(runtime: Runti
         id=x,
     )
 
-    async def claim(n: int) -> dict[str, Any] | None:
+    async def claim(n: int) -> learning_q.ClaimMap | None:
         return await write(
             runtime.driver,
             lambda tx: learning_q.claim(tx, id=x, epoch=0, worker=f"w{n}", now=1, lease_ms=1000),

@@ -10,6 +10,7 @@ from neo4j import WRITE_ACCESS, AsyncSession
 from neo4j.exceptions import ClientError, TransientError
 
 from graph.driver import AUTOCOMMIT_ATTEMPTS, autocommit, single
+from graph.entries import CountRow
 from graph.migrations import LATEST, current_version, migrate
 from resolvers.schema import SNAPSHOT, build_schema
 from services import memory, retrieval, search
@@ -116,7 +117,7 @@ async def test_autocommit_retries_what_neo4j_rolled_back_as_transient_and_nothin
         calls.append("flaky")
         if len(calls) < 3:
             raise TransientError("deadlock detected")  # what Neo4j reports for a rolled-back statement
-        record = await single(session, "RETURN 41 + 1 AS n")
+        record = await single(session, "RETURN 41 + 1 AS n", CountRow)
         assert record is not None
         return int(record["n"])
 
@@ -124,7 +125,7 @@ async def test_autocommit_retries_what_neo4j_rolled_back_as_transient_and_nothin
 
     async def refused(session: AsyncSession) -> None:
         calls.append("refused")
-        await single(session, "RETURN 1 / 0 AS n")
+        await single(session, "RETURN 1 / 0 AS n", CountRow)
 
     calls.clear()
     with pytest.raises(ClientError):

@@ -48,3 +48,48 @@ def test_every_statement_constant_is_final_literal_string() -> None:
                 loose.append(f"{path.name}:{node.lineno} {node.target.id}: {ast.unparse(node.annotation)}")
     assert loose == []
     assert len(snapshot.statements()) > 100  # the walk above saw the statements
+
+
+_PROJECT = GRAPH.parent
+
+
+def _calls_of(folder: str, names: tuple[str, ...]) -> list[tuple[str, ast.Call]]:
+    """Calls of the functions ``names`` by their bare name in the modules of ``folder``."""
+    found: list[tuple[str, ast.Call]] = []
+    for path in sorted((_PROJECT / folder).glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in names:
+                found.append((f"{folder}/{path.name}:{node.lineno}", node))
+    return found
+
+
+def test_every_single_and_rows_call_names_the_row_type_of_its_statement() -> None:
+    """``single(tx, QUERY, Row, ...)`` and ``rows(...)``: the third positional argument is the
+    TypedDict of the statement's RETURN clause (a class, not a string or a splat), so every
+    record read in graph/ and services/ has a declared shape (pyright checks the rest)."""
+    calls = [c for folder in ("graph", "services") for c in _calls_of(folder, ("single", "rows"))]
+    untyped = [
+        where
+        for where, call in calls
+        if len(call.args) < 3
+        or any(isinstance(a, ast.Starred) for a in call.args[:3])
+        or not isinstance(call.args[2], ast.Name | ast.Attribute | ast.Subscript)
+    ]
+    assert untyped == []
+    assert len(calls) > 100  # the walk saw the calls
+
+
+def test_no_graph_function_returns_an_untyped_dict() -> None:
+    """Graph functions return their rows' TypedDicts; ``dict[str, Any]`` stays only for the
+    parameters a statement is given (``_log_params``)."""
+    loose: list[str] = []
+    for path in sorted(GRAPH.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+                and node.returns is not None
+                and "dict[str, Any]" in ast.unparse(node.returns)
+                and node.name != "_log_params"
+            ):
+                loose.append(f"{path.name}:{node.lineno} {node.name}")
+    assert loose == []
