@@ -192,7 +192,7 @@ class SettingsOut(Out):
 class ConfessionOut(Out):
     id: str
     turn_id: str
-    text: str
+    text: str | None  # null once the chat's history is deleted (V13)
     answer: str | None
     entry_ids: list[str]
     answered_by: str | None

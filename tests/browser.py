@@ -98,7 +98,8 @@ class Page:
 @contextlib.asynccontextmanager
 async def browser_page(width: int = 1400, height: int = 900) -> AsyncGenerator[Page]:
     """A fresh headless Chromium (own profile, no network beyond what the page asks) and one tab."""
-    with tempfile.TemporaryDirectory(prefix="bm-chromium-") as profile:
+    # Chromium's helper processes may still write to the profile as it exits: cleanup is best effort.
+    with tempfile.TemporaryDirectory(prefix="bm-chromium-", ignore_cleanup_errors=True) as profile:
         proc = subprocess.Popen(  # noqa: ASYNC220 - started once, waited on without blocking
             [
                 chromium_path(),
