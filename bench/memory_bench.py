@@ -67,9 +67,9 @@ from bench.measure import (
 )
 from bench.report import machine_state, run_header, write_results
 from graph.access import IdsRow
+from graph.bots import BotKeyRow
 from graph.driver import Ciphertext, autocommit, read, rows, single, write
 from graph.entries import CountRow, IdRow
-from graph.identity import BotKeyRow
 from learning.embedders import LocalMiniLM
 from services import chats, commands, memory, provisioning, retrieval
 from services.bootstrap import open_runtime

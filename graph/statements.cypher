@@ -315,6 +315,85 @@ CALL (seq) {
 }
 RETURN seq, written
 
+// ---- graph.bots.ALL_BOT_KEYS
+MATCH (b:Bot) RETURN b.id AS id, b.keyMaster AS master, b.keyWrapped AS wrapped
+
+// ---- graph.bots.BOT_KEY
+MATCH (b:Bot {id: $id}) RETURN b.keyMaster AS master, b.keyWrapped AS wrapped
+
+// ---- graph.bots.CREATE_BOT
+MATCH (o:Organization {id: $organizationId})
+CREATE (b:Bot {id: $id, name: $name, model: $model, keyMaster: $keyMaster, keyWrapped: $keyWrapped,
+               createdAt: $now})-[:OWNED_BY]->(o)
+CREATE (b)-[:HAS_MEMORY]->(:Memory {id: $id, version: 0, settingsVersion: 0, instructions: null,
+                                    concurrency: null, budgetPeriod: null, budgetLimitMicros: null})
+RETURN b {.id, .name, .model, .createdAt, organizationId: o.id} AS bot
+
+// ---- graph.bots.GET_BOT
+MATCH (b:Bot {id: $id})-[:OWNED_BY]->(o:Organization)
+OPTIONAL MATCH (b)-[:LINKED]->(l:Organization)
+WITH b, o, l ORDER BY l.id
+WITH b, o, collect(l.id) AS linked
+RETURN b {.id, .name, .model, .createdAt, organizationId: o.id, linkedOrganizationIds: linked} AS bot
+
+// ---- graph.bots.GET_BOTS
+UNWIND $ids AS id
+MATCH (b:Bot {id: id})-[:OWNED_BY]->(o:Organization)
+OPTIONAL MATCH (b)-[:LINKED]->(l:Organization)
+WITH b, o, l ORDER BY l.id
+WITH b, o, collect(l.id) AS linked
+RETURN b {.id, .name, .model, .createdAt, organizationId: o.id, linkedOrganizationIds: linked} AS bot
+
+// ---- graph.bots.GRANT_OF
+MATCH (p:Person {id: $personId})-[g:GRANT]->(b:Bot {id: $botId})
+RETURN g.access AS access
+
+// ---- graph.bots.LINK_BOT
+MATCH (b:Bot {id: $botId}), (o:Organization {id: $organizationId})
+WHERE NOT (b)-[:OWNED_BY]->(o)
+MERGE (b)-[:LINKED]->(o)
+RETURN b.id AS id
+
+// ---- graph.bots.ORGANIZATION_BOTS
+MATCH (b:Bot)-[:OWNED_BY]->(o:Organization)
+WHERE $org IS NULL OR o.id = $org OR EXISTS { (b)-[:LINKED]->(:Organization {id: $org}) }
+OPTIONAL MATCH (b)-[:LINKED]->(l:Organization)
+WITH b, o, l ORDER BY l.id
+WITH b, o, collect(l.id) AS linked
+RETURN b {.id, .name, .model, .createdAt, organizationId: o.id, linkedOrganizationIds: linked} AS bot
+ORDER BY bot.name, bot.id
+LIMIT 1000
+
+// ---- graph.bots.PERSON_BOTS
+MATCH (:Person {id: $personId})-[:GRANT]->(b:Bot)-[:OWNED_BY]->(o:Organization)
+WHERE o.id = $org OR EXISTS { (b)-[:LINKED]->(:Organization {id: $org}) }
+OPTIONAL MATCH (b)-[:LINKED]->(l:Organization)
+WITH b, o, l ORDER BY l.id
+WITH b, o, collect(l.id) AS linked
+RETURN b {.id, .name, .model, .createdAt, organizationId: o.id, linkedOrganizationIds: linked} AS bot
+ORDER BY bot.name, bot.id
+
+// ---- graph.bots.PERSON_USES_BOT
+MATCH (p:Person {id: $personId})-[:MEMBER_OF]->(o:Organization)
+MATCH (b:Bot {id: $botId})
+WHERE (b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)
+RETURN o.id AS organizationId
+
+// ---- graph.bots.REWRAP_BOT_KEY
+MATCH (b:Bot {id: $id})
+WHERE b.keyMaster = $oldMaster
+SET b.keyMaster = $newMaster, b.keyWrapped = $newWrapped
+RETURN count(b) AS n
+
+// ---- graph.bots.SET_GRANT
+MATCH (b:Bot {id: $botId}), (p:Person {id: $personId})
+OPTIONAL MATCH (p)-[g:GRANT]->(b)
+DELETE g
+WITH DISTINCT b, p
+FOREACH (_ IN CASE WHEN $access IN ['READ', 'WRITE'] THEN [1] ELSE [] END |
+  CREATE (p)-[:GRANT {access: $access}]->(b))
+RETURN b.id AS id
+
 // ---- graph.changefeed.ENTRY_LIST
 OPTIONAL MATCH (e)-[:SOURCE]->(src)
 WITH e, collect(CASE WHEN src IS NULL THEN null WHEN src:Item THEN {chat: src.chatId, item: src.id}
@@ -1048,24 +1127,10 @@ RETURN collect(e.id) AS ids,
          THEN {id: e.id, requires: e.lblRequires, excluded: coalesce(e.lblExcluded, []),
                afterRequires: ['#unproved'], afterExcluded: []} END) AS gone
 
-// ---- graph.identity.ALL_BOT_KEYS
-MATCH (b:Bot) RETURN b.id AS id, b.keyMaster AS master, b.keyWrapped AS wrapped
-
-// ---- graph.identity.BOT_KEY
-MATCH (b:Bot {id: $id}) RETURN b.keyMaster AS master, b.keyWrapped AS wrapped
-
 // ---- graph.identity.COUNT_PEOPLE_IN_ORG
 UNWIND $personIds AS personId
 MATCH (p:Person {id: personId})-[:MEMBER_OF]->(:Organization {id: $organizationId})
 RETURN count(DISTINCT p) AS n
-
-// ---- graph.identity.CREATE_BOT
-MATCH (o:Organization {id: $organizationId})
-CREATE (b:Bot {id: $id, name: $name, model: $model, keyMaster: $keyMaster, keyWrapped: $keyWrapped,
-               createdAt: $now})-[:OWNED_BY]->(o)
-CREATE (b)-[:HAS_MEMORY]->(:Memory {id: $id, version: 0, settingsVersion: 0, instructions: null,
-                                    concurrency: null, budgetPeriod: null, budgetLimitMicros: null})
-RETURN b {.id, .name, .model, .createdAt, organizationId: o.id} AS bot
 
 // ---- graph.identity.CREATE_CHANNEL
 MATCH (o:Organization {id: $organizationId})
@@ -1099,21 +1164,6 @@ CREATE (t:Token {id: $tokenId, hash: $tokenHash, kind: 'platform', createdAt: $n
        -[:FOR]->(o)
 RETURN t.id AS id
 
-// ---- graph.identity.GET_BOT
-MATCH (b:Bot {id: $id})-[:OWNED_BY]->(o:Organization)
-OPTIONAL MATCH (b)-[:LINKED]->(l:Organization)
-WITH b, o, l ORDER BY l.id
-WITH b, o, collect(l.id) AS linked
-RETURN b {.id, .name, .model, .createdAt, organizationId: o.id, linkedOrganizationIds: linked} AS bot
-
-// ---- graph.identity.GET_BOTS
-UNWIND $ids AS id
-MATCH (b:Bot {id: id})-[:OWNED_BY]->(o:Organization)
-OPTIONAL MATCH (b)-[:LINKED]->(l:Organization)
-WITH b, o, l ORDER BY l.id
-WITH b, o, collect(l.id) AS linked
-RETURN b {.id, .name, .model, .createdAt, organizationId: o.id, linkedOrganizationIds: linked} AS bot
-
 // ---- graph.identity.GET_CHANNEL
 MATCH (c:Channel {id: $id})-[:IN]->(o:Organization)
 OPTIONAL MATCH (p:Person)-[:MEMBER]->(c)
@@ -1128,51 +1178,10 @@ MATCH (o:Organization {id: $id}) RETURN o {.*} AS org
 MATCH (p:Person {id: $id})-[:MEMBER_OF]->(o:Organization)
 RETURN p {.*, organizationId: o.id} AS person
 
-// ---- graph.identity.GRANT_OF
-MATCH (p:Person {id: $personId})-[g:GRANT]->(b:Bot {id: $botId})
-RETURN g.access AS access
-
-// ---- graph.identity.LINK_BOT
-MATCH (b:Bot {id: $botId}), (o:Organization {id: $organizationId})
-WHERE NOT (b)-[:OWNED_BY]->(o)
-MERGE (b)-[:LINKED]->(o)
-RETURN b.id AS id
-
-// ---- graph.identity.ORGANIZATION_BOTS
-MATCH (b:Bot)-[:OWNED_BY]->(o:Organization)
-WHERE $org IS NULL OR o.id = $org OR EXISTS { (b)-[:LINKED]->(:Organization {id: $org}) }
-OPTIONAL MATCH (b)-[:LINKED]->(l:Organization)
-WITH b, o, l ORDER BY l.id
-WITH b, o, collect(l.id) AS linked
-RETURN b {.id, .name, .model, .createdAt, organizationId: o.id, linkedOrganizationIds: linked} AS bot
-ORDER BY bot.name, bot.id
-LIMIT 1000
-
-// ---- graph.identity.PERSON_BOTS
-MATCH (:Person {id: $personId})-[:GRANT]->(b:Bot)-[:OWNED_BY]->(o:Organization)
-WHERE o.id = $org OR EXISTS { (b)-[:LINKED]->(:Organization {id: $org}) }
-OPTIONAL MATCH (b)-[:LINKED]->(l:Organization)
-WITH b, o, l ORDER BY l.id
-WITH b, o, collect(l.id) AS linked
-RETURN b {.id, .name, .model, .createdAt, organizationId: o.id, linkedOrganizationIds: linked} AS bot
-ORDER BY bot.name, bot.id
-
-// ---- graph.identity.PERSON_USES_BOT
-MATCH (p:Person {id: $personId})-[:MEMBER_OF]->(o:Organization)
-MATCH (b:Bot {id: $botId})
-WHERE (b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)
-RETURN o.id AS organizationId
-
 // ---- graph.identity.REVOKE_TOKEN
 MATCH (t:Token {id: $tokenId})
 SET t.revokedAt = coalesce(t.revokedAt, $now)
 RETURN t.id AS id
-
-// ---- graph.identity.REWRAP_BOT_KEY
-MATCH (b:Bot {id: $id})
-WHERE b.keyMaster = $oldMaster
-SET b.keyMaster = $newMaster, b.keyWrapped = $newWrapped
-RETURN count(b) AS n
 
 // ---- graph.identity.SET_CHANNEL_MEMBERS
 MATCH (c:Channel {id: $id})-[:IN]->(o:Organization)
@@ -1184,15 +1193,6 @@ UNWIND $memberIds AS memberId
 MATCH (p:Person {id: memberId})-[:MEMBER_OF]->(o)
 MERGE (p)-[:MEMBER]->(c)
 RETURN count(p) AS members
-
-// ---- graph.identity.SET_GRANT
-MATCH (b:Bot {id: $botId}), (p:Person {id: $personId})
-OPTIONAL MATCH (p)-[g:GRANT]->(b)
-DELETE g
-WITH DISTINCT b, p
-FOREACH (_ IN CASE WHEN $access IN ['READ', 'WRITE'] THEN [1] ELSE [] END |
-  CREATE (p)-[:GRANT {access: $access}]->(b))
-RETURN b.id AS id
 
 // ---- graph.identity.TOKEN_BY_HASH
 MATCH (t:Token {hash: $hash})

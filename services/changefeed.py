@@ -23,7 +23,8 @@ from typing import Any
 
 from neo4j import AsyncManagedTransaction
 
-from graph import changefeed, identity
+from graph import bots as bots_q
+from graph import changefeed
 from graph.driver import autocommit, read
 from services import metrics, pubsub
 from services.memory import Entry, decrypt_entry
@@ -231,7 +232,7 @@ class ChangeHub:
             found = await changefeed.deliveries(
                 tx, bot_id=bot_id, ids=ids, versions=versions, subs=subs, now=now
             )
-            return found, await identity.bot_key(tx, id=bot_id)
+            return found, await bots_q.bot_key(tx, id=bot_id)
 
         if cipher is not None:  # one statement, the shared lock at its head (C1): auto-commit
             found = await autocommit(

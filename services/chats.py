@@ -7,6 +7,7 @@ from typing import Any
 
 from neo4j import AsyncManagedTransaction
 
+from graph import bots as bots_q
 from graph import chats as chats_q
 from graph import identity, learning
 from graph.chats import ChatForRow
@@ -93,10 +94,10 @@ async def create_chat(
             principal.kind == "platform" and person["organizationId"] != principal.organization_id
         ):
             raise NotFound("person not found")
-        org_id = await identity.bot_org_for_person(tx, bot_id=bot_id, person_id=owner)
+        org_id = await bots_q.bot_org_for_person(tx, bot_id=bot_id, person_id=owner)
         if org_id is None:
             raise NotFound("bot not found")
-        if await identity.grant_of(tx, bot_id=bot_id, person_id=owner) is None:
+        if await bots_q.grant_of(tx, bot_id=bot_id, person_id=owner) is None:
             raise Forbidden("the owner has no grant on this Bot")
         if channel_id is not None:
             channel = await identity.get_channel(tx, id=check_id(channel_id, "channelId"))

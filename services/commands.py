@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from neo4j import AsyncManagedTransaction
 
-from graph import chats, conversation, entries, identity
+from graph import bots as bots_q
+from graph import chats, conversation, entries
 from graph import memory as memory_q
 from graph.driver import write
 from services.auth import require_person
@@ -93,13 +94,13 @@ async def share(
 async def require_owner_writer(tx: AsyncManagedTransaction, principal: Principal, bot_id: str) -> None:
     """Write on a Bot that is not linked: WRITE grant and membership of the owner organization (D9.13)."""
     person_id = require_person(principal)
-    bot = await identity.get_bot(tx, id=bot_id)
+    bot = await bots_q.get_bot(tx, id=bot_id)
     org = principal.organization_id
     if bot is None or (bot["organizationId"] != org and org not in bot["linkedOrganizationIds"]):
         raise NotFound("bot not found")
     if (
         bot["organizationId"] != org
-        or await identity.grant_of(tx, bot_id=bot_id, person_id=person_id) != "WRITE"
+        or await bots_q.grant_of(tx, bot_id=bot_id, person_id=person_id) != "WRITE"
     ):
         raise Forbidden("you need write on a Bot that is not linked")
 

@@ -6,8 +6,9 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Generic, Literal, TypeVar
 
+from graph.bots import BotMap
 from graph.chats import ChatNode, TurnNode
-from graph.identity import BotMap, ChannelMap, OrganizationNode, PersonMap
+from graph.identity import ChannelMap, OrganizationNode, PersonMap
 
 T = TypeVar("T")
 

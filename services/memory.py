@@ -14,7 +14,8 @@ from typing import TypedDict
 
 from neo4j import AsyncManagedTransaction
 
-from graph import access, identity
+from graph import access
+from graph import bots as bots_q
 from graph import context as context_q
 from graph import memory as memory_q
 from graph.driver import read, single
@@ -123,9 +124,9 @@ async def cipher_of(rt: Runtime, bot_id: str, tx: AsyncManagedTransaction | None
     if cached is not None:
         return cached
     if tx is not None:
-        key = await identity.bot_key(tx, id=bot_id)
+        key = await bots_q.bot_key(tx, id=bot_id)
     else:
-        key = await read(rt.driver, lambda t: identity.bot_key(t, id=bot_id))
+        key = await read(rt.driver, lambda t: bots_q.bot_key(t, id=bot_id))
     if key is None:
         raise NotFound("bot not found")
     return rt.cipher(bot_id, key["master"], key["wrapped"])
@@ -162,7 +163,7 @@ async def _as_reader(
         raise NotFound("bot not found")
     version, reader = int(locked["version"]), locked["reader"]
     if not reader["usesBot"]:
-        bot = await identity.get_bot(tx, id=bot_id)
+        bot = await bots_q.get_bot(tx, id=bot_id)
         org = principal.organization_id
         if bot is None or (bot["organizationId"] != org and org not in bot["linkedOrganizationIds"]):
             raise NotFound("bot not found")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from graph import bots as bots_q
 from graph import identity
 from graph.driver import read, write
 from services.auth import require_admin, require_person
@@ -195,7 +196,7 @@ async def create_bot(
     key = rt.keyring.new_data_key(bot_id)
     row = await write(
         rt.driver,
-        lambda tx: identity.create_bot(
+        lambda tx: bots_q.create_bot(
             tx,
             id=bot_id,
             organization_id=organization_id,
@@ -211,7 +212,7 @@ async def create_bot(
     return Bot.of({**row, "linkedOrganizationIds": []})
 
 
-def _visible_bot(principal: Principal, row: identity.BotMap | None) -> Bot | NotFound:
+def _visible_bot(principal: Principal, row: bots_q.BotMap | None) -> Bot | NotFound:
     """The Bot when the caller's organization owns or links it (or the caller is the admin)."""
     if row is None:
         return NotFound("bot not found")
@@ -230,7 +231,7 @@ async def get_bots(rt: Runtime, principal: Principal, bot_ids: list[str]) -> lis
         except BadInput as exc:
             errors[bot_id] = exc
     ids = [b for b in dict.fromkeys(bot_ids) if b not in errors]
-    found = await read(rt.driver, lambda tx: identity.get_bots(tx, ids=ids)) if ids else {}
+    found = await read(rt.driver, lambda tx: bots_q.get_bots(tx, ids=ids)) if ids else {}
     return [errors.get(b) or _visible_bot(principal, found.get(b)) for b in bot_ids]
 
 
@@ -247,7 +248,7 @@ async def usable_bots(rt: Runtime, principal: Principal) -> list[Bot]:
     linked); a platform token's organization's Bots; every Bot for the admin."""
     person = principal.person_id if principal.kind == "person" else None
     org = None if principal.kind == "admin" else principal.organization_id
-    found = await read(rt.driver, lambda tx: identity.usable_bots(tx, person_id=person, org=org))
+    found = await read(rt.driver, lambda tx: bots_q.usable_bots(tx, person_id=person, org=org))
     return [Bot.of(row) for row in found]
 
 
@@ -262,7 +263,7 @@ async def grant_bot(rt: Runtime, principal: Principal, bot_id: str, person_id: s
     if person["organizationId"] not in (bot.organization_id, *bot.linked_organization_ids):
         raise Forbidden("the person's organization neither owns nor links this Bot")
     await write(
-        rt.driver, lambda tx: identity.set_grant(tx, bot_id=bot_id, person_id=person_id, access=access.value)
+        rt.driver, lambda tx: bots_q.set_grant(tx, bot_id=bot_id, person_id=person_id, access=access.value)
     )
     return bot
 
@@ -275,7 +276,7 @@ async def link_bot(rt: Runtime, principal: Principal, bot_id: str, organization_
     if organization_id == bot.organization_id:
         raise BadInput("a Bot cannot be linked into its own organization", field="organizationId")
     if not await write(
-        rt.driver, lambda tx: identity.link_bot(tx, bot_id=bot_id, organization_id=organization_id)
+        rt.driver, lambda tx: bots_q.link_bot(tx, bot_id=bot_id, organization_id=organization_id)
     ):
         raise NotFound("organization not found")
     return await get_bot(rt, principal, bot_id)

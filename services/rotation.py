@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from neo4j import AsyncDriver
 
-from graph import identity
+from graph import bots as bots_q
 from graph.driver import read, write
 from services.crypto import Keyring, WrappedKey
 
@@ -16,14 +16,14 @@ from services.crypto import Keyring, WrappedKey
 async def rotate_data_keys(driver: AsyncDriver, keyring: Keyring) -> int:
     """Re-wrap each Bot data key not yet wrapped by the current master key; returns how many changed."""
     changed = 0
-    for row in await read(driver, identity.all_bot_keys):
+    for row in await read(driver, bots_q.all_bot_keys):
         old = WrappedKey(row["master"], bytes(row["wrapped"]))
         if old.master_id == keyring.current_id:
             continue
         new = keyring.rewrap(row["id"], old)
         done = await write(
             driver,
-            lambda tx, row=row, old=old, new=new: identity.rewrap_bot_key(
+            lambda tx, row=row, old=old, new=new: bots_q.rewrap_bot_key(
                 tx, id=row["id"], old_master=old.master_id, new_master=new.master_id, new_wrapped=new.wrapped
             ),
         )

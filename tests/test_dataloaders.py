@@ -14,6 +14,7 @@ import pytest
 from neo4j import AsyncManagedTransaction
 from strawberry import Schema
 
+from graph import bots as bots_q
 from graph import identity
 from learning.gateway import Gateway
 from resolvers.schema import build_schema
@@ -158,7 +159,7 @@ async def test_bots_are_batched_with_their_visibility(
     )
     assert errors == []
     assert data == {"k0": {"id": world.bot}, "k1": {"id": second}}
-    assert statements[1:] == [identity.GET_BOTS]  # after the token: the Bots in one statement
+    assert statements[1:] == [bots_q.GET_BOTS]  # after the token: the Bots in one statement
     for n, key in enumerate(keys):
         # Bot is non-null: one error nulls the whole operation, so each foreign key goes alone.
         _, alone = await execute(schema, runtime, world.tokens["ann"], *aliased("bot", [key], "id"))
