@@ -1,4 +1,4 @@
-"""Entry writes: create with SOURCE edges, tag and status changes, Forget, purge.
+"""Entry writes: create with SOURCE edges, tag and status changes, Forget (purge: ``graph.purge``).
 
 All of them run inside a change transaction that already holds the exclusive Memory lock
 (:func:`graph.memory.bump_version`). Tag and status changes never touch ``content`` (E3).
@@ -6,12 +6,10 @@ All of them run inside a change transaction that already holds the exclusive Mem
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Final, LiteralString, TypedDict
 
 from neo4j import AsyncManagedTransaction
 
-from graph import access
 from graph.access import IdsRow
 from graph.driver import rows, single
 
@@ -204,150 +202,8 @@ SET e.tags = [t IN e.tags WHERE t <> 'from:' + $personId],
     e.updatedAt = $now
 """
 
-#: The entries carrying the purge tag, and the label of those someone may see now (``gone``, the
-#: removals of the purge, D9.24: after it, no one sees them).
-TAGGED_IDS: Final[LiteralString] = """
-MATCH (e:Entry {botId: $botId})
-WHERE $tag IN e.tags
-RETURN collect(e.id) AS ids,
-       collect(CASE WHEN e.status <> 'retracted' AND e.lblRequires IS NOT NULL
-         THEN {id: e.id, requires: e.lblRequires, excluded: coalesce(e.lblExcluded, []),
-               afterRequires: ['#unproved'], afterExcluded: []} END) AS gone
-"""
-
-
-class GoneLabel(TypedDict):
-    """One of TAGGED_IDS's ``gone``: a deleted entry with its label before and after (the
-    ``$gone`` of RELABEL_RECORDING_REMOVALS)."""
-
-    id: str
-    requires: list[str]
-    excluded: list[str]
-    afterRequires: list[str]
-    afterExcluded: list[str]
-
-
-class TaggedRow(TypedDict):
-    ids: list[str]
-    gone: list[GoneLabel]
-
-
-#: Entries carrying the purge tag (observations carry their sources' provenance, V12).
-PURGE_ENTRIES: Final[LiteralString] = """
-MATCH (e:Entry {botId: $botId})
-WHERE $tag IN e.tags
-WITH collect(e) AS doomed, collect(e.id) AS ids
-FOREACH (e IN doomed | DETACH DELETE e)
-RETURN ids
-"""
-
-#: Change-log rows that embed purged entries lose their payload and those ids (D9.20), and
-#: earlier removals of them (D9.24) go: the purge's own row names them for who saw them.
-PURGE_CHANGES: Final[LiteralString] = """
-CALL () {
-  MATCH (c:Change {botId: $botId})
-  WHERE any(i IN c.entryIds WHERE i IN $ids)
-  SET c.payload = null, c.entryIds = [i IN c.entryIds WHERE NOT i IN $ids]
-  RETURN count(c) AS rows
-}
-CALL () {
-  MATCH (c:Change)-[:REMOVED]->(r:Removal {botId: $botId})
-  WHERE r.entryId IN $ids
-  SET c.removedIds = [i IN c.removedIds WHERE NOT i IN $ids]
-  DETACH DELETE r
-  RETURN count(r) AS removals
-}
-RETURN rows, removals
-"""
-
-#: Saved model calls, confession answers and input rewrites that embed purged entries lose their
-#: texts (D9.20); usage and cost stay for the budget, the person's original words stay.
-PURGE_EMBEDDINGS: Final[LiteralString] = """
-CALL (){
-  MATCH (c:ModelCall {botId: $botId})
-  WHERE any(i IN coalesce(c.entryIds, []) + coalesce(c.producedIds, []) WHERE i IN $ids)
-  SET c.request = null, c.result = null, c.purgedAt = timestamp()
-  RETURN count(c) AS calls
-}
-CALL (){
-  MATCH (f:Confession {botId: $botId})
-  WHERE any(i IN f.usedEntryIds WHERE i IN $ids)
-  SET f.answer = null, f.answerPurged = true
-  RETURN count(f) AS answers
-}
-CALL (){
-  MATCH (n:Enrichment {botId: $botId})
-  WHERE any(i IN n.usedEntryIds WHERE i IN $ids)
-  SET n.text = null, n.rewritePurged = true
-  RETURN count(n) AS rewrites
-}
-RETURN calls, answers, rewrites
-"""
-
-#: Current members of channels (index seeks by channel id).
-CHANNEL_MEMBERS: Final[LiteralString] = """
-UNWIND $channelIds AS channelId
-MATCH (c:Channel {id: channelId})
-OPTIONAL MATCH (p:Person)-[:MEMBER]->(c)
-RETURN channelId, collect(p.id) AS people
-"""
-
-
-class ChannelMembersRow(TypedDict):
-    channelId: str
-    people: list[str]
-
-
-#: People holding a grant on the Bot in the given organizations (``for:bot``, D9.1).
-BOT_USERS: Final[LiteralString] = """
-MATCH (p:Person)-[:GRANT]->(:Bot {id: $botId})
-MATCH (p)-[:MEMBER_OF]->(o:Organization)
-WHERE o.id IN $orgs
-RETURN collect(p.id) AS people
-"""
-
-
-class PeopleRow(TypedDict):
-    people: list[str]
-
 
 ALL_IDS: Final[LiteralString] = "MATCH (e:Entry {botId: $botId}) RETURN collect(e.id) AS ids"
-
-#: A Chat's history deleted (V13, D9.23): the words of its people wherever they are kept — the
-#: Items' text, the input rewrites (rewrite, original words and the digest the rewrite cache finds
-#: them by), the confessions with their answers, and the requests and results of the model calls
-#: made for the Chat (learning steps found by their execution, calls saved before model calls
-#: recorded their Chat included). Ids, rules, usage and cost stay; what was learned stays.
-DELETE_CHAT_HISTORY: Final[LiteralString] = """
-CALL () {
-  MATCH (i:Item {chatId: $chatId})
-  SET i.text = null
-  RETURN count(i) AS n
-}
-CALL () {
-  MATCH (n:Enrichment {chatId: $chatId})
-  SET n.text = null, n.original = null, n.inputDigest = null
-  RETURN count(n) AS enrichments
-}
-CALL () {
-  MATCH (f:Confession {chatId: $chatId})
-  SET f.text = null, f.answer = null
-  RETURN count(f) AS confessions
-}
-CALL () {
-  CALL () {
-    MATCH (c:ModelCall {chatId: $chatId})
-    RETURN c
-    UNION
-    MATCH (x:LearningExecution {chatId: $chatId})
-    MATCH (c:ModelCall {executionId: x.id})
-    RETURN c
-  }
-  SET c.request = null, c.result = null, c.historyDeletedAt = timestamp()
-  RETURN count(c) AS calls
-}
-RETURN n
-"""
 
 
 class CountRow(TypedDict):
@@ -416,73 +272,6 @@ async def forget_for(tx: AsyncManagedTransaction, *, bot_id: str, id: str, perso
     await tx.run(FORGET_FOR, botId=bot_id, id=id, personId=person_id, now=now)
 
 
-@dataclass(frozen=True, slots=True)
-class Purged:
-    """What :func:`purge` deleted (``ids``), the entries resting on them whose labels the purge's
-    log row recomputes (``above``: a missing source hides them, V4), and the labels of the deleted
-    ones someone could see (``gone``, for the log row's removals, D9.24)."""
-
-    ids: list[str]
-    above: list[str]
-    gone: list[GoneLabel]
-
-
-async def purge(tx: AsyncManagedTransaction, *, bot_id: str, tag: str) -> Purged:
-    """Delete the entries carrying ``tag`` and strip what embeds them from the change log (D9.20).
-    The caller writes the purge's log row with ``above`` and ``gone`` (``graph.memory.log_change``)."""
-    doomed = await single(tx, TAGGED_IDS, TaggedRow, botId=bot_id, tag=tag)
-    if doomed is None or not doomed["ids"]:
-        return Purged([], [], [])
-    doomed_ids: list[str] = list(doomed["ids"])
-    above = [
-        i for i in await access.dependents_of(tx, bot_id=bot_id, ids=doomed_ids) if i not in set(doomed_ids)
-    ]
-    record = await single(tx, PURGE_ENTRIES, IdsRow, botId=bot_id, tag=tag)
-    ids: list[str] = [] if record is None else list(record["ids"])
-    await tx.run(PURGE_CHANGES, botId=bot_id, ids=ids)
-    if ids:
-        await tx.run(PURGE_EMBEDDINGS, botId=bot_id, ids=ids)
-    return Purged(ids, above, list(doomed["gone"]))
-
-
-async def _channel_members(tx: AsyncManagedTransaction, channel_ids: list[str]) -> dict[str, set[str]]:
-    found = await rows(tx, CHANNEL_MEMBERS, ChannelMembersRow, channelIds=channel_ids)
-    return {r["channelId"]: set(r["people"]) for r in found}
-
-
-async def audience_people(
-    tx: AsyncManagedTransaction, *, bot_id: str, for_tags: list[str], orgs: list[str]
-) -> set[str] | None:
-    """The people admitted now by all of ``for_tags`` (conjunctive); None when there are none."""
-    if not for_tags:
-        return None
-    members = await _channel_members(tx, [t[12:] for t in for_tags if t.startswith("for:channel:")])
-    result: set[str] | None = None
-    for tag in for_tags:
-        people: set[str]
-        if tag.startswith("for:person:"):
-            people = {tag[11:]}
-        elif tag.startswith("for:channel:"):
-            people = members.get(tag[12:], set())
-        else:
-            record = await single(tx, BOT_USERS, PeopleRow, botId=bot_id, orgs=orgs)
-            people = set() if record is None else set(record["people"])
-        result = people if result is None else result & people
-    return result
-
-
-async def rule_people(tx: AsyncManagedTransaction, *, rules: list[str]) -> list[set[str]]:
-    """For each rule (``person:<id>`` or ``channel:<id>``), the people it admits now."""
-    members = await _channel_members(tx, [r[8:] for r in rules if r.startswith("channel:")])
-    return [{r[7:]} if r.startswith("person:") else members.get(r[8:], set()) for r in rules]
-
-
 async def all_ids(tx: AsyncManagedTransaction, *, bot_id: str) -> list[str]:
     record = await single(tx, ALL_IDS, IdsRow, botId=bot_id)
     return [] if record is None else list(record["ids"])
-
-
-async def delete_chat_history(tx: AsyncManagedTransaction, *, chat_id: str) -> int:
-    """Remove the content of a Chat's Items; ids and the rules saved on SOURCE edges stay (V13)."""
-    record = await single(tx, DELETE_CHAT_HISTORY, CountRow, chatId=chat_id)
-    return 0 if record is None else record["n"]

@@ -22,7 +22,8 @@ from graph.access import (
     RemovedEntry,
 )
 from graph.driver import Ciphertext, QueryTarget, autocommit, rows, single
-from graph.entries import ADD_ENTRIES, GoneLabel
+from graph.entries import ADD_ENTRIES
+from graph.purge import GoneLabel
 
 #: The sources of an entry ``e`` as ids (``sources``), for the API's view of it.
 _ENTRY_SOURCES: Final[LiteralString] = """
@@ -412,7 +413,7 @@ async def log_change(
     """The log row of a change (C2) and the labels it affects (DESIGN §8), in one statement —
     with ``adds``, the change's last new entries are added first (ADD_ENTRIES) in the same
     statement. ``relabel``: the entries whose labels the change affects when they are not the
-    logged ones (a purge), ``gone``: the entries it deleted, from :func:`graph.entries.purge`.
+    logged ones (a purge), ``gone``: the entries it deleted, from :func:`graph.purge.purge`.
     Returns the code of a refused new entry (nothing written) or None, and the ids of what the
     change hid from someone (D9.24)."""
     params = _log_params(id, bot_id, at, actor, entry_ids, payload) | {"version": version}

@@ -992,18 +992,6 @@ CALL (m, problem) {
 // ---- graph.entries.ALL_IDS
 MATCH (e:Entry {botId: $botId}) RETURN collect(e.id) AS ids
 
-// ---- graph.entries.BOT_USERS
-MATCH (p:Person)-[:GRANT]->(:Bot {id: $botId})
-MATCH (p)-[:MEMBER_OF]->(o:Organization)
-WHERE o.id IN $orgs
-RETURN collect(p.id) AS people
-
-// ---- graph.entries.CHANNEL_MEMBERS
-UNWIND $channelIds AS channelId
-MATCH (c:Channel {id: channelId})
-OPTIONAL MATCH (p:Person)-[:MEMBER]->(c)
-RETURN channelId, collect(p.id) AS people
-
 // ---- graph.entries.CREATE_LEGACY
 MATCH (m:Memory {id: $botId})
 UNWIND $rows AS row
@@ -1015,85 +1003,11 @@ CREATE (e:Entry {id: row.id, botId: $botId, layer: row.layer, content: row.conte
   kwBlind: row.kwBlind, vec: row.vec, vecModel: row.vecModel,
   vecSeq: CASE WHEN row.vec IS NULL THEN null ELSE coalesce(m.vecSeq, 0) + 1 END})-[:IN_MEMORY]->(m)
 
-// ---- graph.entries.DELETE_CHAT_HISTORY
-CALL () {
-  MATCH (i:Item {chatId: $chatId})
-  SET i.text = null
-  RETURN count(i) AS n
-}
-CALL () {
-  MATCH (n:Enrichment {chatId: $chatId})
-  SET n.text = null, n.original = null, n.inputDigest = null
-  RETURN count(n) AS enrichments
-}
-CALL () {
-  MATCH (f:Confession {chatId: $chatId})
-  SET f.text = null, f.answer = null
-  RETURN count(f) AS confessions
-}
-CALL () {
-  CALL () {
-    MATCH (c:ModelCall {chatId: $chatId})
-    RETURN c
-    UNION
-    MATCH (x:LearningExecution {chatId: $chatId})
-    MATCH (c:ModelCall {executionId: x.id})
-    RETURN c
-  }
-  SET c.request = null, c.result = null, c.historyDeletedAt = timestamp()
-  RETURN count(c) AS calls
-}
-RETURN n
-
 // ---- graph.entries.FORGET_FOR
 MATCH (e:Entry {id: $id, botId: $botId})
 SET e.tags = [t IN e.tags WHERE t <> 'from:' + $personId],
     e.excluded = [p IN coalesce(e.excluded, []) WHERE p <> $personId] + [$personId],
     e.updatedAt = $now
-
-// ---- graph.entries.PURGE_CHANGES
-CALL () {
-  MATCH (c:Change {botId: $botId})
-  WHERE any(i IN c.entryIds WHERE i IN $ids)
-  SET c.payload = null, c.entryIds = [i IN c.entryIds WHERE NOT i IN $ids]
-  RETURN count(c) AS rows
-}
-CALL () {
-  MATCH (c:Change)-[:REMOVED]->(r:Removal {botId: $botId})
-  WHERE r.entryId IN $ids
-  SET c.removedIds = [i IN c.removedIds WHERE NOT i IN $ids]
-  DETACH DELETE r
-  RETURN count(r) AS removals
-}
-RETURN rows, removals
-
-// ---- graph.entries.PURGE_EMBEDDINGS
-CALL (){
-  MATCH (c:ModelCall {botId: $botId})
-  WHERE any(i IN coalesce(c.entryIds, []) + coalesce(c.producedIds, []) WHERE i IN $ids)
-  SET c.request = null, c.result = null, c.purgedAt = timestamp()
-  RETURN count(c) AS calls
-}
-CALL (){
-  MATCH (f:Confession {botId: $botId})
-  WHERE any(i IN f.usedEntryIds WHERE i IN $ids)
-  SET f.answer = null, f.answerPurged = true
-  RETURN count(f) AS answers
-}
-CALL (){
-  MATCH (n:Enrichment {botId: $botId})
-  WHERE any(i IN n.usedEntryIds WHERE i IN $ids)
-  SET n.text = null, n.rewritePurged = true
-  RETURN count(n) AS rewrites
-}
-RETURN calls, answers, rewrites
-
-// ---- graph.entries.PURGE_ENTRIES
-MATCH (e:Entry {botId: $botId})
-WHERE $tag IN e.tags
-WITH collect(e) AS doomed, collect(e.id) AS ids
-FOREACH (e IN doomed | DETACH DELETE e)
-RETURN ids
 
 // ---- graph.entries.RENAME_TOPIC
 MATCH (e:Entry {botId: $botId})
@@ -1118,14 +1032,6 @@ SET e.status = $status, e.updatedAt = $now,
 // ---- graph.entries.SET_TAGS
 MATCH (e:Entry {id: $id, botId: $botId})
 SET e.tags = $tags, e.updatedAt = $now
-
-// ---- graph.entries.TAGGED_IDS
-MATCH (e:Entry {botId: $botId})
-WHERE $tag IN e.tags
-RETURN collect(e.id) AS ids,
-       collect(CASE WHEN e.status <> 'retracted' AND e.lblRequires IS NOT NULL
-         THEN {id: e.id, requires: e.lblRequires, excluded: coalesce(e.lblExcluded, []),
-               afterRequires: ['#unproved'], afterExcluded: []} END) AS gone
 
 // ---- graph.identity.COUNT_PEOPLE_IN_ORG
 UNWIND $personIds AS personId
@@ -1211,12 +1117,6 @@ SET o.botMemory = coalesce($botMemory, o.botMemory),
     o.botMemoryModel = CASE WHEN $setModel THEN $botMemoryModel ELSE o.botMemoryModel END
 RETURN o {.*} AS org
 
-// ---- graph.learning.BUDGET_WAITING
-MATCH (x:LearningExecution)
-WHERE x.status = 'budget'
-WITH x LIMIT $limit
-RETURN collect({id: x.id, botId: x.botId}) AS waiting
-
 // ---- graph.learning.CLAIM
 MATCH (held:LearningExecution {id: $id})
 CALL apoc.lock.nodes([held])
@@ -1298,11 +1198,6 @@ CALL (valid) {
 }
 RETURN [e IN valid[0..$limit] | e {.id, .layer, .content, .tags, .confidence}] AS entries, topics
 
-// ---- graph.learning.LIST_EXECUTIONS
-MATCH (x:LearningExecution {chatId: $chatId})
-RETURN x {.id, .turnId, .status, .error, .learned, .setAside, .createdAt, .endedAt} AS execution
-ORDER BY x.createdAt DESC, x.id SKIP $skip LIMIT $limit
-
 // ---- graph.learning.POSITION
 OPTIONAL MATCH (p:ReadPosition {id: $botId + '|' + $chatId})
 RETURN coalesce(p.seq, 0) AS seq
@@ -1316,18 +1211,6 @@ WHERE x.status = 'waiting'
 SET x.status = 'queued', x.queuedAt = $now
 RETURN collect({id: x.id, epoch: x.epoch}) AS queued
 
-// ---- graph.learning.RELEASE_BUDGET
-MATCH (x:LearningExecution)
-WHERE x.status = 'budget' AND x.botId = $botId
-WITH x AS held
-CALL apoc.lock.nodes([held])
-WITH held
-MATCH (x:LearningExecution) WHERE elementId(x) = elementId(held)
-WITH x
-WHERE x.status = 'budget'
-SET x.epoch = x.epoch + 1, x.status = 'queued', x.queuedAt = $now
-RETURN collect({id: x.id, epoch: x.epoch}) AS queued
-
 // ---- graph.learning.RENEW_LEASE
 MATCH (held:LearningExecution {id: $id})
 CALL apoc.lock.nodes([held])
@@ -1337,44 +1220,6 @@ WITH x
 WHERE x.epoch = $epoch AND x.status = 'running'
 SET x.leaseUntil = $until
 RETURN count(x) AS renewed
-
-// ---- graph.learning.SWEEP_EXPIRED
-MATCH (x:LearningExecution)
-WHERE x.status = 'running' AND x.leaseUntil < $now
-WITH x AS held LIMIT $limit
-CALL apoc.lock.nodes([held])
-WITH held
-MATCH (x:LearningExecution) WHERE elementId(x) = elementId(held)
-WITH x
-WHERE x.status = 'running' AND x.leaseUntil < $now
-SET x.epoch = x.epoch + 1, x.status = 'queued', x.queuedAt = $now, x.leaseUntil = null
-RETURN collect({id: x.id, epoch: x.epoch}) AS queued
-
-// ---- graph.learning.SWEEP_IDLE_TURNS
-MATCH (x:LearningExecution)
-WHERE x.status = 'waiting'
-MATCH (t:Turn {id: x.turnId})
-WHERE t.status = 'completed' OR coalesce(t.lastActivityAt, t.createdAt) < $idleBefore
-WITH x AS held LIMIT $limit
-CALL apoc.lock.nodes([held])
-WITH held
-MATCH (x:LearningExecution) WHERE elementId(x) = elementId(held)
-WITH x
-WHERE x.status = 'waiting'
-SET x.status = 'queued', x.queuedAt = $now
-RETURN collect({id: x.id, epoch: x.epoch}) AS queued
-
-// ---- graph.learning.SWEEP_STALE_QUEUED
-MATCH (x:LearningExecution)
-WHERE x.status = 'queued' AND x.queuedAt < $before
-WITH x AS held LIMIT $limit
-CALL apoc.lock.nodes([held])
-WITH held
-MATCH (x:LearningExecution) WHERE elementId(x) = elementId(held)
-WITH x
-WHERE x.status = 'queued' AND x.queuedAt < $before
-SET x.queuedAt = $now
-RETURN collect({id: x.id, epoch: x.epoch}) AS queued
 
 // ---- graph.memory.ADD_AND_LOG_CHANGE
 MATCH (m:Memory {id: $botId})
@@ -2221,6 +2066,100 @@ FOREACH (_ IN CASE WHEN matches THEN [1] ELSE [] END |
   SET m += $set, m.settingsVersion = m.settingsVersion + 1)
 RETURN matches, m {.settingsVersion, .instructions, .concurrency, .budgetPeriod, .budgetLimitMicros} AS settings
 
+// ---- graph.purge.BOT_USERS
+MATCH (p:Person)-[:GRANT]->(:Bot {id: $botId})
+MATCH (p)-[:MEMBER_OF]->(o:Organization)
+WHERE o.id IN $orgs
+RETURN collect(p.id) AS people
+
+// ---- graph.purge.CHANNEL_MEMBERS
+UNWIND $channelIds AS channelId
+MATCH (c:Channel {id: channelId})
+OPTIONAL MATCH (p:Person)-[:MEMBER]->(c)
+RETURN channelId, collect(p.id) AS people
+
+// ---- graph.purge.DELETE_CHAT_HISTORY
+CALL () {
+  MATCH (i:Item {chatId: $chatId})
+  SET i.text = null
+  RETURN count(i) AS n
+}
+CALL () {
+  MATCH (n:Enrichment {chatId: $chatId})
+  SET n.text = null, n.original = null, n.inputDigest = null
+  RETURN count(n) AS enrichments
+}
+CALL () {
+  MATCH (f:Confession {chatId: $chatId})
+  SET f.text = null, f.answer = null
+  RETURN count(f) AS confessions
+}
+CALL () {
+  CALL () {
+    MATCH (c:ModelCall {chatId: $chatId})
+    RETURN c
+    UNION
+    MATCH (x:LearningExecution {chatId: $chatId})
+    MATCH (c:ModelCall {executionId: x.id})
+    RETURN c
+  }
+  SET c.request = null, c.result = null, c.historyDeletedAt = timestamp()
+  RETURN count(c) AS calls
+}
+RETURN n
+
+// ---- graph.purge.PURGE_CHANGES
+CALL () {
+  MATCH (c:Change {botId: $botId})
+  WHERE any(i IN c.entryIds WHERE i IN $ids)
+  SET c.payload = null, c.entryIds = [i IN c.entryIds WHERE NOT i IN $ids]
+  RETURN count(c) AS rows
+}
+CALL () {
+  MATCH (c:Change)-[:REMOVED]->(r:Removal {botId: $botId})
+  WHERE r.entryId IN $ids
+  SET c.removedIds = [i IN c.removedIds WHERE NOT i IN $ids]
+  DETACH DELETE r
+  RETURN count(r) AS removals
+}
+RETURN rows, removals
+
+// ---- graph.purge.PURGE_EMBEDDINGS
+CALL (){
+  MATCH (c:ModelCall {botId: $botId})
+  WHERE any(i IN coalesce(c.entryIds, []) + coalesce(c.producedIds, []) WHERE i IN $ids)
+  SET c.request = null, c.result = null, c.purgedAt = timestamp()
+  RETURN count(c) AS calls
+}
+CALL (){
+  MATCH (f:Confession {botId: $botId})
+  WHERE any(i IN f.usedEntryIds WHERE i IN $ids)
+  SET f.answer = null, f.answerPurged = true
+  RETURN count(f) AS answers
+}
+CALL (){
+  MATCH (n:Enrichment {botId: $botId})
+  WHERE any(i IN n.usedEntryIds WHERE i IN $ids)
+  SET n.text = null, n.rewritePurged = true
+  RETURN count(n) AS rewrites
+}
+RETURN calls, answers, rewrites
+
+// ---- graph.purge.PURGE_ENTRIES
+MATCH (e:Entry {botId: $botId})
+WHERE $tag IN e.tags
+WITH collect(e) AS doomed, collect(e.id) AS ids
+FOREACH (e IN doomed | DETACH DELETE e)
+RETURN ids
+
+// ---- graph.purge.TAGGED_IDS
+MATCH (e:Entry {botId: $botId})
+WHERE $tag IN e.tags
+RETURN collect(e.id) AS ids,
+       collect(CASE WHEN e.status <> 'retracted' AND e.lblRequires IS NOT NULL
+         THEN {id: e.id, requires: e.lblRequires, excluded: coalesce(e.lblExcluded, []),
+               afterRequires: ['#unproved'], afterExcluded: []} END) AS gone
+
 // ---- graph.search.ACTIVE_SEEK
 e.botId = $botId AND e.activeKey = key AND e.contentLength IS NOT NULL AND e.id IS NOT NULL AND e.memoryRank <
 
@@ -2507,3 +2446,64 @@ WITH x, depth, org, rd, names,
 RETURN x.id AS entry, x.layer AS layer, depth,
        [s IN own + kept + reduce(acc = [], pair IN edges | acc + pair) WHERE s IS NOT NULL] AS steps
 ORDER BY depth, entry
+
+// ---- graph.sweeps.BUDGET_WAITING
+MATCH (x:LearningExecution)
+WHERE x.status = 'budget'
+WITH x LIMIT $limit
+RETURN collect({id: x.id, botId: x.botId}) AS waiting
+
+// ---- graph.sweeps.LIST_EXECUTIONS
+MATCH (x:LearningExecution {chatId: $chatId})
+RETURN x {.id, .turnId, .status, .error, .learned, .setAside, .createdAt, .endedAt} AS execution
+ORDER BY x.createdAt DESC, x.id SKIP $skip LIMIT $limit
+
+// ---- graph.sweeps.RELEASE_BUDGET
+MATCH (x:LearningExecution)
+WHERE x.status = 'budget' AND x.botId = $botId
+WITH x AS held
+CALL apoc.lock.nodes([held])
+WITH held
+MATCH (x:LearningExecution) WHERE elementId(x) = elementId(held)
+WITH x
+WHERE x.status = 'budget'
+SET x.epoch = x.epoch + 1, x.status = 'queued', x.queuedAt = $now
+RETURN collect({id: x.id, epoch: x.epoch}) AS queued
+
+// ---- graph.sweeps.SWEEP_EXPIRED
+MATCH (x:LearningExecution)
+WHERE x.status = 'running' AND x.leaseUntil < $now
+WITH x AS held LIMIT $limit
+CALL apoc.lock.nodes([held])
+WITH held
+MATCH (x:LearningExecution) WHERE elementId(x) = elementId(held)
+WITH x
+WHERE x.status = 'running' AND x.leaseUntil < $now
+SET x.epoch = x.epoch + 1, x.status = 'queued', x.queuedAt = $now, x.leaseUntil = null
+RETURN collect({id: x.id, epoch: x.epoch}) AS queued
+
+// ---- graph.sweeps.SWEEP_IDLE_TURNS
+MATCH (x:LearningExecution)
+WHERE x.status = 'waiting'
+MATCH (t:Turn {id: x.turnId})
+WHERE t.status = 'completed' OR coalesce(t.lastActivityAt, t.createdAt) < $idleBefore
+WITH x AS held LIMIT $limit
+CALL apoc.lock.nodes([held])
+WITH held
+MATCH (x:LearningExecution) WHERE elementId(x) = elementId(held)
+WITH x
+WHERE x.status = 'waiting'
+SET x.status = 'queued', x.queuedAt = $now
+RETURN collect({id: x.id, epoch: x.epoch}) AS queued
+
+// ---- graph.sweeps.SWEEP_STALE_QUEUED
+MATCH (x:LearningExecution)
+WHERE x.status = 'queued' AND x.queuedAt < $before
+WITH x AS held LIMIT $limit
+CALL apoc.lock.nodes([held])
+WITH held
+MATCH (x:LearningExecution) WHERE elementId(x) = elementId(held)
+WITH x
+WHERE x.status = 'queued' AND x.queuedAt < $before
+SET x.queuedAt = $now
+RETURN collect({id: x.id, epoch: x.epoch}) AS queued

@@ -8,6 +8,7 @@ import logging
 
 from graph import learning as learning_q
 from graph import memorybot
+from graph import sweeps as sweeps_q
 from graph.driver import read, write
 from services.jobs import enqueue_executions
 from services.memorybot import MemoryBotSettings, release_budget_waiting
@@ -24,23 +25,23 @@ async def sweep_once(rt: Runtime) -> int:
     limit = 200
     queued: list[learning_q.Queued] = []
     queued += await write(
-        rt.driver, lambda tx: learning_q.sweep(tx, learning_q.SWEEP_EXPIRED, now=now, limit=limit)
+        rt.driver, lambda tx: sweeps_q.sweep(tx, sweeps_q.SWEEP_EXPIRED, now=now, limit=limit)
     )
     before = now - int(settings.requeue_after_seconds * 1000)
     queued += await write(
         rt.driver,
-        lambda tx: learning_q.sweep(tx, learning_q.SWEEP_STALE_QUEUED, before=before, now=now, limit=limit),
+        lambda tx: sweeps_q.sweep(tx, sweeps_q.SWEEP_STALE_QUEUED, before=before, now=now, limit=limit),
     )
     idle_before = now - int(settings.turn_idle_timeout_seconds * 1000)
     queued += await write(
         rt.driver,
-        lambda tx: learning_q.sweep(
-            tx, learning_q.SWEEP_IDLE_TURNS, idleBefore=idle_before, now=now, limit=limit
+        lambda tx: sweeps_q.sweep(
+            tx, sweeps_q.SWEEP_IDLE_TURNS, idleBefore=idle_before, now=now, limit=limit
         ),
     )
     await enqueue_executions(rt, queued)
     released = 0
-    waiting = await read(rt.driver, lambda tx: learning_q.budget_waiting(tx, limit=limit))
+    waiting = await read(rt.driver, lambda tx: sweeps_q.budget_waiting(tx, limit=limit))
     for bot_id in sorted({w["botId"] for w in waiting}):
         row = await read(rt.driver, lambda tx, b=bot_id: memorybot.settings(tx, bot_id=b))
         if row is not None:

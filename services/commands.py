@@ -8,8 +8,9 @@ from __future__ import annotations
 from neo4j import AsyncManagedTransaction
 
 from graph import bots as bots_q
-from graph import chats, conversation, entries
+from graph import chats, conversation
 from graph import memory as memory_q
+from graph import purge as purge_q
 from graph.driver import write
 from services.auth import require_person
 from services.changes import Applied, Forget, Remember, Share, check_topics
@@ -117,7 +118,7 @@ async def purge(rt: Runtime, principal: Principal, bot_id: str, tag: str) -> int
         if version is None:
             raise NotFound("bot not found")
         await require_owner_writer(tx, principal, bot_id)
-        purged = await entries.purge(tx, bot_id=bot_id, tag=tag)
+        purged = await purge_q.purge(tx, bot_id=bot_id, tag=tag)
         # The row names no changed entry; its removals are the purged entries and those resting
         # on them, each for the readers who saw it (D9.24).
         _, removed = await memory_q.log_change(
@@ -151,6 +152,6 @@ async def delete_chat_history(rt: Runtime, principal: Principal, chat_id: str) -
         if row["chat"]["ownerId"] != person_id:
             raise Forbidden("only the chat's owner deletes its history")
         await conversation.delete_summary(tx, chat_id=chat_id)  # the summary is history too
-        return await entries.delete_chat_history(tx, chat_id=chat_id)
+        return await purge_q.delete_chat_history(tx, chat_id=chat_id)
 
     return await write(rt.driver, work)

@@ -9,7 +9,7 @@ from typing import Any, cast
 
 from neo4j import AsyncManagedTransaction
 
-from graph import learning as learning_q
+from graph import sweeps as sweeps_q
 from services.domain import Principal
 from services.memorybot import owner_records
 from services.runtime import Runtime
@@ -49,8 +49,8 @@ async def executions(
 
     async def fetch(
         tx: AsyncManagedTransaction, chat: str, skip: int, limit: int
-    ) -> list[learning_q.ExecutionMap]:
-        return await learning_q.list_executions(tx, chat_id=chat, skip=skip, limit=limit)
+    ) -> list[sweeps_q.ExecutionMap]:
+        return await sweeps_q.list_executions(tx, chat_id=chat, skip=skip, limit=limit)
 
     view = await owner_records(rt, principal, chat_id, fetch, limit=limit, skip=skip)
     return [

@@ -12,8 +12,8 @@ from neo4j import AsyncManagedTransaction
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from graph import chats as chats_q
-from graph import learning as learning_q
 from graph import memorybot as memorybot_q
+from graph import sweeps as sweeps_q
 from graph.context import visible_ids
 from graph.driver import read, write
 from graph.memory import shared_lock
@@ -246,7 +246,7 @@ async def release_budget_waiting(rt: Runtime, bot_id: str, settings: MemoryBotSe
         micros, _ = await read(rt.driver, lambda tx: memorybot_q.spent(tx, bot_id=bot_id, period=period))
         if micros >= settings.budget.limit_micros:
             return 0
-    queued = await write(rt.driver, lambda tx: learning_q.release_budget(tx, bot_id=bot_id, now=now_ms()))
+    queued = await write(rt.driver, lambda tx: sweeps_q.release_budget(tx, bot_id=bot_id, now=now_ms()))
     await enqueue_executions(rt, queued)
     return len(queued)
 

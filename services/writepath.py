@@ -22,6 +22,7 @@ from neo4j import AsyncManagedTransaction
 from graph import access, entries
 from graph import context as context_q
 from graph import memory as memory_q
+from graph import purge as purge_q
 from graph.driver import write
 from services.changes import (
     MAX_CHANGES,
@@ -169,12 +170,12 @@ class _Step:
         ):
             raise BadInput("an audience is for:person:<id>, for:channel:<id> or for:bot", field="audience")
         orgs = [t[4:] for t in row["tags"] if t.startswith("org:")]
-        people = await entries.audience_people(self.tx, bot_id=self.bot_id, for_tags=audience, orgs=orgs)
+        people = await purge_q.audience_people(self.tx, bot_id=self.bot_id, for_tags=audience, orgs=orgs)
         basis = await access.share_basis(self.tx, bot_id=self.bot_id, id=c.entry_id)
         if basis is None or not basis["proved"]:
             raise Conflict("an entry without provable sources is never widened (V9)")
         rules = sorted(set(basis["rules"]))
-        allowed = await entries.rule_people(self.tx, rules=rules) + [{a} for a in set(basis["authors"])]
+        allowed = await purge_q.rule_people(self.tx, rules=rules) + [{a} for a in set(basis["authors"])]
         if people is None or not allowed or any(not people <= admitted for admitted in allowed):
             raise Conflict("the new audience is not within every source's access rule (V6)")
         tags = [t for t in row["tags"] if not t.startswith("for:")] + audience

@@ -1,0 +1,142 @@
+"""The learning sweeps (D9.9): expired leases, stale queued executions, idle Turns and Bots whose
+budget period renewed; and the owner's listing of a chat's executions (D9.21)."""
+
+from __future__ import annotations
+
+from typing import Any, Final, LiteralString, TypedDict
+
+from neo4j import AsyncManagedTransaction
+
+from graph.driver import rows, single
+from graph.learning import Queued, QueuedRow
+
+#: Sweeper (D9.9): expired leases start a new epoch; queued executions nobody took are enqueued
+#: again; waiting ones whose Turn completed or went idle (D9.11) are queued. Each returns what to
+#: enqueue.
+SWEEP_EXPIRED: Final[LiteralString] = """
+MATCH (x:LearningExecution)
+WHERE x.status = 'running' AND x.leaseUntil < $now
+WITH x AS held LIMIT $limit
+CALL apoc.lock.nodes([held])
+WITH held
+MATCH (x:LearningExecution) WHERE elementId(x) = elementId(held)
+WITH x
+WHERE x.status = 'running' AND x.leaseUntil < $now
+SET x.epoch = x.epoch + 1, x.status = 'queued', x.queuedAt = $now, x.leaseUntil = null
+RETURN collect({id: x.id, epoch: x.epoch}) AS queued
+"""
+
+
+#: Queued executions nobody took for a while are enqueued again under the same epoch: arq keeps
+#: one job per id, so a job still waiting in the queue is not doubled (no churn under backlog),
+#: and a lost one (an API killed before it enqueued) comes back.
+SWEEP_STALE_QUEUED: Final[LiteralString] = """
+MATCH (x:LearningExecution)
+WHERE x.status = 'queued' AND x.queuedAt < $before
+WITH x AS held LIMIT $limit
+CALL apoc.lock.nodes([held])
+WITH held
+MATCH (x:LearningExecution) WHERE elementId(x) = elementId(held)
+WITH x
+WHERE x.status = 'queued' AND x.queuedAt < $before
+SET x.queuedAt = $now
+RETURN collect({id: x.id, epoch: x.epoch}) AS queued
+"""
+
+
+SWEEP_IDLE_TURNS: Final[LiteralString] = """
+MATCH (x:LearningExecution)
+WHERE x.status = 'waiting'
+MATCH (t:Turn {id: x.turnId})
+WHERE t.status = 'completed' OR coalesce(t.lastActivityAt, t.createdAt) < $idleBefore
+WITH x AS held LIMIT $limit
+CALL apoc.lock.nodes([held])
+WITH held
+MATCH (x:LearningExecution) WHERE elementId(x) = elementId(held)
+WITH x
+WHERE x.status = 'waiting'
+SET x.status = 'queued', x.queuedAt = $now
+RETURN collect({id: x.id, epoch: x.epoch}) AS queued
+"""
+
+
+#: Executions waiting for budget, with their Bot (the caller checks each Bot's budget).
+BUDGET_WAITING: Final[LiteralString] = """
+MATCH (x:LearningExecution)
+WHERE x.status = 'budget'
+WITH x LIMIT $limit
+RETURN collect({id: x.id, botId: x.botId}) AS waiting
+"""
+
+
+class Waiting(TypedDict):
+    id: str
+    botId: str
+
+
+class WaitingRow(TypedDict):
+    waiting: list[Waiting]
+
+
+#: Release executions waiting for budget (a new period, or a PATCH that raised the limit).
+RELEASE_BUDGET: Final[LiteralString] = """
+MATCH (x:LearningExecution)
+WHERE x.status = 'budget' AND x.botId = $botId
+WITH x AS held
+CALL apoc.lock.nodes([held])
+WITH held
+MATCH (x:LearningExecution) WHERE elementId(x) = elementId(held)
+WITH x
+WHERE x.status = 'budget'
+SET x.epoch = x.epoch + 1, x.status = 'queued', x.queuedAt = $now
+RETURN collect({id: x.id, epoch: x.epoch}) AS queued
+"""
+
+
+async def sweep(tx: AsyncManagedTransaction, query: LiteralString, **params: Any) -> list[Queued]:
+    """One of the sweeps (``query``: SWEEP_EXPIRED, SWEEP_STALE_QUEUED, SWEEP_IDLE_TURNS)."""
+    record = await single(tx, query, QueuedRow, **params)
+    return [] if record is None else record["queued"]
+
+
+async def budget_waiting(tx: AsyncManagedTransaction, *, limit: int) -> list[Waiting]:
+    record = await single(tx, BUDGET_WAITING, WaitingRow, limit=limit)
+    return [] if record is None else record["waiting"]
+
+
+async def release_budget(tx: AsyncManagedTransaction, *, bot_id: str, now: int) -> list[Queued]:
+    record = await single(tx, RELEASE_BUDGET, QueuedRow, botId=bot_id, now=now)
+    return [] if record is None else record["queued"]
+
+
+#: The learning executions of a Chat for its owner, newest first: status, entries learned, the
+#: error code, and the evidence set aside with its refusal codes (D9.21) — codes, never content.
+LIST_EXECUTIONS: Final[LiteralString] = """
+MATCH (x:LearningExecution {chatId: $chatId})
+RETURN x {.id, .turnId, .status, .error, .learned, .setAside, .createdAt, .endedAt} AS execution
+ORDER BY x.createdAt DESC, x.id SKIP $skip LIMIT $limit
+"""
+
+
+class ExecutionMap(TypedDict):
+    """LIST_EXECUTIONS's ``execution``: ``setAside`` None until evidence was set aside."""
+
+    id: str
+    turnId: str
+    status: str
+    error: str | None
+    learned: int
+    setAside: list[str] | None
+    createdAt: int
+    endedAt: int | None
+
+
+class ExecutionRow(TypedDict):
+    execution: ExecutionMap
+
+
+async def list_executions(
+    tx: AsyncManagedTransaction, *, chat_id: str, skip: int, limit: int
+) -> list[ExecutionMap]:
+    found = await rows(tx, LIST_EXECUTIONS, ExecutionRow, chatId=chat_id, skip=skip, limit=limit)
+    return [r["execution"] for r in found]
