@@ -27,10 +27,10 @@ from learning import backfill
 from learning.embedders import make_embedder
 from services.bootstrap import open_runtime
 from services.errors import ServiceError
+from services.maintenance import LegacyEntry, import_legacy, relabel_all
 from services.rotation import rotate_data_keys
 from services.runtime import Runtime
 from services.settings import ConfigurationError, Settings, load_settings
-from services.writepath import LegacyEntry, import_legacy, relabel_all
 
 
 @asynccontextmanager

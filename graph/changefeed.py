@@ -6,9 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final, LiteralString, TypedDict
 
-from graph.access import READER_MAP, REMOVED_FOR, VISIBLE, RemovedEntry
+from neo4j import AsyncManagedTransaction
+
+from graph.access import READER_MAP, REMOVED_FOR, VISIBLE, ReaderMap, RemovedEntry
 from graph.driver import QueryTarget, rows, single
-from graph.memory import ENTRY_LIST, READ_LOCK, EntryMap
+from graph.memory import ENTRY_LIST, READ_LOCK, TOP_RANK, EntryMap
 
 #: For each local subscriber (``$subs``: ``{key, person, org, token}``) the ids among the changed
 #: entries (``$ids``) it may see now: current membership, a live token, read on the Bot (V10);
@@ -167,3 +169,53 @@ async def log_after(
 async def versions(tx: QueryTarget, *, bot_ids: list[str]) -> dict[str, int]:
     """VERSIONS: the current memory version of each Bot."""
     return {r["botId"]: r["version"] for r in await rows(tx, VERSIONS, BotVersionRow, botIds=bot_ids)}
+
+
+#: The latest ``$limit`` change-log rows with entries (changed or removed, D9.24), of versions
+#: below ``$before``, newest first (a seek of the ``change_bot_version`` index in its order).
+LOG_ROWS: Final[LiteralString] = """
+MATCH (c:Change {botId: $botId})
+WHERE c.version < $before AND (size(c.entryIds) > 0 OR size(coalesce(c.removedIds, [])) > 0)
+WITH c ORDER BY c.botId DESC, c.version DESC LIMIT $limit
+RETURN c.version AS version, c.at AS at, c.actor AS actor, c.entryIds AS ids,
+       coalesce(c.removedIds, []) AS removed
+"""
+
+
+class LogRow(TypedDict):
+    version: int
+    at: int
+    actor: str
+    ids: list[str]
+    removed: list[str]
+
+
+class RemovedRow(TypedDict):
+    removed: list[RemovedEntry]
+
+
+#: What the changes of ``$versions`` hid from the readers ``$readers`` in ``$org`` (D9.24).
+REMOVED_FOR_READERS: Final[LiteralString] = (
+    "WITH $readers AS readers, $org AS org\n" + REMOVED_FOR + "RETURN removed\n"
+)
+
+
+async def log_rows(
+    tx: AsyncManagedTransaction, *, bot_id: str, limit: int, before: int | None = None
+) -> list[LogRow]:
+    return await rows(
+        tx, LOG_ROWS, LogRow, botId=bot_id, limit=limit, before=TOP_RANK if before is None else before
+    )
+
+
+async def removed_for(
+    tx: QueryTarget, *, bot_id: str, org: str, readers: list[ReaderMap], versions: list[int]
+) -> list[RemovedEntry]:
+    """REMOVED_FOR_READERS: ``{version, id}`` of what the changes of ``versions`` hid from the
+    readers (D9.24)."""
+    if not versions:
+        return []
+    record = await single(
+        tx, REMOVED_FOR_READERS, RemovedRow, botId=bot_id, org=org, readers=readers, versions=versions
+    )
+    return [] if record is None else record["removed"]

@@ -275,3 +275,30 @@ async def forget_for(tx: AsyncManagedTransaction, *, bot_id: str, id: str, perso
 async def all_ids(tx: AsyncManagedTransaction, *, bot_id: str) -> list[str]:
     record = await single(tx, ALL_IDS, IdsRow, botId=bot_id)
     return [] if record is None else list(record["ids"])
+
+
+ENTRY_FOR_EDIT: Final[LiteralString] = """
+MATCH (e:Entry {id: $id, botId: $botId})
+RETURN e {.id, .layer, .tags, .status, .author, .excluded, .orderKey} AS entry
+"""
+
+
+class EditedEntry(TypedDict):
+    """ENTRY_FOR_EDIT's ``entry``: ``author`` only on pinned entries."""
+
+    id: str
+    layer: str
+    tags: list[str]
+    status: str
+    author: str | None
+    excluded: list[str]
+    orderKey: int
+
+
+class EditedEntryRow(TypedDict):
+    entry: EditedEntry
+
+
+async def entry_for_edit(tx: AsyncManagedTransaction, *, bot_id: str, id: str) -> EditedEntry | None:
+    record = await single(tx, ENTRY_FOR_EDIT, EditedEntryRow, botId=bot_id, id=id)
+    return None if record is None else record["entry"]

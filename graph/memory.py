@@ -8,22 +8,16 @@ decrypted by the caller after commit.
 
 from __future__ import annotations
 
-from typing import Any, Final, LiteralString, TypedDict
+from typing import Final, LiteralString, TypedDict
 
-from neo4j import AsyncDriver, AsyncManagedTransaction
+from neo4j import AsyncManagedTransaction
 
 from graph.access import (
     READER_MAP,
-    RELABEL_RECORDING_REMOVALS,
-    REMOVED_FOR,
-    USES_BOT,
     VISIBLE,
     ReaderMap,
-    RemovedEntry,
 )
-from graph.driver import Ciphertext, QueryTarget, autocommit, rows, single
-from graph.entries import ADD_ENTRIES
-from graph.purge import GoneLabel
+from graph.driver import Ciphertext, single
 
 #: The sources of an entry ``e`` as ids (``sources``), for the API's view of it.
 _ENTRY_SOURCES: Final[LiteralString] = """
@@ -150,90 +144,6 @@ class LockAndReaderRow(TypedDict):
 #: LOCK_AND_READER as the head of a longer statement: binds ``version`` and ``reader``.
 _LOCK_AND_READER_HEAD: Final[LiteralString] = _LOCK_AND_READER_ROW + "WITH " + _READER_OF_ROW
 
-#: The log row of a change (C2), then the labels of the relabelled entries (``$ids``: the logged
-#: ones, or for a purge the entries resting on the deleted ones) and of everything resting on
-#: them, recording what the change hid (``$gone``: deleted entries with their labels, D9.24).
-#: Needs ``m`` and ``version``; binds ``c`` and ``removed``.
-_LOG: Final[LiteralString] = (
-    """
-CREATE (c:Change {id: $id, botId: $botId, version: version, at: $at, actor: $actor,
-                  entryIds: $entryIds, payload: $payload})-[:OF]->(m)
-WITH c, version
-"""
-    + RELABEL_RECORDING_REMOVALS
-)
-
-#: The head of a change's later statements: the Memory (already locked) at ``$version``.
-_AT_VERSION: Final[LiteralString] = "MATCH (m:Memory {id: $botId})\nWITH m, $version AS version\n"
-
-#: After ADD_ENTRIES: ``then`` runs only when no new entry was refused.
-_UNLESS_REFUSED: Final[LiteralString] = (
-    "CALL (m, version, problem) {\n  WITH m, version WHERE problem IS NULL\n"
-)
-
-#: The end of a change in one round trip: the log row and the labels (version ``$version``);
-#: returns the ids of what it hid from someone (D9.24).
-LOG_CHANGE: Final[LiteralString] = _AT_VERSION + _LOG + "RETURN removed\n"
-
-
-class LoggedRow(TypedDict):
-    removed: list[str]
-
-
-#: The end of a change that adds entries, in one round trip: ADD_ENTRIES, then LOG_CHANGE
-#: unless an entry was refused (``problem``; the caller then rolls the whole change back).
-ADD_AND_LOG_CHANGE: Final[LiteralString] = (
-    _AT_VERSION
-    + ADD_ENTRIES
-    + _UNLESS_REFUSED
-    + _LOG
-    + "}\nOPTIONAL MATCH (c:Change {id: $id})\nRETURN problem, coalesce(c.removedIds, []) AS removed\n"
-)
-
-
-class AddedAndLoggedRow(TypedDict):
-    """ADD_AND_LOG_CHANGE: ``problem`` is a code of REFUSALS, or None once all were added."""
-
-    problem: str | None
-    removed: list[str]
-
-
-#: A whole change that only adds entries, as one statement (an auto-commit transaction, one
-#: round trip): the exclusive lock first (C1), then ADD_ENTRIES under it (C7), then — unless an
-#: entry was refused — the new version and the log row (C2) with the labels. When ``problem``
-#: is set, nothing was written (the version stays). A person's change (``$personId`` in
-#: ``$org``, else both null) needs that person to use the Bot, read under the lock (D9.1): no
-#: record otherwise, as without the Bot.
-ADD_ONLY_CHANGE: Final[LiteralString] = (
-    """
-MATCH (held:Memory {id: $botId})
-CALL apoc.lock.nodes([held])
-WITH held
-MATCH (m:Memory) WHERE elementId(m) = elementId(held)
-WITH m, m.version + 1 AS version
-CALL (m) {
-  OPTIONAL MATCH (p:Person {id: $personId})-[:MEMBER_OF]->(o:Organization {id: $org})
-  OPTIONAL MATCH (b:Bot {id: $botId})
-  RETURN $personId IS NULL OR (p IS NOT NULL AND b IS NOT NULL AND """
-    + USES_BOT
-    + """) AS allowed
-}
-WITH m, version WHERE allowed
-"""
-    + ADD_ENTRIES
-    + _UNLESS_REFUSED
-    + "  SET m.version = version\n"
-    + _LOG
-    + "}\nRETURN version, problem\n"
-)
-
-
-class AddOnlyRow(TypedDict):
-    """ADD_ONLY_CHANGE (see AddedAndLoggedRow)."""
-
-    version: int
-    problem: str | None
-
 
 #: The rows of the entries ``e`` as one ``entries`` list in memory order.
 _IN_ORDER: Final[LiteralString] = (
@@ -310,56 +220,6 @@ class ReaderAndEntriesRow(TypedDict):
     entries: list[EntryMap]
 
 
-#: The latest ``$limit`` change-log rows with entries (changed or removed, D9.24), of versions
-#: below ``$before``, newest first (a seek of the ``change_bot_version`` index in its order).
-LOG_ROWS: Final[LiteralString] = """
-MATCH (c:Change {botId: $botId})
-WHERE c.version < $before AND (size(c.entryIds) > 0 OR size(coalesce(c.removedIds, [])) > 0)
-WITH c ORDER BY c.botId DESC, c.version DESC LIMIT $limit
-RETURN c.version AS version, c.at AS at, c.actor AS actor, c.entryIds AS ids,
-       coalesce(c.removedIds, []) AS removed
-"""
-
-
-class LogRow(TypedDict):
-    version: int
-    at: int
-    actor: str
-    ids: list[str]
-    removed: list[str]
-
-
-class RemovedRow(TypedDict):
-    removed: list[RemovedEntry]
-
-
-#: What the changes of ``$versions`` hid from the readers ``$readers`` in ``$org`` (D9.24).
-REMOVED_FOR_READERS: Final[LiteralString] = (
-    "WITH $readers AS readers, $org AS org\n" + REMOVED_FOR + "RETURN removed\n"
-)
-
-ENTRY_FOR_EDIT: Final[LiteralString] = """
-MATCH (e:Entry {id: $id, botId: $botId})
-RETURN e {.id, .layer, .tags, .status, .author, .excluded, .orderKey} AS entry
-"""
-
-
-class EditedEntry(TypedDict):
-    """ENTRY_FOR_EDIT's ``entry``: ``author`` only on pinned entries."""
-
-    id: str
-    layer: str
-    tags: list[str]
-    status: str
-    author: str | None
-    excluded: list[str]
-    orderKey: int
-
-
-class EditedEntryRow(TypedDict):
-    entry: EditedEntry
-
-
 async def shared_lock(tx: AsyncManagedTransaction, *, bot_id: str) -> int | None:
     """Take the shared lock of a Bot's memory (the first statement of every read); its version."""
     record = await single(tx, SHARED_LOCK, VersionRow, botId=bot_id)
@@ -377,80 +237,6 @@ def reader_keys(readers: list[ReaderMap]) -> list[str]:
     if not readers:
         return []
     return list(min((r["atoms"] for r in readers), key=len))
-
-
-def _log_params(
-    id: str, bot_id: str, at: int, actor: str, entry_ids: list[str], payload: str | None
-) -> dict[str, Any]:
-    """The parameters of _LOG (and of new entries' ``$now``)."""
-    return {
-        "id": id,
-        "botId": bot_id,
-        "at": at,
-        "now": at,
-        "actor": actor,
-        "payload": payload,
-        "entryIds": entry_ids,
-        "ids": entry_ids,
-        "gone": [],
-    }
-
-
-async def log_change(
-    tx: AsyncManagedTransaction,
-    *,
-    id: str,
-    bot_id: str,
-    version: int,
-    at: int,
-    actor: str,
-    entry_ids: list[str],
-    payload: str | None,
-    adds: list[dict[str, Any]] | None = None,
-    relabel: list[str] | None = None,
-    gone: list[GoneLabel] | None = None,
-) -> tuple[str | None, list[str]]:
-    """The log row of a change (C2) and the labels it affects (DESIGN §8), in one statement —
-    with ``adds``, the change's last new entries are added first (ADD_ENTRIES) in the same
-    statement. ``relabel``: the entries whose labels the change affects when they are not the
-    logged ones (a purge), ``gone``: the entries it deleted, from :func:`graph.purge.purge`.
-    Returns the code of a refused new entry (nothing written) or None, and the ids of what the
-    change hid from someone (D9.24)."""
-    params = _log_params(id, bot_id, at, actor, entry_ids, payload) | {"version": version}
-    if relabel is not None:
-        params["ids"] = relabel
-    if gone:
-        params["gone"] = gone
-    if not adds:
-        record = await single(tx, LOG_CHANGE, LoggedRow, **params)
-        return None, [] if record is None else record["removed"]
-    record = await single(tx, ADD_AND_LOG_CHANGE, AddedAndLoggedRow, adds=adds, **params)
-    return (None, []) if record is None else (record["problem"], record["removed"])
-
-
-async def add_only_change(
-    driver: AsyncDriver,
-    *,
-    id: str,
-    bot_id: str,
-    at: int,
-    actor: str,
-    entry_ids: list[str],
-    payload: str,
-    adds: list[dict[str, Any]],
-    person: tuple[str, str] | None = None,
-) -> tuple[int, str | None] | None:
-    """ADD_ONLY_CHANGE as an auto-commit transaction: (new version, None) once applied,
-    (version, code of the first refused entry) when nothing was written, None without the Bot
-    or, for a ``person`` (id, organization), when they do not use it."""
-    person_id, org = person or (None, None)
-    params = _log_params(id, bot_id, at, actor, entry_ids, payload) | {
-        "adds": adds,
-        "personId": person_id,
-        "org": org,
-    }
-    record = await autocommit(driver, lambda session: single(session, ADD_ONLY_CHANGE, AddOnlyRow, **params))
-    return None if record is None else (record["version"], record["problem"])
 
 
 async def list_visible(
@@ -508,29 +294,3 @@ async def lock_reader_and_list(
         afterRank=after_rank,
         afterId=after_id,
     )
-
-
-async def log_rows(
-    tx: AsyncManagedTransaction, *, bot_id: str, limit: int, before: int | None = None
-) -> list[LogRow]:
-    return await rows(
-        tx, LOG_ROWS, LogRow, botId=bot_id, limit=limit, before=TOP_RANK if before is None else before
-    )
-
-
-async def removed_for(
-    tx: QueryTarget, *, bot_id: str, org: str, readers: list[ReaderMap], versions: list[int]
-) -> list[RemovedEntry]:
-    """REMOVED_FOR_READERS: ``{version, id}`` of what the changes of ``versions`` hid from the
-    readers (D9.24)."""
-    if not versions:
-        return []
-    record = await single(
-        tx, REMOVED_FOR_READERS, RemovedRow, botId=bot_id, org=org, readers=readers, versions=versions
-    )
-    return [] if record is None else record["removed"]
-
-
-async def entry_for_edit(tx: AsyncManagedTransaction, *, bot_id: str, id: str) -> EditedEntry | None:
-    record = await single(tx, ENTRY_FOR_EDIT, EditedEntryRow, botId=bot_id, id=id)
-    return None if record is None else record["entry"]

@@ -173,7 +173,7 @@ class Purged:
 
 async def purge(tx: AsyncManagedTransaction, *, bot_id: str, tag: str) -> Purged:
     """Delete the entries carrying ``tag`` and strip what embeds them from the change log (D9.20).
-    The caller writes the purge's log row with ``above`` and ``gone`` (``graph.memory.log_change``)."""
+    The caller writes the purge's log row with ``above`` and ``gone`` (``graph.changelog.log_change``)."""
     doomed = await single(tx, TAGGED_IDS, TaggedRow, botId=bot_id, tag=tag)
     if doomed is None or not doomed["ids"]:
         return Purged([], [], [])

@@ -25,8 +25,10 @@ def statements() -> dict[str, str]:
     for module in pkgutil.iter_modules(graph.__path__, "graph."):
         if module.name in _SKIPPED:
             continue
-        for name, value in vars(importlib.import_module(module.name)).items():
-            if name.isupper() and not name.startswith("_") and isinstance(value, str):
+        namespace = vars(importlib.import_module(module.name))
+        defined = namespace.get("__annotations__", {})  # its own constants, not imported ones
+        for name, value in namespace.items():
+            if name in defined and name.isupper() and not name.startswith("_") and isinstance(value, str):
                 found[f"{module.name}.{name}"] = value
     return dict(sorted(found.items()))
 

@@ -394,13 +394,6 @@ FOREACH (_ IN CASE WHEN $access IN ['READ', 'WRITE'] THEN [1] ELSE [] END |
   CREATE (p)-[:GRANT {access: $access}]->(b))
 RETURN b.id AS id
 
-// ---- graph.changefeed.ENTRY_LIST
-OPTIONAL MATCH (e)-[:SOURCE]->(src)
-WITH e, collect(CASE WHEN src IS NULL THEN null WHEN src:Item THEN {chat: src.chatId, item: src.id}
-                     ELSE {entry: src.id} END) AS sources
-RETURN collect(e {.id, .layer, .tags, .status, .confidence, .createdAt, .updatedAt, .invalidatedAt,
-     .content, .contentLength, .orderKey, .memoryRank, sources: sources}) AS entries
-
 // ---- graph.changefeed.LOCKED_DELIVERY
 MATCH (held:Memory {id: $botId})
 CALL apoc.lock.read.nodes([held])
@@ -477,18 +470,15 @@ CALL () {
 }
 RETURN m.version AS memoryVersion, rows
 
-// ---- graph.changefeed.READER_MAP
-{id: p.id, channels: channels, usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)),
-  atoms: ['person:' + p.id] + [cid IN channels | 'channel:' + cid]
-         + CASE WHEN EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)) THEN ['bot'] ELSE [] END}
+// ---- graph.changefeed.LOG_ROWS
+MATCH (c:Change {botId: $botId})
+WHERE c.version < $before AND (size(c.entryIds) > 0 OR size(coalesce(c.removedIds, [])) > 0)
+WITH c ORDER BY c.botId DESC, c.version DESC LIMIT $limit
+RETURN c.version AS version, c.at AS at, c.actor AS actor, c.entryIds AS ids,
+       coalesce(c.removedIds, []) AS removed
 
-// ---- graph.changefeed.READ_LOCK
-MATCH (held:Memory {id: $botId})
-CALL apoc.lock.read.nodes([held])
-WITH held
-MATCH (m:Memory) WHERE elementId(m) = elementId(held)
-
-// ---- graph.changefeed.REMOVED_FOR
+// ---- graph.changefeed.REMOVED_FOR_READERS
+WITH $readers AS readers, $org AS org
 CALL (readers, org) {
   UNWIND $versions AS v
   MATCH (r:Removal {botId: $botId, version: v})
@@ -506,16 +496,412 @@ CALL (readers, org) {
 
   RETURN collect({version: r.version, id: r.entryId}) AS removed
 }
+RETURN removed
 
 // ---- graph.changefeed.VERSIONS
 UNWIND $botIds AS botId
 MATCH (m:Memory {id: botId})
 RETURN m.id AS botId, m.version AS version
 
-// ---- graph.changefeed.VISIBLE
-(size(readers) > 0
- AND all(rd IN readers WHERE all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
+// ---- graph.changelog.ADD_AND_LOG_CHANGE
+MATCH (m:Memory {id: $botId})
+WITH m, $version AS version
+
+CALL (version) {
+  UNWIND $adds AS row
+  CALL (row) {
+    UNWIND row.items AS ref
+    OPTIONAL MATCH (i:Item {uid: ref.chat + '/' + ref.item})-[:IN_TURN]->(t:Turn)-[:IN_CHAT]->(ch:Chat)
+    WHERE ch.botId = $botId
+    RETURN collect(CASE WHEN ch IS NOT NULL THEN {item: i, chat: ref.chat, kind: i.kind, app: i.app,
+        hasText: i.text IS NOT NULL, review: coalesce(ch.review, false), org: ch.organizationId,
+        channel: ch.channelId, actorId: t.actorId,
+        rule: CASE WHEN ch.channelId IS NOT NULL THEN 'channel:' + ch.channelId
+                   WHEN t.actorKind = 'person' THEN 'person:' + t.actorId
+                   ELSE 'person:' + ch.ownerId END} END) AS items
+  }
+  CALL (row) {
+    UNWIND row.entries AS sourceId
+    OPTIONAL MATCH (s:Entry {id: sourceId, botId: $botId})
+    RETURN collect(CASE WHEN sourceId IN row.earlier THEN 'ok' WHEN s IS NULL THEN 'entry_missing'
+                        WHEN s.status = 'active' AND NOT coalesce(s.legacy, false) THEN 'ok'
+                        ELSE 'entry_inactive' END) AS cited
+  }
+  WITH row, items,
+       CASE row.layer
+         WHEN 'fact' THEN CASE
+           WHEN size(items) < size(row.items) THEN 'item_missing'
+           ELSE coalesce(
+             head([i IN items WHERE i.review OR NOT i.hasText OR NOT i.kind IN ['PERSON_MESSAGE', 'TOOL_RESULT']
+                   | CASE WHEN i.review THEN 'review_chat' WHEN NOT i.hasText THEN 'history_deleted'
+                          ELSE 'not_evidence' END]),
+             CASE WHEN none(i IN items WHERE i.kind = 'PERSON_MESSAGE') THEN 'app_only' END)
+         END
+         WHEN 'observation' THEN CASE WHEN 'entry_missing' IN cited THEN 'entry_missing'
+                                      WHEN 'entry_inactive' IN cited THEN 'entry_inactive' END
+       END AS problem
+  RETURN collect(problem)[0] AS problem, collect({row: row, items: items}) AS checked
+}
+CALL (m, version, problem, checked) {
+  WITH m, version, checked WHERE problem IS NULL
+  UNWIND checked AS c
+  CALL (m, c, version) {
+    WITH m, c.row AS row, c.items AS items, version
+    CALL (row) {
+      UNWIND row.entries AS sourceId
+      MATCH (s:Entry {id: sourceId, botId: $botId})
+      RETURN collect(s) AS sources
+    }
+    WITH m, row, items, sources, version * 1000000 + row.position AS orderKey,
+         size(items) + size(sources) AS sourceCount, false AS legacy,
+         CASE row.layer
+           WHEN 'fact' THEN reduce(acc = [], i IN items | acc
+             + [CASE WHEN i.kind = 'PERSON_MESSAGE' THEN 'from:' + i.actorId ELSE 'app:' + i.app END,
+                'for:' + i.rule, 'org:' + i.org, 'chat:' + i.chat]
+             + CASE WHEN i.channel IS NULL THEN [] ELSE ['channel:' + i.channel] END)
+           WHEN 'observation' THEN reduce(acc = [], s IN sources | acc
+             + [t IN s.tags WHERE t STARTS WITH 'for:' OR t STARTS WITH 'from:' OR t STARTS WITH 'chat:'
+                                  OR t STARTS WITH 'channel:' OR t STARTS WITH 'org:'])
+           ELSE row.tags
+         END + row.topics AS tags
+    WITH m, row, items, sources, orderKey, sourceCount, legacy,
+         reduce(acc = [], t IN tags | CASE WHEN t IN acc THEN acc ELSE acc + t END) AS tags
+    CREATE (e:Entry {id: row.id, botId: $botId, layer: row.layer, content: row.content,
+  contentLength: row.contentLength, tags: tags, status: 'active', confidence: row.confidence,
+  createdAt: $now, updatedAt: $now, invalidatedAt: null, orderKey: orderKey, pinned: row.layer = 'pinned',
+  sourceCount: sourceCount, author: row.author, excluded: [], legacy: legacy,
+  kwBlind: row.kwBlind, vec: row.vec, vecModel: row.vecModel,
+  vecSeq: CASE WHEN row.vec IS NULL THEN null ELSE coalesce(m.vecSeq, 0) + 1 END})-[:IN_MEMORY]->(m)
+    WITH e, items, sources
+    CALL (e, items) {
+      UNWIND items AS source
+      WITH e, source, source.item AS i
+      CREATE (e)-[:SOURCE {rule: source.rule, org: source.org}]->(i)
+    }
+    CALL (e, sources) {
+      UNWIND sources AS s
+      CREATE (e)-[:SOURCE]->(s)
+    }
+  }
+}
+CALL (m, problem) {
+  WITH m WHERE problem IS NULL AND any(r IN $adds WHERE r.vec IS NOT NULL)
+  SET m.vecSeq = coalesce(m.vecSeq, 0) + 1
+}
+CALL (m, version, problem) {
+  WITH m, version WHERE problem IS NULL
+
+CREATE (c:Change {id: $id, botId: $botId, version: version, at: $at, actor: $actor,
+                  entryIds: $entryIds, payload: $payload})-[:OF]->(m)
+WITH c, version
+CALL (c, version) {
+UNWIND $ids AS entryId
+MATCH (s:Entry {id: entryId, botId: $botId})
+OPTIONAL MATCH (d:Entry)-[:SOURCE*1..8]->(s)
+WITH collect(DISTINCT s) + collect(DISTINCT d) AS targets
+UNWIND targets AS e
+WITH DISTINCT e
+WITH collect(e) AS targets,
+       collect(CASE WHEN e.lblRequires IS NOT NULL AND (e.status <> 'retracted' OR e.id IN $ids)
+         THEN {entry: e, requires: e.lblRequires, excluded: coalesce(e.lblExcluded, [])} END) AS before
+  CALL (targets) {
+    UNWIND targets AS e
+
+WITH e, [e] + [(e)-[:SOURCE*1..8]->(s:Entry) | s] AS closure,
+     [(e)-[:SOURCE*0..7]->(:Entry)-[r:SOURCE]->(:Item) | r] AS rules
+WITH e, closure, rules,
+     NOT EXISTS { (e)-[:SOURCE*9]->() }
+     AND NOT EXISTS { MATCH (e)-[:SOURCE*0..8]->(y:Entry)-[:SOURCE*1..8]->(y) }
+     AND all(x IN closure WHERE
+NOT coalesce(x.legacy, false)
+AND (x = e OR x.status = 'active')
+AND x.sourceCount = COUNT { (x)-[:SOURCE]->() }
+AND CASE x.layer
+      WHEN 'pinned' THEN x.sourceCount = 0
+      WHEN 'fact' THEN x.sourceCount > 0 AND NOT EXISTS { (x)-[:SOURCE]->(:Entry) }
+      WHEN 'observation' THEN x.sourceCount > 0 AND NOT EXISTS { (x)-[:SOURCE]->(:Item) }
+      ELSE false
+    END
+AND any(t IN x.tags WHERE t STARTS WITH 'for:')
+) AS proved
+
+WITH e, proved,
+     reduce(acc = [], x IN closure | acc + [t IN x.tags WHERE t STARTS WITH 'for:' | substring(t, 4)])
+       + [r IN rules | r.rule] AS atoms,
+     reduce(acc = [], x IN closure | acc + [t IN x.tags WHERE t STARTS WITH 'org:' | substring(t, 4)])
+       + [r IN rules | r.org] AS orgs,
+     reduce(acc = [], x IN closure | acc + coalesce(x.excluded, [])) AS excluded
+WITH e, proved,
+     reduce(acc = [], a IN atoms | CASE WHEN a IN acc THEN acc ELSE acc + a END) AS atoms,
+     reduce(acc = [], o IN orgs | CASE WHEN o IN acc THEN acc ELSE acc + o END) AS orgs,
+     reduce(acc = [], p IN excluded | CASE WHEN p IN acc THEN acc ELSE acc + p END) AS excluded
+WITH e, proved, atoms, orgs, excluded,
+     CASE WHEN NOT proved THEN null
+       ELSE coalesce(head([a IN atoms WHERE a STARTS WITH 'person:']),
+                     head([a IN atoms WHERE a STARTS WITH 'channel:']),
+                     head([a IN atoms WHERE a = 'bot'])) END AS audienceKey
+SET e.lblProved = proved, e.lblOrgs = orgs, e.lblExcluded = excluded,
+    e.lblRequires = CASE WHEN NOT proved OR size(atoms) = 0 THEN ['#unproved']
+      ELSE atoms + [o IN orgs | '#org:' + o] + CASE WHEN size(excluded) > 0 THEN ['#excluded'] ELSE [] END END,
+    e.memoryRank = CASE WHEN e.layer = 'pinned' THEN 1125899906842624 ELSE 0 END + e.orderKey,
+    e.audienceKey = audienceKey,
+    e.activeKey = CASE WHEN e.status = 'active' THEN audienceKey END
+  }
+  WITH c, version, [b IN before | b {
+         .requires, .excluded, id: b.entry.id,
+         afterRequires: CASE WHEN b.entry.status = 'retracted' THEN ['#unproved'] ELSE b.entry.lblRequires END,
+         afterExcluded: coalesce(b.entry.lblExcluded, [])}] AS relabelled
+  UNWIND [r IN relabelled WHERE r.afterRequires <> r.requires OR r.afterExcluded <> r.excluded] + $gone AS r
+  CREATE (c)-[:REMOVED]->(:Removal {botId: $botId, version: version, entryId: r.id,
+    beforeRequires: r.requires, beforeExcluded: r.excluded,
+    afterRequires: r.afterRequires, afterExcluded: r.afterExcluded})
+  RETURN collect(r.id) AS removed
+}
+SET c.removedIds = removed
+}
+OPTIONAL MATCH (c:Change {id: $id})
+RETURN problem, coalesce(c.removedIds, []) AS removed
+
+// ---- graph.changelog.ADD_ONLY_CHANGE
+MATCH (held:Memory {id: $botId})
+CALL apoc.lock.nodes([held])
+WITH held
+MATCH (m:Memory) WHERE elementId(m) = elementId(held)
+WITH m, m.version + 1 AS version
+CALL (m) {
+  OPTIONAL MATCH (p:Person {id: $personId})-[:MEMBER_OF]->(o:Organization {id: $org})
+  OPTIONAL MATCH (b:Bot {id: $botId})
+  RETURN $personId IS NULL OR (p IS NOT NULL AND b IS NOT NULL AND EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))) AS allowed
+}
+WITH m, version WHERE allowed
+
+CALL (version) {
+  UNWIND $adds AS row
+  CALL (row) {
+    UNWIND row.items AS ref
+    OPTIONAL MATCH (i:Item {uid: ref.chat + '/' + ref.item})-[:IN_TURN]->(t:Turn)-[:IN_CHAT]->(ch:Chat)
+    WHERE ch.botId = $botId
+    RETURN collect(CASE WHEN ch IS NOT NULL THEN {item: i, chat: ref.chat, kind: i.kind, app: i.app,
+        hasText: i.text IS NOT NULL, review: coalesce(ch.review, false), org: ch.organizationId,
+        channel: ch.channelId, actorId: t.actorId,
+        rule: CASE WHEN ch.channelId IS NOT NULL THEN 'channel:' + ch.channelId
+                   WHEN t.actorKind = 'person' THEN 'person:' + t.actorId
+                   ELSE 'person:' + ch.ownerId END} END) AS items
+  }
+  CALL (row) {
+    UNWIND row.entries AS sourceId
+    OPTIONAL MATCH (s:Entry {id: sourceId, botId: $botId})
+    RETURN collect(CASE WHEN sourceId IN row.earlier THEN 'ok' WHEN s IS NULL THEN 'entry_missing'
+                        WHEN s.status = 'active' AND NOT coalesce(s.legacy, false) THEN 'ok'
+                        ELSE 'entry_inactive' END) AS cited
+  }
+  WITH row, items,
+       CASE row.layer
+         WHEN 'fact' THEN CASE
+           WHEN size(items) < size(row.items) THEN 'item_missing'
+           ELSE coalesce(
+             head([i IN items WHERE i.review OR NOT i.hasText OR NOT i.kind IN ['PERSON_MESSAGE', 'TOOL_RESULT']
+                   | CASE WHEN i.review THEN 'review_chat' WHEN NOT i.hasText THEN 'history_deleted'
+                          ELSE 'not_evidence' END]),
+             CASE WHEN none(i IN items WHERE i.kind = 'PERSON_MESSAGE') THEN 'app_only' END)
+         END
+         WHEN 'observation' THEN CASE WHEN 'entry_missing' IN cited THEN 'entry_missing'
+                                      WHEN 'entry_inactive' IN cited THEN 'entry_inactive' END
+       END AS problem
+  RETURN collect(problem)[0] AS problem, collect({row: row, items: items}) AS checked
+}
+CALL (m, version, problem, checked) {
+  WITH m, version, checked WHERE problem IS NULL
+  UNWIND checked AS c
+  CALL (m, c, version) {
+    WITH m, c.row AS row, c.items AS items, version
+    CALL (row) {
+      UNWIND row.entries AS sourceId
+      MATCH (s:Entry {id: sourceId, botId: $botId})
+      RETURN collect(s) AS sources
+    }
+    WITH m, row, items, sources, version * 1000000 + row.position AS orderKey,
+         size(items) + size(sources) AS sourceCount, false AS legacy,
+         CASE row.layer
+           WHEN 'fact' THEN reduce(acc = [], i IN items | acc
+             + [CASE WHEN i.kind = 'PERSON_MESSAGE' THEN 'from:' + i.actorId ELSE 'app:' + i.app END,
+                'for:' + i.rule, 'org:' + i.org, 'chat:' + i.chat]
+             + CASE WHEN i.channel IS NULL THEN [] ELSE ['channel:' + i.channel] END)
+           WHEN 'observation' THEN reduce(acc = [], s IN sources | acc
+             + [t IN s.tags WHERE t STARTS WITH 'for:' OR t STARTS WITH 'from:' OR t STARTS WITH 'chat:'
+                                  OR t STARTS WITH 'channel:' OR t STARTS WITH 'org:'])
+           ELSE row.tags
+         END + row.topics AS tags
+    WITH m, row, items, sources, orderKey, sourceCount, legacy,
+         reduce(acc = [], t IN tags | CASE WHEN t IN acc THEN acc ELSE acc + t END) AS tags
+    CREATE (e:Entry {id: row.id, botId: $botId, layer: row.layer, content: row.content,
+  contentLength: row.contentLength, tags: tags, status: 'active', confidence: row.confidence,
+  createdAt: $now, updatedAt: $now, invalidatedAt: null, orderKey: orderKey, pinned: row.layer = 'pinned',
+  sourceCount: sourceCount, author: row.author, excluded: [], legacy: legacy,
+  kwBlind: row.kwBlind, vec: row.vec, vecModel: row.vecModel,
+  vecSeq: CASE WHEN row.vec IS NULL THEN null ELSE coalesce(m.vecSeq, 0) + 1 END})-[:IN_MEMORY]->(m)
+    WITH e, items, sources
+    CALL (e, items) {
+      UNWIND items AS source
+      WITH e, source, source.item AS i
+      CREATE (e)-[:SOURCE {rule: source.rule, org: source.org}]->(i)
+    }
+    CALL (e, sources) {
+      UNWIND sources AS s
+      CREATE (e)-[:SOURCE]->(s)
+    }
+  }
+}
+CALL (m, problem) {
+  WITH m WHERE problem IS NULL AND any(r IN $adds WHERE r.vec IS NOT NULL)
+  SET m.vecSeq = coalesce(m.vecSeq, 0) + 1
+}
+CALL (m, version, problem) {
+  WITH m, version WHERE problem IS NULL
+  SET m.version = version
+
+CREATE (c:Change {id: $id, botId: $botId, version: version, at: $at, actor: $actor,
+                  entryIds: $entryIds, payload: $payload})-[:OF]->(m)
+WITH c, version
+CALL (c, version) {
+UNWIND $ids AS entryId
+MATCH (s:Entry {id: entryId, botId: $botId})
+OPTIONAL MATCH (d:Entry)-[:SOURCE*1..8]->(s)
+WITH collect(DISTINCT s) + collect(DISTINCT d) AS targets
+UNWIND targets AS e
+WITH DISTINCT e
+WITH collect(e) AS targets,
+       collect(CASE WHEN e.lblRequires IS NOT NULL AND (e.status <> 'retracted' OR e.id IN $ids)
+         THEN {entry: e, requires: e.lblRequires, excluded: coalesce(e.lblExcluded, [])} END) AS before
+  CALL (targets) {
+    UNWIND targets AS e
+
+WITH e, [e] + [(e)-[:SOURCE*1..8]->(s:Entry) | s] AS closure,
+     [(e)-[:SOURCE*0..7]->(:Entry)-[r:SOURCE]->(:Item) | r] AS rules
+WITH e, closure, rules,
+     NOT EXISTS { (e)-[:SOURCE*9]->() }
+     AND NOT EXISTS { MATCH (e)-[:SOURCE*0..8]->(y:Entry)-[:SOURCE*1..8]->(y) }
+     AND all(x IN closure WHERE
+NOT coalesce(x.legacy, false)
+AND (x = e OR x.status = 'active')
+AND x.sourceCount = COUNT { (x)-[:SOURCE]->() }
+AND CASE x.layer
+      WHEN 'pinned' THEN x.sourceCount = 0
+      WHEN 'fact' THEN x.sourceCount > 0 AND NOT EXISTS { (x)-[:SOURCE]->(:Entry) }
+      WHEN 'observation' THEN x.sourceCount > 0 AND NOT EXISTS { (x)-[:SOURCE]->(:Item) }
+      ELSE false
+    END
+AND any(t IN x.tags WHERE t STARTS WITH 'for:')
+) AS proved
+
+WITH e, proved,
+     reduce(acc = [], x IN closure | acc + [t IN x.tags WHERE t STARTS WITH 'for:' | substring(t, 4)])
+       + [r IN rules | r.rule] AS atoms,
+     reduce(acc = [], x IN closure | acc + [t IN x.tags WHERE t STARTS WITH 'org:' | substring(t, 4)])
+       + [r IN rules | r.org] AS orgs,
+     reduce(acc = [], x IN closure | acc + coalesce(x.excluded, [])) AS excluded
+WITH e, proved,
+     reduce(acc = [], a IN atoms | CASE WHEN a IN acc THEN acc ELSE acc + a END) AS atoms,
+     reduce(acc = [], o IN orgs | CASE WHEN o IN acc THEN acc ELSE acc + o END) AS orgs,
+     reduce(acc = [], p IN excluded | CASE WHEN p IN acc THEN acc ELSE acc + p END) AS excluded
+WITH e, proved, atoms, orgs, excluded,
+     CASE WHEN NOT proved THEN null
+       ELSE coalesce(head([a IN atoms WHERE a STARTS WITH 'person:']),
+                     head([a IN atoms WHERE a STARTS WITH 'channel:']),
+                     head([a IN atoms WHERE a = 'bot'])) END AS audienceKey
+SET e.lblProved = proved, e.lblOrgs = orgs, e.lblExcluded = excluded,
+    e.lblRequires = CASE WHEN NOT proved OR size(atoms) = 0 THEN ['#unproved']
+      ELSE atoms + [o IN orgs | '#org:' + o] + CASE WHEN size(excluded) > 0 THEN ['#excluded'] ELSE [] END END,
+    e.memoryRank = CASE WHEN e.layer = 'pinned' THEN 1125899906842624 ELSE 0 END + e.orderKey,
+    e.audienceKey = audienceKey,
+    e.activeKey = CASE WHEN e.status = 'active' THEN audienceKey END
+  }
+  WITH c, version, [b IN before | b {
+         .requires, .excluded, id: b.entry.id,
+         afterRequires: CASE WHEN b.entry.status = 'retracted' THEN ['#unproved'] ELSE b.entry.lblRequires END,
+         afterExcluded: coalesce(b.entry.lblExcluded, [])}] AS relabelled
+  UNWIND [r IN relabelled WHERE r.afterRequires <> r.requires OR r.afterExcluded <> r.excluded] + $gone AS r
+  CREATE (c)-[:REMOVED]->(:Removal {botId: $botId, version: version, entryId: r.id,
+    beforeRequires: r.requires, beforeExcluded: r.excluded,
+    afterRequires: r.afterRequires, afterExcluded: r.afterExcluded})
+  RETURN collect(r.id) AS removed
+}
+SET c.removedIds = removed
+}
+RETURN version, problem
+
+// ---- graph.changelog.LOG_CHANGE
+MATCH (m:Memory {id: $botId})
+WITH m, $version AS version
+
+CREATE (c:Change {id: $id, botId: $botId, version: version, at: $at, actor: $actor,
+                  entryIds: $entryIds, payload: $payload})-[:OF]->(m)
+WITH c, version
+CALL (c, version) {
+UNWIND $ids AS entryId
+MATCH (s:Entry {id: entryId, botId: $botId})
+OPTIONAL MATCH (d:Entry)-[:SOURCE*1..8]->(s)
+WITH collect(DISTINCT s) + collect(DISTINCT d) AS targets
+UNWIND targets AS e
+WITH DISTINCT e
+WITH collect(e) AS targets,
+       collect(CASE WHEN e.lblRequires IS NOT NULL AND (e.status <> 'retracted' OR e.id IN $ids)
+         THEN {entry: e, requires: e.lblRequires, excluded: coalesce(e.lblExcluded, [])} END) AS before
+  CALL (targets) {
+    UNWIND targets AS e
+
+WITH e, [e] + [(e)-[:SOURCE*1..8]->(s:Entry) | s] AS closure,
+     [(e)-[:SOURCE*0..7]->(:Entry)-[r:SOURCE]->(:Item) | r] AS rules
+WITH e, closure, rules,
+     NOT EXISTS { (e)-[:SOURCE*9]->() }
+     AND NOT EXISTS { MATCH (e)-[:SOURCE*0..8]->(y:Entry)-[:SOURCE*1..8]->(y) }
+     AND all(x IN closure WHERE
+NOT coalesce(x.legacy, false)
+AND (x = e OR x.status = 'active')
+AND x.sourceCount = COUNT { (x)-[:SOURCE]->() }
+AND CASE x.layer
+      WHEN 'pinned' THEN x.sourceCount = 0
+      WHEN 'fact' THEN x.sourceCount > 0 AND NOT EXISTS { (x)-[:SOURCE]->(:Entry) }
+      WHEN 'observation' THEN x.sourceCount > 0 AND NOT EXISTS { (x)-[:SOURCE]->(:Item) }
+      ELSE false
+    END
+AND any(t IN x.tags WHERE t STARTS WITH 'for:')
+) AS proved
+
+WITH e, proved,
+     reduce(acc = [], x IN closure | acc + [t IN x.tags WHERE t STARTS WITH 'for:' | substring(t, 4)])
+       + [r IN rules | r.rule] AS atoms,
+     reduce(acc = [], x IN closure | acc + [t IN x.tags WHERE t STARTS WITH 'org:' | substring(t, 4)])
+       + [r IN rules | r.org] AS orgs,
+     reduce(acc = [], x IN closure | acc + coalesce(x.excluded, [])) AS excluded
+WITH e, proved,
+     reduce(acc = [], a IN atoms | CASE WHEN a IN acc THEN acc ELSE acc + a END) AS atoms,
+     reduce(acc = [], o IN orgs | CASE WHEN o IN acc THEN acc ELSE acc + o END) AS orgs,
+     reduce(acc = [], p IN excluded | CASE WHEN p IN acc THEN acc ELSE acc + p END) AS excluded
+WITH e, proved, atoms, orgs, excluded,
+     CASE WHEN NOT proved THEN null
+       ELSE coalesce(head([a IN atoms WHERE a STARTS WITH 'person:']),
+                     head([a IN atoms WHERE a STARTS WITH 'channel:']),
+                     head([a IN atoms WHERE a = 'bot'])) END AS audienceKey
+SET e.lblProved = proved, e.lblOrgs = orgs, e.lblExcluded = excluded,
+    e.lblRequires = CASE WHEN NOT proved OR size(atoms) = 0 THEN ['#unproved']
+      ELSE atoms + [o IN orgs | '#org:' + o] + CASE WHEN size(excluded) > 0 THEN ['#excluded'] ELSE [] END END,
+    e.memoryRank = CASE WHEN e.layer = 'pinned' THEN 1125899906842624 ELSE 0 END + e.orderKey,
+    e.audienceKey = audienceKey,
+    e.activeKey = CASE WHEN e.status = 'active' THEN audienceKey END
+  }
+  WITH c, version, [b IN before | b {
+         .requires, .excluded, id: b.entry.id,
+         afterRequires: CASE WHEN b.entry.status = 'retracted' THEN ['#unproved'] ELSE b.entry.lblRequires END,
+         afterExcluded: coalesce(b.entry.lblExcluded, [])}] AS relabelled
+  UNWIND [r IN relabelled WHERE r.afterRequires <> r.requires OR r.afterExcluded <> r.excluded] + $gone AS r
+  CREATE (c)-[:REMOVED]->(:Removal {botId: $botId, version: version, entryId: r.id,
+    beforeRequires: r.requires, beforeExcluded: r.excluded,
+    afterRequires: r.afterRequires, afterExcluded: r.afterExcluded})
+  RETURN collect(r.id) AS removed
+}
+SET c.removedIds = removed
+RETURN removed
 
 // ---- graph.chats.ALLOCATE_ITEMS
 MATCH (ch:Chat {id: $chatId})
@@ -765,17 +1151,6 @@ WHERE (NOT $activeOnly OR e.status = 'active') AND e.status <> 'retracted' AND
 
 RETURN collect(e.id) AS ids
 
-// ---- graph.context.READ_LOCK
-MATCH (held:Memory {id: $botId})
-CALL apoc.lock.read.nodes([held])
-WITH held
-MATCH (m:Memory) WHERE elementId(m) = elementId(held)
-
-// ---- graph.context.VISIBLE
-(size(readers) > 0
- AND all(rd IN readers WHERE all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
-
 // ---- graph.context.VISIBLE_IDS
 WITH $readers AS readers, $org AS org
 UNWIND $ids AS entryId
@@ -1003,6 +1378,10 @@ CREATE (e:Entry {id: row.id, botId: $botId, layer: row.layer, content: row.conte
   kwBlind: row.kwBlind, vec: row.vec, vecModel: row.vecModel,
   vecSeq: CASE WHEN row.vec IS NULL THEN null ELSE coalesce(m.vecSeq, 0) + 1 END})-[:IN_MEMORY]->(m)
 
+// ---- graph.entries.ENTRY_FOR_EDIT
+MATCH (e:Entry {id: $id, botId: $botId})
+RETURN e {.id, .layer, .tags, .status, .author, .excluded, .orderKey} AS entry
+
 // ---- graph.entries.FORGET_FOR
 MATCH (e:Entry {id: $id, botId: $botId})
 SET e.tags = [t IN e.tags WHERE t <> 'from:' + $personId],
@@ -1221,426 +1600,12 @@ WHERE x.epoch = $epoch AND x.status = 'running'
 SET x.leaseUntil = $until
 RETURN count(x) AS renewed
 
-// ---- graph.memory.ADD_AND_LOG_CHANGE
-MATCH (m:Memory {id: $botId})
-WITH m, $version AS version
-
-CALL (version) {
-  UNWIND $adds AS row
-  CALL (row) {
-    UNWIND row.items AS ref
-    OPTIONAL MATCH (i:Item {uid: ref.chat + '/' + ref.item})-[:IN_TURN]->(t:Turn)-[:IN_CHAT]->(ch:Chat)
-    WHERE ch.botId = $botId
-    RETURN collect(CASE WHEN ch IS NOT NULL THEN {item: i, chat: ref.chat, kind: i.kind, app: i.app,
-        hasText: i.text IS NOT NULL, review: coalesce(ch.review, false), org: ch.organizationId,
-        channel: ch.channelId, actorId: t.actorId,
-        rule: CASE WHEN ch.channelId IS NOT NULL THEN 'channel:' + ch.channelId
-                   WHEN t.actorKind = 'person' THEN 'person:' + t.actorId
-                   ELSE 'person:' + ch.ownerId END} END) AS items
-  }
-  CALL (row) {
-    UNWIND row.entries AS sourceId
-    OPTIONAL MATCH (s:Entry {id: sourceId, botId: $botId})
-    RETURN collect(CASE WHEN sourceId IN row.earlier THEN 'ok' WHEN s IS NULL THEN 'entry_missing'
-                        WHEN s.status = 'active' AND NOT coalesce(s.legacy, false) THEN 'ok'
-                        ELSE 'entry_inactive' END) AS cited
-  }
-  WITH row, items,
-       CASE row.layer
-         WHEN 'fact' THEN CASE
-           WHEN size(items) < size(row.items) THEN 'item_missing'
-           ELSE coalesce(
-             head([i IN items WHERE i.review OR NOT i.hasText OR NOT i.kind IN ['PERSON_MESSAGE', 'TOOL_RESULT']
-                   | CASE WHEN i.review THEN 'review_chat' WHEN NOT i.hasText THEN 'history_deleted'
-                          ELSE 'not_evidence' END]),
-             CASE WHEN none(i IN items WHERE i.kind = 'PERSON_MESSAGE') THEN 'app_only' END)
-         END
-         WHEN 'observation' THEN CASE WHEN 'entry_missing' IN cited THEN 'entry_missing'
-                                      WHEN 'entry_inactive' IN cited THEN 'entry_inactive' END
-       END AS problem
-  RETURN collect(problem)[0] AS problem, collect({row: row, items: items}) AS checked
-}
-CALL (m, version, problem, checked) {
-  WITH m, version, checked WHERE problem IS NULL
-  UNWIND checked AS c
-  CALL (m, c, version) {
-    WITH m, c.row AS row, c.items AS items, version
-    CALL (row) {
-      UNWIND row.entries AS sourceId
-      MATCH (s:Entry {id: sourceId, botId: $botId})
-      RETURN collect(s) AS sources
-    }
-    WITH m, row, items, sources, version * 1000000 + row.position AS orderKey,
-         size(items) + size(sources) AS sourceCount, false AS legacy,
-         CASE row.layer
-           WHEN 'fact' THEN reduce(acc = [], i IN items | acc
-             + [CASE WHEN i.kind = 'PERSON_MESSAGE' THEN 'from:' + i.actorId ELSE 'app:' + i.app END,
-                'for:' + i.rule, 'org:' + i.org, 'chat:' + i.chat]
-             + CASE WHEN i.channel IS NULL THEN [] ELSE ['channel:' + i.channel] END)
-           WHEN 'observation' THEN reduce(acc = [], s IN sources | acc
-             + [t IN s.tags WHERE t STARTS WITH 'for:' OR t STARTS WITH 'from:' OR t STARTS WITH 'chat:'
-                                  OR t STARTS WITH 'channel:' OR t STARTS WITH 'org:'])
-           ELSE row.tags
-         END + row.topics AS tags
-    WITH m, row, items, sources, orderKey, sourceCount, legacy,
-         reduce(acc = [], t IN tags | CASE WHEN t IN acc THEN acc ELSE acc + t END) AS tags
-    CREATE (e:Entry {id: row.id, botId: $botId, layer: row.layer, content: row.content,
-  contentLength: row.contentLength, tags: tags, status: 'active', confidence: row.confidence,
-  createdAt: $now, updatedAt: $now, invalidatedAt: null, orderKey: orderKey, pinned: row.layer = 'pinned',
-  sourceCount: sourceCount, author: row.author, excluded: [], legacy: legacy,
-  kwBlind: row.kwBlind, vec: row.vec, vecModel: row.vecModel,
-  vecSeq: CASE WHEN row.vec IS NULL THEN null ELSE coalesce(m.vecSeq, 0) + 1 END})-[:IN_MEMORY]->(m)
-    WITH e, items, sources
-    CALL (e, items) {
-      UNWIND items AS source
-      WITH e, source, source.item AS i
-      CREATE (e)-[:SOURCE {rule: source.rule, org: source.org}]->(i)
-    }
-    CALL (e, sources) {
-      UNWIND sources AS s
-      CREATE (e)-[:SOURCE]->(s)
-    }
-  }
-}
-CALL (m, problem) {
-  WITH m WHERE problem IS NULL AND any(r IN $adds WHERE r.vec IS NOT NULL)
-  SET m.vecSeq = coalesce(m.vecSeq, 0) + 1
-}
-CALL (m, version, problem) {
-  WITH m, version WHERE problem IS NULL
-
-CREATE (c:Change {id: $id, botId: $botId, version: version, at: $at, actor: $actor,
-                  entryIds: $entryIds, payload: $payload})-[:OF]->(m)
-WITH c, version
-CALL (c, version) {
-UNWIND $ids AS entryId
-MATCH (s:Entry {id: entryId, botId: $botId})
-OPTIONAL MATCH (d:Entry)-[:SOURCE*1..8]->(s)
-WITH collect(DISTINCT s) + collect(DISTINCT d) AS targets
-UNWIND targets AS e
-WITH DISTINCT e
-WITH collect(e) AS targets,
-       collect(CASE WHEN e.lblRequires IS NOT NULL AND (e.status <> 'retracted' OR e.id IN $ids)
-         THEN {entry: e, requires: e.lblRequires, excluded: coalesce(e.lblExcluded, [])} END) AS before
-  CALL (targets) {
-    UNWIND targets AS e
-
-WITH e, [e] + [(e)-[:SOURCE*1..8]->(s:Entry) | s] AS closure,
-     [(e)-[:SOURCE*0..7]->(:Entry)-[r:SOURCE]->(:Item) | r] AS rules
-WITH e, closure, rules,
-     NOT EXISTS { (e)-[:SOURCE*9]->() }
-     AND NOT EXISTS { MATCH (e)-[:SOURCE*0..8]->(y:Entry)-[:SOURCE*1..8]->(y) }
-     AND all(x IN closure WHERE
-NOT coalesce(x.legacy, false)
-AND (x = e OR x.status = 'active')
-AND x.sourceCount = COUNT { (x)-[:SOURCE]->() }
-AND CASE x.layer
-      WHEN 'pinned' THEN x.sourceCount = 0
-      WHEN 'fact' THEN x.sourceCount > 0 AND NOT EXISTS { (x)-[:SOURCE]->(:Entry) }
-      WHEN 'observation' THEN x.sourceCount > 0 AND NOT EXISTS { (x)-[:SOURCE]->(:Item) }
-      ELSE false
-    END
-AND any(t IN x.tags WHERE t STARTS WITH 'for:')
-) AS proved
-
-WITH e, proved,
-     reduce(acc = [], x IN closure | acc + [t IN x.tags WHERE t STARTS WITH 'for:' | substring(t, 4)])
-       + [r IN rules | r.rule] AS atoms,
-     reduce(acc = [], x IN closure | acc + [t IN x.tags WHERE t STARTS WITH 'org:' | substring(t, 4)])
-       + [r IN rules | r.org] AS orgs,
-     reduce(acc = [], x IN closure | acc + coalesce(x.excluded, [])) AS excluded
-WITH e, proved,
-     reduce(acc = [], a IN atoms | CASE WHEN a IN acc THEN acc ELSE acc + a END) AS atoms,
-     reduce(acc = [], o IN orgs | CASE WHEN o IN acc THEN acc ELSE acc + o END) AS orgs,
-     reduce(acc = [], p IN excluded | CASE WHEN p IN acc THEN acc ELSE acc + p END) AS excluded
-WITH e, proved, atoms, orgs, excluded,
-     CASE WHEN NOT proved THEN null
-       ELSE coalesce(head([a IN atoms WHERE a STARTS WITH 'person:']),
-                     head([a IN atoms WHERE a STARTS WITH 'channel:']),
-                     head([a IN atoms WHERE a = 'bot'])) END AS audienceKey
-SET e.lblProved = proved, e.lblOrgs = orgs, e.lblExcluded = excluded,
-    e.lblRequires = CASE WHEN NOT proved OR size(atoms) = 0 THEN ['#unproved']
-      ELSE atoms + [o IN orgs | '#org:' + o] + CASE WHEN size(excluded) > 0 THEN ['#excluded'] ELSE [] END END,
-    e.memoryRank = CASE WHEN e.layer = 'pinned' THEN 1125899906842624 ELSE 0 END + e.orderKey,
-    e.audienceKey = audienceKey,
-    e.activeKey = CASE WHEN e.status = 'active' THEN audienceKey END
-  }
-  WITH c, version, [b IN before | b {
-         .requires, .excluded, id: b.entry.id,
-         afterRequires: CASE WHEN b.entry.status = 'retracted' THEN ['#unproved'] ELSE b.entry.lblRequires END,
-         afterExcluded: coalesce(b.entry.lblExcluded, [])}] AS relabelled
-  UNWIND [r IN relabelled WHERE r.afterRequires <> r.requires OR r.afterExcluded <> r.excluded] + $gone AS r
-  CREATE (c)-[:REMOVED]->(:Removal {botId: $botId, version: version, entryId: r.id,
-    beforeRequires: r.requires, beforeExcluded: r.excluded,
-    afterRequires: r.afterRequires, afterExcluded: r.afterExcluded})
-  RETURN collect(r.id) AS removed
-}
-SET c.removedIds = removed
-}
-OPTIONAL MATCH (c:Change {id: $id})
-RETURN problem, coalesce(c.removedIds, []) AS removed
-
-// ---- graph.memory.ADD_ENTRIES
-CALL (version) {
-  UNWIND $adds AS row
-  CALL (row) {
-    UNWIND row.items AS ref
-    OPTIONAL MATCH (i:Item {uid: ref.chat + '/' + ref.item})-[:IN_TURN]->(t:Turn)-[:IN_CHAT]->(ch:Chat)
-    WHERE ch.botId = $botId
-    RETURN collect(CASE WHEN ch IS NOT NULL THEN {item: i, chat: ref.chat, kind: i.kind, app: i.app,
-        hasText: i.text IS NOT NULL, review: coalesce(ch.review, false), org: ch.organizationId,
-        channel: ch.channelId, actorId: t.actorId,
-        rule: CASE WHEN ch.channelId IS NOT NULL THEN 'channel:' + ch.channelId
-                   WHEN t.actorKind = 'person' THEN 'person:' + t.actorId
-                   ELSE 'person:' + ch.ownerId END} END) AS items
-  }
-  CALL (row) {
-    UNWIND row.entries AS sourceId
-    OPTIONAL MATCH (s:Entry {id: sourceId, botId: $botId})
-    RETURN collect(CASE WHEN sourceId IN row.earlier THEN 'ok' WHEN s IS NULL THEN 'entry_missing'
-                        WHEN s.status = 'active' AND NOT coalesce(s.legacy, false) THEN 'ok'
-                        ELSE 'entry_inactive' END) AS cited
-  }
-  WITH row, items,
-       CASE row.layer
-         WHEN 'fact' THEN CASE
-           WHEN size(items) < size(row.items) THEN 'item_missing'
-           ELSE coalesce(
-             head([i IN items WHERE i.review OR NOT i.hasText OR NOT i.kind IN ['PERSON_MESSAGE', 'TOOL_RESULT']
-                   | CASE WHEN i.review THEN 'review_chat' WHEN NOT i.hasText THEN 'history_deleted'
-                          ELSE 'not_evidence' END]),
-             CASE WHEN none(i IN items WHERE i.kind = 'PERSON_MESSAGE') THEN 'app_only' END)
-         END
-         WHEN 'observation' THEN CASE WHEN 'entry_missing' IN cited THEN 'entry_missing'
-                                      WHEN 'entry_inactive' IN cited THEN 'entry_inactive' END
-       END AS problem
-  RETURN collect(problem)[0] AS problem, collect({row: row, items: items}) AS checked
-}
-CALL (m, version, problem, checked) {
-  WITH m, version, checked WHERE problem IS NULL
-  UNWIND checked AS c
-  CALL (m, c, version) {
-    WITH m, c.row AS row, c.items AS items, version
-    CALL (row) {
-      UNWIND row.entries AS sourceId
-      MATCH (s:Entry {id: sourceId, botId: $botId})
-      RETURN collect(s) AS sources
-    }
-    WITH m, row, items, sources, version * 1000000 + row.position AS orderKey,
-         size(items) + size(sources) AS sourceCount, false AS legacy,
-         CASE row.layer
-           WHEN 'fact' THEN reduce(acc = [], i IN items | acc
-             + [CASE WHEN i.kind = 'PERSON_MESSAGE' THEN 'from:' + i.actorId ELSE 'app:' + i.app END,
-                'for:' + i.rule, 'org:' + i.org, 'chat:' + i.chat]
-             + CASE WHEN i.channel IS NULL THEN [] ELSE ['channel:' + i.channel] END)
-           WHEN 'observation' THEN reduce(acc = [], s IN sources | acc
-             + [t IN s.tags WHERE t STARTS WITH 'for:' OR t STARTS WITH 'from:' OR t STARTS WITH 'chat:'
-                                  OR t STARTS WITH 'channel:' OR t STARTS WITH 'org:'])
-           ELSE row.tags
-         END + row.topics AS tags
-    WITH m, row, items, sources, orderKey, sourceCount, legacy,
-         reduce(acc = [], t IN tags | CASE WHEN t IN acc THEN acc ELSE acc + t END) AS tags
-    CREATE (e:Entry {id: row.id, botId: $botId, layer: row.layer, content: row.content,
-  contentLength: row.contentLength, tags: tags, status: 'active', confidence: row.confidence,
-  createdAt: $now, updatedAt: $now, invalidatedAt: null, orderKey: orderKey, pinned: row.layer = 'pinned',
-  sourceCount: sourceCount, author: row.author, excluded: [], legacy: legacy,
-  kwBlind: row.kwBlind, vec: row.vec, vecModel: row.vecModel,
-  vecSeq: CASE WHEN row.vec IS NULL THEN null ELSE coalesce(m.vecSeq, 0) + 1 END})-[:IN_MEMORY]->(m)
-    WITH e, items, sources
-    CALL (e, items) {
-      UNWIND items AS source
-      WITH e, source, source.item AS i
-      CREATE (e)-[:SOURCE {rule: source.rule, org: source.org}]->(i)
-    }
-    CALL (e, sources) {
-      UNWIND sources AS s
-      CREATE (e)-[:SOURCE]->(s)
-    }
-  }
-}
-CALL (m, problem) {
-  WITH m WHERE problem IS NULL AND any(r IN $adds WHERE r.vec IS NOT NULL)
-  SET m.vecSeq = coalesce(m.vecSeq, 0) + 1
-}
-
-// ---- graph.memory.ADD_ONLY_CHANGE
-MATCH (held:Memory {id: $botId})
-CALL apoc.lock.nodes([held])
-WITH held
-MATCH (m:Memory) WHERE elementId(m) = elementId(held)
-WITH m, m.version + 1 AS version
-CALL (m) {
-  OPTIONAL MATCH (p:Person {id: $personId})-[:MEMBER_OF]->(o:Organization {id: $org})
-  OPTIONAL MATCH (b:Bot {id: $botId})
-  RETURN $personId IS NULL OR (p IS NOT NULL AND b IS NOT NULL AND EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))) AS allowed
-}
-WITH m, version WHERE allowed
-
-CALL (version) {
-  UNWIND $adds AS row
-  CALL (row) {
-    UNWIND row.items AS ref
-    OPTIONAL MATCH (i:Item {uid: ref.chat + '/' + ref.item})-[:IN_TURN]->(t:Turn)-[:IN_CHAT]->(ch:Chat)
-    WHERE ch.botId = $botId
-    RETURN collect(CASE WHEN ch IS NOT NULL THEN {item: i, chat: ref.chat, kind: i.kind, app: i.app,
-        hasText: i.text IS NOT NULL, review: coalesce(ch.review, false), org: ch.organizationId,
-        channel: ch.channelId, actorId: t.actorId,
-        rule: CASE WHEN ch.channelId IS NOT NULL THEN 'channel:' + ch.channelId
-                   WHEN t.actorKind = 'person' THEN 'person:' + t.actorId
-                   ELSE 'person:' + ch.ownerId END} END) AS items
-  }
-  CALL (row) {
-    UNWIND row.entries AS sourceId
-    OPTIONAL MATCH (s:Entry {id: sourceId, botId: $botId})
-    RETURN collect(CASE WHEN sourceId IN row.earlier THEN 'ok' WHEN s IS NULL THEN 'entry_missing'
-                        WHEN s.status = 'active' AND NOT coalesce(s.legacy, false) THEN 'ok'
-                        ELSE 'entry_inactive' END) AS cited
-  }
-  WITH row, items,
-       CASE row.layer
-         WHEN 'fact' THEN CASE
-           WHEN size(items) < size(row.items) THEN 'item_missing'
-           ELSE coalesce(
-             head([i IN items WHERE i.review OR NOT i.hasText OR NOT i.kind IN ['PERSON_MESSAGE', 'TOOL_RESULT']
-                   | CASE WHEN i.review THEN 'review_chat' WHEN NOT i.hasText THEN 'history_deleted'
-                          ELSE 'not_evidence' END]),
-             CASE WHEN none(i IN items WHERE i.kind = 'PERSON_MESSAGE') THEN 'app_only' END)
-         END
-         WHEN 'observation' THEN CASE WHEN 'entry_missing' IN cited THEN 'entry_missing'
-                                      WHEN 'entry_inactive' IN cited THEN 'entry_inactive' END
-       END AS problem
-  RETURN collect(problem)[0] AS problem, collect({row: row, items: items}) AS checked
-}
-CALL (m, version, problem, checked) {
-  WITH m, version, checked WHERE problem IS NULL
-  UNWIND checked AS c
-  CALL (m, c, version) {
-    WITH m, c.row AS row, c.items AS items, version
-    CALL (row) {
-      UNWIND row.entries AS sourceId
-      MATCH (s:Entry {id: sourceId, botId: $botId})
-      RETURN collect(s) AS sources
-    }
-    WITH m, row, items, sources, version * 1000000 + row.position AS orderKey,
-         size(items) + size(sources) AS sourceCount, false AS legacy,
-         CASE row.layer
-           WHEN 'fact' THEN reduce(acc = [], i IN items | acc
-             + [CASE WHEN i.kind = 'PERSON_MESSAGE' THEN 'from:' + i.actorId ELSE 'app:' + i.app END,
-                'for:' + i.rule, 'org:' + i.org, 'chat:' + i.chat]
-             + CASE WHEN i.channel IS NULL THEN [] ELSE ['channel:' + i.channel] END)
-           WHEN 'observation' THEN reduce(acc = [], s IN sources | acc
-             + [t IN s.tags WHERE t STARTS WITH 'for:' OR t STARTS WITH 'from:' OR t STARTS WITH 'chat:'
-                                  OR t STARTS WITH 'channel:' OR t STARTS WITH 'org:'])
-           ELSE row.tags
-         END + row.topics AS tags
-    WITH m, row, items, sources, orderKey, sourceCount, legacy,
-         reduce(acc = [], t IN tags | CASE WHEN t IN acc THEN acc ELSE acc + t END) AS tags
-    CREATE (e:Entry {id: row.id, botId: $botId, layer: row.layer, content: row.content,
-  contentLength: row.contentLength, tags: tags, status: 'active', confidence: row.confidence,
-  createdAt: $now, updatedAt: $now, invalidatedAt: null, orderKey: orderKey, pinned: row.layer = 'pinned',
-  sourceCount: sourceCount, author: row.author, excluded: [], legacy: legacy,
-  kwBlind: row.kwBlind, vec: row.vec, vecModel: row.vecModel,
-  vecSeq: CASE WHEN row.vec IS NULL THEN null ELSE coalesce(m.vecSeq, 0) + 1 END})-[:IN_MEMORY]->(m)
-    WITH e, items, sources
-    CALL (e, items) {
-      UNWIND items AS source
-      WITH e, source, source.item AS i
-      CREATE (e)-[:SOURCE {rule: source.rule, org: source.org}]->(i)
-    }
-    CALL (e, sources) {
-      UNWIND sources AS s
-      CREATE (e)-[:SOURCE]->(s)
-    }
-  }
-}
-CALL (m, problem) {
-  WITH m WHERE problem IS NULL AND any(r IN $adds WHERE r.vec IS NOT NULL)
-  SET m.vecSeq = coalesce(m.vecSeq, 0) + 1
-}
-CALL (m, version, problem) {
-  WITH m, version WHERE problem IS NULL
-  SET m.version = version
-
-CREATE (c:Change {id: $id, botId: $botId, version: version, at: $at, actor: $actor,
-                  entryIds: $entryIds, payload: $payload})-[:OF]->(m)
-WITH c, version
-CALL (c, version) {
-UNWIND $ids AS entryId
-MATCH (s:Entry {id: entryId, botId: $botId})
-OPTIONAL MATCH (d:Entry)-[:SOURCE*1..8]->(s)
-WITH collect(DISTINCT s) + collect(DISTINCT d) AS targets
-UNWIND targets AS e
-WITH DISTINCT e
-WITH collect(e) AS targets,
-       collect(CASE WHEN e.lblRequires IS NOT NULL AND (e.status <> 'retracted' OR e.id IN $ids)
-         THEN {entry: e, requires: e.lblRequires, excluded: coalesce(e.lblExcluded, [])} END) AS before
-  CALL (targets) {
-    UNWIND targets AS e
-
-WITH e, [e] + [(e)-[:SOURCE*1..8]->(s:Entry) | s] AS closure,
-     [(e)-[:SOURCE*0..7]->(:Entry)-[r:SOURCE]->(:Item) | r] AS rules
-WITH e, closure, rules,
-     NOT EXISTS { (e)-[:SOURCE*9]->() }
-     AND NOT EXISTS { MATCH (e)-[:SOURCE*0..8]->(y:Entry)-[:SOURCE*1..8]->(y) }
-     AND all(x IN closure WHERE
-NOT coalesce(x.legacy, false)
-AND (x = e OR x.status = 'active')
-AND x.sourceCount = COUNT { (x)-[:SOURCE]->() }
-AND CASE x.layer
-      WHEN 'pinned' THEN x.sourceCount = 0
-      WHEN 'fact' THEN x.sourceCount > 0 AND NOT EXISTS { (x)-[:SOURCE]->(:Entry) }
-      WHEN 'observation' THEN x.sourceCount > 0 AND NOT EXISTS { (x)-[:SOURCE]->(:Item) }
-      ELSE false
-    END
-AND any(t IN x.tags WHERE t STARTS WITH 'for:')
-) AS proved
-
-WITH e, proved,
-     reduce(acc = [], x IN closure | acc + [t IN x.tags WHERE t STARTS WITH 'for:' | substring(t, 4)])
-       + [r IN rules | r.rule] AS atoms,
-     reduce(acc = [], x IN closure | acc + [t IN x.tags WHERE t STARTS WITH 'org:' | substring(t, 4)])
-       + [r IN rules | r.org] AS orgs,
-     reduce(acc = [], x IN closure | acc + coalesce(x.excluded, [])) AS excluded
-WITH e, proved,
-     reduce(acc = [], a IN atoms | CASE WHEN a IN acc THEN acc ELSE acc + a END) AS atoms,
-     reduce(acc = [], o IN orgs | CASE WHEN o IN acc THEN acc ELSE acc + o END) AS orgs,
-     reduce(acc = [], p IN excluded | CASE WHEN p IN acc THEN acc ELSE acc + p END) AS excluded
-WITH e, proved, atoms, orgs, excluded,
-     CASE WHEN NOT proved THEN null
-       ELSE coalesce(head([a IN atoms WHERE a STARTS WITH 'person:']),
-                     head([a IN atoms WHERE a STARTS WITH 'channel:']),
-                     head([a IN atoms WHERE a = 'bot'])) END AS audienceKey
-SET e.lblProved = proved, e.lblOrgs = orgs, e.lblExcluded = excluded,
-    e.lblRequires = CASE WHEN NOT proved OR size(atoms) = 0 THEN ['#unproved']
-      ELSE atoms + [o IN orgs | '#org:' + o] + CASE WHEN size(excluded) > 0 THEN ['#excluded'] ELSE [] END END,
-    e.memoryRank = CASE WHEN e.layer = 'pinned' THEN 1125899906842624 ELSE 0 END + e.orderKey,
-    e.audienceKey = audienceKey,
-    e.activeKey = CASE WHEN e.status = 'active' THEN audienceKey END
-  }
-  WITH c, version, [b IN before | b {
-         .requires, .excluded, id: b.entry.id,
-         afterRequires: CASE WHEN b.entry.status = 'retracted' THEN ['#unproved'] ELSE b.entry.lblRequires END,
-         afterExcluded: coalesce(b.entry.lblExcluded, [])}] AS relabelled
-  UNWIND [r IN relabelled WHERE r.afterRequires <> r.requires OR r.afterExcluded <> r.excluded] + $gone AS r
-  CREATE (c)-[:REMOVED]->(:Removal {botId: $botId, version: version, entryId: r.id,
-    beforeRequires: r.requires, beforeExcluded: r.excluded,
-    afterRequires: r.afterRequires, afterExcluded: r.afterExcluded})
-  RETURN collect(r.id) AS removed
-}
-SET c.removedIds = removed
-}
-RETURN version, problem
-
 // ---- graph.memory.BUMP_VERSION
 MATCH (m:Memory {id: $botId})
 CALL apoc.lock.nodes([m])
 WITH m
 SET m.version = m.version + 1
 RETURN m.version AS version
-
-// ---- graph.memory.ENTRY_FOR_EDIT
-MATCH (e:Entry {id: $id, botId: $botId})
-RETURN e {.id, .layer, .tags, .status, .author, .excluded, .orderKey} AS entry
 
 // ---- graph.memory.ENTRY_LIST
 OPTIONAL MATCH (e)-[:SOURCE]->(src)
@@ -1760,202 +1725,11 @@ RETURN collect(e {.id, .layer, .tags, .status, .confidence, .createdAt, .updated
 }
 RETURN version, reader, entries
 
-// ---- graph.memory.LOG_CHANGE
-MATCH (m:Memory {id: $botId})
-WITH m, $version AS version
-
-CREATE (c:Change {id: $id, botId: $botId, version: version, at: $at, actor: $actor,
-                  entryIds: $entryIds, payload: $payload})-[:OF]->(m)
-WITH c, version
-CALL (c, version) {
-UNWIND $ids AS entryId
-MATCH (s:Entry {id: entryId, botId: $botId})
-OPTIONAL MATCH (d:Entry)-[:SOURCE*1..8]->(s)
-WITH collect(DISTINCT s) + collect(DISTINCT d) AS targets
-UNWIND targets AS e
-WITH DISTINCT e
-WITH collect(e) AS targets,
-       collect(CASE WHEN e.lblRequires IS NOT NULL AND (e.status <> 'retracted' OR e.id IN $ids)
-         THEN {entry: e, requires: e.lblRequires, excluded: coalesce(e.lblExcluded, [])} END) AS before
-  CALL (targets) {
-    UNWIND targets AS e
-
-WITH e, [e] + [(e)-[:SOURCE*1..8]->(s:Entry) | s] AS closure,
-     [(e)-[:SOURCE*0..7]->(:Entry)-[r:SOURCE]->(:Item) | r] AS rules
-WITH e, closure, rules,
-     NOT EXISTS { (e)-[:SOURCE*9]->() }
-     AND NOT EXISTS { MATCH (e)-[:SOURCE*0..8]->(y:Entry)-[:SOURCE*1..8]->(y) }
-     AND all(x IN closure WHERE
-NOT coalesce(x.legacy, false)
-AND (x = e OR x.status = 'active')
-AND x.sourceCount = COUNT { (x)-[:SOURCE]->() }
-AND CASE x.layer
-      WHEN 'pinned' THEN x.sourceCount = 0
-      WHEN 'fact' THEN x.sourceCount > 0 AND NOT EXISTS { (x)-[:SOURCE]->(:Entry) }
-      WHEN 'observation' THEN x.sourceCount > 0 AND NOT EXISTS { (x)-[:SOURCE]->(:Item) }
-      ELSE false
-    END
-AND any(t IN x.tags WHERE t STARTS WITH 'for:')
-) AS proved
-
-WITH e, proved,
-     reduce(acc = [], x IN closure | acc + [t IN x.tags WHERE t STARTS WITH 'for:' | substring(t, 4)])
-       + [r IN rules | r.rule] AS atoms,
-     reduce(acc = [], x IN closure | acc + [t IN x.tags WHERE t STARTS WITH 'org:' | substring(t, 4)])
-       + [r IN rules | r.org] AS orgs,
-     reduce(acc = [], x IN closure | acc + coalesce(x.excluded, [])) AS excluded
-WITH e, proved,
-     reduce(acc = [], a IN atoms | CASE WHEN a IN acc THEN acc ELSE acc + a END) AS atoms,
-     reduce(acc = [], o IN orgs | CASE WHEN o IN acc THEN acc ELSE acc + o END) AS orgs,
-     reduce(acc = [], p IN excluded | CASE WHEN p IN acc THEN acc ELSE acc + p END) AS excluded
-WITH e, proved, atoms, orgs, excluded,
-     CASE WHEN NOT proved THEN null
-       ELSE coalesce(head([a IN atoms WHERE a STARTS WITH 'person:']),
-                     head([a IN atoms WHERE a STARTS WITH 'channel:']),
-                     head([a IN atoms WHERE a = 'bot'])) END AS audienceKey
-SET e.lblProved = proved, e.lblOrgs = orgs, e.lblExcluded = excluded,
-    e.lblRequires = CASE WHEN NOT proved OR size(atoms) = 0 THEN ['#unproved']
-      ELSE atoms + [o IN orgs | '#org:' + o] + CASE WHEN size(excluded) > 0 THEN ['#excluded'] ELSE [] END END,
-    e.memoryRank = CASE WHEN e.layer = 'pinned' THEN 1125899906842624 ELSE 0 END + e.orderKey,
-    e.audienceKey = audienceKey,
-    e.activeKey = CASE WHEN e.status = 'active' THEN audienceKey END
-  }
-  WITH c, version, [b IN before | b {
-         .requires, .excluded, id: b.entry.id,
-         afterRequires: CASE WHEN b.entry.status = 'retracted' THEN ['#unproved'] ELSE b.entry.lblRequires END,
-         afterExcluded: coalesce(b.entry.lblExcluded, [])}] AS relabelled
-  UNWIND [r IN relabelled WHERE r.afterRequires <> r.requires OR r.afterExcluded <> r.excluded] + $gone AS r
-  CREATE (c)-[:REMOVED]->(:Removal {botId: $botId, version: version, entryId: r.id,
-    beforeRequires: r.requires, beforeExcluded: r.excluded,
-    afterRequires: r.afterRequires, afterExcluded: r.afterExcluded})
-  RETURN collect(r.id) AS removed
-}
-SET c.removedIds = removed
-RETURN removed
-
-// ---- graph.memory.LOG_ROWS
-MATCH (c:Change {botId: $botId})
-WHERE c.version < $before AND (size(c.entryIds) > 0 OR size(coalesce(c.removedIds, [])) > 0)
-WITH c ORDER BY c.botId DESC, c.version DESC LIMIT $limit
-RETURN c.version AS version, c.at AS at, c.actor AS actor, c.entryIds AS ids,
-       coalesce(c.removedIds, []) AS removed
-
-// ---- graph.memory.READER_MAP
-{id: p.id, channels: channels, usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)),
-  atoms: ['person:' + p.id] + [cid IN channels | 'channel:' + cid]
-         + CASE WHEN EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)) THEN ['bot'] ELSE [] END}
-
 // ---- graph.memory.READ_LOCK
 MATCH (held:Memory {id: $botId})
 CALL apoc.lock.read.nodes([held])
 WITH held
 MATCH (m:Memory) WHERE elementId(m) = elementId(held)
-
-// ---- graph.memory.RELABEL_RECORDING_REMOVALS
-CALL (c, version) {
-UNWIND $ids AS entryId
-MATCH (s:Entry {id: entryId, botId: $botId})
-OPTIONAL MATCH (d:Entry)-[:SOURCE*1..8]->(s)
-WITH collect(DISTINCT s) + collect(DISTINCT d) AS targets
-UNWIND targets AS e
-WITH DISTINCT e
-WITH collect(e) AS targets,
-       collect(CASE WHEN e.lblRequires IS NOT NULL AND (e.status <> 'retracted' OR e.id IN $ids)
-         THEN {entry: e, requires: e.lblRequires, excluded: coalesce(e.lblExcluded, [])} END) AS before
-  CALL (targets) {
-    UNWIND targets AS e
-
-WITH e, [e] + [(e)-[:SOURCE*1..8]->(s:Entry) | s] AS closure,
-     [(e)-[:SOURCE*0..7]->(:Entry)-[r:SOURCE]->(:Item) | r] AS rules
-WITH e, closure, rules,
-     NOT EXISTS { (e)-[:SOURCE*9]->() }
-     AND NOT EXISTS { MATCH (e)-[:SOURCE*0..8]->(y:Entry)-[:SOURCE*1..8]->(y) }
-     AND all(x IN closure WHERE
-NOT coalesce(x.legacy, false)
-AND (x = e OR x.status = 'active')
-AND x.sourceCount = COUNT { (x)-[:SOURCE]->() }
-AND CASE x.layer
-      WHEN 'pinned' THEN x.sourceCount = 0
-      WHEN 'fact' THEN x.sourceCount > 0 AND NOT EXISTS { (x)-[:SOURCE]->(:Entry) }
-      WHEN 'observation' THEN x.sourceCount > 0 AND NOT EXISTS { (x)-[:SOURCE]->(:Item) }
-      ELSE false
-    END
-AND any(t IN x.tags WHERE t STARTS WITH 'for:')
-) AS proved
-
-WITH e, proved,
-     reduce(acc = [], x IN closure | acc + [t IN x.tags WHERE t STARTS WITH 'for:' | substring(t, 4)])
-       + [r IN rules | r.rule] AS atoms,
-     reduce(acc = [], x IN closure | acc + [t IN x.tags WHERE t STARTS WITH 'org:' | substring(t, 4)])
-       + [r IN rules | r.org] AS orgs,
-     reduce(acc = [], x IN closure | acc + coalesce(x.excluded, [])) AS excluded
-WITH e, proved,
-     reduce(acc = [], a IN atoms | CASE WHEN a IN acc THEN acc ELSE acc + a END) AS atoms,
-     reduce(acc = [], o IN orgs | CASE WHEN o IN acc THEN acc ELSE acc + o END) AS orgs,
-     reduce(acc = [], p IN excluded | CASE WHEN p IN acc THEN acc ELSE acc + p END) AS excluded
-WITH e, proved, atoms, orgs, excluded,
-     CASE WHEN NOT proved THEN null
-       ELSE coalesce(head([a IN atoms WHERE a STARTS WITH 'person:']),
-                     head([a IN atoms WHERE a STARTS WITH 'channel:']),
-                     head([a IN atoms WHERE a = 'bot'])) END AS audienceKey
-SET e.lblProved = proved, e.lblOrgs = orgs, e.lblExcluded = excluded,
-    e.lblRequires = CASE WHEN NOT proved OR size(atoms) = 0 THEN ['#unproved']
-      ELSE atoms + [o IN orgs | '#org:' + o] + CASE WHEN size(excluded) > 0 THEN ['#excluded'] ELSE [] END END,
-    e.memoryRank = CASE WHEN e.layer = 'pinned' THEN 1125899906842624 ELSE 0 END + e.orderKey,
-    e.audienceKey = audienceKey,
-    e.activeKey = CASE WHEN e.status = 'active' THEN audienceKey END
-  }
-  WITH c, version, [b IN before | b {
-         .requires, .excluded, id: b.entry.id,
-         afterRequires: CASE WHEN b.entry.status = 'retracted' THEN ['#unproved'] ELSE b.entry.lblRequires END,
-         afterExcluded: coalesce(b.entry.lblExcluded, [])}] AS relabelled
-  UNWIND [r IN relabelled WHERE r.afterRequires <> r.requires OR r.afterExcluded <> r.excluded] + $gone AS r
-  CREATE (c)-[:REMOVED]->(:Removal {botId: $botId, version: version, entryId: r.id,
-    beforeRequires: r.requires, beforeExcluded: r.excluded,
-    afterRequires: r.afterRequires, afterExcluded: r.afterExcluded})
-  RETURN collect(r.id) AS removed
-}
-SET c.removedIds = removed
-
-// ---- graph.memory.REMOVED_FOR
-CALL (readers, org) {
-  UNWIND $versions AS v
-  MATCH (r:Removal {botId: $botId, version: v})
-  WITH readers, org, r, {lblRequires: r.beforeRequires, lblExcluded: r.beforeExcluded} AS e
-  WHERE
-(size(readers) > 0
- AND all(rd IN readers WHERE all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
-
-  WITH readers, org, r, {lblRequires: r.afterRequires, lblExcluded: r.afterExcluded} AS e
-  WHERE NOT
-(size(readers) > 0
- AND all(rd IN readers WHERE all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
-
-  RETURN collect({version: r.version, id: r.entryId}) AS removed
-}
-
-// ---- graph.memory.REMOVED_FOR_READERS
-WITH $readers AS readers, $org AS org
-CALL (readers, org) {
-  UNWIND $versions AS v
-  MATCH (r:Removal {botId: $botId, version: v})
-  WITH readers, org, r, {lblRequires: r.beforeRequires, lblExcluded: r.beforeExcluded} AS e
-  WHERE
-(size(readers) > 0
- AND all(rd IN readers WHERE all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
-
-  WITH readers, org, r, {lblRequires: r.afterRequires, lblExcluded: r.afterExcluded} AS e
-  WHERE NOT
-(size(readers) > 0
- AND all(rd IN readers WHERE all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
-
-  RETURN collect({version: r.version, id: r.entryId}) AS removed
-}
-RETURN removed
 
 // ---- graph.memory.SHARED_LOCK
 MATCH (held:Memory {id: $botId})
@@ -1971,14 +1745,6 @@ WITH e, collect(CASE WHEN src IS NULL THEN null WHEN src:Item THEN {chat: src.ch
                      ELSE {entry: src.id} END) AS sources
   RETURN sources
 }
-
-// ---- graph.memory.USES_BOT
-EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))
-
-// ---- graph.memory.VISIBLE
-(size(readers) > 0
- AND all(rd IN readers WHERE all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
 
 // ---- graph.memorybot.ANSWER_CONFESSION
 MATCH (f:Confession {id: $id})
@@ -2160,21 +1926,8 @@ RETURN collect(e.id) AS ids,
          THEN {id: e.id, requires: e.lblRequires, excluded: coalesce(e.lblExcluded, []),
                afterRequires: ['#unproved'], afterExcluded: []} END) AS gone
 
-// ---- graph.search.ACTIVE_SEEK
-e.botId = $botId AND e.activeKey = key AND e.contentLength IS NOT NULL AND e.id IS NOT NULL AND e.memoryRank <
-
-// ---- graph.search.ENTRY_MAP
-e {.id, .layer, .tags, .status, .confidence, .createdAt, .updatedAt, .invalidatedAt,
-     .content, .contentLength, .orderKey, .memoryRank, sources: sources}
-
 // ---- graph.search.KEYWORD_INDEX
 entry_keywords
-
-// ---- graph.search.READ_LOCK
-MATCH (held:Memory {id: $botId})
-CALL apoc.lock.read.nodes([held])
-WITH held
-MATCH (m:Memory) WHERE elementId(m) = elementId(held)
 
 // ---- graph.search.SEARCH
 MATCH (held:Memory {id: $botId})
@@ -2321,14 +2074,6 @@ CALL (m, parts) {
 RETURN coalesce(m.vecSeq, 0) AS seq, m.version AS version, fresh, ranked,
        size(dense) AS denseVisible, size(keyword) AS keywordVisible
 
-// ---- graph.search.SOURCES_OF_E
-CALL (e) {
-OPTIONAL MATCH (e)-[:SOURCE]->(src)
-WITH e, collect(CASE WHEN src IS NULL THEN null WHEN src:Item THEN {chat: src.chatId, item: src.id}
-                     ELSE {entry: src.id} END) AS sources
-  RETURN sources
-}
-
 // ---- graph.search.VECTORS_SINCE
 MATCH (e:Entry)
 WHERE e.botId = $botId AND e.vecSeq > $after AND e.vecModel = $model
@@ -2340,11 +2085,6 @@ CALL apoc.lock.read.nodes([held])
 WITH held
 MATCH (m:Memory) WHERE elementId(m) = elementId(held)
 RETURN coalesce(m.vecSeq, 0) AS seq
-
-// ---- graph.search.VISIBLE
-(size(readers) > 0
- AND all(rd IN readers WHERE all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
 
 // ---- graph.search.VISIBLE_ACTIVE
 MATCH (held:Memory {id: $botId})
@@ -2391,22 +2131,10 @@ RETURN e {.id, .layer, .tags, .status, .confidence, .createdAt, .updatedAt, .inv
 
 ORDER BY e.memoryRank DESC, e.id
 
-// ---- graph.sourcegraph.ENTRY_ROW
-OPTIONAL MATCH (e)-[:SOURCE]->(src)
-WITH e, collect(CASE WHEN src IS NULL THEN null WHEN src:Item THEN {chat: src.chatId, item: src.id}
-                     ELSE {entry: src.id} END) AS sources
-RETURN e {.id, .layer, .tags, .status, .confidence, .createdAt, .updatedAt, .invalidatedAt,
-     .content, .contentLength, .orderKey, .memoryRank, sources: sources} AS entry
-
 // ---- graph.sourcegraph.SOURCES_OF
 MATCH p = (e:Entry {id: $id, botId: $botId})-[:SOURCE*1..8]->(n)
 WITH n, min(length(p)) AS depth
 RETURN CASE WHEN n:Item THEN 'item' ELSE 'entry' END AS kind, n.id AS id, n.chatId AS chat, depth
-
-// ---- graph.sourcegraph.VISIBLE
-(size(readers) > 0
- AND all(rd IN readers WHERE all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
 
 // ---- graph.sourcegraph.WHY_STEPS
 WITH $readers AS readers, $org AS org

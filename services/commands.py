@@ -8,7 +8,7 @@ from __future__ import annotations
 from neo4j import AsyncManagedTransaction
 
 from graph import bots as bots_q
-from graph import chats, conversation
+from graph import changelog, chats, conversation, entries
 from graph import memory as memory_q
 from graph import purge as purge_q
 from graph.driver import write
@@ -84,7 +84,7 @@ async def share(
     async def precheck(tx: AsyncManagedTransaction) -> None:
         reader = await _reader(tx, principal, bot_id)
         await require_visible(tx, bot_id, reader, entry_id)
-        row = await memory_q.entry_for_edit(tx, bot_id=bot_id, id=entry_id)
+        row = await entries.entry_for_edit(tx, bot_id=bot_id, id=entry_id)
         assert row is not None
         if "from:" + person_id not in row["tags"] and row["author"] != person_id:
             raise Conflict("only the people behind an entry share it")
@@ -121,7 +121,7 @@ async def purge(rt: Runtime, principal: Principal, bot_id: str, tag: str) -> int
         purged = await purge_q.purge(tx, bot_id=bot_id, tag=tag)
         # The row names no changed entry; its removals are the purged entries and those resting
         # on them, each for the readers who saw it (D9.24).
-        _, removed = await memory_q.log_change(
+        _, removed = await changelog.log_change(
             tx,
             id=change_id,
             bot_id=bot_id,

@@ -16,6 +16,7 @@ from neo4j import AsyncManagedTransaction
 
 from graph import access
 from graph import bots as bots_q
+from graph import changefeed as changefeed_q
 from graph import context as context_q
 from graph import memory as memory_q
 from graph.driver import read, single
@@ -270,7 +271,7 @@ async def change_log(
 
     async def work(tx: AsyncManagedTransaction) -> tuple[int, list[Change], int | None]:
         version, reader, _ = await open_read(rt, tx, principal, bot_id)
-        log = await memory_q.log_rows(tx, bot_id=bot_id, limit=limit, before=before)
+        log = await changefeed_q.log_rows(tx, bot_id=bot_id, limit=limit, before=before)
         next_page = log[-1]["version"] if len(log) == limit else None
         return version, await readable_changes(tx, bot_id, reader, log), next_page
 
@@ -279,14 +280,14 @@ async def change_log(
 
 
 async def readable_changes(
-    tx: AsyncManagedTransaction, bot_id: str, reader: Reader, log: list[memory_q.LogRow]
+    tx: AsyncManagedTransaction, bot_id: str, reader: Reader, log: list[changefeed_q.LogRow]
 ) -> list[Change]:
     """Log rows as one reader may read them (V10, D9.24): the changed entries it may see now and
     the entries each change hid from it; rows with neither are left out. Under the shared lock."""
     all_ids = sorted({i for row in log for i in row["ids"]})
     seen = await context_q.visible_ids(tx, bot_id=bot_id, ids=all_ids, active_only=False, **reader.params)
     lost: dict[int, set[str]] = {}
-    for r in await memory_q.removed_for(
+    for r in await changefeed_q.removed_for(
         tx, bot_id=bot_id, versions=[row["version"] for row in log if row["removed"]], **reader.params
     ):
         lost.setdefault(r["version"], set()).add(r["id"])

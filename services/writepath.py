@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass, field, fields
+from dataclasses import fields
 from typing import Any
 
 from neo4j import AsyncManagedTransaction
 
-from graph import access, entries
+from graph import access, changelog, entries
 from graph import context as context_q
 from graph import memory as memory_q
 from graph import purge as purge_q
@@ -39,7 +39,6 @@ from services.changes import (
     Revise,
     SetTopics,
     Share,
-    check_content,
     validate,
 )
 from services.crypto import Cipher, Kind
@@ -52,7 +51,7 @@ from services.runtime import Runtime, now_ms
 
 log = logging.getLogger("services.writepath")
 
-_ORDER_SLOTS = 1_000_000  # orderKey = version * slots + position within the change
+ORDER_SLOTS = 1_000_000  # orderKey = version * slots + position within the change
 
 
 def _new_entry(
@@ -129,7 +128,7 @@ class _Step:
 
     def next_order_key(self) -> int:
         self.order += 1
-        return self.version * _ORDER_SLOTS + self.order
+        return self.version * ORDER_SLOTS + self.order
 
     def add(self, change: AddFact | AddObservation | Remember) -> None:
         self.order += 1
@@ -137,8 +136,8 @@ class _Step:
         self.pending_ids.add(change.id)
         self.touched.append(change.id)
 
-    async def entry(self, entry_id: str) -> memory_q.EditedEntry:
-        row = await memory_q.entry_for_edit(self.tx, bot_id=self.bot_id, id=entry_id)
+    async def entry(self, entry_id: str) -> entries.EditedEntry:
+        row = await entries.entry_for_edit(self.tx, bot_id=self.bot_id, id=entry_id)
         if row is None or row["status"] == "retracted":
             raise Conflict("no such entry")
         return row
@@ -296,7 +295,7 @@ async def apply_changes(
             await step.apply(change)
         touched = list(dict.fromkeys(step.touched))
         # The last new entries, the log row and the labels: one round trip.
-        problem, removed = await memory_q.log_change(
+        problem, removed = await changelog.log_change(
             tx,
             id=change_id,
             bot_id=bot_id,
@@ -320,7 +319,7 @@ async def apply_changes(
             rows.append(_new_entry(cipher, change, position, ids, derived))
             ids.add(change.id)
         touched = list(dict.fromkeys(c.id for c in adds))
-        done = await memory_q.add_only_change(
+        done = await changelog.add_only_change(
             rt.driver,
             id=change_id,
             bot_id=bot_id,
@@ -370,85 +369,3 @@ async def require_visible(tx: AsyncManagedTransaction, bot_id: str, reader: Read
     seen = await context_q.visible_ids(tx, bot_id=bot_id, ids=[entry_id], active_only=False, **reader.params)
     if entry_id not in seen:
         raise Conflict("this entry is not for you")
-
-
-@dataclass(frozen=True, slots=True)
-class LegacyEntry:
-    """An entry from an older version without access proof (V9)."""
-
-    content: str
-    tags: tuple[str, ...]
-    layer: str = "fact"
-    id: str = field(default_factory=lambda: new_id("mem"))
-
-
-async def import_legacy(rt: Runtime, bot_id: str, legacy: list[LegacyEntry]) -> Applied:
-    """Load legacy entries: kept hidden, out of learning, never widened (V9); logged as ``promotion``.
-
-    They keep their tags but get no SOURCE edges; a declared source count they cannot meet
-    (and the legacy flag) makes the visibility check fail closed for them and anything above.
-    """
-    cipher = await cipher_of(rt, bot_id)
-    change_id, now = new_id("chg"), now_ms()
-    for entry in legacy:
-        check_content(entry.content)
-
-    async def work(tx: AsyncManagedTransaction) -> Applied:
-        version = await memory_q.bump_version(tx, bot_id=bot_id)
-        if version is None:
-            raise NotFound("bot not found")
-        rows = [
-            {
-                "id": entry.id,
-                "layer": entry.layer if entry.layer in ("fact", "observation", "pinned") else "fact",
-                "content": cipher.encrypt(Kind.ENTRY, entry.id, entry.content),
-                "contentLength": len(entry.content),
-                "tags": list(entry.tags),
-                "orderKey": version * _ORDER_SLOTS + position,
-            }
-            for position, entry in enumerate(legacy, 1)
-        ]
-        await entries.create_legacy(tx, bot_id=bot_id, rows=rows, now=now)
-        ids = [entry.id for entry in legacy]
-        payload = cipher.encrypt(Kind.CHANGE, change_id, json.dumps({"kind": "import", "count": len(legacy)}))
-        _, removed = await memory_q.log_change(
-            tx,
-            id=change_id,
-            bot_id=bot_id,
-            version=version,
-            at=now,
-            actor="promotion",
-            entry_ids=ids,
-            payload=payload,
-        )
-        return Applied(version, tuple(ids), now, tuple(removed))
-
-    return await write(rt.driver, work)
-
-
-async def relabel_all(rt: Runtime, bot_id: str) -> int:
-    """Recompute every label of a Bot from the path query (after manual surgery on the graph), as
-    a change of actor ``system``: its log row names what the new labels hide from someone (D9.24)."""
-    change_id, now = new_id("chg"), now_ms()
-
-    async def work(tx: AsyncManagedTransaction) -> tuple[int, Applied]:
-        version = await memory_q.bump_version(tx, bot_id=bot_id)
-        if version is None:
-            raise NotFound("bot not found")
-        ids = await entries.all_ids(tx, bot_id=bot_id)
-        _, removed = await memory_q.log_change(
-            tx,
-            id=change_id,
-            bot_id=bot_id,
-            version=version,
-            at=now,
-            actor="system",
-            entry_ids=[],
-            payload=None,
-            relabel=ids,
-        )
-        return len(ids), Applied(version, (), now, tuple(removed))
-
-    count, applied = await write(rt.driver, work)
-    await publish_change(rt, bot_id, applied)
-    return count

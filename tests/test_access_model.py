@@ -53,9 +53,10 @@ from hypothesis.stateful import (
 from services.changes import AddFact, AddObservation, Invalidate, ItemRef, MemoryChange, Share
 from services.domain import Principal
 from services.errors import Conflict, ServiceError
+from services.maintenance import LegacyEntry, import_legacy
 from services.memory import Entry, list_entries
 from services.runtime import Runtime
-from services.writepath import LegacyEntry, apply_changes, import_legacy
+from services.writepath import apply_changes
 from tests.client import Api, GraphQLErrors, make_world
 from tests.memory_helpers import command, said
 from tests.reference_model import Model, Refused, View

@@ -30,8 +30,9 @@ from services.changes import (
 )
 from services.domain import Access, Principal
 from services.errors import ServiceError
+from services.maintenance import LegacyEntry, import_legacy
 from services.runtime import Runtime
-from services.writepath import LegacyEntry, apply_changes, import_legacy
+from services.writepath import apply_changes
 
 COMPARE = (
     """

@@ -9,8 +9,9 @@ from typing import Any, cast
 import pytest
 
 from services.changes import MemoryChange, Remember
+from services.maintenance import LegacyEntry, import_legacy
 from services.runtime import Runtime
-from services.writepath import LegacyEntry, apply_changes, import_legacy
+from services.writepath import apply_changes
 from tests.client import Api
 from tests.conftest import WorkerProcess
 from tests.learning_helpers import (

@@ -17,8 +17,9 @@ from services.changes import (
     Share,
 )
 from services.errors import BadInput, Conflict, NotFound
+from services.maintenance import LegacyEntry, import_legacy, relabel_all
 from services.runtime import Runtime
-from services.writepath import LegacyEntry, apply_changes, import_legacy, relabel_all
+from services.writepath import apply_changes
 from tests.client import Api, make_world
 from tests.memory_helpers import apply, command, fact, observation, said, visible
 

@@ -20,8 +20,9 @@ from arq.connections import ArqRedis
 
 from services import changefeed
 from services.changes import Invalidate, Remember
+from services.maintenance import relabel_all
 from services.runtime import Runtime
-from services.writepath import apply_changes, relabel_all
+from services.writepath import apply_changes
 from tests.client import Api, World, make_world
 from tests.conftest import ApiProcess
 from tests.feed_helpers import next_event, subscribed, subscription
