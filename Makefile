@@ -13,6 +13,7 @@
 #   make soak       10 minutes of mixed traffic, a worker kill -9 and a Redis restart (own stores; not in CI)
 #   make eval       LoCoMo retrieval recall through the public API (eval/locomo.py; own Redis db 6)
 #   make lint       ruff check + ruff format --check + the layer contract (lint-imports)
+#   make layers     which package imports which (python -m tools.layers)
 #   make typecheck  pyright (strict, see pyproject.toml)
 #   make demo       a guided tour against the running stack (make demo DEMO_MODEL=gpt-4o-mini; without
 #                   OPENAI_BASE_URL it uses the offline model stub)
@@ -43,7 +44,7 @@ SOAK_ENV := BOTMEMORY_ENV=test BOTMEMORY_DATA_DIR=.data/soak \
 	BOTMEMORY_NEO4J_BOLT_PORT=19687 BOTMEMORY_NEO4J_URI=bolt://127.0.0.1:19687 \
 	BOTMEMORY_REDIS_PORT=19379 BOTMEMORY_REDIS_URL=redis://127.0.0.1:19379/0 BOTMEMORY_API_PORT=19000
 
-.PHONY: install assets up down test test-unit test-deep bench bench-learning soak eval lint typecheck status demo mcp client model
+.PHONY: layers install assets up down test test-unit test-deep bench bench-learning soak eval lint typecheck status demo mcp client model
 
 # The project with its dev extra, the Python client (its own distribution, used by the demo and
 # tests/test_client.py) and the client's code generator (tests/test_client.py checks its output).
@@ -127,6 +128,9 @@ lint: | $(PY)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
+
+layers: | $(PY)
+	$(PY) -m tools.layers
 
 typecheck: | $(PY)
 	$(VENV)/bin/pyright
