@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from botmemory.vendor import VENDOR_DIR, VENDOR_FILES, missing_vendor_files
+from tools.stores import apt_install
 
 ROOT = Path(__file__).resolve().parent.parent
 WEB = ROOT / "web"
@@ -37,7 +38,9 @@ def is_current() -> bool:
 def build(*, run_npm: bool = True) -> None:
     if run_npm:
         if shutil.which("npm") is None:
-            raise SystemExit("assets: npm is missing (apt-get install -y nodejs npm)")
+            apt_install("npm", ["nodejs", "npm"])
+        if shutil.which("npm") is None:
+            raise SystemExit("assets: npm is still missing after apt-get install nodejs npm")
         subprocess.run(
             ["npm", "ci", "--prefix", str(WEB), "--no-audit", "--no-fund", "--ignore-scripts"], check=True
         )

@@ -318,16 +318,22 @@ def redis_ping(host: str, port: int) -> bool:
         return False
 
 
+def apt_install(what: str, packages: list[str]) -> None:
+    """Install Debian ``packages`` with apt-get (sudo when not root), updating the index first
+    when the install fails on a stale one."""
+    print(f"{what}: not found, installing {' '.join(packages)} with apt-get")
+    apt = ["apt-get"] if os.geteuid() == 0 else ["sudo", "apt-get"]
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    if subprocess.run([*apt, "install", "-y", *packages], env=env, check=False).returncode != 0:
+        subprocess.run([*apt, "update"], env=env, check=True)
+        subprocess.run([*apt, "install", "-y", *packages], env=env, check=True)
+
+
 def redis_server() -> str:
     """Path of ``redis-server``, installed with apt-get when missing."""
     if exe := shutil.which("redis-server"):
         return exe
-    print("redis: redis-server not found, installing it with apt-get")
-    apt = ["apt-get"] if os.geteuid() == 0 else ["sudo", "apt-get"]
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    if subprocess.run([*apt, "install", "-y", "redis-server"], env=env, check=False).returncode != 0:
-        subprocess.run([*apt, "update"], env=env, check=True)
-        subprocess.run([*apt, "install", "-y", "redis-server"], env=env, check=True)
+    apt_install("redis", ["redis-server"])
     exe = shutil.which("redis-server") or "/usr/bin/redis-server"
     if not Path(exe).exists():
         raise StackError("redis-server is still missing after apt-get install")
