@@ -49,7 +49,7 @@ def value(samples: dict[Sample, float], name: str, **labels: str) -> float:
 
 
 async def until_moved(
-    url: str, name: str, floor: float, within: float = 20, **labels: str
+    url: str, name: str, floor: float, within: float = 60, **labels: str
 ) -> dict[Sample, float]:
     """The samples once ``name{labels}`` is above ``floor`` (a counter moved by another process)."""
     deadline = time.monotonic() + within
