@@ -55,10 +55,10 @@ from learning.embedders import LocalMiniLM
 from services import memory, retrieval, search
 from services.crypto import Cipher, Kind
 from services.embedding import Embedder, decode_vectors
-from services.keywords import blind_query
+from services.keywords import blind_tokens
 from services.memory import Reader, cipher_of, decrypt_entry
 from services.runtime import Runtime
-from services.vectorindex import BotVectors, VectorIndexes
+from services.vectorindex import BotIndex, VectorIndexes
 
 F32 = npt.NDArray[np.float32]
 
@@ -244,29 +244,21 @@ class QueryEmbedder(PoolEmbedder):
 
 # --- the unchecked retrieval -----------------------------------------------------------------------
 
-#: ``graph.search.SEARCH`` without the shared lock, the vectors-since seek and VISIBLE: the same
-#: seek of the dense ids by id, the same full-text query, the same memory-order fill seek per key
-#: of the reader (unchecked) and the same fusion, one auto-commit statement.
+#: ``graph.search.SEARCH`` without the shared lock, the catch-up seek and VISIBLE: the same walk
+#: of the candidates by id (the first ``$limit`` active ones), the same memory-order fill seek per
+#: key of the reader (unchecked) and the same ranking, one auto-commit statement.
 _RAW_HEAD: Final = (
     """
 MATCH (m:Memory {id: $botId})
 CALL () {
-  UNWIND range(0, size($dense) - 1) AS i
-  MATCH (e:Entry {id: $dense[i]})
+  UNWIND range(0, size($cands) - 1) AS i
+  MATCH (e:Entry {id: $cands[i]})
   WHERE e.botId = $botId AND e.activeKey IS NOT NULL
-  WITH e, i ORDER BY i
-  RETURN collect(e) AS dense
+  WITH e, i ORDER BY i LIMIT $limit
+  RETURN collect(e) AS hits, collect($scores[i]) AS hitScores
 }
-CALL () {
-  WITH 1 AS go WHERE $keywords <> ''
-  CALL db.index.fulltext.queryNodes('"""
-    + search_q.KEYWORD_INDEX
-    + """', $keywords, {limit: $keywordLimit}) YIELD node AS e, score
-  WHERE e.botId = $botId AND e.activeKey IS NOT NULL
-  RETURN collect(e) AS keyword
-}
-CALL (dense, keyword) {
-  WITH 1 AS go WHERE $fill > size(dense) + size([e IN keyword WHERE NOT e IN dense])
+CALL (hits) {
+  WITH 1 AS go WHERE $fill > size(hits)
   UNWIND $keys AS key
   CALL (key) {
     MATCH (e:Entry)
@@ -278,16 +270,12 @@ CALL (dense, keyword) {
   }
   RETURN collect(e) AS recent
 }
-WITH m, dense, keyword, recent,
-     [i IN range(0, size(dense) - 1) | [dense[i], 1.0 / ($k + i + 1)]]
-     + [i IN range(0, size(keyword) - 1) | [keyword[i], 1.0 / ($k + i + 1)]]
-     + [e IN recent | [e, 0.0]] AS parts
-CALL (m, parts) {
+WITH m, hits,
+     [i IN range(0, size(hits) - 1) | [hits[i], hitScores[i]]]
+     + [e IN recent WHERE NOT e IN hits | [e, 0.0]] AS parts
+CALL (parts) {
   UNWIND parts AS part
-  WITH m, part[0] AS e, sum(part[1]) AS relevance
-  WITH e, relevance
-       + CASE WHEN e.layer = 'pinned' THEN $pinned ELSE 0.0 END
-       + $recency / (1.0 + (m.version - e.orderKey / 1000000) / $halfLife) AS score
+  WITH part[0] AS e, part[1] AS score
   ORDER BY score DESC, e.memoryRank DESC, e.id
   LIMIT $limit
 """
@@ -317,7 +305,7 @@ class _RawRanked(TypedDict, Generic[search_q.H]):
 async def raw_ranked(
     rt: Runtime,
     cipher: Cipher,
-    index: BotVectors,
+    index: BotIndex,
     bot_id: str,
     keys: list[str],
     vector: F32,
@@ -330,7 +318,7 @@ async def raw_ranked(
 async def raw_ranked(
     rt: Runtime,
     cipher: Cipher,
-    index: BotVectors,
+    index: BotIndex,
     bot_id: str,
     keys: list[str],
     vector: F32,
@@ -342,7 +330,7 @@ async def raw_ranked(
 async def raw_ranked(
     rt: Runtime,
     cipher: Cipher,
-    index: BotVectors,
+    index: BotIndex,
     bot_id: str,
     keys: list[str],
     vector: F32,
@@ -351,22 +339,28 @@ async def raw_ranked(
     *,
     fill: bool,
 ) -> list[search_q.RankedEntry] | list[search_q.RankedContext]:
-    """``search._ranked`` without the visibility check: the index's nearest vectors of the whole
-    pool (the post-filter's candidates), the keyword hits, fused; best first."""
-    dense = index.top(vector, max(search.DENSE_MIN, search.DENSE_FACTOR * wanted))
+    """``search._ranked`` without the visibility check: the index's candidates of the whole pool
+    (the post-filter's), walked as far as the search walks them at first; best first."""
+    cands, scores = index.rank(
+        vector,
+        blind_tokens(cipher, query),
+        None,
+        dense_k=max(search.DENSE_MIN, search.DENSE_FACTOR * wanted),
+        keyword_k=max(search.KEYWORD_LIMIT, search.DENSE_FACTOR * wanted),
+        rrf_k=search.RRF_K,
+        pinned_prior=search.PINNED_PRIOR,
+        recency_prior=search.RECENCY_PRIOR,
+        half_life=search.RECENCY_HALF_LIFE,
+    )
+    walk = math.ceil(wanted * (1 + search.MARGIN_SHARE)) + search.MARGIN_MIN
     params: dict[str, Any] = {
         "botId": bot_id,
-        "dense": dense,
-        "keywords": blind_query(cipher, query),
-        "keywordLimit": search.KEYWORD_LIMIT,
+        "cands": cands[:walk],
+        "scores": scores[:walk],
         "limit": max(wanted, 1),
         "fill": wanted if fill else 0,
         "keys": keys,
         "top": TOP_RANK,
-        "k": search.RRF_K,
-        "pinned": search.PINNED_PRIOR,
-        "recency": search.RECENCY_PRIOR,
-        "halfLife": search.RECENCY_HALF_LIFE,
     }
     found: list[search_q.RankedEntry] | list[search_q.RankedContext]
     if fill:
@@ -411,9 +405,9 @@ class Profile:
     total_ms: float
     server_ms: float
     decrypt_ms: float
-    top_ms: float  # BotVectors.top / top_among (numpy)
-    keywords_ms: float  # blind_query (stems and HMACs)
-    load_ms: float  # BotVectors.upsert (cold load: dequantise, project, PCA fit)
+    top_ms: float  # BotIndex.rank (numpy: nearest vectors, BM25, fusion)
+    keywords_ms: float  # blind_tokens (stems and HMACs)
+    load_ms: float  # BotIndex.upsert (cold load: dequantise, project, PCA fit)
     statements: int
     transactions: int
 
@@ -479,17 +473,12 @@ async def measure_embedding(corpus: Corpus, minilm: LocalMiniLM, texts: list[str
 
 
 async def profile(call: Callable[[], Awaitable[Any]], times: int) -> Profile:
-    """``call`` under the round-trip probe, with BotVectors.top/top_among/upsert and blind_query
-    timed too; the median call of ``times``."""
+    """``call`` under the round-trip probe, with BotIndex.rank/upsert and blind_tokens timed too;
+    the median call of ``times``."""
     spent = {"top": 0.0, "keywords": 0.0, "load": 0.0}
-    vectors: Any = BotVectors
+    vectors: Any = BotIndex
     module: Any = search
-    originals = {
-        "top": vectors.top,
-        "top_among": vectors.top_among,
-        "upsert": vectors.upsert,
-        "blind": module.blind_query,
-    }
+    originals = {"rank": vectors.rank, "upsert": vectors.upsert, "blind": module.blind_tokens}
 
     def timed(orig: Callable[..., Any], part: str) -> Callable[..., Any]:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -501,9 +490,9 @@ async def profile(call: Callable[[], Awaitable[Any]], times: int) -> Profile:
 
         return wrapper
 
-    vectors.top, vectors.top_among = timed(originals["top"], "top"), timed(originals["top_among"], "top")
+    vectors.rank = timed(originals["rank"], "top")
     vectors.upsert = timed(originals["upsert"], "load")
-    module.blind_query = timed(originals["blind"], "keywords")
+    module.blind_tokens = timed(originals["blind"], "keywords")
     found: list[Profile] = []
     try:
         for _ in range(times):
@@ -525,9 +514,9 @@ async def profile(call: Callable[[], Awaitable[Any]], times: int) -> Profile:
                 )
             )
     finally:
-        vectors.top, vectors.top_among = originals["top"], originals["top_among"]
+        vectors.rank = originals["rank"]
         vectors.upsert = originals["upsert"]
-        module.blind_query = originals["blind"]
+        module.blind_tokens = originals["blind"]
     return sorted(found, key=lambda p: p.total_ms)[len(found) // 2]
 
 
@@ -590,14 +579,17 @@ async def measure_cold(
 
 
 async def measure_quality(rt: Runtime, pool: PoolLike, corpus: Corpus, stats: IndexStats) -> None:
-    """overlap@10 of ``BotVectors.top`` (coarse + rescore above 16k vectors) with exact cosine over
+    """overlap@10 of ``BotIndex.top`` (coarse + rescore above 16k vectors) with exact cosine over
     every stored vector (dequantised as the index holds them), for QUALITY_QUERIES queries."""
     model = LocalMiniLM().id
     index = rt.vectors.of(pool.bot, model)
     cipher = await cipher_of(rt, pool.bot)
-    _, stored = await read(
-        rt.driver, lambda tx: search_q.vectors_since(tx, bot_id=pool.bot, model=model, after=-1)
+    _, fresh = await read(
+        rt.driver, lambda tx: search_q.derived_since(tx, bot_id=pool.bot, model=model, after=-1)
     )
+    if fresh is None:
+        return
+    stored = [(i, v) for i, v in zip(fresh["ids"], fresh["vecs"], strict=True) if v]
     if not stored:
         return
     raws = cipher.decrypt_bytes_all(Kind.ENTRY_VECTOR, stored)
@@ -876,8 +868,9 @@ def section(stats: dict[int, IndexStats], emb: Embedding | None, corpus: Corpus 
         add("")
     add(
         "Cold load = the first search of the Bot in a process on a fresh index (`VectorIndexes`): "
-        "every vector read under the shared lock, decrypted, decoded, and above 16,384 vectors projected "
-        "on 64 principal components. Memory of the loaded index: `BotVectors.nbytes` (the arrays), "
+        "every vector and every entry's blind keywords read under the shared lock, vectors decrypted, "
+        "decoded, and above 16,384 vectors projected on 32 principal components, keywords put in BM25 "
+        "postings. Memory of the loaded index: `BotIndex.nbytes` (the arrays and postings), "
         "tracemalloc (everything allocated by the load and still held: arrays, the id list and id map), "
         "and the process's RSS before/after the first cold load (not used: freed memory stays in the "
         "allocator). Below 16,384 vectors the index ranks exactly over a float32 copy, so the per-100k "
@@ -904,8 +897,9 @@ def section(stats: dict[int, IndexStats], emb: Embedding | None, corpus: Corpus 
     add(
         "Where a call's time goes (median of a few profiled calls, query embedding excluded): `Neo4j` = the "
         "server's own time of each statement (`result_available_after + result_consumed_after`, whole ms "
-        "per statement); `decrypt` = AES-GCM; `top` = `BotVectors.top`/`top_among` (numpy); `keywords` = "
-        "`blind_query` (stemming, HMAC); `rest` = Bolt round trips, driver decoding, fusion sort and Python."
+        "per statement); `decrypt` = AES-GCM; `top` = `BotIndex.rank` (numpy: nearest vectors, BM25 over "
+        "the blind tokens, fusion); `keywords` = `blind_tokens` (stemming, HMAC); `rest` = Bolt round "
+        "trips, driver decoding and Python."
     )
     add("")
     add("| pool | operation | reader | statements | tx | total | Neo4j | decrypt | top | keywords | rest |")

@@ -60,9 +60,10 @@ class BotIdRow(TypedDict):
 
 
 #: One batch under the exclusive lock (C1): keywords and sealed vectors of the entries whose
-#: content is still the one read (an entry revised since keeps its own), each vector stamped with
-#: the Memory's next ``vecSeq`` so every process's index catches up. Nothing a reader sees
-#: changes, so the memory version and the log stay as they are (C2 counts changes of entries).
+#: content is still the one read (an entry revised since keeps its own), each written entry
+#: stamped with the Memory's next derived-data sequence ``vecSeq`` so every process's index
+#: catches up. Nothing a reader sees changes, so the memory version and the log stay as they are
+#: (C2 counts changes of entries).
 WRITE: Final[LiteralString] = """
 MATCH (m:Memory {id: $botId})
 CALL apoc.lock.nodes([m])
@@ -73,9 +74,9 @@ CALL (seq) {
   UNWIND $rows AS row
   MATCH (e:Entry {id: row.id, botId: $botId})
   WHERE e.contentLength = row.contentLength AND e.orderKey = row.orderKey
-  SET e.kwBlind = coalesce(row.kwBlind, e.kwBlind)
+  SET e.kwBlind = coalesce(row.kwBlind, e.kwBlind), e.vecSeq = seq
   FOREACH (_ IN CASE WHEN row.vec IS NULL THEN [] ELSE [1] END |
-    SET e.vec = row.vec, e.vecModel = row.vecModel, e.vecSeq = seq)
+    SET e.vec = row.vec, e.vecModel = row.vecModel)
   RETURN count(e) AS written
 }
 RETURN seq, written

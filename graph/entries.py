@@ -15,15 +15,16 @@ from graph.driver import rows, single
 
 #: The properties of a new Entry ``e`` in memory ``m``, from ``row`` and the bound ``tags``,
 #: ``orderKey``, ``sourceCount`` and ``legacy`` (shared by ADD_ENTRIES and CREATE_LEGACY); what is
-#: derived from its content to find it (design §10) comes in the row, and a vector is stamped with
-#: the Memory's next ``vecSeq`` (ADD_ENTRIES then counts it), so each process's index catches up.
+#: derived from its content to find it (design §10) comes in the row, and an entry with keywords or
+#: a vector is stamped with the Memory's next derived-data sequence ``vecSeq`` (ADD_ENTRIES then
+#: counts it), so each process's index catches up.
 _NEW_ENTRY: Final[LiteralString] = (
     "(e:Entry {id: row.id, botId: $botId, layer: row.layer, content: row.content,\n"
     """  contentLength: row.contentLength, tags: tags, status: 'active', confidence: row.confidence,
   createdAt: $now, updatedAt: $now, invalidatedAt: null, orderKey: orderKey, pinned: row.layer = 'pinned',
   sourceCount: sourceCount, author: row.author, excluded: [], legacy: legacy,
   kwBlind: row.kwBlind, vec: row.vec, vecModel: row.vecModel,
-  vecSeq: CASE WHEN row.vec IS NULL THEN null ELSE coalesce(m.vecSeq, 0) + 1 END})-[:IN_MEMORY]->(m)
+  vecSeq: CASE WHEN row.kwBlind IS NULL AND row.vec IS NULL THEN null ELSE coalesce(m.vecSeq, 0) + 1 END})-[:IN_MEMORY]->(m)
 """
 )
 
@@ -142,7 +143,7 @@ CALL (m, version, problem, checked) {
   }
 }
 CALL (m, problem) {
-  WITH m WHERE problem IS NULL AND any(r IN $adds WHERE r.vec IS NOT NULL)
+  WITH m WHERE problem IS NULL AND any(r IN $adds WHERE r.kwBlind IS NOT NULL OR r.vec IS NOT NULL)
   SET m.vecSeq = coalesce(m.vecSeq, 0) + 1
 }
 """
@@ -166,15 +167,16 @@ SET e.status = $status, e.updatedAt = $now,
     e.invalidatedAt = CASE WHEN $status = 'invalidated' THEN coalesce(e.invalidatedAt, $now) ELSE e.invalidatedAt END
 """
 
-#: New content (already encrypted) and a new place in memory order (D9.14).
+#: New content (already encrypted) and a new place in memory order (D9.14), with what is derived
+#: from it, stamped with the next derived-data sequence.
 SET_CONTENT: Final[LiteralString] = """
 MATCH (m:Memory {id: $botId})
-SET m.vecSeq = coalesce(m.vecSeq, 0) + CASE WHEN $derived.vec IS NULL THEN 0 ELSE 1 END
+SET m.vecSeq = coalesce(m.vecSeq, 0) + 1
 WITH m
 MATCH (e:Entry {id: $id, botId: $botId})
 SET e.content = $content, e.contentLength = $contentLength, e.orderKey = $orderKey, e.updatedAt = $now,
     e.kwBlind = $derived.kwBlind, e.vec = $derived.vec, e.vecModel = $derived.vecModel,
-    e.vecSeq = CASE WHEN $derived.vec IS NULL THEN null ELSE m.vecSeq END
+    e.vecSeq = m.vecSeq
 """
 
 SET_TAGS: Final[LiteralString] = """

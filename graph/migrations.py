@@ -116,6 +116,15 @@ MIGRATIONS: Final[tuple[tuple[int, tuple[LiteralString, ...]], ...]] = (
             "CREATE INDEX removal_bot_version IF NOT EXISTS FOR (n:Removal) ON (n.botId, n.version)",
         ),
     ),
+    (
+        10,
+        (
+            # Keywords are scored by the process's index, not Lucene (D9.29); every entry with
+            # keywords now carries a derived-data stamp (``vecSeq``), which the data step below
+            # gives the entries written with keywords but without a vector before.
+            "DROP INDEX entry_keywords IF EXISTS",
+        ),
+    ),
 )
 
 #: Entries whose labels predate the current label properties: without ``memoryRank`` (before
@@ -129,6 +138,23 @@ RETURN e.botId AS botId, collect(e.id) AS ids
 _DROP_OLD_LABEL: Final[LiteralString] = (
     "MATCH (e:Entry {botId: $botId}) WHERE e.lblAtoms IS NOT NULL REMOVE e.lblAtoms"
 )
+
+#: Bots with entries that have keywords but no derived-data stamp (written before version 10
+#: without a vector).
+_UNSTAMPED: Final[LiteralString] = """
+MATCH (e:Entry) WHERE e.kwBlind IS NOT NULL AND e.vecSeq IS NULL
+RETURN DISTINCT e.botId AS botId
+"""
+
+#: Under the Bot's lock, those entries stamped with the Memory's next derived-data sequence.
+_STAMP: Final[LiteralString] = """
+MATCH (m:Memory {id: $botId})
+CALL apoc.lock.nodes([m])
+SET m.vecSeq = coalesce(m.vecSeq, 0) + 1
+WITH m
+MATCH (e:Entry {botId: $botId}) WHERE e.kwBlind IS NOT NULL AND e.vecSeq IS NULL
+SET e.vecSeq = m.vecSeq
+"""
 
 LATEST: Final = MIGRATIONS[-1][0]
 
@@ -160,6 +186,8 @@ async def migrate(driver: AsyncDriver) -> int:
             await _apply(driver, statement)
         if version in (2, 6):
             await _label_existing_entries(driver)
+        if version == 10:
+            await _stamp_keyworded_entries(driver)
         await driver.execute_query(_WRITE_VERSION, version=version)
         applied = version
     return applied
@@ -199,6 +227,13 @@ async def _label_existing_entries(driver: AsyncDriver) -> None:
 
         async with driver.session() as session:
             await session.execute_write(work)
+
+
+async def _stamp_keyworded_entries(driver: AsyncDriver) -> None:
+    """Entries with keywords but no derived-data stamp get one, one transaction per Bot."""
+    records, _, _ = await driver.execute_query(_UNSTAMPED)
+    for record in records:
+        await driver.execute_query(_STAMP, botId=record["botId"])
 
 
 __all__ = ["LATEST", "MIGRATIONS", "current_version", "migrate"]

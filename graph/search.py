@@ -1,17 +1,18 @@
-"""Retrieval by meaning (design §10): the statements behind ``search`` and ``context(query)``.
+"""Retrieval by meaning (design §10, D9.29): the statements behind ``search`` and ``context(query)``.
 
-Similarity proposes, the one visibility check decides: the dense candidates come from the
-per-process vector index as ids, the keyword candidates from the ``entry_keywords`` full-text
-index over blind tokens (keyed hashes, never words, E1); every candidate passes VISIBLE for every
-reader under the shared lock (C1, V10) before it is ranked or returned. The vectors themselves
-are stored encrypted (``Entry.vec``, E1) with the embedder that made them (``vecModel``) and a
-stamp of the Memory's vector sequence (``vecSeq``, counted by every write of vectors under the
-exclusive lock), so each process's index catches up from its last stamp.
+Similarity proposes, the one visibility check decides: the process's index of the Bot
+(:mod:`services.vectorindex`) ranks dense and keyword candidates by itself, from the vectors
+(stored encrypted, ``Entry.vec``, with the embedder that made them, ``vecModel``) and the blind
+keyword tokens (keyed hashes, never words, ``kwBlind``, E1); the statement takes the shared lock
+and walks those candidates in that order, keeping the first that pass VISIBLE for every reader
+(C1, V10). Every write of keywords or vectors stamps them with the Memory's derived-data
+sequence (``vecSeq``, counted under the exclusive lock), so each process's index catches up from
+its last stamp, in the same statement.
 """
 
 from __future__ import annotations
 
-from typing import Final, Generic, Literal, LiteralString, TypedDict, TypeVar, overload
+from typing import Final, Generic, LiteralString, TypedDict, TypeVar
 
 from neo4j import AsyncManagedTransaction
 
@@ -20,79 +21,81 @@ from graph.context import ACTIVE_SEEK
 from graph.driver import Ciphertext, QueryTarget, single
 from graph.memory import ENTRY_MAP, READ_LOCK, SOURCES_OF_E, TOP_RANK, EntryMap, reader_keys
 
-#: The full-text index of the blind keyword tokens (whitespace analyzer: a token is one keyed hash).
-KEYWORD_INDEX: Final[LiteralString] = "entry_keywords"
-
-#: Vectors of one embedder stamped after ``$after`` (an index seek on ``entry_vec_seq``): what a
-#: process's index lacks. Runs after VECTOR_SEQ, the shared lock, in the same read.
-VECTORS_SINCE: Final[LiteralString] = """
-MATCH (e:Entry)
-WHERE e.botId = $botId AND e.vecSeq > $after AND e.vecModel = $model
-RETURN collect(e.id) AS ids, collect(e.vec) AS vecs
+#: What a process's index holds of each entry stamped after ``$after``: its blind keywords ("" for
+#: none), its vector when ``$model`` made it ("" otherwise), whether it is pinned and its order
+#: key — as parallel lists (one record decodes far faster than a record per entry).
+_DERIVED_OF_E: Final[LiteralString] = """
+  RETURN {ids: collect(e.id), keywords: collect(coalesce(e.kwBlind, '')),
+          vecs: collect(CASE WHEN e.vecModel = $model THEN e.vec ELSE '' END),
+          pinned: collect(e.layer = 'pinned'), orderKeys: collect(e.orderKey)} AS fresh
 """
 
+#: Everything stamped after ``$after`` (an index seek on ``entry_vec_seq``): what a process's index
+#: lacks. Runs after DERIVED_SEQ, the shared lock, in the same read.
+DERIVED_SINCE: Final[LiteralString] = (
+    """
+MATCH (e:Entry)
+WHERE e.botId = $botId AND e.vecSeq > $after"""
+    + _DERIVED_OF_E
+)
 
-class VectorsRow(TypedDict):
+
+class Derived(TypedDict):
+    """DERIVED_SINCE's ``fresh`` (and the search statement's)."""
+
     ids: list[str]
+    keywords: list[str]
     vecs: list[Ciphertext]
+    pinned: list[bool]
+    orderKeys: list[int]
 
 
-#: The shared lock, then the Memory's vector sequence (no row: no such Bot).
-VECTOR_SEQ: Final[LiteralString] = READ_LOCK + "RETURN coalesce(m.vecSeq, 0) AS seq\n"
+class DerivedRow(TypedDict):
+    fresh: Derived
+
+
+#: The shared lock, then the Memory's derived-data sequence (no row: no such Bot).
+DERIVED_SEQ: Final[LiteralString] = READ_LOCK + "RETURN coalesce(m.vecSeq, 0) AS seq\n"
 
 
 class SeqRow(TypedDict):
     seq: int
 
 
-#: The vectors a process's index lacks, as the head of the search statement (empty when current).
-_FRESH: Final[LiteralString] = """
+#: What a process's index lacks, as the head of the search statement (empty lists when current).
+_FRESH: Final[LiteralString] = (
+    """
 CALL (m) {
-  MATCH (f:Entry)
-  WHERE f.botId = $botId AND f.vecSeq > $after AND f.vecModel = $model
-  RETURN collect([f.id, f.vec]) AS fresh
-}
-"""
+  MATCH (e:Entry)
+  WHERE e.botId = $botId AND e.vecSeq > $after"""
+    + _DERIVED_OF_E
+    + "}\n"
+)
 
-#: The visible active entries among ``$dense`` (ids in order of similarity), in that order.
-_DENSE: Final[LiteralString] = (
+#: The first ``$limit`` of the candidates ``$cands`` (best first) that are active and visible to
+#: every reader, in that order, with their scores (``$scores``, parallel to ``$cands``), and the
+#: place of the last one (how far down the list the walk went).
+_HITS: Final[LiteralString] = (
     """
 CALL (readers, org) {
-  UNWIND range(0, size($dense) - 1) AS i
-  MATCH (e:Entry {id: $dense[i]})
+  UNWIND range(0, size($cands) - 1) AS i
+  MATCH (e:Entry {id: $cands[i]})
   WHERE e.botId = $botId AND e.activeKey IS NOT NULL AND """
     + VISIBLE
     + """
-  WITH e, i ORDER BY i
-  RETURN collect(e) AS dense
+  WITH e, i ORDER BY i LIMIT $limit
+  RETURN collect(e) AS hits, collect($scores[i]) AS hitScores, max(i) AS lastHit
 }
 """
 )
 
-#: The visible active entries matching the blind query ``$keywords`` in BM25 order (none when the
-#: query has no keyword). Another Bot's entries never match: its tokens are hashed with its key.
-_KEYWORD: Final[LiteralString] = (
-    """
-CALL (readers, org) {
-  WITH readers, org WHERE $keywords <> ''
-  CALL db.index.fulltext.queryNodes('"""
-    + KEYWORD_INDEX
-    + """', $keywords, {limit: $keywordLimit}) YIELD node AS e, score
-  WHERE e.botId = $botId AND e.activeKey IS NOT NULL AND """
-    + VISIBLE
-    + """
-  RETURN collect(e) AS keyword
-}
-"""
-)
-
-#: Up to ``$fill`` visible active entries per key in memory order, only when the relevant ones are
-#: fewer than ``$fill`` (never when it is 0): what fills a context that relevance leaves room in
-#: (entries without a vector yet, a small memory).
+#: Up to ``$fill`` visible active entries per key in memory order, only when the hits are fewer
+#: than ``$fill`` (never when it is 0): what fills a context that relevance leaves room in
+#: (entries without derived data yet, a small memory).
 _RECENT: Final[LiteralString] = (
     """
-CALL (readers, org, dense, keyword) {
-  WITH readers, org WHERE $fill > size(dense) + size([e IN keyword WHERE NOT e IN dense])
+CALL (readers, org, hits) {
+  WITH readers, org WHERE $fill > size(hits)
   UNWIND $keys AS key
   CALL (key, readers, org) {
     MATCH (e:Entry)
@@ -109,41 +112,34 @@ CALL (readers, org, dense, keyword) {
 """
 )
 
-#: Reciprocal-rank fusion of the two lists (``$k``; the memory-order fill adds nothing but its
-#: place after every relevant entry), plus the prior: ``$pinned`` for a pinned
-#: entry and at most ``$recency`` for the newest, fading with the versions since it was written.
-#: The ``$limit`` best, ``ranked`` as ``{score, entry}``; the entry map follows.
-_FUSED_HEAD: Final[LiteralString] = """
-WITH m, fresh, dense, keyword, recent,
-     [i IN range(0, size(dense) - 1) | [dense[i], 1.0 / ($k + i + 1)]]
-     + [i IN range(0, size(keyword) - 1) | [keyword[i], 1.0 / ($k + i + 1)]]
-     + [e IN recent | [e, 0.0]] AS parts
-CALL (m, parts) {
+#: The hits with their scores, then the memory-order fill (score 0) after every hit: the
+#: ``$limit`` first, ``ranked`` as ``{score, entry}``; the entry map follows.
+_RANKED_HEAD: Final[LiteralString] = """
+WITH m, fresh, hits, CASE WHEN size(hits) >= $limit THEN lastHit + 1 ELSE size($cands) END AS walked,
+     [i IN range(0, size(hits) - 1) | [hits[i], hitScores[i]]]
+     + [e IN recent WHERE NOT e IN hits | [e, 0.0]] AS parts
+CALL (parts) {
   UNWIND parts AS part
-  WITH m, part[0] AS e, sum(part[1]) AS relevance
-  WITH e, relevance
-       + CASE WHEN e.layer = 'pinned' THEN $pinned ELSE 0.0 END
-       + $recency / (1.0 + (m.version - e.orderKey / 1000000) / $halfLife) AS score
+  WITH part[0] AS e, part[1] AS score
   ORDER BY score DESC, e.memoryRank DESC, e.id
   LIMIT $limit
 """
 
-_FUSED_TAIL: Final[LiteralString] = """}) AS ranked
+_RANKED_TAIL: Final[LiteralString] = """}) AS ranked
 }
-RETURN coalesce(m.vecSeq, 0) AS seq, m.version AS version, fresh, ranked,
-       size(dense) AS denseVisible, size(keyword) AS keywordVisible
+RETURN coalesce(m.vecSeq, 0) AS seq, m.version AS version, fresh, ranked, size(hits) AS visible, walked
 """
 
 #: ``search``: the API's view of each entry (sources included, content as ciphertext).
-_FUSED: Final[LiteralString] = (
-    _FUSED_HEAD + SOURCES_OF_E + "  RETURN collect({score: score, entry: " + ENTRY_MAP + _FUSED_TAIL
+_RANKED: Final[LiteralString] = (
+    _RANKED_HEAD + SOURCES_OF_E + "  RETURN collect({score: score, entry: " + ENTRY_MAP + _RANKED_TAIL
 )
 
 #: ``context(query)``: of each entry only what choosing and presenting it needs.
-_FUSED_CONTEXT: Final[LiteralString] = (
-    _FUSED_HEAD
+_RANKED_CONTEXT: Final[LiteralString] = (
+    _RANKED_HEAD
     + "  RETURN collect({score: score, entry: e {.id, .memoryRank, .contentLength, .content}"
-    + _FUSED_TAIL
+    + _RANKED_TAIL
 )
 
 
@@ -175,28 +171,28 @@ H = TypeVar("H", RankedEntry, RankedContext)
 
 class SearchRow(TypedDict, Generic[H]):
     """SEARCH (``SearchRow[RankedEntry]``) and SEARCH_CONTEXT (``SearchRow[RankedContext]``).
-    ``fresh``: the vectors the caller's index lacks, each a two-item list ``[id, ciphertext]``
-    (typed as the pair it is unpacked into)."""
+    ``fresh``: what the caller's index lacks; ``visible``: how many candidates passed, of the
+    first ``walked``."""
 
     seq: int
     version: int
-    fresh: list[tuple[str, Ciphertext]]
+    fresh: Derived
     ranked: list[H]
-    denseVisible: int
-    keywordVisible: int
+    visible: int
+    walked: int
 
 
-#: One search as one statement (an auto-commit transaction): the shared lock first (C1), the
-#: vectors the caller's index lacks since ``$after``, the visible dense and keyword candidates
-#: (and the memory-order fill), fused. A caller whose index lacked vectors catches up and asks again.
+#: One search as one statement (an auto-commit transaction): the shared lock first (C1), what the
+#: caller's index lacks since ``$after``, the candidates that pass (and the memory-order fill),
+#: ranked. A caller whose index lacked anything catches up and asks again.
 _CANDIDATES: Final[LiteralString] = (
-    READ_LOCK + "WITH m, $readers AS readers, $org AS org\n" + _FRESH + _DENSE + _KEYWORD + _RECENT
+    READ_LOCK + "WITH m, $readers AS readers, $org AS org\n" + _FRESH + _HITS + _RECENT
 )
-SEARCH: Final[LiteralString] = _CANDIDATES + _FUSED
+SEARCH: Final[LiteralString] = _CANDIDATES + _RANKED
 
 #: SEARCH for ``context(query)``: the same candidates and ranking, each entry as id, rank, stored
 #: length and ciphertext.
-SEARCH_CONTEXT: Final[LiteralString] = _CANDIDATES + _FUSED_CONTEXT
+SEARCH_CONTEXT: Final[LiteralString] = _CANDIDATES + _RANKED_CONTEXT
 
 #: Up to ``$cap`` ids of the active entries visible to every reader, seeking ``entry_active`` per
 #: key (the pre-filter of a reader who sees few entries: similarity then ranks only these).
@@ -229,127 +225,92 @@ class VisibleActiveRow(TypedDict):
     ids: list[str]
 
 
-async def vectors_since(
+async def derived_since(
     tx: AsyncManagedTransaction, *, bot_id: str, model: str, after: int
-) -> tuple[int | None, list[tuple[str, str | bytes]]]:
-    """Under the shared lock, the Memory's vector sequence and every vector of ``model`` stamped
-    after ``after`` (``-1``: all of them) as (entry id, ciphertext); sequence None: no such Bot."""
-    locked = await single(tx, VECTOR_SEQ, SeqRow, botId=bot_id)
+) -> tuple[int | None, Derived | None]:
+    """Under the shared lock, the Memory's derived-data sequence and what was stamped after
+    ``after`` (``-1``: everything); sequence None: no such Bot."""
+    locked = await single(tx, DERIVED_SEQ, SeqRow, botId=bot_id)
     if locked is None:
-        return None, []
-    # One record of two lists: the driver decodes it far faster than a record per vector.
-    found = await single(tx, VECTORS_SINCE, VectorsRow, botId=bot_id, model=model, after=after)
+        return None, None
+    found = await single(tx, DERIVED_SINCE, DerivedRow, botId=bot_id, model=model, after=after)
     assert found is not None
-    return locked["seq"], list(zip(found["ids"], found["vecs"], strict=True))
+    return locked["seq"], found["fresh"]
 
 
-@overload
-async def search(
+def _params(
+    *,
+    bot_id: str,
+    org: str,
+    readers: list[ReaderMap],
+    cands: list[str],
+    scores: list[float],
+    model: str,
+    after: int,
+    limit: int,
+    fill: int,
+) -> dict[str, object]:
+    return {
+        "botId": bot_id,
+        "org": org,
+        "readers": readers,
+        "cands": cands,
+        "scores": scores,
+        "model": model,
+        "after": after,
+        "limit": limit,
+        "fill": fill,
+        "keys": reader_keys(readers),
+        "top": TOP_RANK,
+    }
+
+
+async def search_entries(
     tx: QueryTarget,
     *,
     bot_id: str,
     org: str,
     readers: list[ReaderMap],
-    dense: list[str],
-    keywords: str,
-    keyword_limit: int,
+    cands: list[str],
+    scores: list[float],
     model: str,
     after: int,
     limit: int,
-    fill: int,
-    k: float,
-    pinned: float,
-    recency: float,
-    half_life: float,
-    for_context: Literal[False] = False,
-) -> SearchRow[RankedEntry] | None: ...
-@overload
-async def search(
-    tx: QueryTarget,
-    *,
-    bot_id: str,
-    org: str,
-    readers: list[ReaderMap],
-    dense: list[str],
-    keywords: str,
-    keyword_limit: int,
-    model: str,
-    after: int,
-    limit: int,
-    fill: int,
-    k: float,
-    pinned: float,
-    recency: float,
-    half_life: float,
-    for_context: Literal[True],
-) -> SearchRow[RankedContext] | None: ...
-@overload
-async def search(
-    tx: QueryTarget,
-    *,
-    bot_id: str,
-    org: str,
-    readers: list[ReaderMap],
-    dense: list[str],
-    keywords: str,
-    keyword_limit: int,
-    model: str,
-    after: int,
-    limit: int,
-    fill: int,
-    k: float,
-    pinned: float,
-    recency: float,
-    half_life: float,
-    for_context: bool,
-) -> SearchRow[RankedEntry] | SearchRow[RankedContext] | None: ...
-async def search(
-    tx: QueryTarget,
-    *,
-    bot_id: str,
-    org: str,
-    readers: list[ReaderMap],
-    dense: list[str],
-    keywords: str,
-    keyword_limit: int,
-    model: str,
-    after: int,
-    limit: int,
-    fill: int,
-    k: float,
-    pinned: float,
-    recency: float,
-    half_life: float,
-    for_context: bool = False,
-) -> SearchRow[RankedEntry] | SearchRow[RankedContext] | None:
-    """SEARCH (SEARCH_CONTEXT with ``for_context``); None when the Bot does not exist."""
-    params = dict(
-        botId=bot_id,
-        org=org,
-        readers=readers,
-        dense=dense,
-        keywords=keywords,
-        keywordLimit=keyword_limit,
-        model=model,
-        after=after,
-        limit=limit,
-        fill=fill,
-        keys=reader_keys(readers),
-        top=TOP_RANK,
-        k=k,
-        pinned=pinned,
-        recency=recency,
-        halfLife=half_life,
-    )
-    if for_context:
-        return await single(tx, SEARCH_CONTEXT, SearchRow[RankedContext], **params)
+) -> SearchRow[RankedEntry] | None:
+    """SEARCH: the first ``limit`` candidates that pass, as the API's entries; None when the Bot
+    does not exist."""
+    params = _params(
+        bot_id=bot_id, org=org, readers=readers, cands=cands, scores=scores, model=model,
+        after=after, limit=limit, fill=0,
+    )  # fmt: skip
     return await single(tx, SEARCH, SearchRow[RankedEntry], **params)
+
+
+async def search_context(
+    tx: QueryTarget,
+    *,
+    bot_id: str,
+    org: str,
+    readers: list[ReaderMap],
+    cands: list[str],
+    scores: list[float],
+    model: str,
+    after: int,
+    limit: int,
+) -> SearchRow[RankedContext] | None:
+    """SEARCH_CONTEXT: the first ``limit`` candidates that pass, filled up to ``limit`` with the
+    newest visible entries when fewer pass; None when the Bot does not exist."""
+    params = _params(
+        bot_id=bot_id, org=org, readers=readers, cands=cands, scores=scores, model=model,
+        after=after, limit=limit, fill=limit,
+    )  # fmt: skip
+    return await single(tx, SEARCH_CONTEXT, SearchRow[RankedContext], **params)
 
 
 async def visible_active(
     tx: QueryTarget, *, bot_id: str, org: str, readers: list[ReaderMap], cap: int
 ) -> tuple[int, int, list[str]] | None:
-    """VISIBLE_ACTIVE: the vector sequence, the memory version and up to ``cap`` visible active
+    """VISIBLE_ACTIVE: the derived-data sequence, the memory version and up to ``cap`` visible active
     ids per key."""
     record = await single(
         tx,

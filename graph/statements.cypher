@@ -308,9 +308,9 @@ CALL (seq) {
   UNWIND $rows AS row
   MATCH (e:Entry {id: row.id, botId: $botId})
   WHERE e.contentLength = row.contentLength AND e.orderKey = row.orderKey
-  SET e.kwBlind = coalesce(row.kwBlind, e.kwBlind)
+  SET e.kwBlind = coalesce(row.kwBlind, e.kwBlind), e.vecSeq = seq
   FOREACH (_ IN CASE WHEN row.vec IS NULL THEN [] ELSE [1] END |
-    SET e.vec = row.vec, e.vecModel = row.vecModel, e.vecSeq = seq)
+    SET e.vec = row.vec, e.vecModel = row.vecModel)
   RETURN count(e) AS written
 }
 RETURN seq, written
@@ -571,7 +571,7 @@ CALL (m, version, problem, checked) {
   createdAt: $now, updatedAt: $now, invalidatedAt: null, orderKey: orderKey, pinned: row.layer = 'pinned',
   sourceCount: sourceCount, author: row.author, excluded: [], legacy: legacy,
   kwBlind: row.kwBlind, vec: row.vec, vecModel: row.vecModel,
-  vecSeq: CASE WHEN row.vec IS NULL THEN null ELSE coalesce(m.vecSeq, 0) + 1 END})-[:IN_MEMORY]->(m)
+  vecSeq: CASE WHEN row.kwBlind IS NULL AND row.vec IS NULL THEN null ELSE coalesce(m.vecSeq, 0) + 1 END})-[:IN_MEMORY]->(m)
     WITH e, items, sources
     CALL (e, items) {
       UNWIND items AS source
@@ -585,7 +585,7 @@ CALL (m, version, problem, checked) {
   }
 }
 CALL (m, problem) {
-  WITH m WHERE problem IS NULL AND any(r IN $adds WHERE r.vec IS NOT NULL)
+  WITH m WHERE problem IS NULL AND any(r IN $adds WHERE r.kwBlind IS NOT NULL OR r.vec IS NOT NULL)
   SET m.vecSeq = coalesce(m.vecSeq, 0) + 1
 }
 CALL (m, version, problem) {
@@ -739,7 +739,7 @@ CALL (m, version, problem, checked) {
   createdAt: $now, updatedAt: $now, invalidatedAt: null, orderKey: orderKey, pinned: row.layer = 'pinned',
   sourceCount: sourceCount, author: row.author, excluded: [], legacy: legacy,
   kwBlind: row.kwBlind, vec: row.vec, vecModel: row.vecModel,
-  vecSeq: CASE WHEN row.vec IS NULL THEN null ELSE coalesce(m.vecSeq, 0) + 1 END})-[:IN_MEMORY]->(m)
+  vecSeq: CASE WHEN row.kwBlind IS NULL AND row.vec IS NULL THEN null ELSE coalesce(m.vecSeq, 0) + 1 END})-[:IN_MEMORY]->(m)
     WITH e, items, sources
     CALL (e, items) {
       UNWIND items AS source
@@ -753,7 +753,7 @@ CALL (m, version, problem, checked) {
   }
 }
 CALL (m, problem) {
-  WITH m WHERE problem IS NULL AND any(r IN $adds WHERE r.vec IS NOT NULL)
+  WITH m WHERE problem IS NULL AND any(r IN $adds WHERE r.kwBlind IS NOT NULL OR r.vec IS NOT NULL)
   SET m.vecSeq = coalesce(m.vecSeq, 0) + 1
 }
 CALL (m, version, problem) {
@@ -1262,7 +1262,7 @@ CALL (m, version, problem, checked) {
   createdAt: $now, updatedAt: $now, invalidatedAt: null, orderKey: orderKey, pinned: row.layer = 'pinned',
   sourceCount: sourceCount, author: row.author, excluded: [], legacy: legacy,
   kwBlind: row.kwBlind, vec: row.vec, vecModel: row.vecModel,
-  vecSeq: CASE WHEN row.vec IS NULL THEN null ELSE coalesce(m.vecSeq, 0) + 1 END})-[:IN_MEMORY]->(m)
+  vecSeq: CASE WHEN row.kwBlind IS NULL AND row.vec IS NULL THEN null ELSE coalesce(m.vecSeq, 0) + 1 END})-[:IN_MEMORY]->(m)
     WITH e, items, sources
     CALL (e, items) {
       UNWIND items AS source
@@ -1276,7 +1276,7 @@ CALL (m, version, problem, checked) {
   }
 }
 CALL (m, problem) {
-  WITH m WHERE problem IS NULL AND any(r IN $adds WHERE r.vec IS NOT NULL)
+  WITH m WHERE problem IS NULL AND any(r IN $adds WHERE r.kwBlind IS NOT NULL OR r.vec IS NOT NULL)
   SET m.vecSeq = coalesce(m.vecSeq, 0) + 1
 }
 RETURN problem
@@ -1346,7 +1346,7 @@ CALL (m, version, problem, checked) {
   createdAt: $now, updatedAt: $now, invalidatedAt: null, orderKey: orderKey, pinned: row.layer = 'pinned',
   sourceCount: sourceCount, author: row.author, excluded: [], legacy: legacy,
   kwBlind: row.kwBlind, vec: row.vec, vecModel: row.vecModel,
-  vecSeq: CASE WHEN row.vec IS NULL THEN null ELSE coalesce(m.vecSeq, 0) + 1 END})-[:IN_MEMORY]->(m)
+  vecSeq: CASE WHEN row.kwBlind IS NULL AND row.vec IS NULL THEN null ELSE coalesce(m.vecSeq, 0) + 1 END})-[:IN_MEMORY]->(m)
     WITH e, items, sources
     CALL (e, items) {
       UNWIND items AS source
@@ -1360,7 +1360,7 @@ CALL (m, version, problem, checked) {
   }
 }
 CALL (m, problem) {
-  WITH m WHERE problem IS NULL AND any(r IN $adds WHERE r.vec IS NOT NULL)
+  WITH m WHERE problem IS NULL AND any(r IN $adds WHERE r.kwBlind IS NOT NULL OR r.vec IS NOT NULL)
   SET m.vecSeq = coalesce(m.vecSeq, 0) + 1
 }
 
@@ -1376,7 +1376,7 @@ CREATE (e:Entry {id: row.id, botId: $botId, layer: row.layer, content: row.conte
   createdAt: $now, updatedAt: $now, invalidatedAt: null, orderKey: orderKey, pinned: row.layer = 'pinned',
   sourceCount: sourceCount, author: row.author, excluded: [], legacy: legacy,
   kwBlind: row.kwBlind, vec: row.vec, vecModel: row.vecModel,
-  vecSeq: CASE WHEN row.vec IS NULL THEN null ELSE coalesce(m.vecSeq, 0) + 1 END})-[:IN_MEMORY]->(m)
+  vecSeq: CASE WHEN row.kwBlind IS NULL AND row.vec IS NULL THEN null ELSE coalesce(m.vecSeq, 0) + 1 END})-[:IN_MEMORY]->(m)
 
 // ---- graph.entries.ENTRY_FOR_EDIT
 MATCH (e:Entry {id: $id, botId: $botId})
@@ -1396,12 +1396,12 @@ RETURN e.id AS id
 
 // ---- graph.entries.SET_CONTENT
 MATCH (m:Memory {id: $botId})
-SET m.vecSeq = coalesce(m.vecSeq, 0) + CASE WHEN $derived.vec IS NULL THEN 0 ELSE 1 END
+SET m.vecSeq = coalesce(m.vecSeq, 0) + 1
 WITH m
 MATCH (e:Entry {id: $id, botId: $botId})
 SET e.content = $content, e.contentLength = $contentLength, e.orderKey = $orderKey, e.updatedAt = $now,
     e.kwBlind = $derived.kwBlind, e.vec = $derived.vec, e.vecModel = $derived.vecModel,
-    e.vecSeq = CASE WHEN $derived.vec IS NULL THEN null ELSE m.vecSeq END
+    e.vecSeq = m.vecSeq
 
 // ---- graph.entries.SET_STATUS
 MATCH (e:Entry {id: $id, botId: $botId})
@@ -1926,8 +1926,19 @@ RETURN collect(e.id) AS ids,
          THEN {id: e.id, requires: e.lblRequires, excluded: coalesce(e.lblExcluded, []),
                afterRequires: ['#unproved'], afterExcluded: []} END) AS gone
 
-// ---- graph.search.KEYWORD_INDEX
-entry_keywords
+// ---- graph.search.DERIVED_SEQ
+MATCH (held:Memory {id: $botId})
+CALL apoc.lock.read.nodes([held])
+WITH held
+MATCH (m:Memory) WHERE elementId(m) = elementId(held)
+RETURN coalesce(m.vecSeq, 0) AS seq
+
+// ---- graph.search.DERIVED_SINCE
+MATCH (e:Entry)
+WHERE e.botId = $botId AND e.vecSeq > $after
+  RETURN {ids: collect(e.id), keywords: collect(coalesce(e.kwBlind, '')),
+          vecs: collect(CASE WHEN e.vecModel = $model THEN e.vec ELSE '' END),
+          pinned: collect(e.layer = 'pinned'), orderKeys: collect(e.orderKey)} AS fresh
 
 // ---- graph.search.SEARCH
 MATCH (held:Memory {id: $botId})
@@ -1937,36 +1948,27 @@ MATCH (m:Memory) WHERE elementId(m) = elementId(held)
 WITH m, $readers AS readers, $org AS org
 
 CALL (m) {
-  MATCH (f:Entry)
-  WHERE f.botId = $botId AND f.vecSeq > $after AND f.vecModel = $model
-  RETURN collect([f.id, f.vec]) AS fresh
+  MATCH (e:Entry)
+  WHERE e.botId = $botId AND e.vecSeq > $after
+  RETURN {ids: collect(e.id), keywords: collect(coalesce(e.kwBlind, '')),
+          vecs: collect(CASE WHEN e.vecModel = $model THEN e.vec ELSE '' END),
+          pinned: collect(e.layer = 'pinned'), orderKeys: collect(e.orderKey)} AS fresh
 }
 
 CALL (readers, org) {
-  UNWIND range(0, size($dense) - 1) AS i
-  MATCH (e:Entry {id: $dense[i]})
+  UNWIND range(0, size($cands) - 1) AS i
+  MATCH (e:Entry {id: $cands[i]})
   WHERE e.botId = $botId AND e.activeKey IS NOT NULL AND
 (size(readers) > 0
  AND all(rd IN readers WHERE all(a IN e.lblRequires WHERE
        a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
 
-  WITH e, i ORDER BY i
-  RETURN collect(e) AS dense
+  WITH e, i ORDER BY i LIMIT $limit
+  RETURN collect(e) AS hits, collect($scores[i]) AS hitScores, max(i) AS lastHit
 }
 
-CALL (readers, org) {
-  WITH readers, org WHERE $keywords <> ''
-  CALL db.index.fulltext.queryNodes('entry_keywords', $keywords, {limit: $keywordLimit}) YIELD node AS e, score
-  WHERE e.botId = $botId AND e.activeKey IS NOT NULL AND
-(size(readers) > 0
- AND all(rd IN readers WHERE all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
-
-  RETURN collect(e) AS keyword
-}
-
-CALL (readers, org, dense, keyword) {
-  WITH readers, org WHERE $fill > size(dense) + size([e IN keyword WHERE NOT e IN dense])
+CALL (readers, org, hits) {
+  WITH readers, org WHERE $fill > size(hits)
   UNWIND $keys AS key
   CALL (key, readers, org) {
     MATCH (e:Entry)
@@ -1981,16 +1983,12 @@ CALL (readers, org, dense, keyword) {
   RETURN collect(e) AS recent
 }
 
-WITH m, fresh, dense, keyword, recent,
-     [i IN range(0, size(dense) - 1) | [dense[i], 1.0 / ($k + i + 1)]]
-     + [i IN range(0, size(keyword) - 1) | [keyword[i], 1.0 / ($k + i + 1)]]
-     + [e IN recent | [e, 0.0]] AS parts
-CALL (m, parts) {
+WITH m, fresh, hits, CASE WHEN size(hits) >= $limit THEN lastHit + 1 ELSE size($cands) END AS walked,
+     [i IN range(0, size(hits) - 1) | [hits[i], hitScores[i]]]
+     + [e IN recent WHERE NOT e IN hits | [e, 0.0]] AS parts
+CALL (parts) {
   UNWIND parts AS part
-  WITH m, part[0] AS e, sum(part[1]) AS relevance
-  WITH e, relevance
-       + CASE WHEN e.layer = 'pinned' THEN $pinned ELSE 0.0 END
-       + $recency / (1.0 + (m.version - e.orderKey / 1000000) / $halfLife) AS score
+  WITH part[0] AS e, part[1] AS score
   ORDER BY score DESC, e.memoryRank DESC, e.id
   LIMIT $limit
 CALL (e) {
@@ -2002,8 +2000,7 @@ WITH e, collect(CASE WHEN src IS NULL THEN null WHEN src:Item THEN {chat: src.ch
   RETURN collect({score: score, entry: e {.id, .layer, .tags, .status, .confidence, .createdAt, .updatedAt, .invalidatedAt,
      .content, .contentLength, .orderKey, .memoryRank, sources: sources}}) AS ranked
 }
-RETURN coalesce(m.vecSeq, 0) AS seq, m.version AS version, fresh, ranked,
-       size(dense) AS denseVisible, size(keyword) AS keywordVisible
+RETURN coalesce(m.vecSeq, 0) AS seq, m.version AS version, fresh, ranked, size(hits) AS visible, walked
 
 // ---- graph.search.SEARCH_CONTEXT
 MATCH (held:Memory {id: $botId})
@@ -2013,36 +2010,27 @@ MATCH (m:Memory) WHERE elementId(m) = elementId(held)
 WITH m, $readers AS readers, $org AS org
 
 CALL (m) {
-  MATCH (f:Entry)
-  WHERE f.botId = $botId AND f.vecSeq > $after AND f.vecModel = $model
-  RETURN collect([f.id, f.vec]) AS fresh
+  MATCH (e:Entry)
+  WHERE e.botId = $botId AND e.vecSeq > $after
+  RETURN {ids: collect(e.id), keywords: collect(coalesce(e.kwBlind, '')),
+          vecs: collect(CASE WHEN e.vecModel = $model THEN e.vec ELSE '' END),
+          pinned: collect(e.layer = 'pinned'), orderKeys: collect(e.orderKey)} AS fresh
 }
 
 CALL (readers, org) {
-  UNWIND range(0, size($dense) - 1) AS i
-  MATCH (e:Entry {id: $dense[i]})
+  UNWIND range(0, size($cands) - 1) AS i
+  MATCH (e:Entry {id: $cands[i]})
   WHERE e.botId = $botId AND e.activeKey IS NOT NULL AND
 (size(readers) > 0
  AND all(rd IN readers WHERE all(a IN e.lblRequires WHERE
        a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
 
-  WITH e, i ORDER BY i
-  RETURN collect(e) AS dense
+  WITH e, i ORDER BY i LIMIT $limit
+  RETURN collect(e) AS hits, collect($scores[i]) AS hitScores, max(i) AS lastHit
 }
 
-CALL (readers, org) {
-  WITH readers, org WHERE $keywords <> ''
-  CALL db.index.fulltext.queryNodes('entry_keywords', $keywords, {limit: $keywordLimit}) YIELD node AS e, score
-  WHERE e.botId = $botId AND e.activeKey IS NOT NULL AND
-(size(readers) > 0
- AND all(rd IN readers WHERE all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
-
-  RETURN collect(e) AS keyword
-}
-
-CALL (readers, org, dense, keyword) {
-  WITH readers, org WHERE $fill > size(dense) + size([e IN keyword WHERE NOT e IN dense])
+CALL (readers, org, hits) {
+  WITH readers, org WHERE $fill > size(hits)
   UNWIND $keys AS key
   CALL (key, readers, org) {
     MATCH (e:Entry)
@@ -2057,34 +2045,17 @@ CALL (readers, org, dense, keyword) {
   RETURN collect(e) AS recent
 }
 
-WITH m, fresh, dense, keyword, recent,
-     [i IN range(0, size(dense) - 1) | [dense[i], 1.0 / ($k + i + 1)]]
-     + [i IN range(0, size(keyword) - 1) | [keyword[i], 1.0 / ($k + i + 1)]]
-     + [e IN recent | [e, 0.0]] AS parts
-CALL (m, parts) {
+WITH m, fresh, hits, CASE WHEN size(hits) >= $limit THEN lastHit + 1 ELSE size($cands) END AS walked,
+     [i IN range(0, size(hits) - 1) | [hits[i], hitScores[i]]]
+     + [e IN recent WHERE NOT e IN hits | [e, 0.0]] AS parts
+CALL (parts) {
   UNWIND parts AS part
-  WITH m, part[0] AS e, sum(part[1]) AS relevance
-  WITH e, relevance
-       + CASE WHEN e.layer = 'pinned' THEN $pinned ELSE 0.0 END
-       + $recency / (1.0 + (m.version - e.orderKey / 1000000) / $halfLife) AS score
+  WITH part[0] AS e, part[1] AS score
   ORDER BY score DESC, e.memoryRank DESC, e.id
   LIMIT $limit
   RETURN collect({score: score, entry: e {.id, .memoryRank, .contentLength, .content}}) AS ranked
 }
-RETURN coalesce(m.vecSeq, 0) AS seq, m.version AS version, fresh, ranked,
-       size(dense) AS denseVisible, size(keyword) AS keywordVisible
-
-// ---- graph.search.VECTORS_SINCE
-MATCH (e:Entry)
-WHERE e.botId = $botId AND e.vecSeq > $after AND e.vecModel = $model
-RETURN collect(e.id) AS ids, collect(e.vec) AS vecs
-
-// ---- graph.search.VECTOR_SEQ
-MATCH (held:Memory {id: $botId})
-CALL apoc.lock.read.nodes([held])
-WITH held
-MATCH (m:Memory) WHERE elementId(m) = elementId(held)
-RETURN coalesce(m.vecSeq, 0) AS seq
+RETURN coalesce(m.vecSeq, 0) AS seq, m.version AS version, fresh, ranked, size(hits) AS visible, walked
 
 // ---- graph.search.VISIBLE_ACTIVE
 MATCH (held:Memory {id: $botId})

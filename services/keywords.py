@@ -64,9 +64,8 @@ def blind_text(cipher: Cipher, text: str) -> str:
     return " ".join(cipher.blind(t) for t in tokens(text))
 
 
-def blind_query(cipher: Cipher, text: str) -> str:
-    """The Lucene full-text query for ``text``: its distinct blind tokens joined by spaces (any of
-    them matches); empty when the text has no keyword. Blind tokens need no Lucene escaping."""
+def blind_tokens(cipher: Cipher, text: str) -> list[str]:
+    """The distinct blind tokens of a query's keywords, in order (empty: no keyword)."""
     blinded = list(dict.fromkeys(cipher.blind(t) for t in tokens(text)))
     assert all(_BLIND.fullmatch(b) for b in blinded), "a blind token is not [k0-9a-f]"
-    return " ".join(blinded)
+    return blinded

@@ -1,16 +1,15 @@
-"""Retrieval by meaning (design §10): ``search`` and ``context(query)``.
+"""Retrieval by meaning (design §10, D9.29): ``search`` and ``context(query)``.
 
-Relevance is hybrid: the query's embedding against the Bot's vectors (cosine, the per-process
-index of :mod:`services.vectorindex`) fused by reciprocal rank with BM25 over the blind keyword
-index, plus a small prior for pinned and recent entries. Similarity only proposes: the one
-visibility check decides, under the shared lock, inside the statement that ranks (C1, V10), and
-only what is returned is decrypted (E2).
+Relevance is hybrid: the query's embedding against the Bot's vectors (cosine) fused by reciprocal
+rank with BM25 over the blind keyword tokens, plus a small prior for pinned and recent entries —
+all ranked by the Bot's index in this process (:mod:`services.vectorindex`). Similarity only
+proposes: the statement takes the shared lock and walks the candidates best first, keeping the
+first that pass the one visibility check (C1, V10); only what is returned is decrypted (E2).
 
-A reader who sees most entries gets the nearest vectors of the whole pool, checked (post-filter);
-one who sees few gets their visible active ids first and similarity ranks only those (pre-filter).
-Which one a set of reader keys needs is learnt in this process: a post-filter that leaves too few
-visible candidates switches those keys to the pre-filter, and a pre-filter that finds many
-switches them back.
+A reader who sees most entries walks the candidates of the whole pool (post-filter); one who sees
+few gets their visible active ids first and the index ranks only those (pre-filter). Which one a
+set of reader keys needs is learnt in this process: a walk where few candidates pass switches
+those keys to the pre-filter, and a pre-filter that finds many switches them back.
 """
 
 from __future__ import annotations
@@ -19,23 +18,23 @@ import asyncio
 import logging
 import math
 from dataclasses import dataclass
-from typing import Any, Final, Literal, overload
+from typing import Final, Literal, overload
 
 from neo4j import AsyncManagedTransaction
 
 from graph import search as search_q
-from graph.driver import autocommit, read
+from graph.driver import QueryTarget, autocommit, read
 from graph.memory import reader_keys
 from services import retrieval
 from services.crypto import Cipher, Kind
 from services.domain import Principal
 from services.embedding import Embedder, EmbedderUnavailable, decode_vectors
 from services.errors import BadInput, NotFound
-from services.keywords import blind_query
+from services.keywords import blind_tokens
 from services.memory import Entry, Reader, cipher_of, decrypt_entry, open_read
 from services.runtime import Runtime
 from services.validation import check_id
-from services.vectorindex import F32, BotVectors, ReaderKey, VisibleIds
+from services.vectorindex import F32, BotIndex, ReaderKey, VisibleIds
 
 log = logging.getLogger("botmemory.search")
 
@@ -47,18 +46,26 @@ PINNED_PRIOR: Final = 0.3 / (RRF_K + 1)
 RECENCY_PRIOR: Final = 0.2 / (RRF_K + 1)
 #: Memory versions after which the recency prior is halved.
 RECENCY_HALF_LIFE: Final = 1_000.0
-#: Nearest vectors proposed per wanted result (at least DENSE_MIN), keyword hits asked for.
+#: Nearest vectors proposed per wanted result (at least DENSE_MIN), keyword hits (at least
+#: KEYWORD_LIMIT).
 DENSE_FACTOR: Final = 2
 DENSE_MIN: Final = 50
 KEYWORD_LIMIT: Final = 100
+#: Candidates the statement walks at first: the wanted ones divided by the share that passed for
+#: these reader keys before (at least MIN_PASSING), a MARGIN_SHARE more and MARGIN_MIN more. A walk
+#: that falls short goes WALK_GROWTH times as far; one where fewer than 1 in SPARSE_WALK
+#: candidates pass switches the reader to the pre-filter.
+MIN_PASSING: Final = 0.25
+MARGIN_SHARE: Final = 0.1
+MARGIN_MIN: Final = 2
+WALK_GROWTH: Final = 4
+SPARSE_WALK: Final = 4
 #: The pre-filter reads at most this many visible ids per key; a reader who sees more than
 #: SPARSE_SHARE of the pool is served by the post-filter next time.
 PRE_CAP: Final = 5_000
 SPARSE_SHARE: Final = 0.1
-#: ``after`` for a search without vectors: no vector is ever newer.
-_NO_VECTORS: Final = 2**62
-#: Attempts of a search whose index had to catch up in between.
-_ATTEMPTS: Final = 3
+#: Attempts of a search whose index had to catch up (or walk further) in between.
+_ATTEMPTS: Final = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +153,52 @@ async def _embed(embedder: Embedder | None, query: str) -> F32 | None:
 _Found = search_q.SearchRow[search_q.RankedEntry] | search_q.SearchRow[search_q.RankedContext]
 
 
+@dataclass(frozen=True, slots=True)
+class _Query:
+    """One search as the index and the statement take it."""
+
+    bot_id: str
+    reader: Reader
+    vector: F32 | None
+    blind: list[str]
+    wanted: int
+    fill: bool
+
+    def candidates(self, index: BotIndex, among: list[str] | None) -> tuple[list[str], list[float]]:
+        """The index's candidates, best first (among ``among`` only, when given)."""
+        return index.rank(
+            self.vector,
+            self.blind,
+            among,
+            dense_k=max(DENSE_MIN, DENSE_FACTOR * self.wanted),
+            keyword_k=max(KEYWORD_LIMIT, DENSE_FACTOR * self.wanted),
+            rrf_k=RRF_K,
+            pinned_prior=PINNED_PRIOR,
+            recency_prior=RECENCY_PRIOR,
+            half_life=RECENCY_HALF_LIFE,
+        )
+
+    async def run(self, tx: QueryTarget, index: BotIndex, cands: list[str], scores: list[float]) -> _Found:
+        """The statement: the first ``wanted`` of ``cands`` that pass (filled in memory order for
+        ``context``), and what the index lacks."""
+        params = self.reader.params
+        run = search_q.search_context if self.fill else search_q.search_entries
+        found = await run(
+            tx,
+            bot_id=self.bot_id,
+            org=params["org"],
+            readers=params["readers"],
+            cands=cands,
+            scores=scores,
+            model=index.model,
+            after=index.seq,
+            limit=self.wanted,
+        )
+        if found is None:
+            raise NotFound("bot not found")
+        return found
+
+
 @overload
 async def _ranked(
     rt: Runtime,
@@ -178,79 +231,48 @@ async def _ranked(
     *,
     fill: bool,
 ) -> tuple[list[search_q.RankedEntry] | list[search_q.RankedContext], Cipher]:
-    """The best ``wanted`` candidates as ``{score, entry}`` rows, best first; with ``fill``, the
-    newest visible entries follow the relevant ones when there are fewer than ``wanted``."""
+    """The best ``wanted`` visible active entries as ``{score, entry}`` rows, best first; with
+    ``fill``, the newest visible entries follow the relevant ones when there are fewer."""
     cipher = await cipher_of(rt, bot_id)
-    vector = await _embed(embedder, query)
-    index = None
-    if vector is not None and embedder is not None:
-        index = rt.vectors.of(bot_id, embedder.id)
-        await _load(rt, index, bot_id, cipher)
+    q = _Query(bot_id, reader, await _embed(embedder, query), blind_tokens(cipher, query), wanted, fill)
+    index = rt.vectors.of(bot_id, "" if embedder is None else embedder.id)
+    await _load(rt, index, bot_id, cipher)
     keys = tuple(reader_keys(list(reader.readers)))
-    dense_k = max(DENSE_MIN, DENSE_FACTOR * wanted)
-    params: dict[str, Any] = {
-        "bot_id": bot_id,
-        "keywords": blind_query(cipher, query),
-        "model": index.model if index is not None else "",
-        "limit": max(wanted, 1),
-        "fill": wanted if fill else 0,
-        "k": RRF_K,
-        "pinned": PINNED_PRIOR,
-        "recency": RECENCY_PRIOR,
-        "half_life": RECENCY_HALF_LIFE,
-        **reader.params,
-    }
     who = reader_key(bot_id, reader)
+    # Among a reader's visible ids nearly every candidate passes; among everything, the share
+    # that passed for these keys before.
+    sure = math.ceil(wanted * (1 + MARGIN_SHARE)) + MARGIN_MIN
+    passing = max(MIN_PASSING, rt.vectors.passing(bot_id, keys))
+    walk = math.ceil(wanted / passing * (1 + MARGIN_SHARE)) + MARGIN_MIN
     found: _Found | None = None
     for _ in range(_ATTEMPTS):
-        sparse = index is not None and vector is not None and rt.vectors.sparse(bot_id, keys)
-        known = rt.vectors.visible(who) if sparse else None
-        if index is not None and vector is not None and sparse and known is None:
-            found = await read(
-                rt.driver, lambda tx: _prefiltered(rt, tx, index, cipher, vector, dense_k, who, params, fill)
-            )
+        known = rt.vectors.visible(who) if rt.vectors.sparse(bot_id, keys) else None
+        if known is None and rt.vectors.sparse(bot_id, keys):
+            found = await read(rt.driver, lambda tx: _prefiltered(rt, tx, index, cipher, q, sure, who))
             break
-        if index is None or vector is None:
-            dense: list[str] = []
-        elif known is not None:
-            dense = index.top_among(known.ids, vector, dense_k)
-        else:
-            dense = index.top(vector, dense_k)
-        after = _NO_VECTORS if index is None else index.seq
-        # A reader known to see nothing active needs no keyword query: the statement then only
-        # confirms the memory version under the shared lock.
-        asked: dict[str, Any] = params if known is None or known.ids else {**params, "keywords": ""}
+        cands, scores = q.candidates(index, None if known is None else known.ids)
+        walked = min(walk if known is None else sure, len(cands))
         found = await autocommit(
-            rt.driver,
-            lambda s, dense=dense, after=after, sparse=sparse, asked=asked: search_q.search(
-                s,
-                dense=dense,
-                keyword_limit=(2 if sparse else 1) * KEYWORD_LIMIT,
-                after=after,
-                for_context=fill,
-                **asked,
-            ),
+            rt.driver, lambda s, c=cands[:walked], sc=scores[:walked]: q.run(s, index, c, sc)
         )
-        if found is None:
-            raise NotFound("bot not found")
-        if index is not None and found["fresh"]:
-            _absorb(index, cipher, [(i, v) for i, v in found["fresh"]], int(found["seq"]))
-            continue  # the nearest vectors may have changed: ask again with the current index
-        if index is not None:
-            index.seq = max(index.seq, int(found["seq"]))
+        if found["fresh"]["ids"]:
+            _absorb(index, cipher, found["fresh"], int(found["seq"]))
+            continue  # the candidates may have changed: ask again with the current index
+        index.seq = max(index.seq, int(found["seq"]))
         if known is not None:
             if int(found["version"]) != known.version:
                 rt.vectors.drop_visible(who)
                 continue  # the memory changed since the visible ids were read: read them again
-        elif (
-            index is not None
-            and len(dense) == dense_k
-            and found["denseVisible"] < wanted
-            and len(index) > dense_k
-        ):
+            break
+        visible = int(found["visible"])
+        if found["walked"]:
+            rt.vectors.observe_passing(bot_id, keys, visible / int(found["walked"]))
+        if visible >= wanted or (walked == len(cands) and len(index) <= len(cands)):
+            break
+        if walked == len(cands) or visible * SPARSE_WALK < walked:
             rt.vectors.observe(bot_id, keys, sparse=True)
-            continue  # too few of the nearest are visible: this reader needs the pre-filter
-        break
+            continue  # few candidates pass: this reader needs the pre-filter
+        walk *= WALK_GROWTH  # some were hidden or inactive: walk further down the same list
     assert found is not None
     ranked = found["ranked"]
     ranked.sort(key=lambda r: (-float(r["score"]), -int(r["entry"]["memoryRank"])))
@@ -265,71 +287,63 @@ def reader_key(bot_id: str, reader: Reader) -> ReaderKey:
 async def _prefiltered(
     rt: Runtime,
     tx: AsyncManagedTransaction,
-    index: BotVectors,
+    index: BotIndex,
     cipher: Cipher,
-    vector: F32,
-    dense_k: int,
+    q: _Query,
+    walk: int,
     who: ReaderKey,
-    params: dict[str, Any],
-    for_context: bool,
 ) -> _Found:
     """One read (D9.8): the reader's visible active ids under the shared lock, the index caught up
-    under the same lock, similarity among those ids only, then the ranking statement. The ids
-    are kept with the memory version they were read at, for the next search of this reader."""
-    bot_id = str(params["bot_id"])
+    under the same lock, the candidates among those ids only, then the statement that checks
+    them. The ids are kept with the memory version they were read at, for the next search of
+    this reader."""
+    params = q.reader.params
     visible = await search_q.visible_active(
-        tx, bot_id=bot_id, org=params["org"], readers=params["readers"], cap=PRE_CAP
+        tx, bot_id=q.bot_id, org=params["org"], readers=params["readers"], cap=PRE_CAP
     )
     if visible is None:
         raise NotFound("bot not found")
     seq, version, ids = visible
     rt.vectors.keep_visible(who, VisibleIds(version, ids))
-    if not ids:  # nothing visible and active: no keyword hit either
-        return {
-            "seq": seq,
-            "version": version,
-            "fresh": [],
-            "ranked": [],
-            "denseVisible": 0,
-            "keywordVisible": 0,
-        }
+    if not ids:  # nothing visible and active: no candidate either
+        empty: search_q.Derived = {"ids": [], "keywords": [], "vecs": [], "pinned": [], "orderKeys": []}
+        return {"seq": seq, "version": version, "fresh": empty, "ranked": [], "visible": 0, "walked": 0}
     if seq > index.seq:
-        _, fresh = await search_q.vectors_since(tx, bot_id=bot_id, model=index.model, after=index.seq)
-        _absorb(index, cipher, fresh, seq)
-    keys = tuple(reader_keys(list(params["readers"])))
+        _, fresh = await search_q.derived_since(tx, bot_id=q.bot_id, model=index.model, after=index.seq)
+        if fresh is not None:
+            _absorb(index, cipher, fresh, seq)
     if len(ids) >= PRE_CAP or len(ids) > SPARSE_SHARE * len(index):
-        rt.vectors.observe(bot_id, keys, sparse=False)
-    dense = index.top_among(ids, vector, dense_k)
-    found = await search_q.search(
-        tx, dense=dense, keyword_limit=2 * KEYWORD_LIMIT, after=index.seq, for_context=for_context, **params
-    )
-    if found is None:
-        raise NotFound("bot not found")
-    return found
+        rt.vectors.observe(q.bot_id, tuple(reader_keys(list(params["readers"]))), sparse=False)
+    cands, scores = q.candidates(index, ids)
+    return await q.run(tx, index, cands[:walk], scores[:walk])
 
 
-async def _load(rt: Runtime, index: BotVectors, bot_id: str, cipher: Cipher) -> None:
-    """The first use of a Bot's index in this process reads every vector of its embedder."""
+async def _load(rt: Runtime, index: BotIndex, bot_id: str, cipher: Cipher) -> None:
+    """The first use of a Bot's index in this process reads everything derived of its entries."""
     if index.seq >= 0:
         return
     async with index.lock:
         if index.seq >= 0:
             return
-        seq, rows = await read(
-            rt.driver, lambda tx: search_q.vectors_since(tx, bot_id=bot_id, model=index.model, after=-1)
+        seq, fresh = await read(
+            rt.driver, lambda tx: search_q.derived_since(tx, bot_id=bot_id, model=index.model, after=-1)
         )
-        if seq is None:
+        if seq is None or fresh is None:
             raise NotFound("bot not found")
         # Decrypting and decoding every vector takes a while on a large Bot: off the event loop
         # (searches of this Bot wait on the index's lock meanwhile; others go on).
-        await asyncio.to_thread(_absorb, index, cipher, rows, seq)
+        await asyncio.to_thread(_absorb, index, cipher, fresh, seq)
 
 
-def _absorb(index: BotVectors, cipher: Cipher, rows: list[tuple[str, str | bytes]], seq: int) -> None:
-    """Vectors read from the graph into the index, which then holds everything through ``seq``."""
-    if rows:
-        raws = cipher.decrypt_bytes_all(Kind.ENTRY_VECTOR, rows)
-        dims = len(raws[0]) - 4
-        q, scales = decode_vectors(raws, dims)
-        index.upsert([r[0] for r in rows], q, scales)
+def _absorb(index: BotIndex, cipher: Cipher, fresh: search_q.Derived, seq: int) -> None:
+    """What was read from the graph into the index, which then holds everything through ``seq``."""
+    ids = fresh["ids"]
+    if ids:
+        at = [i for i, v in enumerate(fresh["vecs"]) if v]
+        vectors = None
+        if at:
+            raws = cipher.decrypt_bytes_all(Kind.ENTRY_VECTOR, [(ids[i], fresh["vecs"][i]) for i in at])
+            q, scales = decode_vectors(raws, len(raws[0]) - 4)
+            vectors = (at, q, scales)
+        index.upsert(ids, fresh["keywords"], fresh["pinned"], fresh["orderKeys"], vectors)
     index.seq = max(index.seq, seq)

@@ -1,17 +1,20 @@
-"""The vectors of a Bot's entries in this process: what proposes dense candidates (design §10).
+"""A Bot's index in this process: what proposes dense and keyword candidates (design §10, D9.29).
 
 It only proposes: every id it returns is checked by the one visibility check under the shared
 lock before anything is ranked or shown (C1, V10), so an id of an entry that was since hidden or
 purged costs a lookup and nothing else. What it must never be is incomplete: it records the
-last stamp of the Memory's vector sequence through which it holds every vector of its embedder
-(``seq``; every write of vectors counts the sequence under the exclusive lock), and search
-catches it up from the vectors stamped after it before trusting it (no staleness across a
-memory version, in every API process alike).
+last stamp of the Memory's derived-data sequence (``vecSeq``; every write of keywords or vectors
+counts it under the exclusive lock and stamps what it wrote) through which it holds every entry's
+keywords and every vector of its embedder (``seq``), and search catches it up from what was
+stamped after it before trusting it (no staleness across a memory version, in every API process
+alike).
 
 Vectors are held quantised (int8 with one scale per vector, as stored). A small pool is ranked
 exactly against its dequantised vectors. A large one keeps a coarse copy projected on its
 principal components: the coarse scores pick a few hundred candidates, which are then ranked
-exactly — about half the memory of float32 vectors and a fraction of the arithmetic.
+exactly. Keywords are scored by BM25 over the blind tokens (:mod:`services.keywordindex`). The
+two lists are fused by reciprocal rank with the prior, in the process: the statement that checks
+the candidates then only walks them in that order.
 """
 
 from __future__ import annotations
@@ -23,13 +26,17 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
+from services.keywordindex import Postings, largest
+
 #: Below this many vectors the ranking is exact over dequantised float32 vectors.
 EXACT_MAX: Final = 16_384
 #: Dimensions of the coarse copy of a large pool.
-COARSE_DIMS: Final = 64
+COARSE_DIMS: Final = 32
 #: Candidates of the coarse pass per wanted result (and at least RESCORE_MIN) ranked exactly.
 RESCORE_FACTOR: Final = 8
 RESCORE_MIN: Final = 400
+#: What a pinned entry adds to its order key in memory order (``graph.memory``'s memoryRank).
+PINNED_RANK: Final = 1_125_899_906_842_624
 #: Rows fitted for the principal components; rows projected per step.
 _FIT_ROWS: Final = 16_384
 _CHUNK: Final = 8_192
@@ -37,89 +44,174 @@ _CHUNK: Final = 8_192
 F32 = npt.NDArray[np.float32]
 
 
-class BotVectors:
-    """The vectors of one embedder for one Bot. Not thread-safe; used from the event loop."""
+class BotIndex:
+    """What proposes a Bot's candidates in this process: every entry with derived data (blind
+    keywords, and a vector of this index's embedder when it has one), with what the prior needs
+    (pinned, order key). Not thread-safe; used from the event loop."""
 
     def __init__(self, model: str) -> None:
+        #: The embedder whose vectors it holds ("" for none: keywords only).
         self.model = model
-        #: Every vector stamped at or before this vector sequence is held (-1: none loaded yet).
+        #: Everything stamped at or before this derived-data sequence is held (-1: none loaded yet).
         self.seq = -1
         #: Serialises loading and catching up.
         self.lock = asyncio.Lock()
+        self.keywords = Postings()
         self._ids: list[str] = []
         self._pos: dict[str, int] = {}
         self._q: npt.NDArray[np.int8] = np.empty((0, 0), np.int8)
         self._scale: F32 = np.empty(0, np.float32)
         self._coarse: F32 = np.empty((0, 0), np.float32)
         self._basis: F32 | None = None
+        self._has_vec = np.zeros(0, np.bool_)
+        self._pinned = np.zeros(0, np.bool_)
+        self._order = np.zeros(0, np.int64)
+        #: Rows without a vector of the embedder (left out of the dense ranking).
+        self._unembedded = 0
+        #: The version of the newest entry held (what the recency prior counts from).
+        self._newest = 0.0
 
     def __len__(self) -> int:
         return len(self._ids)
 
     @property
     def nbytes(self) -> int:
-        """Memory held by the vectors (the arrays; ids not counted)."""
-        return self._q.nbytes + self._scale.nbytes + self._coarse.nbytes
+        """Memory held by the arrays and postings (ids and the id map not counted)."""
+        rows = self._has_vec.nbytes + self._pinned.nbytes + self._order.nbytes
+        return self._q.nbytes + self._scale.nbytes + self._coarse.nbytes + rows + self.keywords.nbytes
 
-    def upsert(self, ids: list[str], q: npt.NDArray[np.int8], scales: F32) -> None:
-        """Add vectors, replacing those of ids already held (a revised or re-embedded entry)."""
+    def upsert(
+        self,
+        ids: list[str],
+        keywords: list[str],
+        pinned: list[bool],
+        order_keys: list[int],
+        vectors: tuple[list[int], npt.NDArray[np.int8], F32] | None,
+    ) -> None:
+        """Add entries, replacing what is held of ids already held (a revised or re-embedded
+        entry): their blind keywords, pinned flags, order keys and, for the positions in
+        ``vectors`` (positions into ``ids``, int8 rows, scales), their vectors. An entry without
+        a vector in this update has none afterwards."""
         if not ids:
             return
-        if self._q.shape[1] == 0:
-            dims = q.shape[1]
-            self._q = np.empty((0, dims), np.int8)
-            self._coarse = np.empty((0, dims), np.float32)
-        new_rows: list[int] = []
+        rows = self._rows_for(ids)
+        for row, blind in zip(rows.tolist(), keywords, strict=True):
+            self.keywords.set(row, blind)
+        self._pinned[rows] = pinned
+        self._order[rows] = order_keys
+        self._newest = max(self._newest, max(order_keys) / 1_000_000)
+        self._has_vec[rows] = False
+        if vectors is not None and vectors[0]:
+            at, q, scales = vectors
+            if self._q.shape[1] == 0:
+                self._q = np.zeros((self._has_vec.shape[0], q.shape[1]), np.int8)
+                self._coarse = np.zeros((self._has_vec.shape[0], q.shape[1]), np.float32)
+            with_vec = rows[np.array(at, np.int64)]
+            self._q[with_vec] = q
+            self._scale[with_vec] = scales
+            self._has_vec[with_vec] = True
+            if self._basis is None and len(self._ids) > EXACT_MAX:
+                self._fit()
+            else:
+                self._coarse[with_vec] = self._project(q, scales)
+        self._unembedded = len(self._ids) - int(np.count_nonzero(self._has_vec[: len(self._ids)]))
+
+    def rank(
+        self,
+        vector: F32 | None,
+        blind: list[str],
+        among: list[str] | None,
+        *,
+        dense_k: int,
+        keyword_k: int,
+        rrf_k: float,
+        pinned_prior: float,
+        recency_prior: float,
+        half_life: float,
+    ) -> tuple[list[str], list[float]]:
+        """The candidates for a query, best first, with their scores: the ``dense_k`` nearest
+        vectors and the ``keyword_k`` best BM25 rows (among the ids ``among`` only, when given)
+        fused by reciprocal rank (``rrf_k``), plus the prior (``pinned_prior`` for a pinned
+        entry, at most ``recency_prior`` for the newest, halved every ``half_life`` versions)."""
+        rows = None if among is None else self._rows_of(among)
+        dense = np.empty(0, np.int64)
+        if vector is not None and self._q.shape[1] == vector.shape[0]:
+            dense = self._top_rows(vector, dense_k, rows)
+        keyword, _ = self.keywords.top(blind, keyword_k, rows)
+        if dense.size + keyword.size == 0:
+            return [], []
+        parts = np.concatenate([dense, keyword])
+        shares = np.concatenate(
+            [1.0 / (rrf_k + 1.0 + np.arange(dense.size)), 1.0 / (rrf_k + 1.0 + np.arange(keyword.size))]
+        )
+        found, inverse = np.unique(parts, return_inverse=True)
+        versions = self._order[found] / 1_000_000
+        score = (
+            np.bincount(inverse, weights=shares)
+            + pinned_prior * self._pinned[found]
+            + recency_prior / (1.0 + (self._newest - versions) / half_life)
+        )
+        memory_rank = self._order[found] + self._pinned[found].astype(np.int64) * PINNED_RANK
+        order = np.lexsort((-memory_rank, -score))
+        return [self._ids[int(r)] for r in found[order]], score[order].tolist()
+
+    def top(self, query: F32, k: int) -> list[str]:
+        """The ids of the ``k`` vectors most similar to ``query`` (cosine), best first."""
+        return [self._ids[int(r)] for r in self._top_rows(query, k, None)]
+
+    def _top_rows(self, query: F32, k: int, among: npt.NDArray[np.int64] | None) -> npt.NDArray[np.int64]:
+        """The rows of the ``k`` vectors most similar to ``query`` (among ``among``), best first."""
+        n = len(self._ids)
+        if n == 0 or k <= 0 or self._q.shape[1] == 0:
+            return np.empty(0, np.int64)
+        if among is not None:
+            rows = among[self._has_vec[among]]
+            return self._best(self._exact(rows, query), rows, k)
+        coarse = self._coarse[:n] @ (query if self._basis is None else query @ self._basis)
+        if self._unembedded:
+            coarse[~self._has_vec[:n]] = -np.inf
+        if self._basis is None:
+            rows = np.arange(n) if not self._unembedded else np.flatnonzero(self._has_vec[:n])
+            return self._best(coarse[rows], rows, k)
+        candidates = largest(coarse, max(RESCORE_MIN, RESCORE_FACTOR * k))
+        if self._unembedded:
+            candidates = candidates[self._has_vec[candidates]]
+        return self._best(self._exact(candidates, query), candidates, k)
+
+    def _rows_for(self, ids: list[str]) -> npt.NDArray[np.int64]:
+        """The rows of ``ids``, new rows for ids not held yet (the arrays grow to hold them)."""
         rows = np.empty(len(ids), np.int64)
         for i, entry_id in enumerate(ids):
             at = self._pos.get(entry_id)
             if at is None:
-                at = len(self._ids)
-                self._pos[entry_id] = at
+                at = self._pos[entry_id] = len(self._ids)
                 self._ids.append(entry_id)
-                new_rows.append(i)
             rows[i] = at
         n = len(self._ids)
-        if n > self._q.shape[0]:
-            grow = max(n, self._q.shape[0] * 5 // 4, 1024) - self._q.shape[0]
-            self._q = np.concatenate([self._q, np.zeros((grow, self._q.shape[1]), np.int8)])
+        if n > self._has_vec.shape[0]:
+            size = max(n, self._has_vec.shape[0] * 5 // 4, 1024)
+            grow = size - self._has_vec.shape[0]
+            self._has_vec = np.concatenate([self._has_vec, np.zeros(grow, np.bool_)])
+            self._pinned = np.concatenate([self._pinned, np.zeros(grow, np.bool_)])
+            self._order = np.concatenate([self._order, np.zeros(grow, np.int64)])
             self._scale = np.concatenate([self._scale, np.zeros(grow, np.float32)])
-            self._coarse = np.concatenate([self._coarse, np.zeros((grow, self._coarse.shape[1]), np.float32)])
-        self._q[rows] = q
-        self._scale[rows] = scales
-        if self._basis is None and n > EXACT_MAX:
-            self._fit()
-        else:
-            self._coarse[rows] = self._project(q, scales)
+            if self._q.shape[1]:
+                self._q = np.concatenate([self._q, np.zeros((grow, self._q.shape[1]), np.int8)])
+                self._coarse = np.concatenate(
+                    [self._coarse, np.zeros((grow, self._coarse.shape[1]), np.float32)]
+                )
+        return rows
 
-    def top(self, query: F32, k: int) -> list[str]:
-        """The ids of the ``k`` vectors most similar to ``query`` (cosine), best first."""
-        n = len(self._ids)
-        if n == 0 or k <= 0:
-            return []
-        coarse = self._coarse[:n] @ (query if self._basis is None else query @ self._basis)
-        if self._basis is None:
-            return self._best(coarse, np.arange(n), k)
-        pick = min(n, max(RESCORE_MIN, RESCORE_FACTOR * k))
-        candidates = np.argpartition(-coarse, pick - 1)[:pick]
-        return self._best(self._exact(candidates, query), candidates, k)
-
-    def top_among(self, ids: list[str], query: F32, k: int) -> list[str]:
-        """``top`` restricted to ``ids`` (ids without a vector are left out)."""
-        rows = np.array([p for p in (self._pos.get(i) for i in ids) if p is not None], np.int64)
-        if rows.size == 0 or k <= 0:
-            return []
-        return self._best(self._exact(rows, query), rows, k)
+    def _rows_of(self, ids: list[str]) -> npt.NDArray[np.int64]:
+        """The rows of the ids held among ``ids``."""
+        return np.array([p for p in (self._pos.get(i) for i in ids) if p is not None], np.int64)
 
     def _exact(self, rows: npt.NDArray[np.int64], query: F32) -> F32:
         return (self._q[rows].astype(np.float32) @ query) * self._scale[rows]
 
-    def _best(self, scores: F32, rows: npt.NDArray[np.int64], k: int) -> list[str]:
-        if scores.size > k:
-            keep = np.argpartition(-scores, k - 1)[:k]
-            scores, rows = scores[keep], rows[keep]
-        order = np.argsort(-scores, kind="stable")
-        return [self._ids[int(r)] for r in rows[order]]
+    def _best(self, scores: F32, rows: npt.NDArray[np.int64], k: int) -> npt.NDArray[np.int64]:
+        keep = largest(scores, k)
+        return rows[keep][np.argsort(-scores[keep], kind="stable")]
 
     def _project(self, q: npt.NDArray[np.int8], scales: F32) -> F32:
         dequantised = q.astype(np.float32) * scales[:, None]
@@ -127,14 +219,15 @@ class BotVectors:
 
     def _fit(self) -> None:
         """Principal components of the pool (a sample of it) become the coarse copy's axes."""
-        n = len(self._ids)
-        sample = np.random.default_rng(0).choice(n, size=min(n, _FIT_ROWS), replace=False)
+        held = np.flatnonzero(self._has_vec[: len(self._ids)])
+        sample = np.random.default_rng(0).choice(held, size=min(held.size, _FIT_ROWS), replace=False)
         x = self._q[sample].astype(np.float32) * self._scale[sample, None]
         x -= x.mean(axis=0)
         # The leading eigenvectors of the covariance (dims × dims) are the principal axes: far
         # cheaper than an SVD of the sample itself.
         _, axes = np.linalg.eigh(x.T @ x)
         self._basis = np.ascontiguousarray(axes[:, ::-1][:, :COARSE_DIMS].astype(np.float32))
+        n = len(self._ids)
         coarse = np.zeros((self._q.shape[0], COARSE_DIMS), np.float32)
         for start in range(0, n, _CHUNK):
             stop = min(n, start + _CHUNK)
@@ -170,16 +263,19 @@ class VectorIndexes:
     the ids were read at (what a reader may see changes only with the memory version, or with
     the reader's atoms, which are part of the key); otherwise it reads them again."""
 
-    _bots: dict[tuple[str, str], BotVectors] = field(default_factory=dict[tuple[str, str], BotVectors])
+    _bots: dict[tuple[str, str], BotIndex] = field(default_factory=dict[tuple[str, str], BotIndex])
     _sparse: dict[tuple[str, tuple[str, ...]], bool] = field(
         default_factory=dict[tuple[str, tuple[str, ...]], bool]
     )
     _visible: dict[ReaderKey, VisibleIds] = field(default_factory=dict[ReaderKey, VisibleIds])
+    _passing: dict[tuple[str, tuple[str, ...]], float] = field(
+        default_factory=dict[tuple[str, tuple[str, ...]], float]
+    )
 
-    def of(self, bot_id: str, model: str) -> BotVectors:
+    def of(self, bot_id: str, model: str) -> BotIndex:
         found = self._bots.get((bot_id, model))
         if found is None:
-            found = self._bots[(bot_id, model)] = BotVectors(model)
+            found = self._bots[(bot_id, model)] = BotIndex(model)
         return found
 
     def sparse(self, bot_id: str, keys: tuple[str, ...]) -> bool:
@@ -188,6 +284,14 @@ class VectorIndexes:
 
     def observe(self, bot_id: str, keys: tuple[str, ...], sparse: bool) -> None:
         self._sparse[(bot_id, keys)] = sparse
+
+    def passing(self, bot_id: str, keys: tuple[str, ...]) -> float:
+        """The share of walked candidates that passed for readers with these keys (default 1)."""
+        return self._passing.get((bot_id, keys), 1.0)
+
+    def observe_passing(self, bot_id: str, keys: tuple[str, ...], share: float) -> None:
+        """A walk's share of candidates that passed, averaged with the earlier ones."""
+        self._passing[(bot_id, keys)] = 0.5 * self.passing(bot_id, keys) + 0.5 * share
 
     def visible(self, key: ReaderKey) -> VisibleIds | None:
         """The visible active ids last read for this reader (any memory version), if kept."""

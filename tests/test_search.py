@@ -3,16 +3,19 @@ services, with the default local embedder, under the one visibility check (C1, V
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import httpx
 from prometheus_client import REGISTRY
 
+from graph.migrations import LATEST, migrate
 from learning.embedders import LocalMiniLM
 from services import memory, search
 from services.changes import AddFact, Invalidate, ItemRef
 from services.runtime import Runtime
 from services.settings import Settings
+from services.vectorindex import VectorIndexes
 from services.writepath import apply_changes
 from tests.client import Api, make_world
 from tests.conftest import ApiProcess
@@ -241,3 +244,36 @@ async def test_a_reader_who_sees_few_entries_is_served_from_visible_ids_never_st
         assert await found("party") == []
     finally:
         await embedder.aclose()
+
+
+async def test_keywords_alone_find_entries_and_the_upgrade_stamps_older_ones(
+    api: Api, runtime: Runtime
+) -> None:
+    """Without an embedder an entry is found by its blind keywords alone (D9.29: the process's
+    index holds every entry with keywords, stamped with the derived-data sequence). Entries that
+    got keywords without a vector before schema version 10 had no stamp; the upgrade gives them
+    one, and a process that loads the Bot afterwards finds them."""
+    w = await make_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    item = await said(api, w.tokens["ann"], chat, "I went to Zanzibar")
+    zanzibar, cello = (
+        AddFact(content="Ann visited Zanzibar", sources=(ItemRef(*item),)),
+        AddFact(content="Ann plays the cello", sources=(ItemRef(*item),)),
+    )
+    await apply_changes(runtime, w.bot, [zanzibar, cello], "memory_bot", embedder=None)
+    ann = await memory.person_reader_of(runtime, w.bot, w.people["ann"], w.org)
+    assert ann is not None
+
+    async def found(rt: Runtime, query: str) -> list[str]:
+        return [h.entry.id for h in await search.search(rt, None, w.bot, ann, query, 5)]
+
+    assert await found(runtime, "zanzibar") == [zanzibar.id]
+    # As written before version 10: keywords, no stamp. A process loading the Bot misses them…
+    await runtime.driver.execute_query("MATCH (e:Entry {botId: $b}) REMOVE e.vecSeq", b=w.bot)
+    assert await found(dataclasses.replace(runtime, vectors=VectorIndexes()), "zanzibar") == []
+    # …until the upgrade stamps them.
+    await runtime.driver.execute_query("MATCH (s:SchemaVersion {id: 'schema'}) SET s.version = 9")
+    assert await migrate(runtime.driver) == LATEST
+    fresh = dataclasses.replace(runtime, vectors=VectorIndexes())
+    assert await found(fresh, "zanzibar") == [zanzibar.id]
+    assert await found(fresh, "cello") == [cello.id]

@@ -6,7 +6,7 @@ import os
 import re
 
 from services.crypto import Cipher, Keyring
-from services.keywords import blind_query, blind_text, tokens
+from services.keywords import blind_text, blind_tokens, tokens
 
 
 def _cipher(bot_id: str) -> Cipher:
@@ -44,9 +44,9 @@ def test_blind_text_differs_between_bots() -> None:
     assert set(first.split()).isdisjoint(second.split())
 
 
-def test_blind_query_is_the_distinct_tokens() -> None:
+def test_blind_tokens_are_the_distinct_tokens() -> None:
     cipher = _cipher("bot-q")
-    query = blind_query(cipher, "Paint, painted, painting: what did Caroline paint?")
-    assert query == f"{cipher.blind('paint')} {cipher.blind('carolin')}"
-    assert blind_query(cipher, "What is it?") == ""
+    query = blind_tokens(cipher, "Paint, painted, painting: what did Caroline paint?")
+    assert query == [cipher.blind("paint"), cipher.blind("carolin")]
+    assert blind_tokens(cipher, "What is it?") == []
     assert blind_text(cipher, "What is it?") == ""

@@ -1,0 +1,168 @@
+"""BM25 over a Bot's blind keyword tokens in this process (design §10, D9.29): what proposes
+keyword candidates.
+
+An entry's keywords are stored only as blind tokens (``kwBlind``: keyed hashes, never words, E1);
+the index holds those tokens, never a word, and scores token equality exactly as BM25 scores
+words (Lucene's formula: ``k1`` 1.2, ``b`` 0.75, ``idf = ln(1 + (N - df + 0.5) / (df + 0.5))``).
+Rows are the rows of the Bot's :class:`services.vectorindex.BotIndex`; a row's tokens are
+replaced when its entry is revised. Scoring walks only the postings of the query's tokens, so a
+rare word costs little however large the Bot. Like the vectors, it only proposes: every
+candidate passes the one visibility check before anything is shown.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from collections import Counter
+from typing import Final
+
+import numpy as np
+import numpy.typing as npt
+
+K1: Final = 1.2
+B: Final = 0.75
+
+Rows = npt.NDArray[np.int64]
+Scores = npt.NDArray[np.float64]
+
+
+def largest(scores: npt.NDArray[np.float32] | npt.NDArray[np.float64], k: int) -> Rows:
+    """The positions of the ``k`` largest of ``scores`` (all of them when there are fewer), in no
+    order. On a large array a threshold from a strided sample first keeps a little more than
+    ``k`` (one comparison pass instead of a selection over everything); the selection then runs
+    on those only."""
+    n = int(scores.shape[0])
+    if n <= k:
+        return np.arange(n, dtype=np.int64)
+    step = n // (16 * k)
+    if step >= 2:
+        sample = scores[::step]
+        rank = sample.shape[0] - min(sample.shape[0], 2 * k // step + 2)
+        kept = np.flatnonzero(scores >= np.partition(sample, rank)[rank])
+        if kept.shape[0] >= k:
+            if kept.shape[0] == k:
+                return kept
+            return kept[np.argpartition(-scores[kept], k - 1)[:k]]
+    return np.argpartition(-scores, k - 1)[:k]
+
+
+class Postings:
+    """Per token, the rows that contain it and how often; per row, its length in tokens."""
+
+    def __init__(self) -> None:
+        self._vocab: dict[str, int] = {}
+        self._rows: list[array[int]] = []
+        self._tfs: list[array[int]] = []
+        #: Postings of a token as arrays, made when a query first needs them after a change.
+        self._arrays: dict[int, tuple[Rows, npt.NDArray[np.float32]]] = {}
+        #: Per row: where its distinct token ids and their counts start in ``_flat_ids`` and
+        #: ``_flat_tfs`` and how many there are (to replace them when it is revised), its length.
+        self._flat_ids: array[int] = array("i")
+        self._flat_tfs: array[int] = array("i")
+        self._start = np.zeros(0, np.int64)
+        self._count = np.zeros(0, np.int32)
+        self._length = np.zeros(0, np.float32)
+        self._docs = 0
+        self._total = 0
+
+    @property
+    def nbytes(self) -> int:
+        postings = sum(
+            len(r) * r.itemsize + len(t) * t.itemsize for r, t in zip(self._rows, self._tfs, strict=True)
+        )
+        flat = len(self._flat_ids) * 4 + len(self._flat_tfs) * 4
+        return postings + flat + self._start.nbytes + self._count.nbytes + self._length.nbytes
+
+    def set(self, row: int, blind: str) -> None:
+        """Row ``row`` holds the blind tokens ``blind`` (space separated; empty: none)."""
+        counts = Counter(blind.split())
+        ids = array("i", (self._token(t) for t in counts))
+        tfs = array("i", counts.values())
+        if row >= self._length.shape[0]:
+            self._grow(row + 1)
+        count = int(self._count[row])
+        if count:
+            start = int(self._start[row])
+            if self._flat_ids[start : start + count] == ids and self._flat_tfs[start : start + count] == tfs:
+                return
+            self._remove(row, self._flat_ids[start : start + count])
+        if not ids:
+            return
+        for token, tf in zip(ids, tfs, strict=True):
+            self._rows[token].append(row)
+            self._tfs[token].append(tf)
+            self._arrays.pop(token, None)
+        self._start[row] = len(self._flat_ids)
+        self._count[row] = len(ids)
+        self._flat_ids.extend(ids)
+        self._flat_tfs.extend(tfs)
+        length = sum(tfs)
+        self._length[row] = length
+        self._docs += 1
+        self._total += length
+
+    def top(self, blind: list[str], k: int, among: Rows | None = None) -> tuple[Rows, Scores]:
+        """The ``k`` rows (of ``among``, when given) with the highest BM25 score for the query's
+        distinct blind tokens, best first, and their scores; rows matching none are left out."""
+        tokens = [t for t in (self._vocab.get(b) for b in dict.fromkeys(blind)) if t is not None]
+        if not tokens or k <= 0 or self._docs == 0:
+            return np.empty(0, np.int64), np.empty(0, np.float64)
+        average = self._total / self._docs
+        rows_parts: list[Rows] = []
+        weights: list[npt.NDArray[np.float32]] = []
+        for token in tokens:
+            rows, tf = self._postings(token)
+            if rows.size == 0:
+                continue
+            idf = math.log(1.0 + (self._docs - rows.size + 0.5) / (rows.size + 0.5))
+            norm = K1 * (1.0 - B + B * self._length[rows] / average)
+            rows_parts.append(rows)
+            weights.append((idf * tf / (tf + norm)).astype(np.float32))
+        if not rows_parts:
+            return np.empty(0, np.int64), np.empty(0, np.float64)
+        all_rows = np.concatenate(rows_parts)
+        all_weights = np.concatenate(weights)
+        size = self._length.shape[0]
+        summed: Scores = np.bincount(all_rows, weights=all_weights, minlength=size).astype(np.float64)
+        hit = largest(summed, k) if among is None else among[largest(summed[among], k)]
+        scores = summed[hit]
+        hit, scores = hit[scores > 0], scores[scores > 0]
+        order = np.argsort(-scores, kind="stable")
+        return hit[order], scores[order]
+
+    def _token(self, blind: str) -> int:
+        found = self._vocab.get(blind)
+        if found is None:
+            found = self._vocab[blind] = len(self._rows)
+            self._rows.append(array("i"))
+            self._tfs.append(array("i"))
+        return found
+
+    def _postings(self, token: int) -> tuple[Rows, npt.NDArray[np.float32]]:
+        found = self._arrays.get(token)
+        if found is None:
+            rows = np.array(self._rows[token], np.int64)
+            tfs = np.array(self._tfs[token], np.float32)
+            found = self._arrays[token] = (rows, tfs)
+        return found
+
+    def _grow(self, rows: int) -> None:
+        size = max(rows, self._length.shape[0] * 5 // 4, 1024)
+        for name, dtype in (("_start", np.int64), ("_count", np.int32), ("_length", np.float32)):
+            old = getattr(self, name)
+            grown = np.zeros(size, dtype)
+            grown[: old.shape[0]] = old
+            setattr(self, name, grown)
+
+    def _remove(self, row: int, tokens: array[int]) -> None:
+        """Take ``row`` out of the postings of ``tokens`` (a revised entry: rare)."""
+        for token in tokens:
+            keep = [i for i, r in enumerate(self._rows[token]) if r != row]
+            self._rows[token] = array("i", (self._rows[token][i] for i in keep))
+            self._tfs[token] = array("i", (self._tfs[token][i] for i in keep))
+            self._arrays.pop(token, None)
+        self._count[row] = 0
+        self._docs -= 1
+        self._total -= int(self._length[row])
+        self._length[row] = 0

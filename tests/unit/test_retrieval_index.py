@@ -1,0 +1,238 @@
+"""The Bot's index in a process (services/vectorindex.py, services/keywordindex.py; design §10,
+D9.29) against independent reference computations: BM25 over blind tokens, the selection of the
+largest scores, the nearest vectors and the fused ranking with its prior."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import numpy as np
+import numpy.typing as npt
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from services.keywordindex import K1, B, Postings, largest
+from services.vectorindex import PINNED_RANK, BotIndex
+
+TOKENS = [f"k{i:012x}" for i in range(12)]
+docs_st = st.lists(st.lists(st.sampled_from(TOKENS), max_size=8), min_size=1, max_size=40)
+query_st = st.lists(st.sampled_from(TOKENS), min_size=1, max_size=4)
+
+
+def reference_bm25(docs: dict[int, list[str]], query: list[str]) -> dict[int, float]:
+    """BM25 (Lucene's idf, k1 1.2, b 0.75) written out plainly over the documents that have tokens."""
+    held = {row: words for row, words in docs.items() if words}
+    if not held:
+        return {}
+    average = sum(len(w) for w in held.values()) / len(held)
+    scores: dict[int, float] = {}
+    for token in dict.fromkeys(query):
+        df = sum(1 for words in held.values() if token in words)
+        if df == 0:
+            continue
+        idf = math.log(1 + (len(held) - df + 0.5) / (df + 0.5))
+        for row, words in held.items():
+            tf = Counter(words)[token]
+            if tf:
+                norm = K1 * (1 - B + B * len(words) / average)
+                scores[row] = scores.get(row, 0.0) + idf * tf / (tf + norm)
+    return scores
+
+
+def blind(words: list[str]) -> str:
+    return " ".join(words)
+
+
+@settings(max_examples=150, deadline=None)
+@given(docs=docs_st, revised=docs_st, query=query_st, k=st.integers(1, 10), data=st.data())
+def test_postings_rank_as_reference_bm25(
+    docs: list[list[str]], revised: list[list[str]], query: list[str], k: int, data: st.DataObject
+) -> None:
+    postings = Postings()
+    held = dict(enumerate(docs))
+    for row, words in held.items():
+        postings.set(row, blind(words))
+    # Some rows are revised (their old tokens must stop counting), some twice with the same text.
+    for row, words in enumerate(revised[: len(docs)]):
+        postings.set(row, blind(words))
+        postings.set(row, blind(words))
+        held[row] = words
+    expected = reference_bm25(held, query)
+    rows, scores = postings.top(query, k)
+    assert list(scores) == sorted(scores, reverse=True)
+    assert len(rows) == min(k, len(expected))
+    for row, score in zip(rows.tolist(), scores.tolist(), strict=True):
+        assert math.isclose(score, expected[row], rel_tol=1e-5)
+    if len(expected) > len(rows) and len(rows):
+        # Nothing left out scores above the last one taken.
+        assert max(v for r, v in expected.items() if r not in set(rows.tolist())) <= scores[-1] + 1e-6
+    among = np.array(sorted(data.draw(st.sets(st.sampled_from(sorted(held))))), np.int64)
+    rows, _ = postings.top(query, k, among)
+    assert set(rows.tolist()) <= set(among.tolist())
+    wanted = sorted((v for r, v in expected.items() if r in set(among.tolist())), reverse=True)[:k]
+    assert len(rows) == len(wanted)
+
+
+def test_a_rare_word_is_found_among_many_common_ones() -> None:
+    postings = Postings()
+    for row in range(5_000):
+        postings.set(row, blind([TOKENS[0], TOKENS[1]] * 3))
+    postings.set(5_000, blind([TOKENS[1], TOKENS[2]]))
+    rows, _ = postings.top([TOKENS[0], TOKENS[2]], 10)
+    assert rows[0] == 5_000
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    values=st.lists(st.floats(-1e6, 1e6, allow_nan=False, width=32), min_size=1, max_size=3_000),
+    k=st.integers(1, 60),
+)
+def test_largest_is_the_k_largest(values: list[float], k: int) -> None:
+    scores = np.array(values, np.float32)
+    picked = largest(scores, k)
+    assert len(set(picked.tolist())) == len(picked) == min(k, len(values))
+    assert sorted(scores[picked].tolist()) == sorted(values)[-min(k, len(values)) :]
+
+
+def test_largest_on_a_large_array_uses_the_sample_and_stays_exact() -> None:
+    rng = np.random.default_rng(7)
+    for k in (1, 10, 50, 400):
+        scores = rng.standard_normal(100_000).astype(np.float32)
+        scores[rng.integers(0, 100_000, 200)] = 5.0  # ties at the top
+        picked = largest(scores, k)
+        assert sorted(scores[picked].tolist()) == sorted(scores.tolist())[-k:]
+
+
+def unit(rng: np.random.Generator, n: int, dims: int) -> npt.NDArray[np.float32]:
+    v = rng.standard_normal((n, dims)).astype(np.float32)
+    return v / np.linalg.norm(v, axis=1, keepdims=True)
+
+
+def quantise(v: npt.NDArray[np.float32]) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.float32]]:
+    scales: npt.NDArray[np.float32] = (np.abs(v).max(axis=1) / 127).astype(np.float32)
+    q: npt.NDArray[np.int8] = np.round(v / scales[:, None]).astype(np.int8)
+    return q, scales
+
+
+def test_rank_fuses_by_reciprocal_rank_with_the_prior() -> None:
+    rng = np.random.default_rng(3)
+    n, dims = 300, 16
+    vectors = unit(rng, n, dims)
+    q, scales = quantise(vectors)
+    ids = [f"e{i}" for i in range(n)]
+    # Every entry a different length: no two BM25 scores tie, so the reference's order is the one.
+    words = [
+        [TOKENS[3] if i % 4 == 0 else TOKENS[5], TOKENS[(i * 5) % 11]] + [TOKENS[10]] * i for i in range(n)
+    ]
+    pinned = [i % 13 == 0 for i in range(n)]
+    orders = [(i + 1) * 1_000_000 + 1 for i in range(n)]
+    embedded = [i for i in range(n) if i % 10 != 3]  # some entries have no vector yet
+    index = BotIndex("m")
+    index.upsert(
+        ids,
+        [blind(w) for w in words],
+        pinned,
+        orders,
+        (embedded, q[embedded], scales[embedded]),
+    )
+    query = unit(rng, 1, dims)[0]
+    got, scores = index.rank(
+        query,
+        [TOKENS[3]],
+        None,
+        dense_k=20,
+        keyword_k=15,
+        rrf_k=60.0,
+        pinned_prior=0.01,
+        recency_prior=0.005,
+        half_life=100.0,
+    )
+    # The reference: exact cosine over the dequantised vectors of embedded entries, BM25 of the
+    # keyword, reciprocal ranks summed, the prior added, best first.
+    exact = (q.astype(np.float32) * scales[:, None]) @ query
+    dense = sorted(embedded, key=lambda i: -exact[i])[:20]
+    bm25 = reference_bm25(dict(enumerate(words)), [TOKENS[3]])
+    keyword = sorted(bm25, key=lambda i: -bm25[i])[:15]
+    newest = n
+    expected: dict[int, float] = {}
+    for place, i in enumerate(dense):
+        expected[i] = expected.get(i, 0.0) + 1 / (60 + place + 1)
+    for place, i in enumerate(keyword):
+        expected[i] = expected.get(i, 0.0) + 1 / (60 + place + 1)
+    for i in expected:
+        expected[i] += 0.01 * pinned[i] + 0.005 / (1 + (newest - orders[i] / 1e6) / 100.0)
+    assert set(got) == {ids[i] for i in expected}
+    for entry_id, score in zip(got, scores, strict=True):
+        assert math.isclose(score, expected[int(entry_id[1:])], rel_tol=1e-6)
+    assert scores == sorted(scores, reverse=True)
+    assert not any(int(e[1:]) % 10 == 3 for e in got if int(e[1:]) in dense)
+    # Among a reader's ids only: nothing else is proposed.
+    allowed = ids[::3]
+    got_among, _ = index.rank(
+        query, [TOKENS[3]], allowed, dense_k=20, keyword_k=15, rrf_k=60.0,
+        pinned_prior=0.01, recency_prior=0.005, half_life=100.0,
+    )  # fmt: skip
+    assert got_among and set(got_among) <= set(allowed)
+
+
+def test_ties_follow_memory_order() -> None:
+    index = BotIndex("")
+    index.upsert(
+        ["a", "b", "c"], [TOKENS[0]] * 3, [False, True, False], [5_000_001, 5_000_002, 5_000_003], None
+    )
+    got, _ = index.rank(
+        None, [TOKENS[0]], None, dense_k=5, keyword_k=5, rrf_k=60.0,
+        pinned_prior=0.0, recency_prior=0.0, half_life=100.0,
+    )  # fmt: skip
+    # Equal BM25 scores: Lucene-like order is by row; with the prior off the fused scores differ by
+    # place only, so the first keyword hit leads. Every id is proposed once.
+    assert sorted(got) == ["a", "b", "c"]
+    assert PINNED_RANK > 2**49
+
+
+def test_a_revised_entry_loses_its_old_words_and_vector() -> None:
+    rng = np.random.default_rng(5)
+    vectors = unit(rng, 2, 8)
+    q, scales = quantise(vectors)
+    index = BotIndex("m")
+    index.upsert(
+        ["a", "b"], [TOKENS[0], TOKENS[1]], [False, False], [1_000_001, 1_000_002], ([0, 1], q, scales)
+    )
+    index.upsert(["a"], [TOKENS[2]], [False], [2_000_001], None)  # revised, embedder down
+    found, _ = index.rank(
+        vectors[0], [TOKENS[0]], None, dense_k=5, keyword_k=5, rrf_k=60.0,
+        pinned_prior=0.0, recency_prior=0.0, half_life=100.0,
+    )  # fmt: skip
+    assert found == ["b"]  # a's old word and old vector are gone; b is the only vector left
+    found, _ = index.rank(
+        None, [TOKENS[2]], None, dense_k=5, keyword_k=5, rrf_k=60.0,
+        pinned_prior=0.0, recency_prior=0.0, half_life=100.0,
+    )  # fmt: skip
+    assert found == ["a"]
+
+
+def test_a_large_index_finds_the_exact_nearest_through_the_coarse_pass() -> None:
+    rng = np.random.default_rng(11)
+    n, dims = 20_000, 64  # above EXACT_MAX: principal components pick the candidates
+    centres = unit(rng, 50, dims)
+    vectors = centres[rng.integers(0, 50, n)] + 0.3 * unit(rng, n, dims)
+    vectors = (vectors / np.linalg.norm(vectors, axis=1, keepdims=True)).astype(np.float32)
+    q, scales = quantise(vectors)
+    ids = [f"e{i}" for i in range(n)]
+    index = BotIndex("m")
+    for start in range(0, n, 5_000):
+        stop = start + 5_000
+        index.upsert(
+            ids[start:stop],
+            [""] * (stop - start),
+            [False] * (stop - start),
+            [1_000_001] * (stop - start),
+            (list(range(stop - start)), q[start:stop], scales[start:stop]),
+        )
+    exact: npt.NDArray[np.float64] = ((q.astype(np.float32) * scales[:, None]) @ centres.T).astype(np.float64)
+    found = 0
+    for c in range(20):
+        best = {ids[int(i)] for i in np.argsort(-exact[:, c])[:10].tolist()}
+        found += len(best & set(index.top(centres[c], 50)))
+    assert found >= 0.98 * 200
