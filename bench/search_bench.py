@@ -245,15 +245,15 @@ class QueryEmbedder(PoolEmbedder):
 # --- the unchecked retrieval -----------------------------------------------------------------------
 
 #: ``graph.search.SEARCH`` without the shared lock, the catch-up seek and VISIBLE: the same walk
-#: of the candidates by id (the first ``$limit`` active ones), the same memory-order fill seek per
+#: of the candidates by node id (the first ``$limit`` active ones), the same memory-order fill seek per
 #: key of the reader (unchecked) and the same ranking, one auto-commit statement.
 _RAW_HEAD: Final = (
     """
 MATCH (m:Memory {id: $botId})
 CALL () {
   UNWIND range(0, size($cands) - 1) AS i
-  MATCH (e:Entry {id: $cands[i]})
-  WHERE e.botId = $botId AND e.activeKey IS NOT NULL
+  MATCH (e:Entry) WHERE elementId(e) = $nodes[i]
+  WITH e, i WHERE e.id = $cands[i] AND e.botId = $botId AND e.activeKey IS NOT NULL
   WITH e, i ORDER BY i LIMIT $limit
   RETURN collect(e) AS hits, collect($scores[i]) AS hitScores
 }
@@ -356,6 +356,7 @@ async def raw_ranked(
     params: dict[str, Any] = {
         "botId": bot_id,
         "cands": cands[:walk],
+        "nodes": index.nodes_of(cands[:walk]),
         "scores": scores[:walk],
         "limit": max(wanted, 1),
         "fill": wanted if fill else 0,
@@ -380,7 +381,7 @@ async def raw_ranked(
 def context_wanted(rt: Runtime, bot_id: str, limit: int) -> int:
     """How many candidates ``search.context`` asks for (the same rule)."""
     mean = rt.line_lengths.mean(bot_id) or 100.0
-    return max(8, min(search.MAX_LIMIT, math.ceil(limit / mean * 1.5)))
+    return max(8, min(search.MAX_LIMIT, math.ceil(limit / mean * search.CONTEXT_OVERASK)))
 
 
 # --- measurements --------------------------------------------------------------------------------

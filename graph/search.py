@@ -21,11 +21,11 @@ from graph.context import ACTIVE_SEEK
 from graph.driver import Ciphertext, QueryTarget, single
 from graph.memory import ENTRY_MAP, READ_LOCK, SOURCES_OF_E, TOP_RANK, EntryMap, reader_keys
 
-#: What a process's index holds of each entry stamped after ``$after``: its blind keywords ("" for
-#: none), its vector when ``$model`` made it ("" otherwise), whether it is pinned and its order
+#: What a process's index holds of each entry stamped after ``$after``: its node id, its blind
+#: keywords ("" for none), its vector when ``$model`` made it ("" otherwise), whether it is pinned and its order
 #: key — as parallel lists (one record decodes far faster than a record per entry).
 _DERIVED_OF_E: Final[LiteralString] = """
-  RETURN {ids: collect(e.id), keywords: collect(coalesce(e.kwBlind, '')),
+  RETURN {ids: collect(e.id), nodes: collect(elementId(e)), keywords: collect(coalesce(e.kwBlind, '')),
           vecs: collect(CASE WHEN e.vecModel = $model THEN e.vec ELSE '' END),
           pinned: collect(e.layer = 'pinned'), orderKeys: collect(e.orderKey)} AS fresh
 """
@@ -44,6 +44,7 @@ class Derived(TypedDict):
     """DERIVED_SINCE's ``fresh`` (and the search statement's)."""
 
     ids: list[str]
+    nodes: list[str]
     keywords: list[str]
     vecs: list[Ciphertext]
     pinned: list[bool]
@@ -73,21 +74,45 @@ CALL (m) {
 )
 
 #: The first ``$limit`` of the candidates ``$cands`` (best first) that are active and visible to
-#: every reader, in that order, with their scores (``$scores``, parallel to ``$cands``), and the
-#: place of the last one (how far down the list the walk went).
+#: every reader, in that order, with their scores (``$scores``, parallel to ``$cands``), and how
+#: far down the list the walk went. Each candidate is found by the node id the process's index
+#: holds for it (``$nodes``, parallel: a direct seek, several times cheaper than the id index) and
+#: counts only when that node is the entry (its id and Bot); ``lost`` are the places of those it
+#: did not find so (the entry was purged, or its node id is unknown or stale: the caller looks
+#: them up by id and asks again).
 _HITS: Final[LiteralString] = (
     """
 CALL (readers, org) {
   UNWIND range(0, size($cands) - 1) AS i
-  MATCH (e:Entry {id: $cands[i]})
-  WHERE e.botId = $botId AND e.activeKey IS NOT NULL AND """
+  OPTIONAL MATCH (x:Entry) WHERE elementId(x) = $nodes[i]
+  WITH readers, org, i, CASE WHEN x.id = $cands[i] AND x.botId = $botId THEN x END AS e
+  WITH i, e, e IS NOT NULL AND e.activeKey IS NOT NULL AND """
     + VISIBLE
-    + """
-  WITH e, i ORDER BY i LIMIT $limit
-  RETURN collect(e) AS hits, collect($scores[i]) AS hitScores, max(i) AS lastHit
+    + """ AS passed
+  ORDER BY i
+  WITH collect(CASE WHEN e IS NULL THEN i END) AS lost,
+       collect(CASE WHEN passed THEN [i, e] END)[0..$limit] AS passing
+  RETURN lost, [p IN passing | p[1]] AS hits, [p IN passing | $scores[p[0]]] AS hitScores,
+         CASE WHEN size(passing) >= $limit THEN last(passing)[0] + 1 ELSE size($cands) END AS walked
 }
 """
 )
+
+#: The node ids of the entries ``$ids`` of the Bot (``[id, node id]``; an id without an entry is
+#: left out): what a process's index learns after a walk lost candidates.
+LOCATE: Final[LiteralString] = """
+UNWIND $ids AS id
+MATCH (e:Entry {id: id})
+WHERE e.botId = $botId
+RETURN collect([id, elementId(e)]) AS found
+"""
+
+
+class LocateRow(TypedDict):
+    """LOCATE's ``found``: two-item lists, typed as the pair they are unpacked into."""
+
+    found: list[tuple[str, str]]
+
 
 #: Up to ``$fill`` visible active entries per key in memory order, only when the hits are fewer
 #: than ``$fill`` (never when it is 0): what fills a context that relevance leaves room in
@@ -115,7 +140,7 @@ CALL (readers, org, hits) {
 #: The hits with their scores, then the memory-order fill (score 0) after every hit: the
 #: ``$limit`` first, ``ranked`` as ``{score, entry}``; the entry map follows.
 _RANKED_HEAD: Final[LiteralString] = """
-WITH m, fresh, hits, CASE WHEN size(hits) >= $limit THEN lastHit + 1 ELSE size($cands) END AS walked,
+WITH m, fresh, hits, walked, lost,
      [i IN range(0, size(hits) - 1) | [hits[i], hitScores[i]]]
      + [e IN recent WHERE NOT e IN hits | [e, 0.0]] AS parts
 CALL (parts) {
@@ -127,7 +152,8 @@ CALL (parts) {
 
 _RANKED_TAIL: Final[LiteralString] = """}) AS ranked
 }
-RETURN coalesce(m.vecSeq, 0) AS seq, m.version AS version, fresh, ranked, size(hits) AS visible, walked
+RETURN coalesce(m.vecSeq, 0) AS seq, m.version AS version, fresh, ranked, size(hits) AS visible, walked,
+       lost
 """
 
 #: ``search``: the API's view of each entry (sources included, content as ciphertext).
@@ -172,7 +198,7 @@ H = TypeVar("H", RankedEntry, RankedContext)
 class SearchRow(TypedDict, Generic[H]):
     """SEARCH (``SearchRow[RankedEntry]``) and SEARCH_CONTEXT (``SearchRow[RankedContext]``).
     ``fresh``: what the caller's index lacks; ``visible``: how many candidates passed, of the
-    first ``walked``."""
+    first ``walked``; ``lost``: the places of the candidates not found by their node id."""
 
     seq: int
     version: int
@@ -180,6 +206,7 @@ class SearchRow(TypedDict, Generic[H]):
     ranked: list[H]
     visible: int
     walked: int
+    lost: list[int]
 
 
 #: One search as one statement (an auto-commit transaction): the shared lock first (C1), what the
@@ -244,6 +271,7 @@ def _params(
     org: str,
     readers: list[ReaderMap],
     cands: list[str],
+    nodes: list[str],
     scores: list[float],
     model: str,
     after: int,
@@ -255,6 +283,7 @@ def _params(
         "org": org,
         "readers": readers,
         "cands": cands,
+        "nodes": nodes,
         "scores": scores,
         "model": model,
         "after": after,
@@ -272,6 +301,7 @@ async def search_entries(
     org: str,
     readers: list[ReaderMap],
     cands: list[str],
+    nodes: list[str],
     scores: list[float],
     model: str,
     after: int,
@@ -280,7 +310,7 @@ async def search_entries(
     """SEARCH: the first ``limit`` candidates that pass, as the API's entries; None when the Bot
     does not exist."""
     params = _params(
-        bot_id=bot_id, org=org, readers=readers, cands=cands, scores=scores, model=model,
+        bot_id=bot_id, org=org, readers=readers, cands=cands, nodes=nodes, scores=scores, model=model,
         after=after, limit=limit, fill=0,
     )  # fmt: skip
     return await single(tx, SEARCH, SearchRow[RankedEntry], **params)
@@ -293,6 +323,7 @@ async def search_context(
     org: str,
     readers: list[ReaderMap],
     cands: list[str],
+    nodes: list[str],
     scores: list[float],
     model: str,
     after: int,
@@ -301,7 +332,7 @@ async def search_context(
     """SEARCH_CONTEXT: the first ``limit`` candidates that pass, filled up to ``limit`` with the
     newest visible entries when fewer pass; None when the Bot does not exist."""
     params = _params(
-        bot_id=bot_id, org=org, readers=readers, cands=cands, scores=scores, model=model,
+        bot_id=bot_id, org=org, readers=readers, cands=cands, nodes=nodes, scores=scores, model=model,
         after=after, limit=limit, fill=limit,
     )  # fmt: skip
     return await single(tx, SEARCH_CONTEXT, SearchRow[RankedContext], **params)
@@ -326,3 +357,9 @@ async def visible_active(
     if record is None:
         return None
     return record["seq"], record["version"], list(dict.fromkeys(record["ids"]))
+
+
+async def locate(tx: QueryTarget, *, bot_id: str, ids: list[str]) -> list[tuple[str, str]]:
+    """LOCATE: ``(entry id, node id)`` of those of ``ids`` that are entries of the Bot."""
+    found = await single(tx, LOCATE, LocateRow, botId=bot_id, ids=ids)
+    return [] if found is None else [(i, n) for i, n in found["found"]]

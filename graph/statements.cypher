@@ -1936,9 +1936,15 @@ RETURN coalesce(m.vecSeq, 0) AS seq
 // ---- graph.search.DERIVED_SINCE
 MATCH (e:Entry)
 WHERE e.botId = $botId AND e.vecSeq > $after
-  RETURN {ids: collect(e.id), keywords: collect(coalesce(e.kwBlind, '')),
+  RETURN {ids: collect(e.id), nodes: collect(elementId(e)), keywords: collect(coalesce(e.kwBlind, '')),
           vecs: collect(CASE WHEN e.vecModel = $model THEN e.vec ELSE '' END),
           pinned: collect(e.layer = 'pinned'), orderKeys: collect(e.orderKey)} AS fresh
+
+// ---- graph.search.LOCATE
+UNWIND $ids AS id
+MATCH (e:Entry {id: id})
+WHERE e.botId = $botId
+RETURN collect([id, elementId(e)]) AS found
 
 // ---- graph.search.SEARCH
 MATCH (held:Memory {id: $botId})
@@ -1950,21 +1956,25 @@ WITH m, $readers AS readers, $org AS org
 CALL (m) {
   MATCH (e:Entry)
   WHERE e.botId = $botId AND e.vecSeq > $after
-  RETURN {ids: collect(e.id), keywords: collect(coalesce(e.kwBlind, '')),
+  RETURN {ids: collect(e.id), nodes: collect(elementId(e)), keywords: collect(coalesce(e.kwBlind, '')),
           vecs: collect(CASE WHEN e.vecModel = $model THEN e.vec ELSE '' END),
           pinned: collect(e.layer = 'pinned'), orderKeys: collect(e.orderKey)} AS fresh
 }
 
 CALL (readers, org) {
   UNWIND range(0, size($cands) - 1) AS i
-  MATCH (e:Entry {id: $cands[i]})
-  WHERE e.botId = $botId AND e.activeKey IS NOT NULL AND
+  OPTIONAL MATCH (x:Entry) WHERE elementId(x) = $nodes[i]
+  WITH readers, org, i, CASE WHEN x.id = $cands[i] AND x.botId = $botId THEN x END AS e
+  WITH i, e, e IS NOT NULL AND e.activeKey IS NOT NULL AND
 (size(readers) > 0
  AND all(rd IN readers WHERE all(a IN e.lblRequires WHERE
        a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
-
-  WITH e, i ORDER BY i LIMIT $limit
-  RETURN collect(e) AS hits, collect($scores[i]) AS hitScores, max(i) AS lastHit
+ AS passed
+  ORDER BY i
+  WITH collect(CASE WHEN e IS NULL THEN i END) AS lost,
+       collect(CASE WHEN passed THEN [i, e] END)[0..$limit] AS passing
+  RETURN lost, [p IN passing | p[1]] AS hits, [p IN passing | $scores[p[0]]] AS hitScores,
+         CASE WHEN size(passing) >= $limit THEN last(passing)[0] + 1 ELSE size($cands) END AS walked
 }
 
 CALL (readers, org, hits) {
@@ -1983,7 +1993,7 @@ CALL (readers, org, hits) {
   RETURN collect(e) AS recent
 }
 
-WITH m, fresh, hits, CASE WHEN size(hits) >= $limit THEN lastHit + 1 ELSE size($cands) END AS walked,
+WITH m, fresh, hits, walked, lost,
      [i IN range(0, size(hits) - 1) | [hits[i], hitScores[i]]]
      + [e IN recent WHERE NOT e IN hits | [e, 0.0]] AS parts
 CALL (parts) {
@@ -2000,7 +2010,8 @@ WITH e, collect(CASE WHEN src IS NULL THEN null WHEN src:Item THEN {chat: src.ch
   RETURN collect({score: score, entry: e {.id, .layer, .tags, .status, .confidence, .createdAt, .updatedAt, .invalidatedAt,
      .content, .contentLength, .orderKey, .memoryRank, sources: sources}}) AS ranked
 }
-RETURN coalesce(m.vecSeq, 0) AS seq, m.version AS version, fresh, ranked, size(hits) AS visible, walked
+RETURN coalesce(m.vecSeq, 0) AS seq, m.version AS version, fresh, ranked, size(hits) AS visible, walked,
+       lost
 
 // ---- graph.search.SEARCH_CONTEXT
 MATCH (held:Memory {id: $botId})
@@ -2012,21 +2023,25 @@ WITH m, $readers AS readers, $org AS org
 CALL (m) {
   MATCH (e:Entry)
   WHERE e.botId = $botId AND e.vecSeq > $after
-  RETURN {ids: collect(e.id), keywords: collect(coalesce(e.kwBlind, '')),
+  RETURN {ids: collect(e.id), nodes: collect(elementId(e)), keywords: collect(coalesce(e.kwBlind, '')),
           vecs: collect(CASE WHEN e.vecModel = $model THEN e.vec ELSE '' END),
           pinned: collect(e.layer = 'pinned'), orderKeys: collect(e.orderKey)} AS fresh
 }
 
 CALL (readers, org) {
   UNWIND range(0, size($cands) - 1) AS i
-  MATCH (e:Entry {id: $cands[i]})
-  WHERE e.botId = $botId AND e.activeKey IS NOT NULL AND
+  OPTIONAL MATCH (x:Entry) WHERE elementId(x) = $nodes[i]
+  WITH readers, org, i, CASE WHEN x.id = $cands[i] AND x.botId = $botId THEN x END AS e
+  WITH i, e, e IS NOT NULL AND e.activeKey IS NOT NULL AND
 (size(readers) > 0
  AND all(rd IN readers WHERE all(a IN e.lblRequires WHERE
        a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
-
-  WITH e, i ORDER BY i LIMIT $limit
-  RETURN collect(e) AS hits, collect($scores[i]) AS hitScores, max(i) AS lastHit
+ AS passed
+  ORDER BY i
+  WITH collect(CASE WHEN e IS NULL THEN i END) AS lost,
+       collect(CASE WHEN passed THEN [i, e] END)[0..$limit] AS passing
+  RETURN lost, [p IN passing | p[1]] AS hits, [p IN passing | $scores[p[0]]] AS hitScores,
+         CASE WHEN size(passing) >= $limit THEN last(passing)[0] + 1 ELSE size($cands) END AS walked
 }
 
 CALL (readers, org, hits) {
@@ -2045,7 +2060,7 @@ CALL (readers, org, hits) {
   RETURN collect(e) AS recent
 }
 
-WITH m, fresh, hits, CASE WHEN size(hits) >= $limit THEN lastHit + 1 ELSE size($cands) END AS walked,
+WITH m, fresh, hits, walked, lost,
      [i IN range(0, size(hits) - 1) | [hits[i], hitScores[i]]]
      + [e IN recent WHERE NOT e IN hits | [e, 0.0]] AS parts
 CALL (parts) {
@@ -2055,7 +2070,8 @@ CALL (parts) {
   LIMIT $limit
   RETURN collect({score: score, entry: e {.id, .memoryRank, .contentLength, .content}}) AS ranked
 }
-RETURN coalesce(m.vecSeq, 0) AS seq, m.version AS version, fresh, ranked, size(hits) AS visible, walked
+RETURN coalesce(m.vecSeq, 0) AS seq, m.version AS version, fresh, ranked, size(hits) AS visible, walked,
+       lost
 
 // ---- graph.search.VISIBLE_ACTIVE
 MATCH (held:Memory {id: $botId})

@@ -48,7 +48,8 @@ def largest(scores: npt.NDArray[np.float32] | npt.NDArray[np.float64], k: int) -
 
 
 class Postings:
-    """Per token, the rows that contain it and how often; per row, its length in tokens."""
+    """Per token, the rows that contain it and how often (counted up to 255); per row, its length
+    in tokens."""
 
     def __init__(self) -> None:
         self._vocab: dict[str, int] = {}
@@ -59,7 +60,7 @@ class Postings:
         #: Per row: where its distinct token ids and their counts start in ``_flat_ids`` and
         #: ``_flat_tfs`` and how many there are (to replace them when it is revised), its length.
         self._flat_ids: array[int] = array("i")
-        self._flat_tfs: array[int] = array("i")
+        self._flat_tfs: array[int] = array("B")
         self._start = np.zeros(0, np.int64)
         self._count = np.zeros(0, np.int32)
         self._length = np.zeros(0, np.float32)
@@ -71,14 +72,14 @@ class Postings:
         postings = sum(
             len(r) * r.itemsize + len(t) * t.itemsize for r, t in zip(self._rows, self._tfs, strict=True)
         )
-        flat = len(self._flat_ids) * 4 + len(self._flat_tfs) * 4
+        flat = len(self._flat_ids) * self._flat_ids.itemsize + len(self._flat_tfs) * self._flat_tfs.itemsize
         return postings + flat + self._start.nbytes + self._count.nbytes + self._length.nbytes
 
     def set(self, row: int, blind: str) -> None:
         """Row ``row`` holds the blind tokens ``blind`` (space separated; empty: none)."""
         counts = Counter(blind.split())
         ids = array("i", (self._token(t) for t in counts))
-        tfs = array("i", counts.values())
+        tfs = array("B", (min(c, 255) for c in counts.values()))
         if row >= self._length.shape[0]:
             self._grow(row + 1)
         count = int(self._count[row])
@@ -97,7 +98,7 @@ class Postings:
         self._count[row] = len(ids)
         self._flat_ids.extend(ids)
         self._flat_tfs.extend(tfs)
-        length = sum(tfs)
+        length = sum(counts.values())
         self._length[row] = length
         self._docs += 1
         self._total += length
@@ -136,7 +137,7 @@ class Postings:
         if found is None:
             found = self._vocab[blind] = len(self._rows)
             self._rows.append(array("i"))
-            self._tfs.append(array("i"))
+            self._tfs.append(array("B"))
         return found
 
     def _postings(self, token: int) -> tuple[Rows, npt.NDArray[np.float32]]:
@@ -160,7 +161,7 @@ class Postings:
         for token in tokens:
             keep = [i for i, r in enumerate(self._rows[token]) if r != row]
             self._rows[token] = array("i", (self._rows[token][i] for i in keep))
-            self._tfs[token] = array("i", (self._tfs[token][i] for i in keep))
+            self._tfs[token] = array("B", (self._tfs[token][i] for i in keep))
             self._arrays.pop(token, None)
         self._count[row] = 0
         self._docs -= 1

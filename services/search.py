@@ -64,8 +64,11 @@ SPARSE_WALK: Final = 4
 #: SPARSE_SHARE of the pool is served by the post-filter next time.
 PRE_CAP: Final = 5_000
 SPARSE_SHARE: Final = 0.1
+#: How many more entries ``context(query)`` asks for than the budget holds at the Bot's mean line
+#: length (the best that do not fit are skipped, smaller ones after them still may).
+CONTEXT_OVERASK: Final = 1.25
 #: Attempts of a search whose index had to catch up (or walk further) in between.
-_ATTEMPTS: Final = 4
+_ATTEMPTS: Final = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +125,7 @@ async def context(
     if not query:
         return await retrieval.context(rt, bot_id, reader, limit)
     mean = rt.line_lengths.mean(bot_id) or 100.0
-    wanted = max(8, min(MAX_LIMIT, math.ceil(limit / mean * 1.5)))
+    wanted = max(8, min(MAX_LIMIT, math.ceil(limit / mean * CONTEXT_OVERASK)))
     ranked, cipher = await _ranked(rt, embedder, bot_id, reader, query, wanted, fill=True)
     chosen: list[search_q.ContextEntry] = []
     size = 0
@@ -189,6 +192,7 @@ class _Query:
             org=params["org"],
             readers=params["readers"],
             cands=cands,
+            nodes=index.nodes_of(cands),
             scores=scores,
             model=index.model,
             after=index.seq,
@@ -247,18 +251,29 @@ async def _ranked(
     found: _Found | None = None
     for _ in range(_ATTEMPTS):
         known = rt.vectors.visible(who) if rt.vectors.sparse(bot_id, keys) else None
+        if known is not None and _many(len(known.ids), index):
+            # Kept ids of a reader who sees much: the post-filter serves them better.
+            rt.vectors.observe(bot_id, keys, sparse=False)
+            rt.vectors.drop_visible(who)
+            known = None
         if known is None and rt.vectors.sparse(bot_id, keys):
-            found = await read(rt.driver, lambda tx: _prefiltered(rt, tx, index, cipher, q, sure, who))
+            found, cands = await read(rt.driver, lambda tx: _prefiltered(rt, tx, index, cipher, q, sure, who))
+            if found["lost"]:
+                await _locate(rt, index, bot_id, [cands[i] for i in found["lost"]])
+                continue  # the visible ids are kept now: the next attempt ranks among them
             break
         cands, scores = q.candidates(index, None if known is None else known.ids)
-        walked = min(walk if known is None else sure, len(cands))
-        found = await autocommit(
-            rt.driver, lambda s, c=cands[:walked], sc=scores[:walked]: q.run(s, index, c, sc)
-        )
+        total = len(cands)
+        walked = min(walk if known is None else sure, total)
+        cands, scores = cands[:walked], scores[:walked]
+        found = await autocommit(rt.driver, lambda s, c=cands, sc=scores: q.run(s, index, c, sc))
         if found["fresh"]["ids"]:
             _absorb(index, cipher, found["fresh"], int(found["seq"]))
             continue  # the candidates may have changed: ask again with the current index
         index.seq = max(index.seq, int(found["seq"]))
+        if found["lost"]:
+            await _locate(rt, index, bot_id, [cands[i] for i in found["lost"]])
+            continue  # some candidates were not where the index had them: ask again
         if known is not None:
             if int(found["version"]) != known.version:
                 rt.vectors.drop_visible(who)
@@ -267,9 +282,9 @@ async def _ranked(
         visible = int(found["visible"])
         if found["walked"]:
             rt.vectors.observe_passing(bot_id, keys, visible / int(found["walked"]))
-        if visible >= wanted or (walked == len(cands) and len(index) <= len(cands)):
+        if visible >= wanted or (walked == total and len(index) <= total):
             break
-        if walked == len(cands) or visible * SPARSE_WALK < walked:
+        if walked == total or visible * SPARSE_WALK < walked:
             rt.vectors.observe(bot_id, keys, sparse=True)
             continue  # few candidates pass: this reader needs the pre-filter
         walk *= WALK_GROWTH  # some were hidden or inactive: walk further down the same list
@@ -292,11 +307,11 @@ async def _prefiltered(
     q: _Query,
     walk: int,
     who: ReaderKey,
-) -> _Found:
+) -> tuple[_Found, list[str]]:
     """One read (D9.8): the reader's visible active ids under the shared lock, the index caught up
     under the same lock, the candidates among those ids only, then the statement that checks
-    them. The ids are kept with the memory version they were read at, for the next search of
-    this reader."""
+    them (and the candidates walked). The ids are kept with the memory version they were read at,
+    for the next search of this reader."""
     params = q.reader.params
     visible = await search_q.visible_active(
         tx, bot_id=q.bot_id, org=params["org"], readers=params["readers"], cap=PRE_CAP
@@ -306,16 +321,32 @@ async def _prefiltered(
     seq, version, ids = visible
     rt.vectors.keep_visible(who, VisibleIds(version, ids))
     if not ids:  # nothing visible and active: no candidate either
-        empty: search_q.Derived = {"ids": [], "keywords": [], "vecs": [], "pinned": [], "orderKeys": []}
-        return {"seq": seq, "version": version, "fresh": empty, "ranked": [], "visible": 0, "walked": 0}
+        empty: search_q.Derived = {
+            "ids": [], "nodes": [], "keywords": [], "vecs": [], "pinned": [], "orderKeys": [],
+        }  # fmt: skip
+        nothing: _Found = {
+            "seq": seq, "version": version, "fresh": empty, "ranked": [], "visible": 0, "walked": 0, "lost": [],
+        }  # fmt: skip
+        return nothing, []
     if seq > index.seq:
         _, fresh = await search_q.derived_since(tx, bot_id=q.bot_id, model=index.model, after=index.seq)
         if fresh is not None:
             _absorb(index, cipher, fresh, seq)
-    if len(ids) >= PRE_CAP or len(ids) > SPARSE_SHARE * len(index):
+    if _many(len(ids), index):
         rt.vectors.observe(q.bot_id, tuple(reader_keys(list(params["readers"]))), sparse=False)
     cands, scores = q.candidates(index, ids)
-    return await q.run(tx, index, cands[:walk], scores[:walk])
+    return await q.run(tx, index, cands[:walk], scores[:walk]), cands[:walk]
+
+
+def _many(visible: int, index: BotIndex) -> bool:
+    """Whether a reader who sees ``visible`` active entries is better served by the post-filter."""
+    return visible >= PRE_CAP or visible > SPARSE_SHARE * len(index)
+
+
+async def _locate(rt: Runtime, index: BotIndex, bot_id: str, ids: list[str]) -> None:
+    """The node ids of candidates a walk lost, looked up by id (those gone are dropped)."""
+    found = await autocommit(rt.driver, lambda s: search_q.locate(s, bot_id=bot_id, ids=ids))
+    index.locate(ids, found)
 
 
 async def _load(rt: Runtime, index: BotIndex, bot_id: str, cipher: Cipher) -> None:
@@ -345,5 +376,5 @@ def _absorb(index: BotIndex, cipher: Cipher, fresh: search_q.Derived, seq: int) 
             raws = cipher.decrypt_bytes_all(Kind.ENTRY_VECTOR, [(ids[i], fresh["vecs"][i]) for i in at])
             q, scales = decode_vectors(raws, len(raws[0]) - 4)
             vectors = (at, q, scales)
-        index.upsert(ids, fresh["keywords"], fresh["pinned"], fresh["orderKeys"], vectors)
+        index.upsert(ids, fresh["nodes"], fresh["keywords"], fresh["pinned"], fresh["orderKeys"], vectors)
     index.seq = max(index.seq, seq)

@@ -31,10 +31,10 @@ from services.keywordindex import Postings, largest
 #: Below this many vectors the ranking is exact over dequantised float32 vectors.
 EXACT_MAX: Final = 16_384
 #: Dimensions of the coarse copy of a large pool.
-COARSE_DIMS: Final = 32
+COARSE_DIMS: Final = 48
 #: Candidates of the coarse pass per wanted result (and at least RESCORE_MIN) ranked exactly.
 RESCORE_FACTOR: Final = 8
-RESCORE_MIN: Final = 400
+RESCORE_MIN: Final = 800
 #: What a pinned entry adds to its order key in memory order (``graph.memory``'s memoryRank).
 PINNED_RANK: Final = 1_125_899_906_842_624
 #: Rows fitted for the principal components; rows projected per step.
@@ -66,10 +66,20 @@ class BotIndex:
         self._has_vec = np.zeros(0, np.bool_)
         self._pinned = np.zeros(0, np.bool_)
         self._order = np.zeros(0, np.int64)
+        #: Node ids, as the number after ``_node_prefix`` (-1: unknown; ``_odd_nodes`` holds any
+        #: of another shape): how the search statement seeks a candidate.
+        self._node = np.zeros(0, np.int64)
+        self._node_prefix = ""
+        self._odd_nodes: dict[int, str] = {}
         #: Rows without a vector of the embedder (left out of the dense ranking).
         self._unembedded = 0
         #: The version of the newest entry held (what the recency prior counts from).
         self._newest = 0.0
+        #: The last ``among`` list ranked (a reader's kept visible ids come back search after
+        #: search as the same list): the list, the size of the index then, its rows and their
+        #: vectors dequantised (None until asked for).
+        self._among: tuple[list[str], int, npt.NDArray[np.int64]] | None = None
+        self._among_vectors: F32 | None = None
 
     def __len__(self) -> int:
         return len(self._ids)
@@ -77,26 +87,29 @@ class BotIndex:
     @property
     def nbytes(self) -> int:
         """Memory held by the arrays and postings (ids and the id map not counted)."""
-        rows = self._has_vec.nbytes + self._pinned.nbytes + self._order.nbytes
+        rows = self._has_vec.nbytes + self._pinned.nbytes + self._order.nbytes + self._node.nbytes
         return self._q.nbytes + self._scale.nbytes + self._coarse.nbytes + rows + self.keywords.nbytes
 
     def upsert(
         self,
         ids: list[str],
+        nodes: list[str],
         keywords: list[str],
         pinned: list[bool],
         order_keys: list[int],
         vectors: tuple[list[int], npt.NDArray[np.int8], F32] | None,
     ) -> None:
         """Add entries, replacing what is held of ids already held (a revised or re-embedded
-        entry): their blind keywords, pinned flags, order keys and, for the positions in
+        entry): their node ids, blind keywords, pinned flags, order keys and, for the positions in
         ``vectors`` (positions into ``ids``, int8 rows, scales), their vectors. An entry without
         a vector in this update has none afterwards."""
         if not ids:
             return
+        self._among = self._among_vectors = None
         rows = self._rows_for(ids)
         for row, blind in zip(rows.tolist(), keywords, strict=True):
             self.keywords.set(row, blind)
+        self._set_nodes(rows, nodes)
         self._pinned[rows] = pinned
         self._order[rows] = order_keys
         self._newest = max(self._newest, max(order_keys) / 1_000_000)
@@ -155,6 +168,34 @@ class BotIndex:
         order = np.lexsort((-memory_rank, -score))
         return [self._ids[int(r)] for r in found[order]], score[order].tolist()
 
+    def nodes_of(self, ids: list[str]) -> list[str]:
+        """The node ids of ``ids`` ("" where unknown: the statement then loses the candidate)."""
+        found: list[str] = []
+        for entry_id in ids:
+            row = self._pos.get(entry_id)
+            node = -1 if row is None else int(self._node[row])
+            if node >= 0:
+                found.append(self._node_prefix + str(node))
+            else:
+                found.append("" if row is None else self._odd_nodes.get(row, ""))
+        return found
+
+    def locate(self, ids: list[str], found: list[tuple[str, str]]) -> None:
+        """What a lookup by id found for candidates a walk lost: the node ids of those that are
+        entries; the others no longer exist (purged), and are never proposed again."""
+        located = dict(found)
+        held = [i for i in ids if i in self._pos]
+        rows = np.array([self._pos[i] for i in held if i in located], np.int64)
+        self._set_nodes(rows, [located[i] for i in held if i in located])
+        for entry_id in held:
+            if entry_id not in located:
+                row = self._pos[entry_id]
+                self.keywords.set(row, "")
+                self._has_vec[row] = False
+                self._node[row] = -1
+        self._unembedded = len(self._ids) - int(np.count_nonzero(self._has_vec[: len(self._ids)]))
+        self._among = self._among_vectors = None
+
     def top(self, query: F32, k: int) -> list[str]:
         """The ids of the ``k`` vectors most similar to ``query`` (cosine), best first."""
         return [self._ids[int(r)] for r in self._top_rows(query, k, None)]
@@ -165,6 +206,13 @@ class BotIndex:
         if n == 0 or k <= 0 or self._q.shape[1] == 0:
             return np.empty(0, np.int64)
         if among is not None:
+            kept = self._among
+            if kept is not None and kept[2] is among:
+                if self._among_vectors is None:
+                    held = among[self._has_vec[among]]
+                    self._among_vectors = self._q[held].astype(np.float32) * self._scale[held, None]
+                rows = among[self._has_vec[among]]
+                return self._best(self._among_vectors @ query, rows, k)
             rows = among[self._has_vec[among]]
             return self._best(self._exact(rows, query), rows, k)
         coarse = self._coarse[:n] @ (query if self._basis is None else query @ self._basis)
@@ -177,6 +225,21 @@ class BotIndex:
         if self._unembedded:
             candidates = candidates[self._has_vec[candidates]]
         return self._best(self._exact(candidates, query), candidates, k)
+
+    def _set_nodes(self, rows: npt.NDArray[np.int64], nodes: list[str]) -> None:
+        """Node ids of Neo4j 5 read ``<kind>:<database>:<number>``: one prefix for the Bot, a number
+        per row. A new prefix (another database) makes every other row's number unknown."""
+        for row, node in zip(rows.tolist(), nodes, strict=True):
+            prefix, _, number = node.rpartition(":")
+            if not prefix or not number.isdigit():
+                self._odd_nodes[row] = node
+                self._node[row] = -1
+                continue
+            if prefix + ":" != self._node_prefix:
+                self._node_prefix = prefix + ":"
+                self._node[:] = -1
+            self._node[row] = int(number)
+            self._odd_nodes.pop(row, None)
 
     def _rows_for(self, ids: list[str]) -> npt.NDArray[np.int64]:
         """The rows of ``ids``, new rows for ids not held yet (the arrays grow to hold them)."""
@@ -194,6 +257,7 @@ class BotIndex:
             self._has_vec = np.concatenate([self._has_vec, np.zeros(grow, np.bool_)])
             self._pinned = np.concatenate([self._pinned, np.zeros(grow, np.bool_)])
             self._order = np.concatenate([self._order, np.zeros(grow, np.int64)])
+            self._node = np.concatenate([self._node, np.full(grow, -1, np.int64)])
             self._scale = np.concatenate([self._scale, np.zeros(grow, np.float32)])
             if self._q.shape[1]:
                 self._q = np.concatenate([self._q, np.zeros((grow, self._q.shape[1]), np.int8)])
@@ -203,8 +267,14 @@ class BotIndex:
         return rows
 
     def _rows_of(self, ids: list[str]) -> npt.NDArray[np.int64]:
-        """The rows of the ids held among ``ids``."""
-        return np.array([p for p in (self._pos.get(i) for i in ids) if p is not None], np.int64)
+        """The rows of the ids held among ``ids``. A reader's kept visible ids come back search
+        after search as the same list: their rows are kept until the index grows."""
+        kept = self._among
+        if kept is not None and kept[0] is ids and kept[1] == len(self._ids):
+            return kept[2]
+        rows = np.array([p for p in (self._pos.get(i) for i in ids) if p is not None], np.int64)
+        self._among, self._among_vectors = (ids, len(self._ids), rows), None
+        return rows
 
     def _exact(self, rows: npt.NDArray[np.int64], query: F32) -> F32:
         return (self._q[rows].astype(np.float32) @ query) * self._scale[rows]

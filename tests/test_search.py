@@ -277,3 +277,27 @@ async def test_keywords_alone_find_entries_and_the_upgrade_stamps_older_ones(
     fresh = dataclasses.replace(runtime, vectors=VectorIndexes())
     assert await found(fresh, "zanzibar") == [zanzibar.id]
     assert await found(fresh, "cello") == [cello.id]
+
+
+async def test_a_stale_node_id_costs_a_lookup_never_a_result(api: Api, runtime: Runtime) -> None:
+    """The walk seeks candidates by the node ids the index holds (D9.29); ids it cannot place (a
+    store copied to another database, an entry purged) are looked up by entry id and the search
+    asks again, so a stale node id never costs a result."""
+    w = await make_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    item = await said(api, w.tokens["ann"], chat, "notes")
+    facts = [AddFact(content=f"Ann keeps a kayak number {n}", sources=(ItemRef(*item),)) for n in range(5)]
+    await apply_changes(runtime, w.bot, list(facts), "memory_bot", embedder=None)
+    ann = await memory.person_reader_of(runtime, w.bot, w.people["ann"], w.org)
+    assert ann is not None
+
+    async def found() -> set[str]:
+        return {h.entry.id for h in await search.search(runtime, None, w.bot, ann, "kayak", 10)}
+
+    assert await found() == {f.id for f in facts}
+    # As if the store had moved to another database: every node id the index holds is unknown.
+    index = runtime.vectors.of(w.bot, "")
+    index.upsert(["not-an-entry"], ["4:another-database:1"], [""], [False], [1], None)
+    assert index.nodes_of([facts[0].id]) == [""]
+    assert await found() == {f.id for f in facts}
+    assert index.nodes_of([facts[0].id])[0].startswith("4:")  # learnt again

@@ -131,6 +131,7 @@ def test_rank_fuses_by_reciprocal_rank_with_the_prior() -> None:
     index = BotIndex("m")
     index.upsert(
         ids,
+        [f"4:db:{i}" for i in range(n)],
         [blind(w) for w in words],
         pinned,
         orders,
@@ -179,7 +180,12 @@ def test_rank_fuses_by_reciprocal_rank_with_the_prior() -> None:
 def test_ties_follow_memory_order() -> None:
     index = BotIndex("")
     index.upsert(
-        ["a", "b", "c"], [TOKENS[0]] * 3, [False, True, False], [5_000_001, 5_000_002, 5_000_003], None
+        ["a", "b", "c"],
+        ["4:db:1", "4:db:2", "4:db:3"],
+        [TOKENS[0]] * 3,
+        [False, True, False],
+        [5_000_001, 5_000_002, 5_000_003],
+        None,
     )
     got, _ = index.rank(
         None, [TOKENS[0]], None, dense_k=5, keyword_k=5, rrf_k=60.0,
@@ -197,9 +203,14 @@ def test_a_revised_entry_loses_its_old_words_and_vector() -> None:
     q, scales = quantise(vectors)
     index = BotIndex("m")
     index.upsert(
-        ["a", "b"], [TOKENS[0], TOKENS[1]], [False, False], [1_000_001, 1_000_002], ([0, 1], q, scales)
+        ["a", "b"],
+        ["4:db:1", "4:db:2"],
+        [TOKENS[0], TOKENS[1]],
+        [False, False],
+        [1_000_001, 1_000_002],
+        ([0, 1], q, scales),
     )
-    index.upsert(["a"], [TOKENS[2]], [False], [2_000_001], None)  # revised, embedder down
+    index.upsert(["a"], ["4:db:1"], [TOKENS[2]], [False], [2_000_001], None)  # revised, embedder down
     found, _ = index.rank(
         vectors[0], [TOKENS[0]], None, dense_k=5, keyword_k=5, rrf_k=60.0,
         pinned_prior=0.0, recency_prior=0.0, half_life=100.0,
@@ -225,6 +236,7 @@ def test_a_large_index_finds_the_exact_nearest_through_the_coarse_pass() -> None
         stop = start + 5_000
         index.upsert(
             ids[start:stop],
+            [f"4:db:{i}" for i in range(start, stop)],
             [""] * (stop - start),
             [False] * (stop - start),
             [1_000_001] * (stop - start),
@@ -236,3 +248,22 @@ def test_a_large_index_finds_the_exact_nearest_through_the_coarse_pass() -> None
         best = {ids[int(i)] for i in np.argsort(-exact[:, c])[:10].tolist()}
         found += len(best & set(index.top(centres[c], 50)))
     assert found >= 0.98 * 200
+
+
+def test_node_ids_are_kept_compactly_and_relearnt() -> None:
+    index = BotIndex("")
+    index.upsert(
+        ["a", "b", "c"], ["4:db-1:10", "4:db-1:11", "odd"], [TOKENS[0]] * 3, [False] * 3, [1, 2, 3], None
+    )
+    assert index.nodes_of(["a", "b", "c", "zz"]) == ["4:db-1:10", "4:db-1:11", "odd", ""]
+    # Another database (a store copy): every node id learnt before is unknown until located.
+    index.upsert(["d"], ["4:db-2:5"], [TOKENS[0]], [False], [4], None)
+    assert index.nodes_of(["a", "d"]) == ["", "4:db-2:5"]
+    # A lost candidate found again by id gets its node id; one that is gone is never proposed.
+    index.locate(["a", "b"], [("a", "4:db-2:77")])
+    assert index.nodes_of(["a"]) == ["4:db-2:77"]
+    found, _ = index.rank(
+        None, [TOKENS[0]], None, dense_k=5, keyword_k=5, rrf_k=60.0,
+        pinned_prior=0.0, recency_prior=0.0, half_life=100.0,
+    )  # fmt: skip
+    assert sorted(found) == ["a", "c", "d"]
