@@ -870,7 +870,7 @@ def section(stats: dict[int, IndexStats], emb: Embedding | None, corpus: Corpus 
     add(
         "Cold load = the first search of the Bot in a process on a fresh index (`VectorIndexes`): "
         "every vector and every entry's blind keywords read under the shared lock, vectors decrypted, "
-        "decoded, and above 16,384 vectors projected on 32 principal components, keywords put in BM25 "
+        "decoded, and above 16,384 vectors projected on 48 principal components, keywords put in BM25 "
         "postings. Memory of the loaded index: `BotIndex.nbytes` (the arrays and postings), "
         "tracemalloc (everything allocated by the load and still held: arrays, the id list and id map), "
         "and the process's RSS before/after the first cold load (not used: freed memory stays in the "
