@@ -147,6 +147,8 @@ class BotIndex:
         fused by reciprocal rank (``rrf_k``), plus the prior (``pinned_prior`` for a pinned
         entry, at most ``recency_prior`` for the newest, halved every ``half_life`` versions)."""
         rows = None if among is None else self._rows_of(among)
+        if rows is not None and rows.size == 0:
+            return [], []
         dense = np.empty(0, np.int64)
         if vector is not None and self._q.shape[1] == vector.shape[0]:
             dense = self._top_rows(vector, dense_k, rows)
