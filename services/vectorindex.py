@@ -61,6 +61,8 @@ class BotIndex:
         self._pos: dict[str, int] = {}
         self._q: npt.NDArray[np.int8] = np.empty((0, 0), np.int8)
         self._scale: F32 = np.empty(0, np.float32)
+        #: The coarse copy, one row per dimension and a column per entry (a scan reads it as a
+        #: matrix–vector product over contiguous rows: faster than a row per entry).
         self._coarse: F32 = np.empty((0, 0), np.float32)
         self._basis: F32 | None = None
         self._has_vec = np.zeros(0, np.bool_)
@@ -118,7 +120,7 @@ class BotIndex:
             at, q, scales = vectors
             if self._q.shape[1] == 0:
                 self._q = np.zeros((self._has_vec.shape[0], q.shape[1]), np.int8)
-                self._coarse = np.zeros((self._has_vec.shape[0], q.shape[1]), np.float32)
+                self._coarse = np.zeros((q.shape[1], self._has_vec.shape[0]), np.float32)
             with_vec = rows[np.array(at, np.int64)]
             self._q[with_vec] = q
             self._scale[with_vec] = scales
@@ -126,7 +128,7 @@ class BotIndex:
             if self._basis is None and len(self._ids) > EXACT_MAX:
                 self._fit()
             else:
-                self._coarse[with_vec] = self._project(q, scales)
+                self._coarse[:, with_vec] = self._project(q, scales).T
         self._unembedded = len(self._ids) - int(np.count_nonzero(self._has_vec[: len(self._ids)]))
 
     def rank(
@@ -217,7 +219,7 @@ class BotIndex:
                 return self._best(self._among_vectors @ query, rows, k)
             rows = among[self._has_vec[among]]
             return self._best(self._exact(rows, query), rows, k)
-        coarse = self._coarse[:n] @ (query if self._basis is None else query @ self._basis)
+        coarse = (query if self._basis is None else query @ self._basis) @ self._coarse[:, :n]
         if self._unembedded:
             coarse[~self._has_vec[:n]] = -np.inf
         if self._basis is None:
@@ -264,7 +266,7 @@ class BotIndex:
             if self._q.shape[1]:
                 self._q = np.concatenate([self._q, np.zeros((grow, self._q.shape[1]), np.int8)])
                 self._coarse = np.concatenate(
-                    [self._coarse, np.zeros((grow, self._coarse.shape[1]), np.float32)]
+                    [self._coarse, np.zeros((self._coarse.shape[0], grow), np.float32)], axis=1
                 )
         return rows
 
@@ -300,10 +302,10 @@ class BotIndex:
         _, axes = np.linalg.eigh(x.T @ x)
         self._basis = np.ascontiguousarray(axes[:, ::-1][:, :COARSE_DIMS].astype(np.float32))
         n = len(self._ids)
-        coarse = np.zeros((self._q.shape[0], COARSE_DIMS), np.float32)
+        coarse = np.zeros((COARSE_DIMS, self._q.shape[0]), np.float32)
         for start in range(0, n, _CHUNK):
             stop = min(n, start + _CHUNK)
-            coarse[start:stop] = self._project(self._q[start:stop], self._scale[start:stop])
+            coarse[:, start:stop] = self._project(self._q[start:stop], self._scale[start:stop]).T
         self._coarse = coarse
 
 
