@@ -12,6 +12,7 @@ from typing import Final, Literal
 from arq.connections import ArqRedis
 from neo4j import AsyncDriver
 from redis.asyncio import ConnectionPool
+from threadpoolctl import threadpool_limits
 
 from graph.driver import make_driver
 from graph.migrations import LATEST, current_version, migrate
@@ -63,7 +64,9 @@ async def wait_for_schema(driver: AsyncDriver) -> int:
 
 @asynccontextmanager
 async def open_runtime(settings: Settings, *, schema: Schema = "migrate") -> AsyncGenerator[Runtime]:
-    """Connect to Neo4j and Redis, see to the schema (``schema``), and close everything on exit."""
+    """Connect to Neo4j and Redis, see to the schema (``schema``), and close everything on exit.
+    numpy's BLAS runs on ``index_threads`` threads meanwhile."""
+    blas = threadpool_limits(limits=settings.index_threads, user_api="blas")
     password = settings.neo4j_password.get_secret_value() if settings.neo4j_password else ""
     driver = make_driver(settings.neo4j_uri, settings.neo4j_user, password)
     redis = ArqRedis(
@@ -84,3 +87,4 @@ async def open_runtime(settings: Settings, *, schema: Schema = "migrate") -> Asy
     finally:
         await redis.aclose(close_connection_pool=True)
         await driver.close()
+        blas.restore_original_limits()

@@ -95,6 +95,10 @@ class Settings(BaseSettings):
     embedding_api_key: SecretStr | None = None
     #: CPU threads of the local embedder (onnxruntime intra-op threads).
     embedding_threads: int = Field(default=1, ge=1)
+    #: Threads of numpy's BLAS for the index's scans (services.vectorindex). One: OpenBLAS's idle
+    #: workers spin on the cores after every call, and Neo4j on the same machine needs them
+    #: (measured: search's p95 at 100k three times as long with two).
+    index_threads: int = Field(default=1, ge=1)
     #: Texts per embedder call (one ONNX run, or one /v1/embeddings request).
     embedding_batch: int = Field(default=64, ge=1)
     #: Workers sweep for entries that lack keywords or a vector of the current embedder (after an

@@ -4,14 +4,16 @@ services, with the default local embedder, under the one visibility check (C1, V
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, cast
 
 import httpx
 from prometheus_client import REGISTRY
+from threadpoolctl import threadpool_info, threadpool_limits
 
 from graph.migrations import LATEST, migrate
 from learning.embedders import LocalMiniLM
 from services import memory, search
+from services.bootstrap import open_runtime
 from services.changes import AddFact, Invalidate, ItemRef
 from services.runtime import Runtime
 from services.settings import Settings
@@ -301,3 +303,19 @@ async def test_a_stale_node_id_costs_a_lookup_never_a_result(api: Api, runtime: 
     assert index.nodes_of([facts[0].id]) == [""]
     assert await found() == {f.id for f in facts}
     assert index.nodes_of([facts[0].id])[0].startswith("4:")  # learnt again
+
+
+async def test_the_index_scans_on_the_threads_the_settings_give_it(settings: Settings) -> None:
+    """numpy's BLAS runs on ``index_threads`` threads (1) while a runtime is open (its idle workers
+    would spin on the cores Neo4j needs), and gets the limit it had back when the runtime closes."""
+    with threadpool_limits(limits=2, user_api="blas"):
+        before = _blas_threads()
+        async with open_runtime(settings):
+            assert settings.index_threads == 1
+            assert _blas_threads() == [1]
+        assert _blas_threads() == before
+
+
+def _blas_threads() -> list[int]:
+    pools = cast(list[dict[str, Any]], threadpool_info())
+    return [int(pool["num_threads"]) for pool in pools if pool["user_api"] == "blas"]
