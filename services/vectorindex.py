@@ -148,6 +148,8 @@ class BotIndex:
         vectors and the ``keyword_k`` best BM25 rows (among the ids ``among`` only, when given)
         fused by reciprocal rank (``rrf_k``), plus the prior (``pinned_prior`` for a pinned
         entry, at most ``recency_prior`` for the newest, halved every ``half_life`` versions)."""
+        if among is not None and not among:  # nothing visible: the kept rows stay (another reader's)
+            return [], []
         rows = None if among is None else self._rows_of(among)
         if rows is not None and rows.size == 0:
             return [], []
