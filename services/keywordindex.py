@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from array import array
 from collections import Counter
-from typing import Final
+from typing import Final, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -125,7 +125,8 @@ class Postings:
         all_rows = np.concatenate(rows_parts)
         all_weights = np.concatenate(weights)
         size = self._length.shape[0]
-        summed: Scores = np.bincount(all_rows, weights=all_weights, minlength=size).astype(np.float64)
+        # With weights, bincount sums in float64 (its stubs say intp).
+        summed = cast(Scores, np.bincount(all_rows, weights=all_weights, minlength=size))
         hit = largest(summed, k) if among is None else among[largest(summed[among], k)]
         scores = summed[hit]
         hit, scores = hit[scores > 0], scores[scores > 0]

@@ -20,6 +20,7 @@ the candidates then only walks them in that order.
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -42,6 +43,13 @@ _FIT_ROWS: Final = 16_384
 _CHUNK: Final = 8_192
 
 F32 = npt.NDArray[np.float32]
+
+#: A coarse scan over at least this many rows is split in two: one half on the scan thread, the
+#: other on the caller's (numpy leaves the GIL meanwhile). A thread that waits on a queue, not
+#: BLAS's own workers, which spin after each call on the cores Neo4j needs (``index_threads``).
+#: At 100k rows: 1.2 -> 0.85 ms.
+SPLIT_MIN: Final = 32_768
+_SCAN_POOL: Final = ThreadPoolExecutor(max_workers=1, thread_name_prefix="botmemory-scan")
 
 
 class BotIndex:
@@ -221,7 +229,7 @@ class BotIndex:
                 return self._best(self._among_vectors @ query, rows, k)
             rows = among[self._has_vec[among]]
             return self._best(self._exact(rows, query), rows, k)
-        coarse = (query if self._basis is None else query @ self._basis) @ self._coarse[:, :n]
+        coarse = self._scan(query if self._basis is None else query @ self._basis, n)
         if self._unembedded:
             coarse[~self._has_vec[:n]] = -np.inf
         if self._basis is None:
@@ -231,6 +239,18 @@ class BotIndex:
         if self._unembedded:
             candidates = candidates[self._has_vec[candidates]]
         return self._best(self._exact(candidates, query), candidates, k)
+
+    def _scan(self, query: F32, n: int) -> F32:
+        """The coarse scores of the first ``n`` rows: a large pool's scan split in two, the second
+        half on the scan thread while this one does the first."""
+        if n < SPLIT_MIN:
+            return query @ self._coarse[:, :n]
+        out = np.empty(n, np.float32)
+        half = n // 2
+        other = _SCAN_POOL.submit(np.matmul, query, self._coarse[:, half:n], out=out[half:])
+        np.matmul(query, self._coarse[:, :half], out=out[:half])
+        other.result()
+        return out
 
     def _set_nodes(self, rows: npt.NDArray[np.int64], nodes: list[str]) -> None:
         """Node ids of Neo4j 5 read ``<kind>:<database>:<number>``: one prefix for the Bot, a number

@@ -9,11 +9,12 @@ from collections import Counter
 
 import numpy as np
 import numpy.typing as npt
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from services.keywordindex import K1, B, Postings, largest
-from services.vectorindex import PINNED_RANK, BotIndex
+from services.vectorindex import EXACT_MAX, PINNED_RANK, SPLIT_MIN, BotIndex
 
 TOKENS = [f"k{i:012x}" for i in range(12)]
 docs_st = st.lists(st.lists(st.sampled_from(TOKENS), max_size=8), min_size=1, max_size=40)
@@ -223,9 +224,13 @@ def test_a_revised_entry_loses_its_old_words_and_vector() -> None:
     assert found == ["a"]
 
 
-def test_a_large_index_finds_the_exact_nearest_through_the_coarse_pass() -> None:
+@pytest.mark.parametrize("n", [20_000, 40_000])
+def test_a_large_index_finds_the_exact_nearest_through_the_coarse_pass(n: int) -> None:
+    """Above EXACT_MAX principal components pick the candidates; above SPLIT_MIN the coarse scan
+    is split between two threads (each half must count)."""
+    assert EXACT_MAX < 20_000 < SPLIT_MIN < 40_000
     rng = np.random.default_rng(11)
-    n, dims = 20_000, 64  # above EXACT_MAX: principal components pick the candidates
+    dims = 64
     centres = unit(rng, 50, dims)
     vectors = centres[rng.integers(0, 50, n)] + 0.3 * unit(rng, n, dims)
     vectors = (vectors / np.linalg.norm(vectors, axis=1, keepdims=True)).astype(np.float32)
