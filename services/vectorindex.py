@@ -180,19 +180,18 @@ class BotIndex:
         )
         memory_rank = self._order[found] + self._pinned[found].astype(np.int64) * PINNED_RANK
         order = np.lexsort((-memory_rank, -score))
-        return [self._ids[int(r)] for r in found[order]], score[order].tolist()
+        held = self._ids
+        return [held[r] for r in found[order].tolist()], score[order].tolist()
 
     def nodes_of(self, ids: list[str]) -> list[str]:
         """The node ids of ``ids`` ("" where unknown: the statement then loses the candidate)."""
-        found: list[str] = []
-        for entry_id in ids:
-            row = self._pos.get(entry_id)
-            node = -1 if row is None else int(self._node[row])
-            if node >= 0:
-                found.append(self._node_prefix + str(node))
-            else:
-                found.append("" if row is None else self._odd_nodes.get(row, ""))
-        return found
+        rows = [self._pos.get(entry_id, -1) for entry_id in ids]
+        numbers: list[int] = self._node[np.array(rows, np.int64)].tolist() if rows else []
+        prefix, odd = self._node_prefix, self._odd_nodes
+        return [
+            prefix + str(number) if row >= 0 and number >= 0 else odd.get(row, "")
+            for row, number in zip(rows, numbers, strict=True)
+        ]
 
     def locate(self, ids: list[str], found: list[tuple[str, str]]) -> None:
         """What a lookup by id found for candidates a walk lost: the node ids of those that are
