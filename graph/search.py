@@ -12,6 +12,7 @@ its last stamp, in the same statement.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Final, Generic, LiteralString, TypedDict, TypeVar
 
 from neo4j import AsyncManagedTransaction
@@ -265,77 +266,50 @@ async def derived_since(
     return locked["seq"], found["fresh"]
 
 
-def _params(
-    *,
-    bot_id: str,
-    org: str,
-    readers: list[ReaderMap],
-    cands: list[str],
-    nodes: list[str],
-    scores: list[float],
-    model: str,
-    after: int,
-    limit: int,
-    fill: int,
-) -> dict[str, object]:
-    return {
-        "botId": bot_id,
-        "org": org,
-        "readers": readers,
-        "cands": cands,
-        "nodes": nodes,
-        "scores": scores,
-        "model": model,
-        "after": after,
-        "limit": limit,
-        "fill": fill,
-        "keys": reader_keys(readers),
-        "top": TOP_RANK,
-    }
+@dataclass(frozen=True, slots=True)
+class Walk:
+    """One walk of the search statement: the Bot, who reads (``org``, ``readers``), the candidates
+    best first (``cands``, their node ids ``nodes`` and scores ``scores``, parallel), what the
+    caller's index holds (the embedder ``model``, stamped through ``after``), and how many to keep
+    (``limit``)."""
+
+    bot_id: str
+    org: str
+    readers: list[ReaderMap]
+    cands: list[str]
+    nodes: list[str]
+    scores: list[float]
+    model: str
+    after: int
+    limit: int
+
+    def params(self, *, fill: int) -> dict[str, object]:
+        return {
+            "botId": self.bot_id,
+            "org": self.org,
+            "readers": self.readers,
+            "cands": self.cands,
+            "nodes": self.nodes,
+            "scores": self.scores,
+            "model": self.model,
+            "after": self.after,
+            "limit": self.limit,
+            "fill": fill,
+            "keys": reader_keys(self.readers),
+            "top": TOP_RANK,
+        }
 
 
-async def search_entries(
-    tx: QueryTarget,
-    *,
-    bot_id: str,
-    org: str,
-    readers: list[ReaderMap],
-    cands: list[str],
-    nodes: list[str],
-    scores: list[float],
-    model: str,
-    after: int,
-    limit: int,
-) -> SearchRow[RankedEntry] | None:
+async def search_entries(tx: QueryTarget, walk: Walk) -> SearchRow[RankedEntry] | None:
     """SEARCH: the first ``limit`` candidates that pass, as the API's entries; None when the Bot
     does not exist."""
-    params = _params(
-        bot_id=bot_id, org=org, readers=readers, cands=cands, nodes=nodes, scores=scores, model=model,
-        after=after, limit=limit, fill=0,
-    )  # fmt: skip
-    return await single(tx, SEARCH, SearchRow[RankedEntry], **params)
+    return await single(tx, SEARCH, SearchRow[RankedEntry], **walk.params(fill=0))
 
 
-async def search_context(
-    tx: QueryTarget,
-    *,
-    bot_id: str,
-    org: str,
-    readers: list[ReaderMap],
-    cands: list[str],
-    nodes: list[str],
-    scores: list[float],
-    model: str,
-    after: int,
-    limit: int,
-) -> SearchRow[RankedContext] | None:
+async def search_context(tx: QueryTarget, walk: Walk) -> SearchRow[RankedContext] | None:
     """SEARCH_CONTEXT: the first ``limit`` candidates that pass, filled up to ``limit`` with the
     newest visible entries when fewer pass; None when the Bot does not exist."""
-    params = _params(
-        bot_id=bot_id, org=org, readers=readers, cands=cands, nodes=nodes, scores=scores, model=model,
-        after=after, limit=limit, fill=limit,
-    )  # fmt: skip
-    return await single(tx, SEARCH_CONTEXT, SearchRow[RankedContext], **params)
+    return await single(tx, SEARCH_CONTEXT, SearchRow[RankedContext], **walk.params(fill=walk.limit))
 
 
 async def visible_active(

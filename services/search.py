@@ -189,9 +189,7 @@ class _Query:
         """The statement: the first ``wanted`` of ``cands`` that pass (filled in memory order for
         ``context``), and what the index lacks."""
         params = self.reader.params
-        run = search_q.search_context if self.fill else search_q.search_entries
-        found = await run(
-            tx,
+        walk = search_q.Walk(
             bot_id=self.bot_id,
             org=params["org"],
             readers=params["readers"],
@@ -202,6 +200,7 @@ class _Query:
             after=index.seq,
             limit=self.wanted,
         )
+        found = await (search_q.search_context if self.fill else search_q.search_entries)(tx, walk)
         if found is None:
             raise NotFound("bot not found")
         return found
@@ -254,13 +253,14 @@ async def _ranked(
     walk = math.ceil(wanted / passing * (1 + WALK_MARGIN)) + MARGIN_MIN
     found: _Found | None = None
     for _ in range(_ATTEMPTS):
-        known = rt.vectors.visible(who) if rt.vectors.sparse(bot_id, keys) else None
+        sparse = rt.vectors.sparse(bot_id, keys)
+        known = rt.vectors.visible(who) if sparse else None
         if known is not None and _many(len(known.ids), index):
             # Kept ids of a reader who sees much: the post-filter serves them better.
             rt.vectors.observe(bot_id, keys, sparse=False)
             rt.vectors.drop_visible(who)
-            known = None
-        if known is None and rt.vectors.sparse(bot_id, keys):
+            known, sparse = None, False
+        if known is None and sparse:
             found, cands = await read(rt.driver, lambda tx: _prefiltered(rt, tx, index, cipher, q, sure, who))
             if found["lost"]:
                 await _locate(rt, index, bot_id, [cands[i] for i in found["lost"]])
