@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import AsyncGenerator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -15,6 +14,7 @@ import websockets
 from websockets.asyncio.client import ClientConnection
 
 from tests.client import Api
+from tests.waiting import until
 
 SUBSCRIBE = "subscription($b: ID!) { memoryChanges(botId: $b) { version entries { id content status } } }"
 
@@ -32,10 +32,11 @@ async def opened(api: Api, feed: str) -> float:
 
 async def until_opened(api: Api, feed: str, count: float, within: float = 20) -> None:
     """Until the API process has registered ``count`` subscriptions of ``feed``."""
-    deadline = time.monotonic() + within
-    while await opened(api, feed) < count:
-        assert time.monotonic() < deadline, f"the server never registered the {feed} subscription"
-        await asyncio.sleep(0.02)
+
+    async def registered() -> bool:
+        return await opened(api, feed) >= count
+
+    await until(registered, f"the server never registered the {feed} subscription", within=within, every=0.02)
 
 
 @asynccontextmanager

@@ -4,7 +4,6 @@ calls (startTurn, addItems, confide, completeTurn) and waiting for learning to e
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +12,7 @@ from services.runtime import Runtime
 from tests.client import Api, World, make_world
 from tests.conftest import TEST_MODEL
 from tests.model_server import Reply, ToolCall
+from tests.waiting import until
 
 
 async def memory_world(
@@ -76,15 +76,17 @@ async def wait_executions(
     rt: Runtime, turn: str, statuses: tuple[str, ...] = ENDS, within: float = 20
 ) -> list[dict[str, Any]]:
     """Until every execution of the Turn is in one of ``statuses``."""
-    deadline = time.monotonic() + within
     found: list[dict[str, Any]] = []
-    while time.monotonic() < deadline:
+
+    async def ended() -> list[dict[str, Any]]:
+        nonlocal found
         found = await executions(rt, turn)
-        if found and all(x["status"] in statuses for x in found):
-            return found
-        await asyncio.sleep(0.05)
-    raise AssertionError(
-        f"executions did not reach {statuses}: {[(x['status'], x.get('error')) for x in found]}"
+        return found if found and all(x["status"] in statuses for x in found) else []
+
+    return await until(
+        ended,
+        lambda: f"executions did not reach {statuses}: {[(x['status'], x.get('error')) for x in found]}",
+        within=within,
     )
 
 
@@ -114,20 +116,20 @@ def fact_call(content: str, *items: str, topics: tuple[str, ...] = ()) -> tuple[
 
 async def until_logged(path: Path, text: str, within: float = 30) -> None:
     """Until a process's log holds ``text`` (the event that shows the work was considered)."""
-    deadline = time.monotonic() + within
-    while text.encode() not in await asyncio.to_thread(path.read_bytes):
-        assert time.monotonic() < deadline, f"{text!r} never logged in {path}"
-        await asyncio.sleep(0.05)
+
+    async def logged() -> bool:
+        return text.encode() in await asyncio.to_thread(path.read_bytes)
+
+    await until(logged, f"{text!r} never logged in {path}", within=within)
 
 
 async def until_a_transaction_waits_for_a_lock(rt: Runtime, within: float = 30) -> None:
     """Until Neo4j shows a transaction blocked on a lock."""
-    deadline = time.monotonic() + within
-    while True:
+
+    async def blocked() -> bool:
         records, _, _ = await rt.driver.execute_query(
             "SHOW TRANSACTIONS YIELD status WHERE status STARTS WITH 'Blocked' RETURN count(*) AS n"
         )
-        if records[0]["n"] > 0:
-            return
-        assert time.monotonic() < deadline, "no transaction ever waited for the lock"
-        await asyncio.sleep(0.05)
+        return records[0]["n"] > 0
+
+    await until(blocked, "no transaction ever waited for the lock", within=within)

@@ -7,7 +7,6 @@ import asyncio
 import os
 import signal
 import threading
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -30,6 +29,7 @@ from tests.learning_helpers import (
 )
 from tests.memory_helpers import command, visible
 from tests.model_server import ModelServer
+from tests.waiting import until
 
 LEASE = float(SHORT_DEADLINES["BOTMEMORY_LEASE_SECONDS"])
 POLL = float(SHORT_DEADLINES["BOTMEMORY_SWEEP_INTERVAL_SECONDS"])
@@ -73,10 +73,11 @@ async def test_worker_killed_after_the_model_call_recovers_without_calling_again
         await blocker.run(
             "MATCH (x:LearningExecution {turnId: $t}) CALL apoc.lock.nodes([x]) RETURN 1", t=turn["id"]
         )
-        deadline = time.monotonic() + 15
-        while await saved_learn_calls(runtime, w.bot) == 0:
-            assert time.monotonic() < deadline, "the worker never saved its model call"
-            await asyncio.sleep(0.05)
+
+        async def saved() -> int:
+            return await saved_learn_calls(runtime, w.bot)
+
+        await until(saved, "the worker never saved its model call", within=15)
         await until_a_transaction_waits_for_a_lock(runtime)  # the worker's, inside apply_changes
         worker_process.kill()
         await blocker.rollback()

@@ -3,11 +3,9 @@ and timed by surface, one-line CLI errors, and a platform token told what it may
 
 from __future__ import annotations
 
-import asyncio
 import os
 import subprocess
 import sys
-import time
 from typing import Any
 
 import httpx
@@ -27,6 +25,7 @@ from tests.learning_helpers import (
     wait_executions,
 )
 from tests.model_server import ModelServer
+from tests.waiting import until
 from tools.processes import free_port
 
 Sample = tuple[str, tuple[tuple[str, str], ...]]
@@ -52,13 +51,14 @@ async def until_moved(
     url: str, name: str, floor: float, within: float = 60, **labels: str
 ) -> dict[Sample, float]:
     """The samples once ``name{labels}`` is above ``floor`` (a counter moved by another process)."""
-    deadline = time.monotonic() + within
-    while True:
+
+    async def moved() -> dict[Sample, float] | None:
         samples = await scrape(url)
-        if value(samples, name, **labels) > floor:
-            return samples
-        assert time.monotonic() < deadline, f"{name}{labels} stayed at {floor} on {url}"
-        await asyncio.sleep(0.05)
+        return samples if value(samples, name, **labels) > floor else None
+
+    found = await until(moved, f"{name}{labels} stayed at {floor} on {url}", within=within)
+    assert found is not None
+    return found
 
 
 # --- 1. The worker's metrics ---------------------------------------------------------------------

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ from tests.client import Api, World, make_world
 from tests.conftest import ApiProcess
 from tests.feed_helpers import next_event, subscribed, subscription
 from tests.memory_helpers import apply, command, fact, observation, said, visible
+from tests.waiting import until
 
 FEED = "subscription($b: ID!) { memoryChanges(botId: $b) { version entries { id status } removed } }"
 REPLAY = (
@@ -227,10 +227,11 @@ async def test_a_lost_change_message_is_filled_in_from_the_log_before_the_next_e
 
 async def until_logged_times(path: Path, text: bytes, times: int, within: float = 30) -> None:
     """Until the process's log holds ``text`` ``times`` times."""
-    deadline = time.monotonic() + within
-    while (await asyncio.to_thread(path.read_bytes)).count(text) < times:
-        assert time.monotonic() < deadline, f"{text!r} logged fewer than {times} times in {path}"
-        await asyncio.sleep(0.05)
+
+    async def logged() -> bool:
+        return (await asyncio.to_thread(path.read_bytes)).count(text) >= times
+
+    await until(logged, f"{text!r} logged fewer than {times} times in {path}", within=within)
 
 
 async def test_a_redis_blip_mid_stream_loses_and_repeats_nothing(
