@@ -41,7 +41,10 @@ log = logging.getLogger("botmemory.search")
 MAX_QUERY_CHARS: Final = 2_000
 MAX_LIMIT: Final = 100
 #: Reciprocal-rank fusion constant, and the prior in units of a first rank's share.
-RRF_K: Final = 60.0
+#: 20 rather than the usual 60 (a first rank counts a little more against the rest): candidate
+#: recall of an offline simulation of context(4000, query) on the LoCoMo observations, dev split
+#: (conv-41…44) 79.0 → 80.1 % (k = 10–20 alike, 30: 79.9); held out (conv-47…50) 81.4 → 82.4 %.
+RRF_K: Final = 20.0
 PINNED_PRIOR: Final = 0.3 / (RRF_K + 1)
 RECENCY_PRIOR: Final = 0.2 / (RRF_K + 1)
 #: Memory versions after which the recency prior is halved.
