@@ -4,12 +4,12 @@ the field's path; the services check the values themselves (ids, text, tags) as 
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Final, Literal, TypeVar
+from typing import Annotated, Final, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from pydantic_core import ErrorDetails
 from starlette.requests import Request
 
+from services import validation
 from services.errors import BadInput
 
 M = TypeVar("M", bound=BaseModel)
@@ -112,65 +112,6 @@ def read_query(request: Request, model: type[M]) -> M:
         raise refusal(exc) from None
 
 
-#: What a refused value is told, by pydantic's error type (others get pydantic's own words).
-_TOLD: Final = {
-    "missing": "is required",
-    "string_type": "must be a string",
-    "int_type": "must be a whole number",
-    "int_parsing": "must be a whole number",
-    "int_from_float": "must be a whole number",
-    "bool_type": "must be true or false",
-    "list_type": "must be a list",
-    "dict_type": "must be an object",
-    "model_type": "must be an object",
-    "model_attributes_type": "must be an object",
-}
-
-
 def refusal(exc: ValidationError) -> BadInput:
-    """The first refused field: an unknown one first (the first by path), else pydantic's first
-    error; the message starts with the field's path (``command.tags[1]``)."""
-    errors = exc.errors(include_url=False)
-    unknown = sorted(_path(e) for e in errors if e["type"] == "extra_forbidden")
-    if unknown:
-        return BadInput(f"unknown field {unknown[0]}", field=unknown[0])
-    first = errors[0]
-    path = _path(first)
-    if first["type"] == "json_invalid":
-        return BadInput("the body is not valid JSON")
-    if not path:
-        return BadInput("the body must be a JSON object")
-    if first["type"].startswith("union_tag_"):
-        path += "._tag"
-    return BadInput(f"{path} {_told(first)}", field=path)
-
-
-def _told(error: ErrorDetails) -> str:
-    ctx: dict[str, Any] = dict(error.get("ctx") or {})
-    match error["type"]:
-        case "literal_error":
-            return f"must be {ctx['expected']}"
-        case "union_tag_invalid":
-            return f"must be one of {ctx['expected_tags']}"
-        case "union_tag_not_found":
-            return "is required"
-        case "greater_than":
-            return f"must be above {ctx['gt']}"
-        case "greater_than_equal":
-            return f"must be at least {ctx['ge']}"
-        case "less_than":
-            return f"must be below {ctx['lt']}"
-        case "less_than_equal":
-            return f"must be at most {ctx['le']}"
-        case kind:
-            return _TOLD.get(kind, str(error["msg"]))
-
-
-def _path(error: ErrorDetails) -> str:
-    path = ""
-    for part in error["loc"]:
-        if isinstance(part, int):
-            path += f"[{part}]"
-        elif part not in _COMMAND_TAGS:
-            path += f".{part}" if path else part
-    return path
+    """The first refused field (services.validation.refusal), a command's ``_tag`` left out of its path."""
+    return validation.refusal(exc, skip=_COMMAND_TAGS)

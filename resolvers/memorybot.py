@@ -74,10 +74,9 @@ class MemoryBotMutation:
         if concurrency is not strawberry.UNSET:
             changes["concurrency"] = concurrency
         if budget is not strawberry.UNSET:
+            # As the REST body has it: the PATCH model refuses a bad value in the same words.
             changes["budget"] = (
-                None
-                if budget is None
-                else memorybot.BudgetPatch(period=budget.period, limitMicros=int(budget.limit_micros))  # pyright: ignore[reportArgumentType]
+                None if budget is None else {"period": budget.period, "limitMicros": int(budget.limit_micros)}
             )
         patch = memorybot.SettingsPatch.checked(expected=expected, **changes)
         principal = await info.context.principal()

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Final, Generic, Literal, TypeVar, cast
+from typing import Any, Generic, Literal, TypeVar, cast
 
 from neo4j import AsyncManagedTransaction
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -25,7 +25,7 @@ from services.domain import Principal
 from services.errors import BadInput, Conflict, NotFound, ServiceError
 from services.jobs import enqueue_executions
 from services.runtime import Runtime, now_ms
-from services.validation import check_id, check_page, check_text
+from services.validation import check_id, check_page, check_text, refusal
 
 MAX_INSTRUCTIONS = 8000
 
@@ -97,17 +97,6 @@ class BudgetPatch(BaseModel):
     limit_micros: int = Field(alias="limitMicros", ge=0, lt=2**62)
 
 
-#: What a refused field of a settings PATCH is told (``field`` → message).
-_PATCH_MESSAGES: Final = {
-    "expected": "expected (the settings version you read) is required",
-    "instructions": "instructions is a string or null",
-    "concurrency": f"concurrency is 1..{MAX_CONCURRENCY} or null",
-    "budget": "budget is {period, limitMicros} or null",
-    "budget.period": "budget.period is day or month",
-    "budget.limitMicros": "budget.limitMicros is a whole number of micro-USD",
-}
-
-
 class SettingsPatch(BaseModel):
     """The memory-Bot settings PATCH (C3, D9.13): ``expected`` = the settings' own version; a field
     left out stays as it is, a null one removes the limit or the instructions. One model for REST
@@ -133,7 +122,7 @@ class SettingsPatch(BaseModel):
         try:
             return cls.model_validate(body)
         except ValidationError as exc:
-            raise _refused(exc) from None
+            raise refusal(exc) from None
 
     @classmethod
     def checked(cls, **fields: Any) -> SettingsPatch:
@@ -141,7 +130,7 @@ class SettingsPatch(BaseModel):
         try:
             return cls(**fields)
         except ValidationError as exc:
-            raise _refused(exc) from None
+            raise refusal(exc) from None
 
     def values(self) -> dict[str, Any]:
         """The graph properties of the fields the PATCH names (absent = unchanged, null = none)."""
@@ -151,27 +140,6 @@ class SettingsPatch(BaseModel):
             values["budgetPeriod"] = None if self.budget is None else self.budget.period
             values["budgetLimitMicros"] = None if self.budget is None else self.budget.limit_micros
         return values
-
-
-def _refused(exc: ValidationError) -> BadInput:
-    """The first refused field of a PATCH: an unknown one first (the first by name), else the first
-    error in field order; a budget's own field when the budget has the right shape."""
-    errors = exc.errors()
-    unknown = sorted(
-        str(e["loc"][0]) for e in errors if e["type"] == "extra_forbidden" and len(e["loc"]) == 1
-    )
-    if unknown:
-        return BadInput(f"unknown field {unknown[0]}", field=unknown[0])
-    loc = errors[0]["loc"]
-    field = str(loc[0])
-    if (
-        field == "budget"
-        and len(loc) > 1
-        and loc[1] in ("period", "limitMicros")
-        and errors[0]["type"] != "missing"
-    ):
-        field = f"budget.{loc[1]}"
-    return BadInput(_PATCH_MESSAGES.get(field, f"{field} is not valid"), field=field)
 
 
 def parse_patch(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:

@@ -4,6 +4,7 @@ deadlines (L1, D9.11) and confessions (D9.6), end to end on the real stack."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from typing import Any
 
@@ -135,6 +136,22 @@ async def test_settings_need_write_on_a_bot_that_is_not_linked(api: Api) -> None
     assert (await api.http.get(f"/v1/bots/{w.bot}/memory/bot")).status_code == 401
 
 
+def _graphql_types_accept(body: dict[str, Any]) -> bool:
+    """Whether updateMemoryBot's argument types let ``body``'s values through (then the PATCH model
+    refuses them there as it does over REST)."""
+    typed = {"expected": int, "concurrency": int, "instructions": str, "budget": dict}
+    if "expected" not in body or any(
+        k not in typed or isinstance(v, bool) or not isinstance(v, typed[k]) for k, v in body.items()
+    ):
+        return False
+    budget = body.get("budget", {"period": "", "limitMicros": 0})
+    return set(budget) == {"period", "limitMicros"}
+
+
+def _budget_arg(budget: dict[str, Any]) -> str:
+    return "budget: {" + ", ".join(f"{k}: {json.dumps(v)}" for k, v in budget.items()) + "}"
+
+
 @pytest.mark.parametrize(
     ("body", "field"),
     [
@@ -144,7 +161,7 @@ async def test_settings_need_write_on_a_bot_that_is_not_linked(api: Api) -> None
         ({"expected": 0, "concurrency": True}, "concurrency"),
         ({"expected": 0, "budget": {"period": "week", "limitMicros": 1}}, "budget.period"),
         ({"expected": 0, "budget": {"period": "day", "limitMicros": -1}}, "budget.limitMicros"),
-        ({"expected": 0, "budget": {"period": "day"}}, "budget"),
+        ({"expected": 0, "budget": {"period": "day"}}, "budget.limitMicros"),
         ({"expected": 0, "instructions": 5}, "instructions"),
         ({"expected": 0, "instructions": "x" * 9000}, "instructions"),
         ({"expected": 0, "colour": "red"}, "colour"),
@@ -156,8 +173,21 @@ async def test_bad_settings_are_refused_and_change_nothing(
     w = await memory_world(api, ("ann",))
     response = await patch(api, w.tokens["ann"], w.bot, body)
     assert response.status_code == 422, response.text
-    assert response.json()["error"]["code"] == "BAD_INPUT"
+    error = response.json()["error"]
+    assert error["code"] == "BAD_INPUT" and field in error["message"], error
     assert (await settings_of(api, w.tokens["ann"], w.bot))["version"] == 0
+    if _graphql_types_accept(body):  # the same words from GraphQL's updateMemoryBot
+        args = ", ".join(
+            f"{k}: {json.dumps(v)}" if k != "budget" else _budget_arg(v) for k, v in body.items()
+        )
+        answer = await api.raw(
+            f'mutation {{ updateMemoryBot(botId: "{w.bot}", {args}) {{ version }} }}', token=w.tokens["ann"]
+        )
+        [gql_error] = answer["errors"]
+        assert gql_error["message"] == error["message"], (gql_error, error)
+        assert gql_error["extensions"]["code"] == "BAD_INPUT" and gql_error["extensions"]["field"].startswith(
+            field
+        )
     malformed = await api.http.patch(
         f"/v1/bots/{w.bot}/memory/bot", content=b"{not json", headers=bearer(w.tokens["ann"])
     )
