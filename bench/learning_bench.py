@@ -61,6 +61,7 @@ from services.bootstrap import open_runtime
 from services.domain import Access, Principal
 from services.runtime import Runtime
 from services.settings import Settings, load_settings
+from services.turns import complete_turn, start_turn
 from tests.model_server import ModelServer, Reply, ToolCall
 from tools.processes import WorkerProcess
 
@@ -268,7 +269,7 @@ async def prepare(rt: Runtime, world: World, bot: str) -> Prepared:
     """A new chat with an open Turn (its first Item is ``i-1``) and a confide: one waiting execution."""
     principal = world.principal
     chat = await chats.create_chat(rt, principal, bot, channel_id=None, review=False, owner_id=None)
-    turn = await chats.start_turn(rt, principal, chat.id, MESSAGE, actor_id=None, notice=False)
+    turn = await start_turn(rt, principal, chat.id, MESSAGE, actor_id=None, notice=False)
     await confide(rt, world.gateway, principal, turn.id, CONFESSION)
     return Prepared(bot, chat.id, turn.id)
 
@@ -380,7 +381,7 @@ async def measure_latency(
         await asyncio.sleep(settle)  # let the preparation's work (Neo4j, the worker's logging) settle
         t0_wall = time.time() * 1000
         t0 = time.perf_counter()
-        await chats.complete_turn(rt, world.principal, p.turn)
+        await complete_turn(rt, world.principal, p.turn)
         returned = time.perf_counter()
         returned_wall = time.time() * 1000
         try:
@@ -568,7 +569,7 @@ async def measure_throughput(
 
     async def complete(turn: str) -> None:
         async with sem:
-            await chats.complete_turn(rt, world.principal, turn)
+            await complete_turn(rt, world.principal, turn)
 
     completing = asyncio.gather(*(complete(turn) for turn in turns))
     last = started

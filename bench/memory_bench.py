@@ -81,6 +81,7 @@ from services.embedding import Embedder
 from services.errors import Conflict
 from services.runtime import Runtime
 from services.settings import load_settings
+from services.turns import complete_turn, start_turn
 from services.writepath import apply_changes
 from tools.processes import ServerProcess
 
@@ -408,8 +409,8 @@ async def provision(rt: Runtime, pool: Pool, rng: random.Random) -> None:
         for n in range(turns):
             who = pool.principal(speakers[(n + crng.randrange(len(speakers))) % len(speakers)])
             text = f"message {n}: " + " ".join(crng.choice(WORDS) for _ in range(12))
-            turn = await chats.start_turn(rt, who, c.id, text, actor_id=None, notice=False)
-            await chats.complete_turn(rt, who, turn.id)
+            turn = await start_turn(rt, who, c.id, text, actor_id=None, notice=False)
+            await complete_turn(rt, who, turn.id)
         item_ids = await read(rt.driver, lambda tx: rows(tx, PERSON_ITEMS, IdRow, chatId=c.id))
         return c.id, [ItemRef(c.id, r["id"]) for r in item_ids]
 

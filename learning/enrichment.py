@@ -22,7 +22,7 @@ from graph.driver import read, write
 from learning import toolcalls
 from learning.gateway import Gateway, ModelUnavailable, ToolCall
 from learning.prompts import MEMORY_VOCABULARY, system_prompt
-from services import chats, memory, metrics, retrieval, search
+from services import memory, metrics, retrieval, search, turns
 from services.crypto import Kind
 from services.domain import Principal, Turn
 from services.ids import new_id
@@ -55,7 +55,7 @@ async def start_turn(
 ) -> Turn:
     """``startTurn``: the Turn with its input saved, and ``enriched_input`` for the caller only (D9.16)."""
     deadline = (arrived or time.monotonic()) + rt.settings.answer_deadline_seconds
-    turn = await chats.start_turn(rt, principal, chat_id, text, actor_id=actor_id, notice=notice)
+    turn = await turns.start_turn(rt, principal, chat_id, text, actor_id=actor_id, notice=notice)
     enriched = await rewrite(rt, gateway, turn, deadline)
     return Turn(
         turn.id,

@@ -20,14 +20,14 @@ from graph.memorybot import RouteChat
 from learning import enrichment, toolcalls
 from learning.confide import confide
 from learning.gateway import Gateway, ModelUnavailable
-from services import chats
+from services import chats, turns
 from services.auth import require_person
-from services.chats import NewItem
 from services.domain import ItemKind, Principal, Turn
 from services.errors import BadInput, NotFound
 from services.memorybot import Route, load_route
 from services.runtime import Runtime
 from services.turnfeed import TurnEvent, TurnHub
+from services.turns import NewItem
 from services.validation import check_id, check_text
 
 MAX_TOOL_ROUNDS = 3
@@ -81,9 +81,9 @@ async def send_message(
     ]
     tools = [] if chat["review"] else [CONFIDE_TOOL]  # review chats have no confide (L1)
     reply = await _converse(rt, gateway, hub, principal, route, chat_id, turn, messages, tools)
-    [item] = await chats.add_items(rt, principal, turn.id, [NewItem(ItemKind.BOT_MESSAGE, reply)])
+    [item] = await turns.add_items(rt, principal, turn.id, [NewItem(ItemKind.BOT_MESSAGE, reply)])
     await _publish(hub, chat_id, TurnEvent(turn.id, "ITEM_ADDED", reply, item.id, "BOT_MESSAGE"))
-    done = await chats.complete_turn(rt, principal, turn.id)
+    done = await turns.complete_turn(rt, principal, turn.id)
     await _publish(hub, chat_id, TurnEvent(turn.id, "TURN_COMPLETED"))
     return Turn(
         done.id,
@@ -169,7 +169,7 @@ async def _tool(
     if args is None:
         return "Say in a few words how your work goes."
     said = args.text
-    [item] = await chats.add_items(rt, principal, turn.id, [NewItem(ItemKind.TOOL_CALL, "confide")])
+    [item] = await turns.add_items(rt, principal, turn.id, [NewItem(ItemKind.TOOL_CALL, "confide")])
     await _publish(hub, chat_id, TurnEvent(turn.id, "ITEM_ADDED", "confide", item.id, "TOOL_CALL"))
     return await confide(rt, gateway, principal, turn.id, said[: rt.settings.max_text_chars])
 

@@ -24,7 +24,7 @@ from schema.types import (
     TokenRef,
     Turn,
 )
-from services import chats, provisioning
+from services import chats, provisioning, turns
 
 
 @strawberry.type
@@ -179,15 +179,15 @@ class Mutation(MemoryMutation, MemoryBotMutation):
 
     @strawberry.mutation
     async def add_items(self, info: Info, turn_id: strawberry.ID, items: list[ItemInput]) -> list[Item]:
-        new = [chats.NewItem(kind=i.kind, text=i.text, app=i.app) for i in items]
-        created = await chats.add_items(
+        new = [turns.NewItem(kind=i.kind, text=i.text, app=i.app) for i in items]
+        created = await turns.add_items(
             info.context.runtime, await info.context.principal(), str(turn_id), new
         )
         return [Item.of(i) for i in created]
 
     @strawberry.mutation
     async def complete_turn(self, info: Info, turn_id: strawberry.ID) -> Turn:
-        turn = await chats.complete_turn(info.context.runtime, await info.context.principal(), str(turn_id))
+        turn = await turns.complete_turn(info.context.runtime, await info.context.principal(), str(turn_id))
         return Turn.of(turn)
 
     @strawberry.mutation(

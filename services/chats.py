@@ -1,36 +1,25 @@
-"""Chats, Turns and Items: who may write them, who may read them (D9.6), and their encryption (E1)."""
+"""Chats and their Items: creating a Chat, who may write to it and who may read it (D9.6), and the
+encryption of its Items (E1). Turns and the Items they add: :mod:`services.turns`."""
 
 from __future__ import annotations
-
-from dataclasses import dataclass
-from typing import Any
 
 from neo4j import AsyncManagedTransaction
 
 from graph import bots as bots_q
 from graph import chats as chats_q
-from graph import identity, learning
+from graph import identity
 from graph.chats import ChatForRow
 from graph.driver import read, write
 from services.crypto import Cipher, Kind
-from services.domain import Chat, Item, ItemKind, Page, Principal, Turn
-from services.errors import BadInput, Conflict, Forbidden, NotFound, ServiceError
+from services.domain import Chat, Item, ItemKind, Page, Principal
+from services.errors import BadInput, Forbidden, NotFound, ServiceError
 from services.ids import new_id
-from services.jobs import enqueue_executions, enqueue_summary_if_due
 from services.runtime import Runtime, now_ms
-from services.validation import check_id, check_page, check_text
-
-_MAX_ITEMS_PER_CALL = 100
+from services.validation import check_id, check_page
 
 
-@dataclass(frozen=True, slots=True)
-class NewItem:
-    kind: ItemKind
-    text: str
-    app: str | None = None
-
-
-def _cipher(rt: Runtime, row: chats_q.ChatForRow) -> Cipher:
+def chat_cipher(rt: Runtime, row: chats_q.ChatForRow) -> Cipher:
+    """The Cipher of the Chat's Bot (its Items are encrypted with it, E1)."""
     return rt.cipher(row["chat"]["botId"], row["keyMaster"], row["keyWrapped"])
 
 
@@ -214,7 +203,7 @@ async def message_pages(
         elif row is None or not _readable(principal, row):
             result.append(_unreadable(principal, row))
         else:
-            cipher = _cipher(rt, row)
+            cipher = chat_cipher(rt, row)
             items = tuple(_item(i, cipher) for i in row["items"])
             result.append(Page(items, int(row["chat"]["nextItemSeq"])))
     return result
@@ -246,157 +235,3 @@ async def message_counts(rt: Runtime, principal: Principal, chat_ids: list[str])
         else:
             result.append(int(row["chat"]["nextItemSeq"]))
     return result
-
-
-async def start_turn(
-    rt: Runtime,
-    principal: Principal,
-    chat_id: str,
-    text: str,
-    *,
-    actor_id: str | None,
-    notice: bool,
-) -> Turn:
-    """Open a Turn whose first Item is the input; the Turn's actor is saved (V3).
-
-    The actor is the person of a person token, or for a platform token a named person of
-    the Chat (never anyone else), or a notice.
-    """
-    check_id(chat_id, "chatId")
-    text = check_text(text, "input", limit=rt.settings.max_text_chars)
-    if principal.kind == "person":
-        if notice or actor_id not in (None, principal.person_id):
-            raise Forbidden("a person starts Turns only as themselves")
-        actor_id = principal.person_id
-    elif principal.kind == "platform":
-        if notice == (actor_id is not None):
-            raise BadInput("name exactly one of actorId or notice", field="actorId")
-        if actor_id is not None:
-            check_id(actor_id, "actorId")
-    else:
-        raise Forbidden("Turns are started by people or platforms")
-    actor = actor_id
-    turn_id, now = new_id("turn"), now_ms()
-
-    async def work(tx: AsyncManagedTransaction) -> chats_q.TurnNode:
-        row = await chats_q.chat_for(tx, chat_id=chat_id, person_id=principal.person_id)
-        require_writer(principal, row, "chat")
-        assert row is not None
-        if actor is not None and not await chats_q.is_person_of_chat(tx, chat_id=chat_id, person_id=actor):
-            raise Forbidden("the actor is not a person of this chat")
-        turn_seq, item_seq = await chats_q.allocate_turn(tx, chat_id=chat_id)
-        turn = await chats_q.create_turn(
-            tx,
-            id=turn_id,
-            chat_id=chat_id,
-            seq=turn_seq,
-            actor_kind="notice" if actor is None else "person",
-            actor_id=actor,
-            now=now,
-        )
-        kind = ItemKind.NOTICE if actor is None else ItemKind.PERSON_MESSAGE
-        await chats_q.create_items(
-            tx, turn_id=turn_id, items=[_new_row(rt, row, item_seq, kind, text, None, actor)], now=now
-        )
-        return turn
-
-    turn = await write(rt.driver, work)
-    return Turn.of(turn, input=text, enriched_input=text)
-
-
-def _new_row(
-    rt: Runtime,
-    row: chats_q.ChatForRow,
-    seq: int,
-    kind: ItemKind,
-    text: str,
-    app: str | None,
-    speaker: str | None,
-) -> dict[str, Any]:
-    chat_id = row["chat"]["id"]
-    uid = f"{chat_id}/i-{seq}"
-    return {
-        "uid": uid,
-        "id": f"i-{seq}",
-        "seq": seq,
-        "kind": kind.value,
-        "text": _cipher(rt, row).encrypt(Kind.ITEM, uid, text),
-        "textLength": len(text),
-        "app": app,
-        "speakerId": speaker,
-    }
-
-
-def _speaker(kind: ItemKind, turn: chats_q.TurnNode, chat: chats_q.ChatNode, app: str | None) -> str | None:
-    if kind is ItemKind.PERSON_MESSAGE:
-        if turn["actorKind"] != "person":
-            raise BadInput("a notice Turn has no person to speak", field="items.kind")
-        return turn.get("actorId")
-    if kind in (ItemKind.BOT_MESSAGE, ItemKind.TOOL_CALL):
-        return chat["botId"]
-    if kind is ItemKind.TOOL_RESULT:
-        return f"app:{app}"
-    return None
-
-
-async def add_items(rt: Runtime, principal: Principal, turn_id: str, items: list[NewItem]) -> list[Item]:
-    """Append Items to an open Turn, numbered within the Chat and encrypted (E1)."""
-    check_id(turn_id, "turnId")
-    if not items or len(items) > _MAX_ITEMS_PER_CALL:
-        raise BadInput(f"send between 1 and {_MAX_ITEMS_PER_CALL} items", field="items")
-    for n, item in enumerate(items):
-        check_text(item.text, f"items[{n}].text", limit=rt.settings.max_text_chars)
-        if (item.kind is ItemKind.TOOL_RESULT) != (item.app is not None):
-            raise BadInput("an App tool result, and only it, names its App", field=f"items[{n}].app")
-        if item.app is not None:
-            check_id(item.app, f"items[{n}].app")
-    now = now_ms()
-
-    async def work(tx: AsyncManagedTransaction) -> list[chats_q.ItemNode]:
-        row = await chats_q.turn_for(tx, turn_id=turn_id, person_id=principal.person_id)
-        require_writer(principal, row, "turn")
-        assert row is not None
-        if row["turn"]["status"] != "open":
-            raise Conflict("the Turn is already completed")
-        first = await chats_q.allocate_items(tx, chat_id=row["chat"]["id"], count=len(items))
-        new_rows = [
-            _new_row(
-                rt, row, first + n, i.kind, i.text, i.app, _speaker(i.kind, row["turn"], row["chat"], i.app)
-            )
-            for n, i in enumerate(items)
-        ]
-        return await chats_q.create_items(tx, turn_id=turn_id, items=new_rows, now=now)
-
-    created = await write(rt.driver, work)
-    return [
-        Item(
-            c["id"],
-            c["chatId"],
-            c["turnId"],
-            c["seq"],
-            ItemKind(c["kind"]),
-            i.text,
-            c.get("app"),
-            c.get("speakerId"),
-            now,
-        )
-        for c, i in zip(created, items, strict=True)
-    ]
-
-
-async def complete_turn(rt: Runtime, principal: Principal, turn_id: str) -> Turn:
-    """Mark a Turn completed (idempotent); this is what lets its learning run (L2)."""
-    check_id(turn_id, "turnId")
-    now = now_ms()
-
-    async def work(tx: AsyncManagedTransaction) -> tuple[chats_q.TurnNode | None, list[learning.Queued]]:
-        row = await chats_q.turn_for(tx, turn_id=turn_id, person_id=principal.person_id)
-        require_writer(principal, row, "turn")
-        queued = await learning.queue_turn(tx, turn_id=turn_id, now=now)
-        return await chats_q.complete_turn(tx, turn_id=turn_id, now=now), queued
-
-    turn, queued = await write(rt.driver, work)
-    assert turn is not None
-    await enqueue_executions(rt, queued)
-    await enqueue_summary_if_due(rt, turn["chatId"])
-    return Turn.of(turn)

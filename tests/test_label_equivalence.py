@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from graph.access import PATH_VISIBLE, READER_MAP, VISIBLE
-from services import chats, commands, provisioning
+from services import chats, commands, provisioning, turns
 from services.changes import (
     AddFact,
     AddObservation,
@@ -89,7 +89,7 @@ async def make_world(rt: Runtime) -> World:
         world.items[key] = []
         for n in range(2):
             speaker = people["bob"] if kind and n else people[name]
-            turn = await chats.start_turn(
+            turn = await turns.start_turn(
                 rt, speaker, chat.id, f"{key} says {n}", actor_id=None, notice=False
             )
             world.items[key].append(f"i-{turn.seq}")
