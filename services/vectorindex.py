@@ -117,8 +117,7 @@ class BotIndex:
             return
         self._among = self._among_vectors = None
         rows = self._rows_for(ids)
-        for row, blind in zip(rows.tolist(), keywords, strict=True):
-            self.keywords.set(row, blind)
+        self.keywords.set_many(rows.tolist(), keywords)
         self._set_nodes(rows, nodes)
         self._pinned[rows] = pinned
         self._order[rows] = order_keys

@@ -46,14 +46,30 @@ def blind(words: list[str]) -> str:
 
 
 @settings(max_examples=150, deadline=None)
-@given(docs=docs_st, revised=docs_st, query=query_st, k=st.integers(1, 10), data=st.data())
+@given(
+    docs=docs_st, revised=docs_st, query=query_st, k=st.integers(1, 10), bulk=st.booleans(), data=st.data()
+)
 def test_postings_rank_as_reference_bm25(
-    docs: list[list[str]], revised: list[list[str]], query: list[str], k: int, data: st.DataObject
+    docs: list[list[str]],
+    revised: list[list[str]],
+    query: list[str],
+    k: int,
+    bulk: bool,
+    data: st.DataObject,
 ) -> None:
+    """Built row by row or in bulk (in two batches, the second touching rows of the first), then
+    revised row by row: BM25 as the reference computes it."""
     postings = Postings()
     held = dict(enumerate(docs))
-    for row, words in held.items():
-        postings.set(row, blind(words))
+    if bulk:
+        cut = data.draw(st.integers(0, len(docs)))
+        postings.set_many(list(range(cut)), [blind(w) for w in docs[:cut]])
+        again = data.draw(st.lists(st.integers(0, len(docs) - 1), max_size=5))
+        rows = list(range(cut, len(docs))) + again
+        postings.set_many(rows, [blind(held[r]) for r in rows])
+    else:
+        for row, words in held.items():
+            postings.set(row, blind(words))
     # Some rows are revised (their old tokens must stop counting), some twice with the same text.
     for row, words in enumerate(revised[: len(docs)]):
         postings.set(row, blind(words))
