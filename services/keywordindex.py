@@ -77,53 +77,32 @@ class Postings:
 
     def set(self, row: int, blind: str) -> None:
         """Row ``row`` holds the blind tokens ``blind`` (space separated; empty: none)."""
-        counts = Counter(blind.split())
-        ids = array("i", (self._token(t) for t in counts))
-        tfs = array("B", (min(c, 255) for c in counts.values()))
-        if row >= self._length.shape[0]:
-            self._grow(row + 1)
-        count = int(self._count[row])
-        if count:
-            start = int(self._start[row])
-            if self._flat_ids[start : start + count] == ids and self._flat_tfs[start : start + count] == tfs:
-                return
-            self._remove(row, self._flat_ids[start : start + count])
-        if not ids:
-            return
-        for token, tf in zip(ids, tfs, strict=True):
-            self._rows[token].append(row)
-            self._tfs[token].append(tf)
-            self._arrays.pop(token, None)
-        self._start[row] = len(self._flat_ids)
-        self._count[row] = len(ids)
-        self._flat_ids.extend(ids)
-        self._flat_tfs.extend(tfs)
-        length = sum(counts.values())
-        self._length[row] = length
-        self._docs += 1
-        self._total += length
+        self.set_many([row], [blind])
 
     def set_many(self, rows: list[int], blinds: list[str]) -> None:
-        """``set`` for many rows at once: the rows that hold no tokens yet (a cold load, new
-        entries) are counted and added to the postings in a few numpy passes instead of a Python
-        loop per token (100k entries: ~1.1 s → ~0.3 s); the others are replaced one by one."""
-        if rows and max(rows) >= self._length.shape[0]:
-            self._grow(max(rows) + 1)
+        """Each row holds its blind tokens (the last given for a row named twice). A row whose
+        tokens are unchanged is left as it is (a re-embedded entry is stamped again with the same
+        keywords); a changed one leaves the postings of its old tokens; then the new ones go in
+        together, in a few numpy passes (a cold load of 100k entries: 1.15 s row by row, 0.77 s)."""
+        latest = dict(zip(rows, blinds, strict=True))
+        if latest and max(latest) >= self._length.shape[0]:
+            self._grow(max(latest) + 1)
         fresh: list[tuple[int, str]] = []
-        later: list[tuple[int, str]] = []  # rows held already, or named again: one by one, after
-        seen: set[int] = set()
-        for row, blind in zip(rows, blinds, strict=True):
-            if self._count[row] or row in seen:
-                later.append((row, blind))
-            else:
-                seen.add(row)
-                fresh.append((row, blind))
+        for row, blind in latest.items():
+            count = int(self._count[row])
+            if count:
+                start = int(self._start[row])
+                ids, tfs = self._flat_ids[start : start + count], self._flat_tfs[start : start + count]
+                held = sorted(zip(ids, tfs, strict=True))
+                counts = Counter(blind.split())
+                if held == sorted((self._token(t), min(c, 255)) for t, c in counts.items()):
+                    continue
+                self._remove(row, ids)
+            fresh.append((row, blind))
         self._add_fresh(fresh)
-        for row, blind in later:
-            self.set(row, blind)
 
     def _add_fresh(self, fresh: list[tuple[int, str]]) -> None:
-        """Rows that hold no tokens yet, each named once, into the postings in bulk."""
+        """Rows that hold no tokens (now), each named once, into the postings in bulk."""
         split = [blind.split() for _, blind in fresh]
         lengths = np.fromiter(map(len, split), np.int64, len(split))
         if not lengths.sum():
@@ -138,8 +117,8 @@ class Postings:
         tfs = np.minimum(counts, 255).astype(np.uint8)
         held = np.flatnonzero(lengths)
         held_rows = row_of[np.cumsum(lengths)[held] - 1]  # the rows with tokens, as fresh lists them
-        per_row = np.bincount(np.searchsorted(np.sort(held_rows), key_rows), minlength=held.size)
-        ordered = np.sort(held_rows)
+        ordered = np.sort(held_rows)  # the order of their blocks among the keys
+        per_row = np.bincount(np.searchsorted(ordered, key_rows), minlength=held.size)
         start = len(self._flat_ids)
         self._start[ordered] = start + np.concatenate([[0], np.cumsum(per_row)[:-1]])
         self._count[ordered] = per_row

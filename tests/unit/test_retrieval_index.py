@@ -288,3 +288,17 @@ def test_node_ids_are_kept_compactly_and_relearnt() -> None:
         pinned_prior=0.0, recency_prior=0.0, half_life=100.0,
     )  # fmt: skip
     assert sorted(found) == ["a", "c", "d"]
+
+
+def test_a_row_stamped_again_with_the_same_tokens_keeps_its_postings() -> None:
+    """A re-embedded entry is stamped again with its keywords: in any order, they are the same
+    tokens, and nothing is taken out and put back (which costs a pass over each token's rows)."""
+    postings = Postings()
+    postings.set_many([0, 1], [blind([TOKENS[0], TOKENS[1], TOKENS[1]]), blind([TOKENS[2]])])
+    held = postings.nbytes
+    postings.set_many([0], [blind([TOKENS[1], TOKENS[0], TOKENS[1]])])
+    postings.set(0, blind([TOKENS[1], TOKENS[1], TOKENS[0]]))
+    assert postings.nbytes == held
+    postings.set(0, blind([TOKENS[0]]))  # changed: its old postings go, the new ones come
+    rows, _ = postings.top([TOKENS[1]], 5)
+    assert rows.tolist() == []
