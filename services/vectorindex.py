@@ -88,8 +88,8 @@ class BotIndex:
     def nbytes(self) -> int:
         """Memory held by the arrays and postings (ids and the id map not counted)."""
         rows = self._has_vec.nbytes + self._pinned.nbytes + self._order.nbytes + self._node.nbytes
-        lists = 0 if self._lists is None else self._lists.nbytes
-        return self._q.nbytes + self._scale.nbytes + self._dequantised.nbytes + lists + rows + self.keywords.nbytes
+        vectors = self._q.nbytes + self._scale.nbytes + self._dequantised.nbytes
+        return vectors + (0 if self._lists is None else self._lists.nbytes) + rows + self.keywords.nbytes
 
     def upsert(
         self,
