@@ -13,9 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.invertedfile import PROBE_MIN
 from services.keywordindex import K1, B, Postings, largest
-from services.vectorindex import EXACT_MAX, PINNED_RANK, BotIndex
+from services.vectorindex import EXACT_MAX, PINNED_RANK, SPLIT_MIN, BotIndex
 
 TOKENS = [f"k{i:012x}" for i in range(12)]
 docs_st = st.lists(st.lists(st.sampled_from(TOKENS), max_size=8), min_size=1, max_size=40)
@@ -241,11 +240,11 @@ def test_a_revised_entry_loses_its_old_words_and_vector() -> None:
     assert found == ["a"]
 
 
-@pytest.mark.parametrize("n", [20_000, 60_000])
+@pytest.mark.parametrize("n", [20_000, 40_000])
 def test_a_large_index_finds_the_exact_nearest_through_the_coarse_pass(n: int) -> None:
-    """Above EXACT_MAX an inverted file proposes the candidates (fitted when the pool crosses it,
-    then filled as it grows); at 60k its probes cover less than the pool."""
-    assert EXACT_MAX < 20_000 and 10 * PROBE_MIN < 60_000
+    """Above EXACT_MAX principal components pick the candidates; above SPLIT_MIN the coarse scan
+    is split between two threads (each half must count)."""
+    assert EXACT_MAX < 20_000 < SPLIT_MIN < 40_000
     rng = np.random.default_rng(11)
     dims = 64
     centres = unit(rng, 50, dims)
