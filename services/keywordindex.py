@@ -57,6 +57,11 @@ class Postings:
         self._tfs: list[array[int]] = []
         #: Postings of a token as arrays, made when a query first needs them after a change.
         self._arrays: dict[int, tuple[Rows, npt.NDArray[np.float32]]] = {}
+        #: Per token, each posting's BM25 weight (idf times the saturated tf) as of ``_counted``
+        #: (documents, tokens): they change with any row added or taken out, or with the token's
+        #: postings. Made when a query first needs them (at 100k entries, ~0.15 of BM25's 0.4 ms).
+        self._weights: dict[int, npt.NDArray[np.float32]] = {}
+        self._counted = (0, 0)
         #: Per row: where its distinct token ids and their counts start in ``_flat_ids`` and
         #: ``_flat_tfs`` and how many there are (to replace them when it is revised), its length.
         self._flat_ids: array[int] = array("i")
@@ -136,6 +141,7 @@ class Postings:
             self._rows[t].frombytes(key_rows[part].astype(np.int32).tobytes())
             self._tfs[t].frombytes(tfs[part].tobytes())
             self._arrays.pop(t, None)
+            self._weights.pop(t, None)
 
     def top(self, blind: list[str], k: int, among: Rows | None = None) -> tuple[Rows, Scores]:
         """The ``k`` rows (of ``among``, when given) with the highest BM25 score for the query's
@@ -143,17 +149,22 @@ class Postings:
         tokens = [t for t in (self._vocab.get(b) for b in dict.fromkeys(blind)) if t is not None]
         if not tokens or k <= 0 or self._docs == 0:
             return np.empty(0, np.int64), np.empty(0, np.float64)
-        average = self._total / self._docs
+        if self._counted != (self._docs, self._total):
+            self._weights.clear()
+            self._counted = (self._docs, self._total)
         rows_parts: list[Rows] = []
         weights: list[npt.NDArray[np.float32]] = []
         for token in tokens:
             rows, tf = self._postings(token)
             if rows.size == 0:
                 continue
-            idf = math.log(1.0 + (self._docs - rows.size + 0.5) / (rows.size + 0.5))
-            norm = K1 * (1.0 - B + B * self._length[rows] / average)
+            weight = self._weights.get(token)
+            if weight is None:
+                idf = math.log(1.0 + (self._docs - rows.size + 0.5) / (rows.size + 0.5))
+                norm = K1 * (1.0 - B + B * self._length[rows] / (self._total / self._docs))
+                weight = self._weights[token] = (idf * tf / (tf + norm)).astype(np.float32)
             rows_parts.append(rows)
-            weights.append((idf * tf / (tf + norm)).astype(np.float32))
+            weights.append(weight)
         if not rows_parts:
             return np.empty(0, np.int64), np.empty(0, np.float64)
         all_rows = np.concatenate(rows_parts)
@@ -198,6 +209,7 @@ class Postings:
             self._rows[token] = array("i", (self._rows[token][i] for i in keep))
             self._tfs[token] = array("B", (self._tfs[token][i] for i in keep))
             self._arrays.pop(token, None)
+            self._weights.pop(token, None)
         self._count[row] = 0
         self._docs -= 1
         self._total -= int(self._length[row])
