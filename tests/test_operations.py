@@ -56,9 +56,7 @@ async def until_moved(
         samples = await scrape(url)
         return samples if value(samples, name, **labels) > floor else None
 
-    found = await until(moved, f"{name}{labels} stayed at {floor} on {url}", within=within)
-    assert found is not None
-    return found
+    return await until(moved, f"{name}{labels} stayed at {floor} on {url}", within=within)
 
 
 # --- 1. The worker's metrics ---------------------------------------------------------------------

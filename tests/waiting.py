@@ -13,7 +13,7 @@ T = TypeVar("T")
 
 
 async def until(
-    probe: Callable[[], Awaitable[T]],
+    probe: Callable[[], Awaitable[T | None]],
     what: str | Callable[[], str],
     *,
     within: float = 30,
