@@ -25,6 +25,7 @@ from learning.prompts import MEMORY_VOCABULARY, system_prompt
 from services import memory, metrics, retrieval, search, turns
 from services.crypto import Kind
 from services.domain import Principal, Turn
+from services.embedding import Embedder
 from services.ids import new_id
 from services.memorybot import Route, load_route
 from services.runtime import Runtime, now_ms
@@ -55,8 +56,17 @@ async def start_turn(
 ) -> Turn:
     """``startTurn``: the Turn with its input saved, and ``enriched_input`` for the caller only (D9.16)."""
     deadline = (arrived or time.monotonic()) + rt.settings.answer_deadline_seconds
-    turn = await turns.start_turn(rt, principal, chat_id, text, actor_id=actor_id, notice=notice)
-    enriched = await rewrite(rt, gateway, turn, deadline)
+    # A person's words are the query of the enrichment: their embedding runs while the Turn is
+    # written (dropped when the enrichment does not search).
+    embedder = gateway.embedder
+    wanted = embedder is not None and not notice and len(text) <= rt.settings.max_text_chars
+    early = search.EarlyQuery(embedder, text) if embedder is not None and wanted else None
+    try:
+        turn = await turns.start_turn(rt, principal, chat_id, text, actor_id=actor_id, notice=notice)
+        enriched = await rewrite(rt, gateway, turn, deadline, early or embedder)
+    finally:
+        if early is not None:
+            await early.aclose()
     return Turn(
         turn.id,
         turn.chat_id,
@@ -71,14 +81,17 @@ async def start_turn(
     )
 
 
-async def rewrite(rt: Runtime, gateway: Gateway, turn: Turn, deadline: float) -> str:
-    """The input with what helps from memory, or the input as it is (N1)."""
+async def rewrite(
+    rt: Runtime, gateway: Gateway, turn: Turn, deadline: float, embedder: Embedder | None
+) -> str:
+    """The input with what helps from memory, or the input as it is (N1); ``embedder`` embeds the
+    query (the gateway's, or an :class:`services.search.EarlyQuery` of it)."""
     original = turn.input or ""
     if turn.actor_kind != "person":  # notices are not a person's words
         return original
     outcome = "kept"
     try:
-        enriched, outcome = await _rewrite(rt, gateway, turn, original, deadline - _SAVE_MARGIN)
+        enriched, outcome = await _rewrite(rt, gateway, embedder, turn, original, deadline - _SAVE_MARGIN)
     except (ModelUnavailable, TimeoutError):
         enriched = original
     metrics.ENRICHMENTS.labels(outcome=outcome).inc()
@@ -86,7 +99,7 @@ async def rewrite(rt: Runtime, gateway: Gateway, turn: Turn, deadline: float) ->
 
 
 async def _rewrite(
-    rt: Runtime, gateway: Gateway, turn: Turn, original: str, deadline: float
+    rt: Runtime, gateway: Gateway, embedder: Embedder | None, turn: Turn, original: str, deadline: float
 ) -> tuple[str, str]:
     async with asyncio.timeout(max(deadline - time.monotonic(), 0)):
 
@@ -113,7 +126,7 @@ async def _rewrite(
             return original, "budget_spent"
         # One read decides: nothing visible (or nothing that fits) → no model call (N3).
         known = await search.context(
-            rt, gateway.embedder, route.bot_id, reader, rt.settings.answer_context_chars, query=original
+            rt, embedder, route.bot_id, reader, rt.settings.answer_context_chars, query=original
         )
         if not known.ids:
             return original, "nothing_visible"

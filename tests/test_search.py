@@ -4,9 +4,12 @@ services, with the default local embedder, under the one visibility check (C1, V
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any, cast
 
 import httpx
+import numpy as np
+import numpy.typing as npt
 from prometheus_client import REGISTRY
 from threadpoolctl import threadpool_info, threadpool_limits
 
@@ -136,6 +139,56 @@ async def test_context_with_a_query_offers_what_answers_it_in_memory_order(
         assert plain.ids[0] == ids[FACTS[-1]]
     finally:
         await embedder.aclose()
+
+
+class Counting:
+    """The real embedder, with the texts it was asked for."""
+
+    def __init__(self, inner: LocalMiniLM) -> None:
+        self.inner = inner
+        self.asked: list[list[str]] = []
+
+    @property
+    def id(self) -> str:
+        return self.inner.id
+
+    @property
+    def dims(self) -> int:
+        return self.inner.dims
+
+    async def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+        self.asked.append(list(texts))
+        return await self.inner.embed(texts)
+
+    async def aclose(self) -> None:
+        """The inner embedder is closed by whoever made it."""
+
+
+async def test_a_query_embedded_early_is_embedded_once_and_ranks_the_same(api: Api, runtime: Runtime) -> None:
+    """``startTurn`` starts the query's embedding beside the Turn's write (search.EarlyQuery): the
+    search then takes that embedding (the text embedded once, as the search strips it) and
+    chooses what it would have chosen; any other text goes to the embedder."""
+    w = await make_world(api, ("ann",))
+    for c in FACTS:
+        await remember(api, w.tokens["ann"], w.bot, c)
+    reader = await memory.person_reader_of(runtime, w.bot, w.people["ann"], w.org)
+    assert reader is not None
+    inner = LocalMiniLM()
+    counting = Counting(inner)
+    try:
+        question = "Which animal lives with Ann?"
+        early = search.EarlyQuery(counting, f"  {question}\n")
+        got = await search.context(runtime, early, w.bot, reader, 60, query=question)
+        assert counting.asked == [[question]]
+        assert got == await search.context(runtime, inner, w.bot, reader, 60, query=question)
+        assert got.ids
+        await early.aclose()  # already taken: nothing to drop
+        unused = search.EarlyQuery(counting, "Where does Ann park her bicycle?")
+        hits = await search.search(runtime, unused, w.bot, reader, "dog", 3)
+        await unused.aclose()
+        assert hits and sorted(counting.asked[1:]) == [["Where does Ann park her bicycle?"], ["dog"]]
+    finally:
+        await inner.aclose()
 
 
 async def test_two_api_processes_agree_at_once_after_every_kind_of_change(
