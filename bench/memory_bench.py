@@ -196,6 +196,11 @@ class Pool:
     def person_of(self, kind: str) -> str:
         return {"most": self.most, "1%": self.sparse, "none": self.none}[kind]
 
+    def turn_spot(self, kind: str) -> tuple[Principal, str] | None:
+        """The reader's person and their first private Chat (the reader who sees nothing has none)."""
+        refs = self.items.get({"most": "mp", "1%": "sp"}.get(kind, ""))
+        return (self.principal(self.person_of(kind)), refs[0].chat) if refs else None
+
     def principal(self, person_id: str) -> Principal:
         return Principal(
             "person", token_id=self.tokens.get(person_id), person_id=person_id, organization_id=self.org
