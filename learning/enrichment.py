@@ -58,9 +58,9 @@ async def start_turn(
     deadline = (arrived or time.monotonic()) + rt.settings.answer_deadline_seconds
     # A person's words are the query of the enrichment: their embedding runs while the Turn is
     # written (dropped when the enrichment does not search).
-    embedder = gateway.embedder
-    wanted = embedder is not None and not notice and len(text) <= rt.settings.max_text_chars
-    early = search.EarlyQuery(embedder, text) if embedder is not None and wanted else None
+    embedder, early = gateway.embedder, None
+    if embedder is not None and not notice and len(text) <= rt.settings.max_text_chars:
+        early = search.EarlyQuery(embedder, text)
     try:
         turn = await turns.start_turn(rt, principal, chat_id, text, actor_id=actor_id, notice=notice)
         enriched = await rewrite(rt, gateway, turn, deadline, early or embedder)

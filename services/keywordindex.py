@@ -140,8 +140,7 @@ class Postings:
             t = int(key_tokens[part[0]])
             self._rows[t].frombytes(key_rows[part].astype(np.int32).tobytes())
             self._tfs[t].frombytes(tfs[part].tobytes())
-            self._arrays.pop(t, None)
-            self._weights.pop(t, None)
+            self._changed(t)
 
     def top(self, blind: list[str], k: int, among: Rows | None = None) -> tuple[Rows, Scores]:
         """The ``k`` rows (of ``among``, when given) with the highest BM25 score for the query's
@@ -186,6 +185,11 @@ class Postings:
             self._tfs.append(array("B"))
         return found
 
+    def _changed(self, token: int) -> None:
+        """The token's postings changed: what was made of them for queries goes."""
+        self._arrays.pop(token, None)
+        self._weights.pop(token, None)
+
     def _postings(self, token: int) -> tuple[Rows, npt.NDArray[np.float32]]:
         found = self._arrays.get(token)
         if found is None:
@@ -208,8 +212,7 @@ class Postings:
             keep = [i for i, r in enumerate(self._rows[token]) if r != row]
             self._rows[token] = array("i", (self._rows[token][i] for i in keep))
             self._tfs[token] = array("B", (self._tfs[token][i] for i in keep))
-            self._arrays.pop(token, None)
-            self._weights.pop(token, None)
+            self._changed(token)
         self._count[row] = 0
         self._docs -= 1
         self._total -= int(self._length[row])

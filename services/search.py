@@ -22,8 +22,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final, Literal, overload
 
-import numpy as np
-import numpy.typing as npt
 from neo4j import AsyncManagedTransaction
 
 from graph import search as search_q
@@ -41,9 +39,6 @@ from services.validation import check_id
 from services.vectorindex import F32, BotIndex, ReaderKey, VisibleIds
 
 log = logging.getLogger("botmemory.search")
-
-#: Vectors of several texts, a row each.
-F32s = npt.NDArray[np.float32]
 
 MAX_QUERY_CHARS: Final = 2_000
 MAX_LIMIT: Final = 100
@@ -170,7 +165,7 @@ class EarlyQuery:
     def __init__(self, embedder: Embedder, query: str) -> None:
         self._embedder = embedder
         self._text = query_text(query)
-        self._early: asyncio.Task[F32s] | None = (
+        self._early: asyncio.Task[F32] | None = (
             asyncio.ensure_future(embedder.embed([self._text])) if self._text else None
         )
 
@@ -182,7 +177,7 @@ class EarlyQuery:
     def dims(self) -> int:
         return self._embedder.dims
 
-    async def embed(self, texts: Sequence[str]) -> F32s:
+    async def embed(self, texts: Sequence[str]) -> F32:
         early = self._early
         if early is not None and list(texts) == [self._text]:
             self._early = None
