@@ -80,12 +80,14 @@ class Conversation:
 
 
 def dia_ids(raw: object) -> tuple[str, ...]:
-    """Every dia id in a string or a list of strings, in order, without repeats."""
+    """Every dia id in a string or a list of strings, in order, without repeats (the data set
+    writes them several ways: ``D4:17, D4:19``, ``D9:1 D4:4``, ``D:11:26``, ``D30:05``)."""
     parts = cast(list[Any], raw) if isinstance(raw, list) else [raw]
     found: list[str] = []
     for part in parts:
         if isinstance(part, str):
-            found += [f"D{s}:{n}" for s, n in _DIA_ID.findall(part)]
+            # Numbers as numbers: one evidence id of conv-50 reads "D30:05" for turn D30:5.
+            found += [f"D{int(s)}:{int(n)}" for s, n in _DIA_ID.findall(part)]
     return tuple(dict.fromkeys(found))
 
 
