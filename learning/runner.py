@@ -13,18 +13,14 @@ import time
 from dataclasses import replace
 from typing import Any, Final
 
-from neo4j import AsyncManagedTransaction
-
-from graph.driver import read
-from graph.memorybot import RouteChat
 from learning import enrichment, toolcalls
 from learning.confide import confide
 from learning.gateway import Gateway, ModelUnavailable
-from services import chats, turns
+from services import chats, conversation, turns
 from services.auth import require_person
 from services.domain import ItemKind, Principal, Turn
 from services.errors import BadInput, NotFound
-from services.memorybot import Route, load_route
+from services.memorybot import Route
 from services.runtime import Runtime
 from services.turnfeed import TurnEvent, TurnHub
 from services.turns import NewItem
@@ -34,6 +30,8 @@ MAX_TOOL_ROUNDS = 3
 UNAVAILABLE_REPLY = "Sorry, I cannot answer just now. Please try again in a moment."
 
 CONFIDE_TOOL: Final = toolcalls.tool("confide", toolcalls.Confide)
+#: What introduces the Chat's rolling summary to the Bot (before the last messages it sees).
+SUMMARY_INTRO: Final = "What was said earlier in this chat, in short:"
 
 
 def _system(bot_name: str) -> str:
@@ -54,10 +52,7 @@ async def send_message(
     if await chats.get_chat(rt, principal, chat_id) is None:
         raise NotFound("chat not found")
 
-    async def load(tx: AsyncManagedTransaction) -> tuple[RouteChat, Route]:
-        return await load_route(rt, tx, chat_id)
-
-    chat, memory_route = await read(rt.driver, load)
+    chat, memory_route, summary = await conversation.route_and_summary(rt, chat_id)
     if chat["botModel"] is None:
         raise BadInput("this Bot has no chat model; set one with createBot(model:)", field="chatId")
     # The Bot's own model: none of the memory Bot's instructions, gate or budget apply to it.
@@ -74,8 +69,12 @@ async def send_message(
     )
     history = await _history(rt, principal, chat_id, turn.id)
     await _publish(hub, chat_id, TurnEvent(turn.id, "ITEM_ADDED", text, f"i-{history[1]}", "PERSON_MESSAGE"))
+    # A long Chat's earlier history reaches the Bot as its rolling summary (seed 004: the context
+    # pack is "used by chatbot inference"; D9.17: history, readable by the Chat's people).
+    earlier = [] if summary is None else [{"role": "system", "content": f"{SUMMARY_INTRO}\n{summary}"}]
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": _system(chat["botName"])},
+        *earlier,
         *history[0],
         {"role": "user", "content": turn.enriched_input or text},
     ]

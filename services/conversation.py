@@ -51,16 +51,7 @@ async def context_pack(
         rt, principal, chat_id, limit=LAST_MESSAGES, skip=max(total - LAST_MESSAGES, 0)
     )
 
-    async def load(
-        tx: AsyncManagedTransaction,
-    ) -> tuple[RouteChat, Route, conversation_q.SummaryNode | None]:
-        row, route = await load_route(rt, tx, chat_id)
-        return row, route, await conversation_q.summary(tx, chat_id=chat_id)
-
-    _, route, saved = await read(rt.driver, load)
-    summary = None
-    if saved is not None and "text" in saved:
-        summary = route.cipher.decrypt(Kind.CHAT_SUMMARY, chat_id, saved["text"])
+    _, route, summary = await route_and_summary(rt, chat_id)
     preferences: tuple[memory.Entry, ...] = ()
     known = retrieval.Context("", ())
     reader = await memory.chat_reader(rt, chat_id)
@@ -77,6 +68,24 @@ async def context_pack(
             query=said[-1] if said else None,
         )
     return ContextPack(chat_id, summary, preferences, tuple(i for i in last.items), known)
+
+
+async def route_and_summary(rt: Runtime, chat_id: str) -> tuple[RouteChat, Route, str | None]:
+    """The Chat's route and its rolling summary (None before the first), decrypted after the read
+    (D9.8). The summary is the Chat's history (D9.17): whoever reads the Chat's messages, or
+    answers in it, may read it."""
+
+    async def load(
+        tx: AsyncManagedTransaction,
+    ) -> tuple[RouteChat, Route, conversation_q.SummaryNode | None]:
+        row, route = await load_route(rt, tx, chat_id)
+        return row, route, await conversation_q.summary(tx, chat_id=chat_id)
+
+    row, route, saved = await read(rt.driver, load)
+    summary = None
+    if saved is not None and "text" in saved:
+        summary = route.cipher.decrypt(Kind.CHAT_SUMMARY, chat_id, saved["text"])
+    return row, route, summary
 
 
 async def _preferences(rt: Runtime, route: Route, reader: memory.Reader) -> list[memory.Entry]:

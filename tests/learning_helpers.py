@@ -4,6 +4,7 @@ calls (startTurn, addItems, confide, completeTurn) and waiting for learning to e
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
@@ -133,3 +134,21 @@ async def until_a_transaction_waits_for_a_lock(rt: Runtime, within: float = 30) 
         return records[0]["n"] > 0
 
     await until(blocked, "no transaction ever waited for the lock", within=within)
+
+
+async def long_turn(api: Api, token: str, chat: str, letter: str) -> None:
+    """A completed Turn of 10,502 characters: two of them pass the summary threshold (20,000)."""
+    turn = await api.turn(token, chat, f"{letter} " + letter * 10_500)
+    await complete(api, token, turn["id"])
+
+
+async def wait_summary(api: Api, token: str, chat: str, within: float = 10) -> str | None:
+    """The Chat's rolling summary as its context pack shows it, once the worker wrote one."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        answer = await api.http.get(f"/v1/chats/{chat}/context", headers={"Authorization": f"Bearer {token}"})
+        summary = answer.json()["summary"]
+        if summary is not None:
+            return summary
+        await asyncio.sleep(0.1)
+    return None

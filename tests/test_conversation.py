@@ -3,9 +3,7 @@ budget, preferences as entries, and contextPack built for the chat's audience.""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
 from typing import Any
 
 import pytest
@@ -13,7 +11,7 @@ import pytest
 from services.runtime import Runtime
 from tests.client import Api
 from tests.conftest import WorkerProcess
-from tests.learning_helpers import complete, memory_world, until_logged
+from tests.learning_helpers import long_turn, memory_world, until_logged, wait_summary
 from tests.memory_helpers import fact, said, sealed
 from tests.model_server import ModelServer, Reply, ToolCall
 
@@ -26,21 +24,6 @@ def bearer(token: str) -> dict[str, str]:
 
 async def pack(api: Api, token: str, chat: str) -> Any:
     return await api.http.get(f"/v1/chats/{chat}/context", headers=bearer(token))
-
-
-async def long_turn(api: Api, token: str, chat: str, letter: str) -> None:
-    turn = await api.turn(token, chat, f"{letter} " + letter * 10_500)
-    await complete(api, token, turn["id"])
-
-
-async def wait_summary(api: Api, token: str, chat: str, within: float = 10) -> str | None:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        summary = (await pack(api, token, chat)).json()["summary"]
-        if summary is not None:
-            return summary
-        await asyncio.sleep(0.1)
-    return None
 
 
 async def test_the_summary_is_compressed_past_20000_characters(

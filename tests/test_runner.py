@@ -11,10 +11,11 @@ import pytest
 import websockets
 from websockets.asyncio.client import ClientConnection
 
+from learning.runner import SUMMARY_INTRO
 from services.runtime import Runtime
 from tests.client import Api, World
 from tests.feed_helpers import subscribed, ws_url
-from tests.learning_helpers import fact_call, learn, memory_world, wait_executions
+from tests.learning_helpers import fact_call, learn, long_turn, memory_world, wait_executions, wait_summary
 from tests.memory_helpers import fact, said, visible
 from tests.model_server import ModelServer, Reply, ToolCall
 
@@ -99,6 +100,8 @@ async def test_runner_turn_with_confide_then_learning(
         "content": "Plan my trip to Lyon (I prefer trains).",
     }
     assert {"role": "user", "content": "trains please"} in first.body["messages"]
+    # No summary yet: the Bot's only system message is its own.
+    assert [m["role"] for m in first.body["messages"]].count("system") == 1
     [tool] = first.body["tools"]
     assert tool["function"]["name"] == "confide"
     assert not any(word in json.dumps(first.body).lower() for word in MEMORY_WORDS)
@@ -133,6 +136,32 @@ async def test_runner_turn_with_confide_then_learning(
     await wait_executions(runtime, turn["id"])
     learned = await visible(api, w.tokens["ann"], w.bot)
     assert "Ann is travelling to Lyon" in [e["content"] for e in learned.values()]
+
+
+async def test_a_long_chats_summary_reaches_the_bot(api: Api, model_server: ModelServer) -> None:
+    """Seed 004: the context pack is "used by chatbot inference". Past the summary threshold the
+    Bot sees the Chat's rolling summary (history, D9.17) before the last messages it is given."""
+    w = await runner_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    model_server.default("summary", Reply(text="Ann sent two long letters about Lyon."))
+    await long_turn(api, w.tokens["ann"], chat, "A")
+    await long_turn(api, w.tokens["ann"], chat, "B")
+    assert await wait_summary(api, w.tokens["ann"], chat) == "Ann sent two long letters about Lyon."
+    model_server.script("chat", Reply(text="Lyon it is."))
+    data = await api.gql(SEND, {"c": chat, "t": "So where am I going?"}, w.tokens["ann"])
+    assert data["sendMessage"]["reply"] == "Lyon it is."
+    [request] = model_server.requests_for("chat")
+    messages = request.body["messages"]
+    assert messages[1] == {
+        "role": "system",
+        "content": f"{SUMMARY_INTRO}\nAnn sent two long letters about Lyon.",
+    }
+    assert messages[0]["role"] == "system" and messages[-1] == {
+        "role": "user",
+        "content": "So where am I going?",
+    }
+    # The last messages still follow the summary, oldest first.
+    assert [m["content"][:2] for m in messages[2:-1]] == ["A ", "B "]
 
 
 async def test_review_chats_get_no_confide_tool(api: Api, model_server: ModelServer) -> None:
