@@ -70,11 +70,13 @@ async def send_message(
     history = await _history(rt, principal, chat_id, turn.id)
     await _publish(hub, chat_id, TurnEvent(turn.id, "ITEM_ADDED", text, f"i-{history[1]}", "PERSON_MESSAGE"))
     # A long Chat's earlier history reaches the Bot as its rolling summary (seed 004: the context
-    # pack is "used by chatbot inference"; D9.17: history, readable by the Chat's people).
-    earlier = [] if summary is None else [{"role": "system", "content": f"{SUMMARY_INTRO}\n{summary}"}]
+    # pack is "used by chatbot inference"; D9.17: history, readable by the Chat's people), in the
+    # one system message: chat templates of several OpenAI-compatible servers accept no other.
+    system = _system(chat["botName"])
+    if summary is not None:
+        system += f"\n\n{SUMMARY_INTRO}\n{summary}"
     messages: list[dict[str, Any]] = [
-        {"role": "system", "content": _system(chat["botName"])},
-        *earlier,
+        {"role": "system", "content": system},
         *history[0],
         {"role": "user", "content": turn.enriched_input or text},
     ]

@@ -100,8 +100,8 @@ async def test_runner_turn_with_confide_then_learning(
         "content": "Plan my trip to Lyon (I prefer trains).",
     }
     assert {"role": "user", "content": "trains please"} in first.body["messages"]
-    # No summary yet: the Bot's only system message is its own.
-    assert [m["role"] for m in first.body["messages"]].count("system") == 1
+    # No summary yet: the system message is the Bot's own alone.
+    assert SUMMARY_INTRO not in first.body["messages"][0]["content"]
     [tool] = first.body["tools"]
     assert tool["function"]["name"] == "confide"
     assert not any(word in json.dumps(first.body).lower() for word in MEMORY_WORDS)
@@ -152,16 +152,11 @@ async def test_a_long_chats_summary_reaches_the_bot(api: Api, model_server: Mode
     assert data["sendMessage"]["reply"] == "Lyon it is."
     [request] = model_server.requests_for("chat")
     messages = request.body["messages"]
-    assert messages[1] == {
-        "role": "system",
-        "content": f"{SUMMARY_INTRO}\nAnn sent two long letters about Lyon.",
-    }
-    assert messages[0]["role"] == "system" and messages[-1] == {
-        "role": "user",
-        "content": "So where am I going?",
-    }
-    # The last messages still follow the summary, oldest first.
-    assert [m["content"][:2] for m in messages[2:-1]] == ["A ", "B "]
+    assert messages[0]["role"] == "system" and [m["role"] for m in messages].count("system") == 1
+    assert messages[0]["content"].endswith(f"\n\n{SUMMARY_INTRO}\nAnn sent two long letters about Lyon.")
+    assert messages[-1] == {"role": "user", "content": "So where am I going?"}
+    # The last messages still follow, oldest first.
+    assert [m["content"][:2] for m in messages[1:-1]] == ["A ", "B "]
 
 
 async def test_review_chats_get_no_confide_tool(api: Api, model_server: ModelServer) -> None:
