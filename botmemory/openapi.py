@@ -41,7 +41,7 @@ class Operation:
     """One REST operation: ``method`` and ``path`` (a Starlette template under the prefix),
     its handler (whose docstring gives the summary and description) and its models."""
 
-    method: Literal["GET", "POST", "PATCH"]
+    method: Literal["GET", "POST", "PUT", "PATCH"]
     path: str
     handler: Handler
     responses: Mapping[int, type[BaseModel]]

@@ -14,6 +14,7 @@ from botmemory.rest_input import (
     LogQuery,
     MemoryCommand,
     MemoryQuery,
+    MetaBody,
     PageQuery,
     PurgeBody,
     References,
@@ -23,6 +24,8 @@ from botmemory.rest_input import (
 )
 from botmemory.rest_models import (
     ChangeLog,
+    ChatMetaList,
+    ChatMetaOut,
     Confessions,
     ContextPackOut,
     Enrichments,
@@ -228,6 +231,45 @@ async def get_context(request: Request) -> Response:
     return respond(ContextPackOut.model_validate(pack))
 
 
+async def list_meta(request: Request) -> Response:
+    """The conversation meta of your Chats (seed 004, D9.30), ``limit`` from ``skip``.
+    Chats without any (no summary and no message yet) are left out; ``total`` counts the others."""
+    principal = await principal_of(request)
+    page = read_query(request, PageQuery)
+    found, total = await conversation.chat_metas(
+        runtime_of(request), principal, limit=page.limit, skip=page.skip
+    )
+    return respond(ChatMetaList.model_validate({"data": found, "total": total}))
+
+
+async def get_meta(request: Request) -> Response:
+    """A Chat's conversation meta (seed 004, D9.30), for its people; 404 when it has none yet."""
+    principal = await principal_of(request)
+    found = await conversation.chat_meta(runtime_of(request), principal, request.path_params["chat_id"])
+    return respond(ChatMetaOut.model_validate(found))
+
+
+async def post_meta(request: Request) -> Response:
+    """Set the meta of a Chat that has none yet (seed 004, D9.30): its owner only; 409 when it has.
+    The map becomes the Chat's summary: what ``contextPack``, the Bot and the next compression read."""
+    return await _set_meta(request, create=True)
+
+
+async def put_meta(request: Request) -> Response:
+    """Replace a Chat's meta (seed 004, D9.30): its owner only; 404 when it has none yet. The map
+    becomes the Chat's summary and covers every message so far."""
+    return await _set_meta(request, create=False)
+
+
+async def _set_meta(request: Request, *, create: bool) -> Response:
+    principal = await principal_of(request)
+    body = await read_body(request, MetaBody)
+    found = await conversation.set_chat_meta(
+        runtime_of(request), principal, request.path_params["chat_id"], body.summary, create=create
+    )
+    return respond(ChatMetaOut.model_validate(found), 201 if create else 200)
+
+
 async def get_enrichments(request: Request) -> Response:
     """The Chat owner's view of the rewritten inputs, re-validated (D9.6)."""
     principal = await principal_of(request)
@@ -276,6 +318,17 @@ operations = (
     Operation("GET", "/chats/{chat_id}/enrichments", get_enrichments, {200: Enrichments}, query=PageQuery),
     Operation("GET", "/chats/{chat_id}/learning", get_learning, {200: Executions}, query=PageQuery),
     Operation("GET", "/chats/{chat_id}/context", get_context, {200: ContextPackOut}),
+    Operation("GET", "/chats/meta", list_meta, {200: ChatMetaList}, query=PageQuery),
+    Operation("GET", "/chats/{chat_id}/meta", get_meta, {200: ChatMetaOut}),
+    Operation(
+        "POST",
+        "/chats/{chat_id}/meta",
+        post_meta,
+        {201: ChatMetaOut},
+        body=MetaBody,
+        errors=(*COMMON_ERRORS, 409),
+    ),
+    Operation("PUT", "/chats/{chat_id}/meta", put_meta, {200: ChatMetaOut}, body=MetaBody),
     Operation(
         "GET",
         "/chats/{chat_id}/memory/context",

@@ -52,6 +52,15 @@ class References(Body):
     ids: list[str] = Field(default_factory=list[str], description="The entries an answer used.")
 
 
+class MetaBody(Body):
+    """A Chat's summary as seed 004's map of strings (D9.30)."""
+
+    summary: dict[str, str] = Field(
+        description="Keys of 1–200 characters (not a message id such as i-3) to text; at most "
+        "20,000 characters in all."
+    )
+
+
 class Query(BaseModel):
     """Query parameters: strings parsed to their types; parameters we do not know are ignored."""
 

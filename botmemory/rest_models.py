@@ -246,6 +246,22 @@ class Preference(Out):
     content: str
 
 
+class ChatMetaOut(Out):
+    """Seed 004's ConversationMeta of a Chat (D9.30): its summary — the worker's text under
+    ``summary``, or the map its owner set — then ``i-N`` → the text of the latest messages after
+    it (under ~20,000 characters the summary is these messages alone)."""
+
+    chat_id: str
+    summary: dict[str, str]
+
+
+class ChatMetaList(Out):
+    """The meta of the Chats you may read that have one, newest Chat first."""
+
+    data: list[ChatMetaOut]
+    total: int
+
+
 class ContextPackOut(Out):
     """Summary, preferences, the last messages and the visible memory of a Chat (D9.17)."""
 

@@ -10,7 +10,8 @@ from typing import Any, Final, LiteralString, NotRequired, TypedDict
 
 from neo4j import AsyncManagedTransaction
 
-from graph.driver import Ciphertext, single
+from graph.chats import ChatNode
+from graph.driver import Ciphertext, rows, single
 
 SUMMARY: Final[LiteralString] = "MATCH (s:ChatSummary {chatId: $chatId}) RETURN s {.*} AS summary"
 
@@ -26,6 +27,9 @@ class SummaryNode(TypedDict):
     chars: int
     text: NotRequired[Ciphertext]
     updatedAt: NotRequired[int]
+    #: "map" when a caller set it as seed 004's summary map (its text is that map as JSON, D9.30);
+    #: absent for the worker's plain text.
+    form: NotRequired[str]
 
 
 class SummaryRow(TypedDict):
@@ -83,8 +87,8 @@ WITH held
 MATCH (s:ChatSummary) WHERE elementId(s) = elementId(held)
 WITH s, s.coversThroughSeq = $after AS fresh
 FOREACH (_ IN CASE WHEN fresh THEN [1] ELSE [] END |
-  SET s.text = $text, s.coversThroughSeq = $through, s.chars = $chars, s.version = s.version + 1,
-      s.updatedAt = $now)
+  SET s.text = $text, s.form = null, s.coversThroughSeq = $through, s.chars = $chars,
+      s.version = s.version + 1, s.updatedAt = $now)
 RETURN fresh, s.version AS version
 """
 
@@ -95,6 +99,86 @@ class SavedSummaryRow(TypedDict):
 
 
 DELETE_SUMMARY: Final[LiteralString] = "MATCH (s:ChatSummary {chatId: $chatId}) DETACH DELETE s"
+
+#: For each Chat of $chatIds: the Chat with its Bot's wrapped key, its summary (None before the
+#: first) and its latest Items of the kinds $kinds after what the summary covers, newest first, at
+#: most $limit, leaving out those whose text was deleted (V13): what its meta shows (D9.30).
+META: Final[LiteralString] = """
+UNWIND $chatIds AS chatId
+MATCH (ch:Chat {id: chatId})-[:WITH_BOT]->(b:Bot)
+OPTIONAL MATCH (s:ChatSummary {chatId: chatId})
+CALL (ch, s) {
+  MATCH (i:Item)
+  WHERE i.chatId = ch.id AND i.seq > coalesce(s.coversThroughSeq, 0) AND i.kind IN $kinds
+    AND i.text IS NOT NULL
+  WITH i ORDER BY i.seq DESC LIMIT $limit
+  RETURN collect(i {.uid, .id, .text, .textLength}) AS recent
+}
+RETURN ch {.*} AS chat, b.keyMaster AS keyMaster, b.keyWrapped AS keyWrapped, s {.*} AS summary, recent
+"""
+
+
+class RecentItem(TypedDict):
+    uid: str
+    id: str
+    text: Ciphertext
+    textLength: int
+
+
+class MetaRow(TypedDict):
+    chat: ChatNode
+    keyMaster: str
+    keyWrapped: bytes
+    summary: SummaryNode | None
+    recent: list[RecentItem]
+
+
+#: The Chats $personId may read (D9.6: those it owns, and the group chats of its channels) that
+#: have meta — a summary, or an Item of the kinds $kinds with its text — newest first: how many,
+#: and the ids of one page.
+METAS_OF: Final[LiteralString] = """
+MATCH (p:Person {id: $personId})
+CALL (p) {
+  MATCH (ch:Chat {ownerId: p.id}) RETURN ch
+  UNION
+  MATCH (p)-[:MEMBER]->(:Channel)<-[:IN_CHANNEL]-(ch:Chat) RETURN ch
+}
+WITH ch
+WHERE EXISTS { MATCH (s:ChatSummary {chatId: ch.id}) WHERE s.text IS NOT NULL }
+   OR EXISTS { MATCH (i:Item) WHERE i.chatId = ch.id AND i.seq > 0 AND i.kind IN $kinds AND i.text IS NOT NULL }
+WITH ch ORDER BY ch.createdAt DESC, ch.id
+WITH collect(ch.id) AS ids
+RETURN size(ids) AS total, ids[$skip..$skip + $limit] AS page
+"""
+
+
+class MetasRow(TypedDict):
+    total: int
+    page: list[str]
+
+
+#: A caller's summary map (D9.30), saved as the Chat's summary covering every Item so far —
+#: ``$create``: only when the Chat has no meta yet, else only when it has (no row otherwise). The
+#: Chat is locked first, so two creations never both pass; a compression in flight then finds
+#: its compare-and-set stale.
+SET_META: Final[LiteralString] = """
+MATCH (ch:Chat {id: $chatId})
+CALL apoc.lock.nodes([ch])
+OPTIONAL MATCH (old:ChatSummary {chatId: $chatId})
+WITH ch, (old IS NOT NULL AND old.text IS NOT NULL)
+     OR EXISTS { MATCH (i:Item) WHERE i.chatId = ch.id AND i.seq > 0 AND i.kind IN $kinds AND i.text IS NOT NULL }
+     AS held
+WHERE held <> $create
+MERGE (s:ChatSummary {chatId: $chatId})
+  ON CREATE SET s.coversThroughSeq = 0, s.version = 0, s.chars = 0, s.botId = ch.botId
+SET s.text = $text, s.form = 'map', s.coversThroughSeq = ch.nextItemSeq, s.chars = $chars,
+    s.version = s.version + 1, s.updatedAt = $now
+RETURN s.version AS version
+"""
+
+
+class SetMetaRow(TypedDict):
+    version: int
 
 
 async def summary(tx: AsyncManagedTransaction, *, chat_id: str) -> SummaryNode | None:
@@ -121,3 +205,22 @@ async def save_summary(tx: AsyncManagedTransaction, **fields: Any) -> bool:
 
 async def delete_summary(tx: AsyncManagedTransaction, *, chat_id: str) -> None:
     await tx.run(DELETE_SUMMARY, chatId=chat_id)
+
+
+async def meta(
+    tx: AsyncManagedTransaction, *, chat_ids: list[str], kinds: list[str], limit: int
+) -> list[MetaRow]:
+    return await rows(tx, META, MetaRow, chatIds=chat_ids, kinds=kinds, limit=limit)
+
+
+async def metas_of(
+    tx: AsyncManagedTransaction, *, person_id: str, kinds: list[str], skip: int, limit: int
+) -> tuple[int, list[str]]:
+    """(how many Chats ``person_id`` may read have meta, the ids of one page of them)."""
+    record = await single(tx, METAS_OF, MetasRow, personId=person_id, kinds=kinds, skip=skip, limit=limit)
+    return (0, []) if record is None else (record["total"], record["page"])
+
+
+async def set_meta(tx: AsyncManagedTransaction, **fields: Any) -> bool:
+    """Whether the map was saved (False: the Chat's meta was, or was not, there already)."""
+    return await single(tx, SET_META, SetMetaRow, **fields) is not None

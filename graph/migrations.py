@@ -125,6 +125,13 @@ MIGRATIONS: Final[tuple[tuple[int, tuple[LiteralString, ...]], ...]] = (
             "DROP INDEX entry_keywords IF EXISTS",
         ),
     ),
+    (
+        11,
+        (
+            # A person's own Chats (seed 004's list of conversation meta, D9.30).
+            "CREATE INDEX chat_owner IF NOT EXISTS FOR (n:Chat) ON (n.ownerId)",
+        ),
+    ),
 )
 
 #: Entries whose labels predate the current label properties: without ``memoryRank`` (before

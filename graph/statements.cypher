@@ -1171,6 +1171,33 @@ WHERE i.chatId = $chatId AND i.seq > $after
 WITH i ORDER BY i.seq LIMIT $limit
 RETURN collect(i {.uid, .id, .seq, .kind, .text, .app, .speakerId}) AS items
 
+// ---- graph.conversation.META
+UNWIND $chatIds AS chatId
+MATCH (ch:Chat {id: chatId})-[:WITH_BOT]->(b:Bot)
+OPTIONAL MATCH (s:ChatSummary {chatId: chatId})
+CALL (ch, s) {
+  MATCH (i:Item)
+  WHERE i.chatId = ch.id AND i.seq > coalesce(s.coversThroughSeq, 0) AND i.kind IN $kinds
+    AND i.text IS NOT NULL
+  WITH i ORDER BY i.seq DESC LIMIT $limit
+  RETURN collect(i {.uid, .id, .text, .textLength}) AS recent
+}
+RETURN ch {.*} AS chat, b.keyMaster AS keyMaster, b.keyWrapped AS keyWrapped, s {.*} AS summary, recent
+
+// ---- graph.conversation.METAS_OF
+MATCH (p:Person {id: $personId})
+CALL (p) {
+  MATCH (ch:Chat {ownerId: p.id}) RETURN ch
+  UNION
+  MATCH (p)-[:MEMBER]->(:Channel)<-[:IN_CHANNEL]-(ch:Chat) RETURN ch
+}
+WITH ch
+WHERE EXISTS { MATCH (s:ChatSummary {chatId: ch.id}) WHERE s.text IS NOT NULL }
+   OR EXISTS { MATCH (i:Item) WHERE i.chatId = ch.id AND i.seq > 0 AND i.kind IN $kinds AND i.text IS NOT NULL }
+WITH ch ORDER BY ch.createdAt DESC, ch.id
+WITH collect(ch.id) AS ids
+RETURN size(ids) AS total, ids[$skip..$skip + $limit] AS page
+
 // ---- graph.conversation.SAVE_SUMMARY
 MERGE (s:ChatSummary {chatId: $chatId})
   ON CREATE SET s.coversThroughSeq = 0, s.version = 0, s.chars = 0, s.botId = $botId
@@ -1180,9 +1207,23 @@ WITH held
 MATCH (s:ChatSummary) WHERE elementId(s) = elementId(held)
 WITH s, s.coversThroughSeq = $after AS fresh
 FOREACH (_ IN CASE WHEN fresh THEN [1] ELSE [] END |
-  SET s.text = $text, s.coversThroughSeq = $through, s.chars = $chars, s.version = s.version + 1,
-      s.updatedAt = $now)
+  SET s.text = $text, s.form = null, s.coversThroughSeq = $through, s.chars = $chars,
+      s.version = s.version + 1, s.updatedAt = $now)
 RETURN fresh, s.version AS version
+
+// ---- graph.conversation.SET_META
+MATCH (ch:Chat {id: $chatId})
+CALL apoc.lock.nodes([ch])
+OPTIONAL MATCH (old:ChatSummary {chatId: $chatId})
+WITH ch, (old IS NOT NULL AND old.text IS NOT NULL)
+     OR EXISTS { MATCH (i:Item) WHERE i.chatId = ch.id AND i.seq > 0 AND i.kind IN $kinds AND i.text IS NOT NULL }
+     AS held
+WHERE held <> $create
+MERGE (s:ChatSummary {chatId: $chatId})
+  ON CREATE SET s.coversThroughSeq = 0, s.version = 0, s.chars = 0, s.botId = ch.botId
+SET s.text = $text, s.form = 'map', s.coversThroughSeq = ch.nextItemSeq, s.chars = $chars,
+    s.version = s.version + 1, s.updatedAt = $now
+RETURN s.version AS version
 
 // ---- graph.conversation.SUMMARY
 MATCH (s:ChatSummary {chatId: $chatId}) RETURN s {.*} AS summary

@@ -17,6 +17,7 @@ from graph.driver import read, write
 from graph.memorybot import RouteChat
 from learning.gateway import Gateway, ModelUnavailable
 from learning.prompts import system_prompt
+from services.conversation import summary_map, summary_text
 from services.crypto import Kind
 from services.errors import NotFound
 from services.memorybot import Route, load_route
@@ -66,9 +67,8 @@ async def summarize(rt: Runtime, gateway: Gateway, chat_id: str) -> str:
         for i in items
         if i["text"] is not None and i["kind"] in _SPEAKER
     ]
-    old = None
-    if previous is not None and "text" in previous:
-        old = cipher.decrypt(Kind.CHAT_SUMMARY, chat_id, previous["text"])
+    # The summary so far as text: the worker's own, or the map the Chat's owner set (D9.30).
+    old = summary_text(summary_map(cipher, chat_id, previous))
     body = {
         "messages": [
             {"role": "system", "content": system_prompt(SUMMARY_SYSTEM, route)},

@@ -144,6 +144,18 @@ def _unreadable(principal: Principal, row: ChatForRow | None) -> ServiceError:
     return NotFound("chat not found")
 
 
+async def readable_chat(rt: Runtime, principal: Principal, chat_id: str) -> chats_q.ChatForRow:
+    """The Chat with its Bot's key when the caller is one of its people (D9.6); else NOT_FOUND (a
+    platform token of its organization: FORBIDDEN, saying what it may call)."""
+    check_id(chat_id, "chatId")
+    row = await read(
+        rt.driver, lambda tx: chats_q.chat_for(tx, chat_id=chat_id, person_id=principal.person_id)
+    )
+    if row is None or not _readable(principal, row):
+        raise _unreadable(principal, row)
+    return row
+
+
 async def get_chats(
     rt: Runtime, principal: Principal, chat_ids: list[str]
 ) -> list[Chat | ServiceError | None]:

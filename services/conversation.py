@@ -5,22 +5,25 @@ with the topic ``preferences``."""
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass
+from typing import Final
 
 from neo4j import AsyncManagedTransaction
 
 from graph import conversation as conversation_q
 from graph import memory as memory_q
-from graph.driver import read
+from graph.driver import read, write
 from graph.memorybot import RouteChat
 from services import chats, memory, retrieval, search
-from services.crypto import Kind
+from services.crypto import Cipher, Kind
 from services.domain import Item, ItemKind, Principal
 from services.embedding import Embedder
-from services.errors import NotFound
+from services.errors import BadInput, Conflict, Forbidden, NotFound
 from services.memorybot import Route, load_route
-from services.runtime import Runtime
-from services.validation import check_id
+from services.runtime import Runtime, now_ms
+from services.validation import check_id, check_page
 
 PREFERENCES = "preferences"
 
@@ -82,10 +85,150 @@ async def route_and_summary(rt: Runtime, chat_id: str) -> tuple[RouteChat, Route
         return row, route, await conversation_q.summary(tx, chat_id=chat_id)
 
     row, route, saved = await read(rt.driver, load)
-    summary = None
-    if saved is not None and "text" in saved:
-        summary = route.cipher.decrypt(Kind.CHAT_SUMMARY, chat_id, saved["text"])
-    return row, route, summary
+    return row, route, summary_text(summary_map(route.cipher, chat_id, saved))
+
+
+def summary_map(cipher: Cipher, chat_id: str, saved: conversation_q.SummaryNode | None) -> dict[str, str]:
+    """A saved summary as seed 004's map (D9.30): a caller's map as it was set, the worker's text
+    as ``{"summary": text}``; empty before the first."""
+    if saved is None or "text" not in saved:
+        return {}
+    plain = cipher.decrypt(Kind.CHAT_SUMMARY, chat_id, saved["text"])
+    if saved.get("form") == "map":
+        held: dict[str, str] = json.loads(plain)
+        return held
+    return {"summary": plain}
+
+
+def summary_text(summary: dict[str, str]) -> str | None:
+    """The summary as text (what ``contextPack``, the runner and the next compression read): the
+    worker's own text, or a caller's map as ``key: value`` lines; None when there is none."""
+    if not summary:
+        return None
+    if list(summary) == ["summary"]:
+        return summary["summary"]
+    return "\n".join(f"{key}: {value}" for key, value in summary.items())
+
+
+# Seed 004's conversation meta (D9.30) ----------------------------------------------------------
+
+#: The Items a Chat's meta lists after its summary: the turns of the conversation.
+META_KINDS: Final = [ItemKind.PERSON_MESSAGE.value, ItemKind.BOT_MESSAGE.value]
+#: At most this many of them, the latest (within ``summary_threshold_chars`` of text).
+META_ITEMS: Final = 100
+#: Keys a caller's map may not use: the ids of Items, which the meta lists after the summary.
+_ITEM_KEY: Final = re.compile(r"i-[0-9]+")
+_KEY_CHARS: Final = 200
+
+
+@dataclass(frozen=True, slots=True)
+class ChatMeta:
+    """Seed 004's ConversationMeta of a Chat: its summary (the worker's text under ``summary``, or
+    the map its owner set), then ``i-N`` → text of the latest messages after it."""
+
+    chat_id: str
+    summary: dict[str, str]
+
+
+def _meta_of(rt: Runtime, row: conversation_q.MetaRow) -> ChatMeta:
+    chat_id = row["chat"]["id"]
+    cipher = rt.cipher(row["chat"]["botId"], row["keyMaster"], row["keyWrapped"])
+    summary = summary_map(cipher, chat_id, row["summary"])
+    room = rt.settings.summary_threshold_chars
+    recent: list[conversation_q.RecentItem] = []
+    for item in row["recent"]:  # newest first
+        room -= item["textLength"]
+        if recent and room < 0:
+            break
+        recent.append(item)
+    for item in reversed(recent):
+        summary[item["id"]] = cipher.decrypt(Kind.ITEM, item["uid"], item["text"])
+    return ChatMeta(chat_id, summary)
+
+
+async def chat_meta(rt: Runtime, principal: Principal, chat_id: str) -> ChatMeta:
+    """The Chat's meta, for its people (D9.6); NOT_FOUND when it has none yet (no summary and no
+    message), as for a Chat the caller may not read."""
+    await chats.readable_chat(rt, principal, chat_id)
+    rows = await read(
+        rt.driver, lambda tx: conversation_q.meta(tx, chat_ids=[chat_id], kinds=META_KINDS, limit=META_ITEMS)
+    )
+    found = _meta_of(rt, rows[0]) if rows else None
+    if found is None or not found.summary:
+        raise NotFound("this chat has no meta yet; create it with POST")
+    return found
+
+
+async def chat_metas(
+    rt: Runtime, principal: Principal, *, limit: int, skip: int
+) -> tuple[list[ChatMeta], int]:
+    """The meta of the Chats the caller may read that have one, newest Chat first: one page, and
+    how many there are. People only: a platform token reads no history (D9.6)."""
+    limit, skip = check_page(limit, skip, max_limit=rt.settings.max_page_size)
+    if principal.kind != "person" or principal.person_id is None:
+        raise Forbidden(chats.PLATFORM_READS)
+    person_id = principal.person_id
+
+    async def work(tx: AsyncManagedTransaction) -> tuple[int, list[conversation_q.MetaRow]]:
+        total, page = await conversation_q.metas_of(
+            tx, person_id=person_id, kinds=META_KINDS, skip=skip, limit=limit
+        )
+        found = await conversation_q.meta(tx, chat_ids=page, kinds=META_KINDS, limit=META_ITEMS)
+        order = {chat_id: n for n, chat_id in enumerate(page)}
+        return total, sorted(found, key=lambda r: order[r["chat"]["id"]])
+
+    total, rows = await read(rt.driver, work)
+    return [_meta_of(rt, row) for row in rows], total
+
+
+def _checked_map(summary: dict[str, str], limit: int) -> dict[str, str]:
+    if not summary:
+        raise BadInput("summary must hold at least one key", field="summary")
+    size = 0
+    for key, value in summary.items():
+        if not key.strip() or len(key) > _KEY_CHARS or "\x00" in key:
+            raise BadInput(f"summary keys are 1 to {_KEY_CHARS} characters, without NUL", field="summary")
+        if _ITEM_KEY.fullmatch(key):
+            raise BadInput(
+                f"summary key {key!r} is a message id; the meta lists messages itself", field="summary"
+            )
+        if "\x00" in value:
+            raise BadInput("summary values must not contain NUL", field="summary")
+        size += len(key) + len(value)
+    if size > limit:
+        raise BadInput(f"summary holds more than {limit} characters", field="summary")
+    return summary
+
+
+async def set_chat_meta(
+    rt: Runtime, principal: Principal, chat_id: str, summary: dict[str, str], *, create: bool
+) -> ChatMeta:
+    """The Chat owner sets its summary as seed 004's map (D9.30): it replaces the rolling summary
+    and covers every message so far, so the meta is that map until the next messages. ``create``:
+    CONFLICT when the Chat has meta already; else NOT_FOUND when it has none."""
+    checked = _checked_map(summary, rt.settings.summary_threshold_chars)
+    row = await chats.readable_chat(rt, principal, chat_id)
+    if row["chat"]["ownerId"] != principal.person_id:
+        raise Forbidden("only the chat's owner sets its meta")
+    plain = json.dumps(checked, ensure_ascii=False)
+    text = chats.chat_cipher(rt, row).encrypt(Kind.CHAT_SUMMARY, chat_id, plain)
+    saved = await write(
+        rt.driver,
+        lambda tx: conversation_q.set_meta(
+            tx,
+            chatId=chat_id,
+            kinds=META_KINDS,
+            create=create,
+            text=text,
+            chars=len(summary_text(checked) or ""),
+            now=now_ms(),
+        ),
+    )
+    if not saved and create:
+        raise Conflict("this chat has meta already; replace it with PUT")
+    if not saved:
+        raise NotFound("this chat has no meta yet; create it with POST")
+    return ChatMeta(chat_id, dict(checked))
 
 
 async def _preferences(rt: Runtime, route: Route, reader: memory.Reader) -> list[memory.Entry]:

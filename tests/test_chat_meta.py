@@ -1,0 +1,184 @@
+"""Seed 004's conversation meta (D9.30): a Chat's summary as a map of strings — the id→text map of
+its latest messages while the summary stays under ~20,000 characters, the worker's compressed
+summary after — listed for the caller's Chats, read by the Chat's people, set by its owner."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from services.runtime import Runtime
+from tests.client import Api, make_world
+from tests.learning_helpers import add_items, long_turn, memory_world
+from tests.memory_helpers import sealed
+from tests.model_server import ModelServer, Reply
+from tests.waiting import until
+
+pytestmark = pytest.mark.usefixtures("learning_worker")
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+async def meta(api: Api, token: str, chat: str) -> httpx.Response:
+    return await api.http.get(f"/v1/chats/{chat}/meta", headers=bearer(token))
+
+
+async def put(api: Api, token: str, chat: str, body: Any, *, create: bool = False) -> httpx.Response:
+    method = "POST" if create else "PUT"
+    return await api.http.request(method, f"/v1/chats/{chat}/meta", json=body, headers=bearer(token))
+
+
+def code(response: httpx.Response) -> str:
+    return response.json()["error"]["code"]
+
+
+async def test_meta_is_the_latest_messages_until_its_owner_sets_it(api: Api, runtime: Runtime) -> None:
+    """Under the threshold the meta is an id→text map of the recent turns (person and Bot
+    messages; notices and tool calls are not turns). POST creates it for a Chat without any, PUT
+    replaces it (404 while there is none), and what the owner set stays, encrypted (E1), until
+    the next messages follow it."""
+    w = await make_world(api, ("ann",))
+    ann = w.tokens["ann"]
+    empty = await api.chat(ann, w.bot)
+    assert (await meta(api, ann, empty)).status_code == 404
+    assert code(await put(api, ann, empty, {"summary": {"topic": "x"}})) == "NOT_FOUND"
+    created = await put(api, ann, empty, {"summary": {"topic": "Lyon trip", "due": "Friday"}}, create=True)
+    assert created.status_code == 201, created.text
+    assert created.json() == {"chatId": empty, "summary": {"topic": "Lyon trip", "due": "Friday"}}
+    assert (await meta(api, ann, empty)).json() == created.json()
+    assert code(await put(api, ann, empty, {"summary": {"topic": "again"}}, create=True)) == "CONFLICT"
+
+    chat = await api.chat(ann, w.bot)
+    turn = await api.turn(ann, chat, "Plan my trip to Lyon")
+    await add_items(
+        api, ann, turn["id"], ("TOOL_CALL", "lookup"), ("BOT_MESSAGE", "By train?"), ("NOTICE", "Ann is away")
+    )
+    await add_items(api, ann, turn["id"], ("PERSON_MESSAGE", "Yes, by train"))
+    assert (await meta(api, ann, chat)).json() == {
+        "chatId": chat,
+        "summary": {"i-1": "Plan my trip to Lyon", "i-3": "By train?", "i-5": "Yes, by train"},
+    }
+    # A Chat with messages has meta: POST refuses, PUT replaces it and covers every message so far.
+    assert code(await put(api, ann, chat, {"summary": {"plan": "x"}}, create=True)) == "CONFLICT"
+    replaced = await put(api, ann, chat, {"summary": {"plan": "Lyon by train", "who": "Ann"}})
+    assert replaced.status_code == 200, replaced.text
+    assert (await meta(api, ann, chat)).json()["summary"] == {"plan": "Lyon by train", "who": "Ann"}
+    await add_items(api, ann, turn["id"], ("BOT_MESSAGE", "Booked the 9:04."))
+    assert (await meta(api, ann, chat)).json()["summary"] == {
+        "plan": "Lyon by train",
+        "who": "Ann",
+        "i-6": "Booked the 9:04.",
+    }
+    # The context pack (and so the Bot) reads the owner's map as the Chat's summary, as lines.
+    pack = await api.http.get(f"/v1/chats/{chat}/context", headers=bearer(ann))
+    assert pack.json()["summary"] == "plan: Lyon by train\nwho: Ann"
+    records, _, _ = await runtime.driver.execute_query(
+        "MATCH (s:ChatSummary {chatId: $c}) RETURN s.text AS text, s.form AS form", c=chat
+    )
+    assert records[0]["form"] == "map" and b"Lyon by train" not in sealed(records[0]["text"])
+    # Deleting the chat's history deletes its meta (V13, D9.23).
+    await api.gql("mutation($c: ID!) { deleteChatHistory(chatId: $c) { items } }", {"c": chat}, ann)
+    assert (await meta(api, ann, chat)).status_code == 404
+
+
+async def test_past_the_threshold_the_meta_holds_the_workers_summary(
+    api: Api, model_server: ModelServer
+) -> None:
+    """When the Chat passes ~20,000 characters the worker compresses it: the meta is then that
+    summary, and the messages after it; a compression reads an owner's map as its summary so far."""
+    w = await memory_world(api, ("ann",))
+    ann = w.tokens["ann"]
+    chat = await api.chat(ann, w.bot)
+    await put(api, ann, chat, {"summary": {"goal": "a holiday"}}, create=True)
+    model_server.default("summary", Reply(text="Ann wrote two long letters about a holiday."))
+    await long_turn(api, ann, chat, "A")
+    await long_turn(api, ann, chat, "B")
+
+    async def compressed() -> str | None:
+        pack = await api.http.get(f"/v1/chats/{chat}/context", headers=bearer(ann))
+        summary = pack.json()["summary"]
+        return None if summary == "goal: a holiday" else summary
+
+    assert await until(compressed, "the worker's summary") == "Ann wrote two long letters about a holiday."
+    [request] = model_server.requests_for("summary")
+    assert '"summary": "goal: a holiday"' in request.body["messages"][1]["content"]
+    await api.turn(ann, chat, "And a short one")
+    assert (await meta(api, ann, chat)).json()["summary"] == {
+        "summary": "Ann wrote two long letters about a holiday.",
+        "i-3": "And a short one",
+    }
+
+
+async def test_the_list_holds_the_chats_you_may_read_that_have_meta(api: Api) -> None:
+    """``GET /v1/chats/meta?limit&skip`` → ``{data, total}``: your own Chats and the group chats of
+    your channels that have meta, newest first; nobody else's."""
+    w = await make_world(api, ("ann", "bob", "cat"), channel=("ann", "bob"))
+    ann, bob = w.tokens["ann"], w.tokens["bob"]
+    first = await api.chat(ann, w.bot)
+    await api.turn(ann, first, "first")
+    await api.chat(ann, w.bot)  # nothing said: no meta
+    group = await api.chat(bob, w.bot, channel=w.channel)
+    await api.turn(bob, group, "to the team")
+    private = await api.chat(bob, w.bot)
+    await api.turn(bob, private, "bob alone")
+    cats = await api.chat(w.tokens["cat"], w.bot)
+    await api.turn(w.tokens["cat"], cats, "cat alone")
+
+    listed = await api.http.get("/v1/chats/meta", headers=bearer(ann))
+    assert listed.status_code == 200, listed.text
+    assert listed.json() == {
+        "data": [
+            {"chatId": group, "summary": {"i-1": "to the team"}},
+            {"chatId": first, "summary": {"i-1": "first"}},
+        ],
+        "total": 2,
+    }
+    page = await api.http.get("/v1/chats/meta?limit=1&skip=1", headers=bearer(ann))
+    assert page.json() == {"data": [{"chatId": first, "summary": {"i-1": "first"}}], "total": 2}
+    bobs = (await api.http.get("/v1/chats/meta", headers=bearer(bob))).json()
+    assert [m["chatId"] for m in bobs["data"]] == [private, group] and bobs["total"] == 2
+
+
+async def test_meta_access_and_bad_input(api: Api) -> None:
+    """Only the Chat's people read its meta (D9.6; others get the 404 of an unknown Chat), only its
+    owner sets it (a member gets 403), platform tokens read no history, and bad input is refused
+    with BAD_INPUT without changing anything."""
+    w = await make_world(api, ("ann", "bob", "cat"), channel=("ann", "bob"))
+    ann, bob, cat = w.tokens["ann"], w.tokens["bob"], w.tokens["cat"]
+    group = await api.chat(ann, w.bot, channel=w.channel)
+    await api.turn(ann, group, "hello team")
+    assert (await meta(api, bob, group)).json()["summary"] == {"i-1": "hello team"}
+    assert code(await meta(api, cat, group)) == "NOT_FOUND"
+    assert code(await put(api, cat, group, {"summary": {"a": "b"}})) == "NOT_FOUND"
+    assert code(await put(api, bob, group, {"summary": {"a": "b"}})) == "FORBIDDEN"
+    platform = await api.platform_token(w.org)
+    assert code(await meta(api, platform, group)) == "FORBIDDEN"
+    assert code(await api.http.get("/v1/chats/meta", headers=bearer(platform))) == "FORBIDDEN"
+    assert code(await meta(api, ann, "chat_unknown")) == "NOT_FOUND"
+    assert code(await meta(api, ann, "not an id!")) == "BAD_INPUT"
+    bodies: list[dict[str, Any]] = [
+        {"summary": {}},
+        {"summary": {"a": 1}},
+        {"summary": ["a"]},
+        {"summary": {"i-3": "a message id"}},
+        {"summary": {"": "empty key"}},
+        {"summary": {"k" * 201: "long key"}},
+        {"summary": {"a": "x" * 20_000}},
+        {"summary": {"a": "b"}, "extra": True},
+        {},
+    ]
+    for body in bodies:
+        refused = await put(api, ann, group, body)
+        assert refused.status_code == 422 and code(refused) == "BAD_INPUT", (body, refused.text)
+    malformed = await api.http.put(
+        f"/v1/chats/{group}/meta",
+        content=b"{not json",
+        headers={**bearer(ann), "content-type": "application/json"},
+    )
+    assert code(malformed) == "BAD_INPUT"
+    assert code(await api.http.get("/v1/chats/meta?limit=0", headers=bearer(ann))) == "BAD_INPUT"
+    assert (await meta(api, ann, group)).json()["summary"] == {"i-1": "hello team"}
