@@ -72,7 +72,11 @@ async def import_legacy(rt: Runtime, bot_id: str, legacy: list[LegacyEntry]) -> 
         )
         return Applied(version, tuple(ids), now, tuple(removed))
 
-    return await write(rt.driver, work)
+    applied = await write(rt.driver, work)
+    # Announced like every change (ids only, E4): each process's view of the memory version moves
+    # on, though nobody may see these entries (V9).
+    await publish_change(rt, bot_id, applied)
+    return applied
 
 
 async def relabel_all(rt: Runtime, bot_id: str) -> int:

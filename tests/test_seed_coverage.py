@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -311,9 +311,26 @@ async def test_import_legacy_loads_hidden_entries_logged_as_promotion(
     ]
     legacy = tmp_path / "legacy.jsonl"
     legacy.write_text("\n".join(json.dumps(line) for line in lines) + "\n", encoding="utf-8")
-    status = await asyncio.to_thread(cli.main, ["import-legacy", w.bot, str(legacy)])
-    out = capsys.readouterr()
-    assert status == 0, out.err
+    announced = runtime.redis.pubsub()
+    await announced.subscribe(f"botmemory:changes:{w.bot}")
+    try:
+        status = await asyncio.to_thread(cli.main, ["import-legacy", w.bot, str(legacy)])
+        out = capsys.readouterr()
+        assert status == 0, out.err
+        # Announced to every API process like any change: ids only, no content (E4).
+        data: bytes | None = None
+        for _ in range(100):
+            message = cast(
+                dict[str, Any] | None,
+                await announced.get_message(ignore_subscribe_messages=True, timeout=0.1),
+            )
+            if message is not None:
+                data = message["data"]
+                break
+    finally:
+        await announced.aclose()  # type: ignore[no-untyped-call]
+    assert data is not None, "the import was not announced"
+    sent = json.loads(data)
     assert out.out.startswith("imported 3 legacy entries")
     # One change of the memory, logged with the actor promotion and every imported id (C2).
     records, _, _ = await runtime.driver.execute_query(
@@ -331,6 +348,8 @@ async def test_import_legacy_loads_hidden_entries_logged_as_promotion(
     )
     stored = {r["e"]["id"]: dict(r["e"]) for r in records}
     assert sorted(stored) == sorted(change["entryIds"])
+    assert (sent["botId"], sent["version"], sorted(sent["ids"])) == (w.bot, 1, sorted(stored))
+    assert b"Oslo" not in data
     imported = sorted(
         (cipher.decrypt(Kind.ENTRY, e["id"], e["content"]), e["layer"], e["tags"], e["status"], e["legacy"])
         for e in stored.values()
