@@ -15,16 +15,19 @@ from schema.types import (
     Bot,
     Channel,
     Chat,
+    ChatMeta,
     CreatePersonPayload,
     IssuedToken,
     Item,
     ItemInput,
+    MetaEntryInput,
     Organization,
     Person,
     TokenRef,
     Turn,
 )
-from services import chats, provisioning, turns
+from services import chats, conversation, provisioning, turns
+from services.errors import BadInput
 
 
 @strawberry.type
@@ -51,6 +54,22 @@ class Mutation(MemoryMutation, MemoryBotMutation):
             bot_memory_model=None if bot_memory_model is strawberry.UNSET else bot_memory_model,
         )
         return Organization.of(org)
+
+    @strawberry.mutation(
+        description="Set a chat's conversation meta (seed 004, D9.30): its owner only. `create`: only "
+        "when it has none yet (else CONFLICT); otherwise only when it has (else NOT_FOUND). The entries "
+        "become the chat's summary, which the context pack, the Bot and the next compression read."
+    )
+    async def set_chat_meta(
+        self, info: Info, chat_id: strawberry.ID, summary: list[MetaEntryInput], create: bool = False
+    ) -> ChatMeta:
+        pairs = {entry.key: entry.text for entry in summary}
+        if len(pairs) != len(summary):
+            raise BadInput("summary names a key twice", field="summary")
+        found = await conversation.set_chat_meta(
+            info.context.runtime, await info.context.principal(), str(chat_id), pairs, create=create
+        )
+        return ChatMeta.of(found)
 
     @strawberry.mutation
     async def create_person(

@@ -11,6 +11,8 @@ from schema.types import (
     Bot,
     Channel,
     Chat,
+    ChatMeta,
+    ChatMetaPage,
     ContextPack,
     Item,
     MemoryContext,
@@ -50,6 +52,26 @@ class Query(MemoryQuery, MemoryBotQuery):
             last_messages=[Item.of(i) for i in pack.last_messages],
             memory=MemoryContext(text=pack.memory.text, ids=[strawberry.ID(i) for i in pack.memory.ids]),
         )
+
+    @strawberry.field(
+        description="A chat's conversation meta (seed 004, D9.30), for its people; NOT_FOUND while it "
+        "has none (no summary and no message yet)."
+    )
+    async def chat_meta(self, info: Info, chat_id: strawberry.ID) -> ChatMeta:
+        found = await conversation.chat_meta(
+            info.context.runtime, await info.context.principal(), str(chat_id)
+        )
+        return ChatMeta.of(found)
+
+    @strawberry.field(
+        description="The conversation meta of your chats that have one, newest chat first (seed 004, "
+        "D9.30): `limit` from `skip`, and how many there are."
+    )
+    async def chat_metas(self, info: Info, limit: int = 50, skip: int = 0) -> ChatMetaPage:
+        found, total = await conversation.chat_metas(
+            info.context.runtime, await info.context.principal(), limit=limit, skip=skip
+        )
+        return ChatMetaPage(data=[ChatMeta.of(m) for m in found], total=total)
 
     @strawberry.field
     async def organization(self, info: Info, id: strawberry.ID) -> Organization:

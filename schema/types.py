@@ -7,7 +7,7 @@ from typing import NewType
 import strawberry
 
 from schema.context import Info
-from services import domain
+from services import conversation, domain
 
 Long = NewType("Long", int)
 LONG_SCALAR = strawberry.scalar(
@@ -227,6 +227,41 @@ class Preference:
 class MemoryContext:
     text: str
     ids: list[strawberry.ID]
+
+
+@strawberry.type(description="One key of a chat's conversation meta and its text (seed 004, D9.30).")
+class MetaEntry:
+    key: str
+    text: str
+
+
+@strawberry.input(description="One key of a chat's conversation meta and its text (seed 004, D9.30).")
+class MetaEntryInput:
+    key: str = strawberry.field(description="1–200 characters; not a message id such as i-3.")
+    text: str
+
+
+@strawberry.type(
+    description="Seed 004's conversation meta of a chat (D9.30): its summary — the worker's text "
+    "under the key `summary`, or what its owner set — then `i-N` → the text of the latest messages "
+    "after it (under ~20,000 characters the summary is these messages alone)."
+)
+class ChatMeta:
+    chat_id: strawberry.ID
+    summary: list[MetaEntry]
+
+    @classmethod
+    def of(cls, meta: conversation.ChatMeta) -> ChatMeta:
+        return cls(
+            chat_id=strawberry.ID(meta.chat_id),
+            summary=[MetaEntry(key=key, text=text) for key, text in meta.summary.items()],
+        )
+
+
+@strawberry.type(description="The conversation meta of the chats you may read that have one, newest first.")
+class ChatMetaPage:
+    data: list[ChatMeta]
+    total: int
 
 
 @strawberry.type

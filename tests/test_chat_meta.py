@@ -182,3 +182,47 @@ async def test_meta_access_and_bad_input(api: Api) -> None:
     assert code(malformed) == "BAD_INPUT"
     assert code(await api.http.get("/v1/chats/meta?limit=0", headers=bearer(ann))) == "BAD_INPUT"
     assert (await meta(api, ann, group)).json()["summary"] == {"i-1": "hello team"}
+
+
+SET = (
+    "mutation($c: ID!, $s: [MetaEntryInput!]!, $create: Boolean) {"
+    " setChatMeta(chatId: $c, summary: $s, create: $create) { chatId summary { key text } } }"
+)
+GET = "query($c: ID!) { chatMeta(chatId: $c) { chatId summary { key text } } }"
+LIST = "query($l: Int, $s: Int) { chatMetas(limit: $l, skip: $s) { total data { chatId summary { key text } } } }"
+
+
+def pairs(**texts: str) -> list[dict[str, str]]:
+    return [{"key": key, "text": text} for key, text in texts.items()]
+
+
+async def test_graphql_reads_and_sets_the_same_meta(api: Api) -> None:
+    """GraphQL's ``chatMeta``, ``chatMetas`` and ``setChatMeta`` are the REST routes' twins (D9.30):
+    the map as ordered key/text pairs, the same checks, the same codes."""
+    w = await make_world(api, ("ann", "bob"), channel=("ann", "bob"))
+    ann, bob = w.tokens["ann"], w.tokens["bob"]
+    chat = await api.chat(ann, w.bot, channel=w.channel)
+    assert await api.codes(GET, {"c": chat}, ann) == ["NOT_FOUND"]
+    assert await api.codes(SET, {"c": chat, "s": pairs(a="b")}, ann) == ["NOT_FOUND"]
+    made = await api.gql(SET, {"c": chat, "s": pairs(plan="Lyon", day="Friday"), "create": True}, ann)
+    assert made["setChatMeta"] == {"chatId": chat, "summary": pairs(plan="Lyon", day="Friday")}
+    assert await api.codes(SET, {"c": chat, "s": pairs(a="b"), "create": True}, ann) == ["CONFLICT"]
+    assert await api.codes(SET, {"c": chat, "s": pairs(a="b")}, bob) == ["FORBIDDEN"]
+    twice = [{"key": "a", "text": "1"}, {"key": "a", "text": "2"}]
+    assert await api.codes(SET, {"c": chat, "s": twice}, ann) == ["BAD_INPUT"]
+    assert await api.codes(SET, {"c": chat, "s": pairs(**{"i-1": "x"})}, ann) == ["BAD_INPUT"]
+    await api.turn(bob, chat, "Friday works")
+    read = await api.gql(GET, {"c": chat}, bob)
+    assert read["chatMeta"]["summary"] == [
+        *pairs(plan="Lyon", day="Friday"),
+        {"key": "i-1", "text": "Friday works"},
+    ]
+    # REST shows the same map.
+    assert (await meta(api, bob, chat)).json()["summary"] == {
+        "plan": "Lyon",
+        "day": "Friday",
+        "i-1": "Friday works",
+    }
+    listed = await api.gql(LIST, {"l": 10, "s": 0}, bob)
+    assert listed["chatMetas"] == {"total": 1, "data": [read["chatMeta"]]}
+    assert await api.codes(LIST, {"l": 0, "s": 0}, bob) == ["BAD_INPUT"]

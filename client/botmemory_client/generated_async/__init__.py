@@ -4,6 +4,8 @@ from .add_items import AddItems, AddItemsAddItems
 from .async_base_client import AsyncBaseClient
 from .base_model import BaseModel
 from .chat_messages import ChatMessages, ChatMessagesChat, ChatMessagesChatMessages
+from .chat_meta import ChatMeta, ChatMetaChatMeta
+from .chat_metas import ChatMetas, ChatMetasChatMetas, ChatMetasChatMetasData
 from .client import Client
 from .complete_turn import CompleteTurn, CompleteTurnCompleteTurn
 from .confide import Confide, ConfideConfide
@@ -48,6 +50,8 @@ from .exceptions import (
 )
 from .forget import Forget, ForgetForget
 from .fragments import (
+    ChatMetaFields,
+    ChatMetaFieldsSummary,
     ItemFields,
     MemoryEntryFields,
     MemoryEntryFieldsSources,
@@ -58,7 +62,7 @@ from .fragments import (
     TurnFields,
 )
 from .grant_bot import GrantBot, GrantBotGrantBot
-from .input_types import BudgetInput, ItemInput
+from .input_types import BudgetInput, ItemInput, MetaEntryInput
 from .me import Me, MeMe
 from .memory import Memory, MemoryMemory, MemoryMemoryEntries
 from .memory_changes import (
@@ -71,6 +75,7 @@ from .remember import Remember, RememberRemember, RememberRememberEntry
 from .search import Search, SearchSearch, SearchSearchEntry
 from .send_message import SendMessage, SendMessageSendMessage
 from .set_channel_members import SetChannelMembers, SetChannelMembersSetChannelMembers
+from .set_chat_meta import SetChatMeta, SetChatMetaSetChatMeta
 from .start_turn import StartTurn, StartTurnStartTurn
 from .turn_events import TurnEvents, TurnEventsTurnEvents
 from .update_organization import (
@@ -89,6 +94,13 @@ __all__ = [
     "ChatMessages",
     "ChatMessagesChat",
     "ChatMessagesChatMessages",
+    "ChatMeta",
+    "ChatMetaChatMeta",
+    "ChatMetaFields",
+    "ChatMetaFieldsSummary",
+    "ChatMetas",
+    "ChatMetasChatMetas",
+    "ChatMetasChatMetasData",
     "Client",
     "CompleteTurn",
     "CompleteTurnCompleteTurn",
@@ -144,6 +156,7 @@ __all__ = [
     "MemoryLogMemoryLogChanges",
     "MemoryMemory",
     "MemoryMemoryEntries",
+    "MetaEntryInput",
     "NeighbourhoodFields",
     "NeighbourhoodFieldsEntries",
     "NeighbourhoodFieldsEntriesEntry",
@@ -158,6 +171,8 @@ __all__ = [
     "SendMessageSendMessage",
     "SetChannelMembers",
     "SetChannelMembersSetChannelMembers",
+    "SetChatMeta",
+    "SetChatMetaSetChatMeta",
     "StartTurn",
     "StartTurnStartTurn",
     "TurnEvents",

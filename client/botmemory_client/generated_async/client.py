@@ -8,6 +8,8 @@ from .add_items import AddItems, AddItemsAddItems
 from .async_base_client import AsyncBaseClient
 from .base_model import UNSET, UnsetType
 from .chat_messages import ChatMessages, ChatMessagesChat
+from .chat_meta import ChatMeta, ChatMetaChatMeta
+from .chat_metas import ChatMetas, ChatMetasChatMetas
 from .complete_turn import CompleteTurn, CompleteTurnCompleteTurn
 from .confide import Confide, ConfideConfide
 from .context import Context, ContextContext
@@ -28,7 +30,7 @@ from .entry import Entry, EntryEntry
 from .enums import Access
 from .forget import Forget, ForgetForget
 from .grant_bot import GrantBot, GrantBotGrantBot
-from .input_types import ItemInput
+from .input_types import ItemInput, MetaEntryInput
 from .me import Me, MeMe
 from .memory import Memory, MemoryMemory
 from .memory_changes import MemoryChanges, MemoryChangesMemoryChanges
@@ -37,6 +39,7 @@ from .remember import Remember, RememberRemember
 from .search import Search, SearchSearch
 from .send_message import SendMessage, SendMessageSendMessage
 from .set_channel_members import SetChannelMembers, SetChannelMembersSetChannelMembers
+from .set_chat_meta import SetChatMeta, SetChatMetaSetChatMeta
 from .start_turn import StartTurn, StartTurnStartTurn
 from .turn_events import TurnEvents, TurnEventsTurnEvents
 from .update_organization import (
@@ -334,6 +337,93 @@ class Client(AsyncBaseClient):
         )
         data = self.get_data(response)
         return ContextPack.model_validate(data).context_pack
+
+    async def chat_meta(self, chat_id: str, **kwargs: Any) -> ChatMetaChatMeta:
+        query = gql("""
+            query ChatMeta($chatId: ID!) {
+              chatMeta(chatId: $chatId) {
+                ...ChatMetaFields
+              }
+            }
+
+            fragment ChatMetaFields on ChatMeta {
+              chatId
+              summary {
+                key
+                text
+              }
+            }
+            """)
+        variables: dict[str, object] = {"chatId": chat_id}
+        response = await self.execute(
+            query=query, operation_name="ChatMeta", variables=variables, **kwargs
+        )
+        data = self.get_data(response)
+        return ChatMeta.model_validate(data).chat_meta
+
+    async def chat_metas(
+        self,
+        limit: Union[Optional[int], UnsetType] = UNSET,
+        skip: Union[Optional[int], UnsetType] = UNSET,
+        **kwargs: Any,
+    ) -> ChatMetasChatMetas:
+        query = gql("""
+            query ChatMetas($limit: Int, $skip: Int) {
+              chatMetas(limit: $limit, skip: $skip) {
+                total
+                data {
+                  ...ChatMetaFields
+                }
+              }
+            }
+
+            fragment ChatMetaFields on ChatMeta {
+              chatId
+              summary {
+                key
+                text
+              }
+            }
+            """)
+        variables: dict[str, object] = {"limit": limit, "skip": skip}
+        response = await self.execute(
+            query=query, operation_name="ChatMetas", variables=variables, **kwargs
+        )
+        data = self.get_data(response)
+        return ChatMetas.model_validate(data).chat_metas
+
+    async def set_chat_meta(
+        self,
+        chat_id: str,
+        summary: list[MetaEntryInput],
+        create: Union[Optional[bool], UnsetType] = UNSET,
+        **kwargs: Any,
+    ) -> SetChatMetaSetChatMeta:
+        query = gql("""
+            mutation SetChatMeta($chatId: ID!, $summary: [MetaEntryInput!]!, $create: Boolean) {
+              setChatMeta(chatId: $chatId, summary: $summary, create: $create) {
+                ...ChatMetaFields
+              }
+            }
+
+            fragment ChatMetaFields on ChatMeta {
+              chatId
+              summary {
+                key
+                text
+              }
+            }
+            """)
+        variables: dict[str, object] = {
+            "chatId": chat_id,
+            "summary": summary,
+            "create": create,
+        }
+        response = await self.execute(
+            query=query, operation_name="SetChatMeta", variables=variables, **kwargs
+        )
+        data = self.get_data(response)
+        return SetChatMeta.model_validate(data).set_chat_meta
 
     async def memory(
         self,

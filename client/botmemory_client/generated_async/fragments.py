@@ -9,6 +9,16 @@ from .base_model import BaseModel
 from .enums import ItemKind
 
 
+class ChatMetaFields(BaseModel):
+    chat_id: str = Field(alias="chatId")
+    summary: list["ChatMetaFieldsSummary"]
+
+
+class ChatMetaFieldsSummary(BaseModel):
+    key: str
+    text: str
+
+
 class ItemFields(BaseModel):
     id: str
     chat_id: str = Field(alias="chatId")
@@ -74,6 +84,7 @@ class TurnFields(BaseModel):
     completed_at: Optional[int] = Field(alias="completedAt")
 
 
+ChatMetaFields.model_rebuild()
 ItemFields.model_rebuild()
 MemoryEntryFields.model_rebuild()
 NeighbourhoodFields.model_rebuild()

@@ -4,6 +4,8 @@ from .add_items import AddItems, AddItemsAddItems
 from .base_client import BaseClient
 from .base_model import BaseModel
 from .chat_messages import ChatMessages, ChatMessagesChat, ChatMessagesChatMessages
+from .chat_meta import ChatMeta, ChatMetaChatMeta
+from .chat_metas import ChatMetas, ChatMetasChatMetas, ChatMetasChatMetasData
 from .client import Client
 from .complete_turn import CompleteTurn, CompleteTurnCompleteTurn
 from .confide import Confide, ConfideConfide
@@ -48,6 +50,8 @@ from .exceptions import (
 )
 from .forget import Forget, ForgetForget
 from .fragments import (
+    ChatMetaFields,
+    ChatMetaFieldsSummary,
     ItemFields,
     MemoryEntryFields,
     MemoryEntryFieldsSources,
@@ -58,7 +62,7 @@ from .fragments import (
     TurnFields,
 )
 from .grant_bot import GrantBot, GrantBotGrantBot
-from .input_types import BudgetInput, ItemInput
+from .input_types import BudgetInput, ItemInput, MetaEntryInput
 from .me import Me, MeMe
 from .memory import Memory, MemoryMemory, MemoryMemoryEntries
 from .memory_log import MemoryLog, MemoryLogMemoryLog, MemoryLogMemoryLogChanges
@@ -66,6 +70,7 @@ from .remember import Remember, RememberRemember, RememberRememberEntry
 from .search import Search, SearchSearch, SearchSearchEntry
 from .send_message import SendMessage, SendMessageSendMessage
 from .set_channel_members import SetChannelMembers, SetChannelMembersSetChannelMembers
+from .set_chat_meta import SetChatMeta, SetChatMetaSetChatMeta
 from .start_turn import StartTurn, StartTurnStartTurn
 from .update_organization import (
     UpdateOrganization,
@@ -83,6 +88,13 @@ __all__ = [
     "ChatMessages",
     "ChatMessagesChat",
     "ChatMessagesChatMessages",
+    "ChatMeta",
+    "ChatMetaChatMeta",
+    "ChatMetaFields",
+    "ChatMetaFieldsSummary",
+    "ChatMetas",
+    "ChatMetasChatMetas",
+    "ChatMetasChatMetasData",
     "Client",
     "CompleteTurn",
     "CompleteTurnCompleteTurn",
@@ -135,6 +147,7 @@ __all__ = [
     "MemoryLogMemoryLogChanges",
     "MemoryMemory",
     "MemoryMemoryEntries",
+    "MetaEntryInput",
     "NeighbourhoodFields",
     "NeighbourhoodFieldsEntries",
     "NeighbourhoodFieldsEntriesEntry",
@@ -149,6 +162,8 @@ __all__ = [
     "SendMessageSendMessage",
     "SetChannelMembers",
     "SetChannelMembersSetChannelMembers",
+    "SetChatMeta",
+    "SetChatMetaSetChatMeta",
     "StartTurn",
     "StartTurnStartTurn",
     "TurnFields",

@@ -18,3 +18,11 @@ class ItemInput(BaseModel):
     kind: ItemKind
     text: str
     app: Optional[str] = None
+
+
+class MetaEntryInput(BaseModel):
+    """One key of a chat's conversation meta and its text (seed 004, D9.30)."""
+
+    key: str
+    "1–200 characters; not a message id such as i-3."
+    text: str
