@@ -159,8 +159,9 @@ class MetasRow(TypedDict):
 
 #: A caller's summary map (D9.30), saved as the Chat's summary covering every Item so far —
 #: ``$create``: only when the Chat has no meta yet, else only when it has (no row otherwise). The
-#: Chat is locked first, so two creations never both pass; a compression in flight then finds
-#: its compare-and-set stale.
+#: Chat is locked before the check, so a second creation waits for one in flight and then finds
+#: it, whatever plan Neo4j picks for the lookup; a compression in flight finds its
+#: compare-and-set stale.
 SET_META: Final[LiteralString] = """
 MATCH (ch:Chat {id: $chatId})
 CALL apoc.lock.nodes([ch])

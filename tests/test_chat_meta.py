@@ -4,14 +4,22 @@ summary after — listed for the caller's Chats, read by the Chat's people, set 
 
 from __future__ import annotations
 
+import asyncio
+import json
 from typing import Any
 
 import httpx
 import pytest
+from neo4j import AsyncManagedTransaction
 
+from graph import conversation as conversation_q
+from graph.driver import write
+from services.conversation import META_KINDS
+from services.crypto import Kind
+from services.memory import cipher_of
 from services.runtime import Runtime
 from tests.client import Api, make_world
-from tests.learning_helpers import add_items, long_turn, memory_world
+from tests.learning_helpers import add_items, long_turn, memory_world, until_a_transaction_waits_for_a_lock
 from tests.memory_helpers import sealed
 from tests.model_server import ModelServer, Reply
 from tests.waiting import until
@@ -226,3 +234,33 @@ async def test_graphql_reads_and_sets_the_same_meta(api: Api) -> None:
     listed = await api.gql(LIST, {"l": 10, "s": 0}, bob)
     assert listed["chatMetas"] == {"total": 1, "data": [read["chatMeta"]]}
     assert await api.codes(LIST, {"l": 0, "s": 0}, bob) == ["BAD_INPUT"]
+
+
+async def test_a_creation_behind_one_in_flight_finds_it_and_conflicts(api: Api, runtime: Runtime) -> None:
+    """Concurrent edits: a creation that runs while another one is still open waits for it, then
+    finds what it wrote (no row: CONFLICT) instead of overwriting it — the first meta stays."""
+    w = await make_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    cipher = await cipher_of(runtime, w.bot)
+
+    def fields(by: str) -> dict[str, Any]:
+        text = cipher.encrypt(Kind.CHAT_SUMMARY, chat, json.dumps({"by": by}))
+        return {"chatId": chat, "kinds": META_KINDS, "create": True, "text": text, "chars": 6, "now": 0}
+
+    wrote, release = asyncio.Event(), asyncio.Event()
+
+    async def first(tx: AsyncManagedTransaction) -> bool:
+        saved = await conversation_q.set_meta(tx, **fields("first"))
+        wrote.set()
+        await release.wait()  # the transaction stays open, its locks held
+        return saved
+
+    held = asyncio.create_task(write(runtime.driver, first))
+    await wrote.wait()
+    behind = asyncio.create_task(
+        write(runtime.driver, lambda tx: conversation_q.set_meta(tx, **fields("second")))
+    )
+    await until_a_transaction_waits_for_a_lock(runtime)
+    release.set()
+    assert (await held, await behind) == (True, False)
+    assert (await meta(api, w.tokens["ann"], chat)).json()["summary"] == {"by": "first"}
