@@ -54,12 +54,17 @@ RETURN ch {.*} AS chat, b.keyMaster AS keyMaster, b.keyWrapped AS keyWrapped,
 """
 
 
-class ChatForRow(TypedDict):
-    """CHAT_FOR, CHATS_FOR."""
+class ChatKeyRow(TypedDict):
+    """A Chat with its Bot's wrapped key: what decrypting the Chat's texts needs."""
 
     chat: ChatNode
     keyMaster: str
     keyWrapped: bytes
+
+
+class ChatForRow(ChatKeyRow):
+    """CHAT_FOR, CHATS_FOR."""
+
     isPerson: bool
 
 

@@ -10,7 +10,7 @@ from typing import Any, Final, LiteralString, NotRequired, TypedDict
 
 from neo4j import AsyncManagedTransaction
 
-from graph.chats import ChatNode
+from graph.chats import ChatKeyRow
 from graph.driver import Ciphertext, rows, single
 
 SUMMARY: Final[LiteralString] = "MATCH (s:ChatSummary {chatId: $chatId}) RETURN s {.*} AS summary"
@@ -125,10 +125,7 @@ class RecentItem(TypedDict):
     textLength: int
 
 
-class MetaRow(TypedDict):
-    chat: ChatNode
-    keyMaster: str
-    keyWrapped: bytes
+class MetaRow(ChatKeyRow):
     summary: SummaryNode | None
     recent: list[RecentItem]
 

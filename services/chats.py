@@ -18,7 +18,7 @@ from services.runtime import Runtime, now_ms
 from services.validation import check_id, check_page
 
 
-def chat_cipher(rt: Runtime, row: chats_q.ChatForRow) -> Cipher:
+def chat_cipher(rt: Runtime, row: chats_q.ChatKeyRow) -> Cipher:
     """The Cipher of the Chat's Bot (its Items are encrypted with it, E1)."""
     return rt.cipher(row["chat"]["botId"], row["keyMaster"], row["keyWrapped"])
 
@@ -144,13 +144,13 @@ def _unreadable(principal: Principal, row: ChatForRow | None) -> ServiceError:
     return NotFound("chat not found")
 
 
-async def readable_chat(rt: Runtime, principal: Principal, chat_id: str) -> chats_q.ChatForRow:
-    """The Chat with its Bot's key when the caller is one of its people (D9.6); else NOT_FOUND (a
-    platform token of its organization: FORBIDDEN, saying what it may call)."""
+async def readable_chat(
+    tx: AsyncManagedTransaction, principal: Principal, chat_id: str
+) -> chats_q.ChatForRow:
+    """In ``tx``: the Chat with its Bot's key when the caller is one of its people (D9.6); else
+    NOT_FOUND (a platform token of its organization: FORBIDDEN, saying what it may call)."""
     check_id(chat_id, "chatId")
-    row = await read(
-        rt.driver, lambda tx: chats_q.chat_for(tx, chat_id=chat_id, person_id=principal.person_id)
-    )
+    row = await chats_q.chat_for(tx, chat_id=chat_id, person_id=principal.person_id)
     if row is None or not _readable(principal, row):
         raise _unreadable(principal, row)
     return row

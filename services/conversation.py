@@ -132,7 +132,7 @@ class ChatMeta:
 
 def _meta_of(rt: Runtime, row: conversation_q.MetaRow) -> ChatMeta:
     chat_id = row["chat"]["id"]
-    cipher = rt.cipher(row["chat"]["botId"], row["keyMaster"], row["keyWrapped"])
+    cipher = chats.chat_cipher(rt, row)
     summary = summary_map(cipher, chat_id, row["summary"])
     room = rt.settings.summary_threshold_chars
     recent: list[conversation_q.RecentItem] = []
@@ -149,10 +149,12 @@ def _meta_of(rt: Runtime, row: conversation_q.MetaRow) -> ChatMeta:
 async def chat_meta(rt: Runtime, principal: Principal, chat_id: str) -> ChatMeta:
     """The Chat's meta, for its people (D9.6); NOT_FOUND when it has none yet (no summary and no
     message), as for a Chat the caller may not read."""
-    await chats.readable_chat(rt, principal, chat_id)
-    rows = await read(
-        rt.driver, lambda tx: conversation_q.meta(tx, chat_ids=[chat_id], kinds=META_KINDS, limit=META_ITEMS)
-    )
+
+    async def work(tx: AsyncManagedTransaction) -> list[conversation_q.MetaRow]:
+        await chats.readable_chat(tx, principal, chat_id)
+        return await conversation_q.meta(tx, chat_ids=[chat_id], kinds=META_KINDS, limit=META_ITEMS)
+
+    rows = await read(rt.driver, work)
     found = _meta_of(rt, rows[0]) if rows else None
     if found is None or not found.summary:
         raise NotFound("this chat has no meta yet; create it with POST")
@@ -207,7 +209,7 @@ async def set_chat_meta(
     and covers every message so far, so the meta is that map until the next messages. ``create``:
     CONFLICT when the Chat has meta already; else NOT_FOUND when it has none."""
     checked = _checked_map(summary, rt.settings.summary_threshold_chars)
-    row = await chats.readable_chat(rt, principal, chat_id)
+    row = await read(rt.driver, lambda tx: chats.readable_chat(tx, principal, chat_id))
     if row["chat"]["ownerId"] != principal.person_id:
         raise Forbidden("only the chat's owner sets its meta")
     plain = json.dumps(checked, ensure_ascii=False)

@@ -19,6 +19,11 @@ class GraphQLErrors(AssertionError):
         return [e.get("extensions", {}).get("code") for e in self.errors]
 
 
+def bearer(token: str) -> dict[str, str]:
+    """The REST and GraphQL authorization header of a token."""
+    return {"Authorization": f"Bearer {token}"}
+
+
 @dataclass
 class Api:
     http: httpx.AsyncClient
@@ -27,7 +32,7 @@ class Api:
     async def raw(
         self, query: str, variables: dict[str, Any] | None = None, token: str | None = None
     ) -> dict[str, Any]:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        headers = bearer(token) if token else {}
         response = await self.http.post(
             "/graphql", json={"query": query, "variables": variables or {}}, headers=headers
         )

@@ -10,7 +10,7 @@ from typing import Any
 
 from graph.learning import ENDS
 from services.runtime import Runtime
-from tests.client import Api, World, make_world
+from tests.client import Api, World, bearer, make_world
 from tests.conftest import TEST_MODEL
 from tests.model_server import Reply, ToolCall
 from tests.waiting import until
@@ -146,7 +146,7 @@ async def wait_summary(api: Api, token: str, chat: str, within: float = 10) -> s
     """The Chat's rolling summary as its context pack shows it, once the worker wrote one."""
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
-        answer = await api.http.get(f"/v1/chats/{chat}/context", headers={"Authorization": f"Bearer {token}"})
+        answer = await api.http.get(f"/v1/chats/{chat}/context", headers=bearer(token))
         summary = answer.json()["summary"]
         if summary is not None:
             return summary

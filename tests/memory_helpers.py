@@ -8,7 +8,7 @@ from typing import Any
 from services.changes import AddFact, AddObservation, Applied, ItemRef, MemoryChange
 from services.runtime import Runtime
 from services.writepath import apply_changes
-from tests.client import Api
+from tests.client import Api, bearer
 
 
 async def said(api: Api, token: str, chat: str, text: str) -> tuple[str, str]:
@@ -40,17 +40,13 @@ async def apply(rt: Runtime, bot: str, *changes: MemoryChange) -> Applied:
 async def visible(api: Api, token: str, bot: str, tags: str | None = None) -> dict[str, Any]:
     """GET memory over REST: {id: entry}."""
     query = f"?tags={tags}" if tags else ""
-    response = await api.http.get(
-        f"/v1/bots/{bot}/memory{query}", headers={"Authorization": f"Bearer {token}"}
-    )
+    response = await api.http.get(f"/v1/bots/{bot}/memory{query}", headers=bearer(token))
     assert response.status_code == 200, response.text
     return {e["id"]: e for e in response.json()["entries"]}
 
 
 async def command(api: Api, token: str, bot: str, body: dict[str, Any]) -> Any:
-    return await api.http.post(
-        f"/v1/bots/{bot}/memory", json={"command": body}, headers={"Authorization": f"Bearer {token}"}
-    )
+    return await api.http.post(f"/v1/bots/{bot}/memory", json={"command": body}, headers=bearer(token))
 
 
 def sealed(stored: Any) -> bytes:

@@ -18,17 +18,13 @@ from services.conversation import META_KINDS
 from services.crypto import Kind
 from services.memory import cipher_of
 from services.runtime import Runtime
-from tests.client import Api, make_world
+from tests.client import Api, bearer, make_world
 from tests.learning_helpers import add_items, long_turn, memory_world, until_a_transaction_waits_for_a_lock
 from tests.memory_helpers import sealed
 from tests.model_server import ModelServer, Reply
 from tests.waiting import until
 
 pytestmark = pytest.mark.usefixtures("learning_worker")
-
-
-def bearer(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
 
 
 async def meta(api: Api, token: str, chat: str) -> httpx.Response:

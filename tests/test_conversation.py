@@ -9,17 +9,13 @@ from typing import Any
 import pytest
 
 from services.runtime import Runtime
-from tests.client import Api
+from tests.client import Api, bearer
 from tests.conftest import WorkerProcess
 from tests.learning_helpers import long_turn, memory_world, until_logged, wait_summary
 from tests.memory_helpers import fact, said, sealed
 from tests.model_server import ModelServer, Reply, ToolCall
 
 pytestmark = pytest.mark.usefixtures("learning_worker")
-
-
-def bearer(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
 
 
 async def pack(api: Api, token: str, chat: str) -> Any:

@@ -17,7 +17,7 @@ from services.crypto import Kind
 from services.memory import cipher_of
 from services.runtime import Runtime
 from services.settings import Settings
-from tests.client import Api
+from tests.client import Api, bearer
 from tests.conftest import ApiProcess
 from tests.learning_helpers import (
     complete,
@@ -34,10 +34,6 @@ from tests.memory_helpers import command, fact, said, sealed
 from tests.model_server import ModelServer, Reply
 
 pytestmark = pytest.mark.usefixtures("learning_worker")
-
-
-def bearer(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
 
 
 async def settings_of(api: Api, token: str, bot: str) -> dict[str, Any]:

@@ -13,13 +13,9 @@ from openapi_spec_validator import validate
 
 from botmemory import rest
 from services.runtime import Runtime
-from tests.client import Api, make_world
+from tests.client import Api, bearer, make_world
 from tests.learning_helpers import memory_world
 from tests.memory_helpers import command, fact, observation, said
-
-
-def bearer(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
 
 
 async def spec_of(api: Api) -> dict[str, Any]:

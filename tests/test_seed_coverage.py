@@ -17,7 +17,7 @@ from learning.gateway import FIXED_CALM_ANSWER
 from services.crypto import Kind
 from services.memory import cipher_of
 from services.runtime import Runtime
-from tests.client import Api, make_world
+from tests.client import Api, bearer, make_world
 from tests.conftest import TEST_MODEL, WorkerProcess
 from tests.learning_helpers import (
     add_items,
@@ -34,10 +34,6 @@ from tests.memory_helpers import command, fact, said, visible
 from tests.model_server import ModelServer, Reply, ToolCall
 
 pytestmark = pytest.mark.usefixtures("learning_worker")
-
-
-def bearer(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
 
 
 async def link(api: Api, bot: str, org: str) -> None:
