@@ -249,16 +249,20 @@ class QueryEmbedder(PoolEmbedder):
 # --- the unchecked retrieval -----------------------------------------------------------------------
 
 #: ``graph.search.SEARCH`` without the shared lock, the catch-up seek and VISIBLE: the same walk
-#: of the candidates by node id (the first ``$limit`` active ones), the same memory-order fill seek per
+#: of the candidates by node id (the first ``$limit`` active ones, lazily), the same memory-order fill seek per
 #: key of the reader (unchecked) and the same ranking, one auto-commit statement.
 _RAW_HEAD: Final = (
     """
 MATCH (m:Memory {id: $botId})
 CALL () {
-  UNWIND range(0, size($cands) - 1) AS i
-  MATCH (e:Entry) WHERE elementId(e) = $nodes[i]
-  WITH e, i WHERE e.id = $cands[i] AND e.botId = $botId AND e.activeKey IS NOT NULL
-  WITH e, i ORDER BY i LIMIT $limit
+  CALL () {
+    UNWIND range(0, size($cands) - 1) AS i
+    MATCH (e:Entry) WHERE elementId(e) = $nodes[i]
+    WITH e, i WHERE e.id = $cands[i] AND e.botId = $botId AND e.activeKey IS NOT NULL
+    RETURN e, i
+    LIMIT $limit
+  }
+  WITH e, i ORDER BY i
   RETURN collect(e) AS hits, collect($scores[i]) AS hitScores
 }
 CALL (hits) {

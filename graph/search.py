@@ -80,21 +80,28 @@ CALL (m) {
 #: holds for it (``$nodes``, parallel: a direct seek, several times cheaper than the id index) and
 #: counts only when that node is the entry (its id and Bot); ``lost`` are the places of those it
 #: did not find so (the entry was purged, or its node id is unknown or stale: the caller looks
-#: them up by id and asks again).
+#: them up by id and asks again). The walk is lazy: the runtime pulls one candidate at a time
+#: and stops at the ``$limit``-th that passes or is lost, so candidates past it cost only their
+#: place in the parameters.
 _HITS: Final[LiteralString] = (
     """
 CALL (readers, org) {
-  UNWIND range(0, size($cands) - 1) AS i
-  OPTIONAL MATCH (x:Entry) WHERE elementId(x) = $nodes[i]
-  WITH readers, org, i, CASE WHEN x.id = $cands[i] AND x.botId = $botId THEN x END AS e
-  WITH i, e, e IS NOT NULL AND e.activeKey IS NOT NULL AND """
+  CALL (readers, org) {
+    UNWIND range(0, size($cands) - 1) AS i
+    OPTIONAL MATCH (x:Entry) WHERE elementId(x) = $nodes[i]
+    WITH readers, org, i, CASE WHEN x.id = $cands[i] AND x.botId = $botId THEN x END AS e
+    WITH readers, org, i, e
+    WHERE e IS NULL OR (e.activeKey IS NOT NULL AND """
     + VISIBLE
-    + """ AS passed
-  ORDER BY i
-  WITH collect(CASE WHEN e IS NULL THEN i END) AS lost,
-       collect(CASE WHEN passed THEN [i, e] END)[0..$limit] AS passing
+    + """)
+    RETURN i, e
+    LIMIT $limit
+  }
+  WITH i, e ORDER BY i
+  WITH collect(CASE WHEN e IS NULL THEN i END) AS lost, collect(CASE WHEN e IS NOT NULL THEN [i, e] END) AS passing,
+       count(*) AS taken, max(i) AS last
   RETURN lost, [p IN passing | p[1]] AS hits, [p IN passing | $scores[p[0]]] AS hitScores,
-         CASE WHEN size(passing) >= $limit THEN last(passing)[0] + 1 ELSE size($cands) END AS walked
+         CASE WHEN taken >= $limit THEN last + 1 ELSE size($cands) END AS walked
 }
 """
 )

@@ -2003,19 +2003,24 @@ CALL (m) {
 }
 
 CALL (readers, org) {
-  UNWIND range(0, size($cands) - 1) AS i
-  OPTIONAL MATCH (x:Entry) WHERE elementId(x) = $nodes[i]
-  WITH readers, org, i, CASE WHEN x.id = $cands[i] AND x.botId = $botId THEN x END AS e
-  WITH i, e, e IS NOT NULL AND e.activeKey IS NOT NULL AND
+  CALL (readers, org) {
+    UNWIND range(0, size($cands) - 1) AS i
+    OPTIONAL MATCH (x:Entry) WHERE elementId(x) = $nodes[i]
+    WITH readers, org, i, CASE WHEN x.id = $cands[i] AND x.botId = $botId THEN x END AS e
+    WITH readers, org, i, e
+    WHERE e IS NULL OR (e.activeKey IS NOT NULL AND
 (size(readers) > 0
  AND all(rd IN readers WHERE all(a IN e.lblRequires WHERE
        a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
- AS passed
-  ORDER BY i
-  WITH collect(CASE WHEN e IS NULL THEN i END) AS lost,
-       collect(CASE WHEN passed THEN [i, e] END)[0..$limit] AS passing
+)
+    RETURN i, e
+    LIMIT $limit
+  }
+  WITH i, e ORDER BY i
+  WITH collect(CASE WHEN e IS NULL THEN i END) AS lost, collect(CASE WHEN e IS NOT NULL THEN [i, e] END) AS passing,
+       count(*) AS taken, max(i) AS last
   RETURN lost, [p IN passing | p[1]] AS hits, [p IN passing | $scores[p[0]]] AS hitScores,
-         CASE WHEN size(passing) >= $limit THEN last(passing)[0] + 1 ELSE size($cands) END AS walked
+         CASE WHEN taken >= $limit THEN last + 1 ELSE size($cands) END AS walked
 }
 
 CALL (readers, org, hits) {
@@ -2070,19 +2075,24 @@ CALL (m) {
 }
 
 CALL (readers, org) {
-  UNWIND range(0, size($cands) - 1) AS i
-  OPTIONAL MATCH (x:Entry) WHERE elementId(x) = $nodes[i]
-  WITH readers, org, i, CASE WHEN x.id = $cands[i] AND x.botId = $botId THEN x END AS e
-  WITH i, e, e IS NOT NULL AND e.activeKey IS NOT NULL AND
+  CALL (readers, org) {
+    UNWIND range(0, size($cands) - 1) AS i
+    OPTIONAL MATCH (x:Entry) WHERE elementId(x) = $nodes[i]
+    WITH readers, org, i, CASE WHEN x.id = $cands[i] AND x.botId = $botId THEN x END AS e
+    WITH readers, org, i, e
+    WHERE e IS NULL OR (e.activeKey IS NOT NULL AND
 (size(readers) > 0
  AND all(rd IN readers WHERE all(a IN e.lblRequires WHERE
        a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
- AS passed
-  ORDER BY i
-  WITH collect(CASE WHEN e IS NULL THEN i END) AS lost,
-       collect(CASE WHEN passed THEN [i, e] END)[0..$limit] AS passing
+)
+    RETURN i, e
+    LIMIT $limit
+  }
+  WITH i, e ORDER BY i
+  WITH collect(CASE WHEN e IS NULL THEN i END) AS lost, collect(CASE WHEN e IS NOT NULL THEN [i, e] END) AS passing,
+       count(*) AS taken, max(i) AS last
   RETURN lost, [p IN passing | p[1]] AS hits, [p IN passing | $scores[p[0]]] AS hitScores,
-         CASE WHEN size(passing) >= $limit THEN last(passing)[0] + 1 ELSE size($cands) END AS walked
+         CASE WHEN taken >= $limit THEN last + 1 ELSE size($cands) END AS walked
 }
 
 CALL (readers, org, hits) {

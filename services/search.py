@@ -56,13 +56,15 @@ RECENCY_HALF_LIFE: Final = 1_000.0
 DENSE_FACTOR: Final = 2
 DENSE_MIN: Final = 50
 KEYWORD_LIMIT: Final = 100
-#: Candidates the statement walks at first: the wanted ones divided by the share that passed for
-#: these reader keys before (at least MIN_PASSING), a WALK_MARGIN more and MARGIN_MIN more (among
-#: a reader's visible ids, where nearly all pass: a MARGIN_SHARE more). A walk that falls short
-#: goes WALK_GROWTH times as far; one where fewer than 1 in SPARSE_WALK candidates pass switches
-#: the reader to the pre-filter. The share varies from query to query: with a margin of 0.1, 9 %
-#: of the dense reader's ``context(query)`` calls at 100k walked twice; with 0.3, none (a
-#: second walk costs a statement, ~2 ms; a few more candidates, ~6 µs each).
+#: Candidates handed to the statement at first: the wanted ones divided by the share that passed
+#: for these reader keys before (at least MIN_PASSING), a WALK_MARGIN more and MARGIN_MIN more
+#: (among a reader's visible ids, where nearly all pass: a MARGIN_SHARE more). The statement walks
+#: them lazily and stops at the wanted-th that passes, so those past it cost only their place in
+#: the parameters (~1 µs each; each one checked costs ~6 µs). A walk that falls short goes
+#: WALK_GROWTH times as far; one where fewer than 1 in SPARSE_WALK candidates pass switches the
+#: reader to the pre-filter. The share varies from query to query: with a margin of 0.1, 9 % of
+#: the dense reader's ``context(query)`` calls at 100k walked twice; with 0.3, none (a second
+#: walk costs a statement, ~2 ms).
 MIN_PASSING: Final = 0.25
 WALK_MARGIN: Final = 0.3
 MARGIN_SHARE: Final = 0.1

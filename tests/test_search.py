@@ -13,6 +13,8 @@ import numpy.typing as npt
 from prometheus_client import REGISTRY
 from threadpoolctl import threadpool_info, threadpool_limits
 
+from graph import search as search_q
+from graph.driver import autocommit
 from graph.migrations import LATEST, migrate
 from learning.embedders import LocalMiniLM
 from services import memory, search
@@ -372,3 +374,46 @@ async def test_the_index_scans_on_the_threads_the_settings_give_it(settings: Set
 def _blas_threads() -> list[int]:
     pools = cast(list[dict[str, Any]], threadpool_info())
     return [int(pool["num_threads"]) for pool in pools if pool["user_api"] == "blas"]
+
+
+async def test_the_walk_keeps_the_first_candidates_that_pass_in_their_order(
+    api: Api, runtime: Runtime
+) -> None:
+    """The search statement walks the candidates best first and keeps the first ``limit`` that
+    are active and visible (C1, V10): one hidden from the reader, one invalidated and one whose
+    node id is unknown (lost: the caller looks it up and asks again) are passed over in place,
+    and ``walked`` says where the walk stopped (design §10: what the pass share is learnt from)."""
+    w = await make_world(api, ("ann", "bob"))
+    mine = await said(api, w.tokens["ann"], await api.chat(w.tokens["ann"], w.bot), "notes")
+    his = await said(api, w.tokens["bob"], await api.chat(w.tokens["bob"], w.bot), "notes")
+    own = [AddFact(content=f"Ann's note number {n}", sources=(ItemRef(*mine),)) for n in range(4)]
+    hidden = AddFact(content="Bob's own note", sources=(ItemRef(*his),))
+    await apply_changes(runtime, w.bot, [*own, hidden], "memory_bot", embedder=None)
+    await apply(runtime, w.bot, Invalidate(own[3].id))
+    ann = await memory.person_reader_of(runtime, w.bot, w.people["ann"], w.org)
+    assert ann is not None
+    records, _, _ = await runtime.driver.execute_query(
+        "MATCH (e:Entry) WHERE e.botId = $b RETURN e.id AS id, elementId(e) AS node", b=w.bot
+    )
+    node = {r["id"]: r["node"] for r in records}
+
+    async def walk(cands: list[str], limit: int) -> search_q.SearchRow[search_q.RankedEntry]:
+        nodes = [node.get(c, "") for c in cands]
+        scores = [1.0 - i / 100 for i in range(len(cands))]
+        step = search_q.Walk(w.bot, w.org, ann.params["readers"], cands, nodes, scores, "", 1 << 60, limit)
+        found = await autocommit(runtime.driver, lambda s: search_q.search_entries(s, step))
+        assert found is not None
+        return found
+
+    # hidden, Ann's 0, invalidated, Ann's 1, Ann's 2: the first two that pass are 0 and 1.
+    found = await walk([hidden.id, own[0].id, own[3].id, own[1].id, own[2].id], 2)
+    assert [r["entry"]["id"] for r in found["ranked"]] == [own[0].id, own[1].id]
+    assert (found["visible"], found["walked"], found["lost"]) == (2, 4, [])
+    assert [r["score"] for r in found["ranked"]] == [0.99, 0.97]
+    # Fewer pass than asked for: the whole list is walked.
+    found = await walk([own[2].id, hidden.id], 2)
+    assert (found["visible"], found["walked"]) == (1, 2)
+    # An unknown node id is lost in place; it counts towards the walk, which stops at the limit.
+    found = await walk([own[0].id, "no-such-entry", own[1].id, own[2].id], 2)
+    assert found["lost"] == [1] and found["walked"] == 2
+    assert [r["entry"]["id"] for r in found["ranked"]] == [own[0].id]
