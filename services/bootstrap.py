@@ -20,6 +20,7 @@ from services import jobs
 from services.crypto import Keyring
 from services.runtime import Runtime
 from services.settings import ConfigurationError, Settings
+from services.vectorindex import VectorIndexes
 
 log = logging.getLogger("botmemory")
 
@@ -83,7 +84,8 @@ async def open_runtime(settings: Settings, *, schema: Schema = "migrate") -> Asy
         elif schema == "wait":
             log.info("schema version %s", await wait_for_schema(driver))
         keyring = Keyring(settings.master_key_bytes(), settings.previous_master_key_bytes())
-        yield Runtime(settings=settings, driver=driver, redis=redis, keyring=keyring)
+        vectors = VectorIndexes(max_bytes=settings.index_memory_mb * 2**20)
+        yield Runtime(settings=settings, driver=driver, redis=redis, keyring=keyring, vectors=vectors)
     finally:
         await redis.aclose(close_connection_pool=True)
         await driver.close()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 DECRYPTIONS = Counter("botmemory_decryptions_total", "Ciphertexts decrypted, by record kind", ["kind"])
 REQUESTS = Counter(
@@ -48,4 +48,13 @@ CHANGE_CATCH_UPS = Counter(
     "botmemory_change_catch_ups_total",
     "Times this process read missed change events from the change log (D9.24), by cause",
     ["cause"],
+)
+SEARCH_INDEX_BYTES = Gauge(
+    "botmemory_search_index_bytes",
+    "About what the Bots' search indexes of this process hold in memory (bounded by index_memory_mb)",
+)
+SEARCH_INDEX_EVICTIONS = Counter(
+    "botmemory_search_index_evictions_total",
+    "Bots' search indexes dropped by this process to stay within index_memory_mb (loaded again when"
+    " next searched)",
 )

@@ -322,6 +322,7 @@ async def _ranked(
         found = await autocommit(rt.driver, lambda s, c=cands, sc=scores: q.run(s, index, c, sc))
         if found["fresh"]["ids"]:
             _absorb(index, cipher, found["fresh"], int(found["seq"]))
+            rt.vectors.account(bot_id, index)
             continue  # the candidates may have changed: ask again with the current index
         index.seq = max(index.seq, int(found["seq"]))
         if found["lost"]:
@@ -385,6 +386,7 @@ async def _prefiltered(
         _, fresh = await search_q.derived_since(tx, bot_id=q.bot_id, model=index.model, after=index.seq)
         if fresh is not None:
             _absorb(index, cipher, fresh, seq)
+            rt.vectors.account(q.bot_id, index)
     if _many(len(ids), index):
         rt.vectors.observe(q.bot_id, tuple(reader_keys(list(params["readers"]))), sparse=False)
     cands, scores = q.candidates(index, ids)
@@ -417,6 +419,7 @@ async def _load(rt: Runtime, index: BotIndex, bot_id: str, cipher: Cipher) -> No
         # Decrypting and decoding every vector takes a while on a large Bot: off the event loop
         # (searches of this Bot wait on the index's lock meanwhile; others go on).
         await asyncio.to_thread(_absorb, index, cipher, fresh, seq)
+        rt.vectors.account(bot_id, index)
 
 
 def _absorb(index: BotIndex, cipher: Cipher, fresh: search_q.Derived, seq: int) -> None:

@@ -99,6 +99,9 @@ class Settings(BaseSettings):
     #: workers spin on the cores after every call, and Neo4j on the same machine needs them
     #: (measured: search's p95 at 100k three times as long with two).
     index_threads: int = Field(default=1, ge=1)
+    #: What the Bots' search indexes of one process may hold together, in MiB (~92 MB a 100k
+    #: entries): past it the least recently searched are dropped and loaded again when searched.
+    index_memory_mb: int = Field(default=1024, ge=1)
     #: Texts per embedder call (one ONNX run, or one /v1/embeddings request).
     embedding_batch: int = Field(default=64, ge=1)
     #: Workers sweep for entries that lack keywords or a vector of the current embedder (after an

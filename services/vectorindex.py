@@ -20,6 +20,7 @@ the candidates then only walks them in that order.
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Final
@@ -27,6 +28,7 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
+from services import metrics
 from services.keywordindex import Postings, largest
 
 #: Below this many vectors the ranking is exact over dequantised float32 vectors.
@@ -38,6 +40,9 @@ RESCORE_FACTOR: Final = 8
 RESCORE_MIN: Final = 800
 #: What a pinned entry adds to its order key in memory order (``graph.memory``'s memoryRank).
 PINNED_RANK: Final = 1_125_899_906_842_624
+#: What an entry's id and its place in the id map hold (tracemalloc around a cold load of 100k
+#: entries: 92.3 MB in all, of which the arrays and postings 74.7 MB).
+ROW_BYTES: Final = 180
 #: Rows fitted for the principal components; rows projected per step.
 _FIT_ROWS: Final = 16_384
 _CHUNK: Final = 8_192
@@ -99,6 +104,15 @@ class BotIndex:
         """Memory held by the arrays and postings (ids and the id map not counted)."""
         rows = self._has_vec.nbytes + self._pinned.nbytes + self._order.nbytes + self._node.nbytes
         return self._q.nbytes + self._scale.nbytes + self._coarse.nbytes + rows + self.keywords.nbytes
+
+    @property
+    def held_bytes(self) -> int:
+        """About everything the index holds, counted in constant time (what a process's bound on
+        its indexes compares, :class:`VectorIndexes`): the arrays, the postings and ~``ROW_BYTES``
+        a row for its id and its place in the id map."""
+        rows = self._has_vec.nbytes + self._pinned.nbytes + self._order.nbytes + self._node.nbytes
+        arrays = self._q.nbytes + self._scale.nbytes + self._coarse.nbytes + rows
+        return arrays + self.keywords.approx_nbytes + ROW_BYTES * len(self._ids)
 
     def upsert(
         self,
@@ -355,9 +369,22 @@ class VectorIndexes:
     Visible ids are only a proposal too: a search that uses them still checks every candidate
     under the shared lock, and uses its result only when the memory version it ran at is the one
     the ids were read at (what a reader may see changes only with the memory version, or with
-    the reader's atoms, which are part of the key); otherwise it reads them again."""
+    the reader's atoms, which are part of the key); otherwise it reads them again.
 
-    _bots: dict[tuple[str, str], BotIndex] = field(default_factory=dict[tuple[str, str], BotIndex])
+    The indexes together hold at most about ``max_bytes`` (None: no bound; the API's is
+    ``index_memory_mb``): when one grows past it, the least recently searched others are dropped
+    with what was learnt of their Bots, and the next search of such a Bot loads it again (a cold
+    load: ~25 ms a thousand entries). Dropping never costs a result: every search catches its
+    index up from the graph before trusting it, and an index still in use by a search that
+    began before is kept by that search until it ends."""
+
+    max_bytes: int | None = None
+    _bots: OrderedDict[tuple[str, str], BotIndex] = field(
+        default_factory=OrderedDict[tuple[str, str], BotIndex]
+    )
+    #: What each index held when it was last accounted for, and their sum.
+    _held: dict[tuple[str, str], int] = field(default_factory=dict[tuple[str, str], int])
+    _total: int = 0
     _sparse: dict[tuple[str, tuple[str, ...]], bool] = field(
         default_factory=dict[tuple[str, tuple[str, ...]], bool]
     )
@@ -367,10 +394,48 @@ class VectorIndexes:
     )
 
     def of(self, bot_id: str, model: str) -> BotIndex:
-        found = self._bots.get((bot_id, model))
+        """The index of a Bot's vectors of ``model`` (made empty when not held), now the most
+        recently used."""
+        key = (bot_id, model)
+        found = self._bots.get(key)
         if found is None:
-            found = self._bots[(bot_id, model)] = BotIndex(model)
+            found = self._bots[key] = BotIndex(model)
+        else:
+            self._bots.move_to_end(key)
         return found
+
+    def held(self) -> list[tuple[str, str]]:
+        """The (Bot, embedder) keys of the indexes held, least recently used first."""
+        return list(self._bots)
+
+    def account(self, bot_id: str, index: BotIndex) -> None:
+        """``index`` (of ``bot_id``) has taken in rows: counts what it holds now and, past
+        ``max_bytes``, drops the least recently used other indexes until the rest fit."""
+        key = (bot_id, index.model)
+        if self._bots.get(key) is not index:
+            return  # dropped meanwhile: whoever still uses it lets it go when done
+        size = index.held_bytes
+        self._total += size - self._held.get(key, 0)
+        self._held[key] = size
+        if self.max_bytes is not None and self._total > self.max_bytes:
+            for other in [k for k in self._bots if k != key]:  # least recently used first
+                self._drop(other)
+                if self._total <= self.max_bytes:
+                    break
+        metrics.SEARCH_INDEX_BYTES.set(self._total)
+
+    def _drop(self, key: tuple[str, str]) -> None:
+        del self._bots[key]
+        self._total -= self._held.pop(key, 0)
+        metrics.SEARCH_INDEX_EVICTIONS.inc()
+        bot_id = key[0]
+        if any(k[0] == bot_id for k in self._bots):
+            return  # the Bot's index of another embedder is still held: so is what was learnt
+        for learnt in (self._sparse, self._passing):
+            for k in [k for k in learnt if k[0] == bot_id]:
+                del learnt[k]
+        for k in [k for k in self._visible if k[0] == bot_id]:
+            del self._visible[k]
 
     def sparse(self, bot_id: str, keys: tuple[str, ...]) -> bool:
         """Whether readers with these keys saw few of the Bot's entries last time (default: no)."""

@@ -362,12 +362,14 @@ async def test_a_stale_node_id_costs_a_lookup_never_a_result(api: Api, runtime: 
 
 async def test_the_index_scans_on_the_threads_the_settings_give_it(settings: Settings) -> None:
     """numpy's BLAS runs on ``index_threads`` threads (1) while a runtime is open (its idle workers
-    would spin on the cores Neo4j needs), and gets the limit it had back when the runtime closes."""
+    would spin on the cores Neo4j needs), and gets the limit it had back when the runtime closes.
+    The runtime's indexes are bounded by ``index_memory_mb``."""
     with threadpool_limits(limits=2, user_api="blas"):
         before = _blas_threads()
-        async with open_runtime(settings):
+        async with open_runtime(settings.model_copy(update={"index_memory_mb": 7})) as rt:
             assert settings.index_threads == 1
             assert _blas_threads() == [1]
+            assert rt.vectors.max_bytes == 7 * 2**20
         assert _blas_threads() == before
 
 
@@ -417,3 +419,36 @@ async def test_the_walk_keeps_the_first_candidates_that_pass_in_their_order(
     found = await walk([own[0].id, "no-such-entry", own[1].id, own[2].id], 2)
     assert found["lost"] == [1] and found["walked"] == 2
     assert [r["entry"]["id"] for r in found["ranked"]] == [own[0].id]
+
+
+async def test_indexes_dropped_to_stay_within_the_bound_are_loaded_again(api: Api, runtime: Runtime) -> None:
+    """With ``index_memory_mb`` too small for two Bots, each search drops the other Bot's index
+    (the least recently searched) and a search of that Bot loads it again: the same results, and
+    a fact learnt meanwhile is found at once."""
+    rt = dataclasses.replace(runtime, vectors=VectorIndexes(max_bytes=1))
+    bots: dict[str, tuple[str, memory.Reader, tuple[str, str]]] = {}
+
+    async def learn(name: str, *contents: str) -> None:
+        bot, _, item = bots[name]
+        facts = [AddFact(content=c, sources=(ItemRef(*item),)) for c in contents]
+        await apply_changes(rt, bot, list(facts), "memory_bot", embedder=None)
+
+    for name in ("ann", "bob"):
+        w = await make_world(api, (name,))
+        item = await said(api, w.tokens[name], await api.chat(w.tokens[name], w.bot), "notes")
+        reader = await memory.person_reader_of(rt, w.bot, w.people[name], w.org)
+        assert reader is not None
+        bots[name] = (w.bot, reader, item)
+        await learn(name, *(f"{name} keeps a kayak number {n}" for n in range(3)))
+
+    async def found(name: str) -> set[str]:
+        bot, reader, _ = bots[name]
+        return {h.entry.content for h in await search.search(rt, None, bot, reader, "kayak", 10)}
+
+    ann_first = await found("ann")
+    assert len(ann_first) == 3
+    assert len(await found("bob")) == 3
+    assert rt.vectors.held() == [(bots["bob"][0], "")]  # ann's index was dropped
+    await learn("ann", "ann keeps a kayak in the shed")
+    assert await found("ann") == ann_first | {"ann keeps a kayak in the shed"}
+    assert rt.vectors.held() == [(bots["ann"][0], "")]

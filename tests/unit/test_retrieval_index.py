@@ -12,9 +12,18 @@ import numpy.typing as npt
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from prometheus_client import REGISTRY
 
 from services.keywordindex import K1, B, Postings, largest
-from services.vectorindex import EXACT_MAX, PINNED_RANK, SPLIT_MIN, BotIndex
+from services.vectorindex import (
+    EXACT_MAX,
+    PINNED_RANK,
+    ROW_BYTES,
+    SPLIT_MIN,
+    BotIndex,
+    VectorIndexes,
+    VisibleIds,
+)
 
 TOKENS = [f"k{i:012x}" for i in range(12)]
 docs_st = st.lists(st.lists(st.sampled_from(TOKENS), max_size=8), min_size=1, max_size=40)
@@ -321,3 +330,65 @@ def test_a_row_stamped_again_with_the_same_tokens_keeps_its_postings() -> None:
     postings.set(0, blind([TOKENS[0]]))  # changed: its old postings go, the new ones come
     rows, _ = postings.top([TOKENS[1]], 5)
     assert rows.tolist() == []
+
+
+def _filled(indexes: VectorIndexes, bot: str, rows: int) -> BotIndex:
+    """The index of ``bot`` in ``indexes``, with ``rows`` entries of one token and a vector each."""
+    index = indexes.of(bot, "m")
+    ids = [f"{bot}-{i}" for i in range(rows)]
+    vectors = np.ones((rows, 8), np.int8)
+    index.upsert(ids, [f"4:db:{i}" for i in range(rows)], ["k1"] * rows, [False] * rows,
+                 list(range(rows)), (list(range(rows)), vectors, np.ones(rows, np.float32)))  # fmt: skip
+    indexes.account(bot, index)
+    return index
+
+
+def test_held_bytes_follow_what_the_index_holds() -> None:
+    """``held_bytes`` (constant time) grows with the rows, and is never below the arrays' and
+    postings' own size (``nbytes``) nor far above it with the ids counted."""
+    indexes = VectorIndexes()
+    small, large = _filled(indexes, "a", 100).held_bytes, _filled(indexes, "b", 5_000).held_bytes
+    assert 0 < small < large
+    index = indexes.of("b", "m")
+    assert index.nbytes <= index.held_bytes <= index.nbytes + (ROW_BYTES + 16) * len(index)
+
+
+def test_indexes_past_their_bound_drop_the_least_recently_searched() -> None:
+    """A process's indexes stay within ``max_bytes``: the one that grows is kept, the least
+    recently used others are dropped with what was learnt of their Bots (sparse, pass share,
+    kept visible ids), and a Bot searched again starts from an empty index (loaded anew)."""
+    one = _filled(VectorIndexes(), "x", 1_000).held_bytes
+    indexes = VectorIndexes(max_bytes=int(2.5 * one))
+    _filled(indexes, "a", 1_000)
+    _filled(indexes, "b", 1_000)
+    indexes.observe("a", ("k",), sparse=True)
+    indexes.observe_passing("a", ("k",), 0.5)
+    indexes.keep_visible(("a", "org", ()), VisibleIds(1, ["a-1"]))
+    indexes.of("a", "m")  # a searched again: b is now the least recently used
+    evicted = REGISTRY.get_sample_value("botmemory_search_index_evictions_total") or 0.0
+    _filled(indexes, "c", 1_000)
+    assert indexes.held() == [("a", "m"), ("c", "m")]
+    assert REGISTRY.get_sample_value("botmemory_search_index_evictions_total") == evicted + 1
+    assert REGISTRY.get_sample_value("botmemory_search_index_bytes") == pytest.approx(2 * one)
+    _filled(indexes, "d", 1_000)  # a is the oldest now: dropped, and what was learnt of it
+    assert indexes.held() == [("c", "m"), ("d", "m")]
+    assert not indexes.sparse("a", ("k",)) and indexes.passing("a", ("k",)) == 1.0
+    assert indexes.visible(("a", "org", ())) is None
+    assert len(indexes.of("a", "m")) == 0  # searched again: loaded anew
+    # One index larger than the bound alone is kept (its search needs it); the others go.
+    _filled(indexes, "e", 3_000)
+    assert indexes.held() == [("e", "m")]
+
+
+def test_an_index_dropped_while_in_use_is_not_counted_again() -> None:
+    """A search that began before its index was dropped finishes with it; what it takes in then is
+    not counted among the held indexes."""
+    one = _filled(VectorIndexes(), "x", 1_000).held_bytes
+    indexes = VectorIndexes(max_bytes=int(1.5 * one))
+    in_use = _filled(indexes, "a", 1_000)
+    _filled(indexes, "b", 1_000)
+    assert indexes.held() == [("b", "m")]
+    in_use.upsert(["a-new"], ["4:db:9999"], ["k2"], [False], [9_999], None)
+    indexes.account("a", in_use)
+    assert indexes.held() == [("b", "m")]
+    assert REGISTRY.get_sample_value("botmemory_search_index_bytes") == pytest.approx(one)

@@ -72,6 +72,7 @@ def test_model_prices_are_json_per_model(monkeypatch: pytest.MonkeyPatch) -> Non
         ("BOTMEMORY_EMBEDDING_THREADS", "0"),
         ("BOTMEMORY_EMBEDDING_BATCH", "0"),
         ("BOTMEMORY_INDEX_THREADS", "0"),
+        ("BOTMEMORY_INDEX_MEMORY_MB", "0"),
     ],
 )
 def test_bad_values_refuse_to_start(monkeypatch: pytest.MonkeyPatch, name: str, value: str) -> None:
