@@ -345,6 +345,8 @@ class BotIndex:
 
 #: Readers whose visible ids a process keeps (the oldest kept is dropped first).
 VISIBLE_KEPT: Final = 1_024
+#: Ids those readers' lists may hold together (~80 bytes each: ~40 MB), the oldest kept dropped first.
+VISIBLE_KEPT_IDS: Final = 500_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -389,6 +391,8 @@ class VectorIndexes:
         default_factory=dict[tuple[str, tuple[str, ...]], bool]
     )
     _visible: dict[ReaderKey, VisibleIds] = field(default_factory=dict[ReaderKey, VisibleIds])
+    #: The ids of ``_visible`` in all.
+    _visible_ids: int = 0
     _passing: dict[tuple[str, tuple[str, ...]], float] = field(
         default_factory=dict[tuple[str, tuple[str, ...]], float]
     )
@@ -435,7 +439,7 @@ class VectorIndexes:
             for k in [k for k in learnt if k[0] == bot_id]:
                 del learnt[k]
         for k in [k for k in self._visible if k[0] == bot_id]:
-            del self._visible[k]
+            self.drop_visible(k)
 
     def sparse(self, bot_id: str, keys: tuple[str, ...]) -> bool:
         """Whether readers with these keys saw few of the Bot's entries last time (default: no)."""
@@ -457,10 +461,17 @@ class VectorIndexes:
         return self._visible.get(key)
 
     def keep_visible(self, key: ReaderKey, found: VisibleIds) -> None:
-        self._visible.pop(key, None)
+        """Keeps a reader's visible ids, dropping the oldest kept beyond VISIBLE_KEPT readers or
+        VISIBLE_KEPT_IDS ids."""
+        self.drop_visible(key)
         self._visible[key] = found
-        while len(self._visible) > VISIBLE_KEPT:
-            del self._visible[next(iter(self._visible))]
+        self._visible_ids += len(found.ids)
+        while len(self._visible) > VISIBLE_KEPT or (
+            self._visible_ids > VISIBLE_KEPT_IDS and len(self._visible) > 1
+        ):
+            self.drop_visible(next(iter(self._visible)))
 
     def drop_visible(self, key: ReaderKey) -> None:
-        self._visible.pop(key, None)
+        dropped = self._visible.pop(key, None)
+        if dropped is not None:
+            self._visible_ids -= len(dropped.ids)

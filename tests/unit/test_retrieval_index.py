@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import REGISTRY
 
+from services import vectorindex
 from services.keywordindex import K1, B, Postings, largest
 from services.vectorindex import (
     EXACT_MAX,
@@ -392,3 +393,30 @@ def test_an_index_dropped_while_in_use_is_not_counted_again() -> None:
     indexes.account("a", in_use)
     assert indexes.held() == [("b", "m")]
     assert REGISTRY.get_sample_value("botmemory_search_index_bytes") == pytest.approx(one)
+
+
+def test_kept_visible_ids_are_bounded_in_readers_and_in_ids(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pre-filter's kept ids (design §10) are dropped oldest first beyond VISIBLE_KEPT readers
+    or VISIBLE_KEPT_IDS ids in all; the newest list is kept whatever its size."""
+    monkeypatch.setattr(vectorindex, "VISIBLE_KEPT", 3)
+    monkeypatch.setattr(vectorindex, "VISIBLE_KEPT_IDS", 10)
+    indexes = VectorIndexes()
+
+    def keep(reader: str, ids: int) -> None:
+        indexes.keep_visible(("bot", "org", ((reader, ()),)), VisibleIds(1, [f"e{i}" for i in range(ids)]))
+
+    def kept() -> list[str]:
+        return [r for r in "abcdef" if indexes.visible(("bot", "org", ((r, ()),))) is not None]
+
+    keep("a", 2)
+    keep("b", 2)
+    keep("c", 2)
+    keep("d", 2)  # four readers: a goes
+    assert kept() == ["b", "c", "d"]
+    keep("e", 5)  # 2 + 2 + 2 + 5 ids: b goes
+    assert kept() == ["c", "d", "e"]
+    keep("d", 1)  # kept again: counted once (2 + 5 + 1), and now the newest
+    keep("f", 3)  # 2 + 5 + 1 + 3: c goes, not d
+    assert kept() == ["d", "e", "f"]
+    keep("a", 20)  # alone over the bound: kept, the others go
+    assert kept() == ["a"]
