@@ -18,9 +18,11 @@ import functools
 import hashlib
 import hmac
 import os
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Final
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -29,6 +31,8 @@ from prometheus_client import Counter
 from services import metrics
 
 _VERSION = b"\x01"
+#: Bots whose cipher a process keeps (the least recently used is dropped first).
+CIPHERS_KEPT: Final = 65_536
 _NONCE_BYTES = 12
 
 #: A ciphertext as stored: the base64 text of ``version | nonce | ciphertext+tag``.
@@ -86,8 +90,9 @@ class Keyring:
     def __init__(self, current: bytes, previous: Iterable[bytes] = ()) -> None:
         self._current_id = fingerprint(current)
         self._masters = {fingerprint(k): AESGCM(k) for k in (current, *previous)}
-        # A Bot's data key never changes (rotation only re-wraps it), so its cipher is cached per Bot.
-        self._data_keys: dict[str, Cipher] = {}
+        # A Bot's data key never changes (rotation only re-wraps it), so its cipher is cached per
+        # Bot: the CIPHERS_KEPT most recently used (a Bot dropped is unwrapped again when needed).
+        self._data_keys: OrderedDict[str, Cipher] = OrderedDict()
 
     @property
     def current_id(self) -> str:
@@ -115,11 +120,15 @@ class Keyring:
         return self.wrap(bot_id, self.unwrap(bot_id, key))
 
     def cached(self, bot_id: str) -> Cipher | None:
-        """The Bot's cipher if its data key was unwrapped before (data keys never change)."""
-        return self._data_keys.get(bot_id)
+        """The Bot's cipher if its data key was unwrapped before and is still kept (data keys
+        never change)."""
+        cipher = self._data_keys.get(bot_id)
+        if cipher is not None:
+            self._data_keys.move_to_end(bot_id)
+        return cipher
 
     def cipher(self, bot_id: str, key: WrappedKey) -> Cipher:
-        cipher = self._data_keys.get(bot_id)
+        cipher = self.cached(bot_id)
         if cipher is None:
             data_key = self.unwrap(bot_id, key)
             cipher = Cipher(
@@ -128,6 +137,8 @@ class Keyring:
                 hashlib.sha256(b"botmemory-blind-index:" + data_key).digest(),
             )
             self._data_keys[bot_id] = cipher
+            if len(self._data_keys) > CIPHERS_KEPT:
+                self._data_keys.popitem(last=False)
         return cipher
 
 

@@ -13,6 +13,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from hypothesis import given
 from hypothesis import strategies as st
 
+from services import crypto
 from services.crypto import Cipher, DecryptionError, Keyring, Kind, WrappedKey, fingerprint
 
 #: Every Kind as stored: a value is part of the associated data of data already at rest, so a
@@ -172,3 +173,20 @@ def test_digest_is_a_keyed_hmac_per_bot_and_kind() -> None:
     other = Keyring(K1).cipher("bot_b", Keyring(K1).wrap("bot_b", os.urandom(32)))
     assert other.digest(Kind.INPUT_DIGEST, "hello") != expected
     assert hashlib.sha256(b"input:hello").hexdigest() != expected  # not a plain hash
+
+
+def test_ciphers_kept_are_the_most_recently_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process keeps the ciphers of the CIPHERS_KEPT most recently used Bots; a Bot dropped is
+    unwrapped again when next needed, to the same cipher's effect."""
+    monkeypatch.setattr(crypto, "CIPHERS_KEPT", 2)
+    keyring = Keyring(K1)
+    wrapped = {bot: keyring.wrap(bot, DATA_KEY) for bot in ("a", "b", "c")}
+    first = keyring.cipher("a", wrapped["a"])
+    sealed = first.encrypt(Kind.ENTRY, "e1", "text")
+    keyring.cipher("b", wrapped["b"])
+    assert keyring.cached("a") is first  # a used again: b is now the oldest
+    keyring.cipher("c", wrapped["c"])
+    assert keyring.cached("b") is None
+    keyring.cipher("b", wrapped["b"])  # a is the oldest now: dropped
+    assert keyring.cached("a") is None
+    assert keyring.cipher("a", wrapped["a"]).decrypt(Kind.ENTRY, "e1", sealed) == "text"
