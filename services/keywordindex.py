@@ -61,6 +61,9 @@ class Postings:
         #: (documents, tokens): they change with any row added or taken out, or with the token's
         #: postings. Made when a query first needs them (at 100k entries, ~0.15 of BM25's 0.4 ms).
         self._weights: dict[int, npt.NDArray[np.float32]] = {}
+        #: What ``_arrays`` and ``_weights`` hold, in bytes.
+        self._arrays_bytes = 0
+        self._weights_bytes = 0
         self._counted = (0, 0)
         #: Per row: where its distinct token ids and their counts start in ``_flat_ids`` and
         #: ``_flat_tfs`` and how many there are (to replace them when it is revised), its length.
@@ -82,10 +85,11 @@ class Postings:
 
     @property
     def approx_nbytes(self) -> int:
-        """About ``nbytes``, in constant time: each posting is held twice (in its token's arrays and
-        in its row's flat copy), 10 bytes in all."""
+        """About what the postings hold, in constant time: each posting twice (in its token's arrays
+        and in its row's flat copy), 10 bytes in all, and the arrays and weights made for queries."""
         flat = len(self._flat_ids)
-        return 10 * flat + self._start.nbytes + self._count.nbytes + self._length.nbytes
+        rows = self._start.nbytes + self._count.nbytes + self._length.nbytes
+        return 10 * flat + rows + self._arrays_bytes + self._weights_bytes
 
     def set(self, row: int, blind: str) -> None:
         """Row ``row`` holds the blind tokens ``blind`` (space separated; empty: none)."""
@@ -157,6 +161,7 @@ class Postings:
             return np.empty(0, np.int64), np.empty(0, np.float64)
         if self._counted != (self._docs, self._total):
             self._weights.clear()
+            self._weights_bytes = 0
             self._counted = (self._docs, self._total)
         rows_parts: list[Rows] = []
         weights: list[npt.NDArray[np.float32]] = []
@@ -169,6 +174,7 @@ class Postings:
                 idf = math.log(1.0 + (self._docs - rows.size + 0.5) / (rows.size + 0.5))
                 norm = K1 * (1.0 - B + B * self._length[rows] / (self._total / self._docs))
                 weight = self._weights[token] = (idf * tf / (tf + norm)).astype(np.float32)
+                self._weights_bytes += weight.nbytes
             rows_parts.append(rows)
             weights.append(weight)
         if not rows_parts:
@@ -194,8 +200,12 @@ class Postings:
 
     def _changed(self, token: int) -> None:
         """The token's postings changed: what was made of them for queries goes."""
-        self._arrays.pop(token, None)
-        self._weights.pop(token, None)
+        arrays = self._arrays.pop(token, None)
+        if arrays is not None:
+            self._arrays_bytes -= arrays[0].nbytes + arrays[1].nbytes
+        weight = self._weights.pop(token, None)
+        if weight is not None:
+            self._weights_bytes -= weight.nbytes
 
     def _postings(self, token: int) -> tuple[Rows, npt.NDArray[np.float32]]:
         found = self._arrays.get(token)
@@ -203,6 +213,7 @@ class Postings:
             rows = np.array(self._rows[token], np.int64)
             tfs = np.array(self._tfs[token], np.float32)
             found = self._arrays[token] = (rows, tfs)
+            self._arrays_bytes += rows.nbytes + tfs.nbytes
         return found
 
     def _grow(self, rows: int) -> None:

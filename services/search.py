@@ -343,6 +343,7 @@ async def _ranked(
             continue  # few candidates pass: this reader needs the pre-filter
         walk *= WALK_GROWTH  # some were hidden or inactive: walk further down the same list
     assert found is not None
+    rt.vectors.account(bot_id, index)  # what ranking made (a query's postings, a reader's rows) counts too
     ranked = found["ranked"]
     ranked.sort(key=lambda r: (-float(r["score"]), -int(r["entry"]["memoryRank"])))
     return ranked, cipher

@@ -108,10 +108,15 @@ class BotIndex:
     @property
     def held_bytes(self) -> int:
         """About everything the index holds, counted in constant time (what a process's bound on
-        its indexes compares, :class:`VectorIndexes`): the arrays, the postings and ~``ROW_BYTES``
-        a row for its id and its place in the id map."""
+        its indexes compares, :class:`VectorIndexes`): the arrays (with what a reader's kept ids
+        made of them), the postings (with what queries made of them) and ~``ROW_BYTES`` a row for
+        its id and its place in the id map."""
         rows = self._has_vec.nbytes + self._pinned.nbytes + self._order.nbytes + self._node.nbytes
         arrays = self._q.nbytes + self._scale.nbytes + self._coarse.nbytes + rows
+        if self._among is not None:  # a reader's rows, and their vectors once dequantised
+            arrays += self._among[2].nbytes + (
+                0 if self._among_vectors is None else self._among_vectors.nbytes
+            )
         return arrays + self.keywords.approx_nbytes + ROW_BYTES * len(self._ids)
 
     def upsert(
@@ -413,8 +418,8 @@ class VectorIndexes:
         return list(self._bots)
 
     def account(self, bot_id: str, index: BotIndex) -> None:
-        """``index`` (of ``bot_id``) has taken in rows: counts what it holds now and, past
-        ``max_bytes``, drops the least recently used other indexes until the rest fit."""
+        """``index`` (of ``bot_id``) has taken in rows or ranked: counts what it holds now and,
+        past ``max_bytes``, drops the least recently used other indexes until the rest fit."""
         key = (bot_id, index.model)
         if self._bots.get(key) is not index:
             return  # dropped meanwhile: whoever still uses it lets it go when done

@@ -420,3 +420,15 @@ def test_kept_visible_ids_are_bounded_in_readers_and_in_ids(monkeypatch: pytest.
     assert kept() == ["d", "e", "f"]
     keep("a", 20)  # alone over the bound: kept, the others go
     assert kept() == ["a"]
+
+
+def test_what_queries_make_of_the_postings_is_counted() -> None:
+    """``approx_nbytes`` counts the arrays and weights a query makes of a token's postings (16
+    bytes a posting) until the token's postings change, besides 10 bytes a posting."""
+    postings = Postings()
+    postings.set_many(list(range(100)), ["ka kb"] * 100)
+    before = postings.approx_nbytes
+    postings.top(["ka"], 5)
+    assert postings.approx_nbytes == before + 100 * (8 + 4 + 4)
+    postings.set(100, "ka")  # ka's postings change: what was made of them goes
+    assert postings.approx_nbytes == before + 10
