@@ -436,6 +436,7 @@ class IndexStats:
     size: int
     vectors: int = 0
     nbytes: int = 0
+    held: int = 0  # BotIndex.held_bytes: what index_memory_mb's bound counts of it
     rss_delta: int = 0  # RSS after - before the first cold load (the index kept alive)
     traced: int = 0  # tracemalloc: held after a cold load (arrays, ids, the id map)
     traced_peak: int = 0  # tracemalloc: peak during it
@@ -569,7 +570,7 @@ async def measure_cold(
             gc.collect()
             stats.rss_delta = rss_bytes() - before
             index = fresh.vectors.of(pool.bot, qe.id)
-            stats.vectors, stats.nbytes = len(index), index.nbytes
+            stats.vectors, stats.nbytes, stats.held = len(index), index.nbytes, index.held_bytes
     fresh = rt
     gc.collect()
     tracemalloc.start()
@@ -931,7 +932,9 @@ def section(stats: dict[int, IndexStats], emb: Embedding | None, corpus: Corpus 
         "Cold load = the first search of the Bot in a process on a fresh index (`VectorIndexes`): "
         "every vector and every entry's blind keywords read under the shared lock, vectors decrypted, "
         "decoded, and above 16,384 vectors projected on 48 principal components, keywords put in BM25 "
-        "postings. Memory of the loaded index: `BotIndex.nbytes` (the arrays and postings), "
+        "postings. Memory of the loaded index: `BotIndex.nbytes` (the arrays and postings), `held_bytes` "
+        "(what the process's bound on its indexes, `index_memory_mb`, counts: the arrays, 10 bytes a "
+        "posting, 180 a row for its id), "
         "tracemalloc (everything allocated by the load and still held: arrays, the id list and id map), "
         "and the process's RSS before/after the first cold load (not used: freed memory stays in the "
         "allocator). Below 16,384 vectors the index ranks exactly over a float32 copy, so the per-100k "
@@ -940,15 +943,15 @@ def section(stats: dict[int, IndexStats], emb: Embedding | None, corpus: Corpus 
     add("")
     add(
         "| pool | vectors | cold first search median (n) | of which Neo4j | decrypt | upsert (decode, PCA) | "
-        "nbytes | tracemalloc held (peak) | RSS delta | per 100k (tracemalloc) | overlap@10 | top 10 in top 50 |"
+        "nbytes | held_bytes | tracemalloc held (peak) | RSS delta | per 100k (tracemalloc) | overlap@10 | top 10 in top 50 |"
     )
-    add("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    add("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for size, st in sorted(stats.items()):
         cp = st.cold_profile
         add(
             f"| {size:,} | {st.vectors:,} | {fmt_ms(pct(st.cold_ms, 0.5))} ms ({len(st.cold_ms)}) | "
             f"{fmt_ms(cp.server_ms) if cp else '–'} | {fmt_ms(cp.decrypt_ms) if cp else '–'} | "
-            f"{fmt_ms(cp.load_ms) if cp else '–'} | {st.nbytes / 1e6:.1f} MB | "
+            f"{fmt_ms(cp.load_ms) if cp else '–'} | {st.nbytes / 1e6:.1f} MB | {st.held / 1e6:.1f} MB | "
             f"{st.traced / 1e6:.1f} MB ({st.traced_peak / 1e6:.1f}) | {st.rss_delta / 1e6:.1f} MB | "
             f"{st.per_100k_mb(st.traced):.1f} MB | "
             f"{np.mean(st.overlap10) if st.overlap10 else math.nan:.3f} | "
