@@ -23,7 +23,7 @@ import asyncio
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -348,6 +348,11 @@ class BotIndex:
         self._coarse = coarse
 
 
+_V = TypeVar("_V")
+
+#: Sets of reader keys of which a process keeps what it learnt (sparse or not, pass share), the
+#: least recently learnt dropped first (each a few hundred bytes).
+LEARNT_KEPT: Final = 65_536
 #: Readers whose visible ids a process keeps (the oldest kept is dropped first).
 VISIBLE_KEPT: Final = 1_024
 #: Ids those readers' lists may hold together (~80 bytes each: ~40 MB), the oldest kept dropped first.
@@ -451,7 +456,7 @@ class VectorIndexes:
         return self._sparse.get((bot_id, keys), False)
 
     def observe(self, bot_id: str, keys: tuple[str, ...], sparse: bool) -> None:
-        self._sparse[(bot_id, keys)] = sparse
+        _learn(self._sparse, (bot_id, keys), sparse)
 
     def passing(self, bot_id: str, keys: tuple[str, ...]) -> float:
         """The share of walked candidates that passed for readers with these keys (default 1)."""
@@ -459,7 +464,7 @@ class VectorIndexes:
 
     def observe_passing(self, bot_id: str, keys: tuple[str, ...], share: float) -> None:
         """A walk's share of candidates that passed, averaged with the earlier ones."""
-        self._passing[(bot_id, keys)] = 0.5 * self.passing(bot_id, keys) + 0.5 * share
+        _learn(self._passing, (bot_id, keys), 0.5 * self.passing(bot_id, keys) + 0.5 * share)
 
     def visible(self, key: ReaderKey) -> VisibleIds | None:
         """The visible active ids last read for this reader (any memory version), if kept."""
@@ -480,3 +485,13 @@ class VectorIndexes:
         dropped = self._visible.pop(key, None)
         if dropped is not None:
             self._visible_ids -= len(dropped.ids)
+
+
+def _learn(
+    learnt: dict[tuple[str, tuple[str, ...]], _V], key: tuple[str, tuple[str, ...]], value: _V
+) -> None:
+    """``learnt[key] = value`` as the newest, the oldest dropped beyond LEARNT_KEPT."""
+    learnt.pop(key, None)
+    learnt[key] = value
+    if len(learnt) > LEARNT_KEPT:
+        del learnt[next(iter(learnt))]

@@ -432,3 +432,15 @@ def test_what_queries_make_of_the_postings_is_counted() -> None:
     assert postings.approx_nbytes == before + 100 * (8 + 4 + 4)
     postings.set(100, "ka")  # ka's postings change: what was made of them goes
     assert postings.approx_nbytes == before + 10
+
+
+def test_what_was_learnt_of_reader_keys_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whether a set of reader keys proved sparse and its pass share are kept for the LEARNT_KEPT
+    most recently learnt sets; an older one is learnt again (the defaults: post-filter, share 1)."""
+    monkeypatch.setattr(vectorindex, "LEARNT_KEPT", 2)
+    indexes = VectorIndexes()
+    for keys in (("a",), ("b",), ("a",), ("c",)):  # a learnt again after b: b is the oldest
+        indexes.observe("bot", keys, sparse=True)
+        indexes.observe_passing("bot", keys, 0.5)
+    assert [indexes.sparse("bot", k) for k in (("a",), ("b",), ("c",))] == [True, False, True]
+    assert indexes.passing("bot", ("b",)) == 1.0 and indexes.passing("bot", ("a",)) == 0.625  # 1, 0.75, 0.625
