@@ -19,6 +19,8 @@ class LineLengths:
 
     #: Answers with fewer lines say too little about the next one.
     MIN_LINES = 4
+    #: Bots whose mean is kept (the least recently observed is dropped first).
+    KEPT = 65_536
 
     def __init__(self) -> None:
         self._mean: dict[str, float] = {}
@@ -30,8 +32,10 @@ class LineLengths:
         """An answer of ``lines`` lines that took ``characters`` (newlines included)."""
         if lines < self.MIN_LINES:
             return
-        seen, before = characters / lines, self._mean.get(bot_id)
+        seen, before = characters / lines, self._mean.pop(bot_id, None)
         self._mean[bot_id] = seen if before is None else before + (seen - before) / 4
+        if len(self._mean) > self.KEPT:
+            del self._mean[next(iter(self._mean))]
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,7 @@ from prometheus_client import REGISTRY
 
 from services import vectorindex
 from services.keywordindex import K1, B, Postings, largest
+from services.runtime import LineLengths
 from services.vectorindex import (
     EXACT_MAX,
     PINNED_RANK,
@@ -444,3 +445,16 @@ def test_what_was_learnt_of_reader_keys_is_bounded(monkeypatch: pytest.MonkeyPat
         indexes.observe_passing("bot", keys, 0.5)
     assert [indexes.sparse("bot", k) for k in (("a",), ("b",), ("c",))] == [True, False, True]
     assert indexes.passing("bot", ("b",)) == 1.0 and indexes.passing("bot", ("a",)) == 0.625  # 1, 0.75, 0.625
+
+
+def test_line_lengths_are_kept_for_the_most_recently_observed_bots(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``context``'s mean line length per Bot (what sizes its first page) is a moving mean kept for
+    the KEPT most recently observed Bots; answers of fewer than MIN_LINES lines are not counted."""
+    monkeypatch.setattr(LineLengths, "KEPT", 2)
+    lengths = LineLengths()
+    lengths.observe("a", 400, 4)  # 100 a line
+    lengths.observe("a", 200, 1)  # too few lines: not counted
+    lengths.observe("b", 800, 4)
+    lengths.observe("a", 800, 4)  # 100 + (200 - 100) / 4; a is the newest now
+    lengths.observe("c", 400, 4)  # b is the oldest: dropped
+    assert (lengths.mean("a"), lengths.mean("b"), lengths.mean("c")) == (125.0, None, 100.0)
