@@ -348,8 +348,6 @@ class BotIndex:
         self._coarse = coarse
 
 
-_V = TypeVar("_V")
-
 #: Sets of reader keys of which a process keeps what it learnt (sparse or not, pass share), the
 #: least recently learnt dropped first (each a few hundred bytes).
 LEARNT_KEPT: Final = 65_536
@@ -485,6 +483,9 @@ class VectorIndexes:
         dropped = self._visible.pop(key, None)
         if dropped is not None:
             self._visible_ids -= len(dropped.ids)
+
+
+_V = TypeVar("_V")
 
 
 def _learn(
