@@ -90,7 +90,6 @@ CALL (readers, org) {
     UNWIND range(0, size($cands) - 1) AS i
     OPTIONAL MATCH (x:Entry) WHERE elementId(x) = $nodes[i]
     WITH readers, org, i, CASE WHEN x.id = $cands[i] AND x.botId = $botId THEN x END AS e
-    WITH readers, org, i, e
     WHERE e IS NULL OR (e.activeKey IS NOT NULL AND """
     + VISIBLE
     + """)

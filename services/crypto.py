@@ -18,7 +18,6 @@ import functools
 import hashlib
 import hmac
 import os
-from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -29,6 +28,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from prometheus_client import Counter
 
 from services import metrics
+from services.kept import keep_newest
 
 _VERSION = b"\x01"
 #: Bots whose cipher a process keeps (the least recently used is dropped first).
@@ -92,7 +92,7 @@ class Keyring:
         self._masters = {fingerprint(k): AESGCM(k) for k in (current, *previous)}
         # A Bot's data key never changes (rotation only re-wraps it), so its cipher is cached per
         # Bot: the CIPHERS_KEPT most recently used (a Bot dropped is unwrapped again when needed).
-        self._data_keys: OrderedDict[str, Cipher] = OrderedDict()
+        self._data_keys: dict[str, Cipher] = {}
 
     @property
     def current_id(self) -> str:
@@ -124,7 +124,7 @@ class Keyring:
         never change)."""
         cipher = self._data_keys.get(bot_id)
         if cipher is not None:
-            self._data_keys.move_to_end(bot_id)
+            keep_newest(self._data_keys, bot_id, cipher, CIPHERS_KEPT)
         return cipher
 
     def cipher(self, bot_id: str, key: WrappedKey) -> Cipher:
@@ -136,9 +136,7 @@ class Keyring:
                 hashlib.sha256(b"botmemory-digest:" + data_key).digest(),
                 hashlib.sha256(b"botmemory-blind-index:" + data_key).digest(),
             )
-            self._data_keys[bot_id] = cipher
-            if len(self._data_keys) > CIPHERS_KEPT:
-                self._data_keys.popitem(last=False)
+            keep_newest(self._data_keys, bot_id, cipher, CIPHERS_KEPT)
         return cipher
 
 

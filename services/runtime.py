@@ -9,6 +9,7 @@ from arq.connections import ArqRedis
 from neo4j import AsyncDriver
 
 from services.crypto import Cipher, Keyring, WrappedKey
+from services.kept import keep_newest
 from services.settings import Settings
 from services.vectorindex import VectorIndexes
 
@@ -32,10 +33,8 @@ class LineLengths:
         """An answer of ``lines`` lines that took ``characters`` (newlines included)."""
         if lines < self.MIN_LINES:
             return
-        seen, before = characters / lines, self._mean.pop(bot_id, None)
-        self._mean[bot_id] = seen if before is None else before + (seen - before) / 4
-        if len(self._mean) > self.KEPT:
-            del self._mean[next(iter(self._mean))]
+        seen, before = characters / lines, self._mean.get(bot_id)
+        keep_newest(self._mean, bot_id, seen if before is None else before + (seen - before) / 4, self.KEPT)
 
 
 @dataclass(frozen=True, slots=True)

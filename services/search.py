@@ -322,7 +322,6 @@ async def _ranked(
         found = await autocommit(rt.driver, lambda s, c=cands, sc=scores: q.run(s, index, c, sc))
         if found["fresh"]["ids"]:
             _absorb(index, cipher, found["fresh"], int(found["seq"]))
-            rt.vectors.account(bot_id, index)
             continue  # the candidates may have changed: ask again with the current index
         index.seq = max(index.seq, int(found["seq"]))
         if found["lost"]:
@@ -343,7 +342,7 @@ async def _ranked(
             continue  # few candidates pass: this reader needs the pre-filter
         walk *= WALK_GROWTH  # some were hidden or inactive: walk further down the same list
     assert found is not None
-    rt.vectors.account(bot_id, index)  # what ranking made (a query's postings, a reader's rows) counts too
+    rt.vectors.account(bot_id, index)  # what catching up and ranking took in counts
     ranked = found["ranked"]
     ranked.sort(key=lambda r: (-float(r["score"]), -int(r["entry"]["memoryRank"])))
     return ranked, cipher
@@ -387,7 +386,6 @@ async def _prefiltered(
         _, fresh = await search_q.derived_since(tx, bot_id=q.bot_id, model=index.model, after=index.seq)
         if fresh is not None:
             _absorb(index, cipher, fresh, seq)
-            rt.vectors.account(q.bot_id, index)
     if _many(len(ids), index):
         rt.vectors.observe(q.bot_id, tuple(reader_keys(list(params["readers"]))), sparse=False)
     cands, scores = q.candidates(index, ids)

@@ -23,12 +23,13 @@ import asyncio
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Final, TypeVar
+from typing import Final
 
 import numpy as np
 import numpy.typing as npt
 
 from services import metrics
+from services.kept import keep_newest
 from services.keywordindex import Postings, largest
 
 #: Below this many vectors the ranking is exact over dequantised float32 vectors.
@@ -102,8 +103,7 @@ class BotIndex:
     @property
     def nbytes(self) -> int:
         """Memory held by the arrays and postings (ids and the id map not counted)."""
-        rows = self._has_vec.nbytes + self._pinned.nbytes + self._order.nbytes + self._node.nbytes
-        return self._q.nbytes + self._scale.nbytes + self._coarse.nbytes + rows + self.keywords.nbytes
+        return self._arrays_nbytes + self.keywords.nbytes
 
     @property
     def held_bytes(self) -> int:
@@ -111,13 +111,17 @@ class BotIndex:
         its indexes compares, :class:`VectorIndexes`): the arrays (with what a reader's kept ids
         made of them), the postings (with what queries made of them) and ~``ROW_BYTES`` a row for
         its id and its place in the id map."""
-        rows = self._has_vec.nbytes + self._pinned.nbytes + self._order.nbytes + self._node.nbytes
-        arrays = self._q.nbytes + self._scale.nbytes + self._coarse.nbytes + rows
+        arrays = self._arrays_nbytes
         if self._among is not None:  # a reader's rows, and their vectors once dequantised
             arrays += self._among[2].nbytes + (
                 0 if self._among_vectors is None else self._among_vectors.nbytes
             )
         return arrays + self.keywords.approx_nbytes + ROW_BYTES * len(self._ids)
+
+    @property
+    def _arrays_nbytes(self) -> int:
+        rows = self._has_vec.nbytes + self._pinned.nbytes + self._order.nbytes + self._node.nbytes
+        return self._q.nbytes + self._scale.nbytes + self._coarse.nbytes + rows
 
     def upsert(
         self,
@@ -454,7 +458,7 @@ class VectorIndexes:
         return self._sparse.get((bot_id, keys), False)
 
     def observe(self, bot_id: str, keys: tuple[str, ...], sparse: bool) -> None:
-        _learn(self._sparse, (bot_id, keys), sparse)
+        keep_newest(self._sparse, (bot_id, keys), sparse, LEARNT_KEPT)
 
     def passing(self, bot_id: str, keys: tuple[str, ...]) -> float:
         """The share of walked candidates that passed for readers with these keys (default 1)."""
@@ -462,7 +466,8 @@ class VectorIndexes:
 
     def observe_passing(self, bot_id: str, keys: tuple[str, ...], share: float) -> None:
         """A walk's share of candidates that passed, averaged with the earlier ones."""
-        _learn(self._passing, (bot_id, keys), 0.5 * self.passing(bot_id, keys) + 0.5 * share)
+        share = 0.5 * self.passing(bot_id, keys) + 0.5 * share
+        keep_newest(self._passing, (bot_id, keys), share, LEARNT_KEPT)
 
     def visible(self, key: ReaderKey) -> VisibleIds | None:
         """The visible active ids last read for this reader (any memory version), if kept."""
@@ -483,16 +488,3 @@ class VectorIndexes:
         dropped = self._visible.pop(key, None)
         if dropped is not None:
             self._visible_ids -= len(dropped.ids)
-
-
-_V = TypeVar("_V")
-
-
-def _learn(
-    learnt: dict[tuple[str, tuple[str, ...]], _V], key: tuple[str, tuple[str, ...]], value: _V
-) -> None:
-    """``learnt[key] = value`` as the newest, the oldest dropped beyond LEARNT_KEPT."""
-    learnt.pop(key, None)
-    learnt[key] = value
-    if len(learnt) > LEARNT_KEPT:
-        del learnt[next(iter(learnt))]
