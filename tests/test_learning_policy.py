@@ -6,6 +6,7 @@ state) leaves the position for a later execution; the output's text is nowhere i
 
 from __future__ import annotations
 
+import json
 import secrets
 from collections.abc import Callable
 
@@ -94,11 +95,14 @@ async def test_hostile_answers_are_rejected_whole(
         ),
         ("model:too_large", lambda i: Reply(text=CANARY + "x" * 10_000_000)),
     ]
-    for expected, reply in cases:
+    for n, (expected, reply) in enumerate(cases):
         chat = await api.chat(w.tokens["ann"], w.bot)
         notice_turn = await api.turn(platform, chat, "the Bot was updated", notice=True)
         await complete(api, platform, notice_turn["id"])
-        turn = await api.turn(platform, chat, "book me a table for two", actor=w.people["ann"])
+        # The scripted answers go only to requests about this case's Turn: work of earlier tests
+        # still in flight (an idle Turn the sweeper queues) must not take them.
+        said_now = f"book me a table for two, case {n:02d}"
+        turn = await api.turn(platform, chat, said_now, actor=w.people["ann"])
         ids = await add_items(
             api,
             platform,
@@ -109,8 +113,7 @@ async def test_hostile_answers_are_rejected_whole(
         )
         items = {"notice": "i-1", "person": "i-2", "bot": ids[0], "tool_call": ids[1], "app": ids[2]}
         refused = expected.startswith("policy:")
-        model_server.script("learn", *[reply(items)] * (1 + MAX_REASKS if refused else 1))
-        asked_before = len(model_server.requests_for("learn"))
+        model_server.script("learn", *[reply(items)] * (1 + MAX_REASKS if refused else 1), about=said_now)
         await confide(api, platform, turn["id"])
         await complete(api, platform, turn["id"])
         [x] = await wait_executions(runtime, turn["id"])
@@ -120,7 +123,8 @@ async def test_hostile_answers_are_rejected_whole(
             codes = aside.split(":", 1)[1].split(",")
             assert len(codes) == 1 + MAX_REASKS and all(c.startswith(expected) for c in codes), aside
             assert CANARY not in aside
-            assert len(model_server.requests_for("learn")) - asked_before == 1 + MAX_REASKS
+            asked = [r for r in model_server.requests_for("learn") if said_now in json.dumps(r.body)]
+            assert len(asked) == 1 + MAX_REASKS
             assert await position(runtime, w.bot, chat) == 5
         else:
             assert x["status"] == "failed", (expected, x)

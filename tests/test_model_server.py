@@ -237,6 +237,25 @@ async def test_task_queue_beats_any_task_queue_and_defaults(model_server: ModelS
     ]
 
 
+async def test_replies_about_a_text_go_only_to_requests_that_contain_it(model_server: ModelServer) -> None:
+    """A test's replies are not taken by other work in flight (another test's idle Turn)."""
+    model_server.script("learn", Reply(text="mine-1"), Reply(text="mine-2"), about="case 07")
+    model_server.script("learn", Reply(text="plain"))
+
+    async def ask(said: str) -> str | None:
+        async with _client(model_server) as client:
+            response = await client.chat.completions.create(
+                model="gpt-test", messages=[{"role": "user", "content": said}], extra_headers=_task("learn")
+            )
+        return response.choices[0].message.content
+
+    assert await ask("an old Turn") == "plain"
+    assert await ask("another old Turn") == "Thank you for telling me."
+    assert await ask("book a table, case 07") == "mine-1"
+    assert await ask("book a table, case 07") == "mine-2"
+    assert await ask("book a table, case 07") == "Thank you for telling me."
+
+
 async def test_records_hold_body_and_headers(model_server: ModelServer) -> None:
     async with _client(model_server) as client:
         await client.chat.completions.create(

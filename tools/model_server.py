@@ -70,7 +70,7 @@ class ModelServer:
     def __init__(self, history: int | None = None) -> None:
         """``history`` bounds the record to the last requests (a long-running server); None keeps all."""
         self._lock = threading.Lock()
-        self._queues: dict[str | None, deque[Reply]] = {}
+        self._queues: dict[tuple[str | None, str | None], deque[Reply]] = {}
         self._defaults: dict[str | None, Reply] = {}
         self._responders: dict[str | None, Callable[[Recorded], Reply]] = {}
         self._record: deque[Recorded] = deque(maxlen=history)
@@ -106,11 +106,14 @@ class ModelServer:
         assert self._httpd is not None, "not started"
         return f"http://127.0.0.1:{self._httpd.server_address[1]}/v1"
 
-    def script(self, task: str | None, *replies: Reply) -> None:
+    def script(self, task: str | None, *replies: Reply, about: str | None = None) -> None:
         """Queue replies for requests whose X-Botmemory-Task header equals task (None = any task);
-        consumed in order; task-specific queues are tried before the any-task queue."""
+        consumed in order; task-specific queues are tried before the any-task queue. With
+        ``about``, only requests whose body contains that text take them (before the queues
+        without it): a test's replies are not taken by another test's work still in flight, such
+        as a Turn the sweeper queues once it is idle."""
         with self._lock:
-            self._queues.setdefault(task, deque()).extend(replies)
+            self._queues.setdefault((task, about), deque()).extend(replies)
 
     def default(self, task: str | None, reply: Reply) -> None:
         """The reply used when no queued reply matches (built-in default: Reply(text="Thank you for telling me."))."""
@@ -166,10 +169,14 @@ class ModelServer:
     def _take(self, recorded: Recorded) -> Reply:
         """Record the request and pick its reply."""
         task = recorded.task
+        body = json.dumps(recorded.body, ensure_ascii=False)
         with self._lock:
             self._record.append(recorded)
             for key in (task, None) if task is not None else (None,):
-                queue = self._queues.get(key)
+                for (of, about), queue in self._queues.items():
+                    if of == key and about is not None and queue and about in body:
+                        return queue.popleft()
+                queue = self._queues.get((key, None))
                 if queue:
                     return queue.popleft()
             responder = self._responders.get(task) or self._responders.get(None)
