@@ -16,6 +16,7 @@ from services.runtime import Runtime
 from services.settings import Settings, load_settings
 from tests.client import Api
 from tests.model_server import ModelServer
+from tests.waiting import until
 from tools.processes import ServerProcess
 from tools.processes import WorkerProcess as _WorkerProcess
 
@@ -108,13 +109,35 @@ async def api(api_process: ApiProcess, settings: Settings) -> AsyncIterator[Api]
         yield Api(http, settings.admin_token.get_secret_value())
 
 
+#: Learning that earlier tests left to run (a confided Turn never completed, which the sweeper
+#: queues once idle; a queued or budget-waiting execution; one whose worker was killed, its lease
+#: run out) ends before the next test scripts its model: it would otherwise take that test's
+#: scripted answers. Then how many still run (a worker's live lease): the fixture waits for those.
+_SETTLE_LEARNING = """
+MATCH (x:LearningExecution)
+WHERE x.status IN ['waiting', 'queued', 'budget'] OR (x.status = 'running' AND x.leaseUntil < timestamp())
+SET x.status = 'failed', x.error = 'test:settled', x.endedAt = timestamp()
+WITH count(x) AS settled
+OPTIONAL MATCH (x:LearningExecution {status: 'running'})
+RETURN count(x) AS running
+"""
+
+
 @pytest.fixture
-def learning_worker(worker_process: WorkerProcess, model_server: ModelServer) -> Iterator[WorkerProcess]:
-    """A live worker and a model server with nothing scripted; a test that killed the worker
-    leaves a live one behind for the next."""
+async def learning_worker(
+    worker_process: WorkerProcess, model_server: ModelServer, runtime: Runtime
+) -> AsyncIterator[WorkerProcess]:
+    """A live worker and a model server with nothing scripted and no earlier test's learning left
+    to ask it; a test that killed the worker leaves a live one behind for the next."""
     if worker_process.proc.poll() is not None:
         worker_process.restart()
     worker_process.wait_ready()
+
+    async def settled() -> bool:
+        records, _, _ = await runtime.driver.execute_query(_SETTLE_LEARNING)
+        return records[0]["running"] == 0
+
+    await until(settled, "an earlier test's learning execution is still running", within=30)
     model_server.reset()
     yield worker_process
     if worker_process.proc.poll() is not None:
