@@ -172,10 +172,17 @@ class Row:
     checked_bd: Breakdown | None = None
     unchecked_bd: Breakdown | None = None
     note: str = ""
+    #: The median of each separate run, when the measurement was repeated (``samples`` holds them all).
+    run_medians: list[float] = field(default_factory=list[float])
 
     @property
     def n(self) -> int:
         return len(self.samples)
+
+    @property
+    def median_of_runs(self) -> float:
+        """The median of the runs' medians (of all samples when it ran once)."""
+        return pct(self.run_medians, 0.5) if self.run_medians else self.median
 
     @property
     def median(self) -> float:

@@ -1081,7 +1081,10 @@ def report(
         "connections held by a client process on the same 2 cores (`same operation`: every subscriber sends "
         "the same document, so each event is executed and serialised once per visible set; `own operation "
         "each`: every document differs, so nothing is shared). `interleaved context` = `context` on every "
-        "pool in one loop, pools in a new random order each round (the 100k/1k ratio)."
+        "pool in one loop, pools in a new random order each round (the 100k/1k ratio); `interleaved "
+        "search(10)` and `interleaved context(4000, query)` likewise, the loop run "
+        f"{search_bench.INTERLEAVED_RUNS} times: their rows hold every run's samples, and their targets "
+        "take the median of the runs' medians and of the runs' 100k/1k ratios (each within one run)."
     )
     add("")
     add(

@@ -766,11 +766,22 @@ async def measure_search(
     return stats
 
 
+#: Separate runs of the interleaved loop: its targets are the medians of the runs' medians, its
+#: ratios the medians of the runs' ratios (each ratio within one run).
+INTERLEAVED_RUNS: Final = 3
+
+
 async def measure_interleaved(
-    rt: Runtime, pools: Sequence[PoolLike], s: BenchSettings, corpus: Corpus, out: list[Row]
+    rt: Runtime,
+    pools: Sequence[PoolLike],
+    s: BenchSettings,
+    corpus: Corpus,
+    out: list[Row],
+    runs: int = INTERLEAVED_RUNS,
 ) -> None:
     """``search`` and ``context(query)`` for each reader kind on every pool in one loop (a new
-    random order each round), for the 100k/1k ratio under the same machine conditions."""
+    random order each round), for the 100k/1k ratio under the same machine conditions; the loop
+    runs ``runs`` times, each with its own warm-up and medians."""
     qe = QueryEmbedder(corpus, LocalMiniLM().id)
     readers = {(p.size, k): r for p in pools for k, r in (await _readers(rt, p)).items()}
     bots = {p.size: p.bot for p in pools}
@@ -778,25 +789,57 @@ async def measure_interleaved(
     rows_ = {key: Row(key[0], "interleaved " + key[2], key[1], []) for key in keys}
     questions = itertools.cycle(corpus.questions)
     rng = random.Random(11)
-    for round_ in range(s.warmup + s.runs):
-        rng.shuffle(keys)
-        query = next(questions)
-        for size, kind, op in keys:
-            t = time.perf_counter()
-            if op == OP_SEARCH:
-                got = len(await search.search(rt, qe, bots[size], readers[size, kind], query, SEARCH_LIMIT))
-            else:
-                ctx = await search.context(rt, qe, bots[size], readers[size, kind], CONTEXT_LIMIT, query)
-                got = len(ctx.ids)
-            if round_ >= s.warmup:
-                rows_[size, kind, op].samples.append((time.perf_counter() - t) * 1000)
-                rows_[size, kind, op].returned.append(got)
+    for run in range(runs):
+        samples: dict[tuple[int, str, str], list[float]] = {key: [] for key in keys}
+        for round_ in range(s.warmup + s.runs):
+            rng.shuffle(keys)
+            query = next(questions)
+            for size, kind, op in keys:
+                t = time.perf_counter()
+                if op == OP_SEARCH:
+                    got = len(
+                        await search.search(rt, qe, bots[size], readers[size, kind], query, SEARCH_LIMIT)
+                    )
+                else:
+                    ctx = await search.context(rt, qe, bots[size], readers[size, kind], CONTEXT_LIMIT, query)
+                    got = len(ctx.ids)
+                if round_ >= s.warmup:
+                    samples[size, kind, op].append((time.perf_counter() - t) * 1000)
+                    rows_[size, kind, op].returned.append(got)
+        for key, taken in samples.items():
+            rows_[key].samples.extend(taken)
+            rows_[key].run_medians.append(pct(taken, 0.5))
+        log(f"  interleaved run {run + 1} of {runs} done")
     for row in rows_.values():
         out.append(row)
-        log(f"  {row.size:>7,} {row.op} {row.reader:<5} n={row.n} median {fmt_ms(row.median)} ms")
+        medians = " / ".join(fmt_ms(m) for m in row.run_medians)
+        log(f"  {row.size:>7,} {row.op} {row.reader:<5} n={row.n} run medians {medians} ms")
+
+
+def ratio_of_runs(hi: Row, lo: Row) -> float:
+    """The median over the runs of ``hi``'s median ÷ ``lo``'s median in the same run (of the
+    medians of all samples when they were not repeated alike)."""
+    if hi.run_medians and len(hi.run_medians) == len(lo.run_medians):
+        return pct([h / lo_ for h, lo_ in zip(hi.run_medians, lo.run_medians, strict=True)], 0.5)
+    return hi.median / lo.median
 
 
 # --- report --------------------------------------------------------------------------------------
+
+
+def _of_runs(r: Row | None) -> str:
+    """A target's figure: the median of the runs' medians, and each run's."""
+    if r is None:
+        return "not run"
+    if len(r.run_medians) < 2:
+        return f"{fmt_ms(r.median)} ms"
+    return f"{fmt_ms(r.median_of_runs)} ms (runs {' / '.join(fmt_ms(m) for m in r.run_medians)})"
+
+
+def _run_ratios(hi: Row, lo: Row | None) -> str:
+    if lo is None or len(lo.run_medians) != len(hi.run_medians):
+        return "–"
+    return " / ".join(fmt_ratio(h / lo_) for h, lo_ in zip(hi.run_medians, lo.run_medians, strict=True))
 
 
 def target_lines(
@@ -815,7 +858,7 @@ def target_lines(
             r = find(rows_, big, name, kind) if big else None
             add(
                 f"| `{op}` median ≤ {T_SEARCH_MEDIAN:g} ms (query embedding excluded){how} | 100k | {kind} | "
-                f"{fmt_ms(r.median) + ' ms' if r else 'not run'} | {verdict(r.median <= T_SEARCH_MEDIAN if r else None)} |"
+                f"{_of_runs(r)} | {verdict(r.median_of_runs <= T_SEARCH_MEDIAN if r else None)} |"
             )
         for kind in READER_KINDS:
             r = find(rows_, big, name, kind) if big else None
@@ -826,9 +869,10 @@ def target_lines(
         for kind in READER_KINDS:
             hi = find(rows_, big, name, kind) if big else None
             lo = find(rows_, small, name, kind) if small else None
-            ratio = hi.median / lo.median if hi and lo else None
+            ratio = ratio_of_runs(hi, lo) if hi and lo else None
+            runs = "" if hi is None or len(hi.run_medians) < 2 else f"; runs {_run_ratios(hi, lo)}"
             measured = (
-                f"{fmt_ratio(ratio)} ({fmt_ms(hi.median)} / {fmt_ms(lo.median)} ms)"
+                f"{fmt_ratio(ratio)} ({fmt_ms(hi.median_of_runs)} / {fmt_ms(lo.median_of_runs)} ms{runs})"
                 if ratio and hi and lo
                 else "not run"
             )
