@@ -112,7 +112,8 @@ async def api(api_process: ApiProcess, settings: Settings) -> AsyncIterator[Api]
 #: Learning that earlier tests left to run (a confided Turn never completed, which the sweeper
 #: queues once idle; a queued or budget-waiting execution; one whose worker was killed, its lease
 #: run out) ends before the next test scripts its model: it would otherwise take that test's
-#: scripted answers. Then how many still run (a worker's live lease): the fixture waits for those.
+#: scripted answers. Then how many still run (a worker's live lease): the fixture waits for those
+#: before a test, and leaves them to end by themselves after it.
 _SETTLE_LEARNING = """
 MATCH (x:LearningExecution)
 WHERE x.status IN ['waiting', 'queued', 'budget'] OR (x.status = 'running' AND x.leaseUntil < timestamp())
@@ -140,6 +141,8 @@ async def learning_worker(
     await until(settled, "an earlier test's learning execution is still running", within=30)
     model_server.reset()
     yield worker_process
+    # And what this test leaves, before later tests (some script answers for any task) run.
+    await runtime.driver.execute_query(_SETTLE_LEARNING)
     if worker_process.proc.poll() is not None:
         worker_process.restart()
         worker_process.wait_ready()
