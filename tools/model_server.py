@@ -169,12 +169,16 @@ class ModelServer:
     def _take(self, recorded: Recorded) -> Reply:
         """Record the request and pick its reply."""
         task = recorded.task
-        body = json.dumps(recorded.body, ensure_ascii=False)
+        body: str | None = None  # the request as text, made once a reply bound to a text waits
         with self._lock:
             self._record.append(recorded)
             for key in (task, None) if task is not None else (None,):
                 for (of, about), queue in self._queues.items():
-                    if of == key and about is not None and queue and about in body:
+                    if of != key or about is None or not queue:
+                        continue
+                    if body is None:
+                        body = json.dumps(recorded.body, ensure_ascii=False)
+                    if about in body:
                         return queue.popleft()
                 queue = self._queues.get((key, None))
                 if queue:
