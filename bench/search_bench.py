@@ -816,12 +816,17 @@ async def measure_interleaved(
         log(f"  {row.size:>7,} {row.op} {row.reader:<5} n={row.n} run medians {medians} ms")
 
 
+def run_ratios(hi: Row, lo: Row) -> list[float]:
+    """``hi``'s median ÷ ``lo``'s median in each run (none when they were not repeated alike)."""
+    if not hi.run_medians or len(hi.run_medians) != len(lo.run_medians):
+        return []
+    return [h / lo_ for h, lo_ in zip(hi.run_medians, lo.run_medians, strict=True)]
+
+
 def ratio_of_runs(hi: Row, lo: Row) -> float:
-    """The median over the runs of ``hi``'s median ÷ ``lo``'s median in the same run (of the
-    medians of all samples when they were not repeated alike)."""
-    if hi.run_medians and len(hi.run_medians) == len(lo.run_medians):
-        return pct([h / lo_ for h, lo_ in zip(hi.run_medians, lo.run_medians, strict=True)], 0.5)
-    return hi.median / lo.median
+    """The median of :func:`run_ratios` (of all samples' medians when not repeated alike)."""
+    ratios = run_ratios(hi, lo)
+    return pct(ratios, 0.5) if ratios else hi.median / lo.median
 
 
 # --- report --------------------------------------------------------------------------------------
@@ -834,12 +839,6 @@ def _of_runs(r: Row | None) -> str:
     if len(r.run_medians) < 2:
         return f"{fmt_ms(r.median)} ms"
     return f"{fmt_ms(r.median_of_runs)} ms (runs {' / '.join(fmt_ms(m) for m in r.run_medians)})"
-
-
-def _run_ratios(hi: Row, lo: Row | None) -> str:
-    if lo is None or len(lo.run_medians) != len(hi.run_medians):
-        return "–"
-    return " / ".join(fmt_ratio(h / lo_) for h, lo_ in zip(hi.run_medians, lo.run_medians, strict=True))
 
 
 def target_lines(
@@ -870,7 +869,8 @@ def target_lines(
             hi = find(rows_, big, name, kind) if big else None
             lo = find(rows_, small, name, kind) if small else None
             ratio = ratio_of_runs(hi, lo) if hi and lo else None
-            runs = "" if hi is None or len(hi.run_medians) < 2 else f"; runs {_run_ratios(hi, lo)}"
+            each = run_ratios(hi, lo) if hi and lo else []
+            runs = f"; runs {' / '.join(fmt_ratio(r) for r in each)}" if len(each) > 1 else ""
             measured = (
                 f"{fmt_ratio(ratio)} ({fmt_ms(hi.median_of_runs)} / {fmt_ms(lo.median_of_runs)} ms{runs})"
                 if ratio and hi and lo

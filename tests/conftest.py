@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from graph.learning import ENDS
 from services.bootstrap import open_runtime
 from services.runtime import Runtime
 from services.settings import Settings, load_settings
@@ -109,14 +110,14 @@ async def api(api_process: ApiProcess, settings: Settings) -> AsyncIterator[Api]
         yield Api(http, settings.admin_token.get_secret_value())
 
 
-#: Learning that earlier tests left to run (a confided Turn never completed, which the sweeper
-#: queues once idle; a queued or budget-waiting execution; one whose worker was killed, its lease
-#: run out) ends before the next test scripts its model: it would otherwise take that test's
+#: Learning that earlier tests left to run (not ended: a confided Turn never completed, which the
+#: sweeper queues once idle; a queued or budget-waiting execution; one whose worker was killed, its
+#: lease run out) ends before the next test scripts its model: it would otherwise take that test's
 #: scripted answers. Then how many still run (a worker's live lease): the fixture waits for those
 #: before a test, and leaves them to end by themselves after it.
 _SETTLE_LEARNING = """
 MATCH (x:LearningExecution)
-WHERE x.status IN ['waiting', 'queued', 'budget'] OR (x.status = 'running' AND x.leaseUntil < timestamp())
+WHERE NOT x.status IN $ends AND (x.status <> 'running' OR x.leaseUntil < timestamp())
 SET x.status = 'failed', x.error = 'test:settled', x.endedAt = timestamp()
 WITH count(x) AS settled
 OPTIONAL MATCH (x:LearningExecution {status: 'running'})
@@ -135,14 +136,14 @@ async def learning_worker(
     worker_process.wait_ready()
 
     async def settled() -> bool:
-        records, _, _ = await runtime.driver.execute_query(_SETTLE_LEARNING)
+        records, _, _ = await runtime.driver.execute_query(_SETTLE_LEARNING, ends=list(ENDS))
         return records[0]["running"] == 0
 
     await until(settled, "an earlier test's learning execution is still running", within=30)
     model_server.reset()
     yield worker_process
     # And what this test leaves, before later tests (some script answers for any task) run.
-    await runtime.driver.execute_query(_SETTLE_LEARNING)
+    await runtime.driver.execute_query(_SETTLE_LEARNING, ends=list(ENDS))
     if worker_process.proc.poll() is not None:
         worker_process.restart()
         worker_process.wait_ready()

@@ -6,7 +6,6 @@ state) leaves the position for a later execution; the output's text is nowhere i
 
 from __future__ import annotations
 
-import json
 import secrets
 from collections.abc import Callable
 
@@ -123,7 +122,7 @@ async def test_hostile_answers_are_rejected_whole(
             codes = aside.split(":", 1)[1].split(",")
             assert len(codes) == 1 + MAX_REASKS and all(c.startswith(expected) for c in codes), aside
             assert CANARY not in aside
-            asked = [r for r in model_server.requests_for("learn") if said_now in json.dumps(r.body)]
+            asked = [r for r in model_server.requests_for("learn") if said_now in r.text]
             assert len(asked) == 1 + MAX_REASKS
             assert await position(runtime, w.bot, chat) == 5
         else:

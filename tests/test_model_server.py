@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable
 from typing import Any
 
 import httpx
@@ -27,6 +28,17 @@ def _client(server: ModelServer, timeout: float = 5) -> openai.AsyncOpenAI:
 
 def _task(task: str) -> dict[str, str]:
     return {"X-Botmemory-Task": task}
+
+
+async def _ask(server: ModelServer, task: str | None, said: str = "Hello") -> str | None:
+    """The text of the reply to one user message sent with ``task`` (None: no task header)."""
+    async with _client(server) as client:
+        response = await client.chat.completions.create(
+            model="gpt-test",
+            messages=[{"role": "user", "content": said}],
+            extra_headers=_task(task) if task is not None else None,
+        )
+    return response.choices[0].message.content
 
 
 async def test_plain_text_and_usage(model_server: ModelServer) -> None:
@@ -212,21 +224,13 @@ async def test_task_queue_beats_any_task_queue_and_defaults(model_server: ModelS
     model_server.script("answer", Reply(text="answer-1"))
     model_server.default("answer", Reply(text="answer-default"))
 
-    async def ask(task: str | None) -> str | None:
-        headers = _task(task) if task is not None else None
-        async with _client(model_server) as client:
-            response = await client.chat.completions.create(
-                model="gpt-test", messages=MESSAGES, extra_headers=headers
-            )
-        return response.choices[0].message.content
-
-    assert await ask("answer") == "answer-1"
-    assert await ask("answer") == "any-1"
-    assert await ask("summarize") == "any-2"
-    assert await ask("answer") == "answer-default"
-    assert await ask("summarize") == "Thank you for telling me."
+    assert await _ask(model_server, "answer") == "answer-1"
+    assert await _ask(model_server, "answer") == "any-1"
+    assert await _ask(model_server, "summarize") == "any-2"
+    assert await _ask(model_server, "answer") == "answer-default"
+    assert await _ask(model_server, "summarize") == "Thank you for telling me."
     model_server.default(None, Reply(text="global default"))
-    assert await ask(None) == "global default"
+    assert await _ask(model_server, None) == "global default"
     assert [r.task for r in model_server.requests] == [
         "answer",
         "answer",
@@ -242,12 +246,8 @@ async def test_replies_about_a_text_go_only_to_requests_that_contain_it(model_se
     model_server.script("learn", Reply(text="mine-1"), Reply(text="mine-2"), about="case 07")
     model_server.script("learn", Reply(text="plain"))
 
-    async def ask(said: str) -> str | None:
-        async with _client(model_server) as client:
-            response = await client.chat.completions.create(
-                model="gpt-test", messages=[{"role": "user", "content": said}], extra_headers=_task("learn")
-            )
-        return response.choices[0].message.content
+    def ask(said: str) -> Awaitable[str | None]:
+        return _ask(model_server, "learn", said)
 
     assert await ask("an old Turn") == "plain"
     assert await ask("another old Turn") == "Thank you for telling me."

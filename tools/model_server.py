@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import json
 import socketserver
@@ -59,6 +60,11 @@ class Recorded:
     headers: dict[str, str]
     body: dict[str, Any]
     at: float
+
+    @functools.cached_property
+    def text(self) -> str:
+        """The body as JSON text (what a reply bound to a text is matched against)."""
+        return json.dumps(self.body, ensure_ascii=False)
 
 
 class ModelServer:
@@ -169,16 +175,11 @@ class ModelServer:
     def _take(self, recorded: Recorded) -> Reply:
         """Record the request and pick its reply."""
         task = recorded.task
-        body: str | None = None  # the request as text, made once a reply bound to a text waits
         with self._lock:
             self._record.append(recorded)
             for key in (task, None) if task is not None else (None,):
                 for (of, about), queue in self._queues.items():
-                    if of != key or about is None or not queue:
-                        continue
-                    if body is None:
-                        body = json.dumps(recorded.body, ensure_ascii=False)
-                    if about in body:
+                    if of == key and about is not None and queue and about in recorded.text:
                         return queue.popleft()
                 queue = self._queues.get((key, None))
                 if queue:
