@@ -25,6 +25,15 @@ B: Final = 0.75
 
 Rows = npt.NDArray[np.int64]
 Scores = npt.NDArray[np.float64]
+#: Per row, its position in a list of rows (-1: not in it).
+Places = npt.NDArray[np.int32]
+
+
+def places(rows: Rows, size: int) -> Places:
+    """Each of ``size`` rows' position in ``rows`` (-1 for a row not in it)."""
+    found = np.full(size, -1, np.int32)
+    found[rows] = np.arange(rows.shape[0], dtype=np.int32)
+    return found
 
 
 def largest(scores: npt.NDArray[np.float32] | npt.NDArray[np.float64], k: int) -> Rows:
@@ -74,6 +83,11 @@ class Postings:
         self._length = np.zeros(0, np.float32)
         self._docs = 0
         self._total = 0
+
+    @property
+    def capacity(self) -> int:
+        """Rows the postings have room for: every row they hold is below it."""
+        return int(self._length.shape[0])
 
     @property
     def nbytes(self) -> int:
@@ -153,9 +167,14 @@ class Postings:
             self._tfs[t].frombytes(tfs[part].tobytes())
             self._changed(t)
 
-    def top(self, blind: list[str], k: int, among: Rows | None = None) -> tuple[Rows, Scores]:
+    def top(
+        self, blind: list[str], k: int, among: Rows | None = None, place: Places | None = None
+    ) -> tuple[Rows, Scores]:
         """The ``k`` rows (of ``among``, when given) with the highest BM25 score for the query's
-        distinct blind tokens, best first, and their scores; rows matching none are left out."""
+        distinct blind tokens, best first, and their scores; rows matching none are left out.
+        Among a few rows, only their postings are summed (a reader who sees 1 % of 100k entries:
+        0.19 -> 0.07 ms), found through ``place``: each row's position in ``among`` (-1 for the
+        others; made here when the caller keeps none)."""
         tokens = [t for t in (self._vocab.get(b) for b in dict.fromkeys(blind)) if t is not None]
         if not tokens or k <= 0 or self._docs == 0:
             return np.empty(0, np.int64), np.empty(0, np.float64)
@@ -179,13 +198,26 @@ class Postings:
             weights.append(weight)
         if not rows_parts:
             return np.empty(0, np.int64), np.empty(0, np.float64)
-        all_rows = np.concatenate(rows_parts)
-        all_weights = np.concatenate(weights)
-        size = self._length.shape[0]
         # With weights, bincount sums in float64 (its stubs say intp).
-        summed = cast(Scores, np.bincount(all_rows, weights=all_weights, minlength=size))
-        hit = largest(summed, k) if among is None else among[largest(summed[among], k)]
-        scores = summed[hit]
+        if among is None:
+            summed = cast(
+                Scores,
+                np.bincount(
+                    np.concatenate(rows_parts), weights=np.concatenate(weights), minlength=self.capacity
+                ),
+            )
+            hit = largest(summed, k)
+            scores = summed[hit]
+        else:
+            if place is None:
+                place = places(among, self.capacity)
+            summed = np.zeros(among.shape[0], np.float64)
+            for rows, weight in zip(rows_parts, weights, strict=True):
+                at = place[rows]
+                kept = at >= 0
+                summed += np.bincount(at[kept], weights=weight[kept], minlength=among.shape[0])
+            best = largest(summed, k)
+            hit, scores = among[best], summed[best]
         hit, scores = hit[scores > 0], scores[scores > 0]
         order = np.argsort(-scores, kind="stable")
         return hit[order], scores[order]

@@ -30,7 +30,7 @@ import numpy.typing as npt
 
 from services import metrics
 from services.kept import keep_newest
-from services.keywordindex import Postings, largest
+from services.keywordindex import Places, Postings, largest, places
 
 #: Below this many vectors the ranking is exact over dequantised float32 vectors.
 EXACT_MAX: Final = 16_384
@@ -92,10 +92,11 @@ class BotIndex:
         #: The version of the newest entry held (what the recency prior counts from).
         self._newest = 0.0
         #: The last ``among`` list ranked (a reader's kept visible ids come back search after
-        #: search as the same list): the list, the size of the index then, its rows and their
-        #: vectors dequantised (None until asked for).
+        #: search as the same list): the list, the size of the index then, its rows, their
+        #: vectors dequantised and each row's place among them (the last two None until asked for).
         self._among: tuple[list[str], int, npt.NDArray[np.int64]] | None = None
         self._among_vectors: F32 | None = None
+        self._among_places: Places | None = None
 
     def __len__(self) -> int:
         return len(self._ids)
@@ -112,9 +113,9 @@ class BotIndex:
         made of them), the postings (with what queries made of them) and ~``ROW_BYTES`` a row for
         its id and its place in the id map."""
         arrays = self._arrays_nbytes
-        if self._among is not None:  # a reader's rows, and their vectors once dequantised
-            arrays += self._among[2].nbytes + (
-                0 if self._among_vectors is None else self._among_vectors.nbytes
+        if self._among is not None:  # a reader's rows, and their vectors and places once made
+            arrays += self._among[2].nbytes + sum(
+                0 if made is None else made.nbytes for made in (self._among_vectors, self._among_places)
             )
         return arrays + self.keywords.approx_nbytes + ROW_BYTES * len(self._ids)
 
@@ -138,7 +139,7 @@ class BotIndex:
         a vector in this update has none afterwards."""
         if not ids:
             return
-        self._among = self._among_vectors = None
+        self._among = self._among_vectors = self._among_places = None
         rows = self._rows_for(ids)
         self.keywords.set_many(rows.tolist(), keywords)
         self._set_nodes(rows, nodes)
@@ -186,7 +187,7 @@ class BotIndex:
         dense = np.empty(0, np.int64)
         if vector is not None and self._q.shape[1] == vector.shape[0]:
             dense = self._top_rows(vector, dense_k, rows)
-        keyword, _ = self.keywords.top(blind, keyword_k, rows)
+        keyword, _ = self.keywords.top(blind, keyword_k, rows, None if rows is None else self._places(rows))
         if dense.size + keyword.size == 0:
             return [], []
         parts = np.concatenate([dense, keyword])
@@ -229,7 +230,7 @@ class BotIndex:
                 self._has_vec[row] = False
                 self._node[row] = -1
         self._unembedded = len(self._ids) - int(np.count_nonzero(self._has_vec[: len(self._ids)]))
-        self._among = self._among_vectors = None
+        self._among = self._among_vectors = self._among_places = None
 
     def top(self, query: F32, k: int) -> list[str]:
         """The ids of the ``k`` vectors most similar to ``query`` (cosine), best first."""
@@ -320,8 +321,17 @@ class BotIndex:
         if kept is not None and kept[0] is ids and kept[1] == len(self._ids):
             return kept[2]
         rows = np.array([p for p in (self._pos.get(i) for i in ids) if p is not None], np.int64)
-        self._among, self._among_vectors = (ids, len(self._ids), rows), None
+        self._among, self._among_vectors, self._among_places = (ids, len(self._ids), rows), None, None
         return rows
+
+    def _places(self, rows: npt.NDArray[np.int64]) -> Places:
+        """Each row's place among ``rows`` (kept with a reader's kept rows, made when first asked)."""
+        kept = self._among
+        if kept is None or kept[2] is not rows:
+            return places(rows, self.keywords.capacity)
+        if self._among_places is None:
+            self._among_places = places(rows, self.keywords.capacity)
+        return self._among_places
 
     def _exact(self, rows: npt.NDArray[np.int64], query: F32) -> F32:
         return (self._q[rows].astype(np.float32) @ query) * self._scale[rows]

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from prometheus_client import REGISTRY
 
 from services import vectorindex
-from services.keywordindex import K1, B, Postings, largest
+from services.keywordindex import K1, B, Postings, largest, places
 from services.runtime import LineLengths
 from services.vectorindex import (
     EXACT_MAX,
@@ -96,11 +96,19 @@ def test_postings_rank_as_reference_bm25(
     if len(expected) > len(rows) and len(rows):
         # Nothing left out scores above the last one taken.
         assert max(v for r, v in expected.items() if r not in set(rows.tolist())) <= scores[-1] + 1e-6
+    # Among some rows: the same scores, summed over those rows' postings only (through places
+    # made here, or kept by the caller).
     among = np.array(sorted(data.draw(st.sets(st.sampled_from(sorted(held))))), np.int64)
-    rows, _ = postings.top(query, k, among)
-    assert set(rows.tolist()) <= set(among.tolist())
-    wanted = sorted((v for r, v in expected.items() if r in set(among.tolist())), reverse=True)[:k]
-    assert len(rows) == len(wanted)
+    within = {r: v for r, v in expected.items() if r in set(among.tolist())}
+    for place in (None, places(among, postings.capacity)):
+        rows, scores = postings.top(query, k, among, place)
+        assert set(rows.tolist()) <= set(among.tolist())
+        assert list(scores) == sorted(scores, reverse=True)
+        assert len(rows) == min(k, len(within))
+        for row, score in zip(rows.tolist(), scores.tolist(), strict=True):
+            assert math.isclose(score, within[row], rel_tol=1e-5)
+        if len(within) > len(rows) and len(rows):
+            assert max(v for r, v in within.items() if r not in set(rows.tolist())) <= scores[-1] + 1e-6
 
 
 def test_a_revision_that_keeps_the_counts_still_changes_the_scores() -> None:
@@ -215,13 +223,43 @@ def test_rank_fuses_by_reciprocal_rank_with_the_prior() -> None:
         assert math.isclose(score, expected[int(entry_id[1:])], rel_tol=1e-6)
     assert scores == sorted(scores, reverse=True)
     assert not any(int(e[1:]) % 10 == 3 for e in got if int(e[1:]) in dense)
-    # Among a reader's ids only: nothing else is proposed.
+    # Among a reader's ids only: the same fusion over those entries, and nothing else proposed.
+    # Asked again with the same list (its rows, vectors and places kept), then after a new entry
+    # (what was kept goes), the answer is the reference's each time.
     allowed = ids[::3]
+
+    def among_reference(rows: list[int]) -> dict[int, float]:
+        shares: dict[int, float] = {}
+        near = sorted((i for i in rows if i in set(embedded)), key=lambda i: -exact[i])[:20]
+        hits = reference_bm25(dict(enumerate(words)), [TOKENS[3]])
+        best = sorted((i for i in rows if i in hits), key=lambda i: -hits[i])[:15]
+        for ranked in (near, best):
+            for place, i in enumerate(ranked):
+                shares[i] = shares.get(i, 0.0) + 1 / (60 + place + 1)
+        return {
+            i: v + 0.01 * pinned[i] + 0.005 / (1 + (newest - orders[i] / 1e6) / 100.0)
+            for i, v in shares.items()
+        }
+
+    for _ in range(2):
+        got_among, among_scores = index.rank(
+            query, [TOKENS[3]], allowed, dense_k=20, keyword_k=15, rrf_k=60.0,
+            pinned_prior=0.01, recency_prior=0.005, half_life=100.0,
+        )  # fmt: skip
+        reference = among_reference(list(range(0, n, 3)))
+        assert set(got_among) == {ids[i] for i in reference}
+        for entry_id, score in zip(got_among, among_scores, strict=True):
+            assert math.isclose(score, reference[int(entry_id[1:])], rel_tol=1e-6)
+    words.append([TOKENS[3]])  # the shortest row with the keyword: BM25's best
+    index.upsert([f"e{n}"], [f"4:db:{n}"], [blind(words[n])], [False], [orders[-1]], None)
+    pinned.append(False)
+    orders.append(orders[-1])
+    allowed.append(f"e{n}")
     got_among, _ = index.rank(
         query, [TOKENS[3]], allowed, dense_k=20, keyword_k=15, rrf_k=60.0,
         pinned_prior=0.01, recency_prior=0.005, half_life=100.0,
     )  # fmt: skip
-    assert got_among and set(got_among) <= set(allowed)
+    assert set(got_among) == {ids_i for ids_i in (f"e{i}" for i in among_reference([*range(0, n, 3), n]))}
 
 
 def test_ties_follow_memory_order() -> None:
