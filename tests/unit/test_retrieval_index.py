@@ -259,7 +259,7 @@ def test_rank_fuses_by_reciprocal_rank_with_the_prior() -> None:
         query, [TOKENS[3]], allowed, dense_k=20, keyword_k=15, rrf_k=60.0,
         pinned_prior=0.01, recency_prior=0.005, half_life=100.0,
     )  # fmt: skip
-    assert set(got_among) == {ids_i for ids_i in (f"e{i}" for i in among_reference([*range(0, n, 3), n]))}
+    assert set(got_among) == {f"e{i}" for i in among_reference([*range(0, n, 3), n])}
 
 
 def test_ties_follow_memory_order() -> None:
