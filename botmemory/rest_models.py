@@ -101,7 +101,10 @@ class EntryList(Out):
 
 
 class ScoredEntry(Out):
-    score: float
+    score: float = Field(
+        description="Reciprocal-rank fusion of the entry's ranks by meaning and by keywords among the"
+        " results returned, plus a small pinned/recency prior: it counts no entry you cannot see."
+    )
     entry: EntryOut
 
 

@@ -23,7 +23,12 @@ class EntrySource:
 
 @strawberry.type(description="An entry found by search, with its relevance (higher is more relevant).")
 class SearchHit:
-    score: float
+    score: float = strawberry.field(
+        description=(
+            "Reciprocal-rank fusion of the entry's ranks by meaning and by keywords among the hits"
+            " returned, plus a small pinned/recency prior: it counts no entry you cannot see."
+        )
+    )
     entry: MemoryEntry
 
 

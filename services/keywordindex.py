@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from array import array
 from collections import Counter
-from typing import Final, cast
+from typing import Final, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -27,6 +27,7 @@ Rows = npt.NDArray[np.int64]
 Scores = npt.NDArray[np.float64]
 #: Per row, its position in a list of rows (-1: not in it).
 Places = npt.NDArray[np.int32]
+L = TypeVar("L", float, npt.NDArray[np.float32])
 
 
 def places(rows: Rows, size: int) -> Places:
@@ -190,9 +191,8 @@ class Postings:
                 continue
             weight = self._weights.get(token)
             if weight is None:
-                idf = math.log(1.0 + (self._docs - rows.size + 0.5) / (rows.size + 0.5))
-                norm = K1 * (1.0 - B + B * self._length[rows] / (self._total / self._docs))
-                weight = self._weights[token] = (idf * tf / (tf + norm)).astype(np.float32)
+                norm = self._norm(self._length[rows])
+                weight = self._weights[token] = (self._idf(token) * tf / (tf + norm)).astype(np.float32)
                 self._weights_bytes += weight.nbytes
             rows_parts.append(rows)
             weights.append(weight)
@@ -221,6 +221,39 @@ class Postings:
         hit, scores = hit[scores > 0], scores[scores > 0]
         order = np.argsort(-scores, kind="stable")
         return hit[order], scores[order]
+
+    def scores_of(self, blind: list[str], rows: Rows) -> Scores:
+        """The BM25 score of each of ``rows`` for the query's distinct blind tokens (0 for a row
+        with none), read from the rows' own token lists: for a few rows (what a search shows),
+        without walking any token's postings."""
+        known = sorted({t for t in (self._vocab.get(b) for b in blind) if t is not None})
+        tokens = np.array(known, np.int64)
+        counts = self._count[rows].astype(np.int64)
+        total = int(counts.sum())
+        if tokens.size == 0 or total == 0:
+            none: Scores = np.zeros(int(rows.shape[0]), np.float64)
+            return none
+        # Every (row, token) of the rows, flat: whose it is and where its token id and tf are.
+        owner: Rows = np.repeat(np.arange(rows.shape[0], dtype=np.int64), counts)
+        at = np.repeat(self._start[rows] - (np.cumsum(counts) - counts), counts) + np.arange(total)
+        # Indexing copies, so the arrays' buffers are released at once (they may grow later).
+        ids = np.frombuffer(self._flat_ids, np.int32)[at]
+        tfs = np.frombuffer(self._flat_tfs, np.uint8)[at].astype(np.float32)
+        which = np.minimum(np.searchsorted(tokens, ids), tokens.size - 1)
+        hit = tokens[which] == ids
+        idf = np.array([self._idf(t) for t in known], np.float64)
+        tf, owner = tfs[hit], owner[hit]
+        weights = idf[which[hit]] * tf / (tf + self._norm(self._length[rows][owner]))
+        return cast(Scores, np.bincount(owner, weights=weights, minlength=rows.shape[0]))
+
+    def _idf(self, token: int) -> float:
+        """Lucene's idf of a token: ``ln(1 + (N - df + 0.5) / (df + 0.5))``."""
+        df = len(self._rows[token])
+        return math.log(1.0 + (self._docs - df + 0.5) / (df + 0.5))
+
+    def _norm(self, length: L) -> L:
+        """What a tf is saturated against in rows of ``length`` tokens: ``k1 (1 - b + b len / avg)``."""
+        return K1 * (1.0 - B + B * length / (self._total / self._docs))
 
     def _token(self, blind: str) -> int:
         found = self._vocab.get(blind)

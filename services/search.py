@@ -234,6 +234,19 @@ class _Query:
             half_life=RECENCY_HALF_LIFE,
         )
 
+    def shown_scores(self, index: BotIndex, ids: list[str]) -> list[float]:
+        """The scores ``search`` shows for ``ids``: fused as :meth:`candidates` fuses, with the
+        ranks counted among ``ids`` only, so that no entry the reader cannot see counts."""
+        return index.fuse_among(
+            ids,
+            self.vector,
+            self.blind,
+            rrf_k=RRF_K,
+            pinned_prior=PINNED_PRIOR,
+            recency_prior=RECENCY_PRIOR,
+            half_life=RECENCY_HALF_LIFE,
+        )
+
     async def run(self, tx: QueryTarget, index: BotIndex, cands: list[str], scores: list[float]) -> _Found:
         """The statement: the first ``wanted`` of ``cands`` that pass (filled in memory order for
         ``context``), and what the index lacks."""
@@ -344,6 +357,11 @@ async def _ranked(
     assert found is not None
     rt.vectors.account(bot_id, index)  # what catching up and ranking took in counts
     ranked = found["ranked"]
+    if not fill:
+        # The walk chose them by their ranks in the whole pool; the scores shown count ranks among
+        # them only (§10): a score never tells how many hidden entries match the query better.
+        for r, score in zip(ranked, q.shown_scores(index, [r["entry"]["id"] for r in ranked]), strict=True):
+            r["score"] = score
     ranked.sort(key=lambda r: (-float(r["score"]), -int(r["entry"]["memoryRank"])))
     return ranked, cipher
 

@@ -58,6 +58,11 @@ SPLIT_MIN: Final = 32_768
 _SCAN_POOL: Final = ThreadPoolExecutor(max_workers=1, thread_name_prefix="botmemory-scan")
 
 
+def _shares(n: int, rrf_k: float) -> npt.NDArray[np.float64]:
+    """What the first ``n`` places of a ranked list add to a fused score (reciprocal rank)."""
+    return 1.0 / (rrf_k + 1.0 + np.arange(n, dtype=np.float64))
+
+
 class BotIndex:
     """What proposes a Bot's candidates in this process: every entry with derived data (blind
     keywords, and a vector of this index's embedder when it has one), with what the prior needs
@@ -191,20 +196,52 @@ class BotIndex:
         if dense.size + keyword.size == 0:
             return [], []
         parts = np.concatenate([dense, keyword])
-        shares = np.concatenate(
-            [1.0 / (rrf_k + 1.0 + np.arange(dense.size)), 1.0 / (rrf_k + 1.0 + np.arange(keyword.size))]
-        )
+        shares = np.concatenate([_shares(dense.size, rrf_k), _shares(keyword.size, rrf_k)])
         found, inverse = np.unique(parts, return_inverse=True)
-        versions = self._order[found] / 1_000_000
-        score = (
-            np.bincount(inverse, weights=shares)
-            + pinned_prior * self._pinned[found]
-            + recency_prior / (1.0 + (self._newest - versions) / half_life)
+        score = np.bincount(inverse, weights=shares) + self._prior(
+            found, pinned_prior, recency_prior, half_life
         )
         memory_rank = self._order[found] + self._pinned[found].astype(np.int64) * PINNED_RANK
         order = np.lexsort((-memory_rank, -score))
         held = self._ids
         return [held[r] for r in found[order].tolist()], score[order].tolist()
+
+    def fuse_among(
+        self,
+        ids: list[str],
+        vector: F32 | None,
+        blind: list[str],
+        *,
+        rrf_k: float,
+        pinned_prior: float,
+        recency_prior: float,
+        half_life: float,
+    ) -> list[float]:
+        """The scores of ``ids`` (what a search shows) fused as :meth:`rank` fuses, but with each
+        list's ranks counted among ``ids`` only: the cosine order of those with a vector and the
+        BM25 order of those with a keyword, plus the prior, its recency counted from the newest of
+        them. :meth:`rank`'s scores count ranks in the whole pool, so each entry the reader cannot
+        see above theirs would lower theirs (how many hidden entries match a query, read off a
+        score); these count none. (The BM25 order among them still rests on the Bot's statistics,
+        idf and mean length over every entry: an order, never a count.) An id the index does not
+        hold scores 0."""
+        rows = np.array([self._pos.get(entry_id, -1) for entry_id in ids], np.int64)
+        at = np.flatnonzero(rows >= 0)
+        score = np.zeros(len(ids), np.float64)
+        if at.size == 0:
+            return score.tolist()
+        held = rows[at]
+        if vector is not None and self._q.shape[1] == vector.shape[0]:
+            with_vec = at[self._has_vec[held]]
+            nearest = with_vec[np.argsort(-self._exact(rows[with_vec], vector), kind="stable")]
+            score[nearest] += _shares(nearest.size, rrf_k)
+        bm25 = self.keywords.scores_of(blind, held)
+        matched = np.flatnonzero(bm25 > 0)
+        best = at[matched[np.argsort(-bm25[matched], kind="stable")]]
+        score[best] += _shares(best.size, rrf_k)
+        newest = float(self._order[held].max()) / 1_000_000
+        score[at] += self._prior(held, pinned_prior, recency_prior, half_life, newest)
+        return score.tolist()
 
     def nodes_of(self, ids: list[str]) -> list[str]:
         """The node ids of ``ids`` ("" where unknown: the statement then loses the candidate)."""
@@ -323,6 +360,21 @@ class BotIndex:
         rows = np.array([p for p in (self._pos.get(i) for i in ids) if p is not None], np.int64)
         self._among, self._among_vectors, self._among_places = (ids, len(self._ids), rows), None, None
         return rows
+
+    def _prior(
+        self,
+        rows: npt.NDArray[np.int64],
+        pinned_prior: float,
+        recency_prior: float,
+        half_life: float,
+        newest: float | None = None,
+    ) -> npt.NDArray[np.float64]:
+        """The prior of ``rows``: ``pinned_prior`` for a pinned entry, at most ``recency_prior`` for
+        the version ``newest`` (by default the newest entry held), halved every ``half_life``
+        versions before it."""
+        versions = self._order[rows] / 1_000_000
+        top = self._newest if newest is None else newest
+        return pinned_prior * self._pinned[rows] + recency_prior / (1.0 + (top - versions) / half_life)
 
     def _places(self, rows: npt.NDArray[np.int64]) -> Places:
         """Each row's place among ``rows`` (kept with a reader's kept rows, made when first asked)."""

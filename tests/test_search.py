@@ -91,6 +91,28 @@ async def test_search_shows_nobody_an_entry_they_may_not_see(api: Api, runtime: 
     assert mine not in [r["entry"]["id"] for r in after.json()["results"]]
 
 
+async def test_search_scores_count_nothing_the_reader_cannot_see(api: Api) -> None:
+    """The scores ``search`` shows are fused from ranks among the entries it shows (§10): Bob's
+    private entries, better matches for the query than any of Ann's, change neither what Ann is
+    shown nor its scores. Ranked in the whole pool, each of them would have lowered hers, and her
+    scores would have told her how many hidden entries match the query better."""
+    w = await make_world(api, ("ann", "bob"))
+    for content in (
+        "Ann saw a quokka on Rottnest Island",
+        "Ann's quokka photo won a prize",
+        "Ann wants to see a quokka again",
+    ):
+        await remember(api, w.tokens["ann"], w.bot, content)
+    query = {"b": w.bot, "q": "quokka", "l": 10}
+    before = (await api.gql(SEARCH, query, w.tokens["ann"]))["search"]
+    assert len(before) == 3
+    for content in ("quokka", "a quokka", "the quokka", "quokka quokka", "one quokka"):
+        await remember(api, w.tokens["bob"], w.bot, content)
+    bobs = (await api.gql(SEARCH, query, w.tokens["bob"]))["search"]
+    assert len(bobs) == 5 and min(h["score"] for h in bobs) > 0
+    assert (await api.gql(SEARCH, query, w.tokens["ann"]))["search"] == before
+
+
 async def test_search_refuses_bad_input_with_clear_codes(api: Api) -> None:
     w = await make_world(api, ("ann",))
     token = w.tokens["ann"]

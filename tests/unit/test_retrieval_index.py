@@ -95,6 +95,10 @@ def test_postings_rank_as_reference_bm25(
     within = {r: v for r, v in expected.items() if r in set(among.tolist())}
     for place in (None, places(among, postings.capacity)):
         assert_best(postings.top(query, k, among, place), within, k)
+    # A few rows' scores read from their own token lists (what a search shows).
+    assert postings.scores_of(query, among).tolist() == pytest.approx(
+        [expected.get(r, 0.0) for r in among.tolist()], rel=1e-5
+    )
 
 
 def assert_best(
@@ -250,6 +254,25 @@ def test_rank_fuses_by_reciprocal_rank_with_the_prior() -> None:
         assert set(got_among) == {ids[i] for i in reference}
         for entry_id, score in zip(got_among, among_scores, strict=True):
             assert math.isclose(score, reference[int(entry_id[1:])], rel_tol=1e-6)
+    # What search shows: the same fusion with the ranks counted among the shown ids only, and the
+    # recency from the newest of them (an id the index does not hold scores 0).
+    shown = [8, 3, 17, 40, 100, 13]  # 3 has no vector; 8 and 40 have the keyword
+    hits = reference_bm25(dict(enumerate(words)), [TOKENS[3]])
+    near = sorted((i for i in shown if i in set(embedded)), key=lambda i: -exact[i])
+    best = sorted((i for i in shown if i in hits), key=lambda i: -hits[i])
+    top = max(orders[i] for i in shown) / 1e6
+    expected_shown = [
+        (1 / (60 + near.index(i) + 1) if i in near else 0.0)
+        + (1 / (60 + best.index(i) + 1) if i in best else 0.0)
+        + 0.01 * pinned[i]
+        + 0.005 / (1 + (top - orders[i] / 1e6) / 100.0)
+        for i in shown
+    ]
+    got_shown = index.fuse_among(
+        [ids[i] for i in shown] + ["unknown"], query, [TOKENS[3]], rrf_k=60.0,
+        pinned_prior=0.01, recency_prior=0.005, half_life=100.0,
+    )  # fmt: skip
+    assert got_shown == pytest.approx([*expected_shown, 0.0], rel=1e-9)
     words.append([TOKENS[3]])  # the shortest row with the keyword: BM25's best
     index.upsert([f"e{n}"], [f"4:db:{n}"], [blind(words[n])], [False], [orders[-1]], None)
     pinned.append(False)
