@@ -349,7 +349,7 @@ async def raw_ranked(
 ) -> list[search_q.RankedEntry] | list[search_q.RankedContext]:
     """``search._ranked`` without the visibility check: the index's candidates of the whole pool
     (the post-filter's), walked as far as the search walks them at first; best first."""
-    cands, scores = index.rank(
+    ranking = index.rank(
         vector,
         blind_tokens(cipher, query),
         None,
@@ -361,11 +361,13 @@ async def raw_ranked(
         half_life=search.RECENCY_HALF_LIFE,
     )
     walk = math.ceil(wanted * (1 + search.MARGIN_SHARE)) + search.MARGIN_MIN
+    cands, scores = ranking.ids[:walk], ranking.scores[:walk]
+    parts = [] if fill else index.parts(ranking, walk, vector)
     params: dict[str, Any] = {
         "botId": bot_id,
-        "cands": cands[:walk],
-        "nodes": index.nodes_of(cands[:walk]),
-        "scores": scores[:walk],
+        "cands": cands,
+        "nodes": index.nodes_of(cands),
+        "scores": scores,
         "limit": max(wanted, 1),
         "fill": wanted if fill else 0,
         "keys": keys,
@@ -382,6 +384,9 @@ async def raw_ranked(
             rt.driver, lambda s: single(s, RAW_SEARCH, _RawRanked[search_q.RankedEntry], **params)
         )
         found = [] if hits is None else hits["ranked"]
+        made = dict(zip(cands, parts, strict=True))  # scores as search shows them
+        for r, score in zip(found, search.shown_scores([made[r["entry"]["id"]] for r in found]), strict=True):
+            r["score"] = score
     found.sort(key=lambda r: (-float(r["score"]), -int(r["entry"]["memoryRank"])))
     return found
 

@@ -90,7 +90,7 @@ def recall(p: Prepared, r: Ranking) -> tuple[int, int]:
     wanted = max(8, min(search.MAX_LIMIT, math.ceil(BUDGET / mean * r.overask)))
     found = 0
     for question, vector in zip(p.questions, p.question_vectors, strict=True):
-        ids, _ = index.rank(
+        ids = index.rank(
             vector,
             list(dict.fromkeys(tokens(question.text))),
             None,
@@ -100,7 +100,7 @@ def recall(p: Prepared, r: Ranking) -> tuple[int, int]:
             pinned_prior=r.pinned / (r.rrf_k + 1),
             recency_prior=r.recency / (r.rrf_k + 1),
             half_life=search.RECENCY_HALF_LIFE,
-        )
+        ).ids
         chosen: list[int] = []
         size = 0
         for entry in ids[:wanted]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from array import array
 from collections import Counter
-from typing import Final, TypeVar, cast
+from typing import Final, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -27,7 +27,6 @@ Rows = npt.NDArray[np.int64]
 Scores = npt.NDArray[np.float64]
 #: Per row, its position in a list of rows (-1: not in it).
 Places = npt.NDArray[np.int32]
-L = TypeVar("L", float, npt.NDArray[np.float32])
 
 
 def places(rows: Rows, size: int) -> Places:
@@ -55,6 +54,19 @@ def largest(scores: npt.NDArray[np.float32] | npt.NDArray[np.float64], k: int) -
                 return kept
             return kept[np.argpartition(-scores[kept], k - 1)[:k]]
     return np.argpartition(-scores, k - 1)[:k]
+
+
+def best(summed: Scores, k: int, among: Rows | None = None) -> tuple[Rows, Scores]:
+    """The ``k`` best rows of :meth:`Postings.sums` (``among``'s rows, when it summed by position
+    among them), best first, with their scores; rows that scored nothing are left out."""
+    if k <= 0:
+        return np.empty(0, np.int64), np.empty(0, np.float64)
+    at = largest(summed, k)
+    scores = summed[at]
+    hit = at if among is None else among[at]
+    hit, scores = hit[scores > 0], scores[scores > 0]
+    order = np.argsort(-scores, kind="stable")
+    return hit[order], scores[order]
 
 
 class Postings:
@@ -172,13 +184,22 @@ class Postings:
         self, blind: list[str], k: int, among: Rows | None = None, place: Places | None = None
     ) -> tuple[Rows, Scores]:
         """The ``k`` rows (of ``among``, when given) with the highest BM25 score for the query's
-        distinct blind tokens, best first, and their scores; rows matching none are left out.
-        Among a few rows, only their postings are summed (a reader who sees 1 % of the bench's
-        100k entries: ~0.19 -> ~0.13 ms), found through ``place``: each row's position in ``among`` (-1 for the
-        others; made here when the caller keeps none)."""
-        tokens = [t for t in (self._vocab.get(b) for b in dict.fromkeys(blind)) if t is not None]
-        if not tokens or k <= 0 or self._docs == 0:
+        distinct blind tokens, best first, and their scores; rows matching none are left out."""
+        summed = self.sums(blind, among, place)
+        if summed is None:
             return np.empty(0, np.int64), np.empty(0, np.float64)
+        return best(summed, k, among)
+
+    def sums(self, blind: list[str], among: Rows | None = None, place: Places | None = None) -> Scores | None:
+        """The BM25 score of every row for the query's distinct blind tokens, by row; with
+        ``among``, of its rows only, by position in it (None: no row has any of them). Among a few rows, only their postings are
+        summed (a reader who sees 1 % of the bench's 100k entries: ~0.19 -> ~0.13 ms), found
+        through ``place``: each row's position in ``among`` (-1 for the others; made here when the
+        caller keeps none)."""
+        size = self.capacity if among is None else among.shape[0]
+        tokens = [t for t in (self._vocab.get(b) for b in dict.fromkeys(blind)) if t is not None]
+        if not tokens or self._docs == 0:
+            return None
         if self._counted != (self._docs, self._total):
             self._weights.clear()
             self._weights_bytes = 0
@@ -197,61 +218,28 @@ class Postings:
             rows_parts.append(rows)
             weights.append(weight)
         if not rows_parts:
-            return np.empty(0, np.int64), np.empty(0, np.float64)
+            return None
         # With weights, bincount sums in float64 (its stubs say intp).
         if among is None:
-            summed = cast(
+            return cast(
                 Scores,
-                np.bincount(
-                    np.concatenate(rows_parts), weights=np.concatenate(weights), minlength=self.capacity
-                ),
+                np.bincount(np.concatenate(rows_parts), weights=np.concatenate(weights), minlength=size),
             )
-            hit = largest(summed, k)
-            scores = summed[hit]
-        else:
-            if place is None:
-                place = places(among, self.capacity)
-            summed = np.zeros(among.shape[0], np.float64)
-            for rows, weight in zip(rows_parts, weights, strict=True):
-                at = place[rows]
-                kept = at >= 0
-                summed += np.bincount(at[kept], weights=weight[kept], minlength=among.shape[0])
-            best = largest(summed, k)
-            hit, scores = among[best], summed[best]
-        hit, scores = hit[scores > 0], scores[scores > 0]
-        order = np.argsort(-scores, kind="stable")
-        return hit[order], scores[order]
-
-    def scores_of(self, blind: list[str], rows: Rows) -> Scores:
-        """The BM25 score of each of ``rows`` for the query's distinct blind tokens (0 for a row
-        with none), read from the rows' own token lists: for a few rows (what a search shows),
-        without walking any token's postings."""
-        known = sorted({t for t in (self._vocab.get(b) for b in blind) if t is not None})
-        tokens = np.array(known, np.int64)
-        counts = self._count[rows].astype(np.int64)
-        total = int(counts.sum())
-        if tokens.size == 0 or total == 0:
-            none: Scores = np.zeros(int(rows.shape[0]), np.float64)
-            return none
-        # Every (row, token) of the rows, flat: whose it is and where its token id and tf are.
-        owner: Rows = np.repeat(np.arange(rows.shape[0], dtype=np.int64), counts)
-        at = np.repeat(self._start[rows] - (np.cumsum(counts) - counts), counts) + np.arange(total)
-        # Indexing copies, so the arrays' buffers are released at once (they may grow later).
-        ids = np.frombuffer(self._flat_ids, np.int32)[at]
-        tfs = np.frombuffer(self._flat_tfs, np.uint8)[at].astype(np.float32)
-        which = np.minimum(np.searchsorted(tokens, ids), tokens.size - 1)
-        hit = tokens[which] == ids
-        idf = np.array([self._idf(t) for t in known], np.float64)
-        tf, owner = tfs[hit], owner[hit]
-        weights = idf[which[hit]] * tf / (tf + self._norm(self._length[rows][owner]))
-        return cast(Scores, np.bincount(owner, weights=weights, minlength=rows.shape[0]))
+        if place is None:
+            place = places(among, self.capacity)
+        summed = np.zeros(size, np.float64)
+        for rows, weight in zip(rows_parts, weights, strict=True):
+            at = place[rows]
+            kept = at >= 0
+            summed += np.bincount(at[kept], weights=weight[kept], minlength=size)
+        return summed
 
     def _idf(self, token: int) -> float:
         """Lucene's idf of a token: ``ln(1 + (N - df + 0.5) / (df + 0.5))``."""
         df = len(self._rows[token])
         return math.log(1.0 + (self._docs - df + 0.5) / (df + 0.5))
 
-    def _norm(self, length: L) -> L:
+    def _norm(self, length: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
         """What a tf is saturated against in rows of ``length`` tokens: ``k1 (1 - b + b len / avg)``."""
         return K1 * (1.0 - B + B * length / (self._total / self._docs))
 

@@ -36,7 +36,7 @@ from services.keywords import blind_tokens
 from services.memory import Entry, Reader, cipher_of, decrypt_entry, open_read
 from services.runtime import Runtime
 from services.validation import check_id
-from services.vectorindex import F32, BotIndex, ReaderKey, VisibleIds
+from services.vectorindex import F32, BotIndex, Parts, Ranking, ReaderKey, VisibleIds, fuse_shown
 
 log = logging.getLogger("botmemory.search")
 
@@ -158,6 +158,19 @@ def query_text(query: str | None) -> str:
     return (query or "").strip()[:MAX_QUERY_CHARS]
 
 
+def shown_scores(shown: Sequence[Parts]) -> list[float]:
+    """The scores ``search`` shows for candidates made of ``shown``: fused as the index fuses
+    them, with the ranks counted among them only, so that no entry the reader cannot see counts
+    (:func:`services.vectorindex.fuse_shown`)."""
+    return fuse_shown(
+        shown,
+        rrf_k=RRF_K,
+        pinned_prior=PINNED_PRIOR,
+        recency_prior=RECENCY_PRIOR,
+        half_life=RECENCY_HALF_LIFE,
+    )
+
+
 class EarlyQuery:
     """A query's embedding started before its search: an :class:`Embedder` that answers that one
     text from it and anything else from ``embedder``. ``startTurn`` starts one beside writing
@@ -220,7 +233,7 @@ class _Query:
     wanted: int
     fill: bool
 
-    def candidates(self, index: BotIndex, among: list[str] | None) -> tuple[list[str], list[float]]:
+    def candidates(self, index: BotIndex, among: list[str] | None) -> Ranking:
         """The index's candidates, best first (among ``among`` only, when given)."""
         return index.rank(
             self.vector,
@@ -228,19 +241,6 @@ class _Query:
             among,
             dense_k=max(DENSE_MIN, DENSE_FACTOR * self.wanted),
             keyword_k=max(KEYWORD_LIMIT, DENSE_FACTOR * self.wanted),
-            rrf_k=RRF_K,
-            pinned_prior=PINNED_PRIOR,
-            recency_prior=RECENCY_PRIOR,
-            half_life=RECENCY_HALF_LIFE,
-        )
-
-    def shown_scores(self, index: BotIndex, ids: list[str]) -> list[float]:
-        """The scores ``search`` shows for ``ids``: fused as :meth:`candidates` fuses, with the
-        ranks counted among ``ids`` only, so that no entry the reader cannot see counts."""
-        return index.fuse_among(
-            ids,
-            self.vector,
-            self.blind,
             rrf_k=RRF_K,
             pinned_prior=PINNED_PRIOR,
             recency_prior=RECENCY_PRIOR,
@@ -314,6 +314,8 @@ async def _ranked(
     passing = max(MIN_PASSING, rt.vectors.passing(bot_id, keys))
     walk = math.ceil(wanted / passing * (1 + WALK_MARGIN)) + MARGIN_MIN
     found: _Found | None = None
+    cands: list[str] = []
+    parts: list[Parts] = []  # what the walked candidates are made of (their shown scores)
     for _ in range(_ATTEMPTS):
         sparse = rt.vectors.sparse(bot_id, keys)
         known = rt.vectors.visible(who) if sparse else None
@@ -323,15 +325,18 @@ async def _ranked(
             rt.vectors.drop_visible(who)
             known, sparse = None, False
         if known is None and sparse:
-            found, cands = await read(rt.driver, lambda tx: _prefiltered(rt, tx, index, cipher, q, sure, who))
+            found, cands, parts = await read(
+                rt.driver, lambda tx: _prefiltered(rt, tx, index, cipher, q, sure, who)
+            )
             if found["lost"]:
                 await _locate(rt, index, bot_id, [cands[i] for i in found["lost"]])
                 continue  # the visible ids are kept now: the next attempt ranks among them
             break
-        cands, scores = q.candidates(index, None if known is None else known.ids)
-        total = len(cands)
+        ranking = q.candidates(index, None if known is None else known.ids)
+        total = len(ranking.ids)
         walked = min(walk if known is None else sure, total)
-        cands, scores = cands[:walked], scores[:walked]
+        cands, scores = ranking.ids[:walked], ranking.scores[:walked]
+        parts = [] if fill else index.parts(ranking, walked, q.vector)
         found = await autocommit(rt.driver, lambda s, c=cands, sc=scores: q.run(s, index, c, sc))
         if found["fresh"]["ids"]:
             _absorb(index, cipher, found["fresh"], int(found["seq"]))
@@ -360,7 +365,8 @@ async def _ranked(
     if not fill:
         # The walk chose them by their ranks in the whole pool; the scores shown count ranks among
         # them only (§10): a score never tells how many hidden entries match the query better.
-        for r, score in zip(ranked, q.shown_scores(index, [r["entry"]["id"] for r in ranked]), strict=True):
+        made = dict(zip(cands, parts, strict=True))
+        for r, score in zip(ranked, shown_scores([made[r["entry"]["id"]] for r in ranked]), strict=True):
             r["score"] = score
     ranked.sort(key=lambda r: (-float(r["score"]), -int(r["entry"]["memoryRank"])))
     return ranked, cipher
@@ -379,7 +385,7 @@ async def _prefiltered(
     q: _Query,
     walk: int,
     who: ReaderKey,
-) -> tuple[_Found, list[str]]:
+) -> tuple[_Found, list[str], list[Parts]]:
     """One read (D9.8): the reader's visible active ids under the shared lock, the index caught up
     under the same lock, the candidates among those ids only, then the statement that checks
     them (and the candidates walked). The ids are kept with the memory version they were read at,
@@ -399,15 +405,17 @@ async def _prefiltered(
         nothing: _Found = {
             "seq": seq, "version": version, "fresh": empty, "ranked": [], "visible": 0, "walked": 0, "lost": [],
         }  # fmt: skip
-        return nothing, []
+        return nothing, [], []
     if seq > index.seq:
         _, fresh = await search_q.derived_since(tx, bot_id=q.bot_id, model=index.model, after=index.seq)
         if fresh is not None:
             _absorb(index, cipher, fresh, seq)
     if _many(len(ids), index):
         rt.vectors.observe(q.bot_id, tuple(reader_keys(list(params["readers"]))), sparse=False)
-    cands, scores = q.candidates(index, ids)
-    return await q.run(tx, index, cands[:walk], scores[:walk]), cands[:walk]
+    ranking = q.candidates(index, ids)
+    cands, scores = ranking.ids[:walk], ranking.scores[:walk]
+    parts = [] if q.fill else index.parts(ranking, walk, q.vector)
+    return await q.run(tx, index, cands, scores), cands, parts
 
 
 def _many(visible: int, index: BotIndex) -> bool:

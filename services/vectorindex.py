@@ -20,17 +20,19 @@ the candidates then only walks them in that order.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections import OrderedDict
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, NamedTuple, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
 from services import metrics
 from services.kept import keep_newest
-from services.keywordindex import Places, Postings, largest, places
+from services.keywordindex import Places, Postings, best, largest, places
 
 #: Below this many vectors the ranking is exact over dequantised float32 vectors.
 EXACT_MAX: Final = 16_384
@@ -61,6 +63,65 @@ _SCAN_POOL: Final = ThreadPoolExecutor(max_workers=1, thread_name_prefix="botmem
 def _shares(n: int, rrf_k: float) -> npt.NDArray[np.float64]:
     """What the first ``n`` places of a ranked list add to a fused score (reciprocal rank)."""
     return 1.0 / (rrf_k + 1.0 + np.arange(n, dtype=np.float64))
+
+
+P = TypeVar("P", float, npt.NDArray[np.float64])
+
+
+def prior(
+    pinned: P, versions: P, newest: float, pinned_prior: float, recency_prior: float, half_life: float
+) -> P:
+    """The prior of entries (of one, or of an array of them): ``pinned_prior`` for a pinned one
+    (``pinned`` 1.0), at most ``recency_prior`` for one of version ``newest``, halved every
+    ``half_life`` versions before it."""
+    return pinned_prior * pinned + recency_prior / (1.0 + (newest - versions) / half_life)
+
+
+class Parts(NamedTuple):
+    """What a candidate's fused score is made of: its cosine to the query (NaN: no vector of the
+    index's embedder), its BM25 score (0: no keyword of the query), pinned, its version."""
+
+    cosine: float
+    bm25: float
+    pinned: bool
+    version: float
+
+
+@dataclass(frozen=True, slots=True)
+class Ranking:
+    """:meth:`BotIndex.rank`'s candidates, best first, and their fused scores; for
+    :meth:`BotIndex.parts`, their rows, BM25 scores, pinned flags and versions (parallel)."""
+
+    ids: list[str]
+    scores: list[float]
+    rows: npt.NDArray[np.int64] = field(default_factory=lambda: np.empty(0, np.int64))
+    bm25: npt.NDArray[np.float64] = field(default_factory=lambda: np.empty(0, np.float64))
+    pinned: npt.NDArray[np.bool_] = field(default_factory=lambda: np.empty(0, np.bool_))
+    versions: npt.NDArray[np.float64] = field(default_factory=lambda: np.empty(0, np.float64))
+
+
+def fuse_shown(
+    shown: Sequence[Parts], *, rrf_k: float, pinned_prior: float, recency_prior: float, half_life: float
+) -> list[float]:
+    """The scores of entries a search shows, fused as :meth:`BotIndex.rank` fuses but with each
+    list's ranks counted among them only: the cosine order of those with a vector and the BM25
+    order of those with a keyword, plus the prior, its recency counted from the newest of them.
+    :meth:`BotIndex.rank`'s scores count ranks in the whole pool, so each entry the reader cannot
+    see above theirs would lower theirs (how many hidden entries match a query, read off a
+    score); these count none. (The BM25 order among them still rests on the Bot's statistics, idf
+    and mean length over every entry: an order, never a count.)"""
+    if not shown:
+        return []
+    newest = max(p.version for p in shown)
+    score = [prior(float(p.pinned), p.version, newest, pinned_prior, recency_prior, half_life) for p in shown]
+    near = sorted(
+        (i for i, p in enumerate(shown) if not math.isnan(p.cosine)), key=lambda i: -shown[i].cosine
+    )
+    matched = sorted((i for i, p in enumerate(shown) if p.bm25 > 0), key=lambda i: -shown[i].bm25)
+    for ranked in (near, matched):
+        for place, i in enumerate(ranked):
+            score[i] += 1.0 / (rrf_k + 1.0 + place)
+    return score
 
 
 class BotIndex:
@@ -179,69 +240,64 @@ class BotIndex:
         pinned_prior: float,
         recency_prior: float,
         half_life: float,
-    ) -> tuple[list[str], list[float]]:
+    ) -> Ranking:
         """The candidates for a query, best first, with their scores: the ``dense_k`` nearest
         vectors and the ``keyword_k`` best BM25 rows (among the ids ``among`` only, when given)
         fused by reciprocal rank (``rrf_k``), plus the prior (``pinned_prior`` for a pinned
-        entry, at most ``recency_prior`` for the newest, halved every ``half_life`` versions)."""
+        entry, at most ``recency_prior`` for the newest, halved every ``half_life`` versions);
+        and what each is made of (:class:`Parts`), for :func:`fuse_shown`."""
         if among is not None and not among:  # nothing visible: the kept rows stay (another reader's)
-            return [], []
+            return Ranking([], [])
         rows = None if among is None else self._rows_of(among)
         if rows is not None and rows.size == 0:
-            return [], []
+            return Ranking([], [])
         dense = np.empty(0, np.int64)
-        if vector is not None and self._q.shape[1] == vector.shape[0]:
+        embedded = vector is not None and self._q.shape[1] == vector.shape[0]
+        if vector is not None and embedded:
             dense = self._top_rows(vector, dense_k, rows)
-        keyword, _ = self.keywords.top(blind, keyword_k, rows, None if rows is None else self._places(rows))
+        place = None if rows is None else self._places(rows)
+        summed = self.keywords.sums(blind, rows, place)
+        keyword = np.empty(0, np.int64) if summed is None else best(summed, keyword_k, rows)[0]
         if dense.size + keyword.size == 0:
-            return [], []
+            return Ranking([], [])
         parts = np.concatenate([dense, keyword])
         shares = np.concatenate([_shares(dense.size, rrf_k), _shares(keyword.size, rrf_k)])
         found, inverse = np.unique(parts, return_inverse=True)
-        score = np.bincount(inverse, weights=shares) + self._prior(
-            found, pinned_prior, recency_prior, half_life
+        versions = self._order[found] / 1_000_000
+        pinned = self._pinned[found]
+        score = np.bincount(inverse, weights=shares) + prior(
+            pinned.astype(np.float64), versions, self._newest, pinned_prior, recency_prior, half_life
         )
-        memory_rank = self._order[found] + self._pinned[found].astype(np.int64) * PINNED_RANK
+        memory_rank = self._order[found] + pinned.astype(np.int64) * PINNED_RANK
         order = np.lexsort((-memory_rank, -score))
+        found = found[order]
+        if summed is None:
+            bm25 = np.zeros(found.size)
+        else:
+            bm25 = summed[found] if place is None else summed[place[found]]
         held = self._ids
-        return [held[r] for r in found[order].tolist()], score[order].tolist()
+        return Ranking(
+            [held[r] for r in found.tolist()],
+            score[order].tolist(),
+            found,
+            bm25,
+            pinned[order],
+            versions[order],
+        )
 
-    def fuse_among(
-        self,
-        ids: list[str],
-        vector: F32 | None,
-        blind: list[str],
-        *,
-        rrf_k: float,
-        pinned_prior: float,
-        recency_prior: float,
-        half_life: float,
-    ) -> list[float]:
-        """The scores of ``ids`` (what a search shows) fused as :meth:`rank` fuses, but with each
-        list's ranks counted among ``ids`` only: the cosine order of those with a vector and the
-        BM25 order of those with a keyword, plus the prior, its recency counted from the newest of
-        them. :meth:`rank`'s scores count ranks in the whole pool, so each entry the reader cannot
-        see above theirs would lower theirs (how many hidden entries match a query, read off a
-        score); these count none. (The BM25 order among them still rests on the Bot's statistics,
-        idf and mean length over every entry: an order, never a count.) An id the index does not
-        hold scores 0."""
-        rows = np.array([self._pos.get(entry_id, -1) for entry_id in ids], np.int64)
-        at = np.flatnonzero(rows >= 0)
-        score = np.zeros(len(ids), np.float64)
-        if at.size == 0:
-            return score.tolist()
-        held = rows[at]
+    def parts(self, ranking: Ranking, n: int, vector: F32 | None) -> list[Parts]:
+        """What the first ``n`` candidates of ``ranking`` (made by this index for ``vector``) are
+        made of, for :func:`fuse_shown`: asked right after the ranking, while the caches hold it."""
+        rows = ranking.rows[:n]
+        cosine = np.full(rows.size, np.nan)
         if vector is not None and self._q.shape[1] == vector.shape[0]:
-            with_vec = at[self._has_vec[held]]
-            nearest = with_vec[np.argsort(-self._exact(rows[with_vec], vector), kind="stable")]
-            score[nearest] += _shares(nearest.size, rrf_k)
-        bm25 = self.keywords.scores_of(blind, held)
-        matched = np.flatnonzero(bm25 > 0)
-        best = at[matched[np.argsort(-bm25[matched], kind="stable")]]
-        score[best] += _shares(best.size, rrf_k)
-        newest = float(self._order[held].max()) / 1_000_000
-        score[at] += self._prior(held, pinned_prior, recency_prior, half_life, newest)
-        return score.tolist()
+            with_vec = np.flatnonzero(self._has_vec[rows])
+            cosine[with_vec] = self._exact(rows[with_vec], vector)
+        made = zip(
+            cosine.tolist(), ranking.bm25[:n].tolist(), ranking.pinned[:n].tolist(), ranking.versions[:n].tolist(),
+            strict=True,
+        )  # fmt: skip
+        return [Parts(*m) for m in made]
 
     def nodes_of(self, ids: list[str]) -> list[str]:
         """The node ids of ``ids`` ("" where unknown: the statement then loses the candidate)."""
@@ -360,21 +416,6 @@ class BotIndex:
         rows = np.array([p for p in (self._pos.get(i) for i in ids) if p is not None], np.int64)
         self._among, self._among_vectors, self._among_places = (ids, len(self._ids), rows), None, None
         return rows
-
-    def _prior(
-        self,
-        rows: npt.NDArray[np.int64],
-        pinned_prior: float,
-        recency_prior: float,
-        half_life: float,
-        newest: float | None = None,
-    ) -> npt.NDArray[np.float64]:
-        """The prior of ``rows``: ``pinned_prior`` for a pinned entry, at most ``recency_prior`` for
-        the version ``newest`` (by default the newest entry held), halved every ``half_life``
-        versions before it."""
-        versions = self._order[rows] / 1_000_000
-        top = self._newest if newest is None else newest
-        return pinned_prior * self._pinned[rows] + recency_prior / (1.0 + (top - versions) / half_life)
 
     def _places(self, rows: npt.NDArray[np.int64]) -> Places:
         """Each row's place among ``rows`` (kept with a reader's kept rows, made when first asked)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -25,6 +26,7 @@ from services.vectorindex import (
     BotIndex,
     VectorIndexes,
     VisibleIds,
+    fuse_shown,
 )
 
 TOKENS = [f"k{i:012x}" for i in range(12)]
@@ -95,10 +97,16 @@ def test_postings_rank_as_reference_bm25(
     within = {r: v for r, v in expected.items() if r in set(among.tolist())}
     for place in (None, places(among, postings.capacity)):
         assert_best(postings.top(query, k, among, place), within, k)
-    # A few rows' scores read from their own token lists (what a search shows).
-    assert postings.scores_of(query, among).tolist() == pytest.approx(
-        [expected.get(r, 0.0) for r in among.tolist()], rel=1e-5
-    )
+    # Every row's sum (by row; among some rows, by position among them): what a ranking reads
+    # its candidates' BM25 scores from.
+    summed = postings.sums(query)
+    if summed is not None:
+        assert summed[: len(docs)].tolist() == pytest.approx([expected.get(r, 0.0) for r in range(len(docs))])
+        within_sums = postings.sums(query, among)
+        assert within_sums is not None
+        assert within_sums.tolist() == pytest.approx([expected.get(r, 0.0) for r in among.tolist()])
+    else:
+        assert not expected
 
 
 def assert_best(
@@ -174,6 +182,12 @@ def quantise(v: npt.NDArray[np.float32]) -> tuple[npt.NDArray[np.int8], npt.NDAr
     return q, scales
 
 
+def ranked(index: BotIndex, *args: Any, **kwargs: Any) -> tuple[list[str], list[float]]:
+    """``index.rank``'s candidates and their scores."""
+    ranking = index.rank(*args, **kwargs)
+    return ranking.ids, ranking.scores
+
+
 def test_rank_fuses_by_reciprocal_rank_with_the_prior() -> None:
     rng = np.random.default_rng(3)
     n, dims = 300, 16
@@ -197,7 +211,8 @@ def test_rank_fuses_by_reciprocal_rank_with_the_prior() -> None:
         (embedded, q[embedded], scales[embedded]),
     )
     query = unit(rng, 1, dims)[0]
-    got, scores = index.rank(
+    got, scores = ranked(
+        index,
         query,
         [TOKENS[3]],
         None,
@@ -246,17 +261,23 @@ def test_rank_fuses_by_reciprocal_rank_with_the_prior() -> None:
         }
 
     for _ in range(2):
-        got_among, among_scores = index.rank(
-            query, [TOKENS[3]], allowed, dense_k=20, keyword_k=15, rrf_k=60.0,
+        got_among, among_scores = ranked(
+            index, query, [TOKENS[3]], allowed, dense_k=20, keyword_k=15, rrf_k=60.0,
             pinned_prior=0.01, recency_prior=0.005, half_life=100.0,
         )  # fmt: skip
         reference = among_reference(list(range(0, n, 3)))
         assert set(got_among) == {ids[i] for i in reference}
         for entry_id, score in zip(got_among, among_scores, strict=True):
             assert math.isclose(score, reference[int(entry_id[1:])], rel_tol=1e-6)
-    # What search shows: the same fusion with the ranks counted among the shown ids only, and the
-    # recency from the newest of them (an id the index does not hold scores 0).
-    shown = [8, 3, 17, 40, 100, 13]  # 3 has no vector; 8 and 40 have the keyword
+    # What search shows: the same fusion with the ranks counted among the shown only, and the
+    # recency from the newest of them, from what the ranking says each candidate is made of.
+    everything = index.rank(
+        query, [TOKENS[3]], None, dense_k=n, keyword_k=n, rrf_k=60.0,
+        pinned_prior=0.01, recency_prior=0.005, half_life=100.0,
+    )  # fmt: skip
+    made = dict(zip(everything.ids, index.parts(everything, len(everything.ids), query), strict=True))
+    assert all(math.isnan(made[ids[i]].cosine) for i in range(n) if i not in embedded and ids[i] in made)
+    shown = [8, 5, 17, 40, 100, 12]  # 8, 40, 100 and 12 have the keyword
     hits = reference_bm25(dict(enumerate(words)), [TOKENS[3]])
     near = sorted((i for i in shown if i in set(embedded)), key=lambda i: -exact[i])
     best = sorted((i for i in shown if i in hits), key=lambda i: -hits[i])
@@ -268,18 +289,17 @@ def test_rank_fuses_by_reciprocal_rank_with_the_prior() -> None:
         + 0.005 / (1 + (top - orders[i] / 1e6) / 100.0)
         for i in shown
     ]
-    got_shown = index.fuse_among(
-        [ids[i] for i in shown] + ["unknown"], query, [TOKENS[3]], rrf_k=60.0,
-        pinned_prior=0.01, recency_prior=0.005, half_life=100.0,
-    )  # fmt: skip
-    assert got_shown == pytest.approx([*expected_shown, 0.0], rel=1e-9)
+    got_shown = fuse_shown(
+        [made[ids[i]] for i in shown], rrf_k=60.0, pinned_prior=0.01, recency_prior=0.005, half_life=100.0
+    )
+    assert got_shown == pytest.approx(expected_shown, rel=1e-6)
     words.append([TOKENS[3]])  # the shortest row with the keyword: BM25's best
     index.upsert([f"e{n}"], [f"4:db:{n}"], [blind(words[n])], [False], [orders[-1]], None)
     pinned.append(False)
     orders.append(orders[-1])
     allowed.append(f"e{n}")
-    got_among, _ = index.rank(
-        query, [TOKENS[3]], allowed, dense_k=20, keyword_k=15, rrf_k=60.0,
+    got_among, _ = ranked(
+        index, query, [TOKENS[3]], allowed, dense_k=20, keyword_k=15, rrf_k=60.0,
         pinned_prior=0.01, recency_prior=0.005, half_life=100.0,
     )  # fmt: skip
     assert set(got_among) == {f"e{i}" for i in among_reference([*range(0, n, 3), n])}
@@ -295,8 +315,8 @@ def test_ties_follow_memory_order() -> None:
         [5_000_001, 5_000_002, 5_000_003],
         None,
     )
-    got, _ = index.rank(
-        None, [TOKENS[0]], None, dense_k=5, keyword_k=5, rrf_k=60.0,
+    got, _ = ranked(
+        index, None, [TOKENS[0]], None, dense_k=5, keyword_k=5, rrf_k=60.0,
         pinned_prior=0.0, recency_prior=0.0, half_life=100.0,
     )  # fmt: skip
     # Equal BM25 scores: Lucene-like order is by row; with the prior off the fused scores differ by
@@ -319,13 +339,13 @@ def test_a_revised_entry_loses_its_old_words_and_vector() -> None:
         ([0, 1], q, scales),
     )
     index.upsert(["a"], ["4:db:1"], [TOKENS[2]], [False], [2_000_001], None)  # revised, embedder down
-    found, _ = index.rank(
-        vectors[0], [TOKENS[0]], None, dense_k=5, keyword_k=5, rrf_k=60.0,
+    found, _ = ranked(
+        index, vectors[0], [TOKENS[0]], None, dense_k=5, keyword_k=5, rrf_k=60.0,
         pinned_prior=0.0, recency_prior=0.0, half_life=100.0,
     )  # fmt: skip
     assert found == ["b"]  # a's old word and old vector are gone; b is the only vector left
-    found, _ = index.rank(
-        None, [TOKENS[2]], None, dense_k=5, keyword_k=5, rrf_k=60.0,
+    found, _ = ranked(
+        index, None, [TOKENS[2]], None, dense_k=5, keyword_k=5, rrf_k=60.0,
         pinned_prior=0.0, recency_prior=0.0, half_life=100.0,
     )  # fmt: skip
     assert found == ["a"]
@@ -374,8 +394,8 @@ def test_node_ids_are_kept_compactly_and_relearnt() -> None:
     # A lost candidate found again by id gets its node id; one that is gone is never proposed.
     index.locate(["a", "b"], [("a", "4:db-2:77")])
     assert index.nodes_of(["a"]) == ["4:db-2:77"]
-    found, _ = index.rank(
-        None, [TOKENS[0]], None, dense_k=5, keyword_k=5, rrf_k=60.0,
+    found, _ = ranked(
+        index, None, [TOKENS[0]], None, dense_k=5, keyword_k=5, rrf_k=60.0,
         pinned_prior=0.0, recency_prior=0.0, half_life=100.0,
     )  # fmt: skip
     assert sorted(found) == ["a", "c", "d"]
