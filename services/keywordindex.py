@@ -192,10 +192,10 @@ class Postings:
 
     def sums(self, blind: list[str], among: Rows | None = None, place: Places | None = None) -> Scores | None:
         """The BM25 score of every row for the query's distinct blind tokens, by row; with
-        ``among``, of its rows only, by position in it (None: no row has any of them). Among a few rows, only their postings are
-        summed (a reader who sees 1 % of the bench's 100k entries: ~0.19 -> ~0.13 ms), found
-        through ``place``: each row's position in ``among`` (-1 for the others; made here when the
-        caller keeps none)."""
+        ``among``, of its rows only, by position in it (None: no row has any of them). Among a
+        few rows, only their postings are summed (a reader who sees 1 % of the bench's 100k
+        entries: ~0.19 -> ~0.13 ms), found through ``place``: each row's position in ``among``
+        (-1 for the others; made here when the caller keeps none)."""
         size = self.capacity if among is None else among.shape[0]
         tokens = [t for t in (self._vocab.get(b) for b in dict.fromkeys(blind)) if t is not None]
         if not tokens or self._docs == 0:
@@ -212,8 +212,9 @@ class Postings:
                 continue
             weight = self._weights.get(token)
             if weight is None:
-                norm = self._norm(self._length[rows])
-                weight = self._weights[token] = (self._idf(token) * tf / (tf + norm)).astype(np.float32)
+                idf = math.log(1.0 + (self._docs - rows.size + 0.5) / (rows.size + 0.5))
+                norm = K1 * (1.0 - B + B * self._length[rows] / (self._total / self._docs))
+                weight = self._weights[token] = (idf * tf / (tf + norm)).astype(np.float32)
                 self._weights_bytes += weight.nbytes
             rows_parts.append(rows)
             weights.append(weight)
@@ -233,15 +234,6 @@ class Postings:
             kept = at >= 0
             summed += np.bincount(at[kept], weights=weight[kept], minlength=size)
         return summed
-
-    def _idf(self, token: int) -> float:
-        """Lucene's idf of a token: ``ln(1 + (N - df + 0.5) / (df + 0.5))``."""
-        df = len(self._rows[token])
-        return math.log(1.0 + (self._docs - df + 0.5) / (df + 0.5))
-
-    def _norm(self, length: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
-        """What a tf is saturated against in rows of ``length`` tokens: ``k1 (1 - b + b len / avg)``."""
-        return K1 * (1.0 - B + B * length / (self._total / self._docs))
 
     def _token(self, blind: str) -> int:
         found = self._vocab.get(blind)

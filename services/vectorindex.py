@@ -245,24 +245,23 @@ class BotIndex:
         vectors and the ``keyword_k`` best BM25 rows (among the ids ``among`` only, when given)
         fused by reciprocal rank (``rrf_k``), plus the prior (``pinned_prior`` for a pinned
         entry, at most ``recency_prior`` for the newest, halved every ``half_life`` versions);
-        and what each is made of (:class:`Parts`), for :func:`fuse_shown`."""
+        and, for :meth:`parts`, each candidate's row, BM25 sum, pinned flag and version."""
         if among is not None and not among:  # nothing visible: the kept rows stay (another reader's)
             return Ranking([], [])
         rows = None if among is None else self._rows_of(among)
         if rows is not None and rows.size == 0:
             return Ranking([], [])
         dense = np.empty(0, np.int64)
-        embedded = vector is not None and self._q.shape[1] == vector.shape[0]
-        if vector is not None and embedded:
+        if vector is not None and self._q.shape[1] == vector.shape[0]:
             dense = self._top_rows(vector, dense_k, rows)
         place = None if rows is None else self._places(rows)
         summed = self.keywords.sums(blind, rows, place)
         keyword = np.empty(0, np.int64) if summed is None else best(summed, keyword_k, rows)[0]
         if dense.size + keyword.size == 0:
             return Ranking([], [])
-        parts = np.concatenate([dense, keyword])
+        proposed = np.concatenate([dense, keyword])
         shares = np.concatenate([_shares(dense.size, rrf_k), _shares(keyword.size, rrf_k)])
-        found, inverse = np.unique(parts, return_inverse=True)
+        found, inverse = np.unique(proposed, return_inverse=True)
         versions = self._order[found] / 1_000_000
         pinned = self._pinned[found]
         score = np.bincount(inverse, weights=shares) + prior(
