@@ -384,9 +384,7 @@ async def raw_ranked(
             rt.driver, lambda s: single(s, RAW_SEARCH, _RawRanked[search_q.RankedEntry], **params)
         )
         found = [] if hits is None else hits["ranked"]
-        made = dict(zip(cands, parts, strict=True))  # scores as search shows them
-        for r, score in zip(found, search.shown_scores([made[r["entry"]["id"]] for r in found]), strict=True):
-            r["score"] = score
+        search.show_scores(found, cands, parts)
     found.sort(key=lambda r: (-float(r["score"]), -int(r["entry"]["memoryRank"])))
     return found
 

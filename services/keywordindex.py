@@ -57,8 +57,9 @@ def largest(scores: npt.NDArray[np.float32] | npt.NDArray[np.float64], k: int) -
 
 
 def best(summed: Scores, k: int, among: Rows | None = None) -> tuple[Rows, Scores]:
-    """The ``k`` best rows of :meth:`Postings.sums` (``among``'s rows, when it summed by position
-    among them), best first, with their scores; rows that scored nothing are left out."""
+    """The ``k`` rows with the highest BM25 score in :meth:`Postings.sums` (``among``'s rows, when
+    it summed by position among them), best first, with their scores; rows that scored nothing
+    are left out."""
     if k <= 0:
         return np.empty(0, np.int64), np.empty(0, np.float64)
     at = largest(summed, k)
@@ -179,16 +180,6 @@ class Postings:
             self._rows[t].frombytes(key_rows[part].astype(np.int32).tobytes())
             self._tfs[t].frombytes(tfs[part].tobytes())
             self._changed(t)
-
-    def top(
-        self, blind: list[str], k: int, among: Rows | None = None, place: Places | None = None
-    ) -> tuple[Rows, Scores]:
-        """The ``k`` rows (of ``among``, when given) with the highest BM25 score for the query's
-        distinct blind tokens, best first, and their scores; rows matching none are left out."""
-        summed = self.sums(blind, among, place)
-        if summed is None:
-            return np.empty(0, np.int64), np.empty(0, np.float64)
-        return best(summed, k, among)
 
     def sums(self, blind: list[str], among: Rows | None = None, place: Places | None = None) -> Scores | None:
         """The BM25 score of every row for the query's distinct blind tokens, by row; with

@@ -158,17 +158,24 @@ def query_text(query: str | None) -> str:
     return (query or "").strip()[:MAX_QUERY_CHARS]
 
 
-def shown_scores(shown: Sequence[Parts]) -> list[float]:
-    """The scores ``search`` shows for candidates made of ``shown``: fused as the index fuses
-    them, with the ranks counted among them only, so that no entry the reader cannot see counts
-    (:func:`services.vectorindex.fuse_shown`)."""
-    return fuse_shown(
-        shown,
+def show_scores(
+    ranked: Sequence[search_q.RankedEntry | search_q.RankedContext], cands: list[str], parts: list[Parts]
+) -> None:
+    """Sets the scores ``search`` shows on ``ranked`` (walked from ``cands``, made of ``parts``):
+    fused as the index fuses them, with the ranks counted among the shown only, so that no entry
+    the reader cannot see counts (:func:`services.vectorindex.fuse_shown`). The walk chose them by
+    their ranks in the whole pool; a score from those would tell how many hidden entries match the
+    query better (§10)."""
+    made = dict(zip(cands, parts, strict=True))
+    scores = fuse_shown(
+        [made[r["entry"]["id"]] for r in ranked],
         rrf_k=RRF_K,
         pinned_prior=PINNED_PRIOR,
         recency_prior=RECENCY_PRIOR,
         half_life=RECENCY_HALF_LIFE,
     )
+    for r, score in zip(ranked, scores, strict=True):
+        r["score"] = score
 
 
 class EarlyQuery:
@@ -363,11 +370,7 @@ async def _ranked(
     rt.vectors.account(bot_id, index)  # what catching up and ranking took in counts
     ranked = found["ranked"]
     if not fill:
-        # The walk chose them by their ranks in the whole pool; the scores shown count ranks among
-        # them only (§10): a score never tells how many hidden entries match the query better.
-        made = dict(zip(cands, parts, strict=True))
-        for r, score in zip(ranked, shown_scores([made[r["entry"]["id"]] for r in ranked]), strict=True):
-            r["score"] = score
+        show_scores(ranked, cands, parts)
     ranked.sort(key=lambda r: (-float(r["score"]), -int(r["entry"]["memoryRank"])))
     return ranked, cipher
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from prometheus_client import REGISTRY
 
 from services import vectorindex
-from services.keywordindex import K1, B, Postings, largest, places
+from services.keywordindex import K1, B, Places, Postings, Rows, Scores, best, largest, places
 from services.runtime import LineLengths
 from services.vectorindex import (
     EXACT_MAX,
@@ -54,6 +54,14 @@ def reference_bm25(docs: dict[int, list[str]], query: list[str]) -> dict[int, fl
     return scores
 
 
+def top(
+    postings: Postings, query: list[str], k: int, among: Rows | None = None, place: Places | None = None
+) -> tuple[Rows, Scores]:
+    """The ``k`` best rows for ``query`` as a ranking chooses its keyword candidates."""
+    summed = postings.sums(query, among, place)
+    return (np.empty(0, np.int64), np.empty(0, np.float64)) if summed is None else best(summed, k, among)
+
+
 def blind(words: list[str]) -> str:
     return " ".join(words)
 
@@ -83,20 +91,20 @@ def test_postings_rank_as_reference_bm25(
     else:
         for row, words in held.items():
             postings.set(row, blind(words))
-    postings.top(query, k)  # weights kept from here must not outlive the revisions
+    top(postings, query, k)  # weights kept from here must not outlive the revisions
     # Some rows are revised (their old tokens must stop counting), some twice with the same text.
     for row, words in enumerate(revised[: len(docs)]):
         postings.set(row, blind(words))
         postings.set(row, blind(words))
         held[row] = words
     expected = reference_bm25(held, query)
-    assert_best(postings.top(query, k), expected, k)
+    assert_best(top(postings, query, k), expected, k)
     # Among some rows: the same scores, summed over those rows' postings only (through places
     # made here, or kept by the caller).
     among = np.array(sorted(data.draw(st.sets(st.sampled_from(sorted(held))))), np.int64)
     within = {r: v for r, v in expected.items() if r in set(among.tolist())}
     for place in (None, places(among, postings.capacity)):
-        assert_best(postings.top(query, k, among, place), within, k)
+        assert_best(top(postings, query, k, among, place), within, k)
     # Every row's sum (by row; among some rows, by position among them): what a ranking reads
     # its candidates' BM25 scores from.
     summed = postings.sums(query)
@@ -129,10 +137,10 @@ def test_a_revision_that_keeps_the_counts_still_changes_the_scores() -> None:
     postings = Postings()
     docs = {0: [TOKENS[0], TOKENS[1]], 1: [TOKENS[1], TOKENS[2]], 2: [TOKENS[2]]}
     postings.set_many(list(docs), [blind(w) for w in docs.values()])
-    postings.top([TOKENS[1]], 5)
+    top(postings, [TOKENS[1]], 5)
     docs[0] = [TOKENS[1], TOKENS[1]]  # k1 twice: row 0 now outscores row 1
     postings.set(0, blind(docs[0]))
-    rows, scores = postings.top([TOKENS[1]], 5)
+    rows, scores = top(postings, [TOKENS[1]], 5)
     expected = reference_bm25(docs, [TOKENS[1]])
     assert rows.tolist() == [0, 1]
     assert all(
@@ -146,7 +154,7 @@ def test_a_rare_word_is_found_among_many_common_ones() -> None:
     for row in range(5_000):
         postings.set(row, blind([TOKENS[0], TOKENS[1]] * 3))
     postings.set(5_000, blind([TOKENS[1], TOKENS[2]]))
-    rows, _ = postings.top([TOKENS[0], TOKENS[2]], 10)
+    rows, _ = top(postings, [TOKENS[0], TOKENS[2]], 10)
     assert rows[0] == 5_000
 
 
@@ -411,7 +419,7 @@ def test_a_row_stamped_again_with_the_same_tokens_keeps_its_postings() -> None:
     postings.set(0, blind([TOKENS[1], TOKENS[1], TOKENS[0]]))
     assert postings.nbytes == held
     postings.set(0, blind([TOKENS[0]]))  # changed: its old postings go, the new ones come
-    rows, _ = postings.top([TOKENS[1]], 5)
+    rows, _ = top(postings, [TOKENS[1]], 5)
     assert rows.tolist() == []
 
 
@@ -510,7 +518,7 @@ def test_what_queries_make_of_the_postings_is_counted() -> None:
     postings = Postings()
     postings.set_many(list(range(100)), ["ka kb"] * 100)
     before = postings.approx_nbytes
-    postings.top(["ka"], 5)
+    top(postings, ["ka"], 5)
     assert postings.approx_nbytes == before + 100 * (8 + 4 + 4)
     postings.set(100, "ka")  # ka's postings change: what was made of them goes
     assert postings.approx_nbytes == before + 10
