@@ -229,7 +229,8 @@ SEARCH: Final[LiteralString] = _CANDIDATES + _RANKED
 SEARCH_CONTEXT: Final[LiteralString] = _CANDIDATES + _RANKED_CONTEXT
 
 #: Up to ``$cap`` ids of the active entries visible to every reader, seeking ``entry_active`` per
-#: key (the pre-filter of a reader who sees few entries: similarity then ranks only these).
+#: key (the pre-filter of a reader who sees few entries: similarity then ranks only these), and
+#: whether some key had more (then they are the newest ``$cap`` of that key's, not all).
 VISIBLE_ACTIVE: Final[LiteralString] = (
     READ_LOCK
     + """WITH m, $readers AS readers, $org AS org
@@ -244,11 +245,12 @@ CALL (readers, org) {
     + VISIBLE
     + """
     RETURN e.id AS id
-    ORDER BY e.botId DESC, e.activeKey DESC, e.memoryRank DESC LIMIT $cap
+    ORDER BY e.botId DESC, e.activeKey DESC, e.memoryRank DESC LIMIT $cap + 1
   }
-  RETURN collect(id) AS ids
+  WITH key, collect(id) AS found
+  RETURN collect(found[0..$cap]) AS lists, max(size(found)) > $cap AS capped
 }
-RETURN coalesce(m.vecSeq, 0) AS seq, m.version AS version, ids
+RETURN coalesce(m.vecSeq, 0) AS seq, m.version AS version, lists, coalesce(capped, false) AS capped
 """
 )
 
@@ -256,7 +258,20 @@ RETURN coalesce(m.vecSeq, 0) AS seq, m.version AS version, ids
 class VisibleActiveRow(TypedDict):
     seq: int
     version: int
+    lists: list[list[str]]
+    capped: bool
+
+
+@dataclass(frozen=True, slots=True)
+class VisibleActive:
+    """VISIBLE_ACTIVE's answer: the derived-data sequence and the memory version it was read at,
+    the visible active ids (each once), and whether some key had more than the cap (then ``ids``
+    is not all the reader sees)."""
+
+    seq: int
+    version: int
     ids: list[str]
+    capped: bool
 
 
 async def derived_since(
@@ -320,9 +335,8 @@ async def search_context(tx: QueryTarget, walk: Walk) -> SearchRow[RankedContext
 
 async def visible_active(
     tx: QueryTarget, *, bot_id: str, org: str, readers: list[ReaderMap], cap: int
-) -> tuple[int, int, list[str]] | None:
-    """VISIBLE_ACTIVE: the derived-data sequence, the memory version and up to ``cap`` visible active
-    ids per key."""
+) -> VisibleActive | None:
+    """VISIBLE_ACTIVE: up to ``cap`` visible active ids per key (None: no such Bot)."""
     record = await single(
         tx,
         VISIBLE_ACTIVE,
@@ -336,7 +350,8 @@ async def visible_active(
     )
     if record is None:
         return None
-    return record["seq"], record["version"], list(dict.fromkeys(record["ids"]))
+    ids = list(dict.fromkeys(i for found in record["lists"] for i in found))
+    return VisibleActive(record["seq"], record["version"], ids, record["capped"])
 
 
 async def locate(tx: QueryTarget, *, bot_id: str, ids: list[str]) -> list[tuple[str, str]]:

@@ -2139,11 +2139,12 @@ CALL (readers, org) {
        a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
 
     RETURN e.id AS id
-    ORDER BY e.botId DESC, e.activeKey DESC, e.memoryRank DESC LIMIT $cap
+    ORDER BY e.botId DESC, e.activeKey DESC, e.memoryRank DESC LIMIT $cap + 1
   }
-  RETURN collect(id) AS ids
+  WITH key, collect(id) AS found
+  RETURN collect(found[0..$cap]) AS lists, max(size(found)) > $cap AS capped
 }
-RETURN coalesce(m.vecSeq, 0) AS seq, m.version AS version, ids
+RETURN coalesce(m.vecSeq, 0) AS seq, m.version AS version, lists, coalesce(capped, false) AS capped
 
 // ---- graph.sourcegraph.DEPENDENTS_OF
 MATCH p = (d:Entry {botId: $botId})-[:SOURCE*1..8]->(e:Entry {id: $id, botId: $botId})

@@ -36,7 +36,7 @@ from services.keywords import blind_tokens
 from services.memory import Entry, Reader, cipher_of, decrypt_entry, open_read
 from services.runtime import Runtime
 from services.validation import check_id
-from services.vectorindex import F32, BotIndex, Parts, Ranking, ReaderKey, VisibleIds, fuse_shown
+from services.vectorindex import F32, BotIndex, Filter, Parts, Ranking, ReaderKey, VisibleIds, fuse_shown
 
 log = logging.getLogger("botmemory.search")
 
@@ -58,28 +58,31 @@ DENSE_MIN: Final = 50
 KEYWORD_LIMIT: Final = 100
 #: Candidates handed to the statement at first: the wanted ones divided by the share that passed
 #: for these reader keys before (at least MIN_PASSING), a WALK_MARGIN more and MARGIN_MIN more
-#: (among a reader's visible ids, where nearly all pass: a MARGIN_SHARE more). The statement walks
-#: them lazily and stops at the wanted-th that passes, so those past it cost only their place in
-#: the parameters (~1 µs each; each one checked costs ~6 µs). A walk that falls short goes
-#: WALK_GROWTH times as far; one where fewer than 1 in SPARSE_WALK candidates pass switches the
-#: reader to the pre-filter. The share varies from query to query: with a margin of 0.1, 9 % of
-#: the dense reader's ``context(query)`` calls at 100k walked twice; with 0.3, none (a second
-#: walk costs a statement, ~2 ms).
-MIN_PASSING: Final = 0.25
+#: (among a reader's visible ids, where nearly all pass: a MARGIN_SHARE more). The index proposes
+#: at least as many as the walk may take. The statement walks them lazily and stops at the
+#: wanted-th that passes, so those past it cost only their place in the parameters (~1 µs each;
+#: each one checked costs ~6 µs). A walk that falls short goes WALK_GROWTH times as far; one where
+#: fewer than 1 in SPARSE_WALK candidates pass switches the reader to the pre-filter. The share
+#: varies from query to query: with a margin of 0.1, 9 % of the dense reader's ``context(query)``
+#: calls at 100k walked twice; with 0.3, none (a second walk costs a statement, ~2 ms).
+MIN_PASSING: Final = 0.02
 WALK_MARGIN: Final = 0.3
 MARGIN_SHARE: Final = 0.1
 MARGIN_MIN: Final = 2
 WALK_GROWTH: Final = 4
-SPARSE_WALK: Final = 4
-#: The pre-filter reads at most this many visible ids per key; a reader who sees more than
-#: SPARSE_SHARE of the pool is served by the post-filter next time.
+SPARSE_WALK: Final = 10
+#: The pre-filter reads at most this many visible ids per key (the newest). A reader who sees
+#: more of them is served by the post-filter, which walks as deep as it must: ranking among the
+#: newest alone would never offer an older entry that answers. One who sees more than
+#: SPARSE_SHARE of the pool is served by the post-filter next time (twice the share that switches
+#: a walk to the pre-filter, so that a reader near either never goes back and forth).
 PRE_CAP: Final = 5_000
-SPARSE_SHARE: Final = 0.1
+SPARSE_SHARE: Final = 2 / SPARSE_WALK
 #: How many more entries ``context(query)`` asks for than the budget holds at the Bot's mean line
 #: length (the best that do not fit are skipped, smaller ones after them still may).
 CONTEXT_OVERASK: Final = 1.25
 #: Attempts of a search whose index had to catch up (or walk further) in between.
-_ATTEMPTS: Final = 5
+_ATTEMPTS: Final = 6
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,14 +243,15 @@ class _Query:
     wanted: int
     fill: bool
 
-    def candidates(self, index: BotIndex, among: list[str] | None) -> Ranking:
-        """The index's candidates, best first (among ``among`` only, when given)."""
+    def candidates(self, index: BotIndex, among: list[str] | None, walk: int) -> Ranking:
+        """The index's candidates, best first (among ``among`` only, when given): enough for a
+        walk of ``walk``."""
         return index.rank(
             self.vector,
             self.blind,
             among,
-            dense_k=max(DENSE_MIN, DENSE_FACTOR * self.wanted),
-            keyword_k=max(KEYWORD_LIMIT, DENSE_FACTOR * self.wanted),
+            dense_k=max(DENSE_MIN, DENSE_FACTOR * self.wanted, walk),
+            keyword_k=max(KEYWORD_LIMIT, DENSE_FACTOR * self.wanted, walk),
             rrf_k=RRF_K,
             pinned_prior=PINNED_PRIOR,
             recency_prior=RECENCY_PRIOR,
@@ -324,22 +328,24 @@ async def _ranked(
     cands: list[str] = []
     parts: list[Parts] = []  # what the walked candidates are made of (their shown scores)
     for _ in range(_ATTEMPTS):
-        sparse = rt.vectors.sparse(bot_id, keys)
-        known = rt.vectors.visible(who) if sparse else None
-        if known is not None and _many(len(known.ids), index):
+        served = rt.vectors.filter(bot_id, keys)
+        known = rt.vectors.visible(who) if served == "pre" else None
+        if known is not None and (better := _served(len(known.ids), index)) != "pre":
             # Kept ids of a reader who sees much: the post-filter serves them better.
-            rt.vectors.observe(bot_id, keys, sparse=False)
+            rt.vectors.observe(bot_id, keys, better)
             rt.vectors.drop_visible(who)
-            known, sparse = None, False
-        if known is None and sparse:
-            found, cands, parts = await read(
-                rt.driver, lambda tx: _prefiltered(rt, tx, index, cipher, q, sure, who)
-            )
+            known, served = None, better
+        if known is None and served == "pre":
+            pre = await read(rt.driver, lambda tx: _prefiltered(rt, tx, index, cipher, q, sure, who))
+            if pre is None:  # more than it reads: only the walk over the whole pool misses nothing
+                rt.vectors.observe(bot_id, keys, "walk")
+                continue
+            found, cands, parts = pre
             if found["lost"]:
                 await _locate(rt, index, bot_id, [cands[i] for i in found["lost"]])
                 continue  # the visible ids are kept now: the next attempt ranks among them
             break
-        ranking = q.candidates(index, None if known is None else known.ids)
+        ranking = q.candidates(index, None if known is None else known.ids, walk if known is None else sure)
         total = len(ranking.ids)
         walked = min(walk if known is None else sure, total)
         cands, scores = ranking.ids[:walked], ranking.scores[:walked]
@@ -360,12 +366,12 @@ async def _ranked(
         visible = int(found["visible"])
         if found["walked"]:
             rt.vectors.observe_passing(bot_id, keys, visible / int(found["walked"]))
-        if visible >= wanted or (walked == total and len(index) <= total):
+        if visible >= wanted or (walked == total and ranking.complete):
             break
-        if walked == total or visible * SPARSE_WALK < walked:
-            rt.vectors.observe(bot_id, keys, sparse=True)
+        if visible * SPARSE_WALK < walked and served == "post":
+            rt.vectors.observe(bot_id, keys, "pre")
             continue  # few candidates pass: this reader needs the pre-filter
-        walk *= WALK_GROWTH  # some were hidden or inactive: walk further down the same list
+        walk *= WALK_GROWTH  # some were hidden or inactive: walk further (the index proposes more)
     assert found is not None
     rt.vectors.account(bot_id, index)  # what catching up and ranking took in counts
     ranked = found["ranked"]
@@ -388,18 +394,21 @@ async def _prefiltered(
     q: _Query,
     walk: int,
     who: ReaderKey,
-) -> tuple[_Found, list[str], list[Parts]]:
+) -> tuple[_Found, list[str], list[Parts]] | None:
     """One read (D9.8): the reader's visible active ids under the shared lock, the index caught up
     under the same lock, the candidates among those ids only, then the statement that checks
     them (and the candidates walked). The ids are kept with the memory version they were read at,
-    for the next search of this reader."""
+    for the next search of this reader. None: the reader sees more than PRE_CAP for some key, so
+    the ids read are not all they see (neither ranked among nor kept)."""
     params = q.reader.params
     visible = await search_q.visible_active(
         tx, bot_id=q.bot_id, org=params["org"], readers=params["readers"], cap=PRE_CAP
     )
     if visible is None:
         raise NotFound("bot not found")
-    seq, version, ids = visible
+    if visible.capped:
+        return None
+    seq, version, ids = visible.seq, visible.version, visible.ids
     rt.vectors.keep_visible(who, VisibleIds(version, ids))
     if not ids:  # nothing visible and active: no candidate either
         empty: search_q.Derived = {
@@ -413,17 +422,21 @@ async def _prefiltered(
         _, fresh = await search_q.derived_since(tx, bot_id=q.bot_id, model=index.model, after=index.seq)
         if fresh is not None:
             _absorb(index, cipher, fresh, seq)
-    if _many(len(ids), index):
-        rt.vectors.observe(q.bot_id, tuple(reader_keys(list(params["readers"]))), sparse=False)
-    ranking = q.candidates(index, ids)
+    if (better := _served(len(ids), index)) != "pre":
+        rt.vectors.observe(q.bot_id, tuple(reader_keys(list(params["readers"]))), better)
+    ranking = q.candidates(index, ids, walk)
     cands, scores = ranking.ids[:walk], ranking.scores[:walk]
     parts = [] if q.fill else index.parts(ranking, walk, q.vector)
     return await q.run(tx, index, cands, scores), cands, parts
 
 
-def _many(visible: int, index: BotIndex) -> bool:
-    """Whether a reader who sees ``visible`` active entries is better served by the post-filter."""
-    return visible >= PRE_CAP or visible > SPARSE_SHARE * len(index)
+def _served(visible: int, index: BotIndex) -> Filter:
+    """How a reader who sees ``visible`` active entries is served best: the pre-filter, unless
+    they see more than SPARSE_SHARE of the pool, or as many as it reads for one key (then for good:
+    reading that many ids again after every change costs more than a deep walk)."""
+    if visible >= PRE_CAP:
+        return "walk"
+    return "post" if visible > SPARSE_SHARE * len(index) else "pre"
 
 
 async def _locate(rt: Runtime, index: BotIndex, bot_id: str, ids: list[str]) -> None:

@@ -25,7 +25,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Final, NamedTuple, TypeVar
+from typing import Final, Literal, NamedTuple, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -90,10 +90,12 @@ class Parts(NamedTuple):
 @dataclass(frozen=True, slots=True)
 class Ranking:
     """:meth:`BotIndex.rank`'s candidates, best first, and their fused scores; for
-    :meth:`BotIndex.parts`, their rows, BM25 scores, pinned flags and versions (parallel)."""
+    :meth:`BotIndex.parts`, their rows, BM25 scores, pinned flags and versions (parallel).
+    ``complete``: neither list was cut short, so a deeper ranking would propose nothing more."""
 
     ids: list[str]
     scores: list[float]
+    complete: bool = True
     rows: npt.NDArray[np.int64] = field(default_factory=lambda: np.empty(0, np.int64))
     bm25: npt.NDArray[np.float64] = field(default_factory=lambda: np.empty(0, np.float64))
     pinned: npt.NDArray[np.bool_] = field(default_factory=lambda: np.empty(0, np.bool_))
@@ -245,7 +247,9 @@ class BotIndex:
         vectors and the ``keyword_k`` best BM25 rows (among the ids ``among`` only, when given)
         fused by reciprocal rank (``rrf_k``), plus the prior (``pinned_prior`` for a pinned
         entry, at most ``recency_prior`` for the newest, halved every ``half_life`` versions);
-        and, for :meth:`parts`, each candidate's row, BM25 sum, pinned flag and version."""
+        and, for :meth:`parts`, each candidate's row, BM25 sum, pinned flag and version.
+        Complete when each list held fewer than its ``k``: every row with a vector or a keyword of
+        the query is among the candidates."""
         if among is not None and not among:  # nothing visible: the kept rows stay (another reader's)
             return Ranking([], [])
         rows = None if among is None else self._rows_of(among)
@@ -257,8 +261,9 @@ class BotIndex:
         place = None if rows is None else self._places(rows)
         summed = self.keywords.sums(blind, rows, place)
         keyword = np.empty(0, np.int64) if summed is None else best(summed, keyword_k, rows)[0]
+        complete = dense.size < dense_k and keyword.size < keyword_k
         if dense.size + keyword.size == 0:
-            return Ranking([], [])
+            return Ranking([], [], complete)
         proposed = np.concatenate([dense, keyword])
         shares = np.concatenate([_shares(dense.size, rrf_k), _shares(keyword.size, rrf_k)])
         found, inverse = np.unique(proposed, return_inverse=True)
@@ -278,6 +283,7 @@ class BotIndex:
         return Ranking(
             [held[r] for r in found.tolist()],
             score[order].tolist(),
+            complete,
             found,
             bm25,
             pinned[order],
@@ -474,6 +480,10 @@ class VisibleIds:
 #: Who a visibility check is for: the Bot, the request's organization and each reader as VISIBLE
 #: reads them (id and atoms).
 ReaderKey = tuple[str, str, tuple[tuple[str, tuple[str, ...]], ...]]
+#: How a search serves readers with some keys (design §10): the post-filter (they see most
+#: entries), the pre-filter (few: their visible ids first), or the post-filter always ("walk":
+#: they see more than the pre-filter reads, so their walks go as deep as they must).
+Filter = Literal["post", "pre", "walk"]
 
 
 @dataclass(slots=True)
@@ -501,8 +511,8 @@ class VectorIndexes:
     #: What each index held when it was last accounted for, and their sum.
     _held: dict[tuple[str, str], int] = field(default_factory=dict[tuple[str, str], int])
     _total: int = 0
-    _sparse: dict[tuple[str, tuple[str, ...]], bool] = field(
-        default_factory=dict[tuple[str, tuple[str, ...]], bool]
+    _filters: dict[tuple[str, tuple[str, ...]], Filter] = field(
+        default_factory=dict[tuple[str, tuple[str, ...]], Filter]
     )
     _visible: dict[ReaderKey, VisibleIds] = field(default_factory=dict[ReaderKey, VisibleIds])
     #: The ids of ``_visible`` in all.
@@ -549,26 +559,29 @@ class VectorIndexes:
         bot_id = key[0]
         if any(k[0] == bot_id for k in self._bots):
             return  # the Bot's index of another embedder is still held: so is what was learnt
-        for learnt in (self._sparse, self._passing):
+        for learnt in (self._filters, self._passing):
             for k in [k for k in learnt if k[0] == bot_id]:
                 del learnt[k]
         for k in [k for k in self._visible if k[0] == bot_id]:
             self.drop_visible(k)
 
-    def sparse(self, bot_id: str, keys: tuple[str, ...]) -> bool:
-        """Whether readers with these keys saw few of the Bot's entries last time (default: no)."""
-        return self._sparse.get((bot_id, keys), False)
+    def filter(self, bot_id: str, keys: tuple[str, ...]) -> Filter:
+        """How readers with these keys were served best last time (default: the post-filter)."""
+        return self._filters.get((bot_id, keys), "post")
 
-    def observe(self, bot_id: str, keys: tuple[str, ...], sparse: bool) -> None:
-        keep_newest(self._sparse, (bot_id, keys), sparse, LEARNT_KEPT)
+    def observe(self, bot_id: str, keys: tuple[str, ...], found: Filter) -> None:
+        keep_newest(self._filters, (bot_id, keys), found, LEARNT_KEPT)
 
     def passing(self, bot_id: str, keys: tuple[str, ...]) -> float:
         """The share of walked candidates that passed for readers with these keys (default 1)."""
         return self._passing.get((bot_id, keys), 1.0)
 
     def observe_passing(self, bot_id: str, keys: tuple[str, ...], share: float) -> None:
-        """A walk's share of candidates that passed, averaged with the earlier ones."""
-        share = 0.5 * self.passing(bot_id, keys) + 0.5 * share
+        """A walk's share of candidates that passed, averaged with the earlier ones (the first
+        one as it is)."""
+        before = self._passing.get((bot_id, keys))
+        if before is not None:
+            share = 0.5 * before + 0.5 * share
         keep_newest(self._passing, (bot_id, keys), share, LEARNT_KEPT)
 
     def visible(self, key: ReaderKey) -> VisibleIds | None:

@@ -10,11 +10,13 @@ from typing import Any, cast
 import httpx
 import numpy as np
 import numpy.typing as npt
+import pytest
 from prometheus_client import REGISTRY
 from threadpoolctl import threadpool_info, threadpool_limits
 
 from graph import search as search_q
 from graph.driver import autocommit
+from graph.memory import reader_keys
 from graph.migrations import LATEST, migrate
 from learning.embedders import LocalMiniLM
 from services import memory, search
@@ -321,6 +323,47 @@ async def test_a_reader_who_sees_few_entries_is_served_from_visible_ids_never_st
         bob = await memory.person_reader_of(runtime, w.bot, w.people["bob"], w.org)
         assert bob is not None and search.reader_key(w.bot, bob) != who
         assert await found("party") == []
+    finally:
+        await embedder.aclose()
+
+
+async def test_a_reader_who_sees_more_than_the_pre_filter_reads_misses_nothing(
+    api: Api, runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pre-filter reads at most PRE_CAP visible ids per key, the newest (design §10): ranking
+    among those alone would never offer an older entry that answers. Bob sees 15 of 75 entries —
+    more than the pre-filter reads here (a cap of 8 stands for 5,000 of a large Bot) and too few
+    to pass often among the nearest of the whole pool. His walk goes as deep as it must instead,
+    and finds the oldest of his entries, the one that answers."""
+    monkeypatch.setattr(search, "PRE_CAP", 8)
+    w = await make_world(api, ("ann", "bob"), channel=("ann", "bob"))
+    mine = await said(api, w.tokens["ann"], await api.chat(w.tokens["ann"], w.bot), "notes to self")
+    ours = await said(api, w.tokens["ann"], await api.chat(w.tokens["ann"], w.bot, w.channel), "team news")
+    embedder = LocalMiniLM()
+    try:
+
+        async def facts(*contents: str, source: tuple[str, str]) -> list[str]:
+            changes = [AddFact(content=c, sources=(ItemRef(*source),)) for c in contents]
+            await apply_changes(runtime, w.bot, list(changes), "memory_bot", embedder=embedder)
+            return [c.id for c in changes]
+
+        (pet,) = await facts("The team adopted a quokka called Pip", source=ours)
+        newer = await facts(
+            *(f"The team budget meeting number {n} is on a Monday" for n in range(14)), source=ours
+        )
+        # What Ann alone sees is nearer to the question than most of what Bob sees.
+        await facts(*(f"Ann saw a wild animal number {n} at the zoo" for n in range(60)), source=mine)
+        question = "Which animal did the team adopt?"
+        bob = await memory.person_reader_of(runtime, w.bot, w.people["bob"], w.org)
+        assert bob is not None
+        for _ in range(2):  # the first search learns how few pass; the second starts from that
+            hits = await search.search(runtime, embedder, w.bot, bob, question, 10)
+            assert hits[0].entry.id == pet
+            assert {h.entry.id for h in hits} <= {pet, *newer}
+            assert runtime.vectors.visible(search.reader_key(w.bot, bob)) is None  # no part kept
+            assert runtime.vectors.filter(w.bot, tuple(reader_keys(list(bob.readers)))) == "walk"
+            offered = await search.context(runtime, embedder, w.bot, bob, 4_000, question)
+            assert pet in offered.ids and set(offered.ids) <= {pet, *newer}
     finally:
         await embedder.aclose()
 

@@ -452,7 +452,7 @@ def test_indexes_past_their_bound_drop_the_least_recently_searched() -> None:
     indexes = VectorIndexes(max_bytes=int(2.5 * one))
     _filled(indexes, "a", 1_000)
     _filled(indexes, "b", 1_000)
-    indexes.observe("a", ("k",), sparse=True)
+    indexes.observe("a", ("k",), "pre")
     indexes.observe_passing("a", ("k",), 0.5)
     indexes.keep_visible(("a", "org", ()), VisibleIds(1, ["a-1"]))
     indexes.of("a", "m")  # a searched again: b is now the least recently used
@@ -463,7 +463,7 @@ def test_indexes_past_their_bound_drop_the_least_recently_searched() -> None:
     assert REGISTRY.get_sample_value("botmemory_search_index_bytes") == pytest.approx(2 * one)
     _filled(indexes, "d", 1_000)  # a is the oldest now: dropped, and what was learnt of it
     assert indexes.held() == [("c", "m"), ("d", "m")]
-    assert not indexes.sparse("a", ("k",)) and indexes.passing("a", ("k",)) == 1.0
+    assert indexes.filter("a", ("k",)) == "post" and indexes.passing("a", ("k",)) == 1.0
     assert indexes.visible(("a", "org", ())) is None
     assert len(indexes.of("a", "m")) == 0  # searched again: loaded anew
     # One index larger than the bound alone is kept (its search needs it); the others go.
@@ -529,11 +529,13 @@ def test_what_was_learnt_of_reader_keys_is_bounded(monkeypatch: pytest.MonkeyPat
     most recently learnt sets; an older one is learnt again (the defaults: post-filter, share 1)."""
     monkeypatch.setattr(vectorindex, "LEARNT_KEPT", 2)
     indexes = VectorIndexes()
-    for keys in (("a",), ("b",), ("a",), ("c",)):  # a learnt again after b: b is the oldest
-        indexes.observe("bot", keys, sparse=True)
-        indexes.observe_passing("bot", keys, 0.5)
-    assert [indexes.sparse("bot", k) for k in (("a",), ("b",), ("c",))] == [True, False, True]
-    assert indexes.passing("bot", ("b",)) == 1.0 and indexes.passing("bot", ("a",)) == 0.625  # 1, 0.75, 0.625
+    for keys, share in ((("a",), 0.5), (("b",), 0.5), (("a",), 0.25), (("c",), 0.5)):  # b is the oldest
+        indexes.observe("bot", keys, "pre")
+        indexes.observe_passing("bot", keys, share)
+    assert [indexes.filter("bot", k) for k in (("a",), ("b",), ("c",))] == ["pre", "post", "pre"]
+    assert (
+        indexes.passing("bot", ("b",)) == 1.0 and indexes.passing("bot", ("a",)) == 0.375
+    )  # 0.5, then averaged
 
 
 def test_line_lengths_are_kept_for_the_most_recently_observed_bots(monkeypatch: pytest.MonkeyPatch) -> None:
