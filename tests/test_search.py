@@ -48,6 +48,15 @@ async def remember(api: Api, token: str, bot: str, content: str) -> str:
     return response.json()["entry"]["id"]
 
 
+async def learn_facts(
+    runtime: Runtime, bot: str, embedder: LocalMiniLM, *contents: str, source: tuple[str, str]
+) -> list[str]:
+    """Facts the memory Bot learns from one Item (embedded as ``apply_changes`` embeds): their ids."""
+    changes = [AddFact(content=c, sources=(ItemRef(*source),)) for c in contents]
+    await apply_changes(runtime, bot, list(changes), "memory_bot", embedder=embedder)
+    return [c.id for c in changes]
+
+
 async def rest_search(api: Api, token: str, bot: str, q: str, limit: int = 10) -> Any:
     return await api.http.get(
         f"/v1/bots/{bot}/memory/search",
@@ -285,14 +294,16 @@ async def test_a_reader_who_sees_few_entries_is_served_from_visible_ids_never_st
     ours = await said(api, w.tokens["ann"], group, "team news")
     embedder = LocalMiniLM()
     try:
-
-        async def facts(*contents: str, source: tuple[str, str]) -> list[str]:
-            changes = [AddFact(content=c, sources=(ItemRef(*source),)) for c in contents]
-            await apply_changes(runtime, w.bot, list(changes), "memory_bot", embedder=embedder)
-            return [c.id for c in changes]
-
-        await facts(*(f"Ann's errand number {n} is about the bakery" for n in range(60)), source=mine)
-        cake, lunch = await facts("The team cake is on Friday", "The team lunch is at noon", source=ours)
+        await learn_facts(
+            runtime,
+            w.bot,
+            embedder,
+            *(f"Ann's errand number {n} is about the bakery" for n in range(60)),
+            source=mine,
+        )
+        cake, lunch = await learn_facts(
+            runtime, w.bot, embedder, "The team cake is on Friday", "The team lunch is at noon", source=ours
+        )
         bob = await memory.person_reader_of(runtime, w.bot, w.people["bob"], w.org)
         assert bob is not None
         who = search.reader_key(w.bot, bob)
@@ -308,7 +319,7 @@ async def test_a_reader_who_sees_few_entries_is_served_from_visible_ids_never_st
         assert set(await found("cake")) == {cake, lunch}
         assert runtime.vectors.visible(who) == kept  # served from the kept ids
         # A new fact he may see: found at once (the kept ids were of an older memory version).
-        (party,) = await facts("The team party is in the garden", source=ours)
+        (party,) = await learn_facts(runtime, w.bot, embedder, "The team party is in the garden", source=ours)
         assert party in await found("party")
         kept = runtime.vectors.visible(who)
         assert kept is not None and party in kept.ids
@@ -341,18 +352,24 @@ async def test_a_reader_who_sees_more_than_the_pre_filter_reads_misses_nothing(
     ours = await said(api, w.tokens["ann"], await api.chat(w.tokens["ann"], w.bot, w.channel), "team news")
     embedder = LocalMiniLM()
     try:
-
-        async def facts(*contents: str, source: tuple[str, str]) -> list[str]:
-            changes = [AddFact(content=c, sources=(ItemRef(*source),)) for c in contents]
-            await apply_changes(runtime, w.bot, list(changes), "memory_bot", embedder=embedder)
-            return [c.id for c in changes]
-
-        (pet,) = await facts("The team adopted a quokka called Pip", source=ours)
-        newer = await facts(
-            *(f"The team budget meeting number {n} is on a Monday" for n in range(14)), source=ours
+        (pet,) = await learn_facts(
+            runtime, w.bot, embedder, "The team adopted a quokka called Pip", source=ours
+        )
+        newer = await learn_facts(
+            runtime,
+            w.bot,
+            embedder,
+            *(f"The team budget meeting number {n} is on a Monday" for n in range(14)),
+            source=ours,
         )
         # What Ann alone sees is nearer to the question than most of what Bob sees.
-        await facts(*(f"Ann saw a wild animal number {n} at the zoo" for n in range(60)), source=mine)
+        await learn_facts(
+            runtime,
+            w.bot,
+            embedder,
+            *(f"Ann saw a wild animal number {n} at the zoo" for n in range(60)),
+            source=mine,
+        )
         question = "Which animal did the team adopt?"
         bob = await memory.person_reader_of(runtime, w.bot, w.people["bob"], w.org)
         assert bob is not None
