@@ -61,10 +61,11 @@ KEYWORD_LIMIT: Final = 100
 #: (among a reader's visible ids, where nearly all pass: a MARGIN_SHARE more). The index proposes
 #: at least as many as the walk may take. The statement walks them lazily and stops at the
 #: wanted-th that passes, so those past it cost only their place in the parameters (~1 µs each;
-#: each one checked costs ~6 µs). A walk that falls short goes WALK_GROWTH times as far; one where
-#: fewer than 1 in SPARSE_WALK candidates pass switches the reader to the pre-filter. The share
-#: varies from query to query: with a margin of 0.1, 9 % of the dense reader's ``context(query)``
-#: calls at 100k walked twice; with 0.3, none (a second walk costs a statement, ~2 ms).
+#: each one checked costs ~6 µs). A walk that falls short goes as far as its share says, at most
+#: WALK_GROWTH times as far (:func:`further`); one where fewer than 1 in SPARSE_WALK candidates
+#: pass switches the reader to the pre-filter. The share varies from query to query: with a margin
+#: of 0.1, 9 % of the dense reader's ``context(query)`` calls at 100k walked twice; with 0.3, none
+#: (a second walk costs a statement, ~2 ms).
 MIN_PASSING: Final = 0.02
 WALK_MARGIN: Final = 0.3
 MARGIN_SHARE: Final = 0.1
@@ -371,7 +372,7 @@ async def _ranked(
         if visible * SPARSE_WALK < walked and served == "post":
             rt.vectors.observe(bot_id, keys, "pre")
             continue  # few candidates pass: this reader needs the pre-filter
-        walk *= WALK_GROWTH  # some were hidden or inactive: walk further (the index proposes more)
+        walk = further(walked, visible, wanted)  # some were hidden or inactive (the index proposes more)
     assert found is not None
     rt.vectors.account(bot_id, index)  # what catching up and ranking took in counts
     ranked = found["ranked"]
@@ -379,6 +380,15 @@ async def _ranked(
         show_scores(ranked, cands, parts)
     ranked.sort(key=lambda r: (-float(r["score"]), -int(r["entry"]["memoryRank"])))
     return ranked, cipher
+
+
+def further(walked: int, visible: int, wanted: int) -> int:
+    """How far the next walk goes after one of ``walked`` candidates found ``visible`` of the
+    ``wanted``: as far as the share that passed says the rest lies, with WALK_MARGIN to spare, and
+    at most WALK_GROWTH times as far (the walk starts again from the first candidate, and the
+    index ranks anew for it: a walk that found 45 of 50 goes ~1.4 times as far, not 4)."""
+    needed = math.ceil(walked * wanted / visible * (1 + WALK_MARGIN)) if visible else walked * WALK_GROWTH
+    return max(walked + MARGIN_MIN, min(walked * WALK_GROWTH, needed))
 
 
 def reader_key(bot_id: str, reader: Reader) -> ReaderKey:
