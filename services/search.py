@@ -9,7 +9,9 @@ first that pass the one visibility check (C1, V10); only what is returned is dec
 A reader who sees most entries walks the candidates of the whole pool (post-filter); one who sees
 few gets their visible active ids first and the index ranks only those (pre-filter). Which one a
 set of reader keys needs is learnt in this process: a walk where few candidates pass switches
-those keys to the pre-filter, and a pre-filter that finds many switches them back.
+those keys to the pre-filter, and a pre-filter that finds many switches them back — for good when
+it finds more than it reads (PRE_CAP per key): ranking among a part of what a reader sees would
+never offer the rest.
 """
 
 from __future__ import annotations
