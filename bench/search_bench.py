@@ -347,20 +347,22 @@ async def raw_ranked(
     *,
     fill: bool,
 ) -> list[search_q.RankedEntry] | list[search_q.RankedContext]:
-    """``search._ranked`` without the visibility check: the index's candidates of the whole pool
-    (the post-filter's), walked as far as the search walks them at first; best first."""
+    """``search._ranked`` without the visibility check: the index's candidates of the reader's
+    keys, walked as far as the search walks them at first (by the share that passed for them in
+    the service's searches); best first."""
+    passing = max(search.MIN_PASSING, rt.vectors.passing(bot_id, tuple(keys)))
+    walk = math.ceil(wanted / passing * (1 + search.WALK_MARGIN)) + search.MARGIN_MIN
     ranking = index.rank(
         vector,
         blind_tokens(cipher, query),
-        None,
-        dense_k=max(search.DENSE_MIN, search.DENSE_FACTOR * wanted),
-        keyword_k=max(search.KEYWORD_LIMIT, search.DENSE_FACTOR * wanted),
+        keys,
+        dense_k=max(search.DENSE_MIN, search.DENSE_FACTOR * wanted, walk),
+        keyword_k=max(search.KEYWORD_LIMIT, search.DENSE_FACTOR * wanted, walk),
         rrf_k=search.RRF_K,
         pinned_prior=search.PINNED_PRIOR,
         recency_prior=search.RECENCY_PRIOR,
         half_life=search.RECENCY_HALF_LIFE,
     )
-    walk = math.ceil(wanted * (1 + search.MARGIN_SHARE)) + search.MARGIN_MIN
     cands, scores = ranking.ids[:walk], ranking.scores[:walk]
     parts = [] if fill else index.parts(ranking, walk, vector)
     params: dict[str, Any] = {

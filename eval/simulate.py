@@ -77,6 +77,7 @@ def index_of(p: Prepared) -> BotIndex:
         [" ".join(tokens(o.sentence)) for o in p.observations],
         [False] * n,
         [(i + 1) * 1_000_000 for i in range(n)],
+        ["channel:group"] * n,  # the group replay: everyone sees every observation
         (list(range(n)), q, scales),
     )
     return index

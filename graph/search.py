@@ -23,12 +23,14 @@ from graph.driver import Ciphertext, QueryTarget, single
 from graph.memory import ENTRY_MAP, READ_LOCK, SOURCES_OF_E, TOP_RANK, EntryMap, reader_keys
 
 #: What a process's index holds of each entry stamped after ``$after``: its node id, its blind
-#: keywords ("" for none), its vector when ``$model`` made it ("" otherwise), whether it is pinned and its order
-#: key — as parallel lists (one record decodes far faster than a record per entry).
+#: keywords ("" for none), its vector when ``$model`` made it ("" otherwise), whether it is pinned, its order
+#: key and its audience key while active (``activeKey``, "" for none) — as parallel lists (one
+#: record decodes far faster than a record per entry).
 _DERIVED_OF_E: Final[LiteralString] = """
   RETURN {ids: collect(e.id), nodes: collect(elementId(e)), keywords: collect(coalesce(e.kwBlind, '')),
           vecs: collect(CASE WHEN e.vecModel = $model THEN e.vec ELSE '' END),
-          pinned: collect(e.layer = 'pinned'), orderKeys: collect(e.orderKey)} AS fresh
+          pinned: collect(e.layer = 'pinned'), orderKeys: collect(e.orderKey),
+          keys: collect(coalesce(e.activeKey, ''))} AS fresh
 """
 
 #: Everything stamped after ``$after`` (an index seek on ``entry_vec_seq``): what a process's index
@@ -50,6 +52,7 @@ class Derived(TypedDict):
     vecs: list[Ciphertext]
     pinned: list[bool]
     orderKeys: list[int]
+    keys: list[str]
 
 
 class DerivedRow(TypedDict):
@@ -228,39 +231,6 @@ SEARCH: Final[LiteralString] = _CANDIDATES + _RANKED
 #: length and ciphertext.
 SEARCH_CONTEXT: Final[LiteralString] = _CANDIDATES + _RANKED_CONTEXT
 
-#: Up to ``$cap`` ids of the active entries visible to every reader, seeking ``entry_active`` per
-#: key (the pre-filter of a reader who sees few entries: similarity then ranks only these), and
-#: whether some key had more (then they are the newest ``$cap`` of that key's, not all).
-VISIBLE_ACTIVE: Final[LiteralString] = (
-    READ_LOCK
-    + """WITH m, $readers AS readers, $org AS org
-CALL (readers, org) {
-  UNWIND $keys AS key
-  CALL (key, readers, org) {
-    MATCH (e:Entry)
-    USING INDEX e:Entry(botId, activeKey, memoryRank, contentLength, id)
-    WHERE """
-    + ACTIVE_SEEK
-    + "$top AND "
-    + VISIBLE
-    + """
-    RETURN e.id AS id
-    ORDER BY e.botId DESC, e.activeKey DESC, e.memoryRank DESC LIMIT $cap + 1
-  }
-  WITH key, collect(id) AS found
-  RETURN collect(found[0..$cap]) AS lists, max(size(found)) > $cap AS capped
-}
-RETURN coalesce(m.vecSeq, 0) AS seq, m.version AS version, lists, coalesce(capped, false) AS capped
-"""
-)
-
-
-class VisibleActiveRow(TypedDict):
-    seq: int
-    version: int
-    lists: list[list[str]]
-    capped: bool
-
 
 @dataclass(frozen=True, slots=True)
 class VisibleActive:
@@ -331,27 +301,6 @@ async def search_context(tx: QueryTarget, walk: Walk) -> SearchRow[RankedContext
     """SEARCH_CONTEXT: the first ``limit`` candidates that pass, filled up to ``limit`` with the
     newest visible entries when fewer pass; None when the Bot does not exist."""
     return await single(tx, SEARCH_CONTEXT, SearchRow[RankedContext], **walk.params(fill=walk.limit))
-
-
-async def visible_active(
-    tx: QueryTarget, *, bot_id: str, org: str, readers: list[ReaderMap], cap: int
-) -> VisibleActive | None:
-    """VISIBLE_ACTIVE: up to ``cap`` visible active ids per key (None: no such Bot)."""
-    record = await single(
-        tx,
-        VISIBLE_ACTIVE,
-        VisibleActiveRow,
-        botId=bot_id,
-        org=org,
-        readers=readers,
-        keys=reader_keys(readers),
-        top=TOP_RANK,
-        cap=cap,
-    )
-    if record is None:
-        return None
-    ids = list(dict.fromkeys(i for found in record["lists"] for i in found))
-    return VisibleActive(record["seq"], record["version"], ids, record["capped"])
 
 
 async def locate(tx: QueryTarget, *, bot_id: str, ids: list[str]) -> list[tuple[str, str]]:

@@ -38,17 +38,17 @@ AND CASE x.layer
 AND any(t IN x.tags WHERE t STARTS WITH 'for:')
 ) AS proved
 
-WITH e, proved,
+WITH e, proved, e.activeKey AS keyBefore,
      reduce(acc = [], x IN closure | acc + [t IN x.tags WHERE t STARTS WITH 'for:' | substring(t, 4)])
        + [r IN rules | r.rule] AS atoms,
      reduce(acc = [], x IN closure | acc + [t IN x.tags WHERE t STARTS WITH 'org:' | substring(t, 4)])
        + [r IN rules | r.org] AS orgs,
      reduce(acc = [], x IN closure | acc + coalesce(x.excluded, [])) AS excluded
-WITH e, proved,
+WITH e, proved, keyBefore,
      reduce(acc = [], a IN atoms | CASE WHEN a IN acc THEN acc ELSE acc + a END) AS atoms,
      reduce(acc = [], o IN orgs | CASE WHEN o IN acc THEN acc ELSE acc + o END) AS orgs,
      reduce(acc = [], p IN excluded | CASE WHEN p IN acc THEN acc ELSE acc + p END) AS excluded
-WITH e, proved, atoms, orgs, excluded,
+WITH e, proved, keyBefore, atoms, orgs, excluded,
      CASE WHEN NOT proved THEN null
        ELSE coalesce(head([a IN atoms WHERE a STARTS WITH 'person:']),
                      head([a IN atoms WHERE a STARTS WITH 'channel:']),
@@ -59,6 +59,10 @@ SET e.lblProved = proved, e.lblOrgs = orgs, e.lblExcluded = excluded,
     e.memoryRank = CASE WHEN e.layer = 'pinned' THEN 1125899906842624 ELSE 0 END + e.orderKey,
     e.audienceKey = audienceKey,
     e.activeKey = CASE WHEN e.status = 'active' THEN audienceKey END
+WITH e WHERE coalesce(e.activeKey, '') <> coalesce(keyBefore, '')
+MATCH (keyed:Memory {id: e.botId})
+SET keyed.vecSeq = coalesce(keyed.vecSeq, 0) + 1
+SET e.vecSeq = keyed.vecSeq
 
 // ---- graph.access.DEPENDENTS
 UNWIND $ids AS entryId
@@ -141,17 +145,17 @@ AND CASE x.layer
 AND any(t IN x.tags WHERE t STARTS WITH 'for:')
 ) AS proved
 
-WITH e, proved,
+WITH e, proved, e.activeKey AS keyBefore,
      reduce(acc = [], x IN closure | acc + [t IN x.tags WHERE t STARTS WITH 'for:' | substring(t, 4)])
        + [r IN rules | r.rule] AS atoms,
      reduce(acc = [], x IN closure | acc + [t IN x.tags WHERE t STARTS WITH 'org:' | substring(t, 4)])
        + [r IN rules | r.org] AS orgs,
      reduce(acc = [], x IN closure | acc + coalesce(x.excluded, [])) AS excluded
-WITH e, proved,
+WITH e, proved, keyBefore,
      reduce(acc = [], a IN atoms | CASE WHEN a IN acc THEN acc ELSE acc + a END) AS atoms,
      reduce(acc = [], o IN orgs | CASE WHEN o IN acc THEN acc ELSE acc + o END) AS orgs,
      reduce(acc = [], p IN excluded | CASE WHEN p IN acc THEN acc ELSE acc + p END) AS excluded
-WITH e, proved, atoms, orgs, excluded,
+WITH e, proved, keyBefore, atoms, orgs, excluded,
      CASE WHEN NOT proved THEN null
        ELSE coalesce(head([a IN atoms WHERE a STARTS WITH 'person:']),
                      head([a IN atoms WHERE a STARTS WITH 'channel:']),
@@ -162,6 +166,10 @@ SET e.lblProved = proved, e.lblOrgs = orgs, e.lblExcluded = excluded,
     e.memoryRank = CASE WHEN e.layer = 'pinned' THEN 1125899906842624 ELSE 0 END + e.orderKey,
     e.audienceKey = audienceKey,
     e.activeKey = CASE WHEN e.status = 'active' THEN audienceKey END
+WITH e WHERE coalesce(e.activeKey, '') <> coalesce(keyBefore, '')
+MATCH (keyed:Memory {id: e.botId})
+SET keyed.vecSeq = coalesce(keyed.vecSeq, 0) + 1
+SET e.vecSeq = keyed.vecSeq
 
 // ---- graph.access.RELABEL_RECORDING_REMOVALS
 CALL (c, version) {
@@ -195,17 +203,17 @@ AND CASE x.layer
 AND any(t IN x.tags WHERE t STARTS WITH 'for:')
 ) AS proved
 
-WITH e, proved,
+WITH e, proved, e.activeKey AS keyBefore,
      reduce(acc = [], x IN closure | acc + [t IN x.tags WHERE t STARTS WITH 'for:' | substring(t, 4)])
        + [r IN rules | r.rule] AS atoms,
      reduce(acc = [], x IN closure | acc + [t IN x.tags WHERE t STARTS WITH 'org:' | substring(t, 4)])
        + [r IN rules | r.org] AS orgs,
      reduce(acc = [], x IN closure | acc + coalesce(x.excluded, [])) AS excluded
-WITH e, proved,
+WITH e, proved, keyBefore,
      reduce(acc = [], a IN atoms | CASE WHEN a IN acc THEN acc ELSE acc + a END) AS atoms,
      reduce(acc = [], o IN orgs | CASE WHEN o IN acc THEN acc ELSE acc + o END) AS orgs,
      reduce(acc = [], p IN excluded | CASE WHEN p IN acc THEN acc ELSE acc + p END) AS excluded
-WITH e, proved, atoms, orgs, excluded,
+WITH e, proved, keyBefore, atoms, orgs, excluded,
      CASE WHEN NOT proved THEN null
        ELSE coalesce(head([a IN atoms WHERE a STARTS WITH 'person:']),
                      head([a IN atoms WHERE a STARTS WITH 'channel:']),
@@ -216,6 +224,10 @@ SET e.lblProved = proved, e.lblOrgs = orgs, e.lblExcluded = excluded,
     e.memoryRank = CASE WHEN e.layer = 'pinned' THEN 1125899906842624 ELSE 0 END + e.orderKey,
     e.audienceKey = audienceKey,
     e.activeKey = CASE WHEN e.status = 'active' THEN audienceKey END
+WITH e WHERE coalesce(e.activeKey, '') <> coalesce(keyBefore, '')
+MATCH (keyed:Memory {id: e.botId})
+SET keyed.vecSeq = coalesce(keyed.vecSeq, 0) + 1
+SET e.vecSeq = keyed.vecSeq
   }
   WITH c, version, [b IN before | b {
          .requires, .excluded, id: b.entry.id,
@@ -625,17 +637,17 @@ AND CASE x.layer
 AND any(t IN x.tags WHERE t STARTS WITH 'for:')
 ) AS proved
 
-WITH e, proved,
+WITH e, proved, e.activeKey AS keyBefore,
      reduce(acc = [], x IN closure | acc + [t IN x.tags WHERE t STARTS WITH 'for:' | substring(t, 4)])
        + [r IN rules | r.rule] AS atoms,
      reduce(acc = [], x IN closure | acc + [t IN x.tags WHERE t STARTS WITH 'org:' | substring(t, 4)])
        + [r IN rules | r.org] AS orgs,
      reduce(acc = [], x IN closure | acc + coalesce(x.excluded, [])) AS excluded
-WITH e, proved,
+WITH e, proved, keyBefore,
      reduce(acc = [], a IN atoms | CASE WHEN a IN acc THEN acc ELSE acc + a END) AS atoms,
      reduce(acc = [], o IN orgs | CASE WHEN o IN acc THEN acc ELSE acc + o END) AS orgs,
      reduce(acc = [], p IN excluded | CASE WHEN p IN acc THEN acc ELSE acc + p END) AS excluded
-WITH e, proved, atoms, orgs, excluded,
+WITH e, proved, keyBefore, atoms, orgs, excluded,
      CASE WHEN NOT proved THEN null
        ELSE coalesce(head([a IN atoms WHERE a STARTS WITH 'person:']),
                      head([a IN atoms WHERE a STARTS WITH 'channel:']),
@@ -646,6 +658,10 @@ SET e.lblProved = proved, e.lblOrgs = orgs, e.lblExcluded = excluded,
     e.memoryRank = CASE WHEN e.layer = 'pinned' THEN 1125899906842624 ELSE 0 END + e.orderKey,
     e.audienceKey = audienceKey,
     e.activeKey = CASE WHEN e.status = 'active' THEN audienceKey END
+WITH e WHERE coalesce(e.activeKey, '') <> coalesce(keyBefore, '')
+MATCH (keyed:Memory {id: e.botId})
+SET keyed.vecSeq = coalesce(keyed.vecSeq, 0) + 1
+SET e.vecSeq = keyed.vecSeq
   }
   WITH c, version, [b IN before | b {
          .requires, .excluded, id: b.entry.id,
@@ -794,17 +810,17 @@ AND CASE x.layer
 AND any(t IN x.tags WHERE t STARTS WITH 'for:')
 ) AS proved
 
-WITH e, proved,
+WITH e, proved, e.activeKey AS keyBefore,
      reduce(acc = [], x IN closure | acc + [t IN x.tags WHERE t STARTS WITH 'for:' | substring(t, 4)])
        + [r IN rules | r.rule] AS atoms,
      reduce(acc = [], x IN closure | acc + [t IN x.tags WHERE t STARTS WITH 'org:' | substring(t, 4)])
        + [r IN rules | r.org] AS orgs,
      reduce(acc = [], x IN closure | acc + coalesce(x.excluded, [])) AS excluded
-WITH e, proved,
+WITH e, proved, keyBefore,
      reduce(acc = [], a IN atoms | CASE WHEN a IN acc THEN acc ELSE acc + a END) AS atoms,
      reduce(acc = [], o IN orgs | CASE WHEN o IN acc THEN acc ELSE acc + o END) AS orgs,
      reduce(acc = [], p IN excluded | CASE WHEN p IN acc THEN acc ELSE acc + p END) AS excluded
-WITH e, proved, atoms, orgs, excluded,
+WITH e, proved, keyBefore, atoms, orgs, excluded,
      CASE WHEN NOT proved THEN null
        ELSE coalesce(head([a IN atoms WHERE a STARTS WITH 'person:']),
                      head([a IN atoms WHERE a STARTS WITH 'channel:']),
@@ -815,6 +831,10 @@ SET e.lblProved = proved, e.lblOrgs = orgs, e.lblExcluded = excluded,
     e.memoryRank = CASE WHEN e.layer = 'pinned' THEN 1125899906842624 ELSE 0 END + e.orderKey,
     e.audienceKey = audienceKey,
     e.activeKey = CASE WHEN e.status = 'active' THEN audienceKey END
+WITH e WHERE coalesce(e.activeKey, '') <> coalesce(keyBefore, '')
+MATCH (keyed:Memory {id: e.botId})
+SET keyed.vecSeq = coalesce(keyed.vecSeq, 0) + 1
+SET e.vecSeq = keyed.vecSeq
   }
   WITH c, version, [b IN before | b {
          .requires, .excluded, id: b.entry.id,
@@ -868,17 +888,17 @@ AND CASE x.layer
 AND any(t IN x.tags WHERE t STARTS WITH 'for:')
 ) AS proved
 
-WITH e, proved,
+WITH e, proved, e.activeKey AS keyBefore,
      reduce(acc = [], x IN closure | acc + [t IN x.tags WHERE t STARTS WITH 'for:' | substring(t, 4)])
        + [r IN rules | r.rule] AS atoms,
      reduce(acc = [], x IN closure | acc + [t IN x.tags WHERE t STARTS WITH 'org:' | substring(t, 4)])
        + [r IN rules | r.org] AS orgs,
      reduce(acc = [], x IN closure | acc + coalesce(x.excluded, [])) AS excluded
-WITH e, proved,
+WITH e, proved, keyBefore,
      reduce(acc = [], a IN atoms | CASE WHEN a IN acc THEN acc ELSE acc + a END) AS atoms,
      reduce(acc = [], o IN orgs | CASE WHEN o IN acc THEN acc ELSE acc + o END) AS orgs,
      reduce(acc = [], p IN excluded | CASE WHEN p IN acc THEN acc ELSE acc + p END) AS excluded
-WITH e, proved, atoms, orgs, excluded,
+WITH e, proved, keyBefore, atoms, orgs, excluded,
      CASE WHEN NOT proved THEN null
        ELSE coalesce(head([a IN atoms WHERE a STARTS WITH 'person:']),
                      head([a IN atoms WHERE a STARTS WITH 'channel:']),
@@ -889,6 +909,10 @@ SET e.lblProved = proved, e.lblOrgs = orgs, e.lblExcluded = excluded,
     e.memoryRank = CASE WHEN e.layer = 'pinned' THEN 1125899906842624 ELSE 0 END + e.orderKey,
     e.audienceKey = audienceKey,
     e.activeKey = CASE WHEN e.status = 'active' THEN audienceKey END
+WITH e WHERE coalesce(e.activeKey, '') <> coalesce(keyBefore, '')
+MATCH (keyed:Memory {id: e.botId})
+SET keyed.vecSeq = coalesce(keyed.vecSeq, 0) + 1
+SET e.vecSeq = keyed.vecSeq
   }
   WITH c, version, [b IN before | b {
          .requires, .excluded, id: b.entry.id,
@@ -1979,7 +2003,8 @@ MATCH (e:Entry)
 WHERE e.botId = $botId AND e.vecSeq > $after
   RETURN {ids: collect(e.id), nodes: collect(elementId(e)), keywords: collect(coalesce(e.kwBlind, '')),
           vecs: collect(CASE WHEN e.vecModel = $model THEN e.vec ELSE '' END),
-          pinned: collect(e.layer = 'pinned'), orderKeys: collect(e.orderKey)} AS fresh
+          pinned: collect(e.layer = 'pinned'), orderKeys: collect(e.orderKey),
+          keys: collect(coalesce(e.activeKey, ''))} AS fresh
 
 // ---- graph.search.LOCATE
 UNWIND $ids AS id
@@ -1999,7 +2024,8 @@ CALL (m) {
   WHERE e.botId = $botId AND e.vecSeq > $after
   RETURN {ids: collect(e.id), nodes: collect(elementId(e)), keywords: collect(coalesce(e.kwBlind, '')),
           vecs: collect(CASE WHEN e.vecModel = $model THEN e.vec ELSE '' END),
-          pinned: collect(e.layer = 'pinned'), orderKeys: collect(e.orderKey)} AS fresh
+          pinned: collect(e.layer = 'pinned'), orderKeys: collect(e.orderKey),
+          keys: collect(coalesce(e.activeKey, ''))} AS fresh
 }
 
 CALL (readers, org) {
@@ -2070,7 +2096,8 @@ CALL (m) {
   WHERE e.botId = $botId AND e.vecSeq > $after
   RETURN {ids: collect(e.id), nodes: collect(elementId(e)), keywords: collect(coalesce(e.kwBlind, '')),
           vecs: collect(CASE WHEN e.vecModel = $model THEN e.vec ELSE '' END),
-          pinned: collect(e.layer = 'pinned'), orderKeys: collect(e.orderKey)} AS fresh
+          pinned: collect(e.layer = 'pinned'), orderKeys: collect(e.orderKey),
+          keys: collect(coalesce(e.activeKey, ''))} AS fresh
 }
 
 CALL (readers, org) {
@@ -2121,30 +2148,6 @@ CALL (parts) {
 }
 RETURN coalesce(m.vecSeq, 0) AS seq, m.version AS version, fresh, ranked, size(hits) AS visible, walked,
        lost
-
-// ---- graph.search.VISIBLE_ACTIVE
-MATCH (held:Memory {id: $botId})
-CALL apoc.lock.read.nodes([held])
-WITH held
-MATCH (m:Memory) WHERE elementId(m) = elementId(held)
-WITH m, $readers AS readers, $org AS org
-CALL (readers, org) {
-  UNWIND $keys AS key
-  CALL (key, readers, org) {
-    MATCH (e:Entry)
-    USING INDEX e:Entry(botId, activeKey, memoryRank, contentLength, id)
-    WHERE e.botId = $botId AND e.activeKey = key AND e.contentLength IS NOT NULL AND e.id IS NOT NULL AND e.memoryRank < $top AND
-(size(readers) > 0
- AND all(rd IN readers WHERE all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
-
-    RETURN e.id AS id
-    ORDER BY e.botId DESC, e.activeKey DESC, e.memoryRank DESC LIMIT $cap + 1
-  }
-  WITH key, collect(id) AS found
-  RETURN collect(found[0..$cap]) AS lists, max(size(found)) > $cap AS capped
-}
-RETURN coalesce(m.vecSeq, 0) AS seq, m.version AS version, lists, coalesce(capped, false) AS capped
 
 // ---- graph.sourcegraph.DEPENDENTS_OF
 MATCH p = (d:Entry {botId: $botId})-[:SOURCE*1..8]->(e:Entry {id: $id, botId: $botId})

@@ -6,12 +6,12 @@ all ranked by the Bot's index in this process (:mod:`services.vectorindex`). Sim
 proposes: the statement takes the shared lock and walks the candidates best first, keeping the
 first that pass the one visibility check (C1, V10); only what is returned is decrypted (E2).
 
-A reader who sees most entries walks the candidates of the whole pool (post-filter); one who sees
-few gets their visible active ids first and the index ranks only those (pre-filter). Which one a
-set of reader keys needs is learnt in this process: a walk where few candidates pass switches
-those keys to the pre-filter, and a pre-filter that finds many switches them back — for good when
-it finds more than it reads (PRE_CAP per key): ranking among a part of what a reader sees would
-never offer the rest.
+The index proposes only entries whose audience key (``activeKey``) is one of the reader's keys —
+a necessary condition of VISIBLE, as for ``context``'s seek — so a reader who sees 1 % of the
+entries is ranked among that 1 % (the pre-filter, in the process) and one who sees most by the
+whole pool's pass with the others left out; nearly every candidate passes either way. The index
+is never staler than the graph: a change of an entry's key is stamped like a new vector, and the
+statement hands back what was stamped after the index before it is trusted.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from services.keywords import blind_tokens
 from services.memory import Entry, Reader, cipher_of, decrypt_entry, open_read
 from services.runtime import Runtime
 from services.validation import check_id
-from services.vectorindex import F32, BotIndex, Filter, Parts, Ranking, ReaderKey, VisibleIds, fuse_shown
+from services.vectorindex import F32, BotIndex, Parts, Ranking, fuse_shown
 
 log = logging.getLogger("botmemory.search")
 
@@ -59,28 +59,17 @@ DENSE_FACTOR: Final = 2
 DENSE_MIN: Final = 50
 KEYWORD_LIMIT: Final = 100
 #: Candidates handed to the statement at first: the wanted ones divided by the share that passed
-#: for these reader keys before (at least MIN_PASSING), a WALK_MARGIN more and MARGIN_MIN more
-#: (among a reader's visible ids, where nearly all pass: a MARGIN_SHARE more). The index proposes
+#: for these reader keys before (at least MIN_PASSING), a WALK_MARGIN more and MARGIN_MIN more.
+#: The index proposes only entries whose audience key the reader holds, so nearly all pass (those
+#: that do not: a key shared with an audience the reader is not all of, an exclusion); it proposes
 #: at least as many as the walk may take. The statement walks them lazily and stops at the
 #: wanted-th that passes, so those past it cost only their place in the parameters (~1 µs each;
 #: each one checked costs ~6 µs). A walk that falls short goes as far as its share says, at most
-#: WALK_GROWTH times as far (:func:`further`); one where fewer than 1 in SPARSE_WALK candidates
-#: pass switches the reader to the pre-filter. The share varies from query to query: with a margin
-#: of 0.1, 9 % of the dense reader's ``context(query)`` calls at 100k walked twice; with 0.3, none
-#: (a second walk costs a statement, ~2 ms).
+#: WALK_GROWTH times as far (:func:`further`).
 MIN_PASSING: Final = 0.02
 WALK_MARGIN: Final = 0.3
-MARGIN_SHARE: Final = 0.1
 MARGIN_MIN: Final = 2
 WALK_GROWTH: Final = 4
-SPARSE_WALK: Final = 10
-#: The pre-filter reads at most this many visible ids per key (the newest). A reader who sees
-#: more of them is served by the post-filter, which walks as deep as it must: ranking among the
-#: newest alone would never offer an older entry that answers. One who sees more than
-#: SPARSE_SHARE of the pool is served by the post-filter next time (twice the share that switches
-#: a walk to the pre-filter, so that a reader near either never goes back and forth).
-PRE_CAP: Final = 5_000
-SPARSE_SHARE: Final = 2 / SPARSE_WALK
 #: How many more entries ``context(query)`` asks for than the budget holds at the Bot's mean line
 #: length (the best that do not fit are skipped, smaller ones after them still may).
 CONTEXT_OVERASK: Final = 1.25
@@ -246,13 +235,13 @@ class _Query:
     wanted: int
     fill: bool
 
-    def candidates(self, index: BotIndex, among: list[str] | None, walk: int) -> Ranking:
-        """The index's candidates, best first (among ``among`` only, when given): enough for a
-        walk of ``walk``."""
+    def candidates(self, index: BotIndex, keys: tuple[str, ...], walk: int) -> Ranking:
+        """The index's candidates, best first, of the entries whose audience key is one of the
+        reader's ``keys``: enough for a walk of ``walk``."""
         return index.rank(
             self.vector,
             self.blind,
-            among,
+            keys,
             dense_k=max(DENSE_MIN, DENSE_FACTOR * self.wanted, walk),
             keyword_k=max(KEYWORD_LIMIT, DENSE_FACTOR * self.wanted, walk),
             rrf_k=RRF_K,
@@ -321,36 +310,15 @@ async def _ranked(
     index = rt.vectors.of(bot_id, "" if embedder is None else embedder.id)
     await _load(rt, index, bot_id, cipher)
     keys = tuple(reader_keys(list(reader.readers)))
-    who = reader_key(bot_id, reader)
-    # Among a reader's visible ids nearly every candidate passes; among everything, the share
-    # that passed for these keys before.
-    sure = math.ceil(wanted * (1 + MARGIN_SHARE)) + MARGIN_MIN
     passing = max(MIN_PASSING, rt.vectors.passing(bot_id, keys))
     walk = math.ceil(wanted / passing * (1 + WALK_MARGIN)) + MARGIN_MIN
     found: _Found | None = None
     cands: list[str] = []
     parts: list[Parts] = []  # what the walked candidates are made of (their shown scores)
     for _ in range(_ATTEMPTS):
-        served = rt.vectors.filter(bot_id, keys)
-        known = rt.vectors.visible(who) if served == "pre" else None
-        if known is not None and (better := _served(len(known.ids), index)) != "pre":
-            # Kept ids of a reader who sees much: the post-filter serves them better.
-            rt.vectors.observe(bot_id, keys, better)
-            rt.vectors.drop_visible(who)
-            known, served = None, better
-        if known is None and served == "pre":
-            pre = await read(rt.driver, lambda tx: _prefiltered(rt, tx, index, cipher, q, sure, who))
-            if pre is None:  # more than it reads: only the walk over the whole pool misses nothing
-                rt.vectors.observe(bot_id, keys, "walk")
-                continue
-            found, cands, parts = pre
-            if found["lost"]:
-                await _locate(rt, index, bot_id, [cands[i] for i in found["lost"]])
-                continue  # the visible ids are kept now: the next attempt ranks among them
-            break
-        ranking = q.candidates(index, None if known is None else known.ids, walk if known is None else sure)
+        ranking = q.candidates(index, keys, walk)
         total = len(ranking.ids)
-        walked = min(walk if known is None else sure, total)
+        walked = min(walk, total)
         cands, scores = ranking.ids[:walked], ranking.scores[:walked]
         parts = [] if fill else index.parts(ranking, walked, q.vector)
         found = await autocommit(rt.driver, lambda s, c=cands, sc=scores: q.run(s, index, c, sc))
@@ -361,19 +329,11 @@ async def _ranked(
         if found["lost"]:
             await _locate(rt, index, bot_id, [cands[i] for i in found["lost"]])
             continue  # some candidates were not where the index had them: ask again
-        if known is not None:
-            if int(found["version"]) != known.version:
-                rt.vectors.drop_visible(who)
-                continue  # the memory changed since the visible ids were read: read them again
-            break
         visible = int(found["visible"])
         if found["walked"]:
             rt.vectors.observe_passing(bot_id, keys, visible / int(found["walked"]))
         if visible >= wanted or (walked == total and ranking.complete):
             break
-        if visible * SPARSE_WALK < walked and served == "post":
-            rt.vectors.observe(bot_id, keys, "pre")
-            continue  # few candidates pass: this reader needs the pre-filter
         walk = further(walked, visible, wanted)  # some were hidden or inactive (the index proposes more)
     assert found is not None
     rt.vectors.account(bot_id, index)  # what catching up and ranking took in counts
@@ -391,64 +351,6 @@ def further(walked: int, visible: int, wanted: int) -> int:
     index ranks anew for it: a walk that found 45 of 50 goes ~1.4 times as far, not 4)."""
     needed = math.ceil(walked * wanted / visible * (1 + WALK_MARGIN)) if visible else walked * WALK_GROWTH
     return max(walked + MARGIN_MIN, min(walked * WALK_GROWTH, needed))
-
-
-def reader_key(bot_id: str, reader: Reader) -> ReaderKey:
-    """Who a search is for, as the visibility check reads it (the key of kept visible ids)."""
-    return bot_id, reader.org, tuple((str(r["id"]), tuple(r["atoms"])) for r in reader.readers)
-
-
-async def _prefiltered(
-    rt: Runtime,
-    tx: AsyncManagedTransaction,
-    index: BotIndex,
-    cipher: Cipher,
-    q: _Query,
-    walk: int,
-    who: ReaderKey,
-) -> tuple[_Found, list[str], list[Parts]] | None:
-    """One read (D9.8): the reader's visible active ids under the shared lock, the index caught up
-    under the same lock, the candidates among those ids only, then the statement that checks
-    them (and the candidates walked). The ids are kept with the memory version they were read at,
-    for the next search of this reader. None: the reader sees more than PRE_CAP for some key, so
-    the ids read are not all they see (neither ranked among nor kept)."""
-    params = q.reader.params
-    visible = await search_q.visible_active(
-        tx, bot_id=q.bot_id, org=params["org"], readers=params["readers"], cap=PRE_CAP
-    )
-    if visible is None:
-        raise NotFound("bot not found")
-    if visible.capped:
-        return None
-    seq, version, ids = visible.seq, visible.version, visible.ids
-    rt.vectors.keep_visible(who, VisibleIds(version, ids))
-    if not ids:  # nothing visible and active: no candidate either
-        empty: search_q.Derived = {
-            "ids": [], "nodes": [], "keywords": [], "vecs": [], "pinned": [], "orderKeys": [],
-        }  # fmt: skip
-        nothing: _Found = {
-            "seq": seq, "version": version, "fresh": empty, "ranked": [], "visible": 0, "walked": 0, "lost": [],
-        }  # fmt: skip
-        return nothing, [], []
-    if seq > index.seq:
-        _, fresh = await search_q.derived_since(tx, bot_id=q.bot_id, model=index.model, after=index.seq)
-        if fresh is not None:
-            _absorb(index, cipher, fresh, seq)
-    if (better := _served(len(ids), index)) != "pre":
-        rt.vectors.observe(q.bot_id, tuple(reader_keys(list(params["readers"]))), better)
-    ranking = q.candidates(index, ids, walk)
-    cands, scores = ranking.ids[:walk], ranking.scores[:walk]
-    parts = [] if q.fill else index.parts(ranking, walk, q.vector)
-    return await q.run(tx, index, cands, scores), cands, parts
-
-
-def _served(visible: int, index: BotIndex) -> Filter:
-    """How a reader who sees ``visible`` active entries is served best: the pre-filter, unless
-    they see more than SPARSE_SHARE of the pool, or as many as it reads for one key (then for good:
-    reading that many ids again after every change costs more than a deep walk)."""
-    if visible >= PRE_CAP:
-        return "walk"
-    return "post" if visible > SPARSE_SHARE * len(index) else "pre"
 
 
 async def _locate(rt: Runtime, index: BotIndex, bot_id: str, ids: list[str]) -> None:
@@ -485,5 +387,13 @@ def _absorb(index: BotIndex, cipher: Cipher, fresh: search_q.Derived, seq: int) 
             raws = cipher.decrypt_bytes_all(Kind.ENTRY_VECTOR, [(ids[i], fresh["vecs"][i]) for i in at])
             q, scales = decode_vectors(raws, len(raws[0]) - 4)
             vectors = (at, q, scales)
-        index.upsert(ids, fresh["nodes"], fresh["keywords"], fresh["pinned"], fresh["orderKeys"], vectors)
+        index.upsert(
+            ids,
+            fresh["nodes"],
+            fresh["keywords"],
+            fresh["pinned"],
+            fresh["orderKeys"],
+            fresh["keys"],
+            vectors,
+        )
     index.seq = max(index.seq, seq)

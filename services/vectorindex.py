@@ -25,7 +25,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Final, Literal, NamedTuple, TypeVar
+from typing import Final, NamedTuple, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -45,6 +45,11 @@ COARSE_DIMS: Final = 48
 RESCORE_FACTOR: Final = 8
 RESCORE_MIN: Final = 800
 RESCORE_DEEP: Final = 200
+#: A reader whose keys hold at most this many rows (and at most AMONG_SHARE of the pool) is ranked
+#: among those rows only (their vectors dequantised and kept while the reader searches again);
+#: one who holds more, by the whole pool's pass with the other rows left out.
+AMONG_MAX: Final = 8_192
+AMONG_SHARE: Final = 0.25
 #: What a pinned entry adds to its order key in memory order (``graph.memory``'s memoryRank).
 PINNED_RANK: Final = 1_125_899_906_842_624
 #: What an entry's id and its place in the id map hold (tracemalloc around a cold load of 100k
@@ -135,6 +140,50 @@ def fuse_shown(
     return score
 
 
+@dataclass(slots=True)
+class _KeyRows:
+    """What a :class:`BotIndex` made of a reader's keys (kept while that reader searches again and
+    the rows do not change): the keys' codes, the index's generation then, the rows of those keys
+    and which rows they are (a mask over the pool); made when first needed: the same as 0 or
+    -inf per row (added to the scores of the whole pool's pass, which then never choose another
+    row), the same for the rows with a vector, and for a few rows their vectors dequantised and
+    each row's place among them."""
+
+    codes: tuple[int, ...]
+    generation: int
+    rows: npt.NDArray[np.int64]
+    allowed: npt.NDArray[np.bool_]
+    vectors: F32 | None = None
+    places: Places | None = None
+    _left_out: F32 | None = None
+    _usable: npt.NDArray[np.bool_] | None = None
+    penalty: F32 = field(default_factory=lambda: np.empty(0, np.float32))
+
+    def left_out(self) -> F32:
+        """0 for the rows of the keys, -inf for the others."""
+        if self._left_out is None:
+            self._left_out = np.where(self.allowed, np.float32(0), np.float32(-np.inf))
+        return self._left_out
+
+    def usable(self, has_vec: npt.NDArray[np.bool_]) -> npt.NDArray[np.bool_]:
+        """The rows of the keys with a vector (``has_vec``: the pool's), and :attr:`penalty` for
+        the others."""
+        if self._usable is None:
+            self._usable = self.allowed & has_vec
+            self.penalty = np.where(self._usable, np.float32(0), np.float32(-np.inf))
+        return self._usable
+
+    @property
+    def nbytes(self) -> int:
+        made = (self.vectors, self.places, self._left_out, self._usable)
+        return (
+            self.rows.nbytes
+            + self.allowed.nbytes
+            + self.penalty.nbytes
+            + sum(0 if m is None else m.nbytes for m in made)
+        )
+
+
 class BotIndex:
     """What proposes a Bot's candidates in this process: every entry with derived data (blind
     keywords, and a vector of this index's embedder when it has one), with what the prior needs
@@ -168,12 +217,15 @@ class BotIndex:
         self._unembedded = 0
         #: The version of the newest entry held (what the recency prior counts from).
         self._newest = 0.0
-        #: The last ``among`` list ranked (a reader's kept visible ids come back search after
-        #: search as the same list): the list, the size of the index then, its rows, their
-        #: vectors dequantised and each row's place among them (the last two None until asked for).
-        self._among: tuple[list[str], int, npt.NDArray[np.int64]] | None = None
-        self._among_vectors: F32 | None = None
-        self._among_places: Places | None = None
+        #: Each row's audience key while active (``activeKey``: a code of ``_codes``, -1 for none):
+        #: a reader can see an entry only if they hold its key (VISIBLE requires every atom of its
+        #: label, the key among them), so only rows of the reader's keys are ranked.
+        self._key = np.zeros(0, np.int32)
+        self._codes: dict[str, int] = {}
+        #: Counts the changes to the rows (what the kept rows of a reader were made at).
+        self._generation = 0
+        #: What was made of the last reader's keys (a reader searches again with the same keys).
+        self._kept: _KeyRows | None = None
 
     def __len__(self) -> int:
         return len(self._ids)
@@ -190,15 +242,19 @@ class BotIndex:
         made of them), the postings (with what queries made of them) and ~``ROW_BYTES`` a row for
         its id and its place in the id map."""
         arrays = self._arrays_nbytes
-        if self._among is not None:  # a reader's rows, and their vectors and places once made
-            arrays += self._among[2].nbytes + sum(
-                0 if made is None else made.nbytes for made in (self._among_vectors, self._among_places)
-            )
+        if self._kept is not None:  # what was made of a reader's keys
+            arrays += self._kept.nbytes
         return arrays + self.keywords.approx_nbytes + ROW_BYTES * len(self._ids)
 
     @property
     def _arrays_nbytes(self) -> int:
-        rows = self._has_vec.nbytes + self._pinned.nbytes + self._order.nbytes + self._node.nbytes
+        rows = (
+            self._has_vec.nbytes
+            + self._pinned.nbytes
+            + self._order.nbytes
+            + self._node.nbytes
+            + self._key.nbytes
+        )
         return self._q.nbytes + self._scale.nbytes + self._coarse.nbytes + rows
 
     def upsert(
@@ -208,16 +264,20 @@ class BotIndex:
         keywords: list[str],
         pinned: list[bool],
         order_keys: list[int],
+        keys: list[str],
         vectors: tuple[list[int], npt.NDArray[np.int8], F32] | None,
     ) -> None:
-        """Add entries, replacing what is held of ids already held (a revised or re-embedded
-        entry): their node ids, blind keywords, pinned flags, order keys and, for the positions in
-        ``vectors`` (positions into ``ids``, int8 rows, scales), their vectors. An entry without
-        a vector in this update has none afterwards."""
+        """Add entries, replacing what is held of ids already held (a revised, re-embedded or
+        relabelled entry): their node ids, blind keywords, pinned flags, order keys, audience keys
+        while active ("" for none) and, for the positions in ``vectors`` (positions into ``ids``,
+        int8 rows, scales), their vectors. An entry without a vector in this update has none
+        afterwards."""
         if not ids:
             return
-        self._among = self._among_vectors = self._among_places = None
+        self._forget_among()
         rows = self._rows_for(ids)
+        codes = self._codes
+        self._key[rows] = [-1 if not k else codes.setdefault(k, len(codes)) for k in keys]
         self.keywords.set_many(rows.tolist(), keywords)
         self._set_nodes(rows, nodes)
         self._pinned[rows] = pinned
@@ -243,7 +303,7 @@ class BotIndex:
         self,
         vector: F32 | None,
         blind: list[str],
-        among: list[str] | None,
+        keys: Sequence[str] | None,
         *,
         dense_k: int,
         keyword_k: int,
@@ -253,23 +313,34 @@ class BotIndex:
         half_life: float,
     ) -> Ranking:
         """The candidates for a query, best first, with their scores: the ``dense_k`` nearest
-        vectors and the ``keyword_k`` best BM25 rows (among the ids ``among`` only, when given)
-        fused by reciprocal rank (``rrf_k``), plus the prior (``pinned_prior`` for a pinned
-        entry, at most ``recency_prior`` for the newest, halved every ``half_life`` versions);
-        and, for :meth:`parts`, each candidate's row, BM25 sum, pinned flag and version.
-        Complete when each list held fewer than its ``k``: every row with a vector or a keyword of
-        the query is among the candidates."""
-        if among is not None and not among:  # nothing visible: the kept rows stay (another reader's)
-            return Ranking([], [])
-        rows = None if among is None else self._rows_of(among)
-        if rows is not None and rows.size == 0:
-            return Ranking([], [])
+        vectors and the ``keyword_k`` best BM25 rows (of the rows whose audience key is one of
+        ``keys`` only, when given: a reader's keys) fused by reciprocal rank (``rrf_k``), plus the
+        prior (``pinned_prior`` for a pinned entry, at most ``recency_prior`` for the newest,
+        halved every ``half_life`` versions); and, for :meth:`parts`, each candidate's row, BM25
+        sum, pinned flag and version. Complete when each list held fewer than its ``k``: every
+        row of those keys with a vector or a keyword of the query is among the candidates.
+
+        A reader whose keys hold few rows is ranked among those rows alone (their vectors kept
+        dequantised for the next search); one who holds many, by the whole pool's pass with the
+        other rows left out."""
+        among: npt.NDArray[np.int64] | None = None
+        keyed: _KeyRows | None = None  # a reader of many rows: the others left out of the pass
+        if keys is not None:
+            keyed = self._rows_with(keys)
+            if keyed.rows.size == 0:
+                return Ranking([], [])
+            if keyed.rows.size <= min(AMONG_MAX, AMONG_SHARE * len(self._ids)):
+                among, keyed = keyed.rows, None
         dense = np.empty(0, np.int64)
         if vector is not None and self._q.shape[1] == vector.shape[0]:
-            dense = self._top_rows(vector, dense_k, rows)
-        place = None if rows is None else self._places(rows)
-        summed = self.keywords.sums(blind, rows, place)
-        keyword = np.empty(0, np.int64) if summed is None else best(summed, keyword_k, rows)[0]
+            dense = self._top_rows(vector, dense_k, among, keyed)
+        place = None if among is None else self._places(among)
+        summed = self.keywords.sums(blind, among, place)
+        if summed is not None and keyed is not None:
+            held_rows = min(summed.shape[0], keyed.allowed.shape[0])
+            summed[:held_rows] += keyed.left_out()[:held_rows]  # -inf: never among the best
+            summed[keyed.allowed.shape[0] :] = 0.0
+        keyword = np.empty(0, np.int64) if summed is None else best(summed, keyword_k, among)[0]
         complete = dense.size < dense_k and keyword.size < keyword_k
         if dense.size + keyword.size == 0:
             return Ranking([], [], complete)
@@ -336,37 +407,48 @@ class BotIndex:
                 self.keywords.set(row, "")
                 self._has_vec[row] = False
                 self._node[row] = -1
+                self._key[row] = -1
         self._unembedded = len(self._ids) - int(np.count_nonzero(self._has_vec[: len(self._ids)]))
-        self._among = self._among_vectors = self._among_places = None
+        self._forget_among()
 
     def top(self, query: F32, k: int) -> list[str]:
         """The ids of the ``k`` vectors most similar to ``query`` (cosine), best first."""
         return [self._ids[int(r)] for r in self._top_rows(query, k, None)]
 
-    def _top_rows(self, query: F32, k: int, among: npt.NDArray[np.int64] | None) -> npt.NDArray[np.int64]:
-        """The rows of the ``k`` vectors most similar to ``query`` (among ``among``), best first."""
+    def _top_rows(
+        self,
+        query: F32,
+        k: int,
+        among: npt.NDArray[np.int64] | None,
+        keyed: _KeyRows | None = None,
+    ) -> npt.NDArray[np.int64]:
+        """The rows of the ``k`` vectors most similar to ``query`` (among the rows ``among``, or
+        the rows of the keys ``keyed`` was made of, when given), best first."""
         n = len(self._ids)
         if n == 0 or k <= 0 or self._q.shape[1] == 0:
             return np.empty(0, np.int64)
+        kept = self._kept
         if among is not None:
-            kept = self._among
-            if kept is not None and kept[2] is among:
-                if self._among_vectors is None:
-                    held = among[self._has_vec[among]]
-                    self._among_vectors = self._q[held].astype(np.float32) * self._scale[held, None]
-                rows = among[self._has_vec[among]]
-                return self._best(self._among_vectors @ query, rows, k)
             rows = among[self._has_vec[among]]
+            if kept is not None and kept.rows is among:
+                if kept.vectors is None:
+                    kept.vectors = self._q[rows].astype(np.float32) * self._scale[rows, None]
+                return self._best(kept.vectors @ query, rows, k)
             return self._best(self._exact(rows, query), rows, k)
         coarse = self._scan(query if self._basis is None else query @ self._basis, n)
-        if self._unembedded:
-            coarse[~self._has_vec[:n]] = -np.inf
+        usable: npt.NDArray[np.bool_] | None = None  # the rows that may be ranked, when not all
+        if keyed is not None:
+            usable = keyed.usable(self._has_vec[:n])
+            coarse += keyed.penalty  # -inf for the others: far cheaper than a masked assignment
+        elif self._unembedded:
+            usable = self._has_vec[:n]
+            coarse[~usable] = -np.inf
         if self._basis is None:
-            rows = np.arange(n) if not self._unembedded else np.flatnonzero(self._has_vec[:n])
+            rows = np.arange(n) if usable is None else np.flatnonzero(usable)
             return self._best(coarse[rows], rows, k)
         candidates = largest(coarse, rescored(k))
-        if self._unembedded:
-            candidates = candidates[self._has_vec[candidates]]
+        if usable is not None:
+            candidates = candidates[usable[candidates]]
         return self._best(self._exact(candidates, query), candidates, k)
 
     def _scan(self, query: F32, n: int) -> F32:
@@ -413,6 +495,7 @@ class BotIndex:
             self._pinned = np.concatenate([self._pinned, np.zeros(grow, np.bool_)])
             self._order = np.concatenate([self._order, np.zeros(grow, np.int64)])
             self._node = np.concatenate([self._node, np.full(grow, -1, np.int64)])
+            self._key = np.concatenate([self._key, np.full(grow, -1, np.int32)])
             self._scale = np.concatenate([self._scale, np.zeros(grow, np.float32)])
             if self._q.shape[1]:
                 self._q = np.concatenate([self._q, np.zeros((grow, self._q.shape[1]), np.int8)])
@@ -421,24 +504,31 @@ class BotIndex:
                 )
         return rows
 
-    def _rows_of(self, ids: list[str]) -> npt.NDArray[np.int64]:
-        """The rows of the ids held among ``ids``. A reader's kept visible ids come back search
-        after search as the same list: their rows are kept until the index grows."""
-        kept = self._among
-        if kept is not None and kept[0] is ids and kept[1] == len(self._ids):
-            return kept[2]
-        rows = np.array([p for p in (self._pos.get(i) for i in ids) if p is not None], np.int64)
-        self._among, self._among_vectors, self._among_places = (ids, len(self._ids), rows), None, None
-        return rows
+    def _rows_with(self, keys: Sequence[str]) -> _KeyRows:
+        """The rows whose audience key is one of ``keys``. A reader searches again with the same
+        keys: what was made of them is kept until the rows change."""
+        codes = tuple(sorted(c for c in (self._codes.get(k) for k in keys) if c is not None))
+        kept = self._kept
+        if kept is not None and kept.codes == codes and kept.generation == self._generation:
+            return kept
+        key = self._key[: len(self._ids)]
+        allowed = np.isin(key, codes) if codes else np.zeros(key.shape[0], np.bool_)
+        self._kept = _KeyRows(codes, self._generation, np.flatnonzero(allowed), allowed)
+        return self._kept
+
+    def _forget_among(self) -> None:
+        """The rows changed: what was made of a reader's keys goes."""
+        self._generation += 1
+        self._kept = None
 
     def _places(self, rows: npt.NDArray[np.int64]) -> Places:
-        """Each row's place among ``rows`` (kept with a reader's kept rows, made when first asked)."""
-        kept = self._among
-        if kept is None or kept[2] is not rows:
+        """Each row's place among ``rows`` (kept with a reader's rows, made when first asked)."""
+        kept = self._kept
+        if kept is None or kept.rows is not rows:
             return places(rows, self.keywords.capacity)
-        if self._among_places is None:
-            self._among_places = places(rows, self.keywords.capacity)
-        return self._among_places
+        if kept.places is None:
+            kept.places = places(rows, self.keywords.capacity)
+        return kept.places
 
     def _exact(self, rows: npt.NDArray[np.int64], query: F32) -> F32:
         return (self._q[rows].astype(np.float32) @ query) * self._scale[rows]
@@ -469,42 +559,15 @@ class BotIndex:
         self._coarse = coarse
 
 
-#: Sets of reader keys of which a process keeps what it learnt (sparse or not, pass share), the
-#: least recently learnt dropped first (each a few hundred bytes).
+#: Sets of reader keys of which a process keeps the share of candidates that passed, the least
+#: recently learnt dropped first (each a few hundred bytes).
 LEARNT_KEPT: Final = 65_536
-#: Readers whose visible ids a process keeps (the oldest kept is dropped first).
-VISIBLE_KEPT: Final = 1_024
-#: Ids those readers' lists may hold together (~80 bytes each: ~40 MB), the oldest kept dropped first.
-VISIBLE_KEPT_IDS: Final = 500_000
-
-
-@dataclass(frozen=True, slots=True)
-class VisibleIds:
-    """The visible active ids of a reader as read at one memory version (the pre-filter's input)."""
-
-    version: int
-    ids: list[str]
-
-
-#: Who a visibility check is for: the Bot, the request's organization and each reader as VISIBLE
-#: reads them (id and atoms).
-ReaderKey = tuple[str, str, tuple[tuple[str, tuple[str, ...]], ...]]
-#: How a search serves readers with some keys (design §10): the post-filter (they see most
-#: entries), the pre-filter (few: their visible ids first), or the post-filter always ("walk":
-#: they see more than the pre-filter reads, so their walks go as deep as they must).
-Filter = Literal["post", "pre", "walk"]
 
 
 @dataclass(slots=True)
 class VectorIndexes:
-    """The vector indexes of this process, one per (Bot, embedder), how sparse each set of
-    reader keys has proven (which decides between post- and pre-filtering, design §10), and the
-    visible ids of the readers served by the pre-filter, by memory version.
-
-    Visible ids are only a proposal too: a search that uses them still checks every candidate
-    under the shared lock, and uses its result only when the memory version it ran at is the one
-    the ids were read at (what a reader may see changes only with the memory version, or with
-    the reader's atoms, which are part of the key); otherwise it reads them again.
+    """The vector indexes of this process, one per (Bot, embedder), and the share of candidates
+    that passed the visibility check for each set of reader keys (how far a walk goes, design §10).
 
     The indexes together hold at most about ``max_bytes`` (None: no bound; the API's is
     ``index_memory_mb``): when one grows past it, the least recently searched others are dropped
@@ -520,12 +583,6 @@ class VectorIndexes:
     #: What each index held when it was last accounted for, and their sum.
     _held: dict[tuple[str, str], int] = field(default_factory=dict[tuple[str, str], int])
     _total: int = 0
-    _filters: dict[tuple[str, tuple[str, ...]], Filter] = field(
-        default_factory=dict[tuple[str, tuple[str, ...]], Filter]
-    )
-    _visible: dict[ReaderKey, VisibleIds] = field(default_factory=dict[ReaderKey, VisibleIds])
-    #: The ids of ``_visible`` in all.
-    _visible_ids: int = 0
     _passing: dict[tuple[str, tuple[str, ...]], float] = field(
         default_factory=dict[tuple[str, tuple[str, ...]], float]
     )
@@ -568,18 +625,8 @@ class VectorIndexes:
         bot_id = key[0]
         if any(k[0] == bot_id for k in self._bots):
             return  # the Bot's index of another embedder is still held: so is what was learnt
-        for learnt in (self._filters, self._passing):
-            for k in [k for k in learnt if k[0] == bot_id]:
-                del learnt[k]
-        for k in [k for k in self._visible if k[0] == bot_id]:
-            self.drop_visible(k)
-
-    def filter(self, bot_id: str, keys: tuple[str, ...]) -> Filter:
-        """How readers with these keys were served best last time (default: the post-filter)."""
-        return self._filters.get((bot_id, keys), "post")
-
-    def observe(self, bot_id: str, keys: tuple[str, ...], found: Filter) -> None:
-        keep_newest(self._filters, (bot_id, keys), found, LEARNT_KEPT)
+        for k in [k for k in self._passing if k[0] == bot_id]:
+            del self._passing[k]
 
     def passing(self, bot_id: str, keys: tuple[str, ...]) -> float:
         """The share of walked candidates that passed for readers with these keys (default 1)."""
@@ -592,23 +639,3 @@ class VectorIndexes:
         if before is not None:
             share = 0.5 * before + 0.5 * share
         keep_newest(self._passing, (bot_id, keys), share, LEARNT_KEPT)
-
-    def visible(self, key: ReaderKey) -> VisibleIds | None:
-        """The visible active ids last read for this reader (any memory version), if kept."""
-        return self._visible.get(key)
-
-    def keep_visible(self, key: ReaderKey, found: VisibleIds) -> None:
-        """Keeps a reader's visible ids, dropping the oldest kept beyond VISIBLE_KEPT readers or
-        VISIBLE_KEPT_IDS ids."""
-        self.drop_visible(key)
-        self._visible[key] = found
-        self._visible_ids += len(found.ids)
-        while len(self._visible) > VISIBLE_KEPT or (
-            self._visible_ids > VISIBLE_KEPT_IDS and len(self._visible) > 1
-        ):
-            self.drop_visible(next(iter(self._visible)))
-
-    def drop_visible(self, key: ReaderKey) -> None:
-        dropped = self._visible.pop(key, None)
-        if dropped is not None:
-            self._visible_ids -= len(dropped.ids)

@@ -10,7 +10,6 @@ from typing import Any, cast
 import httpx
 import numpy as np
 import numpy.typing as npt
-import pytest
 from prometheus_client import REGISTRY
 from threadpoolctl import threadpool_info, threadpool_limits
 
@@ -21,7 +20,7 @@ from graph.migrations import LATEST, migrate
 from learning.embedders import LocalMiniLM
 from services import memory, search
 from services.bootstrap import open_runtime
-from services.changes import AddFact, Invalidate, ItemRef
+from services.changes import AddFact, Invalidate, ItemRef, Share
 from services.runtime import Runtime
 from services.settings import Settings
 from services.vectorindex import VectorIndexes
@@ -231,7 +230,8 @@ async def test_two_api_processes_agree_at_once_after_every_kind_of_change(
 ) -> None:
     """Each API process keeps its own vector index; neither is ever stale across a memory version:
     an entry written through one process is found by the other at once, and Forget, invalidation,
-    purge and a removal from a channel take effect in both at once (C1, design §10)."""
+    a narrowing and a widening of its audience, purge and a removal from a channel take effect in
+    both at once (C1, design §10)."""
     w = await make_world(api, ("ann", "bob"), channel=("ann", "bob"))
     other = ApiProcess(settings, settings.data_dir / "logs" / "pytest-api-second.log", service_env)
     try:
@@ -262,12 +262,20 @@ async def test_two_api_processes_agree_at_once_after_every_kind_of_change(
             assert await ids(api, "bob", "kayak") == [] and await ids(second, "bob", "kayak") == []
             again = await fact(runtime, w.bot, "The kayak club moved to the harbour", source)
             assert again in await ids(second, "ann", "kayak")
+            # Narrowed to Ann before either index saw it, then widened back (Share): both follow.
+            canoe = await fact(runtime, w.bot, "The kayak club rents a canoe", source)
+            await apply(runtime, w.bot, Share(canoe, (f"for:person:{w.people['ann']}",)))
+            assert canoe not in await ids(api, "bob", "canoe") and canoe not in await ids(
+                second, "bob", "canoe"
+            )
+            await apply(runtime, w.bot, Share(canoe, (f"for:channel:{w.channel}",)))
+            assert canoe in await ids(api, "bob", "canoe") and canoe in await ids(second, "bob", "canoe")
             await second.admin(
                 "mutation($c: ID!, $m: [ID!]!) { setChannelMembers(channelId: $c, memberIds: $m) { id } }",
                 {"c": w.channel, "m": [w.people["bob"]]},
             )
             assert again not in await ids(api, "ann", "kayak")
-            assert await ids(api, "bob", "kayak") == [again]
+            assert set(await ids(api, "bob", "kayak")) == {again, canoe}
             # Purge by the chat's tag through A: gone on B.
             purged = await api.http.post(
                 f"/v1/bots/{w.bot}/memory/purge",
@@ -280,13 +288,14 @@ async def test_two_api_processes_agree_at_once_after_every_kind_of_change(
         other.stop()
 
 
-async def test_a_reader_who_sees_few_entries_is_served_from_visible_ids_never_stale(
+async def test_a_reader_is_ranked_among_the_entries_of_their_keys_never_stale(
     api: Api, runtime: Runtime
 ) -> None:
-    """The pre-filter (design §10): Bob sees 2 of 62 entries, so the nearest vectors of the whole
-    pool hold too few of his and his searches rank among his visible ids, which the process keeps
-    with the memory version they were read at. Every change — a new fact, an invalidation, a
-    removal from the channel — shows at once: kept ids of an older version are read again."""
+    """The index proposes only entries whose audience key the reader holds (design §10): Bob sees
+    2 of 62 entries, and every candidate his searches walk passes — none of Ann's 60 is proposed.
+    The index holds each entry's key as of the last change, since a change of key is stamped like
+    a new vector: a new fact, a narrowing and a widening (Share, V6), an invalidation and a
+    removal from the channel each show at once."""
     w = await make_world(api, ("ann", "bob"), channel=("ann", "bob"))
     private = await api.chat(w.tokens["ann"], w.bot)
     mine = await said(api, w.tokens["ann"], private, "notes to self")
@@ -306,7 +315,7 @@ async def test_a_reader_who_sees_few_entries_is_served_from_visible_ids_never_st
         )
         bob = await memory.person_reader_of(runtime, w.bot, w.people["bob"], w.org)
         assert bob is not None
-        who = search.reader_key(w.bot, bob)
+        keys = tuple(reader_keys(list(bob.readers)))
 
         async def found(query: str) -> list[str]:
             reader = await memory.person_reader_of(runtime, w.bot, w.people["bob"], w.org)
@@ -314,39 +323,38 @@ async def test_a_reader_who_sees_few_entries_is_served_from_visible_ids_never_st
             return [h.entry.id for h in await search.search(runtime, embedder, w.bot, reader, query, 10)]
 
         assert set(await found("bakery errand")) == {cake, lunch}
-        kept = runtime.vectors.visible(who)
-        assert kept is not None and set(kept.ids) == {cake, lunch}  # the pre-filter's ids, kept
-        assert set(await found("cake")) == {cake, lunch}
-        assert runtime.vectors.visible(who) == kept  # served from the kept ids
-        # A new fact he may see: found at once (the kept ids were of an older memory version).
+        assert runtime.vectors.passing(w.bot, keys) == 1.0  # nothing of Ann's was walked
+        # A new fact he may see: found at once.
         (party,) = await learn_facts(runtime, w.bot, embedder, "The team party is in the garden", source=ours)
         assert party in await found("party")
-        kept = runtime.vectors.visible(who)
-        assert kept is not None and party in kept.ids
+        # Narrowed to Ann before any search saw it (the index takes it in with Ann's key), then
+        # widened back to the channel: found at once.
+        (picnic,) = await learn_facts(runtime, w.bot, embedder, "The team picnic is by the lake", source=ours)
+        await apply(runtime, w.bot, Share(picnic, (f"for:person:{w.people['ann']}",)))
+        assert picnic not in await found("picnic")
+        await apply(runtime, w.bot, Share(picnic, (f"for:channel:{w.channel}",)))
+        assert picnic in await found("picnic")
         # Invalidated: gone at once.
         await apply(runtime, w.bot, Invalidate(cake))
         assert cake not in await found("cake")
-        # Out of the channel: his atoms change, so do the kept ids he is served from.
+        # Out of the channel: his keys change, so do the entries proposed to him.
         await api.admin(
             "mutation($c: ID!, $m: [ID!]!) { setChannelMembers(channelId: $c, memberIds: $m) { id } }",
             {"c": w.channel, "m": [w.people["ann"]]},
         )
-        bob = await memory.person_reader_of(runtime, w.bot, w.people["bob"], w.org)
-        assert bob is not None and search.reader_key(w.bot, bob) != who
         assert await found("party") == []
     finally:
         await embedder.aclose()
 
 
-async def test_a_reader_who_sees_more_than_the_pre_filter_reads_misses_nothing(
-    api: Api, runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+async def test_a_reader_who_sees_a_fifth_of_the_entries_finds_the_oldest_that_answers(
+    api: Api, runtime: Runtime
 ) -> None:
-    """The pre-filter reads at most PRE_CAP visible ids per key, the newest (design §10): ranking
-    among those alone would never offer an older entry that answers. Bob sees 15 of 75 entries —
-    more than the pre-filter reads here (a cap of 8 stands for 5,000 of a large Bot) and too few
-    to pass often among the nearest of the whole pool. His walk goes as deep as it must instead,
-    and finds the oldest of his entries, the one that answers."""
-    monkeypatch.setattr(search, "PRE_CAP", 8)
+    """Bob sees 15 of 75 entries, and what Ann alone sees is nearer to the question than most of
+    his: too few of his would be among the nearest of the whole pool. He is ranked among the
+    entries of his keys (design §10), and the oldest of his, the one that answers, comes first
+    (before session 25, a reader who saw more than 5,000 entries of a large Bot was ranked among
+    the newest 5,000 alone)."""
     w = await make_world(api, ("ann", "bob"), channel=("ann", "bob"))
     mine = await said(api, w.tokens["ann"], await api.chat(w.tokens["ann"], w.bot), "notes to self")
     ours = await said(api, w.tokens["ann"], await api.chat(w.tokens["ann"], w.bot, w.channel), "team news")
@@ -373,12 +381,11 @@ async def test_a_reader_who_sees_more_than_the_pre_filter_reads_misses_nothing(
         question = "Which animal did the team adopt?"
         bob = await memory.person_reader_of(runtime, w.bot, w.people["bob"], w.org)
         assert bob is not None
-        for _ in range(2):  # the first search learns how few pass; the second starts from that
+        for _ in range(2):  # the second search from the rows kept of his keys
             hits = await search.search(runtime, embedder, w.bot, bob, question, 10)
             assert hits[0].entry.id == pet
             assert {h.entry.id for h in hits} <= {pet, *newer}
-            assert runtime.vectors.visible(search.reader_key(w.bot, bob)) is None  # no part kept
-            assert runtime.vectors.filter(w.bot, tuple(reader_keys(list(bob.readers)))) == "walk"
+            assert runtime.vectors.passing(w.bot, tuple(reader_keys(list(bob.readers)))) == 1.0
             offered = await search.context(runtime, embedder, w.bot, bob, 4_000, question)
             assert pet in offered.ids and set(offered.ids) <= {pet, *newer}
     finally:
@@ -436,7 +443,7 @@ async def test_a_stale_node_id_costs_a_lookup_never_a_result(api: Api, runtime: 
     assert await found() == {f.id for f in facts}
     # As if the store had moved to another database: every node id the index holds is unknown.
     index = runtime.vectors.of(w.bot, "")
-    index.upsert(["not-an-entry"], ["4:another-database:1"], [""], [False], [1], None)
+    index.upsert(["not-an-entry"], ["4:another-database:1"], [""], [False], [1], [""], None)
     assert index.nodes_of([facts[0].id]) == [""]
     assert await found() == {f.id for f in facts}
     assert index.nodes_of([facts[0].id])[0].startswith("4:")  # learnt again

@@ -25,7 +25,6 @@ from services.vectorindex import (
     SPLIT_MIN,
     BotIndex,
     VectorIndexes,
-    VisibleIds,
     fuse_shown,
 )
 
@@ -210,12 +209,17 @@ def test_rank_fuses_by_reciprocal_rank_with_the_prior() -> None:
     orders = [(i + 1) * 1_000_000 + 1 for i in range(n)]
     embedded = [i for i in range(n) if i % 10 != 3]  # some entries have no vector yet
     index = BotIndex("m")
+    # Audience keys: a third of the entries are person:a's, one in 15 person:b's (few: ranked
+    # among their rows alone), the rest channel:c's; one has none (inactive).
+    keys = ["person:a" if i % 3 == 0 else "person:b" if i % 15 == 1 else "channel:c" for i in range(n)]
+    keys[6] = ""
     index.upsert(
         ids,
         [f"4:db:{i}" for i in range(n)],
         [blind(w) for w in words],
         pinned,
         orders,
+        keys,
         (embedded, q[embedded], scales[embedded]),
     )
     query = unit(rng, 1, dims)[0]
@@ -250,10 +254,10 @@ def test_rank_fuses_by_reciprocal_rank_with_the_prior() -> None:
         assert math.isclose(score, expected[int(entry_id[1:])], rel_tol=1e-6)
     assert scores == sorted(scores, reverse=True)
     assert not any(int(e[1:]) % 10 == 3 for e in got if int(e[1:]) in dense)
-    # Among a reader's ids only: the same fusion over those entries, and nothing else proposed.
-    # Asked again with the same list (its rows, vectors and places kept), then after a new entry
-    # (what was kept goes), the answer is the reference's each time.
-    allowed = ids[::3]
+    # A reader's keys: the same fusion over the entries of those keys only, and nothing else
+    # proposed — among their rows alone (person:b, few) or by the whole pool's pass with the
+    # others left out (person:a, a third). Asked again with the same keys (their rows, vectors and
+    # places kept), then after a new entry (what was kept goes), the answer is the reference's.
 
     def among_reference(rows: list[int]) -> dict[int, float]:
         shares: dict[int, float] = {}
@@ -268,15 +272,16 @@ def test_rank_fuses_by_reciprocal_rank_with_the_prior() -> None:
             for i, v in shares.items()
         }
 
-    for _ in range(2):
-        got_among, among_scores = ranked(
-            index, query, [TOKENS[3]], allowed, dense_k=20, keyword_k=15, rrf_k=60.0,
-            pinned_prior=0.01, recency_prior=0.005, half_life=100.0,
-        )  # fmt: skip
-        reference = among_reference(list(range(0, n, 3)))
-        assert set(got_among) == {ids[i] for i in reference}
-        for entry_id, score in zip(got_among, among_scores, strict=True):
-            assert math.isclose(score, reference[int(entry_id[1:])], rel_tol=1e-6)
+    for asked in (["person:a"], ["person:b"], ["person:b", "person:a", "channel:none"], ["channel:none"]):
+        for _ in range(2):
+            got_among, among_scores = ranked(
+                index, query, [TOKENS[3]], asked, dense_k=20, keyword_k=15, rrf_k=60.0,
+                pinned_prior=0.01, recency_prior=0.005, half_life=100.0,
+            )  # fmt: skip
+            reference = among_reference([i for i in range(n) if keys[i] in asked])
+            assert set(got_among) == {ids[i] for i in reference}
+            for entry_id, score in zip(got_among, among_scores, strict=True):
+                assert math.isclose(score, reference[int(entry_id[1:])], rel_tol=1e-6)
     # What search shows: the same fusion with the ranks counted among the shown only, and the
     # recency from the newest of them, from what the ranking says each candidate is made of.
     everything = index.rank(
@@ -302,15 +307,18 @@ def test_rank_fuses_by_reciprocal_rank_with_the_prior() -> None:
     )
     assert got_shown == pytest.approx(expected_shown, rel=1e-6)
     words.append([TOKENS[3]])  # the shortest row with the keyword: BM25's best
-    index.upsert([f"e{n}"], [f"4:db:{n}"], [blind(words[n])], [False], [orders[-1]], None)
+    index.upsert([f"e{n}"], [f"4:db:{n}"], [blind(words[n])], [False], [orders[-1]], ["person:a"], None)
     pinned.append(False)
     orders.append(orders[-1])
-    allowed.append(f"e{n}")
+    keys.append("person:a")
     got_among, _ = ranked(
-        index, query, [TOKENS[3]], allowed, dense_k=20, keyword_k=15, rrf_k=60.0,
+        index, query, [TOKENS[3]], ["person:a"], dense_k=20, keyword_k=15, rrf_k=60.0,
         pinned_prior=0.01, recency_prior=0.005, half_life=100.0,
     )  # fmt: skip
-    assert set(got_among) == {f"e{i}" for i in among_reference([*range(0, n, 3), n])}
+    assert f"e{n}" in got_among
+    assert set(got_among) == {
+        f"e{i}" for i in among_reference([i for i in range(n + 1) if keys[i] == "person:a"])
+    }
 
 
 def test_ties_follow_memory_order() -> None:
@@ -321,6 +329,7 @@ def test_ties_follow_memory_order() -> None:
         [TOKENS[0]] * 3,
         [False, True, False],
         [5_000_001, 5_000_002, 5_000_003],
+        ["bot"] * 3,
         None,
     )
     got, _ = ranked(
@@ -344,9 +353,12 @@ def test_a_revised_entry_loses_its_old_words_and_vector() -> None:
         [TOKENS[0], TOKENS[1]],
         [False, False],
         [1_000_001, 1_000_002],
+        ["bot", "bot"],
         ([0, 1], q, scales),
     )
-    index.upsert(["a"], ["4:db:1"], [TOKENS[2]], [False], [2_000_001], None)  # revised, embedder down
+    index.upsert(
+        ["a"], ["4:db:1"], [TOKENS[2]], [False], [2_000_001], ["bot"], None
+    )  # revised, embedder down
     found, _ = ranked(
         index, vectors[0], [TOKENS[0]], None, dense_k=5, keyword_k=5, rrf_k=60.0,
         pinned_prior=0.0, recency_prior=0.0, half_life=100.0,
@@ -380,6 +392,7 @@ def test_a_large_index_finds_the_exact_nearest_through_the_coarse_pass(n: int) -
             [""] * (stop - start),
             [False] * (stop - start),
             [1_000_001] * (stop - start),
+            ["person:a" if i % 3 == 0 else "channel:b" for i in range(start, stop)],
             (list(range(stop - start)), q[start:stop], scales[start:stop]),
         )
     exact: npt.NDArray[np.float64] = ((q.astype(np.float32) * scales[:, None]) @ centres.T).astype(np.float64)
@@ -388,16 +401,35 @@ def test_a_large_index_finds_the_exact_nearest_through_the_coarse_pass(n: int) -
         best = {ids[int(i)] for i in np.argsort(-exact[:, c])[:10].tolist()}
         found += len(best & set(index.top(centres[c], 50)))
     assert found >= 0.98 * 200
+    # A reader of a third of the rows (too many to rank among): the same pass with the other rows
+    # left out — only their rows come back, and the nearest of them.
+    assert n // 3 > min(vectorindex.AMONG_MAX, vectorindex.AMONG_SHARE * n)
+    found = 0
+    for c in range(20):
+        mine = [i for i in np.argsort(-exact[:, c]).tolist() if i % 3 == 0][:10]
+        ranking = index.rank(
+            centres[c], [], ["person:a"], dense_k=50, keyword_k=50, rrf_k=60.0,
+            pinned_prior=0.0, recency_prior=0.0, half_life=100.0,
+        )  # fmt: skip
+        assert ranking.ids and all(int(i[1:]) % 3 == 0 for i in ranking.ids)
+        found += len({ids[i] for i in mine} & set(ranking.ids))
+    assert found >= 0.98 * 200
 
 
 def test_node_ids_are_kept_compactly_and_relearnt() -> None:
     index = BotIndex("")
     index.upsert(
-        ["a", "b", "c"], ["4:db-1:10", "4:db-1:11", "odd"], [TOKENS[0]] * 3, [False] * 3, [1, 2, 3], None
+        ["a", "b", "c"],
+        ["4:db-1:10", "4:db-1:11", "odd"],
+        [TOKENS[0]] * 3,
+        [False] * 3,
+        [1, 2, 3],
+        [""] * 3,
+        None,
     )
     assert index.nodes_of(["a", "b", "c", "zz"]) == ["4:db-1:10", "4:db-1:11", "odd", ""]
     # Another database (a store copy): every node id learnt before is unknown until located.
-    index.upsert(["d"], ["4:db-2:5"], [TOKENS[0]], [False], [4], None)
+    index.upsert(["d"], ["4:db-2:5"], [TOKENS[0]], [False], [4], [""], None)
     assert index.nodes_of(["a", "d"]) == ["", "4:db-2:5"]
     # A lost candidate found again by id gets its node id; one that is gone is never proposed.
     index.locate(["a", "b"], [("a", "4:db-2:77")])
@@ -429,7 +461,7 @@ def _filled(indexes: VectorIndexes, bot: str, rows: int) -> BotIndex:
     ids = [f"{bot}-{i}" for i in range(rows)]
     vectors = np.ones((rows, 8), np.int8)
     index.upsert(ids, [f"4:db:{i}" for i in range(rows)], ["k1"] * rows, [False] * rows,
-                 list(range(rows)), (list(range(rows)), vectors, np.ones(rows, np.float32)))  # fmt: skip
+                 list(range(rows)), ["bot"] * rows, (list(range(rows)), vectors, np.ones(rows, np.float32)))  # fmt: skip
     indexes.account(bot, index)
     return index
 
@@ -446,15 +478,13 @@ def test_held_bytes_follow_what_the_index_holds() -> None:
 
 def test_indexes_past_their_bound_drop_the_least_recently_searched() -> None:
     """A process's indexes stay within ``max_bytes``: the one that grows is kept, the least
-    recently used others are dropped with what was learnt of their Bots (sparse, pass share,
-    kept visible ids), and a Bot searched again starts from an empty index (loaded anew)."""
+    recently used others are dropped with what was learnt of their Bots (the pass share), and a
+    Bot searched again starts from an empty index (loaded anew)."""
     one = _filled(VectorIndexes(), "x", 1_000).held_bytes
     indexes = VectorIndexes(max_bytes=int(2.5 * one))
     _filled(indexes, "a", 1_000)
     _filled(indexes, "b", 1_000)
-    indexes.observe("a", ("k",), "pre")
     indexes.observe_passing("a", ("k",), 0.5)
-    indexes.keep_visible(("a", "org", ()), VisibleIds(1, ["a-1"]))
     indexes.of("a", "m")  # a searched again: b is now the least recently used
     evicted = REGISTRY.get_sample_value("botmemory_search_index_evictions_total") or 0.0
     _filled(indexes, "c", 1_000)
@@ -463,8 +493,7 @@ def test_indexes_past_their_bound_drop_the_least_recently_searched() -> None:
     assert REGISTRY.get_sample_value("botmemory_search_index_bytes") == pytest.approx(2 * one)
     _filled(indexes, "d", 1_000)  # a is the oldest now: dropped, and what was learnt of it
     assert indexes.held() == [("c", "m"), ("d", "m")]
-    assert indexes.filter("a", ("k",)) == "post" and indexes.passing("a", ("k",)) == 1.0
-    assert indexes.visible(("a", "org", ())) is None
+    assert indexes.passing("a", ("k",)) == 1.0
     assert len(indexes.of("a", "m")) == 0  # searched again: loaded anew
     # One index larger than the bound alone is kept (its search needs it); the others go.
     _filled(indexes, "e", 3_000)
@@ -479,37 +508,10 @@ def test_an_index_dropped_while_in_use_is_not_counted_again() -> None:
     in_use = _filled(indexes, "a", 1_000)
     _filled(indexes, "b", 1_000)
     assert indexes.held() == [("b", "m")]
-    in_use.upsert(["a-new"], ["4:db:9999"], ["k2"], [False], [9_999], None)
+    in_use.upsert(["a-new"], ["4:db:9999"], ["k2"], [False], [9_999], ["bot"], None)
     indexes.account("a", in_use)
     assert indexes.held() == [("b", "m")]
     assert REGISTRY.get_sample_value("botmemory_search_index_bytes") == pytest.approx(one)
-
-
-def test_kept_visible_ids_are_bounded_in_readers_and_in_ids(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The pre-filter's kept ids (design §10) are dropped oldest first beyond VISIBLE_KEPT readers
-    or VISIBLE_KEPT_IDS ids in all; the newest list is kept whatever its size."""
-    monkeypatch.setattr(vectorindex, "VISIBLE_KEPT", 3)
-    monkeypatch.setattr(vectorindex, "VISIBLE_KEPT_IDS", 10)
-    indexes = VectorIndexes()
-
-    def keep(reader: str, ids: int) -> None:
-        indexes.keep_visible(("bot", "org", ((reader, ()),)), VisibleIds(1, [f"e{i}" for i in range(ids)]))
-
-    def kept() -> list[str]:
-        return [r for r in "abcdef" if indexes.visible(("bot", "org", ((r, ()),))) is not None]
-
-    keep("a", 2)
-    keep("b", 2)
-    keep("c", 2)
-    keep("d", 2)  # four readers: a goes
-    assert kept() == ["b", "c", "d"]
-    keep("e", 5)  # 2 + 2 + 2 + 5 ids: b goes
-    assert kept() == ["c", "d", "e"]
-    keep("d", 1)  # kept again: counted once (2 + 5 + 1), and now the newest
-    keep("f", 3)  # 2 + 5 + 1 + 3: c goes, not d
-    assert kept() == ["d", "e", "f"]
-    keep("a", 20)  # alone over the bound: kept, the others go
-    assert kept() == ["a"]
 
 
 def test_what_queries_make_of_the_postings_is_counted() -> None:
@@ -525,16 +527,13 @@ def test_what_queries_make_of_the_postings_is_counted() -> None:
 
 
 def test_what_was_learnt_of_reader_keys_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Whether a set of reader keys proved sparse and its pass share are kept for the LEARNT_KEPT
-    most recently learnt sets; an older one is learnt again (the defaults: post-filter, share 1)."""
+    """The pass share of a set of reader keys is kept for the LEARNT_KEPT most recently learnt
+    sets; an older one is learnt again (the default: 1)."""
     monkeypatch.setattr(vectorindex, "LEARNT_KEPT", 2)
     indexes = VectorIndexes()
     for keys, share in ((("a",), 0.5), (("b",), 0.5), (("a",), 0.25), (("c",), 0.5)):  # b is the oldest
-        indexes.observe("bot", keys, "pre")
         indexes.observe_passing("bot", keys, share)
-    assert [indexes.filter("bot", k) for k in (("a",), ("b",), ("c",))] == ["pre", "post", "pre"]
-    assert indexes.passing("bot", ("b",)) == 1.0
-    assert indexes.passing("bot", ("a",)) == 0.375  # the first share as it is, then averaged
+    assert [indexes.passing("bot", k) for k in (("a",), ("b",), ("c",))] == [0.375, 1.0, 0.5]
 
 
 def test_line_lengths_are_kept_for_the_most_recently_observed_bots(monkeypatch: pytest.MonkeyPatch) -> None:
