@@ -406,7 +406,7 @@ def test_a_large_index_finds_the_exact_nearest_through_the_coarse_pass(n: int) -
     assert n // 3 > min(vectorindex.AMONG_MAX, vectorindex.AMONG_SHARE * n)
     found = 0
     for c in range(20):
-        mine = [i for i in np.argsort(-exact[:, c]).tolist() if i % 3 == 0][:10]
+        mine: list[int] = [int(i) for i in np.argsort(-exact[:, c]) if int(i) % 3 == 0][:10]
         ranking = index.rank(
             centres[c], [], ["person:a"], dense_k=50, keyword_k=50, rrf_k=60.0,
             pinned_prior=0.0, recency_prior=0.0, half_life=100.0,
