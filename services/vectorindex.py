@@ -4,10 +4,11 @@ It only proposes: every id it returns is checked by the one visibility check und
 lock before anything is ranked or shown (C1, V10), so an id of an entry that was since hidden or
 purged costs a lookup and nothing else. What it must never be is incomplete: it records the
 last stamp of the Memory's derived-data sequence (``vecSeq``; every write of keywords or vectors
-counts it under the exclusive lock and stamps what it wrote) through which it holds every entry's
-keywords and every vector of its embedder (``seq``), and search catches it up from what was
-stamped after it before trusting it (no staleness across a memory version, in every API process
-alike).
+counts it under the exclusive lock and stamps what it wrote, and so does every relabel that
+changes an entry's audience key) through which it holds every entry's keywords, audience key and
+vector of its embedder (``seq``), and search catches it up from what was stamped after it before
+trusting it (no staleness across a memory version, in every API process alike). It proposes only
+entries whose audience key (``activeKey``) the reader holds: a necessary condition of VISIBLE.
 
 Vectors are held quantised (int8 with one scale per vector, as stored). A small pool is ranked
 exactly against its dequantised vectors. A large one keeps a coarse copy projected on its
@@ -50,6 +51,10 @@ RESCORE_DEEP: Final = 200
 #: one who holds more, by the whole pool's pass with the other rows left out.
 AMONG_MAX: Final = 8_192
 AMONG_SHARE: Final = 0.25
+#: Readers (sets of keys) of which an index keeps what it made of their keys (rows, masks, a few
+#: rows' vectors): readers take turns (the bench's three in one loop: made anew on every call,
+#: 1.1 -> 1.8 ms of ranking at 100k for the dense reader), ~1.7 MB each at most at 100k.
+KEPT_READERS: Final = 8
 #: What a pinned entry adds to its order key in memory order (``graph.memory``'s memoryRank).
 PINNED_RANK: Final = 1_125_899_906_842_624
 #: What an entry's id and its place in the id map hold (tracemalloc around a cold load of 100k
@@ -143,14 +148,13 @@ def fuse_shown(
 @dataclass(slots=True)
 class _KeyRows:
     """What a :class:`BotIndex` made of a reader's keys (kept while that reader searches again and
-    the rows do not change): the keys' codes, the index's generation then, the rows of those keys
+    the rows do not change): the keys' codes, the rows of those keys
     and which rows they are (a mask over the pool); made when first needed: the same as 0 or
     -inf per row (added to the scores of the whole pool's pass, which then never choose another
     row), the same for the rows with a vector, and for a few rows their vectors dequantised and
     each row's place among them."""
 
     codes: tuple[int, ...]
-    generation: int
     rows: npt.NDArray[np.int64]
     allowed: npt.NDArray[np.bool_]
     vectors: F32 | None = None
@@ -222,10 +226,9 @@ class BotIndex:
         #: label, the key among them), so only rows of the reader's keys are ranked.
         self._key = np.zeros(0, np.int32)
         self._codes: dict[str, int] = {}
-        #: Counts the changes to the rows (what the kept rows of a reader were made at).
-        self._generation = 0
-        #: What was made of the last reader's keys (a reader searches again with the same keys).
-        self._kept: _KeyRows | None = None
+        #: What was made of the keys of the readers who searched last (a reader searches again
+        #: with the same keys; readers take turns), the least recently used first.
+        self._kept: OrderedDict[tuple[int, ...], _KeyRows] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._ids)
@@ -238,12 +241,11 @@ class BotIndex:
     @property
     def held_bytes(self) -> int:
         """About everything the index holds, counted in constant time (what a process's bound on
-        its indexes compares, :class:`VectorIndexes`): the arrays (with what a reader's kept ids
-        made of them), the postings (with what queries made of them) and ~``ROW_BYTES`` a row for
+        its indexes compares, :class:`VectorIndexes`): the arrays (with what was made of a
+        reader's keys), the postings (with what queries made of them) and ~``ROW_BYTES`` a row for
         its id and its place in the id map."""
         arrays = self._arrays_nbytes
-        if self._kept is not None:  # what was made of a reader's keys
-            arrays += self._kept.nbytes
+        arrays += sum(kept.nbytes for kept in self._kept.values())  # what was made of readers' keys
         return arrays + self.keywords.approx_nbytes + ROW_BYTES * len(self._ids)
 
     @property
@@ -323,20 +325,24 @@ class BotIndex:
         A reader whose keys hold few rows is ranked among those rows alone (their vectors kept
         dequantised for the next search); one who holds many, by the whole pool's pass with the
         other rows left out."""
-        among: npt.NDArray[np.int64] | None = None
-        keyed: _KeyRows | None = None  # a reader of many rows: the others left out of the pass
+        keyed: _KeyRows | None = None
+        among: npt.NDArray[np.int64] | None = None  # a reader of few rows: ranked among them
         if keys is not None:
             keyed = self._rows_with(keys)
             if keyed.rows.size == 0:
                 return Ranking([], [])
             if keyed.rows.size <= min(AMONG_MAX, AMONG_SHARE * len(self._ids)):
-                among, keyed = keyed.rows, None
+                among = keyed.rows
         dense = np.empty(0, np.int64)
         if vector is not None and self._q.shape[1] == vector.shape[0]:
-            dense = self._top_rows(vector, dense_k, among, keyed)
-        place = None if among is None else self._places(among)
+            dense = self._top_rows(vector, dense_k, keyed)
+        place = None
+        if keyed is not None and among is not None:
+            if keyed.places is None:
+                keyed.places = places(among, self.keywords.capacity)
+            place = keyed.places
         summed = self.keywords.sums(blind, among, place)
-        if summed is not None and keyed is not None:
+        if summed is not None and keyed is not None and among is None:  # the others left out
             held_rows = min(summed.shape[0], keyed.allowed.shape[0])
             summed[:held_rows] += keyed.left_out()[:held_rows]  # -inf: never among the best
             summed[keyed.allowed.shape[0] :] = 0.0
@@ -419,22 +425,19 @@ class BotIndex:
         self,
         query: F32,
         k: int,
-        among: npt.NDArray[np.int64] | None,
         keyed: _KeyRows | None = None,
     ) -> npt.NDArray[np.int64]:
-        """The rows of the ``k`` vectors most similar to ``query`` (among the rows ``among``, or
-        the rows of the keys ``keyed`` was made of, when given), best first."""
+        """The rows of the ``k`` vectors most similar to ``query`` (of the rows of the keys
+        ``keyed`` was made of, when given: among them when they are few, by the whole pool's pass
+        with the others left out when they are many), best first."""
         n = len(self._ids)
         if n == 0 or k <= 0 or self._q.shape[1] == 0:
             return np.empty(0, np.int64)
-        kept = self._kept
-        if among is not None:
-            rows = among[self._has_vec[among]]
-            if kept is not None and kept.rows is among:
-                if kept.vectors is None:
-                    kept.vectors = self._q[rows].astype(np.float32) * self._scale[rows, None]
-                return self._best(kept.vectors @ query, rows, k)
-            return self._best(self._exact(rows, query), rows, k)
+        if keyed is not None and keyed.rows.size <= min(AMONG_MAX, AMONG_SHARE * n):
+            rows = keyed.rows[self._has_vec[keyed.rows]]
+            if keyed.vectors is None:
+                keyed.vectors = self._q[rows].astype(np.float32) * self._scale[rows, None]
+            return self._best(keyed.vectors @ query, rows, k)
         coarse = self._scan(query if self._basis is None else query @ self._basis, n)
         usable: npt.NDArray[np.bool_] | None = None  # the rows that may be ranked, when not all
         if keyed is not None:
@@ -506,29 +509,23 @@ class BotIndex:
 
     def _rows_with(self, keys: Sequence[str]) -> _KeyRows:
         """The rows whose audience key is one of ``keys``. A reader searches again with the same
-        keys: what was made of them is kept until the rows change."""
+        keys: what was made of them is kept (for the KEPT_READERS readers who searched last) until
+        the rows change."""
         codes = tuple(sorted(c for c in (self._codes.get(k) for k in keys) if c is not None))
-        kept = self._kept
-        if kept is not None and kept.codes == codes and kept.generation == self._generation:
+        kept = self._kept.get(codes)
+        if kept is not None:
+            self._kept.move_to_end(codes)
             return kept
         key = self._key[: len(self._ids)]
         allowed = np.isin(key, codes) if codes else np.zeros(key.shape[0], np.bool_)
-        self._kept = _KeyRows(codes, self._generation, np.flatnonzero(allowed), allowed)
-        return self._kept
+        made = self._kept[codes] = _KeyRows(codes, np.flatnonzero(allowed), allowed)
+        while len(self._kept) > KEPT_READERS:
+            self._kept.popitem(last=False)
+        return made
 
     def _forget_among(self) -> None:
-        """The rows changed: what was made of a reader's keys goes."""
-        self._generation += 1
-        self._kept = None
-
-    def _places(self, rows: npt.NDArray[np.int64]) -> Places:
-        """Each row's place among ``rows`` (kept with a reader's rows, made when first asked)."""
-        kept = self._kept
-        if kept is None or kept.rows is not rows:
-            return places(rows, self.keywords.capacity)
-        if kept.places is None:
-            kept.places = places(rows, self.keywords.capacity)
-        return kept.places
+        """The rows changed: what was made of readers' keys goes."""
+        self._kept.clear()
 
     def _exact(self, rows: npt.NDArray[np.int64], query: F32) -> F32:
         return (self._q[rows].astype(np.float32) @ query) * self._scale[rows]

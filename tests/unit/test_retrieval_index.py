@@ -256,8 +256,9 @@ def test_rank_fuses_by_reciprocal_rank_with_the_prior() -> None:
     assert not any(int(e[1:]) % 10 == 3 for e in got if int(e[1:]) in dense)
     # A reader's keys: the same fusion over the entries of those keys only, and nothing else
     # proposed — among their rows alone (person:b, few) or by the whole pool's pass with the
-    # others left out (person:a, a third). Asked again with the same keys (their rows, vectors and
-    # places kept), then after a new entry (what was kept goes), the answer is the reference's.
+    # others left out (person:a, a third). Asked again with the same keys, the readers taking turns
+    # (their rows, vectors and places kept), then after a new entry (what was kept goes), the
+    # answer is the reference's.
 
     def among_reference(rows: list[int]) -> dict[int, float]:
         shares: dict[int, float] = {}
@@ -272,8 +273,8 @@ def test_rank_fuses_by_reciprocal_rank_with_the_prior() -> None:
             for i, v in shares.items()
         }
 
-    for asked in (["person:a"], ["person:b"], ["person:b", "person:a", "channel:none"], ["channel:none"]):
-        for _ in range(2):
+    for _ in range(2):  # readers take turns: the second time from what was kept of their keys
+        for asked in (["person:a"], ["person:b"], ["person:b", "person:a", "channel:none"], ["channel:none"]):
             got_among, among_scores = ranked(
                 index, query, [TOKENS[3]], asked, dense_k=20, keyword_k=15, rrf_k=60.0,
                 pinned_prior=0.01, recency_prior=0.005, half_life=100.0,
