@@ -232,18 +232,6 @@ SEARCH: Final[LiteralString] = _CANDIDATES + _RANKED
 SEARCH_CONTEXT: Final[LiteralString] = _CANDIDATES + _RANKED_CONTEXT
 
 
-@dataclass(frozen=True, slots=True)
-class VisibleActive:
-    """VISIBLE_ACTIVE's answer: the derived-data sequence and the memory version it was read at,
-    the visible active ids (each once), and whether some key had more than the cap (then ``ids``
-    is not all the reader sees)."""
-
-    seq: int
-    version: int
-    ids: list[str]
-    capped: bool
-
-
 async def derived_since(
     tx: AsyncManagedTransaction, *, bot_id: str, model: str, after: int
 ) -> tuple[int | None, Derived | None]:
