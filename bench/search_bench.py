@@ -350,19 +350,8 @@ async def raw_ranked(
     """``search._ranked`` without the visibility check: the index's candidates of the reader's
     keys, walked as far as the search walks them at first (by the share that passed for them in
     the service's searches); best first."""
-    passing = max(search.MIN_PASSING, rt.vectors.passing(bot_id, tuple(keys)))
-    walk = math.ceil(wanted / passing * (1 + search.WALK_MARGIN)) + search.MARGIN_MIN
-    ranking = index.rank(
-        vector,
-        blind_tokens(cipher, query),
-        keys,
-        dense_k=max(search.DENSE_MIN, search.DENSE_FACTOR * wanted, walk),
-        keyword_k=max(search.KEYWORD_LIMIT, search.DENSE_FACTOR * wanted, walk),
-        rrf_k=search.RRF_K,
-        pinned_prior=search.PINNED_PRIOR,
-        recency_prior=search.RECENCY_PRIOR,
-        half_life=search.RECENCY_HALF_LIFE,
-    )
+    walk = search.first_walk(rt, bot_id, tuple(keys), wanted)
+    ranking = search.candidates(index, vector, blind_tokens(cipher, query), keys, wanted, walk)
     cands, scores = ranking.ids[:walk], ranking.scores[:walk]
     parts = [] if fill else index.parts(ranking, walk, vector)
     params: dict[str, Any] = {

@@ -236,19 +236,7 @@ class _Query:
     fill: bool
 
     def candidates(self, index: BotIndex, keys: tuple[str, ...], walk: int) -> Ranking:
-        """The index's candidates, best first, of the entries whose audience key is one of the
-        reader's ``keys``: enough for a walk of ``walk``."""
-        return index.rank(
-            self.vector,
-            self.blind,
-            keys,
-            dense_k=max(DENSE_MIN, DENSE_FACTOR * self.wanted, walk),
-            keyword_k=max(KEYWORD_LIMIT, DENSE_FACTOR * self.wanted, walk),
-            rrf_k=RRF_K,
-            pinned_prior=PINNED_PRIOR,
-            recency_prior=RECENCY_PRIOR,
-            half_life=RECENCY_HALF_LIFE,
-        )
+        return candidates(index, self.vector, self.blind, keys, self.wanted, walk)
 
     async def run(self, tx: QueryTarget, index: BotIndex, cands: list[str], scores: list[float]) -> _Found:
         """The statement: the first ``wanted`` of ``cands`` that pass (filled in memory order for
@@ -310,8 +298,7 @@ async def _ranked(
     index = rt.vectors.of(bot_id, "" if embedder is None else embedder.id)
     await _load(rt, index, bot_id, cipher)
     keys = tuple(reader_keys(list(reader.readers)))
-    passing = max(MIN_PASSING, rt.vectors.passing(bot_id, keys))
-    walk = math.ceil(wanted / passing * (1 + WALK_MARGIN)) + MARGIN_MIN
+    walk = first_walk(rt, bot_id, keys, wanted)
     found: _Found | None = None
     cands: list[str] = []
     parts: list[Parts] = []  # what the walked candidates are made of (their shown scores)
@@ -342,6 +329,31 @@ async def _ranked(
         show_scores(ranked, cands, parts)
     ranked.sort(key=lambda r: (-float(r["score"]), -int(r["entry"]["memoryRank"])))
     return ranked, cipher
+
+
+def candidates(
+    index: BotIndex, vector: F32 | None, blind: list[str], keys: Sequence[str], wanted: int, walk: int
+) -> Ranking:
+    """The index's candidates for ``wanted`` results, best first, of the entries whose audience key
+    is one of the reader's ``keys``: enough for a walk of ``walk``."""
+    return index.rank(
+        vector,
+        blind,
+        keys,
+        dense_k=max(DENSE_MIN, DENSE_FACTOR * wanted, walk),
+        keyword_k=max(KEYWORD_LIMIT, DENSE_FACTOR * wanted, walk),
+        rrf_k=RRF_K,
+        pinned_prior=PINNED_PRIOR,
+        recency_prior=RECENCY_PRIOR,
+        half_life=RECENCY_HALF_LIFE,
+    )
+
+
+def first_walk(rt: Runtime, bot_id: str, keys: tuple[str, ...], wanted: int) -> int:
+    """How many candidates a search of ``wanted`` results hands the statement at first: as many as
+    the share that passed for these reader keys before says, with WALK_MARGIN to spare."""
+    passing = max(MIN_PASSING, rt.vectors.passing(bot_id, keys))
+    return math.ceil(wanted / passing * (1 + WALK_MARGIN)) + MARGIN_MIN
 
 
 def further(walked: int, visible: int, wanted: int) -> int:

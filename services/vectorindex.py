@@ -148,15 +148,15 @@ def fuse_shown(
 @dataclass(slots=True)
 class _KeyRows:
     """What a :class:`BotIndex` made of a reader's keys (kept while that reader searches again and
-    the rows do not change): the keys' codes, the rows of those keys
-    and which rows they are (a mask over the pool); made when first needed: the same as 0 or
-    -inf per row (added to the scores of the whole pool's pass, which then never choose another
-    row), the same for the rows with a vector, and for a few rows their vectors dequantised and
-    each row's place among them."""
+    the rows do not change): the rows of those keys, which rows they are (a mask over the pool)
+    and whether they are few (ranked among themselves) or many (by the whole pool's pass with the
+    others left out); made when first needed: for many, the mask as 0 or -inf per row (added to
+    the pass's scores, which then never choose another row), and the same for the rows with a
+    vector; for few, their vectors dequantised and each row's place among them."""
 
-    codes: tuple[int, ...]
     rows: npt.NDArray[np.int64]
     allowed: npt.NDArray[np.bool_]
+    few: bool
     vectors: F32 | None = None
     places: Places | None = None
     _left_out: F32 | None = None
@@ -174,18 +174,24 @@ class _KeyRows:
         the others."""
         if self._usable is None:
             self._usable = self.allowed & has_vec
-            self.penalty = np.where(self._usable, np.float32(0), np.float32(-np.inf))
+            if np.array_equal(self._usable, self.allowed):  # every row of the keys has a vector
+                self._usable, self.penalty = self.allowed, self.left_out()
+            else:
+                self.penalty = np.where(self._usable, np.float32(0), np.float32(-np.inf))
         return self._usable
+
+    def places_in(self, capacity: int) -> Places:
+        """Each row's place among :attr:`rows` (of ``capacity`` rows)."""
+        if self.places is None:
+            self.places = places(self.rows, capacity)
+        return self.places
 
     @property
     def nbytes(self) -> int:
-        made = (self.vectors, self.places, self._left_out, self._usable)
-        return (
-            self.rows.nbytes
-            + self.allowed.nbytes
-            + self.penalty.nbytes
-            + sum(0 if m is None else m.nbytes for m in made)
-        )
+        made = [self.vectors, self.places, self._left_out]
+        if self._usable is not self.allowed:
+            made += [self._usable, self.penalty]
+        return self.rows.nbytes + self.allowed.nbytes + sum(0 if m is None else m.nbytes for m in made)
 
 
 class BotIndex:
@@ -276,7 +282,7 @@ class BotIndex:
         afterwards."""
         if not ids:
             return
-        self._forget_among()
+        self._forget_readers()
         rows = self._rows_for(ids)
         codes = self._codes
         self._key[rows] = [-1 if not k else codes.setdefault(k, len(codes)) for k in keys]
@@ -325,24 +331,17 @@ class BotIndex:
         A reader whose keys hold few rows is ranked among those rows alone (their vectors kept
         dequantised for the next search); one who holds many, by the whole pool's pass with the
         other rows left out."""
-        keyed: _KeyRows | None = None
-        among: npt.NDArray[np.int64] | None = None  # a reader of few rows: ranked among them
-        if keys is not None:
-            keyed = self._rows_with(keys)
-            if keyed.rows.size == 0:
-                return Ranking([], [])
-            if keyed.rows.size <= min(AMONG_MAX, AMONG_SHARE * len(self._ids)):
-                among = keyed.rows
+        keyed = None if keys is None else self._rows_with(keys)
+        if keyed is not None and keyed.rows.size == 0:
+            return Ranking([], [])
+        few = keyed is not None and keyed.few
+        among = keyed.rows if keyed is not None and few else None  # ranked among a reader's few rows
         dense = np.empty(0, np.int64)
         if vector is not None and self._q.shape[1] == vector.shape[0]:
             dense = self._top_rows(vector, dense_k, keyed)
-        place = None
-        if keyed is not None and among is not None:
-            if keyed.places is None:
-                keyed.places = places(among, self.keywords.capacity)
-            place = keyed.places
+        place = keyed.places_in(self.keywords.capacity) if keyed is not None and few else None
         summed = self.keywords.sums(blind, among, place)
-        if summed is not None and keyed is not None and among is None:  # the others left out
+        if summed is not None and keyed is not None and not few:  # the others left out
             held_rows = min(summed.shape[0], keyed.allowed.shape[0])
             summed[:held_rows] += keyed.left_out()[:held_rows]  # -inf: never among the best
             summed[keyed.allowed.shape[0] :] = 0.0
@@ -415,7 +414,7 @@ class BotIndex:
                 self._node[row] = -1
                 self._key[row] = -1
         self._unembedded = len(self._ids) - int(np.count_nonzero(self._has_vec[: len(self._ids)]))
-        self._forget_among()
+        self._forget_readers()
 
     def top(self, query: F32, k: int) -> list[str]:
         """The ids of the ``k`` vectors most similar to ``query`` (cosine), best first."""
@@ -433,7 +432,7 @@ class BotIndex:
         n = len(self._ids)
         if n == 0 or k <= 0 or self._q.shape[1] == 0:
             return np.empty(0, np.int64)
-        if keyed is not None and keyed.rows.size <= min(AMONG_MAX, AMONG_SHARE * n):
+        if keyed is not None and keyed.few:
             rows = keyed.rows[self._has_vec[keyed.rows]]
             if keyed.vectors is None:
                 keyed.vectors = self._q[rows].astype(np.float32) * self._scale[rows, None]
@@ -516,14 +515,15 @@ class BotIndex:
         if kept is not None:
             self._kept.move_to_end(codes)
             return kept
-        key = self._key[: len(self._ids)]
-        allowed = np.isin(key, codes) if codes else np.zeros(key.shape[0], np.bool_)
-        made = self._kept[codes] = _KeyRows(codes, np.flatnonzero(allowed), allowed)
+        n = len(self._ids)
+        allowed = np.isin(self._key[:n], codes) if codes else np.zeros(n, np.bool_)
+        rows = np.flatnonzero(allowed)
+        made = self._kept[codes] = _KeyRows(rows, allowed, rows.size <= min(AMONG_MAX, AMONG_SHARE * n))
         while len(self._kept) > KEPT_READERS:
             self._kept.popitem(last=False)
         return made
 
-    def _forget_among(self) -> None:
+    def _forget_readers(self) -> None:
         """The rows changed: what was made of readers' keys goes."""
         self._kept.clear()
 
