@@ -23,7 +23,7 @@ _NEW_ENTRY: Final[LiteralString] = (
     """  contentLength: row.contentLength, tags: tags, status: 'active', confidence: row.confidence,
   createdAt: $now, updatedAt: $now, invalidatedAt: null, orderKey: orderKey, pinned: row.layer = 'pinned',
   sourceCount: sourceCount, author: row.author, excluded: [], legacy: legacy,
-  kwBlind: row.kwBlind, vec: row.vec, vecModel: row.vecModel,
+  kwBlind: row.kwBlind, kwScheme: row.kwScheme, vec: row.vec, vecModel: row.vecModel,
   vecSeq: CASE WHEN row.kwBlind IS NULL AND row.vec IS NULL THEN null ELSE coalesce(m.vecSeq, 0) + 1 END})-[:IN_MEMORY]->(m)
 """
 )
@@ -175,7 +175,7 @@ SET m.vecSeq = coalesce(m.vecSeq, 0) + 1
 WITH m
 MATCH (e:Entry {id: $id, botId: $botId})
 SET e.content = $content, e.contentLength = $contentLength, e.orderKey = $orderKey, e.updatedAt = $now,
-    e.kwBlind = $derived.kwBlind, e.vec = $derived.vec, e.vecModel = $derived.vecModel,
+    e.kwBlind = $derived.kwBlind, e.kwScheme = $derived.kwScheme, e.vec = $derived.vec, e.vecModel = $derived.vecModel,
     e.vecSeq = m.vecSeq
 """
 

@@ -293,14 +293,15 @@ EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))
 
 // ---- graph.backfill.BOTS_MISSING
 MATCH (e:Entry)
-WHERE e.status <> 'retracted' AND (e.kwBlind IS NULL OR coalesce(e.vecModel, '') <> $model)
+WHERE e.status <> 'retracted' AND ((e.kwBlind IS NULL OR coalesce(e.kwScheme, 1) < $scheme) OR coalesce(e.vecModel, '') <> $model)
 RETURN DISTINCT e.botId AS botId
 
 // ---- graph.backfill.MISSING
 MATCH (e:Entry)
 WHERE e.botId = $botId AND e.id > $after AND e.status <> 'retracted'
-  AND (e.kwBlind IS NULL OR ($model IS NOT NULL AND coalesce(e.vecModel, '') <> $model))
-RETURN e.id AS id, e.content AS content, e.contentLength AS contentLength, e.orderKey AS orderKey
+  AND ((e.kwBlind IS NULL OR coalesce(e.kwScheme, 1) < $scheme) OR ($model IS NOT NULL AND coalesce(e.vecModel, '') <> $model))
+RETURN e.id AS id, e.content AS content, e.contentLength AS contentLength, e.orderKey AS orderKey,
+       e.kwBlind AS kwBlind
 ORDER BY e.id
 LIMIT $limit
 
@@ -308,7 +309,7 @@ LIMIT $limit
 MATCH (e:Entry {botId: $botId})
 WHERE e.status <> 'retracted'
 RETURN count(e) AS total, count(CASE WHEN e.vecModel = $model THEN 1 END) AS embedded,
-       count(CASE WHEN e.kwBlind IS NOT NULL THEN 1 END) AS keyworded
+       count(CASE WHEN NOT (e.kwBlind IS NULL OR coalesce(e.kwScheme, 1) < $scheme) THEN 1 END) AS keyworded
 
 // ---- graph.backfill.WRITE
 MATCH (m:Memory {id: $botId})
@@ -320,7 +321,10 @@ CALL (seq) {
   UNWIND $rows AS row
   MATCH (e:Entry {id: row.id, botId: $botId})
   WHERE e.contentLength = row.contentLength AND e.orderKey = row.orderKey
-  SET e.kwBlind = coalesce(row.kwBlind, e.kwBlind), e.vecSeq = seq
+  WITH e, row, seq, row.vec IS NOT NULL OR (row.kwBlind IS NOT NULL AND row.kwBlind <> coalesce(e.kwBlind, '#'))
+    AS changed
+  SET e.kwBlind = coalesce(row.kwBlind, e.kwBlind), e.kwScheme = coalesce(row.kwScheme, e.kwScheme),
+      e.vecSeq = CASE WHEN changed THEN seq ELSE e.vecSeq END
   FOREACH (_ IN CASE WHEN row.vec IS NULL THEN [] ELSE [1] END |
     SET e.vec = row.vec, e.vecModel = row.vecModel)
   RETURN count(e) AS written
@@ -582,7 +586,7 @@ CALL (m, version, problem, checked) {
   contentLength: row.contentLength, tags: tags, status: 'active', confidence: row.confidence,
   createdAt: $now, updatedAt: $now, invalidatedAt: null, orderKey: orderKey, pinned: row.layer = 'pinned',
   sourceCount: sourceCount, author: row.author, excluded: [], legacy: legacy,
-  kwBlind: row.kwBlind, vec: row.vec, vecModel: row.vecModel,
+  kwBlind: row.kwBlind, kwScheme: row.kwScheme, vec: row.vec, vecModel: row.vecModel,
   vecSeq: CASE WHEN row.kwBlind IS NULL AND row.vec IS NULL THEN null ELSE coalesce(m.vecSeq, 0) + 1 END})-[:IN_MEMORY]->(m)
     WITH e, items, sources
     CALL (e, items) {
@@ -754,7 +758,7 @@ CALL (m, version, problem, checked) {
   contentLength: row.contentLength, tags: tags, status: 'active', confidence: row.confidence,
   createdAt: $now, updatedAt: $now, invalidatedAt: null, orderKey: orderKey, pinned: row.layer = 'pinned',
   sourceCount: sourceCount, author: row.author, excluded: [], legacy: legacy,
-  kwBlind: row.kwBlind, vec: row.vec, vecModel: row.vecModel,
+  kwBlind: row.kwBlind, kwScheme: row.kwScheme, vec: row.vec, vecModel: row.vecModel,
   vecSeq: CASE WHEN row.kwBlind IS NULL AND row.vec IS NULL THEN null ELSE coalesce(m.vecSeq, 0) + 1 END})-[:IN_MEMORY]->(m)
     WITH e, items, sources
     CALL (e, items) {
@@ -1326,7 +1330,7 @@ CALL (m, version, problem, checked) {
   contentLength: row.contentLength, tags: tags, status: 'active', confidence: row.confidence,
   createdAt: $now, updatedAt: $now, invalidatedAt: null, orderKey: orderKey, pinned: row.layer = 'pinned',
   sourceCount: sourceCount, author: row.author, excluded: [], legacy: legacy,
-  kwBlind: row.kwBlind, vec: row.vec, vecModel: row.vecModel,
+  kwBlind: row.kwBlind, kwScheme: row.kwScheme, vec: row.vec, vecModel: row.vecModel,
   vecSeq: CASE WHEN row.kwBlind IS NULL AND row.vec IS NULL THEN null ELSE coalesce(m.vecSeq, 0) + 1 END})-[:IN_MEMORY]->(m)
     WITH e, items, sources
     CALL (e, items) {
@@ -1410,7 +1414,7 @@ CALL (m, version, problem, checked) {
   contentLength: row.contentLength, tags: tags, status: 'active', confidence: row.confidence,
   createdAt: $now, updatedAt: $now, invalidatedAt: null, orderKey: orderKey, pinned: row.layer = 'pinned',
   sourceCount: sourceCount, author: row.author, excluded: [], legacy: legacy,
-  kwBlind: row.kwBlind, vec: row.vec, vecModel: row.vecModel,
+  kwBlind: row.kwBlind, kwScheme: row.kwScheme, vec: row.vec, vecModel: row.vecModel,
   vecSeq: CASE WHEN row.kwBlind IS NULL AND row.vec IS NULL THEN null ELSE coalesce(m.vecSeq, 0) + 1 END})-[:IN_MEMORY]->(m)
     WITH e, items, sources
     CALL (e, items) {
@@ -1440,7 +1444,7 @@ CREATE (e:Entry {id: row.id, botId: $botId, layer: row.layer, content: row.conte
   contentLength: row.contentLength, tags: tags, status: 'active', confidence: row.confidence,
   createdAt: $now, updatedAt: $now, invalidatedAt: null, orderKey: orderKey, pinned: row.layer = 'pinned',
   sourceCount: sourceCount, author: row.author, excluded: [], legacy: legacy,
-  kwBlind: row.kwBlind, vec: row.vec, vecModel: row.vecModel,
+  kwBlind: row.kwBlind, kwScheme: row.kwScheme, vec: row.vec, vecModel: row.vecModel,
   vecSeq: CASE WHEN row.kwBlind IS NULL AND row.vec IS NULL THEN null ELSE coalesce(m.vecSeq, 0) + 1 END})-[:IN_MEMORY]->(m)
 
 // ---- graph.entries.ENTRY_FOR_EDIT
@@ -1465,7 +1469,7 @@ SET m.vecSeq = coalesce(m.vecSeq, 0) + 1
 WITH m
 MATCH (e:Entry {id: $id, botId: $botId})
 SET e.content = $content, e.contentLength = $contentLength, e.orderKey = $orderKey, e.updatedAt = $now,
-    e.kwBlind = $derived.kwBlind, e.vec = $derived.vec, e.vecModel = $derived.vecModel,
+    e.kwBlind = $derived.kwBlind, e.kwScheme = $derived.kwScheme, e.vec = $derived.vec, e.vecModel = $derived.vecModel,
     e.vecSeq = m.vecSeq
 
 // ---- graph.entries.SET_STATUS

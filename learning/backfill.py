@@ -1,5 +1,6 @@
 """The backfill of retrieval's derived data (design §10): blind keywords first for every entry
-that lacks them (no model: a Bot's whole memory is keyword-searchable within seconds), then
+that lacks them or holds those of an older tokenisation (``services.keywords.SCHEME``; no model:
+a Bot's whole memory is keyword-searchable within seconds), then
 vectors of the current embedder, in batches — embedded outside the memory lock, each batch
 written as one short change. Progress lives in the graph (what still lacks keywords or a vector),
 so a killed run simply starts again and does only what is left.
@@ -18,7 +19,7 @@ from graph.driver import read, write
 from services.crypto import Cipher, Kind
 from services.derived import seal_vector
 from services.embedding import Embedder, EmbedderUnavailable
-from services.keywords import blind_text
+from services.keywords import SCHEME, blind_text
 from services.memory import cipher_of
 from services.runtime import Runtime
 
@@ -41,14 +42,17 @@ class Progress:
 
 
 async def progress(rt: Runtime, bot_id: str, model: str) -> Progress:
-    found = await read(rt.driver, lambda tx: backfill_q.progress(tx, bot_id=bot_id, model=model))
+    found = await read(
+        rt.driver, lambda tx: backfill_q.progress(tx, bot_id=bot_id, model=model, scheme=SCHEME)
+    )
     return Progress(found["total"], found["embedded"], found["keyworded"])
 
 
 async def bots_to_backfill(rt: Runtime, embedder: Embedder | None) -> list[str]:
-    """Bots with entries lacking keywords or a vector of this embedder."""
+    """Bots with entries lacking keywords (of the current tokenisation) or a vector of this
+    embedder."""
     model = embedder.id if embedder is not None else "-"
-    return await read(rt.driver, lambda tx: backfill_q.bots_missing(tx, model=model))
+    return await read(rt.driver, lambda tx: backfill_q.bots_missing(tx, model=model, scheme=SCHEME))
 
 
 async def run(
@@ -74,7 +78,7 @@ async def run(
             found = await read(
                 rt.driver,
                 lambda tx, after=after, model=model, batch=batch: backfill_q.missing(
-                    tx, bot_id=bot_id, model=model, after=after, limit=batch
+                    tx, bot_id=bot_id, model=model, scheme=SCHEME, after=after, limit=batch
                 ),
             )
             if not found:
@@ -112,6 +116,7 @@ async def _derive(
             "contentLength": f["contentLength"],
             "orderKey": f["orderKey"],
             "kwBlind": blind_text(cipher, text),
+            "kwScheme": SCHEME,
             "vec": None if vectors is None else seal_vector(cipher, f["id"], vectors[i]),
             "vecModel": None if embedder is None else embedder.id,
         }

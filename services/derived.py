@@ -15,7 +15,7 @@ from typing import Any
 
 from services.crypto import Cipher, Kind, Sealed
 from services.embedding import Embedder, EmbedderUnavailable, encode_vector
-from services.keywords import blind_text
+from services.keywords import SCHEME, blind_text
 
 log = logging.getLogger("botmemory.derived")
 
@@ -28,8 +28,9 @@ class Derived:
 
     @property
     def row(self) -> dict[str, Any]:
-        """The entry properties (``kwBlind``, ``vec``, ``vecModel``) as a statement takes them."""
-        return {"kwBlind": self.kw_blind, "vec": self.vec, "vecModel": self.vec_model}
+        """The entry properties (``kwBlind`` and the ``kwScheme`` that made it, ``vec``,
+        ``vecModel``) as a statement takes them."""
+        return {"kwBlind": self.kw_blind, "kwScheme": SCHEME, "vec": self.vec, "vecModel": self.vec_model}
 
 
 async def derive(cipher: Cipher, embedder: Embedder | None, texts: dict[str, str]) -> dict[str, Derived]:

@@ -1,26 +1,53 @@
-"""Keywords for the blind index (DESIGN §10, E1): stemmed tokens, each stored and queried only
-as the Bot's keyed hash (``Cipher.blind``).
+"""Keywords for the blind index (DESIGN §10, E1): tokens of any script, each stored and queried
+only as the Bot's keyed hash (``Cipher.blind``).
 
-A token is a run of ``[a-z0-9]`` in the lowercased text, without a possessive ``'s``, not a
-stopword, reduced by the Snowball English stemmer, so "paints" and "painted" meet on "paint".
-BM25 scoring only compares tokens for equality, so it ranks the hashes exactly as it would rank
-the words. Neither the text nor a token is ever stored or logged.
+The text is normalised (NFKC: full-width forms and ligatures become plain letters and digits),
+case-folded, and its Latin, Greek and Cyrillic accents are dropped, so "José", "JOSE" and "jose"
+meet, as do "Zoë" and "Zoe". A word is a run of letters, digits and the marks of its script (a
+Devanagari or Arabic word keeps its vowel signs), without a possessive ``'s``. Han, kana and
+Hangul are written without spaces, so a run of them becomes its overlapping pairs of characters
+(one character alone stays one token), as Lucene's CJK analyser does: "小白" in a query meets
+"我的狗叫小白". Other words are tokens unless they are English stopwords, reduced by the Snowball
+stemmer of their script's main language: ASCII words by the English one, so "paints" and
+"painted" meet on "paint"; Cyrillic by the Russian one ("Анны" and "Анна" meet), Greek, Arabic,
+Armenian, Devanagari (Hindi) and Tamil by theirs. Other words are kept whole (a Latin word with a
+letter that does not fold to ASCII, such as "Søren": its language is anyone's guess). Scripts
+written without spaces other than these (Thai, Lao, Khmer, Myanmar) stay whole runs.
+
+Text of ASCII alone gives the tokens it gave before any of this (scheme 1: runs of ``[a-z0-9]``);
+entries keyworded by an older :data:`SCHEME` are keyworded again by the backfill. BM25 scoring
+only compares tokens for equality, so it ranks the hashes exactly as it would rank the words.
+Neither the text nor a token is ever stored or logged.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import re
 import threading
+import unicodedata
 from typing import Final, Protocol, cast
 
 import snowballstemmer
 
 from services.crypto import Cipher
 
+#: The tokenisation entries' keywords were made by (``kwScheme``): 1 read ``[a-z0-9]`` runs only
+#: (a word of another script had no token; "José" gave "jos"); 2 reads every script.
+SCHEME: Final = 2
+
 _WORD: Final = re.compile(r"[a-z0-9]+")
 _POSSESSIVE: Final = re.compile(r"['’]s\b")
 _BLIND: Final = re.compile(r"k[0-9a-f]+")
+#: The accents of Latin, Greek and Cyrillic letters once decomposed (Combining Diacritical Marks).
+_ACCENTS: Final = re.compile("[\u0300-\u036f]")
+#: Han (with its extensions and compatibility ideographs), hiragana, katakana, Hangul syllables
+#: and jamo: written without spaces between words.
+_CJK: Final = (
+    "\u1100-\u11ff\u3040-\u30ff\u3130-\u318f\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff"
+    "\ua960-\ua97f\uac00-\ud7af\ud7b0-\ud7ff\uf900-\ufaff\U00020000-\U0003134f"
+)
 
 _STOPWORDS_TEXT: Final = """a an the and or but if of to in on at by for with from as is are was were be been being am
     do does did doing have has had having i me my we our you your he him his she her it its they
@@ -32,6 +59,18 @@ _STOPWORDS_TEXT: Final = """a an the and or but if of to in on at by for with fr
 STOPWORDS: Final = frozenset(_STOPWORDS_TEXT.split())
 
 
+#: The Snowball stemmer of a script's main language, by the first word of its letters' Unicode
+#: names (a word's script is its first letter's).
+_STEMMED_SCRIPTS: Final = {
+    "CYRILLIC": "russian",
+    "GREEK": "greek",
+    "ARABIC": "arabic",
+    "ARMENIAN": "armenian",
+    "DEVANAGARI": "hindi",
+    "TAMIL": "tamil",
+}
+
+
 class _Stemmer(Protocol):
     def stemWord(self, word: str) -> str: ...
 
@@ -39,24 +78,63 @@ class _Stemmer(Protocol):
 _local = threading.local()
 
 
-def _stemmer() -> _Stemmer:
-    # A Snowball stemmer keeps its state on the instance: one per thread.
-    stemmer = cast(_Stemmer | None, getattr(_local, "stemmer", None))
+def _stemmer(language: str) -> _Stemmer:
+    # A Snowball stemmer keeps its state on the instance: one per language and thread.
+    stemmers = cast(dict[str, _Stemmer] | None, getattr(_local, "stemmers", None))
+    if stemmers is None:
+        stemmers = _local.stemmers = {}
+    stemmer = stemmers.get(language)
     if stemmer is None:
-        stemmer = cast(_Stemmer, snowballstemmer.stemmer("english"))
-        _local.stemmer = stemmer
+        stemmer = stemmers[language] = cast(_Stemmer, snowballstemmer.stemmer(language))
     return stemmer
 
 
 @functools.lru_cache(maxsize=65_536)
 def _stem(word: str) -> str:
-    return _stemmer().stemWord(word)
+    return _stemmer("english").stemWord(word)
+
+
+@functools.lru_cache(maxsize=65_536)
+def _stem_other(word: str) -> str:
+    """A word with letters beyond ASCII, by the stemmer of its script (kept whole if none)."""
+    language = _STEMMED_SCRIPTS.get(unicodedata.name(word[0], "").partition(" ")[0])
+    return word if language is None else _stemmer(language).stemWord(word)
 
 
 def tokens(text: str) -> list[str]:
-    """The stemmed keyword tokens of ``text`` in order, repeats kept (BM25 counts them)."""
-    words = _WORD.findall(_POSSESSIVE.sub(" ", text.lower()))
-    return [_stem(w) for w in words if w not in STOPWORDS]
+    """The keyword tokens of ``text`` in order, repeats kept (BM25 counts them)."""
+    if text.isascii():  # the common case, and scheme 1's tokens exactly
+        words = _WORD.findall(_POSSESSIVE.sub(" ", text.lower()))
+        return [_stem(w) for w in words if w not in STOPWORDS]
+    text = unicodedata.normalize("NFKC", text).casefold()
+    if text.isascii():  # full-width letters, ligatures: what their plain forms give
+        return tokens(text)
+    folded = unicodedata.normalize("NFC", _ACCENTS.sub("", unicodedata.normalize("NFKD", text)))
+    found: list[str] = []
+    for cjk, word in _runs().findall(_POSSESSIVE.sub(" ", folded)):
+        if cjk:
+            found += [cjk] if len(cjk) == 1 else [cjk[i : i + 2] for i in range(len(cjk) - 1)]
+        elif word not in STOPWORDS:
+            found.append(_stem(word) if word.isascii() else _stem_other(word))
+    return found
+
+
+@functools.cache
+def _runs() -> re.Pattern[str]:
+    """Runs of Han, kana or Hangul (first group), and runs of letters, digits and marks of any
+    other script (second group). Made when first needed (listing the marks takes ~10 ms): marks
+    lie below U+20000 and in plane 14 only (its variation selectors)."""
+    marks: list[str] = []
+    start = last = -1
+    for code in itertools.chain(range(0x300, 0x20000), range(0xE0000, 0xE1000)):
+        if unicodedata.category(chr(code))[0] == "M":
+            start = code if start < 0 else start
+            last = code
+        elif start >= 0:
+            marks.append(f"{re.escape(chr(start))}-{re.escape(chr(last))}")
+            start = -1
+    other = f"(?:[^\\W_]|[{''.join(marks)}])"
+    return re.compile(f"([{_CJK}]+)|((?:(?![{_CJK}]){other})+)")
 
 
 def blind_text(cipher: Cipher, text: str) -> str:

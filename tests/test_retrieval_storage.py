@@ -16,11 +16,12 @@ from typing import Any
 
 import httpx
 
+from learning import backfill
 from learning.embedders import LocalMiniLM
-from services import memory
+from services import memory, search
 from services.changes import Remember
 from services.embedding import encode_vector
-from services.keywords import tokens
+from services.keywords import SCHEME, tokens
 from services.runtime import Runtime
 from services.settings import Settings
 from services.writepath import apply_changes
@@ -28,6 +29,7 @@ from tests.client import Api, make_world
 from tests.conftest import ROOT, ApiProcess, WorkerProcess
 from tests.memory_helpers import command
 from tests.test_encryption import files_containing
+from tests.unit.test_keywords import scheme_1_tokens
 
 
 async def entry_row(runtime: Runtime, entry_id: str) -> dict[str, Any]:
@@ -156,6 +158,51 @@ async def test_reindex_backfills_keywords_and_vectors_and_resumes_after_a_kill(
         headers={"Authorization": f"Bearer {w.tokens['ann']}"},
     )
     assert len(meaning.json()["results"]) == 5
+
+
+async def test_the_backfill_keywords_again_what_an_older_tokenisation_missed(
+    api: Api, runtime: Runtime
+) -> None:
+    """Entries keyworded by scheme 1 (``[a-z0-9]`` runs: no token for a Cyrillic word, "jos" for
+    "José") are keyworded again by the backfill the worker's sweep starts after the upgrade; only
+    those whose keywords change are stamped, so a running process's index catches up with them
+    and re-reads nothing else (text of ASCII alone tokenises as before)."""
+    w = await make_world(api, ("ann",))
+    person, org = w.people["ann"], w.org
+    contents = ["Ann met José at the Café Müller", "Собаку Анны зовут Шарик", "Ann walked along the harbour"]
+    changes = [Remember(content=c, person_id=person, org=org) for c in contents]
+    await apply_changes(runtime, w.bot, list(changes), "person")
+    cipher = await memory.cipher_of(runtime, w.bot)
+    for change in changes:  # as scheme 1 wrote them
+        old = " ".join(cipher.blind(t) for t in scheme_1_tokens(change.content))
+        await runtime.driver.execute_query(
+            "MATCH (e:Entry {id: $id}) SET e.kwBlind = $kw REMOVE e.kwScheme", id=change.id, kw=old
+        )
+    ann = await memory.person_reader_of(runtime, w.bot, person, org)
+    assert ann is not None
+
+    async def found(query: str) -> list[str]:
+        return [h.entry.id for h in await search.search(runtime, None, w.bot, ann, query, 5)]
+
+    assert await found("Шарик") == [] and await found("jose") == []  # scheme 1 has no such token
+    assert await found("harbour") == [changes[2].id]
+    before = await backfill.progress(runtime, w.bot, "-")
+    assert (before.keyworded, before.total) == (0, 3)
+    seqs = {c.id: (await entry_row(runtime, c.id))["seq"] for c in changes}
+
+    assert await backfill.run(runtime, w.bot, None)
+    after = await backfill.progress(runtime, w.bot, "-")
+    assert (after.keyworded, after.total) == (3, 3)
+    rows = {c.id: await entry_row(runtime, c.id) for c in changes}
+    assert rows[changes[2].id]["seq"] == seqs[changes[2].id]  # ASCII: the same keywords, no stamp
+    assert all(rows[c.id]["seq"] > seqs[c.id] for c in changes[:2])
+    schemes, _, _ = await runtime.driver.execute_query(
+        "MATCH (e:Entry {botId: $b}) RETURN collect(DISTINCT e.kwScheme) AS s", b=w.bot
+    )
+    assert schemes[0]["s"] == [SCHEME]
+    # This process's index, loaded before, caught up with the two that changed.
+    assert await found("Шарик") == [changes[1].id]
+    assert await found("jose") == [changes[0].id]
 
 
 class _Embeddings(BaseHTTPRequestHandler):

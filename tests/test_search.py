@@ -425,6 +425,38 @@ async def test_keywords_alone_find_entries_and_the_upgrade_stamps_older_ones(
     assert await found(fresh, "cello") == [cello.id]
 
 
+async def test_names_and_words_of_any_script_are_found_by_their_keywords(api: Api, runtime: Runtime) -> None:
+    """Keyword recall for names and rare words in any script (DESIGN §10, scheme 2 of
+    ``services.keywords``): written without an embedder, so only the blind keywords can find
+    them; accents fold (a name typed without them is found), Han and kana are matched by pairs of
+    characters, Russian cases meet on their stem. With scheme 1 (``[a-z0-9]`` runs) none of these
+    queries found anything."""
+    w = await make_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    item = await said(api, w.tokens["ann"], chat, "Some things about me")
+    contents = {
+        "Шарик": "Собаку Анны зовут Шарик",
+        "jose muller": "Ann met José at the Café Müller",
+        "小白": "安娜的猫叫小白",
+        "寿司": "アンは東京で寿司を食べた",
+        "Γιώργος": "Ο αδελφός της Άννας λέγεται Γιώργος",
+        "harbour": "Ann walked along the harbour",
+    }
+    facts = {q: AddFact(content=c, sources=(ItemRef(*item),)) for q, c in contents.items()}
+    await apply_changes(runtime, w.bot, list(facts.values()), "memory_bot", embedder=None)
+    ann = await memory.person_reader_of(runtime, w.bot, w.people["ann"], w.org)
+    assert ann is not None
+    for query, fact_ in facts.items():
+        hits = await search.search(runtime, None, w.bot, ann, query, 5)
+        assert [h.entry.id for h in hits] == [fact_.id], query
+    # Through the API process (its embedder's vectors are missing here: keywords alone), and in
+    # context(query), which offers the entry that holds the word.
+    response = await rest_search(api, w.tokens["ann"], w.bot, "ШАРИКА", 1)  # another case
+    assert [r["entry"]["id"] for r in response.json()["results"]] == [facts["Шарик"].id]
+    offered = await search.context(runtime, None, w.bot, ann, 40, "Jose")
+    assert offered.ids == (facts["jose muller"].id,)
+
+
 async def test_a_stale_node_id_costs_a_lookup_never_a_result(api: Api, runtime: Runtime) -> None:
     """The walk seeks candidates by the node ids the index holds (D9.29); ids it cannot place (a
     store copied to another database, an entry purged) are looked up by entry id and the search

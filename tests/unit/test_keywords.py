@@ -1,12 +1,17 @@
-"""Keyword tokens and the blind index built from them (services/keywords.py; DESIGN §10, E1)."""
+"""Keyword tokens of any script and the blind index built from them (services/keywords.py;
+DESIGN §10, E1)."""
 
 from __future__ import annotations
 
 import os
 import re
 
+import snowballstemmer
+from hypothesis import given
+from hypothesis import strategies as st
+
 from services.crypto import Cipher, Keyring
-from services.keywords import blind_text, blind_tokens, tokens
+from services.keywords import STOPWORDS, blind_text, blind_tokens, tokens
 
 
 def _cipher(bot_id: str) -> Cipher:
@@ -50,3 +55,62 @@ def test_blind_tokens_are_the_distinct_tokens() -> None:
     assert query == [cipher.blind("paint"), cipher.blind("carolin")]
     assert blind_tokens(cipher, "What is it?") == []
     assert blind_text(cipher, "What is it?") == ""
+
+
+def scheme_1_tokens(text: str) -> list[str]:
+    """The tokens of scheme 1, written out independently: runs of [a-z0-9] of the lowercased
+    text without possessives, stopwords dropped, Snowball English stems."""
+    stemmer = snowballstemmer.stemmer("english")
+    words = re.findall(r"[a-z0-9]+", re.sub(r"['’]s\b", " ", text.lower()))
+    return [stemmer.stemWord(w) for w in words if w not in STOPWORDS]
+
+
+@given(st.text(alphabet=st.characters(max_codepoint=127), max_size=200))
+def test_ascii_text_keeps_the_tokens_of_scheme_1(text: str) -> None:
+    """Entries of ASCII text keyworded before scheme 2 need nothing again (the backfill rewrites
+    only what changed)."""
+    assert tokens(text) == scheme_1_tokens(text)
+
+
+def test_accents_and_case_fold_so_names_meet_however_typed() -> None:
+    assert tokens("José Müller went to the café") == ["jose", "muller", "went", "cafe"]
+    assert tokens("Zoë") == tokens("ZOE") == tokens("zoe") == ["zoe"]
+    assert tokens("Björk’s songs") == ["bjork", "song"]  # a possessive, and an English stem
+    assert tokens("naïve résumé") == tokens("naive resume")
+    assert tokens("STRASSE") == tokens("straße")
+    assert tokens("ＡＢＣ１２３ ﬁle") == ["abc123", "file"]  # full-width forms and ligatures
+
+
+def test_words_of_every_script_are_tokens_stemmed_by_their_scripts_language() -> None:
+    assert tokens("Шарик, моя собака") == ["шарик", "мо", "собак"]
+    assert tokens("ШАРИКА") == tokens("шарику") == ["шарик"]  # Russian cases meet
+    assert tokens("Анны") == tokens("Анна")
+    assert tokens("Ο Γιώργος") == tokens("ο γιωργος")  # accents and the final sigma fold
+    assert tokens("Γιώργου") == tokens("Γιώργος")
+    assert tokens("مرحبا بالعالم") == tokens("مرحبا العالم")
+    # A Devanagari word keeps its vowel signs and virama (marks): one token, not its consonants.
+    assert tokens("हिन्दी भाषा") == ["हिन्द", "भाष"]
+    # A Latin letter that does not fold to ASCII: no language to stem by.
+    assert tokens("Søren’s books") == ["søren", "book"]
+
+
+def test_han_kana_and_hangul_become_pairs_of_characters() -> None:
+    assert tokens("我的狗叫小白") == ["我的", "的狗", "狗叫", "叫小", "小白"]
+    assert tokens("小白") == ["小白"]
+    assert tokens("狗") == ["狗"]
+    assert tokens("iPhone15を買った") == ["iphone15", "を買", "買っ", "った"]
+    assert tokens("서울에서 만나요") == ["서울", "울에", "에서", "만나", "나요"]
+
+
+def test_a_query_in_any_script_meets_the_entry_that_holds_its_words() -> None:
+    cipher = _cipher("bot-scripts")
+    pairs = [
+        ("Мою собаку зовут Шарик", "Шарик"),
+        ("我的狗叫小白，它三岁了", "小白"),
+        ("Meeting José at the Café Müller", "jose cafe muller"),
+        ("東京で寿司を食べた", "寿司"),
+    ]
+    for entry, query in pairs:
+        stored = set(blind_text(cipher, entry).split())
+        wanted = blind_tokens(cipher, query)
+        assert wanted and set(wanted) <= stored, (entry, query)
