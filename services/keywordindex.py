@@ -22,6 +22,12 @@ import numpy.typing as npt
 
 K1: Final = 1.2
 B: Final = 0.75
+#: Distinct query tokens scored at most: the rarest (fewest postings, the highest idf) of a longer
+#: query. Scoring walks every posting of every token, so a query of 2,000 characters (~250 English
+#: words, or ~2,000 pairs of Han characters) over a large Bot could walk millions of postings in
+#: the event loop (250 common words over the bench's 100k entries: 3.3 ms, 11 ms at first); the
+#: common tokens left out add little to any score, as Lucene's common-terms query reasons.
+MAX_QUERY_TOKENS: Final = 64
 
 Rows = npt.NDArray[np.int64]
 Scores = npt.NDArray[np.float64]
@@ -182,15 +188,18 @@ class Postings:
             self._changed(t)
 
     def sums(self, blind: list[str], among: Rows | None = None, place: Places | None = None) -> Scores | None:
-        """The BM25 score of every row for the query's distinct blind tokens, by row; with
-        ``among``, of its rows only, by position in it (None: no row has any of them). Among a
-        few rows, only their postings are summed (a reader who sees 1 % of the bench's 100k
-        entries: ~0.19 -> ~0.13 ms), found through ``place``: each row's position in ``among``
-        (-1 for the others; made here when the caller keeps none)."""
+        """The BM25 score of every row for the query's distinct blind tokens (the MAX_QUERY_TOKENS
+        rarest of a longer query), by row; with ``among``, of its rows only, by position in it
+        (None: no row has any of them). Among a few rows, only their postings are summed (a reader
+        who sees 1 % of the bench's 100k entries: ~0.19 -> ~0.13 ms), found through ``place``:
+        each row's position in ``among`` (-1 for the others; made here when the caller keeps
+        none)."""
         size = self.capacity if among is None else among.shape[0]
         tokens = [t for t in (self._vocab.get(b) for b in dict.fromkeys(blind)) if t is not None]
         if not tokens or self._docs == 0:
             return None
+        if len(tokens) > MAX_QUERY_TOKENS:
+            tokens = sorted(tokens, key=lambda t: len(self._rows[t]))[:MAX_QUERY_TOKENS]
         if self._counted != (self._docs, self._total):
             self._weights.clear()
             self._weights_bytes = 0

@@ -16,7 +16,18 @@ from hypothesis import strategies as st
 from prometheus_client import REGISTRY
 
 from services import search, vectorindex
-from services.keywordindex import K1, B, Places, Postings, Rows, Scores, best, largest, places
+from services.keywordindex import (
+    K1,
+    MAX_QUERY_TOKENS,
+    B,
+    Places,
+    Postings,
+    Rows,
+    Scores,
+    best,
+    largest,
+    places,
+)
 from services.runtime import LineLengths
 from services.vectorindex import (
     EXACT_MAX,
@@ -155,6 +166,25 @@ def test_a_rare_word_is_found_among_many_common_ones() -> None:
     postings.set(5_000, blind([TOKENS[1], TOKENS[2]]))
     rows, _ = top(postings, [TOKENS[0], TOKENS[2]], 10)
     assert rows[0] == 5_000
+
+
+def test_a_long_query_is_scored_by_its_rarest_tokens() -> None:
+    """A query of more than MAX_QUERY_TOKENS distinct tokens is scored by the rarest of them, as
+    the reference scores those alone; the rare word it ends with still finds its row first."""
+    postings = Postings()
+    common = [f"k{i:012x}" for i in range(100, 100 + MAX_QUERY_TOKENS + 36)]
+    docs = {row: [common[row % len(common)]] * (1 + row % 3) for row in range(3_000)}
+    docs[3_000] = ["kfeed00000000", common[0]]
+    postings.set_many(list(docs), [blind(w) for w in docs.values()])
+    query = [*common, "kfeed00000000"]
+    df = Counter(t for words in docs.values() for t in set(words))
+    rarest = sorted(dict.fromkeys(query), key=lambda t: df[t])[:MAX_QUERY_TOKENS]
+    assert len(dict.fromkeys(query)) > MAX_QUERY_TOKENS > len(set(rarest) & set(common))
+    summed = postings.sums(query)
+    assert summed is not None
+    expected = reference_bm25(docs, rarest)
+    assert summed[:3_001].tolist() == pytest.approx([expected.get(r, 0.0) for r in range(3_001)])
+    assert top(postings, query, 1)[0].tolist() == [3_000]
 
 
 @settings(max_examples=200, deadline=None)
