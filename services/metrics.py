@@ -58,3 +58,30 @@ SEARCH_INDEX_EVICTIONS = Counter(
     "Bots' search indexes dropped by this process to stay within index_memory_mb (loaded again when"
     " next searched)",
 )
+SEARCH_STATEMENTS = Counter(
+    "botmemory_search_statements_total",
+    "Search statements (search, context(query)) run by this process, by what followed: answered"
+    " (the result), caught_up (the index lacked what was stamped since and ranked again), lost"
+    " (candidates were not at their node ids), further (too few passed: the walk went further)",
+    ["outcome"],
+)
+SEARCH_CANDIDATES = Counter(
+    "botmemory_search_candidates_total",
+    "Candidates the search statements walked, by whether they passed the visibility check",
+    ["result"],
+)
+SEARCH_INDEX_LOAD_SECONDS = Histogram(
+    "botmemory_search_index_load_seconds",
+    "Loads of a Bot's search index into this process (its first search, or after an eviction)",
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+)
+SEARCH_INDEX_CAUGHT_UP = Counter(
+    "botmemory_search_index_caught_up_total",
+    "Entries whose derived data (keywords, vector, audience key) a loaded search index read again"
+    " after a change",
+)
+QUERY_EMBEDDING_FAILURES = Counter(
+    "botmemory_query_embedding_failures_total",
+    "Queries searched by keywords alone because their embedding failed, by code",
+    ["code"],
+)

@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final, Literal, overload
@@ -29,7 +30,7 @@ from neo4j import AsyncManagedTransaction
 from graph import search as search_q
 from graph.driver import QueryTarget, autocommit, read
 from graph.memory import reader_keys
-from services import retrieval
+from services import metrics, retrieval
 from services.crypto import Cipher, Kind
 from services.domain import Principal
 from services.embedding import Embedder, EmbedderUnavailable, decode_vectors
@@ -217,6 +218,7 @@ async def _embed(embedder: Embedder | None, query: str) -> F32 | None:
         return (await embedder.embed([query]))[0]
     except EmbedderUnavailable as exc:  # keywords alone still find it
         log.warning("query embedding failed (%s); searching by keywords only", exc.code)
+        metrics.QUERY_EMBEDDING_FAILURES.labels(exc.code).inc()
         return None
 
 
@@ -310,17 +312,24 @@ async def _ranked(
         parts = [] if fill else index.parts(ranking, walked, q.vector)
         found = await autocommit(rt.driver, lambda s, c=cands, sc=scores: q.run(s, index, c, sc))
         if found["fresh"]["ids"]:
+            metrics.SEARCH_STATEMENTS.labels("caught_up").inc()
+            metrics.SEARCH_INDEX_CAUGHT_UP.inc(len(found["fresh"]["ids"]))
             _absorb(index, cipher, found["fresh"], int(found["seq"]))
             continue  # the candidates may have changed: ask again with the current index
         index.seq = max(index.seq, int(found["seq"]))
         if found["lost"]:
+            metrics.SEARCH_STATEMENTS.labels("lost").inc()
             await _locate(rt, index, bot_id, [cands[i] for i in found["lost"]])
             continue  # some candidates were not where the index had them: ask again
         visible = int(found["visible"])
         if found["walked"]:
             rt.vectors.observe_passing(bot_id, keys, visible / int(found["walked"]))
+            metrics.SEARCH_CANDIDATES.labels("passed").inc(visible)
+            metrics.SEARCH_CANDIDATES.labels("refused").inc(int(found["walked"]) - visible)
         if visible >= wanted or (walked == total and ranking.complete):
+            metrics.SEARCH_STATEMENTS.labels("answered").inc()
             break
+        metrics.SEARCH_STATEMENTS.labels("further").inc()
         walk = further(walked, visible, wanted)  # some were hidden or inactive (the index proposes more)
     assert found is not None
     rt.vectors.account(bot_id, index)  # what catching up and ranking took in counts
@@ -378,6 +387,7 @@ async def _load(rt: Runtime, index: BotIndex, bot_id: str, cipher: Cipher) -> No
     async with index.lock:
         if index.seq >= 0:
             return
+        started = time.perf_counter()
         seq, fresh = await read(
             rt.driver, lambda tx: search_q.derived_since(tx, bot_id=bot_id, model=index.model, after=-1)
         )
@@ -387,6 +397,7 @@ async def _load(rt: Runtime, index: BotIndex, bot_id: str, cipher: Cipher) -> No
         # (searches of this Bot wait on the index's lock meanwhile; others go on).
         await asyncio.to_thread(_absorb, index, cipher, fresh, seq)
         rt.vectors.account(bot_id, index)
+        metrics.SEARCH_INDEX_LOAD_SECONDS.observe(time.perf_counter() - started)
 
 
 def _absorb(index: BotIndex, cipher: Cipher, fresh: search_q.Derived, seq: int) -> None:

@@ -4,6 +4,7 @@ services, with the default local embedder, under the one visibility check (C1, V
 from __future__ import annotations
 
 import dataclasses
+import socket
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -17,7 +18,7 @@ from graph import search as search_q
 from graph.driver import autocommit
 from graph.memory import reader_keys
 from graph.migrations import LATEST, migrate
-from learning.embedders import LocalMiniLM
+from learning.embedders import LocalMiniLM, OpenAIEmbedder
 from services import memory, search
 from services.bootstrap import open_runtime
 from services.changes import AddFact, Invalidate, ItemRef, Share
@@ -455,6 +456,76 @@ async def test_names_and_words_of_any_script_are_found_by_their_keywords(api: Ap
     assert [r["entry"]["id"] for r in response.json()["results"]] == [facts["Шарик"].id]
     offered = await search.context(runtime, None, w.bot, ann, 40, "Jose")
     assert offered.ids == (facts["jose muller"].id,)
+
+
+def sample(name: str, labels: dict[str, str] | None = None) -> float:
+    return REGISTRY.get_sample_value(name, labels or {}) or 0.0
+
+
+async def test_searches_are_counted_for_operators(api: Api, runtime: Runtime, settings: Settings) -> None:
+    """What searches did is on ``/metrics`` (``botmemory_search_*``, README): statements by
+    outcome, candidates walked by whether they passed, index loads and catch-ups, queries
+    searched by keywords alone because their embedding failed (a real ``openai`` client against
+    a port nobody listens on)."""
+    w = await make_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    item = await said(api, w.tokens["ann"], chat, "I went to Zanzibar")
+    first = AddFact(content="Ann visited Zanzibar", sources=(ItemRef(*item),))
+    await apply_changes(runtime, w.bot, [first], "memory_bot")
+    ann = await memory.person_reader_of(runtime, w.bot, w.people["ann"], w.org)
+    assert ann is not None
+    names = ("answered", "caught_up", "lost", "further")
+    before = {o: sample("botmemory_search_statements_total", {"outcome": o}) for o in names}
+    passed = sample("botmemory_search_candidates_total", {"result": "passed"})
+    refused = sample("botmemory_search_candidates_total", {"result": "refused"})
+    loads = sample("botmemory_search_index_load_seconds_count")
+    caught_up = sample("botmemory_search_index_caught_up_total")
+
+    assert len(await search.search(runtime, None, w.bot, ann, "zanzibar", 5)) == 1
+    assert sample("botmemory_search_index_load_seconds_count") == loads + 1  # its first search here
+    later = AddFact(content="Ann swam off Zanzibar", sources=(ItemRef(*item),))
+    await apply_changes(runtime, w.bot, [later], "memory_bot")
+    assert len(await search.search(runtime, None, w.bot, ann, "zanzibar", 5)) == 2
+    after = {o: sample("botmemory_search_statements_total", {"outcome": o}) for o in names}
+    assert {o: after[o] - before[o] for o in names} == {
+        "answered": 2,
+        "caught_up": 1,
+        "lost": 0,
+        "further": 0,
+    }
+    assert sample("botmemory_search_index_caught_up_total") == caught_up + 1
+    assert sample("botmemory_search_candidates_total", {"result": "passed"}) == passed + 3
+    assert sample("botmemory_search_candidates_total", {"result": "refused"}) == refused
+
+    with socket.socket() as free:  # a port nobody listens on once closed
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    down = OpenAIEmbedder(
+        settings.model_copy(
+            update={
+                "embedding_model": "down",
+                "embedding_dimensions": 384,
+                "embedding_base_url": f"http://127.0.0.1:{port}/v1",
+            }
+        )
+    )
+    failed = sample("botmemory_query_embedding_failures_total", {"code": "provider_error"})
+    try:
+        hits = await search.search(runtime, down, w.bot, ann, "zanzibar", 5)
+    finally:
+        await down.aclose()
+    assert {h.entry.id for h in hits} == {first.id, later.id}  # by keywords alone
+    assert sample("botmemory_query_embedding_failures_total", {"code": "provider_error"}) == failed + 1
+    # The API process counts its own.
+    response = await rest_search(api, w.tokens["ann"], w.bot, "zanzibar", 5)
+    assert len(response.json()["results"]) == 2
+    text = (await api.http.get("/metrics")).text
+    answered = next(
+        float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith('botmemory_search_statements_total{outcome="answered"} ')
+    )
+    assert answered >= 1
 
 
 async def test_a_stale_node_id_costs_a_lookup_never_a_result(api: Api, runtime: Runtime) -> None:
