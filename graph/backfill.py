@@ -82,10 +82,11 @@ class BotIdRow(TypedDict):
 
 #: One batch under the exclusive lock (C1): keywords (with the tokenisation that made them) and
 #: sealed vectors of the entries whose content is still the one read (an entry revised since keeps
-#: its own), each entry whose keywords or vector changed stamped with the Memory's next
-#: derived-data sequence ``vecSeq`` so every process's index catches up (keywords made again by a
-#: newer tokenisation are mostly the same: text of ASCII alone tokenises as before, and such an
-#: entry is not stamped, so the indexes do not read it again). Nothing a reader sees changes, so the memory version and the log stay as they are
+#: its own), each entry whose vector or keywords changed (``kwChanged``: other tokens, or other
+#: counts of them; not merely their order) stamped with the Memory's next derived-data sequence
+#: ``vecSeq`` so every process's index catches up. Keywords made again by a newer tokenisation are
+#: mostly the same tokens (text of ASCII alone tokenises as before): such an entry is written (in
+#: the new scheme's sorted order) but not stamped, so the indexes do not read it again. Nothing a reader sees changes, so the memory version and the log stay as they are
 #: (C2 counts changes of entries).
 WRITE: Final[LiteralString] = """
 MATCH (m:Memory {id: $botId})
@@ -97,10 +98,8 @@ CALL (seq) {
   UNWIND $rows AS row
   MATCH (e:Entry {id: row.id, botId: $botId})
   WHERE e.contentLength = row.contentLength AND e.orderKey = row.orderKey
-  WITH e, row, seq, row.vec IS NOT NULL OR (row.kwBlind IS NOT NULL AND row.kwBlind <> coalesce(e.kwBlind, '#'))
-    AS changed
   SET e.kwBlind = coalesce(row.kwBlind, e.kwBlind), e.kwScheme = coalesce(row.kwScheme, e.kwScheme),
-      e.vecSeq = CASE WHEN changed THEN seq ELSE e.vecSeq END
+      e.vecSeq = CASE WHEN row.vec IS NOT NULL OR row.kwChanged THEN seq ELSE e.vecSeq END
   FOREACH (_ IN CASE WHEN row.vec IS NULL THEN [] ELSE [1] END |
     SET e.vec = row.vec, e.vecModel = row.vecModel)
   RETURN count(e) AS written

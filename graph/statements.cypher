@@ -321,10 +321,8 @@ CALL (seq) {
   UNWIND $rows AS row
   MATCH (e:Entry {id: row.id, botId: $botId})
   WHERE e.contentLength = row.contentLength AND e.orderKey = row.orderKey
-  WITH e, row, seq, row.vec IS NOT NULL OR (row.kwBlind IS NOT NULL AND row.kwBlind <> coalesce(e.kwBlind, '#'))
-    AS changed
   SET e.kwBlind = coalesce(row.kwBlind, e.kwBlind), e.kwScheme = coalesce(row.kwScheme, e.kwScheme),
-      e.vecSeq = CASE WHEN changed THEN seq ELSE e.vecSeq END
+      e.vecSeq = CASE WHEN row.vec IS NOT NULL OR row.kwChanged THEN seq ELSE e.vecSeq END
   FOREACH (_ IN CASE WHEN row.vec IS NULL THEN [] ELSE [1] END |
     SET e.vec = row.vec, e.vecModel = row.vecModel)
   RETURN count(e) AS written

@@ -110,15 +110,21 @@ async def _derive(
         except EmbedderUnavailable as exc:
             log.warning("backfill paused: embedding failed (%s)", exc.code)
             return None
-    return [
-        {
-            "id": f["id"],
-            "contentLength": f["contentLength"],
-            "orderKey": f["orderKey"],
-            "kwBlind": blind_text(cipher, text),
-            "kwScheme": SCHEME,
-            "vec": None if vectors is None else seal_vector(cipher, f["id"], vectors[i]),
-            "vecModel": None if embedder is None else embedder.id,
-        }
-        for i, (f, text) in enumerate(zip(found, texts, strict=True))
-    ]
+    rows: list[dict[str, Any]] = []
+    for i, (f, text) in enumerate(zip(found, texts, strict=True)):
+        keywords = blind_text(cipher, text)
+        held = f["kwBlind"]
+        rows.append(
+            {
+                "id": f["id"],
+                "contentLength": f["contentLength"],
+                "orderKey": f["orderKey"],
+                "kwBlind": keywords,
+                "kwScheme": SCHEME,
+                # Other tokens or counts (an index must read them again), not merely another order.
+                "kwChanged": held is None or sorted(held.split()) != keywords.split(),
+                "vec": None if vectors is None else seal_vector(cipher, f["id"], vectors[i]),
+                "vecModel": None if embedder is None else embedder.id,
+            }
+        )
+    return rows

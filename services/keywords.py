@@ -15,7 +15,8 @@ letter that does not fold to ASCII, such as "Søren": its language is anyone's g
 written without spaces other than these (Thai, Lao, Khmer, Myanmar) stay whole runs.
 
 Text of ASCII alone gives the tokens it gave before any of this (scheme 1: runs of ``[a-z0-9]``);
-entries keyworded by an older :data:`SCHEME` are keyworded again by the backfill. BM25 scoring
+entries keyworded by an older :data:`SCHEME` are keyworded again by the backfill. An entry's
+blind tokens are stored sorted (scheme 1 stored them in the text's order). BM25 scoring
 only compares tokens for equality, so it ranks the hashes exactly as it would rank the words.
 Neither the text nor a token is ever stored or logged.
 """
@@ -34,7 +35,8 @@ import snowballstemmer
 from services.crypto import Cipher
 
 #: The tokenisation entries' keywords were made by (``kwScheme``): 1 read ``[a-z0-9]`` runs only
-#: (a word of another script had no token; "José" gave "jos"); 2 reads every script.
+#: (a word of another script had no token; "José" gave "jos") and stored the blind tokens in the
+#: text's order; 2 reads every script and stores them sorted.
 SCHEME: Final = 2
 
 _WORD: Final = re.compile(r"[a-z0-9]+")
@@ -138,8 +140,11 @@ def _runs() -> re.Pattern[str]:
 
 
 def blind_text(cipher: Cipher, text: str) -> str:
-    """The stored keywords of a text (an entry's ``kwBlind``): its blind tokens joined by spaces."""
-    return " ".join(cipher.blind(t) for t in tokens(text))
+    """The stored keywords of a text (an entry's ``kwBlind``): its blind tokens, sorted, joined by
+    spaces. BM25 needs each token's count, not the order of the words: stored in the text's order,
+    a sequence of keyed hashes would hand whoever reads the store the language's word order (or,
+    for Han, the chain of overlapping pairs) to decode them by."""
+    return " ".join(sorted(cipher.blind(t) for t in tokens(text)))
 
 
 def blind_tokens(cipher: Cipher, text: str) -> list[str]:

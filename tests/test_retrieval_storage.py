@@ -164,19 +164,24 @@ async def test_the_backfill_keywords_again_what_an_older_tokenisation_missed(
     api: Api, runtime: Runtime
 ) -> None:
     """Entries keyworded by scheme 1 (``[a-z0-9]`` runs: no token for a Cyrillic word, "jos" for
-    "José") are keyworded again by the backfill the worker's sweep starts after the upgrade; only
-    those whose keywords change are stamped, so a running process's index catches up with them
-    and re-reads nothing else (text of ASCII alone tokenises as before)."""
+    "José"; stored in the text's order) are keyworded again by the backfill the worker's sweep
+    starts after the upgrade, stored sorted; only those whose tokens change are stamped, so a
+    running process's index catches up with them and re-reads nothing else (text of ASCII alone
+    tokenises as before)."""
     w = await make_world(api, ("ann",))
     person, org = w.people["ann"], w.org
-    contents = ["Ann met José at the Café Müller", "Собаку Анны зовут Шарик", "Ann walked along the harbour"]
+    contents = [
+        "Ann met José at the Café Müller",
+        "Собаку Анны зовут Шарик",
+        "Ann walked along the old harbour wall past seven painted fishing boats",
+    ]
     changes = [Remember(content=c, person_id=person, org=org) for c in contents]
     await apply_changes(runtime, w.bot, list(changes), "person")
     cipher = await memory.cipher_of(runtime, w.bot)
-    for change in changes:  # as scheme 1 wrote them
-        old = " ".join(cipher.blind(t) for t in scheme_1_tokens(change.content))
+    old = {c.id: " ".join(cipher.blind(t) for t in scheme_1_tokens(c.content)) for c in changes}
+    for change in changes:  # as scheme 1 wrote them: its tokens, in the text's order
         await runtime.driver.execute_query(
-            "MATCH (e:Entry {id: $id}) SET e.kwBlind = $kw REMOVE e.kwScheme", id=change.id, kw=old
+            "MATCH (e:Entry {id: $id}) SET e.kwBlind = $kw REMOVE e.kwScheme", id=change.id, kw=old[change.id]
         )
     ann = await memory.person_reader_of(runtime, w.bot, person, org)
     assert ann is not None
@@ -194,7 +199,11 @@ async def test_the_backfill_keywords_again_what_an_older_tokenisation_missed(
     after = await backfill.progress(runtime, w.bot, "-")
     assert (after.keyworded, after.total) == (3, 3)
     rows = {c.id: await entry_row(runtime, c.id) for c in changes}
-    assert rows[changes[2].id]["seq"] == seqs[changes[2].id]  # ASCII: the same keywords, no stamp
+    # ASCII: the same tokens, now stored sorted (no word order at rest), and not stamped.
+    assert rows[changes[2].id]["seq"] == seqs[changes[2].id]
+    assert (
+        rows[changes[2].id]["kw"].split() == sorted(old[changes[2].id].split()) != old[changes[2].id].split()
+    )
     assert all(rows[c.id]["seq"] > seqs[c.id] for c in changes[:2])
     schemes, _, _ = await runtime.driver.execute_query(
         "MATCH (e:Entry {botId: $b}) RETURN collect(DISTINCT e.kwScheme) AS s", b=w.bot
