@@ -380,12 +380,6 @@ async def raw_ranked(
     return found
 
 
-def context_wanted(rt: Runtime, bot_id: str, limit: int) -> int:
-    """How many candidates ``search.context`` asks for (the same rule)."""
-    mean = rt.line_lengths.mean(bot_id) or 100.0
-    return max(8, min(search.MAX_LIMIT, math.ceil(limit / mean * search.CONTEXT_OVERASK)))
-
-
 # --- measurements --------------------------------------------------------------------------------
 
 
@@ -658,7 +652,7 @@ async def _measure_reader(
 
     async def raw_context() -> int:
         text = q_raw_context()
-        wanted = context_wanted(rt, pool.bot, CONTEXT_LIMIT)
+        wanted = search.context_wanted(rt, pool.bot, CONTEXT_LIMIT)
         ranked = await raw_ranked(
             rt, cipher, index, pool.bot, keys, corpus.queries[text], text, wanted, fill=True
         )

@@ -131,9 +131,9 @@ async def context(
     query = query_text(query)
     if not query:
         return await retrieval.context(rt, bot_id, reader, limit)
-    mean = rt.line_lengths.mean(bot_id) or 100.0
-    wanted = max(8, min(MAX_LIMIT, math.ceil(limit / mean * CONTEXT_OVERASK)))
-    ranked, cipher = await _ranked(rt, embedder, bot_id, reader, query, wanted, fill=True)
+    ranked, cipher = await _ranked(
+        rt, embedder, bot_id, reader, query, context_wanted(rt, bot_id, limit), fill=True
+    )
     chosen: list[search_q.ContextEntry] = []
     size = 0
     for r in ranked:
@@ -147,6 +147,13 @@ async def context(
     if contents:
         rt.line_lengths.observe(bot_id, len(text) + 1, len(contents))
     return retrieval.Context(text, tuple(e["id"] for e in chosen), tuple(contents))
+
+
+def context_wanted(rt: Runtime, bot_id: str, limit: int) -> int:
+    """How many entries ``context(limit, query)`` asks the statement for: CONTEXT_OVERASK times
+    what ``limit`` characters hold at the Bot's mean line length (100 before any is known)."""
+    mean = rt.line_lengths.mean(bot_id) or 100.0
+    return max(8, min(MAX_LIMIT, math.ceil(limit / mean * CONTEXT_OVERASK)))
 
 
 def query_text(query: str | None) -> str:
