@@ -33,6 +33,11 @@ Rows = npt.NDArray[np.int64]
 Scores = npt.NDArray[np.float64]
 #: Per row, its position in a list of rows (-1: not in it).
 Places = npt.NDArray[np.int32]
+#: A stored blind token and the space after it: ``k`` and 12 hex digits (``Cipher.blind``).
+_CELL: Final = 14
+#: The value of each lowercase hex digit's byte (-1 for any other byte).
+_HEX: Final = np.full(256, -1, np.int8)
+_HEX[np.frombuffer(b"0123456789abcdef", np.uint8)] = np.arange(16, dtype=np.int8)
 
 
 def places(rows: Rows, size: int) -> Places:
@@ -153,12 +158,9 @@ class Postings:
 
     def _add_fresh(self, fresh: list[tuple[int, str]]) -> None:
         """Rows that hold no tokens (now), each named once, into the postings in bulk."""
-        split = [blind.split() for _, blind in fresh]
-        lengths = np.fromiter(map(len, split), np.int64, len(split))
+        lengths, tokens = self._tokens_of([blind for _, blind in fresh])
         if not lengths.sum():
             return
-        token = self._token
-        tokens = np.fromiter((token(t) for words in split for t in words), np.int64, int(lengths.sum()))
         vocab = len(self._rows)
         row_of = np.repeat(np.fromiter((row for row, _ in fresh), np.int64, len(fresh)), lengths)
         # One key per (row, token): sorted, they group by row, then by token; their counts are tfs.
@@ -234,6 +236,36 @@ class Postings:
             kept = at >= 0
             summed += np.bincount(at[kept], weights=weight[kept], minlength=size)
         return summed
+
+    def _tokens_of(self, blinds: list[str]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """Per text its number of tokens, and the ids of all its tokens, text after text (new
+        tokens join the vocabulary). Stored keywords are ``k`` and 12 hex digits each, one space
+        apart: read as such, in a few numpy passes over all the texts at once, when every text has
+        that shape (a cold load of 100k entries: ~1.0 s splitting and looking up 1.4M tokens one
+        by one, ~0.15 s); any other text, one token at a time."""
+        lengths = np.fromiter(((len(b) + 1) // _CELL for b in blinds), np.int64, len(blinds))
+        shaped = all(len(b) % _CELL == _CELL - 1 for b in blinds if b)
+        held = [b for b in blinds if b]
+        if shaped and held:
+            cells = np.frombuffer((" ".join(held) + " ").encode("ascii", "replace"), np.uint8).reshape(
+                -1, _CELL
+            )
+            digits = _HEX[cells[:, 1:-1]]
+            if (cells[:, 0] == ord("k")).all() and (cells[:, -1] == ord(" ")).all() and (digits >= 0).all():
+                number = np.zeros(cells.shape[0], np.int64)
+                for column in range(_CELL - 2):
+                    number = (number << 4) | digits[:, column]
+                distinct, inverse = np.unique(number, return_inverse=True)
+                ids = np.fromiter(
+                    (self._token(f"k{d:012x}") for d in distinct.tolist()), np.int64, distinct.size
+                )
+                return lengths, ids[inverse]
+        split = [blind.split() for blind in blinds]
+        lengths = np.fromiter(map(len, split), np.int64, len(split))
+        token = self._token
+        return lengths, np.fromiter(
+            (token(t) for words in split for t in words), np.int64, int(lengths.sum())
+        )
 
     def _token(self, blind: str) -> int:
         found = self._vocab.get(blind)

@@ -141,6 +141,39 @@ def assert_best(
         assert max(v for r, v in expected.items() if r not in set(rows.tolist())) <= scores[-1] + 1e-6
 
 
+#: Tokens not of the stored shape (``k`` and 12 lowercase hex digits): read one by one.
+ODD_TOKENS = ["k00000000000G", "kabc", "alpha", "K000000000001", "k0000000000012"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    batches=st.lists(
+        st.lists(st.lists(st.sampled_from(TOKENS[:6] + ODD_TOKENS), max_size=6), max_size=12),
+        min_size=1,
+        max_size=3,
+    ),
+    query=st.lists(st.sampled_from(TOKENS[:6] + ODD_TOKENS), min_size=1, max_size=4),
+)
+def test_postings_read_texts_of_any_token_shape_alike(
+    batches: list[list[list[str]]], query: list[str]
+) -> None:
+    """Batches of texts, each read in bulk as stored tokens when every text has their shape and
+    one token at a time otherwise (a batch with an odd token), into one vocabulary: BM25 as the
+    reference computes it."""
+    postings = Postings()
+    held: dict[int, list[str]] = {}
+    for batch in batches:
+        rows = list(range(len(held), len(held) + len(batch)))
+        postings.set_many(rows, [blind(w) for w in batch])
+        held.update(zip(rows, batch, strict=True))
+    expected = reference_bm25(held, query)
+    summed = postings.sums(query)
+    if summed is None:
+        assert not expected
+    else:
+        assert summed[: len(held)].tolist() == pytest.approx([expected.get(r, 0.0) for r in range(len(held))])
+
+
 def test_a_revision_that_keeps_the_counts_still_changes_the_scores() -> None:
     """A row revised to tokens of the same number leaves the counts of rows and tokens as they
     were: the weights kept for its tokens must go all the same."""
