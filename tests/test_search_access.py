@@ -4,8 +4,8 @@ and finds every visible entry that holds the query's rare word (design §10, V10
 It reuses the access-model machine (:mod:`tests.test_access_model`): the same random worlds and
 changes, checked against :mod:`tests.reference_model` after every step as there, plus one step that
 learns entries a Chat's people see. This machine also plants words in the entries it creates — a
-made-up rare word (``zq`` and six letters, one to three per example, each shared by several
-entries) and a common word — and, in about half the examples, the memory Bot's changes carry
+made-up rare word (``zq`` and six Latin letters, ``жщ`` and six Cyrillic ones, or two Han
+characters; one to three per example, each shared by several entries) and a common word — and, in about half the examples, the memory Bot's changes carry
 vectors of the settings' embedder as the learning worker writes them (else keywords only, as when
 the embedder is down). Then, through the real route ``GET /v1/bots/{bot}/memory/search`` with each
 person's token:
@@ -56,9 +56,16 @@ from tests.test_access_model import (
     step,
 )
 
-#: Consonants but ``s`` and ``y``: the Snowball stemmer leaves a word of them whole.
+#: Consonants but ``s`` and ``y``: the Snowball English stemmer leaves a word of them whole, as
+#: the Russian one leaves a word of Cyrillic consonants; two Han characters are one token (a pair).
 RARE_LETTERS = "bcdfghjklmnpqrtvwxz"
-rare_words = st.text(alphabet=RARE_LETTERS, min_size=6, max_size=6).map(lambda s: "zq" + s)
+RARE_CYRILLIC = "бвгджзклмнпрстфхцчшщ"
+RARE_HAN = "".join(chr(code) for code in range(0x9F90, 0x9FA0))
+rare_words = st.one_of(
+    st.text(alphabet=RARE_LETTERS, min_size=6, max_size=6).map(lambda s: "zq" + s),
+    st.text(alphabet=RARE_CYRILLIC, min_size=6, max_size=6).map(lambda s: "жщ" + s),
+    st.text(alphabet=RARE_HAN, min_size=2, max_size=2),
+)
 COMMON_WORDS = ("coffee", "violin", "lisbon", "peanuts", "marathon", "birthday")
 #: What the n-th new entry gets besides its text: a rare word (by index) and a common word.
 planted = st.tuples(
