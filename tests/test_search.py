@@ -11,6 +11,7 @@ from typing import Any, cast
 import httpx
 import numpy as np
 import numpy.typing as npt
+import pytest
 from prometheus_client import REGISTRY
 from threadpoolctl import threadpool_info, threadpool_limits
 
@@ -26,7 +27,7 @@ from services.runtime import Runtime
 from services.settings import Settings
 from services.vectorindex import VectorIndexes
 from services.writepath import apply_changes
-from tests.client import Api, make_world
+from tests.client import Api, World, make_world
 from tests.conftest import ApiProcess
 from tests.memory_helpers import apply, command, fact, said
 
@@ -528,17 +529,39 @@ async def test_searches_are_counted_for_operators(api: Api, runtime: Runtime, se
     assert answered >= 1
 
 
+async def ann_learns(
+    api: Api, runtime: Runtime, contents: list[str]
+) -> tuple[World, list[AddFact], memory.Reader]:
+    """A world of Ann alone whose memory Bot learnt ``contents`` from one Item of her chat (keywords
+    only: no embedder), and Ann as a reader."""
+    w = await make_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    item = await said(api, w.tokens["ann"], chat, "notes")
+    facts = [AddFact(content=c, sources=(ItemRef(*item),)) for c in contents]
+    await apply_changes(runtime, w.bot, list(facts), "memory_bot", embedder=None)
+    ann = await memory.person_reader_of(runtime, w.bot, w.people["ann"], w.org)
+    assert ann is not None
+    return w, facts, ann
+
+
+async def test_an_index_is_loaded_in_pages_and_holds_every_entry(
+    api: Api, runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first search of a Bot in a process reads its entries' derived data in records of
+    ``DERIVED_PAGE`` entries (one huge record decodes ~3× slower): every page lands in the index."""
+    w, facts, ann = await ann_learns(api, runtime, [f"Ann saw boat {i} in the harbour" for i in range(7)])
+    monkeypatch.setattr(search_q, "DERIVED_PAGE", 2)  # 4 pages
+    fresh = dataclasses.replace(runtime, vectors=VectorIndexes())
+    hits = await search.search(fresh, None, w.bot, ann, "harbour", 10)
+    assert {h.entry.id for h in hits} == {f.id for f in facts}
+    assert len(fresh.vectors.of(w.bot, "")) == 7
+
+
 async def test_a_stale_node_id_costs_a_lookup_never_a_result(api: Api, runtime: Runtime) -> None:
     """The walk seeks candidates by the node ids the index holds (D9.29); ids it cannot place (a
     store copied to another database, an entry purged) are looked up by entry id and the search
     asks again, so a stale node id never costs a result."""
-    w = await make_world(api, ("ann",))
-    chat = await api.chat(w.tokens["ann"], w.bot)
-    item = await said(api, w.tokens["ann"], chat, "notes")
-    facts = [AddFact(content=f"Ann keeps a kayak number {n}", sources=(ItemRef(*item),)) for n in range(5)]
-    await apply_changes(runtime, w.bot, list(facts), "memory_bot", embedder=None)
-    ann = await memory.person_reader_of(runtime, w.bot, w.people["ann"], w.org)
-    assert ann is not None
+    w, facts, ann = await ann_learns(api, runtime, [f"Ann keeps a kayak number {n}" for n in range(5)])
 
     async def found() -> set[str]:
         return {h.entry.id for h in await search.search(runtime, None, w.bot, ann, "kayak", 10)}
