@@ -22,17 +22,16 @@ from graph.context import ACTIVE_SEEK
 from graph.driver import Ciphertext, QueryTarget, rows, single
 from graph.memory import ENTRY_MAP, READ_LOCK, SOURCES_OF_E, TOP_RANK, EntryMap, reader_keys
 
-#: What a process's index holds of each entry of ``part`` (entries stamped after ``$after``): its
-#: node id, its blind keywords ("" for none), its vector when ``$model`` made it ("" otherwise),
-#: whether it is pinned, its order key and its audience key while active (``activeKey``, "" for
-#: none) — as parallel lists (one record of lists decodes far faster than a record per entry).
-_DERIVED_OF_PART: Final[LiteralString] = """
-  RETURN {ids: [e IN part | e.id], nodes: [e IN part | elementId(e)],
-          keywords: [e IN part | coalesce(e.kwBlind, '')],
-          vecs: [e IN part | CASE WHEN e.vecModel = $model THEN e.vec ELSE '' END],
-          pinned: [e IN part | e.layer = 'pinned'], orderKeys: [e IN part | e.orderKey],
-          keys: [e IN part | coalesce(e.activeKey, '')]} AS fresh
-"""
+#: What a process's index holds of the entries ``e`` stamped after ``$after`` (aggregated over
+#: them): each one's node id, its blind keywords ("" for none), its vector when ``$model`` made it
+#: ("" otherwise), whether it is pinned, its order key and its audience key while active
+#: (``activeKey``, "" for none) — as parallel lists (one record of lists decodes far faster than
+#: a record per entry).
+_DERIVED_OF_E: Final[LiteralString] = """{ids: collect(e.id), nodes: collect(elementId(e)),
+          keywords: collect(coalesce(e.kwBlind, '')),
+          vecs: collect(CASE WHEN e.vecModel = $model THEN e.vec ELSE '' END),
+          pinned: collect(e.layer = 'pinned'), orderKeys: collect(e.orderKey),
+          keys: collect(coalesce(e.activeKey, ''))}"""
 
 #: Entries per record of DERIVED_SINCE. The driver decodes one huge record far slower than many
 #: of a moderate size: the bench's 100k entries (~60 MB, mostly sealed vectors) read in 1.4–1.6 s
@@ -47,9 +46,13 @@ DERIVED_SINCE: Final[LiteralString] = (
 MATCH (e:Entry)
 WHERE e.botId = $botId AND e.vecSeq > $after
 WITH collect(e) AS stamped
-UNWIND range(0, size(stamped) - 1, $page) AS at
-WITH stamped[at..at + $page] AS part"""
-    + _DERIVED_OF_PART
+UNWIND range(0, size(stamped) - 1) AS at
+WITH at / $page AS page, stamped[at] AS e
+WITH page, """
+    + _DERIVED_OF_E
+    + """ AS fresh
+RETURN fresh
+"""
 )
 
 
@@ -83,9 +86,9 @@ _FRESH: Final[LiteralString] = (
 CALL (m) {
   MATCH (e:Entry)
   WHERE e.botId = $botId AND e.vecSeq > $after
-  WITH collect(e) AS part"""
-    + _DERIVED_OF_PART
-    + "}\n"
+  RETURN """
+    + _DERIVED_OF_E
+    + " AS fresh\n}\n"
 )
 
 #: The first ``$limit`` of the candidates ``$cands`` (best first) that are active and visible to

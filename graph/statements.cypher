@@ -2004,13 +2004,14 @@ RETURN coalesce(m.vecSeq, 0) AS seq
 MATCH (e:Entry)
 WHERE e.botId = $botId AND e.vecSeq > $after
 WITH collect(e) AS stamped
-UNWIND range(0, size(stamped) - 1, $page) AS at
-WITH stamped[at..at + $page] AS part
-  RETURN {ids: [e IN part | e.id], nodes: [e IN part | elementId(e)],
-          keywords: [e IN part | coalesce(e.kwBlind, '')],
-          vecs: [e IN part | CASE WHEN e.vecModel = $model THEN e.vec ELSE '' END],
-          pinned: [e IN part | e.layer = 'pinned'], orderKeys: [e IN part | e.orderKey],
-          keys: [e IN part | coalesce(e.activeKey, '')]} AS fresh
+UNWIND range(0, size(stamped) - 1) AS at
+WITH at / $page AS page, stamped[at] AS e
+WITH page, {ids: collect(e.id), nodes: collect(elementId(e)),
+          keywords: collect(coalesce(e.kwBlind, '')),
+          vecs: collect(CASE WHEN e.vecModel = $model THEN e.vec ELSE '' END),
+          pinned: collect(e.layer = 'pinned'), orderKeys: collect(e.orderKey),
+          keys: collect(coalesce(e.activeKey, ''))} AS fresh
+RETURN fresh
 
 // ---- graph.search.LOCATE
 UNWIND $ids AS id
@@ -2028,12 +2029,11 @@ WITH m, $readers AS readers, $org AS org
 CALL (m) {
   MATCH (e:Entry)
   WHERE e.botId = $botId AND e.vecSeq > $after
-  WITH collect(e) AS part
-  RETURN {ids: [e IN part | e.id], nodes: [e IN part | elementId(e)],
-          keywords: [e IN part | coalesce(e.kwBlind, '')],
-          vecs: [e IN part | CASE WHEN e.vecModel = $model THEN e.vec ELSE '' END],
-          pinned: [e IN part | e.layer = 'pinned'], orderKeys: [e IN part | e.orderKey],
-          keys: [e IN part | coalesce(e.activeKey, '')]} AS fresh
+  RETURN {ids: collect(e.id), nodes: collect(elementId(e)),
+          keywords: collect(coalesce(e.kwBlind, '')),
+          vecs: collect(CASE WHEN e.vecModel = $model THEN e.vec ELSE '' END),
+          pinned: collect(e.layer = 'pinned'), orderKeys: collect(e.orderKey),
+          keys: collect(coalesce(e.activeKey, ''))} AS fresh
 }
 
 CALL (readers, org) {
@@ -2102,12 +2102,11 @@ WITH m, $readers AS readers, $org AS org
 CALL (m) {
   MATCH (e:Entry)
   WHERE e.botId = $botId AND e.vecSeq > $after
-  WITH collect(e) AS part
-  RETURN {ids: [e IN part | e.id], nodes: [e IN part | elementId(e)],
-          keywords: [e IN part | coalesce(e.kwBlind, '')],
-          vecs: [e IN part | CASE WHEN e.vecModel = $model THEN e.vec ELSE '' END],
-          pinned: [e IN part | e.layer = 'pinned'], orderKeys: [e IN part | e.orderKey],
-          keys: [e IN part | coalesce(e.activeKey, '')]} AS fresh
+  RETURN {ids: collect(e.id), nodes: collect(elementId(e)),
+          keywords: collect(coalesce(e.kwBlind, '')),
+          vecs: collect(CASE WHEN e.vecModel = $model THEN e.vec ELSE '' END),
+          pinned: collect(e.layer = 'pinned'), orderKeys: collect(e.orderKey),
+          keys: collect(coalesce(e.activeKey, ''))} AS fresh
 }
 
 CALL (readers, org) {
