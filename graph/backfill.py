@@ -1,8 +1,8 @@
 """The backfill of what retrieval derives from entries (design §10): blind keywords and vectors
 for entries written before retrieval existed, or while the embedder was down, or by another
 embedder, and keywords again for entries keyworded by an older tokenisation (``kwScheme`` below
-``$scheme``: ``services.keywords.SCHEME``). Pages through a Bot's entries in id order (``entry_bot_id``), so a killed run resumes
-by starting again: what was written stays written.
+``$scheme``: ``services.keywords.SCHEME``). Pages through a Bot's entries in id order
+(``entry_bot_id``), so a killed run resumes by starting again: what was written stays written.
 """
 
 from __future__ import annotations
@@ -86,8 +86,9 @@ class BotIdRow(TypedDict):
 #: counts of them; not merely their order) stamped with the Memory's next derived-data sequence
 #: ``vecSeq`` so every process's index catches up. Keywords made again by a newer tokenisation are
 #: mostly the same tokens (text of ASCII alone tokenises as before): such an entry is written (in
-#: the new scheme's sorted order) but not stamped, so the indexes do not read it again. Nothing a reader sees changes, so the memory version and the log stay as they are
-#: (C2 counts changes of entries).
+#: the new scheme's sorted order) but not stamped, so the indexes do not read it again. Nothing a
+#: reader sees changes, so the memory version and the log stay as they are (C2 counts changes of
+#: entries).
 WRITE: Final[LiteralString] = """
 MATCH (m:Memory {id: $botId})
 CALL apoc.lock.nodes([m])

@@ -1,9 +1,9 @@
 """The backfill of retrieval's derived data (design §10): blind keywords first for every entry
 that lacks them or holds those of an older tokenisation (``services.keywords.SCHEME``; no model:
-a Bot's whole memory is keyword-searchable within seconds), then
-vectors of the current embedder, in batches — embedded outside the memory lock, each batch
-written as one short change. Progress lives in the graph (what still lacks keywords or a vector),
-so a killed run simply starts again and does only what is left.
+a Bot's whole memory is keyword-searchable within seconds), then vectors of the current
+embedder, in batches — embedded outside the memory lock, each batch written as one short change.
+Progress lives in the graph (what still lacks keywords or a vector), so a killed run simply
+starts again and does only what is left.
 """
 
 from __future__ import annotations

@@ -76,6 +76,12 @@ WALK_GROWTH: Final = 4
 CONTEXT_OVERASK: Final = 1.25
 #: Attempts of a search whose index had to catch up (or walk further) in between.
 _ATTEMPTS: Final = 6
+#: The counters of every search, their labels looked up once (``labels`` costs more than ``inc``).
+_STATEMENTS: Final = {
+    o: metrics.SEARCH_STATEMENTS.labels(o) for o in ("answered", "caught_up", "lost", "further")
+}
+_PASSED: Final = metrics.SEARCH_CANDIDATES.labels("passed")
+_REFUSED: Final = metrics.SEARCH_CANDIDATES.labels("refused")
 
 
 @dataclass(frozen=True, slots=True)
@@ -319,24 +325,24 @@ async def _ranked(
         parts = [] if fill else index.parts(ranking, walked, q.vector)
         found = await autocommit(rt.driver, lambda s, c=cands, sc=scores: q.run(s, index, c, sc))
         if found["fresh"]["ids"]:
-            metrics.SEARCH_STATEMENTS.labels("caught_up").inc()
+            _STATEMENTS["caught_up"].inc()
             metrics.SEARCH_INDEX_CAUGHT_UP.inc(len(found["fresh"]["ids"]))
             _absorb(index, cipher, found["fresh"], int(found["seq"]))
             continue  # the candidates may have changed: ask again with the current index
         index.seq = max(index.seq, int(found["seq"]))
         if found["lost"]:
-            metrics.SEARCH_STATEMENTS.labels("lost").inc()
+            _STATEMENTS["lost"].inc()
             await _locate(rt, index, bot_id, [cands[i] for i in found["lost"]])
             continue  # some candidates were not where the index had them: ask again
         visible = int(found["visible"])
         if found["walked"]:
             rt.vectors.observe_passing(bot_id, keys, visible / int(found["walked"]))
-            metrics.SEARCH_CANDIDATES.labels("passed").inc(visible)
-            metrics.SEARCH_CANDIDATES.labels("refused").inc(int(found["walked"]) - visible)
+            _PASSED.inc(visible)
+            _REFUSED.inc(int(found["walked"]) - visible)
         if visible >= wanted or (walked == total and ranking.complete):
-            metrics.SEARCH_STATEMENTS.labels("answered").inc()
+            _STATEMENTS["answered"].inc()
             break
-        metrics.SEARCH_STATEMENTS.labels("further").inc()
+        _STATEMENTS["further"].inc()
         walk = further(walked, visible, wanted)  # some were hidden or inactive (the index proposes more)
     assert found is not None
     rt.vectors.account(bot_id, index)  # what catching up and ranking took in counts
