@@ -296,7 +296,8 @@ class BotIndex:
             at, q, scales = vectors
             if self._q.shape[1] == 0:
                 self._q = np.zeros((self._has_vec.shape[0], q.shape[1]), np.int8)
-                self._coarse = np.zeros((q.shape[1], self._has_vec.shape[0]), np.float32)
+                if len(self._ids) <= EXACT_MAX:  # else the principal components' copy (_fit, below)
+                    self._coarse = np.zeros((q.shape[1], self._has_vec.shape[0]), np.float32)
             with_vec = rows[np.array(at, np.int64)]
             self._q[with_vec] = q
             self._scale[with_vec] = scales
@@ -491,7 +492,12 @@ class BotIndex:
             rows[i] = at
         n = len(self._ids)
         if n > self._has_vec.shape[0]:
-            size = max(n, self._has_vec.shape[0] * 5 // 4, 1024)
+            self.reserve(max(n, self._has_vec.shape[0] * 5 // 4, 1024))
+        return rows
+
+    def reserve(self, size: int) -> None:
+        """Room for ``size`` rows (a load of many entries in parts grows the arrays once)."""
+        if size > self._has_vec.shape[0]:
             grow = size - self._has_vec.shape[0]
             self._has_vec = np.concatenate([self._has_vec, np.zeros(grow, np.bool_)])
             self._pinned = np.concatenate([self._pinned, np.zeros(grow, np.bool_)])
@@ -504,7 +510,6 @@ class BotIndex:
                 self._coarse = np.concatenate(
                     [self._coarse, np.zeros((self._coarse.shape[0], grow), np.float32)], axis=1
                 )
-        return rows
 
     def _rows_with(self, keys: Sequence[str]) -> _KeyRows:
         """The rows whose audience key is one of ``keys``. A reader searches again with the same

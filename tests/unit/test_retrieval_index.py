@@ -435,10 +435,16 @@ def test_a_revised_entry_loses_its_old_words_and_vector() -> None:
     assert found == ["a"]
 
 
-@pytest.mark.parametrize("n", [20_000, 40_000])
-def test_a_large_index_finds_the_exact_nearest_through_the_coarse_pass(n: int) -> None:
+@pytest.mark.parametrize(
+    ("n", "part", "reserved"), [(20_000, 5_000, False), (40_000, 5_000, False), (40_000, 2 * EXACT_MAX, True)]
+)
+def test_a_large_index_finds_the_exact_nearest_through_the_coarse_pass(
+    n: int, part: int, reserved: bool
+) -> None:
     """Above EXACT_MAX principal components pick the candidates; above SPLIT_MIN the coarse scan
-    is split between two threads (each half must count)."""
+    is split between two threads (each half must count). Filled in parts, as a cold load fills it
+    (``services.search.ABSORB_PART``): grown part by part, or with room made first and a first
+    part already past EXACT_MAX (the principal components fitted at once)."""
     assert EXACT_MAX < 20_000 < SPLIT_MIN < 40_000
     rng = np.random.default_rng(11)
     dims = 64
@@ -448,8 +454,10 @@ def test_a_large_index_finds_the_exact_nearest_through_the_coarse_pass(n: int) -
     q, scales = quantise(vectors)
     ids = [f"e{i}" for i in range(n)]
     index = BotIndex("m")
-    for start in range(0, n, 5_000):
-        stop = start + 5_000
+    if reserved:
+        index.reserve(n)
+    for start in range(0, n, part):
+        stop = min(n, start + part)
         index.upsert(
             ids[start:stop],
             [f"4:db:{i}" for i in range(start, stop)],
