@@ -327,7 +327,8 @@ class BotIndex:
         prior (``pinned_prior`` for a pinned entry, at most ``recency_prior`` for the newest,
         halved every ``half_life`` versions); and, for :meth:`parts`, each candidate's row, BM25
         sum, pinned flag and version. Complete when each list held fewer than its ``k``: every
-        row of those keys with a vector or a keyword of the query is among the candidates.
+        row of those keys with a vector or a keyword of the query (of its MAX_QUERY_TOKENS rarest,
+        ``services.keywordindex``) is among the candidates.
 
         A reader whose keys hold few rows is ranked among those rows alone (their vectors kept
         dequantised for the next search); one who holds many, by the whole pool's pass with the
