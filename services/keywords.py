@@ -4,15 +4,16 @@ only as the Bot's keyed hash (``Cipher.blind``).
 The text is normalised (NFKC: full-width forms and ligatures become plain letters and digits),
 case-folded, and its Latin, Greek and Cyrillic accents are dropped, so "José", "JOSE" and "jose"
 meet, as do "Zoë" and "Zoe". A word is a run of letters, digits and the marks of its script (a
-Devanagari or Arabic word keeps its vowel signs), without a possessive ``'s``. Han, kana and
-Hangul are written without spaces, so a run of them becomes its overlapping pairs of characters
-(one character alone stays one token), as Lucene's CJK analyser does: "小白" in a query meets
-"我的狗叫小白". Other words are tokens unless they are English stopwords, reduced by the Snowball
+Devanagari or Arabic word keeps its vowel signs), without a possessive ``'s``. Scripts written
+without spaces become overlapping pairs: a run of Han, kana or Hangul its pairs of characters (one
+character alone stays one token), as Lucene's CJK analyser does ("小白" in a query meets
+"我的狗叫小白"); a run of Thai, Lao, Myanmar or Khmer its pairs of clusters, a letter with the
+marks on it ("สมชาย" meets "ฉันชื่อสมชาย"; a dictionary segmenter would cut words, and none is in
+the stack). Other words are tokens unless they are English stopwords, reduced by the Snowball
 stemmer of their script's main language: ASCII words by the English one, so "paints" and
 "painted" meet on "paint"; Cyrillic by the Russian one ("Анны" and "Анна" meet), Greek, Arabic,
-Armenian, Devanagari (Hindi) and Tamil by theirs. Other words are kept whole (a Latin word with a
-letter that does not fold to ASCII, such as "Søren": its language is anyone's guess). Scripts
-written without spaces other than these (Thai, Lao, Khmer, Myanmar) stay whole runs.
+Armenian, Devanagari (Hindi) and Tamil by theirs; the rest are kept whole (a Latin word with a
+letter that does not fold to ASCII, such as "Søren": its language is anyone's guess).
 
 Text of ASCII alone gives the tokens it gave before any of this (scheme 1: runs of ``[a-z0-9]``);
 entries keyworded by an older :data:`SCHEME` are keyworded again by the backfill. An entry's
@@ -36,8 +37,9 @@ from services.crypto import Cipher
 
 #: The tokenisation entries' keywords were made by (``kwScheme``): 1 read ``[a-z0-9]`` runs only
 #: (a word of another script had no token; "José" gave "jos") and stored the blind tokens in the
-#: text's order; 2 reads every script and stores them sorted.
-SCHEME: Final = 2
+#: text's order; 2 reads every script and stores them sorted; 3 also pairs the clusters of Thai,
+#: Lao, Myanmar and Khmer runs (2 kept such a run, often a whole sentence, as one token).
+SCHEME: Final = 3
 
 _WORD: Final = re.compile(r"[a-z0-9]+")
 _POSSESSIVE: Final = re.compile(r"['’]s\b")
@@ -46,6 +48,8 @@ _BLIND: Final = re.compile(r"k[0-9a-f]+")
 _ACCENTS: Final = re.compile("[\u0300-\u036f]")
 #: Han (with its extensions and compatibility ideographs), hiragana, katakana, Hangul syllables
 #: and jamo: written without spaces between words.
+#: Thai, Lao, Myanmar and Khmer: also written without spaces, with marks on their letters.
+_UNSPACED: Final = "\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff"
 _CJK: Final = (
     "\u1100-\u11ff\u3040-\u30ff\u3130-\u318f\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff"
     "\ua960-\ua97f\uac00-\ud7af\ud7b0-\ud7ff\uf900-\ufaff\U00020000-\U0003134f"
@@ -113,18 +117,36 @@ def tokens(text: str) -> list[str]:
         return tokens(text)
     folded = unicodedata.normalize("NFC", _ACCENTS.sub("", unicodedata.normalize("NFKD", text)))
     found: list[str] = []
-    for cjk, word in _runs().findall(_POSSESSIVE.sub(" ", folded)):
+    for cjk, unspaced, word in _runs().findall(_POSSESSIVE.sub(" ", folded)):
         if cjk:
-            found += [cjk] if len(cjk) == 1 else [cjk[i : i + 2] for i in range(len(cjk) - 1)]
+            found += _pairs(list(cjk))
+        elif unspaced:
+            found += _pairs(_clusters(unspaced))
         elif word not in STOPWORDS:
             found.append(_stem(word) if word.isascii() else _stem_other(word))
     return found
 
 
+def _pairs(units: list[str]) -> list[str]:
+    """The overlapping pairs of ``units`` (one unit alone stays one token)."""
+    return units if len(units) == 1 else [units[i] + units[i + 1] for i in range(len(units) - 1)]
+
+
+def _clusters(word: str) -> list[str]:
+    """``word`` cut before every character that is not a mark (each letter with its marks)."""
+    cut: list[str] = []
+    for char in word:
+        if cut and unicodedata.category(char)[0] == "M":
+            cut[-1] += char
+        else:
+            cut.append(char)
+    return cut
+
+
 @functools.cache
 def _runs() -> re.Pattern[str]:
-    """Runs of Han, kana or Hangul (first group), and runs of letters, digits and marks of any
-    other script (second group). Made when first needed (listing the marks takes ~10 ms): marks
+    """Runs of Han, kana or Hangul (first group), of Thai, Lao, Myanmar or Khmer with their marks
+    (second), and of letters, digits and marks of any other script (third). Made when first needed (listing the marks takes ~10 ms): marks
     lie below U+20000 and in plane 14 only (its variation selectors)."""
     marks: list[str] = []
     start = last = -1
@@ -136,7 +158,8 @@ def _runs() -> re.Pattern[str]:
             marks.append(f"{re.escape(chr(start))}-{re.escape(chr(last))}")
             start = -1
     other = f"(?:[^\\W_]|[{''.join(marks)}])"
-    return re.compile(f"([{_CJK}]+)|((?:(?![{_CJK}]){other})+)")
+    unspaced = f"(?:[{_UNSPACED}]|[{''.join(marks)}])"
+    return re.compile(f"([{_CJK}]+)|((?=[{_UNSPACED}]){unspaced}+)|((?:(?![{_CJK}{_UNSPACED}]){other})+)")
 
 
 def blind_text(cipher: Cipher, text: str) -> str:

@@ -431,7 +431,7 @@ async def test_names_and_words_of_any_script_are_found_by_their_keywords(api: Ap
     """Keyword recall for names and rare words in any script (DESIGN §10, scheme 2 of
     ``services.keywords``): written without an embedder, so only the blind keywords can find
     them; accents fold (a name typed without them is found), Han and kana are matched by pairs of
-    characters, Russian cases meet on their stem. With scheme 1 (``[a-z0-9]`` runs) none of these
+    characters and Thai by pairs of clusters, Russian cases meet on their stem. With scheme 1 (``[a-z0-9]`` runs) none of these
     queries found anything."""
     w = await make_world(api, ("ann",))
     chat = await api.chat(w.tokens["ann"], w.bot)
@@ -442,6 +442,7 @@ async def test_names_and_words_of_any_script_are_found_by_their_keywords(api: Ap
         "小白": "安娜的猫叫小白",
         "寿司": "アンは東京で寿司を食べた",
         "Γιώργος": "Ο αδελφός της Άννας λέγεται Γιώργος",
+        "สมชาย": "แอนพบสมชายที่ตลาด",
         "harbour": "Ann walked along the harbour",
     }
     facts = {q: AddFact(content=c, sources=(ItemRef(*item),)) for q, c in contents.items()}

@@ -104,6 +104,16 @@ def test_han_kana_and_hangul_become_pairs_of_characters() -> None:
     assert tokens("서울에서 만나요") == ["서울", "울에", "에서", "만나", "나요"]
 
 
+def test_thai_lao_myanmar_and_khmer_runs_become_pairs_of_clusters() -> None:
+    """Written without spaces too: each letter keeps the marks on it (a Thai vowel above or below,
+    a tone mark, a Khmer subscript sign), and a run becomes its overlapping pairs of them."""
+    assert tokens("สมชาย") == ["สม", "มช", "ชา", "าย"]
+    assert tokens("ฉันชื่อสมชาย")[:3] == ["ฉัน", "นชื่", "ชื่อ"]  # ั and ื ่ stay on their letters
+    assert tokens("iPhoneของฉัน") == ["iphon", "ขอ", "อง", "งฉั", "ฉัน"]  # a Latin word apart
+    assert tokens("ខ្ញុំ") == ["ខ្ញុំ"]  # two clusters: one pair
+    assert tokens("ສະບາຍດີ") == ["ສະ", "ະບ", "ບາ", "າຍ", "ຍດີ"]
+
+
 def test_a_query_in_any_script_meets_the_entry_that_holds_its_words() -> None:
     cipher = _cipher("bot-scripts")
     pairs = [
@@ -111,6 +121,7 @@ def test_a_query_in_any_script_meets_the_entry_that_holds_its_words() -> None:
         ("我的狗叫小白，它三岁了", "小白"),
         ("Meeting José at the Café Müller", "jose cafe muller"),
         ("東京で寿司を食べた", "寿司"),
+        ("แอนพบสมชายที่ตลาด", "สมชาย"),
     ]
     for entry, query in pairs:
         stored = set(blind_text(cipher, entry).split())
