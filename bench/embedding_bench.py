@@ -14,7 +14,9 @@ What is measured (synthetic English texts from fixed templates, the same on ever
 * **Batch throughput** — ``--entries`` entry texts (73–94 characters, like learned facts) in one
   ``embed`` call, which runs them in batches of ``--batch``; entries per second.
 * **Decode** — ``decode_vectors`` of ``--vectors`` stored vectors (one per entry of a large pool).
-* **Keywords** — ``blind_text`` (tokens, stems, keyed hashes) per entry text.
+* **Keywords** — ``blind_text`` (tokens, stems, keyed hashes) per entry text, and per entry of six
+  texts in other scripts (accented Latin, Cyrillic, Greek, Han, kana, Thai), which take the
+  tokeniser's longer way.
 
 Prints a markdown table.
 """
@@ -113,8 +115,31 @@ async def _run(args: argparse.Namespace) -> list[tuple[str, str]]:
     for text in entries:
         blind_text(cipher, text)
     rows.append(("blind_text per entry, µs", f"{(time.perf_counter() - started) / len(entries) * 1e6:.1f}"))
+    blind_text(cipher, OTHER_SCRIPTS[0])  # the table of marks, made once per process (~10 ms)
+    others = [OTHER_SCRIPTS[i % len(OTHER_SCRIPTS)] for i in range(len(entries))]
+    started = time.perf_counter()
+    for text in others:
+        blind_text(cipher, text)
+    rows.append(
+        (
+            "blind_text per entry of other scripts (accented Latin, Cyrillic, Greek, Han, kana, Thai), µs",
+            f"{(time.perf_counter() - started) / len(others) * 1e6:.1f}",
+        )
+    )
     await embedder.aclose()
     return rows
+
+
+#: Entries in other scripts, for the cost of their keywords (each goes the way of NFKC, folding and
+#: the runs of its script; ASCII text takes a shorter way).
+OTHER_SCRIPTS = (
+    "Ann met José and Zoë at the Café Müller in Zürich last spring",
+    "Собаку Анны зовут Шарик, и она любит гулять у реки по утрам",
+    "Ο αδελφός της Άννας, ο Γιώργος, ζει στη Θεσσαλονίκη εδώ και χρόνια",
+    "安娜的猫叫小白，它三岁了，喜欢在窗台上晒太阳",
+    "アンは東京で寿司を食べて、そのあと友達と映画を見た",
+    "แอนพบสมชายที่ตลาดนัดเมื่อวันเสาร์ที่แล้ว",
+)
 
 
 def main() -> None:
