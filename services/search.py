@@ -255,9 +255,6 @@ class _Query:
     wanted: int
     fill: bool
 
-    def candidates(self, index: BotIndex, keys: tuple[str, ...], walk: int) -> Ranking:
-        return candidates(index, self.vector, self.blind, keys, self.wanted, walk)
-
     async def run(self, tx: QueryTarget, index: BotIndex, cands: list[str], scores: list[float]) -> _Found:
         """The statement: the first ``wanted`` of ``cands`` that pass (filled in memory order for
         ``context``), and what the index lacks."""
@@ -323,7 +320,7 @@ async def _ranked(
     cands: list[str] = []
     parts: list[Parts] = []  # what the walked candidates are made of (their shown scores)
     for _ in range(_ATTEMPTS):
-        ranking = q.candidates(index, keys, walk)
+        ranking = candidates(index, q.vector, q.blind, keys, wanted, walk)
         total = len(ranking.ids)
         walked = min(walk, total)
         cands, scores = ranking.ids[:walked], ranking.scores[:walked]

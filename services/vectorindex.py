@@ -160,8 +160,7 @@ class _KeyRows:
     vectors: F32 | None = None
     places: Places | None = None
     _left_out: F32 | None = None
-    _usable: npt.NDArray[np.bool_] | None = None
-    penalty: F32 = field(default_factory=lambda: np.empty(0, np.float32))
+    _usable: tuple[npt.NDArray[np.bool_], F32] | None = None
 
     def left_out(self) -> F32:
         """0 for the rows of the keys, -inf for the others."""
@@ -169,15 +168,15 @@ class _KeyRows:
             self._left_out = np.where(self.allowed, np.float32(0), np.float32(-np.inf))
         return self._left_out
 
-    def usable(self, has_vec: npt.NDArray[np.bool_]) -> npt.NDArray[np.bool_]:
-        """The rows of the keys with a vector (``has_vec``: the pool's), and :attr:`penalty` for
-        the others."""
+    def usable(self, has_vec: npt.NDArray[np.bool_]) -> tuple[npt.NDArray[np.bool_], F32]:
+        """The rows of the keys with a vector (``has_vec``: the pool's), and 0 for those, -inf for
+        the others (shared with :meth:`left_out` when every row of the keys has a vector)."""
         if self._usable is None:
-            self._usable = self.allowed & has_vec
-            if np.array_equal(self._usable, self.allowed):  # every row of the keys has a vector
-                self._usable, self.penalty = self.allowed, self.left_out()
+            usable = self.allowed & has_vec
+            if np.array_equal(usable, self.allowed):
+                self._usable = self.allowed, self.left_out()
             else:
-                self.penalty = np.where(self._usable, np.float32(0), np.float32(-np.inf))
+                self._usable = usable, np.where(usable, np.float32(0), np.float32(-np.inf))
         return self._usable
 
     def places_in(self, capacity: int) -> Places:
@@ -189,8 +188,8 @@ class _KeyRows:
     @property
     def nbytes(self) -> int:
         made = [self.vectors, self.places, self._left_out]
-        if self._usable is not self.allowed:
-            made += [self._usable, self.penalty]
+        if self._usable is not None and self._usable[0] is not self.allowed:
+            made += list(self._usable)
         return self.rows.nbytes + self.allowed.nbytes + sum(0 if m is None else m.nbytes for m in made)
 
 
@@ -442,8 +441,8 @@ class BotIndex:
         coarse = self._scan(query if self._basis is None else query @ self._basis, n)
         usable: npt.NDArray[np.bool_] | None = None  # the rows that may be ranked, when not all
         if keyed is not None:
-            usable = keyed.usable(self._has_vec[:n])
-            coarse += keyed.penalty  # -inf for the others: far cheaper than a masked assignment
+            usable, penalty = keyed.usable(self._has_vec[:n])
+            coarse += penalty  # -inf for the others: far cheaper than a masked assignment
         elif self._unembedded:
             usable = self._has_vec[:n]
             coarse[~usable] = -np.inf

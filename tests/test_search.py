@@ -427,15 +427,27 @@ async def test_keywords_alone_find_entries_and_the_upgrade_stamps_older_ones(
     assert await found(fresh, "cello") == [cello.id]
 
 
-async def test_names_and_words_of_any_script_are_found_by_their_keywords(api: Api, runtime: Runtime) -> None:
-    """Keyword recall for names and rare words in any script (DESIGN §10, scheme 2 of
-    ``services.keywords``): written without an embedder, so only the blind keywords can find
-    them; accents fold (a name typed without them is found), Han and kana are matched by pairs of
-    characters and Thai by pairs of clusters, Russian cases meet on their stem. With scheme 1 (``[a-z0-9]`` runs) none of these
-    queries found anything."""
+async def ann_learns(
+    api: Api, runtime: Runtime, contents: list[str]
+) -> tuple[World, list[AddFact], memory.Reader]:
+    """A world of Ann alone whose memory Bot learnt ``contents`` from one Item of her chat (keywords
+    only: no embedder), and Ann as a reader."""
     w = await make_world(api, ("ann",))
     chat = await api.chat(w.tokens["ann"], w.bot)
-    item = await said(api, w.tokens["ann"], chat, "Some things about me")
+    item = await said(api, w.tokens["ann"], chat, "notes")
+    facts = [AddFact(content=c, sources=(ItemRef(*item),)) for c in contents]
+    await apply_changes(runtime, w.bot, list(facts), "memory_bot", embedder=None)
+    ann = await memory.person_reader_of(runtime, w.bot, w.people["ann"], w.org)
+    assert ann is not None
+    return w, facts, ann
+
+
+async def test_names_and_words_of_any_script_are_found_by_their_keywords(api: Api, runtime: Runtime) -> None:
+    """Keyword recall for names and rare words in any script (DESIGN §10, ``services.keywords``
+    since scheme 2): written without an embedder, so only the blind keywords can find them;
+    accents fold (a name typed without them is found), Han and kana are matched by pairs of
+    characters and Thai by pairs of clusters, Russian cases meet on their stem. With scheme 1
+    (``[a-z0-9]`` runs) none of these queries found anything."""
     contents = {
         "Шарик": "Собаку Анны зовут Шарик",
         "jose muller": "Ann met José at the Café Müller",
@@ -445,10 +457,8 @@ async def test_names_and_words_of_any_script_are_found_by_their_keywords(api: Ap
         "สมชาย": "แอนพบสมชายที่ตลาด",
         "harbour": "Ann walked along the harbour",
     }
-    facts = {q: AddFact(content=c, sources=(ItemRef(*item),)) for q, c in contents.items()}
-    await apply_changes(runtime, w.bot, list(facts.values()), "memory_bot", embedder=None)
-    ann = await memory.person_reader_of(runtime, w.bot, w.people["ann"], w.org)
-    assert ann is not None
+    w, learnt, ann = await ann_learns(api, runtime, list(contents.values()))
+    facts = dict(zip(contents, learnt, strict=True))
     for query, fact_ in facts.items():
         hits = await search.search(runtime, None, w.bot, ann, query, 5)
         assert [h.entry.id for h in hits] == [fact_.id], query
@@ -528,21 +538,6 @@ async def test_searches_are_counted_for_operators(api: Api, runtime: Runtime, se
         if line.startswith('botmemory_search_statements_total{outcome="answered"} ')
     )
     assert answered >= 1
-
-
-async def ann_learns(
-    api: Api, runtime: Runtime, contents: list[str]
-) -> tuple[World, list[AddFact], memory.Reader]:
-    """A world of Ann alone whose memory Bot learnt ``contents`` from one Item of her chat (keywords
-    only: no embedder), and Ann as a reader."""
-    w = await make_world(api, ("ann",))
-    chat = await api.chat(w.tokens["ann"], w.bot)
-    item = await said(api, w.tokens["ann"], chat, "notes")
-    facts = [AddFact(content=c, sources=(ItemRef(*item),)) for c in contents]
-    await apply_changes(runtime, w.bot, list(facts), "memory_bot", embedder=None)
-    ann = await memory.person_reader_of(runtime, w.bot, w.people["ann"], w.org)
-    assert ann is not None
-    return w, facts, ann
 
 
 async def test_an_index_is_loaded_in_pages_and_holds_every_entry(
