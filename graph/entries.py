@@ -28,8 +28,16 @@ _NEW_ENTRY: Final[LiteralString] = (
 """
 )
 
+#: A write that leaves an entry without keywords or without a vector (an embedder down or absent,
+#: a legacy import) records it on the Memory, for the worker's sweep (``graph.backfill.BOTS_DUE``).
+_DUE_ADDS: Final[LiteralString] = (
+    "m.kwDue = coalesce(m.kwDue, false) OR any(r IN $adds WHERE r.kwBlind IS NULL),\n"
+    "      m.vecDue = coalesce(m.vecDue, false) OR any(r IN $adds WHERE r.vec IS NULL)"
+)
+
 #: Entries of a legacy import: the tags they came with, no SOURCE edges, and a declared source
 #: count they cannot meet (V9). ``$rows``: id, layer, content, contentLength, tags, orderKey.
+#: Nothing derived yet: the Memory is due for the backfill.
 CREATE_LEGACY: Final[LiteralString] = (
     """
 MATCH (m:Memory {id: $botId})
@@ -37,6 +45,7 @@ UNWIND $rows AS row
 WITH m, row, row.tags AS tags, row.orderKey AS orderKey, 1 AS sourceCount, true AS legacy
 CREATE """
     + _NEW_ENTRY
+    + "WITH DISTINCT m\nSET m.kwDue = true, m.vecDue = true\n"
 )
 
 #: Why ADD_ENTRIES refused a change (its first refused new entry), by the code it returns.
@@ -146,6 +155,12 @@ CALL (m, problem) {
   WITH m WHERE problem IS NULL AND any(r IN $adds WHERE r.kwBlind IS NOT NULL OR r.vec IS NOT NULL)
   SET m.vecSeq = coalesce(m.vecSeq, 0) + 1
 }
+CALL (m, problem) {
+  WITH m WHERE problem IS NULL AND any(r IN $adds WHERE r.kwBlind IS NULL OR r.vec IS NULL)
+  SET """
+    + _DUE_ADDS
+    + """
+}
 """
 )
 
@@ -168,10 +183,13 @@ SET e.status = $status, e.updatedAt = $now,
 """
 
 #: New content (already encrypted) and a new place in memory order (D9.14), with what is derived
-#: from it, stamped with the next derived-data sequence.
+#: from it, stamped with the next derived-data sequence (and, lacking a vector, the Memory due for
+#: the backfill).
 SET_CONTENT: Final[LiteralString] = """
 MATCH (m:Memory {id: $botId})
-SET m.vecSeq = coalesce(m.vecSeq, 0) + 1
+SET m.vecSeq = coalesce(m.vecSeq, 0) + 1,
+    m.kwDue = coalesce(m.kwDue, false) OR $derived.kwBlind IS NULL,
+    m.vecDue = coalesce(m.vecDue, false) OR $derived.vec IS NULL
 WITH m
 MATCH (e:Entry {id: $id, botId: $botId})
 SET e.content = $content, e.contentLength = $contentLength, e.orderKey = $orderKey, e.updatedAt = $now,

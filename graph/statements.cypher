@@ -291,10 +291,20 @@ EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))
  AND all(rd IN readers WHERE all(a IN e.lblRequires WHERE
        a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
 
-// ---- graph.backfill.BOTS_MISSING
-MATCH (e:Entry)
-WHERE e.status <> 'retracted' AND ((e.kwBlind IS NULL OR coalesce(e.kwScheme, 1) < $scheme) OR coalesce(e.vecModel, '') <> $model)
-RETURN DISTINCT e.botId AS botId
+// ---- graph.backfill.BOTS_DUE
+MATCH (m:Memory)
+WHERE coalesce(m.kwDue, true) OR coalesce(m.kwScheme, 0) < $scheme
+   OR ($model IS NOT NULL AND (coalesce(m.vecDue, true) OR coalesce(m.vecModel, '') <> $model))
+RETURN collect(m.id) AS botIds
+
+// ---- graph.backfill.MARK_DONE
+MATCH (m:Memory {id: $botId})
+CALL apoc.lock.nodes([m])
+WITH m
+WHERE m.version = $version
+SET m.kwScheme = $scheme, m.kwDue = false
+FOREACH (_ IN CASE WHEN $model IS NULL THEN [] ELSE [1] END | SET m.vecModel = $model, m.vecDue = false)
+RETURN count(m) AS n
 
 // ---- graph.backfill.MISSING
 MATCH (e:Entry)
@@ -602,6 +612,11 @@ CALL (m, problem) {
   WITH m WHERE problem IS NULL AND any(r IN $adds WHERE r.kwBlind IS NOT NULL OR r.vec IS NOT NULL)
   SET m.vecSeq = coalesce(m.vecSeq, 0) + 1
 }
+CALL (m, problem) {
+  WITH m WHERE problem IS NULL AND any(r IN $adds WHERE r.kwBlind IS NULL OR r.vec IS NULL)
+  SET m.kwDue = coalesce(m.kwDue, false) OR any(r IN $adds WHERE r.kwBlind IS NULL),
+      m.vecDue = coalesce(m.vecDue, false) OR any(r IN $adds WHERE r.vec IS NULL)
+}
 CALL (m, version, problem) {
   WITH m, version WHERE problem IS NULL
 
@@ -773,6 +788,11 @@ CALL (m, version, problem, checked) {
 CALL (m, problem) {
   WITH m WHERE problem IS NULL AND any(r IN $adds WHERE r.kwBlind IS NOT NULL OR r.vec IS NOT NULL)
   SET m.vecSeq = coalesce(m.vecSeq, 0) + 1
+}
+CALL (m, problem) {
+  WITH m WHERE problem IS NULL AND any(r IN $adds WHERE r.kwBlind IS NULL OR r.vec IS NULL)
+  SET m.kwDue = coalesce(m.kwDue, false) OR any(r IN $adds WHERE r.kwBlind IS NULL),
+      m.vecDue = coalesce(m.vecDue, false) OR any(r IN $adds WHERE r.vec IS NULL)
 }
 CALL (m, version, problem) {
   WITH m, version WHERE problem IS NULL
@@ -1346,6 +1366,11 @@ CALL (m, problem) {
   WITH m WHERE problem IS NULL AND any(r IN $adds WHERE r.kwBlind IS NOT NULL OR r.vec IS NOT NULL)
   SET m.vecSeq = coalesce(m.vecSeq, 0) + 1
 }
+CALL (m, problem) {
+  WITH m WHERE problem IS NULL AND any(r IN $adds WHERE r.kwBlind IS NULL OR r.vec IS NULL)
+  SET m.kwDue = coalesce(m.kwDue, false) OR any(r IN $adds WHERE r.kwBlind IS NULL),
+      m.vecDue = coalesce(m.vecDue, false) OR any(r IN $adds WHERE r.vec IS NULL)
+}
 RETURN problem
 
 // ---- graph.entries.ADD_ENTRIES
@@ -1430,6 +1455,11 @@ CALL (m, problem) {
   WITH m WHERE problem IS NULL AND any(r IN $adds WHERE r.kwBlind IS NOT NULL OR r.vec IS NOT NULL)
   SET m.vecSeq = coalesce(m.vecSeq, 0) + 1
 }
+CALL (m, problem) {
+  WITH m WHERE problem IS NULL AND any(r IN $adds WHERE r.kwBlind IS NULL OR r.vec IS NULL)
+  SET m.kwDue = coalesce(m.kwDue, false) OR any(r IN $adds WHERE r.kwBlind IS NULL),
+      m.vecDue = coalesce(m.vecDue, false) OR any(r IN $adds WHERE r.vec IS NULL)
+}
 
 // ---- graph.entries.ALL_IDS
 MATCH (e:Entry {botId: $botId}) RETURN collect(e.id) AS ids
@@ -1444,6 +1474,8 @@ CREATE (e:Entry {id: row.id, botId: $botId, layer: row.layer, content: row.conte
   sourceCount: sourceCount, author: row.author, excluded: [], legacy: legacy,
   kwBlind: row.kwBlind, kwScheme: row.kwScheme, vec: row.vec, vecModel: row.vecModel,
   vecSeq: CASE WHEN row.kwBlind IS NULL AND row.vec IS NULL THEN null ELSE coalesce(m.vecSeq, 0) + 1 END})-[:IN_MEMORY]->(m)
+WITH DISTINCT m
+SET m.kwDue = true, m.vecDue = true
 
 // ---- graph.entries.ENTRY_FOR_EDIT
 MATCH (e:Entry {id: $id, botId: $botId})
@@ -1463,7 +1495,9 @@ RETURN e.id AS id
 
 // ---- graph.entries.SET_CONTENT
 MATCH (m:Memory {id: $botId})
-SET m.vecSeq = coalesce(m.vecSeq, 0) + 1
+SET m.vecSeq = coalesce(m.vecSeq, 0) + 1,
+    m.kwDue = coalesce(m.kwDue, false) OR $derived.kwBlind IS NULL,
+    m.vecDue = coalesce(m.vecDue, false) OR $derived.vec IS NULL
 WITH m
 MATCH (e:Entry {id: $id, botId: $botId})
 SET e.content = $content, e.contentLength = $contentLength, e.orderKey = $orderKey, e.updatedAt = $now,

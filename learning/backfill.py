@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from graph import backfill as backfill_q
+from graph import memory as memory_q
 from graph.driver import read, write
+from services import metrics
 from services.crypto import Cipher, Kind
 from services.derived import seal_vector
 from services.embedding import Embedder, EmbedderUnavailable
@@ -50,9 +52,12 @@ async def progress(rt: Runtime, bot_id: str, model: str) -> Progress:
 
 async def bots_to_backfill(rt: Runtime, embedder: Embedder | None) -> list[str]:
     """Bots with entries lacking keywords (of the current tokenisation) or a vector of this
-    embedder."""
-    model = embedder.id if embedder is not None else "-"
-    return await read(rt.driver, lambda tx: backfill_q.bots_missing(tx, model=model, scheme=SCHEME))
+    embedder, as their Memory nodes record it (``graph.backfill.BOTS_DUE``: the entries are not
+    read)."""
+    model = embedder.id if embedder is not None else None
+    due = await read(rt.driver, lambda tx: backfill_q.bots_due(tx, model=model, scheme=SCHEME))
+    metrics.BACKFILL_DUE_BOTS.set(len(due))
+    return due
 
 
 async def run(
@@ -65,9 +70,14 @@ async def run(
 ) -> bool:
     """Backfill one Bot: keywords for all, then vectors (with an embedder). Stops after about
     ``seconds`` (None: when done); True when nothing is left. ``on_batch(phase, n)`` reports
-    progress: ``n`` entries written in phase ``keywords`` or ``vectors``."""
+    progress: ``n`` entries written in phase ``keywords`` or ``vectors``. A run that went through
+    every entry with no change of the memory meanwhile records on the Memory that none lacks
+    anything (the worker's sweep then passes the Bot by until a write leaves one without)."""
     started = time.monotonic()
-    cipher = await cipher_of(rt, bot_id)
+    cipher = await cipher_of(rt, bot_id)  # NotFound for a Bot that does not exist
+    version = await read(rt.driver, lambda tx: memory_q.shared_lock(tx, bot_id=bot_id))
+    if version is None:
+        return True  # the Bot is gone
     for model, batch in ((None, KEYWORD_BATCH), (embedder.id if embedder else None, VECTOR_BATCH)):
         if batch == VECTOR_BATCH and embedder is None:
             break
@@ -92,9 +102,16 @@ async def run(
             )
             if written is None:
                 return True  # the Bot is gone
+            phase = "vectors" if model else "keywords"
+            metrics.BACKFILL_ENTRIES.labels(phase).inc(written)
             if on_batch is not None:
-                on_batch("vectors" if model else "keywords", written)
+                on_batch(phase, written)
             after = found[-1]["id"]
+    model = embedder.id if embedder is not None else None
+    await write(
+        rt.driver,
+        lambda tx: backfill_q.mark_done(tx, bot_id=bot_id, version=version, model=model, scheme=SCHEME),
+    )
     return True
 
 

@@ -85,3 +85,12 @@ QUERY_EMBEDDING_FAILURES = Counter(
     "Queries searched by keywords alone because their embedding failed, by code",
     ["code"],
 )
+BACKFILL_DUE_BOTS = Gauge(
+    "botmemory_backfill_due_bots",
+    "Bots whose entries the last backfill sweep found lacking keywords or vectors (worker)",
+)
+BACKFILL_ENTRIES = Counter(
+    "botmemory_backfill_entries_total",
+    "Entries the backfill wrote keywords (phase keywords) or vectors (phase vectors) of",
+    ["phase"],
+)

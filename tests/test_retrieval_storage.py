@@ -15,13 +15,16 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import httpx
+from prometheus_client import REGISTRY
 
+from graph import backfill as backfill_q
 from learning import backfill
-from learning.embedders import LocalMiniLM
+from learning.embedders import LocalMiniLM, OpenAIEmbedder
 from services import memory, search
-from services.changes import Remember
+from services.changes import Remember, Revise
 from services.embedding import encode_vector
 from services.keywords import SCHEME, tokens
+from services.maintenance import LegacyEntry, import_legacy
 from services.runtime import Runtime
 from services.settings import Settings
 from services.writepath import apply_changes
@@ -212,6 +215,97 @@ async def test_the_backfill_keywords_again_what_an_older_tokenisation_missed(
     # This process's index, loaded before, caught up with the two that changed.
     assert await found("Шарик") == [changes[1].id]
     assert await found("jose") == [changes[0].id]
+
+
+async def test_the_sweep_reads_what_each_memory_records_and_finds_what_a_write_left_lacking(
+    api: Api, runtime: Runtime, settings: Settings
+) -> None:
+    """The worker's sweep (``backfill.bots_to_backfill``, every 10 minutes) reads one node per Bot,
+    never the entries: a Memory records the tokenisation and the embedder a backfill that went
+    through all its entries left them with, and every write that leaves an entry without keywords
+    or a vector marks it due (a write without an embedder, as this test's runtime has none; a
+    revision; a legacy import). A Bot is found while anything is due, and only then: for
+    keywords without an embedder, for vectors too with one; again when the embedder or the
+    tokenisation changes."""
+    w = await make_world(api, ("ann",))
+    person, org = w.people["ann"], w.org
+    minilm = LocalMiniLM()
+    other = OpenAIEmbedder(
+        settings.model_copy(update={"embedding_model": "other-model", "embedding_dimensions": 384})
+    )
+
+    async def due() -> tuple[bool, bool]:
+        """Whether the sweep finds the Bot without an embedder, and with MiniLM."""
+        without = await backfill.bots_to_backfill(runtime, None)
+        found = await backfill.bots_to_backfill(runtime, minilm)
+        assert REGISTRY.get_sample_value("botmemory_backfill_due_bots") == len(found)  # for operators
+        return w.bot in without, w.bot in found
+
+    def written(phase: str) -> float:
+        return REGISTRY.get_sample_value("botmemory_backfill_entries_total", {"phase": phase}) or 0.0
+
+    try:
+        first = [
+            Remember(content=f"Ann keeps bees behind barn {i}", person_id=person, org=org) for i in range(2)
+        ]
+        await apply_changes(runtime, w.bot, list(first), "person")
+        assert await due() == (True, True)  # never backfilled
+        assert await backfill.run(runtime, w.bot, None)
+        assert await due() == (False, True)  # keywords complete; the writes left no vector
+        before = written("vectors")
+        assert await backfill.run(runtime, w.bot, minilm)
+        assert written("vectors") == before + 2
+        assert await due() == (False, False)
+        assert w.bot in await backfill.bots_to_backfill(runtime, other)  # another embedder's vectors
+
+        await apply_changes(
+            runtime, w.bot, [Remember(content="Ann sells honey", person_id=person, org=org)], "person"
+        )
+        assert await due() == (False, True)  # written with keywords, without a vector
+        assert await backfill.run(runtime, w.bot, minilm)
+        assert await due() == (False, False)
+        await apply_changes(
+            runtime, w.bot, [Revise(first[0].id, "Ann keeps bees behind the old barn")], "person"
+        )
+        assert await due() == (False, True)
+        assert await backfill.run(runtime, w.bot, minilm)
+        assert await due() == (False, False)
+        vectors = await runtime.driver.execute_query(
+            "MATCH (e:Entry {botId: $b}) RETURN count(e) AS n, count(CASE WHEN e.vecModel = $m THEN 1 END) AS v",
+            b=w.bot,
+            m=minilm.id,
+        )
+        assert (vectors.records[0]["n"], vectors.records[0]["v"]) == (3, 3)
+
+        await import_legacy(runtime, w.bot, [LegacyEntry("Ann once kept goats", ("topic:farm",))])
+        assert await due() == (True, True)  # no keywords yet
+        assert await backfill.run(runtime, w.bot, minilm)
+        assert await due() == (False, False)
+
+        await runtime.driver.execute_query(  # as a newer tokenisation finds it after an upgrade
+            "MATCH (m:Memory {id: $b}) SET m.kwScheme = $old", b=w.bot, old=SCHEME - 1
+        )
+        assert await due() == (True, True)
+        assert await backfill.run(runtime, w.bot, minilm)
+        assert await due() == (False, False)
+
+        # A backfill that began before a change records nothing: the change may have left an
+        # entry it did not go through.
+        held = await runtime.driver.execute_query("MATCH (m:Memory {id: $b}) RETURN m.version AS v", b=w.bot)
+        version = held.records[0]["v"]
+        await apply_changes(
+            runtime, w.bot, [Remember(content="Ann rents a stall", person_id=person, org=org)], "person"
+        )
+        await runtime.driver.execute_query(
+            "MATCH (m:Memory {id: $b}) SET m.vecDue = false", b=w.bot
+        )  # as if that write had not marked it either
+        marked = await runtime.driver.execute_query(
+            backfill_q.MARK_DONE, botId=w.bot, version=version, model=minilm.id, scheme=SCHEME
+        )
+        assert marked.records[0]["n"] == 0
+    finally:
+        await minilm.aclose()
+        await other.aclose()
 
 
 class _Embeddings(BaseHTTPRequestHandler):
