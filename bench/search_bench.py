@@ -49,7 +49,7 @@ from bench.measure import (
 )
 from graph import search as search_q
 from graph.context import ACTIVE_SEEK
-from graph.driver import autocommit, read, single
+from graph.driver import Ciphertext, QueryTarget, autocommit, single
 from graph.memory import ENTRY_MAP, SOURCES_OF_E, TOP_RANK, reader_keys
 from learning.embedders import LocalMiniLM
 from services import memory, retrieval, search, turns
@@ -585,12 +585,14 @@ async def measure_quality(rt: Runtime, pool: PoolLike, corpus: Corpus, stats: In
     model = LocalMiniLM().id
     index = rt.vectors.of(pool.bot, model)
     cipher = await cipher_of(rt, pool.bot)
-    _, fresh = await read(
-        rt.driver, lambda tx: search_q.derived_since(tx, bot_id=pool.bot, model=model, after=-1)
-    )
-    if fresh is None:
-        return
-    stored = [(i, v) for i, v in zip(fresh["ids"], fresh["vecs"], strict=True) if v]
+    stored: list[tuple[str, Ciphertext]] = []
+
+    async def take(session: QueryTarget) -> None:
+        stored.clear()  # a retried read starts again
+        async for page, _ in search_q.derived_pages(session, bot_id=pool.bot, model=model, after=-1):
+            stored.extend((i, v) for i, v in zip(page["ids"], page["vecs"], strict=True) if v)
+
+    await autocommit(rt.driver, take)
     if not stored:
         return
     raws = cipher.decrypt_bytes_all(Kind.ENTRY_VECTOR, stored)

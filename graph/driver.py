@@ -63,8 +63,11 @@ async def write(driver: AsyncDriver, work: Callable[[AsyncManagedTransaction], A
 AUTOCOMMIT_ATTEMPTS = 5
 
 
-async def autocommit(driver: AsyncDriver, work: Callable[[AsyncSession], Awaitable[T]]) -> T:
-    """Run ``work``, which runs exactly one statement, as an auto-commit transaction.
+async def autocommit(
+    driver: AsyncDriver, work: Callable[[AsyncSession], Awaitable[T]], *, fetch_size: int | None = None
+) -> T:
+    """Run ``work``, which runs exactly one statement, as an auto-commit transaction (its records
+    fetched ``fetch_size`` at a time when given: ``work`` may take them as they come).
 
     BEGIN, the statement and COMMIT take one round trip, where a managed transaction takes three;
     the transaction (and any lock its statement takes) lasts until the result is consumed. A
@@ -75,7 +78,8 @@ async def autocommit(driver: AsyncDriver, work: Callable[[AsyncSession], Awaitab
     attempt = 1
     while True:
         try:
-            async with driver.session(default_access_mode=WRITE_ACCESS) as session:
+            fetching = {} if fetch_size is None else {"fetch_size": fetch_size}
+            async with driver.session(default_access_mode=WRITE_ACCESS, **fetching) as session:
                 return await work(session)
         except TransientError:
             if attempt == AUTOCOMMIT_ATTEMPTS:

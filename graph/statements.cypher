@@ -2028,24 +2028,20 @@ RETURN collect(e.id) AS ids,
                afterRequires: ['#unproved'], afterExcluded: []} END) AS gone
 
 // ---- graph.search.DERIVED_SEQ
-MATCH (held:Memory {id: $botId})
-CALL apoc.lock.read.nodes([held])
-WITH held
-MATCH (m:Memory) WHERE elementId(m) = elementId(held)
-RETURN coalesce(m.vecSeq, 0) AS seq
+MATCH (m:Memory {id: $botId}) RETURN coalesce(m.vecSeq, 0) AS seq
 
 // ---- graph.search.DERIVED_SINCE
 MATCH (e:Entry)
 WHERE e.botId = $botId AND e.vecSeq > $after
 WITH collect(e) AS stamped
 UNWIND range(0, size(stamped) - 1) AS at
-WITH at / $page AS page, stamped[at] AS e
-WITH page, {ids: collect(e.id), nodes: collect(elementId(e)),
+WITH size(stamped) AS total, at / $page AS page, stamped[at] AS e
+WITH total, page, {ids: collect(e.id), nodes: collect(elementId(e)),
           keywords: collect(coalesce(e.kwBlind, '')),
           vecs: collect(CASE WHEN e.vecModel = $model THEN e.vec ELSE '' END),
           pinned: collect(e.layer = 'pinned'), orderKeys: collect(e.orderKey),
           keys: collect(coalesce(e.activeKey, ''))} AS fresh
-RETURN fresh
+RETURN fresh, total
 
 // ---- graph.search.LOCATE
 UNWIND $ids AS id

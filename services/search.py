@@ -329,7 +329,8 @@ async def _ranked(
         if found["fresh"]["ids"]:
             _STATEMENTS["caught_up"].inc()
             metrics.SEARCH_INDEX_CAUGHT_UP.inc(len(found["fresh"]["ids"]))
-            _absorb(index, cipher, found["fresh"], int(found["seq"]))
+            _absorb(index, cipher, found["fresh"])
+            index.seq = max(index.seq, int(found["seq"]))
             continue  # the candidates may have changed: ask again with the current index
         index.seq = max(index.seq, int(found["seq"]))
         if found["lost"]:
@@ -396,28 +397,50 @@ async def _locate(rt: Runtime, index: BotIndex, bot_id: str, ids: list[str]) -> 
 
 
 async def _load(rt: Runtime, index: BotIndex, bot_id: str, cipher: Cipher) -> None:
-    """The first use of a Bot's index in this process reads everything derived of its entries."""
+    """The first use of a Bot's index in this process reads everything derived of its entries:
+    the derived-data sequence first, then the pages, with no lock (``graph.search.DERIVED_SEQ``:
+    what a write stamps meanwhile the first catch-up reads again), ABSORB_PART entries taken into
+    the index at a time as the driver fetches them, so that only a part's lists are held at once."""
     if index.seq >= 0:
         return
     async with index.lock:
         if index.seq >= 0:
             return
         started = time.perf_counter()
-        seq, fresh = await read(
-            rt.driver, lambda tx: search_q.derived_since(tx, bot_id=bot_id, model=index.model, after=-1)
-        )
-        if seq is None or fresh is None:
+        seq = await autocommit(rt.driver, lambda s: search_q.derived_seq(s, bot_id=bot_id))
+        if seq is None:
             raise NotFound("bot not found")
-        # Decrypting and decoding every vector takes a while on a large Bot: off the event loop
-        # (searches of this Bot wait on the index's lock meanwhile; others go on).
-        await asyncio.to_thread(_absorb, index, cipher, fresh, seq)
+
+        async def take(session: QueryTarget) -> None:
+            part, reserved = _empty(), False
+            pages = search_q.derived_pages(session, bot_id=bot_id, model=index.model, after=-1)
+            async for page, total in pages:
+                if not reserved:
+                    index.reserve(len(index) + total)  # the arrays grow once
+                    reserved = True
+                if len(part["ids"]) + len(page["ids"]) > ABSORB_PART:
+                    # Decrypting and decoding vectors takes a while on a large Bot: off the event
+                    # loop (searches of this Bot wait on the index's lock meanwhile; others go on).
+                    await asyncio.to_thread(_absorb, index, cipher, part)
+                    part = _empty()
+                for name, values in page.items():
+                    part[name].extend(values)
+            if part["ids"]:
+                await asyncio.to_thread(_absorb, index, cipher, part)
+
+        await autocommit(rt.driver, take, fetch_size=max(1, ABSORB_PART // search_q.DERIVED_PAGE))
+        index.seq = max(index.seq, seq)
         rt.vectors.account(bot_id, index)
         metrics.SEARCH_INDEX_LOAD_SECONDS.observe(time.perf_counter() - started)
 
 
-def _absorb(index: BotIndex, cipher: Cipher, fresh: search_q.Derived, seq: int) -> None:
-    """What was read from the graph into the index, which then holds everything through ``seq``:
-    ABSORB_PART entries at a time, in arrays grown once."""
+def _empty() -> search_q.Derived:
+    return search_q.Derived(ids=[], nodes=[], keywords=[], vecs=[], pinned=[], orderKeys=[], keys=[])
+
+
+def _absorb(index: BotIndex, cipher: Cipher, fresh: search_q.Derived) -> None:
+    """Entries read from the graph into the index, ABSORB_PART at a time (a catch-up after a large
+    backfill reads many), in arrays grown once."""
     ids = fresh["ids"]
     if len(ids) > ABSORB_PART:
         index.reserve(len(index) + len(ids))
@@ -439,4 +462,3 @@ def _absorb(index: BotIndex, cipher: Cipher, fresh: search_q.Derived, seq: int) 
             fresh["keys"][part],
             vectors,
         )
-    index.seq = max(index.seq, seq)

@@ -3,6 +3,7 @@ services, with the default local embedder, under the one visibility check (C1, V
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import socket
 from collections.abc import Sequence
@@ -22,7 +23,7 @@ from graph.migrations import LATEST, migrate
 from learning.embedders import LocalMiniLM, OpenAIEmbedder
 from services import memory, search
 from services.bootstrap import open_runtime
-from services.changes import AddFact, Invalidate, ItemRef, Share
+from services.changes import AddFact, Invalidate, ItemRef, MemoryChange, Revise, Share
 from services.runtime import Runtime
 from services.settings import Settings
 from services.vectorindex import VectorIndexes
@@ -551,6 +552,37 @@ async def test_an_index_is_loaded_in_pages_and_holds_every_entry(
     hits = await search.search(fresh, None, w.bot, ann, "harbour", 10)
     assert {h.entry.id for h in hits} == {f.id for f in facts}
     assert len(fresh.vectors.of(w.bot, "")) == 7
+
+
+async def test_a_cold_load_takes_no_lock_and_what_a_write_stamps_meanwhile_is_caught_up(
+    api: Api, runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cold load reads the Memory's derived-data sequence, then every entry's derived data, with
+    no lock (``graph.search.DERIVED_SEQ``): a change of the Bot commits while the load's read is
+    open (under the shared lock it would wait for the load to end), and the first search catches
+    the index up with what that change stamped before anything is proposed — the revised entry is
+    found by its new words only, the new one is found."""
+    w, facts, ann = await ann_learns(api, runtime, [f"Ann saw boat {i} in the harbour" for i in range(7)])
+    monkeypatch.setattr(search_q, "DERIVED_PAGE", 2)  # 4 pages,
+    monkeypatch.setattr(search, "ABSORB_PART", 2)  # fetched one by one: the read stays open
+    pages = search_q.derived_pages
+    added = AddFact(content="Ann rowed across the harbour at dawn", sources=facts[0].sources)
+    changed: list[bool] = []
+
+    async def pages_with_a_change(tx: Any, **kw: Any) -> Any:
+        async for page in pages(tx, **kw):
+            if not changed:  # after the first page: the load's read is open
+                change: list[MemoryChange] = [Revise(facts[0].id, "Ann saw a canoe on the lake"), added]
+                await asyncio.wait_for(apply_changes(runtime, w.bot, change, "memory_bot", embedder=None), 30)
+                changed.append(True)
+            yield page
+
+    monkeypatch.setattr(search_q, "derived_pages", pages_with_a_change)
+    fresh = dataclasses.replace(runtime, vectors=VectorIndexes())
+    hits = await search.search(fresh, None, w.bot, ann, "harbour", 10)
+    assert changed
+    assert {h.entry.id for h in hits} == {f.id for f in facts[1:]} | {added.id}
+    assert [h.entry.id for h in await search.search(fresh, None, w.bot, ann, "canoe", 10)] == [facts[0].id]
 
 
 async def test_a_stale_node_id_costs_a_lookup_never_a_result(api: Api, runtime: Runtime) -> None:
