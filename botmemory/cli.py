@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import base64
 import json
+import logging
 import os
 import secrets
 import sys
@@ -26,6 +27,7 @@ from redis.exceptions import RedisError
 from learning import backfill
 from learning.embedders import make_embedder
 from services.bootstrap import open_runtime
+from services.embedding import EmbedderUnavailable
 from services.errors import ServiceError
 from services.maintenance import LegacyEntry, import_legacy, relabel_all
 from services.rotation import rotate_data_keys
@@ -183,6 +185,8 @@ def describe(exc: Exception) -> CommandFailed:
             return CommandFailed(exc.code, exc.message)
         case ConfigurationError():
             return CommandFailed("CONFIGURATION", str(exc))
+        case EmbedderUnavailable():
+            return CommandFailed("UNAVAILABLE", f"the embedder failed ({exc.code}); run it again to go on")
         case Neo4jError() | DriverError():
             return CommandFailed("UNAVAILABLE", f"Neo4j (BOTMEMORY_NEO4J_URI): {_one_line(exc)}")
         case RedisError():
@@ -201,6 +205,10 @@ def main(argv: list[str] | None = None) -> int:
     """Run one command; a failure prints one line (or the traceback with --debug)."""
     debug = os.environ.get("BOTMEMORY_DEBUG", "") not in ("", "0")
     args = sys.argv[1:] if argv is None else argv
+    if not (debug or "--debug" in args):
+        # Stderr holds progress and the one line of a failure: the libraries' log records (an
+        # embedder's warning before the failure it raises) are not printed there.
+        logging.getLogger().addHandler(logging.NullHandler())
     try:
         return _main(args)
     except Exception as exc:

@@ -8,7 +8,6 @@ starts again and does only what is left.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,12 +19,10 @@ from graph.driver import read, write
 from services import metrics
 from services.crypto import Cipher, Kind
 from services.derived import seal_vector
-from services.embedding import Embedder, EmbedderUnavailable
+from services.embedding import Embedder
 from services.keywords import SCHEME, blind_text
 from services.memory import cipher_of
 from services.runtime import Runtime
-
-log = logging.getLogger("learning.backfill")
 
 #: Entries per batch: keywords only (cheap), and with embedding.
 KEYWORD_BATCH: Final = 500
@@ -70,7 +67,9 @@ async def run(
 ) -> bool:
     """Backfill one Bot: keywords for all, then vectors (with an embedder). Stops after about
     ``seconds`` (None: when done); True when nothing is left. ``on_batch(phase, n)`` reports
-    progress: ``n`` entries written in phase ``keywords`` or ``vectors``. A run that went through
+    progress: ``n`` entries written in phase ``keywords`` or ``vectors``. Raises
+    EmbedderUnavailable when the embedder fails (what was written stays written: the next run
+    goes on from there). A run that went through
     every entry with no change of the memory meanwhile records on the Memory that none lacks
     anything (the worker's sweep then passes the Bot by until a write leaves one without)."""
     started = time.monotonic()
@@ -94,8 +93,6 @@ async def run(
             if not found:
                 break
             rows = await _derive(cipher, embedder if model else None, found)
-            if rows is None:
-                return False  # the embedder is down: the next run goes on
             written = await write(
                 rt.driver,
                 lambda tx, rows=rows: backfill_q.write(tx, bot_id=bot_id, batch=rows),
@@ -117,16 +114,11 @@ async def run(
 
 async def _derive(
     cipher: Cipher, embedder: Embedder | None, found: list[backfill_q.MissingRow]
-) -> list[dict[str, Any]] | None:
-    """Keywords (and sealed vectors with ``embedder``) of the entries read; None if embedding failed."""
+) -> list[dict[str, Any]]:
+    """Keywords (and sealed vectors with ``embedder``) of the entries read; EmbedderUnavailable
+    when embedding failed."""
     texts = cipher.decrypt_all(Kind.ENTRY, [(f["id"], f["content"]) for f in found])
-    vectors = None
-    if embedder is not None:
-        try:
-            vectors = await embedder.embed(texts)
-        except EmbedderUnavailable as exc:
-            log.warning("backfill paused: embedding failed (%s)", exc.code)
-            return None
+    vectors = None if embedder is None else await embedder.embed(texts)
     rows: list[dict[str, Any]] = []
     for i, (f, text) in enumerate(zip(found, texts, strict=True)):
         keywords = blind_text(cipher, text)

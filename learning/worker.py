@@ -27,6 +27,7 @@ from learning.gateway import Gateway
 from learning.sweeper import sweeper
 from services import jobs, metrics
 from services.bootstrap import open_runtime
+from services.embedding import EmbedderUnavailable
 from services.logs import configure_logging
 from services.runtime import Runtime, now_ms
 from services.settings import Settings, load_settings
@@ -87,11 +88,16 @@ async def run_execution(ctx: dict[str, Any], execution_id: str, epoch: int) -> N
 
 async def backfill_bot(ctx: dict[str, Any], bot_id: str, part: int) -> None:
     """``backfill:<botId>:<part>``: keywords and vectors of the Bot's entries that lack them, for
-    a bounded time; queues the next part while work is left (design §10). Never raises."""
+    a bounded time; queues the next part while work is left (design §10), not when the embedder
+    failed (the next sweep tries again). Never raises."""
     runtime: Runtime = ctx["runtime"]
     gateway: Gateway = ctx["gateway"]
     try:
         done = await backfill.run(runtime, bot_id, gateway.embedder, seconds=BACKFILL_SECONDS)
+    except EmbedderUnavailable as exc:  # the next sweep tries again (not a part at once: a
+        # provider that is down would be called over and over)
+        log.warning("backfill of %s paused: embedding failed (%s)", bot_id, exc.code)
+        return
     except Exception as exc:  # recorded as a code; the next sweep queues it again
         log.warning("backfill of %s failed: %s", bot_id, type(exc).__name__)
         return

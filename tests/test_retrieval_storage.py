@@ -8,19 +8,22 @@ import asyncio
 import json
 import os
 import secrets
+import socket
 import subprocess
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
+import pytest
 from prometheus_client import REGISTRY
 
 from graph import backfill as backfill_q
-from learning import backfill
+from learning import backfill, worker
 from learning.embedders import LocalMiniLM, OpenAIEmbedder
-from services import memory, search
+from services import jobs, memory, search
 from services.changes import Remember, Revise
 from services.embedding import encode_vector
 from services.keywords import SCHEME, tokens
@@ -306,6 +309,65 @@ async def test_the_sweep_reads_what_each_memory_records_and_finds_what_a_write_l
     finally:
         await minilm.aclose()
         await other.aclose()
+
+
+def _down_embedder_env() -> dict[str, str]:
+    """Settings of an OpenAI-compatible embedder at a port nobody listens on."""
+    with socket.socket() as free:  # nobody listens once it is closed
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    return {
+        "BOTMEMORY_EMBEDDER": "openai",
+        "BOTMEMORY_EMBEDDING_BASE_URL": f"http://127.0.0.1:{port}/v1",
+        "BOTMEMORY_EMBEDDING_MODEL": "down-model",
+        "BOTMEMORY_EMBEDDING_DIMENSIONS": "384",
+    }
+
+
+async def test_a_backfill_whose_embedder_fails_waits_for_the_next_sweep(
+    api: Api, runtime: Runtime, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker's backfill job whose embedder fails keeps the keywords it wrote and queues no next
+    part (the next sweep tries again; a part queued at once would call a provider that is down
+    over and over), where one whose time ran out does; ``botmemory reindex`` says so in one line."""
+    w = await make_world(api, ("ann",))
+    person, org = w.people["ann"], w.org
+    changes = [Remember(content=f"Ann paints fence {i}", person_id=person, org=org) for i in range(3)]
+    await apply_changes(runtime, w.bot, list(changes), "person")
+    await runtime.driver.execute_query("MATCH (e:Entry {botId: $b}) REMOVE e.kwBlind", b=w.bot)
+    env = _down_embedder_env()
+    down = OpenAIEmbedder(
+        settings.model_copy(
+            update={
+                "embedding_base_url": env["BOTMEMORY_EMBEDDING_BASE_URL"],
+                "embedding_model": "down-model",
+                "embedding_dimensions": 384,
+            }
+        )
+    )
+    queued: list[tuple[str, int]] = []
+
+    async def enqueue(rt: Runtime, bot_id: str, *, part: int = 0) -> None:
+        queued.append((bot_id, part))
+
+    monkeypatch.setattr(jobs, "enqueue_backfill", enqueue)
+    ctx: dict[str, Any] = {"runtime": runtime, "gateway": SimpleNamespace(embedder=down)}
+    try:
+        await worker.backfill_bot(ctx, w.bot, 0)
+        assert queued == []
+        progress = await backfill.progress(runtime, w.bot, down.id)
+        assert (progress.keyworded, progress.embedded, progress.total) == (3, 0, 3)
+        monkeypatch.setattr(worker, "BACKFILL_SECONDS", -1.0)  # its time is up at once
+        await worker.backfill_bot(ctx, w.bot, 0)
+        assert queued == [(w.bot, 1)]
+    finally:
+        await down.aclose()
+
+    failed = reindex(settings, w.bot, env)
+    out, err = failed.communicate(timeout=120)
+    assert failed.returncode == 1
+    assert out == ""
+    assert err.startswith("botmemory: UNAVAILABLE: the embedder failed (") and err.count("\n") == 1, err
 
 
 class _Embeddings(BaseHTTPRequestHandler):
