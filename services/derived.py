@@ -9,6 +9,7 @@ embeds it later.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -33,16 +34,21 @@ class Derived:
         return {"kwBlind": self.kw_blind, "kwScheme": SCHEME, "vec": self.vec, "vecModel": self.vec_model}
 
 
-async def derive(cipher: Cipher, embedder: Embedder | None, texts: dict[str, str]) -> dict[str, Derived]:
-    """Keywords and sealed vectors of ``texts`` (entry id → text), in one embedding batch."""
+async def derive(
+    cipher: Cipher, embedder: Embedder | None, texts: dict[str, str], seconds: float
+) -> dict[str, Derived]:
+    """Keywords and sealed vectors of ``texts`` (entry id → text), in one embedding batch; no
+    vectors when the embedder fails or takes longer than ``seconds``."""
     if not texts:
         return {}
     vectors = None
     if embedder is not None:
         try:
-            vectors = await embedder.embed(list(texts.values()))
-        except EmbedderUnavailable as exc:
-            log.warning("embedding failed (%s); the backfill embeds these entries later", exc.code)
+            async with asyncio.timeout(seconds):
+                vectors = await embedder.embed(list(texts.values()))
+        except (EmbedderUnavailable, TimeoutError) as exc:
+            code = exc.code if isinstance(exc, EmbedderUnavailable) else "timeout"
+            log.warning("embedding failed (%s); the backfill embeds these entries later", code)
     model = None if vectors is None or embedder is None else embedder.id
     derived: dict[str, Derived] = {}
     for i, (entry_id, text) in enumerate(texts.items()):

@@ -229,15 +229,21 @@ class EarlyQuery:
             await early
 
 
-async def _embed(embedder: Embedder | None, query: str) -> F32 | None:
+async def _embed(embedder: Embedder | None, query: str, seconds: float) -> F32 | None:
+    """The query's vector, or None (keywords alone still find it) when the embedder fails or takes
+    longer than ``seconds``."""
     if embedder is None:
         return None
     try:
-        return (await embedder.embed([query]))[0]
-    except EmbedderUnavailable as exc:  # keywords alone still find it
-        log.warning("query embedding failed (%s); searching by keywords only", exc.code)
-        metrics.QUERY_EMBEDDING_FAILURES.labels(exc.code).inc()
-        return None
+        async with asyncio.timeout(seconds):
+            return (await embedder.embed([query]))[0]
+    except EmbedderUnavailable as exc:
+        code = exc.code
+    except TimeoutError:
+        code = "timeout"
+    log.warning("query embedding failed (%s); searching by keywords only", code)
+    metrics.QUERY_EMBEDDING_FAILURES.labels(code).inc()
+    return None
 
 
 #: What a search finds: SEARCH's rows, or SEARCH_CONTEXT's for ``context(query)``.
@@ -311,7 +317,8 @@ async def _ranked(
     """The best ``wanted`` visible active entries as ``{score, entry}`` rows, best first; with
     ``fill``, the newest visible entries follow the relevant ones when there are fewer."""
     cipher = await cipher_of(rt, bot_id)
-    q = _Query(bot_id, reader, await _embed(embedder, query), blind_tokens(cipher, query), wanted, fill)
+    vector = await _embed(embedder, query, rt.settings.query_embedding_timeout_seconds)
+    q = _Query(bot_id, reader, vector, blind_tokens(cipher, query), wanted, fill)
     index = rt.vectors.of(bot_id, "" if embedder is None else embedder.id)
     await _load(rt, index, bot_id, cipher)
     keys = tuple(reader_keys(list(reader.readers)))

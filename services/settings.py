@@ -104,6 +104,13 @@ class Settings(BaseSettings):
     index_memory_mb: int = Field(default=1024, ge=1)
     #: Texts per embedder call (one ONNX run, or one /v1/embeddings request).
     embedding_batch: int = Field(default=64, ge=1)
+    #: How long a search (and so an enrichment) waits for its query's vector before it searches by
+    #: keywords alone: an embeddings endpoint that hangs must not hold them (a request's own
+    #: timeout is ``model_attempt_timeout_seconds``, 60 s, and it is tried twice).
+    query_embedding_timeout_seconds: float = Field(default=2.0, gt=0)
+    #: How long a change waits for its new entries' vectors before it writes them with keywords
+    #: only (the backfill embeds them later).
+    embedding_timeout_seconds: float = Field(default=10.0, gt=0)
     #: Workers sweep for entries that lack keywords or a vector of the current embedder (after an
     #: upgrade, an embedder change or an outage) and backfill them in the background.
     backfill: bool = True

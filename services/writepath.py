@@ -279,7 +279,7 @@ async def apply_changes(
         validate(change)
     cipher = await cipher_of(rt, bot_id)
     change_id, now = new_id("chg"), now_ms()
-    derived = await derive(cipher, embedder, _contents(changes))
+    derived = await derive(cipher, embedder, _contents(changes), rt.settings.embedding_timeout_seconds)
     payload = cipher.encrypt(Kind.CHANGE, change_id, _payload(changes))
 
     async def work(tx: AsyncManagedTransaction) -> Applied:

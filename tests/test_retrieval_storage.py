@@ -5,6 +5,7 @@ entries keywords and vectors (``botmemory reindex``), resumable after a kill -9.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import secrets
@@ -442,6 +443,80 @@ async def test_an_embedder_swap_reembeds_and_search_works_throughout(
             assert await found("what vehicle?") == ["Ann drives an old red van"]
     finally:
         other.stop()
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+class _Hanging(BaseHTTPRequestHandler):
+    """An embeddings endpoint that takes each request and answers nothing until released."""
+
+    release = threading.Event()
+    received = 0
+
+    def do_POST(self) -> None:
+        type(self).received += 1
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.release.wait(300)
+        self.send_response(503)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet."""
+
+
+async def test_an_embedder_that_hangs_holds_neither_a_change_nor_a_search(
+    api: Api, runtime: Runtime, settings: Settings
+) -> None:
+    """An embeddings endpoint that takes requests and never answers (its client would wait 300 s
+    here) holds a change only ``embedding_timeout_seconds`` — the entry is written with its
+    keywords, the Memory due for the backfill — and a search (so an enrichment) only
+    ``query_embedding_timeout_seconds``: it searches by keywords alone, counted under
+    ``timeout``. Both return while the endpoint still holds their requests."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Hanging)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    hanging = OpenAIEmbedder(
+        settings.model_copy(
+            update={
+                "embedding_base_url": f"http://127.0.0.1:{server.server_address[1]}/v1",
+                "embedding_model": "hanging-model",
+                "embedding_dimensions": 384,
+                "model_attempt_timeout_seconds": 300.0,
+            }
+        )
+    )
+    quick = dataclasses.replace(
+        runtime,
+        settings=runtime.settings.model_copy(
+            update={"query_embedding_timeout_seconds": 0.3, "embedding_timeout_seconds": 0.3}
+        ),
+    )
+    w = await make_world(api, ("ann",))
+    person, org = w.people["ann"], w.org
+    timeouts = (
+        REGISTRY.get_sample_value("botmemory_query_embedding_failures_total", {"code": "timeout"}) or 0.0
+    )
+    try:
+        oboe = Remember(content="Ann plays the oboe on Sundays", person_id=person, org=org)
+        await asyncio.wait_for(apply_changes(quick, w.bot, [oboe], "person", embedder=hanging), 60)
+        assert _Hanging.received >= 1 and not _Hanging.release.is_set()
+        row = await entry_row(runtime, oboe.id)
+        assert row["vec"] is None and row["model"] is None and row["kw"]
+        assert w.bot in await backfill.bots_to_backfill(runtime, hanging)
+
+        ann = await memory.person_reader_of(runtime, w.bot, person, org)
+        assert ann is not None
+        asked = _Hanging.received
+        hits = await asyncio.wait_for(search.search(quick, hanging, w.bot, ann, "oboe", 5), 60)
+        assert _Hanging.received > asked and not _Hanging.release.is_set()
+        assert [h.entry.id for h in hits] == [oboe.id]
+        after = REGISTRY.get_sample_value("botmemory_query_embedding_failures_total", {"code": "timeout"})
+        assert after == timeouts + 1
+    finally:
+        _Hanging.release.set()
+        await hanging.aclose()
         server.shutdown()
         server.server_close()
         thread.join()
