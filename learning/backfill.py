@@ -69,9 +69,9 @@ async def run(
     ``seconds`` (None: when done); True when nothing is left. ``on_batch(phase, n)`` reports
     progress: ``n`` entries written in phase ``keywords`` or ``vectors``. Raises
     EmbedderUnavailable when the embedder fails (what was written stays written: the next run
-    goes on from there). A run that went through
-    every entry with no change of the memory meanwhile records on the Memory that none lacks
-    anything (the worker's sweep then passes the Bot by until a write leaves one without)."""
+    goes on from there). A run that went through every entry with no change of the memory
+    meanwhile records on the Memory that none lacks anything (the worker's sweep then passes the
+    Bot by until a write leaves one without)."""
     started = time.monotonic()
     cipher = await cipher_of(rt, bot_id)  # NotFound for a Bot that does not exist
     version = await read(rt.driver, lambda tx: memory_q.shared_lock(tx, bot_id=bot_id))
