@@ -55,7 +55,7 @@ from learning.embedders import LocalMiniLM
 from services import memory, retrieval, search, turns
 from services.crypto import Cipher, Kind
 from services.domain import Principal
-from services.embedding import Embedder, decode_vectors
+from services.embedding import Embedder, QueryVectors, decode_vectors
 from services.keywords import blind_tokens
 from services.memory import Reader, cipher_of, decrypt_entry
 from services.runtime import Runtime
@@ -684,9 +684,13 @@ async def _measure_reader(
         )
 
     # The memory part of an enriched Turn (learning.enrichment._rewrite): context(query) with the
-    # real embedder vs context in memory order, alternating in one loop.
+    # real embedder vs context in memory order, alternating in one loop. Every query embedded anew,
+    # as a new person's message is (the questions come round again; the process keeps the vectors
+    # of queries it embedded lately).
+    anew = dataclasses.replace(rt, query_vectors=QueryVectors(0))
+
     async def enriched() -> int:
-        return len((await search.context(rt, minilm, pool.bot, reader, CONTEXT_LIMIT, q_enriched())).ids)
+        return len((await search.context(anew, minilm, pool.bot, reader, CONTEXT_LIMIT, q_enriched())).ids)
 
     async def plain() -> int:
         return len((await retrieval.context(rt, pool.bot, reader, CONTEXT_LIMIT)).ids)
@@ -704,7 +708,7 @@ async def _measure_reader(
         early = search.EarlyQuery(minilm, text)
         try:
             await turns.start_turn(rt, person, chat_id, text, actor_id=None, notice=False)
-            return len((await search.context(rt, early, pool.bot, reader, CONTEXT_LIMIT, text)).ids)
+            return len((await search.context(anew, early, pool.bot, reader, CONTEXT_LIMIT, text)).ids)
         finally:
             await early.aclose()
 

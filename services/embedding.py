@@ -10,11 +10,14 @@ dot product times the scale is enough.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from typing import Final, Protocol
 
 import numpy as np
 import numpy.typing as npt
+
+from services.kept import keep_newest
 
 _SCALE: Final = np.dtype("<f4")
 _SCALE_BYTES: Final = 4
@@ -76,3 +79,31 @@ def decode_vectors(raws: Sequence[bytes], dims: int) -> tuple[npt.NDArray[np.int
     rows = np.frombuffer(b"".join(raws), dtype=np.uint8).reshape(len(raws), width)
     scales = rows[:, :_SCALE_BYTES].copy().view(_SCALE).ravel().astype(np.float32)
     return np.ascontiguousarray(rows[:, _SCALE_BYTES:]).view(np.int8), scales
+
+
+class QueryVectors:
+    """The vectors of the queries this process embedded last, by embedder and a digest of the
+    text (never the text itself), the least recently used dropped first. A person's message is
+    often a query twice — the enrichment of their Turn, then ``contextPack`` for the same message
+    — and with an embeddings endpoint each embedding is a round trip."""
+
+    #: Queries kept (a 384-dimension vector and its key: ~1.7 kB each, ~7 MB in all).
+    KEPT: Final = 4096
+
+    def __init__(self, most: int = KEPT) -> None:
+        self._kept: dict[tuple[str, bytes], npt.NDArray[np.float32]] = {}
+        self._most = most
+
+    def get(self, model: str, text: str) -> npt.NDArray[np.float32] | None:
+        key = (model, _digest(text))
+        found = self._kept.get(key)
+        if found is not None:
+            keep_newest(self._kept, key, found, self._most)
+        return found
+
+    def put(self, model: str, text: str, vector: npt.NDArray[np.float32]) -> None:
+        keep_newest(self._kept, (model, _digest(text)), vector, self._most)
+
+
+def _digest(text: str) -> bytes:
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()

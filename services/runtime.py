@@ -9,6 +9,7 @@ from arq.connections import ArqRedis
 from neo4j import AsyncDriver
 
 from services.crypto import Cipher, Keyring, WrappedKey
+from services.embedding import QueryVectors
 from services.kept import keep_newest
 from services.settings import Settings
 from services.vectorindex import VectorIndexes
@@ -45,6 +46,7 @@ class Runtime:
     keyring: Keyring
     line_lengths: LineLengths = field(default_factory=LineLengths)
     vectors: VectorIndexes = field(default_factory=VectorIndexes)
+    query_vectors: QueryVectors = field(default_factory=QueryVectors)
 
     def cipher(self, bot_id: str, key_master: str, key_wrapped: bytes) -> Cipher:
         """The data-key cipher of one Bot (E1), from its wrapped key as read from the graph."""

@@ -229,14 +229,20 @@ class EarlyQuery:
             await early
 
 
-async def _embed(embedder: Embedder | None, query: str, seconds: float) -> F32 | None:
-    """The query's vector, or None (keywords alone still find it) when the embedder fails or takes
-    longer than ``seconds``."""
+async def _embed(rt: Runtime, embedder: Embedder | None, query: str) -> F32 | None:
+    """The query's vector (this process's, when it embedded the same text lately), or None
+    (keywords alone still find it) when the embedder fails or takes longer than
+    ``query_embedding_timeout_seconds``."""
     if embedder is None:
         return None
+    kept = rt.query_vectors.get(embedder.id, query)
+    if kept is not None:
+        return kept
     try:
-        async with asyncio.timeout(seconds):
-            return (await embedder.embed([query]))[0]
+        async with asyncio.timeout(rt.settings.query_embedding_timeout_seconds):
+            vector = (await embedder.embed([query]))[0]
+        rt.query_vectors.put(embedder.id, query, vector)
+        return vector
     except EmbedderUnavailable as exc:
         code = exc.code
     except TimeoutError:
@@ -317,7 +323,7 @@ async def _ranked(
     """The best ``wanted`` visible active entries as ``{score, entry}`` rows, best first; with
     ``fill``, the newest visible entries follow the relevant ones when there are fewer."""
     cipher = await cipher_of(rt, bot_id)
-    vector = await _embed(embedder, query, rt.settings.query_embedding_timeout_seconds)
+    vector = await _embed(rt, embedder, query)
     q = _Query(bot_id, reader, vector, blind_tokens(cipher, query), wanted, fill)
     index = rt.vectors.of(bot_id, "" if embedder is None else embedder.id)
     await _load(rt, index, bot_id, cipher)

@@ -5,6 +5,7 @@ entries keywords and vectors (``botmemory reindex``), resumable after a kill -9.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import os
@@ -13,6 +14,7 @@ import socket
 import subprocess
 import sys
 import threading
+from collections.abc import AsyncGenerator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import SimpleNamespace
 from typing import Any
@@ -26,11 +28,12 @@ from learning import backfill, worker
 from learning.embedders import LocalMiniLM, OpenAIEmbedder
 from services import jobs, memory, search
 from services.changes import Remember, Revise
-from services.embedding import encode_vector
+from services.embedding import QueryVectors, encode_vector
 from services.keywords import SCHEME, tokens
 from services.maintenance import LegacyEntry, import_legacy
 from services.runtime import Runtime
 from services.settings import Settings
+from services.vectorindex import VectorIndexes
 from services.writepath import apply_changes
 from tests.client import Api, make_world
 from tests.conftest import ROOT, ApiProcess, WorkerProcess
@@ -376,9 +379,11 @@ class _Embeddings(BaseHTTPRequestHandler):
     provider) whose vectors are MiniLM's, under another model name."""
 
     embedder = LocalMiniLM()
+    texts: list[str] = []  # every text asked, in order
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).texts.extend(body["input"])
         vectors = asyncio.run(self.embedder.embed(list(body["input"])))
         data = [{"object": "embedding", "index": i, "embedding": v.tolist()} for i, v in enumerate(vectors)]
         raw = json.dumps(
@@ -448,6 +453,29 @@ async def test_an_embedder_swap_reembeds_and_search_works_throughout(
         thread.join()
 
 
+@contextlib.asynccontextmanager
+async def _endpoint(
+    settings: Settings, handler: type[BaseHTTPRequestHandler], model: str, **update: Any
+) -> AsyncGenerator[OpenAIEmbedder]:
+    """A real OpenAI-compatible embeddings endpoint served by ``handler`` on a free port, and the
+    real ``openai`` client of it (``model``, 384 dimensions; ``update``: more settings)."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    settings = settings.model_copy(
+        update={"embedding_base_url": url, "embedding_model": model, "embedding_dimensions": 384, **update}
+    )
+    embedder = OpenAIEmbedder(settings)
+    try:
+        yield embedder
+    finally:
+        await embedder.aclose()
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
 class _Hanging(BaseHTTPRequestHandler):
     """An embeddings endpoint that takes each request and answers nothing until released."""
 
@@ -474,19 +502,6 @@ async def test_an_embedder_that_hangs_holds_neither_a_change_nor_a_search(
     keywords, the Memory due for the backfill — and a search (so an enrichment) only
     ``query_embedding_timeout_seconds``: it searches by keywords alone, counted under
     ``timeout``. Both return while the endpoint still holds their requests."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Hanging)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    hanging = OpenAIEmbedder(
-        settings.model_copy(
-            update={
-                "embedding_base_url": f"http://127.0.0.1:{server.server_address[1]}/v1",
-                "embedding_model": "hanging-model",
-                "embedding_dimensions": 384,
-                "model_attempt_timeout_seconds": 300.0,
-            }
-        )
-    )
     quick = dataclasses.replace(
         runtime,
         settings=runtime.settings.model_copy(
@@ -498,25 +513,47 @@ async def test_an_embedder_that_hangs_holds_neither_a_change_nor_a_search(
     timeouts = (
         REGISTRY.get_sample_value("botmemory_query_embedding_failures_total", {"code": "timeout"}) or 0.0
     )
-    try:
-        oboe = Remember(content="Ann plays the oboe on Sundays", person_id=person, org=org)
-        await asyncio.wait_for(apply_changes(quick, w.bot, [oboe], "person", embedder=hanging), 60)
-        assert _Hanging.received >= 1 and not _Hanging.release.is_set()
-        row = await entry_row(runtime, oboe.id)
-        assert row["vec"] is None and row["model"] is None and row["kw"]
-        assert w.bot in await backfill.bots_to_backfill(runtime, hanging)
+    async with _endpoint(settings, _Hanging, "hanging-model", model_attempt_timeout_seconds=300.0) as hanging:
+        try:
+            oboe = Remember(content="Ann plays the oboe on Sundays", person_id=person, org=org)
+            await asyncio.wait_for(apply_changes(quick, w.bot, [oboe], "person", embedder=hanging), 60)
+            assert _Hanging.received >= 1 and not _Hanging.release.is_set()
+            row = await entry_row(runtime, oboe.id)
+            assert row["vec"] is None and row["model"] is None and row["kw"]
+            assert w.bot in await backfill.bots_to_backfill(runtime, hanging)
 
+            ann = await memory.person_reader_of(runtime, w.bot, person, org)
+            assert ann is not None
+            asked = _Hanging.received
+            hits = await asyncio.wait_for(search.search(quick, hanging, w.bot, ann, "oboe", 5), 60)
+            assert _Hanging.received > asked and not _Hanging.release.is_set()
+            assert [h.entry.id for h in hits] == [oboe.id]
+            after = REGISTRY.get_sample_value("botmemory_query_embedding_failures_total", {"code": "timeout"})
+            assert after == timeouts + 1
+        finally:
+            _Hanging.release.set()  # before the server closes: it waits for its handlers
+
+
+async def test_a_query_asked_again_is_not_embedded_again(
+    api: Api, runtime: Runtime, settings: Settings
+) -> None:
+    """A process keeps the vectors of the queries it embedded lately (``QueryVectors``, by embedder
+    and a digest of the text): the same question asked again — by ``search``, then by
+    ``context(query)`` as ``contextPack`` asks for the message a Turn's enrichment asked for —
+    costs the embeddings endpoint nothing; another question is embedded."""
+    w = await make_world(api, ("ann",))
+    person, org = w.people["ann"], w.org
+    async with _endpoint(settings, _Embeddings, "kept-model") as endpoint:
+        note = Remember(content="Ann's cat is called Miso", person_id=person, org=org)
+        await apply_changes(runtime, w.bot, [note], "person", embedder=endpoint)
         ann = await memory.person_reader_of(runtime, w.bot, person, org)
         assert ann is not None
-        asked = _Hanging.received
-        hits = await asyncio.wait_for(search.search(quick, hanging, w.bot, ann, "oboe", 5), 60)
-        assert _Hanging.received > asked and not _Hanging.release.is_set()
-        assert [h.entry.id for h in hits] == [oboe.id]
-        after = REGISTRY.get_sample_value("botmemory_query_embedding_failures_total", {"code": "timeout"})
-        assert after == timeouts + 1
-    finally:
-        _Hanging.release.set()
-        await hanging.aclose()
-        server.shutdown()
-        server.server_close()
-        thread.join()
+        fresh = dataclasses.replace(runtime, vectors=VectorIndexes(), query_vectors=QueryVectors())
+        asked = len(_Embeddings.texts)
+        first = await search.search(fresh, endpoint, w.bot, ann, "which pet does she have?", 5)
+        again = await search.search(fresh, endpoint, w.bot, ann, "which pet does she have?", 5)
+        context = await search.context(fresh, endpoint, w.bot, ann, 4000, "which pet does she have?")
+        assert [h.entry.id for h in first] == [h.entry.id for h in again] == [note.id] == list(context.ids)
+        assert _Embeddings.texts[asked:] == ["which pet does she have?"]  # embedded once
+        await search.search(fresh, endpoint, w.bot, ann, "what is the cat called?", 5)
+        assert _Embeddings.texts[asked:] == ["which pet does she have?", "what is the cat called?"]
