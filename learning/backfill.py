@@ -77,7 +77,8 @@ async def run(
     version = await read(rt.driver, lambda tx: memory_q.shared_lock(tx, bot_id=bot_id))
     if version is None:
         return True  # the Bot is gone
-    for model, batch in ((None, KEYWORD_BATCH), (embedder.id if embedder else None, VECTOR_BATCH)):
+    vec_model = None if embedder is None else embedder.id
+    for model, batch in ((None, KEYWORD_BATCH), (vec_model, VECTOR_BATCH)):
         if batch == VECTOR_BATCH and embedder is None:
             break
         after = ""
@@ -104,10 +105,9 @@ async def run(
             if on_batch is not None:
                 on_batch(phase, written)
             after = found[-1]["id"]
-    model = embedder.id if embedder is not None else None
     await write(
         rt.driver,
-        lambda tx: backfill_q.mark_done(tx, bot_id=bot_id, version=version, model=model, scheme=SCHEME),
+        lambda tx: backfill_q.mark_done(tx, bot_id=bot_id, version=version, model=vec_model, scheme=SCHEME),
     )
     return True
 

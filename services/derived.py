@@ -9,13 +9,12 @@ embeds it later.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from dataclasses import dataclass
 from typing import Any
 
 from services.crypto import Cipher, Kind, Sealed
-from services.embedding import Embedder, EmbedderUnavailable, encode_vector
+from services.embedding import Embedder, EmbedderUnavailable, embed_within, encode_vector
 from services.keywords import SCHEME, blind_text
 
 log = logging.getLogger("botmemory.derived")
@@ -44,11 +43,9 @@ async def derive(
     vectors = None
     if embedder is not None:
         try:
-            async with asyncio.timeout(seconds):
-                vectors = await embedder.embed(list(texts.values()))
-        except (EmbedderUnavailable, TimeoutError) as exc:
-            code = exc.code if isinstance(exc, EmbedderUnavailable) else "timeout"
-            log.warning("embedding failed (%s); the backfill embeds these entries later", code)
+            vectors = await embed_within(embedder, list(texts.values()), seconds)
+        except EmbedderUnavailable as exc:
+            log.warning("embedding failed (%s); the backfill embeds these entries later", exc.code)
     model = None if vectors is None or embedder is None else embedder.id
     derived: dict[str, Derived] = {}
     for i, (entry_id, text) in enumerate(texts.items()):

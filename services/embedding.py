@@ -10,6 +10,7 @@ dot product times the scale is enough.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from collections.abc import Sequence
 from typing import Final, Protocol
@@ -49,6 +50,16 @@ class Embedder(Protocol):
         ...
 
     async def aclose(self) -> None: ...
+
+
+async def embed_within(embedder: Embedder, texts: Sequence[str], seconds: float) -> npt.NDArray[np.float32]:
+    """``embedder.embed(texts)``, waited for ``seconds`` at most: an embeddings endpoint that hangs
+    raises EmbedderUnavailable("timeout") then, as one that fails raises its own code."""
+    try:
+        async with asyncio.timeout(seconds):
+            return await embedder.embed(texts)
+    except TimeoutError:
+        raise EmbedderUnavailable("timeout") from None
 
 
 def encode_vector(vector: npt.NDArray[np.float32]) -> bytes:

@@ -146,8 +146,9 @@ def _clusters(word: str) -> list[str]:
 @functools.cache
 def _runs() -> re.Pattern[str]:
     """Runs of Han, kana or Hangul (first group), of Thai, Lao, Myanmar or Khmer with their marks
-    (second), and of letters, digits and marks of any other script (third). Made when first needed (listing the marks takes ~10 ms): marks
-    lie below U+20000 and in plane 14 only (its variation selectors)."""
+    (second), and of letters, digits and marks of any other script (third). Made when first
+    needed (listing the marks takes ~10 ms): marks lie below U+20000 and in plane 14 only (its
+    variation selectors)."""
     marks: list[str] = []
     start = last = -1
     for code in itertools.chain(range(0x300, 0x20000), range(0xE0000, 0xE1000)):
@@ -157,8 +158,9 @@ def _runs() -> re.Pattern[str]:
         elif start >= 0:
             marks.append(f"{re.escape(chr(start))}-{re.escape(chr(last))}")
             start = -1
-    other = f"(?:[^\\W_]|[{''.join(marks)}])"
-    unspaced = f"(?:[{_UNSPACED}]|[{''.join(marks)}])"
+    mark = f"[{''.join(marks)}]"
+    other = f"(?:[^\\W_]|{mark})"
+    unspaced = f"(?:[{_UNSPACED}]|{mark})"
     return re.compile(f"([{_CJK}]+)|((?=[{_UNSPACED}]){unspaced}+)|((?:(?![{_CJK}{_UNSPACED}]){other})+)")
 
 

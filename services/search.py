@@ -33,7 +33,7 @@ from graph.memory import reader_keys
 from services import metrics, retrieval
 from services.crypto import Cipher, Kind
 from services.domain import Principal
-from services.embedding import Embedder, EmbedderUnavailable, decode_vectors
+from services.embedding import Embedder, EmbedderUnavailable, decode_vectors, embed_within
 from services.errors import BadInput, NotFound
 from services.keywords import blind_tokens
 from services.memory import Entry, Reader, cipher_of, decrypt_entry, open_read
@@ -239,17 +239,13 @@ async def _embed(rt: Runtime, embedder: Embedder | None, query: str) -> F32 | No
     if kept is not None:
         return kept
     try:
-        async with asyncio.timeout(rt.settings.query_embedding_timeout_seconds):
-            vector = (await embedder.embed([query]))[0]
-        rt.query_vectors.put(embedder.id, query, vector)
-        return vector
+        vector = (await embed_within(embedder, [query], rt.settings.query_embedding_timeout_seconds))[0]
     except EmbedderUnavailable as exc:
-        code = exc.code
-    except TimeoutError:
-        code = "timeout"
-    log.warning("query embedding failed (%s); searching by keywords only", code)
-    metrics.QUERY_EMBEDDING_FAILURES.labels(code).inc()
-    return None
+        log.warning("query embedding failed (%s); searching by keywords only", exc.code)
+        metrics.QUERY_EMBEDDING_FAILURES.labels(exc.code).inc()
+        return None
+    rt.query_vectors.put(embedder.id, query, vector)
+    return vector
 
 
 #: What a search finds: SEARCH's rows, or SEARCH_CONTEXT's for ``context(query)``.
