@@ -7,6 +7,7 @@ from pathlib import Path
 
 import strawberry
 from strawberry.extensions import (
+    AddValidationRules,
     MaxAliasesLimiter,
     MaxTokensLimiter,
     ParserCache,
@@ -40,9 +41,15 @@ class Schema(strawberry.Schema):
 
 
 def build_schema(settings: Settings) -> strawberry.Schema:
+    # The depth and alias limits' rules are made once: each limiter makes a class of its own, and
+    # made per request they were a new key of the validation cache every time, so it never hit
+    # and every operation was validated anew (~1.5 ms of a search's ~5 ms).
+    limits = (
+        QueryDepthLimiter(max_depth=settings.max_query_depth).validation_rules
+        + MaxAliasesLimiter(max_alias_count=settings.max_aliases).validation_rules
+    )
     extensions: list[Callable[[], SchemaExtension]] = [
-        lambda: QueryDepthLimiter(max_depth=settings.max_query_depth),
-        lambda: MaxAliasesLimiter(max_alias_count=settings.max_aliases),
+        lambda: AddValidationRules(limits),
         lambda: MaxTokensLimiter(max_token_count=settings.max_query_tokens),
         lambda: ParserCache(maxsize=256),
         lambda: ValidationCache(maxsize=256),

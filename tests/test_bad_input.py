@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
+from graphql.validation import validate
+
 from resolvers.schema import build_schema
 from services.runtime import Runtime
 from services.settings import Settings
@@ -115,6 +120,27 @@ async def test_depth_limit_is_enforced(settings: Settings) -> None:
     result = await schema.execute('query { chat(id: "chat_x") { messages { id } } }')
     assert result.errors is not None
     assert "exceeds maximum operation depth" in result.errors[0].message
+
+
+async def test_an_operation_asked_again_is_validated_once_and_its_limits_still_hold(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The validation cache hits: the limits' rules are the same on every request (made per
+    request, each was a new key and every operation was validated anew)."""
+    schema = build_schema(settings.model_copy(update={"max_query_depth": 1}))  # nothing cached for it yet
+    validated: list[str] = []
+
+    def counting(schema_: Any, document: Any, rules: Any) -> Any:
+        validated.append(document.loc.source.body)
+        return validate(schema_, document, rules)
+
+    monkeypatch.setattr("strawberry.schema.schema.validate", counting)  # what validate_document calls
+    shallow, deep = "query { __typename }", 'query { chat(id: "chat_x") { messages { id } } }'
+    for _ in range(3):
+        assert (await schema.execute(shallow)).errors is None
+        refused = await schema.execute(deep)
+        assert refused.errors is not None and "exceeds maximum operation depth" in refused.errors[0].message
+    assert validated == [shallow, deep]
 
 
 async def test_a_subscription_over_plain_http_says_where_subscriptions_are(api: Api) -> None:
