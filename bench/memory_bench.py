@@ -50,7 +50,7 @@ from typing import Any, LiteralString, TypedDict
 import neo4j
 from neo4j import AsyncManagedTransaction
 
-from bench import fanout, search_bench
+from bench import fanout, http_bench, search_bench
 from bench.measure import (
     BenchSettings,
     Row,
@@ -528,7 +528,7 @@ async def purge_leftovers(rt: Runtime) -> int:
     return len(orgs)
 
 
-PHASES = ("reads", "search", "writes", "fanout", "fanout-ws", "interleaved")
+PHASES = ("reads", "search", "http", "writes", "fanout", "fanout-ws", "interleaved")
 
 
 # The raw reads seek each id (as the checked reads seek their index) and return one list in one
@@ -1084,7 +1084,11 @@ def report(
         "pool in one loop, pools in a new random order each round (the 100k/1k ratio); `interleaved "
         "search(10)` and `interleaved context(4000, query)` likewise, the loop run "
         f"{search_bench.INTERLEAVED_RUNS} times: their rows hold every run's samples, and their targets "
-        "take the median of the runs' medians and of the runs' 100k/1k ratios (each within one run)."
+        "take the median of the runs' medians and of the runs' 100k/1k ratios (each within one run). "
+        "`HTTP …` = requests to a real API process over one kept-alive connection, timed by the client, "
+        "the operations in turn (`bench/http_bench.py`): `GraphQL __typename` needs no token and no Neo4j "
+        "(the floor of a request), `me` adds the token's lookup; the search rows exclude the query embedding "
+        "(the API process keeps the vectors of the questions it embedded in the warm-up)."
     )
     add("")
     add(
@@ -1268,6 +1272,12 @@ async def run(args: argparse.Namespace) -> int:
         if not args.no_warm_up:
             log("warm-up: a throwaway pool of 1,000 through reads and writes")
             await warm_up(rt, s, args.seed ^ 0xC01D, args.batch, retrieval_)
+        # One API process for every pool's `http` phase (its indexes load on its first searches).
+        api = (
+            ServerProcess(settings.data_dir / "logs" / "bench-http-api.log", cwd=fanout.ROOT)
+            if "http" in phases
+            else None
+        )
         for size in sizes:
             pool = Pool(size)
             pools.append(pool)
@@ -1293,6 +1303,9 @@ async def run(args: argparse.Namespace) -> int:
                     extra["search"][size] = await search_bench.measure_search(
                         rt, pool, s, corpus, minilm, args.cold_runs, rows_
                     )
+                if api is not None:
+                    readers = {kind: pool.secrets[pool.person_of(kind)] for kind in READER_KINDS}
+                    await http_bench.measure_http(api, size, pool.bot, readers, corpus.questions, s, rows_)
                 if "writes" in phases:
                     await measure_writes(
                         rt, pool, planner, s, visible["most"], rows_, minilm if searching else None
@@ -1304,8 +1317,12 @@ async def run(args: argparse.Namespace) -> int:
                 if "fanout-ws" in phases:
                     await measure_fanout_ws(rt, pool, s, planner.rng, rows_)
             except BaseException:
+                if api is not None:
+                    api.stop()
                 await drop_pools(rt, pools, args.keep)
                 raise
+        if api is not None:
+            api.stop()
         if len(pools) > 1 and "interleaved" in phases:
             log("context on every pool, interleaved")
             await measure_context_side_by_side(rt, pools, s, rows_)
