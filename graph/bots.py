@@ -10,7 +10,7 @@ from typing import Final, LiteralString, TypedDict
 
 from neo4j import AsyncManagedTransaction
 
-from graph.driver import rows, single
+from graph.driver import QueryTarget, rows, single
 from graph.entries import CountRow, IdRow
 
 CREATE_BOT: Final[LiteralString] = """
@@ -162,7 +162,7 @@ async def create_bot(
     return None if record is None else record["bot"]
 
 
-async def get_bot(tx: AsyncManagedTransaction, *, id: str) -> BotMap | None:
+async def get_bot(tx: QueryTarget, *, id: str) -> BotMap | None:
     record = await single(tx, GET_BOT, BotRow, id=id)
     return None if record is None else record["bot"]
 
@@ -172,7 +172,7 @@ async def get_bots(tx: AsyncManagedTransaction, *, ids: list[str]) -> dict[str, 
     return {r["bot"]["id"]: r["bot"] for r in await rows(tx, GET_BOTS, BotRow, ids=ids)}
 
 
-async def bot_key(tx: AsyncManagedTransaction, *, id: str) -> BotKeyRow | None:
+async def bot_key(tx: QueryTarget, *, id: str) -> BotKeyRow | None:
     return await single(tx, BOT_KEY, BotKeyRow, id=id)
 
 

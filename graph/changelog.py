@@ -171,5 +171,7 @@ async def add_only_change(
         "personId": person_id,
         "org": org,
     }
-    record = await autocommit(driver, lambda session: single(session, ADD_ONLY_CHANGE, AddOnlyRow, **params))
+    record = await autocommit(
+        driver, lambda session: single(session, ADD_ONLY_CHANGE, AddOnlyRow, **params), writes=True
+    )
     return None if record is None else (record["version"], record["problem"])

@@ -12,7 +12,7 @@ from typing import Any, Final, LiteralString, NotRequired, TypedDict
 
 from neo4j import AsyncManagedTransaction
 
-from graph.driver import Ciphertext, rows, single
+from graph.driver import Ciphertext, QueryTarget, rows, single
 
 CREATE_CHAT: Final[LiteralString] = """
 MATCH (b:Bot {id: $botId}), (p:Person {id: $ownerId})-[:MEMBER_OF]->(o:Organization {id: $organizationId})
@@ -257,9 +257,7 @@ async def chat_for(tx: AsyncManagedTransaction, *, chat_id: str, person_id: str 
     return await single(tx, CHAT_FOR, ChatForRow, chatId=chat_id, personId=person_id)
 
 
-async def chats_for(
-    tx: AsyncManagedTransaction, *, chat_ids: list[str], person_id: str | None
-) -> dict[str, ChatForRow]:
+async def chats_for(tx: QueryTarget, *, chat_ids: list[str], person_id: str | None) -> dict[str, ChatForRow]:
     """:func:`chat_for` of many Chats in one statement, by Chat id; unknown ids are left out."""
     found = await rows(tx, CHATS_FOR, ChatForRow, chatIds=chat_ids, personId=person_id)
     return {r["chat"]["id"]: r for r in found}

@@ -10,7 +10,7 @@ from typing import Final, LiteralString, NotRequired, TypedDict
 
 from neo4j import AsyncManagedTransaction
 
-from graph.driver import single
+from graph.driver import QueryTarget, single
 from graph.entries import CountRow, IdRow
 
 CREATE_ORGANIZATION: Final[LiteralString] = """
@@ -232,7 +232,7 @@ async def create_person(
     return None if record is None else record["person"]
 
 
-async def get_person(tx: AsyncManagedTransaction, *, id: str) -> PersonMap | None:
+async def get_person(tx: QueryTarget, *, id: str) -> PersonMap | None:
     record = await single(tx, GET_PERSON, PersonRow, id=id)
     return None if record is None else record["person"]
 
@@ -274,7 +274,7 @@ async def create_platform_token(
     return record is not None
 
 
-async def token_by_hash(tx: AsyncManagedTransaction, *, hash: str, now: int) -> TokenRow | None:
+async def token_by_hash(tx: QueryTarget, *, hash: str, now: int) -> TokenRow | None:
     """The live (not revoked, not expired) token with this hash, with its person and organization."""
     return await single(tx, TOKEN_BY_HASH, TokenRow, hash=hash, now=now)
 

@@ -17,7 +17,7 @@ from graph.access import (
     VISIBLE,
     ReaderMap,
 )
-from graph.driver import Ciphertext, single
+from graph.driver import Ciphertext, QueryTarget, single
 
 #: The sources of an entry ``e`` as ids (``sources``), for the API's view of it.
 _ENTRY_SOURCES: Final[LiteralString] = """
@@ -264,7 +264,7 @@ async def list_visible(
 
 
 async def lock_reader_and_list(
-    tx: AsyncManagedTransaction,
+    tx: QueryTarget,
     *,
     bot_id: str,
     person_id: str,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hmac
 
 from graph import identity
-from graph.driver import read
+from graph.driver import autocommit
 from services.domain import Principal
 from services.errors import Forbidden, Unauthenticated
 from services.ids import hash_token
@@ -25,7 +25,8 @@ async def authenticate(runtime: Runtime, authorization: str | None) -> Principal
         return Principal("admin")
     digest = hash_token(token)
     now = now_ms()
-    row = await read(runtime.driver, lambda tx: identity.token_by_hash(tx, hash=digest, now=now))
+    # Every request's first statement: an auto-commit transaction, one round trip.
+    row = await autocommit(runtime.driver, lambda s: identity.token_by_hash(s, hash=digest, now=now))
     if row is None or row["organizationId"] is None:
         raise Unauthenticated("invalid, expired or revoked token")
     kind = "person" if row["kind"] == "person" else "platform"

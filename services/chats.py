@@ -9,7 +9,7 @@ from graph import bots as bots_q
 from graph import chats as chats_q
 from graph import identity
 from graph.chats import ChatForRow
-from graph.driver import read, write
+from graph.driver import autocommit, read, write
 from services.crypto import Cipher, Kind
 from services.domain import Chat, Item, ItemKind, Page, Principal
 from services.errors import BadInput, Forbidden, NotFound, ServiceError
@@ -163,7 +163,9 @@ async def get_chats(
     platform token of the Chat's organization FORBIDDEN (what it may call instead)."""
     valid, errors = _checked_ids(chat_ids, "id")
     found = (
-        await read(rt.driver, lambda tx: chats_q.chats_for(tx, chat_ids=valid, person_id=principal.person_id))
+        await autocommit(
+            rt.driver, lambda s: chats_q.chats_for(s, chat_ids=valid, person_id=principal.person_id)
+        )
         if valid
         else {}
     )
@@ -233,7 +235,9 @@ async def message_counts(rt: Runtime, principal: Principal, chat_ids: list[str])
     """How many Items each Chat has, in one statement; errors as :func:`messages`."""
     valid, errors = _checked_ids(chat_ids, "chatId")
     found = (
-        await read(rt.driver, lambda tx: chats_q.chats_for(tx, chat_ids=valid, person_id=principal.person_id))
+        await autocommit(
+            rt.driver, lambda s: chats_q.chats_for(s, chat_ids=valid, person_id=principal.person_id)
+        )
         if valid
         else {}
     )

@@ -19,7 +19,7 @@ from graph import bots as bots_q
 from graph import changefeed as changefeed_q
 from graph import context as context_q
 from graph import memory as memory_q
-from graph.driver import read, single
+from graph.driver import QueryTarget, autocommit, read, single
 from services.auth import require_person
 from services.crypto import Cipher, Kind
 from services.domain import Principal
@@ -102,9 +102,7 @@ def check_filter_tags(tags: list[str]) -> list[str]:
     return tags
 
 
-async def person_reader(
-    tx: AsyncManagedTransaction, *, bot_id: str, person_id: str, org: str
-) -> access.ReaderMap | None:
+async def person_reader(tx: QueryTarget, *, bot_id: str, person_id: str, org: str) -> access.ReaderMap | None:
     record = await single(tx, access.READER, access.ReaderRow, botId=bot_id, personId=person_id, org=org)
     return None if record is None else record["reader"]
 
@@ -118,7 +116,7 @@ async def user_reader(tx: AsyncManagedTransaction, *, bot_id: str, person_id: st
     return Reader(org, (reader,))
 
 
-async def cipher_of(rt: Runtime, bot_id: str, tx: AsyncManagedTransaction | None = None) -> Cipher:
+async def cipher_of(rt: Runtime, bot_id: str, tx: QueryTarget | None = None) -> Cipher:
     """The Bot's data-key cipher (E1): the keyring's, once its data key was unwrapped in this
     process (data keys never change); else its wrapped key is read in ``tx`` or on its own."""
     cached = rt.keyring.cached(bot_id)
@@ -127,16 +125,18 @@ async def cipher_of(rt: Runtime, bot_id: str, tx: AsyncManagedTransaction | None
     if tx is not None:
         key = await bots_q.bot_key(tx, id=bot_id)
     else:
-        key = await read(rt.driver, lambda t: bots_q.bot_key(t, id=bot_id))
+        key = await autocommit(rt.driver, lambda s: bots_q.bot_key(s, id=bot_id))
     if key is None:
         raise NotFound("bot not found")
     return rt.cipher(bot_id, key["master"], key["wrapped"])
 
 
 async def open_read(
-    rt: Runtime, tx: AsyncManagedTransaction, principal: Principal, bot_id: str
+    rt: Runtime, tx: QueryTarget, principal: Principal, bot_id: str
 ) -> tuple[int, Reader, Cipher]:
-    """Shared lock first (C1), then the caller as a reader; needs read on the Bot (a grant)."""
+    """Shared lock first (C1), then the caller as a reader; needs read on the Bot (a grant).
+    In a session (an auto-commit transaction) the lock ends with the statement: for a caller
+    whose next statement takes it again."""
     person_id = require_person(principal)
     assert principal.organization_id is not None
     locked = await single(
@@ -152,7 +152,7 @@ async def open_read(
 
 async def _as_reader(
     rt: Runtime,
-    tx: AsyncManagedTransaction,
+    tx: QueryTarget,
     principal: Principal,
     bot_id: str,
     locked: memory_q.LockAndReaderRow | None,
@@ -238,8 +238,9 @@ async def _listing(
     person_id, org = require_person(principal), principal.organization_id
     assert org is not None
 
-    async def work(tx: AsyncManagedTransaction) -> tuple[int, list[memory_q.EntryMap], Cipher]:
-        # One statement: the shared lock, the caller as a reader, and what they see (C1).
+    async def work(tx: QueryTarget) -> tuple[int, list[memory_q.EntryMap], Cipher]:
+        # One statement: the shared lock, the caller as a reader, and what they see (C1); an
+        # auto-commit transaction (only an error's cause or an uncached data key reads more).
         locked = await memory_q.lock_reader_and_list(
             tx,
             bot_id=bot_id,
@@ -253,7 +254,7 @@ async def _listing(
         assert locked is not None
         return version, list(locked["entries"]), cipher
 
-    version, found, cipher = await read(rt.driver, work)
+    version, found, cipher = await autocommit(rt.driver, work)
     return found, version, cipher
 
 
@@ -304,18 +305,18 @@ async def readable_changes(
 async def chat_reader(rt: Runtime, chat_id: str) -> Reader | None:
     """Every reader of an answer in a Chat (D9.15): the owner, or each current channel member."""
 
-    async def work(tx: AsyncManagedTransaction) -> access.ChatReadersRow | None:
-        return await single(tx, access.CHAT_READERS, access.ChatReadersRow, chatId=chat_id)
+    async def work(session: QueryTarget) -> access.ChatReadersRow | None:
+        return await single(session, access.CHAT_READERS, access.ChatReadersRow, chatId=chat_id)
 
-    record = await read(rt.driver, work)
+    record = await autocommit(rt.driver, work)
     if record is None:
         return None
     return Reader(record["org"], tuple(record["readers"]))
 
 
 async def person_reader_of(rt: Runtime, bot_id: str, person_id: str, org: str) -> Reader | None:
-    async def work(tx: AsyncManagedTransaction) -> access.ReaderMap | None:
-        return await person_reader(tx, bot_id=bot_id, person_id=person_id, org=org)
+    async def work(session: QueryTarget) -> access.ReaderMap | None:
+        return await person_reader(session, bot_id=bot_id, person_id=person_id, org=org)
 
-    reader = await read(rt.driver, work)
+    reader = await autocommit(rt.driver, work)
     return None if reader is None else Reader(org, (reader,))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from graph import bots as bots_q
 from graph import identity
-from graph.driver import read, write
+from graph.driver import autocommit, read, write
 from services.auth import require_admin, require_person
 from services.domain import Access, Bot, Channel, Organization, Person, Principal
 from services.errors import BadInput, Forbidden, NotFound, ServiceError
@@ -84,7 +84,7 @@ async def create_person(
 
 async def me(rt: Runtime, principal: Principal) -> Person:
     person_id = require_person(principal)
-    row = await read(rt.driver, lambda tx: identity.get_person(tx, id=person_id))
+    row = await autocommit(rt.driver, lambda s: identity.get_person(s, id=person_id))
     if row is None:
         raise NotFound("person not found")
     return Person.of(row)

@@ -25,10 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final, Literal, overload
 
-from neo4j import AsyncManagedTransaction
-
 from graph import search as search_q
-from graph.driver import QueryTarget, autocommit, read
+from graph.driver import QueryTarget, autocommit
 from graph.memory import reader_keys
 from services import metrics, retrieval
 from services.crypto import Cipher, Kind
@@ -117,11 +115,11 @@ async def person_search(
     check_id(bot_id, "botId")
     query, limit = check_query(query), check_limit(limit)
 
-    async def work(tx: AsyncManagedTransaction) -> Reader:
-        _, reader, _ = await open_read(rt, tx, principal, bot_id)
+    async def work(session: QueryTarget) -> Reader:  # the search's statement takes the lock again
+        _, reader, _ = await open_read(rt, session, principal, bot_id)
         return reader
 
-    return await search(rt, embedder, bot_id, await read(rt.driver, work), query, limit)
+    return await search(rt, embedder, bot_id, await autocommit(rt.driver, work), query, limit)
 
 
 async def search(

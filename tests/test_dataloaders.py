@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, cast
 
 import pytest
-from neo4j import AsyncManagedTransaction
+from neo4j import AsyncManagedTransaction, AsyncSession
 from strawberry import Schema
 
 from graph import bots as bots_q
@@ -32,15 +32,18 @@ CHAT_FIELDS = "id messageCount messages(limit: 2) { id text }"
 
 @pytest.fixture
 def statements(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The text of every statement run in a managed transaction of this process."""
+    """The text of every statement this process runs, in a managed or an auto-commit transaction."""
     seen: list[str] = []
-    original = AsyncManagedTransaction.run
+    for kind in (AsyncManagedTransaction, AsyncSession):
+        original = kind.run
 
-    async def run(self: AsyncManagedTransaction, query: Any, parameters: Any = None, **kwargs: Any) -> Any:
-        seen.append(str(query))
-        return await original(self, query, parameters, **kwargs)
+        async def run(
+            self: Any, query: Any, parameters: Any = None, original: Any = original, **kwargs: Any
+        ) -> Any:
+            seen.append(str(query))
+            return await original(self, query, parameters, **kwargs)
 
-    monkeypatch.setattr(AsyncManagedTransaction, "run", run)
+        monkeypatch.setattr(kind, "run", run)
     return seen
 
 

@@ -7,7 +7,7 @@ from typing import Any, cast
 
 import pytest
 from neo4j import WRITE_ACCESS, AsyncSession
-from neo4j.exceptions import ClientError, TransientError
+from neo4j.exceptions import ClientError, SessionExpired, TransientError
 
 from graph.driver import AUTOCOMMIT_ATTEMPTS, autocommit, single
 from graph.entries import CountRow
@@ -110,7 +110,8 @@ async def test_autocommit_retries_what_neo4j_rolled_back_as_transient_and_nothin
 ) -> None:
     """graph.driver.autocommit: a transient failure (Neo4j rolled the statement back) is run
     again on a new session, like a managed transaction; any other error is raised at once; a
-    transient one that keeps coming is raised after the last attempt (the pauses add up to 1.5 s)."""
+    transient one that keeps coming is raised after the last attempt (the pauses add up to 1.5 s).
+    A lost connection is retried for a read, raised at once for a statement that writes."""
     calls: list[str] = []
 
     async def flaky(session: AsyncSession) -> int:
@@ -140,6 +141,22 @@ async def test_autocommit_retries_what_neo4j_rolled_back_as_transient_and_nothin
     with pytest.raises(TransientError):
         await autocommit(runtime.driver, always)
     assert len(calls) == AUTOCOMMIT_ATTEMPTS
+
+    # A lost connection: a read is run again; a statement that writes is not (it may have committed).
+    async def cut(session: AsyncSession) -> int:
+        calls.append("cut")
+        if len(calls) < 2:
+            raise SessionExpired("the connection was closed")  # what the driver raises for a closed socket
+        record = await single(session, "RETURN 7 AS n", CountRow)
+        assert record is not None
+        return int(record["n"])
+
+    calls.clear()
+    assert await autocommit(runtime.driver, cut) == 7 and calls == ["cut", "cut"]
+    calls.clear()
+    with pytest.raises(SessionExpired):
+        await autocommit(runtime.driver, cut, writes=True)
+    assert calls == ["cut"]
 
 
 async def test_every_read_runs_on_the_leader_in_write_access_mode(
