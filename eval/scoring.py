@@ -101,17 +101,23 @@ def _tokens(rows: Sequence[QuestionRow]) -> str:
     return f"{sum(t) / len(t):,.0f} / {pct(t, 0.95):,.0f}"
 
 
+def _within_ceiling(rows: Sequence[QuestionRow]) -> str:
+    """Candidate recall among the questions some entry the asker may see rests on: how much of
+    what the memory holds for them the ranking offers (what the data leaves out aside)."""
+    return _share([r.candidate_hit for r in rows if r.ceiling_hit])
+
+
 HEADER = (
-    "| conversation | category | questions | candidate recall | ceiling | search recall@5 | "
-    "search recall@10 | tokens offered mean / p95 | leaks |\n"
-    "|---|---|---:|---:|---:|---:|---:|---:|---:|"
+    "| conversation | category | questions | candidate recall | ceiling | candidate recall within the ceiling | "
+    "search recall@5 | search recall@10 | tokens offered mean / p95 | leaks |\n"
+    "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"
 )
 
 
 def line(conversation: str, category: str, rows: Sequence[QuestionRow]) -> str:
     return (
         f"| {conversation} | {category} | {len(rows)} | {_share([r.candidate_hit for r in rows])} | "
-        f"{_share([r.ceiling_hit for r in rows])} | {_share([r.search_hit5 for r in rows])} | "
+        f"{_share([r.ceiling_hit for r in rows])} | {_within_ceiling(rows)} | {_share([r.search_hit5 for r in rows])} | "
         f"{_share([r.search_hit10 for r in rows])} | {_tokens(rows)} | {sum(len(r.leaks) for r in rows)} |"
     )
 
