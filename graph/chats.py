@@ -178,12 +178,28 @@ class AllocatedTurnRow(TypedDict):
     itemSeq: int
 
 
-CREATE_TURN: Final[LiteralString] = """
+#: One Item ``item`` of the Turn ``t`` (a row of ``$items``: ``uid, id, seq, kind, text, textLength,
+#: app, speakerId``, the text already encrypted).
+_CREATE_ITEM: Final[LiteralString] = """
+CREATE (i:Item {uid: item.uid, id: item.id, chatId: t.chatId, turnId: t.id, seq: item.seq, kind: item.kind,
+                text: item.text, textLength: item.textLength, app: item.app, speakerId: item.speakerId,
+                createdAt: $now})-[:IN_TURN]->(t)
+"""
+
+#: A Turn with its first Items (the input), in one statement.
+CREATE_TURN: Final[LiteralString] = (
+    """
 MATCH (ch:Chat {id: $chatId})
 CREATE (t:Turn {id: $id, chatId: ch.id, seq: $seq, status: 'open', actorKind: $actorKind,
                 actorId: $actorId, createdAt: $now, lastActivityAt: $now, completedAt: null})-[:IN_CHAT]->(ch)
+WITH t
+CALL (t) {
+  UNWIND $items AS item"""
+    + _CREATE_ITEM
+    + """}
 RETURN t {.*} AS turn
 """
+)
 
 ALLOCATE_ITEMS: Final[LiteralString] = """
 MATCH (ch:Chat {id: $chatId})
@@ -198,16 +214,16 @@ class FirstRow(TypedDict):
     first: int
 
 
-CREATE_ITEMS: Final[LiteralString] = """
+CREATE_ITEMS: Final[LiteralString] = (
+    """
 MATCH (t:Turn {id: $turnId})
 SET t.lastActivityAt = $now
 WITH t
-UNWIND $items AS item
-CREATE (i:Item {uid: item.uid, id: item.id, chatId: t.chatId, turnId: t.id, seq: item.seq, kind: item.kind,
-                text: item.text, textLength: item.textLength, app: item.app, speakerId: item.speakerId,
-                createdAt: $now})-[:IN_TURN]->(t)
-RETURN i {.*} AS item ORDER BY i.seq
+UNWIND $items AS item"""
+    + _CREATE_ITEM
+    + """RETURN i {.*} AS item ORDER BY i.seq
 """
+)
 
 
 class ItemRow(TypedDict):
@@ -297,8 +313,10 @@ async def create_turn(
     seq: int,
     actor_kind: str,
     actor_id: str | None,
+    items: list[dict[str, Any]],
     now: int,
 ) -> TurnNode:
+    """A Turn with its first Items (rows as :func:`create_items` takes them)."""
     record = await single(
         tx,
         CREATE_TURN,
@@ -308,6 +326,7 @@ async def create_turn(
         seq=seq,
         actorKind=actor_kind,
         actorId=actor_id,
+        items=items,
         now=now,
     )
     assert record is not None

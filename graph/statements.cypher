@@ -1020,6 +1020,13 @@ RETURN i {.*} AS item ORDER BY i.seq
 MATCH (ch:Chat {id: $chatId})
 CREATE (t:Turn {id: $id, chatId: ch.id, seq: $seq, status: 'open', actorKind: $actorKind,
                 actorId: $actorId, createdAt: $now, lastActivityAt: $now, completedAt: null})-[:IN_CHAT]->(ch)
+WITH t
+CALL (t) {
+  UNWIND $items AS item
+CREATE (i:Item {uid: item.uid, id: item.id, chatId: t.chatId, turnId: t.id, seq: item.seq, kind: item.kind,
+                text: item.text, textLength: item.textLength, app: item.app, speakerId: item.speakerId,
+                createdAt: $now})-[:IN_TURN]->(t)
+}
 RETURN t {.*} AS turn
 
 // ---- graph.chats.FIRST_ITEM_OF_TURN

@@ -65,23 +65,25 @@ async def start_turn(
         row = await chats_q.chat_for(tx, chat_id=chat_id, person_id=principal.person_id)
         require_writer(principal, row, "chat")
         assert row is not None
-        if actor is not None and not await chats_q.is_person_of_chat(tx, chat_id=chat_id, person_id=actor):
+        # A person's own Turn: require_writer found them one of the Chat's people (``isPerson``).
+        if (
+            actor is not None
+            and actor != principal.person_id
+            and not await chats_q.is_person_of_chat(tx, chat_id=chat_id, person_id=actor)
+        ):
             raise Forbidden("the actor is not a person of this chat")
         turn_seq, item_seq = await chats_q.allocate_turn(tx, chat_id=chat_id)
-        turn = await chats_q.create_turn(
+        kind = ItemKind.NOTICE if actor is None else ItemKind.PERSON_MESSAGE
+        return await chats_q.create_turn(
             tx,
             id=turn_id,
             chat_id=chat_id,
             seq=turn_seq,
             actor_kind="notice" if actor is None else "person",
             actor_id=actor,
+            items=[_new_row(rt, row, item_seq, kind, text, None, actor)],
             now=now,
         )
-        kind = ItemKind.NOTICE if actor is None else ItemKind.PERSON_MESSAGE
-        await chats_q.create_items(
-            tx, turn_id=turn_id, items=[_new_row(rt, row, item_seq, kind, text, None, actor)], now=now
-        )
-        return turn
 
     turn = await write(rt.driver, work)
     return Turn.of(turn, input=text, enriched_input=text)
