@@ -280,7 +280,7 @@ async def chats_for(tx: QueryTarget, *, chat_ids: list[str], person_id: str | No
 
 
 async def chat_pages(
-    tx: AsyncManagedTransaction, *, chat_ids: list[str], person_id: str | None, skip: int, limit: int
+    tx: QueryTarget, *, chat_ids: list[str], person_id: str | None, skip: int, limit: int
 ) -> dict[str, ChatPageRow]:
     """:func:`chats_for` with one page of Items (``items``) of each Chat ``person_id`` may read."""
     found = await rows(

@@ -9,7 +9,7 @@ from graph import bots as bots_q
 from graph import chats as chats_q
 from graph import identity
 from graph.chats import ChatForRow
-from graph.driver import autocommit, read, write
+from graph.driver import autocommit, write
 from services.crypto import Cipher, Kind
 from services.domain import Chat, Item, ItemKind, Page, Principal
 from services.errors import BadInput, Forbidden, NotFound, ServiceError
@@ -200,10 +200,10 @@ async def message_pages(
     limit, skip = check_page(limit, skip, max_limit=rt.settings.max_page_size)
     valid, errors = _checked_ids(chat_ids, "chatId")
     found = (
-        await read(
+        await autocommit(
             rt.driver,
-            lambda tx: chats_q.chat_pages(
-                tx, chat_ids=valid, person_id=principal.person_id, skip=skip, limit=limit
+            lambda s: chats_q.chat_pages(
+                s, chat_ids=valid, person_id=principal.person_id, skip=skip, limit=limit
             ),
         )
         if valid
