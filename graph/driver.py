@@ -87,10 +87,10 @@ async def autocommit(
     retried: tuple[type[Exception], ...] = (
         (TransientError,) if writes else (TransientError, ServiceUnavailable, SessionExpired)
     )
+    fetching = {} if fetch_size is None else {"fetch_size": fetch_size}
     attempt = 1
     while True:
         try:
-            fetching = {} if fetch_size is None else {"fetch_size": fetch_size}
             async with driver.session(default_access_mode=WRITE_ACCESS, **fetching) as session:
                 return await work(session)
         except retried:

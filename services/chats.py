@@ -156,19 +156,22 @@ async def readable_chat(
     return row
 
 
+async def _chats_for(rt: Runtime, principal: Principal, chat_ids: list[str]) -> dict[str, ChatForRow]:
+    """``chats_for`` of the valid ids, one auto-commit statement (none for no id)."""
+    if not chat_ids:
+        return {}
+    return await autocommit(
+        rt.driver, lambda s: chats_q.chats_for(s, chat_ids=chat_ids, person_id=principal.person_id)
+    )
+
+
 async def get_chats(
     rt: Runtime, principal: Principal, chat_ids: list[str]
 ) -> list[Chat | ServiceError | None]:
     """:func:`get_chat` of each id, in one statement: the Chat, None, the id's BAD_INPUT, or for a
     platform token of the Chat's organization FORBIDDEN (what it may call instead)."""
     valid, errors = _checked_ids(chat_ids, "id")
-    found = (
-        await autocommit(
-            rt.driver, lambda s: chats_q.chats_for(s, chat_ids=valid, person_id=principal.person_id)
-        )
-        if valid
-        else {}
-    )
+    found = await _chats_for(rt, principal, valid)
     result: list[Chat | ServiceError | None] = []
     for chat_id in chat_ids:
         row = found.get(chat_id)
@@ -234,13 +237,7 @@ async def messages(rt: Runtime, principal: Principal, chat_id: str, *, limit: in
 async def message_counts(rt: Runtime, principal: Principal, chat_ids: list[str]) -> list[int | ServiceError]:
     """How many Items each Chat has, in one statement; errors as :func:`messages`."""
     valid, errors = _checked_ids(chat_ids, "chatId")
-    found = (
-        await autocommit(
-            rt.driver, lambda s: chats_q.chats_for(s, chat_ids=valid, person_id=principal.person_id)
-        )
-        if valid
-        else {}
-    )
+    found = await _chats_for(rt, principal, valid)
     result: list[int | ServiceError] = []
     for chat_id in chat_ids:
         row = found.get(chat_id)
