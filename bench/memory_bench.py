@@ -1088,7 +1088,8 @@ def report(
         "`HTTP …` = requests to a real API process over one kept-alive connection, timed by the client, "
         "the operations in turn (`bench/http_bench.py`): `GraphQL __typename` needs no token and no Neo4j "
         "(the floor of a request), `me` adds the token's lookup; the search rows exclude the query embedding "
-        "(the API process keeps the vectors of the questions it embedded in the warm-up)."
+        "(the API process keeps the vectors of the questions it embedded in the warm-up), except `new "
+        "question`'s (each request a question with a number not asked before: embedded by LocalMiniLM)."
     )
     add("")
     add(
