@@ -80,10 +80,12 @@ RETURN ch {.*} AS chat, b.keyMaster AS keyMaster, b.keyWrapped AS keyWrapped,
          OR EXISTS { MATCH (:Person {id: $personId})-[:MEMBER]->(c) })) AS isPerson
 """
 
-#: CHATS_FOR plus one page of each Chat's Items in ``seq`` order (SKIP $skip LIMIT $limit, the
-#: same for every Chat), read only where $personId is one of the Chat's people (D9.6); any other
-#: Chat gets no Items. Its number of Items is the Chat's ``nextItemSeq``. Hops: as CHATS_FOR.
-CHAT_PAGES: Final[LiteralString] = """
+#: CHATS_FOR's Chats with the Items ``i`` each may show (read only where $personId is one of the
+#: Chat's people, D9.6: any other Chat gets none), up to the ordering and paging that follow.
+#: ``i.seq IS NOT NULL`` (every Item has one) lets the planner seek ``item_chat_seq`` (chatId,
+#: seq): a composite index serves only a predicate on each of its properties, and without one on
+#: ``seq`` every Item of the database was scanned for each Chat.
+_ITEMS_OF_CHATS: Final[LiteralString] = """
 UNWIND $chatIds AS chatId
 MATCH (ch:Chat {id: chatId})-[:WITH_BOT]->(b:Bot)
 OPTIONAL MATCH (ch)-[:IN_CHANNEL]->(c:Channel)
@@ -91,12 +93,25 @@ WITH ch, b, ($personId IS NOT NULL AND (ch.ownerId = $personId
          OR EXISTS { MATCH (:Person {id: $personId})-[:MEMBER]->(c) })) AS isPerson
 CALL (ch, isPerson) {
   MATCH (i:Item {chatId: ch.id})
-  WHERE isPerson
-  WITH i ORDER BY i.seq SKIP $skip LIMIT $limit
+  WHERE isPerson AND i.seq IS NOT NULL"""
+
+_ITEMS_AND_CHAT: Final[LiteralString] = """
   RETURN collect(i {.*}) AS items
 }
 RETURN ch {.*} AS chat, b.keyMaster AS keyMaster, b.keyWrapped AS keyWrapped, isPerson, items
 """
+
+#: CHATS_FOR plus one page of each Chat's Items in ``seq`` order (SKIP $skip LIMIT $limit, the
+#: same for every Chat). Its number of Items is the Chat's ``nextItemSeq``. Hops: as CHATS_FOR.
+CHAT_PAGES: Final[LiteralString] = (
+    _ITEMS_OF_CHATS + "\n  WITH i ORDER BY i.seq SKIP $skip LIMIT $limit" + _ITEMS_AND_CHAT
+)
+
+#: CHAT_PAGES with each Chat's last $last Items (in ``seq`` order) instead of a page from the
+#: start: ``item_chat_seq`` read backwards from the Chat's newest Item.
+CHAT_TAILS: Final[LiteralString] = (
+    _ITEMS_OF_CHATS + "\n  WITH i ORDER BY i.seq DESC LIMIT $last\n  WITH i ORDER BY i.seq" + _ITEMS_AND_CHAT
+)
 
 
 class ItemNode(TypedDict):
@@ -236,8 +251,9 @@ SET t.completedAt = coalesce(t.completedAt, $now), t.status = 'completed'
 RETURN t {.*} AS turn
 """
 
+#: The Turn's first Item (``i.seq IS NOT NULL``: the seek on ``item_chat_seq``, as _ITEMS_OF_CHATS).
 FIRST_ITEM_OF_TURN: Final[LiteralString] = """
-MATCH (i:Item {chatId: $chatId}) WHERE i.turnId = $turnId
+MATCH (i:Item {chatId: $chatId}) WHERE i.seq IS NOT NULL AND i.turnId = $turnId
 RETURN i {.*} AS item ORDER BY i.seq LIMIT 1
 """
 
@@ -287,6 +303,11 @@ async def chat_pages(
         tx, CHAT_PAGES, ChatPageRow, chatIds=chat_ids, personId=person_id, skip=skip, limit=limit
     )
     return {r["chat"]["id"]: r for r in found}
+
+
+async def chat_tail(tx: QueryTarget, *, chat_id: str, person_id: str | None, last: int) -> ChatPageRow | None:
+    """:func:`chat_pages` of one Chat with its last ``last`` Items; None if it is unknown."""
+    return await single(tx, CHAT_TAILS, ChatPageRow, chatIds=[chat_id], personId=person_id, last=last)
 
 
 async def turn_for(tx: AsyncManagedTransaction, *, turn_id: str, person_id: str | None) -> TurnForRow | None:

@@ -53,16 +53,20 @@ RETURN ids
 
 #: Change-log rows that embed purged entries lose their payload and those ids (D9.20), and
 #: earlier removals of them (D9.24) go: the purge's own row names them for who saw them.
+#: (``version IS NOT NULL``, true of every row and removal, lets the planner seek
+#: ``change_bot_version`` and ``removal_bot_version``: a composite index serves only a predicate on
+#: each of its properties.)
 PURGE_CHANGES: Final[LiteralString] = """
 CALL () {
   MATCH (c:Change {botId: $botId})
-  WHERE any(i IN c.entryIds WHERE i IN $ids)
+  WHERE c.version IS NOT NULL AND any(i IN c.entryIds WHERE i IN $ids)
   SET c.payload = null, c.entryIds = [i IN c.entryIds WHERE NOT i IN $ids]
   RETURN count(c) AS rows
 }
 CALL () {
-  MATCH (c:Change)-[:REMOVED]->(r:Removal {botId: $botId})
-  WHERE r.entryId IN $ids
+  MATCH (r:Removal {botId: $botId})
+  WHERE r.version IS NOT NULL AND r.entryId IN $ids
+  MATCH (c:Change)-[:REMOVED]->(r)
   SET c.removedIds = [i IN c.removedIds WHERE NOT i IN $ids]
   DETACH DELETE r
   RETURN count(r) AS removals
@@ -128,9 +132,11 @@ class PeopleRow(TypedDict):
 #: them by), the confessions with their answers, and the requests and results of the model calls
 #: made for the Chat (learning steps found by their execution, calls saved before model calls
 #: recorded their Chat included). Ids, rules, usage and cost stay; what was learned stays.
+#: (``i.seq IS NOT NULL``: the Items by a seek on ``item_chat_seq``, as ``graph.chats``' reads.)
 DELETE_CHAT_HISTORY: Final[LiteralString] = """
 CALL () {
   MATCH (i:Item {chatId: $chatId})
+  WHERE i.seq IS NOT NULL
   SET i.text = null
   RETURN count(i) AS n
 }

@@ -986,8 +986,23 @@ WITH ch, b, ($personId IS NOT NULL AND (ch.ownerId = $personId
          OR EXISTS { MATCH (:Person {id: $personId})-[:MEMBER]->(c) })) AS isPerson
 CALL (ch, isPerson) {
   MATCH (i:Item {chatId: ch.id})
-  WHERE isPerson
+  WHERE isPerson AND i.seq IS NOT NULL
   WITH i ORDER BY i.seq SKIP $skip LIMIT $limit
+  RETURN collect(i {.*}) AS items
+}
+RETURN ch {.*} AS chat, b.keyMaster AS keyMaster, b.keyWrapped AS keyWrapped, isPerson, items
+
+// ---- graph.chats.CHAT_TAILS
+UNWIND $chatIds AS chatId
+MATCH (ch:Chat {id: chatId})-[:WITH_BOT]->(b:Bot)
+OPTIONAL MATCH (ch)-[:IN_CHANNEL]->(c:Channel)
+WITH ch, b, ($personId IS NOT NULL AND (ch.ownerId = $personId
+         OR EXISTS { MATCH (:Person {id: $personId})-[:MEMBER]->(c) })) AS isPerson
+CALL (ch, isPerson) {
+  MATCH (i:Item {chatId: ch.id})
+  WHERE isPerson AND i.seq IS NOT NULL
+  WITH i ORDER BY i.seq DESC LIMIT $last
+  WITH i ORDER BY i.seq
   RETURN collect(i {.*}) AS items
 }
 RETURN ch {.*} AS chat, b.keyMaster AS keyMaster, b.keyWrapped AS keyWrapped, isPerson, items
@@ -1030,7 +1045,7 @@ CREATE (i:Item {uid: item.uid, id: item.id, chatId: t.chatId, turnId: t.id, seq:
 RETURN t {.*} AS turn
 
 // ---- graph.chats.FIRST_ITEM_OF_TURN
-MATCH (i:Item {chatId: $chatId}) WHERE i.turnId = $turnId
+MATCH (i:Item {chatId: $chatId}) WHERE i.seq IS NOT NULL AND i.turnId = $turnId
 RETURN i {.*} AS item ORDER BY i.seq LIMIT 1
 
 // ---- graph.chats.IS_PERSON_OF_CHAT
@@ -1955,6 +1970,7 @@ RETURN channelId, collect(p.id) AS people
 // ---- graph.purge.DELETE_CHAT_HISTORY
 CALL () {
   MATCH (i:Item {chatId: $chatId})
+  WHERE i.seq IS NOT NULL
   SET i.text = null
   RETURN count(i) AS n
 }
@@ -1985,13 +2001,14 @@ RETURN n
 // ---- graph.purge.PURGE_CHANGES
 CALL () {
   MATCH (c:Change {botId: $botId})
-  WHERE any(i IN c.entryIds WHERE i IN $ids)
+  WHERE c.version IS NOT NULL AND any(i IN c.entryIds WHERE i IN $ids)
   SET c.payload = null, c.entryIds = [i IN c.entryIds WHERE NOT i IN $ids]
   RETURN count(c) AS rows
 }
 CALL () {
-  MATCH (c:Change)-[:REMOVED]->(r:Removal {botId: $botId})
-  WHERE r.entryId IN $ids
+  MATCH (r:Removal {botId: $botId})
+  WHERE r.version IS NOT NULL AND r.entryId IN $ids
+  MATCH (c:Change)-[:REMOVED]->(r)
   SET c.removedIds = [i IN c.removedIds WHERE NOT i IN $ids]
   DETACH DELETE r
   RETURN count(r) AS removals

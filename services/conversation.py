@@ -23,7 +23,7 @@ from services.embedding import Embedder
 from services.errors import BadInput, Conflict, Forbidden, NotFound
 from services.memorybot import Route, load_route
 from services.runtime import Runtime, now_ms
-from services.validation import check_id, check_page
+from services.validation import check_page
 
 PREFERENCES = "preferences"
 
@@ -45,15 +45,7 @@ async def context_pack(
 ) -> ContextPack:
     """Summary, preferences, the last 10 messages and the visible memory ``context`` (D9.17),
     chosen by relevance to the latest person message (design §10)."""
-    check_id(chat_id, "chatId")
-    chat = await chats.get_chat(rt, principal, chat_id)
-    if chat is None:
-        raise NotFound("chat not found")
-    total = (await chats.messages(rt, principal, chat_id, limit=1, skip=0)).total
-    last = await chats.messages(
-        rt, principal, chat_id, limit=LAST_MESSAGES, skip=max(total - LAST_MESSAGES, 0)
-    )
-
+    chat, last = await chats.last_messages(rt, principal, chat_id, LAST_MESSAGES)
     _, route, summary = await route_and_summary(rt, chat_id)
     preferences: tuple[memory.Entry, ...] = ()
     known = retrieval.Context("", ())

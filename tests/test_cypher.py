@@ -1,9 +1,10 @@
-"""Every Cypher constant of graph/ compiles on the real server (EXPLAIN), so a typo fails here first."""
+"""Every Cypher constant of graph/ compiles on the real server (EXPLAIN), so a typo fails here first,
+and none reads a whole label or relationship type where it means a few of them."""
 
 from __future__ import annotations
 
 import re
-from typing import LiteralString, cast
+from typing import Any, LiteralString, cast
 
 import pytest
 
@@ -18,10 +19,49 @@ QUERIES = [
 ]
 
 
-@pytest.mark.parametrize(("name", "query"), QUERIES, ids=[n for n, _ in QUERIES])
-async def test_query_compiles(runtime: Runtime, name: str, query: str) -> None:
+#: Operators that read every node of a label, every node, or every relationship of a type.
+SCANS = frozenset(
+    {"NodeByLabelScan", "AllNodesScan", "DirectedRelationshipTypeScan", "UndirectedRelationshipTypeScan"}
+)
+
+#: The statements that mean to read every node of their label, and why that stays small.
+SWEEPS = {
+    "graph.bots.ALL_BOT_KEYS": "every Bot's wrapped key, for a master-key rotation",
+    "graph.bots.ORGANIZATION_BOTS": "the operator's list of Bots (one per Bot, at most 1,000 rows)",
+    "graph.memorybot.BUDGETED_MODELS": "each Bot's Memory once, for the budget state of health checks",
+}
+
+#: Tails of statements: their ``e`` is bound by what comes before them, not read from a label.
+TAILS = frozenset({"graph.memory.ENTRY_ROW", "graph.memory.ENTRY_LIST"})
+
+
+async def explained(runtime: Runtime, query: str) -> Any:
+    """The plan of ``query`` (EXPLAIN, every parameter null; a head is closed with RETURN *)."""
     params = {p: None for p in re.findall(r"\$(\w+)", query)}
     if re.search(r"\n(MATCH|WITH) [^\n]*\s*$", query):  # a head (e.g. READ_LOCK): compile it as one
         query += "RETURN *\n"
     # The constants are LiteralStrings in graph/; here they are read back reflectively.
-    await runtime.driver.execute_query(cast(LiteralString, "EXPLAIN " + query), params)
+    _, summary, _ = await runtime.driver.execute_query(cast(LiteralString, "EXPLAIN " + query), params)
+    return cast(Any, summary.plan)
+
+
+def scans(plan: Any) -> list[str]:
+    """The operators of ``plan`` that read a whole label or type, with what they read."""
+    kind = plan["operatorType"].split("@")[0]
+    found = [f"{kind} {plan.get('args', {}).get('Details', '')}"] if kind in SCANS else []
+    return found + [s for child in plan.get("children", []) for s in scans(child)]
+
+
+@pytest.mark.parametrize(("name", "query"), QUERIES, ids=[n for n, _ in QUERIES])
+async def test_query_compiles(runtime: Runtime, name: str, query: str) -> None:
+    await explained(runtime, query)
+
+
+async def test_no_statement_reads_a_whole_label_it_could_seek(runtime: Runtime) -> None:
+    """A statement finds its nodes through an index: a Chat's Items by ``item_chat_seq``, a Bot's
+    change log by ``change_bot_version``, not by reading every Item or Change of the database
+    (a composite index serves only a predicate on each of its properties: CHAT_PAGES read every
+    Item for each Chat until its ``i.seq IS NOT NULL``). Only the sweeps of SWEEPS read a label."""
+    found = {name: scans(await explained(runtime, query)) for name, query in QUERIES if name not in TAILS}
+    assert {name: s for name, s in found.items() if s and name not in SWEEPS} == {}
+    assert all(found[name] for name in SWEEPS), "a sweep that no longer scans: take it off SWEEPS"
