@@ -28,6 +28,17 @@ _NEW_ENTRY: Final[LiteralString] = (
 """
 )
 
+#: The label an entry carries while its tags hold the topic ``preferences`` (``contextPack``'s,
+#: D9.17): ``entry_preference`` finds a Bot's preferences without reading its other entries. Set
+#: where an entry is created, kept where its topics change.
+_LABEL_PREFERENCE: Final[LiteralString] = (
+    "FOREACH (_ IN CASE WHEN 'preferences' IN e.tags THEN [1] ELSE [] END | SET e:Preference)\n"
+)
+_RELABEL_PREFERENCE: Final[LiteralString] = (
+    _LABEL_PREFERENCE
+    + "FOREACH (_ IN CASE WHEN 'preferences' IN e.tags THEN [] ELSE [1] END | REMOVE e:Preference)\n"
+)
+
 #: A write that leaves an entry without keywords or without a vector (an embedder down or absent,
 #: a legacy import) records it on the Memory, for the worker's sweep (``graph.backfill.BOTS_DUE``).
 _DUE_ADDS: Final[LiteralString] = (
@@ -45,6 +56,7 @@ UNWIND $rows AS row
 WITH m, row, row.tags AS tags, row.orderKey AS orderKey, 1 AS sourceCount, true AS legacy
 CREATE """
     + _NEW_ENTRY
+    + _LABEL_PREFERENCE
     + "WITH DISTINCT m\nSET m.kwDue = true, m.vecDue = true\n"
 )
 
@@ -139,6 +151,8 @@ CALL (m, version, problem, checked) {
          reduce(acc = [], t IN tags | CASE WHEN t IN acc THEN acc ELSE acc + t END) AS tags
     CREATE """
     + _NEW_ENTRY
+    + "    "
+    + _LABEL_PREFERENCE
     + """    WITH e, items, sources
     CALL (e, items) {
       UNWIND items AS source
@@ -197,18 +211,24 @@ SET e.content = $content, e.contentLength = $contentLength, e.orderKey = $orderK
     e.vecSeq = m.vecSeq
 """
 
-SET_TAGS: Final[LiteralString] = """
+SET_TAGS: Final[LiteralString] = (
+    """
 MATCH (e:Entry {id: $id, botId: $botId})
 SET e.tags = $tags, e.updatedAt = $now
 """
+    + _RELABEL_PREFERENCE
+)
 
 #: Every entry of the Bot carrying topic ``$from`` — all of them, not the first 300 (L4).
-RENAME_TOPIC: Final[LiteralString] = """
+RENAME_TOPIC: Final[LiteralString] = (
+    """
 MATCH (e:Entry {botId: $botId})
 WHERE $from IN e.tags
 SET e.tags = [t IN e.tags WHERE t <> $from AND t <> $to] + [$to], e.updatedAt = $now
-RETURN e.id AS id
 """
+    + _RELABEL_PREFERENCE
+    + "RETURN e.id AS id\n"
+)
 
 
 class IdRow(TypedDict):

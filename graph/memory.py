@@ -193,6 +193,19 @@ WITH e ORDER BY e.memoryRank DESC, e.id LIMIT $limit
 )
 LIST_VISIBLE: Final[LiteralString] = "WITH $readers AS readers, $org AS org, $keys AS keys" + _LIST_OF_KEYS
 
+#: A Bot's active preferences every reader may see (D9.17: the entries with the topic
+#: ``preferences``, labelled ``:Preference`` while they have it, ``graph.entries``), in memory
+#: order, under the shared lock, in one statement: ``entry_preference`` finds them, so the Bot's
+#: other entries are never read (LIST_VISIBLE with the tag read every visible entry to find them).
+LOCKED_PREFERENCES: Final[LiteralString] = (
+    READ_LOCK
+    + """WITH m, $readers AS readers, $org AS org
+MATCH (e:Preference)
+WHERE e.botId = $botId AND e.status = 'active' AND 'preferences' IN e.tags AND """
+    + VISIBLE
+    + _IN_ORDER
+)
+
 #: GET memory in one statement: the shared lock and the caller as a reader (LOCK_AND_READER),
 #: then — only when that person reads the Bot (``usesBot``) — LIST_VISIBLE for them, seeking
 #: their own keys (see ``reader_keys``). ``entries`` is empty otherwise; the caller raises.
@@ -260,6 +273,14 @@ async def list_visible(
         statuses=statuses,
         tags=tags,
     )
+    return [] if record is None else record["entries"]
+
+
+async def locked_preferences(
+    tx: QueryTarget, *, bot_id: str, org: str, readers: list[ReaderMap]
+) -> list[EntryMap]:
+    """LOCKED_PREFERENCES: the Bot's active preferences that every one of ``readers`` may see."""
+    record = await single(tx, LOCKED_PREFERENCES, EntriesRow, botId=bot_id, org=org, readers=readers)
     return [] if record is None else record["entries"]
 
 

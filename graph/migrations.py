@@ -132,6 +132,15 @@ MIGRATIONS: Final[tuple[tuple[int, tuple[LiteralString, ...]], ...]] = (
             "CREATE INDEX chat_owner IF NOT EXISTS FOR (n:Chat) ON (n.ownerId)",
         ),
     ),
+    (
+        12,
+        (
+            # A Bot's preferences (contextPack, D9.17) without reading its other entries: the
+            # entries with the topic carry ``:Preference`` (``graph.entries``); the data step
+            # below labels those written before.
+            "CREATE INDEX entry_preference IF NOT EXISTS FOR (n:Preference) ON (n.botId)",
+        ),
+    ),
 )
 
 #: Entries whose labels predate the current label properties: without ``memoryRank`` (before
@@ -161,6 +170,12 @@ SET m.vecSeq = coalesce(m.vecSeq, 0) + 1
 WITH m
 MATCH (e:Entry {botId: $botId}) WHERE e.kwBlind IS NOT NULL AND e.vecSeq IS NULL
 SET e.vecSeq = m.vecSeq
+"""
+
+#: Entries with the topic ``preferences`` written before version 12, labelled in batches.
+_LABEL_PREFERENCES: Final[LiteralString] = """
+MATCH (e:Entry) WHERE 'preferences' IN e.tags AND NOT e:Preference
+CALL (e) { SET e:Preference } IN TRANSACTIONS OF 10000 ROWS
 """
 
 LATEST: Final = MIGRATIONS[-1][0]
@@ -195,6 +210,9 @@ async def migrate(driver: AsyncDriver) -> int:
             await _label_existing_entries(driver)
         if version == 10:
             await _stamp_keyworded_entries(driver)
+        if version == 12:
+            async with driver.session() as session:  # CALL … IN TRANSACTIONS needs auto-commit
+                await (await session.run(_LABEL_PREFERENCES)).consume()
         await driver.execute_query(_WRITE_VERSION, version=version)
         applied = version
     return applied

@@ -596,6 +596,7 @@ CALL (m, version, problem, checked) {
   sourceCount: sourceCount, author: row.author, excluded: [], legacy: legacy,
   kwBlind: row.kwBlind, kwScheme: row.kwScheme, vec: row.vec, vecModel: row.vecModel,
   vecSeq: CASE WHEN row.kwBlind IS NULL AND row.vec IS NULL THEN null ELSE coalesce(m.vecSeq, 0) + 1 END})-[:IN_MEMORY]->(m)
+    FOREACH (_ IN CASE WHEN 'preferences' IN e.tags THEN [1] ELSE [] END | SET e:Preference)
     WITH e, items, sources
     CALL (e, items) {
       UNWIND items AS source
@@ -773,6 +774,7 @@ CALL (m, version, problem, checked) {
   sourceCount: sourceCount, author: row.author, excluded: [], legacy: legacy,
   kwBlind: row.kwBlind, kwScheme: row.kwScheme, vec: row.vec, vecModel: row.vecModel,
   vecSeq: CASE WHEN row.kwBlind IS NULL AND row.vec IS NULL THEN null ELSE coalesce(m.vecSeq, 0) + 1 END})-[:IN_MEMORY]->(m)
+    FOREACH (_ IN CASE WHEN 'preferences' IN e.tags THEN [1] ELSE [] END | SET e:Preference)
     WITH e, items, sources
     CALL (e, items) {
       UNWIND items AS source
@@ -1372,6 +1374,7 @@ CALL (m, version, problem, checked) {
   sourceCount: sourceCount, author: row.author, excluded: [], legacy: legacy,
   kwBlind: row.kwBlind, kwScheme: row.kwScheme, vec: row.vec, vecModel: row.vecModel,
   vecSeq: CASE WHEN row.kwBlind IS NULL AND row.vec IS NULL THEN null ELSE coalesce(m.vecSeq, 0) + 1 END})-[:IN_MEMORY]->(m)
+    FOREACH (_ IN CASE WHEN 'preferences' IN e.tags THEN [1] ELSE [] END | SET e:Preference)
     WITH e, items, sources
     CALL (e, items) {
       UNWIND items AS source
@@ -1461,6 +1464,7 @@ CALL (m, version, problem, checked) {
   sourceCount: sourceCount, author: row.author, excluded: [], legacy: legacy,
   kwBlind: row.kwBlind, kwScheme: row.kwScheme, vec: row.vec, vecModel: row.vecModel,
   vecSeq: CASE WHEN row.kwBlind IS NULL AND row.vec IS NULL THEN null ELSE coalesce(m.vecSeq, 0) + 1 END})-[:IN_MEMORY]->(m)
+    FOREACH (_ IN CASE WHEN 'preferences' IN e.tags THEN [1] ELSE [] END | SET e:Preference)
     WITH e, items, sources
     CALL (e, items) {
       UNWIND items AS source
@@ -1496,6 +1500,7 @@ CREATE (e:Entry {id: row.id, botId: $botId, layer: row.layer, content: row.conte
   sourceCount: sourceCount, author: row.author, excluded: [], legacy: legacy,
   kwBlind: row.kwBlind, kwScheme: row.kwScheme, vec: row.vec, vecModel: row.vecModel,
   vecSeq: CASE WHEN row.kwBlind IS NULL AND row.vec IS NULL THEN null ELSE coalesce(m.vecSeq, 0) + 1 END})-[:IN_MEMORY]->(m)
+FOREACH (_ IN CASE WHEN 'preferences' IN e.tags THEN [1] ELSE [] END | SET e:Preference)
 WITH DISTINCT m
 SET m.kwDue = true, m.vecDue = true
 
@@ -1513,6 +1518,8 @@ SET e.tags = [t IN e.tags WHERE t <> 'from:' + $personId],
 MATCH (e:Entry {botId: $botId})
 WHERE $from IN e.tags
 SET e.tags = [t IN e.tags WHERE t <> $from AND t <> $to] + [$to], e.updatedAt = $now
+FOREACH (_ IN CASE WHEN 'preferences' IN e.tags THEN [1] ELSE [] END | SET e:Preference)
+FOREACH (_ IN CASE WHEN 'preferences' IN e.tags THEN [] ELSE [1] END | REMOVE e:Preference)
 RETURN e.id AS id
 
 // ---- graph.entries.SET_CONTENT
@@ -1534,6 +1541,8 @@ SET e.status = $status, e.updatedAt = $now,
 // ---- graph.entries.SET_TAGS
 MATCH (e:Entry {id: $id, botId: $botId})
 SET e.tags = $tags, e.updatedAt = $now
+FOREACH (_ IN CASE WHEN 'preferences' IN e.tags THEN [1] ELSE [] END | SET e:Preference)
+FOREACH (_ IN CASE WHEN 'preferences' IN e.tags THEN [] ELSE [1] END | REMOVE e:Preference)
 
 // ---- graph.identity.COUNT_PEOPLE_IN_ORG
 UNWIND $personIds AS personId
@@ -1753,6 +1762,25 @@ WITH $readers AS readers, $org AS org, $keys AS keys
 UNWIND keys AS key
 MATCH (e:Entry)
 WHERE e.botId = $botId AND e.audienceKey = key AND e.memoryRank < $top AND e.status IN $statuses AND all(t IN $tags WHERE t IN e.tags) AND
+(size(readers) > 0
+ AND all(rd IN readers WHERE all(a IN e.lblRequires WHERE
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
+
+OPTIONAL MATCH (e)-[:SOURCE]->(src)
+WITH e, collect(CASE WHEN src IS NULL THEN null WHEN src:Item THEN {chat: src.chatId, item: src.id}
+                     ELSE {entry: src.id} END) AS sources
+WITH e, sources ORDER BY e.memoryRank DESC, e.id
+RETURN collect(e {.id, .layer, .tags, .status, .confidence, .createdAt, .updatedAt, .invalidatedAt,
+     .content, .contentLength, .orderKey, .memoryRank, sources: sources}) AS entries
+
+// ---- graph.memory.LOCKED_PREFERENCES
+MATCH (held:Memory {id: $botId})
+CALL apoc.lock.read.nodes([held])
+WITH held
+MATCH (m:Memory) WHERE elementId(m) = elementId(held)
+WITH m, $readers AS readers, $org AS org
+MATCH (e:Preference)
+WHERE e.botId = $botId AND e.status = 'active' AND 'preferences' IN e.tags AND
 (size(readers) > 0
  AND all(rd IN readers WHERE all(a IN e.lblRequires WHERE
        a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))

@@ -14,7 +14,7 @@ from neo4j import AsyncManagedTransaction
 
 from graph import conversation as conversation_q
 from graph import memory as memory_q
-from graph.driver import read, write
+from graph.driver import autocommit, read, write
 from graph.memorybot import RouteChat
 from services import chats, memory, retrieval, search
 from services.crypto import Cipher, Kind
@@ -24,9 +24,6 @@ from services.errors import BadInput, Conflict, Forbidden, NotFound
 from services.memorybot import Route, load_route
 from services.runtime import Runtime, now_ms
 from services.validation import check_page
-
-PREFERENCES = "preferences"
-
 
 LAST_MESSAGES = 10
 
@@ -226,11 +223,8 @@ async def set_chat_meta(
 
 
 async def _preferences(rt: Runtime, route: Route, reader: memory.Reader) -> list[memory.Entry]:
-    async def work(tx: AsyncManagedTransaction) -> list[memory_q.EntryMap]:
-        await memory_q.shared_lock(tx, bot_id=route.bot_id)
-        return await memory_q.list_visible(
-            tx, bot_id=route.bot_id, statuses=["active"], tags=[PREFERENCES], **reader.params
-        )
-
-    rows = await read(rt.driver, work)
+    """The Bot's active preferences every reader of the Chat may see, in one auto-commit statement."""
+    rows = await autocommit(
+        rt.driver, lambda s: memory_q.locked_preferences(s, bot_id=route.bot_id, **reader.params)
+    )
     return [memory.decrypt_entry(route.cipher, row) for row in rows]

@@ -8,11 +8,15 @@ from typing import Any
 
 import pytest
 
+from graph import memory as memory_q
+from graph.migrations import LATEST, migrate
+from services import memory
+from services.changes import AddFact, ItemRef, RenameTopic, SetTopics
 from services.runtime import Runtime
 from tests.client import Api, bearer
 from tests.conftest import WorkerProcess
 from tests.learning_helpers import long_turn, memory_world, until_logged, wait_summary
-from tests.memory_helpers import fact, said, sealed
+from tests.memory_helpers import apply, fact, said, sealed
 from tests.model_server import ModelServer, Reply, ToolCall
 
 pytestmark = pytest.mark.usefixtures("learning_worker")
@@ -146,3 +150,63 @@ async def test_context_pack_is_built_for_the_chats_audience(
     )
     assert [p["id"] for p in data["contextPack"]["preferences"]] == [liked]
     assert len(data["contextPack"]["lastMessages"]) == 3
+
+
+async def preference_hits(runtime: Runtime, bot: str, reader: memory.Reader) -> int:
+    """The database hits of the preferences' statement (PROFILE) for ``reader``."""
+    _, summary, _ = await runtime.driver.execute_query(
+        "PROFILE " + memory_q.LOCKED_PREFERENCES, botId=bot, **reader.params
+    )
+
+    def hits(plan: Any) -> int:
+        return int(plan.get("dbHits", 0)) + sum(hits(child) for child in plan.get("children", []))
+
+    return hits(summary.profile)
+
+
+async def test_preferences_follow_their_topic_and_are_found_without_the_other_entries(
+    api: Api, runtime: Runtime
+) -> None:
+    """An entry is one of contextPack's preferences while its topics hold ``preferences``
+    (D9.17): learned so, given the topic (SetTopics, RenameTopic) or losing it. They are found by
+    their label (``entry_preference``): sixty more entries of the Bot add fewer than sixty
+    database hits to the statement (the tag filter over every visible entry added them all),
+    and an upgrade labels the ones written before it (migration 12)."""
+    w = await memory_world(api, ("ann",))
+    ann = w.tokens["ann"]
+    chat = await api.chat(ann, w.bot)
+    src = await said(api, ann, chat, "short please")
+    short = await fact(runtime, w.bot, "Ann likes short answers", src, topics=("preferences",))
+    tea = await fact(runtime, w.bot, "Ann drinks tea", src, topics=("drinks",))
+
+    async def preferences() -> set[str]:
+        got = await pack(api, ann, chat)
+        assert got.status_code == 200, got.text
+        return {p["id"] for p in got.json()["preferences"]}
+
+    assert await preferences() == {short}
+    await apply(runtime, w.bot, SetTopics(tea, ("preferences", "drinks")))
+    assert await preferences() == {short, tea}
+    await apply(runtime, w.bot, SetTopics(short, ("style",)))
+    assert await preferences() == {tea}
+    await apply(runtime, w.bot, RenameTopic("style", "preferences"))
+    assert await preferences() == {short, tea}
+    await apply(runtime, w.bot, RenameTopic("preferences", "likes"))
+    assert await preferences() == set()
+    await apply(runtime, w.bot, RenameTopic("likes", "preferences"))
+    assert await preferences() == {short, tea}
+
+    reader = await memory.chat_reader(runtime, chat)
+    assert reader is not None
+    before = await preference_hits(runtime, w.bot, reader)
+    await apply(
+        runtime, w.bot, *(AddFact(content=f"Ann fact {k}", sources=(ItemRef(*src),)) for k in range(60))
+    )
+    assert await preference_hits(runtime, w.bot, reader) < before + 60
+    assert await preferences() == {short, tea}
+
+    await runtime.driver.execute_query("MATCH (e:Entry {botId: $b}) REMOVE e:Preference", b=w.bot)
+    assert await preferences() == set()
+    await runtime.driver.execute_query("MATCH (s:SchemaVersion {id: 'schema'}) SET s.version = 11")
+    assert await migrate(runtime.driver) == LATEST
+    assert await preferences() == {short, tea}
