@@ -52,7 +52,7 @@ from graph.context import ACTIVE_SEEK
 from graph.driver import Ciphertext, QueryTarget, autocommit, single
 from graph.memory import ENTRY_MAP, SOURCES_OF_E, TOP_RANK, reader_keys
 from learning.embedders import LocalMiniLM
-from services import memory, retrieval, search, turns
+from services import conversation, memory, retrieval, search, turns
 from services.crypto import Cipher, Kind
 from services.domain import Principal
 from services.embedding import Embedder, QueryVectors, decode_vectors
@@ -72,6 +72,10 @@ OP_ENRICH: Final = "enrichment: context(4000, query) incl. LocalMiniLM"
 #: What startTurn does before its model call (learning.enrichment.start_turn): the Turn written
 #: while the query is embedded, then context(query); against the Turn written, then context.
 OP_TURN: Final = "startTurn: Turn written + context(4000, query) incl. LocalMiniLM"
+#: contextPack of the reader's own Chat (services.conversation): the Chat and its last 10
+#: messages, its route and summary, its audience, the preferences, and context(query) for the
+#: latest person message (whose vector is made beforehand, as the other rows' are).
+OP_PACK: Final = "contextPack: last 10 messages, summary, preferences + context(4000, query)"
 #: Queries of the quality check (overlap@10 of the coarse index with exact cosine).
 QUALITY_QUERIES: Final = 50
 
@@ -718,6 +722,23 @@ async def _measure_reader(
 
     without = "the Turn written, then context(4000) without a query"
     await _measure_delta(pool.size, OP_TURN, kind, turn_with_query, turn_plain, s, without, out)
+
+    said = corpus.questions[0]  # the Chat's latest person message from here on
+    await turns.start_turn(rt, person, chat_id, said, actor_id=None, notice=False)
+
+    async def pack() -> int:
+        return len((await conversation.context_pack(rt, person, chat_id, qe)).memory.ids)
+
+    async def context_alone() -> int:
+        return len((await search.context(rt, qe, pool.bot, reader, CONTEXT_LIMIT, said)).ids)
+
+    row = await measure_pair(pool.size, OP_PACK, kind, pack, context_alone, s)
+    row.note = "unchecked column = context(4000, query) for the same message alone"
+    out.append(row)
+    log(
+        f"  {pool.size:>7,} contextPack {kind:<5} median {fmt_ms(row.median)} ms "
+        f"(context(query) alone {fmt_ms(pct(row.unchecked, 0.5))} ms)"
+    )
 
 
 async def _measure_delta(

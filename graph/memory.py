@@ -193,17 +193,16 @@ WITH e ORDER BY e.memoryRank DESC, e.id LIMIT $limit
 )
 LIST_VISIBLE: Final[LiteralString] = "WITH $readers AS readers, $org AS org, $keys AS keys" + _LIST_OF_KEYS
 
-#: A Bot's active preferences every reader may see (D9.17: the entries with the topic
-#: ``preferences``, labelled ``:Preference`` while they have it, ``graph.entries``), in memory
-#: order, under the shared lock, in one statement: ``entry_preference`` finds them, so the Bot's
-#: other entries are never read (LIST_VISIBLE with the tag read every visible entry to find them).
+#: The first ``$limit`` in memory order of a Bot's active preferences every reader may see (D9.17:
+#: the entries with the topic ``preferences``, labelled ``:Preference`` while they have it,
+#: ``graph.entries``), under the shared lock, in one statement: _PAGE_OF_KEYS over
+#: ``entry_preference_audience`` (botId, audienceKey, memoryRank) — one seek per key the reader
+#: holds, each stopping at ``$limit`` visible preferences — so neither the Bot's other entries nor
+#: its older preferences are read (LIST_VISIBLE with the tag read every visible entry).
 LOCKED_PREFERENCES: Final[LiteralString] = (
     READ_LOCK
-    + """WITH m, $readers AS readers, $org AS org
-MATCH (e:Preference)
-WHERE e.botId = $botId AND e.status = 'active' AND 'preferences' IN e.tags AND """
-    + VISIBLE
-    + _IN_ORDER
+    + "WITH m, $readers AS readers, $org AS org, $keys AS keys"
+    + _PAGE_OF_KEYS.replace("MATCH (e:Entry)", "MATCH (e:Preference)")
 )
 
 #: GET memory in one statement: the shared lock and the caller as a reader (LOCK_AND_READER),
@@ -277,10 +276,24 @@ async def list_visible(
 
 
 async def locked_preferences(
-    tx: QueryTarget, *, bot_id: str, org: str, readers: list[ReaderMap]
+    tx: QueryTarget, *, bot_id: str, org: str, readers: list[ReaderMap], limit: int
 ) -> list[EntryMap]:
-    """LOCKED_PREFERENCES: the Bot's active preferences that every one of ``readers`` may see."""
-    record = await single(tx, LOCKED_PREFERENCES, EntriesRow, botId=bot_id, org=org, readers=readers)
+    """LOCKED_PREFERENCES: the first ``limit`` in memory order of the Bot's active preferences
+    that every one of ``readers`` may see."""
+    record = await single(
+        tx,
+        LOCKED_PREFERENCES,
+        EntriesRow,
+        botId=bot_id,
+        org=org,
+        readers=readers,
+        keys=reader_keys(readers),
+        statuses=["active"],
+        tags=["preferences"],
+        afterRank=TOP_RANK,
+        afterId="",
+        limit=limit,
+    )
     return [] if record is None else record["entries"]
 
 

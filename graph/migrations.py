@@ -141,6 +141,17 @@ MIGRATIONS: Final[tuple[tuple[int, tuple[LiteralString, ...]], ...]] = (
             "CREATE INDEX entry_preference IF NOT EXISTS FOR (n:Preference) ON (n.botId)",
         ),
     ),
+    (
+        13,
+        (
+            # ... by audience key in memory order, as ``entry_audience`` finds entries: a reader's
+            # newest visible preferences are read first and the rest never (contextPack shows a
+            # bounded number of them).
+            "DROP INDEX entry_preference IF EXISTS",
+            "CREATE INDEX entry_preference_audience IF NOT EXISTS "
+            "FOR (n:Preference) ON (n.botId, n.audienceKey, n.memoryRank)",
+        ),
+    ),
 )
 
 #: Entries whose labels predate the current label properties: without ``memoryRank`` (before

@@ -1778,12 +1778,19 @@ MATCH (held:Memory {id: $botId})
 CALL apoc.lock.read.nodes([held])
 WITH held
 MATCH (m:Memory) WHERE elementId(m) = elementId(held)
-WITH m, $readers AS readers, $org AS org
-MATCH (e:Preference)
-WHERE e.botId = $botId AND e.status = 'active' AND 'preferences' IN e.tags AND
+WITH m, $readers AS readers, $org AS org, $keys AS keys
+UNWIND keys AS key
+CALL (key, readers, org) {
+  MATCH (e:Preference)
+  WHERE e.botId = $botId AND e.audienceKey = key AND e.memoryRank <= $afterRank
+    AND CASE WHEN e.memoryRank = $afterRank THEN e.id > $afterId ELSE true END AND e.status IN $statuses AND all(t IN $tags WHERE t IN e.tags) AND
 (size(readers) > 0
  AND all(rd IN readers WHERE all(a IN e.lblRequires WHERE
        a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
+
+  RETURN e ORDER BY e.botId DESC, e.audienceKey DESC, e.memoryRank DESC, e.id LIMIT $limit
+}
+WITH e ORDER BY e.memoryRank DESC, e.id LIMIT $limit
 
 OPTIONAL MATCH (e)-[:SOURCE]->(src)
 WITH e, collect(CASE WHEN src IS NULL THEN null WHEN src:Item THEN {chat: src.chatId, item: src.id}

@@ -26,6 +26,9 @@ from services.runtime import Runtime, now_ms
 from services.validation import check_page
 
 LAST_MESSAGES = 10
+#: Preferences a pack holds at most: the first in memory order (pinned, then the newest) — it is
+#: for a prompt, and a Bot may hold thousands of entries with the topic.
+MAX_PREFERENCES = 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,8 +226,10 @@ async def set_chat_meta(
 
 
 async def _preferences(rt: Runtime, route: Route, reader: memory.Reader) -> list[memory.Entry]:
-    """The Bot's active preferences every reader of the Chat may see, in one auto-commit statement."""
+    """The first MAX_PREFERENCES in memory order of the Bot's active preferences every reader of
+    the Chat may see, in one auto-commit statement."""
     rows = await autocommit(
-        rt.driver, lambda s: memory_q.locked_preferences(s, bot_id=route.bot_id, **reader.params)
+        rt.driver,
+        lambda s: memory_q.locked_preferences(s, bot_id=route.bot_id, limit=MAX_PREFERENCES, **reader.params),
     )
     return [memory.decrypt_entry(route.cipher, row) for row in rows]

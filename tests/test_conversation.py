@@ -10,7 +10,7 @@ import pytest
 
 from graph import memory as memory_q
 from graph.migrations import LATEST, migrate
-from services import memory
+from services import conversation, memory
 from services.changes import AddFact, ItemRef, RenameTopic, SetTopics
 from services.runtime import Runtime
 from tests.client import Api, bearer
@@ -154,8 +154,17 @@ async def test_context_pack_is_built_for_the_chats_audience(
 
 async def preference_hits(runtime: Runtime, bot: str, reader: memory.Reader) -> int:
     """The database hits of the preferences' statement (PROFILE) for ``reader``."""
+    params = reader.params
     _, summary, _ = await runtime.driver.execute_query(
-        "PROFILE " + memory_q.LOCKED_PREFERENCES, botId=bot, **reader.params
+        "PROFILE " + memory_q.LOCKED_PREFERENCES,
+        botId=bot,
+        keys=memory_q.reader_keys(params["readers"]),
+        statuses=["active"],
+        tags=["preferences"],
+        afterRank=memory_q.TOP_RANK,
+        afterId="",
+        limit=conversation.MAX_PREFERENCES,
+        **params,
     )
 
     def hits(plan: Any) -> int:
@@ -168,10 +177,11 @@ async def test_preferences_follow_their_topic_and_are_found_without_the_other_en
     api: Api, runtime: Runtime
 ) -> None:
     """An entry is one of contextPack's preferences while its topics hold ``preferences``
-    (D9.17): learned so, given the topic (SetTopics, RenameTopic) or losing it. They are found by
-    their label (``entry_preference``): sixty more entries of the Bot add fewer than sixty
-    database hits to the statement (the tag filter over every visible entry added them all),
-    and an upgrade labels the ones written before it (migration 12)."""
+    (D9.17): learned so, given the topic (SetTopics, RenameTopic) or losing it; a pack holds the
+    first MAX_PREFERENCES in memory order. They are found by their label
+    (``entry_preference_audience``): sixty more entries of the Bot add fewer than sixty database
+    hits to the statement (the tag filter over every visible entry added them all), and an
+    upgrade labels the ones written before it (migration 12)."""
     w = await memory_world(api, ("ann",))
     ann = w.tokens["ann"]
     chat = await api.chat(ann, w.bot)
@@ -203,6 +213,15 @@ async def test_preferences_follow_their_topic_and_are_found_without_the_other_en
         runtime, w.bot, *(AddFact(content=f"Ann fact {k}", sources=(ItemRef(*src),)) for k in range(60))
     )
     assert await preference_hits(runtime, w.bot, reader) < before + 60
+    assert await preferences() == {short, tea}
+
+    many = [
+        AddFact(content=f"Ann likes format {k}", sources=(ItemRef(*src),), topics=("preferences",))
+        for k in range(conversation.MAX_PREFERENCES + 1)
+    ]
+    await apply(runtime, w.bot, *many)
+    assert await preferences() == {c.id for c in many[1:]}  # the first 20 in memory order: the newest
+    await apply(runtime, w.bot, *(SetTopics(c.id, ()) for c in many))
     assert await preferences() == {short, tea}
 
     await runtime.driver.execute_query("MATCH (e:Entry {botId: $b}) REMOVE e:Preference", b=w.bot)
