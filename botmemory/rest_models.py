@@ -266,7 +266,8 @@ class ChatMetaList(Out):
 
 
 class ContextPackOut(Out):
-    """Summary, preferences, the last messages and the visible memory of a Chat (D9.17)."""
+    """Summary, the first 20 preferences in memory order, the last 10 messages and the visible
+    memory of a Chat (D9.17)."""
 
     chat_id: str
     summary: str | None

@@ -29,8 +29,8 @@ _NEW_ENTRY: Final[LiteralString] = (
 )
 
 #: The label an entry carries while its tags hold the topic ``preferences`` (``contextPack``'s,
-#: D9.17): ``entry_preference`` finds a Bot's preferences without reading its other entries. Set
-#: where an entry is created, kept where its topics change.
+#: D9.17): ``entry_preference_audience`` finds a Bot's preferences without reading its other
+#: entries. Set where an entry is created, kept where its topics change.
 _LABEL_PREFERENCE: Final[LiteralString] = (
     "FOREACH (_ IN CASE WHEN 'preferences' IN e.tags THEN [1] ELSE [] END | SET e:Preference)\n"
 )

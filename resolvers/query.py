@@ -38,8 +38,8 @@ class Query(MemoryQuery, MemoryBotQuery):
         return None if chat is None else Chat.of(chat)
 
     @strawberry.field(
-        description="Summary, preferences, the last 10 messages and memory, built for the chat's "
-        "audience (every reader of an answer in it); for the chat's people."
+        description="Summary, the first 20 preferences in memory order, the last 10 messages and "
+        "memory, built for the chat's audience (every reader of an answer in it); for the chat's people."
     )
     async def context_pack(self, info: Info, chat_id: strawberry.ID) -> ContextPack:
         pack = await conversation.context_pack(
