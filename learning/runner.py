@@ -180,8 +180,8 @@ async def _history(
 ) -> tuple[list[dict[str, Any]], int]:
     """The Chat's last messages before this Turn as chat messages, and the Turn's first Item number."""
     limit = rt.settings.runner_history_items
-    total = (await chats.messages(rt, principal, chat_id, limit=1, skip=0)).total
-    page = await chats.messages(rt, principal, chat_id, limit=limit + 1, skip=max(total - limit - 1, 0))
+    _, page = await chats.last_messages(rt, principal, chat_id, limit + 1)
+    total = page.total
     before = [i for i in page.items if i.turn_id != turn_id]
     first = min((i.seq for i in page.items if i.turn_id == turn_id), default=total)
     out: list[dict[str, Any]] = []

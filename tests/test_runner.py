@@ -15,7 +15,15 @@ from learning.runner import SUMMARY_INTRO
 from services.runtime import Runtime
 from tests.client import Api, World
 from tests.feed_helpers import subscribed, ws_url
-from tests.learning_helpers import fact_call, learn, long_turn, memory_world, wait_executions, wait_summary
+from tests.learning_helpers import (
+    add_items,
+    fact_call,
+    learn,
+    long_turn,
+    memory_world,
+    wait_executions,
+    wait_summary,
+)
 from tests.memory_helpers import fact, said, visible
 from tests.model_server import ModelServer, Reply, ToolCall
 
@@ -157,6 +165,27 @@ async def test_a_long_chats_summary_reaches_the_bot(api: Api, model_server: Mode
     assert messages[-1] == {"role": "user", "content": "So where am I going?"}
     # The last messages still follow, oldest first.
     assert [m["content"][:2] for m in messages[1:-1]] == ["A ", "B "]
+
+
+async def test_the_bot_sees_the_chats_last_messages_oldest_first(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    """The runner gives the Bot the Chat's last ``runner_history_items`` messages before the Turn,
+    oldest first, then the person's new words: with 24 before it, the last 20 (m5…m24)."""
+    w = await runner_world(api, ("ann",))
+    ann = w.tokens["ann"]
+    chat = await api.chat(ann, w.bot)
+    turn = await api.turn(ann, chat, "m1")
+    kinds = ("BOT_MESSAGE", "PERSON_MESSAGE")
+    await add_items(api, ann, turn["id"], *((kinds[n % 2], f"m{n}") for n in range(2, 25)))
+    await api.gql("mutation($t: ID!) { completeTurn(turnId: $t) { id } }", {"t": turn["id"]}, ann)
+    model_server.script("chat", Reply(text="Noted."))
+    data = await api.gql(SEND, {"c": chat, "t": "And now?"}, ann)
+    assert data["sendMessage"]["reply"] == "Noted."
+    [request] = model_server.requests_for("chat")
+    shown = [m["content"] for m in request.body["messages"][1:]]
+    assert runtime.settings.runner_history_items == 20
+    assert shown == [f"m{n}" for n in range(5, 25)] + ["And now?"]
 
 
 async def test_review_chats_get_no_confide_tool(api: Api, model_server: ModelServer) -> None:
