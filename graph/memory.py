@@ -275,25 +275,42 @@ async def list_visible(
     return [] if record is None else record["entries"]
 
 
+class PreferencesParams(TypedDict):
+    """LOCKED_PREFERENCES' parameters."""
+
+    botId: str
+    org: str
+    readers: list[ReaderMap]
+    keys: list[str]
+    statuses: list[str]
+    tags: list[str]
+    afterRank: int
+    afterId: str
+    limit: int
+
+
+def preferences_params(*, bot_id: str, org: str, readers: list[ReaderMap], limit: int) -> PreferencesParams:
+    """LOCKED_PREFERENCES' parameters: the first page of the active entries tagged ``preferences``."""
+    return {
+        "botId": bot_id,
+        "org": org,
+        "readers": readers,
+        "keys": reader_keys(readers),
+        "statuses": ["active"],
+        "tags": ["preferences"],
+        "afterRank": TOP_RANK,
+        "afterId": "",
+        "limit": limit,
+    }
+
+
 async def locked_preferences(
     tx: QueryTarget, *, bot_id: str, org: str, readers: list[ReaderMap], limit: int
 ) -> list[EntryMap]:
     """LOCKED_PREFERENCES: the first ``limit`` in memory order of the Bot's active preferences
     that every one of ``readers`` may see."""
-    record = await single(
-        tx,
-        LOCKED_PREFERENCES,
-        EntriesRow,
-        botId=bot_id,
-        org=org,
-        readers=readers,
-        keys=reader_keys(readers),
-        statuses=["active"],
-        tags=["preferences"],
-        afterRank=TOP_RANK,
-        afterId="",
-        limit=limit,
-    )
+    params = preferences_params(bot_id=bot_id, org=org, readers=readers, limit=limit)
+    record = await single(tx, LOCKED_PREFERENCES, EntriesRow, **params)
     return [] if record is None else record["entries"]
 
 

@@ -154,18 +154,8 @@ async def test_context_pack_is_built_for_the_chats_audience(
 
 async def preference_hits(runtime: Runtime, bot: str, reader: memory.Reader) -> int:
     """The database hits of the preferences' statement (PROFILE) for ``reader``."""
-    params = reader.params
-    _, summary, _ = await runtime.driver.execute_query(
-        "PROFILE " + memory_q.LOCKED_PREFERENCES,
-        botId=bot,
-        keys=memory_q.reader_keys(params["readers"]),
-        statuses=["active"],
-        tags=["preferences"],
-        afterRank=memory_q.TOP_RANK,
-        afterId="",
-        limit=conversation.MAX_PREFERENCES,
-        **params,
-    )
+    params = memory_q.preferences_params(bot_id=bot, limit=conversation.MAX_PREFERENCES, **reader.params)
+    _, summary, _ = await runtime.driver.execute_query("PROFILE " + memory_q.LOCKED_PREFERENCES, dict(params))
 
     def hits(plan: Any) -> int:
         return int(plan.get("dbHits", 0)) + sum(hits(child) for child in plan.get("children", []))
