@@ -7,8 +7,10 @@ operation meets the same machine: GraphQL ``{ __typename }`` with no token (HTTP
 GraphQL's parse, validation and execution, and the client: no Neo4j), GraphQL ``me { id }``
 (that and the token's lookup in Neo4j), REST and GraphQL ``search(limit 10)`` for the pool's
 questions in turn, REST ``search(limit 10)`` for a question the process has not embedded yet (the
-pool's question and a number never asked before), and REST ``GET memory?limit=100`` (the first
-page). The API process embeds each question once and then keeps its vector (``QueryVectors``), so
+pool's question and a number never asked before), REST ``GET memory?limit=100`` (the first
+page) and the same with the filter ``tags=rare-topic`` (the topic of the reader's five oldest
+facts, RARE_TOPIC: the full-text index ``entry_tags`` finds them where a walk of
+the reader's keys read every visible entry). The API process embeds each question once and then keeps its vector (``QueryVectors``), so
 after the warm-up the other search rows exclude the query embedding, as the in-process rows do;
 the difference between such a row and the in-process ``search(10)`` row is what the API adds to
 it, and the new question's row is what a caller waits for with the embedding (LocalMiniLM).
@@ -33,6 +35,8 @@ SEARCH_QUERY: Final = (
     "{ score entry { id content layer tags } } }"
 )
 ME_QUERY: Final = "query { me { id } }"
+#: The topic of the five oldest facts of the dense and of the 1 % reader (``memory_bench.Planner``).
+RARE_TOPIC: Final = "rare-topic"
 TYPENAME_QUERY: Final = "query { __typename }"
 
 #: Operations in the order of the report.
@@ -43,6 +47,7 @@ OPS: Final = (
     "HTTP GraphQL search(10)",
     "HTTP REST search(10), new question",
     "HTTP REST GET memory (first 100)",
+    f"HTTP REST GET memory?tags={RARE_TOPIC}",
 )
 
 
@@ -78,9 +83,8 @@ async def measure_http(
                 if op == "HTTP GraphQL search(10)":
                     body = {"query": SEARCH_QUERY, "variables": {"b": bot, "q": question}}
                     return http.build_request("POST", "/graphql", json=body, headers=auth)
-                return http.build_request(
-                    "GET", f"/v1/bots/{bot}/memory", params={"limit": 100}, headers=auth
-                )
+                params = {"limit": 100} | ({"tags": RARE_TOPIC} if op.endswith(RARE_TOPIC) else {})
+                return http.build_request("GET", f"/v1/bots/{bot}/memory", params=params, headers=auth)
 
             rows = {op: Row(size, op, kind, []) for op in OPS}
             await _loop(http, request, rows, questions, s, rng)

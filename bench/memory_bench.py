@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import json
 import math
@@ -163,6 +164,8 @@ TOPICS = (
     "team", "finance", "hiring",
 )
 # fmt: on
+#: How many facts of each of the dense and the 1 % reader's Chats have ``http_bench.RARE_TOPIC``.
+RARE_COUNT = 5
 
 
 # --- the pool ----------------------------------------------------------------------------------
@@ -337,6 +340,21 @@ class Planner:
                 inv = self.invalidate()
                 if inv is not None:
                     out.append(inv)
+        return self.rare_topic(out)
+
+    def rare_topic(self, changes: list[MemoryChange]) -> list[MemoryChange]:
+        """The first RARE_COUNT facts of the dense and of the 1 % reader's own Chat get the topic
+        ``http_bench.RARE_TOPIC`` instead of theirs, at every size (a tag filter that finds few entries, the
+        oldest — the http row ``GET memory?tags=…``); no draw of the generator, so the rest of
+        the pool is what it was without them."""
+        left = {"mp": RARE_COUNT, "sp": RARE_COUNT}
+        out: list[MemoryChange] = []
+        for change in changes:
+            kind = self.pool.kind.get(change.id) if isinstance(change, AddFact) else None
+            if isinstance(change, AddFact) and kind in left and left[kind] > 0:
+                left[kind] -= 1
+                change = dataclasses.replace(change, topics=(http_bench.RARE_TOPIC,))
+            out.append(change)
         return out
 
 

@@ -152,6 +152,16 @@ MIGRATIONS: Final[tuple[tuple[int, tuple[LiteralString, ...]], ...]] = (
             "FOR (n:Preference) ON (n.botId, n.audienceKey, n.memoryRank)",
         ),
     ),
+    (
+        14,
+        (
+            # A tag filter's entries by their tags (GET memory?tags=…, ``graph.memory``'s
+            # _TAGGED_PAGE): each tag and the Bot one whitespace token; Neo4j keeps it where tags
+            # change. The data step below waits for it to be populated.
+            "CREATE FULLTEXT INDEX entry_tags IF NOT EXISTS FOR (n:Entry) ON EACH [n.tags, n.botId]"
+            " OPTIONS {indexConfig: {`fulltext.analyzer`: 'whitespace'}}",
+        ),
+    ),
 )
 
 #: Entries whose labels predate the current label properties: without ``memoryRank`` (before
@@ -189,6 +199,9 @@ MATCH (e:Entry) WHERE 'preferences' IN e.tags AND NOT e:Preference
 CALL (e) { SET e:Preference } IN TRANSACTIONS OF 10000 ROWS
 """
 
+#: A store's entries in ``entry_tags`` before a tag filter reads it (version 14).
+_AWAIT_TAGS: Final[LiteralString] = "CALL db.awaitIndex('entry_tags', 600)"
+
 LATEST: Final = MIGRATIONS[-1][0]
 
 _READ_VERSION: Final[LiteralString] = "MATCH (s:SchemaVersion {id: 'schema'}) RETURN s.version AS version"
@@ -224,6 +237,8 @@ async def migrate(driver: AsyncDriver) -> int:
         if version == 12:
             async with driver.session() as session:  # CALL … IN TRANSACTIONS needs auto-commit
                 await (await session.run(_LABEL_PREFERENCES)).consume()
+        if version == 14:
+            await driver.execute_query(_AWAIT_TAGS)
         await driver.execute_query(_WRITE_VERSION, version=version)
         applied = version
     return applied

@@ -11,18 +11,18 @@ from neo4j import AsyncManagedTransaction
 from graph import access
 from graph.access import IdsRow
 from graph.driver import rows, single
-from graph.entries import CountRow
+from graph.entries import TAGGED_ENTRIES, CountRow, tag_query
 
-#: The entries carrying the purge tag, and the label of those someone may see now (``gone``, the
+#: The entries carrying the purge tag (TAGGED_ENTRIES), and the label of those someone may see now (``gone``, the
 #: removals of the purge, D9.24: after it, no one sees them).
-TAGGED_IDS: Final[LiteralString] = """
-MATCH (e:Entry {botId: $botId})
-WHERE $tag IN e.tags
-RETURN collect(e.id) AS ids,
+TAGGED_IDS: Final[LiteralString] = (
+    TAGGED_ENTRIES
+    + """RETURN collect(e.id) AS ids,
        collect(CASE WHEN e.status <> 'retracted' AND e.lblRequires IS NOT NULL
          THEN {id: e.id, requires: e.lblRequires, excluded: coalesce(e.lblExcluded, []),
                afterRequires: ['#unproved'], afterExcluded: []} END) AS gone
 """
+)
 
 
 class GoneLabel(TypedDict):
@@ -41,10 +41,12 @@ class TaggedRow(TypedDict):
     gone: list[GoneLabel]
 
 
-#: Entries carrying the purge tag (observations carry their sources' provenance, V12).
+#: The entries carrying the purge tag, by the ids TAGGED_IDS found (observations carry their
+#: sources' provenance, V12).
 PURGE_ENTRIES: Final[LiteralString] = """
-MATCH (e:Entry {botId: $botId})
-WHERE $tag IN e.tags
+UNWIND $ids AS id
+MATCH (e:Entry {id: id})
+WHERE e.botId = $botId
 WITH collect(e) AS doomed, collect(e.id) AS ids
 FOREACH (e IN doomed | DETACH DELETE e)
 RETURN ids
@@ -180,14 +182,16 @@ class Purged:
 async def purge(tx: AsyncManagedTransaction, *, bot_id: str, tag: str) -> Purged:
     """Delete the entries carrying ``tag`` and strip what embeds them from the change log (D9.20).
     The caller writes the purge's log row with ``above`` and ``gone`` (``graph.changelog.log_change``)."""
-    doomed = await single(tx, TAGGED_IDS, TaggedRow, botId=bot_id, tag=tag)
+    doomed = await single(
+        tx, TAGGED_IDS, TaggedRow, botId=bot_id, tags=[tag], tagQuery=tag_query(bot_id, [tag])
+    )
     if doomed is None or not doomed["ids"]:
         return Purged([], [], [])
     doomed_ids: list[str] = list(doomed["ids"])
     above = [
         i for i in await access.dependents_of(tx, bot_id=bot_id, ids=doomed_ids) if i not in set(doomed_ids)
     ]
-    record = await single(tx, PURGE_ENTRIES, IdsRow, botId=bot_id, tag=tag)
+    record = await single(tx, PURGE_ENTRIES, IdsRow, botId=bot_id, ids=doomed_ids)
     ids: list[str] = [] if record is None else list(record["ids"])
     await tx.run(PURGE_CHANGES, botId=bot_id, ids=ids)
     if ids:

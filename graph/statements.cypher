@@ -1515,8 +1515,10 @@ SET e.tags = [t IN e.tags WHERE t <> 'from:' + $personId],
     e.updatedAt = $now
 
 // ---- graph.entries.RENAME_TOPIC
-MATCH (e:Entry {botId: $botId})
-WHERE $from IN e.tags
+CALL db.index.fulltext.queryNodes('entry_tags', $tagQuery) YIELD node
+WITH collect(node) AS found
+UNWIND found AS e
+WITH e WHERE e.botId = $botId AND all(t IN $tags WHERE t IN e.tags)
 SET e.tags = [t IN e.tags WHERE t <> $from AND t <> $to] + [$to], e.updatedAt = $now
 FOREACH (_ IN CASE WHEN 'preferences' IN e.tags THEN [1] ELSE [] END | SET e:Preference)
 FOREACH (_ IN CASE WHEN 'preferences' IN e.tags THEN [] ELSE [1] END | REMOVE e:Preference)
@@ -1543,6 +1545,12 @@ MATCH (e:Entry {id: $id, botId: $botId})
 SET e.tags = $tags, e.updatedAt = $now
 FOREACH (_ IN CASE WHEN 'preferences' IN e.tags THEN [1] ELSE [] END | SET e:Preference)
 FOREACH (_ IN CASE WHEN 'preferences' IN e.tags THEN [] ELSE [1] END | REMOVE e:Preference)
+
+// ---- graph.entries.TAGGED_ENTRIES
+CALL db.index.fulltext.queryNodes('entry_tags', $tagQuery) YIELD node
+WITH collect(node) AS found
+UNWIND found AS e
+WITH e WHERE e.botId = $botId AND all(t IN $tags WHERE t IN e.tags)
 
 // ---- graph.identity.COUNT_PEOPLE_IN_ORG
 UNWIND $personIds AS personId
@@ -1757,22 +1765,6 @@ WITH e, collect(CASE WHEN src IS NULL THEN null WHEN src:Item THEN {chat: src.ch
 RETURN e {.id, .layer, .tags, .status, .confidence, .createdAt, .updatedAt, .invalidatedAt,
      .content, .contentLength, .orderKey, .memoryRank, sources: sources} AS entry
 
-// ---- graph.memory.LIST_VISIBLE
-WITH $readers AS readers, $org AS org, $keys AS keys
-UNWIND keys AS key
-MATCH (e:Entry)
-WHERE e.botId = $botId AND e.audienceKey = key AND e.memoryRank < $top AND e.status IN $statuses AND all(t IN $tags WHERE t IN e.tags) AND
-(size(readers) > 0
- AND all(rd IN readers WHERE all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
-
-OPTIONAL MATCH (e)-[:SOURCE]->(src)
-WITH e, collect(CASE WHEN src IS NULL THEN null WHEN src:Item THEN {chat: src.chatId, item: src.id}
-                     ELSE {entry: src.id} END) AS sources
-WITH e, sources ORDER BY e.memoryRank DESC, e.id
-RETURN collect(e {.id, .layer, .tags, .status, .confidence, .createdAt, .updatedAt, .invalidatedAt,
-     .content, .contentLength, .orderKey, .memoryRank, sources: sources}) AS entries
-
 // ---- graph.memory.LOCKED_PREFERENCES
 MATCH (held:Memory {id: $botId})
 CALL apoc.lock.read.nodes([held])
@@ -1782,8 +1774,7 @@ WITH m, $readers AS readers, $org AS org, $keys AS keys
 UNWIND keys AS key
 CALL (key, readers, org) {
   MATCH (e:Preference)
-  WHERE e.botId = $botId AND e.audienceKey = key AND e.memoryRank <= $afterRank
-    AND CASE WHEN e.memoryRank = $afterRank THEN e.id > $afterId ELSE true END AND e.status IN $statuses AND all(t IN $tags WHERE t IN e.tags) AND
+  WHERE e.botId = $botId AND e.audienceKey = key AND e.memoryRank <= $afterRank AND CASE WHEN e.memoryRank = $afterRank THEN e.id > $afterId ELSE true END AND e.status IN $statuses AND all(t IN $tags WHERE t IN e.tags) AND
 (size(readers) > 0
  AND all(rd IN readers WHERE all(a IN e.lblRequires WHERE
        a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
@@ -1864,13 +1855,67 @@ CALL (reader) {
 UNWIND keys AS key
 CALL (key, readers, org) {
   MATCH (e:Entry)
-  WHERE e.botId = $botId AND e.audienceKey = key AND e.memoryRank <= $afterRank
-    AND CASE WHEN e.memoryRank = $afterRank THEN e.id > $afterId ELSE true END AND e.status IN $statuses AND all(t IN $tags WHERE t IN e.tags) AND
+  WHERE e.botId = $botId AND e.audienceKey = key AND e.memoryRank <= $afterRank AND CASE WHEN e.memoryRank = $afterRank THEN e.id > $afterId ELSE true END AND e.status IN $statuses AND all(t IN $tags WHERE t IN e.tags) AND
 (size(readers) > 0
  AND all(rd IN readers WHERE all(a IN e.lblRequires WHERE
        a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
 
   RETURN e ORDER BY e.botId DESC, e.audienceKey DESC, e.memoryRank DESC, e.id LIMIT $limit
+}
+WITH e ORDER BY e.memoryRank DESC, e.id LIMIT $limit
+
+OPTIONAL MATCH (e)-[:SOURCE]->(src)
+WITH e, collect(CASE WHEN src IS NULL THEN null WHEN src:Item THEN {chat: src.chatId, item: src.id}
+                     ELSE {entry: src.id} END) AS sources
+WITH e, sources ORDER BY e.memoryRank DESC, e.id
+RETURN collect(e {.id, .layer, .tags, .status, .confidence, .createdAt, .updatedAt, .invalidatedAt,
+     .content, .contentLength, .orderKey, .memoryRank, sources: sources}) AS entries
+}
+RETURN version, reader, entries
+
+// ---- graph.memory.LOCK_READER_AND_TAGGED_PAGE
+MATCH (held:Memory {id: $botId})
+CALL apoc.lock.read.nodes([held])
+WITH held
+MATCH (m:Memory) WHERE elementId(m) = elementId(held)
+WITH m
+OPTIONAL MATCH (p:Person {id: $personId})-[:MEMBER_OF]->(o:Organization {id: $org})
+OPTIONAL MATCH (b:Bot {id: $botId})
+OPTIONAL MATCH (p)-[:MEMBER]->(c:Channel)-[:IN]->(o)
+WITH m, p, o, b, collect(c.id) AS channels
+WITH m.version AS version, CASE WHEN p IS NULL THEN null ELSE {id: p.id, channels: channels, usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)),
+  atoms: ['person:' + p.id] + [cid IN channels | 'channel:' + cid]
+         + CASE WHEN EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)) THEN ['bot'] ELSE [] END} END AS reader
+CALL (reader) {
+  WITH reader WHERE reader IS NOT NULL AND reader.usesBot
+  WITH [reader] AS readers, $org AS org, reader.atoms AS keys
+CALL () {
+  CALL db.index.fulltext.queryNodes('entry_tags', $tagQuery, {limit: $tagCap}) YIELD node
+  RETURN collect(node) AS tagged
+}
+CALL (tagged, keys, readers, org) {
+  WITH tagged, keys, readers, org WHERE size(tagged) < $tagCap
+  UNWIND tagged AS e
+  WITH e, keys, readers, org
+  WHERE e.botId = $botId AND e.audienceKey IN keys AND e.memoryRank <= $afterRank AND CASE WHEN e.memoryRank = $afterRank THEN e.id > $afterId ELSE true END AND e.status IN $statuses AND all(t IN $tags WHERE t IN e.tags) AND
+(size(readers) > 0
+ AND all(rd IN readers WHERE all(a IN e.lblRequires WHERE
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
+
+  RETURN e
+  UNION
+  WITH tagged, keys, readers, org WHERE size(tagged) >= $tagCap
+UNWIND keys AS key
+CALL (key, readers, org) {
+  MATCH (e:Entry)
+  WHERE e.botId = $botId AND e.audienceKey = key AND e.memoryRank <= $afterRank AND CASE WHEN e.memoryRank = $afterRank THEN e.id > $afterId ELSE true END AND e.status IN $statuses AND all(t IN $tags WHERE t IN e.tags) AND
+(size(readers) > 0
+ AND all(rd IN readers WHERE all(a IN e.lblRequires WHERE
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
+
+  RETURN e ORDER BY e.botId DESC, e.audienceKey DESC, e.memoryRank DESC, e.id LIMIT $limit
+}
+  RETURN e
 }
 WITH e ORDER BY e.memoryRank DESC, e.id LIMIT $limit
 
@@ -2072,15 +2117,18 @@ CALL (){
 RETURN calls, answers, rewrites
 
 // ---- graph.purge.PURGE_ENTRIES
-MATCH (e:Entry {botId: $botId})
-WHERE $tag IN e.tags
+UNWIND $ids AS id
+MATCH (e:Entry {id: id})
+WHERE e.botId = $botId
 WITH collect(e) AS doomed, collect(e.id) AS ids
 FOREACH (e IN doomed | DETACH DELETE e)
 RETURN ids
 
 // ---- graph.purge.TAGGED_IDS
-MATCH (e:Entry {botId: $botId})
-WHERE $tag IN e.tags
+CALL db.index.fulltext.queryNodes('entry_tags', $tagQuery) YIELD node
+WITH collect(node) AS found
+UNWIND found AS e
+WITH e WHERE e.botId = $botId AND all(t IN $tags WHERE t IN e.tags)
 RETURN collect(e.id) AS ids,
        collect(CASE WHEN e.status <> 'retracted' AND e.lblRequires IS NOT NULL
          THEN {id: e.id, requires: e.lblRequires, excluded: coalesce(e.lblExcluded, []),

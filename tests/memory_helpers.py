@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import base64
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, LiteralString, cast
 
 from services.changes import AddFact, AddObservation, Applied, ItemRef, MemoryChange
 from services.runtime import Runtime
@@ -43,6 +44,16 @@ async def visible(api: Api, token: str, bot: str, tags: str | None = None) -> di
     response = await api.http.get(f"/v1/bots/{bot}/memory{query}", headers=bearer(token))
     assert response.status_code == 200, response.text
     return {e["id"]: e for e in response.json()["entries"]}
+
+
+async def db_hits(rt: Runtime, query: str, params: Mapping[str, Any]) -> int:
+    """The database hits of ``query`` with ``params``, PROFILEd (it runs)."""
+    _, summary, _ = await rt.driver.execute_query(cast(LiteralString, "PROFILE " + query), dict(params))
+
+    def hits(plan: Any) -> int:
+        return int(plan.get("dbHits", 0)) + sum(hits(child) for child in plan.get("children", []))
+
+    return hits(summary.profile)
 
 
 async def command(api: Api, token: str, bot: str, body: dict[str, Any]) -> Any:

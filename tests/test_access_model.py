@@ -791,8 +791,13 @@ class AccessMachine(RuleBasedStateMachine):
 
         return list(await asyncio.gather(*(one(p, b) for p in self.people for b in self.bots)))
 
-    def compare(self, where: str, person: str, bot: str, got: list[View] | None) -> None:
+    def compare(
+        self, where: str, person: str, bot: str, got: list[View] | None, tag: str | None = None
+    ) -> None:
+        """``got`` against the model's listing (only its entries with ``tag``, when given)."""
         expected = self.model.listing(person, bot)
+        if expected is not None and tag is not None:
+            expected = [v for v in expected if tag in v.tags]
         if expected is None or got is None:
             assert expected == got, self.describe(
                 f"{where}: {person} on {bot}: readable by the model {expected is not None}, by the service {got is not None}"
@@ -866,9 +871,32 @@ class AccessMachine(RuleBasedStateMachine):
         calls = [f(p, b) for p in self.people for b in self.bots for f in (rest, gql, pages)]
         return list(await asyncio.gather(*calls))
 
+    def filter_tags(self, bot: str) -> list[str]:
+        """A few tags the Bot's entries carry (topics, ``for:``, ``from:``, ``chat:``…), whoever sees them."""
+        tags = sorted({t for e in self.model.entries.values() if e.bot == bot for t in e.tags})
+        return tags[:: max(1, len(tags) // 3)][:4]
+
+    async def _tagged_listings(self) -> list[tuple[str, str, str, list[View] | None]]:
+        """GET memory?tags=<tag> (the full-text index ``entry_tags``), per person, Bot and tag."""
+        api = self.bridge.api
+
+        async def rest(person: str, bot: str, tag: str) -> tuple[str, str, str, list[View] | None]:
+            response = await api.http.get(
+                f"/v1/bots/{bot}/memory", params={"tags": tag}, headers=self.headers(person)
+            )
+            if response.status_code in (403, 404):
+                return tag, person, bot, None
+            assert response.status_code == 200, response.text
+            return tag, person, bot, [json_view(e) for e in response.json()["entries"]]
+
+        calls = [rest(p, b, t) for p in self.people for b in self.bots for t in self.filter_tags(b)]
+        return list(await asyncio.gather(*calls))
+
     def check_http(self) -> None:
         for where, person, bot, got in self.run(self._http_listings()):
             self.compare(where, person, bot, got)
+        for tag, person, bot, got in self.run(self._tagged_listings()):
+            self.compare(f"REST ?tags={tag}", person, bot, got, tag)
 
     def teardown(self) -> None:
         if self.ready and self.clean:

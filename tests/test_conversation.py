@@ -16,7 +16,7 @@ from services.runtime import Runtime
 from tests.client import Api, bearer
 from tests.conftest import WorkerProcess
 from tests.learning_helpers import long_turn, memory_world, until_logged, wait_summary
-from tests.memory_helpers import apply, fact, said, sealed
+from tests.memory_helpers import apply, db_hits, fact, said, sealed
 from tests.model_server import ModelServer, Reply, ToolCall
 
 pytestmark = pytest.mark.usefixtures("learning_worker")
@@ -155,12 +155,7 @@ async def test_context_pack_is_built_for_the_chats_audience(
 async def preference_hits(runtime: Runtime, bot: str, reader: memory.Reader) -> int:
     """The database hits of the preferences' statement (PROFILE) for ``reader``."""
     params = memory_q.preferences_params(bot_id=bot, limit=conversation.MAX_PREFERENCES, **reader.params)
-    _, summary, _ = await runtime.driver.execute_query("PROFILE " + memory_q.LOCKED_PREFERENCES, dict(params))
-
-    def hits(plan: Any) -> int:
-        return int(plan.get("dbHits", 0)) + sum(hits(child) for child in plan.get("children", []))
-
-    return hits(summary.profile)
+    return await db_hits(runtime, memory_q.LOCKED_PREFERENCES, params)
 
 
 async def test_preferences_follow_their_topic_and_are_found_without_the_other_entries(

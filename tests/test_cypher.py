@@ -31,6 +31,19 @@ SWEEPS = {
     "graph.memorybot.BUDGETED_MODELS": "each Bot's Memory once, for the budget state of health checks",
 }
 
+#: The statements that mean to read every entry of a Bot, and why.
+BOT_SWEEPS = {
+    "graph.backfill.PROGRESS": "a backfill's progress counts the Bot's entries (CLI and status)",
+    "graph.entries.ALL_IDS": "relabel of a whole Bot (python -m botmemory.cli relabel)",
+    "graph.learning.LEARNING_CONTEXT": "L4: the topic counts cover every valid entry",
+}
+
+#: An index operator on Entry that seeks only the Bot: ``botId = $botId``, perhaps with a
+#: predicate every entry meets (``id IS NOT NULL``).
+_WHOLE_BOT = re.compile(
+    r":Entry\((?:botId|botId, \w+)\) WHERE botId = \$botId(?: AND \w+ IS NOT NULL)?(?:,|$)"
+)
+
 #: Tails of statements: their ``e`` is bound by what comes before them, not read from a label.
 TAILS = frozenset({"graph.memory.ENTRY_ROW", "graph.memory.ENTRY_LIST"})
 
@@ -52,6 +65,17 @@ def scans(plan: Any) -> list[str]:
     return found + [s for child in plan.get("children", []) for s in scans(child)]
 
 
+def whole_bot_reads(plan: Any) -> list[str]:
+    """The index operators of ``plan`` that read every entry of a Bot."""
+    details = plan.get("args", {}).get("Details", "")
+    found = (
+        [f"{plan['operatorType']} {details}"]
+        if "Index" in plan["operatorType"] and _WHOLE_BOT.search(details)
+        else []
+    )
+    return found + [s for child in plan.get("children", []) for s in whole_bot_reads(child)]
+
+
 @pytest.mark.parametrize(("name", "query"), QUERIES, ids=[n for n, _ in QUERIES])
 async def test_query_compiles(runtime: Runtime, name: str, query: str) -> None:
     await explained(runtime, query)
@@ -65,3 +89,17 @@ async def test_no_statement_reads_a_whole_label_it_could_seek(runtime: Runtime) 
     found = {name: scans(await explained(runtime, query)) for name, query in QUERIES if name not in TAILS}
     assert {name: s for name, s in found.items() if s and name not in SWEEPS} == {}
     assert all(found[name] for name in SWEEPS), "a sweep that no longer scans: take it off SWEEPS"
+
+
+async def test_no_statement_reads_every_entry_of_a_bot_but_those_that_mean_it(runtime: Runtime) -> None:
+    """A Bot's entries with a tag — a topic to rename, a tag to purge, a filter of GET memory — come
+    from the full-text index ``entry_tags``, not from reading every entry of the Bot (RENAME_TOPIC
+    and the purge's TAGGED_IDS did: under the exclusive lock, so every reader of a 100k Bot waited
+    for it). Only the statements of BOT_SWEEPS read a whole Bot."""
+    found = {
+        name: whole_bot_reads(await explained(runtime, query)) for name, query in QUERIES if name not in TAILS
+    }
+    assert {name: s for name, s in found.items() if s and name not in BOT_SWEEPS} == {}
+    assert all(found[name] for name in BOT_SWEEPS), (
+        "a sweep that no longer reads the Bot: take it off BOT_SWEEPS"
+    )

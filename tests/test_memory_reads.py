@@ -8,12 +8,14 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
+from graph import memory as memory_q
+from graph.migrations import LATEST, migrate
 from services import memory, retrieval
-from services.changes import AddFact, Invalidate, ItemRef
+from services.changes import AddFact, Invalidate, ItemRef, RenameTopic, SetTopics
 from services.domain import Principal
 from services.runtime import Runtime
 from tests.client import Api, World, make_world
-from tests.memory_helpers import apply, command, fact, said, visible
+from tests.memory_helpers import apply, command, db_hits, fact, said, visible
 
 
 def entry_decryptions() -> float:
@@ -269,3 +271,113 @@ async def test_the_log_pages_back_through_every_change_you_may_see(api: Api, run
         )
         assert response.status_code == 422 and response.json()["error"]["code"] == "BAD_INPUT", bad
     assert await api.codes(query, {"b": w.bot, "l": 0, "v": None}, ann) == ["BAD_INPUT"]
+
+
+async def _tagged(
+    runtime: Runtime, w: World, tags: list[str], page: tuple[int, tuple[int, str] | None] | None, tag_cap: int
+) -> list[tuple[int, str]]:
+    """Ann's GET memory with ``tags`` as the statement gives it ((memoryRank, id) in memory order),
+    with the index's cap."""
+    async with runtime.driver.session() as session:
+        got = await memory_q.lock_reader_and_list(
+            session,
+            memory_q.listing(
+                bot_id=w.bot,
+                person_id=w.people["ann"],
+                org=w.org,
+                statuses=["active", "invalidated"],
+                tags=tags,
+                page=page,
+                tag_cap=tag_cap,
+            ),
+        )
+    assert got is not None and got["reader"] is not None
+    return [(e["memoryRank"], e["id"]) for e in got["entries"]]
+
+
+async def _tagged_hits(runtime: Runtime, w: World, tags: list[str]) -> int:
+    """The database hits of Ann's first page of 10 with ``tags``."""
+    query, params = memory_q.listing(
+        bot_id=w.bot,
+        person_id=w.people["ann"],
+        org=w.org,
+        statuses=["active", "invalidated"],
+        tags=tags,
+        page=(10, None),
+    )
+    return await db_hits(runtime, query, params)
+
+
+async def test_a_tag_filter_reads_the_entries_with_its_tags_not_every_visible_one(
+    api: Api, runtime: Runtime
+) -> None:
+    """GET memory?tags=… finds its entries in the full-text index ``entry_tags`` (migration 14)
+    when the Bot has fewer than TAGGED_CAP of them, and walks the reader's keys otherwise: both
+    give the same list and the same pages for every tag Ann's entries carry (topics, ``for:``,
+    ``chat:``, ``org:``…), her history included, others' entries never; the index follows
+    SetTopics and RenameTopic; sixty more visible entries without the tag add fewer than sixty
+    database hits to a rare topic's page (the walk read them all); a store upgraded from version
+    13 gets the index."""
+    w = await make_world(api, ("ann", "bob"), channel=("ann", "bob"))
+    ann, bob = w.tokens["ann"], w.tokens["bob"]
+    own = await said(api, ann, await api.chat(ann, w.bot), "mine")
+    group = await said(api, bob, await api.chat(bob, w.bot, channel=w.channel), "ours")
+    theirs = await said(api, bob, await api.chat(bob, w.bot), "bob's")
+    topics: tuple[tuple[str, ...], ...] = (("travel",), (), ("travel", "sailing"), ("work",))
+    changes = [
+        AddFact(content=f"{kind} {n}", sources=(ItemRef(*src),), topics=topics[n % 4])
+        for n in range(8)
+        for kind, src in (("own", own), ("group", group), ("theirs", theirs))
+    ]
+    await apply(runtime, w.bot, *changes)
+    await apply(runtime, w.bot, Invalidate(changes[6].id))  # "own 2" (travel, sailing): history
+    assert (
+        await command(api, ann, w.bot, {"_tag": "Remember", "content": "p", "tags": ["sailing"]})
+    ).status_code == 201
+
+    everything = await visible(api, ann, w.bot)
+    filters = [[t] for t in sorted({t for e in everything.values() for t in e["tags"]})]
+    filters += [
+        ["travel", "sailing"],
+        ["sailing", f"chat:{own[0]}"],
+        ["travel", "no-such-topic"],
+        ["nothing"],
+    ]
+    assert len(filters) >= 10 and any(f[0].startswith("for:") for f in filters)
+    for tags in filters:
+        want = [i for i, e in everything.items() if set(tags) <= set(e["tags"])]
+        indexed, walked = (
+            await _tagged(runtime, w, tags, None, memory_q.TAGGED_CAP),
+            await _tagged(runtime, w, tags, None, 1),
+        )
+        assert indexed == walked and [i for _, i in indexed] == want, tags
+        for limit in (1, 3):
+            pages: list[str] = []
+            after: tuple[int, str] | None = None
+            while True:
+                page = await _tagged(runtime, w, tags, (limit, after), memory_q.TAGGED_CAP)
+                assert page == (await _tagged(runtime, w, tags, (limit, after), 1)), (tags, limit, after)
+                pages += [i for _, i in page]
+                if len(page) < limit:
+                    break
+                after = page[-1]
+            assert pages == want, (tags, limit)
+    sailing = [c.id for c in changes if "sailing" in c.topics and not c.content.startswith("theirs")]
+    assert set(await visible(api, ann, w.bot, tags="sailing")) >= set(sailing)
+
+    await apply(runtime, w.bot, SetTopics(changes[0].id, ("sailing",)), RenameTopic("work", "sailing"))
+    now = await visible(api, ann, w.bot, tags="sailing")
+    assert changes[0].id in now and all("work" not in e["tags"] for e in now.values())
+    assert await visible(api, ann, w.bot, tags="work") == {}
+    assert list(now) == [i for _, i in await _tagged(runtime, w, ["sailing"], None, 1)]
+
+    before = await _tagged_hits(runtime, w, ["no-such-topic"])
+    await apply(
+        runtime, w.bot, *(AddFact(content=f"own more {k}", sources=(ItemRef(*own),)) for k in range(60))
+    )
+    assert await _tagged_hits(runtime, w, ["no-such-topic"]) < before + 60
+
+    await runtime.driver.execute_query("DROP INDEX entry_tags")
+    await runtime.driver.execute_query("MATCH (s:SchemaVersion {id: 'schema'}) SET s.version = 13")
+    assert await migrate(runtime.driver) == LATEST
+    assert list(await visible(api, ann, w.bot, tags="sailing")) == list(now)
