@@ -304,6 +304,17 @@ class Model:
         if e.status == ACTIVE:
             e.status = INVALIDATED
 
+    def set_topics(self, bot: str, entry_id: str, topics: tuple[str, ...]) -> None:
+        """The memory Bot sets an entry's topics (V8): its OpenBot tags (with a colon) stay."""
+        e = self._entry_of(bot, entry_id)
+        e.tags = [t for t in e.tags if ":" in t] + list(topics)
+
+    def rename_topic(self, bot: str, old: str, new: str) -> None:
+        """Every entry of the Bot with topic ``old`` gets ``new`` instead (L4: all of them)."""
+        for e in self.entries.values():
+            if e.bot == bot and old in e.tags:
+                e.tags = [t for t in e.tags if t not in (old, new)] + [new]
+
     def import_legacy(self, bot: str, entry_id: str, tags: list[str]) -> None:
         """Old memory without access proof: kept hidden (V9)."""
         self.entries[entry_id] = Entry(entry_id, bot, "fact", _dedup(tags), self._next_seq(), legacy=True)

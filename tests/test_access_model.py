@@ -3,15 +3,17 @@
 A Hypothesis ``RuleBasedStateMachine`` provisions a small fresh world per example (≤2
 organizations, ≤4 people, ≤2 channels, ≤2 Bots), then runs random steps against the real
 service — GraphQL provisioning and chats, the memory Bot's ``apply_changes`` (facts,
-observations, invalidation, share), legacy imports, REST Remember/Forget/purge, GraphQL
+observations, invalidation, share, set_topics, rename_topic), legacy imports, REST Remember/Forget/purge, GraphQL
 shareEntry and deleteChatHistory, channel membership, grants and links — and the same steps
 against :mod:`tests.reference_model` (stdlib only, written from the seed and DESIGN §3, §4, §9).
 
 After every step, every person's listing of every Bot (service layer ``list_entries``) must
 equal the model's: ids in memory order, layer, status, tags and sources. Refusals must be
 predicted (with an acceptable error code) and leave everything unchanged. At the end of each
-example the REST and GraphQL listings of every person are compared as well, and the REST
-listing walked in pages of 2 (``?limit=2&after=``).
+example the REST and GraphQL listings of every person are compared as well, the REST
+listing walked in pages of 2 (``?limit=2&after=``), the REST listing filtered by each topic and
+some OpenBot tags of the Bot's entries (``?tags=``: the full-text index ``entry_tags``), and
+``contextPack``'s preferences in each private Chat (the ``:Preference`` label, D9.17).
 
 ``tests/test_search_access.py`` runs a subclass that plants words in the entries (``content``)
 and checks ``search`` against the same model.
@@ -50,7 +52,17 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from services.changes import AddFact, AddObservation, Invalidate, ItemRef, MemoryChange, Share
+from services import conversation
+from services.changes import (
+    AddFact,
+    AddObservation,
+    Invalidate,
+    ItemRef,
+    MemoryChange,
+    RenameTopic,
+    SetTopics,
+    Share,
+)
 from services.domain import Principal
 from services.errors import Conflict, ServiceError
 from services.maintenance import LegacyEntry, import_legacy
@@ -59,13 +71,15 @@ from services.runtime import Runtime
 from services.writepath import apply_changes
 from tests.client import Api, GraphQLErrors, make_world
 from tests.memory_helpers import command, said
-from tests.reference_model import Model, Refused, View
+from tests.reference_model import ACTIVE, Model, Refused, View
 
 EXAMPLES = int(os.environ.get("BOTMEMORY_HYPOTHESIS_EXAMPLES", "15"))
 STEPS = int(os.environ.get("BOTMEMORY_HYPOTHESIS_STEPS", "25"))
 #: ``BOTMEMORY_HYPOTHESIS_SHRINK=0`` reports the first failing example unshrunk (fast triage).
 SHRINK = os.environ.get("BOTMEMORY_HYPOTHESIS_SHRINK", "1") != "0"
 MAX_ENTRIES = 12
+#: The topics the machine gives, sets and renames (``preferences`` is contextPack's, D9.17).
+TOPICS = ("travel", "preferences", "work")
 MAX_CHATS = 6
 UNKNOWN_ENTRY = "mem_" + "0" * 32
 
@@ -471,8 +485,9 @@ class AccessMachine(RuleBasedStateMachine):
         self.say(f"{actor} says {item} in {chat}")
         return item
 
-    def _fact(self, bot: str, refs: list[tuple[str, str]], topic: bool) -> None:
-        topics = ("travel",) if topic else ()
+    def _fact(self, bot: str, refs: list[tuple[str, str]], topic: bool | str) -> None:
+        """A fact from ``refs``; ``topic`` True is ``travel``, a string that topic."""
+        topics = (topic,) if isinstance(topic, str) else ("travel",) if topic else ()
         change = AddFact(
             content=self.content("a fact"), sources=tuple(ItemRef(c, i) for c, i in refs), topics=topics
         )
@@ -498,9 +513,13 @@ class AccessMachine(RuleBasedStateMachine):
             self._fact(self.model.chats[c].bot, [(c, item)], False)
 
     @precondition(lambda self: self.items and self.created < MAX_ENTRIES)
-    @rule(bot=idx, sources=st.lists(idx, min_size=1, max_size=2), topic=st.booleans())
+    @rule(
+        bot=idx,
+        sources=st.lists(idx, min_size=1, max_size=2),
+        topic=st.sampled_from((False, "travel", "preferences")),
+    )
     @step
-    def learn_fact(self, bot: int, sources: list[int], topic: bool) -> None:
+    def learn_fact(self, bot: int, sources: list[int], topic: bool | str) -> None:
         """A fact from one or two Items, possibly of different Chats (or, rarely, of another Bot)."""
         refs = list(dict.fromkeys(pick_recent(self.items, i) for i in sources))
         b = self.model.chats[refs[0][0]].bot if bot % 8 else pick(self.bots, bot // 8)
@@ -650,6 +669,33 @@ class AccessMachine(RuleBasedStateMachine):
             m.replace_audience(e, aud)
         self.say(f"{what} -> {code or 'ok'}")
 
+    @rule(
+        entry=idx, topics=st.lists(st.sampled_from(TOPICS), max_size=2, unique=True), wrong=st.integers(0, 9)
+    )
+    @step
+    def set_topics(self, entry: int, topics: list[str], wrong: int) -> None:
+        """The memory Bot's ``set_topics``: never who sees the entry, always what ``?tags=`` finds."""
+        e = self.pick_entry(entry)
+        bot = self.bot_of_entry(e, wrong)
+        predicted: Refused | None = None
+        try:
+            self.model.set_topics(bot, e, tuple(topics))
+        except Refused as r:
+            predicted = r
+        _, code = self.run(_code_of(self._apply(bot, [SetTopics(e, tuple(topics))])))
+        self.expect("set topics", self.describe(f"set_topics {e} on {bot} to {topics}"), predicted, code)
+        self.say(f"set_topics {e} on {bot} to {topics} -> {code or 'ok'}")
+
+    @rule(bot=idx, old=st.sampled_from(TOPICS), new=st.sampled_from(TOPICS))
+    @step
+    def rename_topic(self, bot: int, old: str, new: str) -> None:
+        """The memory Bot's ``rename_topic`` over every entry of the Bot with the topic (L4)."""
+        b = pick(self.bots, bot)
+        self.model.rename_topic(b, old, new)
+        _, code = self.run(_code_of(self._apply(b, [RenameTopic(old, new)])))
+        self.expect("rename topic", self.describe(f"rename_topic {old} -> {new} on {b}"), None, code)
+        self.say(f"rename_topic {old} -> {new} on {b}")
+
     @precondition(lambda self: self.created < MAX_ENTRIES)
     @rule(bot=idx, tags=st.sampled_from(["person", "bot", "channel"]), person=idx)
     @step
@@ -676,7 +722,7 @@ class AccessMachine(RuleBasedStateMachine):
         b = pick(self.bots, bot)
         users = [x for x in self.people if self.model.uses_bot(x, b)]
         p = pick(users, person) if users and person % 4 != 3 else pick(self.people, person // 4)
-        topics = ["names"] if topic else []
+        topics = ["preferences"] if topic else []
         content = self.content("remember me")
         predicted: Refused | None = None
         try:
@@ -872,9 +918,11 @@ class AccessMachine(RuleBasedStateMachine):
         return list(await asyncio.gather(*calls))
 
     def filter_tags(self, bot: str) -> list[str]:
-        """A few tags the Bot's entries carry (topics, ``for:``, ``from:``, ``chat:``…), whoever sees them."""
+        """Every topic and a few OpenBot tags (``for:``, ``from:``, ``chat:``…) the Bot's entries
+        carry, whoever sees them."""
         tags = sorted({t for e in self.model.entries.values() if e.bot == bot for t in e.tags})
-        return tags[:: max(1, len(tags) // 3)][:4]
+        system = [t for t in tags if ":" in t]
+        return [t for t in tags if ":" not in t] + system[:: max(1, len(system) // 3)][:4]
 
     async def _tagged_listings(self) -> list[tuple[str, str, str, list[View] | None]]:
         """GET memory?tags=<tag> (the full-text index ``entry_tags``), per person, Bot and tag."""
@@ -892,11 +940,38 @@ class AccessMachine(RuleBasedStateMachine):
         calls = [rest(p, b, t) for p in self.people for b in self.bots for t in self.filter_tags(b)]
         return list(await asyncio.gather(*calls))
 
+    async def _packs(self) -> list[tuple[str, str, list[str]]]:
+        """contextPack's preferences (``:Preference``, D9.17) in each private Chat whose owner uses
+        the Bot, as its owner reads them: (chat, owner, ids)."""
+        api, m = self.bridge.api, self.model
+
+        async def one(chat: str) -> tuple[str, str, list[str]]:
+            owner = m.chats[chat].owner
+            response = await api.http.get(f"/v1/chats/{chat}/context", headers=self.headers(owner))
+            assert response.status_code == 200, response.text
+            return chat, owner, [p["id"] for p in response.json()["preferences"]]
+
+        private = [
+            c
+            for c in self.chats
+            if m.chats[c].channel is None
+            and not m.chats[c].review
+            and m.uses_bot(m.chats[c].owner, m.chats[c].bot)
+        ]
+        return list(await asyncio.gather(*(one(c) for c in private)))
+
     def check_http(self) -> None:
         for where, person, bot, got in self.run(self._http_listings()):
             self.compare(where, person, bot, got)
         for tag, person, bot, got in self.run(self._tagged_listings()):
             self.compare(f"REST ?tags={tag}", person, bot, got, tag)
+        for chat, owner, got in self.run(self._packs()):
+            listing = self.model.listing(owner, self.model.chats[chat].bot) or []
+            want = [v.id for v in listing if v.status == ACTIVE and "preferences" in v.tags]
+            assert got == want[: conversation.MAX_PREFERENCES], self.describe(
+                f"contextPack of {chat} for {owner}: preferences {got}, the model says {want}"
+            )
+            self.bridge.count("contextPack with preferences" if want else "contextPack without preferences")
 
     def teardown(self) -> None:
         if self.ready and self.clean:
