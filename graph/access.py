@@ -129,7 +129,8 @@ SET e.lblProved = proved, e.lblOrgs = orgs, e.lblExcluded = excluded,
       ELSE atoms + [o IN orgs | '#org:' + o] + CASE WHEN size(excluded) > 0 THEN ['#excluded'] ELSE [] END END,
     e.memoryRank = CASE WHEN e.layer = 'pinned' THEN 1125899906842624 ELSE 0 END + e.orderKey,
     e.audienceKey = audienceKey,
-    e.activeKey = CASE WHEN e.status = 'active' THEN audienceKey END
+    e.activeKey = CASE WHEN e.status = 'active' THEN audienceKey END,
+    e.validOrg = CASE WHEN e.status = 'active' AND proved AND size(orgs) = 1 THEN orgs[0] END
 WITH e WHERE coalesce(e.activeKey, '') <> coalesce(keyBefore, '')
 MATCH (keyed:Memory {id: e.botId})
 SET keyed.vecSeq = coalesce(keyed.vecSeq, 0) + 1
@@ -146,7 +147,9 @@ SET e.vecSeq = keyed.vecSeq
 #: proof, activity of sources, depth, loops). ``lblOrgs``: the organizations alone.
 #: ``audienceKey`` is the most selective atom (an index seek key, null when unprovable),
 #: ``activeKey`` the same for active entries only (null otherwise: the ``entry_active`` index
-#: holds just what ``context`` may return), and ``memoryRank`` the memory order as one indexed
+#: holds just what ``context`` may return), ``validOrg`` the organization of an entry valid for
+#: learning (L4: active, proved, of that one organization; null otherwise: the ``entry_valid``
+#: index holds what learningContext reads), and ``memoryRank`` the memory order as one indexed
 #: number (pinned first, then ``orderKey``). Maintained under the exclusive lock by every change
 #: (C1), which relabels every entry whose status, order or closure it touches. Hop bound 8 (D9.2).
 COMPUTE_LABELS: Final[LiteralString] = (

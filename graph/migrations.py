@@ -162,6 +162,15 @@ MIGRATIONS: Final[tuple[tuple[int, tuple[LiteralString, ...]], ...]] = (
             " OPTIONS {indexConfig: {`fulltext.analyzer`: 'whitespace'}}",
         ),
     ),
+    (
+        15,
+        (
+            # learningContext (L4) by the valid entries of one organization in memory order, not
+            # by filtering every entry of the Bot: ``validOrg`` is set with the labels
+            # (``graph.access``); the data step below gives it to the entries labelled before.
+            "CREATE INDEX entry_valid IF NOT EXISTS FOR (n:Entry) ON (n.botId, n.validOrg, n.memoryRank)",
+        ),
+    ),
 )
 
 #: Entries whose labels predate the current label properties: without ``memoryRank`` (before
@@ -197,6 +206,12 @@ SET e.vecSeq = m.vecSeq
 _LABEL_PREFERENCES: Final[LiteralString] = """
 MATCH (e:Entry) WHERE 'preferences' IN e.tags AND NOT e:Preference
 CALL (e) { SET e:Preference } IN TRANSACTIONS OF 10000 ROWS
+"""
+
+#: The valid entries labelled before version 15 get ``validOrg`` (``graph.access``), in batches.
+_SET_VALID_ORG: Final[LiteralString] = """
+MATCH (e:Entry) WHERE e.status = 'active' AND e.lblProved AND size(e.lblOrgs) = 1 AND e.validOrg IS NULL
+CALL (e) { SET e.validOrg = e.lblOrgs[0] } IN TRANSACTIONS OF 10000 ROWS
 """
 
 #: A store's entries in ``entry_tags`` before a tag filter reads it (version 14).
@@ -239,6 +254,9 @@ async def migrate(driver: AsyncDriver) -> int:
                 await (await session.run(_LABEL_PREFERENCES)).consume()
         if version == 14:
             await driver.execute_query(_AWAIT_TAGS)
+        if version == 15:
+            async with driver.session() as session:  # CALL … IN TRANSACTIONS needs auto-commit
+                await (await session.run(_SET_VALID_ORG)).consume()
         await driver.execute_query(_WRITE_VERSION, version=version)
         applied = version
     return applied

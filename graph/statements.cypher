@@ -58,7 +58,8 @@ SET e.lblProved = proved, e.lblOrgs = orgs, e.lblExcluded = excluded,
       ELSE atoms + [o IN orgs | '#org:' + o] + CASE WHEN size(excluded) > 0 THEN ['#excluded'] ELSE [] END END,
     e.memoryRank = CASE WHEN e.layer = 'pinned' THEN 1125899906842624 ELSE 0 END + e.orderKey,
     e.audienceKey = audienceKey,
-    e.activeKey = CASE WHEN e.status = 'active' THEN audienceKey END
+    e.activeKey = CASE WHEN e.status = 'active' THEN audienceKey END,
+    e.validOrg = CASE WHEN e.status = 'active' AND proved AND size(orgs) = 1 THEN orgs[0] END
 WITH e WHERE coalesce(e.activeKey, '') <> coalesce(keyBefore, '')
 MATCH (keyed:Memory {id: e.botId})
 SET keyed.vecSeq = coalesce(keyed.vecSeq, 0) + 1
@@ -165,7 +166,8 @@ SET e.lblProved = proved, e.lblOrgs = orgs, e.lblExcluded = excluded,
       ELSE atoms + [o IN orgs | '#org:' + o] + CASE WHEN size(excluded) > 0 THEN ['#excluded'] ELSE [] END END,
     e.memoryRank = CASE WHEN e.layer = 'pinned' THEN 1125899906842624 ELSE 0 END + e.orderKey,
     e.audienceKey = audienceKey,
-    e.activeKey = CASE WHEN e.status = 'active' THEN audienceKey END
+    e.activeKey = CASE WHEN e.status = 'active' THEN audienceKey END,
+    e.validOrg = CASE WHEN e.status = 'active' AND proved AND size(orgs) = 1 THEN orgs[0] END
 WITH e WHERE coalesce(e.activeKey, '') <> coalesce(keyBefore, '')
 MATCH (keyed:Memory {id: e.botId})
 SET keyed.vecSeq = coalesce(keyed.vecSeq, 0) + 1
@@ -223,7 +225,8 @@ SET e.lblProved = proved, e.lblOrgs = orgs, e.lblExcluded = excluded,
       ELSE atoms + [o IN orgs | '#org:' + o] + CASE WHEN size(excluded) > 0 THEN ['#excluded'] ELSE [] END END,
     e.memoryRank = CASE WHEN e.layer = 'pinned' THEN 1125899906842624 ELSE 0 END + e.orderKey,
     e.audienceKey = audienceKey,
-    e.activeKey = CASE WHEN e.status = 'active' THEN audienceKey END
+    e.activeKey = CASE WHEN e.status = 'active' THEN audienceKey END,
+    e.validOrg = CASE WHEN e.status = 'active' AND proved AND size(orgs) = 1 THEN orgs[0] END
 WITH e WHERE coalesce(e.activeKey, '') <> coalesce(keyBefore, '')
 MATCH (keyed:Memory {id: e.botId})
 SET keyed.vecSeq = coalesce(keyed.vecSeq, 0) + 1
@@ -675,7 +678,8 @@ SET e.lblProved = proved, e.lblOrgs = orgs, e.lblExcluded = excluded,
       ELSE atoms + [o IN orgs | '#org:' + o] + CASE WHEN size(excluded) > 0 THEN ['#excluded'] ELSE [] END END,
     e.memoryRank = CASE WHEN e.layer = 'pinned' THEN 1125899906842624 ELSE 0 END + e.orderKey,
     e.audienceKey = audienceKey,
-    e.activeKey = CASE WHEN e.status = 'active' THEN audienceKey END
+    e.activeKey = CASE WHEN e.status = 'active' THEN audienceKey END,
+    e.validOrg = CASE WHEN e.status = 'active' AND proved AND size(orgs) = 1 THEN orgs[0] END
 WITH e WHERE coalesce(e.activeKey, '') <> coalesce(keyBefore, '')
 MATCH (keyed:Memory {id: e.botId})
 SET keyed.vecSeq = coalesce(keyed.vecSeq, 0) + 1
@@ -854,7 +858,8 @@ SET e.lblProved = proved, e.lblOrgs = orgs, e.lblExcluded = excluded,
       ELSE atoms + [o IN orgs | '#org:' + o] + CASE WHEN size(excluded) > 0 THEN ['#excluded'] ELSE [] END END,
     e.memoryRank = CASE WHEN e.layer = 'pinned' THEN 1125899906842624 ELSE 0 END + e.orderKey,
     e.audienceKey = audienceKey,
-    e.activeKey = CASE WHEN e.status = 'active' THEN audienceKey END
+    e.activeKey = CASE WHEN e.status = 'active' THEN audienceKey END,
+    e.validOrg = CASE WHEN e.status = 'active' AND proved AND size(orgs) = 1 THEN orgs[0] END
 WITH e WHERE coalesce(e.activeKey, '') <> coalesce(keyBefore, '')
 MATCH (keyed:Memory {id: e.botId})
 SET keyed.vecSeq = coalesce(keyed.vecSeq, 0) + 1
@@ -932,7 +937,8 @@ SET e.lblProved = proved, e.lblOrgs = orgs, e.lblExcluded = excluded,
       ELSE atoms + [o IN orgs | '#org:' + o] + CASE WHEN size(excluded) > 0 THEN ['#excluded'] ELSE [] END END,
     e.memoryRank = CASE WHEN e.layer = 'pinned' THEN 1125899906842624 ELSE 0 END + e.orderKey,
     e.audienceKey = audienceKey,
-    e.activeKey = CASE WHEN e.status = 'active' THEN audienceKey END
+    e.activeKey = CASE WHEN e.status = 'active' THEN audienceKey END,
+    e.validOrg = CASE WHEN e.status = 'active' AND proved AND size(orgs) = 1 THEN orgs[0] END
 WITH e WHERE coalesce(e.activeKey, '') <> coalesce(keyBefore, '')
 MATCH (keyed:Memory {id: e.botId})
 SET keyed.vecSeq = coalesce(keyed.vecSeq, 0) + 1
@@ -1705,17 +1711,22 @@ RETURN count(x) AS finished
 MATCH (m:Memory {id: $botId})
 CALL apoc.lock.read.nodes([m])
 WITH m
-MATCH (e:Entry)
-WHERE e.botId = $botId AND e.status = 'active' AND e.lblProved AND e.lblOrgs = [$org]
-WITH e ORDER BY e.memoryRank DESC, e.id
-WITH collect(e) AS valid
-CALL (valid) {
-  UNWIND valid AS e
+CALL () {
+  MATCH (e:Entry)
+  USING INDEX e:Entry(botId, validOrg, memoryRank)
+  WHERE e.botId = $botId AND e.validOrg = $org AND e.memoryRank < $top
+  WITH e ORDER BY e.botId DESC, e.validOrg DESC, e.memoryRank DESC, e.id LIMIT $limit
+  RETURN collect(e {.id, .layer, .content, .tags, .confidence}) AS entries
+}
+CALL () {
+  MATCH (e:Entry)
+  USING INDEX e:Entry(botId, validOrg, memoryRank)
+  WHERE e.botId = $botId AND e.validOrg = $org AND e.memoryRank IS NOT NULL
   UNWIND [t IN e.tags WHERE NOT t CONTAINS ':'] AS topic
   WITH topic, count(*) AS n ORDER BY n DESC, topic
   RETURN collect({topic: topic, count: n}) AS topics
 }
-RETURN [e IN valid[0..$limit] | e {.id, .layer, .content, .tags, .confidence}] AS entries, topics
+RETURN entries, topics
 
 // ---- graph.learning.POSITION
 OPTIONAL MATCH (p:ReadPosition {id: $botId + '|' + $chatId})

@@ -35,7 +35,6 @@ SWEEPS = {
 BOT_SWEEPS = {
     "graph.backfill.PROGRESS": "a backfill's progress counts the Bot's entries (CLI and status)",
     "graph.entries.ALL_IDS": "relabel of a whole Bot (python -m botmemory.cli relabel)",
-    "graph.learning.LEARNING_CONTEXT": "L4: the topic counts cover every valid entry",
 }
 
 #: An index operator on Entry that seeks only the Bot: ``botId = $botId``, perhaps with a

@@ -45,6 +45,7 @@ WITH o.id AS org, ["""
     + """] AS readers
 MATCH (e:Entry {botId: $botId})
 RETURN e.id AS id, e.status = 'active' AS active, e.audienceKey AS audienceKey, e.activeKey AS activeKey,
+       e.validOrg AS validOrg, e.lblProved AS proved, e.lblOrgs AS orgs,
        e.memoryRank = CASE WHEN e.layer = 'pinned' THEN 1125899906842624 ELSE 0 END + e.orderKey AS ranked, """
     + PATH_VISIBLE
     + " AS path, "
@@ -103,6 +104,9 @@ async def compare(rt: Runtime, world: World) -> None:
             assert record["path"] == record["label"], (principal.person_id, record["id"], dict(record))
             # The seek keys follow every change too: context's index holds active entries only.
             assert record["activeKey"] == (record["audienceKey"] if record["active"] else None), dict(record)
+            # learningContext's seek key (L4): the one organization of an active, proved entry.
+            valid = record["active"] and record["proved"] and len(record["orgs"]) == 1
+            assert record["validOrg"] == (record["orgs"][0] if valid else None), dict(record)
             assert record["ranked"], dict(record)
 
 

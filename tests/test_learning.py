@@ -8,7 +8,11 @@ from typing import Any, cast
 
 import pytest
 
-from services.changes import MemoryChange, Remember
+from graph import learning as learning_q
+from graph.driver import read
+from graph.memory import TOP_RANK
+from graph.migrations import LATEST, migrate
+from services.changes import Invalidate, MemoryChange, Remember
 from services.maintenance import LegacyEntry, import_legacy
 from services.runtime import Runtime
 from services.writepath import apply_changes
@@ -27,7 +31,7 @@ from tests.learning_helpers import (
     set_org,
     wait_executions,
 )
-from tests.memory_helpers import visible
+from tests.memory_helpers import db_hits, visible
 from tests.model_server import ModelServer, Reply, ToolCall
 
 pytestmark = pytest.mark.usefixtures("learning_worker")
@@ -440,3 +444,48 @@ async def test_learning_context_is_the_first_300_valid_entries_of_the_chats_orga
     assert all(
         set(e) <= {"id", "layer", "content", "topics", "audience", "confidence"} for e in body["keptEntries"]
     )
+
+
+async def test_learning_context_seeks_the_valid_entries_of_its_organization(
+    api: Api, runtime: Runtime
+) -> None:
+    """L4 through ``entry_valid`` (botId, validOrg, memoryRank; migration 15): ``validOrg``, set
+    with the labels, follows an invalidation; sixty entries that are not valid for the Chat's
+    organization (another organization's) add fewer than sixty database hits to learningContext
+    (the filter over every entry of the Bot read each of them); a store upgraded from version 14
+    gets ``validOrg`` and the same context."""
+    w = await memory_world(api, ("ann",))
+    guest_org = await api.organization("guest")
+    await api.admin(
+        "mutation($b: ID!, $o: ID!) { linkBot(botId: $b, organizationId: $o) { id } }",
+        {"b": w.bot, "o": guest_org},
+    )
+    notes = [Remember(f"note {n}", w.people["ann"], w.org, ("bulk",) if n % 2 else ()) for n in range(6)]
+    await apply_changes(runtime, w.bot, list(notes), "person")
+
+    async def context() -> tuple[list[str], list[learning_q.TopicCount]]:
+        entries, topics = await read(
+            runtime.driver, lambda tx: learning_q.learning_context(tx, bot_id=w.bot, org=w.org, limit=300)
+        )
+        return [e["id"] for e in entries], topics
+
+    async def hits() -> int:
+        params = {"botId": w.bot, "org": w.org, "limit": 300, "top": TOP_RANK}
+        return await db_hits(runtime, learning_q.LEARNING_CONTEXT, params)
+
+    assert await context() == ([n.id for n in reversed(notes)], [{"topic": "bulk", "count": 3}])
+    await apply_changes(runtime, w.bot, [Invalidate(notes[5].id), Invalidate(notes[0].id)], "memory_bot")
+    now = await context()
+    assert now == ([n.id for n in reversed(notes[1:5])], [{"topic": "bulk", "count": 2}])
+
+    before = await hits()
+    guests = [Remember(f"guest {n}", "p_guest", guest_org, ("bulk",)) for n in range(60)]
+    await apply_changes(runtime, w.bot, list(guests), "person")
+    assert await hits() < before + 60
+    assert await context() == now
+
+    await runtime.driver.execute_query("MATCH (e:Entry {botId: $b}) REMOVE e.validOrg", b=w.bot)
+    assert await context() == ([], [])
+    await runtime.driver.execute_query("MATCH (s:SchemaVersion {id: 'schema'}) SET s.version = 14")
+    assert await migrate(runtime.driver) == LATEST
+    assert await context() == now
