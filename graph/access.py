@@ -35,6 +35,7 @@ from typing import Final, LiteralString, TypedDict
 from neo4j import AsyncManagedTransaction
 
 from graph.driver import single
+from graph.topics import revalidate
 
 #: Hop bound of source chains (D9.2); the fragments below spell it out as literals.
 MAX_SOURCE_DEPTH: Final = 8
@@ -107,19 +108,21 @@ WITH e, closure, rules,
 #: ``activeKey`` changes is stamped with the Memory's next derived-data sequence (``vecSeq``), as
 #: a write of its keywords or vector is: each process's search index holds every entry's
 #: ``activeKey`` and ranks only the entries whose key the reader holds (``services.vectorindex``),
-#: so it must catch up with a key as it does with a vector before it ranks.
-_SET_LABELS: Final[LiteralString] = """
-WITH e, proved, e.activeKey AS keyBefore,
+#: so it must catch up with a key as it does with a vector before it ranks. An entry whose
+#: ``validOrg`` changes moves its topics' counts (``graph.topics``).
+_SET_LABELS: Final[LiteralString] = (
+    """
+WITH e, proved, e.activeKey AS keyBefore, e.validOrg AS validBefore,
      reduce(acc = [], x IN closure | acc + [t IN x.tags WHERE t STARTS WITH 'for:' | substring(t, 4)])
        + [r IN rules | r.rule] AS atoms,
      reduce(acc = [], x IN closure | acc + [t IN x.tags WHERE t STARTS WITH 'org:' | substring(t, 4)])
        + [r IN rules | r.org] AS orgs,
      reduce(acc = [], x IN closure | acc + coalesce(x.excluded, [])) AS excluded
-WITH e, proved, keyBefore,
+WITH e, proved, keyBefore, validBefore,
      reduce(acc = [], a IN atoms | CASE WHEN a IN acc THEN acc ELSE acc + a END) AS atoms,
      reduce(acc = [], o IN orgs | CASE WHEN o IN acc THEN acc ELSE acc + o END) AS orgs,
      reduce(acc = [], p IN excluded | CASE WHEN p IN acc THEN acc ELSE acc + p END) AS excluded
-WITH e, proved, keyBefore, atoms, orgs, excluded,
+WITH e, proved, keyBefore, validBefore, atoms, orgs, excluded,
      CASE WHEN NOT proved THEN null
        ELSE coalesce(head([a IN atoms WHERE a STARTS WITH 'person:']),
                      head([a IN atoms WHERE a STARTS WITH 'channel:']),
@@ -131,11 +134,14 @@ SET e.lblProved = proved, e.lblOrgs = orgs, e.lblExcluded = excluded,
     e.audienceKey = audienceKey,
     e.activeKey = CASE WHEN e.status = 'active' THEN audienceKey END,
     e.validOrg = CASE WHEN e.status = 'active' AND proved AND size(orgs) = 1 THEN orgs[0] END
-WITH e WHERE coalesce(e.activeKey, '') <> coalesce(keyBefore, '')
+"""
+    + revalidate()
+    + """WITH e WHERE coalesce(e.activeKey, '') <> coalesce(keyBefore, '')
 MATCH (keyed:Memory {id: e.botId})
 SET keyed.vecSeq = coalesce(keyed.vecSeq, 0) + 1
 SET e.vecSeq = keyed.vecSeq
 """
+)
 
 #: The derived label of DESIGN §8, computed by the same path query without a reader, for the
 #: entries ``$ids`` (callers pass the changed entries plus every dependent, see DEPENDENTS).

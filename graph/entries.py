@@ -12,6 +12,7 @@ from neo4j import AsyncManagedTransaction
 
 from graph.access import IdsRow
 from graph.driver import rows, single
+from graph.topics import retag
 
 #: The properties of a new Entry ``e`` in memory ``m``, from ``row`` and the bound ``tags``,
 #: ``orderKey``, ``sourceCount`` and ``legacy`` (shared by ADD_ENTRIES and CREATE_LEGACY); what is
@@ -236,10 +237,8 @@ SET e.content = $content, e.contentLength = $contentLength, e.orderKey = $orderK
 """
 
 SET_TAGS: Final[LiteralString] = (
-    """
-MATCH (e:Entry {id: $id, botId: $botId})
-SET e.tags = $tags, e.updatedAt = $now
-"""
+    "MATCH (e:Entry {id: $id, botId: $botId})\n"
+    + retag("SET e.tags = $tags, e.updatedAt = $now\n")
     + _RELABEL_PREFERENCE
 )
 
@@ -247,8 +246,7 @@ SET e.tags = $tags, e.updatedAt = $now
 #: by TAGGED_ENTRIES (``$tags`` = [``$from``]).
 RENAME_TOPIC: Final[LiteralString] = (
     TAGGED_ENTRIES
-    + """SET e.tags = [t IN e.tags WHERE t <> $from AND t <> $to] + [$to], e.updatedAt = $now
-"""
+    + retag("SET e.tags = [t IN e.tags WHERE t <> $from AND t <> $to] + [$to], e.updatedAt = $now\n")
     + _RELABEL_PREFERENCE
     + "RETURN e.id AS id\n"
 )

@@ -12,6 +12,7 @@ from neo4j import AsyncDriver, AsyncManagedTransaction
 from neo4j.exceptions import ClientError
 
 from graph import access
+from graph.topics import TOPICS_OF_E
 
 MIGRATIONS: Final[tuple[tuple[int, tuple[LiteralString, ...]], ...]] = (
     (
@@ -169,6 +170,9 @@ MIGRATIONS: Final[tuple[tuple[int, tuple[LiteralString, ...]], ...]] = (
             # by filtering every entry of the Bot: ``validOrg`` is set with the labels
             # (``graph.access``); the data step below gives it to the entries labelled before.
             "CREATE INDEX entry_valid IF NOT EXISTS FOR (n:Entry) ON (n.botId, n.validOrg, n.memoryRank)",
+            # ... and its topic counts, kept where validity and topics change (``graph.topics``).
+            "CREATE CONSTRAINT topic_count_key IF NOT EXISTS FOR (n:TopicCount) REQUIRE n.key IS UNIQUE",
+            "CREATE INDEX topic_count_bot_org IF NOT EXISTS FOR (n:TopicCount) ON (n.botId, n.org)",
         ),
     ),
 )
@@ -214,6 +218,19 @@ MATCH (e:Entry) WHERE e.status = 'active' AND e.lblProved AND size(e.lblOrgs) = 
 CALL (e) { SET e.validOrg = e.lblOrgs[0] } IN TRANSACTIONS OF 10000 ROWS
 """
 
+#: Every topic count recomputed from the entries (version 15, after ``validOrg``).
+_RECOUNT_TOPICS: Final[LiteralString] = (
+    """
+MATCH (e:Entry) WHERE e.validOrg IS NOT NULL
+UNWIND """
+    + TOPICS_OF_E
+    + """ AS topic
+WITH e.botId AS botId, e.validOrg AS org, topic, count(*) AS n
+MERGE (tc:TopicCount {key: botId + '|' + org + '|' + topic})
+SET tc.botId = botId, tc.org = org, tc.topic = topic, tc.n = n
+"""
+)
+
 #: A store's entries in ``entry_tags`` before a tag filter reads it (version 14).
 _AWAIT_TAGS: Final[LiteralString] = "CALL db.awaitIndex('entry_tags', 600)"
 
@@ -257,6 +274,7 @@ async def migrate(driver: AsyncDriver) -> int:
         if version == 15:
             async with driver.session() as session:  # CALL … IN TRANSACTIONS needs auto-commit
                 await (await session.run(_SET_VALID_ORG)).consume()
+            await driver.execute_query(_RECOUNT_TOPICS)
         await driver.execute_query(_WRITE_VERSION, version=version)
         applied = version
     return applied

@@ -12,6 +12,7 @@ from graph import access
 from graph.access import IdsRow
 from graph.driver import rows, single
 from graph.entries import TAGGED_ENTRIES, CountRow, tag_query
+from graph.topics import deleting
 
 #: The entries carrying the purge tag (TAGGED_ENTRIES), and the label of those someone may see now (``gone``, the
 #: removals of the purge, D9.24: after it, no one sees them).
@@ -42,15 +43,19 @@ class TaggedRow(TypedDict):
 
 
 #: The entries carrying the purge tag, by the ids TAGGED_IDS found (observations carry their
-#: sources' provenance, V12).
-PURGE_ENTRIES: Final[LiteralString] = """
+#: sources' provenance, V12), their topics counted down (``graph.topics``).
+PURGE_ENTRIES: Final[LiteralString] = (
+    """
 UNWIND $ids AS id
 MATCH (e:Entry {id: id})
 WHERE e.botId = $botId
-WITH collect(e) AS doomed, collect(e.id) AS ids
+"""
+    + deleting()
+    + """WITH collect(e) AS doomed, collect(e.id) AS ids
 FOREACH (e IN doomed | DETACH DELETE e)
 RETURN ids
 """
+)
 
 
 #: Change-log rows that embed purged entries lose their payload and those ids (D9.20), and

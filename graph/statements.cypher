@@ -38,17 +38,17 @@ AND CASE x.layer
 AND any(t IN x.tags WHERE t STARTS WITH 'for:')
 ) AS proved
 
-WITH e, proved, e.activeKey AS keyBefore,
+WITH e, proved, e.activeKey AS keyBefore, e.validOrg AS validBefore,
      reduce(acc = [], x IN closure | acc + [t IN x.tags WHERE t STARTS WITH 'for:' | substring(t, 4)])
        + [r IN rules | r.rule] AS atoms,
      reduce(acc = [], x IN closure | acc + [t IN x.tags WHERE t STARTS WITH 'org:' | substring(t, 4)])
        + [r IN rules | r.org] AS orgs,
      reduce(acc = [], x IN closure | acc + coalesce(x.excluded, [])) AS excluded
-WITH e, proved, keyBefore,
+WITH e, proved, keyBefore, validBefore,
      reduce(acc = [], a IN atoms | CASE WHEN a IN acc THEN acc ELSE acc + a END) AS atoms,
      reduce(acc = [], o IN orgs | CASE WHEN o IN acc THEN acc ELSE acc + o END) AS orgs,
      reduce(acc = [], p IN excluded | CASE WHEN p IN acc THEN acc ELSE acc + p END) AS excluded
-WITH e, proved, keyBefore, atoms, orgs, excluded,
+WITH e, proved, keyBefore, validBefore, atoms, orgs, excluded,
      CASE WHEN NOT proved THEN null
        ELSE coalesce(head([a IN atoms WHERE a STARTS WITH 'person:']),
                      head([a IN atoms WHERE a STARTS WITH 'channel:']),
@@ -60,6 +60,14 @@ SET e.lblProved = proved, e.lblOrgs = orgs, e.lblExcluded = excluded,
     e.audienceKey = audienceKey,
     e.activeKey = CASE WHEN e.status = 'active' THEN audienceKey END,
     e.validOrg = CASE WHEN e.status = 'active' AND proved AND size(orgs) = 1 THEN orgs[0] END
+FOREACH (topic IN CASE WHEN CASE WHEN validBefore = e.validOrg THEN null ELSE validBefore END IS NULL THEN [] ELSE reduce(acc = [], t IN e.tags | CASE WHEN t CONTAINS ':' OR t IN acc THEN acc ELSE acc + t END) END |
+  MERGE (tc:TopicCount {key: e.botId + '|' + CASE WHEN validBefore = e.validOrg THEN null ELSE validBefore END + '|' + topic})
+  ON CREATE SET tc.botId = e.botId, tc.org = CASE WHEN validBefore = e.validOrg THEN null ELSE validBefore END, tc.topic = topic, tc.n = 0
+  SET tc.n = tc.n + -1)
+FOREACH (topic IN CASE WHEN CASE WHEN validBefore = e.validOrg THEN null ELSE e.validOrg END IS NULL THEN [] ELSE reduce(acc = [], t IN e.tags | CASE WHEN t CONTAINS ':' OR t IN acc THEN acc ELSE acc + t END) END |
+  MERGE (tc:TopicCount {key: e.botId + '|' + CASE WHEN validBefore = e.validOrg THEN null ELSE e.validOrg END + '|' + topic})
+  ON CREATE SET tc.botId = e.botId, tc.org = CASE WHEN validBefore = e.validOrg THEN null ELSE e.validOrg END, tc.topic = topic, tc.n = 0
+  SET tc.n = tc.n + 1)
 WITH e WHERE coalesce(e.activeKey, '') <> coalesce(keyBefore, '')
 MATCH (keyed:Memory {id: e.botId})
 SET keyed.vecSeq = coalesce(keyed.vecSeq, 0) + 1
@@ -146,17 +154,17 @@ AND CASE x.layer
 AND any(t IN x.tags WHERE t STARTS WITH 'for:')
 ) AS proved
 
-WITH e, proved, e.activeKey AS keyBefore,
+WITH e, proved, e.activeKey AS keyBefore, e.validOrg AS validBefore,
      reduce(acc = [], x IN closure | acc + [t IN x.tags WHERE t STARTS WITH 'for:' | substring(t, 4)])
        + [r IN rules | r.rule] AS atoms,
      reduce(acc = [], x IN closure | acc + [t IN x.tags WHERE t STARTS WITH 'org:' | substring(t, 4)])
        + [r IN rules | r.org] AS orgs,
      reduce(acc = [], x IN closure | acc + coalesce(x.excluded, [])) AS excluded
-WITH e, proved, keyBefore,
+WITH e, proved, keyBefore, validBefore,
      reduce(acc = [], a IN atoms | CASE WHEN a IN acc THEN acc ELSE acc + a END) AS atoms,
      reduce(acc = [], o IN orgs | CASE WHEN o IN acc THEN acc ELSE acc + o END) AS orgs,
      reduce(acc = [], p IN excluded | CASE WHEN p IN acc THEN acc ELSE acc + p END) AS excluded
-WITH e, proved, keyBefore, atoms, orgs, excluded,
+WITH e, proved, keyBefore, validBefore, atoms, orgs, excluded,
      CASE WHEN NOT proved THEN null
        ELSE coalesce(head([a IN atoms WHERE a STARTS WITH 'person:']),
                      head([a IN atoms WHERE a STARTS WITH 'channel:']),
@@ -168,6 +176,14 @@ SET e.lblProved = proved, e.lblOrgs = orgs, e.lblExcluded = excluded,
     e.audienceKey = audienceKey,
     e.activeKey = CASE WHEN e.status = 'active' THEN audienceKey END,
     e.validOrg = CASE WHEN e.status = 'active' AND proved AND size(orgs) = 1 THEN orgs[0] END
+FOREACH (topic IN CASE WHEN CASE WHEN validBefore = e.validOrg THEN null ELSE validBefore END IS NULL THEN [] ELSE reduce(acc = [], t IN e.tags | CASE WHEN t CONTAINS ':' OR t IN acc THEN acc ELSE acc + t END) END |
+  MERGE (tc:TopicCount {key: e.botId + '|' + CASE WHEN validBefore = e.validOrg THEN null ELSE validBefore END + '|' + topic})
+  ON CREATE SET tc.botId = e.botId, tc.org = CASE WHEN validBefore = e.validOrg THEN null ELSE validBefore END, tc.topic = topic, tc.n = 0
+  SET tc.n = tc.n + -1)
+FOREACH (topic IN CASE WHEN CASE WHEN validBefore = e.validOrg THEN null ELSE e.validOrg END IS NULL THEN [] ELSE reduce(acc = [], t IN e.tags | CASE WHEN t CONTAINS ':' OR t IN acc THEN acc ELSE acc + t END) END |
+  MERGE (tc:TopicCount {key: e.botId + '|' + CASE WHEN validBefore = e.validOrg THEN null ELSE e.validOrg END + '|' + topic})
+  ON CREATE SET tc.botId = e.botId, tc.org = CASE WHEN validBefore = e.validOrg THEN null ELSE e.validOrg END, tc.topic = topic, tc.n = 0
+  SET tc.n = tc.n + 1)
 WITH e WHERE coalesce(e.activeKey, '') <> coalesce(keyBefore, '')
 MATCH (keyed:Memory {id: e.botId})
 SET keyed.vecSeq = coalesce(keyed.vecSeq, 0) + 1
@@ -205,17 +221,17 @@ AND CASE x.layer
 AND any(t IN x.tags WHERE t STARTS WITH 'for:')
 ) AS proved
 
-WITH e, proved, e.activeKey AS keyBefore,
+WITH e, proved, e.activeKey AS keyBefore, e.validOrg AS validBefore,
      reduce(acc = [], x IN closure | acc + [t IN x.tags WHERE t STARTS WITH 'for:' | substring(t, 4)])
        + [r IN rules | r.rule] AS atoms,
      reduce(acc = [], x IN closure | acc + [t IN x.tags WHERE t STARTS WITH 'org:' | substring(t, 4)])
        + [r IN rules | r.org] AS orgs,
      reduce(acc = [], x IN closure | acc + coalesce(x.excluded, [])) AS excluded
-WITH e, proved, keyBefore,
+WITH e, proved, keyBefore, validBefore,
      reduce(acc = [], a IN atoms | CASE WHEN a IN acc THEN acc ELSE acc + a END) AS atoms,
      reduce(acc = [], o IN orgs | CASE WHEN o IN acc THEN acc ELSE acc + o END) AS orgs,
      reduce(acc = [], p IN excluded | CASE WHEN p IN acc THEN acc ELSE acc + p END) AS excluded
-WITH e, proved, keyBefore, atoms, orgs, excluded,
+WITH e, proved, keyBefore, validBefore, atoms, orgs, excluded,
      CASE WHEN NOT proved THEN null
        ELSE coalesce(head([a IN atoms WHERE a STARTS WITH 'person:']),
                      head([a IN atoms WHERE a STARTS WITH 'channel:']),
@@ -227,6 +243,14 @@ SET e.lblProved = proved, e.lblOrgs = orgs, e.lblExcluded = excluded,
     e.audienceKey = audienceKey,
     e.activeKey = CASE WHEN e.status = 'active' THEN audienceKey END,
     e.validOrg = CASE WHEN e.status = 'active' AND proved AND size(orgs) = 1 THEN orgs[0] END
+FOREACH (topic IN CASE WHEN CASE WHEN validBefore = e.validOrg THEN null ELSE validBefore END IS NULL THEN [] ELSE reduce(acc = [], t IN e.tags | CASE WHEN t CONTAINS ':' OR t IN acc THEN acc ELSE acc + t END) END |
+  MERGE (tc:TopicCount {key: e.botId + '|' + CASE WHEN validBefore = e.validOrg THEN null ELSE validBefore END + '|' + topic})
+  ON CREATE SET tc.botId = e.botId, tc.org = CASE WHEN validBefore = e.validOrg THEN null ELSE validBefore END, tc.topic = topic, tc.n = 0
+  SET tc.n = tc.n + -1)
+FOREACH (topic IN CASE WHEN CASE WHEN validBefore = e.validOrg THEN null ELSE e.validOrg END IS NULL THEN [] ELSE reduce(acc = [], t IN e.tags | CASE WHEN t CONTAINS ':' OR t IN acc THEN acc ELSE acc + t END) END |
+  MERGE (tc:TopicCount {key: e.botId + '|' + CASE WHEN validBefore = e.validOrg THEN null ELSE e.validOrg END + '|' + topic})
+  ON CREATE SET tc.botId = e.botId, tc.org = CASE WHEN validBefore = e.validOrg THEN null ELSE e.validOrg END, tc.topic = topic, tc.n = 0
+  SET tc.n = tc.n + 1)
 WITH e WHERE coalesce(e.activeKey, '') <> coalesce(keyBefore, '')
 MATCH (keyed:Memory {id: e.botId})
 SET keyed.vecSeq = coalesce(keyed.vecSeq, 0) + 1
@@ -658,17 +682,17 @@ AND CASE x.layer
 AND any(t IN x.tags WHERE t STARTS WITH 'for:')
 ) AS proved
 
-WITH e, proved, e.activeKey AS keyBefore,
+WITH e, proved, e.activeKey AS keyBefore, e.validOrg AS validBefore,
      reduce(acc = [], x IN closure | acc + [t IN x.tags WHERE t STARTS WITH 'for:' | substring(t, 4)])
        + [r IN rules | r.rule] AS atoms,
      reduce(acc = [], x IN closure | acc + [t IN x.tags WHERE t STARTS WITH 'org:' | substring(t, 4)])
        + [r IN rules | r.org] AS orgs,
      reduce(acc = [], x IN closure | acc + coalesce(x.excluded, [])) AS excluded
-WITH e, proved, keyBefore,
+WITH e, proved, keyBefore, validBefore,
      reduce(acc = [], a IN atoms | CASE WHEN a IN acc THEN acc ELSE acc + a END) AS atoms,
      reduce(acc = [], o IN orgs | CASE WHEN o IN acc THEN acc ELSE acc + o END) AS orgs,
      reduce(acc = [], p IN excluded | CASE WHEN p IN acc THEN acc ELSE acc + p END) AS excluded
-WITH e, proved, keyBefore, atoms, orgs, excluded,
+WITH e, proved, keyBefore, validBefore, atoms, orgs, excluded,
      CASE WHEN NOT proved THEN null
        ELSE coalesce(head([a IN atoms WHERE a STARTS WITH 'person:']),
                      head([a IN atoms WHERE a STARTS WITH 'channel:']),
@@ -680,6 +704,14 @@ SET e.lblProved = proved, e.lblOrgs = orgs, e.lblExcluded = excluded,
     e.audienceKey = audienceKey,
     e.activeKey = CASE WHEN e.status = 'active' THEN audienceKey END,
     e.validOrg = CASE WHEN e.status = 'active' AND proved AND size(orgs) = 1 THEN orgs[0] END
+FOREACH (topic IN CASE WHEN CASE WHEN validBefore = e.validOrg THEN null ELSE validBefore END IS NULL THEN [] ELSE reduce(acc = [], t IN e.tags | CASE WHEN t CONTAINS ':' OR t IN acc THEN acc ELSE acc + t END) END |
+  MERGE (tc:TopicCount {key: e.botId + '|' + CASE WHEN validBefore = e.validOrg THEN null ELSE validBefore END + '|' + topic})
+  ON CREATE SET tc.botId = e.botId, tc.org = CASE WHEN validBefore = e.validOrg THEN null ELSE validBefore END, tc.topic = topic, tc.n = 0
+  SET tc.n = tc.n + -1)
+FOREACH (topic IN CASE WHEN CASE WHEN validBefore = e.validOrg THEN null ELSE e.validOrg END IS NULL THEN [] ELSE reduce(acc = [], t IN e.tags | CASE WHEN t CONTAINS ':' OR t IN acc THEN acc ELSE acc + t END) END |
+  MERGE (tc:TopicCount {key: e.botId + '|' + CASE WHEN validBefore = e.validOrg THEN null ELSE e.validOrg END + '|' + topic})
+  ON CREATE SET tc.botId = e.botId, tc.org = CASE WHEN validBefore = e.validOrg THEN null ELSE e.validOrg END, tc.topic = topic, tc.n = 0
+  SET tc.n = tc.n + 1)
 WITH e WHERE coalesce(e.activeKey, '') <> coalesce(keyBefore, '')
 MATCH (keyed:Memory {id: e.botId})
 SET keyed.vecSeq = coalesce(keyed.vecSeq, 0) + 1
@@ -838,17 +870,17 @@ AND CASE x.layer
 AND any(t IN x.tags WHERE t STARTS WITH 'for:')
 ) AS proved
 
-WITH e, proved, e.activeKey AS keyBefore,
+WITH e, proved, e.activeKey AS keyBefore, e.validOrg AS validBefore,
      reduce(acc = [], x IN closure | acc + [t IN x.tags WHERE t STARTS WITH 'for:' | substring(t, 4)])
        + [r IN rules | r.rule] AS atoms,
      reduce(acc = [], x IN closure | acc + [t IN x.tags WHERE t STARTS WITH 'org:' | substring(t, 4)])
        + [r IN rules | r.org] AS orgs,
      reduce(acc = [], x IN closure | acc + coalesce(x.excluded, [])) AS excluded
-WITH e, proved, keyBefore,
+WITH e, proved, keyBefore, validBefore,
      reduce(acc = [], a IN atoms | CASE WHEN a IN acc THEN acc ELSE acc + a END) AS atoms,
      reduce(acc = [], o IN orgs | CASE WHEN o IN acc THEN acc ELSE acc + o END) AS orgs,
      reduce(acc = [], p IN excluded | CASE WHEN p IN acc THEN acc ELSE acc + p END) AS excluded
-WITH e, proved, keyBefore, atoms, orgs, excluded,
+WITH e, proved, keyBefore, validBefore, atoms, orgs, excluded,
      CASE WHEN NOT proved THEN null
        ELSE coalesce(head([a IN atoms WHERE a STARTS WITH 'person:']),
                      head([a IN atoms WHERE a STARTS WITH 'channel:']),
@@ -860,6 +892,14 @@ SET e.lblProved = proved, e.lblOrgs = orgs, e.lblExcluded = excluded,
     e.audienceKey = audienceKey,
     e.activeKey = CASE WHEN e.status = 'active' THEN audienceKey END,
     e.validOrg = CASE WHEN e.status = 'active' AND proved AND size(orgs) = 1 THEN orgs[0] END
+FOREACH (topic IN CASE WHEN CASE WHEN validBefore = e.validOrg THEN null ELSE validBefore END IS NULL THEN [] ELSE reduce(acc = [], t IN e.tags | CASE WHEN t CONTAINS ':' OR t IN acc THEN acc ELSE acc + t END) END |
+  MERGE (tc:TopicCount {key: e.botId + '|' + CASE WHEN validBefore = e.validOrg THEN null ELSE validBefore END + '|' + topic})
+  ON CREATE SET tc.botId = e.botId, tc.org = CASE WHEN validBefore = e.validOrg THEN null ELSE validBefore END, tc.topic = topic, tc.n = 0
+  SET tc.n = tc.n + -1)
+FOREACH (topic IN CASE WHEN CASE WHEN validBefore = e.validOrg THEN null ELSE e.validOrg END IS NULL THEN [] ELSE reduce(acc = [], t IN e.tags | CASE WHEN t CONTAINS ':' OR t IN acc THEN acc ELSE acc + t END) END |
+  MERGE (tc:TopicCount {key: e.botId + '|' + CASE WHEN validBefore = e.validOrg THEN null ELSE e.validOrg END + '|' + topic})
+  ON CREATE SET tc.botId = e.botId, tc.org = CASE WHEN validBefore = e.validOrg THEN null ELSE e.validOrg END, tc.topic = topic, tc.n = 0
+  SET tc.n = tc.n + 1)
 WITH e WHERE coalesce(e.activeKey, '') <> coalesce(keyBefore, '')
 MATCH (keyed:Memory {id: e.botId})
 SET keyed.vecSeq = coalesce(keyed.vecSeq, 0) + 1
@@ -917,17 +957,17 @@ AND CASE x.layer
 AND any(t IN x.tags WHERE t STARTS WITH 'for:')
 ) AS proved
 
-WITH e, proved, e.activeKey AS keyBefore,
+WITH e, proved, e.activeKey AS keyBefore, e.validOrg AS validBefore,
      reduce(acc = [], x IN closure | acc + [t IN x.tags WHERE t STARTS WITH 'for:' | substring(t, 4)])
        + [r IN rules | r.rule] AS atoms,
      reduce(acc = [], x IN closure | acc + [t IN x.tags WHERE t STARTS WITH 'org:' | substring(t, 4)])
        + [r IN rules | r.org] AS orgs,
      reduce(acc = [], x IN closure | acc + coalesce(x.excluded, [])) AS excluded
-WITH e, proved, keyBefore,
+WITH e, proved, keyBefore, validBefore,
      reduce(acc = [], a IN atoms | CASE WHEN a IN acc THEN acc ELSE acc + a END) AS atoms,
      reduce(acc = [], o IN orgs | CASE WHEN o IN acc THEN acc ELSE acc + o END) AS orgs,
      reduce(acc = [], p IN excluded | CASE WHEN p IN acc THEN acc ELSE acc + p END) AS excluded
-WITH e, proved, keyBefore, atoms, orgs, excluded,
+WITH e, proved, keyBefore, validBefore, atoms, orgs, excluded,
      CASE WHEN NOT proved THEN null
        ELSE coalesce(head([a IN atoms WHERE a STARTS WITH 'person:']),
                      head([a IN atoms WHERE a STARTS WITH 'channel:']),
@@ -939,6 +979,14 @@ SET e.lblProved = proved, e.lblOrgs = orgs, e.lblExcluded = excluded,
     e.audienceKey = audienceKey,
     e.activeKey = CASE WHEN e.status = 'active' THEN audienceKey END,
     e.validOrg = CASE WHEN e.status = 'active' AND proved AND size(orgs) = 1 THEN orgs[0] END
+FOREACH (topic IN CASE WHEN CASE WHEN validBefore = e.validOrg THEN null ELSE validBefore END IS NULL THEN [] ELSE reduce(acc = [], t IN e.tags | CASE WHEN t CONTAINS ':' OR t IN acc THEN acc ELSE acc + t END) END |
+  MERGE (tc:TopicCount {key: e.botId + '|' + CASE WHEN validBefore = e.validOrg THEN null ELSE validBefore END + '|' + topic})
+  ON CREATE SET tc.botId = e.botId, tc.org = CASE WHEN validBefore = e.validOrg THEN null ELSE validBefore END, tc.topic = topic, tc.n = 0
+  SET tc.n = tc.n + -1)
+FOREACH (topic IN CASE WHEN CASE WHEN validBefore = e.validOrg THEN null ELSE e.validOrg END IS NULL THEN [] ELSE reduce(acc = [], t IN e.tags | CASE WHEN t CONTAINS ':' OR t IN acc THEN acc ELSE acc + t END) END |
+  MERGE (tc:TopicCount {key: e.botId + '|' + CASE WHEN validBefore = e.validOrg THEN null ELSE e.validOrg END + '|' + topic})
+  ON CREATE SET tc.botId = e.botId, tc.org = CASE WHEN validBefore = e.validOrg THEN null ELSE e.validOrg END, tc.topic = topic, tc.n = 0
+  SET tc.n = tc.n + 1)
 WITH e WHERE coalesce(e.activeKey, '') <> coalesce(keyBefore, '')
 MATCH (keyed:Memory {id: e.botId})
 SET keyed.vecSeq = coalesce(keyed.vecSeq, 0) + 1
@@ -1525,7 +1573,17 @@ CALL db.index.fulltext.queryNodes('entry_tags', $tagQuery) YIELD node
 WITH collect(node) AS found
 UNWIND found AS e
 WITH e WHERE e.botId = $botId AND all(t IN $tags WHERE t IN e.tags)
+WITH e, reduce(acc = [], t IN e.tags | CASE WHEN t CONTAINS ':' OR t IN acc THEN acc ELSE acc + t END) AS topicsBefore
 SET e.tags = [t IN e.tags WHERE t <> $from AND t <> $to] + [$to], e.updatedAt = $now
+WITH e, topicsBefore, reduce(acc = [], t IN e.tags | CASE WHEN t CONTAINS ':' OR t IN acc THEN acc ELSE acc + t END) AS topicsAfter
+FOREACH (topic IN CASE WHEN e.validOrg IS NULL THEN [] ELSE [t IN topicsBefore WHERE NOT t IN topicsAfter] END |
+  MERGE (tc:TopicCount {key: e.botId + '|' + e.validOrg + '|' + topic})
+  ON CREATE SET tc.botId = e.botId, tc.org = e.validOrg, tc.topic = topic, tc.n = 0
+  SET tc.n = tc.n + -1)
+FOREACH (topic IN CASE WHEN e.validOrg IS NULL THEN [] ELSE [t IN topicsAfter WHERE NOT t IN topicsBefore] END |
+  MERGE (tc:TopicCount {key: e.botId + '|' + e.validOrg + '|' + topic})
+  ON CREATE SET tc.botId = e.botId, tc.org = e.validOrg, tc.topic = topic, tc.n = 0
+  SET tc.n = tc.n + 1)
 FOREACH (_ IN CASE WHEN 'preferences' IN e.tags THEN [1] ELSE [] END | SET e:Preference)
 FOREACH (_ IN CASE WHEN 'preferences' IN e.tags THEN [] ELSE [1] END | REMOVE e:Preference)
 RETURN e.id AS id
@@ -1548,7 +1606,17 @@ SET e.status = $status, e.updatedAt = $now,
 
 // ---- graph.entries.SET_TAGS
 MATCH (e:Entry {id: $id, botId: $botId})
+WITH e, reduce(acc = [], t IN e.tags | CASE WHEN t CONTAINS ':' OR t IN acc THEN acc ELSE acc + t END) AS topicsBefore
 SET e.tags = $tags, e.updatedAt = $now
+WITH e, topicsBefore, reduce(acc = [], t IN e.tags | CASE WHEN t CONTAINS ':' OR t IN acc THEN acc ELSE acc + t END) AS topicsAfter
+FOREACH (topic IN CASE WHEN e.validOrg IS NULL THEN [] ELSE [t IN topicsBefore WHERE NOT t IN topicsAfter] END |
+  MERGE (tc:TopicCount {key: e.botId + '|' + e.validOrg + '|' + topic})
+  ON CREATE SET tc.botId = e.botId, tc.org = e.validOrg, tc.topic = topic, tc.n = 0
+  SET tc.n = tc.n + -1)
+FOREACH (topic IN CASE WHEN e.validOrg IS NULL THEN [] ELSE [t IN topicsAfter WHERE NOT t IN topicsBefore] END |
+  MERGE (tc:TopicCount {key: e.botId + '|' + e.validOrg + '|' + topic})
+  ON CREATE SET tc.botId = e.botId, tc.org = e.validOrg, tc.topic = topic, tc.n = 0
+  SET tc.n = tc.n + 1)
 FOREACH (_ IN CASE WHEN 'preferences' IN e.tags THEN [1] ELSE [] END | SET e:Preference)
 FOREACH (_ IN CASE WHEN 'preferences' IN e.tags THEN [] ELSE [1] END | REMOVE e:Preference)
 
@@ -1719,12 +1787,10 @@ CALL () {
   RETURN collect(e {.id, .layer, .content, .tags, .confidence}) AS entries
 }
 CALL () {
-  MATCH (e:Entry)
-  USING INDEX e:Entry(botId, validOrg, memoryRank)
-  WHERE e.botId = $botId AND e.validOrg = $org AND e.memoryRank IS NOT NULL
-  UNWIND [t IN e.tags WHERE NOT t CONTAINS ':'] AS topic
-  WITH topic, count(*) AS n ORDER BY n DESC, topic
-  RETURN collect({topic: topic, count: n}) AS topics
+  MATCH (tc:TopicCount)
+  WHERE tc.botId = $botId AND tc.org = $org AND tc.n > 0
+  WITH tc ORDER BY tc.n DESC, tc.topic
+  RETURN collect({topic: tc.topic, count: tc.n}) AS topics
 }
 RETURN entries, topics
 
@@ -2131,6 +2197,10 @@ RETURN calls, answers, rewrites
 UNWIND $ids AS id
 MATCH (e:Entry {id: id})
 WHERE e.botId = $botId
+FOREACH (topic IN CASE WHEN e.validOrg IS NULL THEN [] ELSE reduce(acc = [], t IN e.tags | CASE WHEN t CONTAINS ':' OR t IN acc THEN acc ELSE acc + t END) END |
+  MERGE (tc:TopicCount {key: e.botId + '|' + e.validOrg + '|' + topic})
+  ON CREATE SET tc.botId = e.botId, tc.org = e.validOrg, tc.topic = topic, tc.n = 0
+  SET tc.n = tc.n + -1)
 WITH collect(e) AS doomed, collect(e.id) AS ids
 FOREACH (e IN doomed | DETACH DELETE e)
 RETURN ids
@@ -2432,3 +2502,6 @@ WITH x
 WHERE x.status = 'queued' AND x.queuedAt < $before
 SET x.queuedAt = $now
 RETURN collect({id: x.id, epoch: x.epoch}) AS queued
+
+// ---- graph.topics.TOPICS_OF_E
+reduce(acc = [], t IN e.tags | CASE WHEN t CONTAINS ':' OR t IN acc THEN acc ELSE acc + t END)

@@ -97,6 +97,20 @@ async def make_world(rt: Runtime) -> World:
     return world
 
 
+#: learningContext's topic counts (``graph.topics``) recounted from the entries: (org, topic, n)
+#: where they differ from the kept ones.
+RECOUNT = """
+MATCH (e:Entry {botId: $botId}) WHERE e.validOrg IS NOT NULL
+UNWIND reduce(acc = [], t IN e.tags | CASE WHEN t CONTAINS ':' OR t IN acc THEN acc ELSE acc + t END) AS topic
+WITH e.validOrg AS org, topic, count(*) AS n
+WITH collect({org: org, topic: topic, n: n}) AS counted
+WITH counted, COLLECT {
+  MATCH (tc:TopicCount {botId: $botId}) WHERE tc.n <> 0 RETURN {org: tc.org, topic: tc.topic, n: tc.n}
+} AS kept
+RETURN [c IN counted WHERE NOT c IN kept] AS missing, [k IN kept WHERE NOT k IN counted] AS extra
+"""
+
+
 async def compare(rt: Runtime, world: World) -> None:
     for principal in world.people.values():
         records, _, _ = await rt.driver.execute_query(COMPARE, personId=principal.person_id, botId=world.bot)
@@ -108,6 +122,8 @@ async def compare(rt: Runtime, world: World) -> None:
             valid = record["active"] and record["proved"] and len(record["orgs"]) == 1
             assert record["validOrg"] == (record["orgs"][0] if valid else None), dict(record)
             assert record["ranked"], dict(record)
+    records, _, _ = await rt.driver.execute_query(RECOUNT, botId=world.bot)
+    assert records[0]["missing"] == records[0]["extra"] == [], dict(records[0])
 
 
 OPS = st.lists(
@@ -150,12 +166,20 @@ async def step(rt: Runtime, world: World, op: str, a: int, b: int, c: int) -> No
             case "fact":
                 key = list(world.chats)[a % len(world.chats)]
                 item = world.items[key][b % len(world.items[key])]
-                change = AddFact(content=f"fact {a}", sources=(ItemRef(world.chats[key], item),))
+                topics = (("plans",), ("trips", "plans"), ())[c % 3]
+                change = AddFact(
+                    content=f"fact {a}", sources=(ItemRef(world.chats[key], item),), topics=topics
+                )
                 await apply_changes(rt, world.bot, [change], "memory_bot")
                 world.entries.append(change.id)
             case "observation" if recent:
                 sources = tuple(dict.fromkeys(recent[i % len(recent)] for i in (a, b)[: 1 + c % 2]))
-                obs = AddObservation(content="obs", source_entry_ids=sources, confidence=0.5)
+                obs = AddObservation(
+                    content="obs",
+                    source_entry_ids=sources,
+                    confidence=0.5,
+                    topics=("trips",) if c % 2 else (),
+                )
                 await apply_changes(rt, world.bot, [obs], "memory_bot")
                 world.entries.append(obs.id)
             case "invalidate":
@@ -166,7 +190,12 @@ async def step(rt: Runtime, world: World, op: str, a: int, b: int, c: int) -> No
             case "forget":
                 await apply_changes(rt, world.bot, [Forget(pick, pid)], "person")
             case "remember":
-                pinned = Remember(content="pinned", person_id=pid, org=person.organization_id or "")
+                pinned = Remember(
+                    content="pinned",
+                    person_id=pid,
+                    org=person.organization_id or "",
+                    topics=("plans",) * (c % 2),
+                )
                 await apply_changes(rt, world.bot, [pinned], "person")
                 world.entries.append(pinned.id)
             case "purge":
