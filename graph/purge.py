@@ -14,8 +14,8 @@ from graph.driver import rows, single
 from graph.entries import TAGGED_ENTRIES, CountRow, tag_query
 from graph.topics import deleting
 
-#: The entries carrying the purge tag (TAGGED_ENTRIES), and the label of those someone may see now (``gone``, the
-#: removals of the purge, D9.24: after it, no one sees them).
+#: The entries carrying the purge tag (TAGGED_ENTRIES), and the label of those someone may see
+#: now (``gone``, the removals of the purge, D9.24: after it, no one sees them).
 TAGGED_IDS: Final[LiteralString] = (
     TAGGED_ENTRIES
     + """RETURN collect(e.id) AS ids,

@@ -63,11 +63,13 @@ SET e.lblProved = proved, e.lblOrgs = orgs, e.lblExcluded = excluded,
 FOREACH (topic IN CASE WHEN CASE WHEN validBefore = e.validOrg THEN null ELSE validBefore END IS NULL THEN [] ELSE reduce(acc = [], t IN e.tags | CASE WHEN t CONTAINS ':' OR t IN acc THEN acc ELSE acc + t END) END |
   MERGE (tc:TopicCount {key: e.botId + '|' + CASE WHEN validBefore = e.validOrg THEN null ELSE validBefore END + '|' + topic})
   ON CREATE SET tc.botId = e.botId, tc.org = CASE WHEN validBefore = e.validOrg THEN null ELSE validBefore END, tc.topic = topic, tc.n = 0
-  SET tc.n = tc.n + -1)
+  SET tc.n = tc.n + -1
+  FOREACH (_ IN CASE WHEN tc.n = 0 THEN [1] ELSE [] END | DELETE tc))
 FOREACH (topic IN CASE WHEN CASE WHEN validBefore = e.validOrg THEN null ELSE e.validOrg END IS NULL THEN [] ELSE reduce(acc = [], t IN e.tags | CASE WHEN t CONTAINS ':' OR t IN acc THEN acc ELSE acc + t END) END |
   MERGE (tc:TopicCount {key: e.botId + '|' + CASE WHEN validBefore = e.validOrg THEN null ELSE e.validOrg END + '|' + topic})
   ON CREATE SET tc.botId = e.botId, tc.org = CASE WHEN validBefore = e.validOrg THEN null ELSE e.validOrg END, tc.topic = topic, tc.n = 0
-  SET tc.n = tc.n + 1)
+  SET tc.n = tc.n + 1
+  FOREACH (_ IN CASE WHEN tc.n = 0 THEN [1] ELSE [] END | DELETE tc))
 WITH e WHERE coalesce(e.activeKey, '') <> coalesce(keyBefore, '')
 MATCH (keyed:Memory {id: e.botId})
 SET keyed.vecSeq = coalesce(keyed.vecSeq, 0) + 1
@@ -179,11 +181,13 @@ SET e.lblProved = proved, e.lblOrgs = orgs, e.lblExcluded = excluded,
 FOREACH (topic IN CASE WHEN CASE WHEN validBefore = e.validOrg THEN null ELSE validBefore END IS NULL THEN [] ELSE reduce(acc = [], t IN e.tags | CASE WHEN t CONTAINS ':' OR t IN acc THEN acc ELSE acc + t END) END |
   MERGE (tc:TopicCount {key: e.botId + '|' + CASE WHEN validBefore = e.validOrg THEN null ELSE validBefore END + '|' + topic})
   ON CREATE SET tc.botId = e.botId, tc.org = CASE WHEN validBefore = e.validOrg THEN null ELSE validBefore END, tc.topic = topic, tc.n = 0
-  SET tc.n = tc.n + -1)
+  SET tc.n = tc.n + -1
+  FOREACH (_ IN CASE WHEN tc.n = 0 THEN [1] ELSE [] END | DELETE tc))
 FOREACH (topic IN CASE WHEN CASE WHEN validBefore = e.validOrg THEN null ELSE e.validOrg END IS NULL THEN [] ELSE reduce(acc = [], t IN e.tags | CASE WHEN t CONTAINS ':' OR t IN acc THEN acc ELSE acc + t END) END |
   MERGE (tc:TopicCount {key: e.botId + '|' + CASE WHEN validBefore = e.validOrg THEN null ELSE e.validOrg END + '|' + topic})
   ON CREATE SET tc.botId = e.botId, tc.org = CASE WHEN validBefore = e.validOrg THEN null ELSE e.validOrg END, tc.topic = topic, tc.n = 0
-  SET tc.n = tc.n + 1)
+  SET tc.n = tc.n + 1
+  FOREACH (_ IN CASE WHEN tc.n = 0 THEN [1] ELSE [] END | DELETE tc))
 WITH e WHERE coalesce(e.activeKey, '') <> coalesce(keyBefore, '')
 MATCH (keyed:Memory {id: e.botId})
 SET keyed.vecSeq = coalesce(keyed.vecSeq, 0) + 1
@@ -246,11 +250,13 @@ SET e.lblProved = proved, e.lblOrgs = orgs, e.lblExcluded = excluded,
 FOREACH (topic IN CASE WHEN CASE WHEN validBefore = e.validOrg THEN null ELSE validBefore END IS NULL THEN [] ELSE reduce(acc = [], t IN e.tags | CASE WHEN t CONTAINS ':' OR t IN acc THEN acc ELSE acc + t END) END |
   MERGE (tc:TopicCount {key: e.botId + '|' + CASE WHEN validBefore = e.validOrg THEN null ELSE validBefore END + '|' + topic})
   ON CREATE SET tc.botId = e.botId, tc.org = CASE WHEN validBefore = e.validOrg THEN null ELSE validBefore END, tc.topic = topic, tc.n = 0
-  SET tc.n = tc.n + -1)
+  SET tc.n = tc.n + -1
+  FOREACH (_ IN CASE WHEN tc.n = 0 THEN [1] ELSE [] END | DELETE tc))
 FOREACH (topic IN CASE WHEN CASE WHEN validBefore = e.validOrg THEN null ELSE e.validOrg END IS NULL THEN [] ELSE reduce(acc = [], t IN e.tags | CASE WHEN t CONTAINS ':' OR t IN acc THEN acc ELSE acc + t END) END |
   MERGE (tc:TopicCount {key: e.botId + '|' + CASE WHEN validBefore = e.validOrg THEN null ELSE e.validOrg END + '|' + topic})
   ON CREATE SET tc.botId = e.botId, tc.org = CASE WHEN validBefore = e.validOrg THEN null ELSE e.validOrg END, tc.topic = topic, tc.n = 0
-  SET tc.n = tc.n + 1)
+  SET tc.n = tc.n + 1
+  FOREACH (_ IN CASE WHEN tc.n = 0 THEN [1] ELSE [] END | DELETE tc))
 WITH e WHERE coalesce(e.activeKey, '') <> coalesce(keyBefore, '')
 MATCH (keyed:Memory {id: e.botId})
 SET keyed.vecSeq = coalesce(keyed.vecSeq, 0) + 1
@@ -707,11 +713,13 @@ SET e.lblProved = proved, e.lblOrgs = orgs, e.lblExcluded = excluded,
 FOREACH (topic IN CASE WHEN CASE WHEN validBefore = e.validOrg THEN null ELSE validBefore END IS NULL THEN [] ELSE reduce(acc = [], t IN e.tags | CASE WHEN t CONTAINS ':' OR t IN acc THEN acc ELSE acc + t END) END |
   MERGE (tc:TopicCount {key: e.botId + '|' + CASE WHEN validBefore = e.validOrg THEN null ELSE validBefore END + '|' + topic})
   ON CREATE SET tc.botId = e.botId, tc.org = CASE WHEN validBefore = e.validOrg THEN null ELSE validBefore END, tc.topic = topic, tc.n = 0
-  SET tc.n = tc.n + -1)
+  SET tc.n = tc.n + -1
+  FOREACH (_ IN CASE WHEN tc.n = 0 THEN [1] ELSE [] END | DELETE tc))
 FOREACH (topic IN CASE WHEN CASE WHEN validBefore = e.validOrg THEN null ELSE e.validOrg END IS NULL THEN [] ELSE reduce(acc = [], t IN e.tags | CASE WHEN t CONTAINS ':' OR t IN acc THEN acc ELSE acc + t END) END |
   MERGE (tc:TopicCount {key: e.botId + '|' + CASE WHEN validBefore = e.validOrg THEN null ELSE e.validOrg END + '|' + topic})
   ON CREATE SET tc.botId = e.botId, tc.org = CASE WHEN validBefore = e.validOrg THEN null ELSE e.validOrg END, tc.topic = topic, tc.n = 0
-  SET tc.n = tc.n + 1)
+  SET tc.n = tc.n + 1
+  FOREACH (_ IN CASE WHEN tc.n = 0 THEN [1] ELSE [] END | DELETE tc))
 WITH e WHERE coalesce(e.activeKey, '') <> coalesce(keyBefore, '')
 MATCH (keyed:Memory {id: e.botId})
 SET keyed.vecSeq = coalesce(keyed.vecSeq, 0) + 1
@@ -895,11 +903,13 @@ SET e.lblProved = proved, e.lblOrgs = orgs, e.lblExcluded = excluded,
 FOREACH (topic IN CASE WHEN CASE WHEN validBefore = e.validOrg THEN null ELSE validBefore END IS NULL THEN [] ELSE reduce(acc = [], t IN e.tags | CASE WHEN t CONTAINS ':' OR t IN acc THEN acc ELSE acc + t END) END |
   MERGE (tc:TopicCount {key: e.botId + '|' + CASE WHEN validBefore = e.validOrg THEN null ELSE validBefore END + '|' + topic})
   ON CREATE SET tc.botId = e.botId, tc.org = CASE WHEN validBefore = e.validOrg THEN null ELSE validBefore END, tc.topic = topic, tc.n = 0
-  SET tc.n = tc.n + -1)
+  SET tc.n = tc.n + -1
+  FOREACH (_ IN CASE WHEN tc.n = 0 THEN [1] ELSE [] END | DELETE tc))
 FOREACH (topic IN CASE WHEN CASE WHEN validBefore = e.validOrg THEN null ELSE e.validOrg END IS NULL THEN [] ELSE reduce(acc = [], t IN e.tags | CASE WHEN t CONTAINS ':' OR t IN acc THEN acc ELSE acc + t END) END |
   MERGE (tc:TopicCount {key: e.botId + '|' + CASE WHEN validBefore = e.validOrg THEN null ELSE e.validOrg END + '|' + topic})
   ON CREATE SET tc.botId = e.botId, tc.org = CASE WHEN validBefore = e.validOrg THEN null ELSE e.validOrg END, tc.topic = topic, tc.n = 0
-  SET tc.n = tc.n + 1)
+  SET tc.n = tc.n + 1
+  FOREACH (_ IN CASE WHEN tc.n = 0 THEN [1] ELSE [] END | DELETE tc))
 WITH e WHERE coalesce(e.activeKey, '') <> coalesce(keyBefore, '')
 MATCH (keyed:Memory {id: e.botId})
 SET keyed.vecSeq = coalesce(keyed.vecSeq, 0) + 1
@@ -982,11 +992,13 @@ SET e.lblProved = proved, e.lblOrgs = orgs, e.lblExcluded = excluded,
 FOREACH (topic IN CASE WHEN CASE WHEN validBefore = e.validOrg THEN null ELSE validBefore END IS NULL THEN [] ELSE reduce(acc = [], t IN e.tags | CASE WHEN t CONTAINS ':' OR t IN acc THEN acc ELSE acc + t END) END |
   MERGE (tc:TopicCount {key: e.botId + '|' + CASE WHEN validBefore = e.validOrg THEN null ELSE validBefore END + '|' + topic})
   ON CREATE SET tc.botId = e.botId, tc.org = CASE WHEN validBefore = e.validOrg THEN null ELSE validBefore END, tc.topic = topic, tc.n = 0
-  SET tc.n = tc.n + -1)
+  SET tc.n = tc.n + -1
+  FOREACH (_ IN CASE WHEN tc.n = 0 THEN [1] ELSE [] END | DELETE tc))
 FOREACH (topic IN CASE WHEN CASE WHEN validBefore = e.validOrg THEN null ELSE e.validOrg END IS NULL THEN [] ELSE reduce(acc = [], t IN e.tags | CASE WHEN t CONTAINS ':' OR t IN acc THEN acc ELSE acc + t END) END |
   MERGE (tc:TopicCount {key: e.botId + '|' + CASE WHEN validBefore = e.validOrg THEN null ELSE e.validOrg END + '|' + topic})
   ON CREATE SET tc.botId = e.botId, tc.org = CASE WHEN validBefore = e.validOrg THEN null ELSE e.validOrg END, tc.topic = topic, tc.n = 0
-  SET tc.n = tc.n + 1)
+  SET tc.n = tc.n + 1
+  FOREACH (_ IN CASE WHEN tc.n = 0 THEN [1] ELSE [] END | DELETE tc))
 WITH e WHERE coalesce(e.activeKey, '') <> coalesce(keyBefore, '')
 MATCH (keyed:Memory {id: e.botId})
 SET keyed.vecSeq = coalesce(keyed.vecSeq, 0) + 1
@@ -1579,11 +1591,13 @@ WITH e, topicsBefore, reduce(acc = [], t IN e.tags | CASE WHEN t CONTAINS ':' OR
 FOREACH (topic IN CASE WHEN e.validOrg IS NULL THEN [] ELSE [t IN topicsBefore WHERE NOT t IN topicsAfter] END |
   MERGE (tc:TopicCount {key: e.botId + '|' + e.validOrg + '|' + topic})
   ON CREATE SET tc.botId = e.botId, tc.org = e.validOrg, tc.topic = topic, tc.n = 0
-  SET tc.n = tc.n + -1)
+  SET tc.n = tc.n + -1
+  FOREACH (_ IN CASE WHEN tc.n = 0 THEN [1] ELSE [] END | DELETE tc))
 FOREACH (topic IN CASE WHEN e.validOrg IS NULL THEN [] ELSE [t IN topicsAfter WHERE NOT t IN topicsBefore] END |
   MERGE (tc:TopicCount {key: e.botId + '|' + e.validOrg + '|' + topic})
   ON CREATE SET tc.botId = e.botId, tc.org = e.validOrg, tc.topic = topic, tc.n = 0
-  SET tc.n = tc.n + 1)
+  SET tc.n = tc.n + 1
+  FOREACH (_ IN CASE WHEN tc.n = 0 THEN [1] ELSE [] END | DELETE tc))
 FOREACH (_ IN CASE WHEN 'preferences' IN e.tags THEN [1] ELSE [] END | SET e:Preference)
 FOREACH (_ IN CASE WHEN 'preferences' IN e.tags THEN [] ELSE [1] END | REMOVE e:Preference)
 RETURN e.id AS id
@@ -1612,11 +1626,13 @@ WITH e, topicsBefore, reduce(acc = [], t IN e.tags | CASE WHEN t CONTAINS ':' OR
 FOREACH (topic IN CASE WHEN e.validOrg IS NULL THEN [] ELSE [t IN topicsBefore WHERE NOT t IN topicsAfter] END |
   MERGE (tc:TopicCount {key: e.botId + '|' + e.validOrg + '|' + topic})
   ON CREATE SET tc.botId = e.botId, tc.org = e.validOrg, tc.topic = topic, tc.n = 0
-  SET tc.n = tc.n + -1)
+  SET tc.n = tc.n + -1
+  FOREACH (_ IN CASE WHEN tc.n = 0 THEN [1] ELSE [] END | DELETE tc))
 FOREACH (topic IN CASE WHEN e.validOrg IS NULL THEN [] ELSE [t IN topicsAfter WHERE NOT t IN topicsBefore] END |
   MERGE (tc:TopicCount {key: e.botId + '|' + e.validOrg + '|' + topic})
   ON CREATE SET tc.botId = e.botId, tc.org = e.validOrg, tc.topic = topic, tc.n = 0
-  SET tc.n = tc.n + 1)
+  SET tc.n = tc.n + 1
+  FOREACH (_ IN CASE WHEN tc.n = 0 THEN [1] ELSE [] END | DELETE tc))
 FOREACH (_ IN CASE WHEN 'preferences' IN e.tags THEN [1] ELSE [] END | SET e:Preference)
 FOREACH (_ IN CASE WHEN 'preferences' IN e.tags THEN [] ELSE [1] END | REMOVE e:Preference)
 
@@ -2200,7 +2216,8 @@ WHERE e.botId = $botId
 FOREACH (topic IN CASE WHEN e.validOrg IS NULL THEN [] ELSE reduce(acc = [], t IN e.tags | CASE WHEN t CONTAINS ':' OR t IN acc THEN acc ELSE acc + t END) END |
   MERGE (tc:TopicCount {key: e.botId + '|' + e.validOrg + '|' + topic})
   ON CREATE SET tc.botId = e.botId, tc.org = e.validOrg, tc.topic = topic, tc.n = 0
-  SET tc.n = tc.n + -1)
+  SET tc.n = tc.n + -1
+  FOREACH (_ IN CASE WHEN tc.n = 0 THEN [1] ELSE [] END | DELETE tc))
 WITH collect(e) AS doomed, collect(e.id) AS ids
 FOREACH (e IN doomed | DETACH DELETE e)
 RETURN ids

@@ -1,7 +1,7 @@
 """Topic counts of learningContext (L4): how many valid entries of an organization carry each
 topic, kept as ``(:TopicCount {key, botId, org, topic, n})`` where an entry's validity (``validOrg``,
 set with its labels in ``graph.access``) or its topics change, so a learning step reads the
-counts and not every valid entry's tags.
+counts and not every valid entry's tags. A count is deleted when it reaches zero.
 
 Every statement that changes either runs under the Bot's exclusive lock and adds its own delta:
 the labels (an entry becoming valid or not, or valid for another organization), tag writes
@@ -21,12 +21,14 @@ TOPICS_OF_E: Final[LiteralString] = (
 
 def count_topics(org: LiteralString, topics: LiteralString, delta: LiteralString) -> LiteralString:
     """A FOREACH that adds ``delta`` to the count of each of ``topics`` among the valid entries of
-    organization ``org`` of ``e``'s Bot (none when ``org`` is null); it keeps the rows as they are."""
+    organization ``org`` of ``e``'s Bot (none when ``org`` is null), deleting a count that reaches
+    zero (a purged topic leaves no trace); it keeps the rows as they are."""
     return (
         "FOREACH (topic IN CASE WHEN " + org + " IS NULL THEN [] ELSE " + topics + " END |\n"
         "  MERGE (tc:TopicCount {key: e.botId + '|' + " + org + " + '|' + topic})\n"
         "  ON CREATE SET tc.botId = e.botId, tc.org = " + org + ", tc.topic = topic, tc.n = 0\n"
-        "  SET tc.n = tc.n + " + delta + ")\n"
+        "  SET tc.n = tc.n + " + delta + "\n"
+        "  FOREACH (_ IN CASE WHEN tc.n = 0 THEN [1] ELSE [] END | DELETE tc))\n"
     )
 
 

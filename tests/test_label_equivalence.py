@@ -98,14 +98,14 @@ async def make_world(rt: Runtime) -> World:
 
 
 #: learningContext's topic counts (``graph.topics``) recounted from the entries: (org, topic, n)
-#: where they differ from the kept ones.
+#: where they differ from the kept ones (a kept zero is one too many: it is deleted at zero).
 RECOUNT = """
 MATCH (e:Entry {botId: $botId}) WHERE e.validOrg IS NOT NULL
 UNWIND reduce(acc = [], t IN e.tags | CASE WHEN t CONTAINS ':' OR t IN acc THEN acc ELSE acc + t END) AS topic
 WITH e.validOrg AS org, topic, count(*) AS n
 WITH collect({org: org, topic: topic, n: n}) AS counted
 WITH counted, COLLECT {
-  MATCH (tc:TopicCount {botId: $botId}) WHERE tc.n <> 0 RETURN {org: tc.org, topic: tc.topic, n: tc.n}
+  MATCH (tc:TopicCount {botId: $botId}) RETURN {org: tc.org, topic: tc.topic, n: tc.n}
 } AS kept
 RETURN [c IN counted WHERE NOT c IN kept] AS missing, [k IN kept WHERE NOT k IN counted] AS extra
 """
