@@ -9,9 +9,9 @@ GraphQL's parse, validation and execution, and the client: no Neo4j), GraphQL ``
 questions in turn, REST ``search(limit 10)`` for a question the process has not embedded yet (the
 pool's question and a number never asked before), REST ``GET memory?limit=100`` (the first
 page) and the same with the filter ``tags=rare-topic`` (the topic of the reader's five oldest
-facts, RARE_TOPIC: the full-text index ``entry_tags`` finds them where a walk of
-the reader's keys read every visible entry). The API process embeds each question once and then keeps its vector (``QueryVectors``), so
-after the warm-up the other search rows exclude the query embedding, as the in-process rows do;
+facts, RARE_TOPIC: the walk of the reader's keys reads every visible entry to find them). The
+API process embeds each question once and then keeps its vector (``QueryVectors``), so after the
+warm-up the other search rows exclude the query embedding, as the in-process rows do;
 the difference between such a row and the in-process ``search(10)`` row is what the API adds to
 it, and the new question's row is what a caller waits for with the embedding (LocalMiniLM).
 """

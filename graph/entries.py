@@ -40,30 +40,6 @@ _RELABEL_PREFERENCE: Final[LiteralString] = (
     + "FOREACH (_ IN CASE WHEN 'preferences' IN e.tags THEN [] ELSE [1] END | REMOVE e:Preference)\n"
 )
 
-#: The entries of Bot ``$botId`` with every tag of ``$tags``, as ``e``: from the full-text index
-#: ``entry_tags`` (each tag and the Bot's id one whitespace token, migration 14; ``$tagQuery`` is
-#: ``tag_query(botId, tags)``), so a Bot's other entries are not read; in a change the index holds
-#: the change's own writes. The hits are collected before the statement goes on to change them,
-#: and each is checked on the node.
-TAGGED_ENTRIES: Final[LiteralString] = """
-CALL db.index.fulltext.queryNodes('entry_tags', $tagQuery) YIELD node
-WITH collect(node) AS found
-UNWIND found AS e
-WITH e WHERE e.botId = $botId AND all(t IN $tags WHERE t IN e.tags)
-"""
-
-
-def tag_query(bot_id: str, tags: list[str]) -> str:
-    """The Lucene query of ``entry_tags`` for the entries of ``bot_id`` with every tag of ``tags``:
-    one quoted term per field (a tag has no whitespace; quotes and backslashes are escaped)."""
-    terms = [("botId", bot_id)] + [("tags", t) for t in tags]
-    return " ".join(f'+{field}:"{_phrase(value)}"' for field, value in terms)
-
-
-def _phrase(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"')
-
-
 #: A write that leaves an entry without keywords or without a vector (an embedder down or absent,
 #: a legacy import) records it on the Memory, for the worker's sweep (``graph.backfill.BOTS_DUE``).
 _DUE_ADDS: Final[LiteralString] = (
@@ -242,10 +218,9 @@ SET_TAGS: Final[LiteralString] = (
     + _RELABEL_PREFERENCE
 )
 
-#: Every entry of the Bot carrying topic ``$from`` — all of them, not the first 300 (L4) — found
-#: by TAGGED_ENTRIES (``$tags`` = [``$from``]).
+#: Every entry of the Bot carrying topic ``$from`` — all of them, not the first 300 (L4).
 RENAME_TOPIC: Final[LiteralString] = (
-    TAGGED_ENTRIES
+    "MATCH (e:Entry {botId: $botId}) WHERE $from IN e.tags\n"
     + retag("SET e.tags = [t IN e.tags WHERE t <> $from AND t <> $to] + [$to], e.updatedAt = $now\n")
     + _RELABEL_PREFERENCE
     + "RETURN e.id AS id\n"
@@ -329,8 +304,6 @@ async def rename_topic(
             RENAME_TOPIC,
             IdRow,
             botId=bot_id,
-            tags=[old],
-            tagQuery=tag_query(bot_id, [old]),
             **{"from": old, "to": new},
             now=now,
         )

@@ -8,7 +8,7 @@ decrypted by the caller after commit.
 
 from __future__ import annotations
 
-from typing import Final, LiteralString, NotRequired, TypedDict
+from typing import Final, LiteralString, TypedDict
 
 from neo4j import AsyncManagedTransaction
 
@@ -18,7 +18,6 @@ from graph.access import (
     ReaderMap,
 )
 from graph.driver import Ciphertext, QueryTarget, single
-from graph.entries import tag_query
 
 #: The sources of an entry ``e`` as ids (``sources``), for the API's view of it.
 _ENTRY_SOURCES: Final[LiteralString] = """
@@ -177,64 +176,21 @@ WHERE e.botId = $botId AND e.audienceKey = key AND e.memoryRank < $top AND """
 #: ``$limit`` visible entries in index order, so a page costs the same at any depth of the pool.
 #: (Ties on the rank are a CASE, not an OR: the planner splits an OR into two seeks whose union
 #: loses the index order, and then sorts every visible entry — measured 1 s at 100k.)
-_AFTER: Final[LiteralString] = (
-    "e.memoryRank <= $afterRank AND CASE WHEN e.memoryRank = $afterRank THEN e.id > $afterId ELSE true END"
-)
-_WALK_OF_KEYS: Final[LiteralString] = (
+_PAGE_OF_KEYS: Final[LiteralString] = (
     """
 UNWIND keys AS key
 CALL (key, readers, org) {
   MATCH (e:Entry)
-  WHERE e.botId = $botId AND e.audienceKey = key AND """
-    + _AFTER
-    + " AND "
+  WHERE e.botId = $botId AND e.audienceKey = key AND e.memoryRank <= $afterRank
+    AND CASE WHEN e.memoryRank = $afterRank THEN e.id > $afterId ELSE true END AND """
     + _LISTED
     + """
   RETURN e ORDER BY e.botId DESC, e.audienceKey DESC, e.memoryRank DESC, e.id LIMIT $limit
-}
-"""
-)
-_PAGE_OF_KEYS: Final[LiteralString] = (
-    _WALK_OF_KEYS + "WITH e ORDER BY e.memoryRank DESC, e.id LIMIT $limit\n" + _IN_ORDER
-)
-
-#: Above this many entries of a Bot with every tag of a filter, _TAGGED_PAGE walks the reader's
-#: keys instead. Lucene hands over a hit in ~5 µs, the walk reads a visible entry in ~1.6 µs
-#: (measured at 100k), so the full-text index pays for a rare filter (a topic on 1 % of 100k:
-#: 1,000 hits) and the walk for a common one, which fills its page early.
-TAGGED_CAP: Final = 1000
-
-#: _PAGE_OF_KEYS for a tag filter (``$tags`` not empty): the entries of the Bot with every tag,
-#: from the full-text index ``entry_tags`` (``$tagQuery``, see ``graph.entries.tag_query``) — when it has fewer
-#: than ``$tagCap`` of them, read, checked (the same predicate as the walk's) and sorted; else the
-#: walk. A rare topic's page then costs its entries, not every entry the reader may see (the walk
-#: alone: ~170 ms at 100k for a topic with one entry).
-_TAGGED_PAGE: Final[LiteralString] = (
-    """
-CALL () {
-  CALL db.index.fulltext.queryNodes('entry_tags', $tagQuery, {limit: $tagCap}) YIELD node
-  RETURN collect(node) AS tagged
-}
-CALL (tagged, keys, readers, org) {
-  WITH tagged, keys, readers, org WHERE size(tagged) < $tagCap
-  UNWIND tagged AS e
-  WITH e, keys, readers, org
-  WHERE e.botId = $botId AND e.audienceKey IN keys AND """
-    + _AFTER
-    + " AND "
-    + _LISTED
-    + """
-  RETURN e
-  UNION
-  WITH tagged, keys, readers, org WHERE size(tagged) >= $tagCap"""
-    + _WALK_OF_KEYS
-    + """  RETURN e
 }
 WITH e ORDER BY e.memoryRank DESC, e.id LIMIT $limit
 """
     + _IN_ORDER
 )
-
 
 #: The first ``$limit`` in memory order of a Bot's active preferences every reader may see (D9.17:
 #: the entries with the topic ``preferences``, labelled ``:Preference`` while they have it,
@@ -264,12 +220,6 @@ LOCK_READER_AND_LIST: Final[LiteralString] = (
 #: LOCK_READER_AND_LIST for one page (see _PAGE_OF_KEYS).
 LOCK_READER_AND_PAGE: Final[LiteralString] = (
     _LOCK_READER_AND + _PAGE_OF_KEYS + "}\nRETURN version, reader, entries\n"
-)
-
-#: LOCK_READER_AND_PAGE with a tag filter (see _TAGGED_PAGE); the whole list is its page of
-#: ``TOP_RANK`` entries.
-LOCK_READER_AND_TAGGED_PAGE: Final[LiteralString] = (
-    _LOCK_READER_AND + _TAGGED_PAGE + "}\nRETURN version, reader, entries\n"
 )
 
 
@@ -339,23 +289,8 @@ async def locked_preferences(
     return [] if record is None else record["entries"]
 
 
-class ListingParams(TypedDict):
-    """``listing``'s parameters: the whole list's ``top``, or a page's, and a filter's ``tagQuery``."""
-
-    botId: str
-    personId: str
-    org: str
-    statuses: list[str]
-    tags: list[str]
-    top: NotRequired[int]
-    limit: NotRequired[int]
-    afterRank: NotRequired[int]
-    afterId: NotRequired[str]
-    tagQuery: NotRequired[str]
-    tagCap: NotRequired[int]
-
-
-def listing(
+async def lock_reader_and_list(
+    tx: QueryTarget,
     *,
     bot_id: str,
     person_id: str,
@@ -363,35 +298,25 @@ def listing(
     statuses: list[str],
     tags: list[str],
     page: tuple[int, tuple[int, str] | None] | None = None,
-    tag_cap: int = TAGGED_CAP,
-) -> tuple[LiteralString, ListingParams]:
-    """The statement of GET memory and its parameters: LOCK_READER_AND_LIST; with ``page`` —
-    ``(limit, after)``, ``after`` the (memoryRank, id) of the entry before the page or None for
-    the first — LOCK_READER_AND_PAGE; with ``tags``, the list or the page is
-    LOCK_READER_AND_TAGGED_PAGE's, which walks the reader's keys when the Bot has ``tag_cap``
-    entries with the tags or more."""
-    params: ListingParams = {
-        "botId": bot_id,
-        "personId": person_id,
-        "org": org,
-        "statuses": statuses,
-        "tags": tags,
-    }
-    if page is None and not tags:
-        params["top"] = TOP_RANK
-        return LOCK_READER_AND_LIST, params
-    limit, after = page or (TOP_RANK, None)
-    params["limit"] = limit
-    params["afterRank"], params["afterId"] = after or (TOP_RANK, "")
-    if not tags:
-        return LOCK_READER_AND_PAGE, params
-    params["tagQuery"], params["tagCap"] = tag_query(bot_id, tags), tag_cap
-    return LOCK_READER_AND_TAGGED_PAGE, params
-
-
-async def lock_reader_and_list(
-    tx: QueryTarget, statement: tuple[LiteralString, ListingParams]
 ) -> ReaderAndEntriesRow | None:
-    """GET memory, its ``listing``: ``{version, reader, entries}``, or None when the Bot has no memory."""
-    query, params = statement
-    return await single(tx, query, ReaderAndEntriesRow, **params)
+    """LOCK_READER_AND_LIST: ``{version, reader, entries}``, or None when the Bot has no memory.
+    With ``page`` — ``(limit, after)``, ``after`` the (memoryRank, id) of the entry before the
+    page or None for the first — one page of them (LOCK_READER_AND_PAGE)."""
+    params = {"botId": bot_id, "personId": person_id, "org": org, "top": TOP_RANK}
+    if page is None:
+        return await single(
+            tx, LOCK_READER_AND_LIST, ReaderAndEntriesRow, **params, statuses=statuses, tags=tags
+        )
+    limit, after = page
+    after_rank, after_id = after or (TOP_RANK, "")
+    return await single(
+        tx,
+        LOCK_READER_AND_PAGE,
+        ReaderAndEntriesRow,
+        **params,
+        statuses=statuses,
+        tags=tags,
+        limit=limit,
+        afterRank=after_rank,
+        afterId=after_id,
+    )

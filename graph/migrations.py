@@ -156,16 +156,6 @@ MIGRATIONS: Final[tuple[tuple[int, tuple[LiteralString, ...]], ...]] = (
     (
         14,
         (
-            # A tag filter's entries by their tags (GET memory?tags=…, ``graph.memory``'s
-            # _TAGGED_PAGE): each tag and the Bot one whitespace token; Neo4j keeps it where tags
-            # change. The data step below waits for it to be populated.
-            "CREATE FULLTEXT INDEX entry_tags IF NOT EXISTS FOR (n:Entry) ON EACH [n.tags, n.botId]"
-            " OPTIONS {indexConfig: {`fulltext.analyzer`: 'whitespace'}}",
-        ),
-    ),
-    (
-        15,
-        (
             # learningContext (L4) by the valid entries of one organization in memory order, not
             # by filtering every entry of the Bot: ``validOrg`` is set with the labels
             # (``graph.access``); the data step below gives it to the entries labelled before.
@@ -212,13 +202,13 @@ MATCH (e:Entry) WHERE 'preferences' IN e.tags AND NOT e:Preference
 CALL (e) { SET e:Preference } IN TRANSACTIONS OF 10000 ROWS
 """
 
-#: The valid entries labelled before version 15 get ``validOrg`` (``graph.access``), in batches.
+#: The valid entries labelled before version 14 get ``validOrg`` (``graph.access``), in batches.
 _SET_VALID_ORG: Final[LiteralString] = """
 MATCH (e:Entry) WHERE e.status = 'active' AND e.lblProved AND size(e.lblOrgs) = 1 AND e.validOrg IS NULL
 CALL (e) { SET e.validOrg = e.lblOrgs[0] } IN TRANSACTIONS OF 10000 ROWS
 """
 
-#: Every topic count recomputed from the entries (version 15, after ``validOrg``).
+#: Every topic count recomputed from the entries (version 14, after ``validOrg``).
 _RECOUNT_TOPICS: Final[LiteralString] = (
     """
 MATCH (e:Entry) WHERE e.validOrg IS NOT NULL
@@ -230,9 +220,6 @@ MERGE (tc:TopicCount {key: botId + '|' + org + '|' + topic})
 SET tc.botId = botId, tc.org = org, tc.topic = topic, tc.n = n
 """
 )
-
-#: A store's entries in ``entry_tags`` before a tag filter reads it (version 14).
-_AWAIT_TAGS: Final[LiteralString] = "CALL db.awaitIndex('entry_tags', 600)"
 
 LATEST: Final = MIGRATIONS[-1][0]
 
@@ -270,8 +257,6 @@ async def migrate(driver: AsyncDriver) -> int:
             async with driver.session() as session:  # CALL … IN TRANSACTIONS needs auto-commit
                 await (await session.run(_LABEL_PREFERENCES)).consume()
         if version == 14:
-            await driver.execute_query(_AWAIT_TAGS)
-        if version == 15:
             async with driver.session() as session:  # CALL … IN TRANSACTIONS needs auto-commit
                 await (await session.run(_SET_VALID_ORG)).consume()
             await driver.execute_query(_RECOUNT_TOPICS)

@@ -11,19 +11,19 @@ from neo4j import AsyncManagedTransaction
 from graph import access
 from graph.access import IdsRow
 from graph.driver import rows, single
-from graph.entries import TAGGED_ENTRIES, CountRow, tag_query
+from graph.entries import CountRow
 from graph.topics import deleting
 
-#: The entries carrying the purge tag (TAGGED_ENTRIES), and the label of those someone may see
-#: now (``gone``, the removals of the purge, D9.24: after it, no one sees them).
-TAGGED_IDS: Final[LiteralString] = (
-    TAGGED_ENTRIES
-    + """RETURN collect(e.id) AS ids,
+#: The entries carrying the purge tag, and the label of those someone may see now (``gone``, the
+#: removals of the purge, D9.24: after it, no one sees them).
+TAGGED_IDS: Final[LiteralString] = """
+MATCH (e:Entry {botId: $botId})
+WHERE $tag IN e.tags
+RETURN collect(e.id) AS ids,
        collect(CASE WHEN e.status <> 'retracted' AND e.lblRequires IS NOT NULL
          THEN {id: e.id, requires: e.lblRequires, excluded: coalesce(e.lblExcluded, []),
                afterRequires: ['#unproved'], afterExcluded: []} END) AS gone
 """
-)
 
 
 class GoneLabel(TypedDict):
@@ -187,9 +187,7 @@ class Purged:
 async def purge(tx: AsyncManagedTransaction, *, bot_id: str, tag: str) -> Purged:
     """Delete the entries carrying ``tag`` and strip what embeds them from the change log (D9.20).
     The caller writes the purge's log row with ``above`` and ``gone`` (``graph.changelog.log_change``)."""
-    doomed = await single(
-        tx, TAGGED_IDS, TaggedRow, botId=bot_id, tags=[tag], tagQuery=tag_query(bot_id, [tag])
-    )
+    doomed = await single(tx, TAGGED_IDS, TaggedRow, botId=bot_id, tag=tag)
     if doomed is None or not doomed["ids"]:
         return Purged([], [], [])
     doomed_ids: list[str] = list(doomed["ids"])

@@ -1581,10 +1581,7 @@ SET e.tags = [t IN e.tags WHERE t <> 'from:' + $personId],
     e.updatedAt = $now
 
 // ---- graph.entries.RENAME_TOPIC
-CALL db.index.fulltext.queryNodes('entry_tags', $tagQuery) YIELD node
-WITH collect(node) AS found
-UNWIND found AS e
-WITH e WHERE e.botId = $botId AND all(t IN $tags WHERE t IN e.tags)
+MATCH (e:Entry {botId: $botId}) WHERE $from IN e.tags
 WITH e, reduce(acc = [], t IN e.tags | CASE WHEN t CONTAINS ':' OR t IN acc THEN acc ELSE acc + t END) AS topicsBefore
 SET e.tags = [t IN e.tags WHERE t <> $from AND t <> $to] + [$to], e.updatedAt = $now
 WITH e, topicsBefore, reduce(acc = [], t IN e.tags | CASE WHEN t CONTAINS ':' OR t IN acc THEN acc ELSE acc + t END) AS topicsAfter
@@ -1635,12 +1632,6 @@ FOREACH (topic IN CASE WHEN e.validOrg IS NULL THEN [] ELSE [t IN topicsAfter WH
   FOREACH (_ IN CASE WHEN tc.n = 0 THEN [1] ELSE [] END | DELETE tc))
 FOREACH (_ IN CASE WHEN 'preferences' IN e.tags THEN [1] ELSE [] END | SET e:Preference)
 FOREACH (_ IN CASE WHEN 'preferences' IN e.tags THEN [] ELSE [1] END | REMOVE e:Preference)
-
-// ---- graph.entries.TAGGED_ENTRIES
-CALL db.index.fulltext.queryNodes('entry_tags', $tagQuery) YIELD node
-WITH collect(node) AS found
-UNWIND found AS e
-WITH e WHERE e.botId = $botId AND all(t IN $tags WHERE t IN e.tags)
 
 // ---- graph.identity.COUNT_PEOPLE_IN_ORG
 UNWIND $personIds AS personId
@@ -1867,7 +1858,8 @@ WITH m, $readers AS readers, $org AS org, $keys AS keys
 UNWIND keys AS key
 CALL (key, readers, org) {
   MATCH (e:Preference)
-  WHERE e.botId = $botId AND e.audienceKey = key AND e.memoryRank <= $afterRank AND CASE WHEN e.memoryRank = $afterRank THEN e.id > $afterId ELSE true END AND e.status IN $statuses AND all(t IN $tags WHERE t IN e.tags) AND
+  WHERE e.botId = $botId AND e.audienceKey = key AND e.memoryRank <= $afterRank
+    AND CASE WHEN e.memoryRank = $afterRank THEN e.id > $afterId ELSE true END AND e.status IN $statuses AND all(t IN $tags WHERE t IN e.tags) AND
 (size(readers) > 0
  AND all(rd IN readers WHERE all(a IN e.lblRequires WHERE
        a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
@@ -1948,67 +1940,13 @@ CALL (reader) {
 UNWIND keys AS key
 CALL (key, readers, org) {
   MATCH (e:Entry)
-  WHERE e.botId = $botId AND e.audienceKey = key AND e.memoryRank <= $afterRank AND CASE WHEN e.memoryRank = $afterRank THEN e.id > $afterId ELSE true END AND e.status IN $statuses AND all(t IN $tags WHERE t IN e.tags) AND
+  WHERE e.botId = $botId AND e.audienceKey = key AND e.memoryRank <= $afterRank
+    AND CASE WHEN e.memoryRank = $afterRank THEN e.id > $afterId ELSE true END AND e.status IN $statuses AND all(t IN $tags WHERE t IN e.tags) AND
 (size(readers) > 0
  AND all(rd IN readers WHERE all(a IN e.lblRequires WHERE
        a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
 
   RETURN e ORDER BY e.botId DESC, e.audienceKey DESC, e.memoryRank DESC, e.id LIMIT $limit
-}
-WITH e ORDER BY e.memoryRank DESC, e.id LIMIT $limit
-
-OPTIONAL MATCH (e)-[:SOURCE]->(src)
-WITH e, collect(CASE WHEN src IS NULL THEN null WHEN src:Item THEN {chat: src.chatId, item: src.id}
-                     ELSE {entry: src.id} END) AS sources
-WITH e, sources ORDER BY e.memoryRank DESC, e.id
-RETURN collect(e {.id, .layer, .tags, .status, .confidence, .createdAt, .updatedAt, .invalidatedAt,
-     .content, .contentLength, .orderKey, .memoryRank, sources: sources}) AS entries
-}
-RETURN version, reader, entries
-
-// ---- graph.memory.LOCK_READER_AND_TAGGED_PAGE
-MATCH (held:Memory {id: $botId})
-CALL apoc.lock.read.nodes([held])
-WITH held
-MATCH (m:Memory) WHERE elementId(m) = elementId(held)
-WITH m
-OPTIONAL MATCH (p:Person {id: $personId})-[:MEMBER_OF]->(o:Organization {id: $org})
-OPTIONAL MATCH (b:Bot {id: $botId})
-OPTIONAL MATCH (p)-[:MEMBER]->(c:Channel)-[:IN]->(o)
-WITH m, p, o, b, collect(c.id) AS channels
-WITH m.version AS version, CASE WHEN p IS NULL THEN null ELSE {id: p.id, channels: channels, usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)),
-  atoms: ['person:' + p.id] + [cid IN channels | 'channel:' + cid]
-         + CASE WHEN EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)) THEN ['bot'] ELSE [] END} END AS reader
-CALL (reader) {
-  WITH reader WHERE reader IS NOT NULL AND reader.usesBot
-  WITH [reader] AS readers, $org AS org, reader.atoms AS keys
-CALL () {
-  CALL db.index.fulltext.queryNodes('entry_tags', $tagQuery, {limit: $tagCap}) YIELD node
-  RETURN collect(node) AS tagged
-}
-CALL (tagged, keys, readers, org) {
-  WITH tagged, keys, readers, org WHERE size(tagged) < $tagCap
-  UNWIND tagged AS e
-  WITH e, keys, readers, org
-  WHERE e.botId = $botId AND e.audienceKey IN keys AND e.memoryRank <= $afterRank AND CASE WHEN e.memoryRank = $afterRank THEN e.id > $afterId ELSE true END AND e.status IN $statuses AND all(t IN $tags WHERE t IN e.tags) AND
-(size(readers) > 0
- AND all(rd IN readers WHERE all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
-
-  RETURN e
-  UNION
-  WITH tagged, keys, readers, org WHERE size(tagged) >= $tagCap
-UNWIND keys AS key
-CALL (key, readers, org) {
-  MATCH (e:Entry)
-  WHERE e.botId = $botId AND e.audienceKey = key AND e.memoryRank <= $afterRank AND CASE WHEN e.memoryRank = $afterRank THEN e.id > $afterId ELSE true END AND e.status IN $statuses AND all(t IN $tags WHERE t IN e.tags) AND
-(size(readers) > 0
- AND all(rd IN readers WHERE all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
-
-  RETURN e ORDER BY e.botId DESC, e.audienceKey DESC, e.memoryRank DESC, e.id LIMIT $limit
-}
-  RETURN e
 }
 WITH e ORDER BY e.memoryRank DESC, e.id LIMIT $limit
 
@@ -2223,10 +2161,8 @@ FOREACH (e IN doomed | DETACH DELETE e)
 RETURN ids
 
 // ---- graph.purge.TAGGED_IDS
-CALL db.index.fulltext.queryNodes('entry_tags', $tagQuery) YIELD node
-WITH collect(node) AS found
-UNWIND found AS e
-WITH e WHERE e.botId = $botId AND all(t IN $tags WHERE t IN e.tags)
+MATCH (e:Entry {botId: $botId})
+WHERE $tag IN e.tags
 RETURN collect(e.id) AS ids,
        collect(CASE WHEN e.status <> 'retracted' AND e.lblRequires IS NOT NULL
          THEN {id: e.id, requires: e.lblRequires, excluded: coalesce(e.lblExcluded, []),

@@ -243,14 +243,12 @@ async def _listing(
         # auto-commit transaction (only an error's cause or an uncached data key reads more).
         locked = await memory_q.lock_reader_and_list(
             tx,
-            memory_q.listing(
-                bot_id=bot_id,
-                person_id=person_id,
-                org=org,
-                statuses=["active", "invalidated"],
-                tags=tags,
-                page=page,
-            ),
+            bot_id=bot_id,
+            person_id=person_id,
+            org=org,
+            statuses=["active", "invalidated"],
+            tags=tags,
+            page=page,
         )
         version, _, cipher = await _as_reader(rt, tx, principal, bot_id, locked)
         assert locked is not None

@@ -12,7 +12,7 @@ equal the model's: ids in memory order, layer, status, tags and sources. Refusal
 predicted (with an acceptable error code) and leave everything unchanged. At the end of each
 example the REST and GraphQL listings of every person are compared as well, the REST
 listing walked in pages of 2 (``?limit=2&after=``), the REST listing filtered by each topic and
-some OpenBot tags of the Bot's entries (``?tags=``: the full-text index ``entry_tags``), and
+some OpenBot tags of the Bot's entries (``?tags=``), and
 ``contextPack``'s preferences in each private Chat (the ``:Preference`` label, D9.17).
 
 ``tests/test_search_access.py`` runs a subclass that plants words in the entries (``content``)
@@ -925,7 +925,7 @@ class AccessMachine(RuleBasedStateMachine):
         return [t for t in tags if ":" not in t] + system[:: max(1, len(system) // 3)][:4]
 
     async def _tagged_listings(self) -> list[tuple[str, str, str, list[View] | None]]:
-        """GET memory?tags=<tag> (the full-text index ``entry_tags``), per person, Bot and tag."""
+        """GET memory?tags=<tag>, per person, Bot and tag."""
         api = self.bridge.api
 
         async def rest(person: str, bot: str, tag: str) -> tuple[str, str, str, list[View] | None]:

@@ -35,6 +35,8 @@ SWEEPS = {
 BOT_SWEEPS = {
     "graph.backfill.PROGRESS": "a backfill's progress counts the Bot's entries (CLI and status)",
     "graph.entries.ALL_IDS": "relabel of a whole Bot (python -m botmemory.cli relabel)",
+    "graph.entries.RENAME_TOPIC": "L4: a rename covers every entry with the topic (no index of tags)",
+    "graph.purge.TAGGED_IDS": "a purge by tag (D9.20), an operator's rare act (no index of tags)",
 }
 
 #: An index operator on Entry that seeks only the Bot: ``botId = $botId``, perhaps with a
@@ -91,10 +93,10 @@ async def test_no_statement_reads_a_whole_label_it_could_seek(runtime: Runtime) 
 
 
 async def test_no_statement_reads_every_entry_of_a_bot_but_those_that_mean_it(runtime: Runtime) -> None:
-    """A Bot's entries with a tag — a topic to rename, a tag to purge, a filter of GET memory — come
-    from the full-text index ``entry_tags``, not from reading every entry of the Bot (RENAME_TOPIC
-    and the purge's TAGGED_IDS did: under the exclusive lock, so every reader of a 100k Bot waited
-    for it). Only the statements of BOT_SWEEPS read a whole Bot."""
+    """learningContext reads the valid entries of its organization (``entry_valid``) and kept
+    topic counts, not every entry of the Bot (it filtered and sorted all of them: 342 ms at 100k,
+    under the shared lock, before every learning step). Only the statements of BOT_SWEEPS read a
+    whole Bot; a tag has no index (a full-text one cost every write ~2 ms, bench/README.md)."""
     found = {
         name: whole_bot_reads(await explained(runtime, query)) for name, query in QUERIES if name not in TAILS
     }

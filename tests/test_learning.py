@@ -449,11 +449,11 @@ async def test_learning_context_is_the_first_300_valid_entries_of_the_chats_orga
 async def test_learning_context_seeks_the_valid_entries_of_its_organization(
     api: Api, runtime: Runtime
 ) -> None:
-    """L4 through ``entry_valid`` (botId, validOrg, memoryRank; migration 15) and the kept topic
+    """L4 through ``entry_valid`` (botId, validOrg, memoryRank; migration 14) and the kept topic
     counts (``graph.topics``): ``validOrg``, set with the labels, and the counts follow an
     invalidation; sixty entries that are not valid for the Chat's organization (another
     organization's) add fewer than sixty database hits to learningContext (the filter over every
-    entry of the Bot read each of them); a store upgraded from version 14 gets ``validOrg``, the
+    entry of the Bot read each of them); a store upgraded from version 13 gets ``validOrg``, the
     counts and the same context."""
     w = await memory_world(api, ("ann",))
     guest_org = await api.organization("guest")
@@ -488,6 +488,6 @@ async def test_learning_context_seeks_the_valid_entries_of_its_organization(
     await runtime.driver.execute_query("MATCH (e:Entry {botId: $b}) REMOVE e.validOrg", b=w.bot)
     await runtime.driver.execute_query("MATCH (c:TopicCount {botId: $b}) DELETE c", b=w.bot)
     assert await context() == ([], [])
-    await runtime.driver.execute_query("MATCH (s:SchemaVersion {id: 'schema'}) SET s.version = 14")
+    await runtime.driver.execute_query("MATCH (s:SchemaVersion {id: 'schema'}) SET s.version = 13")
     assert await migrate(runtime.driver) == LATEST
     assert await context() == now
