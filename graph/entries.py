@@ -299,14 +299,7 @@ async def rename_topic(
 ) -> list[str]:
     return [
         r["id"]
-        for r in await rows(
-            tx,
-            RENAME_TOPIC,
-            IdRow,
-            botId=bot_id,
-            **{"from": old, "to": new},
-            now=now,
-        )
+        for r in await rows(tx, RENAME_TOPIC, IdRow, botId=bot_id, **{"from": old, "to": new}, now=now)
     ]
 
 
