@@ -222,7 +222,7 @@ CALL () {
 }
 CALL () {
   MATCH (tc:TopicCount)
-  WHERE tc.botId = $botId AND tc.org = $org AND tc.n > 0
+  WHERE tc.botId = $botId AND tc.org = $org
   WITH tc ORDER BY tc.n DESC, tc.topic
   RETURN collect({topic: tc.topic, count: tc.n}) AS topics
 }

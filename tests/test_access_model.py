@@ -379,7 +379,7 @@ class AccessMachine(RuleBasedStateMachine):
             for _ in range(data.draw(st.integers(1, 2), label="messages")):
                 item = self._say(chat, data.draw(st.sampled_from(speakers), label="speaker"))
                 if item is not None and data.draw(st.booleans(), label="learn a fact"):
-                    self._fact(m.chats[chat].bot, [(chat, item)], False)
+                    self._fact(m.chats[chat].bot, [(chat, item)], None)
         for _ in range(data.draw(st.integers(0, 2), label="observations")):
             present = [e for e in self.entry_ids if e in m.entries]
             if present:
@@ -485,9 +485,9 @@ class AccessMachine(RuleBasedStateMachine):
         self.say(f"{actor} says {item} in {chat}")
         return item
 
-    def _fact(self, bot: str, refs: list[tuple[str, str]], topic: bool | str) -> None:
-        """A fact from ``refs``; ``topic`` True is ``travel``, a string that topic."""
-        topics = (topic,) if isinstance(topic, str) else ("travel",) if topic else ()
+    def _fact(self, bot: str, refs: list[tuple[str, str]], topic: str | None) -> None:
+        """A fact from ``refs``, with ``topic`` if any."""
+        topics = () if topic is None else (topic,)
         change = AddFact(
             content=self.content("a fact"), sources=tuple(ItemRef(c, i) for c, i in refs), topics=topics
         )
@@ -510,16 +510,16 @@ class AccessMachine(RuleBasedStateMachine):
         c = pick(self.chats, chat)
         item = self._say(c, pick(self.people, actor))
         if learn and item is not None and self.created < MAX_ENTRIES:
-            self._fact(self.model.chats[c].bot, [(c, item)], False)
+            self._fact(self.model.chats[c].bot, [(c, item)], None)
 
     @precondition(lambda self: self.items and self.created < MAX_ENTRIES)
     @rule(
         bot=idx,
         sources=st.lists(idx, min_size=1, max_size=2),
-        topic=st.sampled_from((False, "travel", "preferences")),
+        topic=st.sampled_from((None, "travel", "preferences")),
     )
     @step
-    def learn_fact(self, bot: int, sources: list[int], topic: bool | str) -> None:
+    def learn_fact(self, bot: int, sources: list[int], topic: str | None) -> None:
         """A fact from one or two Items, possibly of different Chats (or, rarely, of another Bot)."""
         refs = list(dict.fromkeys(pick_recent(self.items, i) for i in sources))
         b = self.model.chats[refs[0][0]].bot if bot % 8 else pick(self.bots, bot // 8)

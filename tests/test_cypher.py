@@ -4,6 +4,7 @@ and none reads a whole label or relationship type where it means a few of them."
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any, LiteralString, cast
 
 import pytest
@@ -59,22 +60,21 @@ async def explained(runtime: Runtime, query: str) -> Any:
     return cast(Any, summary.plan)
 
 
+def operators(plan: Any, keep: Callable[[str, str], bool]) -> list[str]:
+    """The operators of ``plan`` (kind without ``@runtime``, details) that ``keep`` picks."""
+    kind, details = plan["operatorType"].split("@")[0], plan.get("args", {}).get("Details", "")
+    found = [f"{kind} {details}"] if keep(kind, details) else []
+    return found + [s for child in plan.get("children", []) for s in operators(child, keep)]
+
+
 def scans(plan: Any) -> list[str]:
     """The operators of ``plan`` that read a whole label or type, with what they read."""
-    kind = plan["operatorType"].split("@")[0]
-    found = [f"{kind} {plan.get('args', {}).get('Details', '')}"] if kind in SCANS else []
-    return found + [s for child in plan.get("children", []) for s in scans(child)]
+    return operators(plan, lambda kind, _: kind in SCANS)
 
 
 def whole_bot_reads(plan: Any) -> list[str]:
     """The index operators of ``plan`` that read every entry of a Bot."""
-    details = plan.get("args", {}).get("Details", "")
-    found = (
-        [f"{plan['operatorType']} {details}"]
-        if "Index" in plan["operatorType"] and _WHOLE_BOT.search(details)
-        else []
-    )
-    return found + [s for child in plan.get("children", []) for s in whole_bot_reads(child)]
+    return operators(plan, lambda kind, details: "Index" in kind and bool(_WHOLE_BOT.search(details)))
 
 
 @pytest.mark.parametrize(("name", "query"), QUERIES, ids=[n for n, _ in QUERIES])

@@ -121,7 +121,7 @@ class SearchMachine(AccessMachine):
         if item is None:
             return
         bot, before = self.model.chats[c].bot, self.created
-        self._fact(bot, [(c, item)], False)
+        self._fact(bot, [(c, item)], None)
         for _ in range(above if self.created > before else 0):
             self._observe(bot, [self.entry_ids[-1]])
 
