@@ -497,11 +497,12 @@ async def delete_bot_data(rt: Runtime, org_id: str) -> None:
             "MATCH (c:Change {botId: $bot}) WITH c LIMIT $batch DETACH DELETE c RETURN count(*) AS n",
             bot=bot,
         )
-        await _delete_loop(
-            rt,
-            "MATCH (c:TopicCount {botId: $bot}) WITH c LIMIT $batch DETACH DELETE c RETURN count(*) AS n",
-            bot=bot,
-        )
+        for label in ("TopicCount", "Topic"):
+            await _delete_loop(
+                rt,
+                f"MATCH (c:{label} {{botId: $bot}}) WITH c LIMIT $batch DETACH DELETE c RETURN count(*) AS n",
+                bot=bot,
+            )
         await _delete_loop(
             rt,
             "MATCH (r:Removal {botId: $bot}) WHERE r.version IS NOT NULL"

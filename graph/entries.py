@@ -12,7 +12,7 @@ from neo4j import AsyncManagedTransaction
 
 from graph.access import IdsRow
 from graph.driver import rows, single
-from graph.topics import retag
+from graph.topics import TOPICS_OF_E, link_topics, retag
 
 #: The properties of a new Entry ``e`` in memory ``m``, from ``row`` and the bound ``tags``,
 #: ``orderKey``, ``sourceCount`` and ``legacy`` (shared by ADD_ENTRIES and CREATE_LEGACY); what is
@@ -58,6 +58,7 @@ WITH m, row, row.tags AS tags, row.orderKey AS orderKey, 1 AS sourceCount, true 
 CREATE """
     + _NEW_ENTRY
     + _LABEL_PREFERENCE
+    + link_topics(TOPICS_OF_E)
     + "WITH DISTINCT m\nSET m.kwDue = true, m.vecDue = true\n"
 )
 
@@ -154,6 +155,7 @@ CALL (m, version, problem, checked) {
     + _NEW_ENTRY
     + "    "
     + _LABEL_PREFERENCE
+    + link_topics(TOPICS_OF_E)
     + """    WITH e, items, sources
     CALL (e, items) {
       UNWIND items AS source
@@ -218,9 +220,10 @@ SET_TAGS: Final[LiteralString] = (
     + _RELABEL_PREFERENCE
 )
 
-#: Every entry of the Bot carrying topic ``$from`` — all of them, not the first 300 (L4).
+#: Every entry of the Bot carrying topic ``$from`` — all of them, not the first 300 (L4) —
+#: found from its Topic (``graph.topics``), not by reading the Bot's entries.
 RENAME_TOPIC: Final[LiteralString] = (
-    "MATCH (e:Entry {botId: $botId}) WHERE $from IN e.tags\n"
+    "MATCH (:Topic {key: $botId + '|' + $from})<-[:HAS_TOPIC]-(e:Entry)\n"
     + retag("SET e.tags = [t IN e.tags WHERE t <> $from AND t <> $to] + [$to], e.updatedAt = $now\n")
     + _RELABEL_PREFERENCE
     + "RETURN e.id AS id\n"

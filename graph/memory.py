@@ -156,52 +156,120 @@ _IN_ORDER: Final[LiteralString] = (
 #: What a listed entry ``e`` must be: of ``$statuses``, with every tag of ``$tags``, visible.
 _LISTED: Final[LiteralString] = "e.status IN $statuses AND all(t IN $tags WHERE t IN e.tags) AND " + VISIBLE
 
+#: The most entries a topic may have for a tag filter on it to read them from its Topic rather
+#: than walk the reader's entries (``$topicSeekMax`` of _candidates). Above it, a page of the walk
+#: meets the topic often enough; below it, reading the topic's entries costs less than a walk that
+#: misses it.
+TOPIC_SEEK_MAX: Final = 2000
+
+#: The topic of ``$tags`` (all-of) with the fewest entries, as ``tp`` (its Topic, ``graph.topics``)
+#: and ``topicSize`` (its degree, read without reading the entries): 0 when no entry has it (then
+#: nothing passes the filter), null when ``$tags`` holds no topic (only OpenBot's tags).
+_RAREST_TOPIC: Final[LiteralString] = """
+CALL () {
+  WITH [t IN $tags WHERE NOT t CONTAINS ':'] AS topics
+  UNWIND CASE WHEN size(topics) = 0 THEN [null] ELSE topics END AS topic
+  OPTIONAL MATCH (tp:Topic {key: $botId + '|' + topic})
+  RETURN tp, CASE WHEN topic IS NULL THEN null WHEN tp IS NULL THEN 0
+              ELSE COUNT { (tp)<-[:HAS_TOPIC]-() } END AS topicSize
+  ORDER BY topicSize LIMIT 1
+}
+"""
+
+
+def _candidates(walk: LiteralString, where: LiteralString) -> LiteralString:
+    """Where a listing's entries ``e`` come from: the entries of the rarest topic of the filter
+    when it has at most ``$topicSeekMax`` (each checked by ``where``), else ``walk``, the reader's
+    own entries from the ``entry_audience`` index (one seek per audience key in ``keys``) — a
+    walk that, for a rare topic, read every entry the reader may see (122 ms at 100k). The two
+    find the same entries: VISIBLE admits only entries whose ``audienceKey`` the reader holds."""
+    return (
+        _RAREST_TOPIC
+        + """CALL (readers, org, keys, tp, topicSize) {
+  WITH readers, org, keys WHERE topicSize IS NULL OR topicSize > $topicSeekMax
+"""
+        + walk
+        + """  RETURN e
+UNION ALL
+  WITH readers, org, tp WHERE topicSize <= $topicSeekMax
+  MATCH (tp)<-[:HAS_TOPIC]-(e:Entry)
+  WHERE """
+        + where
+        + """
+  RETURN e
+}
+"""
+    )
+
+
 #: The entries of a Bot a set of readers may see, in memory order (pinned first, then
 #: ``orderKey`` descending, then ``id``). Candidates come from the ``entry_audience`` index,
 #: one seek per audience key the reader holds (``$keys``: ``person:<id>``, each
-#: ``channel:<id>``, ``bot``), never from a filter over the pool. ``$statuses`` picks active
-#: only or history too; ``$tags`` (all-of) narrows the list. Returns ciphertext, as one list
-#: in one record (the driver decodes one list far faster than many records).
+#: ``channel:<id>``, ``bot``), or from a topic of the filter (_candidates), never from a filter
+#: over the pool. ``$statuses`` picks active only or history too; ``$tags`` (all-of) narrows the
+#: list. Returns ciphertext, as one list in one record (the driver decodes one list far faster
+#: than many records).
 _LIST_OF_KEYS: Final[LiteralString] = (
-    """
-UNWIND keys AS key
-MATCH (e:Entry)
-WHERE e.botId = $botId AND e.audienceKey = key AND e.memoryRank < $top AND """
-    + _LISTED
+    _candidates(
+        """  UNWIND keys AS key
+  MATCH (e:Entry)
+  WHERE e.botId = $botId AND e.audienceKey = key AND e.memoryRank < $top AND """
+        + _LISTED
+        + "\n",
+        "e.memoryRank < $top AND " + _LISTED,
+    )
     + _IN_ORDER
 )
 
-#: One page of _LIST_OF_KEYS: the first ``$limit`` entries after the one at ``$afterRank`` /
-#: ``$afterId`` in memory order (``$top`` / ``''`` for the first page). Each key's seek stops at
-#: ``$limit`` visible entries in index order, so a page costs the same at any depth of the pool.
+#: Where a page's entry must be: after the one at ``$afterRank`` / ``$afterId`` in memory order.
 #: (Ties on the rank are a CASE, not an OR: the planner splits an OR into two seeks whose union
 #: loses the index order, and then sorts every visible entry — measured 1 s at 100k.)
-_PAGE_OF_KEYS: Final[LiteralString] = (
-    """
-UNWIND keys AS key
-CALL (key, readers, org) {
-  MATCH (e:Entry)
-  WHERE e.botId = $botId AND e.audienceKey = key AND e.memoryRank <= $afterRank
-    AND CASE WHEN e.memoryRank = $afterRank THEN e.id > $afterId ELSE true END AND """
-    + _LISTED
-    + """
-  RETURN e ORDER BY e.botId DESC, e.audienceKey DESC, e.memoryRank DESC, e.id LIMIT $limit
-}
-WITH e ORDER BY e.memoryRank DESC, e.id LIMIT $limit
+_AFTER: Final[LiteralString] = (
+    "e.memoryRank <= $afterRank AND CASE WHEN e.memoryRank = $afterRank THEN e.id > $afterId ELSE true END"
+)
+
+
+def _page_walk(label: LiteralString) -> LiteralString:
+    """A page's walk of the ``label`` entries of the reader's keys: each key's seek stops at
+    ``$limit`` visible entries in index order, so a page costs the same at any depth of the pool."""
+    return (
+        """  UNWIND keys AS key
+  CALL (key, readers, org) {
+    MATCH (e:"""
+        + label
+        + """)
+    WHERE e.botId = $botId AND e.audienceKey = key AND """
+        + _AFTER
+        + " AND "
+        + _LISTED
+        + """
+    RETURN e ORDER BY e.botId DESC, e.audienceKey DESC, e.memoryRank DESC, e.id LIMIT $limit
+  }
 """
-    + _IN_ORDER
+    )
+
+
+_FIRST_OF_PAGE: Final[LiteralString] = "WITH e ORDER BY e.memoryRank DESC, e.id LIMIT $limit\n"
+
+#: One page of _LIST_OF_KEYS: the first ``$limit`` entries after the one at ``$afterRank`` /
+#: ``$afterId`` in memory order (``$top`` / ``''`` for the first page).
+_PAGE_OF_KEYS: Final[LiteralString] = (
+    _candidates(_page_walk("Entry"), _AFTER + " AND " + _LISTED) + _FIRST_OF_PAGE + _IN_ORDER
 )
 
 #: The first ``$limit`` in memory order of a Bot's active preferences every reader may see (D9.17:
 #: the entries with the topic ``preferences``, labelled ``:Preference`` while they have it,
-#: ``graph.entries``), under the shared lock, in one statement: _PAGE_OF_KEYS over
+#: ``graph.entries``), under the shared lock, in one statement: a page's walk over
 #: ``entry_preference_audience`` (botId, audienceKey, memoryRank) — one seek per key the reader
 #: holds, each stopping at ``$limit`` visible preferences — so neither the Bot's other entries nor
 #: its older preferences are read (a tag filter read every visible entry).
 LOCKED_PREFERENCES: Final[LiteralString] = (
     READ_LOCK
-    + "WITH m, $readers AS readers, $org AS org, $keys AS keys"
-    + _PAGE_OF_KEYS.replace("MATCH (e:Entry)", "MATCH (e:Preference)")
+    + "WITH m, $readers AS readers, $org AS org, $keys AS keys\nCALL (readers, org, keys) {\n"
+    + _page_walk("Preference")
+    + "  RETURN e\n}\n"
+    + _FIRST_OF_PAGE
+    + _IN_ORDER
 )
 
 #: GET memory in one statement: the shared lock and the caller as a reader (LOCK_AND_READER),
@@ -298,11 +366,20 @@ async def lock_reader_and_list(
     statuses: list[str],
     tags: list[str],
     page: tuple[int, tuple[int, str] | None] | None = None,
+    topic_seek_max: int = TOPIC_SEEK_MAX,
 ) -> ReaderAndEntriesRow | None:
     """LOCK_READER_AND_LIST: ``{version, reader, entries}``, or None when the Bot has no memory.
     With ``page`` — ``(limit, after)``, ``after`` the (memoryRank, id) of the entry before the
-    page or None for the first — one page of them (LOCK_READER_AND_PAGE)."""
-    params = {"botId": bot_id, "personId": person_id, "org": org, "top": TOP_RANK}
+    page or None for the first — one page of them (LOCK_READER_AND_PAGE). A filter on a topic
+    with at most ``topic_seek_max`` entries reads them from the topic (-1: never; the tests
+    compare the two ways)."""
+    params = {
+        "botId": bot_id,
+        "personId": person_id,
+        "org": org,
+        "top": TOP_RANK,
+        "topicSeekMax": topic_seek_max,
+    }
     if page is None:
         return await single(
             tx, LOCK_READER_AND_LIST, ReaderAndEntriesRow, **params, statuses=statuses, tags=tags

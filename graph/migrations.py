@@ -12,7 +12,7 @@ from neo4j import AsyncDriver, AsyncManagedTransaction
 from neo4j.exceptions import ClientError
 
 from graph import access
-from graph.topics import TOPICS_OF_E
+from graph.topics import TOPICS_OF_E, link_topics
 
 MIGRATIONS: Final[tuple[tuple[int, tuple[LiteralString, ...]], ...]] = (
     (
@@ -165,6 +165,15 @@ MIGRATIONS: Final[tuple[tuple[int, tuple[LiteralString, ...]], ...]] = (
             "CREATE INDEX topic_count_bot_org IF NOT EXISTS FOR (n:TopicCount) ON (n.botId, n.org)",
         ),
     ),
+    (
+        15,
+        (
+            # A tag filter on a topic, a topic rename: the entries with a topic are its Topic's
+            # HAS_TOPIC relationships (``graph.topics``), not a filter over the Bot's entries; the
+            # data step below links the entries written before.
+            "CREATE CONSTRAINT topic_key IF NOT EXISTS FOR (n:Topic) REQUIRE n.key IS UNIQUE",
+        ),
+    ),
 )
 
 #: Entries whose labels predate the current label properties: without ``memoryRank`` (before
@@ -221,6 +230,18 @@ SET tc.botId = botId, tc.org = org, tc.topic = topic, tc.n = n
 """
 )
 
+#: Entries written before version 15 linked to their topics (``graph.topics.link_topics``), in
+#: batches; an entry already linked (written by a newer process meanwhile) is left as it is.
+_LINK_TOPICS: Final[LiteralString] = (
+    """
+MATCH (e:Entry) WHERE any(t IN e.tags WHERE NOT t CONTAINS ':') AND NOT EXISTS { (e)-[:HAS_TOPIC]->() }
+CALL (e) {
+  """
+    + link_topics(TOPICS_OF_E)
+    + """} IN TRANSACTIONS OF 10000 ROWS
+"""
+)
+
 LATEST: Final = MIGRATIONS[-1][0]
 
 _READ_VERSION: Final[LiteralString] = "MATCH (s:SchemaVersion {id: 'schema'}) RETURN s.version AS version"
@@ -260,6 +281,9 @@ async def migrate(driver: AsyncDriver) -> int:
             async with driver.session() as session:  # CALL … IN TRANSACTIONS needs auto-commit
                 await (await session.run(_SET_VALID_ORG)).consume()
             await driver.execute_query(_RECOUNT_TOPICS)
+        if version == 15:
+            async with driver.session() as session:  # CALL … IN TRANSACTIONS needs auto-commit
+                await (await session.run(_LINK_TOPICS)).consume()
         await driver.execute_query(_WRITE_VERSION, version=version)
         applied = version
     return applied

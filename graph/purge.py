@@ -12,7 +12,7 @@ from graph import access
 from graph.access import IdsRow
 from graph.driver import rows, single
 from graph.entries import CountRow
-from graph.topics import deleting
+from graph.topics import deleting, unlinked
 
 #: The entries carrying the purge tag, and the label of those someone may see now (``gone``, the
 #: removals of the purge, D9.24: after it, no one sees them).
@@ -43,7 +43,8 @@ class TaggedRow(TypedDict):
 
 
 #: The entries carrying the purge tag, by the ids TAGGED_IDS found (observations carry their
-#: sources' provenance, V12), their topics counted down (``graph.topics``).
+#: sources' provenance, V12), their topics counted down and the Topics they leave empty deleted
+#: (``graph.topics``).
 PURGE_ENTRIES: Final[LiteralString] = (
     """
 UNWIND $ids AS id
@@ -52,9 +53,15 @@ WHERE e.botId = $botId
 """
     + deleting()
     + """WITH collect(e) AS doomed, collect(e.id) AS ids
+CALL (doomed) {
+  UNWIND doomed AS e
+  MATCH (e)-[:HAS_TOPIC]->(tp:Topic)
+  RETURN collect(DISTINCT tp) AS topics
+}
 FOREACH (e IN doomed | DETACH DELETE e)
-RETURN ids
 """
+    + unlinked("topics")
+    + "RETURN ids\n"
 )
 
 

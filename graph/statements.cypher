@@ -630,6 +630,10 @@ CALL (m, version, problem, checked) {
   kwBlind: row.kwBlind, kwScheme: row.kwScheme, vec: row.vec, vecModel: row.vecModel,
   vecSeq: CASE WHEN row.kwBlind IS NULL AND row.vec IS NULL THEN null ELSE coalesce(m.vecSeq, 0) + 1 END})-[:IN_MEMORY]->(m)
     FOREACH (_ IN CASE WHEN 'preferences' IN e.tags THEN [1] ELSE [] END | SET e:Preference)
+FOREACH (topic IN reduce(acc = [], t IN e.tags | CASE WHEN t CONTAINS ':' OR t IN acc THEN acc ELSE acc + t END) |
+  MERGE (tp:Topic {key: e.botId + '|' + topic})
+  ON CREATE SET tp.botId = e.botId, tp.topic = topic
+  CREATE (e)-[:HAS_TOPIC]->(tp))
     WITH e, items, sources
     CALL (e, items) {
       UNWIND items AS source
@@ -819,6 +823,10 @@ CALL (m, version, problem, checked) {
   kwBlind: row.kwBlind, kwScheme: row.kwScheme, vec: row.vec, vecModel: row.vecModel,
   vecSeq: CASE WHEN row.kwBlind IS NULL AND row.vec IS NULL THEN null ELSE coalesce(m.vecSeq, 0) + 1 END})-[:IN_MEMORY]->(m)
     FOREACH (_ IN CASE WHEN 'preferences' IN e.tags THEN [1] ELSE [] END | SET e:Preference)
+FOREACH (topic IN reduce(acc = [], t IN e.tags | CASE WHEN t CONTAINS ':' OR t IN acc THEN acc ELSE acc + t END) |
+  MERGE (tp:Topic {key: e.botId + '|' + topic})
+  ON CREATE SET tp.botId = e.botId, tp.topic = topic
+  CREATE (e)-[:HAS_TOPIC]->(tp))
     WITH e, items, sources
     CALL (e, items) {
       UNWIND items AS source
@@ -1441,6 +1449,10 @@ CALL (m, version, problem, checked) {
   kwBlind: row.kwBlind, kwScheme: row.kwScheme, vec: row.vec, vecModel: row.vecModel,
   vecSeq: CASE WHEN row.kwBlind IS NULL AND row.vec IS NULL THEN null ELSE coalesce(m.vecSeq, 0) + 1 END})-[:IN_MEMORY]->(m)
     FOREACH (_ IN CASE WHEN 'preferences' IN e.tags THEN [1] ELSE [] END | SET e:Preference)
+FOREACH (topic IN reduce(acc = [], t IN e.tags | CASE WHEN t CONTAINS ':' OR t IN acc THEN acc ELSE acc + t END) |
+  MERGE (tp:Topic {key: e.botId + '|' + topic})
+  ON CREATE SET tp.botId = e.botId, tp.topic = topic
+  CREATE (e)-[:HAS_TOPIC]->(tp))
     WITH e, items, sources
     CALL (e, items) {
       UNWIND items AS source
@@ -1531,6 +1543,10 @@ CALL (m, version, problem, checked) {
   kwBlind: row.kwBlind, kwScheme: row.kwScheme, vec: row.vec, vecModel: row.vecModel,
   vecSeq: CASE WHEN row.kwBlind IS NULL AND row.vec IS NULL THEN null ELSE coalesce(m.vecSeq, 0) + 1 END})-[:IN_MEMORY]->(m)
     FOREACH (_ IN CASE WHEN 'preferences' IN e.tags THEN [1] ELSE [] END | SET e:Preference)
+FOREACH (topic IN reduce(acc = [], t IN e.tags | CASE WHEN t CONTAINS ':' OR t IN acc THEN acc ELSE acc + t END) |
+  MERGE (tp:Topic {key: e.botId + '|' + topic})
+  ON CREATE SET tp.botId = e.botId, tp.topic = topic
+  CREATE (e)-[:HAS_TOPIC]->(tp))
     WITH e, items, sources
     CALL (e, items) {
       UNWIND items AS source
@@ -1567,6 +1583,10 @@ CREATE (e:Entry {id: row.id, botId: $botId, layer: row.layer, content: row.conte
   kwBlind: row.kwBlind, kwScheme: row.kwScheme, vec: row.vec, vecModel: row.vecModel,
   vecSeq: CASE WHEN row.kwBlind IS NULL AND row.vec IS NULL THEN null ELSE coalesce(m.vecSeq, 0) + 1 END})-[:IN_MEMORY]->(m)
 FOREACH (_ IN CASE WHEN 'preferences' IN e.tags THEN [1] ELSE [] END | SET e:Preference)
+FOREACH (topic IN reduce(acc = [], t IN e.tags | CASE WHEN t CONTAINS ':' OR t IN acc THEN acc ELSE acc + t END) |
+  MERGE (tp:Topic {key: e.botId + '|' + topic})
+  ON CREATE SET tp.botId = e.botId, tp.topic = topic
+  CREATE (e)-[:HAS_TOPIC]->(tp))
 WITH DISTINCT m
 SET m.kwDue = true, m.vecDue = true
 
@@ -1581,20 +1601,34 @@ SET e.tags = [t IN e.tags WHERE t <> 'from:' + $personId],
     e.updatedAt = $now
 
 // ---- graph.entries.RENAME_TOPIC
-MATCH (e:Entry {botId: $botId}) WHERE $from IN e.tags
+MATCH (:Topic {key: $botId + '|' + $from})<-[:HAS_TOPIC]-(e:Entry)
 WITH e, reduce(acc = [], t IN e.tags | CASE WHEN t CONTAINS ':' OR t IN acc THEN acc ELSE acc + t END) AS topicsBefore
 SET e.tags = [t IN e.tags WHERE t <> $from AND t <> $to] + [$to], e.updatedAt = $now
 WITH e, topicsBefore, reduce(acc = [], t IN e.tags | CASE WHEN t CONTAINS ':' OR t IN acc THEN acc ELSE acc + t END) AS topicsAfter
-FOREACH (topic IN CASE WHEN e.validOrg IS NULL THEN [] ELSE [t IN topicsBefore WHERE NOT t IN topicsAfter] END |
+WITH e, [t IN topicsBefore WHERE NOT t IN topicsAfter] AS lost,
+     [t IN topicsAfter WHERE NOT t IN topicsBefore] AS gained
+CALL (e, lost) {
+  MATCH (e)-[h:HAS_TOPIC]->(tp:Topic)
+  WHERE tp.topic IN lost
+  DELETE h
+  WITH DISTINCT tp WHERE NOT EXISTS { (tp)<-[:HAS_TOPIC]-() }
+  DELETE tp
+}
+FOREACH (topic IN CASE WHEN e.validOrg IS NULL THEN [] ELSE lost END |
   MERGE (tc:TopicCount {key: e.botId + '|' + e.validOrg + '|' + topic})
   ON CREATE SET tc.botId = e.botId, tc.org = e.validOrg, tc.topic = topic, tc.n = 0
   SET tc.n = tc.n + -1
   FOREACH (_ IN CASE WHEN tc.n = 0 THEN [1] ELSE [] END | DELETE tc))
-FOREACH (topic IN CASE WHEN e.validOrg IS NULL THEN [] ELSE [t IN topicsAfter WHERE NOT t IN topicsBefore] END |
+FOREACH (topic IN CASE WHEN e.validOrg IS NULL THEN [] ELSE gained END |
   MERGE (tc:TopicCount {key: e.botId + '|' + e.validOrg + '|' + topic})
   ON CREATE SET tc.botId = e.botId, tc.org = e.validOrg, tc.topic = topic, tc.n = 0
   SET tc.n = tc.n + 1
   FOREACH (_ IN CASE WHEN tc.n = 0 THEN [1] ELSE [] END | DELETE tc))
+FOREACH (topic IN gained |
+  MERGE (tp:Topic {key: e.botId + '|' + topic})
+  ON CREATE SET tp.botId = e.botId, tp.topic = topic
+  CREATE (e)-[:HAS_TOPIC]->(tp))
+WITH e
 FOREACH (_ IN CASE WHEN 'preferences' IN e.tags THEN [1] ELSE [] END | SET e:Preference)
 FOREACH (_ IN CASE WHEN 'preferences' IN e.tags THEN [] ELSE [1] END | REMOVE e:Preference)
 RETURN e.id AS id
@@ -1620,16 +1654,30 @@ MATCH (e:Entry {id: $id, botId: $botId})
 WITH e, reduce(acc = [], t IN e.tags | CASE WHEN t CONTAINS ':' OR t IN acc THEN acc ELSE acc + t END) AS topicsBefore
 SET e.tags = $tags, e.updatedAt = $now
 WITH e, topicsBefore, reduce(acc = [], t IN e.tags | CASE WHEN t CONTAINS ':' OR t IN acc THEN acc ELSE acc + t END) AS topicsAfter
-FOREACH (topic IN CASE WHEN e.validOrg IS NULL THEN [] ELSE [t IN topicsBefore WHERE NOT t IN topicsAfter] END |
+WITH e, [t IN topicsBefore WHERE NOT t IN topicsAfter] AS lost,
+     [t IN topicsAfter WHERE NOT t IN topicsBefore] AS gained
+CALL (e, lost) {
+  MATCH (e)-[h:HAS_TOPIC]->(tp:Topic)
+  WHERE tp.topic IN lost
+  DELETE h
+  WITH DISTINCT tp WHERE NOT EXISTS { (tp)<-[:HAS_TOPIC]-() }
+  DELETE tp
+}
+FOREACH (topic IN CASE WHEN e.validOrg IS NULL THEN [] ELSE lost END |
   MERGE (tc:TopicCount {key: e.botId + '|' + e.validOrg + '|' + topic})
   ON CREATE SET tc.botId = e.botId, tc.org = e.validOrg, tc.topic = topic, tc.n = 0
   SET tc.n = tc.n + -1
   FOREACH (_ IN CASE WHEN tc.n = 0 THEN [1] ELSE [] END | DELETE tc))
-FOREACH (topic IN CASE WHEN e.validOrg IS NULL THEN [] ELSE [t IN topicsAfter WHERE NOT t IN topicsBefore] END |
+FOREACH (topic IN CASE WHEN e.validOrg IS NULL THEN [] ELSE gained END |
   MERGE (tc:TopicCount {key: e.botId + '|' + e.validOrg + '|' + topic})
   ON CREATE SET tc.botId = e.botId, tc.org = e.validOrg, tc.topic = topic, tc.n = 0
   SET tc.n = tc.n + 1
   FOREACH (_ IN CASE WHEN tc.n = 0 THEN [1] ELSE [] END | DELETE tc))
+FOREACH (topic IN gained |
+  MERGE (tp:Topic {key: e.botId + '|' + topic})
+  ON CREATE SET tp.botId = e.botId, tp.topic = topic
+  CREATE (e)-[:HAS_TOPIC]->(tp))
+WITH e
 FOREACH (_ IN CASE WHEN 'preferences' IN e.tags THEN [1] ELSE [] END | SET e:Preference)
 FOREACH (_ IN CASE WHEN 'preferences' IN e.tags THEN [] ELSE [1] END | REMOVE e:Preference)
 
@@ -1855,16 +1903,18 @@ CALL apoc.lock.read.nodes([held])
 WITH held
 MATCH (m:Memory) WHERE elementId(m) = elementId(held)
 WITH m, $readers AS readers, $org AS org, $keys AS keys
-UNWIND keys AS key
-CALL (key, readers, org) {
-  MATCH (e:Preference)
-  WHERE e.botId = $botId AND e.audienceKey = key AND e.memoryRank <= $afterRank
-    AND CASE WHEN e.memoryRank = $afterRank THEN e.id > $afterId ELSE true END AND e.status IN $statuses AND all(t IN $tags WHERE t IN e.tags) AND
+CALL (readers, org, keys) {
+  UNWIND keys AS key
+  CALL (key, readers, org) {
+    MATCH (e:Preference)
+    WHERE e.botId = $botId AND e.audienceKey = key AND e.memoryRank <= $afterRank AND CASE WHEN e.memoryRank = $afterRank THEN e.id > $afterId ELSE true END AND e.status IN $statuses AND all(t IN $tags WHERE t IN e.tags) AND
 (size(readers) > 0
  AND all(rd IN readers WHERE all(a IN e.lblRequires WHERE
        a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
 
-  RETURN e ORDER BY e.botId DESC, e.audienceKey DESC, e.memoryRank DESC, e.id LIMIT $limit
+    RETURN e ORDER BY e.botId DESC, e.audienceKey DESC, e.memoryRank DESC, e.id LIMIT $limit
+  }
+  RETURN e
 }
 WITH e ORDER BY e.memoryRank DESC, e.id LIMIT $limit
 
@@ -1905,12 +1955,34 @@ WITH m.version AS version, CASE WHEN p IS NULL THEN null ELSE {id: p.id, channel
 CALL (reader) {
   WITH reader WHERE reader IS NOT NULL AND reader.usesBot
   WITH [reader] AS readers, $org AS org, reader.atoms AS keys
-UNWIND keys AS key
-MATCH (e:Entry)
-WHERE e.botId = $botId AND e.audienceKey = key AND e.memoryRank < $top AND e.status IN $statuses AND all(t IN $tags WHERE t IN e.tags) AND
+CALL () {
+  WITH [t IN $tags WHERE NOT t CONTAINS ':'] AS topics
+  UNWIND CASE WHEN size(topics) = 0 THEN [null] ELSE topics END AS topic
+  OPTIONAL MATCH (tp:Topic {key: $botId + '|' + topic})
+  RETURN tp, CASE WHEN topic IS NULL THEN null WHEN tp IS NULL THEN 0
+              ELSE COUNT { (tp)<-[:HAS_TOPIC]-() } END AS topicSize
+  ORDER BY topicSize LIMIT 1
+}
+CALL (readers, org, keys, tp, topicSize) {
+  WITH readers, org, keys WHERE topicSize IS NULL OR topicSize > $topicSeekMax
+  UNWIND keys AS key
+  MATCH (e:Entry)
+  WHERE e.botId = $botId AND e.audienceKey = key AND e.memoryRank < $top AND e.status IN $statuses AND all(t IN $tags WHERE t IN e.tags) AND
 (size(readers) > 0
  AND all(rd IN readers WHERE all(a IN e.lblRequires WHERE
        a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
+
+  RETURN e
+UNION ALL
+  WITH readers, org, tp WHERE topicSize <= $topicSeekMax
+  MATCH (tp)<-[:HAS_TOPIC]-(e:Entry)
+  WHERE e.memoryRank < $top AND e.status IN $statuses AND all(t IN $tags WHERE t IN e.tags) AND
+(size(readers) > 0
+ AND all(rd IN readers WHERE all(a IN e.lblRequires WHERE
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
+
+  RETURN e
+}
 
 OPTIONAL MATCH (e)-[:SOURCE]->(src)
 WITH e, collect(CASE WHEN src IS NULL THEN null WHEN src:Item THEN {chat: src.chatId, item: src.id}
@@ -1937,16 +2009,36 @@ WITH m.version AS version, CASE WHEN p IS NULL THEN null ELSE {id: p.id, channel
 CALL (reader) {
   WITH reader WHERE reader IS NOT NULL AND reader.usesBot
   WITH [reader] AS readers, $org AS org, reader.atoms AS keys
-UNWIND keys AS key
-CALL (key, readers, org) {
-  MATCH (e:Entry)
-  WHERE e.botId = $botId AND e.audienceKey = key AND e.memoryRank <= $afterRank
-    AND CASE WHEN e.memoryRank = $afterRank THEN e.id > $afterId ELSE true END AND e.status IN $statuses AND all(t IN $tags WHERE t IN e.tags) AND
+CALL () {
+  WITH [t IN $tags WHERE NOT t CONTAINS ':'] AS topics
+  UNWIND CASE WHEN size(topics) = 0 THEN [null] ELSE topics END AS topic
+  OPTIONAL MATCH (tp:Topic {key: $botId + '|' + topic})
+  RETURN tp, CASE WHEN topic IS NULL THEN null WHEN tp IS NULL THEN 0
+              ELSE COUNT { (tp)<-[:HAS_TOPIC]-() } END AS topicSize
+  ORDER BY topicSize LIMIT 1
+}
+CALL (readers, org, keys, tp, topicSize) {
+  WITH readers, org, keys WHERE topicSize IS NULL OR topicSize > $topicSeekMax
+  UNWIND keys AS key
+  CALL (key, readers, org) {
+    MATCH (e:Entry)
+    WHERE e.botId = $botId AND e.audienceKey = key AND e.memoryRank <= $afterRank AND CASE WHEN e.memoryRank = $afterRank THEN e.id > $afterId ELSE true END AND e.status IN $statuses AND all(t IN $tags WHERE t IN e.tags) AND
 (size(readers) > 0
  AND all(rd IN readers WHERE all(a IN e.lblRequires WHERE
        a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
 
-  RETURN e ORDER BY e.botId DESC, e.audienceKey DESC, e.memoryRank DESC, e.id LIMIT $limit
+    RETURN e ORDER BY e.botId DESC, e.audienceKey DESC, e.memoryRank DESC, e.id LIMIT $limit
+  }
+  RETURN e
+UNION ALL
+  WITH readers, org, tp WHERE topicSize <= $topicSeekMax
+  MATCH (tp)<-[:HAS_TOPIC]-(e:Entry)
+  WHERE e.memoryRank <= $afterRank AND CASE WHEN e.memoryRank = $afterRank THEN e.id > $afterId ELSE true END AND e.status IN $statuses AND all(t IN $tags WHERE t IN e.tags) AND
+(size(readers) > 0
+ AND all(rd IN readers WHERE all(a IN e.lblRequires WHERE
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
+
+  RETURN e
 }
 WITH e ORDER BY e.memoryRank DESC, e.id LIMIT $limit
 
@@ -2157,7 +2249,13 @@ FOREACH (topic IN CASE WHEN e.validOrg IS NULL THEN [] ELSE reduce(acc = [], t I
   SET tc.n = tc.n + -1
   FOREACH (_ IN CASE WHEN tc.n = 0 THEN [1] ELSE [] END | DELETE tc))
 WITH collect(e) AS doomed, collect(e.id) AS ids
+CALL (doomed) {
+  UNWIND doomed AS e
+  MATCH (e)-[:HAS_TOPIC]->(tp:Topic)
+  RETURN collect(DISTINCT tp) AS topics
+}
 FOREACH (e IN doomed | DETACH DELETE e)
+FOREACH (tp IN [tp IN topics WHERE NOT EXISTS { (tp)<-[:HAS_TOPIC]-() }] | DELETE tp)
 RETURN ids
 
 // ---- graph.purge.TAGGED_IDS

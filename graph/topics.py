@@ -1,12 +1,22 @@
-"""Topic counts of learningContext (L4): how many valid entries of an organization carry each
-topic, kept as ``(:TopicCount {key, botId, org, topic, n})`` where an entry's validity (``validOrg``,
-set with its labels in ``graph.access``) or its topics change, so a learning step reads the
-counts and not every valid entry's tags. A count is deleted when it reaches zero.
+"""What is kept of the entries' topics (V8: their tags without a colon) so that no read of a
+topic reads every entry of the Bot.
+
+- Counts for learningContext (L4): how many valid entries of an organization carry each topic,
+  kept as ``(:TopicCount {key, botId, org, topic, n})`` where an entry's validity (``validOrg``, set
+  with its labels in ``graph.access``) or its topics change, so a learning step reads the counts
+  and not every valid entry's tags. A count is deleted when it reaches zero.
+- Links for the tag filter and the topic rename: every entry, whatever its status, has a
+  ``HAS_TOPIC`` relationship to a ``(:Topic {key, botId, topic})`` of its Bot for each of its
+  topics, so the entries with a topic are that node's relationships (its degree the topic's
+  size, read without reading them). A Topic is deleted with its last relationship. Only entries
+  with topics pay for it, one relationship a topic (a full-text index of the tags cost every
+  write ~2 ms, bench/README.md session 30).
 
 Every statement that changes either runs under the Bot's exclusive lock and adds its own delta:
 the labels (an entry becoming valid or not, or valid for another organization), tag writes
-(``retag``) and the purge (``count_topics`` before a delete). An entry's topics count once each.
-``tests/test_label_equivalence.py`` compares the counts with a recount after every step.
+(``retag``), a new entry (``link_topics``) and the purge (``deleting`` before a delete, ``unlinked``
+after). An entry's topics count once each. ``tests/test_label_equivalence.py`` compares the counts
+and the links with the entries' tags after every step.
 """
 
 from __future__ import annotations
@@ -32,9 +42,21 @@ def count_topics(org: LiteralString, topics: LiteralString, delta: LiteralString
     )
 
 
+def link_topics(topics: LiteralString) -> LiteralString:
+    """A FOREACH that links ``e`` to the Topic of each of ``topics`` (distinct, not yet linked),
+    creating the Topic at its first entry; it keeps the rows as they are."""
+    return (
+        "FOREACH (topic IN " + topics + " |\n"
+        "  MERGE (tp:Topic {key: e.botId + '|' + topic})\n"
+        "  ON CREATE SET tp.botId = e.botId, tp.topic = topic\n"
+        "  CREATE (e)-[:HAS_TOPIC]->(tp))\n"
+    )
+
+
 def retag(set_tags: LiteralString) -> LiteralString:
-    """``set_tags`` (a SET of ``e.tags``) with the counts of ``e``'s organization kept: the topics
-    it lost counted down, those it gained up. Goes on with ``e`` alone."""
+    """``set_tags`` (a SET of ``e.tags``) with the counts of ``e``'s organization and its topic
+    links kept: the topics it lost counted down and unlinked (a Topic left without entries
+    deleted), those it gained counted up and linked. Goes on with ``e`` alone."""
     return (
         "WITH e, "
         + TOPICS_OF_E
@@ -43,8 +65,20 @@ def retag(set_tags: LiteralString) -> LiteralString:
         + "WITH e, topicsBefore, "
         + TOPICS_OF_E
         + " AS topicsAfter\n"
-        + count_topics("e.validOrg", "[t IN topicsBefore WHERE NOT t IN topicsAfter]", "-1")
-        + count_topics("e.validOrg", "[t IN topicsAfter WHERE NOT t IN topicsBefore]", "1")
+        + "WITH e, [t IN topicsBefore WHERE NOT t IN topicsAfter] AS lost,\n"
+        + "     [t IN topicsAfter WHERE NOT t IN topicsBefore] AS gained\n"
+        + """CALL (e, lost) {
+  MATCH (e)-[h:HAS_TOPIC]->(tp:Topic)
+  WHERE tp.topic IN lost
+  DELETE h
+  WITH DISTINCT tp WHERE NOT EXISTS { (tp)<-[:HAS_TOPIC]-() }
+  DELETE tp
+}
+"""
+        + count_topics("e.validOrg", "lost", "-1")
+        + count_topics("e.validOrg", "gained", "1")
+        + link_topics("gained")
+        + "WITH e\n"
     )
 
 
@@ -61,4 +95,10 @@ def deleting() -> LiteralString:
     return count_topics("e.validOrg", TOPICS_OF_E, "-1")
 
 
-__all__ = ["TOPICS_OF_E", "count_topics", "deleting", "retag", "revalidate"]
+def unlinked(topics: LiteralString) -> LiteralString:
+    """After the entries of a statement are deleted: the Topics of the list ``topics`` (collected
+    before the delete from their ``HAS_TOPIC`` relationships) left without an entry go too."""
+    return "FOREACH (tp IN [tp IN " + topics + " WHERE NOT EXISTS { (tp)<-[:HAS_TOPIC]-() }] | DELETE tp)\n"
+
+
+__all__ = ["TOPICS_OF_E", "count_topics", "deleting", "link_topics", "retag", "revalidate", "unlinked"]

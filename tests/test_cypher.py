@@ -36,8 +36,7 @@ SWEEPS = {
 BOT_SWEEPS = {
     "graph.backfill.PROGRESS": "a backfill's progress counts the Bot's entries (CLI and status)",
     "graph.entries.ALL_IDS": "relabel of a whole Bot (python -m botmemory.cli relabel)",
-    "graph.entries.RENAME_TOPIC": "L4: a rename covers every entry with the topic (no index of tags)",
-    "graph.purge.TAGGED_IDS": "a purge by tag (D9.20), an operator's rare act (no index of tags)",
+    "graph.purge.TAGGED_IDS": "a purge by OpenBot's tag (D9.20), an operator's rare act (only topics are linked)",
 }
 
 #: An index operator on Entry that seeks only the Bot: ``botId = $botId``, perhaps with a
@@ -96,7 +95,8 @@ async def test_no_statement_reads_every_entry_of_a_bot_but_those_that_mean_it(ru
     """learningContext reads the valid entries of its organization (``entry_valid``) and kept
     topic counts, not every entry of the Bot (it filtered and sorted all of them: 342 ms at 100k,
     under the shared lock, before every learning step). Only the statements of BOT_SWEEPS read a
-    whole Bot; a tag has no index (a full-text one cost every write ~2 ms, bench/README.md)."""
+    whole Bot; of the tags only topics are indexed, as relationships (``graph.topics``: a full-text
+    index of the tags cost every write ~2 ms, bench/README.md)."""
     found = {
         name: whole_bot_reads(await explained(runtime, query)) for name, query in QUERIES if name not in TAILS
     }

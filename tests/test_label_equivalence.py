@@ -111,6 +111,23 @@ RETURN [c IN counted WHERE NOT c IN kept] AS missing, [k IN kept WHERE NOT k IN 
 """
 
 
+#: The tag filter's and the rename's topic links (``graph.topics``) against the entries' tags:
+#: the entries whose ``HAS_TOPIC`` Topics are not their topics, each once, of their own Bot.
+MISLINKED = """
+MATCH (e:Entry {botId: $botId})
+WITH e, reduce(acc = [], t IN e.tags | CASE WHEN t CONTAINS ':' OR t IN acc THEN acc ELSE acc + t END) AS topics,
+     [(e)-[:HAS_TOPIC]->(tp:Topic) | tp] AS linked
+WHERE apoc.coll.sort(topics) <> apoc.coll.sort([tp IN linked | tp.topic])
+   OR any(tp IN linked WHERE tp.botId <> e.botId OR tp.key <> e.botId + '|' + tp.topic)
+RETURN e.id AS id, topics, [tp IN linked | tp.key] AS linked
+"""
+
+#: Topics of the Bot left without an entry (one is deleted with its last link).
+EMPTY_TOPICS = (
+    "MATCH (tp:Topic {botId: $botId}) WHERE NOT EXISTS { (tp)<-[:HAS_TOPIC]-() } RETURN tp.key AS key"
+)
+
+
 async def compare(rt: Runtime, world: World) -> None:
     for principal in world.people.values():
         records, _, _ = await rt.driver.execute_query(COMPARE, personId=principal.person_id, botId=world.bot)
@@ -124,6 +141,9 @@ async def compare(rt: Runtime, world: World) -> None:
             assert record["ranked"], dict(record)
     records, _, _ = await rt.driver.execute_query(RECOUNT, botId=world.bot)
     assert records[0]["missing"] == records[0]["extra"] == [], dict(records[0])
+    for check in (MISLINKED, EMPTY_TOPICS):
+        records, _, _ = await rt.driver.execute_query(check, botId=world.bot)
+        assert [dict(r) for r in records] == []
 
 
 OPS = st.lists(
@@ -211,13 +231,16 @@ async def step(rt: Runtime, world: World, op: str, a: int, b: int, c: int) -> No
             case "grant":
                 await provisioning.grant_bot(rt, ADMIN, world.bot, pid, [Access.READ, Access.NONE][b % 2])
             case "legacy":
-                legacy = LegacyEntry(content="old", tags=(f"for:person:{pid}", f"org:{world.org}"))
+                topic = ("plans",) * (b % 2)
+                legacy = LegacyEntry(content="old", tags=(f"for:person:{pid}", f"org:{world.org}", *topic))
                 await import_legacy(rt, world.bot, [legacy])
                 world.entries.append(legacy.id)
             case "revise":  # new content moves the entry in memory order (memoryRank, D9.14)
                 await apply_changes(rt, world.bot, [Revise(pick, f"revised {a}")], "memory_bot")
             case "topics":
-                change = SetTopics(pick, ("plans",)) if c % 2 else RenameTopic("plans", "trips")
+                topics = (("plans",), ("trips", "plans"), ())[b % 3]
+                names_ = (("plans", "trips"), ("trips", "plans"))[b % 2]
+                change = SetTopics(pick, topics) if c % 2 else RenameTopic(*names_)
                 await apply_changes(rt, world.bot, [change], "memory_bot")
             case "history":  # V13: the Items' text goes, their rules and what was learned stay
                 key = list(world.chats)[a % len(world.chats)]
