@@ -481,11 +481,16 @@ class Model:
             return c is not None and reader in c.members
         return False
 
-    def _proved(self, x: Entry | None, root: Entry, reader: str, bot: str, hops: int) -> bool:
-        """``x`` is ``hops`` SOURCE hops below ``root``; every entry down to the Items must pass."""
+    def _proved(
+        self, x: Entry | None, root: Entry, reader: str, bot: str, hops: int, group: Channel | None = None
+    ) -> bool:
+        """``x`` is ``hops`` SOURCE hops below ``root``; every entry down to the Items must pass.
+        With ``group``, the reader is that group chat's channel itself (D9.22): it meets only
+        ``for:channel:<it>``, ``for:bot`` and Items saved for the channel, in its organization,
+        and no Forget names it."""
         if x is None or hops > MAX_HOPS:  # a missing source, or a chain deeper than the bound
             return False
-        org = self.people[reader]
+        org = self.people[reader] if group is None else group.org
         if x.legacy:  # V9
             return False
         if x is not root and x.status != ACTIVE:  # V5
@@ -493,11 +498,17 @@ class Model:
         if not x.has_for():  # V1
             return False
         for tag in x.tags:
-            if tag.startswith("for:") and not self._for_ok(tag, reader, bot):  # V2, D9.1
-                return False
+            if tag.startswith("for:"):  # V2, D9.1
+                meets = (
+                    self._for_ok(tag, reader, bot)
+                    if group is None
+                    else tag in ("for:bot", f"for:channel:{group.id}")
+                )
+                if not meets:
+                    return False
             if tag.startswith("org:") and tag != f"org:{org}":  # V2, V12
                 return False
-        if reader in x.excluded:  # V11, D9.4
+        if group is None and reader in x.excluded:  # V11, D9.4
             return False
         if x.layer == "pinned":
             return True
@@ -505,14 +516,46 @@ class Model:
             if hops + 1 > MAX_HOPS or not x.rules:
                 return False
             # V3: every Item's saved rule admits the reader, in the Item's organization.
+            if group is not None:
+                return all(rorg == org and rule == f"channel:{group.id}" for rule, rorg in x.rules)
             return all(rorg == org and reader in self.rule_admits(rule) for rule, rorg in x.rules)
         if not x.entry_sources:
             return False
         # V4: every source, recursively; loops cannot be created through the API.
-        return all(self._proved(self.entries.get(s), root, reader, bot, hops + 1) for s in x.entry_sources)
+        return all(
+            self._proved(self.entries.get(s), root, reader, bot, hops + 1, group) for s in x.entry_sources
+        )
 
     def entry_visible(self, reader: str, e: Entry) -> bool:
         return e.status != RETRACTED and self._proved(e, e, reader, e.bot, 0)
+
+    def chat_sees(self, chat: str, e: Entry) -> bool:
+        """Every reader of an answer in the Chat passes (D9.15): its owner in a private chat; in a
+        group chat every current member of its channel and the group itself (D9.22) — none when
+        the channel has no member."""
+        c = self.chats[chat]
+        if e.status == RETRACTED or e.bot != c.bot:
+            return False
+        if c.channel is None:
+            return self._proved(e, e, c.owner, c.bot, 0)
+        group = self.channels[c.channel]
+        return (
+            bool(group.members)
+            and all(self._proved(e, e, m, c.bot, 0) for m in group.members)
+            and self._proved(e, e, "#group", c.bot, 0, group)
+        )
+
+    def pack_preferences(self, chat: str) -> list[str]:
+        """contextPack's preferences (D9.17) before its cut: the Bot's active entries with the topic
+        ``preferences`` that every reader of the Chat sees, in memory order."""
+        bot = self.chats[chat].bot
+        shown = [
+            e
+            for e in self.entries.values()
+            if e.bot == bot and e.status == ACTIVE and "preferences" in e.tags and self.chat_sees(chat, e)
+        ]
+        shown.sort(key=lambda e: (e.layer != "pinned", -e.seq))
+        return [e.id for e in shown]
 
     def sees(self, reader: str, bot: str, entry_id: str) -> bool:
         e = self.entries.get(entry_id)

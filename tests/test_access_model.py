@@ -13,7 +13,9 @@ predicted (with an acceptable error code) and leave everything unchanged. At the
 example the REST and GraphQL listings of every person are compared as well, the REST
 listing walked in pages of 2 (``?limit=2&after=``), the REST listing filtered by each topic and
 some OpenBot tags of the Bot's entries (``?tags=``), and
-``contextPack``'s preferences in each private Chat (the ``:Preference`` label, D9.17).
+``contextPack``'s preferences (the ``:Preference`` label, D9.17) in each private Chat and each
+group chat, built for the Chat's audience (every current member and the group itself, D9.15,
+D9.22; the model's ``chat_sees``).
 
 ``tests/test_search_access.py`` runs a subclass that plants words in the entries (``content``)
 and checks ``search`` against the same model.
@@ -71,7 +73,7 @@ from services.runtime import Runtime
 from services.writepath import apply_changes
 from tests.client import Api, GraphQLErrors, make_world
 from tests.memory_helpers import command, said
-from tests.reference_model import ACTIVE, Model, Refused, View
+from tests.reference_model import Model, Refused, View
 
 EXAMPLES = int(os.environ.get("BOTMEMORY_HYPOTHESIS_EXAMPLES", "15"))
 STEPS = int(os.environ.get("BOTMEMORY_HYPOTHESIS_STEPS", "25"))
@@ -503,14 +505,28 @@ class AccessMachine(RuleBasedStateMachine):
             self.say(f"add_fact {change.id} on {bot} from {refs} -> {self.model.entries[change.id].tags}")
 
     @precondition(lambda self: self.chats)
-    @rule(chat=idx, actor=idx, learn=st.booleans())
+    @rule(chat=idx, actor=idx, learn=st.booleans(), topic=st.sampled_from((None, "preferences")))
     @step
-    def say_something(self, chat: int, actor: int, learn: bool) -> None:
-        """A person's message in a Chat; the memory Bot may learn a fact from it at once."""
+    def say_something(self, chat: int, actor: int, learn: bool, topic: str | None) -> None:
+        """A person's message in a Chat; the memory Bot may learn a fact from it at once (in a
+        group chat, one for the group: what its contextPack may hold, D9.22)."""
         c = pick(self.chats, chat)
-        item = self._say(c, pick(self.people, actor))
+        # Mostly one of the Chat's people (few are, in a group chat), sometimes anyone (refused).
+        its = [p for p in self.people if self.model.is_person_of_chat(p, c)]
+        item = self._say(c, pick(its, actor) if its and actor % 4 != 3 else pick(self.people, actor // 4))
         if learn and item is not None and self.created < MAX_ENTRIES:
-            self._fact(self.model.chats[c].bot, [(c, item)], None)
+            self._fact(self.model.chats[c].bot, [(c, item)], topic)
+
+    @precondition(
+        lambda self: self.created < MAX_ENTRIES and any(self.model.chats[c].channel for c, _ in self.items)
+    )
+    @rule(item=idx)
+    @step
+    def learn_group_preference(self, item: int) -> None:
+        """A preference learned from a message of a group chat: for the group (D9.22), so its
+        contextPack holds it while every member and the group may see it."""
+        ref = pick_recent([(c, i) for c, i in self.items if self.model.chats[c].channel], item)
+        self._fact(self.model.chats[ref[0]].bot, [ref], "preferences")
 
     @precondition(lambda self: self.items and self.created < MAX_ENTRIES)
     @rule(
@@ -942,36 +958,41 @@ class AccessMachine(RuleBasedStateMachine):
 
     async def _packs(self) -> list[tuple[str, str, list[str]]]:
         """contextPack's preferences (``:Preference``, D9.17) in each private Chat whose owner uses
-        the Bot, as its owner reads them: (chat, owner, ids)."""
+        the Bot and each group chat (for its audience: every current member and the group, D9.15,
+        D9.22), as one of its people reads them: (chat, caller, ids)."""
         api, m = self.bridge.api, self.model
 
-        async def one(chat: str) -> tuple[str, str, list[str]]:
-            owner = m.chats[chat].owner
-            response = await api.http.get(f"/v1/chats/{chat}/context", headers=self.headers(owner))
+        async def one(chat: str, caller: str) -> tuple[str, str, list[str]]:
+            response = await api.http.get(f"/v1/chats/{chat}/context", headers=self.headers(caller))
             assert response.status_code == 200, response.text
-            return chat, owner, [p["id"] for p in response.json()["preferences"]]
+            return chat, caller, [p["id"] for p in response.json()["preferences"]]
 
-        private = [
-            c
-            for c in self.chats
-            if m.chats[c].channel is None
-            and not m.chats[c].review
-            and m.uses_bot(m.chats[c].owner, m.chats[c].bot)
-        ]
-        return list(await asyncio.gather(*(one(c) for c in private)))
+        callers: list[tuple[str, str]] = []
+        for c in self.chats:
+            chat = m.chats[c]
+            if chat.review:
+                continue
+            if chat.channel is None:
+                if m.uses_bot(chat.owner, chat.bot):
+                    callers.append((c, chat.owner))
+                continue
+            people = sorted(p for p in self.people if m.is_person_of_chat(p, c))
+            if people:
+                callers.append((c, people[0]))
+        return list(await asyncio.gather(*(one(c, p) for c, p in callers)))
 
     def check_http(self) -> None:
         for where, person, bot, got in self.run(self._http_listings()):
             self.compare(where, person, bot, got)
         for tag, person, bot, got in self.run(self._tagged_listings()):
             self.compare(f"REST ?tags={tag}", person, bot, got, tag)
-        for chat, owner, got in self.run(self._packs()):
-            listing = self.model.listing(owner, self.model.chats[chat].bot) or []
-            want = [v.id for v in listing if v.status == ACTIVE and "preferences" in v.tags]
+        for chat, caller, got in self.run(self._packs()):
+            want = self.model.pack_preferences(chat)
             assert got == want[: conversation.MAX_PREFERENCES], self.describe(
-                f"contextPack of {chat} for {owner}: preferences {got}, the model says {want}"
+                f"contextPack of {chat} called by {caller}: preferences {got}, the model says {want}"
             )
-            self.bridge.count("contextPack with preferences" if want else "contextPack without preferences")
+            kind = "group " if self.model.chats[chat].channel else ""
+            self.bridge.count(f"{kind}contextPack {'with' if want else 'without'} preferences")
 
     def teardown(self) -> None:
         if self.ready and self.clean:
