@@ -726,8 +726,9 @@ async def _measure_reader(
     said = corpus.questions[0]  # the Chat's latest person message from here on
     await turns.start_turn(rt, person, chat_id, said, actor_id=None, notice=False)
 
-    async def pack() -> int:
-        return len((await conversation.context_pack(rt, person, chat_id, qe)).memory.ids)
+    async def pack() -> int:  # what it returns decrypted: the preferences and the memory's entries
+        got = await conversation.context_pack(rt, person, chat_id, qe)
+        return len(got.preferences) + len(got.memory.ids)
 
     async def context_alone() -> int:
         return len((await search.context(rt, qe, pool.bot, reader, CONTEXT_LIMIT, said)).ids)

@@ -10,8 +10,10 @@ from typing import Any, Final, LiteralString, NotRequired, TypedDict
 
 from neo4j import AsyncManagedTransaction
 
+from graph.access import CHAT_READERS, ReaderMap
 from graph.chats import ChatKeyRow
-from graph.driver import Ciphertext, rows, single
+from graph.driver import Ciphertext, QueryTarget, rows, single
+from graph.memorybot import CHAT_ROUTE, RouteRow
 
 SUMMARY: Final[LiteralString] = "MATCH (s:ChatSummary {chatId: $chatId}) RETURN s {.*} AS summary"
 
@@ -177,6 +179,35 @@ RETURN s.version AS version
 
 class SetMetaRow(TypedDict):
     version: int
+
+
+#: contextPack's head in one statement: the Chat's route (CHAT_ROUTE), its summary (SUMMARY, null
+#: before the first) and the readers of an answer in it (CHAT_READERS; null when it has none),
+#: where three statements in two transactions read them.
+PACK_HEAD: Final[LiteralString] = (
+    "CALL () {"
+    + CHAT_ROUTE
+    + "}\nOPTIONAL CALL () {"
+    + SUMMARY
+    + "}\nOPTIONAL CALL () {"
+    + CHAT_READERS
+    + """}
+RETURN chat, botMemory, model, settings, keyMaster, keyWrapped, summary, readers, org
+"""
+)
+
+
+class PackHeadRow(RouteRow):
+    """PACK_HEAD: CHAT_ROUTE's row, the summary and the readers (with their organization)."""
+
+    summary: SummaryNode | None
+    readers: list[ReaderMap] | None
+    org: str | None
+
+
+async def pack_head(tx: QueryTarget, *, chat_id: str) -> PackHeadRow | None:
+    """PACK_HEAD; None when the Chat (or its Bot's memory) does not exist."""
+    return await single(tx, PACK_HEAD, PackHeadRow, chatId=chat_id)
 
 
 async def summary(tx: AsyncManagedTransaction, *, chat_id: str) -> SummaryNode | None:

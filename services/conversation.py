@@ -21,7 +21,7 @@ from services.crypto import Cipher, Kind
 from services.domain import Item, ItemKind, Principal
 from services.embedding import Embedder
 from services.errors import BadInput, Conflict, Forbidden, NotFound
-from services.memorybot import Route, load_route
+from services.memorybot import Route, load_route, route_of
 from services.runtime import Runtime, now_ms
 from services.validation import check_page
 
@@ -46,10 +46,9 @@ async def context_pack(
     """Summary, preferences, the last 10 messages and the visible memory ``context`` (D9.17),
     chosen by relevance to the latest person message (design §10)."""
     chat, last = await chats.last_messages(rt, principal, chat_id, LAST_MESSAGES)
-    _, route, summary = await route_and_summary(rt, chat_id)
+    route, summary, reader = await _pack_head(rt, chat_id)
     preferences: tuple[memory.Entry, ...] = ()
     known = retrieval.Context("", ())
-    reader = await memory.chat_reader(rt, chat_id)
     # Memory for the Chat's audience; none in review chats or with botMemory off (D9.16, L5).
     if reader is not None and route.bot_memory and not chat.review:
         preferences = tuple(await _preferences(rt, route, reader))
@@ -63,6 +62,19 @@ async def context_pack(
             query=said[-1] if said else None,
         )
     return ContextPack(chat_id, summary, preferences, tuple(i for i in last.items), known)
+
+
+async def _pack_head(rt: Runtime, chat_id: str) -> tuple[Route, str | None, memory.Reader | None]:
+    """The Chat's route, its summary (decrypted after the read, D9.8) and the readers of an answer
+    in it (None when it has none), in one auto-commit statement."""
+    row = await autocommit(rt.driver, lambda s: conversation_q.pack_head(s, chat_id=chat_id))
+    if row is None:
+        raise NotFound("chat not found")
+    route = route_of(rt, row)
+    summary = summary_text(summary_map(route.cipher, chat_id, row["summary"]))
+    readers, org = row["readers"], row["org"]
+    reader = None if readers is None or org is None else memory.Reader(org, tuple(readers))
+    return route, summary, reader
 
 
 async def route_and_summary(rt: Runtime, chat_id: str) -> tuple[RouteChat, Route, str | None]:

@@ -226,9 +226,14 @@ async def load_route(
     row = await memorybot_q.chat_route(tx, chat_id=chat_id)
     if row is None:
         raise NotFound("chat not found")
+    return row["chat"], route_of(rt, row)
+
+
+def route_of(rt: Runtime, row: memorybot_q.RouteRow) -> Route:
+    """The route of a Chat as CHAT_ROUTE reads it."""
     s = row["settings"]
     chat = row["chat"]
-    route = Route(
+    return Route(
         bot_id=chat["botId"],
         org=chat["organizationId"],
         model=row["model"],
@@ -240,7 +245,6 @@ async def load_route(
         cipher=rt.cipher(chat["botId"], row["keyMaster"], row["keyWrapped"]),
         chat_id=chat["id"],
     )
-    return chat, route
 
 
 @dataclass(frozen=True, slots=True)
