@@ -12,7 +12,7 @@ from neo4j import AsyncManagedTransaction
 
 from graph.access import IdsRow
 from graph.driver import rows, single
-from graph.topics import TOPICS_OF_E, link_topics, retag
+from graph.topics import TOPICS_OF_E, link_topics, retag, topic_key
 
 #: The properties of a new Entry ``e`` in memory ``m``, from ``row`` and the bound ``tags``,
 #: ``orderKey``, ``sourceCount`` and ``legacy`` (shared by ADD_ENTRIES and CREATE_LEGACY); what is
@@ -223,7 +223,9 @@ SET_TAGS: Final[LiteralString] = (
 #: Every entry of the Bot carrying topic ``$from`` — all of them, not the first 300 (L4) —
 #: found from its Topic (``graph.topics``), not by reading the Bot's entries.
 RENAME_TOPIC: Final[LiteralString] = (
-    "MATCH (:Topic {key: $botId + '|' + $from})<-[:HAS_TOPIC]-(e:Entry)\n"
+    "MATCH (:Topic {key: "
+    + topic_key("$botId", "$from")
+    + "})<-[:HAS_TOPIC]-(e:Entry)\n"
     + retag("SET e.tags = [t IN e.tags WHERE t <> $from AND t <> $to] + [$to], e.updatedAt = $now\n")
     + _RELABEL_PREFERENCE
     + "RETURN e.id AS id\n"

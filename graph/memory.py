@@ -18,6 +18,7 @@ from graph.access import (
     ReaderMap,
 )
 from graph.driver import Ciphertext, QueryTarget, single
+from graph.topics import topic_key
 
 #: The sources of an entry ``e`` as ids (``sources``), for the API's view of it.
 _ENTRY_SOURCES: Final[LiteralString] = """
@@ -165,16 +166,20 @@ TOPIC_SEEK_MAX: Final = 2000
 #: The topic of ``$tags`` (all-of) with the fewest entries, as ``tp`` (its Topic, ``graph.topics``)
 #: and ``topicSize`` (its degree, read without reading the entries): 0 when no entry has it (then
 #: nothing passes the filter), null when ``$tags`` holds no topic (only OpenBot's tags).
-_RAREST_TOPIC: Final[LiteralString] = """
+_RAREST_TOPIC: Final[LiteralString] = (
+    """
 CALL () {
   WITH [t IN $tags WHERE NOT t CONTAINS ':'] AS topics
   UNWIND CASE WHEN size(topics) = 0 THEN [null] ELSE topics END AS topic
-  OPTIONAL MATCH (tp:Topic {key: $botId + '|' + topic})
+  OPTIONAL MATCH (tp:Topic {key: """
+    + topic_key("$botId", "topic")
+    + """})
   RETURN tp, CASE WHEN topic IS NULL THEN null WHEN tp IS NULL THEN 0
               ELSE COUNT { (tp)<-[:HAS_TOPIC]-() } END AS topicSize
   ORDER BY topicSize LIMIT 1
 }
 """
+)
 
 
 def _candidates(walk: LiteralString, where: LiteralString) -> LiteralString:

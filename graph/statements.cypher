@@ -1639,8 +1639,8 @@ CALL (e, lost) {
   MATCH (e)-[h:HAS_TOPIC]->(tp:Topic)
   WHERE tp.topic IN lost
   DELETE h
-  WITH DISTINCT tp WHERE NOT EXISTS { (tp)<-[:HAS_TOPIC]-() }
-  DELETE tp
+  WITH collect(tp) AS topics
+  FOREACH (tp IN [tp IN topics WHERE NOT EXISTS { (tp)<-[:HAS_TOPIC]-() }] | DELETE tp)
 }
 FOREACH (topic IN CASE WHEN e.validOrg IS NULL THEN [] ELSE lost END |
   MERGE (tc:TopicCount {key: e.botId + '|' + e.validOrg + '|' + topic})
@@ -1688,8 +1688,8 @@ CALL (e, lost) {
   MATCH (e)-[h:HAS_TOPIC]->(tp:Topic)
   WHERE tp.topic IN lost
   DELETE h
-  WITH DISTINCT tp WHERE NOT EXISTS { (tp)<-[:HAS_TOPIC]-() }
-  DELETE tp
+  WITH collect(tp) AS topics
+  FOREACH (tp IN [tp IN topics WHERE NOT EXISTS { (tp)<-[:HAS_TOPIC]-() }] | DELETE tp)
 }
 FOREACH (topic IN CASE WHEN e.validOrg IS NULL THEN [] ELSE lost END |
   MERGE (tc:TopicCount {key: e.botId + '|' + e.validOrg + '|' + topic})

@@ -42,12 +42,18 @@ def count_topics(org: LiteralString, topics: LiteralString, delta: LiteralString
     )
 
 
+def topic_key(bot: LiteralString, topic: LiteralString) -> LiteralString:
+    """The key of the Topic of ``topic`` in Bot ``bot`` (two Cypher expressions), as it is written
+    and sought."""
+    return bot + " + '|' + " + topic
+
+
 def link_topics(topics: LiteralString) -> LiteralString:
     """A FOREACH that links ``e`` to the Topic of each of ``topics`` (distinct, not yet linked),
     creating the Topic at its first entry; it keeps the rows as they are."""
     return (
         "FOREACH (topic IN " + topics + " |\n"
-        "  MERGE (tp:Topic {key: e.botId + '|' + topic})\n"
+        "  MERGE (tp:Topic {key: " + topic_key("e.botId", "topic") + "})\n"
         "  ON CREATE SET tp.botId = e.botId, tp.topic = topic\n"
         "  CREATE (e)-[:HAS_TOPIC]->(tp))\n"
     )
@@ -71,10 +77,10 @@ def retag(set_tags: LiteralString) -> LiteralString:
   MATCH (e)-[h:HAS_TOPIC]->(tp:Topic)
   WHERE tp.topic IN lost
   DELETE h
-  WITH DISTINCT tp WHERE NOT EXISTS { (tp)<-[:HAS_TOPIC]-() }
-  DELETE tp
-}
-"""
+  WITH collect(tp) AS topics
+  """
+        + unlinked("topics")
+        + "}\n"
         + count_topics("e.validOrg", "lost", "-1")
         + count_topics("e.validOrg", "gained", "1")
         + link_topics("gained")
@@ -101,4 +107,13 @@ def unlinked(topics: LiteralString) -> LiteralString:
     return "FOREACH (tp IN [tp IN " + topics + " WHERE NOT EXISTS { (tp)<-[:HAS_TOPIC]-() }] | DELETE tp)\n"
 
 
-__all__ = ["TOPICS_OF_E", "count_topics", "deleting", "link_topics", "retag", "revalidate", "unlinked"]
+__all__ = [
+    "TOPICS_OF_E",
+    "count_topics",
+    "deleting",
+    "link_topics",
+    "retag",
+    "revalidate",
+    "topic_key",
+    "unlinked",
+]

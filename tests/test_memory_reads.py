@@ -10,6 +10,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from graph import memory as memory_q
+from graph.migrations import LATEST, migrate
 from services import memory, retrieval
 from services.changes import AddFact, Invalidate, ItemRef, RenameTopic, SetTopics
 from services.domain import Principal
@@ -359,7 +360,8 @@ async def test_a_filter_on_a_rare_topic_reads_its_entries_not_the_readers(api: A
     """A tag filter on a topic few entries carry reads them from the topic (``graph.topics``): it
     read every entry the reader may see (122 ms at 100k for a topic on five). Sixty more entries
     of Ann's without the topic add fewer than sixty database hits to a filter on it (the walk
-    adds several a candidate), and a topic no entry has reads nothing of hers."""
+    adds several a candidate), and a topic no entry has reads nothing of hers. A store upgraded
+    from version 14 (no links) gets its entries linked (migration 15) and the same list."""
     w = await make_world(api, ("ann",))
     ann = w.tokens["ann"]
     own = await said(api, ann, await api.chat(ann, w.bot), "mine")
@@ -396,4 +398,11 @@ async def test_a_filter_on_a_rare_topic_reads_its_entries_not_the_readers(api: A
             assert after[case] - before[case] >= 60, case
         else:
             assert after[case] - before[case] < 60, case
-    assert [i for _, i in await _tagged(runtime, w, ["rare"], None)] == [c.id for c in reversed(rare)]
+    listed = [c.id for c in reversed(rare)]
+    assert [i for _, i in await _tagged(runtime, w, ["rare"], None)] == listed
+
+    await runtime.driver.execute_query("MATCH (tp:Topic {botId: $b}) DETACH DELETE tp", b=w.bot)
+    assert [i for _, i in await _tagged(runtime, w, ["rare"], None)] == []  # the list reads the links
+    await runtime.driver.execute_query("MATCH (s:SchemaVersion {id: 'schema'}) SET s.version = 14")
+    assert await migrate(runtime.driver) == LATEST
+    assert [i for _, i in await _tagged(runtime, w, ["rare"], None)] == listed
