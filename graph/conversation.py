@@ -181,6 +181,32 @@ class SetMetaRow(TypedDict):
     version: int
 
 
+#: The Chat's route (CHAT_ROUTE) and the readers of an answer in it (CHAT_READERS; null when it
+#: has none) in one statement: what a rewrite, a confide answer and a server caller's read need
+#: before they search, where two statements in two transactions read them.
+ROUTE_READERS: Final[LiteralString] = (
+    "CALL () {"
+    + CHAT_ROUTE
+    + "}\nOPTIONAL CALL () {"
+    + CHAT_READERS
+    + """}
+RETURN chat, botMemory, model, settings, keyMaster, keyWrapped, readers, org
+"""
+)
+
+
+class RouteReadersRow(RouteRow):
+    """ROUTE_READERS: CHAT_ROUTE's row and the readers (with their organization)."""
+
+    readers: list[ReaderMap] | None
+    org: str | None
+
+
+async def route_readers(tx: QueryTarget, *, chat_id: str) -> RouteReadersRow | None:
+    """ROUTE_READERS; None when the Chat (or its Bot's memory) does not exist."""
+    return await single(tx, ROUTE_READERS, RouteReadersRow, chatId=chat_id)
+
+
 #: contextPack's head in one statement: the Chat's route (CHAT_ROUTE), its summary (SUMMARY, null
 #: before the first) and the readers of an answer in it (CHAT_READERS; null when it has none),
 #: where three statements in two transactions read them.
@@ -197,12 +223,10 @@ RETURN chat, botMemory, model, settings, keyMaster, keyWrapped, summary, readers
 )
 
 
-class PackHeadRow(RouteRow):
-    """PACK_HEAD: CHAT_ROUTE's row, the summary and the readers (with their organization)."""
+class PackHeadRow(RouteReadersRow):
+    """PACK_HEAD: ROUTE_READERS's row and the summary."""
 
     summary: SummaryNode | None
-    readers: list[ReaderMap] | None
-    org: str | None
 
 
 async def pack_head(tx: QueryTarget, *, chat_id: str) -> PackHeadRow | None:

@@ -1370,6 +1370,33 @@ RETURN members + CASE WHEN c IS NULL OR size(members) = 0 THEN [] ELSE [{id: '#g
 }
 RETURN chat, botMemory, model, settings, keyMaster, keyWrapped, summary, readers, org
 
+// ---- graph.conversation.ROUTE_READERS
+CALL () {
+MATCH (ch:Chat {id: $chatId})-[:WITH_BOT]->(b:Bot)-[:HAS_MEMORY]->(m:Memory),
+      (ch)-[:IN_ORG]->(o:Organization)
+RETURN ch {.*, botModel: b.model, botName: b.name} AS chat, o.botMemory AS botMemory,
+       o.botMemoryModel AS model,
+       m {.settingsVersion, .instructions, .concurrency, .budgetPeriod, .budgetLimitMicros} AS settings,
+       b.keyMaster AS keyMaster, b.keyWrapped AS keyWrapped
+}
+OPTIONAL CALL () {
+MATCH (ch:Chat {id: $chatId})-[:WITH_BOT]->(b:Bot)
+MATCH (ch)-[:IN_ORG]->(o:Organization)
+OPTIONAL MATCH (ch)-[:IN_CHANNEL]->(c:Channel)
+OPTIONAL MATCH (m:Person)-[:MEMBER]->(c)
+WITH ch, b, o, c, collect(m) AS members
+MATCH (owner:Person {id: ch.ownerId})
+WITH b, o, c, CASE WHEN c IS NULL THEN [owner] ELSE members END AS people
+UNWIND people AS p
+OPTIONAL MATCH (p)-[:MEMBER]->(pc:Channel)-[:IN]->(o)
+WITH b, o, c, p, collect(pc.id) AS channels
+WITH o, c, collect({id: p.id, channels: channels, usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)),
+  atoms: ['person:' + p.id] + [cid IN channels | 'channel:' + cid]
+         + CASE WHEN EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)) THEN ['bot'] ELSE [] END}) AS members
+RETURN members + CASE WHEN c IS NULL OR size(members) = 0 THEN [] ELSE [{id: '#group', channels: [c.id], usesBot: true, atoms: ['channel:' + c.id, 'bot']}] END AS readers, o.id AS org
+}
+RETURN chat, botMemory, model, settings, keyMaster, keyWrapped, readers, org
+
 // ---- graph.conversation.SAVE_SUMMARY
 MERGE (s:ChatSummary {chatId: $chatId})
   ON CREATE SET s.coversThroughSeq = 0, s.version = 0, s.chars = 0, s.botId = $botId

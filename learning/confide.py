@@ -19,7 +19,7 @@ from graph import memorybot as memorybot_q
 from graph.driver import write
 from learning.gateway import FIXED_CALM_ANSWER, Gateway, ModelUnavailable
 from learning.prompts import MEMORY_VOCABULARY, system_prompt
-from services import memory, metrics, retrieval
+from services import memory, metrics, search
 from services.chats import require_writer
 from services.crypto import Kind
 from services.domain import Principal
@@ -109,7 +109,10 @@ async def _answer(
         if route.bot_memory:
             reader = await memory.chat_reader(rt, chat["id"])
             if reader is not None:
-                known = await retrieval.context(rt, route.bot_id, reader, rt.settings.answer_context_chars)
+                # The Bot's words only show where to look (seed 000): they choose the memory.
+                known = await search.context(
+                    rt, gateway.embedder, route.bot_id, reader, rt.settings.answer_context_chars, query=text
+                )
         release = await gateway.acquire(rt, route, deadline)
     try:
         body = {

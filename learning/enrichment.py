@@ -15,19 +15,17 @@ import json
 import time
 from typing import Final
 
-from neo4j import AsyncManagedTransaction
-
 from graph import memorybot as memorybot_q
 from graph.driver import read, write
 from learning import toolcalls
 from learning.gateway import Gateway, ModelUnavailable, ToolCall
 from learning.prompts import MEMORY_VOCABULARY, system_prompt
-from services import memory, metrics, retrieval, search, turns
+from services import metrics, retrieval, search, turns
 from services.crypto import Kind
 from services.domain import Principal, Turn
 from services.embedding import Embedder
 from services.ids import new_id
-from services.memorybot import Route, load_route
+from services.memorybot import Route, route_and_reader
 from services.runtime import Runtime, now_ms
 
 _SAVE_MARGIN = 0.3
@@ -102,14 +100,9 @@ async def _rewrite(
     rt: Runtime, gateway: Gateway, embedder: Embedder | None, turn: Turn, original: str, deadline: float
 ) -> tuple[str, str]:
     async with asyncio.timeout(max(deadline - time.monotonic(), 0)):
-
-        async def load(tx: AsyncManagedTransaction) -> tuple[memorybot_q.RouteChat, Route]:
-            return await load_route(rt, tx, turn.chat_id)
-
-        chat, route = await read(rt.driver, load)
+        chat, route, reader = await route_and_reader(rt, turn.chat_id)
         if chat["review"] or not route.bot_memory or route.model is None:
             return original, "off"
-        reader = await memory.chat_reader(rt, turn.chat_id)
         if reader is None:
             return original, "nothing_visible"
         digest = route.cipher.digest(Kind.INPUT_DIGEST, original)

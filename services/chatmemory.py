@@ -10,16 +10,12 @@ from __future__ import annotations
 
 from typing import Final
 
-from neo4j import AsyncManagedTransaction
-
-from graph.driver import read
-from graph.memorybot import RouteChat
 from services import retrieval, search
 from services.domain import Principal
 from services.embedding import Embedder
 from services.errors import BadInput, Forbidden, NotFound
-from services.memory import Reader, chat_reader
-from services.memorybot import load_route
+from services.memory import Reader
+from services.memorybot import route_and_reader
 from services.runtime import Runtime
 from services.validation import check_id
 
@@ -35,19 +31,15 @@ async def audience(rt: Runtime, principal: Principal, chat_id: str) -> tuple[str
         raise Forbidden("server calls need a platform token of the chat's organization")
     check_id(chat_id, "chatId")
 
-    async def work(tx: AsyncManagedTransaction) -> tuple[RouteChat, bool, str]:
-        chat, route = await load_route(rt, tx, chat_id)
-        return chat, route.bot_memory, route.bot_id
-
     try:
-        chat, bot_memory, bot_id = await read(rt.driver, work)
+        chat, route, reader = await route_and_reader(rt, chat_id)
     except NotFound:
         raise NotFound("chat not found") from None
     if chat["organizationId"] != principal.organization_id:
         raise NotFound("chat not found")
-    if chat["review"] or not bot_memory:
-        return bot_id, None
-    return bot_id, await chat_reader(rt, chat_id)
+    if chat["review"] or not route.bot_memory:
+        return route.bot_id, None
+    return route.bot_id, reader
 
 
 async def context(

@@ -21,7 +21,7 @@ from services.crypto import Cipher, Kind
 from services.domain import Item, ItemKind, Principal
 from services.embedding import Embedder
 from services.errors import BadInput, Conflict, Forbidden, NotFound
-from services.memorybot import Route, load_route, route_of
+from services.memorybot import Route, load_route, reader_of, route_of
 from services.runtime import Runtime, now_ms
 from services.validation import check_page
 
@@ -72,9 +72,7 @@ async def _pack_head(rt: Runtime, chat_id: str) -> tuple[Route, str | None, memo
         raise NotFound("chat not found")
     route = route_of(rt, row)
     summary = summary_text(summary_map(route.cipher, chat_id, row["summary"]))
-    readers, org = row["readers"], row["org"]
-    reader = None if readers is None or org is None else memory.Reader(org, tuple(readers))
-    return route, summary, reader
+    return route, summary, reader_of(row)
 
 
 async def route_and_summary(rt: Runtime, chat_id: str) -> tuple[RouteChat, Route, str | None]:

@@ -12,10 +12,11 @@ from neo4j import AsyncManagedTransaction
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from graph import chats as chats_q
+from graph import conversation as conversation_q
 from graph import memorybot as memorybot_q
 from graph import sweeps as sweeps_q
 from graph.context import visible_ids
-from graph.driver import read, write
+from graph.driver import autocommit, read, write
 from graph.memory import shared_lock
 from services import memory
 from services.auth import require_person
@@ -227,6 +228,23 @@ async def load_route(
     if row is None:
         raise NotFound("chat not found")
     return row["chat"], route_of(rt, row)
+
+
+async def route_and_reader(
+    rt: Runtime, chat_id: str
+) -> tuple[memorybot_q.RouteChat, Route, memory.Reader | None]:
+    """The Chat, its route and every reader of an answer in it (None when it has none, D9.15),
+    read now in one auto-commit statement."""
+    row = await autocommit(rt.driver, lambda s: conversation_q.route_readers(s, chat_id=chat_id))
+    if row is None:
+        raise NotFound("chat not found")
+    return row["chat"], route_of(rt, row), reader_of(row)
+
+
+def reader_of(row: conversation_q.RouteReadersRow) -> memory.Reader | None:
+    """The readers ROUTE_READERS (or PACK_HEAD) read, as one Reader; None when the Chat has none."""
+    readers, org = row["readers"], row["org"]
+    return None if readers is None or org is None else memory.Reader(org, tuple(readers))
 
 
 def route_of(rt: Runtime, row: memorybot_q.RouteRow) -> Route:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import socket
 from collections.abc import Sequence
 from typing import Any, cast
@@ -21,7 +22,7 @@ from graph.driver import autocommit
 from graph.memory import reader_keys
 from graph.migrations import LATEST, migrate
 from learning.embedders import LocalMiniLM, OpenAIEmbedder
-from services import memory, search
+from services import memory, retrieval, search
 from services.bootstrap import open_runtime
 from services.changes import AddFact, Invalidate, ItemRef, MemoryChange, Revise, Share
 from services.runtime import Runtime
@@ -30,7 +31,9 @@ from services.vectorindex import VectorIndexes
 from services.writepath import apply_changes
 from tests.client import Api, World, make_world
 from tests.conftest import ApiProcess
+from tests.learning_helpers import confide, memory_world
 from tests.memory_helpers import apply, command, fact, said
+from tests.model_server import ModelServer, Reply, ToolCall
 
 SEARCH = "query($b: ID!, $q: String!, $l: Int!) { search(botId: $b, query: $q, limit: $l) { score entry { id content } } }"
 
@@ -176,6 +179,53 @@ async def test_context_with_a_query_offers_what_answers_it_in_memory_order(
         assert plain.ids[0] == ids[FACTS[-1]]
     finally:
         await embedder.aclose()
+
+
+async def test_rewrites_packs_and_confide_answers_are_offered_what_answers_them(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    """Every place that offers memory to a model asks by meaning (design §10): the rewrite by the
+    person's input, ``contextPack`` by the latest person message, the confide answer by the Bot's
+    words (seed 000: they "only show the memory Bot where to look"). The entry that answers is the
+    oldest, and memory order would leave it out of the 4,000 characters."""
+    model_server.reset()
+    w = await memory_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    source = await said(api, w.tokens["ann"], chat, "where things are")
+    embedder = LocalMiniLM()
+    try:
+        [tin] = await learn_facts(
+            runtime, w.bot, embedder, "Ann keeps her passport in the blue Zanzibar tin", source=source
+        )
+        fillers = [
+            f"Ann's errand {n}: water the {plant} on shelf {n} and note how tall it grew this week"
+            for n, plant in enumerate(("fern", "basil", "cactus", "orchid", "ivy") * 12)
+        ]
+        await learn_facts(runtime, w.bot, embedder, *fillers, source=source)
+    finally:
+        await embedder.aclose()
+    reader = await memory.chat_reader(runtime, chat)
+    assert reader is not None
+    in_order = await retrieval.context(runtime, w.bot, reader, runtime.settings.answer_context_chars)
+    assert in_order.ids and tin not in in_order.ids  # what every consumer was offered before
+
+    model_server.script(
+        "rewrite", Reply(tool_calls=[ToolCall("rewrite_input", {"text": "t", "used_entry_ids": [tin]})])
+    )
+    turn = await api.turn(w.tokens["ann"], chat, "Where did I put my passport?")
+    [rewrite] = model_server.requests_for("rewrite")
+    notes = json.loads(rewrite.body["messages"][1]["content"])["notes"]
+    assert tin in [n["id"] for n in notes]
+
+    data = await api.gql(
+        "query($c: ID!) { contextPack(chatId: $c) { memory { ids } } }", {"c": chat}, w.tokens["ann"]
+    )
+    assert tin in data["contextPack"]["memory"]["ids"]
+
+    model_server.script("confide", Reply(text="It happens. Tell Ann plainly."))
+    await confide(api, w.tokens["ann"], turn["id"], "I could not find the Zanzibar tin she asked about.")
+    [answer] = model_server.requests_for("confide")
+    assert "Ann keeps her passport in the blue Zanzibar tin" in answer.body["messages"][0]["content"]
 
 
 class Counting:
