@@ -72,13 +72,15 @@ class Subscription:
         hub = info.context.turn_hub
         if chat is None:
             raise NotFound("chat not found")
-        if hub is None or principal.person_id is None:
+        if hub is None or principal.person_id is None or principal.token_id is None:
             raise Unauthenticated("subscriptions need a person's token")
-        async with hub.subscribe(chat.id, principal.person_id) as sub:
+        async with hub.subscribe(chat.id, principal.person_id, principal.token_id) as sub:
             while True:
                 event = await sub.queue.get()
                 if event is None and sub.too_slow:
                     raise TooSlow("this subscription fell more than 1,000 events behind; subscribe again")
+                if event is None and sub.token_gone:
+                    raise Unauthenticated("invalid, expired or revoked token")
                 if event is None:
                     raise Forbidden("you are no longer one of the chat's people")
                 yield TurnEvent(

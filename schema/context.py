@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from strawberry.extensions import SchemaExtension
 from strawberry.types import Info as _Info
 
 from learning.gateway import Gateway
@@ -55,6 +57,18 @@ class Context:
             raise type(outcome)(outcome.message, field=outcome.field)
         return outcome
 
+    @property
+    def streamed(self) -> bool:
+        """Whether operations on this context are streamed (a WebSocket connection)."""
+        return not self.cache_loaders
+
+    def operation_started(self) -> None:
+        """A WebSocket connection's context serves every operation sent on it: each authenticates
+        the token again, so a token revoked or expired while the socket is open stops working for
+        the next operation, as it does over HTTP (subscriptions check it again as they deliver)."""
+        if self.streamed:
+            self._auth = None
+
     async def authenticate_connection(self) -> None:
         """graphql-transport-ws: the token comes in ``connection_init`` (or the upgrade request) as
         ``{"Authorization": "Bearer <t>"}`` (any case), ``{"token": "<t>"}`` or those headers
@@ -79,3 +93,13 @@ def _authorization(params: dict[str, object]) -> str | None:
 
 
 Info = _Info[Context, None]
+
+
+class PerOperationAuth(SchemaExtension):
+    """Starts each operation with :meth:`Context.operation_started`."""
+
+    def on_operation(self) -> Iterator[None]:
+        context = self.execution_context.context
+        if isinstance(context, Context):
+            context.operation_started()
+        yield

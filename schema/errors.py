@@ -5,9 +5,12 @@ from __future__ import annotations
 import logging
 import traceback
 from collections.abc import Iterator
+from contextlib import aclosing
 
 from graphql import GraphQLError
 from strawberry.extensions import SchemaExtension
+from strawberry.schema.schema import StreamResult
+from strawberry.types import ExecutionResult
 
 from services import metrics
 from services.errors import ServiceError
@@ -19,9 +22,11 @@ def code_of(error: GraphQLError) -> str:
     original = error.original_error
     if isinstance(original, ServiceError):
         return original.code
-    if error.path is None or original is None:
-        return "BAD_INPUT"  # syntax, validation, variable coercion and limit errors
-    return "INTERNAL"
+    if original is None or isinstance(original, GraphQLError):
+        return "BAD_INPUT"  # syntax, validation and limit errors
+    if error.path is None and error.nodes:
+        return "BAD_INPUT"  # a variable's value that its scalar refused
+    return "INTERNAL"  # a resolver's, or a subscription's source's (no path, no nodes)
 
 
 def with_code(error: GraphQLError) -> GraphQLError:
@@ -54,15 +59,33 @@ def with_code(error: GraphQLError) -> GraphQLError:
     )
 
 
+def code_all(errors: list[GraphQLError]) -> list[GraphQLError]:
+    """``errors`` as the client sees them (:func:`with_code`), each counted by its code."""
+    coded = [with_code(e) for e in errors]
+    for e in coded:
+        metrics.REQUESTS.labels(surface="graphql", code=(e.extensions or {})["code"]).inc()
+    return coded
+
+
 class ErrorCodes(SchemaExtension):
-    """Puts a stable code on each error of the operation's result (after limits and execution)."""
+    """Puts a stable code on each error of the operation's result (after limits and execution).
+    A streamed operation's results are sent before this runs: :func:`coded_stream` codes those."""
 
     def on_operation(self) -> Iterator[None]:
         yield
+        if getattr(self.execution_context.context, "streamed", False):
+            return
         result = self.execution_context.result
         errors = getattr(result, "errors", None)
         if result is not None and errors:
-            coded = [with_code(e) for e in errors]
-            result.errors = coded  # type: ignore[union-attr]
-            for e in coded:
-                metrics.REQUESTS.labels(surface="graphql", code=(e.extensions or {})["code"]).inc()
+            result.errors = code_all(errors)  # type: ignore[union-attr]
+
+
+async def coded_stream(source: StreamResult) -> StreamResult:
+    """``Schema.stream``'s results (graphql-transport-ws: queries, mutations and subscription
+    events) with every error coded and internal ones masked, as HTTP gets them."""
+    async with aclosing(source):
+        async for result in source:
+            if isinstance(result, ExecutionResult) and result.errors:
+                result.errors = code_all(result.errors)
+            yield result

@@ -3,7 +3,8 @@
 Reply text streams only to subscribers on the API process that runs the Turn. Other processes
 learn of saved Items and of the Turn's end through Redis pub/sub, which carries ids only (E4);
 they read the Item themselves. Events never carry the enriched input (D9.16): the person's Item
-is their own words. Subscribers are the Chat's people (D9.6), checked again on every saved Item.
+is their own words. Subscribers are the Chat's people (D9.6) holding a live token, both checked
+again on every saved Item.
 """
 
 from __future__ import annotations
@@ -23,24 +24,29 @@ from graph import chats as chats_q
 from graph.driver import read, single
 from services import metrics, pubsub
 from services.crypto import Kind
-from services.runtime import Runtime
+from services.runtime import Runtime, now_ms
 
 log = logging.getLogger("services.turnfeed")
 
 CHANNEL_PATTERN = "botmemory:turns:*"
 
-#: The Chat's people now (the owner, or the channel's current members).
+#: The Chat's people now (the owner, or the channel's current members), and which of the
+#: subscribers' tokens (``$tokens``) are still live (not revoked, not expired).
 CHAT_PEOPLE = """
 MATCH (ch:Chat {id: $chatId})
 OPTIONAL MATCH (ch)-[:IN_CHANNEL]->(c:Channel)
 OPTIONAL MATCH (p:Person)-[:MEMBER]->(c)
-RETURN ch.ownerId AS owner, collect(p.id) AS members
+WITH ch, collect(p.id) AS members
+OPTIONAL MATCH (t:Token)
+WHERE t.id IN $tokens AND t.revokedAt IS NULL AND (t.expiresAt IS NULL OR t.expiresAt > $now)
+RETURN ch.ownerId AS owner, members, collect(t.id) AS live
 """
 
 
 class _ChatPeople(TypedDict):
     owner: str
     members: list[str]
+    live: list[str]
 
 
 class _ItemOfChat(chats_q.ChatForRow):
@@ -60,11 +66,14 @@ class TurnEvent:
 class Subscriber:
     chat_id: str
     person_id: str
+    token_id: str
     queue: asyncio.Queue[TurnEvent | None] = field(
         default_factory=lambda: asyncio.Queue[TurnEvent | None](1000)
     )
     #: Set when its queue overflowed: the stream ends (None) instead of skipping an event.
     too_slow: bool = False
+    #: Set when its token was revoked or expired: the stream ends (None) as unauthenticated.
+    token_gone: bool = False
 
 
 class TurnHub:
@@ -87,8 +96,8 @@ class TurnHub:
                 await self._task
 
     @contextlib.asynccontextmanager
-    async def subscribe(self, chat_id: str, person_id: str) -> AsyncGenerator[Subscriber]:
-        sub = Subscriber(chat_id, person_id)
+    async def subscribe(self, chat_id: str, person_id: str, token_id: str) -> AsyncGenerator[Subscriber]:
+        sub = Subscriber(chat_id, person_id, token_id)
         self.subscribers.setdefault(chat_id, set()).add(sub)
         metrics.SUBSCRIPTIONS_OPENED.labels("turnEvents").inc()
         try:
@@ -119,14 +128,20 @@ class TurnHub:
                 log.warning("a turn event was not announced to other API processes (%s)", type(exc).__name__)
 
     async def _recheck(self, chat_id: str) -> None:
-        """End the streams of people who are no longer people of the Chat."""
+        """End the streams of people who are no longer people of the Chat, or whose token is gone."""
         subs = self.subscribers.get(chat_id)
         if not subs:
             return
-        record = await read(self.rt.driver, lambda tx: single(tx, CHAT_PEOPLE, _ChatPeople, chatId=chat_id))
+        tokens = sorted({s.token_id for s in subs})
+        record = await read(
+            self.rt.driver,
+            lambda tx: single(tx, CHAT_PEOPLE, _ChatPeople, chatId=chat_id, tokens=tokens, now=now_ms()),
+        )
         people: set[str] = set() if record is None else {record["owner"], *record["members"]}
+        live: set[str] = set() if record is None else set(record["live"])
         for sub in list(subs):
-            if sub.person_id not in people:
+            if sub.person_id not in people or sub.token_id not in live:
+                sub.token_gone = sub.token_id not in live
                 pubsub.offer(sub, None)
                 subs.discard(sub)
 

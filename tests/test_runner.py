@@ -217,3 +217,21 @@ async def test_only_the_chats_people_follow_its_turns(api: Api) -> None:
         )
     codes = await api.codes(SEND, {"c": chat, "t": "hi"}, w.tokens["bob"])
     assert codes == ["NOT_FOUND"]
+
+
+async def test_turn_events_end_when_the_token_is_revoked(api: Api, model_server: ModelServer) -> None:
+    """A stream of Turn events checks its token again on every saved Item, as it checks the
+    Chat's people: revoked, it ends as unauthenticated before the Turn's words reach it."""
+    w = await runner_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    issued = (await api.gql("mutation { issueToken { id token } }", token=w.tokens["ann"]))["issueToken"]
+    async with turn_events(api, issued["token"], chat) as ws:
+        await api.gql(
+            "mutation($t: ID!) { revokeToken(tokenId: $t) { id } }", {"t": issued["id"]}, w.tokens["ann"]
+        )
+        model_server.script("chat", Reply(text="The plan is Lyon."))
+        await api.gql(SEND, {"c": chat, "t": "Tell me the plan."}, w.tokens["ann"])
+        message = json.loads(await asyncio.wait_for(ws.recv(), 10))
+        assert message["type"] == "next"
+        assert [e["extensions"]["code"] for e in message["payload"]["errors"]] == ["UNAUTHENTICATED"]
+        assert "plan" not in json.dumps(message)

@@ -7,7 +7,7 @@ import contextlib
 import json
 import socket
 from collections.abc import AsyncGenerator, Iterator
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import strawberry
@@ -17,6 +17,7 @@ from strawberry.types import ExecutionResult, StreamExecutionResult
 from websockets.asyncio.client import ClientConnection
 
 from resolvers.schema import Schema
+from schema.errors import ErrorCodes
 from schema.fanout import ExtensionsRunner
 from services.changefeed import ChangeHub
 from services.changes import AddFact, ItemRef, MemoryChange
@@ -292,3 +293,91 @@ async def test_extensions_without_per_result_hooks_cost_nothing_and_others_still
     assert [(r.data, r.extensions) for r in got] == [
         ({"ticks": i}, {"counted": 1, "streamed": True}) for i in range(3)
     ]
+
+
+# --- operations on a socket: authenticated and coded as over HTTP --------------------------------
+
+
+async def _operation(
+    ws: ClientConnection, id: str, query: str, variables: dict[str, Any] | None = None
+) -> Any:
+    """One query or mutation sent on an open socket: its first message (``next`` or ``error``)."""
+    await ws.send(
+        json.dumps({"id": id, "type": "subscribe", "payload": {"query": query, "variables": variables or {}}})
+    )
+    message = json.loads(await asyncio.wait_for(ws.recv(), 5))
+    if message["type"] == "next":
+        assert json.loads(await asyncio.wait_for(ws.recv(), 5)) == {"id": id, "type": "complete"}
+    return message
+
+
+async def test_each_operation_on_a_socket_authenticates_its_token_again(api: Api) -> None:
+    """A socket runs queries and mutations too, all on the context of its connection: a token
+    revoked while it is open stops working for the next operation, as over HTTP — it can neither
+    read nor mint a token of its own that would outlive the revocation."""
+    w = await make_world(api, ("ann",))
+    issued = (await api.gql("mutation { issueToken { id token } }", token=w.tokens["ann"]))["issueToken"]
+    memory = "query($b: ID!) { memory(botId: $b) { version } }"
+    async with websockets.connect(ws_url(api), subprotocols=["graphql-transport-ws"]) as ws:  # type: ignore[list-item]
+        await ws.send(
+            json.dumps({"type": "connection_init", "payload": {"Authorization": f"Bearer {issued['token']}"}})
+        )
+        assert json.loads(await asyncio.wait_for(ws.recv(), 5))["type"] == "connection_ack"
+        before = await _operation(ws, "1", memory, {"b": w.bot})
+        assert "errors" not in before["payload"] and before["payload"]["data"]["memory"]["version"] >= 0
+        await api.gql(
+            "mutation($t: ID!) { revokeToken(tokenId: $t) { id } }", {"t": issued["id"]}, w.tokens["ann"]
+        )
+        for id, query, variables in (
+            ("2", memory, {"b": w.bot}),
+            ("3", "mutation { issueToken { token } }", {}),
+        ):
+            after = await _operation(ws, id, query, variables)
+            assert after["payload"]["data"] is None
+            assert [e["extensions"]["code"] for e in after["payload"]["errors"]] == ["UNAUTHENTICATED"]
+
+
+async def test_errors_on_a_socket_carry_their_codes(api: Api) -> None:
+    """Syntax and validation errors of an operation sent on a socket come back as its ``error``
+    message with BAD_INPUT, as over HTTP (a syntax error ended the operation with no error sent)."""
+    w = await make_world(api, ("ann",))
+    async with websockets.connect(ws_url(api), subprotocols=["graphql-transport-ws"]) as ws:  # type: ignore[list-item]
+        await ws.send(
+            json.dumps({"type": "connection_init", "payload": {"Authorization": f"Bearer {w.tokens['ann']}"}})
+        )
+        assert json.loads(await asyncio.wait_for(ws.recv(), 5))["type"] == "connection_ack"
+        for id, query in (("1", "subscription { memoryChanges(botId: "), ("2", "query { nope }")):
+            message = await _operation(ws, id, query)
+            assert message["type"] == "error", message
+            assert [e["extensions"]["code"] for e in message["payload"]] == ["BAD_INPUT"]
+
+
+@strawberry.type
+class _FailingQuery:
+    @strawberry.field
+    def fails(self) -> bool:
+        raise RuntimeError("Couldn't connect to neo4j-core-2.internal:7687")
+
+
+@strawberry.type
+class _FailingSubscription:
+    @strawberry.subscription
+    async def fails(self) -> AsyncGenerator[int]:
+        yield 1
+        raise RuntimeError("Couldn't connect to neo4j-core-2.internal:7687")
+
+
+async def test_unexpected_errors_of_streamed_operations_are_masked() -> None:
+    """What a socket sends is ``Schema.stream``'s results: an unexpected error there — in a
+    resolver, or in a subscription's source, which has no path — is "internal error" with code
+    INTERNAL, never the exception's text (a database's host, a query's values)."""
+    schema = Schema(query=_FailingQuery, subscription=_FailingSubscription, extensions=[ErrorCodes])
+    streamed = [r async for r in await schema.stream("subscription { fails }")]
+    queried = [r async for r in await schema.stream("{ fails }")]
+    assert all(isinstance(r, ExecutionResult) for r in streamed + queried)
+    assert [cast(ExecutionResult, r).data for r in streamed] == [{"fails": 1}, None]
+    for result in (streamed[1], queried[0]):
+        assert isinstance(result, ExecutionResult) and result.errors
+        [error] = result.errors
+        assert (error.message, error.extensions) == ("internal error", {"code": "INTERNAL"})
+        assert "neo4j-core" not in str(error.formatted)
