@@ -168,6 +168,10 @@ class _Step:
             a == "for:bot" or a.startswith(("for:person:", "for:channel:")) for a in audience
         ):
             raise BadInput("an audience is for:person:<id>, for:channel:<id> or for:bot", field="audience")
+        if row["layer"] == "pinned" and audience != [f"for:person:{row['author']}"]:
+            # Its rule is its author, whoever joins a channel or a grant later (seed 000: "keeps
+            # its own access rule"); people now within the author would let later ones in.
+            raise Conflict("a remembered entry keeps its own access rule: its author alone (V6)")
         orgs = [t[4:] for t in row["tags"] if t.startswith("org:")]
         people = await purge_q.audience_people(self.tx, bot_id=self.bot_id, for_tags=audience, orgs=orgs)
         basis = await access.share_basis(self.tx, bot_id=self.bot_id, id=c.entry_id)

@@ -408,6 +408,8 @@ class Model:
         aud = list(dict.fromkeys(audience))
         if not aud or not all(a == "for:bot" or a.startswith(("for:person:", "for:channel:")) for a in aud):
             raise Refused("bad audience", BAD_INPUT)
+        if e.layer == "pinned" and aud != [f"for:person:{e.author}"]:
+            raise Refused("a remembered entry keeps its own rule, its author (V6)", CONFLICT)
         orgs = {t[4:] for t in e.tags if t.startswith("org:")}
         if self.proof_missing(e):
             raise Refused("an entry without access proof is never widened (V9)", CONFLICT)

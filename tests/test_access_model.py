@@ -1082,6 +1082,31 @@ async def test_share_observation_past_its_pinned_source_is_refused(api: Api, run
         await apply_changes(runtime, w.bot, [Share(above.id, (f"for:channel:{w.channel}",))], "memory_bot")
 
 
+async def test_a_remembered_entry_is_never_shared_past_its_author(api: Api, runtime: Runtime) -> None:
+    """A pinned entry keeps its own rule, its author (seed 000, V6): the model may not move it to a
+    channel of which its author is, for now, the only member — Bob, joining later, would see it."""
+    w = await make_world(api, ("ann", "bob"))
+    alone = await api.channel(w.org, [w.people["ann"]])
+    response = await command(
+        api, w.tokens["ann"], w.bot, {"_tag": "Remember", "content": "my salary is 90k", "tags": []}
+    )
+    pinned = response.json()["entry"]["id"]
+    with pytest.raises(Conflict):
+        await apply_changes(runtime, w.bot, [Share(pinned, (f"for:channel:{alone}",))], "memory_bot")
+    own = await apply_changes(
+        runtime, w.bot, [Share(pinned, (f"for:person:{w.people['ann']}",))], "memory_bot"
+    )
+    assert own.entry_ids == (pinned,)
+    await api.admin(
+        "mutation($c: ID!, $m: [ID!]!) { setChannelMembers(channelId: $c, memberIds: $m) { id } }",
+        {"c": alone, "m": [w.people["ann"], w.people["bob"]]},
+    )
+    listed = await api.http.get(
+        f"/v1/bots/{w.bot}/memory", headers={"Authorization": f"Bearer {w.tokens['bob']}"}
+    )
+    assert listed.status_code == 200 and pinned not in [e["id"] for e in listed.json()["entries"]]
+
+
 async def test_share_of_an_entry_deeper_than_the_bound_fails_closed(api: Api, runtime: Runtime) -> None:
     w = await make_world(api, ("ann",))
     chat = await api.chat(w.tokens["ann"], w.bot)
