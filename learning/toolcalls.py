@@ -194,6 +194,10 @@ def _code(error: ErrorDetails) -> str:
     return "bad_string"
 
 
+#: An unknown field's place in a violation's path, for the name the model gave it.
+UNKNOWN_FIELD: Final = "<unknown>"
+
+
 def _path(prefix: str, loc: tuple[int | str, ...]) -> str:
     return prefix + "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc)
 
@@ -225,4 +229,9 @@ def parse(name: str, arguments: str, path: str) -> Arguments:
         errors = exc.errors(include_url=False, include_input=False, include_context=False)
         rank = {"missing": 0, "extra_forbidden": 1}
         first = min(enumerate(errors), key=lambda e: (rank.get(e[1]["type"], 2), e[0]))[1]
-        raise Violation(_code(first), _path(path, first["loc"])) from None
+        loc = tuple(first["loc"])
+        if first["type"] == "extra_forbidden":
+            # The model chose that key: it may say anything, and a path is stored and logged in
+            # the clear (D9.21, E4: a code and a field path, never content).
+            loc = (*loc[:-1], UNKNOWN_FIELD)
+        raise Violation(_code(first), _path(path, loc)) from None

@@ -80,6 +80,10 @@ async def test_hostile_answers_are_rejected_whole(
                 ("add_fact", {"content": CANARY, "source_item_ids": [i["person"]], "tags": ["x"]})
             ),
         ),
+        (  # a key the model made up is its words: its path says <unknown> (E4, D9.21)
+            "policy:unknown_field",
+            lambda i: learn(("add_fact", {"content": "a fact", "source_item_ids": [i["person"]], CANARY: 1})),
+        ),
         (
             "policy:bad_confidence",
             lambda i: learn(

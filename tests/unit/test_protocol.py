@@ -105,7 +105,12 @@ def test_edits_of_kept_entries() -> None:
         (call("invalidate", "[1]"), "malformed_arguments", "tool_calls[0].arguments"),
         (call("invalidate", "[" * 100_000), "malformed_arguments", "tool_calls[0].arguments"),
         (call("invalidate", {}), "missing_field", "tool_calls[0].entry_id"),
-        (call("invalidate", {"entry_id": KEPT, "why": "x"}), "unknown_field", "tool_calls[0].why"),
+        (call("invalidate", {"entry_id": KEPT, "why": "x"}), "unknown_field", "tool_calls[0].<unknown>"),
+        (  # the key is the model's words: never in a path, which is stored and logged (E4)
+            call("add_fact", {"content": "x", "source_item_ids": ["i-1"], "Ann's passport is 55,12": 1}),
+            "unknown_field",
+            "tool_calls[0].<unknown>",
+        ),
         (call("invalidate", {"entry_id": "mem_other"}), "unknown_entry", "tool_calls[0].entry_id"),
         (call("invalidate", {"entry_id": 7}), "bad_string", "tool_calls[0].entry_id"),
         (
