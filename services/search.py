@@ -335,9 +335,7 @@ async def _ranked(
         found = await autocommit(rt.driver, lambda s, c=cands, sc=scores: q.run(s, index, c, sc))
         if found["fresh"]["ids"]:
             _STATEMENTS["caught_up"].inc()
-            metrics.SEARCH_INDEX_CAUGHT_UP.inc(len(found["fresh"]["ids"]))
-            _absorb(index, cipher, found["fresh"])
-            index.seq = max(index.seq, int(found["seq"]))
+            catch_up(index, cipher, found)
             continue  # the candidates may have changed: ask again with the current index
         index.seq = max(index.seq, int(found["seq"]))
         if found["lost"]:
@@ -439,6 +437,20 @@ async def _load(rt: Runtime, index: BotIndex, bot_id: str, cipher: Cipher) -> No
         index.seq = max(index.seq, seq)
         rt.vectors.account(bot_id, index)
         metrics.SEARCH_INDEX_LOAD_SECONDS.observe(time.perf_counter() - started)
+
+
+def catch_up(index: BotIndex, cipher: Cipher, found: _Found) -> None:
+    """What a search statement read of the entries stamped since the index's sequence, taken in
+    only when it is newer than what the index holds: two searches of one Bot run at once, and
+    the answer of the one that read earlier may arrive later — taken in then, it would put back
+    an entry as it was (its audience key, its vector) under a sequence that says it is current,
+    and no later catch-up would read it again."""
+    seq = int(found["seq"])
+    if seq <= index.seq:
+        return
+    metrics.SEARCH_INDEX_CAUGHT_UP.inc(len(found["fresh"]["ids"]))
+    _absorb(index, cipher, found["fresh"])
+    index.seq = seq
 
 
 def _empty() -> search_q.Derived:

@@ -400,6 +400,50 @@ async def test_a_reader_is_ranked_among_the_entries_of_their_keys_never_stale(
         await embedder.aclose()
 
 
+async def test_an_older_catch_up_arriving_late_never_puts_an_entry_back(api: Api, runtime: Runtime) -> None:
+    """Two searches of one Bot run at once; the answer of the statement that read earlier may be
+    taken in last. It then holds the picnic as it was (narrowed to Ann) under a sequence older
+    than the index's: taken in, it would put the old audience key back, the index would call it
+    current, and Bob would never be proposed the picnic again from this process."""
+    w = await make_world(api, ("ann", "bob"), channel=("ann", "bob"))
+    group = await api.chat(w.tokens["ann"], w.bot, w.channel)
+    ours = await said(api, w.tokens["ann"], group, "team news")
+    embedder = LocalMiniLM()
+    try:
+        (picnic,) = await learn_facts(runtime, w.bot, embedder, "The team picnic is by the lake", source=ours)
+        await apply(runtime, w.bot, Share(picnic, (f"for:person:{w.people['ann']}",)))
+        ann = await memory.person_reader_of(runtime, w.bot, w.people["ann"], w.org)
+        bob = await memory.person_reader_of(runtime, w.bot, w.people["bob"], w.org)
+        assert ann is not None and bob is not None
+        assert [h.entry.id for h in await search.search(runtime, embedder, w.bot, ann, "picnic", 5)] == [
+            picnic
+        ]
+        index = runtime.vectors.of(w.bot, embedder.id)
+        cipher = await memory.cipher_of(runtime, w.bot)
+        loaded = index.seq
+
+        async def statement(after: int) -> Any:
+            """A search statement that read the entries stamped after ``after`` (nothing walked)."""
+            index.seq = after
+            q = search._Query(w.bot, bob, None, [], 5, False)  # pyright: ignore[reportPrivateUsage]
+            return await autocommit(runtime.driver, lambda s: q.run(s, index, [], []))
+
+        earlier = await statement(0)  # the picnic narrowed to Ann
+        await apply(runtime, w.bot, Share(picnic, (f"for:channel:{w.channel}",)))
+        later = await statement(loaded)  # the picnic widened back to the channel
+        assert picnic in earlier["fresh"]["ids"] and picnic in later["fresh"]["ids"]
+        assert int(earlier["seq"]) < int(later["seq"])
+        index.seq = loaded
+        search.catch_up(index, cipher, later)
+        search.catch_up(index, cipher, earlier)  # arrives last
+        assert index.seq == int(later["seq"])
+        assert [h.entry.id for h in await search.search(runtime, embedder, w.bot, bob, "picnic", 5)] == [
+            picnic
+        ]
+    finally:
+        await embedder.aclose()
+
+
 async def test_a_reader_who_sees_a_fifth_of_the_entries_finds_the_oldest_that_answers(
     api: Api, runtime: Runtime
 ) -> None:
