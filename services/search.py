@@ -77,8 +77,10 @@ CONTEXT_OVERASK: Final = 1.25
 #: entries at once peaked at ~500 MB of Python memory for an index that holds ~94 MB). More than
 #: EXACT_MAX: the first part of a large Bot fits the principal components at once.
 ABSORB_PART: Final = 2 * EXACT_MAX
-#: Attempts of a search whose index had to catch up (or walk further) in between.
+#: Attempts of a search whose index had to catch up (or walk further) in between, and rounds
+#: after a walk lost candidates (each drops every gone one it walked: at most a walk's worth).
 _ATTEMPTS: Final = 6
+_LOST_ROUNDS: Final = 64
 #: The counters of every search, their labels looked up once (``labels`` costs more than ``inc``).
 _STATEMENTS: Final = {
     o: metrics.SEARCH_STATEMENTS.labels(o) for o in ("answered", "caught_up", "lost", "further")
@@ -326,7 +328,8 @@ async def _ranked(
     found: _Found | None = None
     cands: list[str] = []
     parts: list[Parts] = []  # what the walked candidates are made of (their shown scores)
-    for _ in range(_ATTEMPTS):
+    attempts = lost_rounds = 0
+    while attempts < _ATTEMPTS and lost_rounds < _LOST_ROUNDS:
         ranking = candidates(index, q.vector, q.blind, keys, wanted, walk)
         total = len(ranking.ids)
         walked = min(walk, total)
@@ -336,12 +339,19 @@ async def _ranked(
         if found["fresh"]["ids"]:
             _STATEMENTS["caught_up"].inc()
             catch_up(index, cipher, found)
+            attempts += 1
             continue  # the candidates may have changed: ask again with the current index
         index.seq = max(index.seq, int(found["seq"]))
         if found["lost"]:
+            # Some candidates were not where the index had them (purged, D9.20): each lost one
+            # counts towards the walk's limit, so a purge of many that ranked high would lose a
+            # whole walk after another. Every walked candidate is looked up at once (those gone
+            # leave the index) and the search asks again, on a round of its own (D9.29: a stale
+            # node id costs a lookup, never a result).
             _STATEMENTS["lost"].inc()
-            await _locate(rt, index, bot_id, [cands[i] for i in found["lost"]])
-            continue  # some candidates were not where the index had them: ask again
+            lost_rounds += 1
+            await _locate(rt, index, bot_id, cands)
+            continue
         visible = int(found["visible"])
         if found["walked"]:
             rt.vectors.observe_passing(bot_id, keys, visible / int(found["walked"]))
@@ -351,6 +361,7 @@ async def _ranked(
             _STATEMENTS["answered"].inc()
             break
         _STATEMENTS["further"].inc()
+        attempts += 1
         walk = further(walked, visible, wanted)  # some were hidden or inactive (the index proposes more)
     assert found is not None
     rt.vectors.account(bot_id, index)  # what catching up and ranking took in counts

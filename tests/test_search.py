@@ -29,7 +29,7 @@ from services.runtime import Runtime
 from services.settings import Settings
 from services.vectorindex import VectorIndexes
 from services.writepath import apply_changes
-from tests.client import Api, World, make_world
+from tests.client import Api, World, bearer, make_world
 from tests.conftest import ApiProcess
 from tests.learning_helpers import confide, memory_world
 from tests.memory_helpers import apply, command, fact, said
@@ -695,6 +695,39 @@ async def test_a_stale_node_id_costs_a_lookup_never_a_result(api: Api, runtime: 
     assert index.nodes_of([facts[0].id]) == [""]
     assert await found() == {f.id for f in facts}
     assert index.nodes_of([facts[0].id])[0].startswith("4:")  # learnt again
+
+
+async def test_a_purge_of_the_best_candidates_costs_lookups_never_the_answer(
+    api: Api, runtime: Runtime
+) -> None:
+    """A purge deletes entries without telling the processes' indexes; a walk that meets them loses
+    them (each counting towards its limit). Twelve of the best candidates purged, asked for one:
+    the survivor is found — it used to take a statement per lost candidate, six at most, and answer
+    nothing — and a later search meets none of them again."""
+    w, facts, ann = await ann_learns(api, runtime, ["Ann's kayak paddles hang in the garage"])
+    [survivor] = facts
+    other = await api.chat(w.tokens["ann"], w.bot)
+    item = await said(api, w.tokens["ann"], other, "trip notes")
+    trips = [
+        AddFact(content=f"Ann's kayak trip {n} on the kayak river", sources=(ItemRef(*item),))
+        for n in range(12)
+    ]
+    await apply_changes(runtime, w.bot, list(trips), "memory_bot", embedder=None)
+
+    async def best() -> list[str]:
+        return [h.entry.id for h in await search.search(runtime, None, w.bot, ann, "kayak", 1)]
+
+    assert await best() != [survivor.id]  # the index now holds the trips, ranked above it
+    purged = await api.http.post(
+        f"/v1/bots/{w.bot}/memory/purge", json={"tag": f"chat:{other}"}, headers=bearer(w.tokens["ann"])
+    )
+    assert purged.status_code == 200, purged.text
+    lost = sample("botmemory_search_statements_total", {"outcome": "lost"})
+    assert await best() == [survivor.id]
+    rounds = sample("botmemory_search_statements_total", {"outcome": "lost"}) - lost
+    assert 1 <= rounds < 12  # every walked candidate looked up at once, not one a statement
+    assert await best() == [survivor.id]
+    assert sample("botmemory_search_statements_total", {"outcome": "lost"}) - lost == rounds
 
 
 async def test_the_index_scans_on_the_threads_the_settings_give_it(settings: Settings) -> None:
