@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
+import re
 import time
 from collections.abc import AsyncGenerator
 from contextlib import asynccontextmanager
-from typing import Any, TypedDict
+from typing import Any, Final, TypedDict
 
+from cross_web import HTTPException as CrossWebHTTPException
 from graphql import GraphQLError, OperationType, get_operation_ast, parse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
@@ -93,8 +96,45 @@ def _is_subscription(request_data: GraphQLRequestData) -> bool:
     return operation is not None and operation.operation is OperationType.SUBSCRIPTION
 
 
+#: ``\ud800``–``\udfff`` escaped in JSON text: a surrogate, which is a character only in a pair.
+_SURROGATE_ESCAPE: Final = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _lone_surrogate(decoded: object) -> bool:
+    """Whether a decoded JSON value holds a lone surrogate: no UTF-8 text has one, so nothing
+    could encrypt, store or embed it (JSON's ``\ud800`` escape is the only way in)."""
+    try:
+        json.dumps(decoded, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
 class GraphQLApp(GraphQL[Context, None]):
     graphql_transport_ws_handler_class = TransportWSHandler
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Strawberry answers a request it cannot read (not JSON, no query, a wrong method) in
+        plain text; ours get the REST error body with a code, as every other error does."""
+        if scope["type"] != "http":
+            return await super().__call__(scope, receive, send)
+        try:
+            response = await self.run(Request(scope, receive))
+        except CrossWebHTTPException as exc:
+            code = STATUS_CODES.get(exc.status_code, "BAD_INPUT")
+            metrics.REQUESTS.labels(surface="graphql", code=code).inc()
+            response = error_json(code, exc.reason, exc.status_code)
+        await response(scope, receive, send)
+
+    def decode_json(self, data: str | bytes) -> object:
+        """JSON as Strawberry decodes it (request bodies, socket messages), refusing a lone
+        surrogate as it refuses what is not JSON (Python's decoder takes ``"\ud800"``; pydantic's,
+        which reads REST bodies, refuses it)."""
+        decoded = json.loads(data)
+        text = data if isinstance(data, str) else data.decode(errors="replace")
+        if _SURROGATE_ESCAPE.search(text) and _lone_surrogate(decoded):
+            raise json.JSONDecodeError("a lone surrogate is not a character", text, 0)
+        return decoded
 
     async def get_context(self, request: HTTPConnection, response: Any) -> Context:
         return Context(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -31,6 +32,43 @@ async def test_malformed_graphql_and_json(api: Api) -> None:
         headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
     )
     assert response.status_code == 400
+    assert response.json()["error"]["code"] == "BAD_INPUT"  # the REST error body, not plain text
+    wrong = await api.http.put(
+        "/graphql", json={"query": "{ me { id } }"}, headers={"Authorization": f"Bearer {token}"}
+    )
+    assert wrong.status_code == 405 and wrong.json()["error"]["code"] == "BAD_INPUT"
+
+
+def escaped(body: dict[str, Any], escape: str) -> bytes:
+    """``body`` as JSON, its ``@`` written as the JSON escape ``escape``."""
+    return json.dumps(body).replace("@", escape).encode()
+
+
+async def test_a_lone_surrogate_is_refused_as_malformed_and_saves_nothing(api: Api, runtime: Runtime) -> None:
+    """JSON may escape a surrogate alone ("\\ud800"); no UTF-8 text holds one, so nothing could
+    encrypt, store or embed it. Python's decoder took it and the operation failed inside: 500
+    INTERNAL for a message, a search, a Remember over GraphQL. Refused as input now, on both
+    surfaces; a surrogate pair (an emoji escaped) is text like any other."""
+    world = await make_world(api, ("ann",))
+    token = world.tokens["ann"]
+    chat = await api.chat(token, world.bot)
+    before = await count_nodes(runtime, world.org)
+    start = "mutation($c: ID!, $t: String!) { startTurn(chatId: $c, input: $t) { id } }"
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    body = escaped({"query": start, "variables": {"c": chat, "t": "hi @ there"}}, "\\ud800")
+    response = await api.http.post("/graphql", content=body, headers=headers)
+    assert response.status_code == 400 and response.json()["error"]["code"] == "BAD_INPUT"
+    search = "query($b: ID!, $q: String!) { search(botId: $b, query: $q, limit: 3) { score } }"
+    body = escaped({"query": search, "variables": {"b": world.bot, "q": "@"}}, "\\udc00")
+    response = await api.http.post("/graphql", content=body, headers=headers)
+    assert response.status_code == 400 and response.json()["error"]["code"] == "BAD_INPUT"
+    remember = escaped({"command": {"_tag": "Remember", "content": "x @", "tags": []}}, "\\ud800")
+    response = await api.http.post(f"/v1/bots/{world.bot}/memory", content=remember, headers=headers)
+    assert response.status_code == 422 and response.json()["error"]["code"] == "BAD_INPUT"
+    assert await count_nodes(runtime, world.org) == before
+    body = escaped({"query": start, "variables": {"c": chat, "t": "hi @"}}, "\\ud83d\\ude00")
+    pair = await api.http.post("/graphql", content=body, headers=headers)
+    assert pair.status_code == 200 and "errors" not in pair.json()
 
 
 async def test_wrong_types_unknown_and_invalid_ids(api: Api, runtime: Runtime) -> None:
