@@ -43,6 +43,9 @@ log = logging.getLogger("botmemory.search")
 
 MAX_QUERY_CHARS: Final = 2_000
 MAX_LIMIT: Final = 100
+#: The most entries ``context(limit, query)`` asks for (a server caller's 100,000 characters at
+#: ~60 a line): beyond ``search``'s limit, so that short lines fill the budget too.
+MAX_CONTEXT_WANTED: Final = 2000
 #: Reciprocal-rank fusion constant, and the prior in units of a first rank's share.
 #: 20 rather than the usual 60 (a first rank counts a little more against the rest): candidate
 #: recall of an offline simulation of context(4000, query) on the LoCoMo observations, dev split
@@ -142,16 +145,16 @@ async def context(
     query = query_text(query)
     if not query:
         return await retrieval.context(rt, bot_id, reader, limit)
-    ranked, cipher = await _ranked(
-        rt, embedder, bot_id, reader, query, context_wanted(rt, bot_id, limit), fill=True
-    )
-    chosen: list[search_q.ContextEntry] = []
-    size = 0
-    for r in ranked:
-        line = int(r["entry"]["contentLength"]) + 2 + (1 if chosen else 0)
-        if size + line <= limit:
-            chosen.append(r["entry"])
-            size += line
+    wanted = context_wanted(rt, bot_id, limit)
+    ranked, cipher = await _ranked(rt, embedder, bot_id, reader, query, wanted, fill=True)
+    chosen, size = _fitting(ranked, limit)
+    if len(chosen) == wanted < MAX_CONTEXT_WANTED and limit - size > size / len(chosen):
+        # Every entry asked for fit and room for more is left: the lines were shorter than the
+        # Bot's mean said (none known yet, or shorter entries now). Ask again for what the room
+        # holds at the mean of these.
+        more = min(MAX_CONTEXT_WANTED, math.ceil(limit * len(chosen) / size * CONTEXT_OVERASK))
+        ranked, cipher = await _ranked(rt, embedder, bot_id, reader, query, more, fill=True)
+        chosen, size = _fitting(ranked, limit)
     chosen.sort(key=lambda e: (-int(e["memoryRank"]), str(e["id"])))
     contents = cipher.decrypt_all(Kind.ENTRY, [(e["id"], e["content"]) for e in chosen])
     text = "\n".join("- " + c for c in contents)
@@ -160,11 +163,24 @@ async def context(
     return retrieval.Context(text, tuple(e["id"] for e in chosen), tuple(contents))
 
 
+def _fitting(ranked: list[search_q.RankedContext], limit: int) -> tuple[list[search_q.ContextEntry], int]:
+    """The best entries that fit ``limit`` characters as lines (one that does not fit is skipped,
+    a smaller one after it still may), and the characters they take."""
+    chosen: list[search_q.ContextEntry] = []
+    size = 0
+    for r in ranked:
+        line = int(r["entry"]["contentLength"]) + 2 + (1 if chosen else 0)
+        if size + line <= limit:
+            chosen.append(r["entry"])
+            size += line
+    return chosen, size
+
+
 def context_wanted(rt: Runtime, bot_id: str, limit: int) -> int:
     """How many entries ``context(limit, query)`` asks the statement for: CONTEXT_OVERASK times
     what ``limit`` characters hold at the Bot's mean line length (100 before any is known)."""
     mean = rt.line_lengths.mean(bot_id) or 100.0
-    return max(8, min(MAX_LIMIT, math.ceil(limit / mean * CONTEXT_OVERASK)))
+    return max(8, min(MAX_CONTEXT_WANTED, math.ceil(limit / mean * CONTEXT_OVERASK)))
 
 
 def query_text(query: str | None) -> str:

@@ -228,6 +228,29 @@ async def test_rewrites_packs_and_confide_answers_are_offered_what_answers_them(
     assert "Ann keeps her passport in the blue Zanzibar tin" in answer.body["messages"][0]["content"]
 
 
+async def test_context_with_a_query_fills_its_budget_with_short_lines(api: Api, runtime: Runtime) -> None:
+    """Relevance chooses what fills the budget (design §10): 140 entries of ~20 characters fill
+    4,000 characters as 140 lines. It asks for what the budget holds at the Bot's mean line
+    length (100 before any is known: 50 entries) and at most 100 — the budget was left two thirds
+    empty — and now asks again when every entry it asked for fit with room to spare."""
+    w = await make_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    source = await said(api, w.tokens["ann"], chat, "lists")
+    embedder = LocalMiniLM()
+    try:
+        ids = await learn_facts(
+            runtime, w.bot, embedder, *(f"Ann's errand {n:03d}" for n in range(140)), source=source
+        )
+        reader = await memory.chat_reader(runtime, chat)
+        assert reader is not None
+        got = await search.context(runtime, embedder, w.bot, reader, 4000, query="Which errand is next?")
+        assert sorted(got.ids) == sorted(ids) and len(got.text) <= 4000
+        again = await search.context(runtime, embedder, w.bot, reader, 4000, query="errands")
+        assert sorted(again.ids) == sorted(ids)
+    finally:
+        await embedder.aclose()
+
+
 class Counting:
     """The real embedder, with the texts it was asked for."""
 
