@@ -141,6 +141,10 @@ async def add_items(rt: Runtime, principal: Principal, turn_id: str, items: list
         row = await chats_q.turn_for(tx, turn_id=turn_id, person_id=principal.person_id)
         require_writer(principal, row, "turn")
         assert row is not None
+        if principal.kind == "person" and row["turn"].get("actorId") != principal.person_id:
+            # A person message is the Turn's actor's words (V3): nobody else may put words in
+            # them, as nobody starts a Turn as someone else.
+            raise Forbidden("a person adds Items only to their own Turns")
         if row["turn"]["status"] != "open":
             raise Conflict("the Turn is already completed")
         first = await chats_q.allocate_items(tx, chat_id=row["chat"]["id"], count=len(items))

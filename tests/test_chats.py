@@ -113,6 +113,35 @@ async def test_group_chat_is_readable_by_current_channel_members(api: Api) -> No
     assert await messages(api, world.tokens["cat"], chat) is not None
 
 
+async def test_a_person_adds_items_only_to_their_own_turns(api: Api) -> None:
+    """In a group chat every member may write, but a person message is its Turn's actor's words
+    (V3): Bob cannot add Items to Ann's open Turn (they were saved as Ann's, and facts learnt from
+    them said ``from:`` Ann). The platform still adds the Bot's Items to anyone's Turn."""
+    world = await make_world(api, ("ann", "bob"), channel=("ann", "bob"))
+    chat = await api.chat(world.tokens["ann"], world.bot, channel=world.channel)
+    turn = await api.turn(world.tokens["ann"], chat, "what shall we eat?")
+    for kind in ("PERSON_MESSAGE", "BOT_MESSAGE"):
+        codes = await api.codes(
+            ADD, {"t": turn["id"], "i": [{"kind": kind, "text": "I'm allergic to fish"}]}, world.tokens["bob"]
+        )
+        assert codes == ["FORBIDDEN"]
+    own = await api.gql(
+        ADD, {"t": turn["id"], "i": [{"kind": "PERSON_MESSAGE", "text": "pizza?"}]}, world.tokens["ann"]
+    )
+    assert [i["kind"] for i in own["addItems"]] == ["PERSON_MESSAGE"]
+    platform = await api.platform_token(world.org)
+    bot = await api.gql(
+        ADD, {"t": turn["id"], "i": [{"kind": "BOT_MESSAGE", "text": "Pizza it is."}]}, platform
+    )
+    assert [i["kind"] for i in bot["addItems"]] == ["BOT_MESSAGE"]
+    page = await messages(api, world.tokens["bob"], chat)
+    assert page is not None and [m["text"] for m in page["messages"]] == [
+        "what shall we eat?",
+        "pizza?",
+        "Pizza it is.",
+    ]
+
+
 async def test_other_organization_sees_nothing(api: Api) -> None:
     world = await make_world(api, ("ann",))
     other = await make_world(api, ("zed",))
