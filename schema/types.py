@@ -10,10 +10,20 @@ from schema.context import Info
 from services import conversation, domain
 
 Long = NewType("Long", int)
+
+
+def _parse_long(value: object) -> int:
+    """A whole number within 64 bits, as REST takes it: ``int()`` took 1.9 as 1, ``true`` as 1
+    and ``" 12 "`` as 12 where REST refuses them (a refusal here is BAD_INPUT)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not -(2**63) <= value < 2**63:
+        raise ValueError("Long is a whole number within 64 bits")
+    return value
+
+
 LONG_SCALAR = strawberry.scalar(
     name="Long",
     serialize=int,
-    parse_value=int,
+    parse_value=_parse_long,
     description="A 64-bit integer (times are epoch milliseconds).",
 )
 

@@ -105,7 +105,7 @@ class SettingsPatch(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
-    expected: int = Field(ge=0)
+    expected: int = Field(ge=0, lt=2**63)  # a 64-bit version: a larger one is no version (422)
     instructions: str | None = None
     concurrency: int | None = Field(default=None, ge=1, le=MAX_CONCURRENCY)
     budget: BudgetPatch | None = None

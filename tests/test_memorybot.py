@@ -109,6 +109,20 @@ async def test_settings_patch_with_expected_version(api: Api) -> None:
         "query($b: ID!) { memoryBot(botId: $b) { version concurrency } }", {"b": w.bot}, w.tokens["ann"]
     )
     assert data["memoryBot"] == {"version": 3, "concurrency": 3}
+    # A Long is a whole number within 64 bits on both surfaces, as REST's JSON numbers are: int()
+    # took 1.9 as 1, true as 1 and " 12 " as 12; a version past 64 bits failed inside (500).
+    budget = 'mutation($b: ID!, $m: Long!) { updateMemoryBot(botId: $b, expected: 3, budget: {period: "day", limitMicros: $m}) { version } }'
+    for bad in (1.9, True, " 12 ", 2**63):
+        assert await api.codes(budget, {"b": w.bot, "m": bad}, w.tokens["ann"]) == ["BAD_INPUT"], bad
+    assert (await patch(api, w.tokens["ann"], w.bot, {"expected": 1.9})).status_code == 422
+    too_big = await patch(api, w.tokens["ann"], w.bot, {"expected": 2**63, "concurrency": 1})
+    assert too_big.status_code == 422 and too_big.json()["error"]["code"] == "BAD_INPUT"
+    data = await api.gql(
+        "query($b: ID!) { memoryBot(botId: $b) { version budget { limitMicros } } }",
+        {"b": w.bot},
+        w.tokens["ann"],
+    )
+    assert data["memoryBot"] == {"version": 3, "budget": {"limitMicros": 7}}
 
 
 async def test_settings_need_write_on_a_bot_that_is_not_linked(api: Api) -> None:
