@@ -105,6 +105,9 @@ async def _rewrite(
             return original, "off"
         if reader is None:
             return original, "nothing_visible"
+        # A spent budget keeps the input as it is (L6, seed 000), a saved rewrite included.
+        if await gateway.budget_spent(rt, route):
+            return original, "budget_spent"
         digest = route.cipher.digest(Kind.INPUT_DIGEST, original)
         saved = await read(
             rt.driver, lambda tx: memorybot_q.saved_rewrite(tx, chat_id=turn.chat_id, input_digest=digest)
@@ -115,8 +118,6 @@ async def _rewrite(
                 text = route.cipher.decrypt(Kind.ENRICHMENT, saved["id"], saved["text"])
                 await _save(rt, route, turn, text, original, ids, digest)
                 return text, "reused"
-        if await gateway.budget_spent(rt, route):
-            return original, "budget_spent"
         # One read decides: nothing visible (or nothing that fits) → no model call (N3).
         known = await search.context(
             rt, embedder, route.bot_id, reader, rt.settings.answer_context_chars, query=original
@@ -146,8 +147,14 @@ async def _rewrite(
     if parsed is None:
         return original, "refused"
     text, used = parsed
-    # Sources may have changed while the model thought: check again before returning (D9.15).
-    if not await retrieval.validate_references(rt, route.bot_id, reader, used):
+    # Sources may have changed while the model thought: check again before returning (D9.15),
+    # within what is left of the wait (it takes the shared lock, which a long purge may hold).
+    try:
+        async with asyncio.timeout(max(deadline - time.monotonic(), 0)):
+            valid = await retrieval.validate_references(rt, route.bot_id, reader, used)
+    except TimeoutError:
+        return original, "stale"
+    if not valid:
         return original, "stale"
     await _save(rt, route, turn, text, original, used, digest)
     return text, "rewritten"

@@ -203,6 +203,28 @@ async def test_a_saved_rewrite_is_reused_while_its_references_hold(
     assert len(model_server.requests_for("rewrite")) == 1
 
 
+async def test_a_spent_budget_keeps_the_input_even_when_a_rewrite_is_saved(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    """Seed 000: "When the budget is spent … the input stays as it is" — a saved rewrite (no model
+    call) is not returned either; it was, before the budget was looked at."""
+    w = await memory_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    tea = await fact(runtime, w.bot, "Ann likes tea", await said(api, w.tokens["ann"], chat, "tea"))
+    model_server.default("rewrite", rewrite("Make me a drink (tea, as I like it).", tea))
+    first = await api.turn(w.tokens["ann"], chat, "Make me a drink")
+    assert first["enrichedInput"] == "Make me a drink (tea, as I like it)."
+    spent = await api.http.patch(
+        f"/v1/bots/{w.bot}/memory/bot",
+        json={"expected": 0, "budget": {"period": "day", "limitMicros": 0}},
+        headers={"Authorization": f"Bearer {w.tokens['ann']}"},
+    )
+    assert spent.status_code == 200, spent.text
+    again = await api.turn(w.tokens["ann"], chat, "Make me a drink")
+    assert again["enrichedInput"] == "Make me a drink"
+    assert len(model_server.requests_for("rewrite")) == 1
+
+
 async def test_instructions_reach_the_rewrite_request(
     api: Api, runtime: Runtime, model_server: ModelServer, worker_process: WorkerProcess
 ) -> None:
