@@ -194,21 +194,25 @@ class AllocatedTurnRow(TypedDict):
 
 
 #: One Item ``item`` of the Turn ``t`` (a row of ``$items``: ``uid, id, seq, kind, text, textLength,
-#: app, speakerId``, the text already encrypted).
+#: app, speakerId``, the text already encrypted), in the Chat's organization ``o``. ``memoryOff``
+#: marks an Item said while the organization's memory Bot learns nothing (``botMemory`` off or no
+#: model, L5): it is never evidence, whatever the settings are when a later execution runs.
 _CREATE_ITEM: Final[LiteralString] = """
 CREATE (i:Item {uid: item.uid, id: item.id, chatId: t.chatId, turnId: t.id, seq: item.seq, kind: item.kind,
                 text: item.text, textLength: item.textLength, app: item.app, speakerId: item.speakerId,
-                createdAt: $now})-[:IN_TURN]->(t)
+                createdAt: $now,
+                memoryOff: CASE WHEN coalesce(o.botMemory, false) AND o.botMemoryModel IS NOT NULL
+                           THEN null ELSE true END})-[:IN_TURN]->(t)
 """
 
 #: A Turn with its first Items (the input), in one statement.
 CREATE_TURN: Final[LiteralString] = (
     """
-MATCH (ch:Chat {id: $chatId})
+MATCH (ch:Chat {id: $chatId})-[:IN_ORG]->(o:Organization)
 CREATE (t:Turn {id: $id, chatId: ch.id, seq: $seq, status: 'open', actorKind: $actorKind,
                 actorId: $actorId, createdAt: $now, lastActivityAt: $now, completedAt: null})-[:IN_CHAT]->(ch)
-WITH t
-CALL (t) {
+WITH t, o
+CALL (t, o) {
   UNWIND $items AS item"""
     + _CREATE_ITEM
     + """}
@@ -231,9 +235,9 @@ class FirstRow(TypedDict):
 
 CREATE_ITEMS: Final[LiteralString] = (
     """
-MATCH (t:Turn {id: $turnId})
+MATCH (t:Turn {id: $turnId})-[:IN_CHAT]->(:Chat)-[:IN_ORG]->(o:Organization)
 SET t.lastActivityAt = $now
-WITH t
+WITH t, o
 UNWIND $items AS item"""
     + _CREATE_ITEM
     + """RETURN i {.*} AS item ORDER BY i.seq

@@ -175,10 +175,11 @@ class CommittedRow(TypedDict):
 
 
 #: The Chat's Items after ``$after`` in order, each with the number of its Turn (the caller stops
-#: at the first Item of a later Turn than the execution's). Text is ciphertext.
+#: at the first Item of a later Turn than the execution's), but those said while the memory Bot
+#: learnt nothing (``memoryOff``, L5). Text is ciphertext.
 EVIDENCE: Final[LiteralString] = """
 MATCH (i:Item)
-WHERE i.chatId = $chatId AND i.seq > $after
+WHERE i.chatId = $chatId AND i.seq > $after AND i.memoryOff IS NULL
 WITH i ORDER BY i.seq LIMIT $limit
 MATCH (i)-[:IN_TURN]->(t:Turn)
 RETURN collect(i {.uid, .id, .seq, .kind, .text, .app, .speakerId, turnSeq: t.seq}) AS items

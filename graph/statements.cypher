@@ -1098,25 +1098,29 @@ FOREACH (_ IN CASE WHEN c IS NULL THEN [] ELSE [1] END | CREATE (ch)-[:IN_CHANNE
 RETURN ch {.*} AS chat
 
 // ---- graph.chats.CREATE_ITEMS
-MATCH (t:Turn {id: $turnId})
+MATCH (t:Turn {id: $turnId})-[:IN_CHAT]->(:Chat)-[:IN_ORG]->(o:Organization)
 SET t.lastActivityAt = $now
-WITH t
+WITH t, o
 UNWIND $items AS item
 CREATE (i:Item {uid: item.uid, id: item.id, chatId: t.chatId, turnId: t.id, seq: item.seq, kind: item.kind,
                 text: item.text, textLength: item.textLength, app: item.app, speakerId: item.speakerId,
-                createdAt: $now})-[:IN_TURN]->(t)
+                createdAt: $now,
+                memoryOff: CASE WHEN coalesce(o.botMemory, false) AND o.botMemoryModel IS NOT NULL
+                           THEN null ELSE true END})-[:IN_TURN]->(t)
 RETURN i {.*} AS item ORDER BY i.seq
 
 // ---- graph.chats.CREATE_TURN
-MATCH (ch:Chat {id: $chatId})
+MATCH (ch:Chat {id: $chatId})-[:IN_ORG]->(o:Organization)
 CREATE (t:Turn {id: $id, chatId: ch.id, seq: $seq, status: 'open', actorKind: $actorKind,
                 actorId: $actorId, createdAt: $now, lastActivityAt: $now, completedAt: null})-[:IN_CHAT]->(ch)
-WITH t
-CALL (t) {
+WITH t, o
+CALL (t, o) {
   UNWIND $items AS item
 CREATE (i:Item {uid: item.uid, id: item.id, chatId: t.chatId, turnId: t.id, seq: item.seq, kind: item.kind,
                 text: item.text, textLength: item.textLength, app: item.app, speakerId: item.speakerId,
-                createdAt: $now})-[:IN_TURN]->(t)
+                createdAt: $now,
+                memoryOff: CASE WHEN coalesce(o.botMemory, false) AND o.botMemoryModel IS NOT NULL
+                           THEN null ELSE true END})-[:IN_TURN]->(t)
 }
 RETURN t {.*} AS turn
 
@@ -1869,7 +1873,7 @@ RETURN x.status AS status, x.epoch AS epoch
 
 // ---- graph.learning.EVIDENCE
 MATCH (i:Item)
-WHERE i.chatId = $chatId AND i.seq > $after
+WHERE i.chatId = $chatId AND i.seq > $after AND i.memoryOff IS NULL
 WITH i ORDER BY i.seq LIMIT $limit
 MATCH (i)-[:IN_TURN]->(t:Turn)
 RETURN collect(i {.uid, .id, .seq, .kind, .text, .app, .speakerId, turnSeq: t.seq}) AS items

@@ -233,6 +233,32 @@ async def test_bot_memory_switched_off_while_waiting_skips(
     assert await visible(api, w.tokens["ann"], w.bot) == {}
 
 
+async def test_what_was_said_while_memory_was_off_is_never_learned(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    """Seed 000: with botMemory off "nothing is learned" — nor later: a confide after memory is
+    switched back on reads on past the Items said meanwhile (they were evidence for it before)."""
+    w = await memory_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    await set_org(api, w.org, bot_memory=False)
+    off = await api.turn(w.tokens["ann"], chat, "my door code is 4321")
+    await confide(api, w.tokens["ann"], off["id"])
+    await complete(api, w.tokens["ann"], off["id"])
+    await set_org(api, w.org, bot_memory=True)
+    on = await api.turn(w.tokens["ann"], chat, "I like green tea")
+    item = "i-2"  # the second Item of the Chat: the door code was the first
+    model_server.default("learn", learn(fact_call("Ann likes green tea", item)))
+    await confide(api, w.tokens["ann"], on["id"])
+    await complete(api, w.tokens["ann"], on["id"])
+    [x] = await wait_executions(runtime, on["id"])
+    assert x["status"] == "done"
+    [request] = model_server.requests_for("learn")
+    assert "4321" not in json.dumps(request.body) and "green tea" in json.dumps(request.body)
+    assert [e["content"] for e in (await visible(api, w.tokens["ann"], w.bot)).values()] == [
+        "Ann likes green tea"
+    ]
+
+
 async def test_model_null_gives_the_fixed_calm_answer_and_learns_nothing(
     api: Api, runtime: Runtime, model_server: ModelServer
 ) -> None:
