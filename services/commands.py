@@ -5,6 +5,8 @@ and history deletion, which remove data and keep their own log row.
 
 from __future__ import annotations
 
+from typing import Final
+
 from neo4j import AsyncManagedTransaction
 
 from graph import bots as bots_q
@@ -74,12 +76,24 @@ async def forget(rt: Runtime, principal: Principal, bot_id: str, entry_id: str) 
     return applied.version
 
 
+#: The most tags an audience holds (as many as the model's share may name) and the longest one.
+MAX_AUDIENCE: Final = 100
+MAX_AUDIENCE_TAG_CHARS: Final = 200
+
+
 async def share(
     rt: Runtime, principal: Principal, bot_id: str, entry_id: str, audience: list[str]
 ) -> Applied:
     """Share an entry more widely: the caller must see it and be one of the people behind it (V6)."""
     person_id = require_person(principal)
     check_id(bot_id, "botId")
+    if not 1 <= len(audience) <= MAX_AUDIENCE:
+        raise BadInput(f"an audience is 1 to {MAX_AUDIENCE} tags", field="audience")
+    for n, tag in enumerate(audience):
+        if len(tag) > MAX_AUDIENCE_TAG_CHARS:
+            raise BadInput(
+                f"an audience tag is at most {MAX_AUDIENCE_TAG_CHARS} characters", field=f"audience[{n}]"
+            )
 
     async def precheck(tx: AsyncManagedTransaction) -> None:
         reader = await _reader(tx, principal, bot_id)

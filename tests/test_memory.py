@@ -303,6 +303,11 @@ async def test_share_must_pass_every_source_rule(api: Api, runtime: Runtime) -> 
     )
     assert done["shareEntry"]["version"] > 0
     assert team not in await visible(api, w.tokens["bob"], w.bot)
+    # Oversized audiences are bad input, as the model's share's are.
+    share = "mutation($b: ID!, $id: ID!, $a: [String!]!) { shareEntry(botId: $b, id: $id, audience: $a) { version } }"
+    for audience in ([], [f"for:person:{w.people['ann']}"] * 101, ["for:person:" + "u" * 200]):
+        codes = await api.codes(share, {"b": w.bot, "id": team, "a": audience}, w.tokens["ann"])
+        assert codes == ["BAD_INPUT"], len(audience)
 
 
 async def test_purge_cascades_to_observations_and_needs_unlinked_write(api: Api, runtime: Runtime) -> None:
