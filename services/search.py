@@ -279,9 +279,13 @@ class _Query:
     wanted: int
     fill: bool
 
-    async def run(self, tx: QueryTarget, index: BotIndex, cands: list[str], scores: list[float]) -> _Found:
+    async def run(
+        self, tx: QueryTarget, index: BotIndex, cands: list[str], scores: list[float], after: int
+    ) -> _Found:
         """The statement: the first ``wanted`` of ``cands`` that pass (filled in memory order for
-        ``context``), and what the index lacks."""
+        ``context``), and what was stamped after ``after`` — the index's sequence when it ranked
+        them, so that a statement tried again after a transient error still reads everything the
+        ranking lacked, though another search caught the index up meanwhile."""
         params = self.reader.params
         walk = search_q.Walk(
             bot_id=self.bot_id,
@@ -291,7 +295,7 @@ class _Query:
             nodes=index.nodes_of(cands),
             scores=scores,
             model=index.model,
-            after=index.seq,
+            after=after,
             limit=self.wanted,
         )
         found = await (search_q.search_context if self.fill else search_q.search_entries)(tx, walk)
@@ -346,12 +350,13 @@ async def _ranked(
     parts: list[Parts] = []  # what the walked candidates are made of (their shown scores)
     attempts = lost_rounds = 0
     while attempts < _ATTEMPTS and lost_rounds < _LOST_ROUNDS:
+        after = index.seq
         ranking = candidates(index, q.vector, q.blind, keys, wanted, walk)
         total = len(ranking.ids)
         walked = min(walk, total)
         cands, scores = ranking.ids[:walked], ranking.scores[:walked]
         parts = [] if fill else index.parts(ranking, walked, q.vector)
-        found = await autocommit(rt.driver, lambda s, c=cands, sc=scores: q.run(s, index, c, sc))
+        found = await autocommit(rt.driver, lambda s, c=cands, sc=scores, a=after: q.run(s, index, c, sc, a))
         if found["fresh"]["ids"]:
             _STATEMENTS["caught_up"].inc()
             catch_up(index, cipher, found)

@@ -447,9 +447,8 @@ async def test_an_older_catch_up_arriving_late_never_puts_an_entry_back(api: Api
 
         async def statement(after: int) -> Any:
             """A search statement that read the entries stamped after ``after`` (nothing walked)."""
-            index.seq = after
             q = search._Query(w.bot, bob, None, [], 5, False)  # pyright: ignore[reportPrivateUsage]
-            return await autocommit(runtime.driver, lambda s: q.run(s, index, [], []))
+            return await autocommit(runtime.driver, lambda s: q.run(s, index, [], [], after))
 
         earlier = await statement(0)  # the picnic narrowed to Ann
         await apply(runtime, w.bot, Share(picnic, (f"for:channel:{w.channel}",)))
