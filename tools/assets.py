@@ -18,7 +18,6 @@ import sys
 from pathlib import Path
 
 from botmemory.vendor import VENDOR_DIR, VENDOR_FILES, missing_vendor_files
-from tools.stores import apt_install
 
 ROOT = Path(__file__).resolve().parent.parent
 WEB = ROOT / "web"
@@ -38,6 +37,10 @@ def is_current() -> bool:
 def build(*, run_npm: bool = True) -> None:
     if run_npm:
         if shutil.which("npm") is None:
+            # Here, not at the top: the Dockerfile runs this module before the package's
+            # dependencies are installed (tools.stores reads the settings, with pydantic).
+            from tools.stores import apt_install
+
             apt_install("npm", ["nodejs", "npm"])
         if shutil.which("npm") is None:
             raise SystemExit("assets: npm is still missing after apt-get install nodejs npm")
