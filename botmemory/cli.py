@@ -30,7 +30,7 @@ from services.bootstrap import open_runtime
 from services.embedding import EmbedderUnavailable
 from services.errors import ServiceError
 from services.maintenance import LegacyEntry, import_legacy, relabel_all
-from services.rotation import rotate_data_keys
+from services.rotation import rotate_data_keys, unrotated
 from services.runtime import Runtime
 from services.settings import ConfigurationError, Settings, load_settings
 
@@ -61,7 +61,20 @@ async def _rotate(generate: bool) -> int:
     if generate:
         if settings.env == "production" or settings.master_key is not None:
             raise CommandFailed("BAD_INPUT", "--generate is for local stacks whose key lives in the data dir")
-        settings.resolved()  # make sure a key exists before it is replaced
+        # The current key becomes the previous one and the previous one is gone: only when no
+        # data key is still wrapped by a key other than the current (a rotation that failed half
+        # way, Bots made by a process that had not restarted) — else that key would be lost, and
+        # with it every Bot's data. Checked before anything is written, so a store that does
+        # not answer changes nothing.
+        async with _runtime(load_settings()) as runtime:
+            behind = await unrotated(runtime.driver, runtime.keyring)
+        if behind:
+            raise CommandFailed(
+                "CONFLICT",
+                f"{behind} data keys are not wrapped by the current master key yet: run "
+                "`botmemory rotate-master-key` (without --generate) once every process has "
+                "restarted, then generate a new key",
+            )
         _replace_local_key(settings)
     settings = load_settings()
     async with _runtime(settings) as runtime:

@@ -29,3 +29,10 @@ async def rotate_data_keys(driver: AsyncDriver, keyring: Keyring) -> int:
         )
         changed += int(done)
     return changed
+
+
+async def unrotated(driver: AsyncDriver, keyring: Keyring) -> int:
+    """How many Bot data keys are not wrapped by the current master key (a rotation not finished,
+    or Bots created by a process that still had the older key as current)."""
+    rows = await read(driver, bots_q.all_bot_keys)
+    return sum(1 for row in rows if row["master"] != keyring.current_id)

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import base64
+import os
 import re
 import secrets
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -215,3 +218,40 @@ def _wrapped(row: dict[str, object]):  # type: ignore[no-untyped-def]
     from services.crypto import WrappedKey
 
     return WrappedKey(str(row["m"]), bytes(row["w"]))  # type: ignore[arg-type]
+
+
+def test_a_new_master_key_is_refused_while_a_data_key_is_under_another(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """``rotate-master-key --generate`` makes the current key the previous one and drops the one
+    before: run again after a rotation that did not finish (or with Bots a process made under an
+    older key), it dropped the key their data keys were wrapped by — every Bot's data lost. It now
+    refuses then, and when the store does not answer, before anything is written."""
+    key = tmp_path / "master-key"
+    key.write_text(base64.b64encode(secrets.token_bytes(32)).decode() + "\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BOTMEMORY_")}
+    env |= {
+        "BOTMEMORY_ENV": "test",
+        "BOTMEMORY_DATA_DIR": str(tmp_path),
+        "BOTMEMORY_NEO4J_URI": settings.neo4j_uri,
+        "BOTMEMORY_NEO4J_PASSWORD": settings.resolved().neo4j_password.get_secret_value(),  # type: ignore[union-attr]
+        "BOTMEMORY_REDIS_URL": settings.redis_url,
+    }
+
+    def generate(**extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "botmemory.cli", "rotate-master-key", "--generate"],
+            env=env | extra,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+
+    before = key.read_text()
+    # Every Bot of the test store is wrapped by the stack's key, not by this data dir's.
+    refused = generate()
+    assert refused.returncode != 0 and "CONFLICT" in refused.stderr, refused.stderr
+    assert key.read_text() == before and not (tmp_path / "master-key.previous").exists()
+    unreachable = generate(BOTMEMORY_NEO4J_URI="bolt://127.0.0.1:1")
+    assert unreachable.returncode != 0
+    assert key.read_text() == before and not (tmp_path / "master-key.previous").exists()
