@@ -43,14 +43,15 @@ class ChatRow(TypedDict):
     chat: ChatNode
 
 
-#: A Chat with its Bot's wrapped key and whether $personId is one of its people (D9.6):
-#: the owner, or in a group chat a current member of the channel.
+#: A Chat with its Bot's wrapped key and whether $personId is one of its people (D9.6): the
+#: owner of a private chat; the current members of a group chat's channel (its owner too, only
+#: while a member: removal from a channel hides the channel's chats at once).
 CHAT_FOR: Final[LiteralString] = """
 MATCH (ch:Chat {id: $chatId})-[:WITH_BOT]->(b:Bot)
 OPTIONAL MATCH (ch)-[:IN_CHANNEL]->(c:Channel)
 RETURN ch {.*} AS chat, b.keyMaster AS keyMaster, b.keyWrapped AS keyWrapped,
-       ($personId IS NOT NULL AND (ch.ownerId = $personId
-         OR EXISTS { MATCH (:Person {id: $personId})-[:MEMBER]->(c) })) AS isPerson
+       ($personId IS NOT NULL AND CASE WHEN c IS NULL THEN ch.ownerId = $personId
+         ELSE EXISTS { MATCH (:Person {id: $personId})-[:MEMBER]->(c) } END) AS isPerson
 """
 
 
@@ -76,8 +77,8 @@ UNWIND $chatIds AS chatId
 MATCH (ch:Chat {id: chatId})-[:WITH_BOT]->(b:Bot)
 OPTIONAL MATCH (ch)-[:IN_CHANNEL]->(c:Channel)
 RETURN ch {.*} AS chat, b.keyMaster AS keyMaster, b.keyWrapped AS keyWrapped,
-       ($personId IS NOT NULL AND (ch.ownerId = $personId
-         OR EXISTS { MATCH (:Person {id: $personId})-[:MEMBER]->(c) })) AS isPerson
+       ($personId IS NOT NULL AND CASE WHEN c IS NULL THEN ch.ownerId = $personId
+         ELSE EXISTS { MATCH (:Person {id: $personId})-[:MEMBER]->(c) } END) AS isPerson
 """
 
 #: CHATS_FOR's Chats with the Items ``i`` each may show (read only where $personId is one of the
@@ -89,8 +90,8 @@ _ITEMS_OF_CHATS: Final[LiteralString] = """
 UNWIND $chatIds AS chatId
 MATCH (ch:Chat {id: chatId})-[:WITH_BOT]->(b:Bot)
 OPTIONAL MATCH (ch)-[:IN_CHANNEL]->(c:Channel)
-WITH ch, b, ($personId IS NOT NULL AND (ch.ownerId = $personId
-         OR EXISTS { MATCH (:Person {id: $personId})-[:MEMBER]->(c) })) AS isPerson
+WITH ch, b, ($personId IS NOT NULL AND CASE WHEN c IS NULL THEN ch.ownerId = $personId
+         ELSE EXISTS { MATCH (:Person {id: $personId})-[:MEMBER]->(c) } END) AS isPerson
 CALL (ch, isPerson) {
   MATCH (i:Item {chatId: ch.id})
   WHERE isPerson AND i.seq IS NOT NULL"""
@@ -162,14 +163,15 @@ TURN_FOR: Final[LiteralString] = """
 MATCH (t:Turn {id: $turnId})-[:IN_CHAT]->(ch:Chat)-[:WITH_BOT]->(b:Bot)
 OPTIONAL MATCH (ch)-[:IN_CHANNEL]->(c:Channel)
 RETURN t {.*} AS turn, ch {.*} AS chat, b.keyMaster AS keyMaster, b.keyWrapped AS keyWrapped,
-       ($personId IS NOT NULL AND (ch.ownerId = $personId
-         OR EXISTS { MATCH (:Person {id: $personId})-[:MEMBER]->(c) })) AS isPerson
+       ($personId IS NOT NULL AND CASE WHEN c IS NULL THEN ch.ownerId = $personId
+         ELSE EXISTS { MATCH (:Person {id: $personId})-[:MEMBER]->(c) } END) AS isPerson
 """
 
 IS_PERSON_OF_CHAT: Final[LiteralString] = """
 MATCH (ch:Chat {id: $chatId})
 OPTIONAL MATCH (ch)-[:IN_CHANNEL]->(c:Channel)
-RETURN ch.ownerId = $personId OR EXISTS { MATCH (:Person {id: $personId})-[:MEMBER]->(c) } AS ok
+RETURN CASE WHEN c IS NULL THEN ch.ownerId = $personId
+       ELSE EXISTS { MATCH (:Person {id: $personId})-[:MEMBER]->(c) } END AS ok
 """
 
 

@@ -132,13 +132,13 @@ class MetaRow(ChatKeyRow):
     recent: list[RecentItem]
 
 
-#: The Chats $personId may read (D9.6: those it owns, and the group chats of its channels) that
-#: have meta — a summary, or an Item of the kinds $kinds with its text — newest first: how many,
-#: and the ids of one page.
+#: The Chats $personId may read (D9.6: its private chats, and the group chats of its channels)
+#: that have meta — a summary, or an Item of the kinds $kinds with its text — newest first: how
+#: many, and the ids of one page.
 METAS_OF: Final[LiteralString] = """
 MATCH (p:Person {id: $personId})
 CALL (p) {
-  MATCH (ch:Chat {ownerId: p.id}) RETURN ch
+  MATCH (ch:Chat {ownerId: p.id}) WHERE NOT EXISTS { (ch)-[:IN_CHANNEL]->(:Channel) } RETURN ch
   UNION
   MATCH (p)-[:MEMBER]->(:Channel)<-[:IN_CHANNEL]-(ch:Chat) RETURN ch
 }

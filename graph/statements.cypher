@@ -1044,22 +1044,22 @@ UNWIND $chatIds AS chatId
 MATCH (ch:Chat {id: chatId})-[:WITH_BOT]->(b:Bot)
 OPTIONAL MATCH (ch)-[:IN_CHANNEL]->(c:Channel)
 RETURN ch {.*} AS chat, b.keyMaster AS keyMaster, b.keyWrapped AS keyWrapped,
-       ($personId IS NOT NULL AND (ch.ownerId = $personId
-         OR EXISTS { MATCH (:Person {id: $personId})-[:MEMBER]->(c) })) AS isPerson
+       ($personId IS NOT NULL AND CASE WHEN c IS NULL THEN ch.ownerId = $personId
+         ELSE EXISTS { MATCH (:Person {id: $personId})-[:MEMBER]->(c) } END) AS isPerson
 
 // ---- graph.chats.CHAT_FOR
 MATCH (ch:Chat {id: $chatId})-[:WITH_BOT]->(b:Bot)
 OPTIONAL MATCH (ch)-[:IN_CHANNEL]->(c:Channel)
 RETURN ch {.*} AS chat, b.keyMaster AS keyMaster, b.keyWrapped AS keyWrapped,
-       ($personId IS NOT NULL AND (ch.ownerId = $personId
-         OR EXISTS { MATCH (:Person {id: $personId})-[:MEMBER]->(c) })) AS isPerson
+       ($personId IS NOT NULL AND CASE WHEN c IS NULL THEN ch.ownerId = $personId
+         ELSE EXISTS { MATCH (:Person {id: $personId})-[:MEMBER]->(c) } END) AS isPerson
 
 // ---- graph.chats.CHAT_PAGES
 UNWIND $chatIds AS chatId
 MATCH (ch:Chat {id: chatId})-[:WITH_BOT]->(b:Bot)
 OPTIONAL MATCH (ch)-[:IN_CHANNEL]->(c:Channel)
-WITH ch, b, ($personId IS NOT NULL AND (ch.ownerId = $personId
-         OR EXISTS { MATCH (:Person {id: $personId})-[:MEMBER]->(c) })) AS isPerson
+WITH ch, b, ($personId IS NOT NULL AND CASE WHEN c IS NULL THEN ch.ownerId = $personId
+         ELSE EXISTS { MATCH (:Person {id: $personId})-[:MEMBER]->(c) } END) AS isPerson
 CALL (ch, isPerson) {
   MATCH (i:Item {chatId: ch.id})
   WHERE isPerson AND i.seq IS NOT NULL
@@ -1072,8 +1072,8 @@ RETURN ch {.*} AS chat, b.keyMaster AS keyMaster, b.keyWrapped AS keyWrapped, is
 UNWIND $chatIds AS chatId
 MATCH (ch:Chat {id: chatId})-[:WITH_BOT]->(b:Bot)
 OPTIONAL MATCH (ch)-[:IN_CHANNEL]->(c:Channel)
-WITH ch, b, ($personId IS NOT NULL AND (ch.ownerId = $personId
-         OR EXISTS { MATCH (:Person {id: $personId})-[:MEMBER]->(c) })) AS isPerson
+WITH ch, b, ($personId IS NOT NULL AND CASE WHEN c IS NULL THEN ch.ownerId = $personId
+         ELSE EXISTS { MATCH (:Person {id: $personId})-[:MEMBER]->(c) } END) AS isPerson
 CALL (ch, isPerson) {
   MATCH (i:Item {chatId: ch.id})
   WHERE isPerson AND i.seq IS NOT NULL
@@ -1131,14 +1131,15 @@ RETURN i {.*} AS item ORDER BY i.seq LIMIT 1
 // ---- graph.chats.IS_PERSON_OF_CHAT
 MATCH (ch:Chat {id: $chatId})
 OPTIONAL MATCH (ch)-[:IN_CHANNEL]->(c:Channel)
-RETURN ch.ownerId = $personId OR EXISTS { MATCH (:Person {id: $personId})-[:MEMBER]->(c) } AS ok
+RETURN CASE WHEN c IS NULL THEN ch.ownerId = $personId
+       ELSE EXISTS { MATCH (:Person {id: $personId})-[:MEMBER]->(c) } END AS ok
 
 // ---- graph.chats.TURN_FOR
 MATCH (t:Turn {id: $turnId})-[:IN_CHAT]->(ch:Chat)-[:WITH_BOT]->(b:Bot)
 OPTIONAL MATCH (ch)-[:IN_CHANNEL]->(c:Channel)
 RETURN t {.*} AS turn, ch {.*} AS chat, b.keyMaster AS keyMaster, b.keyWrapped AS keyWrapped,
-       ($personId IS NOT NULL AND (ch.ownerId = $personId
-         OR EXISTS { MATCH (:Person {id: $personId})-[:MEMBER]->(c) })) AS isPerson
+       ($personId IS NOT NULL AND CASE WHEN c IS NULL THEN ch.ownerId = $personId
+         ELSE EXISTS { MATCH (:Person {id: $personId})-[:MEMBER]->(c) } END) AS isPerson
 
 // ---- graph.context.ACTIVE_SEEK
 e.botId = $botId AND e.activeKey = key AND e.contentLength IS NOT NULL AND e.id IS NOT NULL AND e.memoryRank <
@@ -1335,7 +1336,7 @@ RETURN ch {.*} AS chat, b.keyMaster AS keyMaster, b.keyWrapped AS keyWrapped, s 
 // ---- graph.conversation.METAS_OF
 MATCH (p:Person {id: $personId})
 CALL (p) {
-  MATCH (ch:Chat {ownerId: p.id}) RETURN ch
+  MATCH (ch:Chat {ownerId: p.id}) WHERE NOT EXISTS { (ch)-[:IN_CHANNEL]->(:Channel) } RETURN ch
   UNION
   MATCH (p)-[:MEMBER]->(:Channel)<-[:IN_CHANNEL]-(ch:Chat) RETURN ch
 }

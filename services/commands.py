@@ -161,9 +161,11 @@ async def delete_chat_history(rt: Runtime, principal: Principal, chat_id: str) -
 
     async def work(tx: AsyncManagedTransaction) -> int:
         row = await chats.chat_for(tx, chat_id=chat_id, person_id=person_id)
-        if row is None or not row["isPerson"]:
+        # The owner deletes the history even after leaving a group chat's channel (D9.23).
+        owner = row is not None and row["chat"]["ownerId"] == person_id
+        if row is None or not (row["isPerson"] or owner):
             raise NotFound("chat not found")
-        if row["chat"]["ownerId"] != person_id:
+        if not owner:
             raise Forbidden("only the chat's owner deletes its history")
         await conversation.delete_summary(tx, chat_id=chat_id)  # the summary is history too
         return await purge_q.delete_chat_history(tx, chat_id=chat_id)

@@ -30,22 +30,21 @@ log = logging.getLogger("services.turnfeed")
 
 CHANNEL_PATTERN = "botmemory:turns:*"
 
-#: The Chat's people now (the owner, or the channel's current members), and which of the
-#: subscribers' tokens (``$tokens``) are still live (not revoked, not expired).
+#: The Chat's people now (D9.6: a private chat's owner, a group chat's current channel members),
+#: and which of the subscribers' tokens (``$tokens``) are still live (not revoked, not expired).
 CHAT_PEOPLE = """
 MATCH (ch:Chat {id: $chatId})
 OPTIONAL MATCH (ch)-[:IN_CHANNEL]->(c:Channel)
 OPTIONAL MATCH (p:Person)-[:MEMBER]->(c)
-WITH ch, collect(p.id) AS members
+WITH ch, c, collect(p.id) AS members
 OPTIONAL MATCH (t:Token)
 WHERE t.id IN $tokens AND t.revokedAt IS NULL AND (t.expiresAt IS NULL OR t.expiresAt > $now)
-RETURN ch.ownerId AS owner, members, collect(t.id) AS live
+RETURN CASE WHEN c IS NULL THEN [ch.ownerId] ELSE members END AS people, collect(t.id) AS live
 """
 
 
 class _ChatPeople(TypedDict):
-    owner: str
-    members: list[str]
+    people: list[str]
     live: list[str]
 
 
@@ -137,7 +136,7 @@ class TurnHub:
             self.rt.driver,
             lambda tx: single(tx, CHAT_PEOPLE, _ChatPeople, chatId=chat_id, tokens=tokens, now=now_ms()),
         )
-        people: set[str] = set() if record is None else {record["owner"], *record["members"]}
+        people: set[str] = set() if record is None else set(record["people"])
         live: set[str] = set() if record is None else set(record["live"])
         for sub in list(subs):
             if sub.person_id not in people or sub.token_id not in live:

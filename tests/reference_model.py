@@ -178,11 +178,12 @@ class Model:
         return person in self.bots[bot].grants and self.bot_in_org(bot, self.people[person])
 
     def is_person_of_chat(self, person: str, chat: str) -> bool:
-        """The owner; in a group chat also every current member of its channel (D9.6)."""
+        """A private chat's owner; a group chat's current channel members (D9.6), its owner only
+        while a member."""
         c = self.chats[chat]
-        if person == c.owner:
-            return True
-        return c.channel is not None and person in self.channels[c.channel].members
+        if c.channel is None:
+            return person == c.owner
+        return person in self.channels[c.channel].members
 
     def rule_admits(self, rule: str) -> set[str]:
         """The people an Item's saved rule admits now (V3): ``person:<u>`` or ``channel:<c>`` members."""
@@ -228,7 +229,9 @@ class Model:
     def delete_chat_history(self, chat: str, person: str) -> int:
         """Items lose their content, keep ids and rules; memory stays (V13)."""
         c = self.chats[chat]
-        if not self.is_person_of_chat(person, chat):
+        if (
+            not self.is_person_of_chat(person, chat) and person != c.owner
+        ):  # an owner out of the channel still may
             raise Refused("not a person of the chat", NOT_FOUND)
         if person != c.owner:
             raise Refused("only the owner deletes the history", FORBIDDEN)

@@ -111,6 +111,20 @@ async def test_group_chat_is_readable_by_current_channel_members(api: Api) -> No
     )
     assert await messages(api, world.tokens["bob"], chat) is None
     assert await messages(api, world.tokens["cat"], chat) is not None
+    # Its owner too: out of the channel, out of its chats — messages, contextPack (the channel's
+    # memory for the chat's people) and new Turns; deleting its history stays the owner's (D9.23).
+    await api.admin(
+        "mutation($c: ID!, $m: [ID!]!) { setChannelMembers(channelId: $c, memberIds: $m) { id } }",
+        {"c": world.channel, "m": [world.people["cat"]]},
+    )
+    ann = world.tokens["ann"]
+    assert await messages(api, ann, chat) is None
+    pack = "query($c: ID!) { contextPack(chatId: $c) { memory { ids } } }"
+    assert await api.codes(pack, {"c": chat}, ann) == ["NOT_FOUND"]
+    start = 'mutation($c: ID!) { startTurn(chatId: $c, input: "hi") { id } }'
+    assert await api.codes(start, {"c": chat}, ann) == ["NOT_FOUND"]
+    deleted = await api.gql("mutation($c: ID!) { deleteChatHistory(chatId: $c) { items } }", {"c": chat}, ann)
+    assert deleted["deleteChatHistory"]["items"] == 2
 
 
 async def test_a_person_adds_items_only_to_their_own_turns(api: Api) -> None:
