@@ -37,6 +37,9 @@ class ChatNode(TypedDict):
     createdAt: int
     nextItemSeq: int
     nextTurnSeq: int
+    #: How many times its history was deleted (absent: never): work that began before a deletion
+    #: and writes after it finds it moved and keeps none of the words (D9.23).
+    historyEpoch: NotRequired[int]
 
 
 class ChatRow(TypedDict):

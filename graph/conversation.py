@@ -79,8 +79,13 @@ class ItemsRow(TypedDict):
     items: list[ItemMap]
 
 
-#: A new summary as a compare-and-set on what the old one covered (two compressions never mix).
+#: A new summary as a compare-and-set on what the old one covered (two compressions never mix),
+#: only while the Chat's history is the one it was made from (``$historyEpoch``, D9.23: deleted
+#: meanwhile, nothing is saved — the summary would bring the deleted words back).
 SAVE_SUMMARY: Final[LiteralString] = """
+MATCH (ch:Chat {id: $chatId})
+CALL apoc.lock.nodes([ch])
+WITH ch WHERE coalesce(ch.historyEpoch, 0) = $historyEpoch
 MERGE (s:ChatSummary {chatId: $chatId})
   ON CREATE SET s.coversThroughSeq = 0, s.version = 0, s.chars = 0, s.botId = $botId
 WITH s AS held

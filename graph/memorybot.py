@@ -95,12 +95,18 @@ class SpentRow(TypedDict):
 
 #: A model call with its attempts (C5), and its confirmed cost added to the day and month of
 #: the call, per organization (L6). Counters are MERGEd on a unique key and locked before the
-#: increment, so concurrent processes add atomically and never upgrade a lock.
+#: increment, so concurrent processes add atomically and never upgrade a lock. A call for a Chat
+#: whose history was deleted while it ran (``$historyEpoch`` behind, D9.23) keeps no request or
+#: result, as the deletion left the calls saved before it.
 SAVE_MODEL_CALL: Final[LiteralString] = """
+OPTIONAL MATCH (hc:Chat {id: $chatId})
+CALL apoc.lock.nodes([x IN [hc] WHERE x IS NOT NULL])
+WITH hc IS NULL OR coalesce(hc.historyEpoch, 0) = $historyEpoch AS held
 CREATE (c:ModelCall {id: $id, botId: $botId, chatId: $chatId, org: $org, task: $task, model: $model,
                      executionId: $executionId, epoch: $epoch, step: $step, requestHash: $requestHash,
-                     entryIds: $entryIds,
-                     request: $request, result: $result, status: $status, attempts: $attempts,
+                     entryIds: $entryIds, historyDeletedAt: CASE WHEN held THEN null ELSE $at END,
+                     request: CASE WHEN held THEN $request END, result: CASE WHEN held THEN $result END,
+                     status: $status, attempts: $attempts,
                      attemptLog: $attemptLog, usageKnown: $usageKnown, promptTokens: $promptTokens,
                      completionTokens: $completionTokens, costMicros: $costMicros, at: $at})
 WITH c
@@ -142,10 +148,15 @@ CREATE (f:Confession {id: $id, botId: $botId, chatId: t.chatId, turnId: t.id, te
                       usedEntryIds: [], answeredBy: null, createdAt: $now})-[:ABOUT]->(t)
 """
 
-#: The answer given, with the ids of the entries it could draw on (re-validated on read, D9.6).
+#: The answer given, with the ids of the entries it could draw on (re-validated on read, D9.6);
+#: none when the Chat's history was deleted while it was sought (D9.23).
 ANSWER_CONFESSION: Final[LiteralString] = """
 MATCH (f:Confession {id: $id})
-SET f.answer = $answer, f.usedEntryIds = $usedEntryIds, f.answeredBy = $answeredBy, f.answeredAt = $now
+MATCH (ch:Chat {id: f.chatId})
+CALL apoc.lock.nodes([ch])
+WITH f, coalesce(ch.historyEpoch, 0) = $historyEpoch AS held
+SET f.answer = CASE WHEN held THEN $answer END, f.usedEntryIds = $usedEntryIds,
+    f.answeredBy = $answeredBy, f.answeredAt = $now
 """
 
 #: A Chat's confessions, oldest first (ciphertext; decrypted by the caller after commit).
@@ -260,9 +271,16 @@ async def answer_confession(
     used_entry_ids: list[str],
     answered_by: str,
     now: int,
+    history_epoch: int,
 ) -> None:
     await tx.run(
-        ANSWER_CONFESSION, id=id, answer=answer, usedEntryIds=used_entry_ids, answeredBy=answered_by, now=now
+        ANSWER_CONFESSION,
+        id=id,
+        answer=answer,
+        usedEntryIds=used_entry_ids,
+        answeredBy=answered_by,
+        now=now,
+        historyEpoch=history_epoch,
     )
 
 
@@ -276,11 +294,15 @@ async def list_confessions(
 
 
 #: A rewrite of a Turn's input (N2): new text and original encrypted, the entries it used, and a
-#: keyed digest of the input so an equal input can reuse it while its references hold.
+#: keyed digest of the input so an equal input can reuse it while its references hold; without
+#: them when the Chat's history was deleted while the model rewrote (D9.23).
 CREATE_ENRICHMENT: Final[LiteralString] = """
-MATCH (t:Turn {id: $turnId})
-CREATE (n:Enrichment {id: $id, botId: $botId, chatId: t.chatId, turnId: t.id, text: $text,
-                      original: $original, usedEntryIds: $usedEntryIds, inputDigest: $inputDigest,
+MATCH (t:Turn {id: $turnId})-[:IN_CHAT]->(ch:Chat)
+CALL apoc.lock.nodes([ch])
+WITH t, coalesce(ch.historyEpoch, 0) = $historyEpoch AS held
+CREATE (n:Enrichment {id: $id, botId: $botId, chatId: t.chatId, turnId: t.id,
+                      text: CASE WHEN held THEN $text END, original: CASE WHEN held THEN $original END,
+                      usedEntryIds: $usedEntryIds, inputDigest: CASE WHEN held THEN $inputDigest END,
                       createdAt: $now})-[:FOR_TURN]->(t)
 """
 

@@ -147,7 +147,14 @@ class PeopleRow(TypedDict):
 #: made for the Chat (learning steps found by their execution, calls saved before model calls
 #: recorded their Chat included). Ids, rules, usage and cost stay; what was learned stays.
 #: (``i.seq IS NOT NULL``: the Items by a seek on ``item_chat_seq``, as ``graph.chats``' reads.)
+#: The Chat is locked first and its ``historyEpoch`` moved on: a model call, summary, rewrite or
+#: confide answer that began before and is saved after finds it moved (``graph.memorybot``,
+#: ``graph.conversation``) and keeps none of the words.
 DELETE_CHAT_HISTORY: Final[LiteralString] = """
+MATCH (ch:Chat {id: $chatId})
+CALL apoc.lock.nodes([ch])
+SET ch.historyEpoch = coalesce(ch.historyEpoch, 0) + 1
+WITH ch
 CALL () {
   MATCH (i:Item {chatId: $chatId})
   WHERE i.seq IS NOT NULL

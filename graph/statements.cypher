@@ -1403,6 +1403,9 @@ RETURN members + CASE WHEN c IS NULL OR size(members) = 0 THEN [] ELSE [{id: '#g
 RETURN chat, botMemory, model, settings, keyMaster, keyWrapped, readers, org
 
 // ---- graph.conversation.SAVE_SUMMARY
+MATCH (ch:Chat {id: $chatId})
+CALL apoc.lock.nodes([ch])
+WITH ch WHERE coalesce(ch.historyEpoch, 0) = $historyEpoch
 MERGE (s:ChatSummary {chatId: $chatId})
   ON CREATE SET s.coversThroughSeq = 0, s.version = 0, s.chars = 0, s.botId = $botId
 WITH s AS held
@@ -2134,7 +2137,11 @@ WITH e, collect(CASE WHEN src IS NULL THEN null WHEN src:Item THEN {chat: src.ch
 
 // ---- graph.memorybot.ANSWER_CONFESSION
 MATCH (f:Confession {id: $id})
-SET f.answer = $answer, f.usedEntryIds = $usedEntryIds, f.answeredBy = $answeredBy, f.answeredAt = $now
+MATCH (ch:Chat {id: f.chatId})
+CALL apoc.lock.nodes([ch])
+WITH f, coalesce(ch.historyEpoch, 0) = $historyEpoch AS held
+SET f.answer = CASE WHEN held THEN $answer END, f.usedEntryIds = $usedEntryIds,
+    f.answeredBy = $answeredBy, f.answeredAt = $now
 
 // ---- graph.memorybot.BOT_MODELS
 MATCH (b:Bot {id: $botId})
@@ -2160,9 +2167,12 @@ CREATE (f:Confession {id: $id, botId: $botId, chatId: t.chatId, turnId: t.id, te
                       usedEntryIds: [], answeredBy: null, createdAt: $now})-[:ABOUT]->(t)
 
 // ---- graph.memorybot.CREATE_ENRICHMENT
-MATCH (t:Turn {id: $turnId})
-CREATE (n:Enrichment {id: $id, botId: $botId, chatId: t.chatId, turnId: t.id, text: $text,
-                      original: $original, usedEntryIds: $usedEntryIds, inputDigest: $inputDigest,
+MATCH (t:Turn {id: $turnId})-[:IN_CHAT]->(ch:Chat)
+CALL apoc.lock.nodes([ch])
+WITH t, coalesce(ch.historyEpoch, 0) = $historyEpoch AS held
+CREATE (n:Enrichment {id: $id, botId: $botId, chatId: t.chatId, turnId: t.id,
+                      text: CASE WHEN held THEN $text END, original: CASE WHEN held THEN $original END,
+                      usedEntryIds: $usedEntryIds, inputDigest: CASE WHEN held THEN $inputDigest END,
                       createdAt: $now})-[:FOR_TURN]->(t)
 
 // ---- graph.memorybot.LIST_CONFESSIONS
@@ -2185,10 +2195,14 @@ WITH c ORDER BY c.at
 RETURN collect(c {.id, .result, .requestHash}) AS calls
 
 // ---- graph.memorybot.SAVE_MODEL_CALL
+OPTIONAL MATCH (hc:Chat {id: $chatId})
+CALL apoc.lock.nodes([x IN [hc] WHERE x IS NOT NULL])
+WITH hc IS NULL OR coalesce(hc.historyEpoch, 0) = $historyEpoch AS held
 CREATE (c:ModelCall {id: $id, botId: $botId, chatId: $chatId, org: $org, task: $task, model: $model,
                      executionId: $executionId, epoch: $epoch, step: $step, requestHash: $requestHash,
-                     entryIds: $entryIds,
-                     request: $request, result: $result, status: $status, attempts: $attempts,
+                     entryIds: $entryIds, historyDeletedAt: CASE WHEN held THEN null ELSE $at END,
+                     request: CASE WHEN held THEN $request END, result: CASE WHEN held THEN $result END,
+                     status: $status, attempts: $attempts,
                      attemptLog: $attemptLog, usageKnown: $usageKnown, promptTokens: $promptTokens,
                      completionTokens: $completionTokens, costMicros: $costMicros, at: $at})
 WITH c
@@ -2231,6 +2245,10 @@ OPTIONAL MATCH (p:Person)-[:MEMBER]->(c)
 RETURN channelId, collect(p.id) AS people
 
 // ---- graph.purge.DELETE_CHAT_HISTORY
+MATCH (ch:Chat {id: $chatId})
+CALL apoc.lock.nodes([ch])
+SET ch.historyEpoch = coalesce(ch.historyEpoch, 0) + 1
+WITH ch
 CALL () {
   MATCH (i:Item {chatId: $chatId})
   WHERE i.seq IS NOT NULL

@@ -90,7 +90,13 @@ async def confide(rt: Runtime, gateway: Gateway, principal: Principal, turn_id: 
     await write(
         rt.driver,
         lambda tx: memorybot_q.answer_confession(
-            tx, id=confession_id, answer=sealed, used_entry_ids=list(used), answered_by=by, now=now_ms()
+            tx,
+            id=confession_id,
+            answer=sealed,
+            used_entry_ids=list(used),
+            answered_by=by,
+            now=now_ms(),
+            history_epoch=route.history_epoch,
         ),
     )
     return answer

@@ -191,5 +191,6 @@ async def _save(
         "usedEntryIds": used,
         "inputDigest": digest,
         "now": now_ms(),
+        "historyEpoch": route.history_epoch,
     }
     await write(rt.driver, lambda tx: memorybot_q.create_enrichment(tx, **fields))

@@ -360,6 +360,7 @@ class Gateway:
             "id": call_id,
             "botId": route.bot_id,
             "chatId": route.chat_id,
+            "historyEpoch": route.history_epoch,
             "org": route.org,
             "task": task,
             "model": request["model"],

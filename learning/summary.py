@@ -99,6 +99,7 @@ async def summarize(rt: Runtime, gateway: Gateway, chat_id: str) -> str:
             text=cipher.encrypt(Kind.CHAT_SUMMARY, chat_id, text),
             chars=len(text),
             now=now_ms(),
+            historyEpoch=route.history_epoch,
         ),
     )
     return "saved" if saved else "superseded"

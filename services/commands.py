@@ -167,7 +167,9 @@ async def delete_chat_history(rt: Runtime, principal: Principal, chat_id: str) -
             raise NotFound("chat not found")
         if not owner:
             raise Forbidden("only the chat's owner deletes its history")
+        # The Chat is locked first (DELETE_CHAT_HISTORY), then the summary, as a save locks them.
+        items = await purge_q.delete_chat_history(tx, chat_id=chat_id)
         await conversation.delete_summary(tx, chat_id=chat_id)  # the summary is history too
-        return await purge_q.delete_chat_history(tx, chat_id=chat_id)
+        return items
 
     return await write(rt.driver, work)

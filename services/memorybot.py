@@ -262,6 +262,7 @@ def route_of(rt: Runtime, row: memorybot_q.RouteRow) -> Route:
         budget_limit=s.get("budgetLimitMicros"),
         cipher=rt.cipher(chat["botId"], row["keyMaster"], row["keyWrapped"]),
         chat_id=chat["id"],
+        history_epoch=chat.get("historyEpoch", 0),
     )
 
 
@@ -386,6 +387,9 @@ class Route:
     #: The Chat the task runs for: saved model calls record it, so deleting its history finds them
     #: (D9.23). None for a call that belongs to no Chat.
     chat_id: str | None = None
+    #: The Chat's ``historyEpoch`` when the task began: what it saves after a deletion of the
+    #: history meanwhile keeps none of the words (D9.23).
+    history_epoch: int = 0
 
 
 def periods(at_ms: int) -> tuple[str, str]:

@@ -6,6 +6,7 @@ the Bot's key — finds the chat's words before, and nowhere after (what was lea
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import secrets
@@ -18,8 +19,9 @@ from services.memory import cipher_of
 from services.runtime import Runtime
 from tests.client import Api
 from tests.learning_helpers import complete, confide, fact_call, learn, memory_world, wait_executions
-from tests.memory_helpers import visible
+from tests.memory_helpers import fact, said, visible
 from tests.model_server import ModelServer, Reply, ToolCall
+from tests.waiting import until
 
 pytestmark = pytest.mark.usefixtures("learning_worker")
 
@@ -124,3 +126,40 @@ async def test_deleting_a_chats_history_removes_its_words_everywhere(
     )
     anew = await api.turn(w.tokens["ann"], chat, f"where is my bike near {canary}")
     assert anew["enrichedInput"] == "Where is the bike?"
+
+
+async def test_work_that_began_before_a_deletion_keeps_none_of_the_words(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    """A rewrite and a confide answer the model is still giving when the owner deletes the Chat's
+    history are saved after the deletion: the rewrite, the answer and their model calls' requests
+    and results kept the words the deletion had just removed (D9.23). The deletion moves the
+    Chat's history on, and what began before it saves none of them."""
+    w = await memory_world(api, ("ann",))
+    ann = w.tokens["ann"]
+    other = await api.chat(ann, w.bot)
+    trains = await fact(runtime, w.bot, "Ann likes trains", await said(api, ann, other, "trains"))
+    chat = await api.chat(ann, w.bot)
+    canary = "zq" + secrets.token_hex(5)
+    cipher = await cipher_of(runtime, w.bot)
+    delete = "mutation($c: ID!) { deleteChatHistory(chatId: $c) { items } }"
+
+    async def asked(task: str) -> bool | None:
+        return bool(model_server.requests_for(task)) or None
+
+    rewritten = ToolCall("rewrite_input", {"text": f"Trains to {canary}?", "used_entry_ids": [trains]})
+    model_server.script("rewrite", Reply(tool_calls=[rewritten], delay=1.0))
+    starting = asyncio.create_task(api.turn(ann, chat, f"book me a trip to {canary}"))
+    await until(lambda: asked("rewrite"), "the rewrite was never asked")
+    await api.gql(delete, {"c": chat}, ann)
+    turn = await starting
+    assert turn["enrichedInput"] == f"Trains to {canary}?"  # asked before: the Bot still gets it
+
+    model_server.script("confide", Reply(text=f"You will find {canary} again.", delay=1.0))
+    confiding = asyncio.create_task(confide(api, ann, turn["id"], f"I could not book {canary}"))
+    await until(lambda: asked("confide"), "the confide answer was never asked")
+    await api.gql(delete, {"c": chat}, ann)
+    assert await confiding == f"You will find {canary} again."
+
+    found, _ = await _where(runtime, cipher, w.bot, chat, canary)
+    assert found == []
