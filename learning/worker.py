@@ -104,17 +104,21 @@ async def backfill_bot(ctx: dict[str, Any], bot_id: str, part: int) -> None:
     if not done:
         await jobs.enqueue_backfill(runtime, bot_id, part=part + 1)
     log.info("backfill of %s part %s: %s", bot_id, part, "done" if done else "continues")
+    if done:  # its lane goes to the next Bot due
+        with contextlib.suppress(Exception):  # the next sweep starts it otherwise
+            due = await backfill.bots_to_backfill(runtime, gateway.embedder)
+            await jobs.start_backfills(runtime, due, finishing=bot_id)
 
 
 async def backfill_sweep(ctx: dict[str, Any]) -> None:
-    """Queue a backfill for every Bot whose entries lack keywords or a vector of this embedder."""
+    """Start backfills of the Bots whose entries lack keywords or a vector of this embedder, a few
+    at a time (``jobs.BACKFILL_LANES``: each finished Bot hands its lane to the next)."""
     runtime: Runtime = ctx["runtime"]
     gateway: Gateway = ctx["gateway"]
     if not runtime.settings.backfill:
         return
     try:
-        for bot_id in await backfill.bots_to_backfill(runtime, gateway.embedder):
-            await jobs.enqueue_backfill(runtime, bot_id)
+        await jobs.start_backfills(runtime, await backfill.bots_to_backfill(runtime, gateway.embedder))
     except Exception as exc:  # the next sweep retries
         log.warning("backfill sweep failed: %s", type(exc).__name__)
 

@@ -27,6 +27,7 @@ from graph import backfill as backfill_q
 from learning import backfill, worker
 from learning.embedders import LocalMiniLM, OpenAIEmbedder
 from services import jobs, memory, search
+from services.bootstrap import open_runtime
 from services.changes import Remember, Revise
 from services.embedding import QueryVectors, encode_vector
 from services.keywords import SCHEME, tokens
@@ -557,3 +558,31 @@ async def test_a_query_asked_again_is_not_embedded_again(
         assert _Embeddings.texts[asked:] == ["which pet does she have?"]  # embedded once
         await search.search(fresh, endpoint, w.bot, ann, "what is the cat called?", 5)
         assert _Embeddings.texts[asked:] == ["which pet does she have?", "what is the cat called?"]
+
+
+async def test_backfills_take_a_few_lanes_so_learning_never_queues_behind_them(settings: Settings) -> None:
+    """A sweep after an upgrade or an embedder change finds every Bot due: it queued a job for
+    each at once, and learning steps waited behind thousands of them (``make eval`` against a
+    store of ~18,000 test Bots: no learning answer for 180 s). Backfills now take
+    ``jobs.BACKFILL_LANES`` lanes; a Bot keeps its lane from part to part and hands it on when
+    done. (Redis database 9: no worker takes these jobs.)"""
+    base = settings.redis_url.rsplit("/", 1)[0]
+    async with open_runtime(settings.model_copy(update={"redis_url": f"{base}/9"})) as rt:
+        await rt.redis.flushdb()
+        due = [f"bot_{n:032x}" for n in range(5)]
+        try:
+            assert await jobs.start_backfills(rt, due) == jobs.BACKFILL_LANES == 2
+            assert await jobs.start_backfills(rt, due) == 0  # both lanes taken
+            assert await jobs.backfills_in_flight(rt) == set(due[:2])
+            # The first Bot's part 0 runs and queues part 1: it keeps its lane.
+            await rt.redis.delete(f"arq:job:backfill:{due[0]}:0")
+            await rt.redis.set(f"arq:in-progress:backfill:{due[0]}:0", b"1")
+            await jobs.enqueue_backfill(rt, due[0], part=1)
+            assert await jobs.start_backfills(rt, due) == 0
+            # Its last part ends: the lane goes to the next Bot due that is not in flight.
+            await rt.redis.delete(f"arq:in-progress:backfill:{due[0]}:0", f"arq:job:backfill:{due[0]}:1")
+            await rt.redis.set(f"arq:in-progress:backfill:{due[0]}:1", b"1")
+            assert await jobs.start_backfills(rt, due[1:], finishing=due[0]) == 1
+            assert await jobs.backfills_in_flight(rt) - {due[0]} == {due[1], due[2]}
+        finally:
+            await rt.redis.flushdb()
