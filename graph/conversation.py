@@ -38,11 +38,12 @@ class SummaryRow(TypedDict):
     summary: SummaryNode
 
 
-#: Characters the summary would hold: the summary itself plus every Item after it.
+#: Characters the summary would hold: the summary itself plus every Item after it that still has
+#: its text (a deleted history counts for nothing: it made summaries of nothing, D9.23).
 UNSUMMARIZED: Final[LiteralString] = """
 OPTIONAL MATCH (s:ChatSummary {chatId: $chatId})
 WITH coalesce(s.coversThroughSeq, 0) AS after, coalesce(s.chars, 0) AS chars
-OPTIONAL MATCH (i:Item) WHERE i.chatId = $chatId AND i.seq > after
+OPTIONAL MATCH (i:Item) WHERE i.chatId = $chatId AND i.seq > after AND i.text IS NOT NULL
 WITH after, chars, coalesce(sum(i.textLength), 0) AS later
 RETURN after, chars + later AS total
 """
@@ -56,14 +57,14 @@ class UnsummarizedRow(TypedDict):
 #: Items after the summary, oldest first (ciphertext), at most ``$limit``.
 ITEMS_AFTER: Final[LiteralString] = """
 MATCH (i:Item)
-WHERE i.chatId = $chatId AND i.seq > $after
+WHERE i.chatId = $chatId AND i.seq > $after AND i.text IS NOT NULL
 WITH i ORDER BY i.seq LIMIT $limit
 RETURN collect(i {.uid, .id, .seq, .kind, .text, .app, .speakerId}) AS items
 """
 
 
 class ItemMap(TypedDict):
-    """An Item as ITEMS_AFTER reads it: ``text`` None once the history was deleted (V13), ``app``
+    """An Item as ITEMS_AFTER reads it (only Items that still have their text, V13), ``app``
     None but on App results, ``speakerId`` None where no person spoke."""
 
     uid: str

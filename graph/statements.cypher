@@ -1316,7 +1316,7 @@ MATCH (s:ChatSummary {chatId: $chatId}) DETACH DELETE s
 
 // ---- graph.conversation.ITEMS_AFTER
 MATCH (i:Item)
-WHERE i.chatId = $chatId AND i.seq > $after
+WHERE i.chatId = $chatId AND i.seq > $after AND i.text IS NOT NULL
 WITH i ORDER BY i.seq LIMIT $limit
 RETURN collect(i {.uid, .id, .seq, .kind, .text, .app, .speakerId}) AS items
 
@@ -1438,7 +1438,7 @@ MATCH (s:ChatSummary {chatId: $chatId}) RETURN s {.*} AS summary
 // ---- graph.conversation.UNSUMMARIZED
 OPTIONAL MATCH (s:ChatSummary {chatId: $chatId})
 WITH coalesce(s.coversThroughSeq, 0) AS after, coalesce(s.chars, 0) AS chars
-OPTIONAL MATCH (i:Item) WHERE i.chatId = $chatId AND i.seq > after
+OPTIONAL MATCH (i:Item) WHERE i.chatId = $chatId AND i.seq > after AND i.text IS NOT NULL
 WITH after, chars, coalesce(sum(i.textLength), 0) AS later
 RETURN after, chars + later AS total
 

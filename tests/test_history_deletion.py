@@ -14,11 +14,24 @@ from typing import Any, cast
 
 import pytest
 
+from graph import conversation as conversation_q
+from graph.driver import read
+from learning import summary
+from learning.gateway import Gateway
 from services.crypto import Cipher, DecryptionError, Kind
 from services.memory import cipher_of
 from services.runtime import Runtime
 from tests.client import Api
-from tests.learning_helpers import complete, confide, fact_call, learn, memory_world, wait_executions
+from tests.learning_helpers import (
+    complete,
+    confide,
+    fact_call,
+    learn,
+    long_turn,
+    memory_world,
+    wait_executions,
+    wait_summary,
+)
 from tests.memory_helpers import fact, said, visible
 from tests.model_server import ModelServer, Reply, ToolCall
 from tests.waiting import until
@@ -163,3 +176,31 @@ async def test_work_that_began_before_a_deletion_keeps_none_of_the_words(
 
     found, _ = await _where(runtime, cipher, w.bot, chat, canary)
     assert found == []
+
+
+async def test_a_deleted_history_counts_for_nothing_towards_a_summary(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    """Deleted Items keep their length (V13 keeps ids and rules), and the deletion removes the
+    summary: the deleted characters counted towards the next one, so a greeting after deleting a
+    long history was summarised at once — or, past 500 deleted Items, a summary of nothing. Only
+    Items that still have their text count, and only they are sent."""
+    w = await memory_world(api, ("ann",))
+    ann = w.tokens["ann"]
+    chat = await api.chat(ann, w.bot)
+    model_server.default("summary", Reply(text="Ann sent two long letters."))
+    await long_turn(api, ann, chat, "A")
+    await long_turn(api, ann, chat, "B")
+    assert await wait_summary(api, ann, chat) == "Ann sent two long letters."
+    await long_turn(api, ann, chat, "C")  # after the summary: not yet due again
+    await api.gql("mutation($c: ID!) { deleteChatHistory(chatId: $c) { items } }", {"c": chat}, ann)
+    turn = await api.turn(ann, chat, "hi")
+    await complete(api, ann, turn["id"])
+    after, chars = await read(runtime.driver, lambda tx: conversation_q.unsummarized(tx, chat_id=chat))
+    assert (after, chars) == (0, len("hi"))
+    gateway = Gateway(runtime.settings)
+    try:
+        assert await summary.summarize(runtime, gateway, chat) == "not_due"
+    finally:
+        await gateway.close()
+    assert len(model_server.requests_for("summary")) == 1  # the one before the deletion
