@@ -46,11 +46,16 @@ def check_text(value: str, field: str, *, limit: int) -> str:
     return value
 
 
+#: The largest ``skip`` of a page (Cypher's list slices take 32-bit bounds: a larger one failed
+#: inside, 500, where it is bad input).
+MAX_SKIP: Final = 1_000_000_000
+
+
 def check_page(limit: int, skip: int, *, max_limit: int) -> tuple[int, int]:
     if limit < 1 or limit > max_limit:
         raise BadInput(f"limit must be between 1 and {max_limit}", field="limit")
-    if skip < 0:
-        raise BadInput("skip must not be negative", field="skip")
+    if not 0 <= skip <= MAX_SKIP:
+        raise BadInput(f"skip is between 0 and {MAX_SKIP:,}", field="skip")
     return limit, skip
 
 

@@ -185,6 +185,15 @@ async def test_meta_access_and_bad_input(api: Api) -> None:
     )
     assert code(malformed) == "BAD_INPUT"
     assert code(await api.http.get("/v1/chats/meta?limit=0", headers=bearer(ann))) == "BAD_INPUT"
+    # A skip past 32 bits failed inside Cypher's list slice (500): bad input, on both surfaces.
+    for skip in (2**31, 2**62):
+        assert code(await api.http.get(f"/v1/chats/meta?skip={skip}", headers=bearer(ann))) == "BAD_INPUT"
+    metas = "query($s: Int!) { chatMetas(limit: 50, skip: $s) { total } }"
+    assert await api.codes(metas, {"s": 2**31 - 1}, ann) == ["BAD_INPUT"]
+    far = await api.gql(
+        "query { chatMetas(limit: 50, skip: 1000000000) { total data { chatId } } }", token=ann
+    )
+    assert far["chatMetas"]["data"] == [] and far["chatMetas"]["total"] >= 1
     assert (await meta(api, ann, group)).json()["summary"] == {"i-1": "hello team"}
 
 
