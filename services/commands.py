@@ -122,6 +122,7 @@ async def require_owner_writer(tx: AsyncManagedTransaction, principal: Principal
 
 async def purge(rt: Runtime, principal: Principal, bot_id: str, tag: str) -> int:
     """Remove every entry with an OpenBot tag ``from:``/``chat:``/``org:``/``channel:`` without reading it."""
+    require_person(principal)  # before the Bot is looked at: a platform token learns nothing of it
     check_id(bot_id, "botId")
     if not isinstance(tag, str) or not tag.startswith(PURGE_PREFIXES) or len(tag) > 200:  # pyright: ignore[reportUnnecessaryIsInstance]
         raise BadInput("purge takes one from:, chat:, org: or channel: tag", field="tag")

@@ -333,6 +333,16 @@ async def test_purge_cascades_to_observations_and_needs_unlinked_write(api: Api,
             headers={"Authorization": f"Bearer {token}"},
         )
         assert denied.status_code == 403
+    # A platform token is refused alike for this Bot and for none (403 for an existing Bot and 404
+    # for an unknown one told it which ids exist).
+    platform = await api.platform_token(guest.org)
+    for bot in (w.bot, "bot_" + "0" * 32):
+        refused = await api.http.post(
+            f"/v1/bots/{bot}/memory/purge",
+            json={"tag": f"chat:{c1}"},
+            headers={"Authorization": f"Bearer {platform}"},
+        )
+        assert refused.status_code == 403, refused.text
     bad = await api.http.post(f"/v1/bots/{w.bot}/memory/purge", json={"tag": "travel"}, headers=headers)
     assert bad.status_code == 422
     response = await api.http.post(
