@@ -38,15 +38,15 @@ class Settings(BaseSettings):
     neo4j_uri: str = "bolt://127.0.0.1:7687"
     neo4j_user: str = "neo4j"
     neo4j_password: SecretStr | None = None
-    neo4j_bolt_port: int = 7687
+    neo4j_bolt_port: int = Field(default=7687, ge=1, le=65535)
     neo4j_heap: str = "1g"
     neo4j_pagecache: str = "512m"
 
     redis_url: str = "redis://127.0.0.1:6379/0"
-    redis_port: int = 6379
+    redis_port: int = Field(default=6379, ge=1, le=65535)
 
     api_host: str = "127.0.0.1"
-    api_port: int = 8000
+    api_port: int = Field(default=8000, ge=1, le=65535)
     #: Where a worker serves its Prometheus ``/metrics`` (0: not served).
     worker_metrics_host: str = "127.0.0.1"
     worker_metrics_port: int = Field(default=9464, ge=0, le=65535)
@@ -63,24 +63,26 @@ class Settings(BaseSettings):
     #: A model missing here falls back to "*" if given; without a price a call's cost is unknown.
     model_prices: dict[str, ModelPrice] = Field(default_factory=dict[str, ModelPrice])
 
-    # Memory-Bot deadlines (D9.11) and the learning machinery (D9.9).
-    answer_deadline_seconds: float = 15.0
-    step_deadline_seconds: float = 120.0
-    model_attempt_timeout_seconds: float = 60.0
-    model_max_attempts: int = 3
-    turn_idle_timeout_seconds: float = 600.0
-    lease_seconds: float = 30.0
+    # Memory-Bot deadlines (D9.11) and the learning machinery (D9.9). Each is positive: a lease of
+    # 0 renewed itself in a tight loop and let every sweep take a running step over, a sweep
+    # interval of 0 swept without pause, no attempts called no model (all accepted before).
+    answer_deadline_seconds: float = Field(default=15.0, gt=0)
+    step_deadline_seconds: float = Field(default=120.0, gt=0)
+    model_attempt_timeout_seconds: float = Field(default=60.0, gt=0)
+    model_max_attempts: int = Field(default=3, ge=1)
+    turn_idle_timeout_seconds: float = Field(default=600.0, gt=0)
+    lease_seconds: float = Field(default=30.0, gt=0)
     #: A memory-Bot task slot (``concurrency``, D9.25) is a lease renewed every third of this;
     #: the slots of a killed process come back within it.
-    slot_lease_seconds: float = 15.0
-    sweep_interval_seconds: float = 2.0
-    requeue_after_seconds: float = 30.0
-    answer_context_chars: int = 4000
-    chat_deadline_seconds: float = 60.0
-    runner_history_items: int = 20
-    summary_threshold_chars: int = 20_000
-    max_evidence_items: int = 200
-    max_model_answer_bytes: int = 1_000_000
+    slot_lease_seconds: float = Field(default=15.0, gt=0)
+    sweep_interval_seconds: float = Field(default=2.0, gt=0)
+    requeue_after_seconds: float = Field(default=30.0, gt=0)
+    answer_context_chars: int = Field(default=4000, ge=1)
+    chat_deadline_seconds: float = Field(default=60.0, gt=0)
+    runner_history_items: int = Field(default=20, ge=0)
+    summary_threshold_chars: int = Field(default=20_000, ge=1)
+    max_evidence_items: int = Field(default=200, ge=1)
+    max_model_answer_bytes: int = Field(default=1_000_000, ge=1)
 
     # Retrieval by meaning (DESIGN §10): "local" runs the shipped MiniLM in this process,
     # "openai" calls an OpenAI-compatible /v1/embeddings endpoint, "none" turns embedding off.
@@ -116,12 +118,12 @@ class Settings(BaseSettings):
     backfill: bool = True
 
     # Request limits (GraphQL and REST).
-    max_query_depth: int = 12
-    max_aliases: int = 30
-    max_query_tokens: int = 2000
-    max_body_bytes: int = 1_000_000
-    max_text_chars: int = 20_000
-    max_page_size: int = 200
+    max_query_depth: int = Field(default=12, ge=1)
+    max_aliases: int = Field(default=30, ge=1)
+    max_query_tokens: int = Field(default=2000, ge=1)
+    max_body_bytes: int = Field(default=1_000_000, ge=1)
+    max_text_chars: int = Field(default=20_000, ge=1)
+    max_page_size: int = Field(default=200, ge=1)
 
     log_level: str = "INFO"
 

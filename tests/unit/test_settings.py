@@ -73,6 +73,17 @@ def test_model_prices_are_json_per_model(monkeypatch: pytest.MonkeyPatch) -> Non
         ("BOTMEMORY_EMBEDDING_BATCH", "0"),
         ("BOTMEMORY_INDEX_THREADS", "0"),
         ("BOTMEMORY_INDEX_MEMORY_MB", "0"),
+        # Accepted before: a lease of 0 renewed itself in a tight loop, a sweep interval of 0
+        # swept without pause, no attempts called no model, port 99999 failed at bind.
+        ("BOTMEMORY_LEASE_SECONDS", "0"),
+        ("BOTMEMORY_SLOT_LEASE_SECONDS", "-1"),
+        ("BOTMEMORY_SWEEP_INTERVAL_SECONDS", "0"),
+        ("BOTMEMORY_REQUEUE_AFTER_SECONDS", "-5"),
+        ("BOTMEMORY_MODEL_MAX_ATTEMPTS", "0"),
+        ("BOTMEMORY_ANSWER_DEADLINE_SECONDS", "0"),
+        ("BOTMEMORY_MAX_PAGE_SIZE", "0"),
+        ("BOTMEMORY_API_PORT", "99999"),
+        ("BOTMEMORY_REDIS_PORT", "0"),
     ],
 )
 def test_bad_values_refuse_to_start(monkeypatch: pytest.MonkeyPatch, name: str, value: str) -> None:
