@@ -67,10 +67,18 @@ class PersonRow(TypedDict):
     person: PersonMap
 
 
+#: A person's token issued with the token ``$parentId``: it expires no later than that one, and is
+#: linked to it (``ISSUED``), so revoking a token revokes every token issued with it — a token that
+#: leaked, or one meant to last a minute, mints nothing that outlives it.
 CREATE_PERSON_TOKEN: Final[LiteralString] = """
 MATCH (p:Person {id: $personId})
+OPTIONAL MATCH (parent:Token {id: $parentId})
 CREATE (t:Token {id: $tokenId, hash: $tokenHash, kind: 'person', createdAt: $now, revokedAt: null,
-                 expiresAt: $expiresAt})-[:FOR]->(p)
+                 expiresAt: CASE
+                   WHEN parent.expiresAt IS NULL THEN $expiresAt
+                   WHEN $expiresAt IS NULL OR $expiresAt > parent.expiresAt THEN parent.expiresAt
+                   ELSE $expiresAt END})-[:FOR]->(p)
+FOREACH (x IN CASE WHEN parent IS NULL THEN [] ELSE [parent] END | CREATE (x)-[:ISSUED]->(t))
 RETURN t.id AS id
 """
 
@@ -112,9 +120,12 @@ class TokenOwnerRow(TypedDict):
     revokedAt: int | None
 
 
+#: A token revoked with every token issued with it, and with those, at any depth.
 REVOKE_TOKEN: Final[LiteralString] = """
 MATCH (t:Token {id: $tokenId})
-SET t.revokedAt = coalesce(t.revokedAt, $now)
+OPTIONAL MATCH (t)-[:ISSUED*1..]->(d:Token)
+WITH t, collect(DISTINCT d) AS issued
+FOREACH (x IN [t] + issued | SET x.revokedAt = coalesce(x.revokedAt, $now))
 RETURN t.id AS id
 """
 
@@ -245,6 +256,7 @@ async def create_person_token(
     token_hash: str,
     now: int,
     expires_at: int | None,
+    parent_id: str | None,
 ) -> bool:
     record = await single(
         tx,
@@ -255,6 +267,7 @@ async def create_person_token(
         tokenHash=token_hash,
         now=now,
         expiresAt=expires_at,
+        parentId=parent_id,
     )
     return record is not None
 

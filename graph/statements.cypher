@@ -1771,8 +1771,13 @@ RETURN p {.*, organizationId: o.id} AS person
 
 // ---- graph.identity.CREATE_PERSON_TOKEN
 MATCH (p:Person {id: $personId})
+OPTIONAL MATCH (parent:Token {id: $parentId})
 CREATE (t:Token {id: $tokenId, hash: $tokenHash, kind: 'person', createdAt: $now, revokedAt: null,
-                 expiresAt: $expiresAt})-[:FOR]->(p)
+                 expiresAt: CASE
+                   WHEN parent.expiresAt IS NULL THEN $expiresAt
+                   WHEN $expiresAt IS NULL OR $expiresAt > parent.expiresAt THEN parent.expiresAt
+                   ELSE $expiresAt END})-[:FOR]->(p)
+FOREACH (x IN CASE WHEN parent IS NULL THEN [] ELSE [parent] END | CREATE (x)-[:ISSUED]->(t))
 RETURN t.id AS id
 
 // ---- graph.identity.CREATE_PLATFORM_TOKEN
@@ -1797,7 +1802,9 @@ RETURN p {.*, organizationId: o.id} AS person
 
 // ---- graph.identity.REVOKE_TOKEN
 MATCH (t:Token {id: $tokenId})
-SET t.revokedAt = coalesce(t.revokedAt, $now)
+OPTIONAL MATCH (t)-[:ISSUED*1..]->(d:Token)
+WITH t, collect(DISTINCT d) AS issued
+FOREACH (x IN [t] + issued | SET x.revokedAt = coalesce(x.revokedAt, $now))
 RETURN t.id AS id
 
 // ---- graph.identity.SET_CHANNEL_MEMBERS

@@ -91,7 +91,8 @@ async def me(rt: Runtime, principal: Principal) -> Person:
 
 
 async def issue_token(rt: Runtime, principal: Principal, expires_in_seconds: int | None) -> tuple[str, str]:
-    """A person issues another token for themselves; nobody else can (D9.5, V7)."""
+    """A person issues another token for themselves; nobody else can (D9.5, V7). It expires no
+    later than the token that issued it and is revoked with it (``identity.CREATE_PERSON_TOKEN``)."""
     person_id = require_person(principal)
     if expires_in_seconds is not None and not 60 <= expires_in_seconds <= _MAX_TOKEN_TTL_SECONDS:
         raise BadInput(
@@ -103,7 +104,13 @@ async def issue_token(rt: Runtime, principal: Principal, expires_in_seconds: int
     await write(
         rt.driver,
         lambda tx: identity.create_person_token(
-            tx, person_id=person_id, token_id=token_id, token_hash=token_hash, now=now, expires_at=expires_at
+            tx,
+            person_id=person_id,
+            token_id=token_id,
+            token_hash=token_hash,
+            now=now,
+            expires_at=expires_at,
+            parent_id=principal.token_id,
         ),
     )
     return token_id, token

@@ -56,6 +56,30 @@ async def test_expired_token_is_refused(api: Api, runtime: Runtime) -> None:
     assert await api.codes(ME, token=token) == ["UNAUTHENTICATED"]
 
 
+async def test_a_token_mints_nothing_that_outlives_it(api: Api, runtime: Runtime) -> None:
+    """A token issued with another expires no later than it, and is revoked with it: a token
+    that leaked, or one meant to last a minute, minted a token that never expired, whose id
+    nobody but its holder knew, so nobody could revoke it."""
+    world = await make_world(api, ("ann",))
+    issue = "mutation($s: Int) { issueToken(expiresInSeconds: $s) { id token } }"
+    minute = (await api.gql(issue, {"s": 60}, world.tokens["ann"]))["issueToken"]
+    forever = (await api.gql(issue, {"s": None}, minute["token"]))["issueToken"]
+    later = (await api.gql(issue, {"s": 86_400}, forever["token"]))["issueToken"]
+    records, _, _ = await runtime.driver.execute_query(
+        "MATCH (t:Token) WHERE t.id IN $ids RETURN t.id AS id, t.expiresAt AS at",
+        ids=[minute["id"], forever["id"], later["id"]],
+    )
+    expires = {r["id"]: r["at"] for r in records}
+    assert expires[forever["id"]] == expires[later["id"]] == expires[minute["id"]] is not None
+    # Revoking the first revokes what it issued, at any depth; the person's own token stays.
+    await api.gql(
+        "mutation($t: ID!) { revokeToken(tokenId: $t) { id } }", {"t": minute["id"]}, world.tokens["ann"]
+    )
+    for token in (minute["token"], forever["token"], later["token"]):
+        assert await api.codes(ME, token=token) == ["UNAUTHENTICATED"]
+    assert (await api.gql(ME, token=world.tokens["ann"]))["me"]["id"] == world.people["ann"]
+
+
 async def test_admin_cannot_mint_for_an_existing_person_but_can_revoke(api: Api) -> None:
     world = await make_world(api, ("ann",))
     # issueToken is for the caller only; the admin is not a person.
