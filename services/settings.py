@@ -169,13 +169,30 @@ def decode_key(value: SecretStr, name: str) -> bytes:
 
 
 def _read_or_create(path: Path, make: Callable[[], str]) -> str:
+    """The secret in ``path``, made at the first start. The file appears whole or not at all (it
+    is written aside, then linked into place, which fails if another starter won): the API and a
+    worker starting together on a fresh data dir read a file the other had created but not yet
+    written — an empty key — and a start killed in between left an empty file for good, which is
+    made again (nothing can have used it)."""
     if path.exists():
-        return path.read_text().strip()
+        value = path.read_text().strip()
+        if value:
+            return value
+        path.unlink(missing_ok=True)
     path.parent.mkdir(parents=True, exist_ok=True)
     value = make()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(value + "\n")
+    aside = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+    fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(value + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.link(aside, path)
+    except FileExistsError:
+        return path.read_text().strip()
+    finally:
+        aside.unlink(missing_ok=True)
     return value
 
 

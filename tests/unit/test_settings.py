@@ -5,6 +5,7 @@ any ``BOTMEMORY_*`` or ``OPENAI_*`` variable, so the caller's shell cannot chang
 from __future__ import annotations
 
 import base64
+import multiprocessing
 import os
 from pathlib import Path
 
@@ -140,6 +141,31 @@ def test_local_secrets_are_generated_private_and_given_ones_are_kept(tmp_path: P
         assert (tmp_path / "new" / name).stat().st_mode & 0o777 == 0o600
     assert s.admin_token is not None and s.admin_token.get_secret_value().startswith("adm_")
     assert (tmp_path / "new" / "admin-token").read_text() == s.admin_token.get_secret_value() + "\n"
+
+
+def _starter(data_dir: str) -> str:
+    """One process's first start: the master key it reads or makes."""
+    settings = Settings(env="local", data_dir=Path(data_dir)).resolved()
+    assert settings.master_key is not None
+    return settings.master_key.get_secret_value()
+
+
+def test_starters_together_all_read_one_whole_key_and_an_empty_one_is_made_again(tmp_path: Path) -> None:
+    """The API and a worker start together on a fresh data dir: each reads the key another made,
+    and none may read the file between its creation and its write (an empty key; a start killed
+    there left it empty for good)."""
+    for round_ in range(5):
+        data = tmp_path / f"round-{round_}"
+        with multiprocessing.get_context("spawn").Pool(6) as pool:
+            keys = pool.map(_starter, [str(data)] * 12)
+        assert len(set(keys)) == 1 and keys[0]
+        assert (data / "master-key").read_text().strip() == keys[0]
+        assert sorted(p.name for p in data.iterdir() if p.name.startswith(".")) == []  # nothing aside
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "master-key").write_text("")
+    made = _starter(str(empty))
+    assert len(base64.b64decode(made)) == 32 and (empty / "master-key").read_text().strip() == made
 
 
 @pytest.mark.parametrize("missing", ["master_key", "neo4j_password", "admin_token"])
