@@ -274,3 +274,7 @@ class ContextPackOut(Out):
     preferences: list[Preference]
     last_messages: list[ItemOut]
     memory: MemoryContext
+    meta: dict[str, str] = Field(
+        description="Seed 004's conversation meta (D9.30): the summary, then `i-N` → the messages after "
+        "it, so none between the summary and the last messages is left out."
+    )

@@ -120,7 +120,7 @@ CALL (ch, s) {
   WHERE i.chatId = ch.id AND i.seq > coalesce(s.coversThroughSeq, 0) AND i.kind IN $kinds
     AND i.text IS NOT NULL
   WITH i ORDER BY i.seq DESC LIMIT $limit
-  RETURN collect(i {.uid, .id, .text, .textLength}) AS recent
+  RETURN collect(i {.uid, .id, .seq, .kind, .text, .textLength}) AS recent
 }
 RETURN ch {.*} AS chat, b.keyMaster AS keyMaster, b.keyWrapped AS keyWrapped, s {.*} AS summary, recent
 """
@@ -129,6 +129,8 @@ RETURN ch {.*} AS chat, b.keyMaster AS keyMaster, b.keyWrapped AS keyWrapped, s 
 class RecentItem(TypedDict):
     uid: str
     id: str
+    seq: int
+    kind: str
     text: Ciphertext
     textLength: int
 
@@ -213,31 +215,64 @@ async def route_readers(tx: QueryTarget, *, chat_id: str) -> RouteReadersRow | N
     return await single(tx, ROUTE_READERS, RouteReadersRow, chatId=chat_id)
 
 
-#: contextPack's head in one statement: the Chat's route (CHAT_ROUTE), its summary (SUMMARY, null
-#: before the first) and the readers of an answer in it (CHAT_READERS; null when it has none),
-#: where three statements in two transactions read them.
-PACK_HEAD: Final[LiteralString] = (
+#: The Chat's route (CHAT_ROUTE), its summary (SUMMARY, null before the first) and its meta's
+#: latest Items after the summary (as META's ``recent``: the kinds $kinds, at most $limit, newest
+#: first), in one statement: what the built-in runner shows the Bot of the Chat's history.
+_ROUTE_AND_META: Final[LiteralString] = (
     "CALL () {"
     + CHAT_ROUTE
     + "}\nOPTIONAL CALL () {"
     + SUMMARY
-    + "}\nOPTIONAL CALL () {"
+    + """}
+CALL (summary) {
+  MATCH (i:Item)
+  WHERE i.chatId = $chatId AND i.seq > coalesce(summary.coversThroughSeq, 0) AND i.kind IN $kinds
+    AND i.text IS NOT NULL
+  WITH i ORDER BY i.seq DESC LIMIT $limit
+  RETURN collect(i {.uid, .id, .seq, .kind, .text, .textLength}) AS recent
+}
+"""
+)
+ROUTE_AND_META: Final[LiteralString] = (
+    _ROUTE_AND_META + "RETURN chat, botMemory, model, settings, keyMaster, keyWrapped, summary, recent\n"
+)
+
+#: contextPack's head in one statement: ROUTE_AND_META and the readers of an answer in the Chat
+#: (CHAT_READERS; null when it has none), where four statements in three transactions read them.
+PACK_HEAD: Final[LiteralString] = (
+    _ROUTE_AND_META
+    + "OPTIONAL CALL () {"
     + CHAT_READERS
     + """}
-RETURN chat, botMemory, model, settings, keyMaster, keyWrapped, summary, readers, org
+RETURN chat, botMemory, model, settings, keyMaster, keyWrapped, summary, recent, readers, org
 """
 )
 
 
-class PackHeadRow(RouteReadersRow):
-    """PACK_HEAD: ROUTE_READERS's row and the summary."""
+class RouteAndMetaRow(RouteRow):
+    """ROUTE_AND_META: CHAT_ROUTE's row, the summary and the meta's latest Items."""
 
     summary: SummaryNode | None
+    recent: list[RecentItem]
 
 
-async def pack_head(tx: QueryTarget, *, chat_id: str) -> PackHeadRow | None:
+class PackHeadRow(RouteAndMetaRow):
+    """PACK_HEAD: ROUTE_AND_META's row and the readers (with their organization)."""
+
+    readers: list[ReaderMap] | None
+    org: str | None
+
+
+async def route_and_meta(
+    tx: QueryTarget, *, chat_id: str, kinds: list[str], limit: int
+) -> RouteAndMetaRow | None:
+    """ROUTE_AND_META; None when the Chat (or its Bot's memory) does not exist."""
+    return await single(tx, ROUTE_AND_META, RouteAndMetaRow, chatId=chat_id, kinds=kinds, limit=limit)
+
+
+async def pack_head(tx: QueryTarget, *, chat_id: str, kinds: list[str], limit: int) -> PackHeadRow | None:
     """PACK_HEAD; None when the Chat (or its Bot's memory) does not exist."""
-    return await single(tx, PACK_HEAD, PackHeadRow, chatId=chat_id)
+    return await single(tx, PACK_HEAD, PackHeadRow, chatId=chat_id, kinds=kinds, limit=limit)
 
 
 async def summary(tx: AsyncManagedTransaction, *, chat_id: str) -> SummaryNode | None:

@@ -1329,7 +1329,7 @@ CALL (ch, s) {
   WHERE i.chatId = ch.id AND i.seq > coalesce(s.coversThroughSeq, 0) AND i.kind IN $kinds
     AND i.text IS NOT NULL
   WITH i ORDER BY i.seq DESC LIMIT $limit
-  RETURN collect(i {.uid, .id, .text, .textLength}) AS recent
+  RETURN collect(i {.uid, .id, .seq, .kind, .text, .textLength}) AS recent
 }
 RETURN ch {.*} AS chat, b.keyMaster AS keyMaster, b.keyWrapped AS keyWrapped, s {.*} AS summary, recent
 
@@ -1357,6 +1357,13 @@ RETURN ch {.*, botModel: b.model, botName: b.name} AS chat, o.botMemory AS botMe
        b.keyMaster AS keyMaster, b.keyWrapped AS keyWrapped
 }
 OPTIONAL CALL () {MATCH (s:ChatSummary {chatId: $chatId}) RETURN s {.*} AS summary}
+CALL (summary) {
+  MATCH (i:Item)
+  WHERE i.chatId = $chatId AND i.seq > coalesce(summary.coversThroughSeq, 0) AND i.kind IN $kinds
+    AND i.text IS NOT NULL
+  WITH i ORDER BY i.seq DESC LIMIT $limit
+  RETURN collect(i {.uid, .id, .seq, .kind, .text, .textLength}) AS recent
+}
 OPTIONAL CALL () {
 MATCH (ch:Chat {id: $chatId})-[:WITH_BOT]->(b:Bot)
 MATCH (ch)-[:IN_ORG]->(o:Organization)
@@ -1373,7 +1380,26 @@ WITH o, c, collect({id: p.id, channels: channels, usesBot: EXISTS { (p)-[:GRANT]
          + CASE WHEN EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)) THEN ['bot'] ELSE [] END}) AS members
 RETURN members + CASE WHEN c IS NULL OR size(members) = 0 THEN [] ELSE [{id: '#group', channels: [c.id], usesBot: true, atoms: ['channel:' + c.id, 'bot']}] END AS readers, o.id AS org
 }
-RETURN chat, botMemory, model, settings, keyMaster, keyWrapped, summary, readers, org
+RETURN chat, botMemory, model, settings, keyMaster, keyWrapped, summary, recent, readers, org
+
+// ---- graph.conversation.ROUTE_AND_META
+CALL () {
+MATCH (ch:Chat {id: $chatId})-[:WITH_BOT]->(b:Bot)-[:HAS_MEMORY]->(m:Memory),
+      (ch)-[:IN_ORG]->(o:Organization)
+RETURN ch {.*, botModel: b.model, botName: b.name} AS chat, o.botMemory AS botMemory,
+       o.botMemoryModel AS model,
+       m {.settingsVersion, .instructions, .concurrency, .budgetPeriod, .budgetLimitMicros} AS settings,
+       b.keyMaster AS keyMaster, b.keyWrapped AS keyWrapped
+}
+OPTIONAL CALL () {MATCH (s:ChatSummary {chatId: $chatId}) RETURN s {.*} AS summary}
+CALL (summary) {
+  MATCH (i:Item)
+  WHERE i.chatId = $chatId AND i.seq > coalesce(summary.coversThroughSeq, 0) AND i.kind IN $kinds
+    AND i.text IS NOT NULL
+  WITH i ORDER BY i.seq DESC LIMIT $limit
+  RETURN collect(i {.uid, .id, .seq, .kind, .text, .textLength}) AS recent
+}
+RETURN chat, botMemory, model, settings, keyMaster, keyWrapped, summary, recent
 
 // ---- graph.conversation.ROUTE_READERS
 CALL () {

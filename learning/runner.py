@@ -32,6 +32,8 @@ UNAVAILABLE_REPLY = "Sorry, I cannot answer just now. Please try again in a mome
 CONFIDE_TOOL: Final = toolcalls.tool("confide", toolcalls.Confide)
 #: What introduces the Chat's rolling summary to the Bot (before the last messages it sees).
 SUMMARY_INTRO: Final = "What was said earlier in this chat, in short:"
+EARLIER_INTRO: Final = "Earlier messages of this chat, oldest first:"
+_SPOKEN: Final = {ItemKind.PERSON_MESSAGE: "person", ItemKind.BOT_MESSAGE: "you"}
 
 
 def _system(bot_name: str) -> str:
@@ -52,7 +54,7 @@ async def send_message(
     if await chats.get_chat(rt, principal, chat_id) is None:
         raise NotFound("chat not found")
 
-    chat, memory_route, summary = await conversation.route_and_summary(rt, chat_id)
+    chat, memory_route, earlier = await conversation.route_and_history(rt, chat_id)
     if chat["botModel"] is None:
         raise BadInput("this Bot has no chat model; set one with createBot(model:)", field="chatId")
     # The Bot's own model: none of the memory Bot's instructions, gate or budget apply to it.
@@ -67,17 +69,21 @@ async def send_message(
     turn = await enrichment.start_turn(
         rt, gateway, principal, chat_id, text, actor_id=None, notice=False, arrived=arrived
     )
-    history = await _history(rt, principal, chat_id, turn.id)
-    await _publish(hub, chat_id, TurnEvent(turn.id, "ITEM_ADDED", text, f"i-{history[1]}", "PERSON_MESSAGE"))
-    # A long Chat's earlier history reaches the Bot as its rolling summary (seed 004: the context
-    # pack is "used by chatbot inference"; D9.17: history, readable by the Chat's people), in the
-    # one system message: chat templates of several OpenAI-compatible servers accept no other.
+    history, first, shown = await _history(rt, principal, chat_id, turn.id)
+    await _publish(hub, chat_id, TurnEvent(turn.id, "ITEM_ADDED", text, f"i-{first}", "PERSON_MESSAGE"))
+    # A Chat's earlier history reaches the Bot as its meta (seed 004: the context pack is "used by
+    # chatbot inference"; D9.17: history, readable by the Chat's people) — the rolling summary,
+    # then the messages after it that come before the last ones it is given — in the one system
+    # message: chat templates of several OpenAI-compatible servers accept no other.
     system = _system(chat["botName"])
-    if summary is not None:
-        system += f"\n\n{SUMMARY_INTRO}\n{summary}"
+    if earlier.summary is not None:
+        system += f"\n\n{SUMMARY_INTRO}\n{earlier.summary}"
+    before = [f"{_SPOKEN[kind]}: {said}" for seq, kind, said in earlier.messages if seq < shown]
+    if before:
+        system += f"\n\n{EARLIER_INTRO}\n" + "\n".join(before)
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": system},
-        *history[0],
+        *history,
         {"role": "user", "content": turn.enriched_input or text},
     ]
     tools = [] if chat["review"] else [CONFIDE_TOOL]  # review chats have no confide (L1)
@@ -177,15 +183,18 @@ async def _tool(
 
 async def _history(
     rt: Runtime, principal: Principal, chat_id: str, turn_id: str
-) -> tuple[list[dict[str, Any]], int]:
-    """The Chat's last messages before this Turn as chat messages, and the Turn's first Item number."""
+) -> tuple[list[dict[str, Any]], int, int]:
+    """The Chat's last messages before this Turn as chat messages, the Turn's first Item number and
+    the number of the oldest Item given (the earlier ones reach the Bot through the meta)."""
     limit = rt.settings.runner_history_items
     _, page = await chats.last_messages(rt, principal, chat_id, limit + 1)
     total = page.total
     before = [i for i in page.items if i.turn_id != turn_id]
     first = min((i.seq for i in page.items if i.turn_id == turn_id), default=total)
+    given = before[-limit:] if limit else []
+    shown = min((i.seq for i in given), default=first)
     out: list[dict[str, Any]] = []
-    for item in before[-limit:]:
+    for item in given:
         if item.text is None:
             continue
         if item.kind is ItemKind.PERSON_MESSAGE:
@@ -194,7 +203,7 @@ async def _history(
             out.append({"role": "assistant", "content": item.text})
         elif item.kind is ItemKind.NOTICE:
             out.append({"role": "user", "content": f"[notice] {item.text}"})
-    return out, first
+    return out, first, shown
 
 
 async def _publish(hub: TurnHub | None, chat_id: str, event: TurnEvent) -> None:

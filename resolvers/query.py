@@ -16,6 +16,7 @@ from schema.types import (
     ContextPack,
     Item,
     MemoryContext,
+    MetaEntry,
     Organization,
     Person,
     Preference,
@@ -51,6 +52,7 @@ class Query(MemoryQuery, MemoryBotQuery):
             preferences=[Preference(id=strawberry.ID(e.id), content=e.content) for e in pack.preferences],
             last_messages=[Item.of(i) for i in pack.last_messages],
             memory=MemoryContext(text=pack.memory.text, ids=[strawberry.ID(i) for i in pack.memory.ids]),
+            meta=[MetaEntry(key=key, text=text) for key, text in pack.meta.items()],
         )
 
     @strawberry.field(

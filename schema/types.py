@@ -285,3 +285,7 @@ class ContextPack:
     memory: MemoryContext = strawberry.field(
         description="Memory every reader of the chat may see, in memory order (no rewritten inputs)."
     )
+    meta: list[MetaEntry] = strawberry.field(
+        description="Seed 004's conversation meta (D9.30): the summary, then `i-N` → the messages "
+        "after it, so none between the summary and the last messages is left out."
+    )

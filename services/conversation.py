@@ -21,7 +21,7 @@ from services.crypto import Cipher, Kind
 from services.domain import Item, ItemKind, Principal
 from services.embedding import Embedder
 from services.errors import BadInput, Conflict, Forbidden, NotFound
-from services.memorybot import Route, load_route, reader_of, route_of
+from services.memorybot import Route, reader_of, route_of
 from services.runtime import Runtime, now_ms
 from services.validation import check_page
 
@@ -38,6 +38,18 @@ class ContextPack:
     preferences: tuple[memory.Entry, ...]
     last_messages: tuple[Item, ...]
     memory: retrieval.Context
+    #: Seed 004's meta (D9.30): the summary, then ``i-N`` → the messages after what it covers, so
+    #: no message between the summary and the last ten is missing from the pack.
+    meta: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class History:
+    """What the built-in runner shows the Bot of a Chat's history before its last messages: the
+    summary (as text) and the meta's messages after it, oldest first, as (number, kind, text)."""
+
+    summary: str | None
+    messages: tuple[tuple[int, ItemKind, str], ...]
 
 
 async def context_pack(
@@ -46,7 +58,7 @@ async def context_pack(
     """Summary, preferences, the last 10 messages and the visible memory ``context`` (D9.17),
     chosen by relevance to the latest person message (design §10)."""
     chat, last = await chats.last_messages(rt, principal, chat_id, LAST_MESSAGES)
-    route, summary, reader = await _pack_head(rt, chat_id)
+    route, history, reader = await _pack_head(rt, chat_id)
     preferences: tuple[memory.Entry, ...] = ()
     known = retrieval.Context("", ())
     # Memory for the Chat's audience; none in review chats or with botMemory off (D9.16, L5).
@@ -61,33 +73,72 @@ async def context_pack(
             rt.settings.answer_context_chars,
             query=said[-1] if said else None,
         )
-    return ContextPack(chat_id, summary, preferences, tuple(i for i in last.items), known)
+    meta = _meta_map(rt, route.cipher, chat_id, *history)
+    return ContextPack(
+        chat_id, summary_text(history[0]), preferences, tuple(i for i in last.items), known, meta
+    )
 
 
-async def _pack_head(rt: Runtime, chat_id: str) -> tuple[Route, str | None, memory.Reader | None]:
-    """The Chat's route, its summary (decrypted after the read, D9.8) and the readers of an answer
-    in it (None when it has none), in one auto-commit statement."""
-    row = await autocommit(rt.driver, lambda s: conversation_q.pack_head(s, chat_id=chat_id))
+_Saved = tuple[dict[str, str], list[conversation_q.RecentItem]]
+
+
+async def _pack_head(rt: Runtime, chat_id: str) -> tuple[Route, _Saved, memory.Reader | None]:
+    """The Chat's route, its summary (decrypted after the read, D9.8) with the meta's messages
+    after it, and the readers of an answer in it (None when it has none), in one auto-commit
+    statement."""
+    row = await autocommit(
+        rt.driver,
+        lambda s: conversation_q.pack_head(s, chat_id=chat_id, kinds=META_KINDS, limit=META_ITEMS),
+    )
     if row is None:
         raise NotFound("chat not found")
     route = route_of(rt, row)
-    summary = summary_text(summary_map(route.cipher, chat_id, row["summary"]))
-    return route, summary, reader_of(row)
+    return route, (summary_map(route.cipher, chat_id, row["summary"]), row["recent"]), reader_of(row)
 
 
-async def route_and_summary(rt: Runtime, chat_id: str) -> tuple[RouteChat, Route, str | None]:
-    """The Chat's route and its rolling summary (None before the first), decrypted after the read
-    (D9.8). The summary is the Chat's history (D9.17): whoever reads the Chat's messages, or
-    answers in it, may read it."""
+async def route_and_history(rt: Runtime, chat_id: str) -> tuple[RouteChat, Route, History]:
+    """The Chat's route and its history as the runner shows it (D9.17: whoever reads the Chat's
+    messages, or answers in it, may read it), in one auto-commit statement, decrypted after."""
+    row = await autocommit(
+        rt.driver,
+        lambda s: conversation_q.route_and_meta(s, chat_id=chat_id, kinds=META_KINDS, limit=META_ITEMS),
+    )
+    if row is None:
+        raise NotFound("chat not found")
+    route = route_of(rt, row)
+    summary = summary_map(route.cipher, chat_id, row["summary"])
+    kept = _within(rt, row["recent"])
+    messages = tuple(
+        (i["seq"], ItemKind(i["kind"]), route.cipher.decrypt(Kind.ITEM, i["uid"], i["text"])) for i in kept
+    )
+    return row["chat"], route, History(summary_text(summary), messages)
 
-    async def load(
-        tx: AsyncManagedTransaction,
-    ) -> tuple[RouteChat, Route, conversation_q.SummaryNode | None]:
-        row, route = await load_route(rt, tx, chat_id)
-        return row, route, await conversation_q.summary(tx, chat_id=chat_id)
 
-    row, route, saved = await read(rt.driver, load)
-    return row, route, summary_text(summary_map(route.cipher, chat_id, saved))
+def _within(rt: Runtime, recent: list[conversation_q.RecentItem]) -> list[conversation_q.RecentItem]:
+    """The meta's messages (``recent``: newest first) that fit ``summary_threshold_chars`` of text
+    (the newest always), oldest first."""
+    room = rt.settings.summary_threshold_chars
+    kept: list[conversation_q.RecentItem] = []
+    for item in recent:
+        room -= item["textLength"]
+        if kept and room < 0:
+            break
+        kept.append(item)
+    return kept[::-1]
+
+
+def _meta_map(
+    rt: Runtime,
+    cipher: Cipher,
+    chat_id: str,
+    summary: dict[str, str],
+    recent: list[conversation_q.RecentItem],
+) -> dict[str, str]:
+    """Seed 004's meta (D9.30): the summary map, then ``i-N`` → text of its messages after it."""
+    meta = dict(summary)
+    for item in _within(rt, recent):
+        meta[item["id"]] = cipher.decrypt(Kind.ITEM, item["uid"], item["text"])
+    return meta
 
 
 def summary_map(cipher: Cipher, chat_id: str, saved: conversation_q.SummaryNode | None) -> dict[str, str]:
@@ -135,17 +186,9 @@ class ChatMeta:
 def _meta_of(rt: Runtime, row: conversation_q.MetaRow) -> ChatMeta:
     chat_id = row["chat"]["id"]
     cipher = chats.chat_cipher(rt, row)
-    summary = summary_map(cipher, chat_id, row["summary"])
-    room = rt.settings.summary_threshold_chars
-    recent: list[conversation_q.RecentItem] = []
-    for item in row["recent"]:  # newest first
-        room -= item["textLength"]
-        if recent and room < 0:
-            break
-        recent.append(item)
-    for item in reversed(recent):
-        summary[item["id"]] = cipher.decrypt(Kind.ITEM, item["uid"], item["text"])
-    return ChatMeta(chat_id, summary)
+    return ChatMeta(
+        chat_id, _meta_map(rt, cipher, chat_id, summary_map(cipher, chat_id, row["summary"]), row["recent"])
+    )
 
 
 async def chat_meta(rt: Runtime, principal: Principal, chat_id: str) -> ChatMeta:

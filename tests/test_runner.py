@@ -11,7 +11,7 @@ import pytest
 import websockets
 from websockets.asyncio.client import ClientConnection
 
-from learning.runner import SUMMARY_INTRO
+from learning.runner import EARLIER_INTRO, SUMMARY_INTRO
 from services.runtime import Runtime
 from tests.client import Api, World
 from tests.feed_helpers import subscribed, ws_url
@@ -171,7 +171,9 @@ async def test_the_bot_sees_the_chats_last_messages_oldest_first(
     api: Api, runtime: Runtime, model_server: ModelServer
 ) -> None:
     """The runner gives the Bot the Chat's last ``runner_history_items`` messages before the Turn,
-    oldest first, then the person's new words: with 24 before it, the last 20 (m5…m24)."""
+    oldest first, then the person's new words: with 24 before it, the last 20 (m5…m24). The four
+    before them reach it through the meta, in its system message (they were lost until the Chat
+    was long enough to be summarised)."""
     w = await runner_world(api, ("ann",))
     ann = w.tokens["ann"]
     chat = await api.chat(ann, w.bot)
@@ -186,6 +188,12 @@ async def test_the_bot_sees_the_chats_last_messages_oldest_first(
     shown = [m["content"] for m in request.body["messages"][1:]]
     assert runtime.settings.runner_history_items == 20
     assert shown == [f"m{n}" for n in range(5, 25)] + ["And now?"]
+    system = request.body["messages"][0]["content"]
+    assert system.endswith(f"\n\n{EARLIER_INTRO}\nperson: m1\nyou: m2\nperson: m3\nyou: m4")
+    # contextPack carries the same meta: every message after the (absent) summary.
+    pack = await api.gql("query($c: ID!) { contextPack(chatId: $c) { meta { key text } } }", {"c": chat}, ann)
+    texts = [m["text"] for m in pack["contextPack"]["meta"]]
+    assert texts[:24] == [f"m{n}" for n in range(1, 25)] and "And now?" in texts
 
 
 async def test_review_chats_get_no_confide_tool(api: Api, model_server: ModelServer) -> None:
