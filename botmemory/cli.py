@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from neo4j.exceptions import DriverError, Neo4jError
+from pydantic import BaseModel, ConfigDict, ValidationError
 from redis.exceptions import RedisError
 
 from learning import backfill
@@ -84,17 +85,32 @@ async def _rotate(generate: bool) -> int:
 
 
 def _read_legacy(path: str) -> list[LegacyEntry]:
-    """One JSON object per line: ``{"content": ..., "tags": [...], "layer": "fact"}``."""
-    lines = Path(path).read_text(encoding="utf-8").splitlines()
-    rows = [json.loads(line) for line in lines if line.strip()]
-    return [
-        LegacyEntry(
-            content=str(r["content"]),
-            tags=tuple(str(t) for t in r.get("tags", [])),
-            layer=str(r.get("layer", "fact")),
-        )
-        for r in rows
-    ]
+    """One JSON object per line: ``{"content": ..., "tags": [...], "layer": "fact"}``. A line of
+    another shape is refused with its number, before anything is imported (``"tags": "work"``
+    was read as the tags w, o, r and k)."""
+    entries: list[LegacyEntry] = []
+    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = _LegacyLine.model_validate_json(line)
+        except ValidationError:
+            raise CommandFailed(
+                "BAD_INPUT",
+                f'line {n}: expected {{"content": "<text>", "tags": ["<tag>", ...], "layer": "<layer>"}}',
+            ) from None
+        entries.append(LegacyEntry(content=row.content, tags=tuple(row.tags), layer=row.layer))
+    return entries
+
+
+class _LegacyLine(BaseModel):
+    """One line of a legacy export, strictly: a string is not a list of tags."""
+
+    model_config = ConfigDict(strict=True)
+
+    content: str
+    tags: list[str] = []
+    layer: str = "fact"
 
 
 class _Bar:

@@ -1,0 +1,36 @@
+"""``botmemory import-legacy`` reads its file strictly: a line of another shape is refused with its
+number before anything is imported."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from botmemory import cli
+
+
+def test_legacy_lines_are_read_strictly_and_refused_by_number(tmp_path: Path) -> None:
+    good = {"content": "Ann lived in Oslo", "tags": ["home", "for:bot"], "layer": "observation"}
+    path = tmp_path / "legacy.jsonl"
+    path.write_text(json.dumps(good) + "\n\n" + json.dumps({"content": "plain"}) + "\n")
+    read = cli._read_legacy(str(path))  # pyright: ignore[reportPrivateUsage]
+    assert [(e.content, e.tags, e.layer) for e in read] == [
+        ("Ann lived in Oslo", ("home", "for:bot"), "observation"),
+        ("plain", (), "fact"),
+    ]
+    for bad in (
+        {"content": "x", "tags": "work"},  # was read as the tags w, o, r and k
+        {"content": "x", "tags": [1]},
+        {"content": 5},
+        {"tags": ["a"]},
+        [1, 2],
+    ):
+        path.write_text(json.dumps(good) + "\n" + json.dumps(bad) + "\n")
+        with pytest.raises(cli.CommandFailed) as refused:
+            cli._read_legacy(str(path))  # pyright: ignore[reportPrivateUsage]
+        assert refused.value.code == "BAD_INPUT" and refused.value.message.startswith("line 2:"), bad
+    path.write_text("{not json\n")
+    with pytest.raises(cli.CommandFailed):
+        cli._read_legacy(str(path))  # pyright: ignore[reportPrivateUsage]
