@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import AsyncIterator
-from typing import Any, Final, cast
+from typing import Any, cast
 
 from arq.constants import in_progress_key_prefix, job_key_prefix
 from redis.exceptions import RedisError
@@ -25,11 +25,6 @@ log = logging.getLogger("botmemory.queue")
 RUN_EXECUTION = "run_execution"
 SUMMARIZE_CHAT = "summarize_chat"
 BACKFILL_BOT = "backfill_bot"
-
-#: How many Bots' backfills run at once. The others wait for a lane: a sweep after an upgrade or
-#: an embedder change (every Bot due) queued a job for each at once, and learning steps queued
-#: behind thousands of them waited minutes (``make eval`` against a store of ~18,000 test Bots).
-BACKFILL_LANES: Final = 2
 
 
 def serialize(job: dict[str, Any]) -> bytes:
@@ -70,7 +65,7 @@ async def backfills_in_flight(rt: Runtime) -> set[str]:
 
 async def start_backfills(rt: Runtime, due: list[str], *, finishing: str | None = None) -> int:
     """Queue the backfill of the first Bots of ``due`` not already in flight, while fewer than
-    BACKFILL_LANES are (``finishing``: a Bot whose last part is ending, whose lane this frees).
+    ``backfill_lanes`` are (``finishing``: a Bot whose last part is ending, whose lane this frees).
     A Bot keeps its lane from part to part; the next sweep starts lanes that failed. Returns how
     many were queued."""
     try:
@@ -81,7 +76,7 @@ async def start_backfills(rt: Runtime, due: list[str], *, finishing: str | None 
     busy.discard(finishing or "")
     started = 0
     for bot_id in due:
-        if len(busy) >= BACKFILL_LANES:
+        if len(busy) >= rt.settings.backfill_lanes:
             break
         if bot_id in busy or bot_id == finishing:
             continue

@@ -116,6 +116,11 @@ class Settings(BaseSettings):
     #: Workers sweep for entries that lack keywords or a vector of the current embedder (after an
     #: upgrade, an embedder change or an outage) and backfill them in the background.
     backfill: bool = True
+    #: How many Bots' backfills run at once (each embeds on ``embedding_threads``); the others wait
+    #: for a lane (``services.jobs.start_backfills``). A sweep after an upgrade or an embedder
+    #: change (every Bot due) queued a job for each at once, and learning steps waited behind
+    #: thousands of them; one lane leaves the other cores to learning and the API.
+    backfill_lanes: int = Field(default=1, ge=1)
 
     # Request limits (GraphQL and REST).
     max_query_depth: int = Field(default=12, ge=1)

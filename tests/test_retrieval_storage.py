@@ -564,14 +564,15 @@ async def test_backfills_take_a_few_lanes_so_learning_never_queues_behind_them(s
     """A sweep after an upgrade or an embedder change finds every Bot due: it queued a job for
     each at once, and learning steps waited behind thousands of them (``make eval`` against a
     store of ~18,000 test Bots: no learning answer for 180 s). Backfills now take
-    ``jobs.BACKFILL_LANES`` lanes; a Bot keeps its lane from part to part and hands it on when
-    done. (Redis database 9: no worker takes these jobs.)"""
+    ``backfill_lanes`` lanes (one by default; two here); a Bot keeps its lane from part to part
+    and hands it on when done. (Redis database 9: no worker takes these jobs.)"""
     base = settings.redis_url.rsplit("/", 1)[0]
-    async with open_runtime(settings.model_copy(update={"redis_url": f"{base}/9"})) as rt:
+    two = settings.model_copy(update={"redis_url": f"{base}/9", "backfill_lanes": 2})
+    async with open_runtime(two) as rt:
         await rt.redis.flushdb()
         due = [f"bot_{n:032x}" for n in range(5)]
         try:
-            assert await jobs.start_backfills(rt, due) == jobs.BACKFILL_LANES == 2
+            assert await jobs.start_backfills(rt, due) == 2
             assert await jobs.start_backfills(rt, due) == 0  # both lanes taken
             assert await jobs.backfills_in_flight(rt) == set(due[:2])
             # The first Bot's part 0 runs and queues part 1: it keeps its lane.
