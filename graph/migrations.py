@@ -237,7 +237,7 @@ _LINK_TOPICS: Final[LiteralString] = (
 MATCH (e:Entry) WHERE any(t IN e.tags WHERE NOT t CONTAINS ':') AND NOT EXISTS { (e)-[:HAS_TOPIC]->() }
 CALL (e) {
   """
-    + link_topics(TOPICS_OF_E)
+    + link_topics(TOPICS_OF_E, concurrent=True)
     + """} IN TRANSACTIONS OF 10000 ROWS
 """
 )

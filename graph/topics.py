@@ -48,14 +48,18 @@ def topic_key(bot: LiteralString, topic: LiteralString) -> LiteralString:
     return bot + " + '|' + " + topic
 
 
-def link_topics(topics: LiteralString) -> LiteralString:
+def link_topics(topics: LiteralString, *, concurrent: bool = False) -> LiteralString:
     """A FOREACH that links ``e`` to the Topic of each of ``topics`` (distinct, not yet linked),
-    creating the Topic at its first entry; it keeps the rows as they are."""
+    creating the Topic at its first entry; it keeps the rows as they are. ``concurrent``: for a
+    statement that others may run at once on the same entries without the Memory lock (a
+    migration's data step as replicas start together): the link is MERGEd (Neo4j locks both
+    nodes, so it is made once), not created."""
+    link: LiteralString = "MERGE" if concurrent else "CREATE"
     return (
         "FOREACH (topic IN " + topics + " |\n"
         "  MERGE (tp:Topic {key: " + topic_key("e.botId", "topic") + "})\n"
         "  ON CREATE SET tp.botId = e.botId, tp.topic = topic\n"
-        "  CREATE (e)-[:HAS_TOPIC]->(tp))\n"
+        "  " + link + " (e)-[:HAS_TOPIC]->(tp))\n"
     )
 
 

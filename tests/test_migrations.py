@@ -22,7 +22,14 @@ DROPS = (
 
 async def test_concurrent_starters_all_migrate_to_the_latest_version(runtime: Runtime) -> None:
     driver = runtime.driver
+    bot = "bot_" + secrets.token_hex(16)
     for _ in range(3):
+        # Entries no topic link was made for (a store of version 14): the starters race to link
+        # them (migration 15), and each topic is linked once (CREATE made one link per starter).
+        await driver.execute_query(
+            "UNWIND range(1, 300) AS n CREATE (:Entry {id: $bot + '-' + n, botId: $bot, tags: ['alpha', 'beta', 'chat:x']})",
+            bot=bot,
+        )
         # As if nothing had been applied: every schema statement runs again in every starter, and
         # a few indexes really are missing, so the starters race to create them.
         for drop in DROPS:
@@ -31,6 +38,15 @@ async def test_concurrent_starters_all_migrate_to_the_latest_version(runtime: Ru
         versions = await asyncio.gather(*(migrate(driver) for _ in range(4)))
         assert versions == [LATEST] * 4
         assert await current_version(driver) == LATEST
+        links, _, _ = await driver.execute_query(
+            "MATCH (e:Entry {botId: $bot}) RETURN e.id AS id, COUNT { (e)-[:HAS_TOPIC]->() } AS n", bot=bot
+        )
+        assert len(links) == 300 and {r["n"] for r in links} == {2}
+        await driver.execute_query(
+            "MATCH (e:Entry {botId: $bot}) DETACH DELETE e WITH count(*) AS _ "
+            "MATCH (t:Topic {botId: $bot}) DETACH DELETE t",
+            bot=bot,
+        )
 
 
 def _log_of(path: Path) -> bytes:
