@@ -2382,6 +2382,7 @@ MATCH (m:Memory {id: $botId}) RETURN coalesce(m.vecSeq, 0) AS seq
 
 // ---- graph.search.DERIVED_SINCE
 MATCH (e:Entry)
+USING INDEX e:Entry(botId, vecSeq)
 WHERE e.botId = $botId AND e.vecSeq > $after
 WITH collect(e) AS stamped
 UNWIND range(0, size(stamped) - 1) AS at
@@ -2408,6 +2409,7 @@ WITH m, $readers AS readers, $org AS org
 
 CALL (m) {
   MATCH (e:Entry)
+  USING INDEX e:Entry(botId, vecSeq)
   WHERE e.botId = $botId AND e.vecSeq > $after
   RETURN {ids: collect(e.id), nodes: collect(elementId(e)),
           keywords: collect(coalesce(e.kwBlind, '')),
@@ -2481,6 +2483,7 @@ WITH m, $readers AS readers, $org AS org
 
 CALL (m) {
   MATCH (e:Entry)
+  USING INDEX e:Entry(botId, vecSeq)
   WHERE e.botId = $botId AND e.vecSeq > $after
   RETURN {ids: collect(e.id), nodes: collect(elementId(e)),
           keywords: collect(coalesce(e.kwBlind, '')),
