@@ -274,7 +274,9 @@ class ExecutionRunner:
                 and inputs.spent is not None
                 and route.budget_limit is not None
                 and inputs.spent >= route.budget_limit
-            ):
+            ) or (attempt > 0 and await self.gateway.budget_spent(self.rt, route)):
+                # A re-ask is a call too: spent (by the answer it corrects, or by others), the step
+                # waits for the budget like one that never began (L6; re-asks were not checked).
                 return [], None
             else:
                 try:

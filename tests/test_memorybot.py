@@ -263,6 +263,27 @@ async def test_spent_budget_gives_the_calm_answer_and_learning_waits_for_a_raise
     assert await position(runtime, w.bot, chat) == 1
 
 
+async def test_a_refused_answer_is_not_asked_again_past_the_budget(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    """A re-ask (D9.21) is a model call: when the answer it would correct spent the budget, the
+    step waits for the budget (L6) instead of calling again — re-asks were never checked, so a
+    step could spend two calls past it."""
+    w = await memory_world(api, ("ann",))
+    budget = {"expected": 0, "budget": {"period": "day", "limitMicros": 20}}  # one call of 10 + 5 tokens
+    assert (await patch(api, w.tokens["ann"], w.bot, budget)).status_code == 200
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    turn = await api.turn(w.tokens["ann"], chat, "I moved to Berlin")
+    model_server.script("confide", Reply(text="Noted.", usage=(0, 0)))  # costs nothing
+    await confide(api, w.tokens["ann"], turn["id"])
+    model_server.default("learn", learn(fact_call("Ann lives in Berlin", "i-1", topics=("for:bot",))))
+    await complete(api, w.tokens["ann"], turn["id"])
+    [x] = await wait_executions(runtime, turn["id"], ("budget",))
+    assert x["status"] == "budget"
+    assert len(model_server.requests_for("learn")) == 1
+    assert (await settings_of(api, w.tokens["ann"], w.bot))["spent"]["micros"] == 20
+
+
 async def test_learning_waiting_for_budget_resumes_next_period(
     api: Api, runtime: Runtime, model_server: ModelServer
 ) -> None:
