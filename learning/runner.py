@@ -78,7 +78,7 @@ async def send_message(
     system = _system(chat["botName"])
     if earlier.summary is not None:
         system += f"\n\n{SUMMARY_INTRO}\n{earlier.summary}"
-    before = [f"{_SPOKEN[kind]}: {said}" for seq, kind, said in earlier.messages if seq < shown]
+    before = [f"{_SPOKEN[kind]}: {said}" for kind, said in earlier.before(shown)]
     if before:
         system += f"\n\n{EARLIER_INTRO}\n" + "\n".join(before)
     messages: list[dict[str, Any]] = [

@@ -112,7 +112,7 @@ async def backfill_bot(ctx: dict[str, Any], bot_id: str, part: int) -> None:
 
 async def backfill_sweep(ctx: dict[str, Any]) -> None:
     """Start backfills of the Bots whose entries lack keywords or a vector of this embedder, a few
-    at a time (``jobs.BACKFILL_LANES``: each finished Bot hands its lane to the next)."""
+    at a time (the ``backfill_lanes`` setting: each finished Bot hands its lane to the next)."""
     runtime: Runtime = ctx["runtime"]
     gateway: Gateway = ctx["gateway"]
     if not runtime.settings.backfill:

@@ -7,15 +7,16 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, TypeVar
 
 from neo4j import AsyncManagedTransaction
 
 from graph import conversation as conversation_q
 from graph import memory as memory_q
-from graph.driver import autocommit, read, write
-from graph.memorybot import RouteChat
+from graph.driver import QueryTarget, autocommit, read, write
+from graph.memorybot import RouteChat, RouteRow
 from services import chats, memory, retrieval, search
 from services.crypto import Cipher, Kind
 from services.domain import Item, ItemKind, Principal
@@ -46,10 +47,19 @@ class ContextPack:
 @dataclass(frozen=True, slots=True)
 class History:
     """What the built-in runner shows the Bot of a Chat's history before its last messages: the
-    summary (as text) and the meta's messages after it, oldest first, as (number, kind, text)."""
+    summary (as text) and the meta's messages after it, oldest first, still sealed."""
 
     summary: str | None
-    messages: tuple[tuple[int, ItemKind, str], ...]
+    messages: tuple[conversation_q.RecentItem, ...]
+    cipher: Cipher
+
+    def before(self, seq: int) -> list[tuple[ItemKind, str]]:
+        """The messages numbered below ``seq`` (those the runner's window leaves out), decrypted."""
+        return [
+            (ItemKind(i["kind"]), self.cipher.decrypt(Kind.ITEM, i["uid"], i["text"]))
+            for i in self.messages
+            if i["seq"] < seq
+        ]
 
 
 async def context_pack(
@@ -58,7 +68,10 @@ async def context_pack(
     """Summary, preferences, the last 10 messages and the visible memory ``context`` (D9.17),
     chosen by relevance to the latest person message (design §10)."""
     chat, last = await chats.last_messages(rt, principal, chat_id, LAST_MESSAGES)
-    route, history, reader = await _pack_head(rt, chat_id)
+    row, route = await _head(
+        rt, lambda s: conversation_q.pack_head(s, chat_id=chat_id, kinds=META_KINDS, limit=META_ITEMS)
+    )
+    reader = reader_of(row)
     preferences: tuple[memory.Entry, ...] = ()
     known = retrieval.Context("", ())
     # Memory for the Chat's audience; none in review chats or with botMemory off (D9.16, L5).
@@ -73,45 +86,32 @@ async def context_pack(
             rt.settings.answer_context_chars,
             query=said[-1] if said else None,
         )
-    meta = _meta_map(rt, route.cipher, chat_id, *history)
-    return ContextPack(
-        chat_id, summary_text(history[0]), preferences, tuple(i for i in last.items), known, meta
-    )
+    summary = summary_map(route.cipher, chat_id, row["summary"])
+    shown = {i.id: i.text for i in last.items if i.text is not None}  # decrypted once, for both
+    meta = _meta_map(rt, route.cipher, summary, row["recent"], shown)
+    return ContextPack(chat_id, summary_text(summary), preferences, tuple(last.items), known, meta)
 
 
-_Saved = tuple[dict[str, str], list[conversation_q.RecentItem]]
+_Row = TypeVar("_Row", bound=RouteRow)
 
 
-async def _pack_head(rt: Runtime, chat_id: str) -> tuple[Route, _Saved, memory.Reader | None]:
-    """The Chat's route, its summary (decrypted after the read, D9.8) with the meta's messages
-    after it, and the readers of an answer in it (None when it has none), in one auto-commit
-    statement."""
-    row = await autocommit(
-        rt.driver,
-        lambda s: conversation_q.pack_head(s, chat_id=chat_id, kinds=META_KINDS, limit=META_ITEMS),
-    )
+async def _head(rt: Runtime, read_row: Callable[[QueryTarget], Awaitable[_Row | None]]) -> tuple[_Row, Route]:
+    """A Chat's head row, read in one auto-commit statement, and its route."""
+    row = await autocommit(rt.driver, read_row)
     if row is None:
         raise NotFound("chat not found")
-    route = route_of(rt, row)
-    return route, (summary_map(route.cipher, chat_id, row["summary"]), row["recent"]), reader_of(row)
+    return row, route_of(rt, row)
 
 
 async def route_and_history(rt: Runtime, chat_id: str) -> tuple[RouteChat, Route, History]:
     """The Chat's route and its history as the runner shows it (D9.17: whoever reads the Chat's
-    messages, or answers in it, may read it), in one auto-commit statement, decrypted after."""
-    row = await autocommit(
-        rt.driver,
-        lambda s: conversation_q.route_and_meta(s, chat_id=chat_id, kinds=META_KINDS, limit=META_ITEMS),
+    messages, or answers in it, may read it), in one auto-commit statement; the summary is
+    decrypted after the read, the messages when the runner knows which it needs."""
+    row, route = await _head(
+        rt, lambda s: conversation_q.route_and_meta(s, chat_id=chat_id, kinds=META_KINDS, limit=META_ITEMS)
     )
-    if row is None:
-        raise NotFound("chat not found")
-    route = route_of(rt, row)
-    summary = summary_map(route.cipher, chat_id, row["summary"])
-    kept = _within(rt, row["recent"])
-    messages = tuple(
-        (i["seq"], ItemKind(i["kind"]), route.cipher.decrypt(Kind.ITEM, i["uid"], i["text"])) for i in kept
-    )
-    return row["chat"], route, History(summary_text(summary), messages)
+    summary = summary_text(summary_map(route.cipher, chat_id, row["summary"]))
+    return row["chat"], route, History(summary, tuple(_within(rt, row["recent"])), route.cipher)
 
 
 def _within(rt: Runtime, recent: list[conversation_q.RecentItem]) -> list[conversation_q.RecentItem]:
@@ -130,14 +130,16 @@ def _within(rt: Runtime, recent: list[conversation_q.RecentItem]) -> list[conver
 def _meta_map(
     rt: Runtime,
     cipher: Cipher,
-    chat_id: str,
     summary: dict[str, str],
     recent: list[conversation_q.RecentItem],
+    known: dict[str, str] | None = None,
 ) -> dict[str, str]:
-    """Seed 004's meta (D9.30): the summary map, then ``i-N`` → text of its messages after it."""
+    """Seed 004's meta (D9.30): the summary map, then ``i-N`` → text of its messages after it
+    (``known``: texts already decrypted, by Item id, taken as they are)."""
     meta = dict(summary)
     for item in _within(rt, recent):
-        meta[item["id"]] = cipher.decrypt(Kind.ITEM, item["uid"], item["text"])
+        text = (known or {}).get(item["id"])
+        meta[item["id"]] = text if text is not None else cipher.decrypt(Kind.ITEM, item["uid"], item["text"])
     return meta
 
 
@@ -187,7 +189,7 @@ def _meta_of(rt: Runtime, row: conversation_q.MetaRow) -> ChatMeta:
     chat_id = row["chat"]["id"]
     cipher = chats.chat_cipher(rt, row)
     return ChatMeta(
-        chat_id, _meta_map(rt, cipher, chat_id, summary_map(cipher, chat_id, row["summary"]), row["recent"])
+        chat_id, _meta_map(rt, cipher, summary_map(cipher, chat_id, row["summary"]), row["recent"])
     )
 
 
