@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Generic, Literal, TypeVar
 
@@ -95,6 +95,16 @@ class Bot:
             row.get("model"),
             tuple(row.get("linkedOrganizationIds") or ()),
             row["createdAt"],
+        )
+
+    def seen_from(self, org: str | None) -> Bot:
+        """The Bot as an organization sees it (None: the admin, who sees everything): its owner sees
+        every organization it is linked into; a linked organization, only itself among them (which
+        others share a Bot is the owner's business, not theirs)."""
+        if org is None or org == self.organization_id:
+            return self
+        return replace(
+            self, linked_organization_ids=tuple(o for o in self.linked_organization_ids if o == org)
         )
 
 

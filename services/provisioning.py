@@ -224,9 +224,11 @@ def _visible_bot(principal: Principal, row: bots_q.BotMap | None) -> Bot | NotFo
     if row is None:
         return NotFound("bot not found")
     bot, org = Bot.of(row), principal.organization_id
-    if principal.kind != "admin" and org != bot.organization_id and org not in bot.linked_organization_ids:
+    if principal.kind == "admin":
+        return bot
+    if org != bot.organization_id and org not in bot.linked_organization_ids:
         return NotFound("bot not found")
-    return bot
+    return bot.seen_from(org)
 
 
 async def get_bots(rt: Runtime, principal: Principal, bot_ids: list[str]) -> list[Bot | ServiceError]:
@@ -256,7 +258,7 @@ async def usable_bots(rt: Runtime, principal: Principal) -> list[Bot]:
     person = principal.person_id if principal.kind == "person" else None
     org = None if principal.kind == "admin" else principal.organization_id
     found = await read(rt.driver, lambda tx: bots_q.usable_bots(tx, person_id=person, org=org))
-    return [Bot.of(row) for row in found]
+    return [Bot.of(row).seen_from(org) for row in found]
 
 
 async def grant_bot(rt: Runtime, principal: Principal, bot_id: str, person_id: str, access: Access) -> Bot:

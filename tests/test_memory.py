@@ -384,6 +384,36 @@ async def test_linked_bot_is_scoped_by_organization(api: Api, runtime: Runtime) 
     assert o not in await visible(api, w.tokens["ann"], w.bot)
 
 
+async def test_a_linked_organization_sees_only_itself_among_a_bots_links(api: Api) -> None:
+    """Which other organizations share a Bot is its owner's business: a person or platform token of
+    a linked organization sees only their own organization among ``linkedOrganizationIds``
+    (through ``bot`` and ``bots``; REST shows no Bot's links); the owner and the admin see every link."""
+    w = await make_world(api, ("ann",))
+    guest = await make_world(api, ("gus",))
+    other = await make_world(api, ("oli",))
+    for org in (guest.org, other.org):
+        await api.admin(
+            "mutation($b: ID!, $o: ID!) { linkBot(botId: $b, organizationId: $o) { id } }",
+            {"b": w.bot, "o": org},
+        )
+    await api.grant(w.bot, guest.people["gus"], "READ")
+    await api.grant(w.bot, w.people["ann"], "READ")
+    everyone = sorted([guest.org, other.org])
+    query = "query($b: ID!) { bot(id: $b) { linkedOrganizationIds } bots { id linkedOrganizationIds } }"
+    for token, expected in (
+        (guest.tokens["gus"], [guest.org]),
+        (await api.platform_token(guest.org), [guest.org]),
+        (w.tokens["ann"], everyone),
+        (await api.platform_token(w.org), everyone),
+    ):
+        seen = await api.gql(query, {"b": w.bot}, token)
+        assert sorted(seen["bot"]["linkedOrganizationIds"]) == expected
+        listed = [b for b in seen["bots"] if b["id"] == w.bot]
+        assert [sorted(b["linkedOrganizationIds"]) for b in listed] == [expected]
+    admin = await api.admin(query, {"b": w.bot})
+    assert sorted(admin["bot"]["linkedOrganizationIds"]) == everyone
+
+
 async def test_legacy_entries_stay_hidden_and_are_never_widened(api: Api, runtime: Runtime) -> None:
     w = await make_world(api, ("ann",))
     legacy = LegacyEntry(
