@@ -267,6 +267,29 @@ RETURN i {.*} AS item ORDER BY i.seq LIMIT 1
 """
 
 
+#: The Chat's people now (D9.6: a private chat's owner, a group chat's current channel members),
+#: and which of the tokens ``$tokens`` are still live (not revoked, not expired at ``$now``): who
+#: may go on following its Turns (``services.turnfeed``).
+CHAT_PEOPLE: Final[LiteralString] = """
+MATCH (ch:Chat {id: $chatId})
+OPTIONAL MATCH (ch)-[:IN_CHANNEL]->(c:Channel)
+OPTIONAL MATCH (p:Person)-[:MEMBER]->(c)
+WITH ch, c, collect(p.id) AS members
+OPTIONAL MATCH (t:Token)
+WHERE t.id IN $tokens AND t.revokedAt IS NULL AND (t.expiresAt IS NULL OR t.expiresAt > $now)
+RETURN CASE WHEN c IS NULL THEN [ch.ownerId] ELSE members END AS people, collect(t.id) AS live
+"""
+
+
+class ChatPeopleRow(TypedDict):
+    people: list[str]
+    live: list[str]
+
+
+#: One Item by its uid (``<chatId>/<itemId>``).
+ITEM_BY_UID: Final[LiteralString] = "MATCH (i:Item {uid: $uid}) RETURN i {.*} AS item\n"
+
+
 async def create_chat(
     tx: AsyncManagedTransaction,
     *,
@@ -385,3 +408,16 @@ async def complete_turn(tx: AsyncManagedTransaction, *, turn_id: str, now: int) 
 async def first_item_of_turn(tx: AsyncManagedTransaction, *, chat_id: str, turn_id: str) -> ItemNode | None:
     record = await single(tx, FIRST_ITEM_OF_TURN, ItemRow, chatId=chat_id, turnId=turn_id)
     return None if record is None else record["item"]
+
+
+async def chat_people(
+    tx: AsyncManagedTransaction, *, chat_id: str, tokens: list[str], now: int
+) -> ChatPeopleRow | None:
+    """The Chat's people now and which of ``tokens`` are live (None: no such Chat)."""
+    return await single(tx, CHAT_PEOPLE, ChatPeopleRow, chatId=chat_id, tokens=tokens, now=now)
+
+
+async def item_by_uid(tx: AsyncManagedTransaction, *, uid: str) -> ItemNode | None:
+    """The Item of ``uid`` (None: gone)."""
+    found = await single(tx, ITEM_BY_UID, ItemRow, uid=uid)
+    return None if found is None else found["item"]

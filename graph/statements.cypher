@@ -1068,6 +1068,15 @@ CALL (ch, isPerson) {
 }
 RETURN ch {.*} AS chat, b.keyMaster AS keyMaster, b.keyWrapped AS keyWrapped, isPerson, items
 
+// ---- graph.chats.CHAT_PEOPLE
+MATCH (ch:Chat {id: $chatId})
+OPTIONAL MATCH (ch)-[:IN_CHANNEL]->(c:Channel)
+OPTIONAL MATCH (p:Person)-[:MEMBER]->(c)
+WITH ch, c, collect(p.id) AS members
+OPTIONAL MATCH (t:Token)
+WHERE t.id IN $tokens AND t.revokedAt IS NULL AND (t.expiresAt IS NULL OR t.expiresAt > $now)
+RETURN CASE WHEN c IS NULL THEN [ch.ownerId] ELSE members END AS people, collect(t.id) AS live
+
 // ---- graph.chats.CHAT_TAILS
 UNWIND $chatIds AS chatId
 MATCH (ch:Chat {id: chatId})-[:WITH_BOT]->(b:Bot)
@@ -1133,6 +1142,9 @@ MATCH (ch:Chat {id: $chatId})
 OPTIONAL MATCH (ch)-[:IN_CHANNEL]->(c:Channel)
 RETURN CASE WHEN c IS NULL THEN ch.ownerId = $personId
        ELSE EXISTS { MATCH (:Person {id: $personId})-[:MEMBER]->(c) } END AS ok
+
+// ---- graph.chats.ITEM_BY_UID
+MATCH (i:Item {uid: $uid}) RETURN i {.*} AS item
 
 // ---- graph.chats.TURN_FOR
 MATCH (t:Turn {id: $turnId})-[:IN_CHAT]->(ch:Chat)-[:WITH_BOT]->(b:Bot)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from graph import bots as bots_q
 from graph import identity
 from graph.driver import autocommit, read, write
+from services import turnfeed
 from services.auth import require_admin, require_person
 from services.domain import Access, Bot, Channel, Organization, Person, Principal
 from services.errors import BadInput, Forbidden, NotFound, ServiceError
@@ -142,6 +143,7 @@ async def revoke_token(rt: Runtime, principal: Principal, token_id: str) -> str:
         raise NotFound("token not found")
     now = now_ms()
     await write(rt.driver, lambda tx: identity.revoke_token(tx, token_id=token_id, now=now))
+    await turnfeed.announce_access_change(rt)  # streams of turns on it (or its children) end
     return token_id
 
 
@@ -189,6 +191,7 @@ async def set_channel_members(
     channel = await get_channel(rt, principal, channel_id)
     members = await _check_members(rt, channel.organization_id, member_ids)
     await write(rt.driver, lambda tx: identity.set_channel_members(tx, id=channel_id, member_ids=members))
+    await turnfeed.announce_access_change(rt)  # a removed member's turn streams end
     return await get_channel(rt, principal, channel_id)
 
 

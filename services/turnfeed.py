@@ -16,12 +16,12 @@ import logging
 import secrets
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import Any
 
 from neo4j import AsyncManagedTransaction
 
 from graph import chats as chats_q
-from graph.driver import read, single
+from graph.driver import read
 from services import metrics, pubsub
 from services.crypto import Kind
 from services.runtime import Runtime, now_ms
@@ -29,23 +29,12 @@ from services.runtime import Runtime, now_ms
 log = logging.getLogger("services.turnfeed")
 
 CHANNEL_PATTERN = "botmemory:turns:*"
-
-#: The Chat's people now (D9.6: a private chat's owner, a group chat's current channel members),
-#: and which of the subscribers' tokens (``$tokens``) are still live (not revoked, not expired).
-CHAT_PEOPLE = """
-MATCH (ch:Chat {id: $chatId})
-OPTIONAL MATCH (ch)-[:IN_CHANNEL]->(c:Channel)
-OPTIONAL MATCH (p:Person)-[:MEMBER]->(c)
-WITH ch, c, collect(p.id) AS members
-OPTIONAL MATCH (t:Token)
-WHERE t.id IN $tokens AND t.revokedAt IS NULL AND (t.expiresAt IS NULL OR t.expiresAt > $now)
-RETURN CASE WHEN c IS NULL THEN [ch.ownerId] ELSE members END AS people, collect(t.id) AS live
-"""
-
-
-class _ChatPeople(TypedDict):
-    people: list[str]
-    live: list[str]
+#: Where a process says that who may follow Chats may have changed (a channel's members were set,
+#: a token was revoked): every API process then checks its subscribers of every Chat again, so a
+#: reply streaming meanwhile stops reaching a person removed from its channel at once, not at the
+#: next saved Item.
+ACCESS_CHANNEL = "botmemory:turns:access"
+ACCESS_CHANGED = "ACCESS_CHANGED"
 
 
 class _ItemOfChat(chats_q.ChatForRow):
@@ -133,8 +122,7 @@ class TurnHub:
             return
         tokens = sorted({s.token_id for s in subs})
         record = await read(
-            self.rt.driver,
-            lambda tx: single(tx, CHAT_PEOPLE, _ChatPeople, chatId=chat_id, tokens=tokens, now=now_ms()),
+            self.rt.driver, lambda tx: chats_q.chat_people(tx, chat_id=chat_id, tokens=tokens, now=now_ms())
         )
         people: set[str] = set() if record is None else set(record["people"])
         live: set[str] = set() if record is None else set(record["live"])
@@ -145,7 +133,12 @@ class TurnHub:
                 subs.discard(sub)
 
     async def _remote(self, message: dict[str, Any]) -> None:
-        """An event of another process: ids only; read the Item here."""
+        """An event of another process: ids only; read the Item here. A change of who may follow
+        Chats (from any process, this one included) checks every subscriber again."""
+        if message.get("kind") == ACCESS_CHANGED:
+            for chat_id in list(self.subscribers):
+                await self._recheck(chat_id)
+            return
         chat_id = str(message["chatId"])
         if message.get("origin") == self.origin or chat_id not in self.subscribers:
             return
@@ -155,13 +148,8 @@ class TurnHub:
 
             async def work(tx: AsyncManagedTransaction) -> _ItemOfChat | None:
                 row = await chats_q.chat_for(tx, chat_id=chat_id, person_id=None)
-                item = await single(
-                    tx,
-                    "MATCH (i:Item {uid: $uid}) RETURN i {.*} AS item",
-                    chats_q.ItemRow,
-                    uid=f"{chat_id}/{item_id}",
-                )
-                return None if row is None or item is None else {**row, "item": item["item"]}
+                item = await chats_q.item_by_uid(tx, uid=f"{chat_id}/{item_id}")
+                return None if row is None or item is None else {**row, "item": item}
 
             found = await read(self.rt.driver, work)
             if found is None:
@@ -179,3 +167,12 @@ class TurnHub:
             await self._recheck(chat_id)
         for sub in list(self.subscribers.get(chat_id, ())):
             pubsub.offer(sub, event)
+
+
+async def announce_access_change(rt: Runtime) -> None:
+    """Tell every API process that who may follow Chats may have changed (ACCESS_CHANNEL). Not
+    announced (Redis down), the streams are still checked again at the next saved Item."""
+    try:
+        await rt.redis.publish(ACCESS_CHANNEL, json.dumps({"kind": ACCESS_CHANGED}))
+    except Exception as exc:
+        log.warning("a change of chat access was not announced to the API processes (%s)", type(exc).__name__)

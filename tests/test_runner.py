@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from typing import Any
 
 import pytest
@@ -227,9 +228,10 @@ async def test_only_the_chats_people_follow_its_turns(api: Api) -> None:
     assert codes == ["NOT_FOUND"]
 
 
-async def test_turn_events_end_when_the_token_is_revoked(api: Api, model_server: ModelServer) -> None:
+async def test_turn_events_end_when_the_token_is_revoked(api: Api) -> None:
     """A stream of Turn events checks its token again on every saved Item, as it checks the
-    Chat's people: revoked, it ends as unauthenticated before the Turn's words reach it."""
+    Chat's people, and whenever a token is revoked (announced to every API process): revoked, it
+    ends as unauthenticated at once, before any Turn's words could reach it."""
     w = await runner_world(api, ("ann",))
     chat = await api.chat(w.tokens["ann"], w.bot)
     issued = (await api.gql("mutation { issueToken { id token } }", token=w.tokens["ann"]))["issueToken"]
@@ -237,9 +239,46 @@ async def test_turn_events_end_when_the_token_is_revoked(api: Api, model_server:
         await api.gql(
             "mutation($t: ID!) { revokeToken(tokenId: $t) { id } }", {"t": issued["id"]}, w.tokens["ann"]
         )
-        model_server.script("chat", Reply(text="The plan is Lyon."))
-        await api.gql(SEND, {"c": chat, "t": "Tell me the plan."}, w.tokens["ann"])
-        message = json.loads(await asyncio.wait_for(ws.recv(), 10))
+        message = json.loads(await asyncio.wait_for(ws.recv(), 10))  # no Turn has started
         assert message["type"] == "next"
         assert [e["extensions"]["code"] for e in message["payload"]["errors"]] == ["UNAUTHENTICATED"]
-        assert "plan" not in json.dumps(message)
+
+
+async def test_a_member_removed_while_the_reply_streams_gets_none_of_the_rest(
+    api: Api, model_server: ModelServer
+) -> None:
+    """A group chat's people are its channel's current members (D9.6). Setting a channel's
+    members is announced to every API process, which checks its Turn streams again at once: one
+    removed while the Bot's reply streams gets none of the rest of it (before, only the next saved
+    Item checked, so the rest of the reply still reached them)."""
+    w = await runner_world(api, ("ann", "bob"), channel=("ann", "bob"))
+    chat = await api.chat(w.tokens["ann"], w.bot, channel=w.channel)
+    midway = threading.Event()
+    reply = "Here is the first part. The second part names Lyon."
+    model_server.script("chat", Reply(text=reply, midway=midway))
+    async with turn_events(api, w.tokens["ann"], chat) as ann, turn_events(api, w.tokens["bob"], chat) as bob:
+        send = asyncio.create_task(api.gql(SEND, {"c": chat, "t": "Where to?"}, w.tokens["ann"]))
+        got: list[dict[str, Any]] = []
+        while not any(e["kind"] == "REPLY_DELTA" for e in got):  # the reply has begun (then waits)
+            message = json.loads(await asyncio.wait_for(bob.recv(), 10))
+            assert message["type"] == "next", message
+            got.append(message["payload"]["data"]["turnEvents"])
+        await api.admin(
+            "mutation($c: ID!, $m: [ID!]!) { setChannelMembers(channelId: $c, memberIds: $m) { id } }",
+            {"c": w.channel, "m": [w.people["ann"]]},
+        )
+        later: list[dict[str, Any]] = []
+        while True:  # bob's stream ends before the rest of the reply is streamed
+            ended = json.loads(await asyncio.wait_for(bob.recv(), 10))
+            assert ended["type"] == "next", ended
+            if "errors" in ended["payload"]:
+                break
+            later.append(ended["payload"]["data"]["turnEvents"])
+        assert not [e for e in later if e["kind"] == "REPLY_DELTA"]
+        assert [e["extensions"]["code"] for e in ended["payload"]["errors"]] == ["FORBIDDEN"]
+        midway.set()
+        assert (await send)["sendMessage"]["reply"] == reply
+        events = await events_until_completed(ann)
+    assert "".join(e["text"] for e in events if e["kind"] == "REPLY_DELTA") == reply
+    shown = "".join(e["text"] or "" for e in got + later)
+    assert "Lyon" not in shown and shown.startswith("Where to?")

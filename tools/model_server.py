@@ -46,6 +46,8 @@ class Reply:
     usage: tuple[int, int] | None = (10, 5)
     delay: float = 0.0
     hold: threading.Event | None = None  # when given, the answer waits until the test sets it
+    #: When given, a streamed answer sends its first piece of text, then waits until the test sets it.
+    midway: threading.Event | None = None
     status: int = 200
     body: bytes | None = None
     model: str | None = None
@@ -287,8 +289,14 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Cache-Control", "no-cache")
         self.send_header("Connection", "close")
         self.end_headers()
-        for chunk in _chunks(next_id, reply, body):
+        server = cast("_HTTPServer", self.server)
+        for at, chunk in enumerate(_chunks(next_id, reply, body)):
             self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            if at == 1 and reply.midway is not None:  # the role, then the first piece of text
+                self.wfile.flush()
+                while not reply.midway.wait(0.05):
+                    if server.stopping.is_set():
+                        return
         self.wfile.write(b"data: [DONE]\n\n")
 
 
