@@ -20,10 +20,13 @@ _KEYWORDS_DUE: Final[LiteralString] = "(e.kwBlind IS NULL OR coalesce(e.kwScheme
 #: Entries after ``$after`` in id order whose keywords are due (``$model`` null) or that lack a
 #: vector of ``$model``: id, ciphertext, what identifies the content read (length and order key)
 #: and the keywords held. Retracted entries are never shown again (D9.4), so they get nothing.
-#: Up to ``$limit``.
+#: Up to ``$limit``, in id order: a range seek on ``entry_bot_id``, pinned (on a store whose
+#: statistics had changed — the bench's pools built and deleted — the planner read every entry of
+#: the Bot through ``entry_bot`` and sorted them, for each page of the walk).
 MISSING: Final[LiteralString] = (
     """
 MATCH (e:Entry)
+USING INDEX e:Entry(botId, id)
 WHERE e.botId = $botId AND e.id > $after AND e.status <> 'retracted'
   AND ("""
     + _KEYWORDS_DUE

@@ -341,6 +341,7 @@ RETURN count(m) AS n
 
 // ---- graph.backfill.MISSING
 MATCH (e:Entry)
+USING INDEX e:Entry(botId, id)
 WHERE e.botId = $botId AND e.id > $after AND e.status <> 'retracted'
   AND ((e.kwBlind IS NULL OR coalesce(e.kwScheme, 1) < $scheme) OR ($model IS NOT NULL AND coalesce(e.vecModel, '') <> $model))
 RETURN e.id AS id, e.content AS content, e.contentLength AS contentLength, e.orderKey AS orderKey,
