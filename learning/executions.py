@@ -15,10 +15,12 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from neo4j import AsyncManagedTransaction
+from redis.exceptions import RedisError
 
 from graph import learning as learning_q
 from graph import memorybot
@@ -35,7 +37,7 @@ from learning.gateway import (
     request_hash,
 )
 from learning.prompts import system_prompt
-from services import metrics
+from services import metrics, slots
 from services.changes import AddFact, AddObservation, MemoryChange
 from services.crypto import Cipher, Kind
 from services.errors import ServiceError
@@ -102,6 +104,10 @@ def _speaker(item: learning_q.EvidenceMap) -> str:
     if kind == "NOTICE":
         return "notice"
     return "bot"
+
+
+async def _nothing_held() -> None:
+    return None
 
 
 class ExecutionRunner:
@@ -188,59 +194,90 @@ class ExecutionRunner:
 
     async def _run(self, x: Claimed) -> str:
         while True:
-            inputs = await self._inputs(x)
-            route, start = inputs.route, inputs.start
-            skip = inputs.chat["review"] or not route.bot_memory or route.model is None
-            limit = self.rt.settings.max_evidence_items
-            through: list[learning_q.EvidenceMap] = []
-            for item in inputs.found:
-                if item["turnSeq"] > x.turn_seq:
-                    break  # the execution reads through its own Turn only (L2)
-                through.append(item)
-            more = len(through) > limit
-            chunk = through[:limit]
-            end = chunk[-1]["seq"] if chunk else start
-            final_status = "skipped" if skip else "done"  # such evidence is never learned (L5)
-            if not chunk or skip:
-                try:
-                    await self._commit(x, [], start, end, final=not more, status=final_status, learned=0)
-                except _Stale:
-                    continue
-                if more:
-                    continue
-                return final_status
+            release = await self._one_step_at_a_time(x)
             try:
-                changes, call_id = await self._step(x, inputs, chunk)
-            except StepRefused as refused:  # D9.21: set aside, never learned; read on past it
-                aside = f"{start + 1}-{end}:{','.join(refused.codes)}"
-                try:
-                    await self._commit(
-                        x, [], start, end, final=not more, status="done", learned=0, aside=aside
-                    )
-                except _Stale:
-                    continue
-                log.info("execution %s set evidence aside: %s", x.id, aside)
-                if more:
-                    continue
-                return "done"
-            if call_id is None:
-                await self._finish(x, "budget", None)  # waits, not lost (L6)
-                return "budget"
+                ended = await self._step_once(x)
+            finally:
+                await release()
+            if ended is not None:
+                return ended
+
+    async def _one_step_at_a_time(self, x: Claimed) -> Callable[[], Awaitable[None]]:
+        """Wait for the Chat's one learning-step slot (a lease in Redis, like a task slot, D9.25).
+        Executions of one Chat's Turns that run at once read the same evidence after the same read
+        position: each would ask the model and pay for it, and all answers but the first to commit
+        would be thrown away (C4). Held, an execution reads its inputs, asks and commits; the next
+        one then reads on from the position it left. Without Redis, steps go on unserialised (the
+        compare-and-set still applies each evidence once)."""
+        settings = self.rt.settings
+        # The holder's step ends within its deadline; a holder that died stops renewing, and its
+        # slot lapses as its execution's lease does (then taken over, perhaps by this very wait).
+        deadline = time.monotonic() + settings.step_deadline_seconds + 2 * settings.lease_seconds
+        try:
+            return await slots.take_key(
+                self.rt.redis,
+                slots.step_key_of(x.bot_id, x.chat_id),
+                1,
+                deadline,
+                settings.lease_seconds,
+            )
+        except slots.Busy:
+            raise StepFailed("learning_busy") from None
+        except RedisError as exc:
+            log.warning(
+                "learning steps of a chat not serialised: Redis is not answering (%s)", type(exc).__name__
+            )
+            return _nothing_held
+
+    async def _step_once(self, x: Claimed) -> str | None:
+        """One pass of the execution: its inputs read, one step asked and committed. Returns how the
+        execution ended, or None when it goes on (more evidence, or a stale commit read again)."""
+        inputs = await self._inputs(x)
+        route, start = inputs.route, inputs.start
+        skip = inputs.chat["review"] or not route.bot_memory or route.model is None
+        limit = self.rt.settings.max_evidence_items
+        through: list[learning_q.EvidenceMap] = []
+        for item in inputs.found:
+            if item["turnSeq"] > x.turn_seq:
+                break  # the execution reads through its own Turn only (L2)
+            through.append(item)
+        more = len(through) > limit
+        chunk = through[:limit]
+        end = chunk[-1]["seq"] if chunk else start
+        final_status = "skipped" if skip else "done"  # such evidence is never learned (L5)
+        if not chunk or skip:
             try:
-                await self._commit(
-                    x,
-                    changes,
-                    start,
-                    end,
-                    final=not more,
-                    status="done",
-                    learned=len(changes),
-                    call_id=call_id,
-                )
+                await self._commit(x, [], start, end, final=not more, status=final_status, learned=0)
             except _Stale:
-                continue
-            if not more:
-                return "done"
+                return None
+            return None if more else final_status
+        try:
+            changes, call_id = await self._step(x, inputs, chunk)
+        except StepRefused as refused:  # D9.21: set aside, never learned; read on past it
+            aside = f"{start + 1}-{end}:{','.join(refused.codes)}"
+            try:
+                await self._commit(x, [], start, end, final=not more, status="done", learned=0, aside=aside)
+            except _Stale:
+                return None
+            log.info("execution %s set evidence aside: %s", x.id, aside)
+            return None if more else "done"
+        if call_id is None:
+            await self._finish(x, "budget", None)  # waits, not lost (L6)
+            return "budget"
+        try:
+            await self._commit(
+                x,
+                changes,
+                start,
+                end,
+                final=not more,
+                status="done",
+                learned=len(changes),
+                call_id=call_id,
+            )
+        except _Stale:
+            return None
+        return None if more else "done"
 
     async def _step(
         self, x: Claimed, inputs: _Inputs, chunk: list[learning_q.EvidenceMap]

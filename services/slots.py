@@ -59,14 +59,25 @@ def key_of(bot_id: str) -> str:
     return f"botmemory:slots:{bot_id}"
 
 
+def step_key_of(bot_id: str, chat_id: str) -> str:
+    """The one slot of a Chat's learning steps (``learning.executions``)."""
+    return f"botmemory:learning-step:{bot_id}:{chat_id}"
+
+
 async def take(
     redis: Redis, bot_id: str, limit: int, deadline: float, lease_seconds: float
 ) -> Callable[[], Awaitable[None]]:
     """Wait until ``deadline`` (``time.monotonic``) for one of the Bot's ``limit`` slots; returns
     the release (call it once). Raises Busy at the deadline, or a Redis error."""
+    return await take_key(redis, key_of(bot_id), limit, deadline, lease_seconds)
+
+
+async def take_key(
+    redis: Redis, key: str, limit: int, deadline: float, lease_seconds: float
+) -> Callable[[], Awaitable[None]]:
+    """:func:`take` of one of ``limit`` slots held in the set ``key``."""
     lease = secrets.token_hex(8)
     lease_ms = max(int(lease_seconds * 1000), 1)
-    key = key_of(bot_id)
     pause = _FIRST_PAUSE
     while not await redis.eval(_TAKE, 1, key, lease, limit, lease_ms):  # type: ignore[misc]
         left = deadline - time.monotonic()
