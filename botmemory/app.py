@@ -83,15 +83,17 @@ class TransportWSHandler(BaseGraphQLTransportWSHandler[Context, None]):
         await super().handle_connection_init(message)
 
 
-def _is_subscription(request_data: GraphQLRequestData) -> bool:
-    """Whether the operation a request selects is a subscription (parsed only when it may be)."""
+def _is_subscription(request_data: GraphQLRequestData, max_tokens: int) -> bool:
+    """Whether the operation a request selects is a subscription (parsed only when it may be, and
+    within the token limit: unbounded, a body of ~900 KB of tokens held the event loop ~3.7 s
+    before anything checked the caller)."""
     query = request_data.query
     if not query or "subscription" not in query:
         return False
     try:
-        document = parse(query)
+        document = parse(query, max_tokens=max_tokens)
     except GraphQLError:
-        return False  # the execution reports the syntax error
+        return False  # the execution reports the syntax error, or the limit
     operation = get_operation_ast(document, request_data.operation_name)
     return operation is not None and operation.operation is OperationType.SUBSCRIPTION
 
@@ -113,6 +115,10 @@ def _lone_surrogate(decoded: object) -> bool:
 class GraphQLApp(GraphQL[Context, None]):
     graphql_transport_ws_handler_class = TransportWSHandler
 
+    def __init__(self, schema: Any, *, max_query_tokens: int, **options: Any) -> None:
+        super().__init__(schema, **options)
+        self.max_query_tokens = max_query_tokens
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Strawberry answers a request it cannot read (not JSON, no query, a wrong method) in
         plain text; ours get the REST error body with a code, as every other error does."""
@@ -127,11 +133,20 @@ class GraphQLApp(GraphQL[Context, None]):
         await response(scope, receive, send)
 
     def decode_json(self, data: str | bytes) -> object:
-        """JSON as Strawberry decodes it (request bodies, socket messages), refusing a lone
-        surrogate as it refuses what is not JSON (Python's decoder takes ``"\ud800"``; pydantic's,
-        which reads REST bodies, refuses it)."""
-        decoded = json.loads(data)
-        text = data if isinstance(data, str) else data.decode(errors="replace")
+        """JSON as Strawberry decodes it (request bodies, socket messages), refusing what is not
+        UTF-8 text and a lone surrogate as it refuses what is not JSON (Python's decoder takes
+        ``"\ud800"``, and bytes that encode one; pydantic's, which reads REST bodies, refuses
+        both). A body that is not UTF-8 raised past Strawberry's check: 500 before."""
+        if isinstance(data, bytes):
+            try:
+                text = data.decode("utf-8")  # strict: an encoded surrogate (ED A0 80) is refused too
+            except UnicodeDecodeError as exc:
+                raise json.JSONDecodeError(
+                    "the body is not UTF-8 text", data.decode(errors="replace"), exc.start
+                ) from None
+        else:
+            text = data
+        decoded = json.loads(text)
         if _SURROGATE_ESCAPE.search(text) and _lone_surrogate(decoded):
             raise json.JSONDecodeError("a lone surrogate is not a character", text, 0)
         return decoded
@@ -174,7 +189,7 @@ class GraphQLApp(GraphQL[Context, None]):
     ) -> ExecutionResult:
         """A subscription sent as a plain HTTP request gets BAD_INPUT saying where subscriptions are
         served (Strawberry would run its resolver as a query and fail inside it)."""
-        if _is_subscription(request_data):
+        if _is_subscription(request_data, self.max_query_tokens):
             error = GraphQLError(
                 "subscriptions are served over WebSocket at /graphql (graphql-transport-ws; "
                 'connection_init payload {"Authorization": "Bearer <token>"})',
@@ -327,6 +342,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
     configure_logging(settings.log_level)
     graphql = GraphQLApp(
         build_schema(settings),
+        max_query_tokens=settings.max_query_tokens,
         subscription_protocols=[GRAPHQL_TRANSPORT_WS_PROTOCOL],
     )
 

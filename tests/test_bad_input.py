@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -65,6 +66,21 @@ async def test_a_lone_surrogate_is_refused_as_malformed_and_saves_nothing(api: A
     remember = escaped({"command": {"_tag": "Remember", "content": "x @", "tags": []}}, "\\ud800")
     response = await api.http.post(f"/v1/bots/{world.bot}/memory", content=remember, headers=headers)
     assert response.status_code == 422 and response.json()["error"]["code"] == "BAD_INPUT"
+    assert await count_nodes(runtime, world.org) == before
+    # Not as an escape: the bytes of a surrogate (ED A0 80), and bytes that are no UTF-8 at all
+    # (a 500 INTERNAL before: Strawberry caught only JSON errors).
+    raw = json.dumps({"query": start, "variables": {"c": chat, "t": "hi @"}}).encode()
+    raw_rest = json.dumps({"command": {"_tag": "Remember", "content": "x @", "tags": []}}).encode()
+    spoilers: list[Callable[[bytes], bytes]] = [
+        lambda b: b.replace(b"@", b"\xed\xa0\x80"),
+        lambda b: b.replace(b"@", b"\xff"),
+        lambda b: b + b"\xc3",
+    ]
+    for spoil in spoilers:
+        response = await api.http.post("/graphql", content=spoil(raw), headers=headers)
+        assert response.status_code == 400 and response.json()["error"]["code"] == "BAD_INPUT", response.text
+        rest = await api.http.post(f"/v1/bots/{world.bot}/memory", content=spoil(raw_rest), headers=headers)
+        assert rest.status_code == 422 and rest.json()["error"]["code"] == "BAD_INPUT", rest.text
     assert await count_nodes(runtime, world.org) == before
     body = escaped({"query": start, "variables": {"c": chat, "t": "hi @"}}, "\\ud83d\\ude00")
     pair = await api.http.post("/graphql", content=body, headers=headers)
@@ -192,3 +208,9 @@ async def test_a_subscription_over_plain_http_says_where_subscriptions_are(api: 
     # A query that only mentions the word is run as usual.
     data = await api.gql("query subscription { me { id } }", token=w.tokens["ann"])
     assert data["me"]["id"] == w.people["ann"]
+    # A long document that mentions it is held to the token limit before it is read for its
+    # operation (read whole, ~900 KB of tokens held the event loop ~3.7 s, with no token needed).
+    many = "subscription { " + " ".join("a" for _ in range(5_000)) + " }"
+    body = await api.raw(many)
+    [error] = body["errors"]
+    assert error["extensions"]["code"] == "BAD_INPUT" and "WebSocket" not in error["message"], error
