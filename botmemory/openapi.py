@@ -18,6 +18,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
+from botmemory.pages import CSP
 from botmemory.rest_models import ErrorBody
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -145,9 +146,7 @@ DOCS_PAGE: Final = """<!doctype html>
 <body>
   <div id="swagger-ui"></div>
   <script src="/static/vendor/swagger-ui/swagger-ui-bundle.js"></script>
-  <script>
-    window.ui = SwaggerUIBundle({url: "/openapi.json", dom_id: "#swagger-ui", validatorUrl: null});
-  </script>
+  <script src="/static/docs-page.js"></script>
 </body>
 </html>
 """
@@ -161,7 +160,7 @@ def routes(operations: Sequence[Operation], prefix: str) -> list[Route]:
         return JSONResponse(spec)
 
     async def docs(request: Request) -> Response:
-        return HTMLResponse(DOCS_PAGE)
+        return HTMLResponse(DOCS_PAGE, headers={"Content-Security-Policy": CSP})
 
     return [
         Route("/openapi.json", openapi_json, methods=["GET"]),

@@ -29,6 +29,9 @@ class Static(StaticFiles):
             str(scope.get("path", "")).removeprefix(str(scope.get("root_path", ""))).startswith("/vendor/")
         )
         response.headers["Cache-Control"] = _VENDOR_CACHE if vendor else "no-cache"
+        # The pages' own files too (``/static/explore.html`` is the explorer without render's
+        # header): no script of another origin, never framed.
+        response.headers["Content-Security-Policy"] = CSP
         return response
 
 

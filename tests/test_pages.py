@@ -22,10 +22,20 @@ EXTERNAL = re.compile(r"(?:https?:)?//(?!localhost|127\.0\.0\.1)[a-z0-9.-]+\.[a-
 
 
 async def test_pages_and_vendor_files_are_served_from_this_origin(api: Api) -> None:
-    for path, headers in (("/graphql", {"Accept": "text/html"}), ("/explore", {})):
+    # Every page carries the policy: the rendered ones, their files under /static and /docs
+    # (the last two had none: a page of this origin that any site could frame).
+    pages: tuple[tuple[str, dict[str, str]], ...] = (
+        ("/graphql", {"Accept": "text/html"}),
+        ("/explore", {}),
+        ("/static/explore.html", {}),
+        ("/static/graphiql.html", {}),
+        ("/docs", {}),
+    )
+    for path, headers in pages:
         page = await api.http.get(path, headers=headers)
         assert page.status_code == 200, page.text
-        assert "default-src 'self'" in page.headers["content-security-policy"]
+        policy = page.headers["content-security-policy"]
+        assert "default-src 'self'" in policy and "frame-ancestors 'none'" in policy, path
         assert not EXTERNAL.findall(page.text), EXTERNAL.findall(page.text)
         scripts = re.findall(r'src="([^"]+)"', page.text)
         assert scripts and all(s.startswith("/static/") for s in scripts)
@@ -110,6 +120,11 @@ async def test_graphiql_runs_a_query_and_a_subscription_offline(api: Api, runtim
         result = await page.wait_for(f"{_EDITOR}.map(c => c.getValue()).find(v => v.includes('\"data\"'))")
         assert json.loads(result)["data"]["me"]["id"] == w.people["ann"]
         await page.screenshot("graphiql.png")
+        # The run is in GraphiQL's history with its headers: in this tab's sessionStorage, never
+        # in localStorage (which outlives the tab: the next person in this browser read it there).
+        stored = "s => JSON.stringify(Object.keys(s).map(k => s.getItem(k)))"
+        assert w.tokens["ann"] in await page.js(f"({stored})(window.sessionStorage)")
+        assert w.tokens["ann"] not in await page.js(f"({stored})(window.localStorage)")
 
         # A subscription over graphql-transport-ws with the header editor's token.
         before = await opened(api, "memoryChanges")

@@ -15,6 +15,10 @@
       defaultEditorToolsVisibility: "headers",
       isHeadersEditorEnabled: true,
       shouldPersistHeaders: false,
+      // GraphiQL keeps each run's headers in its history whatever shouldPersistHeaders says:
+      // in this tab's sessionStorage (gone with the tab, as the explorer keeps its token), never
+      // in localStorage, where the next person to open /graphql in this browser found the token.
+      storage: window.sessionStorage,
     }),
   );
 })();
