@@ -103,7 +103,8 @@ OPTIONAL MATCH (hc:Chat {id: $chatId})
 CALL apoc.lock.nodes([x IN [hc] WHERE x IS NOT NULL])
 WITH hc IS NULL OR coalesce(hc.historyEpoch, 0) = $historyEpoch AS held
 CREATE (c:ModelCall {id: $id, botId: $botId, chatId: $chatId, org: $org, task: $task, model: $model,
-                     executionId: $executionId, epoch: $epoch, step: $step, requestHash: $requestHash,
+                     executionId: $executionId, epoch: $epoch, step: $step,
+                     requestHash: CASE WHEN held THEN $requestHash END,
                      entryIds: $entryIds, historyDeletedAt: CASE WHEN held THEN null ELSE $at END,
                      request: CASE WHEN held THEN $request END, result: CASE WHEN held THEN $result END,
                      status: $status, attempts: $attempts,

@@ -174,6 +174,10 @@ MIGRATIONS: Final[tuple[tuple[int, tuple[LiteralString, ...]], ...]] = (
             "CREATE CONSTRAINT topic_key IF NOT EXISTS FOR (n:Topic) REQUIRE n.key IS UNIQUE",
         ),
     ),
+    (
+        16,
+        (),  # the data step below: saved calls' plain request hashes go (E1)
+    ),
 )
 
 #: Entries whose labels predate the current label properties: without ``memoryRank`` (before
@@ -242,6 +246,15 @@ CALL (e) {
 """
 )
 
+#: Saved model calls written before version 16 lose their request hash: a plain SHA-256 of the
+#: request (evidence, kept entries), which a store copy could test guessed messages against. The
+#: hashes are keyed digests now; a step that finds no match asks the model again (C5), which only a
+#: step interrupted across the upgrade can meet.
+_DROP_PLAIN_REQUEST_HASHES: Final[LiteralString] = """
+MATCH (c:ModelCall) WHERE c.requestHash IS NOT NULL
+CALL (c) { SET c.requestHash = null } IN TRANSACTIONS OF 10000 ROWS
+"""
+
 LATEST: Final = MIGRATIONS[-1][0]
 
 _READ_VERSION: Final[LiteralString] = "MATCH (s:SchemaVersion {id: 'schema'}) RETURN s.version AS version"
@@ -284,6 +297,9 @@ async def migrate(driver: AsyncDriver) -> int:
         if version == 15:
             async with driver.session() as session:  # CALL … IN TRANSACTIONS needs auto-commit
                 await (await session.run(_LINK_TOPICS)).consume()
+        if version == 16:
+            async with driver.session() as session:  # CALL … IN TRANSACTIONS needs auto-commit
+                await (await session.run(_DROP_PLAIN_REQUEST_HASHES)).consume()
         await driver.execute_query(_WRITE_VERSION, version=version)
         applied = version
     return applied

@@ -95,7 +95,7 @@ PURGE_EMBEDDINGS: Final[LiteralString] = """
 CALL (){
   MATCH (c:ModelCall {botId: $botId})
   WHERE any(i IN coalesce(c.entryIds, []) + coalesce(c.producedIds, []) WHERE i IN $ids)
-  SET c.request = null, c.result = null, c.purgedAt = timestamp()
+  SET c.request = null, c.result = null, c.requestHash = null, c.purgedAt = timestamp()
   RETURN count(c) AS calls
 }
 CALL (){
@@ -180,7 +180,7 @@ CALL () {
     MATCH (c:ModelCall {executionId: x.id})
     RETURN c
   }
-  SET c.request = null, c.result = null, c.historyDeletedAt = timestamp()
+  SET c.request = null, c.result = null, c.requestHash = null, c.historyDeletedAt = timestamp()
   RETURN count(c) AS calls
 }
 RETURN n

@@ -2245,7 +2245,8 @@ OPTIONAL MATCH (hc:Chat {id: $chatId})
 CALL apoc.lock.nodes([x IN [hc] WHERE x IS NOT NULL])
 WITH hc IS NULL OR coalesce(hc.historyEpoch, 0) = $historyEpoch AS held
 CREATE (c:ModelCall {id: $id, botId: $botId, chatId: $chatId, org: $org, task: $task, model: $model,
-                     executionId: $executionId, epoch: $epoch, step: $step, requestHash: $requestHash,
+                     executionId: $executionId, epoch: $epoch, step: $step,
+                     requestHash: CASE WHEN held THEN $requestHash END,
                      entryIds: $entryIds, historyDeletedAt: CASE WHEN held THEN null ELSE $at END,
                      request: CASE WHEN held THEN $request END, result: CASE WHEN held THEN $result END,
                      status: $status, attempts: $attempts,
@@ -2320,7 +2321,7 @@ CALL () {
     MATCH (c:ModelCall {executionId: x.id})
     RETURN c
   }
-  SET c.request = null, c.result = null, c.historyDeletedAt = timestamp()
+  SET c.request = null, c.result = null, c.requestHash = null, c.historyDeletedAt = timestamp()
   RETURN count(c) AS calls
 }
 RETURN n
@@ -2346,7 +2347,7 @@ RETURN rows, removals
 CALL (){
   MATCH (c:ModelCall {botId: $botId})
   WHERE any(i IN coalesce(c.entryIds, []) + coalesce(c.producedIds, []) WHERE i IN $ids)
-  SET c.request = null, c.result = null, c.purgedAt = timestamp()
+  SET c.request = null, c.result = null, c.requestHash = null, c.purgedAt = timestamp()
   RETURN count(c) AS calls
 }
 CALL (){

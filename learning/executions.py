@@ -300,7 +300,7 @@ class ExecutionRunner:
         )
         refusals: list[str] = []
         for attempt in range(1 + protocol.MAX_REASKS):
-            key = StepKey(x.id, x.epoch, start, request_hash({"model": route.model, **body}))
+            key = StepKey(x.id, x.epoch, start, request_hash(cipher, {"model": route.model, **body}))
             saved = next((c for c in inputs.saved if c["requestHash"] == key.request_hash), None)
             if saved is not None:  # a re-ask's answer is saved under its own request, too (C5)
                 completion = Completion.from_json(

@@ -10,7 +10,6 @@ all of them fit the caller's deadline.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
 import math
@@ -28,7 +27,7 @@ from graph import memorybot as memorybot_q
 from graph.driver import read, write
 from learning.embedders import make_embedder
 from services import metrics, slots
-from services.crypto import Kind
+from services.crypto import Cipher, Kind
 from services.embedding import Embedder, EmbedderUnavailable
 from services.ids import new_id
 from services.memorybot import Route, current_period, periods
@@ -104,8 +103,11 @@ class StepKey:
     request_hash: str
 
 
-def request_hash(body: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+def request_hash(cipher: Cipher, body: dict[str, Any]) -> str:
+    """What finds a learning step's saved call again (C5): a keyed digest of its canonical request
+    under the Bot's data key (E1: equal inputs are found by HMAC, never by a plain hash — SHA-256 of
+    the request let anyone holding the store test a guessed message against it)."""
+    return cipher.digest(Kind.MODEL_REQUEST, json.dumps(body, sort_keys=True))
 
 
 def cost_micros(settings: Settings, model: str, usage: tuple[int, int] | None) -> int | None:

@@ -3,6 +3,7 @@ the real worker asks the scripted model and applies what passes the server's che
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any, cast
 
@@ -13,7 +14,9 @@ from graph.driver import read
 from graph.memory import TOP_RANK
 from graph.migrations import LATEST, migrate
 from services.changes import Invalidate, MemoryChange, Remember
+from services.crypto import Kind
 from services.maintenance import LegacyEntry, import_legacy
+from services.memory import cipher_of
 from services.runtime import Runtime
 from services.writepath import apply_changes
 from tests.client import Api
@@ -96,6 +99,40 @@ async def test_private_chat_learns_a_fact_for_its_person(
     assert records[0]["items"] == 2
     # The model endpoint (it may carry credentials) is not in the worker's log (HTTP clients quiet).
     assert model_server.base_url.split("//")[1] not in learning_worker.log_path.read_text()
+
+
+async def test_a_learning_steps_request_is_found_again_by_a_keyed_digest_that_history_deletion_drops(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    """C5 finds a step's saved call by its request; E1: by an HMAC under the Bot's data key, never
+    by a plain hash (a SHA-256 of the request — the evidence, the kept entries — let anyone holding
+    the store test a guessed message against it), and V13/D9.23: gone with the Chat's history."""
+    w = await memory_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    turn = await api.turn(w.tokens["ann"], chat, "I keep bees on the roof")
+    item = await first_item(api, w.tokens["ann"], chat)
+    model_server.script("learn", learn(fact_call("Ann keeps bees", item)))
+    await confide(api, w.tokens["ann"], turn["id"], "noted")
+    await complete(api, w.tokens["ann"], turn["id"])
+    await wait_executions(runtime, turn["id"])
+    [request] = model_server.requests_for("learn")
+    canonical = json.dumps(request.body, sort_keys=True)
+    records, _, _ = await runtime.driver.execute_query(
+        "MATCH (c:ModelCall {botId: $b, task: 'learn'}) RETURN c.requestHash AS hash", b=w.bot
+    )
+    [stored] = [r["hash"] for r in records]
+    cipher = await cipher_of(runtime, w.bot)
+    assert stored == cipher.digest(Kind.MODEL_REQUEST, canonical)
+    assert stored != hashlib.sha256(canonical.encode()).hexdigest()
+    deleted = await api.gql(
+        "mutation($c: ID!) { deleteChatHistory(chatId: $c) { items } }", {"c": chat}, w.tokens["ann"]
+    )
+    assert deleted["deleteChatHistory"]["items"] >= 1
+    records, _, _ = await runtime.driver.execute_query(
+        "MATCH (c:ModelCall {botId: $b, task: 'learn'}) RETURN c.requestHash AS hash, c.request AS request",
+        b=w.bot,
+    )
+    assert [(r["hash"], r["request"]) for r in records] == [(None, None)]
 
 
 async def test_group_chat_fact_is_for_the_channel_from_the_saved_actor(
@@ -373,10 +410,12 @@ async def test_purge_removes_saved_model_texts_and_answers_that_embed_the_entrie
     assert purged.json() == {"removed": 1}
     records, _, _ = await runtime.driver.execute_query(
         "MATCH (c:ModelCall {botId: $b}) RETURN c.request IS NULL AS gone, c.result IS NULL AS noResult,"
-        " c.costMicros AS cost ORDER BY c.at",
+        " c.costMicros AS cost, c.task AS task, c.requestHash IS NULL AS noHash ORDER BY c.at",
         b=w.bot,
     )
     assert [r["gone"] for r in records] == [False, True, True, True, True]
+    # A purged learning step's keyed request digest goes with its request (it was kept before).
+    assert [r["noHash"] for r in records if r["task"] == "learn"] == [True, True]
     assert all(r["cost"] == 20 for r in records)  # usage and cost stay for the budget
     confessions = await api.http.get(
         f"/v1/chats/{chat}/confessions", headers={"Authorization": f"Bearer {w.tokens['ann']}"}
