@@ -33,7 +33,7 @@ from services.errors import ServiceError
 from services.maintenance import LegacyEntry, import_legacy, relabel_all
 from services.rotation import rotate_data_keys, unrotated
 from services.runtime import Runtime
-from services.settings import ConfigurationError, Settings, load_settings
+from services.settings import ConfigurationError, Settings, load_settings, write_secret
 
 
 @asynccontextmanager
@@ -51,10 +51,8 @@ def new_master_key() -> str:
 def _replace_local_key(settings: Settings) -> None:
     """Local stacks keep their key in the data dir: the old one becomes ``master-key.previous``."""
     current = settings.data_dir / "master-key"
-    previous = settings.data_dir / "master-key.previous"
-    previous.write_text(current.read_text())
-    os.chmod(previous, 0o600)
-    current.write_text(new_master_key() + "\n")
+    write_secret(settings.data_dir / "master-key.previous", current.read_text().strip())
+    write_secret(current, new_master_key())
 
 
 async def _rotate(generate: bool) -> int:
@@ -80,7 +78,17 @@ async def _rotate(generate: bool) -> int:
     settings = load_settings()
     async with _runtime(settings) as runtime:
         changed = await rotate_data_keys(runtime.driver, runtime.keyring)
+        behind = await unrotated(runtime.driver, runtime.keyring)
     print(f"re-wrapped {changed} data keys with master key {runtime.keyring.current_id}")
+    if behind:
+        # "Then drop the old key" (README) must not follow: those Bots' data would be lost with it.
+        raise CommandFailed(
+            "CONFLICT",
+            f"{behind} data keys are still not wrapped by the current master key (wrapped by a key "
+            "this process does not know, or made meanwhile by a process with the older key as "
+            "current): keep every older key, restart the processes with them as previous keys, "
+            "and run this again",
+        )
     return 0
 
 

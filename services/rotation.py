@@ -10,7 +10,7 @@ from neo4j import AsyncDriver
 
 from graph import bots as bots_q
 from graph.driver import read, write
-from services.crypto import Keyring, WrappedKey
+from services.crypto import DecryptionError, Keyring, WrappedKey
 
 
 async def rotate_data_keys(driver: AsyncDriver, keyring: Keyring) -> int:
@@ -20,7 +20,10 @@ async def rotate_data_keys(driver: AsyncDriver, keyring: Keyring) -> int:
         old = WrappedKey(row["master"], bytes(row["wrapped"]))
         if old.master_id == keyring.current_id:
             continue
-        new = keyring.rewrap(row["id"], old)
+        try:
+            new = keyring.rewrap(row["id"], old)
+        except DecryptionError:
+            continue  # wrapped by a key this process does not know: left as it is, counted by unrotated
         done = await write(
             driver,
             lambda tx, row=row, old=old, new=new: bots_q.rewrap_bot_key(

@@ -8,6 +8,7 @@ on first start and read back afterwards; in production they must be given.
 from __future__ import annotations
 
 import base64
+import fcntl
 import os
 import secrets
 from collections.abc import Callable
@@ -146,7 +147,7 @@ class Settings(BaseSettings):
                 raise ConfigurationError(
                     f"BOTMEMORY_{name.upper()} is required when BOTMEMORY_ENV=production"
                 )
-            updates[name] = SecretStr(_read_or_create(self.data_dir / path, make))
+            updates[name] = SecretStr(read_or_create(self.data_dir / path, make))
         return self.model_copy(update=updates) if updates else self
 
     def master_key_bytes(self) -> bytes:
@@ -173,19 +174,33 @@ def decode_key(value: SecretStr, name: str) -> bytes:
     return key
 
 
-def _read_or_create(path: Path, make: Callable[[], str]) -> str:
-    """The secret in ``path``, made at the first start. The file appears whole or not at all (it
-    is written aside, then linked into place, which fails if another starter won): the API and a
-    worker starting together on a fresh data dir read a file the other had created but not yet
-    written — an empty key — and a start killed in between left an empty file for good, which is
-    made again (nothing can have used it)."""
-    if path.exists():
-        value = path.read_text().strip()
-        if value:
-            return value
-        path.unlink(missing_ok=True)
+def read_or_create(path: Path, make: Callable[[], str]) -> str:
+    """The secret in ``path``, made at the first start. The file appears whole or not at all
+    (:func:`write_secret`): the API and a worker starting together on a fresh
+    data dir read a file the other had created but not yet written — an empty key — and a start
+    killed in between left an empty file for good, which is made again (nothing can have used it).
+    Starters take turns on the directory (``flock``): two that found the same empty file each made
+    a key, and the second's unlink removed the first's, which went on using a key no file held."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    value = make()
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        fcntl.flock(directory, fcntl.LOCK_EX)
+        if path.exists():
+            value = path.read_text().strip()
+            if value:
+                return value
+            path.unlink()
+        value = make()
+        write_secret(path, value)
+        return value
+    finally:
+        os.close(directory)  # and its lock
+
+
+def write_secret(path: Path, value: str) -> None:
+    """``value`` into ``path``, whole or not at all and readable by its owner only from the first
+    byte: written aside (0600), synced, then renamed over it (``rotate-master-key --generate``
+    wrote its key files in place, truncated first, with the umask's mode until a chmod)."""
     aside = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
     fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
@@ -193,12 +208,9 @@ def _read_or_create(path: Path, make: Callable[[], str]) -> str:
             fh.write(value + "\n")
             fh.flush()
             os.fsync(fh.fileno())
-        os.link(aside, path)
-    except FileExistsError:
-        return path.read_text().strip()
+        os.replace(aside, path)
     finally:
         aside.unlink(missing_ok=True)
-    return value
 
 
 def load_settings() -> Settings:

@@ -255,3 +255,15 @@ def test_a_new_master_key_is_refused_while_a_data_key_is_under_another(
     unreachable = generate(BOTMEMORY_NEO4J_URI="bolt://127.0.0.1:1")
     assert unreachable.returncode != 0
     assert key.read_text() == before and not (tmp_path / "master-key.previous").exists()
+    # A rotation that cannot re-wrap every data key says so and fails (README: "then drop the old
+    # key" must not follow). Before, the first data key wrapped by a key it did not know ended
+    # the command as INTERNAL, and every Bot after it was left as it was, uncounted.
+    rotate = subprocess.run(
+        [sys.executable, "-m", "botmemory.cli", "rotate-master-key"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert rotate.returncode != 0 and "CONFLICT" in rotate.stderr, rotate.stderr
+    assert "re-wrapped 0 data keys" in rotate.stdout and "still not wrapped" in rotate.stderr

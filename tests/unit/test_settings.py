@@ -7,12 +7,15 @@ from __future__ import annotations
 import base64
 import multiprocessing
 import os
+import re
+import threading
 from pathlib import Path
 
 import pytest
 from pydantic import SecretStr, ValidationError
 from pydantic_settings import SettingsError
 
+from services import settings as settings_module
 from services.settings import ConfigurationError, ModelPrice, Settings, decode_key
 
 KEY = base64.b64encode(bytes(range(32))).decode()
@@ -161,6 +164,9 @@ def test_starters_together_all_read_one_whole_key_and_an_empty_one_is_made_again
         assert len(set(keys)) == 1 and keys[0]
         assert (data / "master-key").read_text().strip() == keys[0]
         assert sorted(p.name for p in data.iterdir() if p.name.startswith(".")) == []  # nothing aside
+    # An empty file (a start killed between creating and writing it) is made again — by one of
+    # the starters that find it together, whose key all of them then use (each made its own, and
+    # one unlinked another's: a process went on with a key no file held).
     empty = tmp_path / "empty"
     empty.mkdir()
     (empty / "master-key").write_text("")
@@ -181,3 +187,66 @@ def test_production_needs_every_secret(tmp_path: Path, missing: str) -> None:
     with pytest.raises(ConfigurationError, match=f"BOTMEMORY_{missing.upper()}"):
         complete.model_copy(update={missing: None}).resolved()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_two_starters_that_find_one_empty_key_file_use_the_one_key_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two starters find the same empty key file. One ("late") is held between reading it and
+    removing it while the other runs: without turns, the other made a key, linked it and went on
+    with it, and the late one then removed that file and made its own — a process using a key that
+    no file held (everything it encrypted lost at its next start). They take turns on the data
+    directory: the other waits, and both use the one key made."""
+    path = tmp_path / "master-key"
+    path.write_text("")
+    reached, go_on = threading.Event(), threading.Event()
+    unlink = Path.unlink
+
+    def held_unlink(self: Path, missing_ok: bool = False) -> None:
+        if threading.current_thread().name == "late" and self == path:
+            reached.set()
+            go_on.wait(30)
+        unlink(self, missing_ok=missing_ok)
+
+    monkeypatch.setattr(Path, "unlink", held_unlink)
+    keys: dict[str, str] = {}
+
+    def start(name: str) -> None:
+        keys[name] = settings_module.read_or_create(path, lambda: f"key-of-{name}")
+
+    late = threading.Thread(target=start, args=("late",), name="late")
+    late.start()
+    assert reached.wait(30)
+    other = threading.Thread(target=start, args=("other",), name="other")
+    other.start()
+    other.join(2)  # without turns it ends here, with its own key; with them it waits for "late"
+    go_on.set()
+    late.join(30)
+    other.join(30)
+    assert keys["late"] == keys["other"] == path.read_text().strip()
+
+
+def test_a_secret_is_written_whole_and_private_over_the_old_one(tmp_path: Path) -> None:
+    """``rotate-master-key --generate``'s key files: replaced whole (renamed over, never truncated
+    in place), 0600 from the first byte whatever the umask, nothing left aside."""
+    path = tmp_path / "master-key"
+    path.write_text("old\n")
+    os.chmod(path, 0o644)
+    before = os.umask(0o022)
+    try:
+        settings_module.write_secret(path, "new")
+    finally:
+        os.umask(before)
+    assert path.read_text() == "new\n" and path.stat().st_mode & 0o777 == 0o600
+    assert [p.name for p in tmp_path.iterdir()] == ["master-key"]
+
+
+def test_compose_passes_only_settings_the_code_reads_and_the_rotation_keys() -> None:
+    """docker-compose.yml's environment names settings the code reads, and passes on the older
+    master keys that the README's rotation gives every process (the containers got the new key
+    only: no Bot's data key could be unwrapped)."""
+    compose = (Path(__file__).resolve().parents[2] / "docker-compose.yml").read_text()
+    named = set(re.findall(r"^\s+(BOTMEMORY_[A-Z0-9_]+):", compose, re.MULTILINE))
+    fields = {"BOTMEMORY_" + name.upper() for name in Settings.model_fields}
+    assert named and named <= fields, named - fields
+    assert {"BOTMEMORY_MASTER_KEY", "BOTMEMORY_PREVIOUS_MASTER_KEYS"} <= named
