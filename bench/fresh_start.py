@@ -32,6 +32,8 @@ def start_once(base_port: int, root: Path) -> tuple[bool, float, str]:
         "BOTMEMORY_REDIS_PORT": str(base_port + 1),
         "BOTMEMORY_REDIS_URL": f"redis://127.0.0.1:{base_port + 1}/0",
         "BOTMEMORY_API_PORT": str(base_port + 2),
+        # Its own, too: the local stack's worker (``make up``) holds the default 9464.
+        "BOTMEMORY_WORKER_METRICS_PORT": str(base_port + 3),
     }
     python = str(REPO / ".venv" / "bin" / "python") if (REPO / ".venv").exists() else sys.executable
     started = time.perf_counter()

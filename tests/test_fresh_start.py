@@ -6,6 +6,8 @@ waits for the schema) started together — succeeds every time, and ``down`` sto
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
 from pathlib import Path
 
 import pytest
@@ -15,5 +17,13 @@ from bench.fresh_start import start_once
 
 @pytest.mark.parametrize("run", range(3))
 async def test_the_whole_stack_starts_from_an_empty_data_directory(run: int, tmp_path: Path) -> None:
-    started, _, said = await asyncio.to_thread(start_once, 21687 + 10 * run, tmp_path / "data")
+    """Beside a local stack (``make up`` then ``make test``, the README's two commands): its worker
+    holds the default metrics port 9464, held here too (or already held by that stack), and a
+    start of another profile must not need it (all three runs failed on it before)."""
+    with contextlib.ExitStack() as held:
+        squatter = held.enter_context(socket.socket())
+        with contextlib.suppress(OSError):  # already in use (a local stack): the same condition
+            squatter.bind(("127.0.0.1", 9464))
+            squatter.listen()
+        started, _, said = await asyncio.to_thread(start_once, 21687 + 10 * run, tmp_path / "data")
     assert started, f"a fresh start failed; it printed: {said}"
