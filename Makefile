@@ -88,6 +88,7 @@ status: | $(PY)
 	$(TEST_ENV) $(PY) -m tools.devstack status
 
 test: | $(PY)
+	$(PY) -m tools.devstack test-tools
 	$(TEST_ENV) $(PY) -m tools.devstack services
 	$(TEST_ENV) $(VENV)/bin/pytest $(ARGS)
 

@@ -14,10 +14,12 @@ import fcntl
 import http.client
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Generator, Sequence
 from contextlib import contextmanager
+from typing import Final
 
 from services.settings import Settings, load_settings
 from tools.stores import (
@@ -25,6 +27,7 @@ from tools.stores import (
     STUB_MODEL,
     Popen,
     StackError,
+    apt_install,
     child_env,
     data_dir,
     ensure_neo4j,
@@ -168,12 +171,33 @@ def status(s: Settings) -> None:
         print(f"  {name:7} {state}{', answering' if checks[name]() else ''}")
 
 
+#: What the test suite runs besides the stores (``make test``): the page tests' headless browser
+#: and the README quickstart's tools (``tests/test_quickstart.py`` runs it as written), by the
+#: Debian package that brings each.
+TEST_TOOLS: Final = {"chromium": "chromium", "curl": "curl", "jq": "jq"}
+
+
+def test_tools() -> None:
+    """Install the test suite's tools that are missing (apt-get, as for ``redis-server``): on a
+    fresh machine ``make test`` failed its page and quickstart tests without them."""
+    missing = [package for exe, package in TEST_TOOLS.items() if not shutil.which(exe)]
+    if missing and not (shutil.which("chromium-browser") and missing == ["chromium"]):
+        apt_install("test tools", missing)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point: ``services``, ``up``, ``down`` or ``status``."""
+    """Entry point: ``services``, ``up``, ``down``, ``status`` or ``test-tools``."""
     args = list(sys.argv[1:] if argv is None else argv)
-    if len(args) != 1 or args[0] not in ("services", "up", "down", "status"):
-        print("usage: python -m tools.devstack services|up|down|status", file=sys.stderr)
+    if len(args) != 1 or args[0] not in ("services", "up", "down", "status", "test-tools"):
+        print("usage: python -m tools.devstack services|up|down|status|test-tools", file=sys.stderr)
         return 2
+    if args[0] == "test-tools":
+        try:
+            test_tools()
+        except subprocess.CalledProcessError as exc:
+            print(f"devstack: {exc}", file=sys.stderr)
+            return 1
+        return 0
     s = load_settings()  # also generates the local secrets into the data dir on first start
     try:
         with profile_lock(s):

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+from tools import devstack
 from tools.stores import failure, why_it_failed
 
 TRACEBACK = """\
@@ -40,3 +43,26 @@ def test_without_an_exception_the_last_line_and_without_a_log_nothing(tmp_path: 
     assert str(failure("api", "not ready after 120s", tmp_path / "missing.log")) == (
         f"api not ready after 120s (log: {tmp_path / 'missing.log'})"
     )
+
+
+def test_make_test_installs_the_suites_tools_that_are_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``make test`` on a fresh machine: the page tests' chromium and the quickstart's curl and jq
+    come with apt-get like redis-server (only .ci/run installed them; the README's second command
+    failed those tests without them). Nothing is installed when all are there."""
+    installed: list[list[str]] = []
+    have = {"curl"}
+
+    def apt_install(what: str, packages: list[str]) -> None:
+        installed.append(packages)
+
+    def which(exe: str) -> str | None:
+        return f"/usr/bin/{exe}" if exe in have else None
+
+    monkeypatch.setattr(devstack, "apt_install", apt_install)
+    monkeypatch.setattr(devstack.shutil, "which", which)
+    assert devstack.main(["test-tools"]) == 0
+    assert installed == [["chromium", "jq"]]
+    have |= {"chromium", "jq"}
+    installed.clear()
+    assert devstack.main(["test-tools"]) == 0
+    assert installed == []
