@@ -111,13 +111,16 @@ async def test_docs_page_uses_only_local_assets(api: Api) -> None:
     page = response.text
     assert "/static/vendor/swagger-ui/swagger-ui-bundle.js" in page
     assert "/static/vendor/swagger-ui/swagger-ui.css" in page
-    assert "/openapi.json" in page
     assert re.findall(r"(?:src|href)=\"([^\"]+)\"", page) == [
         "data:,",  # no favicon request
         "/static/vendor/swagger-ui/swagger-ui.css",
         "/static/vendor/swagger-ui/swagger-ui-bundle.js",
+        "/static/docs-page.js",  # the init: a file, as the policy allows this origin's scripts only
     ]
     assert "//" not in page  # no URL of another host
+    assert "script-src 'self'" in response.headers["content-security-policy"]
+    init = (await api.http.get("/static/docs-page.js")).text
+    assert '"/openapi.json"' in init and "validatorUrl: null" in init and "http" not in init
 
 
 async def memory_version(runtime: Runtime, bot: str) -> int:
