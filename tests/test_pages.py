@@ -12,11 +12,12 @@ from typing import Any
 import pytest
 import websockets
 
+from services.changes import Remember
 from services.runtime import Runtime
 from tests.browser import Page, browser_page
 from tests.client import Api, make_world
 from tests.feed_helpers import opened, until_opened, ws_url
-from tests.memory_helpers import fact, observation, said
+from tests.memory_helpers import apply, fact, observation, said
 
 EXTERNAL = re.compile(r"(?:https?:)?//(?!localhost|127\.0\.0\.1)[a-z0-9.-]+\.[a-z]{2,}", re.IGNORECASE)
 
@@ -239,4 +240,19 @@ async def test_docs_render_the_openapi_of_every_rest_route_offline(api: Api) -> 
         assert "/v1/bots/{bot_id}/memory/search" in await page.js("document.body.innerText")
         await page.screenshot("docs.png")
         assert page.hosts <= {"127.0.0.1", "localhost", ""}, page.hosts
+        assert not page.errors, page.errors
+
+
+async def test_the_explorer_says_when_it_lists_the_first_100_only(api: Api, runtime: Runtime) -> None:
+    """The list holds the first 100 entries (the graph stays readable); with more, its status line
+    said "100 entries you may see" as if that were all."""
+    w = await make_world(api, ("ann",))
+    ann = w.people["ann"]
+    await apply(runtime, w.bot, *(Remember(f"note {n}", ann, w.org, ("bulk",)) for n in range(101)))
+    base = str(api.http.base_url).rstrip("/")
+    async with browser_page() as page:
+        await _explore(page, base, w.tokens["ann"], w.bot)
+        assert await page.js("document.querySelectorAll('#entries li').length") == 100
+        said_now = await page.js("document.getElementById('status').textContent")
+        assert said_now.startswith("The first 100 entries you may see"), said_now
         assert not page.errors, page.errors

@@ -9,7 +9,7 @@
     sources(depth: 8) { entries { entry { ${ENTRY} } distance } items { chat item distance } hidden }
     dependents(depth: 8) { entries { entry { ${ENTRY} } distance } hidden }
     why { summary steps { entry chat item rule admittedBy reason } } } }`;
-  const LIST = `query($b: ID!) { memory(botId: $b, limit: 100) { entries { ${ENTRY} } } }`;
+  const LIST = `query($b: ID!) { memory(botId: $b, limit: 100) { entries { ${ENTRY} } next } }`;
   const SEARCH = `query($b: ID!, $q: String!) { search(botId: $b, query: $q, limit: 50) { entry { ${ENTRY} } } }`;
   const BOTS = "{ bots { id name } }";
   let graph = null;
@@ -74,7 +74,16 @@
         li.addEventListener("click", () => open(e.id));
         $("entries").append(li);
       }
-      status(entries.length ? `${entries.length} entries you may see.` : "No entries you may see.", false);
+      // The list holds the first 100 (the graph stays readable): say so when there are more.
+      const more = !q && data.memory.next;
+      status(
+        !entries.length
+          ? "No entries you may see."
+          : more
+            ? `The first ${entries.length} entries you may see; search, or open one by #id, for the others.`
+            : `${entries.length} entries you may see.`,
+        false,
+      );
     } catch (err) {
       status(err.message, true);
     }
