@@ -84,11 +84,15 @@ async def wait_executions(
         found = await executions(rt, turn)
         return found if found and all(x["status"] in statuses for x in found) else []
 
-    return await until(
+    await until(
         ended,
         lambda: f"executions did not reach {statuses}: {[(x['status'], x.get('error')) for x in found]}",
         within=within,
     )
+    # Read once more: Neo4j reads at read committed, and a read running while the end commits may
+    # see some of that transaction's properties and not others (CI saw an execution `done` without
+    # the `setAside` the same statement wrote). The commit is whole by the time its end was seen.
+    return await executions(rt, turn)
 
 
 async def position(rt: Runtime, bot: str, chat: str) -> int:
