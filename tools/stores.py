@@ -78,13 +78,16 @@ class StackError(RuntimeError):
 
 @dataclass(frozen=True)
 class Proc:
-    """One background process of a profile: its pid file, log and command-line markers."""
+    """One background process of a profile: its pid file, log, command-line markers and the
+    environment entries it was started with (``child_env``: the profile's data dir), for a
+    process whose command line is the same in every profile."""
 
     name: str
     pid_file: Path
     log_file: Path
     markers: tuple[str, ...]
     stop_timeout: float
+    env_markers: tuple[str, ...] = ()
 
 
 def data_dir(s: Settings) -> Path:
@@ -96,8 +99,10 @@ def procs(s: Settings) -> dict[str, Proc]:
     """The processes of this profile, in start order."""
     d = data_dir(s)
 
-    def proc(name: str, markers: tuple[str, ...], stop_timeout: float = 20.0) -> Proc:
-        return Proc(name, d / "run" / f"{name}.pid", d / "logs" / f"{name}.log", markers, stop_timeout)
+    def proc(
+        name: str, markers: tuple[str, ...], stop_timeout: float = 20.0, env: tuple[str, ...] = ()
+    ) -> Proc:
+        return Proc(name, d / "run" / f"{name}.pid", d / "logs" / f"{name}.log", markers, stop_timeout, env)
 
     return {
         "neo4j": proc("neo4j", (MAIN_CLASS, f"--home {d / 'neo4j'} "), 90.0),
@@ -105,7 +110,9 @@ def procs(s: Settings) -> dict[str, Proc]:
         "redis": proc("redis", ("redis-server", f"127.0.0.1:{s.redis_port} ")),
         "model": proc("model", ("-m tools.model_stub ", f"--port {stub_port(s)} ")),
         "api": proc("api", ("-m botmemory.serve ", f"--port {s.api_port} ")),
-        "worker": proc("worker", ("-m learning.worker",)),
+        # Every profile's worker reads ``-m learning.worker``: a stale pid file whose pid is now
+        # another profile's worker (tests, bench, eval) is told apart by the data dir it was given.
+        "worker": proc("worker", ("-m learning.worker",), env=(f"BOTMEMORY_DATA_DIR={d}",)),
     }
 
 
@@ -114,9 +121,15 @@ def running_pid(p: Proc) -> int | None:
     try:
         pid = int(p.pid_file.read_text().strip())
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        environ = (
+            Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0")
+            if p.env_markers
+            else []
+        )
     except (OSError, ValueError):
         return None
-    return pid if all(m in cmdline + " " for m in p.markers) else None
+    ours = all(m in cmdline + " " for m in p.markers) and all(e in environ for e in p.env_markers)
+    return pid if ours else None
 
 
 def spawn(p: Proc, cmd: Sequence[str], env: dict[str, str]) -> Popen:

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from services.settings import Settings
 from tools import devstack
-from tools.stores import failure, why_it_failed
+from tools.stores import failure, procs, running_pid, why_it_failed
 
 TRACEBACK = """\
 12:00:01 INFO botmemory schema version 7
@@ -66,3 +70,24 @@ def test_make_test_installs_the_suites_tools_that_are_missing(monkeypatch: pytes
     installed.clear()
     assert devstack.main(["test-tools"]) == 0
     assert installed == []
+
+
+def test_a_workers_pid_file_names_only_the_worker_of_its_own_profile(tmp_path: Path) -> None:
+    """Every profile's worker runs ``python -m learning.worker``: a stale pid file whose pid is now
+    another profile's worker (tests, bench, eval) was taken for this profile's — ``make down``
+    stopped it, ``make up`` started none. The data dir it was started with tells them apart."""
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    worker = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)", "-m learning.worker"],
+        env={**os.environ, "BOTMEMORY_DATA_DIR": str(theirs.resolve())},
+    )
+    try:
+        for data in (ours, theirs):
+            p = procs(Settings(env="local", data_dir=data))["worker"]
+            p.pid_file.parent.mkdir(parents=True)
+            p.pid_file.write_text(f"{worker.pid}\n")
+        assert running_pid(procs(Settings(env="local", data_dir=theirs))["worker"]) == worker.pid
+        assert running_pid(procs(Settings(env="local", data_dir=ours))["worker"]) is None
+    finally:
+        worker.kill()
+        worker.wait()
