@@ -106,10 +106,6 @@ def _speaker(item: learning_q.EvidenceMap) -> str:
     return "bot"
 
 
-async def _nothing_held() -> None:
-    return None
-
-
 class ExecutionRunner:
     """Runs executions in one worker process."""
 
@@ -227,7 +223,7 @@ class ExecutionRunner:
             log.warning(
                 "learning steps of a chat not serialised: Redis is not answering (%s)", type(exc).__name__
             )
-            return _nothing_held
+            return slots.nothing_held
 
     async def _step_once(self, x: Claimed) -> str | None:
         """One pass of the execution: its inputs read, one step asked and committed. Returns how the

@@ -118,10 +118,6 @@ def cost_micros(settings: Settings, model: str, usage: tuple[int, int] | None) -
     return math.ceil((usage[0] * price.input + usage[1] * price.output) / 1_000_000)
 
 
-async def _nothing_to_release() -> None:
-    return None
-
-
 class Gateway:
     """One per process: the client and the concurrency gates of the Bots it serves."""
 
@@ -166,7 +162,7 @@ class Gateway:
         process of the deployment (``concurrency``, D9.25: leases in Redis); returns the release.
         Raises ModelUnavailable("busy") at the deadline or without Redis."""
         if route.concurrency is None:
-            return _nothing_to_release
+            return slots.nothing_held
         try:
             return await slots.take(
                 rt.redis, route.bot_id, route.concurrency, deadline, rt.settings.slot_lease_seconds

@@ -59,6 +59,11 @@ def key_of(bot_id: str) -> str:
     return f"botmemory:slots:{bot_id}"
 
 
+async def nothing_held() -> None:
+    """The release of a slot not taken (no limit set, or Redis away): nothing to give back."""
+    return None
+
+
 def step_key_of(bot_id: str, chat_id: str) -> str:
     """The one slot of a Chat's learning steps (``learning.executions``)."""
     return f"botmemory:learning-step:{bot_id}:{chat_id}"

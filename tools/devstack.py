@@ -171,17 +171,21 @@ def status(s: Settings) -> None:
         print(f"  {name:7} {state}{', answering' if checks[name]() else ''}")
 
 
-#: What the test suite runs besides the stores (``make test``): the page tests' headless browser
-#: and the README quickstart's tools (``tests/test_quickstart.py`` runs it as written), by the
-#: Debian package that brings each.
-TEST_TOOLS: Final = {"chromium": "chromium", "curl": "curl", "jq": "jq"}
+#: What the test suite runs besides the stores (``make test``), by the Debian package that brings
+#: it: the page tests' headless browser (any of the names ``tests/browser.py`` looks for) and the
+#: README quickstart's tools (``tests/test_quickstart.py`` runs it as written).
+TEST_TOOLS: Final = {
+    "chromium": ("chromium", "chromium-browser", "google-chrome"),
+    "curl": ("curl",),
+    "jq": ("jq",),
+}
 
 
 def test_tools() -> None:
     """Install the test suite's tools that are missing (apt-get, as for ``redis-server``): on a
     fresh machine ``make test`` failed its page and quickstart tests without them."""
-    missing = [package for exe, package in TEST_TOOLS.items() if not shutil.which(exe)]
-    if missing and not (shutil.which("chromium-browser") and missing == ["chromium"]):
+    missing = [package for package, names in TEST_TOOLS.items() if not any(map(shutil.which, names))]
+    if missing:
         apt_install("test tools", missing)
 
 
