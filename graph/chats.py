@@ -267,21 +267,25 @@ RETURN i {.*} AS item ORDER BY i.seq LIMIT 1
 """
 
 
-#: The Chat's people now (D9.6: a private chat's owner, a group chat's current channel members),
-#: and which of the tokens ``$tokens`` are still live (not revoked, not expired at ``$now``): who
-#: may go on following its Turns (``services.turnfeed``).
-CHAT_PEOPLE: Final[LiteralString] = """
-MATCH (ch:Chat {id: $chatId})
+#: Of each Chat asked for (``$chats``: its id and the tokens of those who follow it), its people
+#: now (D9.6: a private chat's owner, a group chat's current channel members) and which of those
+#: tokens are still live (not revoked, not expired at ``$now``): who may go on following its Turns
+#: (``services.turnfeed``). A Chat that no longer exists has no row.
+CHATS_PEOPLE: Final[LiteralString] = """
+UNWIND $chats AS want
+MATCH (ch:Chat {id: want.chatId})
 OPTIONAL MATCH (ch)-[:IN_CHANNEL]->(c:Channel)
 OPTIONAL MATCH (p:Person)-[:MEMBER]->(c)
-WITH ch, c, collect(p.id) AS members
+WITH want, ch, c, collect(p.id) AS members
 OPTIONAL MATCH (t:Token)
-WHERE t.id IN $tokens AND t.revokedAt IS NULL AND (t.expiresAt IS NULL OR t.expiresAt > $now)
-RETURN CASE WHEN c IS NULL THEN [ch.ownerId] ELSE members END AS people, collect(t.id) AS live
+WHERE t.id IN want.tokens AND t.revokedAt IS NULL AND (t.expiresAt IS NULL OR t.expiresAt > $now)
+RETURN ch.id AS chatId, CASE WHEN c IS NULL THEN [ch.ownerId] ELSE members END AS people,
+       collect(t.id) AS live
 """
 
 
 class ChatPeopleRow(TypedDict):
+    chatId: str
     people: list[str]
     live: list[str]
 
@@ -410,11 +414,13 @@ async def first_item_of_turn(tx: AsyncManagedTransaction, *, chat_id: str, turn_
     return None if record is None else record["item"]
 
 
-async def chat_people(
-    tx: AsyncManagedTransaction, *, chat_id: str, tokens: list[str], now: int
-) -> ChatPeopleRow | None:
-    """The Chat's people now and which of ``tokens`` are live (None: no such Chat)."""
-    return await single(tx, CHAT_PEOPLE, ChatPeopleRow, chatId=chat_id, tokens=tokens, now=now)
+async def chats_people(
+    tx: AsyncManagedTransaction, *, tokens: dict[str, list[str]], now: int
+) -> dict[str, ChatPeopleRow]:
+    """Of each Chat of ``tokens`` (Chat id -> tokens of its followers), its people now and which of
+    its tokens are live, by Chat id, in one statement; a Chat that no longer exists is left out."""
+    chats = [{"chatId": chat_id, "tokens": held} for chat_id, held in tokens.items()]
+    return {r["chatId"]: r for r in await rows(tx, CHATS_PEOPLE, ChatPeopleRow, chats=chats, now=now)}
 
 
 async def item_by_uid(tx: AsyncManagedTransaction, *, uid: str) -> ItemNode | None:

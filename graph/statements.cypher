@@ -1048,6 +1048,17 @@ RETURN ch {.*} AS chat, b.keyMaster AS keyMaster, b.keyWrapped AS keyWrapped,
        ($personId IS NOT NULL AND CASE WHEN c IS NULL THEN ch.ownerId = $personId
          ELSE EXISTS { MATCH (:Person {id: $personId})-[:MEMBER]->(c) } END) AS isPerson
 
+// ---- graph.chats.CHATS_PEOPLE
+UNWIND $chats AS want
+MATCH (ch:Chat {id: want.chatId})
+OPTIONAL MATCH (ch)-[:IN_CHANNEL]->(c:Channel)
+OPTIONAL MATCH (p:Person)-[:MEMBER]->(c)
+WITH want, ch, c, collect(p.id) AS members
+OPTIONAL MATCH (t:Token)
+WHERE t.id IN want.tokens AND t.revokedAt IS NULL AND (t.expiresAt IS NULL OR t.expiresAt > $now)
+RETURN ch.id AS chatId, CASE WHEN c IS NULL THEN [ch.ownerId] ELSE members END AS people,
+       collect(t.id) AS live
+
 // ---- graph.chats.CHAT_FOR
 MATCH (ch:Chat {id: $chatId})-[:WITH_BOT]->(b:Bot)
 OPTIONAL MATCH (ch)-[:IN_CHANNEL]->(c:Channel)
@@ -1068,15 +1079,6 @@ CALL (ch, isPerson) {
   RETURN collect(i {.*}) AS items
 }
 RETURN ch {.*} AS chat, b.keyMaster AS keyMaster, b.keyWrapped AS keyWrapped, isPerson, items
-
-// ---- graph.chats.CHAT_PEOPLE
-MATCH (ch:Chat {id: $chatId})
-OPTIONAL MATCH (ch)-[:IN_CHANNEL]->(c:Channel)
-OPTIONAL MATCH (p:Person)-[:MEMBER]->(c)
-WITH ch, c, collect(p.id) AS members
-OPTIONAL MATCH (t:Token)
-WHERE t.id IN $tokens AND t.revokedAt IS NULL AND (t.expiresAt IS NULL OR t.expiresAt > $now)
-RETURN CASE WHEN c IS NULL THEN [ch.ownerId] ELSE members END AS people, collect(t.id) AS live
 
 // ---- graph.chats.CHAT_TAILS
 UNWIND $chatIds AS chatId

@@ -115,29 +115,29 @@ class TurnHub:
             except Exception as exc:  # live-only: the Turn's Items are in the chat for anyone who missed it
                 log.warning("a turn event was not announced to other API processes (%s)", type(exc).__name__)
 
-    async def _recheck(self, chat_id: str) -> None:
-        """End the streams of people who are no longer people of the Chat, or whose token is gone."""
-        subs = self.subscribers.get(chat_id)
-        if not subs:
+    async def _recheck(self, *chat_ids: str) -> None:
+        """End the streams of people who are no longer people of their Chat, or whose token is
+        gone: the Chats ``chat_ids`` (those followed here), in one statement."""
+        followed = {c: subs for c in chat_ids if (subs := self.subscribers.get(c))}
+        if not followed:
             return
-        tokens = sorted({s.token_id for s in subs})
-        record = await read(
-            self.rt.driver, lambda tx: chats_q.chat_people(tx, chat_id=chat_id, tokens=tokens, now=now_ms())
-        )
-        people: set[str] = set() if record is None else set(record["people"])
-        live: set[str] = set() if record is None else set(record["live"])
-        for sub in list(subs):
-            if sub.person_id not in people or sub.token_id not in live:
-                sub.token_gone = sub.token_id not in live
-                pubsub.offer(sub, None)
-                subs.discard(sub)
+        tokens = {c: sorted({s.token_id for s in subs}) for c, subs in followed.items()}
+        found = await read(self.rt.driver, lambda tx: chats_q.chats_people(tx, tokens=tokens, now=now_ms()))
+        for chat_id, subs in followed.items():
+            record = found.get(chat_id)
+            people: set[str] = set() if record is None else set(record["people"])
+            live: set[str] = set() if record is None else set(record["live"])
+            for sub in list(subs):
+                if sub.person_id not in people or sub.token_id not in live:
+                    sub.token_gone = sub.token_id not in live
+                    pubsub.offer(sub, None)
+                    subs.discard(sub)
 
     async def _remote(self, message: dict[str, Any]) -> None:
         """An event of another process: ids only; read the Item here. A change of who may follow
         Chats (from any process, this one included) checks every subscriber again."""
         if message.get("kind") == ACCESS_CHANGED:
-            for chat_id in list(self.subscribers):
-                await self._recheck(chat_id)
+            await self._recheck(*self.subscribers)
             return
         chat_id = str(message["chatId"])
         if message.get("origin") == self.origin or chat_id not in self.subscribers:

@@ -244,6 +244,35 @@ async def test_turn_events_end_when_the_token_is_revoked(api: Api) -> None:
         assert [e["extensions"]["code"] for e in message["payload"]["errors"]] == ["UNAUTHENTICATED"]
 
 
+async def test_one_revocation_ends_every_stream_of_the_token_and_no_other(
+    api: Api, model_server: ModelServer
+) -> None:
+    """A process checks all the Chats followed in it at once when access changes (one statement,
+    ``graph.chats.CHATS_PEOPLE``): a revoked token's streams end on every Chat it follows; a
+    stream of another token on the same Chat goes on (the next Turn's events reach it, after the
+    check that ended the others)."""
+    w = await runner_world(api, ("ann",))
+    ann = w.tokens["ann"]
+    first, second = await api.chat(ann, w.bot), await api.chat(ann, w.bot)
+    issued = (await api.gql("mutation { issueToken { id token } }", token=ann))["issueToken"]
+    async with (
+        turn_events(api, issued["token"], first) as gone_first,
+        turn_events(api, issued["token"], second) as gone_second,
+        turn_events(api, ann, first) as kept,
+    ):
+        await api.gql("mutation($t: ID!) { revokeToken(tokenId: $t) { id } }", {"t": issued["id"]}, ann)
+        for ws in (gone_first, gone_second):
+            message = json.loads(await asyncio.wait_for(ws.recv(), 10))
+            assert message["type"] == "next", message
+            assert [e["extensions"]["code"] for e in message["payload"]["errors"]] == ["UNAUTHENTICATED"]
+        model_server.script("chat", Reply(text="Still here."))
+        sent = await api.gql(SEND, {"c": first, "t": "Are you there?"}, ann)
+        events = await events_until_completed(kept)
+    assert events[0]["text"] == "Are you there?"
+    assert {e["turnId"] for e in events} == {sent["sendMessage"]["id"]}
+    assert "".join(e["text"] for e in events if e["kind"] == "REPLY_DELTA") == "Still here."
+
+
 async def test_a_member_removed_while_the_reply_streams_gets_none_of_the_rest(
     api: Api, model_server: ModelServer
 ) -> None:
