@@ -11,10 +11,10 @@ import re
 import time
 from collections.abc import AsyncGenerator
 from contextlib import asynccontextmanager
-from typing import Any, Final, TypedDict
+from typing import Any, Final, TypedDict, cast
 
 from cross_web import HTTPException as CrossWebHTTPException
-from graphql import GraphQLError, OperationType, get_operation_ast, parse
+from graphql import GraphQLError, OperationDefinitionNode, OperationType, get_operation_ast, parse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -83,19 +83,35 @@ class TransportWSHandler(BaseGraphQLTransportWSHandler[Context, None]):
         await super().handle_connection_init(message)
 
 
-def _is_subscription(request_data: GraphQLRequestData, max_tokens: int) -> bool:
-    """Whether the operation a request selects is a subscription (parsed only when it may be, and
-    within the token limit: unbounded, a body of ~900 KB of tokens held the event loop ~3.7 s
-    before anything checked the caller)."""
+#: What a request that sends a subscription over plain HTTP is told.
+SUBSCRIPTION_OVER_HTTP: Final = (
+    "subscriptions are served over WebSocket at /graphql (graphql-transport-ws; "
+    'connection_init payload {"Authorization": "Bearer <token>"})'
+)
+#: An operation's keyword: a document of several named operations holds two or more.
+_OPERATION_WORD: Final = re.compile(r"\b(?:query|mutation|subscription)\b")
+
+
+def _refusal(request_data: GraphQLRequestData, max_tokens: int) -> str | None:
+    """Why an HTTP request's document cannot run as sent: it holds several operations and names
+    none (the GraphQL spec requires ``operationName`` then; Strawberry ran the first, and a first
+    subscription failed inside as INTERNAL), or the operation it selects is a subscription. Parsed
+    only when either may be so, and within the token limit (unbounded, a body of ~900 KB of
+    tokens held the event loop ~3.7 s before anything checked the caller)."""
     query = request_data.query
-    if not query or "subscription" not in query:
-        return False
+    if not query or ("subscription" not in query and len(_OPERATION_WORD.findall(query)) < 2):
+        return None
     try:
         document = parse(query, max_tokens=max_tokens)
     except GraphQLError:
-        return False  # the execution reports the syntax error, or the limit
+        return None  # the execution reports the syntax error, or the limit
+    operations = sum(isinstance(d, OperationDefinitionNode) for d in document.definitions)
+    if operations > 1 and request_data.operation_name is None:
+        return f"the document holds {operations} operations: operationName says which to run"
     operation = get_operation_ast(document, request_data.operation_name)
-    return operation is not None and operation.operation is OperationType.SUBSCRIPTION
+    if operation is not None and operation.operation is OperationType.SUBSCRIPTION:
+        return SUBSCRIPTION_OVER_HTTP
+    return None
 
 
 #: ``\ud800``–``\udfff`` escaped in JSON text: a surrogate, which is a character only in a pair.
@@ -146,10 +162,12 @@ class GraphQLApp(GraphQL[Context, None]):
                 ) from None
         else:
             text = data
-        decoded = json.loads(text)
+        decoded: object = json.loads(text)
         if _SURROGATE_ESCAPE.search(text) and _lone_surrogate(decoded):
             raise json.JSONDecodeError("a lone surrogate is not a character", text, 0)
-        return decoded
+        if not isinstance(decoded, dict | list):  # Strawberry read a request's fields off it: 500
+            raise json.JSONDecodeError("a GraphQL request is a JSON object", text, 0)
+        return cast(object, decoded)
 
     async def get_context(self, request: HTTPConnection, response: Any) -> Context:
         return Context(
@@ -188,14 +206,13 @@ class GraphQLApp(GraphQL[Context, None]):
         request_data: GraphQLRequestData,
     ) -> ExecutionResult:
         """A subscription sent as a plain HTTP request gets BAD_INPUT saying where subscriptions are
-        served (Strawberry would run its resolver as a query and fail inside it)."""
-        if _is_subscription(request_data, self.max_query_tokens):
-            error = GraphQLError(
-                "subscriptions are served over WebSocket at /graphql (graphql-transport-ws; "
-                'connection_init payload {"Authorization": "Bearer <token>"})',
-                extensions={"code": "BAD_INPUT"},
+        served (Strawberry would run its resolver as a query and fail inside it), and so does a
+        document of several operations that names none (:func:`_refusal`)."""
+        refusal = _refusal(request_data, self.max_query_tokens)
+        if refusal is not None:
+            return ExecutionResult(
+                data=None, errors=[GraphQLError(refusal, extensions={"code": "BAD_INPUT"})]
             )
-            return ExecutionResult(data=None, errors=[error])
         return await super().execute_single(
             request, request_adapter, sub_response, context, root_value, request_data
         )

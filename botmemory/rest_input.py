@@ -4,6 +4,7 @@ the field's path; the services check the values themselves (ids, text, tags) as 
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Final, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -106,11 +107,35 @@ class LogQuery(Query):
 
 
 async def read_body(request: Request, model: type[M]) -> M:
-    """The JSON body as ``model``; anything else is a BadInput naming the first refused field."""
+    """The JSON body as ``model``; anything else is a BadInput naming the first refused field. An
+    object that names a key twice is refused too (a JSON parser keeps the last: a summary's first
+    value was lost, and a body of two commands ran the second), as GraphQL refuses a key twice."""
+    raw = await request.body()
+    twice = _named_twice(raw)
+    if twice is not None:
+        raise BadInput(f"the body names the key {twice!r} twice in one object", field=twice)
     try:
-        return model.model_validate_json(await request.body())
+        return model.model_validate_json(raw)
     except ValidationError as exc:
         raise refusal(exc) from None
+
+
+def _named_twice(raw: bytes) -> str | None:
+    """The first key that an object of the JSON text ``raw`` names twice (None: none, or not JSON,
+    which the model's own reading then refuses with its reason)."""
+    twice: list[str] = []
+
+    def pairs(items: list[tuple[str, object]]) -> dict[str, object]:
+        keys = [k for k, _ in items]
+        if len(set(keys)) < len(keys):
+            twice.append(next(k for i, k in enumerate(keys) if k in keys[:i]))
+        return dict(items)
+
+    try:
+        json.loads(raw, object_pairs_hook=pairs)
+    except (ValueError, RecursionError):  # not JSON, not UTF-8 text, or nested too deep for json
+        return None
+    return twice[0] if twice else None
 
 
 def read_query(request: Request, model: type[M]) -> M:

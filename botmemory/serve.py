@@ -39,6 +39,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         port=args.port,
         ws_per_message_deflate=False,
         timeout_keep_alive=KEEP_ALIVE_SECONDS,
+        ws_max_size=settings.max_body_bytes,  # a WebSocket message is held to the HTTP body limit
     )
 
 

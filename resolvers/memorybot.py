@@ -68,6 +68,7 @@ class MemoryBotMutation:
         concurrency: int | None = strawberry.UNSET,
         budget: BudgetInput | None = strawberry.UNSET,
     ) -> MemoryBot:
+        principal = await info.context.principal()  # the caller first: no token, no word on the input
         changes: dict[str, Any] = {}  # only the arguments given: absent = unchanged
         if instructions is not strawberry.UNSET:
             changes["instructions"] = instructions
@@ -79,7 +80,6 @@ class MemoryBotMutation:
                 None if budget is None else {"period": budget.period, "limitMicros": int(budget.limit_micros)}
             )
         patch = memorybot.SettingsPatch.checked(expected=expected, **changes)
-        principal = await info.context.principal()
         return MemoryBot.of(
             await memorybot.update_settings(info.context.runtime, principal, str(bot_id), patch)
         )

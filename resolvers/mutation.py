@@ -63,11 +63,12 @@ class Mutation(MemoryMutation, MemoryBotMutation):
     async def set_chat_meta(
         self, info: Info, chat_id: strawberry.ID, summary: list[MetaEntryInput], create: bool = False
     ) -> ChatMeta:
+        principal = await info.context.principal()  # the caller first: no token, no word on the input
         pairs = {entry.key: entry.text for entry in summary}
         if len(pairs) != len(summary):
             raise BadInput("summary names a key twice", field="summary")
         found = await conversation.set_chat_meta(
-            info.context.runtime, await info.context.principal(), str(chat_id), pairs, create=create
+            info.context.runtime, principal, str(chat_id), pairs, create=create
         )
         return ChatMeta.of(found)
 

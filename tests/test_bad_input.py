@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 from typing import Any
 
 import pytest
+import websockets
 from graphql.validation import validate
 
 from resolvers.schema import build_schema
 from services.runtime import Runtime
 from services.settings import Settings
 from tests.client import Api, make_world
+from tests.feed_helpers import ws_url
 
 
 async def count_nodes(runtime: Runtime, org: str) -> int:
@@ -214,3 +217,125 @@ async def test_a_subscription_over_plain_http_says_where_subscriptions_are(api: 
     body = await api.raw(many)
     [error] = body["errors"]
     assert error["extensions"]["code"] == "BAD_INPUT" and "WebSocket" not in error["message"], error
+
+
+async def test_a_request_that_is_not_a_json_object_is_bad_input(api: Api) -> None:
+    """A body of valid JSON that is not an object (a number, a string, null, true): Strawberry
+    read the request's fields off it and failed, 500 INTERNAL. Now 400 BAD_INPUT like any
+    malformed body."""
+    w = await make_world(api, ("ann",))
+    headers = {"Authorization": f"Bearer {w.tokens['ann']}", "Content-Type": "application/json"}
+    for body in (b"5", b'"q"', b"null", b"true"):
+        response = await api.http.post("/graphql", content=body, headers=headers)
+        assert response.status_code == 400, (body, response.text)
+        assert response.json()["error"]["code"] == "BAD_INPUT"
+
+
+async def test_a_document_of_several_operations_must_name_the_one_to_run(api: Api, runtime: Runtime) -> None:
+    """The GraphQL spec requires operationName when a document holds several operations.
+    Strawberry ran the first: a mutation ahead of a query ran unasked for, and a subscription
+    ahead of a query failed inside as INTERNAL. Now BAD_INPUT, and nothing runs; named, the
+    operation runs as usual."""
+    w = await make_world(api, ("ann",))
+    token = w.tokens["ann"]
+    before = await count_nodes(runtime, w.org)
+    remember = 'mutation A { remember(botId: "%s", content: "Ann likes figs") { entry { id } } } query B { me { id } }'
+    body = await api.raw(remember % w.bot, token=token)
+    [error] = body["errors"]
+    assert error["extensions"]["code"] == "BAD_INPUT" and "operationName" in error["message"], error
+    assert await count_nodes(runtime, w.org) == before
+    subscribe = (
+        f'subscription S {{ memoryChanges(botId: "{w.bot}") {{ version }} }} query Q {{ me {{ id }} }}'
+    )
+    [error] = (await api.raw(subscribe, token=token))["errors"]
+    assert error["extensions"]["code"] == "BAD_INPUT" and "operationName" in error["message"], error
+    named = await api.http.post(
+        "/graphql",
+        json={"query": subscribe, "operationName": "Q"},
+        headers={"Authorization": f"Bearer {token}"},
+    )
+    assert named.json() == {"data": {"me": {"id": w.people["ann"]}}}
+    named = await api.http.post(
+        "/graphql",
+        json={"query": subscribe, "operationName": "S"},
+        headers={"Authorization": f"Bearer {token}"},
+    )
+    [error] = named.json()["errors"]
+    assert error["extensions"]["code"] == "BAD_INPUT" and "WebSocket" in error["message"]
+
+
+async def test_a_websocket_message_is_held_to_the_body_limit(api: Api, settings: Settings) -> None:
+    """uvicorn took WebSocket messages of up to 16 MiB by default, decoded before anything checked
+    the caller (an HTTP body above max_body_bytes is refused at once): now the same limit, and
+    the connection closes as too big (1009)."""
+    async with websockets.connect(ws_url(api), subprotocols=["graphql-transport-ws"], max_size=None) as ws:  # type: ignore[list-item]
+        await ws.send(
+            json.dumps({"type": "connection_init", "payload": {"x": "a" * settings.max_body_bytes}})
+        )
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            await asyncio.wait_for(ws.recv(), 10)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
+
+
+async def test_a_rest_body_that_names_a_key_twice_is_refused_and_saves_nothing(
+    api: Api, runtime: Runtime
+) -> None:
+    """JSON parsers keep a key's last value: ``{"summary": {"a": "1", "a": "2"}}`` saved "2" and lost
+    "1", and a body of two commands ran the second; GraphQL refuses a key named twice. Now REST
+    does too (422 BAD_INPUT naming the key), before anything is saved."""
+    w = await make_world(api, ("ann",))
+    token = w.tokens["ann"]
+    chat = await api.chat(token, w.bot)
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    before = await count_nodes(runtime, w.org)
+    response = await api.http.post(
+        f"/v1/chats/{chat}/meta", content=b'{"summary": {"a": "1", "a": "2"}}', headers=headers
+    )
+    assert response.status_code == 422, response.text
+    assert response.json()["error"]["code"] == "BAD_INPUT" and "'a'" in response.json()["error"]["message"]
+    forget = '{"_tag": "Forget", "id": "mem_x"}'
+    remember = '{"_tag": "Remember", "content": "Ann likes figs", "tags": []}'
+    body = f'{{"command": {forget}, "command": {remember}}}'.encode()
+    response = await api.http.post(f"/v1/bots/{w.bot}/memory", content=body, headers=headers)
+    assert response.status_code == 422 and response.json()["error"]["code"] == "BAD_INPUT", response.text
+    assert await count_nodes(runtime, w.org) == before
+    # Once each, the same keys are read as before.
+    response = await api.http.post(
+        f"/v1/chats/{chat}/meta", content=b'{"summary": {"a": "1"}}', headers=headers
+    )
+    assert response.status_code == 201 and response.json()["summary"] == {"a": "1"}, response.text
+
+
+async def test_a_purge_of_a_malformed_tag_is_refused_and_changes_nothing(api: Api, runtime: Runtime) -> None:
+    """A purge tag is one of from:, chat:, org: or channel: and an id. "from:", "chat: x" or a NUL
+    after the prefix matched nothing and were answered ``{"removed": 0}`` with a new memory
+    version and a change row; now 422 BAD_INPUT and the version stays."""
+    w = await make_world(api, ("ann",))
+    headers = {"Authorization": f"Bearer {w.tokens['ann']}"}
+    version = "query($b: ID!) { memoryLog(botId: $b) { version } }"
+    before = (await api.gql(version, {"b": w.bot}, w.tokens["ann"]))["memoryLog"]["version"]
+    for tag in ("from:", "chat: x", "from:\u0000", "org:a,b", "channel:" + "x" * 201):
+        response = await api.http.post(f"/v1/bots/{w.bot}/memory/purge", json={"tag": tag}, headers=headers)
+        assert response.status_code == 422, (tag, response.text)
+        assert response.json()["error"]["code"] == "BAD_INPUT"
+    assert (await api.gql(version, {"b": w.bot}, w.tokens["ann"]))["memoryLog"]["version"] == before
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    done = await api.http.post(
+        f"/v1/bots/{w.bot}/memory/purge", json={"tag": f"chat:{chat}"}, headers=headers
+    )
+    assert done.status_code == 200 and done.json() == {"removed": 0}, done.text
+
+
+async def test_the_caller_is_checked_before_the_input(api: Api) -> None:
+    """Without a valid token every operation answers UNAUTHENTICATED, whatever its input: two
+    mutations read their arguments first and told an anonymous caller BAD_INPUT (the REST routes
+    of the same operations answered 401)."""
+    w = await make_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    twice = [{"key": "a", "text": "1"}, {"key": "a", "text": "2"}]
+    set_meta = "mutation($c: ID!, $s: [MetaEntryInput!]!) { setChatMeta(chatId: $c, summary: $s) { chatId } }"
+    update = "mutation($b: ID!) { updateMemoryBot(botId: $b, expected: -1) { version } }"
+    for token in (None, "not-a-token"):
+        assert await api.codes(set_meta, {"c": chat, "s": twice}, token) == ["UNAUTHENTICATED"]
+        assert await api.codes(update, {"b": w.bot}, token) == ["UNAUTHENTICATED"]
+    assert await api.codes(set_meta, {"c": chat, "s": twice}, w.tokens["ann"]) == ["BAD_INPUT"]
