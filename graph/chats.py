@@ -170,6 +170,20 @@ RETURN t {.*} AS turn, ch {.*} AS chat, b.keyMaster AS keyMaster, b.keyWrapped A
          ELSE EXISTS { MATCH (:Person {id: $personId})-[:MEMBER]->(c) } END) AS isPerson
 """
 
+#: TURN_FOR with the Turn locked first (as QUEUE_TURN locks it when the Turn completes), then read
+#: again: its status is the one after any completion that committed meanwhile (read unlocked, an
+#: addItems racing a completeTurn read "open" and appended to the completed Turn).
+TURN_FOR_UPDATE: Final[LiteralString] = """
+MATCH (held:Turn {id: $turnId})
+CALL apoc.lock.nodes([held])
+WITH held
+MATCH (t:Turn)-[:IN_CHAT]->(ch:Chat)-[:WITH_BOT]->(b:Bot) WHERE elementId(t) = elementId(held)
+OPTIONAL MATCH (ch)-[:IN_CHANNEL]->(c:Channel)
+RETURN t {.*} AS turn, ch {.*} AS chat, b.keyMaster AS keyMaster, b.keyWrapped AS keyWrapped,
+       ($personId IS NOT NULL AND CASE WHEN c IS NULL THEN ch.ownerId = $personId
+         ELSE EXISTS { MATCH (:Person {id: $personId})-[:MEMBER]->(c) } END) AS isPerson
+"""
+
 IS_PERSON_OF_CHAT: Final[LiteralString] = """
 MATCH (ch:Chat {id: $chatId})
 OPTIONAL MATCH (ch)-[:IN_CHANNEL]->(c:Channel)
@@ -348,6 +362,13 @@ async def chat_tail(tx: QueryTarget, *, chat_id: str, person_id: str | None, las
 
 async def turn_for(tx: AsyncManagedTransaction, *, turn_id: str, person_id: str | None) -> TurnForRow | None:
     return await single(tx, TURN_FOR, TurnForRow, turnId=turn_id, personId=person_id)
+
+
+async def turn_for_update(
+    tx: AsyncManagedTransaction, *, turn_id: str, person_id: str | None
+) -> TurnForRow | None:
+    """:func:`turn_for` with the Turn locked until the transaction ends (TURN_FOR_UPDATE)."""
+    return await single(tx, TURN_FOR_UPDATE, TurnForRow, turnId=turn_id, personId=person_id)
 
 
 async def is_person_of_chat(tx: AsyncManagedTransaction, *, chat_id: str, person_id: str) -> bool:

@@ -1156,6 +1156,16 @@ RETURN t {.*} AS turn, ch {.*} AS chat, b.keyMaster AS keyMaster, b.keyWrapped A
        ($personId IS NOT NULL AND CASE WHEN c IS NULL THEN ch.ownerId = $personId
          ELSE EXISTS { MATCH (:Person {id: $personId})-[:MEMBER]->(c) } END) AS isPerson
 
+// ---- graph.chats.TURN_FOR_UPDATE
+MATCH (held:Turn {id: $turnId})
+CALL apoc.lock.nodes([held])
+WITH held
+MATCH (t:Turn)-[:IN_CHAT]->(ch:Chat)-[:WITH_BOT]->(b:Bot) WHERE elementId(t) = elementId(held)
+OPTIONAL MATCH (ch)-[:IN_CHANNEL]->(c:Channel)
+RETURN t {.*} AS turn, ch {.*} AS chat, b.keyMaster AS keyMaster, b.keyWrapped AS keyWrapped,
+       ($personId IS NOT NULL AND CASE WHEN c IS NULL THEN ch.ownerId = $personId
+         ELSE EXISTS { MATCH (:Person {id: $personId})-[:MEMBER]->(c) } END) AS isPerson
+
 // ---- graph.context.ACTIVE_SEEK
 e.botId = $botId AND e.activeKey = key AND e.contentLength IS NOT NULL AND e.id IS NOT NULL AND e.memoryRank <
 

@@ -138,7 +138,8 @@ async def add_items(rt: Runtime, principal: Principal, turn_id: str, items: list
     now = now_ms()
 
     async def work(tx: AsyncManagedTransaction) -> list[chats_q.ItemNode]:
-        row = await chats_q.turn_for(tx, turn_id=turn_id, person_id=principal.person_id)
+        # Locked: a completeTurn committing meanwhile is seen (its status), never appended to.
+        row = await chats_q.turn_for_update(tx, turn_id=turn_id, person_id=principal.person_id)
         require_writer(principal, row, "turn")
         assert row is not None
         if principal.kind == "person" and row["turn"].get("actorId") != principal.person_id:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
+from services.runtime import Runtime
 from tests.client import Api, make_world
+from tests.learning_helpers import until_a_transaction_waits_for_a_lock
 
 MESSAGES = "query($c: ID!, $l: Int!, $s: Int!) { chat(id: $c) { id messageCount messages(limit: $l, skip: $s) { id kind text app speakerId turnId } } }"
 ADD = "mutation($t: ID!, $i: [ItemInput!]!) { addItems(turnId: $t, items: $i) { id kind } }"
@@ -76,6 +79,35 @@ async def test_completed_turn_takes_no_more_items(api: Api) -> None:
         ADD, {"t": turn["id"], "i": [{"kind": "BOT_MESSAGE", "text": "late"}]}, world.tokens["ann"]
     )
     assert codes == ["CONFLICT"]
+
+
+async def test_items_added_while_the_turn_completes_are_refused_once_it_has(
+    api: Api, runtime: Runtime
+) -> None:
+    """addItems racing completeTurn: the Turn's status was read without its lock, so an addItems
+    that read "open" while a completion was being committed appended to the completed Turn
+    (whether learning saw those Items depended on timing). It reads the status under the Turn's
+    lock now: it waits for the completion and is refused. The completion is held open here, with
+    the lock completeTurn takes, until addItems waits for it."""
+    world = await make_world(api, ("ann",))
+    ann = world.tokens["ann"]
+    chat = await api.chat(ann, world.bot)
+    turn = await api.turn(ann, chat, "hi")
+    async with runtime.driver.session() as session:
+        completing = await session.begin_transaction()
+        await completing.run(
+            "MATCH (t:Turn {id: $t}) CALL apoc.lock.nodes([t]) "
+            "SET t.status = 'completed', t.completedAt = timestamp()",
+            t=turn["id"],
+        )
+        add = asyncio.create_task(
+            api.codes(ADD, {"t": turn["id"], "i": [{"kind": "BOT_MESSAGE", "text": "late"}]}, ann)
+        )
+        await until_a_transaction_waits_for_a_lock(runtime)
+        await completing.commit()
+    assert await add == ["CONFLICT"]
+    page = await messages(api, ann, chat)
+    assert page is not None and [m["id"] for m in page["messages"]] == ["i-1"]
 
 
 async def test_private_chat_is_readable_by_its_owner_only(api: Api) -> None:
