@@ -9,9 +9,11 @@ Bot gets the fixed calm answer. The answer speaks only of the work (D9.16).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 from neo4j import AsyncManagedTransaction
+from neo4j.exceptions import DriverError, Neo4jError
 
 from graph import chats as chats_q
 from graph import learning as learning_q
@@ -28,6 +30,8 @@ from services.jobs import enqueue_executions
 from services.memorybot import ReviewChat, Route, load_route
 from services.runtime import Runtime, now_ms
 from services.validation import check_id, check_text
+
+log = logging.getLogger("learning.confide")
 
 _SAVE_MARGIN = 0.3  # seconds kept back from the deadline to save the answer
 
@@ -85,6 +89,10 @@ async def confide(rt: Runtime, gateway: Gateway, principal: Principal, turn_id: 
         by = "model"
     except (ModelUnavailable, TimeoutError):
         pass
+    except (Neo4jError, DriverError) as exc:  # reading the budget or the memory: INTERNAL before
+        log.warning(
+            "confide answered calmly: the store failed while seeking the answer (%s)", type(exc).__name__
+        )
     metrics.CONFIDE_ANSWERS.labels(by=by).inc()
     sealed = route.cipher.encrypt(Kind.CONFESSION_ANSWER, confession_id, answer)
     await write(

@@ -347,8 +347,9 @@ class ExecutionRunner:
         key: StepKey,
         entries: list[learning_q.LearnedEntry],
     ) -> Completion:
-        """One model call of a step under the concurrency limit (D9.25) and the step deadline."""
-        release = await self.gateway.acquire(self.rt, route, deadline)
+        """One model call of a step under the concurrency limit (D9.25; ungated while Redis is
+        away, as the Chat's step slot) and the step deadline."""
+        release = await self.gateway.acquire(self.rt, route, deadline, ungated_without_redis=True)
         try:
             return await self.gateway.complete(
                 self.rt,

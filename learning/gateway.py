@@ -13,10 +13,11 @@ import asyncio
 import json
 import logging
 import math
+import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Final, cast
 
 import openai
 from openai import AsyncOpenAI
@@ -47,6 +48,22 @@ FIXED_CALM_ANSWER = (
 )
 
 _RETRYABLE_STATUS = {408, 409, 429, 500, 502, 503, 504}
+#: What a model's text loses before anything stores or shows it: NUL (refused in stored text) and
+#: any surrogate (a JSON ``\ud800`` escape decodes to one alone; no UTF-8 text holds it, so it could
+#: not be encrypted: a reply or answer failed as INTERNAL after its Turn was saved), as U+FFFD.
+_UNSTORABLE: Final = re.compile("[\x00\ud800-\udfff]")
+
+
+def storable(text: str) -> str:
+    """``text`` without what no stored text may hold (NUL dropped, a lone surrogate as U+FFFD)."""
+    if not _UNSTORABLE.search(text):
+        return text
+    return _UNSTORABLE.sub(lambda m: "" if m.group() == "\x00" else "\ufffd", text)
+
+
+class _Unfinished(Exception):
+    """A streamed answer ended without a finish reason: cut short (the connection closed, or the
+    provider stopped sending), not an answer."""
 
 
 class ModelUnavailable(Exception):
@@ -157,10 +174,15 @@ class Gateway:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def acquire(self, rt: Runtime, route: Route, deadline: float) -> Callable[[], Awaitable[None]]:
+    async def acquire(
+        self, rt: Runtime, route: Route, deadline: float, *, ungated_without_redis: bool = False
+    ) -> Callable[[], Awaitable[None]]:
         """Wait until ``deadline`` for a free memory-Bot task slot of the Bot, counted across every
         process of the deployment (``concurrency``, D9.25: leases in Redis); returns the release.
-        Raises ModelUnavailable("busy") at the deadline or without Redis."""
+        Raises ModelUnavailable("busy") at the deadline, and without Redis unless
+        ``ungated_without_redis``: then the call goes on without a slot (a learning step, which
+        would otherwise end failed for good, its evidence learned only if the Chat confided
+        again; an answer someone waits for gets the calm one at once instead)."""
         if route.concurrency is None:
             return slots.nothing_held
         try:
@@ -171,6 +193,8 @@ class Gateway:
             raise ModelUnavailable("busy") from None
         except RedisError as exc:
             log.warning("no task slot: Redis is not answering (%s)", type(exc).__name__)
+            if ungated_without_redis:
+                return slots.nothing_held
             raise ModelUnavailable("busy") from None
 
     async def budget_spent(self, rt: Runtime, route: Route) -> bool:
@@ -213,6 +237,14 @@ class Gateway:
         call_id = new_id("call")
         result: Completion | None = None
         failure = "deadline"
+        shown = False  # text of an attempt reached on_text: asking again would show it twice
+
+        async def relay(text: str) -> None:
+            nonlocal shown
+            shown = True
+            assert on_text is not None
+            await on_text(text)
+
         for attempt in range(self.settings.model_max_attempts):
             remaining = deadline - time.monotonic()
             if remaining <= 0.05:
@@ -220,7 +252,9 @@ class Gateway:
             started = time.monotonic()
             try:
                 async with asyncio.timeout(remaining):
-                    result = await self._once(call_id, task, request, stream, remaining, on_text)
+                    result = await self._once(
+                        call_id, task, request, stream, remaining, None if on_text is None else relay
+                    )
                 attempts.append(f"ok:{_ms(started)}ms")
                 break
             except (TimeoutError, openai.APITimeoutError):
@@ -234,10 +268,18 @@ class Gateway:
             except openai.APIConnectionError:
                 failure = "provider_error"
                 attempts.append(f"connection:{_ms(started)}ms")
+            except openai.APIError:  # e.g. an error event in a stream: INTERNAL before, unsaved
+                failure = "provider_error"
+                attempts.append(f"error:{_ms(started)}ms")
+            except _Unfinished:
+                failure = "provider_error"
+                attempts.append(f"unfinished:{_ms(started)}ms")
             except (ValueError, KeyError, TypeError, IndexError, AttributeError):
                 failure = "malformed"
                 attempts.append(f"malformed:{_ms(started)}ms")
                 break
+            if shown:
+                break  # what was shown cannot be taken back: the caller says the answer failed
             backoff = min(0.2 * 2**attempt, 2.0)
             if deadline - time.monotonic() <= backoff:
                 break
@@ -289,7 +331,7 @@ class Gateway:
         usage = response.usage
         return Completion(
             call_id,
-            message.content,
+            None if message.content is None else storable(message.content),
             calls,
             None if usage is None else (usage.prompt_tokens, usage.completion_tokens),
         )
@@ -314,15 +356,18 @@ class Gateway:
         text: list[str] = []
         calls: dict[int, list[str]] = {}
         usage: tuple[int, int] | None = None
+        finished = False
         async for chunk in stream:
             if chunk.usage is not None:
                 usage = (chunk.usage.prompt_tokens, chunk.usage.completion_tokens)
             for choice in chunk.choices:
+                finished = finished or choice.finish_reason is not None
                 delta = choice.delta
                 if delta.content:
-                    text.append(delta.content)
-                    if on_text is not None:
-                        await on_text(delta.content)
+                    piece = storable(delta.content)
+                    text.append(piece)
+                    if on_text is not None and piece:
+                        await on_text(piece)
                 for tc in delta.tool_calls or []:
                     slot = calls.setdefault(tc.index, ["", "", ""])
                     if tc.id:
@@ -331,6 +376,8 @@ class Gateway:
                         slot[1] += tc.function.name
                     if tc.function and tc.function.arguments:
                         slot[2] += tc.function.arguments
+        if not finished:
+            raise _Unfinished  # cut short: its text so far was never a whole answer
         tool_calls = tuple(ToolCall(i, n, a) for _, (i, n, a) in sorted(calls.items()))
         return Completion(call_id, "".join(text) if text else None, tool_calls, usage)
 

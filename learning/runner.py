@@ -9,6 +9,7 @@ anywhere the Bot can see). Tool calls are answered, Items saved, the reply strea
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import replace
 from typing import Any, Final
@@ -25,6 +26,8 @@ from services.runtime import Runtime
 from services.turnfeed import TurnEvent, TurnHub
 from services.turns import NewItem
 from services.validation import check_id, check_text
+
+log = logging.getLogger("learning.runner")
 
 MAX_TOOL_ROUNDS = 3
 UNAVAILABLE_REPLY = "Sorry, I cannot answer just now. Please try again in a moment."
@@ -87,7 +90,11 @@ async def send_message(
         {"role": "user", "content": turn.enriched_input or text},
     ]
     tools = [] if chat["review"] else [CONFIDE_TOOL]  # review chats have no confide (L1)
-    reply = await _converse(rt, gateway, hub, principal, route, chat_id, turn, messages, tools)
+    try:
+        reply = await _converse(rt, gateway, hub, principal, route, chat_id, turn, messages, tools)
+    except Exception as exc:  # the Turn still gets its reply and completes (it stayed open)
+        log.warning("the Bot's reply failed (%s); it says it cannot answer", type(exc).__name__)
+        reply = UNAVAILABLE_REPLY
     [item] = await turns.add_items(rt, principal, turn.id, [NewItem(ItemKind.BOT_MESSAGE, reply)])
     await _publish(hub, chat_id, TurnEvent(turn.id, "ITEM_ADDED", reply, item.id, "BOT_MESSAGE"))
     done = await turns.complete_turn(rt, principal, turn.id)
@@ -118,10 +125,18 @@ async def _converse(
     messages: list[dict[str, Any]],
     tools: list[dict[str, Any]],
 ) -> str:
-    """Ask the Bot's model, answering its tool calls, until it replies in words."""
+    """Ask the Bot's model, answering its tool calls, until it replies in words: at most the
+    ``max_text_chars`` of a message (the longest Item; a longer reply was refused after its Turn
+    and the person's message were saved, and streamed whole meanwhile)."""
+    cap = rt.settings.max_text_chars
+    streamed = 0
 
     async def stream(delta: str) -> None:
-        await _publish(hub, chat_id, TurnEvent(turn.id, "REPLY_DELTA", delta))
+        nonlocal streamed
+        piece = delta[: max(0, cap - streamed)]
+        streamed += len(delta)
+        if piece:
+            await _publish(hub, chat_id, TurnEvent(turn.id, "REPLY_DELTA", piece))
 
     for _ in range(MAX_TOOL_ROUNDS + 1):
         body: dict[str, Any] = {"messages": messages}
@@ -141,7 +156,7 @@ async def _converse(
         except ModelUnavailable:
             return UNAVAILABLE_REPLY
         if not completion.tool_calls or not tools:
-            return (completion.text or "").strip() or UNAVAILABLE_REPLY
+            return (completion.text or "")[:cap].strip() or UNAVAILABLE_REPLY
         messages.append(
             {
                 "role": "assistant",

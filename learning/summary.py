@@ -77,7 +77,8 @@ async def summarize(rt: Runtime, gateway: Gateway, chat_id: str) -> str:
     }
     deadline = time.monotonic() + rt.settings.step_deadline_seconds
     try:
-        release = await gateway.acquire(rt, route, deadline)
+        # In the background, as learning: without Redis it goes on ungated rather than fail.
+        release = await gateway.acquire(rt, route, deadline, ungated_without_redis=True)
         try:
             completion = await gateway.complete(rt, route, task="summary", body=body, deadline=deadline)
         finally:

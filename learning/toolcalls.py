@@ -10,6 +10,7 @@ evidence, which entries may be cited) is checked afterwards by ``learning.protoc
 from __future__ import annotations
 
 import json
+import re
 from typing import Annotated, Any, Final, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
@@ -33,10 +34,21 @@ class Violation(Exception):
         self.code, self.path = code, path
 
 
+#: What no stored text may hold: NUL, and a surrogate alone (JSON's ``\ud800`` escape decodes to
+#: one; no UTF-8 text holds it, so nothing could encrypt it: INTERNAL after the Turn was saved).
+_UNSTORABLE: Final = re.compile("[\x00\ud800-\udfff]")
+
+
+def _storable(value: str) -> str:
+    if _UNSTORABLE.search(value):
+        raise PydanticCustomError("bad_string", "not storable text")
+    return value
+
+
 def _not_blank(value: str) -> str:
     if not value.strip():
         raise PydanticCustomError("bad_string", "blank")
-    return value
+    return _storable(value)
 
 
 def _topic(value: str) -> str:
@@ -54,7 +66,7 @@ def _audience(value: str) -> str:
 
 
 Content = Annotated[str, Field(max_length=MAX_CONTENT_CHARS), AfterValidator(_not_blank)]
-Id = Annotated[str, Field(min_length=1, max_length=MAX_ID_CHARS)]
+Id = Annotated[str, Field(min_length=1, max_length=MAX_ID_CHARS), AfterValidator(_storable)]
 Ids = Annotated[list[Id], Field(min_length=1, max_length=MAX_IDS)]
 Topic = Annotated[str, AfterValidator(_topic)]
 Topics = Annotated[list[Topic], Field(max_length=MAX_TOPICS, description="lowercase-with-dashes topics")]

@@ -12,7 +12,7 @@ import pytest
 import websockets
 from websockets.asyncio.client import ClientConnection
 
-from learning.runner import EARLIER_INTRO, SUMMARY_INTRO
+from learning.runner import EARLIER_INTRO, SUMMARY_INTRO, UNAVAILABLE_REPLY
 from services.runtime import Runtime
 from tests.client import Api, World
 from tests.feed_helpers import subscribed, ws_url
@@ -242,6 +242,60 @@ async def test_turn_events_end_when_the_token_is_revoked(api: Api) -> None:
         message = json.loads(await asyncio.wait_for(ws.recv(), 10))  # no Turn has started
         assert message["type"] == "next"
         assert [e["extensions"]["code"] for e in message["payload"]["errors"]] == ["UNAUTHENTICATED"]
+
+
+async def sent_with_events(
+    api: Api, token: str, chat: str, text: str
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """sendMessage, and what a subscriber of the Chat's Turn events saw of it."""
+    async with turn_events(api, token, chat) as ws:
+        sent = await api.gql(SEND, {"c": chat, "t": text}, token)
+        events = await events_until_completed(ws)
+    return sent["sendMessage"], events
+
+
+@pytest.mark.parametrize("broken", ["cut", "error"])
+async def test_a_reply_broken_off_midway_is_no_answer_and_is_not_asked_again(
+    api: Api, model_server: ModelServer, broken: str
+) -> None:
+    """A stream that stops without a finish (the connection closed) was taken as the whole reply,
+    cut short; an error event in the stream escaped as INTERNAL and left the Turn open. Both are
+    a failed call now: the Turn gets the reply that says the Bot cannot answer and completes, and
+    the model is not asked again (a second attempt streamed its text after the first's: "Hello
+    worHello world.")."""
+    w = await runner_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    model_server.script("chat", Reply(text="Hello world, here I am.", broken=broken))  # type: ignore[arg-type]
+    turn, events = await sent_with_events(api, w.tokens["ann"], chat, "Hi?")
+    assert turn["reply"] == UNAVAILABLE_REPLY
+    assert len(model_server.requests_for("chat")) == 1
+    deltas = "".join(e["text"] for e in events if e["kind"] == "REPLY_DELTA")
+    assert "Hello world, here I am.".startswith(deltas) and deltas != "Hello world, here I am."
+    [reply] = [e for e in events if e["kind"] == "ITEM_ADDED" and e["itemKind"] == "BOT_MESSAGE"]
+    assert reply["text"] == UNAVAILABLE_REPLY
+    assert events[-1]["kind"] == "TURN_COMPLETED"
+
+
+async def test_a_reply_no_message_could_hold_is_made_one(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    """The Bot's reply is a message like any other: a NUL or a lone surrogate in the model's text
+    (a JSON escape decodes to one) made saving it fail after the Turn and the person's words were
+    saved (INTERNAL or BAD_INPUT, the Turn left open), and so did a reply longer than the longest
+    message. NUL is dropped, a lone surrogate becomes U+FFFD and the reply stops at the longest
+    message, as streamed and as saved."""
+    w = await runner_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    model_server.script("chat", Reply(text="Hi\x00 there \ud800!"))
+    turn, events = await sent_with_events(api, w.tokens["ann"], chat, "Hello?")
+    assert turn["reply"] == "Hi there \ufffd!"
+    assert "".join(e["text"] for e in events if e["kind"] == "REPLY_DELTA") == "Hi there \ufffd!"
+    cap = runtime.settings.max_text_chars
+    model_server.script("chat", Reply(text="long " * (cap // 5 + 100)))
+    turn, events = await sent_with_events(api, w.tokens["ann"], chat, "And at length?")
+    assert turn["reply"] == ("long " * (cap // 5 + 100))[:cap].strip()
+    assert len("".join(e["text"] for e in events if e["kind"] == "REPLY_DELTA")) == cap
+    assert events[-1]["kind"] == "TURN_COMPLETED"
 
 
 async def test_one_revocation_ends_every_stream_of_the_token_and_no_other(

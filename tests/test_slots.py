@@ -21,7 +21,16 @@ from services.runtime import Runtime
 from services.settings import Settings
 from tests.client import Api
 from tests.conftest import ROOT, ApiProcess
-from tests.learning_helpers import confide, memory_world
+from tests.learning_helpers import (
+    complete,
+    confide,
+    fact_call,
+    first_item,
+    learn,
+    memory_world,
+    wait_executions,
+)
+from tests.memory_helpers import visible
 from tests.model_server import ModelServer, Reply
 
 #: Another process of the deployment: takes two slots of a Bot with a three-second lease (renewed
@@ -134,3 +143,36 @@ async def test_a_bots_concurrency_binds_across_api_processes(
     finally:
         gate.set()
         patient.stop()
+
+
+@pytest.mark.usefixtures("learning_worker")
+async def test_a_learning_step_goes_on_ungated_while_redis_refuses_its_slots(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    """A Bot with ``concurrency``: while Redis refuses the slots' scripts (here: its ACL; an outage
+    or a restart alike), a learning step asked for a slot, got "busy" and ended failed for good —
+    that Turn's evidence was learned only if the Chat confided again. It goes on without the slot
+    now, as the Chat's step slot already did; an answer someone waits for (confide) still gets the
+    calm one at once."""
+    w = await memory_world(api, ("ann",))
+    response = await api.http.patch(
+        f"/v1/bots/{w.bot}/memory/bot",
+        json={"expected": 0, "concurrency": 1},
+        headers={"Authorization": f"Bearer {w.tokens['ann']}"},
+    )
+    assert response.status_code == 200, response.text
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    turn = await api.turn(w.tokens["ann"], chat, "Ann takes the 8:10 train on Mondays.")
+    item = await first_item(api, w.tokens["ann"], chat)
+    model_server.script("learn", learn(fact_call("Ann takes the 8:10 train on Mondays.", item)))
+    await runtime.redis.execute_command("ACL", "SETUSER", "default", "-eval", "-evalsha")
+    try:
+        assert await confide(api, w.tokens["ann"], turn["id"], "Noted the train.") == FIXED_CALM_ANSWER
+        await complete(api, w.tokens["ann"], turn["id"])
+        [x] = await wait_executions(runtime, turn["id"])
+    finally:
+        await runtime.redis.execute_command("ACL", "SETUSER", "default", "+eval", "+evalsha")
+    assert (x["status"], x["learned"]) == ("done", 1), x
+    assert [e["content"] for e in (await visible(api, w.tokens["ann"], w.bot)).values()] == [
+        "Ann takes the 8:10 train on Mondays."
+    ]

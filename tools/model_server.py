@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 TASK_HEADER = "X-Botmemory-Task"
 CHAT_PATHS = frozenset({"/v1/chat/completions", "/chat/completions"})
@@ -48,6 +48,10 @@ class Reply:
     hold: threading.Event | None = None  # when given, the answer waits until the test sets it
     #: When given, a streamed answer sends its first piece of text, then waits until the test sets it.
     midway: threading.Event | None = None
+    #: When given, a streamed answer sends its first piece of text, then breaks off: "cut" closes
+    #: the connection (no finish reason, no [DONE]); "error" sends an error event, as servers do
+    #: when generation fails midway.
+    broken: Literal["cut", "error"] | None = None
     status: int = 200
     body: bytes | None = None
     model: str | None = None
@@ -297,6 +301,12 @@ class _Handler(BaseHTTPRequestHandler):
                 while not reply.midway.wait(0.05):
                     if server.stopping.is_set():
                         return
+            if at == 1 and reply.broken == "cut":
+                return
+            if at == 1 and reply.broken == "error":
+                error = {"error": {"message": "generation failed", "type": "server_error", "code": None}}
+                self.wfile.write(b"data: " + json.dumps(error).encode() + b"\n\n")
+                return
         self.wfile.write(b"data: [DONE]\n\n")
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from learning import toolcalls
 from learning.enrichment import REWRITE_TOOL, _parse  # pyright: ignore[reportPrivateUsage]
-from learning.gateway import ToolCall
+from learning.gateway import ToolCall, storable
 from learning.runner import CONFIDE_TOOL
 
 
@@ -48,6 +48,8 @@ def test_a_rewrite_citing_what_was_sent_is_taken() -> None:
         {"text": " ", "used_entry_ids": ["mem_a"]},
         {"text": "x" * 101, "used_entry_ids": ["mem_a"]},
         {"text": "a\x00b", "used_entry_ids": ["mem_a"]},
+        '{"text": "a \\ud800 b", "used_entry_ids": ["mem_a"]}',  # a lone surrogate, escaped
+        '{"text": "x", "used_entry_ids": ["mem_a\\udc00"]}',
         {"text": 7, "used_entry_ids": ["mem_a"]},
         {"text": "x", "used_entry_ids": [1]},
         {"text": "x", "used_entry_ids": ["mem_a"], "why": "extra"},
@@ -66,3 +68,20 @@ def test_confide_takes_text_and_ignores_other_fields() -> None:
     )
     for bad in ('{"text": ""}', '{"text": 3}', "{}", "nope", '"text"'):
         assert toolcalls.checked(toolcalls.Confide, bad) is None
+
+
+def test_text_no_stored_text_may_hold_is_refused_in_every_tool() -> None:
+    """A lone surrogate (JSON's ``\\ud800`` decodes to one) or NUL in a tool's text: nothing could
+    encrypt it, so a rewrite, a confide or a learned fact holding one failed as INTERNAL after its
+    Turn was saved; refused as the tools' other bad strings are (bad_string)."""
+    assert toolcalls.checked(toolcalls.Confide, '{"text": "stuck \\ud800"}') is None
+    assert toolcalls.checked(toolcalls.Confide, '{"text": "stuck \\ud83d\\ude00"}') is not None  # a pair
+    for content in ("fact \\udfff", "fact \\u0000"):
+        with pytest.raises(toolcalls.Violation) as refused:
+            toolcalls.parse("add_fact", '{"content": "' + content + '", "source_item_ids": ["i-1"]}', "c")
+        assert (refused.value.code, refused.value.path) == ("bad_string", "c.content")
+
+
+def test_model_text_is_made_storable() -> None:
+    assert storable("plain") == "plain"
+    assert storable("a\x00b \ud800 c \U0001f600") == "ab \ufffd c \U0001f600"
