@@ -71,7 +71,12 @@ async def open_runtime(settings: Settings, *, schema: Schema = "migrate") -> Asy
     password = settings.neo4j_password.get_secret_value() if settings.neo4j_password else ""
     driver = make_driver(settings.neo4j_uri, settings.neo4j_user, password)
     redis = ArqRedis(
-        ConnectionPool.from_url(settings.redis_url),
+        ConnectionPool.from_url(
+            settings.redis_url,
+            socket_timeout=settings.redis_timeout_seconds,
+            socket_connect_timeout=settings.redis_timeout_seconds,
+            socket_keepalive=True,
+        ),
         job_serializer=jobs.serialize,
         job_deserializer=jobs.deserialize,
     )

@@ -91,7 +91,14 @@ class ChangeHub:
 
     async def start(self) -> None:
         self._task = asyncio.create_task(
-            pubsub.listen(self.rt.redis, CHANNEL_PATTERN, self.deliver, self.ready, self.reconnected),
+            pubsub.listen(
+                self.rt.redis,
+                CHANNEL_PATTERN,
+                self.deliver,
+                self.ready,
+                self.reconnected,
+                silence=self.rt.settings.redis_timeout_seconds,
+            ),
             name="changefeed",
         )
 

@@ -6,12 +6,17 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar, cast
 
 from arq.connections import ArqRedis
 
 log = logging.getLogger("services.pubsub")
+
+
+class Silent(Exception):
+    """The listening connection did not answer a ping in time (a Redis paused, or an address that
+    a failover moved: the socket stays open and nothing ever arrives)."""
 
 
 async def listen(
@@ -20,10 +25,17 @@ async def listen(
     handle: Callable[[dict[str, Any]], Awaitable[None]],
     ready: asyncio.Event,
     subscribed: Callable[[], Awaitable[None]] | None = None,
+    *,
+    silence: float,
 ) -> None:
     """Hand every JSON message on channels matching ``pattern`` to ``handle``, for ever; a lost
     Redis connection is re-established. Messages published meanwhile are missed: ``subscribed``,
-    called after every (re)subscription before the next message, is where a hub catches up."""
+    called after every (re)subscription before the next message, is where a hub catches up.
+
+    After ``silence`` seconds without a message the connection is pinged; no answer within
+    ``silence`` more and it counts as lost (waiting for the next message alone, a connection that
+    had silently died kept every subscription of the process silent until it restarted)."""
+    loop = asyncio.get_running_loop()
     while True:
         pubsub = redis.pubsub()
         try:
@@ -31,7 +43,18 @@ async def listen(
             if subscribed is not None:
                 await subscribed()
             ready.set()
-            async for message in cast(AsyncIterator[dict[str, Any]], pubsub.listen()):
+            heard, pinged = loop.time(), None
+            while True:
+                message = cast(dict[str, Any] | None, await pubsub.get_message(timeout=min(1.0, silence)))
+                now = loop.time()
+                if message is None:
+                    if pinged is None and now - heard >= silence:
+                        await pubsub.ping()
+                        pinged = now
+                    elif pinged is not None and now - pinged >= silence:
+                        raise Silent
+                    continue
+                heard, pinged = now, None
                 if message.get("type") == "pmessage":
                     await handle(json.loads(message["data"]))
         except asyncio.CancelledError:
@@ -41,7 +64,7 @@ async def listen(
             await asyncio.sleep(0.5)
         finally:
             with contextlib.suppress(Exception):
-                await pubsub.aclose()
+                await asyncio.wait_for(pubsub.aclose(), silence)
 
 
 E = TypeVar("E")

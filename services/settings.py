@@ -45,6 +45,11 @@ class Settings(BaseSettings):
 
     redis_url: str = "redis://127.0.0.1:6379/0"
     redis_port: int = Field(default=6379, ge=1, le=65535)
+    #: Seconds a Redis command, or a connection to Redis, may take before it fails; the change and
+    #: Turn feeds' listeners also ask a silent connection for an answer after this long and open a
+    #: new one when none comes within it. Without it, a Redis that accepts connections and never
+    #: answers (paused, or its address moved by a failover) held requests and feeds for ever.
+    redis_timeout_seconds: float = Field(default=5.0, gt=0, le=300)
 
     api_host: str = "127.0.0.1"
     api_port: int = Field(default=8000, ge=1, le=65535)

@@ -74,7 +74,14 @@ class TurnHub:
 
     async def start(self) -> None:
         self._task = asyncio.create_task(
-            pubsub.listen(self.rt.redis, CHANNEL_PATTERN, self._remote, self.ready), name="turnfeed"
+            pubsub.listen(
+                self.rt.redis,
+                CHANNEL_PATTERN,
+                self._remote,
+                self.ready,
+                silence=self.rt.settings.redis_timeout_seconds,
+            ),
+            name="turnfeed",
         )
 
     async def stop(self) -> None:

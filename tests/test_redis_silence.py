@@ -1,0 +1,112 @@
+"""A Redis that accepts connections and never answers (paused, or an address that a failover moved
+away: the sockets stay open and nothing arrives) holds no request and silences no feed for good:
+every Redis command and connection has a deadline (``redis_timeout_seconds``), and the feeds'
+listeners ping a silent connection and open a new one when it does not answer."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import httpx
+
+from services.settings import Settings
+from tests.client import Api, make_world
+from tests.conftest import ApiProcess
+from tests.feed_helpers import next_event, subscription
+from tests.test_removals import FEED, remember
+
+
+class SilentProxy:
+    """A TCP proxy in front of the real Redis that can fall silent: then it forwards nothing on any
+    connection, in either direction, and closes none; once heard again, new connections are
+    forwarded, while those of the silence stay silent for good (as after a failover)."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.silences = 0
+        self.silent = False
+        self.port = 0
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._writers: list[asyncio.StreamWriter] = []
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    def fall_silent(self) -> None:
+        self.silent = True
+        self.silences += 1
+
+    def hear_again(self) -> None:
+        self.silent = False
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._writers.append(writer)
+        if self.silent:
+            return  # accepted, never read, never answered
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+        self._writers.append(up_writer)
+        opened_in = self.silences
+
+        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+            while data := await source.read(65536):
+                if self.silences != opened_in:
+                    await asyncio.Event().wait()  # this connection went silent: for good
+                sink.write(data)
+                await sink.drain()
+
+        for source, sink in ((reader, up_writer), (up_reader, writer)):
+            task = asyncio.create_task(pipe(source, sink))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        for writer in self._writers:
+            writer.close()
+        if self._server is not None:
+            self._server.close()
+            with contextlib.suppress(Exception):
+                await self._server.wait_closed()
+
+
+async def test_a_silent_redis_holds_no_request_and_silences_no_feed_for_good(
+    api: Api, settings: Settings, service_env: dict[str, str]
+) -> None:
+    """An API process whose Redis falls silent: a Remember through it commits and answers (its
+    announcement gives up after the timeout; before, the request hung for ever, and a client
+    that gave up and sent it again made a second entry). Its change feed's listener, whose
+    connection went silent, pings it, opens a new one once Redis answers again and catches up
+    from the log: the subscriber gets the changes made meanwhile, through this process and
+    another (before, the feed stayed silent until the process restarted)."""
+    proxy = SilentProxy(settings.redis_port)
+    await proxy.start()
+    env = {
+        **service_env,
+        "BOTMEMORY_REDIS_URL": f"redis://127.0.0.1:{proxy.port}/0",
+        "BOTMEMORY_REDIS_TIMEOUT_SECONDS": "1",
+    }
+    # Started on a thread: the proxy forwards on this event loop, which waits for it meanwhile.
+    log_path = settings.data_dir / "logs" / "pytest-api-silent-redis.log"
+    silent = await asyncio.to_thread(ApiProcess, settings, log_path, env)
+    try:
+        w = await make_world(api, ("ann",))
+        ann = w.tokens["ann"]
+        async with httpx.AsyncClient(base_url=silent.url, timeout=30) as http:
+            through = Api(http, api.admin_token)
+            async with subscription(through, ann, w.bot, FEED) as ws:
+                proxy.fall_silent()
+                here = await remember(through, ann, w.bot, "said while Redis was silent")
+                elsewhere = await remember(api, ann, w.bot, "said through another process")
+                proxy.hear_again()
+                got: list[str] = []
+                while elsewhere not in got:
+                    got += [e["id"] for e in (await next_event(ws, within=30))["entries"]]
+        assert got == [here, elsewhere]
+    finally:
+        await asyncio.to_thread(silent.stop)
+        await proxy.close()
