@@ -23,11 +23,13 @@ import anyio
 import httpx
 import uvicorn
 from mcp.server.mcpserver import Context, MCPServer
-from pydantic import BaseModel, Field
+from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
+from pydantic import BaseModel, Field, ValidationError
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from botmemory.mcp_api import FORGET, REMEMBER, SEARCH, WHY, Api, ApiError
+from services.validation import refusal
 
 DEFAULT_API_URL: Final = "http://127.0.0.1:8000"
 
@@ -116,9 +118,26 @@ def fit(hits: Sequence[Hit], limit: int) -> MemoryText:
     return MemoryText(text="\n".join(lines), ids=ids)
 
 
+class _Server(MCPServer):
+    """Arguments of the wrong shape are refused as the API refuses them: ``BAD_INPUT`` and the first
+    refused argument (the SDK's own words named no code and carried pydantic's link)."""
+
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None = None
+    ) -> Any:
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as exc:
+            cause = exc.__cause__
+            if isinstance(exc, UnexpectedToolError) or not isinstance(cause, ValidationError):
+                raise
+            refused = refusal(cause, skip=frozenset({"arguments"}))
+            raise ToolError(f"Error executing tool {name}: BAD_INPUT: {refused.message}") from cause
+
+
 def build_server(config: McpConfig, api: Api) -> MCPServer:
     """The MCP server with its five tools, calling ``api`` with the caller's token."""
-    server: MCPServer = MCPServer("botmemory", instructions="Access-checked memory of one person.")
+    server: MCPServer = _Server("botmemory", instructions="Access-checked memory of one person.")
 
     def token(ctx: Ctx) -> str:
         found = config.token or bearer(ctx.headers)
@@ -127,6 +146,8 @@ def build_server(config: McpConfig, api: Api) -> MCPServer:
         return found
 
     def bot(bot_id: str | None) -> str:
+        if bot_id is not None and not bot_id.strip():
+            raise ApiError("BAD_INPUT", "bot_id is empty: give one, or leave it out for BOTMEMORY_BOT_ID")
         found = bot_id or config.bot_id
         if not found:
             raise ApiError("BAD_INPUT", "give bot_id, or start the server with BOTMEMORY_BOT_ID")

@@ -161,6 +161,14 @@ async def test_stdio_errors_carry_the_api_code(api: Api, api_process: ApiProcess
         assert colon.startswith("BAD_INPUT: ")
         assert (await error(ann, "search", query=" ", bot_id=w.bot)).startswith("BAD_INPUT: ")
         assert (await error(ann, "context", input="x", limit=0, bot_id=w.bot)).startswith("BAD_INPUT: ")
+        # Arguments of the wrong type are refused alike (the SDK's words named no code), and an
+        # empty bot_id is no bot_id (it fell back to BOTMEMORY_BOT_ID).
+        assert (await error(ann, "search", query="x", limit="ten", bot_id=w.bot)).startswith(
+            "BAD_INPUT: limit "
+        )
+        assert (await error(ann, "search", query=5, bot_id=w.bot)).startswith("BAD_INPUT: query ")
+        assert (await error(ann, "forget", entry_id=["a"], bot_id=w.bot)).startswith("BAD_INPUT: entry_id ")
+        assert (await error(ann, "search", query="x", bot_id=" ")).startswith("BAD_INPUT: bot_id is empty")
     bad = "bm_" + "0" * 40
     async with stdio(api_process.url, mcp_log, BOTMEMORY_TOKEN=bad, BOTMEMORY_BOT_ID=w.bot) as nobody:
         message = await error(nobody, "search", query="anything")
