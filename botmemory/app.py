@@ -165,7 +165,9 @@ class GraphQLApp(GraphQL[Context, None]):
         decoded: object = json.loads(text)
         if _SURROGATE_ESCAPE.search(text) and _lone_surrogate(decoded):
             raise json.JSONDecodeError("a lone surrogate is not a character", text, 0)
-        if not isinstance(decoded, dict | list):  # Strawberry read a request's fields off it: 500
+        if isinstance(data, bytes) and not isinstance(decoded, dict | list):
+            # A request body (query parameters' values come as text, and may be null): Strawberry
+            # read a request's fields off it and failed, 500.
             raise json.JSONDecodeError("a GraphQL request is a JSON object", text, 0)
         return cast(object, decoded)
 

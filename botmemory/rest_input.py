@@ -126,9 +126,12 @@ def _named_twice(raw: bytes) -> str | None:
     twice: list[str] = []
 
     def pairs(items: list[tuple[str, object]]) -> dict[str, object]:
-        keys = [k for k, _ in items]
-        if len(set(keys)) < len(keys):
-            twice.append(next(k for i, k in enumerate(keys) if k in keys[:i]))
+        seen: set[str] = set()
+        for key, _ in items:
+            if key in seen:
+                twice.append(key)
+                break
+            seen.add(key)
         return dict(items)
 
     try:

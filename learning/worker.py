@@ -16,7 +16,6 @@ import time
 from typing import Any, ClassVar
 
 from arq import cron, func
-from arq.connections import RedisSettings
 from arq.worker import run_worker
 from prometheus_client import start_http_server
 from redis.exceptions import RedisError
@@ -26,7 +25,7 @@ from learning.executions import ExecutionRunner
 from learning.gateway import Gateway
 from learning.sweeper import sweeper
 from services import jobs, metrics
-from services.bootstrap import open_runtime
+from services.bootstrap import open_runtime, redis_of
 from services.embedding import EmbedderUnavailable
 from services.logs import configure_logging
 from services.runtime import Runtime, now_ms
@@ -179,7 +178,10 @@ def main() -> None:
     try:
         run_worker(
             WorkerSettings,  # type: ignore[arg-type]
-            redis_settings=RedisSettings.from_dsn(settings.redis_url),
+            # Its queue is polled with the same deadlines as every other Redis command: a Redis that
+            # accepts connections and never answers held the poll for ever, so the restart below
+            # never came.
+            redis_pool=redis_of(settings),
             job_timeout=int(settings.step_deadline_seconds * 2 + 60),
         )
     except (RedisError, OSError) as exc:

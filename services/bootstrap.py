@@ -63,14 +63,11 @@ async def wait_for_schema(driver: AsyncDriver) -> int:
         await asyncio.sleep(SCHEMA_POLL_SECONDS)
 
 
-@asynccontextmanager
-async def open_runtime(settings: Settings, *, schema: Schema = "migrate") -> AsyncGenerator[Runtime]:
-    """Connect to Neo4j and Redis, see to the schema (``schema``), and close everything on exit.
-    numpy's BLAS runs on ``index_threads`` threads meanwhile."""
-    blas = threadpool_limits(limits=settings.index_threads, user_api="blas")
-    password = settings.neo4j_password.get_secret_value() if settings.neo4j_password else ""
-    driver = make_driver(settings.neo4j_uri, settings.neo4j_user, password)
-    redis = ArqRedis(
+def redis_of(settings: Settings) -> ArqRedis:
+    """The process's Redis client: each command and each connection given at most
+    ``redis_timeout_seconds`` (a Redis that accepts connections and never answers held requests,
+    and the worker's queue polling, for ever)."""
+    return ArqRedis(
         ConnectionPool.from_url(
             settings.redis_url,
             socket_timeout=settings.redis_timeout_seconds,
@@ -80,6 +77,16 @@ async def open_runtime(settings: Settings, *, schema: Schema = "migrate") -> Asy
         job_serializer=jobs.serialize,
         job_deserializer=jobs.deserialize,
     )
+
+
+@asynccontextmanager
+async def open_runtime(settings: Settings, *, schema: Schema = "migrate") -> AsyncGenerator[Runtime]:
+    """Connect to Neo4j and Redis, see to the schema (``schema``), and close everything on exit.
+    numpy's BLAS runs on ``index_threads`` threads meanwhile."""
+    blas = threadpool_limits(limits=settings.index_threads, user_api="blas")
+    password = settings.neo4j_password.get_secret_value() if settings.neo4j_password else ""
+    driver = make_driver(settings.neo4j_uri, settings.neo4j_user, password)
+    redis = redis_of(settings)
     try:
         if schema == "migrate":
             version = await migrate(driver)

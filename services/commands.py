@@ -27,7 +27,7 @@ from services.validation import check_id
 from services.writepath import apply_changes, publish_change, require_visible
 
 #: A purge's tag: from:, chat:, org: or channel: and an id (as the tags a filter takes, ``services.memory``).
-PURGE_TAG: Final = re.compile(r"^(?:from|chat|org|channel):[A-Za-z0-9_\-]{1,200}$")
+PURGE_TAG: Final = re.compile(r"(?:from|chat|org|channel):[A-Za-z0-9_\-]{1,200}")
 
 
 async def _reader(tx: AsyncManagedTransaction, principal: Principal, bot_id: str) -> Reader:
@@ -126,7 +126,7 @@ async def purge(rt: Runtime, principal: Principal, bot_id: str, tag: str) -> int
     """Remove every entry with an OpenBot tag ``from:``/``chat:``/``org:``/``channel:`` without reading it."""
     require_person(principal)  # before the Bot is looked at: a platform token learns nothing of it
     check_id(bot_id, "botId")
-    if not isinstance(tag, str) or not PURGE_TAG.match(tag):  # pyright: ignore[reportUnnecessaryIsInstance]
+    if not isinstance(tag, str) or not PURGE_TAG.fullmatch(tag):  # pyright: ignore[reportUnnecessaryIsInstance]
         # A malformed tag matches nothing: refused, not counted as a purge of none (a version and a
         # change row for "from:" or "chat: x" before).
         raise BadInput("purge takes one from:, chat:, org: or channel: tag and an id", field="tag")

@@ -125,20 +125,23 @@ class TurnHub:
     async def _recheck(self, *chat_ids: str) -> None:
         """End the streams of people who are no longer people of their Chat, or whose token is
         gone: the Chats ``chat_ids`` (those followed here), in one statement."""
-        followed = {c: subs for c in chat_ids if (subs := self.subscribers.get(c))}
+        # Who follows each Chat now: those who subscribe while the statement runs are not judged
+        # by it (their tokens were not asked about; they were checked as they subscribed).
+        followed = {c: list(subs) for c in chat_ids if (subs := self.subscribers.get(c))}
         if not followed:
             return
         tokens = {c: sorted({s.token_id for s in subs}) for c, subs in followed.items()}
         found = await read(self.rt.driver, lambda tx: chats_q.chats_people(tx, tokens=tokens, now=now_ms()))
-        for chat_id, subs in followed.items():
+        for chat_id, judged in followed.items():
             record = found.get(chat_id)
             people: set[str] = set() if record is None else set(record["people"])
             live: set[str] = set() if record is None else set(record["live"])
-            for sub in list(subs):
+            current = self.subscribers.get(chat_id, set())
+            for sub in judged:
                 if sub.person_id not in people or sub.token_id not in live:
                     sub.token_gone = sub.token_id not in live
                     pubsub.offer(sub, None)
-                    subs.discard(sub)
+                    current.discard(sub)
 
     async def _remote(self, message: dict[str, Any]) -> None:
         """An event of another process: ids only; read the Item here. A change of who may follow

@@ -229,6 +229,13 @@ async def test_a_request_that_is_not_a_json_object_is_bad_input(api: Api) -> Non
         response = await api.http.post("/graphql", content=body, headers=headers)
         assert response.status_code == 400, (body, response.text)
         assert response.json()["error"]["code"] == "BAD_INPUT"
+    # A query parameter's JSON may be null, as before.
+    response = await api.http.get(
+        "/graphql",
+        params={"query": "{ me { id } }", "variables": "null"},
+        headers={"Authorization": headers["Authorization"]},
+    )
+    assert response.json() == {"data": {"me": {"id": w.people["ann"]}}}, response.text
 
 
 async def test_a_document_of_several_operations_must_name_the_one_to_run(api: Api, runtime: Runtime) -> None:
@@ -314,7 +321,7 @@ async def test_a_purge_of_a_malformed_tag_is_refused_and_changes_nothing(api: Ap
     headers = {"Authorization": f"Bearer {w.tokens['ann']}"}
     version = "query($b: ID!) { memoryLog(botId: $b) { version } }"
     before = (await api.gql(version, {"b": w.bot}, w.tokens["ann"]))["memoryLog"]["version"]
-    for tag in ("from:", "chat: x", "from:\u0000", "org:a,b", "channel:" + "x" * 201):
+    for tag in ("from:", "chat: x", "from:\u0000", "org:a,b", "chat:x\n", "channel:" + "x" * 201):
         response = await api.http.post(f"/v1/bots/{w.bot}/memory/purge", json={"tag": tag}, headers=headers)
         assert response.status_code == 422, (tag, response.text)
         assert response.json()["error"]["code"] == "BAD_INPUT"

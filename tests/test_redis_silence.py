@@ -13,9 +13,10 @@ import httpx
 
 from services.settings import Settings
 from tests.client import Api, make_world
-from tests.conftest import ApiProcess
+from tests.conftest import ApiProcess, WorkerProcess
 from tests.feed_helpers import next_event, subscription
 from tests.test_removals import FEED, remember
+from tests.waiting import until
 
 
 class SilentProxy:
@@ -74,6 +75,18 @@ class SilentProxy:
                 await self._server.wait_closed()
 
 
+async def behind_proxy(settings: Settings, service_env: dict[str, str]) -> tuple[SilentProxy, dict[str, str]]:
+    """A started SilentProxy to the suite's Redis, and the environment of a process that reaches
+    Redis through it, with a timeout of 1 s."""
+    proxy = SilentProxy(settings.redis_port)
+    await proxy.start()
+    return proxy, {
+        **service_env,
+        "BOTMEMORY_REDIS_URL": f"redis://127.0.0.1:{proxy.port}/0",
+        "BOTMEMORY_REDIS_TIMEOUT_SECONDS": "1",
+    }
+
+
 async def test_a_silent_redis_holds_no_request_and_silences_no_feed_for_good(
     api: Api, settings: Settings, service_env: dict[str, str]
 ) -> None:
@@ -83,13 +96,7 @@ async def test_a_silent_redis_holds_no_request_and_silences_no_feed_for_good(
     connection went silent, pings it, opens a new one once Redis answers again and catches up
     from the log: the subscriber gets the changes made meanwhile, through this process and
     another (before, the feed stayed silent until the process restarted)."""
-    proxy = SilentProxy(settings.redis_port)
-    await proxy.start()
-    env = {
-        **service_env,
-        "BOTMEMORY_REDIS_URL": f"redis://127.0.0.1:{proxy.port}/0",
-        "BOTMEMORY_REDIS_TIMEOUT_SECONDS": "1",
-    }
+    proxy, env = await behind_proxy(settings, service_env)
     # Started on a thread: the proxy forwards on this event loop, which waits for it meanwhile.
     log_path = settings.data_dir / "logs" / "pytest-api-silent-redis.log"
     silent = await asyncio.to_thread(ApiProcess, settings, log_path, env)
@@ -109,4 +116,32 @@ async def test_a_silent_redis_holds_no_request_and_silences_no_feed_for_good(
         assert got == [here, elsewhere]
     finally:
         await asyncio.to_thread(silent.stop)
+        await proxy.close()
+
+
+async def test_a_worker_whose_redis_falls_silent_starts_again_and_polls_anew(
+    settings: Settings, service_env: dict[str, str]
+) -> None:
+    """The worker polls its queue with the same deadlines: when Redis falls silent the poll fails,
+    the worker starts itself afresh (as when Redis refuses it) and polls again once Redis answers
+    (before, its poll waited for ever and nothing told anyone)."""
+    proxy, env = await behind_proxy(settings, service_env)
+    log_path = settings.data_dir / "logs" / "pytest-worker-silent-redis.log"
+    offset = log_path.stat().st_size if log_path.exists() else 0
+
+    async def logged(text: str, times: int = 1) -> None:
+        async def seen() -> bool:
+            return (await asyncio.to_thread(log_path.read_bytes))[offset:].count(text.encode()) >= times
+
+        await until(seen, f"{text!r} logged fewer than {times} times", within=30)
+
+    worker = await asyncio.to_thread(WorkerProcess, log_path, env)
+    try:
+        await logged("Starting worker for")
+        proxy.fall_silent()
+        await logged("worker lost Redis (TimeoutError); starting again")
+        proxy.hear_again()
+        await logged("Starting worker for", 2)  # polling again
+    finally:
+        await asyncio.to_thread(worker.stop)
         await proxy.close()

@@ -49,7 +49,6 @@ def test_a_rewrite_citing_what_was_sent_is_taken() -> None:
         {"text": "x" * 101, "used_entry_ids": ["mem_a"]},
         {"text": "a\x00b", "used_entry_ids": ["mem_a"]},
         '{"text": "a \\ud800 b", "used_entry_ids": ["mem_a"]}',  # a lone surrogate, escaped
-        '{"text": "x", "used_entry_ids": ["mem_a\\udc00"]}',
         {"text": 7, "used_entry_ids": ["mem_a"]},
         {"text": "x", "used_entry_ids": [1]},
         {"text": "x", "used_entry_ids": ["mem_a"], "why": "extra"},
@@ -80,6 +79,9 @@ def test_text_no_stored_text_may_hold_is_refused_in_every_tool() -> None:
         with pytest.raises(toolcalls.Violation) as refused:
             toolcalls.parse("add_fact", '{"content": "' + content + '", "source_item_ids": ["i-1"]}', "c")
         assert (refused.value.code, refused.value.path) == ("bad_string", "c.content")
+    with pytest.raises(toolcalls.Violation) as refused:  # an id: it would reach a statement
+        toolcalls.parse("invalidate", '{"entry_id": "mem_\\udc00"}', "c")
+    assert (refused.value.code, refused.value.path) == ("bad_string", "c.entry_id")
 
 
 def test_model_text_is_made_storable() -> None:
