@@ -296,9 +296,11 @@ async def list_confessions(
 
 #: A rewrite of a Turn's input (N2): new text and original encrypted, the entries it used, and a
 #: keyed digest of the input so an equal input can reuse it while its references hold; without
-#: them when the Chat's history was deleted while the model rewrote (D9.23).
+#: them when the Chat's history was deleted while the model rewrote (D9.23). The Turn is locked
+#: before the Chat, as addItems locks them (the other order could deadlock with it).
 CREATE_ENRICHMENT: Final[LiteralString] = """
 MATCH (t:Turn {id: $turnId})-[:IN_CHAT]->(ch:Chat)
+CALL apoc.lock.nodes([t])
 CALL apoc.lock.nodes([ch])
 WITH t, coalesce(ch.historyEpoch, 0) = $historyEpoch AS held
 CREATE (n:Enrichment {id: $id, botId: $botId, chatId: t.chatId, turnId: t.id,

@@ -2226,6 +2226,7 @@ CREATE (f:Confession {id: $id, botId: $botId, chatId: t.chatId, turnId: t.id, te
 
 // ---- graph.memorybot.CREATE_ENRICHMENT
 MATCH (t:Turn {id: $turnId})-[:IN_CHAT]->(ch:Chat)
+CALL apoc.lock.nodes([t])
 CALL apoc.lock.nodes([ch])
 WITH t, coalesce(ch.historyEpoch, 0) = $historyEpoch AS held
 CREATE (n:Enrichment {id: $id, botId: $botId, chatId: t.chatId, turnId: t.id,
