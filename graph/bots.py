@@ -89,15 +89,22 @@ class BotKeysRow(BotKeyRow):
     id: str
 
 
+#: A Bot's data key wrapped anew, when it is still wrapped by ``$oldMaster``: compared after the Bot
+#: is locked (two rotations at once both passed the compare, and a stale one could win).
 REWRAP_BOT_KEY: Final[LiteralString] = """
-MATCH (b:Bot {id: $id})
-WHERE b.keyMaster = $oldMaster
+MATCH (held:Bot {id: $id})
+CALL apoc.lock.nodes([held])
+WITH held
+MATCH (b:Bot) WHERE elementId(b) = elementId(held) AND b.keyMaster = $oldMaster
 SET b.keyMaster = $newMaster, b.keyWrapped = $newWrapped
 RETURN count(b) AS n
 """
 
+#: A person's one grant on a Bot (NONE: none); the person is locked first, so that the grants read
+#: are those after any other setting committed (two at once could leave two GRANT edges).
 SET_GRANT: Final[LiteralString] = """
 MATCH (b:Bot {id: $botId}), (p:Person {id: $personId})
+CALL apoc.lock.nodes([p])
 OPTIONAL MATCH (p)-[g:GRANT]->(b)
 DELETE g
 WITH DISTINCT b, p

@@ -69,10 +69,16 @@ class PersonRow(TypedDict):
 
 #: A person's token issued with the token ``$parentId``: it expires no later than that one, and is
 #: linked to it (``ISSUED``), so revoking a token revokes every token issued with it — a token that
-#: leaked, or one meant to last a minute, mints nothing that outlives it.
+#: leaked, or one meant to last a minute, mints nothing that outlives it. The issuing token is
+#: locked and read again first: one revoked meanwhile issues nothing (no row).
 CREATE_PERSON_TOKEN: Final[LiteralString] = """
 MATCH (p:Person {id: $personId})
-OPTIONAL MATCH (parent:Token {id: $parentId})
+OPTIONAL MATCH (held:Token {id: $parentId})
+CALL apoc.lock.nodes(CASE WHEN held IS NULL THEN [] ELSE [held] END)
+WITH p, held
+OPTIONAL MATCH (parent:Token) WHERE elementId(parent) = elementId(held)
+WITH p, parent
+WHERE parent IS NULL OR parent.revokedAt IS NULL
 CREATE (t:Token {id: $tokenId, hash: $tokenHash, kind: 'person', createdAt: $now, revokedAt: null,
                  expiresAt: CASE
                    WHEN parent.expiresAt IS NULL THEN $expiresAt
@@ -89,9 +95,13 @@ CREATE (t:Token {id: $tokenId, hash: $tokenHash, kind: 'platform', createdAt: $n
 RETURN t.id AS id
 """
 
+#: A live token: neither it nor any token it was issued with is revoked (a token issued while its
+#: issuer was being revoked may have been created after the revocation had collected the issued
+#: ones), and it has not expired (it expires no later than its issuer, CREATE_PERSON_TOKEN).
 TOKEN_BY_HASH: Final[LiteralString] = """
 MATCH (t:Token {hash: $hash})
 WHERE t.revokedAt IS NULL AND (t.expiresAt IS NULL OR t.expiresAt > $now)
+  AND NOT EXISTS { MATCH (a:Token)-[:ISSUED*1..]->(t) WHERE a.revokedAt IS NOT NULL }
 OPTIONAL MATCH (t)-[:FOR]->(p:Person)-[:MEMBER_OF]->(po:Organization)
 OPTIONAL MATCH (t)-[:FOR]->(o:Organization)
 RETURN t.id AS tokenId, t.kind AS kind, p.id AS personId, coalesce(po.id, o.id) AS organizationId
@@ -165,8 +175,11 @@ class ChannelRow(TypedDict):
     channel: ChannelMap
 
 
+#: The Channel's members become ``$memberIds``; the Channel is locked first, so that the old members
+#: are read after any other setting committed (two at once each kept the other's new members).
 SET_CHANNEL_MEMBERS: Final[LiteralString] = """
 MATCH (c:Channel {id: $id})-[:IN]->(o:Organization)
+CALL apoc.lock.nodes([c])
 OPTIONAL MATCH (old:Person)-[m:MEMBER]->(c)
 WHERE NOT old.id IN $memberIds
 DELETE m

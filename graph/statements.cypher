@@ -438,13 +438,16 @@ WHERE (b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)
 RETURN o.id AS organizationId
 
 // ---- graph.bots.REWRAP_BOT_KEY
-MATCH (b:Bot {id: $id})
-WHERE b.keyMaster = $oldMaster
+MATCH (held:Bot {id: $id})
+CALL apoc.lock.nodes([held])
+WITH held
+MATCH (b:Bot) WHERE elementId(b) = elementId(held) AND b.keyMaster = $oldMaster
 SET b.keyMaster = $newMaster, b.keyWrapped = $newWrapped
 RETURN count(b) AS n
 
 // ---- graph.bots.SET_GRANT
 MATCH (b:Bot {id: $botId}), (p:Person {id: $personId})
+CALL apoc.lock.nodes([p])
 OPTIONAL MATCH (p)-[g:GRANT]->(b)
 DELETE g
 WITH DISTINCT b, p
@@ -1822,7 +1825,12 @@ RETURN p {.*, organizationId: o.id} AS person
 
 // ---- graph.identity.CREATE_PERSON_TOKEN
 MATCH (p:Person {id: $personId})
-OPTIONAL MATCH (parent:Token {id: $parentId})
+OPTIONAL MATCH (held:Token {id: $parentId})
+CALL apoc.lock.nodes(CASE WHEN held IS NULL THEN [] ELSE [held] END)
+WITH p, held
+OPTIONAL MATCH (parent:Token) WHERE elementId(parent) = elementId(held)
+WITH p, parent
+WHERE parent IS NULL OR parent.revokedAt IS NULL
 CREATE (t:Token {id: $tokenId, hash: $tokenHash, kind: 'person', createdAt: $now, revokedAt: null,
                  expiresAt: CASE
                    WHEN parent.expiresAt IS NULL THEN $expiresAt
@@ -1860,6 +1868,7 @@ RETURN t.id AS id
 
 // ---- graph.identity.SET_CHANNEL_MEMBERS
 MATCH (c:Channel {id: $id})-[:IN]->(o:Organization)
+CALL apoc.lock.nodes([c])
 OPTIONAL MATCH (old:Person)-[m:MEMBER]->(c)
 WHERE NOT old.id IN $memberIds
 DELETE m
@@ -1872,6 +1881,7 @@ RETURN count(p) AS members
 // ---- graph.identity.TOKEN_BY_HASH
 MATCH (t:Token {hash: $hash})
 WHERE t.revokedAt IS NULL AND (t.expiresAt IS NULL OR t.expiresAt > $now)
+  AND NOT EXISTS { MATCH (a:Token)-[:ISSUED*1..]->(t) WHERE a.revokedAt IS NOT NULL }
 OPTIONAL MATCH (t)-[:FOR]->(p:Person)-[:MEMBER_OF]->(po:Organization)
 OPTIONAL MATCH (t)-[:FOR]->(o:Organization)
 RETURN t.id AS tokenId, t.kind AS kind, p.id AS personId, coalesce(po.id, o.id) AS organizationId

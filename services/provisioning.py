@@ -8,7 +8,7 @@ from graph.driver import autocommit, read, write
 from services import turnfeed
 from services.auth import require_admin, require_person
 from services.domain import Access, Bot, Channel, Organization, Person, Principal
-from services.errors import BadInput, Forbidden, NotFound, ServiceError
+from services.errors import BadInput, Forbidden, NotFound, ServiceError, Unauthenticated
 from services.ids import new_id, new_token
 from services.runtime import Runtime, now_ms
 from services.validation import check_id, check_ids, check_name
@@ -102,7 +102,7 @@ async def issue_token(rt: Runtime, principal: Principal, expires_in_seconds: int
     token_id, token, token_hash = new_token("bmp")
     now = now_ms()
     expires_at = None if expires_in_seconds is None else now + expires_in_seconds * 1000
-    await write(
+    issued = await write(
         rt.driver,
         lambda tx: identity.create_person_token(
             tx,
@@ -114,6 +114,8 @@ async def issue_token(rt: Runtime, principal: Principal, expires_in_seconds: int
             parent_id=principal.token_id,
         ),
     )
+    if not issued:  # the issuing token was revoked meanwhile (or the person is gone)
+        raise Unauthenticated("invalid, expired or revoked token")
     return token_id, token
 
 

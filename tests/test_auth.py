@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
 from services.ids import hash_token
 from services.runtime import Runtime, now_ms
 from tests.client import Api, make_world
+from tests.learning_helpers import until_a_transaction_waits_for_a_lock
 
 ME = "query { me { id } }"
 
@@ -78,6 +82,65 @@ async def test_a_token_mints_nothing_that_outlives_it(api: Api, runtime: Runtime
     for token in (minute["token"], forever["token"], later["token"]):
         assert await api.codes(ME, token=token) == ["UNAUTHENTICATED"]
     assert (await api.gql(ME, token=world.tokens["ann"]))["me"]["id"] == world.people["ann"]
+
+
+async def test_a_token_issued_while_its_issuer_is_revoked_is_never_live(api: Api, runtime: Runtime) -> None:
+    """issueToken racing the revocation of the token that issues: the issuer was checked as the
+    request began and read again nowhere, so a token created after the revocation committed (or
+    after it had collected the issued ones) was live for good, its id known to its holder only.
+    The issuer is locked and read again before the new token is made (the request is refused),
+    and a token counts as revoked when any token it was issued with is."""
+    world = await make_world(api, ("ann",))
+    issue = "mutation { issueToken { id token } }"
+    parent = (await api.gql(issue, token=world.tokens["ann"]))["issueToken"]
+    async with runtime.driver.session() as session:
+        revoking = await session.begin_transaction()
+        await revoking.run("MATCH (t:Token {id: $t}) SET t.revokedAt = timestamp()", t=parent["id"])
+        minting = asyncio.create_task(api.raw(issue, token=parent["token"]))
+        await until_a_transaction_waits_for_a_lock(runtime)
+        await revoking.commit()
+    minted = await minting
+    errors: list[dict[str, Any]] = minted.get("errors") or []
+    assert [e["extensions"]["code"] for e in errors] == ["UNAUTHENTICATED"], minted
+    # A token issued before its issuer's revocation whose revocation missed it (the interleaving
+    # the lock above now prevents, made here directly) is not live either.
+    other = (await api.gql(issue, token=world.tokens["ann"]))["issueToken"]
+    child = (await api.gql(issue, token=other["token"]))["issueToken"]
+    await runtime.driver.execute_query(
+        "MATCH (t:Token {id: $t}) SET t.revokedAt = timestamp()", t=other["id"]
+    )
+    assert await api.codes(ME, token=child["token"]) == ["UNAUTHENTICATED"]
+    assert (await api.gql(ME, token=world.tokens["ann"]))["me"]["id"] == world.people["ann"]
+
+
+async def test_two_settings_of_a_channels_members_at_once_leave_the_last(api: Api, runtime: Runtime) -> None:
+    """setChannelMembers read the old members without the Channel's lock: two at once each kept
+    the other's new members (a removed member stayed in, still seeing the channel's entries, V2,
+    and its group chats, D9.6). The Channel is locked first now: the setting that commits last
+    leaves exactly its members."""
+    w = await make_world(api, ("ann", "bob", "cat"), channel=("ann",))
+    people = w.people
+    async with runtime.driver.session() as session:
+        first = await session.begin_transaction()  # a setting to ann and bob, not yet committed
+        await first.run(
+            "MATCH (c:Channel {id: $c}) CALL apoc.lock.nodes([c]) "
+            "MATCH (p:Person {id: $p}) MERGE (p)-[:MEMBER]->(c)",
+            c=w.channel,
+            p=people["bob"],
+        )
+        second = asyncio.create_task(
+            api.admin(
+                "mutation($c: ID!, $m: [ID!]!) { setChannelMembers(channelId: $c, memberIds: $m) { id } }",
+                {"c": w.channel, "m": [people["ann"], people["cat"]]},
+            )
+        )
+        await until_a_transaction_waits_for_a_lock(runtime)
+        await first.commit()
+    await second
+    records, _, _ = await runtime.driver.execute_query(
+        "MATCH (p:Person)-[:MEMBER]->(:Channel {id: $c}) RETURN p.id AS id", c=w.channel
+    )
+    assert {r["id"] for r in records} == {people["ann"], people["cat"]}
 
 
 async def test_admin_cannot_mint_for_an_existing_person_but_can_revoke(api: Api) -> None:
