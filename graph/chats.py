@@ -141,7 +141,8 @@ class ChatPageRow(ChatForRow):
 
 class TurnNode(TypedDict):
     """A Turn's properties (``t {.*}``): ``actorId`` unless the actor is anonymous,
-    ``completedAt`` once completed."""
+    ``completedAt`` once completed, ``historyEpoch``: the Chat's when the Turn began (Turns made
+    before it was kept have none)."""
 
     id: str
     chatId: str
@@ -152,6 +153,7 @@ class TurnNode(TypedDict):
     createdAt: int
     lastActivityAt: int
     completedAt: NotRequired[int]
+    historyEpoch: NotRequired[int]
 
 
 class TurnRow(TypedDict):
@@ -229,7 +231,8 @@ CREATE_TURN: Final[LiteralString] = (
     """
 MATCH (ch:Chat {id: $chatId})-[:IN_ORG]->(o:Organization)
 CREATE (t:Turn {id: $id, chatId: ch.id, seq: $seq, status: 'open', actorKind: $actorKind,
-                actorId: $actorId, createdAt: $now, lastActivityAt: $now, completedAt: null})-[:IN_CHAT]->(ch)
+                actorId: $actorId, createdAt: $now, lastActivityAt: $now, completedAt: null,
+                historyEpoch: coalesce(ch.historyEpoch, 0)})-[:IN_CHAT]->(ch)
 WITH t, o
 CALL (t, o) {
   UNWIND $items AS item"""

@@ -1127,7 +1127,8 @@ RETURN i {.*} AS item ORDER BY i.seq
 // ---- graph.chats.CREATE_TURN
 MATCH (ch:Chat {id: $chatId})-[:IN_ORG]->(o:Organization)
 CREATE (t:Turn {id: $id, chatId: ch.id, seq: $seq, status: 'open', actorKind: $actorKind,
-                actorId: $actorId, createdAt: $now, lastActivityAt: $now, completedAt: null})-[:IN_CHAT]->(ch)
+                actorId: $actorId, createdAt: $now, lastActivityAt: $now, completedAt: null,
+                historyEpoch: coalesce(ch.historyEpoch, 0)})-[:IN_CHAT]->(ch)
 WITH t, o
 CALL (t, o) {
   UNWIND $items AS item

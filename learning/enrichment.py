@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from dataclasses import replace
 from typing import Final
 
 from graph import memorybot as memorybot_q
@@ -65,18 +66,7 @@ async def start_turn(
     finally:
         if early is not None:
             await early.aclose()
-    return Turn(
-        turn.id,
-        turn.chat_id,
-        turn.seq,
-        turn.status,
-        turn.actor_kind,
-        turn.actor_id,
-        turn.created_at,
-        turn.completed_at,
-        text,
-        enriched,
-    )
+    return replace(turn, input=text, enriched_input=enriched)
 
 
 async def rewrite(
@@ -101,6 +91,10 @@ async def _rewrite(
 ) -> tuple[str, str]:
     async with asyncio.timeout(max(deadline - time.monotonic(), 0)):
         chat, route, reader = await route_and_reader(rt, turn.chat_id)
+        if route.history_epoch != turn.history_epoch:
+            # The Chat's history was deleted after the Turn began: its words are gone (D9.23), and
+            # nothing made of them may be kept (the route read after the deletion let it be).
+            return original, "history_deleted"
         if chat["review"] or not route.bot_memory or route.model is None:
             return original, "off"
         if reader is None:

@@ -157,6 +157,9 @@ class Turn:
     input: str | None = None
     enriched_input: str | None = None
     reply: str | None = None
+    #: The Chat's history epoch when the Turn began (D9.23): work on its words saves none of them
+    #: once the history was deleted after that.
+    history_epoch: int = 0
 
     @classmethod
     def of(cls, row: TurnNode, *, input: str | None = None, enriched_input: str | None = None) -> Turn:
@@ -171,6 +174,7 @@ class Turn:
             row.get("completedAt"),
             input,
             enriched_input,
+            history_epoch=row.get("historyEpoch", 0),
         )
 
 

@@ -10,18 +10,21 @@ import asyncio
 import base64
 import binascii
 import secrets
+import time
 from typing import Any, cast
 
 import pytest
+from pydantic import SecretStr
 
 from graph import conversation as conversation_q
 from graph.driver import read
-from learning import summary
+from learning import enrichment, summary
 from learning.gateway import Gateway
 from services.crypto import Cipher, DecryptionError, Kind
+from services.domain import Turn
 from services.memory import cipher_of
 from services.runtime import Runtime
-from tests.client import Api
+from tests.client import Api, World
 from tests.learning_helpers import (
     complete,
     confide,
@@ -141,6 +144,16 @@ async def test_deleting_a_chats_history_removes_its_words_everywhere(
     assert anew["enrichedInput"] == "Where is the bike?"
 
 
+async def trains_world(api: Api, runtime: Runtime) -> tuple[World, str, str, str]:
+    """Ann, a fact of hers from another chat ("Ann likes trains": the rewrite has memory to use),
+    a fresh chat of hers and a canary word."""
+    w = await memory_world(api, ("ann",))
+    ann = w.tokens["ann"]
+    other = await api.chat(ann, w.bot)
+    trains = await fact(runtime, w.bot, "Ann likes trains", await said(api, ann, other, "trains"))
+    return w, trains, await api.chat(ann, w.bot), "zq" + secrets.token_hex(5)
+
+
 async def test_work_that_began_before_a_deletion_keeps_none_of_the_words(
     api: Api, runtime: Runtime, model_server: ModelServer
 ) -> None:
@@ -148,12 +161,8 @@ async def test_work_that_began_before_a_deletion_keeps_none_of_the_words(
     history are saved after the deletion: the rewrite, the answer and their model calls' requests
     and results kept the words the deletion had just removed (D9.23). The deletion moves the
     Chat's history on, and what began before it saves none of them."""
-    w = await memory_world(api, ("ann",))
+    w, trains, chat, canary = await trains_world(api, runtime)
     ann = w.tokens["ann"]
-    other = await api.chat(ann, w.bot)
-    trains = await fact(runtime, w.bot, "Ann likes trains", await said(api, ann, other, "trains"))
-    chat = await api.chat(ann, w.bot)
-    canary = "zq" + secrets.token_hex(5)
     cipher = await cipher_of(runtime, w.bot)
     delete = "mutation($c: ID!) { deleteChatHistory(chatId: $c) { items } }"
 
@@ -175,6 +184,42 @@ async def test_work_that_began_before_a_deletion_keeps_none_of_the_words(
     assert await confiding == f"You will find {canary} again."
 
     found, _ = await _where(runtime, cipher, w.bot, chat, canary)
+    assert found == []
+
+
+async def test_a_rewrite_that_reads_its_route_after_the_deletion_keeps_none_of_the_words(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    """The rewrite read the Chat's history epoch after the Turn's words were saved: a deletion that
+    committed in between was already counted in it, so the rewrite, its saved request and the
+    input it kept (the owner's enrichments show it) held the deleted words (D9.23). A Turn keeps
+    the epoch it began in; a rewrite that finds the history deleted since keeps the input as it
+    is and saves nothing. Here the rewrite runs in this process after the deletion, as the
+    interleaving has it."""
+    w, trains, chat, canary = await trains_world(api, runtime)
+    ann = w.tokens["ann"]
+    words = f"book me a trip to {canary}"
+    started = await api.turn(ann, chat, words)
+    await api.gql("mutation($c: ID!) { deleteChatHistory(chatId: $c) { items } }", {"c": chat}, ann)
+    records, _, _ = await runtime.driver.execute_query(
+        "MATCH (t:Turn {id: $t}) RETURN t {.*} AS turn", t=started["id"]
+    )
+    turn = Turn.of(records[0]["turn"], input=words, enriched_input=words)
+    rewritten = ToolCall("rewrite_input", {"text": f"Trains to {canary}?", "used_entry_ids": [trains]})
+    model_server.script("rewrite", Reply(tool_calls=[rewritten]))
+    asks = len(model_server.requests_for("rewrite"))
+    gateway = Gateway(
+        runtime.settings.model_copy(
+            update={"openai_base_url": model_server.base_url, "openai_api_key": SecretStr("sk-test")}
+        )
+    )
+    try:
+        kept = await enrichment.rewrite(runtime, gateway, turn, time.monotonic() + 10, gateway.embedder)
+    finally:
+        await gateway.close()
+    assert kept == words
+    assert len(model_server.requests_for("rewrite")) == asks  # nothing made of the words at all
+    found, _ = await _where(runtime, await cipher_of(runtime, w.bot), w.bot, chat, canary)
     assert found == []
 
 
