@@ -93,20 +93,35 @@ class SpentRow(TypedDict):
     unknownCalls: int
 
 
+#: Whether every entry a saved text embeds (``$entryIds`` of the Bot ``$botId``) still exists,
+#: read under the shared Memory lock (taken first: a purge holds the lock exclusively while it
+#: deletes the entries and strips what embeds them, D9.20). A text whose model call, rewrite or
+#: answer was in flight while its entries were purged is then not saved (it was, after the purge
+#: had stripped what existed). One row (``kept``), also without a Memory node.
+EMBEDDED_KEPT: Final[LiteralString] = """
+OPTIONAL MATCH (m:Memory {id: $botId})
+CALL apoc.lock.read.nodes([x IN [m] WHERE x IS NOT NULL])
+WITH all(i IN $entryIds WHERE EXISTS { MATCH (e:Entry {id: i}) WHERE e.botId = $botId }) AS kept
+"""
+
 #: A model call with its attempts (C5), and its confirmed cost added to the day and month of
 #: the call, per organization (L6). Counters are MERGEd on a unique key and locked before the
 #: increment, so concurrent processes add atomically and never upgrade a lock. A call for a Chat
 #: whose history was deleted while it ran (``$historyEpoch`` behind, D9.23) keeps no request or
 #: result, as the deletion left the calls saved before it.
-SAVE_MODEL_CALL: Final[LiteralString] = """
+SAVE_MODEL_CALL: Final[LiteralString] = (
+    EMBEDDED_KEPT
+    + """
 OPTIONAL MATCH (hc:Chat {id: $chatId})
 CALL apoc.lock.nodes([x IN [hc] WHERE x IS NOT NULL])
-WITH hc IS NULL OR coalesce(hc.historyEpoch, 0) = $historyEpoch AS held
+WITH kept, hc IS NULL OR coalesce(hc.historyEpoch, 0) = $historyEpoch AS held
 CREATE (c:ModelCall {id: $id, botId: $botId, chatId: $chatId, org: $org, task: $task, model: $model,
                      executionId: $executionId, epoch: $epoch, step: $step,
-                     requestHash: CASE WHEN held THEN $requestHash END,
+                     requestHash: CASE WHEN held AND kept THEN $requestHash END,
                      entryIds: $entryIds, historyDeletedAt: CASE WHEN held THEN null ELSE $at END,
-                     request: CASE WHEN held THEN $request END, result: CASE WHEN held THEN $result END,
+                     purgedAt: CASE WHEN kept THEN null ELSE $at END,
+                     request: CASE WHEN held AND kept THEN $request END,
+                     result: CASE WHEN held AND kept THEN $result END,
                      status: $status, attempts: $attempts,
                      attemptLog: $attemptLog, usageKnown: $usageKnown, promptTokens: $promptTokens,
                      completionTokens: $completionTokens, costMicros: $costMicros, at: $at})
@@ -119,6 +134,7 @@ CALL apoc.lock.nodes([s])
 SET s.micros = s.micros + coalesce($costMicros, 0), s.calls = s.calls + 1,
     s.unknownCalls = s.unknownCalls + CASE WHEN $costMicros IS NULL THEN 1 ELSE 0 END
 """
+)
 
 #: Saved results of one learning step, reused by recovery instead of a new call (C5, D9.9); the
 #: caller picks the one whose request hash matches the request it would send now.
@@ -151,14 +167,18 @@ CREATE (f:Confession {id: $id, botId: $botId, chatId: t.chatId, turnId: t.id, te
 
 #: The answer given, with the ids of the entries it could draw on (re-validated on read, D9.6);
 #: none when the Chat's history was deleted while it was sought (D9.23).
-ANSWER_CONFESSION: Final[LiteralString] = """
+ANSWER_CONFESSION: Final[LiteralString] = (
+    EMBEDDED_KEPT
+    + """
 MATCH (f:Confession {id: $id})
 MATCH (ch:Chat {id: f.chatId})
 CALL apoc.lock.nodes([ch])
-WITH f, coalesce(ch.historyEpoch, 0) = $historyEpoch AS held
-SET f.answer = CASE WHEN held THEN $answer END, f.usedEntryIds = $usedEntryIds,
+WITH f, kept, coalesce(ch.historyEpoch, 0) = $historyEpoch AS held
+SET f.answer = CASE WHEN held AND kept THEN $answer END, f.usedEntryIds = $entryIds,
+    f.answerPurged = CASE WHEN kept THEN null ELSE true END,
     f.answeredBy = $answeredBy, f.answeredAt = $now
 """
+)
 
 #: A Chat's confessions, oldest first (ciphertext; decrypted by the caller after commit).
 LIST_CONFESSIONS: Final[LiteralString] = """
@@ -273,15 +293,17 @@ async def answer_confession(
     answered_by: str,
     now: int,
     history_epoch: int,
+    bot_id: str,
 ) -> None:
     await tx.run(
         ANSWER_CONFESSION,
         id=id,
         answer=answer,
-        usedEntryIds=used_entry_ids,
+        entryIds=used_entry_ids,
         answeredBy=answered_by,
         now=now,
         historyEpoch=history_epoch,
+        botId=bot_id,
     )
 
 
@@ -298,16 +320,21 @@ async def list_confessions(
 #: keyed digest of the input so an equal input can reuse it while its references hold; without
 #: them when the Chat's history was deleted while the model rewrote (D9.23). The Turn is locked
 #: before the Chat, as addItems locks them (the other order could deadlock with it).
-CREATE_ENRICHMENT: Final[LiteralString] = """
+CREATE_ENRICHMENT: Final[LiteralString] = (
+    EMBEDDED_KEPT
+    + """
 MATCH (t:Turn {id: $turnId})-[:IN_CHAT]->(ch:Chat)
 CALL apoc.lock.nodes([t])
 CALL apoc.lock.nodes([ch])
-WITH t, coalesce(ch.historyEpoch, 0) = $historyEpoch AS held
+WITH t, kept, coalesce(ch.historyEpoch, 0) = $historyEpoch AS held
 CREATE (n:Enrichment {id: $id, botId: $botId, chatId: t.chatId, turnId: t.id,
-                      text: CASE WHEN held THEN $text END, original: CASE WHEN held THEN $original END,
-                      usedEntryIds: $usedEntryIds, inputDigest: CASE WHEN held THEN $inputDigest END,
+                      text: CASE WHEN held AND kept THEN $text END,
+                      original: CASE WHEN held THEN $original END,
+                      rewritePurged: CASE WHEN kept THEN null ELSE true END,
+                      usedEntryIds: $entryIds, inputDigest: CASE WHEN held AND kept THEN $inputDigest END,
                       createdAt: $now})-[:FOR_TURN]->(t)
 """
+)
 
 #: The latest rewrite of an equal input in the same Chat (same audience), for reuse.
 SAVED_REWRITE: Final[LiteralString] = """
@@ -357,7 +384,9 @@ class EnrichmentRow(TypedDict):
 
 
 async def create_enrichment(tx: AsyncManagedTransaction, **fields: Any) -> None:
-    await tx.run(CREATE_ENRICHMENT, fields)
+    """CREATE_ENRICHMENT of ``fields`` (``usedEntryIds``: the entries the rewrite used)."""
+    params = {k: v for k, v in fields.items() if k != "usedEntryIds"}  # fields stay whole: retried
+    await tx.run(CREATE_ENRICHMENT, {**params, "entryIds": fields["usedEntryIds"]})
 
 
 async def saved_rewrite(

@@ -2205,11 +2205,16 @@ WITH e, collect(CASE WHEN src IS NULL THEN null WHEN src:Item THEN {chat: src.ch
 }
 
 // ---- graph.memorybot.ANSWER_CONFESSION
+OPTIONAL MATCH (m:Memory {id: $botId})
+CALL apoc.lock.read.nodes([x IN [m] WHERE x IS NOT NULL])
+WITH all(i IN $entryIds WHERE EXISTS { MATCH (e:Entry {id: i}) WHERE e.botId = $botId }) AS kept
+
 MATCH (f:Confession {id: $id})
 MATCH (ch:Chat {id: f.chatId})
 CALL apoc.lock.nodes([ch])
-WITH f, coalesce(ch.historyEpoch, 0) = $historyEpoch AS held
-SET f.answer = CASE WHEN held THEN $answer END, f.usedEntryIds = $usedEntryIds,
+WITH f, kept, coalesce(ch.historyEpoch, 0) = $historyEpoch AS held
+SET f.answer = CASE WHEN held AND kept THEN $answer END, f.usedEntryIds = $entryIds,
+    f.answerPurged = CASE WHEN kept THEN null ELSE true END,
     f.answeredBy = $answeredBy, f.answeredAt = $now
 
 // ---- graph.memorybot.BOT_MODELS
@@ -2236,14 +2241,25 @@ CREATE (f:Confession {id: $id, botId: $botId, chatId: t.chatId, turnId: t.id, te
                       usedEntryIds: [], answeredBy: null, createdAt: $now})-[:ABOUT]->(t)
 
 // ---- graph.memorybot.CREATE_ENRICHMENT
+OPTIONAL MATCH (m:Memory {id: $botId})
+CALL apoc.lock.read.nodes([x IN [m] WHERE x IS NOT NULL])
+WITH all(i IN $entryIds WHERE EXISTS { MATCH (e:Entry {id: i}) WHERE e.botId = $botId }) AS kept
+
 MATCH (t:Turn {id: $turnId})-[:IN_CHAT]->(ch:Chat)
 CALL apoc.lock.nodes([t])
 CALL apoc.lock.nodes([ch])
-WITH t, coalesce(ch.historyEpoch, 0) = $historyEpoch AS held
+WITH t, kept, coalesce(ch.historyEpoch, 0) = $historyEpoch AS held
 CREATE (n:Enrichment {id: $id, botId: $botId, chatId: t.chatId, turnId: t.id,
-                      text: CASE WHEN held THEN $text END, original: CASE WHEN held THEN $original END,
-                      usedEntryIds: $usedEntryIds, inputDigest: CASE WHEN held THEN $inputDigest END,
+                      text: CASE WHEN held AND kept THEN $text END,
+                      original: CASE WHEN held THEN $original END,
+                      rewritePurged: CASE WHEN kept THEN null ELSE true END,
+                      usedEntryIds: $entryIds, inputDigest: CASE WHEN held AND kept THEN $inputDigest END,
                       createdAt: $now})-[:FOR_TURN]->(t)
+
+// ---- graph.memorybot.EMBEDDED_KEPT
+OPTIONAL MATCH (m:Memory {id: $botId})
+CALL apoc.lock.read.nodes([x IN [m] WHERE x IS NOT NULL])
+WITH all(i IN $entryIds WHERE EXISTS { MATCH (e:Entry {id: i}) WHERE e.botId = $botId }) AS kept
 
 // ---- graph.memorybot.LIST_CONFESSIONS
 MATCH (f:Confession {chatId: $chatId})
@@ -2265,14 +2281,20 @@ WITH c ORDER BY c.at
 RETURN collect(c {.id, .result, .requestHash}) AS calls
 
 // ---- graph.memorybot.SAVE_MODEL_CALL
+OPTIONAL MATCH (m:Memory {id: $botId})
+CALL apoc.lock.read.nodes([x IN [m] WHERE x IS NOT NULL])
+WITH all(i IN $entryIds WHERE EXISTS { MATCH (e:Entry {id: i}) WHERE e.botId = $botId }) AS kept
+
 OPTIONAL MATCH (hc:Chat {id: $chatId})
 CALL apoc.lock.nodes([x IN [hc] WHERE x IS NOT NULL])
-WITH hc IS NULL OR coalesce(hc.historyEpoch, 0) = $historyEpoch AS held
+WITH kept, hc IS NULL OR coalesce(hc.historyEpoch, 0) = $historyEpoch AS held
 CREATE (c:ModelCall {id: $id, botId: $botId, chatId: $chatId, org: $org, task: $task, model: $model,
                      executionId: $executionId, epoch: $epoch, step: $step,
-                     requestHash: CASE WHEN held THEN $requestHash END,
+                     requestHash: CASE WHEN held AND kept THEN $requestHash END,
                      entryIds: $entryIds, historyDeletedAt: CASE WHEN held THEN null ELSE $at END,
-                     request: CASE WHEN held THEN $request END, result: CASE WHEN held THEN $result END,
+                     purgedAt: CASE WHEN kept THEN null ELSE $at END,
+                     request: CASE WHEN held AND kept THEN $request END,
+                     result: CASE WHEN held AND kept THEN $result END,
                      status: $status, attempts: $attempts,
                      attemptLog: $attemptLog, usageKnown: $usageKnown, promptTokens: $promptTokens,
                      completionTokens: $completionTokens, costMicros: $costMicros, at: $at})

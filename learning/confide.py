@@ -105,6 +105,7 @@ async def confide(rt: Runtime, gateway: Gateway, principal: Principal, turn_id: 
             answered_by=by,
             now=now_ms(),
             history_epoch=route.history_epoch,
+            bot_id=route.bot_id,
         ),
     )
     return answer

@@ -3,8 +3,10 @@ the real worker asks the scripted model and applies what passes the server's che
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
+import threading
 from typing import Any, cast
 
 import pytest
@@ -19,7 +21,7 @@ from services.maintenance import LegacyEntry, import_legacy
 from services.memory import cipher_of
 from services.runtime import Runtime
 from services.writepath import apply_changes
-from tests.client import Api
+from tests.client import Api, bearer
 from tests.conftest import WorkerProcess
 from tests.learning_helpers import (
     add_items,
@@ -34,8 +36,9 @@ from tests.learning_helpers import (
     set_org,
     wait_executions,
 )
-from tests.memory_helpers import db_hits, visible
+from tests.memory_helpers import db_hits, fact, said, visible
 from tests.model_server import ModelServer, Reply, ToolCall
+from tests.waiting import until
 
 pytestmark = pytest.mark.usefixtures("learning_worker")
 
@@ -133,6 +136,49 @@ async def test_a_learning_steps_request_is_found_again_by_a_keyed_digest_that_hi
         b=w.bot,
     )
     assert [(r["hash"], r["request"]) for r in records] == [(None, None)]
+
+
+async def test_a_purge_while_an_answer_is_being_given_leaves_none_of_the_entries_text(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    """D9.20 for work in flight: a confide answer (and its model call) drawing on an entry that is
+    purged while the model answers was saved after the purge had stripped what existed, so the
+    answer and the saved request kept the purged entry's text. The saves read, under the shared
+    Memory lock, whether every entry they embed still exists; a purged one leaves them without it."""
+    w = await memory_world(api, ("ann",))
+    ann = w.tokens["ann"]
+    source = await api.chat(ann, w.bot)
+    canary = "zq" + hashlib.sha256(w.bot.encode()).hexdigest()[:10]
+    entry = await fact(runtime, w.bot, f"Ann's locker code is {canary}", await said(api, ann, source, "code"))
+    chat = await api.chat(ann, w.bot)
+    turn = await api.turn(ann, chat, "What was my locker code?")
+    gate = threading.Event()
+    model_server.script("confide", Reply(text="Calmly: you will find it.", hold=gate))
+    answering = asyncio.create_task(confide(api, ann, turn["id"], "I could not find the locker code"))
+    try:
+
+        async def asked_once() -> bool | None:
+            return bool(model_server.requests_for("confide")) or None
+
+        await until(asked_once, "confide was never asked")
+        asked = model_server.requests_for("confide")[-1]
+        assert canary in asked.text  # the answer draws on the entry
+        purged = await api.http.post(
+            f"/v1/bots/{w.bot}/memory/purge", json={"tag": f"chat:{source}"}, headers=bearer(ann)
+        )
+        assert purged.json() == {"removed": 1}, purged.text
+    finally:
+        gate.set()
+    assert await answering == "Calmly: you will find it."
+    records, _, _ = await runtime.driver.execute_query(
+        "MATCH (c:ModelCall {botId: $b, task: 'confide'}) RETURN c.request IS NULL AS gone, c.entryIds AS used",
+        b=w.bot,
+    )
+    assert [(r["gone"], r["used"]) for r in records if entry in (r["used"] or [])] == [(True, [entry])]
+    records, _, _ = await runtime.driver.execute_query(
+        "MATCH (f:Confession {chatId: $c}) RETURN f.answer IS NULL AS gone, f.answerPurged AS purged", c=chat
+    )
+    assert [(r["gone"], r["purged"]) for r in records] == [(True, True)]
 
 
 async def test_group_chat_fact_is_for_the_channel_from_the_saved_actor(
