@@ -13,7 +13,7 @@ from neo4j import (
     AsyncManagedTransaction,
     AsyncSession,
 )
-from neo4j.exceptions import ServiceUnavailable, SessionExpired, TransientError
+from neo4j.exceptions import ConstraintError, ServiceUnavailable, SessionExpired, TransientError
 
 T = TypeVar("T")
 
@@ -57,6 +57,32 @@ async def write(driver: AsyncDriver, work: Callable[[AsyncManagedTransaction], A
     """Run ``work`` in one managed write transaction (retried by the driver on transient errors)."""
     async with driver.session() as session:
         return await session.execute_write(work)
+
+
+#: The least time a bounded save is given, however late it starts.
+SAVE_FLOOR_SECONDS = 0.2
+
+
+async def save_within(
+    driver: AsyncDriver,
+    seconds: float | None,
+    work: Callable[[bool], Callable[[AsyncManagedTransaction], Awaitable[None]]],
+) -> None:
+    """Write ``work(True)`` within ``seconds`` (at least SAVE_FLOOR_SECONDS; None: unbounded); past
+    them, ``work(False)``: the same record keeping less (a save that waits for a lock someone
+    holds long — its texts, whose check needs that lock — past a deadline a person waits on). One
+    whose first write committed as the deadline passed finds its record there: nothing more."""
+    if seconds is None:
+        return await write(driver, work(True))
+    try:
+        async with asyncio.timeout(max(seconds, SAVE_FLOOR_SECONDS)):
+            return await write(driver, work(True))
+    except TimeoutError:
+        pass
+    try:
+        await write(driver, work(False))
+    except ConstraintError:
+        return  # the first write committed after all
 
 
 #: Attempts of an auto-commit transaction that Neo4j rolled back with a transient error (or, for

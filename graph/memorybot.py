@@ -93,15 +93,18 @@ class SpentRow(TypedDict):
     unknownCalls: int
 
 
-#: Whether every entry a saved text embeds (``$entryIds`` of the Bot ``$botId``) still exists,
-#: read under the shared Memory lock (taken first: a purge holds the lock exclusively while it
-#: deletes the entries and strips what embeds them, D9.20). A text whose model call, rewrite or
-#: answer was in flight while its entries were purged is then not saved (it was, after the purge
-#: had stripped what existed). One row (``kept``), also without a Memory node.
+#: Whether every entry a saved text embeds (``$entryIds`` of the Bot ``$botId``) still exists
+#: (``present``), read under the shared Memory lock, taken first (a purge holds it exclusively while
+#: it deletes the entries and strips what embeds them, D9.20: a model call, rewrite or answer in
+#: flight meanwhile was saved after, with the purged text), and whether the text is kept
+#: (``kept``): only when asked to (``$withText``; a save that could not wait for the lock within
+#: its deadline keeps none, and takes no lock) and every entry is present. One row, also without a
+#: Memory node.
 EMBEDDED_KEPT: Final[LiteralString] = """
 OPTIONAL MATCH (m:Memory {id: $botId})
-CALL apoc.lock.read.nodes([x IN [m] WHERE x IS NOT NULL])
-WITH all(i IN $entryIds WHERE EXISTS { MATCH (e:Entry {id: i}) WHERE e.botId = $botId }) AS kept
+CALL apoc.lock.read.nodes([x IN [m] WHERE x IS NOT NULL AND $withText AND size($entryIds) > 0])
+WITH all(i IN $entryIds WHERE EXISTS { MATCH (e:Entry {id: i}) WHERE e.botId = $botId }) AS present
+WITH present, $withText AND present AS kept
 """
 
 #: A model call with its attempts (C5), and its confirmed cost added to the day and month of
@@ -114,12 +117,12 @@ SAVE_MODEL_CALL: Final[LiteralString] = (
     + """
 OPTIONAL MATCH (hc:Chat {id: $chatId})
 CALL apoc.lock.nodes([x IN [hc] WHERE x IS NOT NULL])
-WITH kept, hc IS NULL OR coalesce(hc.historyEpoch, 0) = $historyEpoch AS held
+WITH present, kept, hc IS NULL OR coalesce(hc.historyEpoch, 0) = $historyEpoch AS held
 CREATE (c:ModelCall {id: $id, botId: $botId, chatId: $chatId, org: $org, task: $task, model: $model,
                      executionId: $executionId, epoch: $epoch, step: $step,
                      requestHash: CASE WHEN held AND kept THEN $requestHash END,
                      entryIds: $entryIds, historyDeletedAt: CASE WHEN held THEN null ELSE $at END,
-                     purgedAt: CASE WHEN kept THEN null ELSE $at END,
+                     purgedAt: CASE WHEN present THEN null ELSE $at END,
                      request: CASE WHEN held AND kept THEN $request END,
                      result: CASE WHEN held AND kept THEN $result END,
                      status: $status, attempts: $attempts,
@@ -173,9 +176,9 @@ ANSWER_CONFESSION: Final[LiteralString] = (
 MATCH (f:Confession {id: $id})
 MATCH (ch:Chat {id: f.chatId})
 CALL apoc.lock.nodes([ch])
-WITH f, kept, coalesce(ch.historyEpoch, 0) = $historyEpoch AS held
+WITH f, present, kept, coalesce(ch.historyEpoch, 0) = $historyEpoch AS held
 SET f.answer = CASE WHEN held AND kept THEN $answer END, f.usedEntryIds = $entryIds,
-    f.answerPurged = CASE WHEN kept THEN null ELSE true END,
+    f.answerPurged = CASE WHEN present THEN null ELSE true END,
     f.answeredBy = $answeredBy, f.answeredAt = $now
 """
 )
@@ -269,8 +272,9 @@ async def spent(tx: AsyncManagedTransaction, *, bot_id: str, period: str) -> tup
     return record["micros"], record["unknownCalls"]
 
 
-async def save_model_call(tx: AsyncManagedTransaction, **fields: Any) -> None:
-    await tx.run(SAVE_MODEL_CALL, fields)
+async def save_model_call(tx: AsyncManagedTransaction, *, with_text: bool = True, **fields: Any) -> None:
+    """SAVE_MODEL_CALL of ``fields`` (``with_text``: EMBEDDED_KEPT's ``$withText``)."""
+    await tx.run(SAVE_MODEL_CALL, {**fields, "withText": with_text})
 
 
 async def saved_step_results(tx: AsyncManagedTransaction, *, execution_id: str, step: int) -> list[SavedCall]:
@@ -294,7 +298,9 @@ async def answer_confession(
     now: int,
     history_epoch: int,
     bot_id: str,
+    with_text: bool = True,
 ) -> None:
+    """ANSWER_CONFESSION (``with_text``: EMBEDDED_KEPT's ``$withText``)."""
     await tx.run(
         ANSWER_CONFESSION,
         id=id,
@@ -304,6 +310,7 @@ async def answer_confession(
         now=now,
         historyEpoch=history_epoch,
         botId=bot_id,
+        withText=with_text,
     )
 
 
@@ -326,11 +333,11 @@ CREATE_ENRICHMENT: Final[LiteralString] = (
 MATCH (t:Turn {id: $turnId})-[:IN_CHAT]->(ch:Chat)
 CALL apoc.lock.nodes([t])
 CALL apoc.lock.nodes([ch])
-WITH t, kept, coalesce(ch.historyEpoch, 0) = $historyEpoch AS held
+WITH t, present, kept, coalesce(ch.historyEpoch, 0) = $historyEpoch AS held
 CREATE (n:Enrichment {id: $id, botId: $botId, chatId: t.chatId, turnId: t.id,
                       text: CASE WHEN held AND kept THEN $text END,
                       original: CASE WHEN held THEN $original END,
-                      rewritePurged: CASE WHEN kept THEN null ELSE true END,
+                      rewritePurged: CASE WHEN present THEN null ELSE true END,
                       usedEntryIds: $entryIds, inputDigest: CASE WHEN held AND kept THEN $inputDigest END,
                       createdAt: $now})-[:FOR_TURN]->(t)
 """
@@ -383,10 +390,11 @@ class EnrichmentRow(TypedDict):
     enrichment: EnrichmentNode
 
 
-async def create_enrichment(tx: AsyncManagedTransaction, **fields: Any) -> None:
-    """CREATE_ENRICHMENT of ``fields`` (``usedEntryIds``: the entries the rewrite used)."""
+async def create_enrichment(tx: AsyncManagedTransaction, *, with_text: bool = True, **fields: Any) -> None:
+    """CREATE_ENRICHMENT of ``fields`` (``usedEntryIds``: the entries the rewrite used;
+    ``with_text``: EMBEDDED_KEPT's ``$withText``)."""
     params = {k: v for k, v in fields.items() if k != "usedEntryIds"}  # fields stay whole: retried
-    await tx.run(CREATE_ENRICHMENT, {**params, "entryIds": fields["usedEntryIds"]})
+    await tx.run(CREATE_ENRICHMENT, {**params, "entryIds": fields["usedEntryIds"], "withText": with_text})
 
 
 async def saved_rewrite(

@@ -2206,15 +2206,16 @@ WITH e, collect(CASE WHEN src IS NULL THEN null WHEN src:Item THEN {chat: src.ch
 
 // ---- graph.memorybot.ANSWER_CONFESSION
 OPTIONAL MATCH (m:Memory {id: $botId})
-CALL apoc.lock.read.nodes([x IN [m] WHERE x IS NOT NULL])
-WITH all(i IN $entryIds WHERE EXISTS { MATCH (e:Entry {id: i}) WHERE e.botId = $botId }) AS kept
+CALL apoc.lock.read.nodes([x IN [m] WHERE x IS NOT NULL AND $withText AND size($entryIds) > 0])
+WITH all(i IN $entryIds WHERE EXISTS { MATCH (e:Entry {id: i}) WHERE e.botId = $botId }) AS present
+WITH present, $withText AND present AS kept
 
 MATCH (f:Confession {id: $id})
 MATCH (ch:Chat {id: f.chatId})
 CALL apoc.lock.nodes([ch])
-WITH f, kept, coalesce(ch.historyEpoch, 0) = $historyEpoch AS held
+WITH f, present, kept, coalesce(ch.historyEpoch, 0) = $historyEpoch AS held
 SET f.answer = CASE WHEN held AND kept THEN $answer END, f.usedEntryIds = $entryIds,
-    f.answerPurged = CASE WHEN kept THEN null ELSE true END,
+    f.answerPurged = CASE WHEN present THEN null ELSE true END,
     f.answeredBy = $answeredBy, f.answeredAt = $now
 
 // ---- graph.memorybot.BOT_MODELS
@@ -2242,24 +2243,26 @@ CREATE (f:Confession {id: $id, botId: $botId, chatId: t.chatId, turnId: t.id, te
 
 // ---- graph.memorybot.CREATE_ENRICHMENT
 OPTIONAL MATCH (m:Memory {id: $botId})
-CALL apoc.lock.read.nodes([x IN [m] WHERE x IS NOT NULL])
-WITH all(i IN $entryIds WHERE EXISTS { MATCH (e:Entry {id: i}) WHERE e.botId = $botId }) AS kept
+CALL apoc.lock.read.nodes([x IN [m] WHERE x IS NOT NULL AND $withText AND size($entryIds) > 0])
+WITH all(i IN $entryIds WHERE EXISTS { MATCH (e:Entry {id: i}) WHERE e.botId = $botId }) AS present
+WITH present, $withText AND present AS kept
 
 MATCH (t:Turn {id: $turnId})-[:IN_CHAT]->(ch:Chat)
 CALL apoc.lock.nodes([t])
 CALL apoc.lock.nodes([ch])
-WITH t, kept, coalesce(ch.historyEpoch, 0) = $historyEpoch AS held
+WITH t, present, kept, coalesce(ch.historyEpoch, 0) = $historyEpoch AS held
 CREATE (n:Enrichment {id: $id, botId: $botId, chatId: t.chatId, turnId: t.id,
                       text: CASE WHEN held AND kept THEN $text END,
                       original: CASE WHEN held THEN $original END,
-                      rewritePurged: CASE WHEN kept THEN null ELSE true END,
+                      rewritePurged: CASE WHEN present THEN null ELSE true END,
                       usedEntryIds: $entryIds, inputDigest: CASE WHEN held AND kept THEN $inputDigest END,
                       createdAt: $now})-[:FOR_TURN]->(t)
 
 // ---- graph.memorybot.EMBEDDED_KEPT
 OPTIONAL MATCH (m:Memory {id: $botId})
-CALL apoc.lock.read.nodes([x IN [m] WHERE x IS NOT NULL])
-WITH all(i IN $entryIds WHERE EXISTS { MATCH (e:Entry {id: i}) WHERE e.botId = $botId }) AS kept
+CALL apoc.lock.read.nodes([x IN [m] WHERE x IS NOT NULL AND $withText AND size($entryIds) > 0])
+WITH all(i IN $entryIds WHERE EXISTS { MATCH (e:Entry {id: i}) WHERE e.botId = $botId }) AS present
+WITH present, $withText AND present AS kept
 
 // ---- graph.memorybot.LIST_CONFESSIONS
 MATCH (f:Confession {chatId: $chatId})
@@ -2282,17 +2285,18 @@ RETURN collect(c {.id, .result, .requestHash}) AS calls
 
 // ---- graph.memorybot.SAVE_MODEL_CALL
 OPTIONAL MATCH (m:Memory {id: $botId})
-CALL apoc.lock.read.nodes([x IN [m] WHERE x IS NOT NULL])
-WITH all(i IN $entryIds WHERE EXISTS { MATCH (e:Entry {id: i}) WHERE e.botId = $botId }) AS kept
+CALL apoc.lock.read.nodes([x IN [m] WHERE x IS NOT NULL AND $withText AND size($entryIds) > 0])
+WITH all(i IN $entryIds WHERE EXISTS { MATCH (e:Entry {id: i}) WHERE e.botId = $botId }) AS present
+WITH present, $withText AND present AS kept
 
 OPTIONAL MATCH (hc:Chat {id: $chatId})
 CALL apoc.lock.nodes([x IN [hc] WHERE x IS NOT NULL])
-WITH kept, hc IS NULL OR coalesce(hc.historyEpoch, 0) = $historyEpoch AS held
+WITH present, kept, hc IS NULL OR coalesce(hc.historyEpoch, 0) = $historyEpoch AS held
 CREATE (c:ModelCall {id: $id, botId: $botId, chatId: $chatId, org: $org, task: $task, model: $model,
                      executionId: $executionId, epoch: $epoch, step: $step,
                      requestHash: CASE WHEN held AND kept THEN $requestHash END,
                      entryIds: $entryIds, historyDeletedAt: CASE WHEN held THEN null ELSE $at END,
-                     purgedAt: CASE WHEN kept THEN null ELSE $at END,
+                     purgedAt: CASE WHEN present THEN null ELSE $at END,
                      request: CASE WHEN held AND kept THEN $request END,
                      result: CASE WHEN held AND kept THEN $result END,
                      status: $status, attempts: $attempts,

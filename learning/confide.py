@@ -18,7 +18,7 @@ from neo4j.exceptions import DriverError, Neo4jError
 from graph import chats as chats_q
 from graph import learning as learning_q
 from graph import memorybot as memorybot_q
-from graph.driver import write
+from graph.driver import save_within, write
 from learning.gateway import FIXED_CALM_ANSWER, Gateway, ModelUnavailable
 from learning.prompts import MEMORY_VOCABULARY, system_prompt
 from services import memory, metrics, search
@@ -95,17 +95,21 @@ async def confide(rt: Runtime, gateway: Gateway, principal: Principal, turn_id: 
         )
     metrics.CONFIDE_ANSWERS.labels(by=by).inc()
     sealed = route.cipher.encrypt(Kind.CONFESSION_ANSWER, confession_id, answer)
-    await write(
+    await save_within(  # within the answer's deadline: past it, saved without its text
         rt.driver,
-        lambda tx: memorybot_q.answer_confession(
-            tx,
-            id=confession_id,
-            answer=sealed,
-            used_entry_ids=list(used),
-            answered_by=by,
-            now=now_ms(),
-            history_epoch=route.history_epoch,
-            bot_id=route.bot_id,
+        deadline - time.monotonic(),
+        lambda with_text: (
+            lambda tx: memorybot_q.answer_confession(
+                tx,
+                id=confession_id,
+                answer=sealed,
+                used_entry_ids=list(used),
+                answered_by=by,
+                now=now_ms(),
+                history_epoch=route.history_epoch,
+                bot_id=route.bot_id,
+                with_text=with_text,
+            )
         ),
     )
     return answer
@@ -140,7 +144,13 @@ async def _answer(
             ]
         }
         completion = await gateway.complete(
-            rt, route, task="confide", body=body, deadline=deadline, entry_ids=known.ids if known else ()
+            rt,
+            route,
+            task="confide",
+            body=body,
+            deadline=deadline,
+            entry_ids=known.ids if known else (),
+            save_by=deadline + _SAVE_MARGIN,
         )
     finally:
         await release()

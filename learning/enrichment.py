@@ -17,7 +17,7 @@ from dataclasses import replace
 from typing import Final
 
 from graph import memorybot as memorybot_q
-from graph.driver import read, write
+from graph.driver import read, save_within
 from learning import toolcalls
 from learning.gateway import Gateway, ModelUnavailable, ToolCall
 from learning.prompts import MEMORY_VOCABULARY, system_prompt
@@ -110,7 +110,7 @@ async def _rewrite(
             ids = list(saved["usedEntryIds"])
             if await retrieval.validate_references(rt, route.bot_id, reader, ids):
                 text = route.cipher.decrypt(Kind.ENRICHMENT, saved["id"], saved["text"])
-                await _save(rt, route, turn, text, original, ids, digest)
+                await _save(rt, route, turn, text, original, ids, digest, deadline + _SAVE_MARGIN)
                 return text, "reused"
         # One read decides: nothing visible (or nothing that fits) → no model call (N3).
         known = await search.context(
@@ -133,7 +133,13 @@ async def _rewrite(
             "tool_choice": "auto",
         }
         completion = await gateway.complete(
-            rt, route, task="rewrite", body=body, deadline=deadline, entry_ids=known.ids
+            rt,
+            route,
+            task="rewrite",
+            body=body,
+            deadline=deadline,
+            entry_ids=known.ids,
+            save_by=deadline + _SAVE_MARGIN,
         )
     finally:
         await release()
@@ -150,7 +156,7 @@ async def _rewrite(
         return original, "stale"
     if not valid:
         return original, "stale"
-    await _save(rt, route, turn, text, original, used, digest)
+    await _save(rt, route, turn, text, original, used, digest, deadline + _SAVE_MARGIN)
     return text, "rewritten"
 
 
@@ -173,8 +179,16 @@ def _parse(calls: tuple[ToolCall, ...], sent: set[str], limit: int) -> tuple[str
 
 
 async def _save(
-    rt: Runtime, route: Route, turn: Turn, text: str, original: str, used: list[str], digest: str
+    rt: Runtime,
+    route: Route,
+    turn: Turn,
+    text: str,
+    original: str,
+    used: list[str],
+    digest: str,
+    by: float,
 ) -> None:
+    """The rewrite, saved by ``by`` (``time.monotonic``; past it, without its text)."""
     enrichment_id = new_id("enr")
     fields = {
         "id": enrichment_id,
@@ -187,4 +201,8 @@ async def _save(
         "now": now_ms(),
         "historyEpoch": route.history_epoch,
     }
-    await write(rt.driver, lambda tx: memorybot_q.create_enrichment(tx, **fields))
+    await save_within(
+        rt.driver,
+        by - time.monotonic(),
+        lambda with_text: lambda tx: memorybot_q.create_enrichment(tx, with_text=with_text, **fields),
+    )

@@ -25,7 +25,7 @@ from openai.types.chat import ChatCompletion
 from redis.exceptions import RedisError
 
 from graph import memorybot as memorybot_q
-from graph.driver import read, write
+from graph.driver import read, save_within
 from learning.embedders import make_embedder
 from services import metrics, slots
 from services.crypto import Cipher, Kind
@@ -220,13 +220,16 @@ class Gateway:
         entry_ids: tuple[str, ...] = (),
         on_text: Callable[[str], Awaitable[None]] | None = None,
         charge: bool = True,
+        save_by: float | None = None,
     ) -> Completion:
         """One model call with retries until ``deadline`` (``time.monotonic``), saved with its attempts.
 
         ``body`` is the chat-completions request without ``model``; ``entry_ids`` are the entries
         whose content it embeds (a purge of any of them removes the saved texts, D9.20);
         ``on_text`` receives streamed text as it arrives; ``charge=False`` records the cost on the
-        call without counting it against the memory Bot's budget (the Bot's own chat model).
+        call without counting it against the memory Bot's budget (the Bot's own chat model);
+        ``save_by`` (``time.monotonic``) bounds the wait to save it with its texts, for an answer
+        someone waits on (past it, the call is saved without them: ``graph.driver.save_within``).
         Raises ModelUnavailable.
         """
         if route.model is None or self._client is None:
@@ -293,7 +296,19 @@ class Gateway:
             if len(result_json) > self.settings.max_model_answer_bytes:
                 status, result_json = "too_large", None
         cost = await self._save(
-            rt, route, call_id, task, request, result, result_json, status, attempts, step, entry_ids, charge
+            rt,
+            route,
+            call_id,
+            task,
+            request,
+            result,
+            result_json,
+            status,
+            attempts,
+            step,
+            entry_ids,
+            charge,
+            save_by,
         )
         metrics.MODEL_CALLS.labels(task=task, status=status).inc()
         metrics.MODEL_SECONDS.labels(task=task).observe(time.monotonic() - began)
@@ -395,6 +410,7 @@ class Gateway:
         step: StepKey | None,
         entry_ids: tuple[str, ...],
         charge: bool,
+        save_by: float | None,
     ) -> int | None:
         """The call, encrypted (E1), and its confirmed cost (L6) in one transaction; the cost."""
         usage = None if result is None else result.usage
@@ -429,7 +445,11 @@ class Gateway:
             "periods": list(periods(now)),
             "charged": answered and charge,
         }
-        await write(rt.driver, lambda tx: memorybot_q.save_model_call(tx, **fields))
+        await save_within(
+            rt.driver,
+            None if save_by is None else save_by - time.monotonic(),
+            lambda with_text: lambda tx: memorybot_q.save_model_call(tx, with_text=with_text, **fields),
+        )
         return cost
 
 

@@ -181,6 +181,50 @@ async def test_a_purge_while_an_answer_is_being_given_leaves_none_of_the_entries
     assert [(r["gone"], r["purged"]) for r in records] == [(True, True)]
 
 
+async def test_an_answer_is_not_held_past_its_deadline_by_a_long_memory_change(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    """The saves of an answer someone waits on check, under the shared Memory lock, that the
+    entries they embed still exist (D9.20); a long memory change (a purge, a relabelling) holding
+    the lock would have held the answer past its deadline (seed 000: at most 15 seconds; 3 here).
+    Past the deadline they are saved without their texts, and the answer is given while the
+    change still holds the lock."""
+    w = await memory_world(api, ("ann",))
+    ann = w.tokens["ann"]
+    source = await api.chat(ann, w.bot)
+    entry = await fact(runtime, w.bot, "Ann's locker is number 12", await said(api, ann, source, "locker"))
+    chat = await api.chat(ann, w.bot)
+    turn = await api.turn(ann, chat, "Which locker was mine?")
+    gate = threading.Event()
+    model_server.script("confide", Reply(text="Calmly: it is written down.", hold=gate))
+    answering = asyncio.create_task(confide(api, ann, turn["id"], "I forgot the locker"))
+
+    async def asked() -> bool | None:
+        return bool(model_server.requests_for("confide")) or None
+
+    async with runtime.driver.session() as session:
+        changing = await session.begin_transaction()  # a long memory change: the Memory held
+        try:
+            await until(asked, "confide was never asked")
+            await changing.run("MATCH (m:Memory {id: $b}) SET m.version = m.version", b=w.bot)
+            gate.set()
+            assert await asyncio.wait_for(answering, 20) == "Calmly: it is written down."
+        finally:
+            gate.set()
+            await changing.rollback()
+    records, _, _ = await runtime.driver.execute_query(
+        "MATCH (c:ModelCall {botId: $b, task: 'confide'}) WHERE $e IN c.entryIds"
+        " RETURN c.request IS NULL AS bare, c.purgedAt IS NULL AS unpurged",
+        b=w.bot,
+        e=entry,
+    )
+    assert [(r["bare"], r["unpurged"]) for r in records] == [(True, True)]
+    records, _, _ = await runtime.driver.execute_query(
+        "MATCH (f:Confession {chatId: $c}) RETURN f.answer IS NULL AS bare, f.usedEntryIds AS used", c=chat
+    )
+    assert [(r["bare"], r["used"]) for r in records] == [(True, [entry])]
+
+
 async def test_group_chat_fact_is_for_the_channel_from_the_saved_actor(
     api: Api, runtime: Runtime, model_server: ModelServer
 ) -> None:
