@@ -69,14 +69,18 @@ class PersonRow(TypedDict):
 
 #: A person's token issued with the token ``$parentId``: it expires no later than that one, and is
 #: linked to it (``ISSUED``), so revoking a token revokes every token issued with it — a token that
-#: leaked, or one meant to last a minute, mints nothing that outlives it. The issuing token is
-#: locked and read again first: one revoked meanwhile issues nothing (no row).
+#: leaked, or one meant to last a minute, mints nothing that outlives it. The issuing token and every
+#: token it was issued with are locked first, from the first down (as REVOKE_TOKEN locks the one it
+#: revokes before it collects those issued with it: the two take turns), and the issuer is read
+#: again: one revoked meanwhile issues nothing (no row); one being issued with while an ancestor is
+#: revoked is revoked with it.
 CREATE_PERSON_TOKEN: Final[LiteralString] = """
 MATCH (p:Person {id: $personId})
-OPTIONAL MATCH (held:Token {id: $parentId})
-CALL apoc.lock.nodes(CASE WHEN held IS NULL THEN [] ELSE [held] END)
-WITH p, held
-OPTIONAL MATCH (parent:Token) WHERE elementId(parent) = elementId(held)
+OPTIONAL MATCH line = (first:Token)-[:ISSUED*0..]->(:Token {id: $parentId})
+WHERE NOT EXISTS { MATCH (:Token)-[:ISSUED]->(first) }
+CALL apoc.lock.nodes(CASE WHEN line IS NULL THEN [] ELSE nodes(line) END)
+WITH p
+OPTIONAL MATCH (parent:Token {id: $parentId})
 WITH p, parent
 WHERE parent IS NULL OR parent.revokedAt IS NULL
 CREATE (t:Token {id: $tokenId, hash: $tokenHash, kind: 'person', createdAt: $now, revokedAt: null,
@@ -95,13 +99,9 @@ CREATE (t:Token {id: $tokenId, hash: $tokenHash, kind: 'platform', createdAt: $n
 RETURN t.id AS id
 """
 
-#: A live token: neither it nor any token it was issued with is revoked (a token issued while its
-#: issuer was being revoked may have been created after the revocation had collected the issued
-#: ones), and it has not expired (it expires no later than its issuer, CREATE_PERSON_TOKEN).
 TOKEN_BY_HASH: Final[LiteralString] = """
 MATCH (t:Token {hash: $hash})
 WHERE t.revokedAt IS NULL AND (t.expiresAt IS NULL OR t.expiresAt > $now)
-  AND NOT EXISTS { MATCH (a:Token)-[:ISSUED*1..]->(t) WHERE a.revokedAt IS NOT NULL }
 OPTIONAL MATCH (t)-[:FOR]->(p:Person)-[:MEMBER_OF]->(po:Organization)
 OPTIONAL MATCH (t)-[:FOR]->(o:Organization)
 RETURN t.id AS tokenId, t.kind AS kind, p.id AS personId, coalesce(po.id, o.id) AS organizationId
@@ -130,9 +130,14 @@ class TokenOwnerRow(TypedDict):
     revokedAt: int | None
 
 
-#: A token revoked with every token issued with it, and with those, at any depth.
+#: A token revoked with every token issued with it, and with those, at any depth: locked before
+#: they are collected (CREATE_PERSON_TOKEN locks it too before it issues below it), so none issued
+#: meanwhile escapes.
 REVOKE_TOKEN: Final[LiteralString] = """
-MATCH (t:Token {id: $tokenId})
+MATCH (held:Token {id: $tokenId})
+CALL apoc.lock.nodes([held])
+WITH held
+MATCH (t:Token) WHERE elementId(t) = elementId(held)
 OPTIONAL MATCH (t)-[:ISSUED*1..]->(d:Token)
 WITH t, collect(DISTINCT d) AS issued
 FOREACH (x IN [t] + issued | SET x.revokedAt = coalesce(x.revokedAt, $now))

@@ -1826,10 +1826,11 @@ RETURN p {.*, organizationId: o.id} AS person
 
 // ---- graph.identity.CREATE_PERSON_TOKEN
 MATCH (p:Person {id: $personId})
-OPTIONAL MATCH (held:Token {id: $parentId})
-CALL apoc.lock.nodes(CASE WHEN held IS NULL THEN [] ELSE [held] END)
-WITH p, held
-OPTIONAL MATCH (parent:Token) WHERE elementId(parent) = elementId(held)
+OPTIONAL MATCH line = (first:Token)-[:ISSUED*0..]->(:Token {id: $parentId})
+WHERE NOT EXISTS { MATCH (:Token)-[:ISSUED]->(first) }
+CALL apoc.lock.nodes(CASE WHEN line IS NULL THEN [] ELSE nodes(line) END)
+WITH p
+OPTIONAL MATCH (parent:Token {id: $parentId})
 WITH p, parent
 WHERE parent IS NULL OR parent.revokedAt IS NULL
 CREATE (t:Token {id: $tokenId, hash: $tokenHash, kind: 'person', createdAt: $now, revokedAt: null,
@@ -1861,7 +1862,10 @@ MATCH (p:Person {id: $id})-[:MEMBER_OF]->(o:Organization)
 RETURN p {.*, organizationId: o.id} AS person
 
 // ---- graph.identity.REVOKE_TOKEN
-MATCH (t:Token {id: $tokenId})
+MATCH (held:Token {id: $tokenId})
+CALL apoc.lock.nodes([held])
+WITH held
+MATCH (t:Token) WHERE elementId(t) = elementId(held)
 OPTIONAL MATCH (t)-[:ISSUED*1..]->(d:Token)
 WITH t, collect(DISTINCT d) AS issued
 FOREACH (x IN [t] + issued | SET x.revokedAt = coalesce(x.revokedAt, $now))
@@ -1882,7 +1886,6 @@ RETURN count(p) AS members
 // ---- graph.identity.TOKEN_BY_HASH
 MATCH (t:Token {hash: $hash})
 WHERE t.revokedAt IS NULL AND (t.expiresAt IS NULL OR t.expiresAt > $now)
-  AND NOT EXISTS { MATCH (a:Token)-[:ISSUED*1..]->(t) WHERE a.revokedAt IS NOT NULL }
 OPTIONAL MATCH (t)-[:FOR]->(p:Person)-[:MEMBER_OF]->(po:Organization)
 OPTIONAL MATCH (t)-[:FOR]->(o:Organization)
 RETURN t.id AS tokenId, t.kind AS kind, p.id AS personId, coalesce(po.id, o.id) AS organizationId
