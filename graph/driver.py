@@ -12,8 +12,9 @@ from neo4j import (
     AsyncGraphDatabase,
     AsyncManagedTransaction,
     AsyncSession,
+    unit_of_work,
 )
-from neo4j.exceptions import ConstraintError, ServiceUnavailable, SessionExpired, TransientError
+from neo4j.exceptions import ClientError, ConstraintError, ServiceUnavailable, SessionExpired, TransientError
 
 T = TypeVar("T")
 
@@ -61,6 +62,15 @@ async def write(driver: AsyncDriver, work: Callable[[AsyncManagedTransaction], A
 
 #: The least time a bounded save is given, however late it starts.
 SAVE_FLOOR_SECONDS = 0.2
+#: What Neo4j says of a transaction that ran past its timeout (while waiting for a lock: the lock
+#: client is stopped).
+_TIMED_OUT = frozenset(
+    {
+        "Neo.ClientError.Transaction.TransactionTimedOut",
+        "Neo.ClientError.Transaction.TransactionTimedOutClientConfiguration",
+        "Neo.ClientError.Transaction.LockClientStopped",
+    }
+)
 
 
 async def save_within(
@@ -70,15 +80,19 @@ async def save_within(
 ) -> None:
     """Write ``work(True)`` within ``seconds`` (at least SAVE_FLOOR_SECONDS; None: unbounded); past
     them, ``work(False)``: the same record keeping less (a save that waits for a lock someone
-    holds long — its texts, whose check needs that lock — past a deadline a person waits on). One
-    whose first write committed as the deadline passed finds its record there: nothing more."""
+    holds long — its texts, whose check needs that lock — past a deadline a person waits on).
+
+    The bound is the transaction's own timeout, kept by Neo4j, not a cancellation here: a
+    transaction cancelled while Neo4j had it wait for a lock took the lock when it came and held
+    it until Neo4j noticed the connection had gone (about a minute: every write to that memory
+    waited). One whose first write committed as the time ran out is not written twice."""
     if seconds is None:
         return await write(driver, work(True))
     try:
-        async with asyncio.timeout(max(seconds, SAVE_FLOOR_SECONDS)):
-            return await write(driver, work(True))
-    except TimeoutError:
-        pass
+        return await write(driver, unit_of_work(timeout=max(seconds, SAVE_FLOOR_SECONDS))(work(True)))
+    except ClientError as exc:
+        if exc.code not in _TIMED_OUT:
+            raise
     try:
         await write(driver, work(False))
     except ConstraintError:
