@@ -36,7 +36,7 @@ from tests.learning_helpers import (
     set_org,
     wait_executions,
 )
-from tests.memory_helpers import db_hits, fact, said, visible
+from tests.memory_helpers import command, db_hits, fact, said, visible
 from tests.model_server import ModelServer, Reply, ToolCall
 from tests.waiting import until
 
@@ -212,6 +212,10 @@ async def test_an_answer_is_not_held_past_its_deadline_by_a_long_memory_change(
         finally:
             gate.set()
             await changing.rollback()
+    # Nothing was left holding the memory: the next change commits (a save cancelled by the client
+    # while Neo4j had it wait for the lock took the lock afterwards and held it about a minute).
+    remembered = await command(api, ann, w.bot, {"_tag": "Remember", "content": "Ann's locker is now 14"})
+    assert remembered.status_code == 201, remembered.text
     records, _, _ = await runtime.driver.execute_query(
         "MATCH (c:ModelCall {botId: $b, task: 'confide'}) WHERE $e IN c.entryIds"
         " RETURN c.request IS NULL AS bare, c.purgedAt IS NULL AS unpurged",
