@@ -45,6 +45,15 @@ CONFIDE_SYSTEM = (
 
 async def confide(rt: Runtime, gateway: Gateway, principal: Principal, turn_id: str, text: str) -> str:
     """The memory Bot's answer at once (L1), after saving the confession and recording learning (L2)."""
+    answer, _ = await confide_drawing(rt, gateway, principal, turn_id, text)
+    return answer
+
+
+async def confide_drawing(
+    rt: Runtime, gateway: Gateway, principal: Principal, turn_id: str, text: str
+) -> tuple[str, tuple[str, ...]]:
+    """:func:`confide`'s answer and the entries it draws on (what a model request that carries
+    the answer embeds, D9.20)."""
     deadline = time.monotonic() + rt.settings.answer_deadline_seconds
     check_id(turn_id, "turnId")
     text = check_text(text, "text", limit=rt.settings.max_text_chars)
@@ -112,7 +121,7 @@ async def confide(rt: Runtime, gateway: Gateway, principal: Principal, turn_id: 
             )
         ),
     )
-    return answer
+    return answer, tuple(used)
 
 
 async def _answer(

@@ -62,46 +62,50 @@ async def start_turn(
         early = search.EarlyQuery(embedder, text)
     try:
         turn = await turns.start_turn(rt, principal, chat_id, text, actor_id=actor_id, notice=notice)
-        enriched = await rewrite(rt, gateway, turn, deadline, early or embedder)
+        enriched, used = await rewrite(rt, gateway, turn, deadline, early or embedder)
     finally:
         if early is not None:
             await early.aclose()
-    return replace(turn, input=text, enriched_input=enriched)
+    return replace(turn, input=text, enriched_input=enriched, used_entry_ids=used)
 
 
 async def rewrite(
     rt: Runtime, gateway: Gateway, turn: Turn, deadline: float, embedder: Embedder | None
-) -> str:
-    """The input with what helps from memory, or the input as it is (N1); ``embedder`` embeds the
-    query (the gateway's, or an :class:`services.search.EarlyQuery` of it)."""
+) -> tuple[str, tuple[str, ...]]:
+    """The input with what helps from memory, or the input as it is (N1), and the entries it draws
+    on; ``embedder`` embeds the query (the gateway's, or an :class:`services.search.EarlyQuery`
+    of it)."""
     original = turn.input or ""
     if turn.actor_kind != "person":  # notices are not a person's words
-        return original
-    outcome = "kept"
+        return original, ()
+    outcome, used = "kept", ()
     try:
-        enriched, outcome = await _rewrite(rt, gateway, embedder, turn, original, deadline - _SAVE_MARGIN)
+        enriched, outcome, used = await _rewrite(
+            rt, gateway, embedder, turn, original, deadline - _SAVE_MARGIN
+        )
     except (ModelUnavailable, TimeoutError):
         enriched = original
     metrics.ENRICHMENTS.labels(outcome=outcome).inc()
-    return enriched
+    return enriched, used
 
 
 async def _rewrite(
     rt: Runtime, gateway: Gateway, embedder: Embedder | None, turn: Turn, original: str, deadline: float
-) -> tuple[str, str]:
+) -> tuple[str, str, tuple[str, ...]]:
+    """The rewritten input, how it went, and the entries the rewrite draws on."""
     async with asyncio.timeout(max(deadline - time.monotonic(), 0)):
         chat, route, reader = await route_and_reader(rt, turn.chat_id)
         if route.history_epoch != turn.history_epoch:
             # The Chat's history was deleted after the Turn began: its words are gone (D9.23), and
             # nothing made of them may be kept (the route read after the deletion let it be).
-            return original, "history_deleted"
+            return original, "history_deleted", ()
         if chat["review"] or not route.bot_memory or route.model is None:
-            return original, "off"
+            return original, "off", ()
         if reader is None:
-            return original, "nothing_visible"
+            return original, "nothing_visible", ()
         # A spent budget keeps the input as it is (L6, seed 000), a saved rewrite included.
         if await gateway.budget_spent(rt, route):
-            return original, "budget_spent"
+            return original, "budget_spent", ()
         digest = route.cipher.digest(Kind.INPUT_DIGEST, original)
         saved = await read(
             rt.driver, lambda tx: memorybot_q.saved_rewrite(tx, chat_id=turn.chat_id, input_digest=digest)
@@ -111,13 +115,13 @@ async def _rewrite(
             if await retrieval.validate_references(rt, route.bot_id, reader, ids):
                 text = route.cipher.decrypt(Kind.ENRICHMENT, saved["id"], saved["text"])
                 await _save(rt, route, turn, text, original, ids, digest, deadline + _SAVE_MARGIN)
-                return text, "reused"
+                return text, "reused", tuple(ids)
         # One read decides: nothing visible (or nothing that fits) → no model call (N3).
         known = await search.context(
             rt, embedder, route.bot_id, reader, rt.settings.answer_context_chars, query=original
         )
         if not known.ids:
-            return original, "nothing_visible"
+            return original, "nothing_visible", ()
         release = await gateway.acquire(rt, route, deadline)
     try:
         notes = [{"id": i, "text": c} for i, c in zip(known.ids, known.contents, strict=True)]
@@ -145,7 +149,7 @@ async def _rewrite(
         await release()
     parsed = _parse(completion.tool_calls, set(known.ids), rt.settings.max_text_chars)
     if parsed is None:
-        return original, "refused"
+        return original, "refused", ()
     text, used = parsed
     # Sources may have changed while the model thought: check again before returning (D9.15),
     # within what is left of the wait (it takes the shared lock, which a long purge may hold).
@@ -153,11 +157,11 @@ async def _rewrite(
         async with asyncio.timeout(max(deadline - time.monotonic(), 0)):
             valid = await retrieval.validate_references(rt, route.bot_id, reader, used)
     except TimeoutError:
-        return original, "stale"
+        return original, "stale", ()
     if not valid:
-        return original, "stale"
+        return original, "stale", ()
     await _save(rt, route, turn, text, original, used, digest, deadline + _SAVE_MARGIN)
-    return text, "rewritten"
+    return text, "rewritten", tuple(used)
 
 
 def _parse(calls: tuple[ToolCall, ...], sent: set[str], limit: int) -> tuple[str, list[str]] | None:

@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import Any, Final
 
 from learning import enrichment, toolcalls
-from learning.confide import confide
+from learning.confide import confide_drawing
 from learning.gateway import Gateway, ModelUnavailable
 from services import chats, conversation, turns
 from services.auth import require_person
@@ -130,6 +130,9 @@ async def _converse(
     and the person's message were saved, and streamed whole meanwhile)."""
     cap = rt.settings.max_text_chars
     streamed = 0
+    # The entries the request embeds (the rewritten input's, then the confide answers'): a purge of
+    # any of them strips the saved request (D9.20; saved with none, it stayed).
+    drawn: dict[str, None] = dict.fromkeys(turn.used_entry_ids)
 
     async def stream(delta: str) -> None:
         nonlocal streamed
@@ -152,6 +155,7 @@ async def _converse(
                 stream=True,
                 on_text=stream,
                 charge=False,  # the Bot's own model, not the memory Bot's budget
+                entry_ids=tuple(drawn),
             )
         except ModelUnavailable:
             return UNAVAILABLE_REPLY
@@ -168,7 +172,8 @@ async def _converse(
             }
         )
         for call in completion.tool_calls:
-            answer = await _tool(rt, gateway, hub, principal, chat_id, turn, call.name, call.arguments)
+            answer, used = await _tool(rt, gateway, hub, principal, chat_id, turn, call.name, call.arguments)
+            drawn.update(dict.fromkeys(used))
             messages.append({"role": "tool", "tool_call_id": call.id, "content": answer})
     return UNAVAILABLE_REPLY
 
@@ -182,18 +187,18 @@ async def _tool(
     turn: Turn,
     name: str,
     arguments: str,
-) -> str:
+) -> tuple[str, tuple[str, ...]]:
     """The Bot used a tool: the call is an Item of the Turn (its name only — what it confided is
-    in the owner's confessions), and the memory Bot answers."""
+    in the owner's confessions), and the memory Bot answers; with the entries the answer draws on."""
     if name != "confide":
-        return "There is no such tool."
+        return "There is no such tool.", ()
     args = toolcalls.checked(toolcalls.Confide, arguments)
     if args is None:
-        return "Say in a few words how your work goes."
+        return "Say in a few words how your work goes.", ()
     said = args.text
     [item] = await turns.add_items(rt, principal, turn.id, [NewItem(ItemKind.TOOL_CALL, "confide")])
     await _publish(hub, chat_id, TurnEvent(turn.id, "ITEM_ADDED", "confide", item.id, "TOOL_CALL"))
-    return await confide(rt, gateway, principal, turn.id, said[: rt.settings.max_text_chars])
+    return await confide_drawing(rt, gateway, principal, turn.id, said[: rt.settings.max_text_chars])
 
 
 async def _history(

@@ -160,6 +160,9 @@ class Turn:
     #: The Chat's history epoch when the Turn began (D9.23): work on its words saves none of them
     #: once the history was deleted after that.
     history_epoch: int = 0
+    #: The entries ``enriched_input`` draws on (for the caller only, as it): what a model request
+    #: that carries it embeds (D9.20: a purge of them strips that request).
+    used_entry_ids: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, row: TurnNode, *, input: str | None = None, enriched_input: str | None = None) -> Turn:

@@ -214,10 +214,10 @@ async def test_a_rewrite_that_reads_its_route_after_the_deletion_keeps_none_of_t
         )
     )
     try:
-        kept = await enrichment.rewrite(runtime, gateway, turn, time.monotonic() + 10, gateway.embedder)
+        kept, used = await enrichment.rewrite(runtime, gateway, turn, time.monotonic() + 10, gateway.embedder)
     finally:
         await gateway.close()
-    assert kept == words
+    assert (kept, used) == (words, ())
     assert len(model_server.requests_for("rewrite")) == asks  # nothing made of the words at all
     found, _ = await _where(runtime, await cipher_of(runtime, w.bot), w.bot, chat, canary)
     assert found == []

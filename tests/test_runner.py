@@ -14,7 +14,7 @@ from websockets.asyncio.client import ClientConnection
 
 from learning.runner import EARLIER_INTRO, SUMMARY_INTRO, UNAVAILABLE_REPLY
 from services.runtime import Runtime
-from tests.client import Api, World
+from tests.client import Api, World, bearer
 from tests.feed_helpers import subscribed, ws_url
 from tests.learning_helpers import (
     add_items,
@@ -195,6 +195,41 @@ async def test_the_bot_sees_the_chats_last_messages_oldest_first(
     pack = await api.gql("query($c: ID!) { contextPack(chatId: $c) { meta { key text } } }", {"c": chat}, ann)
     texts = [m["text"] for m in pack["contextPack"]["meta"]]
     assert texts[:24] == [f"m{n}" for n in range(1, 25)] and "And now?" in texts
+
+
+async def test_a_purge_strips_the_bots_own_model_requests_that_carry_the_entries(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    """The Bot's own model requests (``chat``) carry the rewritten input and the confide answers,
+    which draw on entries; they were saved naming no entry, so a purge of those entries left them
+    whole (D9.20). They name the entries the rewrite and the answers drew on now, and a purge
+    strips them like every other saved request."""
+    w = await runner_world(api, ("ann",))
+    ann = w.tokens["ann"]
+    source = await api.chat(ann, w.bot)
+    locker = await fact(
+        runtime, w.bot, "Ann's locker code is 4711", await said(api, ann, source, "code 4711")
+    )
+    chat = await api.chat(ann, w.bot)
+    rewritten = {"text": "Open my locker (code 4711).", "used_entry_ids": [locker]}
+    model_server.script("rewrite", Reply(tool_calls=[ToolCall("rewrite_input", rewritten)]))
+    model_server.script(
+        "chat",
+        Reply(tool_calls=[ToolCall("confide", {"text": "I am unsure about the locker."})]),
+        Reply(text="Done."),
+    )
+    model_server.script("confide", Reply(text="Calmly: the code 4711 is the one."))
+    data = await api.gql(SEND, {"c": chat, "t": "Open my locker."}, ann)
+    assert data["sendMessage"]["reply"] == "Done."
+    purged = await api.http.post(
+        f"/v1/bots/{w.bot}/memory/purge", json={"tag": f"chat:{source}"}, headers=bearer(ann)
+    )
+    assert purged.json() == {"removed": 1}, purged.text
+    records, _, _ = await runtime.driver.execute_query(
+        "MATCH (c:ModelCall {botId: $b, task: 'chat'}) RETURN c.entryIds AS used, c.request IS NULL AS gone",
+        b=w.bot,
+    )
+    assert [(r["used"], r["gone"]) for r in records] == [([locker], True), ([locker], True)]
 
 
 async def test_review_chats_get_no_confide_tool(api: Api, model_server: ModelServer) -> None:
