@@ -82,10 +82,11 @@ async def save_within(
     them, ``work(False)``: the same record keeping less (a save that waits for a lock someone
     holds long — its texts, whose check needs that lock — past a deadline a person waits on).
 
-    The bound is the transaction's own timeout, kept by Neo4j, not a cancellation here: a
-    transaction cancelled while Neo4j had it wait for a lock took the lock when it came and held
-    it until Neo4j noticed the connection had gone (about a minute: every write to that memory
-    waited). One whose first write committed as the time ran out is not written twice."""
+    The bound is the transaction's own timeout, kept by Neo4j: the write is never cancelled half
+    way from here, so whether it committed is never in doubt. (A transaction cancelled here while
+    it waited for a lock is rolled back and its place in the queue given up at once, measured:
+    the bound is a matter of clarity, not of a lock left held.) One whose first write committed as
+    the time ran out is not written twice."""
     if seconds is None:
         return await write(driver, work(True))
     try:
