@@ -186,6 +186,14 @@ RETURN t {.*} AS turn, ch {.*} AS chat, b.keyMaster AS keyMaster, b.keyWrapped A
          ELSE EXISTS { MATCH (:Person {id: $personId})-[:MEMBER]->(c) } END) AS isPerson
 """
 
+#: The Chat locked until the transaction ends (after its Turn, as addItems locks them): what the
+#: transaction reads of it next (its history epoch) is not moved by a deletion meanwhile.
+LOCK_CHAT: Final[LiteralString] = """
+MATCH (ch:Chat {id: $chatId})
+CALL apoc.lock.nodes([ch])
+RETURN ch.id AS id
+"""
+
 IS_PERSON_OF_CHAT: Final[LiteralString] = """
 MATCH (ch:Chat {id: $chatId})
 OPTIONAL MATCH (ch)-[:IN_CHANNEL]->(c:Channel)
@@ -365,6 +373,11 @@ async def chat_tail(tx: QueryTarget, *, chat_id: str, person_id: str | None, las
 
 async def turn_for(tx: AsyncManagedTransaction, *, turn_id: str, person_id: str | None) -> TurnForRow | None:
     return await single(tx, TURN_FOR, TurnForRow, turnId=turn_id, personId=person_id)
+
+
+async def lock_chat(tx: AsyncManagedTransaction, *, chat_id: str) -> None:
+    """LOCK_CHAT."""
+    await (await tx.run(LOCK_CHAT, chatId=chat_id)).consume()
 
 
 async def turn_for_update(

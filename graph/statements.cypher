@@ -1153,6 +1153,11 @@ RETURN CASE WHEN c IS NULL THEN ch.ownerId = $personId
 // ---- graph.chats.ITEM_BY_UID
 MATCH (i:Item {uid: $uid}) RETURN i {.*} AS item
 
+// ---- graph.chats.LOCK_CHAT
+MATCH (ch:Chat {id: $chatId})
+CALL apoc.lock.nodes([ch])
+RETURN ch.id AS id
+
 // ---- graph.chats.TURN_FOR
 MATCH (t:Turn {id: $turnId})-[:IN_CHAT]->(ch:Chat)-[:WITH_BOT]->(b:Bot)
 OPTIONAL MATCH (ch)-[:IN_CHANNEL]->(c:Channel)

@@ -62,11 +62,16 @@ async def confide_drawing(
     async def work(
         tx: AsyncManagedTransaction,
     ) -> tuple[memorybot_q.RouteChat, Route, list[learning_q.Queued]]:
-        row = await chats_q.turn_for(tx, turn_id=turn_id, person_id=principal.person_id)
+        row = await chats_q.turn_for_update(tx, turn_id=turn_id, person_id=principal.person_id)
         require_writer(principal, row, "turn")
         assert row is not None
         if row["chat"]["review"]:
             raise ReviewChat("review chats have no confide")
+        # The route's history epoch is read under the Chat's lock (the Turn's first, as addItems):
+        # a deletion committing meanwhile either strips this confession or came before it, and the
+        # answer is saved against the same epoch (read unlocked, the text stayed and the answer
+        # was dropped, D9.23).
+        await chats_q.lock_chat(tx, chat_id=row["chat"]["id"])
         chat, route = await load_route(rt, tx, row["chat"]["id"])
         await memorybot_q.create_confession(
             tx,

@@ -24,7 +24,7 @@ from services.crypto import Cipher, DecryptionError, Kind
 from services.domain import Turn
 from services.memory import cipher_of
 from services.runtime import Runtime
-from tests.client import Api, World
+from tests.client import Api, World, bearer
 from tests.learning_helpers import (
     complete,
     confide,
@@ -32,6 +32,7 @@ from tests.learning_helpers import (
     learn,
     long_turn,
     memory_world,
+    until_a_transaction_waits_for_a_lock,
     wait_executions,
     wait_summary,
 )
@@ -221,6 +222,36 @@ async def test_a_rewrite_that_reads_its_route_after_the_deletion_keeps_none_of_t
     assert len(model_server.requests_for("rewrite")) == asks  # nothing made of the words at all
     found, _ = await _where(runtime, await cipher_of(runtime, w.bot), w.bot, chat, canary)
     assert found == []
+
+
+async def test_a_confide_during_a_deletion_keeps_its_answer_with_its_words(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    """confide read the Chat's history epoch without the Chat's lock: with a deletion committing
+    meanwhile, the confession was written against the old epoch and its answer, saved after,
+    against the new one: the answer was dropped and the text stayed (D9.23 says the words go, or
+    both stay as words said after it). The epoch is read under the Chat's lock now: a confide
+    that waited for the deletion is a confession after it, answer and all. The deletion is held
+    open here (its lock and its new epoch) until confide waits for it."""
+    w, _, chat, canary = await trains_world(api, runtime)
+    ann = w.tokens["ann"]
+    turn = await api.turn(ann, chat, "book me a train")
+    model_server.script("confide", Reply(text=f"Calmly: {canary} is fine."))
+    async with runtime.driver.session() as session:
+        deleting = await session.begin_transaction()
+        await deleting.run(
+            "MATCH (ch:Chat {id: $c}) CALL apoc.lock.nodes([ch]) "
+            "SET ch.historyEpoch = coalesce(ch.historyEpoch, 0) + 1",
+            c=chat,
+        )
+        answering = asyncio.create_task(confide(api, ann, turn["id"], f"I booked {canary}"))
+        await until_a_transaction_waits_for_a_lock(runtime)
+        await deleting.commit()
+    assert await answering == f"Calmly: {canary} is fine."
+    confessions = await api.http.get(f"/v1/chats/{chat}/confessions", headers=bearer(ann))
+    assert [(c["text"], c["answer"]) for c in confessions.json()["confessions"]] == [
+        (f"I booked {canary}", f"Calmly: {canary} is fine.")
+    ]
 
 
 async def test_a_deleted_history_counts_for_nothing_towards_a_summary(
