@@ -164,27 +164,29 @@ class TurnForRow(ChatForRow):
     turn: TurnNode
 
 
-TURN_FOR: Final[LiteralString] = """
-MATCH (t:Turn {id: $turnId})-[:IN_CHAT]->(ch:Chat)-[:WITH_BOT]->(b:Bot)
+#: The row of a Turn ``t`` of the Chat ``ch`` of the Bot ``b`` (TurnForRow).
+_TURN_ROW: Final[LiteralString] = """
 OPTIONAL MATCH (ch)-[:IN_CHANNEL]->(c:Channel)
 RETURN t {.*} AS turn, ch {.*} AS chat, b.keyMaster AS keyMaster, b.keyWrapped AS keyWrapped,
        ($personId IS NOT NULL AND CASE WHEN c IS NULL THEN ch.ownerId = $personId
          ELSE EXISTS { MATCH (:Person {id: $personId})-[:MEMBER]->(c) } END) AS isPerson
 """
 
+TURN_FOR: Final[LiteralString] = (
+    "MATCH (t:Turn {id: $turnId})-[:IN_CHAT]->(ch:Chat)-[:WITH_BOT]->(b:Bot)" + _TURN_ROW
+)
+
 #: TURN_FOR with the Turn locked first (as QUEUE_TURN locks it when the Turn completes), then read
 #: again: its status is the one after any completion that committed meanwhile (read unlocked, an
 #: addItems racing a completeTurn read "open" and appended to the completed Turn).
-TURN_FOR_UPDATE: Final[LiteralString] = """
+TURN_FOR_UPDATE: Final[LiteralString] = (
+    """
 MATCH (held:Turn {id: $turnId})
 CALL apoc.lock.nodes([held])
 WITH held
-MATCH (t:Turn)-[:IN_CHAT]->(ch:Chat)-[:WITH_BOT]->(b:Bot) WHERE elementId(t) = elementId(held)
-OPTIONAL MATCH (ch)-[:IN_CHANNEL]->(c:Channel)
-RETURN t {.*} AS turn, ch {.*} AS chat, b.keyMaster AS keyMaster, b.keyWrapped AS keyWrapped,
-       ($personId IS NOT NULL AND CASE WHEN c IS NULL THEN ch.ownerId = $personId
-         ELSE EXISTS { MATCH (:Person {id: $personId})-[:MEMBER]->(c) } END) AS isPerson
-"""
+MATCH (t:Turn)-[:IN_CHAT]->(ch:Chat)-[:WITH_BOT]->(b:Bot) WHERE elementId(t) = elementId(held)"""
+    + _TURN_ROW
+)
 
 #: The Chat locked until the transaction ends (after its Turn, as addItems locks them): what the
 #: transaction reads of it next (its history epoch) is not moved by a deletion meanwhile.

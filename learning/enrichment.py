@@ -173,7 +173,7 @@ def _parse(calls: tuple[ToolCall, ...], sent: set[str], limit: int) -> tuple[str
     if args is None:
         return None
     text, ids = args.text, args.used_entry_ids
-    if len(text) > limit or "\x00" in text:
+    if len(text) > limit:  # NUL and lone surrogates: refused by RewriteInput (bad_string)
         return None
     if not set(ids) <= sent:
         return None  # D9.15: citing anything that was not sent refuses the rewrite

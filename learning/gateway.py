@@ -13,11 +13,10 @@ import asyncio
 import json
 import logging
 import math
-import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import openai
 from openai import AsyncOpenAI
@@ -34,6 +33,7 @@ from services.ids import new_id
 from services.memorybot import Route, current_period, periods
 from services.runtime import now_ms
 from services.settings import Settings
+from services.validation import storable
 
 if TYPE_CHECKING:
     from services.runtime import Runtime
@@ -48,17 +48,6 @@ FIXED_CALM_ANSWER = (
 )
 
 _RETRYABLE_STATUS = {408, 409, 429, 500, 502, 503, 504}
-#: What a model's text loses before anything stores or shows it: NUL (refused in stored text) and
-#: any surrogate (a JSON ``\ud800`` escape decodes to one alone; no UTF-8 text holds it, so it could
-#: not be encrypted: a reply or answer failed as INTERNAL after its Turn was saved), as U+FFFD.
-_UNSTORABLE: Final = re.compile("[\x00\ud800-\udfff]")
-
-
-def storable(text: str) -> str:
-    """``text`` without what no stored text may hold (NUL dropped, a lone surrogate as U+FFFD)."""
-    if not _UNSTORABLE.search(text):
-        return text
-    return _UNSTORABLE.sub(lambda m: "" if m.group() == "\x00" else "\ufffd", text)
 
 
 class _Unfinished(Exception):

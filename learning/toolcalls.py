@@ -10,7 +10,6 @@ evidence, which entries may be cited) is checked afterwards by ``learning.protoc
 from __future__ import annotations
 
 import json
-import re
 from typing import Annotated, Any, Final, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
@@ -18,6 +17,7 @@ from pydantic_core import ErrorDetails, PydanticCustomError
 
 from services.changes import MAX_CONTENT_CHARS, MAX_TOPICS
 from services.memory import TOPIC
+from services.validation import UNSTORABLE
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -34,13 +34,8 @@ class Violation(Exception):
         self.code, self.path = code, path
 
 
-#: What no stored text may hold: NUL, and a surrogate alone (JSON's ``\ud800`` escape decodes to
-#: one; no UTF-8 text holds it, so nothing could encrypt it: INTERNAL after the Turn was saved).
-_UNSTORABLE: Final = re.compile("[\x00\ud800-\udfff]")
-
-
 def _storable(value: str) -> str:
-    if _UNSTORABLE.search(value):
+    if UNSTORABLE.search(value):  # nothing could encrypt it: INTERNAL after the Turn was saved
         raise PydanticCustomError("bad_string", "not storable text")
     return value
 

@@ -46,6 +46,19 @@ def check_text(value: str, field: str, *, limit: int) -> str:
     return value
 
 
+#: What no stored text may hold: NUL, and any surrogate (JSON's ``\ud800`` escape decodes to one
+#: alone; no UTF-8 text holds it, so nothing could encrypt it).
+UNSTORABLE: Final = re.compile("[\x00\ud800-\udfff]")
+
+
+def storable(text: str) -> str:
+    """``text`` without what no stored text may hold (NUL dropped, a lone surrogate as U+FFFD):
+    what a model's text loses before anything stores or shows it."""
+    if not UNSTORABLE.search(text):
+        return text
+    return UNSTORABLE.sub(lambda m: "" if m.group() == "\x00" else "\ufffd", text)
+
+
 #: The largest ``skip`` of a page (Cypher's list slices take 32-bit bounds: a larger one failed
 #: inside, 500, where it is bad input).
 MAX_SKIP: Final = 1_000_000_000

@@ -19,7 +19,7 @@ from services import slots
 from services.ids import new_id
 from services.runtime import Runtime
 from services.settings import Settings
-from tests.client import Api
+from tests.client import Api, World
 from tests.conftest import ROOT, ApiProcess
 from tests.learning_helpers import (
     complete,
@@ -100,6 +100,16 @@ async def test_slots_are_shared_renewed_and_given_back_by_a_killed_process(
 
 
 @pytest.mark.usefixtures("learning_worker")
+async def one_task_at_a_time(api: Api, w: World) -> None:
+    """The Bot's memory Bot gets ``concurrency`` 1 (its settings at version 0), set by Ann."""
+    response = await api.http.patch(
+        f"/v1/bots/{w.bot}/memory/bot",
+        json={"expected": 0, "concurrency": 1},
+        headers={"Authorization": f"Bearer {w.tokens['ann']}"},
+    )
+    assert response.status_code == 200, response.text
+
+
 async def test_a_bots_concurrency_binds_across_api_processes(
     api: Api, settings: Settings, service_env: dict[str, str], model_server: ModelServer, runtime: Runtime
 ) -> None:
@@ -118,12 +128,7 @@ async def test_a_bots_concurrency_binds_across_api_processes(
     )
     try:
         w = await memory_world(api, ("ann",))
-        response = await api.http.patch(
-            f"/v1/bots/{w.bot}/memory/bot",
-            json={"expected": 0, "concurrency": 1},
-            headers={"Authorization": f"Bearer {w.tokens['ann']}"},
-        )
-        assert response.status_code == 200, response.text
+        await one_task_at_a_time(api, w)
         chat = await api.chat(w.tokens["ann"], w.bot)
         turn = await api.turn(w.tokens["ann"], chat, "hi")
         model_server.default("confide", Reply(text="The first one, answered.", hold=gate))
@@ -155,12 +160,7 @@ async def test_a_learning_step_goes_on_ungated_while_redis_refuses_its_slots(
     now, as the Chat's step slot already did; an answer someone waits for (confide) still gets the
     calm one at once."""
     w = await memory_world(api, ("ann",))
-    response = await api.http.patch(
-        f"/v1/bots/{w.bot}/memory/bot",
-        json={"expected": 0, "concurrency": 1},
-        headers={"Authorization": f"Bearer {w.tokens['ann']}"},
-    )
-    assert response.status_code == 200, response.text
+    await one_task_at_a_time(api, w)
     chat = await api.chat(w.tokens["ann"], w.bot)
     turn = await api.turn(w.tokens["ann"], chat, "Ann takes the 8:10 train on Mondays.")
     item = await first_item(api, w.tokens["ann"], chat)

@@ -9,8 +9,9 @@ import pytest
 
 from learning import toolcalls
 from learning.enrichment import REWRITE_TOOL, _parse  # pyright: ignore[reportPrivateUsage]
-from learning.gateway import ToolCall, storable
+from learning.gateway import ToolCall
 from learning.runner import CONFIDE_TOOL
+from services.validation import storable
 
 
 def test_each_offered_schema_is_its_model() -> None:
