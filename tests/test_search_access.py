@@ -117,7 +117,10 @@ class SearchMachine(AccessMachine):
         observations over that fact: entries that the Chat's people see, for searches to find."""
         chats = [c for c in self.chats if not self.model.chats[c].review] or self.chats
         c = pick(chats, chat)
-        item = self._say(c, pick([p for p in self.people if self.model.is_person_of_chat(p, c)], speaker))
+        people = [p for p in self.people if self.model.is_person_of_chat(p, c)]
+        if not people:  # a group chat whose channel has no members now: nobody says anything in it
+            return
+        item = self._say(c, pick(people, speaker))
         if item is None:
             return
         bot, before = self.model.chats[c].bot, self.created
