@@ -116,6 +116,7 @@ async def test_a_bots_concurrency_binds_across_api_processes(
     """concurrency 1: a confide answered by one API process holds the Bot's only slot, so a
     confide on another process waits for it until its own deadline and never asks the model."""
     gate = threading.Event()
+    model_server.reset()  # a confide an earlier test asked counts for nothing here
     patient = ApiProcess(
         settings,
         settings.data_dir / "logs" / "pytest-api-patient.log",
