@@ -47,7 +47,8 @@ class Queued(TypedDict):
 
 
 class QueuedRow(TypedDict):
-    """QUEUE_TURN, the sweeps (SWEEP_EXPIRED, SWEEP_STALE_QUEUED, SWEEP_IDLE_TURNS), RELEASE_BUDGET."""
+    """QUEUE_TURN, REQUEUE, the sweeps (SWEEP_EXPIRED, SWEEP_STALE_QUEUED, SWEEP_IDLE_TURNS),
+    RELEASE_BUDGET."""
 
     queued: list[Queued]
 
@@ -123,6 +124,21 @@ RETURN count(x) AS finished
 
 class FinishedRow(TypedDict):
     finished: int
+
+
+#: Its own worker hands the execution on to a new epoch, queued at once (as SWEEP_EXPIRED does for
+#: a lease that lapsed): it waited for the Chat's step slot as long as its job may, or used its
+#: job's time with evidence left. The next job reads on from the read position.
+REQUEUE: Final[LiteralString] = """
+MATCH (held:LearningExecution {id: $id})
+CALL apoc.lock.nodes([held])
+WITH held
+MATCH (x:LearningExecution) WHERE elementId(x) = elementId(held)
+WITH x
+WHERE x.epoch = $epoch AND x.status = 'running'
+SET x.epoch = x.epoch + 1, x.status = 'queued', x.queuedAt = $now, x.leaseUntil = null
+RETURN collect({id: x.id, epoch: x.epoch}) AS queued
+"""
 
 
 POSITION: Final[LiteralString] = """
@@ -290,6 +306,11 @@ async def finish(
 ) -> bool:
     record = await single(tx, FINISH, FinishedRow, id=id, epoch=epoch, status=status, error=error, now=now)
     return bool(record and record["finished"])
+
+
+async def requeue(tx: AsyncManagedTransaction, *, id: str, epoch: int, now: int) -> list[Queued]:
+    record = await single(tx, REQUEUE, QueuedRow, id=id, epoch=epoch, now=now)
+    return [] if record is None else record["queued"]
 
 
 async def position(tx: AsyncManagedTransaction, *, bot_id: str, chat_id: str) -> int:

@@ -2012,6 +2012,16 @@ WHERE x.epoch = $epoch AND x.status = 'running'
 SET x.leaseUntil = $until
 RETURN count(x) AS renewed
 
+// ---- graph.learning.REQUEUE
+MATCH (held:LearningExecution {id: $id})
+CALL apoc.lock.nodes([held])
+WITH held
+MATCH (x:LearningExecution) WHERE elementId(x) = elementId(held)
+WITH x
+WHERE x.epoch = $epoch AND x.status = 'running'
+SET x.epoch = x.epoch + 1, x.status = 'queued', x.queuedAt = $now, x.leaseUntil = null
+RETURN collect({id: x.id, epoch: x.epoch}) AS queued
+
 // ---- graph.memory.BUMP_VERSION
 MATCH (m:Memory {id: $botId})
 CALL apoc.lock.nodes([m])

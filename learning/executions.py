@@ -37,17 +37,27 @@ from learning.gateway import (
     request_hash,
 )
 from learning.prompts import system_prompt
-from services import metrics, slots
+from services import jobs, metrics, slots
 from services.changes import AddFact, AddObservation, MemoryChange
 from services.crypto import Cipher, Kind
 from services.errors import ServiceError
 from services.memorybot import load_route
 from services.runtime import Runtime, now_ms
+from services.settings import Settings
 from services.writepath import apply_changes
 
 log = logging.getLogger("botmemory.learning")
 
 CONTEXT_LIMIT = 300  # L4
+#: What a job has past its steps' deadlines: the reads and the commit around a step.
+JOB_MARGIN_SECONDS = 60.0
+
+
+def job_seconds(settings: Settings) -> float:
+    """arq's timeout of an execution's job: two step deadlines and the margin. A job begins a
+    step only while that step's deadline ends within the first two (``ExecutionRunner._run``), so
+    the timeout never cancels a step half way (its model call unsaved, its cost uncounted)."""
+    return 2 * settings.step_deadline_seconds + JOB_MARGIN_SECONDS
 
 
 class StepFailed(Exception):
@@ -68,6 +78,16 @@ class StepRefused(Exception):
 
 class _Superseded(Exception):
     """Another epoch owns the execution now: stop without touching it."""
+
+
+class _HandOn(Exception):
+    """The execution goes on in a new job (a new epoch, queued at once): ``reason`` says why —
+    ``slot`` (the Chat's step slot stayed busy as long as this job may wait) or ``time`` (another
+    step might not end within this job's time)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 class _Stale(Exception):
@@ -127,7 +147,14 @@ class ExecutionRunner:
         x = Claimed(row["id"], row["botId"], row["chatId"], int(row["turnSeq"]), int(row["epoch"]))
         keeper = asyncio.create_task(self._keep_lease(x))
         try:
-            return await self._run(x)
+            return await self._run(x, time.monotonic())
+        except _HandOn as handed:
+            queued = await write(
+                self.rt.driver, lambda tx: learning_q.requeue(tx, id=x.id, epoch=x.epoch, now=now_ms())
+            )
+            await jobs.enqueue_executions(self.rt, queued)  # lost: the sweeper sends it again
+            log.info("execution %s goes on in a new job (%s)", x.id, handed.reason)
+            return "handed_on:" + handed.reason
         except StepFailed as failure:
             await self._finish(x, "failed", failure.code)
             log.info("execution %s failed safely: %s", x.id, failure.code)
@@ -188,9 +215,16 @@ class ExecutionRunner:
 
         return await read(self.rt.driver, work)
 
-    async def _run(self, x: Claimed) -> str:
+    async def _run(self, x: Claimed, began: float) -> str:
+        """Step after step until the execution ends. A step begins only within the job's first
+        step deadline (its wait for the slot counted), so it ends within ``job_seconds``; past it,
+        the execution goes on in a new job (a run of many steps — evidence piled up while the
+        budget was spent — was cancelled by arq's timeout mid-call)."""
+        step_seconds = self.rt.settings.step_deadline_seconds
         while True:
-            release = await self._one_step_at_a_time(x)
+            if time.monotonic() - began > step_seconds:
+                raise _HandOn("time")
+            release = await self._one_step_at_a_time(x, began + step_seconds)
             try:
                 ended = await self._step_once(x)
             finally:
@@ -198,17 +232,16 @@ class ExecutionRunner:
             if ended is not None:
                 return ended
 
-    async def _one_step_at_a_time(self, x: Claimed) -> Callable[[], Awaitable[None]]:
-        """Wait for the Chat's one learning-step slot (a lease in Redis, like a task slot, D9.25).
-        Executions of one Chat's Turns that run at once read the same evidence after the same read
-        position: each would ask the model and pay for it, and all answers but the first to commit
-        would be thrown away (C4). Held, an execution reads its inputs, asks and commits; the next
-        one then reads on from the position it left. Without Redis, steps go on unserialised (the
-        compare-and-set still applies each evidence once)."""
+    async def _one_step_at_a_time(self, x: Claimed, deadline: float) -> Callable[[], Awaitable[None]]:
+        """Wait until ``deadline`` for the Chat's one learning-step slot (a lease in Redis, like a
+        task slot, D9.25). Executions of one Chat's Turns that run at once read the same evidence
+        after the same read position: each would ask the model and pay for it, and all answers but
+        the first to commit would be thrown away (C4). Held, an execution reads its inputs, asks
+        and commits; the next one then reads on from the position it left. Still busy at the
+        deadline, the execution goes on in a new job (it ended ``learning_busy``, its Turn's
+        evidence unlearned until the Chat confided again). Without Redis, steps go on unserialised
+        (the compare-and-set still applies each evidence once)."""
         settings = self.rt.settings
-        # The holder's step ends within its deadline; a holder that died stops renewing, and its
-        # slot lapses as its execution's lease does (then taken over, perhaps by this very wait).
-        deadline = time.monotonic() + settings.step_deadline_seconds + 2 * settings.lease_seconds
         try:
             return await slots.take_key(
                 self.rt.redis,
@@ -218,7 +251,7 @@ class ExecutionRunner:
                 settings.lease_seconds,
             )
         except slots.Busy:
-            raise StepFailed("learning_busy") from None
+            raise _HandOn("slot") from None
         except RedisError as exc:
             log.warning(
                 "learning steps of a chat not serialised: Redis is not answering (%s)", type(exc).__name__

@@ -21,7 +21,7 @@ from prometheus_client import start_http_server
 from redis.exceptions import RedisError
 
 from learning import backfill, summary
-from learning.executions import ExecutionRunner
+from learning.executions import ExecutionRunner, job_seconds
 from learning.gateway import Gateway
 from learning.sweeper import sweeper
 from services import jobs, metrics
@@ -182,7 +182,7 @@ def main() -> None:
             # accepts connections and never answers held the poll for ever, so the restart below
             # never came.
             redis_pool=redis_of(settings),
-            job_timeout=int(settings.step_deadline_seconds * 2 + 60),
+            job_timeout=int(job_seconds(settings)),
         )
     except (RedisError, OSError) as exc:
         log.warning("worker lost Redis (%s); starting again", type(exc).__name__)

@@ -1,0 +1,150 @@
+"""A Chat's learning steps take turns (its one step slot, D9.25) and an execution's job never
+begins a step that might outlast it (D9.9, C4, C6): an execution that cannot go on in its job goes
+on in a new one — a new epoch, queued at once — and never ends failed for waiting."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from typing import Any
+
+import pytest
+from pydantic import SecretStr
+
+from learning.executions import ExecutionRunner
+from learning.gateway import Gateway
+from services import slots
+from services.runtime import Runtime, now_ms
+from tests.client import Api
+from tests.learning_helpers import (
+    add_items,
+    complete,
+    confide,
+    executions,
+    fact_call,
+    first_item,
+    learn,
+    memory_bot_changes,
+    memory_world,
+    wait_executions,
+)
+from tests.memory_helpers import visible
+from tests.model_server import ModelServer, Recorded, Reply
+from tests.waiting import until
+
+pytestmark = pytest.mark.usefixtures("learning_worker")
+
+
+async def test_an_execution_that_waits_out_its_job_for_the_chats_step_slot_goes_on_in_a_new_one(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    """While another execution of the Chat holds its step slot (here the test holds it), an
+    execution waited a step deadline and two leases, then ended ``failed: learning_busy``: its
+    Turn's evidence stayed unlearned until the Chat confided again, although nothing had failed.
+    It waits within its job's time now, then goes on under a new epoch, and learns once the slot
+    is free."""
+    w = await memory_world(api, ("ann",))
+    ann = w.tokens["ann"]
+    chat = await api.chat(ann, w.bot)
+    turn = await api.turn(ann, chat, "Ann keeps bees on the roof.")
+    item = await first_item(api, ann, chat)
+    model_server.script("learn", learn(fact_call("Ann keeps bees on the roof.", item)))
+    release = await slots.take_key(
+        runtime.redis, slots.step_key_of(w.bot, chat), 1, time.monotonic() + 10, lease_seconds=3.0
+    )
+    try:
+        await confide(api, ann, turn["id"], "Noted the bees.")
+        await complete(api, ann, turn["id"])
+
+        async def handed_on() -> dict[str, Any] | None:
+            [x] = await executions(runtime, turn["id"])
+            assert x["status"] != "failed", x  # before: failed, learning_busy
+            return x if x["epoch"] >= 1 else None
+
+        await until(handed_on, "the waiting execution never went on under a new epoch", within=60)
+        assert model_server.requests_for("learn") == []  # nobody asked while the slot was held
+    finally:
+        await release()
+    [x] = await wait_executions(runtime, turn["id"], within=60)
+    assert (x["status"], x["learned"], x.get("error")) == ("done", 1, None), x
+    assert [e["content"] for e in (await visible(api, ann, w.bot)).values()] == [
+        "Ann keeps bees on the roof."
+    ]
+
+
+async def test_a_job_begins_no_step_that_might_outlast_it_and_its_execution_goes_on_in_a_new_one(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    """An execution with more evidence than one step reads (here one Item a step) ran step after
+    step in one job, past arq's job timeout (two step deadlines and a margin) when the steps were
+    slow: arq cancelled it mid-call, the call unsaved and its cost uncounted, and the sweeper began
+    the execution again. A job begins a step only within its first step deadline now, so every
+    step it begins ends within its timeout; the rest goes on in a new job (here the suite's
+    worker's), each Item asked about once."""
+    w = await memory_world(api, ("ann",))
+    ann = w.tokens["ann"]
+    chat = await api.chat(ann, w.bot)
+    turn = await api.turn(ann, chat, "Ann swims at seven.")
+    first = await first_item(api, ann, chat)
+    second, third = await add_items(
+        api,
+        ann,
+        turn["id"],
+        ("PERSON_MESSAGE", "Ann cycles at eight."),
+        ("PERSON_MESSAGE", "Ann rows at nine."),
+    )
+    await confide(api, ann, turn["id"], "Noted the sports.")
+    # The execution is queued in the graph only: this process's runner takes it, not the worker.
+    await runtime.driver.execute_query(
+        "MATCH (t:Turn {id: $t}) SET t.status = 'completed', t.completedAt = $now "
+        "WITH t MATCH (x:LearningExecution {turnId: t.id}) SET x.status = 'queued', x.queuedAt = $now "
+        "RETURN x.id AS id",
+        t=turn["id"],
+        now=now_ms(),
+    )
+    [queued] = await executions(runtime, turn["id"])
+    # Each step's model call takes a little over half a step deadline: a second step may begin
+    # within the job's first deadline, a third never.
+    step = 4.0
+    slow = True  # the suite's worker, which goes on, has the suite's shorter model timeout
+
+    def one_fact_a_message(request: Recorded) -> Reply:
+        items = json.loads(request.body["messages"][1]["content"])["newItems"]
+        said = [i for i in items if i["kind"] == "person_message"]
+        return learn(*(fact_call(i["text"], i["id"]) for i in said), delay=step * 0.55 if slow else 0.0)
+
+    model_server.respond("learn", one_fact_a_message)
+    settings = runtime.settings.model_copy(
+        update={
+            "step_deadline_seconds": step,
+            "max_evidence_items": 1,
+            "model_attempt_timeout_seconds": step,
+            "openai_base_url": model_server.base_url,
+            "openai_api_key": SecretStr("sk-test"),
+        }
+    )
+    gateway = Gateway(settings)
+    await gateway.warm_up()  # as a worker does before its first job
+    try:
+        outcome = await ExecutionRunner(dataclasses.replace(runtime, settings=settings), gateway, "test").run(
+            queued["id"], 0
+        )
+    finally:
+        await gateway.close()
+        slow = False
+    assert outcome == "handed_on:time"  # before: "done", all three steps in one job
+    [x] = await wait_executions(runtime, turn["id"], within=60)
+    assert (x["status"], x["epoch"], x["learned"]) == ("done", 1, 3), x
+    assert sorted(e["content"] for e in (await visible(api, ann, w.bot)).values()) == [
+        "Ann cycles at eight.",
+        "Ann rows at nine.",
+        "Ann swims at seven.",
+    ]
+    asked = [
+        i["id"]
+        for r in model_server.requests_for("learn")
+        for i in json.loads(r.body["messages"][1]["content"])["newItems"]
+    ]
+    assert sorted(asked) == sorted([first, second, third])  # each Item asked about once
+    assert len(await memory_bot_changes(runtime, w.bot)) == 3
