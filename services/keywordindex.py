@@ -91,13 +91,14 @@ class Postings:
         self._tfs: list[array[int]] = []
         #: Postings of a token as arrays, made when a query first needs them after a change.
         self._arrays: dict[int, tuple[Rows, npt.NDArray[np.float32]]] = {}
-        #: Per token, each posting's BM25 weight (idf times the saturated tf) as of ``_counted``
-        #: (documents, tokens): they change with any row added or taken out, or with the token's
-        #: postings. Made when a query first needs them (at 100k entries, ~0.15 of BM25's 0.4 ms).
-        self._weights: dict[int, npt.NDArray[np.float32]] = {}
-        #: What ``_arrays`` and ``_weights`` hold, in bytes.
+        #: Per token, each posting's saturated tf (``tf / (tf + norm)``, the BM25 weight but for
+        #: the reader's idf) as of ``_counted`` (documents, tokens): they change with any row added
+        #: or taken out, or with the token's postings. Made when a query first needs them (at 100k
+        #: entries, ~0.15 of BM25's 0.4 ms).
+        self._saturated: dict[int, npt.NDArray[np.float32]] = {}
+        #: What ``_arrays`` and ``_saturated`` hold, in bytes.
         self._arrays_bytes = 0
-        self._weights_bytes = 0
+        self._saturated_bytes = 0
         self._counted = (0, 0)
         #: Per row: where its distinct token ids and their counts start in ``_flat_ids`` and
         #: ``_flat_tfs`` and how many there are (to replace them when it is revised), its length.
@@ -125,10 +126,10 @@ class Postings:
     @property
     def approx_nbytes(self) -> int:
         """About what the postings hold, in constant time: each posting twice (in its token's arrays
-        and in its row's flat copy), 10 bytes in all, and the arrays and weights made for queries."""
+        and in its row's flat copy), 10 bytes in all, and the arrays and saturated tfs made for queries."""
         flat = len(self._flat_ids)
         rows = self._start.nbytes + self._count.nbytes + self._length.nbytes
-        return 10 * flat + rows + self._arrays_bytes + self._weights_bytes
+        return 10 * flat + rows + self._arrays_bytes + self._saturated_bytes
 
     def set(self, row: int, blind: str) -> None:
         """Row ``row`` holds the blind tokens ``blind`` (space separated; empty: none)."""
@@ -189,13 +190,30 @@ class Postings:
             self._tfs[t].frombytes(tfs[part].tobytes())
             self._changed(t)
 
-    def sums(self, blind: list[str], among: Rows | None = None, place: Places | None = None) -> Scores | None:
+    def documents_of(self, rows: Rows) -> int:
+        """How many of ``rows`` hold tokens (a reader's documents, for their idf)."""
+        held = rows[rows < self._length.shape[0]]
+        return int(np.count_nonzero(self._length[held] > 0))
+
+    def sums(
+        self,
+        blind: list[str],
+        among: Rows | None = None,
+        place: Places | None = None,
+        pool: tuple[npt.NDArray[np.bool_], int] | None = None,
+    ) -> Scores | None:
         """The BM25 score of every row for the query's distinct blind tokens (the MAX_QUERY_TOKENS
         rarest of a longer query), by row; with ``among``, of its rows only, by position in it
         (None: no row has any of them). Among a few rows, only their postings are summed (a reader
         who sees 1 % of the bench's 100k entries: ~0.19 -> ~0.13 ms), found through ``place``:
         each row's position in ``among`` (-1 for the others; made here when the caller keeps
-        none)."""
+        none).
+
+        A token's idf counts the documents of the reader's rows only — ``among``'s, or those of
+        ``pool`` (a mask by row, and how many of its rows hold tokens) — never the Bot's: counted
+        over every entry, a reader who wrote entries holding chosen words could read off the order
+        of their own results how many entries they cannot see hold a word (one query per guess).
+        The length normalisation keeps the Bot's mean length (one number over the whole Bot)."""
         size = self.capacity if among is None else among.shape[0]
         tokens = [t for t in (self._vocab.get(b) for b in dict.fromkeys(blind)) if t is not None]
         if not tokens or self._docs == 0:
@@ -203,23 +221,37 @@ class Postings:
         if len(tokens) > MAX_QUERY_TOKENS:
             tokens = sorted(tokens, key=lambda t: len(self._rows[t]))[:MAX_QUERY_TOKENS]
         if self._counted != (self._docs, self._total):
-            self._weights.clear()
-            self._weights_bytes = 0
+            self._saturated.clear()
+            self._saturated_bytes = 0
             self._counted = (self._docs, self._total)
+        if among is not None and place is None:
+            place = places(among, self.capacity)
+        documents = self._docs
+        if among is not None:
+            documents = self.documents_of(among)
+        elif pool is not None:
+            documents = pool[1]
         rows_parts: list[Rows] = []
         weights: list[npt.NDArray[np.float32]] = []
         for token in tokens:
             rows, tf = self._postings(token)
             if rows.size == 0:
                 continue
-            weight = self._weights.get(token)
-            if weight is None:
-                idf = math.log(1.0 + (self._docs - rows.size + 0.5) / (rows.size + 0.5))
+            saturated = self._saturated.get(token)
+            if saturated is None:
                 norm = K1 * (1.0 - B + B * self._length[rows] / (self._total / self._docs))
-                weight = self._weights[token] = (idf * tf / (tf + norm)).astype(np.float32)
-                self._weights_bytes += weight.nbytes
+                saturated = self._saturated[token] = (tf / (tf + norm)).astype(np.float32)
+                self._saturated_bytes += saturated.nbytes
+            df = rows.size
+            if place is not None:
+                df = int(np.count_nonzero(place[rows] >= 0))
+            elif pool is not None:
+                df = int(np.count_nonzero(pool[0][rows[rows < pool[0].shape[0]]]))
+            if df == 0:
+                continue
+            idf = math.log(1.0 + (documents - df + 0.5) / (df + 0.5))
             rows_parts.append(rows)
-            weights.append(weight)
+            weights.append(saturated * np.float32(idf))
         if not rows_parts:
             return None
         # With weights, bincount sums in float64 (its stubs say intp).
@@ -228,8 +260,7 @@ class Postings:
                 Scores,
                 np.bincount(np.concatenate(rows_parts), weights=np.concatenate(weights), minlength=size),
             )
-        if place is None:
-            place = places(among, self.capacity)
+        assert place is not None
         summed = np.zeros(size, np.float64)
         for rows, weight in zip(rows_parts, weights, strict=True):
             at = place[rows]
@@ -280,9 +311,9 @@ class Postings:
         arrays = self._arrays.pop(token, None)
         if arrays is not None:
             self._arrays_bytes -= arrays[0].nbytes + arrays[1].nbytes
-        weight = self._weights.pop(token, None)
-        if weight is not None:
-            self._weights_bytes -= weight.nbytes
+        saturated = self._saturated.pop(token, None)
+        if saturated is not None:
+            self._saturated_bytes -= saturated.nbytes
 
     def _postings(self, token: int) -> tuple[Rows, npt.NDArray[np.float32]]:
         found = self._arrays.get(token)

@@ -129,8 +129,10 @@ def fuse_shown(
     order of those with a keyword, plus the prior, its recency counted from the newest of them.
     :meth:`BotIndex.rank`'s scores count ranks in the whole pool, so each entry the reader cannot
     see above theirs would lower theirs (how many hidden entries match a query, read off a
-    score); these count none. (The BM25 order among them still rests on the Bot's statistics, idf
-    and mean length over every entry: an order, never a count.)"""
+    score); these count none. (The BM25 order among them rests on idf over the rows of the
+    reader's audience keys — :meth:`services.keywordindex.Postings.sums` — and the Bot's mean
+    length: of the entries the reader cannot see, only those under a key they hold count, such as
+    an observation that also needs a channel they are not in.)"""
     if not shown:
         return []
     newest = max(p.version for p in shown)
@@ -159,6 +161,7 @@ class _KeyRows:
     few: bool
     vectors: F32 | None = None
     places: Places | None = None
+    documents: int | None = None
     _left_out: F32 | None = None
     _usable: tuple[npt.NDArray[np.bool_], F32] | None = None
 
@@ -178,6 +181,12 @@ class _KeyRows:
             else:
                 self._usable = usable, np.where(usable, np.float32(0), np.float32(-np.inf))
         return self._usable
+
+    def documents_in(self, keywords: Postings) -> int:
+        """How many of :attr:`rows` hold keywords (their idf's documents)."""
+        if self.documents is None:
+            self.documents = keywords.documents_of(self.rows)
+        return self.documents
 
     def places_in(self, capacity: int) -> Places:
         """Each row's place among :attr:`rows` (of ``capacity`` rows)."""
@@ -341,7 +350,8 @@ class BotIndex:
         if vector is not None and self._q.shape[1] == vector.shape[0]:
             dense = self._top_rows(vector, dense_k, keyed)
         place = keyed.places_in(self.keywords.capacity) if keyed is not None and few else None
-        summed = self.keywords.sums(blind, among, place)
+        pool = None if keyed is None or few else (keyed.allowed, keyed.documents_in(self.keywords))
+        summed = self.keywords.sums(blind, among, place, pool)
         if summed is not None and keyed is not None and not few:  # the others left out
             held_rows = min(summed.shape[0], keyed.allowed.shape[0])
             summed[:held_rows] += keyed.left_out()[:held_rows]  # -inf: never among the best

@@ -129,6 +129,32 @@ async def test_search_scores_count_nothing_the_reader_cannot_see(api: Api) -> No
     assert (await api.gql(SEARCH, query, w.tokens["ann"]))["search"] == before
 
 
+async def test_search_order_tells_nobody_how_many_hidden_entries_hold_a_word(api: Api) -> None:
+    """Keyword scores weigh a word by how rare it is (BM25's idf). Counted over every entry of the
+    Bot, a reader who wrote entries holding chosen words could read off the order of their own
+    results how many entries they cannot see hold another word: here Ann's entry with "zyxwvut"
+    ranked above her entry with "qoppa" (held by four of hers) while Bob's private entries held
+    "zyxwvut" fewer than four times, below it once they held it more — one search per guess gave
+    the count. Counted over the entries of the keys Ann holds, Bob's count for nothing."""
+    w = await make_world(api, ("ann", "bob"))
+    ann = w.tokens["ann"]
+    for content in (
+        "zyxwvut marks the spot",
+        "qoppa marks the spot",
+        "qoppa one",
+        "qoppa two",
+        "qoppa three",
+    ):
+        await remember(api, ann, w.bot, content)
+    query = {"b": w.bot, "q": "zyxwvut qoppa", "l": 10}
+    before = (await api.gql(SEARCH, query, ann))["search"]
+    assert len(before) == 5
+    for n in range(7):
+        await remember(api, w.tokens["bob"], w.bot, f"zyxwvut note {n}")
+    assert len((await api.gql(SEARCH, query, w.tokens["bob"]))["search"]) == 7
+    assert (await api.gql(SEARCH, query, ann))["search"] == before
+
+
 async def test_search_refuses_bad_input_with_clear_codes(api: Api) -> None:
     w = await make_world(api, ("ann",))
     token = w.tokens["ann"]

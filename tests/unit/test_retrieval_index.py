@@ -44,12 +44,18 @@ docs_st = st.lists(st.lists(st.sampled_from(TOKENS), max_size=8), min_size=1, ma
 query_st = st.lists(st.sampled_from(TOKENS), min_size=1, max_size=4)
 
 
-def reference_bm25(docs: dict[int, list[str]], query: list[str]) -> dict[int, float]:
-    """BM25 (Lucene's idf, k1 1.2, b 0.75) written out plainly over the documents that have tokens."""
+def reference_bm25(
+    docs: dict[int, list[str]], query: list[str], reader: set[int] | None = None
+) -> dict[int, float]:
+    """BM25 (Lucene's idf, k1 1.2, b 0.75) written out plainly over the documents that have tokens;
+    with ``reader``, of those rows only, their idf counting only their documents (the mean length
+    is every document's)."""
     held = {row: words for row, words in docs.items() if words}
     if not held:
         return {}
     average = sum(len(w) for w in held.values()) / len(held)
+    if reader is not None:
+        held = {row: words for row, words in held.items() if row in reader}
     scores: dict[int, float] = {}
     for token in dict.fromkeys(query):
         df = sum(1 for words in held.values() if token in words)
@@ -112,7 +118,7 @@ def test_postings_rank_as_reference_bm25(
     # Among some rows: the same scores, summed over those rows' postings only (through places
     # made here, or kept by the caller).
     among = np.array(sorted(data.draw(st.sets(st.sampled_from(sorted(held))))), np.int64)
-    within = {r: v for r, v in expected.items() if r in set(among.tolist())}
+    within = reference_bm25(held, query, set(among.tolist()))
     for place in (None, places(among, postings.capacity)):
         assert_best(top(postings, query, k, among, place), within, k)
     # Every row's sum (by row; among some rows, by position among them): what a ranking reads
@@ -120,9 +126,18 @@ def test_postings_rank_as_reference_bm25(
     summed = postings.sums(query)
     if summed is not None:
         assert summed[: len(docs)].tolist() == pytest.approx([expected.get(r, 0.0) for r in range(len(docs))])
-        within_sums = postings.sums(query, among)
-        assert within_sums is not None
-        assert within_sums.tolist() == pytest.approx([expected.get(r, 0.0) for r in among.tolist()])
+        within_sums = postings.sums(query, among)  # None: none of those rows holds a query token
+        assert within_sums is not None or not within
+        if within_sums is not None:
+            assert within_sums.tolist() == pytest.approx([within.get(r, 0.0) for r in among.tolist()])
+        # The same rows as a reader's mask over the pool: their scores by row, nobody else's.
+        mask = np.zeros(postings.capacity, np.bool_)
+        mask[among] = True
+        pooled = postings.sums(query, pool=(mask, postings.documents_of(among)))
+        if pooled is None:
+            assert not within
+        else:
+            assert pooled[among].tolist() == pytest.approx([within.get(r, 0.0) for r in among.tolist()])
     else:
         assert not expected
 
