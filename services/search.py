@@ -148,10 +148,11 @@ async def context(
     wanted = context_wanted(rt, bot_id, limit)
     ranked, cipher = await _ranked(rt, embedder, bot_id, reader, query, wanted, fill=True)
     chosen, size = _fitting(ranked, limit)
-    if len(chosen) == wanted < MAX_CONTEXT_WANTED and limit - size > size / len(chosen):
-        # Every entry asked for fit and room for more is left: the lines were shorter than the
-        # Bot's mean said (none known yet, or shorter entries now). Ask again for what the room
-        # holds at the mean of these.
+    if chosen and len(ranked) == wanted < MAX_CONTEXT_WANTED and limit - size > size / len(chosen):
+        # As many entries as asked for came, and room for more is left: the lines were shorter
+        # than the Bot's mean said (none known yet, or shorter entries now), or some did not fit
+        # (one longer than the budget left it all but empty). Ask again for what the room holds
+        # at the mean of those that fit.
         more = min(MAX_CONTEXT_WANTED, math.ceil(limit * len(chosen) / size * CONTEXT_OVERASK))
         ranked, cipher = await _ranked(rt, embedder, bot_id, reader, query, more, fill=True)
         chosen, size = _fitting(ranked, limit)

@@ -277,6 +277,30 @@ async def test_context_with_a_query_fills_its_budget_with_short_lines(api: Api, 
         await embedder.aclose()
 
 
+async def test_context_with_a_query_fills_its_budget_past_an_entry_that_does_not_fit(
+    api: Api, runtime: Runtime
+) -> None:
+    """An entry whose line is longer than the budget, among those asked for, is skipped (N3), and the others fill
+    the budget: it asked again only when every entry asked for fit, so one that did not left
+    the budget three quarters empty (49 of 140 short lines)."""
+    w = await make_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    source = await said(api, w.tokens["ann"], chat, "lists")
+    embedder = LocalMiniLM()
+    try:
+        ids = await learn_facts(
+            runtime, w.bot, embedder, *(f"Ann's errand {n:03d}" for n in range(140)), source=source
+        )
+        longest = ("Ann's errand list: " + "errand " * 600)[:3999]  # as long as an entry may be
+        await learn_facts(runtime, w.bot, embedder, longest, source=source)
+        reader = await memory.chat_reader(runtime, chat)
+        assert reader is not None
+        got = await search.context(runtime, embedder, w.bot, reader, 4000, query="Which errand is next?")
+        assert sorted(got.ids) == sorted(ids) and len(got.text) <= 4000
+    finally:
+        await embedder.aclose()
+
+
 class Counting:
     """The real embedder, with the texts it was asked for."""
 
