@@ -503,6 +503,53 @@ def test_a_large_index_finds_the_exact_nearest_through_the_coarse_pass(
     assert found >= 0.98 * 200
 
 
+def test_a_large_index_whose_vectors_come_after_its_rows_fits_its_coarse_pass_on_them() -> None:
+    """Vectors that come after their rows — a new embedder's index loads with keywords only, then
+    the backfill's vectors come 64 at a time — fitted the coarse pass's principal components on
+    the first 64 for good: recall@10 0.51 against 0.77 for the same vectors present at load.
+    The components are fitted again whenever twice as many vectors are held (up to _FIT_ROWS)."""
+    n, dims, batch = 20_000, 384, 64
+    assert n > EXACT_MAX
+    rng = np.random.default_rng(7)
+    # Like sentence embeddings: many topics, variance falling off across the dimensions.
+    centres = (rng.normal(size=(n, dims)) * np.linspace(3, 0.2, dims)).astype(np.float32)
+    vectors = centres[rng.integers(0, n, n)] + rng.normal(size=(n, dims)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    q, scales = quantise(vectors)
+    ids = [f"e{i}" for i in range(n)]
+    nodes, keywords, pinned, orders, keys = (
+        [f"4:db:{i}" for i in range(n)], [""] * n, [False] * n, [1] * n, ["person:a"] * n
+    )  # fmt: skip
+
+    def filled(at_load: bool) -> BotIndex:
+        index = BotIndex("m")
+        if at_load:
+            index.upsert(ids, nodes, keywords, pinned, orders, keys, (list(range(n)), q, scales))
+            return index
+        index.upsert(ids, nodes, keywords, pinned, orders, keys, None)
+        for start in range(0, n, batch):
+            p = slice(start, min(n, start + batch))
+            index.upsert(
+                ids[p], nodes[p], keywords[p], pinned[p], orders[p], keys[p],
+                (list(range(p.stop - p.start)), q[p], scales[p]),
+            )  # fmt: skip
+        return index
+
+    dequantised = q.astype(np.float32) * scales[:, None]
+    queries = centres[rng.integers(0, n, 100)] + rng.normal(size=(100, dims)).astype(np.float32)
+    queries /= np.linalg.norm(queries, axis=1, keepdims=True)
+
+    def recall(index: BotIndex) -> float:
+        found = 0
+        for query in queries:
+            best = {ids[int(i)] for i in np.argsort(-(dequantised @ query))[:10]}
+            found += len(best & set(index.top(query, 10)))
+        return found / (10 * len(queries))
+
+    at_load, afterwards = recall(filled(True)), recall(filled(False))
+    assert afterwards >= at_load - 0.05, (afterwards, at_load)
+
+
 def test_node_ids_are_kept_compactly_and_relearnt() -> None:
     index = BotIndex("")
     index.upsert(
