@@ -38,17 +38,22 @@ from learning.gateway import (
 )
 from learning.prompts import system_prompt
 from services import jobs, metrics, slots
-from services.changes import AddFact, AddObservation, MemoryChange
+from services.changes import AddFact, AddObservation, MemoryChange, Share
 from services.crypto import Cipher, Kind
 from services.errors import ServiceError
 from services.memorybot import load_route
 from services.runtime import Runtime, now_ms
 from services.settings import Settings
-from services.writepath import apply_changes
+from services.writepath import apply_changes, first_refused_share
 
 log = logging.getLogger("botmemory.learning")
 
 CONTEXT_LIMIT = 300  # L4
+#: Why a re-ask got no answer when the answer is not to blame (the provider down, no model, the
+#: Bot's slots taken): the step fails and its evidence waits for a later execution (C6), as on
+#: the first ask. Any other (a timeout, an answer too large or malformed) sets it aside (D9.21):
+#: a message that sends the model astray must not stop the Chat's learning.
+NOT_THE_ANSWERS = frozenset({"no_model", "budget_spent", "busy", "provider_error"})
 #: What a job has past its steps' deadlines: the reads and the commit around a step.
 JOB_MARGIN_SECONDS = 60.0
 
@@ -348,7 +353,7 @@ class ExecutionRunner:
                 try:
                     completion = await self._ask(route, body, deadline, key, entries)
                 except ModelUnavailable as exc:
-                    if not refusals:
+                    if not refusals or exc.code in NOT_THE_ANSWERS:
                         raise StepFailed("model:" + exc.code) from None
                     raise StepRefused([*refusals, "reask:" + exc.code]) from None
             if time.monotonic() > deadline:
@@ -362,6 +367,7 @@ class ExecutionRunner:
                     evidence=evidence,
                     context_ids={e["id"] for e in entries},
                 )
+                await _check_shares(self.rt, x.bot_id, completion.tool_calls, changes)
                 return changes, completion.call_id
             except protocol.Violation as violation:
                 refusals.append(f"policy:{violation.code}:{violation.path}")
@@ -442,6 +448,23 @@ class ExecutionRunner:
             )
         except ServiceError as exc:  # the latest source state refused it (C7, V6): nothing applied
             raise StepFailed("rejected:" + exc.code) from None
+
+
+async def _check_shares(
+    rt: Runtime, bot_id: str, calls: tuple[protocol.ToolCall, ...], changes: list[MemoryChange]
+) -> None:
+    """A ``share`` the memory as it stands refuses (V6, V9) is the answer's violation, asked
+    again and then set aside like any other (D9.21): refused only by the commit, it ended the
+    execution failed with the read position unchanged, and every later execution of the Chat
+    read the same evidence, got the same share and failed again — the Chat learned nothing
+    more. The commit still checks every share under the exclusive lock (C7)."""
+    shares = [c for c in changes if isinstance(c, Share)]
+    if not shares:
+        return
+    refused = await first_refused_share(rt, bot_id, shares)
+    if refused is not None:
+        at = [n for n, call in enumerate(calls) if call.name == "share"][refused]
+        raise protocol.Violation("share_outside_sources", f"tool_calls[{at}].audience")
 
 
 def _kept(cipher: Cipher, entry: learning_q.LearnedEntry) -> dict[str, Any]:

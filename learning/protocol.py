@@ -135,8 +135,8 @@ def changes_from(
 
     Facts rest only on person-message Items of this evidence, App results only as support (L3,
     D9.2); observations and edits cite learningContext entries or entries added earlier in the
-    step; topics only (V8); ``share`` audiences are checked against every source rule by
-    ``apply_changes`` under the lock (V6).
+    step; topics only (V8); ``share`` audiences are checked against every source rule by the
+    step against the memory as it stands, then by ``apply_changes`` under the lock (V6).
     """
     if len(calls) > MAX_TOOL_CALLS:
         raise Violation("too_many_calls", "tool_calls")

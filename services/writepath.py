@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import fields
 from typing import Any
 
@@ -23,7 +24,7 @@ from graph import access, changelog, entries
 from graph import context as context_q
 from graph import memory as memory_q
 from graph import purge as purge_q
-from graph.driver import write
+from graph.driver import read, write
 from services.changes import (
     MAX_CHANGES,
     Actor,
@@ -163,24 +164,10 @@ class _Step:
 
     async def share(self, c: Share) -> None:
         row = await self.entry(c.entry_id)
+        refused = await share_refusal(self.tx, self.bot_id, row, c.audience)
+        if refused is not None:
+            raise refused
         audience = list(dict.fromkeys(c.audience))
-        if not audience or not all(
-            a == "for:bot" or a.startswith(("for:person:", "for:channel:")) for a in audience
-        ):
-            raise BadInput("an audience is for:person:<id>, for:channel:<id> or for:bot", field="audience")
-        if row["layer"] == "pinned" and audience != [f"for:person:{row['author']}"]:
-            # Its rule is its author, whoever joins a channel or a grant later (seed 000: "keeps
-            # its own access rule"); people now within the author would let later ones in.
-            raise Conflict("a remembered entry keeps its own access rule: its author alone (V6)")
-        orgs = [t[4:] for t in row["tags"] if t.startswith("org:")]
-        people = await purge_q.audience_people(self.tx, bot_id=self.bot_id, for_tags=audience, orgs=orgs)
-        basis = await access.share_basis(self.tx, bot_id=self.bot_id, id=c.entry_id)
-        if basis is None or not basis["proved"]:
-            raise Conflict("an entry without provable sources is never widened (V9)")
-        rules = sorted(set(basis["rules"]))
-        allowed = await purge_q.rule_people(self.tx, rules=rules) + [{a} for a in set(basis["authors"])]
-        if people is None or not allowed or any(not people <= admitted for admitted in allowed):
-            raise Conflict("the new audience is not within every source's access rule (V6)")
         tags = [t for t in row["tags"] if not t.startswith("for:")] + audience
         await entries.set_tags(self.tx, bot_id=self.bot_id, id=c.entry_id, tags=tags, now=self.now)
         self.touched.append(c.entry_id)
@@ -235,6 +222,51 @@ class _Step:
                 await self.revise(change)
             case Forget():
                 await self.forget(change)
+
+
+async def share_refusal(
+    tx: AsyncManagedTransaction, bot_id: str, row: entries.EditedEntry, audience: Sequence[str]
+) -> BadInput | Conflict | None:
+    """Why the entry ``row`` may not be shared with ``audience`` (None: it may): the audience is
+    for:person:, for:channel: or for:bot tags; a remembered entry keeps its author alone; the
+    audience's people are within every source's access rule (V6, V9). Checked by ``share``
+    under the exclusive lock, and by a learning step before it commits (D9.21)."""
+    shared = list(dict.fromkeys(audience))
+    if not shared or not all(a == "for:bot" or a.startswith(("for:person:", "for:channel:")) for a in shared):
+        return BadInput("an audience is for:person:<id>, for:channel:<id> or for:bot", field="audience")
+    if row["layer"] == "pinned" and shared != [f"for:person:{row['author']}"]:
+        # Its rule is its author, whoever joins a channel or a grant later (seed 000: "keeps
+        # its own access rule"); people now within the author would let later ones in.
+        return Conflict("a remembered entry keeps its own access rule: its author alone (V6)")
+    orgs = [t[4:] for t in row["tags"] if t.startswith("org:")]
+    people = await purge_q.audience_people(tx, bot_id=bot_id, for_tags=shared, orgs=orgs)
+    basis = await access.share_basis(tx, bot_id=bot_id, id=row["id"])
+    if basis is None or not basis["proved"]:
+        return Conflict("an entry without provable sources is never widened (V9)")
+    rules = sorted(set(basis["rules"]))
+    allowed = await purge_q.rule_people(tx, rules=rules) + [{a} for a in set(basis["authors"])]
+    if people is None or not allowed or any(not people <= admitted for admitted in allowed):
+        return Conflict("the new audience is not within every source's access rule (V6)")
+    return None
+
+
+async def first_refused_share(rt: Runtime, bot_id: str, shares: Sequence[Share]) -> int | None:
+    """The place in ``shares`` of the first that the memory as it stands refuses
+    (:func:`share_refusal`; or whose entry was retracted), read under the shared lock (C1); None
+    when none is. A share of an entry not stored yet is left to the commit, which checks every
+    share again under the exclusive lock (C7)."""
+
+    async def work(tx: AsyncManagedTransaction) -> int | None:
+        await memory_q.shared_lock(tx, bot_id=bot_id)
+        for n, c in enumerate(shares):
+            row = await entries.entry_for_edit(tx, bot_id=bot_id, id=c.entry_id)
+            if row is not None and (
+                row["status"] == "retracted" or await share_refusal(tx, bot_id, row, c.audience) is not None
+            ):
+                return n
+        return None
+
+    return await read(rt.driver, work)
 
 
 def _contents(changes: list[MemoryChange]) -> dict[str, str]:

@@ -90,7 +90,12 @@ async def test_hostile_answers_are_rejected_whole(
                 ("add_observation", {"content": CANARY, "source_entry_ids": [kept], "confidence": 7})
             ),
         ),
-        ("rejected:CONFLICT", lambda i: learn(("share", {"entry_id": kept, "audience": ["for:bot"]}))),
+        # Refused only by the commit, it ended the execution failed with the position unchanged:
+        # every later execution got the same share and failed again (a poison pill, D9.21).
+        (
+            "policy:share_outside_sources",
+            lambda i: learn(("share", {"entry_id": kept, "audience": ["for:bot"]})),
+        ),
         # A valid fact followed by a violation: nothing of the step is applied (D9.10).
         (
             "policy:not_evidence",
@@ -144,6 +149,38 @@ async def test_hostile_answers_are_rejected_whole(
         dumped = await runtime.redis.dump(key)
         assert dumped is None or CANARY.encode() not in dumped
     assert files_containing(settings.data_dir / "neo4j", CANARY.encode()) == []
+
+
+async def test_a_reask_the_provider_fails_leaves_the_evidence_for_a_later_confide(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    """C6: a refused answer is asked again (D9.21); when the provider fails that ask, the answer is
+    not to blame: the step fails with the read position unchanged, as on a first ask, and a
+    later execution learns the evidence. It set the evidence aside for good (``reask:``)."""
+    w = await memory_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    turn = await api.turn(w.tokens["ann"], chat, "I live in Faro")
+    model_server.script(
+        "learn",
+        learn(fact_call("Ann lives in Faro", "i-99")),
+        *[Reply(status=500)] * 3,
+        about="I live in Faro",
+    )
+    await confide(api, w.tokens["ann"], turn["id"])
+    await complete(api, w.tokens["ann"], turn["id"])
+    [x] = await wait_executions(runtime, turn["id"])
+    assert (x["status"], x.get("error"), x.get("setAside")) == ("failed", "model:provider_error", None), x
+    assert await position(runtime, w.bot, chat) == 0
+    turn2 = await api.turn(w.tokens["ann"], chat, "and I swim")
+    model_server.script("learn", learn(fact_call("Ann lives in Faro", "i-1"), fact_call("Ann swims", "i-2")))
+    await confide(api, w.tokens["ann"], turn2["id"])
+    await complete(api, w.tokens["ann"], turn2["id"])
+    [y] = await wait_executions(runtime, turn2["id"])
+    assert (y["status"], y["learned"]) == ("done", 2), y
+    assert sorted(e["content"] for e in (await visible(api, w.tokens["ann"], w.bot)).values()) == [
+        "Ann lives in Faro",
+        "Ann swims",
+    ]
 
 
 async def test_a_failed_step_is_learned_again_by_a_later_confide(
