@@ -155,7 +155,9 @@ class PositionRow(TypedDict):
 #: hold, the position moves to ``$end`` and, on the last step, the execution ends — in the same
 #: transaction as the memory change that ``apply_changes`` writes around it. The step's saved
 #: ModelCall records the entries made from its answer (a purge of them removes it, D9.20). A step
-#: whose answers were refused records its range and codes in ``setAside`` (D9.21).
+#: whose answers were refused records its range and codes in ``setAside`` (D9.21). A step is
+#: fresh only while the Chat's history is the one its evidence was read from (``$historyEpoch``,
+#: D9.23): an answer made of words deleted since is read again without them.
 COMMIT_STEP: Final[LiteralString] = """
 MATCH (heldX:LearningExecution {id: $id})
 CALL apoc.lock.nodes([heldX])
@@ -167,7 +169,9 @@ CALL apoc.lock.nodes([heldP])
 WITH heldX, heldP
 MATCH (x:LearningExecution) WHERE elementId(x) = elementId(heldX)
 MATCH (p:ReadPosition) WHERE elementId(p) = elementId(heldP)
-WITH x, p, x.epoch = $epoch AND x.status = 'running' AS mine, p.seq = $start AS fresh
+OPTIONAL MATCH (ch:Chat {id: x.chatId})
+WITH x, p, x.epoch = $epoch AND x.status = 'running' AS mine,
+     p.seq = $start AND coalesce(ch.historyEpoch, 0) = $historyEpoch AS fresh
 FOREACH (_ IN CASE WHEN mine AND fresh THEN [1] ELSE [] END |
   SET p.seq = $end, p.updatedAt = $now, x.learned = x.learned + $learned)
 FOREACH (_ IN CASE WHEN mine AND fresh AND $setAside IS NOT NULL THEN [1] ELSE [] END |
@@ -183,7 +187,8 @@ RETURN mine, fresh, p.seq AS position
 
 
 class CommittedRow(TypedDict):
-    """COMMIT_STEP: ``mine`` (the epoch held), ``fresh`` (the start position held), the position now."""
+    """COMMIT_STEP: ``mine`` (the epoch held), ``fresh`` (the start position and the history held),
+    the position now."""
 
     mine: bool
     fresh: bool
@@ -329,6 +334,7 @@ async def commit_step(
     status: str,
     learned: int,
     now: int,
+    history_epoch: int,
     call_id: str | None = None,
     produced: list[str] | None = None,
     set_aside: str | None = None,
@@ -337,6 +343,7 @@ async def commit_step(
         tx,
         COMMIT_STEP,
         CommittedRow,
+        historyEpoch=history_epoch,
         setAside=set_aside,
         callId=call_id,
         produced=produced or [],

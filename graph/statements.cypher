@@ -1927,7 +1927,9 @@ CALL apoc.lock.nodes([heldP])
 WITH heldX, heldP
 MATCH (x:LearningExecution) WHERE elementId(x) = elementId(heldX)
 MATCH (p:ReadPosition) WHERE elementId(p) = elementId(heldP)
-WITH x, p, x.epoch = $epoch AND x.status = 'running' AS mine, p.seq = $start AS fresh
+OPTIONAL MATCH (ch:Chat {id: x.chatId})
+WITH x, p, x.epoch = $epoch AND x.status = 'running' AS mine,
+     p.seq = $start AND coalesce(ch.historyEpoch, 0) = $historyEpoch AS fresh
 FOREACH (_ IN CASE WHEN mine AND fresh THEN [1] ELSE [] END |
   SET p.seq = $end, p.updatedAt = $now, x.learned = x.learned + $learned)
 FOREACH (_ IN CASE WHEN mine AND fresh AND $setAside IS NOT NULL THEN [1] ELSE [] END |

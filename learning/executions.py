@@ -279,9 +279,11 @@ class ExecutionRunner:
         chunk = through[:limit]
         end = chunk[-1]["seq"] if chunk else start
         final_status = "skipped" if skip else "done"  # such evidence is never learned (L5)
-        if not chunk or skip:
+        # Evidence whose history was deleted has no words left to learn from (D9.23): read past it
+        # without asking the model about nothing.
+        if not chunk or skip or all(i["text"] is None for i in chunk):
             try:
-                await self._commit(x, [], start, end, final=not more, status=final_status, learned=0)
+                await self._commit(x, inputs, [], start, end, final=not more, status=final_status, learned=0)
             except _Stale:
                 return None
             return None if more else final_status
@@ -290,7 +292,9 @@ class ExecutionRunner:
         except StepRefused as refused:  # D9.21: set aside, never learned; read on past it
             aside = f"{start + 1}-{end}:{','.join(refused.codes)}"
             try:
-                await self._commit(x, [], start, end, final=not more, status="done", learned=0, aside=aside)
+                await self._commit(
+                    x, inputs, [], start, end, final=not more, status="done", learned=0, aside=aside
+                )
             except _Stale:
                 return None
             log.info("execution %s set evidence aside: %s", x.id, aside)
@@ -301,6 +305,7 @@ class ExecutionRunner:
         try:
             await self._commit(
                 x,
+                inputs,
                 changes,
                 start,
                 end,
@@ -405,6 +410,7 @@ class ExecutionRunner:
     async def _commit(
         self,
         x: Claimed,
+        inputs: _Inputs,
         changes: list[MemoryChange],
         start: int,
         end: int,
@@ -415,8 +421,10 @@ class ExecutionRunner:
         call_id: str | None = None,
         aside: str | None = None,
     ) -> None:
-        """Memory change + read position + execution end in one transaction, as a CAS (C4);
-        ``aside``: the range and codes of evidence set aside (D9.21)."""
+        """Memory change + read position + execution end in one transaction, as a CAS (C4) of the
+        start position and of the Chat's history the evidence was read from (``inputs``: a
+        deletion since, D9.23, reads the evidence again, without the deleted words); ``aside``:
+        the range and codes of evidence set aside (D9.21)."""
         produced = [c.id for c in changes if isinstance(c, AddFact | AddObservation)]
 
         async def cas(tx: AsyncManagedTransaction) -> None:
@@ -430,6 +438,7 @@ class ExecutionRunner:
                 status=status,
                 learned=learned,
                 now=now_ms(),
+                history_epoch=inputs.chat.get("historyEpoch", 0),
                 call_id=call_id,
                 produced=produced,
                 set_aside=aside,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import secrets
 import signal
 import threading
 from collections.abc import Iterator
@@ -27,7 +28,7 @@ from tests.learning_helpers import (
     until_logged,
     wait_executions,
 )
-from tests.memory_helpers import command, visible
+from tests.memory_helpers import command, fact, said, visible
 from tests.model_server import ModelServer
 from tests.waiting import until
 
@@ -241,7 +242,9 @@ async def test_the_model_call_runs_outside_the_memory_lock(
 async def test_the_latest_source_state_is_checked_under_the_write_lock(
     api: Api, runtime: Runtime, model_server: ModelServer
 ) -> None:
-    """C7: the chat's history is deleted while the model thinks → the step is refused at commit."""
+    """C7, D9.23: the chat's history is deleted while the model thinks → nothing of the answer
+    commits; the step reads the evidence again, finds no words left, and reads past it without
+    asking the model again."""
     w = await memory_world(api, ("ann",))
     chat = await api.chat(w.tokens["ann"], w.bot)
     turn = await api.turn(w.tokens["ann"], chat, "My passport number is in the drawer")
@@ -253,6 +256,41 @@ async def test_the_latest_source_state_is_checked_under_the_write_lock(
         "mutation($c: ID!) { deleteChatHistory(chatId: $c) { items } }", {"c": chat}, w.tokens["ann"]
     )
     [x] = await wait_executions(runtime, turn["id"])
-    assert (x["status"], x["error"]) == ("failed", "rejected:CONFLICT")
+    assert (x["status"], x["learned"], x.get("error")) == ("done", 0, None), x
     assert await memory_bot_changes(runtime, w.bot) == []
     assert await visible(api, w.tokens["ann"], w.bot) == {}
+    assert len(model_server.requests_for("learn")) == 1
+
+
+async def test_an_answer_made_of_deleted_words_commits_nothing_whatever_it_adds(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    """D9.23: the history is deleted while the model thinks, and its answer adds only an
+    observation (it cites a kept entry, not the deleted Items): it committed, the deleted words in
+    a new entry (only facts' Items were checked). The commit holds only while the Chat's history
+    is the one the evidence was read from; read again, the evidence has no words left."""
+    w = await memory_world(api, ("ann",))
+    ann = w.tokens["ann"]
+    kept_chat = await api.chat(ann, w.bot)
+    kept = await fact(runtime, w.bot, "Ann travels often", await said(api, ann, kept_chat, "I travel"))
+    chat = await api.chat(ann, w.bot)
+    canary = "CANARY" + secrets.token_hex(6)
+    turn = await api.turn(ann, chat, f"my passport number is {canary}")
+    gate = threading.Event()
+    observation = {
+        "content": f"Ann's passport number is {canary}",
+        "source_entry_ids": [kept],
+        "confidence": 0.9,
+    }
+    model_server.script("learn", learn(("add_observation", observation), hold=gate), about=canary)
+    await confide(api, ann, turn["id"])
+    await complete(api, ann, turn["id"])
+    try:
+        await model_server.wait_for_requests("learn", 1)
+        await api.gql("mutation($c: ID!) { deleteChatHistory(chatId: $c) { items } }", {"c": chat}, ann)
+    finally:
+        gate.set()
+    [x] = await wait_executions(runtime, turn["id"])
+    assert (x["status"], x["learned"], x.get("error")) == ("done", 0, None), x
+    assert list(await visible(api, ann, w.bot)) == [kept]
+    assert len(model_server.requests_for("learn")) == 1
