@@ -323,9 +323,10 @@ async def list_confessions(
     ]
 
 
-#: A rewrite of a Turn's input (N2): new text and original encrypted, the entries it used, and a
-#: keyed digest of the input so an equal input can reuse it while its references hold; without
-#: them when the Chat's history was deleted while the model rewrote (D9.23). The Turn is locked
+#: A rewrite of a Turn's input (N2): new text and original encrypted, the entries it says it used
+#: and every entry it was sent (``$entryIds``: what its text may embed, undeclared or not), and a
+#: keyed digest of the input so an equal input can reuse it while the entries it was sent are
+#: still visible; without them when the Chat's history was deleted while the model rewrote (D9.23). The Turn is locked
 #: before the Chat, as addItems locks them (the other order could deadlock with it).
 CREATE_ENRICHMENT: Final[LiteralString] = (
     EMBEDDED_KEPT
@@ -338,7 +339,8 @@ CREATE (n:Enrichment {id: $id, botId: $botId, chatId: t.chatId, turnId: t.id,
                       text: CASE WHEN held AND kept THEN $text END,
                       original: CASE WHEN held THEN $original END,
                       rewritePurged: CASE WHEN present THEN null ELSE true END,
-                      usedEntryIds: $entryIds, inputDigest: CASE WHEN held AND kept THEN $inputDigest END,
+                      usedEntryIds: $usedEntryIds, sentEntryIds: $entryIds,
+                      inputDigest: CASE WHEN held AND kept THEN $inputDigest END,
                       createdAt: $now})-[:FOR_TURN]->(t)
 """
 )
@@ -347,16 +349,19 @@ CREATE (n:Enrichment {id: $id, botId: $botId, chatId: t.chatId, turnId: t.id,
 SAVED_REWRITE: Final[LiteralString] = """
 MATCH (n:Enrichment {chatId: $chatId})
 WHERE n.inputDigest = $inputDigest AND n.text IS NOT NULL
-RETURN n {.id, .text, .usedEntryIds} AS enrichment ORDER BY n.createdAt DESC LIMIT 1
+RETURN n {.id, .text, .usedEntryIds, sentEntryIds: coalesce(n.sentEntryIds, n.usedEntryIds)} AS enrichment
+ORDER BY n.createdAt DESC LIMIT 1
 """
 
 
 class SavedRewrite(TypedDict):
-    """SAVED_REWRITE's ``enrichment``: the rewrite (ciphertext) and the entries it used."""
+    """SAVED_REWRITE's ``enrichment``: the rewrite (ciphertext), the entries it says it used and
+    those it was sent (a rewrite saved before they were recorded: those it used)."""
 
     id: str
     text: Ciphertext
     usedEntryIds: list[str]
+    sentEntryIds: list[str]
 
 
 class SavedRewriteRow(TypedDict):
@@ -381,6 +386,7 @@ class EnrichmentNode(TypedDict):
     text: NotRequired[Ciphertext]
     original: NotRequired[Ciphertext]
     usedEntryIds: list[str]
+    sentEntryIds: NotRequired[list[str]]
     inputDigest: NotRequired[str]
     rewritePurged: NotRequired[bool]
     createdAt: int
@@ -391,10 +397,11 @@ class EnrichmentRow(TypedDict):
 
 
 async def create_enrichment(tx: AsyncManagedTransaction, *, with_text: bool = True, **fields: Any) -> None:
-    """CREATE_ENRICHMENT of ``fields`` (``usedEntryIds``: the entries the rewrite used;
-    ``with_text``: EMBEDDED_KEPT's ``$withText``)."""
-    params = {k: v for k, v in fields.items() if k != "usedEntryIds"}  # fields stay whole: retried
-    await tx.run(CREATE_ENRICHMENT, {**params, "entryIds": fields["usedEntryIds"], "withText": with_text})
+    """CREATE_ENRICHMENT of ``fields`` (``usedEntryIds``: the entries the rewrite says it used,
+    ``sentEntryIds``: every entry it was sent, what EMBEDDED_KEPT checks; ``with_text``:
+    EMBEDDED_KEPT's ``$withText``)."""
+    params = {k: v for k, v in fields.items() if k != "sentEntryIds"}  # fields stay whole: retried
+    await tx.run(CREATE_ENRICHMENT, {**params, "entryIds": fields["sentEntryIds"], "withText": with_text})
 
 
 async def saved_rewrite(

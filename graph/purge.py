@@ -106,7 +106,7 @@ CALL (){
 }
 CALL (){
   MATCH (n:Enrichment {botId: $botId})
-  WHERE any(i IN n.usedEntryIds WHERE i IN $ids)
+  WHERE any(i IN n.usedEntryIds + coalesce(n.sentEntryIds, []) WHERE i IN $ids)
   SET n.text = null, n.rewritePurged = true
   RETURN count(n) AS rewrites
 }

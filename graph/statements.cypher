@@ -2275,7 +2275,8 @@ CREATE (n:Enrichment {id: $id, botId: $botId, chatId: t.chatId, turnId: t.id,
                       text: CASE WHEN held AND kept THEN $text END,
                       original: CASE WHEN held THEN $original END,
                       rewritePurged: CASE WHEN present THEN null ELSE true END,
-                      usedEntryIds: $entryIds, inputDigest: CASE WHEN held AND kept THEN $inputDigest END,
+                      usedEntryIds: $usedEntryIds, sentEntryIds: $entryIds,
+                      inputDigest: CASE WHEN held AND kept THEN $inputDigest END,
                       createdAt: $now})-[:FOR_TURN]->(t)
 
 // ---- graph.memorybot.EMBEDDED_KEPT
@@ -2295,7 +2296,8 @@ RETURN n {.*} AS enrichment ORDER BY n.createdAt, n.id SKIP $skip LIMIT $limit
 // ---- graph.memorybot.SAVED_REWRITE
 MATCH (n:Enrichment {chatId: $chatId})
 WHERE n.inputDigest = $inputDigest AND n.text IS NOT NULL
-RETURN n {.id, .text, .usedEntryIds} AS enrichment ORDER BY n.createdAt DESC LIMIT 1
+RETURN n {.id, .text, .usedEntryIds, sentEntryIds: coalesce(n.sentEntryIds, n.usedEntryIds)} AS enrichment
+ORDER BY n.createdAt DESC LIMIT 1
 
 // ---- graph.memorybot.SAVED_STEP_RESULTS
 MATCH (c:ModelCall)
@@ -2428,7 +2430,7 @@ CALL (){
 }
 CALL (){
   MATCH (n:Enrichment {botId: $botId})
-  WHERE any(i IN n.usedEntryIds WHERE i IN $ids)
+  WHERE any(i IN n.usedEntryIds + coalesce(n.sentEntryIds, []) WHERE i IN $ids)
   SET n.text = null, n.rewritePurged = true
   RETURN count(n) AS rewrites
 }

@@ -111,10 +111,12 @@ async def _rewrite(
             rt.driver, lambda tx: memorybot_q.saved_rewrite(tx, chat_id=turn.chat_id, input_digest=digest)
         )
         if saved is not None:
-            ids = list(saved["usedEntryIds"])
-            if await retrieval.validate_references(rt, route.bot_id, reader, ids):
+            # Every entry the model was sent, not only those it says it used: its text may draw on
+            # any of them, and one may have become invisible to a reader since (D9.15).
+            ids, sent = list(saved["usedEntryIds"]), list(saved["sentEntryIds"])
+            if await retrieval.validate_references(rt, route.bot_id, reader, sent):
                 text = route.cipher.decrypt(Kind.ENRICHMENT, saved["id"], saved["text"])
-                await _save(rt, route, turn, text, original, ids, digest, deadline + _SAVE_MARGIN)
+                await _save(rt, route, turn, text, original, ids, sent, digest, deadline + _SAVE_MARGIN)
                 return text, "reused", tuple(ids)
         # One read decides: nothing visible (or nothing that fits) → no model call (N3).
         known = await search.context(
@@ -152,15 +154,17 @@ async def _rewrite(
         return original, "refused", ()
     text, used = parsed
     # Sources may have changed while the model thought: check again before returning (D9.15),
-    # within what is left of the wait (it takes the shared lock, which a long purge may hold).
+    # every entry it was sent (its text may draw on any), within what is left of the wait (it
+    # takes the shared lock, which a long purge may hold).
+    sent = list(known.ids)
     try:
         async with asyncio.timeout(max(deadline - time.monotonic(), 0)):
-            valid = await retrieval.validate_references(rt, route.bot_id, reader, used)
+            valid = await retrieval.validate_references(rt, route.bot_id, reader, sent)
     except TimeoutError:
         return original, "stale", ()
     if not valid:
         return original, "stale", ()
-    await _save(rt, route, turn, text, original, used, digest, deadline + _SAVE_MARGIN)
+    await _save(rt, route, turn, text, original, used, sent, digest, deadline + _SAVE_MARGIN)
     return text, "rewritten", tuple(used)
 
 
@@ -189,10 +193,12 @@ async def _save(
     text: str,
     original: str,
     used: list[str],
+    sent: list[str],
     digest: str,
     by: float,
 ) -> None:
-    """The rewrite, saved by ``by`` (``time.monotonic``; past it, without its text)."""
+    """The rewrite, saved by ``by`` (``time.monotonic``; past it, without its text), with the
+    entries it says it ``used`` and every entry it was ``sent``."""
     enrichment_id = new_id("enr")
     fields = {
         "id": enrichment_id,
@@ -201,6 +207,7 @@ async def _save(
         "text": route.cipher.encrypt(Kind.ENRICHMENT, enrichment_id, text),
         "original": route.cipher.encrypt(Kind.ENRICHMENT_ORIGINAL, enrichment_id, original),
         "usedEntryIds": used,
+        "sentEntryIds": sent,
         "inputDigest": digest,
         "now": now_ms(),
         "historyEpoch": route.history_epoch,

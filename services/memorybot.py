@@ -291,9 +291,17 @@ class OwnerRecords(Generic[Rec]):
     visible: set[str]
 
     def shown(self, record: Rec) -> tuple[str, ...] | None:
-        """The record's entry ids when every one is still visible to the owner (D9.6), else None."""
+        """The record's entry ids when every one is still visible to the owner (D9.6), and every
+        entry its text may draw on (a rewrite's: every entry it was sent), else None."""
         ids = tuple(cast(list[str], record.get("usedEntryIds") or []))
-        return ids if set(ids) <= self.visible else None
+        return ids if set(ids) | set(_drawn_on(record)) <= self.visible else None
+
+
+def _drawn_on(record: Mapping[str, object]) -> list[str]:
+    """The entries a record's text may draw on: those it says it used, and a rewrite's sent ones."""
+    return cast(list[str], record.get("usedEntryIds") or []) + cast(
+        list[str], record.get("sentEntryIds") or []
+    )
 
 
 RecordList = Callable[[AsyncManagedTransaction, str, int, int], Awaitable[list[Rec]]]
@@ -316,7 +324,7 @@ async def owner_records(
         chat = row["chat"]
         await shared_lock(tx, bot_id=chat["botId"])
         found = await fetch(tx, chat_id, skip, limit)
-        used = sorted({str(i) for f in found for i in cast(list[str], f.get("usedEntryIds") or [])})
+        used = sorted({str(i) for f in found for i in _drawn_on(f)})
         seen: set[str] = set()
         if used:
             reader = await memory.person_reader(

@@ -203,6 +203,32 @@ async def test_a_saved_rewrite_is_reused_while_its_references_hold(
     assert len(model_server.requests_for("rewrite")) == 1
 
 
+async def test_a_saved_rewrite_is_reused_only_while_every_entry_it_was_sent_holds(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    """D9.15, D9.6: a rewrite may draw on any entry it was sent, whatever it says it used (the seed:
+    declared sources prove nothing of what shaped an answer). Reuse and the owner's view checked
+    only the entries it declared: with one it drew on invalidated since, an equal input got the
+    saved text back with that entry's words, and the owner still read them."""
+    w = await memory_world(api, ("ann",))
+    ann = w.tokens["ann"]
+    chat = await api.chat(ann, w.bot)
+    tea = await fact(runtime, w.bot, "Ann likes tea", await said(api, ann, chat, "tea"))
+    doctor = await fact(runtime, w.bot, "Ann's doctor says no sugar", await said(api, ann, chat, "sugar"))
+    asked = len(model_server.requests_for("rewrite"))  # the Turns that said the facts' words
+    model_server.script("rewrite", rewrite("Make me a drink (tea, no sugar: doctor's orders).", tea))
+    first = await api.turn(ann, chat, "Make me a drink")
+    assert first["enrichedInput"] == "Make me a drink (tea, no sugar: doctor's orders)."
+    assert set(notes_sent(model_server.requests_for("rewrite")[-1])) == {tea, doctor}
+    await apply(runtime, w.bot, Invalidate(doctor))
+    model_server.script("rewrite", rewrite("Make me a drink (tea, as I like it).", tea))
+    again = await api.turn(ann, chat, "Make me a drink")
+    assert again["enrichedInput"] == "Make me a drink (tea, as I like it)."  # before: the saved text
+    assert len(model_server.requests_for("rewrite")) == asked + 2
+    listed = (await enrichments(api, ann, chat)).json()["enrichments"][-2:]
+    assert [e.get("text") for e in listed] == [None, "Make me a drink (tea, as I like it)."]
+
+
 async def test_a_spent_budget_keeps_the_input_even_when_a_rewrite_is_saved(
     api: Api, runtime: Runtime, model_server: ModelServer
 ) -> None:
