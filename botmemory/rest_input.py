@@ -7,10 +7,11 @@ from __future__ import annotations
 import json
 from typing import Annotated, Final, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_core import PydanticCustomError
 from starlette.requests import Request
 
-from services import validation
+from services import search, validation
 from services.errors import BadInput
 
 M = TypeVar("M", bound=BaseModel)
@@ -92,8 +93,22 @@ class MemoryQuery(Query):
 
 
 class SearchQuery(Query):
-    q: str = Field(default="", description="What to look for (meaning and keywords).")
-    limit: Whole = 10
+    """``q`` and ``limit`` checked as ``search`` checks ``query`` and ``limit``, named as the route
+    names them (a blank or missing ``q`` was refused as "query is empty")."""
+
+    q: str = Field(
+        min_length=1,
+        max_length=search.MAX_QUERY_CHARS,
+        description="What to look for (meaning and keywords).",
+    )
+    limit: int = Field(default=10, ge=1, le=search.MAX_LIMIT)
+
+    @field_validator("q")
+    @classmethod
+    def _said(cls, q: str) -> str:
+        if not q.strip():
+            raise PydanticCustomError("blank", "is blank")
+        return q
 
 
 class ContextQuery(Query):

@@ -331,6 +331,35 @@ class ReaderRow(TypedDict):
     reader: ReaderMap
 
 
+def readers_now(carry: LiteralString = "") -> LiteralString:
+    """``WITH <carry>readers, org``: the readers of ``$readers`` as they stand now, for a statement
+    that runs under the shared lock (``carry``: what the statement carries on, with a trailing
+    comma). Each person is read again — their channels in ``$org``, whether they use the Bot
+    ``$botId`` (READER_MAP); one no longer in the organization reads nothing — and a group reader
+    (GROUP_READER) is kept as it is. The readers a read passes come from an earlier transaction
+    (a search embeds its query and ranks first; an answer waits for the model, then checks what
+    it used): a membership or grant change committed meanwhile, and content written after it
+    under the exclusive lock, would otherwise meet the old rules (C1). The candidate seeks may
+    still follow the audience keys of the readers as passed: only what they find can be less."""
+    return (
+        """CALL () {
+  UNWIND [r IN $readers WHERE r.id <> '#group' | r.id] AS pid
+  OPTIONAL MATCH (p:Person {id: pid})-[:MEMBER_OF]->(o:Organization {id: $org})
+  OPTIONAL MATCH (b:Bot {id: $botId})
+  OPTIONAL MATCH (p)-[:MEMBER]->(c:Channel)-[:IN]->(o)
+  WITH pid, p, o, b, collect(c.id) AS channels
+  RETURN collect(CASE WHEN p IS NULL OR b IS NULL THEN {id: pid, channels: [], usesBot: false, atoms: []}
+                 ELSE """
+        + READER_MAP
+        + """ END) AS people
+}
+WITH """
+        + carry
+        + """[r IN $readers WHERE r.id = '#group'] + people AS readers, $org AS org
+"""
+    )
+
+
 #: The reader map of one person for ``$readers`` (READER_MAP).
 READER: Final[LiteralString] = (
     """

@@ -8,7 +8,7 @@ from typing import Final, LiteralString, TypedDict
 
 from neo4j import AsyncManagedTransaction
 
-from graph.access import READER_MAP, REMOVED_FOR, VISIBLE, ReaderMap, RemovedEntry
+from graph.access import READER_MAP, REMOVED_FOR, VISIBLE, ReaderMap, RemovedEntry, readers_now
 from graph.driver import QueryTarget, rows, single
 from graph.memory import ENTRY_LIST, READ_LOCK, TOP_RANK, EntryMap
 
@@ -195,9 +195,7 @@ class RemovedRow(TypedDict):
 
 
 #: What the changes of ``$versions`` hid from the readers ``$readers`` in ``$org`` (D9.24).
-REMOVED_FOR_READERS: Final[LiteralString] = (
-    "WITH $readers AS readers, $org AS org\n" + REMOVED_FOR + "RETURN removed\n"
-)
+REMOVED_FOR_READERS: Final[LiteralString] = readers_now() + REMOVED_FOR + "RETURN removed\n"
 
 
 async def log_rows(

@@ -8,7 +8,7 @@ from typing import Final, LiteralString, TypedDict
 
 from neo4j import AsyncManagedTransaction
 
-from graph.access import VISIBLE, IdsRow, ReaderMap
+from graph.access import VISIBLE, IdsRow, ReaderMap, readers_now
 from graph.driver import Ciphertext, QueryTarget, single
 from graph.entries import IdRow
 from graph.memory import READ_LOCK, TOP_RANK, reader_keys
@@ -100,7 +100,7 @@ class FittingRow(TypedDict):
 #: entries: the entries that fit come back with their ciphertext; ``open`` is false once one did
 #: not fit, ``candidates`` tells a full page.
 CONTEXT_PAGE: Final[LiteralString] = (
-    "WITH $readers AS readers, $org AS org\n"
+    readers_now()
     + _context_page("$after", "$limit", "$size", "$count")
     + "RETURN "
     + _FITTING
@@ -121,7 +121,8 @@ class ContextPageRow(TypedDict):
 #: enough (the caller then pages in one explicit transaction, D9.8).
 LOCKED_CONTEXT: Final[LiteralString] = (
     _LOCKED
-    + "WITH $readers AS readers, $org AS org\nCALL (readers, org) {"
+    + readers_now()
+    + "CALL (readers, org) {"
     + _context_page("$after", "$limit", "0", "0")
     + "RETURN "
     + _FITTING
@@ -145,9 +146,8 @@ class ContextRow(TypedDict):
 
 
 HAS_VISIBLE: Final[LiteralString] = (
-    """
-WITH $readers AS readers, $org AS org
-UNWIND $keys AS key
+    readers_now()
+    + """UNWIND $keys AS key
 CALL (key, readers, org) {
   MATCH (e:Entry)
   USING INDEX e:Entry(botId, activeKey, memoryRank, contentLength, id)
@@ -165,9 +165,8 @@ RETURN id LIMIT 1
 
 #: Which of ``$ids`` are visible (and active when ``$activeOnly``) — no content read (N4, E2).
 VISIBLE_IDS: Final[LiteralString] = (
-    """
-WITH $readers AS readers, $org AS org
-UNWIND $ids AS entryId
+    readers_now()
+    + """UNWIND $ids AS entryId
 MATCH (e:Entry {id: entryId, botId: $botId})
 WHERE (NOT $activeOnly OR e.status = 'active') AND e.status <> 'retracted' AND """
     + VISIBLE

@@ -16,6 +16,7 @@ from graph.access import (
     READER_MAP,
     VISIBLE,
     ReaderMap,
+    readers_now,
 )
 from graph.driver import Ciphertext, QueryTarget, single
 from graph.topics import topic_key
@@ -270,7 +271,9 @@ _PAGE_OF_KEYS: Final[LiteralString] = (
 #: its older preferences are read (a tag filter read every visible entry).
 LOCKED_PREFERENCES: Final[LiteralString] = (
     READ_LOCK
-    + "WITH m, $readers AS readers, $org AS org, $keys AS keys\nCALL (readers, org, keys) {\n"
+    + "WITH m\n"
+    + readers_now("m, ")
+    + "WITH m, readers, org, $keys AS keys\nCALL (readers, org, keys) {\n"
     + _page_walk("Preference")
     + "  RETURN e\n}\n"
     + _FIRST_OF_PAGE

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Final, Generic, LiteralString, TypedDict, TypeVar, cast
 
-from graph.access import VISIBLE, ReaderMap
+from graph.access import VISIBLE, ReaderMap, readers_now
 from graph.context import ACTIVE_SEEK
 from graph.driver import Ciphertext, QueryTarget, single
 from graph.memory import ENTRY_MAP, READ_LOCK, SOURCES_OF_E, TOP_RANK, EntryMap, reader_keys
@@ -249,9 +249,7 @@ class SearchRow(TypedDict, Generic[H]):
 #: One search as one statement (an auto-commit transaction): the shared lock first (C1), what the
 #: caller's index lacks since ``$after``, the candidates that pass (and the memory-order fill),
 #: ranked. A caller whose index lacked anything catches up and asks again.
-_CANDIDATES: Final[LiteralString] = (
-    READ_LOCK + "WITH m, $readers AS readers, $org AS org\n" + _FRESH + _HITS + _RECENT
-)
+_CANDIDATES: Final[LiteralString] = READ_LOCK + "WITH m\n" + readers_now("m, ") + _FRESH + _HITS + _RECENT
 SEARCH: Final[LiteralString] = _CANDIDATES + _RANKED
 
 #: SEARCH for ``context(query)``: the same candidates and ranking, each entry as id, rank, stored

@@ -6,7 +6,7 @@ from typing import Final, Literal, LiteralString, NotRequired, TypedDict
 
 from neo4j import AsyncManagedTransaction
 
-from graph.access import VISIBLE, ReaderMap
+from graph.access import VISIBLE, ReaderMap, readers_now
 from graph.driver import rows
 from graph.memory import ENTRY_ROW, EntryMap, EntryRow
 
@@ -37,9 +37,8 @@ class NeighbourRow(TypedDict):
 
 #: Visible entries by id with everything the API returns (content as ciphertext).
 ENTRIES_BY_ID: Final[LiteralString] = (
-    """
-WITH $readers AS readers, $org AS org
-UNWIND $ids AS entryId
+    readers_now()
+    + """UNWIND $ids AS entryId
 MATCH (e:Entry {id: entryId, botId: $botId})
 WHERE e.status IN $statuses AND """
     + VISIBLE
@@ -80,9 +79,8 @@ async def entries_by_id(
 #: while VISIBLE holds: ``why`` explains, it never decides), so no other reader's atom and no
 #: hidden neighbour is ever named. No rows when the entry is not visible. Hop bound 8 (D9.2).
 WHY_STEPS: Final[LiteralString] = (
-    """
-WITH $readers AS readers, $org AS org
-MATCH (e:Entry {id: $id, botId: $botId})
+    readers_now()
+    + """MATCH (e:Entry {id: $id, botId: $botId})
 WHERE e.status IN $statuses AND """
     + VISIBLE
     + """

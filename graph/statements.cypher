@@ -539,7 +539,18 @@ RETURN c.version AS version, c.at AS at, c.actor AS actor, c.entryIds AS ids,
        coalesce(c.removedIds, []) AS removed
 
 // ---- graph.changefeed.REMOVED_FOR_READERS
-WITH $readers AS readers, $org AS org
+CALL () {
+  UNWIND [r IN $readers WHERE r.id <> '#group' | r.id] AS pid
+  OPTIONAL MATCH (p:Person {id: pid})-[:MEMBER_OF]->(o:Organization {id: $org})
+  OPTIONAL MATCH (b:Bot {id: $botId})
+  OPTIONAL MATCH (p)-[:MEMBER]->(c:Channel)-[:IN]->(o)
+  WITH pid, p, o, b, collect(c.id) AS channels
+  RETURN collect(CASE WHEN p IS NULL OR b IS NULL THEN {id: pid, channels: [], usesBot: false, atoms: []}
+                 ELSE {id: p.id, channels: channels, usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)),
+  atoms: ['person:' + p.id] + [cid IN channels | 'channel:' + cid]
+         + CASE WHEN EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)) THEN ['bot'] ELSE [] END} END) AS people
+}
+WITH [r IN $readers WHERE r.id = '#group'] + people AS readers, $org AS org
 CALL (readers, org) {
   UNWIND $versions AS v
   MATCH (r:Removal {botId: $botId, version: v})
@@ -1179,7 +1190,18 @@ RETURN t {.*} AS turn, ch {.*} AS chat, b.keyMaster AS keyMaster, b.keyWrapped A
 e.botId = $botId AND e.activeKey = key AND e.contentLength IS NOT NULL AND e.id IS NOT NULL AND e.memoryRank <
 
 // ---- graph.context.CONTEXT_PAGE
-WITH $readers AS readers, $org AS org
+CALL () {
+  UNWIND [r IN $readers WHERE r.id <> '#group' | r.id] AS pid
+  OPTIONAL MATCH (p:Person {id: pid})-[:MEMBER_OF]->(o:Organization {id: $org})
+  OPTIONAL MATCH (b:Bot {id: $botId})
+  OPTIONAL MATCH (p)-[:MEMBER]->(c:Channel)-[:IN]->(o)
+  WITH pid, p, o, b, collect(c.id) AS channels
+  RETURN collect(CASE WHEN p IS NULL OR b IS NULL THEN {id: pid, channels: [], usesBot: false, atoms: []}
+                 ELSE {id: p.id, channels: channels, usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)),
+  atoms: ['person:' + p.id] + [cid IN channels | 'channel:' + cid]
+         + CASE WHEN EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)) THEN ['bot'] ELSE [] END} END) AS people
+}
+WITH [r IN $readers WHERE r.id = '#group'] + people AS readers, $org AS org
 
 UNWIND $keys AS key
 CALL (key, readers, org) {
@@ -1202,7 +1224,18 @@ WITH page, reduce(fit = {size: $size, n: 0, open: true}, x IN page |
 RETURN [x IN page[0..fit.n] | {id: x.id, rank: x.rank, content: x.e.content}] AS page, size(page) AS candidates, fit.open AS open, fit.size AS size
 
 // ---- graph.context.HAS_VISIBLE
-WITH $readers AS readers, $org AS org
+CALL () {
+  UNWIND [r IN $readers WHERE r.id <> '#group' | r.id] AS pid
+  OPTIONAL MATCH (p:Person {id: pid})-[:MEMBER_OF]->(o:Organization {id: $org})
+  OPTIONAL MATCH (b:Bot {id: $botId})
+  OPTIONAL MATCH (p)-[:MEMBER]->(c:Channel)-[:IN]->(o)
+  WITH pid, p, o, b, collect(c.id) AS channels
+  RETURN collect(CASE WHEN p IS NULL OR b IS NULL THEN {id: pid, channels: [], usesBot: false, atoms: []}
+                 ELSE {id: p.id, channels: channels, usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)),
+  atoms: ['person:' + p.id] + [cid IN channels | 'channel:' + cid]
+         + CASE WHEN EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)) THEN ['bot'] ELSE [] END} END) AS people
+}
+WITH [r IN $readers WHERE r.id = '#group'] + people AS readers, $org AS org
 UNWIND $keys AS key
 CALL (key, readers, org) {
   MATCH (e:Entry)
@@ -1222,7 +1255,18 @@ CALL apoc.lock.read.nodes([held])
 WITH held
 MATCH (m:Memory) WHERE elementId(m) = elementId(held)
 WITH m
-WITH $readers AS readers, $org AS org
+CALL () {
+  UNWIND [r IN $readers WHERE r.id <> '#group' | r.id] AS pid
+  OPTIONAL MATCH (p:Person {id: pid})-[:MEMBER_OF]->(o:Organization {id: $org})
+  OPTIONAL MATCH (b:Bot {id: $botId})
+  OPTIONAL MATCH (p)-[:MEMBER]->(c:Channel)-[:IN]->(o)
+  WITH pid, p, o, b, collect(c.id) AS channels
+  RETURN collect(CASE WHEN p IS NULL OR b IS NULL THEN {id: pid, channels: [], usesBot: false, atoms: []}
+                 ELSE {id: p.id, channels: channels, usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)),
+  atoms: ['person:' + p.id] + [cid IN channels | 'channel:' + cid]
+         + CASE WHEN EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)) THEN ['bot'] ELSE [] END} END) AS people
+}
+WITH [r IN $readers WHERE r.id = '#group'] + people AS readers, $org AS org
 CALL (readers, org) {
 UNWIND $keys AS key
 CALL (key, readers, org) {
@@ -1274,7 +1318,18 @@ CALL apoc.lock.read.nodes([held])
 WITH held
 MATCH (m:Memory) WHERE elementId(m) = elementId(held)
 WITH m
-WITH $readers AS readers, $org AS org
+CALL () {
+  UNWIND [r IN $readers WHERE r.id <> '#group' | r.id] AS pid
+  OPTIONAL MATCH (p:Person {id: pid})-[:MEMBER_OF]->(o:Organization {id: $org})
+  OPTIONAL MATCH (b:Bot {id: $botId})
+  OPTIONAL MATCH (p)-[:MEMBER]->(c:Channel)-[:IN]->(o)
+  WITH pid, p, o, b, collect(c.id) AS channels
+  RETURN collect(CASE WHEN p IS NULL OR b IS NULL THEN {id: pid, channels: [], usesBot: false, atoms: []}
+                 ELSE {id: p.id, channels: channels, usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)),
+  atoms: ['person:' + p.id] + [cid IN channels | 'channel:' + cid]
+         + CASE WHEN EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)) THEN ['bot'] ELSE [] END} END) AS people
+}
+WITH [r IN $readers WHERE r.id = '#group'] + people AS readers, $org AS org
 
 UNWIND $keys AS key
 CALL (key, readers, org) {
@@ -1302,8 +1357,18 @@ CALL apoc.lock.read.nodes([held])
 WITH held
 MATCH (m:Memory) WHERE elementId(m) = elementId(held)
 WITH m
-
-WITH $readers AS readers, $org AS org
+CALL () {
+  UNWIND [r IN $readers WHERE r.id <> '#group' | r.id] AS pid
+  OPTIONAL MATCH (p:Person {id: pid})-[:MEMBER_OF]->(o:Organization {id: $org})
+  OPTIONAL MATCH (b:Bot {id: $botId})
+  OPTIONAL MATCH (p)-[:MEMBER]->(c:Channel)-[:IN]->(o)
+  WITH pid, p, o, b, collect(c.id) AS channels
+  RETURN collect(CASE WHEN p IS NULL OR b IS NULL THEN {id: pid, channels: [], usesBot: false, atoms: []}
+                 ELSE {id: p.id, channels: channels, usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)),
+  atoms: ['person:' + p.id] + [cid IN channels | 'channel:' + cid]
+         + CASE WHEN EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)) THEN ['bot'] ELSE [] END} END) AS people
+}
+WITH [r IN $readers WHERE r.id = '#group'] + people AS readers, $org AS org
 UNWIND $keys AS key
 CALL (key, readers, org) {
   MATCH (e:Entry)
@@ -1323,8 +1388,18 @@ CALL apoc.lock.read.nodes([held])
 WITH held
 MATCH (m:Memory) WHERE elementId(m) = elementId(held)
 WITH m
-
-WITH $readers AS readers, $org AS org
+CALL () {
+  UNWIND [r IN $readers WHERE r.id <> '#group' | r.id] AS pid
+  OPTIONAL MATCH (p:Person {id: pid})-[:MEMBER_OF]->(o:Organization {id: $org})
+  OPTIONAL MATCH (b:Bot {id: $botId})
+  OPTIONAL MATCH (p)-[:MEMBER]->(c:Channel)-[:IN]->(o)
+  WITH pid, p, o, b, collect(c.id) AS channels
+  RETURN collect(CASE WHEN p IS NULL OR b IS NULL THEN {id: pid, channels: [], usesBot: false, atoms: []}
+                 ELSE {id: p.id, channels: channels, usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)),
+  atoms: ['person:' + p.id] + [cid IN channels | 'channel:' + cid]
+         + CASE WHEN EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)) THEN ['bot'] ELSE [] END} END) AS people
+}
+WITH [r IN $readers WHERE r.id = '#group'] + people AS readers, $org AS org
 UNWIND $ids AS entryId
 MATCH (e:Entry {id: entryId, botId: $botId})
 WHERE (NOT $activeOnly OR e.status = 'active') AND e.status <> 'retracted' AND
@@ -1335,7 +1410,18 @@ WHERE (NOT $activeOnly OR e.status = 'active') AND e.status <> 'retracted' AND
 RETURN collect(e.id) AS ids
 
 // ---- graph.context.VISIBLE_IDS
-WITH $readers AS readers, $org AS org
+CALL () {
+  UNWIND [r IN $readers WHERE r.id <> '#group' | r.id] AS pid
+  OPTIONAL MATCH (p:Person {id: pid})-[:MEMBER_OF]->(o:Organization {id: $org})
+  OPTIONAL MATCH (b:Bot {id: $botId})
+  OPTIONAL MATCH (p)-[:MEMBER]->(c:Channel)-[:IN]->(o)
+  WITH pid, p, o, b, collect(c.id) AS channels
+  RETURN collect(CASE WHEN p IS NULL OR b IS NULL THEN {id: pid, channels: [], usesBot: false, atoms: []}
+                 ELSE {id: p.id, channels: channels, usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)),
+  atoms: ['person:' + p.id] + [cid IN channels | 'channel:' + cid]
+         + CASE WHEN EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)) THEN ['bot'] ELSE [] END} END) AS people
+}
+WITH [r IN $readers WHERE r.id = '#group'] + people AS readers, $org AS org
 UNWIND $ids AS entryId
 MATCH (e:Entry {id: entryId, botId: $botId})
 WHERE (NOT $activeOnly OR e.status = 'active') AND e.status <> 'retracted' AND
@@ -2054,7 +2140,20 @@ MATCH (held:Memory {id: $botId})
 CALL apoc.lock.read.nodes([held])
 WITH held
 MATCH (m:Memory) WHERE elementId(m) = elementId(held)
-WITH m, $readers AS readers, $org AS org, $keys AS keys
+WITH m
+CALL () {
+  UNWIND [r IN $readers WHERE r.id <> '#group' | r.id] AS pid
+  OPTIONAL MATCH (p:Person {id: pid})-[:MEMBER_OF]->(o:Organization {id: $org})
+  OPTIONAL MATCH (b:Bot {id: $botId})
+  OPTIONAL MATCH (p)-[:MEMBER]->(c:Channel)-[:IN]->(o)
+  WITH pid, p, o, b, collect(c.id) AS channels
+  RETURN collect(CASE WHEN p IS NULL OR b IS NULL THEN {id: pid, channels: [], usesBot: false, atoms: []}
+                 ELSE {id: p.id, channels: channels, usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)),
+  atoms: ['person:' + p.id] + [cid IN channels | 'channel:' + cid]
+         + CASE WHEN EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)) THEN ['bot'] ELSE [] END} END) AS people
+}
+WITH m, [r IN $readers WHERE r.id = '#group'] + people AS readers, $org AS org
+WITH m, readers, org, $keys AS keys
 CALL (readers, org, keys) {
   UNWIND keys AS key
   CALL (key, readers, org) {
@@ -2491,7 +2590,19 @@ MATCH (held:Memory {id: $botId})
 CALL apoc.lock.read.nodes([held])
 WITH held
 MATCH (m:Memory) WHERE elementId(m) = elementId(held)
-WITH m, $readers AS readers, $org AS org
+WITH m
+CALL () {
+  UNWIND [r IN $readers WHERE r.id <> '#group' | r.id] AS pid
+  OPTIONAL MATCH (p:Person {id: pid})-[:MEMBER_OF]->(o:Organization {id: $org})
+  OPTIONAL MATCH (b:Bot {id: $botId})
+  OPTIONAL MATCH (p)-[:MEMBER]->(c:Channel)-[:IN]->(o)
+  WITH pid, p, o, b, collect(c.id) AS channels
+  RETURN collect(CASE WHEN p IS NULL OR b IS NULL THEN {id: pid, channels: [], usesBot: false, atoms: []}
+                 ELSE {id: p.id, channels: channels, usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)),
+  atoms: ['person:' + p.id] + [cid IN channels | 'channel:' + cid]
+         + CASE WHEN EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)) THEN ['bot'] ELSE [] END} END) AS people
+}
+WITH m, [r IN $readers WHERE r.id = '#group'] + people AS readers, $org AS org
 
 CALL (m) {
   MATCH (e:Entry)
@@ -2565,7 +2676,19 @@ MATCH (held:Memory {id: $botId})
 CALL apoc.lock.read.nodes([held])
 WITH held
 MATCH (m:Memory) WHERE elementId(m) = elementId(held)
-WITH m, $readers AS readers, $org AS org
+WITH m
+CALL () {
+  UNWIND [r IN $readers WHERE r.id <> '#group' | r.id] AS pid
+  OPTIONAL MATCH (p:Person {id: pid})-[:MEMBER_OF]->(o:Organization {id: $org})
+  OPTIONAL MATCH (b:Bot {id: $botId})
+  OPTIONAL MATCH (p)-[:MEMBER]->(c:Channel)-[:IN]->(o)
+  WITH pid, p, o, b, collect(c.id) AS channels
+  RETURN collect(CASE WHEN p IS NULL OR b IS NULL THEN {id: pid, channels: [], usesBot: false, atoms: []}
+                 ELSE {id: p.id, channels: channels, usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)),
+  atoms: ['person:' + p.id] + [cid IN channels | 'channel:' + cid]
+         + CASE WHEN EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)) THEN ['bot'] ELSE [] END} END) AS people
+}
+WITH m, [r IN $readers WHERE r.id = '#group'] + people AS readers, $org AS org
 
 CALL (m) {
   MATCH (e:Entry)
@@ -2633,7 +2756,18 @@ WITH d, min(length(p)) AS depth
 RETURN 'entry' AS kind, d.id AS id, null AS chat, depth
 
 // ---- graph.sourcegraph.ENTRIES_BY_ID
-WITH $readers AS readers, $org AS org
+CALL () {
+  UNWIND [r IN $readers WHERE r.id <> '#group' | r.id] AS pid
+  OPTIONAL MATCH (p:Person {id: pid})-[:MEMBER_OF]->(o:Organization {id: $org})
+  OPTIONAL MATCH (b:Bot {id: $botId})
+  OPTIONAL MATCH (p)-[:MEMBER]->(c:Channel)-[:IN]->(o)
+  WITH pid, p, o, b, collect(c.id) AS channels
+  RETURN collect(CASE WHEN p IS NULL OR b IS NULL THEN {id: pid, channels: [], usesBot: false, atoms: []}
+                 ELSE {id: p.id, channels: channels, usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)),
+  atoms: ['person:' + p.id] + [cid IN channels | 'channel:' + cid]
+         + CASE WHEN EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)) THEN ['bot'] ELSE [] END} END) AS people
+}
+WITH [r IN $readers WHERE r.id = '#group'] + people AS readers, $org AS org
 UNWIND $ids AS entryId
 MATCH (e:Entry {id: entryId, botId: $botId})
 WHERE e.status IN $statuses AND
@@ -2655,7 +2789,18 @@ WITH n, min(length(p)) AS depth
 RETURN CASE WHEN n:Item THEN 'item' ELSE 'entry' END AS kind, n.id AS id, n.chatId AS chat, depth
 
 // ---- graph.sourcegraph.WHY_STEPS
-WITH $readers AS readers, $org AS org
+CALL () {
+  UNWIND [r IN $readers WHERE r.id <> '#group' | r.id] AS pid
+  OPTIONAL MATCH (p:Person {id: pid})-[:MEMBER_OF]->(o:Organization {id: $org})
+  OPTIONAL MATCH (b:Bot {id: $botId})
+  OPTIONAL MATCH (p)-[:MEMBER]->(c:Channel)-[:IN]->(o)
+  WITH pid, p, o, b, collect(c.id) AS channels
+  RETURN collect(CASE WHEN p IS NULL OR b IS NULL THEN {id: pid, channels: [], usesBot: false, atoms: []}
+                 ELSE {id: p.id, channels: channels, usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)),
+  atoms: ['person:' + p.id] + [cid IN channels | 'channel:' + cid]
+         + CASE WHEN EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)) THEN ['bot'] ELSE [] END} END) AS people
+}
+WITH [r IN $readers WHERE r.id = '#group'] + people AS readers, $org AS org
 MATCH (e:Entry {id: $id, botId: $botId})
 WHERE e.status IN $statuses AND
 (size(readers) > 0

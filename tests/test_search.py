@@ -107,6 +107,36 @@ async def test_search_shows_nobody_an_entry_they_may_not_see(api: Api, runtime: 
     assert mine not in [r["entry"]["id"] for r in after.json()["results"]]
 
 
+async def test_reads_meet_the_readers_rules_as_they_stand_under_the_lock(api: Api, runtime: Runtime) -> None:
+    """C1: a read's readers come from an earlier transaction (a search reads its reader, then
+    embeds its query and ranks; an answer checks what it used after the model). Bob, read as a
+    member of the channel just before he was removed from it, was shown a fact written for the
+    channel after his removal — by search, context and the check of an answer's references — as
+    if the removal had not happened. Each statement reads its readers again under the lock."""
+    w = await make_world(api, ("ann", "bob"), channel=("ann", "bob"))
+    bob = await memory.person_reader_of(runtime, w.bot, w.people["bob"], w.org)
+    assert bob is not None and w.channel in bob.readers[0]["channels"]  # read as a member
+    await api.admin(
+        "mutation($c: ID!, $m: [ID!]!) { setChannelMembers(channelId: $c, memberIds: $m) { id } }",
+        {"c": w.channel, "m": [w.people["ann"]]},
+    )
+    group = await api.chat(w.tokens["ann"], w.bot, w.channel)
+    chat, item = await said(api, w.tokens["ann"], group, "the offsite moved to the lighthouse")
+    written = await fact(runtime, w.bot, "The team offsite moved to the lighthouse", (chat, item))
+    assert [
+        h.entry.id for h in await search.search(runtime, None, w.bot, bob, "lighthouse offsite", 10)
+    ] == []
+    assert (await retrieval.context(runtime, w.bot, bob, 4000)).ids == ()
+    assert (await search.context(runtime, None, w.bot, bob, 4000, "lighthouse")).ids == ()
+    assert not await retrieval.validate_references(runtime, w.bot, bob, [written])
+    # Ann, still a member, reads it through the same statements.
+    ann = await memory.person_reader_of(runtime, w.bot, w.people["ann"], w.org)
+    assert ann is not None
+    assert [h.entry.id for h in await search.search(runtime, None, w.bot, ann, "lighthouse offsite", 10)] == [
+        written
+    ]
+
+
 async def test_search_scores_count_nothing_the_reader_cannot_see(api: Api) -> None:
     """The scores ``search`` shows are fused from ranks among the entries it shows (§10): Bob's
     private entries, better matches for the query than any of Ann's, change neither what Ann is
@@ -159,17 +189,19 @@ async def test_search_refuses_bad_input_with_clear_codes(api: Api) -> None:
     w = await make_world(api, ("ann",))
     token = w.tokens["ann"]
     for params, field in (
-        ({"q": "   "}, "query"),
-        ({"q": "x" * 2001}, "query"),
+        ({"q": "   "}, "q"),
+        ({"q": "x" * 2001}, "q"),
+        ({}, "q"),  # documented as optional (default ""), then refused as "query is empty"
         ({"q": "dog", "limit": 0}, "limit"),
         ({"q": "dog", "limit": 101}, "limit"),
+        ({"q": "dog", "limit": "ten"}, "limit"),
     ):
         response = await api.http.get(
             f"/v1/bots/{w.bot}/memory/search", params=params, headers={"Authorization": f"Bearer {token}"}
         )
         assert response.status_code == 422, (params, response.text)
         assert response.json()["error"]["code"] == "BAD_INPUT"
-        assert field in response.json()["error"]["message"]
+        assert response.json()["error"]["message"].startswith(field + " "), (params, response.text)
     unknown = await rest_search(api, token, "bot_" + "0" * 32, "dog")
     assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "NOT_FOUND"
     assert await api.codes(SEARCH, {"b": w.bot, "q": "", "l": 5}, token) == ["BAD_INPUT"]
