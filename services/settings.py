@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, SecretStr
+from pydantic import BaseModel, Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -219,5 +219,17 @@ def write_secret(path: Path, value: str) -> None:
 
 
 def load_settings() -> Settings:
-    """Build the one settings object of a process."""
-    return Settings().resolved()
+    """Build the one settings object of a process. A value of the wrong shape is named by its
+    setting and the rule it breaks, never quoted: pydantic's error quotes the input, and a
+    secret of the wrong shape (``BOTMEMORY_PREVIOUS_MASTER_KEYS`` as one JSON string instead of
+    a list) is checked as its shape before it is a secret, so the start-up traceback held the
+    key."""
+    try:
+        settings = Settings()
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in e['loc'])}: {e['msg']}"
+            for e in exc.errors(include_url=False, include_input=False, include_context=False)
+        )
+        raise ConfigurationError(f"invalid settings: {problems}") from None
+    return settings.resolved()

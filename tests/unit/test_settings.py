@@ -9,6 +9,7 @@ import multiprocessing
 import os
 import re
 import threading
+import traceback
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from pydantic import SecretStr, ValidationError
 from pydantic_settings import SettingsError
 
 from services import settings as settings_module
-from services.settings import ConfigurationError, ModelPrice, Settings, decode_key
+from services.settings import ConfigurationError, ModelPrice, Settings, decode_key, load_settings
 
 KEY = base64.b64encode(bytes(range(32))).decode()
 OLD_KEY = base64.b64encode(b"\x09" * 32).decode()
@@ -103,6 +104,22 @@ def test_previous_master_keys_are_a_json_list_of_secrets(monkeypatch: pytest.Mon
     assert s.master_key_bytes() == bytes(range(32))
     assert s.previous_master_key_bytes() == [b"\x09" * 32]
     assert KEY not in repr(s) and OLD_KEY not in repr(s)
+
+
+@pytest.mark.parametrize("value", [f'"{OLD_KEY}"', f'{{"k": "{OLD_KEY}"}}', f'["{OLD_KEY}", 5]'])
+def test_a_secret_of_the_wrong_shape_is_named_never_quoted(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    """BOTMEMORY_PREVIOUS_MASTER_KEYS as one JSON string (what tools that encode one value make) or
+    an object: pydantic checks the list before the secret, and its error quoted the key — in the
+    traceback of a process that would not start, in its log. The setting is named, not quoted."""
+    monkeypatch.setenv("BOTMEMORY_MASTER_KEY", KEY)
+    monkeypatch.setenv("BOTMEMORY_PREVIOUS_MASTER_KEYS", value)
+    with pytest.raises(ConfigurationError) as raised:
+        load_settings()
+    told = "".join(traceback.format_exception(raised.value))
+    assert "previous_master_keys" in told
+    assert OLD_KEY not in told and OLD_KEY[:12] not in told
 
 
 def test_a_local_previous_key_file_joins_the_keyring_but_not_in_production(tmp_path: Path) -> None:
