@@ -9,6 +9,7 @@ import json
 import logging
 import re
 import time
+import traceback
 from collections.abc import AsyncGenerator
 from contextlib import asynccontextmanager
 from typing import Any, Final, TypedDict, cast
@@ -292,6 +293,37 @@ async def metrics_endpoint(request: Request) -> Response:
     return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
 
+class Unexpected:
+    """An exception no handler answered ends as a 500 in the API's error shape, logged by its type
+    and where it was raised — never its message, which may quote what a request or a record held
+    (the rule the GraphQL errors keep, ``schema.errors``). Starlette's outermost handler answered
+    such an exception, then raised it again for the server to log, message and all."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def watched(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watched)
+        except Exception as exc:
+            where = "".join(traceback.format_tb(exc.__traceback__))
+            log.error(
+                "internal error on %s %s: %s\n%s", scope["method"], scope["path"], type(exc).__name__, where
+            )
+            if not started:  # else the response was cut short; the server closes the connection
+                await error_json("INTERNAL", "internal error", 500)(scope, receive, send)
+
+
 class RequestMetrics:
     """``botmemory_request_seconds{surface}`` of every HTTP request, and for REST
     ``botmemory_requests_total{surface="rest",code}`` (OK or the error's code, from its status;
@@ -397,7 +429,11 @@ def create_app(settings: Settings | None = None) -> Starlette:
             Mount("/v1", routes=rest.routes),
             *openapi.routes(rest.operations, "/v1"),
         ],
-        middleware=[Middleware(RequestMetrics), Middleware(BodyLimit, max_bytes=settings.max_body_bytes)],
+        middleware=[
+            Middleware(Unexpected),
+            Middleware(RequestMetrics),
+            Middleware(BodyLimit, max_bytes=settings.max_body_bytes),
+        ],
         exception_handlers={
             ServiceError: service_error,
             HTTPException: http_error,
