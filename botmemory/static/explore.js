@@ -175,7 +175,12 @@
   $("go").addEventListener("click", async () => {
     for (const id of ["token", "bot"]) sessionStorage.setItem("botmemory." + id, $(id).value.trim());
     await list();
-    const linked = decodeURIComponent(window.location.hash.slice(1));
+    let linked = "";
+    try {
+      linked = decodeURIComponent(window.location.hash.slice(1));
+    } catch {
+      linked = ""; // a malformed escape (#mem_%ZZ) opens nothing instead of failing the listing's click
+    }
     if (linked) await open(linked);
   });
 })();
