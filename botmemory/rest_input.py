@@ -71,16 +71,18 @@ class Query(BaseModel):
 
 #: A count or a version in a query (whole, and small enough for the graph).
 Whole = Annotated[int, Field(ge=0, lt=2**63)]
+#: How many rows a page holds (at least one; the services bound it from above by the settings).
+PageSize = Annotated[int, Field(ge=1, lt=2**63)]
 
 
 class PageQuery(Query):
-    limit: Whole = 50
-    skip: Whole = 0
+    limit: PageSize = 50
+    skip: Whole = Field(default=0, le=validation.MAX_SKIP)
 
 
 class MemoryQuery(Query):
     tags: str | None = Field(default=None, description="Comma-separated tags; entries with all of them.")
-    limit: Whole | None = Field(default=None, description="A page of 1–1000 entries in memory order.")
+    limit: PageSize | None = Field(default=None, description="A page of 1–1000 entries in memory order.")
     after: str | None = Field(default=None, description="The cursor ``next`` of the page before.")
 
     @property
@@ -117,7 +119,7 @@ class ContextQuery(Query):
 
 
 class LogQuery(Query):
-    limit: Whole | None = Field(default=None, description="1–1000 rows (default 1000).")
+    limit: PageSize | None = Field(default=None, description="1–1000 rows (default 1000).")
     before: Whole | None = Field(default=None, description="Only changes below this version.")
 
 

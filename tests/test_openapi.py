@@ -59,6 +59,25 @@ async def test_every_route_is_in_the_document_and_nothing_else(api: Api) -> None
             assert named == set(re.findall(r"{(\w+)}", path)), where
 
 
+async def test_query_parameters_are_documented_as_the_routes_check_them(api: Api) -> None:
+    """A client generated from the document sends what the routes take: ``q`` of search was
+    documented as optional (default "") and every ``limit`` from 0, then refused."""
+    spec = await spec_of(api)
+
+    def parameter(path: str, name: str) -> dict[str, Any]:
+        [found] = [p for p in spec["paths"][path]["get"]["parameters"] if p["name"] == name]
+        return found
+
+    for path in ("/v1/bots/{bot_id}/memory/search", "/v1/chats/{chat_id}/memory/search"):
+        q, limit = parameter(path, "q"), parameter(path, "limit")
+        assert q["required"] is True and q["schema"]["minLength"] == 1, q
+        assert (limit["schema"]["minimum"], limit["schema"]["maximum"]) == (1, 100), limit
+    for path, name in (("/v1/bots/{bot_id}/memory", "limit"), ("/v1/chats/{chat_id}/confessions", "limit")):
+        schema = parameter(path, name)["schema"]
+        bounds = [s.get("minimum") for s in schema.get("anyOf", [schema])]
+        assert 1 in bounds and 0 not in bounds, (path, schema)
+
+
 async def test_real_responses_match_their_declared_schemas(api: Api, runtime: Runtime) -> None:
     spec = await spec_of(api)
     w = await memory_world(api, ("ann",))
