@@ -120,11 +120,18 @@ def fit(hits: Sequence[Hit], limit: int) -> MemoryText:
 
 class _Server(MCPServer):
     """Arguments of the wrong shape are refused as the API refuses them: ``BAD_INPUT`` and the first
-    refused argument (the SDK's own words named no code and carried pydantic's link)."""
+    refused argument (the SDK's own words named no code and carried pydantic's link). So is an
+    argument the tool does not take: the SDK dropped it, so ``remember(tag=[…])`` (for ``tags``)
+    kept an entry without its topics and said nothing."""
 
     async def call_tool(
         self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None = None
     ) -> Any:
+        known = {t.name: t for t in await self.list_tools()}.get(name)
+        if known is not None:
+            unknown = sorted(set(arguments) - set(known.input_schema.get("properties", {})))
+            if unknown:
+                raise ToolError(f"Error executing tool {name}: BAD_INPUT: {unknown[0]} is not an argument")
         try:
             return await super().call_tool(name, arguments, context)
         except ToolError as exc:

@@ -169,6 +169,10 @@ async def test_stdio_errors_carry_the_api_code(api: Api, api_process: ApiProcess
         assert (await error(ann, "search", query=5, bot_id=w.bot)).startswith("BAD_INPUT: query ")
         assert (await error(ann, "forget", entry_id=["a"], bot_id=w.bot)).startswith("BAD_INPUT: entry_id ")
         assert (await error(ann, "search", query="x", bot_id=" ")).startswith("BAD_INPUT: bot_id is empty")
+        # An argument the tool does not take (tags misspelt): refused, not dropped with the entry kept.
+        assert (await error(ann, "remember", content="x", tag=["work"], bot_id=w.bot)).startswith(
+            "BAD_INPUT: tag is not an argument"
+        )
     bad = "bm_" + "0" * 40
     async with stdio(api_process.url, mcp_log, BOTMEMORY_TOKEN=bad, BOTMEMORY_BOT_ID=w.bot) as nobody:
         message = await error(nobody, "search", query="anything")
