@@ -12,6 +12,7 @@ import jsonschema
 from openapi_spec_validator import validate
 
 from botmemory import rest
+from botmemory.vendor import VENDOR_DIR
 from services.runtime import Runtime
 from tests.client import Api, bearer, make_world
 from tests.learning_helpers import memory_world
@@ -130,11 +131,12 @@ async def test_docs_page_uses_only_local_assets(api: Api) -> None:
     page = response.text
     assert "/static/vendor/swagger-ui/swagger-ui-bundle.js" in page
     assert "/static/vendor/swagger-ui/swagger-ui.css" in page
+    stamp = (VENDOR_DIR / ".stamp").read_text().strip()[:12]  # vendor files are cached for a year
     assert re.findall(r"(?:src|href)=\"([^\"]+)\"", page) == [
         "data:,",  # no favicon request
-        "/static/vendor/swagger-ui/swagger-ui.css",
-        "/static/vendor/swagger-ui/swagger-ui-bundle.js",
-        "/static/docs-page.js",  # the init: a file, as the policy allows this origin's scripts only
+        f"/static/vendor/swagger-ui/swagger-ui.css?v={stamp}",
+        f"/static/vendor/swagger-ui/swagger-ui-bundle.js?v={stamp}",
+        f"/static/docs-page.js?v={stamp}",  # the init: a file, as the policy allows this origin's scripts only
     ]
     assert "//" not in page  # no URL of another host
     assert "script-src 'self'" in response.headers["content-security-policy"]
