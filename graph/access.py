@@ -76,6 +76,7 @@ AND (r.rule = 'person:' + rd.id OR (r.rule STARTS WITH 'channel:' AND substring(
 PATH_VISIBLE: Final[LiteralString] = (
     """
 (size(readers) > 0
+ AND all(rd IN readers WHERE rd.usesBot)
  AND NOT EXISTS { (e)-[:SOURCE*9]->() }
  AND NOT EXISTS { MATCH (e)-[:SOURCE*0..8]->(y:Entry)-[:SOURCE*1..8]->(y) }
  AND all(rd IN readers WHERE
@@ -261,10 +262,14 @@ RETURN collect(DISTINCT id) AS ids
 #: every condition of ``lblRequires`` must be met by every reader — an atom among the atoms the
 #: reader meets (READER_MAP), an organization that is the request's, no Forget exclusion of the
 #: reader; ``#unproved`` is met by no one. One property read per candidate (``lblExcluded`` only
-#: when the closure holds an exclusion): reading a property is most of a candidate's cost.
+#: when the closure holds an exclusion): reading a property is most of a candidate's cost. A
+#: reader who does not use the Bot (no READ or WRITE grant, D9.1) sees nothing, their own
+#: entries included (seed 000: "You need read on the Bot"): the direct reads refused them, but an
+#: owner whose grant was set to NONE kept their memory through the chats they had (their
+#: rewrites, contextPack, a platform's context of the chat).
 VISIBLE: Final[LiteralString] = """
 (size(readers) > 0
- AND all(rd IN readers WHERE all(a IN e.lblRequires WHERE
+ AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
        a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
 """
 

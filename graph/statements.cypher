@@ -88,6 +88,7 @@ RETURN collect(DISTINCT id) AS ids
 
 // ---- graph.access.PATH_VISIBLE
 (size(readers) > 0
+ AND all(rd IN readers WHERE rd.usesBot)
  AND NOT EXISTS { (e)-[:SOURCE*9]->() }
  AND NOT EXISTS { MATCH (e)-[:SOURCE*0..8]->(y:Entry)-[:SOURCE*1..8]->(y) }
  AND all(rd IN readers WHERE
@@ -281,13 +282,13 @@ CALL (readers, org) {
   WITH readers, org, r, {lblRequires: r.beforeRequires, lblExcluded: r.beforeExcluded} AS e
   WHERE
 (size(readers) > 0
- AND all(rd IN readers WHERE all(a IN e.lblRequires WHERE
+ AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
        a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
 
   WITH readers, org, r, {lblRequires: r.afterRequires, lblExcluded: r.afterExcluded} AS e
   WHERE NOT
 (size(readers) > 0
- AND all(rd IN readers WHERE all(a IN e.lblRequires WHERE
+ AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
        a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
 
   RETURN collect({version: r.version, id: r.entryId}) AS removed
@@ -321,7 +322,7 @@ EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))
 
 // ---- graph.access.VISIBLE
 (size(readers) > 0
- AND all(rd IN readers WHERE all(a IN e.lblRequires WHERE
+ AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
        a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
 
 // ---- graph.backfill.BOTS_DUE
@@ -477,7 +478,7 @@ CALL (org, readers) {
   MATCH (e:Entry {id: entryId})
   WHERE e.botId = $botId AND e.status <> 'retracted' AND
 (size(readers) > 0
- AND all(rd IN readers WHERE all(a IN e.lblRequires WHERE
+ AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
        a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
 
   RETURN collect(e.id) AS visible
@@ -488,13 +489,13 @@ CALL (readers, org) {
   WITH readers, org, r, {lblRequires: r.beforeRequires, lblExcluded: r.beforeExcluded} AS e
   WHERE
 (size(readers) > 0
- AND all(rd IN readers WHERE all(a IN e.lblRequires WHERE
+ AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
        a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
 
   WITH readers, org, r, {lblRequires: r.afterRequires, lblExcluded: r.afterExcluded} AS e
   WHERE NOT
 (size(readers) > 0
- AND all(rd IN readers WHERE all(a IN e.lblRequires WHERE
+ AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
        a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
 
   RETURN collect({version: r.version, id: r.entryId}) AS removed
@@ -557,13 +558,13 @@ CALL (readers, org) {
   WITH readers, org, r, {lblRequires: r.beforeRequires, lblExcluded: r.beforeExcluded} AS e
   WHERE
 (size(readers) > 0
- AND all(rd IN readers WHERE all(a IN e.lblRequires WHERE
+ AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
        a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
 
   WITH readers, org, r, {lblRequires: r.afterRequires, lblExcluded: r.afterExcluded} AS e
   WHERE NOT
 (size(readers) > 0
- AND all(rd IN readers WHERE all(a IN e.lblRequires WHERE
+ AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
        a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
 
   RETURN collect({version: r.version, id: r.entryId}) AS removed
@@ -1209,7 +1210,7 @@ CALL (key, readers, org) {
   USING INDEX e:Entry(botId, activeKey, memoryRank, contentLength, id)
   WHERE e.botId = $botId AND e.activeKey = key AND e.contentLength IS NOT NULL AND e.id IS NOT NULL AND e.memoryRank < $after AND
 (size(readers) > 0
- AND all(rd IN readers WHERE all(a IN e.lblRequires WHERE
+ AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
        a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
 
   RETURN e, e.memoryRank AS rank, e.id AS id, e.contentLength AS length
@@ -1242,7 +1243,7 @@ CALL (key, readers, org) {
   USING INDEX e:Entry(botId, activeKey, memoryRank, contentLength, id)
   WHERE e.botId = $botId AND e.activeKey = key AND e.contentLength IS NOT NULL AND e.id IS NOT NULL AND e.memoryRank < $top AND
 (size(readers) > 0
- AND all(rd IN readers WHERE all(a IN e.lblRequires WHERE
+ AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
        a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
 
   RETURN e.id AS id LIMIT 1
@@ -1274,7 +1275,7 @@ CALL (key, readers, org) {
   USING INDEX e:Entry(botId, activeKey, memoryRank, contentLength, id)
   WHERE e.botId = $botId AND e.activeKey = key AND e.contentLength IS NOT NULL AND e.id IS NOT NULL AND e.memoryRank < $after AND
 (size(readers) > 0
- AND all(rd IN readers WHERE all(a IN e.lblRequires WHERE
+ AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
        a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
 
   RETURN e, e.memoryRank AS rank, e.id AS id, e.contentLength AS length
@@ -1296,7 +1297,7 @@ CALL (key, readers, org, first, firstSize) {
   USING INDEX e:Entry(botId, activeKey, memoryRank, contentLength, id)
   WHERE e.botId = $botId AND e.activeKey = key AND e.contentLength IS NOT NULL AND e.id IS NOT NULL AND e.memoryRank < last(first).rank AND
 (size(readers) > 0
- AND all(rd IN readers WHERE all(a IN e.lblRequires WHERE
+ AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
        a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
 
   RETURN e, e.memoryRank AS rank, e.id AS id, e.contentLength AS length
@@ -1337,7 +1338,7 @@ CALL (key, readers, org) {
   USING INDEX e:Entry(botId, activeKey, memoryRank, contentLength, id)
   WHERE e.botId = $botId AND e.activeKey = key AND e.contentLength IS NOT NULL AND e.id IS NOT NULL AND e.memoryRank < $after AND
 (size(readers) > 0
- AND all(rd IN readers WHERE all(a IN e.lblRequires WHERE
+ AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
        a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
 
   RETURN e, e.memoryRank AS rank, e.id AS id, e.contentLength AS length
@@ -1375,7 +1376,7 @@ CALL (key, readers, org) {
   USING INDEX e:Entry(botId, activeKey, memoryRank, contentLength, id)
   WHERE e.botId = $botId AND e.activeKey = key AND e.contentLength IS NOT NULL AND e.id IS NOT NULL AND e.memoryRank < $top AND
 (size(readers) > 0
- AND all(rd IN readers WHERE all(a IN e.lblRequires WHERE
+ AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
        a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
 
   RETURN e.id AS id LIMIT 1
@@ -1404,7 +1405,7 @@ UNWIND $ids AS entryId
 MATCH (e:Entry {id: entryId, botId: $botId})
 WHERE (NOT $activeOnly OR e.status = 'active') AND e.status <> 'retracted' AND
 (size(readers) > 0
- AND all(rd IN readers WHERE all(a IN e.lblRequires WHERE
+ AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
        a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
 
 RETURN collect(e.id) AS ids
@@ -1426,7 +1427,7 @@ UNWIND $ids AS entryId
 MATCH (e:Entry {id: entryId, botId: $botId})
 WHERE (NOT $activeOnly OR e.status = 'active') AND e.status <> 'retracted' AND
 (size(readers) > 0
- AND all(rd IN readers WHERE all(a IN e.lblRequires WHERE
+ AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
        a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
 
 RETURN collect(e.id) AS ids
@@ -2160,7 +2161,7 @@ CALL (readers, org, keys) {
     MATCH (e:Preference)
     WHERE e.botId = $botId AND e.audienceKey = key AND e.memoryRank <= $afterRank AND CASE WHEN e.memoryRank = $afterRank THEN e.id > $afterId ELSE true END AND e.status IN $statuses AND all(t IN $tags WHERE t IN e.tags) AND
 (size(readers) > 0
- AND all(rd IN readers WHERE all(a IN e.lblRequires WHERE
+ AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
        a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
 
     RETURN e ORDER BY e.botId DESC, e.audienceKey DESC, e.memoryRank DESC, e.id LIMIT $limit
@@ -2220,7 +2221,7 @@ CALL (readers, org, keys, tp, topicSize) {
   MATCH (e:Entry)
   WHERE e.botId = $botId AND e.audienceKey = key AND e.memoryRank < $top AND e.status IN $statuses AND all(t IN $tags WHERE t IN e.tags) AND
 (size(readers) > 0
- AND all(rd IN readers WHERE all(a IN e.lblRequires WHERE
+ AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
        a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
 
   RETURN e
@@ -2229,7 +2230,7 @@ UNION ALL
   MATCH (tp)<-[:HAS_TOPIC]-(e:Entry)
   WHERE e.memoryRank < $top AND e.status IN $statuses AND all(t IN $tags WHERE t IN e.tags) AND
 (size(readers) > 0
- AND all(rd IN readers WHERE all(a IN e.lblRequires WHERE
+ AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
        a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
 
   RETURN e
@@ -2275,7 +2276,7 @@ CALL (readers, org, keys, tp, topicSize) {
     MATCH (e:Entry)
     WHERE e.botId = $botId AND e.audienceKey = key AND e.memoryRank <= $afterRank AND CASE WHEN e.memoryRank = $afterRank THEN e.id > $afterId ELSE true END AND e.status IN $statuses AND all(t IN $tags WHERE t IN e.tags) AND
 (size(readers) > 0
- AND all(rd IN readers WHERE all(a IN e.lblRequires WHERE
+ AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
        a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
 
     RETURN e ORDER BY e.botId DESC, e.audienceKey DESC, e.memoryRank DESC, e.id LIMIT $limit
@@ -2286,7 +2287,7 @@ UNION ALL
   MATCH (tp)<-[:HAS_TOPIC]-(e:Entry)
   WHERE e.memoryRank <= $afterRank AND CASE WHEN e.memoryRank = $afterRank THEN e.id > $afterId ELSE true END AND e.status IN $statuses AND all(t IN $tags WHERE t IN e.tags) AND
 (size(readers) > 0
- AND all(rd IN readers WHERE all(a IN e.lblRequires WHERE
+ AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
        a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
 
   RETURN e
@@ -2622,7 +2623,7 @@ CALL (readers, org) {
     WITH readers, org, i, CASE WHEN x.id = $cands[i] AND x.botId = $botId THEN x END AS e
     WHERE e IS NULL OR (e.activeKey IS NOT NULL AND
 (size(readers) > 0
- AND all(rd IN readers WHERE all(a IN e.lblRequires WHERE
+ AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
        a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
 )
     RETURN i, e
@@ -2643,7 +2644,7 @@ CALL (readers, org, hits) {
     USING INDEX e:Entry(botId, activeKey, memoryRank, contentLength, id)
     WHERE e.botId = $botId AND e.activeKey = key AND e.contentLength IS NOT NULL AND e.id IS NOT NULL AND e.memoryRank < $top AND
 (size(readers) > 0
- AND all(rd IN readers WHERE all(a IN e.lblRequires WHERE
+ AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
        a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
 
     RETURN e ORDER BY e.botId DESC, e.activeKey DESC, e.memoryRank DESC LIMIT $fill
@@ -2708,7 +2709,7 @@ CALL (readers, org) {
     WITH readers, org, i, CASE WHEN x.id = $cands[i] AND x.botId = $botId THEN x END AS e
     WHERE e IS NULL OR (e.activeKey IS NOT NULL AND
 (size(readers) > 0
- AND all(rd IN readers WHERE all(a IN e.lblRequires WHERE
+ AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
        a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
 )
     RETURN i, e
@@ -2729,7 +2730,7 @@ CALL (readers, org, hits) {
     USING INDEX e:Entry(botId, activeKey, memoryRank, contentLength, id)
     WHERE e.botId = $botId AND e.activeKey = key AND e.contentLength IS NOT NULL AND e.id IS NOT NULL AND e.memoryRank < $top AND
 (size(readers) > 0
- AND all(rd IN readers WHERE all(a IN e.lblRequires WHERE
+ AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
        a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
 
     RETURN e ORDER BY e.botId DESC, e.activeKey DESC, e.memoryRank DESC LIMIT $fill
@@ -2772,7 +2773,7 @@ UNWIND $ids AS entryId
 MATCH (e:Entry {id: entryId, botId: $botId})
 WHERE e.status IN $statuses AND
 (size(readers) > 0
- AND all(rd IN readers WHERE all(a IN e.lblRequires WHERE
+ AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
        a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
 
 OPTIONAL MATCH (e)-[:SOURCE]->(src)
@@ -2804,7 +2805,7 @@ WITH [r IN $readers WHERE r.id = '#group'] + people AS readers, $org AS org
 MATCH (e:Entry {id: $id, botId: $botId})
 WHERE e.status IN $statuses AND
 (size(readers) > 0
- AND all(rd IN readers WHERE all(a IN e.lblRequires WHERE
+ AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
        a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
 
 WITH e, org, readers[0] AS rd

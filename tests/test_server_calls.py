@@ -126,3 +126,35 @@ async def test_a_group_chat_offers_only_entries_for_the_group_or_for_everyone(
     assert pack.status_code == 200 and "4711" not in pack.text
     in_private = (await api.gql(CONTEXT, {"c": private, "l": 4000, "q": None}, platform))["context"]
     assert mine in in_private["ids"]
+
+
+async def test_a_grant_set_to_none_ends_the_owners_memory_in_the_chats_they_have(
+    api: Api, runtime: Runtime
+) -> None:
+    """Seed 000: reading the memory needs read on the Bot (D9.1). The direct reads refused Ann once
+    her grant was NONE, but the chat she had kept her memory flowing: a platform's context of
+    it, its search and hasEntries, her rewrites. Every check now needs each reader to use the
+    Bot; a grant again brings it back."""
+    w = await make_world(api, ("ann",))
+    platform = await api.platform_token(w.org)
+    private = await api.chat(w.tokens["ann"], w.bot)
+    secret = await fact(
+        runtime,
+        w.bot,
+        "Ann is planning a surprise party",
+        await said(api, w.tokens["ann"], private, "a party"),
+    )
+    assert (await api.gql(CONTEXT, {"c": private, "l": 4000, "q": None}, platform))["context"]["ids"] == [
+        secret
+    ]
+    await api.grant(w.bot, w.people["ann"], "NONE")
+    assert (await api.gql(CONTEXT, {"c": private, "l": 4000, "q": None}, platform))["context"]["ids"] == []
+    assert (await api.gql(CONTEXT, {"c": private, "l": 4000, "q": "party"}, platform))["context"]["ids"] == []
+    assert (await api.gql(HAS, {"c": private}, platform))["hasEntries"] is False
+    assert (await api.gql(VALID, {"c": private, "i": [secret]}, platform))["validateReferences"] is False
+    found = await api.gql(SEARCH, {"b": w.bot, "c": private, "q": "surprise party"}, platform)
+    assert found["search"] == []
+    await api.grant(w.bot, w.people["ann"], "READ")
+    assert (await api.gql(CONTEXT, {"c": private, "l": 4000, "q": "party"}, platform))["context"]["ids"] == [
+        secret
+    ]
