@@ -67,7 +67,38 @@ WS_AUTH_REASON = (
 )
 
 
+def _well_formed(message: object) -> bool:
+    """A graphql-transport-ws message of the shape its type needs: an object with a string
+    ``type``; ``subscribe`` with a string ``id`` and a ``payload`` object whose ``query`` is text
+    (``variables`` an object, ``operationName`` text, when given); ``complete`` with a string
+    ``id``. Strawberry read the fields as they came: ``[]``, ``"payload": "x"`` or ``"id": [1]``
+    raised a TypeError out of the socket — a traceback in the log and a 1011 close for any
+    client, before its token was looked at."""
+    if not isinstance(message, dict) or not isinstance(message.get("type"), str):
+        return False
+    fields = cast(dict[str, object], message)
+    if fields["type"] in ("subscribe", "complete") and not isinstance(fields.get("id"), str):
+        return False
+    if fields["type"] == "subscribe":
+        payload = fields.get("payload")
+        if not isinstance(payload, dict):
+            return False
+        request = cast(dict[str, object], payload)
+        return (
+            isinstance(request.get("query"), str)
+            and isinstance(request.get("variables") or {}, dict)
+            and isinstance(request.get("operationName") or "", str)
+        )
+    return True
+
+
 class TransportWSHandler(BaseGraphQLTransportWSHandler[Context, None]):
+    async def handle_message(self, message: Any) -> None:
+        if not _well_formed(message):
+            await self.handle_invalid_message("Failed to parse message")  # 4400, as for a missing field
+            return
+        await super().handle_message(message)
+
     async def handle_connection_init(self, message: ConnectionInitMessage) -> None:
         """Refuse a bad token with a reason that states the expected payload; ``on_ws_connect``
         then finds the caller already authenticated (the context keeps the outcome)."""

@@ -284,6 +284,45 @@ async def test_a_websocket_message_is_held_to_the_body_limit(api: Api, settings:
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
 
 
+#: A connection_init with a person's token (TOKEN), acknowledged.
+INIT = '{"type": "connection_init", "payload": {"token": "TOKEN"}}'
+
+
+@pytest.mark.parametrize(
+    "messages",
+    [
+        ["[]"],
+        ["null"],
+        ['{"type": 5}'],
+        ['{"type": "subscribe", "id": [1], "payload": {"query": "{ me { id } }"}}'],
+        [INIT, '{"type": "subscribe", "id": "1", "payload": "x"}'],
+        [INIT, '{"type": "subscribe", "id": "1", "payload": {"query": 5}}'],
+    ],
+)
+async def test_a_malformed_websocket_message_closes_the_socket_as_invalid(
+    api: Api, settings: Settings, messages: list[str]
+) -> None:
+    """Strawberry read a message's fields as they came: ``[]``, ``"payload": "x"`` or ``"id": [1]``
+    raised a TypeError out of the socket — for any client, before its token was looked at: a
+    traceback in the API's log each time and a 1011 (server error) close. Such a message is
+    invalid now: 4400, as for a message that lacks a field, and nothing in the log."""
+    w = await make_world(api, ("ann",))
+    log = settings.data_dir / "logs" / "pytest-api.log"
+    before = log.stat().st_size
+    async with websockets.connect(ws_url(api), subprotocols=["graphql-transport-ws"]) as ws:  # type: ignore[list-item]
+        for message in messages:
+            await ws.send(message.replace("TOKEN", w.tokens["ann"]))
+        received: list[str | bytes] = []
+        with pytest.raises(websockets.ConnectionClosed) as closed:  # noqa: PT012 (an ack may come first)
+            while True:
+                received.append(await asyncio.wait_for(ws.recv(), 10))
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 4400, closed.value
+    assert len(received) == messages.count(INIT)  # connection_ack
+    with log.open("rb") as written:
+        written.seek(before)
+        assert b"Traceback" not in written.read()
+
+
 async def test_a_rest_body_that_names_a_key_twice_is_refused_and_saves_nothing(
     api: Api, runtime: Runtime
 ) -> None:
