@@ -22,13 +22,13 @@ from graph.driver import save_within, write
 from learning.gateway import FIXED_CALM_ANSWER, Gateway, ModelUnavailable
 from learning.prompts import MEMORY_VOCABULARY, system_prompt
 from services import memory, metrics, search
-from services.chats import require_writer
 from services.crypto import Kind
 from services.domain import Principal
 from services.ids import new_id
 from services.jobs import enqueue_executions
 from services.memorybot import ReviewChat, Route, load_route
 from services.runtime import Runtime, now_ms
+from services.turns import require_own_turn
 from services.validation import check_id, check_text
 
 log = logging.getLogger("learning.confide")
@@ -63,7 +63,7 @@ async def confide_drawing(
         tx: AsyncManagedTransaction,
     ) -> tuple[memorybot_q.RouteChat, Route, list[learning_q.Queued]]:
         row = await chats_q.turn_for_update(tx, turn_id=turn_id, person_id=principal.person_id)
-        require_writer(principal, row, "turn")
+        require_own_turn(principal, row, "confides on")
         assert row is not None
         if row["chat"]["review"]:
             raise ReviewChat("review chats have no confide")

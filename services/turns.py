@@ -124,6 +124,17 @@ def _speaker(kind: ItemKind, turn: chats_q.TurnNode, chat: chats_q.ChatNode, app
     return None
 
 
+def require_own_turn(principal: Principal, row: chats_q.TurnForRow | None, does: str) -> None:
+    """The caller may write in the Turn's Chat (``require_writer``) and, a person, only in their
+    own Turn: its person messages are its actor's words (V3) and nobody starts a Turn as someone
+    else; in a group chat, Bob completing or confiding on Ann's Turn cut the Bot's reply to her
+    short (CONFLICT) and started learning on her half-said words. The platform acts on any."""
+    require_writer(principal, row, "turn")
+    assert row is not None
+    if principal.kind == "person" and row["turn"].get("actorId") != principal.person_id:
+        raise Forbidden(f"a person {does} only their own Turns")
+
+
 async def add_items(rt: Runtime, principal: Principal, turn_id: str, items: list[NewItem]) -> list[Item]:
     """Append Items to an open Turn, numbered within the Chat and encrypted (E1)."""
     check_id(turn_id, "turnId")
@@ -140,12 +151,8 @@ async def add_items(rt: Runtime, principal: Principal, turn_id: str, items: list
     async def work(tx: AsyncManagedTransaction) -> list[chats_q.ItemNode]:
         # Locked: a completeTurn committing meanwhile is seen (its status), never appended to.
         row = await chats_q.turn_for_update(tx, turn_id=turn_id, person_id=principal.person_id)
-        require_writer(principal, row, "turn")
+        require_own_turn(principal, row, "adds Items to")
         assert row is not None
-        if principal.kind == "person" and row["turn"].get("actorId") != principal.person_id:
-            # A person message is the Turn's actor's words (V3): nobody else may put words in
-            # them, as nobody starts a Turn as someone else.
-            raise Forbidden("a person adds Items only to their own Turns")
         if row["turn"]["status"] != "open":
             raise Conflict("the Turn is already completed")
         first = await chats_q.allocate_items(tx, chat_id=row["chat"]["id"], count=len(items))
@@ -181,7 +188,7 @@ async def complete_turn(rt: Runtime, principal: Principal, turn_id: str) -> Turn
 
     async def work(tx: AsyncManagedTransaction) -> tuple[chats_q.TurnNode | None, list[learning.Queued]]:
         row = await chats_q.turn_for(tx, turn_id=turn_id, person_id=principal.person_id)
-        require_writer(principal, row, "turn")
+        require_own_turn(principal, row, "completes")
         queued = await learning.queue_turn(tx, turn_id=turn_id, now=now)
         return await chats_q.complete_turn(tx, turn_id=turn_id, now=now), queued
 

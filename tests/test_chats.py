@@ -188,6 +188,24 @@ async def test_a_person_adds_items_only_to_their_own_turns(api: Api) -> None:
     ]
 
 
+async def test_a_person_completes_and_confides_only_on_their_own_turns(api: Api) -> None:
+    """As with addItems (V3): in a group chat Bob completed Ann's open Turn — the Bot's reply to
+    her then met CONFLICT and learning ran on her half-said words — or confided on it, starting
+    a learning execution over her words. Both are refused now; Ann and the platform go on."""
+    world = await make_world(api, ("ann", "bob"), channel=("ann", "bob"))
+    chat = await api.chat(world.tokens["ann"], world.bot, channel=world.channel)
+    turn = await api.turn(world.tokens["ann"], chat, "what shall we eat?")
+    complete = "mutation($t: ID!) { completeTurn(turnId: $t) { status } }"
+    confide = 'mutation($t: ID!) { confide(turnId: $t, text: "I am unsure") { answer } }'
+    assert await api.codes(complete, {"t": turn["id"]}, world.tokens["bob"]) == ["FORBIDDEN"]
+    assert await api.codes(confide, {"t": turn["id"]}, world.tokens["bob"]) == ["FORBIDDEN"]
+    platform = await api.platform_token(world.org)
+    bot = await api.gql(ADD, {"t": turn["id"], "i": [{"kind": "BOT_MESSAGE", "text": "Pizza?"}]}, platform)
+    assert [i["kind"] for i in bot["addItems"]] == ["BOT_MESSAGE"]  # still open for the reply
+    done = await api.gql(complete, {"t": turn["id"]}, world.tokens["ann"])
+    assert done["completeTurn"]["status"] == "completed"
+
+
 async def test_other_organization_sees_nothing(api: Api) -> None:
     world = await make_world(api, ("ann",))
     other = await make_world(api, ("zed",))
