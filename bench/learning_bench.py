@@ -246,7 +246,7 @@ async def make_world(rt: Runtime, gateway: Gateway, tag: str) -> World:
     await provisioning.update_organization(
         rt, ADMIN, org.id, bot_memory=True, set_model=True, bot_memory_model=MODEL
     )
-    person, _token = await provisioning.create_person(rt, ADMIN, org.id, "bench-person")
+    person, _, _token = await provisioning.create_person(rt, ADMIN, org.id, "bench-person")
     world.person = person.id
     return world
 

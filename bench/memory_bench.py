@@ -391,7 +391,7 @@ async def provision(rt: Runtime, pool: Pool, rng: random.Random) -> None:
     pool.org = org.id
 
     async def person(name: str) -> str:
-        p, token = await provisioning.create_person(rt, ADMIN, pool.org, name)
+        p, _, token = await provisioning.create_person(rt, ADMIN, pool.org, name)
         pool.secrets[p.id] = token
         return p.id
 

@@ -77,10 +77,10 @@ class Mutation(MemoryMutation, MemoryBotMutation):
         self, info: Info, organization_id: strawberry.ID, name: str
     ) -> CreatePersonPayload:
         principal = await info.context.principal()
-        person, token = await provisioning.create_person(
+        person, token_id, token = await provisioning.create_person(
             info.context.runtime, principal, str(organization_id), name
         )
-        return CreatePersonPayload(person=Person.of(person), token=token)
+        return CreatePersonPayload(person=Person.of(person), token=token, token_id=strawberry.ID(token_id))
 
     @strawberry.mutation(description="A person issues another token for themselves (D9.5).")
     async def issue_token(self, info: Info, expires_in_seconds: int | None = None) -> IssuedToken:

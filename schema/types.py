@@ -68,6 +68,10 @@ class Person:
 class CreatePersonPayload:
     person: Person
     token: str = strawberry.field(description="The person's first API token; shown only this once.")
+    token_id: strawberry.ID = strawberry.field(
+        description="The id of that token, for revokeToken (by the admin, or the person): without it "
+        "a person's first token, the root of every token they issue, could never be revoked."
+    )
 
 
 @strawberry.type

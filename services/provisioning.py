@@ -60,8 +60,9 @@ async def update_organization(
 
 async def create_person(
     rt: Runtime, principal: Principal, organization_id: str, name: str
-) -> tuple[Person, str]:
-    """Create a person and return their first token, shown only this once (D9.5)."""
+) -> tuple[Person, str, str]:
+    """Create a person and return their first token's id and the token, shown only this once
+    (D9.5). The id is what revokes it: without it the first token could never be revoked."""
     require_admin(principal)
     check_id(organization_id, "organizationId")
     person_id, name, now = new_id("u"), check_name(name), now_ms()
@@ -80,7 +81,7 @@ async def create_person(
     )
     if row is None:
         raise NotFound("organization not found")
-    return Person.of(row), token
+    return Person.of(row), token_id, token
 
 
 async def me(rt: Runtime, principal: Principal) -> Person:

@@ -48,6 +48,27 @@ async def test_revoked_token_stops_working_everywhere(api: Api) -> None:
     assert (await api.gql(ME, token=world.tokens["ann"]))["me"]["id"] == world.people["ann"]
 
 
+async def test_a_persons_first_token_can_be_revoked_by_its_id(api: Api) -> None:
+    """D9.5: the admin can revoke any token. A person's first token — no expiry, the root of every
+    token they issue — came without its id, and nothing listed it: nobody could ever revoke it
+    (offboarding a person left it working). createPerson gives its id now; revoking it ends it
+    and the tokens issued below it."""
+    world = await make_world(api, ("ann",))
+    created = await api.admin(
+        'mutation($o: ID!) { createPerson(organizationId: $o, name: "bo") { person { id } token tokenId } }',
+        {"o": world.org},
+    )
+    first = created["createPerson"]["token"]
+    child = (await api.gql("mutation { issueToken { token } }", token=first))["issueToken"]["token"]
+    assert (await api.gql(ME, token=first))["me"]["id"] == created["createPerson"]["person"]["id"]
+    await api.admin(
+        "mutation($t: ID!) { revokeToken(tokenId: $t) { id } }", {"t": created["createPerson"]["tokenId"]}
+    )
+    assert await api.codes(ME, token=first) == ["UNAUTHENTICATED"]
+    assert await api.codes(ME, token=child) == ["UNAUTHENTICATED"]
+    assert (await api.gql(ME, token=world.tokens["ann"]))["me"]["id"] == world.people["ann"]  # nobody else's
+
+
 async def test_expired_token_is_refused(api: Api, runtime: Runtime) -> None:
     world = await make_world(api, ("ann",))
     issued = await api.gql(

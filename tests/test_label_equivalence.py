@@ -77,7 +77,7 @@ async def make_world(rt: Runtime) -> World:
     people: dict[str, Principal] = {}
     for name in PEOPLE:
         home = guest if name == "dan" else org
-        person, _ = await provisioning.create_person(rt, ADMIN, home, name)
+        person, _, _ = await provisioning.create_person(rt, ADMIN, home, name)
         people[name] = Principal("person", person_id=person.id, organization_id=home)
         await provisioning.grant_bot(rt, ADMIN, bot, person.id, Access.WRITE)
     ids = {n: p.person_id or "" for n, p in people.items()}

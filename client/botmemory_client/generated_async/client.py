@@ -746,6 +746,7 @@ class Client(AsyncBaseClient):
                   organizationId
                 }
                 token
+                tokenId
               }
             }
             """)

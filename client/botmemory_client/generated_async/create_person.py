@@ -13,6 +13,7 @@ class CreatePerson(BaseModel):
 class CreatePersonCreatePerson(BaseModel):
     person: "CreatePersonCreatePersonPerson"
     token: str
+    token_id: str = Field(alias="tokenId")
 
 
 class CreatePersonCreatePersonPerson(BaseModel):

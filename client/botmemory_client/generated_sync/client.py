@@ -741,6 +741,7 @@ class Client(BaseClient):
                   organizationId
                 }
                 token
+                tokenId
               }
             }
             """)
