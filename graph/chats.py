@@ -257,12 +257,15 @@ MATCH (ch:Chat {id: $chatId})
 CALL apoc.lock.nodes([ch])
 WITH ch
 SET ch.nextItemSeq = ch.nextItemSeq + $count
-RETURN ch.nextItemSeq - $count + 1 AS first
+RETURN ch.nextItemSeq - $count + 1 AS first, coalesce(ch.historyEpoch, 0) AS historyEpoch
 """
 
 
 class FirstRow(TypedDict):
+    """ALLOCATE_ITEMS: the first number, and the Chat's history epoch read under its lock."""
+
     first: int
+    historyEpoch: int
 
 
 CREATE_ITEMS: Final[LiteralString] = (
@@ -429,11 +432,12 @@ async def create_turn(
     return record["turn"]
 
 
-async def allocate_items(tx: AsyncManagedTransaction, *, chat_id: str, count: int) -> int:
-    """Reserve ``count`` Item numbers in the Chat; returns the first."""
+async def allocate_items(tx: AsyncManagedTransaction, *, chat_id: str, count: int) -> tuple[int, int]:
+    """The first of ``count`` new Item numbers of the Chat (its lock held to the commit), and its
+    history epoch as of that lock."""
     record = await single(tx, ALLOCATE_ITEMS, FirstRow, chatId=chat_id, count=count)
     assert record is not None
-    return int(record["first"])
+    return int(record["first"]), int(record["historyEpoch"])
 
 
 async def create_items(

@@ -1046,7 +1046,7 @@ MATCH (ch:Chat {id: $chatId})
 CALL apoc.lock.nodes([ch])
 WITH ch
 SET ch.nextItemSeq = ch.nextItemSeq + $count
-RETURN ch.nextItemSeq - $count + 1 AS first
+RETURN ch.nextItemSeq - $count + 1 AS first, coalesce(ch.historyEpoch, 0) AS historyEpoch
 
 // ---- graph.chats.ALLOCATE_TURN
 MATCH (ch:Chat {id: $chatId})

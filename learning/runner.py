@@ -95,8 +95,15 @@ async def send_message(
     except Exception as exc:  # the Turn still gets its reply and completes (it stayed open)
         log.warning("the Bot's reply failed (%s); it says it cannot answer", type(exc).__name__)
         reply = UNAVAILABLE_REPLY
-    [item] = await turns.add_items(rt, principal, turn.id, [NewItem(ItemKind.BOT_MESSAGE, reply)])
-    await _publish(hub, chat_id, TurnEvent(turn.id, "ITEM_ADDED", reply, item.id, "BOT_MESSAGE"))
+    # The reply is made of the history read above: a deletion since keeps none of its words (D9.23).
+    [item] = await turns.add_items(
+        rt,
+        principal,
+        turn.id,
+        [NewItem(ItemKind.BOT_MESSAGE, reply)],
+        made_in_epoch=memory_route.history_epoch,
+    )
+    await _publish(hub, chat_id, TurnEvent(turn.id, "ITEM_ADDED", item.text, item.id, "BOT_MESSAGE"))
     done = await turns.complete_turn(rt, principal, turn.id)
     await _publish(hub, chat_id, TurnEvent(turn.id, "TURN_COMPLETED"))
     return Turn(

@@ -94,10 +94,11 @@ def _new_row(
     row: chats_q.ChatForRow,
     seq: int,
     kind: ItemKind,
-    text: str,
+    text: str | None,
     app: str | None,
     speaker: str | None,
 ) -> dict[str, Any]:
+    """An Item's row (``text`` None: saved without words, as a deleted history leaves it)."""
     chat_id = row["chat"]["id"]
     uid = f"{chat_id}/i-{seq}"
     return {
@@ -105,8 +106,8 @@ def _new_row(
         "id": f"i-{seq}",
         "seq": seq,
         "kind": kind.value,
-        "text": chat_cipher(rt, row).encrypt(Kind.ITEM, uid, text),
-        "textLength": len(text),
+        "text": None if text is None else chat_cipher(rt, row).encrypt(Kind.ITEM, uid, text),
+        "textLength": 0 if text is None else len(text),
         "app": app,
         "speakerId": speaker,
     }
@@ -135,8 +136,18 @@ def require_own_turn(principal: Principal, row: chats_q.TurnForRow | None, does:
         raise Forbidden(f"a person {does} only their own Turns")
 
 
-async def add_items(rt: Runtime, principal: Principal, turn_id: str, items: list[NewItem]) -> list[Item]:
-    """Append Items to an open Turn, numbered within the Chat and encrypted (E1)."""
+async def add_items(
+    rt: Runtime,
+    principal: Principal,
+    turn_id: str,
+    items: list[NewItem],
+    *,
+    made_in_epoch: int | None = None,
+) -> list[Item]:
+    """Append Items to an open Turn, numbered within the Chat and encrypted (E1). ``made_in_epoch``:
+    the Chat's history epoch the Items' words were made from (the built-in runner's reply, made
+    of the history it read): when the history was deleted since, they are saved without their
+    words (D9.23: work that began before a deletion saves none of them)."""
     check_id(turn_id, "turnId")
     if not items or len(items) > _MAX_ITEMS_PER_CALL:
         raise BadInput(f"send between 1 and {_MAX_ITEMS_PER_CALL} items", field="items")
@@ -148,23 +159,30 @@ async def add_items(rt: Runtime, principal: Principal, turn_id: str, items: list
             check_id(item.app, f"items[{n}].app")
     now = now_ms()
 
-    async def work(tx: AsyncManagedTransaction) -> list[chats_q.ItemNode]:
+    async def work(tx: AsyncManagedTransaction) -> tuple[list[chats_q.ItemNode], bool]:
         # Locked: a completeTurn committing meanwhile is seen (its status), never appended to.
         row = await chats_q.turn_for_update(tx, turn_id=turn_id, person_id=principal.person_id)
         require_own_turn(principal, row, "adds Items to")
         assert row is not None
         if row["turn"]["status"] != "open":
             raise Conflict("the Turn is already completed")
-        first = await chats_q.allocate_items(tx, chat_id=row["chat"]["id"], count=len(items))
+        first, epoch = await chats_q.allocate_items(tx, chat_id=row["chat"]["id"], count=len(items))
+        words = made_in_epoch is None or made_in_epoch == epoch
         new_rows = [
             _new_row(
-                rt, row, first + n, i.kind, i.text, i.app, _speaker(i.kind, row["turn"], row["chat"], i.app)
+                rt,
+                row,
+                first + n,
+                i.kind,
+                i.text if words else None,
+                i.app,
+                _speaker(i.kind, row["turn"], row["chat"], i.app),
             )
             for n, i in enumerate(items)
         ]
-        return await chats_q.create_items(tx, turn_id=turn_id, items=new_rows, now=now)
+        return await chats_q.create_items(tx, turn_id=turn_id, items=new_rows, now=now), words
 
-    created = await write(rt.driver, work)
+    created, words = await write(rt.driver, work)
     return [
         Item(
             c["id"],
@@ -172,7 +190,7 @@ async def add_items(rt: Runtime, principal: Principal, turn_id: str, items: list
             c["turnId"],
             c["seq"],
             ItemKind(c["kind"]),
-            i.text,
+            i.text if words else None,
             c.get("app"),
             c.get("speakerId"),
             now,

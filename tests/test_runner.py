@@ -400,3 +400,31 @@ async def test_a_member_removed_while_the_reply_streams_gets_none_of_the_rest(
     assert "".join(e["text"] for e in events if e["kind"] == "REPLY_DELTA") == reply
     shown = "".join(e["text"] or "" for e in got + later)
     assert "Lyon" not in shown and shown.startswith("Where to?")
+
+
+async def test_a_reply_made_before_a_history_deletion_is_saved_without_its_words(
+    api: Api, model_server: ModelServer
+) -> None:
+    """D9.23: work that began before a deletion saves none of the words. The Bot's reply, made of
+    the history it was given (here the person's words, repeated), was saved after the owner
+    deleted the history — with its text — so the deleted words came back in the chat's messages
+    (its model call, by then, kept none). It is saved without words now; the caller still got it."""
+    w = await runner_world(api, ("ann",))
+    ann = w.tokens["ann"]
+    chat = await api.chat(ann, w.bot)
+    gate = threading.Event()
+    model_server.reset()
+    model_server.script("chat", Reply(text="You said your locker code is 4471.", hold=gate))
+    sending = asyncio.create_task(api.gql(SEND, {"c": chat, "t": "my locker code is 4471"}, ann))
+    try:
+        await model_server.wait_for_requests("chat", 1)
+        await api.gql("mutation($c: ID!) { deleteChatHistory(chatId: $c) { items } }", {"c": chat}, ann)
+    finally:
+        gate.set()
+    turn = (await sending)["sendMessage"]
+    assert turn["reply"] == "You said your locker code is 4471."  # the caller was answered
+    data = await api.gql("query($c: ID!) { chat(id: $c) { messages { kind text } } }", {"c": chat}, ann)
+    assert data["chat"]["messages"] == [
+        {"kind": "PERSON_MESSAGE", "text": None},
+        {"kind": "BOT_MESSAGE", "text": None},  # before: the reply, with the deleted words
+    ]
