@@ -234,7 +234,7 @@ RELABEL_RECORDING_REMOVALS: Final[LiteralString] = (
   CREATE (c)-[:REMOVED]->(:Removal {botId: $botId, version: version, entryId: r.id,
     beforeRequires: r.requires, beforeExcluded: r.excluded,
     afterRequires: r.afterRequires, afterExcluded: r.afterExcluded})
-  RETURN collect(r.id) AS removed
+  RETURN collect(DISTINCT r.id) AS removed
 }
 SET c.removedIds = removed
 """
@@ -289,7 +289,7 @@ REMOVED_FOR: Final[LiteralString] = (
   WHERE NOT """
     + VISIBLE
     + """
-  RETURN collect({version: r.version, id: r.entryId}) AS removed
+  RETURN collect(DISTINCT {version: r.version, id: r.entryId}) AS removed
 }
 """
 )

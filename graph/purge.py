@@ -14,15 +14,26 @@ from graph.driver import rows, single
 from graph.entries import CountRow
 from graph.topics import deleting, unlinked
 
-#: The entries carrying the purge tag, and the label of those someone may see now (``gone``, the
-#: removals of the purge, D9.24: after it, no one sees them).
+#: The entries carrying the purge tag, and the labels of those someone may see or saw (``gone``,
+#: the removals of the purge, D9.24: after it, no one sees them): the label an entry has now,
+#: and the label before each earlier removal of it — those removals go with the purge
+#: (PURGE_CHANGES), and a reader who had not yet been told of one (a feed or log read from before
+#: it) learns of the removal from the purge's own row. Only the label of now counted: an entry
+#: hidden or retracted before the purge was never announced as removed to such readers.
 TAGGED_IDS: Final[LiteralString] = """
 MATCH (e:Entry {botId: $botId})
 WHERE $tag IN e.tags
-RETURN collect(e.id) AS ids,
-       collect(CASE WHEN e.status <> 'retracted' AND e.lblRequires IS NOT NULL
-         THEN {id: e.id, requires: e.lblRequires, excluded: coalesce(e.lblExcluded, []),
-               afterRequires: ['#unproved'], afterExcluded: []} END) AS gone
+CALL (e) {
+  OPTIONAL MATCH (r:Removal {botId: $botId, entryId: e.id})
+  WITH collect(DISTINCT [r.beforeRequires, coalesce(r.beforeExcluded, [])]) AS earlier
+  RETURN [x IN earlier WHERE x[0] IS NOT NULL]
+         + CASE WHEN e.status <> 'retracted' AND e.lblRequires IS NOT NULL
+             THEN [[e.lblRequires, coalesce(e.lblExcluded, [])]] ELSE [] END AS labels
+}
+WITH collect(e.id) AS ids,
+     collect([l IN labels | {id: e.id, requires: l[0], excluded: l[1],
+                             afterRequires: ['#unproved'], afterExcluded: []}]) AS nested
+RETURN ids, reduce(all = [], each IN nested | all + each) AS gone
 """
 
 

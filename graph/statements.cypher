@@ -271,7 +271,7 @@ SET e.vecSeq = keyed.vecSeq
   CREATE (c)-[:REMOVED]->(:Removal {botId: $botId, version: version, entryId: r.id,
     beforeRequires: r.requires, beforeExcluded: r.excluded,
     afterRequires: r.afterRequires, afterExcluded: r.afterExcluded})
-  RETURN collect(r.id) AS removed
+  RETURN collect(DISTINCT r.id) AS removed
 }
 SET c.removedIds = removed
 
@@ -291,7 +291,7 @@ CALL (readers, org) {
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
        a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
 
-  RETURN collect({version: r.version, id: r.entryId}) AS removed
+  RETURN collect(DISTINCT {version: r.version, id: r.entryId}) AS removed
 }
 
 // ---- graph.access.SHARE_BASIS
@@ -498,7 +498,7 @@ CALL (readers, org) {
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
        a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
 
-  RETURN collect({version: r.version, id: r.entryId}) AS removed
+  RETURN collect(DISTINCT {version: r.version, id: r.entryId}) AS removed
 }
 
 WITH collect({key: sub.key, visible: visible, removed: removed}) AS found
@@ -567,7 +567,7 @@ CALL (readers, org) {
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
        a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
 
-  RETURN collect({version: r.version, id: r.entryId}) AS removed
+  RETURN collect(DISTINCT {version: r.version, id: r.entryId}) AS removed
 }
 RETURN removed
 
@@ -753,7 +753,7 @@ SET e.vecSeq = keyed.vecSeq
   CREATE (c)-[:REMOVED]->(:Removal {botId: $botId, version: version, entryId: r.id,
     beforeRequires: r.requires, beforeExcluded: r.excluded,
     afterRequires: r.afterRequires, afterExcluded: r.afterExcluded})
-  RETURN collect(r.id) AS removed
+  RETURN collect(DISTINCT r.id) AS removed
 }
 SET c.removedIds = removed
 }
@@ -947,7 +947,7 @@ SET e.vecSeq = keyed.vecSeq
   CREATE (c)-[:REMOVED]->(:Removal {botId: $botId, version: version, entryId: r.id,
     beforeRequires: r.requires, beforeExcluded: r.excluded,
     afterRequires: r.afterRequires, afterExcluded: r.afterExcluded})
-  RETURN collect(r.id) AS removed
+  RETURN collect(DISTINCT r.id) AS removed
 }
 SET c.removedIds = removed
 }
@@ -1036,7 +1036,7 @@ SET e.vecSeq = keyed.vecSeq
   CREATE (c)-[:REMOVED]->(:Removal {botId: $botId, version: version, entryId: r.id,
     beforeRequires: r.requires, beforeExcluded: r.excluded,
     afterRequires: r.afterRequires, afterExcluded: r.afterExcluded})
-  RETURN collect(r.id) AS removed
+  RETURN collect(DISTINCT r.id) AS removed
 }
 SET c.removedIds = removed
 RETURN removed
@@ -2558,10 +2558,17 @@ RETURN ids
 // ---- graph.purge.TAGGED_IDS
 MATCH (e:Entry {botId: $botId})
 WHERE $tag IN e.tags
-RETURN collect(e.id) AS ids,
-       collect(CASE WHEN e.status <> 'retracted' AND e.lblRequires IS NOT NULL
-         THEN {id: e.id, requires: e.lblRequires, excluded: coalesce(e.lblExcluded, []),
-               afterRequires: ['#unproved'], afterExcluded: []} END) AS gone
+CALL (e) {
+  OPTIONAL MATCH (r:Removal {botId: $botId, entryId: e.id})
+  WITH collect(DISTINCT [r.beforeRequires, coalesce(r.beforeExcluded, [])]) AS earlier
+  RETURN [x IN earlier WHERE x[0] IS NOT NULL]
+         + CASE WHEN e.status <> 'retracted' AND e.lblRequires IS NOT NULL
+             THEN [[e.lblRequires, coalesce(e.lblExcluded, [])]] ELSE [] END AS labels
+}
+WITH collect(e.id) AS ids,
+     collect([l IN labels | {id: e.id, requires: l[0], excluded: l[1],
+                             afterRequires: ['#unproved'], afterExcluded: []}]) AS nested
+RETURN ids, reduce(all = [], each IN nested | all + each) AS gone
 
 // ---- graph.search.DERIVED_SEQ
 MATCH (m:Memory {id: $botId}) RETURN coalesce(m.vecSeq, 0) AS seq

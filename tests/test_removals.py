@@ -286,3 +286,32 @@ async def test_a_catch_up_longer_than_a_page_delivers_every_row(
         await hub.catch_up(w.bot)
         got = [sub.queue.get_nowait() for _ in range(sub.queue.qsize())]
     assert [[e.id for e in event.entries] for event in got if event is not None] == [[c.id] for c in missed]
+
+
+async def test_a_purge_announces_what_it_removes_to_readers_not_yet_told_of_an_earlier_hiding(
+    api: Api, runtime: Runtime
+) -> None:
+    """D9.24: a purge deleted the earlier removals of the entries it purges and announced only
+    those someone could see at the purge. A team fact Ann retracted (Forget, the only person
+    behind it) and then purged with its chat: Bob, reading from before the retraction, was never
+    told it was removed — his client kept showing words Ann took back. The purge's row now names
+    it for everyone who saw it before any of the removals it erases."""
+    w = await make_world(api, ("ann", "bob"), channel=("ann", "bob"))
+    ann, bob = w.tokens["ann"], w.tokens["bob"]
+    group = await api.chat(ann, w.bot, w.channel)
+    team = await fact(runtime, w.bot, "Ann's team plan is secret", await said(api, ann, group, "our plan"))
+    assert team in await visible(api, bob, w.bot)
+    before = await version_of(api, bob, w.bot)
+    assert (await command(api, ann, w.bot, {"_tag": "Forget", "id": team})).status_code == 200
+    assert [i for (_, i) in await log_removals(api, bob, w.bot)] == [team]  # told at the retraction
+    purged = await api.http.post(
+        f"/v1/bots/{w.bot}/memory/purge",
+        json={"tag": f"chat:{group}"},
+        headers={"Authorization": f"Bearer {ann}"},
+    )
+    assert purged.status_code == 200, purged.text
+    assert [i for (_, i) in await log_removals(api, bob, w.bot)] == [team]  # before: [] (erased with it)
+    async with replay(api, bob, w.bot, before) as ws:
+        marker = await remember(api, bob, w.bot, "Bob's marker")
+        events = await events_until(ws, marker)
+    assert [i for (_, i) in removals(events)] == [team]
