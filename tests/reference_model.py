@@ -537,16 +537,17 @@ class Model:
     def chat_sees(self, chat: str, e: Entry) -> bool:
         """Every reader of an answer in the Chat passes (D9.15): its owner in a private chat; in a
         group chat every current member of its channel and the group itself (D9.22) — none when
-        the channel has no member."""
+        the channel has no member. Each person reader must use the Bot (D9.1: reading the memory
+        needs read on the Bot, in a chat too)."""
         c = self.chats[chat]
         if e.status == RETRACTED or e.bot != c.bot:
             return False
         if c.channel is None:
-            return self._proved(e, e, c.owner, c.bot, 0)
+            return self.uses_bot(c.owner, c.bot) and self._proved(e, e, c.owner, c.bot, 0)
         group = self.channels[c.channel]
         return (
             bool(group.members)
-            and all(self._proved(e, e, m, c.bot, 0) for m in group.members)
+            and all(self.uses_bot(m, c.bot) and self._proved(e, e, m, c.bot, 0) for m in group.members)
             and self._proved(e, e, "#group", c.bot, 0, group)
         )
 
