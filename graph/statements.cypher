@@ -2558,17 +2558,18 @@ RETURN ids
 // ---- graph.purge.TAGGED_IDS
 MATCH (e:Entry {botId: $botId})
 WHERE $tag IN e.tags
-CALL (e) {
-  OPTIONAL MATCH (r:Removal {botId: $botId, entryId: e.id})
-  WITH collect(DISTINCT [r.beforeRequires, coalesce(r.beforeExcluded, [])]) AS earlier
-  RETURN [x IN earlier WHERE x[0] IS NOT NULL]
-         + CASE WHEN e.status <> 'retracted' AND e.lblRequires IS NOT NULL
-             THEN [[e.lblRequires, coalesce(e.lblExcluded, [])]] ELSE [] END AS labels
+WITH collect(e) AS tagged
+CALL (tagged) {
+  MATCH (r:Removal {botId: $botId})
+  WHERE r.version IS NOT NULL AND r.entryId IN [x IN tagged | x.id]
+  RETURN collect(DISTINCT {id: r.entryId, requires: r.beforeRequires,
+                           excluded: coalesce(r.beforeExcluded, [])}) AS earlier
 }
-WITH collect(e.id) AS ids,
-     collect([l IN labels | {id: e.id, requires: l[0], excluded: l[1],
-                             afterRequires: ['#unproved'], afterExcluded: []}]) AS nested
-RETURN ids, reduce(all = [], each IN nested | all + each) AS gone
+RETURN [x IN tagged | x.id] AS ids,
+       [g IN earlier WHERE g.requires IS NOT NULL | g {.*, afterRequires: ['#unproved'], afterExcluded: []}]
+       + [x IN tagged WHERE x.status <> 'retracted' AND x.lblRequires IS NOT NULL |
+          {id: x.id, requires: x.lblRequires, excluded: coalesce(x.lblExcluded, []),
+           afterRequires: ['#unproved'], afterExcluded: []}] AS gone
 
 // ---- graph.search.DERIVED_SEQ
 MATCH (m:Memory {id: $botId}) RETURN coalesce(m.vecSeq, 0) AS seq
