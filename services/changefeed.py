@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,11 +31,16 @@ from services import metrics, pubsub
 from services.memory import Entry, decrypt_entry
 from services.runtime import Runtime, now_ms
 
+log = logging.getLogger("services.changefeed")
+
 CHANNEL_PATTERN = "botmemory:changes:*"
 
 
 #: Log rows read per statement when catching up or replaying.
 LOG_PAGE = 200
+#: A Bot whose change could not be delivered is caught up from the log after this pause, doubled
+#: while it fails, up to the longest.
+RETRY_FIRST_SECONDS, RETRY_LONGEST_SECONDS = 0.5, 60.0
 
 
 @dataclass(frozen=True, slots=True, eq=False, weakref_slot=True)
@@ -88,6 +94,8 @@ class ChangeHub:
         self._task: asyncio.Task[None] | None = None
         self._counter = 0
         self.ready = asyncio.Event()
+        #: Per Bot whose change could not be delivered: the task that catches it up later.
+        self._retrying: dict[str, asyncio.Task[None]] = {}
 
     async def start(self) -> None:
         self._task = asyncio.create_task(
@@ -103,10 +111,11 @@ class ChangeHub:
         )
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        for task in [self._task, *self._retrying.values()]:
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
     @contextlib.asynccontextmanager
     async def subscribe(
@@ -130,6 +139,39 @@ class ChangeHub:
                 self.versions.pop(bot_id, None)
 
     async def deliver(self, event: dict[str, Any]) -> None:
+        """:meth:`_deliver`; one that fails leaves its Bot's last version where it was and catches
+        that Bot up from the log later (:meth:`_later`), while other Bots' events go on."""
+        try:
+            await self._deliver(event)
+        except Exception as exc:
+            bot_id = str(event.get("botId", ""))
+            log.warning("a change was not delivered (%s); its Bot catches up later", type(exc).__name__)
+            if bot_id in self.versions:
+                self._later(bot_id)
+
+    def _later(self, bot_id: str) -> None:
+        """Catch the Bot up from the log after a pause, doubling up to a minute while it fails and
+        while it has local subscribers (one such task per Bot)."""
+        if bot_id in self._retrying:
+            return
+
+        async def retry() -> None:
+            pause = RETRY_FIRST_SECONDS
+            try:
+                while bot_id in self.subscribers:
+                    await asyncio.sleep(pause)
+                    try:
+                        await self.catch_up(bot_id)
+                        return
+                    except Exception as exc:
+                        log.warning("a Bot's changes could not be caught up (%s)", type(exc).__name__)
+                        pause = min(pause * 2, RETRY_LONGEST_SECONDS)
+            finally:
+                self._retrying.pop(bot_id, None)
+
+        self._retrying[bot_id] = asyncio.create_task(retry(), name="changefeed-retry")
+
+    async def _deliver(self, event: dict[str, Any]) -> None:
         """One batched check per event for every local subscriber of the Bot; an event past a gap
         first delivers what was missed, from the log (D9.24)."""
         bot_id, version = str(event["botId"]), int(event["version"])

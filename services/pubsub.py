@@ -56,7 +56,13 @@ async def listen(
                     continue
                 heard, pinged = now, None
                 if message.get("type") == "pmessage":
-                    await handle(json.loads(message["data"]))
+                    try:
+                        await handle(json.loads(message["data"]))
+                    except Exception as exc:
+                        # One message that cannot be handled (its Bot's key, a store that failed
+                        # for it) is that message's: taken for a lost connection, it was handled
+                        # again after every reconnect, and no other message of the process was.
+                        log.warning("%s: a message was not handled (%s)", pattern, type(exc).__name__)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # keep listening: a lost Redis connection must not end the feed
