@@ -27,7 +27,7 @@ from neo4j import AsyncManagedTransaction
 from graph import bots as bots_q
 from graph import changefeed
 from graph.driver import autocommit, read
-from services import metrics, pubsub
+from services import metrics, pubsub, turnfeed
 from services.memory import Entry, decrypt_entry
 from services.runtime import Runtime, now_ms
 
@@ -96,6 +96,8 @@ class ChangeHub:
         self.ready = asyncio.Event()
         #: Per Bot whose change could not be delivered: the task that catches it up later.
         self._retrying: dict[str, asyncio.Task[None]] = {}
+        self._access_task: asyncio.Task[None] | None = None
+        self.access_ready = asyncio.Event()
 
     async def start(self) -> None:
         self._task = asyncio.create_task(
@@ -109,9 +111,41 @@ class ChangeHub:
             ),
             name="changefeed",
         )
+        self._access_task = asyncio.create_task(
+            pubsub.listen(
+                self.rt.redis,
+                turnfeed.ACCESS_CHANNEL,
+                self.access_changed,
+                self.access_ready,
+                silence=self.rt.settings.redis_timeout_seconds,
+            ),
+            name="changefeed-access",
+        )
+
+    async def access_changed(self, _message: dict[str, Any]) -> None:
+        """Who may follow a Bot may have changed (a token revoked, a grant or a channel's members
+        set, announced by ``turnfeed.announce_access_change``): each Bot's local subscribers are
+        checked again, and a stream that lost access ends (UNAUTHENTICATED) now — it was checked
+        only when the Bot next changed, so on a quiet Bot a revoked token's stream stayed open."""
+        for bot_id in list(self.subscribers):
+            local = list(self.subscribers.get(bot_id, {}).values())
+            if not local:
+                continue
+            subs = [
+                {"key": k, "person": s.person_id, "org": s.org, "token": s.token_id}
+                for k, s in {s.identity: s for s in local}.items()
+            ]
+            now = now_ms()
+            found = await autocommit(
+                self.rt.driver,
+                lambda session, b=bot_id, subs=subs, now=now: changefeed.deliveries(
+                    session, bot_id=b, ids=[], versions=[], subs=subs, now=now
+                ),
+            )
+            self._hand_out(local, {s.identity: None for s in local if s.identity not in found.visible})
 
     async def stop(self) -> None:
-        for task in [self._task, *self._retrying.values()]:
+        for task in [self._task, self._access_task, *self._retrying.values()]:
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

@@ -280,6 +280,7 @@ async def grant_bot(rt: Runtime, principal: Principal, bot_id: str, person_id: s
     await write(
         rt.driver, lambda tx: bots_q.set_grant(tx, bot_id=bot_id, person_id=person_id, access=access.value)
     )
+    await turnfeed.announce_access_change(rt)  # feeds of someone who lost the grant end at once
     return bot
 
 

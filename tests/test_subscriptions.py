@@ -94,6 +94,27 @@ async def test_revoked_token_ends_the_subscription(api: Api, runtime: Runtime) -
         assert "after revocation" not in json.dumps(message)
 
 
+async def test_a_stream_that_loses_access_ends_at_once_on_a_quiet_bot(api: Api) -> None:
+    """A revoked token's (or a person set to NONE's) memoryChanges stream was checked only when
+    the Bot next changed: on a quiet Bot it stayed open, holding one of the connection's
+    operations, and no UNAUTHENTICATED came. Access changes are announced to the change feed too:
+    the stream ends at once, with nothing written to the Bot."""
+    w = await make_world(api, ("ann", "bob"))
+    issued = await api.gql("mutation { issueToken { id token } }", token=w.tokens["ann"])
+    async with subscription(api, issued["issueToken"]["token"], w.bot) as ws:
+        await api.gql(
+            "mutation($t: ID!) { revokeToken(tokenId: $t) { id } }",
+            {"t": issued["issueToken"]["id"]},
+            w.tokens["ann"],
+        )
+        message = json.loads(await asyncio.wait_for(ws.recv(), 10))
+        assert message["payload"]["errors"][0]["extensions"]["code"] == "UNAUTHENTICATED", message
+    async with subscription(api, w.tokens["bob"], w.bot) as ws:
+        await api.grant(w.bot, w.people["bob"], "NONE")
+        message = json.loads(await asyncio.wait_for(ws.recv(), 10))
+        assert message["type"] == "next" and message["payload"]["errors"], message
+
+
 async def test_changes_made_on_another_api_process_are_delivered(api: Api, settings: Settings) -> None:
     w = await make_world(api, ("ann",))
     other = ApiProcess(settings, settings.data_dir / "logs" / "pytest-api-2.log")
