@@ -64,18 +64,26 @@ SET x.status = 'queued', x.queuedAt = $now
 RETURN collect({id: x.id, epoch: x.epoch}) AS queued
 """
 
-#: A worker takes the execution for one epoch: only a queued execution of that very epoch.
-CLAIM: Final[LiteralString] = """
+#: The head of a transition of one epoch: the execution ``$id`` locked, then read again (after the
+#: lock, so a transition that committed meanwhile is seen) and held to ``$epoch`` and a status
+#: (the statement goes on with that status's literal).
+_OF_EPOCH: Final[LiteralString] = """
 MATCH (held:LearningExecution {id: $id})
 CALL apoc.lock.nodes([held])
 WITH held
 MATCH (x:LearningExecution) WHERE elementId(x) = elementId(held)
 WITH x
-WHERE x.epoch = $epoch AND x.status = 'queued'
+WHERE x.epoch = $epoch AND x.status = """
+
+#: A worker takes the execution for one epoch: only a queued execution of that very epoch.
+CLAIM: Final[LiteralString] = (
+    _OF_EPOCH
+    + """'queued'
 SET x.status = 'running', x.leaseUntil = $now + $leaseMs, x.attempts = x.attempts + 1,
     x.worker = $worker, x.startedAt = coalesce(x.startedAt, $now)
 RETURN x {.id, .botId, .chatId, .turnId, .turnSeq, .epoch, .attempts} AS execution
 """
+)
 
 
 class ClaimMap(TypedDict):
@@ -92,16 +100,13 @@ class ClaimRow(TypedDict):
     execution: ClaimMap
 
 
-RENEW_LEASE: Final[LiteralString] = """
-MATCH (held:LearningExecution {id: $id})
-CALL apoc.lock.nodes([held])
-WITH held
-MATCH (x:LearningExecution) WHERE elementId(x) = elementId(held)
-WITH x
-WHERE x.epoch = $epoch AND x.status = 'running'
+RENEW_LEASE: Final[LiteralString] = (
+    _OF_EPOCH
+    + """'running'
 SET x.leaseUntil = $until
 RETURN count(x) AS renewed
 """
+)
 
 
 class RenewedRow(TypedDict):
@@ -109,17 +114,14 @@ class RenewedRow(TypedDict):
 
 
 #: Leave ``running`` without a commit: a safe failure, a skip, or waiting for budget.
-FINISH: Final[LiteralString] = """
-MATCH (held:LearningExecution {id: $id})
-CALL apoc.lock.nodes([held])
-WITH held
-MATCH (x:LearningExecution) WHERE elementId(x) = elementId(held)
-WITH x
-WHERE x.epoch = $epoch AND x.status = 'running'
+FINISH: Final[LiteralString] = (
+    _OF_EPOCH
+    + """'running'
 SET x.status = $status, x.error = $error, x.leaseUntil = null,
     x.endedAt = CASE WHEN $status IN ['done', 'failed', 'skipped'] THEN $now ELSE null END
 RETURN count(x) AS finished
 """
+)
 
 
 class FinishedRow(TypedDict):
@@ -129,16 +131,13 @@ class FinishedRow(TypedDict):
 #: Its own worker hands the execution on to a new epoch, queued at once (as SWEEP_EXPIRED does for
 #: a lease that lapsed): it waited for the Chat's step slot as long as its job may, or used its
 #: job's time with evidence left. The next job reads on from the read position.
-REQUEUE: Final[LiteralString] = """
-MATCH (held:LearningExecution {id: $id})
-CALL apoc.lock.nodes([held])
-WITH held
-MATCH (x:LearningExecution) WHERE elementId(x) = elementId(held)
-WITH x
-WHERE x.epoch = $epoch AND x.status = 'running'
+REQUEUE: Final[LiteralString] = (
+    _OF_EPOCH
+    + """'running'
 SET x.epoch = x.epoch + 1, x.status = 'queued', x.queuedAt = $now, x.leaseUntil = null
 RETURN collect({id: x.id, epoch: x.epoch}) AS queued
 """
+)
 
 
 POSITION: Final[LiteralString] = """

@@ -85,6 +85,14 @@ class CaughtUp:
 Outcome = dict[str, ChangeEvent | None]
 
 
+def _identities(local: Sequence[Subscriber]) -> list[dict[str, str]]:
+    """The distinct identities of ``local`` as the delivery statement checks them (``$subs``)."""
+    return [
+        {"key": k, "person": s.person_id, "org": s.org, "token": s.token_id}
+        for k, s in {s.identity: s for s in local}.items()
+    ]
+
+
 class ChangeHub:
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
@@ -131,10 +139,7 @@ class ChangeHub:
             local = list(self.subscribers.get(bot_id, {}).values())
             if not local:
                 continue
-            subs = [
-                {"key": k, "person": s.person_id, "org": s.org, "token": s.token_id}
-                for k, s in {s.identity: s for s in local}.items()
-            ]
+            subs = _identities(local)
             now = now_ms()
             found = await autocommit(
                 self.rt.driver,
@@ -304,10 +309,7 @@ class ChangeHub:
         changes ``versions`` (those that hid something), split per change."""
         ids = sorted({str(i) for change in changes for i in change["ids"]})
         identities = {s.identity: s for s in local}
-        subs = [
-            {"key": k, "person": s.person_id, "org": s.org, "token": s.token_id}
-            for k, s in identities.items()
-        ]
+        subs = _identities(local)
         now = now_ms()
         cipher = self.rt.keyring.cached(bot_id)
 

@@ -286,19 +286,31 @@ async def test_rewrites_packs_and_confide_answers_are_offered_what_answers_them(
     assert "Ann keeps her passport in the blue Zanzibar tin" in answer.body["messages"][0]["content"]
 
 
+async def errands_world(api: Api) -> tuple[World, str, tuple[str, str]]:
+    """Ann, her private chat and the Item the errands are learnt from."""
+    w = await make_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    return w, chat, await said(api, w.tokens["ann"], chat, "lists")
+
+
+async def learn_errands(
+    runtime: Runtime, bot: str, embedder: LocalMiniLM, source: tuple[str, str]
+) -> list[str]:
+    """140 short facts (~20 characters each): their ids."""
+    return await learn_facts(
+        runtime, bot, embedder, *(f"Ann's errand {n:03d}" for n in range(140)), source=source
+    )
+
+
 async def test_context_with_a_query_fills_its_budget_with_short_lines(api: Api, runtime: Runtime) -> None:
     """Relevance chooses what fills the budget (design §10): 140 entries of ~20 characters fill
     4,000 characters as 140 lines. It asks for what the budget holds at the Bot's mean line
     length (100 before any is known: 50 entries) and at most 100 — the budget was left two thirds
     empty — and now asks again when every entry it asked for fit with room to spare."""
-    w = await make_world(api, ("ann",))
-    chat = await api.chat(w.tokens["ann"], w.bot)
-    source = await said(api, w.tokens["ann"], chat, "lists")
+    w, chat, source = await errands_world(api)
     embedder = LocalMiniLM()
     try:
-        ids = await learn_facts(
-            runtime, w.bot, embedder, *(f"Ann's errand {n:03d}" for n in range(140)), source=source
-        )
+        ids = await learn_errands(runtime, w.bot, embedder, source)
         reader = await memory.chat_reader(runtime, chat)
         assert reader is not None
         got = await search.context(runtime, embedder, w.bot, reader, 4000, query="Which errand is next?")
@@ -315,14 +327,10 @@ async def test_context_with_a_query_fills_its_budget_past_an_entry_that_does_not
     """An entry whose line is longer than the budget, among those asked for, is skipped (N3), and the others fill
     the budget: it asked again only when every entry asked for fit, so one that did not left
     the budget three quarters empty (49 of 140 short lines)."""
-    w = await make_world(api, ("ann",))
-    chat = await api.chat(w.tokens["ann"], w.bot)
-    source = await said(api, w.tokens["ann"], chat, "lists")
+    w, chat, source = await errands_world(api)
     embedder = LocalMiniLM()
     try:
-        ids = await learn_facts(
-            runtime, w.bot, embedder, *(f"Ann's errand {n:03d}" for n in range(140)), source=source
-        )
+        ids = await learn_errands(runtime, w.bot, embedder, source)
         longest = ("Ann's errand list: " + "errand " * 600)[:3999]  # as long as an entry may be
         await learn_facts(runtime, w.bot, embedder, longest, source=source)
         reader = await memory.chat_reader(runtime, chat)

@@ -74,17 +74,20 @@ async def test_connection_needs_a_valid_token_and_the_legacy_protocol_is_off(api
         assert refused.value.rcvd is not None and refused.value.rcvd.code == 4406
 
 
+async def revoke(api: Api, issued: dict[str, Any], token: str) -> None:
+    """Revoke the token ``issueToken`` gave (``issued``), as its person (``token``)."""
+    await api.gql(
+        "mutation($t: ID!) { revokeToken(tokenId: $t) { id } }", {"t": issued["issueToken"]["id"]}, token
+    )
+
+
 async def test_revoked_token_ends_the_subscription(api: Api, runtime: Runtime) -> None:
     w = await make_world(api, ("ann",))
     chat = await api.chat(w.tokens["ann"], w.bot)
     src = await said(api, w.tokens["ann"], chat, "x")
     issued = await api.gql("mutation { issueToken { id token } }", token=w.tokens["ann"])
     async with subscription(api, issued["issueToken"]["token"], w.bot) as ws:
-        await api.gql(
-            "mutation($t: ID!) { revokeToken(tokenId: $t) { id } }",
-            {"t": issued["issueToken"]["id"]},
-            w.tokens["ann"],
-        )
+        await revoke(api, issued, w.tokens["ann"])
         await fact(runtime, w.bot, "after revocation", src)
         message = json.loads(await asyncio.wait_for(ws.recv(), 5))
         assert (
@@ -102,11 +105,7 @@ async def test_a_stream_that_loses_access_ends_at_once_on_a_quiet_bot(api: Api) 
     w = await make_world(api, ("ann", "bob"))
     issued = await api.gql("mutation { issueToken { id token } }", token=w.tokens["ann"])
     async with subscription(api, issued["issueToken"]["token"], w.bot) as ws:
-        await api.gql(
-            "mutation($t: ID!) { revokeToken(tokenId: $t) { id } }",
-            {"t": issued["issueToken"]["id"]},
-            w.tokens["ann"],
-        )
+        await revoke(api, issued, w.tokens["ann"])
         message = json.loads(await asyncio.wait_for(ws.recv(), 10))
         assert message["payload"]["errors"][0]["extensions"]["code"] == "UNAUTHENTICATED", message
     async with subscription(api, w.tokens["bob"], w.bot) as ws:
