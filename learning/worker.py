@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 import socket
 import sys
 import time
@@ -27,7 +28,7 @@ from learning.sweeper import sweeper
 from services import jobs, metrics
 from services.bootstrap import open_runtime, redis_of
 from services.embedding import EmbedderUnavailable
-from services.logs import configure_logging
+from services.logs import configure_logging, log_tasks
 from services.runtime import Runtime, now_ms
 from services.settings import Settings, load_settings
 
@@ -52,6 +53,8 @@ async def startup(ctx: dict[str, Any]) -> None:
     ctx["runtime"], ctx["gateway"] = runtime, gateway
     ctx["runner"] = ExecutionRunner(runtime, gateway, f"{socket.gethostname()}:{os.getpid()}")
     ctx["sweeper"] = asyncio.create_task(sweeper(runtime))
+    # `kill -USR1 <pid>` logs where each of its tasks waits (a worker that seems stuck).
+    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, log_tasks, log)
     await heartbeat(ctx)
     log.info("worker ready")
 

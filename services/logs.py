@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 
@@ -24,3 +25,32 @@ def configure_logging(level: str) -> None:
     access = logging.getLogger("uvicorn.access")
     if not any(isinstance(f, DropQueryString) for f in access.filters):
         access.addFilter(DropQueryString())
+
+
+def _awaiting(awaitable: object) -> list[str]:
+    """Where a suspended coroutine waits, outermost first: ``file:line function`` down its chain of
+    awaits (coroutines, async generators, generator-based awaitables), never a local's value."""
+    where: list[str] = []
+    while awaitable is not None and len(where) < 64:
+        frame = getattr(awaitable, "cr_frame", None) or getattr(awaitable, "ag_frame", None)
+        frame = frame or getattr(awaitable, "gi_frame", None)
+        if frame is not None:
+            code = frame.f_code
+            place = "/".join(code.co_filename.split("/")[-2:])
+            where.append(f"{place}:{frame.f_lineno} {code.co_name}")
+        awaitable = (
+            getattr(awaitable, "cr_await", None)
+            or getattr(awaitable, "ag_await", None)
+            or getattr(awaitable, "gi_yieldfrom", None)
+        )
+    return where
+
+
+def log_tasks(logger: logging.Logger) -> None:
+    """Log every task of the running loop and where it waits (``kill -USR1`` of a worker): what a
+    process that seems stuck is waiting on, without a debugger. Code positions only, no content."""
+    tasks = asyncio.all_tasks()
+    logger.warning("tasks: %d", len(tasks))
+    for task in sorted(tasks, key=lambda t: t.get_name()):
+        logger.warning("task %s waits at %s", task.get_name(), " > ".join(_awaiting(task.get_coro())) or "?")
+    logger.warning("tasks: end")

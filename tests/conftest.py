@@ -5,10 +5,13 @@ Nothing here mocks a database. A missing service is a failure with a clear messa
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+import signal
+import time
+from collections.abc import AsyncIterator, Generator, Iterator
 from pathlib import Path
 
 import httpx
+import neo4j
 import pytest
 
 from graph.learning import ENDS
@@ -96,11 +99,72 @@ class WorkerProcess(_WorkerProcess):
         super().__init__(log_path, extra_env, cwd=ROOT)
 
 
+#: The suite's worker, for the story of a failed test (``pytest_runtest_makereport``).
+_WORKERS: list[WorkerProcess] = []
+
+
 @pytest.fixture(scope="session")
 def worker_process(settings: Settings, service_env: dict[str, str]) -> Iterator[WorkerProcess]:
     process = WorkerProcess(settings.data_dir / "logs" / "pytest-worker.log", service_env)
+    _WORKERS.append(process)
     yield process
+    _WORKERS.remove(process)
     process.stop()
+
+
+#: The worker log's last lines a failed test's report shows (the cron jobs' lines left out).
+_STORY_LINES = 60
+
+
+def _worker_story(process: WorkerProcess) -> str:
+    """The worker's last log lines, after it logged where each of its tasks waits (SIGUSR1,
+    ``services.logs.log_tasks``): what a learning execution that never ended was waiting on."""
+    if process.proc.poll() is None:
+        size = process.log_path.stat().st_size
+        process.proc.send_signal(signal.SIGUSR1)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            with process.log_path.open("rb") as f:
+                f.seek(size)
+                if b"tasks: end" in f.read():
+                    break
+            time.sleep(0.05)
+    lines = process.log_path.read_text(errors="replace").splitlines()
+    kept = [line for line in lines[-4 * _STORY_LINES :] if "cron:" not in line]
+    return "\n".join(kept[-_STORY_LINES:])
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A test that failed while the suite's worker runs shows the worker's story with it."""
+    report = yield
+    if report.failed and report.when in ("setup", "call") and _WORKERS:
+        report.sections.append(("worker log (last lines, tasks at the failure)", _worker_story(_WORKERS[0])))
+        report.sections.append(("Neo4j transactions at the failure", _transactions()))
+    return report
+
+
+def _transactions() -> str:
+    """Neo4j's transactions as the test failed: which wait for a lock, held by whom, doing what
+    (the statement's text, never its parameters)."""
+    settings = load_settings()
+    password = settings.neo4j_password.get_secret_value() if settings.neo4j_password else ""
+    try:
+        with neo4j.GraphDatabase.driver(settings.neo4j_uri, auth=(settings.neo4j_user, password)) as driver:
+            records, _, _ = driver.execute_query(
+                "SHOW TRANSACTIONS YIELD transactionId, status, elapsedTime, currentQuery "
+                "RETURN transactionId, status, elapsedTime, currentQuery ORDER BY elapsedTime DESC"
+            )
+    except neo4j.exceptions.Neo4jError as exc:
+        return f"not read: {exc.code}"
+    except (neo4j.exceptions.DriverError, OSError) as exc:
+        return f"not read: {type(exc).__name__}"
+    return "\n".join(
+        f"{r['transactionId']} {r['status']} {r['elapsedTime']} {' '.join(str(r['currentQuery']).split())[:160]}"
+        for r in records
+    )
 
 
 @pytest.fixture(scope="session")
