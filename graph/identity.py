@@ -104,18 +104,20 @@ MATCH (t:Token {hash: $hash})
 WHERE t.revokedAt IS NULL AND (t.expiresAt IS NULL OR t.expiresAt > $now)
 OPTIONAL MATCH (t)-[:FOR]->(p:Person)-[:MEMBER_OF]->(po:Organization)
 OPTIONAL MATCH (t)-[:FOR]->(o:Organization)
-RETURN t.id AS tokenId, t.kind AS kind, p.id AS personId, coalesce(po.id, o.id) AS organizationId
+RETURN t.id AS tokenId, t.kind AS kind, p.id AS personId, coalesce(po.id, o.id) AS organizationId,
+       t.expiresAt AS expiresAt
 """
 
 
 class TokenRow(TypedDict):
     """TOKEN_BY_HASH: ``personId`` only for a person's token; ``organizationId`` None when what
-    the token is for is gone."""
+    the token is for is gone; ``expiresAt`` None for a token that never expires."""
 
     tokenId: str
     kind: str
     personId: str | None
     organizationId: str | None
+    expiresAt: int | None
 
 
 TOKEN_OWNER: Final[LiteralString] = """

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncGenerator
+from typing import TypeVar
 from weakref import WeakKeyDictionary
 
 import strawberry
@@ -12,10 +14,27 @@ from schema.memory import MemoryChangeEvent
 from schema.types import TurnEvent
 from services import chats, memory
 from services.changefeed import CaughtUp, ChangeEvent
+from services.domain import Principal
 from services.errors import BadInput, Forbidden, NotFound, TooSlow, Unauthenticated
+from services.runtime import now_ms
+
+T = TypeVar("T")
 
 #: One GraphQL view per change event, for every local subscriber it goes to (schema.fanout).
 _VIEWS: WeakKeyDictionary[ChangeEvent, MemoryChangeEvent] = WeakKeyDictionary()
+
+
+async def _next(queue: asyncio.Queue[T], principal: Principal) -> T:
+    """The stream's next event, while the caller's token lives: at its expiry the stream ends
+    UNAUTHENTICATED, as at a revocation (a quiet stream stayed open past it, holding one of the
+    connection's operations, until something happened to check it again)."""
+    if principal.expires_at is None:
+        return await queue.get()
+    try:
+        async with asyncio.timeout(max(principal.expires_at - now_ms(), 0) / 1000):
+            return await queue.get()
+    except TimeoutError:
+        raise Unauthenticated("invalid, expired or revoked token") from None
 
 
 def _view_of(event: ChangeEvent) -> MemoryChangeEvent:
@@ -54,7 +73,7 @@ class Subscription:
                         raise Unauthenticated("the token or the read grant is gone")
                     yield MemoryChangeEvent.of(replayed)
             while True:
-                event = await sub.queue.get()
+                event = await _next(sub.queue, principal)
                 if event is None and sub.too_slow:
                     raise TooSlow("this subscription fell more than 100 events behind; subscribe again")
                 if event is None:
@@ -76,7 +95,7 @@ class Subscription:
             raise Unauthenticated("subscriptions need a person's token")
         async with hub.subscribe(chat.id, principal.person_id, principal.token_id) as sub:
             while True:
-                event = await sub.queue.get()
+                event = await _next(sub.queue, principal)
                 if event is None and sub.too_slow:
                     raise TooSlow("this subscription fell more than 1,000 events behind; subscribe again")
                 if event is None and sub.token_gone:

@@ -31,7 +31,11 @@ async def authenticate(runtime: Runtime, authorization: str | None) -> Principal
         raise Unauthenticated("invalid, expired or revoked token")
     kind = "person" if row["kind"] == "person" else "platform"
     return Principal(
-        kind, token_id=row["tokenId"], person_id=row["personId"], organization_id=row["organizationId"]
+        kind,
+        token_id=row["tokenId"],
+        person_id=row["personId"],
+        organization_id=row["organizationId"],
+        expires_at=row["expiresAt"],
     )
 
 

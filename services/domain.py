@@ -35,6 +35,8 @@ class Principal:
     token_id: str | None = None
     person_id: str | None = None
     organization_id: str | None = None
+    #: When the token expires (epoch ms; None: never): an open stream ends then.
+    expires_at: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,7 +26,7 @@ from services.settings import Settings
 from services.writepath import apply_changes
 from tests.client import Api, make_world
 from tests.conftest import ApiProcess
-from tests.feed_helpers import next_event, subscription, ws_url
+from tests.feed_helpers import next_event, subscribed, subscription, ws_url
 from tests.memory_helpers import command, fact, said
 
 
@@ -112,6 +112,28 @@ async def test_a_stream_that_loses_access_ends_at_once_on_a_quiet_bot(api: Api) 
         await api.grant(w.bot, w.people["bob"], "NONE")
         message = json.loads(await asyncio.wait_for(ws.recv(), 10))
         assert message["type"] == "next" and message["payload"]["errors"], message
+
+
+async def test_a_stream_ends_when_its_token_expires(api: Api, runtime: Runtime) -> None:
+    """A token that expired while its streams were open: memoryChanges and turnEvents went on
+    until something happened on the Bot or the chat to check it again. Both now end at its
+    expiry, UNAUTHENTICATED, with nothing written meanwhile (the token issued for 60 s, the
+    least there is, is made to end in two seconds in the graph)."""
+    w = await make_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    for feed, query, variables in (
+        ("memoryChanges", "subscription($b: ID!) { memoryChanges(botId: $b) { version } }", {"b": w.bot}),
+        ("turnEvents", "subscription($c: ID!) { turnEvents(chatId: $c) { kind } }", {"c": chat}),
+    ):
+        issued = await api.gql(
+            "mutation { issueToken(expiresInSeconds: 60) { id token } }", token=w.tokens["ann"]
+        )
+        await runtime.driver.execute_query(
+            "MATCH (t:Token {id: $id}) SET t.expiresAt = timestamp() + 2000", id=issued["issueToken"]["id"]
+        )
+        async with subscribed(api, issued["issueToken"]["token"], query, variables, feed) as ws:
+            message = json.loads(await asyncio.wait_for(ws.recv(), 15))
+            assert message["payload"]["errors"][0]["extensions"]["code"] == "UNAUTHENTICATED", (feed, message)
 
 
 async def test_changes_made_on_another_api_process_are_delivered(api: Api, settings: Settings) -> None:
