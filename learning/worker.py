@@ -126,12 +126,23 @@ async def backfill_sweep(ctx: dict[str, Any]) -> None:
 
 
 async def summarize_chat(ctx: dict[str, Any], chat_id: str) -> None:
-    """``summary:<chatId>``: compress a Chat's history past the threshold (D9.17); never raises."""
-    try:
-        outcome = await summary.summarize(ctx["runtime"], ctx["gateway"], chat_id)
-    except Exception as exc:  # recorded as a code; the next completed Turn asks again
-        outcome = "failed:" + type(exc).__name__
-    log.info("summary of %s: %s", chat_id, outcome)
+    """``summary:<chatId>``: compress a Chat's history past the threshold (D9.17); never raises.
+    One call covers at most 500 Items: while the history is still due after one, the job makes
+    the next, as long as it may begin one (within its first step deadline, as a learning job:
+    arq's timeout never cuts a call). It stopped after one: a history that had grown past a call
+    while this job ran (its enqueue refused, the job id taken) or came in by the thousand stayed
+    behind until the Chat's next Turn, and a quiet Chat's context pack kept a hole between its
+    summary and its last messages."""
+    runtime: Runtime = ctx["runtime"]
+    began = time.monotonic()
+    while True:
+        try:
+            outcome = await summary.summarize(runtime, ctx["gateway"], chat_id)
+        except Exception as exc:  # recorded as a code; the next completed Turn asks again
+            outcome = "failed:" + type(exc).__name__
+        log.info("summary of %s: %s", chat_id, outcome)
+        if outcome != "saved" or time.monotonic() - began > runtime.settings.step_deadline_seconds:
+            return
 
 
 class WorkerSettings:

@@ -15,7 +15,7 @@ from services.changes import AddFact, ItemRef, RenameTopic, SetTopics
 from services.runtime import Runtime
 from tests.client import Api, bearer
 from tests.conftest import WorkerProcess
-from tests.learning_helpers import long_turn, memory_world, until_logged, wait_summary
+from tests.learning_helpers import add_items, long_turn, memory_world, until_logged, wait_summary
 from tests.memory_helpers import apply, db_hits, fact, said, sealed
 from tests.model_server import ModelServer, Reply, ToolCall
 
@@ -59,6 +59,28 @@ async def test_the_summary_is_compressed_past_20000_characters(
         "mutation($c: ID!) { deleteChatHistory(chatId: $c) { items } }", {"c": chat}, w.tokens["ann"]
     )
     assert (await pack(api, w.tokens["ann"], chat)).json()["summary"] is None
+
+
+async def test_a_history_longer_than_one_call_is_summarized_call_after_call(
+    api: Api, model_server: ModelServer, learning_worker: WorkerProcess
+) -> None:
+    """One summary call covers at most 500 Items. A Turn of 1,100 forty-character Items (44,000
+    characters) was summarized through its 500th and the job ended, the 24,000 characters after
+    it due and left until the Chat's next Turn. The job now makes the next call itself."""
+    w = await memory_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    model_server.script("summary", Reply(text="Through 500."), Reply(text="Through 1,000."))
+    turn = await api.turn(w.tokens["ann"], chat, "m" * 40)
+    for part in range(11):  # the Turn's own input is the first Item: 1,100 in all
+        count = 99 if part == 0 else 100
+        await add_items(api, w.tokens["ann"], turn["id"], *[("PERSON_MESSAGE", "m" * 40)] * count)
+    await api.gql("mutation($t: ID!) { completeTurn(turnId: $t) { id } }", {"t": turn["id"]}, w.tokens["ann"])
+    await until_logged(learning_worker.log_path, f"summary of {chat}: not_due")
+    assert (await pack(api, w.tokens["ann"], chat)).json()["summary"] == "Through 1,000."
+    first, second = model_server.requests_for("summary")
+    sent = [json.loads(r.body["messages"][1]["content"]) for r in (first, second)]
+    assert [len(s["messages"]) for s in sent] == [500, 500]
+    assert sent[0]["summary"] is None and sent[1]["summary"] == "Through 500."
 
 
 async def test_no_summary_while_the_budget_is_spent(
