@@ -33,7 +33,7 @@ from services.errors import ServiceError
 from services.maintenance import LegacyEntry, import_legacy, relabel_all
 from services.rotation import rotate_data_keys, unrotated
 from services.runtime import Runtime
-from services.settings import ConfigurationError, Settings, load_settings, write_secret
+from services.settings import ConfigurationError, Settings, load_settings, parse_settings, write_secret
 
 
 @asynccontextmanager
@@ -49,14 +49,18 @@ def new_master_key() -> str:
 
 
 def _replace_local_key(settings: Settings) -> None:
-    """Local stacks keep their key in the data dir: the old one becomes ``master-key.previous``."""
+    """Local stacks keep their key in the data dir: the old one joins ``master-key.previous`` (one
+    key a line). It replaced the file: a second ``--generate`` before the processes restarted
+    (they still wrapped new Bots' data keys with the first key) left that key nowhere."""
     current = settings.data_dir / "master-key"
-    write_secret(settings.data_dir / "master-key.previous", current.read_text().strip())
+    previous = settings.data_dir / "master-key.previous"
+    kept = previous.read_text().split() if previous.exists() else []
+    write_secret(previous, "\n".join([*kept, current.read_text().strip()]))
     write_secret(current, new_master_key())
 
 
 async def _rotate(generate: bool) -> int:
-    settings = Settings()
+    settings = parse_settings()  # never Settings(): its error quotes a key of the wrong shape
     if generate:
         if settings.env == "production" or settings.master_key is not None:
             raise CommandFailed("BAD_INPUT", "--generate is for local stacks whose key lives in the data dir")

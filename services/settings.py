@@ -10,13 +10,14 @@ from __future__ import annotations
 import base64
 import fcntl
 import os
+import re
 import secrets
 from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, SecretStr, ValidationError
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, Field, SecretStr, ValidationError, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 
 class ConfigurationError(RuntimeError):
@@ -31,7 +32,10 @@ class ModelPrice(BaseModel):
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="BOTMEMORY_", extra="ignore")
+    #: An empty variable is an unset one: ``BOTMEMORY_PREVIOUS_MASTER_KEYS=`` (the old key
+    #: dropped by blanking it, or a compose ``.env`` line) failed to parse as a list and ended
+    #: every process at start.
+    model_config = SettingsConfigDict(env_prefix="BOTMEMORY_", extra="ignore", env_ignore_empty=True)
 
     env: Literal["local", "test", "production"] = "local"
     data_dir: Path = Path(".data")
@@ -97,7 +101,8 @@ class Settings(BaseSettings):
     embedding_base_url: str | None = None
     #: The embeddings model; required when ``embedder`` is "openai".
     embedding_model: str | None = None
-    #: Requested vector size (the endpoint's ``dimensions``); None takes the model's own.
+    #: Requested vector size (the endpoint's ``dimensions``); required when ``embedder`` is
+    #: "openai" (the size is stored with each vector).
     embedding_dimensions: int | None = Field(default=None, gt=0)
     #: The embeddings endpoint's key; None falls back to ``openai_api_key`` (OPENAI_API_KEY).
     embedding_api_key: SecretStr | None = None
@@ -138,6 +143,18 @@ class Settings(BaseSettings):
 
     log_level: str = "INFO"
 
+    @model_validator(mode="after")
+    def _addresses_follow_ports(self) -> Settings:
+        """The local stack's Neo4j and Redis listen on ``neo4j_bolt_port`` and ``redis_port``;
+        with only a port set, the processes connect there too. They connected to the default
+        URI's port whatever the port said: ``BOTMEMORY_NEO4J_BOLT_PORT=7688 make up`` started
+        Neo4j on 7688 and then waited for it on 7687."""
+        if "neo4j_uri" not in self.model_fields_set and "neo4j_bolt_port" in self.model_fields_set:
+            self.neo4j_uri = f"bolt://127.0.0.1:{self.neo4j_bolt_port}"
+        if "redis_url" not in self.model_fields_set and "redis_port" in self.model_fields_set:
+            self.redis_url = f"redis://127.0.0.1:{self.redis_port}/0"
+        return self
+
     def resolved(self) -> Settings:
         """Fill missing local secrets from (or into) ``data_dir``; refuse in production."""
         updates: dict[str, SecretStr] = {}
@@ -163,8 +180,10 @@ class Settings(BaseSettings):
     def previous_master_key_bytes(self) -> list[bytes]:
         keys = [decode_key(k, "BOTMEMORY_PREVIOUS_MASTER_KEYS") for k in self.previous_master_keys]
         previous_file = self.data_dir / "master-key.previous"
-        if self.env != "production" and previous_file.exists():
-            keys.append(decode_key(SecretStr(previous_file.read_text().strip()), "master-key.previous"))
+        if self.env != "production" and previous_file.exists():  # one key a line
+            keys += [
+                decode_key(SecretStr(k), "master-key.previous") for k in previous_file.read_text().split()
+            ]
         return keys
 
 
@@ -218,18 +237,29 @@ def write_secret(path: Path, value: str) -> None:
         aside.unlink(missing_ok=True)
 
 
-def load_settings() -> Settings:
-    """Build the one settings object of a process. A value of the wrong shape is named by its
-    setting and the rule it breaks, never quoted: pydantic's error quotes the input, and a
-    secret of the wrong shape (``BOTMEMORY_PREVIOUS_MASTER_KEYS`` as one JSON string instead of
-    a list) is checked as its shape before it is a secret, so the start-up traceback held the
-    key."""
+def parse_settings() -> Settings:
+    """The settings as the environment gives them, local secrets not filled in. A value of the
+    wrong shape is named by its setting and the rule it breaks, never quoted: pydantic's error
+    quotes the input, and a secret of the wrong shape (``BOTMEMORY_PREVIOUS_MASTER_KEYS`` as one
+    JSON string instead of a list, or a bare key) is checked as its shape before it is a secret,
+    so the start-up traceback held the key."""
     try:
-        settings = Settings()
+        return Settings()
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(part) for part in e['loc'])}: {e['msg']}"
             for e in exc.errors(include_url=False, include_input=False, include_context=False)
         )
         raise ConfigurationError(f"invalid settings: {problems}") from None
-    return settings.resolved()
+    except SettingsError as exc:  # a list or map that is not JSON (its cause holds the value)
+        named = re.search(r'field "(\w+)"', str(exc))
+        setting = f"BOTMEMORY_{named.group(1).upper()}" if named else "a list or map setting"
+        raise ConfigurationError(
+            f'invalid settings: {setting} is not JSON (a list: ["...", ...]; a map: {{...}})'
+        ) from None
+
+
+def load_settings() -> Settings:
+    """Build the one settings object of a process (:func:`parse_settings`, then the local
+    secrets from the data dir)."""
+    return parse_settings().resolved()

@@ -16,6 +16,7 @@ import pytest
 from pydantic import SecretStr, ValidationError
 from pydantic_settings import SettingsError
 
+from botmemory import cli
 from services import settings as settings_module
 from services.settings import ConfigurationError, ModelPrice, Settings, decode_key, load_settings
 
@@ -106,7 +107,9 @@ def test_previous_master_keys_are_a_json_list_of_secrets(monkeypatch: pytest.Mon
     assert KEY not in repr(s) and OLD_KEY not in repr(s)
 
 
-@pytest.mark.parametrize("value", [f'"{OLD_KEY}"', f'{{"k": "{OLD_KEY}"}}', f'["{OLD_KEY}", 5]'])
+@pytest.mark.parametrize(
+    "value", [f'"{OLD_KEY}"', f'{{"k": "{OLD_KEY}"}}', f'["{OLD_KEY}", 5]', OLD_KEY, f"[{OLD_KEY}]"]
+)
 def test_a_secret_of_the_wrong_shape_is_named_never_quoted(
     monkeypatch: pytest.MonkeyPatch, value: str
 ) -> None:
@@ -118,8 +121,51 @@ def test_a_secret_of_the_wrong_shape_is_named_never_quoted(
     with pytest.raises(ConfigurationError) as raised:
         load_settings()
     told = "".join(traceback.format_exception(raised.value))
-    assert "previous_master_keys" in told
+    assert "previous_master_keys" in told.lower()  # a bare key is not JSON: SettingsError before
     assert OLD_KEY not in told and OLD_KEY[:12] not in told
+
+
+def test_rotate_master_key_names_a_key_of_the_wrong_shape_never_quotes_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``botmemory rotate-master-key`` read its settings without that care: INTERNAL, and with
+    ``--debug`` (which its message advised) the traceback quoted the old key."""
+    monkeypatch.setenv("BOTMEMORY_MASTER_KEY", KEY)
+    monkeypatch.setenv("BOTMEMORY_PREVIOUS_MASTER_KEYS", f'"{OLD_KEY}"')
+    assert cli.main(["rotate-master-key"]) == 1
+    said = capsys.readouterr().err
+    assert said.startswith("botmemory: CONFIGURATION: ") and "PREVIOUS_MASTER_KEYS" in said.upper()
+    monkeypatch.setenv("BOTMEMORY_DEBUG", "1")
+    with pytest.raises(ConfigurationError) as raised:
+        cli.main(["rotate-master-key"])
+    assert OLD_KEY[:12] not in "".join(traceback.format_exception(raised.value))
+
+
+def test_an_empty_variable_is_an_unset_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``BOTMEMORY_PREVIOUS_MASTER_KEYS=`` (the old key dropped by blanking it) failed to parse
+    as a list, and every process failed to start."""
+    monkeypatch.setenv("BOTMEMORY_PREVIOUS_MASTER_KEYS", "")
+    monkeypatch.setenv("BOTMEMORY_MASTER_KEY", "")
+    s = load_settings()
+    assert s.previous_master_keys == [] and s.master_key is not None  # made in the data dir
+
+
+def test_with_only_a_port_set_the_processes_connect_to_that_port(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``BOTMEMORY_NEO4J_BOLT_PORT=7688 make up`` started Neo4j on 7688 and waited for it on the
+    default URI's 7687 (Redis alike). A URI set explicitly is kept as it is."""
+    assert (Settings().neo4j_uri, Settings().redis_url) == (
+        "bolt://127.0.0.1:7687",
+        "redis://127.0.0.1:6379/0",
+    )
+    monkeypatch.setenv("BOTMEMORY_NEO4J_BOLT_PORT", "7688")
+    monkeypatch.setenv("BOTMEMORY_REDIS_PORT", "6380")
+    assert (Settings().neo4j_uri, Settings().redis_url) == (
+        "bolt://127.0.0.1:7688",
+        "redis://127.0.0.1:6380/0",
+    )
+    monkeypatch.setenv("BOTMEMORY_NEO4J_URI", "bolt://db.internal:7687")
+    monkeypatch.setenv("BOTMEMORY_REDIS_URL", "redis://cache:6379/2")
+    assert (Settings().neo4j_uri, Settings().redis_url) == ("bolt://db.internal:7687", "redis://cache:6379/2")
 
 
 def test_a_local_previous_key_file_joins_the_keyring_but_not_in_production(tmp_path: Path) -> None:
@@ -267,3 +313,17 @@ def test_compose_passes_only_settings_the_code_reads_and_the_rotation_keys() -> 
     fields = {"BOTMEMORY_" + name.upper() for name in Settings.model_fields}
     assert named and named <= fields, named - fields
     assert {"BOTMEMORY_MASTER_KEY", "BOTMEMORY_PREVIOUS_MASTER_KEYS"} <= named
+
+
+def test_a_second_generated_key_keeps_every_earlier_one(tmp_path: Path) -> None:
+    """``rotate-master-key --generate`` twice before the processes restart: they still wrap new
+    Bots' data keys with the first key, which the second run's ``master-key.previous`` replaced
+    (one key), so those Bots could not be read after the restart. Every earlier key is kept."""
+    first = settings_module.read_or_create(tmp_path / "master-key", cli.new_master_key)
+    local = Settings(env="local", data_dir=tmp_path)
+    cli._replace_local_key(local)  # pyright: ignore[reportPrivateUsage]
+    second = (tmp_path / "master-key").read_text().strip()
+    cli._replace_local_key(local)  # pyright: ignore[reportPrivateUsage]
+    keyring = local.previous_master_key_bytes()
+    assert keyring == [base64.b64decode(first), base64.b64decode(second)]
+    assert base64.b64decode((tmp_path / "master-key").read_text().strip()) not in keyring
