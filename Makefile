@@ -49,7 +49,7 @@ SOAK_ENV := BOTMEMORY_ENV=test BOTMEMORY_DATA_DIR=.data/soak \
 # The project with its dev extra, the Python client (its own distribution, used by the demo and
 # tests/test_client.py) and the client's code generator (tests/test_client.py checks its output).
 install: $(CODEGEN)
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@test -x $(VENV)/bin/pip || { rm -rf $(VENV) && $(PYTHON) -m venv $(VENV); }
 	$(PY) -m pip install -e '.[dev]' -e ./client
 	$(PY) -m tools.assets
 
@@ -58,7 +58,7 @@ assets: | $(PY)
 	$(PY) -m tools.assets
 
 $(CODEGEN): client/requirements-codegen.txt
-	@test -x $(CODEGEN_VENV)/bin/python || $(PYTHON) -m venv $(CODEGEN_VENV)
+	@test -x $(CODEGEN_VENV)/bin/pip || { rm -rf $(CODEGEN_VENV) && $(PYTHON) -m venv $(CODEGEN_VENV); }
 	$(CODEGEN_VENV)/bin/pip install -q -r client/requirements-codegen.txt
 	@touch $@
 
