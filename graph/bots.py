@@ -233,10 +233,27 @@ RETURN b {.id, .name, .model, .createdAt, organizationId: o.id, linkedOrganizati
 ORDER BY bot.name, bot.id
 """
 
-#: The Bots owned by or linked into an organization (every Bot when ``$org`` is null: the admin).
+#: The Bots owned by or linked into an organization (a platform token's list): sought from the
+#: organization. (One statement served the admin too, every Bot when ``$org`` was null, so a
+#: platform's list read every Bot of the database and stopped at the first 1,000 by name.)
 ORGANIZATION_BOTS: Final[LiteralString] = """
+MATCH (org:Organization {id: $org})
+CALL (org) {
+  MATCH (b:Bot)-[:OWNED_BY]->(org) RETURN b
+  UNION
+  MATCH (b:Bot)-[:LINKED]->(org) RETURN b
+}
+MATCH (b)-[:OWNED_BY]->(o:Organization)
+OPTIONAL MATCH (b)-[:LINKED]->(l:Organization)
+WITH b, o, l ORDER BY l.id
+WITH b, o, collect(l.id) AS linked
+RETURN b {.id, .name, .model, .createdAt, organizationId: o.id, linkedOrganizationIds: linked} AS bot
+ORDER BY bot.name, bot.id
+"""
+
+#: Every Bot (the admin's list), at most 1,000 by name.
+ALL_BOTS: Final[LiteralString] = """
 MATCH (b:Bot)-[:OWNED_BY]->(o:Organization)
-WHERE $org IS NULL OR o.id = $org OR EXISTS { (b)-[:LINKED]->(:Organization {id: $org}) }
 OPTIONAL MATCH (b)-[:LINKED]->(l:Organization)
 WITH b, o, l ORDER BY l.id
 WITH b, o, collect(l.id) AS linked
@@ -247,7 +264,10 @@ LIMIT 1000
 
 
 async def usable_bots(tx: AsyncManagedTransaction, *, person_id: str | None, org: str | None) -> list[BotMap]:
-    """The Bots of :data:`PERSON_BOTS` for a person, else of :data:`ORGANIZATION_BOTS`."""
+    """The Bots of :data:`PERSON_BOTS` for a person, of :data:`ORGANIZATION_BOTS` for a platform
+    (``org``), else of :data:`ALL_BOTS` (the admin)."""
     if person_id is not None:
         return [r["bot"] for r in await rows(tx, PERSON_BOTS, BotRow, personId=person_id, org=org)]
-    return [r["bot"] for r in await rows(tx, ORGANIZATION_BOTS, BotRow, org=org)]
+    if org is not None:
+        return [r["bot"] for r in await rows(tx, ORGANIZATION_BOTS, BotRow, org=org)]
+    return [r["bot"] for r in await rows(tx, ALL_BOTS, BotRow)]

@@ -178,6 +178,14 @@ MIGRATIONS: Final[tuple[tuple[int, tuple[LiteralString, ...]], ...]] = (
         16,
         (),  # the data step below: saved calls' plain request hashes go (E1)
     ),
+    (
+        17,
+        (
+            # startTurn's reuse of a saved rewrite of an equal input (SAVED_REWRITE) seeks it by
+            # digest; by ``enrichment_chat`` it read every rewrite of the Chat, one per Turn.
+            "CREATE INDEX enrichment_chat_digest IF NOT EXISTS FOR (n:Enrichment) ON (n.chatId, n.inputDigest)",
+        ),
+    ),
 )
 
 #: Entries whose labels predate the current label properties: without ``memoryRank`` (before
@@ -258,8 +266,12 @@ CALL (c) { SET c.requestHash = null } IN TRANSACTIONS OF 10000 ROWS
 LATEST: Final = MIGRATIONS[-1][0]
 
 _READ_VERSION: Final[LiteralString] = "MATCH (s:SchemaVersion {id: 'schema'}) RETURN s.version AS version"
+#: Never backwards: of processes starting together, a slow one that finished an older step after a
+#: faster one recorded the latest wrote the older version over it, and the next start ran the
+#: later steps' data changes again (16's clears every saved request hash, the keyed ones too).
 _WRITE_VERSION: Final[LiteralString] = """
 MERGE (s:SchemaVersion {id: 'schema'})
+WITH s WHERE coalesce(s.version, 0) < $version
 SET s.version = $version, s.appliedAt = timestamp()
 """
 

@@ -374,6 +374,15 @@ CALL (seq) {
 }
 RETURN seq, written
 
+// ---- graph.bots.ALL_BOTS
+MATCH (b:Bot)-[:OWNED_BY]->(o:Organization)
+OPTIONAL MATCH (b)-[:LINKED]->(l:Organization)
+WITH b, o, l ORDER BY l.id
+WITH b, o, collect(l.id) AS linked
+RETURN b {.id, .name, .model, .createdAt, organizationId: o.id, linkedOrganizationIds: linked} AS bot
+ORDER BY bot.name, bot.id
+LIMIT 1000
+
 // ---- graph.bots.ALL_BOT_KEYS
 MATCH (b:Bot) RETURN b.id AS id, b.keyMaster AS master, b.keyWrapped AS wrapped
 
@@ -414,14 +423,18 @@ MERGE (b)-[:LINKED]->(o)
 RETURN b.id AS id
 
 // ---- graph.bots.ORGANIZATION_BOTS
-MATCH (b:Bot)-[:OWNED_BY]->(o:Organization)
-WHERE $org IS NULL OR o.id = $org OR EXISTS { (b)-[:LINKED]->(:Organization {id: $org}) }
+MATCH (org:Organization {id: $org})
+CALL (org) {
+  MATCH (b:Bot)-[:OWNED_BY]->(org) RETURN b
+  UNION
+  MATCH (b:Bot)-[:LINKED]->(org) RETURN b
+}
+MATCH (b)-[:OWNED_BY]->(o:Organization)
 OPTIONAL MATCH (b)-[:LINKED]->(l:Organization)
 WITH b, o, l ORDER BY l.id
 WITH b, o, collect(l.id) AS linked
 RETURN b {.id, .name, .model, .createdAt, organizationId: o.id, linkedOrganizationIds: linked} AS bot
 ORDER BY bot.name, bot.id
-LIMIT 1000
 
 // ---- graph.bots.PERSON_BOTS
 MATCH (:Person {id: $personId})-[:GRANT]->(b:Bot)-[:OWNED_BY]->(o:Organization)

@@ -9,6 +9,7 @@ from typing import Any, LiteralString, cast
 
 import pytest
 
+from graph.memorybot import SAVED_REWRITE
 from graph.snapshot import statements
 from services.runtime import Runtime
 
@@ -28,7 +29,7 @@ SCANS = frozenset(
 #: The statements that mean to read every node of their label, and why that stays small.
 SWEEPS = {
     "graph.bots.ALL_BOT_KEYS": "every Bot's wrapped key, for a master-key rotation",
-    "graph.bots.ORGANIZATION_BOTS": "the operator's list of Bots (one per Bot, at most 1,000 rows)",
+    "graph.bots.ALL_BOTS": "the operator's list of Bots (one per Bot, at most 1,000 rows)",
     "graph.memorybot.BUDGETED_MODELS": "each Bot's Memory once, for the budget state of health checks",
 }
 
@@ -104,3 +105,10 @@ async def test_no_statement_reads_every_entry_of_a_bot_but_those_that_mean_it(ru
     assert all(found[name] for name in BOT_SWEEPS), (
         "a sweep that no longer reads the Bot: take it off BOT_SWEEPS"
     )
+
+
+async def test_a_saved_rewrite_is_sought_by_its_input_digest(runtime: Runtime) -> None:
+    """startTurn looks for a saved rewrite of an equal input: sought by the Chat and the digest
+    (``enrichment_chat_digest``), not by reading every rewrite of the Chat (one per Turn)."""
+    seeks = operators(await explained(runtime, SAVED_REWRITE), lambda kind, _: "Index" in kind)
+    assert any("inputDigest" in s for s in seeks), seeks

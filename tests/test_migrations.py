@@ -7,7 +7,7 @@ import asyncio
 import secrets
 from pathlib import Path
 
-from graph.migrations import LATEST, current_version, migrate
+from graph.migrations import _WRITE_VERSION, LATEST, current_version, migrate  # pyright: ignore[reportPrivateUsage]
 from services.runtime import Runtime
 from services.settings import Settings
 from tools.processes import WorkerProcess
@@ -96,3 +96,12 @@ async def test_the_worker_waits_for_the_schema_the_api_applies(
 
 
 _SET_VERSION = "MATCH (s:SchemaVersion {id: 'schema'}) SET s.version = $version"
+
+
+async def test_a_version_older_than_the_recorded_one_is_never_written(runtime: Runtime) -> None:
+    """Of processes migrating together, a slow one that finished an older step after a faster one
+    recorded the latest wrote the older version over it: the next start ran the later steps'
+    data changes again."""
+    assert await migrate(runtime.driver) == LATEST
+    await runtime.driver.execute_query(_WRITE_VERSION, version=LATEST - 2)
+    assert await current_version(runtime.driver) == LATEST
