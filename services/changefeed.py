@@ -7,10 +7,13 @@ see once, and hands each subscriber the same immutable entry objects, with the i
 hid from it (its label before the change admitted the subscriber, its label after does not).
 
 Nothing is lost to Redis: pub/sub only says "look". The hub keeps, per Bot with local
-subscribers, the last version it considered; an event past a gap, and every reconnection of its
-Redis connection, first reads what it missed from the change log (the same check per row). A
-subscriber that reconnects passes ``after`` (the last version it saw) and gets the log from
-there before the live events (:meth:`ChangeHub.replay`).
+subscribers, the last version it considered; an event past a gap, every reconnection of its
+Redis connection, and an audit every ``change_audit_seconds`` (a change whose announcement never
+came: its writer killed between the commit and the publish, or Redis away then) first read what
+it missed from the change log (the same check per row). One Bot's deliveries and catch-ups take
+turns (a per-Bot lock): two that overlapped read the log from the same version and handed the
+same changes out twice. A subscriber that reconnects passes ``after`` (the last version it saw)
+and gets the log from there before the live events (:meth:`ChangeHub.replay`).
 """
 
 from __future__ import annotations
@@ -106,6 +109,12 @@ class ChangeHub:
         self._retrying: dict[str, asyncio.Task[None]] = {}
         self._access_task: asyncio.Task[None] | None = None
         self.access_ready = asyncio.Event()
+        self._audit_task: asyncio.Task[None] | None = None
+        #: Per Bot with local subscribers: its deliveries and catch-ups take turns.
+        self._turns: dict[str, asyncio.Lock] = {}
+
+    def _turn(self, bot_id: str) -> asyncio.Lock:
+        return self._turns.setdefault(bot_id, asyncio.Lock())
 
     async def start(self) -> None:
         self._task = asyncio.create_task(
@@ -129,6 +138,19 @@ class ChangeHub:
             ),
             name="changefeed-access",
         )
+        self._audit_task = asyncio.create_task(self._audit(), name="changefeed-audit")
+
+    async def _audit(self) -> None:
+        """Every ``change_audit_seconds``, the Bots with local subscribers whose memory moved past
+        the version this process considered catch up: an announcement that never came (its
+        writer killed after the commit, Redis away then) was noticed only at the Bot's next
+        change, so on a quiet Bot a Forget never reached an open stream."""
+        while True:
+            await asyncio.sleep(self.rt.settings.change_audit_seconds)
+            try:
+                await self.check_versions("audit")
+            except Exception as exc:  # the next round tries again
+                log.warning("the change feed's audit failed (%s)", type(exc).__name__)
 
     async def access_changed(self, _message: dict[str, Any]) -> None:
         """Who may follow a Bot may have changed (a token revoked, a grant or a channel's members
@@ -150,7 +172,7 @@ class ChangeHub:
             self._hand_out(local, {s.identity: None for s in local if s.identity not in found.visible})
 
     async def stop(self) -> None:
-        for task in [self._task, self._access_task, *self._retrying.values()]:
+        for task in [self._task, self._access_task, self._audit_task, *self._retrying.values()]:
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -176,12 +198,14 @@ class ChangeHub:
             if not subs:
                 self.subscribers.pop(bot_id, None)
                 self.versions.pop(bot_id, None)
+                self._turns.pop(bot_id, None)
 
     async def deliver(self, event: dict[str, Any]) -> None:
         """:meth:`_deliver`; one that fails leaves its Bot's last version where it was and catches
         that Bot up from the log later (:meth:`_later`), while other Bots' events go on."""
         try:
-            await self._deliver(event)
+            async with self._turn(str(event.get("botId", ""))):
+                await self._deliver(event)
         except Exception as exc:
             bot_id = str(event.get("botId", ""))
             log.warning("a change was not delivered (%s); its Bot catches up later", type(exc).__name__)
@@ -221,7 +245,7 @@ class ChangeHub:
             return  # considered already (caught up from the log, or a late duplicate)
         if known is not None and version > known + 1:
             metrics.CHANGE_CATCH_UPS.labels("gap").inc()
-            await self.catch_up(bot_id)
+            await self._catch_up(bot_id)
             if version <= self.versions.get(bot_id, version - 1):
                 return
         ids = [str(i) for i in event["ids"]]
@@ -236,17 +260,27 @@ class ChangeHub:
 
     async def reconnected(self) -> None:
         """After the Redis connection came back: every Bot with local subscribers catches up."""
+        await self.check_versions("reconnect")
+
+    async def check_versions(self, why: str) -> None:
+        """Every Bot with local subscribers whose memory is past the version this process
+        considered catches up (one read for all of them)."""
         bots = [b for b in self.subscribers if b in self.versions]
         if not bots:
             return
         current = await read(self.rt.driver, lambda tx: changefeed.versions(tx, bot_ids=bots))
         for bot_id in bots:
             if current.get(bot_id, 0) > self.versions.get(bot_id, current.get(bot_id, 0)):
-                metrics.CHANGE_CATCH_UPS.labels("reconnect").inc()
+                metrics.CHANGE_CATCH_UPS.labels(why).inc()
                 await self.catch_up(bot_id)
 
     async def catch_up(self, bot_id: str) -> None:
-        """Deliver, from the log, every change after the last version this process considered."""
+        """Deliver, from the log, every change after the last version this process considered
+        (in the Bot's turn)."""
+        async with self._turn(bot_id):
+            await self._catch_up(bot_id)
+
+    async def _catch_up(self, bot_id: str) -> None:
         while bot_id in self.versions and bot_id in self.subscribers:
             local = list(self.subscribers[bot_id].values())
             after = self.versions[bot_id]

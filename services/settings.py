@@ -54,6 +54,9 @@ class Settings(BaseSettings):
     #: new one when none comes within it. Without it, a Redis that accepts connections and never
     #: answers (paused, or its address moved by a failover) held requests and feeds for ever.
     redis_timeout_seconds: float = Field(default=5.0, gt=0, le=300)
+    #: How often an API process checks that the Bots its memoryChanges streams follow have no
+    #: change it was never told of (an announcement lost with its writer or with Redis).
+    change_audit_seconds: float = Field(default=10.0, gt=0)
 
     api_host: str = "127.0.0.1"
     api_port: int = Field(default=8000, ge=1, le=65535)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import socket
 from collections.abc import AsyncGenerator, Iterator
@@ -12,6 +13,7 @@ from typing import Any, cast
 import pytest
 import strawberry
 import websockets
+from arq.connections import ArqRedis
 from strawberry.extensions import SchemaExtension
 from strawberry.types import ExecutionResult, StreamExecutionResult
 from websockets.asyncio.client import ClientConnection
@@ -19,7 +21,7 @@ from websockets.asyncio.client import ClientConnection
 from resolvers.schema import Schema
 from schema.errors import ErrorCodes
 from schema.fanout import ExtensionsRunner
-from services.changefeed import ChangeHub
+from services.changefeed import ChangeEvent, ChangeHub
 from services.changes import AddFact, ItemRef, MemoryChange
 from services.runtime import Runtime
 from services.settings import Settings
@@ -134,6 +136,52 @@ async def test_a_stream_ends_when_its_token_expires(api: Api, runtime: Runtime) 
         async with subscribed(api, issued["issueToken"]["token"], query, variables, feed) as ws:
             message = json.loads(await asyncio.wait_for(ws.recv(), 15))
             assert message["payload"]["errors"][0]["extensions"]["code"] == "UNAUTHENTICATED", (feed, message)
+
+
+async def test_a_change_whose_announcement_was_lost_reaches_the_streams(api: Api, runtime: Runtime) -> None:
+    """A change committed by a writer whose announcement never went out (killed after the
+    commit, or Redis away then) reached an open stream only when the Bot next changed: on a
+    quiet Bot, never. The API process audits the versions of the Bots its streams follow
+    (every second in the suite) and catches up from the log. Here the writer's Redis is a port
+    nobody listens on: its publish fails, the change stands."""
+    w = await make_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    src = await said(api, w.tokens["ann"], chat, "x")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    unheard = ArqRedis(host="127.0.0.1", port=closed, socket_connect_timeout=1)
+    try:
+        async with subscription(api, w.tokens["ann"], w.bot) as ws:
+            entry = await fact(dataclasses.replace(runtime, redis=unheard), w.bot, "told nobody", src)
+            got = await next_event(ws)
+            assert [(e["id"], e["content"]) for e in got["entries"]] == [(entry, "told nobody")]
+    finally:
+        await unheard.aclose()
+
+
+async def test_overlapping_catch_ups_hand_each_change_out_once_in_order(api: Api, runtime: Runtime) -> None:
+    """A retry's catch-up and a live event past a gap read the log from the same version at once
+    and handed the same changes out twice (and out of order): a Bot's deliveries and catch-ups
+    take turns."""
+    w = await make_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    src = await said(api, w.tokens["ann"], chat, "x")
+    issued = (await api.gql("mutation { issueToken { id token } }", token=w.tokens["ann"]))["issueToken"]
+    hub = ChangeHub(runtime)  # not started: its events are the calls below
+    async with hub.subscribe(w.bot, w.people["ann"], w.org, issued["id"]) as sub:
+        base = hub.versions[w.bot]
+        ids = [await fact(runtime, w.bot, f"fact {n}", src) for n in range(3)]
+        live = {"botId": w.bot, "version": base + 3, "ids": [ids[2]], "removed": []}
+        await asyncio.gather(hub.catch_up(w.bot), hub.deliver(live), hub.catch_up(w.bot))
+        got: list[ChangeEvent] = []
+        while not sub.queue.empty():
+            event = sub.queue.get_nowait()
+            assert event is not None
+            got.append(event)
+        assert [(e.version, [x.id for x in e.entries]) for e in got] == [
+            (base + n + 1, [ids[n]]) for n in range(3)
+        ]
 
 
 async def test_changes_made_on_another_api_process_are_delivered(api: Api, settings: Settings) -> None:
