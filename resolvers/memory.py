@@ -75,7 +75,8 @@ class MemoryQuery:
 
     @strawberry.field(
         description="Entries for you in your organization; tags are all-of. With limit (1–1000), "
-        "one page in memory order after the cursor after, and the next page's cursor."
+        "one page in memory order after the cursor after, and the next page's cursor. Without "
+        "either, every entry: at most one such field per operation."
     )
     async def memory(
         self,
@@ -88,6 +89,7 @@ class MemoryQuery:
         principal = await info.context.principal()
         rt, bot, tags = info.context.runtime, str(bot_id), tags or []
         if limit is None and after is None:
+            info.context.read_whole_memory()
             found, version = await memory.list_entries(rt, principal, bot, tags)
             return MemoryPage(entries=[MemoryEntry.of(e) for e in found], version=version)
         page, version, next_page = await memory.list_page(

@@ -15,7 +15,7 @@ from services.auth import authenticate
 from services.changefeed import ChangeHub
 from services.domain import Principal
 from services.embedding import Embedder
-from services.errors import ServiceError
+from services.errors import BadInput, ServiceError
 from services.runtime import Runtime
 from services.turnfeed import TurnHub
 
@@ -37,6 +37,8 @@ class Context:
     loaders: Loaders = field(init=False)
     _auth: Principal | ServiceError | None = field(default=None)
     _authenticating: asyncio.Lock = field(default_factory=asyncio.Lock)
+    #: Unpaged ``memory`` fields of the current operation (see :meth:`read_whole_memory`).
+    _whole_reads: int = 0
 
     def __post_init__(self) -> None:
         self.loaders = Loaders(self.runtime, self.principal, cache=self.cache_loaders)
@@ -68,6 +70,19 @@ class Context:
         the next operation, as it does over HTTP (subscriptions check it again as they deliver)."""
         if self.streamed:
             self._auth = None
+        self._whole_reads = 0
+
+    def read_whole_memory(self) -> None:
+        """An unpaged ``memory`` field: every entry the caller may see, decrypted (3.3 s and
+        ~73k decryptions at 100k entries). One per operation: thirty aliases of it, within the
+        alias limit, held a process for ~100 s and answered hundreds of MB. Counted as the
+        fields run, so a ``limit`` passed as a null variable counts too."""
+        self._whole_reads += 1
+        if self._whole_reads > 1:
+            raise BadInput(
+                "an operation reads at most one unpaged memory; page the others (limit, after)",
+                field="limit",
+            )
 
     async def authenticate_connection(self) -> None:
         """graphql-transport-ws: the token comes in ``connection_init`` (or the upgrade request) as

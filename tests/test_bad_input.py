@@ -385,3 +385,28 @@ async def test_the_caller_is_checked_before_the_input(api: Api) -> None:
         assert await api.codes(set_meta, {"c": chat, "s": twice}, token) == ["UNAUTHENTICATED"]
         assert await api.codes(update, {"b": w.bot}, token) == ["UNAUTHENTICATED"]
     assert await api.codes(set_meta, {"c": chat, "s": twice}, w.tokens["ann"]) == ["BAD_INPUT"]
+
+
+async def test_an_operation_reads_at_most_one_unpaged_memory(api: Api) -> None:
+    """An unpaged ``memory`` decrypts every entry the caller may see (3.3 s at 100k entries): thirty
+    aliases of it, within the alias limit, held the process ~100 s. One per operation; paged
+    ones are not counted, and a null ``limit`` variable counts as unpaged."""
+    w = await make_world(api, ("ann",))
+    whole = "memory(botId: $b) { version }"
+    paged = "memory(botId: $b, limit: 5) { version }"
+    one = await api.raw(
+        f"query($b: ID!) {{ a: {whole} b: {paged} c: {paged} }}", {"b": w.bot}, w.tokens["ann"]
+    )
+    assert "errors" not in one and one["data"]["a"]["version"] == 0
+    two = await api.raw(f"query($b: ID!) {{ a: {whole} b: {whole} }}", {"b": w.bot}, w.tokens["ann"])
+    assert [e["extensions"]["code"] for e in two["errors"]] == ["BAD_INPUT"]
+    assert "one unpaged memory" in two["errors"][0]["message"]
+    nulls = await api.codes(
+        "query($b: ID!, $l: Int) { a: memory(botId: $b, limit: $l) { version } "
+        "b: memory(botId: $b, limit: $l) { version } }",
+        {"b": w.bot, "l": None},
+        w.tokens["ann"],
+    )
+    assert nulls == ["BAD_INPUT"]
+    # The count is per operation: the next request reads its own.
+    assert "errors" not in await api.raw(f"query($b: ID!) {{ {whole} }}", {"b": w.bot}, w.tokens["ann"])
