@@ -10,18 +10,25 @@ from graph.access import VISIBLE, ReaderMap, readers_now
 from graph.driver import rows
 from graph.memory import ENTRY_ROW, EntryMap, EntryRow
 
-#: Entries and Items around one entry, each with its nearest distance (D9.7 filters them after).
-#: Hop bound: 8, the source-chain bound (D9.2).
+#: Entries and Items around one entry within ``$depth`` hops (at most 8, the source-chain bound,
+#: D9.2), each once at its nearest distance (D9.7 filters them after): a breadth-first walk that
+#: visits each node once. (Every path up to 8 hops was enumerated, then the nearest kept: paths
+#: multiply where observations share sources, and ``depth: 1`` cost as much as 8.)
 SOURCES_OF: Final[LiteralString] = """
-MATCH p = (e:Entry {id: $id, botId: $botId})-[:SOURCE*1..8]->(n)
-WITH n, min(length(p)) AS depth
+MATCH (e:Entry {id: $id, botId: $botId})
+CALL apoc.path.expandConfig(e, {relationshipFilter: 'SOURCE>', minLevel: 1, maxLevel: $depth,
+                                uniqueness: 'NODE_GLOBAL', bfs: true}) YIELD path
+WITH last(nodes(path)) AS n, length(path) AS depth
 RETURN CASE WHEN n:Item THEN 'item' ELSE 'entry' END AS kind, n.id AS id, n.chatId AS chat, depth
 """
 
 
 DEPENDENTS_OF: Final[LiteralString] = """
-MATCH p = (d:Entry {botId: $botId})-[:SOURCE*1..8]->(e:Entry {id: $id, botId: $botId})
-WITH d, min(length(p)) AS depth
+MATCH (e:Entry {id: $id, botId: $botId})
+CALL apoc.path.expandConfig(e, {relationshipFilter: '<SOURCE', minLevel: 1, maxLevel: $depth,
+                                uniqueness: 'NODE_GLOBAL', bfs: true}) YIELD path
+WITH last(nodes(path)) AS d, length(path) AS depth
+WHERE d:Entry AND d.botId = $botId
 RETURN 'entry' AS kind, d.id AS id, null AS chat, depth
 """
 
@@ -50,11 +57,12 @@ ORDER BY e.memoryRank DESC, e.id
 
 
 async def neighbours(
-    tx: AsyncManagedTransaction, *, bot_id: str, id: str, direction: str
+    tx: AsyncManagedTransaction, *, bot_id: str, id: str, direction: str, depth: int
 ) -> list[NeighbourRow]:
-    """Sources (``direction='sources'``) or dependents of an entry with their distance."""
+    """Sources (``direction='sources'``) or dependents of an entry within ``depth`` hops, with
+    their distance."""
     query = SOURCES_OF if direction == "sources" else DEPENDENTS_OF
-    return await rows(tx, query, NeighbourRow, botId=bot_id, id=id)
+    return await rows(tx, query, NeighbourRow, botId=bot_id, id=id, depth=depth)
 
 
 async def entries_by_id(

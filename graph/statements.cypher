@@ -2774,8 +2774,11 @@ RETURN coalesce(m.vecSeq, 0) AS seq, m.version AS version, fresh, ranked, size(h
        lost
 
 // ---- graph.sourcegraph.DEPENDENTS_OF
-MATCH p = (d:Entry {botId: $botId})-[:SOURCE*1..8]->(e:Entry {id: $id, botId: $botId})
-WITH d, min(length(p)) AS depth
+MATCH (e:Entry {id: $id, botId: $botId})
+CALL apoc.path.expandConfig(e, {relationshipFilter: '<SOURCE', minLevel: 1, maxLevel: $depth,
+                                uniqueness: 'NODE_GLOBAL', bfs: true}) YIELD path
+WITH last(nodes(path)) AS d, length(path) AS depth
+WHERE d:Entry AND d.botId = $botId
 RETURN 'entry' AS kind, d.id AS id, null AS chat, depth
 
 // ---- graph.sourcegraph.ENTRIES_BY_ID
@@ -2807,8 +2810,10 @@ RETURN e {.id, .layer, .tags, .status, .confidence, .createdAt, .updatedAt, .inv
 ORDER BY e.memoryRank DESC, e.id
 
 // ---- graph.sourcegraph.SOURCES_OF
-MATCH p = (e:Entry {id: $id, botId: $botId})-[:SOURCE*1..8]->(n)
-WITH n, min(length(p)) AS depth
+MATCH (e:Entry {id: $id, botId: $botId})
+CALL apoc.path.expandConfig(e, {relationshipFilter: 'SOURCE>', minLevel: 1, maxLevel: $depth,
+                                uniqueness: 'NODE_GLOBAL', bfs: true}) YIELD path
+WITH last(nodes(path)) AS n, length(path) AS depth
 RETURN CASE WHEN n:Item THEN 'item' ELSE 'entry' END AS kind, n.id AS id, n.chatId AS chat, depth
 
 // ---- graph.sourcegraph.WHY_STEPS

@@ -101,11 +101,9 @@ async def neighbourhood(
             tx, bot_id=bot_id, ids=[entry_id], statuses=_SHOWN, **reader.params
         ):
             raise NotFound("entry not found")
-        near = [
-            n
-            for n in await sourcegraph_q.neighbours(tx, bot_id=bot_id, id=entry_id, direction=direction)
-            if n["depth"] <= depth
-        ]
+        near = await sourcegraph_q.neighbours(
+            tx, bot_id=bot_id, id=entry_id, direction=direction, depth=depth
+        )
         ids = [n["id"] for n in near if n["kind"] == "entry"]
         shown = await sourcegraph_q.entries_by_id(
             tx, bot_id=bot_id, ids=ids, statuses=_SHOWN, **reader.params

@@ -39,10 +39,26 @@ async def test_sources_and_dependents_with_hidden_counts(api: Api, runtime: Runt
     assert len(sources["items"]) == 2 and sources["hidden"] == 0
     one_hop = await api.gql(EXPLORE, {"b": w.bot, "id": top, "d": 1}, w.tokens["ann"])
     assert [e["entry"]["id"] for e in one_hop["entry"]["sources"]["entries"]] == [shared]
+    # A node reached by paths of several lengths is listed once, at the nearest; the team fact's
+    # dependents within one hop are only those that cite it.
+    diamond = await observation(runtime, w.bot, "over the observation and the team", shared, team)
+    near = await api.gql(EXPLORE, {"b": w.bot, "id": diamond, "d": 2}, w.tokens["ann"])
+    assert sorted((e["entry"]["id"], e["distance"]) for e in near["entry"]["sources"]["entries"]) == sorted(
+        [(shared, 1), (team, 1), (mine, 2)]
+    )
+    cited = await api.gql(EXPLORE, {"b": w.bot, "id": team, "d": 1}, w.tokens["ann"])
+    assert sorted(e["entry"]["id"] for e in cited["entry"]["dependents"]["entries"]) == sorted(
+        [shared, diamond]
+    )
+    deeper = await api.gql(EXPLORE, {"b": w.bot, "id": team, "d": 2}, w.tokens["ann"])
+    assert sorted(
+        (e["entry"]["id"], e["distance"]) for e in deeper["entry"]["dependents"]["entries"]
+    ) == sorted([(shared, 1), (diamond, 1), (top, 2)])
 
-    # Bob sees the team fact, but its dependents rest on Ann's private fact: only a count.
+    # Bob sees the team fact, but its dependents rest on Ann's private fact: only a count (of
+    # the three within two hops).
     bob = await api.gql(EXPLORE, {"b": w.bot, "id": team, "d": 2}, w.tokens["bob"])
-    assert bob["entry"]["dependents"] == {"entries": [], "hidden": 2}
+    assert bob["entry"]["dependents"] == {"entries": [], "hidden": 3}
     assert bob["entry"]["sources"]["items"] == [{"chat": g_src[0], "item": g_src[1], "distance": 1}]
     text = json.dumps(bob)
     assert shared not in text and top not in text and "rule" not in text and "person:" not in text
