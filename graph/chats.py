@@ -236,11 +236,19 @@ CREATE (i:Item {uid: item.uid, id: item.id, chatId: t.chatId, turnId: t.id, seq:
                            THEN null ELSE true END})-[:IN_TURN]->(t)
 """
 
+#: What new Items add to their Chat's characters not yet summarized (``unsummarizedChars``, read
+#: by ``graph.conversation.UNSUMMARIZED``); the Chat is locked by ALLOCATE_TURN or ALLOCATE_ITEMS
+#: earlier in the transaction.
+_COUNT_CHARS: Final[LiteralString] = """
+SET ch.unsummarizedChars = coalesce(ch.unsummarizedChars, 0) + reduce(n = 0, x IN $items | n + x.textLength)
+"""
+
 #: A Turn with its first Items (the input), in one statement.
 CREATE_TURN: Final[LiteralString] = (
     """
-MATCH (ch:Chat {id: $chatId})-[:IN_ORG]->(o:Organization)
-CREATE (t:Turn {id: $id, chatId: ch.id, seq: $seq, status: 'open', actorKind: $actorKind,
+MATCH (ch:Chat {id: $chatId})-[:IN_ORG]->(o:Organization)"""
+    + _COUNT_CHARS
+    + """CREATE (t:Turn {id: $id, chatId: ch.id, seq: $seq, status: 'open', actorKind: $actorKind,
                 actorId: $actorId, createdAt: $now, lastActivityAt: $now, completedAt: null,
                 historyEpoch: coalesce(ch.historyEpoch, 0)})-[:IN_CHAT]->(ch)
 WITH t, o
@@ -270,9 +278,10 @@ class FirstRow(TypedDict):
 
 CREATE_ITEMS: Final[LiteralString] = (
     """
-MATCH (t:Turn {id: $turnId})-[:IN_CHAT]->(:Chat)-[:IN_ORG]->(o:Organization)
-SET t.lastActivityAt = $now
-WITH t, o
+MATCH (t:Turn {id: $turnId})-[:IN_CHAT]->(ch:Chat)-[:IN_ORG]->(o:Organization)
+SET t.lastActivityAt = $now"""
+    + _COUNT_CHARS
+    + """WITH t, o
 UNWIND $items AS item"""
     + _CREATE_ITEM
     + """RETURN i {.*} AS item ORDER BY i.seq

@@ -39,13 +39,15 @@ class SummaryRow(TypedDict):
 
 
 #: Characters the summary would hold: the summary itself plus every Item after it that still has
-#: its text (a deleted history counts for nothing: it made summaries of nothing, D9.23).
+#: its text (a deleted history counts for nothing: it made summaries of nothing, D9.23), kept on
+#: the Chat as ``unsummarizedChars`` (added to by each new Item, ``graph.chats``; set again by a
+#: summary, a meta and a history deletion). Summed over the Items at every completeTurn, it read
+#: the whole history of a Chat whose summaries never came (no model, the budget spent).
 UNSUMMARIZED: Final[LiteralString] = """
+OPTIONAL MATCH (ch:Chat {id: $chatId})
 OPTIONAL MATCH (s:ChatSummary {chatId: $chatId})
-WITH coalesce(s.coversThroughSeq, 0) AS after, coalesce(s.chars, 0) AS chars
-OPTIONAL MATCH (i:Item) WHERE i.chatId = $chatId AND i.seq > after AND i.text IS NOT NULL
-WITH after, chars, coalesce(sum(i.textLength), 0) AS later
-RETURN after, chars + later AS total
+RETURN coalesce(s.coversThroughSeq, 0) AS after,
+       coalesce(s.chars, 0) + coalesce(ch.unsummarizedChars, 0) AS total
 """
 
 
@@ -89,14 +91,20 @@ CALL apoc.lock.nodes([ch])
 WITH ch WHERE coalesce(ch.historyEpoch, 0) = $historyEpoch
 MERGE (s:ChatSummary {chatId: $chatId})
   ON CREATE SET s.coversThroughSeq = 0, s.version = 0, s.chars = 0, s.botId = $botId
-WITH s AS held
+WITH ch, s AS held
 CALL apoc.lock.nodes([held])
-WITH held
+WITH ch, held
 MATCH (s:ChatSummary) WHERE elementId(s) = elementId(held)
-WITH s, s.coversThroughSeq = $after AS fresh
+WITH ch, s, s.coversThroughSeq = $after AS fresh
 FOREACH (_ IN CASE WHEN fresh THEN [1] ELSE [] END |
   SET s.text = $text, s.form = null, s.coversThroughSeq = $through, s.chars = $chars,
       s.version = s.version + 1, s.updatedAt = $now)
+WITH ch, s, fresh
+CALL (ch, fresh) {
+  OPTIONAL MATCH (i:Item) WHERE fresh AND i.chatId = ch.id AND i.seq > $through AND i.text IS NOT NULL
+  RETURN coalesce(sum(i.textLength), 0) AS later
+}
+FOREACH (_ IN CASE WHEN fresh THEN [1] ELSE [] END | SET ch.unsummarizedChars = later)
 RETURN fresh, s.version AS version
 """
 
@@ -180,7 +188,7 @@ WHERE held <> $create
 MERGE (s:ChatSummary {chatId: $chatId})
   ON CREATE SET s.coversThroughSeq = 0, s.version = 0, s.chars = 0, s.botId = ch.botId
 SET s.text = $text, s.form = 'map', s.coversThroughSeq = ch.nextItemSeq, s.chars = $chars,
-    s.version = s.version + 1, s.updatedAt = $now
+    s.version = s.version + 1, s.updatedAt = $now, ch.unsummarizedChars = 0
 RETURN s.version AS version
 """
 

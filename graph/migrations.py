@@ -186,6 +186,10 @@ MIGRATIONS: Final[tuple[tuple[int, tuple[LiteralString, ...]], ...]] = (
             "CREATE INDEX enrichment_chat_digest IF NOT EXISTS FOR (n:Enrichment) ON (n.chatId, n.inputDigest)",
         ),
     ),
+    (
+        18,
+        (),  # the data step below: each Chat's characters not yet summarized, kept from now on
+    ),
 )
 
 #: Entries whose labels predate the current label properties: without ``memoryRank`` (before
@@ -263,6 +267,22 @@ MATCH (c:ModelCall) WHERE c.requestHash IS NOT NULL
 CALL (c) { SET c.requestHash = null } IN TRANSACTIONS OF 10000 ROWS
 """
 
+#: Each Chat's ``unsummarizedChars`` (version 18): its Items after its summary that still have
+#: their text, as ``graph.conversation.UNSUMMARIZED`` summed them at every completeTurn before.
+#: One Chat a row, locked before its Items are read (a newer process adding Items meanwhile waits,
+#: or has added them already and they are summed).
+_COUNT_UNSUMMARIZED: Final[LiteralString] = """
+MATCH (ch:Chat) WHERE ch.unsummarizedChars IS NULL
+CALL (ch) {
+  CALL apoc.lock.nodes([ch])
+  OPTIONAL MATCH (s:ChatSummary {chatId: ch.id})
+  WITH ch, coalesce(s.coversThroughSeq, 0) AS after
+  OPTIONAL MATCH (i:Item) WHERE i.chatId = ch.id AND i.seq > after AND i.text IS NOT NULL
+  WITH ch, coalesce(sum(i.textLength), 0) AS later
+  SET ch.unsummarizedChars = later
+} IN TRANSACTIONS OF 1000 ROWS
+"""
+
 LATEST: Final = MIGRATIONS[-1][0]
 
 _READ_VERSION: Final[LiteralString] = "MATCH (s:SchemaVersion {id: 'schema'}) RETURN s.version AS version"
@@ -312,6 +332,9 @@ async def migrate(driver: AsyncDriver) -> int:
         if version == 16:
             async with driver.session() as session:  # CALL … IN TRANSACTIONS needs auto-commit
                 await (await session.run(_DROP_PLAIN_REQUEST_HASHES)).consume()
+        if version == 18:
+            async with driver.session() as session:  # CALL … IN TRANSACTIONS needs auto-commit
+                await (await session.run(_COUNT_UNSUMMARIZED)).consume()
         await driver.execute_query(_WRITE_VERSION, version=version)
         applied = version
     return applied

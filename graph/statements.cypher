@@ -1138,8 +1138,9 @@ FOREACH (_ IN CASE WHEN c IS NULL THEN [] ELSE [1] END | CREATE (ch)-[:IN_CHANNE
 RETURN ch {.*} AS chat
 
 // ---- graph.chats.CREATE_ITEMS
-MATCH (t:Turn {id: $turnId})-[:IN_CHAT]->(:Chat)-[:IN_ORG]->(o:Organization)
+MATCH (t:Turn {id: $turnId})-[:IN_CHAT]->(ch:Chat)-[:IN_ORG]->(o:Organization)
 SET t.lastActivityAt = $now
+SET ch.unsummarizedChars = coalesce(ch.unsummarizedChars, 0) + reduce(n = 0, x IN $items | n + x.textLength)
 WITH t, o
 UNWIND $items AS item
 CREATE (i:Item {uid: item.uid, id: item.id, chatId: t.chatId, turnId: t.id, seq: item.seq, kind: item.kind,
@@ -1151,6 +1152,7 @@ RETURN i {.*} AS item ORDER BY i.seq
 
 // ---- graph.chats.CREATE_TURN
 MATCH (ch:Chat {id: $chatId})-[:IN_ORG]->(o:Organization)
+SET ch.unsummarizedChars = coalesce(ch.unsummarizedChars, 0) + reduce(n = 0, x IN $items | n + x.textLength)
 CREATE (t:Turn {id: $id, chatId: ch.id, seq: $seq, status: 'open', actorKind: $actorKind,
                 actorId: $actorId, createdAt: $now, lastActivityAt: $now, completedAt: null,
                 historyEpoch: coalesce(ch.historyEpoch, 0)})-[:IN_CHAT]->(ch)
@@ -1568,14 +1570,20 @@ CALL apoc.lock.nodes([ch])
 WITH ch WHERE coalesce(ch.historyEpoch, 0) = $historyEpoch
 MERGE (s:ChatSummary {chatId: $chatId})
   ON CREATE SET s.coversThroughSeq = 0, s.version = 0, s.chars = 0, s.botId = $botId
-WITH s AS held
+WITH ch, s AS held
 CALL apoc.lock.nodes([held])
-WITH held
+WITH ch, held
 MATCH (s:ChatSummary) WHERE elementId(s) = elementId(held)
-WITH s, s.coversThroughSeq = $after AS fresh
+WITH ch, s, s.coversThroughSeq = $after AS fresh
 FOREACH (_ IN CASE WHEN fresh THEN [1] ELSE [] END |
   SET s.text = $text, s.form = null, s.coversThroughSeq = $through, s.chars = $chars,
       s.version = s.version + 1, s.updatedAt = $now)
+WITH ch, s, fresh
+CALL (ch, fresh) {
+  OPTIONAL MATCH (i:Item) WHERE fresh AND i.chatId = ch.id AND i.seq > $through AND i.text IS NOT NULL
+  RETURN coalesce(sum(i.textLength), 0) AS later
+}
+FOREACH (_ IN CASE WHEN fresh THEN [1] ELSE [] END | SET ch.unsummarizedChars = later)
 RETURN fresh, s.version AS version
 
 // ---- graph.conversation.SET_META
@@ -1589,18 +1597,17 @@ WHERE held <> $create
 MERGE (s:ChatSummary {chatId: $chatId})
   ON CREATE SET s.coversThroughSeq = 0, s.version = 0, s.chars = 0, s.botId = ch.botId
 SET s.text = $text, s.form = 'map', s.coversThroughSeq = ch.nextItemSeq, s.chars = $chars,
-    s.version = s.version + 1, s.updatedAt = $now
+    s.version = s.version + 1, s.updatedAt = $now, ch.unsummarizedChars = 0
 RETURN s.version AS version
 
 // ---- graph.conversation.SUMMARY
 MATCH (s:ChatSummary {chatId: $chatId}) RETURN s {.*} AS summary
 
 // ---- graph.conversation.UNSUMMARIZED
+OPTIONAL MATCH (ch:Chat {id: $chatId})
 OPTIONAL MATCH (s:ChatSummary {chatId: $chatId})
-WITH coalesce(s.coversThroughSeq, 0) AS after, coalesce(s.chars, 0) AS chars
-OPTIONAL MATCH (i:Item) WHERE i.chatId = $chatId AND i.seq > after AND i.text IS NOT NULL
-WITH after, chars, coalesce(sum(i.textLength), 0) AS later
-RETURN after, chars + later AS total
+RETURN coalesce(s.coversThroughSeq, 0) AS after,
+       coalesce(s.chars, 0) + coalesce(ch.unsummarizedChars, 0) AS total
 
 // ---- graph.entries.ADD
 MATCH (m:Memory {id: $botId})
@@ -2480,7 +2487,7 @@ RETURN channelId, collect(p.id) AS people
 // ---- graph.purge.DELETE_CHAT_HISTORY
 MATCH (ch:Chat {id: $chatId})
 CALL apoc.lock.nodes([ch])
-SET ch.historyEpoch = coalesce(ch.historyEpoch, 0) + 1
+SET ch.historyEpoch = coalesce(ch.historyEpoch, 0) + 1, ch.unsummarizedChars = 0
 WITH ch
 CALL () {
   MATCH (i:Item {chatId: $chatId})

@@ -8,7 +8,9 @@ from typing import Any
 
 import pytest
 
+from graph import conversation as conversation_q
 from graph import memory as memory_q
+from graph.driver import read
 from graph.migrations import LATEST, migrate
 from services import conversation, memory
 from services.changes import AddFact, ItemRef, RenameTopic, SetTopics
@@ -81,6 +83,38 @@ async def test_a_history_longer_than_one_call_is_summarized_call_after_call(
     sent = [json.loads(r.body["messages"][1]["content"]) for r in (first, second)]
     assert [len(s["messages"]) for s in sent] == [500, 500]
     assert sent[0]["summary"] is None and sent[1]["summary"] == "Through 500."
+
+
+async def test_a_chats_characters_not_yet_summarized_are_kept_not_summed(api: Api, runtime: Runtime) -> None:
+    """completeTurn asks whether the Chat is due for a summary: it summed every Item after the
+    summary, so a Chat whose summaries never came (no model, the budget spent) had its whole
+    history read at every Turn. The Chat keeps the count: the same answer, read in the same
+    few steps however long the history (db hits of 3 Items against 300), set again by a history
+    deletion, and counted for the Chats of before by the migration."""
+    w = await memory_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    turn = await api.turn(w.tokens["ann"], chat, "abc")
+    await add_items(api, w.tokens["ann"], turn["id"], ("PERSON_MESSAGE", "de"), ("BOT_MESSAGE", "fghij"))
+
+    async def total() -> int:
+        return (await read(runtime.driver, lambda tx: conversation_q.unsummarized(tx, chat_id=chat)))[1]
+
+    assert await total() == 10
+    few = await db_hits(runtime, conversation_q.UNSUMMARIZED, {"chatId": chat})
+    for _ in range(3):
+        await add_items(api, w.tokens["ann"], turn["id"], *[("PERSON_MESSAGE", "k" * 10)] * 99)
+    assert await total() == 10 + 2_970
+    assert await db_hits(runtime, conversation_q.UNSUMMARIZED, {"chatId": chat}) == few
+    await runtime.driver.execute_query("MATCH (ch:Chat {id: $c}) REMOVE ch.unsummarizedChars", c=chat)
+    await runtime.driver.execute_query("MATCH (s:SchemaVersion {id: 'schema'}) SET s.version = 17")
+    assert await migrate(runtime.driver) == LATEST
+    assert await total() == 10 + 2_970
+    await api.gql(
+        "mutation($c: ID!) { deleteChatHistory(chatId: $c) { items } }", {"c": chat}, w.tokens["ann"]
+    )
+    assert await total() == 0
+    await api.turn(w.tokens["ann"], chat, "again")
+    assert await total() == 5
 
 
 async def test_no_summary_while_the_budget_is_spent(
