@@ -184,9 +184,13 @@ SET f.answer = CASE WHEN held AND kept THEN $answer END, f.usedEntryIds = $entry
 )
 
 #: A Chat's confessions, oldest first (ciphertext; decrypted by the caller after commit).
+#: A page of the Chat's confessions, oldest first, read in the order of ``confession_chat_order``
+#: (its range predicates and the hint let the index give the order: they were all read and
+#: sorted for every page).
 LIST_CONFESSIONS: Final[LiteralString] = """
-MATCH (f:Confession {chatId: $chatId})
-RETURN f {.*} AS confession ORDER BY f.createdAt, f.id SKIP $skip LIMIT $limit
+MATCH (f:Confession) USING INDEX f:Confession(chatId, createdAt, id)
+WHERE f.chatId = $chatId AND f.createdAt >= 0 AND f.id >= ''
+RETURN f {.*} AS confession ORDER BY f.chatId, f.createdAt, f.id SKIP $skip LIMIT $limit
 """
 
 
@@ -368,9 +372,12 @@ class SavedRewriteRow(TypedDict):
     enrichment: SavedRewrite
 
 
+#: A page of the Chat's rewrites (one per Turn), oldest first, in index order (as
+#: LIST_CONFESSIONS).
 LIST_ENRICHMENTS: Final[LiteralString] = """
-MATCH (n:Enrichment {chatId: $chatId})
-RETURN n {.*} AS enrichment ORDER BY n.createdAt, n.id SKIP $skip LIMIT $limit
+MATCH (n:Enrichment) USING INDEX n:Enrichment(chatId, createdAt, id)
+WHERE n.chatId = $chatId AND n.createdAt >= 0 AND n.id >= ''
+RETURN n {.*} AS enrichment ORDER BY n.chatId, n.createdAt, n.id SKIP $skip LIMIT $limit
 """
 
 

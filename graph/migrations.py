@@ -190,6 +190,17 @@ MIGRATIONS: Final[tuple[tuple[int, tuple[LiteralString, ...]], ...]] = (
         18,
         (),  # the data step below: each Chat's characters not yet summarized, kept from now on
     ),
+    (
+        19,
+        (
+            # Pages of a Chat's confessions, rewrites and learning executions in index order:
+            # every one of the Chat's was read and sorted for each page.
+            "CREATE INDEX confession_chat_order IF NOT EXISTS FOR (n:Confession) ON (n.chatId, n.createdAt, n.id)",
+            "CREATE INDEX enrichment_chat_order IF NOT EXISTS FOR (n:Enrichment) ON (n.chatId, n.createdAt, n.id)",
+            "CREATE INDEX execution_chat_order IF NOT EXISTS "
+            "FOR (n:LearningExecution) ON (n.chatId, n.createdAt, n.id)",
+        ),
+    ),
 )
 
 #: Entries whose labels predate the current label properties: without ``memoryRank`` (before

@@ -2407,12 +2407,14 @@ WITH all(i IN $entryIds WHERE EXISTS { MATCH (e:Entry {id: i}) WHERE e.botId = $
 WITH present, $withText AND present AS kept
 
 // ---- graph.memorybot.LIST_CONFESSIONS
-MATCH (f:Confession {chatId: $chatId})
-RETURN f {.*} AS confession ORDER BY f.createdAt, f.id SKIP $skip LIMIT $limit
+MATCH (f:Confession) USING INDEX f:Confession(chatId, createdAt, id)
+WHERE f.chatId = $chatId AND f.createdAt >= 0 AND f.id >= ''
+RETURN f {.*} AS confession ORDER BY f.chatId, f.createdAt, f.id SKIP $skip LIMIT $limit
 
 // ---- graph.memorybot.LIST_ENRICHMENTS
-MATCH (n:Enrichment {chatId: $chatId})
-RETURN n {.*} AS enrichment ORDER BY n.createdAt, n.id SKIP $skip LIMIT $limit
+MATCH (n:Enrichment) USING INDEX n:Enrichment(chatId, createdAt, id)
+WHERE n.chatId = $chatId AND n.createdAt >= 0 AND n.id >= ''
+RETURN n {.*} AS enrichment ORDER BY n.chatId, n.createdAt, n.id SKIP $skip LIMIT $limit
 
 // ---- graph.memorybot.SAVED_REWRITE
 MATCH (n:Enrichment {chatId: $chatId})
@@ -2880,9 +2882,10 @@ WITH x LIMIT $limit
 RETURN collect({id: x.id, botId: x.botId}) AS waiting
 
 // ---- graph.sweeps.LIST_EXECUTIONS
-MATCH (x:LearningExecution {chatId: $chatId})
+MATCH (x:LearningExecution) USING INDEX x:LearningExecution(chatId, createdAt, id)
+WHERE x.chatId = $chatId AND x.createdAt >= 0 AND x.id >= ''
 RETURN x {.id, .turnId, .status, .error, .learned, .setAside, .createdAt, .endedAt} AS execution
-ORDER BY x.createdAt DESC, x.id SKIP $skip LIMIT $limit
+ORDER BY x.chatId DESC, x.createdAt DESC, x.id DESC SKIP $skip LIMIT $limit
 
 // ---- graph.sweeps.RELEASE_BUDGET
 MATCH (x:LearningExecution)

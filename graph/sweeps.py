@@ -112,9 +112,10 @@ async def release_budget(tx: AsyncManagedTransaction, *, bot_id: str, now: int) 
 #: The learning executions of a Chat for its owner, newest first: status, entries learned, the
 #: error code, and the evidence set aside with its refusal codes (D9.21) — codes, never content.
 LIST_EXECUTIONS: Final[LiteralString] = """
-MATCH (x:LearningExecution {chatId: $chatId})
+MATCH (x:LearningExecution) USING INDEX x:LearningExecution(chatId, createdAt, id)
+WHERE x.chatId = $chatId AND x.createdAt >= 0 AND x.id >= ''
 RETURN x {.id, .turnId, .status, .error, .learned, .setAside, .createdAt, .endedAt} AS execution
-ORDER BY x.createdAt DESC, x.id SKIP $skip LIMIT $limit
+ORDER BY x.chatId DESC, x.createdAt DESC, x.id DESC SKIP $skip LIMIT $limit
 """
 
 

@@ -112,3 +112,15 @@ async def test_a_saved_rewrite_is_sought_by_its_input_digest(runtime: Runtime) -
     (``enrichment_chat_digest``), not by reading every rewrite of the Chat (one per Turn)."""
     seeks = operators(await explained(runtime, SAVED_REWRITE), lambda kind, _: "Index" in kind)
     assert any("inputDigest" in s for s in seeks), seeks
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["graph.memorybot.LIST_CONFESSIONS", "graph.memorybot.LIST_ENRICHMENTS", "graph.sweeps.LIST_EXECUTIONS"],
+)
+async def test_a_chats_pages_are_read_in_index_order(runtime: Runtime, name: str) -> None:
+    """A page of a Chat's confessions, rewrites (one per Turn) or learning executions: read in the
+    order of a (chatId, createdAt, id) index, skip + limit rows, not all of the Chat's sorted."""
+    plan = await explained(runtime, statements()[name])
+    assert operators(plan, lambda kind, _: kind in {"Sort", "Top", "PartialSort", "PartialTop"}) == []
+    assert any("createdAt" in s for s in operators(plan, lambda kind, _: "Index" in kind))
