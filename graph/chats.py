@@ -105,16 +105,23 @@ _ITEMS_AND_CHAT: Final[LiteralString] = """
 RETURN ch {.*} AS chat, b.keyMaster AS keyMaster, b.keyWrapped AS keyWrapped, isPerson, items
 """
 
-#: CHATS_FOR plus one page of each Chat's Items in ``seq`` order (SKIP $skip LIMIT $limit, the
-#: same for every Chat). Its number of Items is the Chat's ``nextItemSeq``. Hops: as CHATS_FOR.
+#: CHATS_FOR plus one page of each Chat's Items in ``seq`` order (the $limit after the first $skip,
+#: the same for every Chat). Its number of Items is the Chat's ``nextItemSeq``: Items are numbered
+#: 1, 2, … with no gap (a number is taken in the transaction that creates its Item, and Items are
+#: never removed), so the page starts at the seek ``seq > $skip`` (SKIP read the $skip entries
+#: before it: a page deep in a long chat cost its depth). Hops: as CHATS_FOR.
 CHAT_PAGES: Final[LiteralString] = (
-    _ITEMS_OF_CHATS + "\n  WITH i ORDER BY i.seq SKIP $skip LIMIT $limit" + _ITEMS_AND_CHAT
+    _ITEMS_OF_CHATS + " AND i.seq > $skip\n  WITH i ORDER BY i.chatId, i.seq LIMIT $limit" + _ITEMS_AND_CHAT
 )
 
 #: CHAT_PAGES with each Chat's last $last Items (in ``seq`` order) instead of a page from the
-#: start: ``item_chat_seq`` read backwards from the Chat's newest Item.
+#: start: ``item_chat_seq`` read backwards from the Chat's newest Item. Both order by ``chatId``
+#: too: only then does the planner take the index's order (by ``seq`` alone it read every Item of
+#: the Chat and kept the best: a context pack's last 10 messages cost the whole history).
 CHAT_TAILS: Final[LiteralString] = (
-    _ITEMS_OF_CHATS + "\n  WITH i ORDER BY i.seq DESC LIMIT $last\n  WITH i ORDER BY i.seq" + _ITEMS_AND_CHAT
+    _ITEMS_OF_CHATS
+    + "\n  WITH i ORDER BY i.chatId DESC, i.seq DESC LIMIT $last\n  WITH i ORDER BY i.seq"
+    + _ITEMS_AND_CHAT
 )
 
 

@@ -1102,8 +1102,8 @@ WITH ch, b, ($personId IS NOT NULL AND CASE WHEN c IS NULL THEN ch.ownerId = $pe
          ELSE EXISTS { MATCH (:Person {id: $personId})-[:MEMBER]->(c) } END) AS isPerson
 CALL (ch, isPerson) {
   MATCH (i:Item {chatId: ch.id})
-  WHERE isPerson AND i.seq IS NOT NULL
-  WITH i ORDER BY i.seq SKIP $skip LIMIT $limit
+  WHERE isPerson AND i.seq IS NOT NULL AND i.seq > $skip
+  WITH i ORDER BY i.chatId, i.seq LIMIT $limit
   RETURN collect(i {.*}) AS items
 }
 RETURN ch {.*} AS chat, b.keyMaster AS keyMaster, b.keyWrapped AS keyWrapped, isPerson, items
@@ -1117,7 +1117,7 @@ WITH ch, b, ($personId IS NOT NULL AND CASE WHEN c IS NULL THEN ch.ownerId = $pe
 CALL (ch, isPerson) {
   MATCH (i:Item {chatId: ch.id})
   WHERE isPerson AND i.seq IS NOT NULL
-  WITH i ORDER BY i.seq DESC LIMIT $last
+  WITH i ORDER BY i.chatId DESC, i.seq DESC LIMIT $last
   WITH i ORDER BY i.seq
   RETURN collect(i {.*}) AS items
 }

@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from graph.chats import CHAT_PAGES, CHAT_TAILS
 from services.runtime import Runtime
 from tests.client import Api, make_world
-from tests.learning_helpers import until_a_transaction_waits_for_a_lock
+from tests.learning_helpers import add_items, until_a_transaction_waits_for_a_lock
+from tests.memory_helpers import db_hits
 
 MESSAGES = "query($c: ID!, $l: Int!, $s: Int!) { chat(id: $c) { id messageCount messages(limit: $l, skip: $s) { id kind text app speakerId turnId } } }"
 ADD = "mutation($t: ID!, $i: [ItemInput!]!) { addItems(turnId: $t, items: $i) { id kind } }"
@@ -295,3 +297,39 @@ async def test_shared_bot_chat_belongs_to_the_callers_organization(api: Api) -> 
     )
     assert data["createChat"]["organizationId"] == guest.org
     assert data["createChat"]["botId"] == world.bot
+
+
+async def test_a_page_of_a_long_chat_costs_what_a_page_of_a_short_one_costs(
+    api: Api, runtime: Runtime
+) -> None:
+    """Items are numbered 1, 2, … without a gap: a page starts at the seek ``seq > skip``, and
+    pages and the last Items are read in the index's order. Ordered by ``seq`` alone, every page
+    and the last Items (a context pack's, the runner's history) read the whole Chat; with SKIP,
+    a page read the Items before it. The db hits of a page and of the last Items are the same at
+    6 Items and at 300, at any depth; pages after a deleted history keep their numbers."""
+    world = await make_world(api, ("ann",))
+    ann = world.tokens["ann"]
+    chat = await api.chat(ann, world.bot)
+    turn = await api.turn(ann, chat, "m-1")
+    page = {"chatIds": [chat], "personId": world.people["ann"], "limit": 5, "skip": 0}
+    tail = {"chatIds": [chat], "personId": world.people["ann"], "last": 5}
+    await add_items(api, ann, turn["id"], *[("PERSON_MESSAGE", f"m-{2 + k}") for k in range(5)])
+    short_page, short_tail = (
+        await db_hits(runtime, CHAT_PAGES, page),
+        await db_hits(runtime, CHAT_TAILS, tail),
+    )
+    for part in range(3):
+        await add_items(
+            api, ann, turn["id"], *[("PERSON_MESSAGE", f"m-{7 + 98 * part + k}") for k in range(98)]
+        )
+    deep = await messages(api, ann, chat, limit=5, skip=290)
+    assert deep is not None and [m["text"] for m in deep["messages"]] == [f"m-{n}" for n in range(291, 296)]
+    assert [m["id"] for m in deep["messages"]] == [f"i-{n}" for n in range(291, 296)]
+    assert await db_hits(runtime, CHAT_PAGES, page) == short_page
+    assert await db_hits(runtime, CHAT_PAGES, {**page, "skip": 290}) == short_page
+    assert await db_hits(runtime, CHAT_TAILS, tail) == short_tail
+    await api.gql("mutation($c: ID!) { deleteChatHistory(chatId: $c) { items } }", {"c": chat}, ann)
+    await api.turn(ann, chat, "after")
+    after = await messages(api, ann, chat, limit=5, skip=299)
+    assert after is not None
+    assert [(m["id"], m["text"]) for m in after["messages"]] == [("i-300", None), ("i-301", "after")]
