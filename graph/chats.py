@@ -306,9 +306,11 @@ SET t.completedAt = coalesce(t.completedAt, $now), t.status = 'completed'
 RETURN t {.*} AS turn
 """
 
-#: The Turn's first Item (``i.seq IS NOT NULL``: the seek on ``item_chat_seq``, as _ITEMS_OF_CHATS).
+#: The Turn's first Item, among the Turn's own (the Chat's Items were read from the first, every
+#: one of them for a late Turn).
 FIRST_ITEM_OF_TURN: Final[LiteralString] = """
-MATCH (i:Item {chatId: $chatId}) WHERE i.seq IS NOT NULL AND i.turnId = $turnId
+MATCH (:Turn {id: $turnId})<-[:IN_TURN]-(i:Item)
+WHERE i.chatId = $chatId
 RETURN i {.*} AS item ORDER BY i.seq LIMIT 1
 """
 

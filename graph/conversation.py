@@ -60,7 +60,7 @@ class UnsummarizedRow(TypedDict):
 ITEMS_AFTER: Final[LiteralString] = """
 MATCH (i:Item)
 WHERE i.chatId = $chatId AND i.seq > $after AND i.text IS NOT NULL
-WITH i ORDER BY i.seq LIMIT $limit
+WITH i ORDER BY i.chatId, i.seq LIMIT $limit
 RETURN collect(i {.uid, .id, .seq, .kind, .text, .app, .speakerId}) AS items
 """
 
@@ -127,7 +127,7 @@ CALL (ch, s) {
   MATCH (i:Item)
   WHERE i.chatId = ch.id AND i.seq > coalesce(s.coversThroughSeq, 0) AND i.kind IN $kinds
     AND i.text IS NOT NULL
-  WITH i ORDER BY i.seq DESC LIMIT $limit
+  WITH i ORDER BY i.chatId DESC, i.seq DESC LIMIT $limit
   RETURN collect(i {.uid, .id, .seq, .kind, .text, .textLength}) AS recent
 }
 RETURN ch {.*} AS chat, b.keyMaster AS keyMaster, b.keyWrapped AS keyWrapped, s {.*} AS summary, recent
@@ -236,7 +236,7 @@ CALL (summary) {
   MATCH (i:Item)
   WHERE i.chatId = $chatId AND i.seq > coalesce(summary.coversThroughSeq, 0) AND i.kind IN $kinds
     AND i.text IS NOT NULL
-  WITH i ORDER BY i.seq DESC LIMIT $limit
+  WITH i ORDER BY i.chatId DESC, i.seq DESC LIMIT $limit
   RETURN collect(i {.uid, .id, .seq, .kind, .text, .textLength}) AS recent
 }
 """

@@ -200,7 +200,7 @@ class CommittedRow(TypedDict):
 EVIDENCE: Final[LiteralString] = """
 MATCH (i:Item)
 WHERE i.chatId = $chatId AND i.seq > $after AND i.memoryOff IS NULL
-WITH i ORDER BY i.seq LIMIT $limit
+WITH i ORDER BY i.chatId, i.seq LIMIT $limit
 MATCH (i)-[:IN_TURN]->(t:Turn)
 RETURN collect(i {.uid, .id, .seq, .kind, .text, .app, .speakerId, turnSeq: t.seq}) AS items
 """

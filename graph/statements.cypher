@@ -1168,7 +1168,8 @@ CREATE (i:Item {uid: item.uid, id: item.id, chatId: t.chatId, turnId: t.id, seq:
 RETURN t {.*} AS turn
 
 // ---- graph.chats.FIRST_ITEM_OF_TURN
-MATCH (i:Item {chatId: $chatId}) WHERE i.seq IS NOT NULL AND i.turnId = $turnId
+MATCH (:Turn {id: $turnId})<-[:IN_TURN]-(i:Item)
+WHERE i.chatId = $chatId
 RETURN i {.*} AS item ORDER BY i.seq LIMIT 1
 
 // ---- graph.chats.IS_PERSON_OF_CHAT
@@ -1453,7 +1454,7 @@ MATCH (s:ChatSummary {chatId: $chatId}) DETACH DELETE s
 // ---- graph.conversation.ITEMS_AFTER
 MATCH (i:Item)
 WHERE i.chatId = $chatId AND i.seq > $after AND i.text IS NOT NULL
-WITH i ORDER BY i.seq LIMIT $limit
+WITH i ORDER BY i.chatId, i.seq LIMIT $limit
 RETURN collect(i {.uid, .id, .seq, .kind, .text, .app, .speakerId}) AS items
 
 // ---- graph.conversation.META
@@ -1464,7 +1465,7 @@ CALL (ch, s) {
   MATCH (i:Item)
   WHERE i.chatId = ch.id AND i.seq > coalesce(s.coversThroughSeq, 0) AND i.kind IN $kinds
     AND i.text IS NOT NULL
-  WITH i ORDER BY i.seq DESC LIMIT $limit
+  WITH i ORDER BY i.chatId DESC, i.seq DESC LIMIT $limit
   RETURN collect(i {.uid, .id, .seq, .kind, .text, .textLength}) AS recent
 }
 RETURN ch {.*} AS chat, b.keyMaster AS keyMaster, b.keyWrapped AS keyWrapped, s {.*} AS summary, recent
@@ -1497,7 +1498,7 @@ CALL (summary) {
   MATCH (i:Item)
   WHERE i.chatId = $chatId AND i.seq > coalesce(summary.coversThroughSeq, 0) AND i.kind IN $kinds
     AND i.text IS NOT NULL
-  WITH i ORDER BY i.seq DESC LIMIT $limit
+  WITH i ORDER BY i.chatId DESC, i.seq DESC LIMIT $limit
   RETURN collect(i {.uid, .id, .seq, .kind, .text, .textLength}) AS recent
 }
 OPTIONAL CALL () {
@@ -1532,7 +1533,7 @@ CALL (summary) {
   MATCH (i:Item)
   WHERE i.chatId = $chatId AND i.seq > coalesce(summary.coversThroughSeq, 0) AND i.kind IN $kinds
     AND i.text IS NOT NULL
-  WITH i ORDER BY i.seq DESC LIMIT $limit
+  WITH i ORDER BY i.chatId DESC, i.seq DESC LIMIT $limit
   RETURN collect(i {.uid, .id, .seq, .kind, .text, .textLength}) AS recent
 }
 RETURN chat, botMemory, model, settings, keyMaster, keyWrapped, summary, recent
@@ -2065,7 +2066,7 @@ RETURN x.status AS status, x.epoch AS epoch
 // ---- graph.learning.EVIDENCE
 MATCH (i:Item)
 WHERE i.chatId = $chatId AND i.seq > $after AND i.memoryOff IS NULL
-WITH i ORDER BY i.seq LIMIT $limit
+WITH i ORDER BY i.chatId, i.seq LIMIT $limit
 MATCH (i)-[:IN_TURN]->(t:Turn)
 RETURN collect(i {.uid, .id, .seq, .kind, .text, .app, .speakerId, turnSeq: t.seq}) AS items
 

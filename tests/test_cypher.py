@@ -124,3 +124,28 @@ async def test_a_chats_pages_are_read_in_index_order(runtime: Runtime, name: str
     plan = await explained(runtime, statements()[name])
     assert operators(plan, lambda kind, _: kind in {"Sort", "Top", "PartialSort", "PartialTop"}) == []
     assert any("createdAt" in s for s in operators(plan, lambda kind, _: "Index" in kind))
+
+
+#: Statements that sort Items by ``seq`` after all, and why that stays small.
+ITEM_SORTS = {
+    "graph.chats.CHAT_TAILS": "puts the $last Items read newest first back in order",
+    "graph.chats.CREATE_ITEMS": "the Items it creates",
+    "graph.chats.FIRST_ITEM_OF_TURN": "the Items of one Turn",
+}
+
+
+async def test_no_statement_sorts_a_chats_items(runtime: Runtime) -> None:
+    """A Chat's Items are read in the order of ``item_chat_seq`` (ordered by chatId and seq, which
+    the planner takes from the index): ordered by seq alone, it read every Item after the cut and
+    kept the best, so a context pack's last messages, a summary's and a learning step's Items, a
+    chat meta and the runner's history cost the whole history of a Chat without a summary."""
+    sorts = {
+        name: operators(
+            await explained(runtime, query),
+            lambda kind, details: kind in {"Sort", "Top", "PartialSort", "PartialTop"} and "i.seq" in details,
+        )
+        for name, query in QUERIES
+        if name not in TAILS
+    }
+    assert {name: s for name, s in sorts.items() if s and name not in ITEM_SORTS} == {}
+    assert all(sorts[name] for name in ITEM_SORTS), "no longer sorts: take it off ITEM_SORTS"
