@@ -379,7 +379,8 @@ async def publish_change(rt: Runtime, bot_id: str, applied: Applied) -> None:
     """Tell every API process (Redis pub/sub) which entries changed or were hidden from someone:
     ids only, never content (E4). The change is committed: a lost message (Redis away) is logged,
     not raised, and every API process fills the gap from the change log — at its next event of
-    the Bot or when its own Redis connection comes back (``services.changefeed``, D9.24)."""
+    the Bot, when its own Redis connection comes back, or at its next audit of the versions
+    (``services.changefeed``, D9.24)."""
     if not applied.entry_ids and not applied.removed:
         return
     message = json.dumps(
