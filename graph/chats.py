@@ -167,6 +167,12 @@ class TurnRow(TypedDict):
     turn: TurnNode
 
 
+class CreatedTurnRow(TurnRow):
+    """CREATE_TURN: the Turn, and the characters its Chat's summary would hold now."""
+
+    unsummarized: int
+
+
 class TurnForRow(ChatForRow):
     turn: TurnNode
 
@@ -250,7 +256,9 @@ _COUNT_CHARS: Final[LiteralString] = """
 SET ch.unsummarizedChars = coalesce(ch.unsummarizedChars, 0) + reduce(n = 0, x IN $items | n + x.textLength)
 """
 
-#: A Turn with its first Items (the input), in one statement.
+#: A Turn with its first Items (the input), in one statement, and the characters its Chat's
+#: summary would hold now (as ``graph.conversation.UNSUMMARIZED``): a new Turn is where a history
+#: past the threshold is noticed, its earlier Turns completed or not.
 CREATE_TURN: Final[LiteralString] = (
     """
 MATCH (ch:Chat {id: $chatId})-[:IN_ORG]->(o:Organization)"""
@@ -258,12 +266,13 @@ MATCH (ch:Chat {id: $chatId})-[:IN_ORG]->(o:Organization)"""
     + """CREATE (t:Turn {id: $id, chatId: ch.id, seq: $seq, status: 'open', actorKind: $actorKind,
                 actorId: $actorId, createdAt: $now, lastActivityAt: $now, completedAt: null,
                 historyEpoch: coalesce(ch.historyEpoch, 0)})-[:IN_CHAT]->(ch)
-WITH t, o
+WITH t, o, ch
 CALL (t, o) {
   UNWIND $items AS item"""
     + _CREATE_ITEM
     + """}
-RETURN t {.*} AS turn
+OPTIONAL MATCH (s:ChatSummary {chatId: ch.id})
+RETURN t {.*} AS turn, coalesce(s.chars, 0) + ch.unsummarizedChars AS unsummarized
 """
 )
 
@@ -432,12 +441,13 @@ async def create_turn(
     actor_id: str | None,
     items: list[dict[str, Any]],
     now: int,
-) -> TurnNode:
-    """A Turn with its first Items (rows as :func:`create_items` takes them)."""
+) -> tuple[TurnNode, int]:
+    """A Turn with its first Items (rows as :func:`create_items` takes them), and the characters
+    its Chat's summary would hold now."""
     record = await single(
         tx,
         CREATE_TURN,
-        TurnRow,
+        CreatedTurnRow,
         id=id,
         chatId=chat_id,
         seq=seq,
@@ -447,7 +457,7 @@ async def create_turn(
         now=now,
     )
     assert record is not None
-    return record["turn"]
+    return record["turn"], int(record["unsummarized"])
 
 
 async def allocate_items(tx: AsyncManagedTransaction, *, chat_id: str, count: int) -> tuple[int, int]:

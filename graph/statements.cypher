@@ -1156,7 +1156,7 @@ SET ch.unsummarizedChars = coalesce(ch.unsummarizedChars, 0) + reduce(n = 0, x I
 CREATE (t:Turn {id: $id, chatId: ch.id, seq: $seq, status: 'open', actorKind: $actorKind,
                 actorId: $actorId, createdAt: $now, lastActivityAt: $now, completedAt: null,
                 historyEpoch: coalesce(ch.historyEpoch, 0)})-[:IN_CHAT]->(ch)
-WITH t, o
+WITH t, o, ch
 CALL (t, o) {
   UNWIND $items AS item
 CREATE (i:Item {uid: item.uid, id: item.id, chatId: t.chatId, turnId: t.id, seq: item.seq, kind: item.kind,
@@ -1165,7 +1165,8 @@ CREATE (i:Item {uid: item.uid, id: item.id, chatId: t.chatId, turnId: t.id, seq:
                 memoryOff: CASE WHEN coalesce(o.botMemory, false) AND o.botMemoryModel IS NOT NULL
                            THEN null ELSE true END})-[:IN_TURN]->(t)
 }
-RETURN t {.*} AS turn
+OPTIONAL MATCH (s:ChatSummary {chatId: ch.id})
+RETURN t {.*} AS turn, coalesce(s.chars, 0) + ch.unsummarizedChars AS unsummarized
 
 // ---- graph.chats.FIRST_ITEM_OF_TURN
 MATCH (:Turn {id: $turnId})<-[:IN_TURN]-(i:Item)

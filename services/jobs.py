@@ -95,9 +95,11 @@ async def enqueue_backfill(rt: Runtime, bot_id: str, *, part: int = 0) -> None:
         log.warning("enqueue of a backfill failed (%s); the next sweep retries", type(exc).__name__)
 
 
-async def enqueue_summary_if_due(rt: Runtime, chat_id: str) -> bool:
-    """Queue ``summary:<chatId>`` when the Chat's history passed the summary threshold (D9.17)."""
-    _, chars = await read(rt.driver, lambda tx: conversation.unsummarized(tx, chat_id=chat_id))
+async def enqueue_summary_if_due(rt: Runtime, chat_id: str, chars: int | None = None) -> bool:
+    """Queue ``summary:<chatId>`` when the Chat's history passed the summary threshold (D9.17);
+    ``chars``: what its summary would hold, when the caller read it already."""
+    if chars is None:
+        _, chars = await read(rt.driver, lambda tx: conversation.unsummarized(tx, chat_id=chat_id))
     if chars <= rt.settings.summary_threshold_chars:
         return False
     try:

@@ -61,7 +61,7 @@ async def start_turn(
     actor = actor_id
     turn_id, now = new_id("turn"), now_ms()
 
-    async def work(tx: AsyncManagedTransaction) -> chats_q.TurnNode:
+    async def work(tx: AsyncManagedTransaction) -> tuple[chats_q.TurnNode, int]:
         row = await chats_q.chat_for(tx, chat_id=chat_id, person_id=principal.person_id)
         require_writer(principal, row, "chat")
         assert row is not None
@@ -85,7 +85,11 @@ async def start_turn(
             now=now,
         )
 
-    turn = await write(rt.driver, work)
+    turn, unsummarized = await write(rt.driver, work)
+    # A history past the threshold is summarized whether or not its Turns were completed: a
+    # platform that never completes them (each counts as completed once idle, for learning) left
+    # it growing with no summary, and a context pack with a hole before its last messages.
+    await enqueue_summary_if_due(rt, chat_id, unsummarized)
     return Turn.of(turn, input=text, enriched_input=text)
 
 

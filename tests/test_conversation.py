@@ -117,6 +117,20 @@ async def test_a_chats_characters_not_yet_summarized_are_kept_not_summed(api: Ap
     assert await total() == 5
 
 
+async def test_a_history_past_the_threshold_is_summarized_though_no_turn_was_completed(
+    api: Api, model_server: ModelServer
+) -> None:
+    """Only completeTurn asked for a summary: a platform that never completes its Turns (they
+    count as completed once idle, for learning) had a history growing with no summary, and its
+    context pack a hole before the last messages. A new Turn asks too."""
+    w = await memory_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    model_server.default("summary", Reply(text="Two long letters, never completed."))
+    await api.turn(w.tokens["ann"], chat, "A " + "A" * 10_500)
+    await api.turn(w.tokens["ann"], chat, "B " + "B" * 10_500)  # past 20,000: this start asks
+    assert await wait_summary(api, w.tokens["ann"], chat) == "Two long letters, never completed."
+
+
 async def test_no_summary_while_the_budget_is_spent(
     api: Api, model_server: ModelServer, learning_worker: WorkerProcess
 ) -> None:
