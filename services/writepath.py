@@ -314,7 +314,7 @@ async def apply_changes(
     for change in changes:
         validate(change)
     cipher = await cipher_of(rt, bot_id)
-    change_id, now = new_id("chg"), now_ms()
+    change_id = new_id("chg")
     derived = await derive(cipher, embedder, _contents(changes), rt.settings.embedding_timeout_seconds)
     payload = cipher.encrypt(Kind.CHANGE, change_id, _payload(changes))
 
@@ -322,6 +322,10 @@ async def apply_changes(
         version = await memory_q.bump_version(tx, bot_id=bot_id)  # the exclusive lock first (C1)
         if version is None:
             raise NotFound("bot not found")
+        # Its time under the lock, as its version: taken before the embedding (up to
+        # ``embedding_timeout_seconds``), a change committed after a later one carried the earlier
+        # time, and the log's times ran backwards as its versions went up.
+        now = now_ms()
         if person is not None:
             await user_reader(tx, bot_id=bot_id, person_id=person[0], org=person[1])
         if precheck is not None:
@@ -355,6 +359,7 @@ async def apply_changes(
             rows.append(_new_entry(cipher, change, position, ids, derived))
             ids.add(change.id)
         touched = list(dict.fromkeys(c.id for c in adds))
+        now = now_ms()  # after the embedding; the statement takes the lock at once
         done = await changelog.add_only_change(
             rt.driver,
             id=change_id,

@@ -24,8 +24,9 @@ from graph.migrations import LATEST, migrate
 from learning.embedders import LocalMiniLM, OpenAIEmbedder
 from services import memory, retrieval, search
 from services.bootstrap import open_runtime
-from services.changes import AddFact, Invalidate, ItemRef, MemoryChange, Revise, Share
+from services.changes import AddFact, Invalidate, ItemRef, MemoryChange, Revise, SetTopics, Share
 from services.runtime import Runtime
+from services.runtime import now_ms as time_ms
 from services.settings import Settings
 from services.vectorindex import VectorIndexes
 from services.writepath import apply_changes
@@ -34,6 +35,7 @@ from tests.conftest import ApiProcess
 from tests.learning_helpers import confide, memory_world
 from tests.memory_helpers import apply, command, fact, said
 from tests.model_server import ModelServer, Reply, ToolCall
+from tests.waiting import until
 
 SEARCH = "query($b: ID!, $q: String!, $l: Int!) { search(botId: $b, query: $q, limit: $l) { score entry { id content } } }"
 
@@ -362,6 +364,52 @@ class Counting:
 
     async def aclose(self) -> None:
         """The inner embedder is closed by whoever made it."""
+
+
+class Gated(Counting):
+    """The real embedder, which answers once ``gate`` is set (``called`` tells it was asked)."""
+
+    def __init__(self, inner: LocalMiniLM) -> None:
+        super().__init__(inner)
+        self.gate, self.called = asyncio.Event(), asyncio.Event()
+
+    async def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+        self.called.set()
+        await self.gate.wait()
+        return await super().embed(texts)
+
+
+async def test_the_logs_times_never_run_backwards_as_its_versions_go_up(api: Api, runtime: Runtime) -> None:
+    """A change took its time before it embedded its entries: one whose embedding was slow
+    committed after a later change with the earlier time (write-path review). Both kinds of
+    change (new entries only, one statement; and any other) take it once they hold the lock."""
+    w = await make_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    src = ItemRef(*await said(api, w.tokens["ann"], chat, "x"))
+    base = await fact(runtime, w.bot, "base", (src.chat, src.item))
+    inner = LocalMiniLM()
+    try:
+        for slow_change in (
+            [AddFact(content="slow to embed", sources=(src,))],
+            [AddFact(content="slow with a change", sources=(src,)), SetTopics(base, ("later",))],
+        ):
+            gated = Gated(inner)
+            slow = asyncio.create_task(
+                apply_changes(runtime, w.bot, list[MemoryChange](slow_change), "memory_bot", embedder=gated)
+            )
+            await gated.called.wait()
+            asked = time_ms()
+
+            async def ticked(asked: int = asked) -> bool:  # past the slow change's start
+                return time_ms() > asked
+
+            await until(ticked, "the clock never moved", within=5, every=0.001)
+            quick = await apply(runtime, w.bot, AddFact(content="quick", sources=(src,)))
+            gated.gate.set()
+            late = await slow
+            assert late.version > quick.version and late.at >= quick.at, (late, quick)
+    finally:
+        await inner.aclose()
 
 
 async def test_a_query_embedded_early_is_embedded_once_and_ranks_the_same(api: Api, runtime: Runtime) -> None:
