@@ -222,10 +222,9 @@ async def link_bot(tx: AsyncManagedTransaction, *, bot_id: str, organization_id:
     return await single(tx, LINK_BOT, IdRow, botId=bot_id, organizationId=organization_id) is not None
 
 
-#: The Bots a person may use: granted to them and owned by or linked into their organization.
-PERSON_BOTS: Final[LiteralString] = """
-MATCH (:Person {id: $personId})-[:GRANT]->(b:Bot)-[:OWNED_BY]->(o:Organization)
-WHERE o.id = $org OR EXISTS { (b)-[:LINKED]->(:Organization {id: $org}) }
+#: The tail of a list of Bots: each Bot ``b`` of its owner ``o`` with the organizations it is
+#: linked into, by name.
+_BOT_LIST: Final[LiteralString] = """
 OPTIONAL MATCH (b)-[:LINKED]->(l:Organization)
 WITH b, o, l ORDER BY l.id
 WITH b, o, collect(l.id) AS linked
@@ -233,34 +232,31 @@ RETURN b {.id, .name, .model, .createdAt, organizationId: o.id, linkedOrganizati
 ORDER BY bot.name, bot.id
 """
 
+#: The Bots a person may use: granted to them and owned by or linked into their organization.
+PERSON_BOTS: Final[LiteralString] = (
+    """
+MATCH (:Person {id: $personId})-[:GRANT]->(b:Bot)-[:OWNED_BY]->(o:Organization)
+WHERE o.id = $org OR EXISTS { (b)-[:LINKED]->(:Organization {id: $org}) }"""
+    + _BOT_LIST
+)
+
 #: The Bots owned by or linked into an organization (a platform token's list): sought from the
 #: organization. (One statement served the admin too, every Bot when ``$org`` was null, so a
 #: platform's list read every Bot of the database and stopped at the first 1,000 by name.)
-ORGANIZATION_BOTS: Final[LiteralString] = """
+ORGANIZATION_BOTS: Final[LiteralString] = (
+    """
 MATCH (org:Organization {id: $org})
 CALL (org) {
   MATCH (b:Bot)-[:OWNED_BY]->(org) RETURN b
   UNION
   MATCH (b:Bot)-[:LINKED]->(org) RETURN b
 }
-MATCH (b)-[:OWNED_BY]->(o:Organization)
-OPTIONAL MATCH (b)-[:LINKED]->(l:Organization)
-WITH b, o, l ORDER BY l.id
-WITH b, o, collect(l.id) AS linked
-RETURN b {.id, .name, .model, .createdAt, organizationId: o.id, linkedOrganizationIds: linked} AS bot
-ORDER BY bot.name, bot.id
-"""
+MATCH (b)-[:OWNED_BY]->(o:Organization)"""
+    + _BOT_LIST
+)
 
 #: Every Bot (the admin's list), at most 1,000 by name.
-ALL_BOTS: Final[LiteralString] = """
-MATCH (b:Bot)-[:OWNED_BY]->(o:Organization)
-OPTIONAL MATCH (b)-[:LINKED]->(l:Organization)
-WITH b, o, l ORDER BY l.id
-WITH b, o, collect(l.id) AS linked
-RETURN b {.id, .name, .model, .createdAt, organizationId: o.id, linkedOrganizationIds: linked} AS bot
-ORDER BY bot.name, bot.id
-LIMIT 1000
-"""
+ALL_BOTS: Final[LiteralString] = "\nMATCH (b:Bot)-[:OWNED_BY]->(o:Organization)" + _BOT_LIST + "LIMIT 1000\n"
 
 
 async def usable_bots(tx: AsyncManagedTransaction, *, person_id: str | None, org: str | None) -> list[BotMap]:

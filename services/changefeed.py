@@ -202,12 +202,16 @@ class ChangeHub:
 
     async def deliver(self, event: dict[str, Any]) -> None:
         """:meth:`_deliver`; one that fails leaves its Bot's last version where it was and catches
-        that Bot up from the log later (:meth:`_later`), while other Bots' events go on."""
+        that Bot up from the log later (:meth:`_later`), while other Bots' events go on. Events
+        of a Bot without local subscribers are dropped before a turn is made for it (one kept for
+        every Bot of the deployment that ever changed)."""
+        bot_id = str(event.get("botId", ""))
+        if bot_id not in self.subscribers:
+            return
         try:
-            async with self._turn(str(event.get("botId", ""))):
+            async with self._turn(bot_id):
                 await self._deliver(event)
         except Exception as exc:
-            bot_id = str(event.get("botId", ""))
             log.warning("a change was not delivered (%s); its Bot catches up later", type(exc).__name__)
             if bot_id in self.versions:
                 self._later(bot_id)

@@ -359,7 +359,7 @@ async def apply_changes(
             rows.append(_new_entry(cipher, change, position, ids, derived))
             ids.add(change.id)
         touched = list(dict.fromkeys(c.id for c in adds))
-        now = now_ms()  # after the embedding; the statement takes the lock at once
+        now = now_ms()  # after the embedding (the statement's wait for the lock still comes after)
         done = await changelog.add_only_change(
             rt.driver,
             id=change_id,
