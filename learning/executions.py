@@ -44,6 +44,7 @@ from services.errors import ServiceError
 from services.memorybot import load_route
 from services.runtime import Runtime, now_ms
 from services.settings import Settings
+from services.tasks import cancel_and_wait
 from services.writepath import apply_changes, first_refused_share
 
 log = logging.getLogger("botmemory.learning")
@@ -173,9 +174,7 @@ class ExecutionRunner:
             log.error("execution %s failed: %s", x.id, code)
             return "failed:" + code
         finally:
-            keeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await keeper
+            await cancel_and_wait(keeper)
 
     async def _keep_lease(self, x: Claimed) -> None:
         interval = self.rt.settings.lease_seconds / 3

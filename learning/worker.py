@@ -31,6 +31,7 @@ from services.embedding import EmbedderUnavailable
 from services.logs import configure_logging, log_tasks
 from services.runtime import Runtime, now_ms
 from services.settings import Settings, load_settings
+from services.tasks import cancel_and_wait
 
 log = logging.getLogger("botmemory.worker")
 
@@ -62,9 +63,7 @@ async def startup(ctx: dict[str, Any]) -> None:
 async def shutdown(ctx: dict[str, Any]) -> None:
     task = ctx.get("sweeper")
     if task is not None:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await cancel_and_wait(task)
     stack: contextlib.AsyncExitStack | None = ctx.get("stack")
     if stack is not None:
         await stack.aclose()

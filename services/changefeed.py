@@ -33,6 +33,7 @@ from graph.driver import autocommit, read
 from services import metrics, pubsub, turnfeed
 from services.memory import Entry, decrypt_entry
 from services.runtime import Runtime, now_ms
+from services.tasks import cancel_and_wait
 
 log = logging.getLogger("services.changefeed")
 
@@ -174,9 +175,7 @@ class ChangeHub:
     async def stop(self) -> None:
         for task in [self._task, self._access_task, self._audit_task, *self._retrying.values()]:
             if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                await cancel_and_wait(task)
 
     @contextlib.asynccontextmanager
     async def subscribe(

@@ -11,7 +11,6 @@ the next task; lowering it lets the running ones finish.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import secrets
 import time
@@ -19,6 +18,8 @@ from collections.abc import Awaitable, Callable
 from typing import Final
 
 from redis.asyncio import Redis
+
+from services.tasks import cancel_and_wait
 
 log = logging.getLogger("services.slots")
 
@@ -108,9 +109,7 @@ async def take_key(
     renewing = asyncio.create_task(renew(), name="slot-lease")
 
     async def release() -> None:
-        renewing.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await renewing
+        await cancel_and_wait(renewing)
         try:
             await redis.zrem(key, lease)
         except Exception as exc:  # its lease expires on its own

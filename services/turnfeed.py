@@ -25,6 +25,7 @@ from graph.driver import read
 from services import metrics, pubsub
 from services.crypto import Kind
 from services.runtime import Runtime, now_ms
+from services.tasks import cancel_and_wait
 
 log = logging.getLogger("services.turnfeed")
 
@@ -86,9 +87,7 @@ class TurnHub:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
 
     @contextlib.asynccontextmanager
     async def subscribe(self, chat_id: str, person_id: str, token_id: str) -> AsyncGenerator[Subscriber]:

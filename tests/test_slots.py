@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import signal
 import sys
 import threading
@@ -97,6 +98,24 @@ async def test_slots_are_shared_renewed_and_given_back_by_a_killed_process(
     await release()
     await second()
     assert await slots.held(redis, bot) == 0
+
+
+async def test_a_release_stops_the_renewer_whenever_it_comes(runtime: Runtime) -> None:
+    """A release cancelled the lease's renewer and waited for it. A cancel landing as the renewer's
+    Redis command was written was lost (Python 3.11's ``wait_for`` in redis-py), so the renewer
+    went on renewing and the release waited for ever: CI saw a learning execution stay
+    ``running``, its lease alive, until the suite gave up. Released at a random moment of a short
+    lease's renewals, many times: each release returns and the slot is free."""
+    redis: Redis = runtime.redis
+    bot = new_id("bot")
+    moments = random.Random(41)
+    for _ in range(300):
+        release = await slots.take(redis, bot, 1, time.monotonic() + 10, 0.006)  # renews every 2 ms
+        await asyncio.sleep(moments.uniform(0, 0.01))
+        releasing = asyncio.ensure_future(release())
+        done, _ = await asyncio.wait({releasing}, timeout=10)  # a hang's bound, not a speed
+        assert done, "the release waits on a renewer that lost its cancel"
+        assert await slots.held(redis, bot) == 0
 
 
 @pytest.mark.usefixtures("learning_worker")
