@@ -62,7 +62,7 @@ AND all(t IN x.tags WHERE
         OR (t STARTS WITH 'for:channel:' AND substring(t, 12) IN rd.channels)
         OR (t = 'for:bot' AND rd.usesBot))
       AND (NOT t STARTS WITH 'org:' OR t = 'org:' + org))
-AND NOT rd.id IN coalesce(x.excluded, [])
+AND none(i IN rd.ids WHERE i IN coalesce(x.excluded, []))
 """
 )
 
@@ -270,7 +270,7 @@ RETURN collect(DISTINCT id) AS ids
 VISIBLE: Final[LiteralString] = """
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)))))
 """
 
 #: The entries removed for the reader (D9.24) by the changes of versions ``$versions``: their
@@ -313,7 +313,7 @@ USES_BOT: Final[LiteralString] = (
 #: (what PATH_VISIBLE reads) and ``atoms``, the audience conditions they meet as VISIBLE and the
 #: candidate seeks read them (``person:<id>``, ``channel:<id>`` each, ``bot`` when they use it).
 READER_MAP: Final[LiteralString] = (
-    "{id: p.id, channels: channels, usesBot: "
+    "{id: p.id, ids: [p.id], channels: channels, usesBot: "
     + USES_BOT
     + """,
   atoms: ['person:' + p.id] + [cid IN channels | 'channel:' + cid]
@@ -324,9 +324,12 @@ READER_MAP: Final[LiteralString] = (
 
 
 class ReaderMap(TypedDict):
-    """A reader as READER_MAP (or GROUP_READER) builds it and the checks read it in ``$readers``."""
+    """A reader as READER_MAP (or GROUP_READER) builds it and the checks read it in ``$readers``:
+    ``ids``, the people a Forget exclusion of whom hides an entry from it (the person; a group's
+    members)."""
 
     id: str
+    ids: list[str]
     channels: list[str]
     usesBot: bool
     atoms: list[str]
@@ -336,16 +339,44 @@ class ReaderRow(TypedDict):
     reader: ReaderMap
 
 
+#: The members of the Channel ``c`` of the Organization ``o`` for the Bot ``b`` as GROUP_READER
+#: reads them (a ``CALL`` clause; any of the three may be null): ``memberIds``, and ``allUse``,
+#: whether there is one and every one of them is in ``o`` and uses ``b`` (D9.1).
+_GROUP_MEMBERS: Final[LiteralString] = """  CALL (c, o, b) {
+    OPTIONAL MATCH (m:Person)-[:MEMBER]->(c)
+    WITH collect(m) AS members
+    RETURN [m IN members | m.id] AS memberIds,
+           size(members) > 0 AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))
+           AND all(m IN members WHERE EXISTS { (m)-[:MEMBER_OF]->(o) } AND EXISTS { (m)-[:GRANT]->(b) }) AS allUse
+  }
+"""
+
+#: A group chat's one reader (D9.15, D9.22), for the Channel ``c`` after _GROUP_MEMBERS: an answer
+#: there must pass every current member of the channel and the group itself. The group meets
+#: only the channel's atom and ``bot`` — so the answer draws only on entries for the group or for
+#: everyone, never on a member's personal entries, also in a channel of one — and each member
+#: meets both (a member of the channel who uses the Bot): so the group and its members together
+#: are this one reader, which uses the Bot when every member does and holds every member's id for
+#: the Forget exclusions. Checking each member as a reader of its own cost each candidate as
+#: much as the channel had members (a 1,000-member channel: ~130 ms a context; at 5,000 Neo4j
+#: failed the statement with a TransientError).
+GROUP_READER: Final[LiteralString] = (
+    "{id: '#group', ids: ['#group'] + memberIds, channels: CASE WHEN c IS NULL THEN [] ELSE [c.id] END,"
+    " usesBot: allUse, atoms: CASE WHEN allUse THEN ['channel:' + c.id, 'bot'] ELSE [] END}"
+)
+
+
 def readers_now(carry: LiteralString = "") -> LiteralString:
     """``WITH <carry>readers, org``: the readers of ``$readers`` as they stand now, for a statement
     that runs under the shared lock (``carry``: what the statement carries on, with a trailing
     comma). Each person is read again — their channels in ``$org``, whether they use the Bot
     ``$botId`` (READER_MAP); one no longer in the organization reads nothing — and a group reader
-    (GROUP_READER) is kept as it is. The readers a read passes come from an earlier transaction
-    (a search embeds its query and ranks first; an answer waits for the model, then checks what
-    it used): a membership or grant change committed meanwhile, and content written after it
-    under the exclusive lock, would otherwise meet the old rules (C1). The candidate seeks may
-    still follow the audience keys of the readers as passed: only what they find can be less."""
+    (GROUP_READER) is built again from its channel's members now. The readers a read passes come
+    from an earlier transaction (a search embeds its query and ranks first; an answer waits for
+    the model, then checks what it used): a membership or grant change committed meanwhile, and
+    content written after it under the exclusive lock, would otherwise meet the old rules (C1).
+    The candidate seeks may still follow the audience keys of the readers as passed: only what
+    they find can be less."""
     return (
         """CALL () {
   UNWIND [r IN $readers WHERE r.id <> '#group' | r.id] AS pid
@@ -353,14 +384,25 @@ def readers_now(carry: LiteralString = "") -> LiteralString:
   OPTIONAL MATCH (b:Bot {id: $botId})
   OPTIONAL MATCH (p)-[:MEMBER]->(c:Channel)-[:IN]->(o)
   WITH pid, p, o, b, collect(c.id) AS channels
-  RETURN collect(CASE WHEN p IS NULL OR b IS NULL THEN {id: pid, channels: [], usesBot: false, atoms: []}
+  RETURN collect(CASE WHEN p IS NULL OR b IS NULL
+                   THEN {id: pid, ids: [pid], channels: [], usesBot: false, atoms: []}
                  ELSE """
         + READER_MAP
         + """ END) AS people
 }
+CALL () {
+  UNWIND [r IN $readers WHERE r.id = '#group' | r.channels[0]] AS cid
+  OPTIONAL MATCH (c:Channel {id: cid})-[:IN]->(o:Organization {id: $org})
+  OPTIONAL MATCH (b:Bot {id: $botId})
+"""
+        + _GROUP_MEMBERS
+        + "  RETURN collect("
+        + GROUP_READER
+        + """) AS groups
+}
 WITH """
         + carry
-        + """[r IN $readers WHERE r.id = '#group'] + people AS readers, $org AS org
+        + """groups + people AS readers, $org AS org
 """
     )
 
@@ -377,33 +419,30 @@ RETURN """
     + " AS reader\n"
 )
 
-#: The reader a group chat adds for itself (D9.22): it meets only the channel's atom and ``bot``,
-#: so an answer there draws only on entries for the group or for everyone — never on a member's
-#: personal entries, also in a channel of one. No Forget exclusion names it.
-GROUP_READER: Final[LiteralString] = (
-    "{id: '#group', channels: [c.id], usesBot: true, atoms: ['channel:' + c.id, 'bot']}"
-)
-
-#: Reader maps of a Chat's audience (D9.15): its owner in a private chat; in a group chat every
-#: current member of its channel, and the group itself (GROUP_READER, D9.22).
+#: The reader of an answer in a Chat (D9.15) as a list of one: its owner in a private chat, the
+#: group (GROUP_READER: the group and every current member of its channel) in a group chat.
 CHAT_READERS: Final[LiteralString] = (
     """
 MATCH (ch:Chat {id: $chatId})-[:WITH_BOT]->(b:Bot)
 MATCH (ch)-[:IN_ORG]->(o:Organization)
 OPTIONAL MATCH (ch)-[:IN_CHANNEL]->(c:Channel)
-OPTIONAL MATCH (m:Person)-[:MEMBER]->(c)
-WITH ch, b, o, c, collect(m) AS members
-MATCH (owner:Person {id: ch.ownerId})
-WITH b, o, c, CASE WHEN c IS NULL THEN [owner] ELSE members END AS people
-UNWIND people AS p
-OPTIONAL MATCH (p)-[:MEMBER]->(pc:Channel)-[:IN]->(o)
-WITH b, o, c, p, collect(pc.id) AS channels
-WITH o, c, collect("""
+CALL (ch, b, o, c) {
+  WITH ch, b, o WHERE c IS NULL
+  MATCH (p:Person {id: ch.ownerId})
+  OPTIONAL MATCH (p)-[:MEMBER]->(pc:Channel)-[:IN]->(o)
+  WITH p, o, b, collect(pc.id) AS channels
+  RETURN """
     + READER_MAP
-    + """) AS members
-RETURN members + CASE WHEN c IS NULL OR size(members) = 0 THEN [] ELSE ["""
+    + """ AS reader
+UNION
+  WITH b, o, c WHERE c IS NOT NULL
+"""
+    + _GROUP_MEMBERS
+    + "  RETURN "
     + GROUP_READER
-    + """] END AS readers, o.id AS org
+    + """ AS reader
+}
+RETURN [reader] AS readers, o.id AS org
 """
 )
 

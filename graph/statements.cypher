@@ -4,17 +4,26 @@
 MATCH (ch:Chat {id: $chatId})-[:WITH_BOT]->(b:Bot)
 MATCH (ch)-[:IN_ORG]->(o:Organization)
 OPTIONAL MATCH (ch)-[:IN_CHANNEL]->(c:Channel)
-OPTIONAL MATCH (m:Person)-[:MEMBER]->(c)
-WITH ch, b, o, c, collect(m) AS members
-MATCH (owner:Person {id: ch.ownerId})
-WITH b, o, c, CASE WHEN c IS NULL THEN [owner] ELSE members END AS people
-UNWIND people AS p
-OPTIONAL MATCH (p)-[:MEMBER]->(pc:Channel)-[:IN]->(o)
-WITH b, o, c, p, collect(pc.id) AS channels
-WITH o, c, collect({id: p.id, channels: channels, usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)),
+CALL (ch, b, o, c) {
+  WITH ch, b, o WHERE c IS NULL
+  MATCH (p:Person {id: ch.ownerId})
+  OPTIONAL MATCH (p)-[:MEMBER]->(pc:Channel)-[:IN]->(o)
+  WITH p, o, b, collect(pc.id) AS channels
+  RETURN {id: p.id, ids: [p.id], channels: channels, usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)),
   atoms: ['person:' + p.id] + [cid IN channels | 'channel:' + cid]
-         + CASE WHEN EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)) THEN ['bot'] ELSE [] END}) AS members
-RETURN members + CASE WHEN c IS NULL OR size(members) = 0 THEN [] ELSE [{id: '#group', channels: [c.id], usesBot: true, atoms: ['channel:' + c.id, 'bot']}] END AS readers, o.id AS org
+         + CASE WHEN EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)) THEN ['bot'] ELSE [] END} AS reader
+UNION
+  WITH b, o, c WHERE c IS NOT NULL
+  CALL (c, o, b) {
+    OPTIONAL MATCH (m:Person)-[:MEMBER]->(c)
+    WITH collect(m) AS members
+    RETURN [m IN members | m.id] AS memberIds,
+           size(members) > 0 AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))
+           AND all(m IN members WHERE EXISTS { (m)-[:MEMBER_OF]->(o) } AND EXISTS { (m)-[:GRANT]->(b) }) AS allUse
+  }
+  RETURN {id: '#group', ids: ['#group'] + memberIds, channels: CASE WHEN c IS NULL THEN [] ELSE [c.id] END, usesBot: allUse, atoms: CASE WHEN allUse THEN ['channel:' + c.id, 'bot'] ELSE [] END} AS reader
+}
+RETURN [reader] AS readers, o.id AS org
 
 // ---- graph.access.COMPUTE_LABELS
 UNWIND $ids AS entryId
@@ -84,7 +93,7 @@ UNWIND ids AS id
 RETURN collect(DISTINCT id) AS ids
 
 // ---- graph.access.GROUP_READER
-{id: '#group', channels: [c.id], usesBot: true, atoms: ['channel:' + c.id, 'bot']}
+{id: '#group', ids: ['#group'] + memberIds, channels: CASE WHEN c IS NULL THEN [] ELSE [c.id] END, usesBot: allUse, atoms: CASE WHEN allUse THEN ['channel:' + c.id, 'bot'] ELSE [] END}
 
 // ---- graph.access.PATH_VISIBLE
 (size(readers) > 0
@@ -110,7 +119,7 @@ AND all(t IN x.tags WHERE
         OR (t STARTS WITH 'for:channel:' AND substring(t, 12) IN rd.channels)
         OR (t = 'for:bot' AND rd.usesBot))
       AND (NOT t STARTS WITH 'org:' OR t = 'org:' + org))
-AND NOT rd.id IN coalesce(x.excluded, [])
+AND none(i IN rd.ids WHERE i IN coalesce(x.excluded, []))
 )
    AND all(r IN [(e)-[:SOURCE*0..7]->(:Entry)-[r:SOURCE]->(:Item) | r] WHERE
 r.org = org
@@ -122,12 +131,12 @@ MATCH (p:Person {id: $personId})-[:MEMBER_OF]->(o:Organization {id: $org})
 MATCH (b:Bot {id: $botId})
 OPTIONAL MATCH (p)-[:MEMBER]->(c:Channel)-[:IN]->(o)
 WITH p, o, b, collect(c.id) AS channels
-RETURN {id: p.id, channels: channels, usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)),
+RETURN {id: p.id, ids: [p.id], channels: channels, usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)),
   atoms: ['person:' + p.id] + [cid IN channels | 'channel:' + cid]
          + CASE WHEN EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)) THEN ['bot'] ELSE [] END} AS reader
 
 // ---- graph.access.READER_MAP
-{id: p.id, channels: channels, usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)),
+{id: p.id, ids: [p.id], channels: channels, usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)),
   atoms: ['person:' + p.id] + [cid IN channels | 'channel:' + cid]
          + CASE WHEN EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)) THEN ['bot'] ELSE [] END}
 
@@ -283,13 +292,13 @@ CALL (readers, org) {
   WHERE
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)))))
 
   WITH readers, org, r, {lblRequires: r.afterRequires, lblExcluded: r.afterExcluded} AS e
   WHERE NOT
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)))))
 
   RETURN collect(DISTINCT {version: r.version, id: r.entryId}) AS removed
 }
@@ -323,7 +332,7 @@ EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))
 // ---- graph.access.VISIBLE
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)))))
 
 // ---- graph.backfill.BOTS_DUE
 MATCH (m:Memory)
@@ -482,7 +491,7 @@ MATCH (t:Token {id: sub.token})-[:FOR]->(p:Person {id: sub.person})-[:MEMBER_OF]
 WHERE t.revokedAt IS NULL AND (t.expiresAt IS NULL OR t.expiresAt > $now)
 OPTIONAL MATCH (p)-[:MEMBER]->(c:Channel)-[:IN]->(o)
 WITH sub, o, b, p, collect(c.id) AS channels
-WITH sub, o.id AS org, [{id: p.id, channels: channels, usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)),
+WITH sub, o.id AS org, [{id: p.id, ids: [p.id], channels: channels, usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)),
   atoms: ['person:' + p.id] + [cid IN channels | 'channel:' + cid]
          + CASE WHEN EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)) THEN ['bot'] ELSE [] END}] AS readers
 WHERE readers[0].usesBot
@@ -492,7 +501,7 @@ CALL (org, readers) {
   WHERE e.botId = $botId AND e.status <> 'retracted' AND
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)))))
 
   RETURN collect(e.id) AS visible
 }
@@ -503,13 +512,13 @@ CALL (readers, org) {
   WHERE
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)))))
 
   WITH readers, org, r, {lblRequires: r.afterRequires, lblExcluded: r.afterExcluded} AS e
   WHERE NOT
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)))))
 
   RETURN collect(DISTINCT {version: r.version, id: r.entryId}) AS removed
 }
@@ -559,12 +568,26 @@ CALL () {
   OPTIONAL MATCH (b:Bot {id: $botId})
   OPTIONAL MATCH (p)-[:MEMBER]->(c:Channel)-[:IN]->(o)
   WITH pid, p, o, b, collect(c.id) AS channels
-  RETURN collect(CASE WHEN p IS NULL OR b IS NULL THEN {id: pid, channels: [], usesBot: false, atoms: []}
-                 ELSE {id: p.id, channels: channels, usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)),
+  RETURN collect(CASE WHEN p IS NULL OR b IS NULL
+                   THEN {id: pid, ids: [pid], channels: [], usesBot: false, atoms: []}
+                 ELSE {id: p.id, ids: [p.id], channels: channels, usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)),
   atoms: ['person:' + p.id] + [cid IN channels | 'channel:' + cid]
          + CASE WHEN EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)) THEN ['bot'] ELSE [] END} END) AS people
 }
-WITH [r IN $readers WHERE r.id = '#group'] + people AS readers, $org AS org
+CALL () {
+  UNWIND [r IN $readers WHERE r.id = '#group' | r.channels[0]] AS cid
+  OPTIONAL MATCH (c:Channel {id: cid})-[:IN]->(o:Organization {id: $org})
+  OPTIONAL MATCH (b:Bot {id: $botId})
+  CALL (c, o, b) {
+    OPTIONAL MATCH (m:Person)-[:MEMBER]->(c)
+    WITH collect(m) AS members
+    RETURN [m IN members | m.id] AS memberIds,
+           size(members) > 0 AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))
+           AND all(m IN members WHERE EXISTS { (m)-[:MEMBER_OF]->(o) } AND EXISTS { (m)-[:GRANT]->(b) }) AS allUse
+  }
+  RETURN collect({id: '#group', ids: ['#group'] + memberIds, channels: CASE WHEN c IS NULL THEN [] ELSE [c.id] END, usesBot: allUse, atoms: CASE WHEN allUse THEN ['channel:' + c.id, 'bot'] ELSE [] END}) AS groups
+}
+WITH groups + people AS readers, $org AS org
 CALL (readers, org) {
   UNWIND $versions AS v
   MATCH (r:Removal {botId: $botId, version: v})
@@ -572,13 +595,13 @@ CALL (readers, org) {
   WHERE
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)))))
 
   WITH readers, org, r, {lblRequires: r.afterRequires, lblExcluded: r.afterExcluded} AS e
   WHERE NOT
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)))))
 
   RETURN collect(DISTINCT {version: r.version, id: r.entryId}) AS removed
 }
@@ -1214,12 +1237,26 @@ CALL () {
   OPTIONAL MATCH (b:Bot {id: $botId})
   OPTIONAL MATCH (p)-[:MEMBER]->(c:Channel)-[:IN]->(o)
   WITH pid, p, o, b, collect(c.id) AS channels
-  RETURN collect(CASE WHEN p IS NULL OR b IS NULL THEN {id: pid, channels: [], usesBot: false, atoms: []}
-                 ELSE {id: p.id, channels: channels, usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)),
+  RETURN collect(CASE WHEN p IS NULL OR b IS NULL
+                   THEN {id: pid, ids: [pid], channels: [], usesBot: false, atoms: []}
+                 ELSE {id: p.id, ids: [p.id], channels: channels, usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)),
   atoms: ['person:' + p.id] + [cid IN channels | 'channel:' + cid]
          + CASE WHEN EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)) THEN ['bot'] ELSE [] END} END) AS people
 }
-WITH [r IN $readers WHERE r.id = '#group'] + people AS readers, $org AS org
+CALL () {
+  UNWIND [r IN $readers WHERE r.id = '#group' | r.channels[0]] AS cid
+  OPTIONAL MATCH (c:Channel {id: cid})-[:IN]->(o:Organization {id: $org})
+  OPTIONAL MATCH (b:Bot {id: $botId})
+  CALL (c, o, b) {
+    OPTIONAL MATCH (m:Person)-[:MEMBER]->(c)
+    WITH collect(m) AS members
+    RETURN [m IN members | m.id] AS memberIds,
+           size(members) > 0 AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))
+           AND all(m IN members WHERE EXISTS { (m)-[:MEMBER_OF]->(o) } AND EXISTS { (m)-[:GRANT]->(b) }) AS allUse
+  }
+  RETURN collect({id: '#group', ids: ['#group'] + memberIds, channels: CASE WHEN c IS NULL THEN [] ELSE [c.id] END, usesBot: allUse, atoms: CASE WHEN allUse THEN ['channel:' + c.id, 'bot'] ELSE [] END}) AS groups
+}
+WITH groups + people AS readers, $org AS org
 
 UNWIND $keys AS key
 CALL (key, readers, org) {
@@ -1228,7 +1265,7 @@ CALL (key, readers, org) {
   WHERE e.botId = $botId AND e.activeKey = key AND e.contentLength IS NOT NULL AND e.id IS NOT NULL AND e.memoryRank < $after AND
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)))))
 
   RETURN e, e.memoryRank AS rank, e.id AS id, e.contentLength AS length
   ORDER BY e.botId DESC, e.activeKey DESC, e.memoryRank DESC LIMIT $limit
@@ -1248,12 +1285,26 @@ CALL () {
   OPTIONAL MATCH (b:Bot {id: $botId})
   OPTIONAL MATCH (p)-[:MEMBER]->(c:Channel)-[:IN]->(o)
   WITH pid, p, o, b, collect(c.id) AS channels
-  RETURN collect(CASE WHEN p IS NULL OR b IS NULL THEN {id: pid, channels: [], usesBot: false, atoms: []}
-                 ELSE {id: p.id, channels: channels, usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)),
+  RETURN collect(CASE WHEN p IS NULL OR b IS NULL
+                   THEN {id: pid, ids: [pid], channels: [], usesBot: false, atoms: []}
+                 ELSE {id: p.id, ids: [p.id], channels: channels, usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)),
   atoms: ['person:' + p.id] + [cid IN channels | 'channel:' + cid]
          + CASE WHEN EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)) THEN ['bot'] ELSE [] END} END) AS people
 }
-WITH [r IN $readers WHERE r.id = '#group'] + people AS readers, $org AS org
+CALL () {
+  UNWIND [r IN $readers WHERE r.id = '#group' | r.channels[0]] AS cid
+  OPTIONAL MATCH (c:Channel {id: cid})-[:IN]->(o:Organization {id: $org})
+  OPTIONAL MATCH (b:Bot {id: $botId})
+  CALL (c, o, b) {
+    OPTIONAL MATCH (m:Person)-[:MEMBER]->(c)
+    WITH collect(m) AS members
+    RETURN [m IN members | m.id] AS memberIds,
+           size(members) > 0 AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))
+           AND all(m IN members WHERE EXISTS { (m)-[:MEMBER_OF]->(o) } AND EXISTS { (m)-[:GRANT]->(b) }) AS allUse
+  }
+  RETURN collect({id: '#group', ids: ['#group'] + memberIds, channels: CASE WHEN c IS NULL THEN [] ELSE [c.id] END, usesBot: allUse, atoms: CASE WHEN allUse THEN ['channel:' + c.id, 'bot'] ELSE [] END}) AS groups
+}
+WITH groups + people AS readers, $org AS org
 UNWIND $keys AS key
 CALL (key, readers, org) {
   MATCH (e:Entry)
@@ -1261,7 +1312,7 @@ CALL (key, readers, org) {
   WHERE e.botId = $botId AND e.activeKey = key AND e.contentLength IS NOT NULL AND e.id IS NOT NULL AND e.memoryRank < $top AND
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)))))
 
   RETURN e.id AS id LIMIT 1
 }
@@ -1279,12 +1330,26 @@ CALL () {
   OPTIONAL MATCH (b:Bot {id: $botId})
   OPTIONAL MATCH (p)-[:MEMBER]->(c:Channel)-[:IN]->(o)
   WITH pid, p, o, b, collect(c.id) AS channels
-  RETURN collect(CASE WHEN p IS NULL OR b IS NULL THEN {id: pid, channels: [], usesBot: false, atoms: []}
-                 ELSE {id: p.id, channels: channels, usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)),
+  RETURN collect(CASE WHEN p IS NULL OR b IS NULL
+                   THEN {id: pid, ids: [pid], channels: [], usesBot: false, atoms: []}
+                 ELSE {id: p.id, ids: [p.id], channels: channels, usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)),
   atoms: ['person:' + p.id] + [cid IN channels | 'channel:' + cid]
          + CASE WHEN EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)) THEN ['bot'] ELSE [] END} END) AS people
 }
-WITH [r IN $readers WHERE r.id = '#group'] + people AS readers, $org AS org
+CALL () {
+  UNWIND [r IN $readers WHERE r.id = '#group' | r.channels[0]] AS cid
+  OPTIONAL MATCH (c:Channel {id: cid})-[:IN]->(o:Organization {id: $org})
+  OPTIONAL MATCH (b:Bot {id: $botId})
+  CALL (c, o, b) {
+    OPTIONAL MATCH (m:Person)-[:MEMBER]->(c)
+    WITH collect(m) AS members
+    RETURN [m IN members | m.id] AS memberIds,
+           size(members) > 0 AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))
+           AND all(m IN members WHERE EXISTS { (m)-[:MEMBER_OF]->(o) } AND EXISTS { (m)-[:GRANT]->(b) }) AS allUse
+  }
+  RETURN collect({id: '#group', ids: ['#group'] + memberIds, channels: CASE WHEN c IS NULL THEN [] ELSE [c.id] END, usesBot: allUse, atoms: CASE WHEN allUse THEN ['channel:' + c.id, 'bot'] ELSE [] END}) AS groups
+}
+WITH groups + people AS readers, $org AS org
 CALL (readers, org) {
 UNWIND $keys AS key
 CALL (key, readers, org) {
@@ -1293,7 +1358,7 @@ CALL (key, readers, org) {
   WHERE e.botId = $botId AND e.activeKey = key AND e.contentLength IS NOT NULL AND e.id IS NOT NULL AND e.memoryRank < $after AND
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)))))
 
   RETURN e, e.memoryRank AS rank, e.id AS id, e.contentLength AS length
   ORDER BY e.botId DESC, e.activeKey DESC, e.memoryRank DESC LIMIT $limit
@@ -1315,7 +1380,7 @@ CALL (key, readers, org, first, firstSize) {
   WHERE e.botId = $botId AND e.activeKey = key AND e.contentLength IS NOT NULL AND e.id IS NOT NULL AND e.memoryRank < last(first).rank AND
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)))))
 
   RETURN e, e.memoryRank AS rank, e.id AS id, e.contentLength AS length
   ORDER BY e.botId DESC, e.activeKey DESC, e.memoryRank DESC LIMIT $more
@@ -1342,12 +1407,26 @@ CALL () {
   OPTIONAL MATCH (b:Bot {id: $botId})
   OPTIONAL MATCH (p)-[:MEMBER]->(c:Channel)-[:IN]->(o)
   WITH pid, p, o, b, collect(c.id) AS channels
-  RETURN collect(CASE WHEN p IS NULL OR b IS NULL THEN {id: pid, channels: [], usesBot: false, atoms: []}
-                 ELSE {id: p.id, channels: channels, usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)),
+  RETURN collect(CASE WHEN p IS NULL OR b IS NULL
+                   THEN {id: pid, ids: [pid], channels: [], usesBot: false, atoms: []}
+                 ELSE {id: p.id, ids: [p.id], channels: channels, usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)),
   atoms: ['person:' + p.id] + [cid IN channels | 'channel:' + cid]
          + CASE WHEN EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)) THEN ['bot'] ELSE [] END} END) AS people
 }
-WITH [r IN $readers WHERE r.id = '#group'] + people AS readers, $org AS org
+CALL () {
+  UNWIND [r IN $readers WHERE r.id = '#group' | r.channels[0]] AS cid
+  OPTIONAL MATCH (c:Channel {id: cid})-[:IN]->(o:Organization {id: $org})
+  OPTIONAL MATCH (b:Bot {id: $botId})
+  CALL (c, o, b) {
+    OPTIONAL MATCH (m:Person)-[:MEMBER]->(c)
+    WITH collect(m) AS members
+    RETURN [m IN members | m.id] AS memberIds,
+           size(members) > 0 AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))
+           AND all(m IN members WHERE EXISTS { (m)-[:MEMBER_OF]->(o) } AND EXISTS { (m)-[:GRANT]->(b) }) AS allUse
+  }
+  RETURN collect({id: '#group', ids: ['#group'] + memberIds, channels: CASE WHEN c IS NULL THEN [] ELSE [c.id] END, usesBot: allUse, atoms: CASE WHEN allUse THEN ['channel:' + c.id, 'bot'] ELSE [] END}) AS groups
+}
+WITH groups + people AS readers, $org AS org
 
 UNWIND $keys AS key
 CALL (key, readers, org) {
@@ -1356,7 +1435,7 @@ CALL (key, readers, org) {
   WHERE e.botId = $botId AND e.activeKey = key AND e.contentLength IS NOT NULL AND e.id IS NOT NULL AND e.memoryRank < $after AND
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)))))
 
   RETURN e, e.memoryRank AS rank, e.id AS id, e.contentLength AS length
   ORDER BY e.botId DESC, e.activeKey DESC, e.memoryRank DESC LIMIT $limit
@@ -1381,12 +1460,26 @@ CALL () {
   OPTIONAL MATCH (b:Bot {id: $botId})
   OPTIONAL MATCH (p)-[:MEMBER]->(c:Channel)-[:IN]->(o)
   WITH pid, p, o, b, collect(c.id) AS channels
-  RETURN collect(CASE WHEN p IS NULL OR b IS NULL THEN {id: pid, channels: [], usesBot: false, atoms: []}
-                 ELSE {id: p.id, channels: channels, usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)),
+  RETURN collect(CASE WHEN p IS NULL OR b IS NULL
+                   THEN {id: pid, ids: [pid], channels: [], usesBot: false, atoms: []}
+                 ELSE {id: p.id, ids: [p.id], channels: channels, usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)),
   atoms: ['person:' + p.id] + [cid IN channels | 'channel:' + cid]
          + CASE WHEN EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)) THEN ['bot'] ELSE [] END} END) AS people
 }
-WITH [r IN $readers WHERE r.id = '#group'] + people AS readers, $org AS org
+CALL () {
+  UNWIND [r IN $readers WHERE r.id = '#group' | r.channels[0]] AS cid
+  OPTIONAL MATCH (c:Channel {id: cid})-[:IN]->(o:Organization {id: $org})
+  OPTIONAL MATCH (b:Bot {id: $botId})
+  CALL (c, o, b) {
+    OPTIONAL MATCH (m:Person)-[:MEMBER]->(c)
+    WITH collect(m) AS members
+    RETURN [m IN members | m.id] AS memberIds,
+           size(members) > 0 AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))
+           AND all(m IN members WHERE EXISTS { (m)-[:MEMBER_OF]->(o) } AND EXISTS { (m)-[:GRANT]->(b) }) AS allUse
+  }
+  RETURN collect({id: '#group', ids: ['#group'] + memberIds, channels: CASE WHEN c IS NULL THEN [] ELSE [c.id] END, usesBot: allUse, atoms: CASE WHEN allUse THEN ['channel:' + c.id, 'bot'] ELSE [] END}) AS groups
+}
+WITH groups + people AS readers, $org AS org
 UNWIND $keys AS key
 CALL (key, readers, org) {
   MATCH (e:Entry)
@@ -1394,7 +1487,7 @@ CALL (key, readers, org) {
   WHERE e.botId = $botId AND e.activeKey = key AND e.contentLength IS NOT NULL AND e.id IS NOT NULL AND e.memoryRank < $top AND
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)))))
 
   RETURN e.id AS id LIMIT 1
 }
@@ -1412,18 +1505,32 @@ CALL () {
   OPTIONAL MATCH (b:Bot {id: $botId})
   OPTIONAL MATCH (p)-[:MEMBER]->(c:Channel)-[:IN]->(o)
   WITH pid, p, o, b, collect(c.id) AS channels
-  RETURN collect(CASE WHEN p IS NULL OR b IS NULL THEN {id: pid, channels: [], usesBot: false, atoms: []}
-                 ELSE {id: p.id, channels: channels, usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)),
+  RETURN collect(CASE WHEN p IS NULL OR b IS NULL
+                   THEN {id: pid, ids: [pid], channels: [], usesBot: false, atoms: []}
+                 ELSE {id: p.id, ids: [p.id], channels: channels, usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)),
   atoms: ['person:' + p.id] + [cid IN channels | 'channel:' + cid]
          + CASE WHEN EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)) THEN ['bot'] ELSE [] END} END) AS people
 }
-WITH [r IN $readers WHERE r.id = '#group'] + people AS readers, $org AS org
+CALL () {
+  UNWIND [r IN $readers WHERE r.id = '#group' | r.channels[0]] AS cid
+  OPTIONAL MATCH (c:Channel {id: cid})-[:IN]->(o:Organization {id: $org})
+  OPTIONAL MATCH (b:Bot {id: $botId})
+  CALL (c, o, b) {
+    OPTIONAL MATCH (m:Person)-[:MEMBER]->(c)
+    WITH collect(m) AS members
+    RETURN [m IN members | m.id] AS memberIds,
+           size(members) > 0 AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))
+           AND all(m IN members WHERE EXISTS { (m)-[:MEMBER_OF]->(o) } AND EXISTS { (m)-[:GRANT]->(b) }) AS allUse
+  }
+  RETURN collect({id: '#group', ids: ['#group'] + memberIds, channels: CASE WHEN c IS NULL THEN [] ELSE [c.id] END, usesBot: allUse, atoms: CASE WHEN allUse THEN ['channel:' + c.id, 'bot'] ELSE [] END}) AS groups
+}
+WITH groups + people AS readers, $org AS org
 UNWIND $ids AS entryId
 MATCH (e:Entry {id: entryId, botId: $botId})
 WHERE (NOT $activeOnly OR e.status = 'active') AND e.status <> 'retracted' AND
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)))))
 
 RETURN collect(e.id) AS ids
 
@@ -1434,18 +1541,32 @@ CALL () {
   OPTIONAL MATCH (b:Bot {id: $botId})
   OPTIONAL MATCH (p)-[:MEMBER]->(c:Channel)-[:IN]->(o)
   WITH pid, p, o, b, collect(c.id) AS channels
-  RETURN collect(CASE WHEN p IS NULL OR b IS NULL THEN {id: pid, channels: [], usesBot: false, atoms: []}
-                 ELSE {id: p.id, channels: channels, usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)),
+  RETURN collect(CASE WHEN p IS NULL OR b IS NULL
+                   THEN {id: pid, ids: [pid], channels: [], usesBot: false, atoms: []}
+                 ELSE {id: p.id, ids: [p.id], channels: channels, usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)),
   atoms: ['person:' + p.id] + [cid IN channels | 'channel:' + cid]
          + CASE WHEN EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)) THEN ['bot'] ELSE [] END} END) AS people
 }
-WITH [r IN $readers WHERE r.id = '#group'] + people AS readers, $org AS org
+CALL () {
+  UNWIND [r IN $readers WHERE r.id = '#group' | r.channels[0]] AS cid
+  OPTIONAL MATCH (c:Channel {id: cid})-[:IN]->(o:Organization {id: $org})
+  OPTIONAL MATCH (b:Bot {id: $botId})
+  CALL (c, o, b) {
+    OPTIONAL MATCH (m:Person)-[:MEMBER]->(c)
+    WITH collect(m) AS members
+    RETURN [m IN members | m.id] AS memberIds,
+           size(members) > 0 AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))
+           AND all(m IN members WHERE EXISTS { (m)-[:MEMBER_OF]->(o) } AND EXISTS { (m)-[:GRANT]->(b) }) AS allUse
+  }
+  RETURN collect({id: '#group', ids: ['#group'] + memberIds, channels: CASE WHEN c IS NULL THEN [] ELSE [c.id] END, usesBot: allUse, atoms: CASE WHEN allUse THEN ['channel:' + c.id, 'bot'] ELSE [] END}) AS groups
+}
+WITH groups + people AS readers, $org AS org
 UNWIND $ids AS entryId
 MATCH (e:Entry {id: entryId, botId: $botId})
 WHERE (NOT $activeOnly OR e.status = 'active') AND e.status <> 'retracted' AND
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)))))
 
 RETURN collect(e.id) AS ids
 
@@ -1506,17 +1627,26 @@ OPTIONAL CALL () {
 MATCH (ch:Chat {id: $chatId})-[:WITH_BOT]->(b:Bot)
 MATCH (ch)-[:IN_ORG]->(o:Organization)
 OPTIONAL MATCH (ch)-[:IN_CHANNEL]->(c:Channel)
-OPTIONAL MATCH (m:Person)-[:MEMBER]->(c)
-WITH ch, b, o, c, collect(m) AS members
-MATCH (owner:Person {id: ch.ownerId})
-WITH b, o, c, CASE WHEN c IS NULL THEN [owner] ELSE members END AS people
-UNWIND people AS p
-OPTIONAL MATCH (p)-[:MEMBER]->(pc:Channel)-[:IN]->(o)
-WITH b, o, c, p, collect(pc.id) AS channels
-WITH o, c, collect({id: p.id, channels: channels, usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)),
+CALL (ch, b, o, c) {
+  WITH ch, b, o WHERE c IS NULL
+  MATCH (p:Person {id: ch.ownerId})
+  OPTIONAL MATCH (p)-[:MEMBER]->(pc:Channel)-[:IN]->(o)
+  WITH p, o, b, collect(pc.id) AS channels
+  RETURN {id: p.id, ids: [p.id], channels: channels, usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)),
   atoms: ['person:' + p.id] + [cid IN channels | 'channel:' + cid]
-         + CASE WHEN EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)) THEN ['bot'] ELSE [] END}) AS members
-RETURN members + CASE WHEN c IS NULL OR size(members) = 0 THEN [] ELSE [{id: '#group', channels: [c.id], usesBot: true, atoms: ['channel:' + c.id, 'bot']}] END AS readers, o.id AS org
+         + CASE WHEN EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)) THEN ['bot'] ELSE [] END} AS reader
+UNION
+  WITH b, o, c WHERE c IS NOT NULL
+  CALL (c, o, b) {
+    OPTIONAL MATCH (m:Person)-[:MEMBER]->(c)
+    WITH collect(m) AS members
+    RETURN [m IN members | m.id] AS memberIds,
+           size(members) > 0 AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))
+           AND all(m IN members WHERE EXISTS { (m)-[:MEMBER_OF]->(o) } AND EXISTS { (m)-[:GRANT]->(b) }) AS allUse
+  }
+  RETURN {id: '#group', ids: ['#group'] + memberIds, channels: CASE WHEN c IS NULL THEN [] ELSE [c.id] END, usesBot: allUse, atoms: CASE WHEN allUse THEN ['channel:' + c.id, 'bot'] ELSE [] END} AS reader
+}
+RETURN [reader] AS readers, o.id AS org
 }
 RETURN chat, botMemory, model, settings, keyMaster, keyWrapped, summary, recent, readers, org
 
@@ -1552,17 +1682,26 @@ OPTIONAL CALL () {
 MATCH (ch:Chat {id: $chatId})-[:WITH_BOT]->(b:Bot)
 MATCH (ch)-[:IN_ORG]->(o:Organization)
 OPTIONAL MATCH (ch)-[:IN_CHANNEL]->(c:Channel)
-OPTIONAL MATCH (m:Person)-[:MEMBER]->(c)
-WITH ch, b, o, c, collect(m) AS members
-MATCH (owner:Person {id: ch.ownerId})
-WITH b, o, c, CASE WHEN c IS NULL THEN [owner] ELSE members END AS people
-UNWIND people AS p
-OPTIONAL MATCH (p)-[:MEMBER]->(pc:Channel)-[:IN]->(o)
-WITH b, o, c, p, collect(pc.id) AS channels
-WITH o, c, collect({id: p.id, channels: channels, usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)),
+CALL (ch, b, o, c) {
+  WITH ch, b, o WHERE c IS NULL
+  MATCH (p:Person {id: ch.ownerId})
+  OPTIONAL MATCH (p)-[:MEMBER]->(pc:Channel)-[:IN]->(o)
+  WITH p, o, b, collect(pc.id) AS channels
+  RETURN {id: p.id, ids: [p.id], channels: channels, usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)),
   atoms: ['person:' + p.id] + [cid IN channels | 'channel:' + cid]
-         + CASE WHEN EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)) THEN ['bot'] ELSE [] END}) AS members
-RETURN members + CASE WHEN c IS NULL OR size(members) = 0 THEN [] ELSE [{id: '#group', channels: [c.id], usesBot: true, atoms: ['channel:' + c.id, 'bot']}] END AS readers, o.id AS org
+         + CASE WHEN EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)) THEN ['bot'] ELSE [] END} AS reader
+UNION
+  WITH b, o, c WHERE c IS NOT NULL
+  CALL (c, o, b) {
+    OPTIONAL MATCH (m:Person)-[:MEMBER]->(c)
+    WITH collect(m) AS members
+    RETURN [m IN members | m.id] AS memberIds,
+           size(members) > 0 AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))
+           AND all(m IN members WHERE EXISTS { (m)-[:MEMBER_OF]->(o) } AND EXISTS { (m)-[:GRANT]->(b) }) AS allUse
+  }
+  RETURN {id: '#group', ids: ['#group'] + memberIds, channels: CASE WHEN c IS NULL THEN [] ELSE [c.id] END, usesBot: allUse, atoms: CASE WHEN allUse THEN ['channel:' + c.id, 'bot'] ELSE [] END} AS reader
+}
+RETURN [reader] AS readers, o.id AS org
 }
 RETURN chat, botMemory, model, settings, keyMaster, keyWrapped, readers, org
 
@@ -2171,12 +2310,26 @@ CALL () {
   OPTIONAL MATCH (b:Bot {id: $botId})
   OPTIONAL MATCH (p)-[:MEMBER]->(c:Channel)-[:IN]->(o)
   WITH pid, p, o, b, collect(c.id) AS channels
-  RETURN collect(CASE WHEN p IS NULL OR b IS NULL THEN {id: pid, channels: [], usesBot: false, atoms: []}
-                 ELSE {id: p.id, channels: channels, usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)),
+  RETURN collect(CASE WHEN p IS NULL OR b IS NULL
+                   THEN {id: pid, ids: [pid], channels: [], usesBot: false, atoms: []}
+                 ELSE {id: p.id, ids: [p.id], channels: channels, usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)),
   atoms: ['person:' + p.id] + [cid IN channels | 'channel:' + cid]
          + CASE WHEN EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)) THEN ['bot'] ELSE [] END} END) AS people
 }
-WITH m, [r IN $readers WHERE r.id = '#group'] + people AS readers, $org AS org
+CALL () {
+  UNWIND [r IN $readers WHERE r.id = '#group' | r.channels[0]] AS cid
+  OPTIONAL MATCH (c:Channel {id: cid})-[:IN]->(o:Organization {id: $org})
+  OPTIONAL MATCH (b:Bot {id: $botId})
+  CALL (c, o, b) {
+    OPTIONAL MATCH (m:Person)-[:MEMBER]->(c)
+    WITH collect(m) AS members
+    RETURN [m IN members | m.id] AS memberIds,
+           size(members) > 0 AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))
+           AND all(m IN members WHERE EXISTS { (m)-[:MEMBER_OF]->(o) } AND EXISTS { (m)-[:GRANT]->(b) }) AS allUse
+  }
+  RETURN collect({id: '#group', ids: ['#group'] + memberIds, channels: CASE WHEN c IS NULL THEN [] ELSE [c.id] END, usesBot: allUse, atoms: CASE WHEN allUse THEN ['channel:' + c.id, 'bot'] ELSE [] END}) AS groups
+}
+WITH m, groups + people AS readers, $org AS org
 WITH m, readers, org, $keys AS keys
 CALL (readers, org, keys) {
   UNWIND keys AS key
@@ -2185,7 +2338,7 @@ CALL (readers, org, keys) {
     WHERE e.botId = $botId AND e.audienceKey = key AND e.memoryRank <= $afterRank AND CASE WHEN e.memoryRank = $afterRank THEN e.id > $afterId ELSE true END AND e.status IN $statuses AND all(t IN $tags WHERE t IN e.tags) AND
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)))))
 
     RETURN e ORDER BY e.botId DESC, e.audienceKey DESC, e.memoryRank DESC, e.id LIMIT $limit
   }
@@ -2210,7 +2363,7 @@ OPTIONAL MATCH (p:Person {id: $personId})-[:MEMBER_OF]->(o:Organization {id: $or
 OPTIONAL MATCH (b:Bot {id: $botId})
 OPTIONAL MATCH (p)-[:MEMBER]->(c:Channel)-[:IN]->(o)
 WITH m, p, o, b, collect(c.id) AS channels
-RETURN m.version AS version, CASE WHEN p IS NULL THEN null ELSE {id: p.id, channels: channels, usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)),
+RETURN m.version AS version, CASE WHEN p IS NULL THEN null ELSE {id: p.id, ids: [p.id], channels: channels, usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)),
   atoms: ['person:' + p.id] + [cid IN channels | 'channel:' + cid]
          + CASE WHEN EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)) THEN ['bot'] ELSE [] END} END AS reader
 
@@ -2224,7 +2377,7 @@ OPTIONAL MATCH (p:Person {id: $personId})-[:MEMBER_OF]->(o:Organization {id: $or
 OPTIONAL MATCH (b:Bot {id: $botId})
 OPTIONAL MATCH (p)-[:MEMBER]->(c:Channel)-[:IN]->(o)
 WITH m, p, o, b, collect(c.id) AS channels
-WITH m.version AS version, CASE WHEN p IS NULL THEN null ELSE {id: p.id, channels: channels, usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)),
+WITH m.version AS version, CASE WHEN p IS NULL THEN null ELSE {id: p.id, ids: [p.id], channels: channels, usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)),
   atoms: ['person:' + p.id] + [cid IN channels | 'channel:' + cid]
          + CASE WHEN EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)) THEN ['bot'] ELSE [] END} END AS reader
 CALL (reader) {
@@ -2245,7 +2398,7 @@ CALL (readers, org, keys, tp, topicSize) {
   WHERE e.botId = $botId AND e.audienceKey = key AND e.memoryRank < $top AND e.status IN $statuses AND all(t IN $tags WHERE t IN e.tags) AND
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)))))
 
   RETURN e
 UNION ALL
@@ -2254,7 +2407,7 @@ UNION ALL
   WHERE e.memoryRank < $top AND e.status IN $statuses AND all(t IN $tags WHERE t IN e.tags) AND
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)))))
 
   RETURN e
 }
@@ -2278,7 +2431,7 @@ OPTIONAL MATCH (p:Person {id: $personId})-[:MEMBER_OF]->(o:Organization {id: $or
 OPTIONAL MATCH (b:Bot {id: $botId})
 OPTIONAL MATCH (p)-[:MEMBER]->(c:Channel)-[:IN]->(o)
 WITH m, p, o, b, collect(c.id) AS channels
-WITH m.version AS version, CASE WHEN p IS NULL THEN null ELSE {id: p.id, channels: channels, usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)),
+WITH m.version AS version, CASE WHEN p IS NULL THEN null ELSE {id: p.id, ids: [p.id], channels: channels, usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)),
   atoms: ['person:' + p.id] + [cid IN channels | 'channel:' + cid]
          + CASE WHEN EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)) THEN ['bot'] ELSE [] END} END AS reader
 CALL (reader) {
@@ -2300,7 +2453,7 @@ CALL (readers, org, keys, tp, topicSize) {
     WHERE e.botId = $botId AND e.audienceKey = key AND e.memoryRank <= $afterRank AND CASE WHEN e.memoryRank = $afterRank THEN e.id > $afterId ELSE true END AND e.status IN $statuses AND all(t IN $tags WHERE t IN e.tags) AND
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)))))
 
     RETURN e ORDER BY e.botId DESC, e.audienceKey DESC, e.memoryRank DESC, e.id LIMIT $limit
   }
@@ -2311,7 +2464,7 @@ UNION ALL
   WHERE e.memoryRank <= $afterRank AND CASE WHEN e.memoryRank = $afterRank THEN e.id > $afterId ELSE true END AND e.status IN $statuses AND all(t IN $tags WHERE t IN e.tags) AND
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)))))
 
   RETURN e
 }
@@ -2631,12 +2784,26 @@ CALL () {
   OPTIONAL MATCH (b:Bot {id: $botId})
   OPTIONAL MATCH (p)-[:MEMBER]->(c:Channel)-[:IN]->(o)
   WITH pid, p, o, b, collect(c.id) AS channels
-  RETURN collect(CASE WHEN p IS NULL OR b IS NULL THEN {id: pid, channels: [], usesBot: false, atoms: []}
-                 ELSE {id: p.id, channels: channels, usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)),
+  RETURN collect(CASE WHEN p IS NULL OR b IS NULL
+                   THEN {id: pid, ids: [pid], channels: [], usesBot: false, atoms: []}
+                 ELSE {id: p.id, ids: [p.id], channels: channels, usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)),
   atoms: ['person:' + p.id] + [cid IN channels | 'channel:' + cid]
          + CASE WHEN EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)) THEN ['bot'] ELSE [] END} END) AS people
 }
-WITH m, [r IN $readers WHERE r.id = '#group'] + people AS readers, $org AS org
+CALL () {
+  UNWIND [r IN $readers WHERE r.id = '#group' | r.channels[0]] AS cid
+  OPTIONAL MATCH (c:Channel {id: cid})-[:IN]->(o:Organization {id: $org})
+  OPTIONAL MATCH (b:Bot {id: $botId})
+  CALL (c, o, b) {
+    OPTIONAL MATCH (m:Person)-[:MEMBER]->(c)
+    WITH collect(m) AS members
+    RETURN [m IN members | m.id] AS memberIds,
+           size(members) > 0 AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))
+           AND all(m IN members WHERE EXISTS { (m)-[:MEMBER_OF]->(o) } AND EXISTS { (m)-[:GRANT]->(b) }) AS allUse
+  }
+  RETURN collect({id: '#group', ids: ['#group'] + memberIds, channels: CASE WHEN c IS NULL THEN [] ELSE [c.id] END, usesBot: allUse, atoms: CASE WHEN allUse THEN ['channel:' + c.id, 'bot'] ELSE [] END}) AS groups
+}
+WITH m, groups + people AS readers, $org AS org
 
 CALL (m) {
   MATCH (e:Entry)
@@ -2657,7 +2824,7 @@ CALL (readers, org) {
     WHERE e IS NULL OR (e.activeKey IS NOT NULL AND
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)))))
 )
     RETURN i, e
     LIMIT $limit
@@ -2678,7 +2845,7 @@ CALL (readers, org, hits) {
     WHERE e.botId = $botId AND e.activeKey = key AND e.contentLength IS NOT NULL AND e.id IS NOT NULL AND e.memoryRank < $top AND
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)))))
 
     RETURN e ORDER BY e.botId DESC, e.activeKey DESC, e.memoryRank DESC LIMIT $fill
   }
@@ -2717,12 +2884,26 @@ CALL () {
   OPTIONAL MATCH (b:Bot {id: $botId})
   OPTIONAL MATCH (p)-[:MEMBER]->(c:Channel)-[:IN]->(o)
   WITH pid, p, o, b, collect(c.id) AS channels
-  RETURN collect(CASE WHEN p IS NULL OR b IS NULL THEN {id: pid, channels: [], usesBot: false, atoms: []}
-                 ELSE {id: p.id, channels: channels, usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)),
+  RETURN collect(CASE WHEN p IS NULL OR b IS NULL
+                   THEN {id: pid, ids: [pid], channels: [], usesBot: false, atoms: []}
+                 ELSE {id: p.id, ids: [p.id], channels: channels, usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)),
   atoms: ['person:' + p.id] + [cid IN channels | 'channel:' + cid]
          + CASE WHEN EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)) THEN ['bot'] ELSE [] END} END) AS people
 }
-WITH m, [r IN $readers WHERE r.id = '#group'] + people AS readers, $org AS org
+CALL () {
+  UNWIND [r IN $readers WHERE r.id = '#group' | r.channels[0]] AS cid
+  OPTIONAL MATCH (c:Channel {id: cid})-[:IN]->(o:Organization {id: $org})
+  OPTIONAL MATCH (b:Bot {id: $botId})
+  CALL (c, o, b) {
+    OPTIONAL MATCH (m:Person)-[:MEMBER]->(c)
+    WITH collect(m) AS members
+    RETURN [m IN members | m.id] AS memberIds,
+           size(members) > 0 AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))
+           AND all(m IN members WHERE EXISTS { (m)-[:MEMBER_OF]->(o) } AND EXISTS { (m)-[:GRANT]->(b) }) AS allUse
+  }
+  RETURN collect({id: '#group', ids: ['#group'] + memberIds, channels: CASE WHEN c IS NULL THEN [] ELSE [c.id] END, usesBot: allUse, atoms: CASE WHEN allUse THEN ['channel:' + c.id, 'bot'] ELSE [] END}) AS groups
+}
+WITH m, groups + people AS readers, $org AS org
 
 CALL (m) {
   MATCH (e:Entry)
@@ -2743,7 +2924,7 @@ CALL (readers, org) {
     WHERE e IS NULL OR (e.activeKey IS NOT NULL AND
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)))))
 )
     RETURN i, e
     LIMIT $limit
@@ -2764,7 +2945,7 @@ CALL (readers, org, hits) {
     WHERE e.botId = $botId AND e.activeKey = key AND e.contentLength IS NOT NULL AND e.id IS NOT NULL AND e.memoryRank < $top AND
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)))))
 
     RETURN e ORDER BY e.botId DESC, e.activeKey DESC, e.memoryRank DESC LIMIT $fill
   }
@@ -2799,18 +2980,32 @@ CALL () {
   OPTIONAL MATCH (b:Bot {id: $botId})
   OPTIONAL MATCH (p)-[:MEMBER]->(c:Channel)-[:IN]->(o)
   WITH pid, p, o, b, collect(c.id) AS channels
-  RETURN collect(CASE WHEN p IS NULL OR b IS NULL THEN {id: pid, channels: [], usesBot: false, atoms: []}
-                 ELSE {id: p.id, channels: channels, usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)),
+  RETURN collect(CASE WHEN p IS NULL OR b IS NULL
+                   THEN {id: pid, ids: [pid], channels: [], usesBot: false, atoms: []}
+                 ELSE {id: p.id, ids: [p.id], channels: channels, usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)),
   atoms: ['person:' + p.id] + [cid IN channels | 'channel:' + cid]
          + CASE WHEN EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)) THEN ['bot'] ELSE [] END} END) AS people
 }
-WITH [r IN $readers WHERE r.id = '#group'] + people AS readers, $org AS org
+CALL () {
+  UNWIND [r IN $readers WHERE r.id = '#group' | r.channels[0]] AS cid
+  OPTIONAL MATCH (c:Channel {id: cid})-[:IN]->(o:Organization {id: $org})
+  OPTIONAL MATCH (b:Bot {id: $botId})
+  CALL (c, o, b) {
+    OPTIONAL MATCH (m:Person)-[:MEMBER]->(c)
+    WITH collect(m) AS members
+    RETURN [m IN members | m.id] AS memberIds,
+           size(members) > 0 AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))
+           AND all(m IN members WHERE EXISTS { (m)-[:MEMBER_OF]->(o) } AND EXISTS { (m)-[:GRANT]->(b) }) AS allUse
+  }
+  RETURN collect({id: '#group', ids: ['#group'] + memberIds, channels: CASE WHEN c IS NULL THEN [] ELSE [c.id] END, usesBot: allUse, atoms: CASE WHEN allUse THEN ['channel:' + c.id, 'bot'] ELSE [] END}) AS groups
+}
+WITH groups + people AS readers, $org AS org
 UNWIND $ids AS entryId
 MATCH (e:Entry {id: entryId, botId: $botId})
 WHERE e.status IN $statuses AND
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)))))
 
 OPTIONAL MATCH (e)-[:SOURCE]->(src)
 WITH e, collect(CASE WHEN src IS NULL THEN null WHEN src:Item THEN {chat: src.chatId, item: src.id}
@@ -2834,17 +3029,31 @@ CALL () {
   OPTIONAL MATCH (b:Bot {id: $botId})
   OPTIONAL MATCH (p)-[:MEMBER]->(c:Channel)-[:IN]->(o)
   WITH pid, p, o, b, collect(c.id) AS channels
-  RETURN collect(CASE WHEN p IS NULL OR b IS NULL THEN {id: pid, channels: [], usesBot: false, atoms: []}
-                 ELSE {id: p.id, channels: channels, usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)),
+  RETURN collect(CASE WHEN p IS NULL OR b IS NULL
+                   THEN {id: pid, ids: [pid], channels: [], usesBot: false, atoms: []}
+                 ELSE {id: p.id, ids: [p.id], channels: channels, usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)),
   atoms: ['person:' + p.id] + [cid IN channels | 'channel:' + cid]
          + CASE WHEN EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)) THEN ['bot'] ELSE [] END} END) AS people
 }
-WITH [r IN $readers WHERE r.id = '#group'] + people AS readers, $org AS org
+CALL () {
+  UNWIND [r IN $readers WHERE r.id = '#group' | r.channels[0]] AS cid
+  OPTIONAL MATCH (c:Channel {id: cid})-[:IN]->(o:Organization {id: $org})
+  OPTIONAL MATCH (b:Bot {id: $botId})
+  CALL (c, o, b) {
+    OPTIONAL MATCH (m:Person)-[:MEMBER]->(c)
+    WITH collect(m) AS members
+    RETURN [m IN members | m.id] AS memberIds,
+           size(members) > 0 AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))
+           AND all(m IN members WHERE EXISTS { (m)-[:MEMBER_OF]->(o) } AND EXISTS { (m)-[:GRANT]->(b) }) AS allUse
+  }
+  RETURN collect({id: '#group', ids: ['#group'] + memberIds, channels: CASE WHEN c IS NULL THEN [] ELSE [c.id] END, usesBot: allUse, atoms: CASE WHEN allUse THEN ['channel:' + c.id, 'bot'] ELSE [] END}) AS groups
+}
+WITH groups + people AS readers, $org AS org
 MATCH (e:Entry {id: $id, botId: $botId})
 WHERE e.status IN $statuses AND
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND NOT rd.id IN e.lblExcluded))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)))))
 
 WITH e, org, readers[0] AS rd
 CALL (rd) {

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from services import memory
 from services.runtime import Runtime
 from tests.client import Api, make_world
-from tests.memory_helpers import fact, said
+from tests.memory_helpers import command, fact, said
 
 CONTEXT = "query($c: ID!, $l: Int!, $q: String) { context(chatId: $c, limit: $l, query: $q) { text ids } }"
 HAS = "query($c: ID!) { hasEntries(chatId: $c) }"
@@ -158,3 +159,56 @@ async def test_a_grant_set_to_none_ends_the_owners_memory_in_the_chats_they_have
     assert (await api.gql(CONTEXT, {"c": private, "l": 4000, "q": "party"}, platform))["context"]["ids"] == [
         secret
     ]
+
+
+async def test_a_group_chat_reads_as_one_reader_whatever_its_channels_size(
+    api: Api, runtime: Runtime
+) -> None:
+    """D9.15, D9.22: an answer in a group chat passes the group and every current member of its
+    channel — checked as one reader (GROUP_READER), which uses the Bot when every member does and
+    holds every member's id for the Forget exclusions. Each member was a reader of its own, so each
+    candidate cost as much as the channel had members: at 1,000 members a context took ~130 ms,
+    at 5,000 Neo4j failed the statement (TransientError: INTERNAL)."""
+    w = await make_world(api, ("ann", "bob"), channel=("ann", "bob"))
+    platform = await api.platform_token(w.org)
+    group = await api.chat(w.tokens["ann"], w.bot, w.channel)
+    bobs = await api.chat(w.tokens["bob"], w.bot)
+    shared = await fact(
+        runtime, w.bot, "The team ships on Fridays", await said(api, w.tokens["bob"], group, "fridays")
+    )
+    await runtime.driver.execute_query(
+        """MATCH (o:Organization {id: $org}), (c:Channel {id: $channel}), (b:Bot {id: $bot})
+        UNWIND range(1, 500) AS n
+        CREATE (p:Person {id: $channel + '-member-' + n, name: 'member ' + n, createdAt: 0})-[:MEMBER_OF]->(o)
+        CREATE (p)-[:MEMBER]->(c)
+        CREATE (p)-[:GRANT {access: 'READ'}]->(b)""",
+        org=w.org,
+        channel=w.channel,
+        bot=w.bot,
+    )
+
+    async def offered() -> list[str]:
+        context = await api.gql(CONTEXT, {"c": group, "l": 4000, "q": "when do we ship?"}, platform)
+        return context["context"]["ids"]
+
+    member = f"{w.channel}-member-250"
+    reader = await memory.chat_reader(runtime, group)
+    assert reader is not None
+    [one] = reader.readers
+    assert len(one["ids"]) == 503 and {w.people["ann"], w.people["bob"]} <= set(one["ids"])
+    assert await offered() == [shared]
+    # One member who does not use the Bot: the group sees nothing (D9.1, every member must).
+    grant = "MATCH (:Person {id: $p})-[g:GRANT]->(:Bot {id: $bot}) DELETE g"
+    await runtime.driver.execute_query(grant, p=member, bot=w.bot)
+    assert await offered() == []
+    await runtime.driver.execute_query(
+        "MATCH (p:Person {id: $p}), (b:Bot {id: $bot}) CREATE (p)-[:GRANT {access: 'READ'}]->(b)",
+        p=member,
+        bot=w.bot,
+    )
+    assert await offered() == [shared]
+    # Ann, a member, forgets it: hidden from the group (V11), still Bob's in his private chat.
+    assert (await command(api, w.tokens["ann"], w.bot, {"_tag": "Forget", "id": shared})).status_code == 200
+    assert await offered() == []
+    for_bob = (await api.gql(CONTEXT, {"c": bobs, "l": 4000, "q": None}, platform))["context"]
+    assert for_bob["ids"] == [shared]
