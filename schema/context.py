@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass, field
+from typing import Final
 
 from strawberry.extensions import SchemaExtension
 from strawberry.types import Info as _Info
@@ -18,6 +20,12 @@ from services.embedding import Embedder
 from services.errors import BadInput, ServiceError
 from services.runtime import Runtime
 from services.turnfeed import TurnHub
+
+#: The unpaged ``memory`` fields the running operation has read (:meth:`Context.read_whole_memory`):
+#: one counter per operation, set in the operation's own task as it starts. A WebSocket connection
+#: runs its operations side by side on one Context, and a count kept on the Context was set back
+#: to zero by every operation that started: one sent while another ran let that one read a second.
+_WHOLE_READS: Final[ContextVar[list[int]]] = ContextVar("botmemory_whole_reads")
 
 
 @dataclass(slots=True)
@@ -37,8 +45,6 @@ class Context:
     loaders: Loaders = field(init=False)
     _auth: Principal | ServiceError | None = field(default=None)
     _authenticating: asyncio.Lock = field(default_factory=asyncio.Lock)
-    #: Unpaged ``memory`` fields of the current operation (see :meth:`read_whole_memory`).
-    _whole_reads: int = 0
 
     def __post_init__(self) -> None:
         self.loaders = Loaders(self.runtime, self.principal, cache=self.cache_loaders)
@@ -70,15 +76,19 @@ class Context:
         the next operation, as it does over HTTP (subscriptions check it again as they deliver)."""
         if self.streamed:
             self._auth = None
-        self._whole_reads = 0
+        _WHOLE_READS.set([0])  # the operation's task and the fields' tasks it starts share the list
 
     def read_whole_memory(self) -> None:
         """An unpaged ``memory`` field: every entry the caller may see, decrypted (3.3 s and
         ~73k decryptions at 100k entries). One per operation: thirty aliases of it, within the
         alias limit, held a process for ~100 s and answered hundreds of MB. Counted as the
         fields run, so a ``limit`` passed as a null variable counts too."""
-        self._whole_reads += 1
-        if self._whole_reads > 1:
+        reads = _WHOLE_READS.get(None)
+        if reads is None:  # outside an operation: counted from here
+            reads = [0]
+            _WHOLE_READS.set(reads)
+        reads[0] += 1
+        if reads[0] > 1:
             raise BadInput(
                 "an operation reads at most one unpaged memory; page the others (limit, after)",
                 field="limit",
