@@ -342,7 +342,7 @@ class ReaderRow(TypedDict):
 #: The members of the Channel ``c`` of the Organization ``o`` for the Bot ``b`` as GROUP_READER
 #: reads them (a ``CALL`` clause; any of the three may be null): ``memberIds``, and ``allUse``,
 #: whether there is one and every one of them is in ``o`` and uses ``b`` (D9.1).
-_GROUP_MEMBERS: Final[LiteralString] = """  CALL (c, o, b) {
+GROUP_MEMBERS: Final[LiteralString] = """  CALL (c, o, b) {
     OPTIONAL MATCH (m:Person)-[:MEMBER]->(c)
     WITH collect(m) AS members
     RETURN [m IN members | m.id] AS memberIds,
@@ -351,7 +351,7 @@ _GROUP_MEMBERS: Final[LiteralString] = """  CALL (c, o, b) {
   }
 """
 
-#: A group chat's one reader (D9.15, D9.22), for the Channel ``c`` after _GROUP_MEMBERS: an answer
+#: A group chat's one reader (D9.15, D9.22), for the Channel ``c`` after GROUP_MEMBERS: an answer
 #: there must pass every current member of the channel and the group itself. The group meets
 #: only the channel's atom and ``bot`` — so the answer draws only on entries for the group or for
 #: everyone, never on a member's personal entries, also in a channel of one — and each member
@@ -395,7 +395,7 @@ CALL () {
   OPTIONAL MATCH (c:Channel {id: cid})-[:IN]->(o:Organization {id: $org})
   OPTIONAL MATCH (b:Bot {id: $botId})
 """
-        + _GROUP_MEMBERS
+        + GROUP_MEMBERS
         + "  RETURN collect("
         + GROUP_READER
         + """) AS groups
@@ -420,7 +420,8 @@ RETURN """
 )
 
 #: The reader of an answer in a Chat (D9.15) as a list of one: its owner in a private chat, the
-#: group (GROUP_READER: the group and every current member of its channel) in a group chat.
+#: group (GROUP_READER: the group and every current member of its channel) in a group chat; no
+#: row for a group chat whose channel has no member (nobody reads there).
 CHAT_READERS: Final[LiteralString] = (
     """
 MATCH (ch:Chat {id: $chatId})-[:WITH_BOT]->(b:Bot)
@@ -437,8 +438,8 @@ CALL (ch, b, o, c) {
 UNION
   WITH b, o, c WHERE c IS NOT NULL
 """
-    + _GROUP_MEMBERS
-    + "  RETURN "
+    + GROUP_MEMBERS
+    + "  WITH c, o, b, memberIds, allUse WHERE size(memberIds) > 0\n  RETURN "
     + GROUP_READER
     + """ AS reader
 }

@@ -21,6 +21,7 @@ UNION
            size(members) > 0 AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))
            AND all(m IN members WHERE EXISTS { (m)-[:MEMBER_OF]->(o) } AND EXISTS { (m)-[:GRANT]->(b) }) AS allUse
   }
+  WITH c, o, b, memberIds, allUse WHERE size(memberIds) > 0
   RETURN {id: '#group', ids: ['#group'] + memberIds, channels: CASE WHEN c IS NULL THEN [] ELSE [c.id] END, usesBot: allUse, atoms: CASE WHEN allUse THEN ['channel:' + c.id, 'bot'] ELSE [] END} AS reader
 }
 RETURN [reader] AS readers, o.id AS org
@@ -91,6 +92,15 @@ OPTIONAL MATCH (d:Entry)-[:SOURCE*1..8]->(s)
 WITH collect(DISTINCT s.id) + collect(DISTINCT d.id) AS ids
 UNWIND ids AS id
 RETURN collect(DISTINCT id) AS ids
+
+// ---- graph.access.GROUP_MEMBERS
+  CALL (c, o, b) {
+    OPTIONAL MATCH (m:Person)-[:MEMBER]->(c)
+    WITH collect(m) AS members
+    RETURN [m IN members | m.id] AS memberIds,
+           size(members) > 0 AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))
+           AND all(m IN members WHERE EXISTS { (m)-[:MEMBER_OF]->(o) } AND EXISTS { (m)-[:GRANT]->(b) }) AS allUse
+  }
 
 // ---- graph.access.GROUP_READER
 {id: '#group', ids: ['#group'] + memberIds, channels: CASE WHEN c IS NULL THEN [] ELSE [c.id] END, usesBot: allUse, atoms: CASE WHEN allUse THEN ['channel:' + c.id, 'bot'] ELSE [] END}
@@ -1644,6 +1654,7 @@ UNION
            size(members) > 0 AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))
            AND all(m IN members WHERE EXISTS { (m)-[:MEMBER_OF]->(o) } AND EXISTS { (m)-[:GRANT]->(b) }) AS allUse
   }
+  WITH c, o, b, memberIds, allUse WHERE size(memberIds) > 0
   RETURN {id: '#group', ids: ['#group'] + memberIds, channels: CASE WHEN c IS NULL THEN [] ELSE [c.id] END, usesBot: allUse, atoms: CASE WHEN allUse THEN ['channel:' + c.id, 'bot'] ELSE [] END} AS reader
 }
 RETURN [reader] AS readers, o.id AS org
@@ -1699,6 +1710,7 @@ UNION
            size(members) > 0 AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))
            AND all(m IN members WHERE EXISTS { (m)-[:MEMBER_OF]->(o) } AND EXISTS { (m)-[:GRANT]->(b) }) AS allUse
   }
+  WITH c, o, b, memberIds, allUse WHERE size(memberIds) > 0
   RETURN {id: '#group', ids: ['#group'] + memberIds, channels: CASE WHEN c IS NULL THEN [] ELSE [c.id] END, usesBot: allUse, atoms: CASE WHEN allUse THEN ['channel:' + c.id, 'bot'] ELSE [] END} AS reader
 }
 RETURN [reader] AS readers, o.id AS org

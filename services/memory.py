@@ -303,7 +303,8 @@ async def readable_changes(
 
 
 async def chat_reader(rt: Runtime, chat_id: str) -> Reader | None:
-    """Every reader of an answer in a Chat (D9.15): the owner, or each current channel member."""
+    """The reader of an answer in a Chat (D9.15): the owner, or the group and every current member
+    of its channel as one (``GROUP_READER``); None when it has none."""
 
     async def work(session: QueryTarget) -> access.ChatReadersRow | None:
         return await single(session, access.CHAT_READERS, access.ChatReadersRow, chatId=chat_id)

@@ -14,7 +14,7 @@ from typing import Any
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from graph.access import PATH_VISIBLE, READER_MAP, VISIBLE
+from graph.access import GROUP_MEMBERS, GROUP_READER, PATH_VISIBLE, READER_MAP, VISIBLE
 from services import chats, commands, provisioning, turns
 from services.changes import (
     AddFact,
@@ -51,6 +51,40 @@ RETURN e.id AS id, e.status = 'active' AS active, e.audienceKey AS audienceKey, 
     + " AS path, "
     + VISIBLE
     + " AS label"
+)
+
+#: The group chat of ``$channel`` read as one reader (GROUP_READER, VISIBLE) against the path
+#: query over the group and each current member as readers of their own (D9.15, D9.22): the
+#: audience the one reader stands for.
+GROUP_COMPARE = (
+    """
+MATCH (c:Channel {id: $channel})-[:IN]->(o:Organization)
+MATCH (b:Bot {id: $botId})
+OPTIONAL MATCH (p:Person)-[:MEMBER]->(c)
+CALL (p, o, b) {
+  OPTIONAL MATCH (p)-[:MEMBER]->(pc:Channel)-[:IN]->(o)
+  WITH p, o, b, collect(pc.id) AS channels
+  RETURN CASE WHEN p IS NULL THEN null ELSE """
+    + READER_MAP
+    + """ END AS member
+}
+WITH c, o, b, collect(member) AS members
+"""
+    + GROUP_MEMBERS
+    + """WITH o.id AS org, ["""
+    + GROUP_READER
+    + """] AS grouped,
+     CASE WHEN size(members) = 0 THEN [] ELSE members + [{id: '#group', ids: ['#group'], channels: [c.id],
+       usesBot: true, atoms: ['channel:' + c.id, 'bot']}] END AS readers
+MATCH (e:Entry {botId: $botId})
+WITH e, org, grouped, """
+    + PATH_VISIBLE
+    + """ AS path
+WITH e, org, path, grouped AS readers
+RETURN e.id AS id, path, """
+    + VISIBLE
+    + """ AS label
+"""
 )
 
 ADMIN = Principal("admin")
@@ -139,6 +173,9 @@ async def compare(rt: Runtime, world: World) -> None:
             valid = record["active"] and record["proved"] and len(record["orgs"]) == 1
             assert record["validOrg"] == (record["orgs"][0] if valid else None), dict(record)
             assert record["ranked"], dict(record)
+    records, _, _ = await rt.driver.execute_query(GROUP_COMPARE, channel=world.channel, botId=world.bot)
+    for record in records:
+        assert record["path"] == record["label"], ("#group", record["id"], dict(record))
     records, _, _ = await rt.driver.execute_query(RECOUNT, botId=world.bot)
     assert records[0]["missing"] == records[0]["extra"] == [], dict(records[0])
     for check in (MISLINKED, EMPTY_TOPICS):

@@ -83,6 +83,11 @@ async def test_group_readers_must_all_pass(api: Api, runtime: Runtime) -> None:
     # Forgotten by one member: not sent for a group that includes that member.
     assert (await command(api, w.tokens["bob"], w.bot, {"_tag": "Forget", "id": team})).status_code == 200
     assert team not in (await retrieval.context(runtime, w.bot, readers, limit=1000)).ids
+    # A channel left without members: nobody reads in its group chat.
+    await api.admin(
+        "mutation($c: ID!) { setChannelMembers(channelId: $c, memberIds: []) { id } }", {"c": w.channel}
+    )
+    assert await memory.chat_reader(runtime, group) is None
 
 
 async def test_listing_decrypts_exactly_what_it_returns(api: Api, runtime: Runtime) -> None:
