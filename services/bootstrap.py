@@ -18,6 +18,7 @@ from graph.driver import make_driver
 from graph.migrations import LATEST, current_version, migrate
 from services import jobs
 from services.crypto import Keyring
+from services.redisconn import keeping_cancels
 from services.runtime import Runtime
 from services.settings import ConfigurationError, Settings
 from services.vectorindex import VectorIndexes
@@ -66,13 +67,15 @@ async def wait_for_schema(driver: AsyncDriver) -> int:
 def redis_of(settings: Settings) -> ArqRedis:
     """The process's Redis client: each command and each connection given at most
     ``redis_timeout_seconds`` (a Redis that accepts connections and never answers held requests,
-    and the worker's queue polling, for ever)."""
+    and the worker's queue polling, for ever), its writes keeping a cancel (``services.redisconn``)."""
     return ArqRedis(
-        ConnectionPool.from_url(
-            settings.redis_url,
-            socket_timeout=settings.redis_timeout_seconds,
-            socket_connect_timeout=settings.redis_timeout_seconds,
-            socket_keepalive=True,
+        keeping_cancels(
+            ConnectionPool.from_url(
+                settings.redis_url,
+                socket_timeout=settings.redis_timeout_seconds,
+                socket_connect_timeout=settings.redis_timeout_seconds,
+                socket_keepalive=True,
+            )
         ),
         job_serializer=jobs.serialize,
         job_deserializer=jobs.deserialize,
