@@ -44,7 +44,7 @@ SOAK_ENV := BOTMEMORY_ENV=test BOTMEMORY_DATA_DIR=.data/soak \
 	BOTMEMORY_NEO4J_BOLT_PORT=19687 BOTMEMORY_NEO4J_URI=bolt://127.0.0.1:19687 \
 	BOTMEMORY_REDIS_PORT=19379 BOTMEMORY_REDIS_URL=redis://127.0.0.1:19379/0 BOTMEMORY_API_PORT=19000
 
-.PHONY: layers install assets up down test test-unit test-deep bench bench-learning soak eval lint typecheck status demo mcp client model
+.PHONY: layers install assets up down test test-unit test-deep bench bench-channel bench-learning soak eval lint typecheck status demo mcp client model
 
 # The project with its dev extra, the Python client (its own distribution, used by the demo and
 # tests/test_client.py) and the client's code generator (tests/test_client.py checks its output).
@@ -106,6 +106,11 @@ test-deep: | $(PY)
 bench: | $(PY)
 	$(TEST_ENV) $(PY) -m tools.devstack services
 	$(TEST_ENV) $(PY) -m bench.memory_bench $(ARGS)
+
+# A group chat's context as its channel grows to 20,000 members (bench/channel_bench.py).
+bench-channel: | $(PY)
+	$(TEST_ENV) $(PY) -m tools.devstack services
+	$(TEST_ENV) $(PY) -m bench.channel_bench $(ARGS)
 
 # Learning overhead (latency and throughput, scripted model) with its own workers on Redis db 5,
 # apart from a test suite's queue on db 0: make bench-learning ARGS='--quick'
