@@ -52,6 +52,10 @@ return 0
 _FIRST_PAUSE, _LONGEST_PAUSE = 0.01, 0.2
 
 
+#: Slots being given back (their tasks, kept until done: the loop holds tasks only weakly).
+_giving_back: set[asyncio.Task[None]] = set()
+
+
 class Busy(Exception):
     """No slot came free before the deadline."""
 
@@ -108,7 +112,7 @@ async def take_key(
 
     renewing = asyncio.create_task(renew(), name="slot-lease")
 
-    async def release() -> None:
+    async def give_back() -> None:
         await cancel_and_wait(renewing)
         try:
             await redis.zrem(key, lease)
@@ -116,6 +120,14 @@ async def take_key(
             log.warning(
                 "could not give a task slot back (%s); it frees when its lease ends", type(exc).__name__
             )
+
+    async def release() -> None:
+        # Its own task, shielded: a caller cancelled meanwhile (a job's timeout, a closed socket)
+        # still gets its cancel, and the slot is given back all the same.
+        giving = asyncio.create_task(give_back(), name="slot-give-back")
+        _giving_back.add(giving)
+        giving.add_done_callback(_giving_back.discard)
+        await asyncio.shield(giving)
 
     return release
 
