@@ -8,11 +8,12 @@ proves ``VISIBLE`` equal to ``PATH_VISIBLE`` after every kind of change.
 
 ``VISIBLE`` is a predicate over a candidate entry ``e``. It is spliced into every read query
 (list, log, context, subscriptions, source graph, validateReferences, edits), never run as a
-separate pre-check. It reads two variables that the query binds first (``WITH $readers AS
-readers, $org AS org``, or per subscriber in a batched check): ``org``, the request's
-organization, and ``readers``, a list of READER_MAP maps — one reader for a person's own read,
-every reader of the answer for a group chat (D9.15). Channel membership and grants are read at
-request time, so a removal from a channel hides at once.
+separate pre-check. It reads two variables that the query binds first (``readers_now``, or per
+subscriber in a batched check): ``org``, the request's organization, and ``readers``, a list of
+reader maps that must all pass — READER_MAP for a person's own read and a private chat, one
+GROUP_READER for a group chat, standing for the group and every current member of its channel
+(D9.15, D9.22). Channel membership and grants are read at request time, so a removal from a
+channel hides at once.
 
 For every reader, every entry ``x`` in the source closure of ``e`` (``e`` itself included, at
 most 8 SOURCE hops, D9.2) must:

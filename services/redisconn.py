@@ -3,10 +3,11 @@
 redis-py 5 bounds each command's write with ``asyncio.wait_for`` when ``socket_timeout`` is set,
 and Python 3.11's ``wait_for`` loses a cancel that lands as the write completes (gh-86296, fixed
 in 3.12): the cancelled task goes on as if nothing happened. Every task that talks to Redis could
-ignore its cancel that way — arq's main loop its SIGTERM (polling the queue every 50 ms, the worker
-then took jobs until it was killed), a slot's lease renewer its release. These connections bound
-the write with ``asyncio.timeout`` instead, which keeps the cancel; reads already use it. A silent
-Redis still fails the write after ``socket_timeout`` (``redis.exceptions.TimeoutError``).
+ignore its cancel that way: a slot's lease renewer its release (the execution waiting on it stayed
+``running`` for good), arq's main loop, which polls the queue every 50 ms, its SIGTERM (the worker
+would take jobs until it was killed). These connections bound the write with ``asyncio.timeout``
+instead, which keeps the cancel; reads already use it. A silent Redis still fails the write after
+``socket_timeout`` (``redis.exceptions.TimeoutError``).
 """
 
 from __future__ import annotations
