@@ -40,9 +40,8 @@ CREATE (p)-[:GRANT {access: 'READ'}]->(b)
 """
 
 
-async def build(rt: Runtime) -> tuple[str, str, str, str]:
-    """The organization, Bot, channel and group chat, with FACTS facts the group may see."""
-    org = (await provisioning.create_organization(rt, ADMIN, "channel-bench")).id
+async def build(rt: Runtime, org: str) -> tuple[str, str, str]:
+    """The Bot, channel and group chat of the organization, with FACTS facts the group may see."""
     bot = (await provisioning.create_bot(rt, ADMIN, org, "bot", None)).id
     people: list[Principal] = []
     for name in ("ann", "bob"):
@@ -59,7 +58,7 @@ async def build(rt: Runtime) -> tuple[str, str, str, str]:
         for n in range(FACTS)
     ]
     await apply_changes(rt, bot, list(facts), "memory_bot")
-    return org, bot, channel, chat.id
+    return bot, channel, chat.id
 
 
 async def one_context(rt: Runtime, bot: str, chat: str) -> tuple[float, int]:
@@ -72,8 +71,9 @@ async def one_context(rt: Runtime, bot: str, chat: str) -> tuple[float, int]:
 
 async def run(samples: int) -> int:
     async with open_runtime(load_settings()) as rt:
-        org, bot, channel, chat = await build(rt)
-        try:
+        org = (await provisioning.create_organization(rt, ADMIN, "channel-bench")).id
+        try:  # everything made from here on is the organization's, and deleted with it
+            bot, channel, chat = await build(rt, org)
             added = 0
             print("| extra members | context p50 (ms), medians of 3 runs | entries offered |")
             print("|---:|---:|---:|")
