@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from bench.channel_bench import ADD_MEMBERS
 from services import memory
 from services.runtime import Runtime
 from tests.client import Api, make_world
@@ -177,14 +178,7 @@ async def test_a_group_chat_reads_as_one_reader_whatever_its_channels_size(
         runtime, w.bot, "The team ships on Fridays", await said(api, w.tokens["bob"], group, "fridays")
     )
     await runtime.driver.execute_query(
-        """MATCH (o:Organization {id: $org}), (c:Channel {id: $channel}), (b:Bot {id: $bot})
-        UNWIND range(1, 500) AS n
-        CREATE (p:Person {id: $channel + '-member-' + n, name: 'member ' + n, createdAt: 0})-[:MEMBER_OF]->(o)
-        CREATE (p)-[:MEMBER]->(c)
-        CREATE (p)-[:GRANT {access: 'READ'}]->(b)""",
-        org=w.org,
-        channel=w.channel,
-        bot=w.bot,
+        ADD_MEMBERS, org=w.org, channel=w.channel, bot=w.bot, first=1, last=500
     )
 
     async def offered() -> list[str]:

@@ -61,19 +61,30 @@ async def _cancel_as_a_write_completes(connection_class: type[Connection]) -> bo
     try:
         await redis.set("k", "v")
 
+        cancelled, went_on = asyncio.Event(), asyncio.Event()
+
+        def cancel() -> None:
+            task.cancel()
+            cancelled.set()
+
         async def loop() -> None:
             while True:
                 await redis.set("k", "v")
+                if cancelled.is_set():
+                    went_on.set()  # a command completed after the cancel: it was lost
                 await asyncio.sleep(0.005)
 
         task = asyncio.create_task(loop())
-        await asyncio.sleep(0.01)
-        _after_write.append(task.cancel)
-        done, _ = await asyncio.wait({task}, timeout=0.5)
+        _after_write.append(cancel)
+        # Either the task ends (the cancel kept) or its command returns after it (the cancel lost).
+        went_on_seen = asyncio.ensure_future(went_on.wait())
+        await asyncio.wait({task, went_on_seen}, return_when=asyncio.FIRST_COMPLETED)
+        kept = task.done() and not went_on.is_set()
+        went_on_seen.cancel()
         while not task.done():
             task.cancel()
             await asyncio.wait({task}, timeout=0.05)
-        return bool(done)
+        return kept
     finally:
         _after_write.clear()
         await redis.aclose()
