@@ -24,7 +24,7 @@ import httpx
 import uvicorn
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, StrictInt, ValidationError
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -122,7 +122,8 @@ class _Server(MCPServer):
     """Arguments of the wrong shape are refused as the API refuses them: ``BAD_INPUT`` and the first
     refused argument (the SDK's own words named no code and carried pydantic's link). So is an
     argument the tool does not take: the SDK dropped it, so ``remember(tag=[…])`` (for ``tags``)
-    kept an entry without its topics and said nothing."""
+    kept an entry without its topics and said nothing. A ``limit`` is a JSON integer (``StrictInt``):
+    pydantic's lax mode took ``true`` for 1 and ``2.0`` for 2, where the API's ``Int`` refuses both."""
 
     async def call_tool(
         self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None = None
@@ -183,14 +184,14 @@ def build_server(config: McpConfig, api: Api) -> MCPServer:
         description="The entries you may see that are most relevant to query (meaning and keywords), "
         "best first, with their ids and scores; limit is 1-100."
     )
-    async def search(query: str, ctx: Ctx, limit: int = 10, bot_id: str | None = None) -> Found:
+    async def search(query: str, ctx: Ctx, limit: StrictInt = 10, bot_id: str | None = None) -> Found:
         return Found(hits=await ranked(query, limit, ctx, bot_id))
 
     @server.tool(
         description="The memory you may see about an input, as text lines of at most limit characters "
         "in all (most relevant first), with the ids of the entries used."
     )
-    async def context(input: str, ctx: Ctx, limit: int = 4000, bot_id: str | None = None) -> MemoryText:
+    async def context(input: str, ctx: Ctx, limit: StrictInt = 4000, bot_id: str | None = None) -> MemoryText:
         if limit < 1:
             raise ApiError("BAD_INPUT", "limit is at least 1")
         return fit(await ranked(input, _CONTEXT_CANDIDATES, ctx, bot_id), limit)

@@ -167,6 +167,15 @@ async def test_stdio_errors_carry_the_api_code(api: Api, api_process: ApiProcess
             "BAD_INPUT: limit "
         )
         assert (await error(ann, "search", query=5, bot_id=w.bot)).startswith("BAD_INPUT: query ")
+        # A limit is an integer, as the API's Int: not a boolean or a float (pydantic's lax mode took
+        # true for 1 and 2.0 for 2).
+        for odd in (True, 2.0):
+            assert (await error(ann, "search", query="x", limit=odd, bot_id=w.bot)).startswith(
+                "BAD_INPUT: limit "
+            )
+            assert (await error(ann, "context", input="x", limit=odd, bot_id=w.bot)).startswith(
+                "BAD_INPUT: limit "
+            )
         assert (await error(ann, "forget", entry_id=["a"], bot_id=w.bot)).startswith("BAD_INPUT: entry_id ")
         assert (await error(ann, "search", query="x", bot_id=" ")).startswith("BAD_INPUT: bot_id is empty")
         # An argument the tool does not take (tags misspelt): refused, not dropped with the entry kept.
