@@ -41,10 +41,14 @@ _RELABEL_PREFERENCE: Final[LiteralString] = (
 )
 
 #: A write that leaves an entry without keywords or without a vector (an embedder down or absent,
-#: a legacy import) records it on the Memory, for the worker's sweep (``graph.backfill.BOTS_DUE``).
+#: a legacy import) records it on the Memory, for the worker's sweep (``graph.backfill.BOTS_DUE``);
+#: so does one whose vector is of another embedder than the one the Memory's last backfill
+#: recorded (a process not yet swapped, writing after the worker re-embedded everything: its
+#: entries were found by keywords alone for good).
+_VEC_DUE: Final[LiteralString] = "r.vec IS NULL OR r.vecModel <> coalesce(m.vecModel, r.vecModel)"
 _DUE_ADDS: Final[LiteralString] = (
     "m.kwDue = coalesce(m.kwDue, false) OR any(r IN $adds WHERE r.kwBlind IS NULL),\n"
-    "      m.vecDue = coalesce(m.vecDue, false) OR any(r IN $adds WHERE r.vec IS NULL)"
+    "      m.vecDue = coalesce(m.vecDue, false) OR any(r IN $adds WHERE " + _VEC_DUE + ")"
 )
 
 #: Entries of a legacy import: the tags they came with, no SOURCE edges, and a declared source
@@ -173,7 +177,9 @@ CALL (m, problem) {
   SET m.vecSeq = coalesce(m.vecSeq, 0) + 1
 }
 CALL (m, problem) {
-  WITH m WHERE problem IS NULL AND any(r IN $adds WHERE r.kwBlind IS NULL OR r.vec IS NULL)
+  WITH m WHERE problem IS NULL AND any(r IN $adds WHERE r.kwBlind IS NULL OR """
+    + _VEC_DUE
+    + """)
   SET """
     + _DUE_ADDS
     + """
@@ -202,17 +208,22 @@ SET e.status = $status, e.updatedAt = $now,
 #: New content (already encrypted) and a new place in memory order (D9.14), with what is derived
 #: from it, stamped with the next derived-data sequence (and, lacking a vector, the Memory due for
 #: the backfill).
-SET_CONTENT: Final[LiteralString] = """
+SET_CONTENT: Final[LiteralString] = (
+    """
 MATCH (m:Memory {id: $botId})
+WITH m, $derived AS r
 SET m.vecSeq = coalesce(m.vecSeq, 0) + 1,
-    m.kwDue = coalesce(m.kwDue, false) OR $derived.kwBlind IS NULL,
-    m.vecDue = coalesce(m.vecDue, false) OR $derived.vec IS NULL
+    m.kwDue = coalesce(m.kwDue, false) OR r.kwBlind IS NULL,
+    m.vecDue = coalesce(m.vecDue, false) OR """
+    + _VEC_DUE
+    + """
 WITH m
 MATCH (e:Entry {id: $id, botId: $botId})
 SET e.content = $content, e.contentLength = $contentLength, e.orderKey = $orderKey, e.updatedAt = $now,
     e.kwBlind = $derived.kwBlind, e.kwScheme = $derived.kwScheme, e.vec = $derived.vec, e.vecModel = $derived.vecModel,
     e.vecSeq = m.vecSeq
 """
+)
 
 SET_TAGS: Final[LiteralString] = (
     "MATCH (e:Entry {id: $id, botId: $botId})\n"

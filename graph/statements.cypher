@@ -713,9 +713,9 @@ CALL (m, problem) {
   SET m.vecSeq = coalesce(m.vecSeq, 0) + 1
 }
 CALL (m, problem) {
-  WITH m WHERE problem IS NULL AND any(r IN $adds WHERE r.kwBlind IS NULL OR r.vec IS NULL)
+  WITH m WHERE problem IS NULL AND any(r IN $adds WHERE r.kwBlind IS NULL OR r.vec IS NULL OR r.vecModel <> coalesce(m.vecModel, r.vecModel))
   SET m.kwDue = coalesce(m.kwDue, false) OR any(r IN $adds WHERE r.kwBlind IS NULL),
-      m.vecDue = coalesce(m.vecDue, false) OR any(r IN $adds WHERE r.vec IS NULL)
+      m.vecDue = coalesce(m.vecDue, false) OR any(r IN $adds WHERE r.vec IS NULL OR r.vecModel <> coalesce(m.vecModel, r.vecModel))
 }
 CALL (m, version, problem) {
   WITH m, version WHERE problem IS NULL
@@ -906,9 +906,9 @@ CALL (m, problem) {
   SET m.vecSeq = coalesce(m.vecSeq, 0) + 1
 }
 CALL (m, problem) {
-  WITH m WHERE problem IS NULL AND any(r IN $adds WHERE r.kwBlind IS NULL OR r.vec IS NULL)
+  WITH m WHERE problem IS NULL AND any(r IN $adds WHERE r.kwBlind IS NULL OR r.vec IS NULL OR r.vecModel <> coalesce(m.vecModel, r.vecModel))
   SET m.kwDue = coalesce(m.kwDue, false) OR any(r IN $adds WHERE r.kwBlind IS NULL),
-      m.vecDue = coalesce(m.vecDue, false) OR any(r IN $adds WHERE r.vec IS NULL)
+      m.vecDue = coalesce(m.vecDue, false) OR any(r IN $adds WHERE r.vec IS NULL OR r.vecModel <> coalesce(m.vecModel, r.vecModel))
 }
 CALL (m, version, problem) {
   WITH m, version WHERE problem IS NULL
@@ -1853,9 +1853,9 @@ CALL (m, problem) {
   SET m.vecSeq = coalesce(m.vecSeq, 0) + 1
 }
 CALL (m, problem) {
-  WITH m WHERE problem IS NULL AND any(r IN $adds WHERE r.kwBlind IS NULL OR r.vec IS NULL)
+  WITH m WHERE problem IS NULL AND any(r IN $adds WHERE r.kwBlind IS NULL OR r.vec IS NULL OR r.vecModel <> coalesce(m.vecModel, r.vecModel))
   SET m.kwDue = coalesce(m.kwDue, false) OR any(r IN $adds WHERE r.kwBlind IS NULL),
-      m.vecDue = coalesce(m.vecDue, false) OR any(r IN $adds WHERE r.vec IS NULL)
+      m.vecDue = coalesce(m.vecDue, false) OR any(r IN $adds WHERE r.vec IS NULL OR r.vecModel <> coalesce(m.vecModel, r.vecModel))
 }
 RETURN problem
 
@@ -1947,9 +1947,9 @@ CALL (m, problem) {
   SET m.vecSeq = coalesce(m.vecSeq, 0) + 1
 }
 CALL (m, problem) {
-  WITH m WHERE problem IS NULL AND any(r IN $adds WHERE r.kwBlind IS NULL OR r.vec IS NULL)
+  WITH m WHERE problem IS NULL AND any(r IN $adds WHERE r.kwBlind IS NULL OR r.vec IS NULL OR r.vecModel <> coalesce(m.vecModel, r.vecModel))
   SET m.kwDue = coalesce(m.kwDue, false) OR any(r IN $adds WHERE r.kwBlind IS NULL),
-      m.vecDue = coalesce(m.vecDue, false) OR any(r IN $adds WHERE r.vec IS NULL)
+      m.vecDue = coalesce(m.vecDue, false) OR any(r IN $adds WHERE r.vec IS NULL OR r.vecModel <> coalesce(m.vecModel, r.vecModel))
 }
 
 // ---- graph.entries.ALL_IDS
@@ -2018,9 +2018,10 @@ RETURN e.id AS id
 
 // ---- graph.entries.SET_CONTENT
 MATCH (m:Memory {id: $botId})
+WITH m, $derived AS r
 SET m.vecSeq = coalesce(m.vecSeq, 0) + 1,
-    m.kwDue = coalesce(m.kwDue, false) OR $derived.kwBlind IS NULL,
-    m.vecDue = coalesce(m.vecDue, false) OR $derived.vec IS NULL
+    m.kwDue = coalesce(m.kwDue, false) OR r.kwBlind IS NULL,
+    m.vecDue = coalesce(m.vecDue, false) OR r.vec IS NULL OR r.vecModel <> coalesce(m.vecModel, r.vecModel)
 WITH m
 MATCH (e:Entry {id: $id, botId: $botId})
 SET e.content = $content, e.contentLength = $contentLength, e.orderKey = $orderKey, e.updatedAt = $now,

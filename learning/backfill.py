@@ -19,7 +19,7 @@ from graph.driver import read, write
 from services import metrics
 from services.crypto import Cipher, Kind
 from services.derived import seal_vector
-from services.embedding import Embedder
+from services.embedding import Embedder, embed_each
 from services.keywords import SCHEME, blind_text
 from services.memory import cipher_of
 from services.runtime import Runtime
@@ -118,7 +118,9 @@ async def _derive(
     """Keywords (and sealed vectors with ``embedder``) of the entries read; EmbedderUnavailable
     when embedding failed."""
     texts = cipher.decrypt_all(Kind.ENTRY, [(f["id"], f["content"]) for f in found])
-    vectors = None if embedder is None else await embedder.embed(texts)
+    # A text the embedder refuses alone gets no vector (its entry is found by keywords), and the
+    # run goes on past it: a batch refused for one text stopped the Bot's backfill for good.
+    vectors = [None] * len(texts) if embedder is None else await embed_each(embedder, texts)
     rows: list[dict[str, Any]] = []
     for i, (f, text) in enumerate(zip(found, texts, strict=True)):
         keywords = blind_text(cipher, text)
@@ -132,8 +134,8 @@ async def _derive(
                 "kwScheme": SCHEME,
                 # Other tokens or counts (an index must read them again), not merely another order.
                 "kwChanged": held is None or sorted(held.split()) != keywords.split(),
-                "vec": None if vectors is None else seal_vector(cipher, f["id"], vectors[i]),
-                "vecModel": None if embedder is None else embedder.id,
+                "vec": None if vectors[i] is None else seal_vector(cipher, f["id"], vectors[i]),
+                "vecModel": None if embedder is None or vectors[i] is None else embedder.id,
             }
         )
     return rows

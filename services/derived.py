@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from services.crypto import Cipher, Kind, Sealed
-from services.embedding import Embedder, EmbedderUnavailable, embed_within, encode_vector
+from services.embedding import Embedder, EmbedderUnavailable, embed_each, encode_vector
 from services.keywords import SCHEME, blind_text
 
 log = logging.getLogger("botmemory.derived")
@@ -37,20 +37,24 @@ async def derive(
     cipher: Cipher, embedder: Embedder | None, texts: dict[str, str], seconds: float
 ) -> dict[str, Derived]:
     """Keywords and sealed vectors of ``texts`` (entry id → text), in one embedding batch; no
-    vectors when the embedder fails or takes longer than ``seconds``."""
+    vectors when the embedder fails or takes longer than ``seconds``, none for a text it refuses
+    alone (:func:`services.embedding.embed_each`)."""
     if not texts:
         return {}
-    vectors = None
+    vectors: list[Any] = [None] * len(texts)
     if embedder is not None:
         try:
-            vectors = await embed_within(embedder, list(texts.values()), seconds)
+            vectors = await embed_each(embedder, list(texts.values()), seconds)
         except EmbedderUnavailable as exc:
             log.warning("embedding failed (%s); the backfill embeds these entries later", exc.code)
-    model = None if vectors is None or embedder is None else embedder.id
     derived: dict[str, Derived] = {}
-    for i, (entry_id, text) in enumerate(texts.items()):
-        sealed = None if vectors is None else seal_vector(cipher, entry_id, vectors[i])
-        derived[entry_id] = Derived(blind_text(cipher, text), sealed, model)
+    for (entry_id, text), vector in zip(texts.items(), vectors, strict=True):
+        if vector is None or embedder is None:
+            derived[entry_id] = Derived(blind_text(cipher, text), None, None)
+        else:
+            derived[entry_id] = Derived(
+                blind_text(cipher, text), seal_vector(cipher, entry_id, vector), embedder.id
+            )
     return derived
 
 

@@ -18,16 +18,20 @@ from typing import Final, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from services import metrics
 from services.kept import keep_newest
 
 _SCALE: Final = np.dtype("<f4")
 _SCALE_BYTES: Final = 4
 _QMAX: Final = 127.0
+#: The code of a request the embeddings endpoint answered as invalid.
+REFUSED: Final = "refused"
 
 
 class EmbedderUnavailable(Exception):
     """No vectors; ``code`` says why (never content): model_mismatch, model_missing, no_model,
-    timeout, provider_error, malformed."""
+    timeout, provider_error, malformed, refused (the endpoint answered the request as invalid:
+    one of its texts, perhaps, see :func:`embed_each`)."""
 
     def __init__(self, code: str) -> None:
         super().__init__(code)
@@ -60,6 +64,41 @@ async def embed_within(embedder: Embedder, texts: Sequence[str], seconds: float)
             return await embedder.embed(texts)
     except TimeoutError:
         raise EmbedderUnavailable("timeout") from None
+
+
+async def embed_each(
+    embedder: Embedder, texts: Sequence[str], seconds: float | None = None
+) -> list[npt.NDArray[np.float32] | None]:
+    """A vector for each text, or None for a text the embedder refuses alone: a batch refused
+    (``refused``: an endpoint answering 400/413/422, as self-hosted ones do for a text over their
+    model's limit) is halved until the refused texts stand alone, so one text no longer costs a
+    whole change or backfill batch its vectors (the backfill stopped at it for good). When every
+    text of several is refused, the endpoint refuses the request itself (a wrong model or size):
+    that raises ``refused`` as any other failure raises its code. ``seconds`` bounds it all."""
+    refused = 0
+
+    async def part(chunk: Sequence[str]) -> list[npt.NDArray[np.float32] | None]:
+        nonlocal refused
+        try:
+            return list(await embedder.embed(chunk))
+        except EmbedderUnavailable as exc:
+            if exc.code != REFUSED:
+                raise
+            if len(chunk) == 1:
+                refused += 1
+                return [None]
+            half = len(chunk) // 2
+            return await part(chunk[:half]) + await part(chunk[half:])
+
+    try:
+        async with asyncio.timeout(seconds):
+            vectors = await part(list(texts))
+    except TimeoutError:
+        raise EmbedderUnavailable("timeout") from None
+    if refused == len(vectors) > 1:
+        raise EmbedderUnavailable(REFUSED)
+    metrics.EMBEDDINGS_REFUSED.inc(refused)
+    return vectors
 
 
 def encode_vector(vector: npt.NDArray[np.float32]) -> bytes:

@@ -85,6 +85,11 @@ QUERY_EMBEDDING_FAILURES = Counter(
     "Queries searched by keywords alone because their embedding failed, by code",
     ["code"],
 )
+EMBEDDINGS_REFUSED = Counter(
+    "botmemory_embeddings_refused_total",
+    "Entry texts the embedder refused alone (its endpoint answered the request as invalid, e.g. a"
+    " text over its model's limit): the entry is found by keywords only",
+)
 BACKFILL_DUE_BOTS = Gauge(
     "botmemory_backfill_due_bots",
     "Bots whose entries the last backfill sweep found lacking keywords or vectors (worker)",

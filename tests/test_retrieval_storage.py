@@ -5,6 +5,7 @@ entries keywords and vectors (``botmemory reindex``), resumable after a kill -9.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import dataclasses
 import json
@@ -29,7 +30,8 @@ from learning.embedders import LocalMiniLM, OpenAIEmbedder
 from services import jobs, memory, search
 from services.bootstrap import open_runtime
 from services.changes import Remember, Revise
-from services.embedding import QueryVectors, encode_vector
+from services.crypto import DecryptionError
+from services.embedding import EmbedderUnavailable, QueryVectors, embed_each, encode_vector
 from services.keywords import SCHEME, tokens
 from services.maintenance import LegacyEntry, import_legacy
 from services.runtime import Runtime
@@ -316,6 +318,78 @@ async def test_the_sweep_reads_what_each_memory_records_and_finds_what_a_write_l
         await other.aclose()
 
 
+async def test_a_write_with_another_embedders_vector_after_a_backfill_makes_the_bot_due_again(
+    api: Api, runtime: Runtime, settings: Settings
+) -> None:
+    """During an embedder swap a process not yet swapped may write after the worker re-embedded
+    everything and recorded the new embedder on the Memory: its entry's vector is of the old
+    one. The write marks the Memory due, so the next sweep re-embeds that entry (it was found by
+    keywords alone for good: the sweep reads only the Memory, and that said done)."""
+    w = await make_world(api, ("ann",))
+    person, org = w.people["ann"], w.org
+    minilm = LocalMiniLM()
+    try:
+        async with _endpoint(settings, _Embeddings, "old-model") as old:
+            await apply_changes(
+                runtime, w.bot, [Remember(content="Ann keeps bees", person_id=person, org=org)], "person"
+            )
+            assert await backfill.run(runtime, w.bot, minilm)
+            assert w.bot not in await backfill.bots_to_backfill(runtime, minilm)
+            late = Remember(content="Ann sells honey at the market", person_id=person, org=org)
+            await apply_changes(runtime, w.bot, [late], "person", embedder=old)
+            assert w.bot in await backfill.bots_to_backfill(runtime, minilm)
+            revised = Revise(late.id, "Ann sells honey and wax at the market")
+            assert await backfill.run(runtime, w.bot, minilm)
+            assert w.bot not in await backfill.bots_to_backfill(runtime, minilm)
+            await apply_changes(runtime, w.bot, [revised], "person", embedder=old)  # a revision alike
+            assert w.bot in await backfill.bots_to_backfill(runtime, minilm)
+            assert await backfill.run(runtime, w.bot, minilm)
+            # The same embedder's writes leave it done.
+            await apply_changes(
+                runtime,
+                w.bot,
+                [Remember(content="Ann rents a stall", person_id=person, org=org)],
+                "person",
+                embedder=minilm,
+            )
+            assert w.bot not in await backfill.bots_to_backfill(runtime, minilm)
+        models = await runtime.driver.execute_query(
+            "MATCH (e:Entry {botId: $b}) RETURN collect(DISTINCT e.vecModel) AS m", b=w.bot
+        )
+        assert models.records[0]["m"] == [minilm.id]
+    finally:
+        await minilm.aclose()
+
+
+async def test_a_backfill_that_fails_hands_its_lane_on(
+    api: Api, runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Bot whose backfill fails every time (here an entry whose content cannot be decrypted)
+    comes first in every sweep's order: it kept its lane, and with one lane the Bots after it
+    were never backfilled. Its job now hands the lane on, as a finished one does."""
+    w = await make_world(api, ("ann",))
+    await apply_changes(
+        runtime, w.bot, [Remember(content="Ann keeps bees", person_id=w.people["ann"], org=w.org)], "person"
+    )
+    await runtime.driver.execute_query(
+        "MATCH (e:Entry {botId: $b}) SET e.content = $garbage REMOVE e.kwBlind",
+        b=w.bot,
+        garbage=base64.b64encode(bytes(64)).decode(),
+    )
+    handed: list[str | None] = []
+
+    async def start_backfills(rt: Runtime, due: list[str], *, finishing: str | None = None) -> int:
+        handed.append(finishing)
+        return 0
+
+    monkeypatch.setattr(jobs, "start_backfills", start_backfills)
+    ctx: dict[str, Any] = {"runtime": runtime, "gateway": SimpleNamespace(embedder=None)}
+    with pytest.raises(DecryptionError):  # the premise: this Bot's run fails, every time
+        await backfill.run(runtime, w.bot, None)
+    await worker.backfill_bot(ctx, w.bot, 0)
+    assert handed == [w.bot]
+
+
 def _down_embedder_env() -> dict[str, str]:
     """Settings of an OpenAI-compatible embedder at a port nobody listens on."""
     with socket.socket() as free:  # nobody listens once it is closed
@@ -385,6 +459,9 @@ class _Embeddings(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         type(self).texts.extend(body["input"])
+        self.answer(body)
+
+    def answer(self, body: dict[str, Any]) -> None:
         vectors = asyncio.run(self.embedder.embed(list(body["input"])))
         data = [{"object": "embedding", "index": i, "embedding": v.tolist()} for i, v in enumerate(vectors)]
         raw = json.dumps(
@@ -587,3 +664,57 @@ async def test_backfills_take_a_few_lanes_so_learning_never_queues_behind_them(s
             assert await jobs.backfills_in_flight(rt) - {due[0]} == {due[1], due[2]}
         finally:
             await rt.redis.flushdb()
+
+
+class _Refusing(_Embeddings):
+    """MiniLM's vectors, but a request holding a text with "POISON" in it is answered 400, as a
+    self-hosted endpoint answers a text over its model's limit."""
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if any("POISON" in t for t in body["input"]):
+            raw = json.dumps(
+                {"error": {"message": "input too long", "type": "invalid_request_error"}}
+            ).encode()
+            self.send_response(400)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            self.wfile.write(raw)
+            return
+        self.answer(body)
+
+
+async def test_a_text_the_embedder_refuses_costs_only_its_own_vector(
+    api: Api, runtime: Runtime, settings: Settings
+) -> None:
+    """An endpoint that refuses a request for one of its texts (400) cost a whole change its
+    vectors, and stopped a Bot's backfill at that batch for good (every run asked for the same
+    batch first). The batch is now halved until the refused text stands alone: it alone has no
+    vector (found by keywords), the others have theirs, the backfill finishes and the Bot is no
+    longer due. An endpoint that refuses every text (a wrong model) still fails the run."""
+    w = await make_world(api, ("ann",))
+    person, org = w.people["ann"], w.org
+    notes = ["Ann keeps bees", "POISON Ann's very long note", "Ann sells honey", "Ann rents a stall"]
+    refused = REGISTRY.get_sample_value("botmemory_embeddings_refused_total") or 0.0
+    async with _endpoint(settings, _Refusing, "refusing-model") as endpoint:
+        written = [Remember(content=n, person_id=person, org=org) for n in notes]
+        await apply_changes(runtime, w.bot, list(written), "person", embedder=endpoint)
+
+        async def vectors() -> dict[str, bool]:
+            found = await runtime.driver.execute_query(
+                "MATCH (e:Entry {botId: $b}) RETURN e.id AS id, e.vecModel = $m AS v", b=w.bot, m=endpoint.id
+            )
+            return {r["id"]: bool(r["v"]) for r in found.records}
+
+        assert await vectors() == {c.id: "POISON" not in n for c, n in zip(written, notes, strict=True)}
+        assert REGISTRY.get_sample_value("botmemory_embeddings_refused_total") == refused + 1
+        # The backfill goes past it and finishes: the Bot is not due again.
+        assert w.bot in await backfill.bots_to_backfill(runtime, endpoint)
+        assert await backfill.run(runtime, w.bot, endpoint)
+        assert w.bot not in await backfill.bots_to_backfill(runtime, endpoint)
+        assert sum((await vectors()).values()) == 3
+    async with _endpoint(settings, _Refusing, "refusing-model") as endpoint:
+        with pytest.raises(EmbedderUnavailable) as failed:
+            await embed_each(endpoint, ["POISON one", "POISON two"])
+        assert failed.value.code == "refused"

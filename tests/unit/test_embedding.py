@@ -133,7 +133,8 @@ def test_make_embedder_follows_the_settings() -> None:
 
 class _EmbeddingsHandler(BaseHTTPRequestHandler):
     """``POST /v1/embeddings``: text i becomes ``[len(text), i_in_request + 1, 1, 0, …]`` (not
-    normalised), listed in reverse order. Model "broken" answers 400, "short" a vector too short."""
+    normalised), listed in reverse order. Model "broken" answers 400 (a refused input), "missing"
+    404, "short" a vector too short."""
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -141,6 +142,9 @@ class _EmbeddingsHandler(BaseHTTPRequestHandler):
         server.requests.append({**body, "authorization": self.headers.get("Authorization")})
         if body["model"] == "broken":
             self._send(400, {"error": {"message": "bad request", "type": "invalid_request_error"}})
+            return
+        if body["model"] == "missing":
+            self._send(404, {"error": {"message": "no such model", "type": "invalid_request_error"}})
             return
         dims = body["dimensions"] - (1 if body["model"] == "short" else 0)
         data: list[dict[str, Any]] = []
@@ -217,7 +221,9 @@ async def test_openai_embedder_batches_and_normalises(embeddings_server: _Server
     assert {r["authorization"] for r in requests} == {"Bearer sk-embed"}
 
 
-@pytest.mark.parametrize(("model", "code"), [("broken", "provider_error"), ("short", "malformed")])
+@pytest.mark.parametrize(
+    ("model", "code"), [("broken", "refused"), ("missing", "provider_error"), ("short", "malformed")]
+)
 async def test_openai_failures_carry_a_code_only(
     embeddings_server: _Server, caplog: pytest.LogCaptureFixture, model: str, code: str
 ) -> None:

@@ -5,6 +5,8 @@ largest scores, the nearest vectors and the fused ranking with its prior."""
 from __future__ import annotations
 
 import math
+import random
+import tracemalloc
 from collections import Counter
 from typing import Any
 
@@ -658,6 +660,26 @@ def test_what_queries_make_of_the_postings_is_counted() -> None:
     assert postings.approx_nbytes == before + 100 * (8 + 4 + 4)
     postings.set(100, "ka")  # ka's postings change: what was made of them goes
     assert postings.approx_nbytes == before + 10
+
+
+def test_a_large_vocabulary_is_counted() -> None:
+    """``approx_nbytes`` counts each distinct token, not only its postings: rows of many distinct
+    tokens (names, CJK pairs) held several times what 10 bytes a posting counts, so a process's
+    bound on its indexes was passed unseen."""
+    rng = random.Random(7)
+    vocabulary = [f"t{i:06x}" for i in range(50_000)]
+    blinds = [" ".join(rng.choice(vocabulary) for _ in range(20)) for _ in range(3_000)]
+    rows = list(range(len(blinds)))
+    tracemalloc.start()
+    try:
+        start = tracemalloc.get_traced_memory()[0]
+        postings = Postings()
+        postings.set_many(rows, blinds)
+        held = tracemalloc.get_traced_memory()[0] - start
+    finally:
+        tracemalloc.stop()
+    assert 0.8 * held <= postings.approx_nbytes <= 1.5 * held
+    assert Postings().approx_nbytes > 0  # an empty one holds something too
 
 
 def test_what_was_learnt_of_reader_keys_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
