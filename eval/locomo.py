@@ -26,13 +26,16 @@ from dataclasses import asdict
 from pathlib import Path
 
 from eval.dataset import ALL_CONVERSATIONS, DATA_DIR, DEV_SPLIT, Conversation, load
-from eval.replay import ORG_PREFIX, Replayer, ReplayStats
+from eval.replay import ORG_PREFIX, Replayer, ReplayError, ReplayStats
 from eval.scoring import QuestionRow, score, table
+from eval.scripted import mentioned
 from eval.stack import ROOT, delete_org, export, orgs_named, redis_db, running
 from services.settings import load_settings
 
 EVAL_DIR = Path(__file__).resolve().parent
 SECTIONS = {"group": "recall", "leak-check": "leak-check"}
+#: The issue's target: candidate recall on every conversation.
+TARGET = 0.9
 TITLE = (
     "# LoCoMo retrieval evaluation (`make eval`)\n\n"
     "What the API offers the model for each LoCoMo question (categories 1–4), asked by speaker A after the "
@@ -65,8 +68,11 @@ def replay_table(stats: dict[str, ReplayStats], leak_check: bool) -> str:
     )
     rule = "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     if leak_check:
-        head += " entries from B's chat | of those listed to A |"
-        rule += "---:|---:|"
+        head += (
+            " entries from B's chat | of those listed to A | of those in A's chat's requests during the replay"
+            " (requests checked) |"
+        )
+        rule += "---:|---:|---:|"
     lines = [head, rule]
     for name, s in stats.items():
         line = (
@@ -75,7 +81,9 @@ def replay_table(stats: dict[str, ReplayStats], leak_check: bool) -> str:
             f"{minutes(s.question_seconds)} |"
         )
         if leak_check:
-            line += f" {s.foreign_entries} | {s.foreign_listed} |"
+            line += (
+                f" {s.foreign_entries} | {s.foreign_listed} | {s.foreign_replayed} ({s.replay_requests:,}) |"
+            )
         lines.append(line)
     return "\n".join(lines)
 
@@ -98,7 +106,9 @@ def report(
         if args.leak_check
         else "one group chat of a channel holding both speakers; A asks in a private chat"
     )
-    leaks = sum(len(r.leaks) for r in rows) + sum(s.foreign_listed for s in stats.values())
+    leaks = sum(len(r.leaks) for r in rows) + sum(
+        s.foreign_listed + s.foreign_replayed for s in stats.values()
+    )
     parts = [
         f"Run {time.strftime('%Y-%m-%d %H:%M %Z')} · `python -m eval.locomo {' '.join(sys.argv[1:])}` · "
         f"code under test: {code} · context budget **{budget:,} characters** (`answer_context_chars`) · "
@@ -109,12 +119,34 @@ def report(
         "",
         replay_table(stats, args.leak_check),
     ]
+    if not args.leak_check:
+        parts += ["", target_line(rows)]
     if args.leak_check:
         parts += [
             "",
-            f"Leaks (entries of B's chat offered to, found by or listed to A): **{leaks}** (must be 0).",
+            f"Leaks (entries of B's chat — or unknown to both lists — offered to A for a question, found by A's "
+            f"`search`, listed to A, or named or quoted in a rewrite or confide request of A's chat during the "
+            f"replay): **{leaks}** (must be 0).",
         ]
     return "\n".join(parts)
+
+
+def target_line(rows: list[QuestionRow]) -> str:
+    """Whether the issue's target — candidate recall ≥ 90 % on every conversation — is met, and
+    how many conversations the data's ceiling leaves it reachable on."""
+    names = list(dict.fromkeys(r.conversation for r in rows))
+
+    def share(flags: list[bool]) -> float:
+        return sum(flags) / len(flags) if flags else 0.0
+
+    met = [n for n in names if share([r.candidate_hit for r in rows if r.conversation == n]) >= TARGET]
+    reachable = [n for n in names if share([r.ceiling_hit for r in rows if r.conversation == n]) >= TARGET]
+    verdict = "**met**" if len(met) == len(names) else "**not met**"
+    return (
+        f"Target: candidate recall ≥ {TARGET:.0%} on every conversation — {verdict}: {len(met)} of {len(names)} "
+        f"reach it. The ceiling (the questions some entry A may see rests on the evidence of) reaches it on "
+        f"{len(reachable)} of {len(names)}: no ranking can meet the target on the others with these observations."
+    )
 
 
 def write_section(out: Path, section: str, text: str) -> None:
@@ -171,11 +203,25 @@ async def evaluate(args: argparse.Namespace) -> int:
                 entries, visible = await replayer.entries(stage)
                 foreign = stage.foreign_chats()
                 s.entries = len(entries)
-                s.foreign_entries = sum(1 for e in entries.values() if e.chat in foreign)
-                s.foreign_listed = sum(1 for i in visible[stage.asker] if entries[i].chat in foreign)
+                s.foreign_entries = sum(1 for e in entries.values() if e.foreign(foreign))
+                s.foreign_listed = sum(1 for i in visible[stage.asker] if entries[i].foreign(foreign))
+                s.replay_requests = len(stage.replay_requests)
+                if mode == "leak-check" and not s.replay_requests:
+                    raise ReplayError(f"{conv.name}: no rewrite or confide request of A's chat to check")
+                s.foreign_replayed = len(
+                    mentioned(
+                        stage.replay_requests,
+                        {i: e.content for i, e in entries.items() if e.foreign(foreign)},
+                    )
+                )
                 t = time.perf_counter()
                 asked = await replayer.ask(stage, conv.asked(args.questions))
                 s.question_seconds = time.perf_counter() - t
+                over = [a.question.index for a in asked if sum(len(o.text) for o in a.offered) > budget]
+                if over:
+                    raise ReplayError(
+                        f"{conv.name}: questions {over[:5]} were offered more than {budget:,} characters"
+                    )
                 stats[conv.name] = s
                 mine = [
                     score(
@@ -231,7 +277,9 @@ async def evaluate(args: argparse.Namespace) -> int:
     )
     print(text)
     log(f"results in {args.out}, rows in {json_path}")
-    leaks = sum(len(r.leaks) for r in rows) + sum(s.foreign_listed for s in stats.values())
+    leaks = sum(len(r.leaks) for r in rows) + sum(
+        s.foreign_listed + s.foreign_replayed for s in stats.values()
+    )
     if leaks:
         log(f"LEAK: {leaks} entries of another person's chat reached A")
         return 1

@@ -21,6 +21,7 @@ from eval.dataset import Conversation, DialogTurn, Observation, Question, Sessio
 from eval.scoring import Learned
 from eval.scripted import MODEL, Expected, Offer, Plan, ScriptedModel, plan
 from tests.client import Api
+from tests.model_server import Recorded
 
 ORG_PREFIX: Final = "botmemory-eval-"
 CONFESSION: Final = "I listened and answered as well as I could."
@@ -39,6 +40,10 @@ LOG: Final = "query($b: ID!) { memoryLog(botId: $b, limit: 50) { version changes
 SEARCH: Final = (
     "query($b: ID!, $q: String!, $l: Int) { search(botId: $b, query: $q, limit: $l) { score entry { id } } }"
 )
+
+
+SEARCH_LIMIT: Final = 10
+SEARCH_LIMIT_LEAK_CHECK: Final = 100
 
 
 class ReplayError(RuntimeError):
@@ -67,6 +72,9 @@ class Stage:
     tokens: dict[str, str]  # speaker → person token
     platform: str
     chats: dict[str, ChatRecord]  # "group" or a speaker's name → chat; "questions" → A's questions
+    #: leak-check: every rewrite and confide request the asker's chat caused during the replay
+    #: (what memory reached A's chat while B's entries were being written).
+    replay_requests: list[Recorded] = field(default_factory=list[Recorded])
 
     @property
     def asker(self) -> str:
@@ -88,6 +96,8 @@ class ReplayStats:
     entries: int = 0
     foreign_entries: int = 0  # learned from a chat the asker is not in (leak-check: B's)
     foreign_listed: int = 0  # of those, listed to the asker by GET memory (must be 0)
+    foreign_replayed: int = 0  # of those, in a rewrite or confide request of A's chat (must be 0)
+    replay_requests: int = 0  # the rewrite and confide requests of A's chat checked for them
     replay_seconds: float = 0.0
     learn_wait_seconds: float = 0.0
     question_seconds: float = 0.0
@@ -177,6 +187,7 @@ class Replayer:
         api = self.api
         version = await self._version(stage, chat.reader)
         first = chat.count
+        mark = self.model.mark()
         answers = 0
         for n, turn in enumerate(turns):
             data = await api.gql(START_TURN, {"c": chat.id, "t": turn.text}, stage.tokens[turn.speaker])
@@ -189,6 +200,10 @@ class Replayer:
                 answers = self.model.learn_answers()
                 await api.gql(CONFIDE, {"t": turn_id, "x": CONFESSION}, stage.platform)
             await api.gql(COMPLETE, {"t": turn_id}, stage.platform)
+        if stage.mode == "leak-check" and chat.reader == stage.asker:
+            # Each pass runs alone (the other chat's learning is waited for), so the rewrites and
+            # the confide since the mark are this chat's; summaries are written in the background.
+            stage.replay_requests += self.model.requests(mark, ("rewrite", "confide"))
         new = [f"i-{k}" for k in range(first + 1, chat.count + 1)]
         await self._verify(stage, chat, new)
         expected = plan(session.observations, {chat.items[i].dia_id: i for i in new})
@@ -266,8 +281,13 @@ class Replayer:
                     for s in sources
                     if s.get("chat") in by_chat and s.get("item") in by_chat[str(s["chat"])].items
                 }
-                chat = next(iter(chats)) if len(chats) == 1 else ",".join(sorted(chats))
-                learned[str(e["id"])] = Learned(str(e["id"]), str(e["content"]), chat, frozenset(evidence))
+                learned[str(e["id"])] = Learned(
+                    str(e["id"]),
+                    str(e["content"]),
+                    frozenset(chats),
+                    frozenset(evidence),
+                    e.get("status") == "active",
+                )
                 visible[name].add(str(e["id"]))
         return learned, visible
 
@@ -288,9 +308,12 @@ class Replayer:
         return asked
 
     async def _search(self, stage: Stage, text: str) -> tuple[str, ...] | None:
+        """``search`` as A: 10 hits, or in leak-check the API's most (100), so that more of what A
+        could find is checked (recall@5 and @10 read its first ten)."""
         if self.search_error is not None:
             return None
-        body = await self.api.raw(SEARCH, {"b": stage.bot, "q": text, "l": 10}, stage.tokens[stage.asker])
+        limit = SEARCH_LIMIT_LEAK_CHECK if stage.mode == "leak-check" else SEARCH_LIMIT
+        body = await self.api.raw(SEARCH, {"b": stage.bot, "q": text, "l": limit}, stage.tokens[stage.asker])
         errors: list[dict[str, Any]] = body.get("errors") or []
         if errors:
             first = errors[0]

@@ -21,8 +21,13 @@ class Learned:
 
     id: str
     content: str
-    chat: str  # the chat of its source Items
+    chats: frozenset[str]  # the chats of its source Items
     evidence: frozenset[str]  # dia ids
+    active: bool  # status "active" (the ceiling counts only these)
+
+    def foreign(self, foreign_chats: frozenset[str]) -> bool:
+        """Whether it rests on an Item of a chat the asker is not in (any one is enough)."""
+        return bool(self.chats & foreign_chats)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,10 +67,13 @@ def score(
     visible: Iterable[str],
     foreign_chats: frozenset[str],
 ) -> QuestionRow:
-    """One question's row; ``visible`` = the entries the asker may see (the ceiling's pool)."""
+    """One question's row; ``visible`` = the entries the asker may see (the ceiling's pool: the
+    active ones). A leak is an offered or found entry of a chat the asker is not in — or one the
+    asker's and the other person's lists both lack, which the harness cannot vouch for."""
     evidence = frozenset(question.evidence)
     ids = tuple(o.id for o in offered)
-    leaks = [i for i in (*ids, *(search or ())) if i in entries and entries[i].chat in foreign_chats]
+    leaks = [i for i in (*ids, *(search or ())) if i not in entries or entries[i].foreign(foreign_chats)]
+    pool = [i for i in visible if i in entries and entries[i].active]
     return QuestionRow(
         conversation,
         mode,
@@ -77,7 +85,7 @@ def score(
         ids,
         sum(len(o.text) for o in offered),
         _rests_on(ids, entries, evidence),
-        _rests_on(visible, entries, evidence),
+        _rests_on(pool, entries, evidence),
         None if search is None else tuple(search),
         None if search is None else _rests_on(search[:5], entries, evidence),
         None if search is None else _rests_on(search[:10], entries, evidence),

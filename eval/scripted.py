@@ -147,15 +147,19 @@ class ScriptedModel:
             self.mismatches += problems
         return reply
 
+    def requests(self, since: int, tasks: Iterable[str]) -> list[Recorded]:
+        """The requests of ``tasks`` received after the mark ``since``."""
+        wanted = set(tasks)
+        return [r for r in self.server.requests[since:] if r.task in wanted]
+
     def offered(self, since: int, message: str) -> tuple[Offer, ...]:
         """The entries offered by the rewrite request for ``message`` received after ``since`` (the
-        last such request; none when the API made none, i.e. nothing visible fit)."""
+        last such request; none when the API made none, i.e. nothing visible fit). A rewrite
+        request of another shape fails the run: its offers could not be read exactly."""
         found: tuple[Offer, ...] = ()
-        for r in self.server.requests[since:]:
-            if r.task != "rewrite":
-                continue
+        for r in self.requests(since, ("rewrite",)):
             text, offers = _notes(r)
-            if text in (message, None):
+            if text == message:
                 found = offers
         return found
 
@@ -176,19 +180,52 @@ def _new_items(recorded: Recorded) -> list[dict[str, Any]]:
     return [cast(dict[str, Any], i) for i in cast(list[Any], raw or []) if isinstance(i, dict)]
 
 
-def _notes(recorded: Recorded) -> tuple[str | None, tuple[Offer, ...]]:
-    """The message and the notes of a rewrite request; ids found anywhere when its shape changed."""
-    content = _user(recorded)
+def _notes(recorded: Recorded) -> tuple[str, tuple[Offer, ...]]:
+    """The message and the notes of a rewrite request (``ValueError`` when its shape changed)."""
     try:
-        body = json.loads(content)
+        body = json.loads(_user(recorded))
     except ValueError:
         body = None
     if isinstance(body, dict):
         body = cast(dict[str, Any], body)
-        notes = body.get("notes")
-        if isinstance(notes, list):
+        notes, message = body.get("notes"), body.get("message")
+        if isinstance(notes, list) and isinstance(message, str):
             raw = [cast(dict[str, Any], n) for n in cast(list[Any], notes) if isinstance(n, dict)]
-            offers = tuple(Offer(str(n.get("id")), str(n.get("text", ""))) for n in raw)
-            message = body.get("message")
-            return (message if isinstance(message, str) else None), offers
-    return None, tuple(Offer(i, "") for i in dict.fromkeys(_ENTRY_ID.findall(content)))
+            return message, tuple(Offer(str(n.get("id")), str(n.get("text", ""))) for n in raw)
+    raise ValueError("a rewrite request without the message and notes the harness reads: see eval.scripted")
+
+
+def mentioned(requests: Iterable[Recorded], contents: Mapping[str, str]) -> set[str]:
+    """The ids of ``contents`` (entry id → its text) that any of ``requests`` names by id or holds
+    the text of."""
+    found: set[str] = set()
+    for recorded in requests:
+        texts = texts_of(recorded)
+        ids = {i for t in texts for i in _ENTRY_ID.findall(t)}
+        found |= {i for i, content in contents.items() if i in ids or any(content in t for t in texts)}
+    return found
+
+
+def texts_of(recorded: Recorded) -> list[str]:
+    """Every string a request holds: each message's content and, where that content is JSON, every
+    string inside it (a rewrite's notes), unescaped — what a leak check looks for words in."""
+    found: list[str] = []
+
+    def walk(value: object) -> None:
+        if isinstance(value, str):
+            found.append(value)
+            try:
+                inner = json.loads(value)
+            except ValueError:
+                return
+            if not isinstance(inner, str):
+                walk(inner)
+        elif isinstance(value, dict):
+            for v in cast(dict[str, Any], value).values():
+                walk(v)
+        elif isinstance(value, list):
+            for v in cast(list[Any], value):
+                walk(v)
+
+    walk(recorded.body.get("messages"))
+    return found
