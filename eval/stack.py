@@ -93,15 +93,18 @@ def export(rev: str) -> tuple[Path, str]:
 
 
 def service_env(settings: Settings, model: ModelServer, budget: int | None) -> dict[str, str]:
-    """The API's and the worker's environment: the scripted model, no sweeper (it would act on
-    every execution in Neo4j, a test suite's included), and the data dir as an absolute path (the
-    processes may run in an exported tree)."""
+    """The API's and the worker's environment: the scripted model, no sweeper and no backfill
+    (both would act on every Bot in Neo4j, a test suite's included: the backfill gave a running
+    suite's Bots the keywords its tests had just taken away; the replay's entries get theirs,
+    and their vectors, as they are written), and the data dir as an absolute path (the processes
+    may run in an exported tree)."""
     env = {
         "BOTMEMORY_DATA_DIR": str(settings.data_dir.resolve()),
         "OPENAI_BASE_URL": model.base_url,
         "OPENAI_API_KEY": "sk-eval",
         "BOTMEMORY_REDIS_URL": settings.redis_url,
         "BOTMEMORY_SWEEP_INTERVAL_SECONDS": "86400",
+        "BOTMEMORY_BACKFILL": "false",
     }
     if budget is not None:
         env["BOTMEMORY_ANSWER_CONTEXT_CHARS"] = str(budget)

@@ -50,11 +50,11 @@ async def progress(rt: Runtime, bot_id: str, model: str) -> Progress:
 async def bots_to_backfill(rt: Runtime, embedder: Embedder | None) -> list[str]:
     """Bots with entries lacking keywords (of the current tokenisation) or a vector of this
     embedder, as their Memory nodes record it (``graph.backfill.BOTS_DUE``: the entries are not
-    read)."""
+    read), in id order (the lanes go through them in it)."""
     model = embedder.id if embedder is not None else None
     due = await read(rt.driver, lambda tx: backfill_q.bots_due(tx, model=model, scheme=SCHEME))
     metrics.BACKFILL_DUE_BOTS.set(len(due))
-    return due
+    return sorted(due)
 
 
 async def run(

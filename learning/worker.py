@@ -113,20 +113,53 @@ async def backfill_bot(ctx: dict[str, Any], bot_id: str, part: int) -> None:
 
 
 async def _hand_on_lane(runtime: Runtime, gateway: Gateway, bot_id: str) -> None:
-    """The lane of ``bot_id``'s backfill, which ends, goes to the next Bot due."""
+    """The lane of ``bot_id``'s backfill, which ends, goes to the next Bot due after it in id
+    order (the sweep starts from the first): the lanes go through the due Bots once a sweep, so a
+    Bot that fails every time is tried once a sweep. Handed to the first due again, two such
+    Bots handed the lane to each other without end, and the queue filled with their jobs."""
     with contextlib.suppress(Exception):  # the next sweep starts it otherwise
         due = await backfill.bots_to_backfill(runtime, gateway.embedder)
-        await jobs.start_backfills(runtime, due, finishing=bot_id)
+        await jobs.start_backfills(runtime, [b for b in due if b > bot_id], finishing=bot_id)
+
+
+async def backfill_keywords(ctx: dict[str, Any], part: int) -> None:
+    """``keywords:<part>``: the keywords of every Bot due for them, one Bot after another, for a
+    bounded time; queues the next part while Bots are left (one pass at a time, so the queue
+    never fills with them). Keywords need no model and take a moment a Bot, so every Bot is
+    keyword-searchable soon after an upgrade: in the lanes alone, a Bot's keywords waited behind
+    the vectors of every Bot before it (hours for most, after a store's first upgrade, their
+    ``search`` empty meanwhile). A Bot that fails is passed by (the next sweep tries again).
+    Never raises."""
+    runtime: Runtime = ctx["runtime"]
+    began = time.monotonic()
+    try:
+        due = await backfill.bots_to_backfill(runtime, None)
+    except Exception as exc:  # the next sweep tries again
+        log.warning("keyword pass failed: %s", type(exc).__name__)
+        return
+    for n, bot_id in enumerate(due):
+        left = BACKFILL_SECONDS - (time.monotonic() - began)
+        try:
+            if left <= 0 or not await backfill.run(runtime, bot_id, None, seconds=left):
+                log.info("keyword pass part %s: %s of %s Bots, continues", part, n, len(due))
+                await jobs.start_keyword_pass(runtime, part=part + 1)
+                return
+        except Exception as exc:
+            log.warning("keywords of %s failed: %s", bot_id, type(exc).__name__)
+    log.info("keyword pass part %s: done (%s Bots)", part, len(due))
 
 
 async def backfill_sweep(ctx: dict[str, Any]) -> None:
-    """Start backfills of the Bots whose entries lack keywords or a vector of this embedder, a few
-    at a time (the ``backfill_lanes`` setting: each finished Bot hands its lane to the next)."""
+    """Start the keyword pass when a Bot is due for keywords, and backfills of the Bots whose
+    entries lack keywords or a vector of this embedder, a few at a time (the ``backfill_lanes``
+    setting: each finished Bot hands its lane to the next)."""
     runtime: Runtime = ctx["runtime"]
     gateway: Gateway = ctx["gateway"]
     if not runtime.settings.backfill:
         return
     try:
+        if gateway.embedder is not None and await backfill.bots_to_backfill(runtime, None):
+            await jobs.start_keyword_pass(runtime)
         await jobs.start_backfills(runtime, await backfill.bots_to_backfill(runtime, gateway.embedder))
     except Exception as exc:  # the next sweep retries
         log.warning("backfill sweep failed: %s", type(exc).__name__)
@@ -158,6 +191,7 @@ class WorkerSettings:
         func(run_execution, name=jobs.RUN_EXECUTION),
         func(summarize_chat, name=jobs.SUMMARIZE_CHAT),
         func(backfill_bot, name=jobs.BACKFILL_BOT),
+        func(backfill_keywords, name=jobs.BACKFILL_KEYWORDS),
     ]
     cron_jobs: ClassVar[list[Any]] = [
         cron(heartbeat, second={0, 30}, run_at_startup=False),

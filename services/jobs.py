@@ -25,6 +25,7 @@ log = logging.getLogger("botmemory.queue")
 RUN_EXECUTION = "run_execution"
 SUMMARIZE_CHAT = "summarize_chat"
 BACKFILL_BOT = "backfill_bot"
+BACKFILL_KEYWORDS = "backfill_keywords"
 
 
 def serialize(job: dict[str, Any]) -> bytes:
@@ -53,14 +54,33 @@ async def enqueue_executions(rt: Runtime, queued: list[Queued]) -> None:
             log.warning("enqueue of %s failed (%s); the sweeper retries", execution["id"], type(exc).__name__)
 
 
-async def backfills_in_flight(rt: Runtime) -> set[str]:
-    """The Bots with a backfill part queued or running (arq's job and in-progress keys)."""
-    bots: set[str] = set()
+async def _in_flight(rt: Runtime, kind: str) -> list[str]:
+    """The ids (after ``<kind>:``) of the jobs of ``kind`` queued or running (arq's job and
+    in-progress keys)."""
+    found: list[str] = []
     for prefix in (job_key_prefix, in_progress_key_prefix):
-        keys = cast(AsyncIterator[bytes], rt.redis.scan_iter(match=f"{prefix}backfill:*", count=1000))  # pyright: ignore[reportUnknownMemberType]
+        keys = cast(AsyncIterator[bytes], rt.redis.scan_iter(match=f"{prefix}{kind}:*", count=1000))  # pyright: ignore[reportUnknownMemberType]
         async for key in keys:
-            bots.add(key.decode().removeprefix(prefix).split(":")[1])
-    return bots
+            found.append(key.decode().removeprefix(prefix).removeprefix(f"{kind}:"))
+    return found
+
+
+async def backfills_in_flight(rt: Runtime) -> set[str]:
+    """The Bots with a backfill part queued or running."""
+    return {rest.split(":")[0] for rest in await _in_flight(rt, "backfill")}
+
+
+async def start_keyword_pass(rt: Runtime, *, part: int = 0) -> bool:
+    """Queue ``keywords:<part>``, the keyword pass over every Bot due for keywords (design §10),
+    unless part 0 finds one in flight (a pass queues its own next part). True when queued."""
+    try:
+        if part == 0 and await _in_flight(rt, "keywords"):
+            return False
+        await rt.redis.enqueue_job(BACKFILL_KEYWORDS, part, _job_id=f"keywords:{part}")
+    except RedisError as exc:
+        log.warning("enqueue of the keyword pass failed (%s); the next sweep retries", type(exc).__name__)
+        return False
+    return True
 
 
 async def start_backfills(rt: Runtime, due: list[str], *, finishing: str | None = None) -> int:

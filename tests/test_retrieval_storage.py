@@ -15,7 +15,7 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import SimpleNamespace
 from typing import Any
@@ -361,33 +361,61 @@ async def test_a_write_with_another_embedders_vector_after_a_backfill_makes_the_
         await minilm.aclose()
 
 
-async def test_a_backfill_that_fails_hands_its_lane_on(
+async def _two_bots_with_a_note(api: Api, runtime: Runtime) -> list[str]:
+    """Two new Bots (in id order), each with one pinned entry written without an embedder."""
+    worlds = [await make_world(api, ("ann",)) for _ in range(2)]
+    for w in worlds:
+        note = Remember(content="Ann keeps bees", person_id=w.people["ann"], org=w.org)
+        await apply_changes(runtime, w.bot, [note], "person")
+    return sorted(w.bot for w in worlds)
+
+
+def _due_among(bots: list[str]) -> Callable[[Runtime, Any], Awaitable[list[str]]]:
+    """``backfill.bots_to_backfill`` limited to ``bots`` (the test store holds every test's Bots)."""
+    every = backfill.bots_to_backfill
+
+    async def due(rt: Runtime, embedder: Any) -> list[str]:
+        return [b for b in await every(rt, embedder) if b in bots]
+
+    return due
+
+
+async def test_a_backfill_that_fails_hands_its_lane_on_to_the_bots_after_it(
     api: Api, runtime: Runtime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A Bot whose backfill fails every time (here an entry whose content cannot be decrypted)
-    comes first in every sweep's order: it kept its lane, and with one lane the Bots after it
-    were never backfilled. Its job now hands the lane on, as a finished one does."""
-    w = await make_world(api, ("ann",))
-    await apply_changes(
-        runtime, w.bot, [Remember(content="Ann keeps bees", person_id=w.people["ann"], org=w.org)], "person"
-    )
+    kept its lane: with one lane the Bots after it were never backfilled. Its job now hands the
+    lane on, as a finished one does — to the due Bots after it in id order, so that two such
+    Bots never hand it to each other without end (they did, when the lane went to the first Bot
+    due: the queue filled with their jobs and learning waited behind them)."""
+    failing = await _two_bots_with_a_note(api, runtime)
     await runtime.driver.execute_query(
-        "MATCH (e:Entry {botId: $b}) SET e.content = $garbage REMOVE e.kwBlind",
-        b=w.bot,
+        "MATCH (e:Entry) WHERE e.botId IN $bots SET e.content = $garbage REMOVE e.kwBlind",
+        bots=failing,
         garbage=base64.b64encode(bytes(64)).decode(),
     )
-    handed: list[str | None] = []
+    due = _due_among(failing)
+    handed: list[tuple[str | None, list[str]]] = []
 
-    async def start_backfills(rt: Runtime, due: list[str], *, finishing: str | None = None) -> int:
-        handed.append(finishing)
+    async def start_backfills(rt: Runtime, found: list[str], *, finishing: str | None = None) -> int:
+        handed.append((finishing, found))
         return 0
 
+    monkeypatch.setattr(backfill, "bots_to_backfill", due)
     monkeypatch.setattr(jobs, "start_backfills", start_backfills)
     ctx: dict[str, Any] = {"runtime": runtime, "gateway": SimpleNamespace(embedder=None)}
-    with pytest.raises(DecryptionError):  # the premise: this Bot's run fails, every time
-        await backfill.run(runtime, w.bot, None)
-    await worker.backfill_bot(ctx, w.bot, 0)
-    assert handed == [w.bot]
+    try:
+        assert await due(runtime, None) == failing
+        for bot in failing:
+            with pytest.raises(DecryptionError):  # the premise: this Bot's run fails, every time
+                await backfill.run(runtime, bot, None)
+            await worker.backfill_bot(ctx, bot, 0)
+        first, second = failing
+        assert handed == [(first, [second]), (second, [])]
+    finally:  # no undecryptable entry is left for the suite's worker to sweep
+        await runtime.driver.execute_query(
+            "MATCH (e:Entry) WHERE e.botId IN $bots DETACH DELETE e", bots=failing
+        )
 
 
 def _down_embedder_env() -> dict[str, str]:
@@ -718,3 +746,55 @@ async def test_a_text_the_embedder_refuses_costs_only_its_own_vector(
         with pytest.raises(EmbedderUnavailable) as failed:
             await embed_each(endpoint, ["POISON one", "POISON two"])
         assert failed.value.code == "refused"
+
+
+async def test_the_keyword_pass_gives_every_due_bot_its_keywords_without_waiting_for_a_lane(
+    api: Api, runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a store's first upgrade every Bot is due. In the lanes alone a Bot's keywords waited
+    behind the vectors of every Bot before it, its ``search`` empty meanwhile. A sweep with an
+    embedder now also queues one keyword pass, which gives every Bot due for keywords its
+    keywords, one after another, calling no model, and queues its next part when its time runs
+    out."""
+    bots = await _two_bots_with_a_note(api, runtime)
+    await runtime.driver.execute_query(
+        "MATCH (e:Entry) WHERE e.botId IN $bots REMOVE e.kwBlind WITH DISTINCT e.botId AS b "
+        "MATCH (m:Memory {id: b}) SET m.kwDue = true",
+        bots=bots,
+    )
+    due = _due_among(bots)
+
+    passes: list[int] = []
+    lanes: list[list[str]] = []
+
+    async def start_keyword_pass(rt: Runtime, *, part: int = 0) -> bool:
+        passes.append(part)
+        return True
+
+    async def start_backfills(rt: Runtime, found: list[str], *, finishing: str | None = None) -> int:
+        lanes.append(sorted(found))
+        return 0
+
+    monkeypatch.setattr(backfill, "bots_to_backfill", due)
+    monkeypatch.setattr(jobs, "start_keyword_pass", start_keyword_pass)
+    monkeypatch.setattr(jobs, "start_backfills", start_backfills)
+    minilm = LocalMiniLM()
+    ctx: dict[str, Any] = {"runtime": runtime, "gateway": SimpleNamespace(embedder=minilm)}
+    try:
+        await worker.backfill_sweep(ctx)
+        assert (passes, lanes) == ([0], [sorted(bots)])  # the pass, and the lanes for the vectors
+        monkeypatch.setattr(worker, "BACKFILL_SECONDS", -1.0)  # its time is up at once
+        await worker.backfill_keywords(ctx, 0)
+        assert passes == [0, 1]  # the next part is queued
+        monkeypatch.setattr(worker, "BACKFILL_SECONDS", 60.0)
+        await worker.backfill_keywords(ctx, 1)
+        assert passes == [0, 1]  # done: no further part
+        held = await runtime.driver.execute_query(
+            "MATCH (e:Entry) WHERE e.botId IN $bots RETURN e.botId AS b, e.kwBlind IS NOT NULL AS k, e.vec AS v",
+            bots=bots,
+        )
+        assert sorted((r["b"], r["k"], r["v"]) for r in held.records) == sorted((b, True, None) for b in bots)
+        assert await due(runtime, None) == []  # no Bot due for keywords; the vectors are the lanes' work
+        assert sorted(await due(runtime, minilm)) == sorted(bots)
+    finally:
+        await minilm.aclose()
