@@ -143,7 +143,7 @@ def target_line(rows: list[QuestionRow]) -> str:
     reachable = [n for n in names if share([r.ceiling_hit for r in rows if r.conversation == n]) >= TARGET]
     verdict = "**met**" if len(met) == len(names) else "**not met**"
     return (
-        f"Target: candidate recall ≥ {TARGET:.0%} on every conversation — {verdict}: {len(met)} of {len(names)} "
+        f"Target: candidate recall ≥ {100 * TARGET:.0f} % on every conversation — {verdict}: {len(met)} of {len(names)} "
         f"reach it. The ceiling (the questions some entry A may see rests on the evidence of) reaches it on "
         f"{len(reachable)} of {len(names)}: no ranking can meet the target on the others with these observations."
     )
