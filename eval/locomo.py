@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -315,6 +316,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # A SIGTERM (make interrupted, a kill) stops the run as Ctrl-C does: the harness's API and
+    # worker are stopped and its organizations deleted on the way out (they were left running).
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     return asyncio.run(evaluate(parse(argv)))
 
 

@@ -47,13 +47,15 @@ async def progress(rt: Runtime, bot_id: str, model: str) -> Progress:
     return Progress(found["total"], found["embedded"], found["keyworded"])
 
 
-async def bots_to_backfill(rt: Runtime, embedder: Embedder | None) -> list[str]:
+async def bots_to_backfill(rt: Runtime, embedder: Embedder | None, *, gauge: bool = True) -> list[str]:
     """Bots with entries lacking keywords (of the current tokenisation) or a vector of this
     embedder, as their Memory nodes record it (``graph.backfill.BOTS_DUE``: the entries are not
-    read), in id order (the lanes go through them in it)."""
+    read), in id order (the lanes go through them in it). ``gauge``: set
+    ``botmemory_backfill_due_bots`` to their count (not for the keyword pass's own list)."""
     model = embedder.id if embedder is not None else None
     due = await read(rt.driver, lambda tx: backfill_q.bots_due(tx, model=model, scheme=SCHEME))
-    metrics.BACKFILL_DUE_BOTS.set(len(due))
+    if gauge:
+        metrics.BACKFILL_DUE_BOTS.set(len(due))
     return sorted(due)
 
 

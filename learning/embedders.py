@@ -168,7 +168,7 @@ class OpenAIEmbedder:
 
     async def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
         """L2-normalised vectors of ``texts``, ``embedding_batch`` texts per request. Raises
-        EmbedderUnavailable (timeout, provider_error, malformed)."""
+        EmbedderUnavailable (timeout, provider_error, malformed, refused: a 400/413/422)."""
         if not texts:
             return np.zeros((0, self._dims), dtype=np.float32)
         parts = [await self._request(texts[i : i + self._batch]) for i in range(0, len(texts), self._batch)]

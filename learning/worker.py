@@ -133,7 +133,7 @@ async def backfill_keywords(ctx: dict[str, Any], part: int) -> None:
     runtime: Runtime = ctx["runtime"]
     began = time.monotonic()
     try:
-        due = await backfill.bots_to_backfill(runtime, None)
+        due = await backfill.bots_to_backfill(runtime, None, gauge=False)
     except Exception as exc:  # the next sweep tries again
         log.warning("keyword pass failed: %s", type(exc).__name__)
         return
@@ -158,7 +158,7 @@ async def backfill_sweep(ctx: dict[str, Any]) -> None:
     if not runtime.settings.backfill:
         return
     try:
-        if gateway.embedder is not None and await backfill.bots_to_backfill(runtime, None):
+        if gateway.embedder is not None and await backfill.bots_to_backfill(runtime, None, gauge=False):
             await jobs.start_keyword_pass(runtime)
         await jobs.start_backfills(runtime, await backfill.bots_to_backfill(runtime, gateway.embedder))
     except Exception as exc:  # the next sweep retries

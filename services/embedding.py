@@ -26,6 +26,8 @@ _SCALE_BYTES: Final = 4
 _QMAX: Final = 127.0
 #: The code of a request the embeddings endpoint answered as invalid.
 REFUSED: Final = "refused"
+#: What tells a refused text from an endpoint that refuses every request (``embed_each``).
+PROBE: Final = "ok"
 
 
 class EmbedderUnavailable(Exception):
@@ -69,21 +71,26 @@ async def embed_within(embedder: Embedder, texts: Sequence[str], seconds: float)
 async def embed_each(
     embedder: Embedder, texts: Sequence[str], seconds: float | None = None
 ) -> list[npt.NDArray[np.float32] | None]:
-    """A vector for each text, or None for a text the embedder refuses alone: a batch refused
+    """A vector for each text, or None for a text the embedder refuses: a request refused
     (``refused``: an endpoint answering 400/413/422, as self-hosted ones do for a text over their
-    model's limit) is halved until the refused texts stand alone, so one text no longer costs a
-    whole change or backfill batch its vectors (the backfill stopped at it for good). When every
-    text of several is refused, the endpoint refuses the request itself (a wrong model or size):
-    that raises ``refused`` as any other failure raises its code. ``seconds`` bounds it all."""
+    model's limit) is first told apart from an endpoint that refuses every request (a wrong model
+    or size) by one request of a short fixed text (``PROBE``); that refused too, it raises
+    ``refused`` as any other failure raises its code. Otherwise the batch is halved until the
+    refused texts stand alone, so one text no longer costs a whole change or backfill batch its
+    vectors (the backfill stopped at it for good). ``seconds`` bounds it all."""
     refused = 0
+    probed = False
 
     async def part(chunk: Sequence[str]) -> list[npt.NDArray[np.float32] | None]:
-        nonlocal refused
+        nonlocal refused, probed
         try:
             return list(await embedder.embed(chunk))
         except EmbedderUnavailable as exc:
             if exc.code != REFUSED:
                 raise
+            if not probed:
+                await embedder.embed([PROBE])  # refused too: the endpoint's fault, not a text's
+                probed = True
             if len(chunk) == 1:
                 refused += 1
                 return [None]
@@ -95,8 +102,6 @@ async def embed_each(
             vectors = await part(list(texts))
     except TimeoutError:
         raise EmbedderUnavailable("timeout") from None
-    if refused == len(vectors) > 1:
-        raise EmbedderUnavailable(REFUSED)
     metrics.EMBEDDINGS_REFUSED.inc(refused)
     return vectors
 

@@ -9,6 +9,7 @@ import base64
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import secrets
 import socket
@@ -374,8 +375,8 @@ def _due_among(bots: list[str]) -> Callable[[Runtime, Any], Awaitable[list[str]]
     """``backfill.bots_to_backfill`` limited to ``bots`` (the test store holds every test's Bots)."""
     every = backfill.bots_to_backfill
 
-    async def due(rt: Runtime, embedder: Any) -> list[str]:
-        return [b for b in await every(rt, embedder) if b in bots]
+    async def due(rt: Runtime, embedder: Any, *, gauge: bool = True) -> list[str]:
+        return [b for b in await every(rt, embedder, gauge=gauge) if b in bots]
 
     return due
 
@@ -696,11 +697,12 @@ async def test_backfills_take_a_few_lanes_so_learning_never_queues_behind_them(s
 
 class _Refusing(_Embeddings):
     """MiniLM's vectors, but a request holding a text with "POISON" in it is answered 400, as a
-    self-hosted endpoint answers a text over its model's limit."""
+    self-hosted endpoint answers a text over its model's limit; for the model "refuse-all", every
+    request (as for a model or size it does not serve)."""
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        if any("POISON" in t for t in body["input"]):
+        if body["model"] == "refuse-all" or any("POISON" in t for t in body["input"]):
             raw = json.dumps(
                 {"error": {"message": "input too long", "type": "invalid_request_error"}}
             ).encode()
@@ -711,6 +713,29 @@ class _Refusing(_Embeddings):
             self.wfile.write(raw)
             return
         self.answer(body)
+
+
+async def test_one_keyword_pass_runs_at_a_time(settings: Settings) -> None:
+    """A sweep queues the keyword pass (part 0) only while none is queued or running: a pass
+    queues its own next parts, and a second chain would go over the same Bots. (Redis database
+    9: no worker takes these jobs.)"""
+    base = settings.redis_url.rsplit("/", 1)[0]
+    async with open_runtime(settings.model_copy(update={"redis_url": f"{base}/9"})) as rt:
+        await rt.redis.flushdb()
+        try:
+            assert await jobs.start_keyword_pass(rt)
+            assert not await jobs.start_keyword_pass(rt)  # part 0 queued
+            await rt.redis.delete("arq:job:keywords:0")
+            await rt.redis.set("arq:in-progress:keywords:0", b"1")
+            assert not await jobs.start_keyword_pass(rt)  # running
+            assert await jobs.start_keyword_pass(rt, part=1)  # its own next part
+            await rt.redis.delete("arq:in-progress:keywords:0")
+            assert not await jobs.start_keyword_pass(rt)  # part 1 queued
+            await rt.redis.delete("arq:job:keywords:1")
+            assert await jobs.start_keyword_pass(rt)  # the chain ended
+            assert await jobs.backfills_in_flight(rt) == set()  # not a Bot's backfill
+        finally:
+            await rt.redis.flushdb()
 
 
 async def test_a_text_the_embedder_refuses_costs_only_its_own_vector(
@@ -743,9 +768,15 @@ async def test_a_text_the_embedder_refuses_costs_only_its_own_vector(
         assert w.bot not in await backfill.bots_to_backfill(runtime, endpoint)
         assert sum((await vectors()).values()) == 3
     async with _endpoint(settings, _Refusing, "refusing-model") as endpoint:
-        with pytest.raises(EmbedderUnavailable) as failed:
-            await embed_each(endpoint, ["POISON one", "POISON two"])
-        assert failed.value.code == "refused"
+        # Every text of a batch refused, the endpoint still answering: the texts' fault.
+        assert await embed_each(endpoint, ["POISON one", "POISON two"]) == [None, None]
+    async with _endpoint(settings, _Refusing, "refuse-all") as endpoint:
+        # An endpoint that refuses every request (a wrong model or size) is not a text's fault:
+        # the probe is refused too, and it fails as an endpoint that is down does.
+        for texts in (["one"], ["one", "two"]):
+            with pytest.raises(EmbedderUnavailable) as failed:
+                await embed_each(endpoint, texts)
+            assert failed.value.code == "refused"
 
 
 async def test_the_keyword_pass_gives_every_due_bot_its_keywords_without_waiting_for_a_lane(
@@ -786,7 +817,7 @@ async def test_the_keyword_pass_gives_every_due_bot_its_keywords_without_waiting
         monkeypatch.setattr(worker, "BACKFILL_SECONDS", -1.0)  # its time is up at once
         await worker.backfill_keywords(ctx, 0)
         assert passes == [0, 1]  # the next part is queued
-        monkeypatch.setattr(worker, "BACKFILL_SECONDS", 60.0)
+        monkeypatch.setattr(worker, "BACKFILL_SECONDS", math.inf)
         await worker.backfill_keywords(ctx, 1)
         assert passes == [0, 1]  # done: no further part
         held = await runtime.driver.execute_query(
