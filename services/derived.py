@@ -49,12 +49,9 @@ async def derive(
             log.warning("embedding failed (%s); the backfill embeds these entries later", exc.code)
     derived: dict[str, Derived] = {}
     for (entry_id, text), vector in zip(texts.items(), vectors, strict=True):
-        if vector is None or embedder is None:
-            derived[entry_id] = Derived(blind_text(cipher, text), None, None)
-        else:
-            derived[entry_id] = Derived(
-                blind_text(cipher, text), seal_vector(cipher, entry_id, vector), embedder.id
-            )
+        model = None if vector is None or embedder is None else embedder.id
+        sealed = None if model is None else seal_vector(cipher, entry_id, vector)
+        derived[entry_id] = Derived(blind_text(cipher, text), sealed, model)
     return derived
 
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import Sequence
-from typing import Final, Protocol
+from collections.abc import Awaitable, Sequence
+from typing import Final, Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -24,6 +24,8 @@ from services.kept import keep_newest
 _SCALE: Final = np.dtype("<f4")
 _SCALE_BYTES: Final = 4
 _QMAX: Final = 127.0
+T = TypeVar("T")
+
 #: The code of a request the embeddings endpoint answered as invalid.
 REFUSED: Final = "refused"
 #: What tells a refused text from an endpoint that refuses every request (``embed_each``).
@@ -61,9 +63,14 @@ class Embedder(Protocol):
 async def embed_within(embedder: Embedder, texts: Sequence[str], seconds: float) -> npt.NDArray[np.float32]:
     """``embedder.embed(texts)``, waited for ``seconds`` at most: an embeddings endpoint that hangs
     raises EmbedderUnavailable("timeout") then, as one that fails raises its own code."""
+    return await _within(seconds, embedder.embed(texts))
+
+
+async def _within(seconds: float | None, work: Awaitable[T]) -> T:
+    """``work``, waited for ``seconds`` at most (None: no bound): EmbedderUnavailable("timeout")."""
     try:
         async with asyncio.timeout(seconds):
-            return await embedder.embed(texts)
+            return await work
     except TimeoutError:
         raise EmbedderUnavailable("timeout") from None
 
@@ -97,11 +104,7 @@ async def embed_each(
             half = len(chunk) // 2
             return await part(chunk[:half]) + await part(chunk[half:])
 
-    try:
-        async with asyncio.timeout(seconds):
-            vectors = await part(list(texts))
-    except TimeoutError:
-        raise EmbedderUnavailable("timeout") from None
+    vectors = await _within(seconds, part(list(texts)))
     metrics.EMBEDDINGS_REFUSED.inc(refused)
     return vectors
 

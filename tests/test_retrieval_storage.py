@@ -493,15 +493,12 @@ class _Embeddings(BaseHTTPRequestHandler):
     def answer(self, body: dict[str, Any]) -> None:
         vectors = asyncio.run(self.embedder.embed(list(body["input"])))
         data = [{"object": "embedding", "index": i, "embedding": v.tolist()} for i, v in enumerate(vectors)]
-        raw = json.dumps(
-            {
-                "object": "list",
-                "model": body["model"],
-                "data": data,
-                "usage": {"prompt_tokens": 1, "total_tokens": 1},
-            }
-        ).encode()
-        self.send_response(200)
+        usage = {"prompt_tokens": 1, "total_tokens": 1}
+        self.send_json(200, {"object": "list", "model": body["model"], "data": data, "usage": usage})
+
+    def send_json(self, status: int, payload: dict[str, Any]) -> None:
+        raw = json.dumps(payload).encode()
+        self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(raw)))
         self.end_headers()
@@ -703,14 +700,7 @@ class _Refusing(_Embeddings):
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         if body["model"] == "refuse-all" or any("POISON" in t for t in body["input"]):
-            raw = json.dumps(
-                {"error": {"message": "input too long", "type": "invalid_request_error"}}
-            ).encode()
-            self.send_response(400)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(raw)))
-            self.end_headers()
-            self.wfile.write(raw)
+            self.send_json(400, {"error": {"message": "input too long", "type": "invalid_request_error"}})
             return
         self.answer(body)
 
