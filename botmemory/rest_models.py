@@ -56,6 +56,7 @@ class ItemOut(Out):
     app: str | None
     speaker_id: str | None
     created_at: int
+    said_at: int = Field(description="When it was said: the time the platform gave, else createdAt.")
 
 
 class MessagesPage(Out):

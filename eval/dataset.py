@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
 
@@ -50,6 +51,16 @@ class Session:
     date_time: str
     turns: tuple[DialogTurn, ...]
     observations: tuple[Observation, ...]
+
+    @property
+    def said_at(self) -> int | None:
+        """When the session took place, in epoch milliseconds (its ``date_time``, "1:56 pm on
+        8 May, 2023", read as UTC; None when it has none)."""
+        try:
+            when = datetime.strptime(self.date_time, "%I:%M %p on %d %B, %Y")
+        except ValueError:
+            return None
+        return int(when.replace(tzinfo=UTC).timestamp() * 1000)
 
 
 @dataclass(frozen=True, slots=True)

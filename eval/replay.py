@@ -32,7 +32,8 @@ POLL_SECONDS: Final = 0.02
 UPDATE_ORG: Final = (
     "mutation($o: ID!, $m: String) { updateOrganization(id: $o, botMemory: true, botMemoryModel: $m) { id } }"
 )
-START_TURN: Final = "mutation($c: ID!, $t: String!) { startTurn(chatId: $c, input: $t) { id sequence } }"
+#: A dialog turn, said when its session took place (the platform imports a history: D9.31).
+START_TURN: Final = "mutation($c: ID!, $t: String!, $s: Long) { startTurn(chatId: $c, input: $t, saidAt: $s) { id sequence } }"
 CONFIDE: Final = "mutation($t: ID!, $x: String!) { confide(turnId: $t, text: $x) { answer } }"
 COMPLETE: Final = "mutation($t: ID!) { completeTurn(turnId: $t) { id } }"
 MESSAGES: Final = "query($c: ID!, $l: Int!, $s: Int!) { chat(id: $c) { messages(limit: $l, skip: $s) { id turnId kind text } } }"
@@ -190,7 +191,11 @@ class Replayer:
         mark = self.model.mark()
         answers = 0
         for n, turn in enumerate(turns):
-            data = await api.gql(START_TURN, {"c": chat.id, "t": turn.text}, stage.tokens[turn.speaker])
+            # The session's time, a second apart turn by turn (None: the session has no date).
+            said_at = None if session.said_at is None else session.said_at + n * 1000
+            data = await api.gql(
+                START_TURN, {"c": chat.id, "t": turn.text, "s": said_at}, stage.tokens[turn.speaker]
+            )
             turn_id = str(data["startTurn"]["id"])
             chat.count += 1
             item = f"i-{chat.count}"

@@ -140,6 +140,8 @@ class ItemNode(TypedDict):
     app: NotRequired[str]
     speakerId: NotRequired[str]
     createdAt: int
+    #: Not on Items saved before Items were dated (their ``createdAt`` stands for it).
+    saidAt: NotRequired[int]
 
 
 class ChatPageRow(ChatForRow):
@@ -238,13 +240,14 @@ class AllocatedTurnRow(TypedDict):
 
 
 #: One Item ``item`` of the Turn ``t`` (a row of ``$items``: ``uid, id, seq, kind, text, textLength,
-#: app, speakerId``, the text already encrypted), in the Chat's organization ``o``. ``memoryOff``
+#: app, speakerId, saidAt``, the text already encrypted), in the Chat's organization ``o``.
+#: ``saidAt``: when it was said, as the platform gave it (history imported), else now. ``memoryOff``
 #: marks an Item said while the organization's memory Bot learns nothing (``botMemory`` off or no
 #: model, L5): it is never evidence, whatever the settings are when a later execution runs.
 _CREATE_ITEM: Final[LiteralString] = """
 CREATE (i:Item {uid: item.uid, id: item.id, chatId: t.chatId, turnId: t.id, seq: item.seq, kind: item.kind,
                 text: item.text, textLength: item.textLength, app: item.app, speakerId: item.speakerId,
-                createdAt: $now,
+                createdAt: $now, saidAt: coalesce(item.saidAt, $now),
                 memoryOff: CASE WHEN coalesce(o.botMemory, false) AND o.botMemoryModel IS NOT NULL
                            THEN null ELSE true END})-[:IN_TURN]->(t)
 """

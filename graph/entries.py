@@ -15,14 +15,16 @@ from graph.driver import rows, single
 from graph.topics import TOPICS_OF_E, link_topics, retag, topic_key
 
 #: The properties of a new Entry ``e`` in memory ``m``, from ``row`` and the bound ``tags``,
-#: ``orderKey``, ``sourceCount`` and ``legacy`` (shared by ADD_ENTRIES and CREATE_LEGACY); what is
+#: ``orderKey``, ``sourceCount``, ``legacy`` and ``saidAt`` (when its newest source was said, D9.31;
+#: null: now) (shared by ADD_ENTRIES and CREATE_LEGACY); what is
 #: derived from its content to find it (design §10) comes in the row, and an entry with keywords or
 #: a vector is stamped with the Memory's next derived-data sequence ``vecSeq`` (ADD_ENTRIES then
 #: counts it), so each process's index catches up.
 _NEW_ENTRY: Final[LiteralString] = (
     "(e:Entry {id: row.id, botId: $botId, layer: row.layer, content: row.content,\n"
     """  contentLength: row.contentLength, tags: tags, status: 'active', confidence: row.confidence,
-  createdAt: $now, updatedAt: $now, invalidatedAt: null, orderKey: orderKey, pinned: row.layer = 'pinned',
+  createdAt: $now, updatedAt: $now, saidAt: coalesce(saidAt, $now), invalidatedAt: null, orderKey: orderKey,
+  pinned: row.layer = 'pinned',
   sourceCount: sourceCount, author: row.author, excluded: [], legacy: legacy,
   kwBlind: row.kwBlind, kwScheme: row.kwScheme, vec: row.vec, vecModel: row.vecModel,
   vecSeq: CASE WHEN row.kwBlind IS NULL AND row.vec IS NULL THEN null ELSE coalesce(m.vecSeq, 0) + 1 END})-[:IN_MEMORY]->(m)
@@ -58,7 +60,7 @@ CREATE_LEGACY: Final[LiteralString] = (
     """
 MATCH (m:Memory {id: $botId})
 UNWIND $rows AS row
-WITH m, row, row.tags AS tags, row.orderKey AS orderKey, 1 AS sourceCount, true AS legacy
+WITH m, row, row.tags AS tags, row.orderKey AS orderKey, 1 AS sourceCount, true AS legacy, null AS saidAt
 CREATE """
     + _NEW_ENTRY
     + _LABEL_PREFERENCE
@@ -92,8 +94,9 @@ REFUSALS: Final = {
 #: (D9.16): people's messages, and App results only beside a message (L3). It gets ``from:``
 #: (``app:``), ``for:`` the Item's rule, ``org:``, ``chat:`` and ``channel:`` of each, and its
 #: Item edges keep the rule (V3). An observation rests on active entries with access proof
-#: (V5, V9) and carries their ``for:`` and provenance tags (V12). The rows are created in
-#: order, so an observation sees the entries of earlier rows.
+#: (V5, V9) and carries their ``for:`` and provenance tags (V12). Either is dated by its newest
+#: source (``saidAt``, D9.31); a pinned entry when it is written. The rows are created in order,
+#: so an observation sees the entries of earlier rows.
 ADD_ENTRIES: Final[LiteralString] = (
     """
 CALL (version) {
@@ -154,7 +157,10 @@ CALL (m, version, problem, checked) {
            ELSE row.tags
          END + row.topics AS tags
     WITH m, row, items, sources, orderKey, sourceCount, legacy,
-         reduce(acc = [], t IN tags | CASE WHEN t IN acc THEN acc ELSE acc + t END) AS tags
+         reduce(acc = [], t IN tags | CASE WHEN t IN acc THEN acc ELSE acc + t END) AS tags,
+         reduce(newest = null, said IN [i IN items | coalesce(i.item.saidAt, i.item.createdAt)]
+                                      + [s IN sources | coalesce(s.saidAt, s.createdAt)]
+                | CASE WHEN newest IS NULL OR said > newest THEN said ELSE newest END) AS saidAt
     CREATE """
     + _NEW_ENTRY
     + "    "

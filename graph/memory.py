@@ -47,7 +47,8 @@ SOURCES_OF_E: Final[LiteralString] = "CALL (e) {" + _ENTRY_SOURCES + "  RETURN s
 #: The API's view of an entry ``e``: fields, sources as ids, content as ciphertext.
 ENTRY_MAP: Final[LiteralString] = (
     "e {.id, .layer, .tags, .status, .confidence, .createdAt, .updatedAt, .invalidatedAt,\n"
-    """     .content, .contentLength, .orderKey, .memoryRank, sources: sources}"""
+    """     saidAt: coalesce(e.saidAt, e.createdAt), .content, .contentLength, .orderKey, .memoryRank,
+     sources: sources}"""
 )
 
 
@@ -63,6 +64,9 @@ class EntryMap(TypedDict):
     createdAt: int
     updatedAt: int
     invalidatedAt: int | None
+    #: When its newest source was said (D9.31; an entry written before entries were dated: when
+    #: it was created).
+    saidAt: int
     content: Ciphertext
     contentLength: int
     orderKey: int

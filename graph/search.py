@@ -23,14 +23,14 @@ from graph.memory import ENTRY_MAP, READ_LOCK, SOURCES_OF_E, TOP_RANK, EntryMap,
 
 #: What a process's index holds of the entries ``e`` stamped after ``$after`` (aggregated over
 #: them): each one's node id, its blind keywords ("" for none), its vector when ``$model`` made it
-#: ("" otherwise), whether it is pinned, its order key and its audience key while active
-#: (``activeKey``, "" for none) — as parallel lists (one record of lists decodes far faster than
-#: a record per entry).
+#: ("" otherwise), whether it is pinned, its order key, its audience key while active
+#: (``activeKey``, "" for none) and when it was said (D9.31) — as parallel lists (one record of
+#: lists decodes far faster than a record per entry).
 _DERIVED_OF_E: Final[LiteralString] = """{ids: collect(e.id), nodes: collect(elementId(e)),
           keywords: collect(coalesce(e.kwBlind, '')),
           vecs: collect(CASE WHEN e.vecModel = $model THEN e.vec ELSE '' END),
           pinned: collect(e.layer = 'pinned'), orderKeys: collect(e.orderKey),
-          keys: collect(coalesce(e.activeKey, ''))}"""
+          keys: collect(coalesce(e.activeKey, '')), saidAt: collect(coalesce(e.saidAt, e.createdAt))}"""
 
 #: Entries per record of DERIVED_SINCE. The driver decodes one huge record far slower than many
 #: of a moderate size: the bench's 100k entries (~60 MB, mostly sealed vectors) read in 1.4–1.6 s
@@ -66,6 +66,7 @@ class Derived(TypedDict):
     pinned: list[bool]
     orderKeys: list[int]
     keys: list[str]
+    saidAt: list[int]
 
 
 class DerivedRow(TypedDict):

@@ -545,7 +545,8 @@ OPTIONAL MATCH (e)-[:SOURCE]->(src)
 WITH e, collect(CASE WHEN src IS NULL THEN null WHEN src:Item THEN {chat: src.chatId, item: src.id}
                      ELSE {entry: src.id} END) AS sources
 RETURN collect(e {.id, .layer, .tags, .status, .confidence, .createdAt, .updatedAt, .invalidatedAt,
-     .content, .contentLength, .orderKey, .memoryRank, sources: sources}) AS entries
+     saidAt: coalesce(e.saidAt, e.createdAt), .content, .contentLength, .orderKey, .memoryRank,
+     sources: sources}) AS entries
 }
 RETURN found, entries
 
@@ -684,10 +685,14 @@ CALL (m, version, problem, checked) {
            ELSE row.tags
          END + row.topics AS tags
     WITH m, row, items, sources, orderKey, sourceCount, legacy,
-         reduce(acc = [], t IN tags | CASE WHEN t IN acc THEN acc ELSE acc + t END) AS tags
+         reduce(acc = [], t IN tags | CASE WHEN t IN acc THEN acc ELSE acc + t END) AS tags,
+         reduce(newest = null, said IN [i IN items | coalesce(i.item.saidAt, i.item.createdAt)]
+                                      + [s IN sources | coalesce(s.saidAt, s.createdAt)]
+                | CASE WHEN newest IS NULL OR said > newest THEN said ELSE newest END) AS saidAt
     CREATE (e:Entry {id: row.id, botId: $botId, layer: row.layer, content: row.content,
   contentLength: row.contentLength, tags: tags, status: 'active', confidence: row.confidence,
-  createdAt: $now, updatedAt: $now, invalidatedAt: null, orderKey: orderKey, pinned: row.layer = 'pinned',
+  createdAt: $now, updatedAt: $now, saidAt: coalesce(saidAt, $now), invalidatedAt: null, orderKey: orderKey,
+  pinned: row.layer = 'pinned',
   sourceCount: sourceCount, author: row.author, excluded: [], legacy: legacy,
   kwBlind: row.kwBlind, kwScheme: row.kwScheme, vec: row.vec, vecModel: row.vecModel,
   vecSeq: CASE WHEN row.kwBlind IS NULL AND row.vec IS NULL THEN null ELSE coalesce(m.vecSeq, 0) + 1 END})-[:IN_MEMORY]->(m)
@@ -877,10 +882,14 @@ CALL (m, version, problem, checked) {
            ELSE row.tags
          END + row.topics AS tags
     WITH m, row, items, sources, orderKey, sourceCount, legacy,
-         reduce(acc = [], t IN tags | CASE WHEN t IN acc THEN acc ELSE acc + t END) AS tags
+         reduce(acc = [], t IN tags | CASE WHEN t IN acc THEN acc ELSE acc + t END) AS tags,
+         reduce(newest = null, said IN [i IN items | coalesce(i.item.saidAt, i.item.createdAt)]
+                                      + [s IN sources | coalesce(s.saidAt, s.createdAt)]
+                | CASE WHEN newest IS NULL OR said > newest THEN said ELSE newest END) AS saidAt
     CREATE (e:Entry {id: row.id, botId: $botId, layer: row.layer, content: row.content,
   contentLength: row.contentLength, tags: tags, status: 'active', confidence: row.confidence,
-  createdAt: $now, updatedAt: $now, invalidatedAt: null, orderKey: orderKey, pinned: row.layer = 'pinned',
+  createdAt: $now, updatedAt: $now, saidAt: coalesce(saidAt, $now), invalidatedAt: null, orderKey: orderKey,
+  pinned: row.layer = 'pinned',
   sourceCount: sourceCount, author: row.author, excluded: [], legacy: legacy,
   kwBlind: row.kwBlind, kwScheme: row.kwScheme, vec: row.vec, vecModel: row.vecModel,
   vecSeq: CASE WHEN row.kwBlind IS NULL AND row.vec IS NULL THEN null ELSE coalesce(m.vecSeq, 0) + 1 END})-[:IN_MEMORY]->(m)
@@ -1178,7 +1187,7 @@ WITH t, o
 UNWIND $items AS item
 CREATE (i:Item {uid: item.uid, id: item.id, chatId: t.chatId, turnId: t.id, seq: item.seq, kind: item.kind,
                 text: item.text, textLength: item.textLength, app: item.app, speakerId: item.speakerId,
-                createdAt: $now,
+                createdAt: $now, saidAt: coalesce(item.saidAt, $now),
                 memoryOff: CASE WHEN coalesce(o.botMemory, false) AND o.botMemoryModel IS NOT NULL
                            THEN null ELSE true END})-[:IN_TURN]->(t)
 RETURN i {.*} AS item ORDER BY i.seq
@@ -1194,7 +1203,7 @@ CALL (t, o) {
   UNWIND $items AS item
 CREATE (i:Item {uid: item.uid, id: item.id, chatId: t.chatId, turnId: t.id, seq: item.seq, kind: item.kind,
                 text: item.text, textLength: item.textLength, app: item.app, speakerId: item.speakerId,
-                createdAt: $now,
+                createdAt: $now, saidAt: coalesce(item.saidAt, $now),
                 memoryOff: CASE WHEN coalesce(o.botMemory, false) AND o.botMemoryModel IS NOT NULL
                            THEN null ELSE true END})-[:IN_TURN]->(t)
 }
@@ -1824,10 +1833,14 @@ CALL (m, version, problem, checked) {
            ELSE row.tags
          END + row.topics AS tags
     WITH m, row, items, sources, orderKey, sourceCount, legacy,
-         reduce(acc = [], t IN tags | CASE WHEN t IN acc THEN acc ELSE acc + t END) AS tags
+         reduce(acc = [], t IN tags | CASE WHEN t IN acc THEN acc ELSE acc + t END) AS tags,
+         reduce(newest = null, said IN [i IN items | coalesce(i.item.saidAt, i.item.createdAt)]
+                                      + [s IN sources | coalesce(s.saidAt, s.createdAt)]
+                | CASE WHEN newest IS NULL OR said > newest THEN said ELSE newest END) AS saidAt
     CREATE (e:Entry {id: row.id, botId: $botId, layer: row.layer, content: row.content,
   contentLength: row.contentLength, tags: tags, status: 'active', confidence: row.confidence,
-  createdAt: $now, updatedAt: $now, invalidatedAt: null, orderKey: orderKey, pinned: row.layer = 'pinned',
+  createdAt: $now, updatedAt: $now, saidAt: coalesce(saidAt, $now), invalidatedAt: null, orderKey: orderKey,
+  pinned: row.layer = 'pinned',
   sourceCount: sourceCount, author: row.author, excluded: [], legacy: legacy,
   kwBlind: row.kwBlind, kwScheme: row.kwScheme, vec: row.vec, vecModel: row.vecModel,
   vecSeq: CASE WHEN row.kwBlind IS NULL AND row.vec IS NULL THEN null ELSE coalesce(m.vecSeq, 0) + 1 END})-[:IN_MEMORY]->(m)
@@ -1918,10 +1931,14 @@ CALL (m, version, problem, checked) {
            ELSE row.tags
          END + row.topics AS tags
     WITH m, row, items, sources, orderKey, sourceCount, legacy,
-         reduce(acc = [], t IN tags | CASE WHEN t IN acc THEN acc ELSE acc + t END) AS tags
+         reduce(acc = [], t IN tags | CASE WHEN t IN acc THEN acc ELSE acc + t END) AS tags,
+         reduce(newest = null, said IN [i IN items | coalesce(i.item.saidAt, i.item.createdAt)]
+                                      + [s IN sources | coalesce(s.saidAt, s.createdAt)]
+                | CASE WHEN newest IS NULL OR said > newest THEN said ELSE newest END) AS saidAt
     CREATE (e:Entry {id: row.id, botId: $botId, layer: row.layer, content: row.content,
   contentLength: row.contentLength, tags: tags, status: 'active', confidence: row.confidence,
-  createdAt: $now, updatedAt: $now, invalidatedAt: null, orderKey: orderKey, pinned: row.layer = 'pinned',
+  createdAt: $now, updatedAt: $now, saidAt: coalesce(saidAt, $now), invalidatedAt: null, orderKey: orderKey,
+  pinned: row.layer = 'pinned',
   sourceCount: sourceCount, author: row.author, excluded: [], legacy: legacy,
   kwBlind: row.kwBlind, kwScheme: row.kwScheme, vec: row.vec, vecModel: row.vecModel,
   vecSeq: CASE WHEN row.kwBlind IS NULL AND row.vec IS NULL THEN null ELSE coalesce(m.vecSeq, 0) + 1 END})-[:IN_MEMORY]->(m)
@@ -1958,10 +1975,11 @@ MATCH (e:Entry {botId: $botId}) RETURN collect(e.id) AS ids
 // ---- graph.entries.CREATE_LEGACY
 MATCH (m:Memory {id: $botId})
 UNWIND $rows AS row
-WITH m, row, row.tags AS tags, row.orderKey AS orderKey, 1 AS sourceCount, true AS legacy
+WITH m, row, row.tags AS tags, row.orderKey AS orderKey, 1 AS sourceCount, true AS legacy, null AS saidAt
 CREATE (e:Entry {id: row.id, botId: $botId, layer: row.layer, content: row.content,
   contentLength: row.contentLength, tags: tags, status: 'active', confidence: row.confidence,
-  createdAt: $now, updatedAt: $now, invalidatedAt: null, orderKey: orderKey, pinned: row.layer = 'pinned',
+  createdAt: $now, updatedAt: $now, saidAt: coalesce(saidAt, $now), invalidatedAt: null, orderKey: orderKey,
+  pinned: row.layer = 'pinned',
   sourceCount: sourceCount, author: row.author, excluded: [], legacy: legacy,
   kwBlind: row.kwBlind, kwScheme: row.kwScheme, vec: row.vec, vecModel: row.vecModel,
   vecSeq: CASE WHEN row.kwBlind IS NULL AND row.vec IS NULL THEN null ELSE coalesce(m.vecSeq, 0) + 1 END})-[:IN_MEMORY]->(m)
@@ -2298,18 +2316,21 @@ OPTIONAL MATCH (e)-[:SOURCE]->(src)
 WITH e, collect(CASE WHEN src IS NULL THEN null WHEN src:Item THEN {chat: src.chatId, item: src.id}
                      ELSE {entry: src.id} END) AS sources
 RETURN collect(e {.id, .layer, .tags, .status, .confidence, .createdAt, .updatedAt, .invalidatedAt,
-     .content, .contentLength, .orderKey, .memoryRank, sources: sources}) AS entries
+     saidAt: coalesce(e.saidAt, e.createdAt), .content, .contentLength, .orderKey, .memoryRank,
+     sources: sources}) AS entries
 
 // ---- graph.memory.ENTRY_MAP
 e {.id, .layer, .tags, .status, .confidence, .createdAt, .updatedAt, .invalidatedAt,
-     .content, .contentLength, .orderKey, .memoryRank, sources: sources}
+     saidAt: coalesce(e.saidAt, e.createdAt), .content, .contentLength, .orderKey, .memoryRank,
+     sources: sources}
 
 // ---- graph.memory.ENTRY_ROW
 OPTIONAL MATCH (e)-[:SOURCE]->(src)
 WITH e, collect(CASE WHEN src IS NULL THEN null WHEN src:Item THEN {chat: src.chatId, item: src.id}
                      ELSE {entry: src.id} END) AS sources
 RETURN e {.id, .layer, .tags, .status, .confidence, .createdAt, .updatedAt, .invalidatedAt,
-     .content, .contentLength, .orderKey, .memoryRank, sources: sources} AS entry
+     saidAt: coalesce(e.saidAt, e.createdAt), .content, .contentLength, .orderKey, .memoryRank,
+     sources: sources} AS entry
 
 // ---- graph.memory.LOCKED_PREFERENCES
 MATCH (held:Memory {id: $botId})
@@ -2364,7 +2385,8 @@ WITH e, collect(CASE WHEN src IS NULL THEN null WHEN src:Item THEN {chat: src.ch
                      ELSE {entry: src.id} END) AS sources
 WITH e, sources ORDER BY e.memoryRank DESC, e.id
 RETURN collect(e {.id, .layer, .tags, .status, .confidence, .createdAt, .updatedAt, .invalidatedAt,
-     .content, .contentLength, .orderKey, .memoryRank, sources: sources}) AS entries
+     saidAt: coalesce(e.saidAt, e.createdAt), .content, .contentLength, .orderKey, .memoryRank,
+     sources: sources}) AS entries
 
 // ---- graph.memory.LOCK_AND_READER
 MATCH (held:Memory {id: $botId})
@@ -2430,7 +2452,8 @@ WITH e, collect(CASE WHEN src IS NULL THEN null WHEN src:Item THEN {chat: src.ch
                      ELSE {entry: src.id} END) AS sources
 WITH e, sources ORDER BY e.memoryRank DESC, e.id
 RETURN collect(e {.id, .layer, .tags, .status, .confidence, .createdAt, .updatedAt, .invalidatedAt,
-     .content, .contentLength, .orderKey, .memoryRank, sources: sources}) AS entries
+     saidAt: coalesce(e.saidAt, e.createdAt), .content, .contentLength, .orderKey, .memoryRank,
+     sources: sources}) AS entries
 }
 RETURN version, reader, entries
 
@@ -2488,7 +2511,8 @@ WITH e, collect(CASE WHEN src IS NULL THEN null WHEN src:Item THEN {chat: src.ch
                      ELSE {entry: src.id} END) AS sources
 WITH e, sources ORDER BY e.memoryRank DESC, e.id
 RETURN collect(e {.id, .layer, .tags, .status, .confidence, .createdAt, .updatedAt, .invalidatedAt,
-     .content, .contentLength, .orderKey, .memoryRank, sources: sources}) AS entries
+     saidAt: coalesce(e.saidAt, e.createdAt), .content, .contentLength, .orderKey, .memoryRank,
+     sources: sources}) AS entries
 }
 RETURN version, reader, entries
 
@@ -2776,7 +2800,7 @@ WITH total, page, {ids: collect(e.id), nodes: collect(elementId(e)),
           keywords: collect(coalesce(e.kwBlind, '')),
           vecs: collect(CASE WHEN e.vecModel = $model THEN e.vec ELSE '' END),
           pinned: collect(e.layer = 'pinned'), orderKeys: collect(e.orderKey),
-          keys: collect(coalesce(e.activeKey, ''))} AS fresh
+          keys: collect(coalesce(e.activeKey, '')), saidAt: collect(coalesce(e.saidAt, e.createdAt))} AS fresh
 RETURN fresh, total
 
 // ---- graph.search.LOCATE
@@ -2826,7 +2850,7 @@ CALL (m) {
           keywords: collect(coalesce(e.kwBlind, '')),
           vecs: collect(CASE WHEN e.vecModel = $model THEN e.vec ELSE '' END),
           pinned: collect(e.layer = 'pinned'), orderKeys: collect(e.orderKey),
-          keys: collect(coalesce(e.activeKey, ''))} AS fresh
+          keys: collect(coalesce(e.activeKey, '')), saidAt: collect(coalesce(e.saidAt, e.createdAt))} AS fresh
 }
 
 CALL (readers, org) {
@@ -2880,7 +2904,8 @@ WITH e, collect(CASE WHEN src IS NULL THEN null WHEN src:Item THEN {chat: src.ch
   RETURN sources
 }
   RETURN collect({score: score, entry: e {.id, .layer, .tags, .status, .confidence, .createdAt, .updatedAt, .invalidatedAt,
-     .content, .contentLength, .orderKey, .memoryRank, sources: sources}}) AS ranked
+     saidAt: coalesce(e.saidAt, e.createdAt), .content, .contentLength, .orderKey, .memoryRank,
+     sources: sources}}) AS ranked
 }
 RETURN coalesce(m.vecSeq, 0) AS seq, m.version AS version, fresh, ranked, size(hits) AS visible, walked,
        lost
@@ -2926,7 +2951,7 @@ CALL (m) {
           keywords: collect(coalesce(e.kwBlind, '')),
           vecs: collect(CASE WHEN e.vecModel = $model THEN e.vec ELSE '' END),
           pinned: collect(e.layer = 'pinned'), orderKeys: collect(e.orderKey),
-          keys: collect(coalesce(e.activeKey, ''))} AS fresh
+          keys: collect(coalesce(e.activeKey, '')), saidAt: collect(coalesce(e.saidAt, e.createdAt))} AS fresh
 }
 
 CALL (readers, org) {
@@ -3024,7 +3049,8 @@ OPTIONAL MATCH (e)-[:SOURCE]->(src)
 WITH e, collect(CASE WHEN src IS NULL THEN null WHEN src:Item THEN {chat: src.chatId, item: src.id}
                      ELSE {entry: src.id} END) AS sources
 RETURN e {.id, .layer, .tags, .status, .confidence, .createdAt, .updatedAt, .invalidatedAt,
-     .content, .contentLength, .orderKey, .memoryRank, sources: sources} AS entry
+     saidAt: coalesce(e.saidAt, e.createdAt), .content, .contentLength, .orderKey, .memoryRank,
+     sources: sources} AS entry
 
 ORDER BY e.memoryRank DESC, e.id
 

@@ -51,6 +51,7 @@ async def start_turn(
     *,
     actor_id: str | None,
     notice: bool,
+    said_at: int | None = None,
     arrived: float | None = None,
 ) -> Turn:
     """``startTurn``: the Turn with its input saved, and ``enriched_input`` for the caller only (D9.16)."""
@@ -61,7 +62,9 @@ async def start_turn(
     if embedder is not None and not notice and len(text) <= rt.settings.max_text_chars:
         early = search.EarlyQuery(embedder, text)
     try:
-        turn = await turns.start_turn(rt, principal, chat_id, text, actor_id=actor_id, notice=notice)
+        turn = await turns.start_turn(
+            rt, principal, chat_id, text, actor_id=actor_id, notice=notice, said_at=said_at
+        )
         enriched, used = await rewrite(rt, gateway, turn, deadline, early or embedder)
     finally:
         if early is not None:

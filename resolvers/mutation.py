@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Annotated
 
 import strawberry
 
@@ -20,6 +21,7 @@ from schema.types import (
     IssuedToken,
     Item,
     ItemInput,
+    Long,
     MetaEntryInput,
     Organization,
     Person,
@@ -183,6 +185,13 @@ class Mutation(MemoryMutation, MemoryBotMutation):
         input: str,
         actor_id: strawberry.ID | None = None,
         notice: bool = False,
+        said_at: Annotated[
+            Long | None,
+            strawberry.argument(
+                description="When the input was said, in epoch milliseconds, for history imported "
+                "(not in the future); null: now. Memory learned from it is dated by it."
+            ),
+        ] = None,
     ) -> Turn:
         arrived = time.monotonic()
         turn = await enrichment.start_turn(
@@ -193,13 +202,19 @@ class Mutation(MemoryMutation, MemoryBotMutation):
             input,
             actor_id=None if actor_id is None else str(actor_id),
             notice=notice,
+            said_at=None if said_at is None else int(said_at),
             arrived=arrived,
         )
         return Turn.of(turn)
 
     @strawberry.mutation
     async def add_items(self, info: Info, turn_id: strawberry.ID, items: list[ItemInput]) -> list[Item]:
-        new = [turns.NewItem(kind=i.kind, text=i.text, app=i.app) for i in items]
+        new = [
+            turns.NewItem(
+                kind=i.kind, text=i.text, app=i.app, said_at=None if i.said_at is None else int(i.said_at)
+            )
+            for i in items
+        ]
         created = await turns.add_items(
             info.context.runtime, await info.context.principal(), str(turn_id), new
         )

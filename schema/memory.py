@@ -44,6 +44,9 @@ class MemoryEntry:
     created_at: Long
     updated_at: Long
     invalidated_at: Long | None
+    said_at: Long = strawberry.field(
+        description="When its newest source was said (a pinned entry: when it was written)."
+    )
 
     @classmethod
     def of(cls, e: memory.Entry) -> MemoryEntry:
@@ -64,6 +67,7 @@ class MemoryEntry:
             confidence=e.confidence,
             created_at=Long(e.created_at),
             updated_at=Long(e.updated_at),
+            said_at=Long(e.said_at),
             invalidated_at=None if e.invalidated_at is None else Long(e.invalidated_at),
         )
 

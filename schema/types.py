@@ -131,7 +131,10 @@ class Item:
     text: str | None = strawberry.field(description="Null once the chat's history is deleted.")
     app: str | None
     speaker_id: str | None
-    created_at: Long
+    created_at: Long = strawberry.field(description="When OpenBot saved it.")
+    said_at: Long = strawberry.field(
+        description="When it was said: the time the platform gave (history imported), else createdAt."
+    )
 
     @classmethod
     def of(cls, i: domain.Item) -> Item:
@@ -145,6 +148,7 @@ class Item:
             app=i.app,
             speaker_id=i.speaker_id,
             created_at=Long(i.created_at),
+            said_at=Long(i.said_at),
         )
 
 
@@ -218,6 +222,11 @@ class ItemInput:
     kind: ItemKind
     text: str
     app: str | None = None
+    said_at: Long | None = strawberry.field(
+        default=None,
+        description="When it was said, in epoch milliseconds, for history imported (not in the "
+        "future); null: now. Memory learned from it is dated by it.",
+    )
 
 
 @strawberry.type

@@ -35,6 +35,7 @@ def _item(row: chats_q.ItemNode, cipher: Cipher) -> Item:
         app=row.get("app"),
         speaker_id=row.get("speakerId"),
         created_at=row["createdAt"],
+        said_at=row.get("saidAt", row["createdAt"]),
     )
 
 

@@ -57,7 +57,9 @@ async def remember(
     )
     tags_out = ("from:" + person_id, "for:person:" + person_id, "org:" + principal.organization_id, *topics)
     at = applied.at
-    return Entry(change.id, "pinned", content, tags_out, (), "active", None, at, at, None), applied.version
+    return Entry(
+        change.id, "pinned", content, tags_out, (), "active", None, at, at, None, at
+    ), applied.version
 
 
 async def forget(rt: Runtime, principal: Principal, bot_id: str, entry_id: str) -> int:

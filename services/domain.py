@@ -144,6 +144,8 @@ class Item:
     app: str | None
     speaker_id: str | None
     created_at: int
+    #: When it was said: the time the platform gave (history imported), else ``created_at``.
+    said_at: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -65,6 +65,8 @@ class Entry:
     created_at: int
     updated_at: int
     invalidated_at: int | None
+    #: When its newest source was said (D9.31).
+    said_at: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +92,7 @@ def decrypt_entry(cipher: Cipher, row: memory_q.EntryMap) -> Entry:
         created_at=row["createdAt"],
         updated_at=row["updatedAt"],
         invalidated_at=row.get("invalidatedAt"),
+        said_at=row["saidAt"],
     )
 
 

@@ -30,12 +30,13 @@ from graph.driver import QueryTarget, autocommit
 from graph.memory import reader_keys
 from services import metrics, retrieval
 from services.crypto import Cipher, Kind
+from services.datewords import blind_days, blind_query
 from services.domain import Principal
 from services.embedding import Embedder, EmbedderUnavailable, decode_vectors, embed_within
 from services.errors import BadInput, NotFound
 from services.keywords import blind_tokens
 from services.memory import Entry, Reader, cipher_of, decrypt_entry, open_read
-from services.runtime import Runtime
+from services.runtime import Runtime, now_ms
 from services.validation import check_id
 from services.vectorindex import EXACT_MAX, F32, BotIndex, Parts, Ranking, fuse_shown
 
@@ -341,7 +342,10 @@ async def _ranked(
     ``fill``, the newest visible entries follow the relevant ones when there are fewer."""
     cipher = await cipher_of(rt, bot_id)
     vector = await _embed(rt, embedder, query)
-    q = _Query(bot_id, reader, vector, blind_tokens(cipher, query), wanted, fill)
+    # The query's words and the dates it names (D9.31: entries hold the terms of the day they
+    # were said on).
+    blind = blind_tokens(cipher, query) + blind_query(cipher, query, now_ms())
+    q = _Query(bot_id, reader, vector, blind, wanted, fill)
     index = rt.vectors.of(bot_id, "" if embedder is None else embedder.id)
     await _load(rt, index, bot_id, cipher)
     keys = tuple(reader_keys(list(reader.readers)))
@@ -487,12 +491,15 @@ def catch_up(index: BotIndex, cipher: Cipher, found: _Found) -> None:
 
 
 def _empty() -> search_q.Derived:
-    return search_q.Derived(ids=[], nodes=[], keywords=[], vecs=[], pinned=[], orderKeys=[], keys=[])
+    return search_q.Derived(
+        ids=[], nodes=[], keywords=[], vecs=[], pinned=[], orderKeys=[], keys=[], saidAt=[]
+    )
 
 
 def _absorb(index: BotIndex, cipher: Cipher, fresh: search_q.Derived) -> None:
     """Entries read from the graph into the index, ABSORB_PART at a time (a catch-up after a large
-    backfill reads many), in arrays grown once."""
+    backfill reads many), in arrays grown once; each entry's keywords with the terms of the day it
+    was said on (D9.31, held here only)."""
     ids = fresh["ids"]
     if len(ids) > ABSORB_PART:
         index.reserve(len(index) + len(ids))
@@ -505,10 +512,12 @@ def _absorb(index: BotIndex, cipher: Cipher, fresh: search_q.Derived) -> None:
             raws = cipher.decrypt_bytes_all(Kind.ENTRY_VECTOR, [(part_ids[i], vecs[i]) for i in at])
             q, scales = decode_vectors(raws, len(raws[0]) - 4)
             vectors = (at, q, scales)
+        days = blind_days(cipher, fresh["saidAt"][part])
+        keywords = [f"{k} {d}" if k else d for k, d in zip(fresh["keywords"][part], days, strict=True)]
         index.upsert(
             part_ids,
             fresh["nodes"][part],
-            fresh["keywords"][part],
+            keywords,
             fresh["pinned"][part],
             fresh["orderKeys"][part],
             fresh["keys"][part],

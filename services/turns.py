@@ -19,7 +19,7 @@ from services.errors import BadInput, Conflict, Forbidden
 from services.ids import new_id
 from services.jobs import enqueue_executions, enqueue_summary_if_due
 from services.runtime import Runtime, now_ms
-from services.validation import check_id, check_text
+from services.validation import check_id, check_said_at, check_text
 
 _MAX_ITEMS_PER_CALL = 100
 
@@ -29,6 +29,8 @@ class NewItem:
     kind: ItemKind
     text: str
     app: str | None = None
+    #: When it was said (epoch ms), for history imported; None: now.
+    said_at: int | None = None
 
 
 async def start_turn(
@@ -39,14 +41,18 @@ async def start_turn(
     *,
     actor_id: str | None,
     notice: bool,
+    said_at: int | None = None,
 ) -> Turn:
     """Open a Turn whose first Item is the input; the Turn's actor is saved (V3).
 
     The actor is the person of a person token, or for a platform token a named person of
-    the Chat (never anyone else), or a notice.
+    the Chat (never anyone else), or a notice. ``said_at``: when the input was said (history
+    imported; D9.31), else now.
     """
     check_id(chat_id, "chatId")
     text = check_text(text, "input", limit=rt.settings.max_text_chars)
+    turn_id, now = new_id("turn"), now_ms()
+    check_said_at(said_at, "saidAt", now=now)
     if principal.kind == "person":
         if notice or actor_id not in (None, principal.person_id):
             raise Forbidden("a person starts Turns only as themselves")
@@ -59,7 +65,6 @@ async def start_turn(
     else:
         raise Forbidden("Turns are started by people or platforms")
     actor = actor_id
-    turn_id, now = new_id("turn"), now_ms()
 
     async def work(tx: AsyncManagedTransaction) -> tuple[chats_q.TurnNode, int]:
         row = await chats_q.chat_for(tx, chat_id=chat_id, person_id=principal.person_id)
@@ -81,7 +86,7 @@ async def start_turn(
             seq=turn_seq,
             actor_kind="notice" if actor is None else "person",
             actor_id=actor,
-            items=[_new_row(rt, row, item_seq, kind, text, None, actor)],
+            items=[_new_row(rt, row, item_seq, kind, text, None, actor, said_at)],
             now=now,
         )
 
@@ -101,6 +106,7 @@ def _new_row(
     text: str | None,
     app: str | None,
     speaker: str | None,
+    said_at: int | None,
 ) -> dict[str, Any]:
     """An Item's row (``text`` None: saved without words, as a deleted history leaves it)."""
     chat_id = row["chat"]["id"]
@@ -114,6 +120,7 @@ def _new_row(
         "textLength": 0 if text is None else len(text),
         "app": app,
         "speakerId": speaker,
+        "saidAt": said_at,
     }
 
 
@@ -155,13 +162,14 @@ async def add_items(
     check_id(turn_id, "turnId")
     if not items or len(items) > _MAX_ITEMS_PER_CALL:
         raise BadInput(f"send between 1 and {_MAX_ITEMS_PER_CALL} items", field="items")
+    now = now_ms()
     for n, item in enumerate(items):
         check_text(item.text, f"items[{n}].text", limit=rt.settings.max_text_chars)
+        check_said_at(item.said_at, f"items[{n}].saidAt", now=now)
         if (item.kind is ItemKind.TOOL_RESULT) != (item.app is not None):
             raise BadInput("an App tool result, and only it, names its App", field=f"items[{n}].app")
         if item.app is not None:
             check_id(item.app, f"items[{n}].app")
-    now = now_ms()
 
     async def work(tx: AsyncManagedTransaction) -> tuple[list[chats_q.ItemNode], bool]:
         # Locked: a completeTurn committing meanwhile is seen (its status), never appended to.
@@ -181,6 +189,7 @@ async def add_items(
                 i.text if words else None,
                 i.app,
                 _speaker(i.kind, row["turn"], row["chat"], i.app),
+                i.said_at,
             )
             for n, i in enumerate(items)
         ]
@@ -198,6 +207,7 @@ async def add_items(
             c.get("app"),
             c.get("speakerId"),
             now,
+            c.get("saidAt", now),
         )
         for c, i in zip(created, items, strict=True)
     ]

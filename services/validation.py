@@ -46,6 +46,20 @@ def check_text(value: str, field: str, *, limit: int) -> str:
     return value
 
 
+#: How far ahead of this server's clock a given ``saidAt`` may be (another clock's drift).
+SAID_AT_SKEW_MS: Final = 5 * 60 * 1000
+
+
+def check_said_at(value: int | None, field: str, *, now: int) -> int | None:
+    """When an Item was said, as a platform importing history gives it (epoch milliseconds): not
+    before 1970 and not in the future (a few minutes of clock drift allowed)."""
+    if value is None:
+        return None
+    if not 0 <= value <= now + SAID_AT_SKEW_MS:
+        raise BadInput(f"{field} must be a time in epoch milliseconds, not in the future", field=field)
+    return value
+
+
 #: What no stored text may hold: NUL, and any surrogate (JSON's ``\ud800`` escape decodes to one
 #: alone; no UTF-8 text holds it, so nothing could encrypt it).
 UNSTORABLE: Final = re.compile("[\x00\ud800-\udfff]")

@@ -107,10 +107,16 @@ class Api:
 
     async def turn(self, token: str, chat: str, text: str, **extra: Any) -> dict[str, Any]:
         data = await self.gql(
-            "mutation($c: ID!, $t: String!, $a: ID, $n: Boolean!) {"
-            " startTurn(chatId: $c, input: $t, actorId: $a, notice: $n)"
+            "mutation($c: ID!, $t: String!, $a: ID, $n: Boolean!, $s: Long) {"
+            " startTurn(chatId: $c, input: $t, actorId: $a, notice: $n, saidAt: $s)"
             " { id input enrichedInput actorKind actorId status } }",
-            {"c": chat, "t": text, "a": extra.get("actor"), "n": extra.get("notice", False)},
+            {
+                "c": chat,
+                "t": text,
+                "a": extra.get("actor"),
+                "n": extra.get("notice", False),
+                "s": extra.get("said_at"),
+            },
             token,
         )
         return data["startTurn"]

@@ -333,3 +333,59 @@ async def test_a_page_of_a_long_chat_costs_what_a_page_of_a_short_one_costs(
     after = await messages(api, ann, chat, limit=5, skip=299)
     assert after is not None
     assert [(m["id"], m["text"]) for m in after["messages"]] == [("i-300", None), ("i-301", "after")]
+
+
+#: 16 June 2023, 13:56 UTC: a message of a history imported by a platform.
+JUNE_16 = 1_686_923_760_000
+DATED = "query($c: ID!) { chat(id: $c) { messages(limit: 10, skip: 0) { id createdAt saidAt } } }"
+
+
+async def test_items_of_history_imported_keep_when_they_were_said(api: Api) -> None:
+    """D9.31: a platform importing a history gives each Item the time it was said (``saidAt`` on
+    startTurn and on each ItemInput); an Item given none was said when it was saved. Both
+    surfaces show it."""
+    world = await make_world(api, ("ann",))
+    ann = world.tokens["ann"]
+    platform = await api.platform_token(world.org)
+    chat = await api.chat(ann, world.bot)
+    turn = await api.turn(platform, chat, "we met at the lake", actor=world.people["ann"], said_at=JUNE_16)
+    added = await api.gql(
+        ADD,
+        {
+            "t": turn["id"],
+            "i": [
+                {"kind": "BOT_MESSAGE", "text": "lovely", "saidAt": JUNE_16 + 60_000},
+                {"kind": "BOT_MESSAGE", "text": "said now"},
+            ],
+        },
+        platform,
+    )
+    assert [i["id"] for i in added["addItems"]] == ["i-2", "i-3"]
+    await api.turn(ann, chat, "and today?")
+    found = (await api.gql(DATED, {"c": chat}, ann))["chat"]["messages"]
+    assert [m["saidAt"] for m in found[:2]] == [JUNE_16, JUNE_16 + 60_000]
+    assert all(m["createdAt"] > JUNE_16 + 60_000 for m in found)  # saved now, said then
+    assert [m["saidAt"] == m["createdAt"] for m in found[2:]] == [True, True]
+    rest = await api.http.get(f"/v1/chats/{chat}/messages", headers={"Authorization": f"Bearer {ann}"})
+    assert [m["saidAt"] for m in rest.json()["messages"]] == [m["saidAt"] for m in found]
+
+
+async def test_a_time_not_yet_come_or_not_a_time_is_refused_and_saves_nothing(api: Api) -> None:
+    """D9.31, bad input: ``saidAt`` in the future (beyond a few minutes of clock drift), before
+    1970, or not a whole number is BAD_INPUT (the scalar's or the field's), and nothing of the
+    call is saved."""
+    world = await make_world(api, ("ann",))
+    ann = world.tokens["ann"]
+    chat = await api.chat(ann, world.bot)
+    turn = await api.turn(ann, chat, "hi")
+    start = 'mutation($c: ID!, $s: Long) { startTurn(chatId: $c, input: "later", saidAt: $s) { id } }'
+    tomorrow = (await api.gql(DATED, {"c": chat}, ann))["chat"]["messages"][0]["createdAt"] + 86_400_000
+    for bad in (tomorrow, -1, 1.5, True, "yesterday"):
+        body = await api.raw(start, {"c": chat, "s": bad}, ann)
+        assert [e["extensions"]["code"] for e in body["errors"]] == ["BAD_INPUT"], (bad, body)
+        if isinstance(bad, int) and not isinstance(bad, bool):
+            assert body["errors"][0]["extensions"]["field"] == "saidAt"
+        items = [{"kind": "BOT_MESSAGE", "text": "fine"}, {"kind": "BOT_MESSAGE", "text": "x", "saidAt": bad}]
+        assert await api.codes(ADD, {"t": turn["id"], "i": items}, ann) == ["BAD_INPUT"]
+    found = (await api.gql(DATED, {"c": chat}, ann))["chat"]["messages"]
+    assert [m["id"] for m in found] == ["i-1"]

@@ -33,7 +33,7 @@ from services.writepath import apply_changes
 from tests.client import Api, World, bearer, make_world
 from tests.conftest import ApiProcess
 from tests.learning_helpers import confide, memory_world
-from tests.memory_helpers import apply, command, fact, said
+from tests.memory_helpers import apply, command, fact, observation, said
 from tests.model_server import ModelServer, Reply, ToolCall
 from tests.waiting import until
 
@@ -1002,3 +1002,47 @@ async def test_what_was_stamped_is_sought_by_its_index_whatever_the_statistics(r
         assert any("Entry(botId, vecSeq)" in s and "vecSeq > $after" in s for s in seeks(summary.plan)), (
             statement
         )
+
+
+#: 3 March and 16 June 2023, at noon UTC: two sessions of a history a platform imported.
+MARCH_3, JUNE_16 = 1_677_844_800_000, 1_686_916_800_000
+MEMORY_DATES = "query($b: ID!) { memory(botId: $b) { entries { id saidAt createdAt } } }"
+
+
+async def test_a_question_naming_a_day_finds_what_was_said_on_it(api: Api, runtime: Runtime) -> None:
+    """D9.31: an entry is dated by the newest of its sources (an observation by its newest
+    source entry, a pinned entry when written; a person may date their own words, as a platform
+    importing history does), and a query that names a day, a month or a
+    season finds what was said then first. The two facts tie on every word of the questions
+    ("Maria"), so without dates one order would answer both."""
+    w = await make_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    march = await said(api, w.tokens["ann"], chat, "Maria: here are my holiday photos", said_at=MARCH_3)
+    june = await said(
+        api, w.tokens["ann"], chat, "Maria: I baked a lemon cake for the party", said_at=JUNE_16
+    )
+    photos = await fact(runtime, w.bot, "Maria showed everyone her holiday photos", march)
+    cake = await fact(runtime, w.bot, "Maria baked a lemon cake for the party", june)
+    both = await observation(runtime, w.bot, "Maria likes to share what she makes", photos, cake)
+    pinned = await remember(api, w.tokens["ann"], w.bot, "Maria prefers tea")
+    dates = {
+        e["id"]: (e["saidAt"], e["createdAt"])
+        for e in (await api.gql(MEMORY_DATES, {"b": w.bot}, w.tokens["ann"]))["memory"]["entries"]
+    }
+    assert {k: v[0] for k, v in dates.items() if k != pinned} == {
+        photos: MARCH_3,
+        cake: JUNE_16,
+        both: JUNE_16,
+    }
+    assert dates[pinned][0] == dates[pinned][1]
+    for question, first in (
+        ("What did Maria do on 16 June, 2023?", cake),
+        ("What did Maria do on March 3rd 2023?", photos),
+        ("What did Maria do in June 2023?", cake),
+        ("What did Maria do in March, 2023?", photos),
+        ("What did Maria do in spring 2023?", photos),
+        ("What did Maria do on the 16th of June?", cake),
+    ):
+        hits = (await api.gql(SEARCH, {"b": w.bot, "q": question, "l": 4}, w.tokens["ann"]))["search"]
+        facts = [h["entry"]["id"] for h in hits if h["entry"]["id"] in (photos, cake)]
+        assert facts[0] == first, question

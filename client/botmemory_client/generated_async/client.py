@@ -97,11 +97,18 @@ class Client(AsyncBaseClient):
         input: str,
         actor_id: Union[Optional[str], UnsetType] = UNSET,
         notice: Union[Optional[bool], UnsetType] = UNSET,
+        said_at: Union[Optional[int], UnsetType] = UNSET,
         **kwargs: Any,
     ) -> StartTurnStartTurn:
         query = gql("""
-            mutation StartTurn($chatId: ID!, $input: String!, $actorId: ID, $notice: Boolean) {
-              startTurn(chatId: $chatId, input: $input, actorId: $actorId, notice: $notice) {
+            mutation StartTurn($chatId: ID!, $input: String!, $actorId: ID, $notice: Boolean, $saidAt: Long) {
+              startTurn(
+                chatId: $chatId
+                input: $input
+                actorId: $actorId
+                notice: $notice
+                saidAt: $saidAt
+              ) {
                 ...TurnFields
                 enrichedInput
               }
@@ -125,6 +132,7 @@ class Client(AsyncBaseClient):
             "input": input,
             "actorId": actor_id,
             "notice": notice,
+            "saidAt": said_at,
         }
         response = await self.execute(
             query=query, operation_name="StartTurn", variables=variables, **kwargs
@@ -152,6 +160,7 @@ class Client(AsyncBaseClient):
               app
               speakerId
               createdAt
+              saidAt
             }
             """)
         variables: dict[str, object] = {"turnId": turn_id, "items": items}
@@ -264,6 +273,7 @@ class Client(AsyncBaseClient):
               app
               speakerId
               createdAt
+              saidAt
             }
             """)
         variables: dict[str, object] = {"id": id, "limit": limit, "skip": skip}
@@ -329,6 +339,7 @@ class Client(AsyncBaseClient):
               app
               speakerId
               createdAt
+              saidAt
             }
             """)
         variables: dict[str, object] = {"chatId": chat_id}
@@ -459,6 +470,7 @@ class Client(AsyncBaseClient):
               createdAt
               updatedAt
               invalidatedAt
+              saidAt
             }
             """)
         variables: dict[str, object] = {
@@ -506,6 +518,7 @@ class Client(AsyncBaseClient):
               createdAt
               updatedAt
               invalidatedAt
+              saidAt
             }
             """)
         variables: dict[str, object] = {
@@ -590,6 +603,7 @@ class Client(AsyncBaseClient):
               createdAt
               updatedAt
               invalidatedAt
+              saidAt
             }
 
             fragment NeighbourhoodFields on SourceNeighbourhood {
@@ -646,6 +660,7 @@ class Client(AsyncBaseClient):
               createdAt
               updatedAt
               invalidatedAt
+              saidAt
             }
             """)
         variables: dict[str, object] = {
@@ -947,6 +962,7 @@ class Client(AsyncBaseClient):
               createdAt
               updatedAt
               invalidatedAt
+              saidAt
             }
             """)
         variables: dict[str, object] = {"botId": bot_id, "after": after}

@@ -29,6 +29,7 @@ class ItemFields(BaseModel):
     app: Optional[str]
     speaker_id: Optional[str] = Field(alias="speakerId")
     created_at: int = Field(alias="createdAt")
+    said_at: int = Field(alias="saidAt")
 
 
 class MemoryEntryFields(BaseModel):
@@ -42,6 +43,7 @@ class MemoryEntryFields(BaseModel):
     created_at: int = Field(alias="createdAt")
     updated_at: int = Field(alias="updatedAt")
     invalidated_at: Optional[int] = Field(alias="invalidatedAt")
+    said_at: int = Field(alias="saidAt")
 
 
 class MemoryEntryFieldsSources(BaseModel):

@@ -94,11 +94,18 @@ class Client(BaseClient):
         input: str,
         actor_id: Union[Optional[str], UnsetType] = UNSET,
         notice: Union[Optional[bool], UnsetType] = UNSET,
+        said_at: Union[Optional[int], UnsetType] = UNSET,
         **kwargs: Any,
     ) -> StartTurnStartTurn:
         query = gql("""
-            mutation StartTurn($chatId: ID!, $input: String!, $actorId: ID, $notice: Boolean) {
-              startTurn(chatId: $chatId, input: $input, actorId: $actorId, notice: $notice) {
+            mutation StartTurn($chatId: ID!, $input: String!, $actorId: ID, $notice: Boolean, $saidAt: Long) {
+              startTurn(
+                chatId: $chatId
+                input: $input
+                actorId: $actorId
+                notice: $notice
+                saidAt: $saidAt
+              ) {
                 ...TurnFields
                 enrichedInput
               }
@@ -122,6 +129,7 @@ class Client(BaseClient):
             "input": input,
             "actorId": actor_id,
             "notice": notice,
+            "saidAt": said_at,
         }
         response = self.execute(
             query=query, operation_name="StartTurn", variables=variables, **kwargs
@@ -149,6 +157,7 @@ class Client(BaseClient):
               app
               speakerId
               createdAt
+              saidAt
             }
             """)
         variables: dict[str, object] = {"turnId": turn_id, "items": items}
@@ -259,6 +268,7 @@ class Client(BaseClient):
               app
               speakerId
               createdAt
+              saidAt
             }
             """)
         variables: dict[str, object] = {"id": id, "limit": limit, "skip": skip}
@@ -324,6 +334,7 @@ class Client(BaseClient):
               app
               speakerId
               createdAt
+              saidAt
             }
             """)
         variables: dict[str, object] = {"chatId": chat_id}
@@ -454,6 +465,7 @@ class Client(BaseClient):
               createdAt
               updatedAt
               invalidatedAt
+              saidAt
             }
             """)
         variables: dict[str, object] = {
@@ -501,6 +513,7 @@ class Client(BaseClient):
               createdAt
               updatedAt
               invalidatedAt
+              saidAt
             }
             """)
         variables: dict[str, object] = {
@@ -585,6 +598,7 @@ class Client(BaseClient):
               createdAt
               updatedAt
               invalidatedAt
+              saidAt
             }
 
             fragment NeighbourhoodFields on SourceNeighbourhood {
@@ -641,6 +655,7 @@ class Client(BaseClient):
               createdAt
               updatedAt
               invalidatedAt
+              saidAt
             }
             """)
         variables: dict[str, object] = {

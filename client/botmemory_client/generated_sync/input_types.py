@@ -18,6 +18,8 @@ class ItemInput(BaseModel):
     kind: ItemKind
     text: str
     app: Optional[str] = None
+    said_at: Optional[int] = Field(alias="saidAt", default=None)
+    "When it was said, in epoch milliseconds, for history imported (not in the future); null: now. Memory learned from it is dated by it."
 
 
 class MetaEntryInput(BaseModel):

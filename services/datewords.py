@@ -1,0 +1,191 @@
+"""When something was said, as keywords (D9.31): the dates an entry is found by, and the dates a
+query names.
+
+An entry is dated by the newest of its sources (``saidAt``: an Item's time as the platform gave
+it, else when it was saved). Each process's index gives every entry the terms of that day, in UTC
+— its year, its month, its day, and its day of the year without the year — blinded with the Bot's
+keys like any keyword (:meth:`services.crypto.Cipher.blind`), held in memory only: the store
+keeps ``saidAt``, a plain time like ``createdAt``, and no term. A query's dates become the same
+terms, so BM25 ranks the entries said on the day (the month, the year) a question names above
+the others as it would rank an entry holding a rare word; "What did Maria share on 16 June,
+2023?" meets what was said that day.
+
+A term begins with ``@``, which no keyword token holds, so a date never meets a number of the
+text. Dates are read in English: "16 June, 2023", "June 16th 2023", "the 16th of June",
+"2023-06-16", "June 2023", "summer 2023", a year; and, against the time of the query, "today",
+"yesterday", "N days ago", "this" or "last" week, month or year. A month named without a day or
+a year ("in June") is left alone ("May", "June" and "March" are names and words too), as are
+numeric dates such as 6/7/2023 (day first or month first is anyone's guess).
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, date, datetime, timedelta
+from typing import Final
+
+from services.crypto import Cipher
+
+_MONTHS: Final = (
+    "january",
+    "february",
+    "march",
+    "april",
+    "may",
+    "june",
+    "july",
+    "august",
+    "september",
+    "october",
+    "november",
+    "december",
+)
+#: A month's name or its usual short form (``sept`` too), to its number.
+_MONTH_OF: Final = {
+    **{name: n for n, name in enumerate(_MONTHS, 1)},
+    **{name[:3]: n for n, name in enumerate(_MONTHS, 1)},
+    "sept": 9,
+}
+_MONTH: Final = r"(?P<{0}>" + "|".join(sorted(_MONTH_OF, key=len, reverse=True)) + r")\.?"
+_DAY: Final = r"(?P<{0}>[0-3]?\d)(?:st|nd|rd|th)?"
+_YEAR: Final = r"(?P<{0}>(?:19|20)\d\d)"
+#: The months of a season (northern; winter: January, February and the December of its year).
+_SEASONS: Final = {
+    "spring": (3, 4, 5),
+    "summer": (6, 7, 8),
+    "autumn": (9, 10, 11),
+    "fall": (9, 10, 11),
+    "winter": (1, 2, 12),
+}
+_DATES: Final = re.compile(
+    "|".join(
+        (
+            r"\b" + _YEAR.format("iy") + r"-(?P<im>[01]?\d)-(?P<id>[0-3]?\d)\b",
+            r"\b(?:the\s+)?"
+            + _DAY.format("d1")
+            + r"\s+(?:of\s+)?"
+            + _MONTH.format("m1")
+            + r"(?:,?\s*"
+            + _YEAR.format("y1")
+            + r")?\b",
+            r"\b"
+            + _MONTH.format("m2")
+            + r"\s+(?:the\s+)?"
+            + _DAY.format("d2")
+            + r"\b(?!\s*:)"
+            + r"(?:,?\s*"
+            + _YEAR.format("y2")
+            + r")?\b",
+            r"\b" + _MONTH.format("m3") + r",?\s*(?:of\s+)?" + _YEAR.format("y3") + r"\b",
+            r"\b(?P<season>" + "|".join(_SEASONS) + r")\s+(?:of\s+)?" + _YEAR.format("y4") + r"\b",
+            r"\b" + _YEAR.format("y5") + r"\b",
+            r"\b(?P<today>today|tonight)\b",
+            r"\b(?P<yesterday>yesterday)\b",
+            r"\b(?P<ago>[1-9]|[12]\d|30|a|one|two|three|four|five|six|seven)\s+days?\s+ago\b",
+            r"\b(?P<which>this|last)\s+(?P<unit>week|month|year)\b",
+        )
+    ),
+)
+#: What every date _DATES reads holds (a digit, or a word of a relative one): a query without
+#: any is not read further (most are not; _DATES over 2,000 characters takes ~0.25 ms).
+_ANCHOR: Final = re.compile(r"[0-9]|\b(?:today|tonight|yesterday|ago|this|last)\b")
+_SMALL: Final = {"a": 1, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7}
+
+
+def day_of(said_at_ms: int) -> date:
+    """The UTC day of a time in epoch milliseconds."""
+    return datetime.fromtimestamp(said_at_ms / 1000, UTC).date()
+
+
+def entry_terms(day: date) -> tuple[str, ...]:
+    """The terms an entry said on ``day`` is found by."""
+    return (
+        f"@{day.year}",
+        f"@{day.year}-{day.month:02}",
+        f"@{day.isoformat()}",
+        f"@-{day.month:02}-{day.day:02}",
+    )
+
+
+def blind_days(cipher: Cipher, said_at: list[int]) -> list[str]:
+    """Per time, the blind terms of its day as stored keywords read (space separated), each day's
+    made once."""
+    made: dict[date, str] = {}
+    found: list[str] = []
+    for at in said_at:
+        day = day_of(at)
+        terms = made.get(day)
+        if terms is None:
+            terms = made[day] = " ".join(cipher.blind(t) for t in entry_terms(day))
+        found.append(terms)
+    return found
+
+
+def blind_query(cipher: Cipher, text: str, now_ms: int) -> list[str]:
+    """The blind terms of the dates ``text`` names (:func:`query_terms`)."""
+    return [cipher.blind(t) for t in query_terms(text, now_ms)]
+
+
+def _day(year: int, month: int, day: int) -> str | None:
+    try:
+        return f"@{date(year, month, day).isoformat()}"
+    except ValueError:  # 31 June
+        return None
+
+
+def _month_terms(month: int, day: str | None, year: str | None) -> list[str]:
+    if day is not None and year is not None:
+        found = _day(int(year), month, int(day))
+        return [] if found is None else [found]
+    if day is not None:  # a day of any year: one of a leap year
+        found = _day(2000, month, int(day))
+        return [] if found is None else ["@" + found[5:]]
+    return [] if year is None else [f"@{year}-{month:02}"]
+
+
+def query_terms(text: str, now_ms: int) -> list[str]:
+    """The terms of the dates ``text`` names, in order, each once (``now_ms``: the time of the
+    query, for "yesterday" and the like)."""
+    text = text.lower()
+    if not _ANCHOR.search(text):
+        return []
+    today = day_of(now_ms)
+    found: list[str] = []
+    for m in _DATES.finditer(text):
+        g = m.groupdict()
+        if g["iy"]:
+            terms = [t for t in [_day(int(g["iy"]), int(g["im"]), int(g["id"]))] if t]
+        elif g["m1"] or g["m2"]:
+            month = _MONTH_OF[g["m1"] or g["m2"]]
+            terms = _month_terms(month, g["d1"] or g["d2"], g["y1"] or g["y2"])
+        elif g["m3"]:
+            terms = [f"@{g['y3']}-{_MONTH_OF[g['m3']]:02}"]
+        elif g["season"]:
+            terms = [f"@{g['y4']}-{month:02}" for month in _SEASONS[g["season"]]]
+        elif g["y5"]:
+            terms = [f"@{g['y5']}"]
+        elif g["today"] or g["yesterday"] or g["ago"]:
+            back = 0 if g["today"] else 1 if g["yesterday"] else _count(g["ago"])
+            terms = [f"@{(today - timedelta(days=back)).isoformat()}"]
+        else:
+            terms = _relative(today, g["which"], g["unit"])
+        found += terms
+    return list(dict.fromkeys(found))
+
+
+def _count(word: str) -> int:
+    return int(word) if word.isdigit() else _SMALL[word]
+
+
+def _relative(today: date, which: str, unit: str) -> list[str]:
+    """ "this week", "last month", "last year": the days of the week (Monday first), the month,
+    the year."""
+    back = 0 if which == "this" else 1
+    if unit == "week":
+        monday = today - timedelta(days=today.weekday() + 7 * back)
+        return [f"@{(monday + timedelta(days=n)).isoformat()}" for n in range(7)]
+    if unit == "month":
+        month = today.month - back or 12
+        year = today.year if month <= today.month else today.year - 1
+        return [f"@{year}-{month:02}"]
+    return [f"@{today.year - back}"]

@@ -1,0 +1,97 @@
+"""The dates an entry is found by and the dates a query names (services/datewords.py, D9.31)."""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC, date, datetime, timedelta
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from services.crypto import Cipher, Keyring
+from services.datewords import blind_days, blind_query, day_of, entry_terms, query_terms
+from services.keywords import tokens
+
+#: Saturday 6 December 2026, 10:00 UTC: "now" for the relative dates.
+NOW = int(datetime(2026, 12, 6, 10, tzinfo=UTC).timestamp() * 1000)
+
+
+def _cipher() -> Cipher:
+    keyring = Keyring(os.urandom(32))
+    return keyring.cipher("bot_dates", keyring.new_data_key("bot_dates"))
+
+
+@pytest.mark.parametrize(
+    ("text", "terms"),
+    [
+        ("What did Maria share on 16 June, 2023?", ["@2023-06-16"]),
+        ("What did John organize with his friends on May 8, 2022?", ["@2022-05-08"]),
+        ("How long has John played drums as of 27 March, 2022?", ["@2022-03-27"]),
+        ("on the 3rd of Sept. 2021", ["@2021-09-03"]),
+        ("Jan 5th 2024 and 2024-02-29", ["@2024-01-05", "@2024-02-29"]),
+        ("What is the board game John tried in September 2022?", ["@2022-09"]),
+        ("in March, of 2023", ["@2023-03"]),
+        ("What state did Joanna visit in summer 2021?", ["@2021-06", "@2021-07", "@2021-08"]),
+        ("Which country did James visit in 2021?", ["@2021"]),
+        ("what happened on the 16th of June", ["@-06-16"]),
+        ("Feb 29", ["@-02-29"]),
+        ("at 1:56 pm on 8 May, 2023", ["@2023-05-08"]),
+        ("what did I say yesterday, and today", ["@2026-12-05", "@2026-12-06"]),
+        ("3 days ago", ["@2026-12-03"]),
+        ("a day ago", ["@2026-12-05"]),
+        ("last month", ["@2026-11"]),
+        ("this year and last year", ["@2026", "@2025"]),
+        ("this week", [f"@{date(2026, 11, 30) + timedelta(n)}" for n in range(7)]),
+        # Not dates: a month without a day or a year, a modal verb, numbers, impossible days.
+        ("in June", []),
+        ("May I ask what June said?", []),
+        ("I have 12 cats and 3 dogs", []),
+        ("on June 31, 2023 or 2023-02-30", []),
+        ("6/7/2023", ["@2023"]),
+    ],
+)
+def test_a_query_names_the_dates_it_names(text: str, terms: list[str]) -> None:
+    assert query_terms(text, NOW) == terms
+
+
+def test_last_month_in_january_is_the_december_before() -> None:
+    january = int(datetime(2027, 1, 10, tzinfo=UTC).timestamp() * 1000)
+    assert query_terms("last month", january) == ["@2026-12"]
+
+
+@given(st.dates(min_value=date(1900, 1, 1), max_value=date(2099, 12, 31)))
+def test_every_way_a_query_names_a_day_meets_the_entries_said_on_it(day: date) -> None:
+    said = int(datetime(day.year, day.month, day.day, 23, 59, tzinfo=UTC).timestamp() * 1000)
+    held = set(entry_terms(day_of(said)))
+    month = day.strftime("%B")
+    for named in (
+        f"{day.day} {month}, {day.year}",
+        f"{month} {day.day}, {day.year}",
+        f"the {day.day}th of {month} {day.year}",
+        f"{month[:3]} {day.day} {day.year}",
+        day.isoformat(),
+        f"{month} {day.year}",
+        f"{day.day} {month}",
+        f"in {day.year}",
+    ):
+        terms = query_terms(named, NOW)
+        assert terms and set(terms) <= held, named
+
+
+@given(st.text())
+def test_no_keyword_of_any_text_is_a_date_term(text: str) -> None:
+    """Date terms begin with ``@``, which no keyword token holds: a number never meets a day."""
+    assert not any("@" in t for t in tokens(text))
+
+
+def test_an_entry_holds_its_days_terms_blinded_as_the_query_names_them() -> None:
+    cipher = _cipher()
+    june = int(datetime(2023, 6, 16, 13, 56, tzinfo=UTC).timestamp() * 1000)
+    [held, again, other] = blind_days(cipher, [june, june + 3_600_000, june + 86_400_000])
+    assert held == again != other  # one day's terms, whatever the hour
+    assert set(blind_query(cipher, "What did Maria share on 16 June, 2023?", NOW)) <= set(held.split())
+    assert set(blind_query(cipher, "on 17 June, 2023?", NOW)) <= set(other.split())
+    assert not set(blind_query(cipher, "on 17 June, 2023?", NOW)) & set(held.split())
+    assert all(len(t) == 13 and t.startswith("k") for t in held.split())  # a stored token's shape
+    assert set(held.split()).isdisjoint(blind_days(_cipher(), [june])[0].split())  # per Bot keys
