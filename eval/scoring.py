@@ -83,7 +83,7 @@ def score(
         question.answer,
         question.evidence,
         ids,
-        sum(len(o.text) for o in offered),
+        sum(len(o.text) + len(o.said) for o in offered),  # the text and its day (D9.31)
         _rests_on(ids, entries, evidence),
         _rests_on(pool, entries, evidence),
         None if search is None else tuple(search),

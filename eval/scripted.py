@@ -74,10 +74,11 @@ def reply_of(p: Plan) -> Reply:
 
 @dataclass(frozen=True, slots=True)
 class Offer:
-    """An entry a rewrite request offered (id and text as sent)."""
+    """An entry a rewrite request offered (id, text and the day it was said, as sent)."""
 
     id: str
     text: str
+    said: str = ""
 
 
 @dataclass
@@ -191,7 +192,9 @@ def _notes(recorded: Recorded) -> tuple[str, tuple[Offer, ...]]:
         notes, message = body.get("notes"), body.get("message")
         if isinstance(notes, list) and isinstance(message, str):
             raw = [cast(dict[str, Any], n) for n in cast(list[Any], notes) if isinstance(n, dict)]
-            return message, tuple(Offer(str(n.get("id")), str(n.get("text", ""))) for n in raw)
+            return message, tuple(
+                Offer(str(n.get("id")), str(n.get("text", "")), str(n.get("said", ""))) for n in raw
+            )
     raise ValueError("a rewrite request without the message and notes the harness reads: see eval.scripted")
 
 

@@ -85,7 +85,10 @@ WITH page, reduce(fit = {size: """
 
 
 #: The entries of a page that fit: id, rank and ciphertext.
-_FITTING: Final[LiteralString] = "[x IN page[0..fit.n] | {id: x.id, rank: x.rank, content: x.e.content}]"
+_FITTING: Final[LiteralString] = (
+    "[x IN page[0..fit.n] | {id: x.id, rank: x.rank, content: x.e.content,"
+    " saidAt: coalesce(x.e.saidAt, x.e.createdAt)}]"
+)
 
 
 class FittingRow(TypedDict):
@@ -94,6 +97,8 @@ class FittingRow(TypedDict):
     id: str
     rank: int
     content: Ciphertext
+    #: When its newest source was said (D9.31).
+    saidAt: int
 
 
 #: One page (see _context_page) below ``$after`` after ``$size`` characters and ``$count``

@@ -202,7 +202,8 @@ MATCH (i:Item)
 WHERE i.chatId = $chatId AND i.seq > $after AND i.memoryOff IS NULL
 WITH i ORDER BY i.chatId, i.seq LIMIT $limit
 MATCH (i)-[:IN_TURN]->(t:Turn)
-RETURN collect(i {.uid, .id, .seq, .kind, .text, .app, .speakerId, turnSeq: t.seq}) AS items
+RETURN collect(i {.uid, .id, .seq, .kind, .text, .app, .speakerId, turnSeq: t.seq,
+                  saidAt: coalesce(i.saidAt, i.createdAt)}) AS items
 """
 
 
@@ -218,6 +219,8 @@ class EvidenceMap(TypedDict):
     app: str | None
     speakerId: str | None
     turnSeq: int
+    #: When it was said (D9.31).
+    saidAt: int
 
 
 class EvidenceRow(TypedDict):
@@ -239,7 +242,7 @@ CALL () {
   USING INDEX e:Entry(botId, validOrg, memoryRank)
   WHERE e.botId = $botId AND e.validOrg = $org AND e.memoryRank < $top
   WITH e ORDER BY e.botId DESC, e.validOrg DESC, e.memoryRank DESC, e.id LIMIT $limit
-  RETURN collect(e {.id, .layer, .content, .tags, .confidence}) AS entries
+  RETURN collect(e {.id, .layer, .content, .tags, .confidence, saidAt: coalesce(e.saidAt, e.createdAt)}) AS entries
 }
 CALL () {
   MATCH (tc:TopicCount)
@@ -259,6 +262,7 @@ class LearnedEntry(TypedDict):
     content: Ciphertext
     tags: list[str]
     confidence: float | None
+    saidAt: int
 
 
 class TopicCount(TypedDict):

@@ -202,7 +202,8 @@ _RANKED: Final[LiteralString] = (
 #: ``context(query)``: of each entry only what choosing and presenting it needs.
 _RANKED_CONTEXT: Final[LiteralString] = (
     _RANKED_HEAD
-    + "  RETURN collect({score: score, entry: e {.id, .memoryRank, .contentLength, .content}"
+    + "  RETURN collect({score: score, entry: e {.id, .memoryRank, .contentLength, .content,"
+    + " saidAt: coalesce(e.saidAt, e.createdAt)}"
     + _RANKED_TAIL
 )
 
@@ -221,6 +222,7 @@ class ContextEntry(TypedDict):
     memoryRank: int
     contentLength: int
     content: Ciphertext
+    saidAt: int
 
 
 class RankedContext(TypedDict):

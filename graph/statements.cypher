@@ -1295,7 +1295,7 @@ WITH page, reduce(fit = {size: $size, n: 0, open: true}, x IN page |
   CASE WHEN fit.open AND fit.size + x.length + 2 + CASE WHEN $count + fit.n > 0 THEN 1 ELSE 0 END <= $max
        THEN {size: fit.size + x.length + 2 + CASE WHEN $count + fit.n > 0 THEN 1 ELSE 0 END, n: fit.n + 1, open: true}
        ELSE {size: fit.size, n: fit.n, open: false} END) AS fit
-RETURN [x IN page[0..fit.n] | {id: x.id, rank: x.rank, content: x.e.content}] AS page, size(page) AS candidates, fit.open AS open, fit.size AS size
+RETURN [x IN page[0..fit.n] | {id: x.id, rank: x.rank, content: x.e.content, saidAt: coalesce(x.e.saidAt, x.e.createdAt)}] AS page, size(page) AS candidates, fit.open AS open, fit.size AS size
 
 // ---- graph.context.HAS_VISIBLE
 CALL () {
@@ -1388,7 +1388,7 @@ WITH page, reduce(fit = {size: 0, n: 0, open: true}, x IN page |
   CASE WHEN fit.open AND fit.size + x.length + 2 + CASE WHEN 0 + fit.n > 0 THEN 1 ELSE 0 END <= $max
        THEN {size: fit.size + x.length + 2 + CASE WHEN 0 + fit.n > 0 THEN 1 ELSE 0 END, n: fit.n + 1, open: true}
        ELSE {size: fit.size, n: fit.n, open: false} END) AS fit
-RETURN [x IN page[0..fit.n] | {id: x.id, rank: x.rank, content: x.e.content}] AS first, fit.open AND size(page) = $limit AS full, fit.size AS firstSize
+RETURN [x IN page[0..fit.n] | {id: x.id, rank: x.rank, content: x.e.content, saidAt: coalesce(x.e.saidAt, x.e.createdAt)}] AS first, fit.open AND size(page) = $limit AS full, fit.size AS firstSize
 }
 OPTIONAL CALL (readers, org, first, full, firstSize) {
   WITH readers, org, first, firstSize WHERE full
@@ -1410,7 +1410,7 @@ WITH page, reduce(fit = {size: firstSize, n: 0, open: true}, x IN page |
   CASE WHEN fit.open AND fit.size + x.length + 2 + CASE WHEN size(first) + fit.n > 0 THEN 1 ELSE 0 END <= $max
        THEN {size: fit.size + x.length + 2 + CASE WHEN size(first) + fit.n > 0 THEN 1 ELSE 0 END, n: fit.n + 1, open: true}
        ELSE {size: fit.size, n: fit.n, open: false} END) AS fit
-RETURN [x IN page[0..fit.n] | {id: x.id, rank: x.rank, content: x.e.content}] AS rest, fit.open AND size(page) = $more AS more
+RETURN [x IN page[0..fit.n] | {id: x.id, rank: x.rank, content: x.e.content, saidAt: coalesce(x.e.saidAt, x.e.createdAt)}] AS rest, fit.open AND size(page) = $more AS more
 }
 RETURN first + coalesce(rest, []) AS page, NOT coalesce(more, false) AS complete
 
@@ -1465,7 +1465,7 @@ WITH page, reduce(fit = {size: $size, n: 0, open: true}, x IN page |
   CASE WHEN fit.open AND fit.size + x.length + 2 + CASE WHEN $count + fit.n > 0 THEN 1 ELSE 0 END <= $max
        THEN {size: fit.size + x.length + 2 + CASE WHEN $count + fit.n > 0 THEN 1 ELSE 0 END, n: fit.n + 1, open: true}
        ELSE {size: fit.size, n: fit.n, open: false} END) AS fit
-RETURN [x IN page[0..fit.n] | {id: x.id, rank: x.rank, content: x.e.content}] AS page, size(page) AS candidates, fit.open AS open, fit.size AS size
+RETURN [x IN page[0..fit.n] | {id: x.id, rank: x.rank, content: x.e.content, saidAt: coalesce(x.e.saidAt, x.e.createdAt)}] AS page, size(page) AS candidates, fit.open AS open, fit.size AS size
 
 // ---- graph.context.LOCKED_HAS_VISIBLE
 MATCH (held:Memory {id: $botId})
@@ -2239,7 +2239,8 @@ MATCH (i:Item)
 WHERE i.chatId = $chatId AND i.seq > $after AND i.memoryOff IS NULL
 WITH i ORDER BY i.chatId, i.seq LIMIT $limit
 MATCH (i)-[:IN_TURN]->(t:Turn)
-RETURN collect(i {.uid, .id, .seq, .kind, .text, .app, .speakerId, turnSeq: t.seq}) AS items
+RETURN collect(i {.uid, .id, .seq, .kind, .text, .app, .speakerId, turnSeq: t.seq,
+                  saidAt: coalesce(i.saidAt, i.createdAt)}) AS items
 
 // ---- graph.learning.FINISH
 MATCH (held:LearningExecution {id: $id})
@@ -2261,7 +2262,7 @@ CALL () {
   USING INDEX e:Entry(botId, validOrg, memoryRank)
   WHERE e.botId = $botId AND e.validOrg = $org AND e.memoryRank < $top
   WITH e ORDER BY e.botId DESC, e.validOrg DESC, e.memoryRank DESC, e.id LIMIT $limit
-  RETURN collect(e {.id, .layer, .content, .tags, .confidence}) AS entries
+  RETURN collect(e {.id, .layer, .content, .tags, .confidence, saidAt: coalesce(e.saidAt, e.createdAt)}) AS entries
 }
 CALL () {
   MATCH (tc:TopicCount)
@@ -2998,7 +2999,7 @@ CALL (parts) {
   WITH part[0] AS e, part[1] AS score
   ORDER BY score DESC, e.memoryRank DESC, e.id
   LIMIT $limit
-  RETURN collect({score: score, entry: e {.id, .memoryRank, .contentLength, .content}}) AS ranked
+  RETURN collect({score: score, entry: e {.id, .memoryRank, .contentLength, .content, saidAt: coalesce(e.saidAt, e.createdAt)}}) AS ranked
 }
 RETURN coalesce(m.vecSeq, 0) AS seq, m.version AS version, fresh, ranked, size(hits) AS visible, walked,
        lost

@@ -23,6 +23,7 @@ from learning.gateway import Gateway, ModelUnavailable, ToolCall
 from learning.prompts import MEMORY_VOCABULARY, system_prompt
 from services import metrics, retrieval, search, turns
 from services.crypto import Kind
+from services.datewords import day_of
 from services.domain import Principal, Turn
 from services.embedding import Embedder
 from services.ids import new_id
@@ -33,10 +34,11 @@ _SAVE_MARGIN = 0.3
 
 REWRITE_SYSTEM = (
     "You help an assistant understand the message a person just sent it. You get the message and "
-    "notes that may help, each with an id. When notes help, rewrite the message so that it carries "
-    "what helps from them, in the person's voice, keeping everything the person says and asks; then "
-    "call rewrite_input with the new text and the ids of the notes you used. Never mention the notes "
-    "as such. When nothing helps, call no tool."
+    "notes that may help, each with an id and the day (UTC) it was said. When notes help, rewrite "
+    "the message so that it carries what helps from them (with their days where the message asks "
+    "when something happened or names a time), in the person's voice, keeping everything the "
+    "person says and asks; then call rewrite_input with the new text and the ids of the notes you "
+    "used. Never mention the notes as such. When nothing helps, call no tool."
 )
 
 REWRITE_TOOL: Final = toolcalls.tool("rewrite_input", toolcalls.RewriteInput)
@@ -129,7 +131,11 @@ async def _rewrite(
             return original, "nothing_visible", ()
         release = await gateway.acquire(rt, route, deadline)
     try:
-        notes = [{"id": i, "text": c} for i, c in zip(known.ids, known.contents, strict=True)]
+        # Each note with the day it was said (D9.31): "when did …?" is answered from it.
+        notes = [
+            {"id": i, "text": c, "said": day_of(at).isoformat()}
+            for i, c, at in zip(known.ids, known.contents, known.said_at, strict=True)
+        ]
         body = {
             "messages": [
                 {"role": "system", "content": system_prompt(REWRITE_SYSTEM, route)},

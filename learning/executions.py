@@ -40,6 +40,7 @@ from learning.prompts import system_prompt
 from services import jobs, metrics, slots
 from services.changes import AddFact, AddObservation, MemoryChange, Share
 from services.crypto import Cipher, Kind
+from services.datewords import day_of, said_minute
 from services.errors import ServiceError
 from services.memorybot import load_route
 from services.runtime import Runtime, now_ms
@@ -327,7 +328,11 @@ class ExecutionRunner:
         cipher = route.cipher
         evidence = {
             i["id"]: protocol.EvidenceItem(
-                i["id"], i["kind"], _speaker(i), cipher.decrypt(Kind.ITEM, i["uid"], i["text"])
+                i["id"],
+                i["kind"],
+                _speaker(i),
+                cipher.decrypt(Kind.ITEM, i["uid"], i["text"]),
+                said_minute(i["saidAt"]),
             )
             for i in chunk
             if i["text"] is not None
@@ -476,7 +481,8 @@ async def _check_shares(
 
 
 def _kept(cipher: Cipher, entry: learning_q.LearnedEntry) -> dict[str, Any]:
-    """An entry as the model sees it: id, layer, text, topics and audience (never provenance)."""
+    """An entry as the model sees it: id, layer, text, topics, audience and the day it was said
+    (D9.31; never provenance)."""
     tags = entry["tags"]
     kept: dict[str, Any] = {
         "id": entry["id"],
@@ -484,6 +490,7 @@ def _kept(cipher: Cipher, entry: learning_q.LearnedEntry) -> dict[str, Any]:
         "content": cipher.decrypt(Kind.ENTRY, entry["id"], entry["content"]),
         "topics": [t for t in tags if ":" not in t],
         "audience": [t for t in tags if t.startswith("for:")],
+        "said": day_of(entry["saidAt"]).isoformat(),
     }
     if entry.get("confidence") is not None:
         kept["confidence"] = entry["confidence"]

@@ -46,7 +46,9 @@ LEARN_SYSTEM = (
     "A person's preferences (how they like to be answered, worked with or addressed) get the topic "
     "preferences.\n"
     "The Bot's own words and tool calls only show where to look: they never become facts. A notice "
-    "is never a person's words. If there is nothing worth keeping, call no tool."
+    "is never a person's words. Items and entries carry when they were said (UTC): write the dates "
+    "they name, not words like 'yesterday' or 'next week'. If there is nothing worth keeping, call "
+    "no tool."
 )
 
 
@@ -56,9 +58,13 @@ class EvidenceItem:
     kind: str
     speaker: str
     text: str
+    said: str = ""  # when it was said, UTC to the minute (D9.31); "" left out
 
     def json(self) -> dict[str, str]:
-        return {"id": self.id, "kind": self.kind.lower(), "speaker": self.speaker, "text": self.text}
+        found = {"id": self.id, "kind": self.kind.lower(), "speaker": self.speaker, "text": self.text}
+        if self.said:
+            found["said"] = self.said
+        return found
 
 
 def request_body(

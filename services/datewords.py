@@ -97,6 +97,11 @@ def day_of(said_at_ms: int) -> date:
     return datetime.fromtimestamp(said_at_ms / 1000, UTC).date()
 
 
+def said_minute(said_at_ms: int) -> str:
+    """A time as a model reads when something was said: UTC, to the minute ("2023-05-08T13:56Z")."""
+    return datetime.fromtimestamp(said_at_ms / 1000, UTC).strftime("%Y-%m-%dT%H:%MZ")
+
+
 def entry_terms(day: date) -> tuple[str, ...]:
     """The terms an entry said on ``day`` is found by."""
     return (

@@ -41,6 +41,7 @@ class Context:
     text: str
     ids: tuple[str, ...]
     contents: tuple[str, ...] = ()  # the entries' texts, in the order of ``ids``
+    said_at: tuple[int, ...] = ()  # when each was said (D9.31), in the order of ``ids``
 
 
 async def context(rt: Runtime, bot_id: str, reader: Reader, limit: int) -> Context:
@@ -96,7 +97,9 @@ async def context(rt: Runtime, bot_id: str, reader: Reader, limit: int) -> Conte
     contents = cipher.decrypt_all(Kind.ENTRY, [(row["id"], row["content"]) for row in used])
     text = "\n".join("- " + c for c in contents)
     rt.line_lengths.observe(bot_id, len(text) + 1, len(contents))
-    return Context(text, tuple(row["id"] for row in used), tuple(contents))
+    return Context(
+        text, tuple(row["id"] for row in used), tuple(contents), tuple(row["saidAt"] for row in used)
+    )
 
 
 def _first_page(mean_line: float | None, limit: int) -> int:

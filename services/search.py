@@ -162,7 +162,9 @@ async def context(
     text = "\n".join("- " + c for c in contents)
     if contents:
         rt.line_lengths.observe(bot_id, len(text) + 1, len(contents))
-    return retrieval.Context(text, tuple(e["id"] for e in chosen), tuple(contents))
+    return retrieval.Context(
+        text, tuple(e["id"] for e in chosen), tuple(contents), tuple(e["saidAt"] for e in chosen)
+    )
 
 
 def _fitting(ranked: list[search_q.RankedContext], limit: int) -> tuple[list[search_q.ContextEntry], int]:

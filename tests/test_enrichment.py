@@ -4,6 +4,7 @@ back, what is saved and who reads it — asserted on the scripted model's record
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -29,6 +30,9 @@ def rewrite(text: str, *ids: str) -> Reply:
 def notes_sent(request: Recorded) -> dict[str, str]:
     body = json.loads(request.body["messages"][1]["content"])
     return {n["id"]: n["text"] for n in body["notes"]}
+
+
+MEMORY_DATES = "query($b: ID!) { memory(botId: $b) { entries { id saidAt } } }"
 
 
 async def enrichments(api: Api, token: str, chat: str) -> Any:
@@ -265,3 +269,29 @@ async def test_instructions_reach_the_rewrite_request(
     await api.turn(w.tokens["ann"], chat, "Make me a drink")
     [request] = model_server.requests_for("rewrite")
     assert "Marker-5521" in request.body["messages"][0]["content"]
+
+
+async def test_each_note_carries_the_day_it_was_said(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    """D9.31: the rewrite's notes each carry the UTC day their newest source was said, so "when
+    did …?" can be answered from them; a history imported with its times dates them by those."""
+    w = await memory_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    june_16 = 1_686_923_760_000  # 16 June 2023, 13:56 UTC
+    hike = await fact(
+        runtime,
+        w.bot,
+        "Ann hiked up Ben Nevis",
+        await said(api, w.tokens["ann"], chat, "I hiked Ben Nevis today", said_at=june_16),
+    )
+    today = await fact(
+        runtime, w.bot, "Ann hikes every weekend", await said(api, w.tokens["ann"], chat, "hiking")
+    )
+    await api.turn(w.tokens["ann"], chat, "When did I hike Ben Nevis?")
+    request = model_server.requests_for("rewrite")[-1]
+    notes = {n["id"]: n for n in json.loads(request.body["messages"][1]["content"])["notes"]}
+    assert notes[hike]["said"] == "2023-06-16"
+    created = (await api.gql(MEMORY_DATES, {"b": w.bot}, w.tokens["ann"]))["memory"]["entries"]
+    [now] = [e["saidAt"] for e in created if e["id"] == today]
+    assert notes[today]["said"] == datetime.fromtimestamp(now / 1000, UTC).date().isoformat()

@@ -7,6 +7,7 @@ import asyncio
 import hashlib
 import json
 import threading
+from datetime import UTC, datetime
 from typing import Any, cast
 
 import pytest
@@ -601,7 +602,8 @@ async def test_learning_context_is_the_first_300_valid_entries_of_the_chats_orga
     assert [e["content"] for e in body["keptEntries"]] == [f"note {n}" for n in range(304, 4, -1)]
     assert body["topicCounts"] == [{"topic": "bulk", "count": 305}]
     assert all(
-        set(e) <= {"id", "layer", "content", "topics", "audience", "confidence"} for e in body["keptEntries"]
+        set(e) <= {"id", "layer", "content", "topics", "audience", "confidence", "said"}
+        for e in body["keptEntries"]
     )
 
 
@@ -650,3 +652,36 @@ async def test_learning_context_seeks_the_valid_entries_of_its_organization(
     await runtime.driver.execute_query("MATCH (s:SchemaVersion {id: 'schema'}) SET s.version = 13")
     assert await migrate(runtime.driver) == LATEST
     assert await context() == now
+
+
+async def test_the_model_learns_when_each_item_and_entry_was_said(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    """D9.31: the learning request carries when each new Item was said (UTC, to the minute; a
+    history imported gives its own times) and the day of each kept entry, so the model can write
+    "on 16 June 2023" where the person said "yesterday"; the fact learned is dated by its Item."""
+    w = await memory_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    june_16 = 1_686_923_760_000  # 16 June 2023, 13:56 UTC
+    kept = await fact(runtime, w.bot, "Ann owns a red kayak", await said(api, w.tokens["ann"], chat, "kayak"))
+    turn = await api.turn(w.tokens["ann"], chat, "I paddled to the island yesterday", said_at=june_16)
+    item = await first_item(api, w.tokens["ann"], chat)
+    model_server.script("learn", learn(fact_call("Ann paddled to the island on 15 June 2023", item)))
+    await confide(api, w.tokens["ann"], turn["id"])
+    await complete(api, w.tokens["ann"], turn["id"])
+    [x] = await wait_executions(runtime, turn["id"])
+    assert x["status"] == "done", x.get("error")
+    body = json.loads(model_server.requests_for("learn")[-1].body["messages"][1]["content"])
+    assert [(i["id"], i["said"]) for i in body["newItems"]][-1] == (item, "2023-06-16T13:56Z")
+    entries = await api.gql(
+        "query($b: ID!) { memory(botId: $b) { entries { id content saidAt } } }",
+        {"b": w.bot},
+        w.tokens["ann"],
+    )
+    dated = {e["content"]: e for e in entries["memory"]["entries"]}
+    assert dated["Ann paddled to the island on 15 June 2023"]["saidAt"] == june_16
+    [held] = [e for e in body["keptEntries"] if e["id"] == kept]
+    assert (
+        held["said"]
+        == datetime.fromtimestamp(dated["Ann owns a red kayak"]["saidAt"] / 1000, UTC).date().isoformat()
+    )
