@@ -44,6 +44,7 @@ class Entry(BaseModel):
     layer: str
     content: str
     tags: list[str]
+    said_at: int = Field(alias="saidAt", description="When its newest source was said (epoch ms, D9.31).")
 
 
 class Remembered(BaseModel):

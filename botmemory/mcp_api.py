@@ -13,8 +13,8 @@ from typing import Any, Final, cast
 import httpx
 from mcp.server.mcpserver.exceptions import ToolError
 
-#: Entry fields every tool shows the model.
-_ENTRY: Final = "id layer content tags"
+#: Entry fields every tool shows the model (``saidAt``: when its newest source was said, D9.31).
+_ENTRY: Final = "id layer content tags saidAt"
 
 REMEMBER: Final = (
     "mutation($b: ID!, $c: String!, $t: [String!]) {"

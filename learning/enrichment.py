@@ -23,7 +23,7 @@ from learning.gateway import Gateway, ModelUnavailable, ToolCall
 from learning.prompts import MEMORY_VOCABULARY, system_prompt
 from services import metrics, retrieval, search, turns
 from services.crypto import Kind
-from services.datewords import day_of
+from services.datewords import day_of, query_terms
 from services.domain import Principal, Turn
 from services.embedding import Embedder
 from services.ids import new_id
@@ -67,7 +67,7 @@ async def start_turn(
         turn = await turns.start_turn(
             rt, principal, chat_id, text, actor_id=actor_id, notice=notice, said_at=said_at
         )
-        enriched, used = await rewrite(rt, gateway, turn, deadline, early or embedder)
+        enriched, used = await rewrite(rt, gateway, turn, deadline, early or embedder, said_at=said_at)
     finally:
         if early is not None:
             await early.aclose()
@@ -75,7 +75,13 @@ async def start_turn(
 
 
 async def rewrite(
-    rt: Runtime, gateway: Gateway, turn: Turn, deadline: float, embedder: Embedder | None
+    rt: Runtime,
+    gateway: Gateway,
+    turn: Turn,
+    deadline: float,
+    embedder: Embedder | None,
+    *,
+    said_at: int | None = None,
 ) -> tuple[str, tuple[str, ...]]:
     """The input with what helps from memory, or the input as it is (N1), and the entries it draws
     on; ``embedder`` embeds the query (the gateway's, or an :class:`services.search.EarlyQuery`
@@ -86,7 +92,13 @@ async def rewrite(
     outcome, used = "kept", ()
     try:
         enriched, outcome, used = await _rewrite(
-            rt, gateway, embedder, turn, original, deadline - _SAVE_MARGIN
+            rt,
+            gateway,
+            embedder,
+            turn,
+            original,
+            deadline - _SAVE_MARGIN,
+            now_ms() if said_at is None else said_at,
         )
     except (ModelUnavailable, TimeoutError):
         enriched = original
@@ -95,9 +107,16 @@ async def rewrite(
 
 
 async def _rewrite(
-    rt: Runtime, gateway: Gateway, embedder: Embedder | None, turn: Turn, original: str, deadline: float
+    rt: Runtime,
+    gateway: Gateway,
+    embedder: Embedder | None,
+    turn: Turn,
+    original: str,
+    deadline: float,
+    said_at: int,
 ) -> tuple[str, str, tuple[str, ...]]:
-    """The rewritten input, how it went, and the entries the rewrite draws on."""
+    """The rewritten input, how it went, and the entries the rewrite draws on; ``said_at``: when
+    the input was said, the day its "yesterday" is counted from (D9.31)."""
     async with asyncio.timeout(max(deadline - time.monotonic(), 0)):
         chat, route, reader = await route_and_reader(rt, turn.chat_id)
         if route.history_epoch != turn.history_epoch:
@@ -111,7 +130,9 @@ async def _rewrite(
         # A spent budget keeps the input as it is (L6, seed 000), a saved rewrite included.
         if await gateway.budget_spent(rt, route):
             return original, "budget_spent", ()
-        digest = route.cipher.digest(Kind.INPUT_DIGEST, original)
+        # Equal words that name another day ("yesterday", asked again tomorrow) are another input.
+        terms = query_terms(original, said_at)
+        digest = route.cipher.digest(Kind.INPUT_DIGEST, "\x00".join([original, *terms]))
         saved = await read(
             rt.driver, lambda tx: memorybot_q.saved_rewrite(tx, chat_id=turn.chat_id, input_digest=digest)
         )
@@ -125,7 +146,7 @@ async def _rewrite(
                 return text, "reused", tuple(ids)
         # One read decides: nothing visible (or nothing that fits) → no model call (N3).
         known = await search.context(
-            rt, embedder, route.bot_id, reader, rt.settings.answer_context_chars, query=original
+            rt, embedder, route.bot_id, reader, rt.settings.answer_context_chars, original, said_at=said_at
         )
         if not known.ids:
             return original, "nothing_visible", ()

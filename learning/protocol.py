@@ -46,9 +46,10 @@ LEARN_SYSTEM = (
     "A person's preferences (how they like to be answered, worked with or addressed) get the topic "
     "preferences.\n"
     "The Bot's own words and tool calls only show where to look: they never become facts. A notice "
-    "is never a person's words. Items and entries carry when they were said (UTC): write the dates "
-    "they name, not words like 'yesterday' or 'next week'. If there is nothing worth keeping, call "
-    "no tool."
+    "is never a person's words. Items and entries carry when they were said (UTC; the person's time "
+    "zone is unknown): where a person names a time from when they spoke ('yesterday', 'next week'), "
+    "keep their words and add the day they spoke ('yesterday, said on 2023-06-16'). If there is "
+    "nothing worth keeping, call no tool."
 )
 
 

@@ -11,11 +11,15 @@ the others as it would rank an entry holding a rare word; "What did Maria share 
 2023?" meets what was said that day.
 
 A term begins with ``@``, which no keyword token holds, so a date never meets a number of the
-text. Dates are read in English: "16 June, 2023", "June 16th 2023", "the 16th of June",
-"2023-06-16", "June 2023", "summer 2023", a year; and, against the time of the query, "today",
-"yesterday", "N days ago", "this" or "last" week, month or year. A month named without a day or
-a year ("in June") is left alone ("May", "June" and "March" are names and words too), as are
-numeric dates such as 6/7/2023 (day first or month first is anyone's guess).
+text. Dates are read in English: "16 June, 2023", "June 16th 2023", "on the 16th of June",
+"2023-06-16", "June 2023", "summer 2023", a year (not "the 1990s"); and, against the time the
+query was said, "yesterday", "last night", "N days ago", "N weeks ago", "last Tuesday", "last"
+week, month or year. A month and a day without a year need an ordinal or "on" ("Ask Jan 3
+questions" names no day); a month named alone ("in June") is left alone ("May", "June" and
+"March" are names and words too), and of a numeric date such as 6/7/2023 only the year is read
+(day first or month first is anyone's guess). "Today", "tonight" and "this week" are not read:
+they are how people ask for what comes next ("where should we eat tonight?"), and every entry
+said today would rank above the ones that answer.
 """
 
 from __future__ import annotations
@@ -47,9 +51,9 @@ _MONTH_OF: Final = {
     "sept": 9,
 }
 _MONTH: Final = r"(?P<{0}>" + "|".join(sorted(_MONTH_OF, key=len, reverse=True)) + r")\.?"
-_DAY: Final = r"(?P<{0}>[0-3]?\d)(?:st|nd|rd|th)?"
-_YEAR: Final = r"(?P<{0}>(?:19|20)\d\d)"
-#: The months of a season (northern; winter: January, February and the December of its year).
+_DAY: Final = r"(?P<{0}>[0-3]?\d)(?P<{0}o>st|nd|rd|th)?"
+#: A year; not a decade ("the 1990s", "1990's").
+_YEAR: Final = r"(?P<{0}>(?:19|20)\d\d)(?!['’]?s\b)"
 _SEASONS: Final = {
     "spring": (3, 4, 5),
     "summer": (6, 7, 8),
@@ -57,18 +61,19 @@ _SEASONS: Final = {
     "fall": (9, 10, 11),
     "winter": (1, 2, 12),
 }
+_WEEKDAYS: Final = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
 _DATES: Final = re.compile(
     "|".join(
         (
-            r"\b" + _YEAR.format("iy") + r"-(?P<im>[01]?\d)-(?P<id>[0-3]?\d)\b",
-            r"\b(?:the\s+)?"
+            r"\b" + _YEAR.format("iy") + r"-(?P<im>[01]?\d)-(?P<id>[0-3]?\d)(?!\d)",
+            r"\b(?P<on1>on\s+)?(?:the\s+)?"
             + _DAY.format("d1")
             + r"\s+(?:of\s+)?"
             + _MONTH.format("m1")
             + r"(?:,?\s*"
             + _YEAR.format("y1")
             + r")?\b",
-            r"\b"
+            r"\b(?P<on2>on\s+)?"
             + _MONTH.format("m2")
             + r"\s+(?:the\s+)?"
             + _DAY.format("d2")
@@ -79,16 +84,16 @@ _DATES: Final = re.compile(
             r"\b" + _MONTH.format("m3") + r",?\s*(?:of\s+)?" + _YEAR.format("y3") + r"\b",
             r"\b(?P<season>" + "|".join(_SEASONS) + r")\s+(?:of\s+)?" + _YEAR.format("y4") + r"\b",
             r"\b" + _YEAR.format("y5") + r"\b",
-            r"\b(?P<today>today|tonight)\b",
-            r"\b(?P<yesterday>yesterday)\b",
-            r"\b(?P<ago>[1-9]|[12]\d|30|a|one|two|three|four|five|six|seven)\s+days?\s+ago\b",
-            r"\b(?P<which>this|last)\s+(?P<unit>week|month|year)\b",
+            r"\b(?P<yesterday>yesterday|last\s+night)\b",
+            r"\b(?P<ago>[1-9]|[12]\d|30|a|one|two|three|four|five|six|seven)\s+(?P<agounit>day|week)s?\s+ago\b",
+            r"\blast\s+(?P<unit>week|month|year)\b",
+            r"\blast\s+(?P<weekday>" + "|".join(_WEEKDAYS) + r")\b",
         )
     ),
 )
-#: What every date _DATES reads holds (a digit, or a word of a relative one): a query without
+#: What every date _DATES reads holds (a digit, or the words of a relative one): a query without
 #: any is not read further (most are not; _DATES over 2,000 characters takes ~0.25 ms).
-_ANCHOR: Final = re.compile(r"[0-9]|\b(?:today|tonight|yesterday|ago|this|last)\b")
+_ANCHOR: Final = re.compile(r"[0-9]|\b(?:yesterday|ago|last\s+[a-z]+day|last\s+(?:night|week|month|year))\b")
 _SMALL: Final = {"a": 1, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7}
 
 
@@ -138,19 +143,21 @@ def _day(year: int, month: int, day: int) -> str | None:
         return None
 
 
-def _month_terms(month: int, day: str | None, year: str | None) -> list[str]:
+def _month_terms(month: int, day: str | None, year: str | None, *, pointed: bool) -> list[str]:
+    """A month with a day, a year or both; a day without a year only when ``pointed`` (an ordinal
+    or "on": "Ask Jan 3 questions" and "Tell May 2 jokes" name no day)."""
     if day is not None and year is not None:
         found = _day(int(year), month, int(day))
         return [] if found is None else [found]
     if day is not None:  # a day of any year: one of a leap year
-        found = _day(2000, month, int(day))
+        found = _day(2000, month, int(day)) if pointed else None
         return [] if found is None else ["@" + found[5:]]
     return [] if year is None else [f"@{year}-{month:02}"]
 
 
 def query_terms(text: str, now_ms: int) -> list[str]:
-    """The terms of the dates ``text`` names, in order, each once (``now_ms``: the time of the
-    query, for "yesterday" and the like)."""
+    """The terms of the dates ``text`` names, in order, each once (``now_ms``: when it was said,
+    for "yesterday" and the like)."""
     text = text.lower()
     if not _ANCHOR.search(text):
         return []
@@ -161,36 +168,45 @@ def query_terms(text: str, now_ms: int) -> list[str]:
         if g["iy"]:
             terms = [t for t in [_day(int(g["iy"]), int(g["im"]), int(g["id"]))] if t]
         elif g["m1"] or g["m2"]:
-            month = _MONTH_OF[g["m1"] or g["m2"]]
-            terms = _month_terms(month, g["d1"] or g["d2"], g["y1"] or g["y2"])
+            pointed = bool(g["on1"] or g["on2"] or g["d1o"] or g["d2o"])
+            terms = _month_terms(
+                _MONTH_OF[g["m1"] or g["m2"]], g["d1"] or g["d2"], g["y1"] or g["y2"], pointed=pointed
+            )
         elif g["m3"]:
             terms = [f"@{g['y3']}-{_MONTH_OF[g['m3']]:02}"]
         elif g["season"]:
             terms = [f"@{g['y4']}-{month:02}" for month in _SEASONS[g["season"]]]
         elif g["y5"]:
             terms = [f"@{g['y5']}"]
-        elif g["today"] or g["yesterday"] or g["ago"]:
-            back = 0 if g["today"] else 1 if g["yesterday"] else _count(g["ago"])
-            terms = [f"@{(today - timedelta(days=back)).isoformat()}"]
+        elif g["yesterday"]:
+            terms = [_days_ago(today, 1)]
+        elif g["ago"]:
+            count = int(g["ago"]) if g["ago"].isdigit() else _SMALL[g["ago"]]
+            if g["agounit"] == "day":
+                terms = [_days_ago(today, count)]
+            else:  # the week around the day N weeks back
+                terms = [_days_ago(today, 7 * count + n) for n in range(-3, 4)]
+        elif g["weekday"]:
+            back = (today.weekday() - _WEEKDAYS.index(g["weekday"]) - 1) % 7 + 1
+            terms = [_days_ago(today, back)]
         else:
-            terms = _relative(today, g["which"], g["unit"])
+            terms = _last(today, g["unit"])
         found += terms
     return list(dict.fromkeys(found))
 
 
-def _count(word: str) -> int:
-    return int(word) if word.isdigit() else _SMALL[word]
+def _days_ago(today: date, back: int) -> str:
+    return f"@{(today - timedelta(days=back)).isoformat()}"
 
 
-def _relative(today: date, which: str, unit: str) -> list[str]:
-    """ "this week", "last month", "last year": the days of the week (Monday first), the month,
-    the year."""
-    back = 0 if which == "this" else 1
+def _last(today: date, unit: str) -> list[str]:
+    """ "last week", "last month", "last year": the days of the week before this one (Monday
+    first), the month before this one, the year before."""
     if unit == "week":
-        monday = today - timedelta(days=today.weekday() + 7 * back)
+        monday = today - timedelta(days=today.weekday() + 7)
         return [f"@{(monday + timedelta(days=n)).isoformat()}" for n in range(7)]
     if unit == "month":
-        month = today.month - back or 12
-        year = today.year if month <= today.month else today.year - 1
+        month = today.month - 1 or 12
+        year = today.year if month < today.month else today.year - 1
         return [f"@{year}-{month:02}"]
-    return [f"@{today.year - back}"]
+    return [f"@{today.year - 1}"]

@@ -48,15 +48,20 @@ def check_text(value: str, field: str, *, limit: int) -> str:
 
 #: How far ahead of this server's clock a given ``saidAt`` may be (another clock's drift).
 SAID_AT_SKEW_MS: Final = 5 * 60 * 1000
+#: The earliest ``saidAt`` taken (3 March 1973): a time in seconds (the usual mistake) is below
+#: it, and no chat history an importer has is older.
+MIN_SAID_AT_MS: Final = 100_000_000_000
 
 
 def check_said_at(value: int | None, field: str, *, now: int) -> int | None:
     """When an Item was said, as a platform importing history gives it (epoch milliseconds): not
-    before 1970 and not in the future (a few minutes of clock drift allowed)."""
+    in the future (a few minutes of clock drift allowed), and not a time in seconds."""
     if value is None:
         return None
-    if not 0 <= value <= now + SAID_AT_SKEW_MS:
-        raise BadInput(f"{field} must be a time in epoch milliseconds, not in the future", field=field)
+    if value < MIN_SAID_AT_MS:
+        raise BadInput(f"{field} is a time in epoch milliseconds (this looks like seconds)", field=field)
+    if value > now + SAID_AT_SKEW_MS:
+        raise BadInput(f"{field} is a time in epoch milliseconds, not in the future", field=field)
     return value
 
 

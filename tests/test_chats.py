@@ -371,16 +371,16 @@ async def test_items_of_history_imported_keep_when_they_were_said(api: Api) -> N
 
 
 async def test_a_time_not_yet_come_or_not_a_time_is_refused_and_saves_nothing(api: Api) -> None:
-    """D9.31, bad input: ``saidAt`` in the future (beyond a few minutes of clock drift), before
-    1970, or not a whole number is BAD_INPUT (the scalar's or the field's), and nothing of the
-    call is saved."""
+    """D9.31, bad input: ``saidAt`` in the future (beyond a few minutes of clock drift), in
+    seconds rather than milliseconds, negative, or not a whole number is BAD_INPUT (the scalar's
+    or the field's), and nothing of the call is saved."""
     world = await make_world(api, ("ann",))
     ann = world.tokens["ann"]
     chat = await api.chat(ann, world.bot)
     turn = await api.turn(ann, chat, "hi")
     start = 'mutation($c: ID!, $s: Long) { startTurn(chatId: $c, input: "later", saidAt: $s) { id } }'
     tomorrow = (await api.gql(DATED, {"c": chat}, ann))["chat"]["messages"][0]["createdAt"] + 86_400_000
-    for bad in (tomorrow, -1, 1.5, True, "yesterday"):
+    for bad in (tomorrow, 1_686_923_760, -1, 1.5, True, "yesterday"):
         body = await api.raw(start, {"c": chat, "s": bad}, ann)
         assert [e["extensions"]["code"] for e in body["errors"]] == ["BAD_INPUT"], (bad, body)
         if isinstance(bad, int) and not isinstance(bad, bool):

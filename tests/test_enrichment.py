@@ -295,3 +295,22 @@ async def test_each_note_carries_the_day_it_was_said(
     created = (await api.gql(MEMORY_DATES, {"b": w.bot}, w.tokens["ann"]))["memory"]["entries"]
     [now] = [e["saidAt"] for e in created if e["id"] == today]
     assert notes[today]["said"] == datetime.fromtimestamp(now / 1000, UTC).date().isoformat()
+
+
+async def test_yesterday_is_counted_from_when_the_input_was_said(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    """D9.31, N2: "yesterday" is the day before the Turn's input was said (a history imported
+    gives that time), so the same words said on another day are another input — never the
+    rewrite saved for the first; words naming a fixed day still reuse theirs."""
+    w = await memory_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    tea = await fact(runtime, w.bot, "Ann likes tea", await said(api, w.tokens["ann"], chat, "tea"))
+    model_server.default("rewrite", rewrite("What did I do yesterday? (tea)", tea))
+    june_16, day = 1_686_923_760_000, 86_400_000
+    for said_at in (june_16, june_16 + 60_000, june_16 + day):
+        await api.turn(w.tokens["ann"], chat, "What did I do yesterday?", said_at=said_at)
+    assert len(model_server.requests_for("rewrite")) == 2  # the same day reused, the next asked
+    for said_at in (june_16, june_16 + day):
+        await api.turn(w.tokens["ann"], chat, "What did I do on 3 March 2023?", said_at=said_at)
+    assert len(model_server.requests_for("rewrite")) == 3

@@ -658,15 +658,17 @@ async def test_the_model_learns_when_each_item_and_entry_was_said(
     api: Api, runtime: Runtime, model_server: ModelServer
 ) -> None:
     """D9.31: the learning request carries when each new Item was said (UTC, to the minute; a
-    history imported gives its own times) and the day of each kept entry, so the model can write
-    "on 16 June 2023" where the person said "yesterday"; the fact learned is dated by its Item."""
+    history imported gives its own times) and the day of each kept entry, so the model can keep
+    "yesterday" with the day it was said; the fact learned is dated by its Item."""
     w = await memory_world(api, ("ann",))
     chat = await api.chat(w.tokens["ann"], w.bot)
     june_16 = 1_686_923_760_000  # 16 June 2023, 13:56 UTC
     kept = await fact(runtime, w.bot, "Ann owns a red kayak", await said(api, w.tokens["ann"], chat, "kayak"))
     turn = await api.turn(w.tokens["ann"], chat, "I paddled to the island yesterday", said_at=june_16)
     item = await first_item(api, w.tokens["ann"], chat)
-    model_server.script("learn", learn(fact_call("Ann paddled to the island on 15 June 2023", item)))
+    model_server.script(
+        "learn", learn(fact_call("Ann paddled to the island yesterday, said on 2023-06-16", item))
+    )
     await confide(api, w.tokens["ann"], turn["id"])
     await complete(api, w.tokens["ann"], turn["id"])
     [x] = await wait_executions(runtime, turn["id"])
@@ -679,7 +681,7 @@ async def test_the_model_learns_when_each_item_and_entry_was_said(
         w.tokens["ann"],
     )
     dated = {e["content"]: e for e in entries["memory"]["entries"]}
-    assert dated["Ann paddled to the island on 15 June 2023"]["saidAt"] == june_16
+    assert dated["Ann paddled to the island yesterday, said on 2023-06-16"]["saidAt"] == june_16
     [held] = [e for e in body["keptEntries"] if e["id"] == kept]
     assert (
         held["said"]

@@ -230,7 +230,8 @@ async def test_why_lists_the_callers_steps_for_pinned_and_learned_entries(
 ) -> None:
     w = await make_world(api, ("ann", "bob"))
     chat = await api.chat(w.tokens["ann"], w.bot)
-    source = await said(api, w.tokens["ann"], chat, "I take the 7:40 train every morning")
+    june_16 = 1_686_923_760_000  # when it was said (D9.31), shown with the entry
+    source = await said(api, w.tokens["ann"], chat, "I take the 7:40 train every morning", said_at=june_16)
     learned = await fact(runtime, w.bot, "Ann commutes by the 7:40 train", source)
     ann_atom = f"person:{w.people['ann']}"
     async with http(mcp_http, w.tokens["ann"]) as ann, http(mcp_http, w.tokens["bob"]) as bob:
@@ -243,6 +244,7 @@ async def test_why_lists_the_callers_steps_for_pinned_and_learned_entries(
 
         proof = await call(ann, "why", entry_id=learned, bot_id=w.bot)
         assert proof["entry"]["content"] == "Ann commutes by the 7:40 train"
+        assert proof["entry"]["saidAt"] == june_16
         steps = {(s["entry"], s["chat"], s["item"], s["rule"], s["admittedBy"]) for s in proof["steps"]}
         assert (learned, *source, "PERSON", ann_atom) in steps
         assert (learned, *source, "ORGANIZATION", f"org:{w.org}") in steps

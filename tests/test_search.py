@@ -1023,6 +1023,16 @@ async def test_a_question_naming_a_day_finds_what_was_said_on_it(api: Api, runti
     )
     photos = await fact(runtime, w.bot, "Maria showed everyone her holiday photos", march)
     cake = await fact(runtime, w.bot, "Maria baked a lemon cake for the party", june)
+    # "Yesterday" is the day before the query was said (an imported Turn's saidAt): with room for
+    # one line, context(query) holds the fact said that day.
+    ann = await memory.person_reader_of(runtime, w.bot, w.people["ann"], w.org)
+    assert ann is not None
+    room = len("Maria showed everyone her holiday photos") + 2
+    for said_at, first in ((JUNE_16 + 86_400_000, cake), (MARCH_3 + 86_400_000, photos)):
+        got = await search.context(
+            runtime, None, w.bot, ann, room, "What did Maria do yesterday?", said_at=said_at
+        )
+        assert got.ids == (first,)
     both = await observation(runtime, w.bot, "Maria likes to share what she makes", photos, cake)
     pinned = await remember(api, w.tokens["ann"], w.bot, "Maria prefers tea")
     dates = {

@@ -6,7 +6,7 @@ from botmemory.mcp import Entry, Hit, bearer, fit
 
 
 def hit(entry_id: str, content: str, score: float = 1.0) -> Hit:
-    return Hit(score=score, entry=Entry(id=entry_id, layer="pinned", content=content, tags=[]))
+    return Hit(score=score, entry=Entry(id=entry_id, layer="pinned", content=content, tags=[], saidAt=0))
 
 
 def test_bearer_takes_only_a_bearer_token() -> None:
