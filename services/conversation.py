@@ -77,14 +77,16 @@ async def context_pack(
     # Memory for the Chat's audience; none in review chats or with botMemory off (D9.16, L5).
     if reader is not None and route.bot_memory and not chat.review:
         preferences = tuple(await _preferences(rt, route, reader))
-        said = [i.text for i in last.items if i.kind is ItemKind.PERSON_MESSAGE and i.text]
+        said = [i for i in last.items if i.kind is ItemKind.PERSON_MESSAGE and i.text]
+        # Its "yesterday" is the day before it was said (D9.31: a history imported says when).
         known = await search.context(
             rt,
             embedder,
             route.bot_id,
             reader,
             rt.settings.answer_context_chars,
-            query=said[-1] if said else None,
+            query=said[-1].text if said else None,
+            said_at=said[-1].said_at if said else None,
         )
     summary = summary_map(route.cipher, chat_id, row["summary"])
     shown = {i.id: i.text for i in last.items if i.text is not None}  # decrypted once, for both

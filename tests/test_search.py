@@ -1056,3 +1056,26 @@ async def test_a_question_naming_a_day_finds_what_was_said_on_it(api: Api, runti
         hits = (await api.gql(SEARCH, {"b": w.bot, "q": question, "l": 4}, w.tokens["ann"]))["search"]
         facts = [h["entry"]["id"] for h in hits if h["entry"]["id"] in (photos, cake)]
         assert facts[0] == first, question
+
+
+async def test_a_context_pack_counts_yesterday_from_when_its_latest_message_was_said(
+    api: Api, runtime: Runtime
+) -> None:
+    """D9.31: ``contextPack`` asks by the latest person message, and that message's "yesterday"
+    is the day before it was said (a history imported gives the time), not before the server's
+    clock. The fact said that day is the oldest of more than the 4,000 characters hold: neither
+    memory order nor the newest-first prior would offer it."""
+    w = await make_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    day = 86_400_000
+    that_day = await said(api, w.tokens["ann"], chat, "the kiln", said_at=MARCH_3)
+    kiln = await fact(runtime, w.bot, "Ann fired her first bowl in the kiln", that_day)
+    later = await said(api, w.tokens["ann"], chat, "errands", said_at=JUNE_16)
+    for n in range(60):
+        await fact(
+            runtime, w.bot, f"Ann's errand {n}: water the plant on shelf {n} and note its height", later
+        )
+    await said(api, w.tokens["ann"], chat, "What did I do yesterday?", said_at=MARCH_3 + day)
+    pack = "query($c: ID!) { contextPack(chatId: $c) { memory { ids } } }"
+    ids = (await api.gql(pack, {"c": chat}, w.tokens["ann"]))["contextPack"]["memory"]["ids"]
+    assert 0 < len(ids) < 61 and kiln in ids
