@@ -3,7 +3,8 @@ query names.
 
 An entry is dated by the newest of its sources (``saidAt``: an Item's time as the platform gave
 it, else when it was saved). Each process's index gives every entry the terms of that day, in UTC
-— its year, its month, its day, and its day of the year without the year — blinded with the Bot's
+— its year, its month and its day (a day named without a year is asked for in each of the last
+thirty years) — blinded with the Bot's
 keys like any keyword (:meth:`services.crypto.Cipher.blind`), held in memory only: the store
 keeps ``saidAt``, a plain time like ``createdAt``, and no term. A query's dates become the same
 terms, so BM25 ranks the entries said on the day (the month, the year) a question names above
@@ -94,6 +95,8 @@ _DATES: Final = re.compile(
 #: What every date _DATES reads holds (a digit, or the words of a relative one): a query without
 #: any is not read further (most are not; _DATES over 2,000 characters takes ~0.25 ms).
 _ANCHOR: Final = re.compile(r"[0-9]|\b(?:yesterday|ago|last\s+[a-z]+day|last\s+(?:night|week|month|year))\b")
+#: How many years back a day named without a year ("on the 16th of June") is sought.
+YEARS_BACK: Final = 30
 _SMALL: Final = {"a": 1, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7}
 
 
@@ -108,13 +111,10 @@ def said_minute(said_at_ms: int) -> str:
 
 
 def entry_terms(day: date) -> tuple[str, ...]:
-    """The terms an entry said on ``day`` is found by."""
-    return (
-        f"@{day.year}",
-        f"@{day.year}-{day.month:02}",
-        f"@{day.isoformat()}",
-        f"@-{day.month:02}-{day.day:02}",
-    )
+    """The terms an entry said on ``day`` is found by: its year, its month, its day. A day named
+    without a year is asked for as that day of each of the last YEARS_BACK years (a term of its
+    own per entry cost ~1 MB per 100k entries of every index for the rarest kind of date)."""
+    return (f"@{day.year}", f"@{day.year}-{day.month:02}", f"@{day.isoformat()}")
 
 
 def blind_days(cipher: Cipher, said_at: list[int]) -> list[str]:
@@ -143,15 +143,16 @@ def _day(year: int, month: int, day: int) -> str | None:
         return None
 
 
-def _month_terms(month: int, day: str | None, year: str | None, *, pointed: bool) -> list[str]:
+def _month_terms(month: int, day: str | None, year: str | None, *, pointed: bool, today: date) -> list[str]:
     """A month with a day, a year or both; a day without a year only when ``pointed`` (an ordinal
     or "on": "Ask Jan 3 questions" and "Tell May 2 jokes" name no day)."""
     if day is not None and year is not None:
         found = _day(int(year), month, int(day))
         return [] if found is None else [found]
-    if day is not None:  # a day of any year: one of a leap year
-        found = _day(2000, month, int(day)) if pointed else None
-        return [] if found is None else ["@" + found[5:]]
+    if day is not None:  # that day of each of the last YEARS_BACK years it falls in
+        if not pointed:
+            return []
+        return [t for t in (_day(year, month, int(day)) for year in _years(today)) if t]
     return [] if year is None else [f"@{year}-{month:02}"]
 
 
@@ -170,7 +171,11 @@ def query_terms(text: str, now_ms: int) -> list[str]:
         elif g["m1"] or g["m2"]:
             pointed = bool(g["on1"] or g["on2"] or g["d1o"] or g["d2o"])
             terms = _month_terms(
-                _MONTH_OF[g["m1"] or g["m2"]], g["d1"] or g["d2"], g["y1"] or g["y2"], pointed=pointed
+                _MONTH_OF[g["m1"] or g["m2"]],
+                g["d1"] or g["d2"],
+                g["y1"] or g["y2"],
+                pointed=pointed,
+                today=today,
             )
         elif g["m3"]:
             terms = [f"@{g['y3']}-{_MONTH_OF[g['m3']]:02}"]
@@ -193,6 +198,11 @@ def query_terms(text: str, now_ms: int) -> list[str]:
             terms = _last(today, g["unit"])
         found += terms
     return list(dict.fromkeys(found))
+
+
+def _years(today: date) -> range:
+    """The years a day named without one is sought in, the latest first."""
+    return range(today.year, today.year - YEARS_BACK - 1, -1)
 
 
 def _days_ago(today: date, back: int) -> str:

@@ -34,8 +34,8 @@ def _cipher() -> Cipher:
         ("in March, of 2023", ["@2023-03"]),
         ("What state did Joanna visit in summer 2021?", ["@2021-06", "@2021-07", "@2021-08"]),
         ("Which country did James visit in 2021?", ["@2021"]),
-        ("what happened on the 16th of June", ["@-06-16"]),
-        ("on Feb 29", ["@-02-29"]),
+        ("what happened on the 16th of June", [f"@{y}-06-16" for y in range(2026, 1995, -1)]),
+        ("on Feb 29", [f"@{y}-02-29" for y in range(2024, 1995, -4)]),
         ("at 1:56 pm on 8 May, 2023", ["@2023-05-08"]),
         ("what did I say yesterday, and last night?", ["@2026-12-05"]),
         ("3 days ago", ["@2026-12-03"]),
@@ -47,7 +47,7 @@ def _cipher() -> Cipher:
         ("last year", ["@2025"]),
         ("last week", [f"@{date(2026, 11, 23) + timedelta(n)}" for n in range(7)]),
         ("2023-06-16T10:00Z", ["@2023-06-16"]),
-        ("on May 2", ["@-05-02"]),
+        ("on May 2", [f"@{y}-05-02" for y in range(2026, 1995, -1)]),
         # Not dates: a month without a day or a year, a modal verb, numbers, impossible days,
         # decades, a month and a number that is no day; nor what people ask of the time to come.
         ("in June", []),
@@ -86,7 +86,10 @@ def test_every_way_a_query_names_a_day_meets_the_entries_said_on_it(day: date) -
         f"in {day.year}",
     ):
         terms = query_terms(named, NOW)
-        assert terms and set(terms) <= held, named
+        if 1996 <= day.year <= 2026 or str(day.year) in named:  # a day without a year: the last 30
+            assert set(terms) & held, named
+        if str(day.year) in named:
+            assert set(terms) <= held, named
 
 
 @given(st.text())
