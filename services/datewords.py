@@ -21,13 +21,21 @@ questions" names no day); a month named alone ("in June") is left alone ("May", 
 (day first or month first is anyone's guess). "Today", "tonight" and "this week" are not read:
 they are how people ask for what comes next ("where should we eat tonight?"), and every entry
 said today would rank above the ones that answer.
+
+A query is read in its speaker's time zone when one is known (D9.32: an Item keeps the zone it was
+said in): "yesterday" is the speaker's yesterday, and a day they name is the day they live, which
+covers parts of two UTC days unless their zone is UTC; its terms are those UTC days' (an entry's
+day stays UTC, the same in every process whoever reads). A month or a year is taken as the same
+UTC month or year: its edges are a few hours off at most.
 """
 
 from __future__ import annotations
 
 import re
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, date, datetime, time, timedelta, tzinfo
+from functools import lru_cache
 from typing import Final
+from zoneinfo import ZoneInfo
 
 from services.crypto import Cipher
 
@@ -100,14 +108,25 @@ YEARS_BACK: Final = 30
 _SMALL: Final = {"a": 1, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7}
 
 
-def day_of(said_at_ms: int) -> date:
-    """The UTC day of a time in epoch milliseconds."""
-    return datetime.fromtimestamp(said_at_ms / 1000, UTC).date()
+@lru_cache(maxsize=1024)
+def zone_of(name: str | None) -> tzinfo:
+    """The time zone of an IANA name as kept (``services.validation.check_time_zone`` took it); UTC
+    for none."""
+    return UTC if name is None else ZoneInfo(name)
 
 
-def said_minute(said_at_ms: int) -> str:
-    """A time as a model reads when something was said: UTC, to the minute ("2023-05-08T13:56Z")."""
-    return datetime.fromtimestamp(said_at_ms / 1000, UTC).strftime("%Y-%m-%dT%H:%MZ")
+def day_of(said_at_ms: int, zone: tzinfo = UTC) -> date:
+    """The day of a time in epoch milliseconds, in ``zone`` (UTC by default: an entry's day)."""
+    return datetime.fromtimestamp(said_at_ms / 1000, zone).date()
+
+
+def said_minute(said_at_ms: int, zone: str | None = None) -> str:
+    """A time as a model reads when something was said, to the minute: UTC when the speaker's zone
+    is unknown ("2023-05-08T13:56Z"), else their local time with its offset
+    ("2023-05-08T06:56-07:00", D9.32)."""
+    if zone is None:
+        return datetime.fromtimestamp(said_at_ms / 1000, UTC).strftime("%Y-%m-%dT%H:%MZ")
+    return datetime.fromtimestamp(said_at_ms / 1000, zone_of(zone)).isoformat(timespec="minutes")
 
 
 def entry_terms(day: date) -> tuple[str, ...]:
@@ -131,9 +150,9 @@ def blind_days(cipher: Cipher, said_at: list[int]) -> list[str]:
     return found
 
 
-def blind_query(cipher: Cipher, text: str, now_ms: int) -> list[str]:
+def blind_query(cipher: Cipher, text: str, now_ms: int, zone: str | None = None) -> list[str]:
     """The blind terms of the dates ``text`` names (:func:`query_terms`)."""
-    return [cipher.blind(t) for t in query_terms(text, now_ms)]
+    return [cipher.blind(t) for t in query_terms(text, now_ms, zone)]
 
 
 def _day(year: int, month: int, day: int) -> str | None:
@@ -156,13 +175,15 @@ def _month_terms(month: int, day: str | None, year: str | None, *, pointed: bool
     return [] if year is None else [f"@{year}-{month:02}"]
 
 
-def query_terms(text: str, now_ms: int) -> list[str]:
+def query_terms(text: str, now_ms: int, zone: str | None = None) -> list[str]:
     """The terms of the dates ``text`` names, in order, each once (``now_ms``: when it was said,
-    for "yesterday" and the like)."""
+    for "yesterday" and the like; ``zone``: the IANA time zone it was said in, None for UTC — a
+    day is then the UTC days its hours fall on)."""
     text = text.lower()
     if not _ANCHOR.search(text):
         return []
-    today = day_of(now_ms)
+    local = zone_of(zone)
+    today = day_of(now_ms, local)
     found: list[str] = []
     for m in _DATES.finditer(text):
         g = m.groupdict()
@@ -197,7 +218,21 @@ def query_terms(text: str, now_ms: int) -> list[str]:
         else:
             terms = _last(today, g["unit"])
         found += terms
+    if local is not UTC:
+        found = [u for t in found for u in _utc_days(t, local)]
     return list(dict.fromkeys(found))
+
+
+@lru_cache(maxsize=4096)
+def _utc_days(term: str, zone: tzinfo) -> tuple[str, ...]:
+    """A local day's term as the terms of the UTC days its hours fall on (one or two; a month's or
+    a year's term as it is)."""
+    if len(term) != len("@2023-06-16"):
+        return (term,)
+    day = date.fromisoformat(term[1:])
+    first = datetime.combine(day, time(), zone).astimezone(UTC)
+    last = datetime.combine(day + timedelta(days=1), time(), zone).astimezone(UTC) - timedelta(microseconds=1)
+    return tuple(f"@{first.date() + timedelta(days=n)}" for n in range((last.date() - first.date()).days + 1))
 
 
 def _years(today: date) -> range:

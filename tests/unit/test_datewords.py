@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import os
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, date, datetime, time, timedelta
+from zoneinfo import ZoneInfo, available_timezones
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from services.crypto import Cipher, Keyring
-from services.datewords import blind_days, blind_query, day_of, entry_terms, query_terms
+from services.datewords import blind_days, blind_query, day_of, entry_terms, query_terms, said_minute
 from services.keywords import tokens
 
 #: Saturday 6 December 2026, 10:00 UTC: "now" for the relative dates.
@@ -90,6 +91,57 @@ def test_every_way_a_query_names_a_day_meets_the_entries_said_on_it(day: date) -
             assert set(terms) & held, named
         if str(day.year) in named:
             assert set(terms) <= held, named
+
+
+@pytest.mark.parametrize(
+    ("text", "zone", "terms"),
+    [
+        # 04:00 UTC on 6 December is 20:00 on the 5th in Los Angeles: yesterday is the 4th there,
+        # 08:00 on the 4th to 08:00 on the 5th in UTC.
+        ("what did I do yesterday?", "America/Los_Angeles", ["@2026-12-04", "@2026-12-05"]),
+        ("what did I do yesterday?", None, ["@2026-12-05"]),
+        ("what did I do yesterday?", "UTC", ["@2026-12-05"]),
+        ("on 16 June 2023", "Asia/Tokyo", ["@2023-06-15", "@2023-06-16"]),
+        ("on 16 June 2023", "America/New_York", ["@2023-06-16", "@2023-06-17"]),
+        ("in June 2023, in 2022", "Asia/Tokyo", ["@2023-06", "@2022"]),  # months and years as they are
+    ],
+)
+def test_a_day_is_read_in_the_time_zone_it_was_said_in(text: str, zone: str | None, terms: list[str]) -> None:
+    at_four = int(datetime(2026, 12, 6, 4, tzinfo=UTC).timestamp() * 1000)
+    assert query_terms(text, at_four, zone) == terms
+
+
+def test_a_model_reads_a_time_in_the_speakers_zone_when_known() -> None:
+    at = int(datetime(2023, 6, 16, 13, 56, tzinfo=UTC).timestamp() * 1000)
+    assert said_minute(at) == "2023-06-16T13:56Z"
+    assert said_minute(at, "America/Los_Angeles") == "2023-06-16T06:56-07:00"
+    assert said_minute(at, "Asia/Kolkata") == "2023-06-16T19:26+05:30"
+
+
+_ZONES = sorted(z for z in available_timezones() if "/" in z or z == "UTC")
+
+
+@given(
+    st.sampled_from(_ZONES),
+    st.datetimes(min_value=datetime(1971, 1, 1), max_value=datetime(2098, 12, 31)),
+    st.integers(min_value=0, max_value=999_999),
+)
+def test_a_day_named_in_any_zone_meets_every_entry_said_during_it(
+    zone: str, now: datetime, part: int
+) -> None:
+    """Whatever the zone (its offsets, its summer time), a local day named by date, or as
+    yesterday, holds the UTC day terms of every entry said during it."""
+    local = ZoneInfo(zone)
+    now_ms = int(now.replace(tzinfo=UTC).timestamp() * 1000)
+    yesterday = datetime.fromtimestamp(now_ms / 1000, local).date() - timedelta(days=1)
+    start = datetime.combine(yesterday, time(), local).astimezone(UTC)
+    end = datetime.combine(yesterday + timedelta(days=1), time(), local).astimezone(UTC)
+    said = start + (end - start) * part // 1_000_000  # millionths of the day
+    held = entry_terms(said.date())[2]  # the entry's UTC day
+    assert held in query_terms("what did we say yesterday?", now_ms, zone)
+    named = f"on {yesterday.day} {yesterday.strftime('%B')} {yesterday.year}"
+    assert held in query_terms(named, now_ms, zone)
+    assert len(query_terms(named, now_ms, zone)) <= 3  # 23 to 25 hours: two UTC days, three at most
 
 
 @given(st.text())
