@@ -57,6 +57,9 @@ class ItemOut(Out):
     speaker_id: str | None
     created_at: int
     said_at: int = Field(description="When it was said: the time the platform gave, else createdAt.")
+    time_zone: str | None = Field(
+        description="The IANA time zone it was said in (D9.32): the platform's, else its speaker's; null: UTC."
+    )
 
 
 class MessagesPage(Out):

@@ -142,6 +142,8 @@ class ItemNode(TypedDict):
     createdAt: int
     #: Not on Items saved before Items were dated (their ``createdAt`` stands for it).
     saidAt: NotRequired[int]
+    #: The IANA time zone it was said in (D9.32); none: UTC.
+    timeZone: NotRequired[str]
 
 
 class ChatPageRow(ChatForRow):
@@ -163,6 +165,8 @@ class TurnNode(TypedDict):
     lastActivityAt: int
     completedAt: NotRequired[int]
     historyEpoch: NotRequired[int]
+    #: The time zone its start was given (D9.32): its actor's later messages are said there too.
+    timeZone: NotRequired[str]
 
 
 class TurnRow(TypedDict):
@@ -170,9 +174,11 @@ class TurnRow(TypedDict):
 
 
 class CreatedTurnRow(TurnRow):
-    """CREATE_TURN: the Turn, and the characters its Chat's summary would hold now."""
+    """CREATE_TURN: the Turn, the characters its Chat's summary would hold now, and the time zone
+    its input was said in (None: UTC)."""
 
     unsummarized: int
+    inputZone: str | None
 
 
 class TurnForRow(ChatForRow):
@@ -240,14 +246,19 @@ class AllocatedTurnRow(TypedDict):
 
 
 #: One Item ``item`` of the Turn ``t`` (a row of ``$items``: ``uid, id, seq, kind, text, textLength,
-#: app, speakerId, saidAt``, the text already encrypted), in the Chat's organization ``o``.
-#: ``saidAt``: when it was said, as the platform gave it (history imported), else now. ``memoryOff``
+#: app, speakerId, saidAt, timeZone``, the text already encrypted), in the Chat's organization ``o``.
+#: ``saidAt``: when it was said, as the platform gave it (history imported), else now; ``timeZone``,
+#: of a person's message only: where (D9.32), as the platform gave it for the Item or for its
+#: Turn's start, else its speaker's as set now (none: UTC). ``memoryOff``
 #: marks an Item said while the organization's memory Bot learns nothing (``botMemory`` off or no
 #: model, L5): it is never evidence, whatever the settings are when a later execution runs.
 _CREATE_ITEM: Final[LiteralString] = """
+OPTIONAL MATCH (speaker:Person {id: item.speakerId})
 CREATE (i:Item {uid: item.uid, id: item.id, chatId: t.chatId, turnId: t.id, seq: item.seq, kind: item.kind,
                 text: item.text, textLength: item.textLength, app: item.app, speakerId: item.speakerId,
                 createdAt: $now, saidAt: coalesce(item.saidAt, $now),
+                timeZone: CASE WHEN item.kind = 'PERSON_MESSAGE'
+                          THEN coalesce(item.timeZone, t.timeZone, speaker.timeZone) END,
                 memoryOff: CASE WHEN coalesce(o.botMemory, false) AND o.botMemoryModel IS NOT NULL
                            THEN null ELSE true END})-[:IN_TURN]->(t)
 """
@@ -268,14 +279,15 @@ MATCH (ch:Chat {id: $chatId})-[:IN_ORG]->(o:Organization)"""
     + _COUNT_CHARS
     + """CREATE (t:Turn {id: $id, chatId: ch.id, seq: $seq, status: 'open', actorKind: $actorKind,
                 actorId: $actorId, createdAt: $now, lastActivityAt: $now, completedAt: null,
-                historyEpoch: coalesce(ch.historyEpoch, 0)})-[:IN_CHAT]->(ch)
+                historyEpoch: coalesce(ch.historyEpoch, 0), timeZone: $timeZone})-[:IN_CHAT]->(ch)
 WITH t, o, ch
 CALL (t, o) {
   UNWIND $items AS item"""
     + _CREATE_ITEM
-    + """}
+    + """  RETURN collect(i.timeZone)[0] AS inputZone
+}
 OPTIONAL MATCH (s:ChatSummary {chatId: ch.id})
-RETURN t {.*} AS turn, coalesce(s.chars, 0) + ch.unsummarizedChars AS unsummarized
+RETURN t {.*} AS turn, coalesce(s.chars, 0) + ch.unsummarizedChars AS unsummarized, inputZone
 """
 )
 
@@ -444,9 +456,11 @@ async def create_turn(
     actor_id: str | None,
     items: list[dict[str, Any]],
     now: int,
-) -> tuple[TurnNode, int]:
-    """A Turn with its first Items (rows as :func:`create_items` takes them), and the characters
-    its Chat's summary would hold now."""
+    time_zone: str | None = None,
+) -> tuple[TurnNode, int, str | None]:
+    """A Turn with its first Items (rows as :func:`create_items` takes them), the characters its
+    Chat's summary would hold now, and the time zone its first Item was said in; ``time_zone``:
+    the one its start was given (D9.32)."""
     record = await single(
         tx,
         CREATE_TURN,
@@ -458,9 +472,10 @@ async def create_turn(
         actorId=actor_id,
         items=items,
         now=now,
+        timeZone=time_zone,
     )
     assert record is not None
-    return record["turn"], int(record["unsummarized"])
+    return record["turn"], int(record["unsummarized"]), record["inputZone"]
 
 
 async def allocate_items(tx: AsyncManagedTransaction, *, chat_id: str, count: int) -> tuple[int, int]:

@@ -44,7 +44,7 @@ RETURN o {.*} AS org
 
 CREATE_PERSON: Final[LiteralString] = """
 MATCH (o:Organization {id: $organizationId})
-CREATE (p:Person {id: $id, name: $name, createdAt: $now})-[:MEMBER_OF]->(o)
+CREATE (p:Person {id: $id, name: $name, createdAt: $now, timeZone: $timeZone})-[:MEMBER_OF]->(o)
 CREATE (t:Token {id: $tokenId, hash: $tokenHash, kind: 'person', createdAt: $now, revokedAt: null})
        -[:FOR]->(p)
 RETURN p {.*, organizationId: o.id} AS person
@@ -55,12 +55,22 @@ MATCH (p:Person {id: $id})-[:MEMBER_OF]->(o:Organization)
 RETURN p {.*, organizationId: o.id} AS person
 """
 
+#: A person's time zone (D9.32; null: none, UTC): the zone their new Items are said in.
+SET_TIME_ZONE: Final[LiteralString] = """
+MATCH (p:Person {id: $id})-[:MEMBER_OF]->(o:Organization)
+SET p.timeZone = $timeZone
+RETURN p {.*, organizationId: o.id} AS person
+"""
+
 
 class PersonMap(TypedDict):
+    """A Person's properties; ``timeZone`` only when one is set (an IANA name, D9.32)."""
+
     id: str
     name: str
     createdAt: int
     organizationId: str
+    timeZone: NotRequired[str]
 
 
 class PersonRow(TypedDict):
@@ -247,6 +257,7 @@ async def create_person(
     token_id: str,
     token_hash: str,
     now: int,
+    time_zone: str | None = None,
 ) -> PersonMap | None:
     """Create a person with their first API token (D9.5); None when the organization is unknown."""
     record = await single(
@@ -259,12 +270,19 @@ async def create_person(
         tokenId=token_id,
         tokenHash=token_hash,
         now=now,
+        timeZone=time_zone,
     )
     return None if record is None else record["person"]
 
 
 async def get_person(tx: QueryTarget, *, id: str) -> PersonMap | None:
     record = await single(tx, GET_PERSON, PersonRow, id=id)
+    return None if record is None else record["person"]
+
+
+async def set_time_zone(tx: AsyncManagedTransaction, *, id: str, time_zone: str | None) -> PersonMap | None:
+    """SET_TIME_ZONE; None when there is no such person."""
+    record = await single(tx, SET_TIME_ZONE, PersonRow, id=id, timeZone=time_zone)
     return None if record is None else record["person"]
 
 

@@ -202,7 +202,7 @@ MATCH (i:Item)
 WHERE i.chatId = $chatId AND i.seq > $after AND i.memoryOff IS NULL
 WITH i ORDER BY i.chatId, i.seq LIMIT $limit
 MATCH (i)-[:IN_TURN]->(t:Turn)
-RETURN collect(i {.uid, .id, .seq, .kind, .text, .app, .speakerId, turnSeq: t.seq,
+RETURN collect(i {.uid, .id, .seq, .kind, .text, .app, .speakerId, .timeZone, turnSeq: t.seq,
                   saidAt: coalesce(i.saidAt, i.createdAt)}) AS items
 """
 
@@ -219,8 +219,9 @@ class EvidenceMap(TypedDict):
     app: str | None
     speakerId: str | None
     turnSeq: int
-    #: When it was said (D9.31).
+    #: When it was said (D9.31), and in which IANA time zone (D9.32; None: UTC).
     saidAt: int
+    timeZone: str | None
 
 
 class EvidenceRow(TypedDict):

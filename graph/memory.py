@@ -137,14 +137,19 @@ WITH m, p, o, b, collect(c.id) AS channels
 _READER_OF_ROW: Final[LiteralString] = (
     "m.version AS version, CASE WHEN p IS NULL THEN null ELSE " + READER_MAP + " END AS reader\n"
 )
-LOCK_AND_READER: Final[LiteralString] = _LOCK_AND_READER_ROW + "RETURN " + _READER_OF_ROW
+#: LOCK_AND_READER: the version, the person as a reader, and the time zone they set (D9.32).
+LOCK_AND_READER: Final[LiteralString] = (
+    _LOCK_AND_READER_ROW + "RETURN p.timeZone AS timeZone, " + _READER_OF_ROW
+)
 
 
 class LockAndReaderRow(TypedDict):
-    """LOCK_AND_READER; ``reader`` is None when the person is not in the organization."""
+    """LOCK_AND_READER; ``reader`` is None when the person is not in the organization;
+    ``timeZone``: theirs (D9.32; None: UTC)."""
 
     version: int
     reader: ReaderMap | None
+    timeZone: str | None
 
 
 #: LOCK_AND_READER as the head of a longer statement: binds ``version`` and ``reader``.

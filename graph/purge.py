@@ -158,8 +158,10 @@ class PeopleRow(TypedDict):
 #: Items' text, the input rewrites (rewrite, original words and the digest the rewrite cache finds
 #: them by), the confessions with their answers, and the requests and results of the model calls
 #: made for the Chat (learning steps found by their execution, calls saved before model calls
-#: recorded their Chat included). Ids, rules, usage and cost stay; what was learned stays.
-#: (``i.seq IS NOT NULL``: the Items by a seek on ``item_chat_seq``, as ``graph.chats``' reads.)
+#: recorded their Chat included), and the time zones the words were said in (D9.32: where a
+#: person was). Ids, rules, usage and cost stay; what was learned stays.
+#: (``i.seq IS NOT NULL``: the Items by a seek on ``item_chat_seq``, as ``graph.chats``' reads; the
+#: Turns so on ``turn_chat_seq``.)
 #: The Chat is locked first and its ``historyEpoch`` moved on: a model call, summary, rewrite or
 #: confide answer that began before and is saved after finds it moved (``graph.memorybot``,
 #: ``graph.conversation``) and keeps none of the words.
@@ -171,8 +173,14 @@ WITH ch
 CALL () {
   MATCH (i:Item {chatId: $chatId})
   WHERE i.seq IS NOT NULL
-  SET i.text = null
+  SET i.text = null, i.timeZone = null
   RETURN count(i) AS n
+}
+CALL () {
+  MATCH (t:Turn {chatId: $chatId})
+  WHERE t.seq IS NOT NULL AND t.timeZone IS NOT NULL
+  SET t.timeZone = null
+  RETURN count(t) AS zoned
 }
 CALL () {
   MATCH (n:Enrichment {chatId: $chatId})

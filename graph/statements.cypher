@@ -1185,9 +1185,12 @@ SET t.lastActivityAt = $now
 SET ch.unsummarizedChars = coalesce(ch.unsummarizedChars, 0) + reduce(n = 0, x IN $items | n + x.textLength)
 WITH t, o
 UNWIND $items AS item
+OPTIONAL MATCH (speaker:Person {id: item.speakerId})
 CREATE (i:Item {uid: item.uid, id: item.id, chatId: t.chatId, turnId: t.id, seq: item.seq, kind: item.kind,
                 text: item.text, textLength: item.textLength, app: item.app, speakerId: item.speakerId,
                 createdAt: $now, saidAt: coalesce(item.saidAt, $now),
+                timeZone: CASE WHEN item.kind = 'PERSON_MESSAGE'
+                          THEN coalesce(item.timeZone, t.timeZone, speaker.timeZone) END,
                 memoryOff: CASE WHEN coalesce(o.botMemory, false) AND o.botMemoryModel IS NOT NULL
                            THEN null ELSE true END})-[:IN_TURN]->(t)
 RETURN i {.*} AS item ORDER BY i.seq
@@ -1197,18 +1200,22 @@ MATCH (ch:Chat {id: $chatId})-[:IN_ORG]->(o:Organization)
 SET ch.unsummarizedChars = coalesce(ch.unsummarizedChars, 0) + reduce(n = 0, x IN $items | n + x.textLength)
 CREATE (t:Turn {id: $id, chatId: ch.id, seq: $seq, status: 'open', actorKind: $actorKind,
                 actorId: $actorId, createdAt: $now, lastActivityAt: $now, completedAt: null,
-                historyEpoch: coalesce(ch.historyEpoch, 0)})-[:IN_CHAT]->(ch)
+                historyEpoch: coalesce(ch.historyEpoch, 0), timeZone: $timeZone})-[:IN_CHAT]->(ch)
 WITH t, o, ch
 CALL (t, o) {
   UNWIND $items AS item
+OPTIONAL MATCH (speaker:Person {id: item.speakerId})
 CREATE (i:Item {uid: item.uid, id: item.id, chatId: t.chatId, turnId: t.id, seq: item.seq, kind: item.kind,
                 text: item.text, textLength: item.textLength, app: item.app, speakerId: item.speakerId,
                 createdAt: $now, saidAt: coalesce(item.saidAt, $now),
+                timeZone: CASE WHEN item.kind = 'PERSON_MESSAGE'
+                          THEN coalesce(item.timeZone, t.timeZone, speaker.timeZone) END,
                 memoryOff: CASE WHEN coalesce(o.botMemory, false) AND o.botMemoryModel IS NOT NULL
                            THEN null ELSE true END})-[:IN_TURN]->(t)
+  RETURN collect(i.timeZone)[0] AS inputZone
 }
 OPTIONAL MATCH (s:ChatSummary {chatId: ch.id})
-RETURN t {.*} AS turn, coalesce(s.chars, 0) + ch.unsummarizedChars AS unsummarized
+RETURN t {.*} AS turn, coalesce(s.chars, 0) + ch.unsummarizedChars AS unsummarized, inputZone
 
 // ---- graph.chats.FIRST_ITEM_OF_TURN
 MATCH (:Turn {id: $turnId})<-[:IN_TURN]-(i:Item)
@@ -2103,7 +2110,7 @@ RETURN o {.*} AS org
 
 // ---- graph.identity.CREATE_PERSON
 MATCH (o:Organization {id: $organizationId})
-CREATE (p:Person {id: $id, name: $name, createdAt: $now})-[:MEMBER_OF]->(o)
+CREATE (p:Person {id: $id, name: $name, createdAt: $now, timeZone: $timeZone})-[:MEMBER_OF]->(o)
 CREATE (t:Token {id: $tokenId, hash: $tokenHash, kind: 'person', createdAt: $now, revokedAt: null})
        -[:FOR]->(p)
 RETURN p {.*, organizationId: o.id} AS person
@@ -2166,6 +2173,11 @@ UNWIND $memberIds AS memberId
 MATCH (p:Person {id: memberId})-[:MEMBER_OF]->(o)
 MERGE (p)-[:MEMBER]->(c)
 RETURN count(p) AS members
+
+// ---- graph.identity.SET_TIME_ZONE
+MATCH (p:Person {id: $id})-[:MEMBER_OF]->(o:Organization)
+SET p.timeZone = $timeZone
+RETURN p {.*, organizationId: o.id} AS person
 
 // ---- graph.identity.TOKEN_BY_HASH
 MATCH (t:Token {hash: $hash})
@@ -2239,7 +2251,7 @@ MATCH (i:Item)
 WHERE i.chatId = $chatId AND i.seq > $after AND i.memoryOff IS NULL
 WITH i ORDER BY i.chatId, i.seq LIMIT $limit
 MATCH (i)-[:IN_TURN]->(t:Turn)
-RETURN collect(i {.uid, .id, .seq, .kind, .text, .app, .speakerId, turnSeq: t.seq,
+RETURN collect(i {.uid, .id, .seq, .kind, .text, .app, .speakerId, .timeZone, turnSeq: t.seq,
                   saidAt: coalesce(i.saidAt, i.createdAt)}) AS items
 
 // ---- graph.learning.FINISH
@@ -2399,7 +2411,7 @@ OPTIONAL MATCH (p:Person {id: $personId})-[:MEMBER_OF]->(o:Organization {id: $or
 OPTIONAL MATCH (b:Bot {id: $botId})
 OPTIONAL MATCH (p)-[:MEMBER]->(c:Channel)-[:IN]->(o)
 WITH m, p, o, b, collect(c.id) AS channels
-RETURN m.version AS version, CASE WHEN p IS NULL THEN null ELSE {id: p.id, ids: [p.id], channels: channels, usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)),
+RETURN p.timeZone AS timeZone, m.version AS version, CASE WHEN p IS NULL THEN null ELSE {id: p.id, ids: [p.id], channels: channels, usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)),
   atoms: ['person:' + p.id] + [cid IN channels | 'channel:' + cid]
          + CASE WHEN EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)) THEN ['bot'] ELSE [] END} END AS reader
 
@@ -2687,8 +2699,14 @@ WITH ch
 CALL () {
   MATCH (i:Item {chatId: $chatId})
   WHERE i.seq IS NOT NULL
-  SET i.text = null
+  SET i.text = null, i.timeZone = null
   RETURN count(i) AS n
+}
+CALL () {
+  MATCH (t:Turn {chatId: $chatId})
+  WHERE t.seq IS NOT NULL AND t.timeZone IS NOT NULL
+  SET t.timeZone = null
+  RETURN count(t) AS zoned
 }
 CALL () {
   MATCH (n:Enrichment {chatId: $chatId})

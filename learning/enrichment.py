@@ -23,7 +23,7 @@ from learning.gateway import Gateway, ModelUnavailable, ToolCall
 from learning.prompts import MEMORY_VOCABULARY, system_prompt
 from services import metrics, retrieval, search, turns
 from services.crypto import Kind
-from services.datewords import day_of, query_terms
+from services.datewords import day_of, query_terms, zone_of
 from services.domain import Principal, Turn
 from services.embedding import Embedder
 from services.ids import new_id
@@ -34,7 +34,8 @@ _SAVE_MARGIN = 0.3
 
 REWRITE_SYSTEM = (
     "You help an assistant understand the message a person just sent it. You get the message and "
-    "notes that may help, each with an id and the day (UTC) it was said. When notes help, rewrite "
+    "notes that may help, each with an id and the day it was said (in the person's time zone; UTC "
+    "when it is unknown). When notes help, rewrite "
     "the message so that it carries what helps from them (with their days where the message asks "
     "when something happened or names a time), in the person's voice, keeping everything the "
     "person says and asks; then call rewrite_input with the new text and the ids of the notes you "
@@ -54,6 +55,7 @@ async def start_turn(
     actor_id: str | None,
     notice: bool,
     said_at: int | None = None,
+    time_zone: str | None = None,
     arrived: float | None = None,
 ) -> Turn:
     """``startTurn``: the Turn with its input saved, and ``enriched_input`` for the caller only (D9.16)."""
@@ -65,13 +67,20 @@ async def start_turn(
         early = search.EarlyQuery(embedder, text)
     try:
         turn = await turns.start_turn(
-            rt, principal, chat_id, text, actor_id=actor_id, notice=notice, said_at=said_at
+            rt,
+            principal,
+            chat_id,
+            text,
+            actor_id=actor_id,
+            notice=notice,
+            said_at=said_at,
+            time_zone=time_zone,
         )
         enriched, used = await rewrite(rt, gateway, turn, deadline, early or embedder, said_at=said_at)
     finally:
         if early is not None:
             await early.aclose()
-    return replace(turn, input=text, enriched_input=enriched, used_entry_ids=used)
+    return replace(turn, enriched_input=enriched, used_entry_ids=used)
 
 
 async def rewrite(
@@ -85,7 +94,8 @@ async def rewrite(
 ) -> tuple[str, tuple[str, ...]]:
     """The input with what helps from memory, or the input as it is (N1), and the entries it draws
     on; ``embedder`` embeds the query (the gateway's, or an :class:`services.search.EarlyQuery`
-    of it)."""
+    of it). The input's days are read in the time zone it was said in (``turn.input_time_zone``,
+    D9.32)."""
     original = turn.input or ""
     if turn.actor_kind != "person":  # notices are not a person's words
         return original, ()
@@ -116,7 +126,9 @@ async def _rewrite(
     said_at: int,
 ) -> tuple[str, str, tuple[str, ...]]:
     """The rewritten input, how it went, and the entries the rewrite draws on; ``said_at``: when
-    the input was said, the day its "yesterday" is counted from (D9.31)."""
+    the input was said, the day its "yesterday" is counted from (D9.31), in the time zone it was
+    said in (D9.32)."""
+    zone = turn.input_time_zone
     async with asyncio.timeout(max(deadline - time.monotonic(), 0)):
         chat, route, reader = await route_and_reader(rt, turn.chat_id)
         if route.history_epoch != turn.history_epoch:
@@ -130,9 +142,11 @@ async def _rewrite(
         # A spent budget keeps the input as it is (L6, seed 000), a saved rewrite included.
         if await gateway.budget_spent(rt, route):
             return original, "budget_spent", ()
-        # Equal words that name another day ("yesterday", asked again tomorrow) are another input.
-        terms = query_terms(original, said_at)
-        digest = route.cipher.digest(Kind.INPUT_DIGEST, "\x00".join([original, *terms]))
+        # Equal words that name another day ("yesterday", asked again tomorrow) are another input,
+        # and so are words said in another time zone (the notes' days are that zone's, D9.32).
+        terms = query_terms(original, said_at, zone)
+        where = [] if zone is None else [f"zone:{zone}"]
+        digest = route.cipher.digest(Kind.INPUT_DIGEST, "\x00".join([original, *terms, *where]))
         saved = await read(
             rt.driver, lambda tx: memorybot_q.saved_rewrite(tx, chat_id=turn.chat_id, input_digest=digest)
         )
@@ -146,15 +160,24 @@ async def _rewrite(
                 return text, "reused", tuple(ids)
         # One read decides: nothing visible (or nothing that fits) → no model call (N3).
         known = await search.context(
-            rt, embedder, route.bot_id, reader, rt.settings.answer_context_chars, original, said_at=said_at
+            rt,
+            embedder,
+            route.bot_id,
+            reader,
+            rt.settings.answer_context_chars,
+            original,
+            said_at=said_at,
+            zone=zone,
         )
         if not known.ids:
             return original, "nothing_visible", ()
         release = await gateway.acquire(rt, route, deadline)
     try:
-        # Each note with the day it was said (D9.31): "when did …?" is answered from it.
+        # Each note with the day it was said (D9.31): "when did …?" is answered from it, the day
+        # as the person lives it (D9.32).
+        local = zone_of(zone)
         notes = [
-            {"id": i, "text": c, "said": day_of(at).isoformat()}
+            {"id": i, "text": c, "said": day_of(at, local).isoformat()}
             for i, c, at in zip(known.ids, known.contents, known.said_at, strict=True)
         ]
         body = {

@@ -332,7 +332,7 @@ class ExecutionRunner:
                 i["kind"],
                 _speaker(i),
                 cipher.decrypt(Kind.ITEM, i["uid"], i["text"]),
-                said_minute(i["saidAt"]),
+                said_minute(i["saidAt"], i["timeZone"]),
             )
             for i in chunk
             if i["text"] is not None

@@ -46,10 +46,11 @@ LEARN_SYSTEM = (
     "A person's preferences (how they like to be answered, worked with or addressed) get the topic "
     "preferences.\n"
     "The Bot's own words and tool calls only show where to look: they never become facts. A notice "
-    "is never a person's words. Items and entries carry when they were said (UTC; the person's time "
-    "zone is unknown): where a person names a time from when they spoke ('yesterday', 'next week'), "
-    "keep their words and add the day they spoke ('yesterday, said on 2023-06-16'). If there is "
-    "nothing worth keeping, call no tool."
+    "is never a person's words. Items carry when they were said: in the speaker's own time zone "
+    "with its offset ('2023-06-16T06:56-07:00'), or in UTC ('…Z') when it is unknown; entries carry "
+    "their day in UTC. Where a person names a time from when they spoke ('yesterday', 'next week'), keep "
+    "their words and add the day they spoke, as their item's time gives it ('yesterday, said on "
+    "2023-06-16'). If there is nothing worth keeping, call no tool."
 )
 
 
@@ -59,7 +60,8 @@ class EvidenceItem:
     kind: str
     speaker: str
     text: str
-    said: str = ""  # when it was said, UTC to the minute (D9.31); "" left out
+    #: When it was said, to the minute: local with its offset, or UTC (D9.31, D9.32); "" left out.
+    said: str = ""
 
     def json(self) -> dict[str, str]:
         found = {"id": self.id, "kind": self.kind.lower(), "speaker": self.speaker, "text": self.text}

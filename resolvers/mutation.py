@@ -76,13 +76,21 @@ class Mutation(MemoryMutation, MemoryBotMutation):
 
     @strawberry.mutation
     async def create_person(
-        self, info: Info, organization_id: strawberry.ID, name: str
+        self, info: Info, organization_id: strawberry.ID, name: str, time_zone: str | None = None
     ) -> CreatePersonPayload:
         principal = await info.context.principal()
         person, token_id, token = await provisioning.create_person(
-            info.context.runtime, principal, str(organization_id), name
+            info.context.runtime, principal, str(organization_id), name, time_zone
         )
         return CreatePersonPayload(person=Person.of(person), token=token, token_id=strawberry.ID(token_id))
+
+    @strawberry.mutation(
+        description="Set the IANA time zone your words are said in (such as Europe/Berlin; null: UTC, D9.32): "
+        "your Items said from now on keep it, so 'yesterday' and the days you name are read as you live them."
+    )
+    async def set_time_zone(self, info: Info, time_zone: str | None = None) -> Person:
+        principal = await info.context.principal()
+        return Person.of(await provisioning.set_time_zone(info.context.runtime, principal, time_zone))
 
     @strawberry.mutation(description="A person issues another token for themselves (D9.5).")
     async def issue_token(self, info: Info, expires_in_seconds: int | None = None) -> IssuedToken:
@@ -192,6 +200,13 @@ class Mutation(MemoryMutation, MemoryBotMutation):
                 "(not in the future); null: now. Memory learned from it is dated by it."
             ),
         ] = None,
+        time_zone: Annotated[
+            str | None,
+            strawberry.argument(
+                description="The IANA time zone the input was said in, such as Europe/Berlin (D9.32): "
+                "'yesterday' and the days it names are read there; null: the actor's own."
+            ),
+        ] = None,
     ) -> Turn:
         arrived = time.monotonic()
         turn = await enrichment.start_turn(
@@ -203,6 +218,7 @@ class Mutation(MemoryMutation, MemoryBotMutation):
             actor_id=None if actor_id is None else str(actor_id),
             notice=notice,
             said_at=None if said_at is None else int(said_at),
+            time_zone=time_zone,
             arrived=arrived,
         )
         return Turn.of(turn)
@@ -211,7 +227,11 @@ class Mutation(MemoryMutation, MemoryBotMutation):
     async def add_items(self, info: Info, turn_id: strawberry.ID, items: list[ItemInput]) -> list[Item]:
         new = [
             turns.NewItem(
-                kind=i.kind, text=i.text, app=i.app, said_at=None if i.said_at is None else int(i.said_at)
+                kind=i.kind,
+                text=i.text,
+                app=i.app,
+                said_at=None if i.said_at is None else int(i.said_at),
+                time_zone=i.time_zone,
             )
             for i in items
         ]

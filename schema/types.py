@@ -58,10 +58,19 @@ class Person:
     id: strawberry.ID
     name: str
     organization_id: strawberry.ID
+    time_zone: str | None = strawberry.field(
+        description="The IANA time zone this person's words are said in (D9.32: what 'yesterday' and "
+        "the days they name mean); null: UTC."
+    )
 
     @classmethod
     def of(cls, p: domain.Person) -> Person:
-        return cls(id=strawberry.ID(p.id), name=p.name, organization_id=strawberry.ID(p.organization_id))
+        return cls(
+            id=strawberry.ID(p.id),
+            name=p.name,
+            organization_id=strawberry.ID(p.organization_id),
+            time_zone=p.time_zone,
+        )
 
 
 @strawberry.type
@@ -135,6 +144,10 @@ class Item:
     said_at: Long = strawberry.field(
         description="When it was said: the time the platform gave (history imported), else createdAt."
     )
+    time_zone: str | None = strawberry.field(
+        description="The IANA time zone it was said in (D9.32): the one the platform gave, else its "
+        "speaker's when it was saved; null: UTC."
+    )
 
     @classmethod
     def of(cls, i: domain.Item) -> Item:
@@ -149,6 +162,7 @@ class Item:
             speaker_id=i.speaker_id,
             created_at=Long(i.created_at),
             said_at=Long(i.said_at),
+            time_zone=i.time_zone,
         )
 
 
@@ -226,6 +240,10 @@ class ItemInput:
         default=None,
         description="When it was said, in epoch milliseconds, for history imported (not in the "
         "future); null: now. Memory learned from it is dated by it.",
+    )
+    time_zone: str | None = strawberry.field(
+        default=None,
+        description="The IANA time zone it was said in, such as Europe/Berlin (D9.32); null: its speaker's.",
     )
 
 

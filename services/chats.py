@@ -36,6 +36,7 @@ def _item(row: chats_q.ItemNode, cipher: Cipher) -> Item:
         speaker_id=row.get("speakerId"),
         created_at=row["createdAt"],
         said_at=row.get("saidAt", row["createdAt"]),
+        time_zone=row.get("timeZone"),
     )
 
 

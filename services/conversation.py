@@ -78,7 +78,8 @@ async def context_pack(
     if reader is not None and route.bot_memory and not chat.review:
         preferences = tuple(await _preferences(rt, route, reader))
         said = [i for i in last.items if i.kind is ItemKind.PERSON_MESSAGE and i.text]
-        # Its "yesterday" is the day before it was said (D9.31: a history imported says when).
+        # Its "yesterday" is the day before it was said (D9.31: a history imported says when),
+        # where it was said (D9.32).
         known = await search.context(
             rt,
             embedder,
@@ -87,6 +88,7 @@ async def context_pack(
             rt.settings.answer_context_chars,
             query=said[-1].text if said else None,
             said_at=said[-1].said_at if said else None,
+            zone=said[-1].time_zone if said else None,
         )
     summary = summary_map(route.cipher, chat_id, row["summary"])
     shown = {i.id: i.text for i in last.items if i.text is not None}  # decrypted once, for both

@@ -33,7 +33,8 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, date, datetime, time, timedelta, tzinfo
-from functools import lru_cache
+from functools import cache, lru_cache
+from importlib import resources
 from typing import Final
 from zoneinfo import ZoneInfo
 
@@ -108,11 +109,24 @@ YEARS_BACK: Final = 30
 _SMALL: Final = {"a": 1, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7}
 
 
+@cache
+def zone_names() -> frozenset[str]:
+    """The time zones a person may be in: the IANA database's names as the ``tzdata`` package
+    ships them (never the host's files, which hold ``localtime`` and differ from host to host:
+    every process reads the same zones), less ``Factory`` (no place)."""
+    names = resources.files("tzdata").joinpath("zones").read_text(encoding="utf-8").split()
+    return frozenset(names) - {"Factory"}
+
+
 @lru_cache(maxsize=1024)
 def zone_of(name: str | None) -> tzinfo:
-    """The time zone of an IANA name as kept (``services.validation.check_time_zone`` took it); UTC
-    for none."""
-    return UTC if name is None else ZoneInfo(name)
+    """The time zone of an IANA name as kept (``services.validation.check_time_zone`` took it),
+    read from the ``tzdata`` package; UTC for none, and for a name it no longer ships (a zone
+    kept before an upgrade of the package removed it: its days read as UTC rather than fail)."""
+    if name is None or name not in zone_names():
+        return UTC
+    with resources.files("tzdata.zoneinfo").joinpath(*name.split("/")).open("rb") as data:
+        return ZoneInfo.from_file(data, key=name)
 
 
 def day_of(said_at_ms: int, zone: tzinfo = UTC) -> date:

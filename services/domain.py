@@ -60,10 +60,12 @@ class Person:
     name: str
     organization_id: str
     created_at: int
+    #: The IANA time zone their words are said in (D9.32); None: UTC.
+    time_zone: str | None = None
 
     @classmethod
     def of(cls, row: PersonMap) -> Person:
-        return cls(row["id"], row["name"], row["organizationId"], row["createdAt"])
+        return cls(row["id"], row["name"], row["organizationId"], row["createdAt"], row.get("timeZone"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +148,8 @@ class Item:
     created_at: int
     #: When it was said: the time the platform gave (history imported), else ``created_at``.
     said_at: int
+    #: The IANA time zone it was said in (D9.32): the platform's, else its speaker's; None: UTC.
+    time_zone: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +171,8 @@ class Turn:
     #: The entries ``enriched_input`` draws on (for the caller only, as it): what a model request
     #: that carries it embeds (D9.20: a purge of them strips that request).
     used_entry_ids: tuple[str, ...] = ()
+    #: The time zone ``input`` was said in (D9.32; None: UTC), as the Turn's start saved it.
+    input_time_zone: str | None = None
 
     @classmethod
     def of(cls, row: TurnNode, *, input: str | None = None, enriched_input: str | None = None) -> Turn:

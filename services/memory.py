@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import base64
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypedDict
 
 from neo4j import AsyncManagedTransaction
@@ -47,6 +47,9 @@ class Reader:
 
     org: str
     readers: tuple[access.ReaderMap, ...]
+    #: The time zone of a person reading for themselves (D9.32: the dates their own search names
+    #: are read there); None for a Chat's audience, and for UTC.
+    time_zone: str | None = field(default=None, compare=False)
 
     @property
     def params(self) -> ReaderParams:
@@ -150,7 +153,8 @@ async def open_read(
         personId=person_id,
         org=principal.organization_id,
     )
-    return await _as_reader(rt, tx, principal, bot_id, locked)
+    zone = None if locked is None else locked["timeZone"]
+    return await _as_reader(rt, tx, principal, bot_id, locked, zone)
 
 
 async def _as_reader(
@@ -158,7 +162,8 @@ async def _as_reader(
     tx: QueryTarget,
     principal: Principal,
     bot_id: str,
-    locked: memory_q.LockAndReaderRow | None,
+    locked: memory_q.LockAndReaderRow | memory_q.ReaderAndEntriesRow | None,
+    zone: str | None = None,
 ) -> tuple[int, Reader, Cipher]:
     """The caller as a reader from the first statement's ``{version, reader}``, or the error:
     404 when the Bot is not theirs to know of, 403 when they know it but may not read it."""
@@ -172,7 +177,7 @@ async def _as_reader(
         if bot is None or (bot["organizationId"] != org and org not in bot["linkedOrganizationIds"]):
             raise NotFound("bot not found")
         raise Forbidden("you need read on this Bot")
-    return version, Reader(principal.organization_id, (reader,)), await cipher_of(rt, bot_id, tx)
+    return version, Reader(principal.organization_id, (reader,), zone), await cipher_of(rt, bot_id, tx)
 
 
 async def require_reader(rt: Runtime, principal: Principal, bot_id: str) -> None:

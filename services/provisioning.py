@@ -11,7 +11,7 @@ from services.domain import Access, Bot, Channel, Organization, Person, Principa
 from services.errors import BadInput, Forbidden, NotFound, ServiceError, Unauthenticated
 from services.ids import new_id, new_token
 from services.runtime import Runtime, now_ms
-from services.validation import check_id, check_ids, check_name
+from services.validation import check_id, check_ids, check_name, check_time_zone
 
 _MAX_TOKEN_TTL_SECONDS = 366 * 24 * 3600
 
@@ -59,13 +59,15 @@ async def update_organization(
 
 
 async def create_person(
-    rt: Runtime, principal: Principal, organization_id: str, name: str
+    rt: Runtime, principal: Principal, organization_id: str, name: str, time_zone: str | None = None
 ) -> tuple[Person, str, str]:
     """Create a person and return their first token's id and the token, shown only this once
-    (D9.5). The id is what revokes it: without it the first token could never be revoked."""
+    (D9.5). The id is what revokes it: without it the first token could never be revoked.
+    ``time_zone``: the zone their words are said in (D9.32), None for UTC."""
     require_admin(principal)
     check_id(organization_id, "organizationId")
     person_id, name, now = new_id("u"), check_name(name), now_ms()
+    time_zone = check_time_zone(time_zone, "timeZone")
     token_id, token, token_hash = new_token("bmp")
     row = await write(
         rt.driver,
@@ -77,6 +79,7 @@ async def create_person(
             token_id=token_id,
             token_hash=token_hash,
             now=now,
+            time_zone=time_zone,
         ),
     )
     if row is None:
@@ -87,6 +90,18 @@ async def create_person(
 async def me(rt: Runtime, principal: Principal) -> Person:
     person_id = require_person(principal)
     row = await autocommit(rt.driver, lambda s: identity.get_person(s, id=person_id))
+    if row is None:
+        raise NotFound("person not found")
+    return Person.of(row)
+
+
+async def set_time_zone(rt: Runtime, principal: Principal, time_zone: str | None) -> Person:
+    """A person sets the time zone they speak in (D9.32; None: UTC): their Items said from now on
+    keep it, so that "yesterday" and the days they name are read as they live them. Items said
+    before keep the zone they were said in."""
+    person_id = require_person(principal)
+    time_zone = check_time_zone(time_zone, "timeZone")
+    row = await write(rt.driver, lambda tx: identity.set_time_zone(tx, id=person_id, time_zone=time_zone))
     if row is None:
         raise NotFound("person not found")
     return Person.of(row)

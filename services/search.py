@@ -131,8 +131,11 @@ async def person_search(
 async def search(
     rt: Runtime, embedder: Embedder | None, bot_id: str, reader: Reader, query: str, limit: int
 ) -> list[Hit]:
-    """The ``limit`` visible active entries most relevant to ``query``, best first, with scores."""
-    ranked, cipher = await _ranked(rt, embedder, bot_id, reader, query, limit, fill=False)
+    """The ``limit`` visible active entries most relevant to ``query``, best first, with scores
+    (the dates it names read in the time zone of a person reading for themselves, D9.32)."""
+    ranked, cipher = await _ranked(
+        rt, embedder, bot_id, reader, query, limit, fill=False, said=(None, reader.time_zone)
+    )
     return [Hit(decrypt_entry(cipher, r["entry"]), float(r["score"])) for r in ranked[:limit]]
 
 
@@ -145,17 +148,19 @@ async def context(
     query: str | None,
     *,
     said_at: int | None = None,
+    zone: str | None = None,
 ) -> retrieval.Context:
     """``context(limit, query)``: relevance chooses the entries that fill ``limit`` characters,
     then they are presented in memory order (N3's rule then holds: every chosen line fits).
     When relevance leaves room, the newest visible entries fill it. Without a query it is
     ``context`` in memory order. ``said_at``: when the query was said ("yesterday" is the day
-    before it; D9.31), else now."""
+    before it; D9.31), else now; ``zone``: the IANA time zone it was said in (D9.32), else UTC."""
     query = query_text(query)
     if not query:
         return await retrieval.context(rt, bot_id, reader, limit)
     wanted = context_wanted(rt, bot_id, limit)
-    ranked, cipher = await _ranked(rt, embedder, bot_id, reader, query, wanted, fill=True, said_at=said_at)
+    said = (said_at, zone)
+    ranked, cipher = await _ranked(rt, embedder, bot_id, reader, query, wanted, fill=True, said=said)
     chosen, size = _fitting(ranked, limit)
     if chosen and len(ranked) == wanted < MAX_CONTEXT_WANTED and limit - size > size / len(chosen):
         # As many entries as asked for came, and room for more is left: the lines were shorter
@@ -163,7 +168,7 @@ async def context(
         # (one longer than the budget left it all but empty). Ask again for what the room holds
         # at the mean of those that fit.
         more = min(MAX_CONTEXT_WANTED, math.ceil(limit * len(chosen) / size * CONTEXT_OVERASK))
-        ranked, cipher = await _ranked(rt, embedder, bot_id, reader, query, more, fill=True, said_at=said_at)
+        ranked, cipher = await _ranked(rt, embedder, bot_id, reader, query, more, fill=True, said=said)
         chosen, size = _fitting(ranked, limit)
     chosen.sort(key=lambda e: (-int(e["memoryRank"]), str(e["id"])))
     contents = cipher.decrypt_all(Kind.ENTRY, [(e["id"], e["content"]) for e in chosen])
@@ -326,7 +331,7 @@ async def _ranked(
     wanted: int,
     *,
     fill: Literal[False],
-    said_at: int | None = None,
+    said: tuple[int | None, str | None] = (None, None),
 ) -> tuple[list[search_q.RankedEntry], Cipher]: ...
 @overload
 async def _ranked(
@@ -338,7 +343,7 @@ async def _ranked(
     wanted: int,
     *,
     fill: Literal[True],
-    said_at: int | None = None,
+    said: tuple[int | None, str | None] = (None, None),
 ) -> tuple[list[search_q.RankedContext], Cipher]: ...
 async def _ranked(
     rt: Runtime,
@@ -349,15 +354,19 @@ async def _ranked(
     wanted: int,
     *,
     fill: bool,
-    said_at: int | None = None,
+    said: tuple[int | None, str | None] = (None, None),
 ) -> tuple[list[search_q.RankedEntry] | list[search_q.RankedContext], Cipher]:
     """The best ``wanted`` visible active entries as ``{score, entry}`` rows, best first; with
-    ``fill``, the newest visible entries follow the relevant ones when there are fewer."""
+    ``fill``, the newest visible entries follow the relevant ones when there are fewer. ``said``:
+    when and in which time zone the query was said (None: now, UTC)."""
     cipher = await cipher_of(rt, bot_id)
     vector = await _embed(rt, embedder, query)
     # The query's words and the dates it names (D9.31: entries hold the terms of the day they
     # were said on).
-    blind = blind_tokens(cipher, query) + blind_query(cipher, query, now_ms() if said_at is None else said_at)
+    said_at, zone = said
+    blind = blind_tokens(cipher, query) + blind_query(
+        cipher, query, now_ms() if said_at is None else said_at, zone
+    )
     q = _Query(bot_id, reader, vector, blind, wanted, fill)
     index = rt.vectors.of(bot_id, "" if embedder is None else embedder.id)
     await _load(rt, index, bot_id, cipher)

@@ -4,7 +4,7 @@ learning run (L2). Who may write: :func:`services.chats.require_writer`."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from neo4j import AsyncManagedTransaction
@@ -19,7 +19,7 @@ from services.errors import BadInput, Conflict, Forbidden
 from services.ids import new_id
 from services.jobs import enqueue_executions, enqueue_summary_if_due
 from services.runtime import Runtime, now_ms
-from services.validation import check_id, check_said_at, check_text
+from services.validation import check_id, check_said_at, check_text, check_time_zone
 
 _MAX_ITEMS_PER_CALL = 100
 
@@ -31,6 +31,9 @@ class NewItem:
     app: str | None = None
     #: When it was said (epoch ms), for history imported; None: now.
     said_at: int | None = None
+    #: The IANA time zone a person's message was said in (D9.32); None: the one its Turn's start
+    #: was given, else its speaker's.
+    time_zone: str | None = None
 
 
 async def start_turn(
@@ -42,17 +45,21 @@ async def start_turn(
     actor_id: str | None,
     notice: bool,
     said_at: int | None = None,
+    time_zone: str | None = None,
 ) -> Turn:
     """Open a Turn whose first Item is the input; the Turn's actor is saved (V3).
 
     The actor is the person of a person token, or for a platform token a named person of
     the Chat (never anyone else), or a notice. ``said_at``: when the input was said (history
-    imported; D9.31), else now.
+    imported; D9.31), else now; ``time_zone``: where (D9.32), else the actor's own zone.
     """
     check_id(chat_id, "chatId")
     text = check_text(text, "input", limit=rt.settings.max_text_chars)
     turn_id, now = new_id("turn"), now_ms()
     check_said_at(said_at, "saidAt", now=now)
+    check_time_zone(time_zone, "timeZone")
+    if notice and time_zone is not None:
+        raise BadInput("only a person's words are said in a time zone, not a notice", field="timeZone")
     if principal.kind == "person":
         if notice or actor_id not in (None, principal.person_id):
             raise Forbidden("a person starts Turns only as themselves")
@@ -66,7 +73,7 @@ async def start_turn(
         raise Forbidden("Turns are started by people or platforms")
     actor = actor_id
 
-    async def work(tx: AsyncManagedTransaction) -> tuple[chats_q.TurnNode, int]:
+    async def work(tx: AsyncManagedTransaction) -> tuple[chats_q.TurnNode, int, str | None]:
         row = await chats_q.chat_for(tx, chat_id=chat_id, person_id=principal.person_id)
         require_writer(principal, row, "chat")
         assert row is not None
@@ -86,16 +93,17 @@ async def start_turn(
             seq=turn_seq,
             actor_kind="notice" if actor is None else "person",
             actor_id=actor,
-            items=[_new_row(rt, row, item_seq, kind, text, None, actor, said_at)],
+            items=[_new_row(rt, row, item_seq, kind, text, None, actor, said_at, time_zone)],
             now=now,
+            time_zone=time_zone,
         )
 
-    turn, unsummarized = await write(rt.driver, work)
+    turn, unsummarized, zone = await write(rt.driver, work)
     # A history past the threshold is summarized whether or not its Turns were completed: a
     # platform that never completes them (each counts as completed once idle, for learning) left
     # it growing with no summary, and a context pack with a hole before its last messages.
     await enqueue_summary_if_due(rt, chat_id, unsummarized)
-    return Turn.of(turn, input=text, enriched_input=text)
+    return replace(Turn.of(turn, input=text, enriched_input=text), input_time_zone=zone)
 
 
 def _new_row(
@@ -107,6 +115,7 @@ def _new_row(
     app: str | None,
     speaker: str | None,
     said_at: int | None,
+    time_zone: str | None = None,
 ) -> dict[str, Any]:
     """An Item's row (``text`` None: saved without words, as a deleted history leaves it)."""
     chat_id = row["chat"]["id"]
@@ -121,6 +130,7 @@ def _new_row(
         "app": app,
         "speakerId": speaker,
         "saidAt": said_at,
+        "timeZone": time_zone,
     }
 
 
@@ -166,6 +176,9 @@ async def add_items(
     for n, item in enumerate(items):
         check_text(item.text, f"items[{n}].text", limit=rt.settings.max_text_chars)
         check_said_at(item.said_at, f"items[{n}].saidAt", now=now)
+        check_time_zone(item.time_zone, f"items[{n}].timeZone")
+        if item.time_zone is not None and item.kind is not ItemKind.PERSON_MESSAGE:
+            raise BadInput("only a person's message is said in a time zone", field=f"items[{n}].timeZone")
         if (item.kind is ItemKind.TOOL_RESULT) != (item.app is not None):
             raise BadInput("an App tool result, and only it, names its App", field=f"items[{n}].app")
         if item.app is not None:
@@ -190,6 +203,7 @@ async def add_items(
                 i.app,
                 _speaker(i.kind, row["turn"], row["chat"], i.app),
                 i.said_at,
+                i.time_zone,
             )
             for n, i in enumerate(items)
         ]
@@ -208,6 +222,7 @@ async def add_items(
             c.get("speakerId"),
             now,
             c.get("saidAt", now),
+            c.get("timeZone"),
         )
         for c, i in zip(created, items, strict=True)
     ]

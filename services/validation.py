@@ -8,6 +8,7 @@ from typing import Any, Final
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
+from services.datewords import zone_names
 from services.errors import BadInput
 
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,99}$")
@@ -62,6 +63,19 @@ def check_said_at(value: int | None, field: str, *, now: int) -> int | None:
         raise BadInput(f"{field} is a time in epoch milliseconds (this looks like seconds)", field=field)
     if value > now + SAID_AT_SKEW_MS:
         raise BadInput(f"{field} is a time in epoch milliseconds, not in the future", field=field)
+    return value
+
+
+def check_time_zone(value: str | None, field: str) -> str | None:
+    """A time zone as the IANA database names it ("Europe/Berlin", "America/Los_Angeles", "UTC";
+    D9.32, :func:`services.datewords.zone_names`); None: none (UTC)."""
+    if value is None:
+        return None
+    if value not in zone_names():
+        raise BadInput(
+            f"{field} is not a time zone: name one as the IANA database does, such as Europe/Berlin",
+            field=field,
+        )
     return value
 
 

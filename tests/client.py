@@ -107,8 +107,8 @@ class Api:
 
     async def turn(self, token: str, chat: str, text: str, **extra: Any) -> dict[str, Any]:
         data = await self.gql(
-            "mutation($c: ID!, $t: String!, $a: ID, $n: Boolean!, $s: Long) {"
-            " startTurn(chatId: $c, input: $t, actorId: $a, notice: $n, saidAt: $s)"
+            "mutation($c: ID!, $t: String!, $a: ID, $n: Boolean!, $s: Long, $z: String) {"
+            " startTurn(chatId: $c, input: $t, actorId: $a, notice: $n, saidAt: $s, timeZone: $z)"
             " { id input enrichedInput actorKind actorId status } }",
             {
                 "c": chat,
@@ -116,6 +116,7 @@ class Api:
                 "a": extra.get("actor"),
                 "n": extra.get("notice", False),
                 "s": extra.get("said_at"),
+                "z": extra.get("time_zone"),
             },
             token,
         )

@@ -12,10 +12,12 @@ from services.writepath import apply_changes
 from tests.client import Api, bearer
 
 
-async def said(api: Api, token: str, chat: str, text: str, *, said_at: int | None = None) -> tuple[str, str]:
+async def said(
+    api: Api, token: str, chat: str, text: str, *, said_at: int | None = None, time_zone: str | None = None
+) -> tuple[str, str]:
     """A person's message as a completed Turn (``said_at``: when it was said, as a platform
-    importing history gives it); returns (chat id, item id)."""
-    turn = await api.turn(token, chat, text, said_at=said_at)
+    importing history gives it; ``time_zone``: where); returns (chat id, item id)."""
+    turn = await api.turn(token, chat, text, said_at=said_at, time_zone=time_zone)
     await api.gql("mutation($t: ID!) { completeTurn(turnId: $t) { id } }", {"t": turn["id"]}, token)
     page = await api.gql("query($c: ID!) { chat(id: $c) { messageCount } }", {"c": chat}, token)
     return chat, f"i-{page['chat']['messageCount']}" if page["chat"] else "i-0"

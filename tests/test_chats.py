@@ -370,6 +370,149 @@ async def test_items_of_history_imported_keep_when_they_were_said(api: Api) -> N
     assert [m["saidAt"] for m in rest.json()["messages"]] == [m["saidAt"] for m in found]
 
 
+ZONED = "query($c: ID!) { chat(id: $c) { messages(limit: 20, skip: 0) { id speakerId timeZone } } }"
+ME_ZONE = "{ me { id timeZone } }"
+SET_ZONE = "mutation($z: String) { setTimeZone(timeZone: $z) { id timeZone } }"
+
+
+async def test_an_item_keeps_the_time_zone_it_was_said_in(api: Api, runtime: Runtime) -> None:
+    """D9.32: a person sets the time zone they speak in (an admin may give one at creation);
+    each Item they say keeps the zone it was said in — the one startTurn or its ItemInput gives
+    (a platform importing history), else its speaker's as set when it is saved; an Item no person
+    said, or said by someone without a zone, has none (UTC). Changing one's zone leaves the Items
+    said before as they were. Both surfaces show it."""
+    world = await make_world(api, ("ann",))
+    ann = world.tokens["ann"]
+    created = await api.admin(
+        'mutation($o: ID!) { createPerson(organizationId: $o, name: "Kai", timeZone: "Asia/Tokyo")'
+        " { person { id timeZone } token } }",
+        {"o": world.org},
+    )
+    assert created["createPerson"]["person"]["timeZone"] == "Asia/Tokyo"
+    kai = created["createPerson"]["token"]
+    assert (await api.gql(ME_ZONE, None, kai))["me"]["timeZone"] == "Asia/Tokyo"
+    assert (await api.gql(ME_ZONE, None, ann))["me"]["timeZone"] is None
+    await api.grant(world.bot, created["createPerson"]["person"]["id"])
+    kais = await api.chat(kai, world.bot)
+    await api.turn(kai, kais, "konnichiwa")
+    chat = await api.chat(ann, world.bot)
+    await api.turn(ann, chat, "before")  # i-1: no zone yet
+    assert (await api.gql(SET_ZONE, {"z": "America/Los_Angeles"}, ann))["setTimeZone"]["timeZone"] == (
+        "America/Los_Angeles"
+    )
+    turn = await api.turn(ann, chat, "after")  # i-2: hers now
+    await api.gql(
+        ADD,
+        {
+            "t": turn["id"],
+            "i": [
+                {"kind": "BOT_MESSAGE", "text": "noted"},  # i-3: no person said it
+                {"kind": "PERSON_MESSAGE", "text": "from Berlin", "timeZone": "Europe/Berlin"},  # i-4
+            ],
+        },
+        ann,
+    )
+    platform = await api.platform_token(world.org)
+    imported = await api.turn(
+        platform, chat, "imported", actor=world.people["ann"], time_zone="Asia/Kolkata"
+    )  # i-5
+    await api.gql(
+        ADD,
+        {
+            "t": imported["id"],
+            "i": [
+                {"kind": "PERSON_MESSAGE", "text": "and more"},  # i-6: said where the Turn was
+                {"kind": "BOT_MESSAGE", "text": "ok"},  # i-7
+            ],
+        },
+        platform,
+    )
+    assert (await api.gql("mutation { setTimeZone { id timeZone } }", None, ann))["setTimeZone"][
+        "timeZone"
+    ] is None
+    await api.turn(ann, chat, "back in UTC")  # i-8
+    found = (await api.gql(ZONED, {"c": chat}, ann))["chat"]["messages"]
+    assert [m["timeZone"] for m in found] == [
+        None,
+        "America/Los_Angeles",
+        None,
+        "Europe/Berlin",
+        "Asia/Kolkata",
+        "Asia/Kolkata",
+        None,
+        None,
+    ]
+    assert [m["timeZone"] for m in (await api.gql(ZONED, {"c": kais}, kai))["chat"]["messages"]] == [
+        "Asia/Tokyo"
+    ]
+    rest = await api.http.get(f"/v1/chats/{chat}/messages", headers={"Authorization": f"Bearer {ann}"})
+    assert [m["timeZone"] for m in rest.json()["messages"]] == [m["timeZone"] for m in found]
+    # Deleting the history takes where each word was said with the words (D9.23).
+    await api.gql("mutation($c: ID!) { deleteChatHistory(chatId: $c) { items } }", {"c": chat}, ann)
+    assert {m["timeZone"] for m in (await api.gql(ZONED, {"c": chat}, ann))["chat"]["messages"]} == {None}
+    records, _, _ = await runtime.driver.execute_query(
+        "MATCH (t:Turn {chatId: $c}) WHERE t.timeZone IS NOT NULL RETURN count(t) AS n", c=chat
+    )
+    assert records[0]["n"] == 0
+
+
+async def test_a_time_zone_the_iana_database_does_not_name_is_refused_and_changes_nothing(api: Api) -> None:
+    """D9.32, bad input: a time zone must be a name of the IANA database ("Europe/Berlin"); an
+    offset, an abbreviation, a wrong case, an empty or a huge string, or not a string is
+    BAD_INPUT (the field's, or the scalar's), and nothing of the call is saved or changed. Only a
+    person sets their own zone: a platform token is FORBIDDEN."""
+    world = await make_world(api, ("ann",))
+    ann = world.tokens["ann"]
+    await api.gql(SET_ZONE, {"z": "Europe/Paris"}, ann)
+    chat = await api.chat(ann, world.bot)
+    turn = await api.turn(ann, chat, "hi")
+    start = 'mutation($c: ID!, $z: String) { startTurn(chatId: $c, input: "later", timeZone: $z) { id } }'
+    person = 'mutation($o: ID!, $z: String) { createPerson(organizationId: $o, name: "Z", timeZone: $z) { token } }'
+    bads = (
+        "+02:00",
+        "CEST",
+        "europe/paris",
+        "",
+        "localtime",
+        "Factory",
+        "Mars/Olympus",
+        "Europe/" + "x" * 10_000,
+    )
+    for bad in (*bads, 2, True):
+        body = await api.raw(SET_ZONE, {"z": bad}, ann)
+        assert [e["extensions"]["code"] for e in body["errors"]] == ["BAD_INPUT"], (bad, body)
+        body = await api.raw(start, {"c": chat, "z": bad}, ann)
+        assert [e["extensions"]["code"] for e in body["errors"]] == ["BAD_INPUT"], (bad, body)
+        if isinstance(bad, str):
+            assert body["errors"][0]["extensions"]["field"] == "timeZone"
+            assert bad[:20] not in body["errors"][0]["message"] or not bad  # the input is not echoed
+        items = [
+            {"kind": "BOT_MESSAGE", "text": "fine"},
+            {"kind": "PERSON_MESSAGE", "text": "x", "timeZone": bad},
+        ]
+        body = await api.raw(ADD, {"t": turn["id"], "i": items}, ann)
+        assert [e["extensions"]["code"] for e in body["errors"]] == ["BAD_INPUT"], (bad, body)
+        if isinstance(bad, str):
+            assert body["errors"][0]["extensions"]["field"] == "items[1].timeZone"
+        body = await api.raw(person, {"o": world.org, "z": bad}, api.admin_token)
+        assert [e["extensions"]["code"] for e in body["errors"]] == ["BAD_INPUT"], (bad, body)
+    # Only a person's words are said in a zone: not a notice, the Bot's words or an App result.
+    platform = await api.platform_token(world.org)
+    notice = 'mutation($c: ID!) { startTurn(chatId: $c, input: "n", notice: true, timeZone: "UTC") { id } }'
+    assert await api.codes(notice, {"c": chat}, platform) == ["BAD_INPUT"]
+    for kind in ("BOT_MESSAGE", "NOTICE"):
+        body = await api.raw(
+            ADD, {"t": turn["id"], "i": [{"kind": kind, "text": "x", "timeZone": "UTC"}]}, ann
+        )
+        assert [e["extensions"]["field"] for e in body["errors"]] == ["items[0].timeZone"], body
+    assert (await api.gql(ME_ZONE, None, ann))["me"]["timeZone"] == "Europe/Paris"
+    found = (await api.gql(ZONED, {"c": chat}, ann))["chat"]["messages"]
+    assert [(m["id"], m["timeZone"]) for m in found] == [("i-1", "Europe/Paris")]
+    assert await api.codes(SET_ZONE, {"z": "UTC"}, platform) == ["FORBIDDEN"]
+    assert await api.codes(SET_ZONE, {"z": "UTC"}, api.admin_token) == ["FORBIDDEN"]
+    assert (await api.gql(ME_ZONE, None, ann))["me"]["timeZone"] == "Europe/Paris"
+
+
 async def test_a_time_not_yet_come_or_not_a_time_is_refused_and_saves_nothing(api: Api) -> None:
     """D9.31, bad input: ``saidAt`` in the future (beyond a few minutes of clock drift), in
     seconds rather than milliseconds, negative, or not a whole number is BAD_INPUT (the scalar's

@@ -297,6 +297,43 @@ async def test_each_note_carries_the_day_it_was_said(
     assert notes[today]["said"] == datetime.fromtimestamp(now / 1000, UTC).date().isoformat()
 
 
+async def test_the_rewrite_reads_days_as_the_person_lives_them(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    """D9.32: a person's input is read in the time zone it was said in (their own, or the one
+    the platform gives startTurn): their "yesterday" is their local yesterday, so two inputs said
+    on one local day that falls on two UTC days are the same input (the saved rewrite is reused,
+    N2), and two said on two local days of one UTC day are not; words said in another zone are
+    another input; each note carries its day as the person lives it."""
+    w = await memory_world(api, ("ann",))
+    ann = w.tokens["ann"]
+    await api.gql('mutation { setTimeZone(timeZone: "America/Los_Angeles") { id } }', None, ann)
+    chat = await api.chat(ann, w.bot)
+    evening = 1_686_970_800_000  # 17 June 2023, 03:00 UTC: 16 June, 20:00 in Los Angeles (UTC-7)
+    paella = await fact(
+        runtime, w.bot, "Ann cooked paella", await said(api, ann, chat, "I cooked paella", said_at=evening)
+    )
+    model_server.default("rewrite", rewrite("What did I do yesterday? (paella)", paella))
+    hour, asked = 3_600_000, "What did I do yesterday?"
+
+    def notes() -> dict[str, Any]:
+        request = model_server.requests_for("rewrite")[-1]
+        return {n["id"]: n for n in json.loads(request.body["messages"][1]["content"])["notes"]}
+
+    # 17 June 09:00 and 18 June 05:00 UTC: both on 17 June in Los Angeles (02:00 and 22:00).
+    for said_at in (evening + 6 * hour, evening + 26 * hour):
+        await api.turn(ann, chat, asked, said_at=said_at)
+    assert len(model_server.requests_for("rewrite")) == 1
+    assert notes()[paella]["said"] == "2023-06-16"  # her day; in UTC it was the 17th
+    # 18 June 09:00 UTC, the UTC day of the last: 18 June, 02:00 in Los Angeles, another yesterday.
+    await api.turn(ann, chat, asked, said_at=evening + 30 * hour)
+    assert len(model_server.requests_for("rewrite")) == 2
+    # 18 June 05:00 UTC said in Tokyo (14:00 there): another zone, another input.
+    await api.turn(ann, chat, asked, said_at=evening + 26 * hour, time_zone="Asia/Tokyo")
+    assert len(model_server.requests_for("rewrite")) == 3
+    assert notes()[paella]["said"] == "2023-06-17"  # in Tokyo it was the 17th, 12:00
+
+
 async def test_yesterday_is_counted_from_when_the_input_was_said(
     api: Api, runtime: Runtime, model_server: ModelServer
 ) -> None:

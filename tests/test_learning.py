@@ -687,3 +687,31 @@ async def test_the_model_learns_when_each_item_and_entry_was_said(
         held["said"]
         == datetime.fromtimestamp(dated["Ann owns a red kayak"]["saidAt"] / 1000, UTC).date().isoformat()
     )
+
+
+async def test_the_model_reads_each_items_time_where_it_was_said(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    """D9.32: an Item said in a known time zone reaches the learning model in that zone's local
+    time with its offset (its "yesterday" is that local day's), one without a zone in UTC."""
+    w = await memory_world(api, ("ann",))
+    ann = w.tokens["ann"]
+    await api.gql('mutation { setTimeZone(timeZone: "America/Los_Angeles") { id } }', None, ann)
+    chat = await api.chat(ann, w.bot)
+    june_16 = 1_686_923_760_000  # 16 June 2023, 13:56 UTC
+    turn = await api.turn(ann, chat, "I paddled to the island yesterday", said_at=june_16)
+    item = await first_item(api, ann, chat)
+    await add_items(api, ann, turn["id"], ("BOT_MESSAGE", "Lovely!"))
+    model_server.script(
+        "learn", learn(fact_call("Ann paddled to the island yesterday, said on 2023-06-16", item))
+    )
+    await confide(api, ann, turn["id"])
+    await complete(api, ann, turn["id"])
+    [x] = await wait_executions(runtime, turn["id"])
+    assert x["status"] == "done", x.get("error")
+    body = json.loads(model_server.requests_for("learn")[-1].body["messages"][1]["content"])
+    said_of = {i["id"]: i["said"] for i in body["newItems"]}
+    assert said_of[item] == "2023-06-16T06:56-07:00"
+    assert [v for k, v in said_of.items() if k != item] and all(
+        v.endswith("Z") for k, v in said_of.items() if k != item
+    )  # the Bot's words: no person's zone

@@ -25,6 +25,7 @@ from learning.embedders import LocalMiniLM, OpenAIEmbedder
 from services import memory, retrieval, search
 from services.bootstrap import open_runtime
 from services.changes import AddFact, Invalidate, ItemRef, MemoryChange, Revise, SetTopics, Share
+from services.domain import Principal
 from services.runtime import Runtime
 from services.runtime import now_ms as time_ms
 from services.settings import Settings
@@ -1079,3 +1080,73 @@ async def test_a_context_pack_counts_yesterday_from_when_its_latest_message_was_
     pack = "query($c: ID!) { contextPack(chatId: $c) { memory { ids } } }"
     ids = (await api.gql(pack, {"c": chat}, w.tokens["ann"]))["contextPack"]["memory"]["ids"]
     assert 0 < len(ids) < 61 and kiln in ids
+
+
+async def test_a_context_pack_reads_yesterday_where_its_latest_message_was_said(
+    api: Api, runtime: Runtime
+) -> None:
+    """D9.32: ``contextPack``'s "yesterday" is the day before its latest person message in the
+    time zone that message was said in (its speaker's): in Auckland (UTC+13 in March) the fact
+    said on the morning of 3 March there was said on 2 March in UTC, and "yesterday" asked late
+    on 4 March there (the 4th in UTC too) finds it. Read in UTC, yesterday would be the 3rd, and
+    the 60 newer facts would fill the 4,000 characters."""
+    w = await make_world(api, ("ann",))
+    ann = w.tokens["ann"]
+    await api.gql('mutation { setTimeZone(timeZone: "Pacific/Auckland") { id } }', None, ann)
+    chat = await api.chat(ann, w.bot)
+    morning = 1_677_787_200_000  # 2 March 2023, 20:00 UTC: 3 March, 09:00 in Auckland
+    kiln = await fact(
+        runtime,
+        w.bot,
+        "Ann fired her first bowl in the kiln",
+        await said(api, ann, chat, "kiln", said_at=morning),
+    )
+    later = await said(api, ann, chat, "errands", said_at=JUNE_16)
+    for n in range(60):
+        await fact(
+            runtime, w.bot, f"Ann's errand {n}: water the plant on shelf {n} and note its height", later
+        )
+    late = 1_677_925_800_000  # 4 March 2023, 10:30 UTC: 4 March, 23:30 in Auckland
+    await said(api, ann, chat, "What did I do yesterday?", said_at=late)
+    pack = "query($c: ID!) { contextPack(chatId: $c) { memory { ids } } }"
+    ids = (await api.gql(pack, {"c": chat}, ann))["contextPack"]["memory"]["ids"]
+    assert 0 < len(ids) < 61 and kiln in ids
+    # The same words said there in UTC (the platform gives the zone) miss it: the day is the 3rd.
+    await said(api, ann, chat, "What did I do yesterday?", said_at=late, time_zone="UTC")
+    ids = (await api.gql(pack, {"c": chat}, ann))["contextPack"]["memory"]["ids"]
+    assert 0 < len(ids) < 61 and kiln not in ids
+
+
+async def test_a_persons_own_search_reads_the_days_they_name_where_they_live(
+    api: Api, runtime: Runtime
+) -> None:
+    """D9.32: a person's own ``search`` reads the days its query names in their time zone. In
+    Auckland (UTC+13 in March) 3 March runs from 11:00 UTC on the 2nd to 11:00 UTC on the 3rd:
+    asked there, "on 3 March 2023" meets what was said at 20:00 UTC on 2 March (09:00 on the 3rd
+    there) and at 02:00 UTC on 3 March, not what was said on the 4th; read in UTC (her zone
+    cleared), it meets only the 3rd's, and the shortest of the others comes next. The three facts
+    share one word of the question; the ranking is by keywords."""
+    w = await make_world(api, ("ann",))
+    ann = w.tokens["ann"]
+    await api.gql('mutation { setTimeZone(timeZone: "Pacific/Auckland") { id } }', None, ann)
+    chat = await api.chat(ann, w.bot)
+    hour = 3_600_000
+    morning = 1_677_787_200_000  # 2 March 2023, 20:00 UTC: 3 March, 09:00 in Auckland
+    ids = {}
+    for name, at, text in (
+        ("there", morning, "Maria baked a lemon cake"),
+        ("both", morning + 6 * hour, "Maria painted the garden fence"),
+        ("later", morning + 48 * hour, "Maria fixed bikes"),  # fewer words: it wins a tie
+    ):
+        ids[name] = await fact(runtime, w.bot, text, await said(api, ann, chat, text, said_at=at))
+    principal = Principal("person", person_id=w.people["ann"], organization_id=w.org)
+
+    async def first_two() -> set[str]:
+        hits = await search.person_search(
+            runtime, None, principal, w.bot, "What did Maria do on 3 March 2023?", 3
+        )
+        return {h.entry.id for h in hits[:2]}
+
+    assert await first_two() == {ids["there"], ids["both"]}
+    await api.gql("mutation { setTimeZone(timeZone: null) { id } }", None, ann)
+    assert await first_two() == {ids["both"], ids["later"]}

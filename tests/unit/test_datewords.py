@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 import os
-from datetime import UTC, date, datetime, time, timedelta
-from zoneinfo import ZoneInfo, available_timezones
+from datetime import UTC, date, datetime, timedelta
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from services.crypto import Cipher, Keyring
-from services.datewords import blind_days, blind_query, day_of, entry_terms, query_terms, said_minute
+from services.datewords import (
+    blind_days,
+    blind_query,
+    day_of,
+    entry_terms,
+    query_terms,
+    said_minute,
+    zone_names,
+    zone_of,
+)
 from services.keywords import tokens
 
 #: Saturday 6 December 2026, 10:00 UTC: "now" for the relative dates.
@@ -118,30 +126,42 @@ def test_a_model_reads_a_time_in_the_speakers_zone_when_known() -> None:
     assert said_minute(at, "Asia/Kolkata") == "2023-06-16T19:26+05:30"
 
 
-_ZONES = sorted(z for z in available_timezones() if "/" in z or z == "UTC")
+_ZONES = sorted(zone_names())
 
 
 @given(
     st.sampled_from(_ZONES),
-    st.datetimes(min_value=datetime(1971, 1, 1), max_value=datetime(2098, 12, 31)),
-    st.integers(min_value=0, max_value=999_999),
+    st.datetimes(min_value=datetime(1971, 1, 2), max_value=datetime(2098, 12, 30)),
+    st.integers(min_value=1, max_value=48),
 )
 def test_a_day_named_in_any_zone_meets_every_entry_said_during_it(
-    zone: str, now: datetime, part: int
+    zone: str, said: datetime, later: int
 ) -> None:
-    """Whatever the zone (its offsets, its summer time), a local day named by date, or as
-    yesterday, holds the UTC day terms of every entry said during it."""
-    local = ZoneInfo(zone)
-    now_ms = int(now.replace(tzinfo=UTC).timestamp() * 1000)
-    yesterday = datetime.fromtimestamp(now_ms / 1000, local).date() - timedelta(days=1)
-    start = datetime.combine(yesterday, time(), local).astimezone(UTC)
-    end = datetime.combine(yesterday + timedelta(days=1), time(), local).astimezone(UTC)
-    said = start + (end - start) * part // 1_000_000  # millionths of the day
+    """Whatever the zone (its offsets, its summer time, its skipped days), an entry said at any
+    instant is met by its local day named by date, and by "yesterday" asked at any later hour
+    whose local day is the next one. The days come from the clock alone (``fromtimestamp`` in the
+    zone as the service reads it), not from the code's own way of finding a day's edges."""
+    local = zone_of(zone)
+    said_ms = int(said.replace(tzinfo=UTC).timestamp() * 1000)
+    day = datetime.fromtimestamp(said_ms / 1000, local).date()  # the day its speaker lived
     held = entry_terms(said.date())[2]  # the entry's UTC day
-    assert held in query_terms("what did we say yesterday?", now_ms, zone)
-    named = f"on {yesterday.day} {yesterday.strftime('%B')} {yesterday.year}"
-    assert held in query_terms(named, now_ms, zone)
-    assert len(query_terms(named, now_ms, zone)) <= 3  # 23 to 25 hours: two UTC days, three at most
+    named = f"on {day.day} {day.strftime('%B')} {day.year}"
+    terms = query_terms(named, said_ms, zone)
+    assert held in terms
+    assert len(terms) <= 3  # 23 to 25 hours: two UTC days, three at most
+    asked_ms = said_ms + later * 3_600_000
+    if datetime.fromtimestamp(asked_ms / 1000, local).date() == day + timedelta(days=1):
+        assert held in query_terms("what did we say yesterday?", asked_ms, zone)
+
+
+def test_zones_are_the_iana_names_the_package_ships_and_none_other() -> None:
+    """D9.32: the zones a person may be in are the ``tzdata`` package's (the same in every
+    process), not the host's ``localtime`` nor ``Factory``; a name no longer shipped reads as UTC."""
+    names = zone_names()
+    assert {"Europe/Berlin", "America/Los_Angeles", "UTC", "Asia/Kolkata"} <= names
+    assert not names & {"localtime", "Factory", "posixrules", "", "+02:00"}
+    assert zone_of("Europe/Berlin").utcoffset(datetime(2023, 6, 16)) == timedelta(hours=2)
+    assert zone_of("Gone/Away") is UTC and zone_of(None) is UTC
 
 
 @given(st.text())

@@ -40,6 +40,7 @@ from .search import Search, SearchSearch
 from .send_message import SendMessage, SendMessageSendMessage
 from .set_channel_members import SetChannelMembers, SetChannelMembersSetChannelMembers
 from .set_chat_meta import SetChatMeta, SetChatMetaSetChatMeta
+from .set_time_zone import SetTimeZone, SetTimeZoneSetTimeZone
 from .start_turn import StartTurn, StartTurnStartTurn
 from .turn_events import TurnEvents, TurnEventsTurnEvents
 from .update_organization import (
@@ -98,16 +99,18 @@ class Client(AsyncBaseClient):
         actor_id: Union[Optional[str], UnsetType] = UNSET,
         notice: Union[Optional[bool], UnsetType] = UNSET,
         said_at: Union[Optional[int], UnsetType] = UNSET,
+        time_zone: Union[Optional[str], UnsetType] = UNSET,
         **kwargs: Any,
     ) -> StartTurnStartTurn:
         query = gql("""
-            mutation StartTurn($chatId: ID!, $input: String!, $actorId: ID, $notice: Boolean, $saidAt: Long) {
+            mutation StartTurn($chatId: ID!, $input: String!, $actorId: ID, $notice: Boolean, $saidAt: Long, $timeZone: String) {
               startTurn(
                 chatId: $chatId
                 input: $input
                 actorId: $actorId
                 notice: $notice
                 saidAt: $saidAt
+                timeZone: $timeZone
               ) {
                 ...TurnFields
                 enrichedInput
@@ -133,6 +136,7 @@ class Client(AsyncBaseClient):
             "actorId": actor_id,
             "notice": notice,
             "saidAt": said_at,
+            "timeZone": time_zone,
         }
         response = await self.execute(
             query=query, operation_name="StartTurn", variables=variables, **kwargs
@@ -161,6 +165,7 @@ class Client(AsyncBaseClient):
               speakerId
               createdAt
               saidAt
+              timeZone
             }
             """)
         variables: dict[str, object] = {"turnId": turn_id, "items": items}
@@ -274,6 +279,7 @@ class Client(AsyncBaseClient):
               speakerId
               createdAt
               saidAt
+              timeZone
             }
             """)
         variables: dict[str, object] = {"id": id, "limit": limit, "skip": skip}
@@ -340,6 +346,7 @@ class Client(AsyncBaseClient):
               speakerId
               createdAt
               saidAt
+              timeZone
             }
             """)
         variables: dict[str, object] = {"chatId": chat_id}
@@ -750,22 +757,31 @@ class Client(AsyncBaseClient):
         return UpdateOrganization.model_validate(data).update_organization
 
     async def create_person(
-        self, organization_id: str, name: str, **kwargs: Any
+        self,
+        organization_id: str,
+        name: str,
+        time_zone: Union[Optional[str], UnsetType] = UNSET,
+        **kwargs: Any,
     ) -> CreatePersonCreatePerson:
         query = gql("""
-            mutation CreatePerson($organizationId: ID!, $name: String!) {
-              createPerson(organizationId: $organizationId, name: $name) {
+            mutation CreatePerson($organizationId: ID!, $name: String!, $timeZone: String) {
+              createPerson(organizationId: $organizationId, name: $name, timeZone: $timeZone) {
                 person {
                   id
                   name
                   organizationId
+                  timeZone
                 }
                 token
                 tokenId
               }
             }
             """)
-        variables: dict[str, object] = {"organizationId": organization_id, "name": name}
+        variables: dict[str, object] = {
+            "organizationId": organization_id,
+            "name": name,
+            "timeZone": time_zone,
+        }
         response = await self.execute(
             query=query, operation_name="CreatePerson", variables=variables, **kwargs
         )
@@ -903,6 +919,7 @@ class Client(AsyncBaseClient):
                 id
                 name
                 organizationId
+                timeZone
               }
             }
             """)
@@ -912,6 +929,26 @@ class Client(AsyncBaseClient):
         )
         data = self.get_data(response)
         return Me.model_validate(data).me
+
+    async def set_time_zone(
+        self, time_zone: Union[Optional[str], UnsetType] = UNSET, **kwargs: Any
+    ) -> SetTimeZoneSetTimeZone:
+        query = gql("""
+            mutation SetTimeZone($timeZone: String) {
+              setTimeZone(timeZone: $timeZone) {
+                id
+                name
+                organizationId
+                timeZone
+              }
+            }
+            """)
+        variables: dict[str, object] = {"timeZone": time_zone}
+        response = await self.execute(
+            query=query, operation_name="SetTimeZone", variables=variables, **kwargs
+        )
+        data = self.get_data(response)
+        return SetTimeZone.model_validate(data).set_time_zone
 
     async def turn_events(
         self, chat_id: str, **kwargs: Any

@@ -30,6 +30,7 @@ class ItemFields(BaseModel):
     speaker_id: Optional[str] = Field(alias="speakerId")
     created_at: int = Field(alias="createdAt")
     said_at: int = Field(alias="saidAt")
+    time_zone: Optional[str] = Field(alias="timeZone")
 
 
 class MemoryEntryFields(BaseModel):

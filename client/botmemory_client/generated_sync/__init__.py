@@ -71,6 +71,7 @@ from .search import Search, SearchSearch, SearchSearchEntry
 from .send_message import SendMessage, SendMessageSendMessage
 from .set_channel_members import SetChannelMembers, SetChannelMembersSetChannelMembers
 from .set_chat_meta import SetChatMeta, SetChatMetaSetChatMeta
+from .set_time_zone import SetTimeZone, SetTimeZoneSetTimeZone
 from .start_turn import StartTurn, StartTurnStartTurn
 from .update_organization import (
     UpdateOrganization,
@@ -164,6 +165,8 @@ __all__ = [
     "SetChannelMembersSetChannelMembers",
     "SetChatMeta",
     "SetChatMetaSetChatMeta",
+    "SetTimeZone",
+    "SetTimeZoneSetTimeZone",
     "StartTurn",
     "StartTurnStartTurn",
     "TurnFields",

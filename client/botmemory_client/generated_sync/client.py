@@ -38,6 +38,7 @@ from .search import Search, SearchSearch
 from .send_message import SendMessage, SendMessageSendMessage
 from .set_channel_members import SetChannelMembers, SetChannelMembersSetChannelMembers
 from .set_chat_meta import SetChatMeta, SetChatMetaSetChatMeta
+from .set_time_zone import SetTimeZone, SetTimeZoneSetTimeZone
 from .start_turn import StartTurn, StartTurnStartTurn
 from .update_organization import (
     UpdateOrganization,
@@ -95,16 +96,18 @@ class Client(BaseClient):
         actor_id: Union[Optional[str], UnsetType] = UNSET,
         notice: Union[Optional[bool], UnsetType] = UNSET,
         said_at: Union[Optional[int], UnsetType] = UNSET,
+        time_zone: Union[Optional[str], UnsetType] = UNSET,
         **kwargs: Any,
     ) -> StartTurnStartTurn:
         query = gql("""
-            mutation StartTurn($chatId: ID!, $input: String!, $actorId: ID, $notice: Boolean, $saidAt: Long) {
+            mutation StartTurn($chatId: ID!, $input: String!, $actorId: ID, $notice: Boolean, $saidAt: Long, $timeZone: String) {
               startTurn(
                 chatId: $chatId
                 input: $input
                 actorId: $actorId
                 notice: $notice
                 saidAt: $saidAt
+                timeZone: $timeZone
               ) {
                 ...TurnFields
                 enrichedInput
@@ -130,6 +133,7 @@ class Client(BaseClient):
             "actorId": actor_id,
             "notice": notice,
             "saidAt": said_at,
+            "timeZone": time_zone,
         }
         response = self.execute(
             query=query, operation_name="StartTurn", variables=variables, **kwargs
@@ -158,6 +162,7 @@ class Client(BaseClient):
               speakerId
               createdAt
               saidAt
+              timeZone
             }
             """)
         variables: dict[str, object] = {"turnId": turn_id, "items": items}
@@ -269,6 +274,7 @@ class Client(BaseClient):
               speakerId
               createdAt
               saidAt
+              timeZone
             }
             """)
         variables: dict[str, object] = {"id": id, "limit": limit, "skip": skip}
@@ -335,6 +341,7 @@ class Client(BaseClient):
               speakerId
               createdAt
               saidAt
+              timeZone
             }
             """)
         variables: dict[str, object] = {"chatId": chat_id}
@@ -745,22 +752,31 @@ class Client(BaseClient):
         return UpdateOrganization.model_validate(data).update_organization
 
     def create_person(
-        self, organization_id: str, name: str, **kwargs: Any
+        self,
+        organization_id: str,
+        name: str,
+        time_zone: Union[Optional[str], UnsetType] = UNSET,
+        **kwargs: Any,
     ) -> CreatePersonCreatePerson:
         query = gql("""
-            mutation CreatePerson($organizationId: ID!, $name: String!) {
-              createPerson(organizationId: $organizationId, name: $name) {
+            mutation CreatePerson($organizationId: ID!, $name: String!, $timeZone: String) {
+              createPerson(organizationId: $organizationId, name: $name, timeZone: $timeZone) {
                 person {
                   id
                   name
                   organizationId
+                  timeZone
                 }
                 token
                 tokenId
               }
             }
             """)
-        variables: dict[str, object] = {"organizationId": organization_id, "name": name}
+        variables: dict[str, object] = {
+            "organizationId": organization_id,
+            "name": name,
+            "timeZone": time_zone,
+        }
         response = self.execute(
             query=query, operation_name="CreatePerson", variables=variables, **kwargs
         )
@@ -898,6 +914,7 @@ class Client(BaseClient):
                 id
                 name
                 organizationId
+                timeZone
               }
             }
             """)
@@ -907,3 +924,23 @@ class Client(BaseClient):
         )
         data = self.get_data(response)
         return Me.model_validate(data).me
+
+    def set_time_zone(
+        self, time_zone: Union[Optional[str], UnsetType] = UNSET, **kwargs: Any
+    ) -> SetTimeZoneSetTimeZone:
+        query = gql("""
+            mutation SetTimeZone($timeZone: String) {
+              setTimeZone(timeZone: $timeZone) {
+                id
+                name
+                organizationId
+                timeZone
+              }
+            }
+            """)
+        variables: dict[str, object] = {"timeZone": time_zone}
+        response = self.execute(
+            query=query, operation_name="SetTimeZone", variables=variables, **kwargs
+        )
+        data = self.get_data(response)
+        return SetTimeZone.model_validate(data).set_time_zone
