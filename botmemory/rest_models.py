@@ -58,7 +58,8 @@ class ItemOut(Out):
     created_at: int
     said_at: int = Field(description="When it was said: the time the platform gave, else createdAt.")
     time_zone: str | None = Field(
-        description="The IANA time zone it was said in (D9.32): the platform's, else its speaker's; null: UTC."
+        description="The IANA time zone a person's message was said in (D9.32): the one given for it or "
+        "for its Turn's start, else its speaker's; null: UTC."
     )
 
 

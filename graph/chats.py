@@ -253,7 +253,7 @@ class AllocatedTurnRow(TypedDict):
 #: marks an Item said while the organization's memory Bot learns nothing (``botMemory`` off or no
 #: model, L5): it is never evidence, whatever the settings are when a later execution runs.
 _CREATE_ITEM: Final[LiteralString] = """
-OPTIONAL MATCH (speaker:Person {id: item.speakerId})
+OPTIONAL MATCH (speaker:Person {id: item.speakerId}) WHERE item.kind = 'PERSON_MESSAGE'
 CREATE (i:Item {uid: item.uid, id: item.id, chatId: t.chatId, turnId: t.id, seq: item.seq, kind: item.kind,
                 text: item.text, textLength: item.textLength, app: item.app, speakerId: item.speakerId,
                 createdAt: $now, saidAt: coalesce(item.saidAt, $now),

@@ -1185,7 +1185,7 @@ SET t.lastActivityAt = $now
 SET ch.unsummarizedChars = coalesce(ch.unsummarizedChars, 0) + reduce(n = 0, x IN $items | n + x.textLength)
 WITH t, o
 UNWIND $items AS item
-OPTIONAL MATCH (speaker:Person {id: item.speakerId})
+OPTIONAL MATCH (speaker:Person {id: item.speakerId}) WHERE item.kind = 'PERSON_MESSAGE'
 CREATE (i:Item {uid: item.uid, id: item.id, chatId: t.chatId, turnId: t.id, seq: item.seq, kind: item.kind,
                 text: item.text, textLength: item.textLength, app: item.app, speakerId: item.speakerId,
                 createdAt: $now, saidAt: coalesce(item.saidAt, $now),
@@ -1204,7 +1204,7 @@ CREATE (t:Turn {id: $id, chatId: ch.id, seq: $seq, status: 'open', actorKind: $a
 WITH t, o, ch
 CALL (t, o) {
   UNWIND $items AS item
-OPTIONAL MATCH (speaker:Person {id: item.speakerId})
+OPTIONAL MATCH (speaker:Person {id: item.speakerId}) WHERE item.kind = 'PERSON_MESSAGE'
 CREATE (i:Item {uid: item.uid, id: item.id, chatId: t.chatId, turnId: t.id, seq: item.seq, kind: item.kind,
                 text: item.text, textLength: item.textLength, app: item.app, speakerId: item.speakerId,
                 createdAt: $now, saidAt: coalesce(item.saidAt, $now),

@@ -145,8 +145,8 @@ class Item:
         description="When it was said: the time the platform gave (history imported), else createdAt."
     )
     time_zone: str | None = strawberry.field(
-        description="The IANA time zone it was said in (D9.32): the one the platform gave, else its "
-        "speaker's when it was saved; null: UTC."
+        description="The IANA time zone a person's message was said in (D9.32): the one given for it "
+        "or for its Turn's start, else its speaker's when it was saved; null: UTC."
     )
 
     @classmethod
@@ -243,7 +243,8 @@ class ItemInput:
     )
     time_zone: str | None = strawberry.field(
         default=None,
-        description="The IANA time zone it was said in, such as Europe/Berlin (D9.32); null: its speaker's.",
+        description="The IANA time zone a person's message was said in, such as Europe/Berlin (D9.32); "
+        "null: the one its Turn's start was given, else its speaker's.",
     )
 
 

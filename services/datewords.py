@@ -122,7 +122,8 @@ def zone_names() -> frozenset[str]:
 def zone_of(name: str | None) -> tzinfo:
     """The time zone of an IANA name as kept (``services.validation.check_time_zone`` took it),
     read from the ``tzdata`` package; UTC for none, and for a name it no longer ships (a zone
-    kept before an upgrade of the package removed it: its days read as UTC rather than fail)."""
+    kept before an upgrade of the package removed it: its days read as UTC rather than fail).
+    Made from a file, it cannot be pickled: what leaves this module is a date or a string."""
     if name is None or name not in zone_names():
         return UTC
     with resources.files("tzdata.zoneinfo").joinpath(*name.split("/")).open("rb") as data:
@@ -137,10 +138,11 @@ def day_of(said_at_ms: int, zone: tzinfo = UTC) -> date:
 def said_minute(said_at_ms: int, zone: str | None = None) -> str:
     """A time as a model reads when something was said, to the minute: UTC when the speaker's zone
     is unknown ("2023-05-08T13:56Z"), else their local time with its offset
-    ("2023-05-08T06:56-07:00", D9.32)."""
-    if zone is None:
+    ("2023-05-08T06:56-07:00", D9.32; a zone no longer known reads as unknown)."""
+    local = zone_of(zone)
+    if local is UTC:
         return datetime.fromtimestamp(said_at_ms / 1000, UTC).strftime("%Y-%m-%dT%H:%MZ")
-    return datetime.fromtimestamp(said_at_ms / 1000, zone_of(zone)).isoformat(timespec="minutes")
+    return datetime.fromtimestamp(said_at_ms / 1000, local).isoformat(timespec="minutes")
 
 
 def entry_terms(day: date) -> tuple[str, ...]:

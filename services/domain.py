@@ -148,7 +148,8 @@ class Item:
     created_at: int
     #: When it was said: the time the platform gave (history imported), else ``created_at``.
     said_at: int
-    #: The IANA time zone it was said in (D9.32): the platform's, else its speaker's; None: UTC.
+    #: The IANA time zone a person's message was said in (D9.32): the one given for it or for its
+    #: Turn's start, else its speaker's; None: UTC.
     time_zone: str | None = None
 
 

@@ -47,8 +47,9 @@ class Reader:
 
     org: str
     readers: tuple[access.ReaderMap, ...]
-    #: The time zone of a person reading for themselves (D9.32: the dates their own search names
-    #: are read there); None for a Chat's audience, and for UTC.
+    #: The time zone of a person reading for themselves through ``open_read`` (D9.32: the dates
+    #: their own search names are read there); None for UTC, for a Chat's audience, and for the
+    #: readers made otherwise (``person_reader_of``, listings), which read no dates.
     time_zone: str | None = field(default=None, compare=False)
 
     @property

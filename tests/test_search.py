@@ -1111,7 +1111,7 @@ async def test_a_context_pack_reads_yesterday_where_its_latest_message_was_said(
     pack = "query($c: ID!) { contextPack(chatId: $c) { memory { ids } } }"
     ids = (await api.gql(pack, {"c": chat}, ann))["contextPack"]["memory"]["ids"]
     assert 0 < len(ids) < 61 and kiln in ids
-    # The same words said there in UTC (the platform gives the zone) miss it: the day is the 3rd.
+    # The same words said in UTC (the Turn's start names the zone) miss it: the day is the 3rd.
     await said(api, ann, chat, "What did I do yesterday?", said_at=late, time_zone="UTC")
     ids = (await api.gql(pack, {"c": chat}, ann))["contextPack"]["memory"]["ids"]
     assert 0 < len(ids) < 61 and kiln not in ids

@@ -124,6 +124,8 @@ def test_a_model_reads_a_time_in_the_speakers_zone_when_known() -> None:
     assert said_minute(at) == "2023-06-16T13:56Z"
     assert said_minute(at, "America/Los_Angeles") == "2023-06-16T06:56-07:00"
     assert said_minute(at, "Asia/Kolkata") == "2023-06-16T19:26+05:30"
+    assert said_minute(at, "UTC") == "2023-06-16T13:56+00:00"  # a person who lives in UTC
+    assert said_minute(at, "Gone/Away") == "2023-06-16T13:56Z"  # a zone no longer shipped: unknown
 
 
 _ZONES = sorted(zone_names())
@@ -138,8 +140,8 @@ def test_a_day_named_in_any_zone_meets_every_entry_said_during_it(
     zone: str, said: datetime, later: int
 ) -> None:
     """Whatever the zone (its offsets, its summer time, its skipped days), an entry said at any
-    instant is met by its local day named by date, and by "yesterday" asked at any later hour
-    whose local day is the next one. The days come from the clock alone (``fromtimestamp`` in the
+    instant is met by its local day named by date — whose terms are exactly the UTC days that day
+    falls on — and by "yesterday" asked at any later hour whose local day is the next one. The days come from the clock alone (``fromtimestamp`` in the
     zone as the service reads it), not from the code's own way of finding a day's edges."""
     local = zone_of(zone)
     said_ms = int(said.replace(tzinfo=UTC).timestamp() * 1000)
@@ -148,7 +150,15 @@ def test_a_day_named_in_any_zone_meets_every_entry_said_during_it(
     named = f"on {day.day} {day.strftime('%B')} {day.year}"
     terms = query_terms(named, said_ms, zone)
     assert held in terms
-    assert len(terms) <= 3  # 23 to 25 hours: two UTC days, three at most
+    # No wider than the day: exactly the UTC days its minutes fall on (every 5 minutes from 27
+    # hours before to 27 hours after the entry, those of the same local day).
+    step = 300_000
+    seen = {
+        f"@{datetime.fromtimestamp(at / 1000, UTC).date()}"
+        for at in range(said_ms - 27 * 12 * step, said_ms + 27 * 12 * step + 1, step)
+        if datetime.fromtimestamp(at / 1000, local).date() == day
+    }
+    assert set(terms) == seen
     asked_ms = said_ms + later * 3_600_000
     if datetime.fromtimestamp(asked_ms / 1000, local).date() == day + timedelta(days=1):
         assert held in query_terms("what did we say yesterday?", asked_ms, zone)

@@ -21,7 +21,7 @@ class ItemInput(BaseModel):
     said_at: Optional[int] = Field(alias="saidAt", default=None)
     "When it was said, in epoch milliseconds, for history imported (not in the future); null: now. Memory learned from it is dated by it."
     time_zone: Optional[str] = Field(alias="timeZone", default=None)
-    "The IANA time zone it was said in, such as Europe/Berlin (D9.32); null: its speaker's."
+    "The IANA time zone a person's message was said in, such as Europe/Berlin (D9.32); null: the one its Turn's start was given, else its speaker's."
 
 
 class MetaEntryInput(BaseModel):
