@@ -33,7 +33,7 @@ import numpy.typing as npt
 
 from services import metrics
 from services.kept import keep_newest
-from services.keywordindex import Places, Postings, best, largest, places
+from services.keywordindex import Among, Places, Postings, best, largest, places
 
 #: Below this many vectors the ranking is exact over dequantised float32 vectors.
 EXACT_MAX: Final = 16_384
@@ -154,7 +154,7 @@ class _KeyRows:
     and whether they are few (ranked among themselves) or many (by the whole pool's pass with the
     others left out); made when first needed: for many, the mask as 0 or -inf per row (added to
     the pass's scores, which then never choose another row), and the same for the rows with a
-    vector; for few, their vectors dequantised and each row's place among them."""
+    vector; for few, their vectors dequantised, each row's place among them and their postings."""
 
     rows: npt.NDArray[np.int64]
     allowed: npt.NDArray[np.bool_]
@@ -162,6 +162,7 @@ class _KeyRows:
     vectors: F32 | None = None
     places: Places | None = None
     documents: int | None = None
+    among: Among | None = None
     _left_out: F32 | None = None
     _usable: tuple[npt.NDArray[np.bool_], F32] | None = None
 
@@ -188,6 +189,12 @@ class _KeyRows:
             self.documents = keywords.documents_of(self.rows)
         return self.documents
 
+    def among_in(self, keywords: Postings) -> Among:
+        """The postings of :attr:`rows` (BM25 among few rows walks these alone)."""
+        if self.among is None:
+            self.among = keywords.among(self.rows)
+        return self.among
+
     def places_in(self, capacity: int) -> Places:
         """Each row's place among :attr:`rows` (of ``capacity`` rows)."""
         if self.places is None:
@@ -199,7 +206,8 @@ class _KeyRows:
         made = [self.vectors, self.places, self._left_out]
         if self._usable is not None and self._usable[0] is not self.allowed:
             made += list(self._usable)
-        return self.rows.nbytes + self.allowed.nbytes + sum(0 if m is None else m.nbytes for m in made)
+        held = self.rows.nbytes + self.allowed.nbytes + sum(0 if m is None else m.nbytes for m in made)
+        return held + (0 if self.among is None else self.among.nbytes)
 
 
 class BotIndex:
@@ -358,7 +366,8 @@ class BotIndex:
             dense = self._top_rows(vector, dense_k, keyed)
         place = keyed.places_in(self.keywords.capacity) if keyed is not None and few else None
         pool = None if keyed is None or few else (keyed.allowed, keyed.documents_in(self.keywords))
-        summed = self.keywords.sums(blind, among, place, pool)
+        local = keyed.among_in(self.keywords) if keyed is not None and few else None
+        summed = self.keywords.sums(blind, among, place, pool, local)
         if summed is not None and keyed is not None and not few:  # the others left out
             held_rows = min(summed.shape[0], keyed.allowed.shape[0])
             summed[:held_rows] += keyed.left_out()[:held_rows]  # -inf: never among the best

@@ -132,6 +132,11 @@ def test_postings_rank_as_reference_bm25(
         assert within_sums is not None or not within
         if within_sums is not None:
             assert within_sums.tolist() == pytest.approx([within.get(r, 0.0) for r in among.tolist()])
+        # Over those rows' own postings (what a reader's kept index walks): the same, to the bit.
+        local = postings.sums(query, among, local=postings.among(among))
+        assert (local is None) == (within_sums is None)
+        if local is not None and within_sums is not None:
+            assert np.array_equal(local, within_sums)
         # The same rows as a reader's mask over the pool: their scores by row, nobody else's.
         mask = np.zeros(postings.capacity, np.bool_)
         mask[among] = True
