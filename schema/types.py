@@ -181,6 +181,10 @@ class Turn:
     reply: str | None = strawberry.field(description="The built-in runner's reply (sendMessage).")
     created_at: Long
     completed_at: Long | None
+    time_zone: str | None = strawberry.field(
+        description="The IANA time zone its start was given (D9.32): its actor's messages given none "
+        "are said there; null: none given."
+    )
 
     @classmethod
     def of(cls, t: domain.Turn) -> Turn:
@@ -196,6 +200,7 @@ class Turn:
             reply=t.reply,
             created_at=Long(t.created_at),
             completed_at=None if t.completed_at is None else Long(t.completed_at),
+            time_zone=t.time_zone,
         )
 
 

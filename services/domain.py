@@ -174,6 +174,8 @@ class Turn:
     used_entry_ids: tuple[str, ...] = ()
     #: The time zone ``input`` was said in (D9.32; None: UTC), as the Turn's start saved it.
     input_time_zone: str | None = None
+    #: The time zone its start was given (D9.32): its actor's messages without one are said there.
+    time_zone: str | None = None
 
     @classmethod
     def of(cls, row: TurnNode, *, input: str | None = None, enriched_input: str | None = None) -> Turn:
@@ -189,6 +191,7 @@ class Turn:
             input,
             enriched_input,
             history_epoch=row.get("historyEpoch", 0),
+            time_zone=row.get("timeZone"),
         )
 
 

@@ -427,6 +427,11 @@ async def test_an_item_keeps_the_time_zone_it_was_said_in(api: Api, runtime: Run
         },
         platform,
     )
+    complete = "mutation($t: ID!) { completeTurn(turnId: $t) { timeZone } }"
+    assert (await api.gql(complete, {"t": imported["id"]}, platform))["completeTurn"][
+        "timeZone"
+    ] == "Asia/Kolkata"
+    assert (await api.gql(complete, {"t": turn["id"]}, ann))["completeTurn"]["timeZone"] is None  # none given
     assert (await api.gql("mutation { setTimeZone { id timeZone } }", None, ann))["setTimeZone"][
         "timeZone"
     ] is None

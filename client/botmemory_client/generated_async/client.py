@@ -128,6 +128,7 @@ class Client(AsyncBaseClient):
               reply
               createdAt
               completedAt
+              timeZone
             }
             """)
         variables: dict[str, object] = {
@@ -211,6 +212,7 @@ class Client(AsyncBaseClient):
               reply
               createdAt
               completedAt
+              timeZone
             }
             """)
         variables: dict[str, object] = {"turnId": turn_id}
@@ -241,6 +243,7 @@ class Client(AsyncBaseClient):
               reply
               createdAt
               completedAt
+              timeZone
             }
             """)
         variables: dict[str, object] = {"chatId": chat_id, "text": text}

@@ -125,6 +125,7 @@ class Client(BaseClient):
               reply
               createdAt
               completedAt
+              timeZone
             }
             """)
         variables: dict[str, object] = {
@@ -206,6 +207,7 @@ class Client(BaseClient):
               reply
               createdAt
               completedAt
+              timeZone
             }
             """)
         variables: dict[str, object] = {"turnId": turn_id}
@@ -236,6 +238,7 @@ class Client(BaseClient):
               reply
               createdAt
               completedAt
+              timeZone
             }
             """)
         variables: dict[str, object] = {"chatId": chat_id, "text": text}

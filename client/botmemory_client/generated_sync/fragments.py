@@ -85,6 +85,7 @@ class TurnFields(BaseModel):
     reply: Optional[str]
     created_at: int = Field(alias="createdAt")
     completed_at: Optional[int] = Field(alias="completedAt")
+    time_zone: Optional[str] = Field(alias="timeZone")
 
 
 ChatMetaFields.model_rebuild()
