@@ -109,6 +109,11 @@ TOKEN_BYTES: Final = 320
 EMPTY_BYTES: Final = 2_048
 
 
+def _idf(documents: int, df: int) -> np.float32:
+    """BM25's idf (Lucene's) of a token ``df`` of ``documents`` hold."""
+    return np.float32(math.log(1.0 + (documents - df + 0.5) / (df + 0.5)))
+
+
 class Postings:
     """Per token, the rows that contain it and how often (counted up to 255); per row, its length
     in tokens."""
@@ -251,24 +256,19 @@ class Postings:
         self,
         blind: list[str],
         among: Rows | None = None,
-        place: Places | None = None,
         pool: tuple[npt.NDArray[np.bool_], int] | None = None,
         local: Among | None = None,
     ) -> Scores | None:
         """The BM25 score of every row for the query's distinct blind tokens (the MAX_QUERY_TOKENS
         rarest of a longer query), by row; with ``among``, of its rows only, by position in it
-        (None: no row has any of them). Among a few rows, only their postings are summed (a reader
-        who sees 1 % of the bench's 100k entries: ~0.19 -> ~0.13 ms), found through ``place``:
-        each row's position in ``among`` (-1 for the others; made here when the caller keeps
-        none) — or, given ``local`` (:meth:`among` of those rows, which the caller keeps), only
-        the postings among them, the same scores to the bit.
+        (None: no row has any of them). Among a few rows, only their own postings are walked
+        (``local``: :meth:`among` of those rows, which the caller keeps; made here otherwise).
 
         A token's idf counts the documents of the reader's rows only — ``among``'s, or those of
         ``pool`` (a mask by row, and how many of its rows hold tokens) — never the Bot's: counted
         over every entry, a reader who wrote entries holding chosen words could read off the order
         of their own results how many entries they cannot see hold a word (one query per guess).
         The length normalisation keeps the Bot's mean length (one number over the whole Bot)."""
-        size = self.capacity if among is None else among.shape[0]
         tokens = [t for t in (self._vocab.get(b) for b in dict.fromkeys(blind)) if t is not None]
         if not tokens or self._docs == 0:
             return None
@@ -278,15 +278,9 @@ class Postings:
             self._saturated.clear()
             self._saturated_bytes = 0
             self._counted = (self._docs, self._total)
-        if local is not None and among is not None:
-            return self._sums_among(tokens, local, among.shape[0])
-        if among is not None and place is None:
-            place = places(among, self.capacity)
-        documents = self._docs
         if among is not None:
-            documents = self.documents_of(among)
-        elif pool is not None:
-            documents = pool[1]
+            return self._sums_among(tokens, self.among(among) if local is None else local, among.shape[0])
+        documents = self._docs if pool is None else pool[1]
         rows_parts: list[Rows] = []
         weights: list[npt.NDArray[np.float32]] = []
         for token in tokens:
@@ -295,53 +289,43 @@ class Postings:
                 continue
             saturated = self._saturated.get(token)
             if saturated is None:
-                norm = K1 * (1.0 - B + B * self._length[rows] / (self._total / self._docs))
-                saturated = self._saturated[token] = (tf / (tf + norm)).astype(np.float32)
+                saturated = self._saturated[token] = self._saturation(tf, self._length[rows])
                 self._saturated_bytes += saturated.nbytes
             df = rows.size
-            if place is not None:
-                df = int(np.count_nonzero(place[rows] >= 0))
-            elif pool is not None:
+            if pool is not None:
                 df = int(np.count_nonzero(pool[0][rows[rows < pool[0].shape[0]]]))
             if df == 0:
                 continue
-            idf = math.log(1.0 + (documents - df + 0.5) / (df + 0.5))
             rows_parts.append(rows)
-            weights.append(saturated * np.float32(idf))
+            weights.append(saturated * _idf(documents, df))
         if not rows_parts:
             return None
         # With weights, bincount sums in float64 (its stubs say intp).
-        if among is None:
-            return cast(
-                Scores,
-                np.bincount(np.concatenate(rows_parts), weights=np.concatenate(weights), minlength=size),
-            )
-        assert place is not None
-        summed = np.zeros(size, np.float64)
-        for rows, weight in zip(rows_parts, weights, strict=True):
-            at = place[rows]
-            kept = at >= 0
-            summed += np.bincount(at[kept], weights=weight[kept], minlength=size)
-        return summed
+        return cast(
+            Scores,
+            np.bincount(np.concatenate(rows_parts), weights=np.concatenate(weights), minlength=self.capacity),
+        )
 
     def _sums_among(self, tokens: list[int], local: Among, size: int) -> Scores | None:
-        """:meth:`sums` over the postings of a few rows only (``local``), by place among them; each
-        weight as :meth:`sums` makes it from every posting (the same float32 steps)."""
+        """:meth:`sums` over the postings of a few rows only (``local``), by place among them."""
         summed = np.zeros(size, np.float64)
-        mean = self._total / self._docs
         found = False
         for token in tokens:
             lo, hi = (int(x) for x in np.searchsorted(local.tokens, (token, token + 1)))
             if lo == hi:
                 continue
-            tf = local.tfs[lo:hi]
-            norm = K1 * (1.0 - B + B * local.lengths[lo:hi] / mean)
-            saturated = (tf / (tf + norm)).astype(np.float32)
-            df = hi - lo
-            idf = math.log(1.0 + (local.documents - df + 0.5) / (df + 0.5))
-            summed[local.at[lo:hi]] += saturated * np.float32(idf)
+            saturated = self._saturation(local.tfs[lo:hi], local.lengths[lo:hi])
+            summed[local.at[lo:hi]] += saturated * _idf(local.documents, hi - lo)
             found = True
         return summed if found else None
+
+    def _saturation(
+        self, tf: npt.NDArray[np.float32], lengths: npt.NDArray[np.float32]
+    ) -> npt.NDArray[np.float32]:
+        """Each posting's saturated tf (its BM25 weight but for the idf), against the Bot's mean
+        length."""
+        norm = K1 * (1.0 - B + B * lengths / (self._total / self._docs))
+        return (tf / (tf + norm)).astype(np.float32)
 
     def _tokens_of(self, blinds: list[str]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
         """Per text its number of tokens, and the ids of all its tokens, text after text (new

@@ -367,7 +367,7 @@ class BotIndex:
         place = keyed.places_in(self.keywords.capacity) if keyed is not None and few else None
         pool = None if keyed is None or few else (keyed.allowed, keyed.documents_in(self.keywords))
         local = keyed.among_in(self.keywords) if keyed is not None and few else None
-        summed = self.keywords.sums(blind, among, place, pool, local)
+        summed = self.keywords.sums(blind, among, pool, local)
         if summed is not None and keyed is not None and not few:  # the others left out
             held_rows = min(summed.shape[0], keyed.allowed.shape[0])
             summed[:held_rows] += keyed.left_out()[:held_rows]  # -inf: never among the best

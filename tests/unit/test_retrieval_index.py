@@ -21,14 +21,13 @@ from services import search, vectorindex
 from services.keywordindex import (
     K1,
     MAX_QUERY_TOKENS,
+    Among,
     B,
-    Places,
     Postings,
     Rows,
     Scores,
     best,
     largest,
-    places,
 )
 from services.runtime import LineLengths
 from services.vectorindex import (
@@ -73,10 +72,10 @@ def reference_bm25(
 
 
 def top(
-    postings: Postings, query: list[str], k: int, among: Rows | None = None, place: Places | None = None
+    postings: Postings, query: list[str], k: int, among: Rows | None = None, local: Among | None = None
 ) -> tuple[Rows, Scores]:
     """The ``k`` best rows for ``query`` as a ranking chooses its keyword candidates."""
-    summed = postings.sums(query, among, place)
+    summed = postings.sums(query, among, local=local)
     return (np.empty(0, np.int64), np.empty(0, np.float64)) if summed is None else best(summed, k, among)
 
 
@@ -117,12 +116,12 @@ def test_postings_rank_as_reference_bm25(
         held[row] = words
     expected = reference_bm25(held, query)
     assert_best(top(postings, query, k), expected, k)
-    # Among some rows: the same scores, summed over those rows' postings only (through places
-    # made here, or kept by the caller).
+    # Among some rows: the same scores, summed over those rows' postings only (gathered here, or
+    # kept by the caller).
     among = np.array(sorted(data.draw(st.sets(st.sampled_from(sorted(held))))), np.int64)
     within = reference_bm25(held, query, set(among.tolist()))
-    for place in (None, places(among, postings.capacity)):
-        assert_best(top(postings, query, k, among, place), within, k)
+    for local in (None, postings.among(among)):
+        assert_best(top(postings, query, k, among, local), within, k)
     # Every row's sum (by row; among some rows, by position among them): what a ranking reads
     # its candidates' BM25 scores from.
     summed = postings.sums(query)
@@ -132,12 +131,8 @@ def test_postings_rank_as_reference_bm25(
         assert within_sums is not None or not within
         if within_sums is not None:
             assert within_sums.tolist() == pytest.approx([within.get(r, 0.0) for r in among.tolist()])
-        # Over those rows' own postings (what a reader's kept index walks): the same, to the bit.
-        local = postings.sums(query, among, local=postings.among(among))
-        assert (local is None) == (within_sums is None)
-        if local is not None and within_sums is not None:
-            assert np.array_equal(local, within_sums)
-        # The same rows as a reader's mask over the pool: their scores by row, nobody else's.
+        # The same rows as a reader's mask over the pool: their scores by row, nobody else's —
+        # over every posting of the query's tokens, the same to the bit as over those rows' own.
         mask = np.zeros(postings.capacity, np.bool_)
         mask[among] = True
         pooled = postings.sums(query, pool=(mask, postings.documents_of(among)))
@@ -145,6 +140,7 @@ def test_postings_rank_as_reference_bm25(
             assert not within
         else:
             assert pooled[among].tolist() == pytest.approx([within.get(r, 0.0) for r in among.tolist()])
+            assert within_sums is not None and np.array_equal(pooled[among], within_sums)
     else:
         assert not expected
 
