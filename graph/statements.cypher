@@ -13,16 +13,8 @@ CALL (ch, b, o, c) {
   atoms: ['person:' + p.id] + [cid IN channels | 'channel:' + cid]
          + CASE WHEN EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)) THEN ['bot'] ELSE [] END} AS reader
 UNION
-  WITH b, o, c WHERE c IS NOT NULL
-  CALL (c, o, b) {
-    OPTIONAL MATCH (m:Person)-[:MEMBER]->(c)
-    WITH collect(m) AS members
-    RETURN [m IN members | m.id] AS memberIds,
-           size(members) > 0 AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))
-           AND all(m IN members WHERE EXISTS { (m)-[:MEMBER_OF]->(o) } AND EXISTS { (m)-[:GRANT]->(b) }) AS allUse
-  }
-  WITH c, o, b, memberIds, allUse WHERE size(memberIds) > 0
-  RETURN {id: '#group', ids: ['#group'] + memberIds, channels: CASE WHEN c IS NULL THEN [] ELSE [c.id] END, usesBot: allUse, atoms: CASE WHEN allUse THEN ['channel:' + c.id, 'bot'] ELSE [] END} AS reader
+  WITH c WHERE c IS NOT NULL AND EXISTS { (:Person)-[:MEMBER]->(c) }
+  RETURN {id: '#group', ids: ['#group'], channels: [c.id], usesBot: true, atoms: ['channel:' + c.id, 'bot']} AS reader
 }
 RETURN [reader] AS readers, o.id AS org
 
@@ -95,15 +87,17 @@ RETURN collect(DISTINCT id) AS ids
 
 // ---- graph.access.GROUP_MEMBERS
   CALL (c, o, b) {
-    OPTIONAL MATCH (m:Person)-[:MEMBER]->(c)
-    WITH collect(m) AS members
-    RETURN [m IN members | m.id] AS memberIds,
-           size(members) > 0 AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))
-           AND all(m IN members WHERE EXISTS { (m)-[:MEMBER_OF]->(o) } AND EXISTS { (m)-[:GRANT]->(b) }) AS allUse
+    RETURN c IS NOT NULL AND o IS NOT NULL AND b IS NOT NULL
+           AND EXISTS { (:Person)-[:MEMBER]->(c) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))
+           AND NOT EXISTS { MATCH (m:Person)-[:MEMBER]->(c)
+                            WHERE NOT (EXISTS { (m)-[:MEMBER_OF]->(o) } AND EXISTS { (m)-[:GRANT]->(b) }) } AS allUse
   }
 
 // ---- graph.access.GROUP_READER
-{id: '#group', ids: ['#group'] + memberIds, channels: CASE WHEN c IS NULL THEN [] ELSE [c.id] END, usesBot: allUse, atoms: CASE WHEN allUse THEN ['channel:' + c.id, 'bot'] ELSE [] END}
+{id: '#group', ids: ['#group'], channels: CASE WHEN c IS NULL THEN [] ELSE [c.id] END, usesBot: allUse, atoms: CASE WHEN allUse THEN ['channel:' + c.id, 'bot'] ELSE [] END}
+
+// ---- graph.access.GROUP_SEEK
+{id: '#group', ids: ['#group'], channels: [c.id], usesBot: true, atoms: ['channel:' + c.id, 'bot']}
 
 // ---- graph.access.PATH_VISIBLE
 (size(readers) > 0
@@ -302,13 +296,15 @@ CALL (readers, org) {
   WHERE
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN e.lblExcluded WHERE
+         i IN rd.ids OR (rd.id = '#group' AND EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
 
   WITH readers, org, r, {lblRequires: r.afterRequires, lblExcluded: r.afterExcluded} AS e
   WHERE NOT
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN e.lblExcluded WHERE
+         i IN rd.ids OR (rd.id = '#group' AND EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
 
   RETURN collect(DISTINCT {version: r.version, id: r.entryId}) AS removed
 }
@@ -342,7 +338,8 @@ EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))
 // ---- graph.access.VISIBLE
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN e.lblExcluded WHERE
+         i IN rd.ids OR (rd.id = '#group' AND EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
 
 // ---- graph.backfill.BOTS_DUE
 MATCH (m:Memory)
@@ -511,7 +508,8 @@ CALL (org, readers) {
   WHERE e.botId = $botId AND e.status <> 'retracted' AND
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN e.lblExcluded WHERE
+         i IN rd.ids OR (rd.id = '#group' AND EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
 
   RETURN collect(e.id) AS visible
 }
@@ -522,13 +520,15 @@ CALL (readers, org) {
   WHERE
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN e.lblExcluded WHERE
+         i IN rd.ids OR (rd.id = '#group' AND EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
 
   WITH readers, org, r, {lblRequires: r.afterRequires, lblExcluded: r.afterExcluded} AS e
   WHERE NOT
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN e.lblExcluded WHERE
+         i IN rd.ids OR (rd.id = '#group' AND EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
 
   RETURN collect(DISTINCT {version: r.version, id: r.entryId}) AS removed
 }
@@ -590,13 +590,12 @@ CALL () {
   OPTIONAL MATCH (c:Channel {id: cid})-[:IN]->(o:Organization {id: $org})
   OPTIONAL MATCH (b:Bot {id: $botId})
   CALL (c, o, b) {
-    OPTIONAL MATCH (m:Person)-[:MEMBER]->(c)
-    WITH collect(m) AS members
-    RETURN [m IN members | m.id] AS memberIds,
-           size(members) > 0 AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))
-           AND all(m IN members WHERE EXISTS { (m)-[:MEMBER_OF]->(o) } AND EXISTS { (m)-[:GRANT]->(b) }) AS allUse
+    RETURN c IS NOT NULL AND o IS NOT NULL AND b IS NOT NULL
+           AND EXISTS { (:Person)-[:MEMBER]->(c) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))
+           AND NOT EXISTS { MATCH (m:Person)-[:MEMBER]->(c)
+                            WHERE NOT (EXISTS { (m)-[:MEMBER_OF]->(o) } AND EXISTS { (m)-[:GRANT]->(b) }) } AS allUse
   }
-  RETURN collect({id: '#group', ids: ['#group'] + memberIds, channels: CASE WHEN c IS NULL THEN [] ELSE [c.id] END, usesBot: allUse, atoms: CASE WHEN allUse THEN ['channel:' + c.id, 'bot'] ELSE [] END}) AS groups
+  RETURN collect({id: '#group', ids: ['#group'], channels: CASE WHEN c IS NULL THEN [] ELSE [c.id] END, usesBot: allUse, atoms: CASE WHEN allUse THEN ['channel:' + c.id, 'bot'] ELSE [] END}) AS groups
 }
 WITH groups + people AS readers, $org AS org
 CALL (readers, org) {
@@ -606,13 +605,15 @@ CALL (readers, org) {
   WHERE
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN e.lblExcluded WHERE
+         i IN rd.ids OR (rd.id = '#group' AND EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
 
   WITH readers, org, r, {lblRequires: r.afterRequires, lblExcluded: r.afterExcluded} AS e
   WHERE NOT
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN e.lblExcluded WHERE
+         i IN rd.ids OR (rd.id = '#group' AND EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
 
   RETURN collect(DISTINCT {version: r.version, id: r.entryId}) AS removed
 }
@@ -1274,13 +1275,12 @@ CALL () {
   OPTIONAL MATCH (c:Channel {id: cid})-[:IN]->(o:Organization {id: $org})
   OPTIONAL MATCH (b:Bot {id: $botId})
   CALL (c, o, b) {
-    OPTIONAL MATCH (m:Person)-[:MEMBER]->(c)
-    WITH collect(m) AS members
-    RETURN [m IN members | m.id] AS memberIds,
-           size(members) > 0 AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))
-           AND all(m IN members WHERE EXISTS { (m)-[:MEMBER_OF]->(o) } AND EXISTS { (m)-[:GRANT]->(b) }) AS allUse
+    RETURN c IS NOT NULL AND o IS NOT NULL AND b IS NOT NULL
+           AND EXISTS { (:Person)-[:MEMBER]->(c) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))
+           AND NOT EXISTS { MATCH (m:Person)-[:MEMBER]->(c)
+                            WHERE NOT (EXISTS { (m)-[:MEMBER_OF]->(o) } AND EXISTS { (m)-[:GRANT]->(b) }) } AS allUse
   }
-  RETURN collect({id: '#group', ids: ['#group'] + memberIds, channels: CASE WHEN c IS NULL THEN [] ELSE [c.id] END, usesBot: allUse, atoms: CASE WHEN allUse THEN ['channel:' + c.id, 'bot'] ELSE [] END}) AS groups
+  RETURN collect({id: '#group', ids: ['#group'], channels: CASE WHEN c IS NULL THEN [] ELSE [c.id] END, usesBot: allUse, atoms: CASE WHEN allUse THEN ['channel:' + c.id, 'bot'] ELSE [] END}) AS groups
 }
 WITH groups + people AS readers, $org AS org
 
@@ -1291,7 +1291,8 @@ CALL (key, readers, org) {
   WHERE e.botId = $botId AND e.activeKey = key AND e.contentLength IS NOT NULL AND e.id IS NOT NULL AND e.memoryRank < $after AND
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN e.lblExcluded WHERE
+         i IN rd.ids OR (rd.id = '#group' AND EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
 
   RETURN e, e.memoryRank AS rank, e.id AS id, e.contentLength AS length
   ORDER BY e.botId DESC, e.activeKey DESC, e.memoryRank DESC LIMIT $limit
@@ -1322,13 +1323,12 @@ CALL () {
   OPTIONAL MATCH (c:Channel {id: cid})-[:IN]->(o:Organization {id: $org})
   OPTIONAL MATCH (b:Bot {id: $botId})
   CALL (c, o, b) {
-    OPTIONAL MATCH (m:Person)-[:MEMBER]->(c)
-    WITH collect(m) AS members
-    RETURN [m IN members | m.id] AS memberIds,
-           size(members) > 0 AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))
-           AND all(m IN members WHERE EXISTS { (m)-[:MEMBER_OF]->(o) } AND EXISTS { (m)-[:GRANT]->(b) }) AS allUse
+    RETURN c IS NOT NULL AND o IS NOT NULL AND b IS NOT NULL
+           AND EXISTS { (:Person)-[:MEMBER]->(c) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))
+           AND NOT EXISTS { MATCH (m:Person)-[:MEMBER]->(c)
+                            WHERE NOT (EXISTS { (m)-[:MEMBER_OF]->(o) } AND EXISTS { (m)-[:GRANT]->(b) }) } AS allUse
   }
-  RETURN collect({id: '#group', ids: ['#group'] + memberIds, channels: CASE WHEN c IS NULL THEN [] ELSE [c.id] END, usesBot: allUse, atoms: CASE WHEN allUse THEN ['channel:' + c.id, 'bot'] ELSE [] END}) AS groups
+  RETURN collect({id: '#group', ids: ['#group'], channels: CASE WHEN c IS NULL THEN [] ELSE [c.id] END, usesBot: allUse, atoms: CASE WHEN allUse THEN ['channel:' + c.id, 'bot'] ELSE [] END}) AS groups
 }
 WITH groups + people AS readers, $org AS org
 UNWIND $keys AS key
@@ -1338,7 +1338,8 @@ CALL (key, readers, org) {
   WHERE e.botId = $botId AND e.activeKey = key AND e.contentLength IS NOT NULL AND e.id IS NOT NULL AND e.memoryRank < $top AND
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN e.lblExcluded WHERE
+         i IN rd.ids OR (rd.id = '#group' AND EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
 
   RETURN e.id AS id LIMIT 1
 }
@@ -1367,13 +1368,12 @@ CALL () {
   OPTIONAL MATCH (c:Channel {id: cid})-[:IN]->(o:Organization {id: $org})
   OPTIONAL MATCH (b:Bot {id: $botId})
   CALL (c, o, b) {
-    OPTIONAL MATCH (m:Person)-[:MEMBER]->(c)
-    WITH collect(m) AS members
-    RETURN [m IN members | m.id] AS memberIds,
-           size(members) > 0 AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))
-           AND all(m IN members WHERE EXISTS { (m)-[:MEMBER_OF]->(o) } AND EXISTS { (m)-[:GRANT]->(b) }) AS allUse
+    RETURN c IS NOT NULL AND o IS NOT NULL AND b IS NOT NULL
+           AND EXISTS { (:Person)-[:MEMBER]->(c) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))
+           AND NOT EXISTS { MATCH (m:Person)-[:MEMBER]->(c)
+                            WHERE NOT (EXISTS { (m)-[:MEMBER_OF]->(o) } AND EXISTS { (m)-[:GRANT]->(b) }) } AS allUse
   }
-  RETURN collect({id: '#group', ids: ['#group'] + memberIds, channels: CASE WHEN c IS NULL THEN [] ELSE [c.id] END, usesBot: allUse, atoms: CASE WHEN allUse THEN ['channel:' + c.id, 'bot'] ELSE [] END}) AS groups
+  RETURN collect({id: '#group', ids: ['#group'], channels: CASE WHEN c IS NULL THEN [] ELSE [c.id] END, usesBot: allUse, atoms: CASE WHEN allUse THEN ['channel:' + c.id, 'bot'] ELSE [] END}) AS groups
 }
 WITH groups + people AS readers, $org AS org
 CALL (readers, org) {
@@ -1384,7 +1384,8 @@ CALL (key, readers, org) {
   WHERE e.botId = $botId AND e.activeKey = key AND e.contentLength IS NOT NULL AND e.id IS NOT NULL AND e.memoryRank < $after AND
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN e.lblExcluded WHERE
+         i IN rd.ids OR (rd.id = '#group' AND EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
 
   RETURN e, e.memoryRank AS rank, e.id AS id, e.contentLength AS length
   ORDER BY e.botId DESC, e.activeKey DESC, e.memoryRank DESC LIMIT $limit
@@ -1406,7 +1407,8 @@ CALL (key, readers, org, first, firstSize) {
   WHERE e.botId = $botId AND e.activeKey = key AND e.contentLength IS NOT NULL AND e.id IS NOT NULL AND e.memoryRank < last(first).rank AND
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN e.lblExcluded WHERE
+         i IN rd.ids OR (rd.id = '#group' AND EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
 
   RETURN e, e.memoryRank AS rank, e.id AS id, e.contentLength AS length
   ORDER BY e.botId DESC, e.activeKey DESC, e.memoryRank DESC LIMIT $more
@@ -1444,13 +1446,12 @@ CALL () {
   OPTIONAL MATCH (c:Channel {id: cid})-[:IN]->(o:Organization {id: $org})
   OPTIONAL MATCH (b:Bot {id: $botId})
   CALL (c, o, b) {
-    OPTIONAL MATCH (m:Person)-[:MEMBER]->(c)
-    WITH collect(m) AS members
-    RETURN [m IN members | m.id] AS memberIds,
-           size(members) > 0 AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))
-           AND all(m IN members WHERE EXISTS { (m)-[:MEMBER_OF]->(o) } AND EXISTS { (m)-[:GRANT]->(b) }) AS allUse
+    RETURN c IS NOT NULL AND o IS NOT NULL AND b IS NOT NULL
+           AND EXISTS { (:Person)-[:MEMBER]->(c) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))
+           AND NOT EXISTS { MATCH (m:Person)-[:MEMBER]->(c)
+                            WHERE NOT (EXISTS { (m)-[:MEMBER_OF]->(o) } AND EXISTS { (m)-[:GRANT]->(b) }) } AS allUse
   }
-  RETURN collect({id: '#group', ids: ['#group'] + memberIds, channels: CASE WHEN c IS NULL THEN [] ELSE [c.id] END, usesBot: allUse, atoms: CASE WHEN allUse THEN ['channel:' + c.id, 'bot'] ELSE [] END}) AS groups
+  RETURN collect({id: '#group', ids: ['#group'], channels: CASE WHEN c IS NULL THEN [] ELSE [c.id] END, usesBot: allUse, atoms: CASE WHEN allUse THEN ['channel:' + c.id, 'bot'] ELSE [] END}) AS groups
 }
 WITH groups + people AS readers, $org AS org
 
@@ -1461,7 +1462,8 @@ CALL (key, readers, org) {
   WHERE e.botId = $botId AND e.activeKey = key AND e.contentLength IS NOT NULL AND e.id IS NOT NULL AND e.memoryRank < $after AND
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN e.lblExcluded WHERE
+         i IN rd.ids OR (rd.id = '#group' AND EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
 
   RETURN e, e.memoryRank AS rank, e.id AS id, e.contentLength AS length
   ORDER BY e.botId DESC, e.activeKey DESC, e.memoryRank DESC LIMIT $limit
@@ -1497,13 +1499,12 @@ CALL () {
   OPTIONAL MATCH (c:Channel {id: cid})-[:IN]->(o:Organization {id: $org})
   OPTIONAL MATCH (b:Bot {id: $botId})
   CALL (c, o, b) {
-    OPTIONAL MATCH (m:Person)-[:MEMBER]->(c)
-    WITH collect(m) AS members
-    RETURN [m IN members | m.id] AS memberIds,
-           size(members) > 0 AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))
-           AND all(m IN members WHERE EXISTS { (m)-[:MEMBER_OF]->(o) } AND EXISTS { (m)-[:GRANT]->(b) }) AS allUse
+    RETURN c IS NOT NULL AND o IS NOT NULL AND b IS NOT NULL
+           AND EXISTS { (:Person)-[:MEMBER]->(c) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))
+           AND NOT EXISTS { MATCH (m:Person)-[:MEMBER]->(c)
+                            WHERE NOT (EXISTS { (m)-[:MEMBER_OF]->(o) } AND EXISTS { (m)-[:GRANT]->(b) }) } AS allUse
   }
-  RETURN collect({id: '#group', ids: ['#group'] + memberIds, channels: CASE WHEN c IS NULL THEN [] ELSE [c.id] END, usesBot: allUse, atoms: CASE WHEN allUse THEN ['channel:' + c.id, 'bot'] ELSE [] END}) AS groups
+  RETURN collect({id: '#group', ids: ['#group'], channels: CASE WHEN c IS NULL THEN [] ELSE [c.id] END, usesBot: allUse, atoms: CASE WHEN allUse THEN ['channel:' + c.id, 'bot'] ELSE [] END}) AS groups
 }
 WITH groups + people AS readers, $org AS org
 UNWIND $keys AS key
@@ -1513,7 +1514,8 @@ CALL (key, readers, org) {
   WHERE e.botId = $botId AND e.activeKey = key AND e.contentLength IS NOT NULL AND e.id IS NOT NULL AND e.memoryRank < $top AND
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN e.lblExcluded WHERE
+         i IN rd.ids OR (rd.id = '#group' AND EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
 
   RETURN e.id AS id LIMIT 1
 }
@@ -1542,13 +1544,12 @@ CALL () {
   OPTIONAL MATCH (c:Channel {id: cid})-[:IN]->(o:Organization {id: $org})
   OPTIONAL MATCH (b:Bot {id: $botId})
   CALL (c, o, b) {
-    OPTIONAL MATCH (m:Person)-[:MEMBER]->(c)
-    WITH collect(m) AS members
-    RETURN [m IN members | m.id] AS memberIds,
-           size(members) > 0 AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))
-           AND all(m IN members WHERE EXISTS { (m)-[:MEMBER_OF]->(o) } AND EXISTS { (m)-[:GRANT]->(b) }) AS allUse
+    RETURN c IS NOT NULL AND o IS NOT NULL AND b IS NOT NULL
+           AND EXISTS { (:Person)-[:MEMBER]->(c) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))
+           AND NOT EXISTS { MATCH (m:Person)-[:MEMBER]->(c)
+                            WHERE NOT (EXISTS { (m)-[:MEMBER_OF]->(o) } AND EXISTS { (m)-[:GRANT]->(b) }) } AS allUse
   }
-  RETURN collect({id: '#group', ids: ['#group'] + memberIds, channels: CASE WHEN c IS NULL THEN [] ELSE [c.id] END, usesBot: allUse, atoms: CASE WHEN allUse THEN ['channel:' + c.id, 'bot'] ELSE [] END}) AS groups
+  RETURN collect({id: '#group', ids: ['#group'], channels: CASE WHEN c IS NULL THEN [] ELSE [c.id] END, usesBot: allUse, atoms: CASE WHEN allUse THEN ['channel:' + c.id, 'bot'] ELSE [] END}) AS groups
 }
 WITH groups + people AS readers, $org AS org
 UNWIND $ids AS entryId
@@ -1556,7 +1557,8 @@ MATCH (e:Entry {id: entryId, botId: $botId})
 WHERE (NOT $activeOnly OR e.status = 'active') AND e.status <> 'retracted' AND
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN e.lblExcluded WHERE
+         i IN rd.ids OR (rd.id = '#group' AND EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
 
 RETURN collect(e.id) AS ids
 
@@ -1578,13 +1580,12 @@ CALL () {
   OPTIONAL MATCH (c:Channel {id: cid})-[:IN]->(o:Organization {id: $org})
   OPTIONAL MATCH (b:Bot {id: $botId})
   CALL (c, o, b) {
-    OPTIONAL MATCH (m:Person)-[:MEMBER]->(c)
-    WITH collect(m) AS members
-    RETURN [m IN members | m.id] AS memberIds,
-           size(members) > 0 AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))
-           AND all(m IN members WHERE EXISTS { (m)-[:MEMBER_OF]->(o) } AND EXISTS { (m)-[:GRANT]->(b) }) AS allUse
+    RETURN c IS NOT NULL AND o IS NOT NULL AND b IS NOT NULL
+           AND EXISTS { (:Person)-[:MEMBER]->(c) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))
+           AND NOT EXISTS { MATCH (m:Person)-[:MEMBER]->(c)
+                            WHERE NOT (EXISTS { (m)-[:MEMBER_OF]->(o) } AND EXISTS { (m)-[:GRANT]->(b) }) } AS allUse
   }
-  RETURN collect({id: '#group', ids: ['#group'] + memberIds, channels: CASE WHEN c IS NULL THEN [] ELSE [c.id] END, usesBot: allUse, atoms: CASE WHEN allUse THEN ['channel:' + c.id, 'bot'] ELSE [] END}) AS groups
+  RETURN collect({id: '#group', ids: ['#group'], channels: CASE WHEN c IS NULL THEN [] ELSE [c.id] END, usesBot: allUse, atoms: CASE WHEN allUse THEN ['channel:' + c.id, 'bot'] ELSE [] END}) AS groups
 }
 WITH groups + people AS readers, $org AS org
 UNWIND $ids AS entryId
@@ -1592,7 +1593,8 @@ MATCH (e:Entry {id: entryId, botId: $botId})
 WHERE (NOT $activeOnly OR e.status = 'active') AND e.status <> 'retracted' AND
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN e.lblExcluded WHERE
+         i IN rd.ids OR (rd.id = '#group' AND EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
 
 RETURN collect(e.id) AS ids
 
@@ -1662,16 +1664,8 @@ CALL (ch, b, o, c) {
   atoms: ['person:' + p.id] + [cid IN channels | 'channel:' + cid]
          + CASE WHEN EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)) THEN ['bot'] ELSE [] END} AS reader
 UNION
-  WITH b, o, c WHERE c IS NOT NULL
-  CALL (c, o, b) {
-    OPTIONAL MATCH (m:Person)-[:MEMBER]->(c)
-    WITH collect(m) AS members
-    RETURN [m IN members | m.id] AS memberIds,
-           size(members) > 0 AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))
-           AND all(m IN members WHERE EXISTS { (m)-[:MEMBER_OF]->(o) } AND EXISTS { (m)-[:GRANT]->(b) }) AS allUse
-  }
-  WITH c, o, b, memberIds, allUse WHERE size(memberIds) > 0
-  RETURN {id: '#group', ids: ['#group'] + memberIds, channels: CASE WHEN c IS NULL THEN [] ELSE [c.id] END, usesBot: allUse, atoms: CASE WHEN allUse THEN ['channel:' + c.id, 'bot'] ELSE [] END} AS reader
+  WITH c WHERE c IS NOT NULL AND EXISTS { (:Person)-[:MEMBER]->(c) }
+  RETURN {id: '#group', ids: ['#group'], channels: [c.id], usesBot: true, atoms: ['channel:' + c.id, 'bot']} AS reader
 }
 RETURN [reader] AS readers, o.id AS org
 }
@@ -1718,16 +1712,8 @@ CALL (ch, b, o, c) {
   atoms: ['person:' + p.id] + [cid IN channels | 'channel:' + cid]
          + CASE WHEN EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)) THEN ['bot'] ELSE [] END} AS reader
 UNION
-  WITH b, o, c WHERE c IS NOT NULL
-  CALL (c, o, b) {
-    OPTIONAL MATCH (m:Person)-[:MEMBER]->(c)
-    WITH collect(m) AS members
-    RETURN [m IN members | m.id] AS memberIds,
-           size(members) > 0 AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))
-           AND all(m IN members WHERE EXISTS { (m)-[:MEMBER_OF]->(o) } AND EXISTS { (m)-[:GRANT]->(b) }) AS allUse
-  }
-  WITH c, o, b, memberIds, allUse WHERE size(memberIds) > 0
-  RETURN {id: '#group', ids: ['#group'] + memberIds, channels: CASE WHEN c IS NULL THEN [] ELSE [c.id] END, usesBot: allUse, atoms: CASE WHEN allUse THEN ['channel:' + c.id, 'bot'] ELSE [] END} AS reader
+  WITH c WHERE c IS NOT NULL AND EXISTS { (:Person)-[:MEMBER]->(c) }
+  RETURN {id: '#group', ids: ['#group'], channels: [c.id], usesBot: true, atoms: ['channel:' + c.id, 'bot']} AS reader
 }
 RETURN [reader] AS readers, o.id AS org
 }
@@ -2368,13 +2354,12 @@ CALL () {
   OPTIONAL MATCH (c:Channel {id: cid})-[:IN]->(o:Organization {id: $org})
   OPTIONAL MATCH (b:Bot {id: $botId})
   CALL (c, o, b) {
-    OPTIONAL MATCH (m:Person)-[:MEMBER]->(c)
-    WITH collect(m) AS members
-    RETURN [m IN members | m.id] AS memberIds,
-           size(members) > 0 AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))
-           AND all(m IN members WHERE EXISTS { (m)-[:MEMBER_OF]->(o) } AND EXISTS { (m)-[:GRANT]->(b) }) AS allUse
+    RETURN c IS NOT NULL AND o IS NOT NULL AND b IS NOT NULL
+           AND EXISTS { (:Person)-[:MEMBER]->(c) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))
+           AND NOT EXISTS { MATCH (m:Person)-[:MEMBER]->(c)
+                            WHERE NOT (EXISTS { (m)-[:MEMBER_OF]->(o) } AND EXISTS { (m)-[:GRANT]->(b) }) } AS allUse
   }
-  RETURN collect({id: '#group', ids: ['#group'] + memberIds, channels: CASE WHEN c IS NULL THEN [] ELSE [c.id] END, usesBot: allUse, atoms: CASE WHEN allUse THEN ['channel:' + c.id, 'bot'] ELSE [] END}) AS groups
+  RETURN collect({id: '#group', ids: ['#group'], channels: CASE WHEN c IS NULL THEN [] ELSE [c.id] END, usesBot: allUse, atoms: CASE WHEN allUse THEN ['channel:' + c.id, 'bot'] ELSE [] END}) AS groups
 }
 WITH m, groups + people AS readers, $org AS org
 WITH m, readers, org, $keys AS keys
@@ -2385,7 +2370,8 @@ CALL (readers, org, keys) {
     WHERE e.botId = $botId AND e.audienceKey = key AND e.memoryRank <= $afterRank AND CASE WHEN e.memoryRank = $afterRank THEN e.id > $afterId ELSE true END AND e.status IN $statuses AND all(t IN $tags WHERE t IN e.tags) AND
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN e.lblExcluded WHERE
+         i IN rd.ids OR (rd.id = '#group' AND EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
 
     RETURN e ORDER BY e.botId DESC, e.audienceKey DESC, e.memoryRank DESC, e.id LIMIT $limit
   }
@@ -2446,7 +2432,8 @@ CALL (readers, org, keys, tp, topicSize) {
   WHERE e.botId = $botId AND e.audienceKey = key AND e.memoryRank < $top AND e.status IN $statuses AND all(t IN $tags WHERE t IN e.tags) AND
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN e.lblExcluded WHERE
+         i IN rd.ids OR (rd.id = '#group' AND EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
 
   RETURN e
 UNION ALL
@@ -2455,7 +2442,8 @@ UNION ALL
   WHERE e.memoryRank < $top AND e.status IN $statuses AND all(t IN $tags WHERE t IN e.tags) AND
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN e.lblExcluded WHERE
+         i IN rd.ids OR (rd.id = '#group' AND EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
 
   RETURN e
 }
@@ -2502,7 +2490,8 @@ CALL (readers, org, keys, tp, topicSize) {
     WHERE e.botId = $botId AND e.audienceKey = key AND e.memoryRank <= $afterRank AND CASE WHEN e.memoryRank = $afterRank THEN e.id > $afterId ELSE true END AND e.status IN $statuses AND all(t IN $tags WHERE t IN e.tags) AND
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN e.lblExcluded WHERE
+         i IN rd.ids OR (rd.id = '#group' AND EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
 
     RETURN e ORDER BY e.botId DESC, e.audienceKey DESC, e.memoryRank DESC, e.id LIMIT $limit
   }
@@ -2513,7 +2502,8 @@ UNION ALL
   WHERE e.memoryRank <= $afterRank AND CASE WHEN e.memoryRank = $afterRank THEN e.id > $afterId ELSE true END AND e.status IN $statuses AND all(t IN $tags WHERE t IN e.tags) AND
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN e.lblExcluded WHERE
+         i IN rd.ids OR (rd.id = '#group' AND EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
 
   RETURN e
 }
@@ -2851,13 +2841,12 @@ CALL () {
   OPTIONAL MATCH (c:Channel {id: cid})-[:IN]->(o:Organization {id: $org})
   OPTIONAL MATCH (b:Bot {id: $botId})
   CALL (c, o, b) {
-    OPTIONAL MATCH (m:Person)-[:MEMBER]->(c)
-    WITH collect(m) AS members
-    RETURN [m IN members | m.id] AS memberIds,
-           size(members) > 0 AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))
-           AND all(m IN members WHERE EXISTS { (m)-[:MEMBER_OF]->(o) } AND EXISTS { (m)-[:GRANT]->(b) }) AS allUse
+    RETURN c IS NOT NULL AND o IS NOT NULL AND b IS NOT NULL
+           AND EXISTS { (:Person)-[:MEMBER]->(c) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))
+           AND NOT EXISTS { MATCH (m:Person)-[:MEMBER]->(c)
+                            WHERE NOT (EXISTS { (m)-[:MEMBER_OF]->(o) } AND EXISTS { (m)-[:GRANT]->(b) }) } AS allUse
   }
-  RETURN collect({id: '#group', ids: ['#group'] + memberIds, channels: CASE WHEN c IS NULL THEN [] ELSE [c.id] END, usesBot: allUse, atoms: CASE WHEN allUse THEN ['channel:' + c.id, 'bot'] ELSE [] END}) AS groups
+  RETURN collect({id: '#group', ids: ['#group'], channels: CASE WHEN c IS NULL THEN [] ELSE [c.id] END, usesBot: allUse, atoms: CASE WHEN allUse THEN ['channel:' + c.id, 'bot'] ELSE [] END}) AS groups
 }
 WITH m, groups + people AS readers, $org AS org
 
@@ -2880,7 +2869,8 @@ CALL (readers, org) {
     WHERE e IS NULL OR (e.activeKey IS NOT NULL AND
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN e.lblExcluded WHERE
+         i IN rd.ids OR (rd.id = '#group' AND EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
 )
     RETURN i, e
     LIMIT $limit
@@ -2901,7 +2891,8 @@ CALL (readers, org, hits) {
     WHERE e.botId = $botId AND e.activeKey = key AND e.contentLength IS NOT NULL AND e.id IS NOT NULL AND e.memoryRank < $top AND
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN e.lblExcluded WHERE
+         i IN rd.ids OR (rd.id = '#group' AND EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
 
     RETURN e ORDER BY e.botId DESC, e.activeKey DESC, e.memoryRank DESC LIMIT $fill
   }
@@ -2952,13 +2943,12 @@ CALL () {
   OPTIONAL MATCH (c:Channel {id: cid})-[:IN]->(o:Organization {id: $org})
   OPTIONAL MATCH (b:Bot {id: $botId})
   CALL (c, o, b) {
-    OPTIONAL MATCH (m:Person)-[:MEMBER]->(c)
-    WITH collect(m) AS members
-    RETURN [m IN members | m.id] AS memberIds,
-           size(members) > 0 AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))
-           AND all(m IN members WHERE EXISTS { (m)-[:MEMBER_OF]->(o) } AND EXISTS { (m)-[:GRANT]->(b) }) AS allUse
+    RETURN c IS NOT NULL AND o IS NOT NULL AND b IS NOT NULL
+           AND EXISTS { (:Person)-[:MEMBER]->(c) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))
+           AND NOT EXISTS { MATCH (m:Person)-[:MEMBER]->(c)
+                            WHERE NOT (EXISTS { (m)-[:MEMBER_OF]->(o) } AND EXISTS { (m)-[:GRANT]->(b) }) } AS allUse
   }
-  RETURN collect({id: '#group', ids: ['#group'] + memberIds, channels: CASE WHEN c IS NULL THEN [] ELSE [c.id] END, usesBot: allUse, atoms: CASE WHEN allUse THEN ['channel:' + c.id, 'bot'] ELSE [] END}) AS groups
+  RETURN collect({id: '#group', ids: ['#group'], channels: CASE WHEN c IS NULL THEN [] ELSE [c.id] END, usesBot: allUse, atoms: CASE WHEN allUse THEN ['channel:' + c.id, 'bot'] ELSE [] END}) AS groups
 }
 WITH m, groups + people AS readers, $org AS org
 
@@ -2981,7 +2971,8 @@ CALL (readers, org) {
     WHERE e IS NULL OR (e.activeKey IS NOT NULL AND
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN e.lblExcluded WHERE
+         i IN rd.ids OR (rd.id = '#group' AND EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
 )
     RETURN i, e
     LIMIT $limit
@@ -3002,7 +2993,8 @@ CALL (readers, org, hits) {
     WHERE e.botId = $botId AND e.activeKey = key AND e.contentLength IS NOT NULL AND e.id IS NOT NULL AND e.memoryRank < $top AND
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN e.lblExcluded WHERE
+         i IN rd.ids OR (rd.id = '#group' AND EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
 
     RETURN e ORDER BY e.botId DESC, e.activeKey DESC, e.memoryRank DESC LIMIT $fill
   }
@@ -3048,13 +3040,12 @@ CALL () {
   OPTIONAL MATCH (c:Channel {id: cid})-[:IN]->(o:Organization {id: $org})
   OPTIONAL MATCH (b:Bot {id: $botId})
   CALL (c, o, b) {
-    OPTIONAL MATCH (m:Person)-[:MEMBER]->(c)
-    WITH collect(m) AS members
-    RETURN [m IN members | m.id] AS memberIds,
-           size(members) > 0 AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))
-           AND all(m IN members WHERE EXISTS { (m)-[:MEMBER_OF]->(o) } AND EXISTS { (m)-[:GRANT]->(b) }) AS allUse
+    RETURN c IS NOT NULL AND o IS NOT NULL AND b IS NOT NULL
+           AND EXISTS { (:Person)-[:MEMBER]->(c) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))
+           AND NOT EXISTS { MATCH (m:Person)-[:MEMBER]->(c)
+                            WHERE NOT (EXISTS { (m)-[:MEMBER_OF]->(o) } AND EXISTS { (m)-[:GRANT]->(b) }) } AS allUse
   }
-  RETURN collect({id: '#group', ids: ['#group'] + memberIds, channels: CASE WHEN c IS NULL THEN [] ELSE [c.id] END, usesBot: allUse, atoms: CASE WHEN allUse THEN ['channel:' + c.id, 'bot'] ELSE [] END}) AS groups
+  RETURN collect({id: '#group', ids: ['#group'], channels: CASE WHEN c IS NULL THEN [] ELSE [c.id] END, usesBot: allUse, atoms: CASE WHEN allUse THEN ['channel:' + c.id, 'bot'] ELSE [] END}) AS groups
 }
 WITH groups + people AS readers, $org AS org
 UNWIND $ids AS entryId
@@ -3062,7 +3053,8 @@ MATCH (e:Entry {id: entryId, botId: $botId})
 WHERE e.status IN $statuses AND
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN e.lblExcluded WHERE
+         i IN rd.ids OR (rd.id = '#group' AND EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
 
 OPTIONAL MATCH (e)-[:SOURCE]->(src)
 WITH e, collect(CASE WHEN src IS NULL THEN null WHEN src:Item THEN {chat: src.chatId, item: src.id}
@@ -3098,20 +3090,20 @@ CALL () {
   OPTIONAL MATCH (c:Channel {id: cid})-[:IN]->(o:Organization {id: $org})
   OPTIONAL MATCH (b:Bot {id: $botId})
   CALL (c, o, b) {
-    OPTIONAL MATCH (m:Person)-[:MEMBER]->(c)
-    WITH collect(m) AS members
-    RETURN [m IN members | m.id] AS memberIds,
-           size(members) > 0 AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))
-           AND all(m IN members WHERE EXISTS { (m)-[:MEMBER_OF]->(o) } AND EXISTS { (m)-[:GRANT]->(b) }) AS allUse
+    RETURN c IS NOT NULL AND o IS NOT NULL AND b IS NOT NULL
+           AND EXISTS { (:Person)-[:MEMBER]->(c) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))
+           AND NOT EXISTS { MATCH (m:Person)-[:MEMBER]->(c)
+                            WHERE NOT (EXISTS { (m)-[:MEMBER_OF]->(o) } AND EXISTS { (m)-[:GRANT]->(b) }) } AS allUse
   }
-  RETURN collect({id: '#group', ids: ['#group'] + memberIds, channels: CASE WHEN c IS NULL THEN [] ELSE [c.id] END, usesBot: allUse, atoms: CASE WHEN allUse THEN ['channel:' + c.id, 'bot'] ELSE [] END}) AS groups
+  RETURN collect({id: '#group', ids: ['#group'], channels: CASE WHEN c IS NULL THEN [] ELSE [c.id] END, usesBot: allUse, atoms: CASE WHEN allUse THEN ['channel:' + c.id, 'bot'] ELSE [] END}) AS groups
 }
 WITH groups + people AS readers, $org AS org
 MATCH (e:Entry {id: $id, botId: $botId})
 WHERE e.status IN $statuses AND
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN e.lblExcluded WHERE
+         i IN rd.ids OR (rd.id = '#group' AND EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
 
 WITH e, org, readers[0] AS rd
 CALL (rd) {

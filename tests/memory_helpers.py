@@ -6,7 +6,9 @@ import base64
 from collections.abc import Mapping
 from typing import Any, LiteralString, cast
 
+from graph.access import ReaderMap, readers_now
 from services.changes import AddFact, AddObservation, Applied, ItemRef, MemoryChange
+from services.memory import Reader
 from services.runtime import Runtime
 from services.writepath import apply_changes
 from tests.client import Api, bearer
@@ -57,6 +59,15 @@ async def db_hits(rt: Runtime, query: str, params: Mapping[str, Any]) -> int:
         return int(plan.get("dbHits", 0)) + sum(hits(child) for child in plan.get("children", []))
 
     return hits(summary.profile)
+
+
+async def checked_readers(rt: Runtime, bot: str, reader: Reader) -> list[ReaderMap]:
+    """The readers as a statement that checks sees them (``readers_now``, under no lock): a group
+    chat's whole reader is built from its channel's members there, not passed in."""
+    records, _, _ = await rt.driver.execute_query(
+        readers_now() + "RETURN readers", botId=bot, **reader.params
+    )
+    return cast(list[ReaderMap], records[0]["readers"])
 
 
 async def command(api: Api, token: str, bot: str, body: dict[str, Any]) -> Any:

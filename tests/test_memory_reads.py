@@ -16,7 +16,7 @@ from services.changes import AddFact, Invalidate, ItemRef, RenameTopic, SetTopic
 from services.domain import Principal
 from services.runtime import Runtime
 from tests.client import Api, World, make_world
-from tests.memory_helpers import apply, command, db_hits, fact, said, visible
+from tests.memory_helpers import apply, checked_readers, command, db_hits, fact, said, visible
 
 
 def entry_decryptions() -> float:
@@ -74,13 +74,26 @@ async def test_group_readers_must_all_pass(api: Api, runtime: Runtime) -> None:
     mine = await fact(runtime, w.bot, "Ann only", await said(api, w.tokens["ann"], private, "mine"))
     team = await fact(runtime, w.bot, "Team", await said(api, w.tokens["bob"], group, "team"))
     readers = await memory.chat_reader(runtime, group)
-    # Every member, and the group itself (D9.22): one reader, every member's id for exclusions.
-    assert readers is not None and [(r["id"], set(r["ids"])) for r in readers.readers] == [
-        ("#group", {w.people["ann"], w.people["bob"], "#group"})
-    ]
+    assert readers is not None
+    # Every member, and the group itself (D9.22): one reader, built from the channel by the
+    # statement that checks (the readers passed name the channel); the members' exclusions are
+    # read from the channel too.
+    checked = await checked_readers(runtime, w.bot, readers)
+    assert [(r["id"], r["ids"], r["usesBot"]) for r in checked] == [("#group", ["#group"], True)]
     ctx = await retrieval.context(runtime, w.bot, readers, limit=1000)
     assert ctx.ids == (team,) and mine not in ctx.ids
-    # Forgotten by one member: not sent for a group that includes that member.
+    # Forgotten by Ann, a member not behind it (an exclusion, V11): not sent for a group that
+    # includes her, still for Bob.
+    assert (await command(api, w.tokens["ann"], w.bot, {"_tag": "Forget", "id": team})).status_code == 200
+    assert team not in (await retrieval.context(runtime, w.bot, readers, limit=1000)).ids
+    assert team in (await visible(api, w.tokens["bob"], w.bot))
+    # Ann leaves the channel: her exclusion no longer hides it from the group (current members).
+    await api.admin(
+        "mutation($c: ID!, $m: [ID!]!) { setChannelMembers(channelId: $c, memberIds: $m) { id } }",
+        {"c": w.channel, "m": [w.people["bob"]]},
+    )
+    assert (await retrieval.context(runtime, w.bot, readers, limit=1000)).ids == (team,)
+    # Forgotten by Bob, the only one behind it: retracted for everyone.
     assert (await command(api, w.tokens["bob"], w.bot, {"_tag": "Forget", "id": team})).status_code == 200
     assert team not in (await retrieval.context(runtime, w.bot, readers, limit=1000)).ids
     # A channel left without members: nobody reads in its group chat.

@@ -7,10 +7,11 @@ from __future__ import annotations
 from typing import Any
 
 from bench.channel_bench import ADD_MEMBERS
+from graph import access
 from services import memory
 from services.runtime import Runtime
 from tests.client import Api, make_world
-from tests.memory_helpers import command, fact, said
+from tests.memory_helpers import checked_readers, command, db_hits, fact, said
 
 CONTEXT = "query($c: ID!, $l: Int!, $q: String) { context(chatId: $c, limit: $l, query: $q) { text ids } }"
 HAS = "query($c: ID!) { hasEntries(chatId: $c) }"
@@ -166,8 +167,8 @@ async def test_a_group_chat_reads_as_one_reader_whatever_its_channels_size(
     api: Api, runtime: Runtime
 ) -> None:
     """D9.15, D9.22: an answer in a group chat passes the group and every current member of its
-    channel — checked as one reader (GROUP_READER), which uses the Bot when every member does and
-    holds every member's id for the Forget exclusions. Each member was a reader of its own, so each
+    channel — checked as one reader (GROUP_READER), which uses the Bot when every member does; a
+    member's Forget exclusion is read from the channel. Each member was a reader of its own, so each
     candidate cost as much as the channel had members: at 1,000 members a context took ~130 ms,
     at 5,000 Neo4j failed the statement (TransientError: INTERNAL)."""
     w = await make_world(api, ("ann", "bob"), channel=("ann", "bob"))
@@ -188,8 +189,8 @@ async def test_a_group_chat_reads_as_one_reader_whatever_its_channels_size(
     member = f"{w.channel}-member-250"
     reader = await memory.chat_reader(runtime, group)
     assert reader is not None
-    [one] = reader.readers
-    assert len(one["ids"]) == 503 and {w.people["ann"], w.people["bob"]} <= set(one["ids"])
+    [one] = await checked_readers(runtime, w.bot, reader)
+    assert one["usesBot"] and one["atoms"] == [f"channel:{w.channel}", "bot"]
     assert await offered() == [shared]
     # One member who does not use the Bot: the group sees nothing (D9.1, every member must).
     grant = "MATCH (:Person {id: $p})-[g:GRANT]->(:Bot {id: $bot}) DELETE g"
@@ -206,3 +207,23 @@ async def test_a_group_chat_reads_as_one_reader_whatever_its_channels_size(
     assert await offered() == []
     for_bob = (await api.gql(CONTEXT, {"c": bobs, "l": 4000, "q": None}, platform))["context"]
     assert for_bob["ids"] == [shared]
+
+
+async def test_naming_a_group_chats_reader_does_not_read_its_members(api: Api, runtime: Runtime) -> None:
+    """The readers a statement is given only name a group chat's channel (GROUP_SEEK): the
+    statement that checks reads the members under the lock (readers_now), so the statement that
+    names them costs the same at 2 members as at 502 (it read every member and grant: ~50 ms at
+    20,000, once more per request)."""
+    w = await make_world(api, ("ann", "bob"), channel=("ann", "bob"))
+    group = await api.chat(w.tokens["ann"], w.bot, w.channel)
+    small = await db_hits(runtime, access.CHAT_READERS, {"chatId": group})
+    await runtime.driver.execute_query(
+        ADD_MEMBERS, org=w.org, channel=w.channel, bot=w.bot, first=1, last=500
+    )
+    # One hit more at most: past 50 relationships the channel is a dense node (its degrees kept).
+    # Reading the members was two hits and more for each: over 1,000 here.
+    assert await db_hits(runtime, access.CHAT_READERS, {"chatId": group}) <= small + 1
+    reader = await memory.chat_reader(runtime, group)
+    assert reader is not None
+    [whole] = await checked_readers(runtime, w.bot, reader)
+    assert whole["usesBot"]
