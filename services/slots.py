@@ -89,12 +89,21 @@ async def take_key(
     lease = secrets.token_hex(8)
     lease_ms = max(int(lease_seconds * 1000), 1)
     pause = _FIRST_PAUSE
-    while not await redis.eval(_TAKE, 1, key, lease, limit, lease_ms):  # type: ignore[misc]
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise Busy
-        await asyncio.sleep(min(pause, left))
-        pause = min(pause * 2, _LONGEST_PAUSE)
+    try:
+        while not await redis.eval(_TAKE, 1, key, lease, limit, lease_ms):  # type: ignore[misc]
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise Busy
+            await asyncio.sleep(min(pause, left))
+            pause = min(pause * 2, _LONGEST_PAUSE)
+    except Busy:
+        raise  # the last take answered that every slot is held: nothing of ours is
+    except (asyncio.CancelledError, Exception):
+        # A cancel (a job's timeout, a closed socket) or a lost connection while a take's reply
+        # was on its way: the script may have taken the slot. Our lease is given back, in a
+        # task of its own; else the slot stayed held until its lease ran out.
+        _give_back(redis, key, lease, None)  # renewed by nobody; likely never held (Redis away)
+        raise
 
     async def renew() -> None:
         while True:
@@ -112,24 +121,41 @@ async def take_key(
 
     renewing = asyncio.create_task(renew(), name="slot-lease")
 
-    async def give_back() -> None:
-        await cancel_and_wait(renewing)
-        try:
-            await redis.zrem(key, lease)
-        except Exception as exc:  # its lease expires on its own
-            log.warning(
-                "could not give a task slot back (%s); it frees when its lease ends", type(exc).__name__
-            )
-
     async def release() -> None:
         # Its own task, shielded: a caller cancelled meanwhile (a job's timeout, a closed socket)
         # still gets its cancel, and the slot is given back all the same.
-        giving = asyncio.create_task(give_back(), name="slot-give-back")
-        _giving_back.add(giving)
-        giving.add_done_callback(_giving_back.discard)
-        await asyncio.shield(giving)
+        await asyncio.shield(_give_back(redis, key, lease, renewing))
 
     return release
+
+
+def _give_back(redis: Redis, key: str, lease: str, renewing: asyncio.Task[None] | None) -> asyncio.Task[None]:
+    """Gives the lease back in a task of its own (kept in ``_giving_back`` until done), after
+    stopping its renewer (None: a take that failed, which may not have taken it: a failure to
+    give it back is then not worth a warning)."""
+
+    async def give_back() -> None:
+        if renewing is not None:
+            await cancel_and_wait(renewing)
+        try:
+            await redis.zrem(key, lease)
+        except Exception as exc:  # its lease expires on its own
+            log.log(
+                logging.WARNING if renewing is not None else logging.DEBUG,
+                "could not give a task slot back (%s); it frees when its lease ends",
+                type(exc).__name__,
+            )
+
+    giving = asyncio.create_task(give_back(), name="slot-give-back")
+    _giving_back.add(giving)
+    giving.add_done_callback(_giving_back.discard)
+    return giving
+
+
+async def given_back() -> None:
+    """Waits for the slots being given back now (tests, and a process that stops)."""
+    while _giving_back:
+        await asyncio.gather(*_giving_back, return_exceptions=True)
 
 
 async def held(redis: Redis, bot_id: str) -> int:

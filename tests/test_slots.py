@@ -10,6 +10,7 @@ import signal
 import sys
 import threading
 import time
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -114,6 +115,105 @@ async def test_a_release_stops_the_renewer_whenever_it_comes(runtime: Runtime) -
         await asyncio.sleep(moments.uniform(0, 0.01))
         await release()  # before the fix it could wait for ever (the suite's timeout failed it)
         assert await slots.held(redis, bot) == 0
+
+
+async def test_a_release_cancelled_midway_still_gives_the_slot_back(runtime: Runtime) -> None:
+    """The release waits for the lease's renewer to end before it gives the lease back. A caller
+    cancelled meanwhile (a job's timeout, a closed socket) left the lease unreturned — held until
+    it expired, and for good when the renewer had also lost its cancel."""
+    redis: Redis = runtime.redis
+    bot = new_id("bot")
+    release = await slots.take(redis, bot, 1, time.monotonic() + 10, 30.0)
+    releasing = asyncio.ensure_future(release())
+    await asyncio.sleep(0)  # the release has begun: it waits for the renewer
+    releasing.cancel()
+    await asyncio.wait({releasing})
+    assert releasing.cancelled()  # the caller's cancel is its own
+    await slots.given_back()  # before the fix it never came (the suite's timeout fails it)
+    assert await slots.held(redis, bot) == 0
+    assert not [t for t in asyncio.all_tasks() if t.get_name() == "slot-lease"]
+
+
+class HeldReplies:
+    """A TCP proxy in front of Redis that passes every command on at once and, once ``hold`` is
+    called, keeps Redis's replies back until ``flow``: a script has run while its caller still
+    waits for the answer."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.upstream = (host, port)
+        self.flowing = asyncio.Event()
+        self.flowing.set()
+        #: Set when a reply came from Redis while replies were held (what it answered has run).
+        self.held_reply = asyncio.Event()
+        self.server: asyncio.Server | None = None
+        self.pumps: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> int:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return int(self.server.sockets[0].getsockname()[1])
+
+    def hold(self) -> None:
+        self.flowing.clear()
+
+    def flow(self) -> None:
+        self.flowing.set()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(*self.upstream)
+
+        async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, held: bool) -> None:
+            try:
+                while data := await src.read(65536):
+                    if held and not self.flowing.is_set():
+                        self.held_reply.set()
+                        await self.flowing.wait()
+                    dst.write(data)
+                    await dst.drain()
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                dst.close()
+
+        for task in (pump(reader, up_writer, False), pump(up_reader, writer, True)):
+            self.pumps.add(asyncio.create_task(task))
+
+    async def close(self) -> None:
+        self.flow()
+        if self.server is not None:
+            self.server.close()
+        for task in self.pumps:
+            task.cancel()
+        await asyncio.gather(*self.pumps, return_exceptions=True)
+
+
+async def test_a_take_cancelled_while_its_reply_comes_gives_the_slot_back(
+    runtime: Runtime, settings: Settings
+) -> None:
+    """The take's script can take the slot and its caller be cancelled (a job's timeout, a closed
+    socket) before the reply is read: the slot was held, by nobody, until its lease ran out (30 s
+    here, 15 s for a model call). Now the lease is given back."""
+    redis: Redis = runtime.redis
+    url = urlsplit(settings.redis_url)
+    proxy = HeldReplies(url.hostname or "127.0.0.1", url.port or 6379)
+    port = await proxy.start()
+    client = Redis(host="127.0.0.1", port=port, db=int(url.path.lstrip("/") or 0))
+    bot = new_id("bot")
+    try:
+        assert await client.ping()  # connected, replies flowing
+        proxy.hold()
+        taking = asyncio.create_task(slots.take(client, bot, 1, time.monotonic() + 60, 30.0))
+        await proxy.held_reply.wait()  # the script ran; its answer is held back
+        assert await slots.held(redis, bot) == 1
+        taking.cancel()
+        await asyncio.wait({taking})
+        assert taking.cancelled()
+        proxy.flow()
+        await slots.given_back()
+        assert await slots.held(redis, bot) == 0  # before: 1, until the lease ran out
+    finally:
+        await client.aclose()
+        await proxy.close()
+        await redis.delete(slots.key_of(bot))
 
 
 @pytest.mark.usefixtures("learning_worker")
