@@ -272,8 +272,9 @@ RETURN collect(DISTINCT id) AS ids
 VISIBLE: Final[LiteralString] = """
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN e.lblExcluded WHERE
-         i IN rd.ids OR (rd.id = '#group' AND EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)
+         AND (rd.id <> '#group' OR none(i IN e.lblExcluded WHERE
+           EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
 """
 
 #: The entries removed for the reader (D9.24) by the changes of versions ``$versions``: their

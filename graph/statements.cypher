@@ -296,15 +296,17 @@ CALL (readers, org) {
   WHERE
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN e.lblExcluded WHERE
-         i IN rd.ids OR (rd.id = '#group' AND EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)
+         AND (rd.id <> '#group' OR none(i IN e.lblExcluded WHERE
+           EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
 
   WITH readers, org, r, {lblRequires: r.afterRequires, lblExcluded: r.afterExcluded} AS e
   WHERE NOT
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN e.lblExcluded WHERE
-         i IN rd.ids OR (rd.id = '#group' AND EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)
+         AND (rd.id <> '#group' OR none(i IN e.lblExcluded WHERE
+           EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
 
   RETURN collect(DISTINCT {version: r.version, id: r.entryId}) AS removed
 }
@@ -338,8 +340,9 @@ EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))
 // ---- graph.access.VISIBLE
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN e.lblExcluded WHERE
-         i IN rd.ids OR (rd.id = '#group' AND EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)
+         AND (rd.id <> '#group' OR none(i IN e.lblExcluded WHERE
+           EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
 
 // ---- graph.backfill.BOTS_DUE
 MATCH (m:Memory)
@@ -508,8 +511,9 @@ CALL (org, readers) {
   WHERE e.botId = $botId AND e.status <> 'retracted' AND
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN e.lblExcluded WHERE
-         i IN rd.ids OR (rd.id = '#group' AND EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)
+         AND (rd.id <> '#group' OR none(i IN e.lblExcluded WHERE
+           EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
 
   RETURN collect(e.id) AS visible
 }
@@ -520,15 +524,17 @@ CALL (readers, org) {
   WHERE
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN e.lblExcluded WHERE
-         i IN rd.ids OR (rd.id = '#group' AND EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)
+         AND (rd.id <> '#group' OR none(i IN e.lblExcluded WHERE
+           EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
 
   WITH readers, org, r, {lblRequires: r.afterRequires, lblExcluded: r.afterExcluded} AS e
   WHERE NOT
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN e.lblExcluded WHERE
-         i IN rd.ids OR (rd.id = '#group' AND EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)
+         AND (rd.id <> '#group' OR none(i IN e.lblExcluded WHERE
+           EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
 
   RETURN collect(DISTINCT {version: r.version, id: r.entryId}) AS removed
 }
@@ -605,15 +611,17 @@ CALL (readers, org) {
   WHERE
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN e.lblExcluded WHERE
-         i IN rd.ids OR (rd.id = '#group' AND EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)
+         AND (rd.id <> '#group' OR none(i IN e.lblExcluded WHERE
+           EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
 
   WITH readers, org, r, {lblRequires: r.afterRequires, lblExcluded: r.afterExcluded} AS e
   WHERE NOT
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN e.lblExcluded WHERE
-         i IN rd.ids OR (rd.id = '#group' AND EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)
+         AND (rd.id <> '#group' OR none(i IN e.lblExcluded WHERE
+           EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
 
   RETURN collect(DISTINCT {version: r.version, id: r.entryId}) AS removed
 }
@@ -1291,8 +1299,9 @@ CALL (key, readers, org) {
   WHERE e.botId = $botId AND e.activeKey = key AND e.contentLength IS NOT NULL AND e.id IS NOT NULL AND e.memoryRank < $after AND
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN e.lblExcluded WHERE
-         i IN rd.ids OR (rd.id = '#group' AND EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)
+         AND (rd.id <> '#group' OR none(i IN e.lblExcluded WHERE
+           EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
 
   RETURN e, e.memoryRank AS rank, e.id AS id, e.contentLength AS length
   ORDER BY e.botId DESC, e.activeKey DESC, e.memoryRank DESC LIMIT $limit
@@ -1338,8 +1347,9 @@ CALL (key, readers, org) {
   WHERE e.botId = $botId AND e.activeKey = key AND e.contentLength IS NOT NULL AND e.id IS NOT NULL AND e.memoryRank < $top AND
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN e.lblExcluded WHERE
-         i IN rd.ids OR (rd.id = '#group' AND EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)
+         AND (rd.id <> '#group' OR none(i IN e.lblExcluded WHERE
+           EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
 
   RETURN e.id AS id LIMIT 1
 }
@@ -1384,8 +1394,9 @@ CALL (key, readers, org) {
   WHERE e.botId = $botId AND e.activeKey = key AND e.contentLength IS NOT NULL AND e.id IS NOT NULL AND e.memoryRank < $after AND
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN e.lblExcluded WHERE
-         i IN rd.ids OR (rd.id = '#group' AND EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)
+         AND (rd.id <> '#group' OR none(i IN e.lblExcluded WHERE
+           EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
 
   RETURN e, e.memoryRank AS rank, e.id AS id, e.contentLength AS length
   ORDER BY e.botId DESC, e.activeKey DESC, e.memoryRank DESC LIMIT $limit
@@ -1407,8 +1418,9 @@ CALL (key, readers, org, first, firstSize) {
   WHERE e.botId = $botId AND e.activeKey = key AND e.contentLength IS NOT NULL AND e.id IS NOT NULL AND e.memoryRank < last(first).rank AND
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN e.lblExcluded WHERE
-         i IN rd.ids OR (rd.id = '#group' AND EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)
+         AND (rd.id <> '#group' OR none(i IN e.lblExcluded WHERE
+           EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
 
   RETURN e, e.memoryRank AS rank, e.id AS id, e.contentLength AS length
   ORDER BY e.botId DESC, e.activeKey DESC, e.memoryRank DESC LIMIT $more
@@ -1462,8 +1474,9 @@ CALL (key, readers, org) {
   WHERE e.botId = $botId AND e.activeKey = key AND e.contentLength IS NOT NULL AND e.id IS NOT NULL AND e.memoryRank < $after AND
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN e.lblExcluded WHERE
-         i IN rd.ids OR (rd.id = '#group' AND EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)
+         AND (rd.id <> '#group' OR none(i IN e.lblExcluded WHERE
+           EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
 
   RETURN e, e.memoryRank AS rank, e.id AS id, e.contentLength AS length
   ORDER BY e.botId DESC, e.activeKey DESC, e.memoryRank DESC LIMIT $limit
@@ -1514,8 +1527,9 @@ CALL (key, readers, org) {
   WHERE e.botId = $botId AND e.activeKey = key AND e.contentLength IS NOT NULL AND e.id IS NOT NULL AND e.memoryRank < $top AND
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN e.lblExcluded WHERE
-         i IN rd.ids OR (rd.id = '#group' AND EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)
+         AND (rd.id <> '#group' OR none(i IN e.lblExcluded WHERE
+           EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
 
   RETURN e.id AS id LIMIT 1
 }
@@ -1557,8 +1571,9 @@ MATCH (e:Entry {id: entryId, botId: $botId})
 WHERE (NOT $activeOnly OR e.status = 'active') AND e.status <> 'retracted' AND
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN e.lblExcluded WHERE
-         i IN rd.ids OR (rd.id = '#group' AND EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)
+         AND (rd.id <> '#group' OR none(i IN e.lblExcluded WHERE
+           EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
 
 RETURN collect(e.id) AS ids
 
@@ -1593,8 +1608,9 @@ MATCH (e:Entry {id: entryId, botId: $botId})
 WHERE (NOT $activeOnly OR e.status = 'active') AND e.status <> 'retracted' AND
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN e.lblExcluded WHERE
-         i IN rd.ids OR (rd.id = '#group' AND EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)
+         AND (rd.id <> '#group' OR none(i IN e.lblExcluded WHERE
+           EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
 
 RETURN collect(e.id) AS ids
 
@@ -2370,8 +2386,9 @@ CALL (readers, org, keys) {
     WHERE e.botId = $botId AND e.audienceKey = key AND e.memoryRank <= $afterRank AND CASE WHEN e.memoryRank = $afterRank THEN e.id > $afterId ELSE true END AND e.status IN $statuses AND all(t IN $tags WHERE t IN e.tags) AND
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN e.lblExcluded WHERE
-         i IN rd.ids OR (rd.id = '#group' AND EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)
+         AND (rd.id <> '#group' OR none(i IN e.lblExcluded WHERE
+           EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
 
     RETURN e ORDER BY e.botId DESC, e.audienceKey DESC, e.memoryRank DESC, e.id LIMIT $limit
   }
@@ -2432,8 +2449,9 @@ CALL (readers, org, keys, tp, topicSize) {
   WHERE e.botId = $botId AND e.audienceKey = key AND e.memoryRank < $top AND e.status IN $statuses AND all(t IN $tags WHERE t IN e.tags) AND
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN e.lblExcluded WHERE
-         i IN rd.ids OR (rd.id = '#group' AND EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)
+         AND (rd.id <> '#group' OR none(i IN e.lblExcluded WHERE
+           EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
 
   RETURN e
 UNION ALL
@@ -2442,8 +2460,9 @@ UNION ALL
   WHERE e.memoryRank < $top AND e.status IN $statuses AND all(t IN $tags WHERE t IN e.tags) AND
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN e.lblExcluded WHERE
-         i IN rd.ids OR (rd.id = '#group' AND EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)
+         AND (rd.id <> '#group' OR none(i IN e.lblExcluded WHERE
+           EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
 
   RETURN e
 }
@@ -2490,8 +2509,9 @@ CALL (readers, org, keys, tp, topicSize) {
     WHERE e.botId = $botId AND e.audienceKey = key AND e.memoryRank <= $afterRank AND CASE WHEN e.memoryRank = $afterRank THEN e.id > $afterId ELSE true END AND e.status IN $statuses AND all(t IN $tags WHERE t IN e.tags) AND
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN e.lblExcluded WHERE
-         i IN rd.ids OR (rd.id = '#group' AND EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)
+         AND (rd.id <> '#group' OR none(i IN e.lblExcluded WHERE
+           EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
 
     RETURN e ORDER BY e.botId DESC, e.audienceKey DESC, e.memoryRank DESC, e.id LIMIT $limit
   }
@@ -2502,8 +2522,9 @@ UNION ALL
   WHERE e.memoryRank <= $afterRank AND CASE WHEN e.memoryRank = $afterRank THEN e.id > $afterId ELSE true END AND e.status IN $statuses AND all(t IN $tags WHERE t IN e.tags) AND
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN e.lblExcluded WHERE
-         i IN rd.ids OR (rd.id = '#group' AND EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)
+         AND (rd.id <> '#group' OR none(i IN e.lblExcluded WHERE
+           EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
 
   RETURN e
 }
@@ -2869,8 +2890,9 @@ CALL (readers, org) {
     WHERE e IS NULL OR (e.activeKey IS NOT NULL AND
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN e.lblExcluded WHERE
-         i IN rd.ids OR (rd.id = '#group' AND EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)
+         AND (rd.id <> '#group' OR none(i IN e.lblExcluded WHERE
+           EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
 )
     RETURN i, e
     LIMIT $limit
@@ -2891,8 +2913,9 @@ CALL (readers, org, hits) {
     WHERE e.botId = $botId AND e.activeKey = key AND e.contentLength IS NOT NULL AND e.id IS NOT NULL AND e.memoryRank < $top AND
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN e.lblExcluded WHERE
-         i IN rd.ids OR (rd.id = '#group' AND EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)
+         AND (rd.id <> '#group' OR none(i IN e.lblExcluded WHERE
+           EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
 
     RETURN e ORDER BY e.botId DESC, e.activeKey DESC, e.memoryRank DESC LIMIT $fill
   }
@@ -2971,8 +2994,9 @@ CALL (readers, org) {
     WHERE e IS NULL OR (e.activeKey IS NOT NULL AND
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN e.lblExcluded WHERE
-         i IN rd.ids OR (rd.id = '#group' AND EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)
+         AND (rd.id <> '#group' OR none(i IN e.lblExcluded WHERE
+           EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
 )
     RETURN i, e
     LIMIT $limit
@@ -2993,8 +3017,9 @@ CALL (readers, org, hits) {
     WHERE e.botId = $botId AND e.activeKey = key AND e.contentLength IS NOT NULL AND e.id IS NOT NULL AND e.memoryRank < $top AND
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN e.lblExcluded WHERE
-         i IN rd.ids OR (rd.id = '#group' AND EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)
+         AND (rd.id <> '#group' OR none(i IN e.lblExcluded WHERE
+           EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
 
     RETURN e ORDER BY e.botId DESC, e.activeKey DESC, e.memoryRank DESC LIMIT $fill
   }
@@ -3053,8 +3078,9 @@ MATCH (e:Entry {id: entryId, botId: $botId})
 WHERE e.status IN $statuses AND
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN e.lblExcluded WHERE
-         i IN rd.ids OR (rd.id = '#group' AND EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)
+         AND (rd.id <> '#group' OR none(i IN e.lblExcluded WHERE
+           EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
 
 OPTIONAL MATCH (e)-[:SOURCE]->(src)
 WITH e, collect(CASE WHEN src IS NULL THEN null WHEN src:Item THEN {chat: src.chatId, item: src.id}
@@ -3102,8 +3128,9 @@ MATCH (e:Entry {id: $id, botId: $botId})
 WHERE e.status IN $statuses AND
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
-       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN e.lblExcluded WHERE
-         i IN rd.ids OR (rd.id = '#group' AND EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)
+         AND (rd.id <> '#group' OR none(i IN e.lblExcluded WHERE
+           EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
 
 WITH e, org, readers[0] AS rd
 CALL (rd) {
