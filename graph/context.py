@@ -8,7 +8,7 @@ from typing import Final, LiteralString, TypedDict
 
 from neo4j import AsyncManagedTransaction
 
-from graph.access import VISIBLE, IdsRow, ReaderMap, readers_now
+from graph.access import HELD_KEYS, VISIBLE, IdsRow, ReaderMap, readers_now
 from graph.driver import Ciphertext, QueryTarget, single
 from graph.entries import IdRow
 from graph.memory import READ_LOCK, TOP_RANK, reader_keys
@@ -44,8 +44,9 @@ def _context_page(
     line = "x.length + 2 + CASE WHEN " + count + " + fit.n > 0 THEN 1 ELSE 0 END"
     kept = carry[2:] + ", " if carry else ""
     return (
-        """
-UNWIND $keys AS key
+        "\nUNWIND "
+        + HELD_KEYS
+        + """ AS key
 CALL (key, readers, org"""
         + carry
         + """) {
@@ -152,7 +153,9 @@ class ContextRow(TypedDict):
 
 HAS_VISIBLE: Final[LiteralString] = (
     readers_now()
-    + """UNWIND $keys AS key
+    + "UNWIND "
+    + HELD_KEYS
+    + """ AS key
 CALL (key, readers, org) {
   MATCH (e:Entry)
   USING INDEX e:Entry(botId, activeKey, memoryRank, contentLength, id)

@@ -13,6 +13,7 @@ from typing import Final, LiteralString, TypedDict
 from neo4j import AsyncManagedTransaction
 
 from graph.access import (
+    HELD_KEYS,
     READER_MAP,
     VISIBLE,
     ReaderMap,
@@ -282,7 +283,9 @@ LOCKED_PREFERENCES: Final[LiteralString] = (
     READ_LOCK
     + "WITH m\n"
     + readers_now("m, ")
-    + "WITH m, readers, org, $keys AS keys\nCALL (readers, org, keys) {\n"
+    + "WITH m, readers, org, "
+    + HELD_KEYS
+    + " AS keys\nCALL (readers, org, keys) {\n"
     + _page_walk("Preference")
     + "  RETURN e\n}\n"
     + _FIRST_OF_PAGE

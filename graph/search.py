@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Final, Generic, LiteralString, TypedDict, TypeVar, cast
 
-from graph.access import VISIBLE, ReaderMap, readers_now
+from graph.access import HELD_KEYS, VISIBLE, ReaderMap, readers_now
 from graph.context import ACTIVE_SEEK
 from graph.driver import Ciphertext, QueryTarget, single
 from graph.memory import ENTRY_MAP, READ_LOCK, SOURCES_OF_E, TOP_RANK, EntryMap, reader_keys
@@ -118,7 +118,9 @@ _HITS: Final[LiteralString] = (
     """
 CALL (readers, org) {
   CALL (readers, org) {
-    UNWIND range(0, size($cands) - 1) AS i
+    UNWIND CASE WHEN size("""
+    + HELD_KEYS
+    + """) = 0 THEN [] ELSE range(0, size($cands) - 1) END AS i
     OPTIONAL MATCH (x:Entry) WHERE elementId(x) = $nodes[i]
     WITH readers, org, i, CASE WHEN x.id = $cands[i] AND x.botId = $botId THEN x END AS e
     WHERE e IS NULL OR (e.activeKey IS NOT NULL AND """
@@ -159,7 +161,9 @@ _RECENT: Final[LiteralString] = (
     """
 CALL (readers, org, hits) {
   WITH readers, org WHERE $fill > size(hits)
-  UNWIND $keys AS key
+  UNWIND """
+    + HELD_KEYS
+    + """ AS key
   CALL (key, readers, org) {
     MATCH (e:Entry)
     USING INDEX e:Entry(botId, activeKey, memoryRank, contentLength, id)
@@ -177,8 +181,11 @@ CALL (readers, org, hits) {
 
 #: The hits with their scores, then the memory-order fill (score 0) after every hit: the
 #: ``$limit`` first, ``ranked`` as ``{score, entry}``; the entry map follows.
-_RANKED_HEAD: Final[LiteralString] = """
-WITH m, fresh, hits, walked, lost,
+_RANKED_HEAD: Final[LiteralString] = (
+    """
+WITH m, fresh, hits, walked, lost, size("""
+    + HELD_KEYS
+    + """) = 0 AS blind,
      [i IN range(0, size(hits) - 1) | [hits[i], hitScores[i]]]
      + [e IN recent WHERE NOT e IN hits | [e, 0.0]] AS parts
 CALL (parts) {
@@ -187,11 +194,12 @@ CALL (parts) {
   ORDER BY score DESC, e.memoryRank DESC, e.id
   LIMIT $limit
 """
+)
 
 _RANKED_TAIL: Final[LiteralString] = """}) AS ranked
 }
 RETURN coalesce(m.vecSeq, 0) AS seq, m.version AS version, fresh, ranked, size(hits) AS visible, walked,
-       lost
+       lost, blind
 """
 
 #: ``search``: the API's view of each entry (sources included, content as ciphertext).
@@ -238,7 +246,9 @@ H = TypeVar("H", RankedEntry, RankedContext)
 class SearchRow(TypedDict, Generic[H]):
     """SEARCH (``SearchRow[RankedEntry]``) and SEARCH_CONTEXT (``SearchRow[RankedContext]``).
     ``fresh``: what the caller's index lacks; ``visible``: how many candidates passed, of the
-    first ``walked``; ``lost``: the places of the candidates not found by their node id."""
+    first ``walked``; ``lost``: the places of the candidates not found by their node id;
+    ``blind``: the readers hold none of the keys (HELD_KEYS), so nothing was walked and nothing
+    can pass."""
 
     seq: int
     version: int
@@ -247,6 +257,7 @@ class SearchRow(TypedDict, Generic[H]):
     visible: int
     walked: int
     lost: list[int]
+    blind: bool
 
 
 #: One search as one statement (an auto-commit transaction): the shared lock first (C1), what the

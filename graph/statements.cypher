@@ -14,7 +14,7 @@ CALL (ch, b, o, c) {
          + CASE WHEN EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)) THEN ['bot'] ELSE [] END} AS reader
 UNION
   WITH c WHERE c IS NOT NULL AND EXISTS { (:Person)-[:MEMBER]->(c) }
-  RETURN {id: '#group', ids: ['#group'], channels: [c.id], usesBot: true, atoms: ['channel:' + c.id, 'bot']} AS reader
+  RETURN {id: '#group', ids: ['#group'], channels: [c.id], usesBot: false, atoms: ['channel:' + c.id, 'bot']} AS reader
 }
 RETURN [reader] AS readers, o.id AS org
 
@@ -97,7 +97,10 @@ RETURN collect(DISTINCT id) AS ids
 {id: '#group', ids: ['#group'], channels: CASE WHEN c IS NULL THEN [] ELSE [c.id] END, usesBot: allUse, atoms: CASE WHEN allUse THEN ['channel:' + c.id, 'bot'] ELSE [] END}
 
 // ---- graph.access.GROUP_SEEK
-{id: '#group', ids: ['#group'], channels: [c.id], usesBot: true, atoms: ['channel:' + c.id, 'bot']}
+{id: '#group', ids: ['#group'], channels: [c.id], usesBot: false, atoms: ['channel:' + c.id, 'bot']}
+
+// ---- graph.access.HELD_KEYS
+[k IN $keys WHERE size(readers) > 0 AND all(rd IN readers WHERE k IN rd.atoms)]
 
 // ---- graph.access.PATH_VISIBLE
 (size(readers) > 0
@@ -1292,7 +1295,7 @@ CALL () {
 }
 WITH groups + people AS readers, $org AS org
 
-UNWIND $keys AS key
+UNWIND [k IN $keys WHERE size(readers) > 0 AND all(rd IN readers WHERE k IN rd.atoms)] AS key
 CALL (key, readers, org) {
   MATCH (e:Entry)
   USING INDEX e:Entry(botId, activeKey, memoryRank, contentLength, id)
@@ -1340,7 +1343,7 @@ CALL () {
   RETURN collect({id: '#group', ids: ['#group'], channels: CASE WHEN c IS NULL THEN [] ELSE [c.id] END, usesBot: allUse, atoms: CASE WHEN allUse THEN ['channel:' + c.id, 'bot'] ELSE [] END}) AS groups
 }
 WITH groups + people AS readers, $org AS org
-UNWIND $keys AS key
+UNWIND [k IN $keys WHERE size(readers) > 0 AND all(rd IN readers WHERE k IN rd.atoms)] AS key
 CALL (key, readers, org) {
   MATCH (e:Entry)
   USING INDEX e:Entry(botId, activeKey, memoryRank, contentLength, id)
@@ -1387,7 +1390,7 @@ CALL () {
 }
 WITH groups + people AS readers, $org AS org
 CALL (readers, org) {
-UNWIND $keys AS key
+UNWIND [k IN $keys WHERE size(readers) > 0 AND all(rd IN readers WHERE k IN rd.atoms)] AS key
 CALL (key, readers, org) {
   MATCH (e:Entry)
   USING INDEX e:Entry(botId, activeKey, memoryRank, contentLength, id)
@@ -1411,7 +1414,7 @@ RETURN [x IN page[0..fit.n] | {id: x.id, rank: x.rank, content: x.e.content, sai
 }
 OPTIONAL CALL (readers, org, first, full, firstSize) {
   WITH readers, org, first, firstSize WHERE full
-UNWIND $keys AS key
+UNWIND [k IN $keys WHERE size(readers) > 0 AND all(rd IN readers WHERE k IN rd.atoms)] AS key
 CALL (key, readers, org, first, firstSize) {
   MATCH (e:Entry)
   USING INDEX e:Entry(botId, activeKey, memoryRank, contentLength, id)
@@ -1467,7 +1470,7 @@ CALL () {
 }
 WITH groups + people AS readers, $org AS org
 
-UNWIND $keys AS key
+UNWIND [k IN $keys WHERE size(readers) > 0 AND all(rd IN readers WHERE k IN rd.atoms)] AS key
 CALL (key, readers, org) {
   MATCH (e:Entry)
   USING INDEX e:Entry(botId, activeKey, memoryRank, contentLength, id)
@@ -1520,7 +1523,7 @@ CALL () {
   RETURN collect({id: '#group', ids: ['#group'], channels: CASE WHEN c IS NULL THEN [] ELSE [c.id] END, usesBot: allUse, atoms: CASE WHEN allUse THEN ['channel:' + c.id, 'bot'] ELSE [] END}) AS groups
 }
 WITH groups + people AS readers, $org AS org
-UNWIND $keys AS key
+UNWIND [k IN $keys WHERE size(readers) > 0 AND all(rd IN readers WHERE k IN rd.atoms)] AS key
 CALL (key, readers, org) {
   MATCH (e:Entry)
   USING INDEX e:Entry(botId, activeKey, memoryRank, contentLength, id)
@@ -1681,7 +1684,7 @@ CALL (ch, b, o, c) {
          + CASE WHEN EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)) THEN ['bot'] ELSE [] END} AS reader
 UNION
   WITH c WHERE c IS NOT NULL AND EXISTS { (:Person)-[:MEMBER]->(c) }
-  RETURN {id: '#group', ids: ['#group'], channels: [c.id], usesBot: true, atoms: ['channel:' + c.id, 'bot']} AS reader
+  RETURN {id: '#group', ids: ['#group'], channels: [c.id], usesBot: false, atoms: ['channel:' + c.id, 'bot']} AS reader
 }
 RETURN [reader] AS readers, o.id AS org
 }
@@ -1729,7 +1732,7 @@ CALL (ch, b, o, c) {
          + CASE WHEN EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)) THEN ['bot'] ELSE [] END} AS reader
 UNION
   WITH c WHERE c IS NOT NULL AND EXISTS { (:Person)-[:MEMBER]->(c) }
-  RETURN {id: '#group', ids: ['#group'], channels: [c.id], usesBot: true, atoms: ['channel:' + c.id, 'bot']} AS reader
+  RETURN {id: '#group', ids: ['#group'], channels: [c.id], usesBot: false, atoms: ['channel:' + c.id, 'bot']} AS reader
 }
 RETURN [reader] AS readers, o.id AS org
 }
@@ -2378,7 +2381,7 @@ CALL () {
   RETURN collect({id: '#group', ids: ['#group'], channels: CASE WHEN c IS NULL THEN [] ELSE [c.id] END, usesBot: allUse, atoms: CASE WHEN allUse THEN ['channel:' + c.id, 'bot'] ELSE [] END}) AS groups
 }
 WITH m, groups + people AS readers, $org AS org
-WITH m, readers, org, $keys AS keys
+WITH m, readers, org, [k IN $keys WHERE size(readers) > 0 AND all(rd IN readers WHERE k IN rd.atoms)] AS keys
 CALL (readers, org, keys) {
   UNWIND keys AS key
   CALL (key, readers, org) {
@@ -2884,7 +2887,7 @@ CALL (m) {
 
 CALL (readers, org) {
   CALL (readers, org) {
-    UNWIND range(0, size($cands) - 1) AS i
+    UNWIND CASE WHEN size([k IN $keys WHERE size(readers) > 0 AND all(rd IN readers WHERE k IN rd.atoms)]) = 0 THEN [] ELSE range(0, size($cands) - 1) END AS i
     OPTIONAL MATCH (x:Entry) WHERE elementId(x) = $nodes[i]
     WITH readers, org, i, CASE WHEN x.id = $cands[i] AND x.botId = $botId THEN x END AS e
     WHERE e IS NULL OR (e.activeKey IS NOT NULL AND
@@ -2906,7 +2909,7 @@ CALL (readers, org) {
 
 CALL (readers, org, hits) {
   WITH readers, org WHERE $fill > size(hits)
-  UNWIND $keys AS key
+  UNWIND [k IN $keys WHERE size(readers) > 0 AND all(rd IN readers WHERE k IN rd.atoms)] AS key
   CALL (key, readers, org) {
     MATCH (e:Entry)
     USING INDEX e:Entry(botId, activeKey, memoryRank, contentLength, id)
@@ -2922,7 +2925,7 @@ CALL (readers, org, hits) {
   RETURN collect(e) AS recent
 }
 
-WITH m, fresh, hits, walked, lost,
+WITH m, fresh, hits, walked, lost, size([k IN $keys WHERE size(readers) > 0 AND all(rd IN readers WHERE k IN rd.atoms)]) = 0 AS blind,
      [i IN range(0, size(hits) - 1) | [hits[i], hitScores[i]]]
      + [e IN recent WHERE NOT e IN hits | [e, 0.0]] AS parts
 CALL (parts) {
@@ -2941,7 +2944,7 @@ WITH e, collect(CASE WHEN src IS NULL THEN null WHEN src:Item THEN {chat: src.ch
      sources: sources}}) AS ranked
 }
 RETURN coalesce(m.vecSeq, 0) AS seq, m.version AS version, fresh, ranked, size(hits) AS visible, walked,
-       lost
+       lost, blind
 
 // ---- graph.search.SEARCH_CONTEXT
 MATCH (held:Memory {id: $botId})
@@ -2988,7 +2991,7 @@ CALL (m) {
 
 CALL (readers, org) {
   CALL (readers, org) {
-    UNWIND range(0, size($cands) - 1) AS i
+    UNWIND CASE WHEN size([k IN $keys WHERE size(readers) > 0 AND all(rd IN readers WHERE k IN rd.atoms)]) = 0 THEN [] ELSE range(0, size($cands) - 1) END AS i
     OPTIONAL MATCH (x:Entry) WHERE elementId(x) = $nodes[i]
     WITH readers, org, i, CASE WHEN x.id = $cands[i] AND x.botId = $botId THEN x END AS e
     WHERE e IS NULL OR (e.activeKey IS NOT NULL AND
@@ -3010,7 +3013,7 @@ CALL (readers, org) {
 
 CALL (readers, org, hits) {
   WITH readers, org WHERE $fill > size(hits)
-  UNWIND $keys AS key
+  UNWIND [k IN $keys WHERE size(readers) > 0 AND all(rd IN readers WHERE k IN rd.atoms)] AS key
   CALL (key, readers, org) {
     MATCH (e:Entry)
     USING INDEX e:Entry(botId, activeKey, memoryRank, contentLength, id)
@@ -3026,7 +3029,7 @@ CALL (readers, org, hits) {
   RETURN collect(e) AS recent
 }
 
-WITH m, fresh, hits, walked, lost,
+WITH m, fresh, hits, walked, lost, size([k IN $keys WHERE size(readers) > 0 AND all(rd IN readers WHERE k IN rd.atoms)]) = 0 AS blind,
      [i IN range(0, size(hits) - 1) | [hits[i], hitScores[i]]]
      + [e IN recent WHERE NOT e IN hits | [e, 0.0]] AS parts
 CALL (parts) {
@@ -3037,7 +3040,7 @@ CALL (parts) {
   RETURN collect({score: score, entry: e {.id, .memoryRank, .contentLength, .content, saidAt: coalesce(e.saidAt, e.createdAt)}}) AS ranked
 }
 RETURN coalesce(m.vecSeq, 0) AS seq, m.version AS version, fresh, ranked, size(hits) AS visible, walked,
-       lost
+       lost, blind
 
 // ---- graph.sourcegraph.DEPENDENTS_OF
 MATCH (e:Entry {id: $id, botId: $botId})

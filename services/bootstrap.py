@@ -16,7 +16,7 @@ from threadpoolctl import threadpool_limits
 
 from graph.driver import make_driver
 from graph.migrations import LATEST, current_version, migrate
-from services import jobs
+from services import jobs, slots
 from services.crypto import Keyring
 from services.redisconn import keeping_cancels
 from services.runtime import Runtime
@@ -102,6 +102,10 @@ async def open_runtime(settings: Settings, *, schema: Schema = "migrate") -> Asy
         vectors = VectorIndexes(max_bytes=settings.index_memory_mb * 2**20)
         yield Runtime(settings=settings, driver=driver, redis=redis, keyring=keyring, vectors=vectors)
     finally:
+        try:  # slots being given back (their tasks cancelled by the shutdown) go before Redis does
+            await asyncio.wait_for(slots.given_back(), settings.redis_timeout_seconds)
+        except TimeoutError:
+            log.warning("task slots were still being given back; they free when their leases end")
         await redis.aclose(close_connection_pool=True)
         await driver.close()
         blas.restore_original_limits()

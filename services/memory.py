@@ -312,8 +312,10 @@ async def readable_changes(
 
 
 async def chat_reader(rt: Runtime, chat_id: str) -> Reader | None:
-    """The reader of an answer in a Chat (D9.15): the owner, or the group and every current member
-    of its channel as one (``GROUP_READER``); None when it has none."""
+    """The reader of an answer in a Chat (D9.15), to pass to the statements that check: the owner,
+    or the group (``GROUP_SEEK``: its channel and seek keys only, never a proof — each statement
+    builds the group and every current member of its channel as one reader under the lock);
+    None when it has none."""
 
     async def work(session: QueryTarget) -> access.ChatReadersRow | None:
         return await single(session, access.CHAT_READERS, access.ChatReadersRow, chatId=chat_id)

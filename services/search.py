@@ -390,6 +390,11 @@ async def _ranked(
             attempts += 1
             continue  # the candidates may have changed: ask again with the current index
         index.seq = max(index.seq, int(found["seq"]))
+        if found["blind"]:
+            # The readers as they stand now hold none of the keys (a group chat one of whose
+            # members does not use the Bot): nothing was walked and nothing would pass.
+            _STATEMENTS["answered"].inc()
+            break
         if found["lost"]:
             # Some candidates were not where the index had them (purged, D9.20): each lost one
             # counts towards the walk's limit, so a purge of many that ranked high would lose a

@@ -98,12 +98,15 @@ async def take_key(
             pause = min(pause * 2, _LONGEST_PAUSE)
     except Busy:
         raise  # the last take answered that every slot is held: nothing of ours is
-    except (asyncio.CancelledError, Exception):
-        # A cancel (a job's timeout, a closed socket) or a lost connection while a take's reply
-        # was on its way: the script may have taken the slot. Our lease is given back, in a
-        # task of its own; else the slot stayed held until its lease ran out.
-        _give_back(redis, key, lease, None)  # renewed by nobody; likely never held (Redis away)
+    except asyncio.CancelledError:
+        # A cancel (a job's timeout, a closed socket) while a take's reply was on its way: the
+        # script may have taken the slot. Our lease is given back, in a task of its own; else the
+        # slot stayed held, by nobody, until its lease ran out.
+        _give_back(redis, key, lease, None, warn=True)
         raise
+    except Exception:
+        _give_back(redis, key, lease, None, warn=False)  # a lost connection may have taken it too;
+        raise  # most often Redis is away and nothing was taken (not worth a warning)
 
     async def renew() -> None:
         while True:
@@ -124,15 +127,17 @@ async def take_key(
     async def release() -> None:
         # Its own task, shielded: a caller cancelled meanwhile (a job's timeout, a closed socket)
         # still gets its cancel, and the slot is given back all the same.
-        await asyncio.shield(_give_back(redis, key, lease, renewing))
+        await asyncio.shield(_give_back(redis, key, lease, renewing, warn=True))
 
     return release
 
 
-def _give_back(redis: Redis, key: str, lease: str, renewing: asyncio.Task[None] | None) -> asyncio.Task[None]:
+def _give_back(
+    redis: Redis, key: str, lease: str, renewing: asyncio.Task[None] | None, *, warn: bool
+) -> asyncio.Task[None]:
     """Gives the lease back in a task of its own (kept in ``_giving_back`` until done), after
-    stopping its renewer (None: a take that failed, which may not have taken it: a failure to
-    give it back is then not worth a warning)."""
+    stopping its renewer (None: a take that did not return); ``warn``: log a failure to give it
+    back as a warning (else at debug level)."""
 
     async def give_back() -> None:
         if renewing is not None:
@@ -141,7 +146,7 @@ def _give_back(redis: Redis, key: str, lease: str, renewing: asyncio.Task[None] 
             await redis.zrem(key, lease)
         except Exception as exc:  # its lease expires on its own
             log.log(
-                logging.WARNING if renewing is not None else logging.DEBUG,
+                logging.WARNING if warn else logging.DEBUG,
                 "could not give a task slot back (%s); it frees when its lease ends",
                 type(exc).__name__,
             )
@@ -153,7 +158,7 @@ def _give_back(redis: Redis, key: str, lease: str, renewing: asyncio.Task[None] 
 
 
 async def given_back() -> None:
-    """Waits for the slots being given back now (tests, and a process that stops)."""
+    """Waits for the slots being given back now (``open_runtime`` as it closes Redis, tests)."""
     while _giving_back:
         await asyncio.gather(*_giving_back, return_exceptions=True)
 

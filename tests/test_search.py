@@ -17,9 +17,10 @@ import pytest
 from prometheus_client import REGISTRY
 from threadpoolctl import threadpool_info, threadpool_limits
 
+from graph import context as context_q
 from graph import search as search_q
 from graph.driver import autocommit
-from graph.memory import reader_keys
+from graph.memory import TOP_RANK, reader_keys
 from graph.migrations import LATEST, migrate
 from learning.embedders import LocalMiniLM, OpenAIEmbedder
 from services import memory, retrieval, search
@@ -34,7 +35,7 @@ from services.writepath import apply_changes
 from tests.client import Api, World, bearer, make_world
 from tests.conftest import ApiProcess
 from tests.learning_helpers import confide, memory_world
-from tests.memory_helpers import apply, command, fact, observation, said
+from tests.memory_helpers import apply, command, db_hits, fact, observation, said
 from tests.model_server import ModelServer, Reply, ToolCall
 from tests.waiting import until
 
@@ -1150,3 +1151,39 @@ async def test_a_persons_own_search_reads_the_days_they_name_where_they_live(
     assert await first_two() == {ids["there"], ids["both"]}
     await api.gql("mutation { setTimeZone(timeZone: null) { id } }", None, ann)
     assert await first_two() == {ids["both"], ids["later"]}
+
+
+async def test_a_group_that_may_read_nothing_walks_nothing(api: Api, runtime: Runtime) -> None:
+    """A group chat one of whose members does not use the Bot reads nothing (D9.1, D9.22). The
+    readers a statement is passed only name the group's channel (GROUP_SEEK), so its seeks under
+    the channel's and the Bot's keys walked every entry of them for nothing — `hasEntries` and
+    `context` the whole audience, a search six walks growing fourfold, teaching the index that
+    nothing passes. Only the keys that the readers built under the lock hold are sought
+    (HELD_KEYS): the cost no longer grows with the entries, and the search stops at once."""
+    w = await make_world(api, ("ann", "bob"), channel=("ann", "bob"))
+    group = await api.chat(w.tokens["ann"], w.bot, w.channel)
+    item = ItemRef(*await said(api, w.tokens["bob"], group, "the team's plans"))
+
+    async def add(first: int) -> None:
+        facts = [
+            AddFact(content=f"The team plans river trip {n}", sources=(item,))
+            for n in range(first, first + 30)
+        ]
+        await apply(runtime, w.bot, *facts)
+
+    await add(0)
+    reader = await memory.chat_reader(runtime, group)
+    assert reader is not None
+    assert len((await search.context(runtime, None, w.bot, reader, 4000, "river trip")).ids) == 30
+    await api.grant(w.bot, w.people["bob"], "NONE")  # one member no longer uses the Bot
+    params = {"botId": w.bot, **reader.params, "keys": reader_keys(list(reader.readers)), "top": TOP_RANK}
+    hits = await db_hits(runtime, context_q.HAS_VISIBLE, params)
+    await add(30)
+    assert await db_hits(runtime, context_q.HAS_VISIBLE, params) == hits  # it walked all 60 before
+    assert not await retrieval.has_entries(runtime, w.bot, reader)
+    further = sample("botmemory_search_statements_total", {"outcome": "further"})
+    assert (await search.context(runtime, None, w.bot, reader, 4000, "river trip")).ids == ()
+    assert await search.search(runtime, None, w.bot, reader, "river trip", 10) == []
+    assert sample("botmemory_search_statements_total", {"outcome": "further"}) == further
+    await api.grant(w.bot, w.people["bob"], "READ")  # every member uses it again: it reads again
+    assert len((await search.context(runtime, None, w.bot, reader, 4000, "river trip")).ids) == 60
