@@ -417,11 +417,12 @@ WITH """
 
 #: The seek keys ``$keys`` that every reader as it stands now (``readers_now``) still holds. An
 #: entry passes VISIBLE only when each reader holds its audience key (its ``activeKey`` is one of
-#: its ``lblRequires``), so a seek under a key some reader lacks walks only entries that cannot
-#: pass — every key, for a group chat one of whose members does not use the Bot (the keys it is
-#: passed under, GROUP_SEEK, say nothing of its members), or a person who lost their grant.
+#: its ``lblRequires``) and every reader uses the Bot, so a seek under a key some reader lacks
+#: walks only entries that cannot pass — every key, for a group chat one of whose members does
+#: not use the Bot (the keys it is passed under, GROUP_SEEK, say nothing of its members), or for
+#: the owner of a private chat who lost their grant.
 HELD_KEYS: Final[LiteralString] = (
-    "[k IN $keys WHERE size(readers) > 0 AND all(rd IN readers WHERE k IN rd.atoms)]"
+    "[k IN $keys WHERE size(readers) > 0 AND all(rd IN readers WHERE rd.usesBot AND k IN rd.atoms)]"
 )
 
 

@@ -247,8 +247,8 @@ class SearchRow(TypedDict, Generic[H]):
     """SEARCH (``SearchRow[RankedEntry]``) and SEARCH_CONTEXT (``SearchRow[RankedContext]``).
     ``fresh``: what the caller's index lacks; ``visible``: how many candidates passed, of the
     first ``walked``; ``lost``: the places of the candidates not found by their node id;
-    ``blind``: the readers hold none of the keys (HELD_KEYS), so nothing was walked and nothing
-    can pass."""
+    ``blind``: the readers hold none of the keys (HELD_KEYS), so nothing was walked (``walked``
+    then counts every candidate) and nothing can pass."""
 
     seq: int
     version: int

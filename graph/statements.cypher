@@ -100,7 +100,7 @@ RETURN collect(DISTINCT id) AS ids
 {id: '#group', ids: ['#group'], channels: [c.id], usesBot: false, atoms: ['channel:' + c.id, 'bot']}
 
 // ---- graph.access.HELD_KEYS
-[k IN $keys WHERE size(readers) > 0 AND all(rd IN readers WHERE k IN rd.atoms)]
+[k IN $keys WHERE size(readers) > 0 AND all(rd IN readers WHERE rd.usesBot AND k IN rd.atoms)]
 
 // ---- graph.access.PATH_VISIBLE
 (size(readers) > 0
@@ -1295,7 +1295,7 @@ CALL () {
 }
 WITH groups + people AS readers, $org AS org
 
-UNWIND [k IN $keys WHERE size(readers) > 0 AND all(rd IN readers WHERE k IN rd.atoms)] AS key
+UNWIND [k IN $keys WHERE size(readers) > 0 AND all(rd IN readers WHERE rd.usesBot AND k IN rd.atoms)] AS key
 CALL (key, readers, org) {
   MATCH (e:Entry)
   USING INDEX e:Entry(botId, activeKey, memoryRank, contentLength, id)
@@ -1343,7 +1343,7 @@ CALL () {
   RETURN collect({id: '#group', ids: ['#group'], channels: CASE WHEN c IS NULL THEN [] ELSE [c.id] END, usesBot: allUse, atoms: CASE WHEN allUse THEN ['channel:' + c.id, 'bot'] ELSE [] END}) AS groups
 }
 WITH groups + people AS readers, $org AS org
-UNWIND [k IN $keys WHERE size(readers) > 0 AND all(rd IN readers WHERE k IN rd.atoms)] AS key
+UNWIND [k IN $keys WHERE size(readers) > 0 AND all(rd IN readers WHERE rd.usesBot AND k IN rd.atoms)] AS key
 CALL (key, readers, org) {
   MATCH (e:Entry)
   USING INDEX e:Entry(botId, activeKey, memoryRank, contentLength, id)
@@ -1390,7 +1390,7 @@ CALL () {
 }
 WITH groups + people AS readers, $org AS org
 CALL (readers, org) {
-UNWIND [k IN $keys WHERE size(readers) > 0 AND all(rd IN readers WHERE k IN rd.atoms)] AS key
+UNWIND [k IN $keys WHERE size(readers) > 0 AND all(rd IN readers WHERE rd.usesBot AND k IN rd.atoms)] AS key
 CALL (key, readers, org) {
   MATCH (e:Entry)
   USING INDEX e:Entry(botId, activeKey, memoryRank, contentLength, id)
@@ -1414,7 +1414,7 @@ RETURN [x IN page[0..fit.n] | {id: x.id, rank: x.rank, content: x.e.content, sai
 }
 OPTIONAL CALL (readers, org, first, full, firstSize) {
   WITH readers, org, first, firstSize WHERE full
-UNWIND [k IN $keys WHERE size(readers) > 0 AND all(rd IN readers WHERE k IN rd.atoms)] AS key
+UNWIND [k IN $keys WHERE size(readers) > 0 AND all(rd IN readers WHERE rd.usesBot AND k IN rd.atoms)] AS key
 CALL (key, readers, org, first, firstSize) {
   MATCH (e:Entry)
   USING INDEX e:Entry(botId, activeKey, memoryRank, contentLength, id)
@@ -1470,7 +1470,7 @@ CALL () {
 }
 WITH groups + people AS readers, $org AS org
 
-UNWIND [k IN $keys WHERE size(readers) > 0 AND all(rd IN readers WHERE k IN rd.atoms)] AS key
+UNWIND [k IN $keys WHERE size(readers) > 0 AND all(rd IN readers WHERE rd.usesBot AND k IN rd.atoms)] AS key
 CALL (key, readers, org) {
   MATCH (e:Entry)
   USING INDEX e:Entry(botId, activeKey, memoryRank, contentLength, id)
@@ -1523,7 +1523,7 @@ CALL () {
   RETURN collect({id: '#group', ids: ['#group'], channels: CASE WHEN c IS NULL THEN [] ELSE [c.id] END, usesBot: allUse, atoms: CASE WHEN allUse THEN ['channel:' + c.id, 'bot'] ELSE [] END}) AS groups
 }
 WITH groups + people AS readers, $org AS org
-UNWIND [k IN $keys WHERE size(readers) > 0 AND all(rd IN readers WHERE k IN rd.atoms)] AS key
+UNWIND [k IN $keys WHERE size(readers) > 0 AND all(rd IN readers WHERE rd.usesBot AND k IN rd.atoms)] AS key
 CALL (key, readers, org) {
   MATCH (e:Entry)
   USING INDEX e:Entry(botId, activeKey, memoryRank, contentLength, id)
@@ -2381,7 +2381,7 @@ CALL () {
   RETURN collect({id: '#group', ids: ['#group'], channels: CASE WHEN c IS NULL THEN [] ELSE [c.id] END, usesBot: allUse, atoms: CASE WHEN allUse THEN ['channel:' + c.id, 'bot'] ELSE [] END}) AS groups
 }
 WITH m, groups + people AS readers, $org AS org
-WITH m, readers, org, [k IN $keys WHERE size(readers) > 0 AND all(rd IN readers WHERE k IN rd.atoms)] AS keys
+WITH m, readers, org, [k IN $keys WHERE size(readers) > 0 AND all(rd IN readers WHERE rd.usesBot AND k IN rd.atoms)] AS keys
 CALL (readers, org, keys) {
   UNWIND keys AS key
   CALL (key, readers, org) {
@@ -2887,7 +2887,7 @@ CALL (m) {
 
 CALL (readers, org) {
   CALL (readers, org) {
-    UNWIND CASE WHEN size([k IN $keys WHERE size(readers) > 0 AND all(rd IN readers WHERE k IN rd.atoms)]) = 0 THEN [] ELSE range(0, size($cands) - 1) END AS i
+    UNWIND CASE WHEN size([k IN $keys WHERE size(readers) > 0 AND all(rd IN readers WHERE rd.usesBot AND k IN rd.atoms)]) = 0 THEN [] ELSE range(0, size($cands) - 1) END AS i
     OPTIONAL MATCH (x:Entry) WHERE elementId(x) = $nodes[i]
     WITH readers, org, i, CASE WHEN x.id = $cands[i] AND x.botId = $botId THEN x END AS e
     WHERE e IS NULL OR (e.activeKey IS NOT NULL AND
@@ -2909,7 +2909,7 @@ CALL (readers, org) {
 
 CALL (readers, org, hits) {
   WITH readers, org WHERE $fill > size(hits)
-  UNWIND [k IN $keys WHERE size(readers) > 0 AND all(rd IN readers WHERE k IN rd.atoms)] AS key
+  UNWIND [k IN $keys WHERE size(readers) > 0 AND all(rd IN readers WHERE rd.usesBot AND k IN rd.atoms)] AS key
   CALL (key, readers, org) {
     MATCH (e:Entry)
     USING INDEX e:Entry(botId, activeKey, memoryRank, contentLength, id)
@@ -2925,7 +2925,7 @@ CALL (readers, org, hits) {
   RETURN collect(e) AS recent
 }
 
-WITH m, fresh, hits, walked, lost, size([k IN $keys WHERE size(readers) > 0 AND all(rd IN readers WHERE k IN rd.atoms)]) = 0 AS blind,
+WITH m, fresh, hits, walked, lost, size([k IN $keys WHERE size(readers) > 0 AND all(rd IN readers WHERE rd.usesBot AND k IN rd.atoms)]) = 0 AS blind,
      [i IN range(0, size(hits) - 1) | [hits[i], hitScores[i]]]
      + [e IN recent WHERE NOT e IN hits | [e, 0.0]] AS parts
 CALL (parts) {
@@ -2991,7 +2991,7 @@ CALL (m) {
 
 CALL (readers, org) {
   CALL (readers, org) {
-    UNWIND CASE WHEN size([k IN $keys WHERE size(readers) > 0 AND all(rd IN readers WHERE k IN rd.atoms)]) = 0 THEN [] ELSE range(0, size($cands) - 1) END AS i
+    UNWIND CASE WHEN size([k IN $keys WHERE size(readers) > 0 AND all(rd IN readers WHERE rd.usesBot AND k IN rd.atoms)]) = 0 THEN [] ELSE range(0, size($cands) - 1) END AS i
     OPTIONAL MATCH (x:Entry) WHERE elementId(x) = $nodes[i]
     WITH readers, org, i, CASE WHEN x.id = $cands[i] AND x.botId = $botId THEN x END AS e
     WHERE e IS NULL OR (e.activeKey IS NOT NULL AND
@@ -3013,7 +3013,7 @@ CALL (readers, org) {
 
 CALL (readers, org, hits) {
   WITH readers, org WHERE $fill > size(hits)
-  UNWIND [k IN $keys WHERE size(readers) > 0 AND all(rd IN readers WHERE k IN rd.atoms)] AS key
+  UNWIND [k IN $keys WHERE size(readers) > 0 AND all(rd IN readers WHERE rd.usesBot AND k IN rd.atoms)] AS key
   CALL (key, readers, org) {
     MATCH (e:Entry)
     USING INDEX e:Entry(botId, activeKey, memoryRank, contentLength, id)
@@ -3029,7 +3029,7 @@ CALL (readers, org, hits) {
   RETURN collect(e) AS recent
 }
 
-WITH m, fresh, hits, walked, lost, size([k IN $keys WHERE size(readers) > 0 AND all(rd IN readers WHERE k IN rd.atoms)]) = 0 AS blind,
+WITH m, fresh, hits, walked, lost, size([k IN $keys WHERE size(readers) > 0 AND all(rd IN readers WHERE rd.usesBot AND k IN rd.atoms)]) = 0 AS blind,
      [i IN range(0, size(hits) - 1) | [hits[i], hitScores[i]]]
      + [e IN recent WHERE NOT e IN hits | [e, 0.0]] AS parts
 CALL (parts) {

@@ -106,6 +106,7 @@ async def open_runtime(settings: Settings, *, schema: Schema = "migrate") -> Asy
             await asyncio.wait_for(slots.given_back(), settings.redis_timeout_seconds)
         except TimeoutError:
             log.warning("task slots were still being given back; they free when their leases end")
-        await redis.aclose(close_connection_pool=True)
-        await driver.close()
-        blas.restore_original_limits()
+        finally:
+            await redis.aclose(close_connection_pool=True)
+            await driver.close()
+            blas.restore_original_limits()

@@ -89,24 +89,30 @@ async def take_key(
     lease = secrets.token_hex(8)
     lease_ms = max(int(lease_seconds * 1000), 1)
     pause = _FIRST_PAUSE
+    asking = False  # a take on its way (in a pause, the last one answered that all are held)
     try:
-        while not await redis.eval(_TAKE, 1, key, lease, limit, lease_ms):  # type: ignore[misc]
+        while True:
+            asking = True
+            taken = await redis.eval(_TAKE, 1, key, lease, limit, lease_ms)  # type: ignore[misc]
+            asking = False
+            if taken:
+                break
             left = deadline - time.monotonic()
             if left <= 0:
                 raise Busy
             await asyncio.sleep(min(pause, left))
             pause = min(pause * 2, _LONGEST_PAUSE)
-    except Busy:
-        raise  # the last take answered that every slot is held: nothing of ours is
     except asyncio.CancelledError:
-        # A cancel (a job's timeout, a closed socket) while a take's reply was on its way: the
-        # script may have taken the slot. Our lease is given back, in a task of its own; else the
-        # slot stayed held, by nobody, until its lease ran out.
-        _give_back(redis, key, lease, None, warn=True)
+        if asking:
+            # A cancel (a job's timeout, a closed socket) while a take's reply was on its way: the
+            # script may have taken the slot. Our lease is given back, in a task of its own; else
+            # the slot stayed held, by nobody, until its lease ran out.
+            _give_back(redis, key, lease, None, warn=True)
         raise
     except Exception:
-        _give_back(redis, key, lease, None, warn=False)  # a lost connection may have taken it too;
-        raise  # most often Redis is away and nothing was taken (not worth a warning)
+        if asking:  # a lost connection may have taken it too (most often Redis is away and
+            _give_back(redis, key, lease, None, warn=False)  # nothing was: no warning then)
+        raise
 
     async def renew() -> None:
         while True:

@@ -1158,8 +1158,9 @@ async def test_a_group_that_may_read_nothing_walks_nothing(api: Api, runtime: Ru
     readers a statement is passed only name the group's channel (GROUP_SEEK), so its seeks under
     the channel's and the Bot's keys walked every entry of them for nothing — `hasEntries` and
     `context` the whole audience, a search six walks growing fourfold, teaching the index that
-    nothing passes. Only the keys that the readers built under the lock hold are sought
-    (HELD_KEYS): the cost no longer grows with the entries, and the search stops at once."""
+    nothing passes. Only the keys that the readers built under the lock hold, while they use the
+    Bot, are sought (HELD_KEYS): the cost no longer grows with the entries, and the search stops
+    at once. The same for a private chat whose owner lost their grant."""
     w = await make_world(api, ("ann", "bob"), channel=("ann", "bob"))
     group = await api.chat(w.tokens["ann"], w.bot, w.channel)
     item = ItemRef(*await said(api, w.tokens["bob"], group, "the team's plans"))
@@ -1187,3 +1188,26 @@ async def test_a_group_that_may_read_nothing_walks_nothing(api: Api, runtime: Ru
     assert sample("botmemory_search_statements_total", {"outcome": "further"}) == further
     await api.grant(w.bot, w.people["bob"], "READ")  # every member uses it again: it reads again
     assert len((await search.context(runtime, None, w.bot, reader, 4000, "river trip")).ids) == 60
+
+    # The owner of a private chat who lost their grant reads nothing there either (D9.1), and
+    # walked every entry of their own and their channel's keys for it.
+    private = await api.chat(w.tokens["ann"], w.bot)
+    mine = ItemRef(*await said(api, w.tokens["ann"], private, "my own plans"))
+
+    async def add_mine(first: int) -> None:
+        facts = [AddFact(content=f"Ann plans a walk {n}", sources=(mine,)) for n in range(first, first + 30)]
+        await apply(runtime, w.bot, *facts)
+
+    await add_mine(0)
+    owner = await memory.chat_reader(runtime, private)
+    assert owner is not None
+    own = {"botId": w.bot, **owner.params, "keys": reader_keys(list(owner.readers)), "top": TOP_RANK}
+    await api.grant(w.bot, w.people["ann"], "NONE")
+    hits = await db_hits(runtime, context_q.HAS_VISIBLE, own)
+    await api.grant(w.bot, w.people["ann"], "WRITE")
+    await add_mine(30)
+    await api.grant(w.bot, w.people["ann"], "NONE")
+    assert await db_hits(runtime, context_q.HAS_VISIBLE, own) == hits
+    further = sample("botmemory_search_statements_total", {"outcome": "further"})
+    assert (await search.context(runtime, None, w.bot, owner, 4000, "a walk")).ids == ()
+    assert sample("botmemory_search_statements_total", {"outcome": "further"}) == further
