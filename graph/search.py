@@ -116,11 +116,9 @@ CALL (m) {
 #: place in the parameters.
 _HITS: Final[LiteralString] = (
     """
-CALL (readers, org) {
-  CALL (readers, org) {
-    UNWIND CASE WHEN size("""
-    + HELD_KEYS
-    + """) = 0 THEN [] ELSE range(0, size($cands) - 1) END AS i
+CALL (readers, org, keys) {
+  CALL (readers, org, keys) {
+    UNWIND CASE WHEN size(keys) = 0 THEN [] ELSE range(0, size($cands) - 1) END AS i
     OPTIONAL MATCH (x:Entry) WHERE elementId(x) = $nodes[i]
     WITH readers, org, i, CASE WHEN x.id = $cands[i] AND x.botId = $botId THEN x END AS e
     WHERE e IS NULL OR (e.activeKey IS NOT NULL AND """
@@ -159,11 +157,9 @@ class LocateRow(TypedDict):
 #: (entries without derived data yet, a small memory).
 _RECENT: Final[LiteralString] = (
     """
-CALL (readers, org, hits) {
-  WITH readers, org WHERE $fill > size(hits)
-  UNWIND """
-    + HELD_KEYS
-    + """ AS key
+CALL (readers, org, hits, keys) {
+  WITH readers, org, keys WHERE $fill > size(hits)
+  UNWIND keys AS key
   CALL (key, readers, org) {
     MATCH (e:Entry)
     USING INDEX e:Entry(botId, activeKey, memoryRank, contentLength, id)
@@ -181,11 +177,8 @@ CALL (readers, org, hits) {
 
 #: The hits with their scores, then the memory-order fill (score 0) after every hit: the
 #: ``$limit`` first, ``ranked`` as ``{score, entry}``; the entry map follows.
-_RANKED_HEAD: Final[LiteralString] = (
-    """
-WITH m, fresh, hits, walked, lost, size("""
-    + HELD_KEYS
-    + """) = 0 AS blind,
+_RANKED_HEAD: Final[LiteralString] = """
+WITH m, fresh, hits, walked, lost, size(keys) = 0 AS blind,
      [i IN range(0, size(hits) - 1) | [hits[i], hitScores[i]]]
      + [e IN recent WHERE NOT e IN hits | [e, 0.0]] AS parts
 CALL (parts) {
@@ -194,7 +187,6 @@ CALL (parts) {
   ORDER BY score DESC, e.memoryRank DESC, e.id
   LIMIT $limit
 """
-)
 
 _RANKED_TAIL: Final[LiteralString] = """}) AS ranked
 }
@@ -263,7 +255,17 @@ class SearchRow(TypedDict, Generic[H]):
 #: One search as one statement (an auto-commit transaction): the shared lock first (C1), what the
 #: caller's index lacks since ``$after``, the candidates that pass (and the memory-order fill),
 #: ranked. A caller whose index lacked anything catches up and asks again.
-_CANDIDATES: Final[LiteralString] = READ_LOCK + "WITH m\n" + readers_now("m, ") + _FRESH + _HITS + _RECENT
+_CANDIDATES: Final[LiteralString] = (
+    READ_LOCK
+    + "WITH m\n"
+    + readers_now("m, ")
+    + "WITH m, readers, org, "
+    + HELD_KEYS
+    + " AS keys\n"
+    + _FRESH
+    + _HITS
+    + _RECENT
+)
 SEARCH: Final[LiteralString] = _CANDIDATES + _RANKED
 
 #: SEARCH for ``context(query)``: the same candidates and ranking, each entry as id, rank, stored

@@ -2873,6 +2873,7 @@ CALL () {
   RETURN collect({id: '#group', ids: ['#group'], channels: CASE WHEN c IS NULL THEN [] ELSE [c.id] END, usesBot: allUse, atoms: CASE WHEN allUse THEN ['channel:' + c.id, 'bot'] ELSE [] END}) AS groups
 }
 WITH m, groups + people AS readers, $org AS org
+WITH m, readers, org, [k IN $keys WHERE size(readers) > 0 AND all(rd IN readers WHERE rd.usesBot AND k IN rd.atoms)] AS keys
 
 CALL (m) {
   MATCH (e:Entry)
@@ -2885,9 +2886,9 @@ CALL (m) {
           keys: collect(coalesce(e.activeKey, '')), saidAt: collect(coalesce(e.saidAt, e.createdAt))} AS fresh
 }
 
-CALL (readers, org) {
-  CALL (readers, org) {
-    UNWIND CASE WHEN size([k IN $keys WHERE size(readers) > 0 AND all(rd IN readers WHERE rd.usesBot AND k IN rd.atoms)]) = 0 THEN [] ELSE range(0, size($cands) - 1) END AS i
+CALL (readers, org, keys) {
+  CALL (readers, org, keys) {
+    UNWIND CASE WHEN size(keys) = 0 THEN [] ELSE range(0, size($cands) - 1) END AS i
     OPTIONAL MATCH (x:Entry) WHERE elementId(x) = $nodes[i]
     WITH readers, org, i, CASE WHEN x.id = $cands[i] AND x.botId = $botId THEN x END AS e
     WHERE e IS NULL OR (e.activeKey IS NOT NULL AND
@@ -2907,9 +2908,9 @@ CALL (readers, org) {
          CASE WHEN taken >= $limit THEN last + 1 ELSE size($cands) END AS walked
 }
 
-CALL (readers, org, hits) {
-  WITH readers, org WHERE $fill > size(hits)
-  UNWIND [k IN $keys WHERE size(readers) > 0 AND all(rd IN readers WHERE rd.usesBot AND k IN rd.atoms)] AS key
+CALL (readers, org, hits, keys) {
+  WITH readers, org, keys WHERE $fill > size(hits)
+  UNWIND keys AS key
   CALL (key, readers, org) {
     MATCH (e:Entry)
     USING INDEX e:Entry(botId, activeKey, memoryRank, contentLength, id)
@@ -2925,7 +2926,7 @@ CALL (readers, org, hits) {
   RETURN collect(e) AS recent
 }
 
-WITH m, fresh, hits, walked, lost, size([k IN $keys WHERE size(readers) > 0 AND all(rd IN readers WHERE rd.usesBot AND k IN rd.atoms)]) = 0 AS blind,
+WITH m, fresh, hits, walked, lost, size(keys) = 0 AS blind,
      [i IN range(0, size(hits) - 1) | [hits[i], hitScores[i]]]
      + [e IN recent WHERE NOT e IN hits | [e, 0.0]] AS parts
 CALL (parts) {
@@ -2977,6 +2978,7 @@ CALL () {
   RETURN collect({id: '#group', ids: ['#group'], channels: CASE WHEN c IS NULL THEN [] ELSE [c.id] END, usesBot: allUse, atoms: CASE WHEN allUse THEN ['channel:' + c.id, 'bot'] ELSE [] END}) AS groups
 }
 WITH m, groups + people AS readers, $org AS org
+WITH m, readers, org, [k IN $keys WHERE size(readers) > 0 AND all(rd IN readers WHERE rd.usesBot AND k IN rd.atoms)] AS keys
 
 CALL (m) {
   MATCH (e:Entry)
@@ -2989,9 +2991,9 @@ CALL (m) {
           keys: collect(coalesce(e.activeKey, '')), saidAt: collect(coalesce(e.saidAt, e.createdAt))} AS fresh
 }
 
-CALL (readers, org) {
-  CALL (readers, org) {
-    UNWIND CASE WHEN size([k IN $keys WHERE size(readers) > 0 AND all(rd IN readers WHERE rd.usesBot AND k IN rd.atoms)]) = 0 THEN [] ELSE range(0, size($cands) - 1) END AS i
+CALL (readers, org, keys) {
+  CALL (readers, org, keys) {
+    UNWIND CASE WHEN size(keys) = 0 THEN [] ELSE range(0, size($cands) - 1) END AS i
     OPTIONAL MATCH (x:Entry) WHERE elementId(x) = $nodes[i]
     WITH readers, org, i, CASE WHEN x.id = $cands[i] AND x.botId = $botId THEN x END AS e
     WHERE e IS NULL OR (e.activeKey IS NOT NULL AND
@@ -3011,9 +3013,9 @@ CALL (readers, org) {
          CASE WHEN taken >= $limit THEN last + 1 ELSE size($cands) END AS walked
 }
 
-CALL (readers, org, hits) {
-  WITH readers, org WHERE $fill > size(hits)
-  UNWIND [k IN $keys WHERE size(readers) > 0 AND all(rd IN readers WHERE rd.usesBot AND k IN rd.atoms)] AS key
+CALL (readers, org, hits, keys) {
+  WITH readers, org, keys WHERE $fill > size(hits)
+  UNWIND keys AS key
   CALL (key, readers, org) {
     MATCH (e:Entry)
     USING INDEX e:Entry(botId, activeKey, memoryRank, contentLength, id)
@@ -3029,7 +3031,7 @@ CALL (readers, org, hits) {
   RETURN collect(e) AS recent
 }
 
-WITH m, fresh, hits, walked, lost, size([k IN $keys WHERE size(readers) > 0 AND all(rd IN readers WHERE rd.usesBot AND k IN rd.atoms)]) = 0 AS blind,
+WITH m, fresh, hits, walked, lost, size(keys) = 0 AS blind,
      [i IN range(0, size(hits) - 1) | [hits[i], hitScores[i]]]
      + [e IN recent WHERE NOT e IN hits | [e, 0.0]] AS parts
 CALL (parts) {
