@@ -23,7 +23,7 @@ from learning.gateway import Gateway, ModelUnavailable, ToolCall
 from learning.prompts import MEMORY_VOCABULARY, system_prompt
 from services import metrics, retrieval, search, turns
 from services.crypto import Kind
-from services.datewords import day_of, query_terms, zone_of
+from services.datewords import day_of, query_terms, zone_key, zone_of
 from services.domain import Principal, Turn
 from services.embedding import Embedder
 from services.ids import new_id
@@ -143,9 +143,10 @@ async def _rewrite(
         if await gateway.budget_spent(rt, route):
             return original, "budget_spent", ()
         # Equal words that name another day ("yesterday", asked again tomorrow) are another input,
-        # and so are words said in another time zone (the notes' days are that zone's, D9.32).
+        # and so are words said in a time zone of other rules (the notes' days are that zone's,
+        # D9.32); "UTC" is no zone, and "US/Pacific" is "America/Los_Angeles".
         terms = query_terms(original, said_at, zone)
-        where = [] if zone is None else [f"zone:{zone}"]
+        where = [] if (key := zone_key(zone)) is None else [f"zone:{key}"]
         digest = route.cipher.digest(Kind.INPUT_DIGEST, "\x00".join([original, *terms, *where]))
         saved = await read(
             rt.driver, lambda tx: memorybot_q.saved_rewrite(tx, chat_id=turn.chat_id, input_digest=digest)

@@ -31,6 +31,8 @@ UTC month or year: its edges are a few hours off at most.
 
 from __future__ import annotations
 
+import hashlib
+import io
 import re
 from datetime import UTC, date, datetime, time, timedelta, tzinfo
 from functools import cache, lru_cache
@@ -126,8 +128,23 @@ def zone_of(name: str | None) -> tzinfo:
     Made from a file, it cannot be pickled: what leaves this module is a date or a string."""
     if name is None or name not in zone_names():
         return UTC
-    with resources.files("tzdata.zoneinfo").joinpath(*name.split("/")).open("rb") as data:
-        return ZoneInfo.from_file(data, key=name)
+    return ZoneInfo.from_file(io.BytesIO(_zone_file(name)), key=name)
+
+
+@lru_cache(maxsize=1024)
+def zone_key(name: str | None) -> str | None:
+    """What tells the rules of a kept zone apart: None for UTC (no zone, a name it no longer
+    ships, or a name of the same rules, such as "Etc/UTC" or "Zulu"), else a digest of its file
+    in the ``tzdata`` package, which the IANA database's links ("US/Pacific" and
+    "America/Los_Angeles") share. Words said in two zones of one key read every date alike."""
+    if name is None or name not in zone_names():
+        return None
+    found = hashlib.sha256(_zone_file(name)).hexdigest()[:16]
+    return None if found == hashlib.sha256(_zone_file("UTC")).hexdigest()[:16] else found
+
+
+def _zone_file(name: str) -> bytes:
+    return resources.files("tzdata.zoneinfo").joinpath(*name.split("/")).read_bytes()
 
 
 def day_of(said_at_ms: int, zone: tzinfo = UTC) -> date:

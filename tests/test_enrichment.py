@@ -339,7 +339,8 @@ async def test_yesterday_is_counted_from_when_the_input_was_said(
 ) -> None:
     """D9.31, N2: "yesterday" is the day before the Turn's input was said (a history imported
     gives that time), so the same words said on another day are another input — never the
-    rewrite saved for the first; words naming a fixed day still reuse theirs."""
+    rewrite saved for the first; words naming a fixed day still reuse theirs, and so do words
+    said in UTC by any of its names."""
     w = await memory_world(api, ("ann",))
     chat = await api.chat(w.tokens["ann"], w.bot)
     tea = await fact(runtime, w.bot, "Ann likes tea", await said(api, w.tokens["ann"], chat, "tea"))
@@ -350,4 +351,8 @@ async def test_yesterday_is_counted_from_when_the_input_was_said(
     assert len(model_server.requests_for("rewrite")) == 2  # the same day reused, the next asked
     for said_at in (june_16, june_16 + day):
         await api.turn(w.tokens["ann"], chat, "What did I do on 3 March 2023?", said_at=said_at)
+    assert len(model_server.requests_for("rewrite")) == 3
+    # Said "in UTC" (any of its names) is said in no zone: the same input (D9.32), reused.
+    for zone in ("UTC", "Etc/Zulu"):
+        await api.turn(w.tokens["ann"], chat, "What did I do yesterday?", said_at=june_16, time_zone=zone)
     assert len(model_server.requests_for("rewrite")) == 3

@@ -17,6 +17,7 @@ from services.datewords import (
     entry_terms,
     query_terms,
     said_minute,
+    zone_key,
     zone_names,
     zone_of,
 )
@@ -172,6 +173,39 @@ def test_zones_are_the_iana_names_the_package_ships_and_none_other() -> None:
     assert not names & {"localtime", "Factory", "posixrules", "", "+02:00"}
     assert zone_of("Europe/Berlin").utcoffset(datetime(2023, 6, 16)) == timedelta(hours=2)
     assert zone_of("Gone/Away") is UTC and zone_of(None) is UTC
+
+
+def test_a_zone_is_keyed_by_its_rules_not_its_name() -> None:
+    """The saved rewrite of an input is found again by the zone's rules (D9.32, N2): "UTC" and
+    its other names are no zone, the IANA database's links share their zone's key, and zones of
+    other rules (GMT too: its times read "+00:00", not "Z") have keys of their own."""
+    assert {zone_key(z) for z in (None, "UTC", "Etc/UTC", "Zulu", "Universal", "Gone/Away")} == {None}
+    assert zone_key("US/Pacific") == zone_key("America/Los_Angeles") is not None
+    keys = [zone_key(z) for z in ("America/Los_Angeles", "Europe/Berlin", "Asia/Tokyo", "GMT")]
+    assert None not in keys and len(set(keys)) == len(keys)
+
+
+def _groups() -> list[list[str | None]]:
+    by_key: dict[str | None, list[str | None]] = {None: [None]}
+    for zone in _ZONES:
+        by_key.setdefault(zone_key(zone), []).append(zone)
+    return [group for group in by_key.values() if len(group) > 1]
+
+
+@given(
+    st.sampled_from(_groups()).flatmap(lambda g: st.tuples(st.sampled_from(g), st.sampled_from(g))),
+    st.sampled_from(
+        ["What did I do yesterday?", "3 days ago", "last Tuesday", "on 16 June 2023", "last week"]
+    ),
+    st.datetimes(min_value=datetime(1971, 1, 2), max_value=datetime(2098, 12, 30)),
+)
+def test_zones_of_one_key_read_every_date_alike(
+    pair: tuple[str | None, str | None], text: str, said: datetime
+) -> None:
+    """Two zones share a key only when they read any date alike (UTC's names with no zone): what
+    lets a saved rewrite of words said in one serve the same words said in the other."""
+    now = int(said.replace(tzinfo=UTC).timestamp() * 1000)
+    assert query_terms(text, now, pair[0]) == query_terms(text, now, pair[1])
 
 
 @given(st.text())
