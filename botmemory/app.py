@@ -34,6 +34,7 @@ from strawberry.types import ExecutionResult
 from strawberry.types.unset import UNSET, UnsetType
 
 from botmemory import openapi, pages, rest
+from botmemory.rest_input import KeyTwice, once
 from botmemory.rest_models import ErrorBody, respond
 from learning.gateway import Gateway
 from resolvers.schema import build_schema
@@ -177,14 +178,18 @@ class GraphQLApp(GraphQL[Context, None]):
         except CrossWebHTTPException as exc:
             code = STATUS_CODES.get(exc.status_code, "BAD_INPUT")
             metrics.REQUESTS.labels(surface="graphql", code=code).inc()
-            response = error_json(code, exc.reason, exc.status_code)
+            reason = exc.reason
+            if isinstance(exc.__cause__, json.JSONDecodeError):  # what was wrong (it quotes no input)
+                reason = f"{reason}: {exc.__cause__.msg}"
+            response = error_json(code, reason, exc.status_code)
         await response(scope, receive, send)
 
     def decode_json(self, data: str | bytes) -> object:
         """JSON as Strawberry decodes it (request bodies, socket messages), refusing what is not
         UTF-8 text and a lone surrogate as it refuses what is not JSON (Python's decoder takes
         ``"\ud800"``, and bytes that encode one; pydantic's, which reads REST bodies, refuses
-        both). A body that is not UTF-8 raised past Strawberry's check: 500 before."""
+        both), an object that names a key twice, JSON nested too deep and a number too long. A
+        body that is not UTF-8 raised past Strawberry's check: 500 before."""
         if isinstance(data, bytes):
             try:
                 text = data.decode("utf-8")  # strict: an encoded surrogate (ED A0 80) is refused too
@@ -194,7 +199,19 @@ class GraphQLApp(GraphQL[Context, None]):
                 ) from None
         else:
             text = data
-        decoded: object = json.loads(text)
+        try:
+            decoded: object = json.loads(text, object_pairs_hook=once)
+        except KeyTwice as exc:
+            # As REST bodies (read_body): a parser keeps the last value, and the first is lost.
+            raise json.JSONDecodeError(str(exc), text, 0) from None
+        except json.JSONDecodeError:
+            raise
+        except (ValueError, RecursionError):
+            # Nested deeper than Python's parser goes, or an integer of over 4,300 digits: both
+            # raised past Strawberry's check of JSON errors, 500 (a 1011 close on a socket).
+            raise json.JSONDecodeError(
+                "the JSON is nested too deep or holds too long a number", text, 0
+            ) from None
         if _SURROGATE_ESCAPE.search(text) and _lone_surrogate(decoded):
             raise json.JSONDecodeError("a lone surrogate is not a character", text, 0)
         if isinstance(data, bytes) and not isinstance(decoded, dict | list):

@@ -64,9 +64,10 @@ class MetaBody(Body):
 
 
 class Query(BaseModel):
-    """Query parameters: strings parsed to their types; parameters we do not know are ignored."""
+    """Query parameters: strings parsed to their types; one the route does not take is refused
+    (:func:`read_query`)."""
 
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 #: A count or a version in a query (whole, and small enough for the graph).
@@ -137,31 +138,54 @@ async def read_body(request: Request, model: type[M]) -> M:
         raise refusal(exc) from None
 
 
+class KeyTwice(ValueError):
+    """An object of a JSON text names ``key`` twice (raised by :func:`once`)."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"an object names the key {key[:100]!r} twice")
+        self.key = key
+
+
+def once(items: list[tuple[str, object]]) -> dict[str, object]:
+    """``json.loads``'s ``object_pairs_hook`` that refuses an object naming a key twice
+    (KeyTwice): a JSON parser keeps the last, and what came first is lost."""
+    seen: set[str] = set()
+    for key, _ in items:
+        if key in seen:
+            raise KeyTwice(key)
+        seen.add(key)
+    return dict(items)
+
+
 def _named_twice(raw: bytes) -> str | None:
     """The first key that an object of the JSON text ``raw`` names twice (None: none, or not JSON,
     which the model's own reading then refuses with its reason)."""
-    twice: list[str] = []
-
-    def pairs(items: list[tuple[str, object]]) -> dict[str, object]:
-        seen: set[str] = set()
-        for key, _ in items:
-            if key in seen:
-                twice.append(key)
-                break
-            seen.add(key)
-        return dict(items)
-
     try:
-        json.loads(raw, object_pairs_hook=pairs)
+        json.loads(raw, object_pairs_hook=once)
+    except KeyTwice as exc:
+        return exc.key
     except (ValueError, RecursionError):  # not JSON, not UTF-8 text, or nested too deep for json
         return None
-    return twice[0] if twice else None
+    return None
 
 
 def read_query(request: Request, model: type[M]) -> M:
-    """The query parameters as ``model`` (the last value of a repeated one)."""
+    """The query parameters as ``model``. One the route does not take, or one named twice, is
+    refused (422 BAD_INPUT naming it): both were let pass — ``?limt=10`` read the whole memory
+    unpaged, and ``?tags=a&tags=b`` kept ``b`` alone, a wider list than asked for."""
+    items = request.query_params.multi_items()
+    seen: set[str] = set()
+    for name, _ in items:
+        if name not in model.model_fields:
+            takes = ", ".join(model.model_fields)
+            raise BadInput(
+                f"unknown query parameter {name[:100]!r} (this route takes {takes})", field=name[:100]
+            )
+        if name in seen:
+            raise BadInput(f"the query names {name!r} twice", field=name)
+        seen.add(name)
     try:
-        return model.model_validate(dict(request.query_params))
+        return model.model_validate(dict(items))
     except ValidationError as exc:
         raise refusal(exc) from None
 

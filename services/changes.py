@@ -119,6 +119,8 @@ def check_content(content: str) -> str:
         raise BadInput("content must not be empty", field="content")
     if len(content) > MAX_CONTENT_CHARS:
         raise BadInput(f"content is longer than {MAX_CONTENT_CHARS} characters", field="content")
+    if "\x00" in content:  # as every other stored text (services.validation.UNSTORABLE)
+        raise BadInput("content contains a NUL character", field="content")
     return content
 
 

@@ -66,17 +66,15 @@ async def forget(rt: Runtime, principal: Principal, bot_id: str, entry_id: str) 
     """Take back the caller's part (V11). Anything not for the caller is the same 409 (D9.4)."""
     person_id = require_person(principal)
     check_id(bot_id, "botId")
-    if not isinstance(entry_id, str) or not entry_id or len(entry_id) > 100:  # pyright: ignore[reportUnnecessaryIsInstance]
-        raise BadInput("id is required", field="id")
+    check_id(entry_id, "id")  # no entry has another shape: refusing it tells nothing (D9.4)
 
     async def precheck(tx: AsyncManagedTransaction) -> None:
         reader = await _reader(tx, principal, bot_id)
         await require_visible(tx, bot_id, reader, entry_id)
 
-    try:
-        applied = await apply_changes(rt, bot_id, [Forget(entry_id, person_id)], "person", precheck=precheck)
-    except NotFound:
-        raise Conflict("this entry is not for you") from None
+    # An unknown Bot, or one the caller does not use, is NOT_FOUND as for Remember; only the
+    # entry's own refusal is CONFLICT (it was all CONFLICT, "this entry is not for you").
+    applied = await apply_changes(rt, bot_id, [Forget(entry_id, person_id)], "person", precheck=precheck)
     return applied.version
 
 
@@ -91,6 +89,7 @@ async def share(
     """Share an entry more widely: the caller must see it and be one of the people behind it (V6)."""
     person_id = require_person(principal)
     check_id(bot_id, "botId")
+    check_id(entry_id, "id")
     if not 1 <= len(audience) <= MAX_AUDIENCE:
         raise BadInput(f"an audience is 1 to {MAX_AUDIENCE} tags", field="audience")
     for n, tag in enumerate(audience):

@@ -33,6 +33,8 @@ def check_name(value: str, field: str = "name", *, limit: int = 200) -> str:
         raise BadInput(f"{field} must not be empty", field=field)
     if len(value) > limit:
         raise BadInput(f"{field} is longer than {limit} characters", field=field)
+    if "\x00" in value:
+        raise BadInput(f"{field} contains a NUL character", field=field)
     return value
 
 

@@ -16,6 +16,7 @@ from services.runtime import Runtime
 from services.settings import Settings
 from tests.client import Api, make_world
 from tests.feed_helpers import ws_url
+from tests.memory_helpers import command
 
 
 async def count_nodes(runtime: Runtime, org: str) -> int:
@@ -410,3 +411,136 @@ async def test_an_operation_reads_at_most_one_unpaged_memory(api: Api) -> None:
     assert nulls == ["BAD_INPUT"]
     # The count is per operation: the next request reads its own.
     assert "errors" not in await api.raw(f"query($b: ID!) {{ {whole} }}", {"b": w.bot}, w.tokens["ann"])
+
+
+def _deep(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+async def test_json_too_deep_or_with_too_long_a_number_is_malformed_on_every_graphql_transport(
+    api: Api, settings: Settings
+) -> None:
+    """Python's JSON parser raises RecursionError past ~1,000 levels and ValueError for an integer of
+    over 4,300 digits, neither of them the JSONDecodeError Strawberry answers: a 2 KB body answered
+    500 INTERNAL with a traceback in the log, before any token was looked at, and a socket message
+    of the same shape closed the socket as a server error. Both are malformed input now: 400
+    BAD_INPUT (POST, GET), 4400 on a socket, and no traceback."""
+    log = settings.data_dir / "logs" / "pytest-api.log"
+    before = log.stat().st_size
+    bodies = {
+        "deep": '{"query": "{ __typename }", "variables": {"x": ' + _deep(5_000) + "}}",
+        "long number": '{"query": "{ __typename }", "variables": {"x": ' + "9" * 5_000 + "}}",
+    }
+    for name, body in bodies.items():
+        response = await api.http.post(
+            "/graphql", content=body.encode(), headers={"Content-Type": "application/json"}
+        )
+        assert response.status_code == 400, (name, response.text)
+        assert response.json()["error"]["code"] == "BAD_INPUT", name
+    got = await api.http.get("/graphql", params={"query": "{ __typename }", "variables": _deep(5_000)})
+    assert got.status_code == 400 and got.json()["error"]["code"] == "BAD_INPUT", got.text
+    for message in ('{"type": "connection_init", "payload": ' + _deep(5_000) + "}", bodies["long number"]):
+        async with websockets.connect(ws_url(api), subprotocols=["graphql-transport-ws"]) as ws:  # type: ignore[list-item]
+            await ws.send(message)
+            with pytest.raises(websockets.ConnectionClosed) as closed:
+                await asyncio.wait_for(ws.recv(), 10)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 4400, closed.value
+    with log.open("rb") as written:
+        written.seek(before)
+        assert b"Traceback" not in written.read()
+
+
+async def test_a_graphql_body_that_names_a_key_twice_is_refused_and_runs_nothing(
+    api: Api, runtime: Runtime
+) -> None:
+    """A JSON parser keeps a key's last value: a body naming "query" twice ran the second
+    operation (a Remember in place of a harmless read), and a variable object naming a field
+    twice saved its last value. As for REST bodies: 400 BAD_INPUT naming the key, nothing run."""
+    w = await make_world(api, ("ann",))
+    headers = {"Authorization": f"Bearer {w.tokens['ann']}", "Content-Type": "application/json"}
+    before = await count_nodes(runtime, w.org)
+    remember = f'mutation {{ remember(botId: \\"{w.bot}\\", content: \\"Ann likes figs\\") {{ version }} }}'
+    body = f'{{"query": "{{ me {{ id }} }}", "query": "{remember}"}}'
+    response = await api.http.post("/graphql", content=body.encode(), headers=headers)
+    assert response.status_code == 400, response.text
+    assert (
+        response.json()["error"]["code"] == "BAD_INPUT" and "'query'" in response.json()["error"]["message"]
+    )
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    before = await count_nodes(runtime, w.org)
+    meta = "mutation($c: ID!, $s: [MetaEntryInput!]!) { setChatMeta(chatId: $c, summary: $s, create: true) { chatId } }"
+    entry = {"key": "a", "text": "@"}
+    body = json.dumps({"query": meta, "variables": {"c": chat, "s": [entry]}}).replace(
+        '"@"', '"1", "text": "2"'
+    )
+    response = await api.http.post("/graphql", content=body.encode(), headers=headers)
+    assert response.status_code == 400 and response.json()["error"]["code"] == "BAD_INPUT", response.text
+    assert await count_nodes(runtime, w.org) == before
+    # Once each, the same body is read as before.
+    body = json.dumps({"query": meta, "variables": {"c": chat, "s": [{"key": "a", "text": "1"}]}})
+    response = await api.http.post("/graphql", content=body.encode(), headers=headers)
+    assert response.status_code == 200 and "errors" not in response.json(), response.text
+
+
+async def test_a_query_parameter_a_route_does_not_take_or_names_twice_is_refused(api: Api) -> None:
+    """REST query parameters were read as a dict: one the route does not take was ignored
+    (``?limt=10`` read the whole memory unpaged) and one named twice kept its last value
+    (``?tags=a&tags=b`` filtered by ``b`` alone, a wider list than asked for). Both are 422
+    BAD_INPUT naming the parameter now; the parameters a route takes, once each, read as before."""
+    w = await make_world(api, ("ann",))
+    headers = {"Authorization": f"Bearer {w.tokens['ann']}"}
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    refused = {
+        f"/v1/bots/{w.bot}/memory?limt=10": "limt",
+        f"/v1/bots/{w.bot}/memory?tags=a&tags=b": "tags",
+        f"/v1/bots/{w.bot}/memory/log?befor=5": "befor",
+        f"/v1/bots/{w.bot}/memory/search?q=figs&q=dates": "q",
+        f"/v1/chats/{chat}/messages?limit=1&limit=1000": "limit",
+    }
+    for url, name in refused.items():
+        response = await api.http.get(url, headers=headers)
+        assert response.status_code == 422, (url, response.text)
+        error = response.json()["error"]
+        assert error["code"] == "BAD_INPUT" and repr(name) in error["message"], (url, error)
+    for url in (f"/v1/bots/{w.bot}/memory?limit=10&tags=a", f"/v1/chats/{chat}/messages?limit=1&skip=0"):
+        assert (await api.http.get(url, headers=headers)).status_code == 200, url
+
+
+async def test_forget_and_share_tell_a_bad_id_and_an_unknown_bot_apart_from_a_hidden_entry(
+    api: Api, runtime: Runtime
+) -> None:
+    """D9.4 makes every entry id that could be one the same 409 (no existence oracle). An id that
+    cannot be one (a path, a space, 101 characters) is BAD_INPUT as for ``entry(id:)``, and an
+    unknown Bot — or one the caller does not use — is NOT_FOUND as for Remember, GET and search:
+    Forget turned both into "this entry is not for you"."""
+    w = await make_world(api, ("ann",))
+    ann = w.tokens["ann"]
+    before = await count_nodes(runtime, w.org)
+    for bad in ("../x", "mem x", "m" * 101):
+        response = await command(api, ann, w.bot, {"_tag": "Forget", "id": bad})
+        assert response.status_code == 422 and response.json()["error"]["code"] == "BAD_INPUT", bad
+        share = 'mutation($b: ID!, $e: ID!) { shareEntry(botId: $b, id: $e, audience: ["team"]) { version } }'
+        assert await api.codes(share, {"b": w.bot, "e": bad}, ann) == ["BAD_INPUT"], bad
+    unknown = "bot_" + "0" * 32
+    response = await command(api, ann, unknown, {"_tag": "Forget", "id": "mem_" + "0" * 32})
+    assert response.status_code == 404 and response.json()["error"]["code"] == "NOT_FOUND", response.text
+    forget = "mutation($b: ID!, $e: ID!) { forget(botId: $b, id: $e) { version } }"
+    assert await api.codes(forget, {"b": unknown, "e": "mem_" + "0" * 32}, ann) == ["NOT_FOUND"]
+    response = await command(api, ann, w.bot, {"_tag": "Forget", "id": "mem_" + "0" * 32})
+    assert response.status_code == 409 and response.json()["error"]["code"] == "CONFLICT"
+    assert await count_nodes(runtime, w.org) == before
+
+
+async def test_a_nul_in_an_entry_or_a_name_is_refused_and_saves_nothing(api: Api, runtime: Runtime) -> None:
+    """No stored text holds a NUL (services.validation.UNSTORABLE): messages, meta and
+    instructions refused one, but a Remember's content and the names of organizations, people,
+    Bots and channels took it."""
+    w = await make_world(api, ("ann",))
+    before = await count_nodes(runtime, w.org)
+    response = await command(api, w.tokens["ann"], w.bot, {"_tag": "Remember", "content": "a\u0000b"})
+    assert response.status_code == 422 and "NUL" in response.json()["error"]["message"], response.text
+    remember = "mutation($b: ID!, $c: String!) { remember(botId: $b, content: $c) { version } }"
+    assert await api.codes(remember, {"b": w.bot, "c": "a\u0000b"}, w.tokens["ann"]) == ["BAD_INPUT"]
+    person = "mutation($o: ID!, $n: String!) { createPerson(organizationId: $o, name: $n) { person { id } } }"
+    assert await api.codes(person, {"o": w.org, "n": "Ann\u0000"}, api.admin_token) == ["BAD_INPUT"]
+    assert await count_nodes(runtime, w.org) == before
