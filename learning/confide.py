@@ -21,7 +21,7 @@ from graph import memorybot as memorybot_q
 from graph.driver import save_within, write
 from learning.gateway import FIXED_CALM_ANSWER, Gateway, ModelUnavailable
 from learning.prompts import MEMORY_VOCABULARY, system_prompt
-from services import memory, metrics, search
+from services import memory, metrics, retrieval, search
 from services.crypto import Kind
 from services.domain import Principal
 from services.ids import new_id
@@ -138,7 +138,7 @@ async def _answer(
     async with asyncio.timeout(max(deadline - time.monotonic(), 0)):
         if await gateway.budget_spent(rt, route):
             raise ModelUnavailable("budget_spent")
-        known = None
+        known, reader = None, None
         if route.bot_memory:
             reader = await memory.chat_reader(rt, chat["id"])
             if reader is not None:
@@ -171,4 +171,13 @@ async def _answer(
     answer = (completion.text or "").strip()
     if not answer or MEMORY_VOCABULARY.search(answer):
         raise ModelUnavailable("unusable")
-    return answer, (known.ids if known else ())
+    if known is None or reader is None or not known.ids:
+        return answer, ()
+    # Sources may have changed while the model thought, as for a rewrite (D9.15): every entry it
+    # was sent must still pass every reader now (a fact retracted meanwhile, a member without a
+    # grant who joined the channel), else the calm answer; within what is left of the wait.
+    async with asyncio.timeout(max(deadline - time.monotonic(), 0)):
+        valid = await retrieval.validate_references(rt, route.bot_id, reader, list(known.ids))
+    if not valid:
+        raise ModelUnavailable("stale")
+    return answer, known.ids

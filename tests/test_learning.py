@@ -16,6 +16,7 @@ from graph import learning as learning_q
 from graph.driver import read
 from graph.memory import TOP_RANK
 from graph.migrations import LATEST, migrate
+from learning.gateway import FIXED_CALM_ANSWER
 from services.changes import Invalidate, MemoryChange, Remember
 from services.crypto import Kind
 from services.maintenance import LegacyEntry, import_legacy
@@ -170,16 +171,61 @@ async def test_a_purge_while_an_answer_is_being_given_leaves_none_of_the_entries
         assert purged.json() == {"removed": 1}, purged.text
     finally:
         gate.set()
-    assert await answering == "Calmly: you will find it."
+    # The entry it was sent is gone when the answer comes back: the calm answer instead (L1).
+    assert await answering == FIXED_CALM_ANSWER
     records, _, _ = await runtime.driver.execute_query(
         "MATCH (c:ModelCall {botId: $b, task: 'confide'}) RETURN c.request IS NULL AS gone, c.entryIds AS used",
         b=w.bot,
     )
     assert [(r["gone"], r["used"]) for r in records if entry in (r["used"] or [])] == [(True, [entry])]
     records, _, _ = await runtime.driver.execute_query(
-        "MATCH (f:Confession {chatId: $c}) RETURN f.answer IS NULL AS gone, f.answerPurged AS purged", c=chat
+        "MATCH (f:Confession {chatId: $c}) RETURN f.answer IS NULL AS gone, f.usedEntryIds AS used", c=chat
     )
-    assert [(r["gone"], r["purged"]) for r in records] == [(True, True)]
+    assert [(r["gone"], r["used"]) for r in records] == [(False, [])]
+
+
+async def test_an_answer_drawing_on_a_fact_retracted_while_the_model_thought_is_not_given(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    """L1, D9.15: the entries a confide answer was sent are checked again when it comes back, as a
+    rewrite's are. Ann forgets her own fact (a retraction, V11) while the model answers: the
+    answer that may quote it is not given — the calm answer is, and the confession keeps no
+    entry. The same answer with the fact still there is given as the model wrote it."""
+    w = await memory_world(api, ("ann",))
+    ann = w.tokens["ann"]
+    source = await api.chat(ann, w.bot)
+    code = await fact(runtime, w.bot, "Ann's safe code is 4471", await said(api, ann, source, "code"))
+    chat = await api.chat(ann, w.bot)
+    written = "Calmly: it is 4471, say so."
+    for forget in (False, True):
+        turn = await api.turn(ann, chat, "What was my safe code?")
+        gate = threading.Event()
+        model_server.script("confide", Reply(text=written, hold=gate))
+        asked = len(model_server.requests_for("confide"))
+        answering = asyncio.create_task(confide(api, ann, turn["id"], "I could not open the safe"))
+        try:
+
+            async def sent(asked: int = asked) -> bool | None:
+                return len(model_server.requests_for("confide")) > asked or None
+
+            await until(sent, "confide was never asked")
+            assert "4471" in model_server.requests_for("confide")[-1].text
+            if forget:
+                forgotten = await command(api, ann, w.bot, {"_tag": "Forget", "id": code})
+                assert forgotten.status_code == 200, forgotten.text
+        finally:
+            gate.set()
+        assert await answering == (FIXED_CALM_ANSWER if forget else written)
+        await complete(api, ann, turn["id"])
+        await wait_executions(runtime, turn["id"])  # its learning asks no later test's model
+    data = await api.gql(
+        "query($c: ID!) { confessions(chatId: $c) { answer entryIds answeredBy } }", {"c": chat}, ann
+    )
+    # The first answer, read now, is checked again too: its fact is gone, and so is its text.
+    assert sorted(data["confessions"], key=lambda c: c["answeredBy"]) == [
+        {"answer": FIXED_CALM_ANSWER, "entryIds": [], "answeredBy": "fixed"},
+        {"answer": None, "entryIds": [], "answeredBy": "model"},
+    ]
 
 
 async def test_an_answer_is_not_held_past_its_deadline_by_a_long_memory_change(
@@ -188,8 +234,9 @@ async def test_an_answer_is_not_held_past_its_deadline_by_a_long_memory_change(
     """The saves of an answer someone waits on check, under the shared Memory lock, that the
     entries they embed still exist (D9.20); a long memory change (a purge, a relabelling) holding
     the lock would have held the answer past its deadline (seed 000: at most 15 seconds; 3 here).
-    Past the deadline they are saved without their texts, and the answer is given while the
-    change still holds the lock."""
+    Past the deadline the model call is saved without its text, and an answer is given while the
+    change still holds the lock: the calm one, as the entries the model's was sent cannot be
+    checked again meanwhile (L1)."""
     w = await memory_world(api, ("ann",))
     ann = w.tokens["ann"]
     source = await api.chat(ann, w.bot)
@@ -209,7 +256,9 @@ async def test_an_answer_is_not_held_past_its_deadline_by_a_long_memory_change(
             await until(asked, "confide was never asked")
             await changing.run("MATCH (m:Memory {id: $b}) SET m.version = m.version", b=w.bot)
             gate.set()
-            assert await asyncio.wait_for(answering, 20) == "Calmly: it is written down."
+            # Its entries cannot be checked again while the change holds the Memory: the calm
+            # answer, within the deadline (L1).
+            assert await asyncio.wait_for(answering, 20) == FIXED_CALM_ANSWER
         finally:
             gate.set()
             await changing.rollback()
@@ -227,7 +276,7 @@ async def test_an_answer_is_not_held_past_its_deadline_by_a_long_memory_change(
     records, _, _ = await runtime.driver.execute_query(
         "MATCH (f:Confession {chatId: $c}) RETURN f.answer IS NULL AS bare, f.usedEntryIds AS used", c=chat
     )
-    assert [(r["bare"], r["used"]) for r in records] == [(True, [entry])]
+    assert [(r["bare"], r["used"]) for r in records] == [(False, [])]  # the calm answer draws on none
 
 
 async def test_group_chat_fact_is_for_the_channel_from_the_saved_actor(
