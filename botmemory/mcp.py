@@ -29,6 +29,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from botmemory.mcp_api import FORGET, REMEMBER, SEARCH, WHY, Api, ApiError
+from services.chatmemory import MAX_CONTEXT_CHARS
 from services.validation import refusal
 
 DEFAULT_API_URL: Final = "http://127.0.0.1:8000"
@@ -99,9 +100,15 @@ def bearer(headers: Mapping[str, str] | None) -> str | None:
     """The token of an ``Authorization: Bearer <token>`` header, if there is one."""
     value = (headers or {}).get("authorization", "")
     scheme, _, token = value.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
+    if scheme.lower() != "bearer" or not usable(token.strip()):
         return None
     return token.strip()
+
+
+def usable(token: str) -> bool:
+    """Whether ``token`` can be sent in a header: printable ASCII, as every token of ours is (a
+    character beyond it failed inside the HTTP client, an unexpected error, not UNAUTHENTICATED)."""
+    return bool(token) and token.isascii() and token.isprintable()
 
 
 def fit(hits: Sequence[Hit], limit: int) -> MemoryText:
@@ -193,8 +200,8 @@ def build_server(config: McpConfig, api: Api) -> MCPServer:
         "in all (most relevant first), with the ids of the entries used."
     )
     async def context(input: str, ctx: Ctx, limit: StrictInt = 4000, bot_id: str | None = None) -> MemoryText:
-        if limit < 1:
-            raise ApiError("BAD_INPUT", "limit is at least 1")
+        if not 1 <= limit <= MAX_CONTEXT_CHARS:
+            raise ApiError("BAD_INPUT", f"limit is between 1 and {MAX_CONTEXT_CHARS}")
         return fit(await ranked(input, _CONTEXT_CANDIDATES, ctx, bot_id), limit)
 
     @server.tool(
@@ -269,8 +276,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         anyio.run(_http, McpConfig(api_url, bot_id, None), args.host, args.port)
         return 0
     token = os.environ.get("BOTMEMORY_TOKEN", "").strip()
-    if not token:
-        print("botmemory.mcp: set BOTMEMORY_TOKEN to the person's API token (or use --http)", file=sys.stderr)
+    if not usable(token):
+        print(
+            "botmemory.mcp: set BOTMEMORY_TOKEN to the person's API token (or use --http)"
+            + (": it holds characters no token has" if token else ""),
+            file=sys.stderr,
+        )
         return 2
     anyio.run(_stdio, McpConfig(api_url, bot_id, token))
     return 0

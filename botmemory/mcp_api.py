@@ -72,7 +72,9 @@ class Api:
         except httpx.HTTPError as exc:
             raise ApiError(
                 "UNAVAILABLE",
-                f"the botmemory API at {self.http.base_url} is not reachable ({type(exc).__name__})",
+                # Without the URL's user and password, if it has them: this goes to the agent.
+                f"the botmemory API at {self.http.base_url.copy_with(userinfo=b'')} is not reachable"
+                f" ({type(exc).__name__})",
             ) from None
         try:
             body: Any = response.json()

@@ -161,6 +161,10 @@ async def test_stdio_errors_carry_the_api_code(api: Api, api_process: ApiProcess
         assert colon.startswith("BAD_INPUT: ")
         assert (await error(ann, "search", query=" ", bot_id=w.bot)).startswith("BAD_INPUT: ")
         assert (await error(ann, "context", input="x", limit=0, bot_id=w.bot)).startswith("BAD_INPUT: ")
+        # The API's bound on a context (it had none here).
+        assert (await error(ann, "context", input="x", limit=100_001, bot_id=w.bot)).startswith(
+            "BAD_INPUT: limit is between 1 and 100000"
+        )
         # Arguments of the wrong type are refused alike (the SDK's words named no code), and an
         # empty bot_id is no bot_id (it fell back to BOTMEMORY_BOT_ID).
         assert (await error(ann, "search", query="x", limit="ten", bot_id=w.bot)).startswith(
@@ -186,18 +190,29 @@ async def test_stdio_errors_carry_the_api_code(api: Api, api_process: ApiProcess
     async with stdio(api_process.url, mcp_log, BOTMEMORY_TOKEN=bad, BOTMEMORY_BOT_ID=w.bot) as nobody:
         message = await error(nobody, "search", query="anything")
         assert message.startswith("UNAUTHENTICATED: ") and bad not in message
-    # The API is not there: a clear tool error, not a traceback.
-    gone = f"http://127.0.0.1:{free_port()}"
+    # The API is not there: a clear tool error, not a traceback, and not the URL's password.
+    gone = f"http://proxy:hunter2@127.0.0.1:{free_port()}"
     async with stdio(gone, mcp_log, BOTMEMORY_TOKEN=w.tokens["ann"], BOTMEMORY_BOT_ID=w.bot) as ann:
         message = await error(ann, "search", query="anything")
         assert message.startswith("UNAVAILABLE: ") and "Traceback" not in message
+        assert "hunter2" not in message and "127.0.0.1" in message
 
 
-def test_stdio_without_a_token_stops_with_one_line(api_process: ApiProcess) -> None:
+@pytest.mark.parametrize(
+    ("token", "told"),
+    [
+        ("", ""),
+        # A character no header carries: the HTTP client failed inside at the first tool call.
+        ("bm_t\u00f6ken", ": it holds characters no token has"),
+    ],
+)
+def test_stdio_without_a_usable_token_stops_with_one_line(
+    api_process: ApiProcess, token: str, told: str
+) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "botmemory.mcp"],
         cwd=ROOT,
-        env={**os.environ, **_env(api_process.url), "BOTMEMORY_TOKEN": ""},
+        env={**os.environ, **_env(api_process.url), "BOTMEMORY_TOKEN": token},
         capture_output=True,
         text=True,
         timeout=60,
@@ -205,7 +220,7 @@ def test_stdio_without_a_token_stops_with_one_line(api_process: ApiProcess) -> N
     )
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
-        "botmemory.mcp: set BOTMEMORY_TOKEN to the person's API token (or use --http)"
+        "botmemory.mcp: set BOTMEMORY_TOKEN to the person's API token (or use --http)" + told
     ]
 
 
@@ -256,3 +271,10 @@ def test_http_refuses_a_request_without_a_bearer_token(mcp_http: str) -> None:
     response = httpx.post(mcp_http, json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"}, timeout=10)
     assert response.status_code == 401
     assert response.json()["error"]["code"] == "UNAUTHENTICATED"
+    # A token no header can carry on (a byte beyond ASCII): refused alike, not failed inside
+    # when the server passed it to the API.
+    latin = [(b"Authorization", "Bearer bm_t\u00f6ken".encode("latin-1"))]
+    response = httpx.post(
+        mcp_http, json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"}, headers=latin, timeout=10
+    )
+    assert response.status_code == 401 and response.json()["error"]["code"] == "UNAUTHENTICATED"
