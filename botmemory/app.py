@@ -41,7 +41,7 @@ from resolvers.schema import build_schema
 from schema.context import Context
 from schema.errors import code_of, with_code
 from schema.fanout import encode_next
-from services import memorybot, metrics
+from services import auth, memorybot, metrics
 from services.bootstrap import open_runtime
 from services.changefeed import ChangeHub
 from services.embedding import Embedder
@@ -338,6 +338,10 @@ async def healthz(request: Request) -> JSONResponse:
 
 
 async def metrics_endpoint(request: Request) -> Response:
+    """Prometheus metrics, for operators only (services.auth.check_scraper)."""
+    proxied = "x-forwarded-for" in request.headers or "forwarded" in request.headers
+    client = request.client.host if request.client is not None else None
+    auth.check_scraper(request.state.runtime, request.headers.get("authorization"), client, proxied)
     return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
 

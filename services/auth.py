@@ -49,3 +49,29 @@ def require_person(principal: Principal) -> str:
     if principal.kind != "person" or principal.person_id is None:
         raise Forbidden("this operation needs a person's token")
     return principal.person_id
+
+
+#: The addresses of a client on this host.
+_LOOPBACK = frozenset({"127.0.0.1", "::1"})
+
+
+def check_scraper(runtime: Runtime, authorization: str | None, client: str | None, proxied: bool) -> None:
+    """Who may read the API's ``/metrics``: a request bearing the metrics token when one is set
+    (``BOTMEMORY_METRICS_TOKEN``), else only a client on this host that no proxy forwarded.
+    Metrics are operators' data: a search's candidates refused by the access check are counted,
+    so anyone who could read the counters could ask whether another organization's memory
+    holds a word (search for it, see the refusals move). Raises Unauthenticated or Forbidden."""
+    expected = runtime.settings.metrics_token
+    if expected is not None:
+        scheme, _, given = (authorization or "").strip().partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            given.strip().encode(), expected.get_secret_value().encode()
+        ):
+            raise Unauthenticated(
+                "/metrics needs the metrics token (BOTMEMORY_METRICS_TOKEN) as a bearer token"
+            )
+        return
+    if proxied or client not in _LOOPBACK:
+        raise Forbidden(
+            "/metrics answers this host only; set BOTMEMORY_METRICS_TOKEN to scrape it from elsewhere"
+        )

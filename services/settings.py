@@ -69,6 +69,10 @@ class Settings(BaseSettings):
         default_factory=list[SecretStr], description="older master keys still accepted while a rotation runs"
     )
     admin_token: SecretStr | None = None
+    #: The bearer token the API's ``/metrics`` asks for; without one it answers only clients on
+    #: this host that come through no proxy. Its counters move with what searches met, hidden
+    #: entries included, so they are operators' data (services.auth.check_scraper).
+    metrics_token: SecretStr | None = None
 
     openai_base_url: str | None = Field(default=None, validation_alias="OPENAI_BASE_URL")
     openai_api_key: SecretStr | None = Field(default=None, validation_alias="OPENAI_API_KEY")

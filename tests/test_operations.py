@@ -13,8 +13,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from services.chats import PLATFORM_READS
 from services.runtime import Runtime
+from services.settings import Settings
 from tests.client import Api, make_world
-from tests.conftest import ROOT, WorkerProcess
+from tests.conftest import ROOT, ApiProcess, WorkerProcess
 from tests.learning_helpers import (
     complete,
     confide,
@@ -100,6 +101,39 @@ async def test_the_worker_serves_the_metrics_of_its_learning(
 
 
 # --- 2. Requests ---------------------------------------------------------------------------------
+
+
+async def test_the_apis_metrics_are_for_operators_only(
+    api: Api, settings: Settings, service_env: dict[str, str]
+) -> None:
+    """The API's /metrics counts what searches met — the candidates the access check refused
+    too — so anyone reading it could ask whether another organization's memory holds a word
+    (search it, watch the refusals move). It answered anyone; now, without a metrics token, only
+    a client on this host that no proxy forwarded, and with one, only a request bearing it."""
+    assert (await api.http.get("/metrics")).status_code == 200  # this host, directly
+    for proxied in ({"X-Forwarded-For": "203.0.113.9"}, {"Forwarded": "for=203.0.113.9"}):
+        response = await api.http.get("/metrics", headers=proxied)
+        assert response.status_code == 403 and response.json()["error"]["code"] == "FORBIDDEN", proxied
+        assert "BOTMEMORY_METRICS_TOKEN" in response.json()["error"]["message"]
+    guarded = ApiProcess(
+        settings,
+        settings.data_dir / "logs" / "pytest-api-metrics.log",
+        {**service_env, "BOTMEMORY_METRICS_TOKEN": "metrics-secret-7"},
+    )
+    try:
+        async with httpx.AsyncClient(base_url=guarded.url, timeout=10) as http:
+            for given in (
+                {},
+                {"Authorization": "Bearer metrics-secret-8"},
+                {"Authorization": "metrics-secret-7"},
+            ):
+                response = await http.get("/metrics", headers=given)
+                assert response.status_code == 401 and response.json()["error"]["code"] == "UNAUTHENTICATED"
+                assert "metrics-secret" not in response.text
+            response = await http.get("/metrics", headers={"Authorization": "Bearer metrics-secret-7"})
+            assert response.status_code == 200 and "botmemory_requests_total" in response.text
+    finally:
+        guarded.stop()
 
 
 async def test_every_request_is_counted_with_its_code_and_timed_by_surface(api: Api) -> None:
