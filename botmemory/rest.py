@@ -265,7 +265,12 @@ async def _set_meta(request: Request, *, create: bool) -> Response:
     principal = await principal_of(request)
     body = await read_body(request, MetaBody)
     found = await conversation.set_chat_meta(
-        runtime_of(request), principal, request.path_params["chat_id"], body.summary, create=create
+        runtime_of(request),
+        principal,
+        request.path_params["chat_id"],
+        body.summary,
+        create=create,
+        expected=body.expected,
     )
     return respond(ChatMetaOut.model_validate(found), 201 if create else 200)
 

@@ -61,6 +61,11 @@ class MetaBody(Body):
         description="Keys of 1–200 characters (not a message id such as i-3) to text; at most "
         "20,000 characters in all."
     )
+    expected: Annotated[int, Field(ge=0, lt=2**63)] | None = Field(
+        default=None,
+        description="The meta's version you read: 409 CONFLICT when it moved since (another "
+        "replacement, or the worker's compression). Left out: replaced whatever it is.",
+    )
 
 
 class Query(BaseModel):

@@ -261,6 +261,7 @@ class ChatMetaOut(Out):
 
     chat_id: str
     summary: dict[str, str]
+    version: int = Field(description="Its summary's version (0 before the first): send it as ``expected``.")
 
 
 class ChatMetaList(Out):

@@ -173,28 +173,37 @@ class MetasRow(TypedDict):
 
 
 #: A caller's summary map (D9.30), saved as the Chat's summary covering every Item so far —
-#: ``$create``: only when the Chat has no meta yet, else only when it has (no row otherwise). The
-#: Chat is locked before the check, so a second creation waits for one in flight and then finds
-#: it, whatever plan Neo4j picks for the lookup; a compression in flight finds its
-#: compare-and-set stale.
+#: ``$create``: only when the Chat has no meta yet (``held``), else only when it has; and, with
+#: ``$expected``, only when the summary's version is still that one (``current``: a replacement
+#: by another client, or the worker's compression, moves it). The Chat is locked before the
+#: checks, so a second creation waits for one in flight and then finds it, whatever plan Neo4j
+#: picks for the lookup; a compression in flight finds its compare-and-set stale. ``version``:
+#: the version saved (null when nothing was); no row for a Chat that does not exist.
 SET_META: Final[LiteralString] = """
 MATCH (ch:Chat {id: $chatId})
 CALL apoc.lock.nodes([ch])
 OPTIONAL MATCH (old:ChatSummary {chatId: $chatId})
-WITH ch, (old IS NOT NULL AND old.text IS NOT NULL)
+WITH ch, coalesce(old.version, 0) AS current,
+     (old IS NOT NULL AND old.text IS NOT NULL)
      OR EXISTS { MATCH (i:Item) WHERE i.chatId = ch.id AND i.seq > 0 AND i.kind IN $kinds AND i.text IS NOT NULL }
      AS held
-WHERE held <> $create
-MERGE (s:ChatSummary {chatId: $chatId})
-  ON CREATE SET s.coversThroughSeq = 0, s.version = 0, s.chars = 0, s.botId = ch.botId
-SET s.text = $text, s.form = 'map', s.coversThroughSeq = ch.nextItemSeq, s.chars = $chars,
-    s.version = s.version + 1, s.updatedAt = $now, ch.unsummarizedChars = 0
-RETURN s.version AS version
+WITH ch, current, held, held <> $create AND ($expected IS NULL OR current = $expected) AS saving
+CALL (ch, saving) {
+  WITH ch WHERE saving
+  MERGE (s:ChatSummary {chatId: $chatId})
+    ON CREATE SET s.coversThroughSeq = 0, s.version = 0, s.chars = 0, s.botId = ch.botId
+  SET s.text = $text, s.form = 'map', s.coversThroughSeq = ch.nextItemSeq, s.chars = $chars,
+      s.version = s.version + 1, s.updatedAt = $now, ch.unsummarizedChars = 0
+}
+OPTIONAL MATCH (s:ChatSummary {chatId: $chatId})
+RETURN held, current, CASE WHEN saving THEN s.version END AS version
 """
 
 
 class SetMetaRow(TypedDict):
-    version: int
+    held: bool
+    current: int
+    version: int | None
 
 
 #: The Chat's route (CHAT_ROUTE) and the readers of an answer in it (CHAT_READERS; null when it
@@ -323,6 +332,7 @@ async def metas_of(
     return (0, []) if record is None else (record["total"], record["page"])
 
 
-async def set_meta(tx: AsyncManagedTransaction, **fields: Any) -> bool:
-    """Whether the map was saved (False: the Chat's meta was, or was not, there already)."""
-    return await single(tx, SET_META, SetMetaRow, **fields) is not None
+async def set_meta(tx: AsyncManagedTransaction, **fields: Any) -> SetMetaRow | None:
+    """Whether the Chat held meta, its summary's version before, and the version saved (None:
+    not saved); None for a Chat that does not exist."""
+    return await single(tx, SET_META, SetMetaRow, **fields)

@@ -1764,15 +1764,20 @@ RETURN fresh, s.version AS version
 MATCH (ch:Chat {id: $chatId})
 CALL apoc.lock.nodes([ch])
 OPTIONAL MATCH (old:ChatSummary {chatId: $chatId})
-WITH ch, (old IS NOT NULL AND old.text IS NOT NULL)
+WITH ch, coalesce(old.version, 0) AS current,
+     (old IS NOT NULL AND old.text IS NOT NULL)
      OR EXISTS { MATCH (i:Item) WHERE i.chatId = ch.id AND i.seq > 0 AND i.kind IN $kinds AND i.text IS NOT NULL }
      AS held
-WHERE held <> $create
-MERGE (s:ChatSummary {chatId: $chatId})
-  ON CREATE SET s.coversThroughSeq = 0, s.version = 0, s.chars = 0, s.botId = ch.botId
-SET s.text = $text, s.form = 'map', s.coversThroughSeq = ch.nextItemSeq, s.chars = $chars,
-    s.version = s.version + 1, s.updatedAt = $now, ch.unsummarizedChars = 0
-RETURN s.version AS version
+WITH ch, current, held, held <> $create AND ($expected IS NULL OR current = $expected) AS saving
+CALL (ch, saving) {
+  WITH ch WHERE saving
+  MERGE (s:ChatSummary {chatId: $chatId})
+    ON CREATE SET s.coversThroughSeq = 0, s.version = 0, s.chars = 0, s.botId = ch.botId
+  SET s.text = $text, s.form = 'map', s.coversThroughSeq = ch.nextItemSeq, s.chars = $chars,
+      s.version = s.version + 1, s.updatedAt = $now, ch.unsummarizedChars = 0
+}
+OPTIONAL MATCH (s:ChatSummary {chatId: $chatId})
+RETURN held, current, CASE WHEN saving THEN s.version END AS version
 
 // ---- graph.conversation.SUMMARY
 MATCH (s:ChatSummary {chatId: $chatId}) RETURN s {.*} AS summary

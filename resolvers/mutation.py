@@ -60,17 +60,24 @@ class Mutation(MemoryMutation, MemoryBotMutation):
     @strawberry.mutation(
         description="Set a chat's conversation meta (seed 004, D9.30): its owner only. `create`: only "
         "when it has none yet (else CONFLICT); otherwise only when it has (else NOT_FOUND). The entries "
-        "become the chat's summary, which the context pack, the Bot and the next compression read."
+        "become the chat's summary, which the context pack, the Bot and the next compression read. "
+        "`expected`: the meta's `version` you read (CONFLICT when it moved since: another replacement, "
+        "or the worker's compression)."
     )
     async def set_chat_meta(
-        self, info: Info, chat_id: strawberry.ID, summary: list[MetaEntryInput], create: bool = False
+        self,
+        info: Info,
+        chat_id: strawberry.ID,
+        summary: list[MetaEntryInput],
+        create: bool = False,
+        expected: int | None = None,
     ) -> ChatMeta:
         principal = await info.context.principal()  # the caller first: no token, no word on the input
         pairs = {entry.key: entry.text for entry in summary}
         if len(pairs) != len(summary):
             raise BadInput("summary names a key twice", field="summary")
         found = await conversation.set_chat_meta(
-            info.context.runtime, principal, str(chat_id), pairs, create=create
+            info.context.runtime, principal, str(chat_id), pairs, create=create, expected=expected
         )
         return ChatMeta.of(found)
 

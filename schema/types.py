@@ -296,12 +296,17 @@ class MetaEntryInput:
 class ChatMeta:
     chat_id: strawberry.ID
     summary: list[MetaEntry]
+    version: int = strawberry.field(
+        description="Its summary's version (0 before the first): send it as `expected` to `setChatMeta`; "
+        "a replacement, or the worker's compression, moves it."
+    )
 
     @classmethod
     def of(cls, meta: conversation.ChatMeta) -> ChatMeta:
         return cls(
             chat_id=strawberry.ID(meta.chat_id),
             summary=[MetaEntry(key=key, text=text) for key, text in meta.summary.items()],
+            version=meta.version,
         )
 
 

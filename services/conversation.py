@@ -187,13 +187,19 @@ class ChatMeta:
 
     chat_id: str
     summary: dict[str, str]
+    #: Its summary's version (0 before the first): a replacement, or the worker's compression,
+    #: moves it; ``set_chat_meta``'s ``expected``.
+    version: int = 0
 
 
 def _meta_of(rt: Runtime, row: conversation_q.MetaRow) -> ChatMeta:
     chat_id = row["chat"]["id"]
     cipher = chats.chat_cipher(rt, row)
+    saved = row["summary"]
     return ChatMeta(
-        chat_id, _meta_map(rt, cipher, summary_map(cipher, chat_id, row["summary"]), row["recent"])
+        chat_id,
+        _meta_map(rt, cipher, summary_map(cipher, chat_id, saved), row["recent"]),
+        0 if saved is None else saved["version"],
     )
 
 
@@ -254,11 +260,21 @@ def _checked_map(summary: dict[str, str], limit: int) -> dict[str, str]:
 
 
 async def set_chat_meta(
-    rt: Runtime, principal: Principal, chat_id: str, summary: dict[str, str], *, create: bool
+    rt: Runtime,
+    principal: Principal,
+    chat_id: str,
+    summary: dict[str, str],
+    *,
+    create: bool,
+    expected: int | None = None,
 ) -> ChatMeta:
     """The Chat owner sets its summary as seed 004's map (D9.30): it replaces the rolling summary
     and covers every message so far, so the meta is that map until the next messages. ``create``:
-    CONFLICT when the Chat has meta already; else NOT_FOUND when it has none."""
+    CONFLICT when the Chat has meta already; else NOT_FOUND when it has none. ``expected``: the
+    meta's ``version`` the caller read — CONFLICT when it moved since (another replacement, the
+    worker's compression), so that two editors never overwrite each other unseen."""
+    if expected is not None and not 0 <= expected < 2**63:
+        raise BadInput("expected is a version: a whole number, at least 0", field="expected")
     checked = _checked_map(summary, rt.settings.summary_threshold_chars)
     row = await read(rt.driver, lambda tx: chats.readable_chat(tx, principal, chat_id))
     if row["chat"]["ownerId"] != principal.person_id:
@@ -272,16 +288,23 @@ async def set_chat_meta(
             chatId=chat_id,
             kinds=META_KINDS,
             create=create,
+            expected=expected,
             text=text,
             chars=len(summary_text(checked) or ""),
             now=now_ms(),
         ),
     )
-    if not saved and create:
-        raise Conflict("this chat has meta already; replace it with PUT")
-    if not saved:
+    if saved is None:  # the Chat was deleted since it was read
+        raise NotFound("chat not found")
+    if saved["held"] == create:
+        if create:
+            raise Conflict("this chat has meta already; replace it with PUT")
         raise NotFound("this chat has no meta yet; create it with POST")
-    return ChatMeta(chat_id, dict(checked))
+    if saved["version"] is None:
+        raise Conflict(
+            f"the meta changed since you read it (version {saved['current']}, not {expected}); read it again"
+        )
+    return ChatMeta(chat_id, dict(checked), saved["version"])
 
 
 async def _preferences(rt: Runtime, route: Route, reader: memory.Reader) -> list[memory.Entry]:

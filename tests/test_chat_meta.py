@@ -52,7 +52,11 @@ async def test_meta_is_the_latest_messages_until_its_owner_sets_it(api: Api, run
     assert code(await put(api, ann, empty, {"summary": {"topic": "x"}})) == "NOT_FOUND"
     created = await put(api, ann, empty, {"summary": {"topic": "Lyon trip", "due": "Friday"}}, create=True)
     assert created.status_code == 201, created.text
-    assert created.json() == {"chatId": empty, "summary": {"topic": "Lyon trip", "due": "Friday"}}
+    assert created.json() == {
+        "chatId": empty,
+        "summary": {"topic": "Lyon trip", "due": "Friday"},
+        "version": 1,
+    }
     assert (await meta(api, ann, empty)).json() == created.json()
     assert code(await put(api, ann, empty, {"summary": {"topic": "again"}}, create=True)) == "CONFLICT"
 
@@ -65,6 +69,7 @@ async def test_meta_is_the_latest_messages_until_its_owner_sets_it(api: Api, run
     assert (await meta(api, ann, chat)).json() == {
         "chatId": chat,
         "summary": {"i-1": "Plan my trip to Lyon", "i-3": "By train?", "i-5": "Yes, by train"},
+        "version": 0,  # no summary yet
     }
     # A Chat with messages has meta: POST refuses, PUT replaces it and covers every message so far.
     assert code(await put(api, ann, chat, {"summary": {"plan": "x"}}, create=True)) == "CONFLICT"
@@ -111,10 +116,15 @@ async def test_past_the_threshold_the_meta_holds_the_workers_summary(
     [request] = model_server.requests_for("summary")
     assert '"summary": "goal: a holiday"' in request.body["messages"][1]["content"]
     await api.turn(ann, chat, "And a short one")
-    assert (await meta(api, ann, chat)).json()["summary"] == {
+    read = (await meta(api, ann, chat)).json()
+    assert read["summary"] == {
         "summary": "Ann wrote two long letters about a holiday.",
         "i-3": "And a short one",
     }
+    # The compression moved the version Ann's map was saved at (1): an edit of that map is stale.
+    assert read["version"] > 1
+    stale = await put(api, ann, chat, {"summary": {"goal": "a holiday, in Lyon"}, "expected": 1})
+    assert stale.status_code == 409 and code(stale) == "CONFLICT"
 
 
 async def test_the_list_holds_the_chats_you_may_read_that_have_meta(api: Api) -> None:
@@ -136,13 +146,13 @@ async def test_the_list_holds_the_chats_you_may_read_that_have_meta(api: Api) ->
     assert listed.status_code == 200, listed.text
     assert listed.json() == {
         "data": [
-            {"chatId": group, "summary": {"i-1": "to the team"}},
-            {"chatId": first, "summary": {"i-1": "first"}},
+            {"chatId": group, "summary": {"i-1": "to the team"}, "version": 0},
+            {"chatId": first, "summary": {"i-1": "first"}, "version": 0},
         ],
         "total": 2,
     }
     page = await api.http.get("/v1/chats/meta?limit=1&skip=1", headers=bearer(ann))
-    assert page.json() == {"data": [{"chatId": first, "summary": {"i-1": "first"}}], "total": 2}
+    assert page.json() == {"data": [{"chatId": first, "summary": {"i-1": "first"}, "version": 0}], "total": 2}
     bobs = (await api.http.get("/v1/chats/meta", headers=bearer(bob))).json()
     assert [m["chatId"] for m in bobs["data"]] == [private, group] and bobs["total"] == 2
 
@@ -250,7 +260,15 @@ async def test_a_creation_behind_one_in_flight_finds_it_and_conflicts(api: Api, 
 
     def fields(by: str) -> dict[str, Any]:
         text = cipher.encrypt(Kind.CHAT_SUMMARY, chat, json.dumps({"by": by}))
-        return {"chatId": chat, "kinds": META_KINDS, "create": True, "text": text, "chars": 6, "now": 0}
+        return {
+            "chatId": chat,
+            "kinds": META_KINDS,
+            "create": True,
+            "expected": None,
+            "text": text,
+            "chars": 6,
+            "now": 0,
+        }
 
     wrote, release = asyncio.Event(), asyncio.Event()
 
@@ -258,7 +276,7 @@ async def test_a_creation_behind_one_in_flight_finds_it_and_conflicts(api: Api, 
         saved = await conversation_q.set_meta(tx, **fields("first"))
         wrote.set()
         await release.wait()  # the transaction stays open, its locks held
-        return saved
+        return saved is not None and saved["version"] is not None
 
     held = asyncio.create_task(write(runtime.driver, first))
     await wrote.wait()
@@ -267,5 +285,46 @@ async def test_a_creation_behind_one_in_flight_finds_it_and_conflicts(api: Api, 
     )
     await until_a_transaction_waits_for_a_lock(runtime)
     release.set()
-    assert (await held, await behind) == (True, False)
+    assert await held
+    assert await behind == {"held": True, "current": 1, "version": None}
     assert (await meta(api, w.tokens["ann"], chat)).json()["summary"] == {"by": "first"}
+
+
+async def test_two_editors_of_a_meta_never_overwrite_each_other_unseen(api: Api) -> None:
+    """Concurrent edits: the meta has a version (its summary's); a replacement sent with the
+    version its editor read (``expected``) is refused with CONFLICT when another replacement came
+    first — the first stays, nothing of either is lost unseen — and saved when it did not. Without
+    ``expected`` a replacement is saved whatever the version (as before)."""
+    w = await make_world(api, ("ann",))
+    ann = w.tokens["ann"]
+    chat = await api.chat(ann, w.bot)
+    created = await put(api, ann, chat, {"summary": {"plan": "Lyon"}}, create=True)
+    assert created.status_code == 201 and created.json()["version"] == 1
+    read = (await meta(api, ann, chat)).json()["version"]  # both editors read version 1
+    first = await put(api, ann, chat, {"summary": {"plan": "Lyon by train"}, "expected": read})
+    assert first.status_code == 200 and first.json()["version"] == 2
+    second = await put(api, ann, chat, {"summary": {"plan": "Lyon by car"}, "expected": read})
+    assert second.status_code == 409 and code(second) == "CONFLICT"
+    assert "version 2" in second.json()["error"]["message"]
+    assert (await meta(api, ann, chat)).json() == {
+        "chatId": chat,
+        "summary": {"plan": "Lyon by train"},
+        "version": 2,
+    }
+    # GraphQL: the same version, the same refusal; read again, the edit goes through.
+    versioned = (
+        "mutation($c: ID!, $s: [MetaEntryInput!]!, $e: Int) {"
+        " setChatMeta(chatId: $c, summary: $s, expected: $e) { summary { key text } version } }"
+    )
+    assert await api.codes(versioned, {"c": chat, "s": pairs(plan="Lyon by car"), "e": 1}, ann) == [
+        "CONFLICT"
+    ]
+    now = (await api.gql("query($c: ID!) { chatMeta(chatId: $c) { version } }", {"c": chat}, ann))["chatMeta"]
+    saved = await api.gql(versioned, {"c": chat, "s": pairs(plan="Lyon by car"), "e": now["version"]}, ann)
+    assert saved["setChatMeta"] == {"summary": pairs(plan="Lyon by car"), "version": 3}
+    # Not a version: refused before anything is read; without one, replaced whatever it is.
+    bad = await put(api, ann, chat, {"summary": {"plan": "x"}, "expected": -1})
+    assert bad.status_code == 422 and code(bad) == "BAD_INPUT"
+    assert await api.codes(versioned, {"c": chat, "s": pairs(plan="x"), "e": -1}, ann) == ["BAD_INPUT"]
+    blind = await put(api, ann, chat, {"summary": {"plan": "Lyon, whatever"}})
+    assert blind.status_code == 200 and blind.json()["version"] == 4

@@ -373,6 +373,7 @@ class Client(AsyncBaseClient):
                 key
                 text
               }
+              version
             }
             """)
         variables: dict[str, object] = {"chatId": chat_id}
@@ -404,6 +405,7 @@ class Client(AsyncBaseClient):
                 key
                 text
               }
+              version
             }
             """)
         variables: dict[str, object] = {"limit": limit, "skip": skip}
@@ -418,11 +420,17 @@ class Client(AsyncBaseClient):
         chat_id: str,
         summary: list[MetaEntryInput],
         create: Union[Optional[bool], UnsetType] = UNSET,
+        expected: Union[Optional[int], UnsetType] = UNSET,
         **kwargs: Any,
     ) -> SetChatMetaSetChatMeta:
         query = gql("""
-            mutation SetChatMeta($chatId: ID!, $summary: [MetaEntryInput!]!, $create: Boolean) {
-              setChatMeta(chatId: $chatId, summary: $summary, create: $create) {
+            mutation SetChatMeta($chatId: ID!, $summary: [MetaEntryInput!]!, $create: Boolean, $expected: Int) {
+              setChatMeta(
+                chatId: $chatId
+                summary: $summary
+                create: $create
+                expected: $expected
+              ) {
                 ...ChatMetaFields
               }
             }
@@ -433,12 +441,14 @@ class Client(AsyncBaseClient):
                 key
                 text
               }
+              version
             }
             """)
         variables: dict[str, object] = {
             "chatId": chat_id,
             "summary": summary,
             "create": create,
+            "expected": expected,
         }
         response = await self.execute(
             query=query, operation_name="SetChatMeta", variables=variables, **kwargs

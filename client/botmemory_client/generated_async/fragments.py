@@ -12,6 +12,7 @@ from .enums import ItemKind
 class ChatMetaFields(BaseModel):
     chat_id: str = Field(alias="chatId")
     summary: list["ChatMetaFieldsSummary"]
+    version: int
 
 
 class ChatMetaFieldsSummary(BaseModel):

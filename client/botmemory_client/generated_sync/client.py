@@ -368,6 +368,7 @@ class Client(BaseClient):
                 key
                 text
               }
+              version
             }
             """)
         variables: dict[str, object] = {"chatId": chat_id}
@@ -399,6 +400,7 @@ class Client(BaseClient):
                 key
                 text
               }
+              version
             }
             """)
         variables: dict[str, object] = {"limit": limit, "skip": skip}
@@ -413,11 +415,17 @@ class Client(BaseClient):
         chat_id: str,
         summary: list[MetaEntryInput],
         create: Union[Optional[bool], UnsetType] = UNSET,
+        expected: Union[Optional[int], UnsetType] = UNSET,
         **kwargs: Any,
     ) -> SetChatMetaSetChatMeta:
         query = gql("""
-            mutation SetChatMeta($chatId: ID!, $summary: [MetaEntryInput!]!, $create: Boolean) {
-              setChatMeta(chatId: $chatId, summary: $summary, create: $create) {
+            mutation SetChatMeta($chatId: ID!, $summary: [MetaEntryInput!]!, $create: Boolean, $expected: Int) {
+              setChatMeta(
+                chatId: $chatId
+                summary: $summary
+                create: $create
+                expected: $expected
+              ) {
                 ...ChatMetaFields
               }
             }
@@ -428,12 +436,14 @@ class Client(BaseClient):
                 key
                 text
               }
+              version
             }
             """)
         variables: dict[str, object] = {
             "chatId": chat_id,
             "summary": summary,
             "create": create,
+            "expected": expected,
         }
         response = self.execute(
             query=query, operation_name="SetChatMeta", variables=variables, **kwargs
