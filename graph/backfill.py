@@ -89,10 +89,10 @@ RETURN collect(m.id) AS botIds
 #: ``$model``, when not null), and the Memory records it, under the exclusive lock (a change that
 #: leaves an entry without them sets ``kwDue`` / ``vecDue`` after this, never before it unseen).
 MARK_DONE: Final[LiteralString] = """
-MATCH (m:Memory {id: $botId})
-CALL apoc.lock.nodes([m])
-WITH m
-WHERE m.version = $version
+MATCH (held:Memory {id: $botId})
+CALL apoc.lock.nodes([held])
+MATCH (m:Memory) WHERE elementId(m) = elementId(held)
+  AND m.version = $version
 SET m.kwScheme = $scheme, m.kwDue = false
 FOREACH (_ IN CASE WHEN $model IS NULL THEN [] ELSE [1] END | SET m.vecModel = $model, m.vecDue = false)
 RETURN count(m) AS n

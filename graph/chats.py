@@ -292,9 +292,9 @@ RETURN t {.*} AS turn, coalesce(s.chars, 0) + ch.unsummarizedChars AS unsummariz
 )
 
 ALLOCATE_ITEMS: Final[LiteralString] = """
-MATCH (ch:Chat {id: $chatId})
-CALL apoc.lock.nodes([ch])
-WITH ch
+MATCH (heldC:Chat {id: $chatId})
+CALL apoc.lock.nodes([heldC])
+MATCH (ch:Chat) WHERE elementId(ch) = elementId(heldC)
 SET ch.nextItemSeq = ch.nextItemSeq + $count
 RETURN ch.nextItemSeq - $count + 1 AS first, coalesce(ch.historyEpoch, 0) AS historyEpoch
 """

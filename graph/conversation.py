@@ -86,8 +86,9 @@ class ItemsRow(TypedDict):
 #: only while the Chat's history is the one it was made from (``$historyEpoch``, D9.23: deleted
 #: meanwhile, nothing is saved — the summary would bring the deleted words back).
 SAVE_SUMMARY: Final[LiteralString] = """
-MATCH (ch:Chat {id: $chatId})
-CALL apoc.lock.nodes([ch])
+MATCH (heldC:Chat {id: $chatId})
+CALL apoc.lock.nodes([heldC])
+MATCH (ch:Chat) WHERE elementId(ch) = elementId(heldC)
 WITH ch WHERE coalesce(ch.historyEpoch, 0) = $historyEpoch
 MERGE (s:ChatSummary {chatId: $chatId})
   ON CREATE SET s.coversThroughSeq = 0, s.version = 0, s.chars = 0, s.botId = $botId

@@ -58,8 +58,9 @@ QUEUE_TURN: Final[LiteralString] = """
 MATCH (t:Turn {id: $turnId})
 CALL apoc.lock.nodes([t])
 WITH t
-MATCH (x:LearningExecution {turnId: t.id})
-WHERE x.status = 'waiting'
+MATCH (heldX:LearningExecution {turnId: t.id})
+CALL apoc.lock.nodes([heldX])
+MATCH (x:LearningExecution) WHERE elementId(x) = elementId(heldX) AND x.status = 'waiting'
 SET x.status = 'queued', x.queuedAt = $now
 RETURN collect({id: x.id, epoch: x.epoch}) AS queued
 """
@@ -156,19 +157,24 @@ class PositionRow(TypedDict):
 #: ModelCall records the entries made from its answer (a purge of them removes it, D9.20). A step
 #: whose answers were refused records its range and codes in ``setAside`` (D9.21). A step is
 #: fresh only while the Chat's history is the one its evidence was read from (``$historyEpoch``,
-#: D9.23): an answer made of words deleted since is read again without them.
+#: D9.23): an answer made of words deleted since is read again without them. The Chat is locked
+#: first (a history deletion locks it, then strips the executions) and read after the lock: read
+#: unlocked, a deletion still running was not seen, and facts made of its words were committed
+#: after it.
 COMMIT_STEP: Final[LiteralString] = """
 MATCH (heldX:LearningExecution {id: $id})
+OPTIONAL MATCH (heldC:Chat {id: heldX.chatId})
+CALL apoc.lock.nodes([c IN [heldC] WHERE c IS NOT NULL])
 CALL apoc.lock.nodes([heldX])
-WITH heldX
+WITH heldX, heldC
 MERGE (heldP:ReadPosition {id: heldX.botId + '|' + heldX.chatId})
   ON CREATE SET heldP.botId = heldX.botId, heldP.chatId = heldX.chatId, heldP.seq = 0
-WITH heldX, heldP
+WITH heldX, heldP, heldC
 CALL apoc.lock.nodes([heldP])
-WITH heldX, heldP
+WITH heldX, heldP, heldC
 MATCH (x:LearningExecution) WHERE elementId(x) = elementId(heldX)
 MATCH (p:ReadPosition) WHERE elementId(p) = elementId(heldP)
-OPTIONAL MATCH (ch:Chat {id: x.chatId})
+OPTIONAL MATCH (ch:Chat) WHERE elementId(ch) = elementId(heldC)
 WITH x, p, x.epoch = $epoch AND x.status = 'running' AS mine,
      p.seq = $start AND coalesce(ch.historyEpoch, 0) = $historyEpoch AS fresh
 FOREACH (_ IN CASE WHEN mine AND fresh THEN [1] ELSE [] END |

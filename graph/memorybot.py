@@ -115,8 +115,9 @@ WITH present, $withText AND present AS kept
 SAVE_MODEL_CALL: Final[LiteralString] = (
     EMBEDDED_KEPT
     + """
-OPTIONAL MATCH (hc:Chat {id: $chatId})
-CALL apoc.lock.nodes([x IN [hc] WHERE x IS NOT NULL])
+OPTIONAL MATCH (heldC:Chat {id: $chatId})
+CALL apoc.lock.nodes([x IN [heldC] WHERE x IS NOT NULL])
+OPTIONAL MATCH (hc:Chat) WHERE elementId(hc) = elementId(heldC)
 WITH present, kept, hc IS NULL OR coalesce(hc.historyEpoch, 0) = $historyEpoch AS held
 CREATE (c:ModelCall {id: $id, botId: $botId, chatId: $chatId, org: $org, task: $task, model: $model,
                      executionId: $executionId, epoch: $epoch, step: $step,
@@ -174,8 +175,9 @@ ANSWER_CONFESSION: Final[LiteralString] = (
     EMBEDDED_KEPT
     + """
 MATCH (f:Confession {id: $id})
-MATCH (ch:Chat {id: f.chatId})
-CALL apoc.lock.nodes([ch])
+MATCH (heldC:Chat {id: f.chatId})
+CALL apoc.lock.nodes([heldC])
+MATCH (ch:Chat) WHERE elementId(ch) = elementId(heldC)
 WITH f, present, kept, coalesce(ch.historyEpoch, 0) = $historyEpoch AS held
 SET f.answer = CASE WHEN held AND kept THEN $answer END, f.usedEntryIds = $entryIds,
     f.answerPurged = CASE WHEN present THEN null ELSE true END,
@@ -335,9 +337,10 @@ async def list_confessions(
 CREATE_ENRICHMENT: Final[LiteralString] = (
     EMBEDDED_KEPT
     + """
-MATCH (t:Turn {id: $turnId})-[:IN_CHAT]->(ch:Chat)
+MATCH (t:Turn {id: $turnId})-[:IN_CHAT]->(heldC:Chat)
 CALL apoc.lock.nodes([t])
-CALL apoc.lock.nodes([ch])
+CALL apoc.lock.nodes([heldC])
+MATCH (ch:Chat) WHERE elementId(ch) = elementId(heldC)
 WITH t, present, kept, coalesce(ch.historyEpoch, 0) = $historyEpoch AS held
 CREATE (n:Enrichment {id: $id, botId: $botId, chatId: t.chatId, turnId: t.id,
                       text: CASE WHEN held AND kept THEN $text END,

@@ -354,10 +354,10 @@ WHERE coalesce(m.kwDue, true) OR coalesce(m.kwScheme, 0) < $scheme
 RETURN collect(m.id) AS botIds
 
 // ---- graph.backfill.MARK_DONE
-MATCH (m:Memory {id: $botId})
-CALL apoc.lock.nodes([m])
-WITH m
-WHERE m.version = $version
+MATCH (held:Memory {id: $botId})
+CALL apoc.lock.nodes([held])
+MATCH (m:Memory) WHERE elementId(m) = elementId(held)
+  AND m.version = $version
 SET m.kwScheme = $scheme, m.kwDue = false
 FOREACH (_ IN CASE WHEN $model IS NULL THEN [] ELSE [1] END | SET m.vecModel = $model, m.vecDue = false)
 RETURN count(m) AS n
@@ -1109,9 +1109,9 @@ SET c.removedIds = removed
 RETURN removed
 
 // ---- graph.chats.ALLOCATE_ITEMS
-MATCH (ch:Chat {id: $chatId})
-CALL apoc.lock.nodes([ch])
-WITH ch
+MATCH (heldC:Chat {id: $chatId})
+CALL apoc.lock.nodes([heldC])
+MATCH (ch:Chat) WHERE elementId(ch) = elementId(heldC)
 SET ch.nextItemSeq = ch.nextItemSeq + $count
 RETURN ch.nextItemSeq - $count + 1 AS first, coalesce(ch.historyEpoch, 0) AS historyEpoch
 
@@ -1739,8 +1739,9 @@ RETURN [reader] AS readers, o.id AS org
 RETURN chat, botMemory, model, settings, keyMaster, keyWrapped, readers, org
 
 // ---- graph.conversation.SAVE_SUMMARY
-MATCH (ch:Chat {id: $chatId})
-CALL apoc.lock.nodes([ch])
+MATCH (heldC:Chat {id: $chatId})
+CALL apoc.lock.nodes([heldC])
+MATCH (ch:Chat) WHERE elementId(ch) = elementId(heldC)
 WITH ch WHERE coalesce(ch.historyEpoch, 0) = $historyEpoch
 MERGE (s:ChatSummary {chatId: $chatId})
   ON CREATE SET s.coversThroughSeq = 0, s.version = 0, s.chars = 0, s.botId = $botId
@@ -2220,16 +2221,18 @@ RETURN x {.id, .botId, .chatId, .turnId, .turnSeq, .epoch, .attempts} AS executi
 
 // ---- graph.learning.COMMIT_STEP
 MATCH (heldX:LearningExecution {id: $id})
+OPTIONAL MATCH (heldC:Chat {id: heldX.chatId})
+CALL apoc.lock.nodes([c IN [heldC] WHERE c IS NOT NULL])
 CALL apoc.lock.nodes([heldX])
-WITH heldX
+WITH heldX, heldC
 MERGE (heldP:ReadPosition {id: heldX.botId + '|' + heldX.chatId})
   ON CREATE SET heldP.botId = heldX.botId, heldP.chatId = heldX.chatId, heldP.seq = 0
-WITH heldX, heldP
+WITH heldX, heldP, heldC
 CALL apoc.lock.nodes([heldP])
-WITH heldX, heldP
+WITH heldX, heldP, heldC
 MATCH (x:LearningExecution) WHERE elementId(x) = elementId(heldX)
 MATCH (p:ReadPosition) WHERE elementId(p) = elementId(heldP)
-OPTIONAL MATCH (ch:Chat {id: x.chatId})
+OPTIONAL MATCH (ch:Chat) WHERE elementId(ch) = elementId(heldC)
 WITH x, p, x.epoch = $epoch AND x.status = 'running' AS mine,
      p.seq = $start AND coalesce(ch.historyEpoch, 0) = $historyEpoch AS fresh
 FOREACH (_ IN CASE WHEN mine AND fresh THEN [1] ELSE [] END |
@@ -2302,8 +2305,9 @@ RETURN coalesce(p.seq, 0) AS seq
 MATCH (t:Turn {id: $turnId})
 CALL apoc.lock.nodes([t])
 WITH t
-MATCH (x:LearningExecution {turnId: t.id})
-WHERE x.status = 'waiting'
+MATCH (heldX:LearningExecution {turnId: t.id})
+CALL apoc.lock.nodes([heldX])
+MATCH (x:LearningExecution) WHERE elementId(x) = elementId(heldX) AND x.status = 'waiting'
 SET x.status = 'queued', x.queuedAt = $now
 RETURN collect({id: x.id, epoch: x.epoch}) AS queued
 
@@ -2576,8 +2580,9 @@ WITH all(i IN $entryIds WHERE EXISTS { MATCH (e:Entry {id: i}) WHERE e.botId = $
 WITH present, $withText AND present AS kept
 
 MATCH (f:Confession {id: $id})
-MATCH (ch:Chat {id: f.chatId})
-CALL apoc.lock.nodes([ch])
+MATCH (heldC:Chat {id: f.chatId})
+CALL apoc.lock.nodes([heldC])
+MATCH (ch:Chat) WHERE elementId(ch) = elementId(heldC)
 WITH f, present, kept, coalesce(ch.historyEpoch, 0) = $historyEpoch AS held
 SET f.answer = CASE WHEN held AND kept THEN $answer END, f.usedEntryIds = $entryIds,
     f.answerPurged = CASE WHEN present THEN null ELSE true END,
@@ -2612,9 +2617,10 @@ CALL apoc.lock.read.nodes([x IN [m] WHERE x IS NOT NULL AND $withText AND size($
 WITH all(i IN $entryIds WHERE EXISTS { MATCH (e:Entry {id: i}) WHERE e.botId = $botId }) AS present
 WITH present, $withText AND present AS kept
 
-MATCH (t:Turn {id: $turnId})-[:IN_CHAT]->(ch:Chat)
+MATCH (t:Turn {id: $turnId})-[:IN_CHAT]->(heldC:Chat)
 CALL apoc.lock.nodes([t])
-CALL apoc.lock.nodes([ch])
+CALL apoc.lock.nodes([heldC])
+MATCH (ch:Chat) WHERE elementId(ch) = elementId(heldC)
 WITH t, present, kept, coalesce(ch.historyEpoch, 0) = $historyEpoch AS held
 CREATE (n:Enrichment {id: $id, botId: $botId, chatId: t.chatId, turnId: t.id,
                       text: CASE WHEN held AND kept THEN $text END,
@@ -2658,8 +2664,9 @@ CALL apoc.lock.read.nodes([x IN [m] WHERE x IS NOT NULL AND $withText AND size($
 WITH all(i IN $entryIds WHERE EXISTS { MATCH (e:Entry {id: i}) WHERE e.botId = $botId }) AS present
 WITH present, $withText AND present AS kept
 
-OPTIONAL MATCH (hc:Chat {id: $chatId})
-CALL apoc.lock.nodes([x IN [hc] WHERE x IS NOT NULL])
+OPTIONAL MATCH (heldC:Chat {id: $chatId})
+CALL apoc.lock.nodes([x IN [heldC] WHERE x IS NOT NULL])
+OPTIONAL MATCH (hc:Chat) WHERE elementId(hc) = elementId(heldC)
 WITH present, kept, hc IS NULL OR coalesce(hc.historyEpoch, 0) = $historyEpoch AS held
 CREATE (c:ModelCall {id: $id, botId: $botId, chatId: $chatId, org: $org, task: $task, model: $model,
                      executionId: $executionId, epoch: $epoch, step: $step,

@@ -9,7 +9,12 @@ serial order allows happened."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
 
+from neo4j import AsyncManagedTransaction
+
+from graph import conversation as conversation_q
 from graph import learning as learning_q
 from graph import memorybot as memorybot_q
 from graph.driver import write
@@ -18,6 +23,7 @@ from services.ids import new_id
 from services.runtime import Runtime
 from services.writepath import apply_changes
 from tests.client import Api, make_world
+from tests.learning_helpers import until_a_transaction_waits_for_a_lock
 
 RACERS = 24
 
@@ -79,3 +85,84 @@ async def test_one_of_many_concurrent_settings_changes_with_one_expected_version
         return done[0]
 
     assert sum(await asyncio.gather(*(change(n) for n in range(RACERS)))) == 1
+
+
+async def _behind_a_deletion(
+    runtime: Runtime, chat: str, save: Callable[[AsyncManagedTransaction], Awaitable[Any]]
+) -> Any:
+    """Run ``save`` (made with the Chat's history epoch 0) while a history deletion holds the Chat
+    (its epoch moved, not yet committed), and commit the deletion once the save waits for it."""
+    async with runtime.driver.session() as session:
+        deleting = await session.begin_transaction()
+        try:
+            await deleting.run(
+                "MATCH (ch:Chat {id: $c}) CALL apoc.lock.nodes([ch]) "
+                "SET ch.historyEpoch = coalesce(ch.historyEpoch, 0) + 1",
+                c=chat,
+            )
+            saving = asyncio.create_task(write(runtime.driver, save))
+            await until_a_transaction_waits_for_a_lock(runtime)
+            await deleting.commit()
+        finally:
+            if deleting.closed() is False:
+                await deleting.rollback()
+        return await saving
+
+
+async def test_a_save_behind_a_history_deletion_reads_the_epoch_the_deletion_left(
+    api: Api, runtime: Runtime
+) -> None:
+    """D9.23 under C1: a save that began before a history deletion (a confide answer, a model
+    call, a rewrite, a summary) and waits for the Chat's lock while the deletion runs must see the
+    epoch the deletion committed, and keep none of the words. The statements read the epoch on
+    the Chat as matched before the lock — the committed value, the old one — and saved them."""
+    w = await make_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    turn = (await api.turn(w.tokens["ann"], chat, "hello"))["id"]
+    confession = new_id("conf")
+    await runtime.driver.execute_query(
+        "MATCH (t:Turn {id: $t}) CREATE (:Confession {id: $id, botId: $b, chatId: $c, turnId: $t, "
+        "text: 'x', answer: null, usedEntryIds: [], createdAt: 0})-[:ABOUT]->(t)",
+        t=turn,
+        id=confession,
+        b=w.bot,
+        c=chat,
+    )
+    await _behind_a_deletion(
+        runtime,
+        chat,
+        lambda tx: memorybot_q.answer_confession(
+            tx,
+            id=confession,
+            answer="sealed answer",
+            used_entry_ids=[],
+            answered_by="model",
+            now=1,
+            history_epoch=0,
+            bot_id=w.bot,
+        ),
+    )
+    records, _, _ = await runtime.driver.execute_query(
+        "MATCH (f:Confession {id: $id}) RETURN f.answer AS answer", id=confession
+    )
+    assert [r["answer"] for r in records] == [None]
+    saved = await _behind_a_deletion(
+        runtime,
+        chat,
+        lambda tx: conversation_q.save_summary(
+            tx,
+            chatId=chat,
+            botId=w.bot,
+            historyEpoch=1,
+            after=0,
+            through=1,
+            text="sealed summary",
+            chars=14,
+            now=1,
+        ),
+    )
+    assert saved is False
+    records, _, _ = await runtime.driver.execute_query(
+        "MATCH (s:ChatSummary {chatId: $c}) RETURN s.text AS text", c=chat
+    )
+    assert [r["text"] for r in records] in ([], [None])
