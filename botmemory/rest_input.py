@@ -64,7 +64,7 @@ class MetaBody(Body):
     expected: Annotated[int, Field(ge=0, lt=2**63)] | None = Field(
         default=None,
         description="The meta's version you read: 409 CONFLICT when it moved since (another "
-        "replacement, or the worker's compression). Left out: replaced whatever it is.",
+        "replacement, the worker's compression, a history deletion). Left out: replaced whatever it is.",
     )
 
 

@@ -261,7 +261,10 @@ class ChatMetaOut(Out):
 
     chat_id: str
     summary: dict[str, str]
-    version: int = Field(description="Its summary's version (0 before the first): send it as ``expected``.")
+    version: int = Field(
+        description="Its version (0 before the first summary; a replacement, the worker's compression or a "
+        "history deletion moves it, never back): send it as ``expected``."
+    )
 
 
 class ChatMetaList(Out):

@@ -40,6 +40,9 @@ class ChatNode(TypedDict):
     #: How many times its history was deleted (absent: never): work that began before a deletion
     #: and writes after it finds it moved and keeps none of the words (D9.23).
     historyEpoch: NotRequired[int]
+    #: Its meta's version (D9.30): moved by every set of the meta, compression and history
+    #: deletion, never back (absent: the summary's own version, or 0; before session 42).
+    metaVersion: NotRequired[int]
 
 
 class ChatRow(TypedDict):

@@ -98,6 +98,7 @@ WITH ch, held
 MATCH (s:ChatSummary) WHERE elementId(s) = elementId(held)
 WITH ch, s, s.coversThroughSeq = $after AS fresh
 FOREACH (_ IN CASE WHEN fresh THEN [1] ELSE [] END |
+  SET ch.metaVersion = coalesce(ch.metaVersion, s.version) + 1
   SET s.text = $text, s.form = null, s.coversThroughSeq = $through, s.chars = $chars,
       s.version = s.version + 1, s.updatedAt = $now)
 WITH ch, s, fresh
@@ -115,7 +116,14 @@ class SavedSummaryRow(TypedDict):
     version: int
 
 
-DELETE_SUMMARY: Final[LiteralString] = "MATCH (s:ChatSummary {chatId: $chatId}) DETACH DELETE s"
+#: The Chat's summary deleted with its history (D9.23); the meta's version moves on, never back,
+#: so an editor who read the meta before cannot set it over what follows (D9.30).
+DELETE_SUMMARY: Final[LiteralString] = """
+MATCH (ch:Chat {id: $chatId})
+OPTIONAL MATCH (s:ChatSummary {chatId: $chatId})
+SET ch.metaVersion = coalesce(ch.metaVersion, s.version, 0) + 1
+DETACH DELETE s
+"""
 
 #: For each Chat of $chatIds: the Chat with its Bot's wrapped key, its summary (None before the
 #: first) and its latest Items of the kinds $kinds after what the summary covers, newest first, at
@@ -175,29 +183,31 @@ class MetasRow(TypedDict):
 
 #: A caller's summary map (D9.30), saved as the Chat's summary covering every Item so far —
 #: ``$create``: only when the Chat has no meta yet (``held``), else only when it has; and, with
-#: ``$expected``, only when the summary's version is still that one (``current``: a replacement
-#: by another client, or the worker's compression, moves it). The Chat is locked before the
-#: checks, so a second creation waits for one in flight and then finds it, whatever plan Neo4j
-#: picks for the lookup; a compression in flight finds its compare-and-set stale. ``version``:
-#: the version saved (null when nothing was); no row for a Chat that does not exist.
+#: ``$expected``, only when the meta's version is still that one (``current``: a replacement by
+#: another client, the worker's compression or a history deletion moves it; kept on the Chat, it
+#: never goes back). The Chat is locked before the checks and read again after the lock (C1), so
+#: a second creation waits for one in flight and then finds it, whatever plan Neo4j picks for the
+#: lookup; a compression in flight finds its compare-and-set stale. ``version``: the version saved
+#: (null when nothing was); no row for a Chat that does not exist.
 SET_META: Final[LiteralString] = """
-MATCH (ch:Chat {id: $chatId})
-CALL apoc.lock.nodes([ch])
+MATCH (heldC:Chat {id: $chatId})
+CALL apoc.lock.nodes([heldC])
+MATCH (ch:Chat) WHERE elementId(ch) = elementId(heldC)
 OPTIONAL MATCH (old:ChatSummary {chatId: $chatId})
-WITH ch, coalesce(old.version, 0) AS current,
+WITH ch, coalesce(ch.metaVersion, old.version, 0) AS current,
      (old IS NOT NULL AND old.text IS NOT NULL)
      OR EXISTS { MATCH (i:Item) WHERE i.chatId = ch.id AND i.seq > 0 AND i.kind IN $kinds AND i.text IS NOT NULL }
      AS held
 WITH ch, current, held, held <> $create AND ($expected IS NULL OR current = $expected) AS saving
-CALL (ch, saving) {
+CALL (ch, current, saving) {
   WITH ch WHERE saving
   MERGE (s:ChatSummary {chatId: $chatId})
     ON CREATE SET s.coversThroughSeq = 0, s.version = 0, s.chars = 0, s.botId = ch.botId
   SET s.text = $text, s.form = 'map', s.coversThroughSeq = ch.nextItemSeq, s.chars = $chars,
-      s.version = s.version + 1, s.updatedAt = $now, ch.unsummarizedChars = 0
+      s.version = s.version + 1, s.updatedAt = $now, ch.unsummarizedChars = 0,
+      ch.metaVersion = current + 1
 }
-OPTIONAL MATCH (s:ChatSummary {chatId: $chatId})
-RETURN held, current, CASE WHEN saving THEN s.version END AS version
+RETURN held, current, CASE WHEN saving THEN current + 1 END AS version
 """
 
 

@@ -1618,7 +1618,10 @@ WHERE (NOT $activeOnly OR e.status = 'active') AND e.status <> 'retracted' AND
 RETURN collect(e.id) AS ids
 
 // ---- graph.conversation.DELETE_SUMMARY
-MATCH (s:ChatSummary {chatId: $chatId}) DETACH DELETE s
+MATCH (ch:Chat {id: $chatId})
+OPTIONAL MATCH (s:ChatSummary {chatId: $chatId})
+SET ch.metaVersion = coalesce(ch.metaVersion, s.version, 0) + 1
+DETACH DELETE s
 
 // ---- graph.conversation.ITEMS_AFTER
 MATCH (i:Item)
@@ -1751,6 +1754,7 @@ WITH ch, held
 MATCH (s:ChatSummary) WHERE elementId(s) = elementId(held)
 WITH ch, s, s.coversThroughSeq = $after AS fresh
 FOREACH (_ IN CASE WHEN fresh THEN [1] ELSE [] END |
+  SET ch.metaVersion = coalesce(ch.metaVersion, s.version) + 1
   SET s.text = $text, s.form = null, s.coversThroughSeq = $through, s.chars = $chars,
       s.version = s.version + 1, s.updatedAt = $now)
 WITH ch, s, fresh
@@ -1762,23 +1766,24 @@ FOREACH (_ IN CASE WHEN fresh THEN [1] ELSE [] END | SET ch.unsummarizedChars = 
 RETURN fresh, s.version AS version
 
 // ---- graph.conversation.SET_META
-MATCH (ch:Chat {id: $chatId})
-CALL apoc.lock.nodes([ch])
+MATCH (heldC:Chat {id: $chatId})
+CALL apoc.lock.nodes([heldC])
+MATCH (ch:Chat) WHERE elementId(ch) = elementId(heldC)
 OPTIONAL MATCH (old:ChatSummary {chatId: $chatId})
-WITH ch, coalesce(old.version, 0) AS current,
+WITH ch, coalesce(ch.metaVersion, old.version, 0) AS current,
      (old IS NOT NULL AND old.text IS NOT NULL)
      OR EXISTS { MATCH (i:Item) WHERE i.chatId = ch.id AND i.seq > 0 AND i.kind IN $kinds AND i.text IS NOT NULL }
      AS held
 WITH ch, current, held, held <> $create AND ($expected IS NULL OR current = $expected) AS saving
-CALL (ch, saving) {
+CALL (ch, current, saving) {
   WITH ch WHERE saving
   MERGE (s:ChatSummary {chatId: $chatId})
     ON CREATE SET s.coversThroughSeq = 0, s.version = 0, s.chars = 0, s.botId = ch.botId
   SET s.text = $text, s.form = 'map', s.coversThroughSeq = ch.nextItemSeq, s.chars = $chars,
-      s.version = s.version + 1, s.updatedAt = $now, ch.unsummarizedChars = 0
+      s.version = s.version + 1, s.updatedAt = $now, ch.unsummarizedChars = 0,
+      ch.metaVersion = current + 1
 }
-OPTIONAL MATCH (s:ChatSummary {chatId: $chatId})
-RETURN held, current, CASE WHEN saving THEN s.version END AS version
+RETURN held, current, CASE WHEN saving THEN current + 1 END AS version
 
 // ---- graph.conversation.SUMMARY
 MATCH (s:ChatSummary {chatId: $chatId}) RETURN s {.*} AS summary

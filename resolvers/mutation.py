@@ -62,7 +62,7 @@ class Mutation(MemoryMutation, MemoryBotMutation):
         "when it has none yet (else CONFLICT); otherwise only when it has (else NOT_FOUND). The entries "
         "become the chat's summary, which the context pack, the Bot and the next compression read. "
         "`expected`: the meta's `version` you read (CONFLICT when it moved since: another replacement, "
-        "or the worker's compression)."
+        "the worker's compression, a history deletion)."
     )
     async def set_chat_meta(
         self,

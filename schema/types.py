@@ -297,8 +297,8 @@ class ChatMeta:
     chat_id: strawberry.ID
     summary: list[MetaEntry]
     version: int = strawberry.field(
-        description="Its summary's version (0 before the first): send it as `expected` to `setChatMeta`; "
-        "a replacement, or the worker's compression, moves it."
+        description="Its version (0 before the first summary): send it as `expected` to `setChatMeta`; "
+        "a replacement, the worker's compression or a history deletion moves it, never back."
     )
 
     @classmethod

@@ -187,8 +187,8 @@ class ChatMeta:
 
     chat_id: str
     summary: dict[str, str]
-    #: Its summary's version (0 before the first): a replacement, or the worker's compression,
-    #: moves it; ``set_chat_meta``'s ``expected``.
+    #: Its version (0 before the first summary): a replacement, the worker's compression or a
+    #: history deletion moves it, never back; ``set_chat_meta``'s ``expected``.
     version: int = 0
 
 
@@ -196,10 +196,11 @@ def _meta_of(rt: Runtime, row: conversation_q.MetaRow) -> ChatMeta:
     chat_id = row["chat"]["id"]
     cipher = chats.chat_cipher(rt, row)
     saved = row["summary"]
+    summary_version = 0 if saved is None else saved["version"]
     return ChatMeta(
         chat_id,
         _meta_map(rt, cipher, summary_map(cipher, chat_id, saved), row["recent"]),
-        0 if saved is None else saved["version"],
+        row["chat"].get("metaVersion", summary_version),
     )
 
 
@@ -272,7 +273,8 @@ async def set_chat_meta(
     and covers every message so far, so the meta is that map until the next messages. ``create``:
     CONFLICT when the Chat has meta already; else NOT_FOUND when it has none. ``expected``: the
     meta's ``version`` the caller read — CONFLICT when it moved since (another replacement, the
-    worker's compression), so that two editors never overwrite each other unseen."""
+    worker's compression, a history deletion), so that two editors never overwrite each other
+    unseen."""
     if expected is not None and not 0 <= expected < 2**63:
         raise BadInput("expected is a version: a whole number, at least 0", field="expected")
     checked = _checked_map(summary, rt.settings.summary_threshold_chars)

@@ -328,3 +328,13 @@ async def test_two_editors_of_a_meta_never_overwrite_each_other_unseen(api: Api)
     assert await api.codes(versioned, {"c": chat, "s": pairs(plan="x"), "e": -1}, ann) == ["BAD_INPUT"]
     blind = await put(api, ann, chat, {"summary": {"plan": "Lyon, whatever"}})
     assert blind.status_code == 200 and blind.json()["version"] == 4
+    # A history deletion moves the version too, and it never goes back: an editor who read 4
+    # before it cannot set the meta over one created after it (the summary's own count began
+    # again at 1 with it).
+    await api.turn(ann, chat, "Lyon it is")
+    await api.gql("mutation($c: ID!) { deleteChatHistory(chatId: $c) { items } }", {"c": chat}, ann)
+    again = await put(api, ann, chat, {"summary": {"plan": "Nice"}}, create=True)
+    assert again.status_code == 201 and again.json()["version"] == 6
+    late = await put(api, ann, chat, {"summary": {"plan": "Lyon"}, "expected": 4})
+    assert late.status_code == 409 and code(late) == "CONFLICT"
+    assert (await meta(api, ann, chat)).json()["summary"] == {"plan": "Nice"}
