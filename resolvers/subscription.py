@@ -87,13 +87,17 @@ class Subscription:
     )
     async def turn_events(self, info: Info, chat_id: strawberry.ID) -> AsyncGenerator[TurnEvent]:
         principal = await info.context.principal()
-        chat = await chats.get_chat(info.context.runtime, principal, str(chat_id))
         hub = info.context.turn_hub
-        if chat is None:
-            raise NotFound("chat not found")
         if hub is None or principal.person_id is None or principal.token_id is None:
             raise Unauthenticated("subscriptions need a person's token")
-        async with hub.subscribe(chat.id, principal.person_id, principal.token_id) as sub:
+        # Registered first, then checked: a removal (or a revoked token) whose re-check of the
+        # Chat's followers ran between a check made first and the registration ended no stream,
+        # and the reply deltas, which are not checked one by one, reached the removed person.
+        async with hub.subscribe(str(chat_id), principal.person_id, principal.token_id) as sub:
+            chat = await chats.get_chat(info.context.runtime, principal, str(chat_id))
+            if chat is None:
+                raise NotFound("chat not found")
+            await hub.recheck(chat.id)  # the token, now that the stream is registered
             while True:
                 event = await _next(sub.queue, principal)
                 if event is None and sub.too_slow:

@@ -121,6 +121,11 @@ class TurnHub:
             except Exception as exc:  # live-only: the Turn's Items are in the chat for anyone who missed it
                 log.warning("a turn event was not announced to other API processes (%s)", type(exc).__name__)
 
+    async def recheck(self, chat_id: str) -> None:
+        """End the streams of ``chat_id`` whose person is no longer one of its people, or whose
+        token is gone (a stream just registered: what changed before it was)."""
+        await self._recheck(chat_id)
+
     async def _recheck(self, *chat_ids: str) -> None:
         """End the streams of people who are no longer people of their Chat, or whose token is
         gone: the Chats ``chat_ids`` (those followed here), in one statement."""
