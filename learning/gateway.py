@@ -116,6 +116,24 @@ def request_hash(cipher: Cipher, body: dict[str, Any]) -> str:
     return cipher.digest(Kind.MODEL_REQUEST, json.dumps(body, sort_keys=True))
 
 
+def _tokens(usage: object) -> tuple[int, int] | None:
+    """A response's usage as (prompt, completion) tokens, or None — unknown, as when a provider
+    gives none — unless both are whole numbers of at least 0: the client does not check what a
+    provider sends, and a null or a string raised past the save (the call neither saved nor
+    charged), a negative count lowered the budget's spend."""
+    prompt, completion = getattr(usage, "prompt_tokens", None), getattr(usage, "completion_tokens", None)
+    counts = (prompt, completion)
+    if all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in counts):
+        return cast(tuple[int, int], counts)
+    return None
+
+
+def _text(value: object) -> str:
+    """A field of a tool call as the protocol gives it, a string; anything else (null, an object)
+    is empty — its arguments then fail to parse, a violation of the answer as any malformed one."""
+    return value if isinstance(value, str) else ""
+
+
 def cost_micros(settings: Settings, model: str, usage: tuple[int, int] | None) -> int | None:
     """Confirmed cost from the price table; None when usage or the price is unknown."""
     price = settings.model_prices.get(model) or settings.model_prices.get("*")
@@ -328,16 +346,16 @@ class Gateway:
         )
         message = response.choices[0].message
         calls = tuple(
-            ToolCall(c.id, c.function.name, c.function.arguments)
+            ToolCall(_text(c.id), _text(c.function.name), _text(c.function.arguments))
             for c in (message.tool_calls or [])
             if c.type == "function"
         )
-        usage = response.usage
+        content = message.content
         return Completion(
             call_id,
-            None if message.content is None else storable(message.content),
+            storable(content) if isinstance(content, str) else None,
             calls,
-            None if usage is None else (usage.prompt_tokens, usage.completion_tokens),
+            _tokens(response.usage),
         )
 
     async def _stream(
@@ -363,11 +381,11 @@ class Gateway:
         finished = False
         async for chunk in stream:
             if chunk.usage is not None:
-                usage = (chunk.usage.prompt_tokens, chunk.usage.completion_tokens)
+                usage = _tokens(chunk.usage)
             for choice in chunk.choices:
                 finished = finished or choice.finish_reason is not None
                 delta = choice.delta
-                if delta.content:
+                if isinstance(delta.content, str) and delta.content:
                     piece = storable(delta.content)
                     text.append(piece)
                     if on_text is not None and piece:
@@ -375,11 +393,11 @@ class Gateway:
                 for tc in delta.tool_calls or []:
                     slot = calls.setdefault(tc.index, ["", "", ""])
                     if tc.id:
-                        slot[0] = tc.id
+                        slot[0] = _text(tc.id)
                     if tc.function and tc.function.name:
-                        slot[1] += tc.function.name
+                        slot[1] += _text(tc.function.name)
                     if tc.function and tc.function.arguments:
-                        slot[2] += tc.function.arguments
+                        slot[2] += _text(tc.function.arguments)
         if not finished:
             raise _Unfinished  # cut short: its text so far was never a whole answer
         tool_calls = tuple(ToolCall(i, n, a) for _, (i, n, a) in sorted(calls.items()))

@@ -214,7 +214,7 @@ def checked(model: type[M], arguments: str) -> M | None:
     try:
         parsed = json.loads(arguments)
         return model.model_validate(parsed) if isinstance(parsed, dict) else None
-    except (ValueError, RecursionError):  # ValidationError is a ValueError
+    except (ValueError, RecursionError, TypeError):  # ValidationError is a ValueError
         return None
 
 
@@ -226,7 +226,7 @@ def parse(name: str, arguments: str, path: str) -> Arguments:
         raise Violation("unknown_tool", f"{path}.name")
     try:
         parsed = json.loads(arguments)
-    except (ValueError, RecursionError):
+    except (ValueError, RecursionError, TypeError):
         raise Violation("malformed_arguments", f"{path}.arguments") from None
     if not isinstance(parsed, dict):
         raise Violation("malformed_arguments", f"{path}.arguments")

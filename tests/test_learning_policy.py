@@ -6,8 +6,10 @@ state) leaves the position for a later execution; the output's text is nowhere i
 
 from __future__ import annotations
 
+import json
 import secrets
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -74,6 +76,11 @@ async def test_hostile_answers_are_rejected_whole(
         ("policy:unknown_entry", lambda i: learn(("invalidate", {"entry_id": foreign_entry}))),
         ("policy:malformed_arguments", lambda i: learn(("add_fact", '{"content": "' + CANARY + '", '))),
         ("policy:unknown_tool", lambda i: learn(("drop_everything", {"why": CANARY}))),
+        # Arguments that are not a string (null, an object) as a provider may send them: the
+        # client does not check, and json.loads raised a TypeError past the step's checks — the
+        # execution failed "internal" with the position unchanged, every later one alike.
+        ("policy:malformed_arguments", lambda i: raw_call("add_fact", None)),
+        ("policy:malformed_arguments", lambda i: raw_call("add_fact", {"content": CANARY})),
         (
             "policy:unknown_field",
             lambda i: learn(
@@ -103,6 +110,22 @@ async def test_hostile_answers_are_rejected_whole(
         ),
         ("model:too_large", lambda i: Reply(text=CANARY + "x" * 10_000_000)),
     ]
+
+    def raw_call(name: str, arguments: Any) -> Reply:
+        """An answer of one tool call whose ``arguments`` are sent as the JSON value given."""
+        call = {"id": "call_raw", "type": "function", "function": {"name": name, "arguments": arguments}}
+        message = {"role": "assistant", "content": None, "tool_calls": [call]}
+        choice = {"index": 0, "message": message, "finish_reason": "tool_calls", "logprobs": None}
+        completion = {
+            "id": "chatcmpl-raw",
+            "object": "chat.completion",
+            "created": 0,
+            "model": "scripted-model",
+            "choices": [choice],
+            "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+        }
+        return Reply(body=json.dumps(completion).encode())
+
     for n, (expected, reply) in enumerate(cases):
         chat = await api.chat(w.tokens["ann"], w.bot)
         notice_turn = await api.turn(platform, chat, "the Bot was updated", notice=True)

@@ -335,6 +335,45 @@ async def test_missing_usage_is_recorded_unknown_and_not_charged(
     assert first["attempts"] == 1 and first["attemptLog"][0].startswith("ok:")
 
 
+async def test_usage_that_is_not_a_count_is_unknown_never_a_failure_or_a_refund(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    """The openai client does not check a response's types: a usage of null or text raised a
+    TypeError past the save (the call neither saved nor charged, confide a 500 INTERNAL after
+    its confession was committed), and a negative count lowered the budget's spend. Such usage is
+    unknown now (D9.12: recorded, not charged), and the answer is given as any other."""
+    w = await memory_world(api, ("ann",))
+    await patch(
+        api, w.tokens["ann"], w.bot, {"expected": 0, "budget": {"period": "day", "limitMicros": 1000}}
+    )
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    turn = await api.turn(w.tokens["ann"], chat, "hello")
+
+    def answer(usage: dict[str, Any]) -> Reply:
+        message = {"role": "assistant", "content": "Thank you."}
+        completion = {
+            "id": "chatcmpl-raw",
+            "object": "chat.completion",
+            "created": 0,
+            "model": "scripted-model",
+            "choices": [{"index": 0, "message": message, "finish_reason": "stop", "logprobs": None}],
+            "usage": usage,
+        }
+        return Reply(body=json.dumps(completion).encode())
+
+    odd = [
+        {"prompt_tokens": None, "completion_tokens": 5, "total_tokens": 5},
+        {"prompt_tokens": "many", "completion_tokens": 5, "total_tokens": 5},
+        {"prompt_tokens": -1_000_000, "completion_tokens": 5, "total_tokens": -999_995},
+    ]
+    model_server.script("confide", *[answer(u) for u in odd], Reply(text="Thanks again.", usage=(100, 50)))
+    for _ in range(len(odd) + 1):
+        assert await confide(api, w.tokens["ann"], turn["id"]) in ("Thank you.", "Thanks again.")
+    assert (await settings_of(api, w.tokens["ann"], w.bot))["spent"] == {"micros": 200, "unknownCalls": 3}
+    calls = await model_calls(runtime, w.bot)
+    assert [(c["status"], c["usageKnown"]) for c in calls] == [("ok", False)] * 3 + [("ok", True)]
+
+
 async def test_a_shared_bot_uses_the_model_and_budget_of_the_chats_organization(
     api: Api, runtime: Runtime, model_server: ModelServer
 ) -> None:
