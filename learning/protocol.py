@@ -207,5 +207,10 @@ def changes_from(
                 changes.append(RenameTopic(args.from_, args.to))
             case toolcalls.Share():
                 entry = entry_ref(args.entry_id, f"{path}.entry_id")
+                if entry in added.values():
+                    # A new entry's audience is its sources' (V6): wider is refused, and only the
+                    # commit could tell (the shares are checked before it against what is stored),
+                    # so every later step of the Chat got the same answer and failed again.
+                    raise Violation("share_of_new_entry", f"{path}.entry_id")
                 changes.append(Share(entry, tuple(args.audience)))
     return changes

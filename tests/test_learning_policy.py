@@ -29,7 +29,7 @@ from tests.learning_helpers import (
     wait_executions,
 )
 from tests.memory_helpers import fact, said, visible
-from tests.model_server import ModelServer, Reply
+from tests.model_server import ModelServer, Reply, ToolCall
 from tests.test_encryption import files_containing
 
 CANARY = "CANARY" + secrets.token_hex(10)
@@ -102,6 +102,19 @@ async def test_hostile_answers_are_rejected_whole(
         (
             "policy:share_outside_sources",
             lambda i: learn(("share", {"entry_id": kept, "audience": ["for:bot"]})),
+        ),
+        # A share of the fact the same answer adds (by its call's id): the shares' check before
+        # the commit passed it by (not stored yet) and the commit refused it, every time.
+        (
+            "policy:share_of_new_entry",
+            lambda i: Reply(
+                tool_calls=[
+                    ToolCall(
+                        "add_fact", {"content": CANARY, "source_item_ids": [i["person"]]}, id="call_new"
+                    ),
+                    ToolCall("share", {"entry_id": "call_new", "audience": ["for:bot"]}),
+                ]
+            ),
         ),
         # A valid fact followed by a violation: nothing of the step is applied (D9.10).
         (
