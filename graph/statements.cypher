@@ -3188,8 +3188,9 @@ ORDER BY depth, entry
 // ---- graph.sweeps.BUDGET_WAITING
 MATCH (x:LearningExecution)
 WHERE x.status = 'budget'
-WITH x LIMIT $limit
-RETURN collect({id: x.id, botId: x.botId}) AS waiting
+WITH DISTINCT x.botId AS botId
+WITH botId ORDER BY rand() LIMIT $limit
+RETURN collect(botId) AS bots
 
 // ---- graph.sweeps.LIST_EXECUTIONS
 MATCH (x:LearningExecution) USING INDEX x:LearningExecution(chatId, createdAt, id)

@@ -60,22 +60,21 @@ RETURN collect({id: x.id, epoch: x.epoch}) AS queued
 """
 
 
-#: Executions waiting for budget, with their Bot (the caller checks each Bot's budget).
+#: Up to ``$limit`` Bots with executions waiting for budget, drawn at random each sweep (the caller
+#: checks each Bot's budget). The first ``$limit`` executions found were the same every sweep: a
+#: Bot with that many waiting on a budget still spent hid every other Bot's, whose new period
+#: was never released.
 BUDGET_WAITING: Final[LiteralString] = """
 MATCH (x:LearningExecution)
 WHERE x.status = 'budget'
-WITH x LIMIT $limit
-RETURN collect({id: x.id, botId: x.botId}) AS waiting
+WITH DISTINCT x.botId AS botId
+WITH botId ORDER BY rand() LIMIT $limit
+RETURN collect(botId) AS bots
 """
 
 
-class Waiting(TypedDict):
-    id: str
-    botId: str
-
-
 class WaitingRow(TypedDict):
-    waiting: list[Waiting]
+    bots: list[str]
 
 
 #: Release executions waiting for budget (a new period, or a PATCH that raised the limit).
@@ -99,9 +98,10 @@ async def sweep(tx: AsyncManagedTransaction, query: LiteralString, **params: Any
     return [] if record is None else record["queued"]
 
 
-async def budget_waiting(tx: AsyncManagedTransaction, *, limit: int) -> list[Waiting]:
+async def budget_waiting(tx: AsyncManagedTransaction, *, limit: int) -> list[str]:
+    """The Bots (BUDGET_WAITING)."""
     record = await single(tx, BUDGET_WAITING, WaitingRow, limit=limit)
-    return [] if record is None else record["waiting"]
+    return [] if record is None else record["bots"]
 
 
 async def release_budget(tx: AsyncManagedTransaction, *, bot_id: str, now: int) -> list[Queued]:

@@ -42,7 +42,7 @@ async def sweep_once(rt: Runtime) -> int:
     await enqueue_executions(rt, queued)
     released = 0
     waiting = await read(rt.driver, lambda tx: sweeps_q.budget_waiting(tx, limit=limit))
-    for bot_id in sorted({w["botId"] for w in waiting}):
+    for bot_id in sorted(waiting):
         row = await read(rt.driver, lambda tx, b=bot_id: memorybot.settings(tx, bot_id=b))
         if row is not None:
             released += await release_budget_waiting(rt, bot_id, MemoryBotSettings.of(row))

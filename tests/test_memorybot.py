@@ -11,9 +11,12 @@ from typing import Any
 import httpx
 import pytest
 
+from graph import sweeps as sweeps_q
+from graph.driver import read
 from learning.gateway import FIXED_CALM_ANSWER, Gateway, Route, StepKey
 from learning.sweeper import sweep_once
 from services.crypto import Kind
+from services.ids import new_id
 from services.memory import cipher_of
 from services.runtime import Runtime
 from services.settings import Settings
@@ -307,6 +310,31 @@ async def test_learning_waiting_for_budget_resumes_next_period(
     )
     [x] = await wait_executions(runtime, turn["id"], within=10)
     assert x["status"] == "done" and x["learned"] == 1
+
+
+async def test_the_sweep_looks_at_every_bot_whose_learning_waits_for_budget(runtime: Runtime) -> None:
+    """D9.12: the sweeper releases a Bot's budget waits once its budget is free. It looked at the
+    first 200 waiting executions, the same ones every sweep: a Bot with that many waiting on a
+    budget still spent hid every other Bot, whose new period was never released. It looks at
+    Bots now (up to 200 a sweep, drawn at random when there are more)."""
+    hog, other = new_id("bot"), new_id("bot")
+    await runtime.driver.execute_query(
+        "UNWIND range(1, 250) AS n CREATE (:LearningExecution {id: $b + '-' + toString(n), botId: $b,"
+        " chatId: 'c', turnId: 't', turnSeq: 1, epoch: 0, attempts: 0, status: 'budget'})",
+        b=hog,
+    )
+    await runtime.driver.execute_query(
+        "CREATE (:LearningExecution {id: $b + '-1', botId: $b, chatId: 'c', turnId: 't', turnSeq: 1,"
+        " epoch: 0, attempts: 0, status: 'budget'})",
+        b=other,
+    )
+    try:
+        bots = await read(runtime.driver, lambda tx: sweeps_q.budget_waiting(tx, limit=200))
+        assert {hog, other} <= set(bots) and len(bots) == len(set(bots))
+    finally:
+        await runtime.driver.execute_query(
+            "MATCH (x:LearningExecution) WHERE x.botId IN $b DETACH DELETE x", b=[hog, other]
+        )
 
 
 async def test_missing_usage_is_recorded_unknown_and_not_charged(
