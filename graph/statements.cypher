@@ -3219,7 +3219,13 @@ WITH held
 MATCH (x:LearningExecution) WHERE elementId(x) = elementId(held)
 WITH x
 WHERE x.status = 'running' AND x.leaseUntil < $now
-SET x.epoch = x.epoch + 1, x.status = 'queued', x.queuedAt = $now, x.leaseUntil = null
+SET x.expiries = coalesce(x.expiries, 0) + 1, x.leaseUntil = null
+WITH x, x.expiries >= $maxExpiries AS crashed
+FOREACH (_ IN CASE WHEN crashed THEN [1] ELSE [] END |
+  SET x.status = 'failed', x.error = 'crashed', x.endedAt = $now)
+FOREACH (_ IN CASE WHEN crashed THEN [] ELSE [1] END |
+  SET x.epoch = x.epoch + 1, x.status = 'queued', x.queuedAt = $now)
+WITH x WHERE NOT crashed
 RETURN collect({id: x.id, epoch: x.epoch}) AS queued
 
 // ---- graph.sweeps.SWEEP_IDLE_TURNS

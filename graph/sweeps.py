@@ -10,9 +10,14 @@ from neo4j import AsyncManagedTransaction
 from graph.driver import rows, single
 from graph.learning import Queued, QueuedRow
 
-#: Sweeper (D9.9): expired leases start a new epoch; queued executions nobody took are enqueued
-#: again; waiting ones whose Turn completed or went idle (D9.11) are queued. Each returns what to
-#: enqueue.
+#: How many times an execution's lease may run out before it ends ``failed`` with the error
+#: ``crashed``: a worker that dies on it (killed for its memory, say) left it to a new epoch, the
+#: same work and the same death, for ever, taking every job of that worker down with it each time.
+EXPIRIES_BEFORE_FAILING: Final = 5
+
+#: Sweeper (D9.9): expired leases start a new epoch (the EXPIRIES_BEFORE_FAILING-th ends it
+#: failed, ``crashed``); queued executions nobody took are enqueued again; waiting ones whose Turn
+#: completed or went idle (D9.11) are queued. Each returns what to enqueue.
 SWEEP_EXPIRED: Final[LiteralString] = """
 MATCH (x:LearningExecution)
 WHERE x.status = 'running' AND x.leaseUntil < $now
@@ -22,7 +27,13 @@ WITH held
 MATCH (x:LearningExecution) WHERE elementId(x) = elementId(held)
 WITH x
 WHERE x.status = 'running' AND x.leaseUntil < $now
-SET x.epoch = x.epoch + 1, x.status = 'queued', x.queuedAt = $now, x.leaseUntil = null
+SET x.expiries = coalesce(x.expiries, 0) + 1, x.leaseUntil = null
+WITH x, x.expiries >= $maxExpiries AS crashed
+FOREACH (_ IN CASE WHEN crashed THEN [1] ELSE [] END |
+  SET x.status = 'failed', x.error = 'crashed', x.endedAt = $now)
+FOREACH (_ IN CASE WHEN crashed THEN [] ELSE [1] END |
+  SET x.epoch = x.epoch + 1, x.status = 'queued', x.queuedAt = $now)
+WITH x WHERE NOT crashed
 RETURN collect({id: x.id, epoch: x.epoch}) AS queued
 """
 

@@ -14,10 +14,11 @@ import json
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
+import httpx2
 import openai
 from openai import AsyncOpenAI
 from openai.types.chat import ChatCompletion
@@ -48,6 +49,59 @@ FIXED_CALM_ANSWER = (
 )
 
 _RETRYABLE_STATUS = {408, 409, 429, 500, 502, 503, 504}
+
+
+class _TooLarge(Exception):
+    """The provider's answer passed the bytes a call may read (``_Capped``)."""
+
+
+class _Capped(httpx2.AsyncByteStream):
+    """A response body that stops at ``limit`` bytes (``_TooLarge``): read whole before its size
+    was looked at, an answer of hundreds of MB was held several times over in memory, and a
+    worker killed for it lost the call unsaved — a new epoch, the same answer, again."""
+
+    def __init__(self, inner: httpx2.AsyncByteStream, limit: int) -> None:
+        self._inner = inner
+        self._limit = limit
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        read = 0
+        async for chunk in self._inner:
+            read += len(chunk)
+            if read > self._limit:
+                raise _TooLarge
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+class _Bounded(httpx2.AsyncBaseTransport):
+    """A transport whose response bodies are ``_Capped``."""
+
+    def __init__(self, limit: int) -> None:
+        self._inner = httpx2.AsyncHTTPTransport()
+        self._limit = limit
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        response = await self._inner.handle_async_request(request)
+        stream = cast(httpx2.AsyncByteStream, response.stream)
+        return httpx2.Response(
+            response.status_code,
+            headers=response.headers,
+            stream=_Capped(stream, self._limit),
+            extensions=response.extensions,
+            request=request,
+        )
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+def _too_large(exc: BaseException) -> bool:
+    """Whether ``exc`` is, or was raised by, an answer past its bytes (the client wraps what its
+    transport raises as a connection error)."""
+    return isinstance(exc, _TooLarge) or isinstance(exc.__cause__, _TooLarge)
 
 
 class _Unfinished(Exception):
@@ -150,11 +204,17 @@ class Gateway:
         self._client: AsyncOpenAI | None = None
         if settings.openai_base_url:
             key = settings.openai_api_key.get_secret_value() if settings.openai_api_key else "none"
+            # An answer's body may hold its envelope or a stream's framing (each piece repeats
+            # the ids) beside the answer: four times the answer's limit, read uncompressed (a
+            # compressed body is small and grows without bound as it is read).
+            limit = 4 * settings.max_model_answer_bytes + 65_536
             self._client = AsyncOpenAI(
                 base_url=settings.openai_base_url,
                 api_key=key,
                 max_retries=0,
                 timeout=settings.model_attempt_timeout_seconds,
+                default_headers={"Accept-Encoding": "identity"},
+                http_client=openai.DefaultAsyncHttpxClient(transport=_Bounded(limit)),
             )
         #: The embedder of this process (design §10): vectors of new entries and of queries.
         self.embedder: Embedder | None = make_embedder(settings)
@@ -270,14 +330,19 @@ class Gateway:
             except (TimeoutError, openai.APITimeoutError):
                 failure = "timeout"
                 attempts.append(f"timeout:{_ms(started)}ms")
+            except (_TooLarge, openai.APIConnectionError) as exc:
+                if not _too_large(exc):
+                    failure = "provider_error"
+                    attempts.append(f"connection:{_ms(started)}ms")
+                else:  # the same answer again would be as large: not asked again
+                    failure = "too_large"
+                    attempts.append(f"too_large:{_ms(started)}ms")
+                    break
             except openai.APIStatusError as exc:
                 failure = "provider_error"
                 attempts.append(f"status-{exc.status_code}:{_ms(started)}ms")
                 if exc.status_code not in _RETRYABLE_STATUS:
                     break
-            except openai.APIConnectionError:
-                failure = "provider_error"
-                attempts.append(f"connection:{_ms(started)}ms")
             except openai.APIError:  # e.g. an error event in a stream: INTERNAL before, unsaved
                 failure = "provider_error"
                 attempts.append(f"error:{_ms(started)}ms")

@@ -25,7 +25,10 @@ async def sweep_once(rt: Runtime) -> int:
     limit = 200
     queued: list[learning_q.Queued] = []
     queued += await write(
-        rt.driver, lambda tx: sweeps_q.sweep(tx, sweeps_q.SWEEP_EXPIRED, now=now, limit=limit)
+        rt.driver,
+        lambda tx: sweeps_q.sweep(
+            tx, sweeps_q.SWEEP_EXPIRED, now=now, limit=limit, maxExpiries=sweeps_q.EXPIRIES_BEFORE_FAILING
+        ),
     )
     before = now - int(settings.requeue_after_seconds * 1000)
     queued += await write(

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from graph import sweeps as sweeps_q
-from graph.driver import read
+from graph.driver import read, write
 from learning.gateway import FIXED_CALM_ANSWER, Gateway, Route, StepKey
 from learning.sweeper import sweep_once
 from services.crypto import Kind
@@ -337,6 +337,41 @@ async def test_the_sweep_looks_at_every_bot_whose_learning_waits_for_budget(runt
         )
 
 
+async def test_an_execution_whose_lease_keeps_running_out_ends_crashed(runtime: Runtime) -> None:
+    """D9.9: an expired lease starts a new epoch — unless it ran out EXPIRIES_BEFORE_FAILING
+    times: a worker that dies on an execution (killed for its memory) took it up again for ever,
+    and every job of that worker died with it each time. It ends failed, ``crashed``, then."""
+    doomed, spared = new_id("exec"), new_id("exec")
+    await runtime.driver.execute_query(
+        "UNWIND [[$d, $n - 1], [$s, 1]] AS x CREATE (:LearningExecution {id: x[0], botId: 'b', chatId: 'c',"
+        " turnId: 't', turnSeq: 1, epoch: 3, attempts: 5, status: 'running', leaseUntil: 1, expiries: x[1]})",
+        d=doomed,
+        s=spared,
+        n=sweeps_q.EXPIRIES_BEFORE_FAILING,
+    )
+    try:
+        queued = await write(
+            runtime.driver,
+            lambda tx: sweeps_q.sweep(
+                tx, sweeps_q.SWEEP_EXPIRED, now=2, limit=10_000, maxExpiries=sweeps_q.EXPIRIES_BEFORE_FAILING
+            ),
+        )
+        records, _, _ = await runtime.driver.execute_query(
+            "MATCH (x:LearningExecution) WHERE x.id IN [$d, $s]"
+            " RETURN x.id AS id, x.status AS status, x.error AS error, x.epoch AS epoch, x.expiries AS n",
+            d=doomed,
+            s=spared,
+        )
+        found = {r["id"]: (r["status"], r["error"], r["epoch"], r["n"]) for r in records}
+        assert found[doomed] == ("failed", "crashed", 3, sweeps_q.EXPIRIES_BEFORE_FAILING)
+        assert found[spared] == ("queued", None, 4, 2)
+        assert {q["id"] for q in queued} & {doomed, spared} == {spared}
+    finally:
+        await runtime.driver.execute_query(
+            "MATCH (x:LearningExecution) WHERE x.id IN [$d, $s] DETACH DELETE x", d=doomed, s=spared
+        )
+
+
 async def test_missing_usage_is_recorded_unknown_and_not_charged(
     api: Api, runtime: Runtime, model_server: ModelServer
 ) -> None:
@@ -400,6 +435,24 @@ async def test_usage_that_is_not_a_count_is_unknown_never_a_failure_or_a_refund(
     assert (await settings_of(api, w.tokens["ann"], w.bot))["spent"] == {"micros": 200, "unknownCalls": 3}
     calls = await model_calls(runtime, w.bot)
     assert [(c["status"], c["usageKnown"]) for c in calls] == [("ok", False)] * 3 + [("ok", True)]
+
+
+async def test_an_answer_past_its_bytes_is_not_read_whole(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    """An answer's size was looked at after it was read whole (and parsed, and written again as
+    JSON): one of hundreds of MB took the process's memory several times over. The client's
+    transport stops reading past four times ``max_model_answer_bytes`` (1 MB): the call is
+    ``too_large`` at its first attempt, not asked again, and the calm answer is given."""
+    w = await memory_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    turn = await api.turn(w.tokens["ann"], chat, "hello")
+    model_server.script("confide", Reply(text="x" * 20_000_000))
+    assert await confide(api, w.tokens["ann"], turn["id"]) == FIXED_CALM_ANSWER
+    [call] = await model_calls(runtime, w.bot)
+    assert call["status"] == "too_large" and call["attempts"] == 1
+    assert call["attemptLog"][0].startswith("too_large:"), call["attemptLog"]
+    assert len(model_server.requests_for("confide")) == 1
 
 
 async def test_a_shared_bot_uses_the_model_and_budget_of_the_chats_organization(
