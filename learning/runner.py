@@ -30,6 +30,12 @@ from services.validation import check_id, check_text
 log = logging.getLogger("learning.runner")
 
 MAX_TOOL_ROUNDS = 3
+#: The most ``confide`` calls of one reply that the memory Bot answers; past them the Bot is told
+#: it has said enough. A round's calls were all answered, one after another: an answer of a
+#: thousand calls made as many confessions, executions and charged model calls, for hours.
+MAX_CONFIDES = 3
+#: The tool's answer to a confide past MAX_CONFIDES.
+ENOUGH_CONFIDED = "You have said enough for now; answer the person."
 UNAVAILABLE_REPLY = "Sorry, I cannot answer just now. Please try again in a moment."
 
 CONFIDE_TOOL: Final = toolcalls.tool("confide", toolcalls.Confide)
@@ -148,6 +154,7 @@ async def _converse(
         if piece:
             await _publish(hub, chat_id, TurnEvent(turn.id, "REPLY_DELTA", piece))
 
+    confided = 0
     for _ in range(MAX_TOOL_ROUNDS + 1):
         body: dict[str, Any] = {"messages": messages}
         if tools:
@@ -179,7 +186,13 @@ async def _converse(
             }
         )
         for call in completion.tool_calls:
-            answer, used = await _tool(rt, gateway, hub, principal, chat_id, turn, call.name, call.arguments)
+            if call.name == "confide" and confided >= MAX_CONFIDES:
+                answer, used = ENOUGH_CONFIDED, ()
+            else:
+                confided += call.name == "confide"
+                answer, used = await _tool(
+                    rt, gateway, hub, principal, chat_id, turn, call.name, call.arguments
+                )
             drawn.update(dict.fromkeys(used))
             messages.append({"role": "tool", "tool_call_id": call.id, "content": answer})
     return UNAVAILABLE_REPLY

@@ -12,7 +12,7 @@ import pytest
 import websockets
 from websockets.asyncio.client import ClientConnection
 
-from learning.runner import EARLIER_INTRO, SUMMARY_INTRO, UNAVAILABLE_REPLY
+from learning.runner import EARLIER_INTRO, ENOUGH_CONFIDED, MAX_CONFIDES, SUMMARY_INTRO, UNAVAILABLE_REPLY
 from services.runtime import Runtime
 from tests.client import Api, World, bearer
 from tests.feed_helpers import subscribed, ws_url
@@ -230,6 +230,32 @@ async def test_a_purge_strips_the_bots_own_model_requests_that_carry_the_entries
         b=w.bot,
     )
     assert [(r["used"], r["gone"]) for r in records] == [([locker], True), ([locker], True)]
+
+
+async def test_a_reply_confides_at_most_a_few_times(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    """The rounds of tool calls were bounded, not the calls: every ``confide`` of an answer was
+    answered in turn, each a confession, a learning execution and a memory-Bot model call
+    charged to its budget (a thousand fit in a megabyte). At most MAX_CONFIDES of a reply are
+    answered; the Bot is told it has said enough for the others."""
+    w = await runner_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    model_server.reset()
+    many = [ToolCall("confide", {"text": f"Worry number {n}."}) for n in range(8)]
+    model_server.script("chat", Reply(tool_calls=many), Reply(text="Here you are."))
+    model_server.default("confide", Reply(text="Calmly: carry on."))
+    data = await api.gql(SEND, {"c": chat, "t": "Plan my week."}, w.tokens["ann"])
+    assert data["sendMessage"]["reply"] == "Here you are."
+    assert len(model_server.requests_for("confide")) == MAX_CONFIDES
+    answers = [
+        m["content"] for m in model_server.requests_for("chat")[-1].body["messages"] if m["role"] == "tool"
+    ]
+    assert answers == ["Calmly: carry on."] * MAX_CONFIDES + [ENOUGH_CONFIDED] * (8 - MAX_CONFIDES)
+    records, _, _ = await runtime.driver.execute_query(
+        "MATCH (f:Confession {chatId: $c}) RETURN count(f) AS n", c=chat
+    )
+    assert records[0]["n"] == MAX_CONFIDES
 
 
 async def test_review_chats_get_no_confide_tool(api: Api, model_server: ModelServer) -> None:
