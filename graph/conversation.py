@@ -61,7 +61,7 @@ ITEMS_AFTER: Final[LiteralString] = """
 MATCH (i:Item)
 WHERE i.chatId = $chatId AND i.seq > $after AND i.text IS NOT NULL
 WITH i ORDER BY i.chatId, i.seq LIMIT $limit
-RETURN collect(i {.uid, .id, .seq, .kind, .text, .app, .speakerId}) AS items
+RETURN collect(i {.uid, .id, .seq, .kind, .text, .app, .speakerId, textLength: coalesce(i.textLength, 0)}) AS items
 """
 
 
@@ -76,6 +76,8 @@ class ItemMap(TypedDict):
     text: Ciphertext | None
     app: str | None
     speakerId: str | None
+    #: Characters of its text as said (``learning.protocol.within_chars``).
+    textLength: int
 
 
 class ItemsRow(TypedDict):

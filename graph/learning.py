@@ -209,7 +209,7 @@ WHERE i.chatId = $chatId AND i.seq > $after AND i.memoryOff IS NULL
 WITH i ORDER BY i.chatId, i.seq LIMIT $limit
 MATCH (i)-[:IN_TURN]->(t:Turn)
 RETURN collect(i {.uid, .id, .seq, .kind, .text, .app, .speakerId, .timeZone, turnSeq: t.seq,
-                  saidAt: coalesce(i.saidAt, i.createdAt)}) AS items
+                  saidAt: coalesce(i.saidAt, i.createdAt), textLength: coalesce(i.textLength, 0)}) AS items
 """
 
 
@@ -228,6 +228,8 @@ class EvidenceMap(TypedDict):
     #: When it was said (D9.31), and in which IANA time zone (D9.32; None: UTC).
     saidAt: int
     timeZone: str | None
+    #: Characters of its text as said (``learning.protocol.within_chars``).
+    textLength: int
 
 
 class EvidenceRow(TypedDict):

@@ -1627,7 +1627,7 @@ DETACH DELETE s
 MATCH (i:Item)
 WHERE i.chatId = $chatId AND i.seq > $after AND i.text IS NOT NULL
 WITH i ORDER BY i.chatId, i.seq LIMIT $limit
-RETURN collect(i {.uid, .id, .seq, .kind, .text, .app, .speakerId}) AS items
+RETURN collect(i {.uid, .id, .seq, .kind, .text, .app, .speakerId, textLength: coalesce(i.textLength, 0)}) AS items
 
 // ---- graph.conversation.META
 UNWIND $chatIds AS chatId
@@ -2270,7 +2270,7 @@ WHERE i.chatId = $chatId AND i.seq > $after AND i.memoryOff IS NULL
 WITH i ORDER BY i.chatId, i.seq LIMIT $limit
 MATCH (i)-[:IN_TURN]->(t:Turn)
 RETURN collect(i {.uid, .id, .seq, .kind, .text, .app, .speakerId, .timeZone, turnSeq: t.seq,
-                  saidAt: coalesce(i.saidAt, i.createdAt)}) AS items
+                  saidAt: coalesce(i.saidAt, i.createdAt), textLength: coalesce(i.textLength, 0)}) AS items
 
 // ---- graph.learning.FINISH
 MATCH (held:LearningExecution {id: $id})

@@ -275,8 +275,8 @@ class ExecutionRunner:
             if item["turnSeq"] > x.turn_seq:
                 break  # the execution reads through its own Turn only (L2)
             through.append(item)
-        more = len(through) > limit
-        chunk = through[:limit]
+        chunk = protocol.within_chars(through[:limit], self.rt.settings.max_evidence_chars)
+        more = len(through) > len(chunk)
         end = chunk[-1]["seq"] if chunk else start
         final_status = "skipped" if skip else "done"  # such evidence is never learned (L5)
         # Evidence whose history was deleted has no words left to learn from (D9.23): read past it

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from learning import toolcalls
 from learning.gateway import ToolCall
@@ -90,6 +90,21 @@ def request_body(
 
 #: Re-asks of a refused step (D9.21): the violation goes back to the model as a tool error.
 MAX_REASKS = 2
+
+_Item = TypeVar("_Item", bound=Mapping[str, Any])
+
+
+def within_chars(items: Sequence[_Item], limit: int) -> list[_Item]:
+    """The first of ``items`` (each with its ``textLength``) whose texts hold at most ``limit``
+    characters together — the first whatever its size, so that every request moves on."""
+    taken: list[_Item] = []
+    size = 0
+    for item in items:
+        size += item["textLength"]
+        if taken and size > limit:
+            break
+        taken.append(item)
+    return taken
 
 
 def reask_body(

@@ -17,6 +17,7 @@ from graph.driver import read, write
 from graph.memorybot import RouteChat
 from learning.gateway import Gateway, ModelUnavailable
 from learning.prompts import system_prompt
+from learning.protocol import within_chars
 from services.conversation import summary_map, summary_text
 from services.crypto import Kind
 from services.errors import NotFound
@@ -56,9 +57,12 @@ async def summarize(rt: Runtime, gateway: Gateway, chat_id: str) -> str:
     if await gateway.budget_spent(rt, route):
         return "budget_spent"  # the next completed Turn asks again
     previous = await read(rt.driver, lambda tx: conversation_q.summary(tx, chat_id=chat_id))
-    items = await read(
+    found = await read(
         rt.driver, lambda tx: conversation_q.items_after(tx, chat_id=chat_id, after=after, limit=_MAX_ITEMS)
     )
+    # Within the characters a request may carry: a long import sent 500 Items of up to 20,000
+    # characters at once, past any model's context, and the summary never moved on.
+    items = within_chars(found, rt.settings.max_evidence_chars)
     if not items:
         return "not_due"
     cipher = route.cipher

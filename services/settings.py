@@ -99,6 +99,10 @@ class Settings(BaseSettings):
     runner_history_items: int = Field(default=20, ge=0)
     summary_threshold_chars: int = Field(default=20_000, ge=1)
     max_evidence_items: int = Field(default=200, ge=1)
+    #: The most characters of Items one learning step or summary sends (its first Item whatever
+    #: its size): bounded by count alone, 200 Items of 20,000 characters passed any model's
+    #: context, the provider refused the same request every time, and the Chat learned no more.
+    max_evidence_chars: int = Field(default=60_000, ge=1)
     max_model_answer_bytes: int = Field(default=1_000_000, ge=1)
 
     # Retrieval by meaning (DESIGN §10): "local" runs the shipped MiniLM in this process,

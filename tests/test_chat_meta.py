@@ -338,3 +338,29 @@ async def test_two_editors_of_a_meta_never_overwrite_each_other_unseen(api: Api)
     late = await put(api, ann, chat, {"summary": {"plan": "Lyon"}, "expected": 4})
     assert late.status_code == 409 and code(late) == "CONFLICT"
     assert (await meta(api, ann, chat)).json()["summary"] == {"plan": "Nice"}
+
+
+async def test_a_summary_request_carries_at_most_its_characters_of_messages(
+    api: Api, model_server: ModelServer
+) -> None:
+    """A compression sent up to 500 messages at once (10 million characters): past any model's
+    context, the provider refused it every time and the Chat's summary never moved on. A request
+    carries at most ``max_evidence_chars`` (60,000) of messages; the next request takes the rest."""
+    w = await memory_world(api, ("ann",))
+    ann = w.tokens["ann"]
+    chat = await api.chat(ann, w.bot)
+    model_server.default("summary", Reply(text="Ann sent four long letters."))
+    turn = await api.turn(ann, chat, "Letters follow.")
+    big = [(letter + " ") * 9_999 + letter for letter in "ABCD"]  # 19,999 characters each
+    await add_items(api, ann, turn["id"], *(("PERSON_MESSAGE", text) for text in big))
+    await api.gql("mutation($t: ID!) { completeTurn(turnId: $t) { id } }", {"t": turn["id"]}, ann)
+
+    async def covered() -> list[Any] | None:
+        asked = [
+            r for r in model_server.requests_for("summary") if big[0][:40] in r.text or big[3][:40] in r.text
+        ]
+        return asked if any(big[3][:40] in r.text for r in asked) else None
+
+    asked = await until(covered, "the summaries of the four letters")
+    sent = [json.loads(r.body["messages"][1]["content"])["messages"] for r in asked]
+    assert len(sent) >= 2 and all(sum(len(m["text"]) for m in lines) <= 60_000 for lines in sent)

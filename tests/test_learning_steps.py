@@ -148,3 +148,32 @@ async def test_a_job_begins_no_step_that_might_outlast_it_and_its_execution_goes
     ]
     assert sorted(asked) == sorted([first, second, third])  # each Item asked about once
     assert len(await memory_bot_changes(runtime, w.bot)) == 3
+
+
+async def test_a_step_sends_at_most_its_characters_of_evidence(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    """A step's evidence was bounded by count alone: 200 Items of up to 20,000 characters passed
+    any model's context, the provider refused the same request every time (provider_error, the
+    read position unchanged) and the Chat learned no more. A step now sends at most
+    ``max_evidence_chars`` (60,000) of Items' text, its first Item whatever its size; the rest
+    goes in the next step of the same execution."""
+    w = await memory_world(api, ("ann",))
+    ann = w.tokens["ann"]
+    chat = await api.chat(ann, w.bot)
+    turn = await api.turn(ann, chat, "Here are my notes.")
+    big = [(letter + " ") * 9_999 + letter for letter in "ABCD"]  # 19,999 characters each
+    await add_items(api, ann, turn["id"], *(("PERSON_MESSAGE", text) for text in big))
+    model_server.respond("learn", lambda _: learn())
+    await confide(api, ann, turn["id"], "Took the notes.")
+    await complete(api, ann, turn["id"])
+    [x] = await wait_executions(runtime, turn["id"])
+    assert x["status"] == "done", x
+    sent = [
+        [i["text"] for i in json.loads(r.body["messages"][1]["content"])["newItems"]]
+        for r in model_server.requests_for("learn")
+        if "Here are my notes." in r.text or big[3][:40] in r.text
+    ]
+    assert len(sent) == 2, [len(s) for s in sent]
+    assert all(sum(len(t) for t in texts) <= 60_000 for texts in sent)
+    assert sorted(t for texts in sent for t in texts if len(t) > 100) == big  # each asked about once

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from learning.gateway import ToolCall
+from learning.protocol import within_chars
 from services.changes import AddFact, AddObservation, Invalidate, ItemRef, RenameTopic, SetTopics, Share
 from tests.unit.protocol_helpers import CHAT, KEPT, call, fact, refused, run
 
@@ -135,3 +136,11 @@ def test_edits_of_kept_entries() -> None:
 )
 def test_malformed_calls_are_refused_with_code_and_path(tool_call: ToolCall, code: str, path: str) -> None:
     assert refused(tool_call) == (code, path)
+
+
+def test_a_request_takes_items_within_its_characters_and_always_its_first() -> None:
+    items = [{"textLength": n} for n in (50, 30, 30, 10)]
+    assert within_chars(items, 80) == items[:2]
+    assert within_chars(items, 200) == items
+    assert within_chars([{"textLength": 500}, {"textLength": 1}], 100) == [{"textLength": 500}]
+    assert within_chars([], 100) == []
