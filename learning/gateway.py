@@ -52,13 +52,11 @@ _RETRYABLE_STATUS = {408, 409, 429, 500, 502, 503, 504}
 
 
 class _TooLarge(Exception):
-    """The provider's answer passed the bytes a call may read (``_Capped``)."""
+    """The provider's answer passed the bytes a call may read (``_BoundedClient``)."""
 
 
 class _Capped(httpx2.AsyncByteStream):
-    """A response body that stops at ``limit`` bytes (``_TooLarge``): read whole before its size
-    was looked at, an answer of hundreds of MB was held several times over in memory, and a
-    worker killed for it lost the call unsaved — a new epoch, the same answer, again."""
+    """A response body that stops at ``limit`` bytes (``_TooLarge``)."""
 
     def __init__(self, inner: httpx2.AsyncByteStream, limit: int) -> None:
         self._inner = inner
@@ -76,26 +74,48 @@ class _Capped(httpx2.AsyncByteStream):
         await self._inner.aclose()
 
 
-class _Bounded(httpx2.AsyncBaseTransport):
-    """A transport whose response bodies are ``_Capped``."""
+class _BoundedClient(openai.DefaultAsyncHttpxClient):
+    """openai's own HTTP client (its connection limits, and proxies from the environment, which
+    a transport of our own would have lost) that reads a whole answer only up to ``limit`` bytes
+    as sent (``_TooLarge``), or as decoded when the provider compressed it anyway: read whole
+    before its size was looked at, an answer of hundreds of MB was held several times over in
+    memory, and a worker killed for it lost the call unsaved — a new epoch, the same answer,
+    again. A streamed answer is read piece by piece: ``Gateway._stream`` bounds what it keeps."""
 
     def __init__(self, limit: int) -> None:
-        self._inner = httpx2.AsyncHTTPTransport()
+        super().__init__(headers={"Accept-Encoding": "identity"})
         self._limit = limit
 
-    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
-        response = await self._inner.handle_async_request(request)
-        stream = cast(httpx2.AsyncByteStream, response.stream)
-        return httpx2.Response(
-            response.status_code,
-            headers=response.headers,
-            stream=_Capped(stream, self._limit),
-            extensions=response.extensions,
-            request=request,
-        )
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
+    async def send(self, request: httpx2.Request, *, stream: bool = False, **kwargs: Any) -> httpx2.Response:
+        response = await super().send(request, stream=True, **kwargs)
+        if stream:
+            return response
+        try:
+            if response.headers.get("content-encoding", "identity").lower() in ("", "identity"):
+                response.stream = _Capped(cast(httpx2.AsyncByteStream, response.stream), self._limit)
+                await response.aread()
+                return response
+            body = bytearray()
+            async for piece in response.aiter_bytes():  # decoded: a small body may grow a thousandfold
+                body += piece
+                if len(body) > self._limit:
+                    raise _TooLarge
+            headers = [
+                (k, v)
+                for k, v in response.headers.multi_items()
+                if k.lower() not in ("content-encoding", "content-length")
+            ]
+            await response.aclose()
+            return httpx2.Response(
+                response.status_code,
+                headers=headers,
+                content=bytes(body),
+                request=request,
+                extensions=response.extensions,
+            )
+        except BaseException:
+            await response.aclose()
+            raise
 
 
 def _too_large(exc: BaseException) -> bool:
@@ -204,17 +224,14 @@ class Gateway:
         self._client: AsyncOpenAI | None = None
         if settings.openai_base_url:
             key = settings.openai_api_key.get_secret_value() if settings.openai_api_key else "none"
-            # An answer's body may hold its envelope or a stream's framing (each piece repeats
-            # the ids) beside the answer: four times the answer's limit, read uncompressed (a
-            # compressed body is small and grows without bound as it is read).
-            limit = 4 * settings.max_model_answer_bytes + 65_536
+            # A whole answer's body holds its envelope beside the answer: twice the answer's
+            # limit and some (the answer itself is held to it once read, ``complete``).
             self._client = AsyncOpenAI(
                 base_url=settings.openai_base_url,
                 api_key=key,
                 max_retries=0,
                 timeout=settings.model_attempt_timeout_seconds,
-                default_headers={"Accept-Encoding": "identity"},
-                http_client=openai.DefaultAsyncHttpxClient(transport=_Bounded(limit)),
+                http_client=_BoundedClient(2 * settings.max_model_answer_bytes + 65_536),
             )
         #: The embedder of this process (design §10): vectors of new entries and of queries.
         self.embedder: Embedder | None = make_embedder(settings)
@@ -444,6 +461,7 @@ class Gateway:
         calls: dict[int, list[str]] = {}
         usage: tuple[int, int] | None = None
         finished = False
+        kept = 0  # characters of text and arguments so far
         async for chunk in stream:
             if chunk.usage is not None:
                 usage = _tokens(chunk.usage)
@@ -452,6 +470,7 @@ class Gateway:
                 delta = choice.delta
                 if isinstance(delta.content, str) and delta.content:
                     piece = storable(delta.content)
+                    kept += len(piece)
                     text.append(piece)
                     if on_text is not None and piece:
                         await on_text(piece)
@@ -463,6 +482,9 @@ class Gateway:
                         slot[1] += _text(tc.function.name)
                     if tc.function and tc.function.arguments:
                         slot[2] += _text(tc.function.arguments)
+                        kept += len(_text(tc.function.arguments))
+            if kept > self.settings.max_model_answer_bytes:
+                raise _TooLarge  # the answer would be refused whole: not read on
         if not finished:
             raise _Unfinished  # cut short: its text so far was never a whole answer
         tool_calls = tuple(ToolCall(i, n, a) for _, (i, n, a) in sorted(calls.items()))
