@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -375,6 +375,7 @@ class ExecutionRunner:
                     chat_id=x.chat_id,
                     evidence=evidence,
                     context_ids={e["id"] for e in entries},
+                    own_audience=_own_audience(inputs.chat),
                 )
                 await _check_shares(self.rt, x.bot_id, completion.tool_calls, changes)
                 return changes, completion.call_id
@@ -461,6 +462,12 @@ class ExecutionRunner:
             )
         except ServiceError as exc:  # the latest source state refused it (C7, V6): nothing applied
             raise StepFailed("rejected:" + exc.code) from None
+
+
+def _own_audience(chat: Mapping[str, Any]) -> frozenset[str]:
+    """The audience a Chat's own words have: its channel's (a group chat), else its owner's."""
+    channel = chat.get("channelId")
+    return frozenset({f"for:channel:{channel}"} if channel else {f"for:person:{chat['ownerId']}"})
 
 
 async def _check_shares(

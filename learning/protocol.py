@@ -154,18 +154,22 @@ def changes_from(
     chat_id: str,
     evidence: dict[str, EvidenceItem],
     context_ids: set[str],
+    own_audience: frozenset[str] = frozenset(),
 ) -> list[MemoryChange]:
     """Validate every tool call (D9.10) and turn the answer into changes; raise on the first violation.
 
     Facts rest only on person-message Items of this evidence, App results only as support (L3,
     D9.2); observations and edits cite learningContext entries or entries added earlier in the
     step; topics only (V8); ``share`` audiences are checked against every source rule by the
-    step against the memory as it stands, then by ``apply_changes`` under the lock (V6).
+    step against the memory as it stands, then by ``apply_changes`` under the lock (V6); a
+    ``share`` of a fact the same answer adds, only within ``own_audience`` (the audience the
+    evidence's Chat itself has: its owner, or its channel).
     """
     if len(calls) > MAX_TOOL_CALLS:
         raise Violation("too_many_calls", "tool_calls")
     changes: list[MemoryChange] = []
     added: dict[str, str] = {}  # tool-call id -> new entry id
+    facts: set[str] = set()  # the new facts' ids: their sources are this Chat's Items
     for n, call in enumerate(calls):
         path = f"tool_calls[{n}]"
         args = toolcalls.parse(call.name, call.arguments, path)
@@ -196,6 +200,7 @@ def changes_from(
                     id=new_id("mem"),
                 )
                 added[call.id] = fact.id
+                facts.add(fact.id)
                 changes.append(fact)
             case toolcalls.AddObservation():
                 ids = tuple(
@@ -222,10 +227,12 @@ def changes_from(
                 changes.append(RenameTopic(args.from_, args.to))
             case toolcalls.Share():
                 entry = entry_ref(args.entry_id, f"{path}.entry_id")
-                if entry in added.values():
-                    # A new entry's audience is its sources' (V6): wider is refused, and only the
-                    # commit could tell (the shares are checked before it against what is stored),
-                    # so every later step of the Chat got the same answer and failed again.
+                within = entry in facts and set(args.audience) <= own_audience
+                if entry in added.values() and not within:
+                    # A new entry may be shared only within its sources' rule (V6); wider is
+                    # refused by the commit alone (the shares are checked before it against what
+                    # is stored), so every later step of the Chat got the same answer and failed
+                    # again. A new fact's sources are this Chat's: within its own audience.
                     raise Violation("share_of_new_entry", f"{path}.entry_id")
                 changes.append(Share(entry, tuple(args.audience)))
     return changes

@@ -253,8 +253,9 @@ async def share_refusal(
 async def first_refused_share(rt: Runtime, bot_id: str, shares: Sequence[Share]) -> int | None:
     """The place in ``shares`` of the first that the memory as it stands refuses
     (:func:`share_refusal`; or whose entry was retracted), read under the shared lock (C1); None
-    when none is. A share of an entry not stored yet is left to the commit, which checks every
-    share again under the exclusive lock (C7)."""
+    when none is. A share of an entry not stored yet is the step's to check (a new fact within its
+    own Chat's audience, ``learning.protocol.changes_from``); the commit checks every share again
+    under the exclusive lock (C7)."""
 
     async def work(tx: AsyncManagedTransaction) -> int | None:
         await memory_q.shared_lock(tx, bot_id=bot_id)

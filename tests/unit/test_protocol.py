@@ -8,9 +8,18 @@ from typing import Any
 import pytest
 
 from learning.gateway import ToolCall
-from learning.protocol import within_chars
-from services.changes import AddFact, AddObservation, Invalidate, ItemRef, RenameTopic, SetTopics, Share
-from tests.unit.protocol_helpers import CHAT, KEPT, call, fact, refused, run
+from learning.protocol import Violation, changes_from, within_chars
+from services.changes import (
+    AddFact,
+    AddObservation,
+    Invalidate,
+    ItemRef,
+    MemoryChange,
+    RenameTopic,
+    SetTopics,
+    Share,
+)
+from tests.unit.protocol_helpers import CHAT, EVIDENCE, KEPT, call, fact, refused, run
 
 
 def test_a_fact_rests_on_person_messages_with_app_results_as_support() -> None:
@@ -144,3 +153,27 @@ def test_a_request_takes_items_within_its_characters_and_always_its_first() -> N
     assert within_chars(items, 200) == items
     assert within_chars([{"textLength": 500}, {"textLength": 1}], 100) == [{"textLength": 500}]
     assert within_chars([], 100) == []
+
+
+def test_a_new_fact_is_shared_only_within_its_own_chats_audience() -> None:
+    """A share of an entry the same answer adds: within the audience the evidence's Chat has (a
+    new fact's sources are its Items) it is kept — the commit accepts it — and anything wider, or
+    any share of a new observation (its sources are entries), is the answer's violation
+    (``share_of_new_entry``): only the commit could refuse it, and every later step failed alike."""
+    own = frozenset({"for:person:p1"})
+
+    def shared(*calls: ToolCall) -> list[MemoryChange]:
+        return changes_from(calls, chat_id=CHAT, evidence=EVIDENCE, context_ids={KEPT}, own_audience=own)
+
+    new_fact = fact(["i-1"], call_id="f")
+    [added, share] = shared(new_fact, call("share", {"entry_id": "f", "audience": ["for:person:p1"]}, "s"))
+    assert isinstance(added, AddFact) and isinstance(share, Share) and share.entry_id == added.id
+    with pytest.raises(Violation) as wider:
+        shared(new_fact, call("share", {"entry_id": "f", "audience": ["for:bot"]}, "s"))
+    assert (wider.value.code, wider.value.path) == ("share_of_new_entry", "tool_calls[1].entry_id")
+    observation = call(
+        "add_observation", {"content": "x", "source_entry_ids": [KEPT], "confidence": 0.5}, "o"
+    )
+    with pytest.raises(Violation) as of_observation:
+        shared(observation, call("share", {"entry_id": "o", "audience": ["for:person:p1"]}, "s"))
+    assert of_observation.value.code == "share_of_new_entry"
