@@ -341,7 +341,8 @@ async def metrics_endpoint(request: Request) -> Response:
     """Prometheus metrics, for operators only (services.auth.check_scraper)."""
     proxied = "x-forwarded-for" in request.headers or "forwarded" in request.headers
     client = request.client.host if request.client is not None else None
-    auth.check_scraper(request.state.runtime, request.headers.get("authorization"), client, proxied)
+    runtime: Runtime = request.state.runtime
+    auth.check_scraper(runtime.settings, request.headers.get("authorization"), client, proxied)
     return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
 

@@ -10,6 +10,7 @@ from services.domain import Principal
 from services.errors import Forbidden, Unauthenticated
 from services.ids import hash_token
 from services.runtime import Runtime, now_ms
+from services.settings import Settings
 
 
 async def authenticate(runtime: Runtime, authorization: str | None) -> Principal:
@@ -55,13 +56,15 @@ def require_person(principal: Principal) -> str:
 _LOOPBACK = frozenset({"127.0.0.1", "::1"})
 
 
-def check_scraper(runtime: Runtime, authorization: str | None, client: str | None, proxied: bool) -> None:
+def check_scraper(settings: Settings, authorization: str | None, client: str | None, proxied: bool) -> None:
     """Who may read the API's ``/metrics``: a request bearing the metrics token when one is set
-    (``BOTMEMORY_METRICS_TOKEN``), else only a client on this host that no proxy forwarded.
-    Metrics are operators' data: a search's candidates refused by the access check are counted,
-    so anyone who could read the counters could ask whether another organization's memory
-    holds a word (search for it, see the refusals move). Raises Unauthenticated or Forbidden."""
-    expected = runtime.settings.metrics_token
+    (``BOTMEMORY_METRICS_TOKEN``); without one, in production nobody, elsewhere (a local or test
+    stack) only a client on this host that no proxy forwarded — a proxy on the same host that
+    adds no forwarding header looks like one. Metrics are operators' data: a search's candidates
+    refused by the access check are counted, so anyone who could read the counters could ask
+    whether another organization's memory holds a word (search for it, see the refusals move).
+    Raises Unauthenticated or Forbidden."""
+    expected = settings.metrics_token
     if expected is not None:
         scheme, _, given = (authorization or "").strip().partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(
@@ -71,6 +74,8 @@ def check_scraper(runtime: Runtime, authorization: str | None, client: str | Non
                 "/metrics needs the metrics token (BOTMEMORY_METRICS_TOKEN) as a bearer token"
             )
         return
+    if settings.env == "production":
+        raise Forbidden("/metrics needs BOTMEMORY_METRICS_TOKEN in production; scrape it with that token")
     if proxied or client not in _LOOPBACK:
         raise Forbidden(
             "/metrics answers this host only; set BOTMEMORY_METRICS_TOKEN to scrape it from elsewhere"
