@@ -178,7 +178,7 @@ OPTIONAL MATCH (ch:Chat) WHERE elementId(ch) = elementId(heldC)
 WITH x, p, x.epoch = $epoch AND x.status = 'running' AS mine,
      p.seq = $start AND coalesce(ch.historyEpoch, 0) = $historyEpoch AS fresh
 FOREACH (_ IN CASE WHEN mine AND fresh THEN [1] ELSE [] END |
-  SET p.seq = $end, p.updatedAt = $now, x.learned = x.learned + $learned)
+  SET p.seq = $end, p.updatedAt = $now, x.learned = x.learned + $learned, x.expiries = 0)
 FOREACH (_ IN CASE WHEN mine AND fresh AND $setAside IS NOT NULL THEN [1] ELSE [] END |
   SET x.setAside = coalesce(x.setAside, []) + [$setAside])
 FOREACH (_ IN CASE WHEN mine AND fresh AND $final THEN [1] ELSE [] END |

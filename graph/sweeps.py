@@ -10,9 +10,11 @@ from neo4j import AsyncManagedTransaction
 from graph.driver import rows, single
 from graph.learning import Queued, QueuedRow
 
-#: How many times an execution's lease may run out before it ends ``failed`` with the error
-#: ``crashed``: a worker that dies on it (killed for its memory, say) left it to a new epoch, the
-#: same work and the same death, for ever, taking every job of that worker down with it each time.
+#: How many times an execution's lease may run out with no step committed between (COMMIT_STEP
+#: counts again from 0) before it ends ``failed`` with the error ``crashed``: a worker that dies on
+#: it (killed for its memory, say) left it to a new epoch, the same work and the same death, for
+#: ever, taking every job of that worker down with it each time; restarts of workers that make
+#: progress between them never end it.
 EXPIRIES_BEFORE_FAILING: Final = 5
 
 #: Sweeper (D9.9): expired leases start a new epoch (the EXPIRIES_BEFORE_FAILING-th ends it

@@ -34,6 +34,9 @@ from services.validation import check_id, check_text
 log = logging.getLogger("learning.confide")
 
 _SAVE_MARGIN = 0.3  # seconds kept back from the deadline to save the answer
+#: Seconds kept back from the model call to check the entries it was sent again (L1, D9.15): a
+#: slow but valid answer left none, and became the calm one.
+_RECHECK_MARGIN = 0.25
 
 CONFIDE_SYSTEM = (
     "You are a calm listener for an assistant at work. The assistant tells you how its work goes: "
@@ -162,7 +165,7 @@ async def _answer(
             route,
             task="confide",
             body=body,
-            deadline=deadline,
+            deadline=deadline - _RECHECK_MARGIN,  # time left to check its entries again
             entry_ids=known.ids if known else (),
             save_by=deadline + _SAVE_MARGIN,
         )

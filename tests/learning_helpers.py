@@ -128,12 +128,15 @@ async def until_logged(path: Path, text: str, within: float = 30) -> None:
     await until(logged, f"{text!r} never logged in {path}", within=within)
 
 
-async def until_a_transaction_waits_for_a_lock(rt: Runtime, within: float = 30) -> None:
-    """Until Neo4j shows a transaction blocked on a lock."""
+async def until_a_transaction_waits_for_a_lock(rt: Runtime, within: float = 30, running: str = "") -> None:
+    """Until Neo4j shows a transaction blocked on a lock (``running``: one whose statement holds
+    that text, not another process's that happens to wait)."""
 
     async def blocked() -> bool:
         records, _, _ = await rt.driver.execute_query(
-            "SHOW TRANSACTIONS YIELD status WHERE status STARTS WITH 'Blocked' RETURN count(*) AS n"
+            "SHOW TRANSACTIONS YIELD status, currentQuery "
+            "WHERE status STARTS WITH 'Blocked' AND currentQuery CONTAINS $running RETURN count(*) AS n",
+            running=running,
         )
         return records[0]["n"] > 0
 

@@ -88,10 +88,11 @@ async def test_one_of_many_concurrent_settings_changes_with_one_expected_version
 
 
 async def _behind_a_deletion(
-    runtime: Runtime, chat: str, save: Callable[[AsyncManagedTransaction], Awaitable[Any]]
+    runtime: Runtime, chat: str, save: Callable[[AsyncManagedTransaction], Awaitable[Any]], running: str
 ) -> Any:
     """Run ``save`` (made with the Chat's history epoch 0) while a history deletion holds the Chat
-    (its epoch moved, not yet committed), and commit the deletion once the save waits for it."""
+    (its epoch moved, not yet committed), and commit the deletion once the save (its statement
+    holds ``running``) waits for it."""
     async with runtime.driver.session() as session:
         deleting = await session.begin_transaction()
         try:
@@ -101,7 +102,7 @@ async def _behind_a_deletion(
                 c=chat,
             )
             saving = asyncio.create_task(write(runtime.driver, save))
-            await until_a_transaction_waits_for_a_lock(runtime)
+            await until_a_transaction_waits_for_a_lock(runtime, running=running)
             await deleting.commit()
         finally:
             if deleting.closed() is False:
@@ -141,6 +142,7 @@ async def test_a_save_behind_a_history_deletion_reads_the_epoch_the_deletion_lef
             history_epoch=0,
             bot_id=w.bot,
         ),
+        "MATCH (f:Confession {id: $id})",
     )
     records, _, _ = await runtime.driver.execute_query(
         "MATCH (f:Confession {id: $id}) RETURN f.answer AS answer", id=confession
@@ -160,6 +162,7 @@ async def test_a_save_behind_a_history_deletion_reads_the_epoch_the_deletion_lef
             chars=14,
             now=1,
         ),
+        "MERGE (s:ChatSummary {chatId: $chatId})",
     )
     assert saved is False
     records, _, _ = await runtime.driver.execute_query(
