@@ -29,8 +29,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from botmemory.mcp_api import FORGET, REMEMBER, SEARCH, WHY, Api, ApiError
-from services.chatmemory import MAX_CONTEXT_CHARS
-from services.validation import refusal
+from services.validation import MAX_CONTEXT_CHARS, refusal
 
 DEFAULT_API_URL: Final = "http://127.0.0.1:8000"
 

@@ -17,10 +17,9 @@ from services.errors import BadInput, Forbidden, NotFound
 from services.memory import Reader
 from services.memorybot import route_and_reader
 from services.runtime import Runtime
-from services.validation import check_id
+from services.validation import MAX_CONTEXT_CHARS, check_id
 
-#: The largest context a server caller may ask for (characters), and the most ids to validate.
-MAX_CONTEXT_CHARS: Final = 100_000
+#: The most ids to validate (the largest context: ``services.validation.MAX_CONTEXT_CHARS``).
 MAX_REFERENCES: Final = 1_000
 
 

@@ -63,7 +63,8 @@ async def remember(
 
 
 async def forget(rt: Runtime, principal: Principal, bot_id: str, entry_id: str) -> int:
-    """Take back the caller's part (V11). Anything not for the caller is the same 409 (D9.4)."""
+    """Take back the caller's part (V11). Any entry id not for the caller is the same 409 (D9.4);
+    an id no entry could have is BAD_INPUT, a Bot the caller does not use NOT_FOUND."""
     person_id = require_person(principal)
     check_id(bot_id, "botId")
     check_id(entry_id, "id")  # no entry has another shape: refusing it tells nothing (D9.4)

@@ -81,6 +81,10 @@ def check_time_zone(value: str | None, field: str) -> str | None:
     return value
 
 
+#: The largest memory context a caller may ask for (characters): a server caller's ``context``,
+#: and the MCP server's, which is kept light (this module, not the search stack).
+MAX_CONTEXT_CHARS: Final = 100_000
+
 #: What no stored text may hold: NUL, and any surrogate (JSON's ``\ud800`` escape decodes to one
 #: alone; no UTF-8 text holds it, so nothing could encrypt it).
 UNSTORABLE: Final = re.compile("[\x00\ud800-\udfff]")
