@@ -56,6 +56,23 @@ class UnsummarizedRow(TypedDict):
     total: int
 
 
+#: Chats whose summary is due (UNSUMMARIZED's total past ``$threshold``), of the ``$scan`` with the
+#: most characters not yet summarized (``chat_unsummarized``, largest first): the worker's sweep
+#: queues them, so a summary whose queueing was lost (the API killed after its commit, Redis away
+#: or restarted) is made without waiting for the Chat's next completed Turn.
+SUMMARIES_DUE: Final[LiteralString] = """
+MATCH (ch:Chat) WHERE ch.unsummarizedChars > 0
+WITH ch ORDER BY ch.unsummarizedChars DESC LIMIT $scan
+OPTIONAL MATCH (s:ChatSummary {chatId: ch.id})
+WITH ch WHERE coalesce(s.chars, 0) + ch.unsummarizedChars > $threshold
+RETURN collect(ch.id) AS chats
+"""
+
+
+class ChatIdsRow(TypedDict):
+    chats: list[str]
+
+
 #: Items after the summary, oldest first (ciphertext), at most ``$limit``.
 ITEMS_AFTER: Final[LiteralString] = """
 MATCH (i:Item)
@@ -349,3 +366,9 @@ async def set_meta(tx: AsyncManagedTransaction, **fields: Any) -> SetMetaRow | N
     """Whether the Chat held meta, its summary's version before, and the version saved (None:
     not saved); None for a Chat that does not exist."""
     return await single(tx, SET_META, SetMetaRow, **fields)
+
+
+async def summaries_due(tx: AsyncManagedTransaction, *, threshold: int, scan: int) -> list[str]:
+    """The Chats whose summary is due (SUMMARIES_DUE)."""
+    record = await single(tx, SUMMARIES_DUE, ChatIdsRow, threshold=threshold, scan=scan)
+    return [] if record is None else record["chats"]

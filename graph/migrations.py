@@ -201,6 +201,14 @@ MIGRATIONS: Final[tuple[tuple[int, tuple[LiteralString, ...]], ...]] = (
             "FOR (n:LearningExecution) ON (n.chatId, n.createdAt, n.id)",
         ),
     ),
+    (
+        20,
+        (
+            # The worker's sweep for Chats whose summary is due (graph.conversation.SUMMARIES_DUE),
+            # the most behind first.
+            "CREATE INDEX chat_unsummarized IF NOT EXISTS FOR (n:Chat) ON (n.unsummarizedChars)",
+        ),
+    ),
 )
 
 #: Entries whose labels predate the current label properties: without ``memoryRank`` (before

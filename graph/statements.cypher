@@ -1785,6 +1785,13 @@ CALL (ch, current, saving) {
 }
 RETURN held, current, CASE WHEN saving THEN current + 1 END AS version
 
+// ---- graph.conversation.SUMMARIES_DUE
+MATCH (ch:Chat) WHERE ch.unsummarizedChars > 0
+WITH ch ORDER BY ch.unsummarizedChars DESC LIMIT $scan
+OPTIONAL MATCH (s:ChatSummary {chatId: ch.id})
+WITH ch WHERE coalesce(s.chars, 0) + ch.unsummarizedChars > $threshold
+RETURN collect(ch.id) AS chats
+
 // ---- graph.conversation.SUMMARY
 MATCH (s:ChatSummary {chatId: $chatId}) RETURN s {.*} AS summary
 

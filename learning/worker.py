@@ -165,6 +165,14 @@ async def backfill_sweep(ctx: dict[str, Any]) -> None:
         log.warning("backfill sweep failed: %s", type(exc).__name__)
 
 
+async def summary_sweep(ctx: dict[str, Any]) -> None:
+    """Queue the summaries that are due (``jobs.enqueue_due_summaries``); never raises."""
+    try:
+        await jobs.enqueue_due_summaries(ctx["runtime"])
+    except Exception as exc:  # the next sweep retries
+        log.warning("summary sweep failed: %s", type(exc).__name__)
+
+
 async def summarize_chat(ctx: dict[str, Any], chat_id: str) -> None:
     """``summary:<chatId>``: compress a Chat's history past the threshold (D9.17); never raises.
     One call covers at most 500 Items: while the history is still due after one, the job makes
@@ -196,6 +204,7 @@ class WorkerSettings:
     cron_jobs: ClassVar[list[Any]] = [
         cron(heartbeat, second={0, 30}, run_at_startup=False),
         cron(backfill_sweep, minute={0, 10, 20, 30, 40, 50}, second=0, run_at_startup=True),
+        cron(summary_sweep, minute={5, 15, 25, 35, 45, 55}, second=0, run_at_startup=True),
     ]
     on_startup = startup
     on_shutdown = shutdown

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import AsyncIterator
-from typing import Any, cast
+from typing import Any, Final, cast
 
 from arq.constants import in_progress_key_prefix, job_key_prefix
 from redis.exceptions import RedisError
@@ -113,6 +113,30 @@ async def enqueue_backfill(rt: Runtime, bot_id: str, *, part: int = 0) -> None:
         await rt.redis.enqueue_job(BACKFILL_BOT, bot_id, part, _job_id=f"backfill:{bot_id}:{part}")
     except RedisError as exc:
         log.warning("enqueue of a backfill failed (%s); the next sweep retries", type(exc).__name__)
+
+
+#: How many Chats a sweep looks at for a summary due (the most behind first).
+SUMMARY_SWEEP_SCAN: Final = 1_000
+
+
+async def enqueue_due_summaries(rt: Runtime) -> int:
+    """Queue ``summary:<chatId>`` for the Chats whose summary is due (the worker's sweep, D9.17):
+    a queueing lost after completeTurn's commit waited for the Chat's next completed Turn, and a
+    quiet Chat kept its gap between summary and messages. arq keeps one job per id: a summary
+    queued already is not doubled. Returns how many were due."""
+    due = await read(
+        rt.driver,
+        lambda tx: conversation.summaries_due(
+            tx, threshold=rt.settings.summary_threshold_chars, scan=SUMMARY_SWEEP_SCAN
+        ),
+    )
+    for chat_id in due:
+        try:
+            await rt.redis.enqueue_job(SUMMARIZE_CHAT, chat_id, _job_id=f"summary:{chat_id}")
+        except RedisError as exc:
+            log.warning("enqueue of a summary failed (%s); the next sweep retries", type(exc).__name__)
+            break
+    return len(due)
 
 
 async def enqueue_summary_if_due(rt: Runtime, chat_id: str, chars: int | None = None) -> bool:

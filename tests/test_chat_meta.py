@@ -16,6 +16,7 @@ from graph import conversation as conversation_q
 from graph.driver import write
 from services.conversation import META_KINDS
 from services.crypto import Kind
+from services.jobs import enqueue_due_summaries
 from services.memory import cipher_of
 from services.runtime import Runtime
 from tests.client import Api, bearer, make_world
@@ -364,3 +365,28 @@ async def test_a_summary_request_carries_at_most_its_characters_of_messages(
     asked = await until(covered, "the summaries of the four letters")
     sent = [json.loads(r.body["messages"][1]["content"])["messages"] for r in asked]
     assert len(sent) >= 2 and all(sum(len(m["text"]) for m in lines) <= 60_000 for lines in sent)
+
+
+async def test_a_summary_whose_queueing_was_lost_is_made_by_the_sweep(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    """A summary is queued when a Turn starts or completes past the threshold; one whose queueing
+    was lost (the API killed after its commit, Redis away or restarted) waited for the Chat's next
+    Turn, and a quiet Chat kept its gap between summary and messages. The worker's sweep
+    (``jobs.enqueue_due_summaries``, every ten minutes) queues every summary due. Here the
+    history passes the threshold by addItems, which queues none, as a lost queueing leaves it."""
+    w = await memory_world(api, ("ann",))
+    ann = w.tokens["ann"]
+    chat = await api.chat(ann, w.bot)
+    model_server.default("summary", Reply(text="Ann wrote two long letters."))
+    turn = await api.turn(ann, chat, "Two letters follow.")
+    big = [(letter + " ") * 9_999 + letter for letter in "EF"]  # 19,999 characters each
+    await add_items(api, ann, turn["id"], *(("PERSON_MESSAGE", text) for text in big))
+    assert not [r for r in model_server.requests_for("summary") if big[0][:40] in r.text]
+    assert await enqueue_due_summaries(runtime) >= 1
+
+    async def summarized() -> str | None:
+        pack = await api.http.get(f"/v1/chats/{chat}/context", headers=bearer(ann))
+        return pack.json()["summary"]
+
+    assert await until(summarized, "the swept summary") == "Ann wrote two long letters."
