@@ -56,15 +56,21 @@ class UnsummarizedRow(TypedDict):
     total: int
 
 
-#: Chats whose summary is due (UNSUMMARIZED's total past ``$threshold``), of the ``$scan`` with the
-#: most characters not yet summarized (``chat_unsummarized``, largest first): the worker's sweep
-#: queues them, so a summary whose queueing was lost (the API killed after its commit, Redis away
-#: or restarted) is made without waiting for the Chat's next completed Turn.
+#: Up to ``$limit`` Chats whose summary is due (UNSUMMARIZED's total past ``$threshold``) that no
+#: sweep queued since ``$sweptBefore``, of the ``$scan`` with the most characters not yet
+#: summarized (``chat_unsummarized``, largest first), marked as queued now (``summarySweptAt``):
+#: the worker's sweep queues them, so a summary whose queueing was lost (the API killed after its
+#: commit, Redis away or restarted) is made without waiting for the Chat's next Turn. A Chat whose
+#: summary is never made (no model, a spent budget, a model that fails) is swept once an hour,
+#: not every ten minutes, and never keeps the others out.
 SUMMARIES_DUE: Final[LiteralString] = """
 MATCH (ch:Chat) WHERE ch.unsummarizedChars > 0
 WITH ch ORDER BY ch.unsummarizedChars DESC LIMIT $scan
+WITH ch WHERE coalesce(ch.summarySweptAt, 0) < $sweptBefore
 OPTIONAL MATCH (s:ChatSummary {chatId: ch.id})
 WITH ch WHERE coalesce(s.chars, 0) + ch.unsummarizedChars > $threshold
+WITH ch LIMIT $limit
+SET ch.summarySweptAt = $now
 RETURN collect(ch.id) AS chats
 """
 
@@ -368,7 +374,7 @@ async def set_meta(tx: AsyncManagedTransaction, **fields: Any) -> SetMetaRow | N
     return await single(tx, SET_META, SetMetaRow, **fields)
 
 
-async def summaries_due(tx: AsyncManagedTransaction, *, threshold: int, scan: int) -> list[str]:
-    """The Chats whose summary is due (SUMMARIES_DUE)."""
-    record = await single(tx, SUMMARIES_DUE, ChatIdsRow, threshold=threshold, scan=scan)
+async def summaries_due(tx: AsyncManagedTransaction, **params: Any) -> list[str]:
+    """The Chats whose summary is due, marked as swept now (SUMMARIES_DUE)."""
+    record = await single(tx, SUMMARIES_DUE, ChatIdsRow, **params)
     return [] if record is None else record["chats"]

@@ -1788,8 +1788,11 @@ RETURN held, current, CASE WHEN saving THEN current + 1 END AS version
 // ---- graph.conversation.SUMMARIES_DUE
 MATCH (ch:Chat) WHERE ch.unsummarizedChars > 0
 WITH ch ORDER BY ch.unsummarizedChars DESC LIMIT $scan
+WITH ch WHERE coalesce(ch.summarySweptAt, 0) < $sweptBefore
 OPTIONAL MATCH (s:ChatSummary {chatId: ch.id})
 WITH ch WHERE coalesce(s.chars, 0) + ch.unsummarizedChars > $threshold
+WITH ch LIMIT $limit
+SET ch.summarySweptAt = $now
 RETURN collect(ch.id) AS chats
 
 // ---- graph.conversation.SUMMARY

@@ -74,13 +74,42 @@ class _Capped(httpx2.AsyncByteStream):
         await self._inner.aclose()
 
 
+class _EventCapped(httpx2.AsyncByteStream):
+    """A streamed body none of whose events (up to the blank line that ends one) passes ``limit``
+    bytes (``_TooLarge``): openai's reader keeps an event's lines until it ends, so one that never
+    did was held whole until the attempt's timeout."""
+
+    def __init__(self, inner: httpx2.AsyncByteStream, limit: int) -> None:
+        self._inner = inner
+        self._limit = limit
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        since = 0  # bytes since the last event ended
+        tail = b""  # the end of the last chunk, where an event's blank line may have begun
+        async for chunk in self._inner:
+            data = tail + chunk
+            ends = [i + 2 for i in (data.rfind(b"\n\n"),) if i >= 0] + [
+                i + 4 for i in (data.rfind(b"\r\n\r\n"),) if i >= 0
+            ]
+            since = len(data) - max(ends) if ends else since + len(chunk)
+            if since > self._limit:
+                raise _TooLarge
+            tail = data[-3:]
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
 class _BoundedClient(openai.DefaultAsyncHttpxClient):
     """openai's own HTTP client (its connection limits, and proxies from the environment, which
     a transport of our own would have lost) that reads a whole answer only up to ``limit`` bytes
     as sent (``_TooLarge``), or as decoded when the provider compressed it anyway: read whole
     before its size was looked at, an answer of hundreds of MB was held several times over in
     memory, and a worker killed for it lost the call unsaved — a new epoch, the same answer,
-    again. A streamed answer is read piece by piece: ``Gateway._stream`` bounds what it keeps."""
+    again. A streamed answer is read event by event, none past ``limit`` (``_EventCapped``), and
+    ``Gateway._stream`` bounds what it keeps; a refusal's body (openai reads it whole) is read as a
+    whole answer is."""
 
     def __init__(self, limit: int) -> None:
         super().__init__(headers={"Accept-Encoding": "identity"})
@@ -88,7 +117,8 @@ class _BoundedClient(openai.DefaultAsyncHttpxClient):
 
     async def send(self, request: httpx2.Request, *, stream: bool = False, **kwargs: Any) -> httpx2.Response:
         response = await super().send(request, stream=True, **kwargs)
-        if stream:
+        if stream and response.status_code < 400:
+            response.stream = _EventCapped(cast(httpx2.AsyncByteStream, response.stream), self._limit)
             return response
         try:
             if response.headers.get("content-encoding", "identity").lower() in ("", "identity"):
@@ -448,7 +478,8 @@ class Gateway:
         seconds: float,
         on_text: Callable[[str], Awaitable[None]] | None,
     ) -> Completion:
-        """A streamed call that asks for usage (``include_usage``, D9.12)."""
+        """A streamed call that asks for usage (``include_usage``, D9.12); what it keeps (text,
+        tool-call names and arguments, and some for each call) is held to the answer's limit."""
         assert self._client is not None
         stream = await self._client.chat.completions.create(
             **request,
@@ -461,30 +492,36 @@ class Gateway:
         calls: dict[int, list[str]] = {}
         usage: tuple[int, int] | None = None
         finished = False
-        kept = 0  # characters of text and arguments so far
-        async for chunk in stream:
-            if chunk.usage is not None:
-                usage = _tokens(chunk.usage)
-            for choice in chunk.choices:
-                finished = finished or choice.finish_reason is not None
-                delta = choice.delta
-                if isinstance(delta.content, str) and delta.content:
-                    piece = storable(delta.content)
-                    kept += len(piece)
-                    text.append(piece)
-                    if on_text is not None and piece:
-                        await on_text(piece)
-                for tc in delta.tool_calls or []:
-                    slot = calls.setdefault(tc.index, ["", "", ""])
-                    if tc.id:
-                        slot[0] = _text(tc.id)
-                    if tc.function and tc.function.name:
-                        slot[1] += _text(tc.function.name)
-                    if tc.function and tc.function.arguments:
-                        slot[2] += _text(tc.function.arguments)
-                        kept += len(_text(tc.function.arguments))
-            if kept > self.settings.max_model_answer_bytes:
-                raise _TooLarge  # the answer would be refused whole: not read on
+        kept = 0
+        try:
+            async for chunk in stream:
+                if chunk.usage is not None:
+                    usage = _tokens(chunk.usage)
+                for choice in chunk.choices:
+                    finished = finished or choice.finish_reason is not None
+                    delta = choice.delta
+                    if isinstance(delta.content, str) and delta.content:
+                        piece = storable(delta.content)
+                        kept += len(piece)
+                        text.append(piece)
+                        if on_text is not None and piece:
+                            await on_text(piece)
+                    for tc in delta.tool_calls or []:
+                        if tc.index not in calls:
+                            kept += 64  # a call of its own, however small
+                        slot = calls.setdefault(tc.index, ["", "", ""])
+                        if tc.id:
+                            slot[0] = _text(tc.id)
+                        if tc.function and tc.function.name:
+                            slot[1] += _text(tc.function.name)
+                            kept += len(_text(tc.function.name))
+                        if tc.function and tc.function.arguments:
+                            slot[2] += _text(tc.function.arguments)
+                            kept += len(_text(tc.function.arguments))
+                if kept > self.settings.max_model_answer_bytes:
+                    raise _TooLarge  # the answer would be refused whole: not read on
+        finally:
+            await stream.close()  # cut short, its connection stayed open until collected
         if not finished:
             raise _Unfinished  # cut short: its text so far was never a whole answer
         tool_calls = tuple(ToolCall(i, n, a) for _, (i, n, a) in sorted(calls.items()))

@@ -16,9 +16,9 @@ from arq.constants import in_progress_key_prefix, job_key_prefix
 from redis.exceptions import RedisError
 
 from graph import conversation
-from graph.driver import read
+from graph.driver import read, write
 from graph.learning import Queued
-from services.runtime import Runtime
+from services.runtime import Runtime, now_ms
 
 log = logging.getLogger("botmemory.queue")
 
@@ -115,8 +115,12 @@ async def enqueue_backfill(rt: Runtime, bot_id: str, *, part: int = 0) -> None:
         log.warning("enqueue of a backfill failed (%s); the next sweep retries", type(exc).__name__)
 
 
-#: How many Chats a sweep looks at for a summary due (the most behind first).
+#: How many Chats a sweep looks at for a summary due (the most behind first), how many it queues
+#: (each may wait for its Bot's slot in a worker's job: a thousand filled every job slot), and how
+#: long before it queues one Chat again.
 SUMMARY_SWEEP_SCAN: Final = 1_000
+SUMMARY_SWEEP_LIMIT: Final = 50
+SUMMARY_SWEEP_AGAIN_MS: Final = 3_600_000
 
 
 async def enqueue_due_summaries(rt: Runtime) -> int:
@@ -124,10 +128,16 @@ async def enqueue_due_summaries(rt: Runtime) -> int:
     a queueing lost after completeTurn's commit waited for the Chat's next completed Turn, and a
     quiet Chat kept its gap between summary and messages. arq keeps one job per id: a summary
     queued already is not doubled. Returns how many were due."""
-    due = await read(
+    now = now_ms()
+    due = await write(
         rt.driver,
         lambda tx: conversation.summaries_due(
-            tx, threshold=rt.settings.summary_threshold_chars, scan=SUMMARY_SWEEP_SCAN
+            tx,
+            threshold=rt.settings.summary_threshold_chars,
+            scan=SUMMARY_SWEEP_SCAN,
+            limit=SUMMARY_SWEEP_LIMIT,
+            sweptBefore=now - SUMMARY_SWEEP_AGAIN_MS,
+            now=now,
         ),
     )
     for chat_id in due:

@@ -69,8 +69,8 @@ class Settings(BaseSettings):
         default_factory=list[SecretStr], description="older master keys still accepted while a rotation runs"
     )
     admin_token: SecretStr | None = None
-    #: The bearer token the API's ``/metrics`` asks for; without one it answers only clients on
-    #: this host that come through no proxy. Its counters move with what searches met, hidden
+    #: The bearer token the API's ``/metrics`` asks for; without one it answers nobody in
+    #: production, and elsewhere only clients on this host that come through no proxy. Its counters move with what searches met, hidden
     #: entries included, so they are operators' data (services.auth.check_scraper).
     metrics_token: SecretStr | None = None
 

@@ -337,6 +337,25 @@ async def test_a_reply_broken_off_midway_is_no_answer_and_is_not_asked_again(
     assert events[-1]["kind"] == "TURN_COMPLETED"
 
 
+async def test_a_streamed_answer_past_its_limit_is_not_read_on(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    """A streamed answer is held to ``max_model_answer_bytes`` (1 MB) of what it keeps as it is
+    read: a reply of 1.5 MB is ``too_large`` once it passes the limit, not read to its end and
+    then refused; the Turn gets the reply that says the Bot cannot answer."""
+    w = await runner_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    model_server.script("chat", Reply(text="y" * 1_500_000))
+    sent = await api.gql(SEND, {"c": chat, "t": "Write a lot."}, w.tokens["ann"])
+    assert sent["sendMessage"]["reply"] == UNAVAILABLE_REPLY
+    records, _, _ = await runtime.driver.execute_query(
+        "MATCH (c:ModelCall {botId: $b, task: 'chat'}) RETURN c.status AS status, c.attemptLog AS log",
+        b=w.bot,
+    )
+    [(status, log)] = [(r["status"], r["log"]) for r in records]
+    assert status == "too_large" and log[0].startswith("too_large:"), log
+
+
 async def test_a_reply_no_message_could_hold_is_made_one(
     api: Api, runtime: Runtime, model_server: ModelServer
 ) -> None:
