@@ -74,14 +74,10 @@ class _Capped(httpx2.AsyncByteStream):
         await self._inner.aclose()
 
 
-class _EventCapped(httpx2.AsyncByteStream):
+class _EventCapped(_Capped):
     """A streamed body none of whose events (up to the blank line that ends one) passes ``limit``
     bytes (``_TooLarge``): openai's reader keeps an event's lines until it ends, so one that never
     did was held whole until the attempt's timeout."""
-
-    def __init__(self, inner: httpx2.AsyncByteStream, limit: int) -> None:
-        self._inner = inner
-        self._limit = limit
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         since = 0  # bytes since the last event ended
@@ -96,9 +92,6 @@ class _EventCapped(httpx2.AsyncByteStream):
                 raise _TooLarge
             tail = data[-3:]
             yield chunk
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
 
 
 class _BoundedClient(openai.DefaultAsyncHttpxClient):

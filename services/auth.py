@@ -13,13 +13,19 @@ from services.runtime import Runtime, now_ms
 from services.settings import Settings
 
 
+def bearer_token(authorization: str | None) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header (None: none, or another scheme)."""
+    scheme, _, token = (authorization or "").strip().partition(" ")
+    token = token.strip()
+    return token if scheme.lower() == "bearer" and token else None
+
+
 async def authenticate(runtime: Runtime, authorization: str | None) -> Principal:
     """Resolve an ``Authorization: Bearer <token>`` header to a principal, or raise Unauthenticated."""
     if not authorization:
         raise Unauthenticated("missing bearer token")
-    scheme, _, token = authorization.strip().partition(" ")
-    token = token.strip()
-    if scheme.lower() != "bearer" or not token or len(token) > 512:
+    token = bearer_token(authorization)
+    if token is None or len(token) > 512:
         raise Unauthenticated("malformed Authorization header; expected 'Bearer <token>'")
     admin = runtime.settings.admin_token
     if admin is not None and hmac.compare_digest(token.encode(), admin.get_secret_value().encode()):
@@ -66,10 +72,8 @@ def check_scraper(settings: Settings, authorization: str | None, client: str | N
     Raises Unauthenticated or Forbidden."""
     expected = settings.metrics_token
     if expected is not None:
-        scheme, _, given = (authorization or "").strip().partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-            given.strip().encode(), expected.get_secret_value().encode()
-        ):
+        given = bearer_token(authorization)
+        if given is None or not hmac.compare_digest(given.encode(), expected.get_secret_value().encode()):
             raise Unauthenticated(
                 "/metrics needs the metrics token (BOTMEMORY_METRICS_TOKEN) as a bearer token"
             )

@@ -143,6 +143,12 @@ async def until_a_transaction_waits_for_a_lock(rt: Runtime, within: float = 30, 
     await until(blocked, "no transaction ever waited for the lock", within=within)
 
 
+def letters(marks: str) -> list[str]:
+    """One long message per mark, 19,999 characters each (a word repeated: ``"A A … A"``), all
+    distinct: four of them pass a step's or a summary's 60,000 characters."""
+    return [(mark + " ") * 9_999 + mark for mark in marks]
+
+
 async def long_turn(api: Api, token: str, chat: str, letter: str) -> None:
     """A completed Turn of 10,502 characters: two of them pass the summary threshold (20,000)."""
     turn = await api.turn(token, chat, f"{letter} " + letter * 10_500)

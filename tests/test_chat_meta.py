@@ -20,7 +20,13 @@ from services.jobs import enqueue_due_summaries
 from services.memory import cipher_of
 from services.runtime import Runtime
 from tests.client import Api, bearer, make_world
-from tests.learning_helpers import add_items, long_turn, memory_world, until_a_transaction_waits_for_a_lock
+from tests.learning_helpers import (
+    add_items,
+    letters,
+    long_turn,
+    memory_world,
+    until_a_transaction_waits_for_a_lock,
+)
 from tests.memory_helpers import sealed
 from tests.model_server import ModelServer, Reply
 from tests.waiting import until
@@ -352,7 +358,7 @@ async def test_a_summary_request_carries_at_most_its_characters_of_messages(
     chat = await api.chat(ann, w.bot)
     model_server.default("summary", Reply(text="Ann sent four long letters."))
     turn = await api.turn(ann, chat, "Letters follow.")
-    big = [(letter + " ") * 9_999 + letter for letter in "ABCD"]  # 19,999 characters each
+    big = letters("ABCD")
     await add_items(api, ann, turn["id"], *(("PERSON_MESSAGE", text) for text in big))
     await api.gql("mutation($t: ID!) { completeTurn(turnId: $t) { id } }", {"t": turn["id"]}, ann)
 
@@ -380,7 +386,7 @@ async def test_a_summary_whose_queueing_was_lost_is_made_by_the_sweep(
     chat = await api.chat(ann, w.bot)
     model_server.default("summary", Reply(text="Ann wrote two long letters."))
     turn = await api.turn(ann, chat, "Two letters follow.")
-    big = [(letter + " ") * 9_999 + letter for letter in "EF"]  # 19,999 characters each
+    big = letters("EF")
     await add_items(api, ann, turn["id"], *(("PERSON_MESSAGE", text) for text in big))
     assert not [r for r in model_server.requests_for("summary") if big[0][:40] in r.text]
     assert await enqueue_due_summaries(runtime) >= 1

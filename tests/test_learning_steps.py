@@ -25,6 +25,7 @@ from tests.learning_helpers import (
     fact_call,
     first_item,
     learn,
+    letters,
     memory_bot_changes,
     memory_world,
     wait_executions,
@@ -162,7 +163,7 @@ async def test_a_step_sends_at_most_its_characters_of_evidence(
     ann = w.tokens["ann"]
     chat = await api.chat(ann, w.bot)
     turn = await api.turn(ann, chat, "Here are my notes.")
-    big = [(letter + " ") * 9_999 + letter for letter in "ABCD"]  # 19,999 characters each
+    big = letters("ABCD")
     await add_items(api, ann, turn["id"], *(("PERSON_MESSAGE", text) for text in big))
     model_server.respond("learn", lambda _: learn())
     await confide(api, ann, turn["id"], "Took the notes.")
