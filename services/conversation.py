@@ -13,6 +13,7 @@ from typing import Final, TypeVar
 
 from neo4j import AsyncManagedTransaction
 
+from graph import chats as chats_q
 from graph import conversation as conversation_q
 from graph import memory as memory_q
 from graph.driver import QueryTarget, autocommit, read, write
@@ -90,6 +91,10 @@ async def context_pack(
             said_at=said[-1].said_at if said else None,
             zone=said[-1].time_zone if said else None,
         )
+    # The caller's access is checked again after the reads: the statements above ran after the
+    # first check, and what they read (a message, the summary) may have been written after the
+    # caller left the Chat; everything read was committed before this check passed.
+    await read(rt.driver, lambda tx: chats.readable_chat(tx, principal, chat_id))
     summary = summary_map(route.cipher, chat_id, row["summary"])
     shown = {i.id: i.text for i in last.items if i.text is not None}  # decrypted once, for both
     meta = _meta_map(rt, route.cipher, summary, row["recent"], shown)
@@ -278,24 +283,28 @@ async def set_chat_meta(
     if expected is not None and not 0 <= expected < 2**63:
         raise BadInput("expected is a version: a whole number, at least 0", field="expected")
     checked = _checked_map(summary, rt.settings.summary_threshold_chars)
-    row = await read(rt.driver, lambda tx: chats.readable_chat(tx, principal, chat_id))
-    if row["chat"]["ownerId"] != principal.person_id:
-        raise Forbidden("only the chat's owner sets its meta")
     plain = json.dumps(checked, ensure_ascii=False)
-    text = chats.chat_cipher(rt, row).encrypt(Kind.CHAT_SUMMARY, chat_id, plain)
-    saved = await write(
-        rt.driver,
-        lambda tx: conversation_q.set_meta(
+
+    async def work(tx: AsyncManagedTransaction) -> conversation_q.SetMetaRow | None:
+        # The caller's access is checked in the transaction that writes, under the Chat's lock:
+        # a removal committed while the write waited for it refuses the write (read in a
+        # transaction before, a removed owner's write landed after the removal).
+        await chats_q.lock_chat(tx, chat_id=chat_id)
+        row = await chats.readable_chat(tx, principal, chat_id)
+        if row["chat"]["ownerId"] != principal.person_id:
+            raise Forbidden("only the chat's owner sets its meta")
+        return await conversation_q.set_meta(
             tx,
             chatId=chat_id,
             kinds=META_KINDS,
             create=create,
             expected=expected,
-            text=text,
+            text=chats.chat_cipher(rt, row).encrypt(Kind.CHAT_SUMMARY, chat_id, plain),
             chars=len(summary_text(checked) or ""),
             now=now_ms(),
-        ),
-    )
+        )
+
+    saved = await write(rt.driver, work)
     if saved is None:  # the Chat was deleted since it was read
         raise NotFound("chat not found")
     if saved["held"] == create:

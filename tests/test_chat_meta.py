@@ -396,3 +396,27 @@ async def test_a_summary_whose_queueing_was_lost_is_made_by_the_sweep(
         return pack.json()["summary"]
 
     assert await until(summarized, "the swept summary") == "Ann wrote two long letters."
+
+
+async def test_an_owner_removed_while_setting_a_meta_does_not_set_it(api: Api, runtime: Runtime) -> None:
+    """D9.6, D9.30: the owner's access is checked in the transaction that writes the meta, under the
+    Chat's lock. Checked in a transaction before, an owner removed from the channel while the
+    write waited for the Chat (held here) still replaced the meta after the removal."""
+    w = await make_world(api, ("ann", "bob"), channel=("ann", "bob"))
+    ann = w.tokens["ann"]
+    chat = await api.chat(ann, w.bot, channel=w.channel)
+    assert (await put(api, ann, chat, {"summary": {"plan": "Lyon"}}, create=True)).status_code == 201
+    async with runtime.driver.session() as session:
+        holding = await session.begin_transaction()  # another write of the Chat: it is held
+        try:
+            await holding.run("MATCH (ch:Chat {id: $c}) CALL apoc.lock.nodes([ch]) RETURN 1", c=chat)
+            setting = asyncio.create_task(put(api, ann, chat, {"summary": {"plan": "Paris"}}))
+            await until_a_transaction_waits_for_a_lock(runtime, running="Chat {id: $chatId}")
+            await api.admin(
+                "mutation($c: ID!, $m: [ID!]!) { setChannelMembers(channelId: $c, memberIds: $m) { id } }",
+                {"c": w.channel, "m": [w.people["bob"]]},
+            )
+        finally:
+            await holding.rollback()
+    assert code(await setting) == "NOT_FOUND"
+    assert (await meta(api, w.tokens["bob"], chat)).json()["summary"] == {"plan": "Lyon"}

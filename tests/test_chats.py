@@ -161,6 +161,33 @@ async def test_group_chat_is_readable_by_current_channel_members(api: Api) -> No
     assert deleted["deleteChatHistory"]["items"] == 2
 
 
+async def test_a_context_pack_whose_reader_left_the_channel_while_it_was_built_is_not_given(
+    api: Api, runtime: Runtime
+) -> None:
+    """D9.6, D9.17: contextPack checks that the caller is one of the Chat's people, then reads the
+    summary, the meta's messages and the channel's memory in later statements. A caller removed
+    from the channel while the pack waited for the Bot's memory (held by a change) got the pack
+    built after the removal; the caller's access is checked again once everything is read."""
+    world = await make_world(api, ("ann", "bob"), channel=("ann", "bob"))
+    ann = world.tokens["ann"]
+    chat = await api.chat(ann, world.bot, channel=world.channel)
+    await api.turn(ann, chat, "team news")
+    pack = "query($c: ID!) { contextPack(chatId: $c) { memory { ids } } }"
+    async with runtime.driver.session() as session:
+        changing = await session.begin_transaction()  # a memory change: the Memory held
+        try:
+            await changing.run("MATCH (m:Memory {id: $b}) SET m.version = m.version", b=world.bot)
+            packing = asyncio.create_task(api.codes(pack, {"c": chat}, ann))
+            await until_a_transaction_waits_for_a_lock(runtime, running="Preference")
+            await api.admin(
+                "mutation($c: ID!, $m: [ID!]!) { setChannelMembers(channelId: $c, memberIds: $m) { id } }",
+                {"c": world.channel, "m": [world.people["bob"]]},
+            )
+        finally:
+            await changing.rollback()
+    assert await packing == ["NOT_FOUND"]
+
+
 async def test_a_person_adds_items_only_to_their_own_turns(api: Api) -> None:
     """In a group chat every member may write, but a person message is its Turn's actor's words
     (V3): Bob cannot add Items to Ann's open Turn (they were saved as Ann's, and facts learnt from
