@@ -76,11 +76,13 @@ MATCH (x:LearningExecution) WHERE elementId(x) = elementId(held)
 WITH x
 WHERE x.epoch = $epoch AND x.status = """
 
-#: A worker takes the execution for one epoch: only a queued execution of that very epoch.
+#: A worker takes the execution for one epoch: only a queued execution of that very epoch. Its
+#: lease is kept by Neo4j's clock (``timestamp()``), as the sweepers compare it (SWEEP_EXPIRED):
+#: by each worker's own clock, one running 30 s ahead expired every other worker's leases.
 CLAIM: Final[LiteralString] = (
     _OF_EPOCH
     + """'queued'
-SET x.status = 'running', x.leaseUntil = $now + $leaseMs, x.attempts = x.attempts + 1,
+SET x.status = 'running', x.leaseUntil = timestamp() + $leaseMs, x.attempts = x.attempts + 1,
     x.worker = $worker, x.startedAt = coalesce(x.startedAt, $now)
 RETURN x {.id, .botId, .chatId, .turnId, .turnSeq, .epoch, .attempts} AS execution
 """
@@ -104,7 +106,7 @@ class ClaimRow(TypedDict):
 RENEW_LEASE: Final[LiteralString] = (
     _OF_EPOCH
     + """'running'
-SET x.leaseUntil = $until
+SET x.leaseUntil = timestamp() + $leaseMs
 RETURN count(x) AS renewed
 """
 )
@@ -313,8 +315,8 @@ async def claim(
     return None if record is None else record["execution"]
 
 
-async def renew_lease(tx: AsyncManagedTransaction, *, id: str, epoch: int, until: int) -> bool:
-    record = await single(tx, RENEW_LEASE, RenewedRow, id=id, epoch=epoch, until=until)
+async def renew_lease(tx: AsyncManagedTransaction, *, id: str, epoch: int, lease_ms: int) -> bool:
+    record = await single(tx, RENEW_LEASE, RenewedRow, id=id, epoch=epoch, leaseMs=lease_ms)
     return bool(record and record["renewed"])
 
 

@@ -2230,7 +2230,7 @@ WITH held
 MATCH (x:LearningExecution) WHERE elementId(x) = elementId(held)
 WITH x
 WHERE x.epoch = $epoch AND x.status = 'queued'
-SET x.status = 'running', x.leaseUntil = $now + $leaseMs, x.attempts = x.attempts + 1,
+SET x.status = 'running', x.leaseUntil = timestamp() + $leaseMs, x.attempts = x.attempts + 1,
     x.worker = $worker, x.startedAt = coalesce(x.startedAt, $now)
 RETURN x {.id, .botId, .chatId, .turnId, .turnSeq, .epoch, .attempts} AS execution
 
@@ -2333,7 +2333,7 @@ WITH held
 MATCH (x:LearningExecution) WHERE elementId(x) = elementId(held)
 WITH x
 WHERE x.epoch = $epoch AND x.status = 'running'
-SET x.leaseUntil = $until
+SET x.leaseUntil = timestamp() + $leaseMs
 RETURN count(x) AS renewed
 
 // ---- graph.learning.REQUEUE
@@ -3222,13 +3222,13 @@ RETURN collect({id: x.id, epoch: x.epoch}) AS queued
 
 // ---- graph.sweeps.SWEEP_EXPIRED
 MATCH (x:LearningExecution)
-WHERE x.status = 'running' AND x.leaseUntil < $now
+WHERE x.status = 'running' AND x.leaseUntil < timestamp()
 WITH x AS held LIMIT $limit
 CALL apoc.lock.nodes([held])
 WITH held
 MATCH (x:LearningExecution) WHERE elementId(x) = elementId(held)
 WITH x
-WHERE x.status = 'running' AND x.leaseUntil < $now
+WHERE x.status = 'running' AND x.leaseUntil < timestamp()
 SET x.expiries = coalesce(x.expiries, 0) + 1, x.leaseUntil = null
 WITH x, x.expiries >= $maxExpiries AS crashed
 FOREACH (_ IN CASE WHEN crashed THEN [1] ELSE [] END |

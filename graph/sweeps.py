@@ -22,13 +22,13 @@ EXPIRIES_BEFORE_FAILING: Final = 5
 #: completed or went idle (D9.11) are queued. Each returns what to enqueue.
 SWEEP_EXPIRED: Final[LiteralString] = """
 MATCH (x:LearningExecution)
-WHERE x.status = 'running' AND x.leaseUntil < $now
+WHERE x.status = 'running' AND x.leaseUntil < timestamp()
 WITH x AS held LIMIT $limit
 CALL apoc.lock.nodes([held])
 WITH held
 MATCH (x:LearningExecution) WHERE elementId(x) = elementId(held)
 WITH x
-WHERE x.status = 'running' AND x.leaseUntil < $now
+WHERE x.status = 'running' AND x.leaseUntil < timestamp()
 SET x.expiries = coalesce(x.expiries, 0) + 1, x.leaseUntil = null
 WITH x, x.expiries >= $maxExpiries AS crashed
 FOREACH (_ IN CASE WHEN crashed THEN [1] ELSE [] END |

@@ -179,13 +179,13 @@ class ExecutionRunner:
 
     async def _keep_lease(self, x: Claimed) -> None:
         interval = self.rt.settings.lease_seconds / 3
+        lease_ms = int(self.rt.settings.lease_seconds * 1000)
         while True:
             await asyncio.sleep(interval)
-            until = now_ms() + int(self.rt.settings.lease_seconds * 1000)
             with contextlib.suppress(Exception):
                 if not await write(
                     self.rt.driver,
-                    lambda tx, until=until: learning_q.renew_lease(tx, id=x.id, epoch=x.epoch, until=until),
+                    lambda tx: learning_q.renew_lease(tx, id=x.id, epoch=x.epoch, lease_ms=lease_ms),
                 ):
                     return
 

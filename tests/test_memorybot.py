@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
+from graph import learning as learning_q
 from graph import sweeps as sweeps_q
 from graph.driver import read, write
 from learning.gateway import FIXED_CALM_ANSWER, Gateway, Route, StepKey
@@ -18,7 +19,7 @@ from learning.sweeper import sweep_once
 from services.crypto import Kind
 from services.ids import new_id
 from services.memory import cipher_of
-from services.runtime import Runtime
+from services.runtime import Runtime, now_ms
 from services.settings import Settings
 from tests.client import Api, bearer
 from tests.conftest import ApiProcess
@@ -370,6 +371,51 @@ async def test_an_execution_whose_lease_keeps_running_out_ends_crashed(runtime: 
         await runtime.driver.execute_query(
             "MATCH (x:LearningExecution) WHERE x.id IN [$d, $s] DETACH DELETE x", d=doomed, s=spared
         )
+
+
+async def test_a_lease_is_kept_by_the_servers_clock_not_a_workers(runtime: Runtime) -> None:
+    """D9.9, C4: a lease is taken, renewed and found expired by Neo4j's clock. By each worker's
+    own, a worker whose clock ran a minute behind took leases that had run out when taken, and a
+    sweeper whose clock ran a minute ahead expired every other worker's running executions: a
+    second paid run of each."""
+    x = new_id("exec")
+    await runtime.driver.execute_query(
+        "CREATE (:LearningExecution {id: $id, botId: 'b', chatId: 'c', turnId: 't', turnSeq: 1, "
+        "epoch: 0, attempts: 0, status: 'queued'})",
+        id=x,
+    )
+    minute = 60_000
+    try:
+        claimed = await write(
+            runtime.driver,
+            lambda tx: learning_q.claim(
+                tx, id=x, epoch=0, worker="w", now=now_ms() - minute, lease_ms=30_000
+            ),
+        )
+        assert claimed is not None
+        assert await write(
+            runtime.driver, lambda tx: learning_q.renew_lease(tx, id=x, epoch=0, lease_ms=30_000)
+        )
+        queued = await write(
+            runtime.driver,
+            lambda tx: sweeps_q.sweep(
+                tx,
+                sweeps_q.SWEEP_EXPIRED,
+                now=now_ms() + minute,
+                limit=10_000,
+                maxExpiries=sweeps_q.EXPIRIES_BEFORE_FAILING,
+            ),
+        )
+        assert x not in {q["id"] for q in queued}
+        records, _, _ = await runtime.driver.execute_query(
+            "MATCH (x:LearningExecution {id: $id}) RETURN x.status AS status, x.epoch AS epoch,"
+            " x.leaseUntil - timestamp() AS left",
+            id=x,
+        )
+        assert [(r["status"], r["epoch"]) for r in records] == [("running", 0)]
+        assert 0 < records[0]["left"] <= 30_000
+    finally:
+        await runtime.driver.execute_query("MATCH (x:LearningExecution {id: $id}) DETACH DELETE x", id=x)
 
 
 async def test_missing_usage_is_recorded_unknown_and_not_charged(
