@@ -58,6 +58,12 @@ CONTEXT_LIMIT = 300  # L4
 NOT_THE_ANSWERS = frozenset({"no_model", "budget_spent", "busy", "provider_error"})
 #: What a job has past its steps' deadlines: the reads and the commit around a step.
 JOB_MARGIN_SECONDS = 60.0
+#: How long a job waits for its Chat's step slot before it hands the execution on, and how long
+#: the next job then waits in the queue. A job that waited out a step deadline (two minutes) held
+#: one of its worker's job slots meanwhile: a Chat with ten Turns learning at once held all ten
+#: and every other Chat's learning waited behind it.
+SLOT_WAIT_SECONDS = 1.0
+SLOT_RETRY_SECONDS = 2.0
 
 
 def job_seconds(settings: Settings) -> float:
@@ -159,7 +165,9 @@ class ExecutionRunner:
             queued = await write(
                 self.rt.driver, lambda tx: learning_q.requeue(tx, id=x.id, epoch=x.epoch, now=now_ms())
             )
-            await jobs.enqueue_executions(self.rt, queued)  # lost: the sweeper sends it again
+            # Lost: the sweeper sends it again. Waiting for a slot, it waits in the queue.
+            later = SLOT_RETRY_SECONDS if handed.reason == "slot" else 0.0
+            await jobs.enqueue_executions(self.rt, queued, defer_seconds=later)
             log.info("execution %s goes on in a new job (%s)", x.id, handed.reason)
             return "handed_on:" + handed.reason
         except StepFailed as failure:
@@ -229,7 +237,9 @@ class ExecutionRunner:
         while True:
             if time.monotonic() - began > step_seconds:
                 raise _HandOn("time")
-            release = await self._one_step_at_a_time(x, began + step_seconds)
+            release = await self._one_step_at_a_time(
+                x, min(began + step_seconds, time.monotonic() + SLOT_WAIT_SECONDS)
+            )
             try:
                 ended = await self._step_once(x)
             finally:
@@ -243,9 +253,10 @@ class ExecutionRunner:
         after the same read position: each would ask the model and pay for it, and all answers but
         the first to commit would be thrown away (C4). Held, an execution reads its inputs, asks
         and commits; the next one then reads on from the position it left. Still busy at the
-        deadline, the execution goes on in a new job (it ended ``learning_busy``, its Turn's
-        evidence unlearned until the Chat confided again). Without Redis, steps go on unserialised
-        (the compare-and-set still applies each evidence once)."""
+        deadline (SLOT_WAIT_SECONDS), the execution goes on in a new job that waits
+        SLOT_RETRY_SECONDS in the queue, its worker's job slot free meanwhile (it ended
+        ``learning_busy``, its Turn's evidence unlearned until the Chat confided again). Without
+        Redis, steps go on unserialised (the compare-and-set still applies each evidence once)."""
         settings = self.rt.settings
         try:
             return await slots.take_key(

@@ -40,8 +40,9 @@ def job_id(execution_id: str, epoch: int) -> str:
     return f"exec:{execution_id}:{epoch}"
 
 
-async def enqueue_executions(rt: Runtime, queued: list[Queued]) -> None:
-    """Enqueue ``[{id, epoch}]``; a job id already in the queue is not added twice."""
+async def enqueue_executions(rt: Runtime, queued: list[Queued], *, defer_seconds: float = 0.0) -> None:
+    """Enqueue ``[{id, epoch}]``, to run ``defer_seconds`` from now (none: at once); a job id
+    already in the queue is not added twice."""
     for execution in queued:
         try:
             await rt.redis.enqueue_job(
@@ -49,6 +50,7 @@ async def enqueue_executions(rt: Runtime, queued: list[Queued]) -> None:
                 execution["id"],
                 execution["epoch"],
                 _job_id=job_id(execution["id"], execution["epoch"]),
+                _defer_by=defer_seconds or None,
             )
         except RedisError as exc:
             log.warning("enqueue of %s failed (%s); the sweeper retries", execution["id"], type(exc).__name__)

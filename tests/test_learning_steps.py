@@ -4,6 +4,7 @@ on in a new one — a new epoch, queued at once — and never ends failed for wa
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import time
@@ -43,8 +44,7 @@ async def test_an_execution_that_waits_out_its_job_for_the_chats_step_slot_goes_
     """While another execution of the Chat holds its step slot (here the test holds it), an
     execution waited a step deadline and two leases, then ended ``failed: learning_busy``: its
     Turn's evidence stayed unlearned until the Chat confided again, although nothing had failed.
-    It waits within its job's time now, then goes on under a new epoch, and learns once the slot
-    is free."""
+    It goes on under a new epoch now (as often as the slot is busy), and learns once it is free."""
     w = await memory_world(api, ("ann",))
     ann = w.tokens["ann"]
     chat = await api.chat(ann, w.bot)
@@ -72,6 +72,51 @@ async def test_an_execution_that_waits_out_its_job_for_the_chats_step_slot_goes_
     assert [e["content"] for e in (await visible(api, ann, w.bot)).values()] == [
         "Ann keeps bees on the roof."
     ]
+
+
+async def test_a_job_gives_its_worker_slot_back_while_its_chats_step_slot_is_busy(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    """D9.25: a job whose Chat's step slot is held hands its execution on (a new epoch, its job
+    waiting in the queue) after a short wait, not at its step deadline: waiting a deadline (two
+    minutes) in the job, a Chat with ten Turns learning at once held every job slot of a worker
+    and every other Chat's learning waited. Here the deadline is ten minutes and the slot stays
+    held: the job ends, handed on, while it is."""
+    w = await memory_world(api, ("ann",))
+    ann = w.tokens["ann"]
+    chat = await api.chat(ann, w.bot)
+    turn = await api.turn(ann, chat, "Ann grows basil.")
+    item = await first_item(api, ann, chat)
+    await confide(api, ann, turn["id"], "Noted the basil.")
+    # The execution is queued in the graph only: this process's runner takes it, not the worker.
+    await runtime.driver.execute_query(
+        "MATCH (t:Turn {id: $t}) SET t.status = 'completed', t.completedAt = $now "
+        "WITH t MATCH (x:LearningExecution {turnId: t.id}) SET x.status = 'queued', x.queuedAt = $now",
+        t=turn["id"],
+        now=now_ms(),
+    )
+    [queued] = await executions(runtime, turn["id"])
+    model_server.script("learn", learn(fact_call("Ann grows basil.", item)))
+    settings = runtime.settings.model_copy(update={"step_deadline_seconds": 600.0})
+    runner = ExecutionRunner(dataclasses.replace(runtime, settings=settings), Gateway(settings), "test")
+    release = await slots.take_key(
+        runtime.redis, slots.step_key_of(w.bot, chat), 1, time.monotonic() + 10, lease_seconds=3.0
+    )
+    try:
+        running = asyncio.create_task(runner.run(queued["id"], 0))
+
+        async def handed_on() -> dict[str, Any] | None:
+            [x] = await executions(runtime, turn["id"])
+            return x if x["epoch"] >= 1 else None
+
+        await until(handed_on, "the job waited for the step slot instead of handing on", within=60)
+        assert await running == "handed_on:slot"
+        assert model_server.requests_for("learn") == []
+    finally:
+        await release()
+        await runner.gateway.close()
+    [x] = await wait_executions(runtime, turn["id"], within=60)  # the suite's worker goes on
+    assert (x["status"], x["learned"]) == ("done", 1), x
 
 
 async def test_a_job_begins_no_step_that_might_outlast_it_and_its_execution_goes_on_in_a_new_one(
