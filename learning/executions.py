@@ -56,6 +56,10 @@ CONTEXT_LIMIT = 300  # L4
 #: the first ask. Any other (a timeout, an answer too large or malformed) sets it aside (D9.21):
 #: a message that sends the model astray must not stop the Chat's learning.
 NOT_THE_ANSWERS = frozenset({"no_model", "budget_spent", "busy", "provider_error"})
+#: A step's first ask the provider refused (a 400, 413 or 422): asked again with fewer Items, the
+#: one Item it refuses alone is set aside; before, the step failed with the read position
+#: unchanged and every later execution of the Chat sent the same request, refused for ever.
+_REFUSED = "model:refused"
 #: What a job has past its steps' deadlines: the reads and the commit around a step.
 JOB_MARGIN_SECONDS = 60.0
 #: How long a job waits for its Chat's step slot before it hands the execution on, and how long
@@ -105,6 +109,15 @@ class _HandOn(Exception):
 
 class _Stale(Exception):
     """The read position moved since the step began: read the evidence again."""
+
+
+class _Smaller(Exception):
+    """The provider refused a step's request (a 400, 413 or 422): the next step of the job reads
+    at most ``items`` Items, so that the Item it refuses is found and set aside."""
+
+    def __init__(self, items: int) -> None:
+        super().__init__(items)
+        self.items = items
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,6 +247,7 @@ class ExecutionRunner:
         the execution goes on in a new job (a run of many steps — evidence piled up while the
         budget was spent — was cancelled by arq's timeout mid-call)."""
         step_seconds = self.rt.settings.step_deadline_seconds
+        items = self.rt.settings.max_evidence_items
         while True:
             if time.monotonic() - began > step_seconds:
                 raise _HandOn("time")
@@ -241,7 +255,9 @@ class ExecutionRunner:
                 x, min(began + step_seconds, time.monotonic() + SLOT_WAIT_SECONDS)
             )
             try:
-                ended = await self._step_once(x)
+                ended = await self._step_once(x, items)
+            except _Smaller as smaller:
+                items, ended = smaller.items, None
             finally:
                 await release()
             if ended is not None:
@@ -274,13 +290,13 @@ class ExecutionRunner:
             )
             return slots.nothing_held
 
-    async def _step_once(self, x: Claimed) -> str | None:
-        """One pass of the execution: its inputs read, one step asked and committed. Returns how the
-        execution ended, or None when it goes on (more evidence, or a stale commit read again)."""
+    async def _step_once(self, x: Claimed, limit: int) -> str | None:
+        """One pass of the execution: its inputs read, one step of at most ``limit`` Items asked
+        and committed. Returns how the execution ended, or None when it goes on (more evidence, or
+        a stale commit read again); raises _Smaller when the provider refused the request."""
         inputs = await self._inputs(x)
         route, start = inputs.route, inputs.start
         skip = inputs.chat["review"] or not route.bot_memory or route.model is None
-        limit = self.rt.settings.max_evidence_items
         through: list[learning_q.EvidenceMap] = []
         for item in inputs.found:
             if item["turnSeq"] > x.turn_seq:
@@ -299,7 +315,17 @@ class ExecutionRunner:
                 return None
             return None if more else final_status
         try:
-            changes, call_id = await self._step(x, inputs, chunk)
+            deadline = time.monotonic() + self.rt.settings.step_deadline_seconds
+            try:
+                changes, call_id = await self._step(x, inputs, chunk, deadline)
+            except StepFailed as failed:
+                if failed.code != _REFUSED:
+                    raise
+                if len(chunk) > 1:  # find the Item it refuses: half as many at a time
+                    raise _Smaller(len(chunk) // 2) from None
+                if not await self._accepted_without(x, inputs, deadline):
+                    raise  # it refuses any request (its settings, our key): not the Item's doing
+                raise StepRefused([_REFUSED]) from None
         except StepRefused as refused:  # D9.21: set aside, never learned; read on past it
             aside = f"{start + 1}-{end}:{','.join(refused.codes)}"
             try:
@@ -329,12 +355,28 @@ class ExecutionRunner:
             return None
         return None if more else "done"
 
+    async def _accepted_without(self, x: Claimed, inputs: _Inputs, deadline: float) -> bool:
+        """Whether the provider takes the step's request without its evidence, within the step's
+        ``deadline`` and budget: one that refuses a single Item's request for that Item (a content
+        filter) is set aside (D9.21), else the step fails and the Item waits for a later execution
+        (C6)."""
+        route = inputs.route
+        if await self.gateway.budget_spent(self.rt, route):
+            return False
+        kept = [_kept(route.cipher, e) for e in inputs.entries]
+        body = protocol.request_body(system_prompt(protocol.LEARN_SYSTEM, route), [], kept, inputs.topics)
+        key = StepKey(x.id, x.epoch, inputs.start, request_hash(route.cipher, {"model": route.model, **body}))
+        try:
+            await self._ask(route, body, deadline, key, inputs.entries)
+        except ModelUnavailable:
+            return False
+        return True
+
     async def _step(
-        self, x: Claimed, inputs: _Inputs, chunk: list[learning_q.EvidenceMap]
+        self, x: Claimed, inputs: _Inputs, chunk: list[learning_q.EvidenceMap], deadline: float
     ) -> tuple[list[MemoryChange], str | None]:
-        """One model step within the step deadline (C6), its answer checked whole (D9.10).
+        """One model step within the step ``deadline`` (C6), its answer checked whole (D9.10).
         No call id back = the budget is spent and no saved result could be reused."""
-        deadline = time.monotonic() + self.rt.settings.step_deadline_seconds
         route, start, entries = inputs.route, inputs.start, inputs.entries
         cipher = route.cipher
         evidence = {

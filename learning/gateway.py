@@ -49,6 +49,9 @@ FIXED_CALM_ANSWER = (
 )
 
 _RETRYABLE_STATUS = {408, 409, 429, 500, 502, 503, 504}
+#: The provider refused the request itself (its size, its content — a content filter answers
+#: 400): the same request is refused again, here or in any later execution (``refused``).
+_REFUSED_STATUS = {400, 413, 422}
 
 
 class _TooLarge(Exception):
@@ -154,7 +157,8 @@ class _Unfinished(Exception):
 
 class ModelUnavailable(Exception):
     """No usable answer; ``code`` says why (never content): no_model, budget_spent, busy,
-    deadline, timeout, provider_error, malformed, too_large."""
+    deadline, timeout, provider_error, refused (a 400, 413 or 422: the request itself), malformed,
+    too_large."""
 
     def __init__(self, code: str) -> None:
         super().__init__(code)
@@ -379,7 +383,7 @@ class Gateway:
                     attempts.append(f"too_large:{_ms(started)}ms")
                     break
             except openai.APIStatusError as exc:
-                failure = "provider_error"
+                failure = "refused" if exc.status_code in _REFUSED_STATUS else "provider_error"
                 attempts.append(f"status-{exc.status_code}:{_ms(started)}ms")
                 if exc.status_code not in _RETRYABLE_STATUS:
                     break

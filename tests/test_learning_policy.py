@@ -29,7 +29,7 @@ from tests.learning_helpers import (
     wait_executions,
 )
 from tests.memory_helpers import fact, said, visible
-from tests.model_server import ModelServer, Reply, ToolCall
+from tests.model_server import ModelServer, Recorded, Reply, ToolCall
 from tests.test_encryption import files_containing
 
 CANARY = "CANARY" + secrets.token_hex(10)
@@ -322,3 +322,79 @@ async def test_a_refused_answer_is_asked_again_then_set_aside_and_learning_goes_
     assert {x["turnId"]: x["setAside"] for x in rest.json()["executions"]}[poison["id"]][0]["first"] == 2
     assert CANARY not in rest.text and CANARY not in str(seen)
     assert await api.codes(LEARNING, {"c": chat}, w.tokens["bob"]) == ["NOT_FOUND"]
+
+
+def _filtered(marker: str, *, probe_too: bool) -> Callable[[Recorded], Reply]:
+    """A provider whose content filter refuses (400) every learning request holding ``marker``
+    (and, ``probe_too``, one without evidence: a provider refusing any request), and otherwise
+    learns one fact from each person message it is sent."""
+
+    def answer(request: Recorded) -> Reply:
+        items = json.loads(request.body["messages"][1]["content"])["newItems"]
+        if marker in request.text or (probe_too and not items):
+            refusal = {
+                "error": {"message": "filtered", "type": "invalid_request_error", "code": "content_filter"}
+            }
+            return Reply(status=400, body=json.dumps(refusal).encode())
+        said_ = [i for i in items if i["kind"] == "person_message"]
+        return learn(*(fact_call(i["text"], i["id"]) for i in said_))
+
+    return answer
+
+
+async def test_a_message_the_provider_refuses_is_found_and_set_aside(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    """D9.21, C6: the provider refuses a request whose evidence holds one message (a content
+    filter: 400). The step failed with the read position unchanged, and every later execution of
+    the Chat sent the same evidence and was refused again: the Chat learned nothing more. Now the
+    step asks again with half as many Items until the one refused is alone; the provider takes
+    the request without it, so it is set aside (``model:refused``) and the rest is learned."""
+    w = await memory_world(api, ("ann",))
+    ann = w.tokens["ann"]
+    chat = await api.chat(ann, w.bot)
+    marker = "forbidden-" + secrets.token_hex(4)
+    turn = await api.turn(ann, chat, "Ann drinks green tea.")
+    await add_items(
+        api, ann, turn["id"], ("PERSON_MESSAGE", f"Something {marker}."), ("PERSON_MESSAGE", "Ann hums jazz.")
+    )
+    model_server.respond("learn", _filtered(marker, probe_too=False))
+    await confide(api, ann, turn["id"])
+    await complete(api, ann, turn["id"])
+    [x] = await wait_executions(runtime, turn["id"])
+    assert (x["status"], x["learned"], x.get("error"), x["setAside"]) == (
+        "done",
+        2,
+        None,
+        ["2-2:model:refused"],
+    ), x
+    assert sorted(e["content"] for e in (await visible(api, ann, w.bot)).values()) == [
+        "Ann drinks green tea.",
+        "Ann hums jazz.",
+    ]
+    assert await position(runtime, w.bot, chat) == 3
+
+
+async def test_a_provider_refusing_every_request_sets_nothing_aside(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    """C6: a provider that refuses any request (a wrong setting, a bad key answered as 400) is not
+    the evidence's doing: the step fails with the read position unchanged and nothing set aside,
+    and a later execution learns the evidence once the provider takes it."""
+    w = await memory_world(api, ("ann",))
+    ann = w.tokens["ann"]
+    chat = await api.chat(ann, w.bot)
+    marker = "refused-" + secrets.token_hex(4)
+    turn = await api.turn(ann, chat, f"Ann bakes rye bread, {marker}.")
+    model_server.respond("learn", _filtered(marker, probe_too=True))
+    await confide(api, ann, turn["id"])
+    await complete(api, ann, turn["id"])
+    [x] = await wait_executions(runtime, turn["id"])
+    assert (x["status"], x.get("error"), x.get("setAside")) == ("failed", "model:refused", None), x
+    assert await position(runtime, w.bot, chat) == 0
+    model_server.respond("learn", _filtered("nothing-refused-now", probe_too=False))
+    turn2 = await api.turn(ann, chat, "Ann walks to work.")
+    await confide(api, ann, turn2["id"])
+    await complete(api, ann, turn2["id"])
+    [y] = await wait_executions(runtime, turn2["id"])
+    assert (y["status"], y["learned"]) == ("done", 2), y
