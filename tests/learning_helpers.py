@@ -4,11 +4,14 @@ calls (startTurn, addItems, confide, completeTurn) and waiting for learning to e
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any
 
 from graph.learning import ENDS
+from services.ids import new_id
 from services.runtime import Runtime
 from tests.client import Api, World, bearer, make_world
 from tests.conftest import TEST_MODEL
@@ -141,6 +144,26 @@ async def until_a_transaction_waits_for_a_lock(rt: Runtime, within: float = 30, 
         return records[0]["n"] > 0
 
     await until(blocked, "no transaction ever waited for the lock", within=within)
+
+
+#: An execution made in the graph alone (no Turn, no job): what the statements it tests read.
+_BARE_EXECUTION = {"botId": "b", "chatId": "c", "turnId": "t", "turnSeq": 1, "epoch": 0, "attempts": 0}
+
+
+@contextlib.asynccontextmanager
+async def bare_executions(rt: Runtime, *rows: dict[str, Any]) -> AsyncGenerator[list[str]]:
+    """Executions made in the graph alone, one per row (its properties over a queued one of Bot
+    ``b``; an id made unless given), deleted afterwards; yields their ids."""
+    made: list[dict[str, Any]] = [
+        {**_BARE_EXECUTION, "status": "queued", "id": new_id("exec"), **row} for row in rows
+    ]
+    await rt.driver.execute_query("UNWIND $rows AS r CREATE (x:LearningExecution) SET x = r", rows=made)
+    try:
+        yield [x["id"] for x in made]
+    finally:
+        await rt.driver.execute_query(
+            "MATCH (x:LearningExecution) WHERE x.id IN $ids DETACH DELETE x", ids=[x["id"] for x in made]
+        )
 
 
 def letters(marks: str) -> list[str]:

@@ -23,7 +23,7 @@ from services.ids import new_id
 from services.runtime import Runtime
 from services.writepath import apply_changes
 from tests.client import Api, make_world
-from tests.learning_helpers import until_a_transaction_waits_for_a_lock
+from tests.learning_helpers import bare_executions, until_a_transaction_waits_for_a_lock
 
 RACERS = 24
 
@@ -50,22 +50,16 @@ async def test_concurrent_changes_of_one_bot_get_distinct_versions_and_log_rows(
 
 async def test_one_of_many_concurrent_claims_of_an_execution_wins(runtime: Runtime) -> None:
     """C4: a queued execution of one epoch is claimed by exactly one worker."""
-    x = new_id("exec")
-    await runtime.driver.execute_query(
-        "CREATE (:LearningExecution {id: $id, botId: 'b', chatId: 'c', turnId: 't', turnSeq: 1, "
-        "epoch: 0, attempts: 0, status: 'queued'})",
-        id=x,
-    )
+    async with bare_executions(runtime, {}) as (x,):
 
-    async def claim(n: int) -> learning_q.ClaimMap | None:
-        return await write(
-            runtime.driver,
-            lambda tx: learning_q.claim(tx, id=x, epoch=0, worker=f"w{n}", now=1, lease_ms=1000),
-        )
+        async def claim(n: int) -> learning_q.ClaimMap | None:
+            return await write(
+                runtime.driver,
+                lambda tx: learning_q.claim(tx, id=x, epoch=0, worker=f"w{n}", now=1, lease_ms=1000),
+            )
 
-    claims = await asyncio.gather(*(claim(n) for n in range(RACERS)))
-    assert sum(c is not None for c in claims) == 1
-    await runtime.driver.execute_query("MATCH (x:LearningExecution {id: $id}) DETACH DELETE x", id=x)
+        claims = await asyncio.gather(*(claim(n) for n in range(RACERS)))
+        assert sum(c is not None for c in claims) == 1
 
 
 async def test_one_of_many_concurrent_settings_changes_with_one_expected_version_wins(

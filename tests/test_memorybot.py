@@ -24,6 +24,7 @@ from services.settings import Settings
 from tests.client import Api, bearer
 from tests.conftest import ApiProcess
 from tests.learning_helpers import (
+    bare_executions,
     complete,
     confide,
     executions,
@@ -319,38 +320,22 @@ async def test_the_sweep_looks_at_every_bot_whose_learning_waits_for_budget(runt
     budget still spent hid every other Bot, whose new period was never released. It looks at
     Bots now (up to 200 a sweep, drawn at random when there are more)."""
     hog, other = new_id("bot"), new_id("bot")
-    await runtime.driver.execute_query(
-        "UNWIND range(1, 250) AS n CREATE (:LearningExecution {id: $b + '-' + toString(n), botId: $b,"
-        " chatId: 'c', turnId: 't', turnSeq: 1, epoch: 0, attempts: 0, status: 'budget'})",
-        b=hog,
-    )
-    await runtime.driver.execute_query(
-        "CREATE (:LearningExecution {id: $b + '-1', botId: $b, chatId: 'c', turnId: 't', turnSeq: 1,"
-        " epoch: 0, attempts: 0, status: 'budget'})",
-        b=other,
-    )
-    try:
+    waiting = [{"id": f"{hog}-{n}", "botId": hog, "status": "budget"} for n in range(1, 251)]
+    async with bare_executions(runtime, *waiting, {"botId": other, "status": "budget"}):
         bots = await read(runtime.driver, lambda tx: sweeps_q.budget_waiting(tx, limit=200))
         assert {hog, other} <= set(bots) and len(bots) == len(set(bots))
-    finally:
-        await runtime.driver.execute_query(
-            "MATCH (x:LearningExecution) WHERE x.botId IN $b DETACH DELETE x", b=[hog, other]
-        )
 
 
 async def test_an_execution_whose_lease_keeps_running_out_ends_crashed(runtime: Runtime) -> None:
     """D9.9: an expired lease starts a new epoch — unless it ran out EXPIRIES_BEFORE_FAILING
     times: a worker that dies on an execution (killed for its memory) took it up again for ever,
     and every job of that worker died with it each time. It ends failed, ``crashed``, then."""
-    doomed, spared = new_id("exec"), new_id("exec")
-    await runtime.driver.execute_query(
-        "UNWIND [[$d, $n - 1], [$s, 1]] AS x CREATE (:LearningExecution {id: x[0], botId: 'b', chatId: 'c',"
-        " turnId: 't', turnSeq: 1, epoch: 3, attempts: 5, status: 'running', leaseUntil: 1, expiries: x[1]})",
-        d=doomed,
-        s=spared,
-        n=sweeps_q.EXPIRIES_BEFORE_FAILING,
-    )
-    try:
+    expired = {"epoch": 3, "attempts": 5, "status": "running", "leaseUntil": 1}
+    async with bare_executions(
+        runtime,
+        {**expired, "expiries": sweeps_q.EXPIRIES_BEFORE_FAILING - 1},
+        {**expired, "expiries": 1},
+    ) as (doomed, spared):
         queued = await write(
             runtime.driver,
             lambda tx: sweeps_q.sweep(
@@ -367,10 +352,6 @@ async def test_an_execution_whose_lease_keeps_running_out_ends_crashed(runtime: 
         assert found[doomed] == ("failed", "crashed", 3, sweeps_q.EXPIRIES_BEFORE_FAILING)
         assert found[spared] == ("queued", None, 4, 2)
         assert {q["id"] for q in queued} & {doomed, spared} == {spared}
-    finally:
-        await runtime.driver.execute_query(
-            "MATCH (x:LearningExecution) WHERE x.id IN [$d, $s] DETACH DELETE x", d=doomed, s=spared
-        )
 
 
 async def test_a_lease_is_kept_by_the_servers_clock_not_a_workers(runtime: Runtime) -> None:
@@ -378,14 +359,8 @@ async def test_a_lease_is_kept_by_the_servers_clock_not_a_workers(runtime: Runti
     own, a worker whose clock ran a minute behind took leases that had run out when taken, and a
     sweeper whose clock ran a minute ahead expired every other worker's running executions: a
     second paid run of each."""
-    x = new_id("exec")
-    await runtime.driver.execute_query(
-        "CREATE (:LearningExecution {id: $id, botId: 'b', chatId: 'c', turnId: 't', turnSeq: 1, "
-        "epoch: 0, attempts: 0, status: 'queued'})",
-        id=x,
-    )
     minute = 60_000
-    try:
+    async with bare_executions(runtime, {}) as (x,):
         claimed = await write(
             runtime.driver,
             lambda tx: learning_q.claim(
@@ -414,8 +389,6 @@ async def test_a_lease_is_kept_by_the_servers_clock_not_a_workers(runtime: Runti
         )
         assert [(r["status"], r["epoch"]) for r in records] == [("running", 0)]
         assert 0 < records[0]["left"] <= 30_000
-    finally:
-        await runtime.driver.execute_query("MATCH (x:LearningExecution {id: $id}) DETACH DELETE x", id=x)
 
 
 async def test_missing_usage_is_recorded_unknown_and_not_charged(
