@@ -54,13 +54,16 @@ _DUE_ADDS: Final[LiteralString] = (
 )
 
 #: Entries of a legacy import: the tags they came with, no SOURCE edges, and a declared source
-#: count they cannot meet (V9). ``$rows``: id, layer, content, contentLength, tags, orderKey.
-#: Nothing derived yet: the Memory is due for the backfill.
+#: count they cannot meet (V9) — but an old private pinned entry made with Remember, which keeps
+#: its own rule (source count 0, its author). ``$rows``: id, layer, content, contentLength,
+#: tags, orderKey, author, sourceCount, legacy. Nothing derived yet: the Memory is due for the
+#: backfill.
 CREATE_LEGACY: Final[LiteralString] = (
     """
 MATCH (m:Memory {id: $botId})
 UNWIND $rows AS row
-WITH m, row, row.tags AS tags, row.orderKey AS orderKey, 1 AS sourceCount, true AS legacy, null AS saidAt
+WITH m, row, row.tags AS tags, row.orderKey AS orderKey, row.sourceCount AS sourceCount,
+     row.legacy AS legacy, null AS saidAt
 CREATE """
     + _NEW_ENTRY
     + _LABEL_PREFERENCE

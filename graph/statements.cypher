@@ -2008,7 +2008,8 @@ MATCH (e:Entry {botId: $botId}) RETURN collect(e.id) AS ids
 // ---- graph.entries.CREATE_LEGACY
 MATCH (m:Memory {id: $botId})
 UNWIND $rows AS row
-WITH m, row, row.tags AS tags, row.orderKey AS orderKey, 1 AS sourceCount, true AS legacy, null AS saidAt
+WITH m, row, row.tags AS tags, row.orderKey AS orderKey, row.sourceCount AS sourceCount,
+     row.legacy AS legacy, null AS saidAt
 CREATE (e:Entry {id: row.id, botId: $botId, layer: row.layer, content: row.content,
   contentLength: row.contentLength, tags: tags, status: 'active', confidence: row.confidence,
   createdAt: $now, updatedAt: $now, saidAt: coalesce(saidAt, $now), invalidatedAt: null, orderKey: orderKey,

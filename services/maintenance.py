@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import Any
 
 from neo4j import AsyncManagedTransaction
 
-from graph import changelog, entries
+from graph import changelog, entries, identity
 from graph import memory as memory_q
 from graph.driver import write
 from services.changes import Applied, check_content
-from services.crypto import Kind
+from services.crypto import Cipher, Kind
 from services.errors import NotFound
 from services.ids import new_id
 from services.memory import cipher_of
@@ -30,12 +31,32 @@ class LegacyEntry:
     layer: str = "fact"
     id: str = field(default_factory=lambda: new_id("mem"))
 
+    def remembered_by(self) -> tuple[str, str] | None:
+        """(person, organization) when this is a private pinned entry made with Remember: a pinned
+        entry for one person alone, of one organization, from nobody else (Remember's own tags,
+        ``from:``, ``for:person:`` and ``org:``, and topics). Seed 000: it "keeps its own access
+        rule"."""
+        if self.layer != "pinned":
+            return None
+        fors = [t for t in self.tags if t.startswith("for:")]
+        orgs = [t[4:] for t in self.tags if t.startswith("org:")]
+        if len(fors) != 1 or not fors[0].startswith("for:person:") or len(orgs) != 1:
+            return None
+        person = fors[0][len("for:person:") :]
+        others = [t for t in self.tags if ":" in t and not t.startswith(("for:", "org:"))]
+        if not person or not orgs[0] or any(t != "from:" + person for t in others):
+            return None
+        return person, orgs[0]
+
 
 async def import_legacy(rt: Runtime, bot_id: str, legacy: list[LegacyEntry]) -> Applied:
     """Load legacy entries: kept hidden, out of learning, never widened (V9); logged as ``promotion``.
 
     They keep their tags but get no SOURCE edges; a declared source count they cannot meet
     (and the legacy flag) makes the visibility check fail closed for them and anything above.
+    A private pinned entry made with Remember (``LegacyEntry.remembered_by``), of a person who is
+    still in that organization, keeps its own access rule instead: it is loaded as Remember makes
+    one, its author's alone (seed 000, V9).
     """
     cipher = await cipher_of(rt, bot_id)
     change_id, now = new_id("chg"), now_ms()
@@ -46,15 +67,15 @@ async def import_legacy(rt: Runtime, bot_id: str, legacy: list[LegacyEntry]) -> 
         version = await memory_q.bump_version(tx, bot_id=bot_id)
         if version is None:
             raise NotFound("bot not found")
+        claims = {entry.id: entry.remembered_by() for entry in legacy}
+        members = {
+            pair
+            for pair in set(claims.values())
+            if pair is not None
+            and await identity.count_people_in_org(tx, person_ids=[pair[0]], organization_id=pair[1])
+        }
         rows = [
-            {
-                "id": entry.id,
-                "layer": entry.layer if entry.layer in ("fact", "observation", "pinned") else "fact",
-                "content": cipher.encrypt(Kind.ENTRY, entry.id, entry.content),
-                "contentLength": len(entry.content),
-                "tags": list(entry.tags),
-                "orderKey": version * ORDER_SLOTS + position,
-            }
+            _legacy_row(cipher, entry, version * ORDER_SLOTS + position, claims[entry.id], members)
             for position, entry in enumerate(legacy, 1)
         ]
         await entries.create_legacy(tx, bot_id=bot_id, rows=rows, now=now)
@@ -77,6 +98,34 @@ async def import_legacy(rt: Runtime, bot_id: str, legacy: list[LegacyEntry]) -> 
     # on, though nobody may see these entries (V9).
     await publish_change(rt, bot_id, applied)
     return applied
+
+
+def _legacy_row(
+    cipher: Cipher,
+    entry: LegacyEntry,
+    order_key: int,
+    claim: tuple[str, str] | None,
+    members: set[tuple[str, str]],
+) -> dict[str, Any]:
+    """CREATE_LEGACY's row of ``entry``: hidden (V9), or remembered by a person still in the
+    organization its tags name — then tagged as Remember tags, with its author and no source."""
+    row: dict[str, Any] = {
+        "id": entry.id,
+        "layer": entry.layer if entry.layer in ("fact", "observation", "pinned") else "fact",
+        "content": cipher.encrypt(Kind.ENTRY, entry.id, entry.content),
+        "contentLength": len(entry.content),
+        "tags": list(entry.tags),
+        "orderKey": order_key,
+        "author": None,
+        "sourceCount": 1,
+        "legacy": True,
+    }
+    if claim is not None and claim in members:
+        person, org = claim
+        topics = [t for t in entry.tags if ":" not in t]
+        tags = ["from:" + person, "for:person:" + person, "org:" + org, *topics]
+        row |= {"tags": list(dict.fromkeys(tags)), "author": person, "sourceCount": 0, "legacy": False}
+    return row
 
 
 async def relabel_all(rt: Runtime, bot_id: str) -> int:

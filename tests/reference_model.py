@@ -318,9 +318,34 @@ class Model:
             if e.bot == bot and old in e.tags:
                 e.tags = [t for t in e.tags if t not in (old, new)] + [new]
 
-    def import_legacy(self, bot: str, entry_id: str, tags: list[str]) -> None:
-        """Old memory without access proof: kept hidden (V9)."""
-        self.entries[entry_id] = Entry(entry_id, bot, "fact", _dedup(tags), self._next_seq(), legacy=True)
+    def import_legacy(self, bot: str, entry_id: str, tags: list[str], layer: str = "fact") -> None:
+        """Old memory without access proof: kept hidden (V9) — but a private pinned entry made with
+        Remember (pinned; for one person of one organization, from nobody else) keeps its own
+        rule while that person is in the organization: loaded as ``remember`` makes one."""
+        fors = [t for t in tags if t.startswith("for:")]
+        orgs = [t[4:] for t in tags if t.startswith("org:")]
+        person = (
+            fors[0][len("for:person:") :] if len(fors) == 1 and fors[0].startswith("for:person:") else None
+        )
+        others = [t for t in tags if ":" in t and not t.startswith(("for:", "org:"))]
+        if (
+            layer == "pinned"
+            and person
+            and len(orgs) == 1
+            and self.people.get(person) == orgs[0]
+            and all(t == f"from:{person}" for t in others)
+        ):
+            own = [
+                f"from:{person}",
+                f"for:person:{person}",
+                f"org:{orgs[0]}",
+                *(t for t in tags if ":" not in t),
+            ]
+            self.entries[entry_id] = Entry(
+                entry_id, bot, "pinned", _dedup(own), self._next_seq(), author=person
+            )
+            return
+        self.entries[entry_id] = Entry(entry_id, bot, layer, _dedup(tags), self._next_seq(), legacy=True)
 
     # Sharing (V6, D9.3) -------------------------------------------------------------------------
 

@@ -713,9 +713,11 @@ class AccessMachine(RuleBasedStateMachine):
         self.say(f"rename_topic {old} -> {new} on {b}")
 
     @precondition(lambda self: self.created < MAX_ENTRIES)
-    @rule(bot=idx, tags=st.sampled_from(["person", "bot", "channel"]), person=idx)
+    @rule(bot=idx, tags=st.sampled_from(["person", "bot", "channel"]), person=idx, pinned=st.booleans())
     @step
-    def import_legacy_entry(self, bot: int, tags: str, person: int) -> None:
+    def import_legacy_entry(self, bot: int, tags: str, person: int, pinned: bool) -> None:
+        """Old memory: hidden (V9), but an old private pinned entry made with Remember ("person",
+        pinned) keeps its own rule (seed 000)."""
         b, p = pick(self.bots, bot), pick(self.people, person)
         org = self.model.people[p]
         chosen = {
@@ -723,11 +725,12 @@ class AccessMachine(RuleBasedStateMachine):
             "bot": ["for:bot", f"org:{org}"],
             "channel": [f"for:channel:{self.channels[0]}", f"channel:{self.channels[0]}", f"org:{org}"],
         }[tags]
-        legacy = LegacyEntry(content=self.content("old memory"), tags=tuple(chosen))
+        layer = "pinned" if pinned else "fact"
+        legacy = LegacyEntry(content=self.content("old memory"), tags=tuple(chosen), layer=layer)
         self.run(import_legacy(self.bridge.runtime, b, [legacy]))
-        self.model.import_legacy(b, legacy.id, chosen)
+        self.model.import_legacy(b, legacy.id, chosen, layer)
         self.new_entry(legacy.id, b, legacy.content)
-        self.say(f"import legacy {legacy.id} on {b} with {chosen}")
+        self.say(f"import legacy {layer} {legacy.id} on {b} with {chosen}")
 
     # A person's commands -----------------------------------------------------------------------------
 

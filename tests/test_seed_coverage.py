@@ -296,14 +296,20 @@ async def test_import_legacy_loads_hidden_entries_logged_as_promotion(
 ) -> None:
     """Seed 000: "Changes from older versions of OpenBot can also say promotion." DESIGN §5:
     import (CLI) "loads legacy entries without access proof: hidden (V9), logged with actor
-    `promotion`" — ``botmemory import-legacy`` run in process against the test stack."""
-    w = await make_world(api, ("ann",))
+    `promotion`" — ``botmemory import-legacy`` run in process against the test stack. Seed 000:
+    "A private pinned entry made with Remember keeps its own access rule": an old one is its
+    author's, as Remember makes it (it was hidden with the rest before), so its author sees it and
+    the log's ``promotion`` row; one for the Bot's people is not private, and stays hidden."""
+    w = await make_world(api, ("ann", "bob"))
     ann = w.tokens["ann"]
     person = w.people["ann"]
+    remembered = [f"for:person:{person}", f"from:{person}", f"org:{w.org}", "locker"]
     lines = [
         {"content": "Ann used to live in Oslo", "tags": [f"for:person:{person}", f"org:{w.org}", "home"]},
         {"content": "Ann seems to like the north", "tags": [f"for:person:{person}"], "layer": "observation"},
         {"content": "A session note", "layer": "session"},
+        {"content": "Ann's locker code is 4711", "tags": remembered, "layer": "pinned"},
+        {"content": "The team's door code", "tags": ["for:bot", f"org:{w.org}"], "layer": "pinned"},
     ]
     legacy = tmp_path / "legacy.jsonl"
     legacy.write_text("\n".join(json.dumps(line) for line in lines) + "\n", encoding="utf-8")
@@ -327,7 +333,7 @@ async def test_import_legacy_loads_hidden_entries_logged_as_promotion(
         await announced.aclose()  # type: ignore[no-untyped-call]
     assert data is not None, "the import was not announced"
     sent = json.loads(data)
-    assert out.out.startswith("imported 3 legacy entries")
+    assert out.out.startswith("imported 5 legacy entries")
     # One change of the memory, logged with the actor promotion and every imported id (C2).
     records, _, _ = await runtime.driver.execute_query(
         "MATCH (c:Change {botId: $b}) RETURN c {.id, .version, .actor, .entryIds, .payload} AS c", b=w.bot
@@ -337,7 +343,7 @@ async def test_import_legacy_loads_hidden_entries_logged_as_promotion(
     cipher = await cipher_of(runtime, w.bot)
     assert json.loads(cipher.decrypt(Kind.CHANGE, change["id"], change["payload"])) == {
         "kind": "import",
-        "count": 3,
+        "count": 5,
     }
     records, _, _ = await runtime.driver.execute_query(
         "MATCH (e:Entry {botId: $b}) RETURN e {.id, .layer, .tags, .status, .legacy, .content} AS e", b=w.bot
@@ -360,10 +366,28 @@ async def test_import_legacy_loads_hidden_entries_logged_as_promotion(
             "active",
             True,
         ),
+        (
+            "Ann's locker code is 4711",
+            "pinned",
+            [f"from:{person}", f"for:person:{person}", f"org:{w.org}", "locker"],
+            "active",
+            False,
+        ),
+        ("The team's door code", "pinned", ["for:bot", f"org:{w.org}"], "active", True),
     ]
-    # Hidden (V9) from the person they name, so the log's row with them is hidden too (V10):
-    # only the version shows that memory changed.
+    [kept] = [e["id"] for e in stored.values() if not e["legacy"]]
+    # The others are hidden (V9) from the people they name; the log's row shows Ann only her own
+    # entry (V10), and Bob nothing: only the version shows that memory changed.
     memory = await api.http.get(f"/v1/bots/{w.bot}/memory", headers=bearer(ann))
-    assert memory.json() == {"entries": [], "version": 1}
+    assert [(e["id"], e["content"], e["layer"]) for e in memory.json()["entries"]] == [
+        (kept, "Ann's locker code is 4711", "pinned")
+    ]
     log = await api.http.get(f"/v1/bots/{w.bot}/memory/log", headers=bearer(ann))
+    assert [(c["actor"], c["ids"]) for c in log.json()["changes"]] == [("promotion", [kept])]
+    bob = w.tokens["bob"]
+    assert (await api.http.get(f"/v1/bots/{w.bot}/memory", headers=bearer(bob))).json() == {
+        "entries": [],
+        "version": 1,
+    }
+    log = await api.http.get(f"/v1/bots/{w.bot}/memory/log", headers=bearer(bob))
     assert (log.json()["changes"], log.json()["version"]) == ([], 1)

@@ -115,6 +115,13 @@ def test_organizations_and_legacy_entries_fail_closed_v2_v9() -> None:
     assert seen_by(m, "mix") == set()  # two organizations: nobody passes both org: tags
     m.import_legacy("b", "old", ["for:bot", "org:o1"])
     assert seen_by(m, "old") == set()
+    # An old private pinned entry made with Remember keeps its own rule (seed 000); one for the
+    # Bot's people, or naming another organization than its author's, stays hidden.
+    m.import_legacy("b", "mine", ["for:person:ann", "from:ann", "org:o1", "tea"], "pinned")
+    assert seen_by(m, "mine") == {"ann"}
+    m.import_legacy("b", "ours", ["for:bot", "org:o1"], "pinned")
+    m.import_legacy("b", "elsewhere", ["for:person:ann", "org:o2"], "pinned")
+    assert seen_by(m, "ours") == seen_by(m, "elsewhere") == set()
 
 
 def test_a_source_chain_deeper_than_the_bound_is_hidden_d9_2() -> None:
