@@ -44,7 +44,6 @@ from services.datewords import day_of, said_minute
 from services.errors import ServiceError
 from services.memorybot import load_route
 from services.runtime import Runtime, now_ms
-from services.settings import Settings
 from services.tasks import cancel_and_wait
 from services.writepath import apply_changes, first_refused_share
 
@@ -60,21 +59,12 @@ NOT_THE_ANSWERS = frozenset({"no_model", "budget_spent", "busy", "provider_error
 #: one Item it refuses alone is set aside; before, the step failed with the read position
 #: unchanged and every later execution of the Chat sent the same request, refused for ever.
 _REFUSED = "model:refused"
-#: What a job has past its steps' deadlines: the reads and the commit around a step.
-JOB_MARGIN_SECONDS = 60.0
 #: How long a job waits for its Chat's step slot before it hands the execution on, and how long
 #: the next job then waits in the queue. A job that waited out a step deadline (two minutes) held
 #: one of its worker's job slots meanwhile: a Chat with ten Turns learning at once held all ten
 #: and every other Chat's learning waited behind it.
 SLOT_WAIT_SECONDS = 1.0
 SLOT_RETRY_SECONDS = 2.0
-
-
-def job_seconds(settings: Settings) -> float:
-    """arq's timeout of an execution's job: two step deadlines and the margin. A job begins a
-    step only while that step's deadline ends within the first two (``ExecutionRunner._run``), so
-    the timeout never cancels a step half way (its model call unsaved, its cost uncounted)."""
-    return 2 * settings.step_deadline_seconds + JOB_MARGIN_SECONDS
 
 
 class StepFailed(Exception):
@@ -99,8 +89,8 @@ class _Superseded(Exception):
 
 class _HandOn(Exception):
     """The execution goes on in a new job (a new epoch, queued at once): ``reason`` says why —
-    ``slot`` (the Chat's step slot stayed busy as long as this job may wait) or ``time`` (another
-    step might not end within this job's time)."""
+    ``slot`` (the Chat's step slot stayed busy as long as this job may wait), ``time`` (another
+    step might not end within this job's time) or ``stopping`` (the worker was asked to stop)."""
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
@@ -155,8 +145,12 @@ def _speaker(item: learning_q.EvidenceMap) -> str:
 class ExecutionRunner:
     """Runs executions in one worker process."""
 
-    def __init__(self, rt: Runtime, gateway: Gateway, worker_id: str) -> None:
+    def __init__(
+        self, rt: Runtime, gateway: Gateway, worker_id: str, stopping: asyncio.Event | None = None
+    ) -> None:
         self.rt, self.gateway, self.worker_id = rt, gateway, worker_id
+        #: Set when the worker is asked to stop: no job begins another step (``Settings.stop_seconds``).
+        self.stopping = stopping or asyncio.Event()
 
     async def run(self, execution_id: str, epoch: int) -> str:
         """Run one epoch of an execution; returns how it ended (for logs and tests)."""
@@ -243,12 +237,14 @@ class ExecutionRunner:
 
     async def _run(self, x: Claimed, began: float) -> str:
         """Step after step until the execution ends. A step begins only within the job's first
-        step deadline (its wait for the slot counted), so it ends within ``job_seconds``; past it,
+        step deadline (its wait for the slot counted), so it ends within ``Settings.job_seconds``; past it,
         the execution goes on in a new job (a run of many steps — evidence piled up while the
         budget was spent — was cancelled by arq's timeout mid-call)."""
         step_seconds = self.rt.settings.step_deadline_seconds
         items = self.rt.settings.max_evidence_items
         while True:
+            if self.stopping.is_set():
+                raise _HandOn("stopping")
             if time.monotonic() - began > step_seconds:
                 raise _HandOn("time")
             release = await self._one_step_at_a_time(

@@ -17,12 +17,12 @@ import time
 from typing import Any, ClassVar
 
 from arq import cron, func
-from arq.worker import run_worker
+from arq.worker import Worker, get_kwargs
 from prometheus_client import start_http_server
 from redis.exceptions import RedisError
 
 from learning import backfill, summary
-from learning.executions import ExecutionRunner, job_seconds
+from learning.executions import ExecutionRunner
 from learning.gateway import Gateway
 from learning.sweeper import sweeper
 from services import jobs, metrics
@@ -52,7 +52,9 @@ async def startup(ctx: dict[str, Any]) -> None:
     gateway = await stack.enter_async_context(Gateway(settings))
     await gateway.warm_up()
     ctx["runtime"], ctx["gateway"] = runtime, gateway
-    ctx["runner"] = ExecutionRunner(runtime, gateway, f"{socket.gethostname()}:{os.getpid()}")
+    ctx["runner"] = ExecutionRunner(
+        runtime, gateway, f"{socket.gethostname()}:{os.getpid()}", ctx.setdefault("stopping", asyncio.Event())
+    )
     ctx["sweeper"] = asyncio.create_task(sweeper(runtime))
     # `kill -USR1 <pid>` logs where each of its tasks waits (a worker that seems stuck).
     asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, log_tasks, log)
@@ -189,7 +191,12 @@ async def summarize_chat(ctx: dict[str, Any], chat_id: str) -> None:
         except Exception as exc:  # recorded as a code; the next completed Turn asks again
             outcome = "failed:" + type(exc).__name__
         log.info("summary of %s: %s", chat_id, outcome)
-        if outcome != "saved" or time.monotonic() - began > runtime.settings.step_deadline_seconds:
+        stopping: asyncio.Event = ctx["stopping"]
+        if (
+            outcome != "saved"
+            or stopping.is_set()
+            or time.monotonic() - began > runtime.settings.step_deadline_seconds
+        ):
             return
 
 
@@ -232,6 +239,19 @@ def serve_metrics(settings: Settings) -> None:
     )
 
 
+class _Worker(Worker):
+    """arq's worker, asked to stop (SIGTERM, SIGINT): it takes no more jobs, its jobs begin no
+    more steps and it waits up to ``Settings.stop_seconds`` for the running ones (their model calls saved
+    and charged) before it cancels what is left."""
+
+    def handle_sig_wait_for_completion(self, signum: signal.Signals) -> None:
+        stopping = self.ctx.get("stopping")
+        if isinstance(stopping, asyncio.Event):
+            stopping.set()
+        log.info("asked to stop: the running jobs end their steps")
+        super().handle_sig_wait_for_completion(signum)
+
+
 def main() -> None:
     """Run one worker (settings are read here, not at import). A lost Redis connection ends
     arq's run with an error; the process then starts itself afresh (same pid, nothing left of the
@@ -240,14 +260,15 @@ def main() -> None:
     configure_logging(settings.log_level)
     serve_metrics(settings)
     try:
-        run_worker(
-            WorkerSettings,  # type: ignore[arg-type]
+        _Worker(
+            **get_kwargs(WorkerSettings),  # type: ignore[arg-type]
             # Its queue is polled with the same deadlines as every other Redis command: a Redis that
             # accepts connections and never answers held the poll for ever, so the restart below
             # never came.
             redis_pool=redis_of(settings),
-            job_timeout=int(job_seconds(settings)),
-        )
+            job_timeout=int(settings.job_seconds()),
+            job_completion_wait=int(settings.stop_seconds()) + 1,
+        ).run()
     except (RedisError, OSError) as exc:
         log.warning("worker lost Redis (%s); starting again", type(exc).__name__)
         time.sleep(REDIS_RETRY_SECONDS)

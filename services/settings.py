@@ -14,7 +14,7 @@ import re
 import secrets
 from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import Final, Literal
 
 from pydantic import BaseModel, Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
@@ -29,6 +29,10 @@ class ModelPrice(BaseModel):
 
     input: int = Field(ge=0)
     output: int = Field(ge=0)
+
+
+#: What a learning job has past its steps' deadlines: the reads and the commit around a step.
+JOB_MARGIN_SECONDS: Final = 60.0
 
 
 class Settings(BaseSettings):
@@ -182,6 +186,20 @@ class Settings(BaseSettings):
                 )
             updates[name] = SecretStr(read_or_create(self.data_dir / path, make))
         return self.model_copy(update=updates) if updates else self
+
+    def job_seconds(self) -> float:
+        """arq's timeout of a learning execution's job: two step deadlines and the margin. A job
+        begins a step only while that step's deadline ends within the first two
+        (``learning.executions.ExecutionRunner``), so the timeout never cancels a step half way
+        (its model call unsaved, its cost uncounted)."""
+        return 2 * self.step_deadline_seconds + JOB_MARGIN_SECONDS
+
+    def stop_seconds(self) -> float:
+        """How long a worker asked to stop (SIGTERM) waits for its running jobs: one step and the
+        margin. A job begins no step once asked, so the step it is in ends, its model call saved
+        and charged (cancelled halfway, the provider billed a call that was never counted, and
+        the next epoch paid for it again)."""
+        return self.step_deadline_seconds + JOB_MARGIN_SECONDS
 
     def master_key_bytes(self) -> bytes:
         if self.master_key is None:

@@ -122,11 +122,12 @@ def fact_call(content: str, *items: str, topics: tuple[str, ...] = ()) -> tuple[
     return ("add_fact", {"content": content, "source_item_ids": list(items), "topics": list(topics)})
 
 
-async def until_logged(path: Path, text: str, within: float = 30) -> None:
-    """Until a process's log holds ``text`` (the event that shows the work was considered)."""
+async def until_logged(path: Path, text: str, within: float = 30, after: int = 0) -> None:
+    """Until a process's log holds ``text`` past its first ``after`` bytes (the event that shows
+    the work was considered)."""
 
     async def logged() -> bool:
-        return text.encode() in await asyncio.to_thread(path.read_bytes)
+        return text.encode() in (await asyncio.to_thread(path.read_bytes))[after:]
 
     await until(logged, f"{text!r} never logged in {path}", within=within)
 

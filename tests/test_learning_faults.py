@@ -294,3 +294,45 @@ async def test_an_answer_made_of_deleted_words_commits_nothing_whatever_it_adds(
     assert (x["status"], x["learned"], x.get("error")) == ("done", 0, None), x
     assert list(await visible(api, ann, w.bot)) == [kept]
     assert len(model_server.requests_for("learn")) == 1
+
+
+async def test_a_worker_asked_to_stop_ends_its_running_step_and_saves_its_call(
+    api: Api,
+    runtime: Runtime,
+    model_server: ModelServer,
+    settings: Settings,
+    service_env: dict[str, str],
+    worker_process: WorkerProcess,
+) -> None:
+    """C5, D9.9: a worker asked to stop (SIGTERM: a deploy, ``make down``, compose) cancelled its
+    running jobs at once — a model call halfway was billed by the provider, never saved nor
+    charged, and the next epoch paid for it again. It takes no more jobs now, lets the running
+    step end (its call saved, its evidence learned) and then exits."""
+    worker_process.kill()  # only this test's worker may take the job
+    patient = {"BOTMEMORY_MODEL_ATTEMPT_TIMEOUT_SECONDS": "30", "BOTMEMORY_STEP_DEADLINE_SECONDS": "40"}
+    stopping = WorkerProcess(settings.data_dir / "logs" / "pytest-worker-stop.log", {**service_env, **patient})
+    gate = threading.Event()
+    try:
+        stopping.wait_ready()
+        w = await memory_world(api, ("ann",))
+        chat = await api.chat(w.tokens["ann"], w.bot)
+        turn = await api.turn(w.tokens["ann"], chat, "I collect stamps")
+        model_server.script("learn", learn(fact_call("Ann collects stamps", "i-1"), hold=gate))
+        await confide(api, w.tokens["ann"], turn["id"])
+        await complete(api, w.tokens["ann"], turn["id"])
+        await model_server.wait_for_requests("learn", 1)
+        logged = stopping.log_path.stat().st_size
+        stopping.proc.send_signal(signal.SIGTERM)  # mid-call
+        await until_logged(stopping.log_path, "asked to stop", after=logged)
+        gate.set()
+        assert await asyncio.to_thread(stopping.proc.wait, 60) == 0
+    finally:
+        gate.set()
+        stopping.stop()
+    [x] = await executions(runtime, turn["id"])
+    assert (x["status"], x["epoch"], x["learned"]) == ("done", 0, 1), x
+    assert len(model_server.requests_for("learn")) == 1
+    assert await saved_learn_calls(runtime, w.bot) == 1
+    assert [e["content"] for e in (await visible(api, w.tokens["ann"], w.bot)).values()] == [
+        "Ann collects stamps"
+    ]

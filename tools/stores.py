@@ -112,7 +112,10 @@ def procs(s: Settings) -> dict[str, Proc]:
         "api": proc("api", ("-m botmemory.serve ", f"--port {s.api_port} ")),
         # Every profile's worker reads ``-m learning.worker``: a stale pid file whose pid is now
         # another profile's worker (tests, bench, eval) is told apart by the data dir it was given.
-        "worker": proc("worker", ("-m learning.worker",), env=(f"BOTMEMORY_DATA_DIR={d}",)),
+        # Asked to stop, it lets its running steps end (``Settings.stop_seconds``).
+        "worker": proc(
+            "worker", ("-m learning.worker",), s.stop_seconds() + 5.0, env=(f"BOTMEMORY_DATA_DIR={d}",)
+        ),
     }
 
 
