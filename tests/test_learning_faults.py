@@ -310,7 +310,9 @@ async def test_a_worker_asked_to_stop_ends_its_running_step_and_saves_its_call(
     step end (its call saved, its evidence learned) and then exits."""
     worker_process.kill()  # only this test's worker may take the job
     patient = {"BOTMEMORY_MODEL_ATTEMPT_TIMEOUT_SECONDS": "30", "BOTMEMORY_STEP_DEADLINE_SECONDS": "40"}
-    stopping = WorkerProcess(settings.data_dir / "logs" / "pytest-worker-stop.log", {**service_env, **patient})
+    stopping = WorkerProcess(
+        settings.data_dir / "logs" / "pytest-worker-stop.log", {**service_env, **patient}
+    )
     gate = threading.Event()
     try:
         stopping.wait_ready()
