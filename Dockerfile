@@ -32,7 +32,9 @@ RUN python -m tools.assets --no-npm && rm -rf web/node_modules \
     && mkdir -p /app/data && chown botmemory /app/data
 
 USER botmemory
-ENV BOTMEMORY_DATA_DIR=/app/data BOTMEMORY_API_HOST=0.0.0.0 BOTMEMORY_API_PORT=8000
+# Production by default: without it, each container started outside compose (an API and a worker
+# of their own, on a cluster) made its own throwaway master key in a data dir that is no volume.
+ENV BOTMEMORY_ENV=production BOTMEMORY_DATA_DIR=/app/data BOTMEMORY_API_HOST=0.0.0.0 BOTMEMORY_API_PORT=8000
 EXPOSE 8000
 
 CMD ["python", "-m", "botmemory.serve"]

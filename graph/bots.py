@@ -100,6 +100,20 @@ SET b.keyMaster = $newMaster, b.keyWrapped = $newWrapped
 RETURN count(b) AS n
 """
 
+#: How many Bots' data keys are wrapped by a master key outside ``$known`` (a process started
+#: with another master key, or without the previous one during a rotation), and up to five of
+#: those keys' names (fingerprints, not secrets).
+FOREIGN_KEY_MASTERS: Final[LiteralString] = """
+MATCH (b:Bot) WHERE NOT b.keyMaster IN $known
+RETURN count(b) AS bots, collect(DISTINCT b.keyMaster)[..5] AS masters
+"""
+
+
+class ForeignMastersRow(TypedDict):
+    bots: int
+    masters: list[str]
+
+
 #: A person's one grant on a Bot (NONE: none); the person is locked first, so that the grants read
 #: are those after any other setting committed (two at once could leave two GRANT edges).
 SET_GRANT: Final[LiteralString] = """
@@ -185,6 +199,12 @@ async def bot_key(tx: QueryTarget, *, id: str) -> BotKeyRow | None:
 
 async def all_bot_keys(tx: AsyncManagedTransaction) -> list[BotKeysRow]:
     return await rows(tx, ALL_BOT_KEYS, BotKeysRow)
+
+
+async def foreign_key_masters(tx: QueryTarget, *, known: list[str]) -> ForeignMastersRow:
+    record = await single(tx, FOREIGN_KEY_MASTERS, ForeignMastersRow, known=known)
+    assert record is not None
+    return record
 
 
 async def rewrap_bot_key(

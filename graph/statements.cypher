@@ -419,6 +419,10 @@ CREATE (b)-[:HAS_MEMORY]->(:Memory {id: $id, version: 0, settingsVersion: 0, ins
                                     concurrency: null, budgetPeriod: null, budgetLimitMicros: null})
 RETURN b {.id, .name, .model, .createdAt, organizationId: o.id} AS bot
 
+// ---- graph.bots.FOREIGN_KEY_MASTERS
+MATCH (b:Bot) WHERE NOT b.keyMaster IN $known
+RETURN count(b) AS bots, collect(DISTINCT b.keyMaster)[..5] AS masters
+
 // ---- graph.bots.GET_BOT
 MATCH (b:Bot {id: $id})-[:OWNED_BY]->(o:Organization)
 OPTIONAL MATCH (b)-[:LINKED]->(l:Organization)

@@ -35,7 +35,6 @@ MODEL_SHA256: Final = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab01
 _TOKENIZER_FILE: Final = "all-MiniLM-L6-v2-tokenizer.json"
 #: The sentence-transformers sequence limit of all-MiniLM-L6-v2 (longer texts are cut).
 _MAX_TOKENS: Final = 256
-_OPENAI_API: Final = "https://api.openai.com/v1"
 #: Statuses of an embeddings endpoint that refuses the request's input (a text over the model's
 #: limit, most often), as against one that is down or overloaded.
 _REFUSING: Final = frozenset({400, 413, 422})
@@ -141,18 +140,20 @@ class OpenAIEmbedder:
     """
 
     def __init__(self, settings: Settings) -> None:
-        if not settings.embedding_model:
-            raise ConfigurationError("BOTMEMORY_EMBEDDING_MODEL is required when BOTMEMORY_EMBEDDER=openai")
-        if settings.embedding_dimensions is None:
+        # Settings checked these (``Settings._an_embeddings_endpoint_named_whole``); settings made
+        # in code (tests, tools) are checked again here.
+        base_url = settings.embedding_base_url or settings.openai_base_url
+        if not settings.embedding_model or settings.embedding_dimensions is None or not base_url:
             raise ConfigurationError(
-                "BOTMEMORY_EMBEDDING_DIMENSIONS is required when BOTMEMORY_EMBEDDER=openai"
+                "BOTMEMORY_EMBEDDING_MODEL, _EMBEDDING_DIMENSIONS and _EMBEDDING_BASE_URL (or "
+                "OPENAI_BASE_URL) are required when BOTMEMORY_EMBEDDER=openai"
             )
         self._model = settings.embedding_model
         self._dims = settings.embedding_dimensions
         self._batch = settings.embedding_batch
         key = settings.embedding_api_key or settings.openai_api_key
         self._client = AsyncOpenAI(
-            base_url=settings.embedding_base_url or settings.openai_base_url or _OPENAI_API,
+            base_url=base_url,
             api_key=key.get_secret_value() if key else "none",
             max_retries=1,
             timeout=settings.model_attempt_timeout_seconds,

@@ -14,7 +14,8 @@ from neo4j import AsyncDriver
 from redis.asyncio import ConnectionPool
 from threadpoolctl import threadpool_limits
 
-from graph.driver import make_driver
+from graph import bots as bots_q
+from graph.driver import autocommit, make_driver
 from graph.migrations import LATEST, current_version, migrate
 from services import jobs, slots
 from services.crypto import Keyring
@@ -64,6 +65,20 @@ async def wait_for_schema(driver: AsyncDriver) -> int:
         await asyncio.sleep(SCHEMA_POLL_SECONDS)
 
 
+async def _check_master_keys(driver: AsyncDriver, keyring: Keyring) -> None:
+    """Refuse to start when a Bot's data key is wrapped by a master key this process lacks: a lost
+    or mistyped ``BOTMEMORY_MASTER_KEY`` (or the old one left out during a rotation) started a
+    healthy-looking service whose every read of that Bot's content failed (INTERNAL)."""
+    found = await autocommit(driver, lambda s: bots_q.foreign_key_masters(s, known=keyring.known_ids))
+    if found["bots"]:
+        raise ConfigurationError(
+            f"{found['bots']} Bots' data keys are wrapped by a master key this process does not have "
+            f"(key ids {', '.join(found['masters'])}; this process has {', '.join(keyring.known_ids)}): "
+            "set BOTMEMORY_MASTER_KEY to the key they were made with, or list it in "
+            "BOTMEMORY_PREVIOUS_MASTER_KEYS during a rotation"
+        )
+
+
 def redis_of(settings: Settings) -> ArqRedis:
     """The process's Redis client: each command and each connection given at most
     ``redis_timeout_seconds`` (a Redis that accepts connections and never answers held requests,
@@ -91,6 +106,9 @@ async def open_runtime(settings: Settings, *, schema: Schema = "migrate") -> Asy
     driver = make_driver(settings.neo4j_uri, settings.neo4j_user, password)
     redis = redis_of(settings)
     try:
+        # The keys are read before the schema is touched: a deploy with a key of the wrong shape
+        # migrated the database, then failed, and the old release refused the newer schema.
+        keyring = Keyring(settings.master_key_bytes(), settings.previous_master_key_bytes())
         if schema == "migrate":
             version = await migrate(driver)
             if version > LATEST:
@@ -98,7 +116,8 @@ async def open_runtime(settings: Settings, *, schema: Schema = "migrate") -> Asy
             log.info("schema version %s", version)
         elif schema == "wait":
             log.info("schema version %s", await wait_for_schema(driver))
-        keyring = Keyring(settings.master_key_bytes(), settings.previous_master_key_bytes())
+        if schema != "none":
+            await _check_master_keys(driver, keyring)
         vectors = VectorIndexes(max_bytes=settings.index_memory_mb * 2**20)
         yield Runtime(settings=settings, driver=driver, redis=redis, keyring=keyring, vectors=vectors)
     finally:

@@ -98,6 +98,11 @@ class Keyring:
     def current_id(self) -> str:
         return self._current_id
 
+    @property
+    def known_ids(self) -> list[str]:
+        """The names of every master key this keyring holds (the current one first)."""
+        return [self._current_id, *(k for k in self._masters if k != self._current_id)]
+
     def new_data_key(self, bot_id: str) -> WrappedKey:
         """Make a fresh data key for a Bot, wrapped by the current master key."""
         return self.wrap(bot_id, AESGCM.generate_key(bit_length=256))

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Final, Literal
 
-from pydantic import BaseModel, Field, SecretStr, ValidationError, model_validator
+from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 
@@ -30,6 +30,8 @@ class ModelPrice(BaseModel):
     input: int = Field(ge=0)
     output: int = Field(ge=0)
 
+
+_LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 #: What a learning job has past its steps' deadlines: the reads and the commit around a step.
 JOB_MARGIN_SECONDS: Final = 60.0
@@ -112,7 +114,7 @@ class Settings(BaseSettings):
     # Retrieval by meaning (DESIGN §10): "local" runs the shipped MiniLM in this process,
     # "openai" calls an OpenAI-compatible /v1/embeddings endpoint, "none" turns embedding off.
     embedder: Literal["local", "openai", "none"] = "local"
-    #: The embeddings endpoint; None uses ``openai_base_url``.
+    #: The embeddings endpoint; None uses ``openai_base_url`` (one of them is required for "openai").
     embedding_base_url: str | None = None
     #: The embeddings model; required when ``embedder`` is "openai".
     embedding_model: str | None = None
@@ -157,6 +159,39 @@ class Settings(BaseSettings):
     max_page_size: int = Field(default=200, ge=1)
 
     log_level: str = "INFO"
+
+    @field_validator("log_level")
+    @classmethod
+    def _a_log_level(cls, level: str) -> str:
+        """One of logging's levels, in any case (``verbose`` started the process and failed in
+        ``logging`` with a traceback that did not name the setting)."""
+        if level.upper() not in _LOG_LEVELS:
+            raise ValueError(f"a log level: {', '.join(_LOG_LEVELS)}")
+        return level.upper()
+
+    @model_validator(mode="after")
+    def _an_embeddings_endpoint_named_whole(self) -> Settings:
+        """``embedder=openai`` needs its model, its size and an endpoint the operator named (its
+        own, else ``OPENAI_BASE_URL``): checked here, before anything starts — found when the
+        embedder was made, after the API had migrated the database — and memory text is never
+        sent to a provider nobody named."""
+        if self.embedder != "openai":
+            return self
+        missing = [
+            name
+            for name, value in (
+                ("BOTMEMORY_EMBEDDING_MODEL", self.embedding_model),
+                ("BOTMEMORY_EMBEDDING_DIMENSIONS", self.embedding_dimensions),
+                (
+                    "BOTMEMORY_EMBEDDING_BASE_URL (or OPENAI_BASE_URL)",
+                    self.embedding_base_url or self.openai_base_url,
+                ),
+            )
+            if not value
+        ]
+        if missing:
+            raise ValueError(f"{', '.join(missing)} required when BOTMEMORY_EMBEDDER=openai")
+        return self
 
     @model_validator(mode="after")
     def _addresses_follow_ports(self) -> Settings:

@@ -11,11 +11,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from pydantic import SecretStr
 
+from services.bootstrap import open_runtime
 from services.crypto import DecryptionError, Keyring, Kind
 from services.rotation import rotate_data_keys
 from services.runtime import Runtime
-from services.settings import Settings
+from services.settings import ConfigurationError, Settings
 from tests.client import Api, make_world
 from tests.conftest import ApiProcess, WorkerProcess
 from tests.memory_helpers import command
@@ -212,6 +214,27 @@ async def test_master_key_rotation_rewraps_data_keys_and_leaves_content_byte_ide
         Keyring(old_key).unwrap(world.bot, _wrapped(after))
     # Put every Bot back under the test stack's master key for the other tests.
     assert await rotate_data_keys(runtime.driver, Keyring(old_key, [new_key])) >= 1
+
+
+async def test_a_process_without_the_master_key_of_the_bots_refuses_to_start(
+    api: Api, runtime: Runtime, settings: Settings
+) -> None:
+    """E1: a process given another master key than the one the Bots' data keys are wrapped by (a
+    lost or mistyped key, the old one left out during a rotation) started healthy and failed
+    every read of their content with INTERNAL. It refuses to start now, naming the setting; with
+    the old key among the previous ones it starts (a rotation)."""
+    await make_world(api, ("ann",))  # at least one Bot under the stack's key
+    other = base64.b64encode(secrets.token_bytes(32)).decode()
+    stranger = settings.resolved().model_copy(update={"master_key": SecretStr(other)})
+    with pytest.raises(ConfigurationError, match="BOTMEMORY_MASTER_KEY") as refused:
+        async with open_runtime(stranger, schema="wait"):
+            pass
+    assert other not in str(refused.value)  # named by its fingerprint, never quoted
+    current = runtime.settings.master_key
+    assert current is not None
+    rotating = stranger.model_copy(update={"previous_master_keys": [current]})
+    async with open_runtime(rotating, schema="wait") as rt:
+        assert runtime.keyring.current_id in rt.keyring.known_ids
 
 
 def _wrapped(row: dict[str, object]):  # type: ignore[no-untyped-def]

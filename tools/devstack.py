@@ -21,7 +21,7 @@ from collections.abc import Generator, Sequence
 from contextlib import contextmanager
 from typing import Final
 
-from services.settings import Settings, load_settings
+from services.settings import ConfigurationError, Settings, load_settings
 from tools.stores import (
     REPO,
     STUB_MODEL,
@@ -202,7 +202,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"devstack: {exc}", file=sys.stderr)
             return 1
         return 0
-    s = load_settings()  # also generates the local secrets into the data dir on first start
+    try:
+        s = load_settings()  # also generates the local secrets into the data dir on first start
+    except (ConfigurationError, OSError) as exc:  # a bad setting, a data dir it cannot write
+        print(f"devstack: {exc}", file=sys.stderr)
+        return 1
     try:
         with profile_lock(s):
             if args[0] in ("services", "up"):

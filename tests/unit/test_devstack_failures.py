@@ -91,3 +91,15 @@ def test_a_workers_pid_file_names_only_the_worker_of_its_own_profile(tmp_path: P
     finally:
         worker.kill()
         worker.wait()
+
+
+def test_a_bad_setting_is_one_line_not_a_traceback(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``BOTMEMORY_API_PORT=abc make up`` printed the settings' traceback: the settings were read
+    before the command's own error handling."""
+    monkeypatch.setenv("BOTMEMORY_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("BOTMEMORY_API_PORT", "abc")
+    assert devstack.main(["status"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("devstack: invalid settings: api_port") and err.count("\n") == 1, err

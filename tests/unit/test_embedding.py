@@ -125,10 +125,14 @@ def test_make_embedder_follows_the_settings() -> None:
     assert make_embedder(Settings(embedder="none")) is None
     local = make_embedder(Settings(embedder="local", embedding_threads=2, embedding_batch=8))
     assert isinstance(local, LocalMiniLM)
-    with pytest.raises(ConfigurationError, match="EMBEDDING_MODEL"):
-        make_embedder(Settings(embedder="openai", embedding_dimensions=8))
-    with pytest.raises(ConfigurationError, match="EMBEDDING_DIMENSIONS"):
-        make_embedder(Settings(embedder="openai", embedding_model="m"))
+    # Settings made in code that skip the settings' own check (Settings.model_construct) are
+    # refused by the embedder too.
+    for partial in (
+        Settings.model_construct(embedder="openai", embedding_dimensions=8),
+        Settings.model_construct(embedder="openai", embedding_model="m"),
+    ):
+        with pytest.raises(ConfigurationError, match="EMBEDDING_MODEL, _EMBEDDING_DIMENSIONS"):
+            make_embedder(partial)
 
 
 class _EmbeddingsHandler(BaseHTTPRequestHandler):

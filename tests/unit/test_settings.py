@@ -90,6 +90,8 @@ def test_model_prices_are_json_per_model(monkeypatch: pytest.MonkeyPatch) -> Non
         ("BOTMEMORY_MAX_PAGE_SIZE", "0"),
         ("BOTMEMORY_API_PORT", "99999"),
         ("BOTMEMORY_REDIS_PORT", "0"),
+        # Accepted before: logging refused it later, in a traceback that did not name it.
+        ("BOTMEMORY_LOG_LEVEL", "verbose"),
     ],
 )
 def test_bad_values_refuse_to_start(monkeypatch: pytest.MonkeyPatch, name: str, value: str) -> None:
@@ -327,3 +329,38 @@ def test_a_second_generated_key_keeps_every_earlier_one(tmp_path: Path) -> None:
     keyring = local.previous_master_key_bytes()
     assert keyring == [base64.b64decode(first), base64.b64decode(second)]
     assert base64.b64decode((tmp_path / "master-key").read_text().strip()) not in keyring
+
+
+def test_a_log_level_is_one_of_loggings_in_any_case(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BOTMEMORY_LOG_LEVEL", "debug")
+    assert Settings().log_level == "DEBUG"
+
+
+@pytest.mark.parametrize(
+    ("given", "missing"),
+    [
+        (
+            {"BOTMEMORY_EMBEDDING_DIMENSIONS": "8", "OPENAI_BASE_URL": "http://127.0.0.1:9/v1"},
+            "EMBEDDING_MODEL",
+        ),
+        (
+            {"BOTMEMORY_EMBEDDING_MODEL": "m", "OPENAI_BASE_URL": "http://127.0.0.1:9/v1"},
+            "EMBEDDING_DIMENSIONS",
+        ),
+        # No endpoint named: memory text went to api.openai.com, which nobody had named.
+        ({"BOTMEMORY_EMBEDDING_MODEL": "m", "BOTMEMORY_EMBEDDING_DIMENSIONS": "8"}, "EMBEDDING_BASE_URL"),
+    ],
+)
+def test_an_openai_embedder_is_named_whole_before_anything_starts(
+    monkeypatch: pytest.MonkeyPatch, given: dict[str, str], missing: str
+) -> None:
+    """Found only when the embedder was made — after the API had migrated the database."""
+    monkeypatch.setenv("BOTMEMORY_EMBEDDER", "openai")
+    for name, value in given.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigurationError, match=missing):
+        load_settings()
+    monkeypatch.setenv("BOTMEMORY_EMBEDDING_BASE_URL", "http://127.0.0.1:9/v1")
+    monkeypatch.setenv("BOTMEMORY_EMBEDDING_MODEL", "m")
+    monkeypatch.setenv("BOTMEMORY_EMBEDDING_DIMENSIONS", "8")
+    assert load_settings().embedder == "openai"
