@@ -24,6 +24,7 @@ SHELL := /bin/bash
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
+INSTALLED := $(VENV)/.installed
 # ariadne-codegen needs graphql-core < 3.3, Strawberry >= 3.3: the generator has a venv of its own.
 CODEGEN_VENV := .venv-codegen
 CODEGEN := $(CODEGEN_VENV)/bin/ariadne-codegen
@@ -52,9 +53,10 @@ install: $(CODEGEN)
 	@test -x $(VENV)/bin/pip || { rm -rf $(VENV) && $(PYTHON) -m venv $(VENV); }
 	$(PY) -m pip install -e '.[dev]' -e ./client
 	$(PY) -m tools.assets
+	@touch $(INSTALLED)
 
 # Skips npm while botmemory/static/vendor matches web/package-lock.json (a stamp).
-assets: | $(PY)
+assets: | $(INSTALLED)
 	$(PY) -m tools.assets
 
 $(CODEGEN): client/requirements-codegen.txt
@@ -68,11 +70,14 @@ client: $(CODEGEN)
 	rm -rf client/botmemory_client/generated_async client/botmemory_client/generated_sync
 	cd client && ../$(CODEGEN) --config codegen-async.toml >/dev/null && ../$(CODEGEN) --config codegen-sync.toml >/dev/null
 
-# Order-only prerequisite of the targets below: install once when the venv is missing.
-$(PY):
+# Order-only prerequisite of the targets below: install when the venv is missing, when the last
+# install did not finish (a network error half way left a venv without its packages, and every
+# later target failed on an import), or when what it installs changed since (a pull that adds a
+# dependency). The stamp is written by a finished install.
+$(INSTALLED): pyproject.toml client/pyproject.toml web/package-lock.json
 	$(MAKE) install
 
-up: | $(PY)
+up: | $(INSTALLED)
 	$(PY) -m tools.devstack up
 
 down:
@@ -83,76 +88,76 @@ down:
 		exit $$rc; \
 	fi
 
-status: | $(PY)
+status: | $(INSTALLED)
 	$(PY) -m tools.devstack status
 	$(TEST_ENV) $(PY) -m tools.devstack status
 
-test: | $(PY)
+test: | $(INSTALLED)
 	$(PY) -m tools.devstack test-tools
 	$(TEST_ENV) $(PY) -m tools.devstack services
 	$(TEST_ENV) $(VENV)/bin/pytest $(ARGS)
 
 # Pure functions only: no Neo4j, Redis, API or model server (tests/unit/conftest.py refuses their fixtures).
-test-unit: | $(PY)
+test-unit: | $(INSTALLED)
 	$(VENV)/bin/pytest -q tests/unit $(ARGS)
 
 # The property tests run deeper than in CI (about 5–10 minutes here).
-test-deep: | $(PY)
+test-deep: | $(INSTALLED)
 	$(TEST_ENV) $(PY) -m tools.devstack services
 	BOTMEMORY_HYPOTHESIS_EXAMPLES=200 BOTMEMORY_HYPOTHESIS_STEPS=40 $(TEST_ENV) $(VENV)/bin/pytest -q \
 		tests/test_access_model.py tests/test_search_access.py tests/test_label_equivalence.py $(ARGS)
 
 # Benchmarks against the test-profile stack (own ids, cleaned up after): make bench ARGS='--quick'
-bench: | $(PY)
+bench: | $(INSTALLED)
 	$(TEST_ENV) $(PY) -m tools.devstack services
 	$(TEST_ENV) $(PY) -m bench.memory_bench $(ARGS)
 
 # A group chat's context as its channel grows to 20,000 members (bench/channel_bench.py).
-bench-channel: | $(PY)
+bench-channel: | $(INSTALLED)
 	$(TEST_ENV) $(PY) -m tools.devstack services
 	$(TEST_ENV) $(PY) -m bench.channel_bench $(ARGS)
 
 # Learning overhead (latency and throughput, scripted model) with its own workers on Redis db 5,
 # apart from a test suite's queue on db 0: make bench-learning ARGS='--quick'
-bench-learning: | $(PY)
+bench-learning: | $(INSTALLED)
 	$(TEST_ENV) $(PY) -m tools.devstack services
 	$(TEST_ENV) BOTMEMORY_REDIS_URL=redis://127.0.0.1:$(TEST_REDIS_PORT)/5 $(PY) -m bench.learning_bench $(ARGS)
 
 # Mixed traffic for 10 minutes with a worker kill -9 and a Redis restart (bench/soak.py): make soak
 # [ARGS='--minutes 3']; results in bench/soak-results.md. Its stores stop with it.
-soak: | $(PY)
+soak: | $(INSTALLED)
 	$(SOAK_ENV) $(PY) -m tools.devstack services
 	$(SOAK_ENV) $(PY) -m bench.soak $(ARGS); rc=$$?; $(SOAK_ENV) $(PY) -m tools.devstack down; exit $$rc
 
 # Retrieval recall on LoCoMo conversations replayed through the public API (scripted model; own API,
 # worker and Redis db 6): make eval ARGS='--conversations conv-41 --questions 20' | '--all' | '--leak-check'
-eval: | $(PY)
+eval: | $(INSTALLED)
 	$(TEST_ENV) $(PY) -m tools.devstack services
 	$(TEST_ENV) BOTMEMORY_REDIS_URL=redis://127.0.0.1:$(TEST_REDIS_PORT)/6 $(PY) -m eval.locomo $(ARGS)
 
-lint: | $(PY)
+lint: | $(INSTALLED)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
 
-layers: | $(PY)
+layers: | $(INSTALLED)
 	$(PY) -m tools.layers
 
-typecheck: | $(PY)
+typecheck: | $(INSTALLED)
 	$(VENV)/bin/pyright
 
 # The offline model stub in the foreground, for an API run some other way (point it at
 # http://127.0.0.1:8099/v1 with OPENAI_BASE_URL): make model [ARGS='--port 8099']
-model: | $(PY)
+model: | $(INSTALLED)
 	$(PY) -m tools.model_stub $(ARGS)
 
 # A guided tour against the running stack (`make up`): make demo [DEMO_MODEL=gpt-4o-mini]. Without
 # OPENAI_BASE_URL the stack runs the offline model stub, which serves any model name.
 DEMO_MODEL ?= $(if $(OPENAI_BASE_URL),,botmemory-stub)
-demo: | $(PY)
+demo: | $(INSTALLED)
 	$(PY) -m tools.demo $(if $(DEMO_MODEL),--model $(DEMO_MODEL),)
 
 # Agents' tools at http://127.0.0.1:$(MCP_PORT)/mcp; each request brings its person token.
 MCP_PORT ?= 8765
-mcp: | $(PY)
+mcp: | $(INSTALLED)
 	$(PY) -m botmemory.mcp --http --port $(MCP_PORT)
