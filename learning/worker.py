@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 from arq import cron, func
 from arq.worker import Worker, get_kwargs
 from prometheus_client import start_http_server
-from redis.exceptions import RedisError
+from redis.exceptions import AuthenticationError, RedisError
 
 from learning import backfill, summary
 from learning.executions import ExecutionRunner
@@ -255,7 +255,8 @@ class _Worker(Worker):
 def main() -> None:
     """Run one worker (settings are read here, not at import). A lost Redis connection ends
     arq's run with an error; the process then starts itself afresh (same pid, nothing left of the
-    old run) once a second until Redis answers — what the queue held is re-queued by the sweeper."""
+    old run) once a second until Redis answers — what the queue held is re-queued by the sweeper.
+    A Redis that refuses its credentials ends it (it started itself again once a second for ever)."""
     settings = load_settings()
     configure_logging(settings.log_level)
     serve_metrics(settings)
@@ -269,6 +270,9 @@ def main() -> None:
             job_timeout=int(settings.job_seconds()),
             job_completion_wait=int(settings.stop_seconds()) + 1,
         ).run()
+    except AuthenticationError:  # no restart mends a password: one line, and an exit
+        log.error("Redis refused the worker's credentials: check BOTMEMORY_REDIS_URL")
+        raise SystemExit(2) from None
     except (RedisError, OSError) as exc:
         log.warning("worker lost Redis (%s); starting again", type(exc).__name__)
         time.sleep(REDIS_RETRY_SECONDS)

@@ -145,3 +145,23 @@ async def test_a_worker_whose_redis_falls_silent_starts_again_and_polls_anew(
     finally:
         await asyncio.to_thread(worker.stop)
         await proxy.close()
+
+
+async def test_a_worker_whose_redis_refuses_its_password_says_so_and_exits(
+    settings: Settings, service_env: dict[str, str]
+) -> None:
+    """A wrong password (or one given to a Redis without any) is no lost connection: the worker
+    started itself again once a second for ever, logging "worker lost Redis". It says which
+    setting to check, once, and exits."""
+    host_port = settings.redis_url.split("//", 1)[1].split("/", 1)[0]
+    env = {**service_env, "BOTMEMORY_REDIS_URL": f"redis://:not-the-password@{host_port}/0"}
+    log_path = settings.data_dir / "logs" / "pytest-worker-wrong-password.log"
+    offset = log_path.stat().st_size if log_path.exists() else 0
+    worker = await asyncio.to_thread(WorkerProcess, log_path, env)
+    try:
+        assert await asyncio.to_thread(worker.proc.wait, 30) == 2
+    finally:
+        await asyncio.to_thread(worker.stop)
+    logged = log_path.read_bytes()[offset:].decode()
+    assert logged.count("Redis refused the worker's credentials: check BOTMEMORY_REDIS_URL") == 1
+    assert "worker lost Redis" not in logged and "not-the-password" not in logged

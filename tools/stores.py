@@ -376,9 +376,28 @@ def ensure_redis(s: Settings) -> None:
     print(f"redis: ready on {host}:{port}")
 
 
+def _other_settings_pid(p: Proc) -> int | None:
+    """The pid in ``p``'s pid file when that process is alive and of ``p``'s kind (its first
+    marker) but not the one these settings start: started with other ports, say."""
+    try:
+        pid = int(p.pid_file.read_text().strip())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except (OSError, ValueError):
+        return None
+    return pid if p.markers[0] in cmdline + " " and running_pid(p) is None else None
+
+
 def stop(p: Proc) -> bool:
     """SIGTERM the process of ``p`` (SIGKILL after its timeout) and remove its pid file; whether
-    it was running."""
+    it was running. A process of its kind started with other settings is left running, with its
+    pid file and a warning (its pid file was removed, and the process forgotten)."""
+    other = _other_settings_pid(p)
+    if other is not None:
+        print(
+            f"{p.name}: pid {other} ({p.pid_file}) was started with other settings than these (another "
+            "port?); left running: stop it with the settings it was started with, or kill it"
+        )
+        return False
     pid = running_pid(p)
     if pid is not None:
         print(f"{p.name}: stopping (pid {pid})")

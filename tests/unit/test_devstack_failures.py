@@ -11,7 +11,7 @@ import pytest
 
 from services.settings import Settings
 from tools import devstack
-from tools.stores import failure, procs, running_pid, why_it_failed
+from tools.stores import Proc, failure, procs, running_pid, stop, why_it_failed
 
 TRACEBACK = """\
 12:00:01 INFO botmemory schema version 7
@@ -103,3 +103,28 @@ def test_a_bad_setting_is_one_line_not_a_traceback(
     assert devstack.main(["status"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("devstack: invalid settings: api_port") and err.count("\n") == 1, err
+
+
+def test_down_leaves_a_process_started_with_other_settings_and_its_pid_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """After ``BOTMEMORY_API_PORT=8001 make up``, a plain ``make down`` removed the API's pid file
+    although the process lived on (its markers name the other port): it was forgotten for good.
+    It is left running now, with its pid file, and the command says so."""
+    other = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)", "-m botmemory.serve ", "--port 8001 "]
+    )
+    try:
+        pid_file = tmp_path / "api.pid"
+        pid_file.write_text(f"{other.pid}\n")
+        api = Proc("api", pid_file, tmp_path / "api.log", ("-m botmemory.serve ", "--port 8000 "), 5.0, ())
+        assert stop(api) is False
+        assert pid_file.exists() and other.poll() is None
+        assert "started with other settings" in capsys.readouterr().out
+        other.kill()
+        other.wait()
+        assert stop(api) is False and not pid_file.exists()  # gone: the stale file goes
+    finally:
+        if other.poll() is None:
+            other.kill()
+            other.wait()
