@@ -332,6 +332,12 @@ async def migrate(driver: AsyncDriver) -> int:
     for version, statements in MIGRATIONS:
         if version <= applied:
             continue
+        # Read again before each one: a replica that read an old version at its start ran every
+        # data step another starter had applied meanwhile (version 16's cleared the request
+        # hashes the new processes had written since, so their interrupted steps paid again).
+        applied = await current_version(driver)
+        if version <= applied:
+            continue
         for statement in statements:
             await _apply(driver, statement)
         if version in (2, 6):

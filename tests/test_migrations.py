@@ -7,7 +7,12 @@ import asyncio
 import secrets
 from pathlib import Path
 
+import pytest
+from neo4j import AsyncDriver
+
+from graph import migrations
 from graph.migrations import _WRITE_VERSION, LATEST, current_version, migrate  # pyright: ignore[reportPrivateUsage]
+from services.ids import new_id
 from services.runtime import Runtime
 from services.settings import Settings
 from tools.processes import WorkerProcess
@@ -105,3 +110,33 @@ async def test_a_version_older_than_the_recorded_one_is_never_written(runtime: R
     assert await migrate(runtime.driver) == LATEST
     await runtime.driver.execute_query(_WRITE_VERSION, version=LATEST - 2)
     assert await current_version(runtime.driver) == LATEST
+
+
+async def test_a_starter_that_read_an_old_version_runs_no_step_applied_since(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replica that read an old version when it started ran every data step another starter had
+    applied meanwhile: version 16's cleared the request hashes the new processes had written
+    since (their interrupted learning steps then paid for their model calls again). The version
+    is read again before each step."""
+    assert await migrate(runtime.driver) == LATEST
+    call = new_id("call")
+    await runtime.driver.execute_query(
+        "CREATE (:ModelCall {id: $id, botId: 'b', task: 'learn', requestHash: 'keyed', at: 1})", id=call
+    )
+    reads = 0
+
+    async def stale_then_true(driver: AsyncDriver) -> int:
+        nonlocal reads
+        reads += 1
+        return 15 if reads == 1 else await current_version(driver)  # as read before the others ran
+
+    monkeypatch.setattr(migrations, "current_version", stale_then_true)
+    try:
+        assert await migrations.migrate(runtime.driver) == LATEST
+        records, _, _ = await runtime.driver.execute_query(
+            "MATCH (c:ModelCall {id: $id}) RETURN c.requestHash AS h", id=call
+        )
+        assert [r["h"] for r in records] == ["keyed"]
+    finally:
+        await runtime.driver.execute_query("MATCH (c:ModelCall {id: $id}) DETACH DELETE c", id=call)
