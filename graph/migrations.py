@@ -209,6 +209,14 @@ MIGRATIONS: Final[tuple[tuple[int, tuple[LiteralString, ...]], ...]] = (
             "CREATE INDEX chat_unsummarized IF NOT EXISTS FOR (n:Chat) ON (n.unsummarizedChars)",
         ),
     ),
+    (
+        21,
+        (
+            # /healthz's budget state (graph.memorybot.BUDGETED_MODELS) reads the budgeted Memories
+            # only: each probe, unauthenticated, read every Bot's Memory.
+            "CREATE INDEX memory_budget IF NOT EXISTS FOR (n:Memory) ON (n.budgetLimitMicros)",
+        ),
+    ),
 )
 
 #: Entries whose labels predate the current label properties: without ``memoryRank`` (before

@@ -30,7 +30,7 @@ SCANS = frozenset(
 SWEEPS = {
     "graph.bots.ALL_BOT_KEYS": "every Bot's wrapped key, for a master-key rotation",
     "graph.bots.ALL_BOTS": "the operator's list of Bots (one per Bot, at most 1,000 rows)",
-    "graph.memorybot.BUDGETED_MODELS": "each Bot's Memory once, for the budget state of health checks",
+    "graph.bots.FOREIGN_KEY_MASTERS": "every Bot's key name, once as a process starts (E1)",
 }
 
 #: The statements that mean to read every entry of a Bot, and why.
