@@ -50,8 +50,10 @@ class Settings(BaseSettings):
     neo4j_user: str = "neo4j"
     neo4j_password: SecretStr | None = None
     neo4j_bolt_port: int = Field(default=7687, ge=1, le=65535)
-    neo4j_heap: str = "1g"
-    neo4j_pagecache: str = "512m"
+    #: Sizes as Java and Neo4j read them: a number and k, m or g (``1gb`` ended the launcher with
+    #: the JVM's "A fatal exception has occurred", which named no setting).
+    neo4j_heap: str = Field(default="1g", pattern=r"^[0-9]+[kKmMgG]?$")
+    neo4j_pagecache: str = Field(default="512m", pattern=r"^[0-9]+[kKmMgG]?$")
 
     redis_url: str = "redis://127.0.0.1:6379/0"
     redis_port: int = Field(default=6379, ge=1, le=65535)
@@ -159,6 +161,15 @@ class Settings(BaseSettings):
     max_page_size: int = Field(default=200, ge=1)
 
     log_level: str = "INFO"
+
+    @field_validator("neo4j_password")
+    @classmethod
+    def _a_neo4j_password(cls, password: SecretStr | None) -> SecretStr | None:
+        """At least the 8 characters Neo4j asks of a password (the local launcher failed on a
+        shorter one with a Java stack trace)."""
+        if password is not None and len(password.get_secret_value()) < 8:
+            raise ValueError("at least 8 characters (Neo4j's rule)")
+        return password
 
     @field_validator("log_level")
     @classmethod

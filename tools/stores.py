@@ -66,7 +66,12 @@ STUB_MODEL = "botmemory-stub"
 
 def stub_port(s: Settings) -> int:
     """The offline model's port: ``BOTMEMORY_MODEL_STUB_PORT``, else the API's port + 99."""
-    return int(os.environ.get(STUB_PORT_ENV) or s.api_port + 99)
+    given = os.environ.get(STUB_PORT_ENV)
+    if not given:
+        return s.api_port + 99
+    if not given.isdigit() or not 1 <= int(given) <= 65535:
+        raise StackError(f"{STUB_PORT_ENV} is a port: a whole number from 1 to 65535")
+    return int(given)
 
 
 Popen = subprocess.Popen[bytes]

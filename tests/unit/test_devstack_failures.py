@@ -128,3 +128,14 @@ def test_down_leaves_a_process_started_with_other_settings_and_its_pid_file(
         if other.poll() is None:
             other.kill()
             other.wait()
+
+
+def test_a_bad_stub_port_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``BOTMEMORY_MODEL_STUB_PORT`` was read with a bare ``int()``: a traceback."""
+    monkeypatch.setenv("BOTMEMORY_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("BOTMEMORY_MODEL_STUB_PORT", "abc")
+    assert devstack.main(["status"]) == 1
+    err = capsys.readouterr().err
+    assert err == "devstack: BOTMEMORY_MODEL_STUB_PORT is a port: a whole number from 1 to 65535\n"

@@ -90,8 +90,13 @@ def test_model_prices_are_json_per_model(monkeypatch: pytest.MonkeyPatch) -> Non
         ("BOTMEMORY_MAX_PAGE_SIZE", "0"),
         ("BOTMEMORY_API_PORT", "99999"),
         ("BOTMEMORY_REDIS_PORT", "0"),
-        # Accepted before: logging refused it later, in a traceback that did not name it.
+        # Accepted before: logging refused it later, in a traceback that did not name it; the JVM
+        # refused the heap with "A fatal exception has occurred"; the launcher the password with
+        # a Java stack trace.
         ("BOTMEMORY_LOG_LEVEL", "verbose"),
+        ("BOTMEMORY_NEO4J_HEAP", "1gb"),
+        ("BOTMEMORY_NEO4J_PAGECACHE", "lots"),
+        ("BOTMEMORY_NEO4J_PASSWORD", "short"),
     ],
 )
 def test_bad_values_refuse_to_start(monkeypatch: pytest.MonkeyPatch, name: str, value: str) -> None:
@@ -245,7 +250,7 @@ def test_production_needs_every_secret(tmp_path: Path, missing: str) -> None:
         env="production",
         data_dir=tmp_path,
         master_key=SecretStr(KEY),
-        neo4j_password=SecretStr("pw"),
+        neo4j_password=SecretStr("password"),
         admin_token=SecretStr("adm_x"),
     )
     assert complete.resolved() == complete
