@@ -114,6 +114,26 @@ async def test_runner_turn_with_confide_then_learning(
     [tool] = first.body["tools"]
     assert tool["function"]["name"] == "confide"
     assert not any(word in json.dumps(first.body).lower() for word in MEMORY_WORDS)
+    # Seed 000: the Bot knows it "only as a place to say how its work goes: when it is stuck,
+    # unsure, upset or proud, or when it made a mistake".
+    described = tool["function"]["description"]
+    assert described.startswith("A place to say how your work goes")
+    assert all(word in described for word in ("stuck", "unsure", "upset", "proud", "made a mistake"))
+    # The memory Bot "listens and does not judge. It says that a mistake is part of the work. It
+    # asks the Bot to tell the person plainly and to fix what it can. It gives no new tasks."
+    [confided] = model_server.requests_for("confide")
+    listener = confided.body["messages"][0]["content"]
+    for said_ in (
+        "Listen and do not judge",
+        "a mistake is part of the work",
+        "tell the person plainly",
+        "fix what it can",
+        "Give it no new tasks",
+    ):
+        assert said_ in listener, said_
+    # The rewrite "must keep all that the person says and asks".
+    [rewrite] = model_server.requests_for("rewrite")
+    assert "keeping everything the person says and asks" in rewrite.body["messages"][0]["content"]
     assert second.body["messages"][-1] == {
         "role": "tool",
         "tool_call_id": second.body["messages"][-2]["tool_calls"][0]["id"],
