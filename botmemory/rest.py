@@ -216,10 +216,10 @@ async def get_confessions(request: Request) -> Response:
     """The Chat owner's view of the confessions in the chat (D9.6)."""
     principal = await principal_of(request)
     page = read_query(request, PageQuery)
-    found = await memorybot.confessions(
+    found, total = await memorybot.confessions(
         runtime_of(request), principal, request.path_params["chat_id"], limit=page.limit, skip=page.skip
     )
-    return respond(Confessions.model_validate({"confessions": found}))
+    return respond(Confessions.model_validate({"confessions": found, "total": total}))
 
 
 async def get_context(request: Request) -> Response:
@@ -279,20 +279,20 @@ async def get_enrichments(request: Request) -> Response:
     """The Chat owner's view of the rewritten inputs, re-validated (D9.6)."""
     principal = await principal_of(request)
     page = read_query(request, PageQuery)
-    found = await enrichments.enrichments(
+    found, total = await enrichments.enrichments(
         runtime_of(request), principal, request.path_params["chat_id"], limit=page.limit, skip=page.skip
     )
-    return respond(Enrichments.model_validate({"enrichments": found}))
+    return respond(Enrichments.model_validate({"enrichments": found, "total": total}))
 
 
 async def get_learning(request: Request) -> Response:
     """The Chat owner's view of the memory Bot's learning executions (D9.21)."""
     principal = await principal_of(request)
     page = read_query(request, PageQuery)
-    found = await learninglog.executions(
+    found, total = await learninglog.executions(
         runtime_of(request), principal, request.path_params["chat_id"], limit=page.limit, skip=page.skip
     )
-    return respond(Executions.model_validate({"executions": found}))
+    return respond(Executions.model_validate({"executions": found, "total": total}))
 
 
 #: The REST surface: each a route under ``/v1`` and an operation of the OpenAPI document.

@@ -208,7 +208,10 @@ class ConfessionOut(Out):
 
 
 class Confessions(Out):
+    """One page, oldest first (``limit``, ``skip``); ``total``: how many the Chat has."""
+
     confessions: list[ConfessionOut]
+    total: int
 
 
 class EnrichmentOut(Out):
@@ -223,7 +226,10 @@ class EnrichmentOut(Out):
 
 
 class Enrichments(Out):
+    """One page, oldest first (``limit``, ``skip``); ``total``: how many the Chat has."""
+
     enrichments: list[EnrichmentOut]
+    total: int
 
 
 class SetAsideOut(Out):
@@ -246,7 +252,10 @@ class ExecutionOut(Out):
 
 
 class Executions(Out):
+    """One page, newest first (``limit``, ``skip``); ``total``: how many the Chat has."""
+
     executions: list[ExecutionOut]
+    total: int
 
 
 class Preference(Out):

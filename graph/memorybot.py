@@ -10,6 +10,7 @@ from neo4j import AsyncManagedTransaction
 
 from graph.chats import ChatNode
 from graph.driver import Ciphertext, QueryTarget, rows, single
+from graph.entries import CountRow
 
 #: The settings of a Bot's memory Bot with the Bot's owner organization and data key.
 SETTINGS: Final[LiteralString] = """
@@ -320,6 +321,19 @@ async def answer_confession(
     )
 
 
+#: How many confessions a Chat has (LIST_CONFESSIONS' pages, counted on the same index).
+COUNT_CONFESSIONS: Final[LiteralString] = """
+MATCH (f:Confession) USING INDEX f:Confession(chatId, createdAt, id)
+WHERE f.chatId = $chatId AND f.createdAt >= 0 AND f.id >= ''
+RETURN count(f) AS n
+"""
+
+
+async def count_confessions(tx: AsyncManagedTransaction, *, chat_id: str) -> int:
+    record = await single(tx, COUNT_CONFESSIONS, CountRow, chatId=chat_id)
+    return 0 if record is None else record["n"]
+
+
 async def list_confessions(
     tx: AsyncManagedTransaction, *, chat_id: str, skip: int, limit: int
 ) -> list[ConfessionNode]:
@@ -419,6 +433,19 @@ async def saved_rewrite(
 ) -> SavedRewrite | None:
     record = await single(tx, SAVED_REWRITE, SavedRewriteRow, chatId=chat_id, inputDigest=input_digest)
     return None if record is None else record["enrichment"]
+
+
+#: How many rewrites a Chat has (LIST_ENRICHMENTS' pages, counted on the same index).
+COUNT_ENRICHMENTS: Final[LiteralString] = """
+MATCH (n:Enrichment) USING INDEX n:Enrichment(chatId, createdAt, id)
+WHERE n.chatId = $chatId AND n.createdAt >= 0 AND n.id >= ''
+RETURN count(n) AS n
+"""
+
+
+async def count_enrichments(tx: AsyncManagedTransaction, *, chat_id: str) -> int:
+    record = await single(tx, COUNT_ENRICHMENTS, CountRow, chatId=chat_id)
+    return 0 if record is None else record["n"]
 
 
 async def list_enrichments(

@@ -2626,6 +2626,16 @@ RETURN ch {.*, botModel: b.model, botName: b.name} AS chat, o.botMemory AS botMe
        m {.settingsVersion, .instructions, .concurrency, .budgetPeriod, .budgetLimitMicros} AS settings,
        b.keyMaster AS keyMaster, b.keyWrapped AS keyWrapped
 
+// ---- graph.memorybot.COUNT_CONFESSIONS
+MATCH (f:Confession) USING INDEX f:Confession(chatId, createdAt, id)
+WHERE f.chatId = $chatId AND f.createdAt >= 0 AND f.id >= ''
+RETURN count(f) AS n
+
+// ---- graph.memorybot.COUNT_ENRICHMENTS
+MATCH (n:Enrichment) USING INDEX n:Enrichment(chatId, createdAt, id)
+WHERE n.chatId = $chatId AND n.createdAt >= 0 AND n.id >= ''
+RETURN count(n) AS n
+
 // ---- graph.memorybot.CREATE_CONFESSION
 MATCH (t:Turn {id: $turnId})
 CREATE (f:Confession {id: $id, botId: $botId, chatId: t.chatId, turnId: t.id, text: $text, answer: null,
@@ -3206,6 +3216,11 @@ WHERE x.status = 'budget'
 WITH DISTINCT x.botId AS botId
 WITH botId ORDER BY rand() LIMIT $limit
 RETURN collect(botId) AS bots
+
+// ---- graph.sweeps.COUNT_EXECUTIONS
+MATCH (x:LearningExecution) USING INDEX x:LearningExecution(chatId, createdAt, id)
+WHERE x.chatId = $chatId AND x.createdAt >= 0 AND x.id >= ''
+RETURN count(x) AS n
 
 // ---- graph.sweeps.LIST_EXECUTIONS
 MATCH (x:LearningExecution) USING INDEX x:LearningExecution(chatId, createdAt, id)

@@ -8,6 +8,7 @@ from typing import Any, Final, LiteralString, TypedDict
 from neo4j import AsyncManagedTransaction
 
 from graph.driver import rows, single
+from graph.entries import CountRow
 from graph.learning import Queued, QueuedRow
 
 #: How many times an execution's lease may run out with no step committed between (COMMIT_STEP
@@ -147,6 +148,19 @@ class ExecutionMap(TypedDict):
 
 class ExecutionRow(TypedDict):
     execution: ExecutionMap
+
+
+#: How many learning executions a Chat has (LIST_EXECUTIONS' pages, counted on the same index).
+COUNT_EXECUTIONS: Final[LiteralString] = """
+MATCH (x:LearningExecution) USING INDEX x:LearningExecution(chatId, createdAt, id)
+WHERE x.chatId = $chatId AND x.createdAt >= 0 AND x.id >= ''
+RETURN count(x) AS n
+"""
+
+
+async def count_executions(tx: AsyncManagedTransaction, *, chat_id: str) -> int:
+    record = await single(tx, COUNT_EXECUTIONS, CountRow, chatId=chat_id)
+    return 0 if record is None else record["n"]
 
 
 async def list_executions(

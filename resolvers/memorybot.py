@@ -24,7 +24,7 @@ class MemoryBotQuery:
         self, info: Info, chat_id: strawberry.ID, limit: int = 50, skip: int = 0
     ) -> list[Confession]:
         principal = await info.context.principal()
-        found = await memorybot.confessions(
+        found, _ = await memorybot.confessions(
             info.context.runtime, principal, str(chat_id), limit=limit, skip=skip
         )
         return [Confession.of(c) for c in found]
@@ -34,7 +34,7 @@ class MemoryBotQuery:
         self, info: Info, chat_id: strawberry.ID, limit: int = 50, skip: int = 0
     ) -> list[Enrichment]:
         principal = await info.context.principal()
-        found = await enrichments.enrichments(
+        found, _ = await enrichments.enrichments(
             info.context.runtime, principal, str(chat_id), limit=limit, skip=skip
         )
         return [Enrichment.of(e) for e in found]
@@ -47,7 +47,7 @@ class MemoryBotQuery:
         self, info: Info, chat_id: strawberry.ID, limit: int = 50, skip: int = 0
     ) -> list[LearningExecution]:
         principal = await info.context.principal()
-        found = await learninglog.executions(
+        found, _ = await learninglog.executions(
             info.context.runtime, principal, str(chat_id), limit=limit, skip=skip
         )
         return [LearningExecution.of(x) for x in found]

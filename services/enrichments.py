@@ -26,14 +26,16 @@ class Enrichment:
 
 async def enrichments(
     rt: Runtime, principal: Principal, chat_id: str, *, limit: int = 50, skip: int = 0
-) -> list[Enrichment]:
+) -> tuple[list[Enrichment], int]:
     """The Chat owner's view (D9.6): a rewrite whose entries are no longer all visible to the
-    owner is withheld; only the original words are returned."""
+    owner is withheld; only the original words are returned. One page, oldest first, and how
+    many there are."""
 
     async def fetch(
         tx: AsyncManagedTransaction, chat: str, skip: int, limit: int
-    ) -> list[memorybot_q.EnrichmentNode]:
-        return await memorybot_q.list_enrichments(tx, chat_id=chat, skip=skip, limit=limit)
+    ) -> tuple[list[memorybot_q.EnrichmentNode], int]:
+        page = await memorybot_q.list_enrichments(tx, chat_id=chat, skip=skip, limit=limit)
+        return page, await memorybot_q.count_enrichments(tx, chat_id=chat)
 
     view = await owner_records(rt, principal, chat_id, fetch, limit=limit, skip=skip)
     out: list[Enrichment] = []
@@ -54,4 +56,4 @@ async def enrichments(
                 f["createdAt"],
             )
         )
-    return out
+    return out, view.total

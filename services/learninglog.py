@@ -44,13 +44,15 @@ class Execution:
 
 async def executions(
     rt: Runtime, principal: Principal, chat_id: str, *, limit: int = 50, skip: int = 0
-) -> list[Execution]:
-    """The Chat owner's learning executions, newest first (the same owner check as confessions)."""
+) -> tuple[list[Execution], int]:
+    """The Chat owner's learning executions, newest first (the same owner check as confessions):
+    one page, and how many there are."""
 
     async def fetch(
         tx: AsyncManagedTransaction, chat: str, skip: int, limit: int
-    ) -> list[sweeps_q.ExecutionMap]:
-        return await sweeps_q.list_executions(tx, chat_id=chat, skip=skip, limit=limit)
+    ) -> tuple[list[sweeps_q.ExecutionMap], int]:
+        page = await sweeps_q.list_executions(tx, chat_id=chat, skip=skip, limit=limit)
+        return page, await sweeps_q.count_executions(tx, chat_id=chat)
 
     view = await owner_records(rt, principal, chat_id, fetch, limit=limit, skip=skip)
     return [
@@ -65,4 +67,4 @@ async def executions(
             None if f["endedAt"] is None else int(f["endedAt"]),
         )
         for f in view.records
-    ]
+    ], view.total

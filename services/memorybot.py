@@ -289,6 +289,8 @@ class OwnerRecords(Generic[Rec]):
     cipher: Cipher
     records: list[Rec]
     visible: set[str]
+    #: How many records the Chat has in all (the pages' total).
+    total: int
 
     def shown(self, record: Rec) -> tuple[str, ...] | None:
         """The record's entry ids when every one is still visible to the owner (D9.6), and every
@@ -304,7 +306,8 @@ def _drawn_on(record: Mapping[str, object]) -> list[str]:
     )
 
 
-RecordList = Callable[[AsyncManagedTransaction, str, int, int], Awaitable[list[Rec]]]
+#: One page of a Chat's records (tx, chat, skip, limit), and how many it has in all.
+RecordList = Callable[[AsyncManagedTransaction, str, int, int], Awaitable[tuple[list[Rec], int]]]
 
 
 async def owner_records(
@@ -317,13 +320,13 @@ async def owner_records(
     check_id(chat_id, "chatId")
     limit, skip = check_page(limit, skip, max_limit=rt.settings.max_page_size)
 
-    async def work(tx: AsyncManagedTransaction) -> tuple[chats_q.ChatForRow, list[Rec], set[str]]:
+    async def work(tx: AsyncManagedTransaction) -> tuple[chats_q.ChatForRow, list[Rec], int, set[str]]:
         row = await chats_q.chat_for(tx, chat_id=chat_id, person_id=person_id)
         if row is None or not row["isPerson"] or row["chat"]["ownerId"] != person_id:
             raise NotFound("chat not found")
         chat = row["chat"]
         await shared_lock(tx, bot_id=chat["botId"])
-        found = await fetch(tx, chat_id, skip, limit)
+        found, total = await fetch(tx, chat_id, skip, limit)
         used = sorted({str(i) for f in found for i in _drawn_on(f)})
         seen: set[str] = set()
         if used:
@@ -339,22 +342,25 @@ async def owner_records(
                     ids=used,
                     active_only=True,
                 )
-        return row, found, seen
+        return row, found, total, seen
 
-    row, found, seen = await read(rt.driver, work)
-    return OwnerRecords(rt.cipher(row["chat"]["botId"], row["keyMaster"], row["keyWrapped"]), found, seen)
+    row, found, total, seen = await read(rt.driver, work)
+    cipher = rt.cipher(row["chat"]["botId"], row["keyMaster"], row["keyWrapped"])
+    return OwnerRecords(cipher, found, seen, total)
 
 
 async def confessions(
     rt: Runtime, principal: Principal, chat_id: str, *, limit: int = 50, skip: int = 0
-) -> list[Confession]:
+) -> tuple[list[Confession], int]:
     """The Chat owner's view (D9.6): an answer whose entries are no longer all visible to the
-    owner is withheld (only the confession's own text is returned)."""
+    owner is withheld (only the confession's own text is returned). One page, oldest first, and
+    how many there are."""
 
     async def fetch(
         tx: AsyncManagedTransaction, chat: str, skip: int, limit: int
-    ) -> list[memorybot_q.ConfessionNode]:
-        return await memorybot_q.list_confessions(tx, chat_id=chat, skip=skip, limit=limit)
+    ) -> tuple[list[memorybot_q.ConfessionNode], int]:
+        page = await memorybot_q.list_confessions(tx, chat_id=chat, skip=skip, limit=limit)
+        return page, await memorybot_q.count_confessions(tx, chat_id=chat)
 
     view = await owner_records(rt, principal, chat_id, fetch, limit=limit, skip=skip)
     cipher = view.cipher
@@ -376,7 +382,7 @@ async def confessions(
                 f["createdAt"],
             )
         )
-    return out
+    return out, view.total
 
 
 @dataclass(frozen=True, slots=True)

@@ -568,6 +568,12 @@ async def test_purge_removes_saved_model_texts_and_answers_that_embed_the_entrie
         ("I got the dates wrong.", confessions.json()["confessions"][0]["answer"]),
         ("I forgot the walk", None),
     ]
+    # A page says how many there are (a default page held the first 50, and nothing said so).
+    assert confessions.json()["total"] == 2
+    later = await api.http.get(
+        f"/v1/chats/{chat}/confessions?limit=1&skip=1", headers={"Authorization": f"Bearer {w.tokens['ann']}"}
+    )
+    assert later.json() == {"confessions": confessions.json()["confessions"][1:], "total": 2}
     records, _, _ = await runtime.driver.execute_query(
         "MATCH (f:Confession {chatId: $c}) WHERE f.answerPurged RETURN count(f) AS n", c=chat
     )
@@ -577,6 +583,7 @@ async def test_purge_removes_saved_model_texts_and_answers_that_embed_the_entrie
         f"/v1/chats/{chat}/enrichments", headers={"Authorization": f"Bearer {w.tokens['ann']}"}
     )
     assert [(e["text"], e["original"]) for e in rewrites.json()["enrichments"]] == [(None, "walk the dog")]
+    assert rewrites.json()["total"] == 1
     records, _, _ = await runtime.driver.execute_query(
         "MATCH (n:Enrichment {chatId: $c}) RETURN n.text IS NULL AS gone", c=chat
     )

@@ -320,6 +320,13 @@ async def test_a_refused_answer_is_asked_again_then_set_aside_and_learning_goes_
     )
     assert rest.status_code == 200
     assert {x["turnId"]: x["setAside"] for x in rest.json()["executions"]}[poison["id"]][0]["first"] == 2
+    # Pages say how many there are (a default page held the first 50, and nothing said so).
+    total = len(rest.json()["executions"])
+    assert total >= 2 and rest.json()["total"] == total
+    newest = await api.http.get(
+        f"/v1/chats/{chat}/learning?limit=1", headers={"Authorization": f"Bearer {w.tokens['ann']}"}
+    )
+    assert newest.json() == {"executions": rest.json()["executions"][:1], "total": total}
     assert CANARY not in rest.text and CANARY not in str(seen)
     assert await api.codes(LEARNING, {"c": chat}, w.tokens["bob"]) == ["NOT_FOUND"]
 
