@@ -193,7 +193,11 @@ async def _relabel(bot_id: str) -> int:
 async def _import(bot_id: str, legacy: list[LegacyEntry]) -> int:
     async with _runtime(load_settings()) as runtime:
         applied = await import_legacy(runtime, bot_id, legacy)
-    print(f"imported {len(applied.entry_ids)} legacy entries (hidden until rebuilt from provable sources)")
+    kept = sum(entry.remembered_by() is not None for entry in legacy)
+    print(
+        f"imported {len(applied.entry_ids)} legacy entries (hidden until rebuilt from provable sources; "
+        f"private pinned entries made with Remember stay their authors': up to {kept})"
+    )
     return 0
 
 

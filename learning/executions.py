@@ -54,10 +54,11 @@ CONTEXT_LIMIT = 300  # L4
 #: Bot's slots taken): the step fails and its evidence waits for a later execution (C6), as on
 #: the first ask. Any other (a timeout, an answer too large or malformed) sets it aside (D9.21):
 #: a message that sends the model astray must not stop the Chat's learning.
-NOT_THE_ANSWERS = frozenset({"no_model", "budget_spent", "busy", "provider_error"})
-#: A step's first ask the provider refused (a 400, 413 or 422): asked again with fewer Items, the
-#: one Item it refuses alone is set aside; before, the step failed with the read position
-#: unchanged and every later execution of the Chat sent the same request, refused for ever.
+NOT_THE_ANSWERS = frozenset({"no_model", "budget_spent", "busy", "provider_error", "refused"})
+#: An ask of a step the provider refused (a 400, 413 or 422; a re-ask too, whose request the
+#: answer it corrects made longer): asked again with fewer Items, the one Item it refuses alone is
+#: set aside; before, the step failed with the read position unchanged and every later execution
+#: of the Chat sent the same request, refused for ever.
 _REFUSED = "model:refused"
 #: How long a job waits for its Chat's step slot before it hands the execution on, and how long
 #: the next job then waits in the queue. A job that waited out a step deadline (two minutes) held
@@ -241,7 +242,7 @@ class ExecutionRunner:
         the execution goes on in a new job (a run of many steps — evidence piled up while the
         budget was spent — was cancelled by arq's timeout mid-call)."""
         step_seconds = self.rt.settings.step_deadline_seconds
-        items = self.rt.settings.max_evidence_items
+        full = items = self.rt.settings.max_evidence_items
         while True:
             if self.stopping.is_set():
                 raise _HandOn("stopping")
@@ -252,6 +253,7 @@ class ExecutionRunner:
             )
             try:
                 ended = await self._step_once(x, items)
+                items = full  # the Item it refused is behind: a full step again
             except _Smaller as smaller:
                 items, ended = smaller.items, None
             finally:
@@ -319,7 +321,11 @@ class ExecutionRunner:
                     raise
                 if len(chunk) > 1:  # find the Item it refuses: half as many at a time
                     raise _Smaller(len(chunk) // 2) from None
-                if not await self._accepted_without(x, inputs, deadline):
+                accepted = await self._accepted_without(x, inputs, deadline)
+                if accepted is None:
+                    await self._finish(x, "budget", None)  # waits, not lost (L6)
+                    return "budget"
+                if not accepted:
                     raise  # it refuses any request (its settings, our key): not the Item's doing
                 raise StepRefused([_REFUSED]) from None
         except StepRefused as refused:  # D9.21: set aside, never learned; read on past it
@@ -351,21 +357,25 @@ class ExecutionRunner:
             return None
         return None if more else "done"
 
-    async def _accepted_without(self, x: Claimed, inputs: _Inputs, deadline: float) -> bool:
+    async def _accepted_without(self, x: Claimed, inputs: _Inputs, deadline: float) -> bool | None:
         """Whether the provider takes the step's request without its evidence, within the step's
-        ``deadline`` and budget: one that refuses a single Item's request for that Item (a content
-        filter) is set aside (D9.21), else the step fails and the Item waits for a later execution
-        (C6)."""
+        ``deadline``: True, and the single Item it refused (a content filter) is set aside
+        (D9.21); False when it refuses that too (not the Item's doing: the step fails, the Item
+        waits for a later execution, C6); None when the budget is spent (the step waits for it,
+        L6). Any other failure (the provider down, the Bot's slots taken) fails the step with
+        its own code, the Item kept."""
         route = inputs.route
         if await self.gateway.budget_spent(self.rt, route):
-            return False
+            return None
         kept = [_kept(route.cipher, e) for e in inputs.entries]
         body = protocol.request_body(system_prompt(protocol.LEARN_SYSTEM, route), [], kept, inputs.topics)
         key = StepKey(x.id, x.epoch, inputs.start, request_hash(route.cipher, {"model": route.model, **body}))
         try:
             await self._ask(route, body, deadline, key, inputs.entries)
-        except ModelUnavailable:
-            return False
+        except ModelUnavailable as exc:
+            if "model:" + exc.code == _REFUSED:
+                return False
+            raise StepFailed("model:" + exc.code) from None
         return True
 
     async def _step(

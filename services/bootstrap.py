@@ -106,9 +106,12 @@ async def open_runtime(settings: Settings, *, schema: Schema = "migrate") -> Asy
     driver = make_driver(settings.neo4j_uri, settings.neo4j_user, password)
     redis = redis_of(settings)
     try:
-        # The keys are read before the schema is touched: a deploy with a key of the wrong shape
-        # migrated the database, then failed, and the old release refused the newer schema.
+        # The keys are read and checked before the schema is touched: a deploy with a key of the
+        # wrong shape, or another deployment's, migrated the database, then failed, and the old
+        # release refused the newer schema.
         keyring = Keyring(settings.master_key_bytes(), settings.previous_master_key_bytes())
+        if schema != "none":
+            await _check_master_keys(driver, keyring)
         if schema == "migrate":
             version = await migrate(driver)
             if version > LATEST:
@@ -116,8 +119,6 @@ async def open_runtime(settings: Settings, *, schema: Schema = "migrate") -> Asy
             log.info("schema version %s", version)
         elif schema == "wait":
             log.info("schema version %s", await wait_for_schema(driver))
-        if schema != "none":
-            await _check_master_keys(driver, keyring)
         vectors = VectorIndexes(max_bytes=settings.index_memory_mb * 2**20)
         yield Runtime(settings=settings, driver=driver, redis=redis, keyring=keyring, vectors=vectors)
     finally:

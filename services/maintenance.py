@@ -13,9 +13,9 @@ from neo4j import AsyncManagedTransaction
 from graph import changelog, entries, identity
 from graph import memory as memory_q
 from graph.driver import write
-from services.changes import Applied, check_content
+from services.changes import Applied, check_content, check_topics
 from services.crypto import Cipher, Kind
-from services.errors import NotFound
+from services.errors import BadInput, NotFound
 from services.ids import new_id
 from services.memory import cipher_of
 from services.runtime import Runtime, now_ms
@@ -33,9 +33,9 @@ class LegacyEntry:
 
     def remembered_by(self) -> tuple[str, str] | None:
         """(person, organization) when this is a private pinned entry made with Remember: a pinned
-        entry for one person alone, of one organization, from nobody else (Remember's own tags,
-        ``from:``, ``for:person:`` and ``org:``, and topics). Seed 000: it "keeps its own access
-        rule"."""
+        entry for one person alone, of one organization, from that person (Remember's own tags,
+        ``from:``, ``for:person:`` and ``org:``, each once, and valid topics). Seed 000: it "keeps
+        its own access rule"."""
         if self.layer != "pinned":
             return None
         fors = [t for t in self.tags if t.startswith("for:")]
@@ -44,8 +44,12 @@ class LegacyEntry:
             return None
         person = fors[0][len("for:person:") :]
         others = [t for t in self.tags if ":" in t and not t.startswith(("for:", "org:"))]
-        if not person or not orgs[0] or any(t != "from:" + person for t in others):
-            return None
+        if not person or not orgs[0] or others != ["from:" + person]:
+            return None  # Remember writes from: its author, once; without it, someone else wrote it
+        try:
+            check_topics(tuple(t for t in self.tags if ":" not in t))
+        except BadInput:
+            return None  # topics Remember could not have given (V8)
         return person, orgs[0]
 
 

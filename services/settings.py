@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import fcntl
+import logging
 import os
 import re
 import secrets
@@ -30,8 +31,6 @@ class ModelPrice(BaseModel):
     input: int = Field(ge=0)
     output: int = Field(ge=0)
 
-
-_LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 #: What a learning job has past its steps' deadlines: the reads and the commit around a step.
 JOB_MARGIN_SECONDS: Final = 60.0
@@ -162,22 +161,13 @@ class Settings(BaseSettings):
 
     log_level: str = "INFO"
 
-    @field_validator("neo4j_password")
-    @classmethod
-    def _a_neo4j_password(cls, password: SecretStr | None) -> SecretStr | None:
-        """At least the 8 characters Neo4j asks of a password (the local launcher failed on a
-        shorter one with a Java stack trace)."""
-        if password is not None and len(password.get_secret_value()) < 8:
-            raise ValueError("at least 8 characters (Neo4j's rule)")
-        return password
-
     @field_validator("log_level")
     @classmethod
     def _a_log_level(cls, level: str) -> str:
         """One of logging's levels, in any case (``verbose`` started the process and failed in
         ``logging`` with a traceback that did not name the setting)."""
-        if level.upper() not in _LOG_LEVELS:
-            raise ValueError(f"a log level: {', '.join(_LOG_LEVELS)}")
+        if level.upper() not in logging.getLevelNamesMapping():
+            raise ValueError(f"a log level: {', '.join(logging.getLevelNamesMapping())}")
         return level.upper()
 
     @model_validator(mode="after")

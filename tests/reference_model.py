@@ -320,7 +320,7 @@ class Model:
 
     def import_legacy(self, bot: str, entry_id: str, tags: list[str], layer: str = "fact") -> None:
         """Old memory without access proof: kept hidden (V9) — but a private pinned entry made with
-        Remember (pinned; for one person of one organization, from nobody else) keeps its own
+        Remember (pinned; for one person of one organization, from that person) keeps its own
         rule while that person is in the organization: loaded as ``remember`` makes one."""
         fors = [t for t in tags if t.startswith("for:")]
         orgs = [t[4:] for t in tags if t.startswith("org:")]
@@ -333,7 +333,7 @@ class Model:
             and person
             and len(orgs) == 1
             and self.people.get(person) == orgs[0]
-            and all(t == f"from:{person}" for t in others)
+            and others == [f"from:{person}"]
         ):
             own = [
                 f"from:{person}",

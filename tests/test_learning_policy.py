@@ -380,6 +380,16 @@ async def test_a_message_the_provider_refuses_is_found_and_set_aside(
         "Ann hums jazz.",
     ]
     assert await position(runtime, w.bot, chat) == 3
+    # The asks, by how many Items each sent: all three (refused), the first alone (learned), a
+    # full step again with the two left (refused), the refused one alone, the request without
+    # evidence (taken: the Item is set aside), the last one. Once the refused Item was found, the
+    # job asked one Item at a time for the rest of it.
+    asked = [
+        len(json.loads(r.body["messages"][1]["content"])["newItems"])
+        for r in model_server.requests_for("learn")
+        if marker in r.text or "Ann drinks green tea." in r.text or "Ann hums jazz." in r.text
+    ]
+    assert asked == [3, 1, 2, 1, 0, 1], asked
 
 
 async def test_a_provider_refusing_every_request_sets_nothing_aside(

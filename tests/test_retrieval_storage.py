@@ -241,8 +241,14 @@ async def test_the_sweep_reads_what_each_memory_records_and_finds_what_a_write_l
     w = await make_world(api, ("ann",))
     person, org = w.people["ann"], w.org
     minilm = LocalMiniLM()
-    other = OpenAIEmbedder(
-        settings.model_copy(update={"embedding_model": "other-model", "embedding_dimensions": 384})
+    other = OpenAIEmbedder(  # never asked: its id names vectors of another embedder
+        settings.model_copy(
+            update={
+                "embedding_model": "other-model",
+                "embedding_dimensions": 384,
+                "embedding_base_url": "http://127.0.0.1:9/v1",
+            }
+        )
     )
 
     async def due() -> tuple[bool, bool]:

@@ -310,6 +310,8 @@ async def test_import_legacy_loads_hidden_entries_logged_as_promotion(
         {"content": "A session note", "layer": "session"},
         {"content": "Ann's locker code is 4711", "tags": remembered, "layer": "pinned"},
         {"content": "The team's door code", "tags": ["for:bot", f"org:{w.org}"], "layer": "pinned"},
+        # Not from her (Remember writes from: its author): someone else's note about her stays hidden.
+        {"content": "Ann is late a lot", "tags": [f"for:person:{person}", f"org:{w.org}"], "layer": "pinned"},
     ]
     legacy = tmp_path / "legacy.jsonl"
     legacy.write_text("\n".join(json.dumps(line) for line in lines) + "\n", encoding="utf-8")
@@ -333,7 +335,7 @@ async def test_import_legacy_loads_hidden_entries_logged_as_promotion(
         await announced.aclose()  # type: ignore[no-untyped-call]
     assert data is not None, "the import was not announced"
     sent = json.loads(data)
-    assert out.out.startswith("imported 5 legacy entries")
+    assert out.out.startswith("imported 6 legacy entries")
     # One change of the memory, logged with the actor promotion and every imported id (C2).
     records, _, _ = await runtime.driver.execute_query(
         "MATCH (c:Change {botId: $b}) RETURN c {.id, .version, .actor, .entryIds, .payload} AS c", b=w.bot
@@ -343,7 +345,7 @@ async def test_import_legacy_loads_hidden_entries_logged_as_promotion(
     cipher = await cipher_of(runtime, w.bot)
     assert json.loads(cipher.decrypt(Kind.CHANGE, change["id"], change["payload"])) == {
         "kind": "import",
-        "count": 5,
+        "count": 6,
     }
     records, _, _ = await runtime.driver.execute_query(
         "MATCH (e:Entry {botId: $b}) RETURN e {.id, .layer, .tags, .status, .legacy, .content} AS e", b=w.bot
@@ -358,6 +360,7 @@ async def test_import_legacy_loads_hidden_entries_logged_as_promotion(
     )
     assert imported == [
         ("A session note", "fact", [], "active", True),
+        ("Ann is late a lot", "pinned", [f"for:person:{person}", f"org:{w.org}"], "active", True),
         ("Ann seems to like the north", "observation", [f"for:person:{person}"], "active", True),
         (
             "Ann used to live in Oslo",

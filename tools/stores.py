@@ -304,6 +304,8 @@ def ensure_neo4j(s: Settings) -> None:
         print(f"neo4j: reusing the server on {host}:{port} (not started by devstack)")
         return
     else:
+        if len(password) < 8:  # the launcher failed on a shorter one with a Java stack trace
+            raise StackError("BOTMEMORY_NEO4J_PASSWORD needs at least 8 characters (Neo4j's rule)")
         ensure_launcher()
         home = data_dir(s) / "neo4j"
         cmd = [
@@ -382,14 +384,19 @@ def ensure_redis(s: Settings) -> None:
 
 
 def _other_settings_pid(p: Proc) -> int | None:
-    """The pid in ``p``'s pid file when that process is alive and of ``p``'s kind (its first
-    marker) but not the one these settings start: started with other ports, say."""
+    """The pid in ``p``'s pid file when that process is alive, of ``p``'s kind (its first marker)
+    and this profile's (started with its data dir, which the pid file lives in), but not the one
+    these settings start: started with other ports, say. Another profile's process that took a
+    stale pid file's pid (the tests', the bench's) is none."""
     try:
         pid = int(p.pid_file.read_text().strip())
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        environ = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0")
     except (OSError, ValueError):
         return None
-    return pid if p.markers[0] in cmdline + " " and running_pid(p) is None else None
+    profile = f"BOTMEMORY_DATA_DIR={p.pid_file.parent.parent}"
+    ours = p.markers[0] in cmdline + " " and profile in environ
+    return pid if ours and running_pid(p) is None else None
 
 
 def stop(p: Proc) -> bool:

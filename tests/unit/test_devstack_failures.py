@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -111,13 +112,20 @@ def test_down_leaves_a_process_started_with_other_settings_and_its_pid_file(
     """After ``BOTMEMORY_API_PORT=8001 make up``, a plain ``make down`` removed the API's pid file
     although the process lived on (its markers name the other port): it was forgotten for good.
     It is left running now, with its pid file, and the command says so."""
-    other = subprocess.Popen(
-        [sys.executable, "-c", "import time; time.sleep(60)", "-m botmemory.serve ", "--port 8001 "]
-    )
+    (tmp_path / "run").mkdir()
+    pid_file = tmp_path / "run" / "api.pid"
+    api = Proc("api", pid_file, tmp_path / "api.log", ("-m botmemory.serve ", "--port 8000 "), 5.0, ())
+    command = [sys.executable, "-c", "import time; time.sleep(60)", "-m botmemory.serve ", "--port 8001 "]
+    # Another profile's process (its own data dir) that took a stale pid file's pid: the file goes.
+    stranger = subprocess.Popen(command, env={**os.environ, "BOTMEMORY_DATA_DIR": str(tmp_path / "other")})
+    # This profile's, started with another port: it stays, with its pid file.
+    other = subprocess.Popen(command, env={**os.environ, "BOTMEMORY_DATA_DIR": str(tmp_path)})
     try:
-        pid_file = tmp_path / "api.pid"
+        for process in (stranger, other):  # its command line shows a moment after it starts
+            until_shown(process.pid, "-m botmemory.serve")
+        pid_file.write_text(f"{stranger.pid}\n")
+        assert stop(api) is False and not pid_file.exists() and stranger.poll() is None
         pid_file.write_text(f"{other.pid}\n")
-        api = Proc("api", pid_file, tmp_path / "api.log", ("-m botmemory.serve ", "--port 8000 "), 5.0, ())
         assert stop(api) is False
         assert pid_file.exists() and other.poll() is None
         assert "started with other settings" in capsys.readouterr().out
@@ -125,9 +133,18 @@ def test_down_leaves_a_process_started_with_other_settings_and_its_pid_file(
         other.wait()
         assert stop(api) is False and not pid_file.exists()  # gone: the stale file goes
     finally:
-        if other.poll() is None:
-            other.kill()
-            other.wait()
+        for process in (stranger, other):
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+
+
+def until_shown(pid: int, text: str) -> None:
+    """Until /proc shows ``text`` in the process's command line (empty right after it starts)."""
+    deadline = time.monotonic() + 10
+    while text not in Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode():
+        assert time.monotonic() < deadline, "the command line never showed"
+        time.sleep(0.01)
 
 
 def test_a_bad_stub_port_is_one_line(

@@ -120,8 +120,9 @@ def test_organizations_and_legacy_entries_fail_closed_v2_v9() -> None:
     m.import_legacy("b", "mine", ["for:person:ann", "from:ann", "org:o1", "tea"], "pinned")
     assert seen_by(m, "mine") == {"ann"}
     m.import_legacy("b", "ours", ["for:bot", "org:o1"], "pinned")
-    m.import_legacy("b", "elsewhere", ["for:person:ann", "org:o2"], "pinned")
-    assert seen_by(m, "ours") == seen_by(m, "elsewhere") == set()
+    m.import_legacy("b", "elsewhere", ["for:person:ann", "from:ann", "org:o2"], "pinned")
+    m.import_legacy("b", "about", ["for:person:ann", "org:o1"], "pinned")  # not from her: not Remember's
+    assert seen_by(m, "ours") == seen_by(m, "elsewhere") == seen_by(m, "about") == set()
 
 
 def test_a_source_chain_deeper_than_the_bound_is_hidden_d9_2() -> None:
