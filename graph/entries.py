@@ -55,8 +55,9 @@ _DUE_ADDS: Final[LiteralString] = (
 
 #: Entries of a legacy import: the tags they came with, no SOURCE edges, and a declared source
 #: count they cannot meet (V9) — but an old private pinned entry made with Remember, which keeps
-#: its own rule (source count 0, its author). ``$rows``: id, layer, content, contentLength,
-#: tags, orderKey, author, sourceCount, legacy. Nothing derived yet: the Memory is due for the
+#: its own rule (source count 0, its author) and comes with its keywords (searchable from this
+#: commit). ``$rows``: id, layer, content, contentLength, tags, orderKey, author, sourceCount,
+#: legacy, and kwBlind/kwScheme/vec/vecModel. Vectors come later: the Memory is due for the
 #: backfill.
 CREATE_LEGACY: Final[LiteralString] = (
     """
@@ -68,7 +69,11 @@ CREATE """
     + _NEW_ENTRY
     + _LABEL_PREFERENCE
     + link_topics(TOPICS_OF_E)
-    + "WITH DISTINCT m\nSET m.kwDue = true, m.vecDue = true\n"
+    + """WITH DISTINCT m
+SET m.kwDue = true, m.vecDue = true,
+    m.vecSeq = CASE WHEN any(r IN $rows WHERE r.kwBlind IS NOT NULL) THEN coalesce(m.vecSeq, 0) + 1
+               ELSE m.vecSeq END
+"""
 )
 
 #: Why ADD_ENTRIES refused a change (its first refused new entry), by the code it returns.

@@ -2027,7 +2027,9 @@ FOREACH (topic IN reduce(acc = [], t IN e.tags | CASE WHEN t CONTAINS ':' OR t I
   ON CREATE SET tp.botId = e.botId, tp.topic = topic
   CREATE (e)-[:HAS_TOPIC]->(tp))
 WITH DISTINCT m
-SET m.kwDue = true, m.vecDue = true
+SET m.kwDue = true, m.vecDue = true,
+    m.vecSeq = CASE WHEN any(r IN $rows WHERE r.kwBlind IS NOT NULL) THEN coalesce(m.vecSeq, 0) + 1
+               ELSE m.vecSeq END
 
 // ---- graph.entries.ENTRY_FOR_EDIT
 MATCH (e:Entry {id: $id, botId: $botId})

@@ -60,6 +60,8 @@ NOT_THE_ANSWERS = frozenset({"no_model", "budget_spent", "busy", "provider_error
 #: set aside; before, the step failed with the read position unchanged and every later execution
 #: of the Chat sent the same request, refused for ever.
 _REFUSED = "model:refused"
+#: A call the provider answered, though with no usable answer: it took the request.
+_ANSWERED = frozenset({"malformed", "too_large"})
 #: How long a job waits for its Chat's step slot before it hands the execution on, and how long
 #: the next job then waits in the queue. A job that waited out a step deadline (two minutes) held
 #: one of its worker's job slots meanwhile: a Chat with ten Turns learning at once held all ten
@@ -103,8 +105,9 @@ class _Stale(Exception):
 
 
 class _Smaller(Exception):
-    """The provider refused a step's request (a 400, 413 or 422): the next step of the job reads
-    at most ``items`` Items, so that the Item it refuses is found and set aside."""
+    """The next step of the job reads at most ``items`` Items: half as many when the provider
+    refused a step's request (a 400, 413 or 422), so that the Item it refuses is found and set
+    aside; a full step again once evidence was set aside."""
 
     def __init__(self, items: int) -> None:
         super().__init__(items)
@@ -242,7 +245,7 @@ class ExecutionRunner:
         the execution goes on in a new job (a run of many steps — evidence piled up while the
         budget was spent — was cancelled by arq's timeout mid-call)."""
         step_seconds = self.rt.settings.step_deadline_seconds
-        full = items = self.rt.settings.max_evidence_items
+        items = self.rt.settings.max_evidence_items
         while True:
             if self.stopping.is_set():
                 raise _HandOn("stopping")
@@ -253,7 +256,6 @@ class ExecutionRunner:
             )
             try:
                 ended = await self._step_once(x, items)
-                items = full  # the Item it refused is behind: a full step again
             except _Smaller as smaller:
                 items, ended = smaller.items, None
             finally:
@@ -337,7 +339,9 @@ class ExecutionRunner:
             except _Stale:
                 return None
             log.info("execution %s set evidence aside: %s", x.id, aside)
-            return None if more else "done"
+            if more:  # what a refusal made smaller is behind: full steps again
+                raise _Smaller(self.rt.settings.max_evidence_items) from None
+            return "done"
         if call_id is None:
             await self._finish(x, "budget", None)  # waits, not lost (L6)
             return "budget"
@@ -375,6 +379,8 @@ class ExecutionRunner:
         except ModelUnavailable as exc:
             if "model:" + exc.code == _REFUSED:
                 return False
+            if exc.code in _ANSWERED:  # it took the request; its answer does not matter here
+                return True
             raise StepFailed("model:" + exc.code) from None
         return True
 
@@ -421,6 +427,10 @@ class ExecutionRunner:
                 try:
                     completion = await self._ask(route, body, deadline, key, entries)
                 except ModelUnavailable as exc:
+                    if refusals and "model:" + exc.code == _REFUSED and len(chunk) == 1:
+                        # A re-ask of one Item refused: the first ask was taken, so the request
+                        # grown by the answer it corrects is to blame, not the provider.
+                        raise StepRefused([*refusals, "reask:refused"]) from None
                     if not refusals or exc.code in NOT_THE_ANSWERS:
                         raise StepFailed("model:" + exc.code) from None
                     raise StepRefused([*refusals, "reask:" + exc.code]) from None

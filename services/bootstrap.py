@@ -15,7 +15,7 @@ from redis.asyncio import ConnectionPool
 from threadpoolctl import threadpool_limits
 
 from graph import bots as bots_q
-from graph.driver import autocommit, make_driver
+from graph.driver import make_driver, read
 from graph.migrations import LATEST, current_version, migrate
 from services import jobs, slots
 from services.crypto import Keyring
@@ -69,7 +69,9 @@ async def _check_master_keys(driver: AsyncDriver, keyring: Keyring) -> None:
     """Refuse to start when a Bot's data key is wrapped by a master key this process lacks: a lost
     or mistyped ``BOTMEMORY_MASTER_KEY`` (or the old one left out during a rotation) started a
     healthy-looking service whose every read of that Bot's content failed (INTERNAL)."""
-    found = await autocommit(driver, lambda s: bots_q.foreign_key_masters(s, known=keyring.known_ids))
+    # A managed transaction: retried while a Neo4j that is still starting does not answer, as the
+    # migration after it is.
+    found = await read(driver, lambda tx: bots_q.foreign_key_masters(tx, known=keyring.known_ids))
     if found["bots"]:
         raise ConfigurationError(
             f"{found['bots']} Bots' data keys are wrapped by a master key this process does not have "

@@ -15,6 +15,7 @@ from graph import memory as memory_q
 from graph.driver import write
 from services.changes import Applied, check_content, check_topics
 from services.crypto import Cipher, Kind
+from services.derived import derive
 from services.errors import BadInput, NotFound
 from services.ids import new_id
 from services.memory import cipher_of
@@ -66,6 +67,9 @@ async def import_legacy(rt: Runtime, bot_id: str, legacy: list[LegacyEntry]) -> 
     change_id, now = new_id("chg"), now_ms()
     for entry in legacy:
         check_content(entry.content)
+    # The keywords of those that may keep their rule, so they are searchable from the commit (no
+    # vector: the backfill embeds them); hidden ones get theirs from the backfill too.
+    keywords = await derive(cipher, None, {e.id: e.content for e in legacy if e.remembered_by()}, 0.0)
 
     async def work(tx: AsyncManagedTransaction) -> Applied:
         version = await memory_q.bump_version(tx, bot_id=bot_id)
@@ -80,6 +84,7 @@ async def import_legacy(rt: Runtime, bot_id: str, legacy: list[LegacyEntry]) -> 
         }
         rows = [
             _legacy_row(cipher, entry, version * ORDER_SLOTS + position, claims[entry.id], members)
+            | (keywords[entry.id].row if entry.id in keywords and claims[entry.id] in members else {})
             for position, entry in enumerate(legacy, 1)
         ]
         await entries.create_legacy(tx, bot_id=bot_id, rows=rows, now=now)

@@ -363,7 +363,12 @@ async def test_a_message_the_provider_refuses_is_found_and_set_aside(
     marker = "forbidden-" + secrets.token_hex(4)
     turn = await api.turn(ann, chat, "Ann drinks green tea.")
     await add_items(
-        api, ann, turn["id"], ("PERSON_MESSAGE", f"Something {marker}."), ("PERSON_MESSAGE", "Ann hums jazz.")
+        api,
+        ann,
+        turn["id"],
+        ("PERSON_MESSAGE", f"Something {marker}."),
+        ("PERSON_MESSAGE", "Ann hums jazz."),
+        ("PERSON_MESSAGE", "Ann plays chess."),
     )
     model_server.respond("learn", _filtered(marker, probe_too=False))
     await confide(api, ann, turn["id"])
@@ -371,25 +376,26 @@ async def test_a_message_the_provider_refuses_is_found_and_set_aside(
     [x] = await wait_executions(runtime, turn["id"])
     assert (x["status"], x["learned"], x.get("error"), x["setAside"]) == (
         "done",
-        2,
+        3,
         None,
         ["2-2:model:refused"],
     ), x
     assert sorted(e["content"] for e in (await visible(api, ann, w.bot)).values()) == [
         "Ann drinks green tea.",
         "Ann hums jazz.",
+        "Ann plays chess.",
     ]
-    assert await position(runtime, w.bot, chat) == 3
-    # The asks, by how many Items each sent: all three (refused), the first alone (learned), a
-    # full step again with the two left (refused), the refused one alone, the request without
-    # evidence (taken: the Item is set aside), the last one. Once the refused Item was found, the
-    # job asked one Item at a time for the rest of it.
+    assert await position(runtime, w.bot, chat) == 4
+    # The asks, by how many Items each sent: all four (refused), half (refused), the first alone
+    # (learned), the refused one alone (refused), the request without evidence (taken: the Item is
+    # set aside), then a full step of what is left. Before, once the Item was set aside, the job
+    # asked one Item at a time for the rest of it.
     asked = [
         len(json.loads(r.body["messages"][1]["content"])["newItems"])
         for r in model_server.requests_for("learn")
-        if marker in r.text or "Ann drinks green tea." in r.text or "Ann hums jazz." in r.text
+        if marker in r.text or "Ann drinks green tea." in r.text or "Ann plays chess." in r.text
     ]
-    assert asked == [3, 1, 2, 1, 0, 1], asked
+    assert asked == [4, 2, 1, 1, 0, 2], asked
 
 
 async def test_a_provider_refusing_every_request_sets_nothing_aside(
@@ -415,3 +421,32 @@ async def test_a_provider_refusing_every_request_sets_nothing_aside(
     await complete(api, ann, turn2["id"])
     [y] = await wait_executions(runtime, turn2["id"])
     assert (y["status"], y["learned"]) == ("done", 2), y
+
+
+async def test_a_reask_of_one_message_the_provider_refuses_sets_it_aside_without_a_probe(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    """D9.21: the first ask of one message was taken and its answer refused; the re-ask, grown by
+    that answer, is refused by the provider (400). The message is set aside with the refusal's
+    codes and ``reask:refused`` — the provider took its first request, so asking it again without
+    evidence would tell nothing and cost a call."""
+    w = await memory_world(api, ("ann",))
+    ann = w.tokens["ann"]
+    chat = await api.chat(ann, w.bot)
+    said_now = "Ann sings " + secrets.token_hex(4)
+    turn = await api.turn(ann, chat, said_now)
+    refusal = {"error": {"message": "too long", "type": "invalid_request_error"}}
+    model_server.script(
+        "learn",
+        learn(fact_call("Ann sings", "i-99")),  # cites an Item it was not sent: refused, asked again
+        Reply(status=400, body=json.dumps(refusal).encode()),
+        about=said_now,
+    )
+    await confide(api, ann, turn["id"])
+    await complete(api, ann, turn["id"])
+    [x] = await wait_executions(runtime, turn["id"])
+    assert (x["status"], x.get("error")) == ("done", None), x
+    [aside] = x["setAside"]
+    assert aside.startswith("1-1:policy:unknown_item:") and aside.endswith(",reask:refused"), aside
+    assert len([r for r in model_server.requests_for("learn") if said_now in r.text]) == 2
+    assert await position(runtime, w.bot, chat) == 1

@@ -387,6 +387,9 @@ async def test_import_legacy_loads_hidden_entries_logged_as_promotion(
     ]
     log = await api.http.get(f"/v1/bots/{w.bot}/memory/log", headers=bearer(ann))
     assert [(c["actor"], c["ids"]) for c in log.json()["changes"]] == [("promotion", [kept])]
+    # Searchable from the import's commit, by its keywords (its vector comes with the backfill).
+    found = await api.http.get(f"/v1/bots/{w.bot}/memory/search?q=locker", headers=bearer(ann))
+    assert [r["entry"]["id"] for r in found.json()["results"]] == [kept], found.text
     bob = w.tokens["bob"]
     assert (await api.http.get(f"/v1/bots/{w.bot}/memory", headers=bearer(bob))).json() == {
         "entries": [],

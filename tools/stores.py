@@ -388,14 +388,18 @@ def _other_settings_pid(p: Proc) -> int | None:
     and this profile's (started with its data dir, which the pid file lives in), but not the one
     these settings start: started with other ports, say. Another profile's process that took a
     stale pid file's pid (the tests', the bench's) is none."""
+    data = p.pid_file.parent.parent
     try:
         pid = int(p.pid_file.read_text().strip())
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         environ = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0")
+        cwd = Path(os.readlink(f"/proc/{pid}/cwd"))
     except (OSError, ValueError):
         return None
-    profile = f"BOTMEMORY_DATA_DIR={p.pid_file.parent.parent}"
-    ours = p.markers[0] in cmdline + " " and profile in environ
+    # Started with this profile's data dir: in its environment, or (redis-server, which overwrites
+    # its environment with its title) working in it (``--dir``).
+    profile = f"BOTMEMORY_DATA_DIR={data}" in environ or cwd.is_relative_to(data)
+    ours = p.markers[0] in cmdline + " " and profile
     return pid if ours and running_pid(p) is None else None
 
 

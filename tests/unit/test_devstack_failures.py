@@ -139,6 +139,28 @@ def test_down_leaves_a_process_started_with_other_settings_and_its_pid_file(
                 process.wait()
 
 
+def test_down_tells_a_redis_of_this_profile_by_its_working_dir(tmp_path: Path) -> None:
+    """redis-server overwrites its environment with its title: it is this profile's when it works
+    in the profile's data dir (``--dir``), as devstack starts it."""
+    (tmp_path / "run").mkdir()
+    (tmp_path / "redis").mkdir()
+    pid_file = tmp_path / "run" / "redis.pid"
+    redis = Proc("redis", pid_file, tmp_path / "redis.log", ("redis-server", "127.0.0.1:6379 "), 5.0, ())
+    bare = {k: v for k, v in os.environ.items() if k != "BOTMEMORY_DATA_DIR"}
+    other = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)", "redis-server", "127.0.0.1:6380 "],
+        cwd=tmp_path / "redis",
+        env=bare,
+    )
+    try:
+        until_shown(other.pid, "redis-server")
+        pid_file.write_text(f"{other.pid}\n")
+        assert stop(redis) is False and pid_file.exists() and other.poll() is None
+    finally:
+        other.kill()
+        other.wait()
+
+
 def until_shown(pid: int, text: str) -> None:
     """Until /proc shows ``text`` in the process's command line (empty right after it starts)."""
     deadline = time.monotonic() + 10
