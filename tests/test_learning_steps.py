@@ -223,3 +223,62 @@ async def test_a_step_sends_at_most_its_characters_of_evidence(
     assert len(sent) == 2, [len(s) for s in sent]
     assert all(sum(len(t) for t in texts) <= 60_000 for texts in sent)
     assert sorted(t for texts in sent for t in texts if len(t) > 100) == big  # each asked about once
+
+
+async def test_a_job_asked_to_stop_ends_its_step_and_hands_the_rest_on(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    """D9.9: a worker asked to stop (``ExecutionRunner.stopping``) lets the step running end and
+    begins no other: the execution's rest goes on in a new epoch, queued at once (here taken by
+    the suite's worker), each Item asked about once."""
+    w = await memory_world(api, ("ann",))
+    ann = w.tokens["ann"]
+    chat = await api.chat(ann, w.bot)
+    turn = await api.turn(ann, chat, "Ann paints on Sundays.")
+    await add_items(api, ann, turn["id"], ("PERSON_MESSAGE", "Ann sails in May."))
+    await confide(api, ann, turn["id"], "Noted the hobbies.")
+    # The execution is queued in the graph only: this process's runner takes it, not the worker.
+    await runtime.driver.execute_query(
+        "MATCH (t:Turn {id: $t}) SET t.status = 'completed', t.completedAt = $now "
+        "WITH t MATCH (x:LearningExecution {turnId: t.id}) SET x.status = 'queued', x.queuedAt = $now",
+        t=turn["id"],
+        now=now_ms(),
+    )
+    [queued] = await executions(runtime, turn["id"])
+    loop = asyncio.get_running_loop()
+    stopping = asyncio.Event()
+
+    def one_fact_a_message(request: Recorded) -> Reply:
+        loop.call_soon_threadsafe(stopping.set)  # asked to stop while the step's call runs
+        items = json.loads(request.body["messages"][1]["content"])["newItems"]
+        said = [i for i in items if i["kind"] == "person_message"]
+        return learn(*(fact_call(i["text"], i["id"]) for i in said))
+
+    model_server.respond("learn", one_fact_a_message)
+    settings = runtime.settings.model_copy(
+        update={
+            "max_evidence_items": 1,
+            "openai_base_url": model_server.base_url,
+            "openai_api_key": SecretStr("sk-test"),
+        }
+    )
+    gateway = Gateway(settings)
+    await gateway.warm_up()
+    try:
+        runner = ExecutionRunner(dataclasses.replace(runtime, settings=settings), gateway, "test", stopping)
+        assert await runner.run(queued["id"], 0) == "handed_on:stopping"
+    finally:
+        await gateway.close()
+    [x] = await wait_executions(runtime, turn["id"], within=60)
+    assert (x["status"], x["epoch"], x["learned"]) == ("done", 1, 2), x
+    assert sorted(e["content"] for e in (await visible(api, ann, w.bot)).values()) == [
+        "Ann paints on Sundays.",
+        "Ann sails in May.",
+    ]
+    asked = [
+        i["text"]
+        for r in model_server.requests_for("learn")
+        for i in json.loads(r.body["messages"][1]["content"])["newItems"]
+        if i["kind"] == "person_message"
+    ]
+    assert sorted(asked) == ["Ann paints on Sundays.", "Ann sails in May."]  # each asked about once
