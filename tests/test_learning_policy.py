@@ -6,6 +6,7 @@ state) leaves the position for a later execution; the output's text is nowhere i
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
 from collections.abc import Callable
@@ -13,8 +14,9 @@ from typing import Any
 
 import pytest
 
+from learning.gateway import current_period
 from learning.protocol import MAX_REASKS
-from services.runtime import Runtime
+from services.runtime import Runtime, now_ms
 from services.settings import Settings
 from tests.client import Api
 from tests.learning_helpers import (
@@ -450,3 +452,49 @@ async def test_a_reask_of_one_message_the_provider_refuses_sets_it_aside_without
     assert aside.startswith("1-1:policy:unknown_item:") and aside.endswith(",reask:refused"), aside
     assert len([r for r in model_server.requests_for("learn") if said_now in r.text]) == 2
     assert await position(runtime, w.bot, chat) == 1
+
+
+async def test_a_spent_budget_at_the_probe_waits_for_the_budget(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    """L6: the budget spent (by other work) while the provider refused a message's request: the
+    request without evidence, which would tell whether the message is to blame, is not sent, and
+    the execution waits for the budget, its evidence kept. It ended ``failed: model:refused``, and
+    the next execution searched for the refused message again."""
+    w = await memory_world(api, ("ann",))
+    ann = w.tokens["ann"]
+    response = await api.http.patch(
+        f"/v1/bots/{w.bot}/memory/bot",
+        json={"expected": 0, "budget": {"period": "day", "limitMicros": 1000}},
+        headers={"Authorization": f"Bearer {ann}"},
+    )
+    assert response.status_code == 200, response.text
+    chat = await api.chat(ann, w.bot)
+    marker = "spent-" + secrets.token_hex(4)
+    turn = await api.turn(ann, chat, f"Ann hikes, {marker}.")
+    loop = asyncio.get_running_loop()
+
+    async def spend_it() -> None:
+        await runtime.driver.execute_query(
+            "CREATE (:Spend {botId: $b, period: $p, micros: 5000, unknownCalls: 0})",
+            b=w.bot,
+            p=current_period("day", now_ms()),
+        )
+
+    def refuse_and_spend(request: Recorded) -> Reply:
+        if marker in request.text:  # the budget is spent while the refused call runs
+            asyncio.run_coroutine_threadsafe(spend_it(), loop).result(10)
+        return _filtered(marker, probe_too=True)(request)
+
+    model_server.respond("learn", refuse_and_spend)
+    await confide(api, ann, turn["id"])
+    await complete(api, ann, turn["id"])
+    [x] = await wait_executions(runtime, turn["id"], statuses=("budget", "done", "failed", "skipped"))
+    assert (x["status"], x.get("error"), x.get("setAside")) == ("budget", None, None), x
+    assert await position(runtime, w.bot, chat) == 0
+    probes = [
+        r
+        for r in model_server.requests_for("learn")
+        if not json.loads(r.body["messages"][1]["content"])["newItems"]
+    ]
+    assert probes == []
