@@ -25,5 +25,22 @@ async def test_the_whole_stack_starts_from_an_empty_data_directory(run: int, tmp
         with contextlib.suppress(OSError):  # already in use (a local stack): the same condition
             squatter.bind(("127.0.0.1", 9464))
             squatter.listen()
-        started, _, said = await asyncio.to_thread(start_once, 21687 + 10 * run, tmp_path / "data")
+        started, _, said = await asyncio.to_thread(
+            start_once, free_ports(21687 + 10 * run), tmp_path / "data"
+        )
     assert started, f"a fresh start failed; it printed: {said}"
+
+
+def free_ports(first: int) -> int:
+    """The first of four free consecutive ports from ``first`` on (a fixed base collided with the
+    same test of another checkout's suite run at the same time)."""
+    for base in range(first, first + 2000, 4):
+        try:
+            with contextlib.ExitStack() as probes:
+                for port in range(base, base + 4):
+                    probe = probes.enter_context(socket.socket())
+                    probe.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+    raise AssertionError(f"no four free ports from {first}")
