@@ -11,7 +11,7 @@ from typing import Any, Final, LiteralString, TypedDict
 from neo4j import AsyncManagedTransaction
 
 from graph.access import IdsRow
-from graph.driver import rows, single
+from graph.driver import QueryTarget, rows, single
 from graph.topics import TOPICS_OF_E, link_topics, retag, topic_key
 
 #: The properties of a new Entry ``e`` in memory ``m``, from ``row`` and the bound ``tags``,
@@ -276,6 +276,12 @@ class CountRow(TypedDict):
     """How many (DELETE_CHAT_HISTORY: Items)."""
 
     n: int
+
+
+async def count(tx: QueryTarget, query: LiteralString, /, **params: Any) -> int:
+    """The ``n`` a counting statement returns (0 without a row)."""
+    record = await single(tx, query, CountRow, **params)
+    return 0 if record is None else record["n"]
 
 
 async def add(

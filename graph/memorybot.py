@@ -10,7 +10,7 @@ from neo4j import AsyncManagedTransaction
 
 from graph.chats import ChatNode
 from graph.driver import Ciphertext, QueryTarget, rows, single
-from graph.entries import CountRow
+from graph.entries import count
 
 #: The settings of a Bot's memory Bot with the Bot's owner organization and data key.
 SETTINGS: Final[LiteralString] = """
@@ -329,18 +329,12 @@ RETURN count(f) AS n
 """
 
 
-async def count_confessions(tx: AsyncManagedTransaction, *, chat_id: str) -> int:
-    record = await single(tx, COUNT_CONFESSIONS, CountRow, chatId=chat_id)
-    return 0 if record is None else record["n"]
-
-
 async def list_confessions(
     tx: AsyncManagedTransaction, *, chat_id: str, skip: int, limit: int
-) -> list[ConfessionNode]:
-    return [
-        r["confession"]
-        for r in await rows(tx, LIST_CONFESSIONS, ConfessionRow, chatId=chat_id, skip=skip, limit=limit)
-    ]
+) -> tuple[list[ConfessionNode], int]:
+    """One page of the Chat's confessions and how many it has."""
+    found = await rows(tx, LIST_CONFESSIONS, ConfessionRow, chatId=chat_id, skip=skip, limit=limit)
+    return [r["confession"] for r in found], await count(tx, COUNT_CONFESSIONS, chatId=chat_id)
 
 
 #: A rewrite of a Turn's input (N2): new text and original encrypted, the entries it says it used
@@ -443,15 +437,9 @@ RETURN count(n) AS n
 """
 
 
-async def count_enrichments(tx: AsyncManagedTransaction, *, chat_id: str) -> int:
-    record = await single(tx, COUNT_ENRICHMENTS, CountRow, chatId=chat_id)
-    return 0 if record is None else record["n"]
-
-
 async def list_enrichments(
     tx: AsyncManagedTransaction, *, chat_id: str, skip: int, limit: int
-) -> list[EnrichmentNode]:
-    return [
-        r["enrichment"]
-        for r in await rows(tx, LIST_ENRICHMENTS, EnrichmentRow, chatId=chat_id, skip=skip, limit=limit)
-    ]
+) -> tuple[list[EnrichmentNode], int]:
+    """One page of the Chat's rewrites and how many it has."""
+    found = await rows(tx, LIST_ENRICHMENTS, EnrichmentRow, chatId=chat_id, skip=skip, limit=limit)
+    return [r["enrichment"] for r in found], await count(tx, COUNT_ENRICHMENTS, chatId=chat_id)

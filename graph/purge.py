@@ -11,7 +11,7 @@ from neo4j import AsyncManagedTransaction
 from graph import access
 from graph.access import IdsRow
 from graph.driver import rows, single
-from graph.entries import CountRow
+from graph.entries import count
 from graph.topics import deleting, unlinked
 
 #: The entries carrying the purge tag, and the labels of those someone may see or saw (``gone``,
@@ -271,5 +271,4 @@ async def rule_people(tx: AsyncManagedTransaction, *, rules: list[str]) -> list[
 
 async def delete_chat_history(tx: AsyncManagedTransaction, *, chat_id: str) -> int:
     """Remove the content of a Chat's Items; ids and the rules saved on SOURCE edges stay (V13)."""
-    record = await single(tx, DELETE_CHAT_HISTORY, CountRow, chatId=chat_id)
-    return 0 if record is None else record["n"]
+    return await count(tx, DELETE_CHAT_HISTORY, chatId=chat_id)

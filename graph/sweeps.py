@@ -8,7 +8,7 @@ from typing import Any, Final, LiteralString, TypedDict
 from neo4j import AsyncManagedTransaction
 
 from graph.driver import rows, single
-from graph.entries import CountRow
+from graph.entries import count
 from graph.learning import Queued, QueuedRow
 
 #: How many times an execution's lease may run out with no step committed between (COMMIT_STEP
@@ -158,13 +158,9 @@ RETURN count(x) AS n
 """
 
 
-async def count_executions(tx: AsyncManagedTransaction, *, chat_id: str) -> int:
-    record = await single(tx, COUNT_EXECUTIONS, CountRow, chatId=chat_id)
-    return 0 if record is None else record["n"]
-
-
 async def list_executions(
     tx: AsyncManagedTransaction, *, chat_id: str, skip: int, limit: int
-) -> list[ExecutionMap]:
+) -> tuple[list[ExecutionMap], int]:
+    """One page of the Chat's learning executions and how many it has."""
     found = await rows(tx, LIST_EXECUTIONS, ExecutionRow, chatId=chat_id, skip=skip, limit=limit)
-    return [r["execution"] for r in found]
+    return [r["execution"] for r in found], await count(tx, COUNT_EXECUTIONS, chatId=chat_id)

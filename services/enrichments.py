@@ -34,8 +34,7 @@ async def enrichments(
     async def fetch(
         tx: AsyncManagedTransaction, chat: str, skip: int, limit: int
     ) -> tuple[list[memorybot_q.EnrichmentNode], int]:
-        page = await memorybot_q.list_enrichments(tx, chat_id=chat, skip=skip, limit=limit)
-        return page, await memorybot_q.count_enrichments(tx, chat_id=chat)
+        return await memorybot_q.list_enrichments(tx, chat_id=chat, skip=skip, limit=limit)
 
     view = await owner_records(rt, principal, chat_id, fetch, limit=limit, skip=skip)
     out: list[Enrichment] = []

@@ -51,8 +51,7 @@ async def executions(
     async def fetch(
         tx: AsyncManagedTransaction, chat: str, skip: int, limit: int
     ) -> tuple[list[sweeps_q.ExecutionMap], int]:
-        page = await sweeps_q.list_executions(tx, chat_id=chat, skip=skip, limit=limit)
-        return page, await sweeps_q.count_executions(tx, chat_id=chat)
+        return await sweeps_q.list_executions(tx, chat_id=chat, skip=skip, limit=limit)
 
     view = await owner_records(rt, principal, chat_id, fetch, limit=limit, skip=skip)
     return [

@@ -359,8 +359,7 @@ async def confessions(
     async def fetch(
         tx: AsyncManagedTransaction, chat: str, skip: int, limit: int
     ) -> tuple[list[memorybot_q.ConfessionNode], int]:
-        page = await memorybot_q.list_confessions(tx, chat_id=chat, skip=skip, limit=limit)
-        return page, await memorybot_q.count_confessions(tx, chat_id=chat)
+        return await memorybot_q.list_confessions(tx, chat_id=chat, skip=skip, limit=limit)
 
     view = await owner_records(rt, principal, chat_id, fetch, limit=limit, skip=skip)
     cipher = view.cipher

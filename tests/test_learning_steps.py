@@ -38,6 +38,19 @@ from tests.waiting import until
 pytestmark = pytest.mark.usefixtures("learning_worker")
 
 
+async def queued_in_the_graph_only(rt: Runtime, turn: str) -> dict[str, Any]:
+    """The Turn completed and its execution queued in the graph only, not on arq: this process's
+    runner takes it, not the suite's worker."""
+    await rt.driver.execute_query(
+        "MATCH (t:Turn {id: $t}) SET t.status = 'completed', t.completedAt = $now "
+        "WITH t MATCH (x:LearningExecution {turnId: t.id}) SET x.status = 'queued', x.queuedAt = $now",
+        t=turn,
+        now=now_ms(),
+    )
+    [queued] = await executions(rt, turn)
+    return queued
+
+
 async def test_an_execution_that_waits_out_its_job_for_the_chats_step_slot_goes_on_in_a_new_one(
     api: Api, runtime: Runtime, model_server: ModelServer
 ) -> None:
@@ -88,14 +101,7 @@ async def test_a_job_gives_its_worker_slot_back_while_its_chats_step_slot_is_bus
     turn = await api.turn(ann, chat, "Ann grows basil.")
     item = await first_item(api, ann, chat)
     await confide(api, ann, turn["id"], "Noted the basil.")
-    # The execution is queued in the graph only: this process's runner takes it, not the worker.
-    await runtime.driver.execute_query(
-        "MATCH (t:Turn {id: $t}) SET t.status = 'completed', t.completedAt = $now "
-        "WITH t MATCH (x:LearningExecution {turnId: t.id}) SET x.status = 'queued', x.queuedAt = $now",
-        t=turn["id"],
-        now=now_ms(),
-    )
-    [queued] = await executions(runtime, turn["id"])
+    queued = await queued_in_the_graph_only(runtime, turn["id"])
     model_server.script("learn", learn(fact_call("Ann grows basil.", item)))
     settings = runtime.settings.model_copy(update={"step_deadline_seconds": 600.0})
     runner = ExecutionRunner(dataclasses.replace(runtime, settings=settings), Gateway(settings), "test")
@@ -141,15 +147,7 @@ async def test_a_job_begins_no_step_that_might_outlast_it_and_its_execution_goes
         ("PERSON_MESSAGE", "Ann rows at nine."),
     )
     await confide(api, ann, turn["id"], "Noted the sports.")
-    # The execution is queued in the graph only: this process's runner takes it, not the worker.
-    await runtime.driver.execute_query(
-        "MATCH (t:Turn {id: $t}) SET t.status = 'completed', t.completedAt = $now "
-        "WITH t MATCH (x:LearningExecution {turnId: t.id}) SET x.status = 'queued', x.queuedAt = $now "
-        "RETURN x.id AS id",
-        t=turn["id"],
-        now=now_ms(),
-    )
-    [queued] = await executions(runtime, turn["id"])
+    queued = await queued_in_the_graph_only(runtime, turn["id"])
     # Each step's model call takes a little over half a step deadline: a second step may begin
     # within the job's first deadline, a third never.
     step = 4.0
@@ -237,14 +235,7 @@ async def test_a_job_asked_to_stop_ends_its_step_and_hands_the_rest_on(
     turn = await api.turn(ann, chat, "Ann paints on Sundays.")
     await add_items(api, ann, turn["id"], ("PERSON_MESSAGE", "Ann sails in May."))
     await confide(api, ann, turn["id"], "Noted the hobbies.")
-    # The execution is queued in the graph only: this process's runner takes it, not the worker.
-    await runtime.driver.execute_query(
-        "MATCH (t:Turn {id: $t}) SET t.status = 'completed', t.completedAt = $now "
-        "WITH t MATCH (x:LearningExecution {turnId: t.id}) SET x.status = 'queued', x.queuedAt = $now",
-        t=turn["id"],
-        now=now_ms(),
-    )
-    [queued] = await executions(runtime, turn["id"])
+    queued = await queued_in_the_graph_only(runtime, turn["id"])
     loop = asyncio.get_running_loop()
     stopping = asyncio.Event()
 
