@@ -178,6 +178,8 @@ class AccessMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.model = Model()
+        #: Entries loaded by import-legacy (an old private pinned one has keywords, no vector yet).
+        self.imported: set[str] = set()
         self.ready = False
         self.clean = True
         self.orgs: list[str] = []
@@ -728,6 +730,7 @@ class AccessMachine(RuleBasedStateMachine):
         layer = "pinned" if pinned else "fact"
         legacy = LegacyEntry(content=self.content("old memory"), tags=tuple(chosen), layer=layer)
         self.run(import_legacy(self.bridge.runtime, b, [legacy]))
+        self.imported.add(legacy.id)
         self.model.import_legacy(b, legacy.id, chosen, layer)
         self.new_entry(legacy.id, b, legacy.content)
         self.say(f"import legacy {layer} {legacy.id} on {b} with {chosen}")

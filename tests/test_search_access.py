@@ -161,8 +161,10 @@ class SearchMachine(AccessMachine):
 
     @property
     def all_vectors(self) -> bool:
-        """Every entry has a vector: the memory Bot's by this machine, Remember's by the API."""
-        return self.embedder is not None and self.vectors
+        """Every entry has a vector: the memory Bot's by this machine, Remember's by the API —
+        not an imported one, whose vector the backfill makes later (its keywords come with it)."""
+        remembered = any(e in self.model.entries and not self.model.entries[e].legacy for e in self.imported)
+        return self.embedder is not None and self.vectors and not remembered
 
     def rare_limit(self, visible: set[str], word: str) -> int:
         """The smallest ``limit`` that promises every visible active entry holding ``word``.
