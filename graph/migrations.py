@@ -6,6 +6,11 @@ the ``(:SchemaVersion {id: 'schema'})`` node, so a second run changes nothing.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
+import secrets
+from collections.abc import AsyncGenerator
 from typing import Final, LiteralString
 
 from neo4j import AsyncDriver, AsyncManagedTransaction
@@ -13,6 +18,8 @@ from neo4j.exceptions import ClientError
 
 from graph import access
 from graph.topics import TOPICS_OF_E, link_topics
+
+log = logging.getLogger(__name__)
 
 MIGRATIONS: Final[tuple[tuple[int, tuple[LiteralString, ...]], ...]] = (
     (
@@ -329,20 +336,93 @@ async def current_version(driver: AsyncDriver) -> int:
     return int(records[0]["version"]) if records else 0
 
 
+#: One starter migrates at a time: the others wait for its lease to end (given back, or lapsed
+#: when that process died), then find the latest version and run nothing. Before, two starters
+#: that read the same version both ran its data step (16's cleared the request hashes that the
+#: first one's processes had written since). The lease lives on Neo4j's clock, as executions' do.
+_LEASE_RULE: Final[LiteralString] = (
+    "CREATE CONSTRAINT migration_lease_id IF NOT EXISTS FOR (n:MigrationLease) REQUIRE n.id IS UNIQUE"
+)
+_TAKE_LEASE: Final[LiteralString] = """
+MERGE (held:MigrationLease {id: 'schema'})
+WITH held CALL apoc.lock.nodes([held])
+WITH held
+MATCH (l:MigrationLease) WHERE elementId(l) = elementId(held)
+WITH l WHERE l.holder IS NULL OR l.holder = $holder OR l.until < timestamp()
+SET l.holder = $holder, l.until = timestamp() + $leaseMs
+RETURN count(l) AS taken
+"""
+_GIVE_BACK_LEASE: Final[LiteralString] = """
+MATCH (l:MigrationLease {id: 'schema', holder: $holder})
+SET l.holder = null, l.until = null
+"""
+LEASE_MS: Final = 30_000
+_RENEW_SECONDS: Final = 5.0
+_POLL_SECONDS: Final = 0.5
+
+
 async def migrate(driver: AsyncDriver) -> int:
     """Apply every migration newer than the recorded version; return the version now recorded.
 
     Schema statements run one per auto-commit transaction (Neo4j forbids mixing schema and
     data writes in one transaction). Every statement is ``IF NOT EXISTS``, and a rule another
-    process created at the same moment counts as done, so processes may start together.
+    process created at the same moment counts as done, so processes may start together; the
+    steps themselves run in one starter at a time, under the migration lease.
     """
+    applied = await current_version(driver)
+    if applied >= LATEST:
+        return applied
+    async with _migration_lease(driver) as free:
+        if not free:
+            return await current_version(driver)
+        return await _apply_steps(driver)
+
+
+@contextlib.asynccontextmanager
+async def _migration_lease(driver: AsyncDriver) -> AsyncGenerator[bool]:
+    """Hold the lease while the body runs (renewed meanwhile); yield False instead when another
+    starter applied every step while this one waited."""
+    await _apply(driver, _LEASE_RULE)
+    holder = secrets.token_hex(8)
+    waited = False
+    while not await _take_lease(driver, holder):
+        if not waited:
+            log.info("waiting for another process to migrate the schema")
+            waited = True
+        await asyncio.sleep(_POLL_SECONDS)
+        if await current_version(driver) >= LATEST:
+            yield False
+            return
+    renewing = asyncio.create_task(_renew_lease(driver, holder))
+    try:
+        yield True
+    finally:
+        renewing.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await renewing
+        await driver.execute_query(_GIVE_BACK_LEASE, holder=holder)
+
+
+async def _take_lease(driver: AsyncDriver, holder: str) -> bool:
+    records, _, _ = await driver.execute_query(_TAKE_LEASE, holder=holder, leaseMs=LEASE_MS)
+    return bool(records[0]["taken"])
+
+
+async def _renew_lease(driver: AsyncDriver, holder: str) -> None:
+    while True:
+        await asyncio.sleep(_RENEW_SECONDS)
+        if not await _take_lease(driver, holder):
+            log.warning("the migration lease lapsed while this process held it")
+
+
+async def _apply_steps(driver: AsyncDriver) -> int:
     applied = await current_version(driver)
     for version, statements in MIGRATIONS:
         if version <= applied:
             continue
-        # Read again before each one: a replica that read an old version at its start ran every
-        # data step another starter had applied meanwhile (version 16's cleared the request
-        # hashes the new processes had written since, so their interrupted steps paid again).
+        # Read again before each one: a starter whose lease lapsed while it stalled may find a
+        # step applied by the one that took the lease over (16's clears request hashes written
+        # since, so interrupted steps would pay for their model calls again).
         applied = await current_version(driver)
         if version <= applied:
             continue
@@ -416,4 +496,4 @@ async def _stamp_keyworded_entries(driver: AsyncDriver) -> None:
         await driver.execute_query(_STAMP, botId=record["botId"])
 
 
-__all__ = ["LATEST", "MIGRATIONS", "current_version", "migrate"]
+__all__ = ["LATEST", "LEASE_MS", "MIGRATIONS", "current_version", "migrate"]

@@ -4,6 +4,7 @@ agree on the schema version (the API and the worker start together on a fresh da
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 from pathlib import Path
 
@@ -140,3 +141,52 @@ async def test_a_starter_that_read_an_old_version_runs_no_step_applied_since(
         assert [r["h"] for r in records] == ["keyed"]
     finally:
         await runtime.driver.execute_query("MATCH (c:ModelCall {id: $id}) DETACH DELETE c", id=call)
+
+
+async def test_one_starter_migrates_while_another_holds_the_lease(
+    runtime: Runtime, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two starters that read the same old version both ran its data step (16's cleared the
+    request hashes the first one's processes had written since): a starter waits while another
+    holds the migration lease, runs nothing meanwhile, and applies what is left once it is given
+    back."""
+    driver = runtime.driver
+    assert await migrate(driver) == LATEST
+    await driver.execute_query(
+        "MERGE (l:MigrationLease {id: 'schema'}) SET l.holder = 'another', l.until = timestamp() + 600000"
+    )
+    await driver.execute_query(_SET_VERSION, version=LATEST - 1)
+    caplog.set_level(logging.INFO, logger="graph.migrations")
+    waiting = asyncio.create_task(migrate(driver))
+    try:
+        for _ in range(1200):
+            if "waiting for another process to migrate the schema" in caplog.text:
+                break
+            assert not waiting.done(), waiting.result()
+            await asyncio.sleep(0.05)
+        else:
+            pytest.fail("the starter never waited for the lease")
+        assert await current_version(driver) == LATEST - 1  # nothing applied under another's lease
+        await driver.execute_query(
+            "MATCH (l:MigrationLease {id: 'schema'}) SET l.holder = null, l.until = null"
+        )
+        assert await asyncio.wait_for(waiting, 60) == LATEST
+    finally:
+        waiting.cancel()
+        await driver.execute_query(_SET_VERSION, version=LATEST)
+    records, _, _ = await driver.execute_query("MATCH (l:MigrationLease) RETURN l.holder AS holder")
+    assert [r["holder"] for r in records] == [None]  # given back
+
+
+async def test_a_lease_whose_holder_died_is_taken_over(runtime: Runtime) -> None:
+    """A starter killed while migrating leaves its lease behind: once it lapses (Neo4j's clock),
+    the next starter takes it and migrates."""
+    driver = runtime.driver
+    await driver.execute_query(
+        "MERGE (l:MigrationLease {id: 'schema'}) SET l.holder = 'killed', l.until = timestamp() - 1"
+    )
+    await driver.execute_query(_SET_VERSION, version=LATEST - 1)
+    try:
+        assert await asyncio.wait_for(migrate(driver), 60) == LATEST
+    finally:
+        await driver.execute_query(_SET_VERSION, version=LATEST)
