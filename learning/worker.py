@@ -38,6 +38,9 @@ log = logging.getLogger("botmemory.worker")
 HEARTBEAT_KEY = "botmemory:worker:heartbeat"
 #: The pause before a worker that lost Redis starts itself again.
 REDIS_RETRY_SECONDS = 1.0
+#: How often the worker's event loop records that it runs (``metrics.WORKER_PULSE``); a loop that
+#: stalls (a blocking call, a stopped process) stops beating and the health check fails.
+PULSE_SECONDS = 10.0
 #: How long one backfill job works before it queues the next part (well within the job timeout).
 BACKFILL_SECONDS = 60.0
 
@@ -45,6 +48,7 @@ BACKFILL_SECONDS = 60.0
 async def startup(ctx: dict[str, Any]) -> None:
     settings = load_settings()
     configure_logging(settings.log_level)
+    ctx["pulse"] = asyncio.create_task(pulse())  # beating while it waits for the schema, too
     stack = contextlib.AsyncExitStack()
     ctx["stack"] = stack
     # The API applies the migrations; the worker waits for their version (one migrating process).
@@ -63,9 +67,10 @@ async def startup(ctx: dict[str, Any]) -> None:
 
 
 async def shutdown(ctx: dict[str, Any]) -> None:
-    task = ctx.get("sweeper")
-    if task is not None:
-        await cancel_and_wait(task)
+    for name in ("sweeper", "pulse"):
+        task = ctx.get(name)
+        if task is not None:
+            await cancel_and_wait(task)
     stack: contextlib.AsyncExitStack | None = ctx.get("stack")
     if stack is not None:
         await stack.aclose()
@@ -75,6 +80,14 @@ async def heartbeat(ctx: dict[str, Any]) -> None:
     """Record that a worker is alive (read by operators)."""
     runtime: Runtime = ctx["runtime"]
     await runtime.redis.set(HEARTBEAT_KEY, str(now_ms()), ex=120)
+
+
+async def pulse() -> None:
+    """Beat every ``PULSE_SECONDS`` while the event loop runs (this process's own liveness: the
+    Redis heartbeat above is one key for every worker, and a job, so it waits for a free slot)."""
+    while True:
+        metrics.WORKER_PULSE.set(time.time())
+        await asyncio.sleep(PULSE_SECONDS)
 
 
 async def run_execution(ctx: dict[str, Any], execution_id: str, epoch: int) -> None:

@@ -90,6 +90,11 @@ EMBEDDINGS_REFUSED = Counter(
     "Entry texts the embedder refused alone (its endpoint answered the request as invalid, e.g. a"
     " text over its model's limit): the entry is found by keywords only",
 )
+WORKER_PULSE = Gauge(
+    "botmemory_worker_pulse_timestamp_seconds",
+    "Unix time at which this worker's event loop last beat (every 10 s, also while it finishes its"
+    " jobs to stop); its Docker health check reads it",
+)
 BACKFILL_DUE_BOTS = Gauge(
     "botmemory_backfill_due_bots",
     "Bots whose entries the last backfill sweep found lacking keywords or vectors (worker)",

@@ -3,7 +3,9 @@ and timed by surface, one-line CLI errors, and a platform token told what it may
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
 from typing import Any
@@ -98,6 +100,38 @@ async def test_the_worker_serves_the_metrics_of_its_learning(
     assert moved("botmemory_model_call_seconds_count", task="learn") >= 2
     # The confide answer was the API's call: it is on the API's /metrics, not the worker's.
     assert moved("botmemory_model_calls_total", task="confide", status="ok") == 0
+
+
+def _compose_worker_health_check() -> list[str]:
+    """The worker's healthcheck command, as docker-compose.yml writes it."""
+    compose = (ROOT / "docker-compose.yml").read_text()
+    worker = compose[compose.index("\n  worker:\n") :]
+    line = next(line for line in worker.splitlines() if line.strip().startswith("test: ["))
+    return json.loads(line.split("test:", 1)[1])
+
+
+async def test_the_compose_health_check_of_the_worker_fails_while_it_is_stalled(
+    learning_worker: WorkerProcess,
+) -> None:
+    """docker-compose.yml had no health check for the worker: a worker whose process stopped
+    answering looked as healthy as a working one. The check as compose writes it (its port made
+    this worker's) passes while the worker's loop beats, fails while the process is stopped, and
+    passes again once it runs."""
+    kind, python, *args = _compose_worker_health_check()
+    assert (kind, python) == ("CMD", "python")
+    port = learning_worker.env["BOTMEMORY_WORKER_METRICS_PORT"]
+    command = [sys.executable, *(a.replace("127.0.0.1:9464", f"127.0.0.1:{port}") for a in args)]
+
+    def check() -> int:
+        return subprocess.run(command, capture_output=True, timeout=60, check=False).returncode
+
+    assert check() == 0
+    os.kill(learning_worker.proc.pid, signal.SIGSTOP)
+    try:
+        assert check() != 0
+    finally:
+        os.kill(learning_worker.proc.pid, signal.SIGCONT)
+    assert check() == 0
 
 
 # --- 2. Requests ---------------------------------------------------------------------------------
