@@ -19,7 +19,7 @@ import time
 from collections.abc import AsyncGenerator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from neo4j.exceptions import DriverError, Neo4jError
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -28,9 +28,10 @@ from redis.exceptions import RedisError
 from learning import backfill
 from learning.embedders import make_embedder
 from services.bootstrap import open_runtime
+from services.changes import check_content
 from services.embedding import EmbedderUnavailable
-from services.errors import ServiceError
-from services.maintenance import LegacyEntry, import_legacy, relabel_all
+from services.errors import BadInput, ServiceError
+from services.maintenance import LegacyEntry, check_legacy_tag, import_legacy, relabel_all
 from services.rotation import rotate_data_keys, unrotated
 from services.runtime import Runtime
 from services.settings import ConfigurationError, Settings, load_settings, parse_settings, write_secret
@@ -98,27 +99,45 @@ async def _rotate(generate: bool) -> int:
 
 def _read_legacy(path: str) -> list[LegacyEntry]:
     """One JSON object per line: ``{"content": ..., "tags": [...], "layer": "fact"}``. A line of
-    another shape is refused with its number, before anything is imported (``"tags": "work"``
-    was read as the tags w, o, r and k)."""
+    another shape is refused with its number, before anything is imported: ``"tags": "work"`` was
+    read as the tags w, o, r and k; a misspelt key (``"tag"``) or a key given twice was dropped, and
+    a private pinned entry lost its author's rule for good (hidden, V9); an over-long content
+    failed the whole import without saying where. A layer is read in any case (``"Pinned"``)."""
     entries: list[LegacyEntry] = []
     for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), start=1):
         if not line.strip():
             continue
         try:
-            row = _LegacyLine.model_validate_json(line)
-        except ValidationError:
+            row = _LegacyLine.model_validate(json.loads(line, object_pairs_hook=_each_key_once))
+        except (ValidationError, ValueError):
             raise CommandFailed(
                 "BAD_INPUT",
-                f'line {n}: expected {{"content": "<text>", "tags": ["<tag>", ...], "layer": "<layer>"}}',
+                f'line {n}: expected {{"content": "<text>", "tags": ["<tag>", ...], "layer": "<layer>"}}'
+                " (each key once, no other)",
             ) from None
-        entries.append(LegacyEntry(content=row.content, tags=tuple(row.tags), layer=row.layer))
+        try:
+            check_content(row.content)
+            for tag in row.tags:
+                check_legacy_tag(tag)
+        except BadInput as exc:
+            raise CommandFailed("BAD_INPUT", f"line {n}: {exc.message}") from None
+        entries.append(
+            LegacyEntry(content=row.content, tags=tuple(row.tags), layer=row.layer.strip().lower())
+        )
     return entries
 
 
-class _LegacyLine(BaseModel):
-    """One line of a legacy export, strictly: a string is not a list of tags."""
+def _each_key_once(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [key for key, _ in pairs]
+    if len(set(keys)) < len(keys):
+        raise ValueError("a key given twice")
+    return dict(pairs)
 
-    model_config = ConfigDict(strict=True)
+
+class _LegacyLine(BaseModel):
+    """One line of a legacy export, strictly: a string is not a list of tags, and no other key."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
 
     content: str
     tags: list[str] = []
@@ -191,8 +210,14 @@ async def _relabel(bot_id: str) -> int:
 
 
 async def _import(bot_id: str, legacy: list[LegacyEntry]) -> int:
-    async with _runtime(load_settings()) as runtime:
-        applied = await import_legacy(runtime, bot_id, legacy)
+    settings = load_settings()
+    embedder = make_embedder(settings)  # the entries that keep their rule are embedded as they load
+    try:
+        async with _runtime(settings) as runtime:
+            applied = await import_legacy(runtime, bot_id, legacy, embedder)
+    finally:
+        if embedder is not None:
+            await embedder.aclose()
     kept = sum(entry.remembered_by() is not None for entry in legacy)
     print(
         f"imported {len(applied.entry_ids)} legacy entries (hidden until rebuilt from provable sources; "

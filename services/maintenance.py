@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from neo4j import AsyncManagedTransaction
 
@@ -16,11 +16,25 @@ from graph.driver import write
 from services.changes import Applied, check_content, check_topics
 from services.crypto import Cipher, Kind
 from services.derived import derive
+from services.embedding import Embedder
 from services.errors import BadInput, NotFound
 from services.ids import new_id
 from services.memory import cipher_of
 from services.runtime import Runtime, now_ms
 from services.writepath import ORDER_SLOTS, publish_change
+
+#: The longest tag a legacy line may carry (an id tag of ours is at most ~112 characters).
+MAX_LEGACY_TAG_CHARS: Final = 200
+
+
+def check_legacy_tag(tag: str) -> str:
+    """A legacy entry's tag: 1 to ``MAX_LEGACY_TAG_CHARS`` characters, none of them a control
+    character (a NUL is stored by nothing)."""
+    if not tag.strip() or len(tag) > MAX_LEGACY_TAG_CHARS:
+        raise BadInput(f"a tag is 1 to {MAX_LEGACY_TAG_CHARS} characters", field="tags")
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in tag):
+        raise BadInput("a tag contains a control character", field="tags")
+    return tag
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +68,9 @@ class LegacyEntry:
         return person, orgs[0]
 
 
-async def import_legacy(rt: Runtime, bot_id: str, legacy: list[LegacyEntry]) -> Applied:
+async def import_legacy(
+    rt: Runtime, bot_id: str, legacy: list[LegacyEntry], embedder: Embedder | None = None
+) -> Applied:
     """Load legacy entries: kept hidden, out of learning, never widened (V9); logged as ``promotion``.
 
     They keep their tags but get no SOURCE edges; a declared source count they cannot meet
@@ -67,9 +83,15 @@ async def import_legacy(rt: Runtime, bot_id: str, legacy: list[LegacyEntry]) -> 
     change_id, now = new_id("chg"), now_ms()
     for entry in legacy:
         check_content(entry.content)
-    # The keywords of those that may keep their rule, so they are searchable from the commit (no
-    # vector: the backfill embeds them); hidden ones get theirs from the backfill too.
-    keywords = await derive(cipher, None, {e.id: e.content for e in legacy if e.remembered_by()}, 0.0)
+    # The keywords and vectors of those that may keep their rule (``embedder``: the CLI's, as the
+    # write path embeds), so they are found by words and by meaning from the commit; hidden ones
+    # get theirs from the backfill.
+    keywords = await derive(
+        cipher,
+        embedder,
+        {e.id: e.content for e in legacy if e.remembered_by()},
+        rt.settings.embedding_timeout_seconds,
+    )
 
     async def work(tx: AsyncManagedTransaction) -> Applied:
         version = await memory_q.bump_version(tx, bot_id=bot_id)

@@ -348,7 +348,8 @@ async def test_import_legacy_loads_hidden_entries_logged_as_promotion(
         "count": 6,
     }
     records, _, _ = await runtime.driver.execute_query(
-        "MATCH (e:Entry {botId: $b}) RETURN e {.id, .layer, .tags, .status, .legacy, .content} AS e", b=w.bot
+        "MATCH (e:Entry {botId: $b}) RETURN e {.id, .layer, .tags, .status, .legacy, .content, .vecModel} AS e",
+        b=w.bot,
     )
     stored = {r["e"]["id"]: dict(r["e"]) for r in records}
     assert sorted(stored) == sorted(change["entryIds"])
@@ -379,6 +380,9 @@ async def test_import_legacy_loads_hidden_entries_logged_as_promotion(
         ("The team's door code", "pinned", ["for:bot", f"org:{w.org}"], "active", True),
     ]
     [kept] = [e["id"] for e in stored.values() if not e["legacy"]]
+    # Embedded as it loads, as Remember's entries are (it waited for the backfill's next sweep);
+    # the hidden ones are the backfill's.
+    assert [e["id"] for e in stored.values() if e["vecModel"] is not None] == [kept]
     # The others are hidden (V9) from the people they name; the log's row shows Ann only her own
     # entry (V10), and Bob nothing: only the version shows that memory changed.
     memory = await api.http.get(f"/v1/bots/{w.bot}/memory", headers=bearer(ann))
@@ -387,8 +391,10 @@ async def test_import_legacy_loads_hidden_entries_logged_as_promotion(
     ]
     log = await api.http.get(f"/v1/bots/{w.bot}/memory/log", headers=bearer(ann))
     assert [(c["actor"], c["ids"]) for c in log.json()["changes"]] == [("promotion", [kept])]
-    # Searchable from the import's commit, by its keywords (its vector comes with the backfill).
+    # Searchable from the import's commit, by its keywords and by meaning.
     found = await api.http.get(f"/v1/bots/{w.bot}/memory/search?q=locker", headers=bearer(ann))
+    assert [r["entry"]["id"] for r in found.json()["results"]] == [kept], found.text
+    found = await api.http.get(f"/v1/bots/{w.bot}/memory/search?q=the+number+to+open+it", headers=bearer(ann))
     assert [r["entry"]["id"] for r in found.json()["results"]] == [kept], found.text
     bob = w.tokens["bob"]
     assert (await api.http.get(f"/v1/bots/{w.bot}/memory", headers=bearer(bob))).json() == {

@@ -26,11 +26,26 @@ def test_legacy_lines_are_read_strictly_and_refused_by_number(tmp_path: Path) ->
         {"content": 5},
         {"tags": ["a"]},
         [1, 2],
+        # A misspelt key was dropped: a private pinned entry lost its author's rule for good.
+        {"content": "x", "tag": ["for:person:u1"], "layer": "pinned"},
+        {"content": "x" * 4001},  # said which line, not only that some content was too long
+        {"content": "\u0000"},
+        {"content": "x", "tags": ["a" * 201]},
+        {"content": "x", "tags": [""]},
+        {"content": "x", "tags": ["for:person:u1\u0000"]},
     ):
         path.write_text(json.dumps(good) + "\n" + json.dumps(bad) + "\n")
         with pytest.raises(cli.CommandFailed) as refused:
             cli._read_legacy(str(path))  # pyright: ignore[reportPrivateUsage]
         assert refused.value.code == "BAD_INPUT" and refused.value.message.startswith("line 2:"), bad
+    # A key given twice kept its last value, quietly.
+    path.write_text('{"content": "x", "layer": "pinned", "layer": "fact"}\n')
+    with pytest.raises(cli.CommandFailed) as refused:
+        cli._read_legacy(str(path))  # pyright: ignore[reportPrivateUsage]
+    assert refused.value.message.startswith("line 1:")
+    # A layer in any case: "Pinned" was read as a fact (hidden, V9), its author's rule lost.
+    path.write_text(json.dumps({"content": "x", "layer": " Pinned"}) + "\n")
+    assert [e.layer for e in cli._read_legacy(str(path))] == ["pinned"]  # pyright: ignore[reportPrivateUsage]
     path.write_text("{not json\n")
     with pytest.raises(cli.CommandFailed):
         cli._read_legacy(str(path))  # pyright: ignore[reportPrivateUsage]
