@@ -11,12 +11,13 @@ from pydantic_core import ErrorDetails
 from services.datewords import zone_names
 from services.errors import BadInput
 
-_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,99}$")
+#: Our ids (and what a caller may name as one): a letter or digit, then up to 99 of these.
+ID_PATTERN: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,99}$")
 
 
 def check_id(value: str, field: str) -> str:
     """An id must look like one of ours; anything else is BAD_INPUT (unknown ones are NOT_FOUND later)."""
-    if not _ID.fullmatch(value):
+    if not ID_PATTERN.fullmatch(value):
         raise BadInput(f"{field} is not a valid id", field=field)
     return value
 
@@ -84,6 +85,8 @@ def check_time_zone(value: str | None, field: str) -> str | None:
 #: The largest memory context a caller may ask for (characters): a server caller's ``context``,
 #: and the MCP server's, which is kept light (this module, not the search stack).
 MAX_CONTEXT_CHARS: Final = 100_000
+#: The longest query a search takes (a context's query is ranked for its first this many).
+MAX_QUERY_CHARS: Final = 2_000
 
 #: What no stored text may hold: NUL, and any surrogate (JSON's ``\ud800`` escape decodes to one
 #: alone; no UTF-8 text holds it, so nothing could encrypt it).

@@ -47,8 +47,9 @@ from services.derived import Derived, derive
 from services.embedding import Embedder
 from services.errors import BadInput, Conflict, NotFound
 from services.ids import new_id
-from services.memory import Reader, cipher_of, user_reader
+from services.memory import Reader, cipher_of, person_reader_of, user_reader
 from services.runtime import Runtime, now_ms
+from services.validation import ID_PATTERN
 
 log = logging.getLogger("services.writepath")
 
@@ -232,7 +233,7 @@ async def share_refusal(
     audience's people are within every source's access rule (V6, V9). Checked by ``share``
     under the exclusive lock, and by a learning step before it commits (D9.21)."""
     shared = list(dict.fromkeys(audience))
-    if not shared or not all(a == "for:bot" or a.startswith(("for:person:", "for:channel:")) for a in shared):
+    if not shared or not all(a == "for:bot" or _audience_id(a) is not None for a in shared):
         return BadInput("an audience is for:person:<id>, for:channel:<id> or for:bot", field="audience")
     if row["layer"] == "pinned" and shared != [f"for:person:{row['author']}"]:
         # Its rule is its author, whoever joins a channel or a grant later (seed 000: "keeps
@@ -247,6 +248,22 @@ async def share_refusal(
     allowed = await purge_q.rule_people(tx, rules=rules) + [{a} for a in set(basis["authors"])]
     if people is None or not allowed or any(not people <= admitted for admitted in allowed):
         return Conflict("the new audience is not within every source's access rule (V6)")
+    behind = {t[5:] for t in row["tags"] if t.startswith("from:")}
+    if row["author"] is not None:
+        behind.add(row["author"])
+    if not people & behind:
+        # An empty or mistyped audience (a channel that does not exist, tags nobody meets at once)
+        # is within every rule: accepted, the entry was nobody's any more, its sharer's included,
+        # and no one was left who could share it back or forget it.
+        return Conflict("the new audience admits none of the people behind the entry")
+    return None
+
+
+def _audience_id(tag: str) -> str | None:
+    """The id of a ``for:person:`` or ``for:channel:`` tag, when well formed."""
+    for prefix in ("for:person:", "for:channel:"):
+        if tag.startswith(prefix):
+            return tag[len(prefix) :] if ID_PATTERN.fullmatch(tag[len(prefix) :]) else None
     return None
 
 
@@ -314,6 +331,13 @@ async def apply_changes(
         raise BadInput(f"at most {MAX_CHANGES} changes at once", field="changes")
     for change in changes:
         validate(change)
+    if person is not None:
+        # Before any embedding: a Bot the person does not use was NOT_FOUND only after it, so its
+        # answer's time told an existing Bot from an unknown one (and spent an embedding on it).
+        # Read again under the lock below: a grant may go meanwhile.
+        reader = await person_reader_of(rt, bot_id, *person)
+        if reader is None or not reader.readers[0]["usesBot"]:
+            raise NotFound("bot not found")
     cipher = await cipher_of(rt, bot_id)
     change_id = new_id("chg")
     derived = await derive(cipher, embedder, _contents(changes), rt.settings.embedding_timeout_seconds)

@@ -21,6 +21,7 @@ changing anything, so a refused operation leaves the model as it was.
 
 from __future__ import annotations
 
+import re
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -434,7 +435,10 @@ class Model:
         if by is not None and f"from:{by}" not in e.tags and e.author != by:
             raise Refused("only the people behind an entry share it", CONFLICT)
         aud = list(dict.fromkeys(audience))
-        if not aud or not all(a == "for:bot" or a.startswith(("for:person:", "for:channel:")) for a in aud):
+        if not aud or not all(
+            a == "for:bot" or re.fullmatch(r"for:(person|channel):[A-Za-z0-9][A-Za-z0-9_-]{0,99}", a)
+            for a in aud
+        ):
             raise Refused("bad audience", BAD_INPUT)
         if e.layer == "pinned" and aud != [f"for:person:{e.author}"]:
             raise Refused("a remembered entry keeps its own rule, its author (V6)", CONFLICT)
@@ -445,6 +449,11 @@ class Model:
         admitted_sets = self.admitted_sets(e)
         if not admitted_sets or any(not people <= admitted for admitted in admitted_sets):
             raise Refused("the audience is wider than a source rule (V6)", CONFLICT)
+        behind = {t[len("from:") :] for t in e.tags if t.startswith("from:")} | (
+            {e.author} if e.author is not None else set[str]()
+        )
+        if not people & behind:
+            raise Refused("the audience admits nobody behind the entry", CONFLICT)
 
     def share(self, bot: str, entry_id: str, audience: list[str], by: str | None = None) -> None:
         self.check_share(bot, entry_id, audience, by)

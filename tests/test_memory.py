@@ -143,6 +143,24 @@ async def test_second_level_observation_and_missing_source(api: Api, runtime: Ru
     assert f1 in seen and o1 not in seen and o2 not in seen
 
 
+async def test_an_entry_without_a_for_tag_is_seen_by_nobody(api: Api, runtime: Runtime) -> None:
+    """V1: an entry with no ``for:`` tag is visible to nobody, its own sources' readers included,
+    and so is everything that rests on it. Every write path adds one, so only corrupted or
+    imported data lacks it: surgery, then a relabel, as such data would be loaded."""
+    w = await make_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    f1 = await fact(runtime, w.bot, "likes tea", await said(api, w.tokens["ann"], chat, "I like tea"))
+    f2 = await fact(runtime, w.bot, "likes toast", await said(api, w.tokens["ann"], chat, "I like toast"))
+    o1 = await observation(runtime, w.bot, "a breakfast person", f1, f2)
+    assert {f1, f2, o1} <= set(await visible(api, w.tokens["ann"], w.bot))
+    await runtime.driver.execute_query(
+        "MATCH (e:Entry {id: $id}) SET e.tags = [t IN e.tags WHERE NOT t STARTS WITH 'for:']", id=f1
+    )
+    await relabel_all(runtime, w.bot)
+    seen = await visible(api, w.tokens["ann"], w.bot)
+    assert f2 in seen and f1 not in seen and o1 not in seen
+
+
 async def test_loops_and_over_deep_chains_fail_closed(api: Api, runtime: Runtime) -> None:
     w = await make_world(api, ("ann",))
     chat = await api.chat(w.tokens["ann"], w.bot)
@@ -308,6 +326,39 @@ async def test_share_must_pass_every_source_rule(api: Api, runtime: Runtime) -> 
     for audience in ([], [f"for:person:{w.people['ann']}"] * 101, ["for:person:" + "u" * 200]):
         codes = await api.codes(share, {"b": w.bot, "id": team, "a": audience}, w.tokens["ann"])
         assert codes == ["BAD_INPUT"], len(audience)
+
+
+async def test_a_share_that_admits_nobody_behind_the_entry_is_refused(api: Api, runtime: Runtime) -> None:
+    """An audience that admits none of the people behind the entry (a mistyped or unknown
+    channel, another organization's, tags nobody meets at once) is within every rule, so it was
+    accepted: the entry was nobody's any more, its sharer's included, and nobody was left who
+    could share it back or forget it. Now CONFLICT (or BAD_INPUT for an id of the wrong shape),
+    from a person and from the memory Bot alike, and the entry stays as it was."""
+    w = await make_world(api, ("ann", "bob", "cat"), channel=("ann", "bob"))
+    other = await make_world(api, ("gus",), channel=("gus",))
+    group = await api.chat(w.tokens["ann"], w.bot, channel=w.channel)
+    team = await fact(runtime, w.bot, "Team plan", await said(api, w.tokens["ann"], group, "our plan"))
+    share = "mutation($b: ID!, $id: ID!, $a: [String!]!) { shareEntry(botId: $b, id: $id, audience: $a) { version } }"
+    for audience, code in (
+        (["for:channel:chan_doesnotexist"], "CONFLICT"),
+        ([f"for:channel:{other.channel}"], "CONFLICT"),
+        ([f"for:channel:{w.channel}", f"for:person:{w.people['cat']}"], "CONFLICT"),
+        (["for:channel:"], "BAD_INPUT"),
+        (["for:person:ann\x00"], "BAD_INPUT"),
+    ):
+        codes = await api.codes(share, {"b": w.bot, "id": team, "a": audience}, w.tokens["ann"])
+        assert codes == [code], audience
+    with pytest.raises(Conflict):
+        await apply(runtime, w.bot, Share(team, ("for:channel:chan_doesnotexist",)))
+    for person in ("ann", "bob"):
+        assert team in await visible(api, w.tokens[person], w.bot)
+    # Narrowed to Bob alone, who is not behind it: refused too (Ann would lose it, and Bob could
+    # neither share it back nor forget it); narrowed to Ann, who is, it is hers.
+    to_bob = {"b": w.bot, "id": team, "a": [f"for:person:{w.people['bob']}"]}
+    assert await api.codes(share, to_bob, w.tokens["ann"]) == ["CONFLICT"]
+    to_ann = {"b": w.bot, "id": team, "a": [f"for:person:{w.people['ann']}"]}
+    assert (await api.gql(share, to_ann, w.tokens["ann"]))["shareEntry"]["version"] > 0
+    assert team not in await visible(api, w.tokens["bob"], w.bot)
 
 
 async def test_purge_cascades_to_observations_and_needs_unlinked_write(api: Api, runtime: Runtime) -> None:

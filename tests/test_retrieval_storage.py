@@ -33,6 +33,7 @@ from services.bootstrap import open_runtime
 from services.changes import Remember, Revise
 from services.crypto import DecryptionError
 from services.embedding import EmbedderUnavailable, QueryVectors, embed_each, encode_vector
+from services.errors import NotFound
 from services.keywords import SCHEME, tokens
 from services.maintenance import LegacyEntry, import_legacy
 from services.runtime import Runtime
@@ -667,6 +668,27 @@ async def test_a_query_asked_again_is_not_embedded_again(
         assert _Embeddings.texts[asked:] == ["which pet does she have?"]  # embedded once
         await search.search(fresh, endpoint, w.bot, ann, "what is the cat called?", 5)
         assert _Embeddings.texts[asked:] == ["which pet does she have?", "what is the cat called?"]
+
+
+async def test_a_remember_on_a_bot_the_person_does_not_use_embeds_nothing(
+    api: Api, runtime: Runtime, settings: Settings
+) -> None:
+    """D9.4: Remember on another organization's Bot answered the same NOT_FOUND as on an unknown
+    one, but only after embedding the text (an external call, with a provider configured): its
+    time told an existing Bot from an unknown one. The person's use of the Bot is read first."""
+    w = await make_world(api, ("ann",))
+    other = await make_world(api, ("gus",))
+    person, org = w.people["ann"], w.org
+    async with _endpoint(settings, _Embeddings, "checked-model") as endpoint:
+        asked = len(_Embeddings.texts)
+        for bot in (other.bot, "bot_" + "0" * 32):
+            note = Remember(content="Ann's bike lock code is 1234", person_id=person, org=org)
+            with pytest.raises(NotFound):
+                await apply_changes(runtime, bot, [note], "person", person=(person, org), embedder=endpoint)
+        assert _Embeddings.texts[asked:] == []
+        mine = Remember(content="Ann's bike lock code is 1234", person_id=person, org=org)
+        await apply_changes(runtime, w.bot, [mine], "person", person=(person, org), embedder=endpoint)
+        assert _Embeddings.texts[asked:] == ["Ann's bike lock code is 1234"]
 
 
 async def test_backfills_take_a_few_lanes_so_learning_never_queues_behind_them(settings: Settings) -> None:
