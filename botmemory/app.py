@@ -98,6 +98,14 @@ class TransportWSHandler(BaseGraphQLTransportWSHandler[Context, None]):
         if not _well_formed(message):
             await self.handle_invalid_message("Failed to parse message")  # 4400, as for a missing field
             return
+        if message["type"] == "subscribe" and self.connection_acknowledged:
+            payload = message["payload"]
+            tokens = self.context.runtime.settings.max_query_tokens
+            refusal = _socket_refusal(payload["query"], payload.get("operationName"), tokens)
+            if refusal is not None:
+                error = GraphQLError(refusal, extensions={"code": "BAD_INPUT"})
+                await self.send_message({"id": message["id"], "type": "error", "payload": [error.formatted]})
+                return
         await super().handle_message(message)
 
     async def handle_connection_init(self, message: ConnectionInitMessage) -> None:
@@ -144,6 +152,28 @@ def _refusal(request_data: GraphQLRequestData, max_tokens: int) -> str | None:
     operation = get_operation_ast(document, request_data.operation_name)
     if operation is not None and operation.operation is OperationType.SUBSCRIPTION:
         return SUBSCRIPTION_OVER_HTTP
+    return None
+
+
+def _socket_refusal(query: str, operation_name: str | None, max_tokens: int) -> str | None:
+    """Why an operation sent on a socket cannot run as sent: no query, no operation in it, or not
+    one operation that its ``operationName`` (or, without one, the document's only operation)
+    selects. Strawberry ran a document's first operation when several were sent without a name (a
+    mutation nobody chose to run), and answered the others INTERNAL, as HTTP's checks do not run
+    here. A document that does not parse is left to the execution, which reports where."""
+    if not query.strip():
+        return "the query is empty"
+    try:
+        document = parse(query, max_tokens=max_tokens)
+    except GraphQLError:
+        return None
+    operations = sum(isinstance(d, OperationDefinitionNode) for d in document.definitions)
+    if operations == 0:
+        return "the document holds no operation"
+    if operations > 1 and operation_name is None:
+        return f"the document holds {operations} operations: operationName says which to run"
+    if get_operation_ast(document, operation_name) is None:
+        return "operationName names no operation of the document"
     return None
 
 
