@@ -29,7 +29,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from botmemory.mcp_api import FORGET, REMEMBER, SEARCH, WHY, Api, ApiError
-from services.validation import MAX_CONTEXT_CHARS, refusal
+from services.validation import MAX_CONTEXT_CHARS, MAX_QUERY_CHARS, refusal
 
 DEFAULT_API_URL: Final = "http://127.0.0.1:8000"
 
@@ -150,6 +150,12 @@ class _Server(MCPServer):
             raise ToolError(f"Error executing tool {name}: BAD_INPUT: {refused.message}") from cause
 
 
+#: The API's names of arguments that the tools name otherwise, for the API's messages.
+_BOT: Final[Mapping[str, str]] = {"botId": "bot_id"}
+_ENTRY: Final[Mapping[str, str]] = {"botId": "bot_id", "id": "entry_id"}
+_INPUT: Final[Mapping[str, str]] = {"botId": "bot_id", "query": "input"}
+
+
 def build_server(config: McpConfig, api: Api) -> MCPServer:
     """The MCP server with its five tools, calling ``api`` with the caller's token."""
     server: MCPServer = _Server("botmemory", instructions="Access-checked memory of one person.")
@@ -172,7 +178,7 @@ def build_server(config: McpConfig, api: Api) -> MCPServer:
     async def remember(
         content: str, ctx: Ctx, tags: list[str] | None = None, bot_id: str | None = None
     ) -> Remembered:
-        data = await api.call(REMEMBER, {"b": bot(bot_id), "c": content, "t": tags}, token(ctx))
+        data = await api.call(REMEMBER, {"b": bot(bot_id), "c": content, "t": tags}, token(ctx), _BOT)
         return Remembered.model_validate(data["remember"])
 
     @server.tool(
@@ -180,11 +186,13 @@ def build_server(config: McpConfig, api: Api) -> MCPServer:
         "person behind it, else only for you (V11)."
     )
     async def forget(entry_id: str, ctx: Ctx, bot_id: str | None = None) -> Forgotten:
-        data = await api.call(FORGET, {"b": bot(bot_id), "id": entry_id}, token(ctx))
+        data = await api.call(FORGET, {"b": bot(bot_id), "id": entry_id}, token(ctx), _ENTRY)
         return Forgotten(id=entry_id, version=data["forget"]["version"])
 
-    async def ranked(query: str, limit: int, ctx: Ctx, bot_id: str | None) -> list[Hit]:
-        data = await api.call(SEARCH, {"b": bot(bot_id), "q": query, "l": limit}, token(ctx))
+    async def ranked(
+        query: str, limit: int, ctx: Ctx, bot_id: str | None, names: Mapping[str, str] = _BOT
+    ) -> list[Hit]:
+        data = await api.call(SEARCH, {"b": bot(bot_id), "q": query, "l": limit}, token(ctx), names)
         return [Hit.model_validate(h) for h in data["search"]]
 
     @server.tool(
@@ -201,14 +209,18 @@ def build_server(config: McpConfig, api: Api) -> MCPServer:
     async def context(input: str, ctx: Ctx, limit: StrictInt = 4000, bot_id: str | None = None) -> MemoryText:
         if not 1 <= limit <= MAX_CONTEXT_CHARS:
             raise ApiError("BAD_INPUT", f"limit is between 1 and {MAX_CONTEXT_CHARS}")
-        return fit(await ranked(input, _CONTEXT_CANDIDATES, ctx, bot_id), limit)
+        # Ranked for its first MAX_QUERY_CHARS, as the API's context(query) ranks for a Turn's input
+        # (refused as a search query's length, under the API's name for it, before).
+        return fit(
+            await ranked(input.strip()[:MAX_QUERY_CHARS], _CONTEXT_CANDIDATES, ctx, bot_id, _INPUT), limit
+        )
 
     @server.tool(
         description="Why you may see an entry (by entry_id): each access rule of it and of its sources, "
         "with your own membership that meets it (NOT_FOUND when you may not see it)."
     )
     async def why(entry_id: str, ctx: Ctx, bot_id: str | None = None) -> Proof:
-        data = await api.call(WHY, {"b": bot(bot_id), "id": entry_id}, token(ctx))
+        data = await api.call(WHY, {"b": bot(bot_id), "id": entry_id}, token(ctx), _ENTRY)
         found = data["entry"]
         return Proof.model_validate({"entry": found["entry"], **found["why"]})
 

@@ -7,6 +7,7 @@ that carries the API's code and message, never a traceback or the token.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, cast
 
@@ -39,8 +40,9 @@ class ApiError(ToolError):
         self.code = code
 
 
-def _failure(body: object, status: int) -> ApiError | None:
-    """The first error of a GraphQL answer (or of the REST error shape), if any."""
+def _failure(body: object, status: int, names: Mapping[str, str]) -> ApiError | None:
+    """The first error of a GraphQL answer (or of the REST error shape), if any; a message about an
+    argument the API calls by another name (``names``: the API's → the tool's) says the tool's."""
     if not isinstance(body, dict):
         return ApiError("UNAVAILABLE", f"the botmemory API answered HTTP {status} without a JSON object")
     answer = cast(dict[str, Any], body)
@@ -49,7 +51,10 @@ def _failure(body: object, status: int) -> ApiError | None:
         first: dict[str, Any] = errors[0]
         extensions: dict[str, Any] = first.get("extensions") or {}
         code = first.get("code") or extensions.get("code") or "BAD_INPUT"
-        return ApiError(str(code), str(first.get("message") or ""))
+        message, field = str(first.get("message") or ""), extensions.get("field")
+        if isinstance(field, str) and field in names and message.startswith(field + " "):
+            message = names[field] + message[len(field) :]
+        return ApiError(str(code), message)
     if not isinstance(answer.get("data"), dict):
         return ApiError("UNAVAILABLE", f"the botmemory API answered HTTP {status} without data")
     return None
@@ -61,8 +66,11 @@ class Api:
 
     http: httpx.AsyncClient
 
-    async def call(self, query: str, variables: dict[str, Any], token: str) -> dict[str, Any]:
-        """The data of a successful operation; raises ApiError otherwise."""
+    async def call(
+        self, query: str, variables: dict[str, Any], token: str, names: Mapping[str, str] | None = None
+    ) -> dict[str, Any]:
+        """The data of a successful operation; raises ApiError otherwise (``names``: the tool's
+        names of the API's arguments, for its messages)."""
         try:
             response = await self.http.post(
                 "/graphql",
@@ -80,7 +88,7 @@ class Api:
             body: Any = response.json()
         except ValueError:
             body = None
-        failure = _failure(body, response.status_code)
+        failure = _failure(body, response.status_code, names or {})
         if failure is not None:
             raise failure
         data: dict[str, Any] = body["data"]

@@ -37,12 +37,11 @@ from services.errors import BadInput, NotFound
 from services.keywords import blind_tokens
 from services.memory import Entry, Reader, cipher_of, decrypt_entry, open_read
 from services.runtime import Runtime, now_ms
-from services.validation import check_id
+from services.validation import MAX_QUERY_CHARS, check_id
 from services.vectorindex import EXACT_MAX, F32, BotIndex, Parts, Ranking, fuse_shown
 
 log = logging.getLogger("botmemory.search")
 
-MAX_QUERY_CHARS: Final = 2_000
 MAX_LIMIT: Final = 100
 #: The most entries ``context(limit, query)`` asks for (a server caller's 100,000 characters at
 #: ~60 a line): beyond ``search``'s limit, so that short lines fill the budget too.
