@@ -593,18 +593,33 @@ async def test_purge_removes_saved_model_texts_and_answers_that_embed_the_entrie
 async def test_queue_and_change_messages_carry_ids_only(
     api: Api, runtime: Runtime, model_server: ModelServer
 ) -> None:
-    """E4: arq jobs are JSON with ids only; change events name ids, never content."""
+    """E4, D9.9: what the API and the worker send to Redis over a Turn's life — its enrichment,
+    the confide answer, the learning job they queue, its run and the change it announces — names
+    ids, never content: every command Redis receives meanwhile (MONITOR) is free of the secret
+    word, the job is ``exec:<id>:<epoch>`` with JSON of ids, and the change event names ids."""
     w = await memory_world(api, ("ann",))
     chat = await api.chat(w.tokens["ann"], w.bot)
-    turn = await api.turn(w.tokens["ann"], chat, "My secret word is PELICAN-42")
-    item = await first_item(api, w.tokens["ann"], chat)
-    model_server.script("learn", learn(fact_call("Ann's secret word is PELICAN-42", item)))
+    commands: list[str] = []
+    watching = asyncio.Event()
+
+    async def watch() -> None:
+        async with runtime.redis.monitor() as monitor:
+            watching.set()
+            async for command in monitor.listen():
+                commands.append(command["command"])
+
+    watcher = asyncio.create_task(watch())
     pubsub = runtime.redis.pubsub()
     await pubsub.subscribe(f"botmemory:changes:{w.bot}")
     try:
+        await asyncio.wait_for(watching.wait(), 30)
+        turn = await api.turn(w.tokens["ann"], chat, "My secret word is PELICAN-42")
+        item = await first_item(api, w.tokens["ann"], chat)
+        model_server.script("learn", learn(fact_call("Ann's secret word is PELICAN-42", item)))
         await confide(api, w.tokens["ann"], turn["id"])
         await complete(api, w.tokens["ann"], turn["id"])
-        await wait_executions(runtime, turn["id"])
+        [x] = await wait_executions(runtime, turn["id"])
+        assert (x["status"], x["learned"]) == ("done", 1)
         data: bytes | None = None
         for _ in range(100):
             message = cast(
@@ -616,18 +631,19 @@ async def test_queue_and_change_messages_carry_ids_only(
         assert data is not None
         event = json.loads(data)
         assert set(event) == {"botId", "version", "ids", "removed"} and b"PELICAN" not in data
+        # MONITOR shows commands in the order Redis ran them: the event's PUBLISH is among those
+        # seen once a command sent after it is.
+        await runtime.redis.echo(marker := "e4-" + x["id"])
+        await until(lambda: asyncio.sleep(0, any(marker in c for c in commands)), "MONITOR lags", within=30)
     finally:
+        watcher.cancel()
+        await asyncio.gather(watcher, return_exceptions=True)
         await pubsub.aclose()  # type: ignore[no-untyped-call]
-    # A job as the API enqueues it, on a queue no worker reads: JSON of ids, never pickle or content.
-    job = await runtime.redis.enqueue_job(
-        "run_execution", "exec_e4check", 3, _job_id="exec:exec_e4check:3", _queue_name="botmemory:e4-check"
-    )
-    assert job is not None
-    raw = await runtime.redis.get("arq:job:exec:exec_e4check:3")
-    assert raw is not None
-    body = json.loads(raw)
-    assert body["f"] == "run_execution" and body["a"] == ["exec_e4check", 3] and body["k"] == {}
-    await runtime.redis.delete("arq:job:exec:exec_e4check:3", "botmemory:e4-check")
+    assert [c for c in commands if "PELICAN" in c] == []
+    queued = [c for c in commands if f"arq:job:exec:{x['id']}:" in c and '"f"' in c]
+    assert queued, "the learning job was not queued through Redis"
+    assert all(f'"f":"run_execution","a":["{x["id"]}",' in c.replace(" ", "") for c in queued), queued
+    assert any(f"botmemory:changes:{w.bot}" in c and "PUBLISH" in c.upper() for c in commands)
 
 
 async def test_learning_context_is_the_first_300_valid_entries_of_the_chats_organization(

@@ -350,8 +350,10 @@ async def test_an_execution_whose_lease_keeps_running_out_ends_crashed(runtime: 
         )
         found = {r["id"]: (r["status"], r["error"], r["epoch"], r["n"]) for r in records}
         assert found[doomed] == ("failed", "crashed", 3, sweeps_q.EXPIRIES_BEFORE_FAILING)
-        assert found[spared] == ("queued", None, 4, 2)
-        assert {q["id"] for q in queued} & {doomed, spared} == {spared}
+        # The other is queued for a new epoch — by this sweep, or by the sweeper of a worker that
+        # runs beside the test (which may then take it up: these executions have no Turn).
+        assert found[spared][1] != "crashed" and found[spared][2:] == (4, 2), found[spared]
+        assert doomed not in {q["id"] for q in queued}
 
 
 async def test_a_lease_is_kept_by_the_servers_clock_not_a_workers(runtime: Runtime) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 from services.settings import Settings
 from tests.client import Api, make_world
 from tests.conftest import ROOT
+from tests.waiting import until
 from tools.devstack import app_commands, procs
 
 
@@ -29,14 +30,15 @@ async def test_data_survives_a_neo4j_restart(api: Api) -> None:
     await api.turn(world.tokens["ann"], chat, "remember the blue door")
     devstack("down")
     devstack("services")
+
     # The API process reconnects on its own; token, chat and encrypted text are all intact.
-    response: dict[str, Any] = {}
-    for _ in range(50):
+    async def answered() -> dict[str, Any] | None:
         response = await api.raw(
             "query($c: ID!) { chat(id: $c) { messages { text } } }", {"c": chat}, world.tokens["ann"]
         )
-        if "data" in response and response["data"] and response["data"]["chat"]:
-            break
+        return response if response.get("data") and response["data"]["chat"] else None
+
+    response = await until(answered, "the API did not answer again after Neo4j restarted", within=120)
     assert response["data"]["chat"]["messages"] == [{"text": "remember the blue door"}]
 
 

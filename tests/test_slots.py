@@ -114,7 +114,7 @@ async def test_a_release_stops_the_renewer_whenever_it_comes(runtime: Runtime) -
     for _ in range(300):
         release = await slots.take(redis, bot, 1, time.monotonic() + 10, 0.006)  # renews every 2 ms
         await asyncio.sleep(moments.uniform(0, 0.01))
-        await release()  # before the fix it could wait for ever (the suite's timeout failed it)
+        await asyncio.wait_for(release(), 60)  # before the fix it could wait for ever
         assert await slots.held(redis, bot) == 0
 
 
