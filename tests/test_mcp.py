@@ -182,6 +182,22 @@ async def test_stdio_errors_carry_the_api_code(api: Api, api_process: ApiProcess
             )
         assert (await error(ann, "forget", entry_id=["a"], bot_id=w.bot)).startswith("BAD_INPUT: entry_id ")
         assert (await error(ann, "search", query="x", bot_id=" ")).startswith("BAD_INPUT: bot_id is empty")
+        # The API's words about its own arguments name the tool's (they said id, botId and query).
+        assert await error(ann, "forget", entry_id="not an id", bot_id=w.bot) == (
+            "BAD_INPUT: entry_id is not a valid id"
+        )
+        assert (
+            await error(ann, "why", entry_id="not an id", bot_id=w.bot)
+            == "BAD_INPUT: entry_id is not a valid id"
+        )
+        assert (
+            await error(ann, "search", query="x", bot_id="not a bot") == "BAD_INPUT: bot_id is not a valid id"
+        )
+        assert await error(ann, "context", input=" ", bot_id=w.bot) == "BAD_INPUT: input is empty"
+        # A long input is ranked for its beginning, as the API's context(query) ranks a Turn's input
+        # (it was refused as a search query).
+        long = await call(ann, "context", input="where do I park? " * 200, bot_id=w.bot)
+        assert long["ids"] == [] and long["text"] == ""
         # An argument the tool does not take (tags misspelt): refused, not dropped with the entry kept.
         assert (await error(ann, "remember", content="x", tag=["work"], bot_id=w.bot)).startswith(
             "BAD_INPUT: tag is not an argument"
