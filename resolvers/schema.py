@@ -28,6 +28,7 @@ from resolvers.mutation import Mutation
 from resolvers.query import Query
 from resolvers.subscription import Subscription
 from schema.context import PerOperationAuth
+from schema.cost import cost_rule
 from schema.errors import ErrorCodes, coded_stream
 from schema.fanout import EventExecutor, ExtensionsRunner
 from schema.types import LONG_SCALAR, Long
@@ -88,6 +89,7 @@ def build_schema(settings: Settings) -> strawberry.Schema:
     limits = (
         QueryDepthLimiter(max_depth=settings.max_query_depth).validation_rules
         + MaxAliasesLimiter(max_alias_count=settings.max_aliases).validation_rules
+        + [cost_rule(settings.max_operation_cost)]
     )
     extensions: list[Callable[[], SchemaExtension]] = [
         PerOperationAuth,

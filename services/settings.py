@@ -154,6 +154,9 @@ class Settings(BaseSettings):
     # Request limits (GraphQL and REST).
     max_query_depth: int = Field(default=12, ge=1)
     max_aliases: int = Field(default=30, ge=1)
+    #: What one GraphQL operation's root fields may cost (``schema.cost``: a model call 50, a
+    #: search, context or memory read 10, any other field 1).
+    max_operation_cost: int = Field(default=100, ge=1)
     max_query_tokens: int = Field(default=2000, ge=1)
     max_body_bytes: int = Field(default=1_000_000, ge=1)
     max_text_chars: int = Field(default=20_000, ge=1)

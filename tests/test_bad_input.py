@@ -17,6 +17,7 @@ from services.settings import Settings
 from tests.client import Api, make_world
 from tests.feed_helpers import ws_url
 from tests.memory_helpers import command
+from tests.model_server import ModelServer
 
 
 async def count_nodes(runtime: Runtime, org: str) -> int:
@@ -411,6 +412,36 @@ async def test_an_operation_reads_at_most_one_unpaged_memory(api: Api) -> None:
     assert nulls == ["BAD_INPUT"]
     # The count is per operation: the next request reads its own.
     assert "errors" not in await api.raw(f"query($b: ID!) {{ {whole} }}", {"b": w.bot}, w.tokens["ann"])
+
+
+async def test_an_operation_costs_at_most_its_limit(api: Api, model_server: ModelServer) -> None:
+    """Design §5, "depth/complexity/alias limits": within the depth and alias limits one request
+    asked for 30 model calls (aliased ``startTurn``/``sendMessage``, each up to a minute, billed),
+    30 searches or 30 memory reads. Each root field costs what it sets going — a model call 50, a
+    retrieval 10, anything else 1 — and an operation over 100 is BAD_INPUT before anything runs;
+    fragments count, and a field asked twice under one key runs and counts once."""
+    w = await make_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    ann = w.tokens["ann"]
+    turn = 'startTurn(chatId: $c, input: "hello") { id }'
+    three = await api.raw(f"mutation($c: ID!) {{ a: {turn} b: {turn} c: {turn} }}", {"c": chat}, ann)
+    assert [e["extensions"]["code"] for e in three["errors"]] == ["BAD_INPUT"], three
+    assert "costs 150, more than the limit of 100" in three["errors"][0]["message"]
+    messages = await api.gql("query($c: ID!) { chat(id: $c) { messageCount } }", {"c": chat}, ann)
+    assert messages["chat"]["messageCount"] == 0  # nothing ran
+    search = 'search(botId: $b, query: "tea") { score }'
+    ten = " ".join(f"s{n}: {search}" for n in range(10))
+    assert "errors" not in await api.raw(f"query($b: ID!) {{ {ten} __typename }}", {"b": w.bot}, ann)
+    eleven = await api.raw(f"query($b: ID!) {{ {ten} s10: {search} }}", {"b": w.bot}, ann)
+    assert "costs 110" in eleven["errors"][0]["message"]
+    spread = await api.raw(
+        f"query($b: ID!) {{ ...F s10: {search} }} fragment F on Query {{ {ten} }}", {"b": w.bot}, ann
+    )
+    assert "costs 110" in spread["errors"][0]["message"]
+    merged = await api.raw(f"query($b: ID!) {{ {ten} {ten} }}", {"b": w.bot}, ann)
+    assert "errors" not in merged and len(merged["data"]) == 10
+    two = await api.raw(f"mutation($c: ID!) {{ a: {turn} b: {turn} }}", {"c": chat}, ann)
+    assert "errors" not in two, two  # two model calls are within it
 
 
 def _deep(depth: int) -> str:

@@ -1,0 +1,84 @@
+"""What an operation may cost (design §5: depth, complexity and alias limits).
+
+The depth and alias limits bound a document's shape; they let one request ask for 30 model calls
+(30 aliased ``sendMessage``, each up to a minute and billed), 30 searches or 30 unpaged memory
+reads. Each root field costs what it sets going (``COSTS``; 1 otherwise), and an operation whose
+root fields cost more than the limit is refused before anything runs. Fields merged by GraphQL (one
+response key asked twice) run once and count once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any, Final
+
+from graphql import (
+    FieldNode,
+    FragmentSpreadNode,
+    GraphQLError,
+    InlineFragmentNode,
+    OperationDefinitionNode,
+    SelectionSetNode,
+    ValidationRule,
+)
+
+#: A model call (seconds, billed): at most two an operation with the default limit.
+MODEL_CALL: Final = 50
+#: An embedding and a ranking, or up to a page of decrypted entries: ten an operation.
+RETRIEVAL: Final = 10
+#: (operation type, root field) → its cost; any other root field costs 1, ``__typename`` nothing.
+COSTS: Final[Mapping[tuple[str, str], int]] = {
+    ("mutation", "sendMessage"): MODEL_CALL,
+    ("mutation", "startTurn"): MODEL_CALL,
+    ("mutation", "confide"): MODEL_CALL,
+    ("mutation", "remember"): RETRIEVAL,
+    ("mutation", "purge"): RETRIEVAL,
+    ("mutation", "deleteChatHistory"): RETRIEVAL,
+    ("query", "search"): RETRIEVAL,
+    ("query", "context"): RETRIEVAL,
+    ("query", "contextPack"): RETRIEVAL,
+    ("query", "memory"): RETRIEVAL,
+    ("query", "memoryLog"): RETRIEVAL,
+    ("query", "chatMetas"): RETRIEVAL,
+    ("query", "validateReferences"): RETRIEVAL,
+    ("query", "__typename"): 0,
+    ("mutation", "__typename"): 0,
+}
+
+
+def cost_rule(limit: int) -> type[ValidationRule]:
+    """The validation rule refusing an operation that costs more than ``limit``."""
+
+    class OperationCost(ValidationRule):
+        def enter_operation_definition(self, node: OperationDefinitionNode, *_: Any) -> None:
+            kind = node.operation.value
+            fields = dict(self._root_fields(node.selection_set, set()))
+            cost = sum(COSTS.get((kind, name), 1) for name in fields.values())
+            if cost > limit:
+                self.report_error(
+                    GraphQLError(
+                        f"the operation costs {cost}, more than the limit of {limit}: a model call costs"
+                        f" {MODEL_CALL}, a search, context or memory read {RETRIEVAL}, any other field 1;"
+                        " send the rest as further operations",
+                        node,
+                    )
+                )
+
+        def _root_fields(self, selections: SelectionSetNode, seen: set[str]) -> Iterator[tuple[str, str]]:
+            """(response key, field name) of each root field, fragments followed once each."""
+            for selection in selections.selections:
+                if isinstance(selection, FieldNode):
+                    key = selection.alias.value if selection.alias else selection.name.value
+                    yield key, selection.name.value
+                elif isinstance(selection, InlineFragmentNode):
+                    yield from self._root_fields(selection.selection_set, seen)
+                elif isinstance(selection, FragmentSpreadNode) and selection.name.value not in seen:
+                    seen.add(selection.name.value)
+                    fragment = self.context.get_fragment(selection.name.value)
+                    if fragment is not None:
+                        yield from self._root_fields(fragment.selection_set, seen)
+
+    return OperationCost
+
+
+__all__ = ["COSTS", "MODEL_CALL", "RETRIEVAL", "cost_rule"]
