@@ -72,10 +72,13 @@ class Context:
 
     def operation_started(self) -> None:
         """A WebSocket connection's context serves every operation sent on it: each authenticates
-        the token again, so a token revoked or expired while the socket is open stops working for
+        the token again and has loaders of its own, so a token revoked or expired while the socket is open stops working for
         the next operation, as it does over HTTP (subscriptions check it again as they deliver)."""
         if self.streamed:
             self._auth = None
+            # Fresh loaders too: a connection's kept one per message paging it was ever asked for
+            # (``messages(skip: 1)``, ``skip: 2``…), for as long as the socket stayed open.
+            self.loaders = Loaders(self.runtime, self.principal, cache=False)
         _WHOLE_READS.set([0])  # the operation's task and the fields' tasks it starts share the list
 
     def read_whole_memory(self) -> None:

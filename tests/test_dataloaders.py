@@ -216,3 +216,26 @@ async def test_a_connection_batches_but_never_reuses_an_earlier_operations_answe
         assert len(statements) == 4
         for chat in ids:
             await api.turn(ann, chat, "one more")
+
+
+async def test_a_connection_keeps_no_loader_of_an_earlier_operation(
+    api: Api, runtime: Runtime, schema: Schema
+) -> None:
+    """A connection's context kept a message loader for every paging any of its operations asked
+    for, for as long as the socket stayed open: a client sending ``messages(skip: n)`` with a new
+    ``n`` each time grew it without end. Each operation starts with loaders of its own."""
+    world = await make_world(api, ("ann",))
+    ann = world.tokens["ann"]
+    chat = await api.chat(ann, world.bot)
+    connection = context_of(runtime, ann, connection=True)
+    for skip in range(5):
+        data, errors = await execute(
+            schema,
+            runtime,
+            ann,
+            f'{{ chat(id: "{chat}") {{ messages(limit: 1, skip: {skip}) {{ id }} }} }}',
+            {},
+            connection,
+        )
+        assert errors == [] and data["chat"]["messages"] == []
+        assert len(connection.loaders._pages) <= 1  # pyright: ignore[reportPrivateUsage]
