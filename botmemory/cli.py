@@ -19,12 +19,13 @@ import time
 from collections.abc import AsyncGenerator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from neo4j.exceptions import DriverError, Neo4jError
 from pydantic import BaseModel, ConfigDict, ValidationError
 from redis.exceptions import RedisError
 
+from botmemory.rest_input import once
 from learning import backfill
 from learning.embedders import make_embedder
 from services.bootstrap import open_runtime
@@ -108,7 +109,7 @@ def _read_legacy(path: str) -> list[LegacyEntry]:
         if not line.strip():
             continue
         try:
-            row = _LegacyLine.model_validate(json.loads(line, object_pairs_hook=_each_key_once))
+            row = _LegacyLine.model_validate(json.loads(line, object_pairs_hook=once))
         except (ValidationError, ValueError):
             raise CommandFailed(
                 "BAD_INPUT",
@@ -125,13 +126,6 @@ def _read_legacy(path: str) -> list[LegacyEntry]:
             LegacyEntry(content=row.content, tags=tuple(row.tags), layer=row.layer.strip().lower())
         )
     return entries
-
-
-def _each_key_once(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    keys = [key for key, _ in pairs]
-    if len(set(keys)) < len(keys):
-        raise ValueError("a key given twice")
-    return dict(pairs)
 
 
 class _LegacyLine(BaseModel):

@@ -136,7 +136,8 @@ async def read_body(request: Request, model: type[M]) -> M:
     raw = await request.body()
     twice = _named_twice(raw)
     if twice is not None:
-        raise BadInput(f"the body names the key {twice!r} twice in one object", field=twice)
+        # At most 100 characters of it, as KeyTwice says it (a body's key may be a megabyte long).
+        raise BadInput(f"the body names the key {twice[:100]!r} twice in one object", field=twice[:100])
     try:
         return model.model_validate_json(raw)
     except ValidationError as exc:

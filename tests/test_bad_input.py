@@ -347,6 +347,14 @@ async def test_a_rest_body_that_names_a_key_twice_is_refused_and_saves_nothing(
     response = await api.http.post(f"/v1/bots/{w.bot}/memory", content=body, headers=headers)
     assert response.status_code == 422 and response.json()["error"]["code"] == "BAD_INPUT", response.text
     assert await count_nodes(runtime, w.org) == before
+    # A long key named twice is said in 100 characters (the whole of it was said twice over).
+    long = "k" * 100_000
+    response = await api.http.post(
+        f"/v1/chats/{chat}/meta",
+        content=f'{{"summary": {{"{long}": "1", "{long}": "2"}}}}'.encode(),
+        headers=headers,
+    )
+    assert response.status_code == 422 and len(response.text) < 1_000, response.text[:300]
     # Once each, the same keys are read as before.
     response = await api.http.post(
         f"/v1/chats/{chat}/meta", content=b'{"summary": {"a": "1"}}', headers=headers
