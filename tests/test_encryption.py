@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import json
 import os
 import re
 import secrets
@@ -10,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 from pydantic import SecretStr
 
@@ -216,6 +219,67 @@ async def test_master_key_rotation_rewraps_data_keys_and_leaves_content_byte_ide
     finally:
         # Every Bot back under the test stack's master key, whatever failed above: under a key
         # nobody keeps, every later start on this store refuses (bootstrap._check_master_keys).
+        assert await rotate_data_keys(runtime.driver, Keyring(old_key, [new_key])) >= 1
+
+
+async def test_a_master_key_rotation_keeps_the_api_serving_throughout(
+    api: Api, runtime: Runtime, settings: Settings, service_env: dict[str, str]
+) -> None:
+    """E1, "rotation without downtime", done as the README says: an API process given the new key
+    with the old one among the previous keys serves a Bot's content before, during and after the
+    data keys are re-wrapped; then a process given the new key alone starts and serves it too
+    (the old key may be dropped). Before, only the re-wrap itself was tested, through the driver."""
+    world = await make_world(api, ("ann",))
+    chat = await api.chat(world.tokens["ann"], world.bot)
+    await api.turn(world.tokens["ann"], chat, "kept across rotation")
+    old = runtime.settings.master_key
+    assert old is not None
+    old_key, new_key = runtime.settings.master_key_bytes(), secrets.token_bytes(32)
+    new = base64.b64encode(new_key).decode()
+    logs = settings.data_dir / "logs"
+    both = {
+        "BOTMEMORY_MASTER_KEY": new,
+        "BOTMEMORY_PREVIOUS_MASTER_KEYS": json.dumps([old.get_secret_value()]),
+    }
+    rotating = await asyncio.to_thread(
+        ApiProcess, settings, logs / "pytest-api-rotating.log", service_env | both
+    )
+    alone: ApiProcess | None = None
+    try:
+        headers = {"Authorization": f"Bearer {world.tokens['ann']}"}
+
+        async def texts(url: str) -> list[str]:
+            async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+                response = await http.get(f"/v1/chats/{chat}/messages", headers=headers)
+            assert response.status_code == 200, response.text
+            return [m["text"] for m in response.json()["messages"]]
+
+        assert await texts(rotating.url) == ["kept across rotation"]
+        done = asyncio.Event()
+        served: list[list[str]] = []
+
+        async def keep_reading() -> None:
+            while not done.is_set() or not served:
+                served.append(await texts(rotating.url))
+
+        reading = asyncio.create_task(keep_reading())
+        try:
+            assert await rotate_data_keys(runtime.driver, Keyring(new_key, [old_key])) >= 1
+        finally:
+            done.set()
+            await reading
+        assert served and all(t == ["kept across rotation"] for t in served)
+        assert await texts(rotating.url) == ["kept across rotation"]
+        only_new = {"BOTMEMORY_MASTER_KEY": new, "BOTMEMORY_PREVIOUS_MASTER_KEYS": "[]"}
+        alone = await asyncio.to_thread(
+            ApiProcess, settings, logs / "pytest-api-rotated.log", service_env | only_new
+        )
+        assert await texts(alone.url) == ["kept across rotation"]
+    finally:
+        for process in (rotating, alone):
+            if process is not None:
+                process.stop()
+        # Every Bot back under the test stack's master key (see the test above).
         assert await rotate_data_keys(runtime.driver, Keyring(old_key, [new_key])) >= 1
 
 
