@@ -377,6 +377,8 @@ class ExecutionRunner:
         try:
             await self._ask(route, body, deadline, key, inputs.entries)
         except ModelUnavailable as exc:
+            if exc.code == "budget_spent":  # spent by others while it waited for a slot
+                return None
             if "model:" + exc.code == _REFUSED:
                 return False
             if exc.code in _ANSWERED:  # it took the request; its answer does not matter here
@@ -427,6 +429,8 @@ class ExecutionRunner:
                 try:
                     completion = await self._ask(route, body, deadline, key, entries)
                 except ModelUnavailable as exc:
+                    if exc.code == "budget_spent":  # spent by others while it waited for a slot
+                        return [], None
                     if refusals and "model:" + exc.code == _REFUSED and len(chunk) == 1:
                         # A re-ask of one Item refused: the first ask was taken, so the request
                         # grown by the answer it corrects is to blame, not the provider.

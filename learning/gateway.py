@@ -290,14 +290,15 @@ class Gateway:
     ) -> Callable[[], Awaitable[None]]:
         """Wait until ``deadline`` for a free memory-Bot task slot of the Bot, counted across every
         process of the deployment (``concurrency``, D9.25: leases in Redis); returns the release.
-        Raises ModelUnavailable("busy") at the deadline, and without Redis unless
+        Raises ModelUnavailable("budget_spent") when the budget is spent once the slot is held,
+        ModelUnavailable("busy") at the deadline, and without Redis unless
         ``ungated_without_redis``: then the call goes on without a slot (a learning step, which
         would otherwise end failed for good, its evidence learned only if the Chat confided
         again; an answer someone waits for gets the calm one at once instead)."""
         if route.concurrency is None:
             return slots.nothing_held
         try:
-            return await slots.take(
+            release = await slots.take(
                 rt.redis, route.bot_id, route.concurrency, deadline, rt.settings.slot_lease_seconds
             )
         except slots.Busy:
@@ -307,6 +308,19 @@ class Gateway:
             if ungated_without_redis:
                 return slots.nothing_held
             raise ModelUnavailable("busy") from None
+        # The budget again, with the slot held (D9.12): checked only before the wait, every call
+        # that waited for a slot while others spent the budget was made anyway — five confide
+        # answers with two slots and a budget of one call paid for five. Checked here, the calls
+        # that overshoot a spent budget are at most the ``concurrency`` ones in flight.
+        try:
+            spent = await self.budget_spent(rt, route)
+        except BaseException:
+            await release()
+            raise
+        if spent:
+            await release()
+            raise ModelUnavailable("budget_spent")
+        return release
 
     async def budget_spent(self, rt: Runtime, route: Route) -> bool:
         """Spent = confirmed cost in the current UTC period ≥ the limit (L6)."""

@@ -88,7 +88,7 @@ async def summarize(rt: Runtime, gateway: Gateway, chat_id: str) -> str:
         finally:
             await release()
     except ModelUnavailable as exc:
-        return "model:" + exc.code
+        return "budget_spent" if exc.code == "budget_spent" else "model:" + exc.code
     text = (completion.text or "").strip()
     if not text:
         return "empty"

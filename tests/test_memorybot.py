@@ -268,6 +268,27 @@ async def test_spent_budget_gives_the_calm_answer_and_learning_waits_for_a_raise
     assert await position(runtime, w.bot, chat) == 1
 
 
+async def test_calls_in_flight_overshoot_a_spent_budget_by_at_most_the_concurrency(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    """D9.12: spent is the confirmed cost, so calls already in flight may overshoot the budget, by
+    up to ``concurrency`` calls and no more: five confide answers asked at once, two slots, a budget
+    of one call — the two that took the slots first are paid, and the three that waited for a
+    slot find the budget spent and give the calm answer without a call."""
+    w = await memory_world(api, ("ann",))
+    ann = w.tokens["ann"]
+    settings = {"expected": 0, "concurrency": 2, "budget": {"period": "day", "limitMicros": 20}}
+    assert (await patch(api, ann, w.bot, settings)).status_code == 200
+    turns = [await api.turn(ann, await api.chat(ann, w.bot), f"note {n}") for n in range(5)]
+    model_server.default("confide", Reply(text="Noted.", delay=0.5))
+    answers = await asyncio.gather(*(confide(api, ann, t["id"]) for t in turns))
+    asked = len(model_server.requests_for("confide"))
+    assert 1 <= asked <= 1 + 2, answers  # the budget's one call, and at most two more in flight
+    assert answers.count(FIXED_CALM_ANSWER) == 5 - asked
+    spent = (await settings_of(api, ann, w.bot))["spent"]["micros"]
+    assert spent == 20 * asked
+
+
 async def test_a_refused_answer_is_not_asked_again_past_the_budget(
     api: Api, runtime: Runtime, model_server: ModelServer
 ) -> None:
