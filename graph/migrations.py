@@ -11,10 +11,11 @@ import contextlib
 import logging
 import secrets
 from collections.abc import AsyncGenerator
+from dataclasses import dataclass
 from typing import Final, LiteralString
 
 from neo4j import AsyncDriver, AsyncManagedTransaction
-from neo4j.exceptions import ClientError
+from neo4j.exceptions import ClientError, DriverError, Neo4jError
 
 from graph import access
 from graph.topics import TOPICS_OF_E, link_topics
@@ -372,35 +373,49 @@ async def migrate(driver: AsyncDriver) -> int:
     applied = await current_version(driver)
     if applied >= LATEST:
         return applied
-    async with _migration_lease(driver) as free:
-        if not free:
+    async with _migration_lease(driver) as lease:
+        if lease is None:
             return await current_version(driver)
-        return await _apply_steps(driver)
+        return await _apply_steps(driver, lease)
+
+
+class LeaseLost(RuntimeError):
+    """The migration lease lapsed while this starter held it (it stalled past ``LEASE_MS``, or
+    could not renew it): another may be migrating now, so this one stops before its next step."""
+
+
+@dataclass(slots=True)
+class _Lease:
+    holder: str
+    lost: bool = False
 
 
 @contextlib.asynccontextmanager
-async def _migration_lease(driver: AsyncDriver) -> AsyncGenerator[bool]:
-    """Hold the lease while the body runs (renewed meanwhile); yield False instead when another
+async def _migration_lease(driver: AsyncDriver) -> AsyncGenerator[_Lease | None]:
+    """Hold the lease while the body runs (renewed meanwhile); yield None instead when another
     starter applied every step while this one waited."""
     await _apply(driver, _LEASE_RULE)
-    holder = secrets.token_hex(8)
+    lease = _Lease(secrets.token_hex(8))
     waited = False
-    while not await _take_lease(driver, holder):
+    while not await _take_lease(driver, lease.holder):
         if not waited:
             log.info("waiting for another process to migrate the schema")
             waited = True
         await asyncio.sleep(_POLL_SECONDS)
         if await current_version(driver) >= LATEST:
-            yield False
+            yield None
             return
-    renewing = asyncio.create_task(_renew_lease(driver, holder))
+    renewing = asyncio.create_task(_renew_lease(driver, lease))
     try:
-        yield True
+        yield lease
     finally:
         renewing.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await renewing
-        await driver.execute_query(_GIVE_BACK_LEASE, holder=holder)
+        try:
+            await driver.execute_query(_GIVE_BACK_LEASE, holder=lease.holder)
+        except (Neo4jError, DriverError) as exc:  # it lapses on its own; the body's outcome stands
+            log.warning("the migration lease was not given back (%s); it lapses", type(exc).__name__)
 
 
 async def _take_lease(driver: AsyncDriver, holder: str) -> bool:
@@ -408,18 +423,29 @@ async def _take_lease(driver: AsyncDriver, holder: str) -> bool:
     return bool(records[0]["taken"])
 
 
-async def _renew_lease(driver: AsyncDriver, holder: str) -> None:
+async def _renew_lease(driver: AsyncDriver, lease: _Lease) -> None:
+    """Renew every ``_RENEW_SECONDS`` (a failed renewal is tried again at the next); a lease found
+    taken over marks it lost, and the steps stop before the next one."""
     while True:
         await asyncio.sleep(_RENEW_SECONDS)
-        if not await _take_lease(driver, holder):
-            log.warning("the migration lease lapsed while this process held it")
+        try:
+            taken = await _take_lease(driver, lease.holder)
+        except (Neo4jError, DriverError) as exc:
+            log.warning("renewing the migration lease failed (%s); trying again", type(exc).__name__)
+            continue
+        if not taken:
+            log.warning("the migration lease lapsed while this process held it: it stops migrating")
+            lease.lost = True
+            return
 
 
-async def _apply_steps(driver: AsyncDriver) -> int:
+async def _apply_steps(driver: AsyncDriver, lease: _Lease) -> int:
     applied = await current_version(driver)
     for version, statements in MIGRATIONS:
         if version <= applied:
             continue
+        if lease.lost:
+            raise LeaseLost("the migration lease lapsed while this process migrated; start it again")
         # Read again before each one: a starter whose lease lapsed while it stalled may find a
         # step applied by the one that took the lease over (16's clears request hashes written
         # since, so interrupted steps would pay for their model calls again).
@@ -496,4 +522,4 @@ async def _stamp_keyworded_entries(driver: AsyncDriver) -> None:
         await driver.execute_query(_STAMP, botId=record["botId"])
 
 
-__all__ = ["LATEST", "LEASE_MS", "MIGRATIONS", "current_version", "migrate"]
+__all__ = ["LATEST", "LEASE_MS", "MIGRATIONS", "LeaseLost", "current_version", "migrate"]

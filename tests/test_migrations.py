@@ -190,3 +190,33 @@ async def test_a_lease_whose_holder_died_is_taken_over(runtime: Runtime) -> None
         assert await asyncio.wait_for(migrate(driver), 60) == LATEST
     finally:
         await driver.execute_query(_SET_VERSION, version=LATEST)
+    records, _, _ = await driver.execute_query("MATCH (l:MigrationLease) RETURN l.holder AS holder")
+    assert [r["holder"] for r in records] == [None]  # taken over, then given back
+
+
+async def test_a_starter_whose_lease_was_taken_over_stops_before_its_next_step(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A starter that stalled past its lease (or could not renew it) went on migrating beside the
+    one that took the lease over: its renewer now finds the lease taken and marks it lost, and the
+    steps stop before the next one (LeaseLost: the process starts again)."""
+    driver = runtime.driver
+    monkeypatch.setattr(migrations, "_RENEW_SECONDS", 0.05)
+    lease = migrations._Lease("stalled")  # pyright: ignore[reportPrivateUsage]
+    assert await migrations._take_lease(driver, lease.holder)  # pyright: ignore[reportPrivateUsage]
+    await driver.execute_query(
+        "MATCH (l:MigrationLease {id: 'schema'}) SET l.holder = 'other', l.until = timestamp() + 600000"
+    )
+    try:
+        renewing = migrations._renew_lease(driver, lease)  # pyright: ignore[reportPrivateUsage]
+        await asyncio.wait_for(renewing, 60)
+        assert lease.lost
+        await driver.execute_query(_SET_VERSION, version=LATEST - 1)
+        with pytest.raises(migrations.LeaseLost):
+            await migrations._apply_steps(driver, lease)  # pyright: ignore[reportPrivateUsage]
+        assert await current_version(driver) == LATEST - 1  # nothing applied
+    finally:
+        await driver.execute_query(_SET_VERSION, version=LATEST)
+        await driver.execute_query(
+            "MATCH (l:MigrationLease {id: 'schema'}) SET l.holder = null, l.until = null"
+        )
