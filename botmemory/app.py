@@ -98,7 +98,12 @@ class TransportWSHandler(BaseGraphQLTransportWSHandler[Context, None]):
         if not _well_formed(message):
             await self.handle_invalid_message("Failed to parse message")  # 4400, as for a missing field
             return
-        if message["type"] == "subscribe" and self.connection_acknowledged:
+        # (An id already running is Strawberry's to refuse: it closes the socket, 4409.)
+        if (
+            message["type"] == "subscribe"
+            and self.connection_acknowledged
+            and message["id"] not in self.operations
+        ):
             payload = message["payload"]
             tokens = self.context.runtime.settings.max_query_tokens
             refusal = _socket_refusal(payload["query"], payload.get("operationName"), tokens)

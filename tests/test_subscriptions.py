@@ -28,7 +28,7 @@ from services.settings import Settings
 from services.writepath import apply_changes
 from tests.client import Api, make_world
 from tests.conftest import ApiProcess
-from tests.feed_helpers import next_event, subscribed, subscription, ws_url
+from tests.feed_helpers import next_event, opened, subscribed, subscription, until_opened, ws_url
 from tests.memory_helpers import command, fact, said
 
 
@@ -459,6 +459,7 @@ async def test_a_socket_runs_only_the_operation_a_document_selects(api: Api) -> 
     as over HTTP, and the socket goes on serving."""
     w = await make_world(api, ("ann",))
     remember = 'mutation A { remember(botId: "' + w.bot + '", content: "written unasked") { version } }'
+    before = await opened(api, "memoryChanges")
     async with websockets.connect(ws_url(api), subprotocols=["graphql-transport-ws"]) as ws:  # type: ignore[list-item]
         await ws.send(
             json.dumps({"type": "connection_init", "payload": {"Authorization": f"Bearer {w.tokens['ann']}"}})
@@ -481,6 +482,19 @@ async def test_a_socket_runs_only_the_operation_a_document_selects(api: Api) -> 
             assert [e["extensions"]["code"] for e in message["payload"]] == ["BAD_INPUT"], message
         named = await _operation(ws, "named", remember + " query B { me { id } }", operation_name="B")
         assert named["payload"]["data"]["me"]["id"] == w.people["ann"]
+        # An id already running is refused as the protocol says, whatever the document: the socket
+        # closes with 4409 (an error for that id would read as the end of the running one).
+        live = "subscription($b: ID!) { memoryChanges(botId: $b) { version } }"
+        await ws.send(
+            json.dumps(
+                {"id": "live", "type": "subscribe", "payload": {"query": live, "variables": {"b": w.bot}}}
+            )
+        )
+        await until_opened(api, "memoryChanges", before + 1)
+        await ws.send(json.dumps({"id": "live", "type": "subscribe", "payload": {"query": ""}}))
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            await asyncio.wait_for(ws.recv(), 10)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 4409
     memory = await api.http.get(
         f"/v1/bots/{w.bot}/memory", headers={"Authorization": f"Bearer {w.tokens['ann']}"}
     )
