@@ -248,14 +248,13 @@ async def share_refusal(
     allowed = await purge_q.rule_people(tx, rules=rules) + [{a} for a in set(basis["authors"])]
     if people is None or not allowed or any(not people <= admitted for admitted in allowed):
         return Conflict("the new audience is not within every source's access rule (V6)")
-    behind = {t[5:] for t in row["tags"] if t.startswith("from:")}
-    if row["author"] is not None:
-        behind.add(row["author"])
-    if not people & behind:
-        # An empty or mistyped audience (a channel that does not exist, tags nobody meets at once)
-        # is within every rule: accepted, the entry was nobody's any more, its sharer's included,
-        # and no one was left who could share it back or forget it.
-        return Conflict("the new audience admits none of the people behind the entry")
+    users = await purge_q.audience_people(tx, bot_id=bot_id, for_tags=["for:bot"], orgs=orgs)
+    if not people & (users or set()):
+        # An empty or mistyped audience (a channel that does not exist, another organization's,
+        # tags nobody meets at once, a person who no longer uses the Bot) is within every rule:
+        # accepted, the entry was seen by nobody any more, its sharer included, and nobody was left
+        # who could share it back or forget it.
+        return Conflict("the new audience admits nobody who uses the Bot")
     return None
 
 
@@ -331,10 +330,11 @@ async def apply_changes(
         raise BadInput(f"at most {MAX_CHANGES} changes at once", field="changes")
     for change in changes:
         validate(change)
-    if person is not None:
+    if person is not None and embedder is not None and _contents(changes):
         # Before any embedding: a Bot the person does not use was NOT_FOUND only after it, so its
         # answer's time told an existing Bot from an unknown one (and spent an embedding on it).
-        # Read again under the lock below: a grant may go meanwhile.
+        # Read again under the lock below: a grant may go meanwhile. (Without an embedder nothing
+        # slow comes first, and the one statement below checks it.)
         reader = await person_reader_of(rt, bot_id, *person)
         if reader is None or not reader.readers[0]["usesBot"]:
             raise NotFound("bot not found")

@@ -449,11 +449,8 @@ class Model:
         admitted_sets = self.admitted_sets(e)
         if not admitted_sets or any(not people <= admitted for admitted in admitted_sets):
             raise Refused("the audience is wider than a source rule (V6)", CONFLICT)
-        behind = {t[len("from:") :] for t in e.tags if t.startswith("from:")} | (
-            {e.author} if e.author is not None else set[str]()
-        )
-        if not people & behind:
-            raise Refused("the audience admits nobody behind the entry", CONFLICT)
+        if not people & self.audience_people(bot, ["for:bot"], orgs):
+            raise Refused("the audience admits nobody who uses the Bot", CONFLICT)
 
     def share(self, bot: str, entry_id: str, audience: list[str], by: str | None = None) -> None:
         self.check_share(bot, entry_id, audience, by)

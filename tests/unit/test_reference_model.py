@@ -66,16 +66,19 @@ def test_an_observation_is_seen_by_who_sees_every_source_v4_v12() -> None:
 def test_share_widens_only_within_every_source_rule_v6() -> None:
     m = world()
     m.add_fact("b", "f2", [("g", m.say("g", "bob"))])
-    m.share("b", "f2", ["for:person:bob"])  # narrower, to the one behind it: allowed
-    assert seen_by(m, "f2") == {"bob"}
+    m.share("b", "f2", ["for:person:ann"])  # narrower: allowed
+    assert seen_by(m, "f2") == {"ann"}
     m.share("b", "f2", ["for:channel:c1"])  # back to the rule: allowed
     assert seen_by(m, "f2") == {"ann", "bob"}
-    # Within the rule but admitting nobody behind it (Bob): an unknown channel, tags nobody meets
-    # at once, Ann alone — the entry would be lost to everyone who could share it or forget it.
+    # Within the rule but admitting nobody who uses the Bot (an unknown channel, tags nobody meets
+    # at once, a person whose grant went): the entry would be seen by nobody, and nobody could
+    # share it back or forget it.
+    m.grant("b", "ann", "NONE")
     for nobody in (["for:channel:c9"], ["for:channel:c1", "for:person:cat"], ["for:person:ann"]):
         with pytest.raises(Refused) as caught:
             m.share("b", "f2", nobody)
         assert caught.value.codes == {CONFLICT}
+    m.grant("b", "ann", "READ")
     for wider in (["for:bot"], ["for:person:cat"]):
         with pytest.raises(Refused) as caught:
             m.share("b", "f2", wider)
