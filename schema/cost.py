@@ -24,7 +24,8 @@ from graphql import (
 
 #: A model call (seconds, billed): at most two an operation with the default limit.
 MODEL_CALL: Final = 50
-#: An embedding and a ranking, or up to a page of decrypted entries: ten an operation.
+#: An embedding and a ranking, a page of decrypted rows, a walk of the source graph: ten an
+#: operation.
 RETRIEVAL: Final = 10
 #: (operation type, root field) → its cost; any other root field costs 1, ``__typename`` nothing.
 COSTS: Final[Mapping[tuple[str, str], int]] = {
@@ -41,6 +42,13 @@ COSTS: Final[Mapping[tuple[str, str], int]] = {
     ("query", "memoryLog"): RETRIEVAL,
     ("query", "chatMetas"): RETRIEVAL,
     ("query", "validateReferences"): RETRIEVAL,
+    # A page of decrypted rows, or a walk of the source graph.
+    ("query", "entry"): RETRIEVAL,
+    ("query", "chat"): RETRIEVAL,
+    ("query", "chatMeta"): RETRIEVAL,
+    ("query", "confessions"): RETRIEVAL,
+    ("query", "enrichments"): RETRIEVAL,
+    ("query", "learning"): RETRIEVAL,
     ("query", "__typename"): 0,
     ("mutation", "__typename"): 0,
 }
@@ -58,7 +66,7 @@ def cost_rule(limit: int) -> type[ValidationRule]:
                 self.report_error(
                     GraphQLError(
                         f"the operation costs {cost}, more than the limit of {limit}: a model call costs"
-                        f" {MODEL_CALL}, a search, context or memory read {RETRIEVAL}, any other field 1;"
+                        f" {MODEL_CALL}, a search, context, memory or page read {RETRIEVAL}, any other field 1;"
                         " send the rest as further operations",
                         node,
                     )
