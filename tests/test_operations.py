@@ -119,11 +119,13 @@ async def test_the_compose_health_check_of_the_worker_fails_while_it_is_stalled(
     passes again once it runs."""
     kind, python, *args = _compose_worker_health_check()
     assert (kind, python) == ("CMD", "python")
-    port = learning_worker.env["BOTMEMORY_WORKER_METRICS_PORT"]
-    command = [sys.executable, *(a.replace("127.0.0.1:9464", f"127.0.0.1:{port}") for a in args)]
+    port = learning_worker.env["BOTMEMORY_WORKER_METRICS_PORT"]  # its port, as compose passes it
 
     def check() -> int:
-        return subprocess.run(command, capture_output=True, timeout=60, check=False).returncode
+        env = {"PATH": os.environ["PATH"], "BOTMEMORY_WORKER_METRICS_PORT": port}
+        return subprocess.run(
+            [sys.executable, *args], env=env, capture_output=True, timeout=60, check=False
+        ).returncode
 
     assert check() == 0
     os.kill(learning_worker.proc.pid, signal.SIGSTOP)
