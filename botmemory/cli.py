@@ -110,7 +110,7 @@ def _read_legacy(path: str) -> list[LegacyEntry]:
             continue
         try:
             row = _LegacyLine.model_validate(json.loads(line, object_pairs_hook=once))
-        except (ValidationError, ValueError):
+        except (ValidationError, ValueError, RecursionError):
             raise CommandFailed(
                 "BAD_INPUT",
                 f'line {n}: expected {{"content": "<text>", "tags": ["<tag>", ...], "layer": "<layer>"}}'

@@ -226,12 +226,15 @@ async def test_a_master_key_rotation_keeps_the_api_serving_throughout(
     api: Api, runtime: Runtime, settings: Settings, service_env: dict[str, str]
 ) -> None:
     """E1, "rotation without downtime", done as the README says: an API process given the new key
-    with the old one among the previous keys serves a Bot's content before, during and after the
-    data keys are re-wrapped; then a process given the new key alone starts and serves it too
-    (the old key may be dropped). Before, only the re-wrap itself was tested, through the driver."""
-    world = await make_world(api, ("ann",))
-    chat = await api.chat(world.tokens["ann"], world.bot)
-    await api.turn(world.tokens["ann"], chat, "kept across rotation")
+    with the old one among the previous keys serves Bots' content whose data keys it first meets
+    wrapped by the old key (before the re-wrap), while they are being re-wrapped, and wrapped by
+    the new one (after); then a process given the new key alone starts and serves them too (the
+    old key may be dropped). Before, only the re-wrap itself was tested, through the driver."""
+    worlds = [await make_world(api, ("ann",)) for _ in range(8)]
+    chats: list[str] = []
+    for n, world in enumerate(worlds):
+        chats.append(await api.chat(world.tokens["ann"], world.bot))
+        await api.turn(world.tokens["ann"], chats[-1], f"kept across rotation {n}")
     old = runtime.settings.master_key
     assert old is not None
     old_key, new_key = runtime.settings.master_key_bytes(), secrets.token_bytes(32)
@@ -241,46 +244,52 @@ async def test_a_master_key_rotation_keeps_the_api_serving_throughout(
         "BOTMEMORY_MASTER_KEY": new,
         "BOTMEMORY_PREVIOUS_MASTER_KEYS": json.dumps([old.get_secret_value()]),
     }
-    rotating = await asyncio.to_thread(
-        ApiProcess, settings, logs / "pytest-api-rotating.log", service_env | both
-    )
-    alone: ApiProcess | None = None
+    processes: list[ApiProcess] = []
+    rotated = False
     try:
-        headers = {"Authorization": f"Bearer {world.tokens['ann']}"}
+        processes.append(
+            await asyncio.to_thread(
+                ApiProcess, settings, logs / "pytest-api-rotating.log", service_env | both
+            )
+        )
+        rotating = processes[0]
 
-        async def texts(url: str) -> list[str]:
+        async def texts(url: str, n: int) -> list[str]:
+            """Chat n's messages, read through the API at ``url`` (its first read of that Bot
+            unwraps the Bot's data key)."""
+            headers = {"Authorization": f"Bearer {worlds[n].tokens['ann']}"}
             async with httpx.AsyncClient(base_url=url, timeout=30) as http:
-                response = await http.get(f"/v1/chats/{chat}/messages", headers=headers)
+                response = await http.get(f"/v1/chats/{chats[n]}/messages", headers=headers)
             assert response.status_code == 200, response.text
             return [m["text"] for m in response.json()["messages"]]
 
-        assert await texts(rotating.url) == ["kept across rotation"]
-        done = asyncio.Event()
-        served: list[list[str]] = []
+        assert await texts(rotating.url, 0) == ["kept across rotation 0"]  # wrapped by the old key
 
-        async def keep_reading() -> None:
-            while not done.is_set() or not served:
-                served.append(await texts(rotating.url))
+        async def first_reads() -> None:  # each Bot's first read, while the keys are re-wrapped
+            for n in range(1, len(worlds) - 1):
+                assert await texts(rotating.url, n) == [f"kept across rotation {n}"]
 
-        reading = asyncio.create_task(keep_reading())
+        reading = asyncio.create_task(first_reads())
         try:
-            assert await rotate_data_keys(runtime.driver, Keyring(new_key, [old_key])) >= 1
+            assert await rotate_data_keys(runtime.driver, Keyring(new_key, [old_key])) >= len(worlds)
+            rotated = True
         finally:
-            done.set()
             await reading
-        assert served and all(t == ["kept across rotation"] for t in served)
-        assert await texts(rotating.url) == ["kept across rotation"]
+        last = len(worlds) - 1
+        assert await texts(rotating.url, last) == [f"kept across rotation {last}"]  # by the new key
         only_new = {"BOTMEMORY_MASTER_KEY": new, "BOTMEMORY_PREVIOUS_MASTER_KEYS": "[]"}
-        alone = await asyncio.to_thread(
-            ApiProcess, settings, logs / "pytest-api-rotated.log", service_env | only_new
+        processes.append(
+            await asyncio.to_thread(
+                ApiProcess, settings, logs / "pytest-api-rotated.log", service_env | only_new
+            )
         )
-        assert await texts(alone.url) == ["kept across rotation"]
+        for n in (0, last):
+            assert await texts(processes[1].url, n) == [f"kept across rotation {n}"]
     finally:
-        for process in (rotating, alone):
-            if process is not None:
-                process.stop()
-        # Every Bot back under the test stack's master key (see the test above).
-        assert await rotate_data_keys(runtime.driver, Keyring(old_key, [new_key])) >= 1
+        for process in processes:
+            process.stop()
+        if rotated:  # every Bot back under the test stack's master key (see the test above)
+            await rotate_data_keys(runtime.driver, Keyring(old_key, [new_key]))
 
 
 async def test_a_process_without_the_master_key_of_the_bots_refuses_to_start(
