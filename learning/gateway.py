@@ -557,7 +557,10 @@ class Gateway:
         """The call, encrypted (E1), and its confirmed cost (L6) in one transaction; the cost."""
         usage = None if result is None else result.usage
         cost = None if result is None else cost_micros(self.settings, str(request["model"]), usage)
-        answered = result is not None  # a call that answered is charged for its confirmed usage
+        # A call that answered is charged for its confirmed usage; one whose answer came but could
+        # not be used (past its bytes, or malformed) was billed too: counted, as a call of unknown
+        # cost when its usage could not be read (it was not counted at all, L6).
+        answered = result is not None or status in ("too_large", "malformed")
         now = now_ms()
         fields: dict[str, Any] = {
             "id": call_id,

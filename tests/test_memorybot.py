@@ -495,6 +495,11 @@ async def test_an_answer_past_its_bytes_is_not_read_whole(
     assert call["status"] == "too_large" and call["attempts"] == 1
     assert call["attemptLog"][0].startswith("too_large:"), call["attemptLog"]
     assert len(model_server.requests_for("confide")) == 1
+    # Billed by the provider, so counted (L6): a call of unknown cost, in the day and the month.
+    records, _, _ = await runtime.driver.execute_query(
+        "MATCH (s:Spend {botId: $b}) RETURN s.calls AS calls, s.unknownCalls AS unknown", b=w.bot
+    )
+    assert sorted((r["calls"], r["unknown"]) for r in records) == [(1, 1), (1, 1)]
 
 
 async def test_a_shared_bot_uses_the_model_and_budget_of_the_chats_organization(
