@@ -98,6 +98,9 @@ async def run_execution(ctx: dict[str, Any], execution_id: str, epoch: int) -> N
     except asyncio.CancelledError:  # arq's job timeout or a shutdown; the sweeper queues it again
         metrics.EXECUTIONS.labels(outcome="cancelled").inc()
         raise
+    except Exception as exc:  # Neo4j gone past the driver's retries, mid-claim or mid-finish: the
+        # lease runs out and the sweeper queues it again (it reached arq as a failed job before)
+        outcome = "error:" + type(exc).__name__
     metrics.EXECUTIONS.labels(outcome=outcome.split(":")[0]).inc()
     log.info("execution %s epoch %s: %s", execution_id, epoch, outcome)
 

@@ -4,14 +4,21 @@ API never lose work and never apply the same evidence twice."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import logging
 import os
 import secrets
 import signal
 import threading
 from collections.abc import Iterator
+from typing import cast
 
 import pytest
+from neo4j import AsyncGraphDatabase
 
+from learning import worker
+from learning.executions import ExecutionRunner
+from learning.gateway import Gateway
 from services.runtime import Runtime
 from services.settings import Settings
 from tests.client import Api
@@ -338,3 +345,21 @@ async def test_a_worker_asked_to_stop_ends_its_running_step_and_saves_its_call(
     assert [e["content"] for e in (await visible(api, w.tokens["ann"], w.bot)).values()] == [
         "Ann collects stamps"
     ]
+
+
+async def test_a_learning_job_never_raises_into_arq(
+    runtime: Runtime, caplog: pytest.LogCaptureFixture
+) -> None:
+    """D9.9: jobs never raise. With Neo4j gone past the driver's retries as the job claims its
+    execution (or finishes it), the error reached arq as a failed job; it is a logged outcome now,
+    and the sweeper queues the execution again once its lease runs out."""
+    dead = AsyncGraphDatabase.driver(
+        "bolt://127.0.0.1:1", auth=("neo4j", "unused"), max_transaction_retry_time=0.5, connection_timeout=1
+    )
+    caplog.set_level(logging.INFO, logger="botmemory.worker")
+    try:
+        runner = ExecutionRunner(dataclasses.replace(runtime, driver=dead), cast(Gateway, None), "w:1")
+        await worker.run_execution({"runner": runner}, "exec_gone", 0)
+    finally:
+        await dead.close()
+    assert "execution exec_gone epoch 0: error:ServiceUnavailable" in caplog.text
