@@ -262,6 +262,8 @@ class Gateway:
             )
         #: The embedder of this process (design §10): vectors of new entries and of queries.
         self.embedder: Embedder | None = make_embedder(settings)
+        #: Calls whose caller was cancelled, running to their deadlines to be saved (``complete``).
+        self._unwaited: set[asyncio.Task[Completion]] = set()
 
     async def warm_up(self) -> None:
         """Load the embedder's model now, so the first Turn does not wait for it (its deadline
@@ -274,6 +276,8 @@ class Gateway:
             log.warning("the embedder is not ready (%s); search falls back to keywords", exc.code)
 
     async def close(self) -> None:
+        if self._unwaited:  # saved and charged before the client goes, within an answer's deadline
+            await asyncio.wait(set(self._unwaited), timeout=self.settings.answer_deadline_seconds)
         if self._client is not None:
             await self._client.close()
         if self.embedder is not None:
@@ -346,6 +350,61 @@ class Gateway:
         on_text: Callable[[str], Awaitable[None]] | None = None,
         charge: bool = True,
         save_by: float | None = None,
+    ) -> Completion:
+        """:meth:`_complete`, which goes on when its caller is cancelled (a client that ended its
+        operation or closed its socket, a caller's timeout, a shutdown): the call runs to its
+        deadline and is saved and charged, its text shown to nobody. A cancel mid-call left it
+        neither saved nor charged, though the provider billed it (C5, L6): a client could spend
+        a Bot's model without its budget ever moving."""
+        abandoned = False
+
+        async def to_caller(text: str) -> None:
+            if not abandoned and on_text is not None:
+                await on_text(text)
+
+        call = asyncio.create_task(
+            self._complete(
+                rt,
+                route,
+                task=task,
+                body=body,
+                deadline=deadline,
+                step=step,
+                stream=stream,
+                entry_ids=entry_ids,
+                on_text=None if on_text is None else to_caller,
+                charge=charge,
+                save_by=save_by,
+            )
+        )
+        try:
+            return await asyncio.shield(call)
+        except asyncio.CancelledError:
+            abandoned = True
+            self._unwaited.add(call)
+            call.add_done_callback(self._settled)
+            raise
+
+    def _settled(self, call: asyncio.Task[Completion]) -> None:
+        """A call nobody waits for any more ended (saved; its failure, if any, was logged)."""
+        self._unwaited.discard(call)
+        if not call.cancelled():
+            call.exception()  # retrieved: nobody else will
+
+    async def _complete(
+        self,
+        rt: Runtime,
+        route: Route,
+        *,
+        task: str,
+        body: dict[str, Any],
+        deadline: float,
+        step: StepKey | None,
+        stream: bool,
+        entry_ids: tuple[str, ...],
+        on_text: Callable[[str], Awaitable[None]] | None,
+        charge: bool,
+        save_by: float | None,
     ) -> Completion:
         """One model call with retries until ``deadline`` (``time.monotonic``), saved with its attempts.
 

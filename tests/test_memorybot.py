@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
+import websockets
 
 from graph import learning as learning_q
 from graph import sweeps as sweeps_q
@@ -23,6 +24,7 @@ from services.runtime import Runtime, now_ms
 from services.settings import Settings
 from tests.client import Api, bearer
 from tests.conftest import ApiProcess
+from tests.feed_helpers import ws_url
 from tests.learning_helpers import (
     bare_executions,
     complete,
@@ -37,6 +39,7 @@ from tests.learning_helpers import (
 )
 from tests.memory_helpers import command, fact, said, sealed
 from tests.model_server import ModelServer, Reply
+from tests.waiting import until
 
 pytestmark = pytest.mark.usefixtures("learning_worker")
 
@@ -772,3 +775,42 @@ async def test_confide_and_rewrite_answer_within_the_real_15_seconds(
         assert len(model_server.requests_for("rewrite")) == 1
     finally:
         real.stop()
+
+
+async def test_a_model_call_whose_caller_went_away_is_saved_and_charged(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    """C5, L6: a confide sent on a socket and ended by its client (``complete``) while the model
+    answered was cancelled mid-call — neither saved nor charged, though the provider billed it, so
+    a client could spend a Bot's model without its budget ever moving. The call goes on to its
+    deadline now, and is saved and charged; nobody is shown its text."""
+    w = await memory_world(api, ("ann",))
+    ann = w.tokens["ann"]
+    chat = await api.chat(ann, w.bot)
+    turn = await api.turn(ann, chat, "hello")
+    model_server.default("confide", Reply(text="Noted, much later.", delay=1.0))
+    confide_op = 'mutation($t: ID!) { confide(turnId: $t, text: "stuck") { answer } }'
+    async with websockets.connect(ws_url(api), subprotocols=["graphql-transport-ws"]) as ws:  # type: ignore[list-item]
+        await ws.send(json.dumps({"type": "connection_init", "payload": {"Authorization": f"Bearer {ann}"}}))
+        assert json.loads(await asyncio.wait_for(ws.recv(), 5))["type"] == "connection_ack"
+        await ws.send(
+            json.dumps(
+                {
+                    "id": "c",
+                    "type": "subscribe",
+                    "payload": {"query": confide_op, "variables": {"t": turn["id"]}},
+                }
+            )
+        )
+        await model_server.wait_for_requests("confide", 1)
+        await ws.send(json.dumps({"id": "c", "type": "complete"}))
+
+    async def saved() -> list[dict[str, Any]]:
+        return [c for c in await model_calls(runtime, w.bot) if c["task"] == "confide"]
+
+    [call] = await until(saved, "the abandoned confide call was never saved", within=60)
+    assert call["status"] == "ok" and call["costMicros"] == 20
+    records, _, _ = await runtime.driver.execute_query(
+        "MATCH (s:Spend {botId: $b}) RETURN s.calls AS calls, s.micros AS micros", b=w.bot
+    )
+    assert sorted((r["calls"], r["micros"]) for r in records) == [(1, 20), (1, 20)]
