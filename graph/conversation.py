@@ -57,16 +57,18 @@ class UnsummarizedRow(TypedDict):
 
 
 #: Up to ``$limit`` Chats whose summary is due (UNSUMMARIZED's total past ``$threshold``) that no
-#: sweep queued since ``$sweptBefore``, of the ``$scan`` with the most characters not yet
-#: summarized (``chat_unsummarized``, largest first), marked as queued now (``summarySweptAt``):
-#: the worker's sweep queues them, so a summary whose queueing was lost (the API killed after its
-#: commit, Redis away or restarted) is made without waiting for the Chat's next Turn. A Chat whose
-#: summary is never made (no model, a spent budget, a model that fails) is swept once an hour,
-#: not every ten minutes, and never keeps the others out.
+#: sweep queued since ``$sweptBefore`` and whose organization has a memory-Bot model, of the
+#: ``$scan`` such Chats with the most characters not yet summarized (``chat_unsummarized``, largest
+#: first), marked as queued now (``summarySweptAt``): the worker's sweep queues them, so a summary
+#: whose queueing was lost (the API killed after its commit, Redis away or restarted) is made
+#: without waiting for the Chat's next Turn. A Chat whose summary is not made (a spent budget, a
+#: model that fails) is swept once an hour, not every ten minutes. Both are filtered before the
+#: scan's limit: filtered after it, a thousand long Chats of organizations without a model (never
+#: summarized) or swept in the last hour filled the scan, and the sweep queued no other Chat.
 SUMMARIES_DUE: Final[LiteralString] = """
-MATCH (ch:Chat) WHERE ch.unsummarizedChars > 0
+MATCH (ch:Chat) WHERE ch.unsummarizedChars > 0 AND coalesce(ch.summarySweptAt, 0) < $sweptBefore
+  AND EXISTS { MATCH (ch)-[:IN_ORG]->(o:Organization) WHERE o.botMemoryModel IS NOT NULL }
 WITH ch ORDER BY ch.unsummarizedChars DESC LIMIT $scan
-WITH ch WHERE coalesce(ch.summarySweptAt, 0) < $sweptBefore
 OPTIONAL MATCH (s:ChatSummary {chatId: ch.id})
 WITH ch WHERE coalesce(s.chars, 0) + ch.unsummarizedChars > $threshold
 WITH ch LIMIT $limit

@@ -1790,9 +1790,9 @@ CALL (ch, current, saving) {
 RETURN held, current, CASE WHEN saving THEN current + 1 END AS version
 
 // ---- graph.conversation.SUMMARIES_DUE
-MATCH (ch:Chat) WHERE ch.unsummarizedChars > 0
+MATCH (ch:Chat) WHERE ch.unsummarizedChars > 0 AND coalesce(ch.summarySweptAt, 0) < $sweptBefore
+  AND EXISTS { MATCH (ch)-[:IN_ORG]->(o:Organization) WHERE o.botMemoryModel IS NOT NULL }
 WITH ch ORDER BY ch.unsummarizedChars DESC LIMIT $scan
-WITH ch WHERE coalesce(ch.summarySweptAt, 0) < $sweptBefore
 OPTIONAL MATCH (s:ChatSummary {chatId: ch.id})
 WITH ch WHERE coalesce(s.chars, 0) + ch.unsummarizedChars > $threshold
 WITH ch LIMIT $limit

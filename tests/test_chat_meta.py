@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 from typing import Any
 
 import httpx
@@ -18,7 +19,7 @@ from services.conversation import META_KINDS
 from services.crypto import Kind
 from services.jobs import enqueue_due_summaries
 from services.memory import cipher_of
-from services.runtime import Runtime
+from services.runtime import Runtime, now_ms
 from tests.client import Api, bearer, make_world
 from tests.learning_helpers import (
     add_items,
@@ -396,6 +397,40 @@ async def test_a_summary_whose_queueing_was_lost_is_made_by_the_sweep(
         return pack.json()["summary"]
 
     assert await until(summarized, "the swept summary") == "Ann wrote two long letters."
+
+
+async def test_long_chats_that_are_never_summarized_keep_no_other_out_of_the_sweep(runtime: Runtime) -> None:
+    """D9.17: the sweep took the Chats most behind, then left out those without a memory-Bot model
+    (never summarized) or swept in the last hour: as many such Chats as it scans, longer than the
+    rest, and it queued no other Chat, a lost queueing never made up. They are left out first."""
+    tag = secrets.token_hex(6)
+    await runtime.driver.execute_query(
+        """
+        CREATE (none:Organization {id: 'org_nomodel_' + $tag, botMemoryModel: null})
+        CREATE (some:Organization {id: 'org_model_' + $tag, botMemoryModel: 'stub-model'})
+        WITH none, some
+        UNWIND range(1, 10) AS n
+        CREATE (:Chat {id: 'chat_nomodel_' + $tag + '_' + n, unsummarizedChars: 2000000000 + n})-[:IN_ORG]->(none)
+        CREATE (:Chat {id: 'chat_swept_' + $tag + '_' + n, unsummarizedChars: 2000000000 + n,
+                       summarySweptAt: timestamp()})-[:IN_ORG]->(some)
+        WITH DISTINCT some
+        CREATE (:Chat {id: 'chat_due_' + $tag, unsummarizedChars: 1999999999})-[:IN_ORG]->(some)
+        """,
+        tag=tag,
+    )
+    try:
+        now = now_ms()
+        due = await write(
+            runtime.driver,
+            lambda tx: conversation_q.summaries_due(
+                tx, threshold=1000, scan=10, limit=1, sweptBefore=now - 3_600_000, now=now
+            ),
+        )
+        assert due == [f"chat_due_{tag}"]
+    finally:
+        await runtime.driver.execute_query(
+            "MATCH (n) WHERE n.id ENDS WITH $tag OR n.id CONTAINS '_' + $tag + '_' DETACH DELETE n", tag=tag
+        )
 
 
 async def test_an_owner_removed_while_setting_a_meta_does_not_set_it(api: Api, runtime: Runtime) -> None:
