@@ -117,7 +117,10 @@ async def route_and_history(rt: Runtime, chat_id: str) -> tuple[RouteChat, Route
     messages, or answers in it, may read it), in one auto-commit statement; the summary is
     decrypted after the read, the messages when the runner knows which it needs."""
     row, route = await _head(
-        rt, lambda s: conversation_q.route_and_meta(s, chat_id=chat_id, kinds=META_KINDS, limit=META_ITEMS)
+        rt,
+        lambda s: conversation_q.route_and_meta(
+            s, chat_id=chat_id, kinds=META_KINDS, limit=RUNNER_META_ITEMS
+        ),
     )
     summary = summary_text(summary_map(route.cipher, chat_id, row["summary"]))
     return row["chat"], route, History(summary, tuple(_within(rt, row["recent"])), route.cipher)
@@ -180,6 +183,12 @@ def summary_text(summary: dict[str, str]) -> str | None:
 META_KINDS: Final = [ItemKind.PERSON_MESSAGE.value, ItemKind.BOT_MESSAGE.value]
 #: At most this many of them, the latest (within ``summary_threshold_chars`` of text).
 META_ITEMS: Final = 100
+#: The most messages after the summary the runner reads for its Bot (then as many of the newest as
+#: fit ``summary_threshold_chars``, ``_within``): the meta's 100 left a Chat of 130 short messages,
+#: too short to be summarized, without its first 30 (between what a summary covers and the
+#: runner's window nothing may be lost, D9.17). Past this many, or without a memory-Bot model to
+#: summarize the Chat, the oldest are left out.
+RUNNER_META_ITEMS: Final = 1_000
 #: Keys a caller's map may not use: the ids of Items, which the meta lists after the summary.
 _ITEM_KEY: Final = re.compile(r"i-[0-9]+")
 _KEY_CHARS: Final = 200

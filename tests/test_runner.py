@@ -217,6 +217,32 @@ async def test_the_bot_sees_the_chats_last_messages_oldest_first(
     assert texts[:24] == [f"m{n}" for n in range(1, 25)] and "And now?" in texts
 
 
+async def test_the_bot_sees_every_message_of_a_chat_too_short_to_summarize(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    """D9.17: nothing is lost between what the summary covers and the runner's window. The meta
+    the runner read held 100 messages: a Chat of 130 short ones (far below the summary threshold)
+    showed its Bot none of the first 30. It reads up to 1,000 now, within the threshold's
+    characters."""
+    w = await runner_world(api, ("ann",))
+    ann = w.tokens["ann"]
+    chat = await api.chat(ann, w.bot)
+    turn = await api.turn(ann, chat, "m1")
+    kinds = ("BOT_MESSAGE", "PERSON_MESSAGE")
+    for numbers in (range(2, 66), range(66, 131)):  # at most 100 Items a call
+        await add_items(api, ann, turn["id"], *((kinds[n % 2], f"m{n}") for n in numbers))
+    await api.gql("mutation($t: ID!) { completeTurn(turnId: $t) { id } }", {"t": turn["id"]}, ann)
+    model_server.script("chat", Reply(text="Noted."))
+    await api.gql(SEND, {"c": chat, "t": "And now?"}, ann)
+    [request] = model_server.requests_for("chat")
+    system = request.body["messages"][0]["content"]
+    earlier = system.split(f"\n\n{EARLIER_INTRO}\n", 1)[1].splitlines()
+    assert [line.split(": ", 1)[1] for line in earlier] == [f"m{n}" for n in range(1, 111)]
+    assert [m["content"] for m in request.body["messages"][1:]] == [f"m{n}" for n in range(111, 131)] + [
+        "And now?"
+    ]
+
+
 async def test_a_purge_strips_the_bots_own_model_requests_that_carry_the_entries(
     api: Api, runtime: Runtime, model_server: ModelServer
 ) -> None:
