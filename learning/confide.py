@@ -149,28 +149,25 @@ async def _answer(
                 known = await search.context(
                     rt, gateway.embedder, route.bot_id, reader, rt.settings.answer_context_chars, query=text
                 )
-        release = await gateway.acquire(rt, route, deadline)
-    try:
-        body = {
-            "messages": [
-                {
-                    "role": "system",
-                    "content": system_prompt(CONFIDE_SYSTEM, route, known.text if known else None),
-                },
-                {"role": "user", "content": text},
-            ]
-        }
-        completion = await gateway.complete(
-            rt,
-            route,
-            task="confide",
-            body=body,
-            deadline=deadline - _RECHECK_MARGIN,  # time left to check its entries again
-            entry_ids=known.ids if known else (),
-            save_by=deadline + _SAVE_MARGIN,
-        )
-    finally:
-        await release()
+    body = {
+        "messages": [
+            {
+                "role": "system",
+                "content": system_prompt(CONFIDE_SYSTEM, route, known.text if known else None),
+            },
+            {"role": "user", "content": text},
+        ]
+    }
+    completion = await gateway.complete(
+        rt,
+        route,
+        task="confide",
+        body=body,
+        deadline=deadline - _RECHECK_MARGIN,  # time left to check its entries again
+        entry_ids=known.ids if known else (),
+        save_by=deadline + _SAVE_MARGIN,
+        gate=True,
+    )
     answer = (completion.text or "").strip()
     if not answer or MEMORY_VOCABULARY.search(answer):
         raise ModelUnavailable("unusable")

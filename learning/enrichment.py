@@ -110,7 +110,9 @@ async def rewrite(
             deadline - _SAVE_MARGIN,
             now_ms() if said_at is None else said_at,
         )
-    except (ModelUnavailable, TimeoutError):
+    except ModelUnavailable as exc:  # budget_spent and busy among them (read with a slot held)
+        enriched, outcome = original, exc.code
+    except TimeoutError:
         enriched = original
     metrics.ENRICHMENTS.labels(outcome=outcome).inc()
     return enriched, used
@@ -172,37 +174,34 @@ async def _rewrite(
         )
         if not known.ids:
             return original, "nothing_visible", ()
-        release = await gateway.acquire(rt, route, deadline)
-    try:
-        # Each note with the day it was said (D9.31): "when did …?" is answered from it, the day
-        # as the person lives it (D9.32).
-        local = zone_of(zone)
-        notes = [
-            {"id": i, "text": c, "said": day_of(at, local).isoformat()}
-            for i, c, at in zip(known.ids, known.contents, known.said_at, strict=True)
-        ]
-        body = {
-            "messages": [
-                {"role": "system", "content": system_prompt(REWRITE_SYSTEM, route)},
-                {
-                    "role": "user",
-                    "content": json.dumps({"message": original, "notes": notes}, ensure_ascii=False),
-                },
-            ],
-            "tools": [REWRITE_TOOL],
-            "tool_choice": "auto",
-        }
-        completion = await gateway.complete(
-            rt,
-            route,
-            task="rewrite",
-            body=body,
-            deadline=deadline,
-            entry_ids=known.ids,
-            save_by=deadline + _SAVE_MARGIN,
-        )
-    finally:
-        await release()
+    # Each note with the day it was said (D9.31): "when did …?" is answered from it, the day as
+    # the person lives it (D9.32).
+    local = zone_of(zone)
+    notes = [
+        {"id": i, "text": c, "said": day_of(at, local).isoformat()}
+        for i, c, at in zip(known.ids, known.contents, known.said_at, strict=True)
+    ]
+    body = {
+        "messages": [
+            {"role": "system", "content": system_prompt(REWRITE_SYSTEM, route)},
+            {
+                "role": "user",
+                "content": json.dumps({"message": original, "notes": notes}, ensure_ascii=False),
+            },
+        ],
+        "tools": [REWRITE_TOOL],
+        "tool_choice": "auto",
+    }
+    completion = await gateway.complete(
+        rt,
+        route,
+        task="rewrite",
+        body=body,
+        deadline=deadline,
+        entry_ids=known.ids,
+        save_by=deadline + _SAVE_MARGIN,
+        gate=True,
+    )
     parsed = _parse(completion.tool_calls, set(known.ids), rt.settings.max_text_chars)
     if parsed is None:
         return original, "refused", ()

@@ -471,19 +471,17 @@ class ExecutionRunner:
     ) -> Completion:
         """One model call of a step under the concurrency limit (D9.25; ungated while Redis is
         away, as the Chat's step slot) and the step deadline."""
-        release = await self.gateway.acquire(self.rt, route, deadline, ungated_without_redis=True)
-        try:
-            return await self.gateway.complete(
-                self.rt,
-                route,
-                task="learn",
-                body=body,
-                deadline=deadline,
-                step=key,
-                entry_ids=tuple(e["id"] for e in entries),
-            )
-        finally:
-            await release()
+        return await self.gateway.complete(
+            self.rt,
+            route,
+            task="learn",
+            body=body,
+            deadline=deadline,
+            step=key,
+            entry_ids=tuple(e["id"] for e in entries),
+            gate=True,
+            ungated_without_redis=True,
+        )
 
     async def _commit(
         self,

@@ -52,10 +52,18 @@ _RETRYABLE_STATUS = {408, 409, 429, 500, 502, 503, 504}
 #: The provider refused the request itself (its size, its content — a content filter answers
 #: 400): the same request is refused again, here or in any later execution (``refused``).
 _REFUSED_STATUS = {400, 413, 422}
+#: How long past its deadline a call nobody waits for any more may take to be saved (shutdown
+#: waits this long for the latest of them).
+SAVE_SECONDS = 5.0
 
 
 class _TooLarge(Exception):
-    """The provider's answer passed the bytes a call may read (``_BoundedClient``)."""
+    """The provider's answer passed the bytes a call may read (``_BoundedClient``); ``refused``:
+    the body of a refusal (an HTTP error), which no usage was billed for."""
+
+    def __init__(self, *, refused: bool = False) -> None:
+        super().__init__()
+        self.refused = refused
 
 
 class _Capped(httpx2.AsyncByteStream):
@@ -139,15 +147,21 @@ class _BoundedClient(openai.DefaultAsyncHttpxClient):
                 request=request,
                 extensions=response.extensions,
             )
+        except _TooLarge:
+            await response.aclose()
+            raise _TooLarge(refused=response.status_code >= 400) from None
         except BaseException:
             await response.aclose()
             raise
 
 
-def _too_large(exc: BaseException) -> bool:
-    """Whether ``exc`` is, or was raised by, an answer past its bytes (the client wraps what its
+def _too_large(exc: BaseException) -> _TooLarge | None:
+    """``exc``, or what raised it, when it is an answer past its bytes (the client wraps what its
     transport raises as a connection error)."""
-    return isinstance(exc, _TooLarge) or isinstance(exc.__cause__, _TooLarge)
+    for raised in (exc, exc.__cause__):
+        if isinstance(raised, _TooLarge):
+            return raised
+    return None
 
 
 class _Unfinished(Exception):
@@ -262,8 +276,9 @@ class Gateway:
             )
         #: The embedder of this process (design §10): vectors of new entries and of queries.
         self.embedder: Embedder | None = make_embedder(settings)
-        #: Calls whose caller was cancelled, running to their deadlines to be saved (``complete``).
-        self._unwaited: set[asyncio.Task[Completion]] = set()
+        #: Calls whose caller was cancelled, running to their deadlines to be saved (``complete``),
+        #: with the time (``time.monotonic``) by which each is saved.
+        self._unwaited: dict[asyncio.Task[Completion], float] = {}
 
     async def warm_up(self) -> None:
         """Load the embedder's model now, so the first Turn does not wait for it (its deadline
@@ -276,8 +291,12 @@ class Gateway:
             log.warning("the embedder is not ready (%s); search falls back to keywords", exc.code)
 
     async def close(self) -> None:
-        if self._unwaited:  # saved and charged before the client goes, within an answer's deadline
-            await asyncio.wait(set(self._unwaited), timeout=self.settings.answer_deadline_seconds)
+        if self._unwaited:  # saved and charged before the client and the store go
+            latest = max(self._unwaited.values())
+            await asyncio.wait(set(self._unwaited), timeout=max(latest - time.monotonic(), 0.0))
+            for call in list(self._unwaited):
+                call.cancel()
+                log.warning("a model call nobody waited for was cut off at shutdown")
         if self._client is not None:
             await self._client.close()
         if self.embedder is not None:
@@ -350,46 +369,69 @@ class Gateway:
         on_text: Callable[[str], Awaitable[None]] | None = None,
         charge: bool = True,
         save_by: float | None = None,
+        gate: bool = False,
+        ungated_without_redis: bool = False,
     ) -> Completion:
-        """:meth:`_complete`, which goes on when its caller is cancelled (a client that ended its
-        operation or closed its socket, a caller's timeout, a shutdown): the call runs to its
-        deadline and is saved and charged, its text shown to nobody. A cancel mid-call left it
-        neither saved nor charged, though the provider billed it (C5, L6): a client could spend
-        a Bot's model without its budget ever moving."""
+        """:meth:`_complete`, within one of the Bot's task slots when ``gate`` (:meth:`acquire`,
+        ``ungated_without_redis`` passed on), held until the call is saved.
+
+        Once the request is sent, the caller's cancel (a client that ended its operation or closed
+        its socket, a shutdown) no longer reaches the call: it runs to its deadline, keeps its
+        slot, and is saved and charged, its text shown to nobody. A cancel mid-call left it
+        neither saved nor charged, though the provider billed it (C5, L6), and a slot given back
+        by its caller let calls nobody counted run beside the Bot's ``concurrency``. Cancelled
+        while it waits for a slot, nothing was sent, and it ends."""
         abandoned = False
+        sent = False
 
         async def to_caller(text: str) -> None:
             if not abandoned and on_text is not None:
                 await on_text(text)
 
-        call = asyncio.create_task(
-            self._complete(
-                rt,
-                route,
-                task=task,
-                body=body,
-                deadline=deadline,
-                step=step,
-                stream=stream,
-                entry_ids=entry_ids,
-                on_text=None if on_text is None else to_caller,
-                charge=charge,
-                save_by=save_by,
+        async def gated() -> Completion:
+            nonlocal sent
+            release = (
+                await self.acquire(rt, route, deadline, ungated_without_redis=ungated_without_redis)
+                if gate
+                else slots.nothing_held
             )
-        )
+            try:
+                sent = True
+                return await self._complete(
+                    rt,
+                    route,
+                    task=task,
+                    body=body,
+                    deadline=deadline,
+                    step=step,
+                    stream=stream,
+                    entry_ids=entry_ids,
+                    on_text=None if on_text is None else to_caller,
+                    charge=charge,
+                    save_by=save_by,
+                )
+            finally:
+                await release()
+
+        call = asyncio.create_task(gated())
         try:
             return await asyncio.shield(call)
         except asyncio.CancelledError:
+            if not sent:
+                call.cancel()
             abandoned = True
-            self._unwaited.add(call)
+            self._unwaited[call] = deadline + SAVE_SECONDS
             call.add_done_callback(self._settled)
             raise
 
     def _settled(self, call: asyncio.Task[Completion]) -> None:
-        """A call nobody waits for any more ended (saved; its failure, if any, was logged)."""
-        self._unwaited.discard(call)
-        if not call.cancelled():
-            call.exception()  # retrieved: nobody else will
+        """A call nobody waits for any more ended (saved; a model failure was logged with it)."""
+        self._unwaited.pop(call, None)
+        if call.cancelled():
+            return
+        failure = call.exception()
+        if failure is not None and not isinstance(failure, ModelUnavailable):
+            log.warning("a model call nobody waited for failed: %s", type(failure).__name__)
 
     async def _complete(
         self,
@@ -448,11 +490,12 @@ class Gateway:
                 failure = "timeout"
                 attempts.append(f"timeout:{_ms(started)}ms")
             except (_TooLarge, openai.APIConnectionError) as exc:
-                if not _too_large(exc):
+                big = _too_large(exc)
+                if big is None:
                     failure = "provider_error"
                     attempts.append(f"connection:{_ms(started)}ms")
                 else:  # the same answer again would be as large: not asked again
-                    failure = "too_large"
+                    failure = "provider_error" if big.refused else "too_large"
                     attempts.append(f"too_large:{_ms(started)}ms")
                     break
             except openai.APIStatusError as exc:

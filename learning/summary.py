@@ -82,11 +82,9 @@ async def summarize(rt: Runtime, gateway: Gateway, chat_id: str) -> str:
     deadline = time.monotonic() + rt.settings.step_deadline_seconds
     try:
         # In the background, as learning: without Redis it goes on ungated rather than fail.
-        release = await gateway.acquire(rt, route, deadline, ungated_without_redis=True)
-        try:
-            completion = await gateway.complete(rt, route, task="summary", body=body, deadline=deadline)
-        finally:
-            await release()
+        completion = await gateway.complete(
+            rt, route, task="summary", body=body, deadline=deadline, gate=True, ungated_without_redis=True
+        )
     except ModelUnavailable as exc:
         return "budget_spent" if exc.code == "budget_spent" else "model:" + exc.code
     text = (completion.text or "").strip()

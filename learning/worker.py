@@ -14,10 +14,12 @@ import signal
 import socket
 import sys
 import time
+import traceback
 from typing import Any, ClassVar
 
 from arq import cron, func
 from arq.worker import Worker, get_kwargs
+from neo4j.exceptions import DriverError, Neo4jError
 from prometheus_client import start_http_server
 from redis.exceptions import AuthenticationError, RedisError
 
@@ -98,8 +100,14 @@ async def run_execution(ctx: dict[str, Any], execution_id: str, epoch: int) -> N
     except asyncio.CancelledError:  # arq's job timeout or a shutdown; the sweeper queues it again
         metrics.EXECUTIONS.labels(outcome="cancelled").inc()
         raise
-    except Exception as exc:  # Neo4j gone past the driver's retries, mid-claim or mid-finish: the
-        # lease runs out and the sweeper queues it again (it reached arq as a failed job before)
+    except (Neo4jError, DriverError) as exc:  # Neo4j gone past the driver's retries, mid-claim or
+        # mid-finish: the lease runs out and the sweeper queues it again (it reached arq as a
+        # failed job before)
+        outcome = "error:" + type(exc).__name__
+    except Exception as exc:  # a fault of ours: said with its stack, never raised into arq
+        # Type and stack only, as the API logs its internal errors: a message may quote content.
+        stack = "".join(traceback.format_tb(exc.__traceback__))
+        log.warning("execution %s epoch %s raised %s\n%s", execution_id, epoch, type(exc).__name__, stack)
         outcome = "error:" + type(exc).__name__
     metrics.EXECUTIONS.labels(outcome=outcome.split(":")[0]).inc()
     log.info("execution %s epoch %s: %s", execution_id, epoch, outcome)
