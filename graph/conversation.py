@@ -284,7 +284,12 @@ CALL (summary) {
   WHERE i.chatId = $chatId AND i.seq > coalesce(summary.coversThroughSeq, 0) AND i.kind IN $kinds
     AND i.text IS NOT NULL
   WITH i ORDER BY i.chatId DESC, i.seq DESC LIMIT $limit
-  RETURN collect(i {.uid, .id, .seq, .kind, .text, .textLength}) AS recent
+  WITH collect(i) AS items
+  // The newest until past $chars characters of text (null: all): only theirs is read.
+  WITH items, reduce(cut = [0, 0], i IN items |
+    CASE WHEN $chars IS NOT NULL AND cut[1] > $chars THEN cut
+         ELSE [cut[0] + 1, cut[1] + coalesce(i.textLength, 0)] END)[0] AS n
+  RETURN [i IN items[0..n] | i {.uid, .id, .seq, .kind, .text, .textLength}] AS recent
 }
 """
 )
@@ -319,15 +324,19 @@ class PackHeadRow(RouteAndMetaRow):
 
 
 async def route_and_meta(
-    tx: QueryTarget, *, chat_id: str, kinds: list[str], limit: int
+    tx: QueryTarget, *, chat_id: str, kinds: list[str], limit: int, chars: int
 ) -> RouteAndMetaRow | None:
-    """ROUTE_AND_META; None when the Chat (or its Bot's memory) does not exist."""
-    return await single(tx, ROUTE_AND_META, RouteAndMetaRow, chatId=chat_id, kinds=kinds, limit=limit)
+    """ROUTE_AND_META: the newest ``limit`` messages after the summary, read until past ``chars``
+    characters of text; None when the Chat (or its Bot's memory) does not exist."""
+    return await single(
+        tx, ROUTE_AND_META, RouteAndMetaRow, chatId=chat_id, kinds=kinds, limit=limit, chars=chars
+    )
 
 
 async def pack_head(tx: QueryTarget, *, chat_id: str, kinds: list[str], limit: int) -> PackHeadRow | None:
-    """PACK_HEAD; None when the Chat (or its Bot's memory) does not exist."""
-    return await single(tx, PACK_HEAD, PackHeadRow, chatId=chat_id, kinds=kinds, limit=limit)
+    """PACK_HEAD (the newest ``limit`` messages after the summary); None when the Chat (or its
+    Bot's memory) does not exist."""
+    return await single(tx, PACK_HEAD, PackHeadRow, chatId=chat_id, kinds=kinds, limit=limit, chars=None)
 
 
 async def summary(tx: AsyncManagedTransaction, *, chat_id: str) -> SummaryNode | None:

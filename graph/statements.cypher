@@ -1675,7 +1675,12 @@ CALL (summary) {
   WHERE i.chatId = $chatId AND i.seq > coalesce(summary.coversThroughSeq, 0) AND i.kind IN $kinds
     AND i.text IS NOT NULL
   WITH i ORDER BY i.chatId DESC, i.seq DESC LIMIT $limit
-  RETURN collect(i {.uid, .id, .seq, .kind, .text, .textLength}) AS recent
+  WITH collect(i) AS items
+  // The newest until past $chars characters of text (null: all): only theirs is read.
+  WITH items, reduce(cut = [0, 0], i IN items |
+    CASE WHEN $chars IS NOT NULL AND cut[1] > $chars THEN cut
+         ELSE [cut[0] + 1, cut[1] + coalesce(i.textLength, 0)] END)[0] AS n
+  RETURN [i IN items[0..n] | i {.uid, .id, .seq, .kind, .text, .textLength}] AS recent
 }
 OPTIONAL CALL () {
 MATCH (ch:Chat {id: $chatId})-[:WITH_BOT]->(b:Bot)
@@ -1712,7 +1717,12 @@ CALL (summary) {
   WHERE i.chatId = $chatId AND i.seq > coalesce(summary.coversThroughSeq, 0) AND i.kind IN $kinds
     AND i.text IS NOT NULL
   WITH i ORDER BY i.chatId DESC, i.seq DESC LIMIT $limit
-  RETURN collect(i {.uid, .id, .seq, .kind, .text, .textLength}) AS recent
+  WITH collect(i) AS items
+  // The newest until past $chars characters of text (null: all): only theirs is read.
+  WITH items, reduce(cut = [0, 0], i IN items |
+    CASE WHEN $chars IS NOT NULL AND cut[1] > $chars THEN cut
+         ELSE [cut[0] + 1, cut[1] + coalesce(i.textLength, 0)] END)[0] AS n
+  RETURN [i IN items[0..n] | i {.uid, .id, .seq, .kind, .text, .textLength}] AS recent
 }
 RETURN chat, botMemory, model, settings, keyMaster, keyWrapped, summary, recent
 

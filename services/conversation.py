@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Final, TypeVar
 
@@ -51,16 +51,18 @@ class History:
     summary (as text) and the meta's messages after it, oldest first, still sealed."""
 
     summary: str | None
+    #: Newest first.
     messages: tuple[conversation_q.RecentItem, ...]
     cipher: Cipher
+    #: The characters of text the messages before the window may take (``summary_threshold_chars``).
+    room: int
 
     def before(self, seq: int) -> list[tuple[ItemKind, str]]:
-        """The messages numbered below ``seq`` (those the runner's window leaves out), decrypted."""
-        return [
-            (ItemKind(i["kind"]), self.cipher.decrypt(Kind.ITEM, i["uid"], i["text"]))
-            for i in self.messages
-            if i["seq"] < seq
-        ]
+        """The messages numbered below ``seq`` (those the runner's window leaves out) that fit
+        ``room`` (the newest always), oldest first, decrypted. Counted from ``seq`` down: counted
+        from the newest, the window's own messages took the room, and long ones left none."""
+        kept = _newest_within([i for i in self.messages if i["seq"] < seq], self.room)
+        return [(ItemKind(i["kind"]), self.cipher.decrypt(Kind.ITEM, i["uid"], i["text"])) for i in kept]
 
 
 async def context_pack(
@@ -116,20 +118,29 @@ async def route_and_history(rt: Runtime, chat_id: str) -> tuple[RouteChat, Route
     """The Chat's route and its history as the runner shows it (D9.17: whoever reads the Chat's
     messages, or answers in it, may read it), in one auto-commit statement; the summary is
     decrypted after the read, the messages when the runner knows which it needs."""
+    room = rt.settings.summary_threshold_chars
+    # What the window may hold besides (its messages are not known yet), so that what is read is
+    # bounded: a Chat never summarised read 1,000 messages of up to 20,000 characters each.
+    window = rt.settings.runner_history_items * rt.settings.max_text_chars
     row, route = await _head(
         rt,
         lambda s: conversation_q.route_and_meta(
-            s, chat_id=chat_id, kinds=META_KINDS, limit=RUNNER_META_ITEMS
+            s, chat_id=chat_id, kinds=META_KINDS, limit=RUNNER_META_ITEMS, chars=room + window
         ),
     )
     summary = summary_text(summary_map(route.cipher, chat_id, row["summary"]))
-    return row["chat"], route, History(summary, tuple(_within(rt, row["recent"])), route.cipher)
+    return row["chat"], route, History(summary, tuple(row["recent"]), route.cipher, room)
 
 
 def _within(rt: Runtime, recent: list[conversation_q.RecentItem]) -> list[conversation_q.RecentItem]:
     """The meta's messages (``recent``: newest first) that fit ``summary_threshold_chars`` of text
     (the newest always), oldest first."""
-    room = rt.settings.summary_threshold_chars
+    return _newest_within(recent, rt.settings.summary_threshold_chars)
+
+
+def _newest_within(recent: Sequence[conversation_q.RecentItem], room: int) -> list[conversation_q.RecentItem]:
+    """Of ``recent`` (newest first), the newest that fit ``room`` characters of text (the newest
+    always), oldest first."""
     kept: list[conversation_q.RecentItem] = []
     for item in recent:
         room -= item["textLength"]

@@ -243,6 +243,28 @@ async def test_the_bot_sees_every_message_of_a_chat_too_short_to_summarize(
     ]
 
 
+async def test_long_last_messages_leave_the_earlier_ones_their_room(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    """The earlier messages the runner shows fit the summary threshold's characters, counted from
+    those before its window: counted from the newest, 20 long last messages (22,000 characters,
+    which the Bot sees anyway) took all the room, and the three short ones before them reached
+    the Bot nowhere."""
+    w = await runner_world(api, ("ann",))
+    ann = w.tokens["ann"]
+    chat = await api.chat(ann, w.bot)
+    turn = await api.turn(ann, chat, "m1")
+    kinds = ("BOT_MESSAGE", "PERSON_MESSAGE")
+    long = [(kinds[n % 2], f"long {n} " + "x" * 1_100) for n in range(4, 24)]
+    await add_items(api, ann, turn["id"], ("BOT_MESSAGE", "m2"), ("PERSON_MESSAGE", "m3"), *long)
+    model_server.script("chat", Reply(text="Noted."))
+    await api.gql(SEND, {"c": chat, "t": "And now?"}, ann)
+    [request] = model_server.requests_for("chat")
+    system = request.body["messages"][0]["content"]
+    assert system.endswith(f"\n\n{EARLIER_INTRO}\nperson: m1\nyou: m2\nperson: m3"), system[-300:]
+    assert [m["content"].split()[1] for m in request.body["messages"][1:-1]] == [str(n) for n in range(4, 24)]
+
+
 async def test_a_purge_strips_the_bots_own_model_requests_that_carry_the_entries(
     api: Api, runtime: Runtime, model_server: ModelServer
 ) -> None:
