@@ -17,6 +17,7 @@ from graph import sweeps as sweeps_q
 from graph.driver import read, write
 from learning.gateway import FIXED_CALM_ANSWER, Gateway, Route, StepKey
 from learning.sweeper import sweep_once
+from services import slots
 from services.crypto import Kind
 from services.ids import new_id
 from services.memory import cipher_of
@@ -814,3 +815,37 @@ async def test_a_model_call_whose_caller_went_away_is_saved_and_charged(
         "MATCH (s:Spend {botId: $b}) RETURN s.calls AS calls, s.micros AS micros", b=w.bot
     )
     assert sorted((r["calls"], r["micros"]) for r in records) == [(1, 20), (1, 20)]
+
+
+async def test_a_call_whose_caller_went_away_keeps_its_task_slot_until_saved(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    """D9.12, D9.25: the caller took the Bot's task slot and gave it back in its ``finally``, so a
+    cancelled caller gave it back at once while its call ran on: a client ending its operations
+    mid-call ran calls beside the Bot's ``concurrency``. The slot is the call's now: held until
+    the call is saved. Watched while it runs: never free before the call is saved."""
+    w = await memory_world(api, ("ann",))
+    ann = w.tokens["ann"]
+    assert (await patch(api, ann, w.bot, {"expected": 0, "concurrency": 1})).status_code == 200
+    chat = await api.chat(ann, w.bot)
+    turn = await api.turn(ann, chat, "hello")
+    model_server.default("confide", Reply(text="Noted, much later.", delay=1.5))
+    confide_op = 'mutation($t: ID!) { confide(turnId: $t, text: "stuck") { answer } }'
+    async with websockets.connect(ws_url(api), subprotocols=["graphql-transport-ws"]) as ws:  # type: ignore[list-item]
+        await ws.send(json.dumps({"type": "connection_init", "payload": {"Authorization": f"Bearer {ann}"}}))
+        assert json.loads(await asyncio.wait_for(ws.recv(), 5))["type"] == "connection_ack"
+        payload = {"query": confide_op, "variables": {"t": turn["id"]}}
+        await ws.send(json.dumps({"id": "c", "type": "subscribe", "payload": payload}))
+        await model_server.wait_for_requests("confide", 1)
+        await ws.send(json.dumps({"id": "c", "type": "complete"}))
+    free_before_saved: list[int] = []
+
+    async def saved() -> bool:
+        held = await slots.held(runtime.redis, w.bot)
+        done = any(c["task"] == "confide" for c in await model_calls(runtime, w.bot))
+        if held == 0 and not done:
+            free_before_saved.append(held)
+        return done
+
+    await until(saved, "the abandoned confide call was never saved", within=60)
+    assert free_before_saved == []
