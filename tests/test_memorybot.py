@@ -55,6 +55,28 @@ async def patch(api: Api, token: str, bot: str, body: Any) -> Any:
     return await api.http.patch(f"/v1/bots/{bot}/memory/bot", json=body, headers=bearer(token))
 
 
+async def spend(rt: Runtime, bot: str) -> list[tuple[int, int, int]]:
+    """The Bot's Spend counters (calls, micros, unknownCalls), one per period, sorted."""
+    records, _, _ = await rt.driver.execute_query(
+        "MATCH (s:Spend {botId: $b}) RETURN s.calls AS c, s.micros AS m, s.unknownCalls AS u", b=bot
+    )
+    return sorted((r["c"], r["m"], r["u"]) for r in records)
+
+
+async def confide_then_go_away(api: Api, model_server: ModelServer, token: str, turn: str) -> None:
+    """A confide sent on a socket, ended by its client (``complete``) once the model has it."""
+    confide_op = 'mutation($t: ID!) { confide(turnId: $t, text: "stuck") { answer } }'
+    async with websockets.connect(ws_url(api), subprotocols=["graphql-transport-ws"]) as ws:  # type: ignore[list-item]
+        await ws.send(
+            json.dumps({"type": "connection_init", "payload": {"Authorization": f"Bearer {token}"}})
+        )
+        assert json.loads(await asyncio.wait_for(ws.recv(), 5))["type"] == "connection_ack"
+        payload = {"query": confide_op, "variables": {"t": turn}}
+        await ws.send(json.dumps({"id": "c", "type": "subscribe", "payload": payload}))
+        await model_server.wait_for_requests("confide", 1)
+        await ws.send(json.dumps({"id": "c", "type": "complete"}))
+
+
 async def model_calls(rt: Runtime, bot: str) -> list[dict[str, Any]]:
     records, _, _ = await rt.driver.execute_query(
         "MATCH (c:ModelCall {botId: $b}) RETURN c {.*} AS c ORDER BY c.at", b=bot
@@ -495,15 +517,13 @@ async def test_an_answer_past_its_bytes_is_not_read_whole(
     turn = await api.turn(w.tokens["ann"], chat, "hello")
     model_server.script("confide", Reply(text="x" * 20_000_000))
     assert await confide(api, w.tokens["ann"], turn["id"]) == FIXED_CALM_ANSWER
-    [call] = await model_calls(runtime, w.bot)
-    assert call["status"] == "too_large" and call["attempts"] == 1
+    calls = await model_calls(runtime, w.bot)
+    [call] = [c for c in calls if c["task"] == "confide"]
+    assert call["status"] == "too_large" and call["attempts"] == 1, calls
     assert call["attemptLog"][0].startswith("too_large:"), call["attemptLog"]
     assert len(model_server.requests_for("confide")) == 1
     # Billed by the provider, so counted (L6): a call of unknown cost, in the day and the month.
-    records, _, _ = await runtime.driver.execute_query(
-        "MATCH (s:Spend {botId: $b}) RETURN s.calls AS calls, s.unknownCalls AS unknown", b=w.bot
-    )
-    assert sorted((r["calls"], r["unknown"]) for r in records) == [(1, 1), (1, 1)]
+    assert [(calls, unknown) for calls, _, unknown in await spend(runtime, w.bot)] == [(1, 1), (1, 1)]
 
 
 async def test_a_shared_bot_uses_the_model_and_budget_of_the_chats_organization(
@@ -790,31 +810,14 @@ async def test_a_model_call_whose_caller_went_away_is_saved_and_charged(
     chat = await api.chat(ann, w.bot)
     turn = await api.turn(ann, chat, "hello")
     model_server.default("confide", Reply(text="Noted, much later.", delay=1.0))
-    confide_op = 'mutation($t: ID!) { confide(turnId: $t, text: "stuck") { answer } }'
-    async with websockets.connect(ws_url(api), subprotocols=["graphql-transport-ws"]) as ws:  # type: ignore[list-item]
-        await ws.send(json.dumps({"type": "connection_init", "payload": {"Authorization": f"Bearer {ann}"}}))
-        assert json.loads(await asyncio.wait_for(ws.recv(), 5))["type"] == "connection_ack"
-        await ws.send(
-            json.dumps(
-                {
-                    "id": "c",
-                    "type": "subscribe",
-                    "payload": {"query": confide_op, "variables": {"t": turn["id"]}},
-                }
-            )
-        )
-        await model_server.wait_for_requests("confide", 1)
-        await ws.send(json.dumps({"id": "c", "type": "complete"}))
+    await confide_then_go_away(api, model_server, ann, turn["id"])
 
     async def saved() -> list[dict[str, Any]]:
         return [c for c in await model_calls(runtime, w.bot) if c["task"] == "confide"]
 
     [call] = await until(saved, "the abandoned confide call was never saved", within=60)
     assert call["status"] == "ok" and call["costMicros"] == 20
-    records, _, _ = await runtime.driver.execute_query(
-        "MATCH (s:Spend {botId: $b}) RETURN s.calls AS calls, s.micros AS micros", b=w.bot
-    )
-    assert sorted((r["calls"], r["micros"]) for r in records) == [(1, 20), (1, 20)]
+    assert [(calls, micros) for calls, micros, _ in await spend(runtime, w.bot)] == [(1, 20), (1, 20)]
 
 
 async def test_a_call_whose_caller_went_away_keeps_its_task_slot_until_saved(
@@ -830,14 +833,7 @@ async def test_a_call_whose_caller_went_away_keeps_its_task_slot_until_saved(
     chat = await api.chat(ann, w.bot)
     turn = await api.turn(ann, chat, "hello")
     model_server.default("confide", Reply(text="Noted, much later.", delay=1.5))
-    confide_op = 'mutation($t: ID!) { confide(turnId: $t, text: "stuck") { answer } }'
-    async with websockets.connect(ws_url(api), subprotocols=["graphql-transport-ws"]) as ws:  # type: ignore[list-item]
-        await ws.send(json.dumps({"type": "connection_init", "payload": {"Authorization": f"Bearer {ann}"}}))
-        assert json.loads(await asyncio.wait_for(ws.recv(), 5))["type"] == "connection_ack"
-        payload = {"query": confide_op, "variables": {"t": turn["id"]}}
-        await ws.send(json.dumps({"id": "c", "type": "subscribe", "payload": payload}))
-        await model_server.wait_for_requests("confide", 1)
-        await ws.send(json.dumps({"id": "c", "type": "complete"}))
+    await confide_then_go_away(api, model_server, ann, turn["id"])
     free_before_saved: list[int] = []
 
     async def saved() -> bool:
