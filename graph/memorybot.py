@@ -151,6 +151,17 @@ RETURN collect(c {.id, .result, .requestHash}) AS calls
 """
 
 
+#: The saved result of a summary of a Chat made for this very request (C5): a summary whose call
+#: was saved but not its text (the worker killed in between) is made from it again, not paid for
+#: twice. The Chat's calls are few enough to filter (``model_call_chat``).
+SAVED_SUMMARY_RESULT: Final[LiteralString] = """
+MATCH (c:ModelCall {chatId: $chatId})
+WHERE c.task = 'summary' AND c.requestHash = $requestHash AND c.status = 'ok' AND c.result IS NOT NULL
+WITH c ORDER BY c.at DESC LIMIT 1
+RETURN collect(c {.id, .result, .requestHash}) AS calls
+"""
+
+
 class SavedCall(TypedDict):
     """One of SAVED_STEP_RESULTS's ``calls``: the result is ciphertext."""
 
@@ -287,6 +298,13 @@ async def save_model_call(tx: AsyncManagedTransaction, *, with_text: bool = True
 async def saved_step_results(tx: AsyncManagedTransaction, *, execution_id: str, step: int) -> list[SavedCall]:
     record = await single(tx, SAVED_STEP_RESULTS, SavedCallsRow, executionId=execution_id, step=step)
     return [] if record is None else record["calls"]
+
+
+async def saved_summary_result(
+    tx: AsyncManagedTransaction, *, chat_id: str, request_hash: str
+) -> SavedCall | None:
+    record = await single(tx, SAVED_SUMMARY_RESULT, SavedCallsRow, chatId=chat_id, requestHash=request_hash)
+    return None if record is None or not record["calls"] else record["calls"][0]
 
 
 async def create_confession(

@@ -2700,6 +2700,12 @@ WHERE c.executionId = $executionId AND c.step = $step AND c.status = 'ok' AND c.
 WITH c ORDER BY c.at
 RETURN collect(c {.id, .result, .requestHash}) AS calls
 
+// ---- graph.memorybot.SAVED_SUMMARY_RESULT
+MATCH (c:ModelCall {chatId: $chatId})
+WHERE c.task = 'summary' AND c.requestHash = $requestHash AND c.status = 'ok' AND c.result IS NOT NULL
+WITH c ORDER BY c.at DESC LIMIT 1
+RETURN collect(c {.id, .result, .requestHash}) AS calls
+
 // ---- graph.memorybot.SAVE_MODEL_CALL
 OPTIONAL MATCH (m:Memory {id: $botId})
 CALL apoc.lock.read.nodes([x IN [m] WHERE x IS NOT NULL AND $withText AND size($entryIds) > 0])

@@ -373,7 +373,8 @@ class ExecutionRunner:
             return None
         kept = [_kept(route.cipher, e) for e in inputs.entries]
         body = protocol.request_body(system_prompt(protocol.LEARN_SYSTEM, route), [], kept, inputs.topics)
-        key = StepKey(x.id, x.epoch, inputs.start, request_hash(route.cipher, {"model": route.model, **body}))
+        digest = request_hash(route.cipher, {"model": route.model, **body})
+        key = StepKey(digest, x.id, x.epoch, inputs.start)
         try:
             await self._ask(route, body, deadline, key, inputs.entries)
         except ModelUnavailable as exc:
@@ -410,7 +411,7 @@ class ExecutionRunner:
         )
         refusals: list[str] = []
         for attempt in range(1 + protocol.MAX_REASKS):
-            key = StepKey(x.id, x.epoch, start, request_hash(cipher, {"model": route.model, **body}))
+            key = StepKey(request_hash(cipher, {"model": route.model, **body}), x.id, x.epoch, start)
             saved = next((c for c in inputs.saved if c["requestHash"] == key.request_hash), None)
             if saved is not None:  # a re-ask's answer is saved under its own request, too (C5)
                 completion = Completion.from_json(

@@ -216,16 +216,18 @@ class Completion:
 
 @dataclass(frozen=True, slots=True)
 class StepKey:
-    """Identifies a learning step's saved call (D9.9): recovery reuses it (C5)."""
+    """Identifies a model step's saved call: recovery reuses it (C5). Its request's keyed digest;
+    for a learning step, also its execution, epoch and step (D9.9; a summary is found by its
+    request in its Chat)."""
 
-    execution_id: str
-    epoch: int
-    step: int
     request_hash: str
+    execution_id: str | None = None
+    epoch: int | None = None
+    step: int | None = None
 
 
 def request_hash(cipher: Cipher, body: dict[str, Any]) -> str:
-    """What finds a learning step's saved call again (C5): a keyed digest of its canonical request
+    """What finds a model step's saved call again (C5): a keyed digest of its canonical request
     under the Bot's data key (E1: equal inputs are found by HMAC, never by a plain hash — SHA-256 of
     the request let anyone holding the store test a guessed message against it)."""
     return cipher.digest(Kind.MODEL_REQUEST, json.dumps(body, sort_keys=True))

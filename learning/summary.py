@@ -13,9 +13,10 @@ import time
 from neo4j import AsyncManagedTransaction
 
 from graph import conversation as conversation_q
+from graph import memorybot as memorybot_q
 from graph.driver import read, write
 from graph.memorybot import RouteChat
-from learning.gateway import Gateway, ModelUnavailable
+from learning.gateway import Completion, Gateway, ModelUnavailable, StepKey, request_hash
 from learning.prompts import system_prompt
 from learning.protocol import within_chars
 from services.conversation import summary_map, summary_text
@@ -54,8 +55,6 @@ async def summarize(rt: Runtime, gateway: Gateway, chat_id: str) -> str:
     after, chars = await read(rt.driver, lambda tx: conversation_q.unsummarized(tx, chat_id=chat_id))
     if chars <= rt.settings.summary_threshold_chars:
         return "not_due"
-    if await gateway.budget_spent(rt, route):
-        return "budget_spent"  # the next completed Turn asks again
     previous = await read(rt.driver, lambda tx: conversation_q.summary(tx, chat_id=chat_id))
     found = await read(
         rt.driver, lambda tx: conversation_q.items_after(tx, chat_id=chat_id, after=after, limit=_MAX_ITEMS)
@@ -79,14 +78,26 @@ async def summarize(rt: Runtime, gateway: Gateway, chat_id: str) -> str:
             {"role": "user", "content": json.dumps({"summary": old, "messages": lines}, ensure_ascii=False)},
         ]
     }
-    deadline = time.monotonic() + rt.settings.step_deadline_seconds
-    try:
-        # In the background, as learning: without Redis it goes on ungated rather than fail.
-        completion = await gateway.complete(
-            rt, route, task="summary", body=body, deadline=deadline, gate=True, ungated_without_redis=True
+    digest = request_hash(cipher, {"model": route.model, **body})
+    saved = await read(
+        rt.driver, lambda tx: memorybot_q.saved_summary_result(tx, chat_id=chat_id, request_hash=digest)
+    )
+    if saved is not None:  # asked and saved, its summary not (the worker killed between): C5
+        completion = Completion.from_json(
+            saved["id"], cipher.decrypt(Kind.MODEL_RESULT, saved["id"], saved["result"])
         )
-    except ModelUnavailable as exc:
-        return "budget_spent" if exc.code == "budget_spent" else "model:" + exc.code
+    else:
+        if await gateway.budget_spent(rt, route):
+            return "budget_spent"  # the next completed Turn asks again
+        deadline = time.monotonic() + rt.settings.step_deadline_seconds
+        try:
+            # In the background, as learning: without Redis it goes on ungated rather than fail.
+            completion = await gateway.complete(
+                rt, route, task="summary", body=body, deadline=deadline, step=StepKey(digest),
+                gate=True, ungated_without_redis=True,
+            )  # fmt: skip
+        except ModelUnavailable as exc:
+            return "budget_spent" if exc.code == "budget_spent" else "model:" + exc.code
     text = (completion.text or "").strip()
     if not text:
         return "empty"

@@ -189,3 +189,11 @@ async def wait_summary(api: Api, token: str, chat: str, within: float = 10) -> s
             return summary
         await asyncio.sleep(0.1)
     return None
+
+
+async def spend(rt: Runtime, bot: str) -> list[tuple[int, int, int]]:
+    """The Bot's Spend counters (calls, micros, unknownCalls), one per period, sorted."""
+    records, _, _ = await rt.driver.execute_query(
+        "MATCH (s:Spend {botId: $b}) RETURN s.calls AS c, s.micros AS m, s.unknownCalls AS u", b=bot
+    )
+    return sorted((r["c"], r["m"], r["u"]) for r in records)

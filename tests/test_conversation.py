@@ -12,12 +12,15 @@ from graph import conversation as conversation_q
 from graph import memory as memory_q
 from graph.driver import read
 from graph.migrations import LATEST, migrate
+from learning import summary
+from learning.gateway import Gateway
 from services import conversation, memory
 from services.changes import AddFact, ItemRef, RenameTopic, SetTopics
 from services.runtime import Runtime
+from services.settings import Settings
 from tests.client import Api, bearer
 from tests.conftest import WorkerProcess
-from tests.learning_helpers import add_items, long_turn, memory_world, until_logged, wait_summary
+from tests.learning_helpers import add_items, long_turn, memory_world, spend, until_logged, wait_summary
 from tests.memory_helpers import apply, db_hits, fact, said, sealed
 from tests.model_server import ModelServer, Reply, ToolCall
 
@@ -153,6 +156,52 @@ async def test_no_summary_while_the_budget_is_spent(
     )
     await long_turn(api, w.tokens["ann"], chat, "C")
     assert await wait_summary(api, w.tokens["ann"], chat) == "Two letters."
+
+
+class KilledHere(Exception):
+    """The worker killed between a summary's saved call and its saved text."""
+
+
+async def test_a_summary_whose_call_was_saved_but_not_its_text_is_made_from_that_call(
+    api: Api, runtime: Runtime, model_server: ModelServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """C5: recovery reuses a saved result. A summary job killed after its call was saved and
+    before its text was paid for the same call again when the summary was made at the next Turn
+    or sweep. The call is found by its request's keyed digest in the Chat; a later summary (a new
+    request) asks the model anew."""
+    w = await memory_world(api, ("ann",))
+    ann = w.tokens["ann"]
+    chat = await api.chat(ann, w.bot)
+    model_server.script("summary", Reply(text="Three long letters."), Reply(text="Six long letters."))
+    turn = await api.turn(ann, chat, "A")
+    # Never completed, and marked as swept: only this test makes the Chat's summaries.
+    await runtime.driver.execute_query("MATCH (ch:Chat {id: $c}) SET ch.summarySweptAt = timestamp()", c=chat)
+    await add_items(api, ann, turn["id"], *[("PERSON_MESSAGE", "x" * 10_000)] * 3)
+    gateway = Gateway(
+        Settings.model_validate({**runtime.settings.model_dump(), "openai_base_url": model_server.base_url})
+    )
+    try:
+
+        def killed(*_: object, **__: object) -> None:
+            raise KilledHere
+
+        monkeypatch.setattr(conversation_q, "save_summary", killed)
+        with pytest.raises(KilledHere):
+            await summary.summarize(runtime, gateway, chat)
+        monkeypatch.undo()
+        assert len(model_server.requests_for("summary")) == 1
+        charged = await spend(runtime, w.bot)
+        assert charged and all(calls == 1 for calls, _, _ in charged)
+        assert await summary.summarize(runtime, gateway, chat) == "saved"
+        assert len(model_server.requests_for("summary")) == 1  # made from the saved call
+        assert await spend(runtime, w.bot) == charged  # and not charged again
+        assert (await pack(api, ann, chat)).json()["summary"] == "Three long letters."
+        await add_items(api, ann, turn["id"], *[("PERSON_MESSAGE", "y" * 10_000)] * 3)
+        assert await summary.summarize(runtime, gateway, chat) == "saved"
+        assert len(model_server.requests_for("summary")) == 2
+        assert (await pack(api, ann, chat)).json()["summary"] == "Six long letters."
+    finally:
+        await gateway.close()
 
 
 async def test_context_pack_is_built_for_the_chats_audience(

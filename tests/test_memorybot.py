@@ -36,6 +36,7 @@ from tests.learning_helpers import (
     memory_world,
     position,
     set_org,
+    spend,
     wait_executions,
 )
 from tests.memory_helpers import command, fact, said, sealed
@@ -53,14 +54,6 @@ async def settings_of(api: Api, token: str, bot: str) -> dict[str, Any]:
 
 async def patch(api: Api, token: str, bot: str, body: Any) -> Any:
     return await api.http.patch(f"/v1/bots/{bot}/memory/bot", json=body, headers=bearer(token))
-
-
-async def spend(rt: Runtime, bot: str) -> list[tuple[int, int, int]]:
-    """The Bot's Spend counters (calls, micros, unknownCalls), one per period, sorted."""
-    records, _, _ = await rt.driver.execute_query(
-        "MATCH (s:Spend {botId: $b}) RETURN s.calls AS c, s.micros AS m, s.unknownCalls AS u", b=bot
-    )
-    return sorted((r["c"], r["m"], r["u"]) for r in records)
 
 
 async def confide_then_go_away(api: Api, model_server: ModelServer, token: str, turn: str) -> None:
@@ -633,7 +626,7 @@ async def test_streamed_calls_ask_for_usage(
             body={"messages": [{"role": "user", "content": "hi"}]},
             deadline=time.monotonic() + 5,
             stream=True,
-            step=StepKey("exec_test", 0, 1, "h"),
+            step=StepKey("h", "exec_test", 0, 1),
         )
     finally:
         await gateway.close()
