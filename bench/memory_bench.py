@@ -795,7 +795,13 @@ async def measure_fanout_ws(
     the same operation (executions and encodings shared), once with each on its own operation
     text (nothing shareable), side by side on the same API process."""
     people = fanout_people(pool, s)
-    api = ServerProcess(rt.settings.data_dir / "logs" / "bench-fanout-api.log", cwd=fanout.ROOT)
+    # The subscribers share a few people's tokens (150 sockets of the dense reader's): past the
+    # sockets a token may hold open on one API process (64), which stands for many people's.
+    api = ServerProcess(
+        rt.settings.data_dir / "logs" / "bench-fanout-api.log",
+        {"BOTMEMORY_MAX_SOCKETS_PER_TOKEN": str(len(people))},
+        cwd=fanout.ROOT,
+    )
     channel = f"botmemory:changes:{pool.bot}"
     probe_ids = pool.created[:30]
 

@@ -10,6 +10,7 @@ import logging
 import re
 import time
 import traceback
+from collections import Counter
 from collections.abc import AsyncGenerator
 from contextlib import asynccontextmanager
 from typing import Any, Final, TypedDict, cast
@@ -66,6 +67,8 @@ class State(TypedDict):
 WS_AUTH_REASON = (
     'unauthenticated: connection_init payload is {"Authorization": "Bearer <token>"} or {"token": "<token>"}'
 )
+#: The close reason of a socket past its token's sockets in this process (4429), with the limit.
+TOO_MANY_SOCKETS: Final = "too many sockets: this token holds as many open on this API process as it may"
 
 
 def _well_formed(message: object) -> bool:
@@ -94,6 +97,19 @@ def _well_formed(message: object) -> bool:
 
 
 class TransportWSHandler(BaseGraphQLTransportWSHandler[Context, None]):
+    #: The token whose socket this is, once counted among its sockets (``GraphQLApp.sockets``).
+    _counted: str | None = None
+
+    async def handle(self) -> None:
+        try:
+            await super().handle()
+        finally:
+            if self._counted is not None:
+                sockets = cast(GraphQLApp, self.view).sockets
+                sockets[self._counted] -= 1
+                if not sockets[self._counted]:
+                    del sockets[self._counted]
+
     async def handle_message(self, message: Any) -> None:
         if not _well_formed(message):
             await self.handle_invalid_message("Failed to parse message")  # 4400, as for a missing field
@@ -107,6 +123,9 @@ class TransportWSHandler(BaseGraphQLTransportWSHandler[Context, None]):
             payload = message["payload"]
             tokens = self.context.runtime.settings.max_query_tokens
             refusal = _socket_refusal(payload["query"], payload.get("operationName"), tokens)
+            limit = self.context.runtime.settings.max_socket_operations
+            if refusal is None and len(self.operations) >= limit:
+                refusal = f"at most {limit} operations run at once on one socket: complete one first"
             if refusal is not None:
                 error = GraphQLError(refusal, extensions={"code": "BAD_INPUT"})
                 await self.send_message({"id": message["id"], "type": "error", "payload": [error.formatted]})
@@ -126,6 +145,19 @@ class TransportWSHandler(BaseGraphQLTransportWSHandler[Context, None]):
                     self.connection_init_timeout_task.cancel()
                 await self.websocket.close(code=4403, reason=WS_AUTH_REASON)
                 return
+            principal = await self.context.principal()
+            token = principal.token_id or principal.kind  # the operator's token has no id
+            sockets, limit = (
+                cast(GraphQLApp, self.view).sockets,
+                self.context.runtime.settings.max_sockets_per_token,
+            )
+            if sockets[token] >= limit:
+                if self.connection_init_timeout_task:
+                    self.connection_init_timeout_task.cancel()
+                await self.websocket.close(code=4429, reason=f"{TOO_MANY_SOCKETS} ({limit})")
+                return
+            sockets[token] += 1
+            self._counted = token
         await super().handle_connection_init(message)
 
 
@@ -202,6 +234,8 @@ class GraphQLApp(GraphQL[Context, None]):
     def __init__(self, schema: Any, *, max_query_tokens: int, **options: Any) -> None:
         super().__init__(schema, **options)
         self.max_query_tokens = max_query_tokens
+        #: Open sockets by token (its id) in this process.
+        self.sockets: Counter[str] = Counter()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Strawberry answers a request it cannot read (not JSON, no query, a wrong method) in

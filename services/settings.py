@@ -157,6 +157,12 @@ class Settings(BaseSettings):
     #: What one GraphQL operation's root fields may cost (``schema.cost``: a model call 50, a
     #: search, context or memory read 10, any other field 1).
     max_operation_cost: int = Field(default=100, ge=1)
+    #: Operations running at once on one WebSocket (subscriptions, and queries or mutations not
+    #: yet answered), and sockets one token holds open in one API process: each subscription is
+    #: a subscriber every change is checked and executed for, so one client could otherwise hold
+    #: thousands.
+    max_socket_operations: int = Field(default=100, ge=1)
+    max_sockets_per_token: int = Field(default=64, ge=1)
     max_query_tokens: int = Field(default=2000, ge=1)
     max_body_bytes: int = Field(default=1_000_000, ge=1)
     max_text_chars: int = Field(default=20_000, ge=1)

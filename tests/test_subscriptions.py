@@ -10,6 +10,7 @@ import socket
 from collections.abc import AsyncGenerator, Iterator
 from typing import Any, cast
 
+import httpx
 import pytest
 import strawberry
 import websockets
@@ -28,8 +29,9 @@ from services.settings import Settings
 from services.writepath import apply_changes
 from tests.client import Api, make_world
 from tests.conftest import ApiProcess
-from tests.feed_helpers import next_event, opened, subscribed, subscription, until_opened, ws_url
+from tests.feed_helpers import SUBSCRIBE, next_event, opened, subscribed, subscription, until_opened, ws_url
 from tests.memory_helpers import command, fact, said
+from tests.waiting import until
 
 
 async def test_each_subscriber_gets_only_what_it_may_see(api: Api, runtime: Runtime) -> None:
@@ -192,8 +194,6 @@ async def test_changes_made_on_another_api_process_are_delivered(api: Api, setti
     other = ApiProcess(settings, settings.data_dir / "logs" / "pytest-api-2.log")
     try:
         async with subscription(api, w.tokens["ann"], w.bot) as ws:
-            import httpx
-
             async with httpx.AsyncClient(base_url=other.url) as http:
                 second = Api(http, api.admin_token)
                 response = await command(
@@ -530,3 +530,77 @@ async def test_unexpected_errors_of_streamed_operations_are_masked() -> None:
         [error] = result.errors
         assert (error.message, error.extensions) == ("internal error", {"code": "INTERNAL"})
         assert "neo4j-core" not in str(error.formatted)
+
+
+async def _socket(api: Api, token: str) -> tuple[ClientConnection, dict[str, Any] | int]:
+    """A socket that sent ``connection_init`` with ``token``: its first message, or its close code."""
+    ws = await websockets.connect(ws_url(api), subprotocols=["graphql-transport-ws"])  # type: ignore[list-item]
+    await ws.send(json.dumps({"type": "connection_init", "payload": {"Authorization": f"Bearer {token}"}}))
+    try:
+        return ws, json.loads(await asyncio.wait_for(ws.recv(), 5))
+    except websockets.ConnectionClosed as closed:
+        return ws, -1 if closed.rcvd is None else closed.rcvd.code
+
+
+async def test_a_socket_runs_so_many_operations_and_a_token_holds_so_many_sockets(
+    api: Api, settings: Settings
+) -> None:
+    """One client could hold any number of subscriptions — each a subscriber that every change is
+    checked and executed for — on one socket, or on any number of sockets. An operation past
+    ``BOTMEMORY_MAX_SOCKET_OPERATIONS`` running at once on a socket is BAD_INPUT, the socket going
+    on (one completed, another runs); a socket past ``BOTMEMORY_MAX_SOCKETS_PER_TOKEN`` of its
+    token in the API process is closed at ``connection_init`` with 4429, other tokens unaffected;
+    a closed socket gives its place back."""
+    w = await make_world(api, ("ann", "bob"))
+    ann, bob = w.tokens["ann"], w.tokens["bob"]
+    capped = ApiProcess(
+        settings,
+        settings.data_dir / "logs" / "pytest-api-capped.log",
+        {"BOTMEMORY_MAX_SOCKET_OPERATIONS": "2", "BOTMEMORY_MAX_SOCKETS_PER_TOKEN": "2"},
+    )
+    held: list[ClientConnection] = []
+    try:
+        async with httpx.AsyncClient(base_url=capped.url) as http:
+            other = Api(http, api.admin_token)
+
+            async def subscribe(ws: ClientConnection, id: str) -> None:
+                payload = {"query": SUBSCRIBE, "variables": {"b": w.bot}}
+                await ws.send(json.dumps({"id": id, "type": "subscribe", "payload": payload}))
+
+            first, ack = await _socket(other, ann)
+            held.append(first)
+            assert ack == {"type": "connection_ack"}
+            before = await opened(other, "memoryChanges")
+            await subscribe(first, "1")
+            await subscribe(first, "2")
+            await until_opened(other, "memoryChanges", before + 2)
+            await subscribe(first, "3")
+            refused = json.loads(await asyncio.wait_for(first.recv(), 5))
+            assert refused["id"] == "3" and refused["type"] == "error", refused
+            assert [e["extensions"]["code"] for e in refused["payload"]] == ["BAD_INPUT"]
+            assert "at most 2 operations" in refused["payload"][0]["message"]
+            await first.send(json.dumps({"id": "1", "type": "complete"}))
+            await subscribe(first, "3")  # one completed: another runs
+            await until_opened(other, "memoryChanges", before + 3)
+
+            second, ack = await _socket(other, ann)
+            held.append(second)
+            assert ack == {"type": "connection_ack"}
+            third, code = await _socket(other, ann)
+            held.append(third)
+            assert code == 4429
+            bobs, ack = await _socket(other, bob)  # another token's sockets are its own
+            held.append(bobs)
+            assert ack == {"type": "connection_ack"}
+            await second.close()
+
+            async def given_back() -> bool:
+                ws, answer = await _socket(other, ann)
+                held.append(ws)
+                return answer == {"type": "connection_ack"}
+
+            await until(given_back, "a closed socket never gave its token's place back")
+    finally:
+        for ws in held:
+            await ws.close()
+        capped.stop()
