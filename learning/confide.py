@@ -19,7 +19,7 @@ from graph import chats as chats_q
 from graph import learning as learning_q
 from graph import memorybot as memorybot_q
 from graph.driver import save_within, write
-from learning.gateway import FIXED_CALM_ANSWER, Gateway, ModelUnavailable
+from learning.gateway import FIXED_CALM_ANSWER, Call, Gateway, ModelUnavailable
 from learning.prompts import MEMORY_VOCABULARY, system_prompt
 from services import memory, metrics, retrieval, search
 from services.crypto import Kind
@@ -158,16 +158,14 @@ async def _answer(
             {"role": "user", "content": text},
         ]
     }
-    completion = await gateway.complete(
-        rt,
-        route,
-        task="confide",
-        body=body,
-        deadline=deadline - _RECHECK_MARGIN,  # time left to check its entries again
+    call = Call(
+        "confide",
+        body,
+        deadline - _RECHECK_MARGIN,  # time left to check its entries again
         entry_ids=known.ids if known else (),
         save_by=deadline + _SAVE_MARGIN,
-        gate=True,
     )
+    completion = await gateway.complete(rt, route, call, gate=True)
     answer = (completion.text or "").strip()
     if not answer or MEMORY_VOCABULARY.search(answer):
         raise ModelUnavailable("unusable")

@@ -19,7 +19,7 @@ from typing import Final
 from graph import memorybot as memorybot_q
 from graph.driver import read, save_within
 from learning import toolcalls
-from learning.gateway import Gateway, ModelUnavailable, ToolCall
+from learning.gateway import Call, Gateway, ModelUnavailable, ToolCall
 from learning.prompts import MEMORY_VOCABULARY, system_prompt
 from services import metrics, retrieval, search, turns
 from services.crypto import Kind
@@ -192,16 +192,8 @@ async def _rewrite(
         "tools": [REWRITE_TOOL],
         "tool_choice": "auto",
     }
-    completion = await gateway.complete(
-        rt,
-        route,
-        task="rewrite",
-        body=body,
-        deadline=deadline,
-        entry_ids=known.ids,
-        save_by=deadline + _SAVE_MARGIN,
-        gate=True,
-    )
+    call = Call("rewrite", body, deadline, entry_ids=known.ids, save_by=deadline + _SAVE_MARGIN)
+    completion = await gateway.complete(rt, route, call, gate=True)
     parsed = _parse(completion.tool_calls, set(known.ids), rt.settings.max_text_chars)
     if parsed is None:
         return original, "refused", ()

@@ -28,6 +28,7 @@ from graph.driver import read, write
 from graph.memory import shared_lock
 from learning import protocol
 from learning.gateway import (
+    Call,
     Completion,
     Gateway,
     ModelUnavailable,
@@ -472,17 +473,8 @@ class ExecutionRunner:
     ) -> Completion:
         """One model call of a step under the concurrency limit (D9.25; ungated while Redis is
         away, as the Chat's step slot) and the step deadline."""
-        return await self.gateway.complete(
-            self.rt,
-            route,
-            task="learn",
-            body=body,
-            deadline=deadline,
-            step=key,
-            entry_ids=tuple(e["id"] for e in entries),
-            gate=True,
-            ungated_without_redis=True,
-        )
+        call = Call("learn", body, deadline, step=key, entry_ids=tuple(e["id"] for e in entries))
+        return await self.gateway.complete(self.rt, route, call, gate=True, ungated_without_redis=True)
 
     async def _commit(
         self,

@@ -15,7 +15,7 @@ import logging
 import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, cast
 
 import httpx2
@@ -226,6 +226,28 @@ class StepKey:
     step: int | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One model call as its caller asks for it (:meth:`Gateway.complete`): ``task`` names it in
+    the call log; ``body`` is the chat-completions request without ``model``; its retries end at
+    ``deadline`` (``time.monotonic``); ``step`` finds it again for recovery (C5); ``stream``
+    streams its text to ``on_text`` as it arrives; ``entry_ids`` are the entries whose content it
+    embeds (a purge of any of them removes the saved texts, D9.20); ``charge=False`` records the
+    cost on the call without counting it against the memory Bot's budget (the Bot's own chat
+    model); ``save_by`` (``time.monotonic``) bounds the wait to save it with its texts, for an
+    answer someone waits on (past it, the call is saved without them: ``graph.driver.save_within``)."""
+
+    task: str
+    body: dict[str, Any]
+    deadline: float
+    step: StepKey | None = None
+    stream: bool = False
+    entry_ids: tuple[str, ...] = ()
+    on_text: Callable[[str], Awaitable[None]] | None = None
+    charge: bool = True
+    save_by: float | None = None
+
+
 def request_hash(cipher: Cipher, body: dict[str, Any]) -> str:
     """What finds a model step's saved call again (C5): a keyed digest of its canonical request
     under the Bot's data key (E1: equal inputs are found by HMAC, never by a plain hash — SHA-256 of
@@ -361,16 +383,8 @@ class Gateway:
         self,
         rt: Runtime,
         route: Route,
+        call: Call,
         *,
-        task: str,
-        body: dict[str, Any],
-        deadline: float,
-        step: StepKey | None = None,
-        stream: bool = False,
-        entry_ids: tuple[str, ...] = (),
-        on_text: Callable[[str], Awaitable[None]] | None = None,
-        charge: bool = True,
-        save_by: float | None = None,
         gate: bool = False,
         ungated_without_redis: bool = False,
     ) -> Completion:
@@ -385,6 +399,7 @@ class Gateway:
         while it waits for a slot, nothing was sent, and it ends."""
         abandoned = False
         sent = False
+        on_text = call.on_text
 
         async def to_caller(text: str) -> None:
             if not abandoned and on_text is not None:
@@ -393,37 +408,27 @@ class Gateway:
         async def gated() -> Completion:
             nonlocal sent
             release = (
-                await self.acquire(rt, route, deadline, ungated_without_redis=ungated_without_redis)
+                await self.acquire(rt, route, call.deadline, ungated_without_redis=ungated_without_redis)
                 if gate
                 else slots.nothing_held
             )
             try:
                 sent = True
                 return await self._complete(
-                    rt,
-                    route,
-                    task=task,
-                    body=body,
-                    deadline=deadline,
-                    step=step,
-                    stream=stream,
-                    entry_ids=entry_ids,
-                    on_text=None if on_text is None else to_caller,
-                    charge=charge,
-                    save_by=save_by,
+                    rt, route, replace(call, on_text=None if on_text is None else to_caller)
                 )
             finally:
                 await release()
 
-        call = asyncio.create_task(gated())
+        running = asyncio.create_task(gated())
         try:
-            return await asyncio.shield(call)
+            return await asyncio.shield(running)
         except asyncio.CancelledError:
             if not sent:
-                call.cancel()
+                running.cancel()
             abandoned = True
-            self._unwaited[call] = deadline + SAVE_SECONDS
-            call.add_done_callback(self._settled)
+            self._unwaited[running] = call.deadline + SAVE_SECONDS
+            running.add_done_callback(self._settled)
             raise
 
     def _settled(self, call: asyncio.Task[Completion]) -> None:
@@ -435,34 +440,13 @@ class Gateway:
         if failure is not None and not isinstance(failure, ModelUnavailable):
             log.warning("a model call nobody waited for failed: %s", type(failure).__name__)
 
-    async def _complete(
-        self,
-        rt: Runtime,
-        route: Route,
-        *,
-        task: str,
-        body: dict[str, Any],
-        deadline: float,
-        step: StepKey | None,
-        stream: bool,
-        entry_ids: tuple[str, ...],
-        on_text: Callable[[str], Awaitable[None]] | None,
-        charge: bool,
-        save_by: float | None,
-    ) -> Completion:
-        """One model call with retries until ``deadline`` (``time.monotonic``), saved with its attempts.
-
-        ``body`` is the chat-completions request without ``model``; ``entry_ids`` are the entries
-        whose content it embeds (a purge of any of them removes the saved texts, D9.20);
-        ``on_text`` receives streamed text as it arrives; ``charge=False`` records the cost on the
-        call without counting it against the memory Bot's budget (the Bot's own chat model);
-        ``save_by`` (``time.monotonic``) bounds the wait to save it with its texts, for an answer
-        someone waits on (past it, the call is saved without them: ``graph.driver.save_within``).
-        Raises ModelUnavailable.
-        """
+    async def _complete(self, rt: Runtime, route: Route, call: Call) -> Completion:
+        """One model call with retries until its deadline, saved with its attempts. Raises
+        ModelUnavailable."""
         if route.model is None or self._client is None:
             raise ModelUnavailable("no_model")
-        request = {"model": route.model, **body}
+        task, deadline, on_text = call.task, call.deadline, call.on_text
+        request = {"model": route.model, **call.body}
         began = time.monotonic()
         attempts: list[str] = []
         call_id = new_id("call")
@@ -484,7 +468,7 @@ class Gateway:
             try:
                 async with asyncio.timeout(remaining):
                     result = await self._once(
-                        call_id, task, request, stream, remaining, None if on_text is None else relay
+                        call_id, task, request, call.stream, remaining, None if on_text is None else relay
                     )
                 attempts.append(f"ok:{_ms(started)}ms")
                 break
@@ -529,21 +513,7 @@ class Gateway:
             result_json = result.json()
             if len(result_json) > self.settings.max_model_answer_bytes:
                 status, result_json = "too_large", None
-        cost = await self._save(
-            rt,
-            route,
-            call_id,
-            task,
-            request,
-            result,
-            result_json,
-            status,
-            attempts,
-            step,
-            entry_ids,
-            charge,
-            save_by,
-        )
+        cost = await self._save(rt, route, call_id, call, request, result, result_json, status, attempts)
         metrics.MODEL_CALLS.labels(task=task, status=status).inc()
         metrics.MODEL_SECONDS.labels(task=task).observe(time.monotonic() - began)
         if cost:
@@ -647,18 +617,15 @@ class Gateway:
         rt: Runtime,
         route: Route,
         call_id: str,
-        task: str,
+        call: Call,
         request: dict[str, Any],
         result: Completion | None,
         result_json: str | None,
         status: str,
         attempts: list[str],
-        step: StepKey | None,
-        entry_ids: tuple[str, ...],
-        charge: bool,
-        save_by: float | None,
     ) -> int | None:
         """The call, encrypted (E1), and its confirmed cost (L6) in one transaction; the cost."""
+        step = call.step
         usage = None if result is None else result.usage
         cost = None if result is None else cost_micros(self.settings, str(request["model"]), usage)
         # A call that answered is charged for its confirmed usage; one whose answer came but could
@@ -672,13 +639,13 @@ class Gateway:
             "chatId": route.chat_id,
             "historyEpoch": route.history_epoch,
             "org": route.org,
-            "task": task,
+            "task": call.task,
             "model": request["model"],
             "executionId": None if step is None else step.execution_id,
             "epoch": None if step is None else step.epoch,
             "step": None if step is None else step.step,
             "requestHash": None if step is None else step.request_hash,
-            "entryIds": list(entry_ids),
+            "entryIds": list(call.entry_ids),
             "request": route.cipher.encrypt(Kind.MODEL_REQUEST, call_id, json.dumps(request)),
             "result": None
             if result_json is None
@@ -692,11 +659,11 @@ class Gateway:
             "costMicros": cost,
             "at": now,
             "periods": list(periods(now)),
-            "charged": answered and charge,
+            "charged": answered and call.charge,
         }
         await save_within(
             rt.driver,
-            None if save_by is None else save_by - time.monotonic(),
+            None if call.save_by is None else call.save_by - time.monotonic(),
             lambda with_text: lambda tx: memorybot_q.save_model_call(tx, with_text=with_text, **fields),
         )
         return cost

@@ -16,7 +16,7 @@ from typing import Any, Final
 
 from learning import enrichment, toolcalls
 from learning.confide import confide_drawing
-from learning.gateway import Gateway, ModelUnavailable
+from learning.gateway import Call, Gateway, ModelUnavailable
 from services import chats, conversation, turns
 from services.auth import require_person
 from services.domain import ItemKind, Principal, Turn
@@ -160,17 +160,16 @@ async def _converse(
         if tools:
             body["tools"] = tools
         try:
-            completion = await gateway.complete(
-                rt,
-                route,
-                task="chat",
-                body=body,
-                deadline=time.monotonic() + rt.settings.chat_deadline_seconds,
+            call = Call(
+                "chat",
+                body,
+                time.monotonic() + rt.settings.chat_deadline_seconds,
                 stream=True,
                 on_text=stream,
                 charge=False,  # the Bot's own model, not the memory Bot's budget
                 entry_ids=tuple(drawn),
             )
+            completion = await gateway.complete(rt, route, call)
         except ModelUnavailable:
             return UNAVAILABLE_REPLY
         if not completion.tool_calls or not tools:

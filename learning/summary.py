@@ -16,7 +16,7 @@ from graph import conversation as conversation_q
 from graph import memorybot as memorybot_q
 from graph.driver import read, write
 from graph.memorybot import RouteChat
-from learning.gateway import Completion, Gateway, ModelUnavailable, StepKey, request_hash
+from learning.gateway import Call, Completion, Gateway, ModelUnavailable, StepKey, request_hash
 from learning.prompts import system_prompt
 from learning.protocol import within_chars
 from services.conversation import summary_map, summary_text
@@ -92,10 +92,8 @@ async def summarize(rt: Runtime, gateway: Gateway, chat_id: str) -> str:
         deadline = time.monotonic() + rt.settings.step_deadline_seconds
         try:
             # In the background, as learning: without Redis it goes on ungated rather than fail.
-            completion = await gateway.complete(
-                rt, route, task="summary", body=body, deadline=deadline, step=StepKey(digest),
-                gate=True, ungated_without_redis=True,
-            )  # fmt: skip
+            call = Call("summary", body, deadline, step=StepKey(digest))
+            completion = await gateway.complete(rt, route, call, gate=True, ungated_without_redis=True)
         except ModelUnavailable as exc:
             return "budget_spent" if exc.code == "budget_spent" else "model:" + exc.code
     text = (completion.text or "").strip()

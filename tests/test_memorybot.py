@@ -15,7 +15,7 @@ import websockets
 from graph import learning as learning_q
 from graph import sweeps as sweeps_q
 from graph.driver import read, write
-from learning.gateway import FIXED_CALM_ANSWER, Gateway, Route, StepKey
+from learning.gateway import FIXED_CALM_ANSWER, Call, Gateway, Route, StepKey
 from learning.sweeper import sweep_once
 from services import slots
 from services.crypto import Kind
@@ -619,15 +619,14 @@ async def test_streamed_calls_ask_for_usage(
     )
     model_server.script("stream", Reply(text="streamed answer", usage=(7, 3)))
     try:
-        done = await gateway.complete(
-            runtime,
-            route,
-            task="stream",
-            body={"messages": [{"role": "user", "content": "hi"}]},
-            deadline=time.monotonic() + 5,
+        call = Call(
+            "stream",
+            {"messages": [{"role": "user", "content": "hi"}]},
+            time.monotonic() + 5,
             stream=True,
             step=StepKey("h", "exec_test", 0, 1),
         )
+        done = await gateway.complete(runtime, route, call)
     finally:
         await gateway.close()
     assert (done.text, done.usage) == ("streamed answer", (7, 3))
