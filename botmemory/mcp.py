@@ -29,6 +29,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from botmemory.mcp_api import FORGET, REMEMBER, SEARCH, WHY, Api, ApiError
+from services.logs import quiet_libraries
 from services.validation import MAX_CONTEXT_CHARS, MAX_QUERY_CHARS, refusal
 
 DEFAULT_API_URL: Final = "http://127.0.0.1:8000"
@@ -159,6 +160,9 @@ _INPUT: Final[Mapping[str, str]] = {"botId": "bot_id", "query": "input"}
 def build_server(config: McpConfig, api: Api) -> MCPServer:
     """The MCP server with its five tools, calling ``api`` with the caller's token."""
     server: MCPServer = _Server("botmemory", instructions="Access-checked memory of one person.")
+    # The SDK set the root logger to INFO: the HTTP client logged each call's URL to the API, a
+    # password in BOTMEMORY_API_URL and all.
+    quiet_libraries()
 
     def token(ctx: Ctx) -> str:
         found = config.token or bearer(ctx.headers)

@@ -18,13 +18,18 @@ class DropQueryString(logging.Filter):
 
 def configure_logging(level: str) -> None:
     logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    # The driver logs query parameters at DEBUG, and the HTTP clients under the openai client log
-    # request URLs (an endpoint may carry credentials) and at DEBUG bodies: keep them quiet.
-    for name in ("neo4j", "httpx", "httpx2", "httpcore", "openai"):
-        logging.getLogger(name).setLevel(logging.WARNING)
+    quiet_libraries()
     access = logging.getLogger("uvicorn.access")
     if not any(isinstance(f, DropQueryString) for f in access.filters):
         access.addFilter(DropQueryString())
+
+
+def quiet_libraries() -> None:
+    """The driver logs query parameters at DEBUG, and the HTTP clients (ours, and those under the
+    openai client) log request URLs — an endpoint may carry credentials — and at DEBUG bodies:
+    they log warnings only."""
+    for name in ("neo4j", "httpx", "httpx2", "httpcore", "openai"):
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def _awaiting(awaitable: object) -> list[str]:

@@ -4,6 +4,7 @@ through the API's checked path (V11)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -212,6 +213,15 @@ async def test_stdio_errors_carry_the_api_code(api: Api, api_process: ApiProcess
         message = await error(ann, "search", query="anything")
         assert message.startswith("UNAVAILABLE: ") and "Traceback" not in message
         assert "hunter2" not in message and "127.0.0.1" in message
+    # An API reached through a URL that carries a password: the MCP SDK set the root logger to INFO,
+    # and the HTTP client logged each request's URL, password and all, to the MCP log.
+    own_log = mcp_log.with_name("pytest-mcp-carried.log")
+    await asyncio.to_thread(own_log.unlink, missing_ok=True)
+    carried = api_process.url.replace("http://", "http://proxy:hunter2@")
+    async with stdio(carried, own_log, BOTMEMORY_TOKEN=w.tokens["ann"], BOTMEMORY_BOT_ID=w.bot) as ann:
+        await ann.call_tool("search", {"query": "anything"})  # whatever the API answers: it was asked
+    logged = await asyncio.to_thread(own_log.read_bytes)
+    assert b"hunter2" not in logged, logged[-500:]
 
 
 @pytest.mark.parametrize(
