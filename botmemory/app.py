@@ -71,18 +71,26 @@ WS_AUTH_REASON = (
 TOO_MANY_SOCKETS: Final = "too many sockets: this token holds as many open on this API process as it may"
 
 
+#: The longest operation id a socket may use (graphql-transport-ws leaves it to the server).
+MAX_OPERATION_ID: Final = 200
+
+
 def _well_formed(message: object) -> bool:
     """A graphql-transport-ws message of the shape its type needs: an object with a string
     ``type``; ``subscribe`` with a string ``id`` and a ``payload`` object whose ``query`` is text
     (``variables`` an object, ``operationName`` text, when given); ``complete`` with a string
-    ``id``. Strawberry read the fields as they came: ``[]``, ``"payload": "x"`` or ``"id": [1]``
-    raised a TypeError out of the socket — a traceback in the log and a 1011 close for any
-    client, before its token was looked at."""
+    ``id`` of at most MAX_OPERATION_ID characters. Strawberry read the fields as they came:
+    ``[]``, ``"payload": "x"`` or ``"id": [1]`` raised a TypeError out of the socket — a traceback
+    in the log and a 1011 close for any client, before its token was looked at; an id of a
+    megabyte was repeated in every message of its operation (each change event, for each of its
+    subscriptions)."""
     if not isinstance(message, dict) or not isinstance(message.get("type"), str):
         return False
     fields = cast(dict[str, object], message)
-    if fields["type"] in ("subscribe", "complete") and not isinstance(fields.get("id"), str):
-        return False
+    if fields["type"] in ("subscribe", "complete"):
+        id = fields.get("id")
+        if not isinstance(id, str) or len(id) > MAX_OPERATION_ID:
+            return False
     if fields["type"] == "subscribe":
         payload = fields.get("payload")
         if not isinstance(payload, dict):

@@ -299,6 +299,9 @@ INIT = '{"type": "connection_init", "payload": {"token": "TOKEN"}}'
         ['{"type": "subscribe", "id": [1], "payload": {"query": "{ me { id } }"}}'],
         [INIT, '{"type": "subscribe", "id": "1", "payload": "x"}'],
         [INIT, '{"type": "subscribe", "id": "1", "payload": {"query": 5}}'],
+        # An id is repeated in every message of its operation: one of 201 characters is refused.
+        [INIT, '{"type": "subscribe", "id": "%s", "payload": {"query": "{ me { id } }"}}' % ("i" * 201)],
+        [INIT, '{"type": "complete", "id": "%s"}' % ("i" * 201)],
     ],
 )
 async def test_a_malformed_websocket_message_closes_the_socket_as_invalid(
