@@ -166,7 +166,9 @@ async def _answer(
         save_by=deadline + _SAVE_MARGIN,
     )
     completion = await gateway.complete(rt, route, call, gate=True)
-    answer = (completion.text or "").strip()
+    # As long as a message may be, as the runner's reply (it becomes the Bot's message, and is
+    # served with the confession): the model's whole text was kept, up to the answer's bytes.
+    answer = (completion.text or "")[: rt.settings.max_text_chars].strip()
     if not answer or MEMORY_VOCABULARY.search(answer):
         raise ModelUnavailable("unusable")
     if known is None or reader is None or not known.ids:
