@@ -32,7 +32,14 @@ from services.bootstrap import open_runtime
 from services.changes import check_content
 from services.embedding import EmbedderUnavailable
 from services.errors import BadInput, ServiceError
-from services.maintenance import LegacyEntry, check_legacy_tag, import_legacy, relabel_all
+from services.maintenance import (
+    MAX_LEGACY_ENTRIES,
+    MAX_LEGACY_TAGS,
+    LegacyEntry,
+    check_legacy_tag,
+    import_legacy,
+    relabel_all,
+)
 from services.rotation import rotate_data_keys, unrotated
 from services.runtime import Runtime
 from services.settings import ConfigurationError, Settings, load_settings, parse_settings, write_secret
@@ -103,29 +110,42 @@ def _read_legacy(path: str) -> list[LegacyEntry]:
     another shape is refused with its number, before anything is imported: ``"tags": "work"`` was
     read as the tags w, o, r and k; a misspelt key (``"tag"``) or a key given twice was dropped, and
     a private pinned entry lost its author's rule for good (hidden, V9); an over-long content
-    failed the whole import without saying where. A layer is read in any case (``"Pinned"``)."""
+    failed the whole import without saying where. A layer is read in any case (``"Pinned"``).
+    A file holds at most MAX_LEGACY_ENTRIES entries (one import is one change, in one transaction)
+    and a line at most MAX_LEGACY_TAGS tags: a larger file is refused at the line past it, before
+    the rest is read."""
     entries: list[LegacyEntry] = []
-    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = _LegacyLine.model_validate(json.loads(line, object_pairs_hook=once))
-        except (ValidationError, ValueError, RecursionError):
-            raise CommandFailed(
-                "BAD_INPUT",
-                f'line {n}: expected {{"content": "<text>", "tags": ["<tag>", ...], "layer": "<layer>"}}'
-                " (each key once, no other)",
-            ) from None
-        try:
-            check_content(row.content)
-            for tag in row.tags:
-                check_legacy_tag(tag)
-        except BadInput as exc:
-            raise CommandFailed("BAD_INPUT", f"line {n}: {exc.message}") from None
-        entries.append(
-            LegacyEntry(content=row.content, tags=tuple(row.tags), layer=row.layer.strip().lower())
-        )
+    with Path(path).open(encoding="utf-8") as lines:
+        for n, line in enumerate(lines, start=1):
+            if line.strip():
+                if len(entries) == MAX_LEGACY_ENTRIES:
+                    raise CommandFailed(
+                        "BAD_INPUT",
+                        f"line {n}: a file holds at most {MAX_LEGACY_ENTRIES:,} entries; split it and import each part",
+                    )
+                entries.append(_legacy_line(n, line))
     return entries
+
+
+def _legacy_line(n: int, line: str) -> LegacyEntry:
+    """Line ``n`` of a legacy file, read strictly (:func:`_read_legacy`)."""
+    try:
+        row = _LegacyLine.model_validate(json.loads(line, object_pairs_hook=once))
+    except (ValidationError, ValueError, RecursionError):
+        raise CommandFailed(
+            "BAD_INPUT",
+            f'line {n}: expected {{"content": "<text>", "tags": ["<tag>", ...], "layer": "<layer>"}}'
+            " (each key once, no other)",
+        ) from None
+    try:
+        check_content(row.content)
+        if len(row.tags) > MAX_LEGACY_TAGS:
+            raise BadInput(f"at most {MAX_LEGACY_TAGS} tags", field="tags")
+        for tag in row.tags:
+            check_legacy_tag(tag)
+    except BadInput as exc:
+        raise CommandFailed("BAD_INPUT", f"line {n}: {exc.message}") from None
+    return LegacyEntry(content=row.content, tags=tuple(row.tags), layer=row.layer.strip().lower())
 
 
 class _LegacyLine(BaseModel):

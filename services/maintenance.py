@@ -68,6 +68,13 @@ class LegacyEntry:
         return person, orgs[0]
 
 
+#: The most entries one import loads: it is one change, written in one transaction, its entries
+#: numbered within its version (``ORDER_SLOTS``); the CLI refuses a larger file at the line past it.
+MAX_LEGACY_ENTRIES: Final = 10_000
+#: The most tags one legacy entry keeps.
+MAX_LEGACY_TAGS: Final = 100
+
+
 async def import_legacy(
     rt: Runtime, bot_id: str, legacy: list[LegacyEntry], embedder: Embedder | None = None
 ) -> Applied:
@@ -79,6 +86,8 @@ async def import_legacy(
     still in that organization, keeps its own access rule instead: it is loaded as Remember makes
     one, its author's alone (seed 000, V9).
     """
+    if len(legacy) > MAX_LEGACY_ENTRIES:
+        raise BadInput(f"at most {MAX_LEGACY_ENTRIES:,} entries in one import", field="entries")
     cipher = await cipher_of(rt, bot_id)
     change_id, now = new_id("chg"), now_ms()
     for entry in legacy:

@@ -17,7 +17,7 @@ from services.changes import (
     Share,
 )
 from services.errors import BadInput, Conflict, NotFound
-from services.maintenance import LegacyEntry, import_legacy, relabel_all
+from services.maintenance import MAX_LEGACY_ENTRIES, LegacyEntry, import_legacy, relabel_all
 from services.runtime import Runtime
 from services.writepath import apply_changes
 from tests.client import Api, make_world
@@ -470,6 +470,13 @@ async def test_legacy_entries_stay_hidden_and_are_never_widened(api: Api, runtim
     legacy = LegacyEntry(
         content="old memory", tags=(f"for:person:{w.people['ann']}", f"org:{w.org}", "for:bot")
     )
+    # One import is one change in one transaction: at most MAX_LEGACY_ENTRIES, refused before work.
+    memory_version = "MATCH (m:Memory {id: $b}) RETURN m.version AS v"
+    version = (await runtime.driver.execute_query(memory_version, b=w.bot)).records[0]["v"]
+    too_many = [LegacyEntry(content=f"old {n}", tags=("for:bot",)) for n in range(MAX_LEGACY_ENTRIES + 1)]
+    with pytest.raises(BadInput):
+        await import_legacy(runtime, w.bot, too_many)
+    assert (await runtime.driver.execute_query(memory_version, b=w.bot)).records[0]["v"] == version
     applied = await import_legacy(runtime, w.bot, [legacy])
     assert legacy.id not in await visible(api, w.tokens["ann"], w.bot)
     records, _, _ = await runtime.driver.execute_query(

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from botmemory import cli
+from services import maintenance
 
 
 def test_legacy_lines_are_read_strictly_and_refused_by_number(tmp_path: Path) -> None:
@@ -49,3 +50,29 @@ def test_legacy_lines_are_read_strictly_and_refused_by_number(tmp_path: Path) ->
     path.write_text("{not json\n")
     with pytest.raises(cli.CommandFailed):
         cli._read_legacy(str(path))  # pyright: ignore[reportPrivateUsage]
+
+
+def test_a_legacy_file_holds_so_many_entries_of_so_many_tags(tmp_path: Path) -> None:
+    """One import is one change in one transaction, its entries numbered within its version
+    (a million lines overlapped the next versions' memory order), and a line's tags were not
+    counted: a file past MAX_LEGACY_ENTRIES is refused at the line past it, and a line of more
+    than MAX_LEGACY_TAGS tags by its number."""
+    path = tmp_path / "legacy.jsonl"
+    line = json.dumps({"content": "x"}) + "\n"
+    path.write_text(line * maintenance.MAX_LEGACY_ENTRIES + "\n")
+    assert len(cli._read_legacy(str(path))) == maintenance.MAX_LEGACY_ENTRIES  # pyright: ignore[reportPrivateUsage]
+    path.write_text(line * maintenance.MAX_LEGACY_ENTRIES + "\n" + line)
+    with pytest.raises(cli.CommandFailed) as refused:
+        cli._read_legacy(str(path))  # pyright: ignore[reportPrivateUsage]
+    assert refused.value.message.startswith(
+        f"line {maintenance.MAX_LEGACY_ENTRIES + 2}: a file holds at most"
+    )
+    tags = [f"t{i}" for i in range(maintenance.MAX_LEGACY_TAGS)]
+    path.write_text(json.dumps({"content": "x", "tags": tags}) + "\n")
+    assert len(cli._read_legacy(str(path))[0].tags) == maintenance.MAX_LEGACY_TAGS  # pyright: ignore[reportPrivateUsage]
+    path.write_text(
+        json.dumps({"content": "x"}) + "\n" + json.dumps({"content": "x", "tags": [*tags, "one more"]}) + "\n"
+    )
+    with pytest.raises(cli.CommandFailed) as refused:
+        cli._read_legacy(str(path))  # pyright: ignore[reportPrivateUsage]
+    assert refused.value.message == f"line 2: at most {maintenance.MAX_LEGACY_TAGS} tags"
