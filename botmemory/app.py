@@ -486,13 +486,34 @@ class RequestMetrics:
 
 
 class BodyLimit:
-    """Rejects request bodies over the configured size before any handler reads them."""
+    """Rejects request bodies over the configured size before any handler reads them, and a
+    request (or a WebSocket's upgrade) whose URL or headers are over theirs: the server reads a
+    URL of any length, and GraphQL over GET decoded its variables, JSON of any size, before
+    anything looked at the caller (414, 431; an upgrade is refused, 403)."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, max_url_bytes: int, max_header_bytes: int) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.max_url_bytes = max_url_bytes
+        self.max_header_bytes = max_header_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        url = len(scope.get("raw_path") or scope["path"].encode()) + len(scope.get("query_string", b""))
+        headers = sum(len(k) + len(v) for k, v in scope["headers"])
+        refusal = None
+        if url > self.max_url_bytes:
+            refusal = (414, f"request URL over {self.max_url_bytes} bytes")
+        elif headers > self.max_header_bytes:
+            refusal = (431, f"request headers over {self.max_header_bytes} bytes")
+        if refusal is not None:
+            if scope["type"] == "websocket":
+                await send({"type": "websocket.close", "code": 1008, "reason": refusal[1]})
+            else:
+                await error_json("BAD_INPUT", refusal[1], refusal[0])(scope, receive, send)
+            return
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -562,7 +583,12 @@ def create_app(settings: Settings | None = None) -> Starlette:
         middleware=[
             Middleware(Unexpected),
             Middleware(RequestMetrics),
-            Middleware(BodyLimit, max_bytes=settings.max_body_bytes),
+            Middleware(
+                BodyLimit,
+                max_bytes=settings.max_body_bytes,
+                max_url_bytes=settings.max_url_bytes,
+                max_header_bytes=settings.max_header_bytes,
+            ),
         ],
         exception_handlers={
             ServiceError: service_error,

@@ -165,6 +165,9 @@ class Settings(BaseSettings):
     max_sockets_per_token: int = Field(default=64, ge=1)
     max_query_tokens: int = Field(default=2000, ge=1)
     max_body_bytes: int = Field(default=1_000_000, ge=1)
+    #: A request's URL (path and query string) and its headers, in bytes (414 and 431 past them).
+    max_url_bytes: int = Field(default=16_384, ge=256)
+    max_header_bytes: int = Field(default=65_536, ge=1_024)
     max_text_chars: int = Field(default=20_000, ge=1)
     max_page_size: int = Field(default=200, ge=1)
 

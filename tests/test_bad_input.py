@@ -134,6 +134,48 @@ async def test_oversized_and_empty_text_is_refused_and_saves_nothing(api: Api, r
     assert await count_nodes(runtime, world.org) == before
 
 
+async def test_a_request_url_or_headers_past_their_bytes_are_refused_before_anything_reads_them(
+    api: Api, settings: Settings
+) -> None:
+    """The server read a URL of any length and GraphQL over GET decoded its variables (JSON of any
+    size) before anything looked at the caller; headers were not counted either. A URL past
+    max_url_bytes is 414, headers past max_header_bytes are 431 (BAD_INPUT), a WebSocket upgrade
+    past either is refused; within them a request goes on."""
+    w = await make_world(api, ("ann",))
+    auth = {"Authorization": f"Bearer {w.tokens['ann']}"}
+    me = "{ me { id } }"  # the variables are read, then ignored: none is declared
+    fits = await api.http.get(
+        "/graphql", params={"query": me, "variables": json.dumps({"x": "v" * 8_000})}, headers=auth
+    )
+    assert fits.status_code == 200 and fits.json()["data"]["me"]["id"] == w.people["ann"]
+    long = json.dumps({"x": "v" * settings.max_url_bytes})
+    for response, status in (
+        (await api.http.get("/graphql", params={"query": me, "variables": long}, headers=auth), 414),
+        (
+            await api.http.get(
+                f"/v1/bots/{w.bot}/memory/search", params={"q": "v" * settings.max_url_bytes}, headers=auth
+            ),
+            414,
+        ),
+        (
+            await api.http.get(
+                "/graphql",
+                params={"query": me},
+                headers={**auth, "X-Padding": "p" * settings.max_header_bytes},
+            ),
+            431,
+        ),
+    ):
+        assert response.status_code == status, response.text
+        assert response.json()["error"]["code"] == "BAD_INPUT"
+    url = ws_url(api) + "?x=" + "v" * settings.max_url_bytes
+    with pytest.raises(websockets.InvalidStatus) as refused:
+        async with websockets.connect(url, subprotocols=["graphql-transport-ws"]):  # type: ignore[list-item]
+            pass
+    # (The WebSocket server refuses a request line past 8 KB itself: 414; past it, the middleware's 403.)
+    assert refused.value.response.status_code in (403, 414)
+
+
 async def test_bad_items_reject_the_whole_call(api: Api, runtime: Runtime) -> None:
     world = await make_world(api, ("ann",))
     token = world.tokens["ann"]
@@ -479,7 +521,8 @@ async def test_json_too_deep_or_with_too_long_a_number_is_malformed_on_every_gra
         )
         assert response.status_code == 400, (name, response.text)
         assert response.json()["error"]["code"] == "BAD_INPUT", name
-    got = await api.http.get("/graphql", params={"query": "{ __typename }", "variables": _deep(5_000)})
+    # Within the URL's bytes (max_url_bytes), and past Python's parser's depth.
+    got = await api.http.get("/graphql", params={"query": "{ __typename }", "variables": _deep(1_500)})
     assert got.status_code == 400 and got.json()["error"]["code"] == "BAD_INPUT", got.text
     for message in ('{"type": "connection_init", "payload": ' + _deep(5_000) + "}", bodies["long number"]):
         async with websockets.connect(ws_url(api), subprotocols=["graphql-transport-ws"]) as ws:  # type: ignore[list-item]
