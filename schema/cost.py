@@ -2,9 +2,11 @@
 
 The depth and alias limits bound a document's shape; they let one request ask for 30 model calls
 (30 aliased ``sendMessage``, each up to a minute and billed), 30 searches or 30 unpaged memory
-reads. Each root field costs what it sets going (``COSTS``; 1 otherwise), and an operation whose
-root fields cost more than the limit is refused before anything runs. Fields merged by GraphQL (one
-response key asked twice) run once and count once.
+reads. Each root field costs what it sets going (``COSTS``; 1 otherwise), and so does each field
+within it that reads on its own (``NESTED``: a chat's page of messages, an entry's walk of the
+source graph — 29 aliased pages of 200 messages cost one chat read before); an operation that
+costs more than the limit is refused before anything runs. Fields merged by GraphQL (one response
+key asked twice) run once and count once.
 """
 
 from __future__ import annotations
@@ -52,6 +54,12 @@ COSTS: Final[Mapping[tuple[str, str], int]] = {
     ("query", "__typename"): 0,
     ("mutation", "__typename"): 0,
 }
+#: Root field → the fields of what it returns that each read on their own (a page of decrypted
+#: rows, a walk of the source graph), RETRIEVAL each.
+NESTED: Final[Mapping[str, frozenset[str]]] = {
+    "chat": frozenset({"messages"}),
+    "entry": frozenset({"sources", "dependents", "why"}),
+}
 
 
 def cost_rule(limit: int) -> type[ValidationRule]:
@@ -60,33 +68,45 @@ def cost_rule(limit: int) -> type[ValidationRule]:
     class OperationCost(ValidationRule):
         def enter_operation_definition(self, node: OperationDefinitionNode, *_: Any) -> None:
             kind = node.operation.value
-            fields = dict(self._root_fields(node.selection_set, set()))
-            cost = sum(COSTS.get((kind, name), 1) for name in fields.values())
+            names: dict[str, str] = {}
+            nested: dict[str, set[str]] = {}  # root key → the keys of its fields that read on their own
+            for key, name, field in self._fields(node.selection_set, set()):
+                names[key] = name
+                within = NESTED.get(name) if kind == "query" else None
+                if within and field.selection_set is not None:
+                    inner = self._fields(field.selection_set, set())
+                    nested.setdefault(key, set()).update(k for k, n, _ in inner if n in within)
+            cost = sum(COSTS.get((kind, name), 1) for name in names.values())
+            cost += RETRIEVAL * sum(len(keys) for keys in nested.values())
             if cost > limit:
                 self.report_error(
                     GraphQLError(
                         f"the operation costs {cost}, more than the limit of {limit}: a model call costs"
-                        f" {MODEL_CALL}, a search, context, memory or page read {RETRIEVAL}, any other field 1;"
+                        f" {MODEL_CALL}, a search, context, memory or page read {RETRIEVAL} (a chat's messages"
+                        " and an entry's sources, dependents or why too), any other field 1;"
                         " send the rest as further operations",
                         node,
                     )
                 )
 
-        def _root_fields(self, selections: SelectionSetNode, seen: set[str]) -> Iterator[tuple[str, str]]:
-            """(response key, field name) of each root field, fragments followed once each."""
+        def _fields(
+            self, selections: SelectionSetNode, seen: set[str]
+        ) -> Iterator[tuple[str, str, FieldNode]]:
+            """(response key, field name, node) of each field of a selection set, fragments
+            followed once each."""
             for selection in selections.selections:
                 if isinstance(selection, FieldNode):
                     key = selection.alias.value if selection.alias else selection.name.value
-                    yield key, selection.name.value
+                    yield key, selection.name.value, selection
                 elif isinstance(selection, InlineFragmentNode):
-                    yield from self._root_fields(selection.selection_set, seen)
+                    yield from self._fields(selection.selection_set, seen)
                 elif isinstance(selection, FragmentSpreadNode) and selection.name.value not in seen:
                     seen.add(selection.name.value)
                     fragment = self.context.get_fragment(selection.name.value)
                     if fragment is not None:
-                        yield from self._root_fields(fragment.selection_set, seen)
+                        yield from self._fields(fragment.selection_set, seen)
 
     return OperationCost
 
 
-__all__ = ["COSTS", "MODEL_CALL", "RETRIEVAL", "cost_rule"]
+__all__ = ["COSTS", "MODEL_CALL", "NESTED", "RETRIEVAL", "cost_rule"]

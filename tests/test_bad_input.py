@@ -495,6 +495,22 @@ async def test_an_operation_costs_at_most_its_limit(api: Api, model_server: Mode
     assert "errors" not in merged and len(merged["data"]) == 10
     two = await api.raw(f"mutation($c: ID!) {{ a: {turn} b: {turn} }}", {"c": chat}, ann)
     assert "errors" not in two, two  # two model calls are within it
+    # A field within a root field that reads on its own counts too: a chat's page of messages (29
+    # aliased pages of 200 cost one chat read), an entry's walk of the source graph.
+    pages = " ".join(f"p{n}: messages(limit: 200, skip: {200 * n}) {{ id }}" for n in range(9))
+    nine = await api.raw(f"query($c: ID!) {{ chat(id: $c) {{ {pages} }} }}", {"c": chat}, ann)
+    assert "errors" not in nine, nine  # 10 + 9 × 10
+    ten_pages = await api.raw(
+        f"query($c: ID!) {{ chat(id: $c) {{ {pages} p9: messages(limit: 200, skip: 1800) {{ id }} }} }}",
+        {"c": chat},
+        ann,
+    )
+    assert "costs 110" in ten_pages["errors"][0]["message"]
+    walks = " ".join(f"w{n}: sources(depth: 8) {{ hidden }}" for n in range(9))
+    entry = await api.raw(
+        f'query($b: ID!) {{ entry(botId: $b, id: "e_x") {{ {walks} why {{ summary }} }} }}', {"b": w.bot}, ann
+    )
+    assert "costs 110" in entry["errors"][0]["message"]  # 10 + 9 walks + why
 
 
 def _deep(depth: int) -> str:
