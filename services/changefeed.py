@@ -31,6 +31,7 @@ from graph import bots as bots_q
 from graph import changefeed
 from graph.driver import autocommit, read
 from services import metrics, pubsub, turnfeed
+from services.errors import BadInput
 from services.memory import Entry, decrypt_entry
 from services.runtime import Runtime, now_ms
 from services.tasks import cancel_and_wait
@@ -302,9 +303,13 @@ class ChangeHub:
     async def replay(self, sub: Subscriber, after: int) -> AsyncIterator[ChangeEvent | CaughtUp | None]:
         """The changes after version ``after`` for one subscriber, read from the log oldest first
         (a reconnecting client's ``memoryChanges(after:)``), then :class:`CaughtUp` with the
-        version reached: live events at or below it are already covered. None: access lost."""
+        version reached: live events at or below it are already covered. None: access lost.
+        BadInput when ``after`` is more than ``max_replay_versions`` behind the memory: the whole
+        log was replayed for ``after: 0``, page by page, for each such subscription."""
+        behind = self.rt.settings.max_replay_versions
         while True:
-            page = await self._from_log(sub.bot_id, [sub], after)
+            page = await self._from_log(sub.bot_id, [sub], after, behind)
+            behind = None
             if page is None:
                 return
             memory_version, outcomes = page
@@ -318,16 +323,23 @@ class ChangeHub:
             after = max(outcomes)
 
     async def _from_log(
-        self, bot_id: str, local: list[Subscriber], after: int
+        self, bot_id: str, local: list[Subscriber], after: int, behind: int | None = None
     ) -> tuple[int, dict[int, Outcome]] | None:
         """The next page of log rows after ``after``, each checked for ``local`` like a live event,
-        in one read transaction: (memory version, outcome per row version)."""
+        in one read transaction: (memory version, outcome per row version). BadInput when ``after``
+        is more than ``behind`` versions behind the memory (None: any)."""
         page = await read(
             self.rt.driver, lambda tx: changefeed.log_after(tx, bot_id=bot_id, after=after, limit=LOG_PAGE)
         )
         if page is None:
             return None
         memory_version, rows = page
+        if behind is not None and memory_version - after > behind:
+            raise BadInput(
+                f"after is {memory_version - after:,} versions behind the memory (at most {behind:,}):"
+                f" read the memory (its version is {memory_version}) and subscribe with that",
+                field="after",
+            )
         if not rows:
             return memory_version, {}
         versions = [int(row["version"]) for row in rows if row["removed"]]
