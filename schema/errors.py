@@ -22,6 +22,15 @@ def code_of(error: GraphQLError) -> str:
     original = error.original_error
     if isinstance(original, ServiceError):
         return original.code
+    if (
+        isinstance(original, GraphQLError)
+        and error.path is not None
+        and not original.message.startswith("Argument ")
+    ):
+        # Raised as a field's value was completed: a value its type cannot hold, a null where
+        # none may be — ours, and graphql-core quotes the value (a row, up to 240 characters).
+        # Only an argument's value is refused at that point for the caller's doing.
+        return "INTERNAL"
     if original is None or isinstance(original, GraphQLError):
         return "BAD_INPUT"  # syntax, validation and limit errors
     if error.path is None and error.nodes:
