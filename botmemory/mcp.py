@@ -17,7 +17,7 @@ import os
 import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import anyio
 import httpx
@@ -140,7 +140,9 @@ class _Server(MCPServer):
         if known is not None:
             unknown = sorted(set(arguments) - set(known.input_schema.get("properties", {})))
             if unknown:
-                raise ToolError(f"Error executing tool {name}: BAD_INPUT: {unknown[0]} is not an argument")
+                raise ToolError(
+                    f"Error executing tool {name}: BAD_INPUT: {unknown[0][:100]} is not an argument"
+                )
         try:
             return await super().call_tool(name, arguments, context)
         except ToolError as exc:
@@ -155,6 +157,22 @@ class _Server(MCPServer):
 _BOT: Final[Mapping[str, str]] = {"botId": "bot_id"}
 _ENTRY: Final[Mapping[str, str]] = {"botId": "bot_id", "id": "entry_id"}
 _INPUT: Final[Mapping[str, str]] = {"botId": "bot_id", "query": "input"}
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def read(model: type[M], data: object) -> M:
+    """The API's answer as ``model``. One of another shape (this server and the API of different
+    versions) is UNAVAILABLE, said without the answer: pydantic's error quotes the values it
+    refused (entries' contents), and the SDK logs an unexpected error with its causes."""
+    try:
+        return model.model_validate(data)
+    except ValidationError:
+        raise ApiError(
+            "UNAVAILABLE",
+            f"the botmemory API answered in a shape this server does not read ({model.__name__})",
+        ) from None
 
 
 def build_server(config: McpConfig, api: Api) -> MCPServer:
@@ -183,7 +201,7 @@ def build_server(config: McpConfig, api: Api) -> MCPServer:
         content: str, ctx: Ctx, tags: list[str] | None = None, bot_id: str | None = None
     ) -> Remembered:
         data = await api.call(REMEMBER, {"b": bot(bot_id), "c": content, "t": tags}, token(ctx), _BOT)
-        return Remembered.model_validate(data["remember"])
+        return read(Remembered, data["remember"])
 
     @server.tool(
         description="Remove an entry for you (by entry_id): it is gone for everyone when you are the only "
@@ -197,7 +215,7 @@ def build_server(config: McpConfig, api: Api) -> MCPServer:
         query: str, limit: int, ctx: Ctx, bot_id: str | None, names: Mapping[str, str] = _BOT
     ) -> list[Hit]:
         data = await api.call(SEARCH, {"b": bot(bot_id), "q": query, "l": limit}, token(ctx), names)
-        return [Hit.model_validate(h) for h in data["search"]]
+        return [read(Hit, h) for h in data["search"]]
 
     @server.tool(
         description="The entries you may see that are most relevant to query (meaning and keywords), "
@@ -226,7 +244,7 @@ def build_server(config: McpConfig, api: Api) -> MCPServer:
     async def why(entry_id: str, ctx: Ctx, bot_id: str | None = None) -> Proof:
         data = await api.call(WHY, {"b": bot(bot_id), "id": entry_id}, token(ctx), _ENTRY)
         found = data["entry"]
-        return Proof.model_validate({"entry": found["entry"], **found["why"]})
+        return read(Proof, {"entry": found["entry"], **found["why"]})
 
     return server
 

@@ -1,8 +1,14 @@
-"""Pure parts of the MCP server: the bearer header and the ``context`` budget (N3's line rule)."""
+"""Pure parts of the MCP server: the bearer header, the ``context`` budget (N3's line rule) and
+reading the API's answers."""
 
 from __future__ import annotations
 
-from botmemory.mcp import Entry, Hit, bearer, fit
+import traceback
+
+import pytest
+
+from botmemory.mcp import Entry, Hit, bearer, fit, read
+from botmemory.mcp_api import ApiError
 
 
 def hit(entry_id: str, content: str, score: float = 1.0) -> Hit:
@@ -27,3 +33,16 @@ def test_fit_keeps_whole_lines_best_first_within_the_budget() -> None:
     assert fit(hits, 19).ids == ["a"]
     assert fit(hits, 11).ids == ["c"]
     assert (fit([], 100).text, fit([], 100).ids) == ("", [])
+
+
+def test_an_answer_of_another_shape_is_unavailable_without_its_values() -> None:
+    """pydantic's error quotes the values it refused (an entry's content), and the MCP SDK logs an
+    unexpected error of a tool with its causes: an answer this server cannot read (the API of
+    another version) is UNAVAILABLE, said and chained without it."""
+    secret = "Ann's passport is in the blue tin"
+    with pytest.raises(ApiError) as refused:
+        read(Hit, {"score": 1.0, "entry": {"id": "e_1", "content": secret}})
+    assert refused.value.code == "UNAVAILABLE" and "Hit" in str(refused.value)
+    told = "".join(traceback.format_exception(refused.value))
+    assert secret not in told
+    assert read(Hit, hit("e_1", "tea").model_dump(by_alias=True)) == hit("e_1", "tea")
