@@ -7,21 +7,26 @@ import logging
 
 
 class DropQueryString(logging.Filter):
-    """Uvicorn's access log prints the full path; query strings may carry caller data, so cut them."""
+    """Uvicorn's access log prints the full path, and its WebSocket handshake lines (on its error
+    logger, at INFO) the path with the query string; query strings may carry caller data (a client
+    that puts its token in the socket's URL), so cut them."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         args = record.args
         if isinstance(args, tuple) and len(args) == 5 and isinstance(args[2], str):
             record.args = (args[0], args[1], args[2].split("?", 1)[0], args[3], args[4])
+        elif isinstance(args, tuple) and len(args) >= 2 and '"WebSocket %s"' in str(record.msg):
+            record.args = (args[0], str(args[1]).split("?", 1)[0], *args[2:])
         return True
 
 
 def configure_logging(level: str) -> None:
     logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     quiet_libraries()
-    access = logging.getLogger("uvicorn.access")
-    if not any(isinstance(f, DropQueryString) for f in access.filters):
-        access.addFilter(DropQueryString())
+    for name in ("uvicorn.access", "uvicorn.error"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, DropQueryString) for f in logger.filters):
+            logger.addFilter(DropQueryString())
 
 
 def quiet_libraries() -> None:

@@ -641,3 +641,25 @@ async def test_a_replay_starts_at_most_so_many_versions_behind(api: Api, setting
             assert [e["entries"][0]["content"] for e in replayed] == ["note 1", "note 2"]
     finally:
         capped.stop()
+
+
+async def test_a_sockets_query_string_stays_out_of_the_log(api: Api, settings: Settings) -> None:
+    """Uvicorn logs each WebSocket handshake (its error logger, at INFO) with the path and the
+    query string: a client that puts its token in the socket's URL, as many do, had it written to
+    the API's log. The query string is cut there, as in the access log."""
+    w = await make_world(api, ("ann",))
+    log = settings.data_dir / "logs" / "pytest-api.log"
+    before = await asyncio.to_thread(lambda: log.stat().st_size)
+    url = ws_url(api) + "?token=" + w.tokens["ann"]
+    async with websockets.connect(url, subprotocols=["graphql-transport-ws"]) as ws:  # type: ignore[list-item]
+        await ws.send(json.dumps({"type": "connection_init", "payload": {"token": w.tokens["ann"]}}))
+        assert json.loads(await asyncio.wait_for(ws.recv(), 5))["type"] == "connection_ack"
+
+    def written() -> bytes:
+        with log.open("rb") as file:
+            file.seek(before)
+            return file.read()
+
+    logged = await asyncio.to_thread(written)
+    assert b'"WebSocket /graphql"' in logged  # the handshake was logged: its line is what is read
+    assert w.tokens["ann"].encode() not in logged
