@@ -129,6 +129,10 @@ _TOLD: Final = {
 }
 
 
+#: The most characters of one name of a refused field's path that an error quotes.
+PATH_PART: Final = 100
+
+
 def refusal(exc: ValidationError, *, skip: frozenset[str] = frozenset()) -> BadInput:
     """The first refused field of a pydantic model: an unknown one first (the first by path), else
     pydantic's first error; the message starts with the field's path (``command.tags[1]``), the
@@ -170,10 +174,13 @@ def _told(error: ErrorDetails) -> str:
 
 
 def _path(error: ErrorDetails, skip: frozenset[str]) -> str:
+    """The field's path, each name quoted in at most PATH_PART characters (a key the caller made
+    up, or a key of a map such as a chat meta's, is theirs and of any length)."""
     path = ""
     for part in error["loc"]:
         if isinstance(part, int):
             path += f"[{part}]"
         elif part not in skip:
-            path += f".{part}" if path else part
+            name = part[:PATH_PART] + ("…" if len(part) > PATH_PART else "")
+            path += f".{name}" if path else name
     return path

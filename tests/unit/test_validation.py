@@ -9,10 +9,11 @@ import re
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from services.errors import BadInput
 from services.ids import hash_token, new_id, new_token
-from services.validation import check_id, check_ids, check_name, check_page, check_text
+from services.validation import PATH_PART, check_id, check_ids, check_name, check_page, check_text, refusal
 
 ID = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9_\-]{0,99}", fullmatch=True)
 
@@ -96,3 +97,25 @@ def test_new_token_is_shown_once_and_stored_as_its_sha256() -> None:
 def test_hash_token_distinguishes_tokens() -> None:
     assert hash_token("bm_a") != hash_token("bm_b")
     assert len(hash_token("")) == 64
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    summary: dict[str, str] = {}
+
+
+def test_a_refused_fields_path_quotes_each_name_in_a_hundred_characters() -> None:
+    """A key the caller made up, or a key of a map (a chat meta's summary), is quoted in the error:
+    one of 50,000 characters made a message of 50,000."""
+    for body in ({"k" * 50_000: 1}, {"summary": {"k" * 50_000: 5}}):
+        with pytest.raises(ValidationError) as refused:
+            _Body.model_validate(body)
+        told = refusal(refused.value)
+        assert (
+            len(told.message) < 2 * PATH_PART and told.field is not None and len(told.field) < 2 * PATH_PART
+        )
+        assert "k" * PATH_PART + "…" in told.message
+    with pytest.raises(ValidationError) as refused:
+        _Body.model_validate({"summary": {"i-1": 5}})
+    assert refusal(refused.value).message == "summary.i-1 must be a string"
