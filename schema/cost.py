@@ -4,7 +4,8 @@ The depth and alias limits bound a document's shape; they let one request ask fo
 (30 aliased ``sendMessage``, each up to a minute and billed), 30 searches or 30 unpaged memory
 reads. Each root field costs what it sets going (``COSTS``; 1 otherwise), and so does each field
 within it that reads on its own (``NESTED``: a chat's page of messages, an entry's walk of the
-source graph — 29 aliased pages of 200 messages cost one chat read before); an operation that
+source graph — 29 aliased pages of 200 messages cost one chat read before) but the first, which
+the root's cost covers (a chat with its messages, as a batch of chats asks); an operation that
 costs more than the limit is refused before anything runs. Fields merged by GraphQL (one response
 key asked twice) run once and count once.
 """
@@ -77,7 +78,7 @@ def cost_rule(limit: int) -> type[ValidationRule]:
                     inner = self._fields(field.selection_set, set())
                     nested.setdefault(key, set()).update(k for k, n, _ in inner if n in within)
             cost = sum(COSTS.get((kind, name), 1) for name in names.values())
-            cost += RETRIEVAL * sum(len(keys) for keys in nested.values())
+            cost += RETRIEVAL * sum(max(0, len(keys) - 1) for keys in nested.values())
             if cost > limit:
                 self.report_error(
                     GraphQLError(

@@ -148,6 +148,9 @@ async def test_a_request_url_or_headers_past_their_bytes_are_refused_before_anyt
         "/graphql", params={"query": me, "variables": json.dumps({"x": "v" * 8_000})}, headers=auth
     )
     assert fits.status_code == 200 and fits.json()["data"]["me"]["id"] == w.people["ann"]
+    # The longest search a person may send, in a script of three-byte characters (~18 KB encoded).
+    widest = await api.http.get(f"/v1/bots/{w.bot}/memory/search", params={"q": "猫" * 2_000}, headers=auth)
+    assert widest.status_code == 200, widest.text
     long = json.dumps({"x": "v" * settings.max_url_bytes})
     for response, status in (
         (await api.http.get("/graphql", params={"query": me, "variables": long}, headers=auth), 414),
@@ -497,20 +500,20 @@ async def test_an_operation_costs_at_most_its_limit(api: Api, model_server: Mode
     assert "errors" not in two, two  # two model calls are within it
     # A field within a root field that reads on its own counts too: a chat's page of messages (29
     # aliased pages of 200 cost one chat read), an entry's walk of the source graph.
-    pages = " ".join(f"p{n}: messages(limit: 200, skip: {200 * n}) {{ id }}" for n in range(9))
-    nine = await api.raw(f"query($c: ID!) {{ chat(id: $c) {{ {pages} }} }}", {"c": chat}, ann)
-    assert "errors" not in nine, nine  # 10 + 9 × 10
-    ten_pages = await api.raw(
-        f"query($c: ID!) {{ chat(id: $c) {{ {pages} p9: messages(limit: 200, skip: 1800) {{ id }} }} }}",
+    pages = " ".join(f"p{n}: messages(limit: 200, skip: {200 * n}) {{ id }}" for n in range(10))
+    ten_pages = await api.raw(f"query($c: ID!) {{ chat(id: $c) {{ {pages} }} }}", {"c": chat}, ann)
+    assert "errors" not in ten_pages, ten_pages  # 10 with the first page, + 9 × 10
+    eleven_pages = await api.raw(
+        f"query($c: ID!) {{ chat(id: $c) {{ {pages} p10: messages(limit: 200, skip: 2000) {{ id }} }} }}",
         {"c": chat},
         ann,
     )
-    assert "costs 110" in ten_pages["errors"][0]["message"]
-    walks = " ".join(f"w{n}: sources(depth: 8) {{ hidden }}" for n in range(9))
+    assert "costs 110" in eleven_pages["errors"][0]["message"]
+    walks = " ".join(f"w{n}: sources(depth: 8) {{ hidden }}" for n in range(10))
     entry = await api.raw(
         f'query($b: ID!) {{ entry(botId: $b, id: "e_x") {{ {walks} why {{ summary }} }} }}', {"b": w.bot}, ann
     )
-    assert "costs 110" in entry["errors"][0]["message"]  # 10 + 9 walks + why
+    assert "costs 110" in entry["errors"][0]["message"]  # 10 with the first walk, + 9 walks + why
 
 
 def _deep(depth: int) -> str:
