@@ -546,6 +546,9 @@ def create_app(settings: Settings | None = None) -> Starlette:
         build_schema(settings),
         max_query_tokens=settings.max_query_tokens,
         subscription_protocols=[GRAPHQL_TRANSPORT_WS_PROTOCOL],
+        # Ours (TransportWSHandler, BOTMEMORY_MAX_SOCKET_OPERATIONS, BAD_INPUT): Strawberry's own
+        # refused the 101st operation without a code, and whatever the setting said.
+        max_subscriptions_per_connection=None,
     )
 
     @asynccontextmanager
