@@ -169,7 +169,8 @@ class Settings(BaseSettings):
     max_query_tokens: int = Field(default=2000, ge=1)
     max_body_bytes: int = Field(default=1_000_000, ge=1)
     #: A request's URL (path and query string) and its headers, in bytes (414 and 431 past them).
-    max_url_bytes: int = Field(default=16_384, ge=256)
+    #: (A search's 2,000 characters of emoji are ~24,000 bytes percent-encoded.)
+    max_url_bytes: int = Field(default=32_768, ge=256)
     max_header_bytes: int = Field(default=65_536, ge=1_024)
     max_text_chars: int = Field(default=20_000, ge=1)
     max_page_size: int = Field(default=200, ge=1)
