@@ -99,3 +99,8 @@ async def test_a_value_its_type_refuses_is_an_internal_error_never_quoted(
     assert bad_null.errors is not None and [(e.extensions or {})["code"] for e in bad_null.errors] == [
         "BAD_INPUT"
     ]
+    # Refused as the field runs (a null where its argument needs a value): the caller's doing.
+    null = await schema.execute("query($n: Int = 1) { shown { needs(n: $n) } }", variable_values={"n": None})
+    assert null.errors is not None and null.errors[0].path is not None
+    assert [(e.extensions or {})["code"] for e in null.errors] == ["BAD_INPUT"]
+    assert null.errors[0].message.startswith("Argument 'n' ")
