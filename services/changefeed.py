@@ -31,7 +31,6 @@ from graph import bots as bots_q
 from graph import changefeed
 from graph.driver import autocommit, read
 from services import metrics, pubsub, turnfeed
-from services.errors import BadInput
 from services.memory import Entry, decrypt_entry
 from services.runtime import Runtime, now_ms
 from services.tasks import cancel_and_wait
@@ -43,6 +42,11 @@ CHANNEL_PATTERN = "botmemory:changes:*"
 
 #: Log rows read per statement when catching up or replaying.
 LOG_PAGE = 200
+#: Replays' pages read at once in a process: ``memoryChanges(after: 0)`` replays the whole log,
+#: page by page, each change checked for its subscriber, and a token may hold thousands of
+#: subscriptions; past this many the others wait their turn, a page at a time (never refused: a
+#: reconnecting client that saw nothing for long is far behind through no doing of its own).
+REPLAY_READS = 4
 #: A Bot whose change could not be delivered is caught up from the log after this pause, doubled
 #: while it fails, up to the longest.
 RETRY_FIRST_SECONDS, RETRY_LONGEST_SECONDS = 0.5, 60.0
@@ -114,6 +118,7 @@ class ChangeHub:
         self._audit_task: asyncio.Task[None] | None = None
         #: Per Bot with local subscribers: its deliveries and catch-ups take turns.
         self._turns: dict[str, asyncio.Lock] = {}
+        self._replays = asyncio.Semaphore(REPLAY_READS)
 
     def _turn(self, bot_id: str) -> asyncio.Lock:
         return self._turns.setdefault(bot_id, asyncio.Lock())
@@ -303,13 +308,10 @@ class ChangeHub:
     async def replay(self, sub: Subscriber, after: int) -> AsyncIterator[ChangeEvent | CaughtUp | None]:
         """The changes after version ``after`` for one subscriber, read from the log oldest first
         (a reconnecting client's ``memoryChanges(after:)``), then :class:`CaughtUp` with the
-        version reached: live events at or below it are already covered. None: access lost.
-        BadInput when ``after`` is more than ``max_replay_versions`` behind the memory: the whole
-        log was replayed for ``after: 0``, page by page, for each such subscription."""
-        behind = self.rt.settings.max_replay_versions
+        version reached: live events at or below it are already covered. None: access lost."""
         while True:
-            page = await self._from_log(sub.bot_id, [sub], after, behind)
-            behind = None
+            async with self._replays:  # REPLAY_READS pages at once
+                page = await self._from_log(sub.bot_id, [sub], after)
             if page is None:
                 return
             memory_version, outcomes = page
@@ -323,23 +325,16 @@ class ChangeHub:
             after = max(outcomes)
 
     async def _from_log(
-        self, bot_id: str, local: list[Subscriber], after: int, behind: int | None = None
+        self, bot_id: str, local: list[Subscriber], after: int
     ) -> tuple[int, dict[int, Outcome]] | None:
         """The next page of log rows after ``after``, each checked for ``local`` like a live event,
-        in one read transaction: (memory version, outcome per row version). BadInput when ``after``
-        is more than ``behind`` versions behind the memory (None: any)."""
+        in one read transaction: (memory version, outcome per row version)."""
         page = await read(
             self.rt.driver, lambda tx: changefeed.log_after(tx, bot_id=bot_id, after=after, limit=LOG_PAGE)
         )
         if page is None:
             return None
         memory_version, rows = page
-        if behind is not None and memory_version - after > behind:
-            raise BadInput(
-                f"after is {memory_version - after:,} versions behind the memory (at most {behind:,}):"
-                f" read the memory (its version is {memory_version}) and subscribe with that",
-                field="after",
-            )
         if not rows:
             return memory_version, {}
         versions = [int(row["version"]) for row in rows if row["removed"]]

@@ -162,9 +162,6 @@ class Settings(BaseSettings):
     #: a subscriber every change is checked and executed for, so one client could otherwise hold
     #: thousands.
     max_socket_operations: int = Field(default=100, ge=1)
-    #: How far behind the memory ``memoryChanges(after:)`` may start: a replay reads the log page by
-    #: page, each change checked for the subscriber; further behind, the memory is read anew.
-    max_replay_versions: int = Field(default=10_000, ge=1)
     max_sockets_per_token: int = Field(default=64, ge=1)
     max_query_tokens: int = Field(default=2000, ge=1)
     max_body_bytes: int = Field(default=1_000_000, ge=1)

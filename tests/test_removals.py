@@ -288,6 +288,50 @@ async def test_a_catch_up_longer_than_a_page_delivers_every_row(
     assert [[e.id for e in event.entries] for event in got if event is not None] == [[c.id] for c in missed]
 
 
+async def test_replays_read_so_many_pages_at_once_and_each_gets_every_change(
+    api: Api, runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``memoryChanges(after: 0)`` replays the whole log, and a token may hold thousands of
+    subscriptions: replays read REPLAY_READS pages at once in a process, the others waiting their
+    turn a page at a time (never refused: a client that saw nothing for long is far behind through
+    no doing of its own). Ten replays of three pages (pages of one row here) each get every change."""
+    monkeypatch.setattr(changefeed, "LOG_PAGE", 1)
+    w = await make_world(api, ("ann",))
+    issued = (await api.gql("mutation { issueToken { id token } }", token=w.tokens["ann"]))["issueToken"]
+    unannounced = dataclasses.replace(runtime, redis=ArqRedis(host="127.0.0.1", port=1))
+    made = [Remember(content=f"note {n}", person_id=w.people["ann"], org=w.org) for n in range(3)]
+    for change in made:
+        await apply_changes(unannounced, w.bot, [change], "person")
+    hub = changefeed.ChangeHub(runtime)
+    reading, most = 0, 0
+    from_log = hub._from_log  # pyright: ignore[reportPrivateUsage]
+
+    async def counted(*args: Any) -> Any:
+        nonlocal reading, most
+        reading += 1
+        most = max(most, reading)
+        try:
+            return await from_log(*args)
+        finally:
+            reading -= 1
+
+    monkeypatch.setattr(hub, "_from_log", counted)
+
+    async def replayed() -> list[list[str]]:
+        async with hub.subscribe(w.bot, w.people["ann"], w.org, issued["id"]) as sub:
+            got: list[list[str]] = []
+            async for event in hub.replay(sub, 0):
+                if isinstance(event, changefeed.CaughtUp):
+                    return got
+                assert event is not None
+                got.append([e.id for e in event.entries])
+        return got
+
+    every = await asyncio.gather(*(replayed() for _ in range(10)))
+    assert every == [[[c.id] for c in made]] * 10
+    assert most == changefeed.REPLAY_READS
+
+
 async def test_a_purge_announces_what_it_removes_to_readers_not_yet_told_of_an_earlier_hiding(
     api: Api, runtime: Runtime
 ) -> None:

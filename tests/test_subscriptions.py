@@ -607,43 +607,6 @@ async def test_a_socket_runs_so_many_operations_and_a_token_holds_so_many_socket
         capped.stop()
 
 
-async def test_a_replay_starts_at_most_so_many_versions_behind(api: Api, settings: Settings) -> None:
-    """``memoryChanges(after: 0)`` replayed the whole log, page by page, each change checked for
-    the subscriber, for each such subscription. Past ``BOTMEMORY_MAX_REPLAY_VERSIONS`` behind the
-    memory it is BAD_INPUT naming the memory's version (read the memory, subscribe from there);
-    within it the changes since come first, as before."""
-    w = await make_world(api, ("ann",))
-    ann = w.tokens["ann"]
-    for n in range(3):
-        assert (
-            await command(api, ann, w.bot, {"_tag": "Remember", "content": f"note {n}"})
-        ).status_code == 201
-    capped = ApiProcess(
-        settings, settings.data_dir / "logs" / "pytest-api-replay.log", {"BOTMEMORY_MAX_REPLAY_VERSIONS": "2"}
-    )
-    feed = "subscription($b: ID!, $a: Int) { memoryChanges(botId: $b, after: $a) { version entries { content } } }"
-    try:
-        async with httpx.AsyncClient(base_url=capped.url) as http:
-            other = Api(http, api.admin_token)
-            version = (
-                await other.gql(
-                    "query($b: ID!) { memoryLog(botId: $b, limit: 1) { version } }", {"b": w.bot}, ann
-                )
-            )["memoryLog"]["version"]
-            async with subscribed(
-                other, ann, feed, {"b": w.bot, "a": version - 3}, "memoryChanges", wait=False
-            ) as ws:
-                refused = json.loads(await asyncio.wait_for(ws.recv(), 10))
-            errors = refused["payload"] if refused["type"] == "error" else refused["payload"]["errors"]
-            assert [e["extensions"]["code"] for e in errors] == ["BAD_INPUT"], refused
-            assert f"its version is {version}" in errors[0]["message"]
-            async with subscribed(other, ann, feed, {"b": w.bot, "a": version - 2}, "memoryChanges") as ws:
-                replayed = [await next_event(ws) for _ in range(2)]
-            assert [e["entries"][0]["content"] for e in replayed] == ["note 1", "note 2"]
-    finally:
-        capped.stop()
-
-
 async def test_a_sockets_query_string_stays_out_of_the_log(api: Api, settings: Settings) -> None:
     """Uvicorn logs each WebSocket handshake (its error logger, at INFO) with the path and the
     query string: a client that puts its token in the socket's URL, as many do, had it written to
