@@ -153,10 +153,10 @@ RETURN collect(c {.id, .result, .requestHash}) AS calls
 
 #: The saved result of a summary of a Chat made for this very request (C5): a summary whose call
 #: was saved but not its text (the worker killed in between) is made from it again, not paid for
-#: twice. The Chat's calls are few enough to filter (``model_call_chat``).
+#: twice. Sought by the Chat and the request (``model_call_chat_request``).
 SAVED_SUMMARY_RESULT: Final[LiteralString] = """
-MATCH (c:ModelCall {chatId: $chatId})
-WHERE c.task = 'summary' AND c.requestHash = $requestHash AND c.status = 'ok' AND c.result IS NOT NULL
+MATCH (c:ModelCall {chatId: $chatId, requestHash: $requestHash})
+WHERE c.task = 'summary' AND c.status = 'ok' AND c.result IS NOT NULL
 WITH c ORDER BY c.at DESC LIMIT 1
 RETURN collect(c {.id, .result, .requestHash}) AS calls
 """

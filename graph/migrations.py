@@ -225,6 +225,14 @@ MIGRATIONS: Final[tuple[tuple[int, tuple[LiteralString, ...]], ...]] = (
             "CREATE INDEX memory_budget IF NOT EXISTS FOR (n:Memory) ON (n.budgetLimitMicros)",
         ),
     ),
+    (
+        22,
+        (
+            # A summary's saved call, found by its request in its Chat (graph.memorybot
+            # .SAVED_SUMMARY_RESULT): by the Chat alone, every call of a long Chat was read.
+            "CREATE INDEX model_call_chat_request IF NOT EXISTS FOR (n:ModelCall) ON (n.chatId, n.requestHash)",
+        ),
+    ),
 )
 
 #: Entries whose labels predate the current label properties: without ``memoryRank`` (before

@@ -2701,8 +2701,8 @@ WITH c ORDER BY c.at
 RETURN collect(c {.id, .result, .requestHash}) AS calls
 
 // ---- graph.memorybot.SAVED_SUMMARY_RESULT
-MATCH (c:ModelCall {chatId: $chatId})
-WHERE c.task = 'summary' AND c.requestHash = $requestHash AND c.status = 'ok' AND c.result IS NOT NULL
+MATCH (c:ModelCall {chatId: $chatId, requestHash: $requestHash})
+WHERE c.task = 'summary' AND c.status = 'ok' AND c.result IS NOT NULL
 WITH c ORDER BY c.at DESC LIMIT 1
 RETURN collect(c {.id, .result, .requestHash}) AS calls
 

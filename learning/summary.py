@@ -82,11 +82,14 @@ async def summarize(rt: Runtime, gateway: Gateway, chat_id: str) -> str:
     saved = await read(
         rt.driver, lambda tx: memorybot_q.saved_summary_result(tx, chat_id=chat_id, request_hash=digest)
     )
+    completion = None
     if saved is not None:  # asked and saved, its summary not (the worker killed between): C5
         completion = Completion.from_json(
             saved["id"], cipher.decrypt(Kind.MODEL_RESULT, saved["id"], saved["result"])
         )
-    else:
+        if not (completion.text or "").strip():
+            completion = None  # an empty answer is asked again, as before
+    if completion is None:
         if await gateway.budget_spent(rt, route):
             return "budget_spent"  # the next completed Turn asks again
         deadline = time.monotonic() + rt.settings.step_deadline_seconds

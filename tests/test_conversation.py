@@ -204,6 +204,29 @@ async def test_a_summary_whose_call_was_saved_but_not_its_text_is_made_from_that
         await gateway.close()
 
 
+async def test_an_empty_summary_answer_is_asked_again_not_reused(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    """A saved summary call is reused only for text: an empty answer (the job says "empty") is
+    asked again by the next job, as before saved calls were reused."""
+    w = await memory_world(api, ("ann",))
+    ann = w.tokens["ann"]
+    chat = await api.chat(ann, w.bot)
+    model_server.script("summary", Reply(text="   "), Reply(text="Three long letters."))
+    turn = await api.turn(ann, chat, "A")
+    await runtime.driver.execute_query("MATCH (ch:Chat {id: $c}) SET ch.summarySweptAt = timestamp()", c=chat)
+    await add_items(api, ann, turn["id"], *[("PERSON_MESSAGE", "x" * 10_000)] * 3)
+    gateway = Gateway(
+        Settings.model_validate({**runtime.settings.model_dump(), "openai_base_url": model_server.base_url})
+    )
+    try:
+        assert await summary.summarize(runtime, gateway, chat) == "empty"
+        assert await summary.summarize(runtime, gateway, chat) == "saved"
+        assert len(model_server.requests_for("summary")) == 2
+    finally:
+        await gateway.close()
+
+
 async def test_context_pack_is_built_for_the_chats_audience(
     api: Api, runtime: Runtime, model_server: ModelServer
 ) -> None:
