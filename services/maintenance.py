@@ -88,6 +88,8 @@ async def import_legacy(
     """
     if len(legacy) > MAX_LEGACY_ENTRIES:
         raise BadInput(f"at most {MAX_LEGACY_ENTRIES:,} entries in one import", field="entries")
+    if any(len(entry.tags) > MAX_LEGACY_TAGS for entry in legacy):
+        raise BadInput(f"at most {MAX_LEGACY_TAGS} tags an entry", field="tags")
     cipher = await cipher_of(rt, bot_id)
     change_id, now = new_id("chg"), now_ms()
     for entry in legacy:

@@ -17,7 +17,7 @@ from services.changes import (
     Share,
 )
 from services.errors import BadInput, Conflict, NotFound
-from services.maintenance import MAX_LEGACY_ENTRIES, LegacyEntry, import_legacy, relabel_all
+from services.maintenance import MAX_LEGACY_ENTRIES, MAX_LEGACY_TAGS, LegacyEntry, import_legacy, relabel_all
 from services.runtime import Runtime
 from services.writepath import apply_changes
 from tests.client import Api, make_world
@@ -476,6 +476,9 @@ async def test_legacy_entries_stay_hidden_and_are_never_widened(api: Api, runtim
     too_many = [LegacyEntry(content=f"old {n}", tags=("for:bot",)) for n in range(MAX_LEGACY_ENTRIES + 1)]
     with pytest.raises(BadInput):
         await import_legacy(runtime, w.bot, too_many)
+    tagged = LegacyEntry(content="old", tags=tuple(f"t{n}" for n in range(MAX_LEGACY_TAGS + 1)))
+    with pytest.raises(BadInput):
+        await import_legacy(runtime, w.bot, [tagged])
     assert (await runtime.driver.execute_query(memory_version, b=w.bot)).records[0]["v"] == version
     applied = await import_legacy(runtime, w.bot, [legacy])
     assert legacy.id not in await visible(api, w.tokens["ann"], w.bot)
