@@ -718,7 +718,9 @@ async def test_an_answer_with_memory_words_is_replaced_by_the_calm_answer(
     assert await confide(api, w.tokens["ann"], turn["id"]) == FIXED_CALM_ANSWER
 
 
-async def test_an_answer_longer_than_a_message_is_cut_to_one(api: Api, model_server: ModelServer) -> None:
+async def test_an_answer_longer_than_a_message_is_cut_to_one(
+    api: Api, model_server: ModelServer, settings: Settings
+) -> None:
     """A confide answer becomes the Bot's message and a confession's answer: the model's whole
     text was kept (up to the answer's million bytes). It is cut as the runner's reply is, to the
     longest a message may be (``max_text_chars``)."""
@@ -727,9 +729,9 @@ async def test_an_answer_longer_than_a_message_is_cut_to_one(api: Api, model_ser
     turn = await api.turn(w.tokens["ann"], chat, "hi")
     model_server.script("confide", Reply(text="Calm down. " + "Breathe slowly. " * 2_000))
     answer = await confide(api, w.tokens["ann"], turn["id"])
-    assert answer.startswith("Calm down. Breathe slowly.") and len(answer) == 20_000
+    assert answer.startswith("Calm down. Breathe slowly.") and len(answer) == settings.max_text_chars
     page = (await api.http.get(f"/v1/chats/{chat}/confessions", headers=bearer(w.tokens["ann"]))).json()
-    assert [len(c["answer"]) for c in page["confessions"]] == [20_000]
+    assert [len(c["answer"]) for c in page["confessions"]] == [settings.max_text_chars]
 
 
 async def test_the_wait_for_a_free_slot_counts_toward_the_deadline(

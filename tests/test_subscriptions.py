@@ -446,9 +446,10 @@ async def test_errors_on_a_socket_carry_their_codes(api: Api) -> None:
             json.dumps({"type": "connection_init", "payload": {"Authorization": f"Bearer {w.tokens['ann']}"}})
         )
         assert json.loads(await asyncio.wait_for(ws.recv(), 5))["type"] == "connection_ack"
-        for id, query in (("1", "subscription { memoryChanges(botId: "), ("2", "query { nope }")):
+        # (An id of 200 characters, the most an id may hold, is answered as any other.)
+        for id, query in (("1", "subscription { memoryChanges(botId: "), ("i" * 200, "query { nope }")):
             message = await _operation(ws, id, query)
-            assert message["type"] == "error", message
+            assert message["type"] == "error" and message["id"] == id, message
             assert [e["extensions"]["code"] for e in message["payload"]] == ["BAD_INPUT"]
 
 
