@@ -68,6 +68,14 @@ def largest(scores: npt.NDArray[np.float32] | npt.NDArray[np.float64], k: int) -
     return np.argpartition(-scores, k - 1)[:k]
 
 
+def _rarest(counts: dict[str, int]) -> list[str]:
+    """The MAX_QUERY_TOKENS of ``counts``' tokens held by the fewest of the reader's rows, ties by
+    the token (nothing of what the reader cannot see decides which are kept)."""
+    if len(counts) <= MAX_QUERY_TOKENS:
+        return list(counts)
+    return sorted(counts, key=lambda b: (counts[b], b))[:MAX_QUERY_TOKENS]
+
+
 def best(summed: Scores, k: int, among: Rows | None = None) -> tuple[Rows, Scores]:
     """The ``k`` rows with the highest BM25 score in :meth:`Postings.sums` (``among``'s rows, when
     it summed by position among them), best first, with their scores; rows that scored nothing
@@ -268,36 +276,43 @@ class Postings:
         ``pool`` (a mask by row, and how many of its rows hold tokens) — never the Bot's: counted
         over every entry, a reader who wrote entries holding chosen words could read off the order
         of their own results how many entries they cannot see hold a word (one query per guess).
-        The length normalisation keeps the Bot's mean length (one number over the whole Bot)."""
-        tokens = [t for t in (self._vocab.get(b) for b in dict.fromkeys(blind)) if t is not None]
-        if not tokens or self._docs == 0:
+        So does the choice of a long query's rarest tokens, ties broken by the token itself: chosen
+        by the Bot's counts, a token held only by entries the reader cannot see displaced one of
+        theirs, and their scores told that some entry holds it. The length normalisation keeps
+        the Bot's mean length (one number over the whole Bot)."""
+        ids = {b: t for b in dict.fromkeys(blind) if (t := self._vocab.get(b)) is not None}
+        if not ids or self._docs == 0:
             return None
-        if len(tokens) > MAX_QUERY_TOKENS:
-            tokens = sorted(tokens, key=lambda t: len(self._rows[t]))[:MAX_QUERY_TOKENS]
         if self._counted != (self._docs, self._total):
             self._saturated.clear()
             self._saturated_bytes = 0
             self._counted = (self._docs, self._total)
         if among is not None:
-            return self._sums_among(tokens, self.among(among) if local is None else local, among.shape[0])
+            local = self.among(among) if local is None else local
+            found = {b: np.searchsorted(local.tokens, (t, t + 1)) for b, t in ids.items()}
+            spans = {b: (int(lo), int(hi)) for b, (lo, hi) in found.items()}
+            held = {b: hi - lo for b, (lo, hi) in spans.items() if hi > lo}
+            return self._sums_among([spans[b] for b in _rarest(held)], local, among.shape[0])
         documents = self._docs if pool is None else pool[1]
+        counts: dict[str, int] = {}
+        for b, token in ids.items():
+            rows, _ = self._postings(token)
+            df = rows.size
+            if pool is not None:
+                df = int(np.count_nonzero(pool[0][rows[rows < pool[0].shape[0]]]))
+            if df:
+                counts[b] = df
         rows_parts: list[Rows] = []
         weights: list[npt.NDArray[np.float32]] = []
-        for token in tokens:
+        for b in _rarest(counts):
+            token = ids[b]
             rows, tf = self._postings(token)
-            if rows.size == 0:
-                continue
             saturated = self._saturated.get(token)
             if saturated is None:
                 saturated = self._saturated[token] = self._saturation(tf, self._length[rows])
                 self._saturated_bytes += saturated.nbytes
-            df = rows.size
-            if pool is not None:
-                df = int(np.count_nonzero(pool[0][rows[rows < pool[0].shape[0]]]))
-            if df == 0:
-                continue
             rows_parts.append(rows)
-            weights.append(saturated * _idf(documents, df))
+            weights.append(saturated * _idf(documents, counts[b]))
         if not rows_parts:
             return None
         # With weights, bincount sums in float64 (its stubs say intp).
@@ -306,12 +321,12 @@ class Postings:
             np.bincount(np.concatenate(rows_parts), weights=np.concatenate(weights), minlength=self.capacity),
         )
 
-    def _sums_among(self, tokens: list[int], local: Among, size: int) -> Scores | None:
-        """:meth:`sums` over the postings of a few rows only (``local``), by place among them."""
+    def _sums_among(self, spans: list[tuple[int, int]], local: Among, size: int) -> Scores | None:
+        """:meth:`sums` over the postings of a few rows only (``local``, each token's ``spans`` of
+        them), by place among them."""
         summed = np.zeros(size, np.float64)
         found = False
-        for token in tokens:
-            lo, hi = (int(x) for x in np.searchsorted(local.tokens, (token, token + 1)))
+        for lo, hi in spans:
             if lo == hi:
                 continue
             saturated = self._saturation(local.tfs[lo:hi], local.lengths[lo:hi])

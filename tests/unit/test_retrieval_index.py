@@ -238,6 +238,32 @@ def test_a_long_query_is_scored_by_its_rarest_tokens() -> None:
     assert top(postings, query, 1)[0].tolist() == [3_000]
 
 
+def test_which_tokens_of_a_long_query_count_tells_nothing_of_hidden_rows() -> None:
+    """A long query is scored by its rarest MAX_QUERY_TOKENS tokens. Chosen by the Bot's counts, a
+    token held only by rows the reader cannot see (one word the reader guessed) displaced one of
+    the reader's own words, and the reader's scores told that some entry holds the guess. Chosen
+    by the reader's rows, the guess changes nothing, among few rows or many."""
+    postings = Postings()
+    own = [f"k{i:012x}" for i in range(1, MAX_QUERY_TOKENS + 1)]  # the last one in three rows
+    docs = {row: [own[row]] for row in range(MAX_QUERY_TOKENS - 1)}
+    docs |= {MAX_QUERY_TOKENS - 1 + n: [own[-1]] for n in range(3)}
+    guess, hidden_row = "kbad000000000", MAX_QUERY_TOKENS + 10
+    docs[hidden_row] = [guess]
+    postings.set_many(list(docs), [blind(w) for w in docs.values()])
+    mine = np.array(sorted(r for r in docs if r != hidden_row), np.int64)
+    mask = np.zeros(postings.capacity, np.bool_)
+    mask[mine] = True
+    pool = (mask, postings.documents_of(mine))
+    # Many rows (a mask over the pool) and few (by place among them): the guess changes nothing,
+    # and the word of three rows, which the guess displaced, counts.
+    control, guessed = postings.sums(own, pool=pool), postings.sums([*own, guess], pool=pool)
+    assert control is not None and guessed is not None
+    assert guessed.tolist() == control.tolist() and float(control[mine[-1]]) > 0
+    control, guessed = postings.sums(own, mine), postings.sums([*own, guess], mine)
+    assert control is not None and guessed is not None
+    assert guessed.tolist() == control.tolist() and float(control[mine.shape[0] - 1]) > 0
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     values=st.lists(st.floats(-1e6, 1e6, allow_nan=False, width=32), min_size=1, max_size=3_000),
