@@ -140,27 +140,29 @@ def decode_vectors(raws: Sequence[bytes], dims: int) -> tuple[npt.NDArray[np.int
 
 
 class QueryVectors:
-    """The vectors of the queries this process embedded last, by embedder and a digest of the
-    text (never the text itself), the least recently used dropped first. A person's message is
-    often a query twice — the enrichment of their Turn, then ``contextPack`` for the same message
-    — and with an embeddings endpoint each embedding is a round trip."""
+    """The vectors of the queries this process embedded last, by who asked (``scope``: a Bot and
+    a reader's keys), embedder and a digest of the text (never the text itself), the least
+    recently used dropped first. A person's message is often a query twice — the enrichment of
+    their Turn, then ``contextPack`` for the same message — and with an embeddings endpoint each
+    embedding is a round trip. Kept for everyone alike, the time of a search told whether anyone
+    on this process had lately asked exactly that (another organization's person too)."""
 
     #: Queries kept (a 384-dimension vector and its key: ~1.7 kB each, ~7 MB in all).
     KEPT: Final = 4096
 
     def __init__(self, most: int = KEPT) -> None:
-        self._kept: dict[tuple[str, bytes], npt.NDArray[np.float32]] = {}
+        self._kept: dict[tuple[str, str, bytes], npt.NDArray[np.float32]] = {}
         self._most = most
 
-    def get(self, model: str, text: str) -> npt.NDArray[np.float32] | None:
-        key = (model, _digest(text))
+    def get(self, scope: str, model: str, text: str) -> npt.NDArray[np.float32] | None:
+        key = (scope, model, _digest(text))
         found = self._kept.get(key)
         if found is not None:
             keep_newest(self._kept, key, found, self._most)
         return found
 
-    def put(self, model: str, text: str, vector: npt.NDArray[np.float32]) -> None:
-        keep_newest(self._kept, (model, _digest(text)), vector, self._most)
+    def put(self, scope: str, model: str, text: str, vector: npt.NDArray[np.float32]) -> None:
+        keep_newest(self._kept, (scope, model, _digest(text)), vector, self._most)
 
 
 def _digest(text: str) -> bytes:

@@ -261,13 +261,13 @@ class EarlyQuery:
             await early
 
 
-async def _embed(rt: Runtime, embedder: Embedder | None, query: str) -> F32 | None:
-    """The query's vector (this process's, when it embedded the same text lately), or None
-    (keywords alone still find it) when the embedder fails or takes longer than
-    ``query_embedding_timeout_seconds``."""
+async def _embed(rt: Runtime, embedder: Embedder | None, scope: str, query: str) -> F32 | None:
+    """The query's vector (this process's, when the same reader of the same Bot, ``scope``, asked
+    the same text lately), or None (keywords alone still find it) when the embedder fails or
+    takes longer than ``query_embedding_timeout_seconds``."""
     if embedder is None:
         return None
-    kept = rt.query_vectors.get(embedder.id, query)
+    kept = rt.query_vectors.get(scope, embedder.id, query)
     if kept is not None:
         return kept
     try:
@@ -276,7 +276,7 @@ async def _embed(rt: Runtime, embedder: Embedder | None, query: str) -> F32 | No
         log.warning("query embedding failed (%s); searching by keywords only", exc.code)
         metrics.QUERY_EMBEDDING_FAILURES.labels(exc.code).inc()
         return None
-    rt.query_vectors.put(embedder.id, query, vector)
+    rt.query_vectors.put(scope, embedder.id, query, vector)
     return vector
 
 
@@ -359,7 +359,8 @@ async def _ranked(
     ``fill``, the newest visible entries follow the relevant ones when there are fewer. ``said``:
     when and in which time zone the query was said (None: now, UTC)."""
     cipher = await cipher_of(rt, bot_id)
-    vector = await _embed(rt, embedder, query)
+    keys = tuple(reader_keys(list(reader.readers)))
+    vector = await _embed(rt, embedder, bot_id + "\n" + "\n".join(keys), query)
     # The query's words and the dates it names (D9.31: entries hold the terms of the day they
     # were said on).
     said_at, zone = said
@@ -369,7 +370,6 @@ async def _ranked(
     q = _Query(bot_id, reader, vector, blind, wanted, fill)
     index = rt.vectors.of(bot_id, "" if embedder is None else embedder.id)
     await _load(rt, index, bot_id, cipher)
-    keys = tuple(reader_keys(list(reader.readers)))
     walk = first_walk(rt, bot_id, keys, wanted)
     found: _Found | None = None
     cands: list[str] = []

@@ -648,11 +648,13 @@ async def test_an_embedder_that_hangs_holds_neither_a_change_nor_a_search(
 async def test_a_query_asked_again_is_not_embedded_again(
     api: Api, runtime: Runtime, settings: Settings
 ) -> None:
-    """A process keeps the vectors of the queries it embedded lately (``QueryVectors``, by embedder
-    and a digest of the text): the same question asked again — by ``search``, then by
-    ``context(query)`` as ``contextPack`` asks for the message a Turn's enrichment asked for —
-    costs the embeddings endpoint nothing; another question is embedded."""
-    w = await make_world(api, ("ann",))
+    """A process keeps the vectors of the queries it embedded lately (``QueryVectors``, by Bot and
+    reader, embedder and a digest of the text): the same question asked again — by ``search``,
+    then by ``context(query)`` as ``contextPack`` asks for the message a Turn's enrichment asked
+    for — costs the embeddings endpoint nothing; another question is embedded. So is the same
+    question asked by someone else: kept for everyone, the time of a search told whether anyone
+    on the process had lately asked exactly that."""
+    w = await make_world(api, ("ann", "bob"))
     person, org = w.people["ann"], w.org
     async with _endpoint(settings, _Embeddings, "kept-model") as endpoint:
         note = Remember(content="Ann's cat is called Miso", person_id=person, org=org)
@@ -668,6 +670,12 @@ async def test_a_query_asked_again_is_not_embedded_again(
         assert _Embeddings.texts[asked:] == ["which pet does she have?"]  # embedded once
         await search.search(fresh, endpoint, w.bot, ann, "what is the cat called?", 5)
         assert _Embeddings.texts[asked:] == ["which pet does she have?", "what is the cat called?"]
+        bob = await memory.person_reader_of(runtime, w.bot, w.people["bob"], org)
+        assert bob is not None
+        await search.search(fresh, endpoint, w.bot, bob, "which pet does she have?", 5)
+        assert _Embeddings.texts[asked:] == [
+            "which pet does she have?", "what is the cat called?", "which pet does she have?"
+        ]  # fmt: skip
 
 
 async def test_a_remember_on_a_bot_the_person_does_not_use_embeds_nothing(
