@@ -14,20 +14,32 @@ from graph import bots as bots_q
 from graph import changelog, chats, conversation, entries
 from graph import memory as memory_q
 from graph import purge as purge_q
-from graph.driver import write
+from graph.driver import read, write
 from services.auth import require_person
 from services.changes import Applied, Forget, Remember, Share, check_topics
 from services.domain import Principal
 from services.embedding import Embedder
 from services.errors import BadInput, Conflict, Forbidden, NotFound
 from services.ids import new_id
-from services.memory import Entry, Reader, user_reader
+from services.memory import Entry, Reader, person_reader_of, user_reader
 from services.runtime import Runtime, now_ms
 from services.validation import check_id
 from services.writepath import apply_changes, publish_change, require_visible
 
 #: A purge's tag: from:, chat:, org: or channel: and an id (as the tags a filter takes, ``services.memory``).
 PURGE_TAG: Final = re.compile(r"(?:from|chat|org|channel):[A-Za-z0-9_\-]{1,200}")
+
+
+async def _uses_bot(rt: Runtime, principal: Principal, bot_id: str) -> None:
+    """NOT_FOUND unless the caller uses the Bot, read before a change takes its lock (D9.4): a
+    Bot of another organization was locked exclusively, its data key unwrapped and the change
+    rolled back before its NOT_FOUND, which an unknown Bot answered after one read — the time
+    told them apart, and each such request held the other organization's readers and writers."""
+    person_id = require_person(principal)
+    assert principal.organization_id is not None
+    reader = await person_reader_of(rt, bot_id, person_id, principal.organization_id)
+    if reader is None or not reader.readers[0]["usesBot"]:
+        raise NotFound("bot not found")
 
 
 async def _reader(tx: AsyncManagedTransaction, principal: Principal, bot_id: str) -> Reader:
@@ -76,6 +88,7 @@ async def forget(rt: Runtime, principal: Principal, bot_id: str, entry_id: str) 
 
     # An unknown Bot, or one the caller does not use, is NOT_FOUND as for Remember; only the
     # entry's own refusal is CONFLICT (it was all CONFLICT, "this entry is not for you").
+    await _uses_bot(rt, principal, bot_id)
     applied = await apply_changes(rt, bot_id, [Forget(entry_id, person_id)], "person", precheck=precheck)
     return applied.version
 
@@ -108,6 +121,7 @@ async def share(
         if "from:" + person_id not in row["tags"] and row["author"] != person_id:
             raise Conflict("only the people behind an entry share it")
 
+    await _uses_bot(rt, principal, bot_id)
     return await apply_changes(rt, bot_id, [Share(entry_id, tuple(audience))], "person", precheck=precheck)
 
 
@@ -134,6 +148,8 @@ async def purge(rt: Runtime, principal: Principal, bot_id: str, tag: str) -> int
         # change row for "from:" or "chat: x" before).
         raise BadInput("purge takes one from:, chat:, org: or channel: tag and an id", field="tag")
     change_id, now = new_id("chg"), now_ms()
+    # Read before the lock too (D9.4, as ``_uses_bot``), and again under it.
+    await read(rt.driver, lambda tx: require_owner_writer(tx, principal, bot_id))
 
     async def work(tx: AsyncManagedTransaction) -> tuple[int, Applied]:
         version = await memory_q.bump_version(tx, bot_id=bot_id)

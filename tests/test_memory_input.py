@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+
+from graph.memory import SHARED_LOCK
 from services.runtime import Runtime
 from tests.client import Api, make_world
-from tests.memory_helpers import visible
+from tests.memory_helpers import fact, said, visible
 
 
 async def memory_version(runtime: Runtime, bot: str) -> int:
@@ -69,3 +72,42 @@ async def test_read_needs_a_grant_and_a_person(api: Api) -> None:
         f"/v1/bots/{w.bot}/memory", headers={"Authorization": f"Bearer {api.admin_token}"}
     )
     assert admin.status_code == 403  # nor can the operator (V7)
+
+
+async def test_a_change_to_another_organizations_bot_is_refused_before_its_lock(
+    api: Api, runtime: Runtime
+) -> None:
+    """Forget, share and purge of another organization's Bot were NOT_FOUND after taking that
+    Memory's exclusive lock (and unwrapping its key): the time told it from an unknown Bot, and
+    each request held the other organization's readers and writers (D9.4, C1). The caller's use
+    of the Bot is read first now: refused while a read of that Memory holds its lock."""
+    w = await make_world(api, ("ann",))
+    other = await make_world(api, ("zed",))
+    chat = await api.chat(other.tokens["zed"], other.bot)
+    theirs = await fact(runtime, other.bot, "Zed's plan", await said(api, other.tokens["zed"], chat, "plan"))
+    mine = {"Authorization": f"Bearer {w.tokens['ann']}"}
+    async with runtime.driver.session() as session:
+        held = await session.begin_transaction()  # a read of their memory, under way
+        await (await held.run(SHARED_LOCK, botId=other.bot)).consume()
+        try:
+            forget = {"command": {"_tag": "Forget", "id": theirs}}
+            response = await asyncio.wait_for(
+                api.http.post(f"/v1/bots/{other.bot}/memory", json=forget, headers=mine), 20
+            )
+            assert response.status_code == 404, response.text
+            share = "mutation($b: ID!, $i: ID!, $a: [String!]!) { shareEntry(botId: $b, id: $i, audience: $a) { version } }"
+            audience = [f"for:person:{w.people['ann']}"]
+            shared = await asyncio.wait_for(
+                api.raw(share, {"b": other.bot, "i": theirs, "a": audience}, w.tokens["ann"]), 20
+            )
+            assert [e["extensions"]["code"] for e in shared["errors"]] == ["NOT_FOUND"], shared
+            purged = await asyncio.wait_for(
+                api.http.post(
+                    f"/v1/bots/{other.bot}/memory/purge", json={"tag": f"chat:{chat}"}, headers=mine
+                ),
+                20,
+            )
+            assert purged.status_code == 404, purged.text
+        finally:
+            await held.rollback()
+    assert theirs in await visible(api, other.tokens["zed"], other.bot)
