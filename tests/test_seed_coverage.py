@@ -81,7 +81,8 @@ async def test_the_budget_counts_spending_of_every_organization_of_a_shared_bot(
     await complete(api, w.tokens["ann"], turn["id"])
     [waiting] = await wait_executions(runtime, turn["id"], ("budget",))
     assert waiting["status"] == "budget"
-    assert [r.task for r in model_server.requests] == ["confide"]
+    # (A summary the suite's worker makes meanwhile, of another test's long Chat, is not this Bot's.)
+    assert [r.task for r in model_server.requests if r.task != "summary"] == ["confide"]
 
 
 # Tags -------------------------------------------------------------------------------------
