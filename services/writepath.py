@@ -241,6 +241,15 @@ async def share_refusal(
         return Conflict("a remembered entry keeps its own access rule: its author alone (V6)")
     orgs = [t[4:] for t in row["tags"] if t.startswith("org:")]
     people = await purge_q.audience_people(tx, bot_id=bot_id, for_tags=shared, orgs=orgs)
+    users = await purge_q.audience_people(tx, bot_id=bot_id, for_tags=["for:bot"], orgs=orgs)
+    if people is not None and not people & (users or set()):
+        # An empty or mistyped audience (a channel that does not exist, another organization's,
+        # tags nobody meets at once, a person who no longer uses the Bot) is within every rule:
+        # accepted, the entry was seen by nobody any more, its sharer included, and nobody was left
+        # who could share it back or forget it. Said before the source rules: after them, another
+        # organization's channel with members was "not within every source's rule" where an
+        # unknown one admitted nobody, which told that it exists (D9.4).
+        return Conflict("the new audience admits nobody who uses the Bot")
     basis = await access.share_basis(tx, bot_id=bot_id, id=row["id"])
     if basis is None or not basis["proved"]:
         return Conflict("an entry without provable sources is never widened (V9)")
@@ -248,13 +257,6 @@ async def share_refusal(
     allowed = await purge_q.rule_people(tx, rules=rules) + [{a} for a in set(basis["authors"])]
     if people is None or not allowed or any(not people <= admitted for admitted in allowed):
         return Conflict("the new audience is not within every source's access rule (V6)")
-    users = await purge_q.audience_people(tx, bot_id=bot_id, for_tags=["for:bot"], orgs=orgs)
-    if not people & (users or set()):
-        # An empty or mistyped audience (a channel that does not exist, another organization's,
-        # tags nobody meets at once, a person who no longer uses the Bot) is within every rule:
-        # accepted, the entry was seen by nobody any more, its sharer included, and nobody was left
-        # who could share it back or forget it.
-        return Conflict("the new audience admits nobody who uses the Bot")
     return None
 
 

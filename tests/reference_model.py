@@ -446,11 +446,11 @@ class Model:
         if self.proof_missing(e):
             raise Refused("an entry without access proof is never widened (V9)", CONFLICT)
         people = self.audience_people(bot, aud, orgs)
+        if not people & self.audience_people(bot, ["for:bot"], orgs):
+            raise Refused("the audience admits nobody who uses the Bot", CONFLICT)
         admitted_sets = self.admitted_sets(e)
         if not admitted_sets or any(not people <= admitted for admitted in admitted_sets):
             raise Refused("the audience is wider than a source rule (V6)", CONFLICT)
-        if not people & self.audience_people(bot, ["for:bot"], orgs):
-            raise Refused("the audience admits nobody who uses the Bot", CONFLICT)
 
     def share(self, bot: str, entry_id: str, audience: list[str], by: str | None = None) -> None:
         self.check_share(bot, entry_id, audience, by)

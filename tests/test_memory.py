@@ -350,6 +350,15 @@ async def test_a_share_that_admits_nobody_who_uses_the_bot_is_refused(api: Api, 
     ):
         codes = await api.codes(share, {"b": w.bot, "id": team, "a": audience}, w.tokens["ann"])
         assert codes == [code], audience
+    # An unknown channel and another organization's channel with members are told alike: the
+    # second was "not within every source's rule", which told that it exists (D9.4).
+    told = [
+        (await api.raw(share, {"b": w.bot, "id": team, "a": [channel]}, w.tokens["ann"]))["errors"][0][
+            "message"
+        ]
+        for channel in ("for:channel:chan_doesnotexist", f"for:channel:{other.channel}")
+    ]
+    assert told[0] == told[1] == "the new audience admits nobody who uses the Bot", told
     with pytest.raises(Conflict):
         await apply(runtime, w.bot, Share(team, ("for:channel:chan_doesnotexist",)))
     assert team in await visible(api, w.tokens["ann"], w.bot)
