@@ -658,7 +658,7 @@ async def _measure_reader(
 
     async def raw_context() -> int:
         text = q_raw_context()
-        wanted = search.context_wanted(rt, pool.bot, CONTEXT_LIMIT)
+        wanted = search.context_wanted(rt, search.reader_scope(pool.bot, reader), CONTEXT_LIMIT)
         ranked = await raw_ranked(
             rt, cipher, index, pool.bot, keys, corpus.queries[text], text, wanted, fill=True
         )

@@ -157,7 +157,8 @@ async def context(
     query = query_text(query)
     if not query:
         return await retrieval.context(rt, bot_id, reader, limit)
-    wanted = context_wanted(rt, bot_id, limit)
+    scope = reader_scope(bot_id, reader)
+    wanted = context_wanted(rt, scope, limit)
     said = (said_at, zone)
     ranked, cipher = await _ranked(rt, embedder, bot_id, reader, query, wanted, fill=True, said=said)
     chosen, size = _fitting(ranked, limit)
@@ -173,7 +174,7 @@ async def context(
     contents = cipher.decrypt_all(Kind.ENTRY, [(e["id"], e["content"]) for e in chosen])
     text = "\n".join("- " + c for c in contents)
     if contents:
-        rt.line_lengths.observe(bot_id, len(text) + 1, len(contents))
+        rt.line_lengths.observe(scope, len(text) + 1, len(contents))
     return retrieval.Context(
         text, tuple(e["id"] for e in chosen), tuple(contents), tuple(e["saidAt"] for e in chosen)
     )
@@ -192,10 +193,18 @@ def _fitting(ranked: list[search_q.RankedContext], limit: int) -> tuple[list[sea
     return chosen, size
 
 
-def context_wanted(rt: Runtime, bot_id: str, limit: int) -> int:
+def reader_scope(bot_id: str, reader: Reader) -> str:
+    """What a process keeps per reader of a Bot (a query's vector, the mean length of the lines
+    ``context(query)`` gave them) is kept under this: the Bot and the reader's keys. Kept per Bot,
+    one reader's questions and lines showed in another's times and results."""
+    return bot_id + "\n" + "\n".join(reader_keys(list(reader.readers)))
+
+
+def context_wanted(rt: Runtime, scope: str, limit: int) -> int:
     """How many entries ``context(limit, query)`` asks the statement for: CONTEXT_OVERASK times
-    what ``limit`` characters hold at the Bot's mean line length (100 before any is known)."""
-    mean = rt.line_lengths.mean(bot_id) or 100.0
+    what ``limit`` characters hold at the mean length of the lines it gave this reader of the Bot
+    (``scope``: :func:`reader_scope`; 100 before any is known)."""
+    mean = rt.line_lengths.mean(scope) or 100.0
     return max(8, min(MAX_CONTEXT_WANTED, math.ceil(limit / mean * CONTEXT_OVERASK)))
 
 
@@ -360,7 +369,7 @@ async def _ranked(
     when and in which time zone the query was said (None: now, UTC)."""
     cipher = await cipher_of(rt, bot_id)
     keys = tuple(reader_keys(list(reader.readers)))
-    vector = await _embed(rt, embedder, bot_id + "\n" + "\n".join(keys), query)
+    vector = await _embed(rt, embedder, reader_scope(bot_id, reader), query)
     # The query's words and the dates it names (D9.31: entries hold the terms of the day they
     # were said on).
     said_at, zone = said

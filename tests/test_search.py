@@ -325,6 +325,27 @@ async def test_context_with_a_query_fills_its_budget_with_short_lines(api: Api, 
         await embedder.aclose()
 
 
+async def test_what_context_learns_of_a_readers_lines_is_kept_for_that_reader(
+    api: Api, runtime: Runtime
+) -> None:
+    """How many entries ``context(query)`` asks for follows the mean length of the lines it gave
+    (which entries fill the budget may follow it). Kept per Bot, one reader's lines steered
+    another's answer and the time of their search. Kept per reader of the Bot now: Ann's long
+    lines move her mean, not Bob's."""
+    w = await make_world(api, ("ann", "bob"))
+    source = await said(api, w.tokens["ann"], await api.chat(w.tokens["ann"], w.bot), "notes")
+    for n in range(6):
+        await fact(runtime, w.bot, f"Ann's garden note {n}: " + "tomatoes need water " * 20, source)
+    ann = await memory.person_reader_of(runtime, w.bot, w.people["ann"], w.org)
+    bob = await memory.person_reader_of(runtime, w.bot, w.people["bob"], w.org)
+    assert ann is not None and bob is not None
+    default = search.context_wanted(runtime, search.reader_scope(w.bot, bob), 4000)
+    got = await search.context(runtime, None, w.bot, ann, 4000, query="garden tomatoes")
+    assert len(got.ids) == 6  # lines of ~420 characters: Ann's mean now says so
+    assert search.context_wanted(runtime, search.reader_scope(w.bot, ann), 4000) < default
+    assert search.context_wanted(runtime, search.reader_scope(w.bot, bob), 4000) == default
+
+
 async def test_context_with_a_query_fills_its_budget_past_an_entry_that_does_not_fit(
     api: Api, runtime: Runtime
 ) -> None:
