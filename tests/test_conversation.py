@@ -18,7 +18,7 @@ from services import conversation, memory
 from services.changes import AddFact, ItemRef, RenameTopic, SetTopics
 from services.runtime import Runtime
 from services.settings import Settings
-from tests.client import Api, bearer
+from tests.client import Api, World, bearer
 from tests.conftest import WorkerProcess
 from tests.learning_helpers import add_items, long_turn, memory_world, spend, until_logged, wait_summary
 from tests.memory_helpers import apply, db_hits, fact, said, sealed
@@ -162,6 +162,25 @@ class KilledHere(Exception):
     """The worker killed between a summary's saved call and its saved text."""
 
 
+async def due_unswept_chat(api: Api, runtime: Runtime) -> tuple[World, str, str]:
+    """Ann's Chat of 30,001 characters in a Turn never completed and marked as swept, so that
+    only the test makes its summaries (the suite's worker never queues one): world, chat, turn."""
+    w = await memory_world(api, ("ann",))
+    ann = w.tokens["ann"]
+    chat = await api.chat(ann, w.bot)
+    turn = await api.turn(ann, chat, "A")
+    await runtime.driver.execute_query("MATCH (ch:Chat {id: $c}) SET ch.summarySweptAt = timestamp()", c=chat)
+    await add_items(api, ann, turn["id"], *[("PERSON_MESSAGE", "x" * 10_000)] * 3)
+    return w, chat, turn["id"]
+
+
+def _gateway(runtime: Runtime, model_server: ModelServer) -> Gateway:
+    """A gateway of this process that asks the suite's model server."""
+    return Gateway(
+        Settings.model_validate({**runtime.settings.model_dump(), "openai_base_url": model_server.base_url})
+    )
+
+
 async def test_a_summary_whose_call_was_saved_but_not_its_text_is_made_from_that_call(
     api: Api, runtime: Runtime, model_server: ModelServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -169,17 +188,10 @@ async def test_a_summary_whose_call_was_saved_but_not_its_text_is_made_from_that
     before its text was paid for the same call again when the summary was made at the next Turn
     or sweep. The call is found by its request's keyed digest in the Chat; a later summary (a new
     request) asks the model anew."""
-    w = await memory_world(api, ("ann",))
-    ann = w.tokens["ann"]
-    chat = await api.chat(ann, w.bot)
     model_server.script("summary", Reply(text="Three long letters."), Reply(text="Six long letters."))
-    turn = await api.turn(ann, chat, "A")
-    # Never completed, and marked as swept: only this test makes the Chat's summaries.
-    await runtime.driver.execute_query("MATCH (ch:Chat {id: $c}) SET ch.summarySweptAt = timestamp()", c=chat)
-    await add_items(api, ann, turn["id"], *[("PERSON_MESSAGE", "x" * 10_000)] * 3)
-    gateway = Gateway(
-        Settings.model_validate({**runtime.settings.model_dump(), "openai_base_url": model_server.base_url})
-    )
+    w, chat, turn = await due_unswept_chat(api, runtime)
+    ann = w.tokens["ann"]
+    gateway = _gateway(runtime, model_server)
     try:
 
         def killed(*_: object, **__: object) -> None:
@@ -196,7 +208,7 @@ async def test_a_summary_whose_call_was_saved_but_not_its_text_is_made_from_that
         assert len(model_server.requests_for("summary")) == 1  # made from the saved call
         assert await spend(runtime, w.bot) == charged  # and not charged again
         assert (await pack(api, ann, chat)).json()["summary"] == "Three long letters."
-        await add_items(api, ann, turn["id"], *[("PERSON_MESSAGE", "y" * 10_000)] * 3)
+        await add_items(api, ann, turn, *[("PERSON_MESSAGE", "y" * 10_000)] * 3)
         assert await summary.summarize(runtime, gateway, chat) == "saved"
         assert len(model_server.requests_for("summary")) == 2
         assert (await pack(api, ann, chat)).json()["summary"] == "Six long letters."
@@ -209,16 +221,9 @@ async def test_an_empty_summary_answer_is_asked_again_not_reused(
 ) -> None:
     """A saved summary call is reused only for text: an empty answer (the job says "empty") is
     asked again by the next job, as before saved calls were reused."""
-    w = await memory_world(api, ("ann",))
-    ann = w.tokens["ann"]
-    chat = await api.chat(ann, w.bot)
     model_server.script("summary", Reply(text="   "), Reply(text="Three long letters."))
-    turn = await api.turn(ann, chat, "A")
-    await runtime.driver.execute_query("MATCH (ch:Chat {id: $c}) SET ch.summarySweptAt = timestamp()", c=chat)
-    await add_items(api, ann, turn["id"], *[("PERSON_MESSAGE", "x" * 10_000)] * 3)
-    gateway = Gateway(
-        Settings.model_validate({**runtime.settings.model_dump(), "openai_base_url": model_server.base_url})
-    )
+    _, chat, _ = await due_unswept_chat(api, runtime)
+    gateway = _gateway(runtime, model_server)
     try:
         assert await summary.summarize(runtime, gateway, chat) == "empty"
         assert await summary.summarize(runtime, gateway, chat) == "saved"
