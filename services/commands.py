@@ -21,7 +21,7 @@ from services.domain import Principal
 from services.embedding import Embedder
 from services.errors import BadInput, Conflict, Forbidden, NotFound
 from services.ids import new_id
-from services.memory import Entry, Reader, person_reader_of, user_reader
+from services.memory import Entry, Reader, require_use, user_reader
 from services.runtime import Runtime, now_ms
 from services.validation import check_id
 from services.writepath import apply_changes, publish_change, require_visible
@@ -37,9 +37,7 @@ async def _uses_bot(rt: Runtime, principal: Principal, bot_id: str) -> None:
     told them apart, and each such request held the other organization's readers and writers."""
     person_id = require_person(principal)
     assert principal.organization_id is not None
-    reader = await person_reader_of(rt, bot_id, person_id, principal.organization_id)
-    if reader is None or not reader.readers[0]["usesBot"]:
-        raise NotFound("bot not found")
+    await require_use(rt, bot_id, person_id, principal.organization_id)
 
 
 async def _reader(tx: AsyncManagedTransaction, principal: Principal, bot_id: str) -> Reader:

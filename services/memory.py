@@ -332,3 +332,11 @@ async def person_reader_of(rt: Runtime, bot_id: str, person_id: str, org: str) -
 
     reader = await autocommit(rt.driver, work)
     return None if reader is None else Reader(org, (reader,))
+
+
+async def require_use(rt: Runtime, bot_id: str, person_id: str, org: str) -> None:
+    """NOT_FOUND unless the person uses the Bot, read on its own before a change does anything
+    slow or takes its lock (D9.4): the change reads it again under the lock (a grant may go)."""
+    reader = await person_reader_of(rt, bot_id, person_id, org)
+    if reader is None or not reader.readers[0]["usesBot"]:
+        raise NotFound("bot not found")

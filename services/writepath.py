@@ -47,7 +47,7 @@ from services.derived import Derived, derive
 from services.embedding import Embedder
 from services.errors import BadInput, Conflict, NotFound
 from services.ids import new_id
-from services.memory import Reader, cipher_of, person_reader_of, user_reader
+from services.memory import Reader, cipher_of, require_use, user_reader
 from services.runtime import Runtime, now_ms
 from services.validation import ID_PATTERN
 
@@ -337,9 +337,7 @@ async def apply_changes(
         # answer's time told an existing Bot from an unknown one (and spent an embedding on it).
         # Read again under the lock below: a grant may go meanwhile. (Without an embedder nothing
         # slow comes first, and the one statement below checks it.)
-        reader = await person_reader_of(rt, bot_id, *person)
-        if reader is None or not reader.readers[0]["usesBot"]:
-            raise NotFound("bot not found")
+        await require_use(rt, bot_id, *person)
     cipher = await cipher_of(rt, bot_id)
     change_id = new_id("chg")
     derived = await derive(cipher, embedder, _contents(changes), rt.settings.embedding_timeout_seconds)
