@@ -327,8 +327,6 @@ class Postings:
         summed = np.zeros(size, np.float64)
         found = False
         for lo, hi in spans:
-            if lo == hi:
-                continue
             saturated = self._saturation(local.tfs[lo:hi], local.lengths[lo:hi])
             summed[local.at[lo:hi]] += saturated * _idf(local.documents, hi - lo)
             found = True
