@@ -336,7 +336,7 @@ async def apply_changes(
         # Before any embedding: a Bot the person does not use was NOT_FOUND only after it, so its
         # answer's time told an existing Bot from an unknown one (and spent an embedding on it).
         # Read again under the lock below: a grant may go meanwhile. (Without an embedder nothing
-        # slow comes first, and the one statement below checks it.)
+        # slow comes first: the one statement below reads it before its lock and again under it.)
         await require_use(rt, bot_id, *person)
     cipher = await cipher_of(rt, bot_id)
     change_id = new_id("chg")

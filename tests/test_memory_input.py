@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from graph.memory import SHARED_LOCK
+from services import commands
+from services.domain import Principal
+from services.errors import NotFound
 from services.runtime import Runtime
 from tests.client import Api, make_world
 from tests.memory_helpers import fact, said, visible
@@ -77,7 +82,7 @@ async def test_read_needs_a_grant_and_a_person(api: Api) -> None:
 async def test_a_change_to_another_organizations_bot_is_refused_before_its_lock(
     api: Api, runtime: Runtime
 ) -> None:
-    """Forget, share and purge of another organization's Bot were NOT_FOUND after taking that
+    """Forget, share, purge and Remember of another organization's Bot were NOT_FOUND after taking that
     Memory's exclusive lock (and unwrapping its key): the time told it from an unknown Bot, and
     each request held the other organization's readers and writers (D9.4, C1). The caller's use
     of the Bot is read first now: refused while a read of that Memory holds its lock."""
@@ -108,6 +113,17 @@ async def test_a_change_to_another_organizations_bot_is_refused_before_its_lock(
                 20,
             )
             assert purged.status_code == 404, purged.text
+            remember: dict[str, object] = {"command": {"_tag": "Remember", "content": "Mine now", "tags": []}}
+            remembered = await asyncio.wait_for(
+                api.http.post(f"/v1/bots/{other.bot}/memory", json=remember, headers=mine), 20
+            )
+            assert remembered.status_code == 404, remembered.text
+            # Without an embedder, Remember is one statement: it reads the use before its lock.
+            ann = Principal("person", person_id=w.people["ann"], organization_id=w.org)
+            with pytest.raises(NotFound):
+                await asyncio.wait_for(
+                    commands.remember(runtime, ann, other.bot, "Mine now", [], embedder=None), 20
+                )
         finally:
             await held.rollback()
     assert theirs in await visible(api, other.tokens["zed"], other.bot)
