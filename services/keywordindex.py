@@ -294,12 +294,15 @@ class Postings:
             held = {b: hi - lo for b, (lo, hi) in spans.items() if hi > lo}
             return self._sums_among([spans[b] for b in _rarest(held)], local, among.shape[0])
         documents = self._docs if pool is None else pool[1]
+        mask = None
+        if pool is not None:  # as long as the postings' rows reach: one gather a token, no bounds
+            mask = pool[0][: self.capacity]
+            if mask.shape[0] < self.capacity:
+                mask = np.concatenate([mask, np.zeros(self.capacity - mask.shape[0], np.bool_)])
         counts: dict[str, int] = {}
         for b, token in ids.items():
             rows, _ = self._postings(token)
-            df = rows.size
-            if pool is not None:
-                df = int(np.count_nonzero(pool[0][rows[rows < pool[0].shape[0]]]))
+            df = rows.size if mask is None else int(np.count_nonzero(mask[rows]))
             if df:
                 counts[b] = df
         rows_parts: list[Rows] = []
