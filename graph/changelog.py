@@ -64,41 +64,26 @@ class AddedAndLoggedRow(TypedDict):
     removed: list[str]
 
 
-#: Whether ``$personId`` (a person of ``$org``) uses the Bot ``$botId``; true without a person.
-_PERSON_USES_BOT: Final[LiteralString] = (
-    """  OPTIONAL MATCH (p:Person {id: $personId})-[:MEMBER_OF]->(o:Organization {id: $org})
-  OPTIONAL MATCH (b:Bot {id: $botId})
-  RETURN $personId IS NULL OR (p IS NOT NULL AND b IS NOT NULL AND """
-    + USES_BOT
-    + """) AS allowed
-"""
-)
-
-
 #: A whole change that only adds entries, as one statement (an auto-commit transaction, one
 #: round trip): the exclusive lock first (C1), then ADD_ENTRIES under it (C7), then — unless an
 #: entry was refused — the new version and the log row (C2) with the labels. When ``problem``
 #: is set, nothing was written (the version stays). A person's change (``$personId`` in
-#: ``$org``, else both null) needs that person to use the Bot (D9.1), read before the lock — a
-#: Bot of another organization is never locked, which held its readers and writers and told it
-#: from an unknown Bot by the time (D9.4) — and again under it (a grant may go meanwhile): no
+#: ``$org``, else both null) needs that person to use the Bot, read under the lock (D9.1): no
 #: record otherwise, as without the Bot.
 ADD_ONLY_CHANGE: Final[LiteralString] = (
     """
-CALL () {
-"""
-    + _PERSON_USES_BOT
-    + """}
-WITH allowed WHERE allowed
 MATCH (held:Memory {id: $botId})
 CALL apoc.lock.nodes([held])
 WITH held
 MATCH (m:Memory) WHERE elementId(m) = elementId(held)
 WITH m, m.version + 1 AS version
 CALL (m) {
-"""
-    + _PERSON_USES_BOT
-    + """}
+  OPTIONAL MATCH (p:Person {id: $personId})-[:MEMBER_OF]->(o:Organization {id: $org})
+  OPTIONAL MATCH (b:Bot {id: $botId})
+  RETURN $personId IS NULL OR (p IS NOT NULL AND b IS NOT NULL AND """
+    + USES_BOT
+    + """) AS allowed
+}
 WITH m, version WHERE allowed
 """
     + ADD_ENTRIES

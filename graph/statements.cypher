@@ -828,12 +828,6 @@ OPTIONAL MATCH (c:Change {id: $id})
 RETURN problem, coalesce(c.removedIds, []) AS removed
 
 // ---- graph.changelog.ADD_ONLY_CHANGE
-CALL () {
-  OPTIONAL MATCH (p:Person {id: $personId})-[:MEMBER_OF]->(o:Organization {id: $org})
-  OPTIONAL MATCH (b:Bot {id: $botId})
-  RETURN $personId IS NULL OR (p IS NOT NULL AND b IS NOT NULL AND EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))) AS allowed
-}
-WITH allowed WHERE allowed
 MATCH (held:Memory {id: $botId})
 CALL apoc.lock.nodes([held])
 WITH held

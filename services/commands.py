@@ -61,9 +61,9 @@ async def remember(
     topics = check_topics(tuple(tags), "tags")
     assert principal.organization_id is not None
     change = Remember(content=content, person_id=person_id, org=principal.organization_id, topics=topics)
-    # One statement: the caller's use of the Bot (before the lock: another organization's Bot is
-    # never locked), the lock, that use again, the entry, the version and the log (with an
-    # embedder, a read of the caller's use of the Bot before the embedding, too).
+    # A read of the caller's use of the Bot before anything else (another organization's Bot is
+    # never locked), then one statement: the lock, that use again, the entry, the version and
+    # the log.
     applied = await apply_changes(
         rt, bot_id, [change], "person", person=(person_id, principal.organization_id), embedder=embedder
     )

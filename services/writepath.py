@@ -322,8 +322,9 @@ async def apply_changes(
 
     ``precheck(tx)`` runs under the lock before anything is written (e.g. a visibility check
     of the entry a person edits, or a learning execution's compare-and-set). ``person`` (id,
-    organization): a person's change, which needs them to use the Bot (D9.1) — read under the
-    lock, in the same statement when the change only adds entries; NotFound otherwise.
+    organization): a person's change, which needs them to use the Bot (D9.1) — read before
+    anything else, and again under the lock (in the same statement when the change only adds
+    entries); NotFound otherwise.
 
     New content is made searchable in the same commit (design §10): its blind keywords, and its
     vector when ``embedder`` is given — embedded here, before the lock is taken.
@@ -332,11 +333,11 @@ async def apply_changes(
         raise BadInput(f"at most {MAX_CHANGES} changes at once", field="changes")
     for change in changes:
         validate(change)
-    if person is not None and embedder is not None and _contents(changes):
-        # Before any embedding: a Bot the person does not use was NOT_FOUND only after it, so its
-        # answer's time told an existing Bot from an unknown one (and spent an embedding on it).
-        # Read again under the lock below: a grant may go meanwhile. (Without an embedder nothing
-        # slow comes first: the one statement below reads it before its lock and again under it.)
+    if person is not None:
+        # Before the key, any embedding and the lock: a Bot the person does not use was NOT_FOUND
+        # only after them — its data key unwrapped, an embedding spent, its Memory locked
+        # exclusively (holding its readers and writers) — so its answer's time told an existing
+        # Bot from an unknown one (D9.4). Read again under the lock below: a grant may go.
         await require_use(rt, bot_id, *person)
     cipher = await cipher_of(rt, bot_id)
     change_id = new_id("chg")
