@@ -711,7 +711,9 @@ async def _measure_reader(
         text = q_turn()
         early = search.EarlyQuery(minilm, text)
         try:
-            await turns.start_turn(rt, person, chat_id, text, actor_id=None, notice=False)
+            await turns.start_turn(
+                rt, person, chat_id, text, actor_id=None, notice=False, allowed=early.start
+            )
             return len((await search.context(anew, early, pool.bot, reader, CONTEXT_LIMIT, text)).ids)
         finally:
             await early.aclose()

@@ -61,7 +61,9 @@ async def start_turn(
     """``startTurn``: the Turn with its input saved, and ``enriched_input`` for the caller only (D9.16)."""
     deadline = (arrived or time.monotonic()) + rt.settings.answer_deadline_seconds
     # A person's words are the query of the enrichment: their embedding runs while the Turn is
-    # written (dropped when the enrichment does not search).
+    # written, started once the caller may write the Chat (dropped when the enrichment does not
+    # search). Started before that check, a refused caller — any token, any chat id — spent the
+    # process's one embedder on it.
     embedder, early = gateway.embedder, None
     if embedder is not None and not notice and len(text) <= rt.settings.max_text_chars:
         early = search.EarlyQuery(embedder, text)
@@ -75,6 +77,7 @@ async def start_turn(
             notice=notice,
             said_at=said_at,
             time_zone=time_zone,
+            allowed=None if early is None else early.start,
         )
         enriched, used = await rewrite(rt, gateway, turn, deadline, early or embedder, said_at=said_at)
     finally:

@@ -235,16 +235,22 @@ def show_scores(
 
 class EarlyQuery:
     """A query's embedding started before its search: an :class:`Embedder` that answers that one
-    text from it and anything else from ``embedder``. ``startTurn`` starts one beside writing
-    the Turn, so the query's embedding (~5 ms on one core) overlaps the write instead of following
-    it. ``aclose`` drops an embedding nobody asked for (it never closes ``embedder``)."""
+    text from it (once :meth:`start` started it) and anything else from ``embedder``.
+    ``startTurn`` starts one beside writing the Turn, once the caller may write the Chat, so the
+    query's embedding (~5 ms on one core) overlaps the write instead of following it. ``aclose``
+    drops an embedding nobody asked for (it never closes ``embedder``)."""
 
     def __init__(self, embedder: Embedder, query: str) -> None:
         self._embedder = embedder
         self._text = query_text(query)
-        self._early: asyncio.Task[F32] | None = (
-            asyncio.ensure_future(embedder.embed([self._text])) if self._text else None
-        )
+        self._early: asyncio.Task[F32] | None = None
+        self._started = False
+
+    def start(self) -> None:
+        """Start the embedding (once: a retried write calls it again)."""
+        if not self._started and self._text:
+            self._started = True
+            self._early = asyncio.ensure_future(self._embedder.embed([self._text]))
 
     @property
     def id(self) -> str:

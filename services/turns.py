@@ -4,6 +4,7 @@ learning run (L2). Who may write: :func:`services.chats.require_writer`."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -46,12 +47,15 @@ async def start_turn(
     notice: bool,
     said_at: int | None = None,
     time_zone: str | None = None,
+    allowed: Callable[[], None] | None = None,
 ) -> Turn:
     """Open a Turn whose first Item is the input; the Turn's actor is saved (V3).
 
     The actor is the person of a person token, or for a platform token a named person of
     the Chat (never anyone else), or a notice. ``said_at``: when the input was said (history
     imported; D9.31), else now; ``time_zone``: where (D9.32), else the actor's own zone.
+    ``allowed`` is called once the caller and the actor may write the Chat, before the Turn is
+    written (again when the write is retried).
     """
     check_id(chat_id, "chatId")
     text = check_text(text, "input", limit=rt.settings.max_text_chars)
@@ -84,6 +88,8 @@ async def start_turn(
             and not await chats_q.is_person_of_chat(tx, chat_id=chat_id, person_id=actor)
         ):
             raise Forbidden("the actor is not a person of this chat")
+        if allowed is not None:
+            allowed()
         turn_seq, item_seq = await chats_q.allocate_turn(tx, chat_id=chat_id)
         kind = ItemKind.NOTICE if actor is None else ItemKind.PERSON_MESSAGE
         return await chats_q.create_turn(

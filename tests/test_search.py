@@ -8,6 +8,7 @@ import dataclasses
 import json
 import socket
 from collections.abc import Sequence
+from types import SimpleNamespace
 from typing import Any, cast
 
 import httpx
@@ -22,11 +23,14 @@ from graph import search as search_q
 from graph.driver import autocommit
 from graph.memory import TOP_RANK, reader_keys
 from graph.migrations import LATEST, migrate
+from learning import enrichment
 from learning.embedders import LocalMiniLM, OpenAIEmbedder
-from services import memory, retrieval, search
+from learning.gateway import Gateway
+from services import memory, retrieval, search, turns
 from services.bootstrap import open_runtime
 from services.changes import AddFact, Invalidate, ItemRef, MemoryChange, Revise, SetTopics, Share
 from services.domain import Principal
+from services.errors import NotFound
 from services.runtime import Runtime
 from services.runtime import now_ms as time_ms
 from services.settings import Settings
@@ -449,15 +453,51 @@ async def test_a_query_embedded_early_is_embedded_once_and_ranks_the_same(api: A
     try:
         question = "Which animal lives with Ann?"
         early = search.EarlyQuery(counting, f"  {question}\n")
+        early.start()
+        early.start()  # a retried write starts it again: still once
         got = await search.context(runtime, early, w.bot, reader, 60, query=question)
         assert counting.asked == [[question]]
         assert got == await search.context(runtime, inner, w.bot, reader, 60, query=question)
         assert got.ids
         await early.aclose()  # already taken: nothing to drop
         unused = search.EarlyQuery(counting, "Where does Ann park her bicycle?")
+        unused.start()
         hits = await search.search(runtime, unused, w.bot, reader, "dog", 3)
         await unused.aclose()
         assert hits and sorted(counting.asked[1:]) == [["Where does Ann park her bicycle?"], ["dog"]]
+    finally:
+        await inner.aclose()
+
+
+async def test_start_turn_embeds_its_query_only_for_a_caller_who_may_write_the_chat(
+    api: Api, runtime: Runtime
+) -> None:
+    """``startTurn`` embeds the person's words beside the Turn's write, but only once the caller
+    may write the Chat: started before that check, any token with any chat id (another
+    organization's, or none) spent the process's one embedder on a refused request (D9.4)."""
+    w = await make_world(api, ("ann",))
+    other = await make_world(api, ("zed",))
+    theirs = await api.chat(other.tokens["zed"], other.bot)
+    mine = await api.chat(w.tokens["ann"], w.bot)
+    ann = Principal("person", person_id=w.people["ann"], organization_id=w.org)
+    inner = LocalMiniLM()
+    counting = Counting(inner)
+    gateway = cast(Gateway, SimpleNamespace(embedder=counting))
+    try:
+        for chat in (theirs, "chat_unknown"):
+            with pytest.raises(NotFound):
+                await enrichment.start_turn(
+                    runtime, gateway, ann, chat, "Where is my bicycle?", actor_id=None, notice=False
+                )
+        assert counting.asked == []
+        early = search.EarlyQuery(counting, "Where is my bicycle?")
+        try:
+            await turns.start_turn(
+                runtime, ann, mine, "Where is my bicycle?", actor_id=None, notice=False, allowed=early.start
+            )
+            assert counting.asked == [["Where is my bicycle?"]]  # started beside the write
+        finally:
+            await early.aclose()
     finally:
         await inner.aclose()
 
