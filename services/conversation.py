@@ -305,14 +305,18 @@ async def set_chat_meta(
     checked = _checked_map(summary, rt.settings.summary_threshold_chars)
     plain = json.dumps(checked, ensure_ascii=False)
 
-    async def work(tx: AsyncManagedTransaction) -> conversation_q.SetMetaRow | None:
-        # The caller's access is checked in the transaction that writes, under the Chat's lock:
-        # a removal committed while the write waited for it refuses the write (read in a
-        # transaction before, a removed owner's write landed after the removal).
-        await chats_q.lock_chat(tx, chat_id=chat_id)
+    async def owned(tx: AsyncManagedTransaction) -> chats_q.ChatForRow:
         row = await chats.readable_chat(tx, principal, chat_id)
         if row["chat"]["ownerId"] != principal.person_id:
             raise Forbidden("only the chat's owner sets its meta")
+        return row
+
+    async def work(tx: AsyncManagedTransaction) -> conversation_q.SetMetaRow | None:
+        # The caller's access is checked again in the transaction that writes, under the Chat's
+        # lock: a removal committed while the write waited for it refuses the write (read only
+        # before, a removed owner's write landed after the removal).
+        await chats_q.lock_chat(tx, chat_id=chat_id)
+        row = await owned(tx)
         return await conversation_q.set_meta(
             tx,
             chatId=chat_id,
@@ -324,6 +328,10 @@ async def set_chat_meta(
             now=now_ms(),
         )
 
+    # First without the lock: another's Chat is never locked. Locked first, the refusal waited
+    # behind whatever held the Chat (a history deletion, a summary, a Turn), which told a busy
+    # Chat from an unknown id, and held the Chat's own writers meanwhile (D9.4).
+    await read(rt.driver, owned)
     saved = await write(rt.driver, work)
     if saved is None:  # the Chat was deleted since it was read
         raise NotFound("chat not found")

@@ -14,6 +14,7 @@ import pytest
 from neo4j import AsyncManagedTransaction
 
 from graph import conversation as conversation_q
+from graph.chats import LOCK_CHAT
 from graph.driver import write
 from services.conversation import META_KINDS
 from services.crypto import Kind
@@ -213,6 +214,37 @@ async def test_meta_access_and_bad_input(api: Api) -> None:
     )
     assert far["chatMetas"]["data"] == [] and far["chatMetas"]["total"] >= 1
     assert (await meta(api, ann, group)).json()["summary"] == {"i-1": "hello team"}
+
+
+async def test_a_refused_meta_write_never_waits_for_the_chats_lock(api: Api, runtime: Runtime) -> None:
+    """setChatMeta of a Chat the caller may not set is refused before the Chat's lock: it locked
+    the Chat first, so the refusal waited behind whatever held it (a history deletion, a summary,
+    a Turn) — telling a busy Chat from an unknown id — and held the Chat's writers meanwhile
+    (D9.4). Refused at once while another transaction holds the lock; the owner's write waits."""
+    w = await make_world(api, ("ann", "bob"), channel=("ann", "bob"))
+    stranger = await make_world(api, ("zed",))
+    group = await api.chat(w.tokens["ann"], w.bot, channel=w.channel)
+    locked, release = asyncio.Event(), asyncio.Event()
+
+    async def hold(tx: AsyncManagedTransaction) -> None:
+        await (await tx.run(LOCK_CHAT, chatId=group)).consume()
+        locked.set()
+        await release.wait()
+
+    held = asyncio.create_task(write(runtime.driver, hold))
+    try:
+        await locked.wait()
+        for token, expected in ((stranger.tokens["zed"], "NOT_FOUND"), (w.tokens["bob"], "FORBIDDEN")):
+            refused = await asyncio.wait_for(put(api, token, group, {"summary": {"a": "b"}}), 20)
+            assert code(refused) == expected, refused.text
+        owners = asyncio.create_task(put(api, w.tokens["ann"], group, {"summary": {"a": "b"}}, create=True))
+        # The owner's write waits its turn.
+        await until_a_transaction_waits_for_a_lock(runtime, running="apoc.lock.nodes([ch])")
+        release.set()
+        assert (await owners).status_code == 201
+    finally:
+        release.set()
+        await held
 
 
 SET = (
