@@ -28,7 +28,7 @@ from services.ids import new_id
 from services.jobs import enqueue_executions
 from services.memorybot import ReviewChat, Route, load_route
 from services.runtime import Runtime, now_ms
-from services.turns import require_own_turn
+from services.turns import require_own_turn, require_own_turn_first
 from services.validation import check_id, check_text
 
 log = logging.getLogger("learning.confide")
@@ -61,6 +61,7 @@ async def confide_drawing(
     check_id(turn_id, "turnId")
     text = check_text(text, "text", limit=rt.settings.max_text_chars)
     confession_id, execution_id, now = new_id("conf"), new_id("exec"), now_ms()
+    await require_own_turn_first(rt, principal, turn_id, "confides on")
 
     async def work(
         tx: AsyncManagedTransaction,

@@ -12,7 +12,7 @@ from neo4j import AsyncManagedTransaction
 
 from graph import chats as chats_q
 from graph import learning
-from graph.driver import write
+from graph.driver import read, write
 from services.chats import chat_cipher, require_writer
 from services.crypto import Kind
 from services.domain import Item, ItemKind, Principal, Turn
@@ -163,6 +163,17 @@ def require_own_turn(principal: Principal, row: chats_q.TurnForRow | None, does:
         raise Forbidden(f"a person {does} only their own Turns")
 
 
+async def require_own_turn_first(rt: Runtime, principal: Principal, turn_id: str, does: str) -> None:
+    """:func:`require_own_turn`, read on its own before a change locks the Turn (which checks it
+    again under the lock): another's Turn is never locked. Locked first, a refusal waited behind
+    whatever held the Turn (a completion, learning being recorded), which told a busy Turn from an
+    unknown id, and held the Turn's own writers meanwhile (D9.4)."""
+    row = await read(
+        rt.driver, lambda tx: chats_q.turn_for(tx, turn_id=turn_id, person_id=principal.person_id)
+    )
+    require_own_turn(principal, row, does)
+
+
 async def add_items(
     rt: Runtime,
     principal: Principal,
@@ -189,6 +200,8 @@ async def add_items(
             raise BadInput("an App tool result, and only it, names its App", field=f"items[{n}].app")
         if item.app is not None:
             check_id(item.app, f"items[{n}].app")
+
+    await require_own_turn_first(rt, principal, turn_id, "adds Items to")
 
     async def work(tx: AsyncManagedTransaction) -> tuple[list[chats_q.ItemNode], bool]:
         # Locked: a completeTurn committing meanwhile is seen (its status), never appended to.

@@ -5,7 +5,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from neo4j import AsyncManagedTransaction
+
 from graph.chats import CHAT_PAGES, CHAT_TAILS
+from graph.driver import write
 from services.runtime import Runtime
 from tests.client import Api, make_world
 from tests.learning_helpers import add_items, until_a_transaction_waits_for_a_lock
@@ -233,6 +236,45 @@ async def test_a_person_completes_and_confides_only_on_their_own_turns(api: Api)
     assert [i["kind"] for i in bot["addItems"]] == ["BOT_MESSAGE"]  # still open for the reply
     done = await api.gql(complete, {"t": turn["id"]}, world.tokens["ann"])
     assert done["completeTurn"]["status"] == "completed"
+
+
+async def test_a_refused_add_or_confide_never_waits_for_the_turns_lock(api: Api, runtime: Runtime) -> None:
+    """addItems and confide are refused before the Turn's lock: they locked it first, so another
+    organization's or another member's refusal waited behind whatever held the Turn (a
+    completion, learning being recorded) — telling a busy Turn from an unknown id — and held the
+    Turn's own writers meanwhile (D9.4). Refused at once while another transaction holds the
+    lock; the Turn's own actor waits for it."""
+    world = await make_world(api, ("ann", "bob"), channel=("ann", "bob"))
+    stranger = await make_world(api, ("zed",))
+    chat = await api.chat(world.tokens["ann"], world.bot, channel=world.channel)
+    turn = (await api.turn(world.tokens["ann"], chat, "what shall we eat?"))["id"]
+    confide = 'mutation($t: ID!) { confide(turnId: $t, text: "I am unsure") { answer } }'
+    item = {"t": turn, "i": [{"kind": "PERSON_MESSAGE", "text": "pizza?"}]}
+    locked, release = asyncio.Event(), asyncio.Event()
+
+    async def hold(tx: AsyncManagedTransaction) -> None:
+        await (
+            await tx.run("MATCH (t:Turn {id: $t}) CALL apoc.lock.nodes([t]) RETURN t.id", t=turn)
+        ).consume()
+        locked.set()
+        await release.wait()
+
+    held = asyncio.create_task(write(runtime.driver, hold))
+    try:
+        await locked.wait()
+        for token, expected in (
+            (stranger.tokens["zed"], ["NOT_FOUND"]),
+            (world.tokens["bob"], ["FORBIDDEN"]),
+        ):
+            assert await asyncio.wait_for(api.codes(ADD, item, token), 20) == expected
+            assert await asyncio.wait_for(api.codes(confide, {"t": turn}, token), 20) == expected
+        own = asyncio.create_task(api.gql(ADD, item, world.tokens["ann"]))
+        await until_a_transaction_waits_for_a_lock(runtime, running="apoc.lock.nodes([held])")
+        release.set()
+        assert [i["kind"] for i in (await own)["addItems"]] == ["PERSON_MESSAGE"]
+    finally:
+        release.set()
+        await held
 
 
 async def test_other_organization_sees_nothing(api: Api) -> None:
