@@ -30,12 +30,8 @@ async def audience(rt: Runtime, principal: Principal, chat_id: str) -> tuple[str
         raise Forbidden("server calls need a platform token of the chat's organization")
     check_id(chat_id, "chatId")
 
-    try:
-        chat, route, reader = await route_and_reader(rt, chat_id)
-    except NotFound:
-        raise NotFound("chat not found") from None
-    if chat["organizationId"] != principal.organization_id:
-        raise NotFound("chat not found")
+    assert principal.organization_id is not None
+    chat, route, reader = await route_and_reader(rt, chat_id, principal.organization_id)
     if chat["review"] or not route.bot_memory:
         return route.bot_id, None
     return route.bot_id, reader

@@ -231,12 +231,13 @@ async def load_route(
 
 
 async def route_and_reader(
-    rt: Runtime, chat_id: str
+    rt: Runtime, chat_id: str, org: str | None = None
 ) -> tuple[memorybot_q.RouteChat, Route, memory.Reader | None]:
     """The Chat, its route and every reader of an answer in it (None when it has none, D9.15),
-    read now in one auto-commit statement."""
+    read now in one auto-commit statement. With ``org``, a Chat of another organization is
+    NOT_FOUND before anything is made of it (its Bot's data key is not unwrapped, D9.4)."""
     row = await autocommit(rt.driver, lambda s: conversation_q.route_readers(s, chat_id=chat_id))
-    if row is None:
+    if row is None or (org is not None and row["chat"]["organizationId"] != org):
         raise NotFound("chat not found")
     return row["chat"], route_of(rt, row), reader_of(row)
 

@@ -6,9 +6,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from bench.channel_bench import ADD_MEMBERS
 from graph import access
-from services import memory
+from services import chatmemory, memory
+from services.domain import Principal
+from services.errors import NotFound
 from services.runtime import Runtime
 from tests.client import Api, make_world
 from tests.memory_helpers import checked_readers, command, db_hits, fact, said
@@ -102,6 +106,28 @@ async def test_only_a_platform_of_the_chats_organization_may_ask(api: Api) -> No
     review = await api.chat(w.tokens["ann"], w.bot, review=True)
     empty = await rest(api, platform, "GET", f"/v1/chats/{review}/memory/context")
     assert empty.json() == {"text": "", "ids": []}  # review chats get no memory (D9.16)
+
+
+async def test_another_organizations_platform_never_opens_the_chats_key(api: Api, runtime: Runtime) -> None:
+    """A platform token of another organization is NOT_FOUND before the Chat's Bot's data key is
+    unwrapped: it was unwrapped (and kept among this process's keys, pushing others out) before
+    the organizations were compared (D9.4). The platform of the Chat's organization opens it."""
+    w = await make_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    other = await make_world(api, ("zed",))
+    assert runtime.keyring.cached(w.bot) is None  # made through the API process, not this one
+    foreign = Principal("platform", organization_id=other.org)
+    for call in (
+        chatmemory.has_entries(runtime, foreign, chat),
+        chatmemory.context(runtime, None, foreign, chat, 100, None),
+        chatmemory.validate_references(runtime, foreign, chat, []),
+    ):
+        with pytest.raises(NotFound):
+            await call
+    assert runtime.keyring.cached(w.bot) is None
+    own = Principal("platform", organization_id=w.org)
+    assert not await chatmemory.has_entries(runtime, own, chat)
+    assert runtime.keyring.cached(w.bot) is not None
 
 
 async def test_a_group_chat_offers_only_entries_for_the_group_or_for_everyone(
