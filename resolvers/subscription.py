@@ -90,9 +90,13 @@ class Subscription:
         hub = info.context.turn_hub
         if hub is None or principal.person_id is None or principal.token_id is None:
             raise Unauthenticated("subscriptions need a person's token")
-        # Registered first, then checked: a removal (or a revoked token) whose re-check of the
-        # Chat's followers ran between a check made first and the registration ended no stream,
+        # Checked before the registration too: registered, a stranger's stream made the process
+        # read and decrypt the Chat's Items that other processes announced while its check ran
+        # (D9.4). Checked again once registered: a removal (or a revoked token) whose re-check of
+        # the Chat's followers ran between the first check and the registration ended no stream,
         # and the reply deltas, which are not checked one by one, reached the removed person.
+        if await chats.get_chat(info.context.runtime, principal, str(chat_id)) is None:
+            raise NotFound("chat not found")
         async with hub.subscribe(str(chat_id), principal.person_id, principal.token_id) as sub:
             chat = await chats.get_chat(info.context.runtime, principal, str(chat_id))
             if chat is None:

@@ -15,7 +15,7 @@ from websockets.asyncio.client import ClientConnection
 from learning.runner import EARLIER_INTRO, ENOUGH_CONFIDED, MAX_CONFIDES, SUMMARY_INTRO, UNAVAILABLE_REPLY
 from services.runtime import Runtime
 from tests.client import Api, World, bearer
-from tests.feed_helpers import subscribed, ws_url
+from tests.feed_helpers import opened, subscribed, ws_url
 from tests.learning_helpers import (
     add_items,
     fact_call,
@@ -337,8 +337,12 @@ async def test_review_chats_get_no_confide_tool(api: Api, model_server: ModelSer
 
 
 async def test_only_the_chats_people_follow_its_turns(api: Api) -> None:
+    """Another's Chat is NOT_FOUND, and its stream is never registered: registered before the
+    check, the process read and decrypted the Chat's Items other processes announced meanwhile,
+    for a stranger (D9.4)."""
     w = await runner_world(api, ("ann", "bob"))
     chat = await api.chat(w.tokens["ann"], w.bot)
+    before = await opened(api, "turnEvents")
     async with websockets.connect(ws_url(api), subprotocols=["graphql-transport-ws"]) as ws:  # type: ignore[list-item]
         await ws.send(
             json.dumps({"type": "connection_init", "payload": {"Authorization": f"Bearer {w.tokens['bob']}"}})
@@ -353,6 +357,7 @@ async def test_only_the_chats_people_follow_its_turns(api: Api) -> None:
         assert (
             message["type"] == "error" or message["payload"]["errors"][0]["extensions"]["code"] == "NOT_FOUND"
         )
+    assert await opened(api, "turnEvents") == before
     codes = await api.codes(SEND, {"c": chat, "t": "hi"}, w.tokens["bob"])
     assert codes == ["NOT_FOUND"]
 
