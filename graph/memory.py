@@ -126,9 +126,19 @@ RETURN m.version AS version
 """
 
 #: The first statement of a person's read (C1, D9.8): the shared lock of the Bot's memory,
-#: then, under it and in the same round trip, that person as a reader (see READER).
+#: then, under it and in the same round trip, that person as a reader (see READER). A Bot their
+#: organization neither owns nor is linked to is never locked (no row, as an unknown Bot):
+#: locked, its refusal waited behind that organization's writers and took a second statement,
+#: which told it from an unknown Bot (D9.4).
 _LOCK_AND_READER_ROW: Final[LiteralString] = (
-    _LOCKED
+    """
+MATCH (held:Memory {id: $botId})
+WHERE EXISTS { MATCH (:Bot {id: $botId})-[:OWNED_BY|LINKED]->(:Organization {id: $org}) }
+CALL apoc.lock.read.nodes([held])
+WITH held
+MATCH (m:Memory) WHERE elementId(m) = elementId(held)
+WITH m
+"""
     + """OPTIONAL MATCH (p:Person {id: $personId})-[:MEMBER_OF]->(o:Organization {id: $org})
 OPTIONAL MATCH (b:Bot {id: $botId})
 OPTIONAL MATCH (p)-[:MEMBER]->(c:Channel)-[:IN]->(o)

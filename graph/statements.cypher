@@ -2450,6 +2450,7 @@ RETURN collect(e {.id, .layer, .tags, .status, .confidence, .createdAt, .updated
 
 // ---- graph.memory.LOCK_AND_READER
 MATCH (held:Memory {id: $botId})
+WHERE EXISTS { MATCH (:Bot {id: $botId})-[:OWNED_BY|LINKED]->(:Organization {id: $org}) }
 CALL apoc.lock.read.nodes([held])
 WITH held
 MATCH (m:Memory) WHERE elementId(m) = elementId(held)
@@ -2464,6 +2465,7 @@ RETURN p.timeZone AS timeZone, m.version AS version, CASE WHEN p IS NULL THEN nu
 
 // ---- graph.memory.LOCK_READER_AND_LIST
 MATCH (held:Memory {id: $botId})
+WHERE EXISTS { MATCH (:Bot {id: $botId})-[:OWNED_BY|LINKED]->(:Organization {id: $org}) }
 CALL apoc.lock.read.nodes([held])
 WITH held
 MATCH (m:Memory) WHERE elementId(m) = elementId(held)
@@ -2523,6 +2525,7 @@ RETURN version, reader, entries
 
 // ---- graph.memory.LOCK_READER_AND_PAGE
 MATCH (held:Memory {id: $botId})
+WHERE EXISTS { MATCH (:Bot {id: $botId})-[:OWNED_BY|LINKED]->(:Organization {id: $org}) }
 CALL apoc.lock.read.nodes([held])
 WITH held
 MATCH (m:Memory) WHERE elementId(m) = elementId(held)

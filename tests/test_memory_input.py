@@ -5,13 +5,16 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from neo4j import AsyncManagedTransaction
 
+from graph.driver import write
 from graph.memory import SHARED_LOCK
 from services import commands
 from services.domain import Principal
 from services.errors import NotFound
 from services.runtime import Runtime
 from tests.client import Api, make_world
+from tests.learning_helpers import until_a_transaction_waits_for_a_lock
 from tests.memory_helpers import fact, said, visible
 
 
@@ -127,3 +130,38 @@ async def test_a_change_to_another_organizations_bot_is_refused_before_its_lock(
         finally:
             await held.rollback()
     assert theirs in await visible(api, other.tokens["zed"], other.bot)
+
+
+async def test_a_read_of_another_organizations_bot_is_refused_before_its_lock(
+    api: Api, runtime: Runtime
+) -> None:
+    """A person's read of a Bot their organization neither owns nor is linked to is NOT_FOUND
+    without its Memory's shared lock: locked, the refusal waited behind that organization's
+    writers and took a second statement, which told it from an unknown Bot (D9.4). Refused at
+    once while a change of that Memory holds its exclusive lock; its own people's read waits."""
+    w = await make_world(api, ("ann",))
+    other = await make_world(api, ("zed",))
+    mine = {"Authorization": f"Bearer {w.tokens['ann']}"}
+    theirs = {"Authorization": f"Bearer {other.tokens['zed']}"}
+    locked, release = asyncio.Event(), asyncio.Event()
+
+    async def hold(tx: AsyncManagedTransaction) -> None:
+        await (
+            await tx.run("MATCH (m:Memory {id: $b}) CALL apoc.lock.nodes([m]) RETURN m.id", b=other.bot)
+        ).consume()
+        locked.set()
+        await release.wait()
+
+    held = asyncio.create_task(write(runtime.driver, hold))
+    try:
+        await locked.wait()
+        for path in ("memory", "memory/search?q=plan", "memory/log"):
+            refused = await asyncio.wait_for(api.http.get(f"/v1/bots/{other.bot}/{path}", headers=mine), 20)
+            assert refused.status_code == 404, (path, refused.text)
+        own = asyncio.create_task(api.http.get(f"/v1/bots/{other.bot}/memory", headers=theirs))
+        await until_a_transaction_waits_for_a_lock(runtime, running="apoc.lock.read.nodes")
+        release.set()
+        assert (await own).status_code == 200
+    finally:
+        release.set()
+        await held
