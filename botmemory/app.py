@@ -46,7 +46,7 @@ from services import auth, memorybot, metrics
 from services.bootstrap import open_runtime
 from services.changefeed import ChangeHub
 from services.embedding import Embedder
-from services.errors import ServiceError
+from services.errors import RETRY_AFTER_SECONDS, ServiceError, unavailable
 from services.logs import configure_logging
 from services.runtime import Runtime
 from services.settings import Settings, load_settings
@@ -369,7 +369,13 @@ async def service_error(request: Request, exc: Exception) -> Response:
 
 
 #: The code of a REST error status (DESIGN §5); other 4xx are BAD_INPUT.
-STATUS_CODES = {401: "UNAUTHENTICATED", 403: "FORBIDDEN", 404: "NOT_FOUND", 409: "CONFLICT", 503: "TOO_SLOW"}
+STATUS_CODES = {
+    401: "UNAUTHENTICATED",
+    403: "FORBIDDEN",
+    404: "NOT_FOUND",
+    409: "CONFLICT",
+    503: "UNAVAILABLE",
+}
 
 
 def code_of_status(status: int) -> str:
@@ -386,7 +392,21 @@ async def http_error(request: Request, exc: Exception) -> Response:
 
 
 async def internal_error(request: Request, exc: Exception) -> Response:
-    log.error("internal error on %s %s: %s", request.method, request.url.path, type(exc).__name__)
+    return failure(exc, request.method, request.url.path)
+
+
+def failure(exc: Exception, method: str, path: str, stack: bool = False) -> Response:
+    """The answer to an error no handler expected, logged by type (a message may quote content):
+    503 UNAVAILABLE with ``Retry-After`` when Neo4j or Redis did not answer — the request may be
+    sent again — else 500 INTERNAL (with its stack when ``stack``)."""
+    down = unavailable(exc)
+    if down is not None:
+        log.warning("unavailable on %s %s: %s", method, path, type(exc).__name__)
+        response = error_json(down.code, down.message, down.status)
+        response.headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
+        return response
+    where = "\n" + "".join(traceback.format_tb(exc.__traceback__)) if stack else ""
+    log.error("internal error on %s %s: %s%s", method, path, type(exc).__name__, where)
     return error_json("INTERNAL", "internal error", 500)
 
 
@@ -446,12 +466,9 @@ class Unexpected:
         try:
             await self.app(scope, receive, watched)
         except Exception as exc:
-            where = "".join(traceback.format_tb(exc.__traceback__))
-            log.error(
-                "internal error on %s %s: %s\n%s", scope["method"], scope["path"], type(exc).__name__, where
-            )
+            answer = failure(exc, scope["method"], scope["path"], stack=True)
             if not started:  # else the response was cut short; the server closes the connection
-                await error_json("INTERNAL", "internal error", 500)(scope, receive, send)
+                await answer(scope, receive, send)
 
 
 class RequestMetrics:

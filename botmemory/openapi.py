@@ -24,7 +24,7 @@ from botmemory.rest_models import ErrorBody
 Handler = Callable[[Request], Awaitable[Response]]
 
 #: The errors every operation may answer (DESIGN §5); an operation adds its own (409).
-COMMON_ERRORS: Final = (401, 403, 404, 422)
+COMMON_ERRORS: Final = (401, 403, 404, 422, 503)
 
 _ERRORS: Final = {
     401: "UNAUTHENTICATED: no valid bearer token",
@@ -32,6 +32,7 @@ _ERRORS: Final = {
     404: "NOT_FOUND: no such bot or chat for you",
     409: "CONFLICT: the state moved or the id is not yours",
     422: "BAD_INPUT: a refused value, named in the message",
+    503: "UNAVAILABLE: Neo4j or Redis did not answer; send it again after Retry-After seconds",
 }
 
 _PARAM: Final = re.compile(r"{(\w+)}")

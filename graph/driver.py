@@ -32,14 +32,15 @@ Work = Callable[[AsyncManagedTransaction], Awaitable[T]]
 QueryTarget = AsyncManagedTransaction | AsyncSession
 
 
-def make_driver(uri: str, user: str, password: str) -> AsyncDriver:
-    """An async driver with pool and timeouts sized for one API or worker process."""
+def make_driver(uri: str, user: str, password: str, retry_seconds: float = 15.0) -> AsyncDriver:
+    """An async driver with pool and timeouts sized for one API or worker process; a transaction
+    is retried for ``retry_seconds`` while Neo4j does not answer."""
     return AsyncGraphDatabase.driver(
         uri,
         auth=(user, password),
         max_connection_pool_size=50,
         connection_acquisition_timeout=30.0,
-        max_transaction_retry_time=15.0,
+        max_transaction_retry_time=retry_seconds,
         notifications_min_severity="OFF",
     )
 

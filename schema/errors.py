@@ -13,7 +13,7 @@ from strawberry.schema.schema import StreamResult
 from strawberry.types import ExecutionResult
 
 from services import metrics
-from services.errors import ServiceError
+from services.errors import ServiceError, unavailable
 
 log = logging.getLogger("botmemory.graphql")
 
@@ -22,6 +22,8 @@ def code_of(error: GraphQLError) -> str:
     original = error.original_error
     if isinstance(original, ServiceError):
         return original.code
+    if original is not None and unavailable(original) is not None:
+        return "UNAVAILABLE"  # Neo4j or Redis did not answer: the operation may be sent again
     if (
         isinstance(original, GraphQLError)
         and error.path is not None
@@ -46,6 +48,10 @@ def with_code(error: GraphQLError) -> GraphQLError:
     original = error.original_error
     message = error.message if code != "INTERNAL" else "internal error"
     extensions = dict(error.extensions or {}) if code != "INTERNAL" else {}
+    down = None if original is None or isinstance(original, ServiceError) else unavailable(original)
+    if down is not None:  # the driver's message names hosts: ours says what to do
+        message, extensions = down.message, {}
+        log.warning("unavailable at %s: %s", error.path, type(original).__name__)
     extensions["code"] = code
     if isinstance(original, ServiceError) and original.field:
         extensions["field"] = original.field

@@ -105,7 +105,7 @@ async def open_runtime(settings: Settings, *, schema: Schema = "migrate") -> Asy
     numpy's BLAS runs on ``index_threads`` threads meanwhile."""
     blas = threadpool_limits(limits=settings.index_threads, user_api="blas")
     password = settings.neo4j_password.get_secret_value() if settings.neo4j_password else ""
-    driver = make_driver(settings.neo4j_uri, settings.neo4j_user, password)
+    driver = make_driver(settings.neo4j_uri, settings.neo4j_user, password, settings.neo4j_retry_seconds)
     redis = redis_of(settings)
     try:
         # The keys are read and checked before the schema is touched: a deploy with a key of the

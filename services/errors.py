@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from neo4j.exceptions import IncompleteCommit, ServiceUnavailable, SessionExpired
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
 
 class ServiceError(Exception):
     """An expected failure whose message is safe to show to the caller (never content or secrets)."""
@@ -51,3 +55,29 @@ class TooSlow(ServiceError):
 class BadInput(ServiceError):
     code = "BAD_INPUT"
     status = 422
+
+
+class Unavailable(ServiceError):
+    """Neo4j or Redis did not answer (after the driver's retries): nothing is wrong with the
+    request, and the caller may send it again (503 with ``Retry-After``)."""
+
+    code = "UNAVAILABLE"
+    status = 503
+
+
+#: Seconds a caller is asked to wait before sending a request again after UNAVAILABLE.
+RETRY_AFTER_SECONDS = 1
+
+
+def unavailable(exc: BaseException) -> Unavailable | None:
+    """The refusal that a failure to reach Neo4j or Redis is said as, or None for any other error.
+    A commit whose outcome is unknown says so: sent again blindly, a change could be made twice."""
+    if isinstance(exc, IncompleteCommit):
+        return Unavailable(
+            "the database went away during the commit: the change may have been saved; read before sending it again"
+        )
+    if isinstance(exc, ServiceUnavailable | SessionExpired):
+        return Unavailable("the database is unavailable; try again")
+    if isinstance(exc, RedisConnectionError | RedisTimeoutError):
+        return Unavailable("the event store (Redis) is unavailable; try again")
+    return None

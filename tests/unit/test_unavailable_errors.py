@@ -1,0 +1,26 @@
+"""Which failures are UNAVAILABLE (503, sent again) and which stay INTERNAL (services.errors)."""
+
+from __future__ import annotations
+
+from neo4j.exceptions import ClientError, IncompleteCommit, ServiceUnavailable, SessionExpired
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from services.errors import unavailable
+
+
+def test_neo4j_and_redis_out_of_reach_are_unavailable_and_nothing_else_is() -> None:
+    for down in (
+        ServiceUnavailable("x"),
+        SessionExpired("x"),
+        RedisConnectionError("x"),
+        RedisTimeoutError("x"),
+    ):
+        said = unavailable(down)
+        assert said is not None and said.code == "UNAVAILABLE" and said.status == 503
+        assert "try again" in said.message
+    unknown = unavailable(IncompleteCommit("x"))
+    assert unknown is not None and "may have been saved" in unknown.message
+    for other in (ClientError("x"), ResponseError("x"), ValueError("x"), KeyError("x")):
+        assert unavailable(other) is None
