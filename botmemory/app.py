@@ -496,6 +496,10 @@ class RequestMetrics:
         began = time.perf_counter()
         try:
             await self.app(scope, receive, observed)
+        except Exception as exc:  # answered outside, by ``failure``: 503 for an outage, else 500
+            if unavailable(exc) is not None:
+                status = 503
+            raise
         finally:
             metrics.REQUEST_SECONDS.labels(surface=surface).observe(time.perf_counter() - began)
             if surface == "rest":

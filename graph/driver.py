@@ -14,7 +14,14 @@ from neo4j import (
     AsyncSession,
     unit_of_work,
 )
-from neo4j.exceptions import ClientError, ConstraintError, ServiceUnavailable, SessionExpired, TransientError
+from neo4j.exceptions import (
+    ClientError,
+    ConstraintError,
+    IncompleteCommit,
+    ServiceUnavailable,
+    SessionExpired,
+    TransientError,
+)
 
 T = TypeVar("T")
 
@@ -52,7 +59,10 @@ async def read(driver: AsyncDriver, work: Callable[[AsyncManagedTransaction], Aw
     leader (D9.27). Reading on the leader also sees every committed write, so reads need no
     bookmarks across processes. On one server both modes are the same."""
     async with driver.session(default_access_mode=WRITE_ACCESS) as session:
-        return await session.execute_write(work)
+        try:
+            return await session.execute_write(work)
+        except IncompleteCommit as exc:  # a read commits nothing: it may simply be sent again
+            raise ServiceUnavailable("the connection was lost during a read's commit") from exc
 
 
 async def write(driver: AsyncDriver, work: Callable[[AsyncManagedTransaction], Awaitable[T]]) -> T:
@@ -123,19 +133,26 @@ async def autocommit(
     takes) lasts until the result is consumed. A statement that fails is rolled back by Neo4j: a
     transient failure (a lock timeout, a deadlock) is retried after a growing pause, like a
     managed transaction; so is a lost connection (a pooled connection that Neo4j closed, a
-    restart), unless the statement ``writes``: it may have committed. Any other error is raised.
+    restart), unless the statement ``writes``: it may have committed, and is raised as
+    ``IncompleteCommit`` (the caller must not be told to send it again blindly; a managed
+    transaction's driver says so itself). Any other error is raised.
     Reads too run in write access mode, on the leader (see :func:`read`, D9.27).
     """
-    retried: tuple[type[Exception], ...] = (
-        (TransientError,) if writes else (TransientError, ServiceUnavailable, SessionExpired)
-    )
     fetching = {} if fetch_size is None else {"fetch_size": fetch_size}
     attempt = 1
     while True:
         try:
             async with driver.session(default_access_mode=WRITE_ACCESS, **fetching) as session:
                 return await work(session)
-        except retried:
+        except (ServiceUnavailable, SessionExpired) as exc:
+            if writes and not isinstance(exc, IncompleteCommit):
+                # One statement commits as it ends: lost on the way, it may have committed.
+                raise IncompleteCommit("the connection was lost during an auto-commit write") from exc
+            if writes or attempt == AUTOCOMMIT_ATTEMPTS:
+                raise
+            await asyncio.sleep(0.05 * 2**attempt)
+            attempt += 1
+        except TransientError:
             if attempt == AUTOCOMMIT_ATTEMPTS:
                 raise
             await asyncio.sleep(0.05 * 2**attempt)

@@ -113,23 +113,29 @@ async def confide_drawing(
         )
     metrics.CONFIDE_ANSWERS.labels(by=by).inc()
     sealed = route.cipher.encrypt(Kind.CONFESSION_ANSWER, confession_id, answer)
-    await save_within(  # within the answer's deadline: past it, saved without its text
-        rt.driver,
-        deadline - time.monotonic(),
-        lambda with_text: (
-            lambda tx: memorybot_q.answer_confession(
-                tx,
-                id=confession_id,
-                answer=sealed,
-                used_entry_ids=list(used),
-                answered_by=by,
-                now=now_ms(),
-                history_epoch=route.history_epoch,
-                bot_id=route.bot_id,
-                with_text=with_text,
-            )
-        ),
-    )
+    try:
+        await save_within(  # within the answer's deadline: past it, saved without its text
+            rt.driver,
+            deadline - time.monotonic(),
+            lambda with_text: (
+                lambda tx: memorybot_q.answer_confession(
+                    tx,
+                    id=confession_id,
+                    answer=sealed,
+                    used_entry_ids=list(used),
+                    answered_by=by,
+                    now=now_ms(),
+                    history_epoch=route.history_epoch,
+                    bot_id=route.bot_id,
+                    with_text=with_text,
+                )
+            ),
+        )
+    except (Neo4jError, DriverError) as exc:
+        # The confession and its learning are committed: failed now, the caller was told to
+        # confide again (503), which recorded both twice. The Bot gets its answer; the record
+        # keeps the confession unanswered.
+        log.warning("a confide answer was not recorded: the store failed (%s)", type(exc).__name__)
     return answer, tuple(used)
 
 

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from dataclasses import replace
 from typing import Final
+
+from neo4j.exceptions import DriverError, Neo4jError
 
 from graph import memorybot as memorybot_q
 from graph.driver import read, save_within
@@ -29,6 +32,8 @@ from services.embedding import Embedder
 from services.ids import new_id
 from services.memorybot import Route, route_and_reader
 from services.runtime import Runtime, now_ms
+
+log = logging.getLogger("botmemory.enrichment")
 
 _SAVE_MARGIN = 0.3
 
@@ -117,6 +122,11 @@ async def rewrite(
         enriched, outcome = original, exc.code
     except TimeoutError:
         enriched = original
+    except (Neo4jError, DriverError) as exc:
+        # The Turn is committed: failed now, the caller was told to send startTurn again (503),
+        # which started a second Turn of the same words. The input is kept, as for any failure.
+        log.warning("enrichment kept the input: the store failed (%s)", type(exc).__name__)
+        enriched, outcome = original, "store_failed"
     metrics.ENRICHMENTS.labels(outcome=outcome).inc()
     return enriched, used
 

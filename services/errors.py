@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from neo4j.exceptions import IncompleteCommit, ServiceUnavailable, SessionExpired
+from neo4j.exceptions import (
+    DatabaseUnavailable,
+    ForbiddenOnReadOnlyDatabase,
+    IncompleteCommit,
+    NotALeader,
+    ServiceUnavailable,
+    SessionExpired,
+)
+from redis.exceptions import AuthenticationError as RedisAuthenticationError
+from redis.exceptions import AuthorizationError as RedisAuthorizationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -76,8 +85,12 @@ def unavailable(exc: BaseException) -> Unavailable | None:
         return Unavailable(
             "the database went away during the commit: the change may have been saved; read before sending it again"
         )
-    if isinstance(exc, ServiceUnavailable | SessionExpired):
+    if isinstance(exc, ServiceUnavailable | SessionExpired | DatabaseUnavailable | NotALeader):
         return Unavailable("the database is unavailable; try again")
+    if isinstance(exc, ForbiddenOnReadOnlyDatabase):  # a cluster member that stopped leading
+        return Unavailable("the database is unavailable; try again")
+    if isinstance(exc, RedisAuthenticationError | RedisAuthorizationError):
+        return None  # a wrong password or ACL: the deployment's fault, not an outage
     if isinstance(exc, RedisConnectionError | RedisTimeoutError):
         return Unavailable("the event store (Redis) is unavailable; try again")
     return None

@@ -49,8 +49,9 @@ class Settings(BaseSettings):
     neo4j_user: str = "neo4j"
     neo4j_password: SecretStr | None = None
     neo4j_bolt_port: int = Field(default=7687, ge=1, le=65535)
-    #: Seconds a transaction is retried while Neo4j does not answer (a restart, a leader change)
-    #: before the request is answered 503 UNAVAILABLE.
+    #: Seconds a managed transaction is retried while Neo4j does not answer (a restart, a leader
+    #: change) or on a deadlock, before the request is answered 503 UNAVAILABLE (an auto-commit
+    #: statement has its own few attempts, ``graph.driver.autocommit``).
     neo4j_retry_seconds: float = Field(default=15.0, gt=0, le=600)
     #: Sizes as Java and Neo4j read them: a number and k, m or g (``1gb`` ended the launcher with
     #: the JVM's "A fatal exception has occurred", which named no setting).

@@ -7,14 +7,30 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any
+import dataclasses
+import time
+from types import SimpleNamespace
+from typing import Any, TypedDict, cast
 
 import httpx
+import pytest
+from neo4j.exceptions import IncompleteCommit, ServiceUnavailable
 
+from graph import memorybot as memorybot_q
+from graph.driver import autocommit, make_driver, single
+from learning import confide, enrichment
+from learning.gateway import FIXED_CALM_ANSWER, Gateway
+from services.domain import Principal, Turn
+from services.errors import unavailable
+from services.runtime import Runtime, now_ms
 from services.settings import Settings
 from tests.client import Api, bearer, make_world
 from tests.conftest import ApiProcess
 from tests.waiting import until
+
+
+class One(TypedDict):
+    n: int
 
 
 class CuttableProxy:
@@ -99,6 +115,17 @@ async def test_neo4j_out_of_reach_is_unavailable_and_the_process_answers_once_it
             [error] = answer.json()["errors"]
             assert error["extensions"] == {"code": "UNAVAILABLE"}, error
             assert "127.0.0.1" not in answer.text and str(proxy.port) not in answer.text
+            # Counted as what they are: an outage, not our bug (an alert on INTERNAL stays quiet).
+            counted = [
+                line
+                for line in (await http.get("/metrics")).text.splitlines()
+                if line.startswith("botmemory_requests_total{") and not line.endswith(" 0.0")
+            ]
+            assert any('code="UNAVAILABLE"' in line and 'surface="rest"' in line for line in counted), counted
+            assert any('code="UNAVAILABLE"' in line and 'surface="graphql"' in line for line in counted), (
+                counted
+            )
+            assert not [line for line in counted if 'code="INTERNAL"' in line], counted
             await proxy.listen()
 
             async def back() -> bool:
@@ -110,3 +137,56 @@ async def test_neo4j_out_of_reach_is_unavailable_and_the_process_answers_once_it
     finally:
         await asyncio.to_thread(cut_off.stop)
         await proxy.cut()
+
+
+async def test_a_write_that_lost_neo4j_may_have_committed_and_a_turn_keeps_its_input(
+    runtime: Runtime, settings: Settings
+) -> None:
+    """An auto-commit write that lost its connection may have committed: it is raised as
+    IncompleteCommit ("read before sending it again"), never as "try again" — sent again, a
+    Remember made a second entry. A read is retried, then said as unavailable. And a Turn whose
+    enrichment meets the store gone after the Turn was saved keeps its input, rather than answer
+    503 "try again", which started a second Turn of the same words."""
+    closed = CuttableProxy(settings.neo4j_bolt_port)
+    await closed.listen()
+    await closed.cut()  # nothing listens there now
+    driver = make_driver(f"bolt://127.0.0.1:{closed.port}", "neo4j", "unused", retry_seconds=0.5)
+    try:
+        with pytest.raises(IncompleteCommit) as lost:
+            await autocommit(driver, lambda s: single(s, "CREATE (n:Lost) RETURN 1 AS n", One), writes=True)
+        said = unavailable(lost.value)
+        assert said is not None and "may have been saved" in said.message
+        with pytest.raises(ServiceUnavailable) as gone:
+            await autocommit(driver, lambda s: single(s, "RETURN 1 AS n", One))
+        assert not isinstance(gone.value, IncompleteCommit)
+        turn = Turn(
+            "turn_x", "chat_x", 1, "open", "person", "person_x", now_ms(), None, input="Where is my bike?"
+        )
+        away = dataclasses.replace(runtime, driver=driver)
+        gateway = cast(Gateway, SimpleNamespace(embedder=None))
+        kept = await enrichment.rewrite(away, gateway, turn, time.monotonic() + 10, None)
+        assert kept == ("Where is my bike?", ())
+    finally:
+        await driver.close()
+
+
+async def test_a_confide_answer_that_cannot_be_recorded_is_still_given(
+    api: Api, runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The confession and its learning commit before the answer is sought; when recording the
+    answer meets the store gone (its commit lost on the way, injected here), the Bot still gets
+    its answer — failed, the caller was told to confide again, which recorded both twice."""
+    w = await make_world(api, ("ann",))  # no memory-Bot model: the fixed calm answer
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    turn = (await api.turn(w.tokens["ann"], chat, "hello"))["id"]
+    ann = Principal("person", person_id=w.people["ann"], organization_id=w.org)
+
+    async def lost(tx: object, **_: object) -> None:
+        raise IncompleteCommit("the connection was lost during the commit")
+
+    monkeypatch.setattr(memorybot_q, "answer_confession", lost)
+    gateway = cast(Gateway, SimpleNamespace(embedder=None))
+    assert await confide.confide_drawing(runtime, gateway, ann, turn, "I got it wrong") == (
+        FIXED_CALM_ANSWER,
+        (),
+    )
