@@ -395,7 +395,7 @@ async def create_chat(
     return None if record is None else record["chat"]
 
 
-async def chat_for(tx: AsyncManagedTransaction, *, chat_id: str, person_id: str | None) -> ChatForRow | None:
+async def chat_for(tx: QueryTarget, *, chat_id: str, person_id: str | None) -> ChatForRow | None:
     """The Chat, its Bot key and whether ``person_id`` is one of its people; None if unknown."""
     return await single(tx, CHAT_FOR, ChatForRow, chatId=chat_id, personId=person_id)
 
@@ -421,7 +421,7 @@ async def chat_tail(tx: QueryTarget, *, chat_id: str, person_id: str | None, las
     return await single(tx, CHAT_TAILS, ChatPageRow, chatIds=[chat_id], personId=person_id, last=last)
 
 
-async def turn_for(tx: AsyncManagedTransaction, *, turn_id: str, person_id: str | None) -> TurnForRow | None:
+async def turn_for(tx: QueryTarget, *, turn_id: str, person_id: str | None) -> TurnForRow | None:
     return await single(tx, TURN_FOR, TurnForRow, turnId=turn_id, personId=person_id)
 
 

@@ -9,7 +9,7 @@ from graph import bots as bots_q
 from graph import chats as chats_q
 from graph import identity
 from graph.chats import ChatForRow
-from graph.driver import autocommit, write
+from graph.driver import QueryTarget, autocommit, write
 from services.crypto import Cipher, Kind
 from services.domain import Chat, Item, ItemKind, Page, Principal
 from services.errors import BadInput, Forbidden, NotFound, ServiceError
@@ -146,9 +146,7 @@ def _unreadable(principal: Principal, row: ChatForRow | None) -> ServiceError:
     return NotFound("chat not found")
 
 
-async def readable_chat(
-    tx: AsyncManagedTransaction, principal: Principal, chat_id: str
-) -> chats_q.ChatForRow:
+async def readable_chat(tx: QueryTarget, principal: Principal, chat_id: str) -> chats_q.ChatForRow:
     """In ``tx``: the Chat with its Bot's key when the caller is one of its people (D9.6); else
     NOT_FOUND (a platform token of its organization: FORBIDDEN, saying what it may call)."""
     check_id(chat_id, "chatId")

@@ -305,7 +305,7 @@ async def set_chat_meta(
     checked = _checked_map(summary, rt.settings.summary_threshold_chars)
     plain = json.dumps(checked, ensure_ascii=False)
 
-    async def owned(tx: AsyncManagedTransaction) -> chats_q.ChatForRow:
+    async def owned(tx: QueryTarget) -> chats_q.ChatForRow:
         row = await chats.readable_chat(tx, principal, chat_id)
         if row["chat"]["ownerId"] != principal.person_id:
             raise Forbidden("only the chat's owner sets its meta")
@@ -331,7 +331,7 @@ async def set_chat_meta(
     # First without the lock: another's Chat is never locked. Locked first, the refusal waited
     # behind whatever held the Chat (a history deletion, a summary, a Turn), which told a busy
     # Chat from an unknown id, and held the Chat's own writers meanwhile (D9.4).
-    await read(rt.driver, owned)
+    await autocommit(rt.driver, owned)
     saved = await write(rt.driver, work)
     if saved is None:  # the Chat was deleted since it was read
         raise NotFound("chat not found")

@@ -12,7 +12,7 @@ from neo4j import AsyncManagedTransaction
 
 from graph import chats as chats_q
 from graph import learning
-from graph.driver import read, write
+from graph.driver import autocommit, write
 from services.chats import chat_cipher, require_writer
 from services.crypto import Kind
 from services.domain import Item, ItemKind, Principal, Turn
@@ -168,8 +168,8 @@ async def require_own_turn_first(rt: Runtime, principal: Principal, turn_id: str
     again under the lock): another's Turn is never locked. Locked first, a refusal waited behind
     whatever held the Turn (a completion, learning being recorded), which told a busy Turn from an
     unknown id, and held the Turn's own writers meanwhile (D9.4)."""
-    row = await read(
-        rt.driver, lambda tx: chats_q.turn_for(tx, turn_id=turn_id, person_id=principal.person_id)
+    row = await autocommit(
+        rt.driver, lambda s: chats_q.turn_for(s, turn_id=turn_id, person_id=principal.person_id)
     )
     require_own_turn(principal, row, does)
 

@@ -132,15 +132,22 @@ async def until_logged(path: Path, text: str, within: float = 30, after: int = 0
     await until(logged, f"{text!r} never logged in {path}", within=within)
 
 
-async def until_a_transaction_waits_for_a_lock(rt: Runtime, within: float = 30, running: str = "") -> None:
+async def until_a_transaction_waits_for_a_lock(
+    rt: Runtime, within: float = 30, running: str = "", given: tuple[str, str] | None = None
+) -> None:
     """Until Neo4j shows a transaction blocked on a lock (``running``: one whose statement holds
-    that text, not another process's that happens to wait)."""
+    that text, not another process's that happens to wait; ``given``: one whose statement has that
+    parameter with that value, e.g. ``("botId", bot)``)."""
+    name, value = given or ("", "")
 
     async def blocked() -> bool:
         records, _, _ = await rt.driver.execute_query(
-            "SHOW TRANSACTIONS YIELD status, currentQuery "
-            "WHERE status STARTS WITH 'Blocked' AND currentQuery CONTAINS $running RETURN count(*) AS n",
+            "SHOW TRANSACTIONS YIELD status, currentQuery, parameters "
+            "WHERE status STARTS WITH 'Blocked' AND currentQuery CONTAINS $running "
+            "AND ($name = '' OR parameters[$name] = $value) RETURN count(*) AS n",
             running=running,
+            name=name,
+            value=value,
         )
         return records[0]["n"] > 0
 

@@ -239,7 +239,9 @@ async def test_a_refused_meta_write_never_waits_for_the_chats_lock(api: Api, run
             assert code(refused) == expected, refused.text
         owners = asyncio.create_task(put(api, w.tokens["ann"], group, {"summary": {"a": "b"}}, create=True))
         # The owner's write waits its turn.
-        await until_a_transaction_waits_for_a_lock(runtime, running="apoc.lock.nodes([ch])")
+        await until_a_transaction_waits_for_a_lock(
+            runtime, running="apoc.lock.nodes([ch])", given=("chatId", group)
+        )
         release.set()
         assert (await owners).status_code == 201
     finally:

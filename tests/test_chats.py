@@ -269,7 +269,9 @@ async def test_a_refused_add_or_confide_never_waits_for_the_turns_lock(api: Api,
             assert await asyncio.wait_for(api.codes(ADD, item, token), 20) == expected
             assert await asyncio.wait_for(api.codes(confide, {"t": turn}, token), 20) == expected
         own = asyncio.create_task(api.gql(ADD, item, world.tokens["ann"]))
-        await until_a_transaction_waits_for_a_lock(runtime, running="apoc.lock.nodes([held])")
+        await until_a_transaction_waits_for_a_lock(
+            runtime, running="apoc.lock.nodes([held])", given=("turnId", turn)
+        )
         release.set()
         assert [i["kind"] for i in (await own)["addItems"]] == ["PERSON_MESSAGE"]
     finally:

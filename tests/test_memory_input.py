@@ -91,6 +91,7 @@ async def test_a_change_to_another_organizations_bot_is_refused_before_its_lock(
     of the Bot is read first now: refused while a read of that Memory holds its lock."""
     w = await make_world(api, ("ann",))
     other = await make_world(api, ("zed",))
+    unopened = await make_world(api, ("yan",))  # made through the API: this process never opened it
     chat = await api.chat(other.tokens["zed"], other.bot)
     theirs = await fact(runtime, other.bot, "Zed's plan", await said(api, other.tokens["zed"], chat, "plan"))
     mine = {"Authorization": f"Bearer {w.tokens['ann']}"}
@@ -121,12 +122,14 @@ async def test_a_change_to_another_organizations_bot_is_refused_before_its_lock(
                 api.http.post(f"/v1/bots/{other.bot}/memory", json=remember, headers=mine), 20
             )
             assert remembered.status_code == 404, remembered.text
-            # Without an embedder, Remember is one statement: it reads the use before its lock.
+            # Without an embedder too, and nothing of the Bot is opened first: not its data key.
             ann = Principal("person", person_id=w.people["ann"], organization_id=w.org)
-            with pytest.raises(NotFound):
-                await asyncio.wait_for(
-                    commands.remember(runtime, ann, other.bot, "Mine now", [], embedder=None), 20
-                )
+            for bot in (other.bot, unopened.bot):
+                with pytest.raises(NotFound):
+                    await asyncio.wait_for(
+                        commands.remember(runtime, ann, bot, "Mine now", [], embedder=None), 20
+                    )
+            assert runtime.keyring.cached(unopened.bot) is None
         finally:
             await held.rollback()
     assert theirs in await visible(api, other.tokens["zed"], other.bot)
@@ -159,7 +162,9 @@ async def test_a_read_of_another_organizations_bot_is_refused_before_its_lock(
             refused = await asyncio.wait_for(api.http.get(f"/v1/bots/{other.bot}/{path}", headers=mine), 20)
             assert refused.status_code == 404, (path, refused.text)
         own = asyncio.create_task(api.http.get(f"/v1/bots/{other.bot}/memory", headers=theirs))
-        await until_a_transaction_waits_for_a_lock(runtime, running="apoc.lock.read.nodes")
+        await until_a_transaction_waits_for_a_lock(
+            runtime, running="apoc.lock.read.nodes", given=("botId", other.bot)
+        )
         release.set()
         assert (await own).status_code == 200
     finally:
