@@ -19,6 +19,7 @@ from cross_web import HTTPException as CrossWebHTTPException
 from graphql import GraphQLError, OperationDefinitionNode, OperationType, get_operation_ast, parse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
+from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import HTTPConnection, Request
@@ -471,10 +472,17 @@ class Unexpected:
                 await answer(scope, receive, send)
 
 
-class RequestMetrics:
-    """``botmemory_request_seconds{surface}`` of every HTTP request, and for REST
-    ``botmemory_requests_total{surface="rest",code}`` (OK or the error's code, from its status;
-    GraphQL counts its operations in GraphQLApp and ErrorCodes). Surfaces, never paths."""
+#: On every HTTP answer: no type sniffing (a JSON body read as HTML), no Referer to other sites,
+#: never framed (``frame-ancestors`` says it too, to browsers that read CSP).
+SAFE_HEADERS: Final = (
+    ("x-content-type-options", "nosniff"),
+    ("referrer-policy", "no-referrer"),
+    ("x-frame-options", "DENY"),
+)
+
+
+class _HttpOnly:
+    """An ASGI middleware of HTTP requests (:meth:`http`); the others pass by."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -483,6 +491,39 @@ class RequestMetrics:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        await self.http(scope, receive, send)
+
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        raise NotImplementedError
+
+
+class SafeHeaders(_HttpOnly):
+    """SAFE_HEADERS on every HTTP answer, and ``Cache-Control: no-store`` on the API's (REST and
+    GraphQL) unless it says otherwise: they carry decrypted memory and messages, which a browser
+    (the docs page's "Try it out" on a shared machine) or a proxy kept on disk."""
+
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path: str = scope["path"]
+        private = path == "/graphql" or path.startswith("/v1/")
+
+        async def headed(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(scope=message)
+                for name, value in SAFE_HEADERS:
+                    headers.setdefault(name, value)
+                if private:
+                    headers.setdefault("cache-control", "no-store")
+            await send(message)
+
+        await self.app(scope, receive, headed)
+
+
+class RequestMetrics(_HttpOnly):
+    """``botmemory_request_seconds{surface}`` of every HTTP request, and for REST
+    ``botmemory_requests_total{surface="rest",code}`` (OK or the error's code, from its status;
+    GraphQL counts its operations in GraphQLApp and ErrorCodes). Surfaces, never paths."""
+
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         path: str = scope["path"]
         surface = "graphql" if path == "/graphql" else "rest" if path.startswith("/v1/") else "other"
         status = 500  # unless a response starts: an exception the outermost handler answers
@@ -605,6 +646,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
             *openapi.routes(rest.operations, "/v1"),
         ],
         middleware=[
+            Middleware(SafeHeaders),
             Middleware(Unexpected),
             Middleware(RequestMetrics),
             Middleware(

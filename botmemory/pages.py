@@ -10,10 +10,12 @@ from starlette.types import Scope
 
 from botmemory.vendor import STATIC_DIR, VENDOR_DIR, missing_vendor_files
 
-#: Only this origin: the pages work offline and a token typed into them goes nowhere else.
+#: Only this origin: the pages work offline and a token typed into them goes nowhere else — its
+#: sockets too ('self' covers ws: and wss: of this host, CSP level 3; ``ws: wss:`` let a script
+#: that got in send the token to a socket of any host).
 CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
-    "font-src 'self' data:; connect-src 'self' ws: wss:; base-uri 'none'; frame-ancestors 'none'"
+    "font-src 'self' data:; connect-src 'self'; base-uri 'none'; frame-ancestors 'none'; form-action 'none'"
 )
 _VENDOR_CACHE = "public, max-age=31536000, immutable"
 
@@ -24,13 +26,16 @@ class Static(StaticFiles):
     def file_response(
         self, full_path: str | object, stat_result: object, scope: Scope, status_code: int = 200
     ) -> Response:  # type: ignore[override]
+        if str(full_path).endswith(".html"):
+            # A page is served rendered (``render``): raw, its assets' ``?v=__V__`` never changed
+            # between releases, so a year-long cached vendor file was never fetched again.
+            return PlainTextResponse("Not Found", status_code=404)
         response = super().file_response(full_path, stat_result, scope, status_code)  # type: ignore[arg-type]
         vendor = (
             str(scope.get("path", "")).removeprefix(str(scope.get("root_path", ""))).startswith("/vendor/")
         )
         response.headers["Cache-Control"] = _VENDOR_CACHE if vendor else "no-cache"
-        # The pages' own files too (``/static/explore.html`` is the explorer without render's
-        # header): no script of another origin, never framed.
+        # The pages' own files too: no script of another origin, never framed.
         response.headers["Content-Security-Policy"] = CSP
         return response
 

@@ -28,8 +28,6 @@ async def test_pages_and_vendor_files_are_served_from_this_origin(api: Api) -> N
     pages: tuple[tuple[str, dict[str, str]], ...] = (
         ("/graphql", {"Accept": "text/html"}),
         ("/explore", {}),
-        ("/static/explore.html", {}),
-        ("/static/graphiql.html", {}),
         ("/docs", {}),
     )
     for path, headers in pages:
@@ -37,6 +35,11 @@ async def test_pages_and_vendor_files_are_served_from_this_origin(api: Api) -> N
         assert page.status_code == 200, page.text
         policy = page.headers["content-security-policy"]
         assert "default-src 'self'" in policy and "frame-ancestors 'none'" in policy, path
+        # Sockets of this origin only: ``ws: wss:`` let an injected script send the token anywhere.
+        assert "connect-src 'self';" in policy and "ws:" not in policy, policy
+        assert (
+            page.headers["x-content-type-options"] == "nosniff" and page.headers["x-frame-options"] == "DENY"
+        )
         assert not EXTERNAL.findall(page.text), EXTERNAL.findall(page.text)
         scripts = re.findall(r'src="([^"]+)"', page.text)
         assert scripts and all(s.startswith("/static/") for s in scripts)
@@ -45,11 +48,43 @@ async def test_pages_and_vendor_files_are_served_from_this_origin(api: Api) -> N
             assert asset.status_code == 200, src
             cache = asset.headers["cache-control"]
             assert ("immutable" in cache) == src.startswith("/static/vendor/"), (src, cache)
+    # A page's HTML only rendered: raw, its assets' ``?v=__V__`` never changed between releases.
+    for raw in ("/static/explore.html", "/static/graphiql.html", "/static/docs.html"):
+        assert (await api.http.get(raw)).status_code == 404, raw
     swagger = await api.http.get("/static/vendor/swagger-ui/swagger-ui-bundle.js")
     assert (
         swagger.status_code == 200
         and (await api.http.get("/static/vendor/swagger-ui/swagger-ui.css")).status_code == 200
     )
+
+
+async def test_every_answer_is_unsniffed_unframed_and_the_apis_are_never_stored(api: Api) -> None:
+    """Every HTTP answer says nosniff, no Referer and never framed; the API's answers, which carry
+    decrypted memory and messages, are ``no-store`` (a browser on a shared machine, or a proxy,
+    kept them on disk), errors and GraphQL over GET included; the pages keep their own caching."""
+    w = await make_world(api, ("ann",))
+    ann = {"Authorization": f"Bearer {w.tokens['ann']}"}
+    query = "query($b: ID!) { memory(botId: $b) { entries { id } } }"
+    answers = {
+        "REST": await api.http.get(f"/v1/bots/{w.bot}/memory", headers=ann),
+        "REST error": await api.http.get("/v1/bots/bot_unknown/memory", headers=ann),
+        "GraphQL": await api.http.post(
+            "/graphql", json={"query": query, "variables": {"b": w.bot}}, headers=ann
+        ),
+        "GraphQL over GET": await api.http.get(
+            "/graphql", params={"query": query, "variables": json.dumps({"b": w.bot})}, headers=ann
+        ),
+    }
+    for name, answer in answers.items():
+        assert answer.status_code in (200, 404), (name, answer.text)
+        assert answer.headers["cache-control"] == "no-store", name
+    answers["page"] = await api.http.get("/explore")
+    answers["health"] = await api.http.get("/healthz")
+    for name, answer in answers.items():
+        assert answer.headers["x-content-type-options"] == "nosniff", name
+        assert answer.headers["referrer-policy"] == "no-referrer", name
+        assert answer.headers["x-frame-options"] == "DENY", name
+    assert answers["page"].headers["cache-control"] == "no-cache"
 
 
 @pytest.mark.parametrize(
@@ -256,3 +291,43 @@ async def test_the_explorer_says_when_it_lists_the_first_100_only(api: Api, runt
         said_now = await page.js("document.getElementById('status').textContent")
         assert said_now.startswith("The first 100 entries you may see"), said_now
         assert not page.errors, page.errors
+
+
+_COUNTING_FETCHES = """
+window.sent = 0; window.pending = 0;
+const fetched = window.fetch;
+window.fetch = (...args) => { window.sent++; window.pending++; return fetched(...args); };
+const read = Response.prototype.json;
+Response.prototype.json = async function () {
+  try { return await read.call(this); } finally { setTimeout(() => window.pending--, 0); }
+};
+"""
+
+
+async def test_the_explorer_says_a_refusal_before_graphql_and_lists_once_on_two_clicks(
+    api: Api, runtime: Runtime
+) -> None:
+    """A request refused before GraphQL read it (here a body past the size limit) answers in the
+    REST shape, which the explorer read as GraphQL: its status said "Cannot read properties of
+    undefined" and lost the code. And two quick clicks each appended the list after one clear: every
+    entry twice. Only the latest answer draws now."""
+    w = await make_world(api, ("ann",))
+    await apply(runtime, w.bot, Remember("ann likes tea", w.people["ann"], w.org, ()))
+    base = str(api.http.base_url).rstrip("/")
+    async with browser_page() as page:
+        await _explore(page, base, w.tokens["ann"], w.bot)
+        assert await page.js("document.querySelectorAll('#entries li').length") == 1
+        # Requests in flight, counted down once each answer's handling ran (a task after its body).
+        await page.js(_COUNTING_FETCHES)
+        await page.js("document.getElementById('go').click(); document.getElementById('go').click()")
+        await page.wait_for("window.sent === 2 && window.pending === 0")
+        assert await page.js("document.getElementById('status').textContent") == "1 entries you may see."
+        assert await page.js("document.querySelectorAll('#entries li').length") == 1
+        await page.js("document.getElementById('query').value = 'tea '.repeat(300000)")
+        await page.js("document.getElementById('status').textContent = ''")
+        await page.js("document.getElementById('go').click()")
+        await page.wait_for("document.getElementById('status').textContent !== ''")
+        said = await page.js("document.getElementById('status').textContent")
+        assert said.startswith("BAD_INPUT: "), said
+        # The browser logs the refused request itself; nothing else went wrong on the page.
+        assert [e for e in page.errors if "status of 413" not in e] == [], page.errors

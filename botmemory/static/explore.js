@@ -47,7 +47,14 @@
       headers: { "Content-Type": "application/json", Authorization: "Bearer " + $("token").value.trim() },
       body: JSON.stringify({ query, variables }),
     });
-    const body = await response.json();
+    let body;
+    try {
+      body = await response.json();
+    } catch {
+      throw new Error(`HTTP ${response.status}: the service did not answer in JSON`);
+    }
+    // Refused before GraphQL read it (too large, unreadable, the store away): the REST shape.
+    if (body.error) throw new Error(`${body.error.code}: ${body.error.message}`);
     if (body.errors && body.errors.length) {
       const e = body.errors[0];
       throw new Error(((e.extensions && e.extensions.code) || "ERROR") + ": " + e.message);
@@ -57,12 +64,19 @@
 
   const short = (text, n) => (text.length > n ? text.slice(0, n - 1) + "…" : text);
 
+  // Only the latest request of each kind draws: two quick clicks listed the entries twice, and a
+  // slow earlier answer drew over a later one.
+  let listing = 0;
+  let opening = 0;
+
   async function list() {
     const bot = $("bot").value.trim();
     const q = $("query").value.trim();
+    const mine = ++listing;
     $("entries").replaceChildren();
     try {
       const data = q ? await gql(SEARCH, { b: bot, q }) : await gql(LIST, { b: bot });
+      if (mine !== listing) return;
       const entries = q ? data.search.map((h) => h.entry) : data.memory.entries;
       for (const e of entries) {
         const li = document.createElement("li");
@@ -85,18 +99,21 @@
         false,
       );
     } catch (err) {
-      status(err.message, true);
+      if (mine === listing) status(err.message, true);
     }
   }
 
   async function open(id) {
     for (const li of $("entries").children) li.classList.toggle("open", li.dataset.id === id);
+    const mine = ++opening;
     try {
       const found = (await gql(OPEN, { b: $("bot").value.trim(), id })).entry;
+      if (mine !== opening) return;
       draw(found);
       explain(found.why);
       status(`Entry ${id}`, false);
     } catch (err) {
+      if (mine !== opening) return;
       if (graph) graph.destroy();
       graph = null;
       window.exploreGraph = null;
