@@ -85,9 +85,11 @@ def unavailable(exc: BaseException) -> Unavailable | None:
         return Unavailable(
             "the database went away during the commit: the change may have been saved; read before sending it again"
         )
-    if isinstance(exc, ServiceUnavailable | SessionExpired | DatabaseUnavailable | NotALeader):
-        return Unavailable("the database is unavailable; try again")
-    if isinstance(exc, ForbiddenOnReadOnlyDatabase):  # a cluster member that stopped leading
+    # Unreachable, or a cluster member that is not (or no longer) the leader.
+    neo4j_away = (
+        ServiceUnavailable | SessionExpired | DatabaseUnavailable | NotALeader | ForbiddenOnReadOnlyDatabase
+    )
+    if isinstance(exc, neo4j_away):
         return Unavailable("the database is unavailable; try again")
     if isinstance(exc, RedisAuthenticationError | RedisAuthorizationError):
         return None  # a wrong password or ACL: the deployment's fault, not an outage

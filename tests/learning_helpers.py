@@ -8,8 +8,11 @@ import contextlib
 import time
 from collections.abc import AsyncGenerator
 from pathlib import Path
-from typing import Any
+from typing import Any, LiteralString
 
+from neo4j import AsyncManagedTransaction
+
+from graph.driver import write
 from graph.learning import ENDS
 from services.ids import new_id
 from services.runtime import Runtime
@@ -130,6 +133,26 @@ async def until_logged(path: Path, text: str, within: float = 30, after: int = 0
         return text.encode() in (await asyncio.to_thread(path.read_bytes))[after:]
 
     await until(logged, f"{text!r} never logged in {path}", within=within)
+
+
+@contextlib.asynccontextmanager
+async def holding_lock(rt: Runtime, statement: LiteralString, **params: Any) -> AsyncGenerator[asyncio.Event]:
+    """A transaction that ran ``statement`` (one that takes a lock) and holds what it took until
+    the yielded event is set, or the block ends."""
+    locked, release = asyncio.Event(), asyncio.Event()
+
+    async def hold(tx: AsyncManagedTransaction) -> None:
+        await (await tx.run(statement, params)).consume()
+        locked.set()
+        await release.wait()
+
+    held = asyncio.create_task(write(rt.driver, hold))
+    try:
+        await locked.wait()
+        yield release
+    finally:
+        release.set()
+        await held
 
 
 async def until_a_transaction_waits_for_a_lock(

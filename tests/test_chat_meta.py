@@ -24,6 +24,7 @@ from services.runtime import Runtime, now_ms
 from tests.client import Api, bearer, make_world
 from tests.learning_helpers import (
     add_items,
+    holding_lock,
     letters,
     long_turn,
     memory_world,
@@ -224,16 +225,7 @@ async def test_a_refused_meta_write_never_waits_for_the_chats_lock(api: Api, run
     w = await make_world(api, ("ann", "bob"), channel=("ann", "bob"))
     stranger = await make_world(api, ("zed",))
     group = await api.chat(w.tokens["ann"], w.bot, channel=w.channel)
-    locked, release = asyncio.Event(), asyncio.Event()
-
-    async def hold(tx: AsyncManagedTransaction) -> None:
-        await (await tx.run(LOCK_CHAT, chatId=group)).consume()
-        locked.set()
-        await release.wait()
-
-    held = asyncio.create_task(write(runtime.driver, hold))
-    try:
-        await locked.wait()
+    async with holding_lock(runtime, LOCK_CHAT, chatId=group) as release:
         for token, expected in ((stranger.tokens["zed"], "NOT_FOUND"), (w.tokens["bob"], "FORBIDDEN")):
             refused = await asyncio.wait_for(put(api, token, group, {"summary": {"a": "b"}}), 20)
             assert code(refused) == expected, refused.text
@@ -244,9 +236,6 @@ async def test_a_refused_meta_write_never_waits_for_the_chats_lock(api: Api, run
         )
         release.set()
         assert (await owners).status_code == 201
-    finally:
-        release.set()
-        await held
 
 
 SET = (

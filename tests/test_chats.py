@@ -5,13 +5,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from neo4j import AsyncManagedTransaction
-
 from graph.chats import CHAT_PAGES, CHAT_TAILS
-from graph.driver import write
 from services.runtime import Runtime
 from tests.client import Api, make_world
-from tests.learning_helpers import add_items, until_a_transaction_waits_for_a_lock
+from tests.learning_helpers import add_items, holding_lock, until_a_transaction_waits_for_a_lock
 from tests.memory_helpers import db_hits
 
 MESSAGES = "query($c: ID!, $l: Int!, $s: Int!) { chat(id: $c) { id messageCount messages(limit: $l, skip: $s) { id kind text app speakerId turnId } } }"
@@ -250,18 +247,9 @@ async def test_a_refused_add_or_confide_never_waits_for_the_turns_lock(api: Api,
     turn = (await api.turn(world.tokens["ann"], chat, "what shall we eat?"))["id"]
     confide = 'mutation($t: ID!) { confide(turnId: $t, text: "I am unsure") { answer } }'
     item = {"t": turn, "i": [{"kind": "PERSON_MESSAGE", "text": "pizza?"}]}
-    locked, release = asyncio.Event(), asyncio.Event()
-
-    async def hold(tx: AsyncManagedTransaction) -> None:
-        await (
-            await tx.run("MATCH (t:Turn {id: $t}) CALL apoc.lock.nodes([t]) RETURN t.id", t=turn)
-        ).consume()
-        locked.set()
-        await release.wait()
-
-    held = asyncio.create_task(write(runtime.driver, hold))
-    try:
-        await locked.wait()
+    async with holding_lock(
+        runtime, "MATCH (t:Turn {id: $t}) CALL apoc.lock.nodes([t]) RETURN t.id", t=turn
+    ) as release:
         for token, expected in (
             (stranger.tokens["zed"], ["NOT_FOUND"]),
             (world.tokens["bob"], ["FORBIDDEN"]),
@@ -274,9 +262,6 @@ async def test_a_refused_add_or_confide_never_waits_for_the_turns_lock(api: Api,
         )
         release.set()
         assert [i["kind"] for i in (await own)["addItems"]] == ["PERSON_MESSAGE"]
-    finally:
-        release.set()
-        await held
 
 
 async def test_other_organization_sees_nothing(api: Api) -> None:

@@ -5,16 +5,14 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from neo4j import AsyncManagedTransaction
 
-from graph.driver import write
 from graph.memory import SHARED_LOCK
 from services import commands
 from services.domain import Principal
 from services.errors import NotFound
 from services.runtime import Runtime
 from tests.client import Api, make_world
-from tests.learning_helpers import until_a_transaction_waits_for_a_lock
+from tests.learning_helpers import holding_lock, until_a_transaction_waits_for_a_lock
 from tests.memory_helpers import fact, said, visible
 
 
@@ -146,18 +144,8 @@ async def test_a_read_of_another_organizations_bot_is_refused_before_its_lock(
     other = await make_world(api, ("zed",))
     mine = {"Authorization": f"Bearer {w.tokens['ann']}"}
     theirs = {"Authorization": f"Bearer {other.tokens['zed']}"}
-    locked, release = asyncio.Event(), asyncio.Event()
-
-    async def hold(tx: AsyncManagedTransaction) -> None:
-        await (
-            await tx.run("MATCH (m:Memory {id: $b}) CALL apoc.lock.nodes([m]) RETURN m.id", b=other.bot)
-        ).consume()
-        locked.set()
-        await release.wait()
-
-    held = asyncio.create_task(write(runtime.driver, hold))
-    try:
-        await locked.wait()
+    exclusive = "MATCH (m:Memory {id: $b}) CALL apoc.lock.nodes([m]) RETURN m.id"
+    async with holding_lock(runtime, exclusive, b=other.bot) as release:
         for path in ("memory", "memory/search?q=plan", "memory/log"):
             refused = await asyncio.wait_for(api.http.get(f"/v1/bots/{other.bot}/{path}", headers=mine), 20)
             assert refused.status_code == 404, (path, refused.text)
@@ -167,6 +155,3 @@ async def test_a_read_of_another_organizations_bot_is_refused_before_its_lock(
         )
         release.set()
         assert (await own).status_code == 200
-    finally:
-        release.set()
-        await held

@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from neo4j.exceptions import ClientError, IncompleteCommit, ServiceUnavailable, SessionExpired
+from neo4j.exceptions import (
+    ClientError,
+    DatabaseUnavailable,
+    ForbiddenOnReadOnlyDatabase,
+    IncompleteCommit,
+    NotALeader,
+    ServiceUnavailable,
+    SessionExpired,
+)
+from redis.exceptions import AuthenticationError as RedisAuthenticationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -14,6 +23,9 @@ def test_neo4j_and_redis_out_of_reach_are_unavailable_and_nothing_else_is() -> N
     for down in (
         ServiceUnavailable("x"),
         SessionExpired("x"),
+        DatabaseUnavailable("x"),
+        NotALeader("x"),
+        ForbiddenOnReadOnlyDatabase("x"),
         RedisConnectionError("x"),
         RedisTimeoutError("x"),
     ):
@@ -22,5 +34,12 @@ def test_neo4j_and_redis_out_of_reach_are_unavailable_and_nothing_else_is() -> N
         assert "try again" in said.message
     unknown = unavailable(IncompleteCommit("x"))
     assert unknown is not None and "may have been saved" in unknown.message
-    for other in (ClientError("x"), ResponseError("x"), ValueError("x"), KeyError("x")):
+    # A wrong Redis password is the deployment's fault (redis-py makes it a ConnectionError).
+    for other in (
+        ClientError("x"),
+        ResponseError("x"),
+        RedisAuthenticationError("x"),
+        ValueError("x"),
+        KeyError("x"),
+    ):
         assert unavailable(other) is None
