@@ -266,11 +266,13 @@ CREATE (i:Item {uid: item.uid, id: item.id, chatId: t.chatId, turnId: t.id, seq:
                            THEN null ELSE true END})-[:IN_TURN]->(t)
 """
 
-#: What new Items add to their Chat's characters not yet summarized (``unsummarizedChars``, read
-#: by ``graph.conversation.UNSUMMARIZED``); the Chat is locked by ALLOCATE_TURN or ALLOCATE_ITEMS
+#: What new Items add to their Chat's characters not yet summarized (``unsummarizedChars``) and to
+#: those its next summary would take in (``summaryInputChars``, read by
+#: ``graph.conversation.UNSUMMARIZED``); the Chat is locked by ALLOCATE_TURN or ALLOCATE_ITEMS
 #: earlier in the transaction.
 _COUNT_CHARS: Final[LiteralString] = """
-SET ch.unsummarizedChars = coalesce(ch.unsummarizedChars, 0) + reduce(n = 0, x IN $items | n + x.textLength)
+SET ch.unsummarizedChars = coalesce(ch.unsummarizedChars, 0) + reduce(n = 0, x IN $items | n + x.textLength),
+    ch.summaryInputChars = coalesce(ch.summaryInputChars, 0) + reduce(n = 0, x IN $items | n + x.textLength)
 """
 
 #: A Turn with its first Items (the input), in one statement, and the characters its Chat's
@@ -289,8 +291,7 @@ CALL (t, o) {
     + _CREATE_ITEM
     + """  RETURN collect(i.timeZone)[0] AS inputZone
 }
-OPTIONAL MATCH (s:ChatSummary {chatId: ch.id})
-RETURN t {.*} AS turn, coalesce(s.chars, 0) + ch.unsummarizedChars AS unsummarized, inputZone
+RETURN t {.*} AS turn, ch.summaryInputChars AS unsummarized, inputZone
 """
 )
 

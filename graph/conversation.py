@@ -40,14 +40,14 @@ class SummaryRow(TypedDict):
 
 #: Characters the summary would hold: the summary itself plus every Item after it that still has
 #: its text (a deleted history counts for nothing: it made summaries of nothing, D9.23), kept on
-#: the Chat as ``unsummarizedChars`` (added to by each new Item, ``graph.chats``; set again by a
-#: summary, a meta and a history deletion). Summed over the Items at every completeTurn, it read
-#: the whole history of a Chat whose summaries never came (no model, the budget spent).
+#: the Chat as ``summaryInputChars``, and those of the Items alone as ``unsummarizedChars`` (both
+#: added to by each new Item, ``graph.chats``; set again by a summary, a meta and a history
+#: deletion). Summed over the Items at every completeTurn, it read the whole history of a Chat
+#: whose summaries never came (no model, the budget spent).
 UNSUMMARIZED: Final[LiteralString] = """
 OPTIONAL MATCH (ch:Chat {id: $chatId})
 OPTIONAL MATCH (s:ChatSummary {chatId: $chatId})
-RETURN coalesce(s.coversThroughSeq, 0) AS after,
-       coalesce(s.chars, 0) + coalesce(ch.unsummarizedChars, 0) AS total
+RETURN coalesce(s.coversThroughSeq, 0) AS after, coalesce(ch.summaryInputChars, 0) AS total
 """
 
 
@@ -56,22 +56,23 @@ class UnsummarizedRow(TypedDict):
     total: int
 
 
-#: Up to ``$limit`` Chats whose summary is due (UNSUMMARIZED's total past ``$threshold``) that no
-#: sweep queued since ``$sweptBefore`` and whose organization has a memory-Bot model, of the
-#: ``$scan`` such Chats with the most characters not yet summarized (``chat_unsummarized``, largest
-#: first), marked as queued now (``summarySweptAt``): the worker's sweep queues them, so a summary
+#: Up to ``$limit`` Chats whose summary is due (UNSUMMARIZED's total past ``$threshold``, with
+#: Items after the summary) that no sweep queued since ``$sweptBefore`` and whose organization has
+#: a memory-Bot model, the most behind first (``chat_summary_input``: a seek of the due Chats
+#: alone), marked as queued now (``summarySweptAt``): the worker's sweep queues them, so a summary
 #: whose queueing was lost (the API killed after its commit, Redis away or restarted) is made
 #: without waiting for the Chat's next Turn. A Chat whose summary is not made (a spent budget, a
-#: model that fails) is swept once an hour, not every ten minutes. Both are filtered before the
-#: scan's limit: filtered after it, a thousand long Chats of organizations without a model (never
-#: summarized) or swept in the last hour filled the scan, and the sweep queued no other Chat.
+#: model that fails) is swept once an hour, not every ten minutes. Every condition is checked
+#: before the limit: the sweep scanned the thousand Chats with the most characters after their
+#: summary and only then added each summary's own, so long Chats not due (no summary yet), of
+#: organizations without a model or swept in the last hour filled the scan, ahead of a due Chat
+#: whose summary was long and whose backlog was short: the sweep queued no other Chat.
 SUMMARIES_DUE: Final[LiteralString] = """
-MATCH (ch:Chat) WHERE ch.unsummarizedChars > 0 AND coalesce(ch.summarySweptAt, 0) < $sweptBefore
+MATCH (ch:Chat)
+WHERE ch.summaryInputChars > $threshold AND ch.unsummarizedChars > 0
+  AND coalesce(ch.summarySweptAt, 0) < $sweptBefore
   AND EXISTS { MATCH (ch)-[:IN_ORG]->(o:Organization) WHERE o.botMemoryModel IS NOT NULL }
-WITH ch ORDER BY ch.unsummarizedChars DESC LIMIT $scan
-OPTIONAL MATCH (s:ChatSummary {chatId: ch.id})
-WITH ch WHERE coalesce(s.chars, 0) + ch.unsummarizedChars > $threshold
-WITH ch LIMIT $limit
+WITH ch ORDER BY ch.summaryInputChars DESC LIMIT $limit
 SET ch.summarySweptAt = $now
 RETURN collect(ch.id) AS chats
 """
@@ -133,7 +134,8 @@ CALL (ch, fresh) {
   OPTIONAL MATCH (i:Item) WHERE fresh AND i.chatId = ch.id AND i.seq > $through AND i.text IS NOT NULL
   RETURN coalesce(sum(i.textLength), 0) AS later
 }
-FOREACH (_ IN CASE WHEN fresh THEN [1] ELSE [] END | SET ch.unsummarizedChars = later)
+FOREACH (_ IN CASE WHEN fresh THEN [1] ELSE [] END |
+  SET ch.unsummarizedChars = later, ch.summaryInputChars = $chars + later)
 RETURN fresh, s.version AS version
 """
 
@@ -144,11 +146,13 @@ class SavedSummaryRow(TypedDict):
 
 
 #: The Chat's summary deleted with its history (D9.23); the meta's version moves on, never back,
-#: so an editor who read the meta before cannot set it over what follows (D9.30).
+#: so an editor who read the meta before cannot set it over what follows (D9.30), and its next
+#: summary takes in the Items that still have their text alone.
 DELETE_SUMMARY: Final[LiteralString] = """
 MATCH (ch:Chat {id: $chatId})
 OPTIONAL MATCH (s:ChatSummary {chatId: $chatId})
-SET ch.metaVersion = coalesce(ch.metaVersion, s.version, 0) + 1
+SET ch.metaVersion = coalesce(ch.metaVersion, s.version, 0) + 1,
+    ch.summaryInputChars = coalesce(ch.unsummarizedChars, 0)
 DETACH DELETE s
 """
 
@@ -232,7 +236,7 @@ CALL (ch, current, saving) {
     ON CREATE SET s.coversThroughSeq = 0, s.version = 0, s.chars = 0, s.botId = ch.botId
   SET s.text = $text, s.form = 'map', s.coversThroughSeq = ch.nextItemSeq, s.chars = $chars,
       s.version = s.version + 1, s.updatedAt = $now, ch.unsummarizedChars = 0,
-      ch.metaVersion = current + 1
+      ch.summaryInputChars = $chars, ch.metaVersion = current + 1
 }
 RETURN held, current, CASE WHEN saving THEN current + 1 END AS version
 """

@@ -233,6 +233,15 @@ MIGRATIONS: Final[tuple[tuple[int, tuple[LiteralString, ...]], ...]] = (
             "CREATE INDEX model_call_chat_request IF NOT EXISTS FOR (n:ModelCall) ON (n.chatId, n.requestHash)",
         ),
     ),
+    (
+        23,
+        (
+            # The worker's sweep for Chats whose summary is due (graph.conversation.SUMMARIES_DUE)
+            # seeks them by what their summary would take in, no longer by their Items alone.
+            "CREATE INDEX chat_summary_input IF NOT EXISTS FOR (n:Chat) ON (n.summaryInputChars)",
+            "DROP INDEX chat_unsummarized IF EXISTS",
+        ),
+    ),
 )
 
 #: Entries whose labels predate the current label properties: without ``memoryRank`` (before
@@ -323,6 +332,18 @@ CALL (ch) {
   OPTIONAL MATCH (i:Item) WHERE i.chatId = ch.id AND i.seq > after AND i.text IS NOT NULL
   WITH ch, coalesce(sum(i.textLength), 0) AS later
   SET ch.unsummarizedChars = later
+} IN TRANSACTIONS OF 1000 ROWS
+"""
+
+#: Each Chat's ``summaryInputChars`` (version 23): its summary's characters and those after it
+#: (``unsummarizedChars``, version 18), as ``graph.conversation.UNSUMMARIZED`` added them up at
+#: every read before. One Chat a row, locked first, as version 18's count.
+_COUNT_SUMMARY_INPUT: Final[LiteralString] = """
+MATCH (ch:Chat) WHERE ch.summaryInputChars IS NULL
+CALL (ch) {
+  CALL apoc.lock.nodes([ch])
+  OPTIONAL MATCH (s:ChatSummary {chatId: ch.id})
+  SET ch.summaryInputChars = coalesce(s.chars, 0) + coalesce(ch.unsummarizedChars, 0)
 } IN TRANSACTIONS OF 1000 ROWS
 """
 
@@ -482,6 +503,9 @@ async def _apply_steps(driver: AsyncDriver, lease: _Lease) -> int:
         if version == 18:
             async with driver.session() as session:  # CALL … IN TRANSACTIONS needs auto-commit
                 await (await session.run(_COUNT_UNSUMMARIZED)).consume()
+        if version == 23:
+            async with driver.session() as session:  # CALL … IN TRANSACTIONS needs auto-commit
+                await (await session.run(_COUNT_SUMMARY_INPUT)).consume()
         await driver.execute_query(_WRITE_VERSION, version=version)
         applied = version
     return applied

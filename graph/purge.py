@@ -168,7 +168,9 @@ class PeopleRow(TypedDict):
 DELETE_CHAT_HISTORY: Final[LiteralString] = """
 MATCH (ch:Chat {id: $chatId})
 CALL apoc.lock.nodes([ch])
-SET ch.historyEpoch = coalesce(ch.historyEpoch, 0) + 1, ch.unsummarizedChars = 0
+SET ch.historyEpoch = coalesce(ch.historyEpoch, 0) + 1,
+    ch.summaryInputChars = coalesce(ch.summaryInputChars, 0) - coalesce(ch.unsummarizedChars, 0),
+    ch.unsummarizedChars = 0
 WITH ch
 CALL () {
   MATCH (i:Item {chatId: $chatId})

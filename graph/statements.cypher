@@ -1198,7 +1198,8 @@ RETURN ch {.*} AS chat
 // ---- graph.chats.CREATE_ITEMS
 MATCH (t:Turn {id: $turnId})-[:IN_CHAT]->(ch:Chat)-[:IN_ORG]->(o:Organization)
 SET t.lastActivityAt = $now
-SET ch.unsummarizedChars = coalesce(ch.unsummarizedChars, 0) + reduce(n = 0, x IN $items | n + x.textLength)
+SET ch.unsummarizedChars = coalesce(ch.unsummarizedChars, 0) + reduce(n = 0, x IN $items | n + x.textLength),
+    ch.summaryInputChars = coalesce(ch.summaryInputChars, 0) + reduce(n = 0, x IN $items | n + x.textLength)
 WITH t, o
 UNWIND $items AS item
 OPTIONAL MATCH (speaker:Person {id: item.speakerId}) WHERE item.kind = 'PERSON_MESSAGE'
@@ -1213,7 +1214,8 @@ RETURN i {.*} AS item ORDER BY i.seq
 
 // ---- graph.chats.CREATE_TURN
 MATCH (ch:Chat {id: $chatId})-[:IN_ORG]->(o:Organization)
-SET ch.unsummarizedChars = coalesce(ch.unsummarizedChars, 0) + reduce(n = 0, x IN $items | n + x.textLength)
+SET ch.unsummarizedChars = coalesce(ch.unsummarizedChars, 0) + reduce(n = 0, x IN $items | n + x.textLength),
+    ch.summaryInputChars = coalesce(ch.summaryInputChars, 0) + reduce(n = 0, x IN $items | n + x.textLength)
 CREATE (t:Turn {id: $id, chatId: ch.id, seq: $seq, status: 'open', actorKind: $actorKind,
                 actorId: $actorId, createdAt: $now, lastActivityAt: $now, completedAt: null,
                 historyEpoch: coalesce(ch.historyEpoch, 0), timeZone: $timeZone})-[:IN_CHAT]->(ch)
@@ -1230,8 +1232,7 @@ CREATE (i:Item {uid: item.uid, id: item.id, chatId: t.chatId, turnId: t.id, seq:
                            THEN null ELSE true END})-[:IN_TURN]->(t)
   RETURN collect(i.timeZone)[0] AS inputZone
 }
-OPTIONAL MATCH (s:ChatSummary {chatId: ch.id})
-RETURN t {.*} AS turn, coalesce(s.chars, 0) + ch.unsummarizedChars AS unsummarized, inputZone
+RETURN t {.*} AS turn, ch.summaryInputChars AS unsummarized, inputZone
 
 // ---- graph.chats.FIRST_ITEM_OF_TURN
 MATCH (:Turn {id: $turnId})<-[:IN_TURN]-(i:Item)
@@ -1624,7 +1625,8 @@ RETURN collect(e.id) AS ids
 // ---- graph.conversation.DELETE_SUMMARY
 MATCH (ch:Chat {id: $chatId})
 OPTIONAL MATCH (s:ChatSummary {chatId: $chatId})
-SET ch.metaVersion = coalesce(ch.metaVersion, s.version, 0) + 1
+SET ch.metaVersion = coalesce(ch.metaVersion, s.version, 0) + 1,
+    ch.summaryInputChars = coalesce(ch.unsummarizedChars, 0)
 DETACH DELETE s
 
 // ---- graph.conversation.ITEMS_AFTER
@@ -1776,7 +1778,8 @@ CALL (ch, fresh) {
   OPTIONAL MATCH (i:Item) WHERE fresh AND i.chatId = ch.id AND i.seq > $through AND i.text IS NOT NULL
   RETURN coalesce(sum(i.textLength), 0) AS later
 }
-FOREACH (_ IN CASE WHEN fresh THEN [1] ELSE [] END | SET ch.unsummarizedChars = later)
+FOREACH (_ IN CASE WHEN fresh THEN [1] ELSE [] END |
+  SET ch.unsummarizedChars = later, ch.summaryInputChars = $chars + later)
 RETURN fresh, s.version AS version
 
 // ---- graph.conversation.SET_META
@@ -1795,17 +1798,16 @@ CALL (ch, current, saving) {
     ON CREATE SET s.coversThroughSeq = 0, s.version = 0, s.chars = 0, s.botId = ch.botId
   SET s.text = $text, s.form = 'map', s.coversThroughSeq = ch.nextItemSeq, s.chars = $chars,
       s.version = s.version + 1, s.updatedAt = $now, ch.unsummarizedChars = 0,
-      ch.metaVersion = current + 1
+      ch.summaryInputChars = $chars, ch.metaVersion = current + 1
 }
 RETURN held, current, CASE WHEN saving THEN current + 1 END AS version
 
 // ---- graph.conversation.SUMMARIES_DUE
-MATCH (ch:Chat) WHERE ch.unsummarizedChars > 0 AND coalesce(ch.summarySweptAt, 0) < $sweptBefore
+MATCH (ch:Chat)
+WHERE ch.summaryInputChars > $threshold AND ch.unsummarizedChars > 0
+  AND coalesce(ch.summarySweptAt, 0) < $sweptBefore
   AND EXISTS { MATCH (ch)-[:IN_ORG]->(o:Organization) WHERE o.botMemoryModel IS NOT NULL }
-WITH ch ORDER BY ch.unsummarizedChars DESC LIMIT $scan
-OPTIONAL MATCH (s:ChatSummary {chatId: ch.id})
-WITH ch WHERE coalesce(s.chars, 0) + ch.unsummarizedChars > $threshold
-WITH ch LIMIT $limit
+WITH ch ORDER BY ch.summaryInputChars DESC LIMIT $limit
 SET ch.summarySweptAt = $now
 RETURN collect(ch.id) AS chats
 
@@ -1815,8 +1817,7 @@ MATCH (s:ChatSummary {chatId: $chatId}) RETURN s {.*} AS summary
 // ---- graph.conversation.UNSUMMARIZED
 OPTIONAL MATCH (ch:Chat {id: $chatId})
 OPTIONAL MATCH (s:ChatSummary {chatId: $chatId})
-RETURN coalesce(s.coversThroughSeq, 0) AS after,
-       coalesce(s.chars, 0) + coalesce(ch.unsummarizedChars, 0) AS total
+RETURN coalesce(s.coversThroughSeq, 0) AS after, coalesce(ch.summaryInputChars, 0) AS total
 
 // ---- graph.entries.ADD
 MATCH (m:Memory {id: $botId})
@@ -2771,7 +2772,9 @@ RETURN channelId, collect(p.id) AS people
 // ---- graph.purge.DELETE_CHAT_HISTORY
 MATCH (ch:Chat {id: $chatId})
 CALL apoc.lock.nodes([ch])
-SET ch.historyEpoch = coalesce(ch.historyEpoch, 0) + 1, ch.unsummarizedChars = 0
+SET ch.historyEpoch = coalesce(ch.historyEpoch, 0) + 1,
+    ch.summaryInputChars = coalesce(ch.summaryInputChars, 0) - coalesce(ch.unsummarizedChars, 0),
+    ch.unsummarizedChars = 0
 WITH ch
 CALL () {
   MATCH (i:Item {chatId: $chatId})

@@ -117,10 +117,9 @@ async def enqueue_backfill(rt: Runtime, bot_id: str, *, part: int = 0) -> None:
         log.warning("enqueue of a backfill failed (%s); the next sweep retries", type(exc).__name__)
 
 
-#: How many Chats a sweep looks at for a summary due (the most behind first), how many it queues
-#: (each may wait for its Bot's slot in a worker's job: a thousand filled every job slot), and how
-#: long before it queues one Chat again.
-SUMMARY_SWEEP_SCAN: Final = 1_000
+#: How many Chats a sweep queues for a summary due, the most behind first (each may wait for its
+#: Bot's slot in a worker's job: a thousand filled every job slot), and how long before it queues
+#: one Chat again.
 SUMMARY_SWEEP_LIMIT: Final = 50
 SUMMARY_SWEEP_AGAIN_MS: Final = 3_600_000
 
@@ -136,7 +135,6 @@ async def enqueue_due_summaries(rt: Runtime) -> int:
         lambda tx: conversation.summaries_due(
             tx,
             threshold=rt.settings.summary_threshold_chars,
-            scan=SUMMARY_SWEEP_SCAN,
             limit=SUMMARY_SWEEP_LIMIT,
             sweptBefore=now - SUMMARY_SWEEP_AGAIN_MS,
             now=now,

@@ -433,27 +433,71 @@ async def test_long_chats_that_are_never_summarized_keep_no_other_out_of_the_swe
         CREATE (some:Organization {id: 'org_model_' + $tag, botMemoryModel: 'stub-model'})
         WITH none, some
         UNWIND range(1, 10) AS n
-        CREATE (:Chat {id: 'chat_nomodel_' + $tag + '_' + n, unsummarizedChars: 2000000000 + n})-[:IN_ORG]->(none)
+        CREATE (:Chat {id: 'chat_nomodel_' + $tag + '_' + n, unsummarizedChars: 2000000000 + n,
+                       summaryInputChars: 2000000000 + n})-[:IN_ORG]->(none)
         CREATE (:Chat {id: 'chat_swept_' + $tag + '_' + n, unsummarizedChars: 2000000000 + n,
-                       summarySweptAt: timestamp()})-[:IN_ORG]->(some)
+                       summaryInputChars: 2000000000 + n, summarySweptAt: timestamp()})-[:IN_ORG]->(some)
         WITH DISTINCT some
-        CREATE (:Chat {id: 'chat_due_' + $tag, unsummarizedChars: 1999999999})-[:IN_ORG]->(some)
+        CREATE (:Chat {id: 'chat_due_' + $tag, unsummarizedChars: 1999999999,
+                       summaryInputChars: 1999999999})-[:IN_ORG]->(some)
         """,
         tag=tag,
     )
     try:
-        now = now_ms()
-        due = await write(
-            runtime.driver,
-            lambda tx: conversation_q.summaries_due(
-                tx, threshold=1000, scan=10, limit=1, sweptBefore=now - 3_600_000, now=now
-            ),
-        )
-        assert due == [f"chat_due_{tag}"]
+        assert await sweep(runtime, threshold=1000) == [f"chat_due_{tag}"]
+    finally:
+        await forget_tagged(runtime, tag)
+
+
+async def test_a_due_chat_with_a_long_summary_is_swept_ahead_of_longer_chats_not_due(
+    runtime: Runtime,
+) -> None:
+    """D9.17: the sweep scanned the Chats with the most characters after their summary and only
+    then added each one's summary. Long Chats not due (no summary yet, just under the threshold)
+    filled the scan ahead of a due Chat whose summary is long and whose backlog short, which the
+    sweep then never queued (its summary came at its next Turn, or never for a quiet Chat). What
+    a summary would take in is kept on the Chat, and the sweep seeks the due Chats by it."""
+    tag = secrets.token_hex(6)
+    threshold = 1_999_990_000
+    await runtime.driver.execute_query(
+        """
+        CREATE (o:Organization {id: 'org_model_' + $tag, botMemoryModel: 'stub-model'})
+        WITH o
+        UNWIND range(1, 1000) AS n
+        CREATE (:Chat {id: 'chat_long_' + $tag + '_' + n, unsummarizedChars: $threshold - n,
+                       summaryInputChars: $threshold - n})-[:IN_ORG]->(o)
+        WITH DISTINCT o
+        CREATE (:ChatSummary {chatId: 'chat_due_' + $tag, chars: $threshold, coversThroughSeq: 1})
+        CREATE (:Chat {id: 'chat_due_' + $tag, unsummarizedChars: 10,
+                       summaryInputChars: $threshold + 10})-[:IN_ORG]->(o)
+        """,
+        tag=tag,
+        threshold=threshold,
+    )
+    try:
+        assert await sweep(runtime, threshold=threshold) == [f"chat_due_{tag}"]
     finally:
         await runtime.driver.execute_query(
-            "MATCH (n) WHERE n.id ENDS WITH $tag OR n.id CONTAINS '_' + $tag + '_' DETACH DELETE n", tag=tag
+            "MATCH (s:ChatSummary {chatId: 'chat_due_' + $tag}) DELETE s", tag=tag
         )
+        await forget_tagged(runtime, tag)
+
+
+async def sweep(runtime: Runtime, *, threshold: int) -> list[str]:
+    """One sweep's statement, as ``jobs.enqueue_due_summaries`` runs it, queueing at most one."""
+    now = now_ms()
+    return await write(
+        runtime.driver,
+        lambda tx: conversation_q.summaries_due(
+            tx, threshold=threshold, limit=1, sweptBefore=now - 3_600_000, now=now
+        ),
+    )
+
+
+async def forget_tagged(runtime: Runtime, tag: str) -> None:
+    await runtime.driver.execute_query(
+        "MATCH (n) WHERE n.id ENDS WITH $tag OR n.id CONTAINS '_' + $tag + '_' DETACH DELETE n", tag=tag
+    )
 
 
 async def test_an_owner_removed_while_setting_a_meta_does_not_set_it(api: Api, runtime: Runtime) -> None:

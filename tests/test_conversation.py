@@ -108,7 +108,9 @@ async def test_a_chats_characters_not_yet_summarized_are_kept_not_summed(api: Ap
         await add_items(api, w.tokens["ann"], turn["id"], *[("PERSON_MESSAGE", "k" * 10)] * 99)
     assert await total() == 10 + 2_970
     assert await db_hits(runtime, conversation_q.UNSUMMARIZED, {"chatId": chat}) == few
-    await runtime.driver.execute_query("MATCH (ch:Chat {id: $c}) REMOVE ch.unsummarizedChars", c=chat)
+    await runtime.driver.execute_query(
+        "MATCH (ch:Chat {id: $c}) REMOVE ch.unsummarizedChars, ch.summaryInputChars", c=chat
+    )
     await runtime.driver.execute_query("MATCH (s:SchemaVersion {id: 'schema'}) SET s.version = 17")
     assert await migrate(runtime.driver) == LATEST
     assert await total() == 10 + 2_970
