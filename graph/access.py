@@ -36,7 +36,7 @@ from typing import Final, LiteralString, TypedDict
 from neo4j import AsyncManagedTransaction
 
 from graph.driver import single
-from graph.topics import revalidate
+from graph.topics import relinked, revalidate
 
 #: Hop bound of source chains (D9.2); the fragments below spell it out as literals.
 MAX_SOURCE_DEPTH: Final = 8
@@ -113,7 +113,8 @@ WITH e, closure, rules,
 #: a write of its keywords or vector is: each process's search index holds every entry's
 #: ``activeKey`` and ranks only the entries whose key the reader holds (``services.vectorindex``),
 #: so it must catch up with a key as it does with a vector before it ranks. An entry whose
-#: ``validOrg`` changes moves its topics' counts (``graph.topics``).
+#: ``validOrg`` changes moves its topics' counts, and one whose ``audienceKey`` changes its topics'
+#: links (``graph.topics``).
 _SET_LABELS: Final[LiteralString] = (
     """
 WITH e, proved, e.activeKey AS keyBefore, e.validOrg AS validBefore,
@@ -140,6 +141,8 @@ SET e.lblProved = proved, e.lblOrgs = orgs, e.lblExcluded = excluded,
     e.validOrg = CASE WHEN e.status = 'active' AND proved AND size(orgs) = 1 THEN orgs[0] END
 """
     + revalidate()
+    + "WITH e, keyBefore\n"
+    + relinked()
     + """WITH e WHERE coalesce(e.activeKey, '') <> coalesce(keyBefore, '')
 MATCH (keyed:Memory {id: e.botId})
 SET keyed.vecSeq = coalesce(keyed.vecSeq, 0) + 1

@@ -12,7 +12,7 @@ from neo4j import AsyncManagedTransaction
 
 from graph.access import IdsRow
 from graph.driver import QueryTarget, rows, single
-from graph.topics import TOPICS_OF_E, link_topics, retag, topic_key
+from graph.topics import TOPICS_OF_E, link_topics, retag
 
 #: The properties of a new Entry ``e`` in memory ``m``, from ``row`` and the bound ``tags``,
 #: ``orderKey``, ``sourceCount``, ``legacy`` and ``saidAt`` (when its newest source was said, D9.31;
@@ -246,11 +246,10 @@ SET_TAGS: Final[LiteralString] = (
 )
 
 #: Every entry of the Bot carrying topic ``$from`` — all of them, not the first 300 (L4) —
-#: found from its Topic (``graph.topics``), not by reading the Bot's entries.
+#: found from its Topics, one per audience key (``graph.topics``, index ``topic_bot_topic``), not
+#: by reading the Bot's entries.
 RENAME_TOPIC: Final[LiteralString] = (
-    "MATCH (:Topic {key: "
-    + topic_key("$botId", "$from")
-    + "})<-[:HAS_TOPIC]-(e:Entry)\n"
+    "MATCH (:Topic {botId: $botId, topic: $from})<-[:HAS_TOPIC]-(e:Entry)\n"
     + retag("SET e.tags = [t IN e.tags WHERE t <> $from AND t <> $to] + [$to], e.updatedAt = $now\n")
     + _RELABEL_PREFERENCE
     + "RETURN e.id AS id\n"

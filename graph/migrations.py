@@ -242,6 +242,14 @@ MIGRATIONS: Final[tuple[tuple[int, tuple[LiteralString, ...]], ...]] = (
             "DROP INDEX chat_unsummarized IF EXISTS",
         ),
     ),
+    (
+        24,
+        (
+            # Topics are kept per audience key (graph.topics): a topic rename finds the Topics of
+            # every key of its Bot.
+            "CREATE INDEX topic_bot_topic IF NOT EXISTS FOR (n:Topic) ON (n.botId, n.topic)",
+        ),
+    ),
 )
 
 #: Entries whose labels predate the current label properties: without ``memoryRank`` (before
@@ -309,6 +317,13 @@ CALL (e) {
     + """} IN TRANSACTIONS OF 10000 ROWS
 """
 )
+
+#: The Topics of before version 24, one per topic of a Bot (without ``audienceKey``), deleted with
+#: their links in batches; _LINK_TOPICS then links every entry to those of its audience key.
+_DROP_UNKEYED_TOPICS: Final[LiteralString] = """
+MATCH (tp:Topic) WHERE tp.audienceKey IS NULL
+CALL (tp) { DETACH DELETE tp } IN TRANSACTIONS OF 10 ROWS
+"""
 
 #: Saved model calls written before version 16 lose their request hash: a plain SHA-256 of the
 #: request (evidence, kept entries), which a store copy could test guessed messages against. The
@@ -506,6 +521,10 @@ async def _apply_steps(driver: AsyncDriver, lease: _Lease) -> int:
         if version == 23:
             async with driver.session() as session:  # CALL … IN TRANSACTIONS needs auto-commit
                 await (await session.run(_COUNT_SUMMARY_INPUT)).consume()
+        if version == 24:
+            async with driver.session() as session:  # CALL … IN TRANSACTIONS needs auto-commit
+                await (await session.run(_DROP_UNKEYED_TOPICS)).consume()
+                await (await session.run(_LINK_TOPICS)).consume()
         await driver.execute_query(_WRITE_VERSION, version=version)
         applied = version
     return applied

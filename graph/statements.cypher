@@ -72,6 +72,17 @@ FOREACH (topic IN CASE WHEN CASE WHEN validBefore = e.validOrg THEN null ELSE e.
   ON CREATE SET tc.botId = e.botId, tc.org = CASE WHEN validBefore = e.validOrg THEN null ELSE e.validOrg END, tc.topic = topic, tc.n = 0
   SET tc.n = tc.n + 1
   FOREACH (_ IN CASE WHEN tc.n = 0 THEN [1] ELSE [] END | DELETE tc))
+WITH e, keyBefore
+CALL (e) {
+  MATCH (e)-[h:HAS_TOPIC]->(tp:Topic) WHERE tp.audienceKey <> coalesce(e.audienceKey, '')
+  DELETE h
+  WITH e, collect(tp) AS moved
+  FOREACH (topic IN [tp IN moved | tp.topic] |
+  MERGE (tp:Topic {key: e.botId + '|' + coalesce(e.audienceKey, '') + '|' + topic})
+  ON CREATE SET tp.botId = e.botId, tp.audienceKey = coalesce(e.audienceKey, ''), tp.topic = topic
+  CREATE (e)-[:HAS_TOPIC]->(tp))
+  FOREACH (tp IN [tp IN moved WHERE NOT EXISTS { (tp)<-[:HAS_TOPIC]-() }] | DELETE tp)
+}
 WITH e WHERE coalesce(e.activeKey, '') <> coalesce(keyBefore, '')
 MATCH (keyed:Memory {id: e.botId})
 SET keyed.vecSeq = coalesce(keyed.vecSeq, 0) + 1
@@ -205,6 +216,17 @@ FOREACH (topic IN CASE WHEN CASE WHEN validBefore = e.validOrg THEN null ELSE e.
   ON CREATE SET tc.botId = e.botId, tc.org = CASE WHEN validBefore = e.validOrg THEN null ELSE e.validOrg END, tc.topic = topic, tc.n = 0
   SET tc.n = tc.n + 1
   FOREACH (_ IN CASE WHEN tc.n = 0 THEN [1] ELSE [] END | DELETE tc))
+WITH e, keyBefore
+CALL (e) {
+  MATCH (e)-[h:HAS_TOPIC]->(tp:Topic) WHERE tp.audienceKey <> coalesce(e.audienceKey, '')
+  DELETE h
+  WITH e, collect(tp) AS moved
+  FOREACH (topic IN [tp IN moved | tp.topic] |
+  MERGE (tp:Topic {key: e.botId + '|' + coalesce(e.audienceKey, '') + '|' + topic})
+  ON CREATE SET tp.botId = e.botId, tp.audienceKey = coalesce(e.audienceKey, ''), tp.topic = topic
+  CREATE (e)-[:HAS_TOPIC]->(tp))
+  FOREACH (tp IN [tp IN moved WHERE NOT EXISTS { (tp)<-[:HAS_TOPIC]-() }] | DELETE tp)
+}
 WITH e WHERE coalesce(e.activeKey, '') <> coalesce(keyBefore, '')
 MATCH (keyed:Memory {id: e.botId})
 SET keyed.vecSeq = coalesce(keyed.vecSeq, 0) + 1
@@ -274,6 +296,17 @@ FOREACH (topic IN CASE WHEN CASE WHEN validBefore = e.validOrg THEN null ELSE e.
   ON CREATE SET tc.botId = e.botId, tc.org = CASE WHEN validBefore = e.validOrg THEN null ELSE e.validOrg END, tc.topic = topic, tc.n = 0
   SET tc.n = tc.n + 1
   FOREACH (_ IN CASE WHEN tc.n = 0 THEN [1] ELSE [] END | DELETE tc))
+WITH e, keyBefore
+CALL (e) {
+  MATCH (e)-[h:HAS_TOPIC]->(tp:Topic) WHERE tp.audienceKey <> coalesce(e.audienceKey, '')
+  DELETE h
+  WITH e, collect(tp) AS moved
+  FOREACH (topic IN [tp IN moved | tp.topic] |
+  MERGE (tp:Topic {key: e.botId + '|' + coalesce(e.audienceKey, '') + '|' + topic})
+  ON CREATE SET tp.botId = e.botId, tp.audienceKey = coalesce(e.audienceKey, ''), tp.topic = topic
+  CREATE (e)-[:HAS_TOPIC]->(tp))
+  FOREACH (tp IN [tp IN moved WHERE NOT EXISTS { (tp)<-[:HAS_TOPIC]-() }] | DELETE tp)
+}
 WITH e WHERE coalesce(e.activeKey, '') <> coalesce(keyBefore, '')
 MATCH (keyed:Memory {id: e.botId})
 SET keyed.vecSeq = coalesce(keyed.vecSeq, 0) + 1
@@ -714,8 +747,8 @@ CALL (m, version, problem, checked) {
   vecSeq: CASE WHEN row.kwBlind IS NULL AND row.vec IS NULL THEN null ELSE coalesce(m.vecSeq, 0) + 1 END})-[:IN_MEMORY]->(m)
     FOREACH (_ IN CASE WHEN 'preferences' IN e.tags THEN [1] ELSE [] END | SET e:Preference)
 FOREACH (topic IN reduce(acc = [], t IN e.tags | CASE WHEN t CONTAINS ':' OR t IN acc THEN acc ELSE acc + t END) |
-  MERGE (tp:Topic {key: e.botId + '|' + topic})
-  ON CREATE SET tp.botId = e.botId, tp.topic = topic
+  MERGE (tp:Topic {key: e.botId + '|' + coalesce(e.audienceKey, '') + '|' + topic})
+  ON CREATE SET tp.botId = e.botId, tp.audienceKey = coalesce(e.audienceKey, ''), tp.topic = topic
   CREATE (e)-[:HAS_TOPIC]->(tp))
     WITH e, items, sources
     CALL (e, items) {
@@ -807,6 +840,17 @@ FOREACH (topic IN CASE WHEN CASE WHEN validBefore = e.validOrg THEN null ELSE e.
   ON CREATE SET tc.botId = e.botId, tc.org = CASE WHEN validBefore = e.validOrg THEN null ELSE e.validOrg END, tc.topic = topic, tc.n = 0
   SET tc.n = tc.n + 1
   FOREACH (_ IN CASE WHEN tc.n = 0 THEN [1] ELSE [] END | DELETE tc))
+WITH e, keyBefore
+CALL (e) {
+  MATCH (e)-[h:HAS_TOPIC]->(tp:Topic) WHERE tp.audienceKey <> coalesce(e.audienceKey, '')
+  DELETE h
+  WITH e, collect(tp) AS moved
+  FOREACH (topic IN [tp IN moved | tp.topic] |
+  MERGE (tp:Topic {key: e.botId + '|' + coalesce(e.audienceKey, '') + '|' + topic})
+  ON CREATE SET tp.botId = e.botId, tp.audienceKey = coalesce(e.audienceKey, ''), tp.topic = topic
+  CREATE (e)-[:HAS_TOPIC]->(tp))
+  FOREACH (tp IN [tp IN moved WHERE NOT EXISTS { (tp)<-[:HAS_TOPIC]-() }] | DELETE tp)
+}
 WITH e WHERE coalesce(e.activeKey, '') <> coalesce(keyBefore, '')
 MATCH (keyed:Memory {id: e.botId})
 SET keyed.vecSeq = coalesce(keyed.vecSeq, 0) + 1
@@ -911,8 +955,8 @@ CALL (m, version, problem, checked) {
   vecSeq: CASE WHEN row.kwBlind IS NULL AND row.vec IS NULL THEN null ELSE coalesce(m.vecSeq, 0) + 1 END})-[:IN_MEMORY]->(m)
     FOREACH (_ IN CASE WHEN 'preferences' IN e.tags THEN [1] ELSE [] END | SET e:Preference)
 FOREACH (topic IN reduce(acc = [], t IN e.tags | CASE WHEN t CONTAINS ':' OR t IN acc THEN acc ELSE acc + t END) |
-  MERGE (tp:Topic {key: e.botId + '|' + topic})
-  ON CREATE SET tp.botId = e.botId, tp.topic = topic
+  MERGE (tp:Topic {key: e.botId + '|' + coalesce(e.audienceKey, '') + '|' + topic})
+  ON CREATE SET tp.botId = e.botId, tp.audienceKey = coalesce(e.audienceKey, ''), tp.topic = topic
   CREATE (e)-[:HAS_TOPIC]->(tp))
     WITH e, items, sources
     CALL (e, items) {
@@ -1005,6 +1049,17 @@ FOREACH (topic IN CASE WHEN CASE WHEN validBefore = e.validOrg THEN null ELSE e.
   ON CREATE SET tc.botId = e.botId, tc.org = CASE WHEN validBefore = e.validOrg THEN null ELSE e.validOrg END, tc.topic = topic, tc.n = 0
   SET tc.n = tc.n + 1
   FOREACH (_ IN CASE WHEN tc.n = 0 THEN [1] ELSE [] END | DELETE tc))
+WITH e, keyBefore
+CALL (e) {
+  MATCH (e)-[h:HAS_TOPIC]->(tp:Topic) WHERE tp.audienceKey <> coalesce(e.audienceKey, '')
+  DELETE h
+  WITH e, collect(tp) AS moved
+  FOREACH (topic IN [tp IN moved | tp.topic] |
+  MERGE (tp:Topic {key: e.botId + '|' + coalesce(e.audienceKey, '') + '|' + topic})
+  ON CREATE SET tp.botId = e.botId, tp.audienceKey = coalesce(e.audienceKey, ''), tp.topic = topic
+  CREATE (e)-[:HAS_TOPIC]->(tp))
+  FOREACH (tp IN [tp IN moved WHERE NOT EXISTS { (tp)<-[:HAS_TOPIC]-() }] | DELETE tp)
+}
 WITH e WHERE coalesce(e.activeKey, '') <> coalesce(keyBefore, '')
 MATCH (keyed:Memory {id: e.botId})
 SET keyed.vecSeq = coalesce(keyed.vecSeq, 0) + 1
@@ -1094,6 +1149,17 @@ FOREACH (topic IN CASE WHEN CASE WHEN validBefore = e.validOrg THEN null ELSE e.
   ON CREATE SET tc.botId = e.botId, tc.org = CASE WHEN validBefore = e.validOrg THEN null ELSE e.validOrg END, tc.topic = topic, tc.n = 0
   SET tc.n = tc.n + 1
   FOREACH (_ IN CASE WHEN tc.n = 0 THEN [1] ELSE [] END | DELETE tc))
+WITH e, keyBefore
+CALL (e) {
+  MATCH (e)-[h:HAS_TOPIC]->(tp:Topic) WHERE tp.audienceKey <> coalesce(e.audienceKey, '')
+  DELETE h
+  WITH e, collect(tp) AS moved
+  FOREACH (topic IN [tp IN moved | tp.topic] |
+  MERGE (tp:Topic {key: e.botId + '|' + coalesce(e.audienceKey, '') + '|' + topic})
+  ON CREATE SET tp.botId = e.botId, tp.audienceKey = coalesce(e.audienceKey, ''), tp.topic = topic
+  CREATE (e)-[:HAS_TOPIC]->(tp))
+  FOREACH (tp IN [tp IN moved WHERE NOT EXISTS { (tp)<-[:HAS_TOPIC]-() }] | DELETE tp)
+}
 WITH e WHERE coalesce(e.activeKey, '') <> coalesce(keyBefore, '')
 MATCH (keyed:Memory {id: e.botId})
 SET keyed.vecSeq = coalesce(keyed.vecSeq, 0) + 1
@@ -1894,8 +1960,8 @@ CALL (m, version, problem, checked) {
   vecSeq: CASE WHEN row.kwBlind IS NULL AND row.vec IS NULL THEN null ELSE coalesce(m.vecSeq, 0) + 1 END})-[:IN_MEMORY]->(m)
     FOREACH (_ IN CASE WHEN 'preferences' IN e.tags THEN [1] ELSE [] END | SET e:Preference)
 FOREACH (topic IN reduce(acc = [], t IN e.tags | CASE WHEN t CONTAINS ':' OR t IN acc THEN acc ELSE acc + t END) |
-  MERGE (tp:Topic {key: e.botId + '|' + topic})
-  ON CREATE SET tp.botId = e.botId, tp.topic = topic
+  MERGE (tp:Topic {key: e.botId + '|' + coalesce(e.audienceKey, '') + '|' + topic})
+  ON CREATE SET tp.botId = e.botId, tp.audienceKey = coalesce(e.audienceKey, ''), tp.topic = topic
   CREATE (e)-[:HAS_TOPIC]->(tp))
     WITH e, items, sources
     CALL (e, items) {
@@ -1992,8 +2058,8 @@ CALL (m, version, problem, checked) {
   vecSeq: CASE WHEN row.kwBlind IS NULL AND row.vec IS NULL THEN null ELSE coalesce(m.vecSeq, 0) + 1 END})-[:IN_MEMORY]->(m)
     FOREACH (_ IN CASE WHEN 'preferences' IN e.tags THEN [1] ELSE [] END | SET e:Preference)
 FOREACH (topic IN reduce(acc = [], t IN e.tags | CASE WHEN t CONTAINS ':' OR t IN acc THEN acc ELSE acc + t END) |
-  MERGE (tp:Topic {key: e.botId + '|' + topic})
-  ON CREATE SET tp.botId = e.botId, tp.topic = topic
+  MERGE (tp:Topic {key: e.botId + '|' + coalesce(e.audienceKey, '') + '|' + topic})
+  ON CREATE SET tp.botId = e.botId, tp.audienceKey = coalesce(e.audienceKey, ''), tp.topic = topic
   CREATE (e)-[:HAS_TOPIC]->(tp))
     WITH e, items, sources
     CALL (e, items) {
@@ -2034,8 +2100,8 @@ CREATE (e:Entry {id: row.id, botId: $botId, layer: row.layer, content: row.conte
   vecSeq: CASE WHEN row.kwBlind IS NULL AND row.vec IS NULL THEN null ELSE coalesce(m.vecSeq, 0) + 1 END})-[:IN_MEMORY]->(m)
 FOREACH (_ IN CASE WHEN 'preferences' IN e.tags THEN [1] ELSE [] END | SET e:Preference)
 FOREACH (topic IN reduce(acc = [], t IN e.tags | CASE WHEN t CONTAINS ':' OR t IN acc THEN acc ELSE acc + t END) |
-  MERGE (tp:Topic {key: e.botId + '|' + topic})
-  ON CREATE SET tp.botId = e.botId, tp.topic = topic
+  MERGE (tp:Topic {key: e.botId + '|' + coalesce(e.audienceKey, '') + '|' + topic})
+  ON CREATE SET tp.botId = e.botId, tp.audienceKey = coalesce(e.audienceKey, ''), tp.topic = topic
   CREATE (e)-[:HAS_TOPIC]->(tp))
 WITH DISTINCT m
 SET m.kwDue = true, m.vecDue = true,
@@ -2053,7 +2119,7 @@ SET e.tags = [t IN e.tags WHERE t <> 'from:' + $personId],
     e.updatedAt = $now
 
 // ---- graph.entries.RENAME_TOPIC
-MATCH (:Topic {key: $botId + '|' + $from})<-[:HAS_TOPIC]-(e:Entry)
+MATCH (:Topic {botId: $botId, topic: $from})<-[:HAS_TOPIC]-(e:Entry)
 WITH e, reduce(acc = [], t IN e.tags | CASE WHEN t CONTAINS ':' OR t IN acc THEN acc ELSE acc + t END) AS topicsBefore
 SET e.tags = [t IN e.tags WHERE t <> $from AND t <> $to] + [$to], e.updatedAt = $now
 WITH e, topicsBefore, reduce(acc = [], t IN e.tags | CASE WHEN t CONTAINS ':' OR t IN acc THEN acc ELSE acc + t END) AS topicsAfter
@@ -2077,8 +2143,8 @@ FOREACH (topic IN CASE WHEN e.validOrg IS NULL THEN [] ELSE gained END |
   SET tc.n = tc.n + 1
   FOREACH (_ IN CASE WHEN tc.n = 0 THEN [1] ELSE [] END | DELETE tc))
 FOREACH (topic IN gained |
-  MERGE (tp:Topic {key: e.botId + '|' + topic})
-  ON CREATE SET tp.botId = e.botId, tp.topic = topic
+  MERGE (tp:Topic {key: e.botId + '|' + coalesce(e.audienceKey, '') + '|' + topic})
+  ON CREATE SET tp.botId = e.botId, tp.audienceKey = coalesce(e.audienceKey, ''), tp.topic = topic
   CREATE (e)-[:HAS_TOPIC]->(tp))
 WITH e
 FOREACH (_ IN CASE WHEN 'preferences' IN e.tags THEN [1] ELSE [] END | SET e:Preference)
@@ -2127,8 +2193,8 @@ FOREACH (topic IN CASE WHEN e.validOrg IS NULL THEN [] ELSE gained END |
   SET tc.n = tc.n + 1
   FOREACH (_ IN CASE WHEN tc.n = 0 THEN [1] ELSE [] END | DELETE tc))
 FOREACH (topic IN gained |
-  MERGE (tp:Topic {key: e.botId + '|' + topic})
-  ON CREATE SET tp.botId = e.botId, tp.topic = topic
+  MERGE (tp:Topic {key: e.botId + '|' + coalesce(e.audienceKey, '') + '|' + topic})
+  ON CREATE SET tp.botId = e.botId, tp.audienceKey = coalesce(e.audienceKey, ''), tp.topic = topic
   CREATE (e)-[:HAS_TOPIC]->(tp))
 WITH e
 FOREACH (_ IN CASE WHEN 'preferences' IN e.tags THEN [1] ELSE [] END | SET e:Preference)
@@ -2481,15 +2547,18 @@ WITH m.version AS version, CASE WHEN p IS NULL THEN null ELSE {id: p.id, ids: [p
 CALL (reader) {
   WITH reader WHERE reader IS NOT NULL AND reader.usesBot
   WITH [reader] AS readers, $org AS org, reader.atoms AS keys
-CALL () {
-  WITH [t IN $tags WHERE NOT t CONTAINS ':'] AS topics
+CALL (keys) {
+  WITH keys, [t IN $tags WHERE NOT t CONTAINS ':'] AS topics
   UNWIND CASE WHEN size(topics) = 0 THEN [null] ELSE topics END AS topic
-  OPTIONAL MATCH (tp:Topic {key: $botId + '|' + topic})
-  RETURN tp, CASE WHEN topic IS NULL THEN null WHEN tp IS NULL THEN 0
-              ELSE COUNT { (tp)<-[:HAS_TOPIC]-() } END AS topicSize
+  CALL (keys, topic) {
+    UNWIND keys AS key
+    MATCH (tp:Topic {key: $botId + '|' + key + '|' + topic})
+    RETURN collect(tp) AS tps, sum(COUNT { (tp)<-[:HAS_TOPIC]-() }) AS degree
+  }
+  RETURN tps, CASE WHEN topic IS NULL THEN null ELSE degree END AS topicSize
   ORDER BY topicSize LIMIT 1
 }
-CALL (readers, org, keys, tp, topicSize) {
+CALL (readers, org, keys, tps, topicSize) {
   WITH readers, org, keys WHERE topicSize IS NULL OR topicSize > $topicSeekMax
   UNWIND keys AS key
   MATCH (e:Entry)
@@ -2502,7 +2571,8 @@ CALL (readers, org, keys, tp, topicSize) {
 
   RETURN e
 UNION ALL
-  WITH readers, org, tp WHERE topicSize <= $topicSeekMax
+  WITH readers, org, tps WHERE topicSize <= $topicSeekMax
+  UNWIND tps AS tp
   MATCH (tp)<-[:HAS_TOPIC]-(e:Entry)
   WHERE e.memoryRank < $top AND e.status IN $statuses AND all(t IN $tags WHERE t IN e.tags) AND
 (size(readers) > 0
@@ -2541,15 +2611,18 @@ WITH m.version AS version, CASE WHEN p IS NULL THEN null ELSE {id: p.id, ids: [p
 CALL (reader) {
   WITH reader WHERE reader IS NOT NULL AND reader.usesBot
   WITH [reader] AS readers, $org AS org, reader.atoms AS keys
-CALL () {
-  WITH [t IN $tags WHERE NOT t CONTAINS ':'] AS topics
+CALL (keys) {
+  WITH keys, [t IN $tags WHERE NOT t CONTAINS ':'] AS topics
   UNWIND CASE WHEN size(topics) = 0 THEN [null] ELSE topics END AS topic
-  OPTIONAL MATCH (tp:Topic {key: $botId + '|' + topic})
-  RETURN tp, CASE WHEN topic IS NULL THEN null WHEN tp IS NULL THEN 0
-              ELSE COUNT { (tp)<-[:HAS_TOPIC]-() } END AS topicSize
+  CALL (keys, topic) {
+    UNWIND keys AS key
+    MATCH (tp:Topic {key: $botId + '|' + key + '|' + topic})
+    RETURN collect(tp) AS tps, sum(COUNT { (tp)<-[:HAS_TOPIC]-() }) AS degree
+  }
+  RETURN tps, CASE WHEN topic IS NULL THEN null ELSE degree END AS topicSize
   ORDER BY topicSize LIMIT 1
 }
-CALL (readers, org, keys, tp, topicSize) {
+CALL (readers, org, keys, tps, topicSize) {
   WITH readers, org, keys WHERE topicSize IS NULL OR topicSize > $topicSeekMax
   UNWIND keys AS key
   CALL (key, readers, org) {
@@ -2565,7 +2638,8 @@ CALL (readers, org, keys, tp, topicSize) {
   }
   RETURN e
 UNION ALL
-  WITH readers, org, tp WHERE topicSize <= $topicSeekMax
+  WITH readers, org, tps WHERE topicSize <= $topicSeekMax
+  UNWIND tps AS tp
   MATCH (tp)<-[:HAS_TOPIC]-(e:Entry)
   WHERE e.memoryRank <= $afterRank AND CASE WHEN e.memoryRank = $afterRank THEN e.id > $afterId ELSE true END AND e.status IN $statuses AND all(t IN $tags WHERE t IN e.tags) AND
 (size(readers) > 0
@@ -3307,6 +3381,9 @@ WITH x
 WHERE x.status = 'queued' AND x.queuedAt < $before
 SET x.queuedAt = $now
 RETURN collect({id: x.id, epoch: x.epoch}) AS queued
+
+// ---- graph.topics.AUDIENCE_OF_E
+coalesce(e.audienceKey, '')
 
 // ---- graph.topics.TOPICS_OF_E
 reduce(acc = [], t IN e.tags | CASE WHEN t CONTAINS ':' OR t IN acc THEN acc ELSE acc + t END)

@@ -6,16 +6,20 @@ topic reads every entry of the Bot.
   with its labels in ``graph.access``) or its topics change, so a learning step reads the counts
   and not every valid entry's tags. A count is deleted when it reaches zero.
 - Links for the tag filter and the topic rename: every entry, whatever its status, has a
-  ``HAS_TOPIC`` relationship to a ``(:Topic {key, botId, topic})`` of its Bot for each of its
-  topics, so the entries with a topic are that node's relationships (its degree the topic's
-  size, read without reading them). A Topic is deleted with its last relationship. Only entries
-  with topics pay for it, one relationship a topic (a full-text index of the tags cost every
-  write ~2 ms, bench/README.md session 30).
+  ``HAS_TOPIC`` relationship for each of its topics to a ``(:Topic {key, botId, audienceKey,
+  topic})`` of its Bot and its audience key (``audienceKey``, ``graph.access``; '' for none), so
+  the entries with a topic that a reader's keys hold are the relationships of those keys' Topics
+  (their degrees the topic's size for that reader, read without reading them): a filter never
+  reads the entries under another audience, so its time does not tell how many hidden entries
+  carry a guessed topic. An entry whose audience key changes is linked again with its labels
+  (``relinked``). A Topic is deleted with its last relationship. Only entries with topics pay
+  for it, one relationship a topic (a full-text index of the tags cost every write ~2 ms,
+  bench/README.md session 30).
 
 Every statement that changes either runs under the Bot's exclusive lock and adds its own delta:
-the labels (an entry becoming valid or not, or valid for another organization), tag writes
-(``retag``), a new entry (``link_topics``) and the purge (``deleting`` before a delete, ``unlinked``
-after). An entry's topics count once each. ``tests/test_label_equivalence.py`` compares the counts
+the labels (an entry becoming valid or not, or valid for another organization, or of another
+audience), tag writes (``retag``), a new entry (``link_topics``) and the purge (``deleting`` before
+a delete, ``unlinked`` after). An entry's topics count once each. ``tests/test_label_equivalence.py`` compares the counts
 and the links with the entries' tags after every step.
 """
 
@@ -42,24 +46,47 @@ def count_topics(org: LiteralString, topics: LiteralString, delta: LiteralString
     )
 
 
-def topic_key(bot: LiteralString, topic: LiteralString) -> LiteralString:
-    """The key of the Topic of ``topic`` in Bot ``bot`` (two Cypher expressions), as it is written
-    and sought."""
-    return bot + " + '|' + " + topic
+#: The audience key of ``e`` as its Topics are keyed ('' for an entry without one).
+AUDIENCE_OF_E: Final[LiteralString] = "coalesce(e.audienceKey, '')"
+
+
+def topic_key(bot: LiteralString, audience: LiteralString, topic: LiteralString) -> LiteralString:
+    """The key of the Topic of ``topic`` for audience key ``audience`` in Bot ``bot`` (three Cypher
+    expressions), as it is written and sought."""
+    return bot + " + '|' + " + audience + " + '|' + " + topic
 
 
 def link_topics(topics: LiteralString, *, concurrent: bool = False) -> LiteralString:
-    """A FOREACH that links ``e`` to the Topic of each of ``topics`` (distinct, not yet linked),
-    creating the Topic at its first entry; it keeps the rows as they are. ``concurrent``: for a
-    statement that others may run at once on the same entries without the Memory lock (a
-    migration's data step as replicas start together): the link is MERGEd (Neo4j locks both
-    nodes, so it is made once), not created."""
+    """A FOREACH that links ``e`` to the Topic of each of ``topics`` (distinct, not yet linked) for
+    its audience key, creating the Topic at its first entry; it keeps the rows as they are.
+    ``concurrent``: for a statement that others may run at once on the same entries without the
+    Memory lock (a migration's data step as replicas start together): the link is MERGEd (Neo4j
+    locks both nodes, so it is made once), not created."""
     link: LiteralString = "MERGE" if concurrent else "CREATE"
     return (
         "FOREACH (topic IN " + topics + " |\n"
-        "  MERGE (tp:Topic {key: " + topic_key("e.botId", "topic") + "})\n"
-        "  ON CREATE SET tp.botId = e.botId, tp.topic = topic\n"
+        "  MERGE (tp:Topic {key: " + topic_key("e.botId", AUDIENCE_OF_E, "topic") + "})\n"
+        "  ON CREATE SET tp.botId = e.botId, tp.audienceKey = " + AUDIENCE_OF_E + ", tp.topic = topic\n"
         "  " + link + " (e)-[:HAS_TOPIC]->(tp))\n"
+    )
+
+
+def relinked() -> LiteralString:
+    """After the labels set ``e.audienceKey``: ``e``'s topics linked to the Topics of that key
+    where they were linked to another's (a Topic left without entries deleted). A unit subquery:
+    it keeps the rows as they are."""
+    return (
+        """CALL (e) {
+  MATCH (e)-[h:HAS_TOPIC]->(tp:Topic) WHERE tp.audienceKey <> """
+        + AUDIENCE_OF_E
+        + """
+  DELETE h
+  WITH e, collect(tp) AS moved
+  """
+        + link_topics("[tp IN moved | tp.topic]")
+        + "  "
+        + unlinked("moved")
+        + "}\n"
     )
 
 
@@ -112,10 +139,12 @@ def unlinked(topics: LiteralString) -> LiteralString:
 
 
 __all__ = [
+    "AUDIENCE_OF_E",
     "TOPICS_OF_E",
     "count_topics",
     "deleting",
     "link_topics",
+    "relinked",
     "retag",
     "revalidate",
     "topic_key",

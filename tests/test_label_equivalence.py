@@ -145,15 +145,17 @@ RETURN [c IN counted WHERE NOT c IN kept] AS missing, [k IN kept WHERE NOT k IN 
 """
 
 
-#: The tag filter's and the rename's topic links (``graph.topics``) against the entries' tags:
-#: the entries whose ``HAS_TOPIC`` Topics are not their topics, each once, of their own Bot.
+#: The tag filter's and the rename's topic links (``graph.topics``) against the entries' tags and
+#: audience keys: the entries whose ``HAS_TOPIC`` Topics are not their topics, each once, of their
+#: own Bot and audience key.
 MISLINKED = """
 MATCH (e:Entry {botId: $botId})
 WITH e, reduce(acc = [], t IN e.tags | CASE WHEN t CONTAINS ':' OR t IN acc THEN acc ELSE acc + t END) AS topics,
-     [(e)-[:HAS_TOPIC]->(tp:Topic) | tp] AS linked
+     [(e)-[:HAS_TOPIC]->(tp:Topic) | tp] AS linked, coalesce(e.audienceKey, '') AS audience
 WHERE apoc.coll.sort(topics) <> apoc.coll.sort([tp IN linked | tp.topic])
-   OR any(tp IN linked WHERE tp.botId <> e.botId OR tp.key <> e.botId + '|' + tp.topic)
-RETURN e.id AS id, topics, [tp IN linked | tp.key] AS linked
+   OR any(tp IN linked WHERE tp.botId <> e.botId OR tp.audienceKey <> audience
+                          OR tp.key <> e.botId + '|' + audience + '|' + tp.topic)
+RETURN e.id AS id, topics, audience, [tp IN linked | tp.key] AS linked
 """
 
 #: Topics of the Bot left without an entry (one is deleted with its last link).

@@ -385,20 +385,7 @@ async def test_a_filter_on_a_rare_topic_reads_its_entries_not_the_readers(api: A
     await apply(runtime, w.bot, *rare)
 
     async def hits(tags: tuple[str, ...], seek_max: int, page: bool) -> int:
-        params = {
-            "botId": w.bot,
-            "personId": w.people["ann"],
-            "org": w.org,
-            "top": memory_q.TOP_RANK,
-            "statuses": ["active"],
-            "tags": list(tags),
-            "topicSeekMax": seek_max,
-            "limit": 10,
-            "afterRank": memory_q.TOP_RANK,
-            "afterId": "",
-        }
-        query = memory_q.LOCK_READER_AND_PAGE if page else memory_q.LOCK_READER_AND_LIST
-        return await db_hits(runtime, query, params)
+        return await filter_hits(runtime, w, tags, seek_max, page)
 
     cases = list(
         itertools.product(
@@ -422,3 +409,75 @@ async def test_a_filter_on_a_rare_topic_reads_its_entries_not_the_readers(api: A
     await runtime.driver.execute_query("MATCH (s:SchemaVersion {id: 'schema'}) SET s.version = 14")
     assert await migrate(runtime.driver) == LATEST
     assert [i for _, i in await _tagged(runtime, w, ["rare"], None)] == listed
+
+
+async def test_a_filter_on_a_topic_never_reads_the_entries_hidden_from_the_reader(
+    api: Api, runtime: Runtime
+) -> None:
+    """A topic's entries are linked per audience key (``graph.topics``), and a filter reads those
+    of the reader's keys only. Linked per Bot, a filter on a guessed topic read every entry that
+    carries it, Bob's private ones too, each checked and refused: its time grew with how many
+    hidden entries carry the topic. Sixty of Bob's private entries on it now add no database hit
+    to Ann's filter, and neither list shows the other's. A store of version 23 (one Topic per
+    topic of a Bot) is linked again by audience key (migration 24)."""
+    w = await make_world(api, ("ann", "bob"))
+    ann_src = await said(api, w.tokens["ann"], await api.chat(w.tokens["ann"], w.bot), "mine")
+    bob_src = await said(api, w.tokens["bob"], await api.chat(w.tokens["bob"], w.bot), "his")
+    mine = [
+        AddFact(content=f"ann rare {n}", sources=(ItemRef(*ann_src),), topics=("rare",)) for n in range(3)
+    ]
+    await apply(runtime, w.bot, *mine)
+    listed = [c.id for c in reversed(mine)]
+
+    async def hits() -> int:
+        return await filter_hits(runtime, w, ("rare",), memory_q.TOPIC_SEEK_MAX, page=False)
+
+    before = await hits()
+    his = [
+        AddFact(content=f"bob rare {n}", sources=(ItemRef(*bob_src),), topics=("rare",)) for n in range(60)
+    ]
+    await apply(runtime, w.bot, *his)
+    assert await hits() == before
+    assert [i for _, i in await _tagged(runtime, w, ["rare"], None)] == listed
+    assert set(await visible(api, w.tokens["bob"], w.bot, tags="rare")) == {c.id for c in his}
+
+    await runtime.driver.execute_query(
+        """
+        MATCH (tp:Topic {botId: $b}) DETACH DELETE tp
+        WITH count(*) AS _
+        CREATE (old:Topic {key: $b + '|rare', botId: $b, topic: 'rare'})
+        WITH old
+        MATCH (e:Entry {botId: $b}) WHERE 'rare' IN e.tags
+        CREATE (e)-[:HAS_TOPIC]->(old)
+        """,
+        b=w.bot,
+    )
+    await runtime.driver.execute_query("MATCH (s:SchemaVersion {id: 'schema'}) SET s.version = 23")
+    assert await migrate(runtime.driver) == LATEST
+    assert await hits() == before
+    assert [i for _, i in await _tagged(runtime, w, ["rare"], None)] == listed
+    topics, _, _ = await runtime.driver.execute_query(
+        "MATCH (tp:Topic {botId: $b}) RETURN tp.key AS key, COUNT { (tp)<-[:HAS_TOPIC]-() } AS n", b=w.bot
+    )
+    assert {r["key"]: r["n"] for r in topics} == {
+        f"{w.bot}|person:{w.people['ann']}|rare": 3,
+        f"{w.bot}|person:{w.people['bob']}|rare": 60,
+    }
+
+
+async def filter_hits(runtime: Runtime, w: World, tags: tuple[str, ...], seek_max: int, page: bool) -> int:
+    """Database hits of Ann's GET memory with ``tags`` (one page of 10, or the whole list)."""
+    params = {
+        "botId": w.bot,
+        "personId": w.people["ann"],
+        "org": w.org,
+        "top": memory_q.TOP_RANK,
+        "statuses": ["active"],
+        "tags": list(tags),
+        "topicSeekMax": seek_max,
+        "limit": 10,
+        "afterRank": memory_q.TOP_RANK,
+        "afterId": "",
+    }
+    query = memory_q.LOCK_READER_AND_PAGE if page else memory_q.LOCK_READER_AND_LIST
+    return await db_hits(runtime, query, params)
