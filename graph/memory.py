@@ -187,9 +187,12 @@ TOPIC_SEEK_MAX: Final = 2000
 #: The topic of ``$tags`` (all-of) with the fewest entries under the reader's audience ``keys``,
 #: as ``tps`` (its Topics of those keys, ``graph.topics``) and ``topicSize`` (their degrees, read
 #: without reading the entries): 0 when no such entry has it (then nothing passes the filter), null
-#: when ``$tags`` holds no topic (only OpenBot's tags). Entries under other keys are never counted
-#: nor read (VISIBLE admits none of them), so neither the choice below nor its time tells how many
-#: hidden entries carry a topic.
+#: when ``$tags`` holds no topic (only OpenBot's tags). Entries under keys the reader does not hold
+#: are never counted nor read (VISIBLE admits none of them), so neither the choice below nor its
+#: time tells how many of another audience carry a topic: another person's private entries, a
+#: channel's the reader is not in. (Those under a key the reader holds that another condition
+#: hides — an observation that also needs a channel they are not in, another organization's of a
+#: linked Bot, their own Forget exclusions — are read and refused, as by the walk and by search.)
 _RAREST_TOPIC: Final[LiteralString] = (
     """
 CALL (keys) {

@@ -318,11 +318,16 @@ CALL (e) {
 """
 )
 
-#: The Topics of before version 24, one per topic of a Bot (without ``audienceKey``), deleted with
-#: their links in batches; _LINK_TOPICS then links every entry to those of its audience key.
+#: The Topics of before version 24, one per topic of a Bot (without ``audienceKey``): their links
+#: deleted in batches (a Topic may hold a hundred thousand), then the Topics; _LINK_TOPICS then
+#: links every entry to those of its audience key.
+_DROP_UNKEYED_LINKS: Final[LiteralString] = """
+MATCH (tp:Topic)<-[h:HAS_TOPIC]-() WHERE tp.audienceKey IS NULL
+CALL (h) { DELETE h } IN TRANSACTIONS OF 10000 ROWS
+"""
 _DROP_UNKEYED_TOPICS: Final[LiteralString] = """
 MATCH (tp:Topic) WHERE tp.audienceKey IS NULL
-CALL (tp) { DETACH DELETE tp } IN TRANSACTIONS OF 10 ROWS
+CALL (tp) { DETACH DELETE tp } IN TRANSACTIONS OF 10000 ROWS
 """
 
 #: Saved model calls written before version 16 lose their request hash: a plain SHA-256 of the
@@ -523,6 +528,7 @@ async def _apply_steps(driver: AsyncDriver, lease: _Lease) -> int:
                 await (await session.run(_COUNT_SUMMARY_INPUT)).consume()
         if version == 24:
             async with driver.session() as session:  # CALL … IN TRANSACTIONS needs auto-commit
+                await (await session.run(_DROP_UNKEYED_LINKS)).consume()
                 await (await session.run(_DROP_UNKEYED_TOPICS)).consume()
                 await (await session.run(_LINK_TOPICS)).consume()
         await driver.execute_query(_WRITE_VERSION, version=version)

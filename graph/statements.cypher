@@ -74,7 +74,7 @@ FOREACH (topic IN CASE WHEN CASE WHEN validBefore = e.validOrg THEN null ELSE e.
   FOREACH (_ IN CASE WHEN tc.n = 0 THEN [1] ELSE [] END | DELETE tc))
 WITH e, keyBefore
 CALL (e) {
-  MATCH (e)-[h:HAS_TOPIC]->(tp:Topic) WHERE tp.audienceKey <> coalesce(e.audienceKey, '')
+  MATCH (e)-[h:HAS_TOPIC]->(tp:Topic) WHERE tp.key <> e.botId + '|' + coalesce(e.audienceKey, '') + '|' + tp.topic
   DELETE h
   WITH e, collect(tp) AS moved
   FOREACH (topic IN [tp IN moved | tp.topic] |
@@ -218,7 +218,7 @@ FOREACH (topic IN CASE WHEN CASE WHEN validBefore = e.validOrg THEN null ELSE e.
   FOREACH (_ IN CASE WHEN tc.n = 0 THEN [1] ELSE [] END | DELETE tc))
 WITH e, keyBefore
 CALL (e) {
-  MATCH (e)-[h:HAS_TOPIC]->(tp:Topic) WHERE tp.audienceKey <> coalesce(e.audienceKey, '')
+  MATCH (e)-[h:HAS_TOPIC]->(tp:Topic) WHERE tp.key <> e.botId + '|' + coalesce(e.audienceKey, '') + '|' + tp.topic
   DELETE h
   WITH e, collect(tp) AS moved
   FOREACH (topic IN [tp IN moved | tp.topic] |
@@ -298,7 +298,7 @@ FOREACH (topic IN CASE WHEN CASE WHEN validBefore = e.validOrg THEN null ELSE e.
   FOREACH (_ IN CASE WHEN tc.n = 0 THEN [1] ELSE [] END | DELETE tc))
 WITH e, keyBefore
 CALL (e) {
-  MATCH (e)-[h:HAS_TOPIC]->(tp:Topic) WHERE tp.audienceKey <> coalesce(e.audienceKey, '')
+  MATCH (e)-[h:HAS_TOPIC]->(tp:Topic) WHERE tp.key <> e.botId + '|' + coalesce(e.audienceKey, '') + '|' + tp.topic
   DELETE h
   WITH e, collect(tp) AS moved
   FOREACH (topic IN [tp IN moved | tp.topic] |
@@ -842,7 +842,7 @@ FOREACH (topic IN CASE WHEN CASE WHEN validBefore = e.validOrg THEN null ELSE e.
   FOREACH (_ IN CASE WHEN tc.n = 0 THEN [1] ELSE [] END | DELETE tc))
 WITH e, keyBefore
 CALL (e) {
-  MATCH (e)-[h:HAS_TOPIC]->(tp:Topic) WHERE tp.audienceKey <> coalesce(e.audienceKey, '')
+  MATCH (e)-[h:HAS_TOPIC]->(tp:Topic) WHERE tp.key <> e.botId + '|' + coalesce(e.audienceKey, '') + '|' + tp.topic
   DELETE h
   WITH e, collect(tp) AS moved
   FOREACH (topic IN [tp IN moved | tp.topic] |
@@ -1051,7 +1051,7 @@ FOREACH (topic IN CASE WHEN CASE WHEN validBefore = e.validOrg THEN null ELSE e.
   FOREACH (_ IN CASE WHEN tc.n = 0 THEN [1] ELSE [] END | DELETE tc))
 WITH e, keyBefore
 CALL (e) {
-  MATCH (e)-[h:HAS_TOPIC]->(tp:Topic) WHERE tp.audienceKey <> coalesce(e.audienceKey, '')
+  MATCH (e)-[h:HAS_TOPIC]->(tp:Topic) WHERE tp.key <> e.botId + '|' + coalesce(e.audienceKey, '') + '|' + tp.topic
   DELETE h
   WITH e, collect(tp) AS moved
   FOREACH (topic IN [tp IN moved | tp.topic] |
@@ -1151,7 +1151,7 @@ FOREACH (topic IN CASE WHEN CASE WHEN validBefore = e.validOrg THEN null ELSE e.
   FOREACH (_ IN CASE WHEN tc.n = 0 THEN [1] ELSE [] END | DELETE tc))
 WITH e, keyBefore
 CALL (e) {
-  MATCH (e)-[h:HAS_TOPIC]->(tp:Topic) WHERE tp.audienceKey <> coalesce(e.audienceKey, '')
+  MATCH (e)-[h:HAS_TOPIC]->(tp:Topic) WHERE tp.key <> e.botId + '|' + coalesce(e.audienceKey, '') + '|' + tp.topic
   DELETE h
   WITH e, collect(tp) AS moved
   FOREACH (topic IN [tp IN moved | tp.topic] |

@@ -73,12 +73,13 @@ def link_topics(topics: LiteralString, *, concurrent: bool = False) -> LiteralSt
 
 def relinked() -> LiteralString:
     """After the labels set ``e.audienceKey``: ``e``'s topics linked to the Topics of that key
-    where they were linked to another's (a Topic left without entries deleted). A unit subquery:
-    it keeps the rows as they are."""
+    where they were linked to another's, or to a Topic of another shape (one a process of before
+    version 24 made: keyed by the Bot alone); a Topic left without entries is deleted. A unit
+    subquery: it keeps the rows as they are."""
     return (
         """CALL (e) {
-  MATCH (e)-[h:HAS_TOPIC]->(tp:Topic) WHERE tp.audienceKey <> """
-        + AUDIENCE_OF_E
+  MATCH (e)-[h:HAS_TOPIC]->(tp:Topic) WHERE tp.key <> """
+        + topic_key("e.botId", AUDIENCE_OF_E, "tp.topic")
         + """
   DELETE h
   WITH e, collect(tp) AS moved

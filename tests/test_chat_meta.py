@@ -18,7 +18,7 @@ from graph.chats import LOCK_CHAT
 from graph.driver import write
 from services.conversation import META_KINDS
 from services.crypto import Kind
-from services.jobs import enqueue_due_summaries
+from services.jobs import SUMMARY_SWEEP_AGAIN_MS, enqueue_due_summaries
 from services.memory import cipher_of
 from services.runtime import Runtime, now_ms
 from tests.client import Api, bearer, make_world
@@ -436,12 +436,13 @@ async def test_long_chats_that_are_never_summarized_keep_no_other_out_of_the_swe
         CREATE (:Chat {id: 'chat_nomodel_' + $tag + '_' + n, unsummarizedChars: 2000000000 + n,
                        summaryInputChars: 2000000000 + n})-[:IN_ORG]->(none)
         CREATE (:Chat {id: 'chat_swept_' + $tag + '_' + n, unsummarizedChars: 2000000000 + n,
-                       summaryInputChars: 2000000000 + n, summarySweptAt: timestamp()})-[:IN_ORG]->(some)
+                       summaryInputChars: 2000000000 + n, summarySweptAt: $later - 60000})-[:IN_ORG]->(some)
         WITH DISTINCT some
         CREATE (:Chat {id: 'chat_due_' + $tag, unsummarizedChars: 1999999999,
                        summaryInputChars: 1999999999})-[:IN_ORG]->(some)
         """,
         tag=tag,
+        later=LATER,
     )
     try:
         assert await sweep(runtime, threshold=1000) == [f"chat_due_{tag}"]
@@ -483,13 +484,18 @@ async def test_a_due_chat_with_a_long_summary_is_swept_ahead_of_longer_chats_not
         await forget_tagged(runtime, tag)
 
 
+#: When the tests' sweeps run, as far as the statement knows: a day from now, so that the session
+#: worker's own sweep (at its start and every ten minutes), marking a test's Chats as swept now,
+#: changes nothing; a Chat "swept in the last hour" was swept a minute before that.
+LATER = now_ms() + 86_400_000
+
+
 async def sweep(runtime: Runtime, *, threshold: int) -> list[str]:
     """One sweep's statement, as ``jobs.enqueue_due_summaries`` runs it, queueing at most one."""
-    now = now_ms()
     return await write(
         runtime.driver,
         lambda tx: conversation_q.summaries_due(
-            tx, threshold=threshold, limit=1, sweptBefore=now - 3_600_000, now=now
+            tx, threshold=threshold, limit=1, sweptBefore=LATER - SUMMARY_SWEEP_AGAIN_MS, now=LATER
         ),
     )
 

@@ -10,7 +10,7 @@ import pytest
 
 from graph import conversation as conversation_q
 from graph import memory as memory_q
-from graph.driver import read
+from graph.driver import read, write
 from graph.migrations import LATEST, migrate
 from learning import summary
 from learning.gateway import Gateway
@@ -120,6 +120,66 @@ async def test_a_chats_characters_not_yet_summarized_are_kept_not_summed(api: Ap
     assert await total() == 0
     await api.turn(w.tokens["ann"], chat, "again")
     assert await total() == 5
+
+
+#: What a Chat's summary would take in, counted from scratch: its summary's characters and those
+#: of its Items after it that still have their text (the reference for ``summaryInputChars``).
+RECOUNTED = """
+MATCH (ch:Chat {id: $chatId})
+OPTIONAL MATCH (s:ChatSummary {chatId: $chatId})
+OPTIONAL MATCH (i:Item) WHERE i.chatId = $chatId AND i.seq > coalesce(s.coversThroughSeq, 0) AND i.text IS NOT NULL
+WITH coalesce(s.chars, 0) AS summarized, coalesce(sum(i.textLength), 0) AS after
+RETURN summarized + after AS total
+"""
+
+
+async def test_what_a_summary_would_take_in_is_kept_through_every_kind_of_write(
+    api: Api, runtime: Runtime
+) -> None:
+    """D9.17: the Chat keeps what its summary would take in (``summaryInputChars``: the summary's
+    characters and those after it), which the sweep seeks due Chats by; it must equal the count
+    from scratch after new Items, a saved summary, a meta set by a client, a history deletion,
+    and the migration that counts it for older Chats (version 23, a Chat with a summary)."""
+    w = await memory_world(api, ("ann",))
+    ann = w.tokens["ann"]
+    chat = await api.chat(ann, w.bot)
+
+    async def kept_and_recounted() -> tuple[int, int]:
+        kept = (await read(runtime.driver, lambda tx: conversation_q.unsummarized(tx, chat_id=chat)))[1]
+        records, _, _ = await runtime.driver.execute_query(RECOUNTED, chatId=chat)
+        return kept, int(records[0]["total"])
+
+    turn = await api.turn(ann, chat, "abc")
+    await add_items(api, ann, turn["id"], ("PERSON_MESSAGE", "de"), ("BOT_MESSAGE", "fghij"))
+    assert await kept_and_recounted() == (10, 10)
+    saved = await write(
+        runtime.driver,
+        lambda tx: conversation_q.save_summary(
+            tx, chatId=chat, botId=w.bot, historyEpoch=0, after=0, through=2, text="sealed", chars=400, now=1
+        ),
+    )
+    assert saved is True
+    assert await kept_and_recounted() == (405, 405)  # the summary and the Item after it ("fghij")
+    await add_items(api, ann, turn["id"], ("PERSON_MESSAGE", "k" * 30))
+    assert await kept_and_recounted() == (435, 435)
+    put = await api.http.put(
+        f"/v1/chats/{chat}/meta", json={"summary": {"plan": "Lyon"}}, headers=bearer(ann)
+    )
+    assert put.status_code == 200, put.text
+    kept, recounted = await kept_and_recounted()
+    assert kept == recounted and 0 < kept < 435  # the meta covers every Item so far
+    await add_items(api, ann, turn["id"], ("PERSON_MESSAGE", "m" * 7))
+    assert await kept_and_recounted() == (kept + 7, kept + 7)
+
+    await runtime.driver.execute_query("MATCH (ch:Chat {id: $c}) REMOVE ch.summaryInputChars", c=chat)
+    await runtime.driver.execute_query("MATCH (s:SchemaVersion {id: 'schema'}) SET s.version = 22")
+    assert await migrate(runtime.driver) == LATEST
+    assert await kept_and_recounted() == (kept + 7, kept + 7)
+
+    await api.gql("mutation($c: ID!) { deleteChatHistory(chatId: $c) { items } }", {"c": chat}, ann)
+    assert await kept_and_recounted() == (0, 0)
+    await api.turn(ann, chat, "again")
+    assert await kept_and_recounted() == (5, 5)
 
 
 async def test_a_history_past_the_threshold_is_summarized_though_no_turn_was_completed(

@@ -411,13 +411,13 @@ async def test_a_filter_on_a_rare_topic_reads_its_entries_not_the_readers(api: A
     assert [i for _, i in await _tagged(runtime, w, ["rare"], None)] == listed
 
 
-async def test_a_filter_on_a_topic_never_reads_the_entries_hidden_from_the_reader(
+async def test_a_filter_on_a_topic_never_reads_entries_of_an_audience_the_reader_is_not_in(
     api: Api, runtime: Runtime
 ) -> None:
     """A topic's entries are linked per audience key (``graph.topics``), and a filter reads those
     of the reader's keys only. Linked per Bot, a filter on a guessed topic read every entry that
     carries it, Bob's private ones too, each checked and refused: its time grew with how many
-    hidden entries carry the topic. Sixty of Bob's private entries on it now add no database hit
+    of another audience carry the topic. Sixty of Bob's private entries on it now add no database hit
     to Ann's filter, and neither list shows the other's. A store of version 23 (one Topic per
     topic of a Bot) is linked again by audience key (migration 24)."""
     w = await make_world(api, ("ann", "bob"))
