@@ -1,7 +1,10 @@
 """Master-key rotation (E1): re-wrap every Bot data key with the current master key.
 
-Content ciphertexts never change. Run it after every process knows the new key as current
-and the old one as previous; reads keep working throughout (no downtime).
+Content ciphertexts never change. Every process first learns the new key as a previous one (a
+rolling restart), then takes it as current with the old one as previous (a second one): a process
+that knew only the old key could not read the Bots a process already on the new key created. Run
+it once every process has the new key as current; reads keep working throughout (no downtime).
+README.md has the steps.
 """
 
 from __future__ import annotations

@@ -228,8 +228,11 @@ async def test_a_master_key_rotation_keeps_the_api_serving_throughout(
     """E1, "rotation without downtime", done as the README says: an API process given the new key
     with the old one among the previous keys serves Bots' content whose data keys it first meets
     wrapped by the old key (before the re-wrap), while they are being re-wrapped, and wrapped by
-    the new one (after); then a process given the new key alone starts and serves them too (the
-    old key may be dropped). Before, only the re-wrap itself was tested, through the driver."""
+    the new one (after); a process not yet swapped, which has the new key among its previous ones
+    (the README's first restart), serves a Bot that a swapped one created (its data key wrapped by
+    the new key: a process that knew only the old key failed its every read); then a process
+    given the new key alone starts and serves them all (the old key may be dropped). Before, only
+    the re-wrap itself was tested, through the driver."""
     worlds = [await make_world(api, ("ann",)) for _ in range(8)]
     chats: list[str] = []
     for n, world in enumerate(worlds):
@@ -244,8 +247,11 @@ async def test_a_master_key_rotation_keeps_the_api_serving_throughout(
         "BOTMEMORY_MASTER_KEY": new,
         "BOTMEMORY_PREVIOUS_MASTER_KEYS": json.dumps([old.get_secret_value()]),
     }
+    first_step = {
+        "BOTMEMORY_MASTER_KEY": old.get_secret_value(),
+        "BOTMEMORY_PREVIOUS_MASTER_KEYS": json.dumps([new]),
+    }
     processes: list[ApiProcess] = []
-    rotated = False
     try:
         processes.append(
             await asyncio.to_thread(
@@ -253,6 +259,20 @@ async def test_a_master_key_rotation_keeps_the_api_serving_throughout(
             )
         )
         rotating = processes[0]
+        processes.append(
+            await asyncio.to_thread(
+                ApiProcess, settings, logs / "pytest-api-not-swapped.log", service_env | first_step
+            )
+        )
+        not_swapped = processes[1]
+        async with httpx.AsyncClient(base_url=rotating.url, timeout=30) as http:
+            swapped_api = Api(http, api.admin_token)
+            worlds.append(await make_world(swapped_api, ("ann",)))  # its data key: the new key's
+            chats.append(await swapped_api.chat(worlds[-1].tokens["ann"], worlds[-1].bot))
+            await swapped_api.turn(
+                worlds[-1].tokens["ann"], chats[-1], f"kept across rotation {len(chats) - 1}"
+            )
+        made_swapped = len(worlds) - 1
 
         async def texts(url: str, n: int) -> list[str]:
             """Chat n's messages, read through the API at ``url`` (its first read of that Bot
@@ -265,17 +285,18 @@ async def test_a_master_key_rotation_keeps_the_api_serving_throughout(
 
         assert await texts(rotating.url, 0) == ["kept across rotation 0"]  # wrapped by the old key
 
+        assert await texts(not_swapped.url, made_swapped) == [f"kept across rotation {made_swapped}"]
+
         async def first_reads() -> None:  # each Bot's first read, while the keys are re-wrapped
-            for n in range(1, len(worlds) - 1):
+            for n in range(1, made_swapped - 1):
                 assert await texts(rotating.url, n) == [f"kept across rotation {n}"]
 
         reading = asyncio.create_task(first_reads())
         try:
-            assert await rotate_data_keys(runtime.driver, Keyring(new_key, [old_key])) >= len(worlds)
-            rotated = True
+            assert await rotate_data_keys(runtime.driver, Keyring(new_key, [old_key])) >= made_swapped
         finally:
             await reading
-        last = len(worlds) - 1
+        last = made_swapped - 1
         assert await texts(rotating.url, last) == [f"kept across rotation {last}"]  # by the new key
         only_new = {"BOTMEMORY_MASTER_KEY": new, "BOTMEMORY_PREVIOUS_MASTER_KEYS": "[]"}
         processes.append(
@@ -283,13 +304,14 @@ async def test_a_master_key_rotation_keeps_the_api_serving_throughout(
                 ApiProcess, settings, logs / "pytest-api-rotated.log", service_env | only_new
             )
         )
-        for n in (0, last):
-            assert await texts(processes[1].url, n) == [f"kept across rotation {n}"]
+        for n in (0, last, made_swapped):
+            assert await texts(processes[-1].url, n) == [f"kept across rotation {n}"]
     finally:
         for process in processes:
             process.stop()
-        if rotated:  # every Bot back under the test stack's master key (see the test above)
-            await rotate_data_keys(runtime.driver, Keyring(old_key, [new_key]))
+        # Every Bot back under the test stack's master key (see the test above), the one the
+        # swapped process made included: a later process would refuse to start.
+        await rotate_data_keys(runtime.driver, Keyring(old_key, [new_key]))
 
 
 async def test_a_process_without_the_master_key_of_the_bots_refuses_to_start(
