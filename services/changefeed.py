@@ -141,6 +141,7 @@ class ChangeHub:
                 turnfeed.ACCESS_CHANNEL,
                 self.access_changed,
                 self.access_ready,
+                self._access_resubscribed,
                 silence=self.rt.settings.redis_timeout_seconds,
             ),
             name="changefeed-access",
@@ -177,6 +178,17 @@ class ChangeHub:
                 ),
             )
             self._hand_out(local, {s.identity: None for s in local if s.identity not in found.visible})
+
+    async def _access_resubscribed(self) -> None:
+        """After every (re)subscription to the access channel: a change of access announced while
+        the connection was away is lost, so every stream here is checked again (a revoked token's
+        stream on a quiet Bot stayed open until the Bot next changed)."""
+        try:
+            await self.access_changed({})
+        except Exception as exc:  # each stream is still checked at its Bot's next change
+            log.warning(
+                "the change streams were not checked again after a reconnect (%s)", type(exc).__name__
+            )
 
     async def stop(self) -> None:
         for task in [self._task, self._access_task, self._audit_task, *self._retrying.values()]:
@@ -273,7 +285,10 @@ class ChangeHub:
 
     async def check_versions(self, why: str) -> None:
         """Every Bot with local subscribers whose memory is past the version this process
-        considered catches up (one read for all of them)."""
+        considered catches up (one read for all of them). A Bot whose catch-up fails catches up
+        later (:meth:`_later`) while the others go on: raised here, one Bot that could not be
+        delivered (an entry that does not decrypt) ended every reconnect's catch-up before the
+        Bots after it, and the listener, reconnecting again and again, handled no event at all."""
         bots = [b for b in self.subscribers if b in self.versions]
         if not bots:
             return
@@ -281,7 +296,11 @@ class ChangeHub:
         for bot_id in bots:
             if current.get(bot_id, 0) > self.versions.get(bot_id, current.get(bot_id, 0)):
                 metrics.CHANGE_CATCH_UPS.labels(why).inc()
-                await self.catch_up(bot_id)
+                try:
+                    await self.catch_up(bot_id)
+                except Exception as exc:
+                    log.warning("a Bot's changes could not be caught up (%s); later", type(exc).__name__)
+                    self._later(bot_id)
 
     async def catch_up(self, bot_id: str) -> None:
         """Deliver, from the log, every change after the last version this process considered
@@ -306,12 +325,28 @@ class ChangeHub:
                 return
 
     async def replay(self, sub: Subscriber, after: int) -> AsyncIterator[ChangeEvent | CaughtUp | None]:
-        """The changes after version ``after`` for one subscriber, read from the log oldest first
-        (a reconnecting client's ``memoryChanges(after:)``), then :class:`CaughtUp` with the
-        version reached: live events at or below it are already covered. None: access lost."""
+        """The changes after version ``after`` for one subscriber (registered already), read from
+        the log oldest first (a reconnecting client's ``memoryChanges(after:)``), then
+        :class:`CaughtUp` with the version reached: live events at or below it are already
+        covered, and every later one reaches ``sub``. None: access lost.
+
+        The last reads run in the Bot's turn, while the hub considers nothing of it, until they
+        reach the version the hub considered: a catch-up of the hub's (a gap, a reconnect, the
+        audit) that took its subscribers before ``sub`` was registered, and whose read came after
+        the replay's, handed the versions past the replay's end to the others only and moved past
+        them, so ``sub`` had neither (a reconnecting client missed a change, and was not told)."""
+        locked = False
         while True:
-            async with self._replays:  # REPLAY_READS pages at once
-                page = await self._from_log(sub.bot_id, [sub], after)
+            if locked:
+                async with self._turn(sub.bot_id):  # (nothing is yielded while it is held)
+                    reached = self.versions.get(sub.bot_id, after) <= after
+                    page = None if reached else await self._from_log(sub.bot_id, [sub], after)
+                if reached:
+                    yield CaughtUp(after)
+                    return
+            else:
+                async with self._replays:  # REPLAY_READS pages at once
+                    page = await self._from_log(sub.bot_id, [sub], after)
             if page is None:
                 return
             memory_version, outcomes = page
@@ -319,10 +354,9 @@ class ChangeHub:
                 outcome = outcomes[version]
                 if sub.identity in outcome:
                     yield outcome[sub.identity]
-            if len(outcomes) < LOG_PAGE:
-                yield CaughtUp(memory_version)
-                return
-            after = max(outcomes)
+            full = len(outcomes) == LOG_PAGE
+            after = max(outcomes) if full else max(memory_version, after)
+            locked = locked or not full
 
     async def _from_log(
         self, bot_id: str, local: list[Subscriber], after: int

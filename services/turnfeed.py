@@ -80,10 +80,21 @@ class TurnHub:
                 CHANNEL_PATTERN,
                 self._remote,
                 self.ready,
+                self._resubscribed,
                 silence=self.rt.settings.redis_timeout_seconds,
             ),
             name="turnfeed",
         )
+
+    async def _resubscribed(self) -> None:
+        """After every (re)subscription: what was announced while the connection was away is
+        lost, a change of who may follow a Chat among it, so every stream here is checked again
+        (a person removed meanwhile kept the reply's words streaming to them until the Chat's
+        next saved Item)."""
+        try:
+            await self._recheck(*self.subscribers)
+        except Exception as exc:  # the next saved Item of each Chat checks its streams again
+            log.warning("the turn streams were not checked again after a reconnect (%s)", type(exc).__name__)
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -168,6 +179,12 @@ class TurnHub:
             found = await read(self.rt.driver, work)
             if found is None:
                 return
+            # Who may still follow the Chat is judged before its words are opened: a stream that
+            # ends here (its person left the Chat, its token is gone) had them decrypted for
+            # nobody (E2), as the local path checks before it delivers.
+            await self._recheck(chat_id)
+            if not self.subscribers.get(chat_id):
+                return
             cipher = self.rt.cipher(found["chat"]["botId"], found["keyMaster"], found["keyWrapped"])
             item = found["item"]
             text = item.get("text")
@@ -178,7 +195,6 @@ class TurnHub:
                 item_id,
                 item["kind"],
             )
-            await self._recheck(chat_id)
         for sub in list(self.subscribers.get(chat_id, ())):
             pubsub.offer(sub, event)
 

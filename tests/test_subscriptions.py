@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import secrets
 import socket
 from collections.abc import AsyncGenerator, Iterator
 from typing import Any, cast
@@ -15,6 +16,7 @@ import pytest
 import strawberry
 import websockets
 from arq.connections import ArqRedis
+from prometheus_client import REGISTRY
 from strawberry.extensions import SchemaExtension
 from strawberry.types import ExecutionResult, StreamExecutionResult
 from websockets.asyncio.client import ClientConnection
@@ -22,12 +24,13 @@ from websockets.asyncio.client import ClientConnection
 from resolvers.schema import Schema
 from schema.errors import ErrorCodes
 from schema.fanout import ExtensionsRunner
-from services.changefeed import ChangeEvent, ChangeHub
+from services.changefeed import CaughtUp, ChangeEvent, ChangeHub, Subscriber
 from services.changes import AddFact, ItemRef, MemoryChange
 from services.runtime import Runtime
 from services.settings import Settings
+from services.turnfeed import TurnHub
 from services.writepath import apply_changes
-from tests.client import Api, make_world
+from tests.client import Api, bearer, make_world
 from tests.conftest import ApiProcess
 from tests.feed_helpers import SUBSCRIBE, next_event, opened, subscribed, subscription, until_opened, ws_url
 from tests.memory_helpers import command, fact, said
@@ -628,3 +631,186 @@ async def test_a_sockets_query_string_stays_out_of_the_log(api: Api, settings: S
     logged = await asyncio.to_thread(written)
     assert b'"WebSocket /graphql"' in logged  # the handshake was logged: its line is what is read
     assert w.tokens["ann"].encode() not in logged
+
+
+def item_decryptions() -> float:
+    return REGISTRY.get_sample_value("botmemory_decryptions_total", {"kind": "item"}) or 0.0
+
+
+async def test_another_process_s_item_is_decrypted_only_for_a_stream_that_may_read_it(
+    api: Api, runtime: Runtime
+) -> None:
+    """E2: a Turn event announced by another API process carries ids only; the receiving process
+    reads the Item and decrypts it for its subscribers of the Chat. It decrypted the Item before
+    it judged them again, so a stream that then ended (its token gone, its person no longer of
+    the Chat) had the words opened for nobody. A live stream gets the words; a stream whose token
+    is not live ends, and nothing is decrypted for it."""
+    w = await make_world(api, ("ann",))
+    ann = w.tokens["ann"]
+    chat = await api.chat(ann, w.bot)
+    turn = await api.turn(ann, chat, "words for a live stream only")
+    messages = (await api.http.get(f"/v1/chats/{chat}/messages", headers=bearer(ann))).json()["messages"]
+    issued = (await api.gql("mutation { issueToken { id token } }", token=ann))["issueToken"]
+    announced = {
+        "origin": "another-process",
+        "chatId": chat,
+        "turnId": turn["id"],
+        "kind": "ITEM_ADDED",
+        "itemId": messages[0]["id"],
+    }
+    hub = TurnHub(runtime)
+    await hub.start()
+    try:
+        await asyncio.wait_for(hub.ready.wait(), 10)
+        for token_id, live in ((issued["id"], True), ("tok_" + secrets.token_hex(16), False)):
+            async with hub.subscribe(chat, w.people["ann"], token_id) as sub:
+                before = item_decryptions()
+                await runtime.redis.publish(f"botmemory:turns:{chat}", json.dumps(announced))
+                event = await asyncio.wait_for(sub.queue.get(), 10)
+                if live:
+                    assert event is not None and event.text == "words for a live stream only"
+                    assert item_decryptions() == before + 1
+                else:
+                    assert event is None and sub.token_gone
+                    assert item_decryptions() == before
+    finally:
+        await hub.stop()
+
+
+async def test_a_bot_that_cannot_be_delivered_holds_up_no_other_bot_s_catch_up(
+    api: Api, runtime: Runtime
+) -> None:
+    """After a Redis reconnect (and every audit round) each Bot with local subscribers whose
+    memory moved on catches up from the log. One Bot whose catch-up failed for good (here an entry
+    whose ciphertext is another entry's: it never decrypts) raised out of the round before the
+    Bots after it, so they were never caught up, and a reconnect that raised was tried again and
+    again while no event of any Bot was handled. Now that Bot is left to catch up later and the
+    others are caught up at once."""
+    broken, fine = await make_world(api, ("ann",)), await make_world(api, ("ann",))
+    hub = ChangeHub(runtime)  # not started: the round is the call below
+    try:
+        async with contextlib.AsyncExitStack() as stack:
+            subs: list[Subscriber] = []
+            for w in (broken, fine):  # the broken Bot first: the round reaches it first
+                chat = await api.chat(w.tokens["ann"], w.bot)
+                src = await said(api, w.tokens["ann"], chat, "x")
+                issued = await api.gql("mutation { issueToken { id token } }", token=w.tokens["ann"])
+                token_id = issued["issueToken"]["id"]
+                subs.append(
+                    await stack.enter_async_context(hub.subscribe(w.bot, w.people["ann"], w.org, token_id))
+                )
+                first = await fact(runtime, w.bot, f"first of {w.bot}", src)
+                second = await fact(runtime, w.bot, f"second of {w.bot}", src)
+                if w is broken:
+                    await runtime.driver.execute_query(
+                        "MATCH (a:Entry {id: $a}), (b:Entry {id: $b}) SET a.content = b.content",
+                        a=first,
+                        b=second,
+                    )
+            await hub.check_versions("reconnect")
+            delivered: list[str] = []
+            while not subs[1].queue.empty():
+                event = subs[1].queue.get_nowait()
+                assert event is not None
+                delivered += [e.content for e in event.entries]
+            assert delivered == [f"first of {fine.bot}", f"second of {fine.bot}"]
+            assert subs[0].queue.empty()
+            assert broken.bot in hub._retrying  # pyright: ignore[reportPrivateUsage]
+    finally:
+        await hub.stop()
+
+
+async def test_a_replay_misses_no_change_that_a_catch_up_begun_before_it_handed_out(
+    api: Api, runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """D9.24, "a reconnecting client misses nothing": a catch-up of the hub's (a gap, a reconnect,
+    the audit) takes its subscribers, then reads the log. A client subscribing with ``after``
+    meanwhile was not among them; its replay read the log first (the hub's read waiting for a
+    connection), a change committed, the hub's read then found it, handed it to the others, and
+    moved past it, so the later announcement of it was dropped as considered: the client never
+    got it. Here the hub's read waits until the client's replay has read and the change is made."""
+    w = await make_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    src = await said(api, w.tokens["ann"], chat, "x")
+    issue = "mutation { issueToken { id token } }"
+    tokens = [(await api.gql(issue, token=w.tokens["ann"]))["issueToken"]["id"] for _ in range(2)]
+    hub = ChangeHub(runtime)  # not started: the catch-up and the replay are the calls below
+    from_log = hub._from_log  # pyright: ignore[reportPrivateUsage]
+    hub_reading, hub_may_read = asyncio.Event(), asyncio.Event()
+    early_subs: list[Subscriber] = []
+
+    async def hub_reads_late(bot_id: str, local: list[Subscriber], after: int) -> Any:
+        if early_subs[0] in local:  # the hub's catch-up (the replay reads for the late one alone)
+            hub_reading.set()
+            await hub_may_read.wait()
+        return await from_log(bot_id, local, after)
+
+    monkeypatch.setattr(hub, "_from_log", hub_reads_late)
+    replayed: list[tuple[int, list[str]]] = []
+    live: list[tuple[int, list[str]]] = []
+    try:
+        async with hub.subscribe(w.bot, w.people["ann"], w.org, tokens[0]) as early:
+            early_subs.append(early)
+            base = hub.versions[w.bot]
+            first = await fact(runtime, w.bot, "before the replay", src)
+            catching_up = asyncio.create_task(hub.catch_up(w.bot))
+            await hub_reading.wait()  # it took its subscribers: the early one alone
+            async with hub.subscribe(w.bot, w.people["ann"], w.org, tokens[1]) as late:
+
+                async def replay() -> int:
+                    async for event in hub.replay(late, base):
+                        if isinstance(event, CaughtUp):
+                            return event.version
+                        assert event is not None
+                        replayed.append((event.version, [e.id for e in event.entries]))
+                    raise AssertionError("the replay ended without catching up")
+
+                replaying = asyncio.create_task(replay())
+
+                async def replay_read() -> bool:
+                    return bool(replayed) or replaying.done()
+
+                await until(replay_read, "the replay never read the log")
+                second = await fact(runtime, w.bot, "after the replay's read", src)
+                hub_may_read.set()
+                await catching_up
+                floor = await replaying
+                while not late.queue.empty():
+                    event = late.queue.get_nowait()
+                    assert event is not None
+                    if event.version > floor:  # as the resolver reads its queue after the replay
+                        live.append((event.version, [e.id for e in event.entries]))
+        assert replayed + live == [(base + 1, [first]), (base + 2, [second])]
+    finally:
+        hub_may_read.set()
+        await hub.stop()
+
+
+async def test_streams_are_checked_again_when_the_redis_connection_comes_back(
+    api: Api, runtime: Runtime
+) -> None:
+    """A change of who may follow a Bot or a Chat (a token revoked, a person removed) is announced
+    on Redis, and every API process checks its streams again. One announced while a process's
+    connection was away was lost: a revoked token's memoryChanges stayed open on a quiet Bot, and
+    a removed person's turnEvents got the reply's words until the Chat's next saved Item. Both
+    hubs check every stream again once they subscribe again. (The token here was never live: as
+    one whose revocation was announced while the connection was away.)"""
+    w = await make_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    gone = "tok_" + secrets.token_hex(16)
+    turns, changes = TurnHub(runtime), ChangeHub(runtime)
+    await turns.start()
+    await changes.start()
+    try:
+        await asyncio.wait_for(turns.ready.wait(), 10)
+        await asyncio.wait_for(changes.access_ready.wait(), 10)
+        async with (
+            turns.subscribe(chat, w.people["ann"], gone) as turn_stream,
+            changes.subscribe(w.bot, w.people["ann"], w.org, gone) as change_stream,
+        ):
+            await runtime.redis.client_kill_filter(_type="pubsub")  # every pub/sub connection
+            assert await asyncio.wait_for(turn_stream.queue.get(), 30) is None and turn_stream.token_gone
+            assert await asyncio.wait_for(change_stream.queue.get(), 30) is None
+    finally:
+        await turns.stop()
+        await changes.stop()
