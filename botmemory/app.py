@@ -26,7 +26,7 @@ from starlette.requests import HTTPConnection, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-from strawberry.asgi import GraphQL
+from strawberry.asgi import ASGIWebSocketAdapter, GraphQL
 from strawberry.exceptions import ConnectionRejectionError
 from strawberry.http import GraphQLHTTPResponse, GraphQLRequestData
 from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL
@@ -70,6 +70,30 @@ WS_AUTH_REASON = (
 )
 #: The close reason of a socket past its token's sockets in this process (4429), with the limit.
 TOO_MANY_SOCKETS: Final = "too many sockets: this token holds as many open on this API process as it may"
+#: The close code and reason of a ``connection_init`` whose token could not be looked up because
+#: Neo4j or Redis is out of reach (1013: try again later), as REST's 503 says it.
+WS_UNAVAILABLE: Final = (1013, "unavailable: the service cannot check tokens now; connect again in a moment")
+#: The most bytes a close frame's reason may hold (RFC 6455: 125 bytes of payload, 2 of them the
+#: code).
+MAX_CLOSE_REASON: Final = 123
+
+
+def fit_close_reason(reason: str) -> str:
+    """``reason`` cut to what a close frame holds (UTF-8, on a character boundary, ``…`` where
+    cut). Strawberry closes with text that quotes the client: an unknown message type, a syntax
+    error's token; a longer one raised out of the close (a traceback in the log, the client left
+    with 1006 and no reason)."""
+    data = reason.encode()
+    if len(data) <= MAX_CLOSE_REASON:
+        return reason
+    return data[: MAX_CLOSE_REASON - len("…".encode())].decode(errors="ignore") + "…"
+
+
+class WebSocketAdapter(ASGIWebSocketAdapter):
+    """Strawberry's socket, whose close reasons always fit a close frame (:func:`fit_close_reason`)."""
+
+    async def close(self, code: int, reason: str) -> None:
+        await super().close(code, fit_close_reason(reason))
 
 
 #: The longest operation id a socket may use (graphql-transport-ws leaves it to the server).
@@ -149,12 +173,22 @@ class TransportWSHandler(BaseGraphQLTransportWSHandler[Context, None]):
             self.context.connection_params = payload
             try:
                 await self.context.authenticate_connection()
+                principal = await self.context.principal()
             except ServiceError:
                 if self.connection_init_timeout_task:
                     self.connection_init_timeout_task.cancel()
                 await self.websocket.close(code=4403, reason=WS_AUTH_REASON)
                 return
-            principal = await self.context.principal()
+            except Exception as exc:
+                # Neo4j or Redis out of reach: said as such, not raised out of the application (a
+                # traceback naming the database's host, the client left with 1006 and no reason).
+                if unavailable(exc) is None:
+                    raise
+                log.warning("unavailable on connection_init: %s", type(exc).__name__)
+                if self.connection_init_timeout_task:
+                    self.connection_init_timeout_task.cancel()
+                await self.websocket.close(*WS_UNAVAILABLE)
+                return
             token = principal.token_id or principal.kind  # the operator's token has no id
             sockets, limit = (
                 cast(GraphQLApp, self.view).sockets,
@@ -239,6 +273,7 @@ def _lone_surrogate(decoded: object) -> bool:
 
 class GraphQLApp(GraphQL[Context, None]):
     graphql_transport_ws_handler_class = TransportWSHandler
+    websocket_adapter_class = WebSocketAdapter
 
     def __init__(self, schema: Any, *, max_query_tokens: int, **options: Any) -> None:
         super().__init__(schema, **options)

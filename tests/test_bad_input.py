@@ -373,6 +373,38 @@ async def test_a_malformed_websocket_message_closes_the_socket_as_invalid(
         assert b"Traceback" not in written.read()
 
 
+@pytest.mark.parametrize(
+    ("message", "reason"),
+    [
+        ('{"type": "%s"}' % ("x" * 500), "Unknown message type: xxx"),
+        ('{"type": "%s"}' % ("é" * 300), "Unknown message type: ééé"),
+    ],
+)
+async def test_a_close_that_quotes_the_client_fits_its_frame(
+    api: Api, settings: Settings, message: str, reason: str
+) -> None:
+    """Strawberry closes a socket with text that quotes the client (an unknown message type): past
+    the 123 bytes a close frame's reason holds, the close itself raised — a traceback in the log,
+    for any client, and a 1006 with no reason. The reason is cut to fit (on a character boundary)
+    and the close is a 4400."""
+    w = await make_world(api, ("ann",))
+    log = settings.data_dir / "logs" / "pytest-api.log"
+    before = log.stat().st_size
+    async with websockets.connect(ws_url(api), subprotocols=["graphql-transport-ws"]) as ws:  # type: ignore[list-item]
+        await ws.send(INIT.replace("TOKEN", w.tokens["ann"]))
+        assert json.loads(await asyncio.wait_for(ws.recv(), 10))["type"] == "connection_ack"
+        await ws.send(message)
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            await asyncio.wait_for(ws.recv(), 10)
+    rcvd = closed.value.rcvd
+    assert rcvd is not None and rcvd.code == 4400, closed.value
+    assert rcvd.reason.startswith(reason) and rcvd.reason.endswith("…"), rcvd.reason
+    assert len(rcvd.reason.encode()) <= 123
+    with log.open("rb") as written:
+        written.seek(before)
+        assert b"Traceback" not in written.read()
+
+
 async def test_a_rest_body_that_names_a_key_twice_is_refused_and_saves_nothing(
     api: Api, runtime: Runtime
 ) -> None:

@@ -8,12 +8,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import time
 from types import SimpleNamespace
 from typing import Any, TypedDict, cast
 
 import httpx
 import pytest
+import websockets
 from neo4j.exceptions import IncompleteCommit, ServiceUnavailable
 
 from graph import memorybot as memorybot_q
@@ -115,6 +117,17 @@ async def test_neo4j_out_of_reach_is_unavailable_and_the_process_answers_once_it
             [error] = answer.json()["errors"]
             assert error["extensions"] == {"code": "UNAVAILABLE"}, error
             assert "127.0.0.1" not in answer.text and str(proxy.port) not in answer.text
+            # A socket's connection_init, whose token cannot be looked up: closed 1013 (try again
+            # later) with a reason that says so. It raised out of the application: a traceback
+            # naming the host in the log, and the client left with 1006 and no reason.
+            socket_url = cut_off.url.replace("http://", "ws://") + "/graphql"
+            async with websockets.connect(socket_url, subprotocols=["graphql-transport-ws"]) as ws:  # type: ignore[list-item]
+                init = {"type": "connection_init", "payload": {"token": w.tokens["ann"]}}
+                await ws.send(json.dumps(init))
+                with pytest.raises(websockets.ConnectionClosed) as closed:
+                    await asyncio.wait_for(ws.recv(), 60)
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1013, closed.value
+            assert "connect again" in closed.value.rcvd.reason
             # Counted as what they are: an outage, not our bug (an alert on INTERNAL stays quiet).
             counted = [
                 line
@@ -134,6 +147,7 @@ async def test_neo4j_out_of_reach_is_unavailable_and_the_process_answers_once_it
             await until(back, "the process never answered again once Neo4j was back", within=30)
         logged = log_path.read_bytes()[offset:]
         assert b"unavailable on GET" in logged and b"internal error" not in logged
+        assert b"unavailable on connection_init" in logged and b"Traceback" not in logged
     finally:
         await asyncio.to_thread(cut_off.stop)
         await proxy.cut()
