@@ -215,7 +215,10 @@ class ChangeHub:
             if not subs:
                 self.subscribers.pop(bot_id, None)
                 self.versions.pop(bot_id, None)
-                self._turns.pop(bot_id, None)
+                turn = self._turns.get(bot_id)
+                if turn is not None and not turn.locked():  # held: a delivery or catch-up of
+                    # before is still in it, and a new subscriber's work must wait for it
+                    del self._turns[bot_id]
 
     async def deliver(self, event: dict[str, Any]) -> None:
         """:meth:`_deliver`; one that fails leaves its Bot's last version where it was and catches
@@ -294,6 +297,8 @@ class ChangeHub:
             return
         current = await read(self.rt.driver, lambda tx: changefeed.versions(tx, bot_ids=bots))
         for bot_id in bots:
+            if bot_id in self._retrying:  # it catches up on its own, pausing longer each time
+                continue
             if current.get(bot_id, 0) > self.versions.get(bot_id, current.get(bot_id, 0)):
                 metrics.CHANGE_CATCH_UPS.labels(why).inc()
                 try:
@@ -319,8 +324,9 @@ class ChangeHub:
             for version in sorted(outcomes):
                 self._hand_out(local, outcomes[version])
             full = len(outcomes) == LOG_PAGE  # more rows may follow the page: go on from its last
-            if bot_id in self.versions:
-                self.versions[bot_id] = max(max(outcomes) if full else memory_version, after)
+            if bot_id in self.versions:  # never back (a subscriber's registration may have read on)
+                reached = max(outcomes) if full else memory_version
+                self.versions[bot_id] = max(reached, after, self.versions[bot_id])
             if not full:
                 return
 
@@ -330,33 +336,34 @@ class ChangeHub:
         :class:`CaughtUp` with the version reached: live events at or below it are already
         covered, and every later one reaches ``sub``. None: access lost.
 
-        The last reads run in the Bot's turn, while the hub considers nothing of it, until they
-        reach the version the hub considered: a catch-up of the hub's (a gap, a reconnect, the
-        audit) that took its subscribers before ``sub`` was registered, and whose read came after
-        the replay's, handed the versions past the replay's end to the others only and moved past
-        them, so ``sub`` had neither (a reconnecting client missed a change, and was not told)."""
-        locked = False
+        Then it reads on to the version the hub considered, taken in the Bot's turn (while the
+        hub considers nothing of it; from then on it hands every version to ``sub`` too): a
+        catch-up of the hub's (a gap, a reconnect, the audit) that took its subscribers before
+        ``sub`` was registered, and whose read came after the replay's, handed the versions past
+        the replay's end to the others only and moved past them, so ``sub`` had neither (a
+        reconnecting client missed a change, and was not told). Nothing is read in the turn."""
+        reached: int | None = None  # the version the hub considered, once taken
         while True:
-            if locked:
-                async with self._turn(sub.bot_id):  # (nothing is yielded while it is held)
-                    reached = self.versions.get(sub.bot_id, after) <= after
-                    page = None if reached else await self._from_log(sub.bot_id, [sub], after)
-                if reached:
-                    yield CaughtUp(after)
-                    return
-            else:
-                async with self._replays:  # REPLAY_READS pages at once
-                    page = await self._from_log(sub.bot_id, [sub], after)
+            async with self._replays:  # REPLAY_READS pages at once
+                page = await self._from_log(sub.bot_id, [sub], after)
             if page is None:
                 return
             memory_version, outcomes = page
-            for version in sorted(outcomes):
+            for version in sorted(v for v in outcomes if reached is None or v <= reached):
                 outcome = outcomes[version]
                 if sub.identity in outcome:
                     yield outcome[sub.identity]
-            full = len(outcomes) == LOG_PAGE
-            after = max(outcomes) if full else max(memory_version, after)
-            locked = locked or not full
+            if len(outcomes) == LOG_PAGE and (reached is None or max(outcomes) < reached):
+                after = max(outcomes)
+                continue
+            if reached is None:
+                after = memory_version
+                async with self._turn(sub.bot_id):
+                    reached = self.versions.get(sub.bot_id, after)
+                if reached > after:
+                    continue  # the rows up to it: the hub gave them to its subscribers of before
+            yield CaughtUp(max(after, reached))
+            return
 
     async def _from_log(
         self, bot_id: str, local: list[Subscriber], after: int

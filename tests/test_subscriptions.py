@@ -814,3 +814,21 @@ async def test_streams_are_checked_again_when_the_redis_connection_comes_back(
     finally:
         await turns.stop()
         await changes.stop()
+
+
+async def test_a_replay_from_past_the_memory_s_version_catches_up_at_the_memory_s_version(
+    api: Api, runtime: Runtime
+) -> None:
+    """A client's ``after`` past the Bot's memory version (a restored store, a client's mistake)
+    catches up at the memory's version, not at ``after``: the resolver drops live events at or
+    below the version a replay reached, so every change up to the client's number was lost."""
+    w = await make_world(api, ("ann",))
+    issued = (await api.gql("mutation { issueToken { id token } }", token=w.tokens["ann"]))["issueToken"]
+    hub = ChangeHub(runtime)
+    try:
+        async with hub.subscribe(w.bot, w.people["ann"], w.org, issued["id"]) as sub:
+            base = hub.versions[w.bot]
+            replayed = [event async for event in hub.replay(sub, base + 1_000)]
+            assert replayed == [CaughtUp(base)]
+    finally:
+        await hub.stop()
