@@ -60,6 +60,10 @@ def _failure(body: object, status: int, names: Mapping[str, str]) -> ApiError | 
     return None
 
 
+#: Failures of a request that never reached the API: sent again, it is done once.
+_NOT_SENT: Final = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
+
+
 @dataclass(frozen=True, slots=True)
 class Api:
     """One HTTP client for the API at ``base_url``; each call carries the token it is given."""
@@ -78,11 +82,19 @@ class Api:
                 headers={"Authorization": f"Bearer {token}"},
             )
         except httpx.HTTPError as exc:
+            # Without the URL's user and password, if it has them: this goes to the agent.
+            where = self.http.base_url.copy_with(userinfo=b"")
+            if query.startswith("mutation") and not isinstance(exc, _NOT_SENT):
+                # Sent, and no answer came (a slow commit behind a held lock, a dropped
+                # connection): the API may have made the change. Said as "not reachable", an
+                # agent sent it again (UNAVAILABLE: try again), and a second entry was pinned.
+                raise ApiError(
+                    "UNAVAILABLE",
+                    f"the botmemory API at {where} did not answer ({type(exc).__name__}): the change"
+                    " may have been made; read before sending it again",
+                ) from None
             raise ApiError(
-                "UNAVAILABLE",
-                # Without the URL's user and password, if it has them: this goes to the agent.
-                f"the botmemory API at {self.http.base_url.copy_with(userinfo=b'')} is not reachable"
-                f" ({type(exc).__name__})",
+                "UNAVAILABLE", f"the botmemory API at {where} is not reachable ({type(exc).__name__})"
             ) from None
         try:
             body: Any = response.json()

@@ -22,11 +22,15 @@ from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.types import CallToolResult, TextContent
 
+from botmemory.mcp_api import REMEMBER, ApiError
+from botmemory.mcp_api import Api as McpApi
 from services.runtime import Runtime
 from services.settings import Settings
 from tests.client import Api, make_world
 from tests.conftest import ROOT, ApiProcess
-from tests.memory_helpers import fact, said
+from tests.learning_helpers import holding_lock
+from tests.memory_helpers import fact, said, visible
+from tests.waiting import until
 from tools.processes import free_port
 
 TOOLS = {"remember", "forget", "search", "context", "why"}
@@ -304,3 +308,28 @@ def test_http_refuses_a_request_without_a_bearer_token(mcp_http: str) -> None:
         mcp_http, json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"}, headers=latin, timeout=10
     )
     assert response.status_code == 401 and response.json()["error"]["code"] == "UNAUTHENTICATED"
+
+
+async def test_a_change_the_api_did_not_answer_may_have_been_made(
+    api: Api, api_process: ApiProcess, runtime: Runtime
+) -> None:
+    """The MCP server forwards a tool call to the API over HTTP. A ``remember`` that waited past
+    its client's timeout (the memory held by a long commit) was said as "the API is not
+    reachable", UNAVAILABLE: an agent sends that again. But the API went on and saved the entry,
+    so a second one was pinned. A change that was sent and got no answer now says it may have
+    been made, and to read first; the entry is there once the memory is free."""
+    w = await make_world(api, ("ann",))
+    lock = "MATCH (m:Memory {id: $b}) CALL apoc.lock.nodes([m]) RETURN 1"
+    async with (
+        holding_lock(runtime, lock, b=w.bot),
+        httpx.AsyncClient(base_url=api_process.url, timeout=2) as http,
+    ):
+        with pytest.raises(ApiError) as refused:
+            await McpApi(http).call(REMEMBER, {"b": w.bot, "c": "sent once", "t": []}, w.tokens["ann"])
+    assert refused.value.code == "UNAVAILABLE", refused.value
+    assert "may have been made; read before sending it again" in str(refused.value)
+
+    async def made() -> bool:
+        return [e["content"] for e in (await visible(api, w.tokens["ann"], w.bot)).values()] == ["sent once"]
+
+    await until(made, "the change the API was not heard answering was never made")
