@@ -333,7 +333,14 @@ operations = (
         body=MetaBody,
         errors=(*COMMON_ERRORS, 409),
     ),
-    Operation("PUT", "/chats/{chat_id}/meta", put_meta, {200: ChatMetaOut}, body=MetaBody),
+    Operation(
+        "PUT",
+        "/chats/{chat_id}/meta",
+        put_meta,
+        {200: ChatMetaOut},
+        body=MetaBody,
+        errors=(*COMMON_ERRORS, 409),  # a stale ``expected`` (D9.30)
+    ),
     Operation(
         "GET",
         "/chats/{chat_id}/memory/context",

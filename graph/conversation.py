@@ -337,10 +337,12 @@ async def route_and_meta(
     )
 
 
-async def pack_head(tx: QueryTarget, *, chat_id: str, kinds: list[str], limit: int) -> PackHeadRow | None:
-    """PACK_HEAD (the newest ``limit`` messages after the summary); None when the Chat (or its
-    Bot's memory) does not exist."""
-    return await single(tx, PACK_HEAD, PackHeadRow, chatId=chat_id, kinds=kinds, limit=limit, chars=None)
+async def pack_head(
+    tx: QueryTarget, *, chat_id: str, kinds: list[str], limit: int, chars: int
+) -> PackHeadRow | None:
+    """PACK_HEAD (the newest ``limit`` messages after the summary, read until past ``chars``
+    characters of text); None when the Chat (or its Bot's memory) does not exist."""
+    return await single(tx, PACK_HEAD, PackHeadRow, chatId=chat_id, kinds=kinds, limit=limit, chars=chars)
 
 
 async def summary(tx: AsyncManagedTransaction, *, chat_id: str) -> SummaryNode | None:

@@ -47,6 +47,14 @@ RETURN matches, m {.settingsVersion, .instructions, .concurrency, .budgetPeriod,
 """
 
 
+#: The Bot's Memory locked exclusively (as UPDATE_SETTINGS locks it), for a check that must hold
+#: when the settings are written: who may write them is read again under it.
+LOCK_SETTINGS: Final[LiteralString] = """
+MATCH (b:Bot {id: $botId})-[:HAS_MEMORY]->(m:Memory)
+CALL apoc.lock.nodes([m])
+"""
+
+
 class UpdatedSettingsRow(SettingsRow):
     matches: bool
 
@@ -278,6 +286,10 @@ async def update_settings(
         tx, UPDATE_SETTINGS, UpdatedSettingsRow, botId=bot_id, expected=expected, set=values
     )
     return None if record is None else (record["matches"], record["settings"])
+
+
+async def lock_settings(tx: AsyncManagedTransaction, *, bot_id: str) -> None:
+    await tx.run(LOCK_SETTINGS, botId=bot_id)
 
 
 async def chat_route(tx: AsyncManagedTransaction, *, chat_id: str) -> RouteRow | None:

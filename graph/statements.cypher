@@ -2766,6 +2766,10 @@ MATCH (n:Enrichment) USING INDEX n:Enrichment(chatId, createdAt, id)
 WHERE n.chatId = $chatId AND n.createdAt >= 0 AND n.id >= ''
 RETURN n {.*} AS enrichment ORDER BY n.chatId, n.createdAt, n.id SKIP $skip LIMIT $limit
 
+// ---- graph.memorybot.LOCK_SETTINGS
+MATCH (b:Bot {id: $botId})-[:HAS_MEMORY]->(m:Memory)
+CALL apoc.lock.nodes([m])
+
 // ---- graph.memorybot.SAVED_REWRITE
 MATCH (n:Enrichment {chatId: $chatId})
 WHERE n.inputDigest = $inputDigest AND n.text IS NOT NULL

@@ -71,8 +71,15 @@ async def context_pack(
     """Summary, preferences, the last 10 messages and the visible memory ``context`` (D9.17),
     chosen by relevance to the latest person message (design §10)."""
     chat, last = await chats.last_messages(rt, principal, chat_id, LAST_MESSAGES)
+    room = rt.settings.summary_threshold_chars
+    # As the runner reads it (route_and_history): as many messages, bounded by what the meta may
+    # hold before the last ten and the last ten themselves.
+    chars = room + LAST_MESSAGES * rt.settings.max_text_chars
     row, route = await _head(
-        rt, lambda s: conversation_q.pack_head(s, chat_id=chat_id, kinds=META_KINDS, limit=META_ITEMS)
+        rt,
+        lambda s: conversation_q.pack_head(
+            s, chat_id=chat_id, kinds=META_KINDS, limit=RUNNER_META_ITEMS, chars=chars
+        ),
     )
     reader = reader_of(row)
     preferences: tuple[memory.Entry, ...] = ()
@@ -99,7 +106,8 @@ async def context_pack(
     await read(rt.driver, lambda tx: chats.readable_chat(tx, principal, chat_id))
     summary = summary_map(route.cipher, chat_id, row["summary"])
     shown = {i.id: i.text for i in last.items if i.text is not None}  # decrypted once, for both
-    meta = _meta_map(rt, route.cipher, summary, row["recent"], shown)
+    first_shown = min((i.seq for i in last.items), default=None)
+    meta = _meta_map(rt, route.cipher, summary, row["recent"], shown, before=first_shown)
     return ContextPack(chat_id, summary_text(summary), preferences, tuple(last.items), known, meta)
 
 
@@ -156,11 +164,23 @@ def _meta_map(
     summary: dict[str, str],
     recent: list[conversation_q.RecentItem],
     known: dict[str, str] | None = None,
+    *,
+    before: int | None = None,
 ) -> dict[str, str]:
     """Seed 004's meta (D9.30): the summary map, then ``i-N`` → text of its messages after it
-    (``known``: texts already decrypted, by Item id, taken as they are)."""
+    (``known``: texts already decrypted, by Item id, taken as they are). ``before``: the number of
+    the first of a pack's last messages — those from it on are all listed, and the room is counted
+    from it down (as the runner's ``History.before``): counted from the newest, ten long last
+    messages took it, and a Chat of more than 100 short messages, too short to be summarized, lost
+    its first ones, against the pack's promise that none between the summary and them is missing."""
     meta = dict(summary)
-    for item in _within(rt, recent):
+    if before is None:
+        kept = _within(rt, recent)
+    else:
+        room = rt.settings.summary_threshold_chars
+        older = _newest_within([i for i in recent if i["seq"] < before], room)
+        kept = older + [i for i in reversed(recent) if i["seq"] >= before]
+    for item in kept:
         text = (known or {}).get(item["id"])
         meta[item["id"]] = text if text is not None else cipher.decrypt(Kind.ITEM, item["uid"], item["text"])
     return meta
@@ -235,7 +255,11 @@ async def chat_meta(rt: Runtime, principal: Principal, chat_id: str) -> ChatMeta
 
     async def work(tx: AsyncManagedTransaction) -> list[conversation_q.MetaRow]:
         await chats.readable_chat(tx, principal, chat_id)
-        return await conversation_q.meta(tx, chat_ids=[chat_id], kinds=META_KINDS, limit=META_ITEMS)
+        rows = await conversation_q.meta(tx, chat_ids=[chat_id], kinds=META_KINDS, limit=META_ITEMS)
+        # Checked again once read (as contextPack): the read may hold what was written after the
+        # caller left the Chat; everything read was committed before this check passed.
+        await chats.readable_chat(tx, principal, chat_id)
+        return rows
 
     rows = await read(rt.driver, work)
     found = _meta_of(rt, rows[0]) if rows else None
@@ -259,8 +283,15 @@ async def chat_metas(
             tx, person_id=person_id, kinds=META_KINDS, skip=skip, limit=limit
         )
         found = await conversation_q.meta(tx, chat_ids=page, kinds=META_KINDS, limit=META_ITEMS)
-        order = {chat_id: n for n, chat_id in enumerate(page)}
-        return total, sorted(found, key=lambda r: order[r["chat"]["id"]])
+        # The Chats the caller may still read, once read (as chat_meta): one they left meanwhile
+        # is left out.
+        total, still = await conversation_q.metas_of(
+            tx, person_id=person_id, kinds=META_KINDS, skip=skip, limit=limit
+        )
+        order = {chat_id: n for n, chat_id in enumerate(page) if chat_id in still}
+        return total, sorted(
+            (r for r in found if r["chat"]["id"] in order), key=lambda r: order[r["chat"]["id"]]
+        )
 
     total, rows = await read(rt.driver, work)
     return [_meta_of(rt, row) for row in rows], total

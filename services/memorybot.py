@@ -3,6 +3,7 @@ the Chat owner's confessions (D9.6)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -23,12 +24,14 @@ from services.auth import require_person
 from services.commands import require_owner_writer
 from services.crypto import Cipher, Kind
 from services.domain import Principal
-from services.errors import BadInput, Conflict, NotFound, ServiceError
+from services.errors import BadInput, Conflict, NotFound, ServiceError, unavailable
 from services.jobs import enqueue_executions
 from services.runtime import Runtime, now_ms
 from services.validation import check_id, check_page, check_text, refusal
 
 MAX_INSTRUCTIONS = 8000
+
+log = logging.getLogger("botmemory.memorybot")
 
 
 MAX_CONCURRENCY = 1000
@@ -190,6 +193,10 @@ async def update_settings(
     expected, values = patch.expected, patch.values()
 
     async def work(tx: AsyncManagedTransaction) -> memorybot_q.SettingsMap:
+        await require_owner_writer(tx, principal, bot_id)  # before the lock: a stranger waits for none
+        # Checked again under the lock: a write grant taken away while the change waited for it
+        # (behind a long commit) let the change through after the removal.
+        await memorybot_q.lock_settings(tx, bot_id=bot_id)
         await require_owner_writer(tx, principal, bot_id)
         if values.get("budgetLimitMicros") is not None:
             check_priced(rt, await memorybot_q.bot_models(tx, bot_id=bot_id))
@@ -204,7 +211,14 @@ async def update_settings(
     row = await write(rt.driver, work)
     settings = MemoryBotSettings.of(row)
     if "budgetPeriod" in values:
-        await release_budget_waiting(rt, bot_id, settings)
+        try:
+            await release_budget_waiting(rt, bot_id, settings)
+        except Exception as exc:  # Neo4j or Redis away: the change is saved, its answer is given
+            # (a 503 here was sent again with the old version, and refused 409); the sweeper
+            # releases what waited for budget in its next round
+            if unavailable(exc) is None:
+                raise
+            log.warning("executions waiting for budget were not released (%s)", type(exc).__name__)
     return settings
 
 

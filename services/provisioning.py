@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from neo4j import AsyncManagedTransaction
+
 from graph import bots as bots_q
 from graph import identity
 from graph.driver import autocommit, read, write
@@ -185,13 +187,18 @@ async def create_channel(
         raise NotFound("organization not found")
     members = await _check_members(rt, organization_id, member_ids)
     channel_id, name, now = new_id("ch"), check_name(name), now_ms()
-    await write(
-        rt.driver,
-        lambda tx: identity.create_channel(
+
+    async def work(tx: AsyncManagedTransaction) -> identity.ChannelMap | None:
+        await identity.create_channel(
             tx, id=channel_id, organization_id=organization_id, name=name, member_ids=members, now=now
-        ),
-    )
-    return await get_channel(rt, principal, channel_id)
+        )
+        # Read in the same transaction: read after its commit, a database gone in between answered
+        # 503 for a channel that was made, and the admin's retry made a second one.
+        return await identity.get_channel(tx, id=channel_id)
+
+    row = await write(rt.driver, work)
+    assert row is not None  # made in this transaction
+    return Channel.of(row)
 
 
 async def get_channel(rt: Runtime, principal: Principal, channel_id: str) -> Channel:

@@ -16,8 +16,11 @@ from neo4j import AsyncManagedTransaction
 from graph import conversation as conversation_q
 from graph.chats import LOCK_CHAT
 from graph.driver import write
+from services import conversation
+from services.auth import authenticate
 from services.conversation import META_KINDS
 from services.crypto import Kind
+from services.errors import NotFound
 from services.jobs import SUMMARY_SWEEP_AGAIN_MS, enqueue_due_summaries
 from services.memory import cipher_of
 from services.runtime import Runtime, now_ms
@@ -528,3 +531,33 @@ async def test_an_owner_removed_while_setting_a_meta_does_not_set_it(api: Api, r
             await holding.rollback()
     assert code(await setting) == "NOT_FOUND"
     assert (await meta(api, w.tokens["bob"], chat)).json()["summary"] == {"plan": "Lyon"}
+
+
+@pytest.mark.parametrize("one", [True, False])
+async def test_a_meta_read_while_its_reader_left_the_channel_is_not_given(
+    api: Api, runtime: Runtime, monkeypatch: pytest.MonkeyPatch, one: bool
+) -> None:
+    """D9.6: a group chat's meta (one Chat's, and the list) is its current members'. The caller was
+    checked, then the summary and messages read in a later statement: removed from the channel in
+    between, they got the meta as it was after their removal. It is checked again once read (as
+    contextPack is). Here the removal is made between the two statements."""
+    w = await make_world(api, ("ann", "bob"), channel=("ann", "bob"))
+    chat = await api.chat(w.tokens["ann"], w.bot, channel=w.channel)
+    await api.turn(w.tokens["ann"], chat, "team news")
+    ann = await authenticate(runtime, f"Bearer {w.tokens['ann']}")
+    read_meta = conversation_q.meta
+
+    async def removed_first(tx: AsyncManagedTransaction, **params: Any) -> list[conversation_q.MetaRow]:
+        await api.admin(
+            "mutation($c: ID!, $m: [ID!]!) { setChannelMembers(channelId: $c, memberIds: $m) { id } }",
+            {"c": w.channel, "m": [w.people["bob"]]},
+        )
+        return await read_meta(tx, **params)
+
+    monkeypatch.setattr(conversation_q, "meta", removed_first)
+    if one:
+        with pytest.raises(NotFound):
+            await conversation.chat_meta(runtime, ann, chat)
+    else:
+        metas, _ = await conversation.chat_metas(runtime, ann, limit=50, skip=0)
+        assert chat not in [m.chat_id for m in metas]

@@ -32,11 +32,13 @@ from tests.learning_helpers import (
     confide,
     executions,
     fact_call,
+    holding_lock,
     learn,
     memory_world,
     position,
     set_org,
     spend,
+    until_a_transaction_waits_for_a_lock,
     wait_executions,
 )
 from tests.memory_helpers import command, fact, said, sealed
@@ -147,6 +149,26 @@ async def test_settings_patch_with_expected_version(api: Api) -> None:
         w.tokens["ann"],
     )
     assert data["memoryBot"] == {"version": 3, "budget": {"limitMicros": 7}}
+
+
+async def test_a_write_grant_taken_away_while_a_settings_change_waits_stops_it(
+    api: Api, runtime: Runtime
+) -> None:
+    """C3, D9.13: who may write the settings is read again under the Memory's lock. Checked only
+    before it, a PATCH that waited behind a long commit went through after the person's write
+    grant was taken away meanwhile."""
+    w = await memory_world(api, ("ann",))
+    lock = "MATCH (m:Memory {id: $b}) CALL apoc.lock.nodes([m]) RETURN 1"
+    async with holding_lock(runtime, lock, b=w.bot):
+        changing = asyncio.create_task(patch(api, w.tokens["ann"], w.bot, {"expected": 0, "concurrency": 3}))
+        await until_a_transaction_waits_for_a_lock(runtime, given=("botId", w.bot))
+        await api.grant(w.bot, w.people["ann"], "READ")
+    response = await changing
+    assert response.status_code == 403 and response.json()["error"]["code"] == "FORBIDDEN", response.text
+    records, _, _ = await runtime.driver.execute_query(
+        "MATCH (m:Memory {id: $b}) RETURN m.settingsVersion AS version, m.concurrency AS concurrency", b=w.bot
+    )
+    assert (records[0]["version"], records[0]["concurrency"]) == (0, None)
 
 
 async def test_settings_need_write_on_a_bot_that_is_not_linked(api: Api) -> None:

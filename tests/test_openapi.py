@@ -217,3 +217,19 @@ async def test_refused_bodies_name_the_field_and_change_nothing(api: Api, runtim
     assert got.json()["version"] == 0 and got.json()["concurrency"] is None
     unauthenticated = await api.http.post(memory, content=b"{oops")
     assert unauthenticated.status_code == 401  # who asks is checked before what is asked
+
+
+async def test_a_stale_meta_replacement_is_a_declared_409(api: Api) -> None:
+    """D9.30: PUT of a chat's meta with an ``expected`` version that moved answers 409 CONFLICT,
+    and the document says so (it listed 409 for POST only: a generated client had no type for
+    the answer)."""
+    spec = await spec_of(api)
+    w = await make_world(api, ("ann",))
+    ann = bearer(w.tokens["ann"])
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    created = await api.http.post(f"/v1/chats/{chat}/meta", json={"summary": {"plan": "Lyon"}}, headers=ann)
+    assert created.status_code == 201, created.text
+    moved = {"summary": {"plan": "Paris"}, "expected": 0}
+    stale = await api.http.put(f"/v1/chats/{chat}/meta", json=moved, headers=ann)
+    assert stale.status_code == 409 and stale.json()["error"]["code"] == "CONFLICT", stale.text
+    check(spec, "put", "/v1/chats/{chat_id}/meta", 409, stale.json())

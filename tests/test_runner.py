@@ -241,6 +241,12 @@ async def test_the_bot_sees_every_message_of_a_chat_too_short_to_summarize(
     assert [m["content"] for m in request.body["messages"][1:]] == [f"m{n}" for n in range(111, 131)] + [
         "And now?"
     ]
+    # contextPack's meta promises the same (none between the summary and its last ten missing):
+    # it read the meta's 100 and lost the first 32 of these 132.
+    query = "query($c: ID!) { contextPack(chatId: $c) { meta { key text } } }"
+    pack = await api.gql(query, {"c": chat}, ann)
+    texts = [m["text"] for m in pack["contextPack"]["meta"]]
+    assert texts == [f"m{n}" for n in range(1, 131)] + ["And now?", "Noted."]
 
 
 async def test_long_last_messages_leave_the_earlier_ones_their_room(
