@@ -60,6 +60,8 @@ def _failure(body: object, status: int, names: Mapping[str, str]) -> ApiError | 
     return None
 
 
+#: What a proxy in front of the API answers when the API did not answer it in time (or broke off).
+_GATEWAY: Final = frozenset({502, 504})
 #: Failures of a request that never reached the API: sent again, it is done once.
 _NOT_SENT: Final = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
 
@@ -100,6 +102,13 @@ class Api:
             body: Any = response.json()
         except ValueError:
             body = None
+        if query.startswith("mutation") and response.status_code in _GATEWAY and body is None:
+            # A proxy in front of the API gave up waiting: the API may have gone on and made it.
+            raise ApiError(
+                "UNAVAILABLE",
+                f"a proxy before the botmemory API answered HTTP {response.status_code}: the change"
+                " may have been made; read before sending it again",
+            )
         failure = _failure(body, response.status_code, names or {})
         if failure is not None:
             raise failure

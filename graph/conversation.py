@@ -212,6 +212,18 @@ class MetasRow(TypedDict):
     page: list[str]
 
 
+#: Of the Chats ``$chatIds``, those $personId may read (as METAS_OF reads them): a page of metas
+#: is checked again once read.
+READABLE_OF: Final[LiteralString] = """
+MATCH (p:Person {id: $personId})
+UNWIND $chatIds AS chatId
+MATCH (ch:Chat {id: chatId})
+WHERE (ch.ownerId = p.id AND NOT EXISTS { (ch)-[:IN_CHANNEL]->(:Channel) })
+   OR EXISTS { (p)-[:MEMBER]->(:Channel)<-[:IN_CHANNEL]-(ch) }
+RETURN collect(ch.id) AS chats
+"""
+
+
 #: A caller's summary map (D9.30), saved as the Chat's summary covering every Item so far —
 #: ``$create``: only when the Chat has no meta yet (``held``), else only when it has; and, with
 #: ``$expected``, only when the meta's version is still that one (``current``: a replacement by
@@ -383,6 +395,12 @@ async def metas_of(
     """(how many Chats ``person_id`` may read have meta, the ids of one page of them)."""
     record = await single(tx, METAS_OF, MetasRow, personId=person_id, kinds=kinds, skip=skip, limit=limit)
     return (0, []) if record is None else (record["total"], record["page"])
+
+
+async def readable_of(tx: AsyncManagedTransaction, *, person_id: str, chat_ids: list[str]) -> set[str]:
+    """The Chats of ``chat_ids`` that ``person_id`` may read (READABLE_OF)."""
+    record = await single(tx, READABLE_OF, ChatIdsRow, personId=person_id, chatIds=chat_ids)
+    return set() if record is None else set(record["chats"])
 
 
 async def set_meta(tx: AsyncManagedTransaction, **fields: Any) -> SetMetaRow | None:

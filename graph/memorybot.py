@@ -289,7 +289,7 @@ async def update_settings(
 
 
 async def lock_settings(tx: AsyncManagedTransaction, *, bot_id: str) -> None:
-    await tx.run(LOCK_SETTINGS, botId=bot_id)
+    await (await tx.run(LOCK_SETTINGS, botId=bot_id)).consume()
 
 
 async def chat_route(tx: AsyncManagedTransaction, *, chat_id: str) -> RouteRow | None:

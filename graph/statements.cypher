@@ -1770,6 +1770,14 @@ RETURN [reader] AS readers, o.id AS org
 }
 RETURN chat, botMemory, model, settings, keyMaster, keyWrapped, summary, recent, readers, org
 
+// ---- graph.conversation.READABLE_OF
+MATCH (p:Person {id: $personId})
+UNWIND $chatIds AS chatId
+MATCH (ch:Chat {id: chatId})
+WHERE (ch.ownerId = p.id AND NOT EXISTS { (ch)-[:IN_CHANNEL]->(:Channel) })
+   OR EXISTS { (p)-[:MEMBER]->(:Channel)<-[:IN_CHANNEL]-(ch) }
+RETURN collect(ch.id) AS chats
+
 // ---- graph.conversation.ROUTE_AND_META
 CALL () {
 MATCH (ch:Chat {id: $chatId})-[:WITH_BOT]->(b:Bot)-[:HAS_MEMORY]->(m:Memory),

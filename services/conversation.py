@@ -283,11 +283,10 @@ async def chat_metas(
             tx, person_id=person_id, kinds=META_KINDS, skip=skip, limit=limit
         )
         found = await conversation_q.meta(tx, chat_ids=page, kinds=META_KINDS, limit=META_ITEMS)
-        # The Chats the caller may still read, once read (as chat_meta): one they left meanwhile
-        # is left out.
-        total, still = await conversation_q.metas_of(
-            tx, person_id=person_id, kinds=META_KINDS, skip=skip, limit=limit
-        )
+        # The page's Chats the caller may still read, once read (as chat_meta): one they left
+        # meanwhile is left out. (Its own ids: a page read again shifted when a Chat came or went
+        # before it, and dropped Chats the caller may read.)
+        still = await conversation_q.readable_of(tx, person_id=person_id, chat_ids=page)
         order = {chat_id: n for n, chat_id in enumerate(page) if chat_id in still}
         return total, sorted(
             (r for r in found if r["chat"]["id"] in order), key=lambda r: order[r["chat"]["id"]]

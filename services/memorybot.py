@@ -195,7 +195,9 @@ async def update_settings(
     async def work(tx: AsyncManagedTransaction) -> memorybot_q.SettingsMap:
         await require_owner_writer(tx, principal, bot_id)  # before the lock: a stranger waits for none
         # Checked again under the lock: a write grant taken away while the change waited for it
-        # (behind a long commit) let the change through after the removal.
+        # (behind a long commit) let the change through after the removal. (A grant set takes no
+        # Memory lock: one taken away between this check and the commit, milliseconds, is not
+        # seen.)
         await memorybot_q.lock_settings(tx, bot_id=bot_id)
         await require_owner_writer(tx, principal, bot_id)
         if values.get("budgetLimitMicros") is not None:

@@ -561,3 +561,25 @@ async def test_a_meta_read_while_its_reader_left_the_channel_is_not_given(
     else:
         metas, _ = await conversation.chat_metas(runtime, ann, limit=50, skip=0)
         assert chat not in [m.chat_id for m in metas]
+
+
+async def test_a_chat_that_comes_while_a_page_of_metas_is_read_drops_none_of_it(
+    api: Api, runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """D9.6: the list of metas checks its page's Chats again once read. Checked by reading the
+    page again, a Chat of the caller's that got its first message in between (newest first, it
+    comes before them) shifted the page, and the page's last Chat, which the caller still reads,
+    was left out; it is the page's own Chats that are checked."""
+    w = await make_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    await api.turn(w.tokens["ann"], chat, "first")
+    ann = await authenticate(runtime, f"Bearer {w.tokens['ann']}")
+    read_meta = conversation_q.meta
+
+    async def another_first(tx: AsyncManagedTransaction, **params: Any) -> list[conversation_q.MetaRow]:
+        await api.turn(w.tokens["ann"], await api.chat(w.tokens["ann"], w.bot), "a newer chat")
+        return await read_meta(tx, **params)
+
+    monkeypatch.setattr(conversation_q, "meta", another_first)
+    metas, _ = await conversation.chat_metas(runtime, ann, limit=1, skip=0)
+    assert [m.chat_id for m in metas] == [chat]
