@@ -20,7 +20,15 @@ from services.runtime import Runtime
 from services.settings import Settings
 from tests.client import Api, World, bearer
 from tests.conftest import WorkerProcess
-from tests.learning_helpers import add_items, long_turn, memory_world, spend, until_logged, wait_summary
+from tests.learning_helpers import (
+    add_items,
+    long_turn,
+    memory_world,
+    set_org,
+    spend,
+    until_logged,
+    wait_summary,
+)
 from tests.memory_helpers import apply, db_hits, fact, said, sealed
 from tests.model_server import ModelServer, Reply, ToolCall
 
@@ -180,6 +188,35 @@ async def test_what_a_summary_would_take_in_is_kept_through_every_kind_of_write(
     assert await kept_and_recounted() == (0, 0)
     await api.turn(ann, chat, "again")
     assert await kept_and_recounted() == (5, 5)
+
+
+async def test_a_context_pack_offers_no_memory_in_a_review_chat_or_with_memory_off(
+    api: Api, runtime: Runtime
+) -> None:
+    """D9.17 (with D9.16, L5): a context pack holds memory and preferences for the Chat's audience,
+    and none in a review chat or while the organization has ``botMemory`` off; its messages are
+    there either way. Nothing pinned this: a pack built for a review chat, or with memory off,
+    would have offered Ann's memory to the Bot."""
+    w = await memory_world(api, ("ann",))
+    ann = w.tokens["ann"]
+    normal, review = await api.chat(ann, w.bot), await api.chat(ann, w.bot, review=True)
+    src = await said(api, ann, normal, "I drink tea")
+    tea = AddFact(content="Ann drinks tea", sources=(ItemRef(*src),), topics=("preferences",))
+    await apply(runtime, w.bot, tea)
+    await api.turn(ann, review, "Was the answer right?")
+
+    async def offered(chat: str) -> tuple[list[str], list[str], int]:
+        got = await pack(api, ann, chat)
+        assert got.status_code == 200, got.text
+        body = got.json()
+        return [p["id"] for p in body["preferences"]], body["memory"]["ids"], len(body["lastMessages"])
+
+    assert await offered(normal) == ([tea.id], [tea.id], 1)
+    assert await offered(review) == ([], [], 1)
+    await set_org(api, w.org, bot_memory=False)
+    assert await offered(normal) == ([], [], 1)
+    await set_org(api, w.org, bot_memory=True)
+    assert await offered(normal) == ([tea.id], [tea.id], 1)
 
 
 async def test_a_history_past_the_threshold_is_summarized_though_no_turn_was_completed(
