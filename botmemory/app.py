@@ -175,9 +175,7 @@ class TransportWSHandler(BaseGraphQLTransportWSHandler[Context, None]):
                 await self.context.authenticate_connection()
                 principal = await self.context.principal()
             except ServiceError:
-                if self.connection_init_timeout_task:
-                    self.connection_init_timeout_task.cancel()
-                await self.websocket.close(code=4403, reason=WS_AUTH_REASON)
+                await self._refuse_init(4403, WS_AUTH_REASON)
                 return
             except Exception as exc:
                 # Neo4j or Redis out of reach: said as such, not raised out of the application (a
@@ -185,9 +183,7 @@ class TransportWSHandler(BaseGraphQLTransportWSHandler[Context, None]):
                 if unavailable(exc) is None:
                     raise
                 log.warning("unavailable on connection_init: %s", type(exc).__name__)
-                if self.connection_init_timeout_task:
-                    self.connection_init_timeout_task.cancel()
-                await self.websocket.close(*WS_UNAVAILABLE)
+                await self._refuse_init(*WS_UNAVAILABLE)
                 return
             token = principal.token_id or principal.kind  # the operator's token has no id
             sockets, limit = (
@@ -195,13 +191,17 @@ class TransportWSHandler(BaseGraphQLTransportWSHandler[Context, None]):
                 self.context.runtime.settings.max_sockets_per_token,
             )
             if sockets[token] >= limit:
-                if self.connection_init_timeout_task:
-                    self.connection_init_timeout_task.cancel()
-                await self.websocket.close(code=4429, reason=f"{TOO_MANY_SOCKETS} ({limit})")
+                await self._refuse_init(4429, f"{TOO_MANY_SOCKETS} ({limit})")
                 return
             sockets[token] += 1
             self._counted = token
         await super().handle_connection_init(message)
+
+    async def _refuse_init(self, code: int, reason: str) -> None:
+        """Close the socket in answer to its ``connection_init`` (its wait for one ends)."""
+        if self.connection_init_timeout_task:
+            self.connection_init_timeout_task.cancel()
+        await self.websocket.close(code=code, reason=reason)
 
 
 #: What a request that sends a subscription over plain HTTP is told.

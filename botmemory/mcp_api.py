@@ -62,6 +62,8 @@ def _failure(body: object, status: int, names: Mapping[str, str]) -> ApiError | 
 
 #: What a proxy in front of the API answers when the API did not answer it in time (or broke off).
 _GATEWAY: Final = frozenset({502, 504})
+#: What an agent is told of a change whose outcome it cannot know (after what happened).
+_MAY_HAVE_BEEN_MADE: Final = ": the change may have been made; read before sending it again"
 #: Failures of a request that never reached the API: sent again, it is done once.
 _NOT_SENT: Final = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
 
@@ -77,6 +79,7 @@ class Api:
     ) -> dict[str, Any]:
         """The data of a successful operation; raises ApiError otherwise (``names``: the tool's
         names of the API's arguments, for its messages)."""
+        change = query.startswith("mutation")
         try:
             response = await self.http.post(
                 "/graphql",
@@ -86,15 +89,12 @@ class Api:
         except httpx.HTTPError as exc:
             # Without the URL's user and password, if it has them: this goes to the agent.
             where = self.http.base_url.copy_with(userinfo=b"")
-            if query.startswith("mutation") and not isinstance(exc, _NOT_SENT):
+            if change and not isinstance(exc, _NOT_SENT):
                 # Sent, and no answer came (a slow commit behind a held lock, a dropped
                 # connection): the API may have made the change. Said as "not reachable", an
                 # agent sent it again (UNAVAILABLE: try again), and a second entry was pinned.
-                raise ApiError(
-                    "UNAVAILABLE",
-                    f"the botmemory API at {where} did not answer ({type(exc).__name__}): the change"
-                    " may have been made; read before sending it again",
-                ) from None
+                message = f"the botmemory API at {where} did not answer ({type(exc).__name__})"
+                raise ApiError("UNAVAILABLE", message + _MAY_HAVE_BEEN_MADE) from None
             raise ApiError(
                 "UNAVAILABLE", f"the botmemory API at {where} is not reachable ({type(exc).__name__})"
             ) from None
@@ -102,13 +102,10 @@ class Api:
             body: Any = response.json()
         except ValueError:
             body = None
-        if query.startswith("mutation") and response.status_code in _GATEWAY and body is None:
+        if change and response.status_code in _GATEWAY and body is None:
             # A proxy in front of the API gave up waiting: the API may have gone on and made it.
-            raise ApiError(
-                "UNAVAILABLE",
-                f"a proxy before the botmemory API answered HTTP {response.status_code}: the change"
-                " may have been made; read before sending it again",
-            )
+            message = f"a proxy before the botmemory API answered HTTP {response.status_code}"
+            raise ApiError("UNAVAILABLE", message + _MAY_HAVE_BEEN_MADE)
         failure = _failure(body, response.status_code, names or {})
         if failure is not None:
             raise failure

@@ -488,6 +488,18 @@ async def _renew_lease(driver: AsyncDriver, lease: _Lease) -> None:
             return
 
 
+#: The data steps of a version that run in batches (``CALL … IN TRANSACTIONS``), in order.
+_BATCHED: Final[dict[int, tuple[LiteralString, ...]]] = {
+    12: (_LABEL_PREFERENCES,),
+    14: (_SET_VALID_ORG,),
+    15: (_LINK_TOPICS,),
+    16: (_DROP_PLAIN_REQUEST_HASHES,),
+    18: (_COUNT_UNSUMMARIZED,),
+    23: (_COUNT_SUMMARY_INPUT,),
+    24: (_DROP_UNKEYED_LINKS, _DROP_UNKEYED_TOPICS, _LINK_TOPICS),
+}
+
+
 async def _apply_steps(driver: AsyncDriver, lease: _Lease) -> int:
     applied = await current_version(driver)
     for version, statements in MIGRATIONS:
@@ -507,30 +519,12 @@ async def _apply_steps(driver: AsyncDriver, lease: _Lease) -> int:
             await _label_existing_entries(driver)
         if version == 10:
             await _stamp_keyworded_entries(driver)
-        if version == 12:
+        if version in _BATCHED:
             async with driver.session() as session:  # CALL … IN TRANSACTIONS needs auto-commit
-                await (await session.run(_LABEL_PREFERENCES)).consume()
+                for statement in _BATCHED[version]:
+                    await (await session.run(statement)).consume()
         if version == 14:
-            async with driver.session() as session:  # CALL … IN TRANSACTIONS needs auto-commit
-                await (await session.run(_SET_VALID_ORG)).consume()
-            await driver.execute_query(_RECOUNT_TOPICS)
-        if version == 15:
-            async with driver.session() as session:  # CALL … IN TRANSACTIONS needs auto-commit
-                await (await session.run(_LINK_TOPICS)).consume()
-        if version == 16:
-            async with driver.session() as session:  # CALL … IN TRANSACTIONS needs auto-commit
-                await (await session.run(_DROP_PLAIN_REQUEST_HASHES)).consume()
-        if version == 18:
-            async with driver.session() as session:  # CALL … IN TRANSACTIONS needs auto-commit
-                await (await session.run(_COUNT_UNSUMMARIZED)).consume()
-        if version == 23:
-            async with driver.session() as session:  # CALL … IN TRANSACTIONS needs auto-commit
-                await (await session.run(_COUNT_SUMMARY_INPUT)).consume()
-        if version == 24:
-            async with driver.session() as session:  # CALL … IN TRANSACTIONS needs auto-commit
-                await (await session.run(_DROP_UNKEYED_LINKS)).consume()
-                await (await session.run(_DROP_UNKEYED_TOPICS)).consume()
-                await (await session.run(_LINK_TOPICS)).consume()
+            await driver.execute_query(_RECOUNT_TOPICS)  # after _SET_VALID_ORG
         await driver.execute_query(_WRITE_VERSION, version=version)
         applied = version
     return applied

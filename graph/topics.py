@@ -10,8 +10,8 @@ topic reads every entry of the Bot.
   topic})`` of its Bot and its audience key (``audienceKey``, ``graph.access``; '' for none), so
   the entries with a topic that a reader's keys hold are the relationships of those keys' Topics
   (their degrees the topic's size for that reader, read without reading them): a filter never
-  reads the entries under another audience, so its time does not tell how many hidden entries
-  carry a guessed topic. An entry whose audience key changes is linked again with its labels
+  reads the entries of an audience key the reader does not hold, so its time does not tell how
+  many of another audience carry a guessed topic. An entry whose audience key changes is linked again with its labels
   (``relinked``). A Topic is deleted with its last relationship. Only entries with topics pay
   for it, one relationship a topic (a full-text index of the tags cost every write ~2 ms,
   bench/README.md session 30).

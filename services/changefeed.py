@@ -326,7 +326,7 @@ class ChangeHub:
             full = len(outcomes) == LOG_PAGE  # more rows may follow the page: go on from its last
             if bot_id in self.versions:  # never back (a subscriber's registration may have read on)
                 reached = max(outcomes) if full else memory_version
-                self.versions[bot_id] = max(reached, after, self.versions[bot_id])
+                self.versions[bot_id] = max(reached, self.versions[bot_id])
             if not full:
                 return
 
