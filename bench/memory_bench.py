@@ -796,10 +796,10 @@ async def measure_fanout_ws(
     text (nothing shareable), side by side on the same API process."""
     people = fanout_people(pool, s)
     # The subscribers share a few people's tokens (150 sockets of the dense reader's): past the
-    # sockets a token may hold open on one API process (64), which stands for many people's.
+    # sockets a person may hold open on one API process (64), which stands for many people's.
     api = ServerProcess(
         rt.settings.data_dir / "logs" / "bench-fanout-api.log",
-        {"BOTMEMORY_MAX_SOCKETS_PER_TOKEN": str(len(people))},
+        {"BOTMEMORY_MAX_SOCKETS_PER_PERSON": str(len(people))},
         cwd=fanout.ROOT,
     )
     channel = f"botmemory:changes:{pool.bot}"

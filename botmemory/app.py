@@ -13,6 +13,7 @@ import traceback
 from collections import Counter
 from collections.abc import AsyncGenerator
 from contextlib import asynccontextmanager
+from datetime import timedelta
 from typing import Any, Final, TypedDict, cast
 
 from cross_web import HTTPException as CrossWebHTTPException
@@ -69,7 +70,7 @@ WS_AUTH_REASON = (
     'unauthenticated: connection_init payload is {"Authorization": "Bearer <token>"} or {"token": "<token>"}'
 )
 #: The close reason of a socket past its token's sockets in this process (4429), with the limit.
-TOO_MANY_SOCKETS: Final = "too many sockets: this token holds as many open on this API process as it may"
+TOO_MANY_SOCKETS: Final = "too many sockets: you hold as many open on this API process as you may"
 #: The close code and reason of a ``connection_init`` whose token could not be looked up because
 #: Neo4j or Redis is out of reach (1013: try again later), as REST's 503 says it.
 WS_UNAVAILABLE: Final = (1013, "unavailable: the service cannot check tokens now; connect again in a moment")
@@ -130,7 +131,7 @@ def _well_formed(message: object) -> bool:
 
 
 class TransportWSHandler(BaseGraphQLTransportWSHandler[Context, None]):
-    #: The token whose socket this is, once counted among its sockets (``GraphQLApp.sockets``).
+    #: The caller whose socket this is, once counted among its sockets (``GraphQLApp.sockets``).
     _counted: str | None = None
 
     async def handle(self) -> None:
@@ -185,16 +186,18 @@ class TransportWSHandler(BaseGraphQLTransportWSHandler[Context, None]):
                 log.warning("unavailable on connection_init: %s", type(exc).__name__)
                 await self._refuse_init(*WS_UNAVAILABLE)
                 return
-            token = principal.token_id or principal.kind  # the operator's token has no id
+            # A person's sockets are counted together whatever token opened them (a person issues
+            # any number of tokens); a platform token's are its own; the operator's token has no id.
+            caller = principal.person_id or principal.token_id or principal.kind
             sockets, limit = (
                 cast(GraphQLApp, self.view).sockets,
-                self.context.runtime.settings.max_sockets_per_token,
+                self.context.runtime.settings.max_sockets_per_person,
             )
-            if sockets[token] >= limit:
+            if sockets[caller] >= limit:
                 await self._refuse_init(4429, f"{TOO_MANY_SOCKETS} ({limit})")
                 return
-            sockets[token] += 1
-            self._counted = token
+            sockets[caller] += 1
+            self._counted = caller
         await super().handle_connection_init(message)
 
     async def _refuse_init(self, code: int, reason: str) -> None:
@@ -278,7 +281,7 @@ class GraphQLApp(GraphQL[Context, None]):
     def __init__(self, schema: Any, *, max_query_tokens: int, **options: Any) -> None:
         super().__init__(schema, **options)
         self.max_query_tokens = max_query_tokens
-        #: Open sockets by token (its id) in this process.
+        #: Open sockets by caller (a person's id, a platform token's id, "admin") in this process.
         self.sockets: Counter[str] = Counter()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -646,6 +649,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
         # Ours (TransportWSHandler, BOTMEMORY_MAX_SOCKET_OPERATIONS, BAD_INPUT): Strawberry's own
         # refused the 101st operation without a code, and whatever the setting said.
         max_subscriptions_per_connection=None,
+        connection_init_wait_timeout=timedelta(seconds=settings.socket_init_seconds),
     )
 
     @asynccontextmanager

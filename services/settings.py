@@ -17,7 +17,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Final, Literal
 
-from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 
@@ -162,11 +170,20 @@ class Settings(BaseSettings):
     #: search, context or memory read 10, any other field 1).
     max_operation_cost: int = Field(default=100, ge=1)
     #: Operations running at once on one WebSocket (subscriptions, and queries or mutations not
-    #: yet answered), and sockets one token holds open in one API process: each subscription is
-    #: a subscriber every change is checked and executed for, so one client could otherwise hold
-    #: thousands.
+    #: yet answered), and sockets one person (a platform token, the operator) holds open in one
+    #: API process: each subscription is a subscriber every change is checked and executed for,
+    #: so one client could otherwise hold thousands. Counted per token before, and a person issues
+    #: any number of tokens (``issueToken``): 64 more sockets each. (The old variable's name,
+    #: ``BOTMEMORY_MAX_SOCKETS_PER_TOKEN``, is still read.)
     max_socket_operations: int = Field(default=100, ge=1)
-    max_sockets_per_token: int = Field(default=64, ge=1)
+    max_sockets_per_person: int = Field(
+        default=64,
+        ge=1,
+        validation_alias=AliasChoices("BOTMEMORY_MAX_SOCKETS_PER_PERSON", "BOTMEMORY_MAX_SOCKETS_PER_TOKEN"),
+    )
+    #: How long an accepted WebSocket may wait for its ``connection_init`` before it is closed
+    #: (4408): Strawberry's default let a client that never sent one hold a socket a minute.
+    socket_init_seconds: float = Field(default=10.0, gt=0, le=60)
     max_query_tokens: int = Field(default=2000, ge=1)
     max_body_bytes: int = Field(default=1_000_000, ge=1)
     #: A request's URL (path and query string) and its headers, in bytes (414 and 431 past them).

@@ -546,22 +546,28 @@ async def _socket(api: Api, token: str) -> tuple[ClientConnection, dict[str, Any
         return ws, -1 if closed.rcvd is None else closed.rcvd.code
 
 
-async def test_a_socket_runs_so_many_operations_and_a_token_holds_so_many_sockets(
+async def test_a_socket_runs_so_many_operations_and_a_person_holds_so_many_sockets(
     api: Api, settings: Settings
 ) -> None:
     """One client could hold any number of subscriptions — each a subscriber that every change is
     checked and executed for — on one socket, or on any number of sockets. An operation past
     ``BOTMEMORY_MAX_SOCKET_OPERATIONS`` running at once on a socket is BAD_INPUT, the socket going
-    on (one completed, another runs); a socket past ``BOTMEMORY_MAX_SOCKETS_PER_TOKEN`` of its
-    token in the API process is closed at ``connection_init`` with 4429, other tokens unaffected;
-    a closed socket gives its place back."""
+    on (one completed, another runs); a socket past ``BOTMEMORY_MAX_SOCKETS_PER_PERSON`` of its
+    person in the API process is closed at ``connection_init`` with 4429, whichever of their
+    tokens opens it (counted per token, each token a person issued held as many again), other
+    people unaffected; a closed socket gives its place back. A socket that sends no
+    ``connection_init`` is closed with 4408 after ``BOTMEMORY_SOCKET_INIT_SECONDS``."""
     w = await make_world(api, ("ann", "bob"))
     ann, bob = w.tokens["ann"], w.tokens["bob"]
     capped = ApiProcess(
         settings,
         settings.data_dir / "logs" / "pytest-api-capped.log",
         # Past Strawberry's own bound of 100, which refused the 101st without a code.
-        {"BOTMEMORY_MAX_SOCKET_OPERATIONS": "101", "BOTMEMORY_MAX_SOCKETS_PER_TOKEN": "2"},
+        {
+            "BOTMEMORY_MAX_SOCKET_OPERATIONS": "101",
+            "BOTMEMORY_MAX_SOCKETS_PER_PERSON": "2",
+            "BOTMEMORY_SOCKET_INIT_SECONDS": "1",
+        },
     )
     held: list[ClientConnection] = []
     try:
@@ -594,6 +600,10 @@ async def test_a_socket_runs_so_many_operations_and_a_token_holds_so_many_socket
             third, code = await _socket(other, ann)
             held.append(third)
             assert code == 4429
+            another = (await api.gql("mutation { issueToken { token } }", token=ann))["issueToken"]["token"]
+            fourth, code = await _socket(other, another)  # another of her tokens: still her sockets
+            held.append(fourth)
+            assert code == 4429
             bobs, ack = await _socket(other, bob)  # another token's sockets are its own
             held.append(bobs)
             assert ack == {"type": "connection_ack"}
@@ -604,7 +614,13 @@ async def test_a_socket_runs_so_many_operations_and_a_token_holds_so_many_socket
                 held.append(ws)
                 return answer == {"type": "connection_ack"}
 
-            await until(given_back, "a closed socket never gave its token's place back")
+            await until(given_back, "a closed socket never gave its person's place back")
+
+            silent = await websockets.connect(ws_url(other), subprotocols=["graphql-transport-ws"])  # type: ignore[list-item]
+            held.append(silent)
+            with pytest.raises(websockets.ConnectionClosed) as closed:
+                await asyncio.wait_for(silent.recv(), 30)  # closed well before: it never sent connection_init
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 4408
     finally:
         for ws in held:
             await ws.close()

@@ -371,3 +371,13 @@ def test_an_openai_embedder_is_named_whole_before_anything_starts(
     monkeypatch.setenv("BOTMEMORY_EMBEDDING_MODEL", "m")
     monkeypatch.setenv("BOTMEMORY_EMBEDDING_DIMENSIONS", "8")
     assert load_settings().embedder == "openai"
+
+
+def test_the_socket_cap_is_read_by_its_new_name_and_its_old_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sockets a caller may hold are counted per person now; the variable was named per token,
+    and a deployment that set it keeps its cap (not silently the default)."""
+    monkeypatch.delenv("BOTMEMORY_MAX_SOCKETS_PER_PERSON", raising=False)
+    monkeypatch.setenv("BOTMEMORY_MAX_SOCKETS_PER_TOKEN", "3")
+    assert Settings().max_sockets_per_person == 3
+    monkeypatch.setenv("BOTMEMORY_MAX_SOCKETS_PER_PERSON", "5")
+    assert Settings().max_sockets_per_person == 5
