@@ -13,8 +13,11 @@ server keeps none and refuses requests without one.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import sys
+import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
@@ -28,7 +31,7 @@ from pydantic import BaseModel, Field, StrictInt, ValidationError
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from botmemory.mcp_api import FORGET, REMEMBER, SEARCH, WHY, Api, ApiError
+from botmemory.mcp_api import FORGET, REMEMBER, SEARCH, WHO, WHY, Api, ApiError
 from services.logs import quiet_libraries
 from services.validation import MAX_CONTEXT_CHARS, MAX_QUERY_CHARS, refusal
 
@@ -136,13 +139,17 @@ class _Server(MCPServer):
     async def call_tool(
         self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None = None
     ) -> Any:
-        known = {t.name: t for t in await self.list_tools()}.get(name)
-        if known is not None:
-            unknown = sorted(set(arguments) - set(known.input_schema.get("properties", {})))
-            if unknown:
-                raise ToolError(
-                    f"Error executing tool {name}: BAD_INPUT: {unknown[0][:100]} is not an argument"
-                )
+        tools = {t.name: t for t in await self.list_tools()}
+        known = tools.get(name)
+        if known is None:
+            # The SDK's "Unknown tool: …" carried no code (and the whole name, however long).
+            raise ToolError(
+                f"Error executing tool {name[:100]}: NOT_FOUND: no such tool; the tools are "
+                + ", ".join(sorted(tools))
+            )
+        unknown = sorted(set(arguments) - set(known.input_schema.get("properties", {})))
+        if unknown:
+            raise ToolError(f"Error executing tool {name}: BAD_INPUT: {unknown[0][:100]} is not an argument")
         try:
             return await super().call_tool(name, arguments, context)
         except ToolError as exc:
@@ -249,34 +256,68 @@ def build_server(config: McpConfig, api: Api) -> MCPServer:
     return server
 
 
-class RequireBearer:
-    """Refuses an HTTP request without a bearer token before the MCP transport sees it."""
+#: How long a bearer token the API accepted is let through without asking again; each tool call
+#: is checked by the API anyway, so a token revoked meanwhile reads nothing.
+_ACCEPTED_SECONDS: Final = 30.0
+#: Accepted tokens remembered (by digest), the least recently accepted dropped first.
+_ACCEPTED_MAX: Final = 10_000
 
-    def __init__(self, app: ASGIApp) -> None:
+
+class RequireBearer:
+    """Refuses an HTTP request without a bearer token, or with one the API does not accept, before
+    the MCP transport sees it: 401 with ``WWW-Authenticate: Bearer``, as an MCP host expects of a
+    token to renew. (A well-formed but unknown token passed before, and every tool call failed
+    UNAUTHENTICATED inside a 200.) A token the API accepted is remembered for a while by its
+    digest; when the API cannot be asked, the request goes on and its tool calls say so."""
+
+    def __init__(self, app: ASGIApp, api: Api) -> None:
         self.app = app
+        self.api = api
+        self.accepted: OrderedDict[bytes, float] = OrderedDict()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-            if bearer(headers) is None:
-                refusal = JSONResponse(
-                    {
-                        "error": {
-                            "code": "UNAUTHENTICATED",
-                            "message": "send the person's token as 'Authorization: Bearer <token>'",
-                        }
-                    },
-                    status_code=401,
-                    headers={"WWW-Authenticate": "Bearer"},
+            token = bearer(headers)
+            if token is None:
+                await _unauthenticated("send the person's token as 'Authorization: Bearer <token>'")(
+                    scope, receive, send
                 )
-                await refusal(scope, receive, send)
+                return
+            refused = await self._refusal(token)
+            if refused is not None:
+                await _unauthenticated(refused)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+    async def _refusal(self, token: str) -> str | None:
+        """Why the API does not accept ``token`` (None: it does, or it could not be asked)."""
+        digest = hashlib.sha256(token.encode()).digest()
+        now = time.monotonic()
+        if self.accepted.get(digest, 0.0) > now:
+            return None
+        try:
+            await self.api.call(WHO, {}, token)
+        except ApiError as exc:
+            return str(exc).removeprefix("UNAUTHENTICATED: ") if exc.code == "UNAUTHENTICATED" else None
+        self.accepted[digest] = now + _ACCEPTED_SECONDS
+        self.accepted.move_to_end(digest)
+        while len(self.accepted) > _ACCEPTED_MAX:
+            self.accepted.popitem(last=False)
+        return None
+
+
+def _unauthenticated(message: str) -> JSONResponse:
+    return JSONResponse(
+        {"error": {"code": "UNAUTHENTICATED", "message": message}},
+        status_code=401,
+        headers={"WWW-Authenticate": "Bearer"},
+    )
 
 
 async def _with_api(config: McpConfig, run: Callable[[Api], Awaitable[None]]) -> None:
     async with httpx.AsyncClient(base_url=config.api_url, timeout=30) as http:
-        await run(Api(http))
+        await run(Api(http, named=config.token is not None))  # over HTTP the URL is not named
 
 
 async def _stdio(config: McpConfig) -> None:
@@ -289,7 +330,9 @@ async def _stdio(config: McpConfig) -> None:
 async def _http(config: McpConfig, host: str, port: int) -> None:
     async def run(api: Api) -> None:
         app = build_server(config, api).streamable_http_app(stateless_http=True, host=host)
-        server = uvicorn.Server(uvicorn.Config(RequireBearer(app), host=host, port=port, log_level="info"))
+        server = uvicorn.Server(
+            uvicorn.Config(RequireBearer(app, api), host=host, port=port, log_level="info")
+        )
         await server.serve()
 
     await _with_api(config, run)

@@ -25,6 +25,8 @@ WHY: Final = (
     "query($b: ID!, $id: ID!) { entry(botId: $b, id: $id) {"
     f" entry {{ {_ENTRY} }} why {{ summary steps {{ entry chat item rule admittedBy reason }} }} }} }}"
 )
+#: Whether the API accepts a token (any person's token reads itself).
+WHO: Final = "query { me { id } }"
 FORGET: Final = "mutation($b: ID!, $id: ID!) { forget(botId: $b, id: $id) { version } }"
 SEARCH: Final = (
     "query($b: ID!, $q: String!, $l: Int!) {"
@@ -73,6 +75,9 @@ class Api:
     """One HTTP client for the API at ``base_url``; each call carries the token it is given."""
 
     http: httpx.AsyncClient
+    #: Whether its messages name the API's URL: over stdio they go to the agent of the person who
+    #: configured it; over HTTP to any remote agent, whom the API's internal address does not concern.
+    named: bool = True
 
     async def call(
         self, query: str, variables: dict[str, Any], token: str, names: Mapping[str, str] | None = None
@@ -88,16 +93,18 @@ class Api:
             )
         except httpx.HTTPError as exc:
             # Without the URL's user and password, if it has them: this goes to the agent.
-            where = self.http.base_url.copy_with(userinfo=b"")
+            api = (
+                f"the botmemory API at {self.http.base_url.copy_with(userinfo=b'')}"
+                if self.named
+                else "the botmemory API"
+            )
             if change and not isinstance(exc, _NOT_SENT):
                 # Sent, and no answer came (a slow commit behind a held lock, a dropped
                 # connection): the API may have made the change. Said as "not reachable", an
                 # agent sent it again (UNAVAILABLE: try again), and a second entry was pinned.
-                message = f"the botmemory API at {where} did not answer ({type(exc).__name__})"
+                message = f"{api} did not answer ({type(exc).__name__})"
                 raise ApiError("UNAVAILABLE", message + _MAY_HAVE_BEEN_MADE) from None
-            raise ApiError(
-                "UNAVAILABLE", f"the botmemory API at {where} is not reachable ({type(exc).__name__})"
-            ) from None
+            raise ApiError("UNAVAILABLE", f"{api} is not reachable ({type(exc).__name__})") from None
         try:
             body: Any = response.json()
         except ValueError:

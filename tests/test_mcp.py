@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncGenerator, Iterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -61,12 +61,20 @@ async def stdio(api_url: str, log: Path, **env: str) -> AsyncGenerator[Client]:
 @pytest.fixture(scope="module")
 def mcp_http(api_process: ApiProcess, mcp_log: Path) -> Iterator[str]:
     """``python -m botmemory.mcp --http`` on a free port; its MCP endpoint's URL once it answers."""
+    with http_server(api_process.url, mcp_log) as url:
+        yield url
+
+
+@contextmanager
+def http_server(api_url: str, mcp_log: Path) -> Iterator[str]:
+    """``python -m botmemory.mcp --http`` for the API at ``api_url`` on a free port; its MCP
+    endpoint's URL once it answers."""
     port = free_port()
     with mcp_log.open("ab") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "botmemory.mcp", "--http", "--port", str(port)],
             cwd=ROOT,
-            env={**os.environ, **_env(api_process.url)},
+            env={**os.environ, **_env(api_url)},
             stdout=log,
             stderr=subprocess.STDOUT,
         )
@@ -266,8 +274,21 @@ async def test_http_passes_each_requests_token_through(api: Api, mcp_http: str) 
         assert hit_ids(await call(bob, "search", query="where do I park", bot_id=w.bot)) == []
         await call(ann, "forget", entry_id=entry["id"], bot_id=w.bot)
         assert hit_ids(await call(ann, "search", query="where do I park", bot_id=w.bot)) == []
-    async with http(mcp_http, "bm_" + "1" * 40) as nobody:
-        assert (await error(nobody, "search", query="x", bot_id=w.bot)).startswith("UNAUTHENTICATED: ")
+        # A tool of no such name: an error with a code, as the API's (the SDK's own had none).
+        assert (await error(ann, "recall", query="x")) == (
+            "NOT_FOUND: no such tool; the tools are context, forget, remember, search, why"
+        )
+
+
+async def test_http_over_an_api_not_there_names_no_internal_address(mcp_log: Path) -> None:
+    """Over HTTP the agents are remote: the API's address behind the MCP server is not theirs to
+    learn (it was in every UNAVAILABLE message). A token the API could not be asked about passes
+    the edge, and the tool call says the API is not reachable."""
+    with http_server(f"http://127.0.0.1:{free_port()}", mcp_log) as url:
+        async with http(url, "bm_" + "2" * 40) as someone:
+            message = await error(someone, "search", query="x", bot_id="bot_x")
+    assert message.startswith("UNAVAILABLE: the botmemory API is not reachable"), message
+    assert "127.0.0.1" not in message
 
 
 async def test_why_lists_the_callers_steps_for_pinned_and_learned_entries(
@@ -297,10 +318,18 @@ async def test_why_lists_the_callers_steps_for_pinned_and_learned_entries(
         assert (await error(bob, "why", entry_id=learned, bot_id=w.bot)).startswith("NOT_FOUND: ")
 
 
-def test_http_refuses_a_request_without_a_bearer_token(mcp_http: str) -> None:
-    response = httpx.post(mcp_http, json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"}, timeout=10)
+def test_http_refuses_a_request_without_a_token_the_api_accepts(mcp_http: str) -> None:
+    """401 with ``WWW-Authenticate: Bearer`` before the MCP transport: without a bearer token, and
+    with one the API does not accept (before, a well-formed unknown token was let through and
+    every tool call failed inside a 200). A token it accepts passes (the tests above)."""
+    listing = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
+    response = httpx.post(mcp_http, json=listing, timeout=10)
     assert response.status_code == 401
     assert response.json()["error"]["code"] == "UNAUTHENTICATED"
+    unknown = "bm_" + "1" * 40
+    response = httpx.post(mcp_http, json=listing, headers={"Authorization": f"Bearer {unknown}"}, timeout=10)
+    assert response.status_code == 401 and response.headers["www-authenticate"] == "Bearer"
+    assert response.json()["error"]["code"] == "UNAUTHENTICATED" and unknown not in response.text
     # A token no header can carry on (a byte beyond ASCII): refused alike, not failed inside
     # when the server passed it to the API.
     latin = [(b"Authorization", "Bearer bm_t\u00f6ken".encode("latin-1"))]
