@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import AsyncGenerator, Generator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
@@ -66,7 +66,7 @@ def mcp_http(api_process: ApiProcess, mcp_log: Path) -> Iterator[str]:
 
 
 @contextmanager
-def http_server(api_url: str, mcp_log: Path) -> Iterator[str]:
+def http_server(api_url: str, mcp_log: Path) -> Generator[str]:
     """``python -m botmemory.mcp --http`` for the API at ``api_url`` on a free port; its MCP
     endpoint's URL once it answers."""
     port = free_port()
