@@ -158,7 +158,10 @@ DETACH DELETE s
 
 #: For each Chat of $chatIds: the Chat with its Bot's wrapped key, its summary (None before the
 #: first) and its latest Items of the kinds $kinds after what the summary covers, newest first, at
-#: most $limit, leaving out those whose text was deleted (V13): what its meta shows (D9.30).
+#: most $limit and only until past $chars characters of text (the meta shows the newest within
+#: them), leaving out those whose text was deleted (V13): what its meta shows (D9.30). (Without
+#: the characters' bound, a page of 200 metas read up to 100 messages of 20,000 characters each
+#: per Chat, ~400 MB, to show ~20,000 characters of each.)
 META: Final[LiteralString] = """
 UNWIND $chatIds AS chatId
 MATCH (ch:Chat {id: chatId})-[:WITH_BOT]->(b:Bot)
@@ -168,7 +171,10 @@ CALL (ch, s) {
   WHERE i.chatId = ch.id AND i.seq > coalesce(s.coversThroughSeq, 0) AND i.kind IN $kinds
     AND i.text IS NOT NULL
   WITH i ORDER BY i.chatId DESC, i.seq DESC LIMIT $limit
-  RETURN collect(i {.uid, .id, .seq, .kind, .text, .textLength}) AS recent
+  WITH collect(i) AS items
+  WITH items, reduce(cut = [0, 0], i IN items |
+    CASE WHEN cut[1] > $chars THEN cut ELSE [cut[0] + 1, cut[1] + coalesce(i.textLength, 0)] END)[0] AS n
+  RETURN [i IN items[0..n] | i {.uid, .id, .seq, .kind, .text, .textLength}] AS recent
 }
 RETURN ch {.*} AS chat, b.keyMaster AS keyMaster, b.keyWrapped AS keyWrapped, s {.*} AS summary, recent
 """
@@ -384,9 +390,9 @@ async def delete_summary(tx: AsyncManagedTransaction, *, chat_id: str) -> None:
 
 
 async def meta(
-    tx: AsyncManagedTransaction, *, chat_ids: list[str], kinds: list[str], limit: int
+    tx: AsyncManagedTransaction, *, chat_ids: list[str], kinds: list[str], limit: int, chars: int
 ) -> list[MetaRow]:
-    return await rows(tx, META, MetaRow, chatIds=chat_ids, kinds=kinds, limit=limit)
+    return await rows(tx, META, MetaRow, chatIds=chat_ids, kinds=kinds, limit=limit, chars=chars)
 
 
 async def metas_of(

@@ -1710,7 +1710,10 @@ CALL (ch, s) {
   WHERE i.chatId = ch.id AND i.seq > coalesce(s.coversThroughSeq, 0) AND i.kind IN $kinds
     AND i.text IS NOT NULL
   WITH i ORDER BY i.chatId DESC, i.seq DESC LIMIT $limit
-  RETURN collect(i {.uid, .id, .seq, .kind, .text, .textLength}) AS recent
+  WITH collect(i) AS items
+  WITH items, reduce(cut = [0, 0], i IN items |
+    CASE WHEN cut[1] > $chars THEN cut ELSE [cut[0] + 1, cut[1] + coalesce(i.textLength, 0)] END)[0] AS n
+  RETURN [i IN items[0..n] | i {.uid, .id, .seq, .kind, .text, .textLength}] AS recent
 }
 RETURN ch {.*} AS chat, b.keyMaster AS keyMaster, b.keyWrapped AS keyWrapped, s {.*} AS summary, recent
 

@@ -255,7 +255,13 @@ async def chat_meta(rt: Runtime, principal: Principal, chat_id: str) -> ChatMeta
 
     async def work(tx: AsyncManagedTransaction) -> list[conversation_q.MetaRow]:
         await chats.readable_chat(tx, principal, chat_id)
-        rows = await conversation_q.meta(tx, chat_ids=[chat_id], kinds=META_KINDS, limit=META_ITEMS)
+        rows = await conversation_q.meta(
+            tx,
+            chat_ids=[chat_id],
+            kinds=META_KINDS,
+            limit=META_ITEMS,
+            chars=rt.settings.summary_threshold_chars,
+        )
         # Checked again once read (as contextPack): the read may hold what was written after the
         # caller left the Chat; everything read was committed before this check passed.
         await chats.readable_chat(tx, principal, chat_id)
@@ -282,7 +288,9 @@ async def chat_metas(
         total, page = await conversation_q.metas_of(
             tx, person_id=person_id, kinds=META_KINDS, skip=skip, limit=limit
         )
-        found = await conversation_q.meta(tx, chat_ids=page, kinds=META_KINDS, limit=META_ITEMS)
+        found = await conversation_q.meta(
+            tx, chat_ids=page, kinds=META_KINDS, limit=META_ITEMS, chars=rt.settings.summary_threshold_chars
+        )
         # The page's Chats the caller may still read, once read (as chat_meta): one they left
         # meanwhile is left out. (Its own ids: a page read again shifted when a Chat came or went
         # before it, and dropped Chats the caller may read.)
@@ -299,7 +307,6 @@ async def chat_metas(
 def _checked_map(summary: dict[str, str], limit: int) -> dict[str, str]:
     if not summary:
         raise BadInput("summary must hold at least one key", field="summary")
-    size = 0
     for key, value in summary.items():
         if not key.strip() or len(key) > _KEY_CHARS or "\x00" in key:
             raise BadInput(f"summary keys are 1 to {_KEY_CHARS} characters, without NUL", field="summary")
@@ -309,9 +316,11 @@ def _checked_map(summary: dict[str, str], limit: int) -> dict[str, str]:
             )
         if "\x00" in value:
             raise BadInput("summary values must not contain NUL", field="summary")
-        size += len(key) + len(value)
-    if size > limit:
-        raise BadInput(f"summary holds more than {limit} characters", field="summary")
+    # Counted as it is kept and read (``summary_text``: ``key: value`` lines), as the summary's
+    # characters are counted for compression: counted as keys and values, a map of many short keys
+    # fit the limit, was over it as kept, and the worker compressed it over the owner's map at once.
+    if len(summary_text(summary) or "") > limit:
+        raise BadInput(f"summary holds more than {limit} characters (as 'key: value' lines)", field="summary")
     return summary
 
 

@@ -15,7 +15,7 @@ from neo4j import AsyncManagedTransaction
 
 from graph import conversation as conversation_q
 from graph.chats import LOCK_CHAT
-from graph.driver import write
+from graph.driver import read, write
 from services import conversation
 from services.auth import authenticate
 from services.conversation import META_KINDS
@@ -194,7 +194,10 @@ async def test_meta_access_and_bad_input(api: Api) -> None:
         {"summary": {"i-3": "a message id"}},
         {"summary": {"": "empty key"}},
         {"summary": {"k" * 201: "long key"}},
-        {"summary": {"a": "x" * 20_000}},
+        {"summary": {"a": "x" * 19_998}},  # "a: " and 19,998: one more than the threshold
+        # 18,000 characters as keys and values, 23,999 as the lines kept: the worker compressed
+        # such a map over its owner's at once.
+        {"summary": {f"k{n:04}": "vvvv" for n in range(2_000)}},
         {"summary": {"a": "b"}, "extra": True},
         {},
     ]
@@ -218,6 +221,33 @@ async def test_meta_access_and_bad_input(api: Api) -> None:
     )
     assert far["chatMetas"]["data"] == [] and far["chatMetas"]["total"] >= 1
     assert (await meta(api, ann, group)).json()["summary"] == {"i-1": "hello team"}
+    fits = await put(api, ann, group, {"summary": {"a": "x" * 19_997}})  # 20,000 as a line
+    assert fits.status_code == 200, fits.text
+
+
+async def test_a_meta_reads_its_messages_only_until_past_what_it_shows(api: Api, runtime: Runtime) -> None:
+    """A meta shows the newest messages after the summary within ~20,000 characters; its statement
+    read up to 100 of them whatever their length (a page of 200 metas: up to ~400 MB read and
+    sent to show ~4 MB). It reads them only until past the characters it may show."""
+    w = await make_world(api, ("ann",))
+    ann = w.tokens["ann"]
+    chat = await api.chat(ann, w.bot)
+    turn = await api.turn(ann, chat, "a" * 6_000)
+    await add_items(
+        api,
+        ann,
+        turn["id"],
+        ("BOT_MESSAGE", "b" * 6_000),
+        ("PERSON_MESSAGE", "c" * 6_000),
+        ("BOT_MESSAGE", "d" * 6_000),
+    )
+    rows = await read(
+        runtime.driver,
+        lambda tx: conversation_q.meta(tx, chat_ids=[chat], kinds=META_KINDS, limit=100, chars=10_000),
+    )
+    assert [i["seq"] for i in rows[0]["recent"]] == [4, 3]  # 6,000, then 12,000: past 10,000
+    # The meta itself: the newest that fit 20,000 characters (read until past them).
+    assert list((await meta(api, ann, chat)).json()["summary"]) == ["i-2", "i-3", "i-4"]
 
 
 async def test_a_refused_meta_write_never_waits_for_the_chats_lock(api: Api, runtime: Runtime) -> None:
