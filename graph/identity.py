@@ -12,6 +12,7 @@ from neo4j import AsyncManagedTransaction
 
 from graph.driver import QueryTarget, single
 from graph.entries import CountRow, IdRow
+from graph.memory import VersionRow
 
 CREATE_ORGANIZATION: Final[LiteralString] = """
 CREATE (o:Organization {id: $id, name: $name, botMemory: true, botMemoryModel: null, createdAt: $now})
@@ -186,17 +187,30 @@ class ChannelMap(TypedDict):
     createdAt: int
     organizationId: str
     memberIds: list[str]
+    #: How many times its members were set (absent: never).
+    version: NotRequired[int]
 
 
 class ChannelRow(TypedDict):
     channel: ChannelMap
 
 
-#: The Channel's members become ``$memberIds``; the Channel is locked first, so that the old members
-#: are read after any other setting committed (two at once each kept the other's new members).
+#: The Channel locked (until its transaction ends) and its members' version (0: never set).
+LOCK_CHANNEL: Final[LiteralString] = """
+MATCH (c:Channel {id: $id})
+CALL apoc.lock.nodes([c])
+RETURN coalesce(c.version, 0) AS version
+"""
+
+
+#: The Channel's members become ``$memberIds`` and its version moves on; the Channel is locked
+#: first, so that the old members are read after any other setting committed (two at once each
+#: kept the other's new members).
 SET_CHANNEL_MEMBERS: Final[LiteralString] = """
 MATCH (c:Channel {id: $id})-[:IN]->(o:Organization)
 CALL apoc.lock.nodes([c])
+SET c.version = coalesce(c.version, 0) + 1
+WITH c, o
 OPTIONAL MATCH (old:Person)-[m:MEMBER]->(c)
 WHERE NOT old.id IN $memberIds
 DELETE m
@@ -356,6 +370,12 @@ async def create_channel(
 async def get_channel(tx: AsyncManagedTransaction, *, id: str) -> ChannelMap | None:
     record = await single(tx, GET_CHANNEL, ChannelRow, id=id)
     return None if record is None else record["channel"]
+
+
+async def lock_channel(tx: AsyncManagedTransaction, *, id: str) -> int | None:
+    """Lock the Channel for the rest of ``tx``; its members' version (None: no such Channel)."""
+    record = await single(tx, LOCK_CHANNEL, VersionRow, id=id)
+    return None if record is None else record["version"]
 
 
 async def set_channel_members(tx: AsyncManagedTransaction, *, id: str, member_ids: list[str]) -> None:

@@ -108,7 +108,7 @@ SHARED_LOCK: Final[LiteralString] = READ_LOCK + "RETURN m.version AS version\n"
 
 
 class VersionRow(TypedDict):
-    """SHARED_LOCK, BUMP_VERSION."""
+    """SHARED_LOCK, BUMP_VERSION, ``identity.LOCK_CHANNEL``."""
 
     version: int
 

@@ -2273,6 +2273,11 @@ MATCH (o:Organization {id: $id}) RETURN o {.*} AS org
 MATCH (p:Person {id: $id})-[:MEMBER_OF]->(o:Organization)
 RETURN p {.*, organizationId: o.id} AS person
 
+// ---- graph.identity.LOCK_CHANNEL
+MATCH (c:Channel {id: $id})
+CALL apoc.lock.nodes([c])
+RETURN coalesce(c.version, 0) AS version
+
 // ---- graph.identity.REVOKE_TOKEN
 MATCH (held:Token {id: $tokenId})
 CALL apoc.lock.nodes([held])
@@ -2286,6 +2291,8 @@ RETURN t.id AS id
 // ---- graph.identity.SET_CHANNEL_MEMBERS
 MATCH (c:Channel {id: $id})-[:IN]->(o:Organization)
 CALL apoc.lock.nodes([c])
+SET c.version = coalesce(c.version, 0) + 1
+WITH c, o
 OPTIONAL MATCH (old:Person)-[m:MEMBER]->(c)
 WHERE NOT old.id IN $memberIds
 DELETE m

@@ -130,13 +130,21 @@ class Mutation(MemoryMutation, MemoryBotMutation):
         )
         return Channel.of(channel)
 
-    @strawberry.mutation
+    @strawberry.mutation(
+        description="Replace a channel's members (admin). `expected`: the channel's `version` you read "
+        "(CONFLICT when its members were set since, nothing changed); without it the list replaces "
+        "whatever is there."
+    )
     async def set_channel_members(
-        self, info: Info, channel_id: strawberry.ID, member_ids: list[strawberry.ID]
+        self,
+        info: Info,
+        channel_id: strawberry.ID,
+        member_ids: list[strawberry.ID],
+        expected: int | None = None,
     ) -> Channel:
         principal = await info.context.principal()
         channel = await provisioning.set_channel_members(
-            info.context.runtime, principal, str(channel_id), [str(m) for m in member_ids]
+            info.context.runtime, principal, str(channel_id), [str(m) for m in member_ids], expected
         )
         return Channel.of(channel)
 

@@ -100,6 +100,9 @@ class Channel:
     name: str
     organization_id: strawberry.ID
     member_ids: list[strawberry.ID]
+    version: int = strawberry.field(
+        description="How many times its members were set: setChannelMembers' `expected`."
+    )
 
     @classmethod
     def of(cls, c: domain.Channel) -> Channel:
@@ -108,6 +111,7 @@ class Channel:
             name=c.name,
             organization_id=strawberry.ID(c.organization_id),
             member_ids=[strawberry.ID(m) for m in c.member_ids],
+            version=c.version,
         )
 
 

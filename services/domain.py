@@ -75,10 +75,19 @@ class Channel:
     organization_id: str
     member_ids: tuple[str, ...]
     created_at: int
+    #: How many times its members were set: ``set_channel_members``' ``expected``.
+    version: int = 0
 
     @classmethod
     def of(cls, row: ChannelMap) -> Channel:
-        return cls(row["id"], row["name"], row["organizationId"], tuple(row["memberIds"]), row["createdAt"])
+        return cls(
+            row["id"],
+            row["name"],
+            row["organizationId"],
+            tuple(row["memberIds"]),
+            row["createdAt"],
+            row.get("version", 0),
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,7 @@ from graph.driver import autocommit, read, write
 from services import turnfeed
 from services.auth import require_admin, require_person
 from services.domain import Access, Bot, Channel, Organization, Person, Principal
-from services.errors import BadInput, Forbidden, NotFound, ServiceError, Unauthenticated
+from services.errors import BadInput, Conflict, Forbidden, NotFound, ServiceError, Unauthenticated
 from services.ids import new_id, new_token
 from services.runtime import Runtime, now_ms
 from services.validation import check_id, check_ids, check_name, check_time_zone
@@ -210,14 +210,36 @@ async def get_channel(rt: Runtime, principal: Principal, channel_id: str) -> Cha
 
 
 async def set_channel_members(
-    rt: Runtime, principal: Principal, channel_id: str, member_ids: list[str]
+    rt: Runtime, principal: Principal, channel_id: str, member_ids: list[str], expected: int | None = None
 ) -> Channel:
+    """The Channel's members become ``member_ids``. ``expected``: the Channel's ``version`` the
+    caller read — CONFLICT when its members were set since, so that two admins editing the list
+    never overwrite each other unseen (the last one's list replaced the other's, both told it
+    was done)."""
     require_admin(principal)
+    if expected is not None and not 0 <= expected < 2**63:
+        raise BadInput("expected is a version: a whole number, at least 0", field="expected")
     channel = await get_channel(rt, principal, channel_id)
     members = await _check_members(rt, channel.organization_id, member_ids)
-    await write(rt.driver, lambda tx: identity.set_channel_members(tx, id=channel_id, member_ids=members))
+
+    async def work(tx: AsyncManagedTransaction) -> identity.ChannelMap | None:
+        version = await identity.lock_channel(tx, id=channel_id)
+        if version is None:
+            return None
+        if expected is not None and version != expected:
+            raise Conflict(
+                f"the channel's members were set since version {expected} (now {version}): read them again"
+            )
+        await identity.set_channel_members(tx, id=channel_id, member_ids=members)
+        # Read in the same transaction (as create_channel): read after the commit, an outage in
+        # between answered 503 for a change that was made.
+        return await identity.get_channel(tx, id=channel_id)
+
+    row = await write(rt.driver, work)
+    if row is None:
+        raise NotFound("channel not found")
     await turnfeed.announce_access_change(rt)  # a removed member's turn streams end
-    return await get_channel(rt, principal, channel_id)
+    return Channel.of(row)
 
 
 async def create_bot(

@@ -189,6 +189,39 @@ async def test_two_settings_of_a_channels_members_at_once_leave_the_last(api: Ap
     assert {r["id"] for r in records} == {people["ann"], people["cat"]}
 
 
+SET_MEMBERS = """mutation($c: ID!, $m: [ID!]!, $e: Int) {
+  setChannelMembers(channelId: $c, memberIds: $m, expected: $e) { memberIds version }
+}"""
+
+
+async def test_two_admins_editing_a_channels_members_never_overwrite_each_other_unseen(api: Api) -> None:
+    """Both read the members at version v and send their list: the list of the one who came last
+    replaced the other's, and both were told it was done (a member one of them added was out
+    again, unseen). With ``expected`` the second is CONFLICT and nothing changes; it reads again
+    and sends its list on what is there now. Without ``expected`` a list replaces what is there."""
+    w = await make_world(api, ("ann", "bob", "cat", "dan"), channel=("ann",))
+    people = w.people
+    read = await api.admin("query($c: ID!) { channel(id: $c) { memberIds version } }", {"c": w.channel})
+    seen = read["channel"]["version"]
+    added_bob = [people["ann"], people["bob"]]
+    first = await api.admin(SET_MEMBERS, {"c": w.channel, "m": added_bob, "e": seen})
+    assert first["setChannelMembers"] == {"memberIds": sorted(added_bob), "version": seen + 1}
+    added_cat = {"c": w.channel, "m": [people["ann"], people["cat"]], "e": seen}
+    assert await api.codes(SET_MEMBERS, added_cat, api.admin_token) == ["CONFLICT"]
+    after = await api.admin("query($c: ID!) { channel(id: $c) { memberIds version } }", {"c": w.channel})
+    assert after["channel"] == {"memberIds": sorted(added_bob), "version": seen + 1}  # nothing changed
+    both = [people["ann"], people["bob"], people["cat"]]
+    again = await api.admin(SET_MEMBERS, {"c": w.channel, "m": both, "e": seen + 1})
+    assert again["setChannelMembers"] == {"memberIds": sorted(both), "version": seen + 2}
+    plain = await api.admin(SET_MEMBERS, {"c": w.channel, "m": [people["dan"]], "e": None})
+    assert plain["setChannelMembers"] == {"memberIds": [people["dan"]], "version": seen + 3}
+    for expected in (-1, 2**31):
+        codes = await api.codes(SET_MEMBERS, {"c": w.channel, "m": [], "e": expected}, api.admin_token)
+        assert codes == ["BAD_INPUT"], (expected, codes)
+    unknown: dict[str, Any] = {"c": "chn_unknown", "m": [], "e": 0}
+    assert await api.codes(SET_MEMBERS, unknown, api.admin_token) == ["NOT_FOUND"]
+
+
 async def test_admin_cannot_mint_for_an_existing_person_but_can_revoke(api: Api) -> None:
     world = await make_world(api, ("ann",))
     # issueToken is for the caller only; the admin is not a person.

@@ -864,6 +864,7 @@ class Client(AsyncBaseClient):
                 name
                 organizationId
                 memberIds
+                version
               }
             }
             """)
@@ -879,21 +880,31 @@ class Client(AsyncBaseClient):
         return CreateChannel.model_validate(data).create_channel
 
     async def set_channel_members(
-        self, channel_id: str, member_ids: list[str], **kwargs: Any
+        self,
+        channel_id: str,
+        member_ids: list[str],
+        expected: Union[Optional[int], UnsetType] = UNSET,
+        **kwargs: Any,
     ) -> SetChannelMembersSetChannelMembers:
         query = gql("""
-            mutation SetChannelMembers($channelId: ID!, $memberIds: [ID!]!) {
-              setChannelMembers(channelId: $channelId, memberIds: $memberIds) {
+            mutation SetChannelMembers($channelId: ID!, $memberIds: [ID!]!, $expected: Int) {
+              setChannelMembers(
+                channelId: $channelId
+                memberIds: $memberIds
+                expected: $expected
+              ) {
                 id
                 name
                 organizationId
                 memberIds
+                version
               }
             }
             """)
         variables: dict[str, object] = {
             "channelId": channel_id,
             "memberIds": member_ids,
+            "expected": expected,
         }
         response = await self.execute(
             query=query,

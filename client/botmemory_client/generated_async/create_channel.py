@@ -15,6 +15,7 @@ class CreateChannelCreateChannel(BaseModel):
     name: str
     organization_id: str = Field(alias="organizationId")
     member_ids: list[str] = Field(alias="memberIds")
+    version: int
 
 
 CreateChannel.model_rebuild()

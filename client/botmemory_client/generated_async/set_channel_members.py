@@ -17,6 +17,7 @@ class SetChannelMembersSetChannelMembers(BaseModel):
     name: str
     organization_id: str = Field(alias="organizationId")
     member_ids: list[str] = Field(alias="memberIds")
+    version: int
 
 
 SetChannelMembers.model_rebuild()

@@ -859,6 +859,7 @@ class Client(BaseClient):
                 name
                 organizationId
                 memberIds
+                version
               }
             }
             """)
@@ -874,21 +875,31 @@ class Client(BaseClient):
         return CreateChannel.model_validate(data).create_channel
 
     def set_channel_members(
-        self, channel_id: str, member_ids: list[str], **kwargs: Any
+        self,
+        channel_id: str,
+        member_ids: list[str],
+        expected: Union[Optional[int], UnsetType] = UNSET,
+        **kwargs: Any,
     ) -> SetChannelMembersSetChannelMembers:
         query = gql("""
-            mutation SetChannelMembers($channelId: ID!, $memberIds: [ID!]!) {
-              setChannelMembers(channelId: $channelId, memberIds: $memberIds) {
+            mutation SetChannelMembers($channelId: ID!, $memberIds: [ID!]!, $expected: Int) {
+              setChannelMembers(
+                channelId: $channelId
+                memberIds: $memberIds
+                expected: $expected
+              ) {
                 id
                 name
                 organizationId
                 memberIds
+                version
               }
             }
             """)
         variables: dict[str, object] = {
             "channelId": channel_id,
             "memberIds": member_ids,
+            "expected": expected,
         }
         response = self.execute(
             query=query,
