@@ -42,7 +42,7 @@ from services import jobs, metrics, slots
 from services.changes import AddFact, AddObservation, MemoryChange, Share
 from services.crypto import Cipher, Kind
 from services.datewords import day_of, said_minute
-from services.errors import ServiceError
+from services.errors import ServiceError, outage
 from services.memorybot import load_route
 from services.runtime import Runtime, now_ms
 from services.tasks import cancel_and_wait
@@ -189,6 +189,12 @@ class ExecutionRunner:
         except _Superseded:
             return "superseded"
         except Exception as exc:  # never raise into arq (D9.9); record a code, never content
+            if outage(exc):
+                # Neo4j or Redis away past the driver's retries (a failover, a restart, a commit
+                # whose connection dropped): not a failure of the step. Raised to the job, which
+                # logs it; the lease lapses and the sweeper queues the execution again (C4, C6).
+                # Recorded as failed, its evidence was never learned once the database was back.
+                raise
             code = "internal:" + type(exc).__name__
             with contextlib.suppress(Exception):
                 await self._finish(x, "failed", code)

@@ -100,9 +100,9 @@ async def run_execution(ctx: dict[str, Any], execution_id: str, epoch: int) -> N
     except asyncio.CancelledError:  # arq's job timeout or a shutdown; the sweeper queues it again
         metrics.EXECUTIONS.labels(outcome="cancelled").inc()
         raise
-    except (Neo4jError, DriverError) as exc:  # Neo4j gone past the driver's retries, mid-claim or
-        # mid-finish: the lease runs out and the sweeper queues it again (it reached arq as a
-        # failed job before)
+    except (Neo4jError, DriverError, RedisError) as exc:  # Neo4j or Redis gone past the retries,
+        # mid-claim, mid-step or mid-finish: the lease runs out and the sweeper queues it again (it
+        # reached arq as a failed job before)
         outcome = "error:" + type(exc).__name__
     except Exception as exc:  # a fault of ours: said with its stack, never raised into arq
         # Type and stack only, as the API logs its internal errors: a message may quote content.

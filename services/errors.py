@@ -9,6 +9,7 @@ from neo4j.exceptions import (
     NotALeader,
     ServiceUnavailable,
     SessionExpired,
+    TransientError,
 )
 from redis.exceptions import AuthenticationError as RedisAuthenticationError
 from redis.exceptions import AuthorizationError as RedisAuthorizationError
@@ -76,6 +77,12 @@ class Unavailable(ServiceError):
 
 #: Seconds a caller is asked to wait before sending a request again after UNAVAILABLE.
 RETRY_AFTER_SECONDS = 1
+
+
+def outage(exc: BaseException) -> bool:
+    """Whether ``exc`` says Neo4j or Redis did not answer (or a deadlock outlasted the retries):
+    work that meets one is to be done again later, not recorded as failed."""
+    return unavailable(exc) is not None or isinstance(exc, TransientError)
 
 
 def unavailable(exc: BaseException) -> Unavailable | None:

@@ -7,12 +7,15 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import threading
 import time
 from typing import Any
 
 import pytest
+from neo4j.exceptions import ServiceUnavailable
 from pydantic import SecretStr
 
+from graph.driver import make_driver
 from learning.executions import ExecutionRunner
 from learning.gateway import Gateway
 from services import slots
@@ -33,6 +36,7 @@ from tests.learning_helpers import (
 )
 from tests.memory_helpers import visible
 from tests.model_server import ModelServer, Recorded, Reply
+from tests.proxies import CuttableProxy
 from tests.waiting import until
 
 pytestmark = pytest.mark.usefixtures("learning_worker")
@@ -273,3 +277,49 @@ async def test_a_job_asked_to_stop_ends_its_step_and_hands_the_rest_on(
         if i["kind"] == "person_message"
     ]
     assert sorted(asked) == ["Ann paints on Sundays.", "Ann sails in May."]  # each asked about once
+
+
+async def test_an_outage_during_a_step_is_not_its_failure_and_its_evidence_is_learned_once_back(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    """C4, C6 ("a restart keeps the work"): Neo4j gone past the driver's retries while a step
+    commits (a failover, a restart, a dropped commit) was caught with every other error and the
+    execution ended ``failed: internal:ServiceUnavailable`` whenever the database was back in
+    time to record it: its Turn's evidence was never learned. The job now ends with the outage
+    (logged, D9.9) and records nothing; the lease lapses and the sweeper queues the execution
+    again, and it is learned once. (This runner reaches Neo4j through a proxy the test cuts while
+    the model answers; the suite's worker, which takes the next epoch, does not.)"""
+    w = await memory_world(api, ("ann",))
+    ann = w.tokens["ann"]
+    chat = await api.chat(ann, w.bot)
+    turn = await api.turn(ann, chat, "Ann keeps goats.")
+    item = await first_item(api, ann, chat)
+    answered = threading.Event()
+    model_server.default("learn", learn(fact_call("Ann keeps goats.", item), hold=answered))
+    await confide(api, ann, turn["id"], "Noted the goats.")
+    queued = await queued_in_the_graph_only(runtime, turn["id"])
+    proxy = CuttableProxy(runtime.settings.neo4j_bolt_port)
+    await proxy.listen()
+    settings = runtime.settings.model_copy(
+        update={"openai_base_url": model_server.base_url, "openai_api_key": SecretStr("sk-test")}
+    )
+    password = settings.neo4j_password.get_secret_value() if settings.neo4j_password else ""
+    cut_off = make_driver(f"bolt://127.0.0.1:{proxy.port}", settings.neo4j_user, password, retry_seconds=1.0)
+    gateway = Gateway(settings)
+    await gateway.warm_up()
+    runner = ExecutionRunner(dataclasses.replace(runtime, settings=settings, driver=cut_off), gateway, "test")
+    try:
+        running = asyncio.create_task(runner.run(queued["id"], 0))
+        await model_server.wait_for_requests("learn", 1)  # the step's inputs are read: now cut
+        await proxy.cut()
+        answered.set()
+        with pytest.raises(ServiceUnavailable):  # before: "failed:internal:ServiceUnavailable"
+            await running
+    finally:
+        answered.set()
+        await gateway.close()
+        await cut_off.close()
+    [x] = await wait_executions(runtime, turn["id"], within=60)
+    assert (x["status"], x["learned"]) == ("done", 1) and x["epoch"] >= 1, x
+    assert [e["content"] for e in (await visible(api, ann, w.bot)).values()] == ["Ann keeps goats."]
+    assert len(await memory_bot_changes(runtime, w.bot)) == 1
