@@ -170,16 +170,22 @@ def changes_from(
     changes: list[MemoryChange] = []
     added: dict[str, str] = {}  # tool-call id -> new entry id
     facts: set[str] = set()  # the new facts' ids: their sources are this Chat's Items
+    # Entries the answer invalidated: cited by a later observation of it, the commit refused the
+    # whole answer (CONFLICT: a source no longer active), and every later step of the Chat got the
+    # same answer ("she changed her mind": invalidate, then an observation on it) and failed.
+    # (Topics set on them or a share of them are applied: only a retracted entry is refused.)
+    invalidated: set[str] = set()
     for n, call in enumerate(calls):
         path = f"tool_calls[{n}]"
         args = toolcalls.parse(call.name, call.arguments, path)
 
-        def entry_ref(value: str, where: str) -> str:
-            if value in added:
-                return added[value]
-            if value not in context_ids and value not in added.values():
+        def entry_ref(value: str, where: str, *, cited: bool = False) -> str:
+            entry = added.get(value, value)
+            if entry not in context_ids and entry not in added.values():
                 raise Violation("unknown_entry", where)
-            return value
+            if cited and entry in invalidated:
+                raise Violation("entry_inactive", where)
+            return entry
 
         match args:
             case toolcalls.AddFact():
@@ -205,7 +211,7 @@ def changes_from(
             case toolcalls.AddObservation():
                 ids = tuple(
                     dict.fromkeys(
-                        entry_ref(r, f"{path}.source_entry_ids[{m}]")
+                        entry_ref(r, f"{path}.source_entry_ids[{m}]", cited=True)
                         for m, r in enumerate(args.source_entry_ids)
                     )
                 )
@@ -219,7 +225,9 @@ def changes_from(
                 added[call.id] = observation.id
                 changes.append(observation)
             case toolcalls.Invalidate():
-                changes.append(Invalidate(entry_ref(args.entry_id, f"{path}.entry_id")))
+                entry = entry_ref(args.entry_id, f"{path}.entry_id")
+                invalidated.add(entry)
+                changes.append(Invalidate(entry))
             case toolcalls.SetTopics():
                 entry = entry_ref(args.entry_id, f"{path}.entry_id")
                 changes.append(SetTopics(entry, tuple(dict.fromkeys(args.topics))))

@@ -118,6 +118,16 @@ async def test_hostile_answers_are_rejected_whole(
                 ]
             ),
         ),
+        # An answer that invalidates an entry and then cites it ("she changed her mind"): the
+        # commit refused it (no longer active), the execution failed with the position unchanged,
+        # and every later step of the Chat got the same answer.
+        (
+            "policy:entry_inactive",
+            lambda i: learn(
+                ("invalidate", {"entry_id": kept}),
+                ("add_observation", {"content": CANARY, "source_entry_ids": [kept], "confidence": 0.5}),
+            ),
+        ),
         # A valid fact followed by a violation: nothing of the step is applied (D9.10).
         (
             "policy:not_evidence",

@@ -155,6 +155,29 @@ def test_a_request_takes_items_within_its_characters_and_always_its_first() -> N
     assert within_chars([], 100) == []
 
 
+def test_an_entry_the_answer_invalidated_is_not_cited_after() -> None:
+    """An answer that invalidates an entry (of the context, or a fact it adds) and then cites it as
+    an observation's source is the answer's violation (``entry_inactive``), asked again and set
+    aside (D9.21): only the commit refused it before (CONFLICT: a source no longer active), and
+    every later step failed alike. Topics set on it, a share of it or a second invalidation are
+    applied by the commit (``test_edits_of_kept_entries``), and an observation made before the
+    invalidation is no contradiction (the invalidation reaches what rests on it)."""
+    observe = {"content": "x", "source_entry_ids": [KEPT], "confidence": 0.5}
+    invalidate = call("invalidate", {"entry_id": KEPT}, "i")
+    assert refused(invalidate, call("add_observation", observe, "o")) == (
+        "entry_inactive",
+        "tool_calls[1].source_entry_ids[0]",
+    )
+    new_fact = fact(["i-1"], call_id="f")
+    assert refused(
+        new_fact,
+        call("invalidate", {"entry_id": "f"}, "i"),
+        call("add_observation", {**observe, "source_entry_ids": ["f"]}, "o"),
+    ) == ("entry_inactive", "tool_calls[2].source_entry_ids[0]")
+    before = run(call("add_observation", observe, "o"), invalidate)
+    assert [type(c) for c in before] == [AddObservation, Invalidate]
+
+
 def test_a_new_fact_is_shared_only_within_its_own_chats_audience() -> None:
     """A share of an entry the same answer adds: within the audience the evidence's Chat has (a
     new fact's sources are its Items) it is kept — the commit accepts it — and anything wider, or
