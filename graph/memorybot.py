@@ -144,8 +144,8 @@ MERGE (s:Spend {key: $botId + '|' + period + '|' + $org})
   ON CREATE SET s.botId = $botId, s.period = period, s.org = $org, s.micros = 0, s.calls = 0, s.unknownCalls = 0
 WITH s
 CALL apoc.lock.nodes([s])
-SET s.micros = s.micros + coalesce($costMicros, 0), s.calls = s.calls + 1,
-    s.unknownCalls = s.unknownCalls + CASE WHEN $costMicros IS NULL THEN 1 ELSE 0 END
+SET s.micros = s.micros + coalesce($costMicros, 0), s.calls = s.calls + $calls,
+    s.unknownCalls = s.unknownCalls + $unknownCalls
 """
 )
 

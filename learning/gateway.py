@@ -16,7 +16,7 @@ import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Final, cast
 
 import httpx2
 import openai
@@ -472,14 +472,14 @@ class Gateway:
                     )
                 attempts.append(f"ok:{_ms(started)}ms")
                 break
-            except (TimeoutError, openai.APITimeoutError):
+            except (TimeoutError, openai.APITimeoutError) as exc:
                 failure = "timeout"
-                attempts.append(f"timeout:{_ms(started)}ms")
+                attempts.append(f"{'unsent' if _unsent(exc) else 'timeout'}:{_ms(started)}ms")
             except (_TooLarge, openai.APIConnectionError) as exc:
                 big = _too_large(exc)
                 if big is None:
                     failure = "provider_error"
-                    attempts.append(f"connection:{_ms(started)}ms")
+                    attempts.append(f"{'unsent' if _unsent(exc) else 'connection'}:{_ms(started)}ms")
                 else:  # the same answer again would be as large: not asked again
                     failure = "provider_error" if big.refused else "too_large"
                     attempts.append(f"too_large:{_ms(started)}ms")
@@ -632,6 +632,12 @@ class Gateway:
         # not be used (past its bytes, or malformed) was billed too: counted, as a call of unknown
         # cost when its usage could not be read (it was not counted at all, L6).
         answered = result is not None or status in ("too_large", "malformed")
+        # So is every attempt sent and never answered (cut by its timeout, its connection lost, a
+        # stream cut short): the provider may have done, and billed, the work; missing usage is
+        # recorded as unknown (the seed). Not counted before: a slow provider spent what the
+        # budget never saw.
+        unanswered = sum(a.split(":", 1)[0] in _UNANSWERED for a in attempts)
+        calls = int(answered) + unanswered
         now = now_ms()
         fields: dict[str, Any] = {
             "id": call_id,
@@ -659,7 +665,9 @@ class Gateway:
             "costMicros": cost,
             "at": now,
             "periods": list(periods(now)),
-            "charged": answered and call.charge,
+            "charged": calls > 0 and call.charge,
+            "calls": calls,
+            "unknownCalls": unanswered + int(answered and cost is None),
         }
         await save_within(
             rt.driver,
@@ -667,6 +675,17 @@ class Gateway:
             lambda with_text: lambda tx: memorybot_q.save_model_call(tx, with_text=with_text, **fields),
         )
         return cost
+
+
+#: Attempts (their log's kind) that were sent and got no answer: each counted as a call of unknown
+#: cost (L6). ("unsent": no connection was made, so nothing reached the provider.)
+_UNANSWERED: Final = frozenset({"timeout", "connection", "unfinished"})
+
+
+def _unsent(exc: BaseException) -> bool:
+    """Whether a failed attempt never reached the provider: no connection could be made (or taken
+    from the pool) in time."""
+    return isinstance(exc.__cause__, httpx2.ConnectError | httpx2.ConnectTimeout | httpx2.PoolTimeout)
 
 
 def _ms(started: float) -> int:

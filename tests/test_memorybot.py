@@ -15,7 +15,7 @@ import websockets
 from graph import learning as learning_q
 from graph import sweeps as sweeps_q
 from graph.driver import read, write
-from learning.gateway import FIXED_CALM_ANSWER, Call, Gateway, Route, StepKey
+from learning.gateway import FIXED_CALM_ANSWER, Call, Gateway, ModelUnavailable, Route, StepKey
 from learning.sweeper import sweep_once
 from services import slots
 from services.crypto import Kind
@@ -44,6 +44,7 @@ from tests.learning_helpers import (
 from tests.memory_helpers import command, fact, said, sealed
 from tests.model_server import ModelServer, Reply
 from tests.waiting import until
+from tools.processes import free_port
 
 pytestmark = pytest.mark.usefixtures("learning_worker")
 
@@ -656,6 +657,59 @@ async def test_streamed_calls_ask_for_usage(
     assert request.body["stream"] is True and request.body["stream_options"] == {"include_usage": True}
     [call] = await model_calls(runtime, w.bot)
     assert call["costMicros"] == 7 + 6 and call["usageKnown"] is True
+
+
+async def test_an_attempt_sent_and_never_answered_counts_as_a_call_of_unknown_cost(
+    runtime: Runtime, settings: Settings, model_server: ModelServer, api: Api
+) -> None:
+    """L6, the seed's "missing usage is recorded as unknown": an attempt cut by its timeout may
+    have been done, and billed, by the provider; it was neither counted nor recorded as unknown,
+    so a budgeted Bot on a slow provider spent what its budget never saw. Each is counted now as
+    a call of unknown cost beside the answer's confirmed one. An attempt that never reached the
+    provider (no connection could be made) is not: nothing was billed."""
+    w = await memory_world(api, ("ann",))
+    records, _, _ = await runtime.driver.execute_query(
+        "MATCH (b:Bot {id: $b}) RETURN b.keyMaster AS m, b.keyWrapped AS k", b=w.bot
+    )
+    cipher = runtime.cipher(w.bot, records[0]["m"], records[0]["k"])
+    route = Route(w.bot, w.org, "test-model", True, None, None, None, None, cipher)
+
+    async def ask(base_url: str) -> str | None:
+        gateway = Gateway(
+            Settings.model_validate(
+                {
+                    **settings.model_dump(),
+                    "openai_base_url": base_url,
+                    "model_attempt_timeout_seconds": 1.0,
+                    "model_prices": {"test-model": {"input": 1_000_000, "output": 2_000_000}},
+                }
+            )
+        )
+        try:
+            done = await gateway.complete(
+                runtime,
+                route,
+                Call("probe", {"messages": [{"role": "user", "content": "hi"}]}, time.monotonic() + 8),
+            )
+            return done.text
+        except ModelUnavailable:
+            return None
+        finally:
+            await gateway.close()
+
+    model_server.script(
+        "probe", Reply(text="late", usage=(1, 1), delay=3), Reply(text="in time", usage=(7, 3))
+    )
+    assert await ask(model_server.base_url) == "in time"
+    [call] = await model_calls(runtime, w.bot)
+    assert [a.split(":")[0] for a in call["attemptLog"]] == ["timeout", "ok"]
+    # Two calls a period (day, month): the answer's 7 + 2 × 3 micro-USD and one of unknown cost.
+    assert await spend(runtime, w.bot) == [(2, 13, 1), (2, 13, 1)]  # before: [(1, 13, 0)] × 2
+
+    assert await ask(f"http://127.0.0.1:{free_port()}/v1") is None  # nothing listens there
+    unsent = [c for c in await model_calls(runtime, w.bot) if c["id"] != call["id"]]
+    assert [a.split(":")[0] for a in unsent[0]["attemptLog"]] == ["unsent"] * len(unsent[0]["attemptLog"])
+    assert await spend(runtime, w.bot) == [(2, 13, 1), (2, 13, 1)]
 
 
 # Confide and confessions ------------------------------------------------------------------
