@@ -82,6 +82,16 @@ class ChatIdsRow(TypedDict):
     chats: list[str]
 
 
+#: The Chats of $chatIds that SUMMARIES_DUE marked swept at $at and that were not queued after all
+#: (Redis away): due to the next sweep, not to one an hour later.
+UNMARK_SWEPT: Final[LiteralString] = """
+UNWIND $chatIds AS chatId
+MATCH (ch:Chat {id: chatId})
+WHERE ch.summarySweptAt = $at
+SET ch.summarySweptAt = null
+"""
+
+
 #: Items after the summary, oldest first (ciphertext), at most ``$limit``.
 ITEMS_AFTER: Final[LiteralString] = """
 MATCH (i:Item)
@@ -419,3 +429,7 @@ async def summaries_due(tx: AsyncManagedTransaction, **params: Any) -> list[str]
     """The Chats whose summary is due, marked as swept now (SUMMARIES_DUE)."""
     record = await single(tx, SUMMARIES_DUE, ChatIdsRow, **params)
     return [] if record is None else record["chats"]
+
+
+async def unmark_swept(tx: AsyncManagedTransaction, *, chat_ids: list[str], at: int) -> None:
+    await tx.run(UNMARK_SWEPT, chatIds=chat_ids, at=at)

@@ -1891,6 +1891,12 @@ RETURN collect(ch.id) AS chats
 // ---- graph.conversation.SUMMARY
 MATCH (s:ChatSummary {chatId: $chatId}) RETURN s {.*} AS summary
 
+// ---- graph.conversation.UNMARK_SWEPT
+UNWIND $chatIds AS chatId
+MATCH (ch:Chat {id: chatId})
+WHERE ch.summarySweptAt = $at
+SET ch.summarySweptAt = null
+
 // ---- graph.conversation.UNSUMMARIZED
 OPTIONAL MATCH (ch:Chat {id: $chatId})
 OPTIONAL MATCH (s:ChatSummary {chatId: $chatId})

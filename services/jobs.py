@@ -140,12 +140,16 @@ async def enqueue_due_summaries(rt: Runtime) -> int:
             now=now,
         ),
     )
+    queued = 0
     for chat_id in due:
         try:
             await rt.redis.enqueue_job(SUMMARIZE_CHAT, chat_id, _job_id=f"summary:{chat_id}")
         except RedisError as exc:
             log.warning("enqueue of a summary failed (%s); the next sweep retries", type(exc).__name__)
             break
+        queued += 1
+    if queued < len(due):  # those not queued are due to the next sweep (marked, they waited an hour)
+        await write(rt.driver, lambda tx: conversation.unmark_swept(tx, chat_ids=due[queued:], at=now))
     return len(due)
 
 

@@ -5,6 +5,7 @@ summary after — listed for the caller's Chats, read by the Chat's people, set 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import secrets
 from typing import Any
@@ -18,6 +19,7 @@ from graph.chats import LOCK_CHAT
 from graph.driver import read, write
 from services import conversation
 from services.auth import authenticate
+from services.bootstrap import redis_of
 from services.conversation import META_KINDS
 from services.crypto import Kind
 from services.errors import NotFound
@@ -36,6 +38,7 @@ from tests.learning_helpers import (
 from tests.memory_helpers import sealed
 from tests.model_server import ModelServer, Reply
 from tests.waiting import until
+from tools.processes import free_port
 
 pytestmark = pytest.mark.usefixtures("learning_worker")
 
@@ -514,6 +517,33 @@ async def test_a_due_chat_with_a_long_summary_is_swept_ahead_of_longer_chats_not
         await runtime.driver.execute_query(
             "MATCH (s:ChatSummary {chatId: 'chat_due_' + $tag}) DELETE s", tag=tag
         )
+        await forget_tagged(runtime, tag)
+
+
+async def test_a_due_chat_the_sweep_could_not_queue_is_due_to_the_next_sweep(runtime: Runtime) -> None:
+    """D9.17: the sweep marks the Chats it takes as swept (so that the next one takes others), then
+    queues them; with Redis away the queueing stopped at the first failure and every Chat not
+    queued stayed marked, left out of the sweeps for an hour. Those are unmarked now."""
+    tag = secrets.token_hex(6)
+    await runtime.driver.execute_query(
+        """
+        CREATE (o:Organization {id: 'org_model_' + $tag, botMemoryModel: 'stub-model'})
+        CREATE (:Chat {id: 'chat_due_' + $tag, unsummarizedChars: 10, summaryInputChars: 3000000000})-[:IN_ORG]->(o)
+        """,
+        tag=tag,
+    )
+    away = runtime.settings.model_copy(
+        update={"redis_url": f"redis://127.0.0.1:{free_port()}/0", "redis_timeout_seconds": 1.0}
+    )
+    redis = redis_of(away)
+    try:
+        assert await enqueue_due_summaries(dataclasses.replace(runtime, redis=redis)) >= 1
+        records, _, _ = await runtime.driver.execute_query(
+            "MATCH (ch:Chat {id: 'chat_due_' + $tag}) RETURN ch.summarySweptAt AS at", tag=tag
+        )
+        assert records[0]["at"] is None  # before: marked swept now, left out for an hour
+    finally:
+        await redis.aclose()
         await forget_tagged(runtime, tag)
 
 
