@@ -22,7 +22,7 @@ from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.types import CallToolResult, TextContent
 
-from botmemory.mcp_api import REMEMBER, ApiError
+from botmemory.mcp_api import REMEMBER, SEARCH, ApiError
 from botmemory.mcp_api import Api as McpApi
 from services.runtime import Runtime
 from services.settings import Settings
@@ -362,3 +362,36 @@ async def test_a_change_the_api_did_not_answer_may_have_been_made(
         return [e["content"] for e in (await visible(api, w.tokens["ann"], w.bot)).values()] == ["sent once"]
 
     await until(made, "the change the API was not heard answering was never made")
+
+
+async def test_a_change_a_proxy_gave_up_on_may_have_been_made() -> None:
+    """A proxy in front of the API answers 502 or 504 (no JSON) when the API did not answer it in
+    time or broke off: the API may have gone on and made the change, so a mutation says to read
+    before sending it again; a read is simply not answered. (A real HTTP server answering as such
+    a proxy does.)"""
+
+    async def gateway(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        body = b"<html>504 Gateway Time-out</html>"
+        writer.write(
+            b"HTTP/1.1 504 Gateway Time-out\r\ncontent-type: text/html\r\n"
+            + f"content-length: {len(body)}\r\nconnection: close\r\n\r\n".encode()
+            + body
+        )
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(gateway, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=5) as http:
+            with pytest.raises(ApiError) as change:
+                await McpApi(http).call(REMEMBER, {"b": "bot_x", "c": "x", "t": []}, "bm_" + "3" * 40)
+            with pytest.raises(ApiError) as query:
+                await McpApi(http).call(SEARCH, {"b": "bot_x", "q": "x", "l": 1}, "bm_" + "3" * 40)
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert change.value.code == "UNAVAILABLE"
+    assert str(change.value).endswith("HTTP 504: the change may have been made; read before sending it again")
+    assert query.value.code == "UNAVAILABLE" and "may have been made" not in str(query.value)
