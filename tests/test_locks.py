@@ -163,3 +163,31 @@ async def test_a_save_behind_a_history_deletion_reads_the_epoch_the_deletion_lef
         "MATCH (s:ChatSummary {chatId: $c}) RETURN s.text AS text", c=chat
     )
     assert [r["text"] for r in records] in ([], [None])
+
+
+async def test_concurrent_model_calls_each_add_their_cost_to_the_spend(api: Api, runtime: Runtime) -> None:
+    """L6: each saved model call adds its cost and its call to the Bot's Spend counters of the day
+    and the month (MERGEd, locked, then incremented): none is lost, however many save at once."""
+    w = await make_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    periods = ["day:2026-12-07", "month:2026-12"]
+
+    async def save(n: int) -> None:
+        fields: dict[str, Any] = {
+            "id": new_id("call"), "botId": w.bot, "chatId": chat, "historyEpoch": 0, "org": w.org,
+            "task": "learn", "model": "test-model", "executionId": None, "epoch": None, "step": None,
+            "requestHash": None, "entryIds": [], "request": None, "result": None, "status": "ok",
+            "attempts": 1, "attemptLog": ["ok:1ms"], "usageKnown": n % 2 == 0, "promptTokens": None,
+            "completionTokens": None, "costMicros": 1 if n % 2 == 0 else None, "at": 1,
+            "periods": periods, "charged": True, "calls": 2, "unknownCalls": 1 + (n % 2),
+        }  # fmt: skip
+        await write(runtime.driver, lambda tx: memorybot_q.save_model_call(tx, **fields))
+
+    await asyncio.gather(*(save(n) for n in range(RACERS)))
+    records, _, _ = await runtime.driver.execute_query(
+        "MATCH (s:Spend {botId: $b}) RETURN s.period AS p, s.micros AS m, s.calls AS c, s.unknownCalls AS u",
+        b=w.bot,
+    )
+    counted = sorted((r["p"], r["m"], r["c"], r["u"]) for r in records)
+    half = RACERS // 2
+    assert counted == [(p, half, 2 * RACERS, RACERS + half) for p in periods]
