@@ -177,8 +177,10 @@ WITH heldX, heldP, heldC
 MATCH (x:LearningExecution) WHERE elementId(x) = elementId(heldX)
 MATCH (p:ReadPosition) WHERE elementId(p) = elementId(heldP)
 OPTIONAL MATCH (ch:Chat) WHERE elementId(ch) = elementId(heldC)
+OPTIONAL MATCH (m:Memory {id: x.botId})
 WITH x, p, x.epoch = $epoch AND x.status = 'running' AS mine,
-     p.seq = $start AND coalesce(ch.historyEpoch, 0) = $historyEpoch AS fresh
+     p.seq = $start AND coalesce(ch.historyEpoch, 0) = $historyEpoch
+       AND ($purges IS NULL OR coalesce(m.purges, 0) = $purges) AS fresh
 FOREACH (_ IN CASE WHEN mine AND fresh THEN [1] ELSE [] END |
   SET p.seq = $end, p.updatedAt = $now, x.learned = x.learned + $learned, x.expiries = 0)
 FOREACH (_ IN CASE WHEN mine AND fresh AND $setAside IS NOT NULL THEN [1] ELSE [] END |
@@ -186,8 +188,9 @@ FOREACH (_ IN CASE WHEN mine AND fresh AND $setAside IS NOT NULL THEN [1] ELSE [
 FOREACH (_ IN CASE WHEN mine AND fresh AND $final THEN [1] ELSE [] END |
   SET x.status = $status, x.endedAt = $now, x.leaseUntil = null)
 WITH x, p, mine, fresh
-OPTIONAL MATCH (c:ModelCall {id: $callId})
-FOREACH (_ IN CASE WHEN mine AND fresh AND c IS NOT NULL THEN [1] ELSE [] END |
+OPTIONAL MATCH (c:ModelCall) WHERE c.executionId = x.id AND c.step = $start
+WITH x, p, mine, fresh, collect(c) AS calls
+FOREACH (c IN CASE WHEN mine AND fresh THEN calls ELSE [] END |
   SET c.producedIds = coalesce(c.producedIds, []) + $produced)
 RETURN mine, fresh, p.seq AS position
 """
@@ -261,7 +264,7 @@ CALL () {
   WITH tc ORDER BY tc.n DESC, tc.topic
   RETURN collect({topic: tc.topic, count: tc.n}) AS topics
 }
-RETURN entries, topics
+RETURN entries, topics, coalesce(m.purges, 0) AS purges
 """
 
 
@@ -284,6 +287,8 @@ class TopicCount(TypedDict):
 class LearningContextRow(TypedDict):
     entries: list[LearnedEntry]
     topics: list[TopicCount]
+    #: How many purges the Memory had (a step's commit is stale after another, COMMIT_STEP).
+    purges: int
 
 
 async def create_execution(
@@ -349,7 +354,7 @@ async def commit_step(
     learned: int,
     now: int,
     history_epoch: int,
-    call_id: str | None = None,
+    purges: int | None = None,
     produced: list[str] | None = None,
     set_aside: str | None = None,
 ) -> CommittedRow:
@@ -358,8 +363,8 @@ async def commit_step(
         COMMIT_STEP,
         CommittedRow,
         historyEpoch=history_epoch,
+        purges=purges,
         setAside=set_aside,
-        callId=call_id,
         produced=produced or [],
         id=id,
         epoch=epoch,
@@ -381,10 +386,8 @@ async def evidence(tx: AsyncManagedTransaction, *, chat_id: str, after: int, lim
 
 async def learning_context(
     tx: AsyncManagedTransaction, *, bot_id: str, org: str, limit: int
-) -> tuple[list[LearnedEntry], list[TopicCount]]:
+) -> LearningContextRow:
     record = await single(
         tx, LEARNING_CONTEXT, LearningContextRow, botId=bot_id, org=org, limit=limit, top=TOP_RANK
     )
-    if record is None:
-        return [], []
-    return record["entries"], record["topics"]
+    return {"entries": [], "topics": [], "purges": 0} if record is None else record

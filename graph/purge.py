@@ -127,6 +127,14 @@ RETURN calls, answers, rewrites
 """
 
 
+#: The Memory counts its purges (under the exclusive lock the purge holds): a learning step whose
+#: inputs were read before one is stale at its commit (COMMIT_STEP), and asks again without the
+#: purged entries, which its answer could otherwise restate as a new fact of another Chat.
+COUNT_PURGE: Final[LiteralString] = """
+MATCH (m:Memory {id: $botId})
+SET m.purges = coalesce(m.purges, 0) + 1
+"""
+
 #: Current members of channels (index seeks by channel id).
 CHANNEL_MEMBERS: Final[LiteralString] = """
 UNWIND $channelIds AS channelId
@@ -236,6 +244,7 @@ async def purge(tx: AsyncManagedTransaction, *, bot_id: str, tag: str) -> Purged
     await tx.run(PURGE_CHANGES, botId=bot_id, ids=ids)
     if ids:
         await tx.run(PURGE_EMBEDDINGS, botId=bot_id, ids=ids)
+        await tx.run(COUNT_PURGE, botId=bot_id)
     return Purged(ids, above, list(doomed["gone"]))
 
 

@@ -2356,8 +2356,10 @@ WITH heldX, heldP, heldC
 MATCH (x:LearningExecution) WHERE elementId(x) = elementId(heldX)
 MATCH (p:ReadPosition) WHERE elementId(p) = elementId(heldP)
 OPTIONAL MATCH (ch:Chat) WHERE elementId(ch) = elementId(heldC)
+OPTIONAL MATCH (m:Memory {id: x.botId})
 WITH x, p, x.epoch = $epoch AND x.status = 'running' AS mine,
-     p.seq = $start AND coalesce(ch.historyEpoch, 0) = $historyEpoch AS fresh
+     p.seq = $start AND coalesce(ch.historyEpoch, 0) = $historyEpoch
+       AND ($purges IS NULL OR coalesce(m.purges, 0) = $purges) AS fresh
 FOREACH (_ IN CASE WHEN mine AND fresh THEN [1] ELSE [] END |
   SET p.seq = $end, p.updatedAt = $now, x.learned = x.learned + $learned, x.expiries = 0)
 FOREACH (_ IN CASE WHEN mine AND fresh AND $setAside IS NOT NULL THEN [1] ELSE [] END |
@@ -2365,8 +2367,9 @@ FOREACH (_ IN CASE WHEN mine AND fresh AND $setAside IS NOT NULL THEN [1] ELSE [
 FOREACH (_ IN CASE WHEN mine AND fresh AND $final THEN [1] ELSE [] END |
   SET x.status = $status, x.endedAt = $now, x.leaseUntil = null)
 WITH x, p, mine, fresh
-OPTIONAL MATCH (c:ModelCall {id: $callId})
-FOREACH (_ IN CASE WHEN mine AND fresh AND c IS NOT NULL THEN [1] ELSE [] END |
+OPTIONAL MATCH (c:ModelCall) WHERE c.executionId = x.id AND c.step = $start
+WITH x, p, mine, fresh, collect(c) AS calls
+FOREACH (c IN CASE WHEN mine AND fresh THEN calls ELSE [] END |
   SET c.producedIds = coalesce(c.producedIds, []) + $produced)
 RETURN mine, fresh, p.seq AS position
 
@@ -2418,7 +2421,7 @@ CALL () {
   WITH tc ORDER BY tc.n DESC, tc.topic
   RETURN collect({topic: tc.topic, count: tc.n}) AS topics
 }
-RETURN entries, topics
+RETURN entries, topics, coalesce(m.purges, 0) AS purges
 
 // ---- graph.learning.POSITION
 OPTIONAL MATCH (p:ReadPosition {id: $botId + '|' + $chatId})
@@ -2870,6 +2873,10 @@ UNWIND $channelIds AS channelId
 MATCH (c:Channel {id: channelId})
 OPTIONAL MATCH (p:Person)-[:MEMBER]->(c)
 RETURN channelId, collect(p.id) AS people
+
+// ---- graph.purge.COUNT_PURGE
+MATCH (m:Memory {id: $botId})
+SET m.purges = coalesce(m.purges, 0) + 1
 
 // ---- graph.purge.DELETE_CHAT_HISTORY
 MATCH (ch:Chat {id: $chatId})
@@ -3357,6 +3364,7 @@ ORDER BY x.chatId DESC, x.createdAt DESC, x.id DESC SKIP $skip LIMIT $limit
 // ---- graph.sweeps.RELEASE_BUDGET
 MATCH (x:LearningExecution)
 WHERE x.status = 'budget' AND x.botId = $botId
+WITH x ORDER BY x.queuedAt, x.id LIMIT $limit
 WITH x AS held
 CALL apoc.lock.nodes([held])
 WITH held

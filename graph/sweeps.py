@@ -91,10 +91,13 @@ class WaitingRow(TypedDict):
     bots: list[str]
 
 
-#: Release executions waiting for budget (a new period, or a PATCH that raised the limit).
+#: Release executions waiting for budget (a new period, or a PATCH that raised the limit): the
+#: $limit that waited longest; the sweep releases the rest in its next rounds. (All at once, a Bot
+#: that parked tens of thousands over a spent month locked and queued them in one transaction.)
 RELEASE_BUDGET: Final[LiteralString] = """
 MATCH (x:LearningExecution)
 WHERE x.status = 'budget' AND x.botId = $botId
+WITH x ORDER BY x.queuedAt, x.id LIMIT $limit
 WITH x AS held
 CALL apoc.lock.nodes([held])
 WITH held
@@ -118,8 +121,8 @@ async def budget_waiting(tx: AsyncManagedTransaction, *, limit: int) -> list[str
     return [] if record is None else record["bots"]
 
 
-async def release_budget(tx: AsyncManagedTransaction, *, bot_id: str, now: int) -> list[Queued]:
-    record = await single(tx, RELEASE_BUDGET, QueuedRow, botId=bot_id, now=now)
+async def release_budget(tx: AsyncManagedTransaction, *, bot_id: str, now: int, limit: int) -> list[Queued]:
+    record = await single(tx, RELEASE_BUDGET, QueuedRow, botId=bot_id, now=now, limit=limit)
     return [] if record is None else record["queued"]
 
 

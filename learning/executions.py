@@ -125,6 +125,8 @@ class _Inputs:
     topics: list[learning_q.TopicCount]
     spent: int | None
     saved: list[memorybot.SavedCall]
+    #: The Memory's purges when the learningContext was read (COMMIT_STEP: stale after another).
+    purges: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,7 +234,7 @@ class ExecutionRunner:
         async def work(tx: AsyncManagedTransaction) -> _Inputs:
             await shared_lock(tx, bot_id=x.bot_id)  # the first statement of a read (C1, D9.8)
             chat, route = await load_route(self.rt, tx, x.chat_id)
-            entries, topics = await learning_q.learning_context(
+            context = await learning_q.learning_context(
                 tx, bot_id=x.bot_id, org=route.org, limit=CONTEXT_LIMIT
             )
             start = await learning_q.position(tx, bot_id=x.bot_id, chat_id=x.chat_id)
@@ -242,7 +244,8 @@ class ExecutionRunner:
                 period = current_period(route.budget_period, now_ms())
                 spent = (await memorybot.spent(tx, bot_id=x.bot_id, period=period))[0]
             saved = await memorybot.saved_step_results(tx, execution_id=x.id, step=start)
-            return _Inputs(chat, route, start, found, entries, topics, spent, saved)
+            entries, topics = context["entries"], context["topics"]
+            return _Inputs(chat, route, start, found, entries, topics, spent, saved, context["purges"])
 
         return await read(self.rt.driver, work)
 
@@ -362,7 +365,6 @@ class ExecutionRunner:
                 final=not more,
                 status="done",
                 learned=len(changes),
-                call_id=call_id,
             )
         except _Stale:
             return None
@@ -493,7 +495,6 @@ class ExecutionRunner:
         final: bool,
         status: str,
         learned: int,
-        call_id: str | None = None,
         aside: str | None = None,
     ) -> None:
         """Memory change + read position + execution end in one transaction, as a CAS (C4) of the
@@ -514,7 +515,9 @@ class ExecutionRunner:
                 learned=learned,
                 now=now_ms(),
                 history_epoch=inputs.chat.get("historyEpoch", 0),
-                call_id=call_id,
+                # A commit that adds entries is stale after a purge since its inputs were read: its
+                # answer may restate a purged entry of the learningContext as a new one (D9.20).
+                purges=inputs.purges if changes else None,
                 produced=produced,
                 set_aside=aside,
             )

@@ -7,7 +7,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Generic, Literal, TypeVar, cast
+from typing import Any, Final, Generic, Literal, TypeVar, cast
 
 from neo4j import AsyncManagedTransaction
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -224,14 +224,23 @@ async def update_settings(
     return settings
 
 
+#: Executions waiting for budget released at once (the longest waiting first); the worker's sweep
+#: releases the rest, this many a round.
+RELEASE_BATCH: Final = 500
+
+
 async def release_budget_waiting(rt: Runtime, bot_id: str, settings: MemoryBotSettings) -> int:
-    """Executions that waited for budget run again once it is not spent (D9.12)."""
+    """Executions that waited for budget run again once it is not spent (D9.12), at most
+    RELEASE_BATCH of them (the rest in the next sweeps)."""
     if settings.budget is not None:
         period = current_period(settings.budget.period, now_ms())
         micros, _ = await read(rt.driver, lambda tx: memorybot_q.spent(tx, bot_id=bot_id, period=period))
         if micros >= settings.budget.limit_micros:
             return 0
-    queued = await write(rt.driver, lambda tx: sweeps_q.release_budget(tx, bot_id=bot_id, now=now_ms()))
+    queued = await write(
+        rt.driver,
+        lambda tx: sweeps_q.release_budget(tx, bot_id=bot_id, now=now_ms(), limit=RELEASE_BATCH),
+    )
     await enqueue_executions(rt, queued)
     return len(queued)
 

@@ -698,10 +698,10 @@ async def test_learning_context_seeks_the_valid_entries_of_its_organization(
     await apply_changes(runtime, w.bot, list(notes), "person")
 
     async def context() -> tuple[list[str], list[learning_q.TopicCount]]:
-        entries, topics = await read(
+        context = await read(
             runtime.driver, lambda tx: learning_q.learning_context(tx, bot_id=w.bot, org=w.org, limit=300)
         )
-        return [e["id"] for e in entries], topics
+        return [e["id"] for e in context["entries"]], context["topics"]
 
     async def hits() -> int:
         params = {"botId": w.bot, "org": w.org, "limit": 300, "top": TOP_RANK}
@@ -787,3 +787,86 @@ async def test_the_model_reads_each_items_time_where_it_was_said(
     assert [v for k, v in said_of.items() if k != item] and all(
         v.endswith("Z") for k, v in said_of.items() if k != item
     )  # the Bot's words: no person's zone
+
+
+async def _texts_of_calls(runtime: Runtime, bot: str) -> list[str]:
+    """Every saved model call's request and result of the Bot, decrypted."""
+    cipher = await cipher_of(runtime, bot)
+    records, _, _ = await runtime.driver.execute_query(
+        "MATCH (c:ModelCall {botId: $b}) RETURN c.id AS id, c.request AS request, c.result AS result", b=bot
+    )
+    texts = [cipher.decrypt(Kind.MODEL_REQUEST, r["id"], r["request"]) for r in records if r["request"]]
+    return texts + [cipher.decrypt(Kind.MODEL_RESULT, r["id"], r["result"]) for r in records if r["result"]]
+
+
+async def test_a_purge_removes_a_learned_entry_from_the_refused_answers_of_its_step(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    """D9.20: a step whose first answer was refused (D9.21) and asked again commits the second; the
+    entries it made were recorded on that call only, so a purge of them left their words in the
+    refused answer's saved result (and in the re-ask's request, which carries it). Every call of
+    the step is recorded as having made them now."""
+    w = await memory_world(api, ("ann",))
+    ann = w.tokens["ann"]
+    chat = await api.chat(ann, w.bot)
+    canary = "zq" + hashlib.sha256(w.bot.encode()).hexdigest()[:10]
+    turn = await api.turn(ann, chat, f"My PIN is {canary}")
+    item = await first_item(api, ann, chat)
+    said_pin = fact_call(f"Ann's PIN is {canary}", item)
+    model_server.script(
+        "learn",
+        learn(said_pin, fact_call("a topic with a colon", item, topics=("for:bot",))),  # refused whole
+        learn(said_pin),
+    )
+    await confide(api, ann, turn["id"])
+    await complete(api, ann, turn["id"])
+    [x] = await wait_executions(runtime, turn["id"])
+    assert (x["status"], x["learned"]) == ("done", 1), x
+    assert sum(canary in t for t in await _texts_of_calls(runtime, w.bot)) >= 3  # asked, refused, re-asked
+    purged = await api.http.post(
+        f"/v1/bots/{w.bot}/memory/purge", json={"tag": f"chat:{chat}"}, headers=bearer(ann)
+    )
+    assert purged.json() == {"removed": 1}, purged.text
+    left = [t for t in await _texts_of_calls(runtime, w.bot) if canary in t]
+    assert left == []  # before: the refused answer's result and the re-ask's request
+
+
+async def test_a_step_whose_context_was_purged_while_the_model_answered_asks_again(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    """D9.20, C7: a step sends the model its learningContext; an entry of it purged while the
+    model answers was gone from the memory, but the answer could restate it as a new fact of
+    this Chat, and it committed: the purged words were back, tagged with another chat. A purge
+    since the step read its inputs makes the commit stale: the step reads them again (without
+    the purged entry) and asks again."""
+    w = await memory_world(api, ("ann",))
+    ann = w.tokens["ann"]
+    source = await api.chat(ann, w.bot)
+    canary = "zq" + hashlib.sha256(w.bot.encode()).hexdigest()[:10]
+    await fact(runtime, w.bot, f"Ann's door code is {canary}", await said(api, ann, source, "code"))
+    chat = await api.chat(ann, w.bot)
+    turn = await api.turn(ann, chat, "I use the side door")
+    item = await first_item(api, ann, chat)
+    gate = threading.Event()
+    model_server.script(
+        "learn",
+        learn(fact_call(f"Ann opens the side door with {canary}", item), hold=gate),
+        learn(fact_call("Ann uses the side door", item)),
+    )
+    await confide(api, ann, turn["id"])
+    await complete(api, ann, turn["id"])
+    try:
+        await model_server.wait_for_requests("learn", 1)
+        assert canary in model_server.requests_for("learn")[0].text  # the context holds the entry
+        purged = await api.http.post(
+            f"/v1/bots/{w.bot}/memory/purge", json={"tag": f"chat:{source}"}, headers=bearer(ann)
+        )
+        assert purged.json() == {"removed": 1}, purged.text
+    finally:
+        gate.set()
+    [x] = await wait_executions(runtime, turn["id"])
+    assert (x["status"], x["learned"]) == ("done", 1), x
+    asked = model_server.requests_for("learn")
+    assert len(asked) == 2 and canary not in asked[1].text  # read again without it, asked again
+    contents = [e["content"] for e in (await visible(api, ann, w.bot)).values()]
+    assert contents == ["Ann uses the side door"]  # before: the restated door code

@@ -389,6 +389,28 @@ async def test_the_sweep_looks_at_every_bot_whose_learning_waits_for_budget(runt
         assert {hog, other} <= set(bots) and len(bots) == len(set(bots))
 
 
+async def test_a_bots_budget_waits_are_released_a_batch_at_a_time_longest_waiting_first(
+    runtime: Runtime,
+) -> None:
+    """D9.12, L6: a Bot whose budget was spent for a month parks every execution of its Chats;
+    at the new period they were all locked, given a new epoch and queued in one transaction and
+    one burst of jobs. They are released a batch at a time, those that waited longest first; the
+    sweep releases the rest in its next rounds."""
+    bot = new_id("bot")  # no such Bot's settings: the suite's sweeper leaves these alone
+    parked = [{"botId": bot, "status": "budget", "queuedAt": at} for at in (30, 10, 20)]
+    async with bare_executions(runtime, *parked) as (late, first, second):
+
+        async def release() -> set[str]:
+            queued = await write(
+                runtime.driver, lambda tx: sweeps_q.release_budget(tx, bot_id=bot, now=now_ms(), limit=2)
+            )
+            return {q["id"] for q in queued}
+
+        assert await release() == {first, second}
+        assert await release() == {late}
+        assert await release() == set()
+
+
 async def test_an_execution_whose_lease_keeps_running_out_ends_crashed(runtime: Runtime) -> None:
     """D9.9: an expired lease starts a new epoch — unless it ran out EXPIRIES_BEFORE_FAILING
     times: a worker that dies on an execution (killed for its memory) took it up again for ever,
