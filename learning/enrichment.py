@@ -84,11 +84,11 @@ async def start_turn(
             time_zone=time_zone,
             allowed=None if early is None else early.start,
         )
-        enriched, used = await rewrite(rt, gateway, turn, deadline, early or embedder, said_at=said_at)
+        enriched, drawn = await rewrite(rt, gateway, turn, deadline, early or embedder, said_at=said_at)
     finally:
         if early is not None:
             await early.aclose()
-    return replace(turn, enriched_input=enriched, used_entry_ids=used)
+    return replace(turn, enriched_input=enriched, drawn_entry_ids=drawn)
 
 
 async def rewrite(
@@ -100,16 +100,16 @@ async def rewrite(
     *,
     said_at: int | None = None,
 ) -> tuple[str, tuple[str, ...]]:
-    """The input with what helps from memory, or the input as it is (N1), and the entries it draws
-    on; ``embedder`` embeds the query (the gateway's, or an :class:`services.search.EarlyQuery`
+    """The input with what helps from memory, or the input as it is (N1), and the entries it may
+    draw on (every entry its rewrite was sent); ``embedder`` embeds the query (the gateway's, or an :class:`services.search.EarlyQuery`
     of it). The input's days are read in the time zone it was said in (``turn.input_time_zone``,
     D9.32)."""
     original = turn.input or ""
     if turn.actor_kind != "person":  # notices are not a person's words
         return original, ()
-    outcome, used = "kept", ()
+    outcome, drawn = "kept", ()
     try:
-        enriched, outcome, used = await _rewrite(
+        enriched, outcome, drawn = await _rewrite(
             rt,
             gateway,
             embedder,
@@ -128,7 +128,7 @@ async def rewrite(
         log.warning("enrichment kept the input: the store failed (%s)", type(exc).__name__)
         enriched, outcome = original, "store_failed"
     metrics.ENRICHMENTS.labels(outcome=outcome).inc()
-    return enriched, used
+    return enriched, drawn
 
 
 async def _rewrite(
@@ -140,7 +140,7 @@ async def _rewrite(
     deadline: float,
     said_at: int,
 ) -> tuple[str, str, tuple[str, ...]]:
-    """The rewritten input, how it went, and the entries the rewrite draws on; ``said_at``: when
+    """The rewritten input, how it went, and the entries it may draw on (all it was sent); ``said_at``: when
     the input was said, the day its "yesterday" is counted from (D9.31), in the time zone it was
     said in (D9.32)."""
     zone = turn.input_time_zone
@@ -173,7 +173,7 @@ async def _rewrite(
             if await retrieval.validate_references(rt, route.bot_id, reader, sent):
                 text = route.cipher.decrypt(Kind.ENRICHMENT, saved["id"], saved["text"])
                 await _save(rt, route, turn, text, original, ids, sent, digest, deadline + _SAVE_MARGIN)
-                return text, "reused", tuple(ids)
+                return text, "reused", tuple(sent)
         # One read decides: nothing visible (or nothing that fits) → no model call (N3).
         known = await search.context(
             rt,
@@ -223,7 +223,7 @@ async def _rewrite(
     if not valid:
         return original, "stale", ()
     await _save(rt, route, turn, text, original, used, sent, digest, deadline + _SAVE_MARGIN)
-    return text, "rewritten", tuple(used)
+    return text, "rewritten", tuple(sent)
 
 
 def _parse(calls: tuple[ToolCall, ...], sent: set[str], limit: int) -> tuple[str, list[str]] | None:

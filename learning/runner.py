@@ -145,7 +145,7 @@ async def _converse(
     streamed = 0
     # The entries the request embeds (the rewritten input's, then the confide answers'): a purge of
     # any of them strips the saved request (D9.20; saved with none, it stayed).
-    drawn: dict[str, None] = dict.fromkeys(turn.used_entry_ids)
+    drawn: dict[str, None] = dict.fromkeys(turn.drawn_entry_ids)
 
     async def stream(delta: str) -> None:
         nonlocal streamed

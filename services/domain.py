@@ -178,9 +178,11 @@ class Turn:
     #: The Chat's history epoch when the Turn began (D9.23): work on its words saves none of them
     #: once the history was deleted after that.
     history_epoch: int = 0
-    #: The entries ``enriched_input`` draws on (for the caller only, as it): what a model request
-    #: that carries it embeds (D9.20: a purge of them strips that request).
-    used_entry_ids: tuple[str, ...] = ()
+    #: The entries ``enriched_input`` may draw on: every entry its rewrite was sent, not only those
+    #: the model said it used (its text may draw on any). What a model request that carries it
+    #: embeds (D9.20: a purge of any of them strips that request; with the declared ones only, a
+    #: purge of one the model drew on unsaid left its words in the Bot's chat calls).
+    drawn_entry_ids: tuple[str, ...] = ()
     #: The time zone ``input`` was said in (D9.32; None: UTC), as the Turn's start saved it.
     input_time_zone: str | None = None
     #: The time zone its start was given (D9.32): its actor's messages without one are said there.

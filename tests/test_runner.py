@@ -552,3 +552,41 @@ async def test_a_reply_made_before_a_history_deletion_is_saved_without_its_words
         {"kind": "PERSON_MESSAGE", "text": None},
         {"kind": "BOT_MESSAGE", "text": None},  # before: the reply, with the deleted words
     ]
+
+
+async def test_a_purge_of_an_entry_the_rewrite_was_sent_but_did_not_name_strips_the_chat_calls(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    """D9.20: the rewrite is sent two entries and names one as used, while its text draws on the
+    other too (a model need not say). The Bot's chat calls carrying the rewritten input were saved
+    naming the declared entry only, so a purge of the other left its words in them. They name
+    every entry the rewrite was sent now."""
+    w = await runner_world(api, ("ann",))
+    ann = w.tokens["ann"]
+    pinned = await api.gql(
+        'mutation($b: ID!) { remember(botId: $b, content: "Ann\'s locker is number 12") { entry { id } } }',
+        {"b": w.bot},
+        ann,
+    )
+    locker = pinned["remember"]["entry"]["id"]
+    source = await api.chat(ann, w.bot)
+    code = await fact(runtime, w.bot, "Ann's locker code is 4711", await said(api, ann, source, "code 4711"))
+    chat = await api.chat(ann, w.bot)
+    rewritten = {"text": "Open locker 12 (code 4711).", "used_entry_ids": [locker]}  # 4711 unsaid
+    model_server.script("rewrite", Reply(tool_calls=[ToolCall("rewrite_input", rewritten)]))
+    model_server.script("chat", Reply(text="Done."))
+    data = await api.gql(SEND, {"c": chat, "t": "Open my locker."}, ann)
+    assert data["sendMessage"]["reply"] == "Done."
+    sent = [
+        n["id"]
+        for n in json.loads(model_server.requests_for("rewrite")[-1].body["messages"][1]["content"])["notes"]
+    ]
+    assert set(sent) == {locker, code}
+    purged = await api.http.post(
+        f"/v1/bots/{w.bot}/memory/purge", json={"tag": f"chat:{source}"}, headers=bearer(ann)
+    )
+    assert purged.json() == {"removed": 1}, purged.text
+    records, _, _ = await runtime.driver.execute_query(
+        "MATCH (c:ModelCall {botId: $b, task: 'chat'}) RETURN c.request IS NULL AS gone", b=w.bot
+    )
+    assert [r["gone"] for r in records] == [True]  # before: kept, "code 4711" in it
