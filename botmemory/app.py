@@ -171,6 +171,9 @@ class TransportWSHandler(BaseGraphQLTransportWSHandler[Context, None]):
         then finds the caller already authenticated (the context keeps the outcome)."""
         payload = message.get("payload", {})
         if isinstance(payload, dict) and not self.connection_init_received and not self.connection_timed_out:
+            # It came in time: the wait for it ends now, not after the token is looked up.
+            if self.connection_init_timeout_task:
+                self.connection_init_timeout_task.cancel()
             self.context.connection_params = payload
             try:
                 await self.context.authenticate_connection()

@@ -266,9 +266,9 @@ _ACCEPTED_MAX: Final = 10_000
 class RequireBearer:
     """Refuses an HTTP request without a bearer token, or with one the API does not accept, before
     the MCP transport sees it: 401 with ``WWW-Authenticate: Bearer``, as an MCP host expects of a
-    token to renew. (A well-formed but unknown token passed before, and every tool call failed
-    UNAUTHENTICATED inside a 200.) A token the API accepted is remembered for a while by its
-    digest; when the API cannot be asked, the request goes on and its tool calls say so."""
+    token to renew (not a tool error inside a 200). A token the API accepted is remembered for a
+    while by its digest; when the API cannot be asked, the request goes on and its tool calls say
+    so."""
 
     def __init__(self, app: ASGIApp, api: Api) -> None:
         self.app = app

@@ -515,8 +515,9 @@ class ExecutionRunner:
                 learned=learned,
                 now=now_ms(),
                 history_epoch=inputs.chat.get("historyEpoch", 0),
-                # A commit that adds entries is stale after a purge since its inputs were read: its
-                # answer may restate a purged entry of the learningContext as a new one (D9.20).
+                # A commit that changes the memory is stale after a purge since its inputs were read:
+                # its answer may restate a purged entry of the learningContext as a new one, or
+                # edit one that is gone (D9.20).
                 purges=inputs.purges if changes else None,
                 produced=produced,
                 set_aside=aside,

@@ -16,7 +16,7 @@ import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Final, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import httpx2
 import openai
@@ -52,6 +52,9 @@ _RETRYABLE_STATUS = {408, 409, 429, 500, 502, 503, 504}
 #: The provider refused the request itself (its size, its content — a content filter answers
 #: 400): the same request is refused again, here or in any later execution (``refused``).
 _REFUSED_STATUS = {400, 413, 422}
+#: What a proxy before the provider answers when the provider did not answer it in time (or broke
+#: off): the request may have been done, and billed.
+_GATEWAY_STATUS = {502, 504}
 #: How long past its deadline a call nobody waits for any more may take to be saved (shutdown
 #: waits this long for the latest of them).
 SAVE_SECONDS = 5.0
@@ -453,6 +456,8 @@ class Gateway:
         result: Completion | None = None
         failure = "deadline"
         shown = False  # text of an attempt reached on_text: asking again would show it twice
+        # Attempts that may have reached the provider and got no answer (it may have billed them).
+        unanswered = 0
 
         async def relay(text: str) -> None:
             nonlocal shown
@@ -474,11 +479,13 @@ class Gateway:
                 break
             except (TimeoutError, openai.APITimeoutError) as exc:
                 failure = "timeout"
+                unanswered += not _unsent(exc)
                 attempts.append(f"{'unsent' if _unsent(exc) else 'timeout'}:{_ms(started)}ms")
             except (_TooLarge, openai.APIConnectionError) as exc:
                 big = _too_large(exc)
                 if big is None:
                     failure = "provider_error"
+                    unanswered += not _unsent(exc)
                     attempts.append(f"{'unsent' if _unsent(exc) else 'connection'}:{_ms(started)}ms")
                 else:  # the same answer again would be as large: not asked again
                     failure = "provider_error" if big.refused else "too_large"
@@ -486,14 +493,17 @@ class Gateway:
                     break
             except openai.APIStatusError as exc:
                 failure = "refused" if exc.status_code in _REFUSED_STATUS else "provider_error"
+                unanswered += exc.status_code in _GATEWAY_STATUS  # a proxy before it gave up
                 attempts.append(f"status-{exc.status_code}:{_ms(started)}ms")
                 if exc.status_code not in _RETRYABLE_STATUS:
                     break
             except openai.APIError:  # e.g. an error event in a stream: INTERNAL before, unsaved
                 failure = "provider_error"
+                unanswered += 1
                 attempts.append(f"error:{_ms(started)}ms")
             except _Unfinished:
                 failure = "provider_error"
+                unanswered += 1
                 attempts.append(f"unfinished:{_ms(started)}ms")
             except (ValueError, KeyError, TypeError, IndexError, AttributeError):
                 failure = "malformed"
@@ -513,7 +523,9 @@ class Gateway:
             result_json = result.json()
             if len(result_json) > self.settings.max_model_answer_bytes:
                 status, result_json = "too_large", None
-        cost = await self._save(rt, route, call_id, call, request, result, result_json, status, attempts)
+        cost = await self._save(
+            rt, route, call_id, call, request, result, result_json, status, attempts, unanswered
+        )
         metrics.MODEL_CALLS.labels(task=task, status=status).inc()
         metrics.MODEL_SECONDS.labels(task=task).observe(time.monotonic() - began)
         if cost:
@@ -623,8 +635,10 @@ class Gateway:
         result_json: str | None,
         status: str,
         attempts: list[str],
+        unanswered: int = 0,
     ) -> int | None:
-        """The call, encrypted (E1), and its confirmed cost (L6) in one transaction; the cost."""
+        """The call, encrypted (E1), and its confirmed cost (L6) in one transaction; the cost.
+        ``unanswered``: its attempts that may have reached the provider and got no answer."""
         step = call.step
         usage = None if result is None else result.usage
         cost = None if result is None else cost_micros(self.settings, str(request["model"]), usage)
@@ -632,11 +646,10 @@ class Gateway:
         # not be used (past its bytes, or malformed) was billed too: counted, as a call of unknown
         # cost when its usage could not be read (it was not counted at all, L6).
         answered = result is not None or status in ("too_large", "malformed")
-        # So is every attempt sent and never answered (cut by its timeout, its connection lost, a
-        # stream cut short): the provider may have done, and billed, the work; missing usage is
-        # recorded as unknown (the seed). Not counted before: a slow provider spent what the
-        # budget never saw.
-        unanswered = sum(a.split(":", 1)[0] in _UNANSWERED for a in attempts)
+        # So is every attempt that may have reached the provider and got no answer (cut by its
+        # timeout, its connection lost, a stream cut short, a proxy before it giving up): the
+        # provider may have billed it; missing usage is recorded as unknown (the seed), in the
+        # spend's unknownCalls (which, having no price, the budget does not compare).
         calls = int(answered) + unanswered
         now = now_ms()
         fields: dict[str, Any] = {
@@ -675,11 +688,6 @@ class Gateway:
             lambda with_text: lambda tx: memorybot_q.save_model_call(tx, with_text=with_text, **fields),
         )
         return cost
-
-
-#: Attempts (their log's kind) that were sent and got no answer: each counted as a call of unknown
-#: cost (L6). ("unsent": no connection was made, so nothing reached the provider.)
-_UNANSWERED: Final = frozenset({"timeout", "connection", "unfinished"})
 
 
 def _unsent(exc: BaseException) -> bool:

@@ -124,12 +124,13 @@ SUMMARY_SWEEP_LIMIT: Final = 50
 SUMMARY_SWEEP_AGAIN_MS: Final = 3_600_000
 
 
-async def enqueue_due_summaries(rt: Runtime) -> int:
+async def enqueue_due_summaries(rt: Runtime, now: int | None = None) -> int:
     """Queue ``summary:<chatId>`` for the Chats whose summary is due (the worker's sweep, D9.17):
     a queueing lost after completeTurn's commit waited for the Chat's next completed Turn, and a
     quiet Chat kept its gap between summary and messages. arq keeps one job per id: a summary
-    queued already is not doubled. Returns how many were due."""
-    now = now_ms()
+    queued already is not doubled. Returns how many were due. (``now``: when the sweep runs, as
+    far as it knows.)"""
+    now = now_ms() if now is None else now
     due = await write(
         rt.driver,
         lambda tx: conversation.summaries_due(

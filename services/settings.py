@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Final, Literal
 
 from pydantic import (
-    AliasChoices,
     BaseModel,
     Field,
     SecretStr,
@@ -171,18 +170,13 @@ class Settings(BaseSettings):
     max_operation_cost: int = Field(default=100, ge=1)
     #: Operations running at once on one WebSocket (subscriptions, and queries or mutations not
     #: yet answered), and sockets one person (a platform token, the operator) holds open in one
-    #: API process: each subscription is a subscriber every change is checked and executed for,
-    #: so one client could otherwise hold thousands. Counted per token before, and a person issues
-    #: any number of tokens (``issueToken``): 64 more sockets each. (The old variable's name,
-    #: ``BOTMEMORY_MAX_SOCKETS_PER_TOKEN``, is still read.)
+    #: API process, whatever tokens they issued: each subscription is a subscriber every change is
+    #: checked and executed for, so one client could otherwise hold thousands.
     max_socket_operations: int = Field(default=100, ge=1)
-    max_sockets_per_person: int = Field(
-        default=64,
-        ge=1,
-        validation_alias=AliasChoices("BOTMEMORY_MAX_SOCKETS_PER_PERSON", "BOTMEMORY_MAX_SOCKETS_PER_TOKEN"),
-    )
-    #: How long an accepted WebSocket may wait for its ``connection_init`` before it is closed
-    #: (4408): Strawberry's default let a client that never sent one hold a socket a minute.
+    max_sockets_per_person: int = Field(default=64, ge=1)
+    #: ``max_sockets_per_person``'s old name, taken when that one is not set.
+    max_sockets_per_token: int | None = Field(default=None, ge=1)
+    #: How long an accepted WebSocket may wait for its ``connection_init`` before it is closed (4408).
     socket_init_seconds: float = Field(default=10.0, gt=0, le=60)
     max_query_tokens: int = Field(default=2000, ge=1)
     max_body_bytes: int = Field(default=1_000_000, ge=1)
@@ -226,6 +220,13 @@ class Settings(BaseSettings):
         ]
         if missing:
             raise ValueError(f"{', '.join(missing)} required when BOTMEMORY_EMBEDDER=openai")
+        return self
+
+    @model_validator(mode="after")
+    def _socket_cap_by_its_old_name(self) -> Settings:
+        """A deployment that set the socket cap by its old name keeps its cap."""
+        if self.max_sockets_per_token is not None and "max_sockets_per_person" not in self.model_fields_set:
+            self.max_sockets_per_person = self.max_sockets_per_token
         return self
 
     @model_validator(mode="after")

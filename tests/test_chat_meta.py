@@ -537,7 +537,8 @@ async def test_a_due_chat_the_sweep_could_not_queue_is_due_to_the_next_sweep(run
     )
     redis = redis_of(away)
     try:
-        assert await enqueue_due_summaries(dataclasses.replace(runtime, redis=redis)) >= 1
+        # As of a day later (LATER): the session worker's own sweep, marking it now, changes nothing.
+        assert await enqueue_due_summaries(dataclasses.replace(runtime, redis=redis), LATER) >= 1
         records, _, _ = await runtime.driver.execute_query(
             "MATCH (ch:Chat {id: 'chat_due_' + $tag}) RETURN ch.summarySweptAt AS at", tag=tag
         )

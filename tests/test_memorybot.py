@@ -720,18 +720,21 @@ async def test_an_attempt_sent_and_never_answered_counts_as_a_call_of_unknown_co
             await gateway.close()
 
     model_server.script(
-        "probe", Reply(text="late", usage=(1, 1), delay=3), Reply(text="in time", usage=(7, 3))
+        "probe",
+        Reply(text="late", usage=(1, 1), delay=3),
+        Reply(status=504, body=b"gateway timeout"),  # a proxy before the provider gave up
+        Reply(text="in time", usage=(7, 3)),
     )
     assert await ask(model_server.base_url) == "in time"
     [call] = await model_calls(runtime, w.bot)
-    assert [a.split(":")[0] for a in call["attemptLog"]] == ["timeout", "ok"]
-    # Two calls a period (day, month): the answer's 7 + 2 × 3 micro-USD and one of unknown cost.
-    assert await spend(runtime, w.bot) == [(2, 13, 1), (2, 13, 1)]  # before: [(1, 13, 0)] × 2
+    assert [a.split(":")[0] for a in call["attemptLog"]] == ["timeout", "status-504", "ok"]
+    # Three calls a period (day, month): the answer's 7 + 2 × 3 micro-USD and two of unknown cost.
+    assert await spend(runtime, w.bot) == [(3, 13, 2), (3, 13, 2)]  # before: [(1, 13, 0)] × 2
 
     assert await ask(f"http://127.0.0.1:{free_port()}/v1") is None  # nothing listens there
     unsent = [c for c in await model_calls(runtime, w.bot) if c["id"] != call["id"]]
     assert [a.split(":")[0] for a in unsent[0]["attemptLog"]] == ["unsent"] * len(unsent[0]["attemptLog"])
-    assert await spend(runtime, w.bot) == [(2, 13, 1), (2, 13, 1)]
+    assert await spend(runtime, w.bot) == [(3, 13, 2), (3, 13, 2)]
 
 
 # Confide and confessions ------------------------------------------------------------------

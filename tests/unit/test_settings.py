@@ -381,3 +381,10 @@ def test_the_socket_cap_is_read_by_its_new_name_and_its_old_one(monkeypatch: pyt
     assert Settings().max_sockets_per_person == 3
     monkeypatch.setenv("BOTMEMORY_MAX_SOCKETS_PER_PERSON", "5")
     assert Settings().max_sockets_per_person == 5
+    assert Settings(max_sockets_per_person=7).max_sockets_per_person == 7  # by its name in code
+    assert (
+        Settings.model_validate(
+            {**Settings().model_dump(), "max_sockets_per_person": 9}
+        ).max_sockets_per_person
+        == 9
+    )
