@@ -166,13 +166,22 @@ SET ch.metaVersion = coalesce(ch.metaVersion, s.version, 0) + 1,
 DETACH DELETE s
 """
 
+#: Of the Items ``i`` (newest first), those until past $chars characters of text (null: all), as
+#: ``recent``: only theirs is read (the end of a subquery of META and ROUTE_AND_META).
+_NEWEST_WITHIN: Final[LiteralString] = """
+  WITH collect(i) AS items
+  WITH items, reduce(cut = [0, 0], i IN items |
+    CASE WHEN $chars IS NOT NULL AND cut[1] > $chars THEN cut
+         ELSE [cut[0] + 1, cut[1] + coalesce(i.textLength, 0)] END)[0] AS n
+  RETURN [i IN items[0..n] | i {.uid, .id, .seq, .kind, .text, .textLength}] AS recent
+"""
+
 #: For each Chat of $chatIds: the Chat with its Bot's wrapped key, its summary (None before the
 #: first) and its latest Items of the kinds $kinds after what the summary covers, newest first, at
 #: most $limit and only until past $chars characters of text (the meta shows the newest within
-#: them), leaving out those whose text was deleted (V13): what its meta shows (D9.30). (Without
-#: the characters' bound, a page of 200 metas read up to 100 messages of 20,000 characters each
-#: per Chat, ~400 MB, to show ~20,000 characters of each.)
-META: Final[LiteralString] = """
+#: them), leaving out those whose text was deleted (V13): what its meta shows (D9.30).
+META: Final[LiteralString] = (
+    """
 UNWIND $chatIds AS chatId
 MATCH (ch:Chat {id: chatId})-[:WITH_BOT]->(b:Bot)
 OPTIONAL MATCH (s:ChatSummary {chatId: chatId})
@@ -180,14 +189,12 @@ CALL (ch, s) {
   MATCH (i:Item)
   WHERE i.chatId = ch.id AND i.seq > coalesce(s.coversThroughSeq, 0) AND i.kind IN $kinds
     AND i.text IS NOT NULL
-  WITH i ORDER BY i.chatId DESC, i.seq DESC LIMIT $limit
-  WITH collect(i) AS items
-  WITH items, reduce(cut = [0, 0], i IN items |
-    CASE WHEN cut[1] > $chars THEN cut ELSE [cut[0] + 1, cut[1] + coalesce(i.textLength, 0)] END)[0] AS n
-  RETURN [i IN items[0..n] | i {.uid, .id, .seq, .kind, .text, .textLength}] AS recent
-}
+  WITH i ORDER BY i.chatId DESC, i.seq DESC LIMIT $limit"""
+    + _NEWEST_WITHIN
+    + """}
 RETURN ch {.*} AS chat, b.keyMaster AS keyMaster, b.keyWrapped AS keyWrapped, s {.*} AS summary, recent
 """
+)
 
 
 class RecentItem(TypedDict):
@@ -315,15 +322,9 @@ CALL (summary) {
   MATCH (i:Item)
   WHERE i.chatId = $chatId AND i.seq > coalesce(summary.coversThroughSeq, 0) AND i.kind IN $kinds
     AND i.text IS NOT NULL
-  WITH i ORDER BY i.chatId DESC, i.seq DESC LIMIT $limit
-  WITH collect(i) AS items
-  // The newest until past $chars characters of text (null: all): only theirs is read.
-  WITH items, reduce(cut = [0, 0], i IN items |
-    CASE WHEN $chars IS NOT NULL AND cut[1] > $chars THEN cut
-         ELSE [cut[0] + 1, cut[1] + coalesce(i.textLength, 0)] END)[0] AS n
-  RETURN [i IN items[0..n] | i {.uid, .id, .seq, .kind, .text, .textLength}] AS recent
-}
-"""
+  WITH i ORDER BY i.chatId DESC, i.seq DESC LIMIT $limit"""
+    + _NEWEST_WITHIN
+    + "}\n"
 )
 ROUTE_AND_META: Final[LiteralString] = (
     _ROUTE_AND_META + "RETURN chat, botMemory, model, settings, keyMaster, keyWrapped, summary, recent\n"

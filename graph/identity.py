@@ -195,20 +195,22 @@ class ChannelRow(TypedDict):
     channel: ChannelMap
 
 
-#: The Channel locked (until its transaction ends) and its members' version (0: never set).
+#: The Channel locked (until its transaction ends) and its members' version (0: never set), read
+#: on the node bound again after the lock (C1).
 LOCK_CHANNEL: Final[LiteralString] = """
-MATCH (c:Channel {id: $id})
-CALL apoc.lock.nodes([c])
+MATCH (held:Channel {id: $id})
+CALL apoc.lock.nodes([held])
+WITH held
+MATCH (c:Channel) WHERE elementId(c) = elementId(held)
 RETURN coalesce(c.version, 0) AS version
 """
 
 
-#: The Channel's members become ``$memberIds`` and its version moves on; the Channel is locked
-#: first, so that the old members are read after any other setting committed (two at once each
-#: kept the other's new members).
+#: The Channel's members become ``$memberIds`` and its version moves on; run in the transaction
+#: that locked the Channel first (LOCK_CHANNEL), so that the old members are read after any other
+#: setting committed (two at once each kept the other's new members).
 SET_CHANNEL_MEMBERS: Final[LiteralString] = """
 MATCH (c:Channel {id: $id})-[:IN]->(o:Organization)
-CALL apoc.lock.nodes([c])
 SET c.version = coalesce(c.version, 0) + 1
 WITH c, o
 OPTIONAL MATCH (old:Person)-[m:MEMBER]->(c)

@@ -190,7 +190,7 @@ FOREACH (_ IN CASE WHEN mine AND fresh AND $final THEN [1] ELSE [] END |
 WITH x, p, mine, fresh
 OPTIONAL MATCH (c:ModelCall) WHERE c.executionId = x.id AND c.step = $start
 WITH x, p, mine, fresh, collect(c) AS calls
-FOREACH (c IN CASE WHEN mine AND fresh THEN calls ELSE [] END |
+FOREACH (c IN CASE WHEN mine AND fresh AND size($produced) > 0 THEN calls ELSE [] END |
   SET c.producedIds = coalesce(c.producedIds, []) + $produced)
 RETURN mine, fresh, p.seq AS position
 """

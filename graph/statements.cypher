@@ -1712,7 +1712,8 @@ CALL (ch, s) {
   WITH i ORDER BY i.chatId DESC, i.seq DESC LIMIT $limit
   WITH collect(i) AS items
   WITH items, reduce(cut = [0, 0], i IN items |
-    CASE WHEN cut[1] > $chars THEN cut ELSE [cut[0] + 1, cut[1] + coalesce(i.textLength, 0)] END)[0] AS n
+    CASE WHEN $chars IS NOT NULL AND cut[1] > $chars THEN cut
+         ELSE [cut[0] + 1, cut[1] + coalesce(i.textLength, 0)] END)[0] AS n
   RETURN [i IN items[0..n] | i {.uid, .id, .seq, .kind, .text, .textLength}] AS recent
 }
 RETURN ch {.*} AS chat, b.keyMaster AS keyMaster, b.keyWrapped AS keyWrapped, s {.*} AS summary, recent
@@ -1747,7 +1748,6 @@ CALL (summary) {
     AND i.text IS NOT NULL
   WITH i ORDER BY i.chatId DESC, i.seq DESC LIMIT $limit
   WITH collect(i) AS items
-  // The newest until past $chars characters of text (null: all): only theirs is read.
   WITH items, reduce(cut = [0, 0], i IN items |
     CASE WHEN $chars IS NOT NULL AND cut[1] > $chars THEN cut
          ELSE [cut[0] + 1, cut[1] + coalesce(i.textLength, 0)] END)[0] AS n
@@ -1797,7 +1797,6 @@ CALL (summary) {
     AND i.text IS NOT NULL
   WITH i ORDER BY i.chatId DESC, i.seq DESC LIMIT $limit
   WITH collect(i) AS items
-  // The newest until past $chars characters of text (null: all): only theirs is read.
   WITH items, reduce(cut = [0, 0], i IN items |
     CASE WHEN $chars IS NOT NULL AND cut[1] > $chars THEN cut
          ELSE [cut[0] + 1, cut[1] + coalesce(i.textLength, 0)] END)[0] AS n
@@ -2280,8 +2279,10 @@ MATCH (p:Person {id: $id})-[:MEMBER_OF]->(o:Organization)
 RETURN p {.*, organizationId: o.id} AS person
 
 // ---- graph.identity.LOCK_CHANNEL
-MATCH (c:Channel {id: $id})
-CALL apoc.lock.nodes([c])
+MATCH (held:Channel {id: $id})
+CALL apoc.lock.nodes([held])
+WITH held
+MATCH (c:Channel) WHERE elementId(c) = elementId(held)
 RETURN coalesce(c.version, 0) AS version
 
 // ---- graph.identity.REVOKE_TOKEN
@@ -2296,7 +2297,6 @@ RETURN t.id AS id
 
 // ---- graph.identity.SET_CHANNEL_MEMBERS
 MATCH (c:Channel {id: $id})-[:IN]->(o:Organization)
-CALL apoc.lock.nodes([c])
 SET c.version = coalesce(c.version, 0) + 1
 WITH c, o
 OPTIONAL MATCH (old:Person)-[m:MEMBER]->(c)
@@ -2369,7 +2369,7 @@ FOREACH (_ IN CASE WHEN mine AND fresh AND $final THEN [1] ELSE [] END |
 WITH x, p, mine, fresh
 OPTIONAL MATCH (c:ModelCall) WHERE c.executionId = x.id AND c.step = $start
 WITH x, p, mine, fresh, collect(c) AS calls
-FOREACH (c IN CASE WHEN mine AND fresh THEN calls ELSE [] END |
+FOREACH (c IN CASE WHEN mine AND fresh AND size($produced) > 0 THEN calls ELSE [] END |
   SET c.producedIds = coalesce(c.producedIds, []) + $produced)
 RETURN mine, fresh, p.seq AS position
 
