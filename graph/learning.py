@@ -243,7 +243,11 @@ class EvidenceRow(TypedDict):
 
 #: learningContext (L4, D9.14, V9): the first ``$limit`` valid entries of the Chat's organization
 #: in memory order — active, with every source proved, in that organization only (``validOrg``,
-#: set with the labels proved equal to the path query) — and the topic counts over all of them.
+#: set with the labels proved equal to the path query) — as far as ``$chars`` characters of their
+#: content hold them (the first always; it stops at the first that does not fit, decided from
+#: stored lengths, N3), and the ``$topics`` most used topics with their counts over all of them.
+#: (Without the bounds, 300 long pinned entries or the topics of a long-lived Bot made a request
+#: no model takes, and every learning step of the organization failed.)
 #: The entries are the first rows of ``entry_valid`` (botId, validOrg, memoryRank); the counts are
 #: kept where validity and topics change (``graph.topics``). (Filtering every entry of the Bot on
 #: its status and labels, sorting them and counting their tags took 342 ms at 100k.)
@@ -256,12 +260,18 @@ CALL () {
   USING INDEX e:Entry(botId, validOrg, memoryRank)
   WHERE e.botId = $botId AND e.validOrg = $org AND e.memoryRank < $top
   WITH e ORDER BY e.botId DESC, e.validOrg DESC, e.memoryRank DESC, e.id LIMIT $limit
-  RETURN collect(e {.id, .layer, .content, .tags, .confidence, saidAt: coalesce(e.saidAt, e.createdAt)}) AS entries
+  WITH collect(e) AS first
+  WITH first, reduce(cut = [0, 0, false], e IN first |
+    CASE WHEN cut[2] OR (cut[0] > 0 AND cut[1] + coalesce(e.contentLength, 0) > $chars)
+         THEN [cut[0], cut[1], true]
+         ELSE [cut[0] + 1, cut[1] + coalesce(e.contentLength, 0), false] END)[0] AS n
+  RETURN [e IN first[0..n] |
+    e {.id, .layer, .content, .tags, .confidence, saidAt: coalesce(e.saidAt, e.createdAt)}] AS entries
 }
 CALL () {
   MATCH (tc:TopicCount)
   WHERE tc.botId = $botId AND tc.org = $org
-  WITH tc ORDER BY tc.n DESC, tc.topic
+  WITH tc ORDER BY tc.n DESC, tc.topic LIMIT $topics
   RETURN collect({topic: tc.topic, count: tc.n}) AS topics
 }
 RETURN entries, topics, coalesce(m.purges, 0) AS purges
@@ -385,9 +395,17 @@ async def evidence(tx: AsyncManagedTransaction, *, chat_id: str, after: int, lim
 
 
 async def learning_context(
-    tx: AsyncManagedTransaction, *, bot_id: str, org: str, limit: int
+    tx: AsyncManagedTransaction, *, bot_id: str, org: str, limit: int, chars: int, topics: int
 ) -> LearningContextRow:
     record = await single(
-        tx, LEARNING_CONTEXT, LearningContextRow, botId=bot_id, org=org, limit=limit, top=TOP_RANK
+        tx,
+        LEARNING_CONTEXT,
+        LearningContextRow,
+        botId=bot_id,
+        org=org,
+        limit=limit,
+        chars=chars,
+        topics=topics,
+        top=TOP_RANK,
     )
     return {"entries": [], "topics": [], "purges": 0} if record is None else record

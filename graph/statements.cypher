@@ -2413,12 +2413,18 @@ CALL () {
   USING INDEX e:Entry(botId, validOrg, memoryRank)
   WHERE e.botId = $botId AND e.validOrg = $org AND e.memoryRank < $top
   WITH e ORDER BY e.botId DESC, e.validOrg DESC, e.memoryRank DESC, e.id LIMIT $limit
-  RETURN collect(e {.id, .layer, .content, .tags, .confidence, saidAt: coalesce(e.saidAt, e.createdAt)}) AS entries
+  WITH collect(e) AS first
+  WITH first, reduce(cut = [0, 0, false], e IN first |
+    CASE WHEN cut[2] OR (cut[0] > 0 AND cut[1] + coalesce(e.contentLength, 0) > $chars)
+         THEN [cut[0], cut[1], true]
+         ELSE [cut[0] + 1, cut[1] + coalesce(e.contentLength, 0), false] END)[0] AS n
+  RETURN [e IN first[0..n] |
+    e {.id, .layer, .content, .tags, .confidence, saidAt: coalesce(e.saidAt, e.createdAt)}] AS entries
 }
 CALL () {
   MATCH (tc:TopicCount)
   WHERE tc.botId = $botId AND tc.org = $org
-  WITH tc ORDER BY tc.n DESC, tc.topic
+  WITH tc ORDER BY tc.n DESC, tc.topic LIMIT $topics
   RETURN collect({topic: tc.topic, count: tc.n}) AS topics
 }
 RETURN entries, topics, coalesce(m.purges, 0) AS purges

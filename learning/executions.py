@@ -51,6 +51,11 @@ from services.writepath import apply_changes, first_refused_share
 log = logging.getLogger("botmemory.learning")
 
 CONTEXT_LIMIT = 300  # L4
+#: What learningContext's entries may hold in all (characters of content) and how many topics it
+#: lists (the most used): what every learning request of a Bot carries besides its evidence, kept
+#: within what a model takes (with ``max_evidence_chars`` of evidence: ~70,000 tokens).
+CONTEXT_CHARS = 200_000
+CONTEXT_TOPICS = 1_000
 #: Why a re-ask got no answer when the answer is not to blame (the provider down, no model, the
 #: Bot's slots taken): the step fails and its evidence waits for a later execution (C6), as on
 #: the first ask. Any other (a timeout, an answer too large or malformed) sets it aside (D9.21):
@@ -235,7 +240,12 @@ class ExecutionRunner:
             await shared_lock(tx, bot_id=x.bot_id)  # the first statement of a read (C1, D9.8)
             chat, route = await load_route(self.rt, tx, x.chat_id)
             context = await learning_q.learning_context(
-                tx, bot_id=x.bot_id, org=route.org, limit=CONTEXT_LIMIT
+                tx,
+                bot_id=x.bot_id,
+                org=route.org,
+                limit=CONTEXT_LIMIT,
+                chars=CONTEXT_CHARS,
+                topics=CONTEXT_TOPICS,
             )
             start = await learning_q.position(tx, bot_id=x.bot_id, chat_id=x.chat_id)
             found = await learning_q.evidence(tx, chat_id=x.chat_id, after=start, limit=limit + 1)

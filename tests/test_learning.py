@@ -16,6 +16,7 @@ from graph import learning as learning_q
 from graph.driver import read
 from graph.memory import TOP_RANK
 from graph.migrations import LATEST, migrate
+from learning.executions import CONTEXT_CHARS, CONTEXT_TOPICS
 from learning.gateway import FIXED_CALM_ANSWER
 from services.changes import Invalidate, MemoryChange, Remember
 from services.crypto import Kind
@@ -699,12 +700,17 @@ async def test_learning_context_seeks_the_valid_entries_of_its_organization(
 
     async def context() -> tuple[list[str], list[learning_q.TopicCount]]:
         context = await read(
-            runtime.driver, lambda tx: learning_q.learning_context(tx, bot_id=w.bot, org=w.org, limit=300)
+            runtime.driver,
+            lambda tx: learning_q.learning_context(
+                tx, bot_id=w.bot, org=w.org, limit=300, chars=CONTEXT_CHARS, topics=CONTEXT_TOPICS
+            ),
         )
         return [e["id"] for e in context["entries"]], context["topics"]
 
     async def hits() -> int:
-        params = {"botId": w.bot, "org": w.org, "limit": 300, "top": TOP_RANK}
+        params = {
+            "botId": w.bot, "org": w.org, "limit": 300, "chars": CONTEXT_CHARS, "topics": CONTEXT_TOPICS, "top": TOP_RANK
+        }  # fmt: skip
         return await db_hits(runtime, learning_q.LEARNING_CONTEXT, params)
 
     assert await context() == ([n.id for n in reversed(notes)], [{"topic": "bulk", "count": 3}])
@@ -724,6 +730,34 @@ async def test_learning_context_seeks_the_valid_entries_of_its_organization(
     await runtime.driver.execute_query("MATCH (s:SchemaVersion {id: 'schema'}) SET s.version = 13")
     assert await migrate(runtime.driver) == LATEST
     assert await context() == now
+
+
+async def test_learning_context_holds_what_a_model_takes(api: Api, runtime: Runtime) -> None:
+    """L4 within bounds: 300 long pinned entries and every topic of a long-lived Bot made a request
+    no model takes, and every learning step of the organization failed (the provider refused it
+    even without evidence). The entries stop at the first that does not fit their characters (the
+    first always, as ``context``, N3) and the topics are the most used ones; their counts still
+    cover every valid entry."""
+    w = await memory_world(api, ("ann",))
+    ann = w.people["ann"]
+    topics = [("alpha",)] * 3 + [("beta",)] * 2 + [("gamma",)]
+    notes = [Remember(f"{n} " + "x" * 998, ann, w.org, t) for n, t in enumerate(topics)]
+    await apply_changes(runtime, w.bot, list(notes), "person")
+    newest_first = [n.id for n in reversed(notes)]
+
+    async def context(chars: int, topics: int) -> tuple[list[str], list[tuple[str, int]]]:
+        found = await read(
+            runtime.driver,
+            lambda tx: learning_q.learning_context(
+                tx, bot_id=w.bot, org=w.org, limit=300, chars=chars, topics=topics
+            ),
+        )
+        return [e["id"] for e in found["entries"]], [(t["topic"], t["count"]) for t in found["topics"]]
+
+    everything = await context(CONTEXT_CHARS, CONTEXT_TOPICS)
+    assert everything == (newest_first, [("alpha", 3), ("beta", 2), ("gamma", 1)])
+    assert await context(2_500, 2) == (newest_first[:2], [("alpha", 3), ("beta", 2)])
+    assert (await context(10, 1))[0] == newest_first[:1]  # the first, however long
 
 
 async def test_the_model_learns_when_each_item_and_entry_was_said(
