@@ -182,7 +182,8 @@ WITH x, p, x.epoch = $epoch AND x.status = 'running' AS mine,
      p.seq = $start AND coalesce(ch.historyEpoch, 0) = $historyEpoch
        AND ($purges IS NULL OR coalesce(m.purges, 0) = $purges) AS fresh
 FOREACH (_ IN CASE WHEN mine AND fresh THEN [1] ELSE [] END |
-  SET p.seq = $end, p.updatedAt = $now, x.learned = x.learned + $learned, x.expiries = 0)
+  SET p.seq = $end, p.updatedAt = $now, x.learned = x.learned + $learned, x.expiries = 0,
+      x.producedIds = coalesce(x.producedIds, []) + $produced)
 FOREACH (_ IN CASE WHEN mine AND fresh AND $setAside IS NOT NULL THEN [1] ELSE [] END |
   SET x.setAside = coalesce(x.setAside, []) + [$setAside])
 FOREACH (_ IN CASE WHEN mine AND fresh AND $final THEN [1] ELSE [] END |

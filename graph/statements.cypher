@@ -2361,7 +2361,8 @@ WITH x, p, x.epoch = $epoch AND x.status = 'running' AS mine,
      p.seq = $start AND coalesce(ch.historyEpoch, 0) = $historyEpoch
        AND ($purges IS NULL OR coalesce(m.purges, 0) = $purges) AS fresh
 FOREACH (_ IN CASE WHEN mine AND fresh THEN [1] ELSE [] END |
-  SET p.seq = $end, p.updatedAt = $now, x.learned = x.learned + $learned, x.expiries = 0)
+  SET p.seq = $end, p.updatedAt = $now, x.learned = x.learned + $learned, x.expiries = 0,
+      x.producedIds = coalesce(x.producedIds, []) + $produced)
 FOREACH (_ IN CASE WHEN mine AND fresh AND $setAside IS NOT NULL THEN [1] ELSE [] END |
   SET x.setAside = coalesce(x.setAside, []) + [$setAside])
 FOREACH (_ IN CASE WHEN mine AND fresh AND $final THEN [1] ELSE [] END |
@@ -3364,7 +3365,7 @@ RETURN count(x) AS n
 // ---- graph.sweeps.LIST_EXECUTIONS
 MATCH (x:LearningExecution) USING INDEX x:LearningExecution(chatId, createdAt, id)
 WHERE x.chatId = $chatId AND x.createdAt >= 0 AND x.id >= ''
-RETURN x {.id, .turnId, .status, .error, .learned, .setAside, .createdAt, .endedAt} AS execution
+RETURN x {.id, .turnId, .status, .error, .learned, .producedIds, .setAside, .createdAt, .endedAt} AS execution
 ORDER BY x.chatId DESC, x.createdAt DESC, x.id DESC SKIP $skip LIMIT $limit
 
 // ---- graph.sweeps.RELEASE_BUDGET

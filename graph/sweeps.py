@@ -131,19 +131,21 @@ async def release_budget(tx: AsyncManagedTransaction, *, bot_id: str, now: int, 
 LIST_EXECUTIONS: Final[LiteralString] = """
 MATCH (x:LearningExecution) USING INDEX x:LearningExecution(chatId, createdAt, id)
 WHERE x.chatId = $chatId AND x.createdAt >= 0 AND x.id >= ''
-RETURN x {.id, .turnId, .status, .error, .learned, .setAside, .createdAt, .endedAt} AS execution
+RETURN x {.id, .turnId, .status, .error, .learned, .producedIds, .setAside, .createdAt, .endedAt} AS execution
 ORDER BY x.chatId DESC, x.createdAt DESC, x.id DESC SKIP $skip LIMIT $limit
 """
 
 
 class ExecutionMap(TypedDict):
-    """LIST_EXECUTIONS's ``execution``: ``setAside`` None until evidence was set aside."""
+    """LIST_EXECUTIONS's ``execution``: ``setAside`` None until evidence was set aside;
+    ``producedIds`` the entries it added (None: an execution of before session 48)."""
 
     id: str
     turnId: str
     status: str
     error: str | None
     learned: int
+    producedIds: list[str] | None
     setAside: list[str] | None
     createdAt: int
     endedAt: int | None

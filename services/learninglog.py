@@ -59,7 +59,7 @@ async def executions(
             str(f["id"]),
             str(f["turnId"]),
             str(f["status"]),
-            int(f.get("learned") or 0),
+            _learned(f, view.visible),
             f.get("error"),
             tuple(SetAside.parse(str(a)) for a in cast(list[Any], f.get("setAside") or [])),
             int(f["createdAt"]),
@@ -67,3 +67,13 @@ async def executions(
         )
         for f in view.records
     ], view.total
+
+
+def _learned(execution: sweeps_q.ExecutionMap, visible: set[str]) -> int:
+    """How many of the entries an execution added the owner may see now: it may also have changed
+    entries of others (learningContext holds the organization's), which a count of its changes
+    told the owner of. An execution of before session 48 kept only that count."""
+    produced = execution.get("producedIds")
+    if produced is None:
+        return int(execution.get("learned") or 0)
+    return sum(i in visible for i in produced)

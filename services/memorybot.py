@@ -326,10 +326,10 @@ class OwnerRecords(Generic[Rec]):
 
 
 def _drawn_on(record: Mapping[str, object]) -> list[str]:
-    """The entries a record's text may draw on: those it says it used, and a rewrite's sent ones."""
-    return cast(list[str], record.get("usedEntryIds") or []) + cast(
-        list[str], record.get("sentEntryIds") or []
-    )
+    """The entries a record shows something of: those its text says it used, a rewrite's sent
+    ones, and those a learning execution added (its count of them)."""
+    named = ("usedEntryIds", "sentEntryIds", "producedIds")
+    return [i for key in named for i in cast(list[str], record.get(key) or [])]
 
 
 #: One page of a Chat's records (tx, chat, skip, limit), and how many it has in all.
@@ -346,10 +346,14 @@ async def owner_records(
     check_id(chat_id, "chatId")
     limit, skip = check_page(limit, skip, max_limit=rt.settings.max_page_size)
 
-    async def work(tx: AsyncManagedTransaction) -> tuple[chats_q.ChatForRow, list[Rec], int, set[str]]:
+    async def owned(tx: AsyncManagedTransaction) -> chats_q.ChatForRow:
         row = await chats_q.chat_for(tx, chat_id=chat_id, person_id=person_id)
         if row is None or not row["isPerson"] or row["chat"]["ownerId"] != person_id:
             raise NotFound("chat not found")
+        return row
+
+    async def work(tx: AsyncManagedTransaction) -> tuple[chats_q.ChatForRow, list[Rec], int, set[str]]:
+        row = await owned(tx)
         chat = row["chat"]
         await shared_lock(tx, bot_id=chat["botId"])
         found, total = await fetch(tx, chat_id, skip, limit)
@@ -368,6 +372,9 @@ async def owner_records(
                     ids=used,
                     active_only=True,
                 )
+        # Checked again once read (as contextPack and a chat's meta): the records read may have
+        # been written after the caller stopped being one of the Chat's people.
+        await owned(tx)
         return row, found, total, seen
 
     row, found, total, seen = await read(rt.driver, work)

@@ -14,6 +14,7 @@ from neo4j import AsyncManagedTransaction
 from graph import context as context_q
 from graph import memory as memory_q
 from graph.driver import autocommit, read
+from graph.memory import reader_keys
 from services.crypto import Cipher, Kind
 from services.memory import Reader, cipher_of
 from services.runtime import Runtime
@@ -21,6 +22,13 @@ from services.runtime import Runtime
 #: Candidates per key of a page of context, and of the first page of its one statement until
 #: this process has seen the Bot's lines (see _first_page).
 _CONTEXT_PAGE = 64
+
+
+def reader_scope(bot_id: str, reader: Reader) -> str:
+    """What a process keeps per reader of a Bot (a query's vector, the mean length of the lines
+    ``context`` gave them) is kept under this: the Bot and the reader's keys. Kept per Bot, one
+    reader's questions and lines showed in another's times and results."""
+    return bot_id + "\n" + "\n".join(reader_keys(list(reader.readers)))
 
 
 #: Candidates per key of the second page in context's one statement, read when all of the first
@@ -82,7 +90,8 @@ async def context(rt: Runtime, bot_id: str, reader: Reader, limit: int) -> Conte
                 return used, await cipher_of(rt, bot_id, tx)
             after = used[-1]["rank"]
 
-    first_page = _first_page(rt.line_lengths.mean(bot_id), limit)
+    scope = reader_scope(bot_id, reader)
+    first_page = _first_page(rt.line_lengths.mean(scope), limit)
     first = await autocommit(
         rt.driver,
         lambda session: context_q.context(
@@ -96,7 +105,7 @@ async def context(rt: Runtime, bot_id: str, reader: Reader, limit: int) -> Conte
         used, cipher = await read(rt.driver, work)
     contents = cipher.decrypt_all(Kind.ENTRY, [(row["id"], row["content"]) for row in used])
     text = "\n".join("- " + c for c in contents)
-    rt.line_lengths.observe(bot_id, len(text) + 1, len(contents))
+    rt.line_lengths.observe(scope, len(text) + 1, len(contents))
     return Context(
         text, tuple(row["id"] for row in used), tuple(contents), tuple(row["saidAt"] for row in used)
     )

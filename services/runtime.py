@@ -16,8 +16,8 @@ from services.vectorindex import VectorIndexes
 
 
 class LineLengths:
-    """How long a line of ``context`` has been, per Bot (``context(query)``'s: per reader of a Bot,
-    ``services.search.reader_scope``), as this process returned them: a moving mean that sizes
+    """How long a line of ``context`` has been, per reader of a Bot (``services.retrieval.reader_scope``),
+    as this process returned them: a moving mean that sizes
     the first page of context's statement (only speed depends on it) and how many entries
     ``context(query)`` asks for (which ones fill its budget may)."""
 

@@ -36,6 +36,7 @@ from services.embedding import Embedder, EmbedderUnavailable, decode_vectors, em
 from services.errors import BadInput, NotFound
 from services.keywords import blind_tokens
 from services.memory import Entry, Reader, cipher_of, decrypt_entry, open_read
+from services.retrieval import reader_scope
 from services.runtime import Runtime, now_ms
 from services.validation import MAX_QUERY_CHARS, check_id
 from services.vectorindex import EXACT_MAX, F32, BotIndex, Parts, Ranking, fuse_shown
@@ -191,13 +192,6 @@ def _fitting(ranked: list[search_q.RankedContext], limit: int) -> tuple[list[sea
             chosen.append(r["entry"])
             size += line
     return chosen, size
-
-
-def reader_scope(bot_id: str, reader: Reader) -> str:
-    """What a process keeps per reader of a Bot (a query's vector, the mean length of the lines
-    ``context(query)`` gave them) is kept under this: the Bot and the reader's keys. Kept per Bot,
-    one reader's questions and lines showed in another's times and results."""
-    return bot_id + "\n" + "\n".join(reader_keys(list(reader.readers)))
 
 
 def context_wanted(rt: Runtime, scope: str, limit: int) -> int:

@@ -508,3 +508,30 @@ async def test_a_spent_budget_at_the_probe_waits_for_the_budget(
         if not json.loads(r.body["messages"][1]["content"])["newItems"]
     ]
     assert probes == []
+
+
+async def test_the_learning_view_counts_only_what_the_owner_may_see(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    """V10 for counts: a step learning from Ann's chat may change entries of others (its
+    learningContext holds the organization's valid entries): an invalidation of Bob's private fact
+    was counted in Ann's view of the execution, which told her such an entry existed and changed.
+    The view counts the entries the execution added that she may see."""
+    w = await memory_world(api, ("ann", "bob"))
+    bobs = await fact(
+        runtime,
+        w.bot,
+        "Bob's private plan",
+        await said(api, w.tokens["bob"], await api.chat(w.tokens["bob"], w.bot), "plan"),
+    )
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    turn = await api.turn(w.tokens["ann"], chat, "I take the train")
+    model_server.script(
+        "learn", learn(("invalidate", {"entry_id": bobs}), fact_call("Ann takes the train", "i-1"))
+    )
+    await confide(api, w.tokens["ann"], turn["id"])
+    await complete(api, w.tokens["ann"], turn["id"])
+    [x] = await wait_executions(runtime, turn["id"])
+    assert (x["status"], x["learned"]) == ("done", 2)  # two changes were made
+    seen = await api.gql(LEARNING, {"c": chat}, w.tokens["ann"])
+    assert [e["learned"] for e in seen["learning"]] == [1]  # before: 2, Bob's entry among them

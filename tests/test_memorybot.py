@@ -11,14 +11,18 @@ from typing import Any
 import httpx
 import pytest
 import websockets
+from neo4j import AsyncManagedTransaction
 
 from graph import learning as learning_q
+from graph import memorybot as memorybot_q
 from graph import sweeps as sweeps_q
 from graph.driver import read, write
 from learning.gateway import FIXED_CALM_ANSWER, Call, Gateway, ModelUnavailable, Route, StepKey
 from learning.sweeper import sweep_once
-from services import slots
+from services import memorybot, slots
+from services.auth import authenticate
 from services.crypto import Kind
+from services.errors import NotFound
 from services.ids import new_id
 from services.memory import cipher_of
 from services.runtime import Runtime, now_ms
@@ -954,3 +958,33 @@ async def test_a_call_whose_caller_went_away_keeps_its_task_slot_until_saved(
 
     await until(saved, "the abandoned confide call was never saved", within=60)
     assert free_before_saved == []
+
+
+async def test_an_owner_view_read_while_its_owner_left_the_channel_is_not_given(
+    api: Api, runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """D9.6: a group chat's confessions (and enrichments, the learning view) are its owner's while
+    they are one of its people. The owner was checked, then the records read in a later statement:
+    removed from the channel in between, they got the records as they were after their removal.
+    The owner is checked again once read (as contextPack and the meta are). Here the removal is
+    made between the statements."""
+    w = await memory_world(api, ("ann", "bob"), channel=("ann", "bob"))
+    chat = await api.chat(w.tokens["ann"], w.bot, channel=w.channel)
+    turn = await api.turn(w.tokens["ann"], chat, "team news")
+    await confide(api, w.tokens["ann"], turn["id"], "We are behind on the release.")
+    ann = await authenticate(runtime, f"Bearer {w.tokens['ann']}")
+    assert [c.text for c in (await memorybot.confessions(runtime, ann, chat))[0]] == [
+        "We are behind on the release."
+    ]
+    read_records = memorybot_q.list_confessions
+
+    async def removed_first(tx: AsyncManagedTransaction, **params: Any) -> Any:
+        await api.admin(
+            "mutation($c: ID!, $m: [ID!]!) { setChannelMembers(channelId: $c, memberIds: $m) { id } }",
+            {"c": w.channel, "m": [w.people["bob"]]},
+        )
+        return await read_records(tx, **params)
+
+    monkeypatch.setattr(memorybot_q, "list_confessions", removed_first)
+    with pytest.raises(NotFound):
+        await memorybot.confessions(runtime, ann, chat)

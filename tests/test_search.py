@@ -348,6 +348,11 @@ async def test_what_context_learns_of_a_readers_lines_is_kept_for_that_reader(
     assert len(got.ids) == 6  # lines of ~420 characters: Ann's mean now says so
     assert search.context_wanted(runtime, search.reader_scope(w.bot, ann), 4000) < default
     assert search.context_wanted(runtime, search.reader_scope(w.bot, bob), 4000) == default
+    # context without a query sizes its first read by the same mean, kept per reader too (per Bot,
+    # Ann's long lines made Bob's first page smaller, and his reads took more statements).
+    assert len((await retrieval.context(runtime, w.bot, ann, 4000)).ids) == 6
+    assert runtime.line_lengths.mean(w.bot) is None  # before: Ann's lines, kept for the Bot
+    assert runtime.line_lengths.mean(search.reader_scope(w.bot, bob)) is None
 
 
 async def test_context_with_a_query_fills_its_budget_past_an_entry_that_does_not_fit(
