@@ -247,8 +247,8 @@ class EvidenceRow(TypedDict):
 #: set with the labels proved equal to the path query) — as far as ``$chars`` characters of their
 #: content hold them (the first always; it stops at the first that does not fit, decided from
 #: stored lengths, N3), and the ``$topics`` most used topics with their counts over all of them.
-#: (Without the bounds, 300 long pinned entries or the topics of a long-lived Bot made a request
-#: no model takes, and every learning step of the organization failed.)
+#: (The bounds keep every learning request of the organization within what a model takes, however
+#: long its pinned entries and however many its topics.)
 #: The entries are the first rows of ``entry_valid`` (botId, validOrg, memoryRank); the counts are
 #: kept where validity and topics change (``graph.topics``). (Filtering every entry of the Bot on
 #: its status and labels, sorting them and counting their tags took 342 ms at 100k.)

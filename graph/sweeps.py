@@ -92,8 +92,8 @@ class WaitingRow(TypedDict):
 
 
 #: Release executions waiting for budget (a new period, or a PATCH that raised the limit): the
-#: $limit that waited longest; the sweep releases the rest in its next rounds. (All at once, a Bot
-#: that parked tens of thousands over a spent month locked and queued them in one transaction.)
+#: $limit that waited longest; the sweep releases the rest in its next rounds, so that a month of
+#: parked executions is never locked and queued in one transaction.
 RELEASE_BUDGET: Final[LiteralString] = """
 MATCH (x:LearningExecution)
 WHERE x.status = 'budget' AND x.botId = $botId
@@ -138,7 +138,7 @@ ORDER BY x.chatId DESC, x.createdAt DESC, x.id DESC SKIP $skip LIMIT $limit
 
 class ExecutionMap(TypedDict):
     """LIST_EXECUTIONS's ``execution``: ``setAside`` None until evidence was set aside;
-    ``producedIds`` the entries it added (None: an execution of before session 48)."""
+    ``producedIds`` the entries it added (None: one that kept its count only)."""
 
     id: str
     turnId: str

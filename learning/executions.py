@@ -200,7 +200,6 @@ class ExecutionRunner:
                 # Neo4j or Redis away past the driver's retries (a failover, a restart, a commit
                 # whose connection dropped): not a failure of the step. Raised to the job, which
                 # logs it; the lease lapses and the sweeper queues the execution again (C4, C6).
-                # Recorded as failed, its evidence was never learned once the database was back.
                 raise
             code = "internal:" + type(exc).__name__
             with contextlib.suppress(Exception):

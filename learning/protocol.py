@@ -170,9 +170,9 @@ def changes_from(
     changes: list[MemoryChange] = []
     added: dict[str, str] = {}  # tool-call id -> new entry id
     facts: set[str] = set()  # the new facts' ids: their sources are this Chat's Items
-    # Entries the answer invalidated: cited by a later observation of it, the commit refused the
-    # whole answer (CONFLICT: a source no longer active), and every later step of the Chat got the
-    # same answer ("she changed her mind": invalidate, then an observation on it) and failed.
+    # Entries the answer invalidated: a later observation citing one is the answer's violation, as
+    # the commit would refuse the whole answer (a source no longer active) and every later step of
+    # the Chat would get the same answer ("she changed her mind": invalidate, then observe on it).
     # (Topics set on them or a share of them are applied: only a retracted entry is refused.)
     invalidated: set[str] = set()
     for n, call in enumerate(calls):

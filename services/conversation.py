@@ -317,8 +317,7 @@ def _checked_map(summary: dict[str, str], limit: int) -> dict[str, str]:
         if "\x00" in value:
             raise BadInput("summary values must not contain NUL", field="summary")
     # Counted as it is kept and read (``summary_text``: ``key: value`` lines), as the summary's
-    # characters are counted for compression: counted as keys and values, a map of many short keys
-    # fit the limit, was over it as kept, and the worker compressed it over the owner's map at once.
+    # characters are counted for compression: a map within the limit is never compressed at once.
     if len(summary_text(summary) or "") > limit:
         raise BadInput(f"summary holds more than {limit} characters (as 'key: value' lines)", field="summary")
     return summary

@@ -180,8 +180,7 @@ class Turn:
     history_epoch: int = 0
     #: The entries ``enriched_input`` may draw on: every entry its rewrite was sent, not only those
     #: the model said it used (its text may draw on any). What a model request that carries it
-    #: embeds (D9.20: a purge of any of them strips that request; with the declared ones only, a
-    #: purge of one the model drew on unsaid left its words in the Bot's chat calls).
+    #: embeds (D9.20: a purge of any of them strips that request, one the model drew on unsaid too).
     drawn_entry_ids: tuple[str, ...] = ()
     #: The time zone ``input`` was said in (D9.32; None: UTC), as the Turn's start saved it.
     input_time_zone: str | None = None

@@ -72,7 +72,7 @@ async def executions(
 def _learned(execution: sweeps_q.ExecutionMap, visible: set[str]) -> int:
     """How many of the entries an execution added the owner may see now: it may also have changed
     entries of others (learningContext holds the organization's), which a count of its changes
-    told the owner of. An execution of before session 48 kept only that count."""
+    told the owner of. An execution that kept no ids (``producedIds`` None) shows its count."""
     produced = execution.get("producedIds")
     if produced is None:
         return int(execution.get("learned") or 0)
