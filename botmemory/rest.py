@@ -4,6 +4,8 @@ route table :data:`operations` also makes the OpenAPI document (botmemory.openap
 
 from __future__ import annotations
 
+import time
+
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -14,6 +16,7 @@ from botmemory.rest_input import (
     LogQuery,
     MemoryCommand,
     MemoryQuery,
+    MessageBody,
     MetaBody,
     PageQuery,
     PurgeBody,
@@ -37,11 +40,13 @@ from botmemory.rest_models import (
     MessagesPage,
     Purged,
     Remembered,
+    SavedMessage,
     SearchResults,
     SettingsOut,
     Validity,
     respond,
 )
+from learning import messages
 from services import (
     chatmemory,
     chats,
@@ -74,6 +79,34 @@ async def chat_messages(request: Request) -> Response:
         runtime_of(request), principal, request.path_params["chat_id"], limit=page.limit, skip=page.skip
     )
     return respond(MessagesPage.model_validate({"messages": found.items, "total": found.total}))
+
+
+async def post_message(request: Request) -> Response:
+    """Save a message in the chat (seed 004's ``POST /conversations/messages``, over Turns): a user
+    message starts a Turn and is rewritten for you with what helps from memory (as ``startTurn``);
+    an assistant message is the Bot's reply in the Turn it answers and completes it (what the Bot
+    confided on it is learned then, L2); a notice starts a Turn of its own."""
+    arrived = time.monotonic()
+    principal = await principal_of(request)
+    body = await read_body(request, MessageBody)
+    saved = await messages.save_message(
+        runtime_of(request),
+        request.state.gateway,
+        principal,
+        request.path_params["chat_id"],
+        body.message,
+        role=body.role,
+        actor_id=body.actor_id,
+        turn_id=body.turn_id,
+        complete=body.complete,
+        said_at=body.said_at,
+        time_zone=body.time_zone,
+        arrived=arrived,
+    )
+    turn: dict[str, object] = {"id": saved.turn_id, "status": saved.turn_status}
+    if saved.enriched_input is not None:
+        turn["enrichedInput"] = saved.enriched_input
+    return respond(SavedMessage.model_validate({"message": saved.item, "turn": turn}), 201)
 
 
 async def get_memory(request: Request) -> Response:
@@ -298,6 +331,14 @@ async def get_learning(request: Request) -> Response:
 #: The REST surface: each a route under ``/v1`` and an operation of the OpenAPI document.
 operations = (
     Operation("GET", "/chats/{chat_id}/messages", chat_messages, {200: MessagesPage}, query=PageQuery),
+    Operation(
+        "POST",
+        "/chats/{chat_id}/messages",
+        post_message,
+        {201: SavedMessage},
+        body=MessageBody,
+        errors=(*COMMON_ERRORS, 409),  # a reply to a completed Turn, or in a chat with none
+    ),
     Operation("GET", "/bots/{bot_id}/memory", get_memory, {200: EntryList}, query=MemoryQuery),
     Operation(
         "POST",

@@ -8,6 +8,7 @@ import json
 from typing import Annotated, Final, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 from starlette.requests import Request
 
@@ -65,6 +66,39 @@ class MetaBody(Body):
         default=None,
         description="The meta's version you read: 409 CONFLICT when it moved since (another "
         "replacement, the worker's compression, a history deletion). Left out: replaced whatever it is.",
+    )
+
+
+class MessageBody(Body):
+    """A message of the Chat, seed 004's shape (its ``conversation_id`` is the path's chat)."""
+
+    model_config = ConfigDict(alias_generator=to_camel)
+
+    message: str
+    role: Literal["user", "assistant", "notice"] = Field(
+        description="user: a person's message, which starts a Turn (its input, rewritten for you "
+        "with what helps from memory as startTurn does); assistant: the Bot's reply, added to the "
+        "Turn it answers; notice: a platform's notice, which starts a Turn of its own."
+    )
+    actor_id: str | None = Field(
+        default=None, description="A platform token's user message: the person of the chat who said it."
+    )
+    turn_id: str | None = Field(
+        default=None,
+        description="An assistant message: the Turn it answers (yours, open). Left out: the chat's latest Turn.",
+    )
+    complete: bool | None = Field(
+        default=None,
+        description="Whether the Turn is completed with this message, which lets what the Bot "
+        "confided on it be learned. "
+        "Left out: an assistant message completes its Turn, a user message leaves its own open.",
+    )
+    said_at: Annotated[int, Field(ge=0, lt=2**63)] | None = Field(
+        default=None,
+        description="When it was said, in epoch milliseconds, for history imported; left out: now.",
+    )
+    time_zone: str | None = Field(
+        default=None, description="A user message: the IANA time zone it was said in (D9.32)."
     )
 
 

@@ -68,6 +68,25 @@ class MessagesPage(Out):
     total: int
 
 
+class MessageTurn(Out):
+    """The Turn a saved message is in, once saved."""
+
+    id: str
+    status: str = Field(description="open or completed.")
+    enriched_input: str | None = Field(
+        default=None,
+        description="A user message with what helps from memory, for you only (as startTurn's "
+        "enrichedInput); only for a user message.",
+    )
+
+
+class SavedMessage(Out):
+    """A message saved (seed 004's save-a-message) and its Turn."""
+
+    message: ItemOut
+    turn: MessageTurn
+
+
 class ItemSource(Out):
     """An entry learned from an Item of a Chat."""
 

@@ -212,6 +212,14 @@ MATCH (t:Turn)-[:IN_CHAT]->(ch:Chat)-[:WITH_BOT]->(b:Bot) WHERE elementId(t) = e
     + _TURN_ROW
 )
 
+#: The Chat's latest Turn (the one a reply names by default, seed 004's save-a-message).
+LATEST_TURN: Final[LiteralString] = """
+MATCH (t:Turn {chatId: $chatId}) WHERE t.seq IS NOT NULL
+RETURN t {.*} AS turn
+ORDER BY t.seq DESC
+LIMIT 1
+"""
+
 #: The Chat locked until the transaction ends (after its Turn, as addItems locks them): what the
 #: transaction reads of it next (its history epoch) is not moved by a deletion meanwhile.
 LOCK_CHAT: Final[LiteralString] = """
@@ -424,6 +432,12 @@ async def chat_tail(tx: QueryTarget, *, chat_id: str, person_id: str | None, las
 
 async def turn_for(tx: QueryTarget, *, turn_id: str, person_id: str | None) -> TurnForRow | None:
     return await single(tx, TURN_FOR, TurnForRow, turnId=turn_id, personId=person_id)
+
+
+async def latest_turn(tx: QueryTarget, *, chat_id: str) -> TurnNode | None:
+    """LATEST_TURN: the Chat's Turn of the highest number; None when it has none."""
+    record = await single(tx, LATEST_TURN, TurnRow, chatId=chat_id)
+    return None if record is None else record["turn"]
 
 
 async def lock_chat(tx: AsyncManagedTransaction, *, chat_id: str) -> None:

@@ -1314,6 +1314,12 @@ RETURN CASE WHEN c IS NULL THEN ch.ownerId = $personId
 // ---- graph.chats.ITEM_BY_UID
 MATCH (i:Item {uid: $uid}) RETURN i {.*} AS item
 
+// ---- graph.chats.LATEST_TURN
+MATCH (t:Turn {chatId: $chatId}) WHERE t.seq IS NOT NULL
+RETURN t {.*} AS turn
+ORDER BY t.seq DESC
+LIMIT 1
+
 // ---- graph.chats.LOCK_CHAT
 MATCH (ch:Chat {id: $chatId})
 CALL apoc.lock.nodes([ch])

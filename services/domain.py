@@ -186,6 +186,8 @@ class Turn:
     input_time_zone: str | None = None
     #: The time zone its start was given (D9.32): its actor's messages without one are said there.
     time_zone: str | None = None
+    #: The Item its start saved the input as (set by the start only).
+    input_item: Item | None = None
 
     @classmethod
     def of(cls, row: TurnNode, *, input: str | None = None, enriched_input: str | None = None) -> Turn:

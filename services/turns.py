@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from neo4j import AsyncManagedTransaction
+from neo4j import AsyncManagedTransaction, AsyncSession
 
 from graph import chats as chats_q
 from graph import learning
@@ -77,7 +77,9 @@ async def start_turn(
         raise Forbidden("Turns are started by people or platforms")
     actor = actor_id
 
-    async def work(tx: AsyncManagedTransaction) -> tuple[chats_q.TurnNode, int, str | None]:
+    kind = ItemKind.NOTICE if actor is None else ItemKind.PERSON_MESSAGE
+
+    async def work(tx: AsyncManagedTransaction) -> tuple[chats_q.TurnNode, int, str | None, int]:
         row = await chats_q.chat_for(tx, chat_id=chat_id, person_id=principal.person_id)
         require_writer(principal, row, "chat")
         assert row is not None
@@ -91,8 +93,7 @@ async def start_turn(
         if allowed is not None:
             allowed()
         turn_seq, item_seq = await chats_q.allocate_turn(tx, chat_id=chat_id)
-        kind = ItemKind.NOTICE if actor is None else ItemKind.PERSON_MESSAGE
-        return await chats_q.create_turn(
+        turn, unsummarized, zone = await chats_q.create_turn(
             tx,
             id=turn_id,
             chat_id=chat_id,
@@ -103,13 +104,28 @@ async def start_turn(
             now=now,
             time_zone=time_zone,
         )
+        return turn, unsummarized, zone, item_seq
 
-    turn, unsummarized, zone = await write(rt.driver, work)
+    turn, unsummarized, zone, item_seq = await write(rt.driver, work)
     # A history past the threshold is summarized whether or not its Turns were completed: a
     # platform that never completes them (each counts as completed once idle, for learning) left
     # it growing with no summary, and a context pack with a hole before its last messages.
     await enqueue_summary_if_due(rt, chat_id, unsummarized)
-    return replace(Turn.of(turn, input=text, enriched_input=text), input_time_zone=zone)
+    created = turn["createdAt"]
+    item = Item(
+        f"i-{item_seq}",
+        chat_id,
+        turn["id"],
+        item_seq,
+        kind,
+        text,
+        None,
+        actor,
+        created,
+        created if said_at is None else said_at,
+        zone,
+    )
+    return replace(Turn.of(turn, input=text, enriched_input=text), input_time_zone=zone, input_item=item)
 
 
 def _new_row(
@@ -181,11 +197,13 @@ async def add_items(
     items: list[NewItem],
     *,
     made_in_epoch: int | None = None,
+    complete: bool = False,
 ) -> list[Item]:
     """Append Items to an open Turn, numbered within the Chat and encrypted (E1). ``made_in_epoch``:
     the Chat's history epoch the Items' words were made from (the built-in runner's reply, made
     of the history it read): when the history was deleted since, they are saved without their
-    words (D9.23: work that began before a deletion saves none of them)."""
+    words (D9.23: work that began before a deletion saves none of them). ``complete``: the Turn
+    is completed in the same transaction (:func:`complete_turn`), so the Items are its last."""
     check_id(turn_id, "turnId")
     if not items or len(items) > _MAX_ITEMS_PER_CALL:
         raise BadInput(f"send between 1 and {_MAX_ITEMS_PER_CALL} items", field="items")
@@ -203,7 +221,9 @@ async def add_items(
 
     await require_own_turn_first(rt, principal, turn_id, "adds Items to")
 
-    async def work(tx: AsyncManagedTransaction) -> tuple[list[chats_q.ItemNode], bool]:
+    async def work(
+        tx: AsyncManagedTransaction,
+    ) -> tuple[list[chats_q.ItemNode], bool, list[learning.Queued]]:
         # Locked: a completeTurn committing meanwhile is seen (its status), never appended to.
         row = await chats_q.turn_for_update(tx, turn_id=turn_id, person_id=principal.person_id)
         require_own_turn(principal, row, "adds Items to")
@@ -226,9 +246,17 @@ async def add_items(
             )
             for n, i in enumerate(items)
         ]
-        return await chats_q.create_items(tx, turn_id=turn_id, items=new_rows, now=now), words
+        created = await chats_q.create_items(tx, turn_id=turn_id, items=new_rows, now=now)
+        queued: list[learning.Queued] = []
+        if complete:
+            queued = await learning.queue_turn(tx, turn_id=turn_id, now=now)
+            await chats_q.complete_turn(tx, turn_id=turn_id, now=now)
+        return created, words, queued
 
-    created, words = await write(rt.driver, work)
+    created, words, queued = await write(rt.driver, work)
+    if complete:
+        await enqueue_executions(rt, queued)
+        await enqueue_summary_if_due(rt, created[0]["chatId"])
     return [
         Item(
             c["id"],
@@ -245,6 +273,33 @@ async def add_items(
         )
         for c, i in zip(created, items, strict=True)
     ]
+
+
+async def reply_turn(rt: Runtime, principal: Principal, chat_id: str, turn_id: str | None) -> str:
+    """The Turn of ``chat_id`` a reply goes to (seed 004's save-a-message): ``turn_id``, which must be
+    a Turn of that Chat the caller may add to (:func:`require_own_turn`), else the Chat's latest
+    Turn (CONFLICT when there is none; one that is completed is refused as :func:`add_items`
+    refuses it)."""
+    check_id(chat_id, "chatId")
+    if turn_id is not None:
+        check_id(turn_id, "turnId")
+
+    async def find(s: AsyncSession) -> tuple[chats_q.TurnForRow | None, chats_q.TurnNode | None]:
+        if turn_id is not None:
+            return await chats_q.turn_for(s, turn_id=turn_id, person_id=principal.person_id), None
+        row = await chats_q.chat_for(s, chat_id=chat_id, person_id=principal.person_id)
+        require_writer(principal, row, "chat")
+        return None, await chats_q.latest_turn(s, chat_id=chat_id)
+
+    named, latest = await autocommit(rt.driver, find)
+    if turn_id is not None:
+        if named is not None and named["chat"]["id"] != chat_id:
+            named = None  # a Turn of another Chat is not found in this one
+        require_own_turn(principal, named, "adds Items to")
+        return turn_id
+    if latest is None:
+        raise Conflict("the chat has no Turn to reply in: a person's message starts one")
+    return latest["id"]
 
 
 async def complete_turn(rt: Runtime, principal: Principal, turn_id: str) -> Turn:
