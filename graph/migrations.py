@@ -250,6 +250,14 @@ MIGRATIONS: Final[tuple[tuple[int, tuple[LiteralString, ...]], ...]] = (
             "CREATE INDEX topic_bot_topic IF NOT EXISTS FOR (n:Topic) ON (n.botId, n.topic)",
         ),
     ),
+    (
+        25,
+        (
+            # A purge's node ids, which every process's index drops at its next catch-up
+            # (graph.purge.COUNT_PURGE, graph.search): sought by the stamps after the index's.
+            "CREATE INDEX purged_bot_seq IF NOT EXISTS FOR (n:Purged) ON (n.botId, n.vecSeq)",
+        ),
+    ),
 )
 
 #: Entries whose labels predate the current label properties: without ``memoryRank`` (before

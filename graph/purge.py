@@ -9,7 +9,6 @@ from typing import Final, LiteralString, TypedDict
 from neo4j import AsyncManagedTransaction
 
 from graph import access
-from graph.access import IdsRow
 from graph.driver import rows, single
 from graph.entries import count
 from graph.topics import deleting, unlinked
@@ -65,7 +64,7 @@ MATCH (e:Entry {id: id})
 WHERE e.botId = $botId
 """
     + deleting()
-    + """WITH collect(e) AS doomed, collect(e.id) AS ids
+    + """WITH collect(e) AS doomed, collect(e.id) AS ids, collect(elementId(e)) AS nodes
 CALL (doomed) {
   UNWIND doomed AS e
   MATCH (e)-[:HAS_TOPIC]->(tp:Topic)
@@ -74,8 +73,13 @@ CALL (doomed) {
 FOREACH (e IN doomed | DETACH DELETE e)
 """
     + unlinked("topics")
-    + "RETURN ids\n"
+    + "RETURN ids, nodes\n"
 )
+
+
+class PurgedRow(TypedDict):
+    ids: list[str]
+    nodes: list[str]
 
 
 #: Change-log rows that embed purged entries lose their payload and those ids (D9.20), and
@@ -129,11 +133,27 @@ RETURN calls, answers, rewrites
 
 #: The Memory counts its purges (under the exclusive lock the purge holds): a learning step whose
 #: inputs were read before one is stale at its commit (COMMIT_STEP), and asks again without the
-#: purged entries, which its answer could otherwise restate as a new fact of another Chat.
+#: purged entries, which its answer could otherwise restate as a new fact of another Chat. The
+#: purge is also stamped with the next derived-data sequence (``vecSeq``) as a ``Purged`` node
+#: holding the node ids the entries had: every process's index drops them at its next catch-up
+#: (``graph.search``). Without it they stayed in each index until a walk lost them, one walk of
+#: candidates at a time — a purge of thousands that ranked high for a query left that query's
+#: next searches walking lost candidates for rounds. ``Purged`` nodes older than PURGED_KEEP_MS
+#: go: an index that has not caught up since loses the rest by walks, as it does any it missed.
 COUNT_PURGE: Final[LiteralString] = """
 MATCH (m:Memory {id: $botId})
-SET m.purges = coalesce(m.purges, 0) + 1
+SET m.purges = coalesce(m.purges, 0) + 1, m.vecSeq = coalesce(m.vecSeq, 0) + 1
+CREATE (:Purged {botId: $botId, vecSeq: m.vecSeq, nodes: $nodes, at: timestamp()})
+WITH m
+CALL (m) {
+  MATCH (old:Purged)
+  WHERE old.botId = $botId AND old.vecSeq IS NOT NULL AND old.at < timestamp() - $keepMs
+  DELETE old
+}
 """
+
+#: How long a purge's node ids are kept for the indexes of other processes to catch up (a day).
+PURGED_KEEP_MS: Final = 86_400_000
 
 #: Current members of channels (index seeks by channel id).
 CHANNEL_MEMBERS: Final[LiteralString] = """
@@ -239,12 +259,12 @@ async def purge(tx: AsyncManagedTransaction, *, bot_id: str, tag: str) -> Purged
     above = [
         i for i in await access.dependents_of(tx, bot_id=bot_id, ids=doomed_ids) if i not in set(doomed_ids)
     ]
-    record = await single(tx, PURGE_ENTRIES, IdsRow, botId=bot_id, ids=doomed_ids)
+    record = await single(tx, PURGE_ENTRIES, PurgedRow, botId=bot_id, ids=doomed_ids)
     ids: list[str] = [] if record is None else list(record["ids"])
     await tx.run(PURGE_CHANGES, botId=bot_id, ids=ids)
-    if ids:
+    if ids and record is not None:
         await tx.run(PURGE_EMBEDDINGS, botId=bot_id, ids=ids)
-        await tx.run(COUNT_PURGE, botId=bot_id)
+        await tx.run(COUNT_PURGE, botId=bot_id, nodes=record["nodes"], keepMs=PURGED_KEEP_MS)
     return Purged(ids, above, list(doomed["gone"]))
 
 

@@ -81,8 +81,8 @@ class DerivedRow(TypedDict):
 #: was before the write or after it — is stamped after that sequence, so the index reads it again
 #: at its first catch-up (under the shared lock, in the search statement) before it proposes
 #: anything: the index then holds every entry as of the catch-up's sequence. An entry purged
-#: meanwhile may be held although gone; a walk loses it and the index drops it (LOCATE), as for
-#: any purge.
+#: meanwhile may be held although gone: the purge's record, stamped after that sequence, drops it
+#: at the same catch-up.
 DERIVED_SEQ: Final[LiteralString] = "MATCH (m:Memory {id: $botId}) RETURN coalesce(m.vecSeq, 0) AS seq\n"
 
 
@@ -93,7 +93,9 @@ class SeqRow(TypedDict):
 #: What a process's index lacks, as the head of the search statement (empty lists when current):
 #: a range seek on ``entry_vec_seq``, pinned. Left to the planner, once that index had been
 #: dropped and made again (the migration test does; an operator may) it read every entry of the
-#: Bot through ``entry_bot`` and filtered: ~24 ms a search at 10k entries against ~0.1.
+#: Bot through ``entry_bot`` and filtered: ~24 ms a search at 10k entries against ~0.1. Then the
+#: node ids of the entries purged since (``graph.purge.COUNT_PURGE``'s ``Purged`` nodes, by
+#: ``purged_bot_seq``), which the index drops.
 _FRESH: Final[LiteralString] = (
     """
 CALL (m) {
@@ -102,7 +104,14 @@ CALL (m) {
   WHERE e.botId = $botId AND e.vecSeq > $after
   RETURN """
     + _DERIVED_OF_E
-    + " AS fresh\n}\n"
+    + """ AS fresh
+}
+CALL () {
+  OPTIONAL MATCH (p:Purged)
+  WHERE p.botId = $botId AND p.vecSeq > $after
+  RETURN reduce(held = [], nodes IN collect(p.nodes) | held + nodes) AS purged
+}
+"""
 )
 
 #: The first ``$limit`` of the candidates ``$cands`` (best first) that are active and visible to
@@ -178,7 +187,7 @@ CALL (readers, org, hits, keys) {
 #: The hits with their scores, then the memory-order fill (score 0) after every hit: the
 #: ``$limit`` first, ``ranked`` as ``{score, entry}``; the entry map follows.
 _RANKED_HEAD: Final[LiteralString] = """
-WITH m, fresh, hits, walked, lost, size(keys) = 0 AS blind,
+WITH m, fresh, purged, hits, walked, lost, size(keys) = 0 AS blind,
      [i IN range(0, size(hits) - 1) | [hits[i], hitScores[i]]]
      + [e IN recent WHERE NOT e IN hits | [e, 0.0]] AS parts
 CALL (parts) {
@@ -190,8 +199,8 @@ CALL (parts) {
 
 _RANKED_TAIL: Final[LiteralString] = """}) AS ranked
 }
-RETURN coalesce(m.vecSeq, 0) AS seq, m.version AS version, fresh, ranked, size(hits) AS visible, walked,
-       lost, blind
+RETURN coalesce(m.vecSeq, 0) AS seq, m.version AS version, fresh, purged, ranked, size(hits) AS visible,
+       walked, lost, blind
 """
 
 #: ``search``: the API's view of each entry (sources included, content as ciphertext).
@@ -245,6 +254,8 @@ class SearchRow(TypedDict, Generic[H]):
     seq: int
     version: int
     fresh: Derived
+    #: The node ids of the entries purged since ``$after`` (COUNT_PURGE's ``Purged`` nodes).
+    purged: list[str]
     ranked: list[H]
     visible: int
     walked: int

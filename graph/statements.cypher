@@ -2889,7 +2889,14 @@ RETURN channelId, collect(p.id) AS people
 
 // ---- graph.purge.COUNT_PURGE
 MATCH (m:Memory {id: $botId})
-SET m.purges = coalesce(m.purges, 0) + 1
+SET m.purges = coalesce(m.purges, 0) + 1, m.vecSeq = coalesce(m.vecSeq, 0) + 1
+CREATE (:Purged {botId: $botId, vecSeq: m.vecSeq, nodes: $nodes, at: timestamp()})
+WITH m
+CALL (m) {
+  MATCH (old:Purged)
+  WHERE old.botId = $botId AND old.vecSeq IS NOT NULL AND old.at < timestamp() - $keepMs
+  DELETE old
+}
 
 // ---- graph.purge.DELETE_CHAT_HISTORY
 MATCH (ch:Chat {id: $chatId})
@@ -2981,7 +2988,7 @@ FOREACH (topic IN CASE WHEN e.validOrg IS NULL THEN [] ELSE reduce(acc = [], t I
   ON CREATE SET tc.botId = e.botId, tc.org = e.validOrg, tc.topic = topic, tc.n = 0
   SET tc.n = tc.n + -1
   FOREACH (_ IN CASE WHEN tc.n = 0 THEN [1] ELSE [] END | DELETE tc))
-WITH collect(e) AS doomed, collect(e.id) AS ids
+WITH collect(e) AS doomed, collect(e.id) AS ids, collect(elementId(e)) AS nodes
 CALL (doomed) {
   UNWIND doomed AS e
   MATCH (e)-[:HAS_TOPIC]->(tp:Topic)
@@ -2989,7 +2996,7 @@ CALL (doomed) {
 }
 FOREACH (e IN doomed | DETACH DELETE e)
 FOREACH (tp IN [tp IN topics WHERE NOT EXISTS { (tp)<-[:HAS_TOPIC]-() }] | DELETE tp)
-RETURN ids
+RETURN ids, nodes
 
 // ---- graph.purge.TAGGED_IDS
 MATCH (e:Entry {botId: $botId})
@@ -3073,6 +3080,11 @@ CALL (m) {
           pinned: collect(e.layer = 'pinned'), orderKeys: collect(e.orderKey),
           keys: collect(coalesce(e.activeKey, '')), saidAt: collect(coalesce(e.saidAt, e.createdAt))} AS fresh
 }
+CALL () {
+  OPTIONAL MATCH (p:Purged)
+  WHERE p.botId = $botId AND p.vecSeq > $after
+  RETURN reduce(held = [], nodes IN collect(p.nodes) | held + nodes) AS purged
+}
 
 CALL (readers, org, keys) {
   CALL (readers, org, keys) {
@@ -3114,7 +3126,7 @@ CALL (readers, org, hits, keys) {
   RETURN collect(e) AS recent
 }
 
-WITH m, fresh, hits, walked, lost, size(keys) = 0 AS blind,
+WITH m, fresh, purged, hits, walked, lost, size(keys) = 0 AS blind,
      [i IN range(0, size(hits) - 1) | [hits[i], hitScores[i]]]
      + [e IN recent WHERE NOT e IN hits | [e, 0.0]] AS parts
 CALL (parts) {
@@ -3132,8 +3144,8 @@ WITH e, collect(CASE WHEN src IS NULL THEN null WHEN src:Item THEN {chat: src.ch
      saidAt: coalesce(e.saidAt, e.createdAt), .content, .contentLength, .orderKey, .memoryRank,
      sources: sources}}) AS ranked
 }
-RETURN coalesce(m.vecSeq, 0) AS seq, m.version AS version, fresh, ranked, size(hits) AS visible, walked,
-       lost, blind
+RETURN coalesce(m.vecSeq, 0) AS seq, m.version AS version, fresh, purged, ranked, size(hits) AS visible,
+       walked, lost, blind
 
 // ---- graph.search.SEARCH_CONTEXT
 MATCH (held:Memory {id: $botId})
@@ -3178,6 +3190,11 @@ CALL (m) {
           pinned: collect(e.layer = 'pinned'), orderKeys: collect(e.orderKey),
           keys: collect(coalesce(e.activeKey, '')), saidAt: collect(coalesce(e.saidAt, e.createdAt))} AS fresh
 }
+CALL () {
+  OPTIONAL MATCH (p:Purged)
+  WHERE p.botId = $botId AND p.vecSeq > $after
+  RETURN reduce(held = [], nodes IN collect(p.nodes) | held + nodes) AS purged
+}
 
 CALL (readers, org, keys) {
   CALL (readers, org, keys) {
@@ -3219,7 +3236,7 @@ CALL (readers, org, hits, keys) {
   RETURN collect(e) AS recent
 }
 
-WITH m, fresh, hits, walked, lost, size(keys) = 0 AS blind,
+WITH m, fresh, purged, hits, walked, lost, size(keys) = 0 AS blind,
      [i IN range(0, size(hits) - 1) | [hits[i], hitScores[i]]]
      + [e IN recent WHERE NOT e IN hits | [e, 0.0]] AS parts
 CALL (parts) {
@@ -3229,8 +3246,8 @@ CALL (parts) {
   LIMIT $limit
   RETURN collect({score: score, entry: e {.id, .memoryRank, .contentLength, .content, saidAt: coalesce(e.saidAt, e.createdAt)}}) AS ranked
 }
-RETURN coalesce(m.vecSeq, 0) AS seq, m.version AS version, fresh, ranked, size(hits) AS visible, walked,
-       lost, blind
+RETURN coalesce(m.vecSeq, 0) AS seq, m.version AS version, fresh, purged, ranked, size(hits) AS visible,
+       walked, lost, blind
 
 // ---- graph.sourcegraph.DEPENDENTS_OF
 MATCH (e:Entry {id: $id, botId: $botId})

@@ -392,7 +392,7 @@ async def _ranked(
         cands, scores = ranking.ids[:walked], ranking.scores[:walked]
         parts = [] if fill else index.parts(ranking, walked, q.vector)
         found = await autocommit(rt.driver, lambda s, c=cands, sc=scores, a=after: q.run(s, index, c, sc, a))
-        if found["fresh"]["ids"]:
+        if found["fresh"]["ids"] or found["purged"]:
             _STATEMENTS["caught_up"].inc()
             catch_up(index, cipher, found)
             attempts += 1
@@ -404,11 +404,11 @@ async def _ranked(
             _STATEMENTS["answered"].inc()
             break
         if found["lost"]:
-            # Some candidates were not where the index had them (purged, D9.20): each lost one
-            # counts towards the walk's limit, so a purge of many that ranked high would lose a
-            # whole walk after another. Every walked candidate is looked up at once (those gone
-            # leave the index) and the search asks again, on a round of its own (D9.29: a stale
-            # node id costs a lookup, never a result).
+            # Some candidates were not where the index had them (purged before the index caught
+            # up with the purge's record, or a node id unknown): each lost one counts towards the
+            # walk's limit. Every walked candidate is looked up at once (those gone leave the
+            # index) and the search asks again, on a round of its own (D9.29: a stale node id
+            # costs a lookup, never a result).
             _STATEMENTS["lost"].inc()
             lost_rounds += 1
             await _locate(rt, index, bot_id, cands)
@@ -521,6 +521,8 @@ def catch_up(index: BotIndex, cipher: Cipher, found: _Found) -> None:
     if seq <= index.seq:
         return
     metrics.SEARCH_INDEX_CAUGHT_UP.inc(len(found["fresh"]["ids"]))
+    # Purged first: an entry stamped after the purge may have a node id a purged one had.
+    index.drop_nodes(found["purged"])
     _absorb(index, cipher, found["fresh"])
     index.seq = seq
 

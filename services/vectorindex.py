@@ -433,13 +433,33 @@ class BotIndex:
         held = [i for i in ids if i in self._pos]
         rows = np.array([self._pos[i] for i in held if i in located], np.int64)
         self._set_nodes(rows, [located[i] for i in held if i in located])
-        for entry_id in held:
-            if entry_id not in located:
-                row = self._pos[entry_id]
-                self.keywords.set(row, "")
-                self._has_vec[row] = False
-                self._node[row] = -1
-                self._key[row] = -1
+        self._drop([self._pos[i] for i in held if i not in located])
+
+    def drop_nodes(self, nodes: list[str]) -> None:
+        """Entries purged (D9.20), named by the node ids they had: never proposed again, their
+        keywords out of BM25's counts. Rows of other node ids are left as they are."""
+        prefix, numbers, odd = self._node_prefix, set[int](), set[str]()
+        for node in nodes:
+            head, _, number = node.rpartition(":")
+            if head and head + ":" == prefix and number.isdigit():
+                numbers.add(int(number))
+            else:
+                odd.add(node)
+        n = len(self._ids)
+        rows = np.flatnonzero(np.isin(self._node[:n], np.fromiter(numbers, np.int64, len(numbers))))
+        self._drop(rows.tolist() + [row for row, node in self._odd_nodes.items() if node in odd])
+
+    def _drop(self, rows: list[int]) -> None:
+        """Rows of entries that no longer exist: held by id still, with nothing to propose them."""
+        if not rows:
+            return
+        self.keywords.set_many(rows, [""] * len(rows))
+        at = np.array(rows, np.int64)
+        self._has_vec[at] = False
+        self._node[at] = -1
+        self._key[at] = -1
+        for row in rows:
+            self._odd_nodes.pop(row, None)
         self._unembedded = len(self._ids) - self._vectors()
         self._forget_readers()
 

@@ -926,32 +926,65 @@ async def test_a_stale_node_id_costs_a_lookup_never_a_result(api: Api, runtime: 
     assert index.nodes_of([facts[0].id])[0].startswith("4:")  # learnt again
 
 
-async def test_a_purge_of_the_best_candidates_costs_lookups_never_the_answer(
+async def test_a_purge_leaves_every_index_at_its_next_catch_up_never_by_lost_walks(
     api: Api, runtime: Runtime
 ) -> None:
-    """A purge deletes entries without telling the processes' indexes; a walk that meets them loses
-    them (each counting towards its limit). Twelve of the best candidates purged, asked for one:
-    the survivor is found — it used to take a statement per lost candidate, six at most, and answer
-    nothing — and a later search meets none of them again."""
+    """A purge records the node ids its entries had, stamped as derived data (``Purged``, D9.20):
+    the next search of every process drops them before ranking — no walk meets them, and BM25
+    counts them no more. A process that missed the record (kept a day) loses them by walks, all
+    the walked candidates looked up at once: twelve of the best candidates purged, asked for
+    one, the survivor is found and a later search meets none of them again."""
     w, facts, ann = await ann_learns(api, runtime, ["Ann's kayak paddles hang in the garage"])
     [survivor] = facts
-    other = await api.chat(w.tokens["ann"], w.bot)
-    item = await said(api, w.tokens["ann"], other, "trip notes")
-    trips = [
-        AddFact(content=f"Ann's kayak trip {n} on the kayak river", sources=(ItemRef(*item),))
-        for n in range(12)
-    ]
-    await apply_changes(runtime, w.bot, list(trips), "memory_bot", embedder=None)
+    index = runtime.vectors.of(w.bot, "")
+
+    async def trips(tag: str) -> str:
+        other = await api.chat(w.tokens["ann"], w.bot)
+        item = await said(api, w.tokens["ann"], other, f"trip notes {tag}")
+        made = [
+            AddFact(content=f"Ann's kayak trip {n} on the kayak river {tag}", sources=(ItemRef(*item),))
+            for n in range(12)
+        ]
+        await apply_changes(runtime, w.bot, list(made), "memory_bot", embedder=None)
+        return other
 
     async def best() -> list[str]:
         return [h.entry.id for h in await search.search(runtime, None, w.bot, ann, "kayak", 1)]
 
-    assert await best() != [survivor.id]  # the index now holds the trips, ranked above it
-    purged = await api.http.post(
-        f"/v1/bots/{w.bot}/memory/purge", json={"tag": f"chat:{other}"}, headers=bearer(w.tokens["ann"])
-    )
-    assert purged.status_code == 200, purged.text
+    async def purge(chat: str) -> None:
+        purged = await api.http.post(
+            f"/v1/bots/{w.bot}/memory/purge", json={"tag": f"chat:{chat}"}, headers=bearer(w.tokens["ann"])
+        )
+        assert purged.status_code == 200 and purged.json()["removed"] == 12, purged.text
+
+    async def records() -> list[dict[str, Any]]:
+        found, _, _ = await runtime.driver.execute_query(
+            "MATCH (p:Purged {botId: $b}) RETURN p {.*} AS p ORDER BY p.vecSeq", b=w.bot
+        )
+        return [dict(r["p"]) for r in found]
+
+    first = await trips("one")
+    assert await best() != [survivor.id]  # the index now holds the trips, ranked above them
+    documents = index.keywords.documents_of(np.arange(len(index), dtype=np.int64))
+    await purge(first)
     lost = sample("botmemory_search_statements_total", {"outcome": "lost"})
+    assert await best() == [survivor.id]
+    assert sample("botmemory_search_statements_total", {"outcome": "lost"}) == lost  # none met
+    assert index.keywords.documents_of(np.arange(len(index), dtype=np.int64)) == documents - 12
+    [record] = await records()
+    assert len(record["nodes"]) == 12
+
+    # A record older than a day goes with the next purge; a process that missed a record (one
+    # gone after a day) loses its entries by walks, and then never meets them again.
+    second = await trips("two")
+    assert await best() != [survivor.id]
+    await runtime.driver.execute_query(
+        "MATCH (p:Purged {botId: $b}) SET p.at = p.at - $days", b=w.bot, days=2 * 86_400_000
+    )
+    await purge(second)
+    [newer] = await records()
+    assert newer["vecSeq"] > record["vecSeq"]
+    await runtime.driver.execute_query("MATCH (p:Purged {botId: $b}) DELETE p", b=w.bot)
     assert await best() == [survivor.id]
     rounds = sample("botmemory_search_statements_total", {"outcome": "lost"}) - lost
     assert 1 <= rounds < 12  # every walked candidate looked up at once, not one a statement

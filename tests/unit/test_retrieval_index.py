@@ -604,6 +604,30 @@ def test_node_ids_are_kept_compactly_and_relearnt() -> None:
     assert sorted(found) == ["a", "c", "d"]
 
 
+def test_purged_node_ids_drop_their_rows_and_no_other() -> None:
+    """A purge's record names the node ids its entries had (D9.20): those rows are never
+    proposed again and leave BM25's counts; a node id of another database, or one no row holds,
+    drops nothing; an odd node id drops the row that holds it."""
+    index = BotIndex("")
+    index.upsert(
+        ["a", "b", "c", "d"],
+        ["4:db-1:10", "4:db-1:11", "odd", "4:db-1:0"],
+        [TOKENS[0]] * 4,
+        [False] * 4,
+        [1, 2, 3, 4],
+        [""] * 4,
+        None,
+    )
+    index.drop_nodes(["4:db-1:10", "4:db-2:11", "4:db-1:99", "odd"])
+    assert index.nodes_of(["a", "b", "c", "d"]) == ["", "4:db-1:11", "", "4:db-1:0"]
+    found, _ = ranked(
+        index, None, [TOKENS[0]], None, dense_k=5, keyword_k=5, rrf_k=60.0,
+        pinned_prior=0.0, recency_prior=0.0, half_life=100.0,
+    )  # fmt: skip
+    assert sorted(found) == ["b", "d"]
+    assert index.keywords.documents_of(np.arange(4, dtype=np.int64)) == 2
+
+
 def test_a_row_stamped_again_with_the_same_tokens_keeps_its_postings() -> None:
     """A re-embedded entry is stamped again with its keywords: in any order, they are the same
     tokens, and nothing is taken out and put back (which costs a pass over each token's rows)."""
