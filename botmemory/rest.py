@@ -60,6 +60,7 @@ from services import (
 )
 from services.auth import authenticate
 from services.domain import Principal
+from services.errors import BadInput
 from services.runtime import Runtime
 
 
@@ -89,11 +90,14 @@ async def post_message(request: Request) -> Response:
     arrived = time.monotonic()
     principal = await principal_of(request)
     body = await read_body(request, MessageBody)
+    chat_id = request.path_params["chat_id"]
+    if body.conversation_id not in (None, chat_id):
+        raise BadInput("conversation_id names another chat than the path", field="conversation_id")
     saved = await messages.save_message(
         runtime_of(request),
         request.state.gateway,
         principal,
-        request.path_params["chat_id"],
+        chat_id,
         body.message,
         role=body.role,
         actor_id=body.actor_id,

@@ -100,6 +100,11 @@ class MessageBody(Body):
     time_zone: str | None = Field(
         default=None, description="A user message: the IANA time zone it was said in (D9.32)."
     )
+    conversation_id: str | None = Field(
+        default=None,
+        alias="conversation_id",
+        description="The seed's name of the chat: the path's chat id when given (else BAD_INPUT).",
+    )
 
 
 class Query(BaseModel):

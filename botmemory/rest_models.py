@@ -4,7 +4,7 @@ OpenAPI document (botmemory.openapi)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
@@ -72,7 +72,7 @@ class MessageTurn(Out):
     """The Turn a saved message is in, once saved."""
 
     id: str
-    status: str = Field(description="open or completed.")
+    status: Literal["open", "completed"]
     enriched_input: str | None = Field(
         default=None,
         description="A user message with what helps from memory, for you only (as startTurn's "

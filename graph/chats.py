@@ -212,9 +212,12 @@ MATCH (t:Turn)-[:IN_CHAT]->(ch:Chat)-[:WITH_BOT]->(b:Bot) WHERE elementId(t) = e
     + _TURN_ROW
 )
 
-#: The Chat's latest Turn (the one a reply names by default, seed 004's save-a-message).
-LATEST_TURN: Final[LiteralString] = """
-MATCH (t:Turn {chatId: $chatId}) WHERE t.seq IS NOT NULL
+#: The Chat's latest open Turn of a person (``$personId``'s own when given): the one a reply
+#: answers when it names none (seed 004's save-a-message, D9.33).
+LATEST_OPEN_TURN: Final[LiteralString] = """
+MATCH (t:Turn {chatId: $chatId})
+WHERE t.seq IS NOT NULL AND t.status = 'open' AND t.actorKind = 'person'
+  AND ($personId IS NULL OR t.actorId = $personId)
 RETURN t {.*} AS turn
 ORDER BY t.seq DESC
 LIMIT 1
@@ -434,9 +437,9 @@ async def turn_for(tx: QueryTarget, *, turn_id: str, person_id: str | None) -> T
     return await single(tx, TURN_FOR, TurnForRow, turnId=turn_id, personId=person_id)
 
 
-async def latest_turn(tx: QueryTarget, *, chat_id: str) -> TurnNode | None:
-    """LATEST_TURN: the Chat's Turn of the highest number; None when it has none."""
-    record = await single(tx, LATEST_TURN, TurnRow, chatId=chat_id)
+async def latest_open_turn(tx: QueryTarget, *, chat_id: str, person_id: str | None) -> TurnNode | None:
+    """LATEST_OPEN_TURN; None when there is none."""
+    record = await single(tx, LATEST_OPEN_TURN, TurnRow, chatId=chat_id, personId=person_id)
     return None if record is None else record["turn"]
 
 

@@ -1314,8 +1314,10 @@ RETURN CASE WHEN c IS NULL THEN ch.ownerId = $personId
 // ---- graph.chats.ITEM_BY_UID
 MATCH (i:Item {uid: $uid}) RETURN i {.*} AS item
 
-// ---- graph.chats.LATEST_TURN
-MATCH (t:Turn {chatId: $chatId}) WHERE t.seq IS NOT NULL
+// ---- graph.chats.LATEST_OPEN_TURN
+MATCH (t:Turn {chatId: $chatId})
+WHERE t.seq IS NOT NULL AND t.status = 'open' AND t.actorKind = 'person'
+  AND ($personId IS NULL OR t.actorId = $personId)
 RETURN t {.*} AS turn
 ORDER BY t.seq DESC
 LIMIT 1

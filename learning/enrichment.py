@@ -62,8 +62,10 @@ async def start_turn(
     said_at: int | None = None,
     time_zone: str | None = None,
     arrived: float | None = None,
+    complete: bool = False,
 ) -> Turn:
-    """``startTurn``: the Turn with its input saved, and ``enriched_input`` for the caller only (D9.16)."""
+    """``startTurn``: the Turn with its input saved, and ``enriched_input`` for the caller only (D9.16).
+    ``complete``: the Turn is saved completed (:func:`services.turns.start_turn`)."""
     deadline = (arrived or time.monotonic()) + rt.settings.answer_deadline_seconds
     # A person's words are the query of the enrichment: their embedding runs while the Turn is
     # written, started once the caller may write the Chat (dropped when the enrichment does not
@@ -83,6 +85,7 @@ async def start_turn(
             said_at=said_at,
             time_zone=time_zone,
             allowed=None if early is None else early.start,
+            complete=complete,
         )
         enriched, drawn = await rewrite(rt, gateway, turn, deadline, early or embedder, said_at=said_at)
     finally:

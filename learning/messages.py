@@ -14,7 +14,8 @@ from learning.gateway import Gateway
 from services import turns
 from services.domain import Item, ItemKind, Principal
 from services.errors import BadInput
-from services.runtime import Runtime
+from services.runtime import Runtime, now_ms
+from services.validation import check_said_at, check_text
 
 Role = Literal["user", "assistant", "notice"]
 
@@ -46,9 +47,13 @@ async def save_message(
     arrived: float | None = None,
 ) -> Saved:
     """Save ``text`` in the Chat as ``role`` says. ``actor_id``: whose message a platform saves
-    (a person of the Chat). ``turn_id``: the Turn a reply answers (else the Chat's latest).
+    (a person of the Chat). ``turn_id``: the Turn a reply answers (else the Chat's latest open
+    Turn of a person, the caller's own for a person).
     ``complete``: whether the Turn is completed with it — by default a reply completes its Turn,
     a person's message leaves its own open for the reply."""
+    # What the message is, before where it would go (as startTurn checks its input first).
+    check_text(text, "message", limit=rt.settings.max_text_chars)
+    check_said_at(said_at, "saidAt", now=now_ms())
     if role == "assistant":
         if actor_id is not None:
             raise BadInput("the Bot's reply has no actor", field="actorId")
@@ -72,9 +77,7 @@ async def save_message(
         said_at=said_at,
         time_zone=time_zone,
         arrived=arrived,
+        complete=bool(complete),
     )
     assert turn.input_item is not None
-    status = turn.status
-    if complete:
-        status = (await turns.complete_turn(rt, principal, turn.id)).status
-    return Saved(turn.input_item, turn.id, status, turn.enriched_input if role == "user" else None)
+    return Saved(turn.input_item, turn.id, turn.status, turn.enriched_input if role == "user" else None)

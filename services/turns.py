@@ -48,8 +48,10 @@ async def start_turn(
     said_at: int | None = None,
     time_zone: str | None = None,
     allowed: Callable[[], None] | None = None,
+    complete: bool = False,
 ) -> Turn:
-    """Open a Turn whose first Item is the input; the Turn's actor is saved (V3).
+    """Open a Turn whose first Item is the input; the Turn's actor is saved (V3). ``complete``:
+    the Turn is completed in the same transaction (words no reply answers).
 
     The actor is the person of a person token, or for a platform token a named person of
     the Chat (never anyone else), or a notice. ``said_at``: when the input was said (history
@@ -104,6 +106,11 @@ async def start_turn(
             now=now,
             time_zone=time_zone,
         )
+        if complete:
+            # A new Turn has nothing confided on it yet: nothing to queue for learning.
+            completed = await chats_q.complete_turn(tx, turn_id=turn_id, now=now)
+            assert completed is not None
+            turn = completed
         return turn, unsummarized, zone, item_seq
 
     turn, unsummarized, zone, item_seq = await write(rt.driver, work)
@@ -276,10 +283,10 @@ async def add_items(
 
 
 async def reply_turn(rt: Runtime, principal: Principal, chat_id: str, turn_id: str | None) -> str:
-    """The Turn of ``chat_id`` a reply goes to (seed 004's save-a-message): ``turn_id``, which must be
-    a Turn of that Chat the caller may add to (:func:`require_own_turn`), else the Chat's latest
-    Turn (CONFLICT when there is none; one that is completed is refused as :func:`add_items`
-    refuses it)."""
+    """The Turn of ``chat_id`` a reply goes to (seed 004's save-a-message, D9.33): ``turn_id``, which
+    must be a Turn of that Chat the caller may add to (:func:`require_own_turn`; a completed one
+    is refused as :func:`add_items` refuses it), else the Chat's latest open Turn of a person —
+    a person's own, for a person (CONFLICT when there is none)."""
     check_id(chat_id, "chatId")
     if turn_id is not None:
         check_id(turn_id, "turnId")
@@ -289,7 +296,7 @@ async def reply_turn(rt: Runtime, principal: Principal, chat_id: str, turn_id: s
             return await chats_q.turn_for(s, turn_id=turn_id, person_id=principal.person_id), None
         row = await chats_q.chat_for(s, chat_id=chat_id, person_id=principal.person_id)
         require_writer(principal, row, "chat")
-        return None, await chats_q.latest_turn(s, chat_id=chat_id)
+        return None, await chats_q.latest_open_turn(s, chat_id=chat_id, person_id=principal.person_id)
 
     named, latest = await autocommit(rt.driver, find)
     if turn_id is not None:
@@ -298,7 +305,7 @@ async def reply_turn(rt: Runtime, principal: Principal, chat_id: str, turn_id: s
         require_own_turn(principal, named, "adds Items to")
         return turn_id
     if latest is None:
-        raise Conflict("the chat has no Turn to reply in: a person's message starts one")
+        raise Conflict("the chat has no open Turn to reply in: a person's message starts one")
     return latest["id"]
 
 

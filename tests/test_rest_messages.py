@@ -104,6 +104,9 @@ async def test_a_reply_goes_to_the_latest_turn_or_the_one_named_never_to_a_compl
     alone = await post(api, ann, chat, {"message": "Hello?", "role": "assistant"})
     assert alone.status_code == 409, alone.text
     assert alone.json()["error"]["code"] == "CONFLICT"
+    # What the message is comes first, as for startTurn: an empty one is BAD_INPUT, not CONFLICT.
+    empty = await post(api, ann, chat, {"message": " ", "role": "assistant"})
+    assert empty.status_code == 422 and empty.json()["error"]["message"] == "message must not be empty"
     assert await history(api, ann, chat) == []
 
     first = (await post(api, ann, chat, {"message": "Plan my week.", "role": "user"})).json()["turn"]["id"]
@@ -146,10 +149,12 @@ async def test_a_reply_goes_to_the_latest_turn_or_the_one_named_never_to_a_compl
         assert refused.status_code == 404, (body, refused.text)
         assert refused.json()["error"]["code"] == "NOT_FOUND"
     assert len(await history(api, ann, chat)) == 6 and len(await history(api, bob, bobs)) == 1
-    # A user message may end its own Turn at once (a person's words no reply answers).
+    # A user message may end its own Turn at once (a person's words no reply answers); a reply
+    # without a Turn then goes to the latest one still open.
     ended = await post(api, ann, chat, {"message": "Thanks!", "role": "user", "complete": True})
-    assert ended.json()["turn"]["status"] == "completed"
-    assert third != ended.json()["turn"]["id"]
+    assert ended.json()["turn"]["status"] == "completed" and ended.json()["turn"]["id"] != third
+    late = await post(api, ann, chat, {"message": "Anything else?", "role": "assistant"})
+    assert late.json()["turn"] == {"id": third, "status": "completed"}
 
 
 async def test_a_platform_saves_the_words_of_a_person_of_the_chat_and_notices(api: Api) -> None:
@@ -179,22 +184,51 @@ async def test_a_platform_saves_the_words_of_a_person_of_the_chat_and_notices(ap
     ):
         refused = await post(api, w.tokens["ann"], group, body)
         assert refused.status_code == 403, (body, refused.text)
-    # Bob's Turn is his: Ann may not reply in it for the Bot, the platform may.
-    assert (
-        await post(
-            api,
-            w.tokens["ann"],
-            group,
-            {"message": "x", "role": "assistant", "turnId": bobs.json()["turn"]["id"]},
-        )
-    ).status_code == 403
-    reply = {"message": "Noon works.", "role": "assistant", "turnId": bobs.json()["turn"]["id"]}
+    # Bob's Turn is his: Ann may not reply in it for the Bot, the platform may. Without a Turn,
+    # Ann's reply goes to her own open Turn, the platform's to the latest open Turn of a person
+    # (never a notice's).
+    bobs_turn = bobs.json()["turn"]["id"]
+    refused = await post(
+        api, w.tokens["ann"], group, {"message": "x", "role": "assistant", "turnId": bobs_turn}
+    )
+    assert refused.status_code == 403, refused.text
+    anns = await post(api, w.tokens["ann"], group, {"message": "I'll book.", "role": "user"})
+    anns_turn = anns.json()["turn"]["id"]
+    await post(api, platform, group, {"message": "Bob left for lunch.", "role": "notice"})
+    again = await post(api, platform, group, {"message": "Sure?", "role": "user", "actorId": w.people["bob"]})
+    again_turn = again.json()["turn"]["id"]
+    mine = await post(api, w.tokens["ann"], group, {"message": "Booked for Ann.", "role": "assistant"})
+    assert mine.json()["turn"] == {"id": anns_turn, "status": "completed"}
+    theirs = await post(api, platform, group, {"message": "Sure.", "role": "assistant"})
+    assert theirs.json()["turn"] == {"id": again_turn, "status": "completed"}
+    reply = {"message": "Noon works.", "role": "assistant", "turnId": bobs_turn}
     assert (await post(api, platform, group, reply)).json()["turn"]["status"] == "completed"
     assert [(k, t) for _, k, t, _ in await history(api, w.tokens["bob"], group)] == [
         ("PERSON_MESSAGE", "Lunch at noon?"),
         ("NOTICE", "Cat was invited."),
+        ("PERSON_MESSAGE", "I'll book."),
+        ("NOTICE", "Bob left for lunch."),
+        ("PERSON_MESSAGE", "Sure?"),
+        ("BOT_MESSAGE", "Booked for Ann."),
+        ("BOT_MESSAGE", "Sure."),
         ("BOT_MESSAGE", "Noon works."),
     ]
+    # The platform may write every chat of its organization, and a Turn of one is still not
+    # found in another: the reply goes nowhere.
+    other = await api.chat(w.tokens["cat"], w.bot)
+    cats = await post(api, platform, other, {"message": "Hi.", "role": "user", "actorId": w.people["cat"]})
+    astray = {"message": "x", "role": "assistant", "turnId": cats.json()["turn"]["id"]}
+    missed = await post(api, platform, group, astray)
+    assert missed.status_code == 404 and missed.json()["error"]["code"] == "NOT_FOUND", missed.text
+    assert len(await history(api, w.tokens["bob"], group)) == 8
+    assert len(await history(api, w.tokens["cat"], other)) == 1
+    # The seed's own body names the chat as conversation_id: the path's, or refused.
+    seed = {"message": "Hello", "role": "user", "conversation_id": other, "actorId": w.people["cat"]}
+    assert (await post(api, platform, other, seed)).status_code == 201
+    elsewhere = await post(api, platform, group, {**seed, "actorId": w.people["bob"]})
+    assert elsewhere.status_code == 422, elsewhere.text
+    assert elsewhere.json()["error"]["message"] == "conversation_id names another chat than the path"
+    assert len(await history(api, w.tokens["bob"], group)) == 8
 
 
 @pytest.mark.parametrize(
@@ -204,7 +238,11 @@ async def test_a_platform_saves_the_words_of_a_person_of_the_chat_and_notices(ap
         (b'{"role": "user"}', "message is required"),
         (b'{"message": 5, "role": "user"}', "message must be a string"),
         (b'{"message": "x", "role": "system"}', "role must be 'user', 'assistant' or 'notice'"),
-        (b'{"message": "x", "role": "user", "conversation_id": "c"}', "unknown field conversation_id"),
+        (b'{"message": "x", "role": "user", "conversationId": "c"}', "unknown field conversationId"),
+        (
+            b'{"message": "x", "role": "user", "conversation_id": "c"}',
+            "conversation_id names another chat than the path",
+        ),
         (b'{"message": "x", "role": "assistant", "actorId": "p"}', "the Bot's reply has no actor"),
         (
             b'{"message": "x", "role": "assistant", "timeZone": "UTC"}',
