@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import secrets
 from collections.abc import Awaitable, Sequence
 from typing import Final, Protocol, TypeVar
 
@@ -141,7 +142,7 @@ def decode_vectors(raws: Sequence[bytes], dims: int) -> tuple[npt.NDArray[np.int
 
 class QueryVectors:
     """The vectors of the queries this process embedded last, by who asked (``scope``: a Bot and
-    a reader's keys), embedder and a digest of the text (never the text itself), the least
+    a reader's keys), embedder and a keyed digest of the text (never the text itself), the least
     recently used dropped first. A person's message is often a query twice — the enrichment of
     their Turn, then ``contextPack`` for the same message — and with an embeddings endpoint each
     embedding is a round trip. Kept for everyone alike, the time of a search told whether anyone
@@ -165,5 +166,10 @@ class QueryVectors:
         keep_newest(self._kept, (scope, model, _digest(text)), vector, self._most)
 
 
+#: The key of the queries' digests, the process's own: a digest found in a dump of its memory
+#: confirms no guess of what someone asked.
+_DIGEST_KEY: Final = secrets.token_bytes(32)
+
+
 def _digest(text: str) -> bytes:
-    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16, key=_DIGEST_KEY).digest()

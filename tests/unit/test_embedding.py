@@ -6,6 +6,7 @@ The local embedder is the real shipped MiniLM; the OpenAI-compatible one talks t
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import threading
@@ -20,7 +21,13 @@ from pydantic import SecretStr
 
 import learning.embedders
 from learning.embedders import LocalMiniLM, OpenAIEmbedder, make_embedder
-from services.embedding import EmbedderUnavailable, decode_vector, decode_vectors, encode_vector
+from services.embedding import (
+    EmbedderUnavailable,
+    QueryVectors,
+    decode_vector,
+    decode_vectors,
+    encode_vector,
+)
 from services.settings import ConfigurationError, Settings
 
 FACT = "Caroline went to a LGBTQ support group"
@@ -258,3 +265,16 @@ async def test_openai_unreachable_is_a_provider_error() -> None:
     finally:
         await embedder.aclose()
     assert caught.value.code == "provider_error"
+
+
+def test_kept_query_vectors_are_found_by_a_keyed_digest_of_the_text_never_a_plain_one() -> None:
+    """A query's vector is kept by a digest of its words under the process's own key: one found
+    in a dump of the process confirms no guess of what was asked (a plain digest would)."""
+    kept = QueryVectors()
+    vector = np.ones(4, np.float32)
+    kept.put("bot|keys", "model", "when is Ann's surgery", vector)
+    [(scope, model, digest)] = list(kept._kept)  # pyright: ignore[reportPrivateUsage]
+    assert (scope, model) == ("bot|keys", "model")
+    assert digest != hashlib.blake2b(b"when is Ann's surgery", digest_size=16).digest()
+    assert kept.get("bot|keys", "model", "when is Ann's surgery") is vector
+    assert kept.get("bot|keys", "model", "when is Bob's surgery") is None
