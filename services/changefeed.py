@@ -47,6 +47,11 @@ LOG_PAGE = 200
 #: subscriptions; past this many the others wait their turn, a page at a time (never refused: a
 #: reconnecting client that saw nothing for long is far behind through no doing of its own).
 REPLAY_READS = 4
+#: Of those, the pages one person's (or one platform token's) replays read at once: their other
+#: replays wait behind them, not in the process's queue, so one who replays on many streams
+#: delays another's replay by a few pages, never by all of theirs (first come, first served, a
+#: person's thousand replays took every turn before anyone else's next page).
+REPLAY_READS_PER_READER = 2
 #: A Bot whose change could not be delivered is caught up from the log after this pause, doubled
 #: while it fails, up to the longest.
 RETRY_FIRST_SECONDS, RETRY_LONGEST_SECONDS = 0.5, 60.0
@@ -119,9 +124,27 @@ class ChangeHub:
         #: Per Bot with local subscribers: its deliveries and catch-ups take turns.
         self._turns: dict[str, asyncio.Lock] = {}
         self._replays = asyncio.Semaphore(REPLAY_READS)
+        #: Per reader replaying here: their turns of REPLAY_READS_PER_READER, and how many of their
+        #: replays hold or wait for one.
+        self._readers: dict[str, tuple[asyncio.Semaphore, list[int]]] = {}
 
     def _turn(self, bot_id: str) -> asyncio.Lock:
         return self._turns.setdefault(bot_id, asyncio.Lock())
+
+    @contextlib.asynccontextmanager
+    async def _replay_page(self, sub: Subscriber) -> AsyncGenerator[None]:
+        """A turn to read one page of a replay: one of its reader's REPLAY_READS_PER_READER, then
+        one of the process's REPLAY_READS."""
+        reader = sub.person_id or sub.token_id
+        turns, users = self._readers.setdefault(reader, (asyncio.Semaphore(REPLAY_READS_PER_READER), [0]))
+        users[0] += 1
+        try:
+            async with turns, self._replays:
+                yield
+        finally:
+            users[0] -= 1
+            if not users[0]:
+                del self._readers[reader]
 
     async def start(self) -> None:
         self._task = asyncio.create_task(
@@ -344,7 +367,7 @@ class ChangeHub:
         reconnecting client missed a change, and was not told). Nothing is read in the turn."""
         reached: int | None = None  # the version the hub considered, once taken
         while True:
-            async with self._replays:  # REPLAY_READS pages at once
+            async with self._replay_page(sub):
                 page = await self._from_log(sub.bot_id, [sub], after)
             if page is None:
                 return

@@ -292,44 +292,73 @@ async def test_replays_read_so_many_pages_at_once_and_each_gets_every_change(
     api: Api, runtime: Runtime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``memoryChanges(after: 0)`` replays the whole log, and a token may hold thousands of
-    subscriptions: replays read REPLAY_READS pages at once in a process, the others waiting their
-    turn a page at a time (never refused: a client that saw nothing for long is far behind through
-    no doing of its own). Ten replays of three pages (pages of one row here) each get every change."""
+    subscriptions: replays read REPLAY_READS pages at once in a process, REPLAY_READS_PER_READER
+    of them one person's, the others waiting their turn a page at a time (never refused: a client
+    that saw nothing for long is far behind through no doing of its own). Twelve replays of three
+    pages (pages of one row here), six each of two people's, each get every change; and a third
+    person's one replay, started after the first's six, ends before most of those do — it waited
+    behind a few of their pages, not all of them."""
     monkeypatch.setattr(changefeed, "LOG_PAGE", 1)
-    w = await make_world(api, ("ann",))
-    issued = (await api.gql("mutation { issueToken { id token } }", token=w.tokens["ann"]))["issueToken"]
-    unannounced = dataclasses.replace(runtime, redis=ArqRedis(host="127.0.0.1", port=1))
+    w = await make_world(api, ("ann", "bob", "cat"))
     made = [Remember(content=f"note {n}", person_id=w.people["ann"], org=w.org) for n in range(3)]
+    unannounced = dataclasses.replace(runtime, redis=ArqRedis(host="127.0.0.1", port=1))
     for change in made:
         await apply_changes(unannounced, w.bot, [change], "person")
     hub = changefeed.ChangeHub(runtime)
-    reading, most = 0, 0
+    reading: dict[str, int] = {}
+    most: dict[str, int] = {}
     from_log = hub._from_log  # pyright: ignore[reportPrivateUsage]
 
-    async def counted(*args: Any) -> Any:
-        nonlocal reading, most
-        reading += 1
-        most = max(most, reading)
+    async def counted(bot_id: str, local: list[changefeed.Subscriber], after: int) -> Any:
+        person = local[0].person_id
+        for key in (person, "all"):
+            reading[key] = reading.get(key, 0) + 1
+            most[key] = max(most.get(key, 0), reading[key])
         try:
-            return await from_log(*args)
+            return await from_log(bot_id, local, after)
         finally:
-            reading -= 1
+            for key in (person, "all"):
+                reading[key] -= 1
 
     monkeypatch.setattr(hub, "_from_log", counted)
+    page_turn = hub._replay_page  # pyright: ignore[reportPrivateUsage]
+    asked, all_asked = 0, asyncio.Event()
 
-    async def replayed() -> list[list[str]]:
-        async with hub.subscribe(w.bot, w.people["ann"], w.org, issued["id"]) as sub:
-            got: list[list[str]] = []
+    def asking(sub: changefeed.Subscriber) -> Any:
+        nonlocal asked
+        asked += 1
+        if asked == 12:
+            all_asked.set()
+        return page_turn(sub)
+
+    monkeypatch.setattr(hub, "_replay_page", asking)
+    tokens = {
+        name: (await api.gql("mutation { issueToken { id } }", token=w.tokens[name]))["issueToken"]["id"]
+        for name in ("ann", "bob", "cat")
+    }
+    ended: list[str] = []
+
+    async def replayed(name: str) -> int:
+        async with hub.subscribe(w.bot, w.people[name], w.org, tokens[name]) as sub:
+            got = 0
             async for event in hub.replay(sub, 0):
                 if isinstance(event, changefeed.CaughtUp):
-                    return got
-                assert event is not None
-                got.append([e.id for e in event.entries])
+                    break
+                got += 1
+        ended.append(name)
         return got
 
-    every = await asyncio.gather(*(replayed() for _ in range(10)))
-    assert every == [[[c.id] for c in made]] * 10
-    assert most == changefeed.REPLAY_READS
+    anns = [asyncio.create_task(replayed("ann")) for _ in range(6)]
+    bobs = [asyncio.create_task(replayed("bob")) for _ in range(6)]
+    await all_asked.wait()  # the twelve asked for their first page
+    cats = asyncio.create_task(replayed("cat"))
+    every = await asyncio.gather(*anns, *bobs, cats)
+    assert every == [3] * 6 + [0] * 7  # Ann's own notes, every change of them; nothing of them for the others
+    assert most["all"] == changefeed.REPLAY_READS
+    assert ended.index("cat") < 6, ended
+    assert (
+        most[w.people["ann"]] == most[w.people["bob"]] == changefeed.REPLAY_READS_PER_READER
+    )  # before half of the others' twelve
 
 
 async def test_a_purge_announces_what_it_removes_to_readers_not_yet_told_of_an_earlier_hiding(
