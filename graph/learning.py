@@ -208,14 +208,24 @@ class CommittedRow(TypedDict):
 
 #: The Chat's Items after ``$after`` in order, each with the number of its Turn (the caller stops
 #: at the first Item of a later Turn than the execution's), but those said while the memory Bot
-#: learnt nothing (``memoryOff``, L5). Text is ciphertext.
+#: learnt nothing (``memoryOff``, L5). Text is ciphertext. With them, what the Bot confided during
+#: their Turns (seed: the Bot's words "only show the memory Bot where to look"), oldest first.
 EVIDENCE: Final[LiteralString] = """
 MATCH (i:Item)
 WHERE i.chatId = $chatId AND i.seq > $after AND i.memoryOff IS NULL
 WITH i ORDER BY i.chatId, i.seq LIMIT $limit
 MATCH (i)-[:IN_TURN]->(t:Turn)
-RETURN collect(i {.uid, .id, .seq, .kind, .text, .app, .speakerId, .timeZone, turnSeq: t.seq,
-                  saidAt: coalesce(i.saidAt, i.createdAt), textLength: coalesce(i.textLength, 0)}) AS items
+WITH collect(i {.uid, .id, .seq, .kind, .text, .app, .speakerId, .timeZone, turnSeq: t.seq,
+                saidAt: coalesce(i.saidAt, i.createdAt), textLength: coalesce(i.textLength, 0)}) AS items,
+     collect(DISTINCT t) AS turns
+CALL (turns) {
+  UNWIND turns AS t
+  MATCH (f:Confession)-[:ABOUT]->(t)
+  WHERE f.text IS NOT NULL
+  WITH f, t ORDER BY t.seq, f.createdAt, f.id
+  RETURN collect(f {.id, .text, turnSeq: t.seq}) AS confided
+}
+RETURN items, confided
 """
 
 
@@ -238,8 +248,18 @@ class EvidenceMap(TypedDict):
     textLength: int
 
 
+class ConfidedMap(TypedDict):
+    """One of EVIDENCE's ``confided``: what the Bot confided during a Turn of the evidence (its
+    ``text`` ciphertext; none once the history was deleted, D9.23), oldest first."""
+
+    id: str
+    text: Ciphertext
+    turnSeq: int
+
+
 class EvidenceRow(TypedDict):
     items: list[EvidenceMap]
+    confided: list[ConfidedMap]
 
 
 #: learningContext (L4, D9.14, V9): the first ``$limit`` valid entries of the Chat's organization
@@ -390,9 +410,9 @@ async def commit_step(
     return record
 
 
-async def evidence(tx: AsyncManagedTransaction, *, chat_id: str, after: int, limit: int) -> list[EvidenceMap]:
+async def evidence(tx: AsyncManagedTransaction, *, chat_id: str, after: int, limit: int) -> EvidenceRow:
     record = await single(tx, EVIDENCE, EvidenceRow, chatId=chat_id, after=after, limit=limit)
-    return [] if record is None else record["items"]
+    return {"items": [], "confided": []} if record is None else record
 
 
 async def learning_context(

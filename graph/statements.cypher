@@ -2399,8 +2399,17 @@ MATCH (i:Item)
 WHERE i.chatId = $chatId AND i.seq > $after AND i.memoryOff IS NULL
 WITH i ORDER BY i.chatId, i.seq LIMIT $limit
 MATCH (i)-[:IN_TURN]->(t:Turn)
-RETURN collect(i {.uid, .id, .seq, .kind, .text, .app, .speakerId, .timeZone, turnSeq: t.seq,
-                  saidAt: coalesce(i.saidAt, i.createdAt), textLength: coalesce(i.textLength, 0)}) AS items
+WITH collect(i {.uid, .id, .seq, .kind, .text, .app, .speakerId, .timeZone, turnSeq: t.seq,
+                saidAt: coalesce(i.saidAt, i.createdAt), textLength: coalesce(i.textLength, 0)}) AS items,
+     collect(DISTINCT t) AS turns
+CALL (turns) {
+  UNWIND turns AS t
+  MATCH (f:Confession)-[:ABOUT]->(t)
+  WHERE f.text IS NOT NULL
+  WITH f, t ORDER BY t.seq, f.createdAt, f.id
+  RETURN collect(f {.id, .text, turnSeq: t.seq}) AS confided
+}
+RETURN items, confided
 
 // ---- graph.learning.FINISH
 MATCH (held:LearningExecution {id: $id})

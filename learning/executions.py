@@ -126,6 +126,8 @@ class _Inputs:
     route: Route
     start: int
     found: list[learning_q.EvidenceMap]
+    #: What the Bot confided during the Turns of ``found`` (where to look, never a source).
+    confided: list[learning_q.ConfidedMap]
     entries: list[learning_q.LearnedEntry]
     topics: list[learning_q.TopicCount]
     spent: int | None
@@ -141,6 +143,22 @@ class Claimed:
     chat_id: str
     turn_seq: int
     epoch: int
+
+
+def _confided(
+    cipher: Cipher, confided: list[learning_q.ConfidedMap], chunk: list[learning_q.EvidenceMap]
+) -> list[protocol.Confided]:
+    """What the Bot confided during the Turns of ``chunk``, each with the ids of the chunk's Items
+    of its Turn that still have their words (decrypted only for those Turns)."""
+    during: dict[int, list[str]] = {}
+    for item in chunk:
+        if item["text"] is not None:
+            during.setdefault(item["turnSeq"], []).append(item["id"])
+    return [
+        protocol.Confided(tuple(during[c["turnSeq"]]), cipher.decrypt(Kind.CONFESSION, c["id"], c["text"]))
+        for c in confided
+        if c["turnSeq"] in during
+    ]
 
 
 def _speaker(item: learning_q.EvidenceMap) -> str:
@@ -254,7 +272,18 @@ class ExecutionRunner:
                 spent = (await memorybot.spent(tx, bot_id=x.bot_id, period=period))[0]
             saved = await memorybot.saved_step_results(tx, execution_id=x.id, step=start)
             entries, topics = context["entries"], context["topics"]
-            return _Inputs(chat, route, start, found, entries, topics, spent, saved, context["purges"])
+            return _Inputs(
+                chat,
+                route,
+                start,
+                found["items"],
+                found["confided"],
+                entries,
+                topics,
+                spent,
+                saved,
+                context["purges"],
+            )
 
         return await read(self.rt.driver, work)
 
@@ -425,7 +454,11 @@ class ExecutionRunner:
         }
         kept = [_kept(cipher, e) for e in entries]
         body = protocol.request_body(
-            system_prompt(protocol.LEARN_SYSTEM, route), list(evidence.values()), kept, inputs.topics
+            system_prompt(protocol.LEARN_SYSTEM, route),
+            list(evidence.values()),
+            kept,
+            inputs.topics,
+            _confided(cipher, inputs.confided, chunk),
         )
         refusals: list[str] = []
         for attempt in range(1 + protocol.MAX_REASKS):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from learning import toolcalls
 from learning.gateway import ToolCall
@@ -45,7 +45,9 @@ LEARN_SYSTEM = (
     "rules of the team say so.\n"
     "A person's preferences (how they like to be answered, worked with or addressed) get the topic "
     "preferences.\n"
-    "The Bot's own words and tool calls only show where to look: they never become facts. A notice "
+    "The Bot's own words and tool calls only show where to look: they never become facts. So does "
+    "botConfided, what the Bot said of its own work during the items named by 'during' (a mistake, "
+    "a doubt): look there for what a person said, and never cite or keep the Bot's words. A notice "
     "is never a person's words. Items carry when they were said: in the speaker's own time zone "
     "with its offset ('2023-06-16T06:56-07:00'), or in UTC ('…Z') when it is unknown; entries carry "
     "their day in UTC. Where a person names a time from when they spoke ('yesterday', 'next week'), keep "
@@ -70,15 +72,51 @@ class EvidenceItem:
         return found
 
 
+@dataclass(frozen=True, slots=True)
+class Confided:
+    """What the Bot confided during the new Items ``during`` (their ids): where to look, never a
+    source (it has no id to cite)."""
+
+    during: tuple[str, ...]
+    text: str
+
+    def json(self) -> dict[str, object]:
+        return {"during": list(self.during), "text": self.text}
+
+
+#: Characters of the Bot's confessions a learning request carries at most: the first always (cut
+#: to this), then the next while they fit — enough to show where to look, and never what makes a
+#: request too long for a model (a Bot may confide at length, and many times in a Turn).
+CONFIDED_CHARS: Final = 8_000
+
+
+def within_confided(confided: Sequence[Confided]) -> list[Confided]:
+    """The first of ``confided`` that hold CONFIDED_CHARS characters together (the first cut to them)."""
+    taken: list[Confided] = []
+    size = 0
+    for c in confided:
+        if not taken and len(c.text) > CONFIDED_CHARS:
+            return [Confided(c.during, c.text[: CONFIDED_CHARS - 1] + "…")]
+        size += len(c.text)
+        if size > CONFIDED_CHARS:
+            break
+        taken.append(c)
+    return taken
+
+
 def request_body(
     system: str,
     items: list[EvidenceItem],
     entries: list[dict[str, Any]],
     topics: Sequence[Mapping[str, object]],
+    confided: Sequence[Confided] = (),
 ) -> dict[str, Any]:
     """The learning request (§7): deterministic, so recovery finds the saved call by its hash."""
+    asked: dict[str, object] = {"newItems": [i.json() for i in items]}
+    if confided:
+        asked["botConfided"] = [c.json() for c in within_confided(confided)]
     user = json.dumps(
-        {"newItems": [i.json() for i in items], "keptEntries": entries, "topicCounts": topics},
+        {**asked, "keptEntries": entries, "topicCounts": topics},
         ensure_ascii=False,
     )
     return {

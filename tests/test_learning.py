@@ -79,11 +79,18 @@ async def test_private_chat_learns_a_fact_for_its_person(
     # The request listed the new Items with ids, kinds and speakers (§7) and carried the task header.
     [request] = model_server.requests_for("learn")
     assert request.body["model"] == "test-model"
-    listed = json.loads(request.body["messages"][1]["content"])["newItems"]
+    asked = json.loads(request.body["messages"][1]["content"])
+    listed = asked["newItems"]
     assert [(i["id"], i["kind"], i["speaker"]) for i in listed] == [
         (item, "person_message", f"person:{w.people['ann']}"),
         (f"i-{int(item[2:]) + 1}", "bot_message", "bot"),
     ]
+    # What the Bot confided shows the memory Bot where to look (seed, L3): with the Items of its
+    # Turn, and no id of its own to cite.
+    assert asked["botConfided"] == [
+        {"during": [item, f"i-{int(item[2:]) + 1}"], "text": "I reported done without running the tests."}
+    ]
+    assert "botConfided" in request.body["messages"][0]["content"]
     assert {t["function"]["name"] for t in request.body["tools"]} == {
         "add_fact",
         "add_observation",

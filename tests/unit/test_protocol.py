@@ -3,10 +3,12 @@ what becomes a change, and which code and field path refuse the rest."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
+from learning import protocol
 from learning.gateway import ToolCall
 from learning.protocol import Violation, changes_from, within_chars
 from services.changes import (
@@ -200,3 +202,22 @@ def test_a_new_fact_is_shared_only_within_its_own_chats_audience() -> None:
     with pytest.raises(Violation) as of_observation:
         shared(observation, call("share", {"entry_id": "o", "audience": ["for:person:p1"]}, "s"))
     assert of_observation.value.code == "share_of_new_entry"
+
+
+def test_a_learning_request_carries_what_the_bot_confided_within_its_bound() -> None:
+    """The Bot's confessions show the memory Bot where to look (seed, L3): each with the Items of
+    its Turn, the first always (cut to CONFIDED_CHARS), then the next while they fit; none, no key."""
+    short = protocol.Confided(("i-1", "i-2"), "I broke the build.")
+    long = protocol.Confided(("i-3",), "x" * (protocol.CONFIDED_CHARS + 10))
+
+    def confided(*given: protocol.Confided) -> Any:
+        body = protocol.request_body("system", [], [], [], given)
+        return json.loads(body["messages"][1]["content"]).get("botConfided")
+
+    assert confided() is None
+    assert confided(short) == [{"during": ["i-1", "i-2"], "text": "I broke the build."}]
+    [cut] = confided(long, short)
+    assert len(cut["text"]) == protocol.CONFIDED_CHARS and cut["text"].endswith("…")
+    assert confided(short, long) == [{"during": ["i-1", "i-2"], "text": "I broke the build."}]
+    many = [protocol.Confided((f"i-{n}",), "y" * 3_000) for n in range(4)]
+    assert [c["during"] for c in confided(*many)] == [["i-0"], ["i-1"]]
