@@ -189,6 +189,16 @@ CREATE (f:Confession {id: $id, botId: $botId, chatId: t.chatId, turnId: t.id, te
                       usedEntryIds: [], answeredBy: null, createdAt: $now})-[:ABOUT]->(t)
 """
 
+#: Confessions saved answered at once with ``$answers`` (the fixed calm answer, ``fixed``), in
+#: the order given (``$rows``: ``id, text, answer``; ``createdAt`` ``$now`` for all).
+CREATE_ANSWERED_CONFESSIONS: Final[LiteralString] = """
+MATCH (t:Turn {id: $turnId})
+UNWIND $rows AS row
+CREATE (f:Confession {id: row.id, botId: $botId, chatId: t.chatId, turnId: t.id, text: row.text,
+                      answer: row.answer, usedEntryIds: [], answeredBy: 'fixed', answeredAt: $now,
+                      createdAt: $now})-[:ABOUT]->(t)
+"""
+
 #: The answer given, with the ids of the entries it could draw on (re-validated on read, D9.6);
 #: none when the Chat's history was deleted while it was sought (D9.23).
 ANSWER_CONFESSION: Final[LiteralString] = (
@@ -323,6 +333,13 @@ async def create_confession(
     tx: AsyncManagedTransaction, *, id: str, bot_id: str, turn_id: str, text: str, now: int
 ) -> None:
     await tx.run(CREATE_CONFESSION, id=id, botId=bot_id, turnId=turn_id, text=text, now=now)
+
+
+async def create_answered_confessions(
+    tx: AsyncManagedTransaction, *, bot_id: str, turn_id: str, rows: list[dict[str, str]], now: int
+) -> None:
+    """CREATE_ANSWERED_CONFESSIONS."""
+    await tx.run(CREATE_ANSWERED_CONFESSIONS, botId=bot_id, turnId=turn_id, rows=rows, now=now)
 
 
 async def answer_confession(

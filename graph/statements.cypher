@@ -2777,6 +2777,13 @@ MATCH (n:Enrichment) USING INDEX n:Enrichment(chatId, createdAt, id)
 WHERE n.chatId = $chatId AND n.createdAt >= 0 AND n.id >= ''
 RETURN count(n) AS n
 
+// ---- graph.memorybot.CREATE_ANSWERED_CONFESSIONS
+MATCH (t:Turn {id: $turnId})
+UNWIND $rows AS row
+CREATE (f:Confession {id: row.id, botId: $botId, chatId: t.chatId, turnId: t.id, text: row.text,
+                      answer: row.answer, usedEntryIds: [], answeredBy: 'fixed', answeredAt: $now,
+                      createdAt: $now})-[:ABOUT]->(t)
+
 // ---- graph.memorybot.CREATE_CONFESSION
 MATCH (t:Turn {id: $turnId})
 CREATE (f:Confession {id: $id, botId: $botId, chatId: t.chatId, turnId: t.id, text: $text, answer: null,

@@ -188,3 +188,36 @@ async def _answer(
     if not valid:
         raise ModelUnavailable("stale")
     return answer, known.ids
+
+
+async def confide_unanswered(rt: Runtime, principal: Principal, turn_id: str, texts: list[str]) -> None:
+    """Confessions the memory Bot is not asked about (the built-in runner's past MAX_CONFIDES of
+    one reply), saved at once with the fixed calm answer the Bot was given, so that the owner's
+    confessions list everything it confided (seed 000). No model call and no learning execution
+    of their own: the Turn's earlier confessions have theirs, and every confession of the Turn
+    reaches its learning request (``botConfided``)."""
+    now = now_ms()
+    texts = [check_text(t, "text", limit=rt.settings.max_text_chars) for t in texts]
+
+    async def work(tx: AsyncManagedTransaction) -> None:
+        row = await chats_q.turn_for_update(tx, turn_id=turn_id, person_id=principal.person_id)
+        require_own_turn(principal, row, "confides on")
+        assert row is not None
+        await chats_q.lock_chat(tx, chat_id=row["chat"]["id"])  # as confide: a deletion is before or after
+        _, route = await load_route(rt, tx, row["chat"]["id"])
+        rows: list[dict[str, str]] = []
+        for text in texts:
+            confession_id = new_id("conf")
+            rows.append(
+                {
+                    "id": confession_id,
+                    "text": route.cipher.encrypt(Kind.CONFESSION, confession_id, text),
+                    "answer": route.cipher.encrypt(Kind.CONFESSION_ANSWER, confession_id, FIXED_CALM_ANSWER),
+                }
+            )
+        await memorybot_q.create_answered_confessions(
+            tx, bot_id=route.bot_id, turn_id=turn_id, rows=rows, now=now
+        )
+
+    await write(rt.driver, work)
+    metrics.CONFIDE_ANSWERS.labels(by="fixed").inc(len(texts))

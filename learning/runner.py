@@ -15,8 +15,8 @@ from dataclasses import replace
 from typing import Any, Final
 
 from learning import enrichment, toolcalls
-from learning.confide import confide_drawing
-from learning.gateway import Call, Gateway, ModelUnavailable
+from learning.confide import confide_drawing, confide_unanswered
+from learning.gateway import FIXED_CALM_ANSWER, Call, Gateway, ModelUnavailable
 from services import chats, conversation, turns
 from services.auth import require_person
 from services.domain import ItemKind, Principal, Turn
@@ -24,18 +24,17 @@ from services.errors import BadInput, NotFound
 from services.memorybot import Route
 from services.runtime import Runtime
 from services.turnfeed import TurnEvent, TurnHub
-from services.turns import NewItem
+from services.turns import MAX_ITEMS_PER_CALL, NewItem
 from services.validation import check_id, check_text
 
 log = logging.getLogger("learning.runner")
 
 MAX_TOOL_ROUNDS = 3
-#: The most ``confide`` calls of one reply that the memory Bot answers; past them the Bot is told
-#: it has said enough. A round's calls were all answered, one after another: an answer of a
-#: thousand calls made as many confessions, executions and charged model calls, for hours.
+#: The most ``confide`` calls of one reply that the memory Bot answers; past them the Bot gets the
+#: fixed calm answer, as when no model can answer (L1), and those confessions are saved together
+#: without a model call or an execution of their own. A round's calls were all answered, one after
+#: another: an answer of a thousand calls made as many executions and charged model calls, for hours.
 MAX_CONFIDES = 3
-#: The tool's answer to a confide past MAX_CONFIDES.
-ENOUGH_CONFIDED = "You have said enough for now; answer the person."
 UNAVAILABLE_REPLY = "Sorry, I cannot answer just now. Please try again in a moment."
 
 CONFIDE_TOOL: Final = toolcalls.tool("confide", toolcalls.Confide)
@@ -184,9 +183,13 @@ async def _converse(
                 ],
             }
         )
+        unanswered: list[str] = []  # confided past MAX_CONFIDES: saved together, answered calmly
         for call in completion.tool_calls:
             if call.name == "confide" and confided >= MAX_CONFIDES:
-                answer, used = ENOUGH_CONFIDED, ()
+                args = toolcalls.checked(toolcalls.Confide, call.arguments)
+                if args is not None:
+                    unanswered.append(args.text[:cap])
+                answer, used = FIXED_CALM_ANSWER, ()
             else:
                 confided += call.name == "confide"
                 answer, used = await _tool(
@@ -194,7 +197,22 @@ async def _converse(
                 )
             drawn.update(dict.fromkeys(used))
             messages.append({"role": "tool", "tool_call_id": call.id, "content": answer})
+        if unanswered:
+            await _confided_unanswered(rt, hub, principal, chat_id, turn, unanswered)
     return UNAVAILABLE_REPLY
+
+
+async def _confided_unanswered(
+    rt: Runtime, hub: TurnHub | None, principal: Principal, chat_id: str, turn: Turn, texts: list[str]
+) -> None:
+    """Confides past MAX_CONFIDES of one reply: an Item of the Turn each (the tool's name, as
+    :func:`_tool` adds), and their confessions saved with the fixed calm answer they were given."""
+    for start in range(0, len(texts), MAX_ITEMS_PER_CALL):
+        part = len(texts[start : start + MAX_ITEMS_PER_CALL])
+        added = await turns.add_items(rt, principal, turn.id, [NewItem(ItemKind.TOOL_CALL, "confide")] * part)
+        for item in added:
+            await _publish(hub, chat_id, TurnEvent(turn.id, "ITEM_ADDED", "confide", item.id, "TOOL_CALL"))
+    await confide_unanswered(rt, principal, turn.id, texts)
 
 
 async def _tool(

@@ -22,7 +22,7 @@ from services.jobs import enqueue_executions, enqueue_summary_if_due
 from services.runtime import Runtime, now_ms
 from services.validation import check_id, check_said_at, check_text, check_time_zone
 
-_MAX_ITEMS_PER_CALL = 100
+MAX_ITEMS_PER_CALL = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,8 +212,8 @@ async def add_items(
     words (D9.23: work that began before a deletion saves none of them). ``complete``: the Turn
     is completed in the same transaction (:func:`complete_turn`), so the Items are its last."""
     check_id(turn_id, "turnId")
-    if not items or len(items) > _MAX_ITEMS_PER_CALL:
-        raise BadInput(f"send between 1 and {_MAX_ITEMS_PER_CALL} items", field="items")
+    if not items or len(items) > MAX_ITEMS_PER_CALL:
+        raise BadInput(f"send between 1 and {MAX_ITEMS_PER_CALL} items", field="items")
     now = now_ms()
     for n, item in enumerate(items):
         check_text(item.text, f"items[{n}].text", limit=rt.settings.max_text_chars)

@@ -12,7 +12,8 @@ import pytest
 import websockets
 from websockets.asyncio.client import ClientConnection
 
-from learning.runner import EARLIER_INTRO, ENOUGH_CONFIDED, MAX_CONFIDES, SUMMARY_INTRO, UNAVAILABLE_REPLY
+from learning.gateway import FIXED_CALM_ANSWER
+from learning.runner import EARLIER_INTRO, MAX_CONFIDES, SUMMARY_INTRO, UNAVAILABLE_REPLY
 from services.runtime import Runtime
 from tests.client import Api, World, bearer
 from tests.feed_helpers import opened, subscribed, ws_url
@@ -312,7 +313,9 @@ async def test_a_reply_confides_at_most_a_few_times(
     """The rounds of tool calls were bounded, not the calls: every ``confide`` of an answer was
     answered in turn, each a confession, a learning execution and a memory-Bot model call
     charged to its budget (a thousand fit in a megabyte). At most MAX_CONFIDES of a reply are
-    answered; the Bot is told it has said enough for the others."""
+    answered by the memory Bot; the others get the fixed calm answer, as when no model can answer
+    (L1), and are saved together — the owner's confessions list everything the Bot confided
+    (seed 000), each confide an Item of the Turn — with one learning execution per answered one."""
     w = await runner_world(api, ("ann",))
     chat = await api.chat(w.tokens["ann"], w.bot)
     model_server.reset()
@@ -325,11 +328,20 @@ async def test_a_reply_confides_at_most_a_few_times(
     answers = [
         m["content"] for m in model_server.requests_for("chat")[-1].body["messages"] if m["role"] == "tool"
     ]
-    assert answers == ["Calmly: carry on."] * MAX_CONFIDES + [ENOUGH_CONFIDED] * (8 - MAX_CONFIDES)
+    assert answers == ["Calmly: carry on."] * MAX_CONFIDES + [FIXED_CALM_ANSWER] * (8 - MAX_CONFIDES)
+    listed = await api.http.get(f"/v1/chats/{chat}/confessions", headers=bearer(w.tokens["ann"]))
+    assert sorted((c["text"], c["answer"], c["answeredBy"]) for c in listed.json()["confessions"]) == sorted(
+        [(f"Worry number {n}.", "Calmly: carry on.", "model") for n in range(MAX_CONFIDES)]
+        + [(f"Worry number {n}.", FIXED_CALM_ANSWER, "fixed") for n in range(MAX_CONFIDES, 8)]
+    )
     records, _, _ = await runtime.driver.execute_query(
-        "MATCH (f:Confession {chatId: $c}) RETURN count(f) AS n", c=chat
+        "MATCH (x:LearningExecution {chatId: $c}) RETURN count(x) AS n", c=chat
     )
     assert records[0]["n"] == MAX_CONFIDES
+    history = await api.gql(
+        "query($c: ID!) { chat(id: $c) { messages { kind text } } }", {"c": chat}, w.tokens["ann"]
+    )
+    assert [m["text"] for m in history["chat"]["messages"] if m["kind"] == "TOOL_CALL"] == ["confide"] * 8
 
 
 async def test_review_chats_get_no_confide_tool(api: Api, model_server: ModelServer) -> None:
