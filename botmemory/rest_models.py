@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, computed_field
 from pydantic.alias_generators import to_camel
 from starlette.responses import Response
 
@@ -46,10 +46,22 @@ class ErrorBody(Out):
     error: ErrorDetail
 
 
+#: Seed 004's ``role`` of each kind of Item.
+_ROLES: dict[ItemKind, Literal["user", "assistant", "tool", "notice"]] = {
+    ItemKind.PERSON_MESSAGE: "user",
+    ItemKind.BOT_MESSAGE: "assistant",
+    ItemKind.TOOL_CALL: "tool",
+    ItemKind.TOOL_RESULT: "tool",
+    ItemKind.NOTICE: "notice",
+}
+
+
 class ItemOut(Out):
-    """An Item of a Chat (D9.19)."""
+    """An Item of a Chat (D9.19), also under seed 004's names of a message (``message``, ``role``,
+    ``conversation_id``, ``inserted_at``)."""
 
     id: str
+    chat_id: str
     turn_id: str
     kind: ItemKind
     text: str | None
@@ -61,6 +73,29 @@ class ItemOut(Out):
         description="The IANA time zone a person's message was said in (D9.32): the one given for it or "
         "for its Turn's start, else its speaker's; null: UTC."
     )
+
+    @computed_field(description="Seed 004's name of text.")
+    @property
+    def message(self) -> str | None:
+        return self.text
+
+    @computed_field(
+        description="Seed 004's role: user (a person's message), assistant (the Bot's), tool (a tool "
+        "call or an App's result), notice."
+    )
+    @property
+    def role(self) -> Literal["user", "assistant", "tool", "notice"]:
+        return _ROLES[self.kind]
+
+    @computed_field(alias="conversation_id", description="Seed 004's name of chatId.")
+    @property
+    def conversation_id(self) -> str:
+        return self.chat_id
+
+    @computed_field(alias="inserted_at", description="Seed 004's name of createdAt.")
+    @property
+    def inserted_at(self) -> int:
+        return self.created_at
 
 
 class MessagesPage(Out):
@@ -311,6 +346,12 @@ class ContextPackOut(Out):
     preferences: list[Preference]
     last_messages: list[ItemOut]
     memory: MemoryContext
+
+    @computed_field(alias="last_messages", description="Seed 004's name of lastMessages.")
+    @property
+    def seed_last_messages(self) -> list[ItemOut]:
+        return self.last_messages
+
     meta: dict[str, str] = Field(
         description="Seed 004's conversation meta (D9.30): the summary, then `i-N` → the messages after "
         "it, so none between the summary and the last messages is left out."

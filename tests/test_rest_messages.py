@@ -270,3 +270,30 @@ async def test_a_refused_message_names_its_field_and_saves_nothing(
     if message is not None:
         assert refused.json()["error"]["message"] == message
     assert len(await history(api, w.tokens["ann"], chat)) == 1
+
+
+async def test_messages_read_back_under_the_seeds_names_too(api: Api) -> None:
+    """Seed 004 lists messages with ``id, message, role, conversation_id, inserted_at`` and a context
+    pack with ``last_messages``: each message carries those beside its own names (DESIGN §5: the
+    seed's JSON shapes)."""
+    spec = await spec_of(api)
+    w = await make_world(api, ("ann",))
+    ann = w.tokens["ann"]
+    chat = await api.chat(ann, w.bot)
+    saved = await post(api, ann, chat, {"message": "Hello", "role": "user", "conversation_id": chat})
+    await post(api, ann, chat, {"message": "Hi Ann.", "role": "assistant"})
+    assert {k: saved.json()["message"][k] for k in ("message", "role", "conversation_id")} == {
+        "message": "Hello",
+        "role": "user",
+        "conversation_id": chat,
+    }
+    page = (await api.http.get(f"/v1/chats/{chat}/messages", headers=bearer(ann))).json()
+    check(spec, "get", "/v1/chats/{chat_id}/messages", 200, page)
+    assert [(m["id"], m["message"], m["role"], m["conversation_id"]) for m in page["messages"]] == [
+        ("i-1", "Hello", "user", chat),
+        ("i-2", "Hi Ann.", "assistant", chat),
+    ]
+    assert all(m["inserted_at"] == m["createdAt"] for m in page["messages"])
+    pack = (await api.http.get(f"/v1/chats/{chat}/context", headers=bearer(ann))).json()
+    check(spec, "get", "/v1/chats/{chat_id}/context", 200, pack)
+    assert pack["last_messages"] == pack["lastMessages"] and len(pack["last_messages"]) == 2
