@@ -19,25 +19,28 @@ import time
 from collections.abc import AsyncGenerator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import NoReturn
+from typing import NoReturn, TypeVar
 
 from neo4j.exceptions import DriverError, Neo4jError
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from redis.exceptions import RedisError
 
 from botmemory.rest_input import once
 from learning import backfill
 from learning.embedders import make_embedder
 from services.bootstrap import open_runtime
-from services.changes import check_content
+from services.changes import ItemRef, check_content
 from services.embedding import EmbedderUnavailable
 from services.errors import BadInput, ServiceError
 from services.maintenance import (
     MAX_LEGACY_ENTRIES,
     MAX_LEGACY_TAGS,
+    MAX_REBUILDS,
     LegacyEntry,
+    Rebuild,
     check_legacy_tag,
     import_legacy,
+    rebuild_legacy,
     relabel_all,
 )
 from services.rotation import rotate_data_keys, unrotated
@@ -127,16 +130,22 @@ def _read_legacy(path: str) -> list[LegacyEntry]:
     return entries
 
 
+L = TypeVar("L", bound=BaseModel)
+
+
+def _json_line(model: type[L], n: int, line: str, expected: str) -> L:
+    """Line ``n`` of a JSON-lines file as ``model``, strictly (each key once, no other)."""
+    try:
+        return model.model_validate(json.loads(line, object_pairs_hook=once))
+    except (ValidationError, ValueError, RecursionError):
+        raise CommandFailed("BAD_INPUT", f"line {n}: expected {expected} (each key once, no other)") from None
+
+
 def _legacy_line(n: int, line: str) -> LegacyEntry:
     """Line ``n`` of a legacy file, read strictly (:func:`_read_legacy`)."""
-    try:
-        row = _LegacyLine.model_validate(json.loads(line, object_pairs_hook=once))
-    except (ValidationError, ValueError, RecursionError):
-        raise CommandFailed(
-            "BAD_INPUT",
-            f'line {n}: expected {{"content": "<text>", "tags": ["<tag>", ...], "layer": "<layer>"}}'
-            " (each key once, no other)",
-        ) from None
+    row = _json_line(
+        _LegacyLine, n, line, '{"content": "<text>", "tags": ["<tag>", ...], "layer": "<layer>"}'
+    )
     try:
         check_content(row.content)
         if len(row.tags) > MAX_LEGACY_TAGS:
@@ -156,6 +165,49 @@ class _LegacyLine(BaseModel):
     content: str
     tags: list[str] = []
     layer: str = "fact"
+
+
+def _read_rebuilds(path: str) -> list[Rebuild]:
+    """One JSON object per line: ``{"id": "mem_…", "sources": [{"chat": "chat_…", "item": "i-3"}]}``
+    for a fact, or ``{"id": "mem_…", "sourceEntries": ["mem_…"], "confidence": 0.8}`` for an
+    observation; a line of another shape is refused with its number before anything changes."""
+    rebuilds: list[Rebuild] = []
+    with Path(path).open(encoding="utf-8") as lines:
+        for n, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            if len(rebuilds) == MAX_REBUILDS:
+                raise CommandFailed(
+                    "BAD_INPUT", f"line {n}: a file holds at most {MAX_REBUILDS:,} entries; split it"
+                )
+            row = _json_line(
+                _RebuildLine,
+                n,
+                line,
+                '{"id": "<entry>", "sources": [{"chat": "<chat>", "item": "<item>"}]} or '
+                '{"id": "<entry>", "sourceEntries": ["<entry>"], "confidence": <0..1>}',
+            )
+            sources = tuple(ItemRef(s.chat, s.item) for s in row.sources)
+            rebuilds.append(Rebuild(row.id, sources, tuple(row.source_entries), row.confidence))
+    return rebuilds
+
+
+class _SourceLine(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    chat: str
+    item: str
+
+
+class _RebuildLine(BaseModel):
+    """One line of a rebuild file, strictly."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    id: str
+    sources: list[_SourceLine] = []
+    source_entries: list[str] = Field(default=[], alias="sourceEntries")
+    confidence: float | None = None
 
 
 class _Bar:
@@ -234,9 +286,25 @@ async def _import(bot_id: str, legacy: list[LegacyEntry]) -> int:
             await embedder.aclose()
     kept = sum(entry.remembered_by() is not None for entry in legacy)
     print(
-        f"imported {len(applied.entry_ids)} legacy entries (hidden until rebuilt from provable sources; "
+        f"imported {len(applied.entry_ids)} legacy entries (hidden until rebuilt from provable sources, "
+        "botmemory rebuild-legacy; "
         f"private pinned entries made with Remember stay their authors': up to {kept})"
     )
+    return 0
+
+
+async def _rebuild(bot_id: str, rebuilds: list[Rebuild]) -> int:
+    settings = load_settings()
+    embedder = make_embedder(settings)  # the rebuilt entries are searchable from the commit
+    try:
+        async with _runtime(settings) as runtime:
+            applied, made = await rebuild_legacy(runtime, bot_id, rebuilds, embedder)
+    finally:
+        if embedder is not None:
+            await embedder.aclose()
+    print(f"rebuilt {len(made)} legacy entries (version {applied.version}):")
+    for old, new in made.items():
+        print(f"  {old} -> {new}")
     return 0
 
 
@@ -324,7 +392,14 @@ def _main(argv: list[str]) -> int:
     imp = commands.add_parser("import-legacy", help="load legacy entries without access proof (V9)")
     imp.add_argument("bot_id")
     imp.add_argument("file", help="JSON lines: content, tags, layer")
+    rebuild = commands.add_parser(
+        "rebuild-legacy", help="rebuild legacy entries from sources whose access can be checked (V9)"
+    )
+    rebuild.add_argument("bot_id")
+    rebuild.add_argument("file", help="JSON lines: id, and sources (Items) or sourceEntries")
     args = parser.parse_args(argv)
+    if args.command == "rebuild-legacy":
+        return asyncio.run(_rebuild(args.bot_id, _read_rebuilds(args.file)))
     if args.command == "new-master-key":
         print(new_master_key())
         return 0

@@ -11,7 +11,7 @@ from typing import Any, Final, LiteralString, TypedDict
 from neo4j import AsyncManagedTransaction
 
 from graph.access import IdsRow
-from graph.driver import QueryTarget, rows, single
+from graph.driver import Ciphertext, QueryTarget, rows, single
 from graph.topics import TOPICS_OF_E, link_topics, retag
 
 #: The properties of a new Entry ``e`` in memory ``m``, from ``row`` and the bound ``tags``,
@@ -368,6 +368,38 @@ class EditedEntry(TypedDict):
 
 class EditedEntryRow(TypedDict):
     entry: EditedEntry
+
+
+#: Legacy entries by id, for their rebuild (V9): whether each is of the Bot, legacy and active, and
+#: its layer, tags and content (ciphertext).
+LEGACY_ENTRIES: Final[LiteralString] = """
+UNWIND $ids AS id
+OPTIONAL MATCH (e:Entry {id: id, botId: $botId})
+RETURN collect({id: id, found: e IS NOT NULL, legacy: coalesce(e.legacy, false), status: e.status,
+                layer: e.layer, tags: e.tags, content: e.content}) AS entries
+"""
+
+
+class LegacyEntryMap(TypedDict):
+    """One of LEGACY_ENTRIES' ``entries`` (``found`` False: the rest is null)."""
+
+    id: str
+    found: bool
+    legacy: bool
+    status: str | None
+    layer: str | None
+    tags: list[str] | None
+    content: Ciphertext | None
+
+
+class LegacyEntriesRow(TypedDict):
+    entries: list[LegacyEntryMap]
+
+
+async def legacy_entries(tx: QueryTarget, *, bot_id: str, ids: list[str]) -> list[LegacyEntryMap]:
+    """LEGACY_ENTRIES, in the order of ``ids``."""
+    record = await single(tx, LEGACY_ENTRIES, LegacyEntriesRow, botId=bot_id, ids=ids)
+    return [] if record is None else record["entries"]
 
 
 async def entry_for_edit(tx: AsyncManagedTransaction, *, bot_id: str, id: str) -> EditedEntry | None:

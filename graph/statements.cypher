@@ -2142,6 +2142,12 @@ SET e.tags = [t IN e.tags WHERE t <> 'from:' + $personId],
     e.excluded = [p IN coalesce(e.excluded, []) WHERE p <> $personId] + [$personId],
     e.updatedAt = $now
 
+// ---- graph.entries.LEGACY_ENTRIES
+UNWIND $ids AS id
+OPTIONAL MATCH (e:Entry {id: id, botId: $botId})
+RETURN collect({id: id, found: e IS NOT NULL, legacy: coalesce(e.legacy, false), status: e.status,
+                layer: e.layer, tags: e.tags, content: e.content}) AS entries
+
 // ---- graph.entries.RENAME_TOPIC
 MATCH (:Topic {botId: $botId, topic: $from})<-[:HAS_TOPIC]-(e:Entry)
 WITH e, reduce(acc = [], t IN e.tags | CASE WHEN t CONTAINS ':' OR t IN acc THEN acc ELSE acc + t END) AS topicsBefore

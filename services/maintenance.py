@@ -12,16 +12,26 @@ from neo4j import AsyncManagedTransaction
 
 from graph import changelog, entries, identity
 from graph import memory as memory_q
-from graph.driver import write
-from services.changes import Applied, check_content, check_topics
+from graph.driver import read, write
+from services.changes import (
+    MAX_TOPICS,
+    AddFact,
+    AddObservation,
+    Applied,
+    Invalidate,
+    ItemRef,
+    MemoryChange,
+    check_content,
+    check_topics,
+)
 from services.crypto import Cipher, Kind
 from services.derived import derive
 from services.embedding import Embedder
-from services.errors import BadInput, NotFound
+from services.errors import BadInput, Conflict, NotFound
 from services.ids import new_id
 from services.memory import cipher_of
 from services.runtime import Runtime, now_ms
-from services.writepath import ORDER_SLOTS, publish_change
+from services.writepath import ORDER_SLOTS, apply_changes, publish_change
 
 #: The longest tag a legacy line may carry (an id tag of ours is at most ~112 characters).
 MAX_LEGACY_TAG_CHARS: Final = 200
@@ -168,6 +178,93 @@ def _legacy_row(
         tags = ["from:" + person, "for:person:" + person, "org:" + org, *topics]
         row |= {"tags": list(dict.fromkeys(tags)), "author": person, "sourceCount": 0, "legacy": False}
     return row
+
+
+@dataclass(frozen=True, slots=True)
+class Rebuild:
+    """A legacy entry rebuilt from sources whose access can be checked (seed 000, V9): the Items it
+    rests on (a fact) or the entries (an observation, with its ``confidence``)."""
+
+    id: str
+    sources: tuple[ItemRef, ...] = ()
+    source_entry_ids: tuple[str, ...] = ()
+    confidence: float | None = None
+
+
+#: The most legacy entries one rebuild takes (each is two changes of one transaction).
+MAX_REBUILDS: Final = 1_000
+
+
+async def rebuild_legacy(
+    rt: Runtime, bot_id: str, rebuilds: list[Rebuild], embedder: Embedder | None = None
+) -> tuple[Applied, dict[str, str]]:
+    """Rebuild legacy entries from sources whose access can be checked (seed 000: "The entry can
+    become visible only after it is rebuilt from sources whose access can be checked"): each
+    becomes a new entry with its content and topics, resting on the sources given — a fact on
+    Items of this Bot's chats, an observation on active entries with access proof — whose
+    ``for:`` and provenance tags come from those sources as the memory Bot's do (never wider than
+    they prove, V9), and the legacy entry is invalidated, in one change logged as ``promotion``
+    (C2). Every source is checked under the lock as the write path checks the memory Bot's
+    (ADD_ENTRIES); anything refused refuses all. Returns the change and each legacy id's new id."""
+    if not 1 <= len(rebuilds) <= MAX_REBUILDS:
+        raise BadInput(f"rebuild 1 to {MAX_REBUILDS:,} entries at once", field="entries")
+    ids = [r.id for r in rebuilds]
+    if len(set(ids)) != len(ids):
+        raise BadInput("an entry is named twice", field="id")
+    for r in rebuilds:
+        if bool(r.sources) == bool(r.source_entry_ids):
+            raise BadInput(
+                "name the Items a fact rests on, or the entries of an observation", field="sources"
+            )
+    cipher = await cipher_of(rt, bot_id)
+    found = await read(rt.driver, lambda tx: entries.legacy_entries(tx, bot_id=bot_id, ids=ids))
+    for entry in found:
+        _rebuildable(entry)
+    changes: list[MemoryChange] = []
+    made: dict[str, str] = {}
+    for r, entry in zip(rebuilds, found, strict=True):
+        assert entry["content"] is not None
+        assert entry["tags"] is not None
+        content = cipher.decrypt(Kind.ENTRY, r.id, entry["content"])
+        topics = _topics_of(entry["tags"])
+        new: AddFact | AddObservation
+        if r.sources:
+            new = AddFact(content=content, sources=r.sources, topics=topics)
+        else:
+            new = AddObservation(
+                content=content,
+                source_entry_ids=r.source_entry_ids,
+                confidence=1.0 if r.confidence is None else r.confidence,
+                topics=topics,
+            )
+        changes += [new, Invalidate(r.id)]
+        made[r.id] = new.id
+
+    async def still_legacy(tx: AsyncManagedTransaction) -> None:
+        for entry in await entries.legacy_entries(tx, bot_id=bot_id, ids=ids):
+            _rebuildable(entry)  # under the lock: rebuilt, purged or invalidated meanwhile
+
+    applied = await apply_changes(rt, bot_id, changes, "promotion", precheck=still_legacy, embedder=embedder)
+    return applied, made
+
+
+def _topics_of(tags: list[str]) -> tuple[str, ...]:
+    """The legacy tags that are topics as the memory Bot's are (V8), the first MAX_TOPICS: an older
+    version's others (a colon tag, another form) are not carried over."""
+    topics: list[str] = []
+    for tag in tags:
+        try:
+            topics += check_topics((tag,))
+        except BadInput:
+            continue
+    return tuple(dict.fromkeys(topics))[:MAX_TOPICS]
+
+
+def _rebuildable(entry: entries.LegacyEntryMap) -> None:
+    if not entry["found"]:
+        raise NotFound(f"no entry {entry['id']} of this Bot")
+    if not entry["legacy"] or entry["status"] != "active":
+        raise Conflict(f"{entry['id']} is not a legacy entry waiting to be rebuilt")
 
 
 async def relabel_all(rt: Runtime, bot_id: str) -> int:

@@ -403,3 +403,96 @@ async def test_import_legacy_loads_hidden_entries_logged_as_promotion(
     }
     log = await api.http.get(f"/v1/bots/{w.bot}/memory/log", headers=bearer(bob))
     assert (log.json()["changes"], log.json()["version"]) == ([], 1)
+
+
+async def test_legacy_entries_are_rebuilt_from_sources_whose_access_can_be_checked(
+    api: Api, runtime: Runtime, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Seed 000: "The entry can become visible only after it is rebuilt from sources whose access
+    can be checked." ``botmemory rebuild-legacy`` makes each named legacy entry a new entry resting
+    on the Items (a fact) or entries (an observation) given, tagged from those sources as the
+    memory Bot's are — never wider than they prove (V9) — and invalidates the legacy one, in one
+    change logged as ``promotion`` (C2). A source that does not prove it refuses the whole file,
+    and a legacy entry is rebuilt once."""
+    w = await make_world(api, ("ann", "bob"))
+    ann, person = w.tokens["ann"], w.people["ann"]
+    chat = await api.chat(ann, w.bot)
+    _, item = await said(api, ann, chat, "I moved to Bergen last spring.")
+    lines = [
+        {"content": "Ann lives in Bergen", "tags": ["for:bot", f"org:{w.org}", "home", "Old Topic"]},
+        {"content": "Ann likes the coast", "tags": ["for:bot"], "layer": "observation"},
+    ]
+    legacy_file = tmp_path / "legacy.jsonl"
+    legacy_file.write_text("\n".join(json.dumps(line) for line in lines) + "\n", encoding="utf-8")
+    assert await asyncio.to_thread(cli.main, ["import-legacy", w.bot, str(legacy_file)]) == 0
+    cipher = await cipher_of(runtime, w.bot)
+
+    async def stored() -> dict[str, dict[str, Any]]:
+        records, _, _ = await runtime.driver.execute_query(
+            "MATCH (e:Entry {botId: $b}) RETURN e {.id, .content, .status, .legacy, .tags} AS e", b=w.bot
+        )
+        return {cipher.decrypt(Kind.ENTRY, r["e"]["id"], r["e"]["content"]): dict(r["e"]) for r in records}
+
+    legacy = await stored()
+    fact_id, note_id = legacy["Ann lives in Bergen"]["id"], legacy["Ann likes the coast"]["id"]
+    capsys.readouterr()
+
+    async def rebuild(*rows: dict[str, Any]) -> tuple[int, str, str]:
+        path = tmp_path / "rebuild.jsonl"
+        path.write_text("\n".join(json.dumps(r) for r in rows) + "\n", encoding="utf-8")
+        status = await asyncio.to_thread(cli.main, ["rebuild-legacy", w.bot, str(path)])
+        out = capsys.readouterr()
+        return status, out.out, out.err
+
+    # A source that does not prove it (no such Item) refuses the file; nothing changes.
+    version = (await api.http.get(f"/v1/bots/{w.bot}/memory", headers=bearer(ann))).json()["version"]
+    status, _, err = await rebuild(
+        {"id": fact_id, "sources": [{"chat": chat, "item": item}]},
+        {"id": note_id, "sources": [{"chat": chat, "item": "i-99"}]},
+    )
+    assert status == 1 and err.startswith("botmemory: CONFLICT"), err
+    assert await stored() == legacy
+    assert (await api.http.get(f"/v1/bots/{w.bot}/memory", headers=bearer(ann))).json()["version"] == version
+    status, _, err = await rebuild({"id": fact_id, "sources": "i-1"})
+    assert status == 2 and err.startswith("botmemory: BAD_INPUT: line 1:"), err
+
+    status, out, err = await rebuild({"id": fact_id, "sources": [{"chat": chat, "item": item}]})
+    assert status == 0, err
+    records, _, _ = await runtime.driver.execute_query(
+        "MATCH (e:Entry {botId: $b}) WHERE NOT e.id IN $old RETURN e {.id, .content, .tags, .legacy} AS e",
+        b=w.bot,
+        old=[fact_id, note_id],
+    )
+    [rebuilt] = [dict(r["e"]) for r in records]
+    assert cipher.decrypt(Kind.ENTRY, rebuilt["id"], rebuilt["content"]) == "Ann lives in Bergen"
+    assert f"{fact_id} -> {rebuilt['id']}" in out
+    # Tagged from its Item, as the memory Bot's facts are: Ann's private chat makes it Ann's alone
+    # (the legacy "for:bot" is not kept), with the legacy topics that are topics.
+    assert set(rebuilt["tags"]) == {
+        f"from:{person}",
+        f"for:person:{person}",
+        f"org:{w.org}",
+        f"chat:{chat}",
+        "home",
+    }
+    assert not rebuilt.get("legacy")
+    records, _, _ = await runtime.driver.execute_query(
+        "MATCH (e:Entry {id: $id}) RETURN e.status AS status", id=fact_id
+    )
+    assert records[0]["status"] == "invalidated"
+    mine = await visible(api, ann, w.bot)
+    assert [(e["content"], e["sources"]) for e in mine.values()] == [
+        ("Ann lives in Bergen", [{"chat": chat, "item": item}])
+    ]
+    assert await visible(api, w.tokens["bob"], w.bot) == {}
+    log = await api.http.get(f"/v1/bots/{w.bot}/memory/log", headers=bearer(ann))
+    assert log.json()["changes"][-1]["actor"] == "promotion"
+    assert rebuilt["id"] in log.json()["changes"][-1]["ids"]
+    # Rebuilt once; an observation rests on the rebuilt fact and sees no wider than it.
+    status, _, err = await rebuild({"id": fact_id, "sources": [{"chat": chat, "item": item}]})
+    assert status == 1 and err.startswith("botmemory: CONFLICT"), err
+    status, out, err = await rebuild({"id": note_id, "sourceEntries": [rebuilt["id"]], "confidence": 0.7})
+    assert status == 0, err
+    mine = await visible(api, ann, w.bot)
+    assert sorted(e["content"] for e in mine.values()) == ["Ann likes the coast", "Ann lives in Bergen"]
+    assert await visible(api, w.tokens["bob"], w.bot) == {}
