@@ -98,6 +98,12 @@ REFUSALS: Final = {
 #: position, ``items`` ([{chat, item}] a fact rests on), ``entries`` (ids an observation rests
 #: on) and ``earlier`` (those of ``entries`` that an earlier row of ``$adds`` creates).
 #:
+#: The access rule an Item ``i`` of Turn ``t`` in Chat ``ch`` gives what rests on it (V3): its
+#: channel's, else the person whose Turn it is, else the Chat's owner.
+_ITEM_RULE: Final[LiteralString] = """CASE WHEN ch.channelId IS NOT NULL THEN 'channel:' + ch.channelId
+                   WHEN t.actorKind = 'person' THEN 'person:' + t.actorId
+                   ELSE 'person:' + ch.ownerId END"""
+
 #: A fact rests on Items of this Bot's chats that still have their text, none of a review chat
 #: (D9.16): people's messages, and App results only beside a message (L3). It gets ``from:``
 #: (``app:``), ``for:`` the Item's rule, ``org:``, ``chat:`` and ``channel:`` of each, and its
@@ -115,10 +121,9 @@ CALL (version) {
     WHERE ch.botId = $botId
     RETURN collect(CASE WHEN ch IS NOT NULL THEN {item: i, chat: ref.chat, kind: i.kind, app: i.app,
         hasText: i.text IS NOT NULL, review: coalesce(ch.review, false), org: ch.organizationId,
-        channel: ch.channelId, actorId: t.actorId,
-        rule: CASE WHEN ch.channelId IS NOT NULL THEN 'channel:' + ch.channelId
-                   WHEN t.actorKind = 'person' THEN 'person:' + t.actorId
-                   ELSE 'person:' + ch.ownerId END} END) AS items
+        channel: ch.channelId, actorId: t.actorId, rule: """
+    + _ITEM_RULE
+    + """} END) AS items
   }
   CALL (row) {
     UNWIND row.entries AS sourceId
@@ -368,6 +373,42 @@ class EditedEntry(TypedDict):
 
 class EditedEntryRow(TypedDict):
     entry: EditedEntry
+
+
+#: The ``for:`` tags an entry resting on these sources gets (as ADD_ENTRIES gives them): each Item's
+#: rule (``$refs``, ``chat``/``item``; one not of this Bot's chats gives none) and each entry's
+#: own ``for:`` tags (``$entryIds``).
+SOURCE_AUDIENCE: Final[LiteralString] = (
+    """
+CALL () {
+  UNWIND $refs AS ref
+  MATCH (i:Item {uid: ref.chat + '/' + ref.item})-[:IN_TURN]->(t:Turn)-[:IN_CHAT]->(ch:Chat)
+  WHERE ch.botId = $botId
+  RETURN collect('for:' + """
+    + _ITEM_RULE
+    + """) AS rules
+}
+CALL () {
+  UNWIND $entryIds AS sourceId
+  MATCH (s:Entry {id: sourceId, botId: $botId})
+  UNWIND [x IN s.tags WHERE x STARTS WITH 'for:'] AS tag
+  RETURN collect(tag) AS tags
+}
+RETURN rules + tags AS tags
+"""
+)
+
+
+class TagsRow(TypedDict):
+    tags: list[str]
+
+
+async def source_audience(
+    tx: QueryTarget, *, bot_id: str, refs: list[dict[str, str]], entry_ids: list[str]
+) -> set[str]:
+    """SOURCE_AUDIENCE."""
+    record = await single(tx, SOURCE_AUDIENCE, TagsRow, botId=bot_id, refs=refs, entryIds=entry_ids)
+    return set() if record is None else set(record["tags"])
 
 
 #: Legacy entries by id, for their rebuild (V9): whether each is of the Bot, legacy and active, and

@@ -18,6 +18,8 @@ from graph.memory import TOP_RANK
 #: Statuses: ``waiting`` (its Turn is open), ``queued``, ``running`` (leased), ``budget``
 #: (waits for the next period or a raised limit), and the ends ``done``, ``failed``, ``skipped``.
 ENDS: Final = ("done", "failed", "skipped")
+#: Confessions a learning step reads at most (the request carries what fits in its characters).
+CONFIDED_READ: Final = 100
 
 #: Recorded at confide (L2), under the Turn's lock so a concurrent completeTurn queues it.
 CREATE_EXECUTION: Final[LiteralString] = """
@@ -208,8 +210,9 @@ class CommittedRow(TypedDict):
 
 #: The Chat's Items after ``$after`` in order, each with the number of its Turn (the caller stops
 #: at the first Item of a later Turn than the execution's), but those said while the memory Bot
-#: learnt nothing (``memoryOff``, L5). Text is ciphertext. With them, what the Bot confided during
-#: their Turns (seed: the Bot's words "only show the memory Bot where to look"), oldest first.
+#: learnt nothing (``memoryOff``, L5). Text is ciphertext. With them, the first ``$confided`` of
+#: what the Bot confided during their Turns (seed: the Bot's words "only show the memory Bot where
+#: to look"), oldest first, but those confided while it learnt nothing.
 EVIDENCE: Final[LiteralString] = """
 MATCH (i:Item)
 WHERE i.chatId = $chatId AND i.seq > $after AND i.memoryOff IS NULL
@@ -221,8 +224,9 @@ WITH collect(i {.uid, .id, .seq, .kind, .text, .app, .speakerId, .timeZone, turn
 CALL (turns) {
   UNWIND turns AS t
   MATCH (f:Confession)-[:ABOUT]->(t)
-  WHERE f.text IS NOT NULL
+  WHERE f.text IS NOT NULL AND f.memoryOff IS NULL
   WITH f, t ORDER BY t.seq, f.createdAt, f.id
+  LIMIT $confided
   RETURN collect(f {.id, .text, turnSeq: t.seq}) AS confided
 }
 RETURN items, confided
@@ -411,7 +415,9 @@ async def commit_step(
 
 
 async def evidence(tx: AsyncManagedTransaction, *, chat_id: str, after: int, limit: int) -> EvidenceRow:
-    record = await single(tx, EVIDENCE, EvidenceRow, chatId=chat_id, after=after, limit=limit)
+    record = await single(
+        tx, EVIDENCE, EvidenceRow, chatId=chat_id, after=after, limit=limit, confided=CONFIDED_READ
+    )
     return {"items": [], "confided": []} if record is None else record
 
 

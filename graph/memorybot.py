@@ -182,22 +182,36 @@ class SavedCallsRow(TypedDict):
     calls: list[SavedCall]
 
 
-#: What the Bot confided (saved before the answer is sought, so a crash loses nothing).
-CREATE_CONFESSION: Final[LiteralString] = """
-MATCH (t:Turn {id: $turnId})
-CREATE (f:Confession {id: $id, botId: $botId, chatId: t.chatId, turnId: t.id, text: $text, answer: null,
-                      usedEntryIds: [], answeredBy: null, createdAt: $now})-[:ABOUT]->(t)
+#: Whether the Chat's organization learns nothing now (``botMemory`` off or no model, L5), as
+#: ``graph.chats._CREATE_ITEM`` marks an Item: such a confession never reaches a learning request,
+#: whatever the settings are when a later execution runs. Needs ``t`` (the Turn).
+_MEMORY_OFF: Final[LiteralString] = """
+MATCH (t)-[:IN_CHAT]->(:Chat)-[:IN_ORG]->(o:Organization)
+WITH t, CASE WHEN coalesce(o.botMemory, false) AND o.botMemoryModel IS NOT NULL THEN null ELSE true END AS memoryOff
 """
 
-#: Confessions saved answered at once with ``$answers`` (the fixed calm answer, ``fixed``), in
-#: the order given (``$rows``: ``id, text, answer``; ``createdAt`` ``$now`` for all).
-CREATE_ANSWERED_CONFESSIONS: Final[LiteralString] = """
-MATCH (t:Turn {id: $turnId})
-UNWIND $rows AS row
+#: What the Bot confided (saved before the answer is sought, so a crash loses nothing).
+CREATE_CONFESSION: Final[LiteralString] = (
+    "MATCH (t:Turn {id: $turnId})"
+    + _MEMORY_OFF
+    + """CREATE (f:Confession {id: $id, botId: $botId, chatId: t.chatId, turnId: t.id, text: $text, answer: null,
+                      usedEntryIds: [], answeredBy: null, createdAt: $now, memoryOff: memoryOff})-[:ABOUT]->(t)
+"""
+)
+
+#: Confessions saved answered at once (the fixed calm answer, ``fixed``), in the order given
+#: (``$rows``: ``id, text, answer``; each ``createdAt`` a millisecond after the one before, so that
+#: listings and learning requests keep that order).
+CREATE_ANSWERED_CONFESSIONS: Final[LiteralString] = (
+    "MATCH (t:Turn {id: $turnId})"
+    + _MEMORY_OFF
+    + """UNWIND range(0, size($rows) - 1) AS at
+WITH t, memoryOff, at, $rows[at] AS row
 CREATE (f:Confession {id: row.id, botId: $botId, chatId: t.chatId, turnId: t.id, text: row.text,
                       answer: row.answer, usedEntryIds: [], answeredBy: 'fixed', answeredAt: $now,
-                      createdAt: $now})-[:ABOUT]->(t)
+                      createdAt: $now + at, memoryOff: memoryOff})-[:ABOUT]->(t)
 """
+)
 
 #: The answer given, with the ids of the entries it could draw on (re-validated on read, D9.6);
 #: none when the Chat's history was deleted while it was sought (D9.23).

@@ -136,10 +136,10 @@ RETURN calls, answers, rewrites
 #: purged entries, which its answer could otherwise restate as a new fact of another Chat. The
 #: purge is also stamped with the next derived-data sequence (``vecSeq``) as a ``Purged`` node
 #: holding the node ids the entries had: every process's index drops them at its next catch-up
-#: (``graph.search``). Without it they stayed in each index until a walk lost them, one walk of
-#: candidates at a time — a purge of thousands that ranked high for a query left that query's
-#: next searches walking lost candidates for rounds. ``Purged`` nodes older than PURGED_KEEP_MS
-#: go: an index that has not caught up since loses the rest by walks, as it does any it missed.
+#: (``graph.search``), before any walk meets them — a walk loses its candidates one walk at a
+#: time, and a purge of thousands that ranked high for a query would cost that query rounds of
+#: them. ``Purged`` nodes older than PURGED_KEEP_MS go: an index that has not caught up since
+#: loses the rest by walks, as it does any it missed.
 COUNT_PURGE: Final[LiteralString] = """
 MATCH (m:Memory {id: $botId})
 SET m.purges = coalesce(m.purges, 0) + 1, m.vecSeq = coalesce(m.vecSeq, 0) + 1

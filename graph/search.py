@@ -108,6 +108,7 @@ CALL (m) {
 }
 CALL () {
   OPTIONAL MATCH (p:Purged)
+  USING INDEX p:Purged(botId, vecSeq)
   WHERE p.botId = $botId AND p.vecSeq > $after
   RETURN reduce(held = [], nodes IN collect(p.nodes) | held + nodes) AS purged
 }

@@ -684,8 +684,7 @@ CALL (version) {
     WHERE ch.botId = $botId
     RETURN collect(CASE WHEN ch IS NOT NULL THEN {item: i, chat: ref.chat, kind: i.kind, app: i.app,
         hasText: i.text IS NOT NULL, review: coalesce(ch.review, false), org: ch.organizationId,
-        channel: ch.channelId, actorId: t.actorId,
-        rule: CASE WHEN ch.channelId IS NOT NULL THEN 'channel:' + ch.channelId
+        channel: ch.channelId, actorId: t.actorId, rule: CASE WHEN ch.channelId IS NOT NULL THEN 'channel:' + ch.channelId
                    WHEN t.actorKind = 'person' THEN 'person:' + t.actorId
                    ELSE 'person:' + ch.ownerId END} END) AS items
   }
@@ -892,8 +891,7 @@ CALL (version) {
     WHERE ch.botId = $botId
     RETURN collect(CASE WHEN ch IS NOT NULL THEN {item: i, chat: ref.chat, kind: i.kind, app: i.app,
         hasText: i.text IS NOT NULL, review: coalesce(ch.review, false), org: ch.organizationId,
-        channel: ch.channelId, actorId: t.actorId,
-        rule: CASE WHEN ch.channelId IS NOT NULL THEN 'channel:' + ch.channelId
+        channel: ch.channelId, actorId: t.actorId, rule: CASE WHEN ch.channelId IS NOT NULL THEN 'channel:' + ch.channelId
                    WHEN t.actorKind = 'person' THEN 'person:' + t.actorId
                    ELSE 'person:' + ch.ownerId END} END) AS items
   }
@@ -1921,8 +1919,7 @@ CALL (version) {
     WHERE ch.botId = $botId
     RETURN collect(CASE WHEN ch IS NOT NULL THEN {item: i, chat: ref.chat, kind: i.kind, app: i.app,
         hasText: i.text IS NOT NULL, review: coalesce(ch.review, false), org: ch.organizationId,
-        channel: ch.channelId, actorId: t.actorId,
-        rule: CASE WHEN ch.channelId IS NOT NULL THEN 'channel:' + ch.channelId
+        channel: ch.channelId, actorId: t.actorId, rule: CASE WHEN ch.channelId IS NOT NULL THEN 'channel:' + ch.channelId
                    WHEN t.actorKind = 'person' THEN 'person:' + t.actorId
                    ELSE 'person:' + ch.ownerId END} END) AS items
   }
@@ -2019,8 +2016,7 @@ CALL (version) {
     WHERE ch.botId = $botId
     RETURN collect(CASE WHEN ch IS NOT NULL THEN {item: i, chat: ref.chat, kind: i.kind, app: i.app,
         hasText: i.text IS NOT NULL, review: coalesce(ch.review, false), org: ch.organizationId,
-        channel: ch.channelId, actorId: t.actorId,
-        rule: CASE WHEN ch.channelId IS NOT NULL THEN 'channel:' + ch.channelId
+        channel: ch.channelId, actorId: t.actorId, rule: CASE WHEN ch.channelId IS NOT NULL THEN 'channel:' + ch.channelId
                    WHEN t.actorKind = 'person' THEN 'person:' + t.actorId
                    ELSE 'person:' + ch.ownerId END} END) AS items
   }
@@ -2230,6 +2226,23 @@ WITH e
 FOREACH (_ IN CASE WHEN 'preferences' IN e.tags THEN [1] ELSE [] END | SET e:Preference)
 FOREACH (_ IN CASE WHEN 'preferences' IN e.tags THEN [] ELSE [1] END | REMOVE e:Preference)
 
+// ---- graph.entries.SOURCE_AUDIENCE
+CALL () {
+  UNWIND $refs AS ref
+  MATCH (i:Item {uid: ref.chat + '/' + ref.item})-[:IN_TURN]->(t:Turn)-[:IN_CHAT]->(ch:Chat)
+  WHERE ch.botId = $botId
+  RETURN collect('for:' + CASE WHEN ch.channelId IS NOT NULL THEN 'channel:' + ch.channelId
+                   WHEN t.actorKind = 'person' THEN 'person:' + t.actorId
+                   ELSE 'person:' + ch.ownerId END) AS rules
+}
+CALL () {
+  UNWIND $entryIds AS sourceId
+  MATCH (s:Entry {id: sourceId, botId: $botId})
+  UNWIND [x IN s.tags WHERE x STARTS WITH 'for:'] AS tag
+  RETURN collect(tag) AS tags
+}
+RETURN rules + tags AS tags
+
 // ---- graph.identity.COUNT_PEOPLE_IN_ORG
 UNWIND $personIds AS personId
 MATCH (p:Person {id: personId})-[:MEMBER_OF]->(:Organization {id: $organizationId})
@@ -2411,8 +2424,9 @@ WITH collect(i {.uid, .id, .seq, .kind, .text, .app, .speakerId, .timeZone, turn
 CALL (turns) {
   UNWIND turns AS t
   MATCH (f:Confession)-[:ABOUT]->(t)
-  WHERE f.text IS NOT NULL
+  WHERE f.text IS NOT NULL AND f.memoryOff IS NULL
   WITH f, t ORDER BY t.seq, f.createdAt, f.id
+  LIMIT $confided
   RETURN collect(f {.id, .text, turnSeq: t.seq}) AS confided
 }
 RETURN items, confided
@@ -2785,15 +2799,20 @@ RETURN count(n) AS n
 
 // ---- graph.memorybot.CREATE_ANSWERED_CONFESSIONS
 MATCH (t:Turn {id: $turnId})
-UNWIND $rows AS row
+MATCH (t)-[:IN_CHAT]->(:Chat)-[:IN_ORG]->(o:Organization)
+WITH t, CASE WHEN coalesce(o.botMemory, false) AND o.botMemoryModel IS NOT NULL THEN null ELSE true END AS memoryOff
+UNWIND range(0, size($rows) - 1) AS at
+WITH t, memoryOff, at, $rows[at] AS row
 CREATE (f:Confession {id: row.id, botId: $botId, chatId: t.chatId, turnId: t.id, text: row.text,
                       answer: row.answer, usedEntryIds: [], answeredBy: 'fixed', answeredAt: $now,
-                      createdAt: $now})-[:ABOUT]->(t)
+                      createdAt: $now + at, memoryOff: memoryOff})-[:ABOUT]->(t)
 
 // ---- graph.memorybot.CREATE_CONFESSION
 MATCH (t:Turn {id: $turnId})
+MATCH (t)-[:IN_CHAT]->(:Chat)-[:IN_ORG]->(o:Organization)
+WITH t, CASE WHEN coalesce(o.botMemory, false) AND o.botMemoryModel IS NOT NULL THEN null ELSE true END AS memoryOff
 CREATE (f:Confession {id: $id, botId: $botId, chatId: t.chatId, turnId: t.id, text: $text, answer: null,
-                      usedEntryIds: [], answeredBy: null, createdAt: $now})-[:ABOUT]->(t)
+                      usedEntryIds: [], answeredBy: null, createdAt: $now, memoryOff: memoryOff})-[:ABOUT]->(t)
 
 // ---- graph.memorybot.CREATE_ENRICHMENT
 OPTIONAL MATCH (m:Memory {id: $botId})
@@ -3106,6 +3125,7 @@ CALL (m) {
 }
 CALL () {
   OPTIONAL MATCH (p:Purged)
+  USING INDEX p:Purged(botId, vecSeq)
   WHERE p.botId = $botId AND p.vecSeq > $after
   RETURN reduce(held = [], nodes IN collect(p.nodes) | held + nodes) AS purged
 }
@@ -3216,6 +3236,7 @@ CALL (m) {
 }
 CALL () {
   OPTIONAL MATCH (p:Purged)
+  USING INDEX p:Purged(botId, vecSeq)
   WHERE p.botId = $botId AND p.vecSeq > $after
   RETURN reduce(held = [], nodes IN collect(p.nodes) | held + nodes) AS purged
 }

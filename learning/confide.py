@@ -203,6 +203,8 @@ async def confide_unanswered(rt: Runtime, principal: Principal, turn_id: str, te
         row = await chats_q.turn_for_update(tx, turn_id=turn_id, person_id=principal.person_id)
         require_own_turn(principal, row, "confides on")
         assert row is not None
+        if row["chat"]["review"]:
+            raise ReviewChat("review chats have no confide")
         await chats_q.lock_chat(tx, chat_id=row["chat"]["id"])  # as confide: a deletion is before or after
         _, route = await load_route(rt, tx, row["chat"]["id"])
         rows: list[dict[str, str]] = []

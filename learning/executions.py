@@ -149,16 +149,22 @@ def _confided(
     cipher: Cipher, confided: list[learning_q.ConfidedMap], chunk: list[learning_q.EvidenceMap]
 ) -> list[protocol.Confided]:
     """What the Bot confided during the Turns of ``chunk``, each with the ids of the chunk's Items
-    of its Turn that still have their words (decrypted only for those Turns)."""
+    of its Turn that still have their words: decrypted in order, only as far as the request holds."""
     during: dict[int, list[str]] = {}
     for item in chunk:
         if item["text"] is not None:
             during.setdefault(item["turnSeq"], []).append(item["id"])
-    return [
-        protocol.Confided(tuple(during[c["turnSeq"]]), cipher.decrypt(Kind.CONFESSION, c["id"], c["text"]))
-        for c in confided
-        if c["turnSeq"] in during
-    ]
+    found: list[protocol.Confided] = []
+    size = 0
+    for c in confided:
+        if c["turnSeq"] not in during:
+            continue
+        if size > protocol.CONFIDED_CHARS:
+            break  # the request holds no more of them (protocol.within_confided): not decrypted
+        text = cipher.decrypt(Kind.CONFESSION, c["id"], c["text"])
+        size += len(text)
+        found.append(protocol.Confided(tuple(during[c["turnSeq"]]), text))
+    return found
 
 
 def _speaker(item: learning_q.EvidenceMap) -> str:

@@ -17,7 +17,7 @@ from typing import Any, Final
 from learning import enrichment, toolcalls
 from learning.confide import confide_drawing, confide_unanswered
 from learning.gateway import FIXED_CALM_ANSWER, Call, Gateway, ModelUnavailable
-from services import chats, conversation, turns
+from services import chats, conversation, metrics, turns
 from services.auth import require_person
 from services.domain import ItemKind, Principal, Turn
 from services.errors import BadInput, NotFound
@@ -30,11 +30,14 @@ from services.validation import check_id, check_text
 log = logging.getLogger("learning.runner")
 
 MAX_TOOL_ROUNDS = 3
-#: The most ``confide`` calls of one reply that the memory Bot answers; past them the Bot gets the
-#: fixed calm answer, as when no model can answer (L1), and those confessions are saved together
-#: without a model call or an execution of their own. A round's calls were all answered, one after
-#: another: an answer of a thousand calls made as many executions and charged model calls, for hours.
+#: The most ``confide`` calls of one reply that the memory Bot answers (each a model call charged
+#: to its budget, a confession and a learning execution); past them the Bot gets the fixed calm
+#: answer, as when no model can answer (L1).
 MAX_CONFIDES = 3
+#: Of the confides past MAX_CONFIDES, how many of one reply are saved (with that answer, without a
+#: model call or an execution of their own), so the owner's confessions list them; a reply of a
+#: thousand calls saves this many, the rest only counted (``botmemory_confide_answers_total``).
+MAX_UNANSWERED_SAVED = 10
 UNAVAILABLE_REPLY = "Sorry, I cannot answer just now. Please try again in a moment."
 
 CONFIDE_TOOL: Final = toolcalls.tool("confide", toolcalls.Confide)
@@ -153,7 +156,7 @@ async def _converse(
         if piece:
             await _publish(hub, chat_id, TurnEvent(turn.id, "REPLY_DELTA", piece))
 
-    confided = 0
+    confided = saved = 0
     for _ in range(MAX_TOOL_ROUNDS + 1):
         body: dict[str, Any] = {"messages": messages}
         if tools:
@@ -187,8 +190,12 @@ async def _converse(
         for call in completion.tool_calls:
             if call.name == "confide" and confided >= MAX_CONFIDES:
                 args = toolcalls.checked(toolcalls.Confide, call.arguments)
-                if args is not None:
-                    unanswered.append(args.text[:cap])
+                text = None if args is None else args.text[:cap]
+                if text is not None and saved < MAX_UNANSWERED_SAVED and _sayable(text, cap):
+                    unanswered.append(text)
+                    saved += 1
+                else:
+                    metrics.CONFIDE_ANSWERS.labels(by="fixed").inc()
                 answer, used = FIXED_CALM_ANSWER, ()
             else:
                 confided += call.name == "confide"
@@ -200,6 +207,15 @@ async def _converse(
         if unanswered:
             await _confided_unanswered(rt, hub, principal, chat_id, turn, unanswered)
     return UNAVAILABLE_REPLY
+
+
+def _sayable(text: str, cap: int) -> bool:
+    """Whether ``text`` is what a confession may hold (as ``confide`` checks it)."""
+    try:
+        check_text(text, "text", limit=cap)
+    except BadInput:
+        return False
+    return True
 
 
 async def _confided_unanswered(

@@ -47,10 +47,10 @@ LOG_PAGE = 200
 #: subscriptions; past this many the others wait their turn, a page at a time (never refused: a
 #: reconnecting client that saw nothing for long is far behind through no doing of its own).
 REPLAY_READS = 4
-#: Of those, the pages one person's (or one platform token's) replays read at once: their other
-#: replays wait behind them, not in the process's queue, so one who replays on many streams
-#: delays another's replay by a few pages, never by all of theirs (first come, first served, a
-#: person's thousand replays took every turn before anyone else's next page).
+#: Of those, the pages one person's replays read at once: their other replays wait behind them,
+#: not in the process's queue, so a person who replays on many streams delays another's replay by
+#: a few pages, never by all of theirs (in one queue, first come first served, a thousand replays
+#: of one person would each take a turn before anyone else's next page).
 REPLAY_READS_PER_READER = 2
 #: A Bot whose change could not be delivered is caught up from the log after this pause, doubled
 #: while it fails, up to the longest.
@@ -124,7 +124,7 @@ class ChangeHub:
         #: Per Bot with local subscribers: its deliveries and catch-ups take turns.
         self._turns: dict[str, asyncio.Lock] = {}
         self._replays = asyncio.Semaphore(REPLAY_READS)
-        #: Per reader replaying here: their turns of REPLAY_READS_PER_READER, and how many of their
+        #: Per person replaying here: their turns of REPLAY_READS_PER_READER, and how many of their
         #: replays hold or wait for one.
         self._readers: dict[str, tuple[asyncio.Semaphore, list[int]]] = {}
 
@@ -135,7 +135,7 @@ class ChangeHub:
     async def _replay_page(self, sub: Subscriber) -> AsyncGenerator[None]:
         """A turn to read one page of a replay: one of its reader's REPLAY_READS_PER_READER, then
         one of the process's REPLAY_READS."""
-        reader = sub.person_id or sub.token_id
+        reader = sub.person_id
         turns, users = self._readers.setdefault(reader, (asyncio.Semaphore(REPLAY_READS_PER_READER), [0]))
         users[0] += 1
         try:

@@ -241,11 +241,30 @@ async def rebuild_legacy(
         made[r.id] = new.id
 
     async def still_legacy(tx: AsyncManagedTransaction) -> None:
-        for entry in await entries.legacy_entries(tx, bot_id=bot_id, ids=ids):
+        for r, entry in zip(rebuilds, await entries.legacy_entries(tx, bot_id=bot_id, ids=ids), strict=True):
             _rebuildable(entry)  # under the lock: rebuilt, purged or invalidated meanwhile
+            await _no_wider(tx, bot_id, r, entry)
 
     applied = await apply_changes(rt, bot_id, changes, "promotion", precheck=still_legacy, embedder=embedder)
     return applied, made
+
+
+async def _no_wider(
+    tx: AsyncManagedTransaction, bot_id: str, r: Rebuild, entry: entries.LegacyEntryMap
+) -> None:
+    """The rebuilt entry gives old memory no wider audience (seed 000): every ``for:`` tag of the
+    legacy entry but ``for:bot`` (the Bot's people, whom every audience is within) is among those
+    its sources give it (``for:`` tags are all required, so more of them narrow it)."""
+    refs = [{"chat": s.chat, "item": s.item} for s in r.sources]
+    proved = await entries.source_audience(tx, bot_id=bot_id, refs=refs, entry_ids=list(r.source_entry_ids))
+    wider = sorted(
+        t for t in entry["tags"] or [] if t.startswith("for:") and t != "for:bot" and t not in proved
+    )
+    if wider:
+        raise Conflict(
+            f"the sources of {r.id} do not keep its audience ({', '.join(wider)}): rebuilt on them it "
+            "would be shown more widely than it was"
+        )
 
 
 def _topics_of(tags: list[str]) -> tuple[str, ...]:

@@ -114,6 +114,33 @@ async def test_private_chat_learns_a_fact_for_its_person(
     assert model_server.base_url.split("//")[1] not in learning_worker.log_path.read_text()
 
 
+async def test_what_the_bot_confided_while_memory_was_off_never_reaches_a_learning_request(
+    api: Api, runtime: Runtime, model_server: ModelServer, learning_worker: WorkerProcess
+) -> None:
+    """L5: nothing confided while ``botMemory`` was off is learned from, whatever the setting is
+    when the execution runs: a confession saved then (``memoryOff``, as Items are marked) is not
+    in the Turn's ``botConfided``; one saved while it was on is."""
+    model_server.reset()
+    w = await memory_world(api, ("ann",))
+    ann = w.tokens["ann"]
+    chat = await api.chat(ann, w.bot)
+    turn = await api.turn(ann, chat, "Please book the 9:40 train.")
+    item = await first_item(api, ann, chat)
+    model_server.default("confide", Reply(text="Calmly."))
+    model_server.script("learn", learn(fact_call("Ann takes the 9:40 train.", item)))
+    await confide(api, ann, turn["id"], "I booked the wrong train at first.")
+    await set_org(api, w.org, bot_memory=False)
+    await confide(api, ann, turn["id"], "Between us: I never check the timetable.")
+    await set_org(api, w.org, bot_memory=True)
+    await complete(api, ann, turn["id"])
+    [x] = await wait_executions(runtime, turn["id"])
+    assert x["status"] == "done", x
+    [request] = model_server.requests_for("learn")
+    asked = json.loads(request.body["messages"][1]["content"])
+    assert [c["text"] for c in asked["botConfided"]] == ["I booked the wrong train at first."]
+    assert "timetable" not in json.dumps(request.body)
+
+
 async def test_a_learning_steps_request_is_found_again_by_a_keyed_digest_that_history_deletion_drops(
     api: Api, runtime: Runtime, model_server: ModelServer
 ) -> None:

@@ -13,7 +13,13 @@ import websockets
 from websockets.asyncio.client import ClientConnection
 
 from learning.gateway import FIXED_CALM_ANSWER
-from learning.runner import EARLIER_INTRO, MAX_CONFIDES, SUMMARY_INTRO, UNAVAILABLE_REPLY
+from learning.runner import (
+    EARLIER_INTRO,
+    MAX_CONFIDES,
+    MAX_UNANSWERED_SAVED,
+    SUMMARY_INTRO,
+    UNAVAILABLE_REPLY,
+)
 from services.runtime import Runtime
 from tests.client import Api, World, bearer
 from tests.feed_helpers import opened, subscribed, ws_url
@@ -314,12 +320,14 @@ async def test_a_reply_confides_at_most_a_few_times(
     answered in turn, each a confession, a learning execution and a memory-Bot model call
     charged to its budget (a thousand fit in a megabyte). At most MAX_CONFIDES of a reply are
     answered by the memory Bot; the others get the fixed calm answer, as when no model can answer
-    (L1), and are saved together — the owner's confessions list everything the Bot confided
-    (seed 000), each confide an Item of the Turn — with one learning execution per answered one."""
+    (L1), and MAX_UNANSWERED_SAVED of them are saved together — the owner's confessions list what
+    the Bot confided (seed 000), each confide an Item of the Turn — with one learning execution per
+    answered one; a reply of a thousand calls saves no more than that."""
     w = await runner_world(api, ("ann",))
     chat = await api.chat(w.tokens["ann"], w.bot)
     model_server.reset()
-    many = [ToolCall("confide", {"text": f"Worry number {n}."}) for n in range(8)]
+    total = MAX_CONFIDES + MAX_UNANSWERED_SAVED + 3
+    many = [ToolCall("confide", {"text": f"Worry number {n}."}) for n in range(total)]
     model_server.script("chat", Reply(tool_calls=many), Reply(text="Here you are."))
     model_server.default("confide", Reply(text="Calmly: carry on."))
     data = await api.gql(SEND, {"c": chat, "t": "Plan my week."}, w.tokens["ann"])
@@ -328,11 +336,14 @@ async def test_a_reply_confides_at_most_a_few_times(
     answers = [
         m["content"] for m in model_server.requests_for("chat")[-1].body["messages"] if m["role"] == "tool"
     ]
-    assert answers == ["Calmly: carry on."] * MAX_CONFIDES + [FIXED_CALM_ANSWER] * (8 - MAX_CONFIDES)
+    assert answers == ["Calmly: carry on."] * MAX_CONFIDES + [FIXED_CALM_ANSWER] * (total - MAX_CONFIDES)
     listed = await api.http.get(f"/v1/chats/{chat}/confessions", headers=bearer(w.tokens["ann"]))
     assert sorted((c["text"], c["answer"], c["answeredBy"]) for c in listed.json()["confessions"]) == sorted(
         [(f"Worry number {n}.", "Calmly: carry on.", "model") for n in range(MAX_CONFIDES)]
-        + [(f"Worry number {n}.", FIXED_CALM_ANSWER, "fixed") for n in range(MAX_CONFIDES, 8)]
+        + [
+            (f"Worry number {n}.", FIXED_CALM_ANSWER, "fixed")
+            for n in range(MAX_CONFIDES, MAX_CONFIDES + MAX_UNANSWERED_SAVED)
+        ]
     )
     records, _, _ = await runtime.driver.execute_query(
         "MATCH (x:LearningExecution {chatId: $c}) RETURN count(x) AS n", c=chat
@@ -341,7 +352,9 @@ async def test_a_reply_confides_at_most_a_few_times(
     history = await api.gql(
         "query($c: ID!) { chat(id: $c) { messages { kind text } } }", {"c": chat}, w.tokens["ann"]
     )
-    assert [m["text"] for m in history["chat"]["messages"] if m["kind"] == "TOOL_CALL"] == ["confide"] * 8
+    assert [m["text"] for m in history["chat"]["messages"] if m["kind"] == "TOOL_CALL"] == ["confide"] * (
+        MAX_CONFIDES + MAX_UNANSWERED_SAVED
+    )
 
 
 async def test_review_chats_get_no_confide_tool(api: Api, model_server: ModelServer) -> None:

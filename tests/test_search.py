@@ -1090,7 +1090,8 @@ async def test_what_was_stamped_is_sought_by_its_index_whatever_the_statistics(r
     """The search statement's catch-up and a cold load read the entries stamped after a sequence
     through ``entry_vec_seq``, pinned: left to the planner, once that index had been dropped and
     made again (tests/test_migrations.py does) it read every entry of the Bot through
-    ``entry_bot`` and filtered — searches at 10k entries took ~26 ms instead of ~2."""
+    ``entry_bot`` and filtered — searches at 10k entries took ~26 ms instead of ~2. So are the
+    purges' records, through ``purged_bot_seq``."""
 
     def seeks(plan: Any) -> list[str]:
         details = str(plan.get("args", {}).get("Details", ""))
@@ -1104,6 +1105,8 @@ async def test_what_was_stamped_is_sought_by_its_index_whatever_the_statistics(r
         assert any("Entry(botId, vecSeq)" in s and "vecSeq > $after" in s for s in seeks(summary.plan)), (
             statement
         )
+        if statement is not search_q.DERIVED_SINCE:  # and the purges since, by theirs
+            assert any("Purged(botId, vecSeq)" in s for s in seeks(summary.plan)), statement
 
 
 #: 3 March and 16 June 2023, at noon UTC: two sessions of a history a platform imported.

@@ -421,6 +421,7 @@ async def test_legacy_entries_are_rebuilt_from_sources_whose_access_can_be_check
     lines = [
         {"content": "Ann lives in Bergen", "tags": ["for:bot", f"org:{w.org}", "home", "Old Topic"]},
         {"content": "Ann likes the coast", "tags": ["for:bot"], "layer": "observation"},
+        {"content": "Bob's salary is 90k", "tags": [f"for:person:{w.people['bob']}"]},
     ]
     legacy_file = tmp_path / "legacy.jsonl"
     legacy_file.write_text("\n".join(json.dumps(line) for line in lines) + "\n", encoding="utf-8")
@@ -435,6 +436,7 @@ async def test_legacy_entries_are_rebuilt_from_sources_whose_access_can_be_check
 
     legacy = await stored()
     fact_id, note_id = legacy["Ann lives in Bergen"]["id"], legacy["Ann likes the coast"]["id"]
+    bobs_id = legacy["Bob's salary is 90k"]["id"]
     capsys.readouterr()
 
     async def rebuild(*rows: dict[str, Any]) -> tuple[int, str, str]:
@@ -455,13 +457,19 @@ async def test_legacy_entries_are_rebuilt_from_sources_whose_access_can_be_check
     assert (await api.http.get(f"/v1/bots/{w.bot}/memory", headers=bearer(ann))).json()["version"] == version
     status, _, err = await rebuild({"id": fact_id, "sources": "i-1"})
     assert status == 2 and err.startswith("botmemory: BAD_INPUT: line 1:"), err
+    # Never a wider audience for old memory (seed 000): Bob's entry rebuilt on Ann's words would be
+    # Ann's to see.
+    status, _, err = await rebuild({"id": bobs_id, "sources": [{"chat": chat, "item": item}]})
+    assert status == 1 and err.startswith("botmemory: CONFLICT"), err
+    assert f"for:person:{w.people['bob']}" in err and "90k" not in err
+    assert await stored() == legacy
 
     status, out, err = await rebuild({"id": fact_id, "sources": [{"chat": chat, "item": item}]})
     assert status == 0, err
     records, _, _ = await runtime.driver.execute_query(
         "MATCH (e:Entry {botId: $b}) WHERE NOT e.id IN $old RETURN e {.id, .content, .tags, .legacy} AS e",
         b=w.bot,
-        old=[fact_id, note_id],
+        old=[fact_id, note_id, bobs_id],
     )
     [rebuilt] = [dict(r["e"]) for r in records]
     assert cipher.decrypt(Kind.ENTRY, rebuilt["id"], rebuilt["content"]) == "Ann lives in Bergen"
