@@ -231,11 +231,15 @@ CALL apoc.lock.nodes([ch])
 RETURN ch.id AS id
 """
 
+#: Whether ``$personId`` is a person of the Chat: its owner (a private chat) or a member of its
+#: channel, and not removed from their organization.
 IS_PERSON_OF_CHAT: Final[LiteralString] = """
 MATCH (ch:Chat {id: $chatId})
 OPTIONAL MATCH (ch)-[:IN_CHANNEL]->(c:Channel)
-RETURN CASE WHEN c IS NULL THEN ch.ownerId = $personId
-       ELSE EXISTS { MATCH (:Person {id: $personId})-[:MEMBER]->(c) } END AS ok
+OPTIONAL MATCH (who:Person {id: $personId})
+RETURN who IS NOT NULL AND who.removedAt IS NULL
+       AND CASE WHEN c IS NULL THEN ch.ownerId = $personId
+           ELSE EXISTS { MATCH (who)-[:MEMBER]->(c) } END AS ok
 """
 
 

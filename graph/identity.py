@@ -65,13 +65,15 @@ RETURN p {.*, organizationId: o.id} AS person
 
 
 class PersonMap(TypedDict):
-    """A Person's properties; ``timeZone`` only when one is set (an IANA name, D9.32)."""
+    """A Person's properties; ``timeZone`` only when one is set (an IANA name, D9.32);
+    ``removedAt`` once removed from their organization (REMOVE_PERSON)."""
 
     id: str
     name: str
     createdAt: int
     organizationId: str
     timeZone: NotRequired[str]
+    removedAt: NotRequired[int]
 
 
 class PersonRow(TypedDict):
@@ -226,7 +228,43 @@ RETURN count(p) AS members
 COUNT_PEOPLE_IN_ORG: Final[LiteralString] = """
 UNWIND $personIds AS personId
 MATCH (p:Person {id: personId})-[:MEMBER_OF]->(:Organization {id: $organizationId})
+WHERE p.removedAt IS NULL
 RETURN count(DISTINCT p) AS n
+"""
+
+#: A person removed from their organization (an admin's offboarding), in one transaction: out of
+#: every channel (each locked and its version moved on, as SET_CHANNEL_MEMBERS does), every grant
+#: gone (so they read no Bot's memory, nor does any chat of theirs, D9.1), every token of theirs
+#: revoked, and marked ``removedAt`` (never a member, a grantee or an actor again). The node stays:
+#: entries and Items name its id. Removed again, nothing changes.
+REMOVE_PERSON: Final[LiteralString] = """
+MATCH (held:Person {id: $id})
+CALL apoc.lock.nodes([held])
+WITH held
+MATCH (p:Person)-[:MEMBER_OF]->(o:Organization) WHERE elementId(p) = elementId(held)
+SET p.removedAt = coalesce(p.removedAt, $now)
+WITH p, o
+CALL (p) {
+  MATCH (p)-[:MEMBER]->(channel:Channel)
+  CALL apoc.lock.nodes([channel])
+  WITH p, channel
+  MATCH (p)-[m:MEMBER]->(c:Channel) WHERE elementId(c) = elementId(channel)
+  SET c.version = coalesce(c.version, 0) + 1
+  DELETE m
+  RETURN count(c) AS channels
+}
+CALL (p) {
+  OPTIONAL MATCH (p)-[g:GRANT]->(:Bot)
+  DELETE g
+  RETURN count(g) AS grants
+}
+CALL (p) {
+  OPTIONAL MATCH (t:Token)-[:FOR]->(p)
+  WHERE t.revokedAt IS NULL
+  SET t.revokedAt = $now
+  RETURN count(t) AS tokens
+}
+RETURN p {.*, organizationId: o.id} AS person
 """
 
 
@@ -382,6 +420,12 @@ async def lock_channel(tx: AsyncManagedTransaction, *, id: str) -> int | None:
 
 async def set_channel_members(tx: AsyncManagedTransaction, *, id: str, member_ids: list[str]) -> None:
     await single(tx, SET_CHANNEL_MEMBERS, MembersRow, id=id, memberIds=member_ids)
+
+
+async def remove_person(tx: AsyncManagedTransaction, *, id: str, now: int) -> PersonMap | None:
+    """REMOVE_PERSON; None when there is no such person."""
+    record = await single(tx, REMOVE_PERSON, PersonRow, id=id, now=now)
+    return None if record is None else record["person"]
 
 
 async def count_people_in_org(

@@ -1306,8 +1306,10 @@ RETURN i {.*} AS item ORDER BY i.seq LIMIT 1
 // ---- graph.chats.IS_PERSON_OF_CHAT
 MATCH (ch:Chat {id: $chatId})
 OPTIONAL MATCH (ch)-[:IN_CHANNEL]->(c:Channel)
-RETURN CASE WHEN c IS NULL THEN ch.ownerId = $personId
-       ELSE EXISTS { MATCH (:Person {id: $personId})-[:MEMBER]->(c) } END AS ok
+OPTIONAL MATCH (who:Person {id: $personId})
+RETURN who IS NOT NULL AND who.removedAt IS NULL
+       AND CASE WHEN c IS NULL THEN ch.ownerId = $personId
+           ELSE EXISTS { MATCH (who)-[:MEMBER]->(c) } END AS ok
 
 // ---- graph.chats.ITEM_BY_UID
 MATCH (i:Item {uid: $uid}) RETURN i {.*} AS item
@@ -2246,6 +2248,7 @@ RETURN rules + tags AS tags
 // ---- graph.identity.COUNT_PEOPLE_IN_ORG
 UNWIND $personIds AS personId
 MATCH (p:Person {id: personId})-[:MEMBER_OF]->(:Organization {id: $organizationId})
+WHERE p.removedAt IS NULL
 RETURN count(DISTINCT p) AS n
 
 // ---- graph.identity.CREATE_CHANNEL
@@ -2311,6 +2314,35 @@ CALL apoc.lock.nodes([held])
 WITH held
 MATCH (c:Channel) WHERE elementId(c) = elementId(held)
 RETURN coalesce(c.version, 0) AS version
+
+// ---- graph.identity.REMOVE_PERSON
+MATCH (held:Person {id: $id})
+CALL apoc.lock.nodes([held])
+WITH held
+MATCH (p:Person)-[:MEMBER_OF]->(o:Organization) WHERE elementId(p) = elementId(held)
+SET p.removedAt = coalesce(p.removedAt, $now)
+WITH p, o
+CALL (p) {
+  MATCH (p)-[:MEMBER]->(channel:Channel)
+  CALL apoc.lock.nodes([channel])
+  WITH p, channel
+  MATCH (p)-[m:MEMBER]->(c:Channel) WHERE elementId(c) = elementId(channel)
+  SET c.version = coalesce(c.version, 0) + 1
+  DELETE m
+  RETURN count(c) AS channels
+}
+CALL (p) {
+  OPTIONAL MATCH (p)-[g:GRANT]->(:Bot)
+  DELETE g
+  RETURN count(g) AS grants
+}
+CALL (p) {
+  OPTIONAL MATCH (t:Token)-[:FOR]->(p)
+  WHERE t.revokedAt IS NULL
+  SET t.revokedAt = $now
+  RETURN count(t) AS tokens
+}
+RETURN p {.*, organizationId: o.id} AS person
 
 // ---- graph.identity.REVOKE_TOKEN
 MATCH (held:Token {id: $tokenId})

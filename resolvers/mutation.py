@@ -105,6 +105,15 @@ class Mutation(MemoryMutation, MemoryBotMutation):
         token_id, token = await provisioning.issue_token(info.context.runtime, principal, expires_in_seconds)
         return IssuedToken(id=strawberry.ID(token_id), token=token)
 
+    @strawberry.mutation(
+        description="Remove a person from their organization (admin): out of every channel, no grant on "
+        "any Bot, every token of theirs revoked, and never a member, a grantee or a chat's actor again. "
+        "What they said and what was learned of it stay. Removed again: the person as they are."
+    )
+    async def remove_person(self, info: Info, person_id: strawberry.ID) -> Person:
+        principal = await info.context.principal()
+        return Person.of(await provisioning.remove_person(info.context.runtime, principal, str(person_id)))
+
     @strawberry.mutation(description="The admin revokes any token; a person revokes their own.")
     async def revoke_token(self, info: Info, token_id: strawberry.ID) -> TokenRef:
         principal = await info.context.principal()

@@ -62,6 +62,10 @@ class Person:
         description="The IANA time zone this person's words are said in (D9.32: what 'yesterday' and "
         "the days they name mean); null: UTC."
     )
+    removed_at: Long | None = strawberry.field(
+        default=None,
+        description="When the admin removed this person from their organization (removePerson); null: a member.",
+    )
 
     @classmethod
     def of(cls, p: domain.Person) -> Person:
@@ -70,6 +74,7 @@ class Person:
             name=p.name,
             organization_id=strawberry.ID(p.organization_id),
             time_zone=p.time_zone,
+            removed_at=None if p.removed_at is None else Long(p.removed_at),
         )
 
 

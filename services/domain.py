@@ -62,10 +62,19 @@ class Person:
     created_at: int
     #: The IANA time zone their words are said in (D9.32); None: UTC.
     time_zone: str | None = None
+    #: When they were removed from their organization (None: a member).
+    removed_at: int | None = None
 
     @classmethod
     def of(cls, row: PersonMap) -> Person:
-        return cls(row["id"], row["name"], row["organizationId"], row["createdAt"], row.get("timeZone"))
+        return cls(
+            row["id"],
+            row["name"],
+            row["organizationId"],
+            row["createdAt"],
+            row.get("timeZone"),
+            row.get("removedAt"),
+        )
 
 
 @dataclass(frozen=True, slots=True)

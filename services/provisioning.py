@@ -167,6 +167,21 @@ async def revoke_token(rt: Runtime, principal: Principal, token_id: str) -> str:
     return token_id
 
 
+async def remove_person(rt: Runtime, principal: Principal, person_id: str) -> Person:
+    """Remove a person from their organization (the admin's offboarding, D9.34): out of every channel, no
+    grant on any Bot, every token revoked, in one transaction, and never a member, a grantee or
+    an actor of a chat again; their open streams end. What they said and what was learned of it
+    stay, under the same rules (their private memory now has no reader). Removed again: as it is."""
+    require_admin(principal)
+    check_id(person_id, "personId")
+    now = now_ms()
+    row = await write(rt.driver, lambda tx: identity.remove_person(tx, id=person_id, now=now))
+    if row is None:
+        raise NotFound("person not found")
+    await turnfeed.announce_access_change(rt)  # their streams, and a channel's turn streams, end
+    return Person.of(row)
+
+
 async def _check_members(rt: Runtime, organization_id: str, member_ids: list[str]) -> list[str]:
     members = check_ids(member_ids, "memberIds")
     found = await read(
@@ -319,6 +334,8 @@ async def grant_bot(rt: Runtime, principal: Principal, bot_id: str, person_id: s
     person = await read(rt.driver, lambda tx: identity.get_person(tx, id=person_id))
     if person is None:
         raise NotFound("person not found")
+    if "removedAt" in person and access is not Access.NONE:
+        raise BadInput("the person was removed from their organization", field="personId")
     if person["organizationId"] not in (bot.organization_id, *bot.linked_organization_ids):
         raise Forbidden("the person's organization neither owns nor links this Bot")
     await write(

@@ -264,3 +264,56 @@ async def test_platform_token_is_not_a_person(api: Api) -> None:
     platform = await api.platform_token(world.org)
     assert await api.codes(ME, token=platform) == ["FORBIDDEN"]
     assert await api.codes("mutation { issueToken { token } }", token=platform) == ["FORBIDDEN"]
+
+
+REMOVE = "mutation($p: ID!) { removePerson(personId: $p) { id organizationId removedAt } }"
+
+
+async def test_a_removed_person_loses_every_access_at_once_and_comes_back_nowhere(api: Api) -> None:
+    """Offboarding (admin, D9.34): ``removePerson`` takes a person out of every channel, ends every grant
+    and revokes every token of theirs in one transaction, and they are never a member, a grantee
+    or a chat's actor again; their private memory has no reader left, so a platform reading their
+    chat gets nothing. Removed again, nothing changes; only the admin removes."""
+    w = await make_world(api, ("ann", "bob"), channel=("ann", "bob"))
+    ann, bob = w.tokens["ann"], w.tokens["bob"]
+    second = (await api.gql("mutation { issueToken { id token } }", token=ann))["issueToken"]["token"]
+    private = await api.chat(ann, w.bot)
+    remembered = await api.http.post(
+        f"/v1/bots/{w.bot}/memory",
+        json={"command": {"_tag": "Remember", "content": "Ann's locker is number 12"}},
+        headers={"Authorization": f"Bearer {ann}"},
+    )
+    assert remembered.status_code == 201, remembered.text
+    platform = await api.platform_token(w.org)
+    has = f"/v1/chats/{private}/memory/has-entries"
+    before = await api.http.get(has, headers={"Authorization": f"Bearer {platform}"})
+    assert before.json() == {"hasEntries": True}
+    channel = "query($c: ID!) { channel(id: $c) { memberIds version } }"
+    version = (await api.admin(channel, {"c": w.channel}))["channel"]["version"]
+    assert await api.codes(REMOVE, {"p": w.people["ann"]}, bob) == ["FORBIDDEN"]
+
+    removed = (await api.admin(REMOVE, {"p": w.people["ann"]}))["removePerson"]
+    assert removed["id"] == w.people["ann"] and removed["removedAt"] is not None
+    for token in (ann, second):
+        assert await api.codes(ME, token=token) == ["UNAUTHENTICATED"]
+    after = (await api.admin(channel, {"c": w.channel}))["channel"]
+    assert (after["memberIds"], after["version"]) == ([w.people["bob"]], version + 1)
+    # Nobody reads her private memory now (she holds no grant): the platform gets nothing of it.
+    gone = await api.http.get(has, headers={"Authorization": f"Bearer {platform}"})
+    assert gone.json() == {"hasEntries": False}
+    # Never a member, a grantee or an actor again.
+    readd = "mutation($c: ID!, $m: [ID!]!) { setChannelMembers(channelId: $c, memberIds: $m) { id } }"
+    assert await api.codes(
+        readd, {"c": w.channel, "m": [w.people["ann"], w.people["bob"]]}, api.admin_token
+    ) == ["BAD_INPUT"]
+    grant = "mutation($b: ID!, $p: ID!, $a: Access!) { grantBot(botId: $b, personId: $p, access: $a) { id } }"
+    assert await api.codes(grant, {"b": w.bot, "p": w.people["ann"], "a": "READ"}, api.admin_token) == [
+        "BAD_INPUT"
+    ]
+    start = 'mutation($c: ID!, $a: ID) { startTurn(chatId: $c, input: "hi", actorId: $a) { id } }'
+    assert await api.codes(start, {"c": private, "a": w.people["ann"]}, platform) == ["FORBIDDEN"]
+    # Bob goes on as before; removed again, Ann is as she was.
+    assert (await api.gql(ME, token=bob))["me"]["id"] == w.people["bob"]
+    again = (await api.admin(REMOVE, {"p": w.people["ann"]}))["removePerson"]
+    assert again == removed
+    assert await api.codes(REMOVE, {"p": "person_" + "0" * 32}, api.admin_token) == ["NOT_FOUND"]

@@ -72,6 +72,7 @@ from .memory_changes import (
 )
 from .memory_log import MemoryLog, MemoryLogMemoryLog, MemoryLogMemoryLogChanges
 from .remember import Remember, RememberRemember, RememberRememberEntry
+from .remove_person import RemovePerson, RemovePersonRemovePerson
 from .search import Search, SearchSearch, SearchSearchEntry
 from .send_message import SendMessage, SendMessageSendMessage
 from .set_channel_members import SetChannelMembers, SetChannelMembersSetChannelMembers
@@ -165,6 +166,8 @@ __all__ = [
     "Remember",
     "RememberRemember",
     "RememberRememberEntry",
+    "RemovePerson",
+    "RemovePersonRemovePerson",
     "Search",
     "SearchSearch",
     "SearchSearchEntry",

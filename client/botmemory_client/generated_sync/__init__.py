@@ -67,6 +67,7 @@ from .me import Me, MeMe
 from .memory import Memory, MemoryMemory, MemoryMemoryEntries
 from .memory_log import MemoryLog, MemoryLogMemoryLog, MemoryLogMemoryLogChanges
 from .remember import Remember, RememberRemember, RememberRememberEntry
+from .remove_person import RemovePerson, RemovePersonRemovePerson
 from .search import Search, SearchSearch, SearchSearchEntry
 from .send_message import SendMessage, SendMessageSendMessage
 from .set_channel_members import SetChannelMembers, SetChannelMembersSetChannelMembers
@@ -156,6 +157,8 @@ __all__ = [
     "Remember",
     "RememberRemember",
     "RememberRememberEntry",
+    "RemovePerson",
+    "RemovePersonRemovePerson",
     "Search",
     "SearchSearch",
     "SearchSearchEntry",

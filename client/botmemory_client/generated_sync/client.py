@@ -34,6 +34,7 @@ from .me import Me, MeMe
 from .memory import Memory, MemoryMemory
 from .memory_log import MemoryLog, MemoryLogMemoryLog
 from .remember import Remember, RememberRemember
+from .remove_person import RemovePerson, RemovePersonRemovePerson
 from .search import Search, SearchSearch
 from .send_message import SendMessage, SendMessageSendMessage
 from .set_channel_members import SetChannelMembers, SetChannelMembersSetChannelMembers
@@ -823,6 +824,24 @@ class Client(BaseClient):
         )
         data = self.get_data(response)
         return CreateBot.model_validate(data).create_bot
+
+    def remove_person(self, person_id: str, **kwargs: Any) -> RemovePersonRemovePerson:
+        query = gql("""
+            mutation RemovePerson($personId: ID!) {
+              removePerson(personId: $personId) {
+                id
+                name
+                organizationId
+                removedAt
+              }
+            }
+            """)
+        variables: dict[str, object] = {"personId": person_id}
+        response = self.execute(
+            query=query, operation_name="RemovePerson", variables=variables, **kwargs
+        )
+        data = self.get_data(response)
+        return RemovePerson.model_validate(data).remove_person
 
     def grant_bot(
         self, bot_id: str, person_id: str, access: Access, **kwargs: Any
