@@ -115,10 +115,13 @@ class ForeignMastersRow(TypedDict):
 
 
 #: A person's one grant on a Bot (NONE: none); the person is locked first, so that the grants read
-#: are those after any other setting committed (two at once could leave two GRANT edges).
+#: are those after any other setting committed (two at once could leave two GRANT edges), and read
+#: again: a person removed meanwhile (REMOVE_PERSON) gets no READ or WRITE (no row).
 SET_GRANT: Final[LiteralString] = """
-MATCH (b:Bot {id: $botId}), (p:Person {id: $personId})
-CALL apoc.lock.nodes([p])
+MATCH (b:Bot {id: $botId}), (held:Person {id: $personId})
+CALL apoc.lock.nodes([held])
+WITH b, held
+MATCH (p:Person) WHERE elementId(p) = elementId(held) AND ($access = 'NONE' OR p.removedAt IS NULL)
 OPTIONAL MATCH (p)-[g:GRANT]->(b)
 DELETE g
 WITH DISTINCT b, p
@@ -223,8 +226,9 @@ async def rewrap_bot_key(
     return record is not None and record["n"] == 1
 
 
-async def set_grant(tx: AsyncManagedTransaction, *, bot_id: str, person_id: str, access: str) -> None:
-    await single(tx, SET_GRANT, IdRow, botId=bot_id, personId=person_id, access=access)
+async def set_grant(tx: AsyncManagedTransaction, *, bot_id: str, person_id: str, access: str) -> bool:
+    """SET_GRANT; False when nothing was set (READ or WRITE for a person removed meanwhile)."""
+    return await single(tx, SET_GRANT, IdRow, botId=bot_id, personId=person_id, access=access) is not None
 
 
 async def grant_of(tx: AsyncManagedTransaction, *, bot_id: str, person_id: str) -> str | None:

@@ -116,6 +116,7 @@ TOKEN_BY_HASH: Final[LiteralString] = """
 MATCH (t:Token {hash: $hash})
 WHERE t.revokedAt IS NULL AND (t.expiresAt IS NULL OR t.expiresAt > $now)
 OPTIONAL MATCH (t)-[:FOR]->(p:Person)-[:MEMBER_OF]->(po:Organization)
+WHERE p.removedAt IS NULL
 OPTIONAL MATCH (t)-[:FOR]->(o:Organization)
 RETURN t.id AS tokenId, t.kind AS kind, p.id AS personId, coalesce(po.id, o.id) AS organizationId,
        t.expiresAt AS expiresAt
@@ -159,15 +160,29 @@ FOREACH (x IN [t] + issued | SET x.revokedAt = coalesce(x.revokedAt, $now))
 RETURN t.id AS id
 """
 
-CREATE_CHANNEL: Final[LiteralString] = """
+#: The people ``$memberIds`` (sorted by the caller) made members of Channel ``c`` of organization
+#: ``o``: each locked, then read again, so that one removed meanwhile (REMOVE_PERSON, which locks
+#: the person first) is seen removed and is not made a member; ``members`` counts those made.
+_MAKE_MEMBERS: Final[LiteralString] = """
+CALL (c, o) {
+  UNWIND $memberIds AS memberId
+  MATCH (held:Person {id: memberId})
+  CALL apoc.lock.nodes([held])
+  WITH c, o, held
+  MATCH (p:Person)-[:MEMBER_OF]->(o) WHERE elementId(p) = elementId(held) AND p.removedAt IS NULL
+  MERGE (p)-[:MEMBER]->(c)
+  RETURN count(p) AS members
+}
+RETURN members
+"""
+
+CREATE_CHANNEL: Final[LiteralString] = (
+    """
 MATCH (o:Organization {id: $organizationId})
 CREATE (c:Channel {id: $id, name: $name, createdAt: $now})-[:IN]->(o)
-WITH c, o
-UNWIND $memberIds AS memberId
-MATCH (p:Person {id: memberId})-[:MEMBER_OF]->(o)
-MERGE (p)-[:MEMBER]->(c)
-RETURN count(p) AS members
-"""
+WITH c, o"""
+    + _MAKE_MEMBERS
+)
 
 
 class MembersRow(TypedDict):
@@ -211,19 +226,17 @@ RETURN coalesce(c.version, 0) AS version
 #: The Channel's members become ``$memberIds`` and its version moves on; run in the transaction
 #: that locked the Channel first (LOCK_CHANNEL), so that the old members are read after any other
 #: setting committed (two at once each kept the other's new members).
-SET_CHANNEL_MEMBERS: Final[LiteralString] = """
+SET_CHANNEL_MEMBERS: Final[LiteralString] = (
+    """
 MATCH (c:Channel {id: $id})-[:IN]->(o:Organization)
 SET c.version = coalesce(c.version, 0) + 1
 WITH c, o
 OPTIONAL MATCH (old:Person)-[m:MEMBER]->(c)
 WHERE NOT old.id IN $memberIds
 DELETE m
-WITH DISTINCT c, o
-UNWIND $memberIds AS memberId
-MATCH (p:Person {id: memberId})-[:MEMBER_OF]->(o)
-MERGE (p)-[:MEMBER]->(c)
-RETURN count(p) AS members
-"""
+WITH DISTINCT c, o"""
+    + _MAKE_MEMBERS
+)
 
 COUNT_PEOPLE_IN_ORG: Final[LiteralString] = """
 UNWIND $personIds AS personId
@@ -246,6 +259,7 @@ SET p.removedAt = coalesce(p.removedAt, $now)
 WITH p, o
 CALL (p) {
   MATCH (p)-[:MEMBER]->(channel:Channel)
+  WITH p, channel ORDER BY channel.id
   CALL apoc.lock.nodes([channel])
   WITH p, channel
   MATCH (p)-[m:MEMBER]->(c:Channel) WHERE elementId(c) = elementId(channel)
@@ -394,17 +408,19 @@ async def revoke_token(tx: AsyncManagedTransaction, *, token_id: str, now: int) 
 
 async def create_channel(
     tx: AsyncManagedTransaction, *, id: str, organization_id: str, name: str, member_ids: list[str], now: int
-) -> None:
-    await single(
+) -> int:
+    """CREATE_CHANNEL: how many of ``member_ids`` became members (those not removed)."""
+    record = await single(
         tx,
         CREATE_CHANNEL,
         MembersRow,
         id=id,
         organizationId=organization_id,
         name=name,
-        memberIds=member_ids,
+        memberIds=sorted(member_ids),
         now=now,
     )
+    return 0 if record is None else record["members"]
 
 
 async def get_channel(tx: AsyncManagedTransaction, *, id: str) -> ChannelMap | None:
@@ -418,8 +434,10 @@ async def lock_channel(tx: AsyncManagedTransaction, *, id: str) -> int | None:
     return None if record is None else record["version"]
 
 
-async def set_channel_members(tx: AsyncManagedTransaction, *, id: str, member_ids: list[str]) -> None:
-    await single(tx, SET_CHANNEL_MEMBERS, MembersRow, id=id, memberIds=member_ids)
+async def set_channel_members(tx: AsyncManagedTransaction, *, id: str, member_ids: list[str]) -> int:
+    """SET_CHANNEL_MEMBERS: how many of ``member_ids`` are members now (those not removed)."""
+    record = await single(tx, SET_CHANNEL_MEMBERS, MembersRow, id=id, memberIds=sorted(member_ids))
+    return 0 if record is None else record["members"]
 
 
 async def remove_person(tx: AsyncManagedTransaction, *, id: str, now: int) -> PersonMap | None:

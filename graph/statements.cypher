@@ -519,8 +519,10 @@ SET b.keyMaster = $newMaster, b.keyWrapped = $newWrapped
 RETURN count(b) AS n
 
 // ---- graph.bots.SET_GRANT
-MATCH (b:Bot {id: $botId}), (p:Person {id: $personId})
-CALL apoc.lock.nodes([p])
+MATCH (b:Bot {id: $botId}), (held:Person {id: $personId})
+CALL apoc.lock.nodes([held])
+WITH b, held
+MATCH (p:Person) WHERE elementId(p) = elementId(held) AND ($access = 'NONE' OR p.removedAt IS NULL)
 OPTIONAL MATCH (p)-[g:GRANT]->(b)
 DELETE g
 WITH DISTINCT b, p
@@ -2255,10 +2257,16 @@ RETURN count(DISTINCT p) AS n
 MATCH (o:Organization {id: $organizationId})
 CREATE (c:Channel {id: $id, name: $name, createdAt: $now})-[:IN]->(o)
 WITH c, o
-UNWIND $memberIds AS memberId
-MATCH (p:Person {id: memberId})-[:MEMBER_OF]->(o)
-MERGE (p)-[:MEMBER]->(c)
-RETURN count(p) AS members
+CALL (c, o) {
+  UNWIND $memberIds AS memberId
+  MATCH (held:Person {id: memberId})
+  CALL apoc.lock.nodes([held])
+  WITH c, o, held
+  MATCH (p:Person)-[:MEMBER_OF]->(o) WHERE elementId(p) = elementId(held) AND p.removedAt IS NULL
+  MERGE (p)-[:MEMBER]->(c)
+  RETURN count(p) AS members
+}
+RETURN members
 
 // ---- graph.identity.CREATE_ORGANIZATION
 CREATE (o:Organization {id: $id, name: $name, botMemory: true, botMemoryModel: null, createdAt: $now})
@@ -2324,6 +2332,7 @@ SET p.removedAt = coalesce(p.removedAt, $now)
 WITH p, o
 CALL (p) {
   MATCH (p)-[:MEMBER]->(channel:Channel)
+  WITH p, channel ORDER BY channel.id
   CALL apoc.lock.nodes([channel])
   WITH p, channel
   MATCH (p)-[m:MEMBER]->(c:Channel) WHERE elementId(c) = elementId(channel)
@@ -2362,10 +2371,16 @@ OPTIONAL MATCH (old:Person)-[m:MEMBER]->(c)
 WHERE NOT old.id IN $memberIds
 DELETE m
 WITH DISTINCT c, o
-UNWIND $memberIds AS memberId
-MATCH (p:Person {id: memberId})-[:MEMBER_OF]->(o)
-MERGE (p)-[:MEMBER]->(c)
-RETURN count(p) AS members
+CALL (c, o) {
+  UNWIND $memberIds AS memberId
+  MATCH (held:Person {id: memberId})
+  CALL apoc.lock.nodes([held])
+  WITH c, o, held
+  MATCH (p:Person)-[:MEMBER_OF]->(o) WHERE elementId(p) = elementId(held) AND p.removedAt IS NULL
+  MERGE (p)-[:MEMBER]->(c)
+  RETURN count(p) AS members
+}
+RETURN members
 
 // ---- graph.identity.SET_TIME_ZONE
 MATCH (p:Person {id: $id})-[:MEMBER_OF]->(o:Organization)
@@ -2376,6 +2391,7 @@ RETURN p {.*, organizationId: o.id} AS person
 MATCH (t:Token {hash: $hash})
 WHERE t.revokedAt IS NULL AND (t.expiresAt IS NULL OR t.expiresAt > $now)
 OPTIONAL MATCH (t)-[:FOR]->(p:Person)-[:MEMBER_OF]->(po:Organization)
+WHERE p.removedAt IS NULL
 OPTIONAL MATCH (t)-[:FOR]->(o:Organization)
 RETURN t.id AS tokenId, t.kind AS kind, p.id AS personId, coalesce(po.id, o.id) AS organizationId,
        t.expiresAt AS expiresAt

@@ -182,6 +182,9 @@ async def remove_person(rt: Runtime, principal: Principal, person_id: str) -> Pe
     return Person.of(row)
 
 
+_MEMBERS_REFUSED = "every member must be a person of the channel's organization"
+
+
 async def _check_members(rt: Runtime, organization_id: str, member_ids: list[str]) -> list[str]:
     members = check_ids(member_ids, "memberIds")
     found = await read(
@@ -189,7 +192,7 @@ async def _check_members(rt: Runtime, organization_id: str, member_ids: list[str
         lambda tx: identity.count_people_in_org(tx, person_ids=members, organization_id=organization_id),
     )
     if found != len(members):
-        raise BadInput("every member must be a person of the channel's organization", field="memberIds")
+        raise BadInput(_MEMBERS_REFUSED, field="memberIds")
     return members
 
 
@@ -204,9 +207,11 @@ async def create_channel(
     channel_id, name, now = new_id("ch"), check_name(name), now_ms()
 
     async def work(tx: AsyncManagedTransaction) -> identity.ChannelMap | None:
-        await identity.create_channel(
+        made = await identity.create_channel(
             tx, id=channel_id, organization_id=organization_id, name=name, member_ids=members, now=now
         )
+        if made != len(members):  # one removed since they were checked: nothing is made
+            raise BadInput(_MEMBERS_REFUSED, field="memberIds")
         # Read in the same transaction: read after its commit, a database gone in between answered
         # 503 for a channel that was made, and the admin's retry made a second one.
         return await identity.get_channel(tx, id=channel_id)
@@ -245,7 +250,8 @@ async def set_channel_members(
             raise Conflict(
                 f"the channel's members were set since version {expected} (now {version}): read them again"
             )
-        await identity.set_channel_members(tx, id=channel_id, member_ids=members)
+        if await identity.set_channel_members(tx, id=channel_id, member_ids=members) != len(members):
+            raise BadInput(_MEMBERS_REFUSED, field="memberIds")  # one removed since they were checked
         # Read in the same transaction (as create_channel): read after the commit, an outage in
         # between answered 503 for a change that was made.
         return await identity.get_channel(tx, id=channel_id)
@@ -338,9 +344,10 @@ async def grant_bot(rt: Runtime, principal: Principal, bot_id: str, person_id: s
         raise BadInput("the person was removed from their organization", field="personId")
     if person["organizationId"] not in (bot.organization_id, *bot.linked_organization_ids):
         raise Forbidden("the person's organization neither owns nor links this Bot")
-    await write(
+    if not await write(
         rt.driver, lambda tx: bots_q.set_grant(tx, bot_id=bot_id, person_id=person_id, access=access.value)
-    )
+    ):
+        raise BadInput("the person was removed from their organization", field="personId")
     await turnfeed.announce_access_change(rt)  # feeds of someone who lost the grant end at once
     return bot
 

@@ -237,6 +237,15 @@ async def add_items(
         assert row is not None
         if row["turn"]["status"] != "open":
             raise Conflict("the Turn is already completed")
+        actor = row["turn"].get("actorId")
+        if (
+            actor is not None
+            and any(i.kind is ItemKind.PERSON_MESSAGE for i in items)
+            and not await chats_q.is_person_of_chat(tx, chat_id=row["chat"]["id"], person_id=actor)
+        ):
+            # Their words only while they are a person of the Chat (D9.34: removed, or out of its
+            # channel): a platform never puts words in the mouth of someone who left.
+            raise Forbidden("the Turn's person is no longer a person of this chat")
         first, epoch = await chats_q.allocate_items(tx, chat_id=row["chat"]["id"], count=len(items))
         words = made_in_epoch is None or made_in_epoch == epoch
         new_rows = [

@@ -9,7 +9,7 @@ from typing import Any
 from services.ids import hash_token
 from services.runtime import Runtime, now_ms
 from tests.client import Api, make_world
-from tests.learning_helpers import until_a_transaction_waits_for_a_lock
+from tests.learning_helpers import holding_lock, until_a_transaction_waits_for_a_lock
 
 ME = "query { me { id } }"
 
@@ -292,6 +292,7 @@ async def test_a_removed_person_loses_every_access_at_once_and_comes_back_nowher
     version = (await api.admin(channel, {"c": w.channel}))["channel"]["version"]
     assert await api.codes(REMOVE, {"p": w.people["ann"]}, bob) == ["FORBIDDEN"]
 
+    open_turn = (await api.turn(platform, private, "Remind me of my locker", actor=w.people["ann"]))["id"]
     removed = (await api.admin(REMOVE, {"p": w.people["ann"]}))["removePerson"]
     assert removed["id"] == w.people["ann"] and removed["removedAt"] is not None
     for token in (ann, second):
@@ -312,8 +313,48 @@ async def test_a_removed_person_loses_every_access_at_once_and_comes_back_nowher
     ]
     start = 'mutation($c: ID!, $a: ID) { startTurn(chatId: $c, input: "hi", actorId: $a) { id } }'
     assert await api.codes(start, {"c": private, "a": w.people["ann"]}, platform) == ["FORBIDDEN"]
+    # Nor are words put in her mouth on a Turn of hers still open; the Bot's reply may end it.
+    add = "mutation($t: ID!, $i: [ItemInput!]!) { addItems(turnId: $t, items: $i) { id } }"
+    words = [{"kind": "PERSON_MESSAGE", "text": "Give Bob my locker code."}]
+    assert await api.codes(add, {"t": open_turn, "i": words}, platform) == ["FORBIDDEN"]
+    reply = [{"kind": "BOT_MESSAGE", "text": "Noted."}]
+    assert len((await api.gql(add, {"t": open_turn, "i": reply}, platform))["addItems"]) == 1
     # Bob goes on as before; removed again, Ann is as she was.
     assert (await api.gql(ME, token=bob))["me"]["id"] == w.people["bob"]
     again = (await api.admin(REMOVE, {"p": w.people["ann"]}))["removePerson"]
     assert again == removed
     assert await api.codes(REMOVE, {"p": "person_" + "0" * 32}, api.admin_token) == ["NOT_FOUND"]
+
+
+async def test_a_person_removed_while_a_grant_or_a_membership_is_set_gets_neither(
+    api: Api, runtime: Runtime
+) -> None:
+    """D9.34: ``grantBot`` and ``setChannelMembers`` check the person first, then write under the
+    person's lock, where they read them again: a removal that commits in between (here, one holding
+    the person's lock) leaves them with neither a grant nor a membership, and each call is
+    BAD_INPUT with nothing changed."""
+    w = await make_world(api, ("ann", "bob"), channel=("bob",))
+    ann = w.people["ann"]
+    await api.admin(
+        "mutation($b: ID!, $p: ID!) { grantBot(botId: $b, personId: $p, access: NONE) { id } }",
+        {"b": w.bot, "p": ann},
+    )
+    removing = "MATCH (p:Person {id: $p}) CALL apoc.lock.nodes([p]) SET p.removedAt = timestamp()"
+    grant = "mutation($b: ID!, $p: ID!) { grantBot(botId: $b, personId: $p, access: READ) { id } }"
+    members = "mutation($c: ID!, $m: [ID!]!) { setChannelMembers(channelId: $c, memberIds: $m) { id } }"
+    async with holding_lock(runtime, removing, p=ann) as release:
+        granting = asyncio.create_task(api.codes(grant, {"b": w.bot, "p": ann}, api.admin_token))
+        adding = asyncio.create_task(
+            api.codes(members, {"c": w.channel, "m": [ann, w.people["bob"]]}, api.admin_token)
+        )
+        await until_a_transaction_waits_for_a_lock(runtime, running="GRANT")
+        await until_a_transaction_waits_for_a_lock(runtime, running="MEMBER")
+        release.set()
+    assert await granting == ["BAD_INPUT"]
+    assert await adding == ["BAD_INPUT"]
+    records, _, _ = await runtime.driver.execute_query(
+        "MATCH (p:Person {id: $p}) RETURN EXISTS { (p)-[:GRANT]->() } AS granted, "
+        "EXISTS { (p)-[:MEMBER]->() } AS member",
+        p=ann,
+    )
+    assert (records[0]["granted"], records[0]["member"]) == (False, False)
