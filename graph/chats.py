@@ -263,6 +263,13 @@ class AllocatedTurnRow(TypedDict):
     itemSeq: int
 
 
+#: ``true`` while the organization ``o`` learns nothing (``botMemory`` off or no model, L5), else
+#: null: what an Item or a confession is marked with when saved (``memoryOff``), so that it is
+#: never evidence whatever the settings are when a later execution runs.
+MEMORY_OFF: Final[LiteralString] = (
+    "CASE WHEN coalesce(o.botMemory, false) AND o.botMemoryModel IS NOT NULL THEN null ELSE true END"
+)
+
 #: One Item ``item`` of the Turn ``t`` (a row of ``$items``: ``uid, id, seq, kind, text, textLength,
 #: app, speakerId, saidAt, timeZone``, the text already encrypted), in the Chat's organization ``o``.
 #: ``saidAt``: when it was said, as the platform gave it (history imported), else now; ``timeZone``,
@@ -270,16 +277,19 @@ class AllocatedTurnRow(TypedDict):
 #: Turn's start, else its speaker's as set now (none: UTC). ``memoryOff``
 #: marks an Item said while the organization's memory Bot learns nothing (``botMemory`` off or no
 #: model, L5): it is never evidence, whatever the settings are when a later execution runs.
-_CREATE_ITEM: Final[LiteralString] = """
+_CREATE_ITEM: Final[LiteralString] = (
+    """
 OPTIONAL MATCH (speaker:Person {id: item.speakerId}) WHERE item.kind = 'PERSON_MESSAGE'
 CREATE (i:Item {uid: item.uid, id: item.id, chatId: t.chatId, turnId: t.id, seq: item.seq, kind: item.kind,
                 text: item.text, textLength: item.textLength, app: item.app, speakerId: item.speakerId,
                 createdAt: $now, saidAt: coalesce(item.saidAt, $now),
                 timeZone: CASE WHEN item.kind = 'PERSON_MESSAGE'
                           THEN coalesce(item.timeZone, t.timeZone, speaker.timeZone) END,
-                memoryOff: CASE WHEN coalesce(o.botMemory, false) AND o.botMemoryModel IS NOT NULL
-                           THEN null ELSE true END})-[:IN_TURN]->(t)
+                memoryOff: """
+    + MEMORY_OFF
+    + """})-[:IN_TURN]->(t)
 """
+)
 
 #: What new Items add to their Chat's characters not yet summarized (``unsummarizedChars``) and to
 #: those its next summary would take in (``summaryInputChars``, read by

@@ -8,7 +8,7 @@ from typing import Any, Final, LiteralString, NotRequired, TypedDict
 
 from neo4j import AsyncManagedTransaction
 
-from graph.chats import ChatNode
+from graph.chats import MEMORY_OFF, ChatNode
 from graph.driver import Ciphertext, QueryTarget, rows, single
 from graph.entries import count
 
@@ -185,10 +185,14 @@ class SavedCallsRow(TypedDict):
 #: Whether the Chat's organization learns nothing now (``botMemory`` off or no model, L5), as
 #: ``graph.chats._CREATE_ITEM`` marks an Item: such a confession never reaches a learning request,
 #: whatever the settings are when a later execution runs. Needs ``t`` (the Turn).
-_MEMORY_OFF: Final[LiteralString] = """
+_MEMORY_OFF: Final[LiteralString] = (
+    """
 MATCH (t)-[:IN_CHAT]->(:Chat)-[:IN_ORG]->(o:Organization)
-WITH t, CASE WHEN coalesce(o.botMemory, false) AND o.botMemoryModel IS NOT NULL THEN null ELSE true END AS memoryOff
+WITH t, """
+    + MEMORY_OFF
+    + """ AS memoryOff
 """
+)
 
 #: What the Bot confided (saved before the answer is sought, so a crash loses nothing).
 CREATE_CONFESSION: Final[LiteralString] = (

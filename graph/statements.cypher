@@ -1274,8 +1274,7 @@ CREATE (i:Item {uid: item.uid, id: item.id, chatId: t.chatId, turnId: t.id, seq:
                 createdAt: $now, saidAt: coalesce(item.saidAt, $now),
                 timeZone: CASE WHEN item.kind = 'PERSON_MESSAGE'
                           THEN coalesce(item.timeZone, t.timeZone, speaker.timeZone) END,
-                memoryOff: CASE WHEN coalesce(o.botMemory, false) AND o.botMemoryModel IS NOT NULL
-                           THEN null ELSE true END})-[:IN_TURN]->(t)
+                memoryOff: CASE WHEN coalesce(o.botMemory, false) AND o.botMemoryModel IS NOT NULL THEN null ELSE true END})-[:IN_TURN]->(t)
 RETURN i {.*} AS item ORDER BY i.seq
 
 // ---- graph.chats.CREATE_TURN
@@ -1294,8 +1293,7 @@ CREATE (i:Item {uid: item.uid, id: item.id, chatId: t.chatId, turnId: t.id, seq:
                 createdAt: $now, saidAt: coalesce(item.saidAt, $now),
                 timeZone: CASE WHEN item.kind = 'PERSON_MESSAGE'
                           THEN coalesce(item.timeZone, t.timeZone, speaker.timeZone) END,
-                memoryOff: CASE WHEN coalesce(o.botMemory, false) AND o.botMemoryModel IS NOT NULL
-                           THEN null ELSE true END})-[:IN_TURN]->(t)
+                memoryOff: CASE WHEN coalesce(o.botMemory, false) AND o.botMemoryModel IS NOT NULL THEN null ELSE true END})-[:IN_TURN]->(t)
   RETURN collect(i.timeZone)[0] AS inputZone
 }
 RETURN t {.*} AS turn, ch.summaryInputChars AS unsummarized, inputZone
@@ -1328,6 +1326,9 @@ LIMIT 1
 MATCH (ch:Chat {id: $chatId})
 CALL apoc.lock.nodes([ch])
 RETURN ch.id AS id
+
+// ---- graph.chats.MEMORY_OFF
+CASE WHEN coalesce(o.botMemory, false) AND o.botMemoryModel IS NOT NULL THEN null ELSE true END
 
 // ---- graph.chats.TURN_FOR
 MATCH (t:Turn {id: $turnId})-[:IN_CHAT]->(ch:Chat)-[:WITH_BOT]->(b:Bot)

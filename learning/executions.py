@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -147,24 +147,18 @@ class Claimed:
 
 def _confided(
     cipher: Cipher, confided: list[learning_q.ConfidedMap], chunk: list[learning_q.EvidenceMap]
-) -> list[protocol.Confided]:
+) -> Iterator[protocol.Confided]:
     """What the Bot confided during the Turns of ``chunk``, each with the ids of the chunk's Items
-    of its Turn that still have their words: decrypted in order, only as far as the request holds."""
+    of its Turn that still have their words, decrypted one at a time as they are taken (the
+    request takes them only as far as it holds, ``protocol.within_confided``)."""
     during: dict[int, list[str]] = {}
     for item in chunk:
         if item["text"] is not None:
             during.setdefault(item["turnSeq"], []).append(item["id"])
-    found: list[protocol.Confided] = []
-    size = 0
     for c in confided:
-        if c["turnSeq"] not in during:
-            continue
-        if size > protocol.CONFIDED_CHARS:
-            break  # the request holds no more of them (protocol.within_confided): not decrypted
-        text = cipher.decrypt(Kind.CONFESSION, c["id"], c["text"])
-        size += len(text)
-        found.append(protocol.Confided(tuple(during[c["turnSeq"]]), text))
-    return found
+        if c["turnSeq"] in during:
+            text = cipher.decrypt(Kind.CONFESSION, c["id"], c["text"])
+            yield protocol.Confided(tuple(during[c["turnSeq"]]), text)
 
 
 def _speaker(item: learning_q.EvidenceMap) -> str:

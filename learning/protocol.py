@@ -10,7 +10,7 @@ step. A violation carries a code and a field path only, never the model's text.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
@@ -91,8 +91,9 @@ class Confided:
 CONFIDED_CHARS: Final = 8_000
 
 
-def within_confided(confided: Sequence[Confided]) -> list[Confided]:
-    """The first of ``confided`` that hold CONFIDED_CHARS characters together (the first cut to them)."""
+def within_confided(confided: Iterable[Confided]) -> list[Confided]:
+    """The first of ``confided`` that hold CONFIDED_CHARS characters together (the first cut to
+    them); the rest are never taken from ``confided``."""
     taken: list[Confided] = []
     size = 0
     for c in confided:
@@ -110,12 +111,14 @@ def request_body(
     items: list[EvidenceItem],
     entries: list[dict[str, Any]],
     topics: Sequence[Mapping[str, object]],
-    confided: Sequence[Confided] = (),
+    confided: Iterable[Confided] = (),
 ) -> dict[str, Any]:
-    """The learning request (§7): deterministic, so recovery finds the saved call by its hash."""
+    """The learning request (§7): deterministic, so recovery finds the saved call by its hash.
+    ``confided`` is taken only as far as the request holds it (:func:`within_confided`)."""
     asked: dict[str, object] = {"newItems": [i.json() for i in items]}
-    if confided:
-        asked["botConfided"] = [c.json() for c in within_confided(confided)]
+    taken = within_confided(confided)
+    if taken:
+        asked["botConfided"] = [c.json() for c in taken]
     user = json.dumps(
         {**asked, "keptEntries": entries, "topicCounts": topics},
         ensure_ascii=False,

@@ -107,10 +107,7 @@ async def start_turn(
             time_zone=time_zone,
         )
         if complete:
-            # A new Turn has nothing confided on it yet: nothing to queue for learning.
-            completed = await chats_q.complete_turn(tx, turn_id=turn_id, now=now)
-            assert completed is not None
-            turn = completed
+            turn, _ = await _complete(tx, turn_id, now)  # nothing confided on it yet: none queued
         return turn, unsummarized, zone, item_seq
 
     turn, unsummarized, zone, item_seq = await write(rt.driver, work)
@@ -265,14 +262,12 @@ async def add_items(
         created = await chats_q.create_items(tx, turn_id=turn_id, items=new_rows, now=now)
         queued: list[learning.Queued] = []
         if complete:
-            queued = await learning.queue_turn(tx, turn_id=turn_id, now=now)
-            await chats_q.complete_turn(tx, turn_id=turn_id, now=now)
+            _, queued = await _complete(tx, turn_id, now)
         return created, words, queued
 
     created, words, queued = await write(rt.driver, work)
     if complete:
-        await enqueue_executions(rt, queued)
-        await enqueue_summary_if_due(rt, created[0]["chatId"])
+        await _completed(rt, created[0]["chatId"], queued)
     return [
         Item(
             c["id"],
@@ -323,14 +318,27 @@ async def complete_turn(rt: Runtime, principal: Principal, turn_id: str) -> Turn
     check_id(turn_id, "turnId")
     now = now_ms()
 
-    async def work(tx: AsyncManagedTransaction) -> tuple[chats_q.TurnNode | None, list[learning.Queued]]:
+    async def work(tx: AsyncManagedTransaction) -> tuple[chats_q.TurnNode, list[learning.Queued]]:
         row = await chats_q.turn_for(tx, turn_id=turn_id, person_id=principal.person_id)
         require_own_turn(principal, row, "completes")
-        queued = await learning.queue_turn(tx, turn_id=turn_id, now=now)
-        return await chats_q.complete_turn(tx, turn_id=turn_id, now=now), queued
+        return await _complete(tx, turn_id, now)
 
     turn, queued = await write(rt.driver, work)
-    assert turn is not None
-    await enqueue_executions(rt, queued)
-    await enqueue_summary_if_due(rt, turn["chatId"])
+    await _completed(rt, turn["chatId"], queued)
     return Turn.of(turn)
+
+
+async def _complete(
+    tx: AsyncManagedTransaction, turn_id: str, now: int
+) -> tuple[chats_q.TurnNode, list[learning.Queued]]:
+    """The Turn completed (idempotent) and the executions waiting for it queued (L2), in ``tx``."""
+    queued = await learning.queue_turn(tx, turn_id=turn_id, now=now)
+    turn = await chats_q.complete_turn(tx, turn_id=turn_id, now=now)
+    assert turn is not None  # the caller read it in this transaction
+    return turn, queued
+
+
+async def _completed(rt: Runtime, chat_id: str, queued: list[learning.Queued]) -> None:
+    """After a completion commits: its executions sent to the workers, the Chat's summary if due."""
+    await enqueue_executions(rt, queued)
+    await enqueue_summary_if_due(rt, chat_id)

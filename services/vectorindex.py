@@ -74,6 +74,15 @@ SPLIT_MIN: Final = 32_768
 _SCAN_POOL: Final = ThreadPoolExecutor(max_workers=1, thread_name_prefix="botmemory-scan")
 
 
+def _split_node(node: str) -> tuple[str, int] | None:
+    """A Neo4j 5 node id ``<kind>:<database>:<number>`` as its prefix (with the last colon) and its
+    number; None for a node id of another shape."""
+    prefix, _, number = node.rpartition(":")
+    if not prefix or not number.isdigit():
+        return None
+    return prefix + ":", int(number)
+
+
 def rescored(k: int) -> int:
     """How many of the coarse pass's best rows are ranked exactly for the ``k`` nearest."""
     return max(RESCORE_MIN, RESCORE_FACTOR * min(k, RESCORE_DEEP), 2 * k)
@@ -438,11 +447,11 @@ class BotIndex:
     def drop_nodes(self, nodes: list[str]) -> None:
         """Entries purged (D9.20), named by the node ids they had: never proposed again, their
         keywords out of BM25's counts. Rows of other node ids are left as they are."""
-        prefix, numbers, odd = self._node_prefix, set[int](), set[str]()
+        numbers, odd = set[int](), set[str]()
         for node in nodes:
-            head, _, number = node.rpartition(":")
-            if head and head + ":" == prefix and number.isdigit():
-                numbers.add(int(number))
+            split = _split_node(node)
+            if split is not None and split[0] == self._node_prefix:
+                numbers.add(split[1])
             else:
                 odd.add(node)
         n = len(self._ids)
@@ -516,15 +525,16 @@ class BotIndex:
         """Node ids of Neo4j 5 read ``<kind>:<database>:<number>``: one prefix for the Bot, a number
         per row. A new prefix (another database) makes every other row's number unknown."""
         for row, node in zip(rows.tolist(), nodes, strict=True):
-            prefix, _, number = node.rpartition(":")
-            if not prefix or not number.isdigit():
+            split = _split_node(node)
+            if split is None:
                 self._odd_nodes[row] = node
                 self._node[row] = -1
                 continue
-            if prefix + ":" != self._node_prefix:
-                self._node_prefix = prefix + ":"
+            prefix, number = split
+            if prefix != self._node_prefix:
+                self._node_prefix = prefix
                 self._node[:] = -1
-            self._node[row] = int(number)
+            self._node[row] = number
             self._odd_nodes.pop(row, None)
 
     def _rows_for(self, ids: list[str]) -> npt.NDArray[np.int64]:
