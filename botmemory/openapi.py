@@ -20,6 +20,7 @@ from starlette.routing import Route
 
 from botmemory.pages import render
 from botmemory.rest_models import ErrorBody
+from services.idempotency import HEADER
 
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -50,6 +51,8 @@ class Operation:
     body: type[BaseModel] | None = None
     query: type[BaseModel] | None = None
     errors: tuple[int, ...] = COMMON_ERRORS
+    #: Takes an ``Idempotency-Key`` header (``services.idempotency``).
+    idempotent: bool = False
 
     def route(self) -> Route:
         return Route(self.path, self.handler, methods=[self.method])
@@ -95,7 +98,8 @@ def _operation(op: Operation, refs: Refs) -> dict[str, Any]:
             {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
             for name in _PARAM.findall(op.path)
         ]
-        + _query_parameters(op.query),
+        + _query_parameters(op.query)
+        + ([_IDEMPOTENCY_KEY] if op.idempotent else []),
         "responses": {
             str(status): _response(HTTPStatus(status).phrase, refs(model, "serialization"))
             for status, model in op.responses.items()
@@ -110,6 +114,17 @@ def _operation(op: Operation, refs: Refs) -> dict[str, Any]:
             "content": {"application/json": {"schema": refs(op.body, "validation")}},
         }
     return found
+
+
+_IDEMPOTENCY_KEY: Final = {
+    "name": HEADER,
+    "in": "header",
+    "required": False,
+    "description": "Your key for this request (1 to 255 visible ASCII characters, such as a UUID): sent "
+    "again with the same key and body within a day, the request answers with what the first one "
+    "created, as it stands now, and creates nothing; with another body it is 422 BAD_INPUT.",
+    "schema": {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[\\x21-\\x7e]+$"},
+}
 
 
 def _response(description: str, schema: Any) -> dict[str, Any]:

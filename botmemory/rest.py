@@ -53,6 +53,7 @@ from services import (
     commands,
     conversation,
     enrichments,
+    idempotency,
     learninglog,
     memory,
     memorybot,
@@ -93,6 +94,12 @@ async def post_message(request: Request) -> Response:
     chat_id = request.path_params["chat_id"]
     if body.conversation_id not in (None, chat_id):
         raise BadInput("conversation_id names another chat than the path", field="conversation_id")
+    key = idempotency.key_of(
+        principal,
+        request.headers.get(idempotency.HEADER),
+        "saveMessage",
+        [chat_id, body.model_dump(mode="json")],
+    )
     saved = await messages.save_message(
         runtime_of(request),
         request.state.gateway,
@@ -106,6 +113,7 @@ async def post_message(request: Request) -> Response:
         said_at=body.said_at,
         time_zone=body.time_zone,
         arrived=arrived,
+        key=key,
     )
     turn: dict[str, object] = {"id": saved.turn_id, "status": saved.turn_status}
     if saved.enriched_input is not None:
@@ -199,10 +207,14 @@ async def post_memory(request: Request) -> Response:
     principal = await principal_of(request)
     command = (await read_body(request, MemoryCommand)).command
     rt, bot_id = runtime_of(request), request.path_params["bot_id"]
+    sent = request.headers.get(idempotency.HEADER)
     if isinstance(command, Forget):
-        return respond(Forgotten(version=await commands.forget(rt, principal, bot_id, command.id)))
+        key = idempotency.key_of(principal, sent, "forget", [bot_id, command.id])
+        return respond(Forgotten(version=await commands.forget(rt, principal, bot_id, command.id, key)))
+    tags = list(command.tags)
+    key = idempotency.key_of(principal, sent, "remember", [bot_id, command.content, tags])
     entry, version = await commands.remember(
-        rt, principal, bot_id, command.content, list(command.tags), request.state.embedder
+        rt, principal, bot_id, command.content, tags, request.state.embedder, key
     )
     return respond(Remembered.model_validate({"entry": entry, "version": version}), status=201)
 
@@ -342,6 +354,7 @@ operations = (
         {201: SavedMessage},
         body=MessageBody,
         errors=(*COMMON_ERRORS, 409),  # a reply to a completed Turn, or in a chat with none
+        idempotent=True,
     ),
     Operation("GET", "/bots/{bot_id}/memory", get_memory, {200: EntryList}, query=MemoryQuery),
     Operation(
@@ -351,6 +364,7 @@ operations = (
         {201: Remembered, 200: Forgotten},
         body=MemoryCommand,
         errors=(*COMMON_ERRORS, 409),
+        idempotent=True,
     ),
     Operation("GET", "/bots/{bot_id}/memory/search", search_memory, {200: SearchResults}, query=SearchQuery),
     Operation("GET", "/bots/{bot_id}/memory/log", get_log, {200: ChangeLog}, query=LogQuery),

@@ -368,6 +368,14 @@ RETURN i {.*} AS item ORDER BY i.seq LIMIT 1
 """
 
 
+#: The Turn's Items, in the Chat's order.
+ITEMS_OF_TURN: Final[LiteralString] = """
+MATCH (:Turn {id: $turnId})<-[:IN_TURN]-(i:Item)
+WHERE i.chatId = $chatId
+RETURN i {.*} AS item ORDER BY i.seq
+"""
+
+
 #: Of each Chat asked for (``$chats``: its id and the tokens of those who follow it), its people
 #: now (D9.6: a private chat's owner, a group chat's current channel members) and which of those
 #: tokens are still live (not revoked, not expired at ``$now``): who may go on following its Turns
@@ -393,6 +401,10 @@ class ChatPeopleRow(TypedDict):
 
 #: One Item by its uid (``<chatId>/<itemId>``).
 ITEM_BY_UID: Final[LiteralString] = "MATCH (i:Item {uid: $uid}) RETURN i {.*} AS item\n"
+#: The Items of ``$uids`` there are, in the Chat's order.
+ITEMS_BY_UID: Final[LiteralString] = (
+    "MATCH (i:Item) WHERE i.uid IN $uids RETURN i {.*} AS item ORDER BY i.seq\n"
+)
 
 
 async def create_chat(
@@ -545,6 +557,14 @@ async def chats_people(
     its tokens are live, by Chat id, in one statement; a Chat that no longer exists is left out."""
     chats = [{"chatId": chat_id, "tokens": held} for chat_id, held in tokens.items()]
     return {r["chatId"]: r for r in await rows(tx, CHATS_PEOPLE, ChatPeopleRow, chats=chats, now=now)}
+
+
+async def items_of_turn(tx: QueryTarget, *, chat_id: str, turn_id: str) -> list[ItemNode]:
+    return [r["item"] for r in await rows(tx, ITEMS_OF_TURN, ItemRow, chatId=chat_id, turnId=turn_id)]
+
+
+async def items_by_uid(tx: QueryTarget, *, uids: list[str]) -> list[ItemNode]:
+    return [r["item"] for r in await rows(tx, ITEMS_BY_UID, ItemRow, uids=uids)]
 
 
 async def item_by_uid(tx: AsyncManagedTransaction, *, uid: str) -> ItemNode | None:

@@ -434,6 +434,16 @@ ORDER BY n.createdAt DESC LIMIT 1
 """
 
 
+#: The rewrite saved for a Turn (its start's; the latest, were there two), while it has its text:
+#: what a start sent again with its idempotency key answers (``services.idempotency``).
+TURN_REWRITE: Final[LiteralString] = """
+MATCH (n:Enrichment {turnId: $turnId})
+WHERE n.text IS NOT NULL
+RETURN n {.id, .text, .usedEntryIds, sentEntryIds: coalesce(n.sentEntryIds, n.usedEntryIds)} AS enrichment
+ORDER BY n.createdAt DESC LIMIT 1
+"""
+
+
 class SavedRewrite(TypedDict):
     """SAVED_REWRITE's ``enrichment``: the rewrite (ciphertext), the entries it says it used and
     those it was sent (a rewrite saved before they were recorded: those it used)."""
@@ -491,6 +501,11 @@ async def saved_rewrite(
     tx: AsyncManagedTransaction, *, chat_id: str, input_digest: str
 ) -> SavedRewrite | None:
     record = await single(tx, SAVED_REWRITE, SavedRewriteRow, chatId=chat_id, inputDigest=input_digest)
+    return None if record is None else record["enrichment"]
+
+
+async def turn_rewrite(tx: AsyncManagedTransaction, *, turn_id: str) -> SavedRewrite | None:
+    record = await single(tx, TURN_REWRITE, SavedRewriteRow, turnId=turn_id)
     return None if record is None else record["enrichment"]
 
 

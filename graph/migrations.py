@@ -258,6 +258,18 @@ MIGRATIONS: Final[tuple[tuple[int, tuple[LiteralString, ...]], ...]] = (
             "CREATE INDEX purged_bot_seq IF NOT EXISTS FOR (n:Purged) ON (n.botId, n.vecSeq)",
         ),
     ),
+    (
+        26,
+        (
+            # Idempotency keys (graph.idempotency): one record per caller's key, which a second
+            # claim waits on; swept by their time, and found by their Chat when its history goes.
+            "CREATE CONSTRAINT idempotency_id IF NOT EXISTS FOR (n:Idempotency) REQUIRE n.id IS UNIQUE",
+            "CREATE INDEX idempotency_expires IF NOT EXISTS FOR (n:Idempotency) ON (n.expiresAt)",
+            "CREATE INDEX idempotency_chat IF NOT EXISTS FOR (n:Idempotency) ON (n.chatId)",
+            # The rewrite of a Turn whose start is sent again (graph.memorybot.TURN_REWRITE).
+            "CREATE INDEX enrichment_turn IF NOT EXISTS FOR (n:Enrichment) ON (n.turnId)",
+        ),
+    ),
 )
 
 #: Entries whose labels predate the current label properties: without ``memoryRank`` (before

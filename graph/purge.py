@@ -186,8 +186,9 @@ class PeopleRow(TypedDict):
 #: Items' text, the input rewrites (rewrite, original words and the digest the rewrite cache finds
 #: them by), the confessions with their answers, and the requests and results of the model calls
 #: made for the Chat (learning steps found by their execution, calls saved before model calls
-#: recorded their Chat included), and the time zones the words were said in (D9.32: where a
-#: person was). Ids, rules, usage and cost stay; what was learned stays.
+#: recorded their Chat included), the time zones the words were said in (D9.32: where a
+#: person was) and the digests of the requests idempotency keys were sent with (a retry then
+#: gets what its key created, unchecked). Ids, rules, usage and cost stay; what was learned stays.
 #: (``i.seq IS NOT NULL``: the Items by a seek on ``item_chat_seq``, as ``graph.chats``' reads; the
 #: Turns so on ``turn_chat_seq``.)
 #: The Chat is locked first and its ``historyEpoch`` moved on: a model call, summary, rewrite or
@@ -233,6 +234,11 @@ CALL () {
   }
   SET c.request = null, c.result = null, c.requestHash = null, c.historyDeletedAt = timestamp()
   RETURN count(c) AS calls
+}
+CALL () {
+  MATCH (k:Idempotency {chatId: $chatId})
+  SET k.request = null
+  RETURN count(k) AS keys
 }
 RETURN n
 """

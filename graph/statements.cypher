@@ -1311,6 +1311,14 @@ RETURN who IS NOT NULL AND who.removedAt IS NULL
        AND CASE WHEN c IS NULL THEN ch.ownerId = $personId
            ELSE EXISTS { MATCH (who)-[:MEMBER]->(c) } END AS ok
 
+// ---- graph.chats.ITEMS_BY_UID
+MATCH (i:Item) WHERE i.uid IN $uids RETURN i {.*} AS item ORDER BY i.seq
+
+// ---- graph.chats.ITEMS_OF_TURN
+MATCH (:Turn {id: $turnId})<-[:IN_TURN]-(i:Item)
+WHERE i.chatId = $chatId
+RETURN i {.*} AS item ORDER BY i.seq
+
 // ---- graph.chats.ITEM_BY_UID
 MATCH (i:Item {uid: $uid}) RETURN i {.*} AS item
 
@@ -2248,6 +2256,22 @@ CALL () {
 }
 RETURN rules + tags AS tags
 
+// ---- graph.idempotency.CLAIM
+MERGE (k:Idempotency {id: $id})
+ON CREATE SET k += $fields
+ON MATCH SET k += CASE WHEN k.expiresAt <= $now THEN $fields ELSE {} END
+RETURN k {.operation, .request, .master, .resourceId, .itemId, .version} AS claim
+
+// ---- graph.idempotency.FIND
+MATCH (k:Idempotency {id: $id}) WHERE k.expiresAt > $now
+RETURN k {.operation, .request, .master, .resourceId, .itemId, .version} AS claim
+
+// ---- graph.idempotency.SWEEP_EXPIRED
+MATCH (k:Idempotency) WHERE k.expiresAt <= $now
+WITH k LIMIT $limit
+DELETE k
+RETURN count(*) AS n
+
 // ---- graph.identity.COUNT_PEOPLE_IN_ORG
 UNWIND $personIds AS personId
 MATCH (p:Person {id: personId})-[:MEMBER_OF]->(:Organization {id: $organizationId})
@@ -2957,6 +2981,12 @@ RETURN m {.settingsVersion, .instructions, .concurrency, .budgetPeriod, .budgetL
 MATCH (s:Spend) WHERE s.botId = $botId AND s.period = $period
 RETURN coalesce(sum(s.micros), 0) AS micros, coalesce(sum(s.unknownCalls), 0) AS unknownCalls
 
+// ---- graph.memorybot.TURN_REWRITE
+MATCH (n:Enrichment {turnId: $turnId})
+WHERE n.text IS NOT NULL
+RETURN n {.id, .text, .usedEntryIds, sentEntryIds: coalesce(n.sentEntryIds, n.usedEntryIds)} AS enrichment
+ORDER BY n.createdAt DESC LIMIT 1
+
 // ---- graph.memorybot.UPDATE_SETTINGS
 MATCH (b:Bot {id: $botId})-[:HAS_MEMORY]->(held:Memory)
 CALL apoc.lock.nodes([held])
@@ -3030,6 +3060,11 @@ CALL () {
   }
   SET c.request = null, c.result = null, c.requestHash = null, c.historyDeletedAt = timestamp()
   RETURN count(c) AS calls
+}
+CALL () {
+  MATCH (k:Idempotency {chatId: $chatId})
+  SET k.request = null
+  RETURN count(k) AS keys
 }
 RETURN n
 

@@ -29,6 +29,7 @@ from services.crypto import Kind
 from services.datewords import day_of, query_terms, zone_key, zone_of
 from services.domain import Principal, Turn
 from services.embedding import Embedder
+from services.idempotency import Key
 from services.ids import new_id
 from services.memorybot import Route, route_and_reader
 from services.runtime import Runtime, now_ms
@@ -63,9 +64,13 @@ async def start_turn(
     time_zone: str | None = None,
     arrived: float | None = None,
     complete: bool = False,
+    key: Key | None = None,
 ) -> Turn:
     """``startTurn``: the Turn with its input saved, and ``enriched_input`` for the caller only (D9.16).
-    ``complete``: the Turn is saved completed (:func:`services.turns.start_turn`)."""
+    ``complete``: the Turn is saved completed; ``key``: the caller's idempotency key
+    (:func:`services.turns.start_turn`) — a start sent again with it gets its Turn's saved rewrite
+    while every entry it was sent is still visible to the Chat's readers (D9.15), else the input,
+    and asks no model."""
     deadline = (arrived or time.monotonic()) + rt.settings.answer_deadline_seconds
     # A person's words are the query of the enrichment: their embedding runs while the Turn is
     # written, started once the caller may write the Chat (dropped when the enrichment does not
@@ -86,12 +91,35 @@ async def start_turn(
             time_zone=time_zone,
             allowed=None if early is None else early.start,
             complete=complete,
+            key=key,
         )
-        enriched, drawn = await rewrite(rt, gateway, turn, deadline, early or embedder, said_at=said_at)
+        if turn.replayed:
+            enriched, drawn = await replayed_rewrite(rt, turn)
+        else:
+            enriched, drawn = await rewrite(rt, gateway, turn, deadline, early or embedder, said_at=said_at)
     finally:
         if early is not None:
             await early.aclose()
     return replace(turn, enriched_input=enriched, drawn_entry_ids=drawn)
+
+
+async def replayed_rewrite(rt: Runtime, turn: Turn) -> tuple[str, tuple[str, ...]]:
+    """The rewrite saved for ``turn``'s start, while every entry it was sent is still visible to
+    every reader of the answer (D9.15) and the Chat's history was not deleted since (D9.23);
+    else its input as it is. With the entries it may draw on, as :func:`rewrite`."""
+    original = turn.input or ""
+    if turn.actor_kind != "person" or turn.input is None:
+        return original, ()
+    _, route, reader = await route_and_reader(rt, turn.chat_id)
+    if reader is None or route.history_epoch != turn.history_epoch:
+        return original, ()
+    saved = await read(rt.driver, lambda tx: memorybot_q.turn_rewrite(tx, turn_id=turn.id))
+    if saved is None:
+        return original, ()
+    sent = list(saved["sentEntryIds"])
+    if not await retrieval.validate_references(rt, route.bot_id, reader, sent):
+        return original, ()
+    return route.cipher.decrypt(Kind.ENRICHMENT, saved["id"], saved["text"]), tuple(sent)
 
 
 async def rewrite(

@@ -11,9 +11,10 @@ from typing import Literal
 
 from learning import enrichment
 from learning.gateway import Gateway
-from services import turns
+from services import idempotency, turns
 from services.domain import Item, ItemKind, Principal
 from services.errors import BadInput
+from services.idempotency import Key
 from services.runtime import Runtime, now_ms
 from services.validation import check_said_at, check_text
 
@@ -45,12 +46,15 @@ async def save_message(
     said_at: int | None = None,
     time_zone: str | None = None,
     arrived: float | None = None,
+    key: Key | None = None,
 ) -> Saved:
     """Save ``text`` in the Chat as ``role`` says. ``actor_id``: whose message a platform saves
     (a person of the Chat). ``turn_id``: the Turn a reply answers (else the Chat's latest open
     Turn of a person, the caller's own for a person).
     ``complete``: whether the Turn is completed with it — by default a reply completes its Turn,
-    a person's message leaves its own open for the reply."""
+    a person's message leaves its own open for the reply. ``key``: the caller's idempotency key:
+    sent again with the same request, the message it saved is read again (with its Turn as it
+    stands now) and nothing is saved."""
     # What the message is, before where it would go (as startTurn checks its input first).
     check_text(text, "message", limit=rt.settings.max_text_chars)
     check_said_at(said_at, "saidAt", now=now_ms())
@@ -60,10 +64,14 @@ async def save_message(
         if time_zone is not None:
             raise BadInput("only a person's message is said in a time zone", field="timeZone")
         complete = True if complete is None else complete
+        # Before the Turn is sought: the one it answered is completed, and another may be open.
+        if (created := await idempotency.earlier(rt, key)) is not None:
+            [item], status = await turns.replayed_items(rt, principal, created, 1)
+            return Saved(item, created.resource_id, status, None)
         target = await turns.reply_turn(rt, principal, chat_id, turn_id)
         new = turns.NewItem(ItemKind.BOT_MESSAGE, text, said_at=said_at)
-        [item] = await turns.add_items(rt, principal, target, [new], complete=complete)
-        return Saved(item, target, "completed" if complete else "open", None)
+        [item] = await turns.add_items(rt, principal, target, [new], complete=complete, key=key)
+        return Saved(item, item.turn_id, "completed" if complete else "open", None)
     if turn_id is not None:
         raise BadInput("a person's message or a notice starts a Turn of its own", field="turnId")
     turn = await enrichment.start_turn(
@@ -78,6 +86,7 @@ async def save_message(
         time_zone=time_zone,
         arrived=arrived,
         complete=bool(complete),
+        key=key,
     )
     assert turn.input_item is not None
     return Saved(turn.input_item, turn.id, turn.status, turn.enriched_input if role == "user" else None)

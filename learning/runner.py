@@ -17,10 +17,11 @@ from typing import Any, Final
 from learning import enrichment, toolcalls
 from learning.confide import confide_drawing, confide_unanswered
 from learning.gateway import FIXED_CALM_ANSWER, Call, Gateway, ModelUnavailable
-from services import chats, conversation, metrics, turns
+from services import chats, conversation, idempotency, metrics, turns
 from services.auth import require_person
 from services.domain import ItemKind, Principal, Turn
 from services.errors import BadInput, NotFound
+from services.idempotency import Key
 from services.memorybot import Route
 from services.runtime import Runtime
 from services.turnfeed import TurnEvent, TurnHub
@@ -55,15 +56,40 @@ def _system(bot_name: str) -> str:
 
 
 async def send_message(
-    rt: Runtime, gateway: Gateway, hub: TurnHub | None, principal: Principal, chat_id: str, text: str
+    rt: Runtime,
+    gateway: Gateway,
+    hub: TurnHub | None,
+    principal: Principal,
+    chat_id: str,
+    text: str,
+    key: Key | None = None,
 ) -> Turn:
-    """Run a Turn of the Bot for the person's message; returns the Turn with the reply."""
+    """Run a Turn of the Bot for the person's message; returns the Turn with the reply.
+
+    ``key``: the caller's idempotency key. Sent again with the same request, the Turn it started
+    is answered again as it stands: with its reply once it has one (completed if it was not), else
+    — a request that stopped before its reply was saved — the Bot is asked now. The key is held
+    while the reply is made: the same request meanwhile is CONFLICT."""
     arrived = time.monotonic()
     require_person(principal)
     check_id(chat_id, "chatId")
     check_text(text, "text", limit=rt.settings.max_text_chars)
     if await chats.get_chat(rt, principal, chat_id) is None:
         raise NotFound("chat not found")
+    async with idempotency.in_flight(rt, key):
+        return await _send(rt, gateway, hub, principal, chat_id, text, arrived, key)
+
+
+async def _send(
+    rt: Runtime,
+    gateway: Gateway,
+    hub: TurnHub | None,
+    principal: Principal,
+    chat_id: str,
+    text: str,
+    arrived: float,
+    key: Key | None,
+) -> Turn:
 
     chat, memory_route, earlier = await conversation.route_and_history(rt, chat_id)
     if chat["botModel"] is None:
@@ -78,10 +104,13 @@ async def send_message(
         budget_limit=None,
     )
     turn = await enrichment.start_turn(
-        rt, gateway, principal, chat_id, text, actor_id=None, notice=False, arrived=arrived
+        rt, gateway, principal, chat_id, text, actor_id=None, notice=False, arrived=arrived, key=key
     )
+    if turn.replayed and (answered := await _answered(rt, principal, turn)) is not None:
+        return answered
     history, first, shown = await _history(rt, principal, chat_id, turn.id)
-    await _publish(hub, chat_id, TurnEvent(turn.id, "ITEM_ADDED", text, f"i-{first}", "PERSON_MESSAGE"))
+    if not turn.replayed:
+        await _publish(hub, chat_id, TurnEvent(turn.id, "ITEM_ADDED", text, f"i-{first}", "PERSON_MESSAGE"))
     # A Chat's earlier history reaches the Bot as its meta (seed 004: the context pack is "used by
     # chatbot inference"; D9.17: history, readable by the Chat's people) — the rolling summary,
     # then the messages after it that come before the last ones it is given — in the one system
@@ -127,6 +156,17 @@ async def send_message(
         None,
         reply,
     )
+
+
+async def _answered(rt: Runtime, principal: Principal, turn: Turn) -> Turn | None:
+    """A Turn a request sent again started, with its reply (completed now if it was not), when it
+    has one or was completed; None when it still waits for its reply."""
+    replies = [i for i in await turns.items_of(rt, principal, turn.id) if i.kind is ItemKind.BOT_MESSAGE]
+    if not replies and turn.status != "completed":
+        return None
+    done = await turns.complete_turn(rt, principal, turn.id) if turn.status != "completed" else turn
+    reply = replies[-1].text if replies else None
+    return replace(done, input=turn.input, enriched_input=None, reply=reply, replayed=True)
 
 
 async def _converse(
@@ -262,8 +302,9 @@ async def _history(
     limit = rt.settings.runner_history_items
     _, page = await chats.last_messages(rt, principal, chat_id, limit + 1)
     total = page.total
-    before = [i for i in page.items if i.turn_id != turn_id]
     first = min((i.seq for i in page.items if i.turn_id == turn_id), default=total)
+    # Before this Turn only: another Turn of the Chat may have begun since (a request sent again).
+    before = [i for i in page.items if i.turn_id != turn_id and i.seq < first]
     given = before[-limit:] if limit else []
     shown = min((i.seq for i in given), default=first)
     out: list[dict[str, Any]] = []

@@ -1,11 +1,13 @@
 """The sweeper every worker runs (D9.9, D9.11, D9.12): new epochs for expired leases, lost enqueues
-queued again, idle Turns' executions queued, budget waits released when the budget is free."""
+queued again, idle Turns' executions queued, budget waits released when the budget is free, and
+idempotency keys past their time dropped."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 
+from graph import idempotency as idempotency_q
 from graph import learning as learning_q
 from graph import memorybot
 from graph import sweeps as sweeps_q
@@ -43,6 +45,8 @@ async def sweep_once(rt: Runtime) -> int:
         ),
     )
     await enqueue_executions(rt, queued)
+    # Idempotency keys past their time (services.idempotency): a batch a round.
+    await write(rt.driver, lambda tx: idempotency_q.sweep_expired(tx, now=now, limit=limit))
     released = 0
     waiting = await read(rt.driver, lambda tx: sweeps_q.budget_waiting(tx, limit=limit))
     for bot_id in sorted(waiting):

@@ -20,8 +20,8 @@ from schema.memory import (
     SourceNeighbourhood,
     VersionPayload,
 )
-from schema.types import Long, MemoryContext
-from services import chatmemory, commands, memory, search, sourcegraph
+from schema.types import IdempotencyKey, Long, MemoryContext
+from services import chatmemory, commands, idempotency, memory, search, sourcegraph
 from services.memory import MAX_PAGE
 
 
@@ -178,19 +178,28 @@ class MemoryQuery:
 class MemoryMutation:
     @strawberry.mutation(description="A pinned entry only you see.")
     async def remember(
-        self, info: Info, bot_id: strawberry.ID, content: str, tags: list[str] | None = None
+        self,
+        info: Info,
+        bot_id: strawberry.ID,
+        content: str,
+        tags: list[str] | None = None,
+        idempotency_key: IdempotencyKey = None,
     ) -> RememberPayload:
         principal = await info.context.principal()
+        key = idempotency.key_of(principal, idempotency_key, "remember", [bot_id, content, tags or []])
         entry, version = await commands.remember(
-            info.context.runtime, principal, str(bot_id), content, tags or [], info.context.embedder
+            info.context.runtime, principal, str(bot_id), content, tags or [], info.context.embedder, key
         )
         return RememberPayload(entry=MemoryEntry.of(entry), version=version)
 
     @strawberry.mutation(description="Take back your part of an entry (CONFLICT when it is not for you).")
-    async def forget(self, info: Info, bot_id: strawberry.ID, id: strawberry.ID) -> VersionPayload:
+    async def forget(
+        self, info: Info, bot_id: strawberry.ID, id: strawberry.ID, idempotency_key: IdempotencyKey = None
+    ) -> VersionPayload:
         principal = await info.context.principal()
+        key = idempotency.key_of(principal, idempotency_key, "forget", [bot_id, id])
         return VersionPayload(
-            version=await commands.forget(info.context.runtime, principal, str(bot_id), str(id))
+            version=await commands.forget(info.context.runtime, principal, str(bot_id), str(id), key)
         )
 
     @strawberry.mutation(description="Share an entry with a wider audience, within every source rule (V6).")

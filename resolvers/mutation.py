@@ -18,6 +18,7 @@ from schema.types import (
     Chat,
     ChatMeta,
     CreatePersonPayload,
+    IdempotencyKey,
     IssuedToken,
     Item,
     ItemInput,
@@ -28,7 +29,7 @@ from schema.types import (
     TokenRef,
     Turn,
 )
-from services import chats, conversation, provisioning, turns
+from services import chats, conversation, idempotency, provisioning, turns
 from services.errors import BadInput
 
 
@@ -195,14 +196,20 @@ class Mutation(MemoryMutation, MemoryBotMutation):
         channel_id: strawberry.ID | None = None,
         review: bool = False,
         owner_id: strawberry.ID | None = None,
+        idempotency_key: IdempotencyKey = None,
     ) -> Chat:
+        principal = await info.context.principal()
+        channel = None if channel_id is None else str(channel_id)
+        owner = None if owner_id is None else str(owner_id)
+        key = idempotency.key_of(principal, idempotency_key, "createChat", [bot_id, channel, review, owner])
         chat = await chats.create_chat(
             info.context.runtime,
-            await info.context.principal(),
+            principal,
             str(bot_id),
-            channel_id=None if channel_id is None else str(channel_id),
+            channel_id=channel,
             review=review,
-            owner_id=None if owner_id is None else str(owner_id),
+            owner_id=owner,
+            key=key,
         )
         return Chat.of(chat)
 
@@ -231,24 +238,38 @@ class Mutation(MemoryMutation, MemoryBotMutation):
                 "'yesterday' and the days it names are read there; null: the actor's own."
             ),
         ] = None,
+        idempotency_key: IdempotencyKey = None,
     ) -> Turn:
         arrived = time.monotonic()
+        principal = await info.context.principal()
+        actor = None if actor_id is None else str(actor_id)
+        said = None if said_at is None else int(said_at)
+        key = idempotency.key_of(
+            principal, idempotency_key, "startTurn", [chat_id, input, actor, notice, said, time_zone]
+        )
         turn = await enrichment.start_turn(
             info.context.runtime,
             info.context.gateway,
-            await info.context.principal(),
+            principal,
             str(chat_id),
             input,
-            actor_id=None if actor_id is None else str(actor_id),
+            actor_id=actor,
             notice=notice,
-            said_at=None if said_at is None else int(said_at),
+            said_at=said,
             time_zone=time_zone,
             arrived=arrived,
+            key=key,
         )
         return Turn.of(turn)
 
     @strawberry.mutation
-    async def add_items(self, info: Info, turn_id: strawberry.ID, items: list[ItemInput]) -> list[Item]:
+    async def add_items(
+        self,
+        info: Info,
+        turn_id: strawberry.ID,
+        items: list[ItemInput],
+        idempotency_key: IdempotencyKey = None,
+    ) -> list[Item]:
         new = [
             turns.NewItem(
                 kind=i.kind,
@@ -259,9 +280,10 @@ class Mutation(MemoryMutation, MemoryBotMutation):
             )
             for i in items
         ]
-        created = await turns.add_items(
-            info.context.runtime, await info.context.principal(), str(turn_id), new
-        )
+        principal = await info.context.principal()
+        request = [[i.kind.value, i.text, i.app, i.said_at, i.time_zone] for i in new]
+        key = idempotency.key_of(principal, idempotency_key, "addItems", [turn_id, request])
+        created = await turns.add_items(info.context.runtime, principal, str(turn_id), new, key=key)
         return [Item.of(i) for i in created]
 
     @strawberry.mutation
@@ -273,9 +295,18 @@ class Mutation(MemoryMutation, MemoryBotMutation):
         description="Run a whole Turn with the Bot's own chat model (the built-in runner); the reply "
         "also streams to turnEvents subscribers."
     )
-    async def send_message(self, info: Info, chat_id: strawberry.ID, text: str) -> Turn:
+    async def send_message(
+        self, info: Info, chat_id: strawberry.ID, text: str, idempotency_key: IdempotencyKey = None
+    ) -> Turn:
         principal = await info.context.principal()
+        key = idempotency.key_of(principal, idempotency_key, "sendMessage", [chat_id, text])
         turn = await runner.send_message(
-            info.context.runtime, info.context.gateway, info.context.turn_hub, principal, str(chat_id), text
+            info.context.runtime,
+            info.context.gateway,
+            info.context.turn_hub,
+            principal,
+            str(chat_id),
+            text,
+            key,
         )
         return Turn.of(turn)

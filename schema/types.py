@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import NewType
+from typing import Annotated, NewType
 
 import strawberry
 
@@ -10,6 +10,17 @@ from schema.context import Info
 from services import conversation, domain
 
 Long = NewType("Long", int)
+
+#: The argument every create that a client may send again takes (``services.idempotency``).
+IdempotencyKey = Annotated[
+    str | None,
+    strawberry.argument(
+        description="Your key for this request (1 to 255 visible ASCII characters, such as a UUID): "
+        "sent again with the same key and arguments within a day, the mutation answers with what "
+        "the first one created, as it stands now, and creates nothing; with other arguments it is "
+        "BAD_INPUT."
+    ),
+]
 
 
 def _parse_long(value: object) -> int:

@@ -10,9 +10,11 @@ from graph import chats as chats_q
 from graph import identity
 from graph.chats import ChatForRow
 from graph.driver import QueryTarget, autocommit, write
+from services import idempotency
 from services.crypto import Cipher, Kind
 from services.domain import Chat, Item, ItemKind, Page, Principal
 from services.errors import BadInput, Forbidden, NotFound, ServiceError
+from services.idempotency import Key
 from services.ids import new_id
 from services.runtime import Runtime, now_ms
 from services.validation import check_id, check_page
@@ -23,7 +25,7 @@ def chat_cipher(rt: Runtime, row: chats_q.ChatKeyRow) -> Cipher:
     return rt.cipher(row["chat"]["botId"], row["keyMaster"], row["keyWrapped"])
 
 
-def _item(row: chats_q.ItemNode, cipher: Cipher) -> Item:
+def item_of(row: chats_q.ItemNode, cipher: Cipher) -> Item:
     text = row.get("text")
     return Item(
         id=row["id"],
@@ -59,11 +61,14 @@ async def create_chat(
     channel_id: str | None,
     review: bool,
     owner_id: str | None,
+    key: Key | None = None,
 ) -> Chat:
     """A private chat (no channel), a group chat (with a channel) or a review chat, owned by a person.
 
     A platform token names the owner (a person of its organization); a person owns their own chats.
     The owner must use the Bot: it is owned by or linked into their organization and they hold a grant.
+    ``key``: the caller's idempotency key: sent again with the same request, the Chat it created
+    is read again and none is created.
     """
     check_id(bot_id, "botId")
     if principal.kind == "person":
@@ -78,6 +83,9 @@ async def create_chat(
     else:
         raise Forbidden("chats are created by people or platforms")
     owner = owner_id
+    if (created := await idempotency.earlier(rt, key)) is not None:
+        return await _created_chat(rt, principal, created.resource_id)
+    chat_id = new_id("chat")
 
     async def work(tx: AsyncManagedTransaction) -> chats_q.ChatNode | None:
         person = await identity.get_person(tx, id=owner)
@@ -96,9 +104,11 @@ async def create_chat(
                 raise NotFound("channel not found")
             if owner not in channel["memberIds"]:
                 raise Forbidden("the owner of a group chat must be a member of its channel")
+        if key is not None:
+            await idempotency.claim(tx, rt, key, resource_id=chat_id, chat_id=chat_id)
         return await chats_q.create_chat(
             tx,
-            id=new_id("chat"),
+            id=chat_id,
             bot_id=bot_id,
             owner_id=owner,
             organization_id=org_id,
@@ -107,9 +117,22 @@ async def create_chat(
             now=now_ms(),
         )
 
-    row = await write(rt.driver, work)
+    try:
+        row = await write(rt.driver, work)
+    except idempotency.Replay as replay:
+        return await _created_chat(rt, principal, replay.created.resource_id)
     assert row is not None
     return Chat.of(row)
+
+
+async def _created_chat(rt: Runtime, principal: Principal, chat_id: str) -> Chat:
+    """The Chat an earlier request with the caller's idempotency key created, as it stands now."""
+    row = await autocommit(
+        rt.driver, lambda s: chats_q.chat_for(s, chat_id=chat_id, person_id=principal.person_id)
+    )
+    require_writer(principal, row, "chat")
+    assert row is not None
+    return Chat.of(row["chat"])
 
 
 def _checked_ids(ids: list[str], field: str) -> tuple[list[str], dict[str, BadInput]]:
@@ -221,7 +244,7 @@ async def message_pages(
             result.append(_unreadable(principal, row))
         else:
             cipher = chat_cipher(rt, row)
-            items = tuple(_item(i, cipher) for i in row["items"])
+            items = tuple(item_of(i, cipher) for i in row["items"])
             result.append(Page(items, int(row["chat"]["nextItemSeq"])))
     return result
 
@@ -247,7 +270,7 @@ async def last_messages(
     if row is None or not _readable(principal, row):
         raise _unreadable(principal, row)
     cipher = chat_cipher(rt, row)
-    items = tuple(_item(i, cipher) for i in row["items"])
+    items = tuple(item_of(i, cipher) for i in row["items"])
     return Chat.of(row["chat"]), Page(items, int(row["chat"]["nextItemSeq"]))
 
 

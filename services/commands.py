@@ -15,11 +15,13 @@ from graph import changelog, chats, conversation, entries
 from graph import memory as memory_q
 from graph import purge as purge_q
 from graph.driver import read, write
+from services import idempotency, sourcegraph
 from services.auth import require_person
 from services.changes import Applied, Forget, Remember, Share, check_topics
 from services.domain import Principal
 from services.embedding import Embedder
 from services.errors import BadInput, Conflict, Forbidden, NotFound
+from services.idempotency import Key
 from services.ids import new_id
 from services.memory import Entry, Reader, require_use, user_reader
 from services.runtime import Runtime, now_ms
@@ -53,20 +55,34 @@ async def remember(
     content: str,
     tags: list[str],
     embedder: Embedder | None = None,
+    key: Key | None = None,
 ) -> tuple[Entry, int]:
     """A pinned entry only the caller sees (``for:person:<you>``), in their organization;
-    searchable by its words, and by its meaning with ``embedder`` (design §10)."""
+    searchable by its words, and by its meaning with ``embedder`` (design §10). ``key``: the
+    caller's idempotency key: sent again with the same request, the entry it created is read
+    again (while the caller sees it) with the version that created it, and none is created."""
     person_id = require_person(principal)
     check_id(bot_id, "botId")
     topics = check_topics(tuple(tags), "tags")
     assert principal.organization_id is not None
+    if (created := await idempotency.earlier(rt, key)) is not None:
+        return await _remembered(rt, principal, bot_id, created)
     change = Remember(content=content, person_id=person_id, org=principal.organization_id, topics=topics)
     # A read of the caller's use of the Bot before anything else (another organization's Bot is
     # never locked), then one statement: the lock, that use again, the entry, the version and
-    # the log.
-    applied = await apply_changes(
-        rt, bot_id, [change], "person", person=(person_id, principal.organization_id), embedder=embedder
-    )
+    # the log (with a key, a transaction that claims it too).
+    try:
+        applied = await apply_changes(
+            rt,
+            bot_id,
+            [change],
+            "person",
+            person=(person_id, principal.organization_id),
+            embedder=embedder,
+            key=None if key is None else (key, change.id),
+        )
+    except idempotency.Replay as replay:
+        return await _remembered(rt, principal, bot_id, replay.created)
     tags_out = ("from:" + person_id, "for:person:" + person_id, "org:" + principal.organization_id, *topics)
     at = applied.at
     return Entry(
@@ -74,9 +90,20 @@ async def remember(
     ), applied.version
 
 
-async def forget(rt: Runtime, principal: Principal, bot_id: str, entry_id: str) -> int:
+async def _remembered(
+    rt: Runtime, principal: Principal, bot_id: str, created: idempotency.Created
+) -> tuple[Entry, int]:
+    """The entry a Remember sent with an idempotency key created, as the caller sees it now, and
+    the version that created it."""
+    return await sourcegraph.entry(rt, principal, bot_id, created.resource_id), _version_of(created)
+
+
+async def forget(
+    rt: Runtime, principal: Principal, bot_id: str, entry_id: str, key: Key | None = None
+) -> int:
     """Take back the caller's part (V11). Any entry id not for the caller is the same 409 (D9.4);
-    an id no entry could have is BAD_INPUT, a Bot the caller does not use NOT_FOUND."""
+    an id no entry could have is BAD_INPUT, a Bot the caller does not use NOT_FOUND. ``key``: the
+    caller's idempotency key: sent again with the same request, the version of the first one."""
     person_id = require_person(principal)
     check_id(bot_id, "botId")
     check_id(entry_id, "id")  # no entry has another shape: refusing it tells nothing (D9.4)
@@ -88,8 +115,25 @@ async def forget(rt: Runtime, principal: Principal, bot_id: str, entry_id: str) 
     # An unknown Bot, or one the caller does not use, is NOT_FOUND as for Remember; only the
     # entry's own refusal is CONFLICT (it was all CONFLICT, "this entry is not for you").
     await _uses_bot(rt, principal, bot_id)
-    applied = await apply_changes(rt, bot_id, [Forget(entry_id, person_id)], "person", precheck=precheck)
+    if (created := await idempotency.earlier(rt, key)) is not None:
+        return _version_of(created)
+    try:
+        applied = await apply_changes(
+            rt,
+            bot_id,
+            [Forget(entry_id, person_id)],
+            "person",
+            precheck=precheck,
+            key=None if key is None else (key, entry_id),
+        )
+    except idempotency.Replay as replay:
+        return _version_of(replay.created)
     return applied.version
+
+
+def _version_of(created: idempotency.Created) -> int:
+    assert created.version is not None  # a memory change's key holds the version it made
+    return created.version
 
 
 #: The most tags an audience holds (as many as the model's share may name) and the longest one.

@@ -61,6 +61,8 @@ class Kind(StrEnum):
     ENTRY_VECTOR = "entry-vector"
     #: Keyed digests of a person's input (the rewrite cache), not a ciphertext.
     INPUT_DIGEST = "input"
+    #: Keyed digests of a request sent with an idempotency key (``services.idempotency``).
+    REQUEST_DIGEST = "request"
 
 
 class DecryptionError(Exception):
@@ -90,6 +92,10 @@ class Keyring:
     def __init__(self, current: bytes, previous: Iterable[bytes] = ()) -> None:
         self._current_id = fingerprint(current)
         self._masters = {fingerprint(k): AESGCM(k) for k in (current, *previous)}
+        self._digest_keys = {
+            fingerprint(k): hashlib.sha256(b"botmemory-service-digest:" + k).digest()
+            for k in (current, *previous)
+        }
         # A Bot's data key never changes (rotation only re-wraps it), so its cipher is cached per
         # Bot: the CIPHERS_KEPT most recently used (a Bot dropped is unwrapped again when needed).
         self._data_keys: dict[str, Cipher] = {}
@@ -102,6 +108,14 @@ class Keyring:
     def known_ids(self) -> list[str]:
         """The names of every master key this keyring holds (the current one first)."""
         return [self._current_id, *(k for k in self._masters if k != self._current_id)]
+
+    def digest(self, kind: Kind, text: str, master_id: str | None = None) -> str | None:
+        """A keyed digest (HMAC-SHA256) of what belongs to no one Bot, under a key derived from the
+        master key ``master_id`` (the current one by default); None when that key is not known."""
+        key = self._digest_keys.get(master_id or self._current_id)
+        if key is None:
+            return None
+        return hmac.new(key, f"{kind}:{text}".encode(), hashlib.sha256).hexdigest()
 
     def new_data_key(self, bot_id: str) -> WrappedKey:
         """Make a fresh data key for a Bot, wrapped by the current master key."""

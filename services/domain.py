@@ -197,6 +197,8 @@ class Turn:
     time_zone: str | None = None
     #: The Item its start saved the input as (set by the start only).
     input_item: Item | None = None
+    #: Read again for a start sent again with its idempotency key, not started by it.
+    replayed: bool = False
 
     @classmethod
     def of(cls, row: TurnNode, *, input: str | None = None, enriched_input: str | None = None) -> Turn:

@@ -87,10 +87,12 @@ def outage(exc: BaseException) -> bool:
 
 def unavailable(exc: BaseException) -> Unavailable | None:
     """The refusal that a failure to reach Neo4j or Redis is said as, or None for any other error.
-    A commit whose outcome is unknown says so: sent again blindly, a change could be made twice."""
+    A commit whose outcome is unknown says so: sent again blindly (without an idempotency key,
+    ``services.idempotency``), a change could be made twice."""
     if isinstance(exc, IncompleteCommit):
         return Unavailable(
-            "the database went away during the commit: the change may have been saved; read before sending it again"
+            "the database went away during the commit: the change may have been saved; read before sending it "
+            "again, or send it again with the same idempotency key"
         )
     # Unreachable, or a cluster member that is not (or no longer) the leader.
     neo4j_away = (

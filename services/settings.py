@@ -111,6 +111,8 @@ class Settings(BaseSettings):
     #: the slots of a killed process come back within it.
     slot_lease_seconds: float = Field(default=15.0, gt=0)
     sweep_interval_seconds: float = Field(default=2.0, gt=0)
+    #: How long a request's idempotency key replays what it created (``services.idempotency``).
+    idempotency_key_seconds: float = Field(default=86400.0, gt=0)
     requeue_after_seconds: float = Field(default=30.0, gt=0)
     answer_context_chars: int = Field(default=4000, ge=1)
     chat_deadline_seconds: float = Field(default=60.0, gt=0)

@@ -12,11 +12,13 @@ from neo4j import AsyncManagedTransaction, AsyncSession
 
 from graph import chats as chats_q
 from graph import learning
-from graph.driver import autocommit, write
-from services.chats import chat_cipher, require_writer
+from graph.driver import autocommit, read, write
+from services import idempotency
+from services.chats import chat_cipher, item_of, require_writer
 from services.crypto import Kind
 from services.domain import Item, ItemKind, Principal, Turn
 from services.errors import BadInput, Conflict, Forbidden
+from services.idempotency import Key
 from services.ids import new_id
 from services.jobs import enqueue_executions, enqueue_summary_if_due
 from services.runtime import Runtime, now_ms
@@ -49,9 +51,12 @@ async def start_turn(
     time_zone: str | None = None,
     allowed: Callable[[], None] | None = None,
     complete: bool = False,
+    key: Key | None = None,
 ) -> Turn:
     """Open a Turn whose first Item is the input; the Turn's actor is saved (V3). ``complete``:
-    the Turn is completed in the same transaction (words no reply answers).
+    the Turn is completed in the same transaction (words no reply answers). ``key``: the caller's
+    idempotency key: sent again with the same request, the Turn it started is read again
+    (``replayed``), as it stands now, and none is started.
 
     The actor is the person of a person token, or for a platform token a named person of
     the Chat (never anyone else), or a notice. ``said_at``: when the input was said (history
@@ -78,6 +83,8 @@ async def start_turn(
     else:
         raise Forbidden("Turns are started by people or platforms")
     actor = actor_id
+    if (created := await idempotency.earlier(rt, key)) is not None:
+        return await replayed_turn(rt, principal, created.resource_id)
 
     kind = ItemKind.NOTICE if actor is None else ItemKind.PERSON_MESSAGE
 
@@ -92,6 +99,8 @@ async def start_turn(
             and not await chats_q.is_person_of_chat(tx, chat_id=chat_id, person_id=actor)
         ):
             raise Forbidden("the actor is not a person of this chat")
+        if key is not None:
+            await idempotency.claim(tx, rt, key, resource_id=turn_id, chat_id=chat_id)
         if allowed is not None:
             allowed()
         turn_seq, item_seq = await chats_q.allocate_turn(tx, chat_id=chat_id)
@@ -110,7 +119,10 @@ async def start_turn(
             turn, _ = await _complete(tx, turn_id, now)  # nothing confided on it yet: none queued
         return turn, unsummarized, zone, item_seq
 
-    turn, unsummarized, zone, item_seq = await write(rt.driver, work)
+    try:
+        turn, unsummarized, zone, item_seq = await write(rt.driver, work)
+    except idempotency.Replay as replay:
+        return await replayed_turn(rt, principal, replay.created.resource_id)
     # A history past the threshold is summarized whether or not its Turns were completed: a
     # platform that never completes them (each counts as completed once idle, for learning) left
     # it growing with no summary, and a context pack with a hole before its last messages.
@@ -130,6 +142,26 @@ async def start_turn(
         zone,
     )
     return replace(Turn.of(turn, input=text, enriched_input=text), input_time_zone=zone, input_item=item)
+
+
+async def replayed_turn(rt: Runtime, principal: Principal, turn_id: str) -> Turn:
+    """The Turn a start sent with an idempotency key began, read again with its input as it stands
+    now (no words once the Chat's history was deleted, D9.23), for a caller who may still write
+    its Chat."""
+
+    async def work(tx: AsyncManagedTransaction) -> tuple[chats_q.TurnForRow | None, chats_q.ItemNode | None]:
+        row = await chats_q.turn_for(tx, turn_id=turn_id, person_id=principal.person_id)
+        if row is None:
+            return None, None
+        return row, await chats_q.first_item_of_turn(tx, chat_id=row["chat"]["id"], turn_id=turn_id)
+
+    row, first = await read(rt.driver, work)
+    require_writer(principal, row, "chat")
+    assert row is not None
+    assert first is not None  # a Turn is created with its first Item
+    item = item_of(first, chat_cipher(rt, row))
+    turn = Turn.of(row["turn"], input=item.text, enriched_input=item.text)
+    return replace(turn, input_time_zone=item.time_zone, input_item=item, replayed=True)
 
 
 def _new_row(
@@ -202,12 +234,15 @@ async def add_items(
     *,
     made_in_epoch: int | None = None,
     complete: bool = False,
+    key: Key | None = None,
 ) -> list[Item]:
     """Append Items to an open Turn, numbered within the Chat and encrypted (E1). ``made_in_epoch``:
     the Chat's history epoch the Items' words were made from (the built-in runner's reply, made
     of the history it read): when the history was deleted since, they are saved without their
     words (D9.23: work that began before a deletion saves none of them). ``complete``: the Turn
-    is completed in the same transaction (:func:`complete_turn`), so the Items are its last."""
+    is completed in the same transaction (:func:`complete_turn`), so the Items are its last.
+    ``key``: the caller's idempotency key: sent again with the same request, the Items it added
+    are read again, as they stand now, and none is added."""
     check_id(turn_id, "turnId")
     if not items or len(items) > MAX_ITEMS_PER_CALL:
         raise BadInput(f"send between 1 and {MAX_ITEMS_PER_CALL} items", field="items")
@@ -223,6 +258,8 @@ async def add_items(
         if item.app is not None:
             check_id(item.app, f"items[{n}].app")
 
+    if (created := await idempotency.earlier(rt, key)) is not None:
+        return (await replayed_items(rt, principal, created, len(items)))[0]
     await require_own_turn_first(rt, principal, turn_id, "adds Items to")
 
     async def work(
@@ -244,6 +281,9 @@ async def add_items(
             # channel): a platform never puts words in the mouth of someone who left.
             raise Forbidden("the Turn's person is no longer a person of this chat")
         first, epoch = await chats_q.allocate_items(tx, chat_id=row["chat"]["id"], count=len(items))
+        if key is not None:
+            chat_id = row["chat"]["id"]
+            await idempotency.claim(tx, rt, key, resource_id=turn_id, chat_id=chat_id, item_id=f"i-{first}")
         words = made_in_epoch is None or made_in_epoch == epoch
         new_rows = [
             _new_row(
@@ -265,7 +305,10 @@ async def add_items(
             _, queued = await _complete(tx, turn_id, now)
         return created, words, queued
 
-    created, words, queued = await write(rt.driver, work)
+    try:
+        created, words, queued = await write(rt.driver, work)
+    except idempotency.Replay as replay:
+        return (await replayed_items(rt, principal, replay.created, len(items)))[0]
     if complete:
         await _completed(rt, created[0]["chatId"], queued)
     return [
@@ -284,6 +327,45 @@ async def add_items(
         )
         for c, i in zip(created, items, strict=True)
     ]
+
+
+async def replayed_items(
+    rt: Runtime, principal: Principal, created: idempotency.Created, count: int
+) -> tuple[list[Item], str]:
+    """The ``count`` Items an addItems sent with an idempotency key added (from ``created.item_id``
+    to the Turn ``created.resource_id``), read again as they stand now, for a caller who may still
+    add to that Turn; and the Turn's status."""
+    assert created.item_id is not None
+    first = int(created.item_id.removeprefix("i-"))
+
+    async def work(tx: AsyncManagedTransaction) -> tuple[chats_q.TurnForRow | None, list[chats_q.ItemNode]]:
+        row = await chats_q.turn_for(tx, turn_id=created.resource_id, person_id=principal.person_id)
+        if row is None:
+            return None, []
+        uids = [f"{row['chat']['id']}/i-{seq}" for seq in range(first, first + count)]
+        return row, await chats_q.items_by_uid(tx, uids=uids)
+
+    row, found = await read(rt.driver, work)
+    require_own_turn(principal, row, "adds Items to")
+    assert row is not None
+    cipher = chat_cipher(rt, row)
+    return [item_of(i, cipher) for i in found], row["turn"]["status"]
+
+
+async def items_of(rt: Runtime, principal: Principal, turn_id: str) -> list[Item]:
+    """The Turn's Items as they stand now, for a caller who may add to it."""
+
+    async def work(tx: AsyncManagedTransaction) -> tuple[chats_q.TurnForRow | None, list[chats_q.ItemNode]]:
+        row = await chats_q.turn_for(tx, turn_id=turn_id, person_id=principal.person_id)
+        if row is None:
+            return None, []
+        return row, await chats_q.items_of_turn(tx, chat_id=row["chat"]["id"], turn_id=turn_id)
+
+    row, found = await read(rt.driver, work)
+    require_own_turn(principal, row, "reads the Items of")
+    assert row is not None
+    cipher = chat_cipher(rt, row)
+    return [item_of(i, cipher) for i in found]
 
 
 async def reply_turn(rt: Runtime, principal: Principal, chat_id: str, turn_id: str | None) -> str:

@@ -25,6 +25,7 @@ from graph import context as context_q
 from graph import memory as memory_q
 from graph import purge as purge_q
 from graph.driver import read, write
+from services import idempotency
 from services.changes import (
     MAX_CHANGES,
     Actor,
@@ -46,6 +47,7 @@ from services.crypto import Cipher, Kind
 from services.derived import Derived, derive
 from services.embedding import Embedder
 from services.errors import BadInput, Conflict, NotFound
+from services.idempotency import Key
 from services.ids import new_id
 from services.memory import Reader, cipher_of, require_use, user_reader
 from services.runtime import Runtime, now_ms
@@ -317,6 +319,7 @@ async def apply_changes(
     precheck: Any = None,
     person: tuple[str, str] | None = None,
     embedder: Embedder | None = None,
+    key: tuple[Key, str] | None = None,
 ) -> Applied:
     """Apply all ``changes`` or none, under the exclusive lock, with one log row (C2).
 
@@ -328,6 +331,10 @@ async def apply_changes(
 
     New content is made searchable in the same commit (design §10): its blind keywords, and its
     vector when ``embedder`` is given — embedded here, before the lock is taken.
+
+    ``key``: the caller's idempotency key and the id of the entry the change creates, claimed
+    under the lock with the version (:class:`services.idempotency.Replay` when an earlier request
+    claimed it).
     """
     if len(changes) > MAX_CHANGES:
         raise BadInput(f"at most {MAX_CHANGES} changes at once", field="changes")
@@ -356,6 +363,8 @@ async def apply_changes(
             await user_reader(tx, bot_id=bot_id, person_id=person[0], org=person[1])
         if precheck is not None:
             await precheck(tx)
+        if key is not None:
+            await idempotency.claim(tx, rt, key[0], resource_id=key[1], version=version)
         step = _Step(tx, bot_id, version, cipher, now, derived)
         for change in changes:
             await step.apply(change)
@@ -376,7 +385,7 @@ async def apply_changes(
         return Applied(version, tuple(touched), now, tuple(removed))
 
     adds = [c for c in changes if isinstance(c, AddFact | AddObservation | Remember)]
-    if precheck is not None or len(adds) < len(changes):
+    if precheck is not None or key is not None or len(adds) < len(changes):
         applied = await write(rt.driver, work)
     else:  # only new entries: the whole change is one statement, one round trip
         rows: list[dict[str, Any]] = []

@@ -77,8 +77,15 @@ def test_quickstart_with_the_sync_client(api_process: ApiProcess, settings: Sett
         history = ann.chat_messages(id=chat.id)
         assert history is not None and [m.text for m in history.messages] == ["Hello, I keep a cat.", "Hi!"]
 
-        remembered = ann.remember(bot_id=bot.id, content="My cat is called Zanzibar.", tags=["pets"])
+        remembered = ann.remember(
+            bot_id=bot.id, content="My cat is called Zanzibar.", tags=["pets"], idempotency_key="cat-1"
+        )
         entry = remembered.entry
+        # Sent again with its key (a retry after a lost answer): the same entry, none added.
+        again = ann.remember(
+            bot_id=bot.id, content="My cat is called Zanzibar.", tags=["pets"], idempotency_key="cat-1"
+        )
+        assert (again.entry.id, again.version) == (entry.id, remembered.version)
         page = ann.memory(bot_id=bot.id)
         assert [e.content for e in page.entries] == ["My cat is called Zanzibar."]
         assert page.version == remembered.version

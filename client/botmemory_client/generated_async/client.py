@@ -61,15 +61,17 @@ class Client(AsyncBaseClient):
         channel_id: Union[Optional[str], UnsetType] = UNSET,
         review: Union[Optional[bool], UnsetType] = UNSET,
         owner_id: Union[Optional[str], UnsetType] = UNSET,
+        idempotency_key: Union[Optional[str], UnsetType] = UNSET,
         **kwargs: Any,
     ) -> CreateChatCreateChat:
         query = gql("""
-            mutation CreateChat($botId: ID!, $channelId: ID, $review: Boolean, $ownerId: ID) {
+            mutation CreateChat($botId: ID!, $channelId: ID, $review: Boolean, $ownerId: ID, $idempotencyKey: String) {
               createChat(
                 botId: $botId
                 channelId: $channelId
                 review: $review
                 ownerId: $ownerId
+                idempotencyKey: $idempotencyKey
               ) {
                 id
                 botId
@@ -86,6 +88,7 @@ class Client(AsyncBaseClient):
             "channelId": channel_id,
             "review": review,
             "ownerId": owner_id,
+            "idempotencyKey": idempotency_key,
         }
         response = await self.execute(
             query=query, operation_name="CreateChat", variables=variables, **kwargs
@@ -101,10 +104,11 @@ class Client(AsyncBaseClient):
         notice: Union[Optional[bool], UnsetType] = UNSET,
         said_at: Union[Optional[int], UnsetType] = UNSET,
         time_zone: Union[Optional[str], UnsetType] = UNSET,
+        idempotency_key: Union[Optional[str], UnsetType] = UNSET,
         **kwargs: Any,
     ) -> StartTurnStartTurn:
         query = gql("""
-            mutation StartTurn($chatId: ID!, $input: String!, $actorId: ID, $notice: Boolean, $saidAt: Long, $timeZone: String) {
+            mutation StartTurn($chatId: ID!, $input: String!, $actorId: ID, $notice: Boolean, $saidAt: Long, $timeZone: String, $idempotencyKey: String) {
               startTurn(
                 chatId: $chatId
                 input: $input
@@ -112,6 +116,7 @@ class Client(AsyncBaseClient):
                 notice: $notice
                 saidAt: $saidAt
                 timeZone: $timeZone
+                idempotencyKey: $idempotencyKey
               ) {
                 ...TurnFields
                 enrichedInput
@@ -139,6 +144,7 @@ class Client(AsyncBaseClient):
             "notice": notice,
             "saidAt": said_at,
             "timeZone": time_zone,
+            "idempotencyKey": idempotency_key,
         }
         response = await self.execute(
             query=query, operation_name="StartTurn", variables=variables, **kwargs
@@ -147,11 +153,15 @@ class Client(AsyncBaseClient):
         return StartTurn.model_validate(data).start_turn
 
     async def add_items(
-        self, turn_id: str, items: list[ItemInput], **kwargs: Any
+        self,
+        turn_id: str,
+        items: list[ItemInput],
+        idempotency_key: Union[Optional[str], UnsetType] = UNSET,
+        **kwargs: Any,
     ) -> list[AddItemsAddItems]:
         query = gql("""
-            mutation AddItems($turnId: ID!, $items: [ItemInput!]!) {
-              addItems(turnId: $turnId, items: $items) {
+            mutation AddItems($turnId: ID!, $items: [ItemInput!]!, $idempotencyKey: String) {
+              addItems(turnId: $turnId, items: $items, idempotencyKey: $idempotencyKey) {
                 ...ItemFields
               }
             }
@@ -170,7 +180,11 @@ class Client(AsyncBaseClient):
               timeZone
             }
             """)
-        variables: dict[str, object] = {"turnId": turn_id, "items": items}
+        variables: dict[str, object] = {
+            "turnId": turn_id,
+            "items": items,
+            "idempotencyKey": idempotency_key,
+        }
         response = await self.execute(
             query=query, operation_name="AddItems", variables=variables, **kwargs
         )
@@ -224,11 +238,15 @@ class Client(AsyncBaseClient):
         return CompleteTurn.model_validate(data).complete_turn
 
     async def send_message(
-        self, chat_id: str, text: str, **kwargs: Any
+        self,
+        chat_id: str,
+        text: str,
+        idempotency_key: Union[Optional[str], UnsetType] = UNSET,
+        **kwargs: Any,
     ) -> SendMessageSendMessage:
         query = gql("""
-            mutation SendMessage($chatId: ID!, $text: String!) {
-              sendMessage(chatId: $chatId, text: $text) {
+            mutation SendMessage($chatId: ID!, $text: String!, $idempotencyKey: String) {
+              sendMessage(chatId: $chatId, text: $text, idempotencyKey: $idempotencyKey) {
                 ...TurnFields
               }
             }
@@ -247,7 +265,11 @@ class Client(AsyncBaseClient):
               timeZone
             }
             """)
-        variables: dict[str, object] = {"chatId": chat_id, "text": text}
+        variables: dict[str, object] = {
+            "chatId": chat_id,
+            "text": text,
+            "idempotencyKey": idempotency_key,
+        }
         response = await self.execute(
             query=query, operation_name="SendMessage", variables=variables, **kwargs
         )
@@ -654,11 +676,17 @@ class Client(AsyncBaseClient):
         bot_id: str,
         content: str,
         tags: Union[Optional[list[str]], UnsetType] = UNSET,
+        idempotency_key: Union[Optional[str], UnsetType] = UNSET,
         **kwargs: Any,
     ) -> RememberRemember:
         query = gql("""
-            mutation Remember($botId: ID!, $content: String!, $tags: [String!]) {
-              remember(botId: $botId, content: $content, tags: $tags) {
+            mutation Remember($botId: ID!, $content: String!, $tags: [String!], $idempotencyKey: String) {
+              remember(
+                botId: $botId
+                content: $content
+                tags: $tags
+                idempotencyKey: $idempotencyKey
+              ) {
                 entry {
                   ...MemoryEntryFields
                 }
@@ -688,6 +716,7 @@ class Client(AsyncBaseClient):
             "botId": bot_id,
             "content": content,
             "tags": tags,
+            "idempotencyKey": idempotency_key,
         }
         response = await self.execute(
             query=query, operation_name="Remember", variables=variables, **kwargs
@@ -695,15 +724,25 @@ class Client(AsyncBaseClient):
         data = self.get_data(response)
         return Remember.model_validate(data).remember
 
-    async def forget(self, bot_id: str, id: str, **kwargs: Any) -> ForgetForget:
+    async def forget(
+        self,
+        bot_id: str,
+        id: str,
+        idempotency_key: Union[Optional[str], UnsetType] = UNSET,
+        **kwargs: Any,
+    ) -> ForgetForget:
         query = gql("""
-            mutation Forget($botId: ID!, $id: ID!) {
-              forget(botId: $botId, id: $id) {
+            mutation Forget($botId: ID!, $id: ID!, $idempotencyKey: String) {
+              forget(botId: $botId, id: $id, idempotencyKey: $idempotencyKey) {
                 version
               }
             }
             """)
-        variables: dict[str, object] = {"botId": bot_id, "id": id}
+        variables: dict[str, object] = {
+            "botId": bot_id,
+            "id": id,
+            "idempotencyKey": idempotency_key,
+        }
         response = await self.execute(
             query=query, operation_name="Forget", variables=variables, **kwargs
         )

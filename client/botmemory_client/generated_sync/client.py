@@ -58,15 +58,17 @@ class Client(BaseClient):
         channel_id: Union[Optional[str], UnsetType] = UNSET,
         review: Union[Optional[bool], UnsetType] = UNSET,
         owner_id: Union[Optional[str], UnsetType] = UNSET,
+        idempotency_key: Union[Optional[str], UnsetType] = UNSET,
         **kwargs: Any,
     ) -> CreateChatCreateChat:
         query = gql("""
-            mutation CreateChat($botId: ID!, $channelId: ID, $review: Boolean, $ownerId: ID) {
+            mutation CreateChat($botId: ID!, $channelId: ID, $review: Boolean, $ownerId: ID, $idempotencyKey: String) {
               createChat(
                 botId: $botId
                 channelId: $channelId
                 review: $review
                 ownerId: $ownerId
+                idempotencyKey: $idempotencyKey
               ) {
                 id
                 botId
@@ -83,6 +85,7 @@ class Client(BaseClient):
             "channelId": channel_id,
             "review": review,
             "ownerId": owner_id,
+            "idempotencyKey": idempotency_key,
         }
         response = self.execute(
             query=query, operation_name="CreateChat", variables=variables, **kwargs
@@ -98,10 +101,11 @@ class Client(BaseClient):
         notice: Union[Optional[bool], UnsetType] = UNSET,
         said_at: Union[Optional[int], UnsetType] = UNSET,
         time_zone: Union[Optional[str], UnsetType] = UNSET,
+        idempotency_key: Union[Optional[str], UnsetType] = UNSET,
         **kwargs: Any,
     ) -> StartTurnStartTurn:
         query = gql("""
-            mutation StartTurn($chatId: ID!, $input: String!, $actorId: ID, $notice: Boolean, $saidAt: Long, $timeZone: String) {
+            mutation StartTurn($chatId: ID!, $input: String!, $actorId: ID, $notice: Boolean, $saidAt: Long, $timeZone: String, $idempotencyKey: String) {
               startTurn(
                 chatId: $chatId
                 input: $input
@@ -109,6 +113,7 @@ class Client(BaseClient):
                 notice: $notice
                 saidAt: $saidAt
                 timeZone: $timeZone
+                idempotencyKey: $idempotencyKey
               ) {
                 ...TurnFields
                 enrichedInput
@@ -136,6 +141,7 @@ class Client(BaseClient):
             "notice": notice,
             "saidAt": said_at,
             "timeZone": time_zone,
+            "idempotencyKey": idempotency_key,
         }
         response = self.execute(
             query=query, operation_name="StartTurn", variables=variables, **kwargs
@@ -144,11 +150,15 @@ class Client(BaseClient):
         return StartTurn.model_validate(data).start_turn
 
     def add_items(
-        self, turn_id: str, items: list[ItemInput], **kwargs: Any
+        self,
+        turn_id: str,
+        items: list[ItemInput],
+        idempotency_key: Union[Optional[str], UnsetType] = UNSET,
+        **kwargs: Any,
     ) -> list[AddItemsAddItems]:
         query = gql("""
-            mutation AddItems($turnId: ID!, $items: [ItemInput!]!) {
-              addItems(turnId: $turnId, items: $items) {
+            mutation AddItems($turnId: ID!, $items: [ItemInput!]!, $idempotencyKey: String) {
+              addItems(turnId: $turnId, items: $items, idempotencyKey: $idempotencyKey) {
                 ...ItemFields
               }
             }
@@ -167,7 +177,11 @@ class Client(BaseClient):
               timeZone
             }
             """)
-        variables: dict[str, object] = {"turnId": turn_id, "items": items}
+        variables: dict[str, object] = {
+            "turnId": turn_id,
+            "items": items,
+            "idempotencyKey": idempotency_key,
+        }
         response = self.execute(
             query=query, operation_name="AddItems", variables=variables, **kwargs
         )
@@ -219,11 +233,15 @@ class Client(BaseClient):
         return CompleteTurn.model_validate(data).complete_turn
 
     def send_message(
-        self, chat_id: str, text: str, **kwargs: Any
+        self,
+        chat_id: str,
+        text: str,
+        idempotency_key: Union[Optional[str], UnsetType] = UNSET,
+        **kwargs: Any,
     ) -> SendMessageSendMessage:
         query = gql("""
-            mutation SendMessage($chatId: ID!, $text: String!) {
-              sendMessage(chatId: $chatId, text: $text) {
+            mutation SendMessage($chatId: ID!, $text: String!, $idempotencyKey: String) {
+              sendMessage(chatId: $chatId, text: $text, idempotencyKey: $idempotencyKey) {
                 ...TurnFields
               }
             }
@@ -242,7 +260,11 @@ class Client(BaseClient):
               timeZone
             }
             """)
-        variables: dict[str, object] = {"chatId": chat_id, "text": text}
+        variables: dict[str, object] = {
+            "chatId": chat_id,
+            "text": text,
+            "idempotencyKey": idempotency_key,
+        }
         response = self.execute(
             query=query, operation_name="SendMessage", variables=variables, **kwargs
         )
@@ -649,11 +671,17 @@ class Client(BaseClient):
         bot_id: str,
         content: str,
         tags: Union[Optional[list[str]], UnsetType] = UNSET,
+        idempotency_key: Union[Optional[str], UnsetType] = UNSET,
         **kwargs: Any,
     ) -> RememberRemember:
         query = gql("""
-            mutation Remember($botId: ID!, $content: String!, $tags: [String!]) {
-              remember(botId: $botId, content: $content, tags: $tags) {
+            mutation Remember($botId: ID!, $content: String!, $tags: [String!], $idempotencyKey: String) {
+              remember(
+                botId: $botId
+                content: $content
+                tags: $tags
+                idempotencyKey: $idempotencyKey
+              ) {
                 entry {
                   ...MemoryEntryFields
                 }
@@ -683,6 +711,7 @@ class Client(BaseClient):
             "botId": bot_id,
             "content": content,
             "tags": tags,
+            "idempotencyKey": idempotency_key,
         }
         response = self.execute(
             query=query, operation_name="Remember", variables=variables, **kwargs
@@ -690,15 +719,25 @@ class Client(BaseClient):
         data = self.get_data(response)
         return Remember.model_validate(data).remember
 
-    def forget(self, bot_id: str, id: str, **kwargs: Any) -> ForgetForget:
+    def forget(
+        self,
+        bot_id: str,
+        id: str,
+        idempotency_key: Union[Optional[str], UnsetType] = UNSET,
+        **kwargs: Any,
+    ) -> ForgetForget:
         query = gql("""
-            mutation Forget($botId: ID!, $id: ID!) {
-              forget(botId: $botId, id: $id) {
+            mutation Forget($botId: ID!, $id: ID!, $idempotencyKey: String) {
+              forget(botId: $botId, id: $id, idempotencyKey: $idempotencyKey) {
                 version
               }
             }
             """)
-        variables: dict[str, object] = {"botId": bot_id, "id": id}
+        variables: dict[str, object] = {
+            "botId": bot_id,
+            "id": id,
+            "idempotencyKey": idempotency_key,
+        }
         response = self.execute(
             query=query, operation_name="Forget", variables=variables, **kwargs
         )

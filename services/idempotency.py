@@ -1,0 +1,171 @@
+"""Idempotency keys: a create sent again with the caller's same key gets what the first one
+created, read again as it stands now, never a second Turn, message or entry.
+
+A key is its caller's (a person's, an organization's platform, the operator's): the same key of
+another caller is another key. A request with a key first looks for it (:func:`earlier`): what
+an earlier request with it created is read again, before anything else is done. Else the key is
+claimed in the transaction that creates (:func:`claim`): a second request racing with it waits
+on the record's uniqueness until the first commits, then raises :class:`Replay` — its own
+transaction rolls back having created nothing — and is answered as the first. A key sent with
+another request (another operation, or other arguments) is BAD_INPUT, whatever the first one
+did. A record holds a keyed digest of the request, never its words (E1), and is kept
+``idempotency_key_seconds`` (a day): after that the key is new again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import AsyncGenerator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Final
+
+from neo4j import AsyncManagedTransaction
+
+from graph import idempotency as idempotency_q
+from graph.driver import autocommit
+from services.crypto import Kind
+from services.domain import Principal
+from services.errors import BadInput, Conflict
+from services.ids import new_id
+from services.runtime import Runtime, now_ms
+
+#: A key: 1 to 255 visible ASCII characters (a UUID, or any token the client makes).
+KEY: Final = re.compile(r"[\x21-\x7e]{1,255}")
+#: What the REST routes read the key from.
+HEADER: Final = "Idempotency-Key"
+#: How long an answer that runs past its transaction (the built-in runner's) holds its key: a
+#: retry meanwhile is CONFLICT, not a second answer. Released when the answer ends.
+IN_FLIGHT_SECONDS: Final = 600
+
+
+@dataclass(frozen=True, slots=True)
+class Key:
+    """A caller's key for one request."""
+
+    #: The record's id: a digest of whose key it is and the key.
+    id: str
+    operation: str
+    #: The request's arguments, as its digest is made of them (held in memory only).
+    request: str
+
+
+def key_of(principal: Principal, key: str | None, operation: str, request: Sequence[object]) -> Key | None:
+    """The caller's ``key`` for ``operation`` with its arguments ``request`` (None: sent without
+    one)."""
+    if key is None:
+        return None
+    if not KEY.fullmatch(key):
+        raise BadInput("an idempotency key is 1 to 255 visible ASCII characters", field="idempotencyKey")
+    if principal.kind == "person":
+        scope = f"person:{principal.person_id}"
+    elif principal.kind == "platform":
+        scope = f"org:{principal.organization_id}"
+    else:
+        scope = "admin"
+    record = hashlib.sha256(f"{scope}\x00{key}".encode()).hexdigest()
+    return Key(record, operation, json.dumps([operation, *request], separators=(",", ":")))
+
+
+@dataclass(frozen=True, slots=True)
+class Created:
+    """What the first request with a key created: a Turn, a Chat or an entry (``resource_id``), the
+    Item it answers with (``item_id``), the memory version it made (``version``)."""
+
+    resource_id: str
+    item_id: str | None = None
+    version: int | None = None
+
+    @classmethod
+    def of(cls, found: idempotency_q.ClaimMap) -> Created:
+        return cls(found["resourceId"], found["itemId"], found["version"])
+
+
+class Replay(Exception):
+    """Raised in a transaction whose key an earlier request claimed meanwhile (it rolls back)."""
+
+    def __init__(self, created: Created) -> None:
+        super().__init__("the idempotency key was claimed")
+        self.created = created
+
+
+def _same(rt: Runtime, key: Key, found: idempotency_q.ClaimMap) -> Created:
+    """What ``found`` created, when it is this request's record; BAD_INPUT when it is another's.
+    A request whose digest is gone (its Chat's history deleted) or was made under a master key
+    no longer known is taken to be this one: the key names it."""
+    if found["operation"] == key.operation:
+        if found["request"] is None:
+            return Created.of(found)
+        digest = rt.keyring.digest(Kind.REQUEST_DIGEST, key.request, found["master"])
+        if digest is None or digest == found["request"]:
+            return Created.of(found)
+    raise BadInput("this idempotency key was sent with another request", field="idempotencyKey")
+
+
+async def earlier(rt: Runtime, key: Key | None) -> Created | None:
+    """What an earlier request with ``key`` created (None: none did, or it is past its time)."""
+    if key is None:
+        return None
+    found = await autocommit(rt.driver, lambda s: idempotency_q.find(s, id=key.id, now=now_ms()))
+    return None if found is None else _same(rt, key, found)
+
+
+async def claim(
+    tx: AsyncManagedTransaction,
+    rt: Runtime,
+    key: Key,
+    *,
+    resource_id: str,
+    chat_id: str | None = None,
+    item_id: str | None = None,
+    version: int | None = None,
+) -> None:
+    """Claim ``key`` for what this request creates (``resource_id``, with ``item_id`` / ``version``
+    when those are what it answers). Returns when the key is new (or this very transaction
+    claimed it, on a retry); raises :class:`Replay` when another request with the same arguments
+    claimed it, BAD_INPUT when one with others did. ``chat_id``: the Chat whose history deletion
+    drops the request's digest (D9.23)."""
+    now = now_ms()
+    fields = {
+        "id": key.id,
+        "operation": key.operation,
+        "request": rt.keyring.digest(Kind.REQUEST_DIGEST, key.request),
+        "master": rt.keyring.current_id,
+        "resourceId": resource_id,
+        "chatId": chat_id,
+        "itemId": item_id,
+        "version": version,
+        "createdAt": now,
+        "expiresAt": now + int(rt.settings.idempotency_key_seconds * 1000),
+    }
+    found = await idempotency_q.claim(tx, id=key.id, now=now, fields=fields)
+    if found["resourceId"] != resource_id:
+        raise Replay(_same(rt, key, found))
+
+
+@asynccontextmanager
+async def in_flight(rt: Runtime, key: Key | None) -> AsyncGenerator[None]:
+    """Hold ``key`` while an answer runs past its transaction (the built-in runner's reply): a
+    second request with it meanwhile is CONFLICT. Held at most IN_FLIGHT_SECONDS (a process
+    killed mid-answer frees it then)."""
+    if key is None:
+        yield
+        return
+    name, holder = f"botmemory:idempotency:{key.id}", new_id("hold")
+    if not await rt.redis.set(name, holder, nx=True, ex=IN_FLIGHT_SECONDS):
+        raise Conflict(
+            "a request with this idempotency key is still being answered; send it again when it ends"
+        )
+    try:
+        yield
+    finally:
+        # Only its own hold: one that ran past its time may be another request's by now.
+        await rt.redis.eval(_RELEASE, 1, name, holder)  # type: ignore[misc]
+
+
+_RELEASE: Final = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""

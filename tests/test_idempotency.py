@@ -1,0 +1,307 @@
+"""Idempotency keys (``services.idempotency``): a create sent again with the caller's same key gets
+what the first one created, as it stands now, and creates nothing; the same key with another
+request is BAD_INPUT; a key is its caller's; a racing second request waits for the first and
+answers as it did; the record holds no words (E1), forgets its request with the Chat's history
+(D9.23) and is dropped by the worker's sweep once past its time."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import httpx
+import pytest
+
+from learning.sweeper import sweep_once
+from services.runtime import Runtime
+from tests.client import Api, bearer, make_world
+from tests.learning_helpers import memory_world, until_a_transaction_waits_for_a_lock
+from tests.model_server import ModelServer, Reply, ToolCall
+from tests.test_rest_messages import history, post
+from tests.test_runner import runner_world
+
+START = (
+    "mutation($c: ID!, $t: String!, $k: String) { startTurn(chatId: $c, input: $t, idempotencyKey: $k)"
+    " { id input enrichedInput status } }"
+)
+ADD = (
+    "mutation($t: ID!, $i: [ItemInput!]!, $k: String) { addItems(turnId: $t, items: $i, idempotencyKey: $k)"
+    " { id kind text } }"
+)
+SEND = (
+    "mutation($c: ID!, $t: String!, $k: String) { sendMessage(chatId: $c, text: $t, idempotencyKey: $k)"
+    " { id reply status } }"
+)
+CHAT = "mutation($b: ID!, $k: String) { createChat(botId: $b, idempotencyKey: $k) { id } }"
+REMEMBER = (
+    "mutation($b: ID!, $c: String!, $k: String) { remember(botId: $b, content: $c, idempotencyKey: $k)"
+    " { entry { id content } version } }"
+)
+
+
+async def post_keyed(api: Api, token: str, chat: str, body: dict[str, Any], key: str) -> httpx.Response:
+    return await api.http.post(
+        f"/v1/chats/{chat}/messages", json=body, headers={**bearer(token), "Idempotency-Key": key}
+    )
+
+
+async def remember_keyed(api: Api, token: str, bot: str, body: dict[str, Any], key: str) -> httpx.Response:
+    return await api.http.post(
+        f"/v1/bots/{bot}/memory", json=body, headers={**bearer(token), "Idempotency-Key": key}
+    )
+
+
+async def records(rt: Runtime) -> int:
+    found, _, _ = await rt.driver.execute_query("MATCH (k:Idempotency) RETURN count(k) AS n")
+    return found[0]["n"]
+
+
+async def test_a_message_sent_again_with_its_key_is_saved_once(api: Api) -> None:
+    w = await make_world(api, ("ann", "bob"))
+    ann, bob = w.tokens["ann"], w.tokens["bob"]
+    chat = await api.chat(ann, w.bot)
+    said = {"message": "Book me a table for two.", "role": "user"}
+    first = await post_keyed(api, ann, chat, said, "key-1")
+    again = await post_keyed(api, ann, chat, said, "key-1")
+    assert first.status_code == again.status_code == 201, (first.text, again.text)
+    assert again.json() == first.json()  # the same Turn and Item, nothing new
+    turn = first.json()["turn"]["id"]
+    assert await history(api, ann, chat) == [("i-1", "PERSON_MESSAGE", "Book me a table for two.", turn)]
+
+    # The same key with another message is refused, and saves nothing.
+    other = await post_keyed(
+        api, ann, chat, {"message": "Book me a table for four.", "role": "user"}, "key-1"
+    )
+    assert other.status_code == 422, other.text
+    assert other.json()["error"] == {
+        "code": "BAD_INPUT",
+        "message": "this idempotency key was sent with another request",
+    }
+    # The reply, sent twice with its key: the second finds no open Turn left to answer, and is
+    # answered with the first's reply all the same, its Turn completed.
+    reply = {"message": "Done: 8 pm.", "role": "assistant"}
+    replied = await post_keyed(api, ann, chat, reply, "key-2")
+    replied_again = await post_keyed(api, ann, chat, reply, "key-2")
+    assert replied.status_code == replied_again.status_code == 201, replied_again.text
+    assert replied_again.json() == replied.json()
+    assert replied.json()["turn"] == {"id": turn, "status": "completed"}
+    unkeyed = await post(api, ann, chat, reply)
+    assert unkeyed.status_code == 409  # without its key, a reply needs an open Turn
+    assert [row[:3] for row in await history(api, ann, chat)] == [
+        ("i-1", "PERSON_MESSAGE", "Book me a table for two."),
+        ("i-2", "BOT_MESSAGE", "Done: 8 pm."),
+    ]
+
+    # A key is its caller's: Bob's "key-1" is another key, in his own chat.
+    bobs = await api.chat(bob, w.bot)
+    his = await post_keyed(api, bob, bobs, said, "key-1")
+    assert his.status_code == 201 and his.json()["turn"]["id"] != turn
+
+
+@pytest.mark.parametrize("key", ["", "with space", "x" * 256, "naïve"])
+async def test_a_malformed_key_is_refused_before_anything_is_saved(api: Api, key: str) -> None:
+    w = await make_world(api, ("ann",))
+    ann = w.tokens["ann"]
+    chat = await api.chat(ann, w.bot)
+    response = await api.http.post(
+        f"/v1/chats/{chat}/messages",
+        json={"message": "Hello", "role": "user"},
+        headers=[(b"Authorization", f"Bearer {ann}".encode()), (b"Idempotency-Key", key.encode())],
+    )
+    assert response.status_code == 422, response.text
+    assert response.json()["error"] == {
+        "code": "BAD_INPUT",
+        "message": "an idempotency key is 1 to 255 visible ASCII characters",
+    }
+    body = await api.raw(START, {"c": chat, "t": "Hello", "k": key}, ann)
+    assert body["errors"][0]["extensions"]["code"] == "BAD_INPUT"
+    assert body["errors"][0]["extensions"]["field"] == "idempotencyKey"
+    assert await history(api, ann, chat) == []
+
+
+async def test_start_turn_sent_again_gets_its_rewrite_while_its_notes_stay_visible(
+    api: Api, model_server: ModelServer
+) -> None:
+    model_server.reset()
+    w = await memory_world(api, ("ann",))
+    ann = w.tokens["ann"]
+    chat = await api.chat(ann, w.bot)
+    made = await api.http.post(
+        f"/v1/bots/{w.bot}/memory",
+        json={"command": {"_tag": "Remember", "content": "Ann is vegetarian."}},
+        headers=bearer(ann),
+    )
+    note = made.json()["entry"]["id"]
+    rewrite = ToolCall("rewrite_input", {"text": "Book a vegetarian dinner.", "used_entry_ids": [note]})
+    model_server.script("rewrite", Reply(tool_calls=[rewrite]))
+    variables = {"c": chat, "t": "Book a dinner.", "k": "dinner-1"}
+    first = (await api.gql(START, variables, ann))["startTurn"]
+    again = (await api.gql(START, variables, ann))["startTurn"]
+    assert first["enrichedInput"] == "Book a vegetarian dinner."
+    assert again == first  # the same Turn, its saved rewrite
+    assert len(model_server.requests_for("rewrite")) == 1  # asked once
+    assert len(await history(api, ann, chat)) == 1
+
+    # Once a note it was sent is no longer visible, the rewrite is not given again (D9.15).
+    forgot = await api.http.post(
+        f"/v1/bots/{w.bot}/memory", json={"command": {"_tag": "Forget", "id": note}}, headers=bearer(ann)
+    )
+    assert forgot.status_code == 200, forgot.text
+    later = (await api.gql(START, variables, ann))["startTurn"]
+    assert (later["id"], later["enrichedInput"]) == (first["id"], "Book a dinner.")
+    assert len(model_server.requests_for("rewrite")) == 1
+
+
+async def test_a_racing_second_start_waits_for_the_first_and_answers_as_it(
+    api: Api, runtime: Runtime
+) -> None:
+    """Both requests pass the look for an earlier record before either commits: the second waits on
+    the key's record the first claimed, then answers with the first's Turn (without the claim in
+    the creating transaction, it started a second Turn)."""
+    w = await make_world(api, ("ann",))
+    ann = w.tokens["ann"]
+    chat = await api.chat(ann, w.bot)
+    variables = {"c": chat, "t": "Once only.", "k": "race-1"}
+    async with runtime.driver.session() as session:
+        held = await session.begin_transaction()
+        await held.run("MATCH (ch:Chat {id: $id}) CALL apoc.lock.nodes([ch]) RETURN ch.id", id=chat)
+        try:
+            first = asyncio.create_task(api.gql(START, variables, ann))
+            await until_a_transaction_waits_for_a_lock(runtime, running="nextTurnSeq", given=("chatId", chat))
+            second = asyncio.create_task(api.gql(START, variables, ann))
+            await until_a_transaction_waits_for_a_lock(runtime, running="MERGE (k:Idempotency")
+        finally:
+            await held.rollback()
+    one, two = (await first)["startTurn"], (await second)["startTurn"]
+    assert one == two
+    assert [row[:3] for row in await history(api, ann, chat)] == [("i-1", "PERSON_MESSAGE", "Once only.")]
+
+
+async def test_add_items_and_create_chat_sent_again_create_nothing(api: Api) -> None:
+    w = await make_world(api, ("ann",))
+    ann = w.tokens["ann"]
+    chats = [(await api.gql(CHAT, {"b": w.bot, "k": "chat-1"}, ann))["createChat"]["id"] for _ in range(2)]
+    assert chats[0] == chats[1]
+    chat = chats[0]
+    turn = (await api.gql(START, {"c": chat, "t": "Start", "k": None}, ann))["startTurn"]["id"]
+    items = [{"kind": "BOT_MESSAGE", "text": "Part one."}, {"kind": "BOT_MESSAGE", "text": "Part two."}]
+    added = [(await api.gql(ADD, {"t": turn, "i": items, "k": "add-1"}, ann))["addItems"] for _ in range(2)]
+    assert (
+        added[0]
+        == added[1]
+        == [
+            {"id": "i-2", "kind": "BOT_MESSAGE", "text": "Part one."},
+            {"id": "i-3", "kind": "BOT_MESSAGE", "text": "Part two."},
+        ]
+    )
+    assert len(await history(api, ann, chat)) == 3
+    # The same key for another operation is another request.
+    assert await api.codes(START, {"c": chat, "t": "Start", "k": "add-1"}, ann) == ["BAD_INPUT"]
+
+
+async def test_remember_and_forget_sent_again(api: Api, runtime: Runtime) -> None:
+    w = await make_world(api, ("ann",))
+    ann = w.tokens["ann"]
+    body = {"command": {"_tag": "Remember", "content": "Ann's locker is number 42."}}
+    first = await remember_keyed(api, ann, w.bot, body, "mem-1")
+    again = await remember_keyed(api, ann, w.bot, body, "mem-1")
+    assert first.status_code == again.status_code == 201, again.text
+    assert again.json() == first.json()
+    # GraphQL's remember is the same operation: the same key and arguments answer the same.
+    content = "Ann's locker is number 42."
+    over_graphql = (await api.gql(REMEMBER, {"b": w.bot, "c": content, "k": "mem-1"}, ann))["remember"]
+    assert over_graphql["entry"]["id"] == first.json()["entry"]["id"]
+    assert over_graphql["version"] == first.json()["version"]
+    listed = await api.http.get(f"/v1/bots/{w.bot}/memory", headers=bearer(ann))
+    assert [e["content"] for e in listed.json()["entries"]] == ["Ann's locker is number 42."]
+
+    forget = {"command": {"_tag": "Forget", "id": first.json()["entry"]["id"]}}
+    gone = await remember_keyed(api, ann, w.bot, forget, "forget-1")
+    gone_again = await remember_keyed(api, ann, w.bot, forget, "forget-1")
+    assert gone.status_code == gone_again.status_code == 200, gone_again.text
+    assert gone_again.json() == gone.json()  # not 409: the first took it back
+    unkeyed = await api.http.post(f"/v1/bots/{w.bot}/memory", json=forget, headers=bearer(ann))
+    assert unkeyed.status_code == 409
+
+
+async def test_send_message_sent_again_is_answered_once_and_held_while_it_runs(
+    api: Api, runtime: Runtime, model_server: ModelServer, learning_worker: object
+) -> None:
+    model_server.reset()
+    w = await runner_world(api, ("ann",))
+    ann = w.tokens["ann"]
+    chat = await api.chat(ann, w.bot)
+    release = threading.Event()
+    model_server.script("chat", Reply(text="Lisbon is lovely in May.", hold=release))
+    variables = {"c": chat, "t": "Where should I go in May?", "k": "send-1"}
+    first = asyncio.create_task(api.gql(SEND, variables, ann))
+    try:
+        await model_server.wait_for_requests("chat", 1)
+        # While the first is answered, the same request is CONFLICT, not a second answer.
+        assert await api.codes(SEND, variables, ann) == ["CONFLICT"]
+    finally:
+        release.set()
+    answered = (await first)["sendMessage"]
+    assert (answered["reply"], answered["status"]) == ("Lisbon is lovely in May.", "completed")
+    again = (await api.gql(SEND, variables, ann))["sendMessage"]
+    assert again == answered
+    assert len(model_server.requests_for("chat")) == 1
+
+    # A request that stopped before its reply was saved (its Turn open, no reply): sent again,
+    # the Bot is asked now and the Turn completed.
+    await runtime.driver.execute_query(
+        "MATCH (t:Turn {id: $id})<-[:IN_TURN]-(i:Item {kind: 'BOT_MESSAGE'}) DETACH DELETE i "
+        "WITH DISTINCT 1 AS one MATCH (t:Turn {id: $id}) SET t.status = 'open', t.completedAt = null",
+        id=answered["id"],
+    )
+    model_server.script("chat", Reply(text="Try Porto too."))
+    resumed = (await api.gql(SEND, variables, ann))["sendMessage"]
+    assert resumed == {"id": answered["id"], "reply": "Try Porto too.", "status": "completed"}
+    assert len(model_server.requests_for("chat")) == 2
+    assert [row[:3] for row in await history(api, ann, chat)] == [
+        ("i-1", "PERSON_MESSAGE", "Where should I go in May?"),
+        ("i-3", "BOT_MESSAGE", "Try Porto too."),
+    ]
+
+
+async def test_a_key_forgets_its_request_with_the_history_and_goes_when_past_its_time(
+    api: Api, runtime: Runtime
+) -> None:
+    w = await make_world(api, ("ann",))
+    ann = w.tokens["ann"]
+    chat = await api.chat(ann, w.bot)
+    said = {"message": "Canary-idem words.", "role": "user"}
+    first = (await post_keyed(api, ann, chat, said, "gone-1")).json()
+    # The record holds a keyed digest of the request, never its words (E1).
+    found, _, _ = await runtime.driver.execute_query(
+        "MATCH (k:Idempotency {chatId: $chat}) RETURN properties(k) AS k", chat=chat
+    )
+    [record] = [r["k"] for r in found]
+    assert "Canary-idem" not in repr(record) and len(record["request"]) == 64
+
+    deleted = await api.gql("mutation($c: ID!) { deleteChatHistory(chatId: $c) { items } }", {"c": chat}, ann)
+    assert deleted["deleteChatHistory"]["items"] == 1
+    found, _, _ = await runtime.driver.execute_query(
+        "MATCH (k:Idempotency {chatId: $chat}) RETURN k.request AS request", chat=chat
+    )
+    assert [r["request"] for r in found] == [None]
+    # Sent again, it still answers with its Turn, whose words are gone.
+    again = await post_keyed(api, ann, chat, said, "gone-1")
+    assert again.status_code == 201, again.text
+    assert again.json()["turn"]["id"] == first["turn"]["id"]
+    assert again.json()["message"]["text"] is None
+
+    # Past its time, the sweep drops it, and the key is new again.
+    await runtime.driver.execute_query(
+        "MATCH (k:Idempotency {chatId: $chat}) SET k.expiresAt = timestamp() - 1", chat=chat
+    )
+    before = await records(runtime)
+    await sweep_once(runtime)
+    assert await records(runtime) < before
+    found, _, _ = await runtime.driver.execute_query(
+        "MATCH (k:Idempotency {chatId: $chat}) RETURN count(k) AS n", chat=chat
+    )
+    assert found[0]["n"] == 0
+    anew = await post_keyed(api, ann, chat, said, "gone-1")
+    assert anew.status_code == 201 and anew.json()["turn"]["id"] != first["turn"]["id"]
