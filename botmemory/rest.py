@@ -97,7 +97,7 @@ async def post_message(request: Request) -> Response:
     key = idempotency.key_of(
         principal,
         request.headers.get(idempotency.HEADER),
-        "saveMessage",
+        f"saveMessage:{body.role}",
         [chat_id, body.model_dump(mode="json")],
     )
     saved = await messages.save_message(

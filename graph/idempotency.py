@@ -13,30 +13,45 @@ from graph.entries import count
 
 #: The record of ``$id``: created with ``$fields``, or the one there (one past ``expiresAt`` is
 #: taken over, as a new one). The key's uniqueness constraint makes a second claim of the same key
-#: wait for the first transaction's end, then read what it committed.
+#: wait for the first transaction's end; the record is then locked and read again, so of two
+#: claims taking over an expired record the second reads the first's (``claimId``: which request
+#: holds it).
 CLAIM: Final[LiteralString] = """
-MERGE (k:Idempotency {id: $id})
-ON CREATE SET k += $fields
-ON MATCH SET k += CASE WHEN k.expiresAt <= $now THEN $fields ELSE {} END
-RETURN k {.operation, .request, .master, .resourceId, .itemId, .version} AS claim
+MERGE (held:Idempotency {id: $id})
+ON CREATE SET held += $fields
+WITH held
+CALL apoc.lock.nodes([held])
+WITH held
+MATCH (k:Idempotency) WHERE elementId(k) = elementId(held)
+SET k += CASE WHEN k.claimId <> $fields.claimId AND k.expiresAt <= $now THEN $fields ELSE {} END
+RETURN k {.claimId, .operation, .request, .master, .resourceId, .itemId, .version} AS claim
 """
+
+#: The first Item a claim's request added (known once its Items are numbered).
+SET_ITEM: Final[LiteralString] = "MATCH (k:Idempotency {id: $id}) SET k.itemId = $itemId\n"
 
 #: The record of ``$id`` while it is kept.
 FIND: Final[LiteralString] = """
 MATCH (k:Idempotency {id: $id}) WHERE k.expiresAt > $now
-RETURN k {.operation, .request, .master, .resourceId, .itemId, .version} AS claim
+RETURN k {.claimId, .operation, .request, .master, .resourceId, .itemId, .version} AS claim
 """
 
-#: Records past their time, a batch at a time (the worker's sweep).
+#: Records past their time, a batch at a time (the worker's sweep), each locked and read again
+#: first: one a claim took over meanwhile is kept.
 SWEEP_EXPIRED: Final[LiteralString] = """
-MATCH (k:Idempotency) WHERE k.expiresAt <= $now
-WITH k LIMIT $limit
+MATCH (held:Idempotency) WHERE held.expiresAt <= $now
+WITH held LIMIT $limit
+CALL apoc.lock.nodes([held])
+WITH held
+MATCH (k:Idempotency) WHERE elementId(k) = elementId(held) AND k.expiresAt <= $now
 DELETE k
 RETURN count(*) AS n
 """
 
 
 class ClaimMap(TypedDict):
+    #: Which request holds the record (one id per request, kept across its transaction's retries).
+    claimId: str
     operation: str
     #: The keyed digest of the request; None once its Chat's history was deleted (D9.23).
     request: str | None
@@ -55,6 +70,10 @@ async def claim(tx: AsyncManagedTransaction, *, id: str, now: int, fields: dict[
     record = await single(tx, CLAIM, ClaimRow, id=id, now=now, fields=fields)
     assert record is not None  # MERGE returns its node
     return record["claim"]
+
+
+async def set_item(tx: AsyncManagedTransaction, *, id: str, item_id: str) -> None:
+    await (await tx.run(SET_ITEM, id=id, itemId=item_id)).consume()
 
 
 async def find(tx: QueryTarget, *, id: str, now: int) -> ClaimMap | None:

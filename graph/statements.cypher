@@ -2257,18 +2257,28 @@ CALL () {
 RETURN rules + tags AS tags
 
 // ---- graph.idempotency.CLAIM
-MERGE (k:Idempotency {id: $id})
-ON CREATE SET k += $fields
-ON MATCH SET k += CASE WHEN k.expiresAt <= $now THEN $fields ELSE {} END
-RETURN k {.operation, .request, .master, .resourceId, .itemId, .version} AS claim
+MERGE (held:Idempotency {id: $id})
+ON CREATE SET held += $fields
+WITH held
+CALL apoc.lock.nodes([held])
+WITH held
+MATCH (k:Idempotency) WHERE elementId(k) = elementId(held)
+SET k += CASE WHEN k.claimId <> $fields.claimId AND k.expiresAt <= $now THEN $fields ELSE {} END
+RETURN k {.claimId, .operation, .request, .master, .resourceId, .itemId, .version} AS claim
 
 // ---- graph.idempotency.FIND
 MATCH (k:Idempotency {id: $id}) WHERE k.expiresAt > $now
-RETURN k {.operation, .request, .master, .resourceId, .itemId, .version} AS claim
+RETURN k {.claimId, .operation, .request, .master, .resourceId, .itemId, .version} AS claim
+
+// ---- graph.idempotency.SET_ITEM
+MATCH (k:Idempotency {id: $id}) SET k.itemId = $itemId
 
 // ---- graph.idempotency.SWEEP_EXPIRED
-MATCH (k:Idempotency) WHERE k.expiresAt <= $now
-WITH k LIMIT $limit
+MATCH (held:Idempotency) WHERE held.expiresAt <= $now
+WITH held LIMIT $limit
+CALL apoc.lock.nodes([held])
+WITH held
+MATCH (k:Idempotency) WHERE elementId(k) = elementId(held) AND k.expiresAt <= $now
 DELETE k
 RETURN count(*) AS n
 

@@ -76,7 +76,14 @@ async def send_message(
     check_text(text, "text", limit=rt.settings.max_text_chars)
     if await chats.get_chat(rt, principal, chat_id) is None:
         raise NotFound("chat not found")
-    async with idempotency.in_flight(rt, key):
+    settings = rt.settings
+    # As long as an answer may take: the rewrite, each chat-model round, each confide answered.
+    longest = (
+        settings.answer_deadline_seconds * (1 + MAX_CONFIDES)
+        + settings.chat_deadline_seconds * (MAX_TOOL_ROUNDS + 1)
+        + 60
+    )
+    async with idempotency.in_flight(rt, key, longest):
         return await _send(rt, gateway, hub, principal, chat_id, text, arrived, key)
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import re
 from collections.abc import AsyncGenerator, Sequence
 from contextlib import asynccontextmanager
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from neo4j import AsyncManagedTransaction
+from redis.exceptions import RedisError
 
 from graph import idempotency as idempotency_q
 from graph.driver import autocommit
@@ -36,9 +38,8 @@ from services.runtime import Runtime, now_ms
 KEY: Final = re.compile(r"[\x21-\x7e]{1,255}")
 #: What the REST routes read the key from.
 HEADER: Final = "Idempotency-Key"
-#: How long an answer that runs past its transaction (the built-in runner's) holds its key: a
-#: retry meanwhile is CONFLICT, not a second answer. Released when the answer ends.
-IN_FLIGHT_SECONDS: Final = 600
+
+log = logging.getLogger("botmemory.idempotency")
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +51,8 @@ class Key:
     operation: str
     #: The request's arguments, as its digest is made of them (held in memory only).
     request: str
+    #: This request's own id: the record it claimed is its own while it holds it.
+    claim_id: str
 
 
 def key_of(principal: Principal, key: str | None, operation: str, request: Sequence[object]) -> Key | None:
@@ -66,7 +69,7 @@ def key_of(principal: Principal, key: str | None, operation: str, request: Seque
     else:
         scope = "admin"
     record = hashlib.sha256(f"{scope}\x00{key}".encode()).hexdigest()
-    return Key(record, operation, json.dumps([operation, *request], separators=(",", ":")))
+    return Key(record, operation, json.dumps([operation, *request], separators=(",", ":")), new_id("claim"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,14 +122,15 @@ async def claim(
     *,
     resource_id: str,
     chat_id: str | None = None,
-    item_id: str | None = None,
     version: int | None = None,
 ) -> None:
-    """Claim ``key`` for what this request creates (``resource_id``, with ``item_id`` / ``version``
-    when those are what it answers). Returns when the key is new (or this very transaction
-    claimed it, on a retry); raises :class:`Replay` when another request with the same arguments
-    claimed it, BAD_INPUT when one with others did. ``chat_id``: the Chat whose history deletion
-    drops the request's digest (D9.23)."""
+    """Claim ``key`` for what this request creates (``resource_id``, with the ``version`` when that is
+    what it answers; the first Item it adds: :func:`claimed_item`), first thing under the lock
+    that orders its writers, before any check a first request's commit would change. Returns when
+    the key is new (or this very request claimed it, on a retry of its transaction); raises
+    :class:`Replay` when another request with the same arguments claimed it, BAD_INPUT when one
+    with others did. ``chat_id``: the Chat whose history deletion drops the request's digest
+    (D9.23: its words' digest)."""
     now = now_ms()
     fields = {
         "id": key.id,
@@ -134,35 +138,45 @@ async def claim(
         "request": rt.keyring.digest(Kind.REQUEST_DIGEST, key.request),
         "master": rt.keyring.current_id,
         "resourceId": resource_id,
+        "claimId": key.claim_id,
         "chatId": chat_id,
-        "itemId": item_id,
+        "itemId": None,
         "version": version,
         "createdAt": now,
         "expiresAt": now + int(rt.settings.idempotency_key_seconds * 1000),
     }
     found = await idempotency_q.claim(tx, id=key.id, now=now, fields=fields)
-    if found["resourceId"] != resource_id:
+    if found["claimId"] != key.claim_id:
         raise Replay(_same(rt, key, found))
 
 
+async def claimed_item(tx: AsyncManagedTransaction, key: Key, item_id: str) -> None:
+    """The first Item the request that claimed ``key`` adds (once its Items are numbered)."""
+    await idempotency_q.set_item(tx, id=key.id, item_id=item_id)
+
+
 @asynccontextmanager
-async def in_flight(rt: Runtime, key: Key | None) -> AsyncGenerator[None]:
-    """Hold ``key`` while an answer runs past its transaction (the built-in runner's reply): a
-    second request with it meanwhile is CONFLICT. Held at most IN_FLIGHT_SECONDS (a process
-    killed mid-answer frees it then)."""
+async def in_flight(rt: Runtime, key: Key | None, seconds: float) -> AsyncGenerator[None]:
+    """Hold ``key`` while an answer runs past its transaction (the built-in runner's reply, which
+    takes at most ``seconds``): a second request with it meanwhile is CONFLICT. A process killed
+    mid-answer frees it after ``seconds``."""
     if key is None:
         yield
         return
     name, holder = f"botmemory:idempotency:{key.id}", new_id("hold")
-    if not await rt.redis.set(name, holder, nx=True, ex=IN_FLIGHT_SECONDS):
+    if not await rt.redis.set(name, holder, nx=True, px=max(1, int(seconds * 1000))):
         raise Conflict(
             "a request with this idempotency key is still being answered; send it again when it ends"
         )
     try:
         yield
     finally:
-        # Only its own hold: one that ran past its time may be another request's by now.
-        await rt.redis.eval(_RELEASE, 1, name, holder)  # type: ignore[misc]
+        # Only its own hold: one that ran past its time may be another request's by now. A release
+        # that fails leaves it to run out; the answer stands.
+        try:
+            await rt.redis.eval(_RELEASE, 1, name, holder)  # type: ignore[misc]
+        except (RedisError, OSError) as exc:
+            log.warning("an idempotency key's hold was left to run out (%s)", type(exc).__name__)
 
 
 _RELEASE: Final = """

@@ -269,6 +269,8 @@ async def add_items(
         row = await chats_q.turn_for_update(tx, turn_id=turn_id, person_id=principal.person_id)
         require_own_turn(principal, row, "adds Items to")
         assert row is not None
+        if key is not None:  # before its status: a first request's commit completes it
+            await idempotency.claim(tx, rt, key, resource_id=turn_id, chat_id=row["chat"]["id"])
         if row["turn"]["status"] != "open":
             raise Conflict("the Turn is already completed")
         actor = row["turn"].get("actorId")
@@ -282,8 +284,7 @@ async def add_items(
             raise Forbidden("the Turn's person is no longer a person of this chat")
         first, epoch = await chats_q.allocate_items(tx, chat_id=row["chat"]["id"], count=len(items))
         if key is not None:
-            chat_id = row["chat"]["id"]
-            await idempotency.claim(tx, rt, key, resource_id=turn_id, chat_id=chat_id, item_id=f"i-{first}")
+            await idempotency.claimed_item(tx, key, f"i-{first}")
         words = made_in_epoch is None or made_in_epoch == epoch
         new_rows = [
             _new_row(

@@ -361,10 +361,10 @@ async def apply_changes(
         now = now_ms()
         if person is not None:
             await user_reader(tx, bot_id=bot_id, person_id=person[0], org=person[1])
+        if key is not None:  # before the precheck: a first request's commit changes what it sees
+            await idempotency.claim(tx, rt, key[0], resource_id=key[1], version=version)
         if precheck is not None:
             await precheck(tx)
-        if key is not None:
-            await idempotency.claim(tx, rt, key[0], resource_id=key[1], version=version)
         step = _Step(tx, bot_id, version, cipher, now, derived)
         for change in changes:
             await step.apply(change)

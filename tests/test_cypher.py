@@ -131,6 +131,8 @@ ITEM_SORTS = {
     "graph.chats.CHAT_TAILS": "puts the $last Items read newest first back in order",
     "graph.chats.CREATE_ITEMS": "the Items it creates",
     "graph.chats.FIRST_ITEM_OF_TURN": "the Items of one Turn",
+    "graph.chats.ITEMS_OF_TURN": "the Items of one Turn",
+    "graph.chats.ITEMS_BY_UID": "the Items one addItems added (at most 100)",
 }
 
 

@@ -20,6 +20,7 @@ from tests.learning_helpers import memory_world, until_a_transaction_waits_for_a
 from tests.model_server import ModelServer, Reply, ToolCall
 from tests.test_rest_messages import history, post
 from tests.test_runner import runner_world
+from tests.waiting import until
 
 START = (
     "mutation($c: ID!, $t: String!, $k: String) { startTurn(chatId: $c, input: $t, idempotencyKey: $k)"
@@ -50,11 +51,6 @@ async def remember_keyed(api: Api, token: str, bot: str, body: dict[str, Any], k
     return await api.http.post(
         f"/v1/bots/{bot}/memory", json=body, headers={**bearer(token), "Idempotency-Key": key}
     )
-
-
-async def records(rt: Runtime) -> int:
-    found, _, _ = await rt.driver.execute_query("MATCH (k:Idempotency) RETURN count(k) AS n")
-    return found[0]["n"]
 
 
 async def test_a_message_sent_again_with_its_key_is_saved_once(api: Api) -> None:
@@ -170,12 +166,85 @@ async def test_a_racing_second_start_waits_for_the_first_and_answers_as_it(
             first = asyncio.create_task(api.gql(START, variables, ann))
             await until_a_transaction_waits_for_a_lock(runtime, running="nextTurnSeq", given=("chatId", chat))
             second = asyncio.create_task(api.gql(START, variables, ann))
-            await until_a_transaction_waits_for_a_lock(runtime, running="MERGE (k:Idempotency")
+            await until_a_transaction_waits_for_a_lock(runtime, running="MERGE (held:Idempotency")
         finally:
             await held.rollback()
     one, two = (await first)["startTurn"], (await second)["startTurn"]
     assert one == two
     assert [row[:3] for row in await history(api, ann, chat)] == [("i-1", "PERSON_MESSAGE", "Once only.")]
+
+
+async def until_blocked(rt: Runtime, running: str, count: int) -> None:
+    """Until Neo4j shows ``count`` transactions blocked on a lock in a statement holding ``running``."""
+
+    async def blocked() -> bool:
+        found, _, _ = await rt.driver.execute_query(
+            "SHOW TRANSACTIONS YIELD status, currentQuery "
+            "WHERE status STARTS WITH 'Blocked' AND currentQuery CONTAINS $running RETURN count(*) AS n",
+            running=running,
+        )
+        return found[0]["n"] >= count
+
+    await until(blocked, f"never {count} transactions waited in {running!r}", within=30)
+
+
+async def test_racing_add_items_and_replies_with_one_key_add_once(api: Api, runtime: Runtime) -> None:
+    """Two addItems with one key, both past the look for an earlier record and both waiting for the
+    Turn's lock: the second takes it after the first's commit and answers with the first's Items
+    (its claim is the first's record, held by another request; read by the Turn alone, every
+    request for the Turn looked like its holder and added the Items again). So for a reply that
+    completes its Turn: the second answers with the first's reply, not CONFLICT."""
+    w = await make_world(api, ("ann",))
+    ann = w.tokens["ann"]
+    chat = await api.chat(ann, w.bot)
+    turn = (await api.gql(START, {"c": chat, "t": "Start", "k": None}, ann))["startTurn"]["id"]
+    items = [{"kind": "BOT_MESSAGE", "text": "Once."}]
+    variables = {"t": turn, "i": items, "k": "add-race"}
+    reply = {"message": "The end.", "role": "assistant", "turnId": turn}
+    async with runtime.driver.session() as session:
+        held = await session.begin_transaction()
+        await held.run("MATCH (t:Turn {id: $id}) CALL apoc.lock.nodes([t]) RETURN t.id", id=turn)
+        try:
+            adds = [asyncio.create_task(api.gql(ADD, variables, ann)) for _ in range(2)]
+            await until_blocked(runtime, "MATCH (held:Turn {id: $turnId})", 2)
+        finally:
+            await held.rollback()
+    one, two = [(await a)["addItems"] for a in adds]
+    assert one == two == [{"id": "i-2", "kind": "BOT_MESSAGE", "text": "Once."}]
+
+    async with runtime.driver.session() as session:
+        held = await session.begin_transaction()
+        await held.run("MATCH (t:Turn {id: $id}) CALL apoc.lock.nodes([t]) RETURN t.id", id=turn)
+        try:
+            replies = [asyncio.create_task(post_keyed(api, ann, chat, reply, "reply-race")) for _ in range(2)]
+            await until_blocked(runtime, "MATCH (held:Turn {id: $turnId})", 2)
+        finally:
+            await held.rollback()
+    first, second = [await r for r in replies]
+    assert first.status_code == second.status_code == 201, (first.text, second.text)
+    assert first.json() == second.json()
+    assert [row[:3] for row in await history(api, ann, chat)] == [
+        ("i-1", "PERSON_MESSAGE", "Start"),
+        ("i-2", "BOT_MESSAGE", "Once."),
+        ("i-3", "BOT_MESSAGE", "The end."),
+    ]
+
+
+async def test_a_key_past_its_time_is_taken_over_once(api: Api, runtime: Runtime) -> None:
+    """A record past its time is new again: the next request with the key creates, and holds it
+    from then on — the one after it gets what that request created, not a third."""
+    w = await make_world(api, ("ann",))
+    ann = w.tokens["ann"]
+    chat = await api.chat(ann, w.bot)
+    variables = {"c": chat, "t": "Again and again.", "k": "old-1"}
+    first = (await api.gql(START, variables, ann))["startTurn"]["id"]
+    await runtime.driver.execute_query(
+        "MATCH (k:Idempotency {chatId: $chat}) SET k.expiresAt = timestamp() - 1", chat=chat
+    )
+    second = (await api.gql(START, variables, ann))["startTurn"]["id"]
+    third = (await api.gql(START, variables, ann))["startTurn"]["id"]
+    assert second != first and third == second
+    assert len(await history(api, ann, chat)) == 2
 
 
 async def test_add_items_and_create_chat_sent_again_create_nothing(api: Api) -> None:
@@ -278,7 +347,7 @@ async def test_a_key_forgets_its_request_with_the_history_and_goes_when_past_its
         "MATCH (k:Idempotency {chatId: $chat}) RETURN properties(k) AS k", chat=chat
     )
     [record] = [r["k"] for r in found]
-    assert "Canary-idem" not in repr(record) and len(record["request"]) == 64
+    assert len(record["request"]) == 64 and "Canary-idem" not in repr(record)
 
     deleted = await api.gql("mutation($c: ID!) { deleteChatHistory(chatId: $c) { items } }", {"c": chat}, ann)
     assert deleted["deleteChatHistory"]["items"] == 1
@@ -291,14 +360,17 @@ async def test_a_key_forgets_its_request_with_the_history_and_goes_when_past_its
     assert again.status_code == 201, again.text
     assert again.json()["turn"]["id"] == first["turn"]["id"]
     assert again.json()["message"]["text"] is None
+    # The key still names its operation: as a reply, it is another request.
+    as_reply = await post_keyed(
+        api, ann, chat, {"message": "Canary-idem words.", "role": "assistant"}, "gone-1"
+    )
+    assert as_reply.status_code == 422, as_reply.text
 
     # Past its time, the sweep drops it, and the key is new again.
     await runtime.driver.execute_query(
         "MATCH (k:Idempotency {chatId: $chat}) SET k.expiresAt = timestamp() - 1", chat=chat
     )
-    before = await records(runtime)
     await sweep_once(runtime)
-    assert await records(runtime) < before
     found, _, _ = await runtime.driver.execute_query(
         "MATCH (k:Idempotency {chatId: $chat}) RETURN count(k) AS n", chat=chat
     )

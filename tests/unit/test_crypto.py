@@ -32,6 +32,7 @@ KIND_VALUES = {
     "MODEL_RESULT": "model-result",
     "ENTRY_VECTOR": "entry-vector",
     "INPUT_DIGEST": "input",
+    "REQUEST_DIGEST": "request",
 }
 
 K1, K2, K3 = (bytes([n]) * 32 for n in (1, 2, 3))
