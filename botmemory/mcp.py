@@ -207,7 +207,7 @@ def build_server(config: McpConfig, api: Api) -> MCPServer:
     async def remember(
         content: str, ctx: Ctx, tags: list[str] | None = None, bot_id: str | None = None
     ) -> Remembered:
-        data = await api.call(REMEMBER, {"b": bot(bot_id), "c": content, "t": tags}, token(ctx), _BOT)
+        data = await api.change(REMEMBER, {"b": bot(bot_id), "c": content, "t": tags}, token(ctx), _BOT)
         return read(Remembered, data["remember"])
 
     @server.tool(
@@ -215,7 +215,7 @@ def build_server(config: McpConfig, api: Api) -> MCPServer:
         "person behind it, else only for you (V11)."
     )
     async def forget(entry_id: str, ctx: Ctx, bot_id: str | None = None) -> Forgotten:
-        data = await api.call(FORGET, {"b": bot(bot_id), "id": entry_id}, token(ctx), _ENTRY)
+        data = await api.change(FORGET, {"b": bot(bot_id), "id": entry_id}, token(ctx), _ENTRY)
         return Forgotten(id=entry_id, version=data["forget"]["version"])
 
     async def ranked(

@@ -7,6 +7,8 @@ that carries the API's code and message, never a traceback or the token.
 
 from __future__ import annotations
 
+import asyncio
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, cast
@@ -18,8 +20,8 @@ from mcp.server.mcpserver.exceptions import ToolError
 _ENTRY: Final = "id layer content tags saidAt"
 
 REMEMBER: Final = (
-    "mutation($b: ID!, $c: String!, $t: [String!]) {"
-    f" remember(botId: $b, content: $c, tags: $t) {{ version entry {{ {_ENTRY} }} }} }}"
+    "mutation($b: ID!, $c: String!, $t: [String!], $k: String) {"
+    f" remember(botId: $b, content: $c, tags: $t, idempotencyKey: $k) {{ version entry {{ {_ENTRY} }} }} }}"
 )
 WHY: Final = (
     "query($b: ID!, $id: ID!) { entry(botId: $b, id: $id) {"
@@ -27,7 +29,12 @@ WHY: Final = (
 )
 #: Whether the API accepts a token (any person's token reads itself).
 WHO: Final = "query { me { id } }"
-FORGET: Final = "mutation($b: ID!, $id: ID!) { forget(botId: $b, id: $id) { version } }"
+FORGET: Final = (
+    "mutation($b: ID!, $id: ID!, $k: String) { forget(botId: $b, id: $id, idempotencyKey: $k) { version } }"
+)
+#: How many times a change is sent, with one idempotency key, while no answer says what became of
+#: it (:meth:`Api.change`).
+CHANGE_ATTEMPTS: Final = 3
 SEARCH: Final = (
     "query($b: ID!, $q: String!, $l: Int!) {"
     f" search(botId: $b, query: $q, limit: $l) {{ score entry {{ {_ENTRY} }} }} }}"
@@ -118,3 +125,20 @@ class Api:
             raise failure
         data: dict[str, Any] = body["data"]
         return data
+
+    async def change(
+        self, query: str, variables: dict[str, Any], token: str, names: Mapping[str, str] | None = None
+    ) -> dict[str, Any]:
+        """A mutation taking ``$k``, sent with an idempotency key of its own (D9.35) and sent again
+        with it, CHANGE_ATTEMPTS times at most, while no answer says whether it was made (sent and
+        unanswered, a proxy's 502/504, the API or Neo4j away: UNAVAILABLE): made once, whichever
+        answers were lost. Said "may have been made" still only when no attempt was answered."""
+        keyed, attempt = {**variables, "k": secrets.token_hex(16)}, 1
+        while True:
+            try:
+                return await self.call(query, keyed, token, names)
+            except ApiError as exc:
+                if exc.code != "UNAVAILABLE" or attempt == CHANGE_ATTEMPTS:
+                    raise
+            await asyncio.sleep(0.25 * attempt)
+            attempt += 1

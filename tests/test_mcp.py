@@ -395,3 +395,51 @@ async def test_a_change_a_proxy_gave_up_on_may_have_been_made() -> None:
     assert change.value.code == "UNAVAILABLE"
     assert str(change.value).endswith("HTTP 504: the change may have been made; read before sending it again")
     assert query.value.code == "UNAVAILABLE" and "may have been made" not in str(query.value)
+
+
+async def test_a_change_whose_answer_was_lost_is_sent_again_and_made_once(
+    api: Api, api_process: ApiProcess
+) -> None:
+    """The MCP server sends its changes with an idempotency key of their own (D9.35) and sends one
+    again with it while no answer says what became of it: here a proxy passes the first
+    ``remember`` to the API, which makes it, and answers 504 as if it had timed out. The tool
+    answers with that entry, made once (sent again without the key, a second one was pinned)."""
+    w = await make_world(api, ("ann",))
+    lost = 0
+
+    async def losing_first(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal lost
+        head = await reader.readuntil(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        fields = dict(line.split(": ", 1) for line in lines[1:] if ": " in line)
+        headers = {k: v for k, v in fields.items() if k.lower() in ("authorization", "content-type")}
+        body = await reader.readexactly(int(fields.get("content-length", fields.get("Content-Length", "0"))))
+        async with httpx.AsyncClient(base_url=api_process.url) as upstream:
+            answer = await upstream.post(lines[0].split(" ")[1], content=body, headers=headers)
+        if lost == 0:
+            lost += 1
+            status, payload, kind = "504 Gateway Time-out", b"<html>504</html>", "text/html"
+        else:
+            status, payload, kind = f"{answer.status_code} OK", answer.content, "application/json"
+        writer.write(
+            f"HTTP/1.1 {status}\r\ncontent-type: {kind}\r\ncontent-length: {len(payload)}\r\n"
+            "connection: close\r\n\r\n".encode()
+            + payload
+        )
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(losing_first, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
+            data = await McpApi(http).change(
+                REMEMBER, {"b": w.bot, "c": "pinned once", "t": []}, w.tokens["ann"]
+            )
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert lost == 1
+    entries = await visible(api, w.tokens["ann"], w.bot)
+    assert [e["content"] for e in entries.values()] == ["pinned once"]
+    assert data["remember"]["entry"]["id"] in entries
