@@ -16,12 +16,17 @@ from graph.purge import GoneLabel
 #: The log row of a change (C2), then the labels of the relabelled entries (``$ids``: the logged
 #: ones, or for a purge the entries resting on the deleted ones) and of everything resting on
 #: them, recording what the change hid (``$gone``: deleted entries with their labels, D9.24).
-#: Needs ``m`` and ``version``; binds ``c`` and ``removed``.
+#: Each logged entry there is gets the version as its ``changedVersion`` (what ``shareEntry``'s
+#: ``expected`` compares). Needs ``m`` and ``version``; binds ``c`` and ``removed``.
 _LOG: Final[LiteralString] = (
     """
 CREATE (c:Change {id: $id, botId: $botId, version: version, at: $at, actor: $actor,
                   entryIds: $entryIds, payload: $payload})-[:OF]->(m)
 WITH c, version
+CALL (version) {
+  MATCH (changed:Entry) WHERE changed.id IN $entryIds AND changed.botId = $botId
+  SET changed.changedVersion = version
+}
 """
     + RELABEL_RECORDING_REMOVALS
 )

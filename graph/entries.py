@@ -355,7 +355,8 @@ async def all_ids(tx: AsyncManagedTransaction, *, bot_id: str) -> list[str]:
 
 ENTRY_FOR_EDIT: Final[LiteralString] = """
 MATCH (e:Entry {id: $id, botId: $botId})
-RETURN e {.id, .layer, .tags, .status, .author, .excluded, .orderKey} AS entry
+RETURN e {.id, .layer, .tags, .status, .author, .excluded, .orderKey,
+          changedVersion: coalesce(e.changedVersion, 0)} AS entry
 """
 
 
@@ -369,6 +370,7 @@ class EditedEntry(TypedDict):
     author: str | None
     excluded: list[str]
     orderKey: int
+    changedVersion: int
 
 
 class EditedEntryRow(TypedDict):

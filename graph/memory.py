@@ -48,8 +48,8 @@ SOURCES_OF_E: Final[LiteralString] = "CALL (e) {" + _ENTRY_SOURCES + "  RETURN s
 #: The API's view of an entry ``e``: fields, sources as ids, content as ciphertext.
 ENTRY_MAP: Final[LiteralString] = (
     "e {.id, .layer, .tags, .status, .confidence, .createdAt, .updatedAt, .invalidatedAt,\n"
-    """     saidAt: coalesce(e.saidAt, e.createdAt), .content, .contentLength, .orderKey, .memoryRank,
-     sources: sources}"""
+    """     saidAt: coalesce(e.saidAt, e.createdAt), changedVersion: coalesce(e.changedVersion, 0),
+     .content, .contentLength, .orderKey, .memoryRank, sources: sources}"""
 )
 
 
@@ -68,6 +68,8 @@ class EntryMap(TypedDict):
     #: When its newest source was said (D9.31; an entry written before entries were dated: when
     #: it was created).
     saidAt: int
+    #: The memory version of the last change that named it (0: none since versions were kept).
+    changedVersion: int
     content: Ciphertext
     contentLength: int
     orderKey: int

@@ -270,6 +270,8 @@ MIGRATIONS: Final[tuple[tuple[int, tuple[LiteralString, ...]], ...]] = (
             "CREATE INDEX enrichment_turn IF NOT EXISTS FOR (n:Enrichment) ON (n.turnId)",
         ),
     ),
+    # Each entry's changedVersion, from the change log (_SET_CHANGED_VERSION).
+    (27, ()),
 )
 
 #: Entries whose labels predate the current label properties: without ``memoryRank`` (before
@@ -305,6 +307,18 @@ SET e.vecSeq = m.vecSeq
 _LABEL_PREFERENCES: Final[LiteralString] = """
 MATCH (e:Entry) WHERE 'preferences' IN e.tags AND NOT e:Preference
 CALL (e) { SET e:Preference } IN TRANSACTIONS OF 10000 ROWS
+"""
+
+#: Each entry's ``changedVersion`` (version 27): the version of the last change whose log row names
+#: it, as ``graph.changelog`` sets it since (a change committed meanwhile set a later one: kept).
+_SET_CHANGED_VERSION: Final[LiteralString] = """
+MATCH (c:Change) WHERE c.entryIds IS NOT NULL
+UNWIND c.entryIds AS id
+WITH c.botId AS bot, id, max(c.version) AS version
+CALL (bot, id, version) {
+  MATCH (e:Entry) WHERE e.id = id AND e.botId = bot AND coalesce(e.changedVersion, 0) < version
+  SET e.changedVersion = version
+} IN TRANSACTIONS OF 10000 ROWS
 """
 
 #: The valid entries labelled before version 14 get ``validOrg`` (``graph.access``), in batches.
@@ -517,6 +531,7 @@ _BATCHED: Final[dict[int, tuple[LiteralString, ...]]] = {
     18: (_COUNT_UNSUMMARIZED,),
     23: (_COUNT_SUMMARY_INPUT,),
     24: (_DROP_UNKEYED_LINKS, _DROP_UNKEYED_TOPICS, _LINK_TOPICS),
+    27: (_SET_CHANGED_VERSION,),
 }
 
 

@@ -593,8 +593,8 @@ OPTIONAL MATCH (e)-[:SOURCE]->(src)
 WITH e, collect(CASE WHEN src IS NULL THEN null WHEN src:Item THEN {chat: src.chatId, item: src.id}
                      ELSE {entry: src.id} END) AS sources
 RETURN collect(e {.id, .layer, .tags, .status, .confidence, .createdAt, .updatedAt, .invalidatedAt,
-     saidAt: coalesce(e.saidAt, e.createdAt), .content, .contentLength, .orderKey, .memoryRank,
-     sources: sources}) AS entries
+     saidAt: coalesce(e.saidAt, e.createdAt), changedVersion: coalesce(e.changedVersion, 0),
+     .content, .contentLength, .orderKey, .memoryRank, sources: sources}) AS entries
 }
 RETURN found, entries
 
@@ -778,6 +778,10 @@ CALL (m, version, problem) {
 CREATE (c:Change {id: $id, botId: $botId, version: version, at: $at, actor: $actor,
                   entryIds: $entryIds, payload: $payload})-[:OF]->(m)
 WITH c, version
+CALL (version) {
+  MATCH (changed:Entry) WHERE changed.id IN $entryIds AND changed.botId = $botId
+  SET changed.changedVersion = version
+}
 CALL (c, version) {
 UNWIND $ids AS entryId
 MATCH (s:Entry {id: entryId, botId: $botId})
@@ -986,6 +990,10 @@ CALL (m, version, problem) {
 CREATE (c:Change {id: $id, botId: $botId, version: version, at: $at, actor: $actor,
                   entryIds: $entryIds, payload: $payload})-[:OF]->(m)
 WITH c, version
+CALL (version) {
+  MATCH (changed:Entry) WHERE changed.id IN $entryIds AND changed.botId = $botId
+  SET changed.changedVersion = version
+}
 CALL (c, version) {
 UNWIND $ids AS entryId
 MATCH (s:Entry {id: entryId, botId: $botId})
@@ -1086,6 +1094,10 @@ WITH m, $version AS version
 CREATE (c:Change {id: $id, botId: $botId, version: version, at: $at, actor: $actor,
                   entryIds: $entryIds, payload: $payload})-[:OF]->(m)
 WITH c, version
+CALL (version) {
+  MATCH (changed:Entry) WHERE changed.id IN $entryIds AND changed.botId = $botId
+  SET changed.changedVersion = version
+}
 CALL (c, version) {
 UNWIND $ids AS entryId
 MATCH (s:Entry {id: entryId, botId: $botId})
@@ -2143,7 +2155,8 @@ SET m.kwDue = true, m.vecDue = true,
 
 // ---- graph.entries.ENTRY_FOR_EDIT
 MATCH (e:Entry {id: $id, botId: $botId})
-RETURN e {.id, .layer, .tags, .status, .author, .excluded, .orderKey} AS entry
+RETURN e {.id, .layer, .tags, .status, .author, .excluded, .orderKey,
+          changedVersion: coalesce(e.changedVersion, 0)} AS entry
 
 // ---- graph.entries.FORGET_FOR
 MATCH (e:Entry {id: $id, botId: $botId})
@@ -2596,21 +2609,21 @@ OPTIONAL MATCH (e)-[:SOURCE]->(src)
 WITH e, collect(CASE WHEN src IS NULL THEN null WHEN src:Item THEN {chat: src.chatId, item: src.id}
                      ELSE {entry: src.id} END) AS sources
 RETURN collect(e {.id, .layer, .tags, .status, .confidence, .createdAt, .updatedAt, .invalidatedAt,
-     saidAt: coalesce(e.saidAt, e.createdAt), .content, .contentLength, .orderKey, .memoryRank,
-     sources: sources}) AS entries
+     saidAt: coalesce(e.saidAt, e.createdAt), changedVersion: coalesce(e.changedVersion, 0),
+     .content, .contentLength, .orderKey, .memoryRank, sources: sources}) AS entries
 
 // ---- graph.memory.ENTRY_MAP
 e {.id, .layer, .tags, .status, .confidence, .createdAt, .updatedAt, .invalidatedAt,
-     saidAt: coalesce(e.saidAt, e.createdAt), .content, .contentLength, .orderKey, .memoryRank,
-     sources: sources}
+     saidAt: coalesce(e.saidAt, e.createdAt), changedVersion: coalesce(e.changedVersion, 0),
+     .content, .contentLength, .orderKey, .memoryRank, sources: sources}
 
 // ---- graph.memory.ENTRY_ROW
 OPTIONAL MATCH (e)-[:SOURCE]->(src)
 WITH e, collect(CASE WHEN src IS NULL THEN null WHEN src:Item THEN {chat: src.chatId, item: src.id}
                      ELSE {entry: src.id} END) AS sources
 RETURN e {.id, .layer, .tags, .status, .confidence, .createdAt, .updatedAt, .invalidatedAt,
-     saidAt: coalesce(e.saidAt, e.createdAt), .content, .contentLength, .orderKey, .memoryRank,
-     sources: sources} AS entry
+     saidAt: coalesce(e.saidAt, e.createdAt), changedVersion: coalesce(e.changedVersion, 0),
+     .content, .contentLength, .orderKey, .memoryRank, sources: sources} AS entry
 
 // ---- graph.memory.LOCKED_PREFERENCES
 MATCH (held:Memory {id: $botId})
@@ -2666,8 +2679,8 @@ WITH e, collect(CASE WHEN src IS NULL THEN null WHEN src:Item THEN {chat: src.ch
                      ELSE {entry: src.id} END) AS sources
 WITH e, sources ORDER BY e.memoryRank DESC, e.id
 RETURN collect(e {.id, .layer, .tags, .status, .confidence, .createdAt, .updatedAt, .invalidatedAt,
-     saidAt: coalesce(e.saidAt, e.createdAt), .content, .contentLength, .orderKey, .memoryRank,
-     sources: sources}) AS entries
+     saidAt: coalesce(e.saidAt, e.createdAt), changedVersion: coalesce(e.changedVersion, 0),
+     .content, .contentLength, .orderKey, .memoryRank, sources: sources}) AS entries
 
 // ---- graph.memory.LOCK_AND_READER
 MATCH (held:Memory {id: $botId})
@@ -2743,8 +2756,8 @@ WITH e, collect(CASE WHEN src IS NULL THEN null WHEN src:Item THEN {chat: src.ch
                      ELSE {entry: src.id} END) AS sources
 WITH e, sources ORDER BY e.memoryRank DESC, e.id
 RETURN collect(e {.id, .layer, .tags, .status, .confidence, .createdAt, .updatedAt, .invalidatedAt,
-     saidAt: coalesce(e.saidAt, e.createdAt), .content, .contentLength, .orderKey, .memoryRank,
-     sources: sources}) AS entries
+     saidAt: coalesce(e.saidAt, e.createdAt), changedVersion: coalesce(e.changedVersion, 0),
+     .content, .contentLength, .orderKey, .memoryRank, sources: sources}) AS entries
 }
 RETURN version, reader, entries
 
@@ -2811,8 +2824,8 @@ WITH e, collect(CASE WHEN src IS NULL THEN null WHEN src:Item THEN {chat: src.ch
                      ELSE {entry: src.id} END) AS sources
 WITH e, sources ORDER BY e.memoryRank DESC, e.id
 RETURN collect(e {.id, .layer, .tags, .status, .confidence, .createdAt, .updatedAt, .invalidatedAt,
-     saidAt: coalesce(e.saidAt, e.createdAt), .content, .contentLength, .orderKey, .memoryRank,
-     sources: sources}) AS entries
+     saidAt: coalesce(e.saidAt, e.createdAt), changedVersion: coalesce(e.changedVersion, 0),
+     .content, .contentLength, .orderKey, .memoryRank, sources: sources}) AS entries
 }
 RETURN version, reader, entries
 
@@ -3279,8 +3292,8 @@ WITH e, collect(CASE WHEN src IS NULL THEN null WHEN src:Item THEN {chat: src.ch
   RETURN sources
 }
   RETURN collect({score: score, entry: e {.id, .layer, .tags, .status, .confidence, .createdAt, .updatedAt, .invalidatedAt,
-     saidAt: coalesce(e.saidAt, e.createdAt), .content, .contentLength, .orderKey, .memoryRank,
-     sources: sources}}) AS ranked
+     saidAt: coalesce(e.saidAt, e.createdAt), changedVersion: coalesce(e.changedVersion, 0),
+     .content, .contentLength, .orderKey, .memoryRank, sources: sources}}) AS ranked
 }
 RETURN coalesce(m.vecSeq, 0) AS seq, m.version AS version, fresh, purged, ranked, size(hits) AS visible,
        walked, lost, blind
@@ -3435,8 +3448,8 @@ OPTIONAL MATCH (e)-[:SOURCE]->(src)
 WITH e, collect(CASE WHEN src IS NULL THEN null WHEN src:Item THEN {chat: src.chatId, item: src.id}
                      ELSE {entry: src.id} END) AS sources
 RETURN e {.id, .layer, .tags, .status, .confidence, .createdAt, .updatedAt, .invalidatedAt,
-     saidAt: coalesce(e.saidAt, e.createdAt), .content, .contentLength, .orderKey, .memoryRank,
-     sources: sources} AS entry
+     saidAt: coalesce(e.saidAt, e.createdAt), changedVersion: coalesce(e.changedVersion, 0),
+     .content, .contentLength, .orderKey, .memoryRank, sources: sources} AS entry
 
 ORDER BY e.memoryRank DESC, e.id
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import strawberry
 
 from schema.context import Info
@@ -204,10 +206,28 @@ class MemoryMutation:
 
     @strawberry.mutation(description="Share an entry with a wider audience, within every source rule (V6).")
     async def share_entry(
-        self, info: Info, bot_id: strawberry.ID, id: strawberry.ID, audience: list[str]
+        self,
+        info: Info,
+        bot_id: strawberry.ID,
+        id: strawberry.ID,
+        audience: list[str],
+        expected: Annotated[
+            Long | None,
+            strawberry.argument(
+                description="The entry's changedVersion as you read it: CONFLICT when a change named "
+                "the entry since (another share, a forget). Null: shared whatever changed."
+            ),
+        ] = None,
     ) -> VersionPayload:
         principal = await info.context.principal()
-        applied = await commands.share(info.context.runtime, principal, str(bot_id), str(id), audience)
+        applied = await commands.share(
+            info.context.runtime,
+            principal,
+            str(bot_id),
+            str(id),
+            audience,
+            None if expected is None else int(expected),
+        )
         return VersionPayload(version=applied.version)
 
     @strawberry.mutation(description="Remove every entry carrying a from:, chat:, org: or channel: tag.")

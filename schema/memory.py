@@ -47,6 +47,10 @@ class MemoryEntry:
     said_at: Long = strawberry.field(
         description="When its newest source was said (a pinned entry: when it was written)."
     )
+    changed_version: Long = strawberry.field(
+        description="The memory version of the last change that named this entry (0: none since "
+        "versions were kept); what shareEntry's expected compares."
+    )
 
     @classmethod
     def of(cls, e: memory.Entry) -> MemoryEntry:
@@ -68,6 +72,7 @@ class MemoryEntry:
             created_at=Long(e.created_at),
             updated_at=Long(e.updated_at),
             said_at=Long(e.said_at),
+            changed_version=Long(e.changed_version),
             invalidated_at=None if e.invalidated_at is None else Long(e.invalidated_at),
         )
 

@@ -86,7 +86,7 @@ async def remember(
     tags_out = ("from:" + person_id, "for:person:" + person_id, "org:" + principal.organization_id, *topics)
     at = applied.at
     return Entry(
-        change.id, "pinned", content, tags_out, (), "active", None, at, at, None, at
+        change.id, "pinned", content, tags_out, (), "active", None, at, at, None, at, applied.version
     ), applied.version
 
 
@@ -142,9 +142,17 @@ MAX_AUDIENCE_TAG_CHARS: Final = 200
 
 
 async def share(
-    rt: Runtime, principal: Principal, bot_id: str, entry_id: str, audience: list[str]
+    rt: Runtime,
+    principal: Principal,
+    bot_id: str,
+    entry_id: str,
+    audience: list[str],
+    expected: int | None = None,
 ) -> Applied:
-    """Share an entry more widely: the caller must see it and be one of the people behind it (V6)."""
+    """Share an entry more widely: the caller must see it and be one of the people behind it (V6).
+    ``expected``: the entry's ``changed_version`` as the caller read it — CONFLICT when a change
+    named it since (another share, a forget, its invalidation), so two people sharing it at once
+    do not replace each other's audience unseen."""
     person_id = require_person(principal)
     check_id(bot_id, "botId")
     check_id(entry_id, "id")
@@ -163,6 +171,10 @@ async def share(
         assert row is not None
         if "from:" + person_id not in row["tags"] and row["author"] != person_id:
             raise Conflict("only the people behind an entry share it")
+        if expected is not None and row["changedVersion"] != expected:
+            raise Conflict(
+                f"the entry changed since you read it (at version {row['changedVersion']}): read it again"
+            )
 
     await _uses_bot(rt, principal, bot_id)
     return await apply_changes(rt, bot_id, [Share(entry_id, tuple(audience))], "person", precheck=precheck)

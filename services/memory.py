@@ -71,6 +71,8 @@ class Entry:
     invalidated_at: int | None
     #: When its newest source was said (D9.31).
     said_at: int
+    #: The memory version of the last change that named it (0: none since versions were kept).
+    changed_version: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +99,7 @@ def decrypt_entry(cipher: Cipher, row: memory_q.EntryMap) -> Entry:
         updated_at=row["updatedAt"],
         invalidated_at=row.get("invalidatedAt"),
         said_at=row["saidAt"],
+        changed_version=row["changedVersion"],
     )
 
 

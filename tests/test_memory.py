@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from graph.entries import REFUSALS
+from graph.migrations import _SET_CHANGED_VERSION  # pyright: ignore[reportPrivateUsage]
 from services.changes import (
     AddFact,
     AddObservation,
@@ -694,3 +695,76 @@ async def test_a_refused_new_entry_writes_nothing_of_its_change(api: Api, runtim
         f"chat:{chat}",
         "plans",
     ]
+
+
+SHARE_EXPECTED = (
+    "mutation($b: ID!, $id: ID!, $a: [String!]!, $x: Long) {"
+    " shareEntry(botId: $b, id: $id, audience: $a, expected: $x) { version } }"
+)
+CHANGED = "query($b: ID!) { memory(botId: $b) { entries { id changedVersion } } }"
+
+
+async def changed_versions(api: Api, token: str, bot: str) -> dict[str, int]:
+    data = await api.gql(CHANGED, {"b": bot}, token)
+    return {e["id"]: e["changedVersion"] for e in data["memory"]["entries"]}
+
+
+async def test_a_share_with_the_version_it_read_is_refused_once_the_entry_changed(
+    api: Api, runtime: Runtime
+) -> None:
+    """Ann and Bob both stand behind a group fact and narrow it at once: each read its
+    ``changedVersion``; the first share moves it, so the second — made on what it read before —
+    is CONFLICT instead of replacing her audience with his unseen. A change that names the entry
+    (Bob's forget of his part) moves it too; one that does not (another entry's) leaves it."""
+    w = await make_world(api, ("ann", "bob"), channel=("ann", "bob"))
+    group = await api.chat(w.tokens["ann"], w.bot, channel=w.channel)
+    entry = await fact(
+        runtime,
+        w.bot,
+        "The team meets on Mondays",
+        await said(api, w.tokens["ann"], group, "we meet mondays"),
+        await said(api, w.tokens["bob"], group, "mondays it is"),
+    )
+    read = (await changed_versions(api, w.tokens["ann"], w.bot))[entry]
+    assert read > 0
+    other = await fact(runtime, w.bot, "The team likes tea", await said(api, w.tokens["bob"], group, "tea"))
+    assert (await changed_versions(api, w.tokens["ann"], w.bot))[entry] == read  # another entry's change
+    channel = [f"for:channel:{w.channel}"]
+    ann = await api.gql(SHARE_EXPECTED, {"b": w.bot, "id": entry, "a": channel, "x": read}, w.tokens["ann"])
+    moved = (await changed_versions(api, w.tokens["ann"], w.bot))[entry]
+    assert moved == ann["shareEntry"]["version"] > read
+    late = await api.raw(
+        SHARE_EXPECTED,
+        {"b": w.bot, "id": entry, "a": [f"for:person:{w.people['bob']}"], "x": read},
+        w.tokens["bob"],
+    )
+    assert late["errors"][0]["extensions"]["code"] == "CONFLICT", late
+    assert f"at version {moved}" in late["errors"][0]["message"]
+    assert entry in await visible(api, w.tokens["ann"], w.bot)  # Bob's share replaced nothing
+    # Bob's forget of his part names the entry: it moves on again.
+    assert (await command(api, w.tokens["bob"], w.bot, {"_tag": "Forget", "id": entry})).status_code == 200
+    assert (await changed_versions(api, w.tokens["ann"], w.bot))[entry] > moved
+    assert other in await changed_versions(api, w.tokens["ann"], w.bot)
+
+
+async def test_the_migration_gives_each_entry_its_last_logged_version(api: Api, runtime: Runtime) -> None:
+    """Version 27 sets ``changedVersion`` from the change log for entries written before it was
+    kept: the version of the last change row that names each (a later one set since is kept)."""
+    w = await make_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    first = await fact(runtime, w.bot, "Ann rows", await said(api, w.tokens["ann"], chat, "I row"))
+    second = await fact(runtime, w.bot, "Ann runs", await said(api, w.tokens["ann"], chat, "I run"))
+    await apply(runtime, w.bot, Invalidate(first))
+    kept = await changed_versions(api, w.tokens["ann"], w.bot)  # `first` is invalidated: not listed
+    logged, _, _ = await runtime.driver.execute_query(
+        "MATCH (c:Change {botId: $b}) UNWIND c.entryIds AS id RETURN id, max(c.version) AS v", b=w.bot
+    )
+    last = {r["id"]: r["v"] for r in logged}
+    assert kept[second] == last[second] and last[first] > last[second]
+    await runtime.driver.execute_query("MATCH (e:Entry {botId: $b}) SET e.changedVersion = null", b=w.bot)
+    async with runtime.driver.session() as session:
+        await (await session.run(_SET_CHANGED_VERSION)).consume()
+    found, _, _ = await runtime.driver.execute_query(
+        "MATCH (e:Entry {botId: $b}) RETURN e.id AS id, e.changedVersion AS v", b=w.bot
+    )
+    assert {r["id"]: r["v"] for r in found} == {first: last[first], second: last[second]}
