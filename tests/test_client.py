@@ -86,13 +86,19 @@ def test_quickstart_with_the_sync_client(api_process: ApiProcess, settings: Sett
             bot_id=bot.id, content="My cat is called Zanzibar.", tags=["pets"], idempotency_key="cat-1"
         )
         assert (again.entry.id, again.version) == (entry.id, remembered.version)
+        # A share made on the version read: once it moved the entry on, the same read is stale.
+        mine = [f"for:person:{person.person.id}"]
+        shared = ann.share_entry(bot_id=bot.id, id=entry.id, audience=mine, expected=entry.changed_version)
+        with pytest.raises(GraphQLClientGraphQLMultiError) as stale:
+            ann.share_entry(bot_id=bot.id, id=entry.id, audience=mine, expected=entry.changed_version)
+        assert [(e.extensions or {}).get("code") for e in stale.value.errors] == ["CONFLICT"]
         page = ann.memory(bot_id=bot.id)
         assert [e.content for e in page.entries] == ["My cat is called Zanzibar."]
-        assert page.version == remembered.version
+        assert page.version == shared.version
         hits = ann.search(bot_id=bot.id, query="zanzibar", limit=5)
         assert [h.entry.id for h in hits] == [entry.id]
         log = ann.memory_log(bot_id=bot.id)
-        assert [c.ids for c in log.changes] == [[entry.id]]
+        assert [c.ids for c in log.changes] == [[entry.id], [entry.id]]  # the share, the remember
         explored = ann.entry(bot_id=bot.id, id=entry.id, depth=2)
         assert explored.entry.content == entry.content
         assert explored.dependents.entries == [] and explored.dependents.hidden == 0

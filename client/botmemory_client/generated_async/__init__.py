@@ -78,6 +78,7 @@ from .send_message import SendMessage, SendMessageSendMessage
 from .set_channel_members import SetChannelMembers, SetChannelMembersSetChannelMembers
 from .set_chat_meta import SetChatMeta, SetChatMetaSetChatMeta
 from .set_time_zone import SetTimeZone, SetTimeZoneSetTimeZone
+from .share_entry import ShareEntry, ShareEntryShareEntry
 from .start_turn import StartTurn, StartTurnStartTurn
 from .turn_events import TurnEvents, TurnEventsTurnEvents
 from .update_organization import (
@@ -179,6 +180,8 @@ __all__ = [
     "SetChatMetaSetChatMeta",
     "SetTimeZone",
     "SetTimeZoneSetTimeZone",
+    "ShareEntry",
+    "ShareEntryShareEntry",
     "StartTurn",
     "StartTurnStartTurn",
     "TurnEvents",

@@ -42,6 +42,7 @@ from .send_message import SendMessage, SendMessageSendMessage
 from .set_channel_members import SetChannelMembers, SetChannelMembersSetChannelMembers
 from .set_chat_meta import SetChatMeta, SetChatMetaSetChatMeta
 from .set_time_zone import SetTimeZone, SetTimeZoneSetTimeZone
+from .share_entry import ShareEntry, ShareEntryShareEntry
 from .start_turn import StartTurn, StartTurnStartTurn
 from .turn_events import TurnEvents, TurnEventsTurnEvents
 from .update_organization import (
@@ -514,6 +515,7 @@ class Client(AsyncBaseClient):
               updatedAt
               invalidatedAt
               saidAt
+              changedVersion
             }
             """)
         variables: dict[str, object] = {
@@ -562,6 +564,7 @@ class Client(AsyncBaseClient):
               updatedAt
               invalidatedAt
               saidAt
+              changedVersion
             }
             """)
         variables: dict[str, object] = {
@@ -647,6 +650,7 @@ class Client(AsyncBaseClient):
               updatedAt
               invalidatedAt
               saidAt
+              changedVersion
             }
 
             fragment NeighbourhoodFields on SourceNeighbourhood {
@@ -710,6 +714,7 @@ class Client(AsyncBaseClient):
               updatedAt
               invalidatedAt
               saidAt
+              changedVersion
             }
             """)
         variables: dict[str, object] = {
@@ -748,6 +753,33 @@ class Client(AsyncBaseClient):
         )
         data = self.get_data(response)
         return Forget.model_validate(data).forget
+
+    async def share_entry(
+        self,
+        bot_id: str,
+        id: str,
+        audience: list[str],
+        expected: Union[Optional[int], UnsetType] = UNSET,
+        **kwargs: Any,
+    ) -> ShareEntryShareEntry:
+        query = gql("""
+            mutation ShareEntry($botId: ID!, $id: ID!, $audience: [String!]!, $expected: Long) {
+              shareEntry(botId: $botId, id: $id, audience: $audience, expected: $expected) {
+                version
+              }
+            }
+            """)
+        variables: dict[str, object] = {
+            "botId": bot_id,
+            "id": id,
+            "audience": audience,
+            "expected": expected,
+        }
+        response = await self.execute(
+            query=query, operation_name="ShareEntry", variables=variables, **kwargs
+        )
+        data = self.get_data(response)
+        return ShareEntry.model_validate(data).share_entry
 
     async def create_organization(
         self, name: str, **kwargs: Any
@@ -1084,6 +1116,7 @@ class Client(AsyncBaseClient):
               updatedAt
               invalidatedAt
               saidAt
+              changedVersion
             }
             """)
         variables: dict[str, object] = {"botId": bot_id, "after": after}

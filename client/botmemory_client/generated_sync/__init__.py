@@ -73,6 +73,7 @@ from .send_message import SendMessage, SendMessageSendMessage
 from .set_channel_members import SetChannelMembers, SetChannelMembersSetChannelMembers
 from .set_chat_meta import SetChatMeta, SetChatMetaSetChatMeta
 from .set_time_zone import SetTimeZone, SetTimeZoneSetTimeZone
+from .share_entry import ShareEntry, ShareEntryShareEntry
 from .start_turn import StartTurn, StartTurnStartTurn
 from .update_organization import (
     UpdateOrganization,
@@ -170,6 +171,8 @@ __all__ = [
     "SetChatMetaSetChatMeta",
     "SetTimeZone",
     "SetTimeZoneSetTimeZone",
+    "ShareEntry",
+    "ShareEntryShareEntry",
     "StartTurn",
     "StartTurnStartTurn",
     "TurnFields",

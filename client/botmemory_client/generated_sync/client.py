@@ -40,6 +40,7 @@ from .send_message import SendMessage, SendMessageSendMessage
 from .set_channel_members import SetChannelMembers, SetChannelMembersSetChannelMembers
 from .set_chat_meta import SetChatMeta, SetChatMetaSetChatMeta
 from .set_time_zone import SetTimeZone, SetTimeZoneSetTimeZone
+from .share_entry import ShareEntry, ShareEntryShareEntry
 from .start_turn import StartTurn, StartTurnStartTurn
 from .update_organization import (
     UpdateOrganization,
@@ -509,6 +510,7 @@ class Client(BaseClient):
               updatedAt
               invalidatedAt
               saidAt
+              changedVersion
             }
             """)
         variables: dict[str, object] = {
@@ -557,6 +559,7 @@ class Client(BaseClient):
               updatedAt
               invalidatedAt
               saidAt
+              changedVersion
             }
             """)
         variables: dict[str, object] = {
@@ -642,6 +645,7 @@ class Client(BaseClient):
               updatedAt
               invalidatedAt
               saidAt
+              changedVersion
             }
 
             fragment NeighbourhoodFields on SourceNeighbourhood {
@@ -705,6 +709,7 @@ class Client(BaseClient):
               updatedAt
               invalidatedAt
               saidAt
+              changedVersion
             }
             """)
         variables: dict[str, object] = {
@@ -743,6 +748,33 @@ class Client(BaseClient):
         )
         data = self.get_data(response)
         return Forget.model_validate(data).forget
+
+    def share_entry(
+        self,
+        bot_id: str,
+        id: str,
+        audience: list[str],
+        expected: Union[Optional[int], UnsetType] = UNSET,
+        **kwargs: Any,
+    ) -> ShareEntryShareEntry:
+        query = gql("""
+            mutation ShareEntry($botId: ID!, $id: ID!, $audience: [String!]!, $expected: Long) {
+              shareEntry(botId: $botId, id: $id, audience: $audience, expected: $expected) {
+                version
+              }
+            }
+            """)
+        variables: dict[str, object] = {
+            "botId": bot_id,
+            "id": id,
+            "audience": audience,
+            "expected": expected,
+        }
+        response = self.execute(
+            query=query, operation_name="ShareEntry", variables=variables, **kwargs
+        )
+        data = self.get_data(response)
+        return ShareEntry.model_validate(data).share_entry
 
     def create_organization(
         self, name: str, **kwargs: Any

@@ -46,6 +46,7 @@ class MemoryEntryFields(BaseModel):
     updated_at: int = Field(alias="updatedAt")
     invalidated_at: Optional[int] = Field(alias="invalidatedAt")
     said_at: int = Field(alias="saidAt")
+    changed_version: int = Field(alias="changedVersion")
 
 
 class MemoryEntryFieldsSources(BaseModel):
