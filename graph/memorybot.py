@@ -266,6 +266,18 @@ class ConfessionRow(TypedDict):
     confession: ConfessionNode
 
 
+#: One confession by its id (its texts gone after a history deletion, as LIST_CONFESSIONS').
+CONFESSION_BY_ID: Final[LiteralString] = """
+MATCH (f:Confession {id: $id})
+RETURN f {.*} AS confession
+"""
+
+
+async def confession_by_id(tx: AsyncManagedTransaction, *, id: str) -> ConfessionNode | None:
+    record = await single(tx, CONFESSION_BY_ID, ConfessionRow, id=id)
+    return None if record is None else record["confession"]
+
+
 async def settings(tx: AsyncManagedTransaction, *, bot_id: str) -> SettingsMap | None:
     record = await single(tx, SETTINGS, SettingsRow, botId=bot_id)
     return None if record is None else record["settings"]

@@ -2883,6 +2883,10 @@ RETURN ch {.*, botModel: b.model, botName: b.name} AS chat, o.botMemory AS botMe
        m {.settingsVersion, .instructions, .concurrency, .budgetPeriod, .budgetLimitMicros} AS settings,
        b.keyMaster AS keyMaster, b.keyWrapped AS keyWrapped
 
+// ---- graph.memorybot.CONFESSION_BY_ID
+MATCH (f:Confession {id: $id})
+RETURN f {.*} AS confession
+
 // ---- graph.memorybot.COUNT_CONFESSIONS
 MATCH (f:Confession) USING INDEX f:Confession(chatId, createdAt, id)
 WHERE f.chatId = $chatId AND f.createdAt >= 0 AND f.id >= ''

@@ -18,15 +18,17 @@ from neo4j.exceptions import DriverError, Neo4jError
 from graph import chats as chats_q
 from graph import learning as learning_q
 from graph import memorybot as memorybot_q
-from graph.driver import save_within, write
+from graph.driver import read, save_within, write
 from learning.gateway import FIXED_CALM_ANSWER, Call, Gateway, ModelUnavailable
 from learning.prompts import MEMORY_VOCABULARY, system_prompt
-from services import memory, metrics, retrieval, search
+from services import idempotency, memory, metrics, retrieval, search
 from services.crypto import Kind
 from services.domain import Principal
+from services.errors import NotFound
+from services.idempotency import Key
 from services.ids import new_id
 from services.jobs import enqueue_executions
-from services.memorybot import ReviewChat, Route, load_route
+from services.memorybot import ReviewChat, Route, load_route, route_and_reader
 from services.runtime import Runtime, now_ms
 from services.turns import require_own_turn, require_own_turn_first
 from services.validation import check_id, check_text
@@ -46,14 +48,19 @@ CONFIDE_SYSTEM = (
 )
 
 
-async def confide(rt: Runtime, gateway: Gateway, principal: Principal, turn_id: str, text: str) -> str:
-    """The memory Bot's answer at once (L1), after saving the confession and recording learning (L2)."""
-    answer, _ = await confide_drawing(rt, gateway, principal, turn_id, text)
+async def confide(
+    rt: Runtime, gateway: Gateway, principal: Principal, turn_id: str, text: str, key: Key | None = None
+) -> str:
+    """The memory Bot's answer at once (L1), after saving the confession and recording learning (L2).
+    ``key``: the caller's idempotency key (D9.35): sent again with the same request, the answer
+    saved for its confession while every entry it drew on is still visible to the Chat's readers,
+    else the fixed calm answer — no second confession, execution or model call."""
+    answer, _ = await confide_drawing(rt, gateway, principal, turn_id, text, key)
     return answer
 
 
 async def confide_drawing(
-    rt: Runtime, gateway: Gateway, principal: Principal, turn_id: str, text: str
+    rt: Runtime, gateway: Gateway, principal: Principal, turn_id: str, text: str, key: Key | None = None
 ) -> tuple[str, tuple[str, ...]]:
     """:func:`confide`'s answer and the entries it draws on (what a model request that carries
     the answer embeds, D9.20)."""
@@ -61,6 +68,8 @@ async def confide_drawing(
     check_id(turn_id, "turnId")
     text = check_text(text, "text", limit=rt.settings.max_text_chars)
     confession_id, execution_id, now = new_id("conf"), new_id("exec"), now_ms()
+    if (created := await idempotency.earlier(rt, key)) is not None:
+        return await _replayed(rt, principal, created.resource_id)
     await require_own_turn_first(rt, principal, turn_id, "confides on")
 
     async def work(
@@ -69,6 +78,8 @@ async def confide_drawing(
         row = await chats_q.turn_for_update(tx, turn_id=turn_id, person_id=principal.person_id)
         require_own_turn(principal, row, "confides on")
         assert row is not None
+        if key is not None:
+            await idempotency.claim(tx, rt, key, resource_id=confession_id, chat_id=row["chat"]["id"])
         if row["chat"]["review"]:
             raise ReviewChat("review chats have no confide")
         # The route's history epoch is read under the Chat's lock (the Turn's first, as addItems):
@@ -99,7 +110,10 @@ async def confide_drawing(
                 queued.append({"id": execution_id, "epoch": created["epoch"]})
         return chat, route, queued
 
-    chat, route, queued = await write(rt.driver, work)
+    try:
+        chat, route, queued = await write(rt.driver, work)
+    except idempotency.Replay as replay:
+        return await _replayed(rt, principal, replay.created.resource_id)
     await enqueue_executions(rt, queued)
     answer, used, by = FIXED_CALM_ANSWER, (), "fixed"
     try:
@@ -137,6 +151,24 @@ async def confide_drawing(
         # keeps the confession unanswered.
         log.warning("a confide answer was not recorded: the store failed (%s)", type(exc).__name__)
     return answer, tuple(used)
+
+
+async def _replayed(rt: Runtime, principal: Principal, confession_id: str) -> tuple[str, tuple[str, ...]]:
+    """The answer saved for a confide sent again with its idempotency key, for a caller who may still
+    confide on its Turn: while every entry it drew on is visible to every reader of the Chat now
+    (as when it was given, V10) — else, or when none was saved (the first request still seeks it,
+    or stopped before saving it), the fixed calm answer (L1)."""
+    found = await read(rt.driver, lambda tx: memorybot_q.confession_by_id(tx, id=confession_id))
+    if found is None:
+        raise NotFound("turn not found")
+    await require_own_turn_first(rt, principal, found["turnId"], "confides on")
+    answer, used = found.get("answer"), list(found["usedEntryIds"])
+    if answer is None:
+        return FIXED_CALM_ANSWER, ()
+    _, route, reader = await route_and_reader(rt, found["chatId"])
+    if used and (reader is None or not await retrieval.validate_references(rt, route.bot_id, reader, used)):
+        return FIXED_CALM_ANSWER, ()
+    return route.cipher.decrypt(Kind.CONFESSION_ANSWER, confession_id, answer), tuple(used)
 
 
 async def _answer(

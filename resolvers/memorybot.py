@@ -9,7 +9,8 @@ import strawberry
 from learning.confide import confide
 from schema.context import Info
 from schema.memorybot import BudgetInput, Confession, ConfideAnswer, Enrichment, LearningExecution, MemoryBot
-from services import enrichments, learninglog, memorybot
+from schema.types import IdempotencyKey
+from services import enrichments, idempotency, learninglog, memorybot
 
 
 @strawberry.type
@@ -85,7 +86,10 @@ class MemoryBotMutation:
         )
 
     @strawberry.mutation(description="Tell how the work goes; the answer comes at once.")
-    async def confide(self, info: Info, turn_id: strawberry.ID, text: str) -> ConfideAnswer:
+    async def confide(
+        self, info: Info, turn_id: strawberry.ID, text: str, idempotency_key: IdempotencyKey = None
+    ) -> ConfideAnswer:
         principal = await info.context.principal()
-        answer = await confide(info.context.runtime, info.context.gateway, principal, str(turn_id), text)
+        key = idempotency.key_of(principal, idempotency_key, "confide", [turn_id, text])
+        answer = await confide(info.context.runtime, info.context.gateway, principal, str(turn_id), text, key)
         return ConfideAnswer(answer=answer)

@@ -149,6 +149,36 @@ async def test_start_turn_sent_again_gets_its_rewrite_while_its_notes_stay_visib
     assert len(model_server.requests_for("rewrite")) == 1
 
 
+CONFIDE = "mutation($t: ID!, $x: String!, $k: String) { confide(turnId: $t, text: $x, idempotencyKey: $k) { answer } }"
+
+
+async def test_a_confide_sent_again_gets_its_answer_once_and_nothing_more(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    """A confide sent again with its key: the answer saved for its confession, no second confession,
+    learning execution or model call (the memory Bot's budget is spent once)."""
+    model_server.reset()
+    w = await memory_world(api, ("ann",))
+    ann = w.tokens["ann"]
+    chat = await api.chat(ann, w.bot)
+    turn = (await api.gql(START, {"c": chat, "t": "Plan my trip.", "k": None}, ann))["startTurn"]["id"]
+    model_server.script("confide", Reply(text="Ask about the dates first."))
+    variables = {"t": turn, "x": "I am unsure what Ann wants.", "k": "conf-1"}
+    first = (await api.gql(CONFIDE, variables, ann))["confide"]["answer"]
+    again = (await api.gql(CONFIDE, variables, ann))["confide"]["answer"]
+    assert first == again == "Ask about the dates first."
+    assert len(model_server.requests_for("confide")) == 1
+    listed = await api.http.get(f"/v1/chats/{chat}/confessions", headers=bearer(ann))
+    assert [c["text"] for c in listed.json()["confessions"]] == ["I am unsure what Ann wants."]
+    executions, _, _ = await runtime.driver.execute_query(
+        "MATCH (x:LearningExecution {turnId: $t}) RETURN count(x) AS n", t=turn
+    )
+    assert executions[0]["n"] == 1
+    # Another text with the same key is another request.
+    other = {**variables, "x": "Something else."}
+    assert await api.codes(CONFIDE, other, ann) == ["BAD_INPUT"]
+
+
 async def test_a_racing_second_start_waits_for_the_first_and_answers_as_it(
     api: Api, runtime: Runtime
 ) -> None:

@@ -192,15 +192,25 @@ class Client(AsyncBaseClient):
         data = self.get_data(response)
         return AddItems.model_validate(data).add_items
 
-    async def confide(self, turn_id: str, text: str, **kwargs: Any) -> ConfideConfide:
+    async def confide(
+        self,
+        turn_id: str,
+        text: str,
+        idempotency_key: Union[Optional[str], UnsetType] = UNSET,
+        **kwargs: Any,
+    ) -> ConfideConfide:
         query = gql("""
-            mutation Confide($turnId: ID!, $text: String!) {
-              confide(turnId: $turnId, text: $text) {
+            mutation Confide($turnId: ID!, $text: String!, $idempotencyKey: String) {
+              confide(turnId: $turnId, text: $text, idempotencyKey: $idempotencyKey) {
                 answer
               }
             }
             """)
-        variables: dict[str, object] = {"turnId": turn_id, "text": text}
+        variables: dict[str, object] = {
+            "turnId": turn_id,
+            "text": text,
+            "idempotencyKey": idempotency_key,
+        }
         response = await self.execute(
             query=query, operation_name="Confide", variables=variables, **kwargs
         )
