@@ -47,6 +47,7 @@ class ApiError(ToolError):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(f"{code}: {message}")
         self.code = code
+        self.message = message
 
 
 def _failure(body: object, status: int, names: Mapping[str, str]) -> ApiError | None:
@@ -132,13 +133,20 @@ class Api:
         """A mutation taking ``$k``, sent with an idempotency key of its own (D9.35) and sent again
         with it, CHANGE_ATTEMPTS times at most, while no answer says whether it was made (sent and
         unanswered, a proxy's 502/504, the API or Neo4j away: UNAVAILABLE): made once, whichever
-        answers were lost. Said "may have been made" still only when no attempt was answered."""
-        keyed, attempt = {**variables, "k": secrets.token_hex(16)}, 1
+        answers were lost. When every attempt failed so, one that was sent and not answered makes
+        the last failure say the change may have been made (a later attempt that found the API
+        away said only that: an agent sent it again with another key)."""
+        keyed, attempt, unanswered = {**variables, "k": secrets.token_hex(16)}, 1, False
         while True:
             try:
                 return await self.call(query, keyed, token, names)
             except ApiError as exc:
-                if exc.code != "UNAVAILABLE" or attempt == CHANGE_ATTEMPTS:
+                unanswered = unanswered or exc.message.endswith(_MAY_HAVE_BEEN_MADE)
+                if exc.code != "UNAVAILABLE":
                     raise
-            await asyncio.sleep(0.25 * attempt)
+                if attempt == CHANGE_ATTEMPTS:
+                    if unanswered and not exc.message.endswith(_MAY_HAVE_BEEN_MADE):
+                        raise ApiError(exc.code, exc.message + _MAY_HAVE_BEEN_MADE) from None
+                    raise
+            await asyncio.sleep(0.5 * attempt)
             attempt += 1

@@ -24,7 +24,7 @@ from learning.prompts import MEMORY_VOCABULARY, system_prompt
 from services import idempotency, memory, metrics, retrieval, search
 from services.crypto import Kind
 from services.domain import Principal
-from services.errors import NotFound
+from services.errors import BadInput, NotFound
 from services.idempotency import Key
 from services.ids import new_id
 from services.jobs import enqueue_executions
@@ -69,7 +69,7 @@ async def confide_drawing(
     text = check_text(text, "text", limit=rt.settings.max_text_chars)
     confession_id, execution_id, now = new_id("conf"), new_id("exec"), now_ms()
     if (created := await idempotency.earlier(rt, key)) is not None:
-        return await _replayed(rt, principal, created.resource_id)
+        return await _replayed(rt, principal, turn_id, created.resource_id)
     await require_own_turn_first(rt, principal, turn_id, "confides on")
 
     async def work(
@@ -113,7 +113,7 @@ async def confide_drawing(
     try:
         chat, route, queued = await write(rt.driver, work)
     except idempotency.Replay as replay:
-        return await _replayed(rt, principal, replay.created.resource_id)
+        return await _replayed(rt, principal, turn_id, replay.created.resource_id)
     await enqueue_executions(rt, queued)
     answer, used, by = FIXED_CALM_ANSWER, (), "fixed"
     try:
@@ -153,14 +153,19 @@ async def confide_drawing(
     return answer, tuple(used)
 
 
-async def _replayed(rt: Runtime, principal: Principal, confession_id: str) -> tuple[str, tuple[str, ...]]:
+async def _replayed(
+    rt: Runtime, principal: Principal, turn_id: str, confession_id: str
+) -> tuple[str, tuple[str, ...]]:
     """The answer saved for a confide sent again with its idempotency key, for a caller who may still
     confide on its Turn: while every entry it drew on is visible to every reader of the Chat now
     (as when it was given, V10) — else, or when none was saved (the first request still seeks it,
-    or stopped before saving it), the fixed calm answer (L1)."""
+    or stopped before saving it), the fixed calm answer (L1). A key of a confession on another
+    Turn is another request (its digest gone with its Chat's history, only the Turn tells)."""
     found = await read(rt.driver, lambda tx: memorybot_q.confession_by_id(tx, id=confession_id))
     if found is None:
         raise NotFound("turn not found")
+    if found["turnId"] != turn_id:
+        raise BadInput("this idempotency key was sent with another request", field="idempotencyKey")
     await require_own_turn_first(rt, principal, found["turnId"], "confides on")
     answer, used = found.get("answer"), list(found["usedEntryIds"])
     if answer is None:

@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
+from learning.gateway import FIXED_CALM_ANSWER
 from learning.sweeper import sweep_once
 from services.runtime import Runtime
 from tests.client import Api, bearer, make_world
@@ -177,6 +178,40 @@ async def test_a_confide_sent_again_gets_its_answer_once_and_nothing_more(
     # Another text with the same key is another request.
     other = {**variables, "x": "Something else."}
     assert await api.codes(CONFIDE, other, ann) == ["BAD_INPUT"]
+
+
+async def test_a_confide_answer_is_given_again_only_while_its_notes_stay_visible(
+    api: Api, model_server: ModelServer
+) -> None:
+    """The answer drew on a note of Ann's; once she forgets it, the confide sent again gets the fixed
+    calm answer, not words made of what nobody may see now (V10). After the Chat's history is
+    deleted, its digest gone, the key still names its Turn: on another Turn it is refused."""
+    model_server.reset()
+    w = await memory_world(api, ("ann",))
+    ann = w.tokens["ann"]
+    chat = await api.chat(ann, w.bot)
+    made = await api.http.post(
+        f"/v1/bots/{w.bot}/memory",
+        json={"command": {"_tag": "Remember", "content": "Ann flies to Oslo in June."}},
+        headers=bearer(ann),
+    )
+    note = made.json()["entry"]["id"]
+    turn = (await api.gql(START, {"c": chat, "t": "Book it.", "k": None}, ann))["startTurn"]["id"]
+    model_server.script("confide", Reply(text="She flies to Oslo in June."))
+    variables = {"t": turn, "x": "When does Ann fly to Oslo?", "k": "conf-2"}
+    assert (await api.gql(CONFIDE, variables, ann))["confide"]["answer"] == "She flies to Oslo in June."
+    assert "Ann flies to Oslo in June." in model_server.requests_for("confide")[0].text
+    assert (await api.gql(CONFIDE, variables, ann))["confide"]["answer"] == "She flies to Oslo in June."
+    forgot = await api.http.post(
+        f"/v1/bots/{w.bot}/memory", json={"command": {"_tag": "Forget", "id": note}}, headers=bearer(ann)
+    )
+    assert forgot.status_code == 200, forgot.text
+    assert (await api.gql(CONFIDE, variables, ann))["confide"]["answer"] == FIXED_CALM_ANSWER
+    assert len(model_server.requests_for("confide")) == 1
+
+    await api.gql("mutation($c: ID!) { deleteChatHistory(chatId: $c) { items } }", {"c": chat}, ann)
+    later = (await api.gql(START, {"c": chat, "t": "Again.", "k": None}, ann))["startTurn"]["id"]
+    assert await api.codes(CONFIDE, {**variables, "t": later}, ann) == ["BAD_INPUT"]
 
 
 async def test_a_racing_second_start_waits_for_the_first_and_answers_as_it(

@@ -443,3 +443,35 @@ async def test_a_change_whose_answer_was_lost_is_sent_again_and_made_once(
     entries = await visible(api, w.tokens["ann"], w.bot)
     assert [e["content"] for e in entries.values()] == ["pinned once"]
     assert data["remember"]["entry"]["id"] in entries
+
+
+async def test_a_change_sent_unanswered_then_unreachable_still_says_it_may_have_been_made() -> None:
+    """The first attempt reaches a server that never answers it (it may have made the change), the
+    next find nothing listening: the last failure still says the change may have been made —
+    said "not reachable", an agent sent it again with another key."""
+    received, ended = asyncio.Event(), asyncio.Event()
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        received.set()
+        await ended.wait()  # never answered: the client's timeout ends the attempt
+        writer.close()
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=1) as http:
+            attempt = asyncio.create_task(
+                McpApi(http).change(REMEMBER, {"b": "bot_x", "c": "x", "t": []}, "bm_" + "3" * 40)
+            )
+            await received.wait()
+            server.close()  # nothing listens for the attempts after the first
+            with pytest.raises(ApiError) as failed:
+                await attempt
+    finally:
+        ended.set()
+        server.close()
+        await server.wait_closed()
+    assert failed.value.code == "UNAVAILABLE"
+    assert "is not reachable" in failed.value.message
+    assert str(failed.value).endswith("the change may have been made; read before sending it again")

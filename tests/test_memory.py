@@ -761,10 +761,15 @@ async def test_the_migration_gives_each_entry_its_last_logged_version(api: Api, 
     )
     last = {r["id"]: r["v"] for r in logged}
     assert kept[second] == last[second] and last[first] > last[second]
-    await runtime.driver.execute_query("MATCH (e:Entry {botId: $b}) SET e.changedVersion = null", b=w.bot)
+    # A later version set since (a change committed while the migration ran) is kept.
+    await runtime.driver.execute_query(
+        "MATCH (e:Entry {botId: $b}) SET e.changedVersion = CASE e.id WHEN $kept THEN 999 END",
+        b=w.bot,
+        kept=second,
+    )
     async with runtime.driver.session() as session:
         await (await session.run(_SET_CHANGED_VERSION)).consume()
     found, _, _ = await runtime.driver.execute_query(
         "MATCH (e:Entry {botId: $b}) RETURN e.id AS id, e.changedVersion AS v", b=w.bot
     )
-    assert {r["id"]: r["v"] for r in found} == {first: last[first], second: last[second]}
+    assert {r["id"]: r["v"] for r in found} == {first: last[first], second: 999}
