@@ -134,8 +134,8 @@ class Api:
         with it, CHANGE_ATTEMPTS times at most, while no answer says whether it was made (sent and
         unanswered, a proxy's 502/504, the API or Neo4j away: UNAVAILABLE): made once, whichever
         answers were lost. When every attempt failed so, one that was sent and not answered makes
-        the last failure say the change may have been made (a later attempt that found the API
-        away said only that: an agent sent it again with another key)."""
+        the last failure say the change may have been made (a later attempt that finds the API
+        away says only that, and an agent would send it again with another key)."""
         keyed, attempt, unanswered = {**variables, "k": secrets.token_hex(16)}, 1, False
         while True:
             try:
