@@ -44,10 +44,12 @@ SEARCH: Final = (
 class ApiError(ToolError):
     """A failed call, shown to the model as ``CODE: message`` (the API's stable codes)."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: str, message: str, *, unanswered: bool = False) -> None:
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
+        #: A change sent and not answered: it may have been made.
+        self.unanswered = unanswered
 
 
 def _failure(body: object, status: int, names: Mapping[str, str]) -> ApiError | None:
@@ -111,7 +113,7 @@ class Api:
                 # connection): the API may have made the change. Said as "not reachable", an
                 # agent sent it again (UNAVAILABLE: try again), and a second entry was pinned.
                 message = f"{api} did not answer ({type(exc).__name__})"
-                raise ApiError("UNAVAILABLE", message + _MAY_HAVE_BEEN_MADE) from None
+                raise ApiError("UNAVAILABLE", message + _MAY_HAVE_BEEN_MADE, unanswered=True) from None
             raise ApiError("UNAVAILABLE", f"{api} is not reachable ({type(exc).__name__})") from None
         try:
             body: Any = response.json()
@@ -120,7 +122,7 @@ class Api:
         if change and response.status_code in _GATEWAY and body is None:
             # A proxy in front of the API gave up waiting: the API may have gone on and made it.
             message = f"a proxy before the botmemory API answered HTTP {response.status_code}"
-            raise ApiError("UNAVAILABLE", message + _MAY_HAVE_BEEN_MADE)
+            raise ApiError("UNAVAILABLE", message + _MAY_HAVE_BEEN_MADE, unanswered=True)
         failure = _failure(body, response.status_code, names or {})
         if failure is not None:
             raise failure
@@ -141,12 +143,12 @@ class Api:
             try:
                 return await self.call(query, keyed, token, names)
             except ApiError as exc:
-                unanswered = unanswered or exc.message.endswith(_MAY_HAVE_BEEN_MADE)
+                unanswered = unanswered or exc.unanswered
                 if exc.code != "UNAVAILABLE":
                     raise
                 if attempt == CHANGE_ATTEMPTS:
-                    if unanswered and not exc.message.endswith(_MAY_HAVE_BEEN_MADE):
-                        raise ApiError(exc.code, exc.message + _MAY_HAVE_BEEN_MADE) from None
+                    if unanswered and not exc.unanswered:
+                        raise ApiError(exc.code, exc.message + _MAY_HAVE_BEEN_MADE, unanswered=True) from None
                     raise
             await asyncio.sleep(0.5 * attempt)
             attempt += 1

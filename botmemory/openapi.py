@@ -20,7 +20,7 @@ from starlette.routing import Route
 
 from botmemory.pages import render
 from botmemory.rest_models import ErrorBody
-from services.idempotency import HEADER
+from services.idempotency import HEADER, KEY
 
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -121,9 +121,10 @@ _IDEMPOTENCY_KEY: Final = {
     "in": "header",
     "required": False,
     "description": "Your key for this request (1 to 255 visible ASCII characters, such as a UUID): sent "
-    "again with the same key and body within a day, the request answers with what the first one "
+    "again with the same key and body within the server's key lifetime (a day by default), the "
+    "request answers with what the first one "
     "created, as it stands now, and creates nothing; with another body it is 422 BAD_INPUT.",
-    "schema": {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[\\x21-\\x7e]+$"},
+    "schema": {"type": "string", "pattern": f"^{KEY.pattern}$"},
 }
 
 

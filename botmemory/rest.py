@@ -209,10 +209,10 @@ async def post_memory(request: Request) -> Response:
     rt, bot_id = runtime_of(request), request.path_params["bot_id"]
     sent = request.headers.get(idempotency.HEADER)
     if isinstance(command, Forget):
-        key = idempotency.key_of(principal, sent, "forget", [bot_id, command.id])
+        key = commands.forget_key(principal, sent, bot_id, command.id)
         return respond(Forgotten(version=await commands.forget(rt, principal, bot_id, command.id, key)))
     tags = list(command.tags)
-    key = idempotency.key_of(principal, sent, "remember", [bot_id, command.content, tags])
+    key = commands.remember_key(principal, sent, bot_id, command.content, tags)
     entry, version = await commands.remember(
         rt, principal, bot_id, command.content, tags, request.state.embedder, key
     )

@@ -68,7 +68,7 @@ class EntryMap(TypedDict):
     #: When its newest source was said (D9.31; an entry written before entries were dated: when
     #: it was created).
     saidAt: int
-    #: The memory version of the last change that named it (0: none since versions were kept).
+    #: The memory version of the last change that named it (0: no logged change names it).
     changedVersion: int
     content: Ciphertext
     contentLength: int

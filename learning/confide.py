@@ -78,8 +78,7 @@ async def confide_drawing(
         row = await chats_q.turn_for_update(tx, turn_id=turn_id, person_id=principal.person_id)
         require_own_turn(principal, row, "confides on")
         assert row is not None
-        if key is not None:
-            await idempotency.claim(tx, rt, key, resource_id=confession_id, chat_id=row["chat"]["id"])
+        await idempotency.claim(tx, rt, key, resource_id=confession_id, chat_id=row["chat"]["id"])
         if row["chat"]["review"]:
             raise ReviewChat("review chats have no confide")
         # The route's history epoch is read under the Chat's lock (the Turn's first, as addItems):

@@ -31,6 +31,9 @@ from services.validation import check_id, check_text
 log = logging.getLogger("learning.runner")
 
 MAX_TOOL_ROUNDS = 3
+#: What an answer's key is held for past its model calls: the Items' and the Turn's saves, each
+#: of which may wait out Neo4j's retries (``BOTMEMORY_NEO4J_RETRY_SECONDS``, 15 by default).
+_SAVING_SECONDS: Final = 60
 #: The most ``confide`` calls of one reply that the memory Bot answers (each a model call charged
 #: to its budget, a confession and a learning execution); past them the Bot gets the fixed calm
 #: answer, as when no model can answer (L1).
@@ -81,7 +84,7 @@ async def send_message(
     longest = (
         settings.answer_deadline_seconds * (1 + MAX_CONFIDES)
         + settings.chat_deadline_seconds * (MAX_TOOL_ROUNDS + 1)
-        + 60
+        + _SAVING_SECONDS
     )
     async with idempotency.in_flight(rt, key, longest):
         return await _send(rt, gateway, hub, principal, chat_id, text, arrived, key)
@@ -168,7 +171,7 @@ async def _send(
 async def _answered(rt: Runtime, principal: Principal, turn: Turn) -> Turn | None:
     """A Turn a request sent again started, with its reply (completed now if it was not), when it
     has one or was completed; None when it still waits for its reply."""
-    replies = [i for i in await turns.items_of(rt, principal, turn.id) if i.kind is ItemKind.BOT_MESSAGE]
+    replies = [i for i in await turns.turn_items(rt, principal, turn.id) if i.kind is ItemKind.BOT_MESSAGE]
     if not replies and turn.status != "completed":
         return None
     done = await turns.complete_turn(rt, principal, turn.id) if turn.status != "completed" else turn

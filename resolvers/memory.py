@@ -23,7 +23,7 @@ from schema.memory import (
     VersionPayload,
 )
 from schema.types import IdempotencyKey, Long, MemoryContext
-from services import chatmemory, commands, idempotency, memory, search, sourcegraph
+from services import chatmemory, commands, memory, search, sourcegraph
 from services.memory import MAX_PAGE
 
 
@@ -188,7 +188,7 @@ class MemoryMutation:
         idempotency_key: IdempotencyKey = None,
     ) -> RememberPayload:
         principal = await info.context.principal()
-        key = idempotency.key_of(principal, idempotency_key, "remember", [bot_id, content, tags or []])
+        key = commands.remember_key(principal, idempotency_key, str(bot_id), content, tags or [])
         entry, version = await commands.remember(
             info.context.runtime, principal, str(bot_id), content, tags or [], info.context.embedder, key
         )
@@ -199,7 +199,7 @@ class MemoryMutation:
         self, info: Info, bot_id: strawberry.ID, id: strawberry.ID, idempotency_key: IdempotencyKey = None
     ) -> VersionPayload:
         principal = await info.context.principal()
-        key = idempotency.key_of(principal, idempotency_key, "forget", [bot_id, id])
+        key = commands.forget_key(principal, idempotency_key, str(bot_id), str(id))
         return VersionPayload(
             version=await commands.forget(info.context.runtime, principal, str(bot_id), str(id), key)
         )

@@ -48,8 +48,8 @@ class MemoryEntry:
         description="When its newest source was said (a pinned entry: when it was written)."
     )
     changed_version: Long = strawberry.field(
-        description="The memory version of the last change that named this entry (0: none since "
-        "versions were kept); what shareEntry's expected compares."
+        description="The memory version of the last change that named this entry (0: no logged "
+        "change names it); what shareEntry's expected compares."
     )
 
     @classmethod

@@ -16,7 +16,8 @@ IdempotencyKey = Annotated[
     str | None,
     strawberry.argument(
         description="Your key for this request (1 to 255 visible ASCII characters, such as a UUID): "
-        "sent again with the same key and arguments within a day, the mutation answers with what "
+        "sent again with the same key and arguments within the server's key lifetime (a day by "
+        "default), the mutation answers with what "
         "the first one created, as it stands now, and creates nothing; with other arguments it is "
         "BAD_INPUT."
     ),

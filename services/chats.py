@@ -104,8 +104,7 @@ async def create_chat(
                 raise NotFound("channel not found")
             if owner not in channel["memberIds"]:
                 raise Forbidden("the owner of a group chat must be a member of its channel")
-        if key is not None:
-            await idempotency.claim(tx, rt, key, resource_id=chat_id)
+        await idempotency.claim(tx, rt, key, resource_id=chat_id)
         return await chats_q.create_chat(
             tx,
             id=chat_id,

@@ -48,6 +48,18 @@ async def _reader(tx: AsyncManagedTransaction, principal: Principal, bot_id: str
     return await user_reader(tx, bot_id=bot_id, person_id=person_id, org=principal.organization_id)
 
 
+def remember_key(
+    principal: Principal, sent: str | None, bot_id: str, content: str, tags: list[str]
+) -> Key | None:
+    """A Remember's idempotency key (D9.35): the same request over REST and GraphQL."""
+    return idempotency.key_of(principal, sent, "remember", [bot_id, content, tags])
+
+
+def forget_key(principal: Principal, sent: str | None, bot_id: str, entry_id: str) -> Key | None:
+    """A Forget's idempotency key (D9.35): the same request over REST and GraphQL."""
+    return idempotency.key_of(principal, sent, "forget", [bot_id, entry_id])
+
+
 async def remember(
     rt: Runtime,
     principal: Principal,
@@ -79,7 +91,8 @@ async def remember(
             "person",
             person=(person_id, principal.organization_id),
             embedder=embedder,
-            key=None if key is None else (key, change.id),
+            key=key,
+            key_names=change.id,
         )
     except idempotency.Replay as replay:
         return await _remembered(rt, principal, bot_id, replay.created)
@@ -124,7 +137,8 @@ async def forget(
             [Forget(entry_id, person_id)],
             "person",
             precheck=precheck,
-            key=None if key is None else (key, entry_id),
+            key=key,
+            key_names=entry_id,
         )
     except idempotency.Replay as replay:
         return _version_of(replay.created)

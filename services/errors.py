@@ -92,7 +92,7 @@ def unavailable(exc: BaseException) -> Unavailable | None:
     if isinstance(exc, IncompleteCommit):
         return Unavailable(
             "the database went away during the commit: the change may have been saved; read before sending it "
-            "again, or send it again with the same idempotency key"
+            "again, or send it again with the same idempotency key where the operation takes one"
         )
     # Unreachable, or a cluster member that is not (or no longer) the leader.
     neo4j_away = (

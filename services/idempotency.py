@@ -118,7 +118,7 @@ async def earlier(rt: Runtime, key: Key | None) -> Created | None:
 async def claim(
     tx: AsyncManagedTransaction,
     rt: Runtime,
-    key: Key,
+    key: Key | None,
     *,
     resource_id: str,
     chat_id: str | None = None,
@@ -130,7 +130,9 @@ async def claim(
     the key is new (or this very request claimed it, on a retry of its transaction); raises
     :class:`Replay` when another request with the same arguments claimed it, BAD_INPUT when one
     with others did. ``chat_id``: the Chat whose history deletion drops the request's digest
-    (D9.23: its words' digest)."""
+    (D9.23: its words' digest). Without a key, nothing."""
+    if key is None:
+        return
     now = now_ms()
     fields = {
         "id": key.id,
@@ -150,9 +152,10 @@ async def claim(
         raise Replay(_same(rt, key, found))
 
 
-async def claimed_item(tx: AsyncManagedTransaction, key: Key, item_id: str) -> None:
+async def claimed_item(tx: AsyncManagedTransaction, key: Key | None, item_id: str) -> None:
     """The first Item the request that claimed ``key`` adds (once its Items are numbered)."""
-    await idempotency_q.set_item(tx, id=key.id, item_id=item_id)
+    if key is not None:
+        await idempotency_q.set_item(tx, id=key.id, item_id=item_id)
 
 
 @asynccontextmanager

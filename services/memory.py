@@ -71,7 +71,7 @@ class Entry:
     invalidated_at: int | None
     #: When its newest source was said (D9.31).
     said_at: int
-    #: The memory version of the last change that named it (0: none since versions were kept).
+    #: The memory version of the last change that named it (0: no logged change names it).
     changed_version: int = 0
 
 

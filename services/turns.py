@@ -99,8 +99,7 @@ async def start_turn(
             and not await chats_q.is_person_of_chat(tx, chat_id=chat_id, person_id=actor)
         ):
             raise Forbidden("the actor is not a person of this chat")
-        if key is not None:
-            await idempotency.claim(tx, rt, key, resource_id=turn_id, chat_id=chat_id)
+        await idempotency.claim(tx, rt, key, resource_id=turn_id, chat_id=chat_id)
         if allowed is not None:
             allowed()
         turn_seq, item_seq = await chats_q.allocate_turn(tx, chat_id=chat_id)
@@ -269,8 +268,8 @@ async def add_items(
         row = await chats_q.turn_for_update(tx, turn_id=turn_id, person_id=principal.person_id)
         require_own_turn(principal, row, "adds Items to")
         assert row is not None
-        if key is not None:  # before its status: a first request's commit completes it
-            await idempotency.claim(tx, rt, key, resource_id=turn_id, chat_id=row["chat"]["id"])
+        # Before its status: a first request's commit completes it.
+        await idempotency.claim(tx, rt, key, resource_id=turn_id, chat_id=row["chat"]["id"])
         if row["turn"]["status"] != "open":
             raise Conflict("the Turn is already completed")
         actor = row["turn"].get("actorId")
@@ -283,8 +282,7 @@ async def add_items(
             # channel): a platform never puts words in the mouth of someone who left.
             raise Forbidden("the Turn's person is no longer a person of this chat")
         first, epoch = await chats_q.allocate_items(tx, chat_id=row["chat"]["id"], count=len(items))
-        if key is not None:
-            await idempotency.claimed_item(tx, key, f"i-{first}")
+        await idempotency.claimed_item(tx, key, f"i-{first}")
         words = made_in_epoch is None or made_in_epoch == epoch
         new_rows = [
             _new_row(
@@ -353,7 +351,7 @@ async def replayed_items(
     return [item_of(i, cipher) for i in found], row["turn"]["status"]
 
 
-async def items_of(rt: Runtime, principal: Principal, turn_id: str) -> list[Item]:
+async def turn_items(rt: Runtime, principal: Principal, turn_id: str) -> list[Item]:
     """The Turn's Items as they stand now, for a caller who may add to it."""
 
     async def work(tx: AsyncManagedTransaction) -> tuple[chats_q.TurnForRow | None, list[chats_q.ItemNode]]:

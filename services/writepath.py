@@ -319,7 +319,8 @@ async def apply_changes(
     precheck: Any = None,
     person: tuple[str, str] | None = None,
     embedder: Embedder | None = None,
-    key: tuple[Key, str] | None = None,
+    key: Key | None = None,
+    key_names: str | None = None,
 ) -> Applied:
     """Apply all ``changes`` or none, under the exclusive lock, with one log row (C2).
 
@@ -332,8 +333,8 @@ async def apply_changes(
     New content is made searchable in the same commit (design §10): its blind keywords, and its
     vector when ``embedder`` is given — embedded here, before the lock is taken.
 
-    ``key``: the caller's idempotency key and the id of the entry the change creates, claimed
-    under the lock with the version (:class:`services.idempotency.Replay` when an earlier request
+    ``key``: the caller's idempotency key, claimed under the lock for the entry the change names
+    (``key_names``) with the version (:class:`services.idempotency.Replay` when an earlier request
     claimed it).
     """
     if len(changes) > MAX_CHANGES:
@@ -362,7 +363,8 @@ async def apply_changes(
         if person is not None:
             await user_reader(tx, bot_id=bot_id, person_id=person[0], org=person[1])
         if key is not None:  # before the precheck: a first request's commit changes what it sees
-            await idempotency.claim(tx, rt, key[0], resource_id=key[1], version=version)
+            assert key_names is not None
+            await idempotency.claim(tx, rt, key, resource_id=key_names, version=version)
         if precheck is not None:
             await precheck(tx)
         step = _Step(tx, bot_id, version, cipher, now, derived)
