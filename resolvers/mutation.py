@@ -36,9 +36,14 @@ from services.errors import BadInput
 @strawberry.type
 class Mutation(MemoryMutation, MemoryBotMutation):
     @strawberry.mutation
-    async def create_organization(self, info: Info, name: str) -> Organization:
+    async def create_organization(
+        self, info: Info, name: str, idempotency_key: IdempotencyKey = None
+    ) -> Organization:
         principal = await info.context.principal()
-        return Organization.of(await provisioning.create_organization(info.context.runtime, principal, name))
+        key = idempotency.key_of(principal, idempotency_key, "createOrganization", [name])
+        return Organization.of(
+            await provisioning.create_organization(info.context.runtime, principal, name, key)
+        )
 
     @strawberry.mutation
     async def update_organization(
@@ -132,11 +137,20 @@ class Mutation(MemoryMutation, MemoryBotMutation):
 
     @strawberry.mutation
     async def create_channel(
-        self, info: Info, organization_id: strawberry.ID, name: str, member_ids: list[strawberry.ID]
+        self,
+        info: Info,
+        organization_id: strawberry.ID,
+        name: str,
+        member_ids: list[strawberry.ID],
+        idempotency_key: IdempotencyKey = None,
     ) -> Channel:
         principal = await info.context.principal()
+        members = [str(m) for m in member_ids]
+        key = idempotency.key_of(
+            principal, idempotency_key, "createChannel", [organization_id, name, members]
+        )
         channel = await provisioning.create_channel(
-            info.context.runtime, principal, str(organization_id), name, [str(m) for m in member_ids]
+            info.context.runtime, principal, str(organization_id), name, members, key
         )
         return Channel.of(channel)
 
@@ -160,11 +174,19 @@ class Mutation(MemoryMutation, MemoryBotMutation):
 
     @strawberry.mutation
     async def create_bot(
-        self, info: Info, organization_id: strawberry.ID, name: str, model: str | None = None
+        self,
+        info: Info,
+        organization_id: strawberry.ID,
+        name: str,
+        model: str | None = None,
+        idempotency_key: IdempotencyKey = None,
     ) -> Bot:
         principal = await info.context.principal()
+        key = idempotency.key_of(principal, idempotency_key, "createBot", [organization_id, name, model])
         return Bot.of(
-            await provisioning.create_bot(info.context.runtime, principal, str(organization_id), name, model)
+            await provisioning.create_bot(
+                info.context.runtime, principal, str(organization_id), name, model, key
+            )
         )
 
     @strawberry.mutation

@@ -7,10 +7,11 @@ from neo4j import AsyncManagedTransaction
 from graph import bots as bots_q
 from graph import identity
 from graph.driver import autocommit, read, write
-from services import turnfeed
+from services import idempotency, turnfeed
 from services.auth import require_admin, require_person
 from services.domain import Access, Bot, Channel, Organization, Person, Principal
 from services.errors import BadInput, Conflict, Forbidden, NotFound, ServiceError, Unauthenticated
+from services.idempotency import Key
 from services.ids import new_id, new_token
 from services.runtime import Runtime, now_ms
 from services.validation import check_id, check_ids, check_name, check_time_zone
@@ -18,10 +19,23 @@ from services.validation import check_id, check_ids, check_name, check_time_zone
 _MAX_TOKEN_TTL_SECONDS = 366 * 24 * 3600
 
 
-async def create_organization(rt: Runtime, principal: Principal, name: str) -> Organization:
+async def create_organization(
+    rt: Runtime, principal: Principal, name: str, key: Key | None = None
+) -> Organization:
+    """``key``: the admin's idempotency key (D9.35): sent again, the organization it created."""
     require_admin(principal)
     org_id, name, now = new_id("org"), check_name(name), now_ms()
-    row = await write(rt.driver, lambda tx: identity.create_organization(tx, id=org_id, name=name, now=now))
+    if (created := await idempotency.earlier(rt, key)) is not None:
+        return await get_organization(rt, principal, created.resource_id)
+
+    async def work(tx: AsyncManagedTransaction) -> identity.OrganizationNode:
+        await idempotency.claim(tx, rt, key, resource_id=org_id)
+        return await identity.create_organization(tx, id=org_id, name=name, now=now)
+
+    try:
+        row = await write(rt.driver, work)
+    except idempotency.Replay as replay:
+        return await get_organization(rt, principal, replay.created.resource_id)
     return Organization.of(row)
 
 
@@ -197,16 +211,26 @@ async def _check_members(rt: Runtime, organization_id: str, member_ids: list[str
 
 
 async def create_channel(
-    rt: Runtime, principal: Principal, organization_id: str, name: str, member_ids: list[str]
+    rt: Runtime,
+    principal: Principal,
+    organization_id: str,
+    name: str,
+    member_ids: list[str],
+    key: Key | None = None,
 ) -> Channel:
+    """``key``: the admin's idempotency key (D9.35): sent again, the channel it created, as it
+    stands now."""
     require_admin(principal)
     check_id(organization_id, "organizationId")
+    if (created := await idempotency.earlier(rt, key)) is not None:
+        return await get_channel(rt, principal, created.resource_id)
     if await read(rt.driver, lambda tx: identity.get_organization(tx, id=organization_id)) is None:
         raise NotFound("organization not found")
     members = await _check_members(rt, organization_id, member_ids)
     channel_id, name, now = new_id("ch"), check_name(name), now_ms()
 
     async def work(tx: AsyncManagedTransaction) -> identity.ChannelMap | None:
+        await idempotency.claim(tx, rt, key, resource_id=channel_id)
         made = await identity.create_channel(
             tx, id=channel_id, organization_id=organization_id, name=name, member_ids=members, now=now
         )
@@ -216,7 +240,10 @@ async def create_channel(
         # 503 for a channel that was made, and the admin's retry made a second one.
         return await identity.get_channel(tx, id=channel_id)
 
-    row = await write(rt.driver, work)
+    try:
+        row = await write(rt.driver, work)
+    except idempotency.Replay as replay:
+        return await get_channel(rt, principal, replay.created.resource_id)
     assert row is not None  # made in this transaction
     return Channel.of(row)
 
@@ -264,29 +291,43 @@ async def set_channel_members(
 
 
 async def create_bot(
-    rt: Runtime, principal: Principal, organization_id: str, name: str, model: str | None
+    rt: Runtime,
+    principal: Principal,
+    organization_id: str,
+    name: str,
+    model: str | None,
+    key: Key | None = None,
 ) -> Bot:
-    """Create a Bot, its Memory and its data key wrapped by the current master key (E1)."""
+    """Create a Bot, its Memory and its data key wrapped by the current master key (E1). ``key``:
+    the admin's idempotency key (D9.35): sent again, the Bot it created, as it stands now."""
     require_admin(principal)
     check_id(organization_id, "organizationId")
     bot_id, name, now = new_id("bot"), check_name(name), now_ms()
     model = None if model is None else check_name(model, "model")
-    key = rt.keyring.new_data_key(bot_id)
-    row = await write(
-        rt.driver,
-        lambda tx: bots_q.create_bot(
+    if (created := await idempotency.earlier(rt, key)) is not None:
+        return await get_bot(rt, principal, created.resource_id)
+    data_key = rt.keyring.new_data_key(bot_id)
+
+    async def work(tx: AsyncManagedTransaction) -> bots_q.NewBotMap:
+        await idempotency.claim(tx, rt, key, resource_id=bot_id)
+        row = await bots_q.create_bot(
             tx,
             id=bot_id,
             organization_id=organization_id,
             name=name,
             model=model,
-            key_master=key.master_id,
-            key_wrapped=key.wrapped,
+            key_master=data_key.master_id,
+            key_wrapped=data_key.wrapped,
             now=now,
-        ),
-    )
-    if row is None:
-        raise NotFound("organization not found")
+        )
+        if row is None:  # raised here: the claim goes with the transaction
+            raise NotFound("organization not found")
+        return row
+
+    try:
+        row = await write(rt.driver, work)
+    except idempotency.Replay as replay:
+        return await get_bot(rt, principal, replay.created.resource_id)
     return Bot.of({**row, "linkedOrganizationIds": []})
 
 

@@ -7,6 +7,7 @@ answers as it did; the record holds no words (E1), forgets its request with the 
 from __future__ import annotations
 
 import asyncio
+import secrets
 import threading
 from typing import Any
 
@@ -442,3 +443,40 @@ async def test_a_key_forgets_its_request_with_the_history_and_goes_when_past_its
     assert found[0]["n"] == 0
     anew = await post_keyed(api, ann, chat, said, "gone-1")
     assert anew.status_code == 201 and anew.json()["turn"]["id"] != first["turn"]["id"]
+
+
+async def test_the_admins_creates_sent_again_create_nothing(api: Api, runtime: Runtime) -> None:
+    """Provisioning retried with its keys makes one organization, Bot and channel; a create refused
+    (an unknown organization) keeps no claim, so its key serves the corrected request."""
+    org_q = "mutation($n: String!, $k: String) { createOrganization(name: $n, idempotencyKey: $k) { id } }"
+    bot_q = (
+        "mutation($o: ID!, $n: String!, $k: String) {"
+        " createBot(organizationId: $o, name: $n, idempotencyKey: $k) { id } }"
+    )
+    channel_q = (
+        "mutation($o: ID!, $m: [ID!]!, $k: String) {"
+        ' createChannel(organizationId: $o, name: "team", memberIds: $m, idempotencyKey: $k) { id } }'
+    )
+    name = f"org-keyed-{secrets.token_hex(3)}"
+    orgs = [(await api.admin(org_q, {"n": name, "k": f"{name}-1"}))["createOrganization"]["id"] for _ in "ab"]
+    assert orgs[0] == orgs[1]
+    org = orgs[0]
+    missing = await api.raw(bot_q, {"o": "org_unknown", "n": "Ada", "k": f"{name}-bot"}, api.admin_token)
+    assert missing["errors"][0]["extensions"]["code"] == "NOT_FOUND"
+    bots = [
+        (await api.admin(bot_q, {"o": org, "n": "Ada", "k": f"{name}-bot"}))["createBot"]["id"] for _ in "ab"
+    ]
+    assert bots[0] == bots[1]
+    person, _ = await api.person(org, "ann")
+    channels = [
+        (await api.admin(channel_q, {"o": org, "m": [person], "k": f"{name}-ch"}))["createChannel"]["id"]
+        for _ in "ab"
+    ]
+    assert channels[0] == channels[1]
+    assert await api.codes(channel_q, {"o": org, "m": [], "k": f"{name}-ch"}, api.admin_token) == [
+        "BAD_INPUT"
+    ]
+    owned, _, _ = await runtime.driver.execute_query(
+        "MATCH (b:Bot)-[:OWNED_BY]->(:Organization {id: $o}) RETURN collect(b.id) AS ids", o=org
+    )
+    assert owned[0]["ids"] == [bots[0]]

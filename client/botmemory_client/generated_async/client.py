@@ -792,11 +792,14 @@ class Client(AsyncBaseClient):
         return ShareEntry.model_validate(data).share_entry
 
     async def create_organization(
-        self, name: str, **kwargs: Any
+        self,
+        name: str,
+        idempotency_key: Union[Optional[str], UnsetType] = UNSET,
+        **kwargs: Any,
     ) -> CreateOrganizationCreateOrganization:
         query = gql("""
-            mutation CreateOrganization($name: String!) {
-              createOrganization(name: $name) {
+            mutation CreateOrganization($name: String!, $idempotencyKey: String) {
+              createOrganization(name: $name, idempotencyKey: $idempotencyKey) {
                 id
                 name
                 botMemory
@@ -805,7 +808,7 @@ class Client(AsyncBaseClient):
               }
             }
             """)
-        variables: dict[str, object] = {"name": name}
+        variables: dict[str, object] = {"name": name, "idempotencyKey": idempotency_key}
         response = await self.execute(
             query=query,
             operation_name="CreateOrganization",
@@ -888,11 +891,17 @@ class Client(AsyncBaseClient):
         organization_id: str,
         name: str,
         model: Union[Optional[str], UnsetType] = UNSET,
+        idempotency_key: Union[Optional[str], UnsetType] = UNSET,
         **kwargs: Any,
     ) -> CreateBotCreateBot:
         query = gql("""
-            mutation CreateBot($organizationId: ID!, $name: String!, $model: String) {
-              createBot(organizationId: $organizationId, name: $name, model: $model) {
+            mutation CreateBot($organizationId: ID!, $name: String!, $model: String, $idempotencyKey: String) {
+              createBot(
+                organizationId: $organizationId
+                name: $name
+                model: $model
+                idempotencyKey: $idempotencyKey
+              ) {
                 id
                 name
                 organizationId
@@ -904,6 +913,7 @@ class Client(AsyncBaseClient):
             "organizationId": organization_id,
             "name": name,
             "model": model,
+            "idempotencyKey": idempotency_key,
         }
         response = await self.execute(
             query=query, operation_name="CreateBot", variables=variables, **kwargs
@@ -953,14 +963,20 @@ class Client(AsyncBaseClient):
         return GrantBot.model_validate(data).grant_bot
 
     async def create_channel(
-        self, organization_id: str, name: str, member_ids: list[str], **kwargs: Any
+        self,
+        organization_id: str,
+        name: str,
+        member_ids: list[str],
+        idempotency_key: Union[Optional[str], UnsetType] = UNSET,
+        **kwargs: Any,
     ) -> CreateChannelCreateChannel:
         query = gql("""
-            mutation CreateChannel($organizationId: ID!, $name: String!, $memberIds: [ID!]!) {
+            mutation CreateChannel($organizationId: ID!, $name: String!, $memberIds: [ID!]!, $idempotencyKey: String) {
               createChannel(
                 organizationId: $organizationId
                 name: $name
                 memberIds: $memberIds
+                idempotencyKey: $idempotencyKey
               ) {
                 id
                 name
@@ -974,6 +990,7 @@ class Client(AsyncBaseClient):
             "organizationId": organization_id,
             "name": name,
             "memberIds": member_ids,
+            "idempotencyKey": idempotency_key,
         }
         response = await self.execute(
             query=query, operation_name="CreateChannel", variables=variables, **kwargs

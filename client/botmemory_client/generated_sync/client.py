@@ -787,11 +787,14 @@ class Client(BaseClient):
         return ShareEntry.model_validate(data).share_entry
 
     def create_organization(
-        self, name: str, **kwargs: Any
+        self,
+        name: str,
+        idempotency_key: Union[Optional[str], UnsetType] = UNSET,
+        **kwargs: Any,
     ) -> CreateOrganizationCreateOrganization:
         query = gql("""
-            mutation CreateOrganization($name: String!) {
-              createOrganization(name: $name) {
+            mutation CreateOrganization($name: String!, $idempotencyKey: String) {
+              createOrganization(name: $name, idempotencyKey: $idempotencyKey) {
                 id
                 name
                 botMemory
@@ -800,7 +803,7 @@ class Client(BaseClient):
               }
             }
             """)
-        variables: dict[str, object] = {"name": name}
+        variables: dict[str, object] = {"name": name, "idempotencyKey": idempotency_key}
         response = self.execute(
             query=query,
             operation_name="CreateOrganization",
@@ -883,11 +886,17 @@ class Client(BaseClient):
         organization_id: str,
         name: str,
         model: Union[Optional[str], UnsetType] = UNSET,
+        idempotency_key: Union[Optional[str], UnsetType] = UNSET,
         **kwargs: Any,
     ) -> CreateBotCreateBot:
         query = gql("""
-            mutation CreateBot($organizationId: ID!, $name: String!, $model: String) {
-              createBot(organizationId: $organizationId, name: $name, model: $model) {
+            mutation CreateBot($organizationId: ID!, $name: String!, $model: String, $idempotencyKey: String) {
+              createBot(
+                organizationId: $organizationId
+                name: $name
+                model: $model
+                idempotencyKey: $idempotencyKey
+              ) {
                 id
                 name
                 organizationId
@@ -899,6 +908,7 @@ class Client(BaseClient):
             "organizationId": organization_id,
             "name": name,
             "model": model,
+            "idempotencyKey": idempotency_key,
         }
         response = self.execute(
             query=query, operation_name="CreateBot", variables=variables, **kwargs
@@ -946,14 +956,20 @@ class Client(BaseClient):
         return GrantBot.model_validate(data).grant_bot
 
     def create_channel(
-        self, organization_id: str, name: str, member_ids: list[str], **kwargs: Any
+        self,
+        organization_id: str,
+        name: str,
+        member_ids: list[str],
+        idempotency_key: Union[Optional[str], UnsetType] = UNSET,
+        **kwargs: Any,
     ) -> CreateChannelCreateChannel:
         query = gql("""
-            mutation CreateChannel($organizationId: ID!, $name: String!, $memberIds: [ID!]!) {
+            mutation CreateChannel($organizationId: ID!, $name: String!, $memberIds: [ID!]!, $idempotencyKey: String) {
               createChannel(
                 organizationId: $organizationId
                 name: $name
                 memberIds: $memberIds
+                idempotencyKey: $idempotencyKey
               ) {
                 id
                 name
@@ -967,6 +983,7 @@ class Client(BaseClient):
             "organizationId": organization_id,
             "name": name,
             "memberIds": member_ids,
+            "idempotencyKey": idempotency_key,
         }
         response = self.execute(
             query=query, operation_name="CreateChannel", variables=variables, **kwargs
