@@ -19,6 +19,7 @@ from learning.sweeper import sweep_once
 from services.runtime import Runtime
 from tests.client import Api, bearer, make_world
 from tests.learning_helpers import memory_world, until_a_transaction_waits_for_a_lock
+from tests.memory_helpers import command
 from tests.model_server import ModelServer, Reply, ToolCall
 from tests.test_rest_messages import history, post
 from tests.test_runner import runner_world
@@ -125,11 +126,7 @@ async def test_start_turn_sent_again_gets_its_rewrite_while_its_notes_stay_visib
     w = await memory_world(api, ("ann",))
     ann = w.tokens["ann"]
     chat = await api.chat(ann, w.bot)
-    made = await api.http.post(
-        f"/v1/bots/{w.bot}/memory",
-        json={"command": {"_tag": "Remember", "content": "Ann is vegetarian."}},
-        headers=bearer(ann),
-    )
+    made = await command(api, ann, w.bot, {"_tag": "Remember", "content": "Ann is vegetarian."})
     note = made.json()["entry"]["id"]
     rewrite = ToolCall("rewrite_input", {"text": "Book a vegetarian dinner.", "used_entry_ids": [note]})
     model_server.script("rewrite", Reply(tool_calls=[rewrite]))
@@ -142,9 +139,7 @@ async def test_start_turn_sent_again_gets_its_rewrite_while_its_notes_stay_visib
     assert len(await history(api, ann, chat)) == 1
 
     # Once a note it was sent is no longer visible, the rewrite is not given again (D9.15).
-    forgot = await api.http.post(
-        f"/v1/bots/{w.bot}/memory", json={"command": {"_tag": "Forget", "id": note}}, headers=bearer(ann)
-    )
+    forgot = await command(api, ann, w.bot, {"_tag": "Forget", "id": note})
     assert forgot.status_code == 200, forgot.text
     later = (await api.gql(START, variables, ann))["startTurn"]
     assert (later["id"], later["enrichedInput"]) == (first["id"], "Book a dinner.")
@@ -191,11 +186,7 @@ async def test_a_confide_answer_is_given_again_only_while_its_notes_stay_visible
     w = await memory_world(api, ("ann",))
     ann = w.tokens["ann"]
     chat = await api.chat(ann, w.bot)
-    made = await api.http.post(
-        f"/v1/bots/{w.bot}/memory",
-        json={"command": {"_tag": "Remember", "content": "Ann flies to Oslo in June."}},
-        headers=bearer(ann),
-    )
+    made = await command(api, ann, w.bot, {"_tag": "Remember", "content": "Ann flies to Oslo in June."})
     note = made.json()["entry"]["id"]
     turn = (await api.gql(START, {"c": chat, "t": "Book it.", "k": None}, ann))["startTurn"]["id"]
     model_server.script("confide", Reply(text="She flies to Oslo in June."))
@@ -203,9 +194,7 @@ async def test_a_confide_answer_is_given_again_only_while_its_notes_stay_visible
     assert (await api.gql(CONFIDE, variables, ann))["confide"]["answer"] == "She flies to Oslo in June."
     assert "Ann flies to Oslo in June." in model_server.requests_for("confide")[0].text
     assert (await api.gql(CONFIDE, variables, ann))["confide"]["answer"] == "She flies to Oslo in June."
-    forgot = await api.http.post(
-        f"/v1/bots/{w.bot}/memory", json={"command": {"_tag": "Forget", "id": note}}, headers=bearer(ann)
-    )
+    forgot = await command(api, ann, w.bot, {"_tag": "Forget", "id": note})
     assert forgot.status_code == 200, forgot.text
     assert (await api.gql(CONFIDE, variables, ann))["confide"]["answer"] == FIXED_CALM_ANSWER
     assert len(model_server.requests_for("confide")) == 1
@@ -356,7 +345,7 @@ async def test_remember_and_forget_sent_again(api: Api, runtime: Runtime) -> Non
     gone_again = await remember_keyed(api, ann, w.bot, forget, "forget-1")
     assert gone.status_code == gone_again.status_code == 200, gone_again.text
     assert gone_again.json() == gone.json()  # not 409: the first took it back
-    unkeyed = await api.http.post(f"/v1/bots/{w.bot}/memory", json=forget, headers=bearer(ann))
+    unkeyed = await command(api, ann, w.bot, forget["command"])
     assert unkeyed.status_code == 409
 
 
