@@ -166,6 +166,7 @@ class Cipher:
         self._aes = aes
         self._digest_key = digest_key
         self._blind_key = blind_key
+        self._cache_key = hashlib.sha256(b"botmemory-keyword-cache:" + blind_key).digest()
 
     def digest(self, kind: Kind, text: str) -> str:
         """A keyed digest (HMAC-SHA256) to find equal texts without storing them (no dictionary attack)."""
@@ -176,6 +177,12 @@ class Cipher:
         HMAC-SHA256 under a key of its own, so Lucene's whitespace analyzer keeps it one token and
         it never reads as a word. Equal tokens give equal outputs within one Bot only."""
         return "k" + hmac.new(self._blind_key, token.encode(), hashlib.sha256).hexdigest()[:12]
+
+    def cache_key(self, word: str) -> bytes:
+        """What a process's cache finds a word's blind token by (``services.keywords``): a keyed
+        BLAKE2b of the word under a key of its own, so the cache holds no word and two Bots'
+        words never meet in it."""
+        return hashlib.blake2b(word.encode(), key=self._cache_key, digest_size=16).digest()
 
     def encrypt(self, kind: Kind, record_id: str, plaintext: str) -> Sealed:
         return self.encrypt_bytes(kind, record_id, plaintext.encode())

@@ -19,7 +19,8 @@ Text of ASCII alone gives the tokens it gave before any of this (scheme 1: runs 
 entries keyworded by an older :data:`SCHEME` are keyworded again by the backfill. An entry's
 blind tokens are stored sorted (scheme 1 stored them in the text's order). BM25 scoring
 only compares tokens for equality, so it ranks the hashes exactly as it would rank the words.
-Neither the text nor a token is ever stored or logged.
+Neither the text nor a token is ever stored or logged, nor kept in memory past the call that
+keywords it (the cache of blind tokens is keyed by keyed hashes).
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ _STEMMED_SCRIPTS: Final = {
 
 class _Stemmer(Protocol):
     def stemWord(self, word: str) -> str: ...
+    def set_current(self, value: str) -> None: ...
 
 
 _local = threading.local()
@@ -95,26 +97,57 @@ def _stemmer(language: str) -> _Stemmer:
     return stemmer
 
 
-@functools.lru_cache(maxsize=65_536)
-def _stem(word: str) -> str:
-    return _stemmer("english").stemWord(word)
+def _stem(unit: str) -> str:
+    """A unit's token: an ASCII word by the English stemmer, a word of a stemmed script by its
+    language's, anything else (a pair, a word of another script) whole. The stemmer is left
+    holding no word."""
+    language = (
+        "english" if unit.isascii() else _STEMMED_SCRIPTS.get(unicodedata.name(unit[0], "").partition(" ")[0])
+    )
+    if language is None:
+        return unit
+    stemmer = _stemmer(language)
+    stem = stemmer.stemWord(unit)
+    stemmer.set_current("")
+    return stem
 
 
-@functools.lru_cache(maxsize=65_536)
-def _stem_other(word: str) -> str:
-    """A word with letters beyond ASCII, by the stemmer of its script (kept whole if none)."""
-    language = _STEMMED_SCRIPTS.get(unicodedata.name(word[0], "").partition(" ")[0])
-    return word if language is None else _stemmer(language).stemWord(word)
+#: The blind tokens of the units blinded last, each found by its Bot's keyed hash of the unit
+#: (``Cipher.cache_key``): a unit is stemmed (~22 µs an English word) and hashed once per Bot
+#: while it stays here, and nothing here holds a word — a cache of every tenant's words would
+#: outlive the requests that brought them. Emptied when full (atomic, whichever thread blinds).
+_BLINDED: dict[bytes, str] = {}
+_BLINDED_MAX: Final = 65_536
+
+
+def _blinded(cipher: Cipher, text: str) -> list[str]:
+    """The blind tokens of ``text``'s keywords in order, repeats kept."""
+    found: list[str] = []
+    for unit in _units(text):
+        key = cipher.cache_key(unit)
+        token = _BLINDED.get(key)
+        if token is None:
+            token = cipher.blind(_stem(unit))
+            if len(_BLINDED) >= _BLINDED_MAX:
+                _BLINDED.clear()
+            _BLINDED[key] = token
+        found.append(token)
+    return found
 
 
 def tokens(text: str) -> list[str]:
     """The keyword tokens of ``text`` in order, repeats kept (BM25 counts them)."""
+    return [_stem(unit) for unit in _units(text)]
+
+
+def _units(text: str) -> list[str]:
+    """What ``text``'s tokens are made of, in order: its words but stopwords, and its pairs, each
+    before stemming."""
     if text.isascii():  # the common case, and scheme 1's tokens exactly
-        words = _WORD.findall(_POSSESSIVE.sub(" ", text.lower()))
-        return [_stem(w) for w in words if w not in STOPWORDS]
+        return [w for w in _WORD.findall(_POSSESSIVE.sub(" ", text.lower())) if w not in STOPWORDS]
     text = unicodedata.normalize("NFKC", text).casefold()
     if text.isascii():  # full-width letters, ligatures: what their plain forms give
-        return tokens(text)
+        return _units(text)
     folded = unicodedata.normalize("NFC", _ACCENTS.sub("", unicodedata.normalize("NFKD", text)))
     found: list[str] = []
     for cjk, unspaced, word in _runs().findall(_POSSESSIVE.sub(" ", folded)):
@@ -123,7 +156,7 @@ def tokens(text: str) -> list[str]:
         elif unspaced:
             found += _pairs(_clusters(unspaced))
         elif word not in STOPWORDS:
-            found.append(_stem(word) if word.isascii() else _stem_other(word))
+            found.append(word)
     return found
 
 
@@ -169,11 +202,11 @@ def blind_text(cipher: Cipher, text: str) -> str:
     spaces. BM25 needs each token's count, not the order of the words: stored in the text's order,
     a sequence of keyed hashes would hand whoever reads the store the language's word order (or,
     for Han, the chain of overlapping pairs) to decode them by."""
-    return " ".join(sorted(cipher.blind(t) for t in tokens(text)))
+    return " ".join(sorted(_blinded(cipher, text)))
 
 
 def blind_tokens(cipher: Cipher, text: str) -> list[str]:
     """The distinct blind tokens of a query's keywords, in order (empty: no keyword)."""
-    blinded = list(dict.fromkeys(cipher.blind(t) for t in tokens(text)))
+    blinded = list(dict.fromkeys(_blinded(cipher, text)))
     assert all(_BLIND.fullmatch(b) for b in blinded), "a blind token is not [k0-9a-f]"
     return blinded

@@ -3,13 +3,16 @@ DESIGN §10, E1)."""
 
 from __future__ import annotations
 
+import gc
 import os
 import re
+import types
 
 import snowballstemmer
 from hypothesis import given
 from hypothesis import strategies as st
 
+from services import keywords as keywords_module
 from services.crypto import Cipher, Keyring
 from services.keywords import STOPWORDS, blind_text, blind_tokens, tokens
 
@@ -49,6 +52,42 @@ def test_blind_text_differs_between_bots() -> None:
     first, second = blind_text(_cipher("bot-a"), text), blind_text(_cipher("bot-b"), text)
     assert len(first.split()) == len(second.split()) == 5
     assert set(first.split()).isdisjoint(second.split())
+
+
+def _held_by(root: object, words: tuple[str, ...]) -> list[str]:
+    """The strings holding any of ``words`` reachable from ``root`` through the objects it refers
+    to (other modules' objects left out, but not what this one's functions and classes reach)."""
+    held: list[str] = []
+    seen: set[int] = set()
+    stack = [root]
+    while stack:
+        at = stack.pop()
+        if id(at) in seen:
+            continue
+        seen.add(id(at))
+        if isinstance(at, str):
+            held += [at] if any(w in at for w in words) else []
+        elif at is root or not isinstance(at, types.ModuleType):
+            stack.extend(gc.get_referents(at))
+    return held
+
+
+def test_blinding_leaves_no_word_in_the_process() -> None:
+    """E1's spirit in memory: keywording an entry or a query keeps no word of it after it returns
+    — not in a cache (the blind tokens are found by a keyed hash), not in a stemmer's state (a
+    Snowball stemmer holds the last word it stemmed) — while a word met again is served from the
+    cache, the same token as before."""
+    cipher = _cipher("bot-held")
+    # Made at run time: the test's own source (held by linecache) must not spell them.
+    words = tuple("".join(["qu", "ixotic", suffix]) for suffix in ("", "al", "ness"))
+    stored = blind_text(cipher, " ".join(["Remember", words[0], "and", words[1]]))
+    query = blind_tokens(cipher, " ".join(["Who", words[2]]))
+    stem = tokens(words[0])[0]  # after blinding: tokens() itself caches nothing either
+    assert _held_by(keywords_module, (stem, *words)) == []
+    assert blind_tokens(cipher, words[0]) == [cipher.blind(stem)]
+    assert stored.split() == sorted([cipher.blind("rememb"), cipher.blind(stem), cipher.blind(stem)])
+    assert query == [cipher.blind(tokens(words[2])[0])]
+    assert _held_by(keywords_module, words) == []
 
 
 def test_blind_tokens_are_the_distinct_tokens() -> None:
