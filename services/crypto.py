@@ -178,11 +178,11 @@ class Cipher:
         it never reads as a word. Equal tokens give equal outputs within one Bot only."""
         return "k" + hmac.new(self._blind_key, token.encode(), hashlib.sha256).hexdigest()[:12]
 
-    def cache_key(self, word: str) -> bytes:
+    def cache_key(self, text: str) -> bytes:
         """What a process's cache finds a word's blind token by (``services.keywords``): a keyed
-        BLAKE2b of the word under a key of its own, so the cache holds no word and two Bots'
-        words never meet in it."""
-        return hashlib.blake2b(word.encode(), key=self._cache_key, digest_size=16).digest()
+        BLAKE2b of who asked and the word under a key of its own, so the cache holds no word and
+        two Bots' words never meet in it."""
+        return hashlib.blake2b(text.encode(), key=self._cache_key, digest_size=16).digest()
 
     def encrypt(self, kind: Kind, record_id: str, plaintext: str) -> Sealed:
         return self.encrypt_bytes(kind, record_id, plaintext.encode())

@@ -112,19 +112,21 @@ def _stem(unit: str) -> str:
     return stem
 
 
-#: The blind tokens of the units blinded last, each found by its Bot's keyed hash of the unit
-#: (``Cipher.cache_key``): a unit is stemmed (~22 µs an English word) and hashed once per Bot
-#: while it stays here, and nothing here holds a word — a cache of every tenant's words would
-#: outlive the requests that brought them. Emptied when full (atomic, whichever thread blinds).
+#: The blind tokens of the units blinded last, each found by its Bot's keyed hash of who asked
+#: and the unit (``Cipher.cache_key``): a unit is stemmed (~22 µs an English word) and hashed once
+#: per asker while it stays here, and nothing here holds a word — a cache of every tenant's words
+#: would outlive the requests that brought them. Kept per asker, as ``QueryVectors`` is: a query's
+#: time tells no reader whether someone else asked or wrote its words lately. Emptied when full
+#: (atomic, whichever thread blinds).
 _BLINDED: dict[bytes, str] = {}
 _BLINDED_MAX: Final = 65_536
 
 
-def _blinded(cipher: Cipher, text: str) -> list[str]:
-    """The blind tokens of ``text``'s keywords in order, repeats kept."""
+def _blinded(cipher: Cipher, text: str, scope: str) -> list[str]:
+    """The blind tokens of ``text``'s keywords in order, repeats kept, cached for ``scope``."""
     found: list[str] = []
     for unit in _units(text):
-        key = cipher.cache_key(unit)
+        key = cipher.cache_key(f"{scope}\0{unit}")
         token = _BLINDED.get(key)
         if token is None:
             token = cipher.blind(_stem(unit))
@@ -202,11 +204,12 @@ def blind_text(cipher: Cipher, text: str) -> str:
     spaces. BM25 needs each token's count, not the order of the words: stored in the text's order,
     a sequence of keyed hashes would hand whoever reads the store the language's word order (or,
     for Han, the chain of overlapping pairs) to decode them by."""
-    return " ".join(sorted(_blinded(cipher, text)))
+    return " ".join(sorted(_blinded(cipher, text, "")))
 
 
-def blind_tokens(cipher: Cipher, text: str) -> list[str]:
-    """The distinct blind tokens of a query's keywords, in order (empty: no keyword)."""
-    blinded = list(dict.fromkeys(_blinded(cipher, text)))
+def blind_tokens(cipher: Cipher, text: str, scope: str = "") -> list[str]:
+    """The distinct blind tokens of a query's keywords, in order (empty: no keyword); ``scope``:
+    who asks (``services.search.reader_scope``: a reader of the Bot)."""
+    blinded = list(dict.fromkeys(_blinded(cipher, text, scope)))
     assert all(_BLIND.fullmatch(b) for b in blinded), "a blind token is not [k0-9a-f]"
     return blinded

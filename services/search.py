@@ -369,11 +369,12 @@ async def _ranked(
     when and in which time zone the query was said (None: now, UTC)."""
     cipher = await cipher_of(rt, bot_id)
     keys = tuple(reader_keys(list(reader.readers)))
-    vector = await _embed(rt, embedder, reader_scope(bot_id, reader), query)
+    scope = reader_scope(bot_id, reader)
+    vector = await _embed(rt, embedder, scope, query)
     # The query's words and the dates it names (D9.31: entries hold the terms of the day they
     # were said on).
     said_at, zone = said
-    blind = blind_tokens(cipher, query) + blind_query(
+    blind = blind_tokens(cipher, query, scope) + blind_query(
         cipher, query, now_ms() if said_at is None else said_at, zone
     )
     q = _Query(bot_id, reader, vector, blind, wanted, fill)

@@ -90,6 +90,21 @@ def test_blinding_leaves_no_word_in_the_process() -> None:
     assert _held_by(keywords_module, words) == []
 
 
+def test_a_readers_words_are_cached_for_that_reader_alone() -> None:
+    """A word one reader asked (or an entry held) is blinded again for another reader: what the
+    cache holds, so how long a query takes, tells no reader what others asked or wrote lately."""
+    cipher = _cipher("bot-scoped")
+    cached = keywords_module._BLINDED  # pyright: ignore[reportPrivateUsage]
+    blind_text(cipher, "lighthouse keepers")
+    before = len(cached)
+    first = blind_tokens(cipher, "lighthouse keepers", "reader-a")
+    assert len(cached) == before + 2
+    assert blind_tokens(cipher, "keepers of the lighthouse", "reader-a") == first[::-1]
+    assert len(cached) == before + 2  # the same reader again: served from the cache
+    assert blind_tokens(cipher, "lighthouse keepers", "reader-b") == first
+    assert len(cached) == before + 4
+
+
 def test_blind_tokens_are_the_distinct_tokens() -> None:
     cipher = _cipher("bot-q")
     query = blind_tokens(cipher, "Paint, painted, painting: what did Caroline paint?")
