@@ -68,9 +68,6 @@ async def confide_drawing(
     check_id(turn_id, "turnId")
     text = check_text(text, "text", limit=rt.settings.max_text_chars)
     confession_id, execution_id, now = new_id("conf"), new_id("exec"), now_ms()
-    if (created := await idempotency.earlier(rt, key)) is not None:
-        return await _replayed(rt, principal, turn_id, created.resource_id)
-    await require_own_turn_first(rt, principal, turn_id, "confides on")
 
     async def work(
         tx: AsyncManagedTransaction,
@@ -109,11 +106,29 @@ async def confide_drawing(
                 queued.append({"id": execution_id, "epoch": created["epoch"]})
         return chat, route, queued
 
-    try:
+    async def create() -> tuple[str, tuple[str, ...]]:
+        await require_own_turn_first(rt, principal, turn_id, "confides on")
         chat, route, queued = await write(rt.driver, work)
-    except idempotency.Replay as replay:
-        return await _replayed(rt, principal, turn_id, replay.created.resource_id)
-    await enqueue_executions(rt, queued)
+        await enqueue_executions(rt, queued)
+        return await _answered(rt, gateway, chat, route, confession_id, text, deadline)
+
+    async def again(created: idempotency.Created) -> tuple[str, tuple[str, ...]]:
+        return await _replayed(rt, principal, turn_id, created.resource_id)
+
+    return await idempotency.once(rt, key, create, again)
+
+
+async def _answered(
+    rt: Runtime,
+    gateway: Gateway,
+    chat: memorybot_q.RouteChat,
+    route: Route,
+    confession_id: str,
+    text: str,
+    deadline: float,
+) -> tuple[str, tuple[str, ...]]:
+    """The answer to a confession just recorded — the model's, else the fixed calm one — and the
+    entries it draws on, saved with it (without its text past ``deadline``)."""
     answer, used, by = FIXED_CALM_ANSWER, (), "fixed"
     try:
         answer, used = await _answer(rt, gateway, chat, route, text, deadline - _SAVE_MARGIN)

@@ -83,8 +83,6 @@ async def create_chat(
     else:
         raise Forbidden("chats are created by people or platforms")
     owner = owner_id
-    if (created := await idempotency.earlier(rt, key)) is not None:
-        return await _created_chat(rt, principal, created.resource_id)
     chat_id = new_id("chat")
 
     async def work(tx: AsyncManagedTransaction) -> chats_q.ChatNode | None:
@@ -116,22 +114,22 @@ async def create_chat(
             now=now_ms(),
         )
 
-    try:
+    async def create() -> Chat:
         row = await write(rt.driver, work)
-    except idempotency.Replay as replay:
-        return await _created_chat(rt, principal, replay.created.resource_id)
-    assert row is not None
-    return Chat.of(row)
+        assert row is not None
+        return Chat.of(row)
 
+    async def again(created: idempotency.Created) -> Chat:
+        """The Chat created, as it stands now."""
+        row = await autocommit(
+            rt.driver,
+            lambda s: chats_q.chat_for(s, chat_id=created.resource_id, person_id=principal.person_id),
+        )
+        require_writer(principal, row, "chat")
+        assert row is not None
+        return Chat.of(row["chat"])
 
-async def _created_chat(rt: Runtime, principal: Principal, chat_id: str) -> Chat:
-    """The Chat an earlier request with the caller's idempotency key created, as it stands now."""
-    row = await autocommit(
-        rt.driver, lambda s: chats_q.chat_for(s, chat_id=chat_id, person_id=principal.person_id)
-    )
-    require_writer(principal, row, "chat")
-    assert row is not None
-    return Chat.of(row["chat"])
+    return await idempotency.once(rt, key, create, again)
 
 
 def _checked_ids(ids: list[str], field: str) -> tuple[list[str], dict[str, BadInput]]:

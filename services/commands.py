@@ -76,39 +76,35 @@ async def remember(
     person_id = require_person(principal)
     check_id(bot_id, "botId")
     topics = check_topics(tuple(tags), "tags")
-    assert principal.organization_id is not None
-    if (created := await idempotency.earlier(rt, key)) is not None:
-        return await _remembered(rt, principal, bot_id, created)
-    change = Remember(content=content, person_id=person_id, org=principal.organization_id, topics=topics)
-    # A read of the caller's use of the Bot before anything else (another organization's Bot is
-    # never locked), then one statement: the lock, that use again, the entry, the version and
-    # the log (with a key, a transaction that claims it too).
-    try:
+    org = principal.organization_id
+    assert org is not None
+    change = Remember(content=content, person_id=person_id, org=org, topics=topics)
+
+    async def create() -> tuple[Entry, int]:
+        # A read of the caller's use of the Bot before anything else (another organization's Bot
+        # is never locked), then one statement: the lock, that use again, the entry, the version
+        # and the log (with a key, a transaction that claims it too).
         applied = await apply_changes(
             rt,
             bot_id,
             [change],
             "person",
-            person=(person_id, principal.organization_id),
+            person=(person_id, org),
             embedder=embedder,
             key=key,
             key_names=change.id,
         )
-    except idempotency.Replay as replay:
-        return await _remembered(rt, principal, bot_id, replay.created)
-    tags_out = ("from:" + person_id, "for:person:" + person_id, "org:" + principal.organization_id, *topics)
-    at = applied.at
-    return Entry(
-        change.id, "pinned", content, tags_out, (), "active", None, at, at, None, at, applied.version
-    ), applied.version
+        tags_out = ("from:" + person_id, "for:person:" + person_id, "org:" + org, *topics)
+        at = applied.at
+        return Entry(
+            change.id, "pinned", content, tags_out, (), "active", None, at, at, None, at, applied.version
+        ), applied.version
 
+    async def again(created: idempotency.Created) -> tuple[Entry, int]:
+        """The entry created, as the caller sees it now, and the version that created it."""
+        return await sourcegraph.entry(rt, principal, bot_id, created.resource_id), _version_of(created)
 
-async def _remembered(
-    rt: Runtime, principal: Principal, bot_id: str, created: idempotency.Created
-) -> tuple[Entry, int]:
-    """The entry a Remember sent with an idempotency key created, as the caller sees it now, and
-    the version that created it."""
-    return await sourcegraph.entry(rt, principal, bot_id, created.resource_id), _version_of(created)
+    return await idempotency.once(rt, key, create, again)
 
 
 async def forget(
@@ -128,21 +124,18 @@ async def forget(
     # An unknown Bot, or one the caller does not use, is NOT_FOUND as for Remember; only the
     # entry's own refusal is CONFLICT (it was all CONFLICT, "this entry is not for you").
     await _uses_bot(rt, principal, bot_id)
-    if (created := await idempotency.earlier(rt, key)) is not None:
-        return _version_of(created)
-    try:
+
+    async def create() -> int:
+        change = Forget(entry_id, person_id)
         applied = await apply_changes(
-            rt,
-            bot_id,
-            [Forget(entry_id, person_id)],
-            "person",
-            precheck=precheck,
-            key=key,
-            key_names=entry_id,
+            rt, bot_id, [change], "person", precheck=precheck, key=key, key_names=entry_id
         )
-    except idempotency.Replay as replay:
-        return _version_of(replay.created)
-    return applied.version
+        return applied.version
+
+    async def again(created: idempotency.Created) -> int:
+        return _version_of(created)
+
+    return await idempotency.once(rt, key, create, again)
 
 
 def _version_of(created: idempotency.Created) -> int:

@@ -8,7 +8,8 @@ claimed in the transaction that creates (:func:`claim`): a second request racing
 on the record's uniqueness until the first commits, then raises :class:`Replay` — its own
 transaction rolls back having created nothing — and is answered as the first. A key sent with
 another request (another operation, or other arguments) is BAD_INPUT, whatever the first one
-did. A record holds a keyed digest of the request, never its words (E1), and is kept
+did. :func:`once` is that protocol around a create and the read of what was created. A record
+holds a keyed digest of the request, never its words (E1), and is kept
 ``idempotency_key_seconds`` (a day): after that the key is new again.
 """
 
@@ -18,10 +19,10 @@ import hashlib
 import json
 import logging
 import re
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, TypeVar
 
 from neo4j import AsyncManagedTransaction
 from redis.exceptions import RedisError
@@ -40,6 +41,8 @@ KEY: Final = re.compile(r"[\x21-\x7e]{1,255}")
 HEADER: Final = "Idempotency-Key"
 
 log = logging.getLogger("botmemory.idempotency")
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +116,24 @@ async def earlier(rt: Runtime, key: Key | None) -> Created | None:
         return None
     found = await autocommit(rt.driver, lambda s: idempotency_q.find(s, id=key.id, now=now_ms()))
     return None if found is None else _same(rt, key, found)
+
+
+async def once(
+    rt: Runtime,
+    key: Key | None,
+    create: Callable[[], Awaitable[T]],
+    again: Callable[[Created], Awaitable[T]],
+) -> T:
+    """What ``create`` answers (its transaction claims ``key``: :func:`claim`), or, when an earlier
+    request with ``key`` created — found before anything else is done, or claimed while
+    ``create``'s transaction waited (:class:`Replay`, that transaction rolled back) — what
+    ``again`` reads of it now."""
+    if (created := await earlier(rt, key)) is not None:
+        return await again(created)
+    try:
+        return await create()
+    except Replay as replay:
+        return await again(replay.created)
 
 
 async def claim(

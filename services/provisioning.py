@@ -25,18 +25,18 @@ async def create_organization(
     """``key``: the admin's idempotency key (D9.35): sent again, the organization it created."""
     require_admin(principal)
     org_id, name, now = new_id("org"), check_name(name), now_ms()
-    if (created := await idempotency.earlier(rt, key)) is not None:
-        return await get_organization(rt, principal, created.resource_id)
 
     async def work(tx: AsyncManagedTransaction) -> identity.OrganizationNode:
         await idempotency.claim(tx, rt, key, resource_id=org_id)
         return await identity.create_organization(tx, id=org_id, name=name, now=now)
 
-    try:
-        row = await write(rt.driver, work)
-    except idempotency.Replay as replay:
-        return await get_organization(rt, principal, replay.created.resource_id)
-    return Organization.of(row)
+    async def create() -> Organization:
+        return Organization.of(await write(rt.driver, work))
+
+    async def again(created: idempotency.Created) -> Organization:
+        return await get_organization(rt, principal, created.resource_id)
+
+    return await idempotency.once(rt, key, create, again)
 
 
 async def get_organization(rt: Runtime, principal: Principal, org_id: str) -> Organization:
@@ -222,30 +222,32 @@ async def create_channel(
     stands now."""
     require_admin(principal)
     check_id(organization_id, "organizationId")
-    if (created := await idempotency.earlier(rt, key)) is not None:
-        return await get_channel(rt, principal, created.resource_id)
-    if await read(rt.driver, lambda tx: identity.get_organization(tx, id=organization_id)) is None:
-        raise NotFound("organization not found")
-    members = await _check_members(rt, organization_id, member_ids)
-    channel_id, name, now = new_id("ch"), check_name(name), now_ms()
 
-    async def work(tx: AsyncManagedTransaction) -> identity.ChannelMap | None:
-        await idempotency.claim(tx, rt, key, resource_id=channel_id)
-        made = await identity.create_channel(
-            tx, id=channel_id, organization_id=organization_id, name=name, member_ids=members, now=now
-        )
-        if made != len(members):  # one removed since they were checked: nothing is made
-            raise BadInput(_MEMBERS_REFUSED, field="memberIds")
-        # Read in the same transaction: read after its commit, a database gone in between answered
-        # 503 for a channel that was made, and the admin's retry made a second one.
-        return await identity.get_channel(tx, id=channel_id)
+    async def create() -> Channel:
+        if await read(rt.driver, lambda tx: identity.get_organization(tx, id=organization_id)) is None:
+            raise NotFound("organization not found")
+        members = await _check_members(rt, organization_id, member_ids)
+        channel_id, named, now = new_id("ch"), check_name(name), now_ms()
 
-    try:
+        async def work(tx: AsyncManagedTransaction) -> identity.ChannelMap | None:
+            await idempotency.claim(tx, rt, key, resource_id=channel_id)
+            made = await identity.create_channel(
+                tx, id=channel_id, organization_id=organization_id, name=named, member_ids=members, now=now
+            )
+            if made != len(members):  # one removed since they were checked: nothing is made
+                raise BadInput(_MEMBERS_REFUSED, field="memberIds")
+            # Read in the same transaction: read after its commit, a database gone in between
+            # answered 503 for a channel that was made, and the admin's retry made a second one.
+            return await identity.get_channel(tx, id=channel_id)
+
         row = await write(rt.driver, work)
-    except idempotency.Replay as replay:
-        return await get_channel(rt, principal, replay.created.resource_id)
-    assert row is not None  # made in this transaction
-    return Channel.of(row)
+        assert row is not None  # made in this transaction
+        return Channel.of(row)
+
+    async def again(created: idempotency.Created) -> Channel:
+        return await get_channel(rt, principal, created.resource_id)
+
+    return await idempotency.once(rt, key, create, again)
 
 
 async def get_channel(rt: Runtime, principal: Principal, channel_id: str) -> Channel:
@@ -304,31 +306,32 @@ async def create_bot(
     check_id(organization_id, "organizationId")
     bot_id, name, now = new_id("bot"), check_name(name), now_ms()
     model = None if model is None else check_name(model, "model")
-    if (created := await idempotency.earlier(rt, key)) is not None:
+
+    async def create() -> Bot:
+        data_key = rt.keyring.new_data_key(bot_id)  # one, whichever attempt of the transaction commits
+
+        async def work(tx: AsyncManagedTransaction) -> bots_q.NewBotMap:
+            await idempotency.claim(tx, rt, key, resource_id=bot_id)
+            row = await bots_q.create_bot(
+                tx,
+                id=bot_id,
+                organization_id=organization_id,
+                name=name,
+                model=model,
+                key_master=data_key.master_id,
+                key_wrapped=data_key.wrapped,
+                now=now,
+            )
+            if row is None:  # raised here: the claim goes with the transaction
+                raise NotFound("organization not found")
+            return row
+
+        return Bot.of({**(await write(rt.driver, work)), "linkedOrganizationIds": []})
+
+    async def again(created: idempotency.Created) -> Bot:
         return await get_bot(rt, principal, created.resource_id)
-    data_key = rt.keyring.new_data_key(bot_id)
 
-    async def work(tx: AsyncManagedTransaction) -> bots_q.NewBotMap:
-        await idempotency.claim(tx, rt, key, resource_id=bot_id)
-        row = await bots_q.create_bot(
-            tx,
-            id=bot_id,
-            organization_id=organization_id,
-            name=name,
-            model=model,
-            key_master=data_key.master_id,
-            key_wrapped=data_key.wrapped,
-            now=now,
-        )
-        if row is None:  # raised here: the claim goes with the transaction
-            raise NotFound("organization not found")
-        return row
-
-    try:
-        row = await write(rt.driver, work)
-    except idempotency.Replay as replay:
-        return await get_bot(rt, principal, replay.created.resource_id)
-    return Bot.of({**row, "linkedOrganizationIds": []})
+    return await idempotency.once(rt, key, create, again)
 
 
 def _visible_bot(principal: Principal, row: bots_q.BotMap | None) -> Bot | NotFound:

@@ -83,9 +83,6 @@ async def start_turn(
     else:
         raise Forbidden("Turns are started by people or platforms")
     actor = actor_id
-    if (created := await idempotency.earlier(rt, key)) is not None:
-        return await replayed_turn(rt, principal, created.resource_id)
-
     kind = ItemKind.NOTICE if actor is None else ItemKind.PERSON_MESSAGE
 
     async def work(tx: AsyncManagedTransaction) -> tuple[chats_q.TurnNode, int, str | None, int]:
@@ -118,29 +115,32 @@ async def start_turn(
             turn, _ = await _complete(tx, turn_id, now)  # nothing confided on it yet: none queued
         return turn, unsummarized, zone, item_seq
 
-    try:
+    async def create() -> Turn:
         turn, unsummarized, zone, item_seq = await write(rt.driver, work)
-    except idempotency.Replay as replay:
-        return await replayed_turn(rt, principal, replay.created.resource_id)
-    # A history past the threshold is summarized whether or not its Turns were completed: a
-    # platform that never completes them (each counts as completed once idle, for learning) left
-    # it growing with no summary, and a context pack with a hole before its last messages.
-    await enqueue_summary_if_due(rt, chat_id, unsummarized)
-    created = turn["createdAt"]
-    item = Item(
-        f"i-{item_seq}",
-        chat_id,
-        turn["id"],
-        item_seq,
-        kind,
-        text,
-        None,
-        actor,
-        created,
-        created if said_at is None else said_at,
-        zone,
-    )
-    return replace(Turn.of(turn, input=text, enriched_input=text), input_time_zone=zone, input_item=item)
+        # A history past the threshold is summarized whether or not its Turns were completed: a
+        # platform that never completes them (each counts as completed once idle, for learning)
+        # left it growing with no summary, and a context pack with a hole before its last messages.
+        await enqueue_summary_if_due(rt, chat_id, unsummarized)
+        created = turn["createdAt"]
+        item = Item(
+            f"i-{item_seq}",
+            chat_id,
+            turn["id"],
+            item_seq,
+            kind,
+            text,
+            None,
+            actor,
+            created,
+            created if said_at is None else said_at,
+            zone,
+        )
+        return replace(Turn.of(turn, input=text, enriched_input=text), input_time_zone=zone, input_item=item)
+
+    async def again(created: idempotency.Created) -> Turn:
+        return await replayed_turn(rt, principal, created.resource_id)
+
+    return await idempotency.once(rt, key, create, again)
 
 
 async def replayed_turn(rt: Runtime, principal: Principal, turn_id: str) -> Turn:
@@ -257,10 +257,6 @@ async def add_items(
         if item.app is not None:
             check_id(item.app, f"items[{n}].app")
 
-    if (created := await idempotency.earlier(rt, key)) is not None:
-        return (await replayed_items(rt, principal, created, len(items)))[0]
-    await require_own_turn_first(rt, principal, turn_id, "adds Items to")
-
     async def work(
         tx: AsyncManagedTransaction,
     ) -> tuple[list[chats_q.ItemNode], bool, list[learning.Queued]]:
@@ -304,28 +300,32 @@ async def add_items(
             _, queued = await _complete(tx, turn_id, now)
         return created, words, queued
 
-    try:
+    async def create() -> list[Item]:
+        await require_own_turn_first(rt, principal, turn_id, "adds Items to")
         created, words, queued = await write(rt.driver, work)
-    except idempotency.Replay as replay:
-        return (await replayed_items(rt, principal, replay.created, len(items)))[0]
-    if complete:
-        await _completed(rt, created[0]["chatId"], queued)
-    return [
-        Item(
-            c["id"],
-            c["chatId"],
-            c["turnId"],
-            c["seq"],
-            ItemKind(c["kind"]),
-            i.text if words else None,
-            c.get("app"),
-            c.get("speakerId"),
-            now,
-            c.get("saidAt", now),
-            c.get("timeZone"),
-        )
-        for c, i in zip(created, items, strict=True)
-    ]
+        if complete:
+            await _completed(rt, created[0]["chatId"], queued)
+        return [
+            Item(
+                c["id"],
+                c["chatId"],
+                c["turnId"],
+                c["seq"],
+                ItemKind(c["kind"]),
+                i.text if words else None,
+                c.get("app"),
+                c.get("speakerId"),
+                now,
+                c.get("saidAt", now),
+                c.get("timeZone"),
+            )
+            for c, i in zip(created, items, strict=True)
+        ]
+
+    async def again(created: idempotency.Created) -> list[Item]:
+        return (await replayed_items(rt, principal, created, len(items)))[0]
+
+    return await idempotency.once(rt, key, create, again)
 
 
 async def replayed_items(
