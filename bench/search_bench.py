@@ -355,7 +355,7 @@ async def raw_ranked(
     keys, walked as far as the search walks them at first (by the share that passed for them in
     the service's searches); best first."""
     walk = search.first_walk(rt, bot_id, tuple(keys), wanted)
-    ranking = search.candidates(index, vector, blind_tokens(cipher, query), keys, wanted, walk)
+    ranking = search.candidates(index, vector, blind_tokens(cipher, query, scope="bench"), keys, wanted, walk)
     cands, scores = ranking.ids[:walk], ranking.scores[:walk]
     parts = [] if fill else index.parts(ranking, walk, vector)
     params: dict[str, Any] = {

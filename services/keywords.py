@@ -26,15 +26,15 @@ keywords it (the cache of blind tokens is keyed by keyed hashes).
 from __future__ import annotations
 
 import functools
+import importlib
 import itertools
 import re
 import threading
 import unicodedata
 from typing import Final, Protocol, cast
 
-import snowballstemmer
-
 from services.crypto import Cipher
+from services.kept import keep_newest
 
 #: The tokenisation entries' keywords were made by (``kwScheme``): 1 read ``[a-z0-9]`` runs only
 #: (a word of another script had no token; "José" gave "jos") and stored the blind tokens in the
@@ -87,13 +87,16 @@ _local = threading.local()
 
 
 def _stemmer(language: str) -> _Stemmer:
-    # A Snowball stemmer keeps its state on the instance: one per language and thread.
+    # A Snowball stemmer keeps its state on the instance: one per language and thread. Always the
+    # pure Python one, whose only state is the word at hand (``snowballstemmer.stemmer`` hands out
+    # PyStemmer's when that is installed, which keeps the words it stemmed in a cache of its own).
     stemmers = cast(dict[str, _Stemmer] | None, getattr(_local, "stemmers", None))
     if stemmers is None:
         stemmers = _local.stemmers = {}
     stemmer = stemmers.get(language)
     if stemmer is None:
-        stemmer = stemmers[language] = cast(_Stemmer, snowballstemmer.stemmer(language))
+        module = importlib.import_module(f"snowballstemmer.{language}_stemmer")
+        stemmer = stemmers[language] = cast(_Stemmer, getattr(module, f"{language.capitalize()}Stemmer")())
     return stemmer
 
 
@@ -107,19 +110,23 @@ def _stem(unit: str) -> str:
     if language is None:
         return unit
     stemmer = _stemmer(language)
-    stem = stemmer.stemWord(unit)
-    stemmer.set_current("")
-    return stem
+    try:
+        return stemmer.stemWord(unit)
+    finally:
+        stemmer.set_current("")
 
 
 #: The blind tokens of the units blinded last, each found by its Bot's keyed hash of who asked
 #: and the unit (``Cipher.cache_key``): a unit is stemmed (~22 µs an English word) and hashed once
 #: per asker while it stays here, and nothing here holds a word — a cache of every tenant's words
 #: would outlive the requests that brought them. Kept per asker, as ``QueryVectors`` is: a query's
-#: time tells no reader whether someone else asked or wrote its words lately. Emptied when full
-#: (atomic, whichever thread blinds).
+#: time tells no reader whether someone else asked or wrote its words lately. The oldest go
+#: first, one at a time.
 _BLINDED: dict[bytes, str] = {}
 _BLINDED_MAX: Final = 65_536
+_BLINDED_LOCK: Final = threading.Lock()
+#: The asker that keywords entries (their writers and the backfill share it).
+ENTRIES: Final = "\0entries"
 
 
 def _blinded(cipher: Cipher, text: str, scope: str) -> list[str]:
@@ -127,12 +134,12 @@ def _blinded(cipher: Cipher, text: str, scope: str) -> list[str]:
     found: list[str] = []
     for unit in _units(text):
         key = cipher.cache_key(f"{scope}\0{unit}")
-        token = _BLINDED.get(key)
+        with _BLINDED_LOCK:
+            token = _BLINDED.get(key)
         if token is None:
             token = cipher.blind(_stem(unit))
-            if len(_BLINDED) >= _BLINDED_MAX:
-                _BLINDED.clear()
-            _BLINDED[key] = token
+            with _BLINDED_LOCK:
+                keep_newest(_BLINDED, key, token, _BLINDED_MAX)
         found.append(token)
     return found
 
@@ -204,10 +211,10 @@ def blind_text(cipher: Cipher, text: str) -> str:
     spaces. BM25 needs each token's count, not the order of the words: stored in the text's order,
     a sequence of keyed hashes would hand whoever reads the store the language's word order (or,
     for Han, the chain of overlapping pairs) to decode them by."""
-    return " ".join(sorted(_blinded(cipher, text, "")))
+    return " ".join(sorted(_blinded(cipher, text, ENTRIES)))
 
 
-def blind_tokens(cipher: Cipher, text: str, scope: str = "") -> list[str]:
+def blind_tokens(cipher: Cipher, text: str, *, scope: str) -> list[str]:
     """The distinct blind tokens of a query's keywords, in order (empty: no keyword); ``scope``:
     who asks (``services.search.reader_scope``: a reader of the Bot)."""
     blinded = list(dict.fromkeys(_blinded(cipher, text, scope)))

@@ -374,7 +374,7 @@ async def _ranked(
     # The query's words and the dates it names (D9.31: entries hold the terms of the day they
     # were said on).
     said_at, zone = said
-    blind = blind_tokens(cipher, query, scope) + blind_query(
+    blind = blind_tokens(cipher, query, scope=scope) + blind_query(
         cipher, query, now_ms() if said_at is None else said_at, zone
     )
     q = _Query(bot_id, reader, vector, blind, wanted, fill)

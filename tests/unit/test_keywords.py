@@ -8,6 +8,7 @@ import os
 import re
 import types
 
+import pytest
 import snowballstemmer
 from hypothesis import given
 from hypothesis import strategies as st
@@ -81,35 +82,37 @@ def test_blinding_leaves_no_word_in_the_process() -> None:
     # Made at run time: the test's own source (held by linecache) must not spell them.
     words = tuple("".join(["qu", "ixotic", suffix]) for suffix in ("", "al", "ness"))
     stored = blind_text(cipher, " ".join(["Remember", words[0], "and", words[1]]))
-    query = blind_tokens(cipher, " ".join(["Who", words[2]]))
+    query = blind_tokens(cipher, " ".join(["Who", words[2]]), scope="r")
     stem = tokens(words[0])[0]  # after blinding: tokens() itself caches nothing either
     assert _held_by(keywords_module, (stem, *words)) == []
-    assert blind_tokens(cipher, words[0]) == [cipher.blind(stem)]
+    assert blind_tokens(cipher, words[0], scope="r") == [cipher.blind(stem)]
     assert stored.split() == sorted([cipher.blind("rememb"), cipher.blind(stem), cipher.blind(stem)])
     assert query == [cipher.blind(tokens(words[2])[0])]
     assert _held_by(keywords_module, words) == []
 
 
-def test_a_readers_words_are_cached_for_that_reader_alone() -> None:
+def test_a_readers_words_are_cached_for_that_reader_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     """A word one reader asked (or an entry held) is blinded again for another reader: what the
     cache holds, so how long a query takes, tells no reader what others asked or wrote lately."""
     cipher = _cipher("bot-scoped")
-    cached = keywords_module._BLINDED  # pyright: ignore[reportPrivateUsage]
+    cached: dict[bytes, str] = {}
+    monkeypatch.setattr(keywords_module, "_BLINDED", cached)
     blind_text(cipher, "lighthouse keepers")
-    before = len(cached)
-    first = blind_tokens(cipher, "lighthouse keepers", "reader-a")
+    before = 2
+    assert len(cached) == before
+    first = blind_tokens(cipher, "lighthouse keepers", scope="reader-a")
     assert len(cached) == before + 2
-    assert blind_tokens(cipher, "keepers of the lighthouse", "reader-a") == first[::-1]
+    assert blind_tokens(cipher, "keepers of the lighthouse", scope="reader-a") == first[::-1]
     assert len(cached) == before + 2  # the same reader again: served from the cache
-    assert blind_tokens(cipher, "lighthouse keepers", "reader-b") == first
+    assert blind_tokens(cipher, "lighthouse keepers", scope="reader-b") == first
     assert len(cached) == before + 4
 
 
 def test_blind_tokens_are_the_distinct_tokens() -> None:
     cipher = _cipher("bot-q")
-    query = blind_tokens(cipher, "Paint, painted, painting: what did Caroline paint?")
+    query = blind_tokens(cipher, "Paint, painted, painting: what did Caroline paint?", scope="r")
     assert query == [cipher.blind("paint"), cipher.blind("carolin")]
-    assert blind_tokens(cipher, "What is it?") == []
+    assert blind_tokens(cipher, "What is it?", scope="r") == []
     assert blind_text(cipher, "What is it?") == ""
 
 
@@ -179,5 +182,5 @@ def test_a_query_in_any_script_meets_the_entry_that_holds_its_words() -> None:
     ]
     for entry, query in pairs:
         stored = set(blind_text(cipher, entry).split())
-        wanted = blind_tokens(cipher, query)
+        wanted = blind_tokens(cipher, query, scope="r")
         assert wanted and set(wanted) <= stored, (entry, query)
