@@ -182,13 +182,24 @@ async def claimed_item(tx: AsyncManagedTransaction, key: Key | None, item_id: st
 @asynccontextmanager
 async def in_flight(rt: Runtime, key: Key | None, seconds: float) -> AsyncGenerator[None]:
     """Hold ``key`` while an answer runs past its transaction (the built-in runner's reply, which
-    takes at most ``seconds``): a second request with it meanwhile is CONFLICT. A process killed
-    mid-answer frees it after ``seconds``."""
+    takes at most ``seconds``): the same request with it meanwhile is CONFLICT, another one
+    BAD_INPUT (as once the first is answered). A process killed mid-answer frees it after
+    ``seconds``. The hold names the request by its keyed digest (never its words, E1) and the
+    master key that made it."""
     if key is None:
         yield
         return
-    name, holder = f"botmemory:idempotency:{key.id}", new_id("hold")
+    master = rt.keyring.current_id
+    digest = rt.keyring.digest(Kind.REQUEST_DIGEST, key.request)
+    name, holder = f"botmemory:idempotency:{key.id}", f"{new_id('hold')} {master} {digest}"
     if not await rt.redis.set(name, holder, nx=True, px=max(1, int(seconds * 1000))):
+        held = await rt.redis.get(name)
+        parts = [] if held is None else (held.decode() if isinstance(held, bytes) else held).split(" ")
+        if len(parts) == 3 and rt.keyring.digest(Kind.REQUEST_DIGEST, key.request, parts[1]) not in (
+            None,
+            parts[2],
+        ):
+            raise BadInput("this idempotency key was sent with another request", field="idempotencyKey")
         raise Conflict(
             "a request with this idempotency key is still being answered; send it again when it ends"
         )

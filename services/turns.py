@@ -4,7 +4,7 @@ learning run (L2). Who may write: :func:`services.chats.require_writer`."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -337,34 +337,41 @@ async def replayed_items(
     assert created.item_id is not None
     first = int(created.item_id.removeprefix("i-"))
 
-    async def work(tx: AsyncManagedTransaction) -> tuple[chats_q.TurnForRow | None, list[chats_q.ItemNode]]:
-        row = await chats_q.turn_for(tx, turn_id=created.resource_id, person_id=principal.person_id)
-        if row is None:
-            return None, []
-        uids = [f"{row['chat']['id']}/i-{seq}" for seq in range(first, first + count)]
-        return row, await chats_q.items_by_uid(tx, uids=uids)
+    def items(tx: AsyncManagedTransaction, chat_id: str) -> Awaitable[list[chats_q.ItemNode]]:
+        return chats_q.items_by_uid(tx, uids=[f"{chat_id}/i-{seq}" for seq in range(first, first + count)])
 
-    row, found = await read(rt.driver, work)
-    require_own_turn(principal, row, "adds Items to")
-    assert row is not None
-    cipher = chat_cipher(rt, row)
-    return [item_of(i, cipher) for i in found], row["turn"]["status"]
+    found, row = await _turn_with(rt, principal, created.resource_id, items, "adds Items to")
+    return found, row["turn"]["status"]
 
 
 async def turn_items(rt: Runtime, principal: Principal, turn_id: str) -> list[Item]:
     """The Turn's Items as they stand now, for a caller who may add to it."""
 
+    def items(tx: AsyncManagedTransaction, chat_id: str) -> Awaitable[list[chats_q.ItemNode]]:
+        return chats_q.items_of_turn(tx, chat_id=chat_id, turn_id=turn_id)
+
+    return (await _turn_with(rt, principal, turn_id, items, "reads the Items of"))[0]
+
+
+async def _turn_with(
+    rt: Runtime,
+    principal: Principal,
+    turn_id: str,
+    items: Callable[[AsyncManagedTransaction, str], Awaitable[list[chats_q.ItemNode]]],
+    doing: str,
+) -> tuple[list[Item], chats_q.TurnForRow]:
+    """Items of a Turn (what ``items`` reads of its Chat), decrypted, and the Turn, read together
+    for a caller who may add to it (:func:`require_own_turn`, saying what they were ``doing``)."""
+
     async def work(tx: AsyncManagedTransaction) -> tuple[chats_q.TurnForRow | None, list[chats_q.ItemNode]]:
         row = await chats_q.turn_for(tx, turn_id=turn_id, person_id=principal.person_id)
-        if row is None:
-            return None, []
-        return row, await chats_q.items_of_turn(tx, chat_id=row["chat"]["id"], turn_id=turn_id)
+        return (None, []) if row is None else (row, await items(tx, row["chat"]["id"]))
 
     row, found = await read(rt.driver, work)
-    require_own_turn(principal, row, "reads the Items of")
+    require_own_turn(principal, row, doing)
     assert row is not None
     cipher = chat_cipher(rt, row)
-    return [item_of(i, cipher) for i in found]
+    return [item_of(i, cipher) for i in found], row
 
 
 async def reply_turn(rt: Runtime, principal: Principal, chat_id: str, turn_id: str | None) -> str:

@@ -362,8 +362,10 @@ async def test_send_message_sent_again_is_answered_once_and_held_while_it_runs(
     first = asyncio.create_task(api.gql(SEND, variables, ann))
     try:
         await model_server.wait_for_requests("chat", 1)
-        # While the first is answered, the same request is CONFLICT, not a second answer.
+        # While the first is answered, the same request is CONFLICT, not a second answer; the key
+        # with another message is BAD_INPUT, as it is once the first is answered.
         assert await api.codes(SEND, variables, ann) == ["CONFLICT"]
+        assert await api.codes(SEND, {**variables, "t": "And in June?"}, ann) == ["BAD_INPUT"]
     finally:
         release.set()
     answered = (await first)["sendMessage"]
