@@ -19,7 +19,8 @@ MATCH (e:Entry {id: $id, botId: $botId})
 CALL apoc.path.expandConfig(e, {relationshipFilter: 'SOURCE>', minLevel: 1, maxLevel: $depth,
                                 uniqueness: 'NODE_GLOBAL', bfs: true}) YIELD path
 WITH last(nodes(path)) AS n, length(path) AS depth
-RETURN CASE WHEN n:Item THEN 'item' ELSE 'entry' END AS kind, n.id AS id, n.chatId AS chat, depth
+RETURN CASE WHEN n:Item THEN 'item' ELSE 'entry' END AS kind, n.id AS id, n.chatId AS chat, depth,
+       n.status AS status
 """
 
 
@@ -29,17 +30,19 @@ CALL apoc.path.expandConfig(e, {relationshipFilter: '<SOURCE', minLevel: 1, maxL
                                 uniqueness: 'NODE_GLOBAL', bfs: true}) YIELD path
 WITH last(nodes(path)) AS d, length(path) AS depth
 WHERE d:Entry AND d.botId = $botId
-RETURN 'entry' AS kind, d.id AS id, null AS chat, depth
+RETURN 'entry' AS kind, d.id AS id, null AS chat, depth, d.status AS status
 """
 
 
 class NeighbourRow(TypedDict):
-    """SOURCES_OF, DEPENDENTS_OF: ``chat`` is an Item's Chat (None for an entry)."""
+    """SOURCES_OF, DEPENDENTS_OF: ``chat`` is an Item's Chat (None for an entry), ``status`` an
+    entry's (None for an Item)."""
 
     kind: str
     id: str
     chat: str | None
     depth: int
+    status: str | None
 
 
 #: Visible entries by id with everything the API returns (content as ciphertext).

@@ -3411,7 +3411,7 @@ CALL apoc.path.expandConfig(e, {relationshipFilter: '<SOURCE', minLevel: 1, maxL
                                 uniqueness: 'NODE_GLOBAL', bfs: true}) YIELD path
 WITH last(nodes(path)) AS d, length(path) AS depth
 WHERE d:Entry AND d.botId = $botId
-RETURN 'entry' AS kind, d.id AS id, null AS chat, depth
+RETURN 'entry' AS kind, d.id AS id, null AS chat, depth, d.status AS status
 
 // ---- graph.sourcegraph.ENTRIES_BY_ID
 CALL () {
@@ -3462,7 +3462,8 @@ MATCH (e:Entry {id: $id, botId: $botId})
 CALL apoc.path.expandConfig(e, {relationshipFilter: 'SOURCE>', minLevel: 1, maxLevel: $depth,
                                 uniqueness: 'NODE_GLOBAL', bfs: true}) YIELD path
 WITH last(nodes(path)) AS n, length(path) AS depth
-RETURN CASE WHEN n:Item THEN 'item' ELSE 'entry' END AS kind, n.id AS id, n.chatId AS chat, depth
+RETURN CASE WHEN n:Item THEN 'item' ELSE 'entry' END AS kind, n.id AS id, n.chatId AS chat, depth,
+       n.status AS status
 
 // ---- graph.sourcegraph.WHY_STEPS
 CALL () {

@@ -169,7 +169,10 @@ class SourceItem:
 class SourceNeighbourhood:
     entries: list[SourceNeighbour]
     items: list[SourceItem]
-    hidden: int = strawberry.field(description="Neighbours you may not see: only their number (D9.7).")
+    hidden: int = strawberry.field(
+        description="Entries you may not see, active or invalidated, within 8 hops in this direction "
+        "whatever the depth asked: only their number (D9.7: no ids, rules or shape)."
+    )
 
 
 @strawberry.enum(description="The kind of rule an access step proves (D9.28).")

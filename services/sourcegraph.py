@@ -87,7 +87,10 @@ async def entry(rt: Runtime, principal: Principal, bot_id: str, entry_id: str) -
 async def neighbourhood(
     rt: Runtime, principal: Principal, bot_id: str, entry_id: str, direction: Direction, depth: int
 ) -> Neighbourhood:
-    """Sources or dependents within ``depth`` hops; entries the caller may not see are only counted."""
+    """Sources or dependents within ``depth`` hops; entries the caller may not see are only
+    counted, all those within MAX_SOURCE_DEPTH hops whatever the depth asked (counted by depth,
+    they drew the hidden graph's shape, layer by layer: D9.7 gives no shape), and only while they
+    are active or invalidated (a retracted entry is no one's neighbour)."""
     check_id(bot_id, "botId")
     check_id(entry_id, "id")
     if not 1 <= depth <= MAX_SOURCE_DEPTH:
@@ -102,7 +105,7 @@ async def neighbourhood(
         ):
             raise NotFound("entry not found")
         near = await sourcegraph_q.neighbours(
-            tx, bot_id=bot_id, id=entry_id, direction=direction, depth=depth
+            tx, bot_id=bot_id, id=entry_id, direction=direction, depth=MAX_SOURCE_DEPTH
         )
         ids = [n["id"] for n in near if n["kind"] == "entry"]
         shown = await sourcegraph_q.entries_by_id(
@@ -111,6 +114,8 @@ async def neighbourhood(
         return near, {row["id"]: row for row in shown}, cipher
 
     near, shown, cipher = await read(rt.driver, work)
+    hidden = sum(1 for n in near if n["kind"] == "entry" and n["id"] not in shown and n["status"] in _SHOWN)
+    near = [n for n in near if n["depth"] <= depth]
     entries = tuple(
         Neighbour(decrypt_entry(cipher, shown[n["id"]]), n["depth"])
         for n in near
@@ -121,7 +126,6 @@ async def neighbourhood(
         for n in near
         if n["kind"] == "item" and n["chat"] is not None  # an Item always has its Chat
     )
-    hidden = sum(1 for n in near if n["kind"] == "entry" and n["id"] not in shown)
     return Neighbourhood(entries, items, hidden)
 
 

@@ -59,6 +59,11 @@ async def test_sources_and_dependents_with_hidden_counts(api: Api, runtime: Runt
     # the three within two hops).
     bob = await api.gql(EXPLORE, {"b": w.bot, "id": team, "d": 2}, w.tokens["bob"])
     assert bob["entry"]["dependents"] == {"entries": [], "hidden": 3}
+    # Counted to the walk's bound whatever the depth: asked hop by hop, the counts drew the
+    # hidden graph's shape (two at one hop, one at two).
+    for d in (1, 8):
+        near_bob = await api.gql(EXPLORE, {"b": w.bot, "id": team, "d": d}, w.tokens["bob"])
+        assert near_bob["entry"]["dependents"] == {"entries": [], "hidden": 3}
     assert bob["entry"]["sources"]["items"] == [{"chat": g_src[0], "item": g_src[1], "distance": 1}]
     text = json.dumps(bob)
     assert shared not in text and top not in text and "rule" not in text and "person:" not in text
@@ -67,3 +72,8 @@ async def test_sources_and_dependents_with_hidden_counts(api: Api, runtime: Runt
     assert hidden["errors"][0]["extensions"]["code"] == "NOT_FOUND"
     too_deep = await api.raw(EXPLORE, {"b": w.bot, "id": team, "d": 9}, w.tokens["ann"])
     assert too_deep["errors"][0]["extensions"]["code"] == "BAD_INPUT"
+
+    # A retracted entry is no one's neighbour: not counted.
+    await runtime.driver.execute_query("MATCH (e:Entry {id: $id}) SET e.status = 'retracted'", id=top)
+    gone = await api.gql(EXPLORE, {"b": w.bot, "id": team, "d": 2}, w.tokens["bob"])
+    assert gone["entry"]["dependents"] == {"entries": [], "hidden": 2}
