@@ -25,7 +25,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import HTTPConnection, Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Mount, Route, WebSocketRoute
+from starlette.routing import Mount, Route, Router, WebSocketRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from strawberry.asgi import ASGIWebSocketAdapter, GraphQL
 from strawberry.exceptions import ConnectionRejectionError
@@ -42,7 +42,7 @@ from botmemory.rest_models import ErrorBody, respond
 from learning.gateway import Gateway
 from resolvers.schema import build_schema
 from schema.context import Context
-from schema.errors import code_of, with_code
+from schema.errors import code_of, with_code, without_values
 from schema.fanout import encode_next
 from services import auth, memorybot, metrics
 from services.bootstrap import open_runtime
@@ -297,7 +297,7 @@ class GraphQLApp(GraphQL[Context, None]):
         except CrossWebHTTPException as exc:
             code = STATUS_CODES.get(exc.status_code, "BAD_INPUT")
             metrics.REQUESTS.labels(surface="graphql", code=code).inc()
-            reason = exc.reason
+            reason = without_values(exc.reason)
             if isinstance(exc.__cause__, json.JSONDecodeError):  # what was wrong (it quotes no input)
                 reason = f"{reason}: {exc.__cause__.msg}"
             response = error_json(code, reason, exc.status_code)
@@ -430,7 +430,9 @@ def code_of_status(status: int) -> str:
 async def http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     code = STATUS_CODES.get(exc.status_code, "BAD_INPUT")
-    return error_json(code, str(exc.detail), exc.status_code)
+    response = error_json(code, str(exc.detail), exc.status_code)
+    response.headers.update(exc.headers or {})  # a 405's Allow (RFC 9110)
+    return response
 
 
 async def internal_error(request: Request, exc: Exception) -> Response:
@@ -588,11 +590,16 @@ class RequestMetrics(_HttpOnly):
                 metrics.REQUESTS.labels(surface=surface, code=code_of_status(status)).inc()
 
 
+#: Headers a request sends once at most.
+ONE_OF_EACH: Final = (b"authorization", b"idempotency-key")
+
+
 class BodyLimit:
     """Rejects request bodies over the configured size before any handler reads them, and a
     request (or a WebSocket's upgrade) whose URL or headers are over theirs: the server reads a
     URL of any length, and GraphQL over GET decoded its variables, JSON of any size, before
-    anything looked at the caller (414, 431; an upgrade is refused, 403)."""
+    anything looked at the caller (414, 431; an upgrade is refused, 403); and one that sends a
+    header twice that must come once (400: which one would count?)."""
 
     def __init__(self, app: ASGIApp, max_bytes: int, max_url_bytes: int, max_header_bytes: int) -> None:
         self.app = app
@@ -606,11 +613,15 @@ class BodyLimit:
             return
         url = len(scope.get("raw_path") or scope["path"].encode()) + len(scope.get("query_string", b""))
         headers = sum(len(k) + len(v) for k, v in scope["headers"])
+        names = [name for name, _ in scope["headers"]]
+        twice = next((name for name in ONE_OF_EACH if names.count(name) > 1), None)
         refusal = None
         if url > self.max_url_bytes:
             refusal = (414, f"request URL over {self.max_url_bytes} bytes")
         elif headers > self.max_header_bytes:
             refusal = (431, f"request headers over {self.max_header_bytes} bytes")
+        elif twice is not None:  # which one counts is anyone's guess: the first was taken
+            refusal = (400, f"send the {twice.decode()} header once")
         if refusal is not None:
             if scope["type"] == "websocket":
                 await send({"type": "websocket.close", "code": 1008, "reason": refusal[1]})
@@ -676,7 +687,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
                 await turn_hub.stop()
                 await hub.stop()
 
-    return Starlette(
+    app = Starlette(
         routes=[
             Route("/graphql", graphql, methods=["GET", "POST"]),
             WebSocketRoute("/graphql", graphql),
@@ -684,7 +695,9 @@ def create_app(settings: Settings | None = None) -> Starlette:
             Mount("/static", app=pages.static_files(), name="static"),
             Route("/healthz", healthz, methods=["GET"]),
             Route("/metrics", metrics_endpoint, methods=["GET"]),
-            Mount("/v1", routes=rest.routes),
+            # No redirect of a path with a trailing slash: Starlette's is built from the Host
+            # header, whatever it names.
+            Mount("/v1", app=Router(rest.routes, redirect_slashes=False)),
             *openapi.routes(rest.operations, "/v1"),
         ],
         middleware=[
@@ -705,3 +718,5 @@ def create_app(settings: Settings | None = None) -> Starlette:
         },
         lifespan=lifespan,
     )
+    app.router.redirect_slashes = False  # see /v1's
+    return app

@@ -18,6 +18,7 @@ from botmemory.rest_input import (
     MemoryQuery,
     MessageBody,
     MetaBody,
+    NoQuery,
     PageQuery,
     PurgeBody,
     References,
@@ -170,9 +171,9 @@ async def chat_memory_context(request: Request) -> Response:
 
 async def chat_memory_has_entries(request: Request) -> Response:
     """Server callers (D9.26): whether any active entry is visible to the chat's readers."""
-    found = await chatmemory.has_entries(
-        runtime_of(request), await principal_of(request), request.path_params["chat_id"]
-    )
+    principal = await principal_of(request)
+    read_query(request, NoQuery)
+    found = await chatmemory.has_entries(runtime_of(request), principal, request.path_params["chat_id"])
     return respond(HasEntries(has_entries=found))
 
 
@@ -246,6 +247,7 @@ async def post_purge(request: Request) -> Response:
 async def get_memory_bot(request: Request) -> Response:
     """The memory Bot's settings and what its budget period has cost (C3, D9.13)."""
     principal = await principal_of(request)
+    read_query(request, NoQuery)
     found = await memorybot.get_settings(runtime_of(request), principal, request.path_params["bot_id"])
     return respond(SettingsOut.of(found))
 
@@ -274,6 +276,7 @@ async def get_confessions(request: Request) -> Response:
 async def get_context(request: Request) -> Response:
     """The context pack for the chat's audience: summary, preferences, last messages, memory (D9.17)."""
     principal = await principal_of(request)
+    read_query(request, NoQuery)
     pack = await conversation.context_pack(
         runtime_of(request), principal, request.path_params["chat_id"], request.state.embedder
     )
@@ -294,6 +297,7 @@ async def list_meta(request: Request) -> Response:
 async def get_meta(request: Request) -> Response:
     """A Chat's conversation meta (seed 004, D9.30), for its people; 404 when it has none yet."""
     principal = await principal_of(request)
+    read_query(request, NoQuery)
     found = await conversation.chat_meta(runtime_of(request), principal, request.path_params["chat_id"])
     return respond(ChatMetaOut.model_validate(found))
 

@@ -5,11 +5,13 @@ the field's path; the services check the values themselves (ids, text, tags) as 
 from __future__ import annotations
 
 import json
+import re
 from typing import Annotated, Final, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 
 from services import search, validation
@@ -120,6 +122,10 @@ Whole = Annotated[int, Field(ge=0, lt=2**63)]
 PageSize = Annotated[int, Field(ge=1, lt=2**63)]
 
 
+class NoQuery(Query):
+    """A route that takes no query parameters (``?x=1`` is refused, as on every route)."""
+
+
 class PageQuery(Query):
     limit: PageSize = 50
     skip: Whole = Field(default=0, le=validation.MAX_SKIP)
@@ -130,9 +136,18 @@ class MemoryQuery(Query):
     limit: PageSize | None = Field(default=None, description="A page of 1–1000 entries in memory order.")
     after: str | None = Field(default=None, description="The cursor ``next`` of the page before.")
 
+    @field_validator("tags")
+    @classmethod
+    def _no_empty_tag(cls, tags: str | None) -> str | None:
+        # ``?tags=,`` listed the whole memory: a filter of no tag, wider than anything asked for
+        # (GraphQL's ``tags: [","]`` is refused as a malformed tag).
+        if tags is not None and not all(t.strip() for t in tags.split(",")):
+            raise PydanticCustomError("blank", "holds an empty tag")
+        return tags
+
     @property
     def tag_list(self) -> list[str]:
-        return [t.strip() for t in self.tags.split(",") if t.strip()] if self.tags else []
+        return [t.strip() for t in self.tags.split(",")] if self.tags is not None else []
 
     @property
     def paged(self) -> bool:
@@ -160,7 +175,11 @@ class SearchQuery(Query):
 
 class ContextQuery(Query):
     limit: Whole = Field(default=4000, description="At most this many characters of text.")
-    q: str | None = Field(default=None, description="Choose the entries most relevant to this.")
+    q: str | None = Field(
+        default=None,
+        max_length=search.MAX_QUERY_CHARS,  # as context checks query, named as the route names it
+        description="Choose the entries most relevant to this.",
+    )
 
 
 class LogQuery(Query):
@@ -172,6 +191,11 @@ async def read_body(request: Request, model: type[M]) -> M:
     """The JSON body as ``model``; anything else is a BadInput naming the first refused field. An
     object that names a key twice is refused too (a JSON parser keeps the last: a summary's first
     value was lost, and a body of two commands ran the second), as GraphQL refuses a key twice."""
+    read_query(request, NoQuery)  # a route that reads a body takes no query parameters
+    kind = request.headers.get("content-type")
+    if kind is not None and not _JSON.fullmatch(kind.partition(";")[0].strip().lower()):
+        # Read as JSON whatever it said (text/plain was saved); GraphQL refuses it too.
+        raise HTTPException(415, "send the body as JSON (Content-Type: application/json)")
     raw = await request.body()
     twice = _named_twice(raw)
     if twice is not None:
@@ -181,6 +205,10 @@ async def read_body(request: Request, model: type[M]) -> M:
         return model.model_validate_json(raw)
     except ValidationError as exc:
         raise refusal(exc) from None
+
+
+#: A JSON media type (``application/json``, or a ``+json`` one).
+_JSON: Final = re.compile(r"application/(?:[\w.-]+\+)?json")
 
 
 class KeyTwice(ValueError):
@@ -222,7 +250,7 @@ def read_query(request: Request, model: type[M]) -> M:
     seen: set[str] = set()
     for name, _ in items:
         if name not in model.model_fields:
-            takes = ", ".join(model.model_fields)
+            takes = ", ".join(model.model_fields) or "none"
             raise BadInput(
                 f"unknown query parameter {name[:100]!r} (this route takes {takes})", field=name[:100]
             )

@@ -17,6 +17,7 @@ from services.changefeed import CaughtUp, ChangeEvent
 from services.domain import Principal
 from services.errors import BadInput, Forbidden, NotFound, TooSlow, Unauthenticated
 from services.runtime import now_ms
+from services.validation import check_id
 
 T = TypeVar("T")
 
@@ -95,6 +96,7 @@ class Subscription:
         # (D9.4). Checked again once registered: a removal (or a revoked token) whose re-check of
         # the Chat's followers ran between the first check and the registration ended no stream,
         # and the reply deltas, which are not checked one by one, reached the removed person.
+        check_id(str(chat_id), "chatId")
         if await chats.get_chat(info.context.runtime, principal, str(chat_id)) is None:
             raise NotFound("chat not found")
         async with hub.subscribe(str(chat_id), principal.person_id, principal.token_id) as sub:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import logging
+import re
 import traceback
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import aclosing
+from typing import Final
 
-from graphql import GraphQLError
+from graphql import GraphQLError, Node, VariableDefinitionNode, print_ast
 from strawberry.extensions import SchemaExtension
 from strawberry.schema.schema import StreamResult
 from strawberry.types import ExecutionResult
@@ -16,6 +18,39 @@ from services import metrics
 from services.errors import ServiceError, unavailable
 
 log = logging.getLogger("botmemory.graphql")
+
+#: A name graphql-core's messages quote (a field, an argument, an operation the caller named) is
+#: cut to this many characters, as the REST errors cut theirs: a field named by 900 kB came back
+#: whole, to anyone, token or not.
+NAME_CHARS: Final = 100
+_QUOTED: Final = re.compile("(['\"])([^'\"]{" + str(NAME_CHARS) + "})[^'\"]+\\1")
+#: Where graphql-core's messages about a literal go on to quote it.
+_VALUE_SAID: Final = (", found", "; found", " Found:", ", but encountered error")
+#: A scalar's refusal, quoting the value after its colon ("String cannot represent a non string
+#: value: …").
+_SCALAR_SAID: Final = re.compile(r"(cannot represent [^:]*value): .*", re.S)
+
+
+def without_values(message: str, nodes: Collection[Node] | None = None) -> str:
+    """graphql-core's message for a document or variables it refused, saying what was expected
+    but not quoting the value it was given — a variable's value, a literal: the caller's words,
+    which no error carries (graphql-core quoted up to 240 characters of them) — and with long
+    names cut."""
+    node = next(iter(nodes or ()), None)
+    for said in (" has invalid value", " got invalid value"):  # graphql-core 3.3, 3.2
+        head, found, _ = message.partition(said)
+        if found:
+            if isinstance(node, VariableDefinitionNode):
+                expected = print_ast(node.type)
+                message = f"Variable '${node.variable.name.value}' has an invalid value: {expected} expected."
+            else:
+                message = f"{head} has an invalid value."
+            return _QUOTED.sub(r"\1\2…\1", message)
+    # A literal's: what follows these is the value as written.
+    cut = min((at for at in (message.find(c) for c in _VALUE_SAID) if at >= 0), default=-1)
+    if cut >= 0:
+        message = message[:cut].rstrip(" .,;:") + "."
+    return _QUOTED.sub(r"\1\2…\1", _SCALAR_SAID.sub(r"\1.", message))
 
 
 def code_of(error: GraphQLError) -> str:
@@ -46,7 +81,12 @@ def with_code(error: GraphQLError) -> GraphQLError:
         return error
     code = code_of(error)
     original = error.original_error
-    message = error.message if code != "INTERNAL" else "internal error"
+    if code == "INTERNAL":
+        message = "internal error"
+    elif isinstance(original, ServiceError):
+        message = error.message  # ours: quotes no input
+    else:
+        message = without_values(error.message, error.nodes)
     extensions = dict(error.extensions or {}) if code != "INTERNAL" else {}
     down = None if original is None or isinstance(original, ServiceError) else unavailable(original)
     if down is not None:  # the driver's message names hosts: ours says what to do

@@ -25,7 +25,7 @@ from services.idempotency import Key
 from services.ids import new_id
 from services.memory import Entry, Reader, require_use, user_reader
 from services.runtime import Runtime, now_ms
-from services.validation import check_id
+from services.validation import check_expected, check_id
 from services.writepath import apply_changes, publish_change, require_visible
 
 #: A purge's tag: from:, chat:, org: or channel: and an id (as the tags a filter takes, ``services.memory``).
@@ -163,6 +163,7 @@ async def share(
     person_id = require_person(principal)
     check_id(bot_id, "botId")
     check_id(entry_id, "id")
+    check_expected(expected)
     if not 1 <= len(audience) <= MAX_AUDIENCE:
         raise BadInput(f"an audience is 1 to {MAX_AUDIENCE} tags", field="audience")
     for n, tag in enumerate(audience):

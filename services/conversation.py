@@ -25,7 +25,7 @@ from services.embedding import Embedder
 from services.errors import BadInput, Conflict, Forbidden, NotFound
 from services.memorybot import Route, reader_of, route_of
 from services.runtime import Runtime, now_ms
-from services.validation import check_page
+from services.validation import check_expected, check_page
 
 LAST_MESSAGES = 10
 #: Preferences a pack holds at most: the first in memory order (pinned, then the newest) — it is
@@ -338,8 +338,7 @@ async def set_chat_meta(
     meta's ``version`` the caller read — CONFLICT when it moved since (another replacement, the
     worker's compression, a history deletion), so that two editors never overwrite each other
     unseen."""
-    if expected is not None and not 0 <= expected < 2**63:
-        raise BadInput("expected is a version: a whole number, at least 0", field="expected")
+    check_expected(expected)
     checked = _checked_map(summary, rt.settings.summary_threshold_chars)
     plain = json.dumps(checked, ensure_ascii=False)
 

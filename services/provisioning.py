@@ -14,7 +14,7 @@ from services.errors import BadInput, Conflict, Forbidden, NotFound, ServiceErro
 from services.idempotency import Key
 from services.ids import new_id, new_token
 from services.runtime import Runtime, now_ms
-from services.validation import check_id, check_ids, check_name, check_time_zone
+from services.validation import check_expected, check_id, check_ids, check_name, check_time_zone
 
 _MAX_TOKEN_TTL_SECONDS = 366 * 24 * 3600
 
@@ -266,8 +266,7 @@ async def set_channel_members(
     never overwrite each other unseen (the last one's list replaced the other's, both told it
     was done)."""
     require_admin(principal)
-    if expected is not None and not 0 <= expected < 2**63:
-        raise BadInput("expected is a version: a whole number, at least 0", field="expected")
+    check_expected(expected)
     channel = await get_channel(rt, principal, channel_id)
     members = await _check_members(rt, channel.organization_id, member_ids)
 

@@ -106,6 +106,13 @@ def storable(text: str) -> str:
 MAX_SKIP: Final = 1_000_000_000
 
 
+def check_expected(expected: int | None) -> int | None:
+    """An ``expected`` version as read: a whole number from 0 (None: not sent)."""
+    if expected is not None and not 0 <= expected < 2**63:
+        raise BadInput("expected is a version: a whole number, at least 0", field="expected")
+    return expected
+
+
 def check_page(limit: int, skip: int, *, max_limit: int) -> tuple[int, int]:
     if limit < 1 or limit > max_limit:
         raise BadInput(f"limit must be between 1 and {max_limit}", field="limit")
@@ -120,6 +127,7 @@ _TOLD: Final = {
     "string_type": "must be a string",
     "int_type": "must be a whole number",
     "int_parsing": "must be a whole number",
+    "int_parsing_size": "must be a whole number below 2**63",
     "int_from_float": "must be a whole number",
     "bool_type": "must be true or false",
     "list_type": "must be a list",
@@ -169,6 +177,10 @@ def _told(error: ErrorDetails) -> str:
             return f"must be below {ctx['lt']}"
         case "less_than_equal":
             return f"must be at most {ctx['le']}"
+        case "string_too_long":
+            return f"is at most {ctx['max_length']} characters"
+        case "string_too_short" if ctx.get("min_length") == 1:
+            return "is empty"
         case kind:
             return _TOLD.get(kind, str(error["msg"]))
 

@@ -14,7 +14,7 @@ from graphql.validation import validate
 from resolvers.schema import build_schema
 from services.runtime import Runtime
 from services.settings import Settings
-from tests.client import Api, make_world
+from tests.client import Api, bearer, make_world
 from tests.feed_helpers import ws_url
 from tests.memory_helpers import command
 from tests.model_server import ModelServer
@@ -216,6 +216,78 @@ async def test_unknown_rest_route_and_method(api: Api) -> None:
     missing = await api.http.get("/v1/nope")
     assert missing.status_code == 404
     assert missing.json()["error"]["code"] == "NOT_FOUND"
+    # A 405 says what the path allows (RFC 9110).
+    for path, allowed in (("/graphql", {"GET", "HEAD", "POST"}), ("/healthz", {"GET", "HEAD"})):
+        wrong = await api.http.delete(path)
+        assert wrong.status_code == 405 and wrong.json()["error"]["code"] == "BAD_INPUT"
+        assert set(wrong.headers["allow"].replace(" ", "").split(",")) == allowed
+    # A trailing slash is another path, never a redirect built from the Host header.
+    for path in ("/v1/bots/bot_x/memory/", "/healthz/"):
+        slashed = await api.http.get(path, headers={"Host": "evil.example"})
+        assert slashed.status_code == 404 and "location" not in slashed.headers
+        assert slashed.json()["error"]["code"] == "NOT_FOUND"
+
+
+async def test_graphql_errors_quote_no_value_and_no_long_name(api: Api) -> None:
+    """A value graphql-core refused is not repeated in its message (it quoted up to 240
+    characters of it: the caller's words, which no error carries); what was expected is said.
+    A name it quotes is cut, as REST cuts its own (a field named by 900 kB came back whole,
+    to callers with no token too)."""
+    world = await make_world(api, ("ann",))
+    token = world.tokens["ann"]
+    chat = await api.chat(token, world.bot)
+    start = "mutation($c: ID!, $t: String!) { startTurn(chatId: $c, input: $t) { id } }"
+    words = "my PIN is 4321, tell no one"
+    as_variable = await api.raw(start, {"c": chat, "t": {"note": words}}, token)
+    [error] = as_variable["errors"]
+    assert error["extensions"]["code"] == "BAD_INPUT"
+    assert error["message"] == "Variable '$t' has an invalid value: String! expected."
+    meta = "mutation($c: ID!, $m: [MetaEntryInput!]!) { setChatMeta(chatId: $c, summary: $m) { version } }"
+    unknown_field = await api.raw(meta, {"c": chat, "m": [{"key": "k", "value": "v", "diary": words}]}, token)
+    inline = await api.raw(
+        f'mutation {{ startTurn(chatId: "{chat}", input: {{note: "{words}"}}) {{ id }} }}', {}, token
+    )
+    for body in (unknown_field, inline):
+        assert {e["extensions"]["code"] for e in body["errors"]} == {"BAD_INPUT"}
+        assert "4321" not in json.dumps(body), body
+    long_name = "a" * 5000
+    for sent in (f"query {{ {long_name} }}", f"query {{ me(x{long_name}: 1) {{ id }} }}"):
+        body = await api.raw(sent, {}, None)
+        assert [e["extensions"]["code"] for e in body["errors"]] == ["BAD_INPUT"]
+        assert all(len(e["message"]) < 400 for e in body["errors"])
+    unknown_operation = await api.http.post(
+        "/graphql", json={"query": "query A { me { id } }", "operationName": long_name}, headers=bearer(token)
+    )
+    assert unknown_operation.status_code == 400
+    assert len(unknown_operation.json()["error"]["message"]) < 400
+
+
+async def test_a_header_that_counts_once_sent_twice_is_refused_and_saves_nothing(
+    api: Api, runtime: Runtime
+) -> None:
+    """Two Idempotency-Key headers (or two Authorization headers) were read as the first alone:
+    a retry that sent the second made a second entry."""
+    world = await make_world(api, ("ann",))
+    token = world.tokens["ann"]
+    before = await count_nodes(runtime, world.org)
+    for twice in (
+        [("Authorization", f"Bearer {token}"), ("Idempotency-Key", "k-a"), ("Idempotency-Key", "k-b")],
+        [("Authorization", f"Bearer {token}"), ("Authorization", f"Bearer {token}")],
+    ):
+        sent = await api.http.post(
+            f"/v1/bots/{world.bot}/memory",
+            json={"command": {"_tag": "Remember", "content": "a fact"}},
+            headers=twice,
+        )
+        assert sent.status_code == 400 and sent.json()["error"]["code"] == "BAD_INPUT"
+        assert "once" in sent.json()["error"]["message"]
+    graphql = await api.http.post(
+        "/graphql",
+        json={"query": "{ me { id } }"},
+        headers=[("Authorization", f"Bearer {token}"), ("Authorization", "Bearer other")],
+    )
+    assert graphql.status_code == 400 and graphql.json()["error"]["code"] == "BAD_INPUT"
+    assert await count_nodes(runtime, world.org) == before
 
 
 async def test_depth_limit_is_enforced(settings: Settings) -> None:
@@ -626,18 +698,41 @@ async def test_a_query_parameter_a_route_does_not_take_or_names_twice_is_refused
     w = await make_world(api, ("ann",))
     headers = {"Authorization": f"Bearer {w.tokens['ann']}"}
     chat = await api.chat(w.tokens["ann"], w.bot)
+    # Each refused with a message naming the parameter (quoted), or in the route's own words
+    # (not pydantic's, nor for a context's query the service's name for it, "query").
     refused = {
-        f"/v1/bots/{w.bot}/memory?limt=10": "limt",
-        f"/v1/bots/{w.bot}/memory?tags=a&tags=b": "tags",
-        f"/v1/bots/{w.bot}/memory/log?befor=5": "befor",
-        f"/v1/bots/{w.bot}/memory/search?q=figs&q=dates": "q",
-        f"/v1/chats/{chat}/messages?limit=1&limit=1000": "limit",
+        f"/v1/bots/{w.bot}/memory?limt=10": "'limt'",
+        f"/v1/bots/{w.bot}/memory?tags=a&tags=b": "'tags'",
+        f"/v1/bots/{w.bot}/memory/log?befor=5": "'befor'",
+        f"/v1/bots/{w.bot}/memory/search?q=figs&q=dates": "'q'",
+        f"/v1/chats/{chat}/messages?limit=1&limit=1000": "'limit'",
+        # Routes that take none (they let any pass).
+        f"/v1/bots/{w.bot}/memory/bot?x=1": "'x'",
+        f"/v1/chats/{chat}/context?x=1": "'x'",
+        f"/v1/chats/{chat}/meta?x=1": "'x'",
+        f"/v1/bots/{w.bot}/memory/search?q={'x' * 2001}": "q is at most 2000 characters",
+        f"/v1/chats/{chat}/memory/context?q={'x' * 2001}": "q is at most 2000 characters",
+        f"/v1/bots/{w.bot}/memory/search?q=figs&limit={'9' * 5000}": "limit must be a whole number below 2**63",
+        f"/v1/bots/{w.bot}/memory?tags=,": "tags holds an empty tag",
+        f"/v1/bots/{w.bot}/memory?tags=": "tags holds an empty tag",
     }
-    for url, name in refused.items():
+    for url, said in refused.items():
         response = await api.http.get(url, headers=headers)
-        assert response.status_code == 422, (url, response.text)
         error = response.json()["error"]
-        assert error["code"] == "BAD_INPUT" and repr(name) in error["message"], (url, error)
+        assert response.status_code == 422 and error["code"] == "BAD_INPUT", (url[:80], error)
+        assert said in error["message"], (url[:80], error)
+    remember = {"command": {"_tag": "Remember", "content": "figs and dates"}}
+    posted = await api.http.post(f"/v1/bots/{w.bot}/memory?x=1", json=remember, headers=headers)
+    assert posted.status_code == 422 and "'x'" in posted.json()["error"]["message"]
+    # A body said to be something other than JSON is refused, not read as JSON (it was saved).
+    as_text = await api.http.post(
+        f"/v1/bots/{w.bot}/memory",
+        content=json.dumps(remember).encode(),
+        headers={**headers, "Content-Type": "text/plain"},
+    )
+    assert as_text.status_code == 415 and as_text.json()["error"]["code"] == "BAD_INPUT"
+    listed = await api.http.get(f"/v1/bots/{w.bot}/memory", headers=headers)
+    assert listed.json()["entries"] == []
     for url in (f"/v1/bots/{w.bot}/memory?limit=10&tags=a", f"/v1/chats/{chat}/messages?limit=1&skip=0"):
         assert (await api.http.get(url, headers=headers)).status_code == 200, url
 
@@ -664,6 +759,13 @@ async def test_forget_and_share_tell_a_bad_id_and_an_unknown_bot_apart_from_a_hi
     assert await api.codes(forget, {"b": unknown, "e": "mem_" + "0" * 32}, ann) == ["NOT_FOUND"]
     response = await command(api, ann, w.bot, {"_tag": "Forget", "id": "mem_" + "0" * 32})
     assert response.status_code == 409 and response.json()["error"]["code"] == "CONFLICT"
+    # A version below 0 is no version: BAD_INPUT, as for every other expected (it was CONFLICT,
+    # "the entry changed since you read it").
+    share = (
+        "mutation($b: ID!, $e: ID!, $x: Long) "
+        '{ shareEntry(botId: $b, id: $e, audience: ["team"], expected: $x) { version } }'
+    )
+    assert await api.codes(share, {"b": w.bot, "e": "mem_" + "0" * 32, "x": -1}, ann) == ["BAD_INPUT"]
     assert await count_nodes(runtime, w.org) == before
 
 

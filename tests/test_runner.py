@@ -388,6 +388,16 @@ async def test_only_the_chats_people_follow_its_turns(api: Api) -> None:
         assert (
             message["type"] == "error" or message["payload"]["errors"][0]["extensions"]["code"] == "NOT_FOUND"
         )
+        # An id no Chat could have is refused naming the argument (it named "id").
+        await ws.send(
+            json.dumps(
+                {"id": "2", "type": "subscribe", "payload": {"query": EVENTS, "variables": {"c": "!"}}}
+            )
+        )
+        message = json.loads(await asyncio.wait_for(ws.recv(), 5))
+        while message.get("id") != "2":  # the first subscription's complete
+            message = json.loads(await asyncio.wait_for(ws.recv(), 5))
+        assert message["payload"]["errors"][0]["extensions"] == {"code": "BAD_INPUT", "field": "chatId"}
     assert await opened(api, "turnEvents") == before
     codes = await api.codes(SEND, {"c": chat, "t": "hi"}, w.tokens["bob"])
     assert codes == ["NOT_FOUND"]
