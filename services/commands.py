@@ -220,6 +220,8 @@ async def purge(rt: Runtime, principal: Principal, bot_id: str, tag: str) -> int
             raise NotFound("bot not found")
         await require_owner_writer(tx, principal, bot_id)
         purged = await purge_q.purge(tx, bot_id=bot_id, tag=tag)
+        if not purged.ids:
+            raise _NothingPurged  # rolled back: the version and the log stay as they were
         # The row names no changed entry; its removals are the purged entries and those resting
         # on them, each for the readers who saw it (D9.24).
         _, removed = await changelog.log_change(
@@ -236,9 +238,17 @@ async def purge(rt: Runtime, principal: Principal, bot_id: str, tag: str) -> int
         )
         return len(purged.ids), Applied(version, (), now, tuple(removed))
 
-    count, applied = await write(rt.driver, work)
+    try:
+        count, applied = await write(rt.driver, work)
+    except _NothingPurged:
+        return 0
     await publish_change(rt, bot_id, applied)
     return count
+
+
+class _NothingPurged(Exception):
+    """No entry has the tag: nothing changed, so no version and no change row (one for every
+    purge of nothing before)."""
 
 
 async def delete_chat_history(rt: Runtime, principal: Principal, chat_id: str) -> int:

@@ -532,6 +532,10 @@ async def test_a_purge_of_a_malformed_tag_is_refused_and_changes_nothing(api: Ap
         f"/v1/bots/{w.bot}/memory/purge", json={"tag": f"chat:{chat}"}, headers=headers
     )
     assert done.status_code == 200 and done.json() == {"removed": 0}, done.text
+    # Nothing removed, nothing changed: no version, no change row (a purge of none made both).
+    log = "query($b: ID!) { memoryLog(botId: $b) { version changes { version } } }"
+    after = (await api.gql(log, {"b": w.bot}, w.tokens["ann"]))["memoryLog"]
+    assert after == {"version": before, "changes": []}
 
 
 async def test_the_caller_is_checked_before_the_input(api: Api) -> None:
