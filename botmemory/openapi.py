@@ -25,13 +25,15 @@ from services.idempotency import HEADER, KEY
 Handler = Callable[[Request], Awaitable[Response]]
 
 #: The errors every operation may answer (DESIGN §5); an operation adds its own (409).
-COMMON_ERRORS: Final = (401, 403, 404, 422, 503)
+COMMON_ERRORS: Final = (400, 401, 403, 404, 422, 503)
 
 _ERRORS: Final = {
+    400: "BAD_INPUT: a header that counts once (Authorization, Idempotency-Key) sent twice",
     401: "UNAUTHENTICATED: no valid bearer token",
     403: "FORBIDDEN: the token may not do this",
     404: "NOT_FOUND: no such bot or chat for you",
     409: "CONFLICT: the state moved or the id is not yours",
+    415: "BAD_INPUT: a body said to be other than JSON (Content-Type)",
     422: "BAD_INPUT: a refused value, named in the message",
     503: "UNAVAILABLE: Neo4j or Redis did not answer; send it again after Retry-After seconds",
 }
@@ -56,6 +58,11 @@ class Operation:
 
     def route(self) -> Route:
         return Route(self.path, self.handler, methods=[self.method])
+
+
+def _errors(op: Operation) -> tuple[int, ...]:
+    """The error statuses ``op`` may answer: a body's, 415 too."""
+    return (*op.errors, 415) if op.body is not None else op.errors
 
 
 def document(operations: Sequence[Operation], prefix: str) -> dict[str, Any]:
@@ -104,7 +111,10 @@ def _operation(op: Operation, refs: Refs) -> dict[str, Any]:
             str(status): _response(HTTPStatus(status).phrase, refs(model, "serialization"))
             for status, model in op.responses.items()
         }
-        | {str(status): _response(_ERRORS[status], refs(ErrorBody, "serialization")) for status in op.errors},
+        | {
+            str(status): _response(_ERRORS[status], refs(ErrorBody, "serialization"))
+            for status in _errors(op)
+        },
     }
     if description.strip():
         found["description"] = description.strip()

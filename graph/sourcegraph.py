@@ -8,6 +8,7 @@ from neo4j import AsyncManagedTransaction
 
 from graph.access import VISIBLE, ReaderMap, readers_now
 from graph.driver import rows
+from graph.entries import IdRow
 from graph.memory import ENTRY_ROW, EntryMap, EntryRow
 
 #: Entries and Items around one entry within ``$depth`` hops (at most 8, the source-chain bound,
@@ -59,6 +60,20 @@ ORDER BY e.memoryRank DESC, e.id
 )
 
 
+#: Which of ``$ids`` the reader may see, by id alone (what a hidden count needs of entries past
+#: the depth asked).
+VISIBLE_IDS: Final[LiteralString] = (
+    readers_now()
+    + """UNWIND $ids AS entryId
+MATCH (e:Entry {id: entryId, botId: $botId})
+WHERE e.status IN $statuses AND """
+    + VISIBLE
+    + """
+RETURN e.id AS id
+"""
+)
+
+
 async def neighbours(
     tx: AsyncManagedTransaction, *, bot_id: str, id: str, direction: str, depth: int
 ) -> list[NeighbourRow]:
@@ -81,6 +96,21 @@ async def entries_by_id(
         tx, ENTRIES_BY_ID, EntryRow, botId=bot_id, org=org, readers=readers, ids=ids, statuses=statuses
     )
     return [r["entry"] for r in result]
+
+
+async def visible_ids(
+    tx: AsyncManagedTransaction,
+    *,
+    bot_id: str,
+    org: str,
+    readers: list[ReaderMap],
+    ids: list[str],
+    statuses: list[str],
+) -> set[str]:
+    result = await rows(
+        tx, VISIBLE_IDS, IdRow, botId=bot_id, org=org, readers=readers, ids=ids, statuses=statuses
+    )
+    return {r["id"] for r in result}
 
 
 #: Why the reader may see the entry ``$id`` (D9.28): if VISIBLE admits the one reader of

@@ -3465,6 +3465,43 @@ WITH last(nodes(path)) AS n, length(path) AS depth
 RETURN CASE WHEN n:Item THEN 'item' ELSE 'entry' END AS kind, n.id AS id, n.chatId AS chat, depth,
        n.status AS status
 
+// ---- graph.sourcegraph.VISIBLE_IDS
+CALL () {
+  UNWIND [r IN $readers WHERE r.id <> '#group' | r.id] AS pid
+  OPTIONAL MATCH (p:Person {id: pid})-[:MEMBER_OF]->(o:Organization {id: $org})
+  OPTIONAL MATCH (b:Bot {id: $botId})
+  OPTIONAL MATCH (p)-[:MEMBER]->(c:Channel)-[:IN]->(o)
+  WITH pid, p, o, b, collect(c.id) AS channels
+  RETURN collect(CASE WHEN p IS NULL OR b IS NULL
+                   THEN {id: pid, ids: [pid], channels: [], usesBot: false, atoms: []}
+                 ELSE {id: p.id, ids: [p.id], channels: channels, usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)),
+  atoms: ['person:' + p.id] + [cid IN channels | 'channel:' + cid]
+         + CASE WHEN EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)) THEN ['bot'] ELSE [] END} END) AS people
+}
+CALL () {
+  UNWIND [r IN $readers WHERE r.id = '#group' | r.channels[0]] AS cid
+  OPTIONAL MATCH (c:Channel {id: cid})-[:IN]->(o:Organization {id: $org})
+  OPTIONAL MATCH (b:Bot {id: $botId})
+  CALL (c, o, b) {
+    RETURN c IS NOT NULL AND o IS NOT NULL AND b IS NOT NULL
+           AND EXISTS { (:Person)-[:MEMBER]->(c) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o))
+           AND NOT EXISTS { MATCH (m:Person)-[:MEMBER]->(c)
+                            WHERE NOT (EXISTS { (m)-[:MEMBER_OF]->(o) } AND EXISTS { (m)-[:GRANT]->(b) }) } AS allUse
+  }
+  RETURN collect({id: '#group', ids: ['#group'], channels: CASE WHEN c IS NULL THEN [] ELSE [c.id] END, usesBot: allUse, atoms: CASE WHEN allUse THEN ['channel:' + c.id, 'bot'] ELSE [] END}) AS groups
+}
+WITH groups + people AS readers, $org AS org
+UNWIND $ids AS entryId
+MATCH (e:Entry {id: entryId, botId: $botId})
+WHERE e.status IN $statuses AND
+(size(readers) > 0
+ AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
+       a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)
+         AND (rd.id <> '#group' OR none(i IN e.lblExcluded WHERE
+           EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
+
+RETURN e.id AS id
+
 // ---- graph.sourcegraph.WHY_STEPS
 CALL () {
   UNWIND [r IN $readers WHERE r.id <> '#group' | r.id] AS pid

@@ -29,28 +29,34 @@ _VALUE_SAID: Final = (", found", "; found", " Found:", ", but encountered error"
 #: A scalar's refusal, quoting the value after its colon ("String cannot represent a non string
 #: value: …").
 _SCALAR_SAID: Final = re.compile(r"(cannot represent [^:]*value): .*", re.S)
+#: A syntax error quoting a literal of the document ("Unexpected String 'my words'.").
+_TOKEN_SAID: Final = re.compile(r"(Unexpected (?:BlockString|String|Int|Float)) '.*'", re.S)
 
 
 def without_values(message: str, nodes: Collection[Node] | None = None) -> str:
-    """graphql-core's message for a document or variables it refused, saying what was expected
-    but not quoting the value it was given — a variable's value, a literal: the caller's words,
-    which no error carries (graphql-core quoted up to 240 characters of them) — and with long
-    names cut."""
-    node = next(iter(nodes or ()), None)
-    for said in (" has invalid value", " got invalid value"):  # graphql-core 3.3, 3.2
-        head, found, _ = message.partition(said)
-        if found:
-            if isinstance(node, VariableDefinitionNode):
-                expected = print_ast(node.type)
-                message = f"Variable '${node.variable.name.value}' has an invalid value: {expected} expected."
-            else:
-                message = f"{head} has an invalid value."
-            return _QUOTED.sub(r"\1\2…\1", message)
-    # A literal's: what follows these is the value as written.
+    """graphql-core's message for a document or variables it refused, saying where and why but
+    not quoting the value it was given — a variable's value, a literal, a token of the document:
+    the caller's words, which no error carries (graphql-core quoted up to 240 characters of
+    them) — and with long names cut."""
+    head, found, rest = message.partition(" has invalid value")
+    if found:  # a variable's or an argument's: where in the value (the schema's names), and why
+        at, _, reason = rest.partition(": ")
+        why = _unquoted(reason) if reason else ""
+        node = next(iter(nodes or ()), None)
+        if not why and isinstance(node, VariableDefinitionNode):
+            why = f"{print_ast(node.type)} expected."
+        message = f"{head} has an invalid value{at}" + (f": {why}" if why else ".")
+    else:
+        message = _unquoted(message)
+    return _QUOTED.sub(r"\1\2…\1", message)
+
+
+def _unquoted(message: str) -> str:
+    """``message`` up to where it quotes a value it was given."""
     cut = min((at for at in (message.find(c) for c in _VALUE_SAID) if at >= 0), default=-1)
     if cut >= 0:
         message = message[:cut].rstrip(" .,;:") + "."
-    return _QUOTED.sub(r"\1\2…\1", _SCALAR_SAID.sub(r"\1.", message))
+    return _TOKEN_SAID.sub(r"\1", _SCALAR_SAID.sub(r"\1.", message))
 
 
 def code_of(error: GraphQLError) -> str:

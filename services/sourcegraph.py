@@ -98,7 +98,7 @@ async def neighbourhood(
 
     async def work(
         tx: AsyncManagedTransaction,
-    ) -> tuple[list[sourcegraph_q.NeighbourRow], dict[str, EntryMap], Cipher]:
+    ) -> tuple[list[sourcegraph_q.NeighbourRow], dict[str, EntryMap], set[str], Cipher]:
         _, reader, cipher = await open_read(rt, tx, principal, bot_id)
         if not await sourcegraph_q.entries_by_id(
             tx, bot_id=bot_id, ids=[entry_id], statuses=_SHOWN, **reader.params
@@ -107,14 +107,26 @@ async def neighbourhood(
         near = await sourcegraph_q.neighbours(
             tx, bot_id=bot_id, id=entry_id, direction=direction, depth=MAX_SOURCE_DEPTH
         )
-        ids = [n["id"] for n in near if n["kind"] == "entry"]
+        within = [n["id"] for n in near if n["kind"] == "entry" and n["depth"] <= depth]
+        beyond = [
+            n["id"] for n in near if n["kind"] == "entry" and n["depth"] > depth and n["status"] in _SHOWN
+        ]
         shown = await sourcegraph_q.entries_by_id(
-            tx, bot_id=bot_id, ids=ids, statuses=_SHOWN, **reader.params
+            tx, bot_id=bot_id, ids=within, statuses=_SHOWN, **reader.params
         )
-        return near, {row["id"]: row for row in shown}, cipher
+        seen = set[str]()  # past the depth: only whether each may be seen (no row, no content)
+        if beyond:
+            seen = await sourcegraph_q.visible_ids(
+                tx, bot_id=bot_id, ids=beyond, statuses=_SHOWN, **reader.params
+            )
+        return near, {row["id"]: row for row in shown}, seen, cipher
 
-    near, shown, cipher = await read(rt.driver, work)
-    hidden = sum(1 for n in near if n["kind"] == "entry" and n["id"] not in shown and n["status"] in _SHOWN)
+    near, shown, seen, cipher = await read(rt.driver, work)
+    hidden = sum(
+        1
+        for n in near
+        if n["kind"] == "entry" and n["status"] in _SHOWN and n["id"] not in shown and n["id"] not in seen
+    )
     near = [n for n in near if n["depth"] <= depth]
     entries = tuple(
         Neighbour(decrypt_entry(cipher, shown[n["id"]]), n["depth"])

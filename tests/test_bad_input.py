@@ -241,13 +241,22 @@ async def test_graphql_errors_quote_no_value_and_no_long_name(api: Api) -> None:
     as_variable = await api.raw(start, {"c": chat, "t": {"note": words}}, token)
     [error] = as_variable["errors"]
     assert error["extensions"]["code"] == "BAD_INPUT"
-    assert error["message"] == "Variable '$t' has an invalid value: String! expected."
+    assert (
+        error["message"] == "Variable '$t' has an invalid value: String cannot represent a non string value."
+    )
     meta = "mutation($c: ID!, $m: [MetaEntryInput!]!) { setChatMeta(chatId: $c, summary: $m) { version } }"
     unknown_field = await api.raw(meta, {"c": chat, "m": [{"key": "k", "value": "v", "diary": words}]}, token)
     inline = await api.raw(
         f'mutation {{ startTurn(chatId: "{chat}", input: {{note: "{words}"}}) {{ id }} }}', {}, token
     )
-    for body in (unknown_field, inline):
+    # Where in the value and why, not the value (an Item's missing kind, at its place in the list).
+    add = "mutation($t: ID!, $i: [ItemInput!]!) { addItems(turnId: $t, items: $i) { id } }"
+    in_list = await api.raw(add, {"t": "turn_x", "i": [{"text": words}]}, token)
+    assert in_list["errors"][0]["message"] == (
+        "Variable '$i' has an invalid value at [0]: Expected value of type 'ItemInput' to include required field 'kind'."
+    )
+    syntax = await api.raw(f'{{ me {{ id }} }} "{words}"', {}, token)
+    for body in (unknown_field, inline, in_list, syntax):
         assert {e["extensions"]["code"] for e in body["errors"]} == {"BAD_INPUT"}
         assert "4321" not in json.dumps(body), body
     long_name = "a" * 5000
