@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Final, Literal, LiteralString, NotRequired, TypedDict
+from typing import Any, Final, Literal, LiteralString, NotRequired, TypedDict
 
 from neo4j import AsyncManagedTransaction
 
@@ -46,32 +46,21 @@ class NeighbourRow(TypedDict):
     status: str | None
 
 
-#: Visible entries by id with everything the API returns (content as ciphertext).
-ENTRIES_BY_ID: Final[LiteralString] = (
+#: The entries of ``$ids`` in ``$statuses`` that the reader may see, as ``e``.
+_VISIBLE_OF_IDS: Final[LiteralString] = (
     readers_now()
     + """UNWIND $ids AS entryId
 MATCH (e:Entry {id: entryId, botId: $botId})
 WHERE e.status IN $statuses AND """
     + VISIBLE
-    + ENTRY_ROW
-    + """
-ORDER BY e.memoryRank DESC, e.id
-"""
 )
 
+#: Visible entries by id with everything the API returns (content as ciphertext).
+ENTRIES_BY_ID: Final[LiteralString] = _VISIBLE_OF_IDS + ENTRY_ROW + "ORDER BY e.memoryRank DESC, e.id\n"
 
 #: Which of ``$ids`` the reader may see, by id alone (what a hidden count needs of entries past
 #: the depth asked).
-VISIBLE_IDS: Final[LiteralString] = (
-    readers_now()
-    + """UNWIND $ids AS entryId
-MATCH (e:Entry {id: entryId, botId: $botId})
-WHERE e.status IN $statuses AND """
-    + VISIBLE
-    + """
-RETURN e.id AS id
-"""
-)
+VISIBLE_IDS: Final[LiteralString] = _VISIBLE_OF_IDS + "\nRETURN e.id AS id\n"
 
 
 async def neighbours(
@@ -99,17 +88,10 @@ async def entries_by_id(
 
 
 async def visible_ids(
-    tx: AsyncManagedTransaction,
-    *,
-    bot_id: str,
-    org: str,
-    readers: list[ReaderMap],
-    ids: list[str],
-    statuses: list[str],
+    tx: AsyncManagedTransaction, *, bot_id: str, ids: list[str], statuses: list[str], **reader: Any
 ) -> set[str]:
-    result = await rows(
-        tx, VISIBLE_IDS, IdRow, botId=bot_id, org=org, readers=readers, ids=ids, statuses=statuses
-    )
+    """Which of ``ids`` the reader (``Reader.params``: ``org``, ``readers``) may see."""
+    result = await rows(tx, VISIBLE_IDS, IdRow, botId=bot_id, ids=ids, statuses=statuses, **reader)
     return {r["id"] for r in result}
 
 

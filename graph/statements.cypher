@@ -3454,7 +3454,6 @@ WITH e, collect(CASE WHEN src IS NULL THEN null WHEN src:Item THEN {chat: src.ch
 RETURN e {.id, .layer, .tags, .status, .confidence, .createdAt, .updatedAt, .invalidatedAt,
      saidAt: coalesce(e.saidAt, e.createdAt), changedVersion: coalesce(e.changedVersion, 0),
      .content, .contentLength, .orderKey, .memoryRank, sources: sources} AS entry
-
 ORDER BY e.memoryRank DESC, e.id
 
 // ---- graph.sourcegraph.SOURCES_OF
