@@ -98,6 +98,16 @@ async def test_a_message_sent_again_with_its_key_is_saved_once(api: Api) -> None
     assert his.status_code == 201 and his.json()["turn"]["id"] != turn
 
 
+async def ann_with_a_note(api: Api, content: str) -> tuple[str, str, str, str]:
+    """A memory world of Ann with a chat of hers and a note she remembered: the Bot, her token,
+    the chat and the note's id."""
+    w = await memory_world(api, ("ann",))
+    ann = w.tokens["ann"]
+    chat = await api.chat(ann, w.bot)
+    made = await command(api, ann, w.bot, {"_tag": "Remember", "content": content})
+    return w.bot, ann, chat, made.json()["entry"]["id"]
+
+
 @pytest.mark.parametrize("key", ["", "with space", "x" * 256, "naïve"])
 async def test_a_malformed_key_is_refused_before_anything_is_saved(api: Api, key: str) -> None:
     w = await make_world(api, ("ann",))
@@ -123,11 +133,7 @@ async def test_start_turn_sent_again_gets_its_rewrite_while_its_notes_stay_visib
     api: Api, model_server: ModelServer
 ) -> None:
     model_server.reset()
-    w = await memory_world(api, ("ann",))
-    ann = w.tokens["ann"]
-    chat = await api.chat(ann, w.bot)
-    made = await command(api, ann, w.bot, {"_tag": "Remember", "content": "Ann is vegetarian."})
-    note = made.json()["entry"]["id"]
+    bot, ann, chat, note = await ann_with_a_note(api, "Ann is vegetarian.")
     rewrite = ToolCall("rewrite_input", {"text": "Book a vegetarian dinner.", "used_entry_ids": [note]})
     model_server.script("rewrite", Reply(tool_calls=[rewrite]))
     variables = {"c": chat, "t": "Book a dinner.", "k": "dinner-1"}
@@ -139,7 +145,7 @@ async def test_start_turn_sent_again_gets_its_rewrite_while_its_notes_stay_visib
     assert len(await history(api, ann, chat)) == 1
 
     # Once a note it was sent is no longer visible, the rewrite is not given again (D9.15).
-    forgot = await command(api, ann, w.bot, {"_tag": "Forget", "id": note})
+    forgot = await command(api, ann, bot, {"_tag": "Forget", "id": note})
     assert forgot.status_code == 200, forgot.text
     later = (await api.gql(START, variables, ann))["startTurn"]
     assert (later["id"], later["enrichedInput"]) == (first["id"], "Book a dinner.")
@@ -183,18 +189,14 @@ async def test_a_confide_answer_is_given_again_only_while_its_notes_stay_visible
     calm answer, not words made of what nobody may see now (V10). After the Chat's history is
     deleted, its digest gone, the key still names its Turn: on another Turn it is refused."""
     model_server.reset()
-    w = await memory_world(api, ("ann",))
-    ann = w.tokens["ann"]
-    chat = await api.chat(ann, w.bot)
-    made = await command(api, ann, w.bot, {"_tag": "Remember", "content": "Ann flies to Oslo in June."})
-    note = made.json()["entry"]["id"]
+    bot, ann, chat, note = await ann_with_a_note(api, "Ann flies to Oslo in June.")
     turn = (await api.gql(START, {"c": chat, "t": "Book it.", "k": None}, ann))["startTurn"]["id"]
     model_server.script("confide", Reply(text="She flies to Oslo in June."))
     variables = {"t": turn, "x": "When does Ann fly to Oslo?", "k": "conf-2"}
     assert (await api.gql(CONFIDE, variables, ann))["confide"]["answer"] == "She flies to Oslo in June."
     assert "Ann flies to Oslo in June." in model_server.requests_for("confide")[0].text
     assert (await api.gql(CONFIDE, variables, ann))["confide"]["answer"] == "She flies to Oslo in June."
-    forgot = await command(api, ann, w.bot, {"_tag": "Forget", "id": note})
+    forgot = await command(api, ann, bot, {"_tag": "Forget", "id": note})
     assert forgot.status_code == 200, forgot.text
     assert (await api.gql(CONFIDE, variables, ann))["confide"]["answer"] == FIXED_CALM_ANSWER
     assert len(model_server.requests_for("confide")) == 1
