@@ -168,7 +168,7 @@ SET e.vecSeq = keyed.vecSeq
 COMPUTE_LABELS: Final[LiteralString] = (
     """
 UNWIND $ids AS entryId
-MATCH (e:Entry {id: entryId, botId: $botId})
+MATCH (e:Entry {id: entryId, botId: $botId}) USING INDEX e:Entry(id)
 """
     + _CLOSURE
     + _SET_LABELS
@@ -201,7 +201,7 @@ RETURN proved, [r IN rules | r.rule] AS rules, [x IN closure WHERE x.layer = 'pi
 #: each once as ``e``.
 _RELABELLED: Final[LiteralString] = """
 UNWIND $ids AS entryId
-MATCH (s:Entry {id: entryId, botId: $botId})
+MATCH (s:Entry {id: entryId, botId: $botId}) USING INDEX s:Entry(id)
 OPTIONAL MATCH (d:Entry)-[:SOURCE*1..8]->(s)
 WITH collect(DISTINCT s) + collect(DISTINCT d) AS targets
 UNWIND targets AS e
@@ -256,7 +256,7 @@ class IdsRow(TypedDict):
 #: The entries ``$ids`` and everything resting on them within 8 hops (whose labels they feed).
 DEPENDENTS: Final[LiteralString] = """
 UNWIND $ids AS entryId
-MATCH (s:Entry {id: entryId, botId: $botId})
+MATCH (s:Entry {id: entryId, botId: $botId}) USING INDEX s:Entry(id)
 OPTIONAL MATCH (d:Entry)-[:SOURCE*1..8]->(s)
 WITH collect(DISTINCT s.id) + collect(DISTINCT d.id) AS ids
 UNWIND ids AS id

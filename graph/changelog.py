@@ -24,7 +24,8 @@ CREATE (c:Change {id: $id, botId: $botId, version: version, at: $at, actor: $act
                   entryIds: $entryIds, payload: $payload})-[:OF]->(m)
 WITH c, version
 CALL (version) {
-  MATCH (changed:Entry) WHERE changed.id IN $entryIds AND changed.botId = $botId
+  MATCH (changed:Entry) USING INDEX changed:Entry(id)
+  WHERE changed.id IN $entryIds AND changed.botId = $botId
   SET changed.changedVersion = version
 }
 """

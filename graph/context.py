@@ -175,7 +175,7 @@ RETURN id LIMIT 1
 VISIBLE_IDS: Final[LiteralString] = (
     readers_now()
     + """UNWIND $ids AS entryId
-MATCH (e:Entry {id: entryId, botId: $botId})
+MATCH (e:Entry {id: entryId, botId: $botId}) USING INDEX e:Entry(id)
 WHERE (NOT $activeOnly OR e.status = 'active') AND e.status <> 'retracted' AND """
     + VISIBLE
     + """

@@ -127,7 +127,7 @@ CALL (version) {
   }
   CALL (row) {
     UNWIND row.entries AS sourceId
-    OPTIONAL MATCH (s:Entry {id: sourceId, botId: $botId})
+    OPTIONAL MATCH (s:Entry {id: sourceId, botId: $botId}) USING INDEX s:Entry(id)
     RETURN collect(CASE WHEN sourceId IN row.earlier THEN 'ok' WHEN s IS NULL THEN 'entry_missing'
                         WHEN s.status = 'active' AND NOT coalesce(s.legacy, false) THEN 'ok'
                         ELSE 'entry_inactive' END) AS cited
@@ -154,7 +154,7 @@ CALL (m, version, problem, checked) {
     WITH m, c.row AS row, c.items AS items, version
     CALL (row) {
       UNWIND row.entries AS sourceId
-      MATCH (s:Entry {id: sourceId, botId: $botId})
+      MATCH (s:Entry {id: sourceId, botId: $botId}) USING INDEX s:Entry(id)
       RETURN collect(s) AS sources
     }
     WITH m, row, items, sources, version * 1000000 + row.position AS orderKey,
@@ -392,7 +392,7 @@ CALL () {
 }
 CALL () {
   UNWIND $entryIds AS sourceId
-  MATCH (s:Entry {id: sourceId, botId: $botId})
+  MATCH (s:Entry {id: sourceId, botId: $botId}) USING INDEX s:Entry(id)
   UNWIND [x IN s.tags WHERE x STARTS WITH 'for:'] AS tag
   RETURN collect(tag) AS tags
 }
@@ -417,7 +417,7 @@ async def source_audience(
 #: its layer, tags and content (ciphertext).
 LEGACY_ENTRIES: Final[LiteralString] = """
 UNWIND $ids AS id
-OPTIONAL MATCH (e:Entry {id: id, botId: $botId})
+OPTIONAL MATCH (e:Entry {id: id, botId: $botId}) USING INDEX e:Entry(id)
 RETURN collect({id: id, found: e IS NOT NULL, legacy: coalesce(e.legacy, false), status: e.status,
                 layer: e.layer, tags: e.tags, content: e.content}) AS entries
 """

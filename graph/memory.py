@@ -251,7 +251,7 @@ UNION ALL
 _LIST_OF_KEYS: Final[LiteralString] = (
     _candidates(
         """  UNWIND keys AS key
-  MATCH (e:Entry)
+  MATCH (e:Entry) USING INDEX e:Entry(botId, audienceKey, memoryRank)
   WHERE e.botId = $botId AND e.audienceKey = key AND e.memoryRank < $top AND """
         + _LISTED
         + "\n",
@@ -276,7 +276,9 @@ def _page_walk(label: LiteralString) -> LiteralString:
   CALL (key, readers, org) {
     MATCH (e:"""
         + label
-        + """)
+        + """) USING INDEX e:"""
+        + label
+        + """(botId, audienceKey, memoryRank)
     WHERE e.botId = $botId AND e.audienceKey = key AND """
         + _AFTER
         + " AND "

@@ -50,7 +50,7 @@ class NeighbourRow(TypedDict):
 _VISIBLE_OF_IDS: Final[LiteralString] = (
     readers_now()
     + """UNWIND $ids AS entryId
-MATCH (e:Entry {id: entryId, botId: $botId})
+MATCH (e:Entry {id: entryId, botId: $botId}) USING INDEX e:Entry(id)
 WHERE e.status IN $statuses AND """
     + VISIBLE
 )

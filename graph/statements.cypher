@@ -20,7 +20,7 @@ RETURN [reader] AS readers, o.id AS org
 
 // ---- graph.access.COMPUTE_LABELS
 UNWIND $ids AS entryId
-MATCH (e:Entry {id: entryId, botId: $botId})
+MATCH (e:Entry {id: entryId, botId: $botId}) USING INDEX e:Entry(id)
 
 WITH e, [e] + [(e)-[:SOURCE*1..8]->(s:Entry) | s] AS closure,
      [(e)-[:SOURCE*0..7]->(:Entry)-[r:SOURCE]->(:Item) | r] AS rules
@@ -90,7 +90,7 @@ SET e.vecSeq = keyed.vecSeq
 
 // ---- graph.access.DEPENDENTS
 UNWIND $ids AS entryId
-MATCH (s:Entry {id: entryId, botId: $botId})
+MATCH (s:Entry {id: entryId, botId: $botId}) USING INDEX s:Entry(id)
 OPTIONAL MATCH (d:Entry)-[:SOURCE*1..8]->(s)
 WITH collect(DISTINCT s.id) + collect(DISTINCT d.id) AS ids
 UNWIND ids AS id
@@ -160,7 +160,7 @@ RETURN {id: p.id, ids: [p.id], channels: channels, usesBot: EXISTS { (p)-[:GRANT
 
 // ---- graph.access.RELABEL
 UNWIND $ids AS entryId
-MATCH (s:Entry {id: entryId, botId: $botId})
+MATCH (s:Entry {id: entryId, botId: $botId}) USING INDEX s:Entry(id)
 OPTIONAL MATCH (d:Entry)-[:SOURCE*1..8]->(s)
 WITH collect(DISTINCT s) + collect(DISTINCT d) AS targets
 UNWIND targets AS e
@@ -235,7 +235,7 @@ SET e.vecSeq = keyed.vecSeq
 // ---- graph.access.RELABEL_RECORDING_REMOVALS
 CALL (c, version) {
 UNWIND $ids AS entryId
-MATCH (s:Entry {id: entryId, botId: $botId})
+MATCH (s:Entry {id: entryId, botId: $botId}) USING INDEX s:Entry(id)
 OPTIONAL MATCH (d:Entry)-[:SOURCE*1..8]->(s)
 WITH collect(DISTINCT s) + collect(DISTINCT d) AS targets
 UNWIND targets AS e
@@ -692,7 +692,7 @@ CALL (version) {
   }
   CALL (row) {
     UNWIND row.entries AS sourceId
-    OPTIONAL MATCH (s:Entry {id: sourceId, botId: $botId})
+    OPTIONAL MATCH (s:Entry {id: sourceId, botId: $botId}) USING INDEX s:Entry(id)
     RETURN collect(CASE WHEN sourceId IN row.earlier THEN 'ok' WHEN s IS NULL THEN 'entry_missing'
                         WHEN s.status = 'active' AND NOT coalesce(s.legacy, false) THEN 'ok'
                         ELSE 'entry_inactive' END) AS cited
@@ -719,7 +719,7 @@ CALL (m, version, problem, checked) {
     WITH m, c.row AS row, c.items AS items, version
     CALL (row) {
       UNWIND row.entries AS sourceId
-      MATCH (s:Entry {id: sourceId, botId: $botId})
+      MATCH (s:Entry {id: sourceId, botId: $botId}) USING INDEX s:Entry(id)
       RETURN collect(s) AS sources
     }
     WITH m, row, items, sources, version * 1000000 + row.position AS orderKey,
@@ -779,12 +779,13 @@ CREATE (c:Change {id: $id, botId: $botId, version: version, at: $at, actor: $act
                   entryIds: $entryIds, payload: $payload})-[:OF]->(m)
 WITH c, version
 CALL (version) {
-  MATCH (changed:Entry) WHERE changed.id IN $entryIds AND changed.botId = $botId
+  MATCH (changed:Entry) USING INDEX changed:Entry(id)
+  WHERE changed.id IN $entryIds AND changed.botId = $botId
   SET changed.changedVersion = version
 }
 CALL (c, version) {
 UNWIND $ids AS entryId
-MATCH (s:Entry {id: entryId, botId: $botId})
+MATCH (s:Entry {id: entryId, botId: $botId}) USING INDEX s:Entry(id)
 OPTIONAL MATCH (d:Entry)-[:SOURCE*1..8]->(s)
 WITH collect(DISTINCT s) + collect(DISTINCT d) AS targets
 UNWIND targets AS e
@@ -903,7 +904,7 @@ CALL (version) {
   }
   CALL (row) {
     UNWIND row.entries AS sourceId
-    OPTIONAL MATCH (s:Entry {id: sourceId, botId: $botId})
+    OPTIONAL MATCH (s:Entry {id: sourceId, botId: $botId}) USING INDEX s:Entry(id)
     RETURN collect(CASE WHEN sourceId IN row.earlier THEN 'ok' WHEN s IS NULL THEN 'entry_missing'
                         WHEN s.status = 'active' AND NOT coalesce(s.legacy, false) THEN 'ok'
                         ELSE 'entry_inactive' END) AS cited
@@ -930,7 +931,7 @@ CALL (m, version, problem, checked) {
     WITH m, c.row AS row, c.items AS items, version
     CALL (row) {
       UNWIND row.entries AS sourceId
-      MATCH (s:Entry {id: sourceId, botId: $botId})
+      MATCH (s:Entry {id: sourceId, botId: $botId}) USING INDEX s:Entry(id)
       RETURN collect(s) AS sources
     }
     WITH m, row, items, sources, version * 1000000 + row.position AS orderKey,
@@ -991,12 +992,13 @@ CREATE (c:Change {id: $id, botId: $botId, version: version, at: $at, actor: $act
                   entryIds: $entryIds, payload: $payload})-[:OF]->(m)
 WITH c, version
 CALL (version) {
-  MATCH (changed:Entry) WHERE changed.id IN $entryIds AND changed.botId = $botId
+  MATCH (changed:Entry) USING INDEX changed:Entry(id)
+  WHERE changed.id IN $entryIds AND changed.botId = $botId
   SET changed.changedVersion = version
 }
 CALL (c, version) {
 UNWIND $ids AS entryId
-MATCH (s:Entry {id: entryId, botId: $botId})
+MATCH (s:Entry {id: entryId, botId: $botId}) USING INDEX s:Entry(id)
 OPTIONAL MATCH (d:Entry)-[:SOURCE*1..8]->(s)
 WITH collect(DISTINCT s) + collect(DISTINCT d) AS targets
 UNWIND targets AS e
@@ -1095,12 +1097,13 @@ CREATE (c:Change {id: $id, botId: $botId, version: version, at: $at, actor: $act
                   entryIds: $entryIds, payload: $payload})-[:OF]->(m)
 WITH c, version
 CALL (version) {
-  MATCH (changed:Entry) WHERE changed.id IN $entryIds AND changed.botId = $botId
+  MATCH (changed:Entry) USING INDEX changed:Entry(id)
+  WHERE changed.id IN $entryIds AND changed.botId = $botId
   SET changed.changedVersion = version
 }
 CALL (c, version) {
 UNWIND $ids AS entryId
-MATCH (s:Entry {id: entryId, botId: $botId})
+MATCH (s:Entry {id: entryId, botId: $botId}) USING INDEX s:Entry(id)
 OPTIONAL MATCH (d:Entry)-[:SOURCE*1..8]->(s)
 WITH collect(DISTINCT s) + collect(DISTINCT d) AS targets
 UNWIND targets AS e
@@ -1672,7 +1675,7 @@ CALL () {
 }
 WITH groups + people AS readers, $org AS org
 UNWIND $ids AS entryId
-MATCH (e:Entry {id: entryId, botId: $botId})
+MATCH (e:Entry {id: entryId, botId: $botId}) USING INDEX e:Entry(id)
 WHERE (NOT $activeOnly OR e.status = 'active') AND e.status <> 'retracted' AND
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
@@ -1709,7 +1712,7 @@ CALL () {
 }
 WITH groups + people AS readers, $org AS org
 UNWIND $ids AS entryId
-MATCH (e:Entry {id: entryId, botId: $botId})
+MATCH (e:Entry {id: entryId, botId: $botId}) USING INDEX e:Entry(id)
 WHERE (NOT $activeOnly OR e.status = 'active') AND e.status <> 'retracted' AND
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
@@ -1950,7 +1953,7 @@ CALL (version) {
   }
   CALL (row) {
     UNWIND row.entries AS sourceId
-    OPTIONAL MATCH (s:Entry {id: sourceId, botId: $botId})
+    OPTIONAL MATCH (s:Entry {id: sourceId, botId: $botId}) USING INDEX s:Entry(id)
     RETURN collect(CASE WHEN sourceId IN row.earlier THEN 'ok' WHEN s IS NULL THEN 'entry_missing'
                         WHEN s.status = 'active' AND NOT coalesce(s.legacy, false) THEN 'ok'
                         ELSE 'entry_inactive' END) AS cited
@@ -1977,7 +1980,7 @@ CALL (m, version, problem, checked) {
     WITH m, c.row AS row, c.items AS items, version
     CALL (row) {
       UNWIND row.entries AS sourceId
-      MATCH (s:Entry {id: sourceId, botId: $botId})
+      MATCH (s:Entry {id: sourceId, botId: $botId}) USING INDEX s:Entry(id)
       RETURN collect(s) AS sources
     }
     WITH m, row, items, sources, version * 1000000 + row.position AS orderKey,
@@ -2047,7 +2050,7 @@ CALL (version) {
   }
   CALL (row) {
     UNWIND row.entries AS sourceId
-    OPTIONAL MATCH (s:Entry {id: sourceId, botId: $botId})
+    OPTIONAL MATCH (s:Entry {id: sourceId, botId: $botId}) USING INDEX s:Entry(id)
     RETURN collect(CASE WHEN sourceId IN row.earlier THEN 'ok' WHEN s IS NULL THEN 'entry_missing'
                         WHEN s.status = 'active' AND NOT coalesce(s.legacy, false) THEN 'ok'
                         ELSE 'entry_inactive' END) AS cited
@@ -2074,7 +2077,7 @@ CALL (m, version, problem, checked) {
     WITH m, c.row AS row, c.items AS items, version
     CALL (row) {
       UNWIND row.entries AS sourceId
-      MATCH (s:Entry {id: sourceId, botId: $botId})
+      MATCH (s:Entry {id: sourceId, botId: $botId}) USING INDEX s:Entry(id)
       RETURN collect(s) AS sources
     }
     WITH m, row, items, sources, version * 1000000 + row.position AS orderKey,
@@ -2166,7 +2169,7 @@ SET e.tags = [t IN e.tags WHERE t <> 'from:' + $personId],
 
 // ---- graph.entries.LEGACY_ENTRIES
 UNWIND $ids AS id
-OPTIONAL MATCH (e:Entry {id: id, botId: $botId})
+OPTIONAL MATCH (e:Entry {id: id, botId: $botId}) USING INDEX e:Entry(id)
 RETURN collect({id: id, found: e IS NOT NULL, legacy: coalesce(e.legacy, false), status: e.status,
                 layer: e.layer, tags: e.tags, content: e.content}) AS entries
 
@@ -2263,7 +2266,7 @@ CALL () {
 }
 CALL () {
   UNWIND $entryIds AS sourceId
-  MATCH (s:Entry {id: sourceId, botId: $botId})
+  MATCH (s:Entry {id: sourceId, botId: $botId}) USING INDEX s:Entry(id)
   UNWIND [x IN s.tags WHERE x STARTS WITH 'for:'] AS tag
   RETURN collect(tag) AS tags
 }
@@ -2660,7 +2663,7 @@ WITH m, readers, org, [k IN $keys WHERE size(readers) > 0 AND all(rd IN readers 
 CALL (readers, org, keys) {
   UNWIND keys AS key
   CALL (key, readers, org) {
-    MATCH (e:Preference)
+    MATCH (e:Preference) USING INDEX e:Preference(botId, audienceKey, memoryRank)
     WHERE e.botId = $botId AND e.audienceKey = key AND e.memoryRank <= $afterRank AND CASE WHEN e.memoryRank = $afterRank THEN e.id > $afterId ELSE true END AND e.status IN $statuses AND all(t IN $tags WHERE t IN e.tags) AND
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
@@ -2728,7 +2731,7 @@ CALL (keys) {
 CALL (readers, org, keys, tps, topicSize) {
   WITH readers, org, keys WHERE topicSize IS NULL OR topicSize > $topicSeekMax
   UNWIND keys AS key
-  MATCH (e:Entry)
+  MATCH (e:Entry) USING INDEX e:Entry(botId, audienceKey, memoryRank)
   WHERE e.botId = $botId AND e.audienceKey = key AND e.memoryRank < $top AND e.status IN $statuses AND all(t IN $tags WHERE t IN e.tags) AND
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
@@ -2793,7 +2796,7 @@ CALL (readers, org, keys, tps, topicSize) {
   WITH readers, org, keys WHERE topicSize IS NULL OR topicSize > $topicSeekMax
   UNWIND keys AS key
   CALL (key, readers, org) {
-    MATCH (e:Entry)
+    MATCH (e:Entry) USING INDEX e:Entry(botId, audienceKey, memoryRank)
     WHERE e.botId = $botId AND e.audienceKey = key AND e.memoryRank <= $afterRank AND CASE WHEN e.memoryRank = $afterRank THEN e.id > $afterId ELSE true END AND e.status IN $statuses AND all(t IN $tags WHERE t IN e.tags) AND
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
@@ -3440,7 +3443,7 @@ CALL () {
 }
 WITH groups + people AS readers, $org AS org
 UNWIND $ids AS entryId
-MATCH (e:Entry {id: entryId, botId: $botId})
+MATCH (e:Entry {id: entryId, botId: $botId}) USING INDEX e:Entry(id)
 WHERE e.status IN $statuses AND
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
@@ -3491,7 +3494,7 @@ CALL () {
 }
 WITH groups + people AS readers, $org AS org
 UNWIND $ids AS entryId
-MATCH (e:Entry {id: entryId, botId: $botId})
+MATCH (e:Entry {id: entryId, botId: $botId}) USING INDEX e:Entry(id)
 WHERE e.status IN $statuses AND
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
