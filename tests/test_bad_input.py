@@ -755,7 +755,7 @@ async def test_forget_and_share_tell_a_bad_id_and_an_unknown_bot_apart_from_a_hi
 ) -> None:
     """D9.4 makes every entry id that could be one the same 409 (no existence oracle). An id that
     cannot be one (a path, a space, 101 characters) is BAD_INPUT as for ``entry(id:)``, and an
-    unknown Bot — or one the caller does not use — is NOT_FOUND as for Remember, GET and search:
+    unknown Bot is NOT_FOUND as for Remember, GET and search:
     Forget turned both into "this entry is not for you"."""
     w = await make_world(api, ("ann",))
     ann = w.tokens["ann"]

@@ -11,7 +11,7 @@ from services import commands
 from services.domain import Principal
 from services.errors import NotFound
 from services.runtime import Runtime
-from tests.client import Api, make_world
+from tests.client import Api, bearer, make_world
 from tests.learning_helpers import holding_lock, until_a_transaction_waits_for_a_lock
 from tests.memory_helpers import fact, said, visible
 
@@ -155,3 +155,42 @@ async def test_a_read_of_another_organizations_bot_is_refused_before_its_lock(
         )
         release.set()
         assert (await own).status_code == 200
+
+
+async def test_a_bot_known_without_a_grant_is_forbidden_to_read_and_to_change(
+    api: Api, runtime: Runtime
+) -> None:
+    """A person of the Bot's organization with no grant knows the Bot, so every read and change
+    of its memory tells them FORBIDDEN (``services.memory.not_used``): Remember, Forget and share
+    said NOT_FOUND where GET memory and search said FORBIDDEN. A person of another organization
+    gets NOT_FOUND from each (D9.4), and neither changes the memory."""
+    w = await make_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    entry = await fact(runtime, w.bot, "Ann's plan", await said(api, w.tokens["ann"], chat, "plan"))
+    _, kim = await api.person(w.org, "kim")  # of Ann's organization, with no grant on its Bot
+    zed = (await make_world(api, ("zed",))).tokens["zed"]
+    memory = f"/v1/bots/{w.bot}/memory"
+    remember: dict[str, object] = {"command": {"_tag": "Remember", "content": "Mine now", "tags": []}}
+    share = "mutation($b: ID!, $i: ID!, $a: [String!]!) { shareEntry(botId: $b, id: $i, audience: $a) { version } }"
+    for token, status, code in ((kim, 403, "FORBIDDEN"), (zed, 404, "NOT_FOUND")):
+        headers = bearer(token)
+        answers = [
+            await api.http.get(memory, headers=headers),
+            await api.http.get(f"{memory}/search", params={"q": "plan"}, headers=headers),
+            await api.http.post(memory, json=remember, headers=headers),
+            await api.http.post(memory, json={"command": {"_tag": "Forget", "id": entry}}, headers=headers),
+        ]
+        assert [(a.status_code, a.json()["error"]["code"]) for a in answers] == [(status, code)] * 4, [
+            a.text for a in answers
+        ]
+        mutations = [
+            ('mutation($b: ID!) { remember(botId: $b, content: "Mine now") { version } }', {"b": w.bot}),
+            (
+                "mutation($b: ID!, $e: ID!) { forget(botId: $b, id: $e) { version } }",
+                {"b": w.bot, "e": entry},
+            ),
+            (share, {"b": w.bot, "i": entry, "a": ["team"]}),
+            ('query($b: ID!) { search(botId: $b, query: "plan", limit: 5) { score } }', {"b": w.bot}),
+        ]
+        assert [await api.codes(q, v, token) for q, v in mutations] == [[code]] * 4
+    assert list(await visible(api, w.tokens["ann"], w.bot)) == [entry]
