@@ -217,8 +217,8 @@ RELABEL: Final[LiteralString] = _RELABELLED + _CLOSURE + _SET_LABELS
 #: the change retracted gets a ``(:Removal)`` with its label before and after (after: seen by no
 #: one when retracted), and ``$gone`` adds entries deleted by the change (purge), given with their
 #: label before. Whether a reader lost an entry is decided when it is read — VISIBLE on the label
-#: before and not on the label after, for that reader (``REMOVED_FOR``) — so the rows hold ids
-#: and access atoms only (E4). New entries have no label before and are never removals; entries
+#: before and not on the label after, for that reader (``REMOVED_FOR``) — so the rows hold ids,
+#: access atoms and their time ``at`` only (E4). New entries have no label before and are never removals; entries
 #: already retracted before the change are not either. Sets ``c.removedIds``.
 RELABEL_RECORDING_REMOVALS: Final[LiteralString] = (
     "CALL (c, version) {"
@@ -237,7 +237,7 @@ RELABEL_RECORDING_REMOVALS: Final[LiteralString] = (
          afterRequires: CASE WHEN b.entry.status = 'retracted' THEN ['#unproved'] ELSE b.entry.lblRequires END,
          afterExcluded: coalesce(b.entry.lblExcluded, [])}] AS relabelled
   UNWIND [r IN relabelled WHERE r.afterRequires <> r.requires OR r.afterExcluded <> r.excluded] + $gone AS r
-  CREATE (c)-[:REMOVED]->(:Removal {botId: $botId, version: version, entryId: r.id,
+  CREATE (c)-[:REMOVED]->(:Removal {botId: $botId, version: version, entryId: r.id, at: timestamp(),
     beforeRequires: r.requires, beforeExcluded: r.excluded,
     afterRequires: r.afterRequires, afterExcluded: r.afterExcluded})
   RETURN collect(DISTINCT r.id) AS removed
@@ -283,22 +283,43 @@ VISIBLE: Final[LiteralString] = """
 """
 
 #: The entries removed for the reader (D9.24) by the changes of versions ``$versions``: their
-#: label before the change admitted the reader and their label after does not (VISIBLE on each).
-#: Needs ``readers`` and ``org``; a fragment (``CALL (readers, org)``) that returns ``removed``, a
-#: list of ``{version, id}``.
+#: label before the change admitted the reader and their label after does not (VISIBLE on each),
+#: the reader as they were when the change was made (its Removal's ``at``): a person uses the Bot
+#: from their grant's ``since`` (and its link's, for a linked Bot) and holds a channel's atom from
+#: their membership's ``since``, so someone who joined later is told of no entry hidden before
+#: (its id told them of an entry they never saw); joined in the same millisecond counts as later. A membership, grant or link older than these
+#: times (version 28) counts as always held. Needs ``readers`` and ``org``; a fragment
+#: (``CALL (readers, org)``) that returns ``removed``, a list of ``{version, id}``.
 REMOVED_FOR: Final[LiteralString] = (
     """CALL (readers, org) {
-  UNWIND $versions AS v
-  MATCH (r:Removal {botId: $botId, version: v})
-  WITH readers, org, r, {lblRequires: r.beforeRequires, lblExcluded: r.beforeExcluded} AS e
-  WHERE """
+  CALL (readers, org) {
+    UNWIND readers AS rd
+    OPTIONAL MATCH (p:Person {id: rd.id})-[g:GRANT]->(b:Bot {id: $botId})
+    OPTIONAL MATCH (b)-[l:LINKED]->(:Organization {id: org})
+    CALL (p, rd) {
+      OPTIONAL MATCH (p)-[m:MEMBER]->(c:Channel) WHERE c.id IN rd.channels AND m.since IS NOT NULL
+      RETURN collect(['channel:' + c.id, m.since]) AS joined
+    }
+    RETURN collect(rd {.*, since: CASE WHEN l.since > g.since THEN l.since ELSE g.since END,
+                       joined: joined}) AS past
+  }
+  CALL (past, org) {
+    UNWIND $versions AS v
+    MATCH (r:Removal {botId: $botId, version: v})
+    WITH org, r, [rd IN past | CASE WHEN rd.id = '#group' THEN rd ELSE rd {.*,
+           usesBot: rd.usesBot AND coalesce(rd.since, 0) < r.at,
+           atoms: [a IN rd.atoms WHERE none(j IN rd.joined WHERE j[0] = a AND j[1] >= r.at)]} END] AS readers
+    WITH readers, org, r, {lblRequires: r.beforeRequires, lblExcluded: r.beforeExcluded} AS e
+    WHERE """
     + VISIBLE
     + """
-  WITH readers, org, r, {lblRequires: r.afterRequires, lblExcluded: r.afterExcluded} AS e
-  WHERE NOT """
+    WITH readers, org, r, {lblRequires: r.afterRequires, lblExcluded: r.afterExcluded} AS e
+    WHERE NOT """
     + VISIBLE
     + """
-  RETURN collect(DISTINCT {version: r.version, id: r.entryId}) AS removed
+    RETURN collect(DISTINCT {version: r.version, id: r.entryId}) AS removed
+  }
+  RETURN removed
 }
 """
 )

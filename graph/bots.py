@@ -116,17 +116,20 @@ class ForeignMastersRow(TypedDict):
 
 #: A person's one grant on a Bot (NONE: none); the person is locked first, so that the grants read
 #: are those after any other setting committed (two at once could leave two GRANT edges), and read
-#: again: a person removed meanwhile (REMOVE_PERSON) gets no READ or WRITE (no row).
+#: again: a person removed meanwhile (REMOVE_PERSON) gets no READ or WRITE (no row). A grant keeps
+#: ``since``, when the person began to use the Bot (the server's clock, kept from READ to WRITE):
+#: the change log tells them of no removal made before it (``graph.access.REMOVED_FOR``).
 SET_GRANT: Final[LiteralString] = """
 MATCH (b:Bot {id: $botId}), (held:Person {id: $personId})
 CALL apoc.lock.nodes([held])
 WITH b, held
 MATCH (p:Person) WHERE elementId(p) = elementId(held) AND ($access = 'NONE' OR p.removedAt IS NULL)
 OPTIONAL MATCH (p)-[g:GRANT]->(b)
-DELETE g
-WITH DISTINCT b, p
+WITH b, p, collect(g) AS old
+WITH b, p, old, CASE WHEN size(old) = 0 THEN timestamp() ELSE old[0].since END AS since
+FOREACH (g IN old | DELETE g)
 FOREACH (_ IN CASE WHEN $access IN ['READ', 'WRITE'] THEN [1] ELSE [] END |
-  CREATE (p)-[:GRANT {access: $access}]->(b))
+  CREATE (p)-[:GRANT {access: $access, since: since}]->(b))
 RETURN b.id AS id
 """
 
@@ -142,10 +145,11 @@ class OrganizationIdRow(TypedDict):
     organizationId: str
 
 
+#: A Bot linked into an organization; the link keeps ``since`` (as a grant does).
 LINK_BOT: Final[LiteralString] = """
 MATCH (b:Bot {id: $botId}), (o:Organization {id: $organizationId})
 WHERE NOT (b)-[:OWNED_BY]->(o)
-MERGE (b)-[:LINKED]->(o)
+MERGE (b)-[l:LINKED]->(o) ON CREATE SET l.since = timestamp()
 RETURN b.id AS id
 """
 

@@ -162,7 +162,9 @@ RETURN t.id AS id
 
 #: The people ``$memberIds`` (sorted by the caller) made members of Channel ``c`` of organization
 #: ``o``: each locked, then read again, so that one removed meanwhile (REMOVE_PERSON, which locks
-#: the person first) is seen removed and is not made a member; ``members`` counts those made.
+#: the person first) is seen removed and is not made a member; ``members`` counts those made. A
+#: new membership records ``since`` (the server's clock, as a Removal's ``at``): the change log
+#: tells a member of no removal made before they joined (``graph.access.REMOVED_FOR``).
 _MAKE_MEMBERS: Final[LiteralString] = """
 CALL (c, o) {
   UNWIND $memberIds AS memberId
@@ -170,7 +172,7 @@ CALL (c, o) {
   CALL apoc.lock.nodes([held])
   WITH c, o, held
   MATCH (p:Person)-[:MEMBER_OF]->(o) WHERE elementId(p) = elementId(held) AND p.removedAt IS NULL
-  MERGE (p)-[:MEMBER]->(c)
+  MERGE (p)-[m:MEMBER]->(c) ON CREATE SET m.since = timestamp()
   RETURN count(p) AS members
 }
 RETURN members

@@ -272,6 +272,8 @@ MIGRATIONS: Final[tuple[tuple[int, tuple[LiteralString, ...]], ...]] = (
     ),
     # Each entry's changedVersion, from the change log (_SET_CHANGED_VERSION).
     (27, ()),
+    # Each Removal's time, from its change's (_SET_REMOVAL_AT).
+    (28, ()),
 )
 
 #: Entries whose labels predate the current label properties: without ``memoryRank`` (before
@@ -319,6 +321,13 @@ CALL (bot, id, version) {
   MATCH (e:Entry) WHERE e.id = id AND e.botId = bot AND coalesce(e.changedVersion, 0) < version
   SET e.changedVersion = version
 } IN TRANSACTIONS OF 10000 ROWS
+"""
+
+#: Each Removal written before version 28 gets its change's time as its ``at`` (a Removal gets the
+#: server's clock since, as memberships' and grants' ``since``: ``graph.access.REMOVED_FOR``).
+_SET_REMOVAL_AT: Final[LiteralString] = """
+MATCH (c:Change)-[:REMOVED]->(r:Removal) WHERE r.at IS NULL
+CALL (c, r) { SET r.at = c.at } IN TRANSACTIONS OF 10000 ROWS
 """
 
 #: The valid entries labelled before version 14 get ``validOrg`` (``graph.access``), in batches.
@@ -532,6 +541,7 @@ _BATCHED: Final[dict[int, tuple[LiteralString, ...]]] = {
     23: (_COUNT_SUMMARY_INPUT,),
     24: (_DROP_UNKEYED_LINKS, _DROP_UNKEYED_TOPICS, _LINK_TOPICS),
     27: (_SET_CHANGED_VERSION,),
+    28: (_SET_REMOVAL_AT,),
 }
 
 

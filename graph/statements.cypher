@@ -317,7 +317,7 @@ SET e.vecSeq = keyed.vecSeq
          afterRequires: CASE WHEN b.entry.status = 'retracted' THEN ['#unproved'] ELSE b.entry.lblRequires END,
          afterExcluded: coalesce(b.entry.lblExcluded, [])}] AS relabelled
   UNWIND [r IN relabelled WHERE r.afterRequires <> r.requires OR r.afterExcluded <> r.excluded] + $gone AS r
-  CREATE (c)-[:REMOVED]->(:Removal {botId: $botId, version: version, entryId: r.id,
+  CREATE (c)-[:REMOVED]->(:Removal {botId: $botId, version: version, entryId: r.id, at: timestamp(),
     beforeRequires: r.requires, beforeExcluded: r.excluded,
     afterRequires: r.afterRequires, afterExcluded: r.afterExcluded})
   RETURN collect(DISTINCT r.id) AS removed
@@ -326,25 +326,42 @@ SET c.removedIds = removed
 
 // ---- graph.access.REMOVED_FOR
 CALL (readers, org) {
-  UNWIND $versions AS v
-  MATCH (r:Removal {botId: $botId, version: v})
-  WITH readers, org, r, {lblRequires: r.beforeRequires, lblExcluded: r.beforeExcluded} AS e
-  WHERE
+  CALL (readers, org) {
+    UNWIND readers AS rd
+    OPTIONAL MATCH (p:Person {id: rd.id})-[g:GRANT]->(b:Bot {id: $botId})
+    OPTIONAL MATCH (b)-[l:LINKED]->(:Organization {id: org})
+    CALL (p, rd) {
+      OPTIONAL MATCH (p)-[m:MEMBER]->(c:Channel) WHERE c.id IN rd.channels AND m.since IS NOT NULL
+      RETURN collect(['channel:' + c.id, m.since]) AS joined
+    }
+    RETURN collect(rd {.*, since: CASE WHEN l.since > g.since THEN l.since ELSE g.since END,
+                       joined: joined}) AS past
+  }
+  CALL (past, org) {
+    UNWIND $versions AS v
+    MATCH (r:Removal {botId: $botId, version: v})
+    WITH org, r, [rd IN past | CASE WHEN rd.id = '#group' THEN rd ELSE rd {.*,
+           usesBot: rd.usesBot AND coalesce(rd.since, 0) < r.at,
+           atoms: [a IN rd.atoms WHERE none(j IN rd.joined WHERE j[0] = a AND j[1] >= r.at)]} END] AS readers
+    WITH readers, org, r, {lblRequires: r.beforeRequires, lblExcluded: r.beforeExcluded} AS e
+    WHERE
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
        a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)
          AND (rd.id <> '#group' OR none(i IN e.lblExcluded WHERE
            EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
 
-  WITH readers, org, r, {lblRequires: r.afterRequires, lblExcluded: r.afterExcluded} AS e
-  WHERE NOT
+    WITH readers, org, r, {lblRequires: r.afterRequires, lblExcluded: r.afterExcluded} AS e
+    WHERE NOT
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
        a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)
          AND (rd.id <> '#group' OR none(i IN e.lblExcluded WHERE
            EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
 
-  RETURN collect(DISTINCT {version: r.version, id: r.entryId}) AS removed
+    RETURN collect(DISTINCT {version: r.version, id: r.entryId}) AS removed
+  }
+  RETURN removed
 }
 
 // ---- graph.access.SHARE_BASIS
@@ -478,7 +495,7 @@ RETURN g.access AS access
 // ---- graph.bots.LINK_BOT
 MATCH (b:Bot {id: $botId}), (o:Organization {id: $organizationId})
 WHERE NOT (b)-[:OWNED_BY]->(o)
-MERGE (b)-[:LINKED]->(o)
+MERGE (b)-[l:LINKED]->(o) ON CREATE SET l.since = timestamp()
 RETURN b.id AS id
 
 // ---- graph.bots.ORGANIZATION_BOTS
@@ -524,10 +541,11 @@ CALL apoc.lock.nodes([held])
 WITH b, held
 MATCH (p:Person) WHERE elementId(p) = elementId(held) AND ($access = 'NONE' OR p.removedAt IS NULL)
 OPTIONAL MATCH (p)-[g:GRANT]->(b)
-DELETE g
-WITH DISTINCT b, p
+WITH b, p, collect(g) AS old
+WITH b, p, old, CASE WHEN size(old) = 0 THEN timestamp() ELSE old[0].since END AS since
+FOREACH (g IN old | DELETE g)
 FOREACH (_ IN CASE WHEN $access IN ['READ', 'WRITE'] THEN [1] ELSE [] END |
-  CREATE (p)-[:GRANT {access: $access}]->(b))
+  CREATE (p)-[:GRANT {access: $access, since: since}]->(b))
 RETURN b.id AS id
 
 // ---- graph.changefeed.LOCKED_DELIVERY
@@ -560,25 +578,42 @@ CALL (org, readers) {
   RETURN collect(e.id) AS visible
 }
 CALL (readers, org) {
-  UNWIND $versions AS v
-  MATCH (r:Removal {botId: $botId, version: v})
-  WITH readers, org, r, {lblRequires: r.beforeRequires, lblExcluded: r.beforeExcluded} AS e
-  WHERE
+  CALL (readers, org) {
+    UNWIND readers AS rd
+    OPTIONAL MATCH (p:Person {id: rd.id})-[g:GRANT]->(b:Bot {id: $botId})
+    OPTIONAL MATCH (b)-[l:LINKED]->(:Organization {id: org})
+    CALL (p, rd) {
+      OPTIONAL MATCH (p)-[m:MEMBER]->(c:Channel) WHERE c.id IN rd.channels AND m.since IS NOT NULL
+      RETURN collect(['channel:' + c.id, m.since]) AS joined
+    }
+    RETURN collect(rd {.*, since: CASE WHEN l.since > g.since THEN l.since ELSE g.since END,
+                       joined: joined}) AS past
+  }
+  CALL (past, org) {
+    UNWIND $versions AS v
+    MATCH (r:Removal {botId: $botId, version: v})
+    WITH org, r, [rd IN past | CASE WHEN rd.id = '#group' THEN rd ELSE rd {.*,
+           usesBot: rd.usesBot AND coalesce(rd.since, 0) < r.at,
+           atoms: [a IN rd.atoms WHERE none(j IN rd.joined WHERE j[0] = a AND j[1] >= r.at)]} END] AS readers
+    WITH readers, org, r, {lblRequires: r.beforeRequires, lblExcluded: r.beforeExcluded} AS e
+    WHERE
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
        a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)
          AND (rd.id <> '#group' OR none(i IN e.lblExcluded WHERE
            EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
 
-  WITH readers, org, r, {lblRequires: r.afterRequires, lblExcluded: r.afterExcluded} AS e
-  WHERE NOT
+    WITH readers, org, r, {lblRequires: r.afterRequires, lblExcluded: r.afterExcluded} AS e
+    WHERE NOT
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
        a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)
          AND (rd.id <> '#group' OR none(i IN e.lblExcluded WHERE
            EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
 
-  RETURN collect(DISTINCT {version: r.version, id: r.entryId}) AS removed
+    RETURN collect(DISTINCT {version: r.version, id: r.entryId}) AS removed
+  }
+  RETURN removed
 }
 
 WITH collect({key: sub.key, visible: visible, removed: removed}) AS found
@@ -647,25 +682,42 @@ CALL () {
 }
 WITH groups + people AS readers, $org AS org
 CALL (readers, org) {
-  UNWIND $versions AS v
-  MATCH (r:Removal {botId: $botId, version: v})
-  WITH readers, org, r, {lblRequires: r.beforeRequires, lblExcluded: r.beforeExcluded} AS e
-  WHERE
+  CALL (readers, org) {
+    UNWIND readers AS rd
+    OPTIONAL MATCH (p:Person {id: rd.id})-[g:GRANT]->(b:Bot {id: $botId})
+    OPTIONAL MATCH (b)-[l:LINKED]->(:Organization {id: org})
+    CALL (p, rd) {
+      OPTIONAL MATCH (p)-[m:MEMBER]->(c:Channel) WHERE c.id IN rd.channels AND m.since IS NOT NULL
+      RETURN collect(['channel:' + c.id, m.since]) AS joined
+    }
+    RETURN collect(rd {.*, since: CASE WHEN l.since > g.since THEN l.since ELSE g.since END,
+                       joined: joined}) AS past
+  }
+  CALL (past, org) {
+    UNWIND $versions AS v
+    MATCH (r:Removal {botId: $botId, version: v})
+    WITH org, r, [rd IN past | CASE WHEN rd.id = '#group' THEN rd ELSE rd {.*,
+           usesBot: rd.usesBot AND coalesce(rd.since, 0) < r.at,
+           atoms: [a IN rd.atoms WHERE none(j IN rd.joined WHERE j[0] = a AND j[1] >= r.at)]} END] AS readers
+    WITH readers, org, r, {lblRequires: r.beforeRequires, lblExcluded: r.beforeExcluded} AS e
+    WHERE
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
        a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)
          AND (rd.id <> '#group' OR none(i IN e.lblExcluded WHERE
            EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
 
-  WITH readers, org, r, {lblRequires: r.afterRequires, lblExcluded: r.afterExcluded} AS e
-  WHERE NOT
+    WITH readers, org, r, {lblRequires: r.afterRequires, lblExcluded: r.afterExcluded} AS e
+    WHERE NOT
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
        a IN rd.atoms OR a = '#org:' + org OR (a = '#excluded' AND none(i IN rd.ids WHERE i IN e.lblExcluded)
          AND (rd.id <> '#group' OR none(i IN e.lblExcluded WHERE
            EXISTS { (:Person {id: i})-[:MEMBER]->(:Channel {id: rd.channels[0]}) }))))))
 
-  RETURN collect(DISTINCT {version: r.version, id: r.entryId}) AS removed
+    RETURN collect(DISTINCT {version: r.version, id: r.entryId}) AS removed
+  }
+  RETURN removed
 }
 RETURN removed
 
@@ -867,7 +919,7 @@ SET e.vecSeq = keyed.vecSeq
          afterRequires: CASE WHEN b.entry.status = 'retracted' THEN ['#unproved'] ELSE b.entry.lblRequires END,
          afterExcluded: coalesce(b.entry.lblExcluded, [])}] AS relabelled
   UNWIND [r IN relabelled WHERE r.afterRequires <> r.requires OR r.afterExcluded <> r.excluded] + $gone AS r
-  CREATE (c)-[:REMOVED]->(:Removal {botId: $botId, version: version, entryId: r.id,
+  CREATE (c)-[:REMOVED]->(:Removal {botId: $botId, version: version, entryId: r.id, at: timestamp(),
     beforeRequires: r.requires, beforeExcluded: r.excluded,
     afterRequires: r.afterRequires, afterExcluded: r.afterExcluded})
   RETURN collect(DISTINCT r.id) AS removed
@@ -1080,7 +1132,7 @@ SET e.vecSeq = keyed.vecSeq
          afterRequires: CASE WHEN b.entry.status = 'retracted' THEN ['#unproved'] ELSE b.entry.lblRequires END,
          afterExcluded: coalesce(b.entry.lblExcluded, [])}] AS relabelled
   UNWIND [r IN relabelled WHERE r.afterRequires <> r.requires OR r.afterExcluded <> r.excluded] + $gone AS r
-  CREATE (c)-[:REMOVED]->(:Removal {botId: $botId, version: version, entryId: r.id,
+  CREATE (c)-[:REMOVED]->(:Removal {botId: $botId, version: version, entryId: r.id, at: timestamp(),
     beforeRequires: r.requires, beforeExcluded: r.excluded,
     afterRequires: r.afterRequires, afterExcluded: r.afterExcluded})
   RETURN collect(DISTINCT r.id) AS removed
@@ -1185,7 +1237,7 @@ SET e.vecSeq = keyed.vecSeq
          afterRequires: CASE WHEN b.entry.status = 'retracted' THEN ['#unproved'] ELSE b.entry.lblRequires END,
          afterExcluded: coalesce(b.entry.lblExcluded, [])}] AS relabelled
   UNWIND [r IN relabelled WHERE r.afterRequires <> r.requires OR r.afterExcluded <> r.excluded] + $gone AS r
-  CREATE (c)-[:REMOVED]->(:Removal {botId: $botId, version: version, entryId: r.id,
+  CREATE (c)-[:REMOVED]->(:Removal {botId: $botId, version: version, entryId: r.id, at: timestamp(),
     beforeRequires: r.requires, beforeExcluded: r.excluded,
     afterRequires: r.afterRequires, afterExcluded: r.afterExcluded})
   RETURN collect(DISTINCT r.id) AS removed
@@ -2314,7 +2366,7 @@ CALL (c, o) {
   CALL apoc.lock.nodes([held])
   WITH c, o, held
   MATCH (p:Person)-[:MEMBER_OF]->(o) WHERE elementId(p) = elementId(held) AND p.removedAt IS NULL
-  MERGE (p)-[:MEMBER]->(c)
+  MERGE (p)-[m:MEMBER]->(c) ON CREATE SET m.since = timestamp()
   RETURN count(p) AS members
 }
 RETURN members
@@ -2428,7 +2480,7 @@ CALL (c, o) {
   CALL apoc.lock.nodes([held])
   WITH c, o, held
   MATCH (p:Person)-[:MEMBER_OF]->(o) WHERE elementId(p) = elementId(held) AND p.removedAt IS NULL
-  MERGE (p)-[:MEMBER]->(c)
+  MERGE (p)-[m:MEMBER]->(c) ON CREATE SET m.since = timestamp()
   RETURN count(p) AS members
 }
 RETURN members

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from arq.connections import ArqRedis
 
+from graph.migrations import _SET_REMOVAL_AT  # pyright: ignore[reportPrivateUsage]
 from services import changefeed
 from services.changes import Invalidate, Remember
 from services.maintenance import relabel_all
@@ -201,11 +202,63 @@ async def test_removals_reach_exactly_who_saw_the_entry_live_in_the_log_and_on_r
         "botId",
         "version",
         "entryId",
+        "at",
         "beforeRequires",
         "beforeExcluded",
         "afterRequires",
         "afterExcluded",
     }
+
+
+async def test_a_reader_is_told_of_no_removal_made_before_they_joined(api: Api, runtime: Runtime) -> None:
+    """The log, a replay and the live feed tell a reader of the removals made while they could
+    have seen the entry (``graph.access.REMOVED_FOR``). Cat, who joins Ann and Bob's channel after
+    a team fact was retracted, and Dan, a member granted the Bot only after it, were told its id
+    (from their memberships now) of an entry they never saw; Bob, there throughout, is told."""
+    w = await make_world(api, ("ann", "bob", "dan"), channel=("ann", "bob", "dan"))
+    ann, bob, dan = w.tokens["ann"], w.tokens["bob"], w.tokens["dan"]
+    await api.grant(w.bot, w.people["dan"], "NONE")
+    cat_id, cat = await api.person(w.org, "cat")
+    await api.grant(w.bot, cat_id)
+    group = await api.chat(ann, w.bot, channel=w.channel)
+    start = await version_of(api, ann, w.bot)
+    early = await fact(runtime, w.bot, "the team meets on Mondays", await said(api, ann, group, "Mondays"))
+    assert (await command(api, ann, w.bot, {"_tag": "Forget", "id": early})).status_code == 200  # retracted
+    await api.admin(
+        "mutation($c: ID!, $m: [ID!]!) { setChannelMembers(channelId: $c, memberIds: $m) { id } }",
+        {"c": w.channel, "m": [w.people[p] for p in ("ann", "bob", "dan")] + [cat_id]},
+    )
+    await api.grant(w.bot, w.people["dan"])
+    late = await fact(runtime, w.bot, "the team drinks tea", await said(api, ann, group, "tea"))
+    # A replay from before both: the early removal read from the log, the late one live.
+    async with replay(api, cat, w.bot, start) as cat_ws, replay(api, dan, w.bot, start) as dan_ws:
+        assert (await command(api, ann, w.bot, {"_tag": "Forget", "id": late})).status_code == 200
+        marker = await fact(runtime, w.bot, "the team is here", await said(api, ann, group, "here"))
+        told = {"cat": await events_until(cat_ws, marker), "dan": await events_until(dan_ws, marker)}
+    assert {i for _, i in await log_removals(api, bob, w.bot)} == {early, late}
+    for person, token in (("cat", cat), ("dan", dan)):
+        assert {i for _, i in removals(told[person])} == {late}, person
+        assert {i for _, i in await log_removals(api, token, w.bot)} == {late}, person
+
+
+async def test_a_removal_written_without_its_time_gets_its_changes(api: Api, runtime: Runtime) -> None:
+    """Version 28's data step (``_SET_REMOVAL_AT``): a Removal written before it has no ``at``,
+    and tells no one (fail closed) until it gets its change's time; then it tells Bob again."""
+    w = await make_world(api, ("ann", "bob"), channel=("ann", "bob"))
+    ann, bob = w.tokens["ann"], w.tokens["bob"]
+    group = await api.chat(ann, w.bot, channel=w.channel)
+    team = await fact(runtime, w.bot, "the team meets on Mondays", await said(api, ann, group, "Mondays"))
+    assert (await command(api, ann, w.bot, {"_tag": "Forget", "id": team})).status_code == 200
+    assert {i for _, i in await log_removals(api, bob, w.bot)} == {team}
+    await runtime.driver.execute_query("MATCH (r:Removal {botId: $b}) REMOVE r.at", b=w.bot)
+    assert await log_removals(api, bob, w.bot) == {}
+    async with runtime.driver.session() as session:  # CALL … IN TRANSACTIONS: auto-commit
+        await (await session.run(_SET_REMOVAL_AT)).consume()
+    assert {i for _, i in await log_removals(api, bob, w.bot)} == {team}
+    records, _, _ = await runtime.driver.execute_query(
+        "MATCH (c:Change)-[:REMOVED]->(r:Removal {botId: $b}) RETURN collect(r.at = c.at) AS same", b=w.bot
+    )
+    assert records[0]["same"] == [True]
 
 
 async def test_a_lost_change_message_is_filled_in_from_the_log_before_the_next_event(
