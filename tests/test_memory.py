@@ -17,7 +17,7 @@ from services.changes import (
     SetTopics,
     Share,
 )
-from services.errors import BadInput, Conflict, NotFound
+from services.errors import BadInput, Conflict, Forbidden
 from services.maintenance import MAX_LEGACY_ENTRIES, MAX_LEGACY_TAGS, LegacyEntry, import_legacy, relabel_all
 from services.runtime import Runtime
 from services.writepath import apply_changes
@@ -277,20 +277,20 @@ async def test_remember_is_pinned_first_and_only_for_you(api: Api, runtime: Runt
         w.tokens["ann"],
     )
     assert share["errors"][0]["extensions"]["code"] == "CONFLICT"
-    # Remember needs the caller to use the Bot, read under the lock: without a grant, or from
-    # another organization, the same 404 as an unknown Bot, and nothing is written.
+    # Remember needs the caller to use the Bot, read under the lock: without a grant 403 (they
+    # know the Bot), from another organization the same 404 as an unknown Bot; nothing is written.
     await api.grant(w.bot, w.people["bob"], "NONE")
     _, stranger = await api.person(await api.organization("elsewhere"), "eve")
-    for token in (w.tokens["bob"], stranger):
+    for token, status, code in ((w.tokens["bob"], 403, "FORBIDDEN"), (stranger, 404, "NOT_FOUND")):
         refused = await command(api, token, w.bot, {"_tag": "Remember", "content": "sneaky"})
-        assert refused.status_code == 404 and refused.json()["error"]["code"] == "NOT_FOUND"
+        assert refused.status_code == status and refused.json()["error"]["code"] == code
     log = await api.http.get(
         f"/v1/bots/{w.bot}/memory/log", headers={"Authorization": f"Bearer {w.tokens['ann']}"}
     )
     assert log.json()["version"] == body["version"]
     # The same guard in a change's explicit transaction (a change that edits as well as adds).
     bob = (w.people["bob"], w.org)
-    with pytest.raises(NotFound):
+    with pytest.raises(Forbidden):
         await apply_changes(
             runtime, w.bot, [Remember("x", bob[0], w.org), Invalidate(learned)], "person", person=bob
         )
