@@ -288,12 +288,13 @@ VISIBLE: Final[LiteralString] = """
 #: from their grant's ``since`` (and its link's, for a linked Bot) and holds a channel's atom from
 #: their membership's ``since``, so someone who joined later is told of no entry hidden before
 #: (its id told them of an entry they never saw); joined in the same millisecond counts as later. A membership, grant or link older than these
-#: times (version 28) counts as always held. Needs ``readers`` and ``org``; a fragment
+#: times (version 28) counts as always held; with no ``$versions`` none of this is read (a
+#: delivery of a change that hid nothing). Needs ``readers`` and ``org``; a fragment
 #: (``CALL (readers, org)``) that returns ``removed``, a list of ``{version, id}``.
 REMOVED_FOR: Final[LiteralString] = (
     """CALL (readers, org) {
   CALL (readers, org) {
-    UNWIND readers AS rd
+    UNWIND CASE WHEN size($versions) = 0 THEN [] ELSE readers END AS rd
     OPTIONAL MATCH (p:Person {id: rd.id})-[g:GRANT]->(b:Bot {id: $botId})
     OPTIONAL MATCH (b)-[l:LINKED]->(:Organization {id: org})
     CALL (p, rd) {

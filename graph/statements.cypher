@@ -327,7 +327,7 @@ SET c.removedIds = removed
 // ---- graph.access.REMOVED_FOR
 CALL (readers, org) {
   CALL (readers, org) {
-    UNWIND readers AS rd
+    UNWIND CASE WHEN size($versions) = 0 THEN [] ELSE readers END AS rd
     OPTIONAL MATCH (p:Person {id: rd.id})-[g:GRANT]->(b:Bot {id: $botId})
     OPTIONAL MATCH (b)-[l:LINKED]->(:Organization {id: org})
     CALL (p, rd) {
@@ -579,7 +579,7 @@ CALL (org, readers) {
 }
 CALL (readers, org) {
   CALL (readers, org) {
-    UNWIND readers AS rd
+    UNWIND CASE WHEN size($versions) = 0 THEN [] ELSE readers END AS rd
     OPTIONAL MATCH (p:Person {id: rd.id})-[g:GRANT]->(b:Bot {id: $botId})
     OPTIONAL MATCH (b)-[l:LINKED]->(:Organization {id: org})
     CALL (p, rd) {
@@ -683,7 +683,7 @@ CALL () {
 WITH groups + people AS readers, $org AS org
 CALL (readers, org) {
   CALL (readers, org) {
-    UNWIND readers AS rd
+    UNWIND CASE WHEN size($versions) = 0 THEN [] ELSE readers END AS rd
     OPTIONAL MATCH (p:Person {id: rd.id})-[g:GRANT]->(b:Bot {id: $botId})
     OPTIONAL MATCH (b)-[l:LINKED]->(:Organization {id: org})
     CALL (p, rd) {
