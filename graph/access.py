@@ -237,7 +237,8 @@ RELABEL_RECORDING_REMOVALS: Final[LiteralString] = (
          afterRequires: CASE WHEN b.entry.status = 'retracted' THEN ['#unproved'] ELSE b.entry.lblRequires END,
          afterExcluded: coalesce(b.entry.lblExcluded, [])}] AS relabelled
   UNWIND [r IN relabelled WHERE r.afterRequires <> r.requires OR r.afterExcluded <> r.excluded] + $gone AS r
-  CREATE (c)-[:REMOVED]->(:Removal {botId: $botId, version: version, entryId: r.id, at: timestamp(),
+  CREATE (c)-[:REMOVED]->(:Removal {botId: $botId, version: version, entryId: r.id,
+    at: coalesce(r.at, timestamp()),
     beforeRequires: r.requires, beforeExcluded: r.excluded,
     afterRequires: r.afterRequires, afterExcluded: r.afterExcluded})
   RETURN collect(DISTINCT r.id) AS removed
@@ -284,12 +285,16 @@ VISIBLE: Final[LiteralString] = """
 
 #: The entries removed for the reader (D9.24) by the changes of versions ``$versions``: their
 #: label before the change admitted the reader and their label after does not (VISIBLE on each),
-#: the reader as they were when the change was made (its Removal's ``at``): a person uses the Bot
+#: the reader as they were when the change was made (its Removal's ``at``; its change's time for
+#: one written without it, by a process older than version 28): a person uses the Bot
 #: from their grant's ``since`` (and its link's, for a linked Bot) and holds a channel's atom from
 #: their membership's ``since``, so someone who joined later is told of no entry hidden before
 #: (its id told them of an entry they never saw); joined in the same millisecond counts as later. A membership, grant or link older than these
 #: times (version 28) counts as always held; with no ``$versions`` none of this is read (a
-#: delivery of a change that hid nothing). Needs ``readers`` and ``org``; a fragment
+#: delivery of a change that hid nothing). A group's reader (``#group``) is judged with its
+#: channel's members of now: no caller passes one (the log and the feed read for a person). Who
+#: left and came back, or lost the grant and got it again, is judged from their return: a
+#: removal while they were there before is not told them. Needs ``readers`` and ``org``; a fragment
 #: (``CALL (readers, org)``) that returns ``removed``, a list of ``{version, id}``.
 REMOVED_FOR: Final[LiteralString] = (
     """CALL (readers, org) {
@@ -301,15 +306,17 @@ REMOVED_FOR: Final[LiteralString] = (
       OPTIONAL MATCH (p)-[m:MEMBER]->(c:Channel) WHERE c.id IN rd.channels AND m.since IS NOT NULL
       RETURN collect(['channel:' + c.id, m.since]) AS joined
     }
-    RETURN collect(rd {.*, since: CASE WHEN l.since > g.since THEN l.since ELSE g.since END,
+    RETURN collect(rd {.*, since: CASE WHEN coalesce(l.since, 0) > coalesce(g.since, 0) THEN l.since ELSE g.since END,
                        joined: joined}) AS past
   }
   CALL (past, org) {
     UNWIND $versions AS v
     MATCH (r:Removal {botId: $botId, version: v})
+    OPTIONAL MATCH (ch:Change)-[:REMOVED]->(r) WHERE r.at IS NULL
+    WITH org, r, coalesce(r.at, ch.at) AS at
     WITH org, r, [rd IN past | CASE WHEN rd.id = '#group' THEN rd ELSE rd {.*,
-           usesBot: rd.usesBot AND coalesce(rd.since, 0) < r.at,
-           atoms: [a IN rd.atoms WHERE none(j IN rd.joined WHERE j[0] = a AND j[1] >= r.at)]} END] AS readers
+           usesBot: rd.usesBot AND coalesce(rd.since, 0) < at,
+           atoms: [a IN rd.atoms WHERE none(j IN rd.joined WHERE j[0] = a AND j[1] >= at)]} END] AS readers
     WITH readers, org, r, {lblRequires: r.beforeRequires, lblExcluded: r.beforeExcluded} AS e
     WHERE """
     + VISIBLE
@@ -367,7 +374,10 @@ class ReaderMap(TypedDict):
 
 
 class ReaderRow(TypedDict):
+    """READER: ``known``, whether the Bot is owned by or linked into the organization."""
+
     reader: ReaderMap
+    known: bool
 
 
 #: The members of the Channel ``c`` of the Organization ``o`` for the Bot ``b`` as GROUP_READER
@@ -451,7 +461,8 @@ HELD_KEYS: Final[LiteralString] = (
 )
 
 
-#: The reader map of one person for ``$readers`` (READER_MAP).
+#: The reader map of one person for ``$readers`` (READER_MAP), and whether the Bot is theirs to
+#: know of (``known``: owned by or linked into their organization).
 READER: Final[LiteralString] = (
     """
 MATCH (p:Person {id: $personId})-[:MEMBER_OF]->(o:Organization {id: $org})
@@ -460,7 +471,7 @@ OPTIONAL MATCH (p)-[:MEMBER]->(c:Channel)-[:IN]->(o)
 WITH p, o, b, collect(c.id) AS channels
 RETURN """
     + READER_MAP
-    + " AS reader\n"
+    + " AS reader, EXISTS { (b)-[:OWNED_BY|LINKED]->(o) } AS known\n"
 )
 
 #: A group chat's reader as it is passed in ``$readers`` (GROUP_READER's shape): its channel, and

@@ -120,7 +120,7 @@ SET m.vecSeq = coalesce(m.vecSeq, 0) + 1
 WITH m, m.vecSeq AS seq
 CALL (seq) {
   UNWIND $rows AS row
-  MATCH (e:Entry {id: row.id, botId: $botId})
+  MATCH (e:Entry {id: row.id, botId: $botId}) USING INDEX e:Entry(id)
   WHERE e.contentLength = row.contentLength AND e.orderKey = row.orderKey
   SET e.kwBlind = coalesce(row.kwBlind, e.kwBlind), e.kwScheme = coalesce(row.kwScheme, e.kwScheme),
       e.vecSeq = CASE WHEN row.vec IS NOT NULL OR row.kwChanged THEN seq ELSE e.vecSeq END

@@ -34,7 +34,7 @@ WITH sub, o.id AS org, ["""
 WHERE readers[0].usesBot
 CALL (org, readers) {
   UNWIND $ids AS entryId
-  MATCH (e:Entry {id: entryId})
+  MATCH (e:Entry {id: entryId}) USING INDEX e:Entry(id)
   WHERE e.botId = $botId AND e.status <> 'retracted' AND """
     + VISIBLE
     + """
@@ -48,7 +48,7 @@ CALL (found) {
   UNWIND found AS f
   UNWIND f.visible AS entryId
   WITH DISTINCT entryId
-  MATCH (e:Entry {id: entryId})
+  MATCH (e:Entry {id: entryId}) USING INDEX e:Entry(id)
   WHERE e.botId = $botId
 """
     + ENTRY_LIST

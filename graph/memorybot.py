@@ -112,7 +112,7 @@ class SpentRow(TypedDict):
 EMBEDDED_KEPT: Final[LiteralString] = """
 OPTIONAL MATCH (m:Memory {id: $botId})
 CALL apoc.lock.read.nodes([x IN [m] WHERE x IS NOT NULL AND $withText AND size($entryIds) > 0])
-WITH all(i IN $entryIds WHERE EXISTS { MATCH (e:Entry {id: i}) WHERE e.botId = $botId }) AS present
+WITH all(i IN $entryIds WHERE EXISTS { MATCH (e:Entry {id: i}) USING INDEX e:Entry(id) WHERE e.botId = $botId }) AS present
 WITH present, $withText AND present AS kept
 """
 

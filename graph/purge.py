@@ -28,23 +28,25 @@ CALL (tagged) {
   MATCH (r:Removal {botId: $botId})
   WHERE r.version IS NOT NULL AND r.entryId IN [x IN tagged | x.id]
   RETURN collect(DISTINCT {id: r.entryId, requires: r.beforeRequires,
-                           excluded: coalesce(r.beforeExcluded, [])}) AS earlier
+                           excluded: coalesce(r.beforeExcluded, []), at: r.at}) AS earlier
 }
 RETURN [x IN tagged | x.id] AS ids,
        [g IN earlier WHERE g.requires IS NOT NULL | g {.*, afterRequires: ['#unproved'], afterExcluded: []}]
        + [x IN tagged WHERE x.status <> 'retracted' AND x.lblRequires IS NOT NULL |
-          {id: x.id, requires: x.lblRequires, excluded: coalesce(x.lblExcluded, []),
+          {id: x.id, requires: x.lblRequires, excluded: coalesce(x.lblExcluded, []), at: null,
            afterRequires: ['#unproved'], afterExcluded: []}] AS gone
 """
 
 
 class GoneLabel(TypedDict):
     """One of TAGGED_IDS's ``gone``: a deleted entry with its label before and after (the
-    ``$gone`` of RELABEL_RECORDING_REMOVALS)."""
+    ``$gone`` of RELABEL_RECORDING_REMOVALS), and for one removed before, that removal's time
+    (``at``, kept: REMOVED_FOR judges a reader as they were then)."""
 
     id: str
     requires: list[str]
     excluded: list[str]
+    at: int | None
     afterRequires: list[str]
     afterExcluded: list[str]
 
@@ -60,7 +62,7 @@ class TaggedRow(TypedDict):
 PURGE_ENTRIES: Final[LiteralString] = (
     """
 UNWIND $ids AS id
-MATCH (e:Entry {id: id})
+MATCH (e:Entry {id: id}) USING INDEX e:Entry(id)
 WHERE e.botId = $botId
 """
     + deleting()

@@ -150,7 +150,7 @@ CALL (readers, org, keys) {
 #: left out): what a process's index learns after a walk lost candidates.
 LOCATE: Final[LiteralString] = """
 UNWIND $ids AS id
-MATCH (e:Entry {id: id})
+MATCH (e:Entry {id: id}) USING INDEX e:Entry(id)
 WHERE e.botId = $botId
 RETURN collect([id, elementId(e)]) AS found
 """

@@ -151,7 +151,7 @@ OPTIONAL MATCH (p)-[:MEMBER]->(c:Channel)-[:IN]->(o)
 WITH p, o, b, collect(c.id) AS channels
 RETURN {id: p.id, ids: [p.id], channels: channels, usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)),
   atoms: ['person:' + p.id] + [cid IN channels | 'channel:' + cid]
-         + CASE WHEN EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)) THEN ['bot'] ELSE [] END} AS reader
+         + CASE WHEN EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)) THEN ['bot'] ELSE [] END} AS reader, EXISTS { (b)-[:OWNED_BY|LINKED]->(o) } AS known
 
 // ---- graph.access.READER_MAP
 {id: p.id, ids: [p.id], channels: channels, usesBot: EXISTS { (p)-[:GRANT]->(b) } AND ((b)-[:OWNED_BY]->(o) OR (b)-[:LINKED]->(o)),
@@ -317,7 +317,8 @@ SET e.vecSeq = keyed.vecSeq
          afterRequires: CASE WHEN b.entry.status = 'retracted' THEN ['#unproved'] ELSE b.entry.lblRequires END,
          afterExcluded: coalesce(b.entry.lblExcluded, [])}] AS relabelled
   UNWIND [r IN relabelled WHERE r.afterRequires <> r.requires OR r.afterExcluded <> r.excluded] + $gone AS r
-  CREATE (c)-[:REMOVED]->(:Removal {botId: $botId, version: version, entryId: r.id, at: timestamp(),
+  CREATE (c)-[:REMOVED]->(:Removal {botId: $botId, version: version, entryId: r.id,
+    at: coalesce(r.at, timestamp()),
     beforeRequires: r.requires, beforeExcluded: r.excluded,
     afterRequires: r.afterRequires, afterExcluded: r.afterExcluded})
   RETURN collect(DISTINCT r.id) AS removed
@@ -334,15 +335,17 @@ CALL (readers, org) {
       OPTIONAL MATCH (p)-[m:MEMBER]->(c:Channel) WHERE c.id IN rd.channels AND m.since IS NOT NULL
       RETURN collect(['channel:' + c.id, m.since]) AS joined
     }
-    RETURN collect(rd {.*, since: CASE WHEN l.since > g.since THEN l.since ELSE g.since END,
+    RETURN collect(rd {.*, since: CASE WHEN coalesce(l.since, 0) > coalesce(g.since, 0) THEN l.since ELSE g.since END,
                        joined: joined}) AS past
   }
   CALL (past, org) {
     UNWIND $versions AS v
     MATCH (r:Removal {botId: $botId, version: v})
+    OPTIONAL MATCH (ch:Change)-[:REMOVED]->(r) WHERE r.at IS NULL
+    WITH org, r, coalesce(r.at, ch.at) AS at
     WITH org, r, [rd IN past | CASE WHEN rd.id = '#group' THEN rd ELSE rd {.*,
-           usesBot: rd.usesBot AND coalesce(rd.since, 0) < r.at,
-           atoms: [a IN rd.atoms WHERE none(j IN rd.joined WHERE j[0] = a AND j[1] >= r.at)]} END] AS readers
+           usesBot: rd.usesBot AND coalesce(rd.since, 0) < at,
+           atoms: [a IN rd.atoms WHERE none(j IN rd.joined WHERE j[0] = a AND j[1] >= at)]} END] AS readers
     WITH readers, org, r, {lblRequires: r.beforeRequires, lblExcluded: r.beforeExcluded} AS e
     WHERE
 (size(readers) > 0
@@ -436,7 +439,7 @@ SET m.vecSeq = coalesce(m.vecSeq, 0) + 1
 WITH m, m.vecSeq AS seq
 CALL (seq) {
   UNWIND $rows AS row
-  MATCH (e:Entry {id: row.id, botId: $botId})
+  MATCH (e:Entry {id: row.id, botId: $botId}) USING INDEX e:Entry(id)
   WHERE e.contentLength = row.contentLength AND e.orderKey = row.orderKey
   SET e.kwBlind = coalesce(row.kwBlind, e.kwBlind), e.kwScheme = coalesce(row.kwScheme, e.kwScheme),
       e.vecSeq = CASE WHEN row.vec IS NOT NULL OR row.kwChanged THEN seq ELSE e.vecSeq END
@@ -567,7 +570,7 @@ WITH sub, o.id AS org, [{id: p.id, ids: [p.id], channels: channels, usesBot: EXI
 WHERE readers[0].usesBot
 CALL (org, readers) {
   UNWIND $ids AS entryId
-  MATCH (e:Entry {id: entryId})
+  MATCH (e:Entry {id: entryId}) USING INDEX e:Entry(id)
   WHERE e.botId = $botId AND e.status <> 'retracted' AND
 (size(readers) > 0
  AND all(rd IN readers WHERE rd.usesBot AND all(a IN e.lblRequires WHERE
@@ -586,15 +589,17 @@ CALL (readers, org) {
       OPTIONAL MATCH (p)-[m:MEMBER]->(c:Channel) WHERE c.id IN rd.channels AND m.since IS NOT NULL
       RETURN collect(['channel:' + c.id, m.since]) AS joined
     }
-    RETURN collect(rd {.*, since: CASE WHEN l.since > g.since THEN l.since ELSE g.since END,
+    RETURN collect(rd {.*, since: CASE WHEN coalesce(l.since, 0) > coalesce(g.since, 0) THEN l.since ELSE g.since END,
                        joined: joined}) AS past
   }
   CALL (past, org) {
     UNWIND $versions AS v
     MATCH (r:Removal {botId: $botId, version: v})
+    OPTIONAL MATCH (ch:Change)-[:REMOVED]->(r) WHERE r.at IS NULL
+    WITH org, r, coalesce(r.at, ch.at) AS at
     WITH org, r, [rd IN past | CASE WHEN rd.id = '#group' THEN rd ELSE rd {.*,
-           usesBot: rd.usesBot AND coalesce(rd.since, 0) < r.at,
-           atoms: [a IN rd.atoms WHERE none(j IN rd.joined WHERE j[0] = a AND j[1] >= r.at)]} END] AS readers
+           usesBot: rd.usesBot AND coalesce(rd.since, 0) < at,
+           atoms: [a IN rd.atoms WHERE none(j IN rd.joined WHERE j[0] = a AND j[1] >= at)]} END] AS readers
     WITH readers, org, r, {lblRequires: r.beforeRequires, lblExcluded: r.beforeExcluded} AS e
     WHERE
 (size(readers) > 0
@@ -621,7 +626,7 @@ CALL (found) {
   UNWIND found AS f
   UNWIND f.visible AS entryId
   WITH DISTINCT entryId
-  MATCH (e:Entry {id: entryId})
+  MATCH (e:Entry {id: entryId}) USING INDEX e:Entry(id)
   WHERE e.botId = $botId
 
 OPTIONAL MATCH (e)-[:SOURCE]->(src)
@@ -690,15 +695,17 @@ CALL (readers, org) {
       OPTIONAL MATCH (p)-[m:MEMBER]->(c:Channel) WHERE c.id IN rd.channels AND m.since IS NOT NULL
       RETURN collect(['channel:' + c.id, m.since]) AS joined
     }
-    RETURN collect(rd {.*, since: CASE WHEN l.since > g.since THEN l.since ELSE g.since END,
+    RETURN collect(rd {.*, since: CASE WHEN coalesce(l.since, 0) > coalesce(g.since, 0) THEN l.since ELSE g.since END,
                        joined: joined}) AS past
   }
   CALL (past, org) {
     UNWIND $versions AS v
     MATCH (r:Removal {botId: $botId, version: v})
+    OPTIONAL MATCH (ch:Change)-[:REMOVED]->(r) WHERE r.at IS NULL
+    WITH org, r, coalesce(r.at, ch.at) AS at
     WITH org, r, [rd IN past | CASE WHEN rd.id = '#group' THEN rd ELSE rd {.*,
-           usesBot: rd.usesBot AND coalesce(rd.since, 0) < r.at,
-           atoms: [a IN rd.atoms WHERE none(j IN rd.joined WHERE j[0] = a AND j[1] >= r.at)]} END] AS readers
+           usesBot: rd.usesBot AND coalesce(rd.since, 0) < at,
+           atoms: [a IN rd.atoms WHERE none(j IN rd.joined WHERE j[0] = a AND j[1] >= at)]} END] AS readers
     WITH readers, org, r, {lblRequires: r.beforeRequires, lblExcluded: r.beforeExcluded} AS e
     WHERE
 (size(readers) > 0
@@ -919,7 +926,8 @@ SET e.vecSeq = keyed.vecSeq
          afterRequires: CASE WHEN b.entry.status = 'retracted' THEN ['#unproved'] ELSE b.entry.lblRequires END,
          afterExcluded: coalesce(b.entry.lblExcluded, [])}] AS relabelled
   UNWIND [r IN relabelled WHERE r.afterRequires <> r.requires OR r.afterExcluded <> r.excluded] + $gone AS r
-  CREATE (c)-[:REMOVED]->(:Removal {botId: $botId, version: version, entryId: r.id, at: timestamp(),
+  CREATE (c)-[:REMOVED]->(:Removal {botId: $botId, version: version, entryId: r.id,
+    at: coalesce(r.at, timestamp()),
     beforeRequires: r.requires, beforeExcluded: r.excluded,
     afterRequires: r.afterRequires, afterExcluded: r.afterExcluded})
   RETURN collect(DISTINCT r.id) AS removed
@@ -1132,7 +1140,8 @@ SET e.vecSeq = keyed.vecSeq
          afterRequires: CASE WHEN b.entry.status = 'retracted' THEN ['#unproved'] ELSE b.entry.lblRequires END,
          afterExcluded: coalesce(b.entry.lblExcluded, [])}] AS relabelled
   UNWIND [r IN relabelled WHERE r.afterRequires <> r.requires OR r.afterExcluded <> r.excluded] + $gone AS r
-  CREATE (c)-[:REMOVED]->(:Removal {botId: $botId, version: version, entryId: r.id, at: timestamp(),
+  CREATE (c)-[:REMOVED]->(:Removal {botId: $botId, version: version, entryId: r.id,
+    at: coalesce(r.at, timestamp()),
     beforeRequires: r.requires, beforeExcluded: r.excluded,
     afterRequires: r.afterRequires, afterExcluded: r.afterExcluded})
   RETURN collect(DISTINCT r.id) AS removed
@@ -1237,7 +1246,8 @@ SET e.vecSeq = keyed.vecSeq
          afterRequires: CASE WHEN b.entry.status = 'retracted' THEN ['#unproved'] ELSE b.entry.lblRequires END,
          afterExcluded: coalesce(b.entry.lblExcluded, [])}] AS relabelled
   UNWIND [r IN relabelled WHERE r.afterRequires <> r.requires OR r.afterExcluded <> r.excluded] + $gone AS r
-  CREATE (c)-[:REMOVED]->(:Removal {botId: $botId, version: version, entryId: r.id, at: timestamp(),
+  CREATE (c)-[:REMOVED]->(:Removal {botId: $botId, version: version, entryId: r.id,
+    at: coalesce(r.at, timestamp()),
     beforeRequires: r.requires, beforeExcluded: r.excluded,
     afterRequires: r.afterRequires, afterExcluded: r.afterExcluded})
   RETURN collect(DISTINCT r.id) AS removed
@@ -2908,7 +2918,7 @@ WITH e, collect(CASE WHEN src IS NULL THEN null WHEN src:Item THEN {chat: src.ch
 // ---- graph.memorybot.ANSWER_CONFESSION
 OPTIONAL MATCH (m:Memory {id: $botId})
 CALL apoc.lock.read.nodes([x IN [m] WHERE x IS NOT NULL AND $withText AND size($entryIds) > 0])
-WITH all(i IN $entryIds WHERE EXISTS { MATCH (e:Entry {id: i}) WHERE e.botId = $botId }) AS present
+WITH all(i IN $entryIds WHERE EXISTS { MATCH (e:Entry {id: i}) USING INDEX e:Entry(id) WHERE e.botId = $botId }) AS present
 WITH present, $withText AND present AS kept
 
 MATCH (f:Confession {id: $id})
@@ -2972,7 +2982,7 @@ CREATE (f:Confession {id: $id, botId: $botId, chatId: t.chatId, turnId: t.id, te
 // ---- graph.memorybot.CREATE_ENRICHMENT
 OPTIONAL MATCH (m:Memory {id: $botId})
 CALL apoc.lock.read.nodes([x IN [m] WHERE x IS NOT NULL AND $withText AND size($entryIds) > 0])
-WITH all(i IN $entryIds WHERE EXISTS { MATCH (e:Entry {id: i}) WHERE e.botId = $botId }) AS present
+WITH all(i IN $entryIds WHERE EXISTS { MATCH (e:Entry {id: i}) USING INDEX e:Entry(id) WHERE e.botId = $botId }) AS present
 WITH present, $withText AND present AS kept
 
 MATCH (t:Turn {id: $turnId})-[:IN_CHAT]->(heldC:Chat)
@@ -2991,7 +3001,7 @@ CREATE (n:Enrichment {id: $id, botId: $botId, chatId: t.chatId, turnId: t.id,
 // ---- graph.memorybot.EMBEDDED_KEPT
 OPTIONAL MATCH (m:Memory {id: $botId})
 CALL apoc.lock.read.nodes([x IN [m] WHERE x IS NOT NULL AND $withText AND size($entryIds) > 0])
-WITH all(i IN $entryIds WHERE EXISTS { MATCH (e:Entry {id: i}) WHERE e.botId = $botId }) AS present
+WITH all(i IN $entryIds WHERE EXISTS { MATCH (e:Entry {id: i}) USING INDEX e:Entry(id) WHERE e.botId = $botId }) AS present
 WITH present, $withText AND present AS kept
 
 // ---- graph.memorybot.LIST_CONFESSIONS
@@ -3029,7 +3039,7 @@ RETURN collect(c {.id, .result, .requestHash}) AS calls
 // ---- graph.memorybot.SAVE_MODEL_CALL
 OPTIONAL MATCH (m:Memory {id: $botId})
 CALL apoc.lock.read.nodes([x IN [m] WHERE x IS NOT NULL AND $withText AND size($entryIds) > 0])
-WITH all(i IN $entryIds WHERE EXISTS { MATCH (e:Entry {id: i}) WHERE e.botId = $botId }) AS present
+WITH all(i IN $entryIds WHERE EXISTS { MATCH (e:Entry {id: i}) USING INDEX e:Entry(id) WHERE e.botId = $botId }) AS present
 WITH present, $withText AND present AS kept
 
 OPTIONAL MATCH (heldC:Chat {id: $chatId})
@@ -3190,7 +3200,7 @@ RETURN calls, answers, rewrites
 
 // ---- graph.purge.PURGE_ENTRIES
 UNWIND $ids AS id
-MATCH (e:Entry {id: id})
+MATCH (e:Entry {id: id}) USING INDEX e:Entry(id)
 WHERE e.botId = $botId
 FOREACH (topic IN CASE WHEN e.validOrg IS NULL THEN [] ELSE reduce(acc = [], t IN e.tags | CASE WHEN t CONTAINS ':' OR t IN acc THEN acc ELSE acc + t END) END |
   MERGE (tc:TopicCount {key: e.botId + '|' + e.validOrg + '|' + topic})
@@ -3215,12 +3225,12 @@ CALL (tagged) {
   MATCH (r:Removal {botId: $botId})
   WHERE r.version IS NOT NULL AND r.entryId IN [x IN tagged | x.id]
   RETURN collect(DISTINCT {id: r.entryId, requires: r.beforeRequires,
-                           excluded: coalesce(r.beforeExcluded, [])}) AS earlier
+                           excluded: coalesce(r.beforeExcluded, []), at: r.at}) AS earlier
 }
 RETURN [x IN tagged | x.id] AS ids,
        [g IN earlier WHERE g.requires IS NOT NULL | g {.*, afterRequires: ['#unproved'], afterExcluded: []}]
        + [x IN tagged WHERE x.status <> 'retracted' AND x.lblRequires IS NOT NULL |
-          {id: x.id, requires: x.lblRequires, excluded: coalesce(x.lblExcluded, []),
+          {id: x.id, requires: x.lblRequires, excluded: coalesce(x.lblExcluded, []), at: null,
            afterRequires: ['#unproved'], afterExcluded: []}] AS gone
 
 // ---- graph.search.DERIVED_SEQ
@@ -3242,7 +3252,7 @@ RETURN fresh, total
 
 // ---- graph.search.LOCATE
 UNWIND $ids AS id
-MATCH (e:Entry {id: id})
+MATCH (e:Entry {id: id}) USING INDEX e:Entry(id)
 WHERE e.botId = $botId
 RETURN collect([id, elementId(e)]) AS found
 

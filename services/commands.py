@@ -33,7 +33,8 @@ PURGE_TAG: Final = re.compile(r"(?:from|chat|org|channel):[A-Za-z0-9_\-]{1,200}"
 
 
 async def _uses_bot(rt: Runtime, principal: Principal, bot_id: str) -> None:
-    """NOT_FOUND unless the caller uses the Bot, read before a change takes its lock (D9.4): a
+    """NOT_FOUND or FORBIDDEN unless the caller uses the Bot (``services.memory.require_use``),
+    read before a change takes its lock (D9.4): a
     Bot of another organization was locked exclusively, its data key unwrapped and the change
     rolled back before its NOT_FOUND, which an unknown Bot answered after one read — the time
     told them apart, and each such request held the other organization's readers and writers."""
@@ -111,7 +112,8 @@ async def forget(
     rt: Runtime, principal: Principal, bot_id: str, entry_id: str, key: Key | None = None
 ) -> int:
     """Take back the caller's part (V11). Any entry id not for the caller is the same 409 (D9.4);
-    an id no entry could have is BAD_INPUT, a Bot the caller does not use NOT_FOUND. ``key``: the
+    an id no entry could have is BAD_INPUT, a Bot the caller does not use NOT_FOUND or FORBIDDEN
+    (as GET memory, D9.4). ``key``: the
     caller's idempotency key: sent again with the same request, the version of the first one."""
     person_id = require_person(principal)
     check_id(bot_id, "botId")
@@ -121,8 +123,8 @@ async def forget(
         reader = await _reader(tx, principal, bot_id)
         await require_visible(tx, bot_id, reader, entry_id)
 
-    # An unknown Bot, or one the caller does not use, is NOT_FOUND as for Remember; only the
-    # entry's own refusal is CONFLICT (it was all CONFLICT, "this entry is not for you").
+    # An unknown Bot, or one the caller does not use, is NOT_FOUND or FORBIDDEN as for Remember;
+    # only the entry's own refusal is CONFLICT (it was all CONFLICT, "this entry is not for you").
     await _uses_bot(rt, principal, bot_id)
 
     async def create() -> int:

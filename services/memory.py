@@ -112,28 +112,32 @@ def check_filter_tags(tags: list[str]) -> list[str]:
     return tags
 
 
+async def _reader_row(tx: QueryTarget, *, bot_id: str, person_id: str, org: str) -> access.ReaderRow | None:
+    return await single(tx, access.READER, access.ReaderRow, botId=bot_id, personId=person_id, org=org)
+
+
 async def person_reader(tx: QueryTarget, *, bot_id: str, person_id: str, org: str) -> access.ReaderMap | None:
-    record = await single(tx, access.READER, access.ReaderRow, botId=bot_id, personId=person_id, org=org)
+    record = await _reader_row(tx, bot_id=bot_id, person_id=person_id, org=org)
     return None if record is None else record["reader"]
+
+
+def _unless_used(record: access.ReaderRow | None) -> access.ReaderMap:
+    """The reader of READER's row when they use the Bot; else what every read and change of its
+    memory alike tells them, decided from that one row (a second read told another
+    organization's Bot from an unknown one by its time, D9.4): NOT_FOUND when the Bot is not
+    theirs to know of (unknown, or neither owned by nor linked into their organization),
+    FORBIDDEN when they know it and have no grant."""
+    if record is None or not record["known"]:
+        raise NotFound("bot not found")
+    if not record["reader"]["usesBot"]:
+        raise Forbidden("you need read on this Bot")
+    return record["reader"]
 
 
 async def user_reader(tx: AsyncManagedTransaction, *, bot_id: str, person_id: str, org: str) -> Reader:
     """That person as the reader of a change they make: they must use the Bot (a grant, D9.1),
-    else the error of :func:`not_used`."""
-    reader = await person_reader(tx, bot_id=bot_id, person_id=person_id, org=org)
-    if reader is None or not reader["usesBot"]:
-        raise await not_used(tx, bot_id, org)
-    return Reader(org, (reader,))
-
-
-async def not_used(tx: QueryTarget, bot_id: str, org: str) -> NotFound | Forbidden:
-    """What a person of ``org`` who does not use the Bot is told, for every read and change of
-    its memory alike: NOT_FOUND when the Bot is not theirs to know of (unknown, or neither owned
-    by nor linked into their organization), else FORBIDDEN — they know it and have no grant."""
-    bot = await bots_q.get_bot(tx, id=bot_id)
-    if bot is None or (bot["organizationId"] != org and org not in bot["linkedOrganizationIds"]):
-        return NotFound("bot not found")
-    return Forbidden("you need read on this Bot")
+    else the error of :func:`_unless_used`."""
+    return Reader(org, (_unless_used(await _reader_row(tx, bot_id=bot_id, person_id=person_id, org=org)),))
 
 
 async def cipher_of(rt: Runtime, bot_id: str, tx: QueryTarget | None = None) -> Cipher:
@@ -179,14 +183,15 @@ async def _as_reader(
     locked: memory_q.LockAndReaderRow | memory_q.ReaderAndEntriesRow | None,
     zone: str | None = None,
 ) -> tuple[int, Reader, Cipher]:
-    """The caller as a reader from the first statement's ``{version, reader}``, or the error
-    of :func:`not_used`."""
+    """The caller as a reader from the first statement's ``{version, reader}``, or the error:
+    404 when the Bot is not theirs to know of (the statement has no row for a Bot neither owned
+    by nor linked into their organization), 403 when they know it but may not read it."""
     assert principal.organization_id is not None
     if locked is None or locked["reader"] is None:
         raise NotFound("bot not found")
     version, reader = int(locked["version"]), locked["reader"]
     if not reader["usesBot"]:
-        raise await not_used(tx, bot_id, principal.organization_id)
+        raise Forbidden("you need read on this Bot")
     return version, Reader(principal.organization_id, (reader,), zone), await cipher_of(rt, bot_id, tx)
 
 
@@ -344,11 +349,9 @@ async def person_reader_of(rt: Runtime, bot_id: str, person_id: str, org: str) -
 
 
 async def require_use(rt: Runtime, bot_id: str, person_id: str, org: str) -> None:
-    """The error of :func:`not_used` unless the person uses the Bot, read on its own before a
+    """The error of :func:`_unless_used` unless the person uses the Bot, read on its own before a
     change does anything slow or takes its lock (D9.4): the change reads it again under the lock
     (a grant may go)."""
-    reader = await person_reader_of(rt, bot_id, person_id, org)
-    if reader is None:
-        raise NotFound("bot not found")
-    if not reader.readers[0]["usesBot"]:
-        raise await autocommit(rt.driver, lambda session: not_used(session, bot_id, org))
+    _unless_used(
+        await autocommit(rt.driver, lambda s: _reader_row(s, bot_id=bot_id, person_id=person_id, org=org))
+    )

@@ -328,7 +328,7 @@ async def apply_changes(
     of the entry a person edits, or a learning execution's compare-and-set). ``person`` (id,
     organization): a person's change, which needs them to use the Bot (D9.1) — read before
     anything else, and again under the lock (in the same statement when the change only adds
-    entries); NotFound otherwise.
+    entries); NotFound or Forbidden otherwise (``services.memory.require_use``).
 
     New content is made searchable in the same commit (design §10): its blind keywords, and its
     vector when ``embedder`` is given — embedded here, before the lock is taken.
@@ -342,7 +342,7 @@ async def apply_changes(
     for change in changes:
         validate(change)
     if person is not None:
-        # Before the key, any embedding and the lock: a Bot the person does not use was NOT_FOUND
+        # Before the key, any embedding and the lock: a Bot the person does not use was refused
         # only after them — its data key unwrapped, an embedding spent, its Memory locked
         # exclusively (holding its readers and writers) — so its answer's time told an existing
         # Bot from an unknown one (D9.4). Read again under the lock below: a grant may go.
@@ -409,6 +409,8 @@ async def apply_changes(
             person=person,
         )
         if done is None:
+            if person is not None:  # a grant gone since require_use: its error, as under a lock
+                await require_use(rt, bot_id, *person)
             raise NotFound("bot not found")
         version, problem = done
         _refused(problem)
