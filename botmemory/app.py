@@ -299,6 +299,8 @@ class GraphQLApp(GraphQL[Context, None]):
             metrics.REQUESTS.labels(surface="graphql", code=code).inc()
             reason = without_values(exc.reason)
             if isinstance(exc.__cause__, json.JSONDecodeError):  # what was wrong (it quotes no input)
+                if scope["method"] == "GET":  # Strawberry names the body, which a GET has not
+                    reason = "Unable to parse the variables or extensions of the query string as JSON"
                 reason = f"{reason}: {exc.__cause__.msg}"
             response = error_json(code, reason, exc.status_code)
         await response(scope, receive, send)

@@ -313,7 +313,7 @@ REMOVED_FOR: Final[LiteralString] = (
     UNWIND $versions AS v
     MATCH (r:Removal {botId: $botId, version: v})
     OPTIONAL MATCH (ch:Change)-[:REMOVED]->(r) WHERE r.at IS NULL
-    WITH org, r, coalesce(r.at, ch.at) AS at
+    WITH past, org, r, coalesce(r.at, ch.at) AS at
     WITH org, r, [rd IN past | CASE WHEN rd.id = '#group' THEN rd ELSE rd {.*,
            usesBot: rd.usesBot AND coalesce(rd.since, 0) < at,
            atoms: [a IN rd.atoms WHERE none(j IN rd.joined WHERE j[0] = a AND j[1] >= at)]} END] AS readers

@@ -342,7 +342,7 @@ CALL (readers, org) {
     UNWIND $versions AS v
     MATCH (r:Removal {botId: $botId, version: v})
     OPTIONAL MATCH (ch:Change)-[:REMOVED]->(r) WHERE r.at IS NULL
-    WITH org, r, coalesce(r.at, ch.at) AS at
+    WITH past, org, r, coalesce(r.at, ch.at) AS at
     WITH org, r, [rd IN past | CASE WHEN rd.id = '#group' THEN rd ELSE rd {.*,
            usesBot: rd.usesBot AND coalesce(rd.since, 0) < at,
            atoms: [a IN rd.atoms WHERE none(j IN rd.joined WHERE j[0] = a AND j[1] >= at)]} END] AS readers
@@ -596,7 +596,7 @@ CALL (readers, org) {
     UNWIND $versions AS v
     MATCH (r:Removal {botId: $botId, version: v})
     OPTIONAL MATCH (ch:Change)-[:REMOVED]->(r) WHERE r.at IS NULL
-    WITH org, r, coalesce(r.at, ch.at) AS at
+    WITH past, org, r, coalesce(r.at, ch.at) AS at
     WITH org, r, [rd IN past | CASE WHEN rd.id = '#group' THEN rd ELSE rd {.*,
            usesBot: rd.usesBot AND coalesce(rd.since, 0) < at,
            atoms: [a IN rd.atoms WHERE none(j IN rd.joined WHERE j[0] = a AND j[1] >= at)]} END] AS readers
@@ -702,7 +702,7 @@ CALL (readers, org) {
     UNWIND $versions AS v
     MATCH (r:Removal {botId: $botId, version: v})
     OPTIONAL MATCH (ch:Change)-[:REMOVED]->(r) WHERE r.at IS NULL
-    WITH org, r, coalesce(r.at, ch.at) AS at
+    WITH past, org, r, coalesce(r.at, ch.at) AS at
     WITH org, r, [rd IN past | CASE WHEN rd.id = '#group' THEN rd ELSE rd {.*,
            usesBot: rd.usesBot AND coalesce(rd.since, 0) < at,
            atoms: [a IN rd.atoms WHERE none(j IN rd.joined WHERE j[0] = a AND j[1] >= at)]} END] AS readers
@@ -3225,7 +3225,8 @@ CALL (tagged) {
   MATCH (r:Removal {botId: $botId})
   WHERE r.version IS NOT NULL AND r.entryId IN [x IN tagged | x.id]
   RETURN collect(DISTINCT {id: r.entryId, requires: r.beforeRequires,
-                           excluded: coalesce(r.beforeExcluded, []), at: r.at}) AS earlier
+                           excluded: coalesce(r.beforeExcluded, []),
+                           at: coalesce(r.at, COLLECT { MATCH (c:Change)-[:REMOVED]->(r) RETURN c.at }[0])}) AS earlier
 }
 RETURN [x IN tagged | x.id] AS ids,
        [g IN earlier WHERE g.requires IS NOT NULL | g {.*, afterRequires: ['#unproved'], afterExcluded: []}]

@@ -660,6 +660,11 @@ async def test_json_too_deep_or_with_too_long_a_number_is_malformed_on_every_gra
     # Within the URL's bytes (max_url_bytes), and past Python's parser's depth.
     got = await api.http.get("/graphql", params={"query": "{ __typename }", "variables": _deep(1_500)})
     assert got.status_code == 400 and got.json()["error"]["code"] == "BAD_INPUT", got.text
+    # A GET has no body: what it could not parse is named as the query string's.
+    cut = await api.http.get("/graphql", params={"query": "{ __typename }", "variables": '{"x": '})
+    assert cut.status_code == 400 and cut.json()["error"]["message"].startswith(
+        "Unable to parse the variables or extensions of the query string as JSON: "
+    ), cut.text
     for message in ('{"type": "connection_init", "payload": ' + _deep(5_000) + "}", bodies["long number"]):
         async with websockets.connect(ws_url(api), subprotocols=["graphql-transport-ws"]) as ws:  # type: ignore[list-item]
             await ws.send(message)

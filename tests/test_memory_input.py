@@ -161,7 +161,7 @@ async def test_a_bot_known_without_a_grant_is_forbidden_to_read_and_to_change(
     api: Api, runtime: Runtime
 ) -> None:
     """A person of the Bot's organization with no grant knows the Bot, so every read and change
-    of its memory tells them FORBIDDEN (``services.memory.not_used``): Remember, Forget and share
+    of its memory tells them FORBIDDEN (``services.memory._unless_used``): Remember, Forget and share
     said NOT_FOUND where GET memory and search said FORBIDDEN. A person of another organization
     gets NOT_FOUND from each (D9.4), and neither changes the memory."""
     w = await make_world(api, ("ann",))

@@ -254,7 +254,8 @@ async def test_a_reader_is_told_of_no_removal_made_before_they_joined(api: Api, 
 async def test_a_removal_written_without_its_time_gets_its_changes(api: Api, runtime: Runtime) -> None:
     """Version 28's data step (``_SET_REMOVAL_AT``): a Removal written before it (or by an older
     process during a rolling upgrade) has no ``at``; it is judged by its change's time meanwhile,
-    and the step gives it that time."""
+    and the step gives it that time. A purge that records it again before the step keeps that
+    time too."""
     w = await make_world(api, ("ann", "bob"), channel=("ann", "bob"))
     ann, bob = w.tokens["ann"], w.tokens["bob"]
     group = await api.chat(ann, w.bot, channel=w.channel)
@@ -270,6 +271,15 @@ async def test_a_removal_written_without_its_time_gets_its_changes(api: Api, run
         "MATCH (c:Change)-[:REMOVED]->(r:Removal {botId: $b}) RETURN collect(r.at = c.at) AS same", b=w.bot
     )
     assert records[0]["same"] == [True]
+    at_of = "MATCH (c:Change)-[:REMOVED]->(r:Removal {botId: $b}) RETURN c.at AS change, r.at AS at"
+    forgotten = (await runtime.driver.execute_query(at_of, b=w.bot))[0][0]["change"]
+    await runtime.driver.execute_query("MATCH (r:Removal {botId: $b}) REMOVE r.at", b=w.bot)
+    purged = await api.http.post(
+        f"/v1/bots/{w.bot}/memory/purge", json={"tag": f"chat:{group}"}, headers=bearer(ann)
+    )
+    assert purged.status_code == 200, purged.text
+    records, _, _ = await runtime.driver.execute_query(at_of, b=w.bot)
+    assert [(r["at"], r["change"] > forgotten) for r in records] == [(forgotten, True)]  # the purge's row
 
 
 async def test_a_lost_change_message_is_filled_in_from_the_log_before_the_next_event(
