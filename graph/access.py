@@ -218,8 +218,8 @@ RELABEL: Final[LiteralString] = _RELABELLED + _CLOSURE + _SET_LABELS
 #: one when retracted), and ``$gone`` adds entries deleted by the change (purge), given with their
 #: label before. Whether a reader lost an entry is decided when it is read — VISIBLE on the label
 #: before and not on the label after, for that reader (``REMOVED_FOR``) — so the rows hold ids,
-#: access atoms and their time ``at`` only (E4). New entries have no label before and are never removals; entries
-#: already retracted before the change are not either. Sets ``c.removedIds``.
+#: access atoms and their time ``at`` only (E4). New entries have no label before and are never
+#: removals; entries already retracted before the change are not either. Sets ``c.removedIds``.
 RELABEL_RECORDING_REMOVALS: Final[LiteralString] = (
     "CALL (c, version) {"
     + _RELABELLED
@@ -286,16 +286,17 @@ VISIBLE: Final[LiteralString] = """
 #: The entries removed for the reader (D9.24) by the changes of versions ``$versions``: their
 #: label before the change admitted the reader and their label after does not (VISIBLE on each),
 #: the reader as they were when the change was made (its Removal's ``at``; its change's time for
-#: one written without it, by a process older than version 28): a person uses the Bot
-#: from their grant's ``since`` (and its link's, for a linked Bot) and holds a channel's atom from
-#: their membership's ``since``, so someone who joined later is told of no entry hidden before
-#: (its id told them of an entry they never saw); joined in the same millisecond counts as later. A membership, grant or link older than these
-#: times (version 28) counts as always held; with no ``$versions`` none of this is read (a
-#: delivery of a change that hid nothing). A group's reader (``#group``) is judged with its
-#: channel's members of now: no caller passes one (the log and the feed read for a person). Who
-#: left and came back, or lost the grant and got it again, is judged from their return: a
-#: removal while they were there before is not told them. Needs ``readers`` and ``org``; a fragment
-#: (``CALL (readers, org)``) that returns ``removed``, a list of ``{version, id}``.
+#: one written without it, by a process older than version 28): a person uses the Bot from their
+#: grant's ``since`` (and its link's, for a linked Bot) and holds a channel's atom from their
+#: membership's ``since``, so someone who joined later is told of no entry hidden before (its id
+#: told them of an entry they never saw); joined in the same millisecond counts as later. A
+#: membership, grant or link older than these times (version 28) counts as always held; with no
+#: ``$versions`` none of this is read (a delivery of a change that hid nothing). A group's reader
+#: (``#group``) is judged with its channel's members of now: no caller passes one (the log and
+#: the feed read for a person). Who left and came back, or lost the grant and got it again, is
+#: judged from their return: a removal while they were there before is not told them. Needs
+#: ``readers`` and ``org``; a fragment (``CALL (readers, org)``) that returns ``removed``, a list
+#: of ``{version, id}``.
 REMOVED_FOR: Final[LiteralString] = (
     """CALL (readers, org) {
   CALL (readers, org) {
@@ -306,8 +307,9 @@ REMOVED_FOR: Final[LiteralString] = (
       OPTIONAL MATCH (p)-[m:MEMBER]->(c:Channel) WHERE c.id IN rd.channels AND m.since IS NOT NULL
       RETURN collect(['channel:' + c.id, m.since]) AS joined
     }
-    RETURN collect(rd {.*, since: CASE WHEN coalesce(l.since, 0) > coalesce(g.since, 0) THEN l.since ELSE g.since END,
-                       joined: joined}) AS past
+    RETURN collect(rd {.*, joined: joined,
+                       since: CASE WHEN coalesce(l.since, 0) > coalesce(g.since, 0)
+                                   THEN l.since ELSE g.since END}) AS past
   }
   CALL (past, org) {
     UNWIND $versions AS v

@@ -29,7 +29,8 @@ CALL (tagged) {
   WHERE r.version IS NOT NULL AND r.entryId IN [x IN tagged | x.id]
   RETURN collect(DISTINCT {id: r.entryId, requires: r.beforeRequires,
                            excluded: coalesce(r.beforeExcluded, []),
-                           at: coalesce(r.at, COLLECT { MATCH (c:Change)-[:REMOVED]->(r) RETURN c.at }[0])}) AS earlier
+                           at: coalesce(r.at, COLLECT { MATCH (c:Change)-[:REMOVED]->(r)
+                                                        RETURN c.at }[0])}) AS earlier
 }
 RETURN [x IN tagged | x.id] AS ids,
        [g IN earlier WHERE g.requires IS NOT NULL | g {.*, afterRequires: ['#unproved'], afterExcluded: []}]

@@ -335,8 +335,9 @@ CALL (readers, org) {
       OPTIONAL MATCH (p)-[m:MEMBER]->(c:Channel) WHERE c.id IN rd.channels AND m.since IS NOT NULL
       RETURN collect(['channel:' + c.id, m.since]) AS joined
     }
-    RETURN collect(rd {.*, since: CASE WHEN coalesce(l.since, 0) > coalesce(g.since, 0) THEN l.since ELSE g.since END,
-                       joined: joined}) AS past
+    RETURN collect(rd {.*, joined: joined,
+                       since: CASE WHEN coalesce(l.since, 0) > coalesce(g.since, 0)
+                                   THEN l.since ELSE g.since END}) AS past
   }
   CALL (past, org) {
     UNWIND $versions AS v
@@ -589,8 +590,9 @@ CALL (readers, org) {
       OPTIONAL MATCH (p)-[m:MEMBER]->(c:Channel) WHERE c.id IN rd.channels AND m.since IS NOT NULL
       RETURN collect(['channel:' + c.id, m.since]) AS joined
     }
-    RETURN collect(rd {.*, since: CASE WHEN coalesce(l.since, 0) > coalesce(g.since, 0) THEN l.since ELSE g.since END,
-                       joined: joined}) AS past
+    RETURN collect(rd {.*, joined: joined,
+                       since: CASE WHEN coalesce(l.since, 0) > coalesce(g.since, 0)
+                                   THEN l.since ELSE g.since END}) AS past
   }
   CALL (past, org) {
     UNWIND $versions AS v
@@ -695,8 +697,9 @@ CALL (readers, org) {
       OPTIONAL MATCH (p)-[m:MEMBER]->(c:Channel) WHERE c.id IN rd.channels AND m.since IS NOT NULL
       RETURN collect(['channel:' + c.id, m.since]) AS joined
     }
-    RETURN collect(rd {.*, since: CASE WHEN coalesce(l.since, 0) > coalesce(g.since, 0) THEN l.since ELSE g.since END,
-                       joined: joined}) AS past
+    RETURN collect(rd {.*, joined: joined,
+                       since: CASE WHEN coalesce(l.since, 0) > coalesce(g.since, 0)
+                                   THEN l.since ELSE g.since END}) AS past
   }
   CALL (past, org) {
     UNWIND $versions AS v
@@ -3226,7 +3229,8 @@ CALL (tagged) {
   WHERE r.version IS NOT NULL AND r.entryId IN [x IN tagged | x.id]
   RETURN collect(DISTINCT {id: r.entryId, requires: r.beforeRequires,
                            excluded: coalesce(r.beforeExcluded, []),
-                           at: coalesce(r.at, COLLECT { MATCH (c:Change)-[:REMOVED]->(r) RETURN c.at }[0])}) AS earlier
+                           at: coalesce(r.at, COLLECT { MATCH (c:Change)-[:REMOVED]->(r)
+                                                        RETURN c.at }[0])}) AS earlier
 }
 RETURN [x IN tagged | x.id] AS ids,
        [g IN earlier WHERE g.requires IS NOT NULL | g {.*, afterRequires: ['#unproved'], afterExcluded: []}]

@@ -34,10 +34,10 @@ PURGE_TAG: Final = re.compile(r"(?:from|chat|org|channel):[A-Za-z0-9_\-]{1,200}"
 
 async def _uses_bot(rt: Runtime, principal: Principal, bot_id: str) -> None:
     """NOT_FOUND or FORBIDDEN unless the caller uses the Bot (``services.memory.require_use``),
-    read before a change takes its lock (D9.4): a
-    Bot of another organization was locked exclusively, its data key unwrapped and the change
-    rolled back before its NOT_FOUND, which an unknown Bot answered after one read — the time
-    told them apart, and each such request held the other organization's readers and writers."""
+    read before a change takes its lock (D9.4): a Bot of another organization was locked
+    exclusively, its data key unwrapped and the change rolled back before its NOT_FOUND, which an
+    unknown Bot answered after one read — the time told them apart, and each such request held
+    the other organization's readers and writers."""
     person_id = require_person(principal)
     assert principal.organization_id is not None
     await require_use(rt, bot_id, person_id, principal.organization_id)
@@ -113,8 +113,8 @@ async def forget(
 ) -> int:
     """Take back the caller's part (V11). Any entry id not for the caller is the same 409 (D9.4);
     an id no entry could have is BAD_INPUT, a Bot the caller does not use NOT_FOUND or FORBIDDEN
-    (as GET memory, D9.4). ``key``: the
-    caller's idempotency key: sent again with the same request, the version of the first one."""
+    (as GET memory, D9.4). ``key``: the caller's idempotency key: sent again with the same
+    request, the version of the first one."""
     person_id = require_person(principal)
     check_id(bot_id, "botId")
     check_id(entry_id, "id")  # no entry has another shape: refusing it tells nothing (D9.4)
