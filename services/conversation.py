@@ -19,6 +19,7 @@ from graph import memory as memory_q
 from graph.driver import QueryTarget, autocommit, read, write
 from graph.memorybot import RouteChat, RouteRow
 from services import chats, memory, retrieval, search
+from services.auth import require_person
 from services.crypto import Cipher, Kind
 from services.domain import Item, ItemKind, Principal
 from services.embedding import Embedder
@@ -280,9 +281,9 @@ async def chat_metas(
     """The meta of the Chats the caller may read that have one, newest Chat first: one page, and
     how many there are. People only: a platform token reads no history (D9.6)."""
     limit, skip = check_page(limit, skip, max_limit=rt.settings.max_page_size)
-    if principal.kind != "person" or principal.person_id is None:
+    if principal.kind == "platform":
         raise Forbidden(chats.PLATFORM_READS)
-    person_id = principal.person_id
+    person_id = require_person(principal)  # an admin token's message names no platform routes
 
     async def work(tx: AsyncManagedTransaction) -> tuple[int, list[conversation_q.MetaRow]]:
         total, page = await conversation_q.metas_of(

@@ -187,7 +187,11 @@ async def test_meta_access_and_bad_input(api: Api) -> None:
     assert code(await put(api, bob, group, {"summary": {"a": "b"}})) == "FORBIDDEN"
     platform = await api.platform_token(w.org)
     assert code(await meta(api, platform, group)) == "FORBIDDEN"
-    assert code(await api.http.get("/v1/chats/meta", headers=bearer(platform))) == "FORBIDDEN"
+    listed = (await api.http.get("/v1/chats/meta", headers=bearer(platform))).json()
+    assert listed["error"]["code"] == "FORBIDDEN" and "/memory/context" in listed["error"]["message"]
+    # The admin token reads no history either, and is not sent to the platform tokens' routes.
+    refused = (await api.http.get("/v1/chats/meta", headers=bearer(api.admin_token))).json()["error"]
+    assert refused == {"code": "FORBIDDEN", "message": "this operation needs a person's token"}
     assert code(await meta(api, ann, "chat_unknown")) == "NOT_FOUND"
     assert code(await meta(api, ann, "not an id!")) == "BAD_INPUT"
     bodies: list[dict[str, Any]] = [
