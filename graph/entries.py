@@ -250,11 +250,14 @@ SET_TAGS: Final[LiteralString] = (
     + _RELABEL_PREFERENCE
 )
 
-#: Every entry of the Bot carrying topic ``$from`` — all of them, not the first 300 (L4) —
-#: found from its Topics, one per audience key (``graph.topics``, index ``topic_bot_topic``), not
-#: by reading the Bot's entries.
+#: Every entry of the Bot carrying topic ``$from`` that the learning of organization ``$org`` is
+#: shown — valid in it (``validOrg``), all of them, not the first 300 (L4); never an entry of
+#: another organization the Bot is linked into, nor one no longer valid (its history keeps its
+#: topics) — found from its Topics, one per audience key (``graph.topics``, index
+#: ``topic_bot_topic``), not by reading the Bot's entries.
 RENAME_TOPIC: Final[LiteralString] = (
     "MATCH (:Topic {botId: $botId, topic: $from})<-[:HAS_TOPIC]-(e:Entry)\n"
+    "WHERE e.validOrg = $org\n"
     + retag("SET e.tags = [t IN e.tags WHERE t <> $from AND t <> $to] + [$to], e.updatedAt = $now\n")
     + _RELABEL_PREFERENCE
     + "RETURN e.id AS id\n"
@@ -335,12 +338,24 @@ async def set_tags(tx: AsyncManagedTransaction, *, bot_id: str, id: str, tags: l
 
 
 async def rename_topic(
-    tx: AsyncManagedTransaction, *, bot_id: str, old: str, new: str, now: int
+    tx: AsyncManagedTransaction, *, bot_id: str, old: str, new: str, org: str, now: int
 ) -> list[str]:
-    return [
-        r["id"]
-        for r in await rows(tx, RENAME_TOPIC, IdRow, botId=bot_id, **{"from": old, "to": new}, now=now)
-    ]
+    params = {"from": old, "to": new}
+    return [r["id"] for r in await rows(tx, RENAME_TOPIC, IdRow, botId=bot_id, org=org, **params, now=now)]
+
+
+#: A person's Forget is counted with the Memory's purges (``graph.purge.COUNT_PURGE``; under the
+#: exclusive lock the change holds): a learning step whose learningContext held the entry is
+#: stale at its commit (COMMIT_STEP, D9.20) — its answer could restate what was taken back as a
+#: new fact of another Chat — and reads its inputs again.
+COUNT_TAKE_BACK: Final[LiteralString] = """
+MATCH (m:Memory {id: $botId})
+SET m.purges = coalesce(m.purges, 0) + 1
+"""
+
+
+async def count_take_back(tx: AsyncManagedTransaction, *, bot_id: str) -> None:
+    await tx.run(COUNT_TAKE_BACK, botId=bot_id)
 
 
 async def forget_for(tx: AsyncManagedTransaction, *, bot_id: str, id: str, person_id: str, now: int) -> None:

@@ -135,9 +135,10 @@ RETURN calls, answers, rewrites
 """
 
 
-#: The Memory counts its purges (under the exclusive lock the purge holds): a learning step whose
-#: inputs were read before one is stale at its commit (COMMIT_STEP), and asks again without the
-#: purged entries, which its answer could otherwise restate as a new fact of another Chat. The
+#: The Memory counts its purges (under the exclusive lock the purge holds; a person's Forget counts
+#: too, ``graph.entries.COUNT_TAKE_BACK``): a learning step whose inputs were read before one is
+#: stale at its commit (COMMIT_STEP), and asks again without the purged entries, which its answer
+#: could otherwise restate as a new fact of another Chat. The
 #: purge is also stamped with the next derived-data sequence (``vecSeq``) as a ``Purged`` node
 #: holding the node ids the entries had: every process's index drops them at its next catch-up
 #: (``graph.search``), before any walk meets them — a walk loses its candidates one walk at a

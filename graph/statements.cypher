@@ -2199,6 +2199,10 @@ CALL (m, problem) {
 // ---- graph.entries.ALL_IDS
 MATCH (e:Entry {botId: $botId}) RETURN collect(e.id) AS ids
 
+// ---- graph.entries.COUNT_TAKE_BACK
+MATCH (m:Memory {id: $botId})
+SET m.purges = coalesce(m.purges, 0) + 1
+
 // ---- graph.entries.CREATE_LEGACY
 MATCH (m:Memory {id: $botId})
 UNWIND $rows AS row
@@ -2240,6 +2244,7 @@ RETURN collect({id: id, found: e IS NOT NULL, legacy: coalesce(e.legacy, false),
 
 // ---- graph.entries.RENAME_TOPIC
 MATCH (:Topic {botId: $botId, topic: $from})<-[:HAS_TOPIC]-(e:Entry)
+WHERE e.validOrg = $org
 WITH e, reduce(acc = [], t IN e.tags | CASE WHEN t CONTAINS ':' OR t IN acc THEN acc ELSE acc + t END) AS topicsBefore
 SET e.tags = [t IN e.tags WHERE t <> $from AND t <> $to] + [$to], e.updatedAt = $now
 WITH e, topicsBefore, reduce(acc = [], t IN e.tags | CASE WHEN t CONTAINS ':' OR t IN acc THEN acc ELSE acc + t END) AS topicsAfter

@@ -74,6 +74,11 @@ _ANSWERED = frozenset({"malformed", "too_large"})
 #: and every other Chat's learning waited behind it.
 SLOT_WAIT_SECONDS = 1.0
 SLOT_RETRY_SECONDS = 2.0
+#: How many times a job reads its inputs again and asks again after the commit refused an answer
+#: while the memory moved (:class:`_Moved`): each is a model call, and a refusal the commit
+#: alone makes (an observation on one resting on an entry the answer invalidates) comes again
+#: whenever other Chats keep the memory moving.
+MOVED_REASKS = 2
 
 
 class StepFailed(Exception):
@@ -110,6 +115,17 @@ class _Stale(Exception):
     """The read position moved since the step began: read the evidence again."""
 
 
+class _Moved(Exception):
+    """The commit refused the answer (``code``) and the memory changed since the step read its
+    inputs: another change (another Chat's step, a person's) may have made the answer stale —
+    an entry it observes on invalidated, one it edits retracted. Read the inputs again and ask
+    again, at most MOVED_REASKS times a job; a refusal with nothing changed since fails as before."""
+
+    def __init__(self, code: str) -> None:
+        super().__init__(code)
+        self.code = code
+
+
 class _Smaller(Exception):
     """The next step of the job reads at most ``items`` Items: half as many when the provider
     refused a step's request (a 400, 413 or 422), so that the Item it refuses is found and set
@@ -132,8 +148,12 @@ class _Inputs:
     topics: list[learning_q.TopicCount]
     spent: int | None
     saved: list[memorybot.SavedCall]
-    #: The Memory's purges when the learningContext was read (COMMIT_STEP: stale after another).
+    #: The Memory's purges (and take-backs) when the learningContext was read (COMMIT_STEP: stale
+    #: after another).
     purges: int
+    #: The memory version the learningContext was read at (a commit refused after it moved reads
+    #: the inputs again: :class:`_Moved`).
+    version: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,7 +274,7 @@ class ExecutionRunner:
         limit = self.rt.settings.max_evidence_items
 
         async def work(tx: AsyncManagedTransaction) -> _Inputs:
-            await shared_lock(tx, bot_id=x.bot_id)  # the first statement of a read (C1, D9.8)
+            version = await shared_lock(tx, bot_id=x.bot_id)  # the first statement of a read (C1, D9.8)
             chat, route = await load_route(self.rt, tx, x.chat_id)
             context = await learning_q.learning_context(
                 tx,
@@ -283,6 +303,7 @@ class ExecutionRunner:
                 spent,
                 saved,
                 context["purges"],
+                version or 0,
             )
 
         return await read(self.rt.driver, work)
@@ -294,6 +315,7 @@ class ExecutionRunner:
         budget was spent — was cancelled by arq's timeout mid-call)."""
         step_seconds = self.rt.settings.step_deadline_seconds
         items = self.rt.settings.max_evidence_items
+        moved = 0
         while True:
             if self.stopping.is_set():
                 raise _HandOn("stopping")
@@ -306,6 +328,11 @@ class ExecutionRunner:
                 ended = await self._step_once(x, items)
             except _Smaller as smaller:
                 items, ended = smaller.items, None
+            except _Moved as refused:
+                moved += 1
+                if moved > MOVED_REASKS:
+                    raise StepFailed("rejected:" + refused.code) from None
+                ended = None
             finally:
                 await release()
             if ended is not None:
@@ -500,6 +527,7 @@ class ExecutionRunner:
                     chat_id=x.chat_id,
                     evidence=evidence,
                     context_ids={e["id"] for e in entries},
+                    org=inputs.route.org,
                     own_audience=_own_audience(inputs.chat),
                 )
                 await _check_shares(self.rt, x.bot_id, completion.tool_calls, changes)
@@ -577,7 +605,12 @@ class ExecutionRunner:
                 self.rt, x.bot_id, changes, "memory_bot", precheck=cas, embedder=self.gateway.embedder
             )
         except ServiceError as exc:  # the latest source state refused it (C7, V6): nothing applied
+            if await self._version(x) != inputs.version:
+                raise _Moved(exc.code) from None
             raise StepFailed("rejected:" + exc.code) from None
+
+    async def _version(self, x: Claimed) -> int | None:
+        return await read(self.rt.driver, lambda tx: shared_lock(tx, bot_id=x.bot_id))
 
 
 def _own_audience(chat: Mapping[str, Any]) -> frozenset[str]:

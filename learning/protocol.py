@@ -196,6 +196,7 @@ def changes_from(
     chat_id: str,
     evidence: dict[str, EvidenceItem],
     context_ids: set[str],
+    org: str,
     own_audience: frozenset[str] = frozenset(),
 ) -> list[MemoryChange]:
     """Validate every tool call (D9.10) and turn the answer into changes; raise on the first violation.
@@ -205,7 +206,8 @@ def changes_from(
     step; topics only (V8); ``share`` audiences are checked against every source rule by the
     step against the memory as it stands, then by ``apply_changes`` under the lock (V6); a
     ``share`` of a fact the same answer adds, only within ``own_audience`` (the audience the
-    evidence's Chat itself has: its owner, or its channel).
+    evidence's Chat itself has: its owner, or its channel); a topic renamed within ``org``, the
+    Chat's organization (L4).
     """
     if len(calls) > MAX_TOOL_CALLS:
         raise Violation("too_many_calls", "tool_calls")
@@ -274,7 +276,7 @@ def changes_from(
                 entry = entry_ref(args.entry_id, f"{path}.entry_id")
                 changes.append(SetTopics(entry, tuple(dict.fromkeys(args.topics))))
             case toolcalls.RenameTopic():
-                changes.append(RenameTopic(args.from_, args.to))
+                changes.append(RenameTopic(args.from_, args.to, org))
             case toolcalls.Share():
                 entry = entry_ref(args.entry_id, f"{path}.entry_id")
                 within = entry in facts and set(args.audience) <= own_audience

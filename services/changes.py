@@ -62,8 +62,12 @@ class SetTopics:
 
 @dataclass(frozen=True, slots=True)
 class RenameTopic:
+    """Rename a topic on every entry valid for learning in ``org`` (L4: what the learning of that
+    organization is shown, all of it; never another organization's entry on a linked Bot)."""
+
     old: str
     new: str
+    org: str
 
 
 @dataclass(frozen=True, slots=True)

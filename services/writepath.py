@@ -162,7 +162,7 @@ class _Step:
 
     async def rename_topic(self, c: RenameTopic) -> None:
         self.touched += await entries.rename_topic(
-            self.tx, bot_id=self.bot_id, old=c.old, new=c.new, now=self.now
+            self.tx, bot_id=self.bot_id, old=c.old, new=c.new, org=c.org, now=self.now
         )
 
     async def share(self, c: Share) -> None:
@@ -205,6 +205,7 @@ class _Step:
             await entries.forget_for(
                 self.tx, bot_id=self.bot_id, id=c.entry_id, person_id=c.person_id, now=self.now
             )
+        await entries.count_take_back(self.tx, bot_id=self.bot_id)
         self.touched.append(c.entry_id)
 
     async def apply(self, change: MemoryChange) -> None:

@@ -313,11 +313,33 @@ class Model:
         e = self._entry_of(bot, entry_id)
         e.tags = [t for t in e.tags if ":" in t] + list(topics)
 
-    def rename_topic(self, bot: str, old: str, new: str) -> None:
-        """Every entry of the Bot with topic ``old`` gets ``new`` instead (L4: all of them)."""
+    def rename_topic(self, bot: str, org: str, old: str, new: str) -> None:
+        """Every entry of the Bot valid for learning in ``org`` (the step's organization) with topic
+        ``old`` gets ``new`` instead (L4: all of them, not only the 300 shown; no other
+        organization's entry, nor one the learning of ``org`` is not shown)."""
         for e in self.entries.values():
-            if e.bot == bot and old in e.tags:
+            if e.bot == bot and old in e.tags and self.valid_org(e) == org:
                 e.tags = [t for t in e.tags if t not in (old, new)] + [new]
+
+    def valid_org(self, e: Entry) -> str | None:
+        """The organization whose learning is shown ``e`` (L4): the one organization its closure
+        (it and every entry below it) names in ``org:`` tags and Item rules, when it is active
+        with an access proof (V9, D9.2) and every entry of the closure has a ``for:`` tag (V1);
+        None otherwise."""
+        if e.status != ACTIVE or self.proof_missing(e):
+            return None
+        closure: dict[str, Entry] = {}
+        queue: deque[str] = deque([e.id])
+        while queue:
+            x = self.entries[queue.popleft()]
+            if x.id not in closure:
+                closure[x.id] = x
+                queue.extend(x.entry_sources)
+        if not all(x.has_for() for x in closure.values()):
+            return None
+        orgs = {t[4:] for x in closure.values() for t in x.tags if t.startswith("org:")}
+        orgs |= {o for x in closure.values() for _, o in x.rules}
+        return orgs.pop() if len(orgs) == 1 else None
 
     def import_legacy(self, bot: str, entry_id: str, tags: list[str], layer: str = "fact") -> None:
         """Old memory without access proof: kept hidden (V9) — but a private pinned entry made with

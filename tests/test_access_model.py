@@ -704,15 +704,17 @@ class AccessMachine(RuleBasedStateMachine):
         self.expect("set topics", self.describe(f"set_topics {e} on {bot} to {topics}"), predicted, code)
         self.say(f"set_topics {e} on {bot} to {topics} -> {code or 'ok'}")
 
-    @rule(bot=idx, old=st.sampled_from(TOPICS), new=st.sampled_from(TOPICS))
+    @rule(bot=idx, org=idx, old=st.sampled_from(TOPICS), new=st.sampled_from(TOPICS))
     @step
-    def rename_topic(self, bot: int, old: str, new: str) -> None:
-        """The memory Bot's ``rename_topic`` over every entry of the Bot with the topic (L4)."""
-        b = pick(self.bots, bot)
-        self.model.rename_topic(b, old, new)
-        _, code = self.run(_code_of(self._apply(b, [RenameTopic(old, new)])))
-        self.expect("rename topic", self.describe(f"rename_topic {old} -> {new} on {b}"), None, code)
-        self.say(f"rename_topic {old} -> {new} on {b}")
+    def rename_topic(self, bot: int, org: int, old: str, new: str) -> None:
+        """The memory Bot's ``rename_topic`` in a step of ``org``'s learning: over every entry of
+        the Bot with the topic valid for learning in that organization, no other (L4)."""
+        b, o = pick(self.bots, bot), pick(self.orgs, org)
+        self.model.rename_topic(b, o, old, new)
+        _, code = self.run(_code_of(self._apply(b, [RenameTopic(old, new, o)])))
+        said = f"rename_topic {old} -> {new} on {b} in {o}"
+        self.expect("rename topic", self.describe(said), None, code)
+        self.say(said)
 
     @precondition(lambda self: self.created < MAX_ENTRIES)
     @rule(bot=idx, tags=st.sampled_from(["person", "bot", "channel"]), person=idx, pinned=st.booleans())

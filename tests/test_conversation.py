@@ -430,11 +430,11 @@ async def test_preferences_follow_their_topic_and_are_found_without_the_other_en
     assert await preferences() == {short, tea}
     await apply(runtime, w.bot, SetTopics(short, ("style",)))
     assert await preferences() == {tea}
-    await apply(runtime, w.bot, RenameTopic("style", "preferences"))
+    await apply(runtime, w.bot, RenameTopic("style", "preferences", w.org))
     assert await preferences() == {short, tea}
-    await apply(runtime, w.bot, RenameTopic("preferences", "likes"))
+    await apply(runtime, w.bot, RenameTopic("preferences", "likes", w.org))
     assert await preferences() == set()
-    await apply(runtime, w.bot, RenameTopic("likes", "preferences"))
+    await apply(runtime, w.bot, RenameTopic("likes", "preferences", w.org))
     assert await preferences() == {short, tea}
 
     reader = await memory.chat_reader(runtime, chat)

@@ -280,7 +280,11 @@ async def step(rt: Runtime, world: World, op: str, a: int, b: int, c: int) -> bo
             case "topics":
                 topics = (("plans",), ("trips", "plans"), ())[b % 3]
                 names_ = (("plans", "trips"), ("trips", "plans"))[b % 2]
-                change = SetTopics(pick, topics) if c % 2 else RenameTopic(*names_)
+                change = (
+                    SetTopics(pick, topics)
+                    if c % 2
+                    else RenameTopic(*names_, (world.org, world.guest_org)[a % 2])
+                )
                 await apply_changes(rt, world.bot, [change], "memory_bot")
             case "history":  # V13: the Items' text goes, their rules and what was learned stay
                 key = list(world.chats)[a % len(world.chats)]

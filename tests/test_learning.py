@@ -16,7 +16,7 @@ from graph import learning as learning_q
 from graph.driver import read
 from graph.memory import TOP_RANK
 from graph.migrations import LATEST, migrate
-from learning.executions import CONTEXT_CHARS, CONTEXT_TOPICS
+from learning.executions import CONTEXT_CHARS, CONTEXT_TOPICS, MOVED_REASKS
 from learning.gateway import FIXED_CALM_ANSWER
 from services.changes import Invalidate, MemoryChange, Remember
 from services.crypto import Kind
@@ -681,17 +681,23 @@ async def test_queue_and_change_messages_carry_ids_only(
     assert any(f"botmemory:changes:{w.bot}" in c and "PUBLISH" in c.upper() for c in commands)
 
 
+async def linked_guest(api: Api, bot: str) -> str:
+    """A new organization the Bot is linked into (D9.4)."""
+    guest_org = await api.organization("guest")
+    await api.admin(
+        "mutation($b: ID!, $o: ID!) { linkBot(botId: $b, organizationId: $o) { id } }",
+        {"b": bot, "o": guest_org},
+    )
+    return guest_org
+
+
 async def test_learning_context_is_the_first_300_valid_entries_of_the_chats_organization(
     api: Api, runtime: Runtime, model_server: ModelServer
 ) -> None:
     """L4, D9.14, V9: 300 entries in memory order, topic counts over all valid ones, never legacy
     entries or another organization's."""
     w = await memory_world(api, ("ann",))
-    guest_org = await api.organization("guest")
-    await api.admin(
-        "mutation($b: ID!, $o: ID!) { linkBot(botId: $b, organizationId: $o) { id } }",
-        {"b": w.bot, "o": guest_org},
-    )
+    guest_org = await linked_guest(api, w.bot)
     ann = w.people["ann"]
     notes: list[MemoryChange] = [Remember(f"note {n}", ann, w.org, ("bulk",)) for n in range(305)]
     notes.append(Remember("guest note", "p_guest", guest_org, ("bulk", "guest")))
@@ -714,6 +720,40 @@ async def test_learning_context_is_the_first_300_valid_entries_of_the_chats_orga
     )
 
 
+async def test_a_rename_reaches_only_what_the_learning_of_its_organization_is_shown(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    """L4: a step's ``rename_topic`` renames every entry with the topic that the learning of the
+    Chat's organization is shown (valid in it, beyond the first 300), never another
+    organization's entry on a Bot linked into both, nor an entry that is no longer valid (its
+    history keeps the topic it had). It renamed every entry of the Bot: a person of one
+    organization could steer the model into rewriting another's private entries' tags."""
+    model_server.reset()
+    w = await memory_world(api, ("ann",))
+    guest_org = await linked_guest(api, w.bot)
+    ann = w.people["ann"]
+    kept, gone = Remember("kept", ann, w.org, ("bulk",)), Remember("gone", ann, w.org, ("bulk", "old"))
+    guest = Remember("guest note", "p_guest", guest_org, ("bulk",))
+    await apply_changes(runtime, w.bot, [kept, gone, guest], "person")
+    await apply_changes(runtime, w.bot, [Invalidate(gone.id)], "memory_bot")
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    turn = await api.turn(w.tokens["ann"], chat, "call it a heap")
+    model_server.script("learn", learn(("rename_topic", {"from": "bulk", "to": "heap"})))
+    await confide(api, w.tokens["ann"], turn["id"])
+    await complete(api, w.tokens["ann"], turn["id"])
+    [x] = await wait_executions(runtime, turn["id"])
+    assert x["status"] == "done", x
+    records, _, _ = await runtime.driver.execute_query(
+        "MATCH (e:Entry {botId: $b}) RETURN e.id AS id, [t IN e.tags WHERE NOT t CONTAINS ':'] AS topics",
+        b=w.bot,
+    )
+    assert {r["id"]: r["topics"] for r in records} == {
+        kept.id: ["heap"],
+        gone.id: ["bulk", "old"],
+        guest.id: ["bulk"],
+    }
+
+
 async def test_learning_context_seeks_the_valid_entries_of_its_organization(
     api: Api, runtime: Runtime
 ) -> None:
@@ -724,11 +764,7 @@ async def test_learning_context_seeks_the_valid_entries_of_its_organization(
     entry of the Bot read each of them); a store upgraded from version 13 gets ``validOrg``, the
     counts and the same context."""
     w = await memory_world(api, ("ann",))
-    guest_org = await api.organization("guest")
-    await api.admin(
-        "mutation($b: ID!, $o: ID!) { linkBot(botId: $b, organizationId: $o) { id } }",
-        {"b": w.bot, "o": guest_org},
-    )
+    guest_org = await linked_guest(api, w.bot)
     notes = [Remember(f"note {n}", w.people["ann"], w.org, ("bulk",) if n % 2 else ()) for n in range(6)]
     await apply_changes(runtime, w.bot, list(notes), "person")
 
@@ -899,19 +935,21 @@ async def test_a_purge_removes_a_learned_entry_from_the_refused_answers_of_its_s
     assert left == []  # before: the refused answer's result and the re-ask's request
 
 
-async def test_a_step_whose_context_was_purged_while_the_model_answered_asks_again(
-    api: Api, runtime: Runtime, model_server: ModelServer
+@pytest.mark.parametrize("taken", ["purge", "forget"])
+async def test_a_step_whose_context_was_taken_back_while_the_model_answered_asks_again(
+    api: Api, runtime: Runtime, model_server: ModelServer, taken: str
 ) -> None:
-    """D9.20, C7: a step sends the model its learningContext; an entry of it purged while the
-    model answers was gone from the memory, but the answer could restate it as a new fact of
-    this Chat, and it committed: the purged words were back, tagged with another chat. A purge
-    since the step read its inputs makes the commit stale: the step reads them again (without
-    the purged entry) and asks again."""
+    """D9.20, C7, V11: a step sends the model its learningContext; an entry of it purged, or
+    taken back by its person (Forget), while the model answers was gone from their memory, but
+    the answer could restate it as a new fact of this Chat, and it committed: the purged words
+    were back, tagged with another chat; the forgotten ones were Ann's to see again under a new
+    id (Forget: until session 56). A purge or take-back since the step read its inputs makes the
+    commit stale: the step reads them again (without the entry) and asks again."""
     w = await memory_world(api, ("ann",))
     ann = w.tokens["ann"]
     source = await api.chat(ann, w.bot)
     canary = "zq" + hashlib.sha256(w.bot.encode()).hexdigest()[:10]
-    await fact(runtime, w.bot, f"Ann's door code is {canary}", await said(api, ann, source, "code"))
+    code = await fact(runtime, w.bot, f"Ann's door code is {canary}", await said(api, ann, source, "code"))
     chat = await api.chat(ann, w.bot)
     turn = await api.turn(ann, chat, "I use the side door")
     item = await first_item(api, ann, chat)
@@ -926,15 +964,93 @@ async def test_a_step_whose_context_was_purged_while_the_model_answered_asks_aga
     try:
         await model_server.wait_for_requests("learn", 1)
         assert canary in model_server.requests_for("learn")[0].text  # the context holds the entry
-        purged = await api.http.post(
-            f"/v1/bots/{w.bot}/memory/purge", json={"tag": f"chat:{source}"}, headers=bearer(ann)
-        )
-        assert purged.json() == {"removed": 1}, purged.text
+        if taken == "purge":
+            purged = await api.http.post(
+                f"/v1/bots/{w.bot}/memory/purge", json={"tag": f"chat:{source}"}, headers=bearer(ann)
+            )
+            assert purged.json() == {"removed": 1}, purged.text
+        else:
+            forgot = await command(api, ann, w.bot, {"_tag": "Forget", "id": code})
+            assert forgot.status_code == 200, forgot.text
     finally:
         gate.set()
     [x] = await wait_executions(runtime, turn["id"])
     assert (x["status"], x["learned"]) == ("done", 1), x
     asked = model_server.requests_for("learn")
     assert len(asked) == 2 and canary not in asked[1].text  # read again without it, asked again
-    contents = [e["content"] for e in (await visible(api, ann, w.bot)).values()]
-    assert contents == ["Ann uses the side door"]  # before: the restated door code
+    active = [e["content"] for e in (await visible(api, ann, w.bot)).values() if e["status"] == "active"]
+    assert active == ["Ann uses the side door"]  # before: the restated door code
+
+
+async def test_a_step_refused_by_a_change_made_while_the_model_answered_asks_again(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    """C7, D9.21: an answer built on a learningContext that another change (here another Chat's
+    step invalidating the entry it observes on) made stale while the model answered is refused by
+    the commit under the lock — which ended the execution ``failed``, its evidence unlearned until
+    the Bot confided in that Chat again. The memory moved since the step read its inputs, so the
+    step reads them again and asks again — at most MOVED_REASKS times a job, then it fails."""
+    w = await memory_world(api, ("ann",))
+    ann = w.tokens["ann"]
+    source = await api.chat(ann, w.bot)
+    door = await fact(runtime, w.bot, "Ann locks the front door", await said(api, ann, source, "locked"))
+    chat = await api.chat(ann, w.bot)
+    turn = await api.turn(ann, chat, "I use the side door now")
+    item = await first_item(api, ann, chat)
+    gate = threading.Event()
+    observed = {"content": "Ann is careful with doors", "source_entry_ids": [door], "confidence": 0.7}
+    model_server.script(
+        "learn",
+        learn(("add_observation", observed), hold=gate),
+        learn(fact_call("Ann uses the side door", item)),
+    )
+    await confide(api, ann, turn["id"])
+    await complete(api, ann, turn["id"])
+    try:
+        await model_server.wait_for_requests("learn", 1)
+        await apply_changes(runtime, w.bot, [Invalidate(door)], "memory_bot")
+    finally:
+        gate.set()
+    [x] = await wait_executions(runtime, turn["id"])
+    assert (x["status"], x["learned"], x.get("error")) == ("done", 1, None), x
+    asked = model_server.requests_for("learn")
+    kept = [[e["id"] for e in json.loads(a.body["messages"][1]["content"])["keptEntries"]] for a in asked]
+    assert kept == [[door], []]  # read again without it, asked again
+    active = [e["content"] for e in (await visible(api, ann, w.bot)).values() if e["status"] == "active"]
+    assert active == ["Ann uses the side door"]
+
+    # Refused again and again while the memory keeps moving: each re-ask is a model call, so a
+    # job asks at most MOVED_REASKS times more, then fails as before.
+    model_server.reset()
+    facts = [
+        await fact(runtime, w.bot, f"Ann owns key {n}", await said(api, ann, source, "keys"))
+        for n in range(3)
+    ]
+    again = await api.turn(ann, chat, "I lost a key")
+    gates = [threading.Event() for _ in facts]
+    model_server.script(
+        "learn",
+        *(
+            learn(
+                (
+                    "add_observation",
+                    {"content": "Ann loses keys", "source_entry_ids": [f], "confidence": 0.5},
+                ),
+                hold=g,
+            )
+            for f, g in zip(facts, gates, strict=True)
+        ),
+    )
+    await confide(api, ann, again["id"])
+    await complete(api, ann, again["id"])
+    try:
+        for n, (f, g) in enumerate(zip(facts, gates, strict=True)):
+            await model_server.wait_for_requests("learn", n + 1)
+            await apply_changes(runtime, w.bot, [Invalidate(f)], "memory_bot")
+            g.set()
+    finally:
+        for g in gates:
+            g.set()
+    [y] = await wait_executions(runtime, again["id"])
+    assert (y["status"], y["error"]) == ("failed", "rejected:CONFLICT"), y
+    assert len(model_server.requests_for("learn")) == 1 + MOVED_REASKS

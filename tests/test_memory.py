@@ -556,7 +556,8 @@ async def test_tag_and_status_changes_keep_ciphertext_and_log_every_change(
 
 
 async def test_topics_are_set_and_a_rename_covers_every_matching_entry(api: Api, runtime: Runtime) -> None:
-    """L4: a topic rename covers every matching entry, far beyond learningContext's 300; V8:
+    """L4: a topic rename covers every matching entry valid in its organization, far beyond
+    learningContext's 300 (test_learning: no other organization's, nor one no longer valid); V8:
     only topics, never colon tags; E3: the ciphertext stays; C2: one version, one log row."""
     w = await make_world(api, ("ann",))
     chat = await api.chat(w.tokens["ann"], w.bot)
@@ -577,15 +578,15 @@ async def test_topics_are_set_and_a_rename_covers_every_matching_entry(api: Api,
     before, v0 = await stored()
     # Bad topics are refused before anything is written (V8).
     for bad in (
-        RenameTopic("trip", "for:bot"),
-        RenameTopic("trip", "Not A Topic"),
+        RenameTopic("trip", "for:bot", w.org),
+        RenameTopic("trip", "Not A Topic", w.org),
         SetTopics(other.id, ("org:x",)),
     ):
         with pytest.raises(BadInput):
             await apply(runtime, w.bot, bad)
     assert await stored() == (before, v0)
 
-    applied = await apply(runtime, w.bot, RenameTopic("trip", "travel"))
+    applied = await apply(runtime, w.bot, RenameTopic("trip", "travel", w.org))
     after, v1 = await stored()
     assert set(applied.entry_ids) == renamed and v1 == v0 + 1 == applied.version
     for entry_id, (blob, tags) in after.items():

@@ -364,7 +364,7 @@ async def test_a_tag_filter_lists_and_pages_the_entries_with_every_kind_of_tag(
     sailing = [c.id for c in changes if "sailing" in c.topics and not c.content.startswith("theirs")]
     assert set(await visible(api, ann, w.bot, tags="sailing")) >= set(sailing)
 
-    await apply(runtime, w.bot, SetTopics(changes[0].id, ("sailing",)), RenameTopic("work", "sailing"))
+    await apply(runtime, w.bot, SetTopics(changes[0].id, ("sailing",)), RenameTopic("work", "sailing", w.org))
     now = await visible(api, ann, w.bot, tags="sailing")
     assert changes[0].id in now and all("work" not in e["tags"] for e in now.values())
     assert await visible(api, ann, w.bot, tags="work") == {}

@@ -21,6 +21,7 @@ KINDS = {
 }
 EVIDENCE = {i: EvidenceItem(i, kind, "person:p1", "text") for i, kind in KINDS.items()}
 KEPT = "mem_kept"
+ORG = "org_1"
 
 
 def call(name: str, args: dict[str, Any] | str, call_id: str = "c1") -> ToolCall:
@@ -28,7 +29,7 @@ def call(name: str, args: dict[str, Any] | str, call_id: str = "c1") -> ToolCall
 
 
 def run(*calls: ToolCall) -> list[MemoryChange]:
-    return changes_from(calls, chat_id=CHAT, evidence=EVIDENCE, context_ids={KEPT})
+    return changes_from(calls, chat_id=CHAT, evidence=EVIDENCE, context_ids={KEPT}, org=ORG)
 
 
 def refused(*calls: ToolCall) -> tuple[str, str]:

@@ -96,8 +96,8 @@ def test_content_up_to_the_limit_passes() -> None:
         (Remember("pin", "p1", "o1", ("org:o1",)), "topics"),
         (Revise("mem_1", ""), "content"),
         (SetTopics("mem_1", ("a b",)), "topics"),
-        (RenameTopic("tea", "Drinks"), "topics"),
-        (RenameTopic("from:p1", "tea"), "topics"),
+        (RenameTopic("tea", "Drinks", "o1"), "topics"),
+        (RenameTopic("from:p1", "tea", "o1"), "topics"),
     ],
 )
 def test_invalid_changes_name_their_field(change: MemoryChange, field: str) -> None:
@@ -116,7 +116,7 @@ def test_invalid_changes_name_their_field(change: MemoryChange, field: str) -> N
         Remember("pin", "p1", "o1", ("preferences",)),
         Revise("mem_1", "new"),
         SetTopics("mem_1", ()),
-        RenameTopic("tea", "drinks"),
+        RenameTopic("tea", "drinks", "o1"),
         Invalidate("mem_1"),
         Share("mem_1", ("for:bot",)),  # the audience is checked under the lock (V6)
         Forget("mem_1", "p1"),

@@ -113,7 +113,7 @@ def test_a_learning_answer_passes_the_server_check() -> None:
         i["id"]: protocol.EvidenceItem(i["id"], i["kind"].upper(), i["speaker"], i["text"]) for i in ITEMS
     }
     changes = protocol.changes_from(
-        gateway_calls(reply), chat_id="chat_1", evidence=evidence, context_ids=set()
+        gateway_calls(reply), chat_id="chat_1", evidence=evidence, context_ids=set(), org="org_1"
     )
     assert [(c.content, c.sources) for c in changes if isinstance(c, AddFact)] == [
         ("Loves tea.", (ItemRef("chat_1", "i-1"),)),

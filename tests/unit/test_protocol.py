@@ -21,7 +21,7 @@ from services.changes import (
     SetTopics,
     Share,
 )
-from tests.unit.protocol_helpers import CHAT, EVIDENCE, KEPT, call, fact, refused, run
+from tests.unit.protocol_helpers import CHAT, EVIDENCE, KEPT, ORG, call, fact, refused, run
 
 
 def test_a_fact_rests_on_person_messages_with_app_results_as_support() -> None:
@@ -104,7 +104,7 @@ def test_edits_of_kept_entries() -> None:
     ) == [
         Invalidate(KEPT),
         SetTopics(KEPT, ()),
-        RenameTopic("tea", "drinks"),
+        RenameTopic("tea", "drinks", ORG),
         Share(KEPT, ("for:bot", "for:channel:ch1")),
     ]
 
@@ -188,7 +188,9 @@ def test_a_new_fact_is_shared_only_within_its_own_chats_audience() -> None:
     own = frozenset({"for:person:p1"})
 
     def shared(*calls: ToolCall) -> list[MemoryChange]:
-        return changes_from(calls, chat_id=CHAT, evidence=EVIDENCE, context_ids={KEPT}, own_audience=own)
+        return changes_from(
+            calls, chat_id=CHAT, evidence=EVIDENCE, context_ids={KEPT}, org=ORG, own_audience=own
+        )
 
     new_fact = fact(["i-1"], call_id="f")
     [added, share] = shared(new_fact, call("share", {"entry_id": "f", "audience": ["for:person:p1"]}, "s"))
