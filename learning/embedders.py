@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Final, cast
+from urllib.parse import urlsplit
 
 import numpy as np
 import numpy.typing as npt
@@ -130,6 +131,17 @@ class LocalMiniLM:
         return self._model
 
 
+#: Where the ``openai`` client sends requests without a base URL (OPENAI_BASE_URL unset).
+OPENAI_API: Final = "https://api.openai.com/v1"
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    """A URL's scheme, host and port (the scheme's own when none is given)."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    return scheme, (parts.hostname or "").lower(), parts.port or {"http": 80, "https": 443}.get(scheme)
+
+
 class OpenAIEmbedder:
     """An OpenAI-compatible ``/v1/embeddings`` endpoint through the ``openai`` client.
 
@@ -151,7 +163,11 @@ class OpenAIEmbedder:
         self._model = settings.embedding_model
         self._dims = settings.embedding_dimensions
         self._batch = settings.embedding_batch
-        key = settings.embedding_api_key or settings.openai_api_key
+        key = settings.embedding_api_key
+        if key is None and _origin(base_url) == _origin(settings.openai_base_url or OPENAI_API):
+            # The chat provider's key goes only where the chat provider is: an embeddings
+            # endpoint elsewhere (another vendor, a local server) is never sent it.
+            key = settings.openai_api_key
         self._client = AsyncOpenAI(
             base_url=base_url,
             api_key=key.get_secret_value() if key else "none",

@@ -135,7 +135,8 @@ class Settings(BaseSettings):
     #: Requested vector size (the endpoint's ``dimensions``); required when ``embedder`` is
     #: "openai" (the size is stored with each vector).
     embedding_dimensions: int | None = Field(default=None, gt=0)
-    #: The embeddings endpoint's key; None falls back to ``openai_api_key`` (OPENAI_API_KEY).
+    #: The embeddings endpoint's key; None falls back to ``openai_api_key`` (OPENAI_API_KEY) when
+    #: the endpoint is at the chat provider's origin (scheme, host, port), else no key is sent.
     embedding_api_key: SecretStr | None = None
     #: CPU threads of the local embedder (onnxruntime intra-op threads).
     embedding_threads: int = Field(default=1, ge=1)

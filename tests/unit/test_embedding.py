@@ -233,6 +233,37 @@ async def test_openai_embedder_batches_and_normalises(embeddings_server: _Server
 
 
 @pytest.mark.parametrize(
+    ("chat_provider", "sent"),
+    [
+        (None, "Bearer none"),  # the chat provider is OpenAI's own API: another host
+        ("http://10.0.0.9:{port}/v1", "Bearer none"),  # another host, the same port
+        ("http://127.0.0.1:1/v1", "Bearer none"),  # the same host, another port
+        ("HTTP://127.0.0.1:{port}/other", "Bearer sk-chat"),  # the same origin
+    ],
+)
+async def test_the_chat_providers_key_goes_to_its_own_origin_only(
+    embeddings_server: _Server, chat_provider: str | None, sent: str
+) -> None:
+    """Without an embeddings key of its own, an embeddings endpoint was sent OPENAI_API_KEY
+    wherever it was: another vendor's host got the chat provider's credential with every
+    embedding. The fallback holds only at the chat provider's origin (scheme, host, port)."""
+    port = embeddings_server.server_address[1]
+    settings = _openai_settings(embeddings_server, "test-embed").model_copy(
+        update={
+            "embedding_api_key": None,
+            "openai_base_url": None if chat_provider is None else chat_provider.format(port=port),
+        }
+    )
+    embedder = make_embedder(settings)
+    assert isinstance(embedder, OpenAIEmbedder)
+    try:
+        await embedder.embed(["a"])
+    finally:
+        await embedder.aclose()
+    assert [r["authorization"] for r in embeddings_server.requests] == [sent]
+
+
+@pytest.mark.parametrize(
     ("model", "code"), [("broken", "refused"), ("missing", "provider_error"), ("short", "malformed")]
 )
 async def test_openai_failures_carry_a_code_only(
