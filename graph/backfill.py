@@ -13,6 +13,7 @@ from neo4j import AsyncManagedTransaction
 
 from graph.driver import Ciphertext, QueryTarget, rows, single
 from graph.entries import CountRow
+from graph.memory import READ_LOCK
 
 #: An entry's keywords are missing or were made by an older tokenisation than ``$scheme``.
 _KEYWORDS_DUE: Final[LiteralString] = "(e.kwBlind IS NULL OR coalesce(e.kwScheme, 1) < $scheme)"
@@ -84,15 +85,34 @@ WHERE coalesce(m.kwDue, true) OR coalesce(m.kwScheme, 0) < $scheme
 RETURN collect(m.id) AS botIds
 """
 
+#: Where a backfill begins: the memory version, and how many times the embedder of the backfills'
+#: vector writes changed (``vecWriter``, ``vecWriterChanges``: WRITE), under the shared lock.
+START: Final[LiteralString] = (
+    READ_LOCK + "RETURN m.version AS version, coalesce(m.vecWriterChanges, 0) AS writerChanges\n"
+)
+
+
+class StartRow(TypedDict):
+    version: int
+    writerChanges: int
+
+
 #: A backfill that began at memory version ``$version`` went through every entry: unless a change
 #: came since (the version moved on), every entry now has keywords of ``$scheme`` (and a vector of
 #: ``$model``, when not null), and the Memory records it, under the exclusive lock (a change that
 #: leaves an entry without them sets ``kwDue`` / ``vecDue`` after this, never before it unseen).
+#: A backfill's writes move no version: with ``$model``, the vectors must also all have been
+#: written by this embedder since it began (``$writerChanges`` unchanged, the last writer this
+#: one). During an embedder swap a worker not yet swapped re-embeds, with the old embedder, the
+#: entries the new one already did; marked done over them, the Bot was never due again and
+#: those entries stayed keyword-only for the new embedder's processes.
 MARK_DONE: Final[LiteralString] = """
 MATCH (held:Memory {id: $botId})
 CALL apoc.lock.nodes([held])
 MATCH (m:Memory) WHERE elementId(m) = elementId(held)
   AND m.version = $version
+  AND ($model IS NULL
+       OR (coalesce(m.vecWriterChanges, 0) = $writerChanges AND coalesce(m.vecWriter, $model) = $model))
 SET m.kwScheme = $scheme, m.kwDue = false
 FOREACH (_ IN CASE WHEN $model IS NULL THEN [] ELSE [1] END | SET m.vecModel = $model, m.vecDue = false)
 RETURN count(m) AS n
@@ -111,12 +131,15 @@ class BotIdsRow(TypedDict):
 #: mostly the same tokens (text of ASCII alone tokenises as before): such an entry is written (in
 #: the new scheme's sorted order) but not stamped, so the indexes do not read it again. Nothing a
 #: reader sees changes, so the memory version and the log stay as they are (C2 counts changes of
-#: entries).
+#: entries). A batch of vectors (``$model``: their embedder; null for keywords alone) records its
+#: embedder as the Memory's ``vecWriter``, counting each change of it (MARK_DONE).
 WRITE: Final[LiteralString] = """
 MATCH (m:Memory {id: $botId})
 CALL apoc.lock.nodes([m])
-WITH m
-SET m.vecSeq = coalesce(m.vecSeq, 0) + 1
+WITH m, $model IS NOT NULL AND coalesce(m.vecWriter, $model) <> $model AS switched
+SET m.vecSeq = coalesce(m.vecSeq, 0) + 1,
+    m.vecWriterChanges = coalesce(m.vecWriterChanges, 0) + CASE WHEN switched THEN 1 ELSE 0 END,
+    m.vecWriter = coalesce($model, m.vecWriter)
 WITH m, m.vecSeq AS seq
 CALL (seq) {
   UNWIND $rows AS row
@@ -160,15 +183,24 @@ async def bots_due(tx: QueryTarget, *, model: str | None, scheme: int) -> list[s
     return [] if found is None else found["botIds"]
 
 
+async def start(tx: QueryTarget, *, bot_id: str) -> StartRow | None:
+    """START: the version and writer changes a backfill begins at (None: the Bot is gone)."""
+    return await single(tx, START, StartRow, botId=bot_id)
+
+
 async def mark_done(
-    tx: AsyncManagedTransaction, *, bot_id: str, version: int, model: str | None, scheme: int
+    tx: AsyncManagedTransaction, *, bot_id: str, began: StartRow, model: str | None, scheme: int
 ) -> bool:
     """MARK_DONE: whether the Memory now records its entries' derived data as complete."""
-    found = await single(tx, MARK_DONE, CountRow, botId=bot_id, version=version, model=model, scheme=scheme)
+    params = {"version": began["version"], "writerChanges": began["writerChanges"]}
+    found = await single(tx, MARK_DONE, CountRow, botId=bot_id, **params, model=model, scheme=scheme)
     return found is not None and found["n"] == 1
 
 
-async def write(tx: AsyncManagedTransaction, *, bot_id: str, batch: list[dict[str, Any]]) -> int | None:
-    """WRITE: how many entries were written, or None when the Bot is gone."""
-    found = await single(tx, WRITE, WrittenRow, botId=bot_id, rows=batch)
+async def write(
+    tx: AsyncManagedTransaction, *, bot_id: str, batch: list[dict[str, Any]], model: str | None
+) -> int | None:
+    """WRITE: how many entries were written, or None when the Bot is gone (``model``: the
+    batch's embedder, None for keywords alone)."""
+    found = await single(tx, WRITE, WrittenRow, botId=bot_id, rows=batch, model=model)
     return None if found is None else found["written"]

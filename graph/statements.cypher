@@ -412,6 +412,8 @@ MATCH (held:Memory {id: $botId})
 CALL apoc.lock.nodes([held])
 MATCH (m:Memory) WHERE elementId(m) = elementId(held)
   AND m.version = $version
+  AND ($model IS NULL
+       OR (coalesce(m.vecWriterChanges, 0) = $writerChanges AND coalesce(m.vecWriter, $model) = $model))
 SET m.kwScheme = $scheme, m.kwDue = false
 FOREACH (_ IN CASE WHEN $model IS NULL THEN [] ELSE [1] END | SET m.vecModel = $model, m.vecDue = false)
 RETURN count(m) AS n
@@ -432,11 +434,20 @@ WHERE e.status <> 'retracted'
 RETURN count(e) AS total, count(CASE WHEN e.vecModel = $model THEN 1 END) AS embedded,
        count(CASE WHEN NOT (e.kwBlind IS NULL OR coalesce(e.kwScheme, 1) < $scheme) THEN 1 END) AS keyworded
 
+// ---- graph.backfill.START
+MATCH (held:Memory {id: $botId})
+CALL apoc.lock.read.nodes([held])
+WITH held
+MATCH (m:Memory) WHERE elementId(m) = elementId(held)
+RETURN m.version AS version, coalesce(m.vecWriterChanges, 0) AS writerChanges
+
 // ---- graph.backfill.WRITE
 MATCH (m:Memory {id: $botId})
 CALL apoc.lock.nodes([m])
-WITH m
-SET m.vecSeq = coalesce(m.vecSeq, 0) + 1
+WITH m, $model IS NOT NULL AND coalesce(m.vecWriter, $model) <> $model AS switched
+SET m.vecSeq = coalesce(m.vecSeq, 0) + 1,
+    m.vecWriterChanges = coalesce(m.vecWriterChanges, 0) + CASE WHEN switched THEN 1 ELSE 0 END,
+    m.vecWriter = coalesce($model, m.vecWriter)
 WITH m, m.vecSeq AS seq
 CALL (seq) {
   UNWIND $rows AS row

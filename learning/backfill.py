@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from graph import backfill as backfill_q
-from graph import memory as memory_q
 from graph.driver import read, write
 from services import metrics
 from services.crypto import Cipher, Kind
@@ -76,8 +75,8 @@ async def run(
     Bot by until a write leaves one without)."""
     started = time.monotonic()
     cipher = await cipher_of(rt, bot_id)  # NotFound for a Bot that does not exist
-    version = await read(rt.driver, lambda tx: memory_q.shared_lock(tx, bot_id=bot_id))
-    if version is None:
+    began = await read(rt.driver, lambda tx: backfill_q.start(tx, bot_id=bot_id))
+    if began is None:
         return True  # the Bot is gone
     vec_model = None if embedder is None else embedder.id
     for model, batch in ((None, KEYWORD_BATCH), (vec_model, VECTOR_BATCH)):
@@ -98,7 +97,9 @@ async def run(
             rows = await _derive(cipher, embedder if model else None, found)
             written = await write(
                 rt.driver,
-                lambda tx, rows=rows: backfill_q.write(tx, bot_id=bot_id, batch=rows),
+                lambda tx, rows=rows, model=model: backfill_q.write(
+                    tx, bot_id=bot_id, batch=rows, model=model
+                ),
             )
             if written is None:
                 return True  # the Bot is gone
@@ -109,7 +110,7 @@ async def run(
             after = found[-1]["id"]
     await write(
         rt.driver,
-        lambda tx: backfill_q.mark_done(tx, bot_id=bot_id, version=version, model=vec_model, scheme=SCHEME),
+        lambda tx: backfill_q.mark_done(tx, bot_id=bot_id, began=began, model=vec_model, scheme=SCHEME),
     )
     return True
 

@@ -16,12 +16,14 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import SimpleNamespace
 from typing import Any
 
 import httpx
+import numpy as np
+import numpy.typing as npt
 import pytest
 from prometheus_client import REGISTRY
 
@@ -32,7 +34,7 @@ from services import jobs, memory, search
 from services.bootstrap import open_runtime
 from services.changes import Remember, Revise
 from services.crypto import DecryptionError
-from services.embedding import EmbedderUnavailable, QueryVectors, embed_each, encode_vector
+from services.embedding import Embedder, EmbedderUnavailable, QueryVectors, embed_each, encode_vector
 from services.errors import NotFound
 from services.keywords import SCHEME, tokens
 from services.maintenance import LegacyEntry, import_legacy
@@ -309,8 +311,10 @@ async def test_the_sweep_reads_what_each_memory_records_and_finds_what_a_write_l
 
         # A backfill that began before a change records nothing: the change may have left an
         # entry it did not go through.
-        held = await runtime.driver.execute_query("MATCH (m:Memory {id: $b}) RETURN m.version AS v", b=w.bot)
-        version = held.records[0]["v"]
+        held = await runtime.driver.execute_query(
+            "MATCH (m:Memory {id: $b}) RETURN m.version AS v, coalesce(m.vecWriterChanges, 0) AS c", b=w.bot
+        )
+        version, changes = held.records[0]["v"], held.records[0]["c"]
         await apply_changes(
             runtime, w.bot, [Remember(content="Ann rents a stall", person_id=person, org=org)], "person"
         )
@@ -318,7 +322,12 @@ async def test_the_sweep_reads_what_each_memory_records_and_finds_what_a_write_l
             "MATCH (m:Memory {id: $b}) SET m.vecDue = false", b=w.bot
         )  # as if that write had not marked it either
         marked = await runtime.driver.execute_query(
-            backfill_q.MARK_DONE, botId=w.bot, version=version, model=minilm.id, scheme=SCHEME
+            backfill_q.MARK_DONE,
+            botId=w.bot,
+            version=version,
+            writerChanges=changes,
+            model=minilm.id,
+            scheme=SCHEME,
         )
         assert marked.records[0]["n"] == 0
     finally:
@@ -365,6 +374,68 @@ async def test_a_write_with_another_embedders_vector_after_a_backfill_makes_the_
             "MATCH (e:Entry {botId: $b}) RETURN collect(DISTINCT e.vecModel) AS m", b=w.bot
         )
         assert models.records[0]["m"] == [minilm.id]
+    finally:
+        await minilm.aclose()
+
+
+class _Meddled:
+    """``inner``, except that before its second batch ``meddle`` runs: another worker's backfill
+    going through the Bot while this one does."""
+
+    def __init__(self, inner: Embedder, meddle: Callable[[], Awaitable[object]]) -> None:
+        self.inner, self.meddle, self.batches = inner, meddle, 0
+
+    @property
+    def id(self) -> str:
+        return self.inner.id
+
+    @property
+    def dims(self) -> int:
+        return self.inner.dims
+
+    async def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+        self.batches += 1
+        if self.batches == 2:
+            await self.meddle()
+        return await self.inner.embed(texts)
+
+    async def aclose(self) -> None:
+        return None
+
+
+async def test_a_backfill_meddled_with_by_another_embedders_worker_leaves_the_bot_due(
+    api: Api, runtime: Runtime, settings: Settings
+) -> None:
+    """During an embedder swap a worker not yet swapped (the old embedder) goes through the Bot
+    while the new one does, and re-embeds with the old embedder what the new one already wrote.
+    A backfill's writes move no memory version, so the new one's pass was recorded done on the
+    Memory: the Bot was never due again, and those entries had no vector of the new embedder
+    for good. Now a pass records done only when every vector since it began was its embedder's;
+    the next pass, alone, re-embeds them and records it."""
+    w = await make_world(api, ("ann",))
+    notes = [Remember(content=f"Ann keeps hive {n}", person_id=w.people["ann"], org=w.org) for n in range(70)]
+    await apply_changes(runtime, w.bot, list(notes), "person")
+    minilm = LocalMiniLM()
+    try:
+        async with _endpoint(settings, _Embeddings, "old-model") as old:
+            assert await backfill.run(runtime, w.bot, old)  # before the swap: all of the old one
+            assert w.bot in await backfill.bots_to_backfill(runtime, minilm)
+            meddled = _Meddled(minilm, lambda: backfill.run(runtime, w.bot, old))
+            await backfill.run(runtime, w.bot, meddled)  # 70 entries: two batches of vectors
+
+            async def old_ones() -> int:
+                found = await runtime.driver.execute_query(
+                    "MATCH (e:Entry {botId: $b}) WHERE e.vecModel <> $m RETURN count(e) AS n",
+                    b=w.bot,
+                    m=minilm.id,
+                )
+                return int(found.records[0]["n"])
+
+            assert await old_ones() > 0  # the first batch, re-embedded by the old one meanwhile
+            assert w.bot in await backfill.bots_to_backfill(runtime, minilm)
+            assert await backfill.run(runtime, w.bot, minilm)
+            assert await old_ones() == 0
+            assert w.bot not in await backfill.bots_to_backfill(runtime, minilm)
     finally:
         await minilm.aclose()
 
