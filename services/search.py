@@ -385,7 +385,7 @@ async def _ranked(
     cands: list[str] = []
     parts: list[Parts] = []  # what the walked candidates are made of (their shown scores)
     attempts = lost_rounds = 0
-    while attempts < _ATTEMPTS and lost_rounds < _LOST_ROUNDS:
+    while lost_rounds < _LOST_ROUNDS:
         after = index.seq
         ranking = candidates(index, q.vector, q.blind, keys, wanted, walk)
         total = len(ranking.ids)
@@ -396,9 +396,15 @@ async def _ranked(
         if found["fresh"]["ids"] or found["purged"]:
             _STATEMENTS["caught_up"].inc()
             catch_up(index, cipher, found)
-            attempts += 1
-            continue  # the candidates may have changed: ask again with the current index
-        index.seq = max(index.seq, int(found["seq"]))
+            if attempts < _ATTEMPTS:
+                attempts += 1
+                continue  # the candidates may have changed: ask again with the current index
+            # Writes came during every attempt: this walk's answer stands, ranked with all but
+            # what was stamped while its own statement ran (as concurrent as the search itself).
+            # The answer of the attempt before was ranked before its catch-up: the newest
+            # entries, and any that outranked the walked ones, were left out.
+        else:
+            index.seq = max(index.seq, int(found["seq"]))
         if found["blind"]:
             # The readers as they stand now hold none of the keys (a group chat one of whose
             # members does not use the Bot): nothing was walked and nothing would pass.
@@ -419,7 +425,7 @@ async def _ranked(
             rt.vectors.observe_passing(bot_id, keys, visible / int(found["walked"]))
             _PASSED.inc(visible)
             _REFUSED.inc(int(found["walked"]) - visible)
-        if visible >= wanted or (walked == total and ranking.complete):
+        if visible >= wanted or (walked == total and ranking.complete) or attempts >= _ATTEMPTS:
             _STATEMENTS["answered"].inc()
             break
         _STATEMENTS["further"].inc()
@@ -506,7 +512,11 @@ async def _load(rt: Runtime, index: BotIndex, bot_id: str, cipher: Cipher) -> No
             if part["ids"]:
                 await asyncio.to_thread(_absorb, index, cipher, part)
 
-        await autocommit(rt.driver, take, fetch_size=max(1, ABSORB_PART // search_q.DERIVED_PAGE))
+        try:
+            await autocommit(rt.driver, take, fetch_size=max(1, ABSORB_PART // search_q.DERIVED_PAGE))
+        except BaseException:
+            index.reset()  # the next load (this search's caller again, or another) starts empty
+            raise
         index.seq = max(index.seq, seq)
         rt.vectors.account(bot_id, index)
         metrics.SEARCH_INDEX_LOAD_SECONDS.observe(time.perf_counter() - started)

@@ -269,6 +269,14 @@ class BotIndex:
     def __len__(self) -> int:
         return len(self._ids)
 
+    def reset(self) -> None:
+        """Empty again, as made (its lock kept): a load that failed part-way took in rows that
+        no catch-up would drop — one purged before the next load stayed, proposed and counted by
+        BM25, until a walk lost it."""
+        lock = self.lock
+        self.__init__(self.model)
+        self.lock = lock
+
     @property
     def nbytes(self) -> int:
         """Memory held by the arrays and postings (ids and the id map not counted)."""

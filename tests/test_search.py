@@ -926,6 +926,75 @@ async def test_a_stale_node_id_costs_a_lookup_never_a_result(api: Api, runtime: 
     assert index.nodes_of([facts[0].id])[0].startswith("4:")  # learnt again
 
 
+async def test_a_cold_load_that_fails_part_way_leaves_no_row_behind(
+    api: Api, runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Bot's first search loads its index in parts (ABSORB_PART); a load that failed after a
+    part (the connection lost, the driver's retry of its read) kept that part's rows in the
+    index, and the next load read the rest into it: an entry purged in between stayed as a row
+    no catch-up drops (its purge stamped before the new load's sequence), proposed and counted
+    by BM25 until a walk lost it. The failed load leaves the index empty."""
+    w, facts, ann = await ann_learns(api, runtime, [f"Ann keeps a canoe number {n}" for n in range(4)])
+    other = await api.chat(w.tokens["ann"], w.bot)
+    gone = AddFact(
+        content="Ann keeps a canoe paddle", sources=(ItemRef(*await said(api, w.tokens["ann"], other, "x")),)
+    )
+    await apply_changes(runtime, w.bot, [gone], "memory_bot", embedder=None)
+    fresh = dataclasses.replace(runtime, vectors=VectorIndexes())
+    absorb = search._absorb  # pyright: ignore[reportPrivateUsage]
+
+    def absorbs_then_fails(*args: Any) -> None:
+        absorb(*args)
+        raise OSError("the connection dropped after the first part")
+
+    monkeypatch.setattr(search, "_absorb", absorbs_then_fails)
+    with pytest.raises(OSError, match="after the first part"):
+        await search.search(fresh, None, w.bot, ann, "canoe", 10)
+    monkeypatch.undo()
+    index = fresh.vectors.of(w.bot, "")
+    assert (len(index), index.seq) == (0, -1)
+    purged = await api.http.post(
+        f"/v1/bots/{w.bot}/memory/purge", json={"tag": f"chat:{other}"}, headers=bearer(w.tokens["ann"])
+    )
+    assert purged.json() == {"removed": 1}, purged.text
+    lost = sample("botmemory_search_statements_total", {"outcome": "lost"})
+    hits = await search.search(fresh, None, w.bot, ann, "canoe", 10)
+    assert {h.entry.id for h in hits} == {f.id for f in facts}
+    assert sample("botmemory_search_statements_total", {"outcome": "lost"}) == lost  # no ghost met
+    assert len(index) == len(facts)
+
+
+async def test_writes_during_every_attempt_leave_no_entry_out_of_the_search(
+    api: Api, runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A search whose statement hands back entries stamped after its index ranked catches up and
+    asks again, at most _ATTEMPTS times. Under writes that kept coming, the last answer was the
+    one ranked before its catch-up: an entry written just before the search was left out of it.
+    Now the last ranking is made with the index caught up and its answer stands, whatever was
+    stamped while its own statement ran."""
+    w, facts, ann = await ann_learns(api, runtime, ["Ann keeps a kayak on the roof"])
+    assert [h.entry.id for h in await search.search(runtime, None, w.bot, ann, "kayak", 10)] == [facts[0].id]
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    item = ItemRef(*await said(api, w.tokens["ann"], chat, "more notes"))
+    trailer = AddFact(content="Ann bought a kayak trailer", sources=(item,))
+    await apply_changes(runtime, w.bot, [trailer], "memory_bot", embedder=None)
+    walk = search_q.search_entries
+    writes = 0
+
+    async def written_beside(tx: Any, found: search_q.Walk) -> Any:
+        nonlocal writes
+        writes += 1
+        filler = AddFact(content=f"Ann waters plant {writes}", sources=(item,))
+        await apply_changes(runtime, w.bot, [filler], "memory_bot", embedder=None)
+        return await walk(tx, found)
+
+    monkeypatch.setattr(search, "_ATTEMPTS", 1)
+    monkeypatch.setattr(search_q, "search_entries", written_beside)
+    hits = await search.search(runtime, None, w.bot, ann, "kayak", 10)
+    assert writes == 2  # every statement met a write made after its ranking
+    assert {h.entry.id for h in hits} == {facts[0].id, trailer.id}
+
+
 async def test_a_purge_leaves_every_index_at_its_next_catch_up_never_by_lost_walks(
     api: Api, runtime: Runtime
 ) -> None:
