@@ -224,12 +224,17 @@ class ChangeHub:
     ) -> AsyncGenerator[Subscriber]:
         self._counter += 1
         sub = Subscriber(f"s{self._counter}", bot_id, person_id, org, token_id)
+        base: int | None = None
+        if bot_id not in self.versions:  # from here on, a missed event is noticed
+            # Read before the subscriber counts, and nothing awaited between: a change committed
+            # once it counts is past this version (delivered live, or from the log after a gap).
+            # Read after, a change committed in between was taken as considered and never sent.
+            current = await read(self.rt.driver, lambda tx: changefeed.versions(tx, bot_ids=[bot_id]))
+            base = current.get(bot_id)
         self.subscribers.setdefault(bot_id, {})[sub.key] = sub
         try:
-            if bot_id not in self.versions:  # from here on, a missed event is noticed
-                current = await read(self.rt.driver, lambda tx: changefeed.versions(tx, bot_ids=[bot_id]))
-                if bot_id in current and bot_id in self.subscribers:
-                    self.versions.setdefault(bot_id, current[bot_id])
+            if base is not None:
+                self.versions.setdefault(bot_id, base)
             metrics.SUBSCRIPTIONS_OPENED.labels("memoryChanges").inc()
             yield sub
         finally:

@@ -21,6 +21,7 @@ from strawberry.extensions import SchemaExtension
 from strawberry.types import ExecutionResult, StreamExecutionResult
 from websockets.asyncio.client import ClientConnection
 
+from graph import changefeed as changefeed_q
 from resolvers.schema import Schema
 from schema.errors import ErrorCodes
 from schema.fanout import ExtensionsRunner
@@ -190,6 +191,41 @@ async def test_overlapping_catch_ups_hand_each_change_out_once_in_order(api: Api
         assert [(e.version, [x.id for x in e.entries]) for e in got] == [
             (base + n + 1, [ids[n]]) for n in range(3)
         ]
+
+
+async def test_a_change_committed_while_a_subscription_begins_is_not_taken_as_seen(
+    api: Api, runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first local subscriber of a Bot (no ``after``) counted before the hub read the Bot's
+    version: a change committed in between was read as the version to start from, its live event
+    dropped as considered, and the subscriber never got it. The version is read before the
+    subscriber counts: a change committed while it counts is delivered."""
+    w = await make_world(api, ("ann",))
+    chat = await api.chat(w.tokens["ann"], w.bot)
+    src = await said(api, w.tokens["ann"], chat, "x")
+    issued = (await api.gql("mutation { issueToken { id token } }", token=w.tokens["ann"]))["issueToken"]
+    hub = ChangeHub(runtime)  # not started: its events are the calls below
+    read_versions = changefeed_q.versions
+    during: list[tuple[bool, str]] = []
+
+    async def committed_meanwhile(tx: Any, *, bot_ids: list[str]) -> dict[str, int]:
+        during.append((w.bot in hub.subscribers, await fact(runtime, w.bot, "said meanwhile", src)))
+        return await read_versions(tx, bot_ids=bot_ids)
+
+    monkeypatch.setattr(changefeed_q, "versions", committed_meanwhile)
+    async with hub.subscribe(w.bot, w.people["ann"], w.org, issued["id"]) as sub:
+        monkeypatch.undo()
+        [(counted, meanwhile)] = during
+        base = hub.versions[w.bot]
+        later = await fact(runtime, w.bot, "said after", src)
+        for version, entry in ((base, meanwhile), (base + 1, later)):
+            await hub.deliver({"botId": w.bot, "version": version, "ids": [entry], "removed": []})
+        got = []
+        while not sub.queue.empty():
+            event = sub.queue.get_nowait()
+            assert isinstance(event, ChangeEvent)
+            got.append([e.id for e in event.entries])
+        assert got == ([[meanwhile]] if counted else []) + [[later]]
 
 
 async def test_changes_made_on_another_api_process_are_delivered(api: Api, settings: Settings) -> None:
