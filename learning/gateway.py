@@ -347,6 +347,10 @@ class Gateway:
         again; an answer someone waits for gets the calm one at once instead)."""
         if route.concurrency is None:
             return slots.nothing_held
+        if rt.quiet.skips("slot"):
+            if ungated_without_redis:
+                return slots.nothing_held
+            raise ModelUnavailable("busy")
         try:
             release = await slots.take(
                 rt.redis, route.bot_id, route.concurrency, deadline, rt.settings.slot_lease_seconds
@@ -354,6 +358,7 @@ class Gateway:
         except slots.Busy:
             raise ModelUnavailable("busy") from None
         except RedisError as exc:
+            rt.quiet.failed(exc, rt.settings.redis_timeout_seconds)
             log.warning("no task slot: Redis is not answering (%s)", type(exc).__name__)
             if ungated_without_redis:
                 return slots.nothing_held

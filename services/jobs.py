@@ -44,6 +44,8 @@ async def enqueue_executions(rt: Runtime, queued: list[Queued], *, defer_seconds
     """Enqueue ``[{id, epoch}]``, to run ``defer_seconds`` from now (none: at once); a job id
     already in the queue is not added twice."""
     for execution in queued:
+        if rt.quiet.skips("enqueue"):
+            return  # the sweeper queues them
         try:
             await rt.redis.enqueue_job(
                 RUN_EXECUTION,
@@ -53,6 +55,7 @@ async def enqueue_executions(rt: Runtime, queued: list[Queued], *, defer_seconds
                 _defer_by=defer_seconds or None,
             )
         except RedisError as exc:
+            rt.quiet.failed(exc, rt.settings.redis_timeout_seconds)
             log.warning("enqueue of %s failed (%s); the sweeper retries", execution["id"], type(exc).__name__)
 
 
@@ -161,8 +164,11 @@ async def enqueue_summary_if_due(rt: Runtime, chat_id: str, chars: int | None = 
         _, chars = await read(rt.driver, lambda tx: conversation.unsummarized(tx, chat_id=chat_id))
     if chars <= rt.settings.summary_threshold_chars:
         return False
+    if rt.quiet.skips("enqueue"):
+        return True  # as a failed enqueue: the next Turn retries
     try:
         await rt.redis.enqueue_job(SUMMARIZE_CHAT, chat_id, _job_id=f"summary:{chat_id}")
     except RedisError as exc:
+        rt.quiet.failed(exc, rt.settings.redis_timeout_seconds)
         log.warning("enqueue of a summary failed (%s); the next Turn retries", type(exc).__name__)
     return True

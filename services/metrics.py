@@ -5,6 +5,11 @@ from __future__ import annotations
 from prometheus_client import Counter, Gauge, Histogram
 
 DECRYPTIONS = Counter("botmemory_decryptions_total", "Ciphertexts decrypted, by record kind", ["kind"])
+REDIS_SKIPPED = Counter(
+    "botmemory_redis_skipped_total",
+    "Best-effort Redis calls skipped while Redis did not answer (services.redisquiet), by kind",
+    ["kind"],
+)
 REQUESTS = Counter(
     "botmemory_requests_total", "API requests, by surface and outcome code", ["surface", "code"]
 )

@@ -11,6 +11,7 @@ from neo4j import AsyncDriver
 from services.crypto import Cipher, Keyring, WrappedKey
 from services.embedding import QueryVectors
 from services.kept import keep_newest
+from services.redisquiet import QuietRedis
 from services.settings import Settings
 from services.vectorindex import VectorIndexes
 
@@ -49,6 +50,8 @@ class Runtime:
     line_lengths: LineLengths = field(default_factory=LineLengths)
     vectors: VectorIndexes = field(default_factory=VectorIndexes)
     query_vectors: QueryVectors = field(default_factory=QueryVectors)
+    #: Best-effort Redis calls skip Redis for a while after one found it not answering.
+    quiet: QuietRedis = field(default_factory=QuietRedis)
 
     def cipher(self, bot_id: str, key_master: str, key_wrapped: bytes) -> Cipher:
         """The data-key cipher of one Bot (E1), from its wrapped key as read from the graph."""

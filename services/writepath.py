@@ -436,9 +436,12 @@ async def publish_change(rt: Runtime, bot_id: str, applied: Applied) -> None:
             "removed": list(applied.removed),
         }
     )
+    if rt.quiet.skips("change"):
+        return
     try:
         await rt.redis.publish(f"botmemory:changes:{bot_id}", message)
     except Exception as exc:  # the change stands; subscribers get it from the log
+        rt.quiet.failed(exc, rt.settings.redis_timeout_seconds)
         log.warning(
             "change %s of a Bot not announced (%s); subscribers catch up from the log",
             applied.version,

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 
 from services.settings import Settings
-from tests.client import Api, make_world
+from tests.client import Api, bearer, make_world
 from tests.conftest import ApiProcess, WorkerProcess
 from tests.feed_helpers import next_event, subscription
 from tests.test_removals import FEED, remember
@@ -115,6 +115,36 @@ async def test_a_silent_redis_holds_no_request_and_silences_no_feed_for_good(
                     got += [e["id"] for e in (await next_event(ws, within=30))["entries"]]
         assert got == [here, elsewhere]
     finally:
+        await asyncio.to_thread(silent.stop)
+        await proxy.close()
+
+
+async def test_a_silent_redis_is_waited_out_once_not_for_every_call(
+    api: Api, settings: Settings, service_env: dict[str, str]
+) -> None:
+    """Best-effort Redis calls (changes and turn events announced to other processes, learning
+    queued, task slots) each waited out the timeout against a silent Redis, one after another:
+    a ``sendMessage`` making several took ~70 s, and clients gave up and sent it again. After
+    one finds Redis not answering, the process skips the next ones for the timeout's length
+    (counted); what they carried is made up for as when one fails (here: the change log)."""
+    proxy, env = await behind_proxy(settings, service_env)
+    log_path = settings.data_dir / "logs" / "pytest-api-quiet-redis.log"
+    quiet_env = {**env, "BOTMEMORY_REDIS_TIMEOUT_SECONDS": "3"}
+    silent = await asyncio.to_thread(ApiProcess, settings, log_path, quiet_env)
+    try:
+        w = await make_world(api, ("ann",))
+        ann = w.tokens["ann"]
+        async with httpx.AsyncClient(base_url=silent.url, timeout=60) as http:
+            through = Api(http, api.admin_token)
+            proxy.fall_silent()
+            first = await remember(through, ann, w.bot, "announced to nobody")  # waits it out
+            second = await remember(through, ann, w.bot, "not even tried")  # skips Redis
+            metrics = (await http.get("/metrics")).text
+        assert 'botmemory_redis_skipped_total{kind="change"} 1.0' in metrics.splitlines()
+        listed = await api.http.get(f"/v1/bots/{w.bot}/memory", headers=bearer(ann))
+        assert {e["id"] for e in listed.json()["entries"]} == {first, second}
+    finally:
+        proxy.hear_again()
         await asyncio.to_thread(silent.stop)
         await proxy.close()
 
