@@ -24,7 +24,7 @@ CALL apoc.lock.nodes([held])
 WITH held
 MATCH (k:Idempotency) WHERE elementId(k) = elementId(held)
 SET k += CASE WHEN k.claimId <> $fields.claimId AND k.expiresAt <= $now THEN $fields ELSE {} END
-RETURN k {.claimId, .operation, .request, .master, .resourceId, .itemId, .version} AS claim
+RETURN k {.claimId, .operation, .request, .scoped, .master, .resourceId, .itemId, .version} AS claim
 """
 
 #: The first Item a claim's request added (known once its Items are numbered).
@@ -33,7 +33,7 @@ SET_ITEM: Final[LiteralString] = "MATCH (k:Idempotency {id: $id}) SET k.itemId =
 #: The record of ``$id`` while it is kept.
 FIND: Final[LiteralString] = """
 MATCH (k:Idempotency {id: $id}) WHERE k.expiresAt > $now
-RETURN k {.claimId, .operation, .request, .master, .resourceId, .itemId, .version} AS claim
+RETURN k {.claimId, .operation, .request, .scoped, .master, .resourceId, .itemId, .version} AS claim
 """
 
 #: Records past their time, a batch at a time (the worker's sweep), each locked and read again
@@ -55,6 +55,9 @@ class ClaimMap(TypedDict):
     operation: str
     #: The keyed digest of the request; None once its Chat's history was deleted (D9.23).
     request: str | None
+    #: Whether the digest covers whose key it is (``services.idempotency.Key.request``); None for
+    #: a record claimed before it did (session 56).
+    scoped: bool | None
     #: The master key the digest was made under (``services.crypto.Keyring.digest``).
     master: str
     resourceId: str

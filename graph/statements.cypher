@@ -2361,11 +2361,11 @@ CALL apoc.lock.nodes([held])
 WITH held
 MATCH (k:Idempotency) WHERE elementId(k) = elementId(held)
 SET k += CASE WHEN k.claimId <> $fields.claimId AND k.expiresAt <= $now THEN $fields ELSE {} END
-RETURN k {.claimId, .operation, .request, .master, .resourceId, .itemId, .version} AS claim
+RETURN k {.claimId, .operation, .request, .scoped, .master, .resourceId, .itemId, .version} AS claim
 
 // ---- graph.idempotency.FIND
 MATCH (k:Idempotency {id: $id}) WHERE k.expiresAt > $now
-RETURN k {.claimId, .operation, .request, .master, .resourceId, .itemId, .version} AS claim
+RETURN k {.claimId, .operation, .request, .scoped, .master, .resourceId, .itemId, .version} AS claim
 
 // ---- graph.idempotency.SET_ITEM
 MATCH (k:Idempotency {id: $id}) SET k.itemId = $itemId

@@ -52,8 +52,13 @@ class Key:
     #: The record's id: a digest of whose key it is and the key.
     id: str
     operation: str
-    #: The request's arguments, as its digest is made of them (held in memory only).
+    #: The request's arguments with whose key it is (the record's id), as its digest is made of
+    #: them (held in memory only). Without the record's id, two callers' same request had the
+    #: same digest: someone reading the store could learn that another's private Remember held
+    #: the words they guessed by sending them with a key of their own.
     request: str
+    #: The arguments alone: what the digest of a record claimed before session 56 was made of.
+    unscoped: str
     #: This request's own id: the record it claimed is its own while it holds it.
     claim_id: str
 
@@ -72,7 +77,9 @@ def key_of(principal: Principal, key: str | None, operation: str, request: Seque
     else:
         scope = "admin"
     record = hashlib.sha256(f"{scope}\x00{key}".encode()).hexdigest()
-    return Key(record, operation, json.dumps([operation, *request], separators=(",", ":")), new_id("claim"))
+    unscoped = json.dumps([operation, *request], separators=(",", ":"))
+    scoped = json.dumps([record, operation, *request], separators=(",", ":"))
+    return Key(record, operation, scoped, unscoped, new_id("claim"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +111,8 @@ def _same(rt: Runtime, key: Key, found: idempotency_q.ClaimMap) -> Created:
     if found["operation"] == key.operation:
         if found["request"] is None:
             return Created.of(found)
-        digest = rt.keyring.digest(Kind.REQUEST_DIGEST, key.request, found["master"])
+        request = key.request if found.get("scoped") else key.unscoped
+        digest = rt.keyring.digest(Kind.REQUEST_DIGEST, request, found["master"])
         if digest is None or digest == found["request"]:
             return Created.of(found)
     raise BadInput("this idempotency key was sent with another request", field="idempotencyKey")
@@ -159,6 +167,7 @@ async def claim(
         "id": key.id,
         "operation": key.operation,
         "request": rt.keyring.digest(Kind.REQUEST_DIGEST, key.request),
+        "scoped": True,
         "master": rt.keyring.current_id,
         "resourceId": resource_id,
         "claimId": key.claim_id,

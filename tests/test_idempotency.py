@@ -16,6 +16,9 @@ import pytest
 
 from learning.gateway import FIXED_CALM_ANSWER
 from learning.sweeper import sweep_once
+from services.commands import remember_key
+from services.crypto import Kind
+from services.domain import Principal
 from services.runtime import Runtime
 from tests.client import Api, bearer, make_world
 from tests.learning_helpers import memory_world, until_a_transaction_waits_for_a_lock
@@ -349,6 +352,42 @@ async def test_remember_and_forget_sent_again(api: Api, runtime: Runtime) -> Non
     assert gone_again.json() == gone.json()  # not 409: the first took it back
     unkeyed = await command(api, ann, w.bot, forget["command"])
     assert unkeyed.status_code == 409
+
+
+async def test_a_keyed_requests_digest_is_its_callers_own(api: Api, runtime: Runtime) -> None:
+    """E1: a keyed request's record keeps a keyed digest of its arguments, not its words. Made of
+    the arguments alone, two callers' same request had the same digest: Bob, reading the store,
+    could send a Remember of the words he guessed with a key of his own and see whether Ann's
+    private one held them. The digest covers whose key it is; a record claimed before (of the
+    arguments alone) still answers its own request sent again."""
+    w = await make_world(api, ("ann", "bob"))
+    content = "The safe's code is 9-4-1."
+    body = {"command": {"_tag": "Remember", "content": content}}
+    made: dict[str, Any] = {}
+    for name in ("ann", "bob"):
+        response = await remember_keyed(api, w.tokens[name], w.bot, body, "note-1")
+        assert response.status_code == 201, response.text
+        made[name] = response.json()
+    found, _, _ = await runtime.driver.execute_query(
+        "MATCH (k:Idempotency) WHERE k.resourceId IN $ids RETURN k.id AS id, k.request AS request",
+        ids=[m["entry"]["id"] for m in made.values()],
+    )
+    assert len({r["request"] for r in found}) == 2
+
+    # A record claimed before session 56: the digest of its arguments alone, no ``scoped``.
+    ann = Principal("person", person_id=w.people["ann"], organization_id=w.org)
+    key = remember_key(ann, "note-1", w.bot, content, [])
+    assert key is not None
+    await runtime.driver.execute_query(
+        "MATCH (k:Idempotency {id: $id}) SET k.request = $request REMOVE k.scoped",
+        id=key.id,
+        request=runtime.keyring.digest(Kind.REQUEST_DIGEST, key.unscoped),
+    )
+    again = await remember_keyed(api, w.tokens["ann"], w.bot, body, "note-1")
+    assert again.status_code == 201 and again.json() == made["ann"], again.text
+    other = {"command": {"_tag": "Remember", "content": "Something else."}}
+    refused = await remember_keyed(api, w.tokens["ann"], w.bot, other, "note-1")
+    assert refused.json()["error"]["code"] == "BAD_INPUT", refused.text
 
 
 async def test_send_message_sent_again_is_answered_once_and_held_while_it_runs(
