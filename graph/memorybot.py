@@ -437,11 +437,13 @@ CREATE (n:Enrichment {id: $id, botId: $botId, chatId: t.chatId, turnId: t.id,
 """
 )
 
-#: The latest rewrite of an equal input in the same Chat (same audience), for reuse.
+#: The latest rewrite of an equal input in the same Chat (same audience), for reuse — one that
+#: recorded every entry it was sent: one saved before they were recorded may draw on an entry it
+#: did not declare and that is hidden now, so it is asked anew (D9.15).
 SAVED_REWRITE: Final[LiteralString] = """
 MATCH (n:Enrichment {chatId: $chatId})
-WHERE n.inputDigest = $inputDigest AND n.text IS NOT NULL
-RETURN n {.id, .text, .usedEntryIds, sentEntryIds: coalesce(n.sentEntryIds, n.usedEntryIds)} AS enrichment
+WHERE n.inputDigest = $inputDigest AND n.text IS NOT NULL AND n.sentEntryIds IS NOT NULL
+RETURN n {.id, .text, .usedEntryIds, .sentEntryIds} AS enrichment
 ORDER BY n.createdAt DESC LIMIT 1
 """
 

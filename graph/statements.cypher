@@ -3039,8 +3039,8 @@ CALL apoc.lock.nodes([m])
 
 // ---- graph.memorybot.SAVED_REWRITE
 MATCH (n:Enrichment {chatId: $chatId})
-WHERE n.inputDigest = $inputDigest AND n.text IS NOT NULL
-RETURN n {.id, .text, .usedEntryIds, sentEntryIds: coalesce(n.sentEntryIds, n.usedEntryIds)} AS enrichment
+WHERE n.inputDigest = $inputDigest AND n.text IS NOT NULL AND n.sentEntryIds IS NOT NULL
+RETURN n {.id, .text, .usedEntryIds, .sentEntryIds} AS enrichment
 ORDER BY n.createdAt DESC LIMIT 1
 
 // ---- graph.memorybot.SAVED_STEP_RESULTS

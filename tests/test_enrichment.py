@@ -231,6 +231,13 @@ async def test_a_saved_rewrite_is_reused_only_while_every_entry_it_was_sent_hold
     assert len(model_server.requests_for("rewrite")) == asked + 2
     listed = (await enrichments(api, ann, chat)).json()["enrichments"][-2:]
     assert [e.get("text") for e in listed] == [None, "Make me a drink (tea, as I like it)."]
+    # A rewrite saved before the entries it was sent were recorded is not reused: what it drew on
+    # beyond those it declared is unknown.
+    await runtime.driver.execute_query("MATCH (n:Enrichment {chatId: $c}) REMOVE n.sentEntryIds", c=chat)
+    model_server.script("rewrite", rewrite("Make me a drink (tea, please).", tea))
+    older = await api.turn(ann, chat, "Make me a drink")
+    assert older["enrichedInput"] == "Make me a drink (tea, please)."
+    assert len(model_server.requests_for("rewrite")) == asked + 3
 
 
 async def test_a_spent_budget_keeps_the_input_even_when_a_rewrite_is_saved(
