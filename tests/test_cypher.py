@@ -107,6 +107,70 @@ async def test_no_statement_reads_every_entry_of_a_bot_but_those_that_mean_it(ru
     )
 
 
+#: A statement that begins by locking a Bot's Memory (READ_LOCK, BUMP_VERSION and their kin): the
+#: lock call, as a plan names it.
+_MEMORY_LOCK = re.compile(
+    r"\s*MATCH \((\w+):Memory [^\n]*\n(?:WHERE [^\n]*\n)?(CALL apoc\.lock\.(?:read\.)?nodes\(\[\1\]\))"
+)
+
+
+#: Statements that read before the Memory's lock, and why that is not what the lock guards.
+READ_BEFORE_LOCK = dict.fromkeys(
+    [
+        "graph.memory.LOCK_AND_READER",
+        "graph.memory.LOCK_READER_AND_LIST",
+        "graph.memory.LOCK_READER_AND_PAGE",
+    ],
+    "whether the Bot is owned by or linked into the caller's organization (D9.4): no lock for a "
+    "Bot of another organization",
+)
+
+
+def _read_before(plan: Any, lock: str) -> list[str]:
+    """What ``plan`` reads before it takes ``lock``: below the lock's operator anything but the
+    seek of the Memory node, and the first input of a binary operator whose second input takes
+    it (Apply, CartesianProduct: run for each of its rows; a hash join's build side: wholly)."""
+    details = plan.get("args", {}).get("Details", "")
+    children = plan.get("children", [])
+    if lock in details:
+        return [s for child in children for s in _reads(child)]
+    if len(children) == 2 and _takes(children[1], lock):
+        return _reads(children[0]) + _read_before(children[1], lock)
+    return [s for child in children for s in _read_before(child, lock)]
+
+
+def _takes(plan: Any, lock: str) -> bool:
+    details = plan.get("args", {}).get("Details", "")
+    return lock in details or any(_takes(child, lock) for child in plan.get("children", []))
+
+
+def _reads(plan: Any) -> list[str]:
+    """The operators of ``plan`` that read the graph, but a seek of a Memory node."""
+    return operators(
+        plan,
+        lambda kind, details: (
+            ("Seek" in kind or "Scan" in kind or "Expand" in kind) and ":Memory(" not in details
+        ),
+    )
+
+
+async def test_every_memory_lock_is_taken_before_anything_is_read_under_it(runtime: Runtime) -> None:
+    """C1, D9.8: a read holds the Memory's shared lock, a change its exclusive one, before it
+    reads what the lock guards. The statements take it first and read the rest in subqueries
+    (``CALL () {…}``), which Neo4j plans after it today (an Apply, or a CartesianProduct whose
+    first input is the lock's); a plan that ran such a subquery first would read the log, the
+    entries or the readers unlocked — plans chosen by the store's statistics changed before
+    (session 55). No plan reads anything but the Memory node before its lock."""
+    locked = [(name, query, m.group(2)) for name, query in QUERIES if (m := _MEMORY_LOCK.match(query))]
+    found = {
+        name: _read_before(await explained(runtime, query), lock.split(" ", 1)[1])
+        for name, query, lock in locked
+    }
+    assert {name: ops for name, ops in found.items() if ops and name not in READ_BEFORE_LOCK} == {}
+    assert all(found[name] for name in READ_BEFORE_LOCK), "no longer read first: take it off READ_BEFORE_LOCK"
+    assert len(found) >= 20, found.keys()  # the locked statements were looked at
+
+
 async def test_a_saved_rewrite_is_sought_by_its_input_digest(runtime: Runtime) -> None:
     """startTurn looks for a saved rewrite of an equal input: sought by the Chat and the digest
     (``enrichment_chat_digest``), not by reading every rewrite of the Chat (one per Turn)."""
