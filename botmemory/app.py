@@ -417,6 +417,9 @@ STATUS_CODES = {
     401: "UNAUTHENTICATED",
     403: "FORBIDDEN",
     404: "NOT_FOUND",
+    # A body that comes too slowly: sent again, the request may be answered (a subscription that
+    # falls behind its events ends with the same code).
+    408: "TOO_SLOW",
     409: "CONFLICT",
     503: "UNAVAILABLE",
 }
@@ -592,6 +595,9 @@ class RequestMetrics(_HttpOnly):
                 metrics.REQUESTS.labels(surface=surface, code=code_of_status(status)).inc()
 
 
+#: A 408's headers: the connection closes, as the rest of the body may still come on it (RFC 9110).
+TOO_SLOW_CLOSE: Final = {"Connection": "close"}
+
 #: Headers a request sends once at most.
 ONE_OF_EACH: Final = (b"authorization", b"idempotency-key")
 
@@ -601,13 +607,24 @@ class BodyLimit:
     request (or a WebSocket's upgrade) whose URL or headers are over theirs: the server reads a
     URL of any length, and GraphQL over GET decoded its variables, JSON of any size, before
     anything looked at the caller (414, 431; an upgrade is refused, 403); and one that sends a
-    header twice that must come once (400: which one would count?)."""
+    header twice that must come once (400: which one would count?). A body that has not arrived
+    whole ``read_seconds`` after a handler starts reading it is answered 408 (the server waits for
+    the bytes a ``Content-Length`` promises for as long as the connection stays open, and a
+    handler with them)."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int, max_url_bytes: int, max_header_bytes: int) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        max_bytes: int,
+        max_url_bytes: int,
+        max_header_bytes: int,
+        read_seconds: float,
+    ) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.max_url_bytes = max_url_bytes
         self.max_header_bytes = max_header_bytes
+        self.read_seconds = read_seconds
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
@@ -638,10 +655,23 @@ class BodyLimit:
             await self._reject(scope, receive, send)
             return
         seen = 0
+        deadline: float | None = None  # of the whole body, from the first read of it
+        whole = False
 
         async def limited() -> Message:
-            nonlocal seen
-            message = await receive()
+            nonlocal seen, deadline, whole
+            if whole:  # the body is in: a wait for the client's disconnect lasts as the answer does
+                return await receive()
+            if deadline is None:
+                deadline = asyncio.get_running_loop().time() + self.read_seconds
+            try:
+                async with asyncio.timeout_at(deadline):
+                    message = await receive()
+            except TimeoutError:
+                raise HTTPException(
+                    408, f"the request body did not arrive within {self.read_seconds:g} s", TOO_SLOW_CLOSE
+                ) from None
+            whole = message["type"] != "http.request" or not message.get("more_body", False)
             seen += len(message.get("body", b""))
             if seen > self.max_bytes:
                 raise HTTPException(413, f"request body over {self.max_bytes} bytes")
@@ -711,6 +741,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
                 max_bytes=settings.max_body_bytes,
                 max_url_bytes=settings.max_url_bytes,
                 max_header_bytes=settings.max_header_bytes,
+                read_seconds=settings.body_read_timeout_seconds,
             ),
         ],
         exception_handlers={

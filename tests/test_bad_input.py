@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Callable
 from typing import Any
 
+import httpx
 import pytest
 import websockets
 from graphql.validation import validate
@@ -15,6 +17,7 @@ from resolvers.schema import build_schema
 from services.runtime import Runtime
 from services.settings import Settings
 from tests.client import Api, bearer, make_world
+from tests.conftest import ApiProcess
 from tests.feed_helpers import ws_url
 from tests.memory_helpers import command
 from tests.model_server import ModelServer
@@ -182,6 +185,70 @@ async def test_a_request_url_or_headers_past_their_bytes_are_refused_before_anyt
             pass
     # (The WebSocket server refuses a request line past 8 KB itself: 414; past it, the middleware's 403.)
     assert refused.value.response.status_code in (403, 414)
+
+
+async def _answer_to_a_short_body(url: str, path: str, headers: dict[str, str], trickle: bool) -> bytes:
+    """What the API at ``url`` answers a POST that promises 100 bytes of body and sends 10 (and
+    then, with ``trickle``, one more now and then), read until it closes the connection."""
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    head = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+    writer.write(
+        f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: 100\r\n{head}\r\n".encode()
+        + b'{"query": '
+    )
+    await writer.drain()
+
+    async def dribble() -> None:
+        while trickle:
+            await asyncio.sleep(0.2)
+            writer.write(b" ")
+            await writer.drain()
+
+    dribbling = asyncio.create_task(dribble())
+    try:
+        # Bounded far past the setting only so that a request held open fails the test, not the run.
+        return await asyncio.wait_for(reader.read(), 60)
+    finally:
+        dribbling.cancel()
+        with contextlib.suppress(asyncio.CancelledError, ConnectionError):
+            await dribbling
+        writer.close()
+
+
+async def test_a_body_that_does_not_arrive_in_time_is_answered_408(api: Api, settings: Settings) -> None:
+    """Unbounded, a request whose ``Content-Length`` promises more than it sends is held open for
+    as long as its connection stays up, on GraphQL and REST alike, its handler waiting with it. The
+    body arrives whole within ``BOTMEMORY_BODY_READ_TIMEOUT_SECONDS`` of the handler's first read
+    of it, a body sent a byte at a time too, or the answer is 408 TOO_SLOW in the API's error
+    shape, and the connection closes (the rest of the body may still come on it)."""
+    w = await make_world(api, ("ann",))
+    quick = ApiProcess(
+        settings,
+        settings.data_dir / "logs" / "pytest-api-body-timeout.log",
+        {"BOTMEMORY_BODY_READ_TIMEOUT_SECONDS": "1"},
+    )
+    try:
+        auth = {"Authorization": f"Bearer {w.tokens['ann']}"}
+        for path, trickle in (
+            ("/graphql", False),
+            (f"/v1/bots/{w.bot}/memory", False),
+            ("/graphql", True),
+        ):
+            answer = await _answer_to_a_short_body(quick.url, path, auth, trickle)
+            head, _, body = answer.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 408 "), answer
+            assert b"\r\nconnection: close" in head.lower(), answer
+            assert json.loads(body) == {
+                "error": {"code": "TOO_SLOW", "message": "the request body did not arrive within 1 s"}
+            }
+        # A body that arrives in time is read as ever.
+        async with httpx.AsyncClient(base_url=quick.url) as http:
+            me = await http.post("/graphql", json={"query": "{ me { id } }"}, headers=auth)
+        assert me.json() == {"data": {"me": {"id": w.people["ann"]}}}
+    finally:
+        quick.stop()
 
 
 async def test_bad_items_reject_the_whole_call(api: Api, runtime: Runtime) -> None:
