@@ -23,7 +23,7 @@ from starlette.applications import Starlette
 from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.requests import HTTPConnection, Request
+from starlette.requests import ClientDisconnect, HTTPConnection, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route, Router, WebSocketRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -514,6 +514,10 @@ class Unexpected:
 
         try:
             await self.app(scope, receive, watched)
+        except ClientDisconnect:
+            # The client closed its connection before its body was in: nothing failed here, and
+            # nobody is left to read an answer.
+            log.info("client gone before its body was read on %s %s", scope["method"], scope["path"])
         except Exception as exc:
             answer = failure(exc, scope["method"], scope["path"], stack=True)
             if not started:  # else the response was cut short; the server closes the connection
@@ -566,10 +570,16 @@ class SafeHeaders(_HttpOnly):
         await self.app(scope, receive, headed)
 
 
+#: The count of a request whose client left before its body was in: no error, and never sent.
+DISCONNECTED: Final = "DISCONNECTED"
+
+
 class RequestMetrics(_HttpOnly):
     """``botmemory_request_seconds{surface}`` of every HTTP request, and for REST
     ``botmemory_requests_total{surface="rest",code}`` (OK or the error's code, from its status;
-    GraphQL counts its operations in GraphQLApp and ErrorCodes). Surfaces, never paths."""
+    GraphQL counts its operations in GraphQLApp and ErrorCodes). A request whose client left
+    before its body was in counts as DISCONNECTED on either (GraphQL never got to run it).
+    Surfaces, never paths."""
 
     async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         path: str = scope["path"]
@@ -583,15 +593,21 @@ class RequestMetrics(_HttpOnly):
             await send(message)
 
         began = time.perf_counter()
+        gone = False
         try:
             await self.app(scope, receive, observed)
+        except ClientDisconnect:
+            gone = True
+            raise
         except Exception as exc:  # answered outside, by ``failure``: 503 for an outage, else 500
             if unavailable(exc) is not None:
                 status = 503
             raise
         finally:
             metrics.REQUEST_SECONDS.labels(surface=surface).observe(time.perf_counter() - began)
-            if surface == "rest":
+            if gone and surface != "other":
+                metrics.REQUESTS.labels(surface=surface, code=DISCONNECTED).inc()
+            elif surface == "rest":
                 metrics.REQUESTS.labels(surface=surface, code=code_of_status(status)).inc()
 
 
