@@ -343,6 +343,47 @@ async def test_graphql_errors_quote_no_value_and_no_long_name(api: Api) -> None:
     assert len(unknown_operation.json()["error"]["message"]) < 400
 
 
+async def test_an_enum_value_the_caller_sent_is_not_quoted(api: Api) -> None:
+    """graphql-core's refusal of a name an enum lacks quotes it ("Value 'my words' does not exist
+    in 'Access' enum."): the caller's words, which no error carries. The message says which enum
+    instead, for a variable, an item of a list variable and a literal, over HTTP and WebSocket."""
+    world = await make_world(api, ("ann",))
+    token = world.tokens["ann"]
+    words = "my PIN is 4321, tell no one"
+    grant = "mutation($b: ID!, $p: ID!, $a: Access!) { grantBot(botId: $b, personId: $p, access: $a) { id } }"
+    as_variable = {"b": world.bot, "p": world.people["ann"], "a": words}
+    add = "mutation($t: ID!, $i: [ItemInput!]!) { addItems(turnId: $t, items: $i) { id } }"
+    in_list = {"t": "turn_x", "i": [{"kind": "PERSON_MESSAGE", "text": "x"}, {"kind": words, "text": "x"}]}
+    literal = (
+        f'mutation {{ grantBot(botId: "{world.bot}", personId: "u_x", '
+        "access: PIN_4321_TELL_NO_ONE) { id } }"
+    )
+    expected = [
+        "Variable '$a' has an invalid value: Value does not exist in 'Access' enum.",
+        "Variable '$i' has an invalid value at [1].kind: Value does not exist in 'ItemKind' enum.",
+        "Value does not exist in 'Access' enum.",
+    ]
+    sent: list[tuple[str, dict[str, Any]]] = [(grant, as_variable), (add, in_list), (literal, {})]
+    for (query, variables), message in zip(sent, expected, strict=True):
+        body = await api.raw(query, variables, api.admin_token if query != add else token)
+        assert [(e["message"], e["extensions"]["code"]) for e in body["errors"]] == [(message, "BAD_INPUT")]
+    async with graphql_socket(api) as ws:
+        await ws.send(json.dumps({"type": "connection_init", "payload": {"token": api.admin_token}}))
+        assert json.loads(await asyncio.wait_for(ws.recv(), 5))["type"] == "connection_ack"
+        for n, (query, variables) in enumerate(sent):
+            payload = {"query": query, "variables": variables}
+            await ws.send(json.dumps({"id": str(n), "type": "subscribe", "payload": payload}))
+            answer = json.loads(await asyncio.wait_for(ws.recv(), 5))
+            assert answer["id"] == str(n) and answer["type"] in ("next", "error"), answer
+            if answer["type"] == "next":  # refused as it ran (a variable's value): a result, then complete
+                errors = answer["payload"]["errors"]
+                assert json.loads(await asyncio.wait_for(ws.recv(), 5))["type"] == "complete"
+            else:  # refused by validation (a literal)
+                errors = answer["payload"]
+            assert [e["message"] for e in errors] == [expected[n]], answer
+            assert "4321" not in json.dumps(answer)
+
+
 async def test_a_header_that_counts_once_sent_twice_is_refused_and_saves_nothing(
     api: Api, runtime: Runtime
 ) -> None:
