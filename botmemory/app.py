@@ -289,17 +289,21 @@ class GraphQLApp(GraphQL[Context, None]):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Strawberry answers a request it cannot read (not JSON, no query, a wrong method) in
-        plain text; ours get the REST error body with a code, as every other error does."""
+        plain text; ours get the REST error body with a code, as every other error does. HEAD is
+        answered as GET is, its headers alone (RFC 9110): the route's 405 names it in ``Allow``,
+        and Strawberry's own answer to it is a 405 without one."""
         if scope["type"] != "http":
             return await super().__call__(scope, receive, send)
+        method = "GET" if scope["method"] == "HEAD" else scope["method"]
         try:
-            response = await self.run(Request(scope, receive))
+            # The response goes out on the request's own scope: for HEAD, without its body.
+            response = await self.run(Request({**scope, "method": method}, receive))
         except CrossWebHTTPException as exc:
             code = STATUS_CODES.get(exc.status_code, "BAD_INPUT")
             metrics.REQUESTS.labels(surface="graphql", code=code).inc()
             reason = without_values(exc.reason)
             if isinstance(exc.__cause__, json.JSONDecodeError):  # what was wrong (it quotes no input)
-                if scope["method"] == "GET":  # Strawberry names the body, which a GET has not
+                if method == "GET":  # Strawberry names the body, which a GET has not
                     reason = "Unable to parse the variables or extensions of the query string as JSON"
                 reason = f"{reason}: {exc.__cause__.msg}"
             response = error_json(code, reason, exc.status_code)

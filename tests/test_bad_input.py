@@ -300,6 +300,29 @@ async def test_unknown_rest_route_and_method(api: Api) -> None:
         assert slashed.json()["error"]["code"] == "NOT_FOUND"
 
 
+async def test_head_on_graphql_is_answered_as_get_without_its_body(api: Api) -> None:
+    """``/graphql`` says ``Allow: GET, HEAD, POST`` on a 405, yet a HEAD was itself a 405, without
+    ``Allow``. HEAD is answered as GET is, headers alone (RFC 9110): the same status and headers,
+    no body; a wrong method is still 405 with ``Allow``."""
+    w = await make_world(api, ("ann",))
+    auth = {"Authorization": f"Bearer {w.tokens['ann']}"}
+    for params, status in (
+        ({"query": "{ me { id } }"}, 200),
+        ({"query": "{ me { id } }", "variables": "{"}, 400),
+    ):
+        got = await api.http.get("/graphql", params=params, headers=auth)
+        head = await api.http.head("/graphql", params=params, headers=auth)
+        assert (head.status_code, got.status_code) == (status, status), head
+        assert head.content == b"" and got.content, got
+        for name in ("content-type", "content-length", "cache-control"):
+            assert head.headers.get(name) == got.headers.get(name), name
+    page = await api.http.head("/graphql", headers={"Accept": "text/html"})  # GraphiQL's
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert page.content == b""
+    wrong = await api.http.put("/graphql", json={"query": "{ me { id } }"}, headers=auth)
+    assert wrong.status_code == 405 and "HEAD" in wrong.headers["allow"]
+
+
 async def test_graphql_errors_quote_no_value_and_no_long_name(api: Api) -> None:
     """A value graphql-core refused is not repeated in its message (it quoted up to 240
     characters of it: the caller's words, which no error carries); what was expected is said.
