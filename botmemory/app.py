@@ -277,6 +277,15 @@ def _lone_surrogate(decoded: object) -> bool:
     return False
 
 
+def _media_type_lowered(content_type: bytes) -> bytes:
+    """A ``Content-Type`` value with its media type in lower case, its parameters as sent (a
+    multipart boundary is case-sensitive). Media types are not (RFC 9110), and Strawberry matches
+    ``application/json`` as written: ``Application/JSON``, which REST takes, would be
+    "Unsupported content type"."""
+    media_type, semicolon, parameters = content_type.partition(b";")
+    return media_type.strip().lower() + semicolon + parameters
+
+
 class GraphQLApp(GraphQL[Context, None]):
     graphql_transport_ws_handler_class = TransportWSHandler
     websocket_adapter_class = WebSocketAdapter
@@ -295,9 +304,10 @@ class GraphQLApp(GraphQL[Context, None]):
         if scope["type"] != "http":
             return await super().__call__(scope, receive, send)
         method = "GET" if scope["method"] == "HEAD" else scope["method"]
+        headers = [(k, _media_type_lowered(v) if k == b"content-type" else v) for k, v in scope["headers"]]
         try:
             # The response goes out on the request's own scope: for HEAD, without its body.
-            response = await self.run(Request({**scope, "method": method}, receive))
+            response = await self.run(Request({**scope, "method": method, "headers": headers}, receive))
         except CrossWebHTTPException as exc:
             code = STATUS_CODES.get(exc.status_code, "BAD_INPUT")
             metrics.REQUESTS.labels(surface="graphql", code=code).inc()

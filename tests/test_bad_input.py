@@ -323,6 +323,24 @@ async def test_head_on_graphql_is_answered_as_get_without_its_body(api: Api) -> 
     assert wrong.status_code == 405 and "HEAD" in wrong.headers["allow"]
 
 
+async def test_a_graphql_media_type_is_read_in_any_case(api: Api) -> None:
+    """Media types are case-insensitive (RFC 9110): REST takes ``Application/JSON``, and so does
+    GraphQL (Strawberry alone matches ``application/json`` as written: 400 "Unsupported content
+    type"), its parameters as sent; a media type that is not JSON is still refused."""
+    w = await make_world(api, ("ann",))
+    for media_type in ("Application/JSON", "APPLICATION/JSON; charset=UTF-8"):
+        response = await api.http.post(
+            "/graphql",
+            content=json.dumps({"query": "{ me { id } }"}).encode(),
+            headers={"Authorization": f"Bearer {w.tokens['ann']}", "Content-Type": media_type},
+        )
+        assert response.json() == {"data": {"me": {"id": w.people["ann"]}}}, (media_type, response.text)
+    refused = await api.http.post(
+        "/graphql", content=b'{"query": "{ me { id } }"}', headers={"Content-Type": "Text/Plain"}
+    )
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "BAD_INPUT"
+
+
 async def test_graphql_errors_quote_no_value_and_no_long_name(api: Api) -> None:
     """A value graphql-core refused is not repeated in its message (it quoted up to 240
     characters of it: the caller's words, which no error carries); what was expected is said.
