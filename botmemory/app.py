@@ -104,8 +104,9 @@ MAX_OPERATION_ID: Final = 200
 def _well_formed(message: object) -> bool:
     """A graphql-transport-ws message of the shape its type needs: an object with a string
     ``type``; ``subscribe`` with a string ``id`` and a ``payload`` object whose ``query`` is text
-    (``variables`` an object, ``operationName`` text, when given); ``complete`` with a string
-    ``id`` of at most MAX_OPERATION_ID characters. Strawberry read the fields as they came:
+    (``operationName`` text when given; its ``variables`` and ``extensions`` are the operation's
+    to refuse, :func:`_payload_refusal`); ``complete`` with a string ``id`` of at most
+    MAX_OPERATION_ID characters. Strawberry read the fields as they came:
     ``[]``, ``"payload": "x"`` or ``"id": [1]`` raised a TypeError out of the socket — a traceback
     in the log and a 1011 close for any client, before its token was looked at; an id of a
     megabyte was repeated in every message of its operation (each change event, for each of its
@@ -122,12 +123,18 @@ def _well_formed(message: object) -> bool:
         if not isinstance(payload, dict):
             return False
         request = cast(dict[str, object], payload)
-        return (
-            isinstance(request.get("query"), str)
-            and isinstance(request.get("variables") or {}, dict)
-            and isinstance(request.get("operationName") or "", str)
-        )
+        return isinstance(request.get("query"), str) and isinstance(request.get("operationName") or "", str)
     return True
+
+
+def _payload_refusal(payload: dict[str, object]) -> str | None:
+    """Why a ``subscribe`` payload's ``variables`` or ``extensions`` cannot be read: either is an
+    object or null, as over HTTP, in the words Strawberry's HTTP view says it: a falsy other
+    (``""``, ``0``, ``false``) is no object either, and would run as no variables."""
+    for name in ("variables", "extensions"):
+        if not isinstance(payload.get(name), dict | None):
+            return f"The GraphQL operation's `{name}` must be an object or null, if provided."
+    return None
 
 
 class TransportWSHandler(BaseGraphQLTransportWSHandler[Context, None]):
@@ -156,7 +163,9 @@ class TransportWSHandler(BaseGraphQLTransportWSHandler[Context, None]):
         ):
             payload = message["payload"]
             tokens = self.context.runtime.settings.max_query_tokens
-            refusal = _socket_refusal(payload["query"], payload.get("operationName"), tokens)
+            refusal = _payload_refusal(payload) or _socket_refusal(
+                payload["query"], payload.get("operationName"), tokens
+            )
             limit = self.context.runtime.settings.max_socket_operations
             if refusal is None and len(self.operations) >= limit:
                 refusal = f"at most {limit} operations run at once on one socket: complete one first"

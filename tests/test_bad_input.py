@@ -608,6 +608,37 @@ async def test_a_malformed_websocket_message_closes_the_socket_as_invalid(
         assert b"Traceback" not in written.read()
 
 
+async def test_a_socket_refuses_variables_or_extensions_that_are_not_objects_as_http_does(api: Api) -> None:
+    """Over HTTP ``variables`` and ``extensions`` are an object or null (else 400 BAD_INPUT), and
+    so on a socket, where ``"variables": ""`` (or ``0``, ``false``) would run as no variables and
+    ``extensions`` would not be looked at: the socket refuses that operation with HTTP's words
+    and code, and goes on."""
+    w = await make_world(api, ("ann",))
+    token = w.tokens["ann"]
+    me = "{ me { id } }"
+    refused = [("variables", bad) for bad in ("", 0, False, "x", [1])]
+    refused += [("extensions", bad) for bad in ("", 0, "x", [1])]
+    async with graphql_socket(api) as ws:
+        await ws.send(json.dumps({"type": "connection_init", "payload": {"token": token}}))
+        assert json.loads(await asyncio.wait_for(ws.recv(), 5))["type"] == "connection_ack"
+        for n, (name, bad) in enumerate(refused):
+            over_http = await api.http.post("/graphql", json={"query": me, name: bad}, headers=bearer(token))
+            assert over_http.status_code == 400, (name, bad, over_http.text)
+            said = over_http.json()["error"]
+            await ws.send(
+                json.dumps({"id": str(n), "type": "subscribe", "payload": {"query": me, name: bad}})
+            )
+            answer = json.loads(await asyncio.wait_for(ws.recv(), 5))
+            assert answer["id"] == str(n) and answer["type"] == "error", (name, bad, answer)
+            assert [(e["message"], e["extensions"]["code"]) for e in answer["payload"]] == [
+                (said["message"], said["code"])
+            ], (name, bad)
+        payload: dict[str, Any] = {"query": me, "variables": None, "extensions": {}}
+        await ws.send(json.dumps({"id": "ok", "type": "subscribe", "payload": payload}))
+        answer = json.loads(await asyncio.wait_for(ws.recv(), 5))
+    assert answer == {"id": "ok", "type": "next", "payload": {"data": {"me": {"id": w.people["ann"]}}}}
+
+
 @pytest.mark.parametrize(
     ("message", "reason"),
     [
