@@ -48,7 +48,7 @@ from services import auth, memorybot, metrics
 from services.bootstrap import open_runtime
 from services.changefeed import ChangeHub
 from services.embedding import Embedder
-from services.errors import RETRY_AFTER_SECONDS, ServiceError, unavailable
+from services.errors import RETRY_AFTER_SECONDS, BadInput, ServiceError, unavailable
 from services.logs import configure_logging
 from services.runtime import Runtime
 from services.settings import Settings, load_settings
@@ -187,6 +187,9 @@ class TransportWSHandler(BaseGraphQLTransportWSHandler[Context, None]):
             try:
                 await self.context.authenticate_connection()
                 principal = await self.context.principal()
+            except BadInput as exc:  # two credentials: which one would count? (HTTP: 400)
+                await self._refuse_init(4400, exc.message)
+                return
             except ServiceError:
                 await self._refuse_init(4403, WS_AUTH_REASON)
                 return

@@ -14,6 +14,7 @@ import websockets
 from graphql.validation import validate
 
 from resolvers.schema import build_schema
+from schema.context import ONE_CREDENTIAL
 from services.runtime import Runtime
 from services.settings import Settings
 from tests.client import Api, bearer, make_world
@@ -637,6 +638,34 @@ async def test_a_socket_refuses_variables_or_extensions_that_are_not_objects_as_
         await ws.send(json.dumps({"id": "ok", "type": "subscribe", "payload": payload}))
         answer = json.loads(await asyncio.wait_for(ws.recv(), 5))
     assert answer == {"id": "ok", "type": "next", "payload": {"data": {"me": {"id": w.people["ann"]}}}}
+
+
+async def test_a_connection_init_with_two_credentials_closes_the_socket(api: Api) -> None:
+    """Over HTTP two Authorization headers are 400 (which one would count?); a ``connection_init``
+    carrying two credentials — ``token`` and ``Authorization``, one key in two cases, one at the
+    top and one under ``headers`` — silently used one. It closes the socket with 4400 now, saying
+    to send one; one credential, with nulls beside it, is acknowledged as before."""
+    w = await make_world(api, ("ann",))
+    token = w.tokens["ann"]
+    ann = f"Bearer {token}"
+
+    async def first(payload: dict[str, Any]) -> Any:
+        async with graphql_socket(api) as ws:
+            await ws.send(json.dumps({"type": "connection_init", "payload": payload}))
+            try:
+                return json.loads(await asyncio.wait_for(ws.recv(), 5))
+            except websockets.ConnectionClosed as closed:
+                return (None, "") if closed.rcvd is None else (closed.rcvd.code, closed.rcvd.reason)
+
+    for two in (
+        {"token": token, "Authorization": ann},
+        {"Authorization": ann, "authorization": ann},
+        {"token": token, "headers": {"Authorization": ann}},
+        {"Authorization": ann, "headers": {"authorization": "Bearer someone-else"}},
+    ):
+        assert await first(two) == (4400, ONE_CREDENTIAL), two
+    for one in ({"token": token}, {"headers": {"Authorization": ann}}, {"Authorization": ann, "token": None}):
+        assert await first(one) == {"type": "connection_ack"}, one
 
 
 @pytest.mark.parametrize(
