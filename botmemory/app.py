@@ -23,7 +23,7 @@ from starlette.applications import Starlette
 from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.requests import HTTPConnection, Request
+from starlette.requests import ClientDisconnect, HTTPConnection, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route, Router, WebSocketRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -48,7 +48,7 @@ from services import auth, memorybot, metrics
 from services.bootstrap import open_runtime
 from services.changefeed import ChangeHub
 from services.embedding import Embedder
-from services.errors import RETRY_AFTER_SECONDS, ServiceError, unavailable
+from services.errors import RETRY_AFTER_SECONDS, BadInput, ServiceError, unavailable
 from services.logs import configure_logging
 from services.runtime import Runtime
 from services.settings import Settings, load_settings
@@ -104,8 +104,9 @@ MAX_OPERATION_ID: Final = 200
 def _well_formed(message: object) -> bool:
     """A graphql-transport-ws message of the shape its type needs: an object with a string
     ``type``; ``subscribe`` with a string ``id`` and a ``payload`` object whose ``query`` is text
-    (``variables`` an object, ``operationName`` text, when given); ``complete`` with a string
-    ``id`` of at most MAX_OPERATION_ID characters. Strawberry read the fields as they came:
+    (``operationName`` text when given; its ``variables`` and ``extensions`` are the operation's
+    to refuse, :func:`_payload_refusal`); ``complete`` with a string ``id`` of at most
+    MAX_OPERATION_ID characters. Strawberry read the fields as they came:
     ``[]``, ``"payload": "x"`` or ``"id": [1]`` raised a TypeError out of the socket — a traceback
     in the log and a 1011 close for any client, before its token was looked at; an id of a
     megabyte was repeated in every message of its operation (each change event, for each of its
@@ -122,12 +123,18 @@ def _well_formed(message: object) -> bool:
         if not isinstance(payload, dict):
             return False
         request = cast(dict[str, object], payload)
-        return (
-            isinstance(request.get("query"), str)
-            and isinstance(request.get("variables") or {}, dict)
-            and isinstance(request.get("operationName") or "", str)
-        )
+        return isinstance(request.get("query"), str) and isinstance(request.get("operationName") or "", str)
     return True
+
+
+def _payload_refusal(payload: dict[str, object]) -> str | None:
+    """Why a ``subscribe`` payload's ``variables`` or ``extensions`` cannot be read: either is an
+    object or null, as over HTTP, in the words Strawberry's HTTP view says it: a falsy other
+    (``""``, ``0``, ``false``) is no object either, and would run as no variables."""
+    for name in ("variables", "extensions"):
+        if not isinstance(payload.get(name), dict | None):
+            return f"The GraphQL operation's `{name}` must be an object or null, if provided."
+    return None
 
 
 class TransportWSHandler(BaseGraphQLTransportWSHandler[Context, None]):
@@ -156,7 +163,9 @@ class TransportWSHandler(BaseGraphQLTransportWSHandler[Context, None]):
         ):
             payload = message["payload"]
             tokens = self.context.runtime.settings.max_query_tokens
-            refusal = _socket_refusal(payload["query"], payload.get("operationName"), tokens)
+            refusal = _payload_refusal(payload) or _socket_refusal(
+                payload["query"], payload.get("operationName"), tokens
+            )
             limit = self.context.runtime.settings.max_socket_operations
             if refusal is None and len(self.operations) >= limit:
                 refusal = f"at most {limit} operations run at once on one socket: complete one first"
@@ -178,6 +187,9 @@ class TransportWSHandler(BaseGraphQLTransportWSHandler[Context, None]):
             try:
                 await self.context.authenticate_connection()
                 principal = await self.context.principal()
+            except BadInput as exc:  # two credentials: which one would count? (HTTP: 400)
+                await self._refuse_init(4400, exc.message)
+                return
             except ServiceError:
                 await self._refuse_init(4403, WS_AUTH_REASON)
                 return
@@ -277,6 +289,15 @@ def _lone_surrogate(decoded: object) -> bool:
     return False
 
 
+def _media_type_lowered(content_type: bytes) -> bytes:
+    """A ``Content-Type`` value with its media type in lower case, its parameters as sent (a
+    multipart boundary is case-sensitive). Media types are not (RFC 9110), and Strawberry matches
+    ``application/json`` as written: ``Application/JSON``, which REST takes, would be
+    "Unsupported content type"."""
+    media_type, semicolon, parameters = content_type.partition(b";")
+    return media_type.strip().lower() + semicolon + parameters
+
+
 class GraphQLApp(GraphQL[Context, None]):
     graphql_transport_ws_handler_class = TransportWSHandler
     websocket_adapter_class = WebSocketAdapter
@@ -289,17 +310,22 @@ class GraphQLApp(GraphQL[Context, None]):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Strawberry answers a request it cannot read (not JSON, no query, a wrong method) in
-        plain text; ours get the REST error body with a code, as every other error does."""
+        plain text; ours get the REST error body with a code, as every other error does. HEAD is
+        answered as GET is, its headers alone (RFC 9110): the route's 405 names it in ``Allow``,
+        and Strawberry's own answer to it is a 405 without one."""
         if scope["type"] != "http":
             return await super().__call__(scope, receive, send)
+        method = "GET" if scope["method"] == "HEAD" else scope["method"]
+        headers = [(k, _media_type_lowered(v) if k == b"content-type" else v) for k, v in scope["headers"]]
         try:
-            response = await self.run(Request(scope, receive))
+            # The response goes out on the request's own scope: for HEAD, without its body.
+            response = await self.run(Request({**scope, "method": method, "headers": headers}, receive))
         except CrossWebHTTPException as exc:
             code = STATUS_CODES.get(exc.status_code, "BAD_INPUT")
             metrics.REQUESTS.labels(surface="graphql", code=code).inc()
             reason = without_values(exc.reason)
             if isinstance(exc.__cause__, json.JSONDecodeError):  # what was wrong (it quotes no input)
-                if scope["method"] == "GET":  # Strawberry names the body, which a GET has not
+                if method == "GET":  # Strawberry names the body, which a GET has not
                     reason = "Unable to parse the variables or extensions of the query string as JSON"
                 reason = f"{reason}: {exc.__cause__.msg}"
             response = error_json(code, reason, exc.status_code)
@@ -417,6 +443,9 @@ STATUS_CODES = {
     401: "UNAUTHENTICATED",
     403: "FORBIDDEN",
     404: "NOT_FOUND",
+    # A body that comes too slowly: sent again, the request may be answered (a subscription that
+    # falls behind its events ends with the same code).
+    408: "TOO_SLOW",
     409: "CONFLICT",
     503: "UNAVAILABLE",
 }
@@ -511,6 +540,10 @@ class Unexpected:
 
         try:
             await self.app(scope, receive, watched)
+        except ClientDisconnect:
+            # The client closed its connection before its body was in: nothing failed here, and
+            # nobody is left to read an answer.
+            log.info("client gone before its body was read on %s %s", scope["method"], scope["path"])
         except Exception as exc:
             answer = failure(exc, scope["method"], scope["path"], stack=True)
             if not started:  # else the response was cut short; the server closes the connection
@@ -563,10 +596,16 @@ class SafeHeaders(_HttpOnly):
         await self.app(scope, receive, headed)
 
 
+#: The count of a request whose client left before its body was in: no error, and never sent.
+DISCONNECTED: Final = "DISCONNECTED"
+
+
 class RequestMetrics(_HttpOnly):
     """``botmemory_request_seconds{surface}`` of every HTTP request, and for REST
     ``botmemory_requests_total{surface="rest",code}`` (OK or the error's code, from its status;
-    GraphQL counts its operations in GraphQLApp and ErrorCodes). Surfaces, never paths."""
+    GraphQL counts its operations in GraphQLApp and ErrorCodes). A request whose client left
+    before its body was in counts as DISCONNECTED on either (GraphQL never got to run it).
+    Surfaces, never paths."""
 
     async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         path: str = scope["path"]
@@ -580,17 +619,26 @@ class RequestMetrics(_HttpOnly):
             await send(message)
 
         began = time.perf_counter()
+        gone = False
         try:
             await self.app(scope, receive, observed)
+        except ClientDisconnect:
+            gone = True
+            raise
         except Exception as exc:  # answered outside, by ``failure``: 503 for an outage, else 500
             if unavailable(exc) is not None:
                 status = 503
             raise
         finally:
             metrics.REQUEST_SECONDS.labels(surface=surface).observe(time.perf_counter() - began)
-            if surface == "rest":
+            if gone and surface != "other":
+                metrics.REQUESTS.labels(surface=surface, code=DISCONNECTED).inc()
+            elif surface == "rest":
                 metrics.REQUESTS.labels(surface=surface, code=code_of_status(status)).inc()
 
+
+#: A 408's headers: the connection closes, as the rest of the body may still come on it (RFC 9110).
+TOO_SLOW_CLOSE: Final = {"Connection": "close"}
 
 #: Headers a request sends once at most.
 ONE_OF_EACH: Final = (b"authorization", b"idempotency-key")
@@ -601,13 +649,24 @@ class BodyLimit:
     request (or a WebSocket's upgrade) whose URL or headers are over theirs: the server reads a
     URL of any length, and GraphQL over GET decoded its variables, JSON of any size, before
     anything looked at the caller (414, 431; an upgrade is refused, 403); and one that sends a
-    header twice that must come once (400: which one would count?)."""
+    header twice that must come once (400: which one would count?). A body that has not arrived
+    whole ``read_seconds`` after a handler starts reading it is answered 408 (the server waits for
+    the bytes a ``Content-Length`` promises for as long as the connection stays open, and a
+    handler with them)."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int, max_url_bytes: int, max_header_bytes: int) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        max_bytes: int,
+        max_url_bytes: int,
+        max_header_bytes: int,
+        read_seconds: float,
+    ) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.max_url_bytes = max_url_bytes
         self.max_header_bytes = max_header_bytes
+        self.read_seconds = read_seconds
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
@@ -638,10 +697,23 @@ class BodyLimit:
             await self._reject(scope, receive, send)
             return
         seen = 0
+        deadline: float | None = None  # of the whole body, from the first read of it
+        whole = False
 
         async def limited() -> Message:
-            nonlocal seen
-            message = await receive()
+            nonlocal seen, deadline, whole
+            if whole:  # the body is in: a wait for the client's disconnect lasts as the answer does
+                return await receive()
+            if deadline is None:
+                deadline = asyncio.get_running_loop().time() + self.read_seconds
+            try:
+                async with asyncio.timeout_at(deadline):
+                    message = await receive()
+            except TimeoutError:
+                raise HTTPException(
+                    408, f"the request body did not arrive within {self.read_seconds:g} s", TOO_SLOW_CLOSE
+                ) from None
+            whole = message["type"] != "http.request" or not message.get("more_body", False)
             seen += len(message.get("body", b""))
             if seen > self.max_bytes:
                 raise HTTPException(413, f"request body over {self.max_bytes} bytes")
@@ -711,6 +783,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
                 max_bytes=settings.max_body_bytes,
                 max_url_bytes=settings.max_url_bytes,
                 max_header_bytes=settings.max_header_bytes,
+                read_seconds=settings.body_read_timeout_seconds,
             ),
         ],
         exception_handlers={

@@ -31,6 +31,7 @@ from schema.context import PerOperationAuth
 from schema.cost import cost_rule
 from schema.errors import ErrorCodes, coded_stream
 from schema.fanout import EventExecutor, ExtensionsRunner
+from schema.roots import OneMutation
 from schema.types import LONG_SCALAR, Long
 from services.settings import Settings
 
@@ -89,7 +90,7 @@ def build_schema(settings: Settings) -> strawberry.Schema:
     limits = (
         QueryDepthLimiter(max_depth=settings.max_query_depth).validation_rules
         + MaxAliasesLimiter(max_alias_count=settings.max_aliases).validation_rules
-        + [cost_rule(settings.max_operation_cost)]
+        + [cost_rule(settings.max_operation_cost), OneMutation]
     )
     extensions: list[Callable[[], SchemaExtension]] = [
         PerOperationAuth,

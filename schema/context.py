@@ -107,16 +107,31 @@ class Context:
         await self.principal()
 
 
+#: What a ``connection_init`` carrying more than one credential is told (its socket closes, 4400).
+ONE_CREDENTIAL: Final = (
+    "send one credential in connection_init: Authorization, token or headers.Authorization"
+)
+
+
 def _authorization(params: dict[str, object]) -> str | None:
+    """The credential of a ``connection_init`` payload, as an Authorization header's value. One
+    that carries two (``token`` and ``Authorization``, or ``Authorization`` in two cases) is
+    BadInput, as two Authorization headers are over HTTP: which one would count?"""
     headers = params.get("headers")
     sources: list[dict[str, object]] = [params]
     if isinstance(headers, dict):
         sources.append({str(k): v for k, v in headers.items()})  # pyright: ignore[reportUnknownVariableType, reportUnknownArgumentType]
-    for source in sources:
-        for key, value in source.items():
-            if key.lower() == "authorization" and isinstance(value, str):
-                return value
+    named = [
+        value
+        for source in sources
+        for key, value in source.items()
+        if key.lower() == "authorization" and value is not None
+    ]
     token = params.get("token")
+    if len(named) + (token is not None) > 1:
+        raise BadInput(ONE_CREDENTIAL, field="connection_init")
+    if named:
+        return named[0] if isinstance(named[0], str) else None
     return f"Bearer {token}" if isinstance(token, str) else None
 
 

@@ -12,20 +12,14 @@ key asked twice) run once and count once.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any, Final
 
-from graphql import (
-    FieldNode,
-    FragmentSpreadNode,
-    GraphQLError,
-    InlineFragmentNode,
-    OperationDefinitionNode,
-    SelectionSetNode,
-    ValidationRule,
-)
+from graphql import GraphQLError, OperationDefinitionNode, ValidationRule
 
-#: A model call (seconds, billed): at most two an operation with the default limit.
+from schema.roots import selected_fields
+
+#: A model call (seconds, billed).
 MODEL_CALL: Final = 50
 #: An embedding and a ranking, a page of decrypted rows, a walk of the source graph: ten an
 #: operation.
@@ -71,11 +65,11 @@ def cost_rule(limit: int) -> type[ValidationRule]:
             kind = node.operation.value
             names: dict[str, str] = {}
             nested: dict[str, set[str]] = {}  # root key → the keys of its fields that read on their own
-            for key, name, field in self._fields(node.selection_set, set()):
+            for key, name, field in selected_fields(self.context, node.selection_set):
                 names[key] = name
                 within = NESTED.get(name) if kind == "query" else None
                 if within and field.selection_set is not None:
-                    inner = self._fields(field.selection_set, set())
+                    inner = selected_fields(self.context, field.selection_set)
                     nested.setdefault(key, set()).update(k for k, n, _ in inner if n in within)
             cost = sum(COSTS.get((kind, name), 1) for name in names.values())
             cost += RETRIEVAL * sum(max(0, len(keys) - 1) for keys in nested.values())
@@ -89,23 +83,6 @@ def cost_rule(limit: int) -> type[ValidationRule]:
                         node,
                     )
                 )
-
-        def _fields(
-            self, selections: SelectionSetNode, seen: set[str]
-        ) -> Iterator[tuple[str, str, FieldNode]]:
-            """(response key, field name, node) of each field of a selection set, fragments
-            followed once each."""
-            for selection in selections.selections:
-                if isinstance(selection, FieldNode):
-                    key = selection.alias.value if selection.alias else selection.name.value
-                    yield key, selection.name.value, selection
-                elif isinstance(selection, InlineFragmentNode):
-                    yield from self._fields(selection.selection_set, seen)
-                elif isinstance(selection, FragmentSpreadNode) and selection.name.value not in seen:
-                    seen.add(selection.name.value)
-                    fragment = self.context.get_fragment(selection.name.value)
-                    if fragment is not None:
-                        yield from self._fields(fragment.selection_set, seen)
 
     return OperationCost
 

@@ -31,6 +31,9 @@ _VALUE_SAID: Final = (", found", "; found", " Found:", ", but encountered error"
 _SCALAR_SAID: Final = re.compile(r"(cannot represent [^:]*value): .*", re.S)
 #: A syntax error quoting a literal of the document ("Unexpected String 'my words'.").
 _TOKEN_SAID: Final = re.compile(r"(Unexpected (?:BlockString|String|Int|Float)) '.*'", re.S)
+#: An enum's refusal of a name it lacks, quoting it ("Value 'my words' does not exist in 'Access'
+#: enum."): the last such clause is graphql-core's, whatever the quoted value holds.
+_ENUM_SAID: Final = re.compile(r"Value '.*'( does not exist in '\w+' enum\.)", re.S)
 
 
 def without_values(message: str, nodes: Collection[Node] | None = None) -> str:
@@ -56,6 +59,7 @@ def _unquoted(message: str) -> str:
     cut = min((at for at in (message.find(c) for c in _VALUE_SAID) if at >= 0), default=-1)
     if cut >= 0:
         message = message[:cut].rstrip(" .,;:") + "."
+    message = _ENUM_SAID.sub(r"Value\1", message)
     return _TOKEN_SAID.sub(r"\1", _SCALAR_SAID.sub(r"\1.", message))
 
 

@@ -183,6 +183,10 @@ class Settings(BaseSettings):
     socket_init_seconds: float = Field(default=10.0, gt=0, le=60)
     max_query_tokens: int = Field(default=2000, ge=1)
     max_body_bytes: int = Field(default=1_000_000, ge=1)
+    #: How long a request's body may take to arrive, from when its handler starts reading it, before
+    #: it is answered 408 TOO_SLOW: without a bound, a client that promises more bytes than it sends
+    #: holds its request (and a handler) for as long as its connection stays open.
+    body_read_timeout_seconds: float = Field(default=30.0, gt=0, le=3600)
     #: A request's URL (path and query string) and its headers, in bytes (414 and 431 past them).
     #: (A search's 2,000 characters of emoji are ~24,000 bytes percent-encoded.)
     max_url_bytes: int = Field(default=32_768, ge=256)

@@ -3,6 +3,7 @@ and timed by surface, one-line CLI errors, and a platform token told what it may
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -199,6 +200,39 @@ async def test_every_request_is_counted_with_its_code_and_timed_by_surface(api: 
 
 
 # --- 3. One-line CLI errors ----------------------------------------------------------------------
+
+
+async def test_a_client_that_leaves_mid_body_is_no_internal_error(api: Api, settings: Settings) -> None:
+    """A client may close its connection before its body is sent (Starlette's ClientDisconnect
+    as the handler reads the body): nothing failed on the server's side, so it is no ERROR line
+    with a traceback and no ``code="INTERNAL"`` count, but ``code="DISCONNECTED"``, on REST and
+    GraphQL alike."""
+    w = await make_world(api, ("ann",))
+    metrics_url = str(api.http.base_url).rstrip("/") + "/metrics"
+    log = settings.data_dir / "logs" / "pytest-api.log"
+    host, port = str(api.http.base_url).removeprefix("http://").rstrip("/").split(":")
+    for surface, path in (("rest", f"/v1/bots/{w.bot}/memory"), ("graphql", "/graphql")):
+        before, written = await scrape(metrics_url), log.stat().st_size
+        _, writer = await asyncio.open_connection(host, int(port))
+        writer.write(
+            f"POST {path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {w.tokens['ann']}\r\n"
+            'Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"query": '.encode()
+        )
+        await writer.drain()
+        writer.close()
+        await writer.wait_closed()
+        seconds = value(before, "botmemory_request_seconds_count", surface=surface)
+        after = await until_moved(metrics_url, "botmemory_request_seconds_count", seconds, surface=surface)
+        counted = [
+            value(after, "botmemory_requests_total", surface=surface, code=code)
+            - value(before, "botmemory_requests_total", surface=surface, code=code)
+            for code in ("INTERNAL", "DISCONNECTED")
+        ]
+        assert counted == [0, 1], surface
+        with log.open("rb") as lines:
+            lines.seek(written)
+            said = lines.read()
+        assert b"ERROR" not in said and b"Traceback" not in said, said
 
 
 def cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
