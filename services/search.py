@@ -378,8 +378,7 @@ async def _ranked(
         cipher, query, now_ms() if said_at is None else said_at, zone
     )
     q = _Query(bot_id, reader, vector, blind, wanted, fill)
-    index = rt.vectors.of(bot_id, "" if embedder is None else embedder.id)
-    await _load(rt, index, bot_id, cipher)
+    index = await _loaded(rt, bot_id, "" if embedder is None else embedder.id, cipher)
     walk = first_walk(rt, bot_id, keys, wanted)
     found: _Found | None = None
     cands: list[str] = []
@@ -400,9 +399,8 @@ async def _ranked(
                 attempts += 1
                 continue  # the candidates may have changed: ask again with the current index
             # Writes came during every attempt: this walk's answer stands, ranked with all but
-            # what was stamped while its own statement ran (as concurrent as the search itself).
-            # The answer of the attempt before was ranked before its catch-up: the newest
-            # entries, and any that outranked the walked ones, were left out.
+            # what was stamped while its own statement ran (as concurrent as the search itself),
+            # not the one before it, ranked before its catch-up (without the newest entries).
         else:
             index.seq = max(index.seq, int(found["seq"]))
         if found["blind"]:
@@ -480,46 +478,57 @@ async def _locate(rt: Runtime, index: BotIndex, bot_id: str, ids: list[str]) -> 
     index.locate(ids, found)
 
 
+async def _loaded(rt: Runtime, bot_id: str, model: str, cipher: Cipher) -> BotIndex:
+    """The Bot's index of ``model`` in this process, loaded (:func:`_load`)."""
+    while True:
+        index = rt.vectors.of(bot_id, model)
+        if index.seq < 0:
+            async with index.lock:
+                if index.discarded:
+                    continue  # its load failed while this search waited: the held one now
+                await _load(rt, index, bot_id, cipher)
+        return index
+
+
 async def _load(rt: Runtime, index: BotIndex, bot_id: str, cipher: Cipher) -> None:
-    """The first use of a Bot's index in this process reads everything derived of its entries:
-    the derived-data sequence first, then the pages, with no lock (``graph.search.DERIVED_SEQ``:
-    what a write stamps meanwhile the first catch-up reads again), ABSORB_PART entries taken into
-    the index at a time as the driver fetches them, so that only a part's lists are held at once."""
+    """The first use of a Bot's index in this process reads everything derived of its entries
+    (under its lock, which the caller holds): the derived-data sequence first, then the pages,
+    with no lock of the memory (``graph.search.DERIVED_SEQ``: what a write stamps meanwhile the
+    first catch-up reads again), ABSORB_PART entries taken into the index at a time as the driver
+    fetches them, so that only a part's lists are held at once. A load that fails part-way (an
+    error, or the search cancelled while a part is absorbed on its thread) discards the index."""
     if index.seq >= 0:
         return
-    async with index.lock:
-        if index.seq >= 0:
-            return
-        started = time.perf_counter()
-        seq = await autocommit(rt.driver, lambda s: search_q.derived_seq(s, bot_id=bot_id))
-        if seq is None:
-            raise NotFound("bot not found")
+    started = time.perf_counter()
+    seq = await autocommit(rt.driver, lambda s: search_q.derived_seq(s, bot_id=bot_id))
+    if seq is None:
+        raise NotFound("bot not found")
 
-        async def take(session: QueryTarget) -> None:
-            part, reserved = _empty(), False
-            pages = search_q.derived_pages(session, bot_id=bot_id, model=index.model, after=-1)
-            async for page, total in pages:
-                if not reserved:
-                    index.reserve(len(index) + total)  # the arrays grow once
-                    reserved = True
-                if len(part["ids"]) + len(page["ids"]) > ABSORB_PART:
-                    # Decrypting and decoding vectors takes a while on a large Bot: off the event
-                    # loop (searches of this Bot wait on the index's lock meanwhile; others go on).
-                    await asyncio.to_thread(_absorb, index, cipher, part)
-                    part = _empty()
-                for name, values in page.items():
-                    part[name].extend(values)
-            if part["ids"]:
+    async def take(session: QueryTarget) -> None:
+        part, reserved = _empty(), False
+        pages = search_q.derived_pages(session, bot_id=bot_id, model=index.model, after=-1)
+        async for page, total in pages:
+            if not reserved:
+                index.reserve(len(index) + total)  # the arrays grow once
+                reserved = True
+            if len(part["ids"]) + len(page["ids"]) > ABSORB_PART:
+                # Decrypting and decoding vectors takes a while on a large Bot: off the event
+                # loop (searches of this Bot wait on the index's lock meanwhile; others go on).
                 await asyncio.to_thread(_absorb, index, cipher, part)
+                part = _empty()
+            for name, values in page.items():
+                part[name].extend(values)
+        if part["ids"]:
+            await asyncio.to_thread(_absorb, index, cipher, part)
 
-        try:
-            await autocommit(rt.driver, take, fetch_size=max(1, ABSORB_PART // search_q.DERIVED_PAGE))
-        except BaseException:
-            index.reset()  # the next load (this search's caller again, or another) starts empty
-            raise
-        index.seq = max(index.seq, seq)
-        rt.vectors.account(bot_id, index)
-        metrics.SEARCH_INDEX_LOAD_SECONDS.observe(time.perf_counter() - started)
+    try:
+        await autocommit(rt.driver, take, fetch_size=max(1, ABSORB_PART // search_q.DERIVED_PAGE))
+    except BaseException:
+        rt.vectors.discard(bot_id, index)
+        raise
+    index.seq = max(index.seq, seq)
+    rt.vectors.account(bot_id, index)
+    metrics.SEARCH_INDEX_LOAD_SECONDS.observe(time.perf_counter() - started)
 
 
 def catch_up(index: BotIndex, cipher: Cipher, found: _Found) -> None:

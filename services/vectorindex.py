@@ -231,6 +231,9 @@ class BotIndex:
         self.seq = -1
         #: Serialises loading and catching up.
         self.lock = asyncio.Lock()
+        #: Dropped by a load that failed part-way (:meth:`VectorIndexes.discard`): searches that
+        #: waited on its lock take the index held now.
+        self.discarded = False
         self.keywords = Postings()
         self._ids: list[str] = []
         self._pos: dict[str, int] = {}
@@ -268,14 +271,6 @@ class BotIndex:
 
     def __len__(self) -> int:
         return len(self._ids)
-
-    def reset(self) -> None:
-        """Empty again, as made (its lock kept): a load that failed part-way took in rows that
-        no catch-up would drop — one purged before the next load stayed, proposed and counted by
-        BM25, until a walk lost it."""
-        lock = self.lock
-        self.__init__(self.model)
-        self.lock = lock
 
     @property
     def nbytes(self) -> int:
@@ -688,6 +683,17 @@ class VectorIndexes:
                 if self._total <= self.max_bytes:
                     break
         metrics.SEARCH_INDEX_BYTES.set(self._total)
+
+    def discard(self, bot_id: str, index: BotIndex) -> None:
+        """``index`` (of ``bot_id``) is no longer used: a load into it failed part-way, and the
+        rows it took in are ones no catch-up would drop (an entry purged before the next load
+        stays, proposed and counted by BM25, until a walk loses it). Its reading may still go on
+        in a thread, into it alone; the next search makes a new one."""
+        index.discarded = True
+        key = (bot_id, index.model)
+        if self._bots.get(key) is index:
+            del self._bots[key]
+            self._total -= self._held.pop(key, 0)
 
     def _drop(self, key: tuple[str, str]) -> None:
         del self._bots[key]

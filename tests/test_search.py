@@ -933,7 +933,8 @@ async def test_a_cold_load_that_fails_part_way_leaves_no_row_behind(
     part (the connection lost, the driver's retry of its read) kept that part's rows in the
     index, and the next load read the rest into it: an entry purged in between stayed as a row
     no catch-up drops (its purge stamped before the new load's sequence), proposed and counted
-    by BM25 until a walk lost it. The failed load leaves the index empty."""
+    by BM25 until a walk lost it. The failed load discards the index: the next search loads a
+    new one."""
     w, facts, ann = await ann_learns(api, runtime, [f"Ann keeps a canoe number {n}" for n in range(4)])
     other = await api.chat(w.tokens["ann"], w.bot)
     gone = AddFact(
