@@ -13,7 +13,6 @@ from neo4j import AsyncManagedTransaction
 
 from graph.driver import Ciphertext, QueryTarget, rows, single
 from graph.entries import CountRow
-from graph.memory import READ_LOCK
 
 #: An entry's keywords are missing or were made by an older tokenisation than ``$scheme``.
 _KEYWORDS_DUE: Final[LiteralString] = "(e.kwBlind IS NULL OR coalesce(e.kwScheme, 1) < $scheme)"
@@ -85,11 +84,20 @@ WHERE coalesce(m.kwDue, true) OR coalesce(m.kwScheme, 0) < $scheme
 RETURN collect(m.id) AS botIds
 """
 
-#: Where a backfill begins: the memory version, and how many times the embedder of the backfills'
-#: vector writes changed (``vecWriter``, ``vecWriterChanges``: WRITE), under the shared lock.
-START: Final[LiteralString] = (
-    READ_LOCK + "RETURN m.version AS version, coalesce(m.vecWriterChanges, 0) AS writerChanges\n"
-)
+#: Where a backfill begins, under the exclusive lock: the memory version, and how many times the
+#: embedder of the backfills' vectors changed (``vecWriter``, ``vecWriterChanges``) once this
+#: backfill's (``$model``; null for keywords alone) claims it — so its own first write is no
+#: change, and only another embedder's write since moves the count (MARK_DONE, WRITE).
+START: Final[LiteralString] = """
+MATCH (held:Memory {id: $botId})
+CALL apoc.lock.nodes([held])
+WITH held
+MATCH (m:Memory) WHERE elementId(m) = elementId(held)
+WITH m, $model IS NOT NULL AND coalesce(m.vecWriter, $model) <> $model AS switched
+SET m.vecWriterChanges = coalesce(m.vecWriterChanges, 0) + CASE WHEN switched THEN 1 ELSE 0 END,
+    m.vecWriter = coalesce($model, m.vecWriter)
+RETURN m.version AS version, m.vecWriterChanges AS writerChanges
+"""
 
 
 class StartRow(TypedDict):
@@ -103,9 +111,9 @@ class StartRow(TypedDict):
 #: leaves an entry without them sets ``kwDue`` / ``vecDue`` after this, never before it unseen).
 #: A backfill's writes move no version: with ``$model``, the vectors must also all have been
 #: written by this embedder since it began (``$writerChanges`` unchanged, the last writer this
-#: one). During an embedder swap a worker not yet swapped re-embeds, with the old embedder, the
-#: entries the new one already did; marked done over them, the Bot was never due again and
-#: those entries stayed keyword-only for the new embedder's processes.
+#: one). During an embedder swap a worker not yet swapped may re-embed, with the old embedder,
+#: entries the new one already did: marked done over them, the Bot would never be due again and
+#: they would stay keyword-only for the new embedder's processes.
 MARK_DONE: Final[LiteralString] = """
 MATCH (held:Memory {id: $botId})
 CALL apoc.lock.nodes([held])
@@ -183,9 +191,10 @@ async def bots_due(tx: QueryTarget, *, model: str | None, scheme: int) -> list[s
     return [] if found is None else found["botIds"]
 
 
-async def start(tx: QueryTarget, *, bot_id: str) -> StartRow | None:
-    """START: the version and writer changes a backfill begins at (None: the Bot is gone)."""
-    return await single(tx, START, StartRow, botId=bot_id)
+async def start(tx: AsyncManagedTransaction, *, bot_id: str, model: str | None) -> StartRow | None:
+    """START: the version and writer changes a backfill of ``model`` begins at (None: the Bot is
+    gone)."""
+    return await single(tx, START, StartRow, botId=bot_id, model=model)
 
 
 async def mark_done(

@@ -436,10 +436,13 @@ RETURN count(e) AS total, count(CASE WHEN e.vecModel = $model THEN 1 END) AS emb
 
 // ---- graph.backfill.START
 MATCH (held:Memory {id: $botId})
-CALL apoc.lock.read.nodes([held])
+CALL apoc.lock.nodes([held])
 WITH held
 MATCH (m:Memory) WHERE elementId(m) = elementId(held)
-RETURN m.version AS version, coalesce(m.vecWriterChanges, 0) AS writerChanges
+WITH m, $model IS NOT NULL AND coalesce(m.vecWriter, $model) <> $model AS switched
+SET m.vecWriterChanges = coalesce(m.vecWriterChanges, 0) + CASE WHEN switched THEN 1 ELSE 0 END,
+    m.vecWriter = coalesce($model, m.vecWriter)
+RETURN m.version AS version, m.vecWriterChanges AS writerChanges
 
 // ---- graph.backfill.WRITE
 MATCH (m:Memory {id: $botId})
@@ -3094,8 +3097,8 @@ RETURN coalesce(sum(s.micros), 0) AS micros, coalesce(sum(s.unknownCalls), 0) AS
 
 // ---- graph.memorybot.TURN_REWRITE
 MATCH (n:Enrichment {turnId: $turnId})
-WHERE n.text IS NOT NULL
-RETURN n {.id, .text, .usedEntryIds, sentEntryIds: coalesce(n.sentEntryIds, n.usedEntryIds)} AS enrichment
+WHERE n.text IS NOT NULL AND n.sentEntryIds IS NOT NULL
+RETURN n {.id, .text, .usedEntryIds, .sentEntryIds} AS enrichment
 ORDER BY n.createdAt DESC LIMIT 1
 
 // ---- graph.memorybot.UPDATE_SETTINGS

@@ -75,10 +75,10 @@ async def run(
     Bot by until a write leaves one without)."""
     started = time.monotonic()
     cipher = await cipher_of(rt, bot_id)  # NotFound for a Bot that does not exist
-    began = await read(rt.driver, lambda tx: backfill_q.start(tx, bot_id=bot_id))
+    vec_model = None if embedder is None else embedder.id
+    began = await write(rt.driver, lambda tx: backfill_q.start(tx, bot_id=bot_id, model=vec_model))
     if began is None:
         return True  # the Bot is gone
-    vec_model = None if embedder is None else embedder.id
     for model, batch in ((None, KEYWORD_BATCH), (vec_model, VECTOR_BATCH)):
         if batch == VECTOR_BATCH and embedder is None:
             break
