@@ -56,7 +56,7 @@ class ClaimMap(TypedDict):
     #: The keyed digest of the request; None once its Chat's history was deleted (D9.23).
     request: str | None
     #: Whether the digest covers whose key it is (``services.idempotency.Key.request``); None for
-    #: a record claimed before it did (session 56).
+    #: an older record, whose digest covers the arguments alone.
     scoped: bool | None
     #: The master key the digest was made under (``services.crypto.Keyring.digest``).
     master: str

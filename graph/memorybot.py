@@ -448,19 +448,20 @@ ORDER BY n.createdAt DESC LIMIT 1
 """
 
 
-#: The rewrite saved for a Turn (its start's; the latest, were there two), while it has its text:
-#: what a start sent again with its idempotency key answers (``services.idempotency``).
+#: The rewrite saved for a Turn (its start's; the latest, were there two), while it has its text
+#: and records every entry it was sent (as SAVED_REWRITE): what a start sent again with its
+#: idempotency key answers (``services.idempotency``).
 TURN_REWRITE: Final[LiteralString] = """
 MATCH (n:Enrichment {turnId: $turnId})
-WHERE n.text IS NOT NULL
-RETURN n {.id, .text, .usedEntryIds, sentEntryIds: coalesce(n.sentEntryIds, n.usedEntryIds)} AS enrichment
+WHERE n.text IS NOT NULL AND n.sentEntryIds IS NOT NULL
+RETURN n {.id, .text, .usedEntryIds, .sentEntryIds} AS enrichment
 ORDER BY n.createdAt DESC LIMIT 1
 """
 
 
 class SavedRewrite(TypedDict):
-    """SAVED_REWRITE's ``enrichment``: the rewrite (ciphertext), the entries it says it used and
-    those it was sent (a rewrite saved before they were recorded: those it used)."""
+    """SAVED_REWRITE's and TURN_REWRITE's ``enrichment``: the rewrite (ciphertext), the entries it
+    says it used and those it was sent."""
 
     id: str
     text: Ciphertext

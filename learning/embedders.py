@@ -168,6 +168,11 @@ class OpenAIEmbedder:
             # The chat provider's key goes only where the chat provider is: an embeddings
             # endpoint elsewhere (another vendor, a local server) is never sent it.
             key = settings.openai_api_key
+        elif key is None and settings.openai_api_key is not None:
+            log.warning(
+                "the embeddings endpoint is not at the chat provider's origin: OPENAI_API_KEY is not "
+                "sent to it (set BOTMEMORY_EMBEDDING_API_KEY if it needs one)"
+            )
         self._client = AsyncOpenAI(
             base_url=base_url,
             api_key=key.get_secret_value() if key else "none",

@@ -75,9 +75,8 @@ _ANSWERED = frozenset({"malformed", "too_large"})
 SLOT_WAIT_SECONDS = 1.0
 SLOT_RETRY_SECONDS = 2.0
 #: How many times a job reads its inputs again and asks again after the commit refused an answer
-#: while the memory moved (:class:`_Moved`): each is a model call, and a refusal the commit
-#: alone makes (an observation on one resting on an entry the answer invalidates) comes again
-#: whenever other Chats keep the memory moving.
+#: while the memory moved (:class:`_Moved`): each is a model call, and under other Chats'
+#: steady changes a refusal may come again on every read.
 MOVED_REASKS = 2
 
 

@@ -103,6 +103,8 @@ class Context:
         under ``"headers"`` (what GraphiQL's header editor sends)."""
         authorization = _authorization(self.connection_params or {})
         if authorization is not None:
+            if self.authorization not in (None, authorization):  # and another on the upgrade
+                raise BadInput(ONE_CREDENTIAL, field="connection_init")
             self.authorization = authorization
         await self.principal()
 

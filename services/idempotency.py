@@ -53,11 +53,11 @@ class Key:
     id: str
     operation: str
     #: The request's arguments with whose key it is (the record's id), as its digest is made of
-    #: them (held in memory only). Without the record's id, two callers' same request had the
-    #: same digest: someone reading the store could learn that another's private Remember held
-    #: the words they guessed by sending them with a key of their own.
+    #: them (held in memory only): two callers' same request have different digests, so someone
+    #: reading the store cannot test another's private Remember for words they guess by sending
+    #: them with a key of their own.
     request: str
-    #: The arguments alone: what the digest of a record claimed before session 56 was made of.
+    #: The arguments alone: what the digest of an older record (no ``scoped``) is made of.
     unscoped: str
     #: This request's own id: the record it claimed is its own while it holds it.
     claim_id: str
@@ -204,11 +204,11 @@ async def in_flight(rt: Runtime, key: Key | None, seconds: float) -> AsyncGenera
     if not await rt.redis.set(name, holder, nx=True, px=max(1, int(seconds * 1000))):
         held = await rt.redis.get(name)
         parts = [] if held is None else (held.decode() if isinstance(held, bytes) else held).split(" ")
-        if len(parts) == 3 and rt.keyring.digest(Kind.REQUEST_DIGEST, key.request, parts[1]) not in (
-            None,
-            parts[2],
-        ):
-            raise BadInput("this idempotency key was sent with another request", field="idempotencyKey")
+        if len(parts) == 3:
+            # A hold of a process that digests the arguments alone (``Key.unscoped``) compares too.
+            ours = {rt.keyring.digest(Kind.REQUEST_DIGEST, r, parts[1]) for r in (key.request, key.unscoped)}
+            if None not in ours and parts[2] not in ours:
+                raise BadInput("this idempotency key was sent with another request", field="idempotencyKey")
         raise Conflict(
             "a request with this idempotency key is still being answered; send it again when it ends"
         )

@@ -1,11 +1,13 @@
 """Best-effort Redis calls of a process while Redis does not answer.
 
-Announcements (turn events, memory changes), job enqueues and task slots are best effort: each
-that fails is logged, and what it carried is made up for (the change log, the sweeper, the calm
-answer). Each waited out ``redis_timeout_seconds`` on its own, though, so a request making several
-of them waited for every one in turn: ``sendMessage`` took ~70 s against a paused Redis, and
-clients that gave up and sent it again wrote it twice. After one times out or cannot connect,
-the process skips the next ones for that long; the first one after it tries Redis again.
+Announcements (memory changes, turn events), job enqueues and task slots are best effort: one
+that fails is logged and its loss borne as designed — other processes catch memory changes up
+from the log, the sweeper queues learning, a model call without a slot gets the calm answer,
+and a turn event is live-only (the Items stay in the chat). Each would wait out
+``redis_timeout_seconds`` on its own, so a request making several against a Redis that does not
+answer waits for every one in turn (a ``sendMessage`` over a minute, which clients give up on
+and send again). After one times out or cannot connect, the process skips the next ones for
+that long, bearing their loss the same way; the first one after it tries Redis again.
 """
 
 from __future__ import annotations

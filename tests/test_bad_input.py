@@ -12,6 +12,7 @@ import httpx
 import pytest
 import websockets
 from graphql.validation import validate
+from websockets.typing import Subprotocol
 
 from resolvers.schema import build_schema
 from schema.context import ONE_CREDENTIAL
@@ -666,6 +667,25 @@ async def test_a_connection_init_with_two_credentials_closes_the_socket(api: Api
         assert await first(two) == (4400, ONE_CREDENTIAL), two
     for one in ({"token": token}, {"headers": {"Authorization": ann}}, {"Authorization": ann, "token": None}):
         assert await first(one) == {"type": "connection_ack"}, one
+
+    async def upgraded(payload: dict[str, Any]) -> Any:
+        """The first answer on a socket whose upgrade request carries Ann's Authorization."""
+        connect = websockets.connect(
+            ws_url(api),
+            subprotocols=[Subprotocol("graphql-transport-ws")],
+            additional_headers={"Authorization": ann},
+        )
+        async with connect as ws:
+            await ws.send(json.dumps({"type": "connection_init", "payload": payload}))
+            try:
+                return json.loads(await asyncio.wait_for(ws.recv(), 5))
+            except websockets.ConnectionClosed as closed:
+                return (None, "") if closed.rcvd is None else (closed.rcvd.code, closed.rcvd.reason)
+
+    # The upgrade's header and another credential in the payload: which one would count?
+    assert await upgraded({"token": "someone-else"}) == (4400, ONE_CREDENTIAL)
+    assert await upgraded({"Authorization": ann}) == {"type": "connection_ack"}  # the same one
+    assert await upgraded({}) == {"type": "connection_ack"}
 
 
 @pytest.mark.parametrize(
