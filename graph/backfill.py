@@ -84,20 +84,27 @@ WHERE coalesce(m.kwDue, true) OR coalesce(m.kwScheme, 0) < $scheme
 RETURN collect(m.id) AS botIds
 """
 
+#: The backfill of ``$model`` (null: keywords alone) records it as the Memory's ``vecWriter``,
+#: counting each change of it in ``vecWriterChanges`` (START, WRITE; MARK_DONE compares them).
+_CLAIM_WRITER: Final[LiteralString] = """
+WITH m, $model IS NOT NULL AND coalesce(m.vecWriter, $model) <> $model AS switched
+SET m.vecWriterChanges = coalesce(m.vecWriterChanges, 0) + CASE WHEN switched THEN 1 ELSE 0 END,
+    m.vecWriter = coalesce($model, m.vecWriter)
+"""
+
 #: Where a backfill begins, under the exclusive lock: the memory version, and how many times the
 #: embedder of the backfills' vectors changed (``vecWriter``, ``vecWriterChanges``) once this
 #: backfill's (``$model``; null for keywords alone) claims it — so its own first write is no
 #: change, and only another embedder's write since moves the count (MARK_DONE, WRITE).
-START: Final[LiteralString] = """
+START: Final[LiteralString] = (
+    """
 MATCH (held:Memory {id: $botId})
 CALL apoc.lock.nodes([held])
 WITH held
-MATCH (m:Memory) WHERE elementId(m) = elementId(held)
-WITH m, $model IS NOT NULL AND coalesce(m.vecWriter, $model) <> $model AS switched
-SET m.vecWriterChanges = coalesce(m.vecWriterChanges, 0) + CASE WHEN switched THEN 1 ELSE 0 END,
-    m.vecWriter = coalesce($model, m.vecWriter)
-RETURN m.version AS version, m.vecWriterChanges AS writerChanges
-"""
+MATCH (m:Memory) WHERE elementId(m) = elementId(held)"""
+    + _CLAIM_WRITER
+    + "RETURN m.version AS version, m.vecWriterChanges AS writerChanges\n"
+)
 
 
 class StartRow(TypedDict):
@@ -141,14 +148,13 @@ class BotIdsRow(TypedDict):
 #: reader sees changes, so the memory version and the log stay as they are (C2 counts changes of
 #: entries). A batch of vectors (``$model``: their embedder; null for keywords alone) records its
 #: embedder as the Memory's ``vecWriter``, counting each change of it (MARK_DONE).
-WRITE: Final[LiteralString] = """
+WRITE: Final[LiteralString] = (
+    """
 MATCH (m:Memory {id: $botId})
 CALL apoc.lock.nodes([m])
-WITH m, $model IS NOT NULL AND coalesce(m.vecWriter, $model) <> $model AS switched
-SET m.vecSeq = coalesce(m.vecSeq, 0) + 1,
-    m.vecWriterChanges = coalesce(m.vecWriterChanges, 0) + CASE WHEN switched THEN 1 ELSE 0 END,
-    m.vecWriter = coalesce($model, m.vecWriter)
-WITH m, m.vecSeq AS seq
+SET m.vecSeq = coalesce(m.vecSeq, 0) + 1"""
+    + _CLAIM_WRITER
+    + """WITH m, m.vecSeq AS seq
 CALL (seq) {
   UNWIND $rows AS row
   MATCH (e:Entry {id: row.id, botId: $botId}) USING INDEX e:Entry(id)
@@ -161,6 +167,7 @@ CALL (seq) {
 }
 RETURN seq, written
 """
+)
 
 
 class WrittenRow(TypedDict):

@@ -447,9 +447,9 @@ RETURN m.version AS version, m.vecWriterChanges AS writerChanges
 // ---- graph.backfill.WRITE
 MATCH (m:Memory {id: $botId})
 CALL apoc.lock.nodes([m])
+SET m.vecSeq = coalesce(m.vecSeq, 0) + 1
 WITH m, $model IS NOT NULL AND coalesce(m.vecWriter, $model) <> $model AS switched
-SET m.vecSeq = coalesce(m.vecSeq, 0) + 1,
-    m.vecWriterChanges = coalesce(m.vecWriterChanges, 0) + CASE WHEN switched THEN 1 ELSE 0 END,
+SET m.vecWriterChanges = coalesce(m.vecWriterChanges, 0) + CASE WHEN switched THEN 1 ELSE 0 END,
     m.vecWriter = coalesce($model, m.vecWriter)
 WITH m, m.vecSeq AS seq
 CALL (seq) {

@@ -34,7 +34,7 @@ from services import jobs, memory, search
 from services.bootstrap import open_runtime
 from services.changes import Remember, Revise
 from services.crypto import DecryptionError
-from services.embedding import Embedder, EmbedderUnavailable, QueryVectors, embed_each, encode_vector
+from services.embedding import EmbedderUnavailable, QueryVectors, embed_each, encode_vector
 from services.errors import NotFound
 from services.keywords import SCHEME, tokens
 from services.maintenance import LegacyEntry, import_legacy
@@ -46,6 +46,7 @@ from tests.client import Api, make_world
 from tests.conftest import ROOT, ApiProcess, WorkerProcess
 from tests.memory_helpers import command
 from tests.test_encryption import files_containing
+from tests.test_search import Counting
 from tests.unit.test_keywords import scheme_1_tokens
 
 
@@ -378,29 +379,18 @@ async def test_a_write_with_another_embedders_vector_after_a_backfill_makes_the_
         await minilm.aclose()
 
 
-class _Meddled:
-    """``inner``, except that before its second batch ``meddle`` runs: another worker's backfill
-    going through the Bot while this one does."""
+class _Meddled(Counting):
+    """The real embedder, except that before its second batch ``meddle`` runs: another worker's
+    backfill going through the Bot while this one does."""
 
-    def __init__(self, inner: Embedder, meddle: Callable[[], Awaitable[object]]) -> None:
-        self.inner, self.meddle, self.batches = inner, meddle, 0
-
-    @property
-    def id(self) -> str:
-        return self.inner.id
-
-    @property
-    def dims(self) -> int:
-        return self.inner.dims
+    def __init__(self, inner: LocalMiniLM, meddle: Callable[[], Awaitable[object]]) -> None:
+        super().__init__(inner)
+        self.meddle = meddle
 
     async def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
-        self.batches += 1
-        if self.batches == 2:
+        if len(self.asked) == 1:
             await self.meddle()
-        return await self.inner.embed(texts)
-
-    async def aclose(self) -> None:
-        return None
+        return await super().embed(texts)
 
 
 async def test_a_backfill_meddled_with_by_another_embedders_worker_leaves_the_bot_due(
