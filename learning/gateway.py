@@ -358,7 +358,7 @@ class Gateway:
         except slots.Busy:
             raise ModelUnavailable("busy") from None
         except RedisError as exc:
-            rt.quiet.failed(exc, rt.settings.redis_timeout_seconds)
+            rt.quiet.failed(exc)
             log.warning("no task slot: Redis is not answering (%s)", type(exc).__name__)
             if ungated_without_redis:
                 return slots.nothing_held

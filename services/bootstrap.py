@@ -20,6 +20,7 @@ from graph.migrations import LATEST, current_version, migrate
 from services import jobs, slots
 from services.crypto import Keyring
 from services.redisconn import keeping_cancels
+from services.redisquiet import QuietRedis
 from services.runtime import Runtime
 from services.settings import ConfigurationError, Settings
 from services.vectorindex import VectorIndexes
@@ -107,6 +108,7 @@ async def open_runtime(settings: Settings, *, schema: Schema = "migrate") -> Asy
     password = settings.neo4j_password.get_secret_value() if settings.neo4j_password else ""
     driver = make_driver(settings.neo4j_uri, settings.neo4j_user, password, settings.neo4j_retry_seconds)
     redis = redis_of(settings)
+    quiet = QuietRedis(redis, settings.redis_timeout_seconds)
     try:
         # The keys are read and checked before the schema is touched: a deploy with a key of the
         # wrong shape, or another deployment's, migrated the database, then failed, and the old
@@ -122,13 +124,16 @@ async def open_runtime(settings: Settings, *, schema: Schema = "migrate") -> Asy
         elif schema == "wait":
             log.info("schema version %s", await wait_for_schema(driver))
         vectors = VectorIndexes(max_bytes=settings.index_memory_mb * 2**20)
-        yield Runtime(settings=settings, driver=driver, redis=redis, keyring=keyring, vectors=vectors)
+        yield Runtime(
+            settings=settings, driver=driver, redis=redis, keyring=keyring, quiet=quiet, vectors=vectors
+        )
     finally:
         try:  # slots being given back (their tasks cancelled by the shutdown) go before Redis does
             await asyncio.wait_for(slots.given_back(), settings.redis_timeout_seconds)
         except TimeoutError:
             log.warning("task slots were still being given back; they free when their leases end")
         finally:
+            await quiet.close()
             await redis.aclose(close_connection_pool=True)
             await driver.close()
             blas.restore_original_limits()

@@ -55,7 +55,7 @@ async def enqueue_executions(rt: Runtime, queued: list[Queued], *, defer_seconds
                 _defer_by=defer_seconds or None,
             )
         except RedisError as exc:
-            rt.quiet.failed(exc, rt.settings.redis_timeout_seconds)
+            rt.quiet.failed(exc)
             log.warning("enqueue of %s failed (%s); the sweeper retries", execution["id"], type(exc).__name__)
 
 
@@ -169,6 +169,6 @@ async def enqueue_summary_if_due(rt: Runtime, chat_id: str, chars: int | None = 
     try:
         await rt.redis.enqueue_job(SUMMARIZE_CHAT, chat_id, _job_id=f"summary:{chat_id}")
     except RedisError as exc:
-        rt.quiet.failed(exc, rt.settings.redis_timeout_seconds)
+        rt.quiet.failed(exc)
         log.warning("enqueue of a summary failed (%s); the next Turn retries", type(exc).__name__)
     return True

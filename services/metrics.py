@@ -10,6 +10,10 @@ REDIS_SKIPPED = Counter(
     "Best-effort Redis calls skipped while Redis did not answer (services.redisquiet), by kind",
     ["kind"],
 )
+REDIS_UNANSWERED = Gauge(
+    "botmemory_redis_unanswered",
+    "1 while this process skips best-effort Redis calls: Redis did not answer one and no probe since",
+)
 REQUESTS = Counter(
     "botmemory_requests_total", "API requests, by surface and outcome code", ["surface", "code"]
 )

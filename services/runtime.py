@@ -47,11 +47,11 @@ class Runtime:
     driver: AsyncDriver
     redis: ArqRedis
     keyring: Keyring
+    #: Best-effort Redis calls skip Redis while it does not answer.
+    quiet: QuietRedis
     line_lengths: LineLengths = field(default_factory=LineLengths)
     vectors: VectorIndexes = field(default_factory=VectorIndexes)
     query_vectors: QueryVectors = field(default_factory=QueryVectors)
-    #: Best-effort Redis calls skip Redis for a while after one found it not answering.
-    quiet: QuietRedis = field(default_factory=QuietRedis)
 
     def cipher(self, bot_id: str, key_master: str, key_wrapped: bytes) -> Cipher:
         """The data-key cipher of one Bot (E1), from its wrapped key as read from the graph."""

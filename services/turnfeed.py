@@ -132,7 +132,7 @@ class TurnHub:
             try:
                 await self.rt.redis.publish(f"botmemory:turns:{chat_id}", json.dumps(message))
             except Exception as exc:  # live-only: the Turn's Items are in the chat for anyone who missed it
-                self.rt.quiet.failed(exc, self.rt.settings.redis_timeout_seconds)
+                self.rt.quiet.failed(exc)
                 log.warning("a turn event was not announced to other API processes (%s)", type(exc).__name__)
 
     async def recheck(self, chat_id: str) -> None:

@@ -441,7 +441,7 @@ async def publish_change(rt: Runtime, bot_id: str, applied: Applied) -> None:
     try:
         await rt.redis.publish(f"botmemory:changes:{bot_id}", message)
     except Exception as exc:  # the change stands; subscribers get it from the log
-        rt.quiet.failed(exc, rt.settings.redis_timeout_seconds)
+        rt.quiet.failed(exc)
         log.warning(
             "change %s of a Bot not announced (%s); subscribers catch up from the log",
             applied.version,

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any
+import json
+from typing import Any, cast
 
 import httpx
 
+from services.runtime import Runtime
 from services.settings import Settings
 from tests.client import Api, bearer, make_world
 from tests.conftest import ApiProcess, WorkerProcess
@@ -120,13 +122,15 @@ async def test_a_silent_redis_holds_no_request_and_silences_no_feed_for_good(
 
 
 async def test_a_silent_redis_is_waited_out_once_not_for_every_call(
-    api: Api, settings: Settings, service_env: dict[str, str]
+    api: Api, runtime: Runtime, settings: Settings, service_env: dict[str, str]
 ) -> None:
     """Best-effort Redis calls (changes and turn events announced to other processes, learning
     queued, task slots) each waited out the timeout against a silent Redis, one after another:
     a ``sendMessage`` making several took ~70 s, and clients gave up and sent it again. After
-    one finds Redis not answering, the process skips the next ones for the timeout's length
-    (counted); what they carried is made up for as when one fails (here: the change log)."""
+    one finds Redis not answering, the process skips the next ones (counted); what they carried
+    is made up for as when one fails (here: the change log). It probes Redis meanwhile and uses
+    it again as soon as it answers (a fixed window of silence went on skipping, turn events
+    lost and model calls given the calm answer, for its whole length after a single miss)."""
     proxy, env = await behind_proxy(settings, service_env)
     log_path = settings.data_dir / "logs" / "pytest-api-quiet-redis.log"
     quiet_env = {**env, "BOTMEMORY_REDIS_TIMEOUT_SECONDS": "3"}
@@ -135,18 +139,43 @@ async def test_a_silent_redis_is_waited_out_once_not_for_every_call(
         w = await make_world(api, ("ann",))
         ann = w.tokens["ann"]
         async with httpx.AsyncClient(base_url=silent.url, timeout=60) as http:
+
+            async def metric(line: str) -> bool:
+                return line in (await http.get("/metrics")).text.splitlines()
+
             through = Api(http, api.admin_token)
             proxy.fall_silent()
             first = await remember(through, ann, w.bot, "announced to nobody")  # waits it out
             second = await remember(through, ann, w.bot, "not even tried")  # skips Redis
-            metrics = (await http.get("/metrics")).text
-        assert 'botmemory_redis_skipped_total{kind="change"} 1.0' in metrics.splitlines()
+            skipped_while_silent = await metric(SKIPPED_ONE)
+            proxy.hear_again()
+            await until(lambda: metric("botmemory_redis_unanswered 0.0"), "Redis not heard again", within=30)
+            announced = runtime.redis.pubsub()  # the suite's own connection, not the proxy's
+            await announced.subscribe(f"botmemory:changes:{w.bot}")
+            try:
+                third = await remember(through, ann, w.bot, "announced again")
+
+                async def heard() -> bool:
+                    message = cast(
+                        dict[str, Any] | None,
+                        await announced.get_message(ignore_subscribe_messages=True, timeout=0.1),
+                    )
+                    return message is not None and third in json.loads(message["data"])["ids"]
+
+                await until(heard, "the third change was not announced", within=30)
+            finally:
+                await announced.aclose()  # type: ignore[no-untyped-call]
+            skipped_after = await metric(SKIPPED_ONE)
+        assert skipped_while_silent and skipped_after  # still the one skipped while silent
         listed = await api.http.get(f"/v1/bots/{w.bot}/memory", headers=bearer(ann))
-        assert {e["id"] for e in listed.json()["entries"]} == {first, second}
+        assert {e["id"] for e in listed.json()["entries"]} == {first, second, third}
     finally:
         proxy.hear_again()
         await asyncio.to_thread(silent.stop)
         await proxy.close()
+
+
+SKIPPED_ONE = 'botmemory_redis_skipped_total{kind="change"} 1.0'
 
 
 async def test_a_worker_whose_redis_falls_silent_starts_again_and_polls_anew(
