@@ -3,7 +3,9 @@ back, what is saved and who reads it — asserted on the scripted model's record
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 from datetime import UTC, datetime
 from typing import Any
 
@@ -16,6 +18,7 @@ from tests.conftest import WorkerProcess
 from tests.learning_helpers import memory_world, set_org
 from tests.memory_helpers import apply, command, fact, said, sealed
 from tests.model_server import ModelServer, Recorded, Reply, ToolCall
+from tests.waiting import until
 
 
 @pytest.fixture(autouse=True)
@@ -363,3 +366,48 @@ async def test_yesterday_is_counted_from_when_the_input_was_said(
     for zone in ("UTC", "Etc/Zulu"):
         await api.turn(w.tokens["ann"], chat, "What did I do yesterday?", said_at=june_16, time_zone=zone)
     assert len(model_server.requests_for("rewrite")) == 3
+
+
+@pytest.mark.parametrize("taken_back", [None, "cited", "sent"])
+async def test_a_rewrite_whose_sources_are_taken_back_while_the_model_writes_it_is_not_given(
+    api: Api, runtime: Runtime, model_server: ModelServer, taken_back: str | None
+) -> None:
+    """D9.15: the entries a rewrite was sent are checked again when the model's answer comes back,
+    every one of them (the text may draw on any, cited or not). Ann forgets one of her facts while
+    the model writes: the rewrite is not given, the input stays as it was said and no enrichment
+    is recorded. With both facts still there the same rewrite is given."""
+    w = await memory_world(api, ("ann",))
+    ann = w.tokens["ann"]
+    source = await api.chat(ann, w.bot)
+    evidence = [await said(api, ann, source, word) for word in ("trains", "window")]
+    trains = await fact(runtime, w.bot, "Ann prefers trains", evidence[0])
+    window = await fact(runtime, w.bot, "Ann likes a window seat", evidence[1])
+    chat = await api.chat(ann, w.bot)
+    model_server.reset()
+    written = "Book me a trip to Paris (by train)."
+    gate = threading.Event()
+    model_server.script(
+        "rewrite",
+        Reply(
+            tool_calls=[ToolCall("rewrite_input", {"text": written, "used_entry_ids": [trains]})], hold=gate
+        ),
+    )
+    turning = asyncio.create_task(api.turn(ann, chat, "Book me a trip to Paris."))
+    try:
+
+        async def asked() -> bool:
+            return bool(model_server.requests_for("rewrite"))
+
+        await until(asked, "the rewrite was never asked")
+        assert set(notes_sent(model_server.requests_for("rewrite")[0])) == {trains, window}
+        if taken_back is not None:
+            forgotten = {"cited": trains, "sent": window}[taken_back]
+            done = await command(api, ann, w.bot, {"_tag": "Forget", "id": forgotten})
+            assert done.status_code == 200, done.text
+    finally:
+        gate.set()
+    turn = await turning
+    kept = taken_back is not None
+    assert turn["enrichedInput"] == ("Book me a trip to Paris." if kept else written)
+    recorded = (await enrichments(api, ann, chat)).json()["enrichments"]
+    assert [r["entryIds"] for r in recorded] == ([] if kept else [[trains]])
