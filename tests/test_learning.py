@@ -30,6 +30,7 @@ from tests.learning_helpers import (
     add_items,
     complete,
     confide,
+    executions,
     fact_call,
     first_item,
     learn,
@@ -44,6 +45,31 @@ from tests.model_server import ModelServer, Reply, ToolCall
 from tests.waiting import until
 
 pytestmark = pytest.mark.usefixtures("learning_worker")
+
+
+async def test_learning_waits_for_its_turn_to_complete_and_reads_what_came_after_the_confide(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    """L2, D9.11: a confide queues its learning only once the Turn completes: until then the
+    execution waits (no worker may take it), and the Items added to the Turn after the confide are
+    among what the memory Bot reads."""
+    w = await memory_world(api, ("ann",))
+    ann = w.tokens["ann"]
+    chat = await api.chat(ann, w.bot)
+    turn = await api.turn(ann, chat, "Please book the train, not the plane.")
+    item = await first_item(api, ann, chat)
+    model_server.script("confide", Reply(text="That happens."))
+    model_server.script("learn", learn(fact_call("Ann takes the train.", item)))
+    await confide(api, ann, turn["id"], "I booked the plane.")
+    assert [x["status"] for x in await executions(runtime, turn["id"])] == ["waiting"]
+    [later] = await add_items(api, ann, turn["id"], ("BOT_MESSAGE", "I booked the train instead."))
+    assert [x["status"] for x in await executions(runtime, turn["id"])] == ["waiting"]
+    await complete(api, ann, turn["id"])
+    [x] = await wait_executions(runtime, turn["id"])
+    assert (x["status"], x["learned"]) == ("done", 1)
+    [request] = model_server.requests_for("learn")
+    read = [i["id"] for i in json.loads(request.body["messages"][1]["content"])["newItems"]]
+    assert read == [item, later]
 
 
 async def test_private_chat_learns_a_fact_for_its_person(
