@@ -32,6 +32,7 @@ from tests.learning_helpers import (
     letters,
     memory_bot_changes,
     memory_world,
+    position,
     wait_executions,
 )
 from tests.memory_helpers import visible
@@ -323,3 +324,37 @@ async def test_an_outage_during_a_step_is_not_its_failure_and_its_evidence_is_le
     assert (x["status"], x["learned"]) == ("done", 1) and x["epoch"] >= 1, x
     assert [e["content"] for e in (await visible(api, ann, w.bot)).values()] == ["Ann keeps goats."]
     assert len(await memory_bot_changes(runtime, w.bot)) == 1
+
+
+async def test_a_step_ends_at_its_deadline_even_within_one_model_attempt(
+    api: Api, runtime: Runtime, model_server: ModelServer
+) -> None:
+    """C6: a learning step over its deadline (here 4 s) ends the execution with a safe
+    failure, the read position staying, even while the model attempt it waits on may take far
+    longer (here 60 s, and the model never answers): the attempt is cut at the step's deadline,
+    and no attempt follows it."""
+    w = await memory_world(api, ("ann",))
+    ann = w.tokens["ann"]
+    chat = await api.chat(ann, w.bot)
+    turn = await api.turn(ann, chat, "Ann moved to Berlin.")
+    await confide(api, ann, turn["id"], "Noted the move.")
+    queued = await queued_in_the_graph_only(runtime, turn["id"])
+    never = threading.Event()
+    model_server.script("learn", Reply(text="too late", hold=never))
+    settings = runtime.settings.model_copy(
+        update={
+            "step_deadline_seconds": 4.0,
+            "model_attempt_timeout_seconds": 60.0,
+            "openai_base_url": model_server.base_url,
+        }
+    )
+    runner = ExecutionRunner(dataclasses.replace(runtime, settings=settings), Gateway(settings), "test")
+    try:
+        await asyncio.wait_for(runner.run(queued["id"], 0), 100)
+    finally:
+        never.set()
+        await runner.gateway.close()
+    [x] = await executions(runtime, turn["id"])
+    assert (x["status"], x.get("error")) == ("failed", "model:timeout"), x
+    assert len(model_server.requests_for("learn")) == 1
+    assert await position(runtime, w.bot, chat) == 0
