@@ -109,7 +109,7 @@ async def test_no_statement_reads_every_entry_of_a_bot_but_those_that_mean_it(ru
 
 #: A statement that begins by locking a Bot's Memory (READ_LOCK, BUMP_VERSION and their kin): the
 #: lock call, as a plan names it.
-_MEMORY_LOCK = re.compile(
+MEMORY_LOCK = re.compile(
     r"\s*MATCH \((\w+):Memory [^\n]*\n(?:WHERE [^\n]*\n)?(CALL apoc\.lock\.(?:read\.)?nodes\(\[\1\]\))"
 )
 
@@ -161,7 +161,7 @@ async def test_every_memory_lock_is_taken_before_anything_is_read_under_it(runti
     first input is the lock's); a plan that ran such a subquery first would read the log, the
     entries or the readers unlocked — plans chosen by the store's statistics changed before
     (session 55). No plan reads anything but the Memory node before its lock."""
-    locked = [(name, query, m.group(2)) for name, query in QUERIES if (m := _MEMORY_LOCK.match(query))]
+    locked = [(name, query, m.group(2)) for name, query in QUERIES if (m := MEMORY_LOCK.match(query))]
     found = {
         name: _read_before(await explained(runtime, query), lock.split(" ", 1)[1])
         for name, query, lock in locked
