@@ -51,6 +51,7 @@ async def test_the_readme_quickstart_runs_end_to_end(
     out, err = out_bytes.decode(), err_bytes.decode()
     print(out)
     assert process.returncode == 0, err
+    assert err == ""  # no step complains (leaving the subscription's loop closes it at once)
     # Step 2 learned Ann's sentence in the third person; step 3 found it by meaning and remembered.
     assert '"content": "Loves sailing on Lake Geneva."' in out, out
     assert '"layer": "fact"' in out

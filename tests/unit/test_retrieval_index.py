@@ -36,6 +36,7 @@ from services.vectorindex import (
     ROW_BYTES,
     SPLIT_MIN,
     BotIndex,
+    Parts,
     VectorIndexes,
     fuse_shown,
 )
@@ -781,3 +782,37 @@ def test_a_deep_ranking_rescores_twice_its_depth_not_eight_times() -> None:
     up to RESCORE_DEEP results (what search and context(query) ask of a dense reader), then twice
     the depth (a deep walk's: 6,400 rows rescored for 800 took ~3 ms of ranking at 100k)."""
     assert [vectorindex.rescored(k) for k in (10, 100, 154, 200, 808)] == [800, 800, 1_232, 1_600, 1_616]
+
+
+def test_the_prior_breaks_near_ties_only() -> None:
+    """A pinned entry, newest in the memory, second nearest to the query, no keyword of it in
+    either: the nearest entry stays first, in the ranking and in the scores a search shows (the
+    prior passed up to seven places at the top before: a remembered preference came first in a
+    search for "boats", above the entry about sailing)."""
+    near, second = np.array([1.0, 0.0, 0.0, 0.0], np.float32), np.array([0.9, 0.436, 0.0, 0.0], np.float32)
+    vectors = np.stack([near, second / np.linalg.norm(second), near]).astype(np.float32)
+    q, scales = quantise(vectors)
+    index = BotIndex("m")
+    index.upsert(
+        ["sailing", "french", "twin"],
+        ["4:db:1", "4:db:2", "4:db:3"],
+        [blind(["lake"]), blind(["french"]), blind(["lake"])],
+        [False, True, True],
+        [1_000_001, 9_000_001, 1_000_001],
+        ["person:a"] * 3,
+        ([0, 1, 2], q, scales),
+    )
+    priors = {
+        "rrf_k": search.RRF_K,
+        "pinned_prior": search.PINNED_PRIOR,
+        "recency_prior": search.RECENCY_PRIOR,
+        "half_life": search.RECENCY_HALF_LIFE,
+    }
+    query = np.array([1.0, 0.0, 0.0, 0.0], np.float32)
+    ranking = index.rank(query, [], ["person:a"], dense_k=10, keyword_k=10, **priors)
+    assert ranking.ids[-1] == "french"  # the nearer two first, whatever the prior
+    assert set(ranking.ids[:2]) == {"sailing", "twin"}
+    shown = fuse_shown(
+        [Parts(1.0, 0.0, False, 1.0), Parts(0.9, 0.0, True, 9.0), Parts(1.0, 0.0, True, 1.0)], **priors
+    )
+    assert shown[0] > shown[1] and shown[2] > shown[1]
