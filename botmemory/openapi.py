@@ -10,7 +10,7 @@ import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, cast
 
 from pydantic import BaseModel
 from pydantic.json_schema import JsonSchemaMode, models_json_schema
@@ -79,27 +79,67 @@ def document(operations: Sequence[Operation], prefix: str) -> dict[str, Any]:
         paths.setdefault(prefix + op.path, {})[op.method.lower()] = _operation(
             op, lambda m, mode: refs[m, mode]
         )
-    return {
-        "openapi": "3.1.0",
-        "info": {"title": "botmemory REST", "version": "1"},
-        "paths": paths,
-        "components": {
-            "schemas": defs.get("$defs", {}),
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
-        },
-        "security": [{"bearer": []}],
-    }
+    return _markdown(
+        {
+            "openapi": "3.1.0",
+            "info": {"title": "botmemory REST", "version": "1"},
+            "paths": paths,
+            "components": {
+                "schemas": defs.get("$defs", {}),
+                "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            },
+            "security": [{"bearer": []}],
+        }
+    )
+
+
+def _markdown(node: Any) -> Any:
+    """``node`` with its descriptions' code (the models' docstrings, reStructuredText's ````x````)
+    in Markdown's ```x```."""
+    if isinstance(node, dict):
+        return {
+            k: v.replace("``", "`") if k == "description" and isinstance(v, str) else _markdown(v)
+            for k, v in cast(dict[str, Any], node).items()
+        }
+    if isinstance(node, list):
+        return [_markdown(v) for v in cast(list[Any], node)]
+    return node
 
 
 #: The ``$ref`` of a model's schema in a mode.
 Refs = Callable[[type[BaseModel], JsonSchemaMode], Any]
 
 
+def _summary_and_description(doc: str) -> tuple[str, str]:
+    """A handler's docstring as an operation's summary (its first sentence, plain text: OpenAPI
+    renders no Markdown there) and description (the whole, Markdown; none when the sentence is
+    all of it; it keeps the ids of the design it cites). The docstrings write code as
+    reStructuredText does, ````x````; Markdown's is ```x```."""
+    text = inspect.cleandoc(doc).replace("``", "`")
+    whole = "\n\n".join(" ".join(p.split()) for p in text.split("\n\n"))
+    sentence = _SENTENCE.match(whole)
+    first = sentence.group(1) if sentence else whole.split("\n\n", 1)[0]
+    summary = _CITED.sub("", first).replace("`", "")
+    if len(summary) > SUMMARY_MAX and ": " in summary:  # a long sentence: what comes before its colon
+        summary = summary.split(": ", 1)[0] + "."
+    return summary, "" if whole == summary else whole
+
+
+#: The longest summary kept whole (a list of operations shows each on one line).
+SUMMARY_MAX: Final = 120
+
+
+#: A first sentence: up to a full stop or question mark before a space or the end.
+_SENTENCE: Final = re.compile(r"(.+?[.?])(?:\s|$)", re.S)
+#: What a summary leaves to its description: the design's and the seed's ids it cites.
+_CITED: Final = re.compile(r" \((?:seed|design|[VCELN]\d|D9\.)[^()]*\)")
+
+
 def _operation(op: Operation, refs: Refs) -> dict[str, Any]:
-    summary, _, description = inspect.cleandoc(op.handler.__doc__ or op.handler.__name__).partition("\n")
+    summary, description = _summary_and_description(op.handler.__doc__ or op.handler.__name__)
     found: dict[str, Any] = {
         "operationId": op.handler.__name__,
-        "summary": summary.strip(),
+        "summary": summary,
         "tags": [op.path.split("/")[1]],
         "parameters": [
             {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
@@ -116,8 +156,8 @@ def _operation(op: Operation, refs: Refs) -> dict[str, Any]:
             for status in _errors(op)
         },
     }
-    if description.strip():
-        found["description"] = description.strip()
+    if description:
+        found["description"] = description
     if op.body is not None:
         found["requestBody"] = {
             "required": True,

@@ -5,6 +5,7 @@ body is a 422 ``BAD_INPUT`` naming the field, with nothing changed."""
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -12,6 +13,7 @@ import jsonschema
 from openapi_spec_validator import validate
 
 from botmemory import rest
+from botmemory.openapi import SUMMARY_MAX
 from botmemory.vendor import VENDOR_DIR
 from services.runtime import Runtime
 from tests.client import Api, bearer, make_world
@@ -58,6 +60,21 @@ async def test_every_route_is_in_the_document_and_nothing_else(api: Api) -> None
             assert {401, 422} <= set(answers), where
             named = {p["name"] for p in operation.get("parameters", []) if p["in"] == "path"}
             assert named == set(re.findall(r"{(\w+)}", path)), where
+
+
+async def test_summaries_are_one_plain_sentence_and_descriptions_markdown(api: Api) -> None:
+    """Swagger UI shows a summary as plain text: it was a docstring's first line, cut mid-sentence
+    ("Save a message in the chat (seed 004's ``POST …``, over Turns): a user"), with the
+    docstrings' reStructuredText code marks shown as they are (114 of them in the document)."""
+    spec = await spec_of(api)
+    text = json.dumps(spec)
+    assert "``" not in text
+    for path, item in spec["paths"].items():
+        for method, operation in item.items():
+            summary = operation["summary"]
+            assert summary.endswith((".", "?")) and "\n" not in summary and "`" not in summary, (method, path)
+            assert "D9." not in summary and "seed" not in summary, (method, path)
+            assert len(summary) <= SUMMARY_MAX or ": " not in summary, (method, path)
 
 
 async def test_query_parameters_are_documented_as_the_routes_check_them(api: Api) -> None:
