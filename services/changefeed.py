@@ -228,7 +228,7 @@ class ChangeHub:
         if bot_id not in self.versions:  # from here on, a missed event is noticed
             # Read before the subscriber counts, and nothing awaited between: a change committed
             # once it counts is past this version (delivered live, or from the log after a gap).
-            # Read after, a change committed in between was taken as considered and never sent.
+            # Read after it, a change committed in between would count as considered, never sent.
             current = await read(self.rt.driver, lambda tx: changefeed.versions(tx, bot_ids=[bot_id]))
             base = current.get(bot_id)
         self.subscribers.setdefault(bot_id, {})[sub.key] = sub
