@@ -245,7 +245,9 @@ async def test_a_confide_during_a_deletion_keeps_its_answer_with_its_words(
             c=chat,
         )
         answering = asyncio.create_task(confide(api, ann, turn["id"], f"I booked {canary}"))
-        await until_a_transaction_waits_for_a_lock(runtime)
+        await until_a_transaction_waits_for_a_lock(
+            runtime, running="apoc.lock.nodes([ch])", given=("chatId", chat)
+        )
         await deleting.commit()
     assert await answering == f"Calmly: {canary} is fine."
     confessions = await api.http.get(f"/v1/chats/{chat}/confessions", headers=bearer(ann))
