@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from typing import Any
 
@@ -64,7 +65,10 @@ async def patch(api: Api, token: str, bot: str, body: Any) -> Any:
 
 
 async def confide_then_go_away(api: Api, model_server: ModelServer, token: str, turn: str) -> None:
-    """A confide sent on a socket, ended by its client (``complete``) once the model has it."""
+    """A confide sent on a socket, ended by its client (``complete``) once the model has it;
+    returns once the API has ended it: an operation sent after the ``complete`` on the same socket
+    is answered (the API reads a socket's messages in order, and cancels an operation as it reads
+    its ``complete``; the cancel reaches the confide before anything of the later one is read)."""
     confide_op = 'mutation($t: ID!) { confide(turnId: $t, text: "stuck") { answer } }'
     async with websockets.connect(ws_url(api), subprotocols=["graphql-transport-ws"]) as ws:  # type: ignore[list-item]
         await ws.send(
@@ -75,6 +79,10 @@ async def confide_then_go_away(api: Api, model_server: ModelServer, token: str, 
         await ws.send(json.dumps({"id": "c", "type": "subscribe", "payload": payload}))
         await model_server.wait_for_requests("confide", 1)
         await ws.send(json.dumps({"id": "c", "type": "complete"}))
+        await ws.send(json.dumps({"id": "after", "type": "subscribe", "payload": {"query": "{ me { id } }"}}))
+        message = json.loads(await asyncio.wait_for(ws.recv(), 30))
+        assert (message["id"], message["type"]) == ("after", "next"), message
+        assert message["payload"]["data"]["me"]["id"]
 
 
 async def model_calls(rt: Runtime, bot: str) -> list[dict[str, Any]]:
@@ -912,18 +920,23 @@ async def test_confide_and_rewrite_answer_within_the_real_15_seconds(
 
 
 async def test_a_model_call_whose_caller_went_away_is_saved_and_charged(
-    api: Api, runtime: Runtime, model_server: ModelServer
+    api: Api, patient_api: Api, runtime: Runtime, model_server: ModelServer
 ) -> None:
     """C5, L6: a confide sent on a socket and ended by its client (``complete``) while the model
     answered was cancelled mid-call — neither saved nor charged, though the provider billed it, so
     a client could spend a Bot's model without its budget ever moving. The call goes on to its
-    deadline now, and is saved and charged; nobody is shown its text."""
+    deadline now, and is saved and charged; nobody is shown its text. The model answers once the
+    API has ended the operation (an API that waits for the model as long as that takes)."""
     w = await memory_world(api, ("ann",))
     ann = w.tokens["ann"]
     chat = await api.chat(ann, w.bot)
     turn = await api.turn(ann, chat, "hello")
-    model_server.default("confide", Reply(text="Noted, much later.", delay=1.0))
-    await confide_then_go_away(api, model_server, ann, turn["id"])
+    gone = threading.Event()
+    model_server.default("confide", Reply(text="Noted, much later.", hold=gone))
+    try:
+        await confide_then_go_away(patient_api, model_server, ann, turn["id"])
+    finally:
+        gone.set()
 
     async def saved() -> list[dict[str, Any]]:
         return [c for c in await model_calls(runtime, w.bot) if c["task"] == "confide"]
@@ -934,19 +947,25 @@ async def test_a_model_call_whose_caller_went_away_is_saved_and_charged(
 
 
 async def test_a_call_whose_caller_went_away_keeps_its_task_slot_until_saved(
-    api: Api, runtime: Runtime, model_server: ModelServer
+    api: Api, patient_api: Api, runtime: Runtime, model_server: ModelServer
 ) -> None:
     """D9.12, D9.25: the caller took the Bot's task slot and gave it back in its ``finally``, so a
     cancelled caller gave it back at once while its call ran on: a client ending its operations
     mid-call ran calls beside the Bot's ``concurrency``. The slot is the call's now: held until
-    the call is saved. Watched while it runs: never free before the call is saved."""
+    the call is saved. The model answers once the API has ended the operation: the slot is still
+    held then; watched while the call runs on, never free before it is saved."""
     w = await memory_world(api, ("ann",))
     ann = w.tokens["ann"]
     assert (await patch(api, ann, w.bot, {"expected": 0, "concurrency": 1})).status_code == 200
     chat = await api.chat(ann, w.bot)
     turn = await api.turn(ann, chat, "hello")
-    model_server.default("confide", Reply(text="Noted, much later.", delay=1.5))
-    await confide_then_go_away(api, model_server, ann, turn["id"])
+    gone = threading.Event()
+    model_server.default("confide", Reply(text="Noted, much later.", hold=gone))
+    try:
+        await confide_then_go_away(patient_api, model_server, ann, turn["id"])
+        assert await slots.held(runtime.redis, w.bot) == 1  # its caller is gone, the call holds it
+    finally:
+        gone.set()
     free_before_saved: list[int] = []
 
     async def saved() -> bool:
