@@ -323,22 +323,38 @@ async def test_spent_budget_gives_the_calm_answer_and_learning_waits_for_a_raise
 
 
 async def test_calls_in_flight_overshoot_a_spent_budget_by_at_most_the_concurrency(
-    api: Api, runtime: Runtime, model_server: ModelServer
+    api: Api, patient_api: Api, runtime: Runtime, model_server: ModelServer
 ) -> None:
     """D9.12: spent is the confirmed cost, so calls already in flight may overshoot the budget, by
     up to ``concurrency`` calls and no more: five confide answers asked at once, two slots, a budget
     of one call — the two that took the slots first are paid, and the three that waited for a
-    slot find the budget spent and give the calm answer without a call."""
+    slot find the budget spent and give the calm answer without a call. The model answers the two
+    once all five confessions are in, the three past them on their way to a slot (an API that
+    waits for the model as long as that takes: no answer runs out of time)."""
     w = await memory_world(api, ("ann",))
     ann = w.tokens["ann"]
     settings = {"expected": 0, "concurrency": 2, "budget": {"period": "day", "limitMicros": 20}}
     assert (await patch(api, ann, w.bot, settings)).status_code == 200
     turns = [await api.turn(ann, await api.chat(ann, w.bot), f"note {n}") for n in range(5)]
-    model_server.default("confide", Reply(text="Noted.", delay=0.5))
-    answers = await asyncio.gather(*(confide(api, ann, t["id"]) for t in turns))
+    all_in = threading.Event()
+    model_server.default("confide", Reply(text="Noted.", hold=all_in))
+    answering = asyncio.gather(*(confide(patient_api, ann, t["id"]) for t in turns))
+
+    async def confessions() -> bool:
+        records, _, _ = await runtime.driver.execute_query(
+            "MATCH (f:Confession {botId: $b}) RETURN count(f) AS n", b=w.bot
+        )
+        return records[0]["n"] == 5
+
+    try:
+        await model_server.wait_for_requests("confide", 2)  # both slots taken, nothing spent yet
+        await until(confessions, "the five confessions never came in")
+    finally:
+        all_in.set()
+    answers = await answering
     asked = len(model_server.requests_for("confide"))
-    assert 1 <= asked <= 1 + 2, answers  # the budget's one call, and at most two more in flight
-    assert answers.count(FIXED_CALM_ANSWER) == 5 - asked
+    assert asked == 2, answers  # the budget's one call, and the one more in flight beside it
+    assert answers.count(FIXED_CALM_ANSWER) == 3
     spent = (await settings_of(api, ann, w.bot))["spent"]["micros"]
     assert spent == 20 * asked
 
