@@ -43,6 +43,15 @@ SHORT_DEADLINES = {
     "BOTMEMORY_MODEL_PRICES": '{"test-model": {"input": 1000000, "output": 2000000}}',
 }
 
+#: Deadlines no busy machine reaches, for a process whose model answer a test holds
+#: (``Reply.hold``) until the operation it races has committed: that answer is asked once and
+#: waited for however long the operation takes (the suite's 1.5 s attempt would be asked again).
+PATIENT_DEADLINES = {
+    "BOTMEMORY_ANSWER_DEADLINE_SECONDS": "60",
+    "BOTMEMORY_STEP_DEADLINE_SECONDS": "60",
+    "BOTMEMORY_MODEL_ATTEMPT_TIMEOUT_SECONDS": "60",
+}
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -175,6 +184,23 @@ async def api(api_process: ApiProcess, settings: Settings) -> AsyncIterator[Api]
         yield Api(http, settings.admin_token.get_secret_value())
 
 
+@pytest.fixture(scope="session")
+def patient_api_process(settings: Settings, service_env: dict[str, str]) -> Iterator[ApiProcess]:
+    process = ApiProcess(
+        settings, settings.data_dir / "logs" / "pytest-api-patient.log", {**service_env, **PATIENT_DEADLINES}
+    )
+    yield process
+    process.stop()
+
+
+@pytest.fixture(scope="session")
+async def patient_api(patient_api_process: ApiProcess, settings: Settings) -> AsyncIterator[Api]:
+    """A second API process with :data:`PATIENT_DEADLINES`: its answers wait for a held model."""
+    assert settings.admin_token is not None
+    async with httpx.AsyncClient(base_url=patient_api_process.url, timeout=90) as http:
+        yield Api(http, settings.admin_token.get_secret_value())
+
+
 #: Learning that earlier tests left to run (not ended: a confided Turn never completed, which the
 #: sweeper queues once idle; a queued or budget-waiting execution; one whose worker was killed, its
 #: lease run out) ends before the next test scripts its model: it would otherwise take that test's
@@ -212,3 +238,20 @@ async def learning_worker(
     if worker_process.proc.poll() is not None:
         worker_process.restart()
         worker_process.wait_ready()
+
+
+@pytest.fixture
+def patient_worker(
+    learning_worker: WorkerProcess, settings: Settings, service_env: dict[str, str]
+) -> Iterator[WorkerProcess]:
+    """The one live worker, with :data:`PATIENT_DEADLINES`: a learn answer the test holds is asked
+    once and waited for. The suite's worker is killed meanwhile; ``learning_worker`` brings it back."""
+    learning_worker.kill()
+    worker = WorkerProcess(
+        settings.data_dir / "logs" / "pytest-worker-patient.log", {**service_env, **PATIENT_DEADLINES}
+    )
+    try:
+        worker.wait_ready()
+        yield worker
+    finally:
+        worker.stop()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any, LiteralString
@@ -209,16 +208,15 @@ async def long_turn(api: Api, token: str, chat: str, letter: str) -> None:
     await complete(api, token, turn["id"])
 
 
-async def wait_summary(api: Api, token: str, chat: str, within: float = 10) -> str | None:
+async def wait_summary(api: Api, token: str, chat: str, within: float = 30) -> str:
     """The Chat's rolling summary as its context pack shows it, once the worker wrote one."""
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
+
+    async def written() -> str | None:
         answer = await api.http.get(f"/v1/chats/{chat}/context", headers=bearer(token))
-        summary = answer.json()["summary"]
-        if summary is not None:
-            return summary
-        await asyncio.sleep(0.1)
-    return None
+        summary: str | None = answer.json()["summary"]
+        return summary
+
+    return await until(written, "the worker never wrote the chat's summary", within=within, every=0.1)
 
 
 async def spend(rt: Runtime, bot: str) -> list[tuple[int, int, int]]:

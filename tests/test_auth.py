@@ -124,7 +124,9 @@ async def test_a_token_issued_while_its_issuer_is_revoked_is_never_live(api: Api
             ids=[parent["id"], child["id"]],
         )
         minting = asyncio.create_task(api.raw(issue, token=child["token"]))
-        await until_a_transaction_waits_for_a_lock(runtime)
+        await until_a_transaction_waits_for_a_lock(
+            runtime, running="(:Token {id: $parentId})", given=("parentId", child["id"])
+        )
         await revoking.commit()
     minted = await minting
     errors: list[dict[str, Any]] = minted.get("errors") or []
@@ -152,7 +154,9 @@ async def test_a_token_issued_while_its_issuer_is_revoked_is_never_live(api: Api
                 world.tokens["ann"],
             )
         )
-        await until_a_transaction_waits_for_a_lock(runtime)
+        await until_a_transaction_waits_for_a_lock(
+            runtime, running="MATCH (held:Token {id: $tokenId})", given=("tokenId", other["id"])
+        )
         await issuing.commit()
     await revoke
     assert await api.codes(ME, token=secret) == ["UNAUTHENTICATED"]
@@ -165,7 +169,8 @@ async def test_two_settings_of_a_channels_members_at_once_leave_the_last(api: Ap
     and its group chats, D9.6). The Channel is locked first now: the setting that commits last
     leaves exactly its members."""
     w = await make_world(api, ("ann", "bob", "cat"), channel=("ann",))
-    people = w.people
+    people, channel = w.people, w.channel
+    assert channel is not None
     async with runtime.driver.session() as session:
         first = await session.begin_transaction()  # a setting to ann and bob, not yet committed
         await first.run(
@@ -180,7 +185,9 @@ async def test_two_settings_of_a_channels_members_at_once_leave_the_last(api: Ap
                 {"c": w.channel, "m": [people["ann"], people["cat"]]},
             )
         )
-        await until_a_transaction_waits_for_a_lock(runtime)
+        await until_a_transaction_waits_for_a_lock(
+            runtime, running="MATCH (held:Channel {id: $id})", given=("id", channel)
+        )
         await first.commit()
     await second
     records, _, _ = await runtime.driver.execute_query(

@@ -354,7 +354,9 @@ async def test_a_creation_behind_one_in_flight_finds_it_and_conflicts(api: Api, 
     behind = asyncio.create_task(
         write(runtime.driver, lambda tx: conversation_q.set_meta(tx, **fields("second")))
     )
-    await until_a_transaction_waits_for_a_lock(runtime)
+    await until_a_transaction_waits_for_a_lock(
+        runtime, running="MERGE (s:ChatSummary {chatId: $chatId})", given=("chatId", chat)
+    )
     release.set()
     assert await held
     assert await behind == {"held": True, "current": 1, "version": None}

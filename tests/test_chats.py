@@ -105,7 +105,9 @@ async def test_items_added_while_the_turn_completes_are_refused_once_it_has(
         add = asyncio.create_task(
             api.codes(ADD, {"t": turn["id"], "i": [{"kind": "BOT_MESSAGE", "text": "late"}]}, ann)
         )
-        await until_a_transaction_waits_for_a_lock(runtime)
+        await until_a_transaction_waits_for_a_lock(
+            runtime, running="MATCH (held:Turn {id: $turnId})", given=("turnId", turn["id"])
+        )
         await completing.commit()
     assert await add == ["CONFLICT"]
     page = await messages(api, ann, chat)

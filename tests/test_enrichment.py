@@ -147,9 +147,12 @@ async def test_the_input_stays_as_it_is(
 ) -> None:
     w = await memory_world(api, ("ann",), model=None if case == "no_model" else "test-model")
     chat = await api.chat(w.tokens["ann"], w.bot, review=case == "review")
+    cited: list[str] = []
     if case != "nothing_visible":
         other = await api.chat(w.tokens["ann"], w.bot)
-        await fact(runtime, w.bot, "Ann likes tea", await said(api, w.tokens["ann"], other, "tea"))
+        cited.append(
+            await fact(runtime, w.bot, "Ann likes tea", await said(api, w.tokens["ann"], other, "tea"))
+        )
     if case == "off":
         await set_org(api, w.org, bot_memory=False)
     if case == "budget":
@@ -158,7 +161,10 @@ async def test_the_input_stays_as_it_is(
             json={"expected": 0, "budget": {"period": "day", "limitMicros": 0}},
             headers={"Authorization": f"Bearer {w.tokens['ann']}"},
         )
-    model_server.default("rewrite", rewrite("Make me a drink (I like tea).", "mem_x"))
+    # A rewrite that is taken if the model is asked: it cites the one entry it would be sent, so
+    # the input as it is shows that nobody asked. Where nothing is visible no rewrite can be
+    # taken (it must cite an entry it was sent): there the record of requests alone shows it.
+    model_server.default("rewrite", rewrite("Make me a drink (I like tea).", *cited))
     if case == "notice":
         platform = await api.platform_token(w.org)
         turn = await api.turn(platform, chat, "Make me a drink", notice=True)

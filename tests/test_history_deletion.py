@@ -10,6 +10,7 @@ import asyncio
 import base64
 import binascii
 import secrets
+import threading
 import time
 from typing import Any, cast
 
@@ -156,12 +157,13 @@ async def trains_world(api: Api, runtime: Runtime) -> tuple[World, str, str, str
 
 
 async def test_work_that_began_before_a_deletion_keeps_none_of_the_words(
-    api: Api, runtime: Runtime, model_server: ModelServer
+    api: Api, patient_api: Api, runtime: Runtime, model_server: ModelServer
 ) -> None:
     """A rewrite and a confide answer the model is still giving when the owner deletes the Chat's
     history are saved after the deletion: the rewrite, the answer and their model calls' requests
     and results kept the words the deletion had just removed (D9.23). The deletion moves the
-    Chat's history on, and what began before it saves none of them."""
+    Chat's history on, and what began before it saves none of them. The model answers each once
+    the deletion has committed (an API that waits for it as long as that takes)."""
     w, trains, chat, canary = await trains_world(api, runtime)
     ann = w.tokens["ann"]
     cipher = await cipher_of(runtime, w.bot)
@@ -171,17 +173,25 @@ async def test_work_that_began_before_a_deletion_keeps_none_of_the_words(
         return bool(model_server.requests_for(task)) or None
 
     rewritten = ToolCall("rewrite_input", {"text": f"Trains to {canary}?", "used_entry_ids": [trains]})
-    model_server.script("rewrite", Reply(tool_calls=[rewritten], delay=1.0))
-    starting = asyncio.create_task(api.turn(ann, chat, f"book me a trip to {canary}"))
-    await until(lambda: asked("rewrite"), "the rewrite was never asked")
-    await api.gql(delete, {"c": chat}, ann)
+    deleted = threading.Event()
+    model_server.script("rewrite", Reply(tool_calls=[rewritten], hold=deleted))
+    starting = asyncio.create_task(patient_api.turn(ann, chat, f"book me a trip to {canary}"))
+    try:
+        await until(lambda: asked("rewrite"), "the rewrite was never asked")
+        await api.gql(delete, {"c": chat}, ann)
+    finally:
+        deleted.set()
     turn = await starting
     assert turn["enrichedInput"] == f"Trains to {canary}?"  # asked before: the Bot still gets it
 
-    model_server.script("confide", Reply(text=f"You will find {canary} again.", delay=1.0))
-    confiding = asyncio.create_task(confide(api, ann, turn["id"], f"I could not book {canary}"))
-    await until(lambda: asked("confide"), "the confide answer was never asked")
-    await api.gql(delete, {"c": chat}, ann)
+    deleted_again = threading.Event()
+    model_server.script("confide", Reply(text=f"You will find {canary} again.", hold=deleted_again))
+    confiding = asyncio.create_task(confide(patient_api, ann, turn["id"], f"I could not book {canary}"))
+    try:
+        await until(lambda: asked("confide"), "the confide answer was never asked")
+        await api.gql(delete, {"c": chat}, ann)
+    finally:
+        deleted_again.set()
     assert await confiding == f"You will find {canary} again."
 
     found, _ = await _where(runtime, cipher, w.bot, chat, canary)
@@ -245,7 +255,9 @@ async def test_a_confide_during_a_deletion_keeps_its_answer_with_its_words(
             c=chat,
         )
         answering = asyncio.create_task(confide(api, ann, turn["id"], f"I booked {canary}"))
-        await until_a_transaction_waits_for_a_lock(runtime)
+        await until_a_transaction_waits_for_a_lock(
+            runtime, running="apoc.lock.nodes([ch])", given=("chatId", chat)
+        )
         await deleting.commit()
     assert await answering == f"Calmly: {canary} is fine."
     confessions = await api.http.get(f"/v1/chats/{chat}/confessions", headers=bearer(ann))

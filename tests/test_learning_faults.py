@@ -63,36 +63,48 @@ async def saved_learn_calls(rt: Runtime, bot: str) -> int:
 
 
 async def test_worker_killed_after_the_model_call_recovers_without_calling_again(
-    api: Api, runtime: Runtime, model_server: ModelServer, worker_process: WorkerProcess
+    api: Api, runtime: Runtime, model_server: ModelServer, patient_worker: WorkerProcess
 ) -> None:
     w = await memory_world(api, ("ann",))
     chat = await api.chat(w.tokens["ann"], w.bot)
     turn = await api.turn(w.tokens["ann"], chat, "I speak Portuguese")
+    answer = threading.Event()
     model_server.default(
-        "learn", learn(fact_call("Ann speaks Portuguese", "i-1", topics=("languages",)), delay=1.0)
+        "learn", learn(fact_call("Ann speaks Portuguese", "i-1", topics=("languages",)), hold=answer)
     )
     await confide(api, w.tokens["ann"], turn["id"])
     await complete(api, w.tokens["ann"], turn["id"])
-    await model_server.wait_for_requests("learn", 1)
-    # While the model answers, lock the execution node: the worker then saves its ModelCall (C5)
-    # and stops inside its commit transaction, which locks the execution for the compare-and-set.
-    async with runtime.driver.session() as session:
-        blocker = await session.begin_transaction()
-        await blocker.run(
-            "MATCH (x:LearningExecution {turnId: $t}) CALL apoc.lock.nodes([x]) RETURN 1", t=turn["id"]
-        )
+    try:
+        await model_server.wait_for_requests("learn", 1)
+        [x] = await executions(runtime, turn["id"])
+        # The model answers once the execution node is locked: the worker then saves its ModelCall
+        # (C5) and stops inside its commit transaction, which locks the execution for the
+        # compare-and-set.
+        async with runtime.driver.session() as session:
+            blocker = await session.begin_transaction()
+            await (
+                await blocker.run(
+                    "MATCH (x:LearningExecution {id: $x}) CALL apoc.lock.nodes([x]) RETURN 1", x=x["id"]
+                )
+            ).consume()
+            answer.set()
 
-        async def saved() -> int:
-            return await saved_learn_calls(runtime, w.bot)
+            async def saved() -> int:
+                return await saved_learn_calls(runtime, w.bot)
 
-        await until(saved, "the worker never saved its model call", within=15)
-        await until_a_transaction_waits_for_a_lock(runtime)  # the worker's, inside apply_changes
-        worker_process.kill()
-        await blocker.rollback()
+            await until(saved, "the worker never saved its model call")
+            # The worker's commit, inside apply_changes (COMMIT_STEP).
+            await until_a_transaction_waits_for_a_lock(
+                runtime, running="MATCH (heldX:LearningExecution {id: $id})", given=("id", x["id"])
+            )
+            patient_worker.kill()
+            await blocker.rollback()
+    finally:
+        answer.set()
     [x] = await executions(runtime, turn["id"])
     assert x["status"] == "running" and x["epoch"] == 0
-    worker_process.restart()
-    worker_process.wait_ready()
+    patient_worker.restart()
+    patient_worker.wait_ready()
     # Taken over once the lease expired (how soon is the learning benchmark's to say).
     [x] = await wait_executions(runtime, turn["id"], within=20)
     assert x["status"] == "done" and x["epoch"] >= 1 and x["learned"] == 1
@@ -246,22 +258,27 @@ async def test_the_model_call_runs_outside_the_memory_lock(
     ]
 
 
+@pytest.mark.usefixtures("patient_worker")
 async def test_the_latest_source_state_is_checked_under_the_write_lock(
     api: Api, runtime: Runtime, model_server: ModelServer
 ) -> None:
     """C7, D9.23: the chat's history is deleted while the model thinks → nothing of the answer
     commits; the step reads the evidence again, finds no words left, and reads past it without
-    asking the model again."""
+    asking the model again. The model answers once the deletion has committed."""
     w = await memory_world(api, ("ann",))
     chat = await api.chat(w.tokens["ann"], w.bot)
     turn = await api.turn(w.tokens["ann"], chat, "My passport number is in the drawer")
-    model_server.default("learn", learn(fact_call("Ann keeps her passport in the drawer", "i-1"), delay=1.0))
+    gate = threading.Event()
+    model_server.default("learn", learn(fact_call("Ann keeps her passport in the drawer", "i-1"), hold=gate))
     await confide(api, w.tokens["ann"], turn["id"])
     await complete(api, w.tokens["ann"], turn["id"])
-    await model_server.wait_for_requests("learn", 1)
-    await api.gql(
-        "mutation($c: ID!) { deleteChatHistory(chatId: $c) { items } }", {"c": chat}, w.tokens["ann"]
-    )
+    try:
+        await model_server.wait_for_requests("learn", 1)
+        await api.gql(
+            "mutation($c: ID!) { deleteChatHistory(chatId: $c) { items } }", {"c": chat}, w.tokens["ann"]
+        )
+    finally:
+        gate.set()
     [x] = await wait_executions(runtime, turn["id"])
     assert (x["status"], x["learned"], x.get("error")) == ("done", 0, None), x
     assert await memory_bot_changes(runtime, w.bot) == []
@@ -269,6 +286,7 @@ async def test_the_latest_source_state_is_checked_under_the_write_lock(
     assert len(model_server.requests_for("learn")) == 1
 
 
+@pytest.mark.usefixtures("patient_worker")
 async def test_an_answer_made_of_deleted_words_commits_nothing_whatever_it_adds(
     api: Api, runtime: Runtime, model_server: ModelServer
 ) -> None:
