@@ -11,7 +11,6 @@ from typing import Final, Literal
 
 from arq.connections import ArqRedis
 from neo4j import AsyncDriver
-from redis.asyncio import ConnectionPool
 from threadpoolctl import threadpool_limits
 
 from graph import bots as bots_q
@@ -19,7 +18,7 @@ from graph.driver import make_driver, read
 from graph.migrations import LATEST, current_version, migrate
 from services import jobs, slots
 from services.crypto import Keyring
-from services.redisconn import keeping_cancels
+from services.redisconn import Pool, keeping_cancels
 from services.redisquiet import QuietRedis
 from services.runtime import Runtime
 from services.settings import ConfigurationError, Settings
@@ -85,10 +84,11 @@ async def _check_master_keys(driver: AsyncDriver, keyring: Keyring) -> None:
 def redis_of(settings: Settings) -> ArqRedis:
     """The process's Redis client: each command and each connection given at most
     ``redis_timeout_seconds`` (a Redis that accepts connections and never answers held requests,
-    and the worker's queue polling, for ever), its writes keeping a cancel (``services.redisconn``)."""
+    and the worker's queue polling, for ever), its writes keeping a cancel, each caller waiting for
+    its own connection alone (``services.redisconn``)."""
     return ArqRedis(
         keeping_cancels(
-            ConnectionPool.from_url(
+            Pool.from_url(
                 settings.redis_url,
                 socket_timeout=settings.redis_timeout_seconds,
                 socket_connect_timeout=settings.redis_timeout_seconds,

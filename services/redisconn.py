@@ -1,4 +1,4 @@
-"""Redis connections whose writes keep a cancel.
+"""Redis connections whose writes keep a cancel, from a pool that connects outside its lock.
 
 redis-py 5 bounds each command's write with ``asyncio.wait_for`` when ``socket_timeout`` is set,
 and Python 3.11's ``wait_for`` loses a cancel that lands as the write completes (gh-86296, fixed
@@ -8,6 +8,15 @@ ignore its cancel that way: a slot's lease renewer its release (the execution wa
 would take jobs until it was killed). These connections bound the write with ``asyncio.timeout``
 instead, which keeps the cancel; reads already use it. A silent Redis still fails the write after
 ``socket_timeout`` (``redis.exceptions.TimeoutError``).
+
+redis-py 5's asyncio ``ConnectionPool.get_connection`` makes a new connection (the TCP connect and
+the handshake's first command) while it holds the pool's one lock. Against a Redis that accepts
+connections and never answers, each caller that needs a new connection waits out
+``socket_timeout`` and only then lets the next one start: the process's Redis calls queue one
+behind another, each waiting the whole timeout, and the feeds' listeners, reconnecting, hold the
+lock most of the time. :class:`Pool` takes a connection from its lists without waiting (nothing
+there awaits: one event loop needs no lock for it) and connects it outside, so every caller waits
+for its own connection alone (as redis-py's ``BlockingConnectionPool`` and later releases do).
 """
 
 from __future__ import annotations
@@ -25,6 +34,21 @@ from redis.asyncio.connection import (
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+
+
+class Pool(ConnectionPool):
+    """redis-py's pool, connecting outside its lock (above)."""
+
+    async def get_connection(
+        self, command_name: str | None = None, *keys: object, **options: object
+    ) -> AbstractConnection:
+        connection = self.get_available_connection()
+        try:
+            await self.ensure_connection(connection)
+        except BaseException:  # a connect cut short closes its connection (its read or write does)
+            await self.release(connection)
+            raise
+        return connection
 
 
 class _KeepsCancels(AbstractConnection):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from collections.abc import AsyncGenerator
 from typing import Any, cast
 
 import httpx
@@ -24,11 +25,14 @@ from tests.waiting import until
 class SilentProxy:
     """A TCP proxy in front of the real Redis that can fall silent: then it forwards nothing on any
     connection, in either direction, and closes none; once heard again, new connections are
-    forwarded, while those of the silence stay silent for good (as after a failover)."""
+    forwarded, while those of the silence stay silent for good (as after a failover). ``asked``:
+    the connections on which a client sent something (a command, a new connection's handshake)
+    that the silence swallowed."""
 
     def __init__(self, target_port: int) -> None:
         self.target_port = target_port
         self.silences = 0
+        self.asked = 0
         self.silent = False
         self.port = 0
         self._server: asyncio.Server | None = None
@@ -49,20 +53,23 @@ class SilentProxy:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._writers.append(writer)
         if self.silent:
-            return  # accepted, never read, never answered
+            if await reader.read(1):
+                self.asked += 1
+            return  # accepted, never answered
         up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
         self._writers.append(up_writer)
         opened_in = self.silences
 
-        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter, asking: bool) -> None:
             while data := await source.read(65536):
                 if self.silences != opened_in:
+                    self.asked += asking
                     await asyncio.Event().wait()  # this connection went silent: for good
                 sink.write(data)
                 await sink.drain()
 
-        for source, sink in ((reader, up_writer), (up_reader, writer)):
-            task = asyncio.create_task(pipe(source, sink))
+        for source, sink, asking in ((reader, up_writer, True), (up_reader, writer, False)):
+            task = asyncio.create_task(pipe(source, sink, asking))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
@@ -89,6 +96,25 @@ async def behind_proxy(settings: Settings, service_env: dict[str, str]) -> tuple
     }
 
 
+@contextlib.asynccontextmanager
+async def api_behind_proxy(
+    settings: Settings, service_env: dict[str, str], name: str, redis_seconds: float = 1
+) -> AsyncGenerator[tuple[SilentProxy, ApiProcess]]:
+    """An API process (its log ``pytest-api-<name>.log``) reaching Redis through a started
+    SilentProxy, with a Redis timeout of ``redis_seconds``; both stopped after."""
+    proxy, env = await behind_proxy(settings, service_env)
+    log_path = settings.data_dir / "logs" / f"pytest-api-{name}.log"
+    env["BOTMEMORY_REDIS_TIMEOUT_SECONDS"] = str(redis_seconds)
+    # Started on a thread: the proxy forwards on this event loop, which waits for it meanwhile.
+    process = await asyncio.to_thread(ApiProcess, settings, log_path, env)
+    try:
+        yield proxy, process
+    finally:
+        proxy.hear_again()
+        await asyncio.to_thread(process.stop)
+        await proxy.close()
+
+
 async def test_a_silent_redis_holds_no_request_and_silences_no_feed_for_good(
     api: Api, settings: Settings, service_env: dict[str, str]
 ) -> None:
@@ -98,11 +124,7 @@ async def test_a_silent_redis_holds_no_request_and_silences_no_feed_for_good(
     connection went silent, pings it, opens a new one once Redis answers again and catches up
     from the log: the subscriber gets the changes made meanwhile, through this process and
     another (before, the feed stayed silent until the process restarted)."""
-    proxy, env = await behind_proxy(settings, service_env)
-    # Started on a thread: the proxy forwards on this event loop, which waits for it meanwhile.
-    log_path = settings.data_dir / "logs" / "pytest-api-silent-redis.log"
-    silent = await asyncio.to_thread(ApiProcess, settings, log_path, env)
-    try:
+    async with api_behind_proxy(settings, service_env, "silent-redis") as (proxy, silent):
         w = await make_world(api, ("ann",))
         ann = w.tokens["ann"]
         async with httpx.AsyncClient(base_url=silent.url, timeout=30) as http:
@@ -116,9 +138,6 @@ async def test_a_silent_redis_holds_no_request_and_silences_no_feed_for_good(
                 while elsewhere not in got:
                     got += [e["id"] for e in (await next_event(ws, within=30))["entries"]]
         assert got == [here, elsewhere]
-    finally:
-        await asyncio.to_thread(silent.stop)
-        await proxy.close()
 
 
 async def test_a_silent_redis_is_waited_out_once_not_for_every_call(
@@ -131,11 +150,7 @@ async def test_a_silent_redis_is_waited_out_once_not_for_every_call(
     is made up for as when one fails (here: the change log). It probes Redis meanwhile and uses
     it again as soon as it answers (a fixed window of silence went on skipping, turn events
     lost and model calls given the calm answer, for its whole length after a single miss)."""
-    proxy, env = await behind_proxy(settings, service_env)
-    log_path = settings.data_dir / "logs" / "pytest-api-quiet-redis.log"
-    quiet_env = {**env, "BOTMEMORY_REDIS_TIMEOUT_SECONDS": "3"}
-    silent = await asyncio.to_thread(ApiProcess, settings, log_path, quiet_env)
-    try:
+    async with api_behind_proxy(settings, service_env, "quiet-redis", redis_seconds=3) as (proxy, silent):
         w = await make_world(api, ("ann",))
         ann = w.tokens["ann"]
         async with httpx.AsyncClient(base_url=silent.url, timeout=60) as http:
@@ -169,13 +184,47 @@ async def test_a_silent_redis_is_waited_out_once_not_for_every_call(
         assert skipped_while_silent and skipped_after  # still the one skipped while silent
         listed = await api.http.get(f"/v1/bots/{w.bot}/memory", headers=bearer(ann))
         assert {e["id"] for e in listed.json()["entries"]} == {first, second, third}
-    finally:
-        proxy.hear_again()
-        await asyncio.to_thread(silent.stop)
-        await proxy.close()
 
 
 SKIPPED_ONE = 'botmemory_redis_skipped_total{kind="change"} 1.0'
+
+#: Requests sent at once to an API whose Redis is silent.
+AT_ONCE = 8
+
+
+async def test_requests_wait_for_a_silent_redis_side_by_side_not_in_turn(
+    api: Api, settings: Settings, service_env: dict[str, str]
+) -> None:
+    """Requests at once through an API whose Redis falls silent each wait for their own Redis
+    call, side by side: the proxy has every one's call (an announcement on a connection of the
+    pool, or a new connection's handshake) while none of them has answered. The pool made its new
+    connections under one lock: each request's call waited for the one before it to time out, and
+    the last request for them all."""
+    # A timeout long enough for every request's write to commit before the first call times out.
+    async with api_behind_proxy(settings, service_env, "side-by-side", redis_seconds=10) as (proxy, silent):
+        w = await make_world(api, ("ann",))
+        ann = w.tokens["ann"]
+        async with httpx.AsyncClient(base_url=silent.url, timeout=300) as http:
+            through = Api(http, api.admin_token)
+            proxy.fall_silent()
+            asked = proxy.asked
+            sent = [
+                asyncio.create_task(remember(through, ann, w.bot, f"said at once, {n}"))
+                for n in range(AT_ONCE)
+            ]
+
+            async def all_asked() -> bool:
+                return proxy.asked - asked >= AT_ONCE or any(s.done() for s in sent)
+
+            await until(
+                all_asked, lambda: f"{proxy.asked - asked} of {AT_ONCE} calls reached Redis", within=120
+            )
+            answered_early = [s.done() for s in sent]
+            made = [await s for s in sent]
+        assert not any(answered_early), f"{sum(answered_early)} answered before every call reached Redis"
+        proxy.hear_again()
+        listed = await api.http.get(f"/v1/bots/{w.bot}/memory", headers=bearer(ann))
+        assert set(made) <= {e["id"] for e in listed.json()["entries"]}
 
 
 async def test_a_worker_whose_redis_falls_silent_starts_again_and_polls_anew(
