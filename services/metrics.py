@@ -14,6 +14,11 @@ REDIS_UNANSWERED = Gauge(
     "botmemory_redis_unanswered",
     "1 while this process skips best-effort Redis calls: Redis did not answer one and no probe since",
 )
+FEED_INTERRUPTIONS = Counter(
+    "botmemory_feed_interruptions_total",
+    "Times a feed's Redis listener lost its connection or failed to make one, by channel pattern",
+    ["pattern"],
+)
 REQUESTS = Counter(
     "botmemory_requests_total", "API requests, by surface and outcome code", ["surface", "code"]
 )

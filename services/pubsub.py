@@ -7,11 +7,18 @@ import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, TypeVar, cast
+from typing import Any, Final, Protocol, TypeVar, cast
 
 from arq.connections import ArqRedis
 
+from services import metrics
+
 log = logging.getLogger("services.pubsub")
+
+#: The pause after a listener's connection fails, doubling with each failure in a row up to the
+#: longest (a Redis that refuses connections is tried a few times a minute, not twice a second).
+FIRST_PAUSE: Final = 0.5
+LONGEST_PAUSE: Final = 8.0
 
 
 class Silent(Exception):
@@ -34,8 +41,13 @@ async def listen(
 
     After ``silence`` seconds without a message the connection is pinged; no answer within
     ``silence`` more and it counts as lost (waiting for the next message alone, a connection that
-    had silently died kept every subscription of the process silent until it restarted)."""
+    had silently died kept every subscription of the process silent until it restarted).
+
+    A lost connection is logged once, with the line that says it listens again; the failures in
+    between are counted (``botmemory_feed_interruptions_total``) and tried again after a pause
+    that grows with each (:data:`FIRST_PAUSE` to :data:`LONGEST_PAUSE`)."""
     loop = asyncio.get_running_loop()
+    pause, failed = FIRST_PAUSE, 0
     while True:
         pubsub = redis.pubsub()
         try:
@@ -43,6 +55,9 @@ async def listen(
             if subscribed is not None:
                 await subscribed()
             ready.set()
+            if failed:
+                log.info("%s listening again (after %d failed attempts)", pattern, failed)
+            pause, failed = FIRST_PAUSE, 0
             heard, pinged = loop.time(), None
             while True:
                 message = cast(dict[str, Any] | None, await pubsub.get_message(timeout=min(1.0, silence)))
@@ -66,8 +81,14 @@ async def listen(
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # keep listening: a lost Redis connection must not end the feed
-            log.warning("%s interrupted: %s; reconnecting", pattern, type(exc).__name__)
-            await asyncio.sleep(0.5)
+            metrics.FEED_INTERRUPTIONS.labels(pattern).inc()
+            if not failed:
+                log.warning("%s interrupted: %s; reconnecting until it is back", pattern, type(exc).__name__)
+            else:
+                log.debug("%s still not back (%s)", pattern, type(exc).__name__)
+            failed += 1
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, LONGEST_PAUSE)
         finally:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(pubsub.aclose(), silence)
