@@ -27,6 +27,23 @@ SET k += CASE WHEN k.claimId <> $fields.claimId AND k.expiresAt <= $now THEN $fi
 RETURN k {.claimId, .operation, .request, .scoped, .master, .resourceId, .itemId, .version} AS claim
 """
 
+#: The hold on the record of ``$id`` of a request that answers past its transaction (``heldBy``:
+#: its ``$holder``; ``heldUntil``: when its lease ends, in ms): set to ``$until`` when it is
+#: ``$holder``'s, or, with ``$takeOver``, when its lease ended (its holder was cut off, or let it
+#: go); a ``$until`` of null lets it go. Locked and read again first, so of two requests taking
+#: over one lease the second reads the first's. ``ours``: whether ``$holder`` holds it now
+#: (none when there is no record).
+HOLD: Final[LiteralString] = """
+MATCH (held:Idempotency {id: $id})
+CALL apoc.lock.nodes([held])
+WITH held
+MATCH (k:Idempotency) WHERE elementId(k) = elementId(held)
+WITH k, coalesce(k.heldBy = $holder, false) OR ($takeOver AND coalesce(k.heldUntil, 0) <= $now) AS ours
+SET k.heldBy = CASE WHEN ours THEN $holder ELSE k.heldBy END,
+    k.heldUntil = CASE WHEN ours THEN $until ELSE k.heldUntil END
+RETURN ours, k.heldUntil AS heldUntil
+"""
+
 #: The first Item a claim's request added (known once its Items are numbered).
 SET_ITEM: Final[LiteralString] = "MATCH (k:Idempotency {id: $id}) SET k.itemId = $itemId\n"
 
@@ -69,10 +86,22 @@ class ClaimRow(TypedDict):
     claim: ClaimMap
 
 
+class HoldRow(TypedDict):
+    ours: bool
+    #: When the lease of whoever holds the record ends (ms); None when nobody does.
+    heldUntil: int | None
+
+
 async def claim(tx: AsyncManagedTransaction, *, id: str, now: int, fields: dict[str, Any]) -> ClaimMap:
     record = await single(tx, CLAIM, ClaimRow, id=id, now=now, fields=fields)
     assert record is not None  # MERGE returns its node
     return record["claim"]
+
+
+async def hold(
+    tx: AsyncManagedTransaction, *, id: str, holder: str, now: int, until: int | None, take_over: bool
+) -> HoldRow | None:
+    return await single(tx, HOLD, HoldRow, id=id, holder=holder, now=now, until=until, takeOver=take_over)
 
 
 async def set_item(tx: AsyncManagedTransaction, *, id: str, item_id: str) -> None:

@@ -2370,6 +2370,16 @@ RETURN k {.claimId, .operation, .request, .scoped, .master, .resourceId, .itemId
 MATCH (k:Idempotency {id: $id}) WHERE k.expiresAt > $now
 RETURN k {.claimId, .operation, .request, .scoped, .master, .resourceId, .itemId, .version} AS claim
 
+// ---- graph.idempotency.HOLD
+MATCH (held:Idempotency {id: $id})
+CALL apoc.lock.nodes([held])
+WITH held
+MATCH (k:Idempotency) WHERE elementId(k) = elementId(held)
+WITH k, coalesce(k.heldBy = $holder, false) OR ($takeOver AND coalesce(k.heldUntil, 0) <= $now) AS ours
+SET k.heldBy = CASE WHEN ours THEN $holder ELSE k.heldBy END,
+    k.heldUntil = CASE WHEN ours THEN $until ELSE k.heldUntil END
+RETURN ours, k.heldUntil AS heldUntil
+
 // ---- graph.idempotency.SET_ITEM
 MATCH (k:Idempotency {id: $id}) SET k.itemId = $itemId
 

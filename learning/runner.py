@@ -31,9 +31,6 @@ from services.validation import check_id, check_text
 log = logging.getLogger("learning.runner")
 
 MAX_TOOL_ROUNDS = 3
-#: What an answer's key is held for past its model calls: the Items' and the Turn's saves, each
-#: of which may wait out Neo4j's retries (``BOTMEMORY_NEO4J_RETRY_SECONDS``, 15 by default).
-_SAVING_SECONDS: Final = 60
 #: The most ``confide`` calls of one reply that the memory Bot answers (each a model call charged
 #: to its budget, a confession and a learning execution); past them the Bot gets the fixed calm
 #: answer, as when no model can answer (L1).
@@ -72,22 +69,16 @@ async def send_message(
     ``key``: the caller's idempotency key. Sent again with the same request, the Turn it started
     is answered again as it stands: with its reply once it has one (completed if it was not), else
     — a request that stopped before its reply was saved — the Bot is asked now. The key is held
-    while the reply is made: the same request meanwhile is CONFLICT."""
+    while the reply is made (:func:`services.idempotency.in_flight`): the same request meanwhile
+    is CONFLICT."""
     arrived = time.monotonic()
     require_person(principal)
     check_id(chat_id, "chatId")
     check_text(text, "text", limit=rt.settings.max_text_chars)
     if await chats.get_chat(rt, principal, chat_id) is None:
         raise NotFound("chat not found")
-    settings = rt.settings
-    # As long as an answer may take: the rewrite, each chat-model round, each confide answered.
-    longest = (
-        settings.answer_deadline_seconds * (1 + MAX_CONFIDES)
-        + settings.chat_deadline_seconds * (MAX_TOOL_ROUNDS + 1)
-        + _SAVING_SECONDS
-    )
-    async with idempotency.in_flight(rt, key, longest):
-        return await _send(rt, gateway, hub, principal, chat_id, text, arrived, key)
+    async with idempotency.in_flight(rt, key) as held:
+        return await _send(rt, gateway, hub, principal, chat_id, text, arrived, held)
 
 
 async def _send(
@@ -116,8 +107,11 @@ async def _send(
     turn = await enrichment.start_turn(
         rt, gateway, principal, chat_id, text, actor_id=None, notice=False, arrived=arrived, key=key
     )
-    if turn.replayed and (answered := await _answered(rt, principal, turn)) is not None:
-        return answered
+    if turn.replayed:
+        if (answered := await _answered(rt, principal, turn)) is not None:
+            return answered
+        # Stopped before its reply was saved, or still answering: asked again only in the first case.
+        await idempotency.take_over(rt, key)
     history, first, shown = await _history(rt, principal, chat_id, turn.id)
     if not turn.replayed:
         await _publish(hub, chat_id, TurnEvent(turn.id, "ITEM_ADDED", text, f"i-{first}", "PERSON_MESSAGE"))

@@ -15,20 +15,23 @@ holds a keyed digest of the request, never its words (E1), and is kept
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
+import math
 import re
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final, TypeVar
 
 from neo4j import AsyncManagedTransaction
-from redis.exceptions import RedisError
+from neo4j.exceptions import DriverError, Neo4jError
 
 from graph import idempotency as idempotency_q
-from graph.driver import autocommit
+from graph.driver import autocommit, write
+from graph.idempotency import HoldRow
 from services.crypto import Kind
 from services.domain import Principal
 from services.errors import BadInput, Conflict
@@ -39,6 +42,10 @@ from services.runtime import Runtime, now_ms
 KEY: Final = re.compile(r"[\x21-\x7e]{1,255}")
 #: What the REST routes read the key from.
 HEADER: Final = "Idempotency-Key"
+#: How long a hold lasts past its last renewal (:func:`in_flight`), and how often it is renewed:
+#: a renewal may wait a while for Neo4j and still come before the lease ends.
+LEASE_MS: Final = 20_000
+RENEW_SECONDS: Final = 5.0
 
 log = logging.getLogger("botmemory.idempotency")
 
@@ -61,6 +68,9 @@ class Key:
     unscoped: str
     #: This request's own id: the record it claimed is its own while it holds it.
     claim_id: str
+    #: Whether the claim also holds the key while the request answers past its transaction
+    #: (:func:`in_flight`).
+    held: bool = False
 
 
 def key_of(principal: Principal, key: str | None, operation: str, request: Sequence[object]) -> Key | None:
@@ -176,6 +186,8 @@ async def claim(
         "version": version,
         "createdAt": now,
         "expiresAt": now + int(rt.settings.idempotency_key_seconds * 1000),
+        "heldBy": key.claim_id if key.held else None,
+        "heldUntil": now + LEASE_MS if key.held else None,
     }
     found = await idempotency_q.claim(tx, id=key.id, now=now, fields=fields)
     if found["claimId"] != key.claim_id:
@@ -189,41 +201,63 @@ async def claimed_item(tx: AsyncManagedTransaction, key: Key | None, item_id: st
 
 
 @asynccontextmanager
-async def in_flight(rt: Runtime, key: Key | None, seconds: float) -> AsyncGenerator[None]:
-    """Hold ``key`` while an answer runs past its transaction (the built-in runner's reply, which
-    takes at most ``seconds``): the same request with it meanwhile is CONFLICT, another one
-    BAD_INPUT (as once the first is answered). A process killed mid-answer frees it after
-    ``seconds``. The hold names the request by its keyed digest (never its words, E1) and the
-    master key that made it."""
+async def in_flight(rt: Runtime, key: Key | None) -> AsyncGenerator[Key | None]:
+    """``key`` held while an answer runs past its transaction (the built-in runner's reply): the
+    key it yields makes the claim hold the record too (``heldBy``, ``heldUntil``), and a lease of
+    :data:`LEASE_MS` is renewed every :data:`RENEW_SECONDS` until the answer ends, when it is let
+    go. A request sent again meanwhile finds its Turn without a reply and takes the hold over
+    (:func:`take_over`) only once its lease ended: CONFLICT while it runs; a process killed
+    mid-answer frees it within the lease. The hold is the Neo4j record's, as the claim is, so a
+    request with a key needs no more than one without (Redis down, it is answered all the same),
+    and no second store can disagree about who holds it."""
     if key is None:
-        yield
+        yield None
         return
-    master = rt.keyring.current_id
-    digest = rt.keyring.digest(Kind.REQUEST_DIGEST, key.request)
-    name, holder = f"botmemory:idempotency:{key.id}", f"{new_id('hold')} {master} {digest}"
-    if not await rt.redis.set(name, holder, nx=True, px=max(1, int(seconds * 1000))):
-        held = await rt.redis.get(name)
-        parts = [] if held is None else (held.decode() if isinstance(held, bytes) else held).split(" ")
-        if len(parts) == 3:
-            # A hold of a process that digests the arguments alone (``Key.unscoped``) compares too.
-            ours = {rt.keyring.digest(Kind.REQUEST_DIGEST, r, parts[1]) for r in (key.request, key.unscoped)}
-            if None not in ours and parts[2] not in ours:
-                raise BadInput("this idempotency key was sent with another request", field="idempotencyKey")
-        raise Conflict(
-            "a request with this idempotency key is still being answered; send it again when it ends"
-        )
+    held = replace(key, held=True)
+    renewing = asyncio.create_task(_renew(rt, held), name="botmemory-idempotency-lease")
     try:
-        yield
+        yield held
     finally:
-        # Only its own hold: one that ran past its time may be another request's by now. A release
-        # that fails leaves it to run out; the answer stands.
-        try:
-            await rt.redis.eval(_RELEASE, 1, name, holder)  # type: ignore[misc]
-        except (RedisError, OSError) as exc:
+        renewing.cancel()
+        await asyncio.gather(renewing, return_exceptions=True)
+        try:  # only its own hold; one it fails to let go runs out with its lease, the answer stands
+            await _hold(rt, held, until=None)
+        except (Neo4jError, DriverError, OSError) as exc:
             log.warning("an idempotency key's hold was left to run out (%s)", type(exc).__name__)
 
 
-_RELEASE: Final = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
+async def take_over(rt: Runtime, key: Key | None) -> None:
+    """Hold ``key``, whose Turn a request that held it left without a reply, before asking again;
+    CONFLICT while that request's lease runs (it may still be answering)."""
+    if key is None:
+        return
+    found = await _hold(rt, key, until=now_ms() + LEASE_MS, take_over=True)
+    if found is not None and not found["ours"]:
+        left = max(1, math.ceil(((found["heldUntil"] or 0) - now_ms()) / 1000))
+        raise Conflict(
+            "a request with this idempotency key is being answered, or was cut off; "
+            f"send it again in {left} s"
+        )
+
+
+async def _hold(rt: Runtime, key: Key, *, until: int | None, take_over: bool = False) -> HoldRow | None:
+    return await write(
+        rt.driver,
+        lambda tx: idempotency_q.hold(
+            tx, id=key.id, holder=key.claim_id, now=now_ms(), until=until, take_over=take_over
+        ),
+    )
+
+
+async def _renew(rt: Runtime, key: Key) -> None:
+    """Renew ``key``'s lease while its answer runs (nothing before its claim made the record)."""
+    while True:
+        await asyncio.sleep(RENEW_SECONDS)
+        try:
+            found = await _hold(rt, key, until=now_ms() + LEASE_MS)
+        except (Neo4jError, DriverError, OSError) as exc:  # the next renewal tries again
+            log.warning("an idempotency key's lease was not renewed (%s)", type(exc).__name__)
+            continue
+        if found is not None and not found["ours"]:
+            log.warning("an idempotency key's lease ran out while its answer ran; another request holds it")
+            return

@@ -19,8 +19,11 @@ from learning.sweeper import sweep_once
 from services.commands import remember_key
 from services.crypto import Kind
 from services.domain import Principal
+from services.idempotency import LEASE_MS
 from services.runtime import Runtime
+from services.settings import Settings
 from tests.client import Api, bearer, make_world
+from tests.conftest import PATIENT_DEADLINES, ApiProcess
 from tests.learning_helpers import memory_world, until_a_transaction_waits_for_a_lock
 from tests.memory_helpers import command
 from tests.model_server import ModelServer, Reply, ToolCall
@@ -429,6 +432,56 @@ async def test_send_message_sent_again_is_answered_once_and_held_while_it_runs(
     assert [row[:3] for row in await history(api, ann, chat)] == [
         ("i-1", "PERSON_MESSAGE", "Where should I go in May?"),
         ("i-3", "BOT_MESSAGE", "Try Porto too."),
+    ]
+
+
+async def test_a_send_message_cut_off_frees_its_key_within_a_lease(
+    api: Api,
+    settings: Settings,
+    service_env: dict[str, str],
+    model_server: ModelServer,
+    learning_worker: object,
+) -> None:
+    """An API process killed while it answers a ``sendMessage`` with a key: sent again, the key is
+    CONFLICT, saying it may have been cut off and when to send it again — within a lease the
+    process renewed while it ran, not the longest an answer may take (it was held that long, six
+    minutes of CONFLICT for nothing running) — then the Bot is asked again, and the Turn has one
+    reply."""
+    w = await runner_world(api, ("ann",))
+    ann = w.tokens["ann"]
+    chat = await api.chat(ann, w.bot)
+    release = threading.Event()
+    model_server.script("chat", Reply(text="Never said.", hold=release))
+    variables = {"c": chat, "t": "Where should I go in May?", "k": "cut-off-1"}
+    log_path = settings.data_dir / "logs" / "pytest-api-cut-off.log"
+    doomed = await asyncio.to_thread(ApiProcess, settings, log_path, {**service_env, **PATIENT_DEADLINES})
+    try:
+        async with httpx.AsyncClient(base_url=doomed.url, timeout=60) as http:
+            sent = asyncio.create_task(Api(http, api.admin_token).raw(SEND, variables, ann))
+            await model_server.wait_for_requests("chat", 1)
+            doomed.proc.kill()
+            await asyncio.to_thread(doomed.proc.wait)
+            with pytest.raises(httpx.HTTPError):
+                await sent
+    finally:
+        release.set()
+        await asyncio.to_thread(doomed.stop)
+    model_server.script("chat", Reply(text="Try Porto."))
+    refused = (await api.raw(SEND, variables, ann))["errors"][0]
+    assert refused["extensions"]["code"] == "CONFLICT"
+    assert "or was cut off; send it again in " in refused["message"]
+    assert int(refused["message"].split(" in ")[-1].removesuffix(" s")) <= LEASE_MS / 1000
+
+    async def answered() -> dict[str, Any] | None:
+        body = await api.raw(SEND, variables, ann)
+        return None if body.get("errors") else body["data"]["sendMessage"]
+
+    resumed = await until(answered, "the key stayed held", within=60, every=0.5)
+    assert (resumed["reply"], resumed["status"]) == ("Try Porto.", "completed")
+    assert len(model_server.requests_for("chat")) == 2
+    assert [row[1:3] for row in await history(api, ann, chat)] == [
+        ("PERSON_MESSAGE", "Where should I go in May?"),
+        ("BOT_MESSAGE", "Try Porto."),
     ]
 
 

@@ -13,8 +13,11 @@ import httpx
 
 from services.settings import Settings
 from tests.client import Api
-from tests.conftest import ApiProcess
+from tests.conftest import ApiProcess, WorkerProcess
+from tests.model_server import ModelServer, Reply
 from tests.proxies import CuttableProxy
+from tests.test_idempotency import SEND
+from tests.test_runner import runner_world
 from tests.waiting import until
 
 #: The channel patterns an API process listens to (``services.changefeed``, ``services.turnfeed``).
@@ -82,3 +85,32 @@ async def test_feeds_say_once_that_redis_is_down_and_once_that_it_is_back(
                 return all(f"{p} listening again" in said for p in PATTERNS)
 
             await until(back, lambda: f"not every feed listens again:\n{logged()}", within=60)
+
+
+async def test_send_message_with_a_key_is_answered_while_redis_is_down(
+    api: Api,
+    settings: Settings,
+    service_env: dict[str, str],
+    model_server: ModelServer,
+    learning_worker: WorkerProcess,
+) -> None:
+    """A ``sendMessage`` with an idempotency key held its key on Redis while it answered: with
+    Redis down it failed (UNAVAILABLE) where the same call without a key was answered. The hold
+    is on the key's record in Neo4j: answered, and sent again, it is the same Turn, the Bot asked
+    once."""
+    w = await runner_world(api, ("ann",))
+    ann = w.tokens["ann"]
+    chat = await api.chat(ann, w.bot)
+    model_server.script("chat", Reply(text="Bergen, for the fjords."))
+    variables = {"c": chat, "t": "Where should I go in June?", "k": "redis-down-1"}
+    async with (
+        api_behind_cut(settings, service_env, "redis-down-send") as (proxy, process, _),
+        httpx.AsyncClient(base_url=process.url, timeout=60) as http,
+    ):
+        through = Api(http, api.admin_token)
+        await proxy.cut()
+        first = (await through.gql(SEND, variables, ann))["sendMessage"]
+        again = (await through.gql(SEND, variables, ann))["sendMessage"]
+    assert (first["reply"], first["status"]) == ("Bergen, for the fjords.", "completed")
+    assert again == first
+    assert len(model_server.requests_for("chat")) == 1
