@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -14,6 +15,7 @@ import websockets
 from graphql.validation import validate
 from websockets.typing import Subprotocol
 
+from botmemory import rest
 from resolvers.schema import build_schema
 from schema.context import ONE_CREDENTIAL
 from services.runtime import Runtime
@@ -300,6 +302,24 @@ async def test_unknown_rest_route_and_method(api: Api) -> None:
         slashed = await api.http.get(path, headers={"Host": "evil.example"})
         assert slashed.status_code == 404 and "location" not in slashed.headers
         assert slashed.json()["error"]["code"] == "NOT_FOUND"
+
+
+async def test_a_rest_405_allows_every_method_of_its_path(api: Api) -> None:
+    """Each REST path was a route per operation: ``DELETE /v1/bots/{bot}/memory`` answered 405
+    with ``Allow: GET, HEAD`` although POST is valid there. ``Allow`` names every method the
+    path takes (a GET's HEAD too), for every REST path, and each of them reaches its handler."""
+    methods: dict[str, set[str]] = {}
+    for op in rest.operations:
+        methods.setdefault(op.path, set()).add(op.method)
+    for path, allowed in methods.items():
+        url = "/v1" + re.sub(r"{(\w+)}", lambda m: m.group(1).split("_")[0] + "_x", path)
+        wrong = await api.http.delete(url)
+        assert wrong.status_code == 405 and wrong.json()["error"]["code"] == "BAD_INPUT", path
+        expected = {*allowed, "HEAD"} if "GET" in allowed else allowed
+        assert set(wrong.headers["allow"].replace(" ", "").split(",")) == expected, path
+        for method in allowed:  # no token: each method's handler refuses it, not the router
+            answered = await api.http.request(method, url)
+            assert answered.status_code == 401, (method, path, answered.text)
 
 
 async def test_head_on_graphql_is_answered_as_get_without_its_body(api: Api) -> None:
