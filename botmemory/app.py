@@ -65,10 +65,14 @@ class State(TypedDict):
     turn_hub: TurnHub
 
 
-#: The close reason of a refused ``connection_init`` (4403): the payload shapes we accept.
+#: The close reason of a ``connection_init`` refused for want of a token (4403): the payload
+#: shapes we accept.
 WS_AUTH_REASON = (
     'unauthenticated: connection_init payload is {"Authorization": "Bearer <token>"} or {"token": "<token>"}'
 )
+#: The close reason of a ``connection_init`` whose bearer token the API does not accept (4403),
+#: in REST's words: the shape was right.
+WS_TOKEN_REASON: Final = "unauthenticated: invalid, expired or revoked token"
 #: The close reason of a socket past its token's sockets in this process (4429), with the limit.
 TOO_MANY_SOCKETS: Final = "too many sockets: you hold as many open on this API process as you may"
 #: The close code and reason of a ``connection_init`` whose token could not be looked up because
@@ -176,8 +180,9 @@ class TransportWSHandler(BaseGraphQLTransportWSHandler[Context, None]):
         await super().handle_message(message)
 
     async def handle_connection_init(self, message: ConnectionInitMessage) -> None:
-        """Refuse a bad token with a reason that states the expected payload; ``on_ws_connect``
-        then finds the caller already authenticated (the context keeps the outcome)."""
+        """Refuse a missing or malformed credential with a reason that states the expected payload,
+        and a bearer token the API does not accept as such; ``on_ws_connect`` then finds the
+        caller already authenticated (the context keeps the outcome)."""
         payload = message.get("payload", {})
         if isinstance(payload, dict) and not self.connection_init_received and not self.connection_timed_out:
             # It came in time: the wait for it ends now, not after the token is looked up.
@@ -191,7 +196,8 @@ class TransportWSHandler(BaseGraphQLTransportWSHandler[Context, None]):
                 await self._refuse_init(4400, exc.message)
                 return
             except ServiceError:
-                await self._refuse_init(4403, WS_AUTH_REASON)
+                token = auth.bearer_token(self.context.authorization)
+                await self._refuse_init(4403, WS_AUTH_REASON if token is None else WS_TOKEN_REASON)
                 return
             except Exception as exc:
                 # Neo4j or Redis out of reach: said as such, not raised out of the application (a

@@ -38,6 +38,7 @@ from services.maintenance import (
     MAX_REBUILDS,
     LegacyEntry,
     Rebuild,
+    check_legacy_layer,
     check_legacy_tag,
     import_legacy,
     rebuild_legacy,
@@ -108,16 +109,17 @@ async def _rotate(generate: bool) -> int:
     return 0
 
 
-def _read_legacy(path: str) -> list[LegacyEntry]:
+def _read_legacy(path: str) -> dict[int, LegacyEntry]:
     """One JSON object per line: ``{"content": ..., "tags": [...], "layer": "fact"}``. A line of
     another shape is refused with its number, before anything is imported: ``"tags": "work"`` was
     read as the tags w, o, r and k; a misspelt key (``"tag"``) or a key given twice was dropped, and
     a private pinned entry lost its author's rule for good (hidden, V9); an over-long content
-    failed the whole import without saying where. A layer is read in any case (``"Pinned"``).
+    failed the whole import without saying where. A layer is read in any case (``"Pinned"``);
+    one of no such name is refused, not read as a fact.
     A file holds at most MAX_LEGACY_ENTRIES entries (one import is one change, in one transaction)
     and a line at most MAX_LEGACY_TAGS tags: a larger file is refused at the line past it, before
-    the rest is read."""
-    entries: list[LegacyEntry] = []
+    the rest is read. The entries are keyed by their line numbers, in file order."""
+    entries: dict[int, LegacyEntry] = {}
     with Path(path).open(encoding="utf-8") as lines:
         for n, line in enumerate(lines, start=1):
             if line.strip():
@@ -126,7 +128,7 @@ def _read_legacy(path: str) -> list[LegacyEntry]:
                         "BAD_INPUT",
                         f"line {n}: a file holds at most {MAX_LEGACY_ENTRIES:,} entries; split it and import each part",
                     )
-                entries.append(_legacy_line(n, line))
+                entries[n] = _legacy_line(n, line)
     return entries
 
 
@@ -152,9 +154,10 @@ def _legacy_line(n: int, line: str) -> LegacyEntry:
             raise BadInput(f"at most {MAX_LEGACY_TAGS} tags", field="tags")
         for tag in row.tags:
             check_legacy_tag(tag)
+        layer = check_legacy_layer(row.layer.strip().lower())
     except BadInput as exc:
         raise CommandFailed("BAD_INPUT", f"line {n}: {exc.message}") from None
-    return LegacyEntry(content=row.content, tags=tuple(row.tags), layer=row.layer.strip().lower())
+    return LegacyEntry(content=row.content, tags=tuple(row.tags), layer=layer)
 
 
 class _LegacyLine(BaseModel):
@@ -271,13 +274,20 @@ async def _reindex(bot_id: str) -> int:
 async def _relabel(bot_id: str) -> int:
     async with _runtime(load_settings()) as runtime:
         count = await relabel_all(runtime, bot_id)
-    print(f"relabelled {count} entries")
+    print(f"relabelled {_counted(count, 'entry', 'entries')}")
     return 0
 
 
-async def _import(bot_id: str, legacy: list[LegacyEntry]) -> int:
+def _counted(n: int, one: str, many: str) -> str:
+    return f"{n:,} {one if n == 1 else many}"
+
+
+async def _import(bot_id: str, lines: dict[int, LegacyEntry]) -> int:
+    """Import the file's entries and print each line's new entry id (what ``rebuild-legacy``
+    names an entry by)."""
     settings = load_settings()
     embedder = make_embedder(settings)  # the entries that keep their rule are embedded as they load
+    legacy = list(lines.values())
     try:
         async with _runtime(settings) as runtime:
             applied = await import_legacy(runtime, bot_id, legacy, embedder)
@@ -286,10 +296,12 @@ async def _import(bot_id: str, legacy: list[LegacyEntry]) -> int:
             await embedder.aclose()
     kept = sum(entry.remembered_by() is not None for entry in legacy)
     print(
-        f"imported {len(applied.entry_ids)} legacy entries (hidden until rebuilt from provable sources, "
-        "botmemory rebuild-legacy; "
-        f"private pinned entries made with Remember stay their authors': up to {kept})"
+        f"imported {_counted(len(applied.entry_ids), 'legacy entry', 'legacy entries')} (hidden until "
+        "rebuilt from provable sources, botmemory rebuild-legacy; "
+        f"private pinned entries made with Remember stay their authors': up to {kept}); by line:"
     )
+    for n, entry in lines.items():
+        print(f"  line {n} -> {entry.id}")
     return 0
 
 
@@ -302,7 +314,7 @@ async def _rebuild(bot_id: str, rebuilds: list[Rebuild]) -> int:
     finally:
         if embedder is not None:
             await embedder.aclose()
-    print(f"rebuilt {len(made)} legacy entries (version {applied.version}):")
+    print(f"rebuilt {_counted(len(made), 'legacy entry', 'legacy entries')} (version {applied.version}):")
     for old, new in made.items():
         print(f"  {old} -> {new}")
     return 0

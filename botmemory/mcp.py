@@ -4,16 +4,18 @@ An edge process an agent's host starts: it gives the agent the tools ``remember`
 ``search``, ``context`` and ``why`` for one person, by calling the running API over HTTP with
 that person's token (``botmemory.mcp_api``), so every answer is access-checked there (V7).
 
-Configuration: ``BOTMEMORY_API_URL`` (default http://127.0.0.1:8000), ``BOTMEMORY_BOT_ID`` (the
-Bot when a tool is given none) and, over stdio, ``BOTMEMORY_TOKEN`` (required). Over streamable
-HTTP each request brings its own ``Authorization: Bearer`` token, which is passed through; the
-server keeps none and refuses requests without one.
+Configuration: ``BOTMEMORY_API_URL`` (default: the API of ``BOTMEMORY_API_HOST`` and
+``BOTMEMORY_API_PORT``, as the API itself reads them), ``BOTMEMORY_BOT_ID`` (the Bot when a tool
+is given none) and, over stdio, ``BOTMEMORY_TOKEN`` (required). Over streamable HTTP each request
+brings its own ``Authorization: Bearer`` token, which is passed through; the server keeps none
+and refuses requests without one.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import ipaddress
 import os
 import sys
 import time
@@ -33,9 +35,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from botmemory.mcp_api import FORGET, REMEMBER, SEARCH, WHO, WHY, Api, ApiError
 from services.logs import quiet_libraries
+from services.settings import ConfigurationError, parse_settings
 from services.validation import MAX_CONTEXT_CHARS, MAX_QUERY_CHARS, refusal
-
-DEFAULT_API_URL: Final = "http://127.0.0.1:8000"
 
 #: Hits a ``context`` call ranks before it fills the budget (the API's largest search).
 _CONTEXT_CANDIDATES: Final = 100
@@ -267,8 +268,9 @@ class RequireBearer:
     """Refuses an HTTP request without a bearer token, or with one the API does not accept, before
     the MCP transport sees it: 401 with ``WWW-Authenticate: Bearer``, as an MCP host expects of a
     token to renew (not a tool error inside a 200). A token the API accepted is remembered for a
-    while by its digest; when the API cannot be asked, the request goes on and its tool calls say
-    so."""
+    while by its digest. While the API cannot be asked, a token not remembered is refused with
+    503 ``UNAVAILABLE`` and ``Retry-After``: nothing unchecked gets a session, and the host is not
+    told to renew a token that may be good."""
 
     def __init__(self, app: ASGIApp, api: Api) -> None:
         self.app = app
@@ -286,12 +288,13 @@ class RequireBearer:
                 return
             refused = await self._refusal(token)
             if refused is not None:
-                await _unauthenticated(refused)(scope, receive, send)
+                await refused(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
-    async def _refusal(self, token: str) -> str | None:
-        """Why the API does not accept ``token`` (None: it does, or it could not be asked)."""
+    async def _refusal(self, token: str) -> JSONResponse | None:
+        """The answer refusing ``token``: 401 when the API does not accept it, 503 when the API
+        cannot be asked (None: it accepts it, or refuses it only for this query, not as a token)."""
         digest = hashlib.sha256(token.encode()).digest()
         now = time.monotonic()
         if self.accepted.get(digest, 0.0) > now:
@@ -299,7 +302,11 @@ class RequireBearer:
         try:
             await self.api.call(WHO, {}, token)
         except ApiError as exc:
-            return str(exc).removeprefix("UNAUTHENTICATED: ") if exc.code == "UNAUTHENTICATED" else None
+            if exc.code == "UNAUTHENTICATED":
+                return _unauthenticated(exc.message)
+            if exc.code == "UNAVAILABLE":
+                return _unchecked()
+            return None
         self.accepted[digest] = now + _ACCEPTED_SECONDS
         self.accepted.move_to_end(digest)
         while len(self.accepted) > _ACCEPTED_MAX:
@@ -313,6 +320,38 @@ def _unauthenticated(message: str) -> JSONResponse:
         status_code=401,
         headers={"WWW-Authenticate": "Bearer"},
     )
+
+
+#: Seconds a host is asked to wait before it sends a request refused while the API is away.
+_RETRY_AFTER_SECONDS: Final = 5
+
+
+def _unchecked() -> JSONResponse:
+    # Without the API's address or its error: the agents are remote (``Api.named``).
+    message = "the botmemory API cannot be reached to check the token; try again in a moment"
+    return JSONResponse(
+        {"error": {"code": "UNAVAILABLE", "message": message}},
+        status_code=503,
+        headers={"Retry-After": str(_RETRY_AFTER_SECONDS)},
+    )
+
+
+def configured_api_url() -> str:
+    """``BOTMEMORY_API_URL``, else the API that ``BOTMEMORY_API_HOST`` and ``BOTMEMORY_API_PORT``
+    configure, as the API reads them (an address binding every interface is reached on this
+    host's loopback). Raises ConfigurationError for a setting of the wrong shape."""
+    given = os.environ.get("BOTMEMORY_API_URL")
+    if given:
+        return given
+    settings = parse_settings()
+    host = settings.api_host
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:  # a name
+        return f"http://{host}:{settings.api_port}"
+    if address.is_unspecified:
+        address = ipaddress.ip_address("::1" if address.version == 6 else "127.0.0.1")
+    return f"http://{f'[{address}]' if address.version == 6 else address}:{settings.api_port}"
 
 
 async def _with_api(config: McpConfig, run: Callable[[Api], Awaitable[None]]) -> None:
@@ -346,10 +385,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8765)
     args = parser.parse_args(argv)
-    api_url = os.environ.get("BOTMEMORY_API_URL") or DEFAULT_API_URL
+    try:
+        url = configured_api_url()
+    except ConfigurationError as exc:
+        print(f"botmemory.mcp: {exc} (or set BOTMEMORY_API_URL)", file=sys.stderr)
+        return 2
     bot_id = os.environ.get("BOTMEMORY_BOT_ID") or None
     if args.http:
-        anyio.run(_http, McpConfig(api_url, bot_id, None), args.host, args.port)
+        anyio.run(_http, McpConfig(url, bot_id, None), args.host, args.port)
         return 0
     token = os.environ.get("BOTMEMORY_TOKEN", "").strip()
     if not usable(token):
@@ -359,7 +402,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    anyio.run(_stdio, McpConfig(api_url, bot_id, token))
+    anyio.run(_stdio, McpConfig(url, bot_id, token))
     return 0
 
 

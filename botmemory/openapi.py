@@ -56,8 +56,25 @@ class Operation:
     #: Takes an ``Idempotency-Key`` header (``services.idempotency``).
     idempotent: bool = False
 
-    def route(self) -> Route:
-        return Route(self.path, self.handler, methods=[self.method])
+
+def operation_routes(operations: Sequence[Operation]) -> list[Route]:
+    """One route per path, taking the method of each operation on it (a GET's HEAD too), so a
+    method the path does not take is 405 with ``Allow`` naming all of them (a route per
+    operation named only its own: ``DELETE …/memory`` said ``GET, HEAD``, not ``POST``)."""
+    by_path: dict[str, dict[str, Handler]] = {}
+    for op in operations:
+        by_path.setdefault(op.path, {})[op.method] = op.handler
+    return [Route(path, _by_method(handlers), methods=list(handlers)) for path, handlers in by_path.items()]
+
+
+def _by_method(handlers: Mapping[str, Handler]) -> Handler:
+    """The handler of a request's method (HEAD: GET's, answered without its body)."""
+
+    async def handle(request: Request) -> Response:
+        method = "GET" if request.method == "HEAD" else request.method
+        return await handlers[method](request)
+
+    return handle
 
 
 def _errors(op: Operation) -> tuple[int, ...]:

@@ -9,7 +9,7 @@ import time
 from starlette.requests import Request
 from starlette.responses import Response
 
-from botmemory.openapi import COMMON_ERRORS, Operation
+from botmemory.openapi import COMMON_ERRORS, Operation, operation_routes
 from botmemory.rest_input import (
     ContextQuery,
     Forget,
@@ -424,4 +424,4 @@ operations = (
     ),
 )
 
-routes = [op.route() for op in operations]
+routes = operation_routes(operations)

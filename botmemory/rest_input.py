@@ -8,7 +8,7 @@ import json
 import re
 from typing import Annotated, Final, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema, field_validator
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 from starlette.exceptions import HTTPException
@@ -118,8 +118,22 @@ class Query(BaseModel):
 
 #: A count or a version in a query (whole, and small enough for the graph).
 Whole = Annotated[int, Field(ge=0, lt=2**63)]
-#: How many rows a page holds (at least one; the services bound it from above by the settings).
-PageSize = Annotated[int, Field(ge=1, lt=2**63)]
+
+
+def limit_schema(maximum: int | None = None) -> WithJsonSchema:
+    """A ``limit`` in a query: a whole number, documented from 1 (to ``maximum``), its bounds
+    checked by the service it goes to, which GraphQL's calls reach too, so both say "limit is
+    between 1 and N" (pydantic's bounds said "must be at least 1" or "must be at most 100")."""
+    bounds = {"minimum": 1} if maximum is None else {"minimum": 1, "maximum": maximum}
+    return WithJsonSchema({"type": "integer", **bounds})
+
+
+#: How many rows a page holds (the services bound it by their page size or the settings').
+PageSize = Annotated[int, limit_schema()]
+#: How many hits a search returns.
+SearchLimit = Annotated[int, limit_schema(search.MAX_LIMIT)]
+#: How many characters a memory context holds.
+ContextLimit = Annotated[int, limit_schema(validation.MAX_CONTEXT_CHARS)]
 
 
 class NoQuery(Query):
@@ -163,7 +177,7 @@ class SearchQuery(Query):
         max_length=search.MAX_QUERY_CHARS,
         description="What to look for (meaning and keywords).",
     )
-    limit: int = Field(default=10, ge=1, le=search.MAX_LIMIT)
+    limit: SearchLimit = 10
 
     @field_validator("q")
     @classmethod
@@ -174,7 +188,7 @@ class SearchQuery(Query):
 
 
 class ContextQuery(Query):
-    limit: Whole = Field(default=4000, description="At most this many characters of text.")
+    limit: ContextLimit = Field(default=4000, description="At most this many characters of text.")
     q: str | None = Field(
         default=None,
         max_length=search.MAX_QUERY_CHARS,  # as context checks query, named as the route names it

@@ -278,6 +278,17 @@ async def confession_by_id(tx: AsyncManagedTransaction, *, id: str) -> Confessio
     return None if record is None else record["confession"]
 
 
+#: A Turn's confessions in the order they were made (a reply made again goes on from them).
+TURN_CONFESSIONS: Final[LiteralString] = """
+MATCH (t:Turn {id: $turnId})<-[:ABOUT]-(f:Confession)
+RETURN f {.*} AS confession ORDER BY f.createdAt, f.id
+"""
+
+
+async def turn_confessions(tx: QueryTarget, *, turn_id: str) -> list[ConfessionNode]:
+    return [r["confession"] for r in await rows(tx, TURN_CONFESSIONS, ConfessionRow, turnId=turn_id)]
+
+
 async def settings(tx: AsyncManagedTransaction, *, bot_id: str) -> SettingsMap | None:
     record = await single(tx, SETTINGS, SettingsRow, botId=bot_id)
     return None if record is None else record["settings"]

@@ -3105,6 +3105,10 @@ RETURN m {.settingsVersion, .instructions, .concurrency, .budgetPeriod, .budgetL
 MATCH (s:Spend) WHERE s.botId = $botId AND s.period = $period
 RETURN coalesce(sum(s.micros), 0) AS micros, coalesce(sum(s.unknownCalls), 0) AS unknownCalls
 
+// ---- graph.memorybot.TURN_CONFESSIONS
+MATCH (t:Turn {id: $turnId})<-[:ABOUT]-(f:Confession)
+RETURN f {.*} AS confession ORDER BY f.createdAt, f.id
+
 // ---- graph.memorybot.TURN_REWRITE
 MATCH (n:Enrichment {turnId: $turnId})
 WHERE n.text IS NOT NULL AND n.sentEntryIds IS NOT NULL

@@ -190,6 +190,34 @@ async def _replayed(
     return route.cipher.decrypt(Kind.CONFESSION_ANSWER, confession_id, answer), tuple(used)
 
 
+async def confided_before(rt: Runtime, turn_id: str) -> list[tuple[str, str, tuple[str, ...]]]:
+    """The confides already made on a Turn whose reply the built-in runner makes again (a request
+    sent again with its idempotency key after the first stopped before the reply was saved,
+    D9.35), in order: each one's words, the answer the Bot was given and the entries it draws on —
+    the saved answer while every one of them is visible to every reader of the Chat now (as a
+    confide sent again gets it), else the fixed calm one. A confession whose words a history
+    deletion took is left out (the Bot's words are gone from the Chat)."""
+    found = await read(rt.driver, lambda tx: memorybot_q.turn_confessions(tx, turn_id=turn_id))
+    if not found:
+        return []
+    _, route, reader = await route_and_reader(rt, found[0]["chatId"])
+    made: list[tuple[str, str, tuple[str, ...]]] = []
+    for f in found:
+        text, answer, used = f.get("text"), f.get("answer"), list(f["usedEntryIds"])
+        if text is None:
+            continue
+        said = route.cipher.decrypt(Kind.CONFESSION, f["id"], text)
+        held = answer is not None and (
+            not used
+            or (reader is not None and await retrieval.validate_references(rt, route.bot_id, reader, used))
+        )
+        if answer is None or not held:
+            made.append((said, FIXED_CALM_ANSWER, ()))
+        else:
+            made.append((said, route.cipher.decrypt(Kind.CONFESSION_ANSWER, f["id"], answer), tuple(used)))
+    return made
+
+
 async def _answer(
     rt: Runtime, gateway: Gateway, chat: memorybot_q.RouteChat, route: Route, text: str, deadline: float
 ) -> tuple[str, tuple[str, ...]]:

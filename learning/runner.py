@@ -9,18 +9,21 @@ anywhere the Bot can see). Tool calls are answered, Items saved, the reply strea
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import replace
 from typing import Any, Final
 
+from graph.memorybot import RouteChat
 from learning import enrichment, toolcalls
-from learning.confide import confide_drawing, confide_unanswered
+from learning.confide import confide_drawing, confide_unanswered, confided_before
 from learning.gateway import FIXED_CALM_ANSWER, Call, Gateway, ModelUnavailable
 from services import chats, conversation, idempotency, metrics, turns
 from services.auth import require_person
+from services.conversation import History
 from services.domain import ItemKind, Principal, Turn
-from services.errors import BadInput, NotFound
+from services.errors import BadInput, NotFound, Unavailable, unavailable
 from services.idempotency import Key
 from services.memorybot import Route
 from services.runtime import Runtime
@@ -107,6 +110,37 @@ async def _send(
     turn = await enrichment.start_turn(
         rt, gateway, principal, chat_id, text, actor_id=None, notice=False, arrived=arrived, key=key
     )
+    try:
+        return await _reply(
+            rt, gateway, hub, principal, turn, text, key, chat, (route, memory_route), earlier
+        )
+    except Exception as exc:
+        if unavailable(exc) is None:
+            raise
+        # The message is saved: "try again" made a client that had no key send it a second time.
+        raise Unavailable(
+            "your message was saved; the Bot's reply may not have been (the database or the event "
+            "store is unavailable): send it again with the same idempotency key to get the reply, or "
+            "read the chat before sending it again"
+        ) from exc
+
+
+async def _reply(
+    rt: Runtime,
+    gateway: Gateway,
+    hub: TurnHub | None,
+    principal: Principal,
+    turn: Turn,
+    text: str,
+    key: Key | None,
+    chat: RouteChat,
+    routes: tuple[Route, Route],
+    earlier: History,
+) -> Turn:
+    """The Bot's reply to ``turn`` (its Turn just saved, or saved by the first of a request sent
+    again), added to it, the Turn completed; ``routes``: the Bot's own model's and its memory
+    Bot's."""
+    chat_id, (route, memory_route) = turn.chat_id, routes
     if turn.replayed:
         if (answered := await _answered(rt, principal, turn)) is not None:
             return answered
@@ -130,9 +164,33 @@ async def _send(
         *history,
         {"role": "user", "content": turn.enriched_input or text},
     ]
+    # A request sent again after the first stopped before the reply was saved goes on from what the
+    # Bot confided then and was answered (D9.35): asked afresh, it confided again — a second
+    # confession, learning execution and memory-Bot call for the one Turn.
+    resumed = await confided_before(rt, turn.id) if turn.replayed else []
+    for n, (said, answer, _) in enumerate(resumed):
+        called = f"confided-{n + 1}"
+        arguments = json.dumps({"text": said}, ensure_ascii=False)
+        messages.append(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": called,
+                        "type": "function",
+                        "function": {"name": "confide", "arguments": arguments},
+                    }
+                ],
+            }
+        )
+        messages.append({"role": "tool", "tool_call_id": called, "content": answer})
     tools = [] if chat["review"] else [CONFIDE_TOOL]  # review chats have no confide (L1)
+    drawn = [entry for _, _, used in resumed for entry in used]
     try:
-        reply = await _converse(rt, gateway, hub, principal, route, chat_id, turn, messages, tools)
+        reply = await _converse(
+            rt, gateway, hub, principal, route, chat_id, turn, messages, tools, len(resumed), drawn
+        )
     except Exception as exc:  # the Turn still gets its reply and completes (it stayed open)
         log.warning("the Bot's reply failed (%s); it says it cannot answer", type(exc).__name__)
         reply = UNAVAILABLE_REPLY
@@ -183,15 +241,19 @@ async def _converse(
     turn: Turn,
     messages: list[dict[str, Any]],
     tools: list[dict[str, Any]],
+    confided_already: int = 0,
+    drawn_already: list[str] | None = None,
 ) -> str:
     """Ask the Bot's model, answering its tool calls, until it replies in words: at most the
     ``max_text_chars`` of a message (the longest Item; a longer reply was refused after its Turn
-    and the person's message were saved, and streamed whole meanwhile)."""
+    and the person's message were saved, and streamed whole meanwhile). ``confided_already``:
+    the Turn's confides ``messages`` carry (counted against MAX_CONFIDES), drawing on
+    ``drawn_already``."""
     cap = rt.settings.max_text_chars
     streamed = 0
     # The entries the request embeds (the rewritten input's, then the confide answers'): a purge of
     # any of them strips the saved request (D9.20; saved with none, it stayed).
-    drawn: dict[str, None] = dict.fromkeys(turn.drawn_entry_ids)
+    drawn: dict[str, None] = dict.fromkeys([*turn.drawn_entry_ids, *(drawn_already or [])])
 
     async def stream(delta: str) -> None:
         nonlocal streamed
@@ -200,7 +262,7 @@ async def _converse(
         if piece:
             await _publish(hub, chat_id, TurnEvent(turn.id, "REPLY_DELTA", piece))
 
-    confided = saved = 0
+    confided, saved = min(confided_already, MAX_CONFIDES), max(0, confided_already - MAX_CONFIDES)
     for _ in range(MAX_TOOL_ROUNDS + 1):
         body: dict[str, Any] = {"messages": messages}
         if tools:

@@ -47,6 +47,17 @@ def check_legacy_tag(tag: str) -> str:
     return tag
 
 
+#: The layers a legacy entry may be of.
+LEGACY_LAYERS: Final = ("fact", "observation", "pinned")
+
+
+def check_legacy_layer(layer: str) -> str:
+    """A legacy entry's layer: one of ``LEGACY_LAYERS``; another is refused, not read as a fact."""
+    if layer not in LEGACY_LAYERS:
+        raise BadInput(f"layer is {', '.join(LEGACY_LAYERS[:-1])} or {LEGACY_LAYERS[-1]}", field="layer")
+    return layer
+
+
 @dataclass(frozen=True, slots=True)
 class LegacyEntry:
     """An entry from an older version without access proof (V9)."""
@@ -104,6 +115,7 @@ async def import_legacy(
     change_id, now = new_id("chg"), now_ms()
     for entry in legacy:
         check_content(entry.content)
+        check_legacy_layer(entry.layer)
     # The keywords and vectors of those that may keep their rule (``embedder``: the CLI's, as the
     # write path embeds), so they are found by words and by meaning from the commit; hidden ones
     # get theirs from the backfill.
@@ -163,7 +175,7 @@ def _legacy_row(
     organization its tags name — then tagged as Remember tags, with its author and no source."""
     row: dict[str, Any] = {
         "id": entry.id,
-        "layer": entry.layer if entry.layer in ("fact", "observation", "pinned") else "fact",
+        "layer": entry.layer,
         "content": cipher.encrypt(Kind.ENTRY, entry.id, entry.content),
         "contentLength": len(entry.content),
         "tags": list(entry.tags),

@@ -115,7 +115,7 @@ def check_expected(expected: int | None) -> int | None:
 
 def check_page(limit: int, skip: int, *, max_limit: int) -> tuple[int, int]:
     if limit < 1 or limit > max_limit:
-        raise BadInput(f"limit must be between 1 and {max_limit}", field="limit")
+        raise BadInput(f"limit is between 1 and {max_limit}", field="limit")
     if not 0 <= skip <= MAX_SKIP:
         raise BadInput(f"skip is between 0 and {MAX_SKIP:,}", field="skip")
     return limit, skip

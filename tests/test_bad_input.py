@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -14,6 +15,7 @@ import websockets
 from graphql.validation import validate
 from websockets.typing import Subprotocol
 
+from botmemory import rest
 from resolvers.schema import build_schema
 from schema.context import ONE_CREDENTIAL
 from services.runtime import Runtime
@@ -300,6 +302,75 @@ async def test_unknown_rest_route_and_method(api: Api) -> None:
         slashed = await api.http.get(path, headers={"Host": "evil.example"})
         assert slashed.status_code == 404 and "location" not in slashed.headers
         assert slashed.json()["error"]["code"] == "NOT_FOUND"
+
+
+async def test_every_limit_out_of_range_is_said_in_one_wording(api: Api, settings: Settings) -> None:
+    """The same mistake was said four ways: "limit must be at least 1", "limit is between 1 and
+    1000", "limit must be at most 100", "limit must be between 1 and 200". Every ``limit``, REST
+    and GraphQL, is now "limit is between 1 and N" with BAD_INPUT, below and above its range."""
+    w = await make_world(api, ("ann",))
+    ann = w.tokens["ann"]
+    chat = await api.chat(ann, w.bot)
+    page, memory, hits, chars = settings.max_page_size, 1000, 100, 100_000
+    rest_routes = {
+        f"/v1/chats/{chat}/messages?limit=": page,
+        f"/v1/bots/{w.bot}/memory?limit=": memory,
+        f"/v1/bots/{w.bot}/memory/search?q=figs&limit=": hits,
+        f"/v1/bots/{w.bot}/memory/log?limit=": memory,
+        f"/v1/chats/{chat}/confessions?limit=": page,
+        f"/v1/chats/{chat}/enrichments?limit=": page,
+        f"/v1/chats/{chat}/learning?limit=": page,
+        "/v1/chats/meta?limit=": page,
+        f"/v1/chats/{chat}/memory/context?limit=": chars,
+        f"/v1/chats/{chat}/memory/search?q=figs&limit=": hits,
+    }
+    for url, most in rest_routes.items():
+        for wrong in (0, -1, most + 1, 2**64):
+            response = await api.http.get(f"{url}{wrong}", headers=bearer(ann))
+            assert (response.status_code, response.json()["error"]) == (
+                422,
+                {"code": "BAD_INPUT", "message": f"limit is between 1 and {most}"},
+            ), (url, wrong)
+    on_bot, on_chat = "query($l: Int!, $b: ID!) { ", "query($l: Int!, $c: ID!) { "
+    fields = {
+        on_chat + "chat(id: $c) { messages(limit: $l) { id } } }": page,
+        on_bot + "memory(botId: $b, limit: $l) { version } }": memory,
+        on_bot + 'search(botId: $b, query: "figs", limit: $l) { score } }': hits,
+        on_bot + "memoryLog(botId: $b, limit: $l) { version } }": memory,
+        on_chat + "confessions(chatId: $c, limit: $l) { id } }": page,
+        on_chat + "enrichments(chatId: $c, limit: $l) { id } }": page,
+        on_chat + "learning(chatId: $c, limit: $l) { id } }": page,
+        "query($l: Int!) { chatMetas(limit: $l) { total } }": page,
+        on_chat + "context(chatId: $c, limit: $l) { text } }": chars,
+    }
+    for query, most in fields.items():
+        for wrong in (0, -1, most + 1):
+            named = (
+                {"l": wrong}
+                | ({"b": w.bot} if "$b" in query else {})
+                | ({"c": chat} if "$c:" in query else {})
+            )
+            body = await api.raw(query, named, ann)
+            said = [(e["extensions"]["code"], e["message"]) for e in body["errors"]]
+            assert said == [("BAD_INPUT", f"limit is between 1 and {most}")], (query, wrong, body)
+
+
+async def test_a_rest_405_allows_every_method_of_its_path(api: Api) -> None:
+    """Each REST path was a route per operation: ``DELETE /v1/bots/{bot}/memory`` answered 405
+    with ``Allow: GET, HEAD`` although POST is valid there. ``Allow`` names every method the
+    path takes (a GET's HEAD too), for every REST path, and each of them reaches its handler."""
+    methods: dict[str, set[str]] = {}
+    for op in rest.operations:
+        methods.setdefault(op.path, set()).add(op.method)
+    for path, allowed in methods.items():
+        url = "/v1" + re.sub(r"{(\w+)}", lambda m: m.group(1).split("_")[0] + "_x", path)
+        wrong = await api.http.delete(url)
+        assert wrong.status_code == 405 and wrong.json()["error"]["code"] == "BAD_INPUT", path
+        expected = {*allowed, "HEAD"} if "GET" in allowed else allowed
+        assert set(wrong.headers["allow"].replace(" ", "").split(",")) == expected, path
+        for method in allowed:  # no token: each method's handler refuses it, not the router
+            answered = await api.http.request(method, url)
+            assert answered.status_code == 401, (method, path, answered.text)
 
 
 async def test_head_on_graphql_is_answered_as_get_without_its_body(api: Api) -> None:

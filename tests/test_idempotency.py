@@ -393,6 +393,15 @@ async def test_a_keyed_requests_digest_is_its_callers_own(api: Api, runtime: Run
     assert refused.json()["error"]["code"] == "BAD_INPUT", refused.text
 
 
+async def reply_lost(runtime: Runtime, turn_id: str) -> None:
+    """The Turn as a request that stopped before its reply was saved leaves it: open, no reply."""
+    await runtime.driver.execute_query(
+        "MATCH (t:Turn {id: $id})<-[:IN_TURN]-(i:Item {kind: 'BOT_MESSAGE'}) DETACH DELETE i "
+        "WITH DISTINCT 1 AS one MATCH (t:Turn {id: $id}) SET t.status = 'open', t.completedAt = null",
+        id=turn_id,
+    )
+
+
 async def test_send_message_sent_again_is_answered_once_and_held_while_it_runs(
     api: Api, runtime: Runtime, model_server: ModelServer, learning_worker: object
 ) -> None:
@@ -420,11 +429,7 @@ async def test_send_message_sent_again_is_answered_once_and_held_while_it_runs(
 
     # A request that stopped before its reply was saved (its Turn open, no reply): sent again,
     # the Bot is asked now and the Turn completed.
-    await runtime.driver.execute_query(
-        "MATCH (t:Turn {id: $id})<-[:IN_TURN]-(i:Item {kind: 'BOT_MESSAGE'}) DETACH DELETE i "
-        "WITH DISTINCT 1 AS one MATCH (t:Turn {id: $id}) SET t.status = 'open', t.completedAt = null",
-        id=answered["id"],
-    )
+    await reply_lost(runtime, answered["id"])
     model_server.script("chat", Reply(text="Try Porto too."))
     resumed = (await api.gql(SEND, variables, ann))["sendMessage"]
     assert resumed == {"id": answered["id"], "reply": "Try Porto too.", "status": "completed"}
@@ -483,6 +488,49 @@ async def test_a_send_message_cut_off_frees_its_key_within_a_lease(
         ("PERSON_MESSAGE", "Where should I go in May?"),
         ("BOT_MESSAGE", "Try Porto."),
     ]
+
+
+async def test_a_reply_made_again_goes_on_from_what_the_bot_confided_the_first_time(
+    api: Api, runtime: Runtime, model_server: ModelServer, learning_worker: object
+) -> None:
+    """D9.35: a sendMessage that stopped after the Bot confided and before its reply was saved (a
+    process killed, the store gone), sent again with its key: the Bot is asked again with what it
+    confided and was answered — asked afresh, it confided again, and the Turn had two confessions,
+    two learning executions and two memory-Bot calls. Here it does not confide again, and the
+    Turn keeps one of each."""
+    model_server.reset()
+    w = await runner_world(api, ("ann",))
+    ann = w.tokens["ann"]
+    chat = await api.chat(ann, w.bot)
+    model_server.script(
+        "chat",
+        Reply(tool_calls=[ToolCall("confide", {"text": "I am unsure which May dates suit her."})]),
+        Reply(text="Lisbon is lovely in May."),
+    )
+    model_server.script("confide", Reply(text="That happens: ask her plainly."))
+    variables = {"c": chat, "t": "Where should I go in May?", "k": "send-confided"}
+    answered = (await api.gql(SEND, variables, ann))["sendMessage"]
+    assert answered["reply"] == "Lisbon is lovely in May."
+    await reply_lost(runtime, answered["id"])
+    model_server.script("chat", Reply(text="Try Porto too."))
+    resumed = (await api.gql(SEND, variables, ann))["sendMessage"]
+    assert resumed == {"id": answered["id"], "reply": "Try Porto too.", "status": "completed"}
+    asked = model_server.requests_for("chat")[-1].body["messages"]
+    assert [(m["role"], m.get("content")) for m in asked[-3:]] == [
+        ("user", "Where should I go in May?"),
+        ("assistant", None),
+        ("tool", "That happens: ask her plainly."),
+    ]
+    [called] = asked[-2]["tool_calls"]
+    assert called["function"]["name"] == "confide"
+    assert called["function"]["arguments"] == '{"text": "I am unsure which May dates suit her."}'
+    assert len(model_server.requests_for("confide")) == 1
+    records, _, _ = await runtime.driver.execute_query(
+        "MATCH (t:Turn {id: $id}) RETURN COUNT { (t)<-[:ABOUT]-(:Confession) } AS confessions, "
+        "COUNT { (t)<-[:IN_TURN]-(:Item {kind: 'TOOL_CALL'}) } AS calls",
+        id=answered["id"],
+    )
+    assert (records[0]["confessions"], records[0]["calls"]) == (1, 1)
 
 
 async def test_a_key_forgets_its_request_with_the_history_and_goes_when_past_its_time(

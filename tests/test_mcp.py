@@ -36,8 +36,10 @@ from tools.processes import free_port
 TOOLS = {"remember", "forget", "search", "context", "why"}
 
 
-def _env(api_url: str, **extra: str) -> dict[str, str]:
-    return {"BOTMEMORY_API_URL": api_url, "PYTHONPATH": str(ROOT), **extra}
+def _env(api_url: str | None, **extra: str) -> dict[str, str]:
+    """The server's environment; without ``api_url``, no ``BOTMEMORY_API_URL``."""
+    named = {"BOTMEMORY_API_URL": api_url} if api_url is not None else {}
+    return {**named, "PYTHONPATH": str(ROOT), **extra}
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +50,7 @@ def mcp_log(settings: Settings) -> Path:
 
 
 @asynccontextmanager
-async def stdio(api_url: str, log: Path, **env: str) -> AsyncGenerator[Client]:
+async def stdio(api_url: str | None, log: Path, **env: str) -> AsyncGenerator[Client]:
     """A client of ``python -m botmemory.mcp`` spawned over stdio with this environment."""
     params = StdioServerParameters(
         command=sys.executable, args=["-m", "botmemory.mcp"], env=_env(api_url, **env), cwd=ROOT
@@ -280,15 +282,47 @@ async def test_http_passes_each_requests_token_through(api: Api, mcp_http: str) 
         )
 
 
-async def test_http_over_an_api_not_there_names_no_internal_address(mcp_log: Path) -> None:
-    """Over HTTP the agents are remote: the API's address behind the MCP server is not theirs to
-    learn (it was in every UNAVAILABLE message). A token the API could not be asked about passes
-    the edge, and the tool call says the API is not reachable."""
+async def test_stdio_reaches_the_api_its_settings_name(
+    api: Api, api_process: ApiProcess, mcp_log: Path
+) -> None:
+    """Without ``BOTMEMORY_API_URL`` the server called http://127.0.0.1:8000 whatever
+    ``BOTMEMORY_API_PORT`` said: with another port every tool call failed, and on a shared
+    machine the person's token went to whatever listened on 8000. It calls the API the settings
+    name now (the SDK starts it without this process's environment: only what is given here)."""
+    w = await make_world(api, ("ann",))
+    port = str(api_process.port)
+    env = {"BOTMEMORY_API_PORT": port, "BOTMEMORY_TOKEN": w.tokens["ann"], "BOTMEMORY_BOT_ID": w.bot}
+    async with stdio(None, mcp_log, **env) as ann:
+        entry = (await call(ann, "remember", content="Ann's bike is the green one"))["entry"]
+        assert hit_ids(await call(ann, "search", query="green bike")) == [entry["id"]]
+
+
+def test_http_refuses_a_token_it_cannot_check_while_the_api_is_away(mcp_log: Path) -> None:
+    """A token the API could not be asked about passed the edge (``Bearer garbage`` got an MCP
+    session), though a token the API does not accept is refused. While the API cannot be reached
+    the request is refused with 503 UNAVAILABLE and ``Retry-After`` (not 401: the token may be
+    good, and a host renews a token on a 401), and the answer names no internal address: over
+    HTTP the agents are remote."""
+    initialize = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {},
+            "clientInfo": {"name": "test", "version": "1"},
+        },
+    }
+    headers = {"Authorization": "Bearer garbage", "Accept": "application/json, text/event-stream"}
     with http_server(f"http://127.0.0.1:{free_port()}", mcp_log) as url:
-        async with http(url, "bm_" + "2" * 40) as someone:
-            message = await error(someone, "search", query="x", bot_id="bot_x")
-    assert message.startswith("UNAVAILABLE: the botmemory API is not reachable"), message
-    assert "127.0.0.1" not in message
+        response = httpx.post(url, json=initialize, headers=headers, timeout=30)
+    assert response.status_code == 503, response.text
+    assert response.headers["retry-after"].isdigit() and "www-authenticate" not in response.headers
+    assert response.json()["error"] == {
+        "code": "UNAVAILABLE",
+        "message": "the botmemory API cannot be reached to check the token; try again in a moment",
+    }
+    assert "127.0.0.1" not in response.text
 
 
 async def test_why_lists_the_callers_steps_for_pinned_and_learned_entries(

@@ -489,6 +489,9 @@ async def test_legacy_entries_stay_hidden_and_are_never_widened(api: Api, runtim
     tagged = LegacyEntry(content="old", tags=tuple(f"t{n}" for n in range(MAX_LEGACY_TAGS + 1)))
     with pytest.raises(BadInput):
         await import_legacy(runtime, w.bot, [tagged])
+    # A layer of no such name is refused (it was stored as a fact).
+    with pytest.raises(BadInput, match="layer is fact, observation or pinned"):
+        await import_legacy(runtime, w.bot, [LegacyEntry(content="old", tags=(), layer="banana")])
     assert (await runtime.driver.execute_query(memory_version, b=w.bot)).records[0]["v"] == version
     applied = await import_legacy(runtime, w.bot, [legacy])
     assert legacy.id not in await visible(api, w.tokens["ann"], w.bot)

@@ -110,10 +110,12 @@ async def test_connection_init_accepts_each_token_spelling(api: Api, payload: st
 
 @pytest.mark.parametrize(
     "payload",
-    [{"auth": "Bearer x"}, {"Authorization": "Bearer nope"}, {}, {"token": 7}],
-    ids=["wrong-key", "bad-token", "empty", "not-a-string"],
+    [{"auth": "Bearer x"}, {}, {"token": 7}, {"Authorization": "Basic x"}],
+    ids=["wrong-key", "empty", "not-a-string", "not-bearer"],
 )
 async def test_a_wrong_connection_init_closes_with_the_expected_shape(api: Api, payload: Any) -> None:
+    """A payload without a bearer token is told the shapes; a wrong token of the right shape is
+    told it is invalid (tests/test_subscriptions.py)."""
     async with websockets.connect(ws_url(api), subprotocols=["graphql-transport-ws"]) as ws:  # type: ignore[list-item]
         await ws.send(json.dumps({"type": "connection_init", "payload": payload}))
         with pytest.raises(websockets.ConnectionClosed) as closed:

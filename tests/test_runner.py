@@ -8,6 +8,7 @@ import json
 import threading
 from typing import Any
 
+import httpx
 import pytest
 import websockets
 from websockets.asyncio.client import ClientConnection
@@ -21,7 +22,9 @@ from learning.runner import (
     UNAVAILABLE_REPLY,
 )
 from services.runtime import Runtime
+from services.settings import Settings
 from tests.client import Api, World, bearer
+from tests.conftest import ApiProcess
 from tests.feed_helpers import opened, subscribed, ws_url
 from tests.learning_helpers import (
     add_items,
@@ -34,6 +37,7 @@ from tests.learning_helpers import (
 )
 from tests.memory_helpers import fact, said, visible
 from tests.model_server import ModelServer, Reply, ToolCall
+from tests.proxies import CuttableProxy
 
 SEND = (
     "mutation($c: ID!, $t: String!) { sendMessage(chatId: $c, text: $t) { id reply enrichedInput status } }"
@@ -625,3 +629,45 @@ async def test_a_purge_of_an_entry_the_rewrite_was_sent_but_did_not_name_strips_
         "MATCH (c:ModelCall {botId: $b, task: 'chat'}) RETURN c.request IS NULL AS gone", b=w.bot
     )
     assert [r["gone"] for r in records] == [True]  # before: kept, "code 4711" in it
+
+
+async def test_a_message_saved_before_the_store_went_away_says_so_not_try_again(
+    api: Api, settings: Settings, service_env: dict[str, str], model_server: ModelServer
+) -> None:
+    """sendMessage whose Turn was saved and whose reply met the store gone answered UNAVAILABLE
+    "try again": a client without a key sent the message again, and the Chat held it twice. It
+    says the message was saved and how to get the reply (the same key), or to read the Chat."""
+    proxy = CuttableProxy(settings.neo4j_bolt_port)
+    await proxy.listen()
+    env = {
+        **service_env,
+        "BOTMEMORY_NEO4J_URI": f"bolt://127.0.0.1:{proxy.port}",
+        "BOTMEMORY_NEO4J_RETRY_SECONDS": "1",
+        "BOTMEMORY_MODEL_ATTEMPT_TIMEOUT_SECONDS": "60",  # the held reply is asked once
+    }
+    log_path = settings.data_dir / "logs" / "pytest-api-reply-cut.log"
+    # Started on a thread: the proxy forwards on this event loop, which waits for it meanwhile.
+    cut_off = await asyncio.to_thread(ApiProcess, settings, log_path, env)
+    gate = threading.Event()
+    try:
+        model_server.reset()
+        w = await runner_world(api, ("ann",))
+        ann = w.tokens["ann"]
+        chat = await api.chat(ann, w.bot)
+        model_server.script("chat", Reply(text="Lisbon is lovely in May.", hold=gate))
+        async with httpx.AsyncClient(base_url=cut_off.url, timeout=60) as http:
+            through = Api(http, api.admin_token)
+            sending = asyncio.create_task(through.raw(SEND, {"c": chat, "t": "Where in May?"}, ann))
+            await model_server.wait_for_requests("chat", 1)  # the Turn and its message are saved
+            await proxy.cut()
+            gate.set()
+            answer = await sending
+        [error] = answer["errors"]
+        assert error["extensions"]["code"] == "UNAVAILABLE", error
+        assert "your message was saved" in error["message"] and "same idempotency key" in error["message"]
+        messages = await api.gql("query($c: ID!) { chat(id: $c) { messages { text } } }", {"c": chat}, ann)
+        assert [m["text"] for m in messages["chat"]["messages"]] == ["Where in May?"]
+    finally:
+        gate.set()
+        await asyncio.to_thread(cut_off.stop)
+        await proxy.cut()

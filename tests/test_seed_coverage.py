@@ -308,7 +308,7 @@ async def test_import_legacy_loads_hidden_entries_logged_as_promotion(
     lines = [
         {"content": "Ann used to live in Oslo", "tags": [f"for:person:{person}", f"org:{w.org}", "home"]},
         {"content": "Ann seems to like the north", "tags": [f"for:person:{person}"], "layer": "observation"},
-        {"content": "A session note", "layer": "session"},
+        {"content": "A session note"},
         {"content": "Ann's locker code is 4711", "tags": remembered, "layer": "pinned"},
         {"content": "The team's door code", "tags": ["for:bot", f"org:{w.org}"], "layer": "pinned"},
         # Not from her (Remember writes from: its author): someone else's note about her stays hidden.
@@ -354,6 +354,12 @@ async def test_import_legacy_loads_hidden_entries_logged_as_promotion(
     )
     stored = {r["e"]["id"]: dict(r["e"]) for r in records}
     assert sorted(stored) == sorted(change["entryIds"])
+    # Each line's new id is printed (rebuild-legacy names entries by them).
+    printed = printed_ids(out.out)
+    assert sorted(printed) == list(range(1, 7)) and sorted(printed.values()) == sorted(stored)
+    assert [
+        cipher.decrypt(Kind.ENTRY, printed[n], stored[printed[n]]["content"]) for n in sorted(printed)
+    ] == [line["content"] for line in lines]
     assert (sent["botId"], sent["version"], sorted(sent["ids"])) == (w.bot, 1, sorted(stored))
     assert b"Oslo" not in data
     imported = sorted(
@@ -405,6 +411,30 @@ async def test_import_legacy_loads_hidden_entries_logged_as_promotion(
     assert (log.json()["changes"], log.json()["version"]) == ([], 1)
 
 
+def printed_ids(out: str) -> dict[int, str]:
+    """The entry id ``import-legacy`` printed for each line number (``  line 3 -> mem_…``)."""
+    found: dict[int, str] = {}
+    for said_line in out.splitlines():
+        if said_line.startswith("  line "):
+            number, _, entry_id = said_line.removeprefix("  line ").partition(" -> ")
+            found[int(number)] = entry_id
+    return found
+
+
+async def test_one_legacy_line_is_one_entry_said_so(
+    api: Api, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``imported 1 legacy entries`` read wrong; one is "entry"."""
+    w = await make_world(api, ("ann",))
+    legacy_file = tmp_path / "legacy.jsonl"
+    legacy_file.write_text("\n" + json.dumps({"content": "An old note"}) + "\n", encoding="utf-8")
+    capsys.readouterr()
+    assert await asyncio.to_thread(cli.main, ["import-legacy", w.bot, str(legacy_file)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("imported 1 legacy entry (hidden until rebuilt"), out
+    assert list(printed_ids(out)) == [2]
+
+
 async def test_legacy_entries_are_rebuilt_from_sources_whose_access_can_be_checked(
     api: Api, runtime: Runtime, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -425,7 +455,11 @@ async def test_legacy_entries_are_rebuilt_from_sources_whose_access_can_be_check
     ]
     legacy_file = tmp_path / "legacy.jsonl"
     legacy_file.write_text("\n".join(json.dumps(line) for line in lines) + "\n", encoding="utf-8")
+    capsys.readouterr()
     assert await asyncio.to_thread(cli.main, ["import-legacy", w.bot, str(legacy_file)]) == 0
+    # The rebuild file is written from what the import printed: each line's new entry id.
+    printed = printed_ids(capsys.readouterr().out)
+    fact_id, note_id, bobs_id = printed[1], printed[2], printed[3]
     cipher = await cipher_of(runtime, w.bot)
 
     async def stored() -> dict[str, dict[str, Any]]:
@@ -435,9 +469,10 @@ async def test_legacy_entries_are_rebuilt_from_sources_whose_access_can_be_check
         return {cipher.decrypt(Kind.ENTRY, r["e"]["id"], r["e"]["content"]): dict(r["e"]) for r in records}
 
     legacy = await stored()
-    fact_id, note_id = legacy["Ann lives in Bergen"]["id"], legacy["Ann likes the coast"]["id"]
-    bobs_id = legacy["Bob's salary is 90k"]["id"]
-    capsys.readouterr()
+    assert (fact_id, note_id, bobs_id) == tuple(
+        legacy[content]["id"]
+        for content in ("Ann lives in Bergen", "Ann likes the coast", "Bob's salary is 90k")
+    )
 
     async def rebuild(*rows: dict[str, Any]) -> tuple[int, str, str]:
         path = tmp_path / "rebuild.jsonl"
@@ -501,6 +536,7 @@ async def test_legacy_entries_are_rebuilt_from_sources_whose_access_can_be_check
     assert status == 1 and err.startswith("botmemory: CONFLICT"), err
     status, out, err = await rebuild({"id": note_id, "sourceEntries": [rebuilt["id"]], "confidence": 0.7})
     assert status == 0, err
+    assert out.startswith("rebuilt 1 legacy entry (version "), out
     mine = await visible(api, ann, w.bot)
     assert sorted(e["content"] for e in mine.values()) == ["Ann likes the coast", "Ann lives in Bergen"]
     assert await visible(api, w.tokens["bob"], w.bot) == {}

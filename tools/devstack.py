@@ -25,6 +25,7 @@ from services.settings import ConfigurationError, Settings, load_settings
 from tools.stores import (
     REPO,
     STUB_MODEL,
+    STUB_PORT_ENV,
     Popen,
     StackError,
     apt_install,
@@ -34,6 +35,7 @@ from tools.stores import (
     ensure_redis,
     failure,
     host_port,
+    neo4j_ready,
     port_open,
     procs,
     redis_ping,
@@ -138,6 +140,63 @@ def ensure_app(s: Settings) -> None:
     print(f"admin token: in {token}")
 
 
+# --- ports ---------------------------------------------------------------------------------------
+
+
+#: The setting that moves each process's port.
+PORT_SETTINGS: Final = {
+    "neo4j": "BOTMEMORY_NEO4J_BOLT_PORT",
+    "redis": "BOTMEMORY_REDIS_PORT",
+    "model": STUB_PORT_ENV,
+    "api": "BOTMEMORY_API_PORT",
+    "worker": "BOTMEMORY_WORKER_METRICS_PORT",
+}
+
+
+def addresses(s: Settings) -> dict[str, tuple[str, int]]:
+    """Where each process of the stack listens (the worker: its metrics; none when they are off,
+    nor the offline model when ``OPENAI_BASE_URL`` is set)."""
+    found = {
+        "neo4j": host_port(s.neo4j_uri, 7687),
+        "redis": host_port(s.redis_url, 6379),
+        "model": ("127.0.0.1", stub_port(s)),
+        "api": (s.api_host, s.api_port),
+        "worker": (s.worker_metrics_host, s.worker_metrics_port),
+    }
+    if s.openai_base_url:
+        del found["model"]
+    if not s.worker_metrics_port:
+        del found["worker"]
+    return found
+
+
+def taken(name: str, where: tuple[str, int]) -> str:
+    """What an operator is told of a port that a process this devstack did not start holds."""
+    return f"{where[0]}:{where[1]} is in use by a process this devstack did not start (set {PORT_SETTINGS[name]})"
+
+
+def reusable(s: Settings, name: str) -> bool:
+    """Whether what holds ``name``'s port is one ``up`` uses as it is: a Neo4j that takes the
+    settings' login, a Redis that answers."""
+    if name == "neo4j":
+        return neo4j_ready(s, s.neo4j_password.get_secret_value() if s.neo4j_password else "")
+    return name == "redis" and redis_ping(*host_port(s.redis_url, 6379))
+
+
+def check_ports(s: Settings, names: Sequence[str]) -> None:
+    """Before anything starts: every port the processes ``names`` bind is free, or held by what
+    ``up`` reuses (this profile's processes, :func:`reusable`). A port held by anything else stops
+    the command here, each named with the setting that moves it, before any process starts."""
+    ps = procs(s)
+    problems = [
+        taken(name, where)
+        for name, where in addresses(s).items()
+        if name in names and running_pid(ps[name]) is None and port_open(*where) and not reusable(s, name)
+    ]
+    if problems:
+        raise StackError("; ".join(problems) + "; nothing was started")
+
+
 # --- commands ------------------------------------------------------------------------------------
 
 
@@ -162,13 +221,19 @@ def status(s: Settings) -> None:
             s.worker_metrics_port > 0 and port_open(s.worker_metrics_host, s.worker_metrics_port)
         ),
     }
+    listens = addresses(s)
     print(f"profile {s.env}, data dir {data_dir(s)}")
     for name, p in procs(s).items():
         pid = running_pid(p)
-        state = f"running (pid {pid})" if pid is not None else "not started by devstack"
-        if name == "model" and pid is None and s.openai_base_url:
+        if pid is not None:
+            state = f"running (pid {pid}){', answering' if checks[name]() else ''}"
+        elif name == "model" and s.openai_base_url:
             state = "OPENAI_BASE_URL is set (no offline model)"
-        print(f"  {name:7} {state}{', answering' if checks[name]() else ''}")
+        elif name in listens and port_open(*listens[name]):
+            state = "not running; " + taken(name, listens[name])
+        else:
+            state = "not running"
+        print(f"  {name:7} {state}")
 
 
 #: What the test suite runs besides the stores (``make test``), by the Debian package that brings
@@ -210,6 +275,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with profile_lock(s):
             if args[0] in ("services", "up"):
+                check_ports(s, ("neo4j", "redis") if args[0] == "services" else tuple(PORT_SETTINGS))
                 ensure_neo4j(s)
                 ensure_redis(s)
             if args[0] == "up":

@@ -17,9 +17,10 @@ def test_legacy_lines_are_read_strictly_and_refused_by_number(tmp_path: Path) ->
     path = tmp_path / "legacy.jsonl"
     path.write_text(json.dumps(good) + "\n\n" + json.dumps({"content": "plain"}) + "\n")
     read = cli._read_legacy(str(path))  # pyright: ignore[reportPrivateUsage]
-    assert [(e.content, e.tags, e.layer) for e in read] == [
-        ("Ann lived in Oslo", ("home", "for:bot"), "observation"),
-        ("plain", (), "fact"),
+    # By line number (the blank line 2 skipped): the import prints each line's new entry id.
+    assert [(n, e.content, e.tags, e.layer) for n, e in read.items()] == [
+        (1, "Ann lived in Oslo", ("home", "for:bot"), "observation"),
+        (3, "plain", (), "fact"),
     ]
     for bad in (
         {"content": "x", "tags": "work"},  # was read as the tags w, o, r and k
@@ -46,7 +47,16 @@ def test_legacy_lines_are_read_strictly_and_refused_by_number(tmp_path: Path) ->
     assert refused.value.message.startswith("line 1:")
     # A layer in any case: "Pinned" was read as a fact (hidden, V9), its author's rule lost.
     path.write_text(json.dumps({"content": "x", "layer": " Pinned"}) + "\n")
-    assert [e.layer for e in cli._read_legacy(str(path))] == ["pinned"]  # pyright: ignore[reportPrivateUsage]
+    assert [e.layer for e in cli._read_legacy(str(path)).values()] == ["pinned"]  # pyright: ignore[reportPrivateUsage]
+    # A layer of no such name: stored as a fact before, quietly (a typo of "pinned" hid the
+    # entry for good, V9). Refused by its line, as other bad lines are.
+    path.write_text(json.dumps(good) + "\n" + json.dumps({"content": "x", "layer": "banana"}) + "\n")
+    with pytest.raises(cli.CommandFailed) as refused:
+        cli._read_legacy(str(path))  # pyright: ignore[reportPrivateUsage]
+    assert (refused.value.code, refused.value.message) == (
+        "BAD_INPUT",
+        "line 2: layer is fact, observation or pinned",
+    )
     path.write_text("{not json\n")
     with pytest.raises(cli.CommandFailed):
         cli._read_legacy(str(path))  # pyright: ignore[reportPrivateUsage]
@@ -69,7 +79,7 @@ def test_a_legacy_file_holds_so_many_entries_of_so_many_tags(tmp_path: Path) -> 
     )
     tags = [f"t{i}" for i in range(maintenance.MAX_LEGACY_TAGS)]
     path.write_text(json.dumps({"content": "x", "tags": tags}) + "\n")
-    assert len(cli._read_legacy(str(path))[0].tags) == maintenance.MAX_LEGACY_TAGS  # pyright: ignore[reportPrivateUsage]
+    assert len(cli._read_legacy(str(path))[1].tags) == maintenance.MAX_LEGACY_TAGS  # pyright: ignore[reportPrivateUsage]
     path.write_text(
         json.dumps({"content": "x"}) + "\n" + json.dumps({"content": "x", "tags": [*tags, "one more"]}) + "\n"
     )

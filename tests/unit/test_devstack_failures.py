@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -12,6 +13,7 @@ import pytest
 
 from services.settings import Settings
 from tools import devstack
+from tools.processes import free_port
 from tools.stores import Proc, failure, procs, running_pid, stop, why_it_failed
 
 TRACEBACK = """\
@@ -178,3 +180,34 @@ def test_a_bad_stub_port_is_one_line(
     assert devstack.main(["status"]) == 1
     err = capsys.readouterr().err
     assert err == "devstack: BOTMEMORY_MODEL_STUB_PORT is a port: a whole number from 1 to 65535\n"
+
+
+def test_status_says_a_port_is_held_by_a_process_it_did_not_start(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Another checkout's API on this profile's port was "not started by devstack, answering",
+    which read as this stack's own. Status says whose it is not, and the setting that moves it."""
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        api = int(squatter.getsockname()[1])
+        for name, value in {
+            "BOTMEMORY_DATA_DIR": str(tmp_path),
+            "BOTMEMORY_NEO4J_URI": f"bolt://127.0.0.1:{free_port()}",
+            "BOTMEMORY_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
+            "BOTMEMORY_API_PORT": str(api),
+            "BOTMEMORY_MODEL_STUB_PORT": str(free_port()),
+            "BOTMEMORY_WORKER_METRICS_PORT": str(free_port()),
+        }.items():
+            monkeypatch.setenv(name, value)
+        monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+        assert devstack.main(["status"]) == 0
+    lines = capsys.readouterr().out.splitlines()[1:]
+    assert lines == [
+        "  neo4j   not running",
+        "  redis   not running",
+        "  model   not running",
+        f"  api     not running; 127.0.0.1:{api} is in use by a process this devstack did not start "
+        "(set BOTMEMORY_API_PORT)",
+        "  worker  not running",
+    ]

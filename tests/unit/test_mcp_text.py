@@ -7,8 +7,9 @@ import traceback
 
 import pytest
 
-from botmemory.mcp import Entry, Hit, bearer, fit, read
+from botmemory.mcp import Entry, Hit, bearer, configured_api_url, fit, read
 from botmemory.mcp_api import ApiError
+from services.settings import ConfigurationError
 
 
 def hit(entry_id: str, content: str, score: float = 1.0) -> Hit:
@@ -46,3 +47,21 @@ def test_an_answer_of_another_shape_is_unavailable_without_its_values() -> None:
     told = "".join(traceback.format_exception(refused.value))
     assert secret not in told
     assert read(Hit, hit("e_1", "tea").model_dump(by_alias=True)) == hit("e_1", "tea")
+
+
+def test_the_api_url_is_the_one_the_apis_settings_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``BOTMEMORY_API_URL`` when given; else the API's own settings (it was always
+    http://127.0.0.1:8000, whatever ``BOTMEMORY_API_PORT`` said)."""
+    monkeypatch.delenv("BOTMEMORY_API_URL", raising=False)
+    monkeypatch.delenv("BOTMEMORY_API_HOST", raising=False)
+    monkeypatch.setenv("BOTMEMORY_API_PORT", "58123")
+    assert configured_api_url() == "http://127.0.0.1:58123"
+    for host, reached in (("0.0.0.0", "127.0.0.1"), ("::", "[::1]"), ("10.1.2.3", "10.1.2.3")):
+        monkeypatch.setenv("BOTMEMORY_API_HOST", host)
+        assert configured_api_url() == f"http://{reached}:58123"
+    monkeypatch.setenv("BOTMEMORY_API_URL", "https://memory.example/")
+    assert configured_api_url() == "https://memory.example/"
+    monkeypatch.delenv("BOTMEMORY_API_URL")
+    monkeypatch.setenv("BOTMEMORY_API_PORT", "eighty")
+    with pytest.raises(ConfigurationError, match="api_port"):
+        configured_api_url()
