@@ -59,6 +59,8 @@ class SilentProxy:
     def __init__(self, target_port: int) -> None:
         self.target_port = target_port
         self.silences = 0
+        #: Connections accepted while silent (each one an attempt its client made meanwhile).
+        self.unheard = 0
         self.silent = False
         self.port = 0
         self._server: asyncio.Server | None = None
@@ -79,6 +81,7 @@ class SilentProxy:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._writers.append(writer)
         if self.silent:
+            self.unheard += 1
             return  # accepted, never read, never answered
         up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
         self._writers.append(up_writer)
@@ -105,3 +108,13 @@ class SilentProxy:
             self._server.close()
             with contextlib.suppress(Exception):
                 await self._server.wait_closed()
+
+
+def through_proxy(proxy_port: int, env: dict[str, str]) -> dict[str, str]:
+    """``env`` for an API or worker process whose Neo4j is reached through a proxy on
+    ``proxy_port``, its transactions retried for 1 s (the 15 s default is waited out by a test)."""
+    return {
+        **env,
+        "BOTMEMORY_NEO4J_URI": f"bolt://127.0.0.1:{proxy_port}",
+        "BOTMEMORY_NEO4J_RETRY_SECONDS": "1",
+    }
