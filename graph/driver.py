@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Final, LiteralString, TypeAlias, TypeVar, cast
+from typing import Any, Final, LiteralString, TypeAlias, TypedDict, TypeVar, cast
 
 from neo4j import (
     WRITE_ACCESS,
@@ -186,3 +186,17 @@ async def rows(tx: QueryTarget, query: LiteralString, row: type[R], /, **params:
     """All records of ``query`` as ``row``s (see :func:`single`), consumed inside the transaction."""
     result = await tx.run(query, params)
     return [cast(R, dict(r)) async for r in result]
+
+
+class _Answer(TypedDict):
+    ok: int
+
+
+#: Whether Neo4j answers a statement (no data read, no lock taken).
+_PING: Final[LiteralString] = "RETURN 1 AS ok"
+
+
+async def ping(driver: AsyncDriver) -> None:
+    """Return once Neo4j answers a statement (an auto-commit read: a few attempts); raise the
+    driver's error when it does not — refused, silent, or its database still starting."""
+    await autocommit(driver, lambda session: single(session, _PING, _Answer))
