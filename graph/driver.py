@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, LiteralString, TypeAlias, TypeVar, cast
+from typing import Any, Final, LiteralString, TypeAlias, TypedDict, TypeVar, cast
 
 from neo4j import (
     WRITE_ACCESS,
@@ -39,6 +40,14 @@ Work = Callable[[AsyncManagedTransaction], Awaitable[T]]
 QueryTarget = AsyncManagedTransaction | AsyncSession
 
 
+#: Seconds a connection is given to open (TCP, the Bolt handshake and the login, none of which a
+#: Neo4j that stopped answering ever completes), and a request to find a free one in a full pool.
+#: An open connection is given up after the silence Neo4j's keep-alive hint allows (DESIGN §5:
+#: ``server.bolt.connection_keep_alive`` times ``_probes``; Neo4j sends a NOOP that often while it
+#: works on a request, so a long transaction is never taken for a silent Neo4j).
+CONNECT_SECONDS: Final = 5.0
+
+
 def make_driver(uri: str, user: str, password: str, retry_seconds: float = 15.0) -> AsyncDriver:
     """An async driver with pool and timeouts sized for one API or worker process; a transaction
     is retried for ``retry_seconds`` while Neo4j does not answer."""
@@ -46,7 +55,8 @@ def make_driver(uri: str, user: str, password: str, retry_seconds: float = 15.0)
         uri,
         auth=(user, password),
         max_connection_pool_size=50,
-        connection_acquisition_timeout=30.0,
+        connection_timeout=CONNECT_SECONDS,
+        connection_acquisition_timeout=CONNECT_SECONDS,
         max_transaction_retry_time=retry_seconds,
         notifications_min_severity="OFF",
     )
@@ -133,12 +143,14 @@ async def autocommit(
     takes) lasts until the result is consumed. A statement that fails is rolled back by Neo4j: a
     transient failure (a lock timeout, a deadlock) is retried after a growing pause, like a
     managed transaction; so is a lost connection (a pooled connection that Neo4j closed, a
-    restart), unless the statement ``writes``: it may have committed, and is raised as
+    restart; not a connection given up after a silence, see CONNECT_SECONDS), unless the
+    statement ``writes``: it may have committed, and is raised as
     ``IncompleteCommit`` (the caller must not be told to send it again blindly; a managed
     transaction's driver says so itself). Any other error is raised.
     Reads too run in write access mode, on the leader (see :func:`read`, D9.27).
     """
     fetching = {} if fetch_size is None else {"fetch_size": fetch_size}
+    began = time.monotonic()
     attempt = 1
     while True:
         try:
@@ -148,7 +160,9 @@ async def autocommit(
             if writes and not isinstance(exc, IncompleteCommit):
                 # One statement commits as it ends: lost on the way, it may have committed.
                 raise IncompleteCommit("the connection was lost during an auto-commit write") from exc
-            if writes or attempt == AUTOCOMMIT_ATTEMPTS:
+            # The attempts are for a loss found at once (a pooled connection Neo4j closed, a
+            # restart): one that waited out a silent Neo4j is not made again.
+            if writes or attempt == AUTOCOMMIT_ATTEMPTS or time.monotonic() - began >= CONNECT_SECONDS:
                 raise
             await asyncio.sleep(0.05 * 2**attempt)
             attempt += 1
@@ -172,3 +186,17 @@ async def rows(tx: QueryTarget, query: LiteralString, row: type[R], /, **params:
     """All records of ``query`` as ``row``s (see :func:`single`), consumed inside the transaction."""
     result = await tx.run(query, params)
     return [cast(R, dict(r)) async for r in result]
+
+
+class _Answer(TypedDict):
+    ok: int
+
+
+#: Whether Neo4j answers a statement (no data read, no lock taken).
+_PING: Final[LiteralString] = "RETURN 1 AS ok"
+
+
+async def ping(driver: AsyncDriver) -> None:
+    """Return once Neo4j answers a statement (an auto-commit read: a few attempts); raise the
+    driver's error when it does not — refused, silent, or its database still starting."""
+    await autocommit(driver, lambda session: single(session, _PING, _Answer))

@@ -4,20 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
+import threading
 import time
-from collections.abc import AsyncGenerator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncGenerator, Generator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Final, Literal
+from urllib.parse import urlsplit
 
 from arq.connections import ArqRedis
 from neo4j import AsyncDriver
 from threadpoolctl import threadpool_limits
 
 from graph import bots as bots_q
-from graph.driver import make_driver, read
+from graph.driver import make_driver, ping, read
 from graph.migrations import LATEST, current_version, migrate
 from services import jobs, slots
 from services.crypto import Keyring
+from services.errors import outage
 from services.redisconn import Pool, keeping_cancels
 from services.redisquiet import QuietRedis
 from services.runtime import Runtime
@@ -63,6 +67,57 @@ async def wait_for_schema(driver: AsyncDriver) -> int:
                 version,
             )
         await asyncio.sleep(SCHEMA_POLL_SECONDS)
+
+
+#: How often a process that waits for Neo4j at start tries it again, and how often it says so.
+NEO4J_POLL_SECONDS: Final = 1.0
+NEO4J_LOG_SECONDS: Final = 10.0
+
+
+async def wait_for_neo4j(driver: AsyncDriver, uri: str) -> None:
+    """Until Neo4j answers a statement: tried every NEO4J_POLL_SECONDS, saying at once and then
+    every NEO4J_LOG_SECONDS that it waits, never giving up: a process started before its database,
+    or while it restarts, serves once it is up. Any other failure (a refused login) is raised."""
+    try:
+        return await ping(driver)
+    except Exception as exc:
+        if not outage(exc):
+            raise
+        failure = type(exc).__name__
+    parts = urlsplit(uri)
+    where = f"{parts.hostname}:{parts.port or 7687}"  # never the URI's user or password
+    said = time.monotonic()
+    log.warning("waiting for Neo4j at %s (%s); this process starts once it answers", where, failure)
+    with _stopped_by_signals():
+        while True:
+            await asyncio.sleep(NEO4J_POLL_SECONDS)
+            try:
+                await ping(driver)
+            except Exception as exc:
+                if not outage(exc):
+                    raise
+                if time.monotonic() - said >= NEO4J_LOG_SECONDS:
+                    said = time.monotonic()
+                    log.warning("still waiting for Neo4j at %s (%s)", where, type(exc).__name__)
+                continue
+            log.info("Neo4j answers at %s", where)
+            return
+
+
+@contextmanager
+def _stopped_by_signals() -> Generator[None]:
+    """SIGTERM and SIGINT end the process at once while it waits: nothing is served or held yet,
+    and uvicorn's own handlers only note a signal until the application has started (a stopped
+    API would go on waiting). The handlers set before are set again after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = {sig: signal.signal(sig, signal.SIG_DFL) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
 
 
 async def _check_master_keys(driver: AsyncDriver, keyring: Keyring) -> None:
@@ -115,6 +170,7 @@ async def open_runtime(settings: Settings, *, schema: Schema = "migrate") -> Asy
         # release refused the newer schema.
         keyring = Keyring(settings.master_key_bytes(), settings.previous_master_key_bytes())
         if schema != "none":
+            await wait_for_neo4j(driver, settings.neo4j_uri)
             await _check_master_keys(driver, keyring)
         if schema == "migrate":
             version = await migrate(driver)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from neo4j.exceptions import (
+    ConnectionAcquisitionTimeoutError,
     DatabaseUnavailable,
     ForbiddenOnReadOnlyDatabase,
     IncompleteCommit,
@@ -100,6 +101,8 @@ def unavailable(exc: BaseException) -> Unavailable | None:
     )
     if isinstance(exc, neo4j_away):
         return Unavailable("the database is unavailable; try again")
+    if isinstance(exc, ConnectionAcquisitionTimeoutError):  # every connection busy past CONNECT_SECONDS
+        return Unavailable("the database is busy; try again")
     if isinstance(exc, RedisAuthenticationError | RedisAuthorizationError):
         return None  # a wrong password or ACL: the deployment's fault, not an outage
     if isinstance(exc, RedisConnectionError | RedisTimeoutError):

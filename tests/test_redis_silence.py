@@ -18,70 +18,9 @@ from services.settings import Settings
 from tests.client import Api, bearer, make_world
 from tests.conftest import ApiProcess, WorkerProcess
 from tests.feed_helpers import next_event, subscription
+from tests.proxies import SilentProxy
 from tests.test_removals import FEED, remember
 from tests.waiting import until
-
-
-class SilentProxy:
-    """A TCP proxy in front of the real Redis that can fall silent: then it forwards nothing on any
-    connection, in either direction, and closes none; once heard again, new connections are
-    forwarded, while those of the silence stay silent for good (as after a failover). ``asked``:
-    the connections on which a client sent something (a command, a new connection's handshake)
-    that the silence swallowed."""
-
-    def __init__(self, target_port: int) -> None:
-        self.target_port = target_port
-        self.silences = 0
-        self.asked = 0
-        self.silent = False
-        self.port = 0
-        self._server: asyncio.Server | None = None
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self._writers: list[asyncio.StreamWriter] = []
-
-    async def start(self) -> None:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
-
-    def fall_silent(self) -> None:
-        self.silent = True
-        self.silences += 1
-
-    def hear_again(self) -> None:
-        self.silent = False
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self._writers.append(writer)
-        if self.silent:
-            if await reader.read(1):
-                self.asked += 1
-            return  # accepted, never answered
-        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
-        self._writers.append(up_writer)
-        opened_in = self.silences
-
-        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter, asking: bool) -> None:
-            while data := await source.read(65536):
-                if self.silences != opened_in:
-                    self.asked += asking
-                    await asyncio.Event().wait()  # this connection went silent: for good
-                sink.write(data)
-                await sink.drain()
-
-        for source, sink, asking in ((reader, up_writer, True), (up_reader, writer, False)):
-            task = asyncio.create_task(pipe(source, sink, asking))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-
-    async def close(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        for writer in self._writers:
-            writer.close()
-        if self._server is not None:
-            self._server.close()
-            with contextlib.suppress(Exception):
-                await self._server.wait_closed()
 
 
 async def behind_proxy(settings: Settings, service_env: dict[str, str]) -> tuple[SilentProxy, dict[str, str]]:

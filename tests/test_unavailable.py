@@ -27,7 +27,7 @@ from services.runtime import Runtime, now_ms
 from services.settings import Settings
 from tests.client import Api, bearer, make_world
 from tests.conftest import ApiProcess
-from tests.proxies import CuttableProxy
+from tests.proxies import CuttableProxy, through_proxy
 from tests.waiting import until
 
 
@@ -40,11 +40,7 @@ async def test_neo4j_out_of_reach_is_unavailable_and_the_process_answers_once_it
 ) -> None:
     proxy = CuttableProxy(settings.neo4j_bolt_port)
     await proxy.listen()
-    env = {
-        **service_env,
-        "BOTMEMORY_NEO4J_URI": f"bolt://127.0.0.1:{proxy.port}",
-        "BOTMEMORY_NEO4J_RETRY_SECONDS": "1",
-    }
+    env = through_proxy(proxy.port, service_env)
     log_path = settings.data_dir / "logs" / "pytest-api-neo4j-cut.log"
     # Started on a thread: the proxy forwards on this event loop, which waits for it meanwhile.
     cut_off = await asyncio.to_thread(ApiProcess, settings, log_path, env)

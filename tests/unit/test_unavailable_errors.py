@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from neo4j.exceptions import (
     ClientError,
+    ConnectionAcquisitionTimeoutError,
     DatabaseUnavailable,
     ForbiddenOnReadOnlyDatabase,
     IncompleteCommit,
@@ -43,3 +44,11 @@ def test_neo4j_and_redis_out_of_reach_are_unavailable_and_nothing_else_is() -> N
         KeyError("x"),
     ):
         assert unavailable(other) is None
+
+
+def test_a_pool_whose_connections_stay_busy_is_unavailable() -> None:
+    """No free connection within the pool's wait (graph.driver.CONNECT_SECONDS, which also bounds
+    the opening of one that a silent Neo4j never answers) is an outage to be sent again, not an
+    INTERNAL bug."""
+    said = unavailable(ConnectionAcquisitionTimeoutError("failed to obtain a connection from the pool"))
+    assert said is not None and said.code == "UNAVAILABLE" and "try again" in said.message

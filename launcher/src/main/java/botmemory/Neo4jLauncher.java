@@ -114,6 +114,14 @@ public final class Neo4jLauncher {
         .setConfig(BoltConnector.enabled, bolt)
         .setConfig(BoltConnector.listen_address, address)
         .setConfig(BoltConnector.advertised_address, address)
+        // While it works on a request, Neo4j sends a NOOP on a connection quiet for a second, and
+        // its connection.recv_timeout_seconds hint (the interval times the probes) tells the
+        // driver to give a connection up after that much silence: a Neo4j that stops answering
+        // fails a request within seconds, while a long transaction, NOOPs arriving, goes on.
+        // Neo4j's defaults (1 min x 2) leave a request waiting 2 min on a silent connection.
+        .setConfig(BoltConnector.connection_keep_alive_type, BoltConnector.KeepAliveRequestType.ALL)
+        .setConfig(BoltConnector.connection_keep_alive, Duration.ofSeconds(1))
+        .setConfig(BoltConnector.connection_keep_alive_probes, 5)
         // Without these, stopping Bolt waits 2 x 5 s after the databases are already closed.
         .setConfig(BoltConnectorInternalSettings.connection_shutdown_wait_time, Duration.ofSeconds(1))
         .setConfig(BoltConnectorInternalSettings.thread_pool_shutdown_wait_time, Duration.ofSeconds(1))
