@@ -60,7 +60,7 @@ class Operation:
 def operation_routes(operations: Sequence[Operation]) -> list[Route]:
     """One route per path, taking the method of each operation on it (a GET's HEAD too), so a
     method the path does not take is 405 with ``Allow`` naming all of them (a route per
-    operation named only its own: ``DELETE …/memory`` said ``GET, HEAD``, not ``POST``)."""
+    operation names only its own: ``DELETE …/memory`` would say ``GET, HEAD``, not ``POST``)."""
     by_path: dict[str, dict[str, Handler]] = {}
     for op in operations:
         by_path.setdefault(op.path, {})[op.method] = op.handler

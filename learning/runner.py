@@ -117,7 +117,7 @@ async def _send(
     except Exception as exc:
         if unavailable(exc) is None:
             raise
-        # The message is saved: "try again" made a client that had no key send it a second time.
+        # The message is saved: "try again" would have a client without a key send it twice.
         raise Unavailable(
             "your message was saved; the Bot's reply may not have been (the database or the event "
             "store is unavailable): send it again with the same idempotency key to get the reply, or "
@@ -165,7 +165,7 @@ async def _reply(
         {"role": "user", "content": turn.enriched_input or text},
     ]
     # A request sent again after the first stopped before the reply was saved goes on from what the
-    # Bot confided then and was answered (D9.35): asked afresh, it confided again — a second
+    # Bot confided then and was answered (D9.35): asked afresh, it would confide again — a second
     # confession, learning execution and memory-Bot call for the one Turn.
     resumed = await confided_before(rt, turn.id) if turn.replayed else []
     for n, (said, answer, _) in enumerate(resumed):

@@ -54,8 +54,8 @@ MAX_CONTEXT_WANTED: Final = 2000
 RRF_K: Final = 20.0
 #: The prior breaks near ties and no more: together under the gap between a list's first two
 #: places (1 - 21/22 of a first share), so a pinned or newer entry never passes one the query is
-#: nearer to in every list. (At 0.3 and 0.2 a pinned entry passed up to seven places at the top:
-#: "Ann prefers answers in French", remembered, came first in a search for "boats" above "Loves
+#: nearer to in every list. (At 0.3 and 0.2 a pinned entry would pass up to seven places at the
+#: top: "Ann prefers answers in French", remembered, first in a search for "boats" above "Loves
 #: sailing on Lake Geneva".) Candidate recall of the simulation is the same with the recency prior
 #: at 0 to 0.4 (its entries are learned within a few hundred versions); it has no pinned entries.
 PINNED_PRIOR: Final = 0.03 / (RRF_K + 1)
