@@ -78,30 +78,30 @@ async def wait_for_neo4j(driver: AsyncDriver, uri: str) -> None:
     """Until Neo4j answers a statement: tried every NEO4J_POLL_SECONDS, saying at once and then
     every NEO4J_LOG_SECONDS that it waits, never giving up: a process started before its database,
     or while it restarts, serves once it is up. Any other failure (a refused login) is raised."""
-    try:
-        return await ping(driver)
-    except Exception as exc:
-        if not outage(exc):
-            raise
-        failure = type(exc).__name__
     parts = urlsplit(uri)
     where = f"{parts.hostname}:{parts.port or 7687}"  # never the URI's user or password
-    said = time.monotonic()
-    log.warning("waiting for Neo4j at %s (%s); this process starts once it answers", where, failure)
+    said: float | None = None  # when it last said it waits
     with _stopped_by_signals():
         while True:
-            await asyncio.sleep(NEO4J_POLL_SECONDS)
             try:
                 await ping(driver)
+                break
             except Exception as exc:
                 if not outage(exc):
                     raise
-                if time.monotonic() - said >= NEO4J_LOG_SECONDS:
+                if said is None:
+                    log.warning(
+                        "waiting for Neo4j at %s (%s); this process starts once it answers",
+                        where,
+                        type(exc).__name__,
+                    )
                     said = time.monotonic()
+                elif time.monotonic() - said >= NEO4J_LOG_SECONDS:
                     log.warning("still waiting for Neo4j at %s (%s)", where, type(exc).__name__)
-                continue
-            log.info("Neo4j answers at %s", where)
-            return
+                    said = time.monotonic()
+            await asyncio.sleep(NEO4J_POLL_SECONDS)
+    if said is not None:
+        log.info("Neo4j answers at %s", where)
 
 
 @contextmanager

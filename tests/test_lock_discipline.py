@@ -35,6 +35,7 @@ from tests.model_server import ModelServer, Reply, ToolCall
 from tests.test_cypher import MEMORY_LOCK
 from tests.test_learning_steps import queued_in_the_graph_only
 from tests.test_removals import remember
+from tests.waiting import until
 
 #: What a Memory's lock guards, as a statement names it: entries, their SOURCE edges.
 GUARDED = re.compile(r"\(\w*:Entry\b|:Entry\)|-\[:SOURCE")
@@ -115,9 +116,12 @@ async def test_what_the_memory_lock_guards_is_touched_only_under_it(
     )
     serving = asyncio.create_task(server.serve())
     try:
-        while not server.started:
+
+        async def started() -> bool:
             assert not serving.done(), "the in-process API did not start"
-            await asyncio.sleep(0.05)
+            return server.started
+
+        await until(started, "the in-process API did not start")
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60) as http:
             await _workload(Api(http, api.admin_token), runtime, here, model_server)
     finally:
